@@ -1,0 +1,151 @@
+// PagedKVCache: the owning KV-cache manager. It owns the K/V page storage of
+// every layer and the metadata (page pool with refcounts, sequences as page
+// lists), and turns each step's begin_forward into a BatchPlan that kernels
+// consume. It never does math on K/V values beyond copying pages.
+//
+// Every call validates all of its arguments before touching state and is
+// transactional: on error it throws a pagedattn::Error subclass naming the
+// argument and value, and the cache is left bit-identical (state_digest()).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "pagedattn/dtype.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/paged_kv.h"
+
+namespace pagedattn {
+
+using SeqId = std::int64_t;
+
+// Named-field configuration; every field is validated by the constructor.
+struct KVCacheConfig {
+  std::int32_t num_layers = 1;
+  std::int32_t num_qo_heads = 1;
+  std::int32_t num_kv_heads = 1;  // must divide num_qo_heads
+  std::int32_t head_dim = 128;    // K (and Q) head dim
+  std::int32_t v_head_dim = 0;    // 0 means head_dim
+  std::int32_t page_size = 16;    // tokens per page, >= 1
+  // Give either num_pages, or (num_pages = 0) a byte budget for K+V storage
+  // of all layers, from which the largest fitting page count is derived.
+  std::int64_t num_pages = 0;
+  std::int64_t memory_budget_bytes = 0;
+  DType kv_dtype = DType::kF16;
+  KVLayout layout = KVLayout::kHND;
+  bool support_sliding_window = false;  // enable_sliding_window requires it
+};
+
+// What kernels need for one step, shared by every layer. Built by
+// begin_forward; valid until end_forward (or the next begin_forward).
+struct BatchPlan {
+  std::vector<SeqId> seq_ids;                // [batch_size] in the caller's order
+  std::vector<std::int32_t> qo_indptr;       // [batch_size + 1] offsets of new tokens
+  std::vector<std::int32_t> kv_indptr;       // [batch_size + 1] offsets into kv_indices
+  std::vector<std::int32_t> kv_indices;      // [kv_indptr.back()] page ids
+  std::vector<std::int32_t> kv_last_page_len;  // [batch_size]
+  std::vector<std::int32_t> kv_lens;         // [batch_size] keys after the append
+  std::vector<std::int32_t> kv_sink_lens;    // [batch_size] (see PagedKVTable)
+  std::vector<std::int32_t> kv_gap_lens;     // [batch_size] (see PagedKVTable)
+  std::vector<std::int32_t> positions;       // [num_tokens] position of each new token
+  std::vector<std::int64_t> slot_mapping;    // [num_tokens] page * page_size + offset, -1 = no write
+  bool has_gaps = false;                     // any kv_gap_lens[b] != 0
+  std::int32_t page_size = 0;
+
+  std::int32_t batch_size() const { return static_cast<std::int32_t>(seq_ids.size()); }
+  std::int32_t num_tokens() const { return qo_indptr.empty() ? 0 : qo_indptr.back(); }
+  // Non-owning CSR view for kernels (gap arrays omitted when has_gaps is false).
+  PagedKVTable table() const;
+};
+
+class PagedKVCache {
+ public:
+  explicit PagedKVCache(const KVCacheConfig& config);
+  ~PagedKVCache();
+  PagedKVCache(PagedKVCache&&) noexcept;
+  PagedKVCache& operator=(PagedKVCache&&) noexcept;
+  PagedKVCache(const PagedKVCache&) = delete;
+  PagedKVCache& operator=(const PagedKVCache&) = delete;
+
+  const KVCacheConfig& config() const;  // with num_pages and v_head_dim resolved
+
+  // --- sequences -------------------------------------------------------------
+  // Adds an empty sequence. InvalidArgument if `seq_id` exists.
+  void add_sequence(SeqId seq_id);
+  // Removes a sequence and returns its pages (shared ones lose a reference).
+  void remove_sequence(SeqId seq_id);
+  // Creates `child_id` holding the first `fork_pos` tokens of `parent_id`
+  // (-1 = all of them). Full pages before the fork point are shared; a
+  // partially filled page at the fork point is copied. Forks of forks nest
+  // without limit. A sequence with a sliding window cannot be forked.
+  void fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t fork_pos = -1);
+  // Removes the last `n` tokens (speculative-decoding rollback). Pages shared
+  // with other sequences are never modified: a later append copies first.
+  void pop_n(SeqId seq_id, std::int64_t n);
+  // TVM semantics: after every step the sequence keeps only its first
+  // `attn_sink_size` tokens plus the most recent ones, `window_size` in total;
+  // pages that fall out are released. Requires config.support_sliding_window,
+  // 1 <= window_size and 0 <= attn_sink_size < window_size.
+  void enable_sliding_window(SeqId seq_id, std::int64_t window_size, std::int64_t attn_sink_size);
+
+  // --- steps -----------------------------------------------------------------
+  // Reserves pages for `append_lengths[i]` new tokens of `seq_ids[i]` and
+  // returns the step's plan. Lengths may be 0. OutOfPages if the pool cannot
+  // hold them; the cache is then unchanged.
+  const BatchPlan& begin_forward(std::span<const SeqId> seq_ids,
+                                 std::span<const std::int64_t> append_lengths);
+  // Ends the step: sliding windows drop the tokens that fell out.
+  void end_forward();
+  bool in_forward() const;
+  // The current step's plan (InvalidState outside a step).
+  const BatchPlan& plan() const;
+
+  // --- queries (never mutate) ------------------------------------------------
+  std::int64_t num_pages() const;
+  std::int64_t num_free_pages() const;
+  std::int64_t num_sequences() const;
+  bool has_sequence(SeqId seq_id) const;
+  std::int64_t sequence_length(SeqId seq_id) const;  // tokens held (retained)
+  std::int64_t total_sequence_length() const;        // sum over sequences
+  std::vector<SeqId> sequence_ids() const;           // sorted ascending
+  // Pages a begin_forward with these arguments would take from the pool
+  // (dry run; validates like begin_forward). can_append: it would succeed.
+  std::int64_t pages_needed(std::span<const SeqId> seq_ids,
+                            std::span<const std::int64_t> append_lengths) const;
+  bool can_append(std::span<const SeqId> seq_ids,
+                  std::span<const std::int64_t> append_lengths) const;
+  // No sequences and every page free.
+  bool empty() const;
+  // Throws InternalError describing the first broken invariant: refcounts
+  // equal references, free list = pages with refcount 0 (no duplicates),
+  // page-list sizes match lengths, window bounds hold.
+  void check_invariants() const;
+  // 64-bit hash of all metadata and of the bytes of every page in use.
+  std::uint64_t state_digest() const;
+
+  // --- storage ----------------------------------------------------------------
+  std::int64_t bytes_per_page() const;  // K+V bytes of one page over all layers
+  std::int64_t storage_bytes() const;
+  PagedKVStorage layer_storage(std::int32_t layer) const;
+  // Page ids of a sequence in logical order, and its gap (see PagedKVTable).
+  std::vector<std::int32_t> sequence_pages(SeqId seq_id) const;
+  std::int32_t page_refcount(std::int32_t page) const;
+
+  // Reads tokens [start, end) of a sequence as float, every layer:
+  // k_out [num_layers][end-start][num_kv_heads][head_dim],
+  // v_out [num_layers][end-start][num_kv_heads][v_head_dim].
+  void debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t end, std::span<float> k_out,
+                    std::span<float> v_out) const;
+  // Writes the same shapes (rounded to the storage dtype). Tokens in pages
+  // shared with another sequence are refused (InvalidArgument).
+  void debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t end,
+                    std::span<const float> k_in, std::span<const float> v_in);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace pagedattn

@@ -1,0 +1,107 @@
+// Non-owning views of paged K/V: where the pages of one layer live
+// (PagedKVStorage) and which pages a ragged batch of sequences uses
+// (PagedKVTable, CSR). Kernels take these and never see sequence ids.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedattn/dtype.h"
+
+namespace pagedattn {
+
+// HND: a page is [num_kv_heads][page_size][head_dim] (each head's tokens contiguous).
+// NHD: a page is [page_size][num_kv_heads][head_dim] (each token's heads contiguous).
+enum class KVLayout : std::uint8_t { kHND = 0, kNHD = 1 };
+
+// The K and V pages of one layer. Strides are in elements and 64-bit, so a
+// storage larger than 4 GiB is addressed correctly.
+struct PagedKVStorage {
+  void* k_data = nullptr;  // [num_pages] K pages, `dtype` elements
+  void* v_data = nullptr;  // [num_pages] V pages, `dtype` elements
+  DType dtype = DType::kF32;
+  KVLayout layout = KVLayout::kHND;
+  std::int32_t page_size = 0;
+  std::int32_t num_kv_heads = 0;
+  std::int32_t head_dim = 0;    // K head dim
+  std::int32_t v_head_dim = 0;  // V head dim
+  std::int64_t num_pages = 0;
+  std::int64_t k_page_stride = 0, k_head_stride = 0, k_token_stride = 0;
+  std::int64_t v_page_stride = 0, v_head_stride = 0, v_token_stride = 0;
+
+  // Element offset of K[page][head][slot][0] from k_data.
+  constexpr std::int64_t k_offset(std::int64_t page, std::int64_t head, std::int64_t slot) const {
+    return page * k_page_stride + head * k_head_stride + slot * k_token_stride;
+  }
+  // Element offset of V[page][head][slot][0] from v_data.
+  constexpr std::int64_t v_offset(std::int64_t page, std::int64_t head, std::int64_t slot) const {
+    return page * v_page_stride + head * v_head_stride + slot * v_token_stride;
+  }
+
+  // Densely packed storage with the strides of `layout`.
+  static constexpr PagedKVStorage dense(void* k, void* v, DType dtype, KVLayout layout,
+                                        std::int32_t page_size, std::int32_t num_kv_heads,
+                                        std::int32_t head_dim, std::int32_t v_head_dim,
+                                        std::int64_t num_pages) {
+    PagedKVStorage s;
+    s.k_data = k;
+    s.v_data = v;
+    s.dtype = dtype;
+    s.layout = layout;
+    s.page_size = page_size;
+    s.num_kv_heads = num_kv_heads;
+    s.head_dim = head_dim;
+    s.v_head_dim = v_head_dim;
+    s.num_pages = num_pages;
+    const std::int64_t tokens = page_size, heads = num_kv_heads;
+    s.k_page_stride = tokens * heads * head_dim;
+    s.v_page_stride = tokens * heads * v_head_dim;
+    if (layout == KVLayout::kHND) {
+      s.k_head_stride = tokens * head_dim;
+      s.k_token_stride = head_dim;
+      s.v_head_stride = tokens * v_head_dim;
+      s.v_token_stride = v_head_dim;
+    } else {
+      s.k_head_stride = head_dim;
+      s.k_token_stride = heads * head_dim;
+      s.v_head_stride = v_head_dim;
+      s.v_token_stride = heads * v_head_dim;
+    }
+    return s;
+  }
+};
+
+// The page table of a ragged batch in CSR form (FlashInfer's paged_kv_t shape),
+// extended with an optional gap for sliding windows with attention sinks:
+// key j of sequence b lives at physical slot j when j < kv_sink_lens[b], and
+// at slot j + kv_gap_lens[b] otherwise; slot s is in page
+// kv_indices[kv_indptr[b] + s / page_size] at offset s % page_size.
+struct PagedKVTable {
+  std::int32_t batch_size = 0;
+  std::int32_t page_size = 0;
+  const std::int32_t* qo_indptr = nullptr;         // [batch_size + 1] offsets of each sequence's new tokens
+  const std::int32_t* kv_indptr = nullptr;         // [batch_size + 1] offsets into kv_indices
+  const std::int32_t* kv_indices = nullptr;        // [kv_indptr[batch_size]] page ids in logical order
+  const std::int32_t* kv_last_page_len = nullptr;  // [batch_size] used slots of the last page (0 if none)
+  const std::int32_t* kv_lens = nullptr;           // [batch_size] keys after this step's append
+  const std::int32_t* kv_sink_lens = nullptr;      // [batch_size] or nullptr (no gap anywhere)
+  const std::int32_t* kv_gap_lens = nullptr;       // [batch_size] or nullptr (no gap anywhere)
+
+  constexpr std::int32_t num_pages_of(std::int32_t b) const { return kv_indptr[b + 1] - kv_indptr[b]; }
+  constexpr std::int32_t q_len(std::int32_t b) const { return qo_indptr[b + 1] - qo_indptr[b]; }
+
+  // Physical slot (within the sequence's pages) of key j of sequence b.
+  constexpr std::int64_t slot_of_key(std::int32_t b, std::int64_t j) const {
+    if (kv_gap_lens == nullptr || j < kv_sink_lens[b]) return j;
+    return j + kv_gap_lens[b];
+  }
+  // Page id holding key j of sequence b.
+  constexpr std::int32_t page_of_key(std::int32_t b, std::int64_t j) const {
+    return kv_indices[kv_indptr[b] + slot_of_key(b, j) / page_size];
+  }
+  // Offset inside that page.
+  constexpr std::int32_t offset_of_key(std::int32_t b, std::int64_t j) const {
+    return static_cast<std::int32_t>(slot_of_key(b, j) % page_size);
+  }
+};
+
+}  // namespace pagedattn

@@ -1,0 +1,8 @@
+// Umbrella header: everything public in pagedattn.
+#pragma once
+
+#include "pagedattn/dtype.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/kv_cache.h"
+#include "pagedattn/paged_kv.h"
+#include "pagedattn/version.h"

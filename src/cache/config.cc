@@ -1,0 +1,63 @@
+#include "config.h"
+
+#include <limits>
+
+#include "page_storage.h"
+
+namespace pagedattn::cache {
+namespace {
+
+void require_positive(std::int64_t value, const char* field) {
+  require(value >= 1, "KVCacheConfig.", field, " = ", value, " must be >= 1");
+}
+
+}  // namespace
+
+KVCacheConfig resolve_config(const KVCacheConfig& in) {
+  KVCacheConfig c = in;
+  require_positive(c.num_layers, "num_layers");
+  require_positive(c.num_qo_heads, "num_qo_heads");
+  require_positive(c.num_kv_heads, "num_kv_heads");
+  require(c.num_qo_heads % c.num_kv_heads == 0, "KVCacheConfig.num_kv_heads = ", c.num_kv_heads,
+          " must divide num_qo_heads = ", c.num_qo_heads);
+  require_positive(c.head_dim, "head_dim");
+  require(c.v_head_dim >= 0, "KVCacheConfig.v_head_dim = ", c.v_head_dim,
+          " must be >= 0 (0 means head_dim)");
+  if (c.v_head_dim == 0) c.v_head_dim = c.head_dim;
+  require_positive(c.page_size, "page_size");
+  require(c.kv_dtype == DType::kF32 || c.kv_dtype == DType::kF16 || c.kv_dtype == DType::kBF16,
+          "KVCacheConfig.kv_dtype = ", static_cast<int>(c.kv_dtype), " is not a KV storage dtype");
+  require(c.layout == KVLayout::kHND || c.layout == KVLayout::kNHD, "KVCacheConfig.layout = ",
+          static_cast<int>(c.layout), " is not HND or NHD");
+  require(c.num_pages >= 0, "KVCacheConfig.num_pages = ", c.num_pages, " must be >= 0");
+  require(c.memory_budget_bytes >= 0, "KVCacheConfig.memory_budget_bytes = ",
+          c.memory_budget_bytes, " must be >= 0");
+  require(c.num_pages == 0 || c.memory_budget_bytes == 0, "KVCacheConfig: give num_pages (",
+          c.num_pages, ") or memory_budget_bytes (", c.memory_budget_bytes, "), not both");
+
+  // Per-page bytes, guarding each product against int64 overflow.
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t dims = std::int64_t{c.head_dim} + c.v_head_dim;
+  const std::int64_t per_token = dims * c.num_kv_heads * 4;  // 4 bytes is the widest dtype
+  require(per_token <= kMax / c.page_size / c.num_layers,
+          "KVCacheConfig: one page over all layers exceeds 2^63 bytes");
+  const std::int64_t page_bytes = PageStorage::page_bytes(c);
+
+  if (c.num_pages == 0) {
+    require(c.memory_budget_bytes > 0, "KVCacheConfig: num_pages = 0 and memory_budget_bytes = 0;"
+            " give one of them");
+    c.num_pages = c.memory_budget_bytes / page_bytes;
+    require(c.num_pages >= 1, "KVCacheConfig.memory_budget_bytes = ", c.memory_budget_bytes,
+            " holds no page (one page over all layers is ", page_bytes, " bytes)");
+  }
+  constexpr std::int64_t kMaxPages = std::numeric_limits<std::int32_t>::max();
+  if (c.num_pages > kMaxPages) {
+    require(in.num_pages == 0, "KVCacheConfig.num_pages = ", c.num_pages, " exceeds ", kMaxPages);
+    c.num_pages = kMaxPages;  // a huge budget is capped, page ids are 32-bit
+  }
+  require(c.num_pages <= kMax / page_bytes, "KVCacheConfig: num_pages = ", c.num_pages, " x ",
+          page_bytes, " bytes per page overflows 64 bits");
+  return c;
+}
+
+}  // namespace pagedattn::cache

@@ -1,0 +1,243 @@
+// PagedKVCache: every public mutation first validates (const, may throw),
+// then applies (no validation failures possible past that point).
+#include "pagedattn/kv_cache.h"
+
+#include <algorithm>
+
+#include "config.h"
+#include "kv_cache_state.h"
+
+namespace pagedattn {
+
+using cache::Sequence;
+using detail::concat;
+
+PagedKVCache::PagedKVCache(const KVCacheConfig& config)
+    : state_(std::make_unique<State>(cache::resolve_config(config))) {}
+PagedKVCache::~PagedKVCache() = default;
+PagedKVCache::PagedKVCache(PagedKVCache&&) noexcept = default;
+PagedKVCache& PagedKVCache::operator=(PagedKVCache&&) noexcept = default;
+
+const KVCacheConfig& PagedKVCache::config() const { return state_->config; }
+
+// --- sequences ---------------------------------------------------------------
+
+void PagedKVCache::add_sequence(SeqId seq_id) {
+  State& st = *state_;
+  st.require_no_forward("add_sequence");
+  require(!st.seqs.contains(seq_id), "PagedKVCache::add_sequence: seq_id = ", seq_id,
+          " already exists");
+  st.seqs.emplace(seq_id, Sequence{});
+}
+
+void PagedKVCache::remove_sequence(SeqId seq_id) {
+  State& st = *state_;
+  st.require_no_forward("remove_sequence");
+  Sequence& s = st.find(seq_id, "remove_sequence", "seq_id");
+  for (std::int32_t page : s.pages) st.pool.release(page);
+  st.seqs.erase(seq_id);
+}
+
+void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t fork_pos) {
+  State& st = *state_;
+  st.require_no_forward("fork_sequence");
+  const Sequence& parent = st.find(parent_id, "fork_sequence", "parent_id");
+  require(!st.seqs.contains(child_id), "PagedKVCache::fork_sequence: child_id = ", child_id,
+          " already exists");
+  require(!parent.windowed(), "PagedKVCache::fork_sequence: parent_id = ", parent_id,
+          " has a sliding window; windowed sequences cannot be forked");
+  if (fork_pos == -1) fork_pos = parent.length;
+  require(fork_pos >= 0 && fork_pos <= parent.length, "PagedKVCache::fork_sequence: fork_pos = ",
+          fork_pos, " is outside [0, ", parent.length, "] (length of parent_id = ", parent_id,
+          "; -1 means the whole parent)");
+  const std::int64_t shared_pages = fork_pos / st.page_size();
+  const auto partial_slots = static_cast<std::int32_t>(fork_pos % st.page_size());
+  st.require_free_pages(partial_slots > 0 ? 1 : 0, "fork_sequence");
+
+  Sequence child;
+  child.length = fork_pos;
+  child.pages.reserve(static_cast<std::size_t>(shared_pages + 1));
+  child.pages.assign(parent.pages.begin(), parent.pages.begin() + shared_pages);
+  st.seqs.reserve(st.seqs.size() + 1);
+  for (std::int32_t page : child.pages) st.pool.retain(page);
+  if (partial_slots > 0) {
+    const std::int32_t copy = st.pool.take();
+    st.storage.copy_page_prefix(parent.pages[shared_pages], copy, partial_slots);
+    child.pages.push_back(copy);
+  }
+  st.seqs.emplace(child_id, std::move(child));
+}
+
+void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
+  State& st = *state_;
+  st.require_no_forward("pop_n");
+  Sequence& s = st.find(seq_id, "pop_n", "seq_id");
+  require(n >= 0 && n <= s.poppable(), "PagedKVCache::pop_n: n = ", n, " is outside [0, ",
+          s.poppable(), "] for seq_id = ", seq_id, " (length ", s.length,
+          s.evicted > 0 ? "; attention sinks cannot be popped" : "", ")");
+  s.length -= n;
+  if (s.evicted > 0 && s.length == s.sink_len) s.gap_len = 0;  // nothing after the gap
+  st.release_tail(s);
+}
+
+void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
+                                         std::int64_t attn_sink_size) {
+  State& st = *state_;
+  st.require_no_forward("enable_sliding_window");
+  Sequence& s = st.find(seq_id, "enable_sliding_window", "seq_id");
+  require(st.config.support_sliding_window, "PagedKVCache::enable_sliding_window: the cache was "
+          "built with KVCacheConfig.support_sliding_window = false");
+  require(!s.windowed(), "PagedKVCache::enable_sliding_window: seq_id = ", seq_id,
+          " already has a sliding window (window_size ", s.window_size, ")");
+  require(window_size >= 1 && window_size <= kMaxInt32,
+          "PagedKVCache::enable_sliding_window: window_size = ", window_size,
+          " must be in [1, 2^31)");
+  require(attn_sink_size >= 0 && attn_sink_size < window_size,
+          "PagedKVCache::enable_sliding_window: attn_sink_size = ", attn_sink_size,
+          " must be in [0, window_size = ", window_size, ")");
+  s.window_size = window_size;
+  s.sink_len = attn_sink_size;
+  st.slide_window(s);
+}
+
+void PagedKVCache::State::release_tail(Sequence& s) {
+  const std::int64_t keep = cache::pages_for_slots(s.used_slots(), page_size());
+  for (std::int64_t p = keep; p < std::ssize(s.pages); ++p) pool.release(s.pages[p]);
+  s.pages.resize(static_cast<std::size_t>(keep));
+}
+
+void PagedKVCache::State::slide_window(Sequence& s) {
+  const cache::WindowTrim trim = cache::plan_window_trim(s, page_size());
+  if (trim.evict == 0) return;
+  const auto first = s.pages.begin() + trim.first_page;
+  for (auto it = first; it != first + trim.num_pages; ++it) pool.release(*it);
+  s.pages.erase(first, first + trim.num_pages);
+  s.length -= trim.evict;
+  s.evicted += trim.evict;
+  s.gap_len += trim.evict - trim.num_pages * page_size();
+}
+
+// --- steps -------------------------------------------------------------------
+
+std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
+                                                   std::span<const std::int64_t> lens,
+                                                   const char* call) const {
+  require(ids.size() == lens.size(), "PagedKVCache::", call, ": seq_ids has ", ids.size(),
+          " entries but append_lengths has ", lens.size());
+  std::vector<SeqId> sorted(ids.begin(), ids.end());
+  std::sort(sorted.begin(), sorted.end());
+  auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  require(dup == sorted.end(), "PagedKVCache::", call, ": seq_ids lists seq_id = ",
+          dup == sorted.end() ? 0 : *dup, " more than once");
+  std::int64_t tokens = 0, pages = 0, page_entries = 0;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const Sequence& s = find(ids[i], call, "seq_ids[i]");
+    require(lens[i] >= 0 && lens[i] <= kMaxInt32 - s.used_slots(), "PagedKVCache::", call,
+            ": append_lengths[", i, "] = ", lens[i], " for seq_id = ", ids[i],
+            " must be >= 0 and keep the sequence under 2^31 tokens");
+    tokens += lens[i];
+    require(tokens <= kMaxInt32, "PagedKVCache::", call, ": the batch appends ", tokens,
+            " tokens, more than 2^31 - 1");
+    const std::int64_t cost = append_cost(s, lens[i]);
+    pages += cost;
+    page_entries += std::ssize(s.pages) + cost;
+  }
+  require(page_entries <= kMaxInt32, "PagedKVCache::", call, ": the batch's page table has ",
+          page_entries, " entries, more than 2^31 - 1");
+  return pages;
+}
+
+std::int64_t PagedKVCache::pages_needed(std::span<const SeqId> seq_ids,
+                                        std::span<const std::int64_t> append_lengths) const {
+  return state_->validate_forward(seq_ids, append_lengths, "pages_needed");
+}
+
+bool PagedKVCache::can_append(std::span<const SeqId> seq_ids,
+                              std::span<const std::int64_t> append_lengths) const {
+  return state_->validate_forward(seq_ids, append_lengths, "can_append") <=
+         state_->pool.num_free();
+}
+
+const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
+                                             std::span<const std::int64_t> append_lengths) {
+  State& st = *state_;
+  st.require_no_forward("begin_forward");
+  st.require_free_pages(st.validate_forward(seq_ids, append_lengths, "begin_forward"),
+                        "begin_forward");
+  BatchPlan& plan = st.plan;
+  plan.seq_ids.assign(seq_ids.begin(), seq_ids.end());
+  plan.page_size = st.page_size();
+  plan.has_gaps = false;
+  for (auto* v : {&plan.qo_indptr, &plan.kv_indptr, &plan.kv_indices, &plan.kv_last_page_len,
+                  &plan.kv_lens, &plan.kv_sink_lens, &plan.kv_gap_lens, &plan.positions})
+    v->clear();
+  plan.slot_mapping.clear();
+  plan.qo_indptr.push_back(0);
+  plan.kv_indptr.push_back(0);
+  for (std::size_t i = 0; i < seq_ids.size(); ++i)
+    st.append_to_plan(st.seqs.find(seq_ids[i])->second, append_lengths[i]);
+  st.in_forward = true;
+  return plan;
+}
+
+// Reserves pages for `n` new tokens of `s` (copy-on-write first if its
+// partial last page is shared) and appends its rows to the plan.
+void PagedKVCache::State::append_to_plan(Sequence& s, std::int64_t n) {
+  const std::int32_t ps = page_size();
+  if (n > 0 && needs_copy_on_write(s)) {
+    const std::int32_t copy = pool.take();
+    storage.copy_page_prefix(s.pages.back(), copy, static_cast<std::int32_t>(s.used_slots() % ps));
+    pool.release(s.pages.back());
+    s.pages.back() = copy;
+  }
+  const std::int64_t first_slot = s.used_slots();
+  s.length += n;
+  while (std::ssize(s.pages) < cache::pages_for_slots(s.used_slots(), ps))
+    s.pages.push_back(pool.take());
+
+  for (std::int64_t t = 0; t < n; ++t) {
+    const std::int64_t slot = first_slot + t;
+    plan.positions.push_back(static_cast<std::int32_t>(s.length - n + t));
+    plan.slot_mapping.push_back(std::int64_t{s.pages[slot / ps]} * ps + slot % ps);
+  }
+  plan.qo_indptr.push_back(plan.qo_indptr.back() + static_cast<std::int32_t>(n));
+  plan.kv_indices.insert(plan.kv_indices.end(), s.pages.begin(), s.pages.end());
+  plan.kv_indptr.push_back(static_cast<std::int32_t>(plan.kv_indices.size()));
+  const std::int64_t used = s.used_slots();
+  plan.kv_last_page_len.push_back(
+      static_cast<std::int32_t>(used == 0 ? 0 : used - (std::ssize(s.pages) - 1) * ps));
+  plan.kv_lens.push_back(static_cast<std::int32_t>(s.length));
+  plan.kv_sink_lens.push_back(static_cast<std::int32_t>(s.sink_len));
+  plan.kv_gap_lens.push_back(static_cast<std::int32_t>(s.gap_len));
+  plan.has_gaps |= s.gap_len != 0;
+}
+
+void PagedKVCache::end_forward() {
+  State& st = *state_;
+  require<InvalidState>(st.in_forward, "PagedKVCache::end_forward: no forward is in progress");
+  for (SeqId id : st.plan.seq_ids) st.slide_window(st.seqs.find(id)->second);
+  st.in_forward = false;
+}
+
+bool PagedKVCache::in_forward() const { return state_->in_forward; }
+
+const BatchPlan& PagedKVCache::plan() const {
+  require<InvalidState>(state_->in_forward, "PagedKVCache::plan: no forward is in progress");
+  return state_->plan;
+}
+
+PagedKVTable BatchPlan::table() const {
+  PagedKVTable t;
+  t.batch_size = batch_size();
+  t.page_size = page_size;
+  t.qo_indptr = qo_indptr.data();
+  t.kv_indptr = kv_indptr.data();
+  t.kv_indices = kv_indices.data();
+  t.kv_last_page_len = kv_last_page_len.data();
+  t.kv_lens = kv_lens.data();
+  t.kv_sink_lens = has_gaps ? kv_sink_lens.data() : nullptr;
+  t.kv_gap_lens = has_gaps ? kv_gap_lens.data() : nullptr;
+  return t;
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,67 @@
+// The private state of PagedKVCache, shared by its implementation files.
+#pragma once
+
+#include <limits>
+#include <unordered_map>
+#include <utility>
+
+#include "page_pool.h"
+#include "page_storage.h"
+#include "pagedattn/kv_cache.h"
+#include "sequence.h"
+
+namespace pagedattn {
+
+inline constexpr std::int64_t kMaxInt32 = std::numeric_limits<std::int32_t>::max();
+
+struct PagedKVCache::State {
+  explicit State(const KVCacheConfig& c) : config(c), pool(c.num_pages), storage(c) {}
+
+  KVCacheConfig config;
+  cache::PagePool pool;
+  cache::PageStorage storage;
+  std::unordered_map<SeqId, cache::Sequence> seqs;
+  BatchPlan plan;
+  bool in_forward = false;
+
+  std::int32_t page_size() const { return config.page_size; }
+
+  const cache::Sequence& find(SeqId id, const char* call, const char* arg) const {
+    auto it = seqs.find(id);
+    if (it == seqs.end())
+      throw InvalidArgument(detail::concat("PagedKVCache::", call, ": ", arg, " = ", id, " does not exist"));
+    return it->second;
+  }
+  cache::Sequence& find(SeqId id, const char* call, const char* arg) {
+    return const_cast<cache::Sequence&>(std::as_const(*this).find(id, call, arg));
+  }
+  void require_no_forward(const char* call) const {
+    require<InvalidState>(!in_forward, "PagedKVCache::", call,
+                          ": not allowed while a forward is in progress (call end_forward first)");
+  }
+  void require_free_pages(std::int64_t needed, const char* call) const {
+    if (needed > pool.num_free())
+      throw OutOfPages(detail::concat("PagedKVCache::", call, ": needs ", needed, " free pages, ",
+                              pool.num_free(), " of ", pool.num_pages(), " are free"));
+  }
+
+  // Pages appending `n` tokens to `s` takes from the pool, including a
+  // copy-on-write of a partially filled last page that is shared.
+  std::int64_t append_cost(const cache::Sequence& s, std::int64_t n) const {
+    if (n == 0) return 0;
+    const std::int64_t grow =
+        cache::pages_for_slots(s.used_slots() + n, page_size()) - std::ssize(s.pages);
+    return grow + (needs_copy_on_write(s) ? 1 : 0);
+  }
+  bool needs_copy_on_write(const cache::Sequence& s) const {
+    return s.used_slots() % page_size() != 0 && pool.is_shared(s.pages.back());
+  }
+
+  std::int64_t validate_forward(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
+                                const char* call) const;
+  void append_to_plan(cache::Sequence& s, std::int64_t n);
+  void release_tail(cache::Sequence& s);
+  void slide_window(cache::Sequence& s);
+};
+
+}  // namespace pagedattn

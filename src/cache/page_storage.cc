@@ -1,0 +1,86 @@
+#include "page_storage.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include "pagedattn/errors.h"
+
+namespace pagedattn::cache {
+namespace {
+
+std::int64_t k_bytes_per_page(const KVCacheConfig& c) {
+  return std::int64_t{c.page_size} * c.num_kv_heads * c.head_dim *
+         static_cast<std::int64_t>(dtype_size(c.kv_dtype));
+}
+std::int64_t v_bytes_per_page(const KVCacheConfig& c) {
+  return std::int64_t{c.page_size} * c.num_kv_heads * c.v_head_dim *
+         static_cast<std::int64_t>(dtype_size(c.kv_dtype));
+}
+
+}  // namespace
+
+std::int64_t PageStorage::layer_page_bytes(const KVCacheConfig& c) {
+  return k_bytes_per_page(c) + v_bytes_per_page(c);
+}
+
+std::int64_t PageStorage::page_bytes(const KVCacheConfig& c) {
+  return layer_page_bytes(c) * c.num_layers;
+}
+
+PageStorage::PageStorage(const KVCacheConfig& config)
+    : config_(config),
+      k_page_bytes_(k_bytes_per_page(config)),
+      v_page_bytes_(v_bytes_per_page(config)),
+      layer_bytes_((k_page_bytes_ + v_page_bytes_) * config.num_pages),
+      total_bytes_(layer_bytes_ * config.num_layers) {
+  void* p = mmap(nullptr, static_cast<std::size_t>(total_bytes_), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    throw OutOfPages(detail::concat("PagedKVCache: could not map ", total_bytes_,
+                                    " bytes of K/V storage (num_pages = ", config.num_pages, ")"));
+  base_ = static_cast<std::byte*>(p);
+}
+
+PageStorage::~PageStorage() {
+  if (base_ != nullptr) munmap(base_, static_cast<std::size_t>(total_bytes_));
+}
+
+PagedKVStorage PageStorage::layer(std::int32_t layer) const {
+  std::byte* k = layer_base(layer);
+  std::byte* v = k + k_page_bytes_ * config_.num_pages;
+  return PagedKVStorage::dense(k, v, config_.kv_dtype, config_.layout, config_.page_size,
+                               config_.num_kv_heads, config_.head_dim, config_.v_head_dim,
+                               config_.num_pages);
+}
+
+void PageStorage::copy_page_prefix(std::int32_t src, std::int32_t dst, std::int32_t num_slots) {
+  const auto elem = static_cast<std::int64_t>(dtype_size(config_.kv_dtype));
+  // HND keeps each head's slots contiguous (one run per head); NHD keeps the
+  // whole prefix of the page contiguous (one run).
+  const bool hnd = config_.layout == KVLayout::kHND;
+  const std::int32_t runs = hnd ? config_.num_kv_heads : 1;
+  const std::int64_t heads_per_run = hnd ? 1 : config_.num_kv_heads;
+  const auto k_run = static_cast<std::size_t>(num_slots * heads_per_run * config_.head_dim * elem);
+  const auto v_run = static_cast<std::size_t>(num_slots * heads_per_run * config_.v_head_dim * elem);
+  for (std::int32_t layer = 0; layer < config_.num_layers; ++layer) {
+    const PagedKVStorage s = this->layer(layer);
+    auto* k = static_cast<std::byte*>(s.k_data);
+    auto* v = static_cast<std::byte*>(s.v_data);
+    for (std::int32_t r = 0; r < runs; ++r) {
+      std::memcpy(k + s.k_offset(dst, r, 0) * elem, k + s.k_offset(src, r, 0) * elem, k_run);
+      std::memcpy(v + s.v_offset(dst, r, 0) * elem, v + s.v_offset(src, r, 0) * elem, v_run);
+    }
+  }
+}
+
+void PageStorage::hash_page(std::int32_t page, Hasher& h) const {
+  for (std::int32_t layer = 0; layer < config_.num_layers; ++layer) {
+    const std::byte* base = layer_base(layer);
+    h.add_bytes(base + k_page_bytes_ * page, static_cast<std::size_t>(k_page_bytes_));
+    h.add_bytes(base + k_page_bytes_ * config_.num_pages + v_page_bytes_ * page,
+                static_cast<std::size_t>(v_page_bytes_));
+  }
+}
+
+}  // namespace pagedattn::cache

@@ -1,0 +1,45 @@
+// PageStorage owns the K/V bytes of every layer: per layer, num_pages K pages
+// then num_pages V pages. Memory comes from an anonymous mapping, so untouched
+// pages cost nothing and read as zero. All offsets are 64-bit.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hasher.h"
+#include "pagedattn/kv_cache.h"
+
+namespace pagedattn::cache {
+
+class PageStorage {
+ public:
+  // `config` must be validated and resolved (num_pages, v_head_dim set).
+  explicit PageStorage(const KVCacheConfig& config);
+  ~PageStorage();
+  PageStorage(const PageStorage&) = delete;
+  PageStorage& operator=(const PageStorage&) = delete;
+
+  // K+V bytes of one page, one layer / all layers.
+  static std::int64_t layer_page_bytes(const KVCacheConfig& config);
+  static std::int64_t page_bytes(const KVCacheConfig& config);
+
+  std::int64_t total_bytes() const { return total_bytes_; }
+  PagedKVStorage layer(std::int32_t layer) const;
+
+  // Copies slots [0, num_slots) of page `src` to page `dst` in every layer.
+  void copy_page_prefix(std::int32_t src, std::int32_t dst, std::int32_t num_slots);
+  // Hashes every byte of `page` in every layer.
+  void hash_page(std::int32_t page, Hasher& h) const;
+
+ private:
+  std::byte* layer_base(std::int32_t layer) const { return base_ + layer * layer_bytes_; }
+
+  KVCacheConfig config_;
+  std::int64_t k_page_bytes_ = 0;
+  std::int64_t v_page_bytes_ = 0;
+  std::int64_t layer_bytes_ = 0;
+  std::int64_t total_bytes_ = 0;
+  std::byte* base_ = nullptr;
+};
+
+}  // namespace pagedattn::cache

@@ -1,0 +1,59 @@
+// A sequence: its page list and the mapping from token index to physical
+// slot. Tokens [0, sink_len) sit at slots [0, sink_len); later tokens j sit
+// at slot j + gap_len. The gap only exists for sliding-window sequences, where
+// it holds the tokens that fell out of the window inside pages still needed.
+//
+// Invariants (checked by PagedKVCache::check_invariants):
+//   pages.size() == ceil((length + gap_len) / page_size)
+//   gap_len == 0 unless a window is enabled; no page lies wholly in the gap
+//   a windowed sequence holds at most window_size tokens between steps
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace pagedattn::cache {
+
+struct Sequence {
+  std::vector<std::int32_t> pages;  // page ids in logical order
+  std::int64_t length = 0;          // tokens held
+  std::int64_t gap_len = 0;         // dead slots after the sinks
+  std::int64_t window_size = 0;     // 0 = no sliding window
+  std::int64_t sink_len = 0;        // attention-sink tokens kept at the front
+  std::int64_t evicted = 0;         // tokens dropped by the window so far
+
+  bool windowed() const { return window_size > 0; }
+  std::int64_t used_slots() const { return length + gap_len; }
+  std::int64_t slot_of(std::int64_t token) const {
+    return token < sink_len ? token : token + gap_len;
+  }
+  // Tokens a pop_n may remove: sinks cannot come back once tokens were evicted.
+  std::int64_t poppable() const { return evicted > 0 ? length - sink_len : length; }
+};
+
+// Number of pages needed to hold `slots` physical slots.
+inline std::int64_t pages_for_slots(std::int64_t slots, std::int32_t page_size) {
+  return (slots + page_size - 1) / page_size;
+}
+
+// What sliding a window drops: tokens to evict and the page-list range
+// [first_page, first_page + num_pages) that then lies wholly in the gap.
+struct WindowTrim {
+  std::int64_t evict = 0;
+  std::int64_t first_page = 0;
+  std::int64_t num_pages = 0;
+};
+
+inline WindowTrim plan_window_trim(const Sequence& seq, std::int32_t page_size) {
+  WindowTrim t;
+  if (!seq.windowed() || seq.length <= seq.window_size) return t;
+  t.evict = seq.length - seq.window_size;
+  const std::int64_t gap_begin = seq.sink_len;
+  const std::int64_t gap_end = seq.sink_len + seq.gap_len + t.evict;
+  t.first_page = (gap_begin + page_size - 1) / page_size;
+  t.num_pages = gap_end / page_size - t.first_page;
+  if (t.num_pages < 0) t.num_pages = 0;
+  return t;
+}
+
+}  // namespace pagedattn::cache
