@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pagedattn builds with, when missing. As root it
+# runs apt-get; otherwise it prints the apt-get line and fails.
+set -euo pipefail
+
+packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev)
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "deps: not a Debian system; make sure these are installed: ${packages[*]}" >&2
+  exit 0
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -eq 0 ]; then
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "deps: missing Debian packages; as root run:" >&2
+  echo "  apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Builds everything (Release) and runs the main job. Extra arguments go to the
+# `pagedattn` tool (default: `demo`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+cmake --preset release >/dev/null
+cmake --build --preset release -j "$(nproc)"
+exec build/release/tools/pagedattn "${@:-demo}"
