@@ -1,0 +1,103 @@
+// The canonical attention definition, written for clarity: one (token, head)
+// row at a time, double accumulation, no tiling. The oracle for every
+// optimised kernel.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "../validate.h"
+#include "pagedattn/attention.h"
+
+namespace pagedattn {
+namespace {
+
+struct RowInput {
+  const AttentionParams* p;
+  std::int32_t b;       // sequence in the batch
+  std::int32_t token;   // global query token index
+  std::int32_t head;    // query head
+  std::int64_t q_pos;   // absolute position of the query
+};
+
+double key_element(const PagedKVStorage& kv, const PagedKVTable& t, std::int32_t b, std::int64_t j,
+                   std::int32_t kv_head, std::int32_t d) {
+  const std::int64_t off = kv.k_offset(t.page_of_key(b, j), kv_head, t.offset_of_key(b, j));
+  return load_as_float(kv.k_data, kv.dtype, static_cast<std::size_t>(off + d));
+}
+
+double value_element(const PagedKVStorage& kv, const PagedKVTable& t, std::int32_t b,
+                     std::int64_t j, std::int32_t kv_head, std::int32_t d) {
+  const std::int64_t off = kv.v_offset(t.page_of_key(b, j), kv_head, t.offset_of_key(b, j));
+  return load_as_float(kv.v_data, kv.dtype, static_cast<std::size_t>(off + d));
+}
+
+bool visible(const AttentionOptions& opt, std::int64_t j, std::int64_t q_pos) {
+  if (opt.causal && j > q_pos) return false;
+  if (opt.window_left >= 0 && j < q_pos - opt.window_left) return false;
+  return true;
+}
+
+void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<double>& acc) {
+  const AttentionParams& p = *r.p;
+  const PagedKVStorage& kv = p.kv;
+  const AttentionOptions& opt = p.options;
+  const std::int32_t kv_head = r.head / (p.num_qo_heads / kv.num_kv_heads);
+  const std::int64_t kv_len = p.table.kv_lens[r.b];
+  const double scale = kernels::resolved_scale(p);
+  const std::int64_t q_off = r.token * p.q.token_stride + r.head * p.q.head_stride;
+
+  double m = -std::numeric_limits<double>::infinity();
+  logits.assign(static_cast<std::size_t>(kv_len), m);
+  for (std::int64_t j = 0; j < kv_len; ++j) {
+    if (!visible(opt, j, r.q_pos)) continue;
+    double dot = 0.0;
+    for (std::int32_t d = 0; d < kv.head_dim; ++d)
+      dot += double(load_as_float(p.q.data, p.q.dtype, static_cast<std::size_t>(q_off + d))) *
+             key_element(kv, p.table, r.b, j, kv_head, d);
+    double s = scale * dot;
+    if (opt.softcap > 0.0f) s = opt.softcap * std::tanh(s / opt.softcap);
+    if (opt.alibi_slopes) s += double(opt.alibi_slopes[r.head]) * double(j - r.q_pos);
+    logits[j] = s;
+    m = std::max(m, s);
+  }
+  const bool has_sink = opt.sinks != nullptr;
+  if (has_sink) m = std::max(m, double(opt.sinks[r.head]));
+
+  double denom = has_sink ? std::exp(double(opt.sinks[r.head]) - m) : 0.0;
+  acc.assign(static_cast<std::size_t>(kv.v_head_dim), 0.0);
+  bool any_visible = false;
+  for (std::int64_t j = 0; j < kv_len; ++j) {
+    if (!visible(opt, j, r.q_pos)) continue;
+    any_visible = true;
+    const double w = std::exp(logits[j] - m);
+    denom += w;
+    for (std::int32_t d = 0; d < kv.v_head_dim; ++d)
+      acc[d] += w * value_element(kv, p.table, r.b, j, kv_head, d);
+  }
+  const std::int64_t o_off = r.token * p.o.token_stride + r.head * p.o.head_stride;
+  for (std::int32_t d = 0; d < kv.v_head_dim; ++d)
+    store_from_float(p.o.data, p.o.dtype, static_cast<std::size_t>(o_off + d),
+                     any_visible ? static_cast<float>(acc[d] / denom) : 0.0f);
+  if (p.lse)
+    p.lse[std::int64_t{r.token} * p.num_qo_heads + r.head] =
+        denom > 0.0 ? static_cast<float>(m + std::log(denom))
+                    : -std::numeric_limits<float>::infinity();
+}
+
+}  // namespace
+
+void paged_attention_reference(const AttentionParams& p) {
+  kernels::validate_attention_params(p, "paged_attention_reference");
+  std::vector<double> logits, acc;
+  const PagedKVTable& t = p.table;
+  for (std::int32_t b = 0; b < t.batch_size; ++b) {
+    const std::int64_t q_len = t.q_len(b);
+    const std::int64_t first_pos = std::int64_t{t.kv_lens[b]} - q_len;
+    for (std::int64_t i = 0; i < q_len; ++i)
+      for (std::int32_t h = 0; h < p.num_qo_heads; ++h)
+        attend_row({&p, b, static_cast<std::int32_t>(t.qo_indptr[b] + i), h, first_pos + i},
+                   logits, acc);
+  }
+}
+
+}  // namespace pagedattn

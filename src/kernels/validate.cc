@@ -1,0 +1,73 @@
+#include "validate.h"
+
+#include <cmath>
+
+#include "pagedattn/errors.h"
+
+namespace pagedattn::kernels {
+namespace {
+
+bool is_activation_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+void validate_table(const PagedKVTable& t, const PagedKVStorage& kv, const char* call) {
+  require(t.batch_size >= 0, call, ": table.batch_size = ", t.batch_size, " must be >= 0");
+  require(t.page_size == kv.page_size, call, ": table.page_size = ", t.page_size,
+          " differs from kv.page_size = ", kv.page_size);
+  require(t.qo_indptr && t.kv_indptr && t.kv_lens && (t.kv_indices || t.batch_size == 0),
+          call, ": table qo_indptr, kv_indptr, kv_indices and kv_lens must be non-null");
+  require((t.kv_sink_lens == nullptr) == (t.kv_gap_lens == nullptr), call,
+          ": table.kv_sink_lens and kv_gap_lens must both be given or both be null");
+  require(t.qo_indptr[0] == 0 && t.kv_indptr[0] == 0, call,
+          ": table.qo_indptr[0] and kv_indptr[0] must be 0");
+  for (std::int32_t b = 0; b < t.batch_size; ++b) {
+    require(t.qo_indptr[b + 1] >= t.qo_indptr[b], call, ": table.qo_indptr decreases at [", b + 1,
+            "] = ", t.qo_indptr[b + 1]);
+    require(t.kv_indptr[b + 1] >= t.kv_indptr[b], call, ": table.kv_indptr decreases at [", b + 1,
+            "] = ", t.kv_indptr[b + 1]);
+    const std::int64_t kv_len = t.kv_lens[b];
+    const std::int64_t sink = t.kv_sink_lens ? t.kv_sink_lens[b] : 0;
+    const std::int64_t gap = t.kv_gap_lens ? t.kv_gap_lens[b] : 0;
+    require(kv_len >= 0 && sink >= 0 && gap >= 0, call, ": table kv_lens[", b, "] = ", kv_len,
+            ", kv_sink_lens = ", sink, ", kv_gap_lens = ", gap, " must be >= 0");
+    const std::int64_t slots = kv_len + (kv_len > sink ? gap : 0);
+    const std::int64_t capacity = std::int64_t{t.num_pages_of(b)} * t.page_size;
+    require(slots <= capacity, call, ": table.kv_lens[", b, "] = ", kv_len, " needs ", slots,
+            " slots but the sequence has ", t.num_pages_of(b), " pages of ", t.page_size);
+    for (std::int32_t i = t.kv_indptr[b]; i < t.kv_indptr[b + 1]; ++i)
+      require(t.kv_indices[i] >= 0 && t.kv_indices[i] < kv.num_pages, call, ": table.kv_indices[",
+              i, "] = ", t.kv_indices[i], " is outside [0, ", kv.num_pages, ")");
+  }
+}
+
+}  // namespace
+
+void validate_attention_params(const AttentionParams& p, const char* call) {
+  const PagedKVStorage& kv = p.kv;
+  require(kv.k_data && kv.v_data, call, ": kv.k_data and kv.v_data must be non-null");
+  require(kv.num_kv_heads >= 1 && kv.head_dim >= 1 && kv.v_head_dim >= 1 && kv.page_size >= 1,
+          call, ": kv num_kv_heads = ", kv.num_kv_heads, ", head_dim = ", kv.head_dim,
+          ", v_head_dim = ", kv.v_head_dim, ", page_size = ", kv.page_size, " must all be >= 1");
+  require(is_activation_dtype(kv.dtype), call, ": kv.dtype = ", dtype_name(kv.dtype),
+          " is not supported");
+  require(p.num_qo_heads >= 1 && p.num_qo_heads % kv.num_kv_heads == 0, call,
+          ": num_qo_heads = ", p.num_qo_heads, " must be a positive multiple of num_kv_heads = ",
+          kv.num_kv_heads);
+  require(is_activation_dtype(p.q.dtype) && is_activation_dtype(p.o.dtype), call,
+          ": q.dtype = ", dtype_name(p.q.dtype), " and o.dtype = ", dtype_name(p.o.dtype),
+          " must be float32, float16 or bfloat16");
+  validate_table(p.table, kv, call);
+  const std::int32_t num_tokens = p.table.qo_indptr[p.table.batch_size];
+  require(num_tokens == 0 || (p.q.data && p.o.data), call,
+          ": q.data and o.data must be non-null for ", num_tokens, " tokens");
+  const AttentionOptions& opt = p.options;
+  require(!opt.scale || std::isfinite(*opt.scale), call, ": options.scale = ",
+          opt.scale.value_or(0.0f), " must be finite");
+  require(opt.window_left >= -1, call, ": options.window_left = ", opt.window_left,
+          " must be -1 (off) or >= 0");
+  require(opt.softcap >= 0.0f && std::isfinite(opt.softcap), call, ": options.softcap = ",
+          opt.softcap, " must be 0 (off) or a positive finite value");
+}
+
+}  // namespace pagedattn::kernels
