@@ -47,6 +47,84 @@ struct AttentionParams {
   AttentionOptions options;
 };
 
+// --- planning (host side, pure) -------------------------------------------------
+
+struct AttentionShape {
+  std::int32_t num_qo_heads = 0;
+  std::int32_t num_kv_heads = 0;
+  std::int32_t head_dim = 0;
+  std::int32_t v_head_dim = 0;
+};
+
+struct AttentionPlanOptions {
+  std::int32_t num_threads = 0;     // 0: OpenMP's maximum
+  std::int32_t fixed_kv_chunk = 0;  // > 0: split KV into chunks of exactly this many keys,
+                                    // whatever the batch (deterministic mode)
+  std::int32_t min_kv_chunk = 256;  // smallest chunk the planner creates when it splits
+};
+
+// One unit of work: query tokens [q_begin, q_end) of sequence `batch` (offsets
+// within the sequence), all query heads of `kv_head`'s group, against keys
+// [kv_begin, kv_end). partial >= 0: write a partial state to that slot.
+struct AttentionWorkItem {
+  std::int32_t batch = 0, kv_head = 0;
+  std::int32_t q_begin = 0, q_end = 0;
+  std::int32_t kv_begin = 0, kv_end = 0;
+  std::int32_t partial = -1;
+};
+
+// Merges partial slots [first_partial, first_partial + num_partials), in
+// order, into the output rows of one (batch, kv_head, q tile).
+struct AttentionMergeTask {
+  std::int32_t batch = 0, kv_head = 0;
+  std::int32_t q_begin = 0, q_end = 0;
+  std::int32_t first_partial = 0, num_partials = 0;
+};
+
+struct AttentionPlan {
+  AttentionShape shape;
+  std::int32_t num_threads = 1;
+  std::int32_t max_rows = 0;              // rows (tokens x group heads) of the largest item
+  std::vector<AttentionWorkItem> items;   // grouped by thread
+  std::vector<std::int32_t> thread_items; // [num_threads + 1] offsets into items
+  std::vector<AttentionMergeTask> merges;
+  std::int32_t num_partials = 0;
+  std::size_t scratch_bytes_per_thread = 0;
+  std::size_t partial_bytes = 0;          // all partial slots
+  std::size_t workspace_bytes = 0;        // scratch for every thread + partials
+};
+
+// Splits the batch into work items (KV split where a few long sequences
+// would leave threads idle) and balances them across threads (longest
+// first). Depends only on its arguments.
+AttentionPlan plan_attention(const PagedKVTable& table, const AttentionShape& shape,
+                             const AttentionOptions& options,
+                             const AttentionPlanOptions& plan_options = {});
+
+// --- the optimised kernel (Highway SIMD, OpenMP threads) --------------------------
+// `plan` must come from plan_attention on the same table, shape and options;
+// `workspace` must hold plan.workspace_bytes, 64-byte aligned.
+void paged_attention(const AttentionParams& params, const AttentionPlan& plan,
+                     std::span<std::byte> workspace);
+
+// Forces every paged_attention call onto the scalar reference (also set by
+// the environment variable PAGEDATTN_FORCE_REFERENCE=1).
+void set_force_reference_kernels(bool force);
+bool force_reference_kernels();
+
+// Owns a workspace and plans per call: the convenient entry point.
+class AttentionRunner {
+ public:
+  explicit AttentionRunner(AttentionPlanOptions plan_options = {});
+  void run(const AttentionParams& params);
+  const AttentionPlan& last_plan() const { return plan_; }
+
+ private:
+  AttentionPlanOptions plan_options_;
+  AttentionPlan plan_;
+  std::vector<std::byte, std::allocator<std::byte>> storage_;
+};
+
 // --- the canonical reference (double accumulation; the oracle) ---------------
 void paged_attention_reference(const AttentionParams& params);
 

@@ -28,6 +28,32 @@ struct PagedKVStorage {
   std::int64_t k_page_stride = 0, k_head_stride = 0, k_token_stride = 0;
   std::int64_t v_page_stride = 0, v_head_stride = 0, v_token_stride = 0;
 
+  // Dequantisation of fp8 / int8 storage: value = stored * scale.
+  float k_scale = 1.0f, v_scale = 1.0f;     // fp8: one scale per tensor
+  const float* k_head_scales = nullptr;     // fp8: [num_kv_heads] per-head scales (override)
+  const float* v_head_scales = nullptr;     // fp8: [num_kv_heads]
+  float* k_token_scales = nullptr;          // int8: [num_pages][num_kv_heads][page_size]
+  float* v_token_scales = nullptr;          // int8: same shape
+
+  // Index of (page, head, slot) in the int8 token-scale arrays.
+  constexpr std::int64_t token_scale_index(std::int64_t page, std::int64_t head,
+                                           std::int64_t slot) const {
+    return (page * num_kv_heads + head) * page_size + slot;
+  }
+  // Dequantisation scale of K / V at (page, head, slot); 1 for float storage.
+  constexpr float k_dequant(std::int64_t page, std::int64_t head, std::int64_t slot) const {
+    if (dtype == DType::kINT8) return k_token_scales[token_scale_index(page, head, slot)];
+    if (dtype == DType::kFP8E4M3 || dtype == DType::kFP8E5M2)
+      return k_head_scales ? k_head_scales[head] : k_scale;
+    return 1.0f;
+  }
+  constexpr float v_dequant(std::int64_t page, std::int64_t head, std::int64_t slot) const {
+    if (dtype == DType::kINT8) return v_token_scales[token_scale_index(page, head, slot)];
+    if (dtype == DType::kFP8E4M3 || dtype == DType::kFP8E5M2)
+      return v_head_scales ? v_head_scales[head] : v_scale;
+    return 1.0f;
+  }
+
   // Element offset of K[page][head][slot][0] from k_data.
   constexpr std::int64_t k_offset(std::int64_t page, std::int64_t head, std::int64_t slot) const {
     return page * k_page_stride + head * k_head_stride + slot * k_token_stride;

@@ -49,8 +49,13 @@ void validate_attention_params(const AttentionParams& p, const char* call) {
   require(kv.num_kv_heads >= 1 && kv.head_dim >= 1 && kv.v_head_dim >= 1 && kv.page_size >= 1,
           call, ": kv num_kv_heads = ", kv.num_kv_heads, ", head_dim = ", kv.head_dim,
           ", v_head_dim = ", kv.v_head_dim, ", page_size = ", kv.page_size, " must all be >= 1");
-  require(is_activation_dtype(kv.dtype), call, ": kv.dtype = ", dtype_name(kv.dtype),
-          " is not supported");
+  require(kv.dtype != DType::kINT8 || (kv.k_token_scales && kv.v_token_scales), call,
+          ": int8 KV needs kv.k_token_scales and kv.v_token_scales");
+  const bool fp8 = kv.dtype == DType::kFP8E4M3 || kv.dtype == DType::kFP8E5M2;
+  require(!fp8 || (std::isfinite(kv.k_scale) && kv.k_scale > 0.0f && std::isfinite(kv.v_scale) &&
+                   kv.v_scale > 0.0f),
+          call, ": fp8 KV needs finite positive kv.k_scale and kv.v_scale, got ", kv.k_scale, ", ",
+          kv.v_scale);
   require(p.num_qo_heads >= 1 && p.num_qo_heads % kv.num_kv_heads == 0, call,
           ": num_qo_heads = ", p.num_qo_heads, " must be a positive multiple of num_kv_heads = ",
           kv.num_kv_heads);

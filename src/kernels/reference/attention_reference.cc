@@ -21,14 +21,18 @@ struct RowInput {
 
 double key_element(const PagedKVStorage& kv, const PagedKVTable& t, std::int32_t b, std::int64_t j,
                    std::int32_t kv_head, std::int32_t d) {
-  const std::int64_t off = kv.k_offset(t.page_of_key(b, j), kv_head, t.offset_of_key(b, j));
-  return load_as_float(kv.k_data, kv.dtype, static_cast<std::size_t>(off + d));
+  const std::int32_t page = t.page_of_key(b, j), slot = t.offset_of_key(b, j);
+  const std::int64_t off = kv.k_offset(page, kv_head, slot);
+  return double(load_as_float(kv.k_data, kv.dtype, static_cast<std::size_t>(off + d))) *
+         kv.k_dequant(page, kv_head, slot);
 }
 
 double value_element(const PagedKVStorage& kv, const PagedKVTable& t, std::int32_t b,
                      std::int64_t j, std::int32_t kv_head, std::int32_t d) {
-  const std::int64_t off = kv.v_offset(t.page_of_key(b, j), kv_head, t.offset_of_key(b, j));
-  return load_as_float(kv.v_data, kv.dtype, static_cast<std::size_t>(off + d));
+  const std::int32_t page = t.page_of_key(b, j), slot = t.offset_of_key(b, j);
+  const std::int64_t off = kv.v_offset(page, kv_head, slot);
+  return double(load_as_float(kv.v_data, kv.dtype, static_cast<std::size_t>(off + d))) *
+         kv.v_dequant(page, kv_head, slot);
 }
 
 bool visible(const AttentionOptions& opt, std::int64_t j, std::int64_t q_pos) {

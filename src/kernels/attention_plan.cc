@@ -1,0 +1,151 @@
+// plan_attention: a pure host-side function from the batch's shape to work
+// items, KV splits and a thread assignment.
+#include <omp.h>
+
+#include <algorithm>
+#include <numeric>
+#include <queue>
+
+#include "attention_traits.h"
+#include "pagedattn/attention.h"
+#include "pagedattn/errors.h"
+
+namespace pagedattn {
+namespace {
+
+using kernels::AttentionTraits;
+
+// Keys any query of the tile [q_begin, q_end) of sequence b can see.
+std::pair<std::int32_t, std::int32_t> visible_keys(const PagedKVTable& t, const AttentionOptions& o,
+                                                   std::int32_t b, std::int32_t q_begin,
+                                                   std::int32_t q_end) {
+  const std::int64_t kv_len = t.kv_lens[b];
+  const std::int64_t first_pos = kv_len - t.q_len(b) + q_begin;
+  const std::int64_t last_pos = kv_len - t.q_len(b) + q_end - 1;
+  std::int64_t end = o.causal ? std::min<std::int64_t>(kv_len, last_pos + 1) : kv_len;
+  std::int64_t begin = o.window_left >= 0 ? std::max<std::int64_t>(0, first_pos - o.window_left) : 0;
+  end = std::max<std::int64_t>(end, 0);
+  begin = std::min(begin, end);
+  return {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
+}
+
+// Relative cost of an item: every key is read once and scored for each row.
+std::int64_t item_cost(const AttentionWorkItem& w, std::int32_t group) {
+  const std::int64_t rows = std::int64_t{w.q_end - w.q_begin} * group;
+  return std::int64_t{w.kv_end - w.kv_begin} * (rows + 4) + 64;
+}
+
+std::int32_t kv_splits(std::int64_t keys, std::int64_t tile_cost, std::int64_t total_cost,
+                       std::int32_t threads, const AttentionPlanOptions& o) {
+  if (keys == 0) return 1;
+  if (o.fixed_kv_chunk > 0) return static_cast<std::int32_t>((keys + o.fixed_kv_chunk - 1) / o.fixed_kv_chunk);
+  if (threads == 1) return 1;
+  // Aim for items of at most half a thread's fair share, so that longest-first
+  // assignment balances, but never chunks shorter than min_kv_chunk.
+  const std::int64_t share = std::max<std::int64_t>(1, total_cost / (2 * threads));
+  const std::int64_t by_cost = (tile_cost + share - 1) / share;
+  const std::int64_t by_length = std::max<std::int64_t>(1, keys / std::max(1, o.min_kv_chunk));
+  return static_cast<std::int32_t>(std::clamp<std::int64_t>(by_cost, 1, by_length));
+}
+
+// Longest item first onto the least loaded thread; returns items grouped by thread.
+void assign_threads(AttentionPlan& plan, std::vector<AttentionWorkItem> items, std::int32_t group) {
+  std::vector<std::int64_t> cost(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) cost[i] = item_cost(items[i], group);
+  std::vector<std::size_t> order(items.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return cost[a] > cost[b]; });
+  using Load = std::pair<std::int64_t, std::int32_t>;  // (load, thread)
+  std::priority_queue<Load, std::vector<Load>, std::greater<>> loads;
+  for (std::int32_t t = 0; t < plan.num_threads; ++t) loads.push({0, t});
+  std::vector<std::vector<AttentionWorkItem>> per_thread(plan.num_threads);
+  for (std::size_t i : order) {
+    auto [load, t] = loads.top();
+    loads.pop();
+    per_thread[t].push_back(items[i]);
+    loads.push({load + cost[i], t});
+  }
+  plan.items.clear();
+  plan.thread_items.assign(1, 0);
+  for (auto& list : per_thread) {
+    plan.items.insert(plan.items.end(), list.begin(), list.end());
+    plan.thread_items.push_back(static_cast<std::int32_t>(plan.items.size()));
+  }
+}
+
+void validate_plan_inputs(const PagedKVTable& t, const AttentionShape& s,
+                          const AttentionPlanOptions& o) {
+  require(s.num_kv_heads >= 1 && s.num_qo_heads >= 1 && s.num_qo_heads % s.num_kv_heads == 0,
+          "plan_attention: num_qo_heads = ", s.num_qo_heads,
+          " must be a positive multiple of num_kv_heads = ", s.num_kv_heads);
+  require(s.head_dim >= 1 && s.v_head_dim >= 1, "plan_attention: head_dim = ", s.head_dim,
+          " and v_head_dim = ", s.v_head_dim, " must be >= 1");
+  require(t.batch_size >= 0 && t.qo_indptr && t.kv_lens, "plan_attention: table needs batch_size >= 0, "
+          "qo_indptr and kv_lens");
+  require(o.num_threads >= 0 && o.fixed_kv_chunk >= 0 && o.min_kv_chunk >= 1,
+          "plan_attention: num_threads = ", o.num_threads, ", fixed_kv_chunk = ", o.fixed_kv_chunk,
+          ", min_kv_chunk = ", o.min_kv_chunk, " out of range");
+  for (std::int32_t b = 0; b < t.batch_size; ++b)
+    require(t.q_len(b) >= 0 && t.kv_lens[b] >= 0, "plan_attention: sequence ", b, " has q_len ",
+            t.q_len(b), " and kv_len ", t.kv_lens[b]);
+}
+
+}  // namespace
+
+AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
+                             const AttentionOptions& options, const AttentionPlanOptions& o) {
+  validate_plan_inputs(t, shape, o);
+  AttentionPlan plan;
+  plan.shape = shape;
+  plan.num_threads = o.num_threads > 0 ? o.num_threads : std::max(1, omp_get_max_threads());
+  const std::int32_t group = shape.num_qo_heads / shape.num_kv_heads;
+  const std::int32_t tile = std::max(1, AttentionTraits::kTargetRows / group);
+
+  // Tiles (batch, kv_head, q tile) with their visible key ranges.
+  std::vector<AttentionWorkItem> tiles;
+  std::int64_t total = 0;
+  for (std::int32_t b = 0; b < t.batch_size; ++b)
+    for (std::int32_t q = 0; q < t.q_len(b); q += tile) {
+      const std::int32_t q_end = std::min(t.q_len(b), q + tile);
+      const auto [kv_begin, kv_end] = visible_keys(t, options, b, q, q_end);
+      for (std::int32_t h = 0; h < shape.num_kv_heads; ++h) {
+        tiles.push_back({b, h, q, q_end, kv_begin, kv_end, -1});
+        total += item_cost(tiles.back(), group);
+      }
+    }
+
+  std::vector<AttentionWorkItem> items;
+  plan.max_rows = 1;
+  for (const AttentionWorkItem& tile_item : tiles) {
+    plan.max_rows = std::max(plan.max_rows, (tile_item.q_end - tile_item.q_begin) * group);
+    const std::int32_t keys = tile_item.kv_end - tile_item.kv_begin;
+    const std::int32_t splits =
+        kv_splits(keys, item_cost(tile_item, group), total, plan.num_threads, o);
+    if (splits == 1) {
+      items.push_back(tile_item);
+      continue;
+    }
+    const std::int32_t chunk =
+        o.fixed_kv_chunk > 0 ? o.fixed_kv_chunk : (keys + splits - 1) / splits;
+    plan.merges.push_back({tile_item.batch, tile_item.kv_head, tile_item.q_begin, tile_item.q_end,
+                           plan.num_partials, splits});
+    for (std::int32_t s = 0; s < splits; ++s) {
+      AttentionWorkItem w = tile_item;
+      w.kv_begin = tile_item.kv_begin + s * chunk;
+      w.kv_end = std::min(tile_item.kv_end, w.kv_begin + chunk);
+      w.partial = plan.num_partials++;
+      items.push_back(w);
+    }
+  }
+  assign_threads(plan, std::move(items), group);
+
+  plan.scratch_bytes_per_thread =
+      kernels::scratch_layout(plan.max_rows, shape.head_dim, shape.v_head_dim).bytes;
+  plan.partial_bytes = static_cast<std::size_t>(plan.num_partials) *
+                       kernels::partial_slot_bytes(plan.max_rows, shape.v_head_dim);
+  plan.workspace_bytes =
+      plan.scratch_bytes_per_thread * static_cast<std::size_t>(plan.num_threads) + plan.partial_bytes;
+  return plan;
+}
+
+}  // namespace pagedattn

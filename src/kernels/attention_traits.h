@@ -1,0 +1,64 @@
+// Tile sizes and the per-thread scratch layout shared by the planner and the
+// CPU kernel.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pagedattn::kernels {
+
+struct AttentionTraits {
+  static constexpr std::int32_t kKeyBlock = 16;    // keys scored per inner block
+  static constexpr std::int32_t kTargetRows = 64;  // query rows (tokens x group heads) per item
+  static constexpr std::int32_t kLanePad = 16;     // dims padded to whole 512-bit f32 vectors
+  static constexpr std::size_t kAlign = 64;        // byte alignment of every scratch array
+  static_assert(kKeyBlock % 4 == 0, "QK scores 4 keys at a time");
+  static_assert(kLanePad % 4 == 0 && kLanePad <= 16, "pad covers every Highway f32 width <= 512");
+};
+
+constexpr std::int32_t padded_dim(std::int32_t d) {
+  return (d + AttentionTraits::kLanePad - 1) / AttentionTraits::kLanePad * AttentionTraits::kLanePad;
+}
+
+constexpr std::size_t align_up(std::size_t bytes) {
+  return (bytes + AttentionTraits::kAlign - 1) / AttentionTraits::kAlign * AttentionTraits::kAlign;
+}
+
+// Byte offsets of one thread's float scratch arrays.
+struct ScratchLayout {
+  std::size_t q = 0;  // [rows][pad(D)] scaled queries
+  std::size_t o = 0;  // [rows][pad(Dv)] unnormalised outputs
+  std::size_t m = 0;  // [rows] running max
+  std::size_t l = 0;  // [rows] running denominator
+  std::size_t s = 0;  // [rows][kKeyBlock] scores, then probabilities
+  std::size_t k = 0;  // [kKeyBlock][pad(D)] dequantised keys
+  std::size_t v = 0;  // [kKeyBlock][pad(Dv)] dequantised values
+  std::size_t bytes = 0;
+};
+
+constexpr ScratchLayout scratch_layout(std::int32_t rows, std::int32_t head_dim,
+                                       std::int32_t v_head_dim) {
+  const std::size_t r = static_cast<std::size_t>(rows), f = sizeof(float);
+  const std::size_t dq = static_cast<std::size_t>(padded_dim(head_dim));
+  const std::size_t dv = static_cast<std::size_t>(padded_dim(v_head_dim));
+  const std::size_t kb = AttentionTraits::kKeyBlock;
+  ScratchLayout l;
+  l.q = 0;
+  l.o = l.q + align_up(r * dq * f);
+  l.m = l.o + align_up(r * dv * f);
+  l.l = l.m + align_up(r * f);
+  l.s = l.l + align_up(r * f);
+  l.k = l.s + align_up(r * kb * f);
+  l.v = l.k + align_up(kb * dq * f);
+  l.bytes = l.v + align_up(kb * dv * f);
+  return l;
+}
+
+// Bytes of one partial slot: [rows][pad(Dv)] outputs then [rows] LSE.
+constexpr std::size_t partial_slot_bytes(std::int32_t rows, std::int32_t v_head_dim) {
+  const std::size_t r = static_cast<std::size_t>(rows);
+  return align_up(r * static_cast<std::size_t>(padded_dim(v_head_dim)) * sizeof(float)) +
+         align_up(r * sizeof(float));
+}
+
+}  // namespace pagedattn::kernels

@@ -1,0 +1,39 @@
+// Shared, target-independent parts of the CPU attention kernel: the per-call
+// context, output writing (with sinks) and the merge of split-KV partials.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../attention_traits.h"
+#include "pagedattn/attention.h"
+
+namespace pagedattn::kernels {
+
+struct KernelContext {
+  std::int32_t group = 1;        // query heads per KV head
+  std::int32_t head_dim = 0, v_head_dim = 0;
+  std::int32_t dq = 0, dv = 0;   // padded dims (scratch row strides)
+  float scale = 1.0f;            // folded into the queries
+  ScratchLayout layout;
+  std::size_t partial_slot_bytes = 0;
+  std::size_t partial_lse_offset = 0;  // within a slot
+};
+
+KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan& plan);
+
+// Writes one finished row: merges the learned sink (a state with no value and
+// logit sink_h), stores o in the output dtype and the LSE if requested.
+// `o` holds v_head_dim normalised floats and may be modified.
+void write_output_row(const AttentionParams& p, std::int64_t token, std::int64_t head, float* o,
+                      float lse);
+
+// Merges a task's partial slots in order and writes its output rows.
+void merge_partials(const AttentionParams& p, const KernelContext& c, const AttentionMergeTask& m,
+                    std::byte* partials);
+
+// Highway-dispatched entry (attention_cpu.cc).
+void run_attention_cpu(const AttentionParams& params, const AttentionPlan& plan,
+                       std::byte* workspace);
+
+}  // namespace pagedattn::kernels

@@ -1,0 +1,56 @@
+#include <cstring>
+
+#include "../softmax_state.h"
+#include "../validate.h"
+#include "attention_cpu.h"
+
+namespace pagedattn::kernels {
+
+KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan& plan) {
+  KernelContext c;
+  c.group = p.num_qo_heads / p.kv.num_kv_heads;
+  c.head_dim = p.kv.head_dim;
+  c.v_head_dim = p.kv.v_head_dim;
+  c.dq = padded_dim(c.head_dim);
+  c.dv = padded_dim(c.v_head_dim);
+  c.scale = resolved_scale(p);
+  c.layout = scratch_layout(plan.max_rows, c.head_dim, c.v_head_dim);
+  c.partial_slot_bytes = partial_slot_bytes(plan.max_rows, c.v_head_dim);
+  c.partial_lse_offset =
+      align_up(static_cast<std::size_t>(plan.max_rows) * static_cast<std::size_t>(c.dv) * sizeof(float));
+  return c;
+}
+
+void write_output_row(const AttentionParams& p, std::int64_t token, std::int64_t head, float* o,
+                      float lse) {
+  const std::int32_t dv = p.kv.v_head_dim;
+  // The sink is a state with a zero value and LSE = the sink logit.
+  if (p.options.sinks) merge_into(o, lse, nullptr, p.options.sinks[head], dv);
+  const std::int64_t off = token * p.o.token_stride + head * p.o.head_stride;
+  for (std::int32_t d = 0; d < dv; ++d)
+    store_from_float(p.o.data, p.o.dtype, static_cast<std::size_t>(off + d), o[d]);
+  if (p.lse) p.lse[token * p.num_qo_heads + head] = lse;
+}
+
+void merge_partials(const AttentionParams& p, const KernelContext& c, const AttentionMergeTask& m,
+                    std::byte* partials) {
+  const std::int32_t rows = (m.q_end - m.q_begin) * c.group;
+  auto slot_o = [&](std::int32_t s, std::int32_t row) {
+    return reinterpret_cast<float*>(partials + std::size_t(m.first_partial + s) * c.partial_slot_bytes) +
+           std::size_t(row) * c.dv;
+  };
+  auto slot_lse = [&](std::int32_t s) {
+    return reinterpret_cast<float*>(partials + std::size_t(m.first_partial + s) * c.partial_slot_bytes +
+                                    c.partial_lse_offset);
+  };
+  for (std::int32_t row = 0; row < rows; ++row) {
+    float* o = slot_o(0, row);
+    float lse = slot_lse(0)[row];
+    for (std::int32_t s = 1; s < m.num_partials; ++s)
+      merge_into(o, lse, slot_o(s, row), slot_lse(s)[row], c.v_head_dim);
+    const std::int64_t token = p.table.qo_indptr[m.batch] + m.q_begin + row / c.group;
+    write_output_row(p, token, std::int64_t{m.kv_head} * c.group + row % c.group, o, lse);
+  }
+}
+
+}  // namespace pagedattn::kernels
