@@ -15,12 +15,15 @@ void validate_table(const PagedKVTable& t, const PagedKVStorage& kv, const char*
   require(t.batch_size >= 0, call, ": table.batch_size = ", t.batch_size, " must be >= 0");
   require(t.page_size == kv.page_size, call, ": table.page_size = ", t.page_size,
           " differs from kv.page_size = ", kv.page_size);
-  require(t.qo_indptr && t.kv_indptr && t.kv_lens && (t.kv_indices || t.batch_size == 0),
-          call, ": table qo_indptr, kv_indptr, kv_indices and kv_lens must be non-null");
+  require(t.qo_indptr && t.kv_indptr && t.kv_lens, call,
+          ": table qo_indptr, kv_indptr and kv_lens must be non-null");
   require((t.kv_sink_lens == nullptr) == (t.kv_gap_lens == nullptr), call,
           ": table.kv_sink_lens and kv_gap_lens must both be given or both be null");
   require(t.qo_indptr[0] == 0 && t.kv_indptr[0] == 0, call,
           ": table.qo_indptr[0] and kv_indptr[0] must be 0");
+  require(t.kv_indices || t.kv_indptr[t.batch_size] == 0, call,
+          ": table.kv_indices must be non-null when kv_indptr[batch_size] = ",
+          t.kv_indptr[t.batch_size], " pages are used");
   for (std::int32_t b = 0; b < t.batch_size; ++b) {
     require(t.qo_indptr[b + 1] >= t.qo_indptr[b], call, ": table.qo_indptr decreases at [", b + 1,
             "] = ", t.qo_indptr[b + 1]);

@@ -1,0 +1,68 @@
+// Builds randomized paged-attention inputs: a page pool with shuffled page
+// ids, NaN-poisoned unused slots, ragged queries, and runs the kernels.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "pagedattn/attention.h"
+
+namespace pagedattn::testing {
+
+struct CaseSpec {
+  std::vector<std::int32_t> q_lens;
+  std::vector<std::int32_t> kv_lens;
+  std::int32_t page_size = 16;
+  std::int32_t num_qo_heads = 8;
+  std::int32_t num_kv_heads = 8;
+  std::int32_t head_dim = 64;
+  std::int32_t v_head_dim = 0;  // 0: head_dim
+  DType q_dtype = DType::kF32;
+  DType o_dtype = DType::kF32;
+  DType kv_dtype = DType::kF32;
+  KVLayout layout = KVLayout::kHND;
+  bool per_head_fp8_scales = false;
+  AttentionOptions options;
+  bool alibi = false;
+  bool sinks = false;
+  bool with_lse = true;
+  std::uint32_t seed = 1;
+};
+
+// Owns every buffer a paged_attention call needs.
+class AttentionCase {
+ public:
+  explicit AttentionCase(const CaseSpec& spec);
+
+  // Params writing to output buffer `which` (0 or 1).
+  AttentionParams params(int which);
+  // Output `which` as floats [tokens][heads][v_head_dim], and its LSE.
+  std::vector<float> output(int which) const;
+  const std::vector<float>& lse(int which) const { return lse_[which]; }
+
+  // The same data rearranged into one page per sequence (page_size = the
+  // longest kv_len), for paged-vs-contiguous comparisons.
+  AttentionCase contiguous() const;
+
+  std::int32_t num_tokens() const { return qo_indptr_.back(); }
+  const CaseSpec& spec() const { return spec_; }
+
+ private:
+  AttentionCase() = default;
+  void build_table(std::mt19937& rng);
+  void fill_kv(std::mt19937& rng);
+  float kv_value(std::mt19937& rng) const;
+
+  CaseSpec spec_;
+  std::vector<std::int32_t> qo_indptr_, kv_indptr_, kv_indices_, last_page_len_, kv_lens_;
+  std::int64_t num_pages_ = 0;
+  std::vector<unsigned char> k_, v_;
+  std::vector<float> k_token_scales_, v_token_scales_, k_head_scales_, v_head_scales_;
+  std::vector<unsigned char> q_;
+  std::vector<unsigned char> o_[2];
+  std::vector<float> lse_[2];
+  std::vector<float> alibi_, sinks_;
+};
+
+}  // namespace pagedattn::testing

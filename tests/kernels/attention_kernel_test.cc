@@ -1,0 +1,304 @@
+// The optimised attention kernel against the double-precision reference over
+// a randomized matrix of shapes, dtypes and options, on every Highway target.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <random>
+
+#include "attention_case.h"
+#include "pagedattn/errors.h"
+
+namespace pagedattn::testing {
+namespace {
+
+// Output tolerance per output dtype: the kernel and the reference see the
+// same stored K/V and queries, so differences are fp32 accumulation order,
+// the vectorised exp/tanh (a few ulp) and the final rounding of the output.
+struct Tolerance {
+  float abs, rel;
+};
+Tolerance output_tolerance(DType o) {
+  switch (o) {
+    case DType::kF16: return {2e-3f, 2e-3f};   // 1 ulp of f16 near 1 is 1e-3
+    case DType::kBF16: return {1.6e-2f, 1.6e-2f};  // 1 ulp of bf16 near 1 is 7.8e-3
+    default: return {5e-5f, 5e-5f};
+  }
+}
+constexpr float kLseTolerance = 5e-5f;  // relative to max(1, |lse|)
+
+void expect_close(const AttentionCase& c, const std::string& what) {
+  const std::vector<float> want = c.output(0), got = c.output(1);
+  const Tolerance tol = output_tolerance(c.spec().o_dtype);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " output " << i << " is " << got[i];
+    if (std::fabs(want[i] - got[i]) > tol.abs + tol.rel * std::fabs(want[i]) && bad++ < 5)
+      ADD_FAILURE() << what << " output " << i << ": reference " << want[i] << ", kernel " << got[i];
+  }
+  if (!c.spec().with_lse) return;
+  for (std::size_t i = 0; i < c.lse(0).size(); ++i) {
+    const float a = c.lse(0)[i], b = c.lse(1)[i];
+    if (std::isinf(a)) {
+      EXPECT_EQ(a, b) << what << " lse " << i;
+    } else if (std::fabs(a - b) > kLseTolerance * std::max(1.0f, std::fabs(a)) && bad++ < 5) {
+      ADD_FAILURE() << what << " lse " << i << ": reference " << a << ", kernel " << b;
+    }
+  }
+}
+
+std::string describe(const CaseSpec& s) {
+  std::ostringstream os;
+  os << "seed " << s.seed << " heads (" << s.num_qo_heads << "," << s.num_kv_heads << ") dims ("
+     << s.head_dim << "," << s.v_head_dim << ") page " << s.page_size << " q/o/kv "
+     << dtype_name(s.q_dtype) << "/" << dtype_name(s.o_dtype) << "/" << dtype_name(s.kv_dtype)
+     << (s.layout == KVLayout::kHND ? " HND" : " NHD") << " causal " << s.options.causal
+     << " window " << s.options.window_left << " softcap " << s.options.softcap << " alibi "
+     << s.alibi << " sinks " << s.sinks << " batch " << s.kv_lens.size();
+  return os.str();
+}
+
+// A random case from the matrix, kept small enough for ASan runs.
+CaseSpec random_spec(std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  auto pick = [&](auto... values) {
+    const std::vector<std::common_type_t<decltype(values)...>> v{values...};
+    return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
+  };
+  CaseSpec s;
+  s.seed = seed;
+  const auto heads = pick(0, 1, 2, 3);
+  const std::int32_t qo[] = {8, 32, 12, 8}, kv[] = {8, 8, 2, 1};
+  s.num_qo_heads = qo[heads];
+  s.num_kv_heads = kv[heads];
+  s.head_dim = pick(32, 64, 80, 96, 128, 192, 256, 40, 136);
+  s.v_head_dim = s.head_dim == 192 && pick(0, 1) ? 128 : s.head_dim;
+  s.page_size = pick(1, 8, 16, 32, 5);
+  s.q_dtype = pick(DType::kF32, DType::kF16, DType::kBF16);
+  s.o_dtype = pick(DType::kF32, DType::kF16, DType::kBF16);
+  s.kv_dtype = pick(DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2,
+                    DType::kINT8);
+  s.layout = pick(KVLayout::kHND, KVLayout::kNHD);
+  s.per_head_fp8_scales = pick(false, true);
+  s.options.causal = pick(true, true, false);
+  s.options.window_left = pick(-1, -1, 0, 7, 40);
+  s.options.softcap = pick(0.0f, 0.0f, 30.0f);
+  if (pick(0, 1, 2) == 0) s.options.scale = 0.3f;
+  s.alibi = pick(false, false, true);
+  s.sinks = pick(false, false, true);
+  // Work budget: rows x keys x dim stays modest for the double reference.
+  const int batch = pick(1, 2, 3, 5, 9, 17);
+  const std::int64_t budget = 4'000'000 / (s.num_qo_heads * s.head_dim);
+  std::int64_t used = 0;
+  for (int b = 0; b < batch; ++b) {
+    std::int32_t kv_len = pick(1, 54, 97, 1000, 1203, 17, 0);
+    std::int32_t q_len = pick(1, 1, 1, 5, 37, 70);
+    if (used + std::int64_t{kv_len} * q_len > budget) kv_len = pick(1, 54, 97), q_len = 1;
+    if (s.options.causal || q_len > kv_len) q_len = std::min(q_len, std::max(kv_len, 1));
+    if (kv_len == 0) q_len = pick(0, 1);  // no keys: zeros (and -inf LSE)
+    used += std::int64_t{kv_len} * q_len;
+    s.kv_lens.push_back(kv_len);
+    s.q_lens.push_back(q_len);
+  }
+  return s;
+}
+
+void run_both(AttentionCase& c, const AttentionPlanOptions& plan_options) {
+  paged_attention_reference(c.params(0));
+  AttentionRunner runner(plan_options);
+  runner.run(c.params(1));
+}
+
+TEST(AttentionKernel, MatchesReferenceOnRandomMatrix) {
+  for (std::uint32_t seed = 1; seed <= 160; ++seed) {
+    const CaseSpec spec = random_spec(seed);
+    SCOPED_TRACE(describe(spec));
+    AttentionCase c(spec);
+    AttentionPlanOptions po;
+    po.num_threads = 1 + seed % 3;
+    po.min_kv_chunk = 32;  // split often
+    run_both(c, po);
+    expect_close(c, describe(spec));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(AttentionKernel, EveryDtypeTripleMatchesReference) {
+  const DType act[] = {DType::kF32, DType::kF16, DType::kBF16};
+  const DType kv[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8};
+  std::uint32_t seed = 500;
+  for (DType q : act)
+    for (DType o : act)
+      for (DType k : kv) {
+        CaseSpec spec;
+        spec.seed = ++seed;
+        spec.q_lens = {1, 6};
+        spec.kv_lens = {97, 54};
+        spec.num_qo_heads = 12;
+        spec.num_kv_heads = 2;
+        spec.head_dim = 96;
+        spec.page_size = 8;
+        spec.q_dtype = q;
+        spec.o_dtype = o;
+        spec.kv_dtype = k;
+        spec.per_head_fp8_scales = seed % 2 == 0;
+        SCOPED_TRACE(describe(spec));
+        AttentionCase c(spec);
+        run_both(c, AttentionPlanOptions{2, 32, 16});
+        expect_close(c, describe(spec));
+      }
+}
+
+TEST(AttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (std::uint32_t seed = 1000; seed < 1012; ++seed) {
+      const CaseSpec spec = random_spec(seed);
+      SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + describe(spec));
+      AttentionCase c(spec);
+      run_both(c, AttentionPlanOptions{2, 0, 16});
+      expect_close(c, hwy::TargetName(target));
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(AttentionKernel, PagedEqualsContiguousBitwise) {
+  for (std::uint32_t seed = 2000; seed < 2030; ++seed) {
+    const CaseSpec spec = random_spec(seed);
+    SCOPED_TRACE(describe(spec));
+    AttentionCase paged(spec);
+    AttentionCase flat = paged.contiguous();
+    AttentionPlanOptions po{1, 0, 256};
+    AttentionRunner(po).run(paged.params(1));
+    AttentionRunner(po).run(flat.params(1));
+    EXPECT_EQ(paged.output(1), flat.output(1));
+  }
+}
+
+TEST(AttentionKernel, SplitKvMatchesUnsplit) {
+  CaseSpec spec;
+  spec.q_lens = {1, 1, 3};
+  spec.kv_lens = {2000, 700, 1500};
+  spec.num_qo_heads = 32;
+  spec.num_kv_heads = 8;
+  spec.head_dim = 128;
+  spec.kv_dtype = DType::kF16;
+  spec.sinks = true;
+  for (std::int32_t chunk : {0, 64, 100, 333, 5000}) {
+    SCOPED_TRACE(chunk);
+    AttentionCase c(spec);
+    paged_attention_reference(c.params(0));
+    AttentionPlanOptions po{2, chunk, 256};
+    AttentionRunner runner(po);
+    runner.run(c.params(1));
+    if (chunk > 0 && chunk < 2000) {
+      EXPECT_GT(runner.last_plan().num_partials, 0);
+    }
+    expect_close(c, "chunk " + std::to_string(chunk));
+  }
+}
+
+TEST(AttentionKernel, ForcedReferenceGivesReferenceBits) {
+  AttentionCase c(random_spec(7));
+  paged_attention_reference(c.params(0));
+  set_force_reference_kernels(true);
+  AttentionRunner().run(c.params(1));
+  set_force_reference_kernels(false);
+  EXPECT_EQ(c.output(0), c.output(1));
+}
+
+TEST(AttentionKernel, MergeStatesOfTwoHalvesEqualsWhole) {
+  // Attention over keys [0, 600) equals the merge of [0, 300) and [300, 600),
+  // each computed as its own (non-causal) batch over half the pages.
+  CaseSpec spec;
+  spec.q_lens = {4};
+  spec.kv_lens = {600};
+  spec.page_size = 20;
+  spec.head_dim = 64;
+  spec.options.causal = false;
+  AttentionCase whole(spec);
+  AttentionParams p = whole.params(0);
+  paged_attention_reference(p);
+  const std::int32_t half_lens[] = {300};
+  const std::int32_t first_half[] = {0, 15}, second_half[] = {0, 15};
+  std::vector<float> o_a(4 * 8 * 64), o_b(o_a.size()), s_a(32), s_b(32);
+  AttentionParams a = p;
+  a.table.kv_lens = half_lens;
+  a.table.kv_indptr = first_half;
+  a.o = {o_a.data(), DType::kF32, 8 * 64, 64};
+  a.lse = s_a.data();
+  paged_attention_reference(a);
+  AttentionParams b = a;
+  b.table.kv_indptr = second_half;
+  b.table.kv_indices = p.table.kv_indices + 15;
+  b.o.data = o_b.data();
+  b.lse = s_b.data();
+  paged_attention_reference(b);
+  std::vector<float> o(o_a.size()), s(32);
+  merge_states(o_a, s_a, o_b, s_b, o, s, 64);
+  const std::vector<float> want = whole.output(0);
+  for (std::size_t i = 0; i < o.size(); ++i) EXPECT_NEAR(o[i], want[i], 1e-5f) << i;
+  for (std::size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(s[i], whole.lse(0)[i], 1e-5f) << i;
+}
+
+TEST(AttentionKernel, MergeStatesHandlesEmptyStatesAndValidatesSizes) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> v_a = {1, 2}, s_a = {-inf}, v_b = {3, 4}, s_b = {0.5f}, v(2), s(1);
+  merge_states(v_a, s_a, v_b, s_b, v, s, 2);
+  EXPECT_EQ(v, (std::vector<float>{3, 4}));
+  EXPECT_EQ(s[0], 0.5f);
+  s_b[0] = -inf;
+  s_a[0] = -inf;
+  merge_states(v_a, s_a, v_b, s_b, v, s, 2);
+  EXPECT_EQ(s[0], -inf);
+  std::vector<float> short_v(1);
+  EXPECT_THROW(merge_states(v_a, s_a, v_b, s_b, short_v, s, 2), InvalidArgument);
+}
+
+TEST(AttentionKernel, RejectsBadParamsNamingTheField) {
+  AttentionCase c(random_spec(3));
+  AttentionParams p = c.params(1);
+  p.num_qo_heads = 7;
+  try {
+    AttentionRunner().run(p);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("num_qo_heads = 7"));
+  }
+  p = c.params(1);
+  std::vector<std::int32_t> bad(p.table.kv_indices, p.table.kv_indices + p.table.kv_indptr[p.table.batch_size]);
+  bad[0] = 1 << 30;
+  p.table.kv_indices = bad.data();
+  EXPECT_THROW(AttentionRunner().run(p), InvalidArgument);
+  p = c.params(1);
+  p.options.window_left = -2;
+  EXPECT_THROW(AttentionRunner().run(p), InvalidArgument);
+  p = c.params(1);
+  p.options.softcap = -1.0f;
+  EXPECT_THROW(paged_attention_reference(p), InvalidArgument);
+}
+
+TEST(AttentionKernel, RejectsPlanForAnotherBatch) {
+  AttentionCase small(random_spec(11));
+  CaseSpec other = random_spec(11);
+  other.kv_lens.assign(other.kv_lens.size(), 1);
+  other.q_lens.assign(other.q_lens.size(), 1);
+  AttentionCase tiny(other);
+  AttentionParams p = small.params(1);
+  const AttentionShape shape{p.num_qo_heads, p.kv.num_kv_heads, p.kv.head_dim, p.kv.v_head_dim};
+  const AttentionPlan plan = plan_attention(p.table, shape, p.options);
+  std::vector<std::byte> ws(plan.workspace_bytes + 64);
+  auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 63) & ~std::uintptr_t{63});
+  AttentionParams q = tiny.params(1);
+  ASSERT_TRUE(std::any_of(plan.items.begin(), plan.items.end(),
+                          [](const AttentionWorkItem& w) { return w.kv_end > 1 || w.q_end > 1; }));
+  EXPECT_THROW(paged_attention(q, plan, {aligned, plan.workspace_bytes}), InvalidArgument);
+  EXPECT_THROW(paged_attention(p, plan, {aligned, plan.workspace_bytes / 2}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagedattn::testing

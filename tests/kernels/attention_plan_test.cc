@@ -1,0 +1,152 @@
+// plan_attention is a pure function: it must cover every (sequence, KV head,
+// query token, visible key) exactly once, split long KV when threads would
+// idle, honour fixed chunks, and balance threads.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "pagedattn/attention.h"
+#include "pagedattn/errors.h"
+
+namespace pagedattn {
+namespace {
+
+struct Batch {
+  std::vector<std::int32_t> qo_indptr{0}, kv_lens;
+  PagedKVTable table() const {
+    PagedKVTable t;
+    t.batch_size = static_cast<std::int32_t>(kv_lens.size());
+    t.qo_indptr = qo_indptr.data();
+    t.kv_lens = kv_lens.data();
+    t.page_size = 16;
+    return t;
+  }
+  void add(std::int32_t q_len, std::int32_t kv_len) {
+    qo_indptr.push_back(qo_indptr.back() + q_len);
+    kv_lens.push_back(kv_len);
+  }
+};
+
+const AttentionShape kShape{32, 8, 128, 128};
+
+std::int64_t thread_load(const AttentionPlan& plan, std::int32_t t) {
+  std::int64_t load = 0;
+  for (std::int32_t i = plan.thread_items[t]; i < plan.thread_items[t + 1]; ++i) {
+    const AttentionWorkItem& w = plan.items[i];
+    load += std::int64_t{w.kv_end - w.kv_begin} * (w.q_end - w.q_begin);
+  }
+  return load;
+}
+
+// Every (batch, head, token) row sees every visible key exactly once.
+void expect_exact_cover(const Batch& batch, const AttentionPlan& plan, bool causal) {
+  const std::int32_t kv_heads = plan.shape.num_kv_heads;
+  const PagedKVTable t = batch.table();
+  std::map<std::tuple<int, int, int>, std::vector<int>> seen;  // row -> key hit counts
+  for (const AttentionWorkItem& w : plan.items)
+    for (int q = w.q_begin; q < w.q_end; ++q) {
+      auto& keys = seen[{w.batch, w.kv_head, q}];
+      keys.resize(static_cast<std::size_t>(t.kv_lens[w.batch]));
+      for (int j = w.kv_begin; j < w.kv_end; ++j) ++keys[j];
+    }
+  for (int b = 0; b < t.batch_size; ++b)
+    for (int h = 0; h < kv_heads; ++h)
+      for (int q = 0; q < t.q_len(b); ++q) {
+        auto& keys = seen[{b, h, q}];
+        keys.resize(static_cast<std::size_t>(t.kv_lens[b]));
+        const int visible_end = causal ? t.kv_lens[b] - t.q_len(b) + q + 1 : t.kv_lens[b];
+        for (int j = 0; j < visible_end; ++j)
+          ASSERT_EQ(keys.at(j), 1) << "batch " << b << " head " << h << " q " << q << " key " << j;
+      }
+}
+
+TEST(AttentionPlan, OneLongDecodeIsSplitAcrossThreads) {
+  Batch batch;
+  batch.add(1, 32768);
+  AttentionOptions opt;
+  const AttentionPlan plan = plan_attention(batch.table(), AttentionShape{8, 1, 128, 128}, opt,
+                                            AttentionPlanOptions{4, 0, 256});
+  EXPECT_GE(plan.num_partials, 4);
+  ASSERT_EQ(plan.merges.size(), 1u);
+  for (int t = 0; t < 4; ++t) EXPECT_GT(thread_load(plan, t), 0) << "thread " << t << " idles";
+  expect_exact_cover(batch, plan, true);
+}
+
+TEST(AttentionPlan, ManyShortSequencesAreNotSplit) {
+  Batch batch;
+  for (int b = 0; b < 64; ++b) batch.add(1, 300 + b);
+  const AttentionPlan plan = plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
+  EXPECT_EQ(plan.num_partials, 0);
+  EXPECT_EQ(plan.items.size(), 64u * 8u);
+  expect_exact_cover(batch, plan, true);
+}
+
+TEST(AttentionPlan, LoadIsBalancedForMixedBatches) {
+  Batch batch;
+  batch.add(1, 16384);
+  for (int b = 0; b < 7; ++b) batch.add(1, 1000);
+  batch.add(200, 4000);
+  const AttentionPlan plan = plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
+  const std::int64_t a = thread_load(plan, 0), b = thread_load(plan, 1);
+  EXPECT_LT(std::max(a, b), 1.15 * std::min(a, b)) << a << " vs " << b;
+  expect_exact_cover(batch, plan, true);
+}
+
+TEST(AttentionPlan, FixedChunksDependOnlyOnTheSequence) {
+  AttentionPlanOptions po{2, 512, 256};
+  Batch alone, crowded;
+  alone.add(1, 3000);
+  crowded.add(1, 3000);
+  for (int b = 0; b < 20; ++b) crowded.add(1, 100 + 37 * b);
+  auto chunks_of_first = [&](const Batch& batch) {
+    std::vector<std::pair<int, int>> r;
+    for (const AttentionWorkItem& w : plan_attention(batch.table(), kShape, {}, po).items)
+      if (w.batch == 0 && w.kv_head == 0) r.push_back({w.kv_begin, w.kv_end});
+    std::sort(r.begin(), r.end());
+    return r;
+  };
+  const auto a = chunks_of_first(alone), b = chunks_of_first(crowded);
+  EXPECT_EQ(a, b);
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a[1], std::make_pair(512, 1024));
+  expect_exact_cover(crowded, plan_attention(crowded.table(), kShape, {}, po), true);
+}
+
+TEST(AttentionPlan, WindowAndCausalLimitTheKeys) {
+  Batch batch;
+  batch.add(3, 1000);
+  AttentionOptions opt;
+  opt.window_left = 10;
+  const AttentionPlan plan = plan_attention(batch.table(), AttentionShape{4, 4, 64, 64}, opt,
+                                            AttentionPlanOptions{1, 0, 256});
+  for (const AttentionWorkItem& w : plan.items) {
+    EXPECT_EQ(w.kv_begin, 997 - 10);
+    EXPECT_EQ(w.kv_end, 1000);
+  }
+}
+
+TEST(AttentionPlan, PrefillTilesQueriesAndCoversCausally) {
+  Batch batch;
+  batch.add(70, 70);
+  batch.add(33, 100);
+  batch.add(0, 5);
+  const AttentionPlan plan = plan_attention(batch.table(), AttentionShape{12, 2, 64, 64}, {},
+                                            AttentionPlanOptions{3, 0, 16});
+  for (const AttentionWorkItem& w : plan.items) EXPECT_LE((w.q_end - w.q_begin) * 6, plan.max_rows);
+  expect_exact_cover(batch, plan, true);
+  EXPECT_GT(plan.workspace_bytes, 0u);
+}
+
+TEST(AttentionPlan, RejectsBadShapes) {
+  Batch batch;
+  batch.add(1, 10);
+  EXPECT_THROW(plan_attention(batch.table(), AttentionShape{6, 4, 64, 64}, {}), InvalidArgument);
+  EXPECT_THROW(plan_attention(batch.table(), AttentionShape{8, 8, 0, 64}, {}), InvalidArgument);
+  EXPECT_THROW(plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{-1, 0, 256}),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace pagedattn
