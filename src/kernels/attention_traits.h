@@ -31,8 +31,10 @@ struct ScratchLayout {
   std::size_t m = 0;  // [rows] running max
   std::size_t l = 0;  // [rows] running denominator
   std::size_t s = 0;  // [rows][kKeyBlock] scores, then probabilities
-  std::size_t k = 0;  // [kKeyBlock][pad(D)] dequantised keys
-  std::size_t v = 0;  // [kKeyBlock][pad(Dv)] dequantised values
+  std::size_t k = 0;  // [kKeyBlock][pad(D)] keys as f32
+  std::size_t v = 0;  // [kKeyBlock][pad(Dv)] values as f32
+  std::size_t zero = 0;  // a zero row, as wide as the widest K/V row in f32
+  std::size_t zero_bytes = 0;
   std::size_t bytes = 0;
 };
 
@@ -50,7 +52,9 @@ constexpr ScratchLayout scratch_layout(std::int32_t rows, std::int32_t head_dim,
   l.s = l.l + align_up(r * f);
   l.k = l.s + align_up(r * kb * f);
   l.v = l.k + align_up(kb * dq * f);
-  l.bytes = l.v + align_up(kb * dv * f);
+  l.zero = l.v + align_up(kb * dv * f);
+  l.zero_bytes = align_up((dq > dv ? dq : dv) * f);
+  l.bytes = l.zero + l.zero_bytes;
   return l;
 }
 
