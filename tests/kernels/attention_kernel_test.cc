@@ -153,6 +153,9 @@ TEST(AttentionKernel, EveryDtypeTripleMatchesReference) {
 TEST(AttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
   ASSERT_FALSE(targets.empty());
+  struct Reset {
+    ~Reset() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
   for (std::int64_t target : targets) {
     hwy::SetSupportedTargetsForTest(target);
     for (std::uint32_t seed = 1000; seed < 1012; ++seed) {
@@ -163,7 +166,6 @@ TEST(AttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
       expect_close(c, hwy::TargetName(target));
     }
   }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(AttentionKernel, PagedEqualsContiguousBitwise) {

@@ -1,0 +1,109 @@
+// Row conversions with Highway: f32/f16/bf16 in and out vectorised (RNE,
+// matching the scalar conversions in dtype.h bit for bit), fp8/int8 scalar.
+#include "convert.h"
+
+#include <cmath>
+#include <cstring>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/convert.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedattn::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::CappedTag<float, 8>;
+
+HWY_INLINE hn::Vec<DF> LoadF32(const void* src, DType t, std::int64_t i) {
+  const DF df;
+  if (t == DType::kF16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(df, hn::LoadU(dh, static_cast<const hwy::float16_t*>(src) + i));
+  }
+  if (t == DType::kBF16) {
+    const hn::Rebind<hwy::bfloat16_t, DF> db;
+    return hn::PromoteTo(df, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(src) + i));
+  }
+  return hn::LoadU(df, static_cast<const float*>(src) + i);
+}
+
+// Targets whose f16 conversions are the hardware's (F16C): bit-exact RNE.
+// Older x86 targets emulate and differ on signed zeros, so they go scalar.
+constexpr bool kNativeF16 = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
+
+bool Vectorizable(DType t) {
+  return t == DType::kF32 || t == DType::kBF16 || (t == DType::kF16 && kNativeF16);
+}
+
+HWY_INLINE void StoreF32(hn::Vec<DF> v, void* dst, DType t, std::int64_t i) {
+  const DF df;
+  if (t == DType::kF16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    hn::StoreU(hn::DemoteTo(dh, v), dh, static_cast<hwy::float16_t*>(dst) + i);
+  } else if (t == DType::kBF16) {
+    // Round to nearest even on the bits; NaN keeps a quiet NaN.
+    const hn::RebindToUnsigned<DF> du;
+    const hn::Rebind<std::uint16_t, DF> d16;
+    const auto bits = hn::BitCast(du, v);
+    const auto odd = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+    auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7fffu), odd)));
+    const auto quiet = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
+    rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+    // Values are <= 0xffff, so the signed demotion (saturating) is exact.
+    const hn::RebindToSigned<DF> di;
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, rounded)), d16, static_cast<std::uint16_t*>(dst) + i);
+  } else {
+    hn::StoreU(v, df, static_cast<float*>(dst) + i);
+  }
+}
+
+void ConvertRow(const void* src, DType sd, void* dst, DType dd, std::int64_t n, float mul) {
+  std::int64_t i = 0;
+  if (Vectorizable(sd) && Vectorizable(dd)) {
+    const DF df;
+    const auto lanes = static_cast<std::int64_t>(hn::Lanes(df));
+    const auto vmul = hn::Set(df, mul);
+    for (; i + lanes <= n; i += lanes) {
+      auto v = LoadF32(src, sd, i);
+      if (mul != 1.0f) v = hn::Mul(v, vmul);
+      StoreF32(v, dst, dd, i);
+    }
+  }
+  for (; i < n; ++i) store_from_float(dst, dd, std::size_t(i), load_as_float(src, sd, std::size_t(i)) * mul);
+}
+
+float AbsMaxRow(const void* src, DType t, std::int64_t n) {
+  const DF df;
+  const auto lanes = static_cast<std::int64_t>(hn::Lanes(df));
+  auto vmax = hn::Zero(df);
+  std::int64_t i = 0;
+  if (Vectorizable(t))
+    for (; i + lanes <= n; i += lanes) vmax = hn::Max(vmax, hn::Abs(LoadF32(src, t, i)));
+  float m = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  for (; i < n; ++i) m = std::fmax(m, std::fabs(load_as_float(src, t, std::size_t(i))));
+  return m;
+}
+
+}  // namespace pagedattn::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace pagedattn::kernels {
+HWY_EXPORT(ConvertRow);
+HWY_EXPORT(AbsMaxRow);
+
+void convert_row(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n,
+                 float multiplier) {
+  if (src_dtype == dst_dtype && multiplier == 1.0f) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * dtype_size(src_dtype));
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(ConvertRow)(src, src_dtype, dst, dst_dtype, n, multiplier);
+}
+
+float abs_max_row(const void* src, DType src_dtype, std::int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(AbsMaxRow)(src, src_dtype, n);
+}
+}  // namespace pagedattn::kernels
+#endif

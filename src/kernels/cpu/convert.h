@@ -1,0 +1,19 @@
+// Vectorised row conversion between the activation and storage dtypes.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedattn/dtype.h"
+
+namespace pagedattn::kernels {
+
+// dst[i] = round(src[i] * multiplier) in dst_dtype, i < n. Round to nearest
+// even; fp8 and int8 saturate (int8 to [-127, 127]). multiplier == 1 and equal
+// dtypes copy bits.
+void convert_row(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n,
+                 float multiplier);
+
+// max |src[i]| over i < n (src in an activation dtype).
+float abs_max_row(const void* src, DType src_dtype, std::int64_t n);
+
+}  // namespace pagedattn::kernels

@@ -1,0 +1,256 @@
+// Append (slot mapping, quantise on write), row conversion, RoPE and page
+// copy/swap against scalar expectations.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "../../src/kernels/cpu/convert.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/kv_ops.h"
+
+namespace pagedattn {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> interesting_floats(std::uint32_t seed, std::size_t n) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v = {0.0f, -0.0f, 1.0f, 1.00390625f /* bf16 tie */, 1.01171875f,
+                          65504.0f, 70000.0f, 1e-8f, -3.5f,
+                          std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(), 448.0f, 500.0f};
+  while (v.size() < n) v.push_back(normal(rng) * std::ldexp(1.0f, int(rng() % 20) - 10));
+  return v;
+}
+
+bool same_bits(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+// Restores Highway's normal target choice when a test leaves early.
+struct TargetReset {
+  ~TargetReset() { hwy::SetSupportedTargetsForTest(0); }
+};
+
+TEST(ConvertRow, MatchesScalarConversionsOnEveryTarget) {
+  const std::vector<float> src = interesting_floats(1, 997);
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (DType dst_t : {DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8}) {
+      std::vector<unsigned char> dst(src.size() * dtype_size(dst_t));
+      kernels::convert_row(src.data(), DType::kF32, dst.data(), dst_t, std::ssize(src), 0.5f);
+      for (std::size_t i = 0; i < src.size(); ++i) {
+        std::vector<unsigned char> want(dtype_size(dst_t));
+        store_from_float(want.data(), dst_t, 0, src[i] * 0.5f);
+        ASSERT_EQ(std::memcmp(want.data(), dst.data() + i * want.size(), want.size()), 0)
+            << dtype_name(dst_t) << " element " << i << " value " << src[i];
+      }
+      if (dst_t != DType::kF16 && dst_t != DType::kBF16) continue;
+      std::vector<float> back(src.size());
+      kernels::convert_row(dst.data(), dst_t, back.data(), DType::kF32, std::ssize(src), 1.0f);
+      for (std::size_t i = 0; i < src.size(); ++i)
+        ASSERT_TRUE(same_bits(back[i], load_as_float(dst.data(), dst_t, i))) << i;
+    }
+  }
+}
+
+// A small paged storage with its buffers.
+struct Storage {
+  Storage(DType dtype, KVLayout layout, std::int32_t pages, std::int32_t page_size,
+          std::int32_t heads, std::int32_t dim, std::int32_t v_dim)
+      : k(std::size_t(pages) * page_size * heads * dim * dtype_size(dtype), 0xab),
+        v(std::size_t(pages) * page_size * heads * v_dim * dtype_size(dtype), 0xab),
+        k_scales(std::size_t(pages) * page_size * heads, -1.0f),
+        v_scales(k_scales.size(), -1.0f),
+        view(PagedKVStorage::dense(k.data(), v.data(), dtype, layout, page_size, heads, dim, v_dim,
+                                   pages)) {
+    view.k_scale = 0.5f;
+    view.v_scale = 0.25f;
+    view.k_token_scales = k_scales.data();
+    view.v_token_scales = v_scales.data();
+  }
+  std::vector<unsigned char> k, v;
+  std::vector<float> k_scales, v_scales;
+  PagedKVStorage view;
+};
+
+TEST(AppendPagedKv, WritesEachTokenToItsSlotInEveryDtype) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2,
+                      DType::kINT8})
+    for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (layout == KVLayout::kHND ? " HND" : " NHD"));
+      Storage st(dtype, layout, 6, 5, 3, 16, 8);
+      const std::int32_t tokens = 7;
+      std::vector<float> k(tokens * 3 * 16), v(tokens * 3 * 8);
+      std::mt19937 rng(3);
+      std::normal_distribution<float> normal;
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      const std::vector<std::int64_t> slots = {29, 0, -1, 7, 13, 4, 22};
+      AppendParams p{{k.data(), DType::kF32, 48, 16}, {v.data(), DType::kF32, 24, 8},
+                     slots.data(), tokens, st.view};
+      append_paged_kv(p);
+      for (std::int32_t t = 0; t < tokens; ++t) {
+        if (slots[t] < 0) continue;
+        const std::int64_t page = slots[t] / 5, slot = slots[t] % 5;
+        for (std::int32_t h = 0; h < 3; ++h) {
+          const float* row = &k[(t * 3 + h) * 16];
+          float amax = 0.0f;
+          for (int d = 0; d < 16; ++d) amax = std::max(amax, std::fabs(row[d]));
+          const float scale = dtype == DType::kINT8 ? amax / 127.0f : (is_quantized(dtype) ? 0.5f : 1.0f);
+          if (dtype == DType::kINT8) {
+            EXPECT_EQ(st.k_scales[st.view.token_scale_index(page, h, slot)], scale);
+          }
+          for (int d = 0; d < 16; ++d) {
+            std::vector<unsigned char> want(dtype_size(dtype));
+            store_from_float(want.data(), dtype, 0, row[d] * (1.0f / scale));
+            const std::size_t at = std::size_t(st.view.k_offset(page, h, slot) + d) * want.size();
+            ASSERT_EQ(std::memcmp(want.data(), st.k.data() + at, want.size()), 0)
+                << "token " << t << " head " << h << " dim " << d;
+          }
+        }
+      }
+    }
+}
+
+TEST(AppendPagedKv, RejectsBadSlotsBeforeWritingAnything) {
+  Storage st(DType::kF16, KVLayout::kHND, 4, 4, 2, 8, 8);
+  const std::vector<unsigned char> before = st.k;
+  std::vector<float> k(3 * 2 * 8, 1.0f), v(k.size(), 2.0f);
+  std::vector<std::int64_t> slots = {1, 16, 2};
+  AppendParams p{{k.data(), DType::kF32, 16, 8}, {v.data(), DType::kF32, 16, 8}, slots.data(), 3,
+                 st.view};
+  try {
+    append_paged_kv(p);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("slot_mapping[1] = 16"));
+  }
+  slots = {1, 5, 1};
+  EXPECT_THROW(append_paged_kv(p), InvalidArgument);
+  slots = {1, -2, 3};
+  EXPECT_THROW(append_paged_kv(p), InvalidArgument);
+  EXPECT_EQ(st.k, before);
+}
+
+// RoPE in double, straight from SEMANTICS.md.
+std::vector<double> rope_reference(const std::vector<float>& x, std::int32_t tokens,
+                                   std::int32_t heads, std::int32_t dim,
+                                   const std::vector<std::int32_t>& pos, const RopeConfig& c) {
+  const std::int32_t r = c.rotary_dim ? c.rotary_dim : dim;
+  std::vector<double> out(x.begin(), x.end());
+  for (std::int32_t t = 0; t < tokens; ++t)
+    for (std::int32_t h = 0; h < heads; ++h)
+      for (std::int32_t i = 0; i < r / 2; ++i) {
+        const double angle = pos[t] * rope_inv_freq(c, r, i);
+        const std::size_t base = std::size_t(t * heads + h) * dim;
+        const std::size_t a = base + (c.style == RopeStyle::kNeox ? i : 2 * i);
+        const std::size_t b = base + (c.style == RopeStyle::kNeox ? i + r / 2 : 2 * i + 1);
+        out[a] = x[a] * std::cos(angle) - x[b] * std::sin(angle);
+        out[b] = x[b] * std::cos(angle) + x[a] * std::sin(angle);
+      }
+  return out;
+}
+
+TEST(Rope, MatchesDoubleReferenceForStylesPartialDimsAndScaling) {
+  const std::int32_t tokens = 5, heads = 3, dim = 64;
+  const std::vector<std::int32_t> pos = {0, 1, 17, 4095, 32767};
+  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptJ})
+    for (std::int32_t rotary : {0, 32})
+      for (bool llama3 : {false, true}) {
+        RopeConfig c;
+        c.style = style;
+        c.rotary_dim = rotary;
+        c.theta = 500000.0f;
+        if (llama3) c.llama3 = {8.0f, 1.0f, 4.0f, 8192};
+        std::vector<float> x(tokens * heads * dim);
+        std::mt19937 rng(9);
+        std::normal_distribution<float> normal;
+        for (float& e : x) e = normal(rng);
+        const std::vector<double> want = rope_reference(x, tokens, heads, dim, pos, c);
+        apply_rope({x.data(), DType::kF32, heads * dim, dim}, tokens, heads, dim, pos.data(), c);
+        for (std::size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], want[i], 2e-6) << i;
+      }
+}
+
+TEST(Rope, Llama3ScalingHasThreeRegimes) {
+  RopeConfig c;
+  c.theta = 500000.0f;
+  c.llama3 = {8.0f, 1.0f, 4.0f, 8192};
+  const double plain0 = 1.0, plain_last = 1.0 / std::pow(500000.0, 126.0 / 128.0);
+  EXPECT_DOUBLE_EQ(rope_inv_freq(c, 128, 0), plain0);              // high frequency: unchanged
+  EXPECT_DOUBLE_EQ(rope_inv_freq(c, 128, 63), plain_last / 8.0);    // low frequency: / factor
+  // Pair 32: wavelength 2 pi / 500000^-0.5 = 4443, between 8192 / 4 and 8192 / 1.
+  const double mid = rope_inv_freq(c, 128, 32), plain_mid = 1.0 / std::pow(500000.0, 64.0 / 128.0);
+  EXPECT_GT(mid, plain_mid / 8.0);
+  EXPECT_LT(mid, plain_mid);
+}
+
+TEST(Rope, CosSinCacheAndHalfPrecisionInputs) {
+  const std::int32_t dim = 16, half = 8, max_pos = 50;
+  std::vector<float> cos_cache(max_pos * half), sin_cache(max_pos * half);
+  RopeConfig plain;
+  for (int p = 0; p < max_pos; ++p)
+    for (int i = 0; i < half; ++i) {
+      cos_cache[p * half + i] = float(std::cos(p * rope_inv_freq(plain, dim, i)));
+      sin_cache[p * half + i] = float(std::sin(p * rope_inv_freq(plain, dim, i)));
+    }
+  RopeConfig cached;
+  cached.cos_cache = cos_cache.data();
+  cached.sin_cache = sin_cache.data();
+  cached.cache_max_position = max_pos;
+  std::vector<float> a(2 * dim), b;
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = 0.1f * float(i) - 1.0f;
+  b = a;
+  const std::vector<std::int32_t> pos = {3, 49};
+  apply_rope({a.data(), DType::kF32, dim, dim}, 2, 1, dim, pos.data(), plain);
+  apply_rope({b.data(), DType::kF32, dim, dim}, 2, 1, dim, pos.data(), cached);
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << i;
+  const std::vector<std::int32_t> too_far = {3, 50};
+  EXPECT_THROW(apply_rope({b.data(), DType::kF32, dim, dim}, 2, 1, dim, too_far.data(), cached),
+               InvalidArgument);
+  std::vector<std::uint16_t> h(2 * dim);
+  for (std::size_t i = 0; i < h.size(); ++i) h[i] = float_to_bf16_bits(0.1f * float(i) - 1.0f);
+  apply_rope({h.data(), DType::kBF16, dim, dim}, 2, 1, dim, pos.data(), plain);
+  for (std::size_t i = 0; i < h.size(); ++i) EXPECT_NEAR(bf16_bits_to_float(h[i]), a[i], 1.6e-2) << i;
+}
+
+TEST(CopyPages, CopiesWithinAndBetweenStoragesIncludingInt8Scales) {
+  Storage cache(DType::kINT8, KVLayout::kNHD, 5, 4, 2, 8, 8);
+  Storage host(DType::kINT8, KVLayout::kNHD, 3, 4, 2, 8, 8);
+  for (std::size_t i = 0; i < cache.k.size(); ++i) cache.k[i] = static_cast<unsigned char>(i * 7);
+  for (std::size_t i = 0; i < cache.k_scales.size(); ++i) cache.k_scales[i] = float(i);
+  const std::vector<std::pair<std::int64_t, std::int64_t>> cow = {{1, 3}};
+  copy_pages(cache.view, cache.view, cow);
+  const std::size_t page_bytes = 4 * 2 * 8;
+  EXPECT_EQ(0, std::memcmp(&cache.k[3 * page_bytes], &cache.k[1 * page_bytes], page_bytes));
+  EXPECT_EQ(cache.k_scales[3 * 8], cache.k_scales[1 * 8]);
+  const std::vector<std::pair<std::int64_t, std::int64_t>> out = {{0, 2}, {4, 0}};
+  copy_pages(cache.view, host.view, out);
+  EXPECT_EQ(0, std::memcmp(&host.k[2 * page_bytes], &cache.k[0], page_bytes));
+  EXPECT_EQ(0, std::memcmp(&host.k[0], &cache.k[4 * page_bytes], page_bytes));
+  EXPECT_EQ(host.k_scales[2 * 8 + 5], cache.k_scales[5]);
+}
+
+TEST(CopyPages, RejectsConflictsAndMismatches) {
+  Storage a(DType::kF16, KVLayout::kHND, 4, 4, 2, 8, 8);
+  Storage b(DType::kBF16, KVLayout::kHND, 4, 4, 2, 8, 8);
+  const std::vector<unsigned char> before = a.k;
+  using Pairs = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  EXPECT_THROW(copy_pages(a.view, a.view, Pairs{{0, 1}, {2, 1}}), InvalidArgument);
+  EXPECT_THROW(copy_pages(a.view, a.view, Pairs{{0, 1}, {1, 2}}), InvalidArgument);
+  EXPECT_THROW(copy_pages(a.view, a.view, Pairs{{0, 4}}), InvalidArgument);
+  EXPECT_THROW(copy_pages(a.view, b.view, Pairs{{0, 1}}), InvalidArgument);
+  EXPECT_EQ(a.k, before);
+}
+
+}  // namespace
+}  // namespace pagedattn
