@@ -35,11 +35,11 @@ KVCacheConfig resolve_config(const KVCacheConfig& in) {
   require(c.num_pages == 0 || c.memory_budget_bytes == 0, "KVCacheConfig: give num_pages (",
           c.num_pages, ") or memory_budget_bytes (", c.memory_budget_bytes, "), not both");
 
-  // Per-page bytes, guarding each product against int64 overflow.
+  // Per-page bytes: dims x heads x 4 (the widest dtype) x page_size x layers
+  // must fit in int64. Checked by division so that no product can overflow.
   constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
   const std::int64_t dims = std::int64_t{c.head_dim} + c.v_head_dim;
-  const std::int64_t per_token = dims * c.num_kv_heads * 4;  // 4 bytes is the widest dtype
-  require(per_token <= kMax / c.page_size / c.num_layers,
+  require(dims <= kMax / 4 / c.num_kv_heads / c.page_size / c.num_layers,
           "KVCacheConfig: one page over all layers exceeds 2^63 bytes");
   const std::int64_t page_bytes = PageStorage::page_bytes(c);
 
