@@ -130,6 +130,7 @@ std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
   require(dup == sorted.end(), "PagedKVCache::", call, ": seq_ids lists seq_id = ",
           dup == sorted.end() ? 0 : *dup, " more than once");
   std::int64_t tokens = 0, pages = 0, page_entries = 0;
+  std::unordered_map<std::int32_t, std::int32_t> released;  // see append_cost
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const Sequence& s = find(ids[i], call, "seq_ids[i]");
     require(lens[i] >= 0 && lens[i] <= kMaxInt32 - s.used_slots(), "PagedKVCache::", call,
@@ -138,7 +139,7 @@ std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
     tokens += lens[i];
     require(tokens <= kMaxInt32, "PagedKVCache::", call, ": the batch appends ", tokens,
             " tokens, more than 2^31 - 1");
-    const std::int64_t cost = append_cost(s, lens[i]);
+    const std::int64_t cost = append_cost(s, lens[i], released);
     pages += cost;
     page_entries += std::ssize(s.pages) + cost;
   }

@@ -47,11 +47,21 @@ struct PagedKVCache::State {
 
   // Pages appending `n` tokens to `s` takes from the pool, including a
   // copy-on-write of a partially filled last page that is shared.
-  std::int64_t append_cost(const cache::Sequence& s, std::int64_t n) const {
+  // `released` counts, per page, the references that copy-on-writes of
+  // earlier sequences of the same batch drop (a page they leave to a single
+  // holder is then written in place); it is updated for this sequence.
+  std::int64_t append_cost(const cache::Sequence& s, std::int64_t n,
+                           std::unordered_map<std::int32_t, std::int32_t>& released) const {
     if (n == 0) return 0;
     const std::int64_t grow =
         cache::pages_for_slots(s.used_slots() + n, page_size()) - std::ssize(s.pages);
-    return grow + (needs_copy_on_write(s) ? 1 : 0);
+    if (s.used_slots() % page_size() == 0) return grow;
+    const std::int32_t last = s.pages.back();
+    auto it = released.find(last);
+    const std::int32_t dropped = it == released.end() ? 0 : it->second;
+    if (pool.refcount(last) - dropped <= 1) return grow;
+    ++released[last];
+    return grow + 1;
   }
   bool needs_copy_on_write(const cache::Sequence& s) const {
     return s.used_slots() % page_size() != 0 && pool.is_shared(s.pages.back());
