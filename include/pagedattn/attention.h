@@ -17,16 +17,9 @@
 
 #include "pagedattn/dtype.h"
 #include "pagedattn/paged_kv.h"
+#include "pagedattn/rope.h"
 
 namespace pagedattn {
-
-// A [num_tokens][num_heads][dim] tensor with the last axis contiguous.
-struct HeadTensor {
-  void* data = nullptr;
-  DType dtype = DType::kF32;  // f32, f16 or bf16
-  std::int64_t token_stride = 0;  // elements between consecutive tokens
-  std::int64_t head_stride = 0;   // elements between consecutive heads
-};
 
 struct AttentionOptions {
   std::optional<float> scale;           // logit scale; none means 1 / sqrt(head_dim)
@@ -35,6 +28,10 @@ struct AttentionOptions {
   float softcap = 0.0f;                 // > 0: s = softcap * tanh(s / softcap)
   const float* alibi_slopes = nullptr;  // [num_qo_heads] or null: s += slope * (j - p)
   const float* sinks = nullptr;         // [num_qo_heads] or null: learned sink logits
+  // Inline RoPE (TVM's INLINE mode): keys are stored unrotated and key j is
+  // rotated at position j (its index in the cache) before scoring. Queries
+  // must already be rotated. Null: keys are used as stored.
+  const RopeConfig* key_rope = nullptr;
 };
 
 struct AttentionParams {

@@ -9,6 +9,14 @@
 
 namespace pagedattn {
 
+// A [num_tokens][num_heads][dim] tensor with the last axis contiguous.
+struct HeadTensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;  // f32, f16 or bf16
+  std::int64_t token_stride = 0;  // elements between consecutive tokens
+  std::int64_t head_stride = 0;   // elements between consecutive heads
+};
+
 // HND: a page is [num_kv_heads][page_size][head_dim] (each head's tokens contiguous).
 // NHD: a page is [page_size][num_kv_heads][head_dim] (each token's heads contiguous).
 enum class KVLayout : std::uint8_t { kHND = 0, kNHD = 1 };

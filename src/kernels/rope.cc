@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "pagedattn/errors.h"
-#include "pagedattn/kv_ops.h"
+#include "pagedattn/rope.h"
 
 namespace pagedattn {
 namespace {

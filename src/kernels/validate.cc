@@ -44,6 +44,23 @@ void validate_table(const PagedKVTable& t, const PagedKVStorage& kv, const char*
   }
 }
 
+// Inline RoPE rotates key j at position j: the cos/sin cache (if any) must
+// reach the longest sequence.
+void validate_key_rope(const RopeConfig& rope, const AttentionParams& p, const char* call) {
+  const std::int32_t r = rope.rotary_dim == 0 ? p.kv.head_dim : rope.rotary_dim;
+  require(r >= 2 && r % 2 == 0 && r <= p.kv.head_dim, call, ": options.key_rope->rotary_dim = ",
+          rope.rotary_dim, " must be even and at most head_dim = ", p.kv.head_dim);
+  require(rope.theta > 0.0f && rope.scale > 0.0f, call, ": options.key_rope theta = ", rope.theta,
+          " and scale = ", rope.scale, " must be > 0");
+  require((rope.cos_cache == nullptr) == (rope.sin_cache == nullptr), call,
+          ": options.key_rope needs both cos_cache and sin_cache or neither");
+  if (!rope.cos_cache) return;
+  for (std::int32_t b = 0; b < p.table.batch_size; ++b)
+    require(p.table.kv_lens[b] <= rope.cache_max_position, call, ": kv_lens[", b, "] = ",
+            p.table.kv_lens[b], " exceeds options.key_rope->cache_max_position = ",
+            rope.cache_max_position);
+}
+
 }  // namespace
 
 void validate_attention_params(const AttentionParams& p, const char* call) {
@@ -76,6 +93,7 @@ void validate_attention_params(const AttentionParams& p, const char* call) {
           " must be -1 (off) or >= 0");
   require(opt.softcap >= 0.0f && std::isfinite(opt.softcap), call, ": options.softcap = ",
           opt.softcap, " must be 0 (off) or a positive finite value");
+  if (opt.key_rope) validate_key_rope(*opt.key_rope, p, call);
 }
 
 }  // namespace pagedattn::kernels

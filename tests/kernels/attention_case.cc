@@ -43,6 +43,20 @@ AttentionCase::AttentionCase(const CaseSpec& spec) : spec_(spec) {
     o_[w].assign(o_elems * dtype_size(spec_.o_dtype), 0xcd);
     lse_[w].assign(std::size_t(num_tokens()) * spec_.num_qo_heads, kNaN);
   }
+  rope_.style = spec_.seed % 2 ? RopeStyle::kNeox : RopeStyle::kGptJ;
+  rope_.rotary_dim = spec_.head_dim % 16 == 0 ? spec_.head_dim / 2 : 0;
+  if (spec_.key_rope == 2) {  // a cos/sin cache covering every key position
+    const std::int32_t r = rope_.rotary_dim ? rope_.rotary_dim : spec_.head_dim, half = r / 2;
+    const std::int32_t positions = std::max(1, *std::max_element(kv_lens_.begin(), kv_lens_.end()));
+    for (std::int32_t pos = 0; pos < positions; ++pos)
+      for (std::int32_t i = 0; i < half; ++i) {
+        rope_cos_.push_back(float(std::cos(pos * rope_inv_freq(rope_, r, i))));
+        rope_sin_.push_back(float(std::sin(pos * rope_inv_freq(rope_, r, i))));
+      }
+    rope_.cos_cache = rope_cos_.data();
+    rope_.sin_cache = rope_sin_.data();
+    rope_.cache_max_position = positions;
+  }
   for (std::int32_t h = 0; h < spec_.num_qo_heads; ++h) {
     alibi_.push_back(std::ldexp(1.0f, -(h % 8) - 1));  // the usual 2^-k slopes
     sinks_.push_back(normal(rng) * 2.0f);
@@ -142,6 +156,7 @@ AttentionParams AttentionCase::params(int which) {
   p.options = s.options;
   p.options.alibi_slopes = s.alibi ? alibi_.data() : nullptr;
   p.options.sinks = s.sinks ? sinks_.data() : nullptr;
+  p.options.key_rope = s.key_rope ? &rope_ : nullptr;
   return p;
 }
 
@@ -203,6 +218,11 @@ AttentionCase AttentionCase::contiguous() const {
   }
   c.alibi_ = alibi_;
   c.sinks_ = sinks_;
+  c.rope_cos_ = rope_cos_;
+  c.rope_sin_ = rope_sin_;
+  c.rope_ = rope_;
+  c.rope_.cos_cache = c.rope_cos_.empty() ? nullptr : c.rope_cos_.data();
+  c.rope_.sin_cache = c.rope_sin_.empty() ? nullptr : c.rope_sin_.data();
   return c;
 }
 

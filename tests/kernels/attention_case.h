@@ -27,6 +27,7 @@ struct CaseSpec {
   bool alibi = false;
   bool sinks = false;
   bool with_lse = true;
+  int key_rope = 0;  // 0: none; 1: inline RoPE from theta; 2: from a cos/sin cache
   std::uint32_t seed = 1;
 };
 
@@ -63,6 +64,8 @@ class AttentionCase {
   std::vector<unsigned char> o_[2];
   std::vector<float> lse_[2];
   std::vector<float> alibi_, sinks_;
+  RopeConfig rope_;
+  std::vector<float> rope_cos_, rope_sin_;
 };
 
 }  // namespace pagedattn::testing

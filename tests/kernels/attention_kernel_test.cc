@@ -55,7 +55,8 @@ std::string describe(const CaseSpec& s) {
      << dtype_name(s.q_dtype) << "/" << dtype_name(s.o_dtype) << "/" << dtype_name(s.kv_dtype)
      << (s.layout == KVLayout::kHND ? " HND" : " NHD") << " causal " << s.options.causal
      << " window " << s.options.window_left << " softcap " << s.options.softcap << " alibi "
-     << s.alibi << " sinks " << s.sinks << " batch " << s.kv_lens.size();
+     << s.alibi << " sinks " << s.sinks << " key_rope " << s.key_rope << " batch "
+     << s.kv_lens.size();
   return os.str();
 }
 
@@ -87,6 +88,7 @@ CaseSpec random_spec(std::uint32_t seed) {
   if (pick(0, 1, 2) == 0) s.options.scale = 0.3f;
   s.alibi = pick(false, false, true);
   s.sinks = pick(false, false, true);
+  s.key_rope = pick(0, 0, 0, 1, 2);
   // Work budget: rows x keys x dim stays modest for the double reference.
   const int batch = pick(1, 2, 3, 5, 9, 17);
   const std::int64_t budget = 4'000'000 / (s.num_qo_heads * s.head_dim);

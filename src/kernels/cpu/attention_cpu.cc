@@ -169,6 +169,34 @@ void ConvertBlock(const Item& it, KeyBlock& kb) {
   }
 }
 
+// Inline RoPE: rotates the f32 key rows of the block at their positions.
+void RotateKeys(const Item& it, const KeyBlock& kb) {
+  const RopeConfig& rope = *it.p->options.key_rope;
+  const KernelContext& c = *it.c;
+  const std::int32_t r = rope.rotary_dim ? rope.rotary_dim : c.head_dim, half = r / 2;
+  const bool neox = rope.style == RopeStyle::kNeox;
+  for (std::int32_t jj = 0; jj < kb.count; ++jj) {
+    float* k = it.sc.k + std::size_t(jj) * c.dq;
+    const std::int64_t pos = kb.first + jj;
+    for (std::int32_t i = 0; i < half; ++i) {
+      float cs, sn;
+      if (rope.cos_cache) {
+        cs = rope.cos_cache[pos * half + i];
+        sn = rope.sin_cache[pos * half + i];
+      } else {
+        const double angle = double(pos) * rope_inv_freq(rope, r, i);
+        cs = static_cast<float>(std::cos(angle));
+        sn = static_cast<float>(std::sin(angle));
+      }
+      float& a = k[neox ? i : 2 * i];
+      float& b = k[neox ? i + half : 2 * i + 1];
+      const float x = a, y = b;
+      a = x * cs - y * sn;
+      b = y * cs + x * sn;
+    }
+  }
+}
+
 // --- QK ---------------------------------------------------------------------------------
 
 // Sums each of 8 vectors: out[i] = sum of lanes of a[i].
@@ -402,14 +430,18 @@ void ProcessItem(const Item& it) {
   const std::int32_t rows = (w.q_end - w.q_begin) * c.group;
   const std::int64_t first_pos = std::int64_t{t.kv_lens[w.batch]} - t.q_len(w.batch) + w.q_begin;
   InitRows(it, rows);
+  const bool rotate_keys = it.p->options.key_rope != nullptr;
   KeyBlock kb;
   for (std::int32_t j0 = w.kv_begin; j0 < w.kv_end; j0 += kKB) {
     const std::int32_t count = std::min(kKB, w.kv_end - j0);
     const std::int32_t next = j0 + kKB;
     PrefetchBlock<kT>(it, next, std::clamp(w.kv_end - next, 0, kKB));
     GatherBlock<kT>(it, j0, count, kb);
-    if (rows > kConvertRows && kT != DType::kF32) {
+    // f32 scratch when many rows share the block, or keys need rotating.
+    const bool convert = (rows > kConvertRows && kT != DType::kF32) || rotate_keys;
+    if (convert) {
       ConvertBlock<kT>(it, kb);
+      if (rotate_keys) RotateKeys(it, kb);
       ScoreBlock<DType::kF32>(it, kb, rows);
     } else {
       ScoreBlock<kT>(it, kb, rows);
@@ -418,7 +450,7 @@ void ProcessItem(const Item& it) {
       TransformRow(it, kb, row, first_pos + row / c.group, w.kv_head * c.group + row % c.group);
       SoftmaxRow(it, kb, row);
     }
-    if (rows > kConvertRows && kT != DType::kF32)
+    if (convert)
       AccumulateBlock<DType::kF32>(it, kb, rows);
     else
       AccumulateBlock<kT>(it, kb, rows);

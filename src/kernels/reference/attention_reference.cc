@@ -19,12 +19,37 @@ struct RowInput {
   std::int64_t q_pos;   // absolute position of the query
 };
 
-double key_element(const PagedKVStorage& kv, const PagedKVTable& t, std::int32_t b, std::int64_t j,
-                   std::int32_t kv_head, std::int32_t d) {
+// Key j of sequence b, dequantised, and rotated at position j when the
+// options ask for inline RoPE.
+void load_key(const AttentionParams& p, std::int32_t b, std::int64_t j, std::int32_t kv_head,
+              std::vector<double>& key) {
+  const PagedKVStorage& kv = p.kv;
+  const PagedKVTable& t = p.table;
   const std::int32_t page = t.page_of_key(b, j), slot = t.offset_of_key(b, j);
   const std::int64_t off = kv.k_offset(page, kv_head, slot);
-  return double(load_as_float(kv.k_data, kv.dtype, static_cast<std::size_t>(off + d))) *
-         kv.k_dequant(page, kv_head, slot);
+  key.resize(static_cast<std::size_t>(kv.head_dim));
+  for (std::int32_t d = 0; d < kv.head_dim; ++d)
+    key[d] = double(load_as_float(kv.k_data, kv.dtype, static_cast<std::size_t>(off + d))) *
+             kv.k_dequant(page, kv_head, slot);
+  const RopeConfig* rope = p.options.key_rope;
+  if (rope == nullptr) return;
+  const std::int32_t r = rope->rotary_dim ? rope->rotary_dim : kv.head_dim, half = r / 2;
+  for (std::int32_t i = 0; i < half; ++i) {
+    double c, s;
+    if (rope->cos_cache) {
+      c = rope->cos_cache[j * half + i];
+      s = rope->sin_cache[j * half + i];
+    } else {
+      const double angle = double(j) * rope_inv_freq(*rope, r, i);
+      c = std::cos(angle);
+      s = std::sin(angle);
+    }
+    const std::size_t a = rope->style == RopeStyle::kNeox ? i : 2 * i;
+    const std::size_t bi = rope->style == RopeStyle::kNeox ? i + half : 2 * i + 1;
+    const double x = key[a], y = key[bi];
+    key[a] = x * c - y * s;
+    key[bi] = y * c + x * s;
+  }
 }
 
 double value_element(const PagedKVStorage& kv, const PagedKVTable& t, std::int32_t b,
@@ -41,7 +66,8 @@ bool visible(const AttentionOptions& opt, std::int64_t j, std::int64_t q_pos) {
   return true;
 }
 
-void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<double>& acc) {
+void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<double>& acc,
+                std::vector<double>& key) {
   const AttentionParams& p = *r.p;
   const PagedKVStorage& kv = p.kv;
   const AttentionOptions& opt = p.options;
@@ -54,10 +80,10 @@ void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<doub
   logits.assign(static_cast<std::size_t>(kv_len), m);
   for (std::int64_t j = 0; j < kv_len; ++j) {
     if (!visible(opt, j, r.q_pos)) continue;
+    load_key(p, r.b, j, kv_head, key);
     double dot = 0.0;
     for (std::int32_t d = 0; d < kv.head_dim; ++d)
-      dot += double(load_as_float(p.q.data, p.q.dtype, static_cast<std::size_t>(q_off + d))) *
-             key_element(kv, p.table, r.b, j, kv_head, d);
+      dot += double(load_as_float(p.q.data, p.q.dtype, static_cast<std::size_t>(q_off + d))) * key[d];
     double s = scale * dot;
     if (opt.softcap > 0.0f) s = opt.softcap * std::tanh(s / opt.softcap);
     if (opt.alibi_slopes) s += double(opt.alibi_slopes[r.head]) * double(j - r.q_pos);
@@ -92,7 +118,7 @@ void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<doub
 
 void paged_attention_reference(const AttentionParams& p) {
   kernels::validate_attention_params(p, "paged_attention_reference");
-  std::vector<double> logits, acc;
+  std::vector<double> logits, acc, key;
   const PagedKVTable& t = p.table;
   for (std::int32_t b = 0; b < t.batch_size; ++b) {
     const std::int64_t q_len = t.q_len(b);
@@ -100,7 +126,7 @@ void paged_attention_reference(const AttentionParams& p) {
     for (std::int64_t i = 0; i < q_len; ++i)
       for (std::int32_t h = 0; h < p.num_qo_heads; ++h)
         attend_row({&p, b, static_cast<std::int32_t>(t.qo_indptr[b] + i), h, first_pos + i},
-                   logits, acc);
+                   logits, acc, key);
   }
 }
 
