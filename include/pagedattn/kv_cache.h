@@ -13,13 +13,22 @@
 #include <span>
 #include <vector>
 
+#include "pagedattn/attention.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/paged_kv.h"
+#include "pagedattn/rope.h"
 
 namespace pagedattn {
 
 using SeqId = std::int64_t;
+
+// Where RoPE happens for cache-level attention (TVM's modes).
+enum class RopeMode : std::uint8_t {
+  kNone = 0,    // q and k arrive rotated (or the model has no RoPE)
+  kNormal = 1,  // q and new k are rotated at their positions; K is stored rotated
+  kInline = 2,  // K is stored raw and rotated inside attention at its cache position
+};
 
 // Named-field configuration; every field is validated by the constructor.
 struct KVCacheConfig {
@@ -33,9 +42,19 @@ struct KVCacheConfig {
   // of all layers, from which the largest fitting page count is derived.
   std::int64_t num_pages = 0;
   std::int64_t memory_budget_bytes = 0;
+  // f32, f16, bf16, fp8 e4m3fn / e5m2 (value = stored x scale; per tensor,
+  // or per KV head when the vectors below are given), or int8 (symmetric, a
+  // scale per token and head kept beside the page and set on write).
   DType kv_dtype = DType::kF16;
+  float k_scale = 1.0f, v_scale = 1.0f;   // fp8 per-tensor dequantisation scales
+  std::vector<float> k_head_scales;       // fp8: [num_kv_heads] or empty
+  std::vector<float> v_head_scales;       // fp8: [num_kv_heads] or empty
   KVLayout layout = KVLayout::kHND;
   bool support_sliding_window = false;  // enable_sliding_window requires it
+  // Cache-level attention: where RoPE is applied, and its parameters
+  // (rope.cos_cache must be null: the cache builds its own table).
+  RopeMode rope_mode = RopeMode::kNone;
+  RopeConfig rope;
 };
 
 // What kernels need for one step, shared by every layer. Built by
@@ -98,6 +117,26 @@ class PagedKVCache {
                                  std::span<const std::int64_t> append_lengths);
   // Ends the step: sliding windows drop the tokens that fell out.
   void end_forward();
+
+  // --- attention inside a step (the TVM protocol) -----------------------------
+  // For `layer`: applies RoPE per config.rope_mode (to private copies; q and
+  // k are never modified), appends the step's new K/V through the plan's
+  // slot mapping, and attends over every sequence of the batch.
+  //   q   [num_tokens][num_qo_heads][head_dim]   (num_tokens = plan().num_tokens())
+  //   k   [num_tokens][num_kv_heads][head_dim]
+  //   v   [num_tokens][num_kv_heads][v_head_dim]
+  //   out [num_tokens][num_qo_heads][v_head_dim]
+  //   lse [num_tokens][num_qo_heads] natural-log LSE, or null
+  // options: scale (default 1/sqrt(head_dim)), causal, window_left, softcap,
+  // ALiBi, sinks (options.key_rope is set by the cache). Validates everything
+  // first: a failed call changes nothing and the step stays usable.
+  void attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k,
+                 const HeadTensor& v, const HeadTensor& out, const AttentionOptions& options = {},
+                 float* lse = nullptr);
+  // The same with q, k and v packed per token: qkv [num_tokens][Hq + 2 Hkv][head_dim]
+  // (requires v_head_dim == head_dim). TVM: attention_with_fused_qkv.
+  void attention_with_fused_qkv(std::int32_t layer, const HeadTensor& qkv, const HeadTensor& out,
+                                const AttentionOptions& options = {}, float* lse = nullptr);
   bool in_forward() const;
   // The current step's plan (InvalidState outside a step).
   const BatchPlan& plan() const;

@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <cmath>
 #include <limits>
 
 #include "page_storage.h"
@@ -9,6 +10,35 @@ namespace {
 
 void require_positive(std::int64_t value, const char* field) {
   require(value >= 1, "KVCacheConfig.", field, " = ", value, " must be >= 1");
+}
+
+void validate_scales(const KVCacheConfig& c) {
+  auto good = [](float s) { return std::isfinite(s) && s > 0.0f; };
+  require(good(c.k_scale) && good(c.v_scale), "KVCacheConfig.k_scale = ", c.k_scale,
+          " and v_scale = ", c.v_scale, " must be finite and > 0");
+  for (const auto* v : {&c.k_head_scales, &c.v_head_scales}) {
+    require(v->empty() || std::ssize(*v) == c.num_kv_heads, "KVCacheConfig.",
+            v == &c.k_head_scales ? "k" : "v", "_head_scales has ", v->size(),
+            " entries; give none or num_kv_heads = ", c.num_kv_heads);
+    for (std::size_t h = 0; h < v->size(); ++h)
+      require(good((*v)[h]), "KVCacheConfig.", v == &c.k_head_scales ? "k" : "v",
+              "_head_scales[", h, "] = ", (*v)[h], " must be finite and > 0");
+  }
+}
+
+void validate_rope(const KVCacheConfig& c) {
+  require(static_cast<int>(c.rope_mode) <= static_cast<int>(RopeMode::kInline),
+          "KVCacheConfig.rope_mode = ", static_cast<int>(c.rope_mode), " is not a RopeMode");
+  require(c.rope.cos_cache == nullptr && c.rope.sin_cache == nullptr,
+          "KVCacheConfig.rope.cos_cache/sin_cache must be null (the cache builds its own table)");
+  if (c.rope_mode == RopeMode::kNone) return;
+  const std::int32_t r = c.rope.rotary_dim == 0 ? c.head_dim : c.rope.rotary_dim;
+  require(r >= 2 && r % 2 == 0 && r <= c.head_dim, "KVCacheConfig.rope.rotary_dim = ",
+          c.rope.rotary_dim, " must be even and in [2, head_dim = ", c.head_dim, "]");
+  require(std::isfinite(c.rope.theta) && c.rope.theta > 0.0f && std::isfinite(c.rope.scale) &&
+              c.rope.scale > 0.0f,
+          "KVCacheConfig.rope.theta = ", c.rope.theta, " and rope.scale = ", c.rope.scale,
+          " must be finite and > 0");
 }
 
 }  // namespace
@@ -25,8 +55,10 @@ KVCacheConfig resolve_config(const KVCacheConfig& in) {
           " must be >= 0 (0 means head_dim)");
   if (c.v_head_dim == 0) c.v_head_dim = c.head_dim;
   require_positive(c.page_size, "page_size");
-  require(c.kv_dtype == DType::kF32 || c.kv_dtype == DType::kF16 || c.kv_dtype == DType::kBF16,
+  require(static_cast<int>(c.kv_dtype) <= static_cast<int>(DType::kINT8),
           "KVCacheConfig.kv_dtype = ", static_cast<int>(c.kv_dtype), " is not a KV storage dtype");
+  validate_scales(c);
+  validate_rope(c);
   require(c.layout == KVLayout::kHND || c.layout == KVLayout::kNHD, "KVCacheConfig.layout = ",
           static_cast<int>(c.layout), " is not HND or NHD");
   require(c.num_pages >= 0, "KVCacheConfig.num_pages = ", c.num_pages, " must be >= 0");

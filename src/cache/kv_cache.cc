@@ -175,6 +175,7 @@ const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
   plan.slot_mapping.clear();
   plan.qo_indptr.push_back(0);
   plan.kv_indptr.push_back(0);
+  st.attention.invalidate_plan();
   for (std::size_t i = 0; i < seq_ids.size(); ++i)
     st.append_to_plan(st.seqs.find(seq_ids[i])->second, append_lengths[i]);
   st.in_forward = true;

@@ -1,4 +1,4 @@
-// PagedKVCache queries, invariant checker, state digest and debug K/V access.
+// PagedKVCache queries, invariant checker and state digest.
 #include <algorithm>
 
 #include "kv_cache_state.h"
@@ -110,85 +110,6 @@ std::uint64_t PagedKVCache::state_digest() const {
     if (st.pool.refcount(static_cast<std::int32_t>(p)) > 0)
       st.storage.hash_page(static_cast<std::int32_t>(p), h);
   return h.value();
-}
-
-// --- debug K/V access ----------------------------------------------------------
-
-namespace {
-
-// Validates a debug_get_kv / debug_set_kv range and buffer sizes.
-void validate_kv_range(const KVCacheConfig& c, const Sequence& s, SeqId id, std::int64_t start,
-                       std::int64_t end, std::size_t k_size, std::size_t v_size, const char* call) {
-  require(start >= 0 && start <= end && end <= s.length, "PagedKVCache::", call, ": range [",
-          start, ", ", end, ") is not inside [0, ", s.length, "] of seq_id = ", id);
-  const std::int64_t rows = std::int64_t{c.num_layers} * (end - start) * c.num_kv_heads;
-  require(std::int64_t(k_size) == rows * c.head_dim, "PagedKVCache::", call, ": k buffer has ",
-          k_size, " floats, expected num_layers x tokens x num_kv_heads x head_dim = ",
-          rows * c.head_dim);
-  require(std::int64_t(v_size) == rows * c.v_head_dim, "PagedKVCache::", call, ": v buffer has ",
-          v_size, " floats, expected num_layers x tokens x num_kv_heads x v_head_dim = ",
-          rows * c.v_head_dim);
-}
-
-// Calls fn(layer_storage, page, slot, row) for every (layer, token, head) of
-// [start, end) in the debug buffers' order; `row` indexes heads of tokens.
-template <typename Fn>
-void for_each_kv_row(const cache::PageStorage& storage, const KVCacheConfig& c, const Sequence& s,
-                     std::int64_t start, std::int64_t end, Fn&& fn) {
-  std::int64_t row = 0;
-  for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
-    const PagedKVStorage ls = storage.layer(layer);
-    for (std::int64_t t = start; t < end; ++t) {
-      const std::int64_t slot = s.slot_of(t);
-      const std::int32_t page = s.pages[slot / c.page_size];
-      for (std::int32_t head = 0; head < c.num_kv_heads; ++head, ++row)
-        fn(ls, page, head, static_cast<std::int32_t>(slot % c.page_size), row);
-    }
-  }
-}
-
-}  // namespace
-
-void PagedKVCache::debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t end,
-                                std::span<float> k_out, std::span<float> v_out) const {
-  const State& st = *state_;
-  const KVCacheConfig& c = st.config;
-  const Sequence& s = st.find(seq_id, "debug_get_kv", "seq_id");
-  validate_kv_range(c, s, seq_id, start, end, k_out.size(), v_out.size(), "debug_get_kv");
-  for_each_kv_row(st.storage, c, s, start, end,
-                  [&](const PagedKVStorage& ls, std::int32_t page, std::int32_t head,
-                      std::int32_t slot, std::int64_t row) {
-                    const std::int64_t k0 = ls.k_offset(page, head, slot);
-                    const std::int64_t v0 = ls.v_offset(page, head, slot);
-                    for (std::int32_t d = 0; d < c.head_dim; ++d)
-                      k_out[row * c.head_dim + d] = load_as_float(ls.k_data, ls.dtype, k0 + d);
-                    for (std::int32_t d = 0; d < c.v_head_dim; ++d)
-                      v_out[row * c.v_head_dim + d] = load_as_float(ls.v_data, ls.dtype, v0 + d);
-                  });
-}
-
-void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t end,
-                                std::span<const float> k_in, std::span<const float> v_in) {
-  State& st = *state_;
-  const KVCacheConfig& c = st.config;
-  const Sequence& s = st.find(seq_id, "debug_set_kv", "seq_id");
-  validate_kv_range(c, s, seq_id, start, end, k_in.size(), v_in.size(), "debug_set_kv");
-  for (std::int64_t t = start; t < end; ++t) {
-    const std::int32_t page = s.pages[s.slot_of(t) / c.page_size];
-    require(!st.pool.is_shared(page), "PagedKVCache::debug_set_kv: token ", t, " of seq_id = ",
-            seq_id, " is in page ", page, ", shared by ", st.pool.refcount(page),
-            " sequences; writing it would change them all");
-  }
-  for_each_kv_row(st.storage, c, s, start, end,
-                  [&](const PagedKVStorage& ls, std::int32_t page, std::int32_t head,
-                      std::int32_t slot, std::int64_t row) {
-                    const std::int64_t k0 = ls.k_offset(page, head, slot);
-                    const std::int64_t v0 = ls.v_offset(page, head, slot);
-                    for (std::int32_t d = 0; d < c.head_dim; ++d)
-                      store_from_float(ls.k_data, ls.dtype, k0 + d, k_in[row * c.head_dim + d]);
-                    for (std::int32_t d = 0; d < c.v_head_dim; ++d)
-                      store_from_float(ls.v_data, ls.dtype, v0 + d, v_in[row * c.v_head_dim + d]);
-                  });
 }
 
 }  // namespace pagedattn

@@ -9,6 +9,7 @@
 #include "page_storage.h"
 #include "pagedattn/kv_cache.h"
 #include "sequence.h"
+#include "step_attention.h"
 
 namespace pagedattn {
 
@@ -23,6 +24,7 @@ struct PagedKVCache::State {
   std::unordered_map<SeqId, cache::Sequence> seqs;
   BatchPlan plan;
   bool in_forward = false;
+  cache::StepAttention attention;  // kernel plan and buffers for attention()
 
   std::int32_t page_size() const { return config.page_size; }
 

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "pagedattn/errors.h"
@@ -18,10 +19,15 @@ std::int64_t v_bytes_per_page(const KVCacheConfig& c) {
          static_cast<std::int64_t>(dtype_size(c.kv_dtype));
 }
 
+// int8 keeps a float scale per token and head beside each page, for K and V.
+std::int64_t scale_bytes_per_page(const KVCacheConfig& c) {
+  return c.kv_dtype == DType::kINT8 ? std::int64_t{c.page_size} * c.num_kv_heads * 4 : 0;
+}
+
 }  // namespace
 
 std::int64_t PageStorage::layer_page_bytes(const KVCacheConfig& c) {
-  return k_bytes_per_page(c) + v_bytes_per_page(c);
+  return k_bytes_per_page(c) + v_bytes_per_page(c) + 2 * scale_bytes_per_page(c);
 }
 
 std::int64_t PageStorage::page_bytes(const KVCacheConfig& c) {
@@ -32,7 +38,8 @@ PageStorage::PageStorage(const KVCacheConfig& config)
     : config_(config),
       k_page_bytes_(k_bytes_per_page(config)),
       v_page_bytes_(v_bytes_per_page(config)),
-      layer_bytes_((k_page_bytes_ + v_page_bytes_) * config.num_pages),
+      scale_page_bytes_(scale_bytes_per_page(config)),
+      layer_bytes_(layer_page_bytes(config) * config.num_pages),
       total_bytes_(layer_bytes_ * config.num_layers) {
   void* p = mmap(nullptr, static_cast<std::size_t>(total_bytes_), PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -40,18 +47,31 @@ PageStorage::PageStorage(const KVCacheConfig& config)
     throw OutOfPages(detail::concat("PagedKVCache: could not map ", total_bytes_,
                                     " bytes of K/V storage (num_pages = ", config.num_pages, ")"));
   base_ = static_cast<std::byte*>(p);
+  // Huge pages: attention streams whole pages, 4 KiB TLB entries would thrash.
+  madvise(p, static_cast<std::size_t>(total_bytes_), MADV_HUGEPAGE);
 }
 
 PageStorage::~PageStorage() {
   if (base_ != nullptr) munmap(base_, static_cast<std::size_t>(total_bytes_));
 }
 
+// A layer's region: [K pages][V pages][K token scales][V token scales].
 PagedKVStorage PageStorage::layer(std::int32_t layer) const {
   std::byte* k = layer_base(layer);
   std::byte* v = k + k_page_bytes_ * config_.num_pages;
-  return PagedKVStorage::dense(k, v, config_.kv_dtype, config_.layout, config_.page_size,
-                               config_.num_kv_heads, config_.head_dim, config_.v_head_dim,
-                               config_.num_pages);
+  PagedKVStorage s = PagedKVStorage::dense(k, v, config_.kv_dtype, config_.layout,
+                                           config_.page_size, config_.num_kv_heads,
+                                           config_.head_dim, config_.v_head_dim, config_.num_pages);
+  s.k_scale = config_.k_scale;
+  s.v_scale = config_.v_scale;
+  s.k_head_scales = config_.k_head_scales.empty() ? nullptr : config_.k_head_scales.data();
+  s.v_head_scales = config_.v_head_scales.empty() ? nullptr : config_.v_head_scales.data();
+  if (scale_page_bytes_ > 0) {
+    std::byte* scales = v + v_page_bytes_ * config_.num_pages;
+    s.k_token_scales = reinterpret_cast<float*>(scales);
+    s.v_token_scales = reinterpret_cast<float*>(scales + scale_page_bytes_ * config_.num_pages);
+  }
+  return s;
 }
 
 void PageStorage::copy_page_prefix(std::int32_t src, std::int32_t dst, std::int32_t num_slots) {
@@ -71,15 +91,27 @@ void PageStorage::copy_page_prefix(std::int32_t src, std::int32_t dst, std::int3
       std::memcpy(k + s.k_offset(dst, r, 0) * elem, k + s.k_offset(src, r, 0) * elem, k_run);
       std::memcpy(v + s.v_offset(dst, r, 0) * elem, v + s.v_offset(src, r, 0) * elem, v_run);
     }
+    if (s.k_token_scales == nullptr) continue;
+    for (std::int32_t h = 0; h < config_.num_kv_heads; ++h) {
+      std::copy_n(s.k_token_scales + s.token_scale_index(src, h, 0), num_slots,
+                  s.k_token_scales + s.token_scale_index(dst, h, 0));
+      std::copy_n(s.v_token_scales + s.token_scale_index(src, h, 0), num_slots,
+                  s.v_token_scales + s.token_scale_index(dst, h, 0));
+    }
   }
 }
 
 void PageStorage::hash_page(std::int32_t page, Hasher& h) const {
+  const auto scales = static_cast<std::size_t>(scale_page_bytes_ / 4);
   for (std::int32_t layer = 0; layer < config_.num_layers; ++layer) {
-    const std::byte* base = layer_base(layer);
-    h.add_bytes(base + k_page_bytes_ * page, static_cast<std::size_t>(k_page_bytes_));
-    h.add_bytes(base + k_page_bytes_ * config_.num_pages + v_page_bytes_ * page,
+    const PagedKVStorage s = this->layer(layer);
+    h.add_bytes(static_cast<const std::byte*>(s.k_data) + k_page_bytes_ * page,
+                static_cast<std::size_t>(k_page_bytes_));
+    h.add_bytes(static_cast<const std::byte*>(s.v_data) + v_page_bytes_ * page,
                 static_cast<std::size_t>(v_page_bytes_));
+    if (scales == 0) continue;
+    h.add_span(std::span<const float>(s.k_token_scales + s.token_scale_index(page, 0, 0), scales));
+    h.add_span(std::span<const float>(s.v_token_scales + s.token_scale_index(page, 0, 0), scales));
   }
 }
 

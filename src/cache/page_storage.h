@@ -1,5 +1,5 @@
-// PageStorage owns the K/V bytes of every layer: per layer, num_pages K pages
-// then num_pages V pages. Memory comes from an anonymous mapping, so untouched
+// PageStorage owns the K/V bytes of every layer: per layer, num_pages K pages,
+// num_pages V pages, then (int8 only) their per-token-head scales. Memory comes from an anonymous mapping, so untouched
 // pages cost nothing and read as zero. All offsets are 64-bit.
 #pragma once
 
@@ -37,6 +37,7 @@ class PageStorage {
   KVCacheConfig config_;
   std::int64_t k_page_bytes_ = 0;
   std::int64_t v_page_bytes_ = 0;
+  std::int64_t scale_page_bytes_ = 0;  // int8 token scales of one page, K or V
   std::int64_t layer_bytes_ = 0;
   std::int64_t total_bytes_ = 0;
   std::byte* base_ = nullptr;

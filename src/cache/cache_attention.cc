@@ -1,0 +1,108 @@
+// PagedKVCache::attention: RoPE per the cache's mode, append, attend - one
+// layer of the TVM protocol begin_forward / attention per layer / end_forward.
+#include "kernels/validate.h"
+#include "kv_cache_state.h"
+#include "pagedattn/kv_ops.h"
+#include "kernels/cpu/convert.h"
+
+namespace pagedattn {
+namespace {
+
+bool is_activation(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens,
+                     std::int32_t heads, std::int32_t dim) {
+  require(is_activation(x.dtype), "PagedKVCache::attention: ", name, ".dtype = ",
+          dtype_name(x.dtype), " must be float32, float16 or bfloat16");
+  require(tokens == 0 || x.data != nullptr, "PagedKVCache::attention: ", name,
+          ".data is null for ", tokens, " tokens");
+  require(x.head_stride >= dim && x.token_stride >= (heads - 1) * x.head_stride + dim,
+          "PagedKVCache::attention: ", name, " strides (token ", x.token_stride, ", head ",
+          x.head_stride, ") overlap rows of ", heads, " heads x ", dim);
+}
+
+// Copies x [tokens][heads][dim] to dense f32 `out` and rotates it at `positions`.
+HeadTensor rotated_copy(const HeadTensor& x, std::int32_t tokens, std::int32_t heads,
+                        std::int32_t dim, const std::int32_t* positions, const RopeConfig& rope,
+                        std::vector<float>& out) {
+  out.resize(std::size_t(tokens) * heads * dim);
+  const auto es = static_cast<std::int64_t>(dtype_size(x.dtype));
+  for (std::int32_t t = 0; t < tokens; ++t)
+    for (std::int32_t h = 0; h < heads; ++h)
+      kernels::convert_row(static_cast<const std::byte*>(x.data) + (t * x.token_stride + h * x.head_stride) * es,
+                           x.dtype, out.data() + (std::size_t(t) * heads + h) * dim, DType::kF32, dim, 1.0f);
+  HeadTensor r{out.data(), DType::kF32, std::int64_t{heads} * dim, dim};
+  apply_rope(r, tokens, heads, dim, positions, rope);
+  return r;
+}
+
+}  // namespace
+
+void PagedKVCache::attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k,
+                             const HeadTensor& v, const HeadTensor& out,
+                             const AttentionOptions& options, float* lse) {
+  State& st = *state_;
+  const KVCacheConfig& c = st.config;
+  require<InvalidState>(st.in_forward, "PagedKVCache::attention: no forward is in progress "
+                        "(call begin_forward first)");
+  require(layer >= 0 && layer < c.num_layers, "PagedKVCache::attention: layer = ", layer,
+          " is outside [0, ", c.num_layers, ")");
+  require(options.key_rope == nullptr, "PagedKVCache::attention: options.key_rope must be null; "
+          "the cache applies RoPE per KVCacheConfig.rope_mode");
+  const BatchPlan& plan = st.plan;
+  const std::int32_t tokens = plan.num_tokens();
+  validate_tensor(q, "q", tokens, c.num_qo_heads, c.head_dim);
+  validate_tensor(k, "k", tokens, c.num_kv_heads, c.head_dim);
+  validate_tensor(v, "v", tokens, c.num_kv_heads, c.v_head_dim);
+  validate_tensor(out, "out", tokens, c.num_qo_heads, c.v_head_dim);
+  AttentionParams p;
+  p.q = q;
+  p.o = out;
+  p.lse = lse;
+  p.num_qo_heads = c.num_qo_heads;
+  p.table = plan.table();
+  p.kv = st.storage.layer(layer);
+  p.options = options;
+  kernels::validate_attention_params(p, "PagedKVCache::attention");
+
+  // Validated: from here on nothing can fail on the caller's input.
+  cache::StepAttention& sa = st.attention;
+  HeadTensor k_stored = k;
+  if (c.rope_mode != RopeMode::kNone) {
+    std::int32_t longest = 1;
+    for (std::int32_t len : plan.kv_lens) longest = std::max(longest, len);
+    sa.ensure_rope_table(c.rope, c.head_dim, longest);
+    p.q = rotated_copy(q, tokens, c.num_qo_heads, c.head_dim, plan.positions.data(), sa.rope,
+                       sa.q_rotated);
+    if (c.rope_mode == RopeMode::kNormal)
+      k_stored = rotated_copy(k, tokens, c.num_kv_heads, c.head_dim, plan.positions.data(),
+                              sa.rope, sa.k_rotated);
+    else
+      p.options.key_rope = &sa.rope;
+  }
+  append_paged_kv({k_stored, v, plan.slot_mapping.data(), tokens, p.kv});
+  const AttentionShape shape{c.num_qo_heads, c.num_kv_heads, c.head_dim, c.v_head_dim};
+  const AttentionPlan& kernel_plan = sa.plan_for(p.table, shape, p.options);
+  paged_attention(p, kernel_plan, sa.aligned_workspace(kernel_plan.workspace_bytes));
+}
+
+void PagedKVCache::attention_with_fused_qkv(std::int32_t layer, const HeadTensor& qkv,
+                                            const HeadTensor& out, const AttentionOptions& options,
+                                            float* lse) {
+  const KVCacheConfig& c = state_->config;
+  require(c.v_head_dim == c.head_dim, "PagedKVCache::attention_with_fused_qkv: needs v_head_dim (",
+          c.v_head_dim, ") == head_dim (", c.head_dim, ")");
+  require(qkv.token_stride >= std::int64_t{c.num_qo_heads + 2 * c.num_kv_heads} * qkv.head_stride,
+          "PagedKVCache::attention_with_fused_qkv: qkv.token_stride = ", qkv.token_stride,
+          " is shorter than (num_qo_heads + 2 num_kv_heads) x head_stride");
+  const auto es = static_cast<std::int64_t>(dtype_size(qkv.dtype));
+  auto at_head = [&](std::int64_t head) {
+    HeadTensor t = qkv;
+    if (t.data) t.data = static_cast<std::byte*>(qkv.data) + head * qkv.head_stride * es;
+    return t;
+  };
+  attention(layer, at_head(0), at_head(c.num_qo_heads), at_head(c.num_qo_heads + c.num_kv_heads),
+            out, options, lse);
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,92 @@
+// PagedKVCache debug K/V access: read and write a sequence's tokens in
+// logical order as floats (dequantised / quantised like the kernels do).
+#include "kv_cache_state.h"
+#include "pagedattn/kv_ops.h"
+
+namespace pagedattn {
+
+using cache::Sequence;
+
+namespace {
+
+// Validates a debug_get_kv / debug_set_kv range and buffer sizes.
+void validate_kv_range(const KVCacheConfig& c, const Sequence& s, SeqId id, std::int64_t start,
+                       std::int64_t end, std::size_t k_size, std::size_t v_size, const char* call) {
+  require(start >= 0 && start <= end && end <= s.length, "PagedKVCache::", call, ": range [",
+          start, ", ", end, ") is not inside [0, ", s.length, "] of seq_id = ", id);
+  const std::int64_t rows = std::int64_t{c.num_layers} * (end - start) * c.num_kv_heads;
+  require(std::int64_t(k_size) == rows * c.head_dim, "PagedKVCache::", call, ": k buffer has ",
+          k_size, " floats, expected num_layers x tokens x num_kv_heads x head_dim = ",
+          rows * c.head_dim);
+  require(std::int64_t(v_size) == rows * c.v_head_dim, "PagedKVCache::", call, ": v buffer has ",
+          v_size, " floats, expected num_layers x tokens x num_kv_heads x v_head_dim = ",
+          rows * c.v_head_dim);
+}
+
+// Slot (page * page_size + offset) of each token of [start, end).
+std::vector<std::int64_t> slots_of(const Sequence& s, std::int32_t ps, std::int64_t start,
+                                   std::int64_t end) {
+  std::vector<std::int64_t> slots;
+  for (std::int64_t t = start; t < end; ++t) {
+    const std::int64_t slot = s.slot_of(t);
+    slots.push_back(std::int64_t{s.pages[slot / ps]} * ps + slot % ps);
+  }
+  return slots;
+}
+
+}  // namespace
+
+void PagedKVCache::debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t end,
+                                std::span<float> k_out, std::span<float> v_out) const {
+  const State& st = *state_;
+  const KVCacheConfig& c = st.config;
+  const Sequence& s = st.find(seq_id, "debug_get_kv", "seq_id");
+  validate_kv_range(c, s, seq_id, start, end, k_out.size(), v_out.size(), "debug_get_kv");
+  const std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
+  std::size_t k_at = 0, v_at = 0;
+  for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
+    const PagedKVStorage ls = st.storage.layer(layer);
+    for (std::int64_t slot : slots)
+      for (std::int32_t head = 0; head < c.num_kv_heads; ++head) {
+        const std::int64_t page = slot / c.page_size, off = slot % c.page_size;
+        const float ks = ls.k_dequant(page, head, off), vs = ls.v_dequant(page, head, off);
+        const std::int64_t k0 = ls.k_offset(page, head, off), v0 = ls.v_offset(page, head, off);
+        for (std::int32_t d = 0; d < c.head_dim; ++d)
+          k_out[k_at++] = load_as_float(ls.k_data, ls.dtype, std::size_t(k0 + d)) * ks;
+        for (std::int32_t d = 0; d < c.v_head_dim; ++d)
+          v_out[v_at++] = load_as_float(ls.v_data, ls.dtype, std::size_t(v0 + d)) * vs;
+      }
+  }
+}
+
+void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t end,
+                                std::span<const float> k_in, std::span<const float> v_in) {
+  State& st = *state_;
+  const KVCacheConfig& c = st.config;
+  const Sequence& s = st.find(seq_id, "debug_set_kv", "seq_id");
+  validate_kv_range(c, s, seq_id, start, end, k_in.size(), v_in.size(), "debug_set_kv");
+  for (std::int64_t t = start; t < end; ++t) {
+    const std::int32_t page = s.pages[s.slot_of(t) / c.page_size];
+    require(!st.pool.is_shared(page), "PagedKVCache::debug_set_kv: token ", t, " of seq_id = ",
+            seq_id, " is in page ", page, ", shared by ", st.pool.refcount(page),
+            " sequences; writing it would change them all");
+  }
+  // The append kernel writes (and quantises) exactly as a forward step does.
+  const std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
+  const auto tokens = static_cast<std::int32_t>(end - start);
+  const std::int64_t k_layer = std::int64_t{tokens} * c.num_kv_heads * c.head_dim;
+  const std::int64_t v_layer = std::int64_t{tokens} * c.num_kv_heads * c.v_head_dim;
+  for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
+    AppendParams p;
+    p.k = {const_cast<float*>(k_in.data()) + layer * k_layer, DType::kF32,
+           std::int64_t{c.num_kv_heads} * c.head_dim, c.head_dim};
+    p.v = {const_cast<float*>(v_in.data()) + layer * v_layer, DType::kF32,
+           std::int64_t{c.num_kv_heads} * c.v_head_dim, c.v_head_dim};
+    p.slot_mapping = slots.data();
+    p.num_tokens = tokens;
+    p.kv = st.storage.layer(layer);
+    append_paged_kv(p);
+  }
+}
+
+}  // namespace pagedattn
