@@ -132,7 +132,10 @@ std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
   std::int64_t tokens = 0, pages = 0, page_entries = 0;
   std::unordered_map<std::int32_t, std::int32_t> released;  // see append_cost
   for (std::size_t i = 0; i < ids.size(); ++i) {
-    const Sequence& s = find(ids[i], call, "seq_ids[i]");
+    const auto it = seqs.find(ids[i]);
+    require(it != seqs.end(), "PagedKVCache::", call, ": seq_ids[", i, "] = ", ids[i],
+            " does not exist");
+    const Sequence& s = it->second;
     require(lens[i] >= 0 && lens[i] <= kMaxInt32 - s.used_slots(), "PagedKVCache::", call,
             ": append_lengths[", i, "] = ", lens[i], " for seq_id = ", ids[i],
             " must be >= 0 and keep the sequence under 2^31 tokens");
