@@ -61,19 +61,21 @@ struct AttentionPlanOptions {
 };
 
 // One unit of work: query tokens [q_begin, q_end) of sequence `batch` (offsets
-// within the sequence), all query heads of `kv_head`'s group, against keys
-// [kv_begin, kv_end). partial >= 0: write a partial state to that slot.
+// within the sequence), all query heads of KV heads [kv_head_begin,
+// kv_head_end), against keys [kv_begin, kv_end). partial >= 0: write a
+// partial state to that slot. Decode items take every KV head of a sequence,
+// so each page's K and V are read as whole contiguous runs.
 struct AttentionWorkItem {
-  std::int32_t batch = 0, kv_head = 0;
+  std::int32_t batch = 0, kv_head_begin = 0, kv_head_end = 1;
   std::int32_t q_begin = 0, q_end = 0;
   std::int32_t kv_begin = 0, kv_end = 0;
   std::int32_t partial = -1;
 };
 
 // Merges partial slots [first_partial, first_partial + num_partials), in
-// order, into the output rows of one (batch, kv_head, q tile).
+// order, into the output rows of one (batch, KV head range, q tile).
 struct AttentionMergeTask {
-  std::int32_t batch = 0, kv_head = 0;
+  std::int32_t batch = 0, kv_head_begin = 0, kv_head_end = 1;
   std::int32_t q_begin = 0, q_end = 0;
   std::int32_t first_partial = 0, num_partials = 0;
 };
@@ -81,7 +83,7 @@ struct AttentionMergeTask {
 struct AttentionPlan {
   AttentionShape shape;
   std::int32_t num_threads = 1;
-  std::int32_t max_rows = 0;              // rows (tokens x group heads) of the largest item
+  std::int32_t max_rows = 0;              // rows (heads x tokens x group) of the largest item
   std::vector<AttentionWorkItem> items;   // grouped by thread
   std::vector<std::int32_t> thread_items; // [num_threads + 1] offsets into items
   std::vector<AttentionMergeTask> merges;

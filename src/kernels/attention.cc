@@ -31,11 +31,13 @@ void validate_plan(const AttentionParams& p, const AttentionPlan& plan, std::siz
           "paged_attention: plan is malformed (thread_items)");
   const std::int32_t group = p.num_qo_heads / p.kv.num_kv_heads;
   for (const AttentionWorkItem& w : plan.items) {
-    const bool inside = w.batch >= 0 && w.batch < p.table.batch_size && w.kv_head >= 0 &&
-                        w.kv_head < p.kv.num_kv_heads && 0 <= w.q_begin && w.q_begin < w.q_end &&
+    const bool inside = w.batch >= 0 && w.batch < p.table.batch_size && w.kv_head_begin >= 0 &&
+                        w.kv_head_begin < w.kv_head_end && w.kv_head_end <= p.kv.num_kv_heads &&
+                        0 <= w.q_begin && w.q_begin < w.q_end &&
                         w.q_end <= p.table.q_len(w.batch) && 0 <= w.kv_begin &&
                         w.kv_begin <= w.kv_end && w.kv_end <= p.table.kv_lens[w.batch] &&
-                        (w.q_end - w.q_begin) * group <= plan.max_rows &&
+                        (w.kv_head_end - w.kv_head_begin) * (w.q_end - w.q_begin) * group <=
+                            plan.max_rows &&
                         w.partial < plan.num_partials;
     require(inside, "paged_attention: plan item for batch ", w.batch,
             " does not fit this table; plan_attention must see the same table");

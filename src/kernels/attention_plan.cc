@@ -29,10 +29,12 @@ std::pair<std::int32_t, std::int32_t> visible_keys(const PagedKVTable& t, const 
   return {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
 }
 
-// Relative cost of an item: every key is read once and scored for each row.
+// Relative cost of an item: every key is read once per KV head and scored
+// for each row.
 std::int64_t item_cost(const AttentionWorkItem& w, std::int32_t group) {
-  const std::int64_t rows = std::int64_t{w.q_end - w.q_begin} * group;
-  return std::int64_t{w.kv_end - w.kv_begin} * (rows + 4) + 64;
+  const std::int64_t heads = w.kv_head_end - w.kv_head_begin;
+  const std::int64_t rows = heads * (w.q_end - w.q_begin) * group;
+  return std::int64_t{w.kv_end - w.kv_begin} * (rows + 4 * heads) + 64;
 }
 
 std::int32_t kv_splits(std::int64_t keys, std::int64_t tile_cost, std::int64_t total_cost,
@@ -101,15 +103,20 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   const std::int32_t group = shape.num_qo_heads / shape.num_kv_heads;
   const std::int32_t tile = std::max(1, AttentionTraits::kTargetRows / group);
 
-  // Tiles (batch, kv_head, q tile) with their visible key ranges.
+  // Tiles (batch, KV head range, q tile) with their visible key ranges. KV
+  // heads are grouped until a tile has about kTargetRows rows (all heads for
+  // decode), so a page's K and V are streamed as contiguous runs.
   std::vector<AttentionWorkItem> tiles;
   std::int64_t total = 0;
   for (std::int32_t b = 0; b < t.batch_size; ++b)
     for (std::int32_t q = 0; q < t.q_len(b); q += tile) {
       const std::int32_t q_end = std::min(t.q_len(b), q + tile);
       const auto [kv_begin, kv_end] = visible_keys(t, options, b, q, q_end);
-      for (std::int32_t h = 0; h < shape.num_kv_heads; ++h) {
-        tiles.push_back({b, h, q, q_end, kv_begin, kv_end, -1});
+      const std::int32_t per_head = (q_end - q) * group;
+      const std::int32_t heads =
+          std::clamp(AttentionTraits::kTargetRows / per_head, 1, shape.num_kv_heads);
+      for (std::int32_t h = 0; h < shape.num_kv_heads; h += heads) {
+        tiles.push_back({b, h, std::min(shape.num_kv_heads, h + heads), q, q_end, kv_begin, kv_end, -1});
         total += item_cost(tiles.back(), group);
       }
     }
@@ -117,7 +124,8 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   std::vector<AttentionWorkItem> items;
   plan.max_rows = 1;
   for (const AttentionWorkItem& tile_item : tiles) {
-    plan.max_rows = std::max(plan.max_rows, (tile_item.q_end - tile_item.q_begin) * group);
+    plan.max_rows = std::max(plan.max_rows, (tile_item.kv_head_end - tile_item.kv_head_begin) *
+                                                (tile_item.q_end - tile_item.q_begin) * group);
     const std::int32_t keys = tile_item.kv_end - tile_item.kv_begin;
     const std::int32_t splits =
         kv_splits(keys, item_cost(tile_item, group), total, plan.num_threads, o);
@@ -127,8 +135,8 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
     }
     const std::int32_t chunk =
         o.fixed_kv_chunk > 0 ? o.fixed_kv_chunk : (keys + splits - 1) / splits;
-    plan.merges.push_back({tile_item.batch, tile_item.kv_head, tile_item.q_begin, tile_item.q_end,
-                           plan.num_partials, splits});
+    plan.merges.push_back({tile_item.batch, tile_item.kv_head_begin, tile_item.kv_head_end,
+                           tile_item.q_begin, tile_item.q_end, plan.num_partials, splits});
     for (std::int32_t s = 0; s < splits; ++s) {
       AttentionWorkItem w = tile_item;
       w.kv_begin = tile_item.kv_begin + s * chunk;

@@ -35,7 +35,7 @@ std::int64_t thread_load(const AttentionPlan& plan, std::int32_t t) {
   std::int64_t load = 0;
   for (std::int32_t i = plan.thread_items[t]; i < plan.thread_items[t + 1]; ++i) {
     const AttentionWorkItem& w = plan.items[i];
-    load += std::int64_t{w.kv_end - w.kv_begin} * (w.q_end - w.q_begin);
+    load += std::int64_t{w.kv_end - w.kv_begin} * (w.q_end - w.q_begin) * (w.kv_head_end - w.kv_head_begin);
   }
   return load;
 }
@@ -46,11 +46,12 @@ void expect_exact_cover(const Batch& batch, const AttentionPlan& plan, bool caus
   const PagedKVTable t = batch.table();
   std::map<std::tuple<int, int, int>, std::vector<int>> seen;  // row -> key hit counts
   for (const AttentionWorkItem& w : plan.items)
-    for (int q = w.q_begin; q < w.q_end; ++q) {
-      auto& keys = seen[{w.batch, w.kv_head, q}];
-      keys.resize(static_cast<std::size_t>(t.kv_lens[w.batch]));
-      for (int j = w.kv_begin; j < w.kv_end; ++j) ++keys[j];
-    }
+    for (int h = w.kv_head_begin; h < w.kv_head_end; ++h)
+      for (int q = w.q_begin; q < w.q_end; ++q) {
+        auto& keys = seen[{w.batch, h, q}];
+        keys.resize(static_cast<std::size_t>(t.kv_lens[w.batch]));
+        for (int j = w.kv_begin; j < w.kv_end; ++j) ++keys[j];
+      }
   for (int b = 0; b < t.batch_size; ++b)
     for (int h = 0; h < kv_heads; ++h)
       for (int q = 0; q < t.q_len(b); ++q) {
@@ -79,7 +80,8 @@ TEST(AttentionPlan, ManyShortSequencesAreNotSplit) {
   for (int b = 0; b < 64; ++b) batch.add(1, 300 + b);
   const AttentionPlan plan = plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
   EXPECT_EQ(plan.num_partials, 0);
-  EXPECT_EQ(plan.items.size(), 64u * 8u);
+  EXPECT_EQ(plan.items.size(), 64u);  // decode: one item per sequence, all KV heads
+  for (const AttentionWorkItem& w : plan.items) EXPECT_EQ(w.kv_head_end - w.kv_head_begin, 8);
   expect_exact_cover(batch, plan, true);
 }
 
@@ -103,7 +105,7 @@ TEST(AttentionPlan, FixedChunksDependOnlyOnTheSequence) {
   auto chunks_of_first = [&](const Batch& batch) {
     std::vector<std::pair<int, int>> r;
     for (const AttentionWorkItem& w : plan_attention(batch.table(), kShape, {}, po).items)
-      if (w.batch == 0 && w.kv_head == 0) r.push_back({w.kv_begin, w.kv_end});
+      if (w.batch == 0 && w.kv_head_begin == 0) r.push_back({w.kv_begin, w.kv_end});
     std::sort(r.begin(), r.end());
     return r;
   };
@@ -134,7 +136,8 @@ TEST(AttentionPlan, PrefillTilesQueriesAndCoversCausally) {
   batch.add(0, 5);
   const AttentionPlan plan = plan_attention(batch.table(), AttentionShape{12, 2, 64, 64}, {},
                                             AttentionPlanOptions{3, 0, 16});
-  for (const AttentionWorkItem& w : plan.items) EXPECT_LE((w.q_end - w.q_begin) * 6, plan.max_rows);
+  for (const AttentionWorkItem& w : plan.items)
+    EXPECT_LE((w.kv_head_end - w.kv_head_begin) * (w.q_end - w.q_begin) * 6, plan.max_rows);
   expect_exact_cover(batch, plan, true);
   EXPECT_GT(plan.workspace_bytes, 0u);
 }

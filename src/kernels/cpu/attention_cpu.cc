@@ -24,7 +24,6 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention_cpu.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
-#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
@@ -112,45 +111,90 @@ struct Item {
   std::byte* partials;
 };
 
+// Walks the keys of a sequence page by page without a division per key.
+struct KeyCursor {
+  const PagedKVTable* t;
+  std::int32_t b;
+  std::int64_t page_index = 0;  // into the sequence's kv_indices
+  std::int32_t offset = 0;
+  void seek(std::int64_t j) {
+    const std::int64_t slot = t->slot_of_key(b, j);
+    page_index = slot / t->page_size;
+    offset = static_cast<std::int32_t>(slot % t->page_size);
+  }
+  std::int32_t page() const { return t->kv_indices[t->kv_indptr[b] + page_index]; }
+  // Advances from key j to key j + 1.
+  void next(std::int64_t j) {
+    if (t->kv_sink_lens != nullptr && j + 1 == t->kv_sink_lens[b]) return seek(j + 1);
+    if (++offset == t->page_size) {
+      offset = 0;
+      ++page_index;
+    }
+  }
+};
+
+// Page and in-page slot of keys [first, first + count), shared by all heads.
+struct BlockSlots {
+  std::int32_t first = 0, count = 0;
+  std::int32_t page[kKB];
+  std::int32_t slot[kKB];
+};
+
+void LocateBlock(const Item& it, std::int32_t j0, std::int32_t count, BlockSlots& bs) {
+  bs.first = j0;
+  bs.count = count;
+  if (count == 0) return;
+  KeyCursor cur{&it.p->table, it.w->batch};
+  cur.seek(j0);
+  for (std::int32_t jj = 0; jj < count; ++jj) {
+    bs.page[jj] = cur.page();
+    bs.slot[jj] = cur.offset;
+    if (jj + 1 < count) cur.next(j0 + jj);
+  }
+}
+
+// Row pointers and dequantisation scales of KV head h for the block.
 template <DType kT>
-void GatherBlock(const Item& it, std::int32_t j0, std::int32_t count, KeyBlock& kb) {
-  const AttentionParams& p = *it.p;
-  const PagedKVStorage& kv = p.kv;
-  const std::int32_t b = it.w->batch, h = it.w->kv_head;
+void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock& kb) {
+  const PagedKVStorage& kv = it.p->kv;
   const auto elem = static_cast<std::int64_t>(dtype_size(kT));
   const auto* kbase = static_cast<const std::byte*>(kv.k_data);
   const auto* vbase = static_cast<const std::byte*>(kv.v_data);
-  kb.first = j0;
-  kb.count = count;
-  for (std::int32_t jj = 0; jj < count; ++jj) {
-    const std::int32_t page = p.table.page_of_key(b, j0 + jj);
-    const std::int32_t slot = p.table.offset_of_key(b, j0 + jj);
+  kb.first = bs.first;
+  kb.count = bs.count;
+  for (std::int32_t jj = 0; jj < bs.count; ++jj) {
+    const std::int32_t page = bs.page[jj], slot = bs.slot[jj];
     kb.k[jj] = kbase + kv.k_offset(page, h, slot) * elem;
     kb.v[jj] = vbase + kv.v_offset(page, h, slot) * elem;
     kb.k_scale[jj] = kv.k_dequant(page, h, slot) * kFormatScale<kT>;
     kb.v_scale[jj] = kv.v_dequant(page, h, slot) * kFormatScale<kT>;
   }
-  for (std::int32_t jj = count; jj < kKB; ++jj) {
+  for (std::int32_t jj = bs.count; jj < kKB; ++jj) {
     kb.k[jj] = kb.v[jj] = it.sc.zero;
     kb.k_scale[jj] = kb.v_scale[jj] = 0.0f;
   }
 }
 
-template <DType kT>
-void PrefetchBlock(const Item& it, std::int32_t j0, std::int32_t count) {
-  const AttentionParams& p = *it.p;
-  const PagedKVStorage& kv = p.kv;
-  const std::int32_t b = it.w->batch, h = it.w->kv_head;
+// Prefetches the K and V rows of the block for KV heads [h_begin, h_end)
+// into L1 (kToL1: the next head, a few KiB) or L2 (the next block, all heads:
+// more than L1 holds).
+enum class PrefetchTo { kL1, kL2 };
+template <DType kT, PrefetchTo kLevel>
+void PrefetchBlock(const Item& it, const BlockSlots& bs, std::int32_t h_begin, std::int32_t h_end) {
+  const PagedKVStorage& kv = it.p->kv;
   const auto elem = static_cast<std::int64_t>(dtype_size(kT));
   const std::int64_t k_bytes = kv.head_dim * elem, v_bytes = kv.v_head_dim * elem;
-  for (std::int32_t jj = 0; jj < count; ++jj) {
-    const std::int32_t page = p.table.page_of_key(b, j0 + jj);
-    const std::int32_t slot = p.table.offset_of_key(b, j0 + jj);
-    const auto* k = static_cast<const char*>(kv.k_data) + kv.k_offset(page, h, slot) * elem;
-    const auto* v = static_cast<const char*>(kv.v_data) + kv.v_offset(page, h, slot) * elem;
-    for (std::int64_t off = 0; off < k_bytes; off += 64) hwy::Prefetch(k + off);
-    for (std::int64_t off = 0; off < v_bytes; off += 64) hwy::Prefetch(v + off);
-  }
+  auto fetch = [](const char* p) {
+    if constexpr (kLevel == PrefetchTo::kL1) __builtin_prefetch(p, 0, 3);
+    else __builtin_prefetch(p, 0, 2);
+  };
+  for (std::int32_t h = h_begin; h < h_end; ++h)
+    for (std::int32_t jj = 0; jj < bs.count; ++jj) {
+      const auto* k = static_cast<const char*>(kv.k_data) + kv.k_offset(bs.page[jj], h, bs.slot[jj]) * elem;
+      const auto* v = static_cast<const char*>(kv.v_data) + kv.v_offset(bs.page[jj], h, bs.slot[jj]) * elem;
+      for (std::int64_t off = 0; off < k_bytes; off += 64) fetch(k + off);
+      for (std::int64_t off = 0; off < v_bytes; off += 64) fetch(v + off);
+    }
 }
 
 // Converts a gathered block to f32 scratch rows and repoints it there.
@@ -228,7 +272,8 @@ HWY_INLINE void Reduce8(const VF* a, float* HWY_RESTRICT out) {
 }
 
 // Scores kRows rows x kKeys keys (kRows * kKeys == 8) starting at key jj.
-template <DType kT, int kRows, int kKeys>
+// kDim > 0 fixes the head dim at compile time (fully unrolled fast paths).
+template <DType kT, int kDim, int kRows, int kKeys>
 HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t jj) {
   static_assert(kRows * kKeys == 8, "Reduce8 takes 8 accumulators");
   const DF df;
@@ -237,7 +282,8 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   VF acc[8];
   for (auto& a : acc) a = hn::Zero(df);
   const float* q = it.sc.q + std::size_t(row0) * c.dq;
-  for (std::size_t d = 0; d < std::size_t(c.head_dim); d += n) {
+  const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
+  for (std::size_t d = 0; d < dim; d += n) {
     VF k[kKeys];
     for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kT>(kb.k[jj + e], d);
     for (int r = 0; r < kRows; ++r) {
@@ -252,15 +298,17 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
       it.sc.s[std::size_t(row0 + r) * kKB + jj + e] = dots[r * kKeys + e] * kb.k_scale[jj + e];
 }
 
-template <DType kT>
-void ScoreBlock(const Item& it, const KeyBlock& kb, std::int32_t rows) {
-  std::int32_t r = 0;
+// Scores rows [row0, row_end) against the block.
+template <DType kT, int kDim>
+void ScoreBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
+  const std::int32_t rows = row_end;
+  std::int32_t r = row0;
   for (; r + 4 <= rows; r += 4)
-    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kT, 4, 2>(it, kb, r, jj);
+    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kT, kDim, 4, 2>(it, kb, r, jj);
   for (; r + 2 <= rows; r += 2)
-    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kT, 2, 4>(it, kb, r, jj);
+    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kT, kDim, 2, 4>(it, kb, r, jj);
   for (; r < rows; ++r)
-    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kT, 1, 8>(it, kb, r, jj);
+    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kT, kDim, 1, 8>(it, kb, r, jj);
 }
 
 // --- masks, softcap, ALiBi, online softmax -----------------------------------------------
@@ -332,14 +380,14 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
 // --- PV -----------------------------------------------------------------------------------
 
 // o[row0 .. row0 + kRows) += weights x V over the block.
-template <DType kT, int kRows>
+template <DType kT, int kDim, int kRows>
 HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t row0) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
   const KernelContext& c = *it.c;
   const float* w = it.sc.s + std::size_t(row0) * kKB;
   float* o = it.sc.o + std::size_t(row0) * c.dv;
-  const std::size_t dv = std::size_t(c.v_head_dim);
+  const std::size_t dv = kDim > 0 ? std::size_t(kDim) : std::size_t(c.v_head_dim);
   std::size_t d = 0;
   for (; d + 2 * n <= dv; d += 2 * n) {  // kRows x 2 vectors of outputs in registers
     VF acc[2 * kRows];
@@ -371,23 +419,21 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   }
 }
 
-template <DType kT>
-void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t rows) {
-  std::int32_t r = 0;
-  for (; r + 4 <= rows; r += 4) AccumulateRows<kT, 4>(it, kb, r);
-  for (; r < rows; ++r) AccumulateRows<kT, 1>(it, kb, r);
+// o[row] += weights x V for rows [row0, row_end).
+template <DType kT, int kDim>
+void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
+  std::int32_t r = row0;
+  for (; r + 4 <= row_end; r += 4) AccumulateRows<kT, kDim, 4>(it, kb, r);
+  for (; r < row_end; ++r) AccumulateRows<kT, kDim, 1>(it, kb, r);
 }
 
 // --- one work item -------------------------------------------------------------------------
 
-void InitRows(const Item& it, std::int32_t rows) {
+void InitRows(const Item& it, const RowMap& map, std::int32_t rows) {
   const AttentionParams& p = *it.p;
   const KernelContext& c = *it.c;
-  const std::int64_t first_token = p.table.qo_indptr[it.w->batch] + it.w->q_begin;
   for (std::int32_t row = 0; row < rows; ++row) {
-    const std::int64_t token = first_token + row / c.group;
-    const std::int64_t head = std::int64_t{it.w->kv_head} * c.group + row % c.group;
-    const std::int64_t off = token * p.q.token_stride + head * p.q.head_stride;
+    const std::int64_t off = map.token(row) * p.q.token_stride + map.qo_head(row) * p.q.head_stride;
     float* q = it.sc.q + std::size_t(row) * c.dq;
     for (std::int32_t d = 0; d < c.head_dim; ++d)
       q[d] = load_as_float(p.q.data, p.q.dtype, static_cast<std::size_t>(off + d)) * c.scale;
@@ -399,7 +445,7 @@ void InitRows(const Item& it, std::int32_t rows) {
 
 // Finalises each row to (o / l, lse) and writes it to the partial slot or,
 // through the sink, to the output.
-void FinishRows(const Item& it, std::int32_t rows) {
+void FinishRows(const Item& it, const RowMap& map, std::int32_t rows) {
   const KernelContext& c = *it.c;
   const AttentionWorkItem& w = *it.w;
   for (std::int32_t row = 0; row < rows; ++row) {
@@ -414,58 +460,82 @@ void FinishRows(const Item& it, std::int32_t rows) {
       reinterpret_cast<float*>(slot + c.partial_lse_offset)[row] = lse;
       continue;
     }
-    const std::int64_t token = it.p->table.qo_indptr[w.batch] + w.q_begin + row / c.group;
-    write_output_row(*it.p, token, std::int64_t{w.kv_head} * c.group + row % c.group, o, lse);
+    write_output_row(*it.p, map.token(row), map.qo_head(row), o, lse);
   }
 }
 
-// Rows above which a block is converted to f32 once rather than per row group.
+// Rows per head above which a block is converted to f32 once rather than
+// converted in registers for every group of 4 rows.
 constexpr std::int32_t kConvertRows = 8;
 
-template <DType kT>
+// One block of keys for one KV head's rows [row0, row_end).
+template <DType kT, int kDim>
+void ProcessHeadBlock(const Item& it, const RowMap& map, const BlockSlots& bs, std::int32_t head,
+                      std::int32_t row0, std::int32_t row_end, std::int64_t first_pos) {
+  KeyBlock kb;
+  GatherBlock<kT>(it, bs, head, kb);
+  const bool rotate_keys = it.p->options.key_rope != nullptr;
+  // f32 scratch when many rows share the block, or keys need rotating.
+  const bool convert = (row_end - row0 > kConvertRows && kT != DType::kF32) || rotate_keys;
+  if (convert) {
+    ConvertBlock<kT>(it, kb);
+    if (rotate_keys) RotateKeys(it, kb);
+    ScoreBlock<DType::kF32, kDim>(it, kb, row0, row_end);
+  } else {
+    ScoreBlock<kT, kDim>(it, kb, row0, row_end);
+  }
+  for (std::int32_t row = row0; row < row_end; ++row) {
+    TransformRow(it, kb, row, first_pos + map.token_in_tile(row), static_cast<std::int32_t>(map.qo_head(row)));
+    SoftmaxRow(it, kb, row);
+  }
+  if (convert)
+    AccumulateBlock<DType::kF32, kDim>(it, kb, row0, row_end);
+  else
+    AccumulateBlock<kT, kDim>(it, kb, row0, row_end);
+}
+
+template <DType kT, int kDim>
 void ProcessItem(const Item& it) {
-  const KernelContext& c = *it.c;
   const AttentionWorkItem& w = *it.w;
   const PagedKVTable& t = it.p->table;
-  const std::int32_t rows = (w.q_end - w.q_begin) * c.group;
+  const RowMap map = row_map(*it.p, *it.c, w.batch, w.kv_head_begin, w.q_begin, w.q_end);
+  const std::int32_t rows = map.per_head * (w.kv_head_end - w.kv_head_begin);
   const std::int64_t first_pos = std::int64_t{t.kv_lens[w.batch]} - t.q_len(w.batch) + w.q_begin;
-  InitRows(it, rows);
-  const bool rotate_keys = it.p->options.key_rope != nullptr;
-  KeyBlock kb;
+  InitRows(it, map, rows);
+  BlockSlots current, next;
+  LocateBlock(it, w.kv_begin, std::clamp(w.kv_end - w.kv_begin, 0, kKB), current);
   for (std::int32_t j0 = w.kv_begin; j0 < w.kv_end; j0 += kKB) {
-    const std::int32_t count = std::min(kKB, w.kv_end - j0);
-    const std::int32_t next = j0 + kKB;
-    PrefetchBlock<kT>(it, next, std::clamp(w.kv_end - next, 0, kKB));
-    GatherBlock<kT>(it, j0, count, kb);
-    // f32 scratch when many rows share the block, or keys need rotating.
-    const bool convert = (rows > kConvertRows && kT != DType::kF32) || rotate_keys;
-    if (convert) {
-      ConvertBlock<kT>(it, kb);
-      if (rotate_keys) RotateKeys(it, kb);
-      ScoreBlock<DType::kF32>(it, kb, rows);
-    } else {
-      ScoreBlock<kT>(it, kb, rows);
+    const std::int32_t j1 = j0 + kKB;
+    LocateBlock(it, j1, std::clamp(w.kv_end - j1, 0, kKB), next);
+    PrefetchBlock<kT, PrefetchTo::kL2>(it, next, w.kv_head_begin, w.kv_head_end);
+    for (std::int32_t h = w.kv_head_begin; h < w.kv_head_end; ++h) {
+      if (h + 1 < w.kv_head_end) PrefetchBlock<kT, PrefetchTo::kL1>(it, current, h + 1, h + 2);
+      const std::int32_t row0 = (h - w.kv_head_begin) * map.per_head;
+      ProcessHeadBlock<kT, kDim>(it, map, current, h, row0, row0 + map.per_head, first_pos);
     }
-    for (std::int32_t row = 0; row < rows; ++row) {
-      TransformRow(it, kb, row, first_pos + row / c.group, w.kv_head * c.group + row % c.group);
-      SoftmaxRow(it, kb, row);
-    }
-    if (convert)
-      AccumulateBlock<DType::kF32>(it, kb, rows);
-    else
-      AccumulateBlock<kT>(it, kb, rows);
+    std::swap(current, next);
   }
-  FinishRows(it, rows);
+  FinishRows(it, map, rows);
+}
+
+// Fast paths for the common head dims (K and V equal); others run generic.
+template <DType kT>
+void ProcessItemAnyDim(const Item& it) {
+  const std::int32_t d = it.c->head_dim == it.c->v_head_dim ? it.c->head_dim : 0;
+  if (d == 64) return ProcessItem<kT, 64>(it);
+  if (d == 128) return ProcessItem<kT, 128>(it);
+  if (d == 256) return ProcessItem<kT, 256>(it);
+  ProcessItem<kT, 0>(it);
 }
 
 void ProcessItemAnyType(const Item& it) {
   switch (it.p->kv.dtype) {
-    case DType::kF32: return ProcessItem<DType::kF32>(it);
-    case DType::kF16: return ProcessItem<DType::kF16>(it);
-    case DType::kBF16: return ProcessItem<DType::kBF16>(it);
-    case DType::kFP8E4M3: return ProcessItem<DType::kFP8E4M3>(it);
-    case DType::kFP8E5M2: return ProcessItem<DType::kFP8E5M2>(it);
-    case DType::kINT8: return ProcessItem<DType::kINT8>(it);
+    case DType::kF32: return ProcessItemAnyDim<DType::kF32>(it);
+    case DType::kF16: return ProcessItemAnyDim<DType::kF16>(it);
+    case DType::kBF16: return ProcessItemAnyDim<DType::kBF16>(it);
+    case DType::kFP8E4M3: return ProcessItemAnyDim<DType::kFP8E4M3>(it);
+    case DType::kFP8E5M2: return ProcessItemAnyDim<DType::kFP8E5M2>(it);
+    case DType::kINT8: return ProcessItemAnyDim<DType::kINT8>(it);
   }
 }
 

@@ -22,6 +22,28 @@ struct KernelContext {
 
 KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan& plan);
 
+// Rows of a work item or merge task are head-major:
+//   row = (kv_head - kv_head_begin) * per_head + token_in_tile * group + g
+struct RowMap {
+  std::int32_t group = 1;
+  std::int32_t per_head = 1;       // tokens in the tile x group
+  std::int32_t kv_head_begin = 0;
+  std::int64_t first_token = 0;    // global index of the tile's first query token
+
+  std::int32_t token_in_tile(std::int32_t row) const { return (row % per_head) / group; }
+  std::int64_t token(std::int32_t row) const { return first_token + token_in_tile(row); }
+  std::int32_t kv_head(std::int32_t row) const { return kv_head_begin + row / per_head; }
+  std::int64_t qo_head(std::int32_t row) const {
+    return std::int64_t{kv_head(row)} * group + (row % per_head) % group;
+  }
+};
+
+inline RowMap row_map(const AttentionParams& p, const KernelContext& c, std::int32_t batch,
+                      std::int32_t kv_head_begin, std::int32_t q_begin, std::int32_t q_end) {
+  return {c.group, (q_end - q_begin) * c.group, kv_head_begin,
+          std::int64_t{p.table.qo_indptr[batch]} + q_begin};
+}
+
 // Writes one finished row: merges the learned sink (a state with no value and
 // logit sink_h), stores o in the output dtype and the LSE if requested.
 // `o` holds v_head_dim normalised floats and may be modified.

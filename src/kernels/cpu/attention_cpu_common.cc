@@ -34,7 +34,8 @@ void write_output_row(const AttentionParams& p, std::int64_t token, std::int64_t
 
 void merge_partials(const AttentionParams& p, const KernelContext& c, const AttentionMergeTask& m,
                     std::byte* partials) {
-  const std::int32_t rows = (m.q_end - m.q_begin) * c.group;
+  const RowMap map = row_map(p, c, m.batch, m.kv_head_begin, m.q_begin, m.q_end);
+  const std::int32_t rows = map.per_head * (m.kv_head_end - m.kv_head_begin);
   auto slot_o = [&](std::int32_t s, std::int32_t row) {
     return reinterpret_cast<float*>(partials + std::size_t(m.first_partial + s) * c.partial_slot_bytes) +
            std::size_t(row) * c.dv;
@@ -48,8 +49,7 @@ void merge_partials(const AttentionParams& p, const KernelContext& c, const Atte
     float lse = slot_lse(0)[row];
     for (std::int32_t s = 1; s < m.num_partials; ++s)
       merge_into(o, lse, slot_o(s, row), slot_lse(s)[row], c.v_head_dim);
-    const std::int64_t token = p.table.qo_indptr[m.batch] + m.q_begin + row / c.group;
-    write_output_row(p, token, std::int64_t{m.kv_head} * c.group + row % c.group, o, lse);
+    write_output_row(p, map.token(row), map.qo_head(row), o, lse);
   }
 }
 
