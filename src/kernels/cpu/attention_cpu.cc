@@ -507,8 +507,11 @@ void ProcessItem(const Item& it) {
   for (std::int32_t j0 = w.kv_begin; j0 < w.kv_end; j0 += kKB) {
     const std::int32_t j1 = j0 + kKB;
     LocateBlock(it, j1, std::clamp(w.kv_end - j1, 0, kKB), next);
-    PrefetchBlock<kT, PrefetchTo::kL2>(it, next, w.kv_head_begin, w.kv_head_end);
     for (std::int32_t h = w.kv_head_begin; h < w.kv_head_end; ++h) {
+      // Spread over the block: head h of the next block into L2, the next
+      // head of this block into L1 (a burst of every line would overflow the
+      // miss queues and be dropped).
+      PrefetchBlock<kT, PrefetchTo::kL2>(it, next, h, h + 1);
       if (h + 1 < w.kv_head_end) PrefetchBlock<kT, PrefetchTo::kL1>(it, current, h + 1, h + 2);
       const std::int32_t row0 = (h - w.kv_head_begin) * map.per_head;
       ProcessHeadBlock<kT, kDim>(it, map, current, h, row0, row0 + map.per_head, first_pos);
