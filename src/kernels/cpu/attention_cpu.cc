@@ -27,57 +27,15 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "kernels/cpu/convert-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// At most 8 f32 lanes: head dims are multiples of 8, so rows never have tails.
-using DF = hn::CappedTag<float, 8>;
+using DF = DF8;
 using VF = hn::Vec<DF>;
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
-
-// --- element conversion -------------------------------------------------------------
-
-// Lanes(DF) elements of a `kT` row starting at `i`, as f32 without any scale
-// (fp8 e4m3 comes out as value x 2^-8: kFormatScale undoes it per key).
-template <DType kT>
-HWY_INLINE VF LoadConvert(const void* row, std::size_t i) {
-  const DF df;
-  if constexpr (kT == DType::kF32) {
-    return hn::LoadU(df, static_cast<const float*>(row) + i);
-  } else if constexpr (kT == DType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    return hn::PromoteTo(df, hn::LoadU(dh, static_cast<const hwy::float16_t*>(row) + i));
-  } else if constexpr (kT == DType::kBF16) {
-    const hn::Rebind<hwy::bfloat16_t, DF> db;
-    return hn::PromoteTo(df, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(row) + i));
-  } else if constexpr (kT == DType::kINT8) {
-    const hn::Rebind<std::int8_t, DF> d8;
-    const hn::Rebind<std::int32_t, DF> d32;
-    return hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, static_cast<const std::int8_t*>(row) + i)));
-  } else {
-    // fp8 -> f16 bits: e5m2 is the top byte of an f16; e4m3 moved into f16's
-    // fields is its value x 2^-8 (subnormals included). e4m3 S.1111.111 is NaN.
-    const hn::Rebind<std::uint8_t, DF> d8;
-    const hn::Rebind<std::uint16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto b = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const std::uint8_t*>(row) + i));
-    if constexpr (kT == DType::kFP8E5M2) {
-      return hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(b)));
-    } else {
-      const auto low7 = hn::And(b, hn::Set(d16, 0x7f));
-      const auto h = hn::Or(hn::ShiftLeft<7>(low7), hn::ShiftLeft<8>(hn::And(b, hn::Set(d16, 0x80))));
-      const hn::Rebind<std::uint32_t, DF> du32;
-      const auto is_nan =
-          hn::RebindMask(df, hn::Eq(hn::PromoteTo(du32, low7), hn::Set(du32, 0x7f)));
-      return hn::IfThenElse(is_nan, hn::Set(df, std::numeric_limits<float>::quiet_NaN()),
-                            hn::PromoteTo(df, hn::BitCast(dh, h)));
-    }
-  }
-}
-
-template <DType kT>
-constexpr float kFormatScale = kT == DType::kFP8E4M3 ? 256.0f : 1.0f;
 
 // --- a block of keys ------------------------------------------------------------------
 

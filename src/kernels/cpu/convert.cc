@@ -10,22 +10,17 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "kernels/cpu/convert-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-using DF = hn::CappedTag<float, 8>;
+using DF = DF8;
 
 HWY_INLINE hn::Vec<DF> LoadF32(const void* src, DType t, std::int64_t i) {
-  const DF df;
-  if (t == DType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    return hn::PromoteTo(df, hn::LoadU(dh, static_cast<const hwy::float16_t*>(src) + i));
-  }
-  if (t == DType::kBF16) {
-    const hn::Rebind<hwy::bfloat16_t, DF> db;
-    return hn::PromoteTo(df, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(src) + i));
-  }
-  return hn::LoadU(df, static_cast<const float*>(src) + i);
+  if (t == DType::kF16) return LoadConvert<DType::kF16>(src, std::size_t(i));
+  if (t == DType::kBF16) return LoadConvert<DType::kBF16>(src, std::size_t(i));
+  return LoadConvert<DType::kF32>(src, std::size_t(i));
 }
 
 // Targets whose f16 conversions are the hardware's (F16C): bit-exact RNE.
