@@ -200,10 +200,22 @@ void PagedKVCache::State::append_to_plan(Sequence& s, std::int64_t n) {
   while (std::ssize(s.pages) < cache::pages_for_slots(s.used_slots(), ps))
     s.pages.push_back(pool.take());
 
-  for (std::int64_t t = 0; t < n; ++t) {
-    const std::int64_t slot = first_slot + t;
-    plan.positions.push_back(static_cast<std::int32_t>(s.length - n + t));
-    plan.slot_mapping.push_back(std::int64_t{s.pages[slot / ps]} * ps + slot % ps);
+  // Positions and slot mapping, filled one page run at a time (no division
+  // per token: prefill plans are dominated by this loop).
+  const std::size_t base = plan.positions.size();
+  plan.positions.resize(base + static_cast<std::size_t>(n));
+  plan.slot_mapping.resize(base + static_cast<std::size_t>(n));
+  std::int32_t* pos = plan.positions.data() + base;
+  std::int64_t* map = plan.slot_mapping.data() + base;
+  const auto first_pos = static_cast<std::int32_t>(s.length - n);
+  for (std::int64_t t = 0; t < n; ++t) pos[t] = first_pos + static_cast<std::int32_t>(t);
+  for (std::int64_t t = 0, slot = first_slot; t < n;) {
+    const std::int64_t off = slot % ps;
+    const std::int64_t run = std::min<std::int64_t>(ps - off, n - t);
+    const std::int64_t start = std::int64_t{s.pages[slot / ps]} * ps + off;
+    for (std::int64_t r = 0; r < run; ++r) map[t + r] = start + r;
+    t += run;
+    slot += run;
   }
   plan.qo_indptr.push_back(plan.qo_indptr.back() + static_cast<std::int32_t>(n));
   plan.kv_indices.insert(plan.kv_indices.end(), s.pages.begin(), s.pages.end());
@@ -220,7 +232,8 @@ void PagedKVCache::State::append_to_plan(Sequence& s, std::int64_t n) {
 void PagedKVCache::end_forward() {
   State& st = *state_;
   require<InvalidState>(st.in_forward, "PagedKVCache::end_forward: no forward is in progress");
-  for (SeqId id : st.plan.seq_ids) st.slide_window(st.seqs.find(id)->second);
+  if (st.config.support_sliding_window)  // otherwise no sequence has a window
+    for (SeqId id : st.plan.seq_ids) st.slide_window(st.seqs.find(id)->second);
   st.in_forward = false;
 }
 
