@@ -5,6 +5,7 @@
 //   BM_Decode            AttentionRunner (plan + kernel) per decode step;
 //                        K+V GB/s and % of the read-bandwidth probe
 //   BM_DecodePlanned     paged_attention with a plan made once (f16 grid)
+//   BM_DecodeRunnerVsPlanned  the two interleaved, and plan_attention alone
 //   BM_DecodeQuantSpeedup  fp8 / int8 KV against bf16 KV, interleaved
 //   BM_PagedVsContiguous page 16 (shuffled) against one page per sequence,
 //                        the same bytes, interleaved
@@ -80,9 +81,10 @@ constexpr double kLlamaPrefillSpeedupTarget = 1.5;
 // A benchmark during which other processes (and hypervisor steal) used more
 // than this many cores is marked [busy] in the summary.
 constexpr double kContendedCores = 0.10;
-// Prefill calls take 0.05 - 1.5 s: measure each for longer than the default
-// 0.5 s so that a benchmark is more than one or two calls.
-constexpr double kPrefillMinSeconds = 2.0;
+// Prefill calls take 0.05 - 1.5 s (and a paired batch-32 decode iteration
+// 0.35 s): measure those for longer than the default 0.5 s so that a
+// benchmark is more than one or two calls.
+constexpr double kLongMinSeconds = 2.0;
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -694,6 +696,49 @@ void run_pair(benchmark::State& state, const Config& a, const Config& b,
   }
 }
 
+// AttentionRunner (plans every call) against paged_attention with a plan
+// made once, on the same workload, alternating call by call; also times
+// plan_attention alone.
+void run_planning_cost(benchmark::State& state, const Config& c) {
+  try {
+    cache().retain_only({c});
+    const auto w = cache().get(c);
+    pa::AttentionRunner runner;
+    PlannedCall fixed(w->params(0));
+    runner.run(w->params(w->copies() - 1));
+    fixed.run(w->params(w->copies() - 1));
+    Timer tr, tf, tp;
+    std::int32_t copy = 0;
+    bool runner_first = true;
+    const pb::CpuSample s0 = pb::sample_cpu();
+    for (auto _ : state) {
+      const pa::AttentionParams p = w->params(copy);
+      double s = 0.0;
+      if (runner_first) {
+        s += tr.time([&] { runner.run(p); });
+        s += tf.time([&] { fixed.run(p); });
+      } else {
+        s += tf.time([&] { fixed.run(p); });
+        s += tr.time([&] { runner.run(p); });
+      }
+      state.SetIterationTime(s);
+      runner_first = !runner_first;
+      copy = (copy + 1) % w->copies();
+    }
+    const pa::AttentionParams p = w->params(0);
+    const pa::AttentionShape shape{p.num_qo_heads, p.kv.num_kv_heads, p.kv.head_dim, p.kv.v_head_dim};
+    for (int i = 0; i < 20; ++i)
+      tp.time([&] { benchmark::DoNotOptimize(pa::plan_attention(p.table, shape, p.options)); });
+    publish(state, {{"others_cores", pb::other_cores_between(s0, pb::sample_cpu())},
+                    {"runner_ms", tr.ms_per_call()},
+                    {"planned_ms", tf.ms_per_call()},
+                    {"runner_over_planned", tr.ms_per_call() / tf.ms_per_call()},
+                    {"plan_attention_us", tp.ms_per_call() * 1e3}});
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
 void run_read_probe(benchmark::State& state, std::size_t bytes) {
   pb::HugeBuffer buf(bytes);
   pb::touch_parallel(buf.data(), buf.size());
@@ -829,6 +874,14 @@ void register_all() {
       });
     }
 
+  // The cost of planning every call, paired.
+  for (std::int32_t batch : {1, 32}) {
+    const Config c = decode(DType::kF16, 32, batch, 16384);
+    const std::string name = decode_name("BM_DecodeRunnerVsPlanned", c);
+    if (fits(name, {c}))
+      add(name, [=](benchmark::State& s) { run_planning_cost(s, c); })->MinTime(kLongMinSeconds);
+  }
+
   // Paged (page 16, shuffled) against one contiguous page per sequence.
   {
     const Config paged = decode(DType::kF16, 32, 8, 16384);
@@ -846,13 +899,13 @@ void register_all() {
     const Config c = prefill(q_len, q_len);
     const std::string name = "BM_Prefill/kv:f16/heads:32x8/q_len:" + std::to_string(q_len) +
                              "/kv_len:" + std::to_string(q_len);
-    add(name, [=](benchmark::State& s) { run_kernel(s, c, false); })->MinTime(kPrefillMinSeconds);
+    add(name, [=](benchmark::State& s) { run_kernel(s, c, false); })->MinTime(kLongMinSeconds);
   }
   for (auto [q_len, kv_len] : {std::pair{512, 4096}, std::pair{1024, 8192}}) {
     const Config c = prefill(q_len, kv_len);
     const std::string name = "BM_ChunkedPrefill/kv:f16/heads:32x8/q_len:" + std::to_string(q_len) +
                              "/kv_len:" + std::to_string(kv_len);
-    add(name, [=](benchmark::State& s) { run_kernel(s, c, false); })->MinTime(kPrefillMinSeconds);
+    add(name, [=](benchmark::State& s) { run_kernel(s, c, false); })->MinTime(kLongMinSeconds);
   }
 
   // llama.cpp CPU flash attention on this machine kind (2 threads, head 128,
@@ -874,7 +927,7 @@ void register_all() {
     const std::string name = "BM_VsLlamaCpp/prefill/kv:f16/heads:32x8/q_len:512/kv_len:4096";
     add(name, [=](benchmark::State& s) {
       run_kernel(s, c, false, {{"llamacpp_GFLOPs", 100.0}});
-    })->MinTime(kPrefillMinSeconds);
+    })->MinTime(kLongMinSeconds);
   }
 }
 
@@ -944,6 +997,12 @@ void print_summary() {
     if (starts_with(name, "BM_DecodeQuantSpeedup"))
       std::fprintf(out, "  %-70s %5.2fx  %s%s\n", name.c_str(), get(m, "speedup"),
                    verdict(get(m, "speedup") >= kQuantSpeedupTarget), busy(m));
+
+  std::fprintf(out, "\n[planning every call (AttentionRunner) against a plan made once; no target]\n");
+  for (const auto& [name, m] : r)
+    if (starts_with(name, "BM_DecodeRunnerVsPlanned"))
+      std::fprintf(out, "  %-60s runner/planned %.3f, plan_attention %.1f us%s\n", name.c_str(),
+                   get(m, "runner_over_planned"), get(m, "plan_attention_us"), busy(m));
 
   std::fprintf(out, "\n[prefill / chunked prefill >= %.0f%% of the FMA probe]\n", kPrefillFmaTarget * 100);
   for (const auto& [name, m] : r)
