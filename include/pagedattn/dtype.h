@@ -34,10 +34,17 @@ constexpr std::size_t dtype_size(DType t) noexcept {
   return 0;
 }
 
+// Types queries, outputs and new K/V arrive in (f32, f16, bf16).
+constexpr bool is_activation_dtype(DType t) noexcept {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
+
+constexpr bool is_fp8(DType t) noexcept { return t == DType::kFP8E4M3 || t == DType::kFP8E5M2; }
+
 // Storage types that need a dequantisation scale (fp8: per tensor or head;
 // int8: per token and head).
 constexpr bool is_quantized(DType t) noexcept {
-  return t == DType::kFP8E4M3 || t == DType::kFP8E5M2 || t == DType::kINT8;
+  return is_fp8(t) || t == DType::kINT8;
 }
 
 // "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8".

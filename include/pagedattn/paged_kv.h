@@ -51,13 +51,13 @@ struct PagedKVStorage {
   // Dequantisation scale of K / V at (page, head, slot); 1 for float storage.
   constexpr float k_dequant(std::int64_t page, std::int64_t head, std::int64_t slot) const {
     if (dtype == DType::kINT8) return k_token_scales[token_scale_index(page, head, slot)];
-    if (dtype == DType::kFP8E4M3 || dtype == DType::kFP8E5M2)
+    if (is_fp8(dtype))
       return k_head_scales ? k_head_scales[head] : k_scale;
     return 1.0f;
   }
   constexpr float v_dequant(std::int64_t page, std::int64_t head, std::int64_t slot) const {
     if (dtype == DType::kINT8) return v_token_scales[token_scale_index(page, head, slot)];
-    if (dtype == DType::kFP8E4M3 || dtype == DType::kFP8E5M2)
+    if (is_fp8(dtype))
       return v_head_scales ? v_head_scales[head] : v_scale;
     return 1.0f;
   }

@@ -36,6 +36,11 @@ struct RopeConfig {
 // Frequency of pair t (0 <= t < R/2), after scaling.
 double rope_inv_freq(const RopeConfig& config, std::int32_t rotary_dim, std::int32_t t);
 
+// cos and sin of pair t's angle at position pos: read from the config's
+// cos/sin cache when it has one, else cos/sin(pos * inv_freq) in double.
+void rope_cos_sin(const RopeConfig& config, std::int32_t rotary_dim, std::int64_t pos,
+                  std::int32_t t, float& cos_out, float& sin_out);
+
 // Rotates x [num_tokens][num_heads][head_dim] in place, token i at
 // positions[i]. Dimensions >= rotary_dim pass through.
 void apply_rope(HeadTensor x, std::int32_t num_tokens, std::int32_t num_heads,

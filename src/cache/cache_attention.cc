@@ -8,11 +8,9 @@
 namespace pagedattn {
 namespace {
 
-bool is_activation(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-
 void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens,
                      std::int32_t heads, std::int32_t dim) {
-  require(is_activation(x.dtype), "PagedKVCache::attention: ", name, ".dtype = ",
+  require(is_activation_dtype(x.dtype), "PagedKVCache::attention: ", name, ".dtype = ",
           dtype_name(x.dtype), " must be float32, float16 or bfloat16");
   require(tokens == 0 || x.data != nullptr, "PagedKVCache::attention: ", name,
           ".data is null for ", tokens, " tokens");

@@ -1,6 +1,5 @@
 #include "step_attention.h"
 
-#include <cmath>
 
 namespace pagedattn::cache {
 
@@ -15,11 +14,9 @@ void StepAttention::ensure_rope_table(const RopeConfig& base, std::int32_t head_
   rope_cos.resize(std::size_t(target) * half);
   rope_sin.resize(std::size_t(target) * half);
   for (std::int32_t p = have; p < target; ++p)
-    for (std::int32_t i = 0; i < half; ++i) {
-      const double angle = double(p) * rope_inv_freq(base, r, i);
-      rope_cos[std::size_t(p) * half + i] = static_cast<float>(std::cos(angle));
-      rope_sin[std::size_t(p) * half + i] = static_cast<float>(std::sin(angle));
-    }
+    for (std::int32_t i = 0; i < half; ++i)  // base has no cache: computed in double
+      rope_cos_sin(base, r, p, i, rope_cos[std::size_t(p) * half + i],
+                   rope_sin[std::size_t(p) * half + i]);
   rope.cos_cache = rope_cos.data();
   rope.sin_cache = rope_sin.data();
   rope.cache_max_position = target;

@@ -10,20 +10,18 @@
 namespace pagedattn {
 namespace {
 
-bool is_activation(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
-
 void validate_append(const AppendParams& p) {
   const PagedKVStorage& kv = p.kv;
   require(p.num_tokens >= 0, "append_paged_kv: num_tokens = ", p.num_tokens, " must be >= 0");
   if (p.num_tokens == 0) return;
   require(p.slot_mapping && p.k.data && p.v.data && kv.k_data && kv.v_data,
           "append_paged_kv: slot_mapping, k, v and the storage must be non-null");
-  require(is_activation(p.k.dtype) && is_activation(p.v.dtype), "append_paged_kv: k.dtype = ",
+  require(is_activation_dtype(p.k.dtype) && is_activation_dtype(p.v.dtype), "append_paged_kv: k.dtype = ",
           dtype_name(p.k.dtype), " and v.dtype = ", dtype_name(p.v.dtype),
           " must be float32, float16 or bfloat16");
   require(kv.dtype != DType::kINT8 || (kv.k_token_scales && kv.v_token_scales),
           "append_paged_kv: int8 storage needs k_token_scales and v_token_scales");
-  const bool fp8 = kv.dtype == DType::kFP8E4M3 || kv.dtype == DType::kFP8E5M2;
+  const bool fp8 = is_fp8(kv.dtype);
   for (std::int32_t h = 0; fp8 && h < kv.num_kv_heads; ++h) {
     const float ks = kv.k_head_scales ? kv.k_head_scales[h] : kv.k_scale;
     const float vs = kv.v_head_scales ? kv.v_head_scales[h] : kv.v_scale;
@@ -54,7 +52,7 @@ void write_row(const void* src, DType src_dtype, std::int32_t dim, void* dst, DT
     const float scale = kernels::abs_max_row(src, src_dtype, dim) / 127.0f;
     *int8_scale = scale;
     kernels::convert_row(src, src_dtype, dst, dst_dtype, dim, scale > 0.0f ? 1.0f / scale : 0.0f);
-  } else if (dst_dtype == DType::kFP8E4M3 || dst_dtype == DType::kFP8E5M2) {
+  } else if (is_fp8(dst_dtype)) {
     kernels::convert_row(src, src_dtype, dst, dst_dtype, dim, 1.0f / fp8_scale);
   } else {
     kernels::convert_row(src, src_dtype, dst, dst_dtype, dim, 1.0f);

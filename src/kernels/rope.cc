@@ -18,7 +18,7 @@ void validate_rope(const HeadTensor& x, std::int32_t num_tokens, std::int32_t nu
   const std::int32_t r = c.rotary_dim == 0 ? head_dim : c.rotary_dim;
   require(r >= 2 && r % 2 == 0 && r <= head_dim, "apply_rope: rotary_dim = ", c.rotary_dim,
           " must be even and in [2, head_dim = ", head_dim, "]");
-  require(x.dtype == DType::kF32 || x.dtype == DType::kF16 || x.dtype == DType::kBF16,
+  require(is_activation_dtype(x.dtype),
           "apply_rope: x.dtype = ", dtype_name(x.dtype), " must be float32, float16 or bfloat16");
   require(c.theta > 0.0f && c.scale > 0.0f && std::isfinite(c.theta) && std::isfinite(c.scale),
           "apply_rope: theta = ", c.theta, " and scale = ", c.scale, " must be finite and > 0");
@@ -56,6 +56,19 @@ double rope_inv_freq(const RopeConfig& c, std::int32_t rotary_dim, std::int32_t 
   return (1.0 - smooth) * inv / l3.factor + smooth * inv;
 }
 
+void rope_cos_sin(const RopeConfig& c, std::int32_t rotary_dim, std::int64_t pos, std::int32_t t,
+                  float& cos_out, float& sin_out) {
+  if (c.cos_cache) {
+    const std::int64_t at = pos * (rotary_dim / 2) + t;
+    cos_out = c.cos_cache[at];
+    sin_out = c.sin_cache[at];
+    return;
+  }
+  const double angle = double(pos) * rope_inv_freq(c, rotary_dim, t);
+  cos_out = static_cast<float>(std::cos(angle));
+  sin_out = static_cast<float>(std::sin(angle));
+}
+
 void apply_rope(HeadTensor x, std::int32_t num_tokens, std::int32_t num_heads,
                 std::int32_t head_dim, const std::int32_t* positions, const RopeConfig& c) {
   validate_rope(x, num_tokens, num_heads, head_dim, positions, c);
@@ -68,16 +81,7 @@ void apply_rope(HeadTensor x, std::int32_t num_tokens, std::int32_t num_heads,
     for (std::int32_t i0 = 0; i0 < half; i0 += kChunk) {
       const std::int32_t n = std::min(kChunk, half - i0);
       float cs[kChunk], sn[kChunk];
-      for (std::int32_t i = 0; i < n; ++i) {
-        if (c.cos_cache) {
-          cs[i] = c.cos_cache[std::int64_t{pos} * half + i0 + i];
-          sn[i] = c.sin_cache[std::int64_t{pos} * half + i0 + i];
-        } else {
-          const double angle = pos * rope_inv_freq(c, r, i0 + i);
-          cs[i] = static_cast<float>(std::cos(angle));
-          sn[i] = static_cast<float>(std::sin(angle));
-        }
-      }
+      for (std::int32_t i = 0; i < n; ++i) rope_cos_sin(c, r, pos, i0 + i, cs[i], sn[i]);
       for (std::int32_t h = 0; h < num_heads; ++h) {
         const std::int64_t base = t * x.token_stride + h * x.head_stride;
         for (std::int32_t i = 0; i < n; ++i) {

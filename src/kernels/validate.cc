@@ -7,10 +7,6 @@
 namespace pagedattn::kernels {
 namespace {
 
-bool is_activation_dtype(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
-}
-
 void validate_table(const PagedKVTable& t, const PagedKVStorage& kv, const char* call) {
   require(t.batch_size >= 0, call, ": table.batch_size = ", t.batch_size, " must be >= 0");
   require(t.page_size == kv.page_size, call, ": table.page_size = ", t.page_size,
@@ -71,7 +67,7 @@ void validate_attention_params(const AttentionParams& p, const char* call) {
           ", v_head_dim = ", kv.v_head_dim, ", page_size = ", kv.page_size, " must all be >= 1");
   require(kv.dtype != DType::kINT8 || (kv.k_token_scales && kv.v_token_scales), call,
           ": int8 KV needs kv.k_token_scales and kv.v_token_scales");
-  const bool fp8 = kv.dtype == DType::kFP8E4M3 || kv.dtype == DType::kFP8E5M2;
+  const bool fp8 = is_fp8(kv.dtype);
   require(!fp8 || (std::isfinite(kv.k_scale) && kv.k_scale > 0.0f && std::isfinite(kv.v_scale) &&
                    kv.v_scale > 0.0f),
           call, ": fp8 KV needs finite positive kv.k_scale and kv.v_scale, got ", kv.k_scale, ", ",

@@ -182,14 +182,7 @@ void RotateKeys(const Item& it, const KeyBlock& kb) {
     const std::int64_t pos = kb.first + jj;
     for (std::int32_t i = 0; i < half; ++i) {
       float cs, sn;
-      if (rope.cos_cache) {
-        cs = rope.cos_cache[pos * half + i];
-        sn = rope.sin_cache[pos * half + i];
-      } else {
-        const double angle = double(pos) * rope_inv_freq(rope, r, i);
-        cs = static_cast<float>(std::cos(angle));
-        sn = static_cast<float>(std::sin(angle));
-      }
+      rope_cos_sin(rope, r, pos, i, cs, sn);
       float& a = k[neox ? i : 2 * i];
       float& b = k[neox ? i + half : 2 * i + 1];
       const float x = a, y = b;
