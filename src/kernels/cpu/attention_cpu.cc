@@ -91,45 +91,57 @@ struct KeyCursor {
   }
 };
 
-// Page and in-page slot of keys [first, first + count), shared by all heads.
+// Where keys [first, first + count) live, shared by all heads: page, in-page
+// slot and the element offsets of their K and V rows without the head term.
 struct BlockSlots {
   std::int32_t first = 0, count = 0;
   std::int32_t page[kKB];
   std::int32_t slot[kKB];
+  std::int64_t k_off[kKB];
+  std::int64_t v_off[kKB];
 };
 
 void LocateBlock(const Item& it, std::int32_t j0, std::int32_t count, BlockSlots& bs) {
   bs.first = j0;
   bs.count = count;
   if (count == 0) return;
+  const PagedKVStorage& kv = it.p->kv;
   KeyCursor cur{&it.p->table, it.w->batch};
   cur.seek(j0);
   for (std::int32_t jj = 0; jj < count; ++jj) {
     bs.page[jj] = cur.page();
     bs.slot[jj] = cur.offset;
+    bs.k_off[jj] = kv.k_offset(bs.page[jj], 0, cur.offset);
+    bs.v_off[jj] = kv.v_offset(bs.page[jj], 0, cur.offset);
     if (jj + 1 < count) cur.next(j0 + jj);
   }
 }
+
+// Stored K/V need a per-key dequantisation scale (int8 per token, fp8 per
+// head or tensor times the e4m3 format scale); float storage does not.
+template <DType kT>
+constexpr bool kScaled = is_quantized(kT);
 
 // Row pointers and dequantisation scales of KV head h for the block.
 template <DType kT>
 void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock& kb) {
   const PagedKVStorage& kv = it.p->kv;
-  const auto elem = static_cast<std::int64_t>(dtype_size(kT));
-  const auto* kbase = static_cast<const std::byte*>(kv.k_data);
-  const auto* vbase = static_cast<const std::byte*>(kv.v_data);
+  constexpr auto elem = static_cast<std::int64_t>(dtype_size(kT));
+  const auto* kbase = static_cast<const std::byte*>(kv.k_data) + h * kv.k_head_stride * elem;
+  const auto* vbase = static_cast<const std::byte*>(kv.v_data) + h * kv.v_head_stride * elem;
   kb.first = bs.first;
   kb.count = bs.count;
   for (std::int32_t jj = 0; jj < bs.count; ++jj) {
-    const std::int32_t page = bs.page[jj], slot = bs.slot[jj];
-    kb.k[jj] = kbase + kv.k_offset(page, h, slot) * elem;
-    kb.v[jj] = vbase + kv.v_offset(page, h, slot) * elem;
-    kb.k_scale[jj] = kv.k_dequant(page, h, slot) * kFormatScale<kT>;
-    kb.v_scale[jj] = kv.v_dequant(page, h, slot) * kFormatScale<kT>;
+    kb.k[jj] = kbase + bs.k_off[jj] * elem;
+    kb.v[jj] = vbase + bs.v_off[jj] * elem;
   }
-  for (std::int32_t jj = bs.count; jj < kKB; ++jj) {
-    kb.k[jj] = kb.v[jj] = it.sc.zero;
-    kb.k_scale[jj] = kb.v_scale[jj] = 0.0f;
+  for (std::int32_t jj = bs.count; jj < kKB; ++jj) kb.k[jj] = kb.v[jj] = it.sc.zero;
+  if constexpr (kScaled<kT>) {
+    for (std::int32_t jj = 0; jj < bs.count; ++jj) {
+      kb.k_scale[jj] = kv.k_dequant(bs.page[jj], h, bs.slot[jj]) * kFormatScale<kT>;
+      kb.v_scale[jj] = kv.v_dequant(bs.page[jj], h, bs.slot[jj]) * kFormatScale<kT>;
+    }
+    for (std::int32_t jj = bs.count; jj < kKB; ++jj) kb.k_scale[jj] = kb.v_scale[jj] = 0.0f;
   }
 }
 
@@ -140,19 +152,22 @@ enum class PrefetchTo { kL1, kL2 };
 template <DType kT, PrefetchTo kLevel>
 void PrefetchBlock(const Item& it, const BlockSlots& bs, std::int32_t h_begin, std::int32_t h_end) {
   const PagedKVStorage& kv = it.p->kv;
-  const auto elem = static_cast<std::int64_t>(dtype_size(kT));
+  constexpr auto elem = static_cast<std::int64_t>(dtype_size(kT));
   const std::int64_t k_bytes = kv.head_dim * elem, v_bytes = kv.v_head_dim * elem;
   auto fetch = [](const char* p) {
     if constexpr (kLevel == PrefetchTo::kL1) __builtin_prefetch(p, 0, 3);
     else __builtin_prefetch(p, 0, 2);
   };
-  for (std::int32_t h = h_begin; h < h_end; ++h)
+  for (std::int32_t h = h_begin; h < h_end; ++h) {
+    const auto* kbase = static_cast<const char*>(kv.k_data) + h * kv.k_head_stride * elem;
+    const auto* vbase = static_cast<const char*>(kv.v_data) + h * kv.v_head_stride * elem;
     for (std::int32_t jj = 0; jj < bs.count; ++jj) {
-      const auto* k = static_cast<const char*>(kv.k_data) + kv.k_offset(bs.page[jj], h, bs.slot[jj]) * elem;
-      const auto* v = static_cast<const char*>(kv.v_data) + kv.v_offset(bs.page[jj], h, bs.slot[jj]) * elem;
+      const char* k = kbase + bs.k_off[jj] * elem;
+      const char* v = vbase + bs.v_off[jj] * elem;
       for (std::int64_t off = 0; off < k_bytes; off += 64) fetch(k + off);
       for (std::int64_t off = 0; off < v_bytes; off += 64) fetch(v + off);
     }
+  }
 }
 
 // Converts a gathered block to f32 scratch rows and repoints it there.
@@ -200,31 +215,35 @@ HWY_INLINE void Reduce8(const VF* a, float* HWY_RESTRICT out) {
   for (int i = 0; i < 8; ++i) out[i] = hn::GetLane(a[i]);
 #else
   const DF df;
+  constexpr std::size_t kMaxLanes = hn::MaxLanes(df);
+  static_assert(kMaxLanes == 4 || kMaxLanes == 8, "DF has 4 or 8 f32 lanes");
   // Per 128-bit block: pairwise interleave-adds leave [s0 s1 s2 s3] partials.
   const hn::Repartition<std::uint64_t, DF> d64;
-  HWY_ALIGN float tmp[2 * hn::MaxLanes(df)];
+  VF partial[2];
   for (int half = 0; half < 2; ++half) {
     const VF* x = a + 4 * half;
     const VF t01 = hn::Add(hn::InterleaveLower(df, x[0], x[1]), hn::InterleaveUpper(df, x[0], x[1]));
     const VF t23 = hn::Add(hn::InterleaveLower(df, x[2], x[3]), hn::InterleaveUpper(df, x[2], x[3]));
     const auto u01 = hn::BitCast(d64, t01), u23 = hn::BitCast(d64, t23);
-    const VF s = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, u01, u23)),
-                         hn::BitCast(df, hn::InterleaveUpper(d64, u01, u23)));
-    hn::Store(s, df, tmp + half * hn::Lanes(df));
+    partial[half] = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, u01, u23)),
+                            hn::BitCast(df, hn::InterleaveUpper(d64, u01, u23)));
   }
-  const std::size_t blocks = hn::Lanes(df) / 4;
-  for (int half = 0; half < 2; ++half)
-    for (int i = 0; i < 4; ++i) {
-      float sum = 0.0f;
-      for (std::size_t blk = 0; blk < blocks; ++blk) sum += tmp[half * hn::Lanes(df) + blk * 4 + i];
-      out[4 * half + i] = sum;
-    }
+  if constexpr (kMaxLanes == 8) {
+    // Two 128-bit blocks per vector: add them, half 0's sums in the low block.
+    hn::StoreU(hn::Add(hn::ConcatLowerLower(df, partial[1], partial[0]),
+                       hn::ConcatUpperUpper(df, partial[1], partial[0])),
+               df, out);
+  } else {
+    hn::StoreU(partial[0], df, out);
+    hn::StoreU(partial[1], df, out + 4);
+  }
 #endif
 }
 
-// Scores kRows rows x kKeys keys (kRows * kKeys == 8) starting at key jj.
-// kDim > 0 fixes the head dim at compile time (fully unrolled fast paths).
-template <DType kT, int kDim, int kRows, int kKeys>
+// Scores kRows rows x kKeys keys (kRows * kKeys == 8) starting at key jj,
+// loading keys as kLoad (kT, or f32 from the converted block). kDim > 0 fixes
+// the head dim at compile time (fully unrolled fast paths).
+template <DType kLoad, bool kScale, int kDim, int kRows, int kKeys>
 HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t jj) {
   static_assert(kRows * kKeys == 8, "Reduce8 takes 8 accumulators");
   const DF df;
@@ -236,7 +255,7 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
   for (std::size_t d = 0; d < dim; d += n) {
     VF k[kKeys];
-    for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kT>(kb.k[jj + e], d);
+    for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kLoad>(kb.k[jj + e], d);
     for (int r = 0; r < kRows; ++r) {
       const VF qv = hn::Load(df, q + std::size_t(r) * c.dq + d);
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = hn::MulAdd(qv, k[e], acc[r * kKeys + e]);
@@ -244,22 +263,26 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   }
   float dots[8];
   Reduce8(acc, dots);
-  for (int r = 0; r < kRows; ++r)
-    for (int e = 0; e < kKeys; ++e)
-      it.sc.s[std::size_t(row0 + r) * kKB + jj + e] = dots[r * kKeys + e] * kb.k_scale[jj + e];
+  for (int r = 0; r < kRows; ++r) {
+    float* out = it.sc.s + std::size_t(row0 + r) * kKB + jj;
+    if constexpr (kScale) {
+      for (int e = 0; e < kKeys; ++e) out[e] = dots[r * kKeys + e] * kb.k_scale[jj + e];
+    } else {
+      std::memcpy(out, dots + r * kKeys, sizeof(float) * kKeys);
+    }
+  }
 }
 
 // Scores rows [row0, row_end) against the block.
-template <DType kT, int kDim>
+template <DType kLoad, bool kScale, int kDim>
 void ScoreBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
-  const std::int32_t rows = row_end;
   std::int32_t r = row0;
-  for (; r + 4 <= rows; r += 4)
-    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kT, kDim, 4, 2>(it, kb, r, jj);
-  for (; r + 2 <= rows; r += 2)
-    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kT, kDim, 2, 4>(it, kb, r, jj);
-  for (; r < rows; ++r)
-    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kT, kDim, 1, 8>(it, kb, r, jj);
+  for (; r + 4 <= row_end; r += 4)
+    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kDim, 4, 2>(it, kb, r, jj);
+  for (; r + 2 <= row_end; r += 2)
+    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kLoad, kScale, kDim, 2, 4>(it, kb, r, jj);
+  for (; r < row_end; ++r)
+    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kLoad, kScale, kDim, 1, 8>(it, kb, r, jj);
 }
 
 // --- masks, softcap, ALiBi, online softmax -----------------------------------------------
@@ -277,6 +300,8 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, std::int
   if (opt.causal) hi = std::min<std::int64_t>(hi, q_pos + 1);
   std::int64_t lo = kb.first;
   if (opt.window_left >= 0) lo = std::max<std::int64_t>(lo, q_pos - opt.window_left);
+  // Every key visible and no score transform: the common decode block.
+  if (lo == kb.first && hi == kb.first + kKB && opt.softcap <= 0.0f && !opt.alibi_slopes) return;
   // idx > lo - 1 and idx < hi, relative to the block (clamped to fit int32).
   const auto vlo = hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(lo - kb.first, 0, kKB) - 1));
   const auto vhi = hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(hi - kb.first, -1, kKB)));
@@ -297,7 +322,9 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, std::int
   }
 }
 
-// Online-softmax update of one row; leaves weight x value scale in s.
+// Online-softmax update of one row; leaves the weights (x value scale when
+// kScale) in s.
+template <bool kScale>
 void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
@@ -316,9 +343,9 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   for (std::size_t i = 0; i < std::size_t(kKB); i += n) {
     const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
     vsum = hn::Add(vsum, e);
-    hn::StoreU(hn::Mul(e, hn::LoadU(df, kb.v_scale + i)), df, s + i);
+    hn::StoreU(kScale ? hn::Mul(e, hn::LoadU(df, kb.v_scale + i)) : e, df, s + i);
   }
-  const float corr = m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
+  const float corr = m_old == m_new ? 1.0f : m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
   it.sc.l[row] = it.sc.l[row] * corr + hn::GetLane(hn::SumOfLanes(df, vsum));
   it.sc.m[row] = m_new;
   if (corr != 1.0f) {
@@ -330,43 +357,50 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
 
 // --- PV -----------------------------------------------------------------------------------
 
-// o[row0 .. row0 + kRows) += weights x V over the block.
-template <DType kT, int kDim, int kRows>
+// o[row0 .. row0 + kRows) += weights x V over the block. The weights are
+// broadcast once into vectors first (one per row and key, reused by every
+// dim chunk as an FMA memory operand).
+template <DType kLoad, int kDim, int kRows>
 HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t row0) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
-  const KernelContext& c = *it.c;
+  const std::size_t stride = std::size_t(it.c->dv);
+  const std::int32_t count = kb.count;
+  HWY_ALIGN float wb[kRows * kKB * hn::MaxLanes(df)];
   const float* w = it.sc.s + std::size_t(row0) * kKB;
-  float* o = it.sc.o + std::size_t(row0) * c.dv;
-  const std::size_t dv = kDim > 0 ? std::size_t(kDim) : std::size_t(c.v_head_dim);
+  for (std::int32_t jj = 0; jj < count; ++jj)
+    for (int r = 0; r < kRows; ++r) hn::Store(hn::Set(df, w[r * kKB + jj]), df, wb + (jj * kRows + r) * n);
+  float* o = it.sc.o + std::size_t(row0) * stride;
+  const std::size_t dv = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->v_head_dim);
   std::size_t d = 0;
   for (; d + 2 * n <= dv; d += 2 * n) {  // kRows x 2 vectors of outputs in registers
     VF acc[2 * kRows];
     for (int r = 0; r < kRows; ++r) {
-      acc[2 * r] = hn::Load(df, o + r * c.dv + d);
-      acc[2 * r + 1] = hn::Load(df, o + r * c.dv + d + n);
+      acc[2 * r] = hn::Load(df, o + r * stride + d);
+      acc[2 * r + 1] = hn::Load(df, o + r * stride + d + n);
     }
-    for (std::int32_t jj = 0; jj < kb.count; ++jj) {
-      const VF v0 = LoadConvert<kT>(kb.v[jj], d), v1 = LoadConvert<kT>(kb.v[jj], d + n);
+    for (std::int32_t jj = 0; jj < count; ++jj) {
+      const VF v0 = LoadConvert<kLoad>(kb.v[jj], d), v1 = LoadConvert<kLoad>(kb.v[jj], d + n);
+      const float* wj = wb + jj * kRows * n;
       for (int r = 0; r < kRows; ++r) {
-        const VF wv = hn::Set(df, w[r * kKB + jj]);
-        acc[2 * r] = hn::MulAdd(wv, v0, acc[2 * r]);
-        acc[2 * r + 1] = hn::MulAdd(wv, v1, acc[2 * r + 1]);
+        acc[2 * r] = hn::MulAdd(hn::Load(df, wj + r * n), v0, acc[2 * r]);
+        acc[2 * r + 1] = hn::MulAdd(hn::Load(df, wj + r * n), v1, acc[2 * r + 1]);
       }
     }
     for (int r = 0; r < kRows; ++r) {
-      hn::Store(acc[2 * r], df, o + r * c.dv + d);
-      hn::Store(acc[2 * r + 1], df, o + r * c.dv + d + n);
+      hn::Store(acc[2 * r], df, o + r * stride + d);
+      hn::Store(acc[2 * r + 1], df, o + r * stride + d + n);
     }
   }
   for (; d < dv; d += n) {
     VF acc[kRows];
-    for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(df, o + r * c.dv + d);
-    for (std::int32_t jj = 0; jj < kb.count; ++jj) {
-      const VF v0 = LoadConvert<kT>(kb.v[jj], d);
-      for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(df, w[r * kKB + jj]), v0, acc[r]);
+    for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(df, o + r * stride + d);
+    for (std::int32_t jj = 0; jj < count; ++jj) {
+      const VF v0 = LoadConvert<kLoad>(kb.v[jj], d);
+      const float* wj = wb + jj * kRows * n;
+      for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Load(df, wj + r * n), v0, acc[r]);
     }
-    for (int r = 0; r < kRows; ++r) hn::Store(acc[r], df, o + r * c.dv + d);
+    for (int r = 0; r < kRows; ++r) hn::Store(acc[r], df, o + r * stride + d);
   }
 }
 
@@ -431,13 +465,13 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, const BlockSlots& bs, s
   if (convert) {
     ConvertBlock<kT>(it, kb);
     if (rotate_keys) RotateKeys(it, kb);
-    ScoreBlock<DType::kF32, kDim>(it, kb, row0, row_end);
+    ScoreBlock<DType::kF32, kScaled<kT>, kDim>(it, kb, row0, row_end);
   } else {
-    ScoreBlock<kT, kDim>(it, kb, row0, row_end);
+    ScoreBlock<kT, kScaled<kT>, kDim>(it, kb, row0, row_end);
   }
   for (std::int32_t row = row0; row < row_end; ++row) {
     TransformRow(it, kb, row, first_pos + map.token_in_tile(row), static_cast<std::int32_t>(map.qo_head(row)));
-    SoftmaxRow(it, kb, row);
+    SoftmaxRow<kScaled<kT>>(it, kb, row);
   }
   if (convert)
     AccumulateBlock<DType::kF32, kDim>(it, kb, row0, row_end);
