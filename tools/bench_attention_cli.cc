@@ -1,0 +1,197 @@
+// `pagedattn bench-attention`: times the paged attention kernel on one shape
+// and reports it as a fraction of this machine's limits, measured in the same
+// process (the probes and workloads of perf/, shared with the Google
+// Benchmark program bench/bench_attention.cc).
+#include "bench_attention_cli.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention_workload.h"
+#include "machine_probes.h"
+#include "pagedattn/attention.h"
+#include "pagedattn/errors.h"
+
+namespace pagedattn::tools {
+namespace {
+
+namespace pb = pagedattn::bench;
+
+struct Options {
+  pb::Config shape;
+  double seconds = 2.0;  // timed calls run at least this long
+  bool probe = true;
+  bool check = true;
+};
+
+void print_usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: pagedattn bench-attention [options]\n"
+               "  --mode decode|prefill   decode: one query per sequence (default);\n"
+               "                          prefill: q_len = kv_len unless --q-len\n"
+               "  --kv-dtype T            f32 f16 bf16 fp8_e4m3 fp8_e5m2 int8 (default f16)\n"
+               "  --batch N               sequences (default 8)\n"
+               "  --kv-len N              keys per sequence (default 4096)\n"
+               "  --q-len N               queries per sequence (causal, bottom-right)\n"
+               "  --heads QxK             query x KV heads (default 32x8)\n"
+               "  --head-dim D            multiple of 8, 32..256 (default 128)\n"
+               "  --page-size P           (default 16); --contiguous: one page per sequence\n"
+               "  --seconds S             time calls for at least S seconds (default 2)\n"
+               "  --threads N             OpenMP threads for kernel and probes\n"
+               "  --no-probe              skip the bandwidth / FMA probes\n"
+               "  --no-check              skip the comparison with the scalar reference\n");
+}
+
+DType parse_dtype(const std::string& s) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8})
+    if (pb::short_name(t) == s) return t;
+  throw InvalidArgument(detail::concat("--kv-dtype: unknown dtype '", s, "'"));
+}
+
+std::int32_t parse_int(const char* flag, const std::string& s, std::int32_t lo, std::int32_t hi) {
+  char* end = nullptr;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  require<InvalidArgument>(end != s.c_str() && *end == '\0' && v >= lo && v <= hi, flag,
+                           ": expected an integer in [", lo, ", ", hi, "], got '", s, "'");
+  return static_cast<std::int32_t>(v);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  bool prefill = false;
+  std::int32_t q_len = 0;
+  for (int i = 0; i < argc; ++i) {
+    const std::string flag = argv[i];
+    auto value = [&]() -> std::string {
+      require<InvalidArgument>(i + 1 < argc, flag, ": missing value");
+      return argv[++i];
+    };
+    if (flag == "--mode") {
+      const std::string m = value();
+      require<InvalidArgument>(m == "decode" || m == "prefill", "--mode: expected decode or prefill, got '", m, "'");
+      prefill = m == "prefill";
+    } else if (flag == "--kv-dtype") {
+      o.shape.kv = parse_dtype(value());
+    } else if (flag == "--batch") {
+      o.shape.batch = parse_int("--batch", value(), 1, 4096);
+    } else if (flag == "--kv-len") {
+      o.shape.kv_len = parse_int("--kv-len", value(), 1, 1 << 20);
+    } else if (flag == "--q-len") {
+      q_len = parse_int("--q-len", value(), 1, 1 << 20);
+    } else if (flag == "--heads") {
+      const std::string h = value();
+      const auto x = h.find('x');
+      require<InvalidArgument>(x != std::string::npos, "--heads: expected QxK, got '", h, "'");
+      o.shape.qo_heads = parse_int("--heads", h.substr(0, x), 1, 1024);
+      o.shape.kv_heads = parse_int("--heads", h.substr(x + 1), 1, 1024);
+      require<InvalidArgument>(o.shape.qo_heads % o.shape.kv_heads == 0, "--heads: ", h,
+                               ": query heads must be a multiple of KV heads");
+    } else if (flag == "--head-dim") {
+      o.shape.head_dim = parse_int("--head-dim", value(), 8, 256);
+    } else if (flag == "--page-size") {
+      o.shape.page = parse_int("--page-size", value(), 1, 1 << 20);
+    } else if (flag == "--contiguous") {
+      o.shape.contiguous = true;
+    } else if (flag == "--seconds") {
+      o.seconds = std::atof(value().c_str());
+      require<InvalidArgument>(o.seconds > 0.0 && o.seconds <= 600.0, "--seconds: expected (0, 600]");
+    } else if (flag == "--threads") {
+      omp_set_num_threads(parse_int("--threads", value(), 1, 1024));
+    } else if (flag == "--no-probe") {
+      o.probe = false;
+    } else if (flag == "--no-check") {
+      o.check = false;
+    } else {
+      throw InvalidArgument(detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
+    }
+  }
+  o.shape.q_len = q_len > 0 ? q_len : prefill ? o.shape.kv_len : 1;
+  require<InvalidArgument>(o.shape.q_len <= o.shape.kv_len, "--q-len ", o.shape.q_len,
+                           " exceeds --kv-len ", o.shape.kv_len);
+  return o;
+}
+
+// Largest |kernel - reference| over the outputs of copy 0, relative to the
+// largest |reference| (both read back as float).
+double relative_error_vs_reference(pb::Workload& w) {
+  AttentionParams p = w.params(0);
+  const std::size_t n = std::size_t(w.config().batch) * w.config().q_len * p.num_qo_heads * w.config().head_dim;
+  AttentionRunner().run(p);
+  std::vector<float> fast(n), ref(n);
+  for (std::size_t i = 0; i < n; ++i) fast[i] = load_as_float(p.o.data, p.o.dtype, i);
+  paged_attention_reference(p);
+  double max_err = 0.0, max_ref = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ref[i] = load_as_float(p.o.data, p.o.dtype, i);
+    max_err = std::max(max_err, double(std::fabs(fast[i] - ref[i])));
+    max_ref = std::max(max_ref, double(std::fabs(ref[i])));
+  }
+  return max_ref > 0.0 ? max_err / max_ref : max_err;
+}
+
+struct Timing {
+  double best = 0.0, median = 0.0;
+  int calls = 0;
+};
+
+// Calls the kernel (plan + run, as a serving step would) rotating through the
+// workload's copies, for at least `seconds`.
+Timing time_calls(pb::Workload& w, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  AttentionRunner runner;
+  runner.run(w.params(0));  // warm-up: workspace, page faults
+  std::vector<double> times;
+  const auto start = Clock::now();
+  for (int i = 0; times.size() < 3 || std::chrono::duration<double>(Clock::now() - start).count() < seconds; ++i) {
+    const AttentionParams p = w.params(i % w.copies());
+    const auto t0 = Clock::now();
+    runner.run(p);
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return {times.front(), times[times.size() / 2], static_cast<int>(times.size())};
+}
+
+}  // namespace
+
+int run_bench_attention(int argc, char** argv) {
+  for (int i = 0; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      print_usage(stdout);
+      return 0;
+    }
+  const Options o = parse(argc, argv);
+  const pb::Config& c = o.shape;
+  std::printf("shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
+              pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
+              c.contiguous ? "contiguous" : ("page " + std::to_string(c.page)).c_str(), omp_get_max_threads());
+  pb::Workload w(c);
+  std::printf("working set: %d copies, %.0f MiB of K/V (L3 %.0f MiB)\n", w.copies(),
+              double(w.bytes()) / double(1 << 20), double(pb::l3_cache_bytes()) / double(1 << 20));
+  if (o.check) std::printf("max |kernel - reference| / max |reference|: %.2e\n", relative_error_vs_reference(w));
+
+  const Timing t = time_calls(w, o.seconds);
+  const double gbps = c.kv_bytes_per_call() / t.median / 1e9;
+  const double gflops = c.flops_per_call() / t.median / 1e9;
+  std::printf("time per call: median %.3f ms, best %.3f ms (%d calls)\n", t.median * 1e3, t.best * 1e3, t.calls);
+  std::printf("K+V read: %.2f GB/s   compute: %.1f GFLOP/s\n", gbps, gflops);
+  if (o.probe) {
+    const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
+    const pb::FmaPeakResult& fma = pb::machine_fma_peak();
+    std::printf("machine: read bandwidth %.1f GB/s (%s), fp32 FMA peak %.1f GFLOP/s (%s)\n", bw.best_gbps,
+                bw.isa.c_str(), fma.best_gflops, fma.isa.c_str());
+    std::printf("fraction of the machine: %.1f%% of read bandwidth, %.1f%% of FMA peak\n",
+                100.0 * gbps / bw.best_gbps, 100.0 * gflops / fma.best_gflops);
+  }
+  return 0;
+}
+
+}  // namespace pagedattn::tools
