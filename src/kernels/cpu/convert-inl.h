@@ -40,22 +40,25 @@ HWY_INLINE hn::Vec<DF8> LoadConvert(const void* row, std::size_t i) {
     const hn::Rebind<std::int32_t, DF8> d32;
     return hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, static_cast<const std::int8_t*>(row) + i)));
   } else {
-    // fp8 -> f16 bits: e5m2 is the top byte of an f16; e4m3 moved into f16's
-    // fields is its value x 2^-8 (subnormals included). e4m3 S.1111.111 is NaN.
-    const hn::Rebind<std::uint8_t, DF8> d8;
-    const hn::Rebind<std::uint16_t, DF8> d16;
+    // fp8 -> f16 bits: e5m2 is the top byte of an f16. e4m3 S.EEEE.MMM moved
+    // into f16's fields is its value x 2^-8 (subnormals included): sign-extend
+    // to 16 bits, shift left 7 (S lands on bits 15 and 14, EEEE.MMM on 13..7),
+    // clear bit 14. e4m3 S.1111.111 is NaN; it lands on +-1.875, which no
+    // other byte does.
     const hn::Rebind<hwy::float16_t, DF8> dh;
-    const auto b = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const std::uint8_t*>(row) + i));
     if constexpr (kT == DType::kFP8E5M2) {
+      const hn::Rebind<std::uint8_t, DF8> d8;
+      const hn::Rebind<std::uint16_t, DF8> d16;
+      const auto b = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const std::uint8_t*>(row) + i));
       return hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(b)));
     } else {
-      const auto low7 = hn::And(b, hn::Set(d16, 0x7f));
-      const auto h = hn::Or(hn::ShiftLeft<7>(low7), hn::ShiftLeft<8>(hn::And(b, hn::Set(d16, 0x80))));
-      const hn::Rebind<std::uint32_t, DF8> du32;
-      const auto is_nan =
-          hn::RebindMask(df, hn::Eq(hn::PromoteTo(du32, low7), hn::Set(du32, 0x7f)));
-      return hn::IfThenElse(is_nan, hn::Set(df, std::numeric_limits<float>::quiet_NaN()),
-                            hn::PromoteTo(df, hn::BitCast(dh, h)));
+      const hn::Rebind<std::int8_t, DF8> d8;
+      const hn::Rebind<std::int16_t, DF8> d16;
+      const auto b = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const std::int8_t*>(row) + i));
+      const auto h = hn::And(hn::ShiftLeft<7>(b), hn::Set(d16, static_cast<std::int16_t>(0xBF80)));
+      const auto f = hn::PromoteTo(df, hn::BitCast(dh, h));
+      return hn::IfThenElse(hn::Eq(hn::Abs(f), hn::Set(df, 1.875f)),
+                            hn::Set(df, std::numeric_limits<float>::quiet_NaN()), f);
     }
   }
 }
