@@ -62,6 +62,31 @@ TEST(ConvertRow, MatchesScalarConversionsOnEveryTarget) {
   }
 }
 
+// The kernels' vector widening (LoadConvert) of every fp8 and int8 byte, on
+// every target, equals the scalar decoding in dtype.h; e4m3 NaN stays NaN.
+TEST(ConvertRow, WidensEveryQuantisedByteLikeTheScalarDecoding) {
+  std::vector<unsigned char> bytes(256 + 7);  // a vector tail too
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i % 256);
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (DType t : {DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8}) {
+      std::vector<float> out(bytes.size());
+      kernels::convert_row(bytes.data(), t, out.data(), DType::kF32, std::ssize(bytes), 1.0f);
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        const float want = load_as_float(bytes.data(), t, i);
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(out[i])) << dtype_name(t) << " byte " << int(bytes[i]);
+        } else {
+          ASSERT_TRUE(same_bits(out[i], want)) << dtype_name(t) << " byte " << int(bytes[i]) << ": " << out[i]
+                                               << " != " << want;
+        }
+      }
+    }
+  }
+}
+
 // A small paged storage with its buffers.
 struct Storage {
   Storage(DType dtype, KVLayout layout, std::int32_t pages, std::int32_t page_size,

@@ -1,5 +1,6 @@
-// Row conversions with Highway: f32/f16/bf16 in and out vectorised (RNE,
-// matching the scalar conversions in dtype.h bit for bit), fp8/int8 scalar.
+// Row conversions with Highway: f32/f16/bf16 in and out and fp8/int8 in
+// vectorised (RNE, matching the scalar conversions in dtype.h bit for bit),
+// fp8/int8 out scalar.
 #include "convert.h"
 
 #include <cmath>
@@ -18,15 +19,21 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = DF8;
 
 HWY_INLINE hn::Vec<DF> LoadF32(const void* src, DType t, std::int64_t i) {
-  if (t == DType::kF16) return LoadConvert<DType::kF16>(src, std::size_t(i));
-  if (t == DType::kBF16) return LoadConvert<DType::kBF16>(src, std::size_t(i));
-  return LoadConvert<DType::kF32>(src, std::size_t(i));
+  const auto at = std::size_t(i);
+  switch (t) {
+    case DType::kF16: return LoadConvert<DType::kF16>(src, at);
+    case DType::kBF16: return LoadConvert<DType::kBF16>(src, at);
+    case DType::kINT8: return LoadConvert<DType::kINT8>(src, at);
+    case DType::kFP8E5M2: return LoadConvert<DType::kFP8E5M2>(src, at);
+    case DType::kFP8E4M3:  // x 2^8 is exact, NaN stays NaN
+      return hn::Mul(LoadConvert<DType::kFP8E4M3>(src, at), hn::Set(DF(), kFormatScale<DType::kFP8E4M3>));
+    case DType::kF32: break;
+  }
+  return LoadConvert<DType::kF32>(src, at);
 }
 
-// Targets whose f16 conversions are the hardware's (F16C): bit-exact RNE.
-// Older x86 targets emulate and differ on signed zeros, so they go scalar.
-constexpr bool kNativeF16 = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
-
+// f16 narrowing is exact only on kNativeF16 targets (Highway's emulation
+// differs on signed zeros), so other targets convert to f16 in scalar code.
 bool Vectorizable(DType t) {
   return t == DType::kF32 || t == DType::kBF16 || (t == DType::kF16 && kNativeF16);
 }
@@ -55,7 +62,8 @@ HWY_INLINE void StoreF32(hn::Vec<DF> v, void* dst, DType t, std::int64_t i) {
 
 void ConvertRow(const void* src, DType sd, void* dst, DType dd, std::int64_t n, float mul) {
   std::int64_t i = 0;
-  if (Vectorizable(sd) && Vectorizable(dd)) {
+  // Widening fp8 / int8 is exact in vectors; narrowing to them is scalar.
+  if ((Vectorizable(sd) || is_quantized(sd) || sd == DType::kF16) && Vectorizable(dd)) {
     const DF df;
     const auto lanes = static_cast<std::int64_t>(hn::Lanes(df));
     const auto vmul = hn::Set(df, mul);
