@@ -147,6 +147,16 @@ void check_slots(const char* call, const char* name, const IndexView& v, std::in
             "] = ", v.at(i), " is outside [0, ", num_slots, ") and not -1");
 }
 
+void check_pairs(const char* call, const char* name, const IndexView& v, std::int64_t src_limit,
+                 std::int64_t dst_limit) {
+  for (std::int64_t i = 0; i < v.dim(0); ++i)
+    for (std::int64_t col = 0; col < 2; ++col) {
+      const std::int64_t limit = col == 0 ? src_limit : dst_limit;
+      require(v.at(i, col) >= 0 && v.at(i, col) < limit, call, ": ", name, "[", i, "][", col,
+              "] = ", v.at(i, col), " is outside [0, ", limit, ")");
+    }
+}
+
 void check_position_rows(const char* call, const char* name, std::int64_t rows,
                          std::int64_t needed) {
   require(rows >= needed, call, ": ", name, " has ", rows, " rows but position ", needed - 1,

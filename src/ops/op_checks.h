@@ -57,6 +57,11 @@ void check_page_table(const char* call, const char* name, const IndexView& table
 void check_slots(const char* call, const char* name, const IndexView& v, std::int64_t count,
                  std::int64_t num_slots);
 
+// Pairs v[n][2] (source, destination): sources in [0, src_limit),
+// destinations in [0, dst_limit).
+void check_pairs(const char* call, const char* name, const IndexView& v, std::int64_t src_limit,
+                 std::int64_t dst_limit);
+
 // A per-position table (cos/sin caches) has a row for every position < needed.
 void check_position_rows(const char* call, const char* name, std::int64_t rows,
                          std::int64_t needed);

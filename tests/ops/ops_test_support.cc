@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "pagedattn/errors.h"
+
 namespace pagedattn::ops::test {
 
 std::vector<unsigned char> poisoned_buffer(std::size_t count, DType dtype) {
@@ -94,6 +96,23 @@ void expect_close(const std::vector<float>& actual, const std::vector<float>& ex
     if (++misses <= 5) ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected " << e;
   }
   EXPECT_EQ(misses, 0) << what << ": " << misses << " of " << actual.size() << " elements differ";
+}
+
+void expect_invalid(const std::function<void()>& call,
+                    const std::vector<std::string_view>& parts,
+                    const std::vector<const std::vector<unsigned char>*>& watched) {
+  std::vector<std::vector<unsigned char>> before;
+  for (const auto* w : watched) before.push_back(*w);
+  try {
+    call();
+    ADD_FAILURE() << "accepted; expected an error containing \"" << parts.front() << "\"";
+  } catch (const InvalidArgument& e) {
+    for (std::string_view part : parts)
+      EXPECT_NE(std::string_view(e.what()).find(part), std::string_view::npos)
+          << "\"" << e.what() << "\" lacks \"" << part << "\"";
+  }
+  std::size_t i = 0;
+  for (const auto* w : watched) EXPECT_EQ(*w, before[i++]) << "a failed call changed a cache";
 }
 
 }  // namespace pagedattn::ops::test

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <string_view>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,5 +49,11 @@ std::vector<float> decode(const void* raw, DType dtype, std::size_t count);
 // |a - b| <= atol + rtol |b| element-wise (NaN fails); reports the first few misses.
 void expect_close(const std::vector<float>& actual, const std::vector<float>& expected,
                   float atol, float rtol, const std::string& what);
+
+// `call` throws pagedattn::InvalidArgument whose message holds every part,
+// and leaves every buffer in `watched` (the caches) byte-identical.
+void expect_invalid(const std::function<void()>& call,
+                    const std::vector<std::string_view>& parts,
+                    const std::vector<const std::vector<unsigned char>*>& watched);
 
 }  // namespace pagedattn::ops::test

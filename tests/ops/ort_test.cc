@@ -7,7 +7,6 @@
 #include <sstream>
 
 #include "ort_case.h"
-#include "support/expect_error.h"
 
 namespace pagedattn::ops::test {
 namespace {
@@ -67,7 +66,7 @@ TEST(OrtPagedAttention, MatchesReferenceOnOrtMatrix) {
     std::int64_t work = 0;
     for (std::int32_t b = 0; b < batches[i % 3]; ++b) {
       auto pair = lengths[(i + b) % 5];
-      if ((work + std::int64_t{pair.first} * pair.second) * s.num_heads * s.head_size > 6'000'000)
+      if ((work + std::int64_t{pair.first} * pair.second) * s.num_heads * s.head_size > 4'000'000)
         pair = rng() % 2 ? std::pair{1, 339} : std::pair{17, 49};
       work += std::int64_t{pair.first} * pair.second;
       s.seqs.push_back(pair);
@@ -164,17 +163,8 @@ void expect_rejected(const Rejection& r, OrtSpec spec = {}) {
   OrtCase c(spec);
   ort::PagedAttentionParams p = c.params();
   r.mutate(p, c);
-  const auto k_before = c.key_cache, v_before = c.value_cache;
-  try {
-    ort::paged_attention(p);
-    ADD_FAILURE() << r.rule << ": accepted";
-  } catch (const InvalidArgument& e) {
-    for (std::string_view part : r.message)
-      EXPECT_NE(std::string_view(e.what()).find(part), std::string_view::npos)
-          << r.rule << ": \"" << e.what() << "\" lacks \"" << part << "\"";
-  }
-  EXPECT_EQ(c.key_cache, k_before) << r.rule << ": key_cache changed";
-  EXPECT_EQ(c.value_cache, v_before) << r.rule << ": value_cache changed";
+  SCOPED_TRACE(r.rule);
+  expect_invalid([&] { ort::paged_attention(p); }, r.message, {&c.key_cache, &c.value_cache});
 }
 
 TEST(OrtPagedAttentionValidation, EveryRuleNamesInputIndexAndValue) {
