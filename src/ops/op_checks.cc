@@ -110,13 +110,17 @@ std::int32_t checked_int32(const char* call, const char* what, std::int64_t valu
 }
 
 void check_offsets(const char* call, const char* name, const IndexView& v, std::int64_t count,
-                   std::int64_t total) {
+                   std::int64_t total, OffsetsEnd end) {
   require(v.at(0) == 0, call, ": ", name, "[0] = ", v.at(0), " must be 0");
   for (std::int64_t i = 1; i <= count; ++i)
     require(v.at(i) >= v.at(i - 1), call, ": ", name, "[", i, "] = ", v.at(i),
             " is less than ", name, "[", i - 1, "] = ", v.at(i - 1));
-  require(v.at(count) == total, call, ": ", name, "[", count, "] = ", v.at(count),
-          " must equal the token count ", total);
+  if (end == OffsetsEnd::kExact)
+    require(v.at(count) == total, call, ": ", name, "[", count, "] = ", v.at(count),
+            " must equal the token count ", total);
+  else
+    require(v.at(count) <= total, call, ": ", name, "[", count, "] = ", v.at(count),
+            " exceeds the token count ", total);
 }
 
 void check_length(const char* call, const char* name, std::int64_t index, std::int64_t value,

@@ -39,9 +39,11 @@ std::int32_t checked_int32_product(const char* call, const char* what, std::int6
 // A value that must fit int32 (shapes of index arrays, lengths).
 std::int32_t checked_int32(const char* call, const char* what, std::int64_t value);
 
-// CSR offsets v[0..count]: v[0] == 0, non-decreasing, v[count] == total.
+// CSR offsets v[0..count]: v[0] == 0, non-decreasing, v[count] == total
+// (or <= total when the tokens past the last offset are padding).
+enum class OffsetsEnd : std::uint8_t { kExact, kPadded };
 void check_offsets(const char* call, const char* name, const IndexView& v, std::int64_t count,
-                   std::int64_t total);
+                   std::int64_t total, OffsetsEnd end = OffsetsEnd::kExact);
 
 // A length: 0 <= name[index] = value <= capacity (`capacity_what` explains it).
 void check_length(const char* call, const char* name, std::int64_t index, std::int64_t value,
