@@ -49,7 +49,9 @@ void attention_kv_cache_attention_with_fused_qkv(PagedKVCache& cache,
   using namespace checks;
   constexpr const char* kCall = "tvm::attention_kv_cache_attention_with_fused_qkv";
   const KVCacheConfig& c = cache.config();
-  const std::int64_t tokens = cache.plan().num_tokens();  // InvalidState outside a step
+  require<InvalidState>(cache.in_forward(), kCall,
+                        ": no forward is in progress (call kv_state_begin_forward first)");
+  const std::int64_t tokens = cache.plan().num_tokens();
   check_finite(kCall, "sm_scale", p.sm_scale);
   check_shape(kCall, "qkv", p.qkv, {tokens, c.num_qo_heads + 2 * c.num_kv_heads, c.head_dim});
   check_shape(kCall, "o", p.o, {tokens, c.num_qo_heads, c.v_head_dim});
