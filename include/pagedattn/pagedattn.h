@@ -9,3 +9,7 @@
 #include "pagedattn/paged_kv.h"
 #include "pagedattn/rope.h"
 #include "pagedattn/version.h"
+#include "pagedattn/ops/ort.h"
+#include "pagedattn/ops/torch_xla.h"
+#include "pagedattn/ops/tvm.h"
+#include "pagedattn/ops/vllm.h"
