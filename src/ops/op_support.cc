@@ -23,15 +23,9 @@ void RaggedBatch::gather_pages(const IndexView& block_table, std::int32_t page_s
 }
 
 PagedKVTable RaggedBatch::table(std::int32_t page_size) const {
-  PagedKVTable t;
-  t.batch_size = static_cast<std::int32_t>(kv_lens.size());
-  t.page_size = page_size;
-  t.qo_indptr = qo_indptr.data();
-  t.kv_indptr = kv_indptr.data();
-  t.kv_indices = kv_indices.data();
-  t.kv_last_page_len = kv_last_page_len.data();
-  t.kv_lens = kv_lens.data();
-  return t;
+  return {static_cast<std::int32_t>(kv_lens.size()), page_size, qo_indptr.data(),
+          kv_indptr.data(), kv_indices.data(), kv_last_page_len.data(), kv_lens.data(),
+          nullptr, nullptr};
 }
 
 PagedKVStorage cache_storage(void* k_data, CacheAxes k_axes, void* v_data, CacheAxes v_axes,
@@ -72,6 +66,19 @@ const float* as_float(const TensorView& t, std::int64_t count, std::vector<float
   out.resize(static_cast<std::size_t>(count));
   kernels::convert_row(t.data, t.dtype, out.data(), DType::kF32, count, 1.0f);
   return out.data();
+}
+
+void run_attention(const HeadTensor& q, const HeadTensor& o, std::int32_t num_qo_heads,
+                   const PagedKVStorage& kv, const AttentionOptions& options,
+                   OpScratch& scratch) {
+  AttentionParams p;
+  p.q = q;
+  p.o = o;
+  p.num_qo_heads = num_qo_heads;
+  p.table = scratch.batch.table(kv.page_size);
+  p.kv = kv;
+  p.options = options;
+  scratch.runner.run(p);
 }
 
 OpScratch& thread_scratch() {

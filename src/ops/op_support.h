@@ -59,6 +59,10 @@ struct OpScratch {
 };
 OpScratch& thread_scratch();
 
+// Attention over scratch.batch (gathered) and `kv` with the thread's runner.
+void run_attention(const HeadTensor& q, const HeadTensor& o, std::int32_t num_qo_heads,
+                   const PagedKVStorage& kv, const AttentionOptions& options, OpScratch& scratch);
+
 // Writes zeros to rows [first_token, tokens) of a [tokens][heads][dim] view.
 void zero_rows(const HeadTensor& o, std::int32_t first_token, std::int32_t tokens,
                std::int32_t heads, std::int32_t dim);

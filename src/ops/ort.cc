@@ -239,17 +239,13 @@ void paged_attention(const PagedAttentionParams& p) {
   fill_slots(p, s, batch, scratch.slots);
   append_paged_kv({k, v, scratch.slots.data(), s.tokens, kv});
 
-  AttentionParams ap;
-  ap.q = q;
-  ap.o = head_tensor(p.output, std::int64_t{s.hq} * s.head_size, s.head_size);
-  ap.num_qo_heads = s.hq;
-  ap.table = batch.table(s.block_size);
-  ap.kv = kv;
-  if (p.scale != 0.0f) ap.options.scale = p.scale;
-  ap.options.softcap = p.softcap;
-  ap.options.window_left = p.local_window_size;
-  if (p.head_sink) ap.options.sinks = as_float(*p.head_sink, s.hq, scratch.sinks);
-  scratch.runner.run(ap);
+  AttentionOptions options;
+  if (p.scale != 0.0f) options.scale = p.scale;  // 0: 1/sqrt(head_size)
+  options.softcap = p.softcap;
+  options.window_left = p.local_window_size;  // L: the last L + 1 keys
+  if (p.head_sink) options.sinks = as_float(*p.head_sink, s.hq, scratch.sinks);
+  run_attention(q, head_tensor(p.output, std::int64_t{s.hq} * s.head_size, s.head_size), s.hq,
+                kv, options, scratch);
 }
 
 }  // namespace pagedattn::ops::ort

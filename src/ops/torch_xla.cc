@@ -171,17 +171,14 @@ void ragged_paged_attention(const RaggedPagedAttentionParams& p) {
   const Shape s = validate(p, batch);
 
   batch.gather_pages(p.page_indices, s.page_size);
-  AttentionParams ap;
-  ap.q = head_tensor(p.q, p.q.stride(0), p.q.stride(1));
-  ap.o = head_tensor(p.output, p.output.stride(0), p.output.stride(1));
-  ap.num_qo_heads = s.hq;
-  ap.table = batch.table(s.page_size);
-  ap.kv = storage_of(p, s);
-  ap.options.scale = p.sm_scale;
-  if (p.sliding_window) ap.options.window_left = *p.sliding_window - 1;  // W keys
-  if (p.soft_cap) ap.options.softcap = std::fabs(*p.soft_cap);  // tanh(x/c)*c is even in c
-  scratch.runner.run(ap);
-  zero_rows(ap.o, batch.qo_indptr.back(), s.tokens, s.hq, s.head_dim);  // padding tokens
+  AttentionOptions options;
+  options.scale = p.sm_scale;
+  if (p.sliding_window) options.window_left = *p.sliding_window - 1;  // W keys
+  if (p.soft_cap) options.softcap = std::fabs(*p.soft_cap);  // tanh(x/c)*c is even in c
+  const HeadTensor o = head_tensor(p.output, p.output.stride(0), p.output.stride(1));
+  run_attention(head_tensor(p.q, p.q.stride(0), p.q.stride(1)), o, s.hq, storage_of(p, s),
+                options, scratch);
+  zero_rows(o, batch.qo_indptr.back(), s.tokens, s.hq, s.head_dim);  // padding tokens
 }
 
 }  // namespace pagedattn::ops::torch_xla

@@ -124,19 +124,23 @@ const float* checked_alibi(const char* call, const std::optional<TensorView>& sl
 void attend(const TensorView& query, const TensorView& output, const PagedKVStorage& kv,
             const IndexView& block_tables, const AttentionOptions& options, OpScratch& scratch) {
   scratch.batch.gather_pages(block_tables, kv.page_size);
-  AttentionParams p;
-  p.q = head_tensor(query, query.stride(0), query.stride(1));
-  p.o = head_tensor(output, output.stride(0), output.stride(1));
-  p.num_qo_heads = static_cast<std::int32_t>(query.dim(1));
-  p.table = scratch.batch.table(kv.page_size);
-  p.kv = kv;
-  p.options = options;
-  scratch.runner.run(p);
+  run_attention(head_tensor(query, query.stride(0), query.stride(1)),
+                head_tensor(output, output.stride(0), output.stride(1)),
+                static_cast<std::int32_t>(query.dim(1)), kv, options, scratch);
 }
 
-void check_gqa(const char* call, std::int64_t hq, std::int64_t hkv) {
-  require(hq >= 1 && hq % hkv == 0, call, ": query heads = ", hq,
-          " must be a positive multiple of num_kv_heads = ", hkv);
+// query / output [tokens, Hq, D] against the caches (both forwards).
+CacheShape check_query_and_caches(const char* call, const TensorView& query,
+                                  const TensorView& output, const KVCaches& kv) {
+  check_rank(call, "query", query.rank, 3);
+  check_activation_dtype(call, "query", query);
+  const CacheShape cache = check_caches(call, kv, query.dtype);
+  const std::int64_t tokens = query.dim(0), hq = query.dim(1);
+  require(hq >= 1 && hq % cache.num_kv_heads == 0, call, ": query heads = ", hq,
+          " must be a positive multiple of num_kv_heads = ", cache.num_kv_heads);
+  check_heads_tensor(call, "query", query, tokens, hq, cache.head_dim, query.dtype);
+  check_heads_tensor(call, "output", output, tokens, hq, cache.head_dim, query.dtype);
+  return cache;
 }
 
 }  // namespace
@@ -144,15 +148,10 @@ void check_gqa(const char* call, std::int64_t hq, std::int64_t hkv) {
 void forward_decode(const ForwardDecodeParams& p) {
   constexpr const char* kCall = "vllm::forward_decode";
   OpScratch& scratch = thread_scratch();
-  check_rank(kCall, "query", p.query.rank, 3);
-  check_activation_dtype(kCall, "query", p.query);
-  const CacheShape cache = check_caches(kCall, p.kv, p.query.dtype);
+  const CacheShape cache = check_query_and_caches(kCall, p.query, p.output, p.kv);
   require(p.num_kv_heads == cache.num_kv_heads, kCall, ": num_kv_heads = ", p.num_kv_heads,
           " differs from the caches' ", cache.num_kv_heads);
   const std::int64_t seqs = p.query.dim(0), hq = p.query.dim(1);
-  check_gqa(kCall, hq, cache.num_kv_heads);
-  check_heads_tensor(kCall, "query", p.query, seqs, hq, cache.head_dim, p.query.dtype);
-  check_heads_tensor(kCall, "output", p.output, seqs, hq, cache.head_dim, p.query.dtype);
   check_shape(kCall, "seq_lens", p.seq_lens, {seqs});
   check_sequences(kCall, p.block_tables, p.seq_lens, cache, scratch.batch);
   for (std::int32_t b = 0; b < static_cast<std::int32_t>(seqs); ++b)
@@ -165,24 +164,15 @@ void forward_decode(const ForwardDecodeParams& p) {
   scratch.batch.qo_indptr.resize(static_cast<std::size_t>(seqs) + 1);
   for (std::int32_t b = 0; b <= static_cast<std::int32_t>(seqs); ++b)
     scratch.batch.qo_indptr[static_cast<std::size_t>(b)] = b;
-  // seq_len 0 has no key for its query: zeros (the kernel needs q_len <= kv_len).
-  for (std::int32_t b = 0; b < static_cast<std::int32_t>(seqs); ++b)
-    if (scratch.batch.kv_lens[static_cast<std::size_t>(b)] == 0)
-      zero_rows(head_tensor(p.output, p.output.stride(0), p.output.stride(1)), b, b + 1,
-                static_cast<std::int32_t>(hq), cache.head_dim);
+  // seq_lens[b] = 0: the query sees no key and its row is zeros (semantics.md).
   attend(p.query, p.output, storage_of(p.kv, cache), p.block_tables, options, scratch);
 }
 
 void forward_prefix(const ForwardPrefixParams& p) {
   constexpr const char* kCall = "vllm::forward_prefix";
   OpScratch& scratch = thread_scratch();
-  check_rank(kCall, "query", p.query.rank, 3);
-  check_activation_dtype(kCall, "query", p.query);
-  const CacheShape cache = check_caches(kCall, p.kv, p.query.dtype);
+  const CacheShape cache = check_query_and_caches(kCall, p.query, p.output, p.kv);
   const std::int64_t tokens = p.query.dim(0), hq = p.query.dim(1);
-  check_gqa(kCall, hq, cache.num_kv_heads);
-  check_heads_tensor(kCall, "query", p.query, tokens, hq, cache.head_dim, p.query.dtype);
-  check_heads_tensor(kCall, "output", p.output, tokens, hq, cache.head_dim, p.query.dtype);
   check_sequences(kCall, p.block_tables, p.seq_lens, cache, scratch.batch);
   const std::int64_t seqs = p.seq_lens.dim(0);
   check_shape(kCall, "query_start_loc", p.query_start_loc, {seqs + 1});

@@ -219,6 +219,14 @@ TEST(VllmForwardDecode, MatchesReferenceOnVllmMatrix) {
   }
 }
 
+TEST(VllmForwardDecode, EmptySequenceGivesZeroRow) {
+  VllmSpec s;
+  s.hq = 8;
+  s.hkv = 2;
+  s.seq_lens = {0, 7, 0};
+  VllmCase(s).run_and_check();  // the reference's row without visible keys is zeros
+}
+
 TEST(VllmForwardPrefix, MatchesReferenceWithCachedPrefixesWindowsAndAlibi) {
   for (std::uint32_t i = 0; i < 8; ++i) {
     VllmSpec s;
