@@ -42,7 +42,8 @@ struct DecodeSetup {
   std::vector<std::int32_t> qo_indptr, kv_indptr, kv_indices, last_page_len, kv_lens;
   std::vector<std::int64_t> slots;
 
-  DecodeSetup(std::int32_t s, std::int32_t k) : seqs(s), keys(k), max_blocks((k + kBlock - 1) / kBlock) {
+  DecodeSetup(std::int32_t s, std::int32_t k)
+      : seqs(s), keys(k), max_blocks((k + kBlock - 1) / kBlock) {
     num_blocks = std::int64_t{seqs} * max_blocks;
     std::mt19937 rng(1);
     std::normal_distribution<float> normal;
@@ -70,7 +71,9 @@ struct DecodeSetup {
       kv_indptr.push_back(kv_indptr.back() + max_blocks);
       last_page_len.push_back(keys - (max_blocks - 1) * kBlock);
       const std::int32_t pos = keys - 1;
-      slots.push_back(std::int64_t{block_table[std::size_t(b) * max_blocks + pos / kBlock]} * kBlock + pos % kBlock);
+      slots.push_back(std::int64_t{block_table[std::size_t(b) * max_blocks + pos / kBlock]} *
+                          kBlock +
+                      pos % kBlock);
     }
     kv_indices = block_table;
   }
@@ -84,8 +87,15 @@ struct DecodeSetup {
     p.q = {query.data(), DType::kF16, kHq * kD, kD};
     p.o = {out.data(), DType::kF16, kHq * kD, kD};
     p.num_qo_heads = kHq;
-    p.table = {seqs, kBlock, qo_indptr.data(), kv_indptr.data(), kv_indices.data(),
-               last_page_len.data(), kv_lens.data(), nullptr, nullptr};
+    p.table = {seqs,
+               kBlock,
+               qo_indptr.data(),
+               kv_indptr.data(),
+               kv_indices.data(),
+               last_page_len.data(),
+               kv_lens.data(),
+               nullptr,
+               nullptr};
     p.kv = storage();
     return p;
   }
@@ -95,7 +105,8 @@ struct DecodeSetup {
     p.key = TensorView::dense(key.data(), DType::kF16, {seqs, kHkv * kD});
     p.value = TensorView::dense(value.data(), DType::kF16, {seqs, kHkv * kD});
     p.key_cache = TensorView::dense(key_cache.data(), DType::kF16, {num_blocks, kBlock, kHkv * kD});
-    p.value_cache = TensorView::dense(value_cache.data(), DType::kF16, {num_blocks, kBlock, kHkv * kD});
+    p.value_cache =
+        TensorView::dense(value_cache.data(), DType::kF16, {num_blocks, kBlock, kHkv * kD});
     p.cumulative_sequence_length = IndexView::dense(cu.data(), {seqs + 1});
     p.past_seqlens = IndexView::dense(past.data(), {seqs});
     p.block_table = IndexView::dense(block_table.data(), {seqs, max_blocks});
@@ -105,12 +116,18 @@ struct DecodeSetup {
     return p;
   }
   ops::vllm::ForwardDecodeParams vllm_params() {
-    ops::vllm::KVCaches kv{TensorView::dense(key_cache.data(), DType::kF16, {num_blocks, kBlock, kHkv, kD}),
-                           TensorView::dense(value_cache.data(), DType::kF16, {num_blocks, kBlock, kHkv, kD})};
+    ops::vllm::KVCaches kv{
+        TensorView::dense(key_cache.data(), DType::kF16, {num_blocks, kBlock, kHkv, kD}),
+        TensorView::dense(value_cache.data(), DType::kF16, {num_blocks, kBlock, kHkv, kD})};
     return {TensorView::dense(out.data(), DType::kF16, {seqs, kHq, kD}),
-            TensorView::dense(query.data(), DType::kF16, {seqs, kHq, kD}), kv,
+            TensorView::dense(query.data(), DType::kF16, {seqs, kHq, kD}),
+            kv,
             IndexView::dense(block_table.data(), {seqs, max_blocks}),
-            IndexView::dense(seq_lens.data(), {seqs}), keys, kHkv, 1.0f / 11.3137085f, std::nullopt};
+            IndexView::dense(seq_lens.data(), {seqs}),
+            keys,
+            kHkv,
+            1.0f / 11.3137085f,
+            std::nullopt};
   }
 };
 
@@ -120,18 +137,23 @@ void set_counters(benchmark::State& state, const DecodeSetup& s) {
 }
 
 void BM_OrtAdapter(benchmark::State& state) {
-  DecodeSetup s(static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)));
+  DecodeSetup s(static_cast<std::int32_t>(state.range(0)),
+                static_cast<std::int32_t>(state.range(1)));
   const ops::ort::PagedAttentionParams p = s.ort_params();
   for (auto _ : state) ops::ort::paged_attention(p);
   set_counters(state, s);
 }
 
 void BM_OrtDirect(benchmark::State& state) {
-  DecodeSetup s(static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)));
+  DecodeSetup s(static_cast<std::int32_t>(state.range(0)),
+                static_cast<std::int32_t>(state.range(1)));
   AttentionParams p = s.kernel_params();
   p.options.scale = 1.0f / 11.3137085f;
   const AppendParams append{{s.key.data(), DType::kF16, kHkv * kD, kD},
-                            {s.value.data(), DType::kF16, kHkv * kD, kD}, s.slots.data(), s.seqs, p.kv};
+                            {s.value.data(), DType::kF16, kHkv * kD, kD},
+                            s.slots.data(),
+                            s.seqs,
+                            p.kv};
   AttentionRunner runner;
   for (auto _ : state) {
     append_paged_kv(append);
@@ -141,14 +163,16 @@ void BM_OrtDirect(benchmark::State& state) {
 }
 
 void BM_VllmAdapter(benchmark::State& state) {
-  DecodeSetup s(static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)));
+  DecodeSetup s(static_cast<std::int32_t>(state.range(0)),
+                static_cast<std::int32_t>(state.range(1)));
   const ops::vllm::ForwardDecodeParams p = s.vllm_params();
   for (auto _ : state) ops::vllm::forward_decode(p);
   set_counters(state, s);
 }
 
 void BM_VllmDirect(benchmark::State& state) {
-  DecodeSetup s(static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)));
+  DecodeSetup s(static_cast<std::int32_t>(state.range(0)),
+                static_cast<std::int32_t>(state.range(1)));
   AttentionParams p = s.kernel_params();
   p.options.scale = 1.0f / 11.3137085f;
   AttentionRunner runner;
@@ -157,7 +181,11 @@ void BM_VllmDirect(benchmark::State& state) {
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  b->Args({1, 16})->Args({64, 16})->Args({16, 1024})->Args({64, 1024})->Unit(benchmark::kMicrosecond);
+  b->Args({1, 16})
+      ->Args({64, 16})
+      ->Args({16, 1024})
+      ->Args({64, 1024})
+      ->Unit(benchmark::kMicrosecond);
 }
 
 BENCHMARK(BM_OrtAdapter)->Apply(shapes);

@@ -61,17 +61,17 @@ typedef struct pagedattn_kv_cache_config {
   int32_t num_qo_heads;
   int32_t num_kv_heads;
   int32_t head_dim;
-  int32_t v_head_dim;           /* 0: head_dim */
+  int32_t v_head_dim; /* 0: head_dim */
   int32_t page_size;
-  int64_t num_pages;            /* or 0 with memory_budget_bytes */
+  int64_t num_pages; /* or 0 with memory_budget_bytes */
   int64_t memory_budget_bytes;
-  pagedattn_dtype kv_dtype;     /* float32 .. int8 */
-  float k_scale, v_scale;       /* fp8 dequantisation scales */
-  int32_t layout;               /* 0: HND, 1: NHD */
+  pagedattn_dtype kv_dtype; /* float32 .. int8 */
+  float k_scale, v_scale;   /* fp8 dequantisation scales */
+  int32_t layout;           /* 0: HND, 1: NHD */
   int32_t support_sliding_window;
-  int32_t rope_mode;            /* 0: none, 1: normal, 2: inline */
-  int32_t rope_interleaved;     /* 0: half split (neox), 1: pairs (2t, 2t+1) */
-  int32_t rotary_dim;           /* 0: head_dim */
+  int32_t rope_mode;        /* 0: none, 1: normal, 2: inline */
+  int32_t rope_interleaved; /* 0: half split (neox), 1: pairs (2t, 2t+1) */
+  int32_t rotary_dim;       /* 0: head_dim */
   float rope_theta;
   float rope_scale;
 } pagedattn_kv_cache_config;
@@ -89,12 +89,11 @@ pagedattn_status pagedattn_kv_cache_remove_sequence(pagedattn_kv_cache* cache, i
 pagedattn_status pagedattn_kv_cache_fork_sequence(pagedattn_kv_cache* cache, int64_t parent_id,
                                                   int64_t child_id, int64_t fork_pos);
 pagedattn_status pagedattn_kv_cache_pop_n(pagedattn_kv_cache* cache, int64_t seq_id, int64_t n);
-pagedattn_status pagedattn_kv_cache_enable_sliding_window(pagedattn_kv_cache* cache,
-                                                          int64_t seq_id, int64_t window_size,
+pagedattn_status pagedattn_kv_cache_enable_sliding_window(pagedattn_kv_cache* cache, int64_t seq_id,
+                                                          int64_t window_size,
                                                           int64_t attn_sink_size);
 /* seq_ids[count], append_lengths[count]; the step's plan stays inside the cache. */
-pagedattn_status pagedattn_kv_cache_begin_forward(pagedattn_kv_cache* cache,
-                                                  const int64_t* seq_ids,
+pagedattn_status pagedattn_kv_cache_begin_forward(pagedattn_kv_cache* cache, const int64_t* seq_ids,
                                                   const int64_t* append_lengths, size_t count);
 pagedattn_status pagedattn_kv_cache_end_forward(pagedattn_kv_cache* cache);
 /* qkv [T][Hq + 2 Hkv][D], out [T][Hq][D] (T = tokens of the step); sm_scale
@@ -104,10 +103,9 @@ pagedattn_status pagedattn_kv_cache_attention_with_fused_qkv(pagedattn_kv_cache*
                                                              const pagedattn_tensor* qkv,
                                                              const pagedattn_tensor* out,
                                                              float sm_scale);
-pagedattn_status pagedattn_kv_cache_num_free_pages(const pagedattn_kv_cache* cache,
-                                                   int64_t* out);
-pagedattn_status pagedattn_kv_cache_sequence_length(const pagedattn_kv_cache* cache,
-                                                    int64_t seq_id, int64_t* out);
+pagedattn_status pagedattn_kv_cache_num_free_pages(const pagedattn_kv_cache* cache, int64_t* out);
+pagedattn_status pagedattn_kv_cache_sequence_length(const pagedattn_kv_cache* cache, int64_t seq_id,
+                                                    int64_t* out);
 /* Tokens [start, end) of every layer as float32:
  * k_out [num_layers][end - start][num_kv_heads][head_dim] (k_count elements), v_out likewise. */
 pagedattn_status pagedattn_kv_cache_debug_get_kv(const pagedattn_kv_cache* cache, int64_t seq_id,
@@ -128,9 +126,9 @@ typedef struct pagedattn_ort_paged_attention_params {
   pagedattn_tensor output;
   int32_t num_heads;
   int32_t kv_num_heads;
-  float scale;                /* 0: 1/sqrt(head_size) */
-  float softcap;              /* 0: off */
-  int32_t local_window_size;  /* -1: off */
+  float scale;               /* 0: 1/sqrt(head_size) */
+  float softcap;             /* 0: off */
+  int32_t local_window_size; /* -1: off */
   int32_t do_rotary;
   int32_t rotary_interleaved;
 } pagedattn_ort_paged_attention_params;

@@ -86,7 +86,9 @@ pagedattn_status pagedattn_kv_cache_create(const pagedattn_kv_cache_config* conf
   });
 }
 
-void pagedattn_kv_cache_destroy(pagedattn_kv_cache* cache) { delete cache; }
+void pagedattn_kv_cache_destroy(pagedattn_kv_cache* cache) {
+  delete cache;
+}
 
 pagedattn_status pagedattn_kv_cache_add_sequence(pagedattn_kv_cache* cache, int64_t seq_id) {
   return with_cache(cache, "pagedattn_kv_cache_add_sequence",
@@ -110,8 +112,8 @@ pagedattn_status pagedattn_kv_cache_pop_n(pagedattn_kv_cache* cache, int64_t seq
                     [&](pagedattn::PagedKVCache& c) { c.pop_n(seq_id, n); });
 }
 
-pagedattn_status pagedattn_kv_cache_enable_sliding_window(pagedattn_kv_cache* cache,
-                                                          int64_t seq_id, int64_t window_size,
+pagedattn_status pagedattn_kv_cache_enable_sliding_window(pagedattn_kv_cache* cache, int64_t seq_id,
+                                                          int64_t window_size,
                                                           int64_t attn_sink_size) {
   return with_cache(cache, "pagedattn_kv_cache_enable_sliding_window",
                     [&](pagedattn::PagedKVCache& c) {
@@ -119,8 +121,7 @@ pagedattn_status pagedattn_kv_cache_enable_sliding_window(pagedattn_kv_cache* ca
                     });
 }
 
-pagedattn_status pagedattn_kv_cache_begin_forward(pagedattn_kv_cache* cache,
-                                                  const int64_t* seq_ids,
+pagedattn_status pagedattn_kv_cache_begin_forward(pagedattn_kv_cache* cache, const int64_t* seq_ids,
                                                   const int64_t* append_lengths, size_t count) {
   constexpr const char* kCall = "pagedattn_kv_cache_begin_forward";
   return with_cache(cache, kCall, [&](pagedattn::PagedKVCache& c) {
@@ -156,8 +157,7 @@ pagedattn_status pagedattn_kv_cache_attention_with_fused_qkv(pagedattn_kv_cache*
   });
 }
 
-pagedattn_status pagedattn_kv_cache_num_free_pages(const pagedattn_kv_cache* cache,
-                                                   int64_t* out) {
+pagedattn_status pagedattn_kv_cache_num_free_pages(const pagedattn_kv_cache* cache, int64_t* out) {
   constexpr const char* kCall = "pagedattn_kv_cache_num_free_pages";
   return with_cache(cache, kCall, [&](const pagedattn::PagedKVCache& c) {
     require_pointer(out, kCall, "out");
@@ -165,8 +165,8 @@ pagedattn_status pagedattn_kv_cache_num_free_pages(const pagedattn_kv_cache* cac
   });
 }
 
-pagedattn_status pagedattn_kv_cache_sequence_length(const pagedattn_kv_cache* cache,
-                                                    int64_t seq_id, int64_t* out) {
+pagedattn_status pagedattn_kv_cache_sequence_length(const pagedattn_kv_cache* cache, int64_t seq_id,
+                                                    int64_t* out) {
   constexpr const char* kCall = "pagedattn_kv_cache_sequence_length";
   return with_cache(cache, kCall, [&](const pagedattn::PagedKVCache& c) {
     require_pointer(out, kCall, "out");

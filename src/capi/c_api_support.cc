@@ -39,7 +39,9 @@ pagedattn_status fail(pagedattn_status status, const char* message) {
   return status;
 }
 
-const char* last_error() { return g_last_error.c_str(); }
+const char* last_error() {
+  return g_last_error.c_str();
+}
 
 ops::TensorView to_tensor(const pagedattn_tensor& t, const char* call, const char* name) {
   require(t.dtype >= PAGEDATTN_FLOAT32 && t.dtype <= PAGEDATTN_INT8, call, ": ", name,
@@ -79,7 +81,9 @@ void require_pointer(const void* pointer, const char* call, const char* name) {
 
 }  // namespace pagedattn::capi
 
-extern "C" const char* pagedattn_last_error_message(void) { return pagedattn::capi::last_error(); }
+extern "C" const char* pagedattn_last_error_message(void) {
+  return pagedattn::capi::last_error();
+}
 
 extern "C" const char* pagedattn_status_name(pagedattn_status status) {
   if (status == PAGEDATTN_OUT_OF_MEMORY) return "out_of_memory";

@@ -69,8 +69,7 @@ void check_activation_dtype(const char* call, const char* name, const TensorView
           ", expected float32, float16 or bfloat16");
 }
 
-void check_index_type(const char* call, const char* name, const IndexView& v,
-                      IndexType expected) {
+void check_index_type(const char* call, const char* name, const IndexView& v, IndexType expected) {
   require(v.type == expected, call, ": ", name, " has dtype ", index_type_name(v.type),
           ", expected ", index_type_name(expected));
 }
@@ -89,8 +88,8 @@ void check_rows_contiguous(const char* call, const char* name, const TensorView&
           " must have a contiguous last axis: stride[", last, "] = ", t.rank ? t.stride(last) : 0);
   for (std::int32_t d = last - 1; d >= 0; --d) {
     const std::int64_t inner = t.stride(d + 1) * t.dim(d + 1);
-    require(t.dim(d) <= 1 || t.stride(d) >= inner, call, ": ", name, " stride[", d, "] = ",
-            t.stride(d), " overlaps the ", inner, " elements of axis ", d + 1);
+    require(t.dim(d) <= 1 || t.stride(d) >= inner, call, ": ", name, " stride[", d,
+            "] = ", t.stride(d), " overlaps the ", inner, " elements of axis ", d + 1);
   }
 }
 
@@ -113,8 +112,8 @@ void check_offsets(const char* call, const char* name, const IndexView& v, std::
                    std::int64_t total, OffsetsEnd end) {
   require(v.at(0) == 0, call, ": ", name, "[0] = ", v.at(0), " must be 0");
   for (std::int64_t i = 1; i <= count; ++i)
-    require(v.at(i) >= v.at(i - 1), call, ": ", name, "[", i, "] = ", v.at(i),
-            " is less than ", name, "[", i - 1, "] = ", v.at(i - 1));
+    require(v.at(i) >= v.at(i - 1), call, ": ", name, "[", i, "] = ", v.at(i), " is less than ",
+            name, "[", i - 1, "] = ", v.at(i - 1));
   if (end == OffsetsEnd::kExact)
     require(v.at(count) == total, call, ": ", name, "[", count, "] = ", v.at(count),
             " must equal the token count ", total);

@@ -23,9 +23,15 @@ void RaggedBatch::gather_pages(const IndexView& block_table, std::int32_t page_s
 }
 
 PagedKVTable RaggedBatch::table(std::int32_t page_size) const {
-  return {static_cast<std::int32_t>(kv_lens.size()), page_size, qo_indptr.data(),
-          kv_indptr.data(), kv_indices.data(), kv_last_page_len.data(), kv_lens.data(),
-          nullptr, nullptr};
+  return {static_cast<std::int32_t>(kv_lens.size()),
+          page_size,
+          qo_indptr.data(),
+          kv_indptr.data(),
+          kv_indices.data(),
+          kv_last_page_len.data(),
+          kv_lens.data(),
+          nullptr,
+          nullptr};
 }
 
 PagedKVStorage cache_storage(void* k_data, CacheAxes k_axes, void* v_data, CacheAxes v_axes,
@@ -69,8 +75,7 @@ const float* as_float(const TensorView& t, std::int64_t count, std::vector<float
 }
 
 void run_attention(const HeadTensor& q, const HeadTensor& o, std::int32_t num_qo_heads,
-                   const PagedKVStorage& kv, const AttentionOptions& options,
-                   OpScratch& scratch) {
+                   const PagedKVStorage& kv, const AttentionOptions& options, OpScratch& scratch) {
   AttentionParams p;
   p.q = q;
   p.o = o;

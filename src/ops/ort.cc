@@ -24,8 +24,8 @@ struct Shape {
 
 void check_attributes(const PagedAttentionParams& p) {
   require(p.num_heads >= 1 && p.kv_num_heads >= 1 && p.num_heads % p.kv_num_heads == 0, kCall,
-          ": num_heads = ", p.num_heads, " must be a positive multiple of kv_num_heads = ",
-          p.kv_num_heads);
+          ": num_heads = ", p.num_heads,
+          " must be a positive multiple of kv_num_heads = ", p.kv_num_heads);
   check_finite(kCall, "scale", p.scale);
   require(p.softcap >= 0.0f, kCall, ": softcap = ", p.softcap, " must be 0 (off) or > 0");
   check_finite(kCall, "softcap", p.softcap);
@@ -46,8 +46,8 @@ void check_activations(const PagedAttentionParams& p, Shape& s) {
   s.tokens = checked_int32(kCall, "query.shape[0]", p.query.dim(0));
   const std::int64_t heads_per_row = s.packed ? s.hq + 2 * std::int64_t{s.hkv} : s.hq;
   const std::int64_t width = p.query.dim(1);
-  require(width >= heads_per_row && width % heads_per_row == 0, kCall, ": query.shape[1] = ",
-          width, " is not a positive multiple of ", heads_per_row,
+  require(width >= heads_per_row && width % heads_per_row == 0, kCall, ": query.shape[1] = ", width,
+          " is not a positive multiple of ", heads_per_row,
           s.packed ? " (num_heads + 2 kv_num_heads, packed QKV)" : " (num_heads)");
   s.head_size = checked_int32(kCall, "head_size", width / heads_per_row);
   checked_int32_product(kCall, "query.shape[0] * query.shape[1]", s.tokens, width);
@@ -84,8 +84,8 @@ void check_caches(const PagedAttentionParams& p, Shape& s) {
   check_contiguous(kCall, "value_cache", vc);
   s.num_blocks = kc.dim(0);
   s.block_size = checked_int32(kCall, "key_cache.shape[1] (block_size)", kc.dim(1));
-  require(s.num_blocks >= 1 && s.block_size >= 1, kCall, ": key_cache num_blocks = ",
-          s.num_blocks, " and block_size = ", s.block_size, " must be >= 1");
+  require(s.num_blocks >= 1 && s.block_size >= 1, kCall, ": key_cache num_blocks = ", s.num_blocks,
+          " and block_size = ", s.block_size, " must be >= 1");
   checked_int32(kCall, "num_blocks", s.num_blocks);
   check_present(kCall, "key_cache", kc.data, 1);
   check_present(kCall, "value_cache", vc.data, 1);
@@ -99,14 +99,14 @@ void check_sequences(const PagedAttentionParams& p, Shape& s, RaggedBatch& batch
   s.max_blocks = checked_int32(kCall, "block_table.shape[1]", p.block_table.dim(1));
   check_shape(kCall, "cumulative_sequence_length", p.cumulative_sequence_length, {s.batch + 1});
   check_shape(kCall, "block_table", p.block_table, {s.batch, s.max_blocks});
-  for (const auto& [v, name] : {std::pair{&p.cumulative_sequence_length, "cumulative_sequence_length"},
-                                std::pair{&p.past_seqlens, "past_seqlens"},
-                                std::pair{&p.block_table, "block_table"}}) {
+  for (const auto& [v, name] :
+       {std::pair{&p.cumulative_sequence_length, "cumulative_sequence_length"},
+        std::pair{&p.past_seqlens, "past_seqlens"}, std::pair{&p.block_table, "block_table"}}) {
     check_index_type(kCall, name, *v, IndexType::kInt32);
     check_present(kCall, name, v->data, v->dim(0) * (v->rank == 2 ? v->dim(1) : 1));
   }
-  const std::int32_t capacity =
-      checked_int32_product(kCall, "max_blocks_per_sequence * block_size", s.max_blocks, s.block_size);
+  const std::int32_t capacity = checked_int32_product(kCall, "max_blocks_per_sequence * block_size",
+                                                      s.max_blocks, s.block_size);
   checked_int32_product(kCall, "batch_size * max_blocks_per_sequence", s.batch, s.max_blocks);
   check_offsets(kCall, "cumulative_sequence_length", p.cumulative_sequence_length, s.batch,
                 s.tokens);
@@ -116,8 +116,8 @@ void check_sequences(const PagedAttentionParams& p, Shape& s, RaggedBatch& batch
   for (std::int32_t b = 0; b < s.batch; ++b) {
     const std::int64_t past = p.past_seqlens.at(b);
     check_length(kCall, "past_seqlens", b, past, capacity, "block_table columns x block_size");
-    const std::int64_t total = past + p.cumulative_sequence_length.at(b + 1) -
-                               p.cumulative_sequence_length.at(b);
+    const std::int64_t total =
+        past + p.cumulative_sequence_length.at(b + 1) - p.cumulative_sequence_length.at(b);
     check_length(kCall, "past_seqlens + new tokens of sequence", b, total, capacity,
                  "block_table columns x block_size");
     batch.qo_indptr[static_cast<std::size_t>(b) + 1] =
@@ -149,7 +149,8 @@ void check_optional_inputs(const PagedAttentionParams& p, Shape& s) {
   require(half >= 1 && 2 * half <= s.head_size, kCall, ": cos_cache.shape[1] = ", half,
           " (rotary_dim / 2) must be in [1, head_size / 2 = ", s.head_size / 2, "]");
   s.rotary_dim = static_cast<std::int32_t>(2 * half);
-  for (const auto& [t, name] : {std::pair{&*p.cos_cache, "cos_cache"}, std::pair{&*p.sin_cache, "sin_cache"}}) {
+  for (const auto& [t, name] :
+       {std::pair{&*p.cos_cache, "cos_cache"}, std::pair{&*p.sin_cache, "sin_cache"}}) {
     check_shape(kCall, name, *t, {p.cos_cache->dim(0), half});
     check_activation_dtype(kCall, name, *t);
     check_contiguous(kCall, name, *t);
@@ -174,7 +175,8 @@ void fill_slots(const PagedAttentionParams& p, const Shape& s, const RaggedBatch
                 std::vector<std::int64_t>& slots) {
   slots.resize(static_cast<std::size_t>(s.tokens));
   if (p.slot_mapping) {
-    for (std::int32_t t = 0; t < s.tokens; ++t) slots[static_cast<std::size_t>(t)] = p.slot_mapping->at(t);
+    for (std::int32_t t = 0; t < s.tokens; ++t)
+      slots[static_cast<std::size_t>(t)] = p.slot_mapping->at(t);
     return;
   }
   for (std::int32_t b = 0; b < s.batch; ++b) {
@@ -218,9 +220,9 @@ void paged_attention(const PagedAttentionParams& p) {
   batch.gather_pages(p.block_table, s.block_size);
   const std::int64_t kv_row = std::int64_t{s.hkv} * s.head_size;
   const CacheAxes axes{p.key_cache.stride(0), p.key_cache.stride(1), s.head_size};
-  const PagedKVStorage kv = cache_storage(p.key_cache.data, axes, p.value_cache.data, axes,
-                                          p.key_cache.dtype, KVLayout::kNHD,
-                                          {s.block_size, s.hkv, s.head_size, s.num_blocks});
+  const PagedKVStorage kv =
+      cache_storage(p.key_cache.data, axes, p.value_cache.data, axes, p.key_cache.dtype,
+                    KVLayout::kNHD, {s.block_size, s.hkv, s.head_size, s.num_blocks});
   const std::int64_t row = p.query.dim(1);
   HeadTensor q = head_tensor(p.query, row, s.head_size);
   HeadTensor k = s.packed ? head_tensor(p.query, row, s.head_size, std::int64_t{s.hq} * s.head_size)
@@ -244,8 +246,8 @@ void paged_attention(const PagedAttentionParams& p) {
   options.softcap = p.softcap;
   options.window_left = p.local_window_size;  // L: the last L + 1 keys
   if (p.head_sink) options.sinks = as_float(*p.head_sink, s.hq, scratch.sinks);
-  run_attention(q, head_tensor(p.output, std::int64_t{s.hq} * s.head_size, s.head_size), s.hq,
-                kv, options, scratch);
+  run_attention(q, head_tensor(p.output, std::int64_t{s.hq} * s.head_size, s.head_size), s.hq, kv,
+                options, scratch);
 }
 
 }  // namespace pagedattn::ops::ort

@@ -46,7 +46,8 @@ void check_pages(const RaggedPagedAttentionParams& p, Shape& s) {
     s.page_dtype = kv.dtype;
   } else {
     check_rank(kCall, "k_pages", p.k_pages->rank, 3);
-    check_shape(kCall, "v_pages", *p.v_pages, {p.k_pages->dim(0), p.k_pages->dim(1), p.k_pages->dim(2)});
+    check_shape(kCall, "v_pages", *p.v_pages,
+                {p.k_pages->dim(0), p.k_pages->dim(1), p.k_pages->dim(2)});
     check_page_dtype(*p.k_pages, "k_pages");
     check_page_dtype(*p.v_pages, "v_pages");
     check_dtype(kCall, "v_pages", p.v_pages->dtype, p.k_pages->dtype);
@@ -62,8 +63,8 @@ void check_pages(const RaggedPagedAttentionParams& p, Shape& s) {
   checked_int32(kCall, "total_num_pages", s.num_pages);
   require(s.num_pages >= 1 && s.page_size >= 1, kCall, ": total_num_pages = ", s.num_pages,
           " and page_size = ", s.page_size, " must be >= 1");
-  require(s.hq % s.hkv == 0, kCall, ": num_q_heads=", s.hq, " must be divisible by num_kv_heads=",
-          s.hkv);
+  require(s.hq % s.hkv == 0, kCall, ": num_q_heads=", s.hq,
+          " must be divisible by num_kv_heads=", s.hkv);
 }
 
 void check_scalars(const RaggedPagedAttentionParams& p, const Shape& s) {
@@ -72,7 +73,8 @@ void check_scalars(const RaggedPagedAttentionParams& p, const Shape& s) {
           ": sliding_window=", p.sliding_window.value_or(0), " must be positive.");
   require(!p.soft_cap || *p.soft_cap != 0.0f, kCall, ": soft_cap=0 must not be 0.0.");
   if (p.soft_cap) check_finite(kCall, "soft_cap", *p.soft_cap);
-  for (const auto& [scale, name] : {std::pair{&p.k_scale, "k_scale"}, std::pair{&p.v_scale, "v_scale"}}) {
+  for (const auto& [scale, name] :
+       {std::pair{&p.k_scale, "k_scale"}, std::pair{&p.v_scale, "v_scale"}}) {
     if (!*scale) continue;
     require(is_fp8(s.page_dtype), kCall, ": ", name, " is only supported with float8 pages, not ",
             dtype_name(s.page_dtype));
@@ -83,8 +85,9 @@ void check_scalars(const RaggedPagedAttentionParams& p, const Shape& s) {
 // Index arrays: int32, shapes, num_seqs, then the live sequences' lengths
 // and pages; fills the batch (first num_seqs entries only).
 void check_sequences(const RaggedPagedAttentionParams& p, Shape& s, RaggedBatch& batch) {
-  for (const auto& [v, name] : {std::pair{&p.kv_lens, "kv_lens"}, std::pair{&p.page_indices, "page_indices"},
-                                std::pair{&p.cu_q_lens, "cu_q_lens"}, std::pair{&p.num_seqs, "num_seqs"}})
+  for (const auto& [v, name] :
+       {std::pair{&p.kv_lens, "kv_lens"}, std::pair{&p.page_indices, "page_indices"},
+        std::pair{&p.cu_q_lens, "cu_q_lens"}, std::pair{&p.num_seqs, "num_seqs"}})
     check_index_type(kCall, name, *v, IndexType::kInt32);
   check_rank(kCall, "page_indices", p.page_indices.rank, 2);
   s.max_num_seqs = checked_int32(kCall, "max_num_seqs", p.page_indices.dim(0));
@@ -92,8 +95,9 @@ void check_sequences(const RaggedPagedAttentionParams& p, Shape& s, RaggedBatch&
   check_shape(kCall, "kv_lens", p.kv_lens, {s.max_num_seqs});
   check_shape(kCall, "cu_q_lens", p.cu_q_lens, {s.max_num_seqs + 1});
   check_shape(kCall, "num_seqs", p.num_seqs, {1});
-  for (const auto& [v, name] : {std::pair{&p.kv_lens, "kv_lens"}, std::pair{&p.page_indices, "page_indices"},
-                                std::pair{&p.cu_q_lens, "cu_q_lens"}, std::pair{&p.num_seqs, "num_seqs"}})
+  for (const auto& [v, name] :
+       {std::pair{&p.kv_lens, "kv_lens"}, std::pair{&p.page_indices, "page_indices"},
+        std::pair{&p.cu_q_lens, "cu_q_lens"}, std::pair{&p.num_seqs, "num_seqs"}})
     check_present(kCall, name, v->data, v->dim(0) * (v->rank == 2 ? v->dim(1) : 1));
   const std::int64_t num_seqs = p.num_seqs.at(0);
   require(num_seqs >= 0 && num_seqs <= s.max_num_seqs, kCall, ": num_seqs[0]=", num_seqs,
@@ -107,15 +111,15 @@ void check_sequences(const RaggedPagedAttentionParams& p, Shape& s, RaggedBatch&
   }
   const std::int64_t min_pages = (max_kv_len + s.page_size - 1) / s.page_size;
   require(s.pages_per_seq >= min_pages, kCall, ": pages_per_seq=", s.pages_per_seq,
-          " must be greater or equal to min_pages_per_seq=", min_pages, " given max_kv_len=",
-          max_kv_len, " and page_size=", s.page_size, ".");
+          " must be greater or equal to min_pages_per_seq=", min_pages,
+          " given max_kv_len=", max_kv_len, " and page_size=", s.page_size, ".");
   checked_int32_product(kCall, "num_seqs * pages_per_seq", s.num_seqs, s.pages_per_seq);
   batch.qo_indptr.assign(1, 0);
   batch.kv_lens.clear();
   for (std::int32_t b = 0; b < s.num_seqs; ++b) {
     const std::int64_t q_len = p.cu_q_lens.at(b + 1) - p.cu_q_lens.at(b);
-    require(q_len <= p.kv_lens.at(b), kCall, ": q_len=", q_len, " must be less or equal to kv_len=",
-            p.kv_lens.at(b), " at sequence ", b, ".");
+    require(q_len <= p.kv_lens.at(b), kCall, ": q_len=", q_len,
+            " must be less or equal to kv_len=", p.kv_lens.at(b), " at sequence ", b, ".");
     batch.qo_indptr.push_back(static_cast<std::int32_t>(p.cu_q_lens.at(b + 1)));
     batch.kv_lens.push_back(static_cast<std::int32_t>(p.kv_lens.at(b)));
   }
@@ -174,10 +178,10 @@ void ragged_paged_attention(const RaggedPagedAttentionParams& p) {
   AttentionOptions options;
   options.scale = p.sm_scale;
   if (p.sliding_window) options.window_left = *p.sliding_window - 1;  // W keys
-  if (p.soft_cap) options.softcap = std::fabs(*p.soft_cap);  // tanh(x/c)*c is even in c
+  if (p.soft_cap) options.softcap = std::fabs(*p.soft_cap);           // tanh(x/c)*c is even in c
   const HeadTensor o = head_tensor(p.output, p.output.stride(0), p.output.stride(1));
-  run_attention(head_tensor(p.q, p.q.stride(0), p.q.stride(1)), o, s.hq, storage_of(p, s),
-                options, scratch);
+  run_attention(head_tensor(p.q, p.q.stride(0), p.q.stride(1)), o, s.hq, storage_of(p, s), options,
+                scratch);
   zero_rows(o, batch.qo_indptr.back(), s.tokens, s.hq, s.head_dim);  // padding tokens
 }
 

@@ -8,7 +8,9 @@
 
 namespace pagedattn::ops::tvm {
 
-void kv_state_add_sequence(PagedKVCache& cache, std::int64_t seq_id) { cache.add_sequence(seq_id); }
+void kv_state_add_sequence(PagedKVCache& cache, std::int64_t seq_id) {
+  cache.add_sequence(seq_id);
+}
 
 void kv_state_remove_sequence(PagedKVCache& cache, std::int64_t seq_id) {
   cache.remove_sequence(seq_id);
@@ -28,7 +30,9 @@ void kv_state_begin_forward(PagedKVCache& cache, std::span<const std::int64_t> s
   cache.begin_forward(seq_ids, append_lengths);
 }
 
-void kv_state_end_forward(PagedKVCache& cache) { cache.end_forward(); }
+void kv_state_end_forward(PagedKVCache& cache) {
+  cache.end_forward();
+}
 
 void attention_kv_cache_enable_sliding_window_for_seq(PagedKVCache& cache, std::int64_t seq_id,
                                                       std::int32_t sliding_window_size,

@@ -25,8 +25,9 @@ DType cache_dtype_of(const char* call, std::string_view kv_cache_dtype, DType ac
   if (kv_cache_dtype == "auto") return activation;
   if (kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3") return DType::kFP8E4M3;
   if (kv_cache_dtype == "fp8_e5m2") return DType::kFP8E5M2;
-  throw InvalidArgument(detail::concat(call, ": kv_cache_dtype = \"", kv_cache_dtype,
-                                       "\" must be \"auto\", \"fp8\", \"fp8_e4m3\" or \"fp8_e5m2\""));
+  throw InvalidArgument(
+      detail::concat(call, ": kv_cache_dtype = \"", kv_cache_dtype,
+                     "\" must be \"auto\", \"fp8\", \"fp8_e4m3\" or \"fp8_e5m2\""));
 }
 
 CacheShape check_cache_tensor(const char* call, const char* name, const TensorView& t,
@@ -67,11 +68,11 @@ CacheShape check_caches(const char* call, const KVCaches& kv, DType activation) 
 }
 
 PagedKVStorage storage_of(const KVCaches& kv, const CacheShape& s) {
-  PagedKVStorage storage = cache_storage(
-      kv.key_cache.data, axes_of(kv.key_cache, kv.layout), kv.value_cache.data,
-      axes_of(kv.value_cache, kv.layout), kv.key_cache.dtype,
-      kv.layout == CacheLayout::kFlash ? KVLayout::kNHD : KVLayout::kHND,
-      {s.block_size, s.num_kv_heads, s.head_dim, s.num_blocks});
+  PagedKVStorage storage =
+      cache_storage(kv.key_cache.data, axes_of(kv.key_cache, kv.layout), kv.value_cache.data,
+                    axes_of(kv.value_cache, kv.layout), kv.key_cache.dtype,
+                    kv.layout == CacheLayout::kFlash ? KVLayout::kNHD : KVLayout::kHND,
+                    {s.block_size, s.num_kv_heads, s.head_dim, s.num_blocks});
   storage.k_scale = kv.k_scale;
   storage.v_scale = kv.v_scale;
   return storage;
@@ -94,16 +95,18 @@ void check_sequences(const char* call, const IndexView& block_tables, const Inde
   check_rank(call, "block_tables", block_tables.rank, 2);
   const std::int32_t seqs = checked_int32(call, "num_seqs", seq_lens.dim(0));
   check_shape(call, "block_tables", block_tables, {seqs, block_tables.dim(1)});
-  for (const auto& [v, name] : {std::pair{&block_tables, "block_tables"}, std::pair{&seq_lens, "seq_lens"}}) {
+  for (const auto& [v, name] :
+       {std::pair{&block_tables, "block_tables"}, std::pair{&seq_lens, "seq_lens"}}) {
     check_index_type(call, name, *v, IndexType::kInt32);
     check_present(call, name, v->data, v->dim(0) * (v->rank == 2 ? v->dim(1) : 1));
   }
-  const std::int32_t capacity = checked_int32_product(call, "max_blocks * block_size",
-                                                      block_tables.dim(1), cache.block_size);
+  const std::int32_t capacity =
+      checked_int32_product(call, "max_blocks * block_size", block_tables.dim(1), cache.block_size);
   checked_int32_product(call, "num_seqs * max_blocks", seqs, block_tables.dim(1));
   batch.kv_lens.resize(static_cast<std::size_t>(seqs));
   for (std::int32_t b = 0; b < seqs; ++b) {
-    check_length(call, "seq_lens", b, seq_lens.at(b), capacity, "block_tables columns x block_size");
+    check_length(call, "seq_lens", b, seq_lens.at(b), capacity,
+                 "block_tables columns x block_size");
     batch.kv_lens[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(seq_lens.at(b));
   }
   check_page_table(call, "block_tables", block_tables, batch.kv_lens, cache.block_size,
@@ -221,19 +224,21 @@ void write_to_paged_cache(const WriteToPagedCacheParams& p) {
 
   OpScratch& scratch = thread_scratch();
   scratch.slots.resize(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) scratch.slots[static_cast<std::size_t>(i)] = p.slot_mapping.at(i);
+  for (std::int64_t i = 0; i < n; ++i)
+    scratch.slots[static_cast<std::size_t>(i)] = p.slot_mapping.at(i);
   append_paged_kv({head_tensor(p.key, p.key.stride(0), p.key.stride(1)),
-                   head_tensor(p.value, p.value.stride(0), p.value.stride(1)),
-                   scratch.slots.data(), static_cast<std::int32_t>(n), storage_of(p.kv, cache)});
+                   head_tensor(p.value, p.value.stride(0), p.value.stride(1)), scratch.slots.data(),
+                   static_cast<std::int32_t>(n), storage_of(p.kv, cache)});
 }
 
 namespace {
 
 // A storage of one cache tensor's blocks (K only: V is empty), for block copies.
 PagedKVStorage block_storage(const TensorView& t, CacheLayout layout, const CacheShape& s) {
-  PagedKVStorage storage = cache_storage(t.data, axes_of(t, layout), t.data, {}, t.dtype,
-                                         layout == CacheLayout::kFlash ? KVLayout::kNHD : KVLayout::kHND,
-                                         {s.block_size, s.num_kv_heads, s.head_dim, s.num_blocks});
+  PagedKVStorage storage =
+      cache_storage(t.data, axes_of(t, layout), t.data, {}, t.dtype,
+                    layout == CacheLayout::kFlash ? KVLayout::kNHD : KVLayout::kHND,
+                    {s.block_size, s.num_kv_heads, s.head_dim, s.num_blocks});
   return storage;
 }
 
@@ -257,7 +262,8 @@ void check_mapping(const char* call, const IndexView& mapping) {
 
 void copy_block_pairs(const PagedKVStorage& src, const PagedKVStorage& dst,
                       const IndexView& mapping) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> pairs(static_cast<std::size_t>(mapping.dim(0)));
+  std::vector<std::pair<std::int64_t, std::int64_t>> pairs(
+      static_cast<std::size_t>(mapping.dim(0)));
   for (std::int64_t i = 0; i < mapping.dim(0); ++i)
     pairs[static_cast<std::size_t>(i)] = {mapping.at(i, 0), mapping.at(i, 1)};
   copy_pages(src, dst, pairs);

@@ -11,25 +11,25 @@
 
 static int g_failures = 0;
 
-#define CHECK(cond)                                                      \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, \
-              __LINE__, #cond, pagedattn_last_error_message());          \
-      ++g_failures;                                                      \
-    }                                                                    \
+#define CHECK(cond)                                                                           \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond, \
+              pagedattn_last_error_message());                                                \
+      ++g_failures;                                                                           \
+    }                                                                                         \
   } while (0)
 
 /* The call must fail with `status` and a message containing `part`. */
-#define CHECK_FAILS(call, status, part)                                      \
-  do {                                                                       \
-    pagedattn_status s_ = (call);                                            \
-    CHECK(s_ == (status));                                                   \
-    if (strstr(pagedattn_last_error_message(), (part)) == NULL) {            \
-      fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__,      \
-              __LINE__, pagedattn_last_error_message(), (part));             \
-      ++g_failures;                                                          \
-    }                                                                        \
+#define CHECK_FAILS(call, status, part)                                           \
+  do {                                                                            \
+    pagedattn_status s_ = (call);                                                 \
+    CHECK(s_ == (status));                                                        \
+    if (strstr(pagedattn_last_error_message(), (part)) == NULL) {                 \
+      fprintf(stderr, "%s:%d: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__, \
+              pagedattn_last_error_message(), (part));                            \
+      ++g_failures;                                                               \
+    }                                                                             \
   } while (0)
 
 static pagedattn_tensor dense(void* data, pagedattn_dtype dtype, int rank, const int64_t* shape) {
@@ -42,7 +42,9 @@ static pagedattn_tensor dense(void* data, pagedattn_dtype dtype, int rank, const
   return t; /* strides all 0: dense */
 }
 
-static float value_at(int i) { return (float)sin(0.37 * i) * 2.0f; }
+static float value_at(int i) {
+  return (float)sin(0.37 * i) * 2.0f;
+}
 
 enum { kHq = 4, kHkv = 2, kD = 8, kTokens = 5 };
 
@@ -89,7 +91,8 @@ static void test_cache(void) {
               PAGEDATTN_INVALID_ARGUMENT, "o has shape [4, 4, 8], expected [5, 4, 8]");
   CHECK_FAILS(pagedattn_kv_cache_attention_with_fused_qkv(cache, 2, &qkv_t, &out_t, 0.35f),
               PAGEDATTN_INVALID_ARGUMENT, "layer = 2");
-  CHECK(pagedattn_kv_cache_attention_with_fused_qkv(cache, 0, &qkv_t, &out_t, 0.35f) == PAGEDATTN_OK);
+  CHECK(pagedattn_kv_cache_attention_with_fused_qkv(cache, 0, &qkv_t, &out_t, 0.35f) ==
+        PAGEDATTN_OK);
   /* Token 0 sees only key 0: its output is value 0 of its KV head. */
   for (int h = 0; h < kHq; ++h)
     for (int d = 0; d < kD; ++d) {
@@ -101,8 +104,10 @@ static void test_cache(void) {
   int64_t length = 0, free_pages = 0;
   CHECK(pagedattn_kv_cache_sequence_length(cache, 7, &length) == PAGEDATTN_OK && length == kTokens);
   CHECK(pagedattn_kv_cache_num_free_pages(cache, &free_pages) == PAGEDATTN_OK && free_pages == 30);
-  CHECK_FAILS(pagedattn_kv_cache_sequence_length(cache, 8, &length), PAGEDATTN_INVALID_ARGUMENT, "8");
-  CHECK_FAILS(pagedattn_kv_cache_num_free_pages(cache, NULL), PAGEDATTN_INVALID_ARGUMENT, "out is null");
+  CHECK_FAILS(pagedattn_kv_cache_sequence_length(cache, 8, &length), PAGEDATTN_INVALID_ARGUMENT,
+              "8");
+  CHECK_FAILS(pagedattn_kv_cache_num_free_pages(cache, NULL), PAGEDATTN_INVALID_ARGUMENT,
+              "out is null");
 
   float k[2 * kTokens * kHkv * kD], v[2 * kTokens * kHkv * kD];
   CHECK(pagedattn_kv_cache_debug_get_kv(cache, 7, 0, kTokens, k, 2 * kTokens * kHkv * kD, v,
@@ -114,7 +119,8 @@ static void test_cache(void) {
   CHECK(pagedattn_kv_cache_fork_sequence(cache, 7, 9, 3) == PAGEDATTN_OK);
   CHECK(pagedattn_kv_cache_remove_sequence(cache, 9) == PAGEDATTN_OK);
   CHECK(pagedattn_kv_cache_remove_sequence(cache, 7) == PAGEDATTN_OK);
-  CHECK_FAILS(pagedattn_kv_cache_remove_sequence(NULL, 7), PAGEDATTN_INVALID_ARGUMENT, "cache is null");
+  CHECK_FAILS(pagedattn_kv_cache_remove_sequence(NULL, 7), PAGEDATTN_INVALID_ARGUMENT,
+              "cache is null");
   pagedattn_kv_cache_destroy(cache);
   pagedattn_kv_cache_destroy(NULL);
 }
@@ -125,7 +131,8 @@ static void test_ort(void) {
   float output[kTokens * kHq * kD];
   float key_cache[kBlocks * kBlockSize * kHkv * kD], value_cache[kBlocks * kBlockSize * kHkv * kD];
   for (int i = 0; i < kTokens * kHq * kD; ++i) query[i] = value_at(i);
-  for (int i = 0; i < kTokens * kHkv * kD; ++i) key[i] = value_at(3 * i), value[i] = value_at(5 * i + 1);
+  for (int i = 0; i < kTokens * kHkv * kD; ++i)
+    key[i] = value_at(3 * i), value[i] = value_at(5 * i + 1);
   memset(key_cache, 0, sizeof key_cache);
   memset(value_cache, 0, sizeof value_cache);
   int32_t cu[] = {0, kTokens}, past[] = {0}, block_table[] = {2, 0};
@@ -189,7 +196,9 @@ int main(void) {
   test_cache();
   test_ort();
   test_messages_are_per_thread();
-  if (g_failures) fprintf(stderr, "%d checks failed\n", g_failures);
-  else printf("c_api_test: all checks passed\n");
+  if (g_failures)
+    fprintf(stderr, "%d checks failed\n", g_failures);
+  else
+    printf("c_api_test: all checks passed\n");
   return g_failures ? 1 : 0;
 }

@@ -52,8 +52,9 @@ std::vector<float> reference_output(const LogicalBatch& batch, const AttentionOp
   p.q = {const_cast<float*>(batch.q.data()), DType::kF32, std::int64_t{batch.num_qo_heads} * d, d};
   p.o = {out.data(), DType::kF32, std::int64_t{batch.num_qo_heads} * d, d};
   p.num_qo_heads = batch.num_qo_heads;
-  p.table = {num_seqs,          page_size,      qo_indptr.data(), kv_indptr.data(),
-             kv_indices.data(), last_page_len.data(), kv_lens.data(), nullptr, nullptr};
+  p.table = {num_seqs,         page_size,         qo_indptr.data(),
+             kv_indptr.data(), kv_indices.data(), last_page_len.data(),
+             kv_lens.data(),   nullptr,           nullptr};
   p.kv = PagedKVStorage::dense(k_pages.data(), v_pages.data(), DType::kF32, KVLayout::kNHD,
                                page_size, hkv, d, d, num_seqs);
   p.options = options;
@@ -86,20 +87,20 @@ std::vector<float> decode(const void* raw, DType dtype, std::size_t count) {
   return out;
 }
 
-void expect_close(const std::vector<float>& actual, const std::vector<float>& expected,
-                  float atol, float rtol, const std::string& what) {
+void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, float atol,
+                  float rtol, const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
   int misses = 0;
   for (std::size_t i = 0; i < actual.size(); ++i) {
     const float a = actual[i], e = expected[i];
     if (std::fabs(a - e) <= atol + rtol * std::fabs(e)) continue;
-    if (++misses <= 5) ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected " << e;
+    if (++misses <= 5)
+      ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected " << e;
   }
   EXPECT_EQ(misses, 0) << what << ": " << misses << " of " << actual.size() << " elements differ";
 }
 
-void expect_invalid(const std::function<void()>& call,
-                    const std::vector<std::string_view>& parts,
+void expect_invalid(const std::function<void()>& call, const std::vector<std::string_view>& parts,
                     const std::vector<const std::vector<unsigned char>*>& watched) {
   std::vector<std::vector<unsigned char>> before;
   for (const auto* w : watched) before.push_back(*w);

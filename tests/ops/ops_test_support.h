@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
-#include <string_view>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pagedattn/attention.h"
@@ -47,13 +47,12 @@ void rotate(std::vector<float>& x, std::int32_t heads, std::int32_t dim,
 std::vector<float> decode(const void* raw, DType dtype, std::size_t count);
 
 // |a - b| <= atol + rtol |b| element-wise (NaN fails); reports the first few misses.
-void expect_close(const std::vector<float>& actual, const std::vector<float>& expected,
-                  float atol, float rtol, const std::string& what);
+void expect_close(const std::vector<float>& actual, const std::vector<float>& expected, float atol,
+                  float rtol, const std::string& what);
 
 // `call` throws pagedattn::InvalidArgument whose message holds every part,
 // and leaves every buffer in `watched` (the caches) byte-identical.
-void expect_invalid(const std::function<void()>& call,
-                    const std::vector<std::string_view>& parts,
+void expect_invalid(const std::function<void()>& call, const std::vector<std::string_view>& parts,
                     const std::vector<const std::vector<unsigned char>*>& watched);
 
 }  // namespace pagedattn::ops::test

@@ -86,7 +86,8 @@ OrtCase::OrtCase(const OrtSpec& spec) : spec_(spec) {
   out.assign(tokens_ * q_row * dtype_size(spec.dtype), 0xcd);
   std::vector<std::int32_t> positions;
   for (std::int32_t b = 0; b < batch; ++b)
-    for (std::int32_t j = 0; j < spec.seqs[std::size_t(b)].first; ++j) positions.push_back(past[b] + j);
+    for (std::int32_t j = 0; j < spec.seqs[std::size_t(b)].first; ++j)
+      positions.push_back(past[b] + j);
   if (spec.rotary) {
     rotate(q, hq, d, positions, cos_f, sin_f, rotary_dim, spec.interleaved);
     rotate(k, hkv, d, positions, cos_f, sin_f, rotary_dim, spec.interleaved);
@@ -95,7 +96,8 @@ OrtCase::OrtCase(const OrtSpec& spec) : spec_(spec) {
   new_v_ = v;
   if (spec.slot_mapping)
     for (std::int32_t b = 0; b < batch; ++b)
-      for (std::int32_t j = 0; j < spec.seqs[std::size_t(b)].first; ++j) slots.push_back(slot_of(b, past[b] + j));
+      for (std::int32_t j = 0; j < spec.seqs[std::size_t(b)].first; ++j)
+        slots.push_back(slot_of(b, past[b] + j));
 
   // The logical batch: past K/V written into the cache now, then the new rows.
   logical_.num_qo_heads = hq;
@@ -111,7 +113,8 @@ OrtCase::OrtCase(const OrtSpec& spec) : spec_(spec) {
       write_cache(slot_of(b, pos), pk.data() + pos * kv_row, pv.data() + pos * kv_row);
     for (std::int32_t t = cu[b]; t < cu[b + 1]; ++t) {
       if (t == spec.skip_token) {  // not written: the cache keeps what it held
-        std::vector<float> held_k = randn(rng, kv_row, spec.dtype), held_v = randn(rng, kv_row, spec.dtype);
+        std::vector<float> held_k = randn(rng, kv_row, spec.dtype),
+                           held_v = randn(rng, kv_row, spec.dtype);
         write_cache(slots[std::size_t(t)], held_k.data(), held_v.data());
         pk.insert(pk.end(), held_k.begin(), held_k.end());
         pv.insert(pv.end(), held_v.begin(), held_v.end());
@@ -157,10 +160,13 @@ ort::PagedAttentionParams OrtCase::params() {
   }
   if (spec_.four_d_cache) {
     p.key_cache = TensorView::dense(key_cache.data(), dt, {num_blocks, spec_.block_size, hkv, d});
-    p.value_cache = TensorView::dense(value_cache.data(), dt, {num_blocks, spec_.block_size, hkv, d});
+    p.value_cache =
+        TensorView::dense(value_cache.data(), dt, {num_blocks, spec_.block_size, hkv, d});
   } else {
-    p.key_cache = TensorView::dense(key_cache.data(), dt, {num_blocks, spec_.block_size, std::int64_t{hkv} * d});
-    p.value_cache = TensorView::dense(value_cache.data(), dt, {num_blocks, spec_.block_size, std::int64_t{hkv} * d});
+    p.key_cache = TensorView::dense(key_cache.data(), dt,
+                                    {num_blocks, spec_.block_size, std::int64_t{hkv} * d});
+    p.value_cache = TensorView::dense(value_cache.data(), dt,
+                                      {num_blocks, spec_.block_size, std::int64_t{hkv} * d});
   }
   p.cumulative_sequence_length = IndexView::dense(cu.data(), {batch + 1});
   p.past_seqlens = IndexView::dense(past.data(), {batch});
@@ -204,8 +210,8 @@ std::vector<float> OrtCase::stored_new(bool value) const {
   for (std::int32_t b = 0; b < static_cast<std::int32_t>(spec_.seqs.size()); ++b)
     for (std::int32_t j = 0; j < spec_.seqs[std::size_t(b)].first; ++j) {
       const std::int64_t slot = slot_of(b, past[b] + j);
-      const std::vector<float> r =
-          decode(cache.data() + std::size_t(slot) * row * dtype_size(spec_.dtype), spec_.dtype, row);
+      const std::vector<float> r = decode(
+          cache.data() + std::size_t(slot) * row * dtype_size(spec_.dtype), spec_.dtype, row);
       rows.insert(rows.end(), r.begin(), r.end());
     }
   return rows;

@@ -44,7 +44,8 @@ void run_and_check(const OrtSpec& spec) {
 // would be slow for the double reference (all of them run at full size in
 // EveryOrtSequenceShapeAtFullSize).
 TEST(OrtPagedAttention, MatchesReferenceOnOrtMatrix) {
-  const std::pair<std::int32_t, std::int32_t> lengths[] = {{3, 1024}, {1, 339}, {408, 800}, {17, 49}, {257, 257}};
+  const std::pair<std::int32_t, std::int32_t> lengths[] = {
+      {3, 1024}, {1, 339}, {408, 800}, {17, 49}, {257, 257}};
   const std::pair<std::int32_t, std::int32_t> heads[] = {{6, 6}, {6, 3}, {9, 3}};
   const std::int32_t head_sizes[] = {32, 64, 80, 96, 128, 160, 192, 256};
   const std::int32_t block_sizes[] = {16, 32, 64, 128, 256, 512};
@@ -172,36 +173,102 @@ TEST(OrtPagedAttentionValidation, EveryRuleNamesInputIndexAndValue) {
       {"heads", [](auto& p, auto&) { p.kv_num_heads = 4; }, {"num_heads = 6", "kv_num_heads = 4"}},
       {"scale finite", [](auto& p, auto&) { p.scale = NAN; }, {"scale = nan"}},
       {"softcap >= 0", [](auto& p, auto&) { p.softcap = -1; }, {"softcap = -1"}},
-      {"window >= -1", [](auto& p, auto&) { p.local_window_size = -2; }, {"local_window_size = -2"}},
+      {"window >= -1",
+       [](auto& p, auto&) { p.local_window_size = -2; },
+       {"local_window_size = -2"}},
       {"key without value", [](auto& p, auto&) { p.value.reset(); }, {"key and value"}},
       {"query rank", [](auto& p, auto&) { p.query.rank = 3; }, {"query has rank 3"}},
-      {"query dtype", [](auto& p, auto&) { p.query.dtype = DType::kINT8; }, {"query has dtype int8"}},
-      {"query contiguous", [](auto& p, auto&) { p.query.strides[0] += 8; }, {"query must be contiguous", "stride[0]"}},
-      {"query width", [](auto& p, auto&) { p.query.shape[1] = 100; p.query.strides[0] = 100; }, {"query.shape[1] = 100"}},
-      {"key shape", [](auto& p, auto&) { p.key->shape[0] = 4; }, {"key has shape [4, 96]", "expected [5, 96]"}},
+      {"query dtype",
+       [](auto& p, auto&) { p.query.dtype = DType::kINT8; },
+       {"query has dtype int8"}},
+      {"query contiguous",
+       [](auto& p, auto&) { p.query.strides[0] += 8; },
+       {"query must be contiguous", "stride[0]"}},
+      {"query width",
+       [](auto& p, auto&) {
+         p.query.shape[1] = 100;
+         p.query.strides[0] = 100;
+       },
+       {"query.shape[1] = 100"}},
+      {"key shape",
+       [](auto& p, auto&) { p.key->shape[0] = 4; },
+       {"key has shape [4, 96]", "expected [5, 96]"}},
       {"key dtype", [](auto& p, auto&) { p.key->dtype = DType::kF16; }, {"key has dtype float16"}},
-      {"output shape", [](auto& p, auto&) { p.output.shape[1] = 96; }, {"output has shape [5, 96]"}},
+      {"output shape",
+       [](auto& p, auto&) { p.output.shape[1] = 96; },
+       {"output has shape [5, 96]"}},
       {"output null", [](auto& p, auto&) { p.output.data = nullptr; }, {"output is null"}},
       {"cache rank", [](auto& p, auto&) { p.key_cache.rank = 2; }, {"key_cache has rank 2"}},
-      {"cache shape", [](auto& p, auto&) { p.key_cache.shape[2] = 64; }, {"key_cache has shape", "64]"}},
-      {"value_cache shape", [](auto& p, auto&) { p.value_cache.shape[0] -= 1; }, {"value_cache must have key_cache's shape"}},
-      {"cache dtype", [](auto& p, auto&) { p.value_cache.dtype = DType::kBF16; }, {"value_cache has dtype bfloat16"}},
-      {"cache contiguous", [](auto& p, auto&) { p.key_cache.strides[1] = 1; }, {"key_cache must be contiguous"}},
-      {"index dtype", [](auto& p, auto& c) { p.block_table.type = IndexType::kInt64; (void)c; }, {"block_table has dtype int64"}},
-      {"cu shape", [](auto& p, auto&) { p.cumulative_sequence_length.shape[0] = 2; }, {"cumulative_sequence_length has shape [2], expected [3]"}},
-      {"cu starts at 0", [](auto&, auto& c) { c.cu[0] = 1; }, {"cumulative_sequence_length[0] = 1"}},
-      {"cu non-decreasing", [](auto&, auto& c) { c.cu[1] = 6; }, {"cumulative_sequence_length[2] = 5 is less than", "[1] = 6"}},
-      {"cu ends at T", [](auto&, auto& c) { c.cu[2] = 4; }, {"cumulative_sequence_length[2] = 4 must equal the token count 5"}},
+      {"cache shape",
+       [](auto& p, auto&) { p.key_cache.shape[2] = 64; },
+       {"key_cache has shape", "64]"}},
+      {"value_cache shape",
+       [](auto& p, auto&) { p.value_cache.shape[0] -= 1; },
+       {"value_cache must have key_cache's shape"}},
+      {"cache dtype",
+       [](auto& p, auto&) { p.value_cache.dtype = DType::kBF16; },
+       {"value_cache has dtype bfloat16"}},
+      {"cache contiguous",
+       [](auto& p, auto&) { p.key_cache.strides[1] = 1; },
+       {"key_cache must be contiguous"}},
+      {"index dtype",
+       [](auto& p, auto& c) {
+         p.block_table.type = IndexType::kInt64;
+         (void)c;
+       },
+       {"block_table has dtype int64"}},
+      {"cu shape",
+       [](auto& p, auto&) { p.cumulative_sequence_length.shape[0] = 2; },
+       {"cumulative_sequence_length has shape [2], expected [3]"}},
+      {"cu starts at 0",
+       [](auto&, auto& c) { c.cu[0] = 1; },
+       {"cumulative_sequence_length[0] = 1"}},
+      {"cu non-decreasing",
+       [](auto&, auto& c) { c.cu[1] = 6; },
+       {"cumulative_sequence_length[2] = 5 is less than", "[1] = 6"}},
+      {"cu ends at T",
+       [](auto&, auto& c) { c.cu[2] = 4; },
+       {"cumulative_sequence_length[2] = 4 must equal the token count 5"}},
       {"past >= 0", [](auto&, auto& c) { c.past[1] = -1; }, {"past_seqlens[1] = -1"}},
-      {"past within capacity", [](auto&, auto& c) { c.past[0] = 46; }, {"past_seqlens + new tokens of sequence[0] = 49", "[0, 48]"}},
-      {"block id in range", [](auto&, auto& c) { c.block_table[1] = static_cast<std::int32_t>(c.num_blocks); }, {"block_table[0][1] = 5 is outside [0, 5)"}},
-      {"block id negative", [](auto&, auto& c) { c.block_table[c.max_blocks] = -3; }, {"block_table[1][0] = -3"}},
-      {"slot in range", [](auto& p, auto& c) { c.slots = {0, 1, 2, 3, 80}; p.slot_mapping = IndexView::dense(c.slots.data(), {5}); }, {"slot_mapping[4] = 80 is outside [0, 80)"}},
-      {"slot shape", [](auto& p, auto& c) { c.slots.assign(4, 0); p.slot_mapping = IndexView::dense(c.slots.data(), {4}); }, {"slot_mapping has shape [4], expected [5]"}},
-      {"slot duplicates", [](auto& p, auto& c) { c.slots = {1, 2, 3, 4, 1}; p.slot_mapping = IndexView::dense(c.slots.data(), {5}); }, {"slot 1 appears more than once"}},
-      {"rotary without cos", [](auto& p, auto&) { p.do_rotary = true; }, {"cos_cache and sin_cache must be given exactly when do_rotary = 1"}},
-      {"head_sink shape", [](auto& p, auto& c) { c.sink.assign(16, 0); p.head_sink = TensorView::dense(c.sink.data(), DType::kF32, {4}); }, {"head_sink has shape [4], expected [6]"}},
-      {"int32 overflow", [](auto& p, auto&) { p.block_table.shape[1] = 1 << 28; }, {"max_blocks_per_sequence * block_size = 268435456 x 16 overflows int32"}},
+      {"past within capacity",
+       [](auto&, auto& c) { c.past[0] = 46; },
+       {"past_seqlens + new tokens of sequence[0] = 49", "[0, 48]"}},
+      {"block id in range",
+       [](auto&, auto& c) { c.block_table[1] = static_cast<std::int32_t>(c.num_blocks); },
+       {"block_table[0][1] = 5 is outside [0, 5)"}},
+      {"block id negative",
+       [](auto&, auto& c) { c.block_table[c.max_blocks] = -3; },
+       {"block_table[1][0] = -3"}},
+      {"slot in range",
+       [](auto& p, auto& c) {
+         c.slots = {0, 1, 2, 3, 80};
+         p.slot_mapping = IndexView::dense(c.slots.data(), {5});
+       },
+       {"slot_mapping[4] = 80 is outside [0, 80)"}},
+      {"slot shape",
+       [](auto& p, auto& c) {
+         c.slots.assign(4, 0);
+         p.slot_mapping = IndexView::dense(c.slots.data(), {4});
+       },
+       {"slot_mapping has shape [4], expected [5]"}},
+      {"slot duplicates",
+       [](auto& p, auto& c) {
+         c.slots = {1, 2, 3, 4, 1};
+         p.slot_mapping = IndexView::dense(c.slots.data(), {5});
+       },
+       {"slot 1 appears more than once"}},
+      {"rotary without cos",
+       [](auto& p, auto&) { p.do_rotary = true; },
+       {"cos_cache and sin_cache must be given exactly when do_rotary = 1"}},
+      {"head_sink shape",
+       [](auto& p, auto& c) {
+         c.sink.assign(16, 0);
+         p.head_sink = TensorView::dense(c.sink.data(), DType::kF32, {4});
+       },
+       {"head_sink has shape [4], expected [6]"}},
+      {"int32 overflow",
+       [](auto& p, auto&) { p.block_table.shape[1] = 1 << 28; },
+       {"max_blocks_per_sequence * block_size = 268435456 x 16 overflows int32"}},
   };
   for (const Rejection& r : rules) expect_rejected(r);
 }
@@ -210,12 +277,24 @@ TEST(OrtPagedAttentionValidation, RotaryTablesMustCoverEveryPositionAndFitTheHea
   OrtSpec s;
   s.seqs = {{3, 20}, {2, 2}};
   s.rotary = true;
-  expect_rejected({"cos rows", [](auto& p, auto&) { p.cos_cache->shape[0] = 19; p.sin_cache->shape[0] = 19; },
-                   {"cos_cache has 19 rows but position 19 is used"}}, s);
-  expect_rejected({"rotary dim", [](auto& p, auto&) { p.cos_cache->shape[1] = 17; p.cos_cache->strides[0] = 17; },
-                   {"cos_cache.shape[1] = 17", "head_size / 2 = 16"}}, s);
-  expect_rejected({"sin shape", [](auto& p, auto&) { p.sin_cache->shape[0] = 2; },
-                   {"sin_cache has shape [2, 16]"}}, s);
+  expect_rejected({"cos rows",
+                   [](auto& p, auto&) {
+                     p.cos_cache->shape[0] = 19;
+                     p.sin_cache->shape[0] = 19;
+                   },
+                   {"cos_cache has 19 rows but position 19 is used"}},
+                  s);
+  expect_rejected({"rotary dim",
+                   [](auto& p, auto&) {
+                     p.cos_cache->shape[1] = 17;
+                     p.cos_cache->strides[0] = 17;
+                   },
+                   {"cos_cache.shape[1] = 17", "head_size / 2 = 16"}},
+                  s);
+  expect_rejected({"sin shape",
+                   [](auto& p, auto&) { p.sin_cache->shape[0] = 2; },
+                   {"sin_cache has shape [2, 16]"}},
+                  s);
 }
 
 TEST(OrtPagedAttentionValidation, UnusedBlockTableEntriesAreNotChecked) {

@@ -54,7 +54,8 @@ class XlaCase {
     std::size_t next = 0;
     for (std::int32_t b = 0; b < live; ++b) {
       const auto [q, kv] = spec.seqs[std::size_t(b)];
-      for (std::int32_t i = 0; i < (kv + ps - 1) / ps; ++i) page_indices_[std::size_t(b) * pages_per_seq_ + i] = ids[next++];
+      for (std::int32_t i = 0; i < (kv + ps - 1) / ps; ++i)
+        page_indices_[std::size_t(b) * pages_per_seq_ + i] = ids[next++];
       kv_lens_[std::size_t(b)] = kv;
       cu_q_lens_[std::size_t(b) + 1] = cu_q_lens_[std::size_t(b)] + q;
     }
@@ -62,7 +63,8 @@ class XlaCase {
     live_tokens_ = cu_q_lens_[std::size_t(live)];
     tokens_ = live_tokens_ + spec.padding_tokens;
     fill_pages();
-    const std::vector<float> q = randn(rng_, std::size_t(tokens_) * spec.hq * spec.head_dim, spec.q_dtype);
+    const std::vector<float> q =
+        randn(rng_, std::size_t(tokens_) * spec.hq * spec.head_dim, spec.q_dtype);
     logical_.q.assign(q.begin(), q.begin() + std::size_t(live_tokens_) * spec.hq * spec.head_dim);
     q_.resize(q.size() * dtype_size(spec.q_dtype));
     for (std::size_t i = 0; i < q.size(); ++i) store_from_float(q_.data(), spec.q_dtype, i, q[i]);
@@ -76,8 +78,10 @@ class XlaCase {
     if (spec_.combined) {
       p.kv_pages = TensorView::dense(k_.data(), spec_.page_dtype, {num_pages_, ps, 2 * hkv, d});
     } else {
-      p.k_pages = TensorView::dense(k_.data(), spec_.page_dtype, {num_pages_, ps, std::int64_t{hkv} * d});
-      p.v_pages = TensorView::dense(v_.data(), spec_.page_dtype, {num_pages_, ps, std::int64_t{hkv} * d});
+      p.k_pages =
+          TensorView::dense(k_.data(), spec_.page_dtype, {num_pages_, ps, std::int64_t{hkv} * d});
+      p.v_pages =
+          TensorView::dense(v_.data(), spec_.page_dtype, {num_pages_, ps, std::int64_t{hkv} * d});
     }
     p.kv_lens = IndexView::dense(kv_lens_.data(), {max_seqs_});
     p.page_indices = IndexView::dense(page_indices_.data(), {max_seqs_, pages_per_seq_});
@@ -100,7 +104,8 @@ class XlaCase {
     std::vector<float> expected = reference_output(logical_, options);
     expected.resize(std::size_t(tokens_) * spec_.hq * spec_.head_dim, 0.0f);  // padding rows: zeros
     const float tol = spec_.q_dtype == DType::kF32 ? 3e-4f : 3e-2f;
-    expect_close(decode(out_.data(), spec_.q_dtype, expected.size()), expected, tol, tol, describe());
+    expect_close(decode(out_.data(), spec_.q_dtype, expected.size()), expected, tol, tol,
+                 describe());
   }
 
   std::string describe() const {
@@ -223,34 +228,64 @@ void expect_rejected(const std::function<void(Params&, XlaCase&)>& mutate,
 }
 
 TEST(TorchXlaValidation, TorchXlaRulesWithTheirMessages) {
-  expect_rejected([](Params& p, XlaCase&) { p.kv_pages->shape[3] = 16; }, {"Q head_dim 32 must be the same as that of K/V 16"});
-  expect_rejected([](Params& p, XlaCase&) { p.kv_pages->shape[2] = 3; }, {"num_combined_kv_heads = 3", "must be even"});
-  expect_rejected([](Params& p, XlaCase&) { p.q.shape[1] = 3; p.output.shape[1] = 3; }, {"num_q_heads=3 must be divisible by num_kv_heads=2"});
-  expect_rejected([](Params& p, XlaCase&) { p.kv_lens.type = IndexType::kInt64; }, {"kv_lens has dtype int64, expected int32"});
-  expect_rejected([](Params& p, XlaCase&) { p.cu_q_lens.type = IndexType::kInt64; }, {"cu_q_lens has dtype int64, expected int32"});
-  expect_rejected([](Params& p, XlaCase&) { p.sliding_window = 0; }, {"sliding_window=0 must be positive."});
+  expect_rejected([](Params& p, XlaCase&) { p.kv_pages->shape[3] = 16; },
+                  {"Q head_dim 32 must be the same as that of K/V 16"});
+  expect_rejected([](Params& p, XlaCase&) { p.kv_pages->shape[2] = 3; },
+                  {"num_combined_kv_heads = 3", "must be even"});
+  expect_rejected(
+      [](Params& p, XlaCase&) {
+        p.q.shape[1] = 3;
+        p.output.shape[1] = 3;
+      },
+      {"num_q_heads=3 must be divisible by num_kv_heads=2"});
+  expect_rejected([](Params& p, XlaCase&) { p.kv_lens.type = IndexType::kInt64; },
+                  {"kv_lens has dtype int64, expected int32"});
+  expect_rejected([](Params& p, XlaCase&) { p.cu_q_lens.type = IndexType::kInt64; },
+                  {"cu_q_lens has dtype int64, expected int32"});
+  expect_rejected([](Params& p, XlaCase&) { p.sliding_window = 0; },
+                  {"sliding_window=0 must be positive."});
   expect_rejected([](Params& p, XlaCase&) { p.soft_cap = 0.0f; }, {"soft_cap=0 must not be 0.0."});
-  expect_rejected([](Params&, XlaCase& c) { c.num_seqs_[0] = 4; }, {"num_seqs[0]=4 must be less or equal to max_num_seqs=3"});
-  expect_rejected([](Params&, XlaCase& c) { c.kv_lens_[1] = 60; }, {"pages_per_seq=3 must be greater or equal to min_pages_per_seq=4 given max_kv_len=60 and page_size=16."});
-  expect_rejected([](Params&, XlaCase& c) { c.kv_lens_[1] = 0; }, {"q_len=1 must be less or equal to kv_len=0 at sequence 1."});
-  expect_rejected([](Params& p, XlaCase&) { p.num_seqs.shape[0] = 2; }, {"num_seqs has shape [2], expected [1]"});
-  expect_rejected([](Params& p, XlaCase&) { p.kv_lens.shape[0] = 2; }, {"kv_lens has shape [2], expected [3]"});
+  expect_rejected([](Params&, XlaCase& c) { c.num_seqs_[0] = 4; },
+                  {"num_seqs[0]=4 must be less or equal to max_num_seqs=3"});
+  expect_rejected([](Params&, XlaCase& c) { c.kv_lens_[1] = 60; },
+                  {"pages_per_seq=3 must be greater or equal to min_pages_per_seq=4 given "
+                   "max_kv_len=60 and page_size=16."});
+  expect_rejected([](Params&, XlaCase& c) { c.kv_lens_[1] = 0; },
+                  {"q_len=1 must be less or equal to kv_len=0 at sequence 1."});
+  expect_rejected([](Params& p, XlaCase&) { p.num_seqs.shape[0] = 2; },
+                  {"num_seqs has shape [2], expected [1]"});
+  expect_rejected([](Params& p, XlaCase&) { p.kv_lens.shape[0] = 2; },
+                  {"kv_lens has shape [2], expected [3]"});
 }
 
 TEST(TorchXlaValidation, BoundsTorchXlaLeavesUnchecked) {
-  expect_rejected([](Params&, XlaCase& c) { c.page_indices_[1] = 7; }, {"page_indices[0][1] = 7 is outside [0, 5)"});
-  expect_rejected([](Params&, XlaCase& c) { c.page_indices_[3] = -1; }, {"page_indices[1][0] = -1"});
-  expect_rejected([](Params&, XlaCase& c) { c.cu_q_lens_[1] = 5; c.cu_q_lens_[2] = 4; }, {"cu_q_lens[2] = 4 is less than cu_q_lens[1] = 5"});
+  expect_rejected([](Params&, XlaCase& c) { c.page_indices_[1] = 7; },
+                  {"page_indices[0][1] = 7 is outside [0, 5)"});
+  expect_rejected([](Params&, XlaCase& c) { c.page_indices_[3] = -1; },
+                  {"page_indices[1][0] = -1"});
+  expect_rejected(
+      [](Params&, XlaCase& c) {
+        c.cu_q_lens_[1] = 5;
+        c.cu_q_lens_[2] = 4;
+      },
+      {"cu_q_lens[2] = 4 is less than cu_q_lens[1] = 5"});
   expect_rejected([](Params&, XlaCase& c) { c.cu_q_lens_[0] = 1; }, {"cu_q_lens[0] = 1 must be 0"});
-  expect_rejected([](Params&, XlaCase& c) { c.cu_q_lens_[2] = 5; }, {"cu_q_lens[2] = 5 exceeds the token count 4"});
+  expect_rejected([](Params&, XlaCase& c) { c.cu_q_lens_[2] = 5; },
+                  {"cu_q_lens[2] = 5 exceeds the token count 4"});
   expect_rejected([](Params&, XlaCase& c) { c.kv_lens_[0] = -3; }, {"kv_lens[0] = -3"});
-  expect_rejected([](Params& p, XlaCase&) { p.output.dtype = DType::kF16; }, {"output has dtype float16, expected float32"});
-  expect_rejected([](Params& p, XlaCase&) { p.q.strides[2] = 2; }, {"q must have a contiguous last axis"});
-  expect_rejected([](Params& p, XlaCase&) { p.k_scale = 0.5f; }, {"k_scale is only supported with float8 pages"});
-  expect_rejected([](Params& p, XlaCase&) { p.k_pages = p.kv_pages; }, {"give either kv_pages or both k_pages and v_pages"});
-  expect_rejected([](Params& p, XlaCase&) { p.kv_pages->dtype = DType::kINT8; }, {"kv_pages has dtype int8"});
+  expect_rejected([](Params& p, XlaCase&) { p.output.dtype = DType::kF16; },
+                  {"output has dtype float16, expected float32"});
+  expect_rejected([](Params& p, XlaCase&) { p.q.strides[2] = 2; },
+                  {"q must have a contiguous last axis"});
+  expect_rejected([](Params& p, XlaCase&) { p.k_scale = 0.5f; },
+                  {"k_scale is only supported with float8 pages"});
+  expect_rejected([](Params& p, XlaCase&) { p.k_pages = p.kv_pages; },
+                  {"give either kv_pages or both k_pages and v_pages"});
+  expect_rejected([](Params& p, XlaCase&) { p.kv_pages->dtype = DType::kINT8; },
+                  {"kv_pages has dtype int8"});
   expect_rejected([](Params& p, XlaCase&) { p.sm_scale = NAN; }, {"sm_scale = nan must be finite"});
-  expect_rejected([](Params& p, XlaCase&) { p.page_indices.shape[1] = 1 << 30; }, {"num_seqs * pages_per_seq = 2 x 1073741824 overflows int32"});
+  expect_rejected([](Params& p, XlaCase&) { p.page_indices.shape[1] = 1 << 30; },
+                  {"num_seqs * pages_per_seq = 2 x 1073741824 overflows int32"});
 }
 
 TEST(TorchXlaValidation, PaddingEntriesAreIgnored) {

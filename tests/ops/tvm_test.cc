@@ -34,7 +34,8 @@ TEST(TvmNames, FusedQkvAttentionMatchesReferenceOverTwoSteps) {
     const std::vector<std::int64_t> ids = {1, 2};
     tvm::kv_state_begin_forward(cache, ids, lens);
     const std::int64_t tokens = lens[0] + lens[1];
-    std::vector<float> qkv = randn(rng, std::size_t(tokens) * row), out(std::size_t(tokens) * hq * d);
+    std::vector<float> qkv = randn(rng, std::size_t(tokens) * row),
+                       out(std::size_t(tokens) * hq * d);
     const float sm_scale = 1.0f / std::sqrt(float(d));
     tvm::attention_kv_cache_attention_with_fused_qkv(
         cache, {1, sm_scale, TensorView::dense(qkv.data(), DType::kF32, {tokens, hq + 2 * hkv, d}),
@@ -45,8 +46,10 @@ TEST(TvmNames, FusedQkvAttentionMatchesReferenceOverTwoSteps) {
     for (std::size_t b = 0; b < 2; ++b) {
       for (std::int64_t t = t0; t < t0 + lens[b]; ++t) {
         logical.q.insert(logical.q.end(), qkv.begin() + t * row, qkv.begin() + t * row + hq * d);
-        k_seen[b].insert(k_seen[b].end(), qkv.begin() + t * row + hq * d, qkv.begin() + t * row + (hq + hkv) * d);
-        v_seen[b].insert(v_seen[b].end(), qkv.begin() + t * row + (hq + hkv) * d, qkv.begin() + (t + 1) * row);
+        k_seen[b].insert(k_seen[b].end(), qkv.begin() + t * row + hq * d,
+                         qkv.begin() + t * row + (hq + hkv) * d);
+        v_seen[b].insert(v_seen[b].end(), qkv.begin() + t * row + (hq + hkv) * d,
+                         qkv.begin() + (t + 1) * row);
       }
       logical.q_lens.push_back(static_cast<std::int32_t>(lens[b]));
       t0 += lens[b];
@@ -84,34 +87,41 @@ TEST(TvmNamesValidation, FusedQkvChecksShapesScaleAndStep) {
   tvm::kv_state_add_sequence(cache, 1);
   std::vector<float> qkv(5 * 10 * 32), out(5 * 6 * 32);
   auto params = [&] {
-    return tvm::AttentionWithFusedQKVParams{0, 0.2f, TensorView::dense(qkv.data(), DType::kF32, {5, 10, 32}),
-                                             TensorView::dense(out.data(), DType::kF32, {5, 6, 32})};
+    return tvm::AttentionWithFusedQKVParams{0, 0.2f,
+                                            TensorView::dense(qkv.data(), DType::kF32, {5, 10, 32}),
+                                            TensorView::dense(out.data(), DType::kF32, {5, 6, 32})};
   };
   using pagedattn::test::expect_rejected;
-  expect_rejected<InvalidState>(cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, params()); },
-                                {"tvm::attention_kv_cache_attention_with_fused_qkv: no forward is in progress"});
+  expect_rejected<InvalidState>(
+      cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, params()); },
+      {"tvm::attention_kv_cache_attention_with_fused_qkv: no forward is in progress"});
   const std::vector<std::int64_t> ids = {1}, lens = {5};
   tvm::kv_state_begin_forward(cache, ids, lens);
   auto p = params();
   p.qkv.shape[1] = 8;
-  expect_rejected<InvalidArgument>(cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); },
-                                   {"tvm::attention_kv_cache_attention_with_fused_qkv: qkv has shape [5, 8, 32], expected [5, 10, 32]"});
+  expect_rejected<InvalidArgument>(
+      cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); },
+      {"tvm::attention_kv_cache_attention_with_fused_qkv: qkv has shape [5, 8, 32], expected [5, "
+       "10, 32]"});
   p = params();
   p.o.shape[0] = 4;
-  expect_rejected<InvalidArgument>(cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); },
-                                   {"o has shape [4, 6, 32], expected [5, 6, 32]"});
+  expect_rejected<InvalidArgument>(
+      cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); },
+      {"o has shape [4, 6, 32], expected [5, 6, 32]"});
   p = params();
   p.sm_scale = NAN;
-  expect_rejected<InvalidArgument>(cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); },
-                                   {"sm_scale = nan must be finite"});
+  expect_rejected<InvalidArgument>(
+      cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); },
+      {"sm_scale = nan must be finite"});
   p = params();
   p.layer_id = 2;
-  expect_rejected<InvalidArgument>(cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); },
-                                   {"layer = 2"});
+  expect_rejected<InvalidArgument>(
+      cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); }, {"layer = 2"});
   p = params();
   p.o.dtype = DType::kFP8E4M3;
-  expect_rejected<InvalidArgument>(cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); },
-                                   {"o has dtype float8_e4m3fn"});
+  expect_rejected<InvalidArgument>(
+      cache, [&] { tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); },
+      {"o has dtype float8_e4m3fn"});
   EXPECT_NO_THROW(tvm::attention_kv_cache_attention_with_fused_qkv(cache, params()));
 }
 

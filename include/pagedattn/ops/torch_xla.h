@@ -15,7 +15,8 @@
 namespace pagedattn::ops::torch_xla {
 
 struct RaggedPagedAttentionParams {
-  TensorView q;  // [T, Hq, D] (T = max_num_batched_tokens; rows past cu_q_lens[num_seqs] are padding)
+  TensorView
+      q;  // [T, Hq, D] (T = max_num_batched_tokens; rows past cu_q_lens[num_seqs] are padding)
   // Pages: either kv_pages [P, page_size, 2 Hkv, D] with the K heads at even
   // and the V heads at odd combined indices (v2), or split k_pages / v_pages
   // [P, page_size, Hkv * D].
@@ -29,7 +30,7 @@ struct RaggedPagedAttentionParams {
   std::optional<std::int32_t> sliding_window;  // W > 0
   std::optional<float> soft_cap;               // != 0
   std::optional<float> k_scale, v_scale;       // fp8 pages only
-  TensorView output;  // [T, Hq, D], q's dtype
+  TensorView output;                           // [T, Hq, D], q's dtype
 };
 
 void ragged_paged_attention(const RaggedPagedAttentionParams& params);

@@ -33,14 +33,14 @@ struct KVCaches {
 
 // S sequences, one new token each, already written to the caches.
 struct ForwardDecodeParams {
-  TensorView output;        // [S, Hq, D], query's dtype
-  TensorView query;         // [S, Hq, D]
+  TensorView output;  // [S, Hq, D], query's dtype
+  TensorView query;   // [S, Hq, D]
   KVCaches kv;
-  IndexView block_tables;   // [S, max_blocks] int32
-  IndexView seq_lens;       // [S] int32 keys per sequence (0 gives a zero row)
-  std::int32_t max_seq_len = 0;   // >= every seq_lens entry
-  std::int32_t num_kv_heads = 0;  // must equal the caches'
-  float scale = 0.0f;             // the logit scale, used as given
+  IndexView block_tables;                  // [S, max_blocks] int32
+  IndexView seq_lens;                      // [S] int32 keys per sequence (0 gives a zero row)
+  std::int32_t max_seq_len = 0;            // >= every seq_lens entry
+  std::int32_t num_kv_heads = 0;           // must equal the caches'
+  float scale = 0.0f;                      // the logit scale, used as given
   std::optional<TensorView> alibi_slopes;  // [Hq] float32
 };
 void forward_decode(const ForwardDecodeParams& params);
@@ -51,15 +51,15 @@ void forward_decode(const ForwardDecodeParams& params);
 // write_to_paged_cache must run first (vLLM's backends do; with an fp8
 // cache the new keys are therefore read quantised).
 struct ForwardPrefixParams {
-  TensorView output;             // [T, Hq, D], query's dtype
-  TensorView query;              // [T, Hq, D]
+  TensorView output;  // [T, Hq, D], query's dtype
+  TensorView query;   // [T, Hq, D]
   KVCaches kv;
-  IndexView block_tables;        // [S, max_blocks] int32
-  IndexView query_start_loc;     // [S + 1] int32, 0 .. T
-  IndexView seq_lens;            // [S] int32 keys per sequence (>= its query length)
-  std::int32_t max_query_len = 0;  // >= every query length
-  std::optional<float> scale;      // none: 1/sqrt(D), as vLLM's prefix kernel
-  std::optional<TensorView> alibi_slopes;  // [Hq] float32
+  IndexView block_tables;                      // [S, max_blocks] int32
+  IndexView query_start_loc;                   // [S + 1] int32, 0 .. T
+  IndexView seq_lens;                          // [S] int32 keys per sequence (>= its query length)
+  std::int32_t max_query_len = 0;              // >= every query length
+  std::optional<float> scale;                  // none: 1/sqrt(D), as vLLM's prefix kernel
+  std::optional<TensorView> alibi_slopes;      // [Hq] float32
   std::optional<std::int32_t> sliding_window;  // W >= 1: each query sees its last W keys
 };
 void forward_prefix(const ForwardPrefixParams& params);
@@ -68,10 +68,10 @@ void forward_prefix(const ForwardPrefixParams& params);
 // (block * block_size + offset), -1 = skip; the first slot_mapping.shape[0]
 // tokens are written (vLLM pads key/value for CUDA graphs).
 struct WriteToPagedCacheParams {
-  TensorView key;           // [N, Hkv, D]
-  TensorView value;         // [N, Hkv, D]
-  KVCaches kv;              // written
-  IndexView slot_mapping;   // [n <= N] int64
+  TensorView key;          // [N, Hkv, D]
+  TensorView value;        // [N, Hkv, D]
+  KVCaches kv;             // written
+  IndexView slot_mapping;  // [n <= N] int64
 };
 void write_to_paged_cache(const WriteToPagedCacheParams& params);
 inline void reshape_and_cache(const WriteToPagedCacheParams& params) {
@@ -83,7 +83,7 @@ struct CopyBlocksParams {
   std::span<const TensorView> key_caches;    // [layers] each in `layout`
   std::span<const TensorView> value_caches;  // [layers]
   CacheLayout layout = CacheLayout::kFlash;
-  IndexView block_mapping;                   // [n, 2] int64 (src, dst)
+  IndexView block_mapping;  // [n, 2] int64 (src, dst)
 };
 void copy_blocks(const CopyBlocksParams& params);
 
