@@ -1,7 +1,7 @@
 // Translation from peer conventions to the kernels' views, shared by the
 // peer operators: a CSR page table built from a dense block table, cache
 // tensors described as PagedKVStorage by their strides, and per-thread
-// buffers so that steady-state calls do not allocate.
+// buffers reused across calls (the runner still plans per call).
 #pragma once
 
 #include <cstdint>
