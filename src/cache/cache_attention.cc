@@ -3,7 +3,7 @@
 #include "kernels/validate.h"
 #include "kv_cache_state.h"
 #include "pagedattn/kv_ops.h"
-#include "kernels/cpu/convert.h"
+#include "kernels/rotated_copy.h"
 
 namespace pagedattn {
 namespace {
@@ -17,21 +17,6 @@ void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens,
   require(x.head_stride >= dim && x.token_stride >= (heads - 1) * x.head_stride + dim,
           "PagedKVCache::attention: ", name, " strides (token ", x.token_stride, ", head ",
           x.head_stride, ") overlap rows of ", heads, " heads x ", dim);
-}
-
-// Copies x [tokens][heads][dim] to dense f32 `out` and rotates it at `positions`.
-HeadTensor rotated_copy(const HeadTensor& x, std::int32_t tokens, std::int32_t heads,
-                        std::int32_t dim, const std::int32_t* positions, const RopeConfig& rope,
-                        std::vector<float>& out) {
-  out.resize(std::size_t(tokens) * heads * dim);
-  const auto es = static_cast<std::int64_t>(dtype_size(x.dtype));
-  for (std::int32_t t = 0; t < tokens; ++t)
-    for (std::int32_t h = 0; h < heads; ++h)
-      kernels::convert_row(static_cast<const std::byte*>(x.data) + (t * x.token_stride + h * x.head_stride) * es,
-                           x.dtype, out.data() + (std::size_t(t) * heads + h) * dim, DType::kF32, dim, 1.0f);
-  HeadTensor r{out.data(), DType::kF32, std::int64_t{heads} * dim, dim};
-  apply_rope(r, tokens, heads, dim, positions, rope);
-  return r;
 }
 
 }  // namespace
@@ -70,10 +55,10 @@ void PagedKVCache::attention(std::int32_t layer, const HeadTensor& q, const Head
     std::int32_t longest = 1;
     for (std::int32_t len : plan.kv_lens) longest = std::max(longest, len);
     sa.ensure_rope_table(c.rope, c.head_dim, longest);
-    p.q = rotated_copy(q, tokens, c.num_qo_heads, c.head_dim, plan.positions.data(), sa.rope,
+    p.q = kernels::rotated_copy(q, tokens, c.num_qo_heads, c.head_dim, plan.positions.data(), sa.rope,
                        sa.q_rotated);
     if (c.rope_mode == RopeMode::kNormal)
-      k_stored = rotated_copy(k, tokens, c.num_kv_heads, c.head_dim, plan.positions.data(),
+      k_stored = kernels::rotated_copy(k, tokens, c.num_kv_heads, c.head_dim, plan.positions.data(),
                               sa.rope, sa.k_rotated);
     else
       p.options.key_rope = &sa.rope;

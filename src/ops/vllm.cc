@@ -1,0 +1,302 @@
+// vLLM paged_attn ops: validate, describe the caches by their strides, then
+// append / attend / copy with the kernels.
+#include "pagedattn/ops/vllm.h"
+
+#include <cmath>
+#include <utility>
+
+#include "op_checks.h"
+#include "op_support.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/kv_ops.h"
+
+namespace pagedattn::ops::vllm {
+namespace {
+
+using namespace checks;
+
+struct CacheShape {
+  std::int32_t block_size = 0, num_kv_heads = 0, head_dim = 0;
+  std::int64_t num_blocks = 0;
+};
+
+// The storage dtype a kv_cache_dtype string names ("auto": the activations').
+DType cache_dtype_of(const char* call, std::string_view kv_cache_dtype, DType activation) {
+  if (kv_cache_dtype == "auto") return activation;
+  if (kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3") return DType::kFP8E4M3;
+  if (kv_cache_dtype == "fp8_e5m2") return DType::kFP8E5M2;
+  throw InvalidArgument(
+      detail::concat(call, ": kv_cache_dtype = \"", kv_cache_dtype,
+                     "\" must be \"auto\", \"fp8\", \"fp8_e4m3\" or \"fp8_e5m2\""));
+}
+
+CacheShape check_cache_tensor(const char* call, const char* name, const TensorView& t,
+                              CacheLayout layout) {
+  check_rank(call, name, t.rank, 4);
+  check_rows_contiguous(call, name, t);
+  const bool flash = layout == CacheLayout::kFlash;
+  CacheShape s;
+  s.num_blocks = t.dim(0);
+  s.block_size = checked_int32(call, "block_size", t.dim(flash ? 1 : 2));
+  s.num_kv_heads = checked_int32(call, "num_kv_heads", t.dim(flash ? 2 : 1));
+  s.head_dim = checked_int32(call, "head_size", t.dim(3));
+  checked_int32(call, "num_blocks", s.num_blocks);
+  require(s.num_blocks >= 1 && s.block_size >= 1 && s.num_kv_heads >= 1 && s.head_dim >= 1, call,
+          ": ", name, " extents must all be >= 1");
+  check_present(call, name, t.data, 1);
+  return s;
+}
+
+CacheAxes axes_of(const TensorView& t, CacheLayout layout) {
+  if (layout == CacheLayout::kFlash) return {t.stride(0), t.stride(1), t.stride(2)};
+  return {t.stride(0), t.stride(2), t.stride(1)};
+}
+
+CacheShape check_caches(const char* call, const KVCaches& kv, DType activation) {
+  const CacheShape s = check_cache_tensor(call, "key_cache", kv.key_cache, kv.layout);
+  check_shape(call, "value_cache", kv.value_cache,
+              {kv.key_cache.dim(0), kv.key_cache.dim(1), kv.key_cache.dim(2), kv.key_cache.dim(3)});
+  check_cache_tensor(call, "value_cache", kv.value_cache, kv.layout);
+  const DType dtype = cache_dtype_of(call, kv.kv_cache_dtype, activation);
+  check_dtype(call, "key_cache", kv.key_cache.dtype, dtype);
+  check_dtype(call, "value_cache", kv.value_cache.dtype, dtype);
+  if (is_fp8(dtype)) {
+    check_positive(call, "k_scale", kv.k_scale);
+    check_positive(call, "v_scale", kv.v_scale);
+  }
+  return s;
+}
+
+PagedKVStorage storage_of(const KVCaches& kv, const CacheShape& s) {
+  PagedKVStorage storage =
+      cache_storage(kv.key_cache.data, axes_of(kv.key_cache, kv.layout), kv.value_cache.data,
+                    axes_of(kv.value_cache, kv.layout), kv.key_cache.dtype,
+                    kv.layout == CacheLayout::kFlash ? KVLayout::kNHD : KVLayout::kHND,
+                    {s.block_size, s.num_kv_heads, s.head_dim, s.num_blocks});
+  storage.k_scale = kv.k_scale;
+  storage.v_scale = kv.v_scale;
+  return storage;
+}
+
+// A [tokens, heads, head_dim] activation (query, key, value or output).
+void check_heads_tensor(const char* call, const char* name, const TensorView& t,
+                        std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+                        DType dtype) {
+  check_shape(call, name, t, {tokens, heads, head_dim});
+  check_dtype(call, name, t.dtype, dtype);
+  check_rows_contiguous(call, name, t);
+  check_present(call, name, t.data, tokens);
+}
+
+// block_tables [S, max_blocks] and seq_lens [S]: fills batch.kv_lens.
+void check_sequences(const char* call, const IndexView& block_tables, const IndexView& seq_lens,
+                     const CacheShape& cache, RaggedBatch& batch) {
+  check_rank(call, "seq_lens", seq_lens.rank, 1);
+  check_rank(call, "block_tables", block_tables.rank, 2);
+  const std::int32_t seqs = checked_int32(call, "num_seqs", seq_lens.dim(0));
+  check_shape(call, "block_tables", block_tables, {seqs, block_tables.dim(1)});
+  for (const auto& [v, name] :
+       {std::pair{&block_tables, "block_tables"}, std::pair{&seq_lens, "seq_lens"}}) {
+    check_index_type(call, name, *v, IndexType::kInt32);
+    check_present(call, name, v->data, v->dim(0) * (v->rank == 2 ? v->dim(1) : 1));
+  }
+  const std::int32_t capacity =
+      checked_int32_product(call, "max_blocks * block_size", block_tables.dim(1), cache.block_size);
+  checked_int32_product(call, "num_seqs * max_blocks", seqs, block_tables.dim(1));
+  batch.kv_lens.resize(static_cast<std::size_t>(seqs));
+  for (std::int32_t b = 0; b < seqs; ++b) {
+    check_length(call, "seq_lens", b, seq_lens.at(b), capacity,
+                 "block_tables columns x block_size");
+    batch.kv_lens[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(seq_lens.at(b));
+  }
+  check_page_table(call, "block_tables", block_tables, batch.kv_lens, cache.block_size,
+                   cache.num_blocks);
+}
+
+const float* checked_alibi(const char* call, const std::optional<TensorView>& slopes,
+                           std::int64_t hq) {
+  if (!slopes) return nullptr;
+  check_shape(call, "alibi_slopes", *slopes, {hq});
+  check_dtype(call, "alibi_slopes", slopes->dtype, DType::kF32);
+  check_contiguous(call, "alibi_slopes", *slopes);
+  check_present(call, "alibi_slopes", slopes->data, hq);
+  return static_cast<const float*>(slopes->data);
+}
+
+// The attention both forwards share, after validation.
+void attend(const TensorView& query, const TensorView& output, const PagedKVStorage& kv,
+            const IndexView& block_tables, const AttentionOptions& options, OpScratch& scratch) {
+  scratch.batch.gather_pages(block_tables, kv.page_size);
+  run_attention(head_tensor(query, query.stride(0), query.stride(1)),
+                head_tensor(output, output.stride(0), output.stride(1)),
+                static_cast<std::int32_t>(query.dim(1)), kv, options, scratch);
+}
+
+// query / output [tokens, Hq, D] against the caches (both forwards).
+CacheShape check_query_and_caches(const char* call, const TensorView& query,
+                                  const TensorView& output, const KVCaches& kv) {
+  check_rank(call, "query", query.rank, 3);
+  check_activation_dtype(call, "query", query);
+  const CacheShape cache = check_caches(call, kv, query.dtype);
+  const std::int64_t tokens = query.dim(0), hq = query.dim(1);
+  require(hq >= 1 && hq % cache.num_kv_heads == 0, call, ": query heads = ", hq,
+          " must be a positive multiple of num_kv_heads = ", cache.num_kv_heads);
+  check_heads_tensor(call, "query", query, tokens, hq, cache.head_dim, query.dtype);
+  check_heads_tensor(call, "output", output, tokens, hq, cache.head_dim, query.dtype);
+  return cache;
+}
+
+}  // namespace
+
+void forward_decode(const ForwardDecodeParams& p) {
+  constexpr const char* kCall = "vllm::forward_decode";
+  OpScratch& scratch = thread_scratch();
+  const CacheShape cache = check_query_and_caches(kCall, p.query, p.output, p.kv);
+  require(p.num_kv_heads == cache.num_kv_heads, kCall, ": num_kv_heads = ", p.num_kv_heads,
+          " differs from the caches' ", cache.num_kv_heads);
+  const std::int64_t seqs = p.query.dim(0), hq = p.query.dim(1);
+  check_shape(kCall, "seq_lens", p.seq_lens, {seqs});
+  check_sequences(kCall, p.block_tables, p.seq_lens, cache, scratch.batch);
+  for (std::int32_t b = 0; b < static_cast<std::int32_t>(seqs); ++b)
+    check_length(kCall, "seq_lens", b, p.seq_lens.at(b), p.max_seq_len, "max_seq_len");
+  check_finite(kCall, "scale", p.scale);
+  AttentionOptions options;
+  options.scale = p.scale;
+  options.alibi_slopes = checked_alibi(kCall, p.alibi_slopes, hq);
+
+  scratch.batch.qo_indptr.resize(static_cast<std::size_t>(seqs) + 1);
+  for (std::int32_t b = 0; b <= static_cast<std::int32_t>(seqs); ++b)
+    scratch.batch.qo_indptr[static_cast<std::size_t>(b)] = b;
+  // seq_lens[b] = 0: the query sees no key and its row is zeros (semantics.md).
+  attend(p.query, p.output, storage_of(p.kv, cache), p.block_tables, options, scratch);
+}
+
+void forward_prefix(const ForwardPrefixParams& p) {
+  constexpr const char* kCall = "vllm::forward_prefix";
+  OpScratch& scratch = thread_scratch();
+  const CacheShape cache = check_query_and_caches(kCall, p.query, p.output, p.kv);
+  const std::int64_t tokens = p.query.dim(0), hq = p.query.dim(1);
+  check_sequences(kCall, p.block_tables, p.seq_lens, cache, scratch.batch);
+  const std::int64_t seqs = p.seq_lens.dim(0);
+  check_shape(kCall, "query_start_loc", p.query_start_loc, {seqs + 1});
+  check_index_type(kCall, "query_start_loc", p.query_start_loc, IndexType::kInt32);
+  check_present(kCall, "query_start_loc", p.query_start_loc.data, seqs + 1);
+  check_offsets(kCall, "query_start_loc", p.query_start_loc, seqs, tokens);
+  scratch.batch.qo_indptr.resize(static_cast<std::size_t>(seqs) + 1);
+  scratch.batch.qo_indptr[0] = 0;
+  for (std::int32_t b = 0; b < static_cast<std::int32_t>(seqs); ++b) {
+    const std::int64_t q_len = p.query_start_loc.at(b + 1) - p.query_start_loc.at(b);
+    check_length(kCall, "query length of sequence", b, q_len, p.max_query_len, "max_query_len");
+    require(q_len <= p.seq_lens.at(b), kCall, ": seq_lens[", b, "] = ", p.seq_lens.at(b),
+            " is less than its query length ", q_len);
+    scratch.batch.qo_indptr[static_cast<std::size_t>(b) + 1] =
+        static_cast<std::int32_t>(p.query_start_loc.at(b + 1));
+  }
+  AttentionOptions options;
+  if (p.scale) {
+    check_finite(kCall, "scale", *p.scale);
+    options.scale = *p.scale;
+  }
+  if (p.sliding_window) {
+    require(*p.sliding_window >= 1, kCall, ": sliding_window = ", *p.sliding_window,
+            " must be >= 1 (or absent)");
+    options.window_left = *p.sliding_window - 1;  // W keys: the query's own and W - 1 before
+  }
+  options.alibi_slopes = checked_alibi(kCall, p.alibi_slopes, hq);
+  attend(p.query, p.output, storage_of(p.kv, cache), p.block_tables, options, scratch);
+}
+
+void write_to_paged_cache(const WriteToPagedCacheParams& p) {
+  constexpr const char* kCall = "vllm::write_to_paged_cache";
+  check_rank(kCall, "key", p.key.rank, 3);
+  check_activation_dtype(kCall, "key", p.key);
+  const CacheShape cache = check_caches(kCall, p.kv, p.key.dtype);
+  const std::int64_t tokens = p.key.dim(0);
+  check_heads_tensor(kCall, "key", p.key, tokens, cache.num_kv_heads, cache.head_dim, p.key.dtype);
+  check_heads_tensor(kCall, "value", p.value, tokens, cache.num_kv_heads, cache.head_dim,
+                     p.key.dtype);
+  check_rank(kCall, "slot_mapping", p.slot_mapping.rank, 1);
+  check_index_type(kCall, "slot_mapping", p.slot_mapping, IndexType::kInt64);
+  const std::int64_t n = p.slot_mapping.dim(0);
+  require(n <= tokens, kCall, ": slot_mapping has ", n, " entries but key has ", tokens, " tokens");
+  check_present(kCall, "slot_mapping", p.slot_mapping.data, n);
+  check_slots(kCall, "slot_mapping", p.slot_mapping, n, cache.num_blocks * cache.block_size);
+
+  OpScratch& scratch = thread_scratch();
+  scratch.slots.resize(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    scratch.slots[static_cast<std::size_t>(i)] = p.slot_mapping.at(i);
+  append_paged_kv({head_tensor(p.key, p.key.stride(0), p.key.stride(1)),
+                   head_tensor(p.value, p.value.stride(0), p.value.stride(1)), scratch.slots.data(),
+                   static_cast<std::int32_t>(n), storage_of(p.kv, cache)});
+}
+
+namespace {
+
+// A storage of one cache tensor's blocks (K only: V is empty), for block copies.
+PagedKVStorage block_storage(const TensorView& t, CacheLayout layout, const CacheShape& s) {
+  PagedKVStorage storage =
+      cache_storage(t.data, axes_of(t, layout), t.data, {}, t.dtype,
+                    layout == CacheLayout::kFlash ? KVLayout::kNHD : KVLayout::kHND,
+                    {s.block_size, s.num_kv_heads, s.head_dim, s.num_blocks});
+  return storage;
+}
+
+// A block is one contiguous run: copying it whole needs a dense block.
+CacheShape check_block_tensor(const char* call, const char* name, const TensorView& t,
+                              CacheLayout layout) {
+  const CacheShape s = check_cache_tensor(call, name, t, layout);
+  require(t.stride(0) >= std::int64_t{s.block_size} * s.num_kv_heads * s.head_dim &&
+              t.stride(1) * t.dim(1) == t.stride(0) && t.stride(2) * t.dim(2) == t.stride(1),
+          call, ": ", name, " blocks must be contiguous (strides ", t.stride(0), ", ", t.stride(1),
+          ", ", t.stride(2), ")");
+  return s;
+}
+
+void check_mapping(const char* call, const IndexView& mapping) {
+  check_rank(call, "block_mapping", mapping.rank, 2);
+  check_shape(call, "block_mapping", mapping, {mapping.dim(0), 2});
+  check_index_type(call, "block_mapping", mapping, IndexType::kInt64);
+  check_present(call, "block_mapping", mapping.data, mapping.dim(0));
+}
+
+void copy_block_pairs(const PagedKVStorage& src, const PagedKVStorage& dst,
+                      const IndexView& mapping) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> pairs(
+      static_cast<std::size_t>(mapping.dim(0)));
+  for (std::int64_t i = 0; i < mapping.dim(0); ++i)
+    pairs[static_cast<std::size_t>(i)] = {mapping.at(i, 0), mapping.at(i, 1)};
+  copy_pages(src, dst, pairs);
+}
+
+}  // namespace
+
+void copy_blocks(const CopyBlocksParams& p) {
+  constexpr const char* kCall = "vllm::copy_blocks";
+  require(p.key_caches.size() == p.value_caches.size(), kCall, ": ", p.key_caches.size(),
+          " key caches but ", p.value_caches.size(), " value caches");
+  check_mapping(kCall, p.block_mapping);
+  std::vector<PagedKVStorage> storages;
+  for (std::size_t layer = 0; layer < p.key_caches.size(); ++layer)
+    for (const auto& [t, name] : {std::pair{&p.key_caches[layer], "key_caches[layer]"},
+                                  std::pair{&p.value_caches[layer], "value_caches[layer]"}}) {
+      const CacheShape s = check_block_tensor(kCall, name, *t, p.layout);
+      check_pairs(kCall, "block_mapping", p.block_mapping, s.num_blocks, s.num_blocks);
+      storages.push_back(block_storage(*t, p.layout, s));
+    }
+  for (const PagedKVStorage& s : storages) copy_block_pairs(s, s, p.block_mapping);
+}
+
+void swap_blocks(const SwapBlocksParams& p) {
+  constexpr const char* kCall = "vllm::swap_blocks";
+  const CacheShape src = check_block_tensor(kCall, "src", p.src, p.layout);
+  const CacheShape dst = check_block_tensor(kCall, "dst", p.dst, p.layout);
+  check_shape(kCall, "dst", p.dst, {p.dst.dim(0), p.src.dim(1), p.src.dim(2), p.src.dim(3)});
+  check_dtype(kCall, "dst", p.dst.dtype, p.src.dtype);
+  check_mapping(kCall, p.block_mapping);
+  check_pairs(kCall, "block_mapping", p.block_mapping, src.num_blocks, dst.num_blocks);
+  copy_block_pairs(block_storage(p.src, p.layout, src), block_storage(p.dst, p.layout, dst),
+                   p.block_mapping);
+}
+
+}  // namespace pagedattn::ops::vllm
