@@ -20,6 +20,7 @@
 #include "../attention_traits.h"
 #include "../softmax_state.h"
 #include "attention_cpu.h"
+#include "convert.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention_cpu.cc"
@@ -419,9 +420,8 @@ void InitRows(const Item& it, const RowMap& map, std::int32_t rows) {
   const KernelContext& c = *it.c;
   for (std::int32_t row = 0; row < rows; ++row) {
     const std::int64_t off = map.token(row) * p.q.token_stride + map.qo_head(row) * p.q.head_stride;
-    float* q = it.sc.q + std::size_t(row) * c.dq;
-    for (std::int32_t d = 0; d < c.head_dim; ++d)
-      q[d] = load_as_float(p.q.data, p.q.dtype, static_cast<std::size_t>(off + d)) * c.scale;
+    const auto* q_in = static_cast<const std::byte*>(p.q.data) + off * std::int64_t(dtype_size(p.q.dtype));
+    convert_row(q_in, p.q.dtype, it.sc.q + std::size_t(row) * c.dq, DType::kF32, c.head_dim, c.scale);
     std::fill_n(it.sc.o + std::size_t(row) * c.dv, c.dv, 0.0f);
     it.sc.m[row] = kNegInf;
     it.sc.l[row] = 0.0f;

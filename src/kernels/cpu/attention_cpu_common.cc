@@ -3,6 +3,7 @@
 #include "../softmax_state.h"
 #include "../validate.h"
 #include "attention_cpu.h"
+#include "convert.h"
 
 namespace pagedattn::kernels {
 
@@ -27,8 +28,8 @@ void write_output_row(const AttentionParams& p, std::int64_t token, std::int64_t
   // The sink is a state with a zero value and LSE = the sink logit.
   if (p.options.sinks) merge_into(o, lse, nullptr, p.options.sinks[head], dv);
   const std::int64_t off = token * p.o.token_stride + head * p.o.head_stride;
-  for (std::int32_t d = 0; d < dv; ++d)
-    store_from_float(p.o.data, p.o.dtype, static_cast<std::size_t>(off + d), o[d]);
+  convert_row(o, DType::kF32, static_cast<std::byte*>(p.o.data) + off * std::int64_t(dtype_size(p.o.dtype)),
+              p.o.dtype, dv, 1.0f);
   if (p.lse) p.lse[token * p.num_qo_heads + head] = lse;
 }
 
