@@ -101,6 +101,9 @@ ops::TensorView tensor_view(const py::array& array, DType dtype, const char* nam
     t.shape[static_cast<std::size_t>(d)] = array.shape(d);
     t.strides[static_cast<std::size_t>(d)] = stride / item;
   }
+  // NumPy gives empty arrays arbitrary strides (often 0); nothing is
+  // addressed, so describe them as dense.
+  if (array.size() == 0) t.strides = ops::dense_strides(t.shape, t.rank);
   return t;
 }
 
