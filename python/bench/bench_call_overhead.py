@@ -1,4 +1,4 @@
-"""Python call overhead of pagedattn's bindings (best of several repeats).
+"""Python call overhead of pagedattn's bindings (median of single calls).
 
     no-work calls:    KVCache.num_free_pages, ops.merge_states on 1 x 1 rows
     decode:           ops.paged_attention_decode at bench_ops' BM_VllmOverhead/1/16
@@ -17,8 +17,11 @@ import pagedattn
 from pagedattn import ops
 
 
-def best_us(fn, number, repeat=7):
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+def best_us(fn, number):
+    """Median of single-call times, in microseconds (the C++ bench reports
+    medians too; a median ignores the other agents' load spikes)."""
+    times = timeit.repeat(fn, number=1, repeat=number)
+    return float(np.median(times)) * 1e6
 
 
 def main():
