@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every test: Release, a downstream project built against the
-# installed package, then the unit tests again under ASan + UBSan.
+# installed package, the Python package (pytest), then the unit tests again
+# under ASan + UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -18,6 +19,9 @@ cmake --install build/release --prefix "$prefix" >/dev/null
 cmake -S examples/downstream -B build/downstream -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build build/downstream
 build/downstream/downstream_example
+
+echo "== Python package: pip install . (one Release build of the library) + pytest"
+scripts/test_python.sh
 
 echo "== ASan + UBSan build and tests"
 cmake --preset asan >/dev/null

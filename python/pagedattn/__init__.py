@@ -1,0 +1,37 @@
+"""pagedattn: paged KV-cache attention for LLM inference (CPU), from Python.
+
+    KVCache       the cache manager with attention (help(pagedattn.KVCache))
+    ops           peer-compatible operators (ONNX Runtime, vLLM, torch_xla)
+    Error         base of the library's exceptions; InvalidArgumentError is a
+                  ValueError, OutOfPagesError / InvalidStateError /
+                  InternalError are RuntimeErrors, UnsupportedError is a
+                  NotImplementedError
+
+Arrays are NumPy arrays (or buffer-protocol / DLPack objects) used in place;
+bfloat16 and float8 travel as uint16 / uint8 arrays with a dtype string, or
+as ml_dtypes arrays. See docs/python.md.
+"""
+
+from ._core import (
+    Error,
+    InternalError,
+    InvalidArgumentError,
+    InvalidStateError,
+    KVCache,
+    OutOfPagesError,
+    UnsupportedError,
+    __version__,
+)
+from . import ops
+
+__all__ = [
+    "Error",
+    "InternalError",
+    "InvalidArgumentError",
+    "InvalidStateError",
+    "KVCache",
+    "OutOfPagesError",
+    "UnsupportedError",
+    "ops",
+    "__version__",
+]

@@ -1,0 +1,32 @@
+"""Peer-compatible operators over pagedattn's CPU kernels.
+
+    ort_paged_attention     ONNX Runtime com.microsoft.PagedAttention
+    ragged_paged_attention  torch_xla ragged_paged_attention
+    paged_attention_decode  vLLM PagedAttention.forward_decode
+    reshape_and_cache       vLLM cache write (in place)
+    copy_blocks             vLLM block copies (in place)
+    swap_blocks             vLLM block swap (in place)
+    merge_states            merge two partial softmax states
+
+Each function's docstring gives the shapes; docs/ops.md the conventions.
+"""
+
+from ._core.ops import (
+    copy_blocks,
+    merge_states,
+    ort_paged_attention,
+    paged_attention_decode,
+    ragged_paged_attention,
+    reshape_and_cache,
+    swap_blocks,
+)
+
+__all__ = [
+    "copy_blocks",
+    "merge_states",
+    "ort_paged_attention",
+    "paged_attention_decode",
+    "ragged_paged_attention",
+    "reshape_and_cache",
+    "swap_blocks",
+]

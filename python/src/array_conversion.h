@@ -1,0 +1,60 @@
+// Python arrays <-> the library's tensor views, without copies. Accepts NumPy
+// arrays, objects with the buffer protocol and DLPack producers
+// (`__dlpack__`); the returned views point into the caller's memory, which
+// the `Array` keeps alive. Shapes and contiguity are left to the C++ calls,
+// which check them and name the argument; only what a view cannot express
+// (an unknown dtype, rank > 4, a read-only array that is written) is refused
+// here.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pagedattn/dtype.h"
+#include "pagedattn/ops/tensor.h"
+
+namespace pagedattn::python {
+
+namespace py = pybind11;
+
+// A NumPy array over the caller's memory: `obj` as is when it is an
+// ndarray, else numpy.from_dlpack(obj) or numpy.asarray(obj) (buffer
+// protocol). TypeError naming `name` for anything else.
+py::array as_array(py::handle obj, const char* name);
+
+// The library dtype of `array`: float32, float16, the ml_dtypes types
+// bfloat16 / float8_e4m3fn / float8_e5m2, or raw uint16 / uint8 / int8 bits
+// read as `raw_dtype` ("bfloat16", "float8_e4m3fn", "float8_e5m2", "int8"),
+// which must then be given and match the item size. TypeError otherwise.
+DType dtype_of(const py::array& array, const char* name,
+               const std::optional<std::string>& raw_dtype = std::nullopt);
+
+// Element shape and strides of `array` (rank <= max_rank, byte strides that
+// are whole elements), as a float tensor view.
+ops::TensorView tensor_view(const py::array& array, DType dtype, const char* name,
+                            bool writable = false);
+// The same for any array-like: as_array + dtype_of + tensor_view. `keep`
+// receives the array so that the view stays valid.
+ops::TensorView tensor_arg(py::handle obj, const char* name, std::vector<py::array>& keep,
+                           const std::optional<std::string>& raw_dtype = std::nullopt,
+                           bool writable = false);
+// An int32 / int64 index array of rank 1 or 2 (TypeError for other dtypes).
+ops::IndexView index_arg(py::handle obj, const char* name, std::vector<py::array>& keep);
+
+// A new C-contiguous array of `shape` in the library dtype `dtype`, as
+// float32 / float16, or ml_dtypes' type when `like` has one, else as the raw
+// bits (uint16 / uint8 / int8).
+py::array new_array(const std::vector<py::ssize_t>& shape, DType dtype, const py::array& like);
+
+// A dense view of an array made by new_array.
+ops::TensorView output_view(py::array& array, DType dtype);
+
+// Element count of an array's shape.
+std::int64_t element_count(const py::array& array);
+
+}  // namespace pagedattn::python

@@ -1,0 +1,17 @@
+// The parts of the extension module pagedattn._core, each registered by one
+// file: errors.cc, kv_cache_bindings.cc, ops_bindings.cc.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace pagedattn::python {
+
+// pagedattn.Error and its subclasses, and the translation of the C++
+// exceptions of errors.h into them.
+void register_errors(pybind11::module_& m);
+// pagedattn.KVCache over PagedKVCache.
+void register_kv_cache(pybind11::module_& m);
+// The peer-compatible operators (pagedattn.ops) and merge_states.
+void register_ops(pybind11::module_& m);
+
+}  // namespace pagedattn::python

@@ -1,0 +1,14 @@
+// pagedattn._core: the compiled half of the Python package (python/pagedattn
+// re-exports it with the public names).
+#include <pybind11/pybind11.h>
+
+#include "bindings.h"
+#include "pagedattn/version.h"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "pagedattn's C++ library bound with pybind11; use the package pagedattn.";
+  m.attr("__version__") = pagedattn::kVersion;
+  pagedattn::python::register_errors(m);
+  pagedattn::python::register_kv_cache(m);
+  pagedattn::python::register_ops(m);
+}

@@ -1,0 +1,340 @@
+// pagedattn.ops: the peer-compatible operators (include/pagedattn/ops/*.h)
+// and merge_states, with the peers' Python signatures. Each function turns
+// its arguments into views of the caller's arrays (no copies), allocates the
+// output, and calls the C++ adapter, which does all checking; caches are
+// written in place.
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "array_conversion.h"
+#include "bindings.h"
+#include "pagedattn/attention.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/ops/ort.h"
+#include "pagedattn/ops/torch_xla.h"
+#include "pagedattn/ops/vllm.h"
+
+namespace pagedattn::python {
+namespace {
+
+using OptionalArray = std::optional<py::object>;
+
+std::vector<py::ssize_t> shape_of(const ops::TensorView& t) {
+  return {t.shape.begin(), t.shape.begin() + t.rank};
+}
+
+// An output of `like`'s shape and dtype.
+py::array output_like(const ops::TensorView& like, const py::array& like_array) {
+  return new_array(shape_of(like), like.dtype, like_array);
+}
+
+ops::vllm::CacheLayout vllm_layout(const std::string& layout) {
+  if (layout == "NHD") return ops::vllm::CacheLayout::kFlash;
+  if (layout == "HND") return ops::vllm::CacheLayout::kCpu;
+  throw InvalidArgument("layout = \"" + layout +
+                        "\" must be \"NHD\" [num_blocks, block_size, Hkv, D] or \"HND\" "
+                        "[num_blocks, Hkv, block_size, D]");
+}
+
+// How raw uint8 cache bytes are read for a vLLM kv_cache_dtype; "auto" (and
+// a string the adapter will reject) leave the array's own dtype.
+std::optional<std::string> vllm_raw_cache_dtype(const std::string& kv_cache_dtype) {
+  if (kv_cache_dtype == "fp8" || kv_cache_dtype == "fp8_e4m3") return "float8_e4m3fn";
+  if (kv_cache_dtype == "fp8_e5m2") return "float8_e5m2";
+  return std::nullopt;
+}
+
+// Block copies move bytes: raw arrays of any storage type are accepted as
+// the storage type of their item size.
+std::optional<std::string> raw_dtype_by_size(py::handle obj, const char* name) {
+  const py::array a = as_array(obj, name);
+  const std::string dname = a.dtype().attr("name").cast<std::string>();
+  if (dname == "uint16") return "bfloat16";
+  if (dname == "uint8") return "float8_e4m3fn";
+  if (dname == "int8") return "int8";
+  return std::nullopt;
+}
+
+py::array ort_paged_attention(py::handle query, py::object key, py::object value,
+                              py::handle key_cache, py::handle value_cache,
+                              py::handle cumulative_sequence_length, py::handle past_seqlens,
+                              py::handle block_table, py::object cos_cache, py::object sin_cache,
+                              std::int32_t num_heads, std::int32_t kv_num_heads, float scale,
+                              float softcap, std::int32_t local_window_size, bool do_rotary,
+                              bool rotary_interleaved, py::object slot_mapping,
+                              py::object head_sink) {
+  std::vector<py::array> keep;
+  ops::ort::PagedAttentionParams p;
+  p.query = tensor_arg(query, "query", keep);
+  const py::array query_array = keep.back();
+  if (!key.is_none()) p.key = tensor_arg(key, "key", keep);
+  if (!value.is_none()) p.value = tensor_arg(value, "value", keep);
+  p.key_cache = tensor_arg(key_cache, "key_cache", keep, std::nullopt, /*writable=*/true);
+  p.value_cache = tensor_arg(value_cache, "value_cache", keep, std::nullopt, /*writable=*/true);
+  p.cumulative_sequence_length = index_arg(cumulative_sequence_length, "cumulative_sequence_length", keep);
+  p.past_seqlens = index_arg(past_seqlens, "past_seqlens", keep);
+  p.block_table = index_arg(block_table, "block_table", keep);
+  if (!cos_cache.is_none()) p.cos_cache = tensor_arg(cos_cache, "cos_cache", keep);
+  if (!sin_cache.is_none()) p.sin_cache = tensor_arg(sin_cache, "sin_cache", keep);
+  if (!slot_mapping.is_none()) p.slot_mapping = index_arg(slot_mapping, "slot_mapping", keep);
+  if (!head_sink.is_none()) p.head_sink = tensor_arg(head_sink, "head_sink", keep);
+  p.num_heads = num_heads;
+  p.kv_num_heads = kv_num_heads;
+  p.scale = scale;
+  p.softcap = softcap;
+  p.local_window_size = local_window_size;
+  p.do_rotary = do_rotary;
+  p.rotary_interleaved = rotary_interleaved;
+
+  // Output (T, Hq * D): the query's width, or its Hq share of a packed row.
+  // A shape the adapter rejects gets a 0-wide output; the adapter names it.
+  const std::int64_t tokens = p.query.rank >= 1 ? p.query.dim(0) : 0;
+  std::int64_t width = p.query.rank == 2 ? p.query.dim(1) : 0;
+  if (!p.key) {
+    const std::int64_t heads_per_row = std::int64_t{num_heads} + 2 * std::int64_t{kv_num_heads};
+    width = heads_per_row > 0 && num_heads > 0 && width % heads_per_row == 0
+                ? width / heads_per_row * num_heads
+                : 0;
+  }
+  py::array out = new_array({tokens, width}, p.query.dtype, query_array);
+  p.output = output_view(out, p.query.dtype);
+  {
+    py::gil_scoped_release release;
+    ops::ort::paged_attention(p);
+  }
+  return out;
+}
+
+py::array ragged_paged_attention(py::handle q, py::handle kv_pages, py::handle kv_lens,
+                                 py::handle page_indices, py::handle cu_q_lens, py::object num_seqs,
+                                 float sm_scale, std::optional<std::int32_t> sliding_window,
+                                 std::optional<float> soft_cap, std::optional<float> k_scale,
+                                 std::optional<float> v_scale, std::optional<std::string> kv_dtype) {
+  std::vector<py::array> keep;
+  ops::torch_xla::RaggedPagedAttentionParams p;
+  p.q = tensor_arg(q, "q", keep);
+  const py::array q_array = keep.back();
+  p.kv_pages = tensor_arg(kv_pages, "kv_pages", keep, kv_dtype);
+  p.kv_lens = index_arg(kv_lens, "kv_lens", keep);
+  p.page_indices = index_arg(page_indices, "page_indices", keep);
+  p.cu_q_lens = index_arg(cu_q_lens, "cu_q_lens", keep);
+  if (py::isinstance<py::int_>(num_seqs))  // a plain int, as int32[1] (torch_xla's tensor form)
+    num_seqs = py::module_::import("numpy").attr("array")(py::make_tuple(num_seqs), "int32");
+  p.num_seqs = index_arg(num_seqs, "num_seqs", keep);
+  p.sm_scale = sm_scale;
+  p.sliding_window = sliding_window;
+  p.soft_cap = soft_cap;
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
+  py::array out = output_like(p.q, q_array);
+  p.output = output_view(out, p.q.dtype);
+  {
+    py::gil_scoped_release release;
+    ops::torch_xla::ragged_paged_attention(p);
+  }
+  return out;
+}
+
+ops::vllm::KVCaches vllm_caches(py::handle key_cache, py::handle value_cache,
+                                const std::string& kv_cache_dtype, float k_scale, float v_scale,
+                                const std::string& layout, bool writable,
+                                std::vector<py::array>& keep) {
+  ops::vllm::KVCaches kv;
+  const std::optional<std::string> raw = vllm_raw_cache_dtype(kv_cache_dtype);
+  kv.key_cache = tensor_arg(key_cache, "key_cache", keep, raw, writable);
+  kv.value_cache = tensor_arg(value_cache, "value_cache", keep, raw, writable);
+  kv.layout = vllm_layout(layout);
+  kv.kv_cache_dtype = kv_cache_dtype;  // a view of the caller's string, alive for the call
+  kv.k_scale = k_scale;
+  kv.v_scale = v_scale;
+  return kv;
+}
+
+py::array paged_attention_decode(py::handle query, py::handle key_cache, py::handle value_cache,
+                                 py::handle block_tables, py::handle seq_lens,
+                                 std::int32_t num_kv_heads, float scale, py::object alibi_slopes,
+                                 const std::string& kv_cache_dtype, float k_scale, float v_scale,
+                                 const std::string& layout) {
+  std::vector<py::array> keep;
+  ops::vllm::ForwardDecodeParams p;
+  p.query = tensor_arg(query, "query", keep);
+  const py::array query_array = keep.back();
+  p.kv = vllm_caches(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale, layout, false, keep);
+  p.block_tables = index_arg(block_tables, "block_tables", keep);
+  p.seq_lens = index_arg(seq_lens, "seq_lens", keep);
+  // vLLM passes max_seq_len separately; here it is simply the longest sequence.
+  for (std::int64_t b = 0; p.seq_lens.rank == 1 && b < p.seq_lens.dim(0); ++b)
+    p.max_seq_len = std::max<std::int32_t>(
+        p.max_seq_len, static_cast<std::int32_t>(std::clamp<std::int64_t>(p.seq_lens.at(b), 0, INT32_MAX)));
+  p.num_kv_heads = num_kv_heads;
+  p.scale = scale;
+  if (!alibi_slopes.is_none()) p.alibi_slopes = tensor_arg(alibi_slopes, "alibi_slopes", keep);
+  py::array out = output_like(p.query, query_array);
+  p.output = output_view(out, p.query.dtype);
+  {
+    py::gil_scoped_release release;
+    ops::vllm::forward_decode(p);
+  }
+  return out;
+}
+
+void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache, py::handle value_cache,
+                       py::handle slot_mapping, const std::string& kv_cache_dtype, float k_scale,
+                       float v_scale, const std::string& layout) {
+  std::vector<py::array> keep;
+  ops::vllm::WriteToPagedCacheParams p;
+  p.key = tensor_arg(key, "key", keep);
+  p.value = tensor_arg(value, "value", keep);
+  p.kv = vllm_caches(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale, layout, true, keep);
+  p.slot_mapping = index_arg(slot_mapping, "slot_mapping", keep);
+  py::gil_scoped_release release;
+  ops::vllm::reshape_and_cache(p);
+}
+
+void copy_blocks(const std::vector<py::object>& key_caches,
+                 const std::vector<py::object>& value_caches, py::handle block_mapping) {
+  std::vector<py::array> keep;
+  std::vector<ops::TensorView> keys, values;
+  for (const py::object& k : key_caches)
+    keys.push_back(tensor_arg(k, "key_caches[i]", keep, raw_dtype_by_size(k, "key_caches[i]"), true));
+  for (const py::object& v : value_caches)
+    values.push_back(
+        tensor_arg(v, "value_caches[i]", keep, raw_dtype_by_size(v, "value_caches[i]"), true));
+  ops::vllm::CopyBlocksParams p;
+  p.key_caches = keys;
+  p.value_caches = values;
+  p.block_mapping = index_arg(block_mapping, "block_mapping", keep);
+  py::gil_scoped_release release;
+  ops::vllm::copy_blocks(p);
+}
+
+void swap_blocks(py::handle src, py::handle dst, py::handle block_mapping) {
+  std::vector<py::array> keep;
+  ops::vllm::SwapBlocksParams p;
+  p.src = tensor_arg(src, "src", keep, raw_dtype_by_size(src, "src"));
+  p.dst = tensor_arg(dst, "dst", keep, raw_dtype_by_size(dst, "dst"), true);
+  p.block_mapping = index_arg(block_mapping, "block_mapping", keep);
+  py::gil_scoped_release release;
+  ops::vllm::swap_blocks(p);
+}
+
+// A C-contiguous float32 array for merge_states.
+py::array_t<float> float32_state(py::handle obj, const char* name) {
+  py::array a = as_array(obj, name);
+  if (a.dtype().attr("name").cast<std::string>() != "float32")
+    throw py::type_error(detail::concat("merge_states: ", name, " has dtype ",
+                                        py::str(a.dtype()).cast<std::string>(), ", expected float32"));
+  if (!(a.flags() & py::array::c_style))
+    throw InvalidArgument(detail::concat("merge_states: ", name, " must be C-contiguous"));
+  return py::reinterpret_borrow<py::array_t<float>>(a);
+}
+
+py::tuple merge_states(py::handle v_a, py::handle s_a, py::handle v_b, py::handle s_b) {
+  const py::array_t<float> va = float32_state(v_a, "v_a"), sa = float32_state(s_a, "s_a");
+  const py::array_t<float> vb = float32_state(v_b, "v_b"), sb = float32_state(s_b, "s_b");
+  if (va.ndim() < 1) throw InvalidArgument("merge_states: v_a must have at least one axis");
+  // s has v's shape without the last axis; the C++ call checks the sizes.
+  std::vector<py::ssize_t> v_shape(va.shape(), va.shape() + va.ndim());
+  const std::vector<py::ssize_t> s_shape(v_shape.begin(), v_shape.end() - 1);
+  for (const auto& [a, name] : {std::pair{&sa, "s_a"}, std::pair{&sb, "s_b"}})
+    if (std::vector<py::ssize_t>(a->shape(), a->shape() + a->ndim()) != s_shape)
+      throw InvalidArgument(detail::concat("merge_states: ", name,
+                                           " must have v_a's shape without its last axis"));
+  py::array_t<float> v_out(v_shape), s_out(s_shape);
+  auto span_of = [](const py::array_t<float>& a) {
+    return std::span<const float>(a.data(), static_cast<std::size_t>(a.size()));
+  };
+  pagedattn::merge_states(span_of(va), span_of(sa), span_of(vb), span_of(sb),
+               {v_out.mutable_data(), static_cast<std::size_t>(v_out.size())},
+               {s_out.mutable_data(), static_cast<std::size_t>(s_out.size())},
+               static_cast<std::int32_t>(v_shape.back()));
+  return py::make_tuple(v_out, s_out);
+}
+
+}  // namespace
+
+void register_ops(py::module_& m) {
+  py::module_ ops_module = m.def_submodule("ops", "Peer-compatible operators.");
+  using py::arg;
+  ops_module.def(
+      "ort_paged_attention", &ort_paged_attention, arg("query"), arg("key"), arg("value"),
+      arg("key_cache"), arg("value_cache"), arg("cumulative_sequence_length"), arg("past_seqlens"),
+      arg("block_table"), arg("cos_cache") = py::none(), arg("sin_cache") = py::none(),
+      py::kw_only(), arg("num_heads"), arg("kv_num_heads"), arg("scale") = 0.0f,
+      arg("softcap") = 0.0f, arg("local_window_size") = -1, arg("do_rotary") = false,
+      arg("rotary_interleaved") = false, arg("slot_mapping") = py::none(),
+      arg("head_sink") = py::none(),
+      R"doc(ONNX Runtime com.microsoft.PagedAttention. Returns output (T, Hq*D).
+
+query (T, Hq*D), or packed QKV (T, (Hq + 2 Hkv)*D) with key = value = None;
+key, value (T, Hkv*D); key_cache, value_cache (num_blocks, block_size, Hkv*D)
+or (num_blocks, block_size, Hkv, D), C-contiguous, written in place;
+cumulative_sequence_length (B+1) int32; past_seqlens (B) int32 (tokens
+already cached); block_table (B, max_blocks) int32; cos_cache, sin_cache
+(max_position, R/2) with do_rotary (R = rotary_dim = 2 * cos_cache.shape[1]);
+slot_mapping (T) int32/int64 (-1 skips); head_sink (Hq). Float inputs share
+the query's dtype (float32, float16, ml_dtypes.bfloat16); output too.
+scale 0: 1/sqrt(D); softcap 0: off; local_window_size L: the last L+1 keys
+(-1: off). T = 0 gives a (0, Hq*D) output.)doc");
+  ops_module.def(
+      "ragged_paged_attention", &ragged_paged_attention, arg("q"), arg("kv_pages"), arg("kv_lens"),
+      arg("page_indices"), arg("cu_q_lens"), arg("num_seqs"), py::kw_only(), arg("sm_scale") = 1.0f,
+      arg("sliding_window") = py::none(), arg("soft_cap") = py::none(), arg("k_scale") = py::none(),
+      arg("v_scale") = py::none(), arg("kv_dtype") = py::none(),
+      R"doc(torch_xla ragged_paged_attention. Returns out [T, Hq, D] in q's dtype.
+
+q [T, Hq, D] (rows past cu_q_lens[num_seqs] are padding; their output is 0);
+kv_pages [P, page_size, 2 Hkv, D] with K heads at even, V heads at odd
+indices; kv_lens [S] int32; page_indices [S, pages_per_seq] int32;
+cu_q_lens [S+1] int32; num_seqs: int32[1] (or an int). Entries past num_seqs
+are padding and ignored. kv_dtype: "bfloat16", "float8_e4m3fn", "float8_e5m2"
+for uint16 / uint8 pages; omit for float32/float16 (or ml_dtypes) pages.
+sm_scale defaults to 1.0; sliding_window W shows W keys; soft_cap != 0;
+k_scale, v_scale for float8 pages (value = stored * scale).)doc");
+  ops_module.def(
+      "paged_attention_decode", &paged_attention_decode, arg("query"), arg("key_cache"),
+      arg("value_cache"), arg("block_tables"), arg("seq_lens"), py::kw_only(), arg("num_kv_heads"),
+      arg("scale"), arg("alibi_slopes") = py::none(), arg("kv_cache_dtype") = "auto",
+      arg("k_scale") = 1.0f, arg("v_scale") = 1.0f, arg("layout") = "NHD",
+      R"doc(vLLM PagedAttention.forward_decode. Returns out [S, Hq, D] in query's dtype.
+
+query [S, Hq, D] (one new token per sequence, already in the caches);
+key_cache, value_cache [num_blocks, block_size, Hkv, D] (layout "NHD") or
+[num_blocks, Hkv, block_size, D] ("HND"); block_tables [S, max_blocks] int32;
+seq_lens [S] int32 (keys per sequence); alibi_slopes [Hq] float32 (bias
+slope * (j - p)). scale is used as given. kv_cache_dtype "auto" (the query's
+dtype), "fp8" / "fp8_e4m3" (e4m3fn) or "fp8_e5m2" with uint8 (or ml_dtypes)
+caches, value = stored * k_scale / v_scale.)doc");
+  ops_module.def(
+      "reshape_and_cache", &reshape_and_cache, arg("key"), arg("value"), arg("key_cache"),
+      arg("value_cache"), arg("slot_mapping"), py::kw_only(), arg("kv_cache_dtype") = "auto",
+      arg("k_scale") = 1.0f, arg("v_scale") = 1.0f, arg("layout") = "NHD",
+      R"doc(vLLM reshape_and_cache: writes key/value into the caches in place.
+
+key, value [N, Hkv, D]; key_cache, value_cache as in paged_attention_decode
+(layout "NHD" or "HND"); slot_mapping [n <= N] int64, token i goes to slot
+block * block_size + offset, -1 skips. With kv_cache_dtype "fp8*" values
+are stored as round(x / k_scale) (saturating).)doc");
+  ops_module.def("copy_blocks", &copy_blocks, arg("key_caches"), arg("value_caches"),
+                 arg("block_mapping"),
+                 R"doc(vLLM copy_blocks: copies blocks src -> dst in every layer's caches, in place.
+
+key_caches, value_caches: lists of per-layer arrays [num_blocks, ...] (rank 4,
+blocks contiguous); block_mapping (N, 2) int64 rows (src, dst).)doc");
+  ops_module.def("swap_blocks", &swap_blocks, arg("src"), arg("dst"), arg("block_mapping"),
+                 R"doc(vLLM swap_blocks: copies blocks of src into dst (written in place).
+
+src [num_src_blocks, ...], dst [num_dst_blocks, ...] (rank 4, same block
+shape and dtype); block_mapping (N, 2) int64 rows (src block, dst block).)doc");
+  ops_module.def("merge_states", &merge_states, arg("v_a"), arg("s_a"), arg("v_b"), arg("s_b"),
+                 R"doc(Merges two partial attention states. Returns (v, s).
+
+v_a, v_b [..., D] float32 normalised outputs; s_a, s_b [...] float32
+natural-log LSE (-inf marks an empty state), v's shape without its last
+axis. v = (e^s_a v_a + e^s_b v_b) / (e^s_a + e^s_b), s = log(e^s_a + e^s_b).)doc");
+}
+
+}  // namespace pagedattn::python
