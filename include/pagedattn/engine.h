@@ -77,6 +77,9 @@ struct EngineStats {
   std::int64_t pages_in_use = 0;
   std::int64_t token_states_stored = 0;  // distinct tokens held (shared pages counted once)
   std::int64_t token_states_unshared = 0;  // the same if no page were shared (sum over sequences)
+  std::int64_t pages_if_unshared = 0;      // pages the sequences would hold without sharing
+  double seconds_in_steps = 0.0;           // wall time inside step(), in total
+  double seconds_in_model = 0.0;           // of which in Model::forward
 };
 
 using StreamCallback = std::function<void(const RequestOutput&)>;

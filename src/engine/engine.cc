@@ -3,6 +3,7 @@
 // sampler.cc, the model behind the Model interface.
 #include "pagedattn/engine.h"
 
+#include <chrono>
 #include <cmath>
 #include <unordered_map>
 
@@ -83,6 +84,7 @@ struct Engine::Impl {
   RequestId next_id = 0;
   std::int64_t steps = 0;
   std::int32_t last_tokens = 0, last_decodes = 0;
+  double seconds_in_steps = 0.0, seconds_in_model = 0.0;
   std::vector<RequestOutput> aborted;  // reported by the next step
   // Buffers of one step.
   std::vector<std::int32_t> token_ids, logit_rows;
@@ -161,8 +163,10 @@ void Engine::Impl::run_forward(const Schedule& s) {
   }
   logits.resize(logit_rows.size() * std::size_t(config.model->spec().vocab_size));
   cache.begin_forward(s.seq_ids, s.lengths);
+  const auto start = std::chrono::steady_clock::now();
   try {
     config.model->forward({token_ids, logit_rows, config.deterministic}, cache, logits);
+    seconds_in_model += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (...) {
     cache.end_forward();  // roll the step's tokens back: the cache is as before
     for (std::size_t i = 0; i < s.seq_ids.size(); ++i) cache.pop_n(s.seq_ids[i], s.lengths[i]);
@@ -220,6 +224,7 @@ void Engine::Impl::apply_samples(const Schedule& s, std::vector<RequestOutput>& 
 
 std::vector<RequestOutput> Engine::step() {
   Impl& im = *impl_;
+  const auto start = std::chrono::steady_clock::now();
   std::vector<RequestOutput> outputs = std::move(im.aborted);
   im.aborted.clear();
   const Schedule s = im.scheduler.schedule();
@@ -232,6 +237,7 @@ std::vector<RequestOutput> Engine::step() {
   im.last_tokens = s.num_tokens;
   im.last_decodes = s.num_decodes;
   ++im.steps;
+  im.seconds_in_steps += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (im.callback)
     for (const RequestOutput& out : outputs) im.callback(out);
   return outputs;
@@ -277,6 +283,9 @@ EngineStats Engine::stats() const {
     page_refs += pages_for(len, ps);
   }
   st.token_states_stored = st.token_states_unshared - ps * (page_refs - st.pages_in_use);
+  st.pages_if_unshared = page_refs;
+  st.seconds_in_steps = im.seconds_in_steps;
+  st.seconds_in_model = im.seconds_in_model;
   return st;
 }
 
