@@ -1,4 +1,5 @@
-// Matrix products of the built-in model through BLAS (cblas_sgemm).
+// Matrix products of the built-in model: single-threaded BLAS (cblas_sgemm)
+// calls on fixed-shape tiles, spread over OpenMP threads.
 #pragma once
 
 #include <cstdint>
@@ -6,9 +7,13 @@
 
 namespace pagedattn::engine {
 
-// Rows per BLAS call in deterministic mode: every call has the same shape,
-// so a row's result does not depend on how many rows the batch has.
-inline constexpr std::int32_t kDeterministicRowBlock = 16;
+// Deterministic mode tiles y into kRowBlock x kColumnBlock pieces. Row blocks
+// start at multiples of kRowBlock (the last one padded with zero rows), column
+// blocks at multiples of kColumnBlock of the weight's output dimension, so
+// each output element comes from a BLAS call of the same shape at the same
+// place in it, whatever the batch size and thread count.
+inline constexpr std::int32_t kRowBlock = 16;
+inline constexpr std::int32_t kColumnBlock = 128;
 
 struct LinearArgs {
   const float* x = nullptr;  // [rows][in]
@@ -21,7 +26,19 @@ struct LinearArgs {
   bool deterministic = false;
 };
 
-// y (+)= x w^T. `scratch` holds the padded last block in deterministic mode.
-void linear(const LinearArgs& args, std::vector<float>& scratch);
+// Buffers reused across calls: the zero-padded last row block of x and one
+// output tile per thread.
+struct LinearScratch {
+  std::vector<float> padded_x;
+  std::vector<std::vector<float>> tiles;
+};
+
+// Makes OpenBLAS run single-threaded (its own thread pool would fight the
+// OpenMP threads that call it). Cheap; call it before a batch of linear()s.
+// A no-op with another BLAS.
+void use_single_threaded_blas();
+
+// y (+)= x w^T.
+void linear(const LinearArgs& args, LinearScratch& scratch);
 
 }  // namespace pagedattn::engine

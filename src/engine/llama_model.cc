@@ -16,6 +16,7 @@ namespace {
 
 using engine::LinearArgs;
 using engine::linear;
+using engine::LinearScratch;
 
 struct LayerWeights {
   std::vector<float> attn_norm;  // [H]
@@ -67,6 +68,7 @@ class LlamaModel final : public Model {
              c.vocab_size, c.max_position, c.eos_token_id, RopeMode::kNormal, {}};
     spec_.rope.theta = c.rope_theta;
     spec_.rope.llama3.factor = c.llama3_rope_factor;
+    engine::use_single_threaded_blas();
     draw_weights();
   }
 
@@ -91,7 +93,8 @@ class LlamaModel final : public Model {
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
   // Activations, reused across steps.
-  std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, rows_, scratch_;
+  std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, rows_;
+  LinearScratch scratch_;
 };
 
 void LlamaModel::draw_weights() {
@@ -179,6 +182,7 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
 
 void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<float> logits) {
   validate_batch(b, cache, logits);
+  engine::use_single_threaded_blas();  // again: someone may have changed it since
   const auto tokens = static_cast<std::int32_t>(b.token_ids.size());
   const std::size_t h = std::size_t(c_.hidden_size), t = std::size_t(tokens);
   const std::size_t q_dim = std::size_t(c_.num_qo_heads) * c_.head_dim;
