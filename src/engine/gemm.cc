@@ -85,9 +85,14 @@ void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
 
 }  // namespace
 
+int blas_threads() { return openblas_get_num_threads ? openblas_get_num_threads() : 0; }
+
+void set_blas_threads(int threads) {
+  if (openblas_set_num_threads) openblas_set_num_threads(threads);
+}
+
 void use_single_threaded_blas() {
-  if (openblas_set_num_threads == nullptr || openblas_get_num_threads == nullptr) return;
-  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  if (blas_threads() > 1) set_blas_threads(1);
 }
 
 void linear(const LinearArgs& a, LinearScratch& scratch) {

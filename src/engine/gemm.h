@@ -37,6 +37,10 @@ struct LinearScratch {
 // OpenMP threads that call it). Cheap; call it before a batch of linear()s.
 // A no-op with another BLAS.
 void use_single_threaded_blas();
+// OpenBLAS's thread count (0 with another BLAS) and its setter (a no-op
+// with another BLAS); for tests that play a user who changed it.
+int blas_threads();
+void set_blas_threads(int threads);
 
 // y (+)= x w^T.
 void linear(const LinearArgs& args, LinearScratch& scratch);
