@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/counter_random.h"
 #include "engine/gemm.h"
 #include "pagedattn/llama.h"
 
@@ -17,7 +18,7 @@ namespace {
 struct Runner {
   std::shared_ptr<Model> model;
   PagedKVCache cache;
-  explicit Runner(std::shared_ptr<Model> m)
+  explicit Runner(std::shared_ptr<Model> m, DType kv_dtype = DType::kF16)
       : model(std::move(m)), cache([&] {
           const ModelSpec& s = model->spec();
           KVCacheConfig c;
@@ -30,6 +31,7 @@ struct Runner {
           c.rope_mode = s.rope_mode;
           c.rope = s.rope;
           c.attention_plan.fixed_kv_chunk = 64;
+          c.kv_dtype = kv_dtype;
           return c;
         }()) {}
 
@@ -64,13 +66,15 @@ std::vector<std::int32_t> tokens(std::int32_t begin, std::int32_t end, std::int3
 
 constexpr std::int32_t kPrompt = 150;
 
+LlamaConfig test_config() {
+  LlamaConfig c = llama_preset("tiny");
+  c.num_layers = 2;
+  c.vocab_size = 200;
+  return c;
+}
+
 std::shared_ptr<Model> test_model() {
-  static std::shared_ptr<Model> model = [] {
-    LlamaConfig c = llama_preset("tiny");
-    c.num_layers = 2;
-    c.vocab_size = 200;
-    return std::shared_ptr<Model>(make_llama_model(c));
-  }();
+  static std::shared_ptr<Model> model = make_llama_model(test_config());
   return model;
 }
 
@@ -137,6 +141,159 @@ TEST(LlamaModel, OpenBLASThreadsChangedByTheUserAreResetAndDoNotMatter) {
   engine::set_blas_threads(2);           // as OPENBLAS_NUM_THREADS=2 would
   expect_bitwise_equal(batched_logits(), expected);
   EXPECT_EQ(engine::blas_threads(), 1);  // reset by forward
+}
+
+// The Llama forward pass written out plainly: one sequence at a time, every
+// token against every earlier one, sums in double. The weights are drawn the
+// way llama.h documents (uniform, bound sqrt(3 / fan_in), output projections
+// scaled by 1 / sqrt(2 layers), streams in order, embedding tied).
+class NaiveLlama {
+ public:
+  explicit NaiveLlama(const LlamaConfig& c) : c_(c) {
+    const std::int64_t h = c.hidden_size, d = c.head_dim, q = std::int64_t{c.num_qo_heads} * d;
+    const std::int64_t qkv = q + 2 * std::int64_t{c.num_kv_heads} * d, inter = c.intermediate_size;
+    const double residual = 1.0 / std::sqrt(2.0 * c.num_layers);
+    embedding_ = draw(c.vocab_size * h, h, 1.0);
+    for (std::int32_t l = 0; l < c.num_layers; ++l)
+      layers_.push_back({draw(qkv * h, h, 1.0), draw(h * q, q, residual), draw(2 * inter * h, h, 1.0),
+                         draw(h * inter, inter, residual)});
+  }
+
+  // Logits of the last token of `tokens` (positions 0..n-1).
+  std::vector<double> last_logits(const std::vector<std::int32_t>& tokens) const {
+    const std::int32_t n = static_cast<std::int32_t>(tokens.size()), h = c_.hidden_size;
+    const std::int32_t d = c_.head_dim, hq = c_.num_qo_heads, hkv = c_.num_kv_heads;
+    const std::int32_t inter = c_.intermediate_size, qkv_dim = (hq + 2 * hkv) * d;
+    std::vector<std::vector<double>> x(static_cast<std::size_t>(n));
+    for (std::int32_t t = 0; t < n; ++t)
+      x[std::size_t(t)].assign(embedding_.begin() + std::int64_t{tokens[std::size_t(t)]} * h,
+                               embedding_.begin() + std::int64_t{tokens[std::size_t(t)] + 1} * h);
+    for (const Layer& w : layers_) {
+      std::vector<std::vector<double>> qkv(static_cast<std::size_t>(n));
+      for (std::int32_t t = 0; t < n; ++t) {
+        qkv[std::size_t(t)] = matvec(w.qkv, rms_norm(x[std::size_t(t)]), qkv_dim);
+        for (std::int32_t head = 0; head < hq + hkv; ++head)  // q and k heads
+          rotate(qkv[std::size_t(t)].data() + std::size_t(head) * d, t);
+      }
+      for (std::int32_t t = 0; t < n; ++t) {
+        std::vector<double> attn(std::size_t(hq) * d, 0.0);
+        for (std::int32_t head = 0; head < hq; ++head) {
+          const std::int32_t kv = head / (hq / hkv);
+          const double* q = qkv[std::size_t(t)].data() + std::size_t(head) * d;
+          std::vector<double> score(std::size_t(t) + 1);
+          double max = -INFINITY, sum = 0.0;
+          for (std::int32_t j = 0; j <= t; ++j) {
+            const double* k = qkv[std::size_t(j)].data() + std::size_t(hq + kv) * d;
+            double dot = 0.0;
+            for (std::int32_t i = 0; i < d; ++i) dot += q[i] * k[i];
+            max = std::max(max, score[std::size_t(j)] = dot / std::sqrt(double(d)));
+          }
+          for (double& s : score) sum += s = std::exp(s - max);
+          for (std::int32_t j = 0; j <= t; ++j) {
+            const double* v = qkv[std::size_t(j)].data() + std::size_t(hq + hkv + kv) * d;
+            for (std::int32_t i = 0; i < d; ++i)
+              attn[std::size_t(head) * d + i] += score[std::size_t(j)] / sum * v[i];
+          }
+        }
+        add(x[std::size_t(t)], matvec(w.o, attn, h));
+      }
+      for (std::int32_t t = 0; t < n; ++t) {
+        const std::vector<double> gate_up = matvec(w.gate_up, rms_norm(x[std::size_t(t)]), 2 * inter);
+        std::vector<double> act(static_cast<std::size_t>(inter));
+        for (std::int32_t i = 0; i < inter; ++i) {
+          const double g = gate_up[std::size_t(i)];
+          act[std::size_t(i)] = g / (1.0 + std::exp(-g)) * gate_up[std::size_t(inter + i)];
+        }
+        add(x[std::size_t(t)], matvec(w.down, act, h));
+      }
+    }
+    return matvec(embedding_, rms_norm(x.back()), c_.vocab_size);
+  }
+
+ private:
+  struct Layer {
+    std::vector<float> qkv, o, gate_up, down;
+  };
+
+  std::vector<float> draw(std::int64_t count, std::int64_t fan_in, double scale) {
+    const auto bound = static_cast<float>(std::sqrt(3.0 / double(fan_in)) * scale);
+    std::vector<float> w(static_cast<std::size_t>(count));
+    for (std::int64_t i = 0; i < count; ++i)
+      w[std::size_t(i)] = static_cast<float>(
+          (2.0 * engine::counter_uniform(c_.weight_seed, stream_, std::uint64_t(i)) - 1.0) * bound);
+    ++stream_;
+    return w;
+  }
+  // out[r] = sum_i w[r][i] x[i] for w [rows][x.size()].
+  static std::vector<double> matvec(const std::vector<float>& w, const std::vector<double>& x,
+                                    std::int32_t rows) {
+    std::vector<double> out(std::size_t(rows), 0.0);
+    for (std::size_t r = 0; r < out.size(); ++r)
+      for (std::size_t i = 0; i < x.size(); ++i) out[r] += double(w[r * x.size() + i]) * x[i];
+    return out;
+  }
+  std::vector<double> rms_norm(const std::vector<double>& x) const {
+    double sum = 0.0;
+    for (double v : x) sum += v * v;
+    const double inv = 1.0 / std::sqrt(sum / double(x.size()) + c_.rms_norm_eps);
+    std::vector<double> out(x);
+    for (double& v : out) v *= inv;
+    return out;
+  }
+  static void add(std::vector<double>& x, const std::vector<double>& y) {
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+  }
+  // NeoX rotation of one head at position `pos`: pairs (i, i + d/2).
+  void rotate(double* head, std::int32_t pos) const {
+    const std::int32_t half = c_.head_dim / 2;
+    for (std::int32_t i = 0; i < half; ++i) {
+      const double angle = pos * std::pow(double(c_.rope_theta), -2.0 * i / c_.head_dim);
+      const double a = head[i], b = head[i + half];
+      head[i] = a * std::cos(angle) - b * std::sin(angle);
+      head[i + half] = b * std::cos(angle) + a * std::sin(angle);
+    }
+  }
+
+  LlamaConfig c_;
+  std::uint64_t stream_ = 0;
+  std::vector<float> embedding_;
+  std::vector<Layer> layers_;
+};
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  EXPECT_LT(worst, 5e-5);  // f32 products over 688 terms: ~3e-6 seen
+}
+
+TEST(LlamaModel, ForwardMatchesANaiveDoubleImplementation) {
+  const LlamaConfig config = test_config();
+  ASSERT_TRUE(config.tie_embeddings && config.llama3_rope_factor == 0.0f);
+  const NaiveLlama naive(config);
+  const std::vector<std::int32_t> a = tokens(0, 6, 3), b = tokens(0, 4, 7);
+  for (const bool deterministic : {false, true}) {
+    // Both prompts in one step, then one decode each (f32 cache: no rounding of K/V).
+    Runner run(test_model(), DType::kF32);
+    run.cache.add_sequence(0);
+    run.cache.add_sequence(1);
+    std::vector<std::int64_t> lens = {std::ssize(a) - 1, std::ssize(b) - 1};
+    std::vector<std::int32_t> flat(a.begin(), a.end() - 1), rows;
+    flat.insert(flat.end(), b.begin(), b.end() - 1);
+    rows = {static_cast<std::int32_t>(a.size()) - 2, static_cast<std::int32_t>(flat.size()) - 1};
+    const std::size_t vocab = std::size_t(config.vocab_size);
+    std::vector<float> logits(2 * vocab);
+    run.cache.begin_forward(std::vector<SeqId>{0, 1}, lens);
+    run.model->forward({flat, rows, deterministic}, run.cache, logits);
+    run.cache.end_forward();
+    expect_close({logits.begin(), logits.begin() + std::ptrdiff_t(vocab)},
+                 naive.last_logits({a.begin(), a.end() - 1}));
+    expect_close({logits.begin() + std::ptrdiff_t(vocab), logits.end()},
+                 naive.last_logits({b.begin(), b.end() - 1}));
+    const auto decoded = run.step({0, 1}, {{a.back()}, {b.back()}});
+    expect_close(decoded[0], naive.last_logits(a));
+    expect_close(decoded[1], naive.last_logits(b));
+  }
 }
 
 }  // namespace
