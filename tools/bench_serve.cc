@@ -25,9 +25,9 @@ struct PresetDefaults {
 };
 
 PresetDefaults preset_defaults(const std::string& model) {
-  if (model == "small") return {48, 0.5, 256};
+  if (model == "small") return {16, 0.5, 256};
   if (model == "1b") return {12, 0.25, 1024};
-  return {200, 1.0, 64};
+  return {300, 1.0, 64};
 }
 
 std::vector<TraceRequest> build_trace(const BenchServeOptions& o, const PresetDefaults& d) {

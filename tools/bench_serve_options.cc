@@ -12,7 +12,7 @@ const char* bench_serve_usage() {
          "  --model tiny|small|1b          built-in Llama preset, synthetic weights (default tiny)\n"
          "  --workload NAME|FILE.jsonl     sharegpt-like (default), alpaca-like, parallel-sampling,\n"
          "                                 long-context, or a trace of {prompt_len, output_len, n, arrival}\n"
-         "  --num-requests N               default: 200 (tiny), 48 (small), 12 (1b)\n"
+         "  --num-requests N               default: 300 (tiny), 16 (small), 12 (1b)\n"
          "  --request-rate R               Poisson arrivals, requests/s (default: all at once)\n"
          "  --kv-memory-mib M              KV cache budget (default: 64 tiny, 256 small, 1024 1b)\n"
          "  --page-size P                  tokens per page (default 16)\n"
