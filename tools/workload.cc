@@ -4,7 +4,8 @@
 #include <cmath>
 #include <fstream>
 #include <random>
-#include <regex>
+#include <cstdlib>
+#include <limits>
 
 #include "pagedattn/errors.h"
 
@@ -59,10 +60,18 @@ std::vector<TraceRequest> make_workload(const WorkloadOptions& o) {
 std::vector<TraceRequest> load_trace(const std::string& path) {
   std::ifstream in(path);
   require(in.good(), "bench-serve: cannot open trace file '", path, "'");
+  // The number after "key": (fallback when the key is absent, NaN when the
+  // value is not a number, which the check below reports).
   auto field = [](const std::string& line, const char* key, double fallback) {
-    const std::regex re(std::string("\"") + key + "\"\\s*:\\s*([-+0-9.eE]+)");
-    std::smatch m;
-    return std::regex_search(line, m, re) ? std::stod(m[1].str()) : fallback;
+    const std::size_t at = line.find(std::string("\"") + key + "\"");
+    if (at == std::string::npos) return fallback;
+    const std::size_t colon =
+        line.find_first_not_of(" \t", at + std::char_traits<char>::length(key) + 2);
+    if (colon == std::string::npos || line[colon] != ':') return std::numeric_limits<double>::quiet_NaN();
+    const char* begin = line.c_str() + colon + 1;
+    char* end = nullptr;
+    const double value = std::strtod(begin, &end);
+    return end == begin ? std::numeric_limits<double>::quiet_NaN() : value;
   };
   std::vector<TraceRequest> trace;
   std::string line;

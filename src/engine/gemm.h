@@ -7,11 +7,14 @@
 
 namespace pagedattn::engine {
 
-// Deterministic mode tiles y into kRowBlock x kColumnBlock pieces. Row blocks
-// start at multiples of kRowBlock (the last one padded with zero rows), column
-// blocks at multiples of kColumnBlock of the weight's output dimension, so
-// each output element comes from a BLAS call of the same shape at the same
-// place in it, whatever the batch size and thread count.
+// Deterministic mode tiles y into kRowBlock x kColumnBlock pieces, one
+// single-threaded BLAS call each, all of the same shape: row blocks start at
+// multiples of kRowBlock (the last one padded with zero rows), column blocks
+// at multiples of kColumnBlock of the weight's output dimension. Rows are
+// the call's m dimension (BLAS's vector lanes, computed alike), and a
+// column's place in its call depends only on the model's shape, so an
+// output element does not depend on the batch, its row's place in it, or the
+// thread count (the tests check this on the machine they run on).
 inline constexpr std::int32_t kRowBlock = 16;
 inline constexpr std::int32_t kColumnBlock = 128;
 
