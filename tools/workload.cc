@@ -60,8 +60,8 @@ std::vector<TraceRequest> make_workload(const WorkloadOptions& o) {
 std::vector<TraceRequest> load_trace(const std::string& path) {
   std::ifstream in(path);
   require(in.good(), "bench-serve: cannot open trace file '", path, "'");
-  // The number after "key": (fallback when the key is absent, NaN when the
-  // value is not a number, which the check below reports).
+  // The number after "key" - the fallback when the key is absent, NaN when the
+  // value is not a number (the check below reports it).
   auto field = [](const std::string& line, const char* key, double fallback) {
     const std::size_t at = line.find(std::string("\"") + key + "\"");
     if (at == std::string::npos) return fallback;
