@@ -4,7 +4,8 @@
 set -euo pipefail
 
 # python3-venv: scripts/test_python.sh makes a virtual environment.
-packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv)
+packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv
+          libopenblas-dev)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps: not a Debian system; make sure these are installed: ${packages[*]}" >&2

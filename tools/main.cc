@@ -1,12 +1,17 @@
 // `pagedattn`: the command-line front door. Subcommands:
-//   demo      a scripted tour of the paged KV-cache manager (default)
+//   bench-serve  serve a workload through the continuous-batching engine (default)
+//   demo      a scripted tour of the paged KV-cache manager
 //   bench-attention  time the attention kernel on one shape (see --help)
 //   version   print the library version
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 
 #include "bench_attention_cli.h"
+#include "bench_serve.h"
 #include "cache_demo.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/version.h"
@@ -15,19 +20,34 @@ namespace {
 
 int usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: pagedattn [demo | bench-attention [options] | version | help]\n"
-               "  demo     scripted tour of the paged KV-cache manager (default)\n"
+               "usage: pagedattn [bench-serve [flags] | demo | bench-attention [options] | version | help]\n"
+               "  bench-serve  serve a workload through the engine and report throughput,\n"
+               "               latency and KV memory efficiency (default; --help for flags)\n"
+               "  demo     scripted tour of the paged KV-cache manager\n"
                "  bench-attention  time the attention kernel on one shape, as a fraction\n"
                "                   of this machine's read bandwidth and FMA peak (--help)\n"
                "  version  print the library version\n");
   return out == stdout ? 0 : 2;
 }
 
+
+// OpenMP threads that spin while waiting take the cores from BLAS, from each
+// other and from other processes (10x slower steps on a loaded 2-core
+// machine). libgomp reads the policy only at start-up, so bench-serve
+// restarts itself with passive waiting unless the user chose a policy.
+void prefer_passive_openmp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: run as we are
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* command = argc > 1 ? argv[1] : "demo";
+  const char* command = argc > 1 ? argv[1] : "bench-serve";
+  if (std::strcmp(command, "bench-serve") == 0) prefer_passive_openmp_wait(argv);
   try {
+    if (std::strcmp(command, "bench-serve") == 0) return pagedattn::tools::run_bench_serve(argc, argv);
     if (std::strcmp(command, "demo") == 0) return pagedattn::tools::run_cache_demo();
     if (std::strcmp(command, "bench-attention") == 0)
       return pagedattn::tools::run_bench_attention(argc - 2, argv + 2);

@@ -54,7 +54,7 @@ struct AttentionShape {
 };
 
 struct AttentionPlanOptions {
-  std::int32_t num_threads = 0;     // 0: OpenMP's maximum
+  std::int32_t num_threads = 0;     // 0: OpenMP's maximum (1 for a batch too small to share)
   std::int32_t fixed_kv_chunk = 0;  // > 0: split KV into chunks of exactly this many keys,
                                     // whatever the batch (deterministic mode)
   std::int32_t min_kv_chunk = 256;  // smallest chunk the planner creates when it splits

@@ -55,6 +55,10 @@ struct KVCacheConfig {
   // (rope.cos_cache must be null: the cache builds its own table).
   RopeMode rope_mode = RopeMode::kNone;
   RopeConfig rope;
+  // How attention() plans its kernel work. fixed_kv_chunk > 0 makes every
+  // row's result independent of its batch mates (an engine's deterministic
+  // mode); num_threads 0 means OpenMP's maximum.
+  AttentionPlanOptions attention_plan;
 };
 
 // What kernels need for one step, shared by every layer. Built by

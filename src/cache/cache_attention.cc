@@ -65,7 +65,7 @@ void PagedKVCache::attention(std::int32_t layer, const HeadTensor& q, const Head
   }
   append_paged_kv({k_stored, v, plan.slot_mapping.data(), tokens, p.kv});
   const AttentionShape shape{c.num_qo_heads, c.num_kv_heads, c.head_dim, c.v_head_dim};
-  const AttentionPlan& kernel_plan = sa.plan_for(p.table, shape, p.options);
+  const AttentionPlan& kernel_plan = sa.plan_for(p.table, shape, p.options, c.attention_plan);
   paged_attention(p, kernel_plan, sa.aligned_workspace(kernel_plan.workspace_bytes));
 }
 

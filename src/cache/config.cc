@@ -59,6 +59,11 @@ KVCacheConfig resolve_config(const KVCacheConfig& in) {
           "KVCacheConfig.kv_dtype = ", static_cast<int>(c.kv_dtype), " is not a KV storage dtype");
   validate_scales(c);
   validate_rope(c);
+  const AttentionPlanOptions& ap = c.attention_plan;
+  require(ap.num_threads >= 0 && ap.fixed_kv_chunk >= 0 && ap.min_kv_chunk >= 1,
+          "KVCacheConfig.attention_plan: num_threads = ", ap.num_threads, ", fixed_kv_chunk = ",
+          ap.fixed_kv_chunk, ", min_kv_chunk = ", ap.min_kv_chunk,
+          " must be >= 0, >= 0 and >= 1");
   require(c.layout == KVLayout::kHND || c.layout == KVLayout::kNHD, "KVCacheConfig.layout = ",
           static_cast<int>(c.layout), " is not HND or NHD");
   require(c.num_pages >= 0, "KVCacheConfig.num_pages = ", c.num_pages, " must be >= 0");

@@ -23,9 +23,10 @@ void StepAttention::ensure_rope_table(const RopeConfig& base, std::int32_t head_
 }
 
 const AttentionPlan& StepAttention::plan_for(const PagedKVTable& table, const AttentionShape& shape,
-                                             const AttentionOptions& options) {
+                                             const AttentionOptions& options,
+                                             const AttentionPlanOptions& plan_options) {
   if (!plan_valid || plan_causal != options.causal || plan_window_left != options.window_left) {
-    plan = plan_attention(table, shape, options);
+    plan = plan_attention(table, shape, options, plan_options);
     plan_valid = true;
     plan_causal = options.causal;
     plan_window_left = options.window_left;

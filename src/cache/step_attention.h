@@ -32,7 +32,8 @@ struct StepAttention {
   void ensure_rope_table(const RopeConfig& base, std::int32_t head_dim, std::int32_t positions);
   // The plan for this step and options (made on the first call).
   const AttentionPlan& plan_for(const PagedKVTable& table, const AttentionShape& shape,
-                                const AttentionOptions& options);
+                                const AttentionOptions& options,
+                                const AttentionPlanOptions& plan_options);
   std::span<std::byte> aligned_workspace(std::size_t bytes);
 };
 

@@ -99,7 +99,6 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   validate_plan_inputs(t, shape, o);
   AttentionPlan plan;
   plan.shape = shape;
-  plan.num_threads = o.num_threads > 0 ? o.num_threads : std::max(1, omp_get_max_threads());
   const std::int32_t group = shape.num_qo_heads / shape.num_kv_heads;
   const std::int32_t tile = std::max(1, AttentionTraits::kTargetRows / group);
 
@@ -120,6 +119,13 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
         total += item_cost(tiles.back(), group);
       }
     }
+
+  // A batch this small runs on one thread unless told otherwise: waking a
+  // team costs more than it saves (much more on a loaded machine).
+  constexpr std::int64_t kSerialCost = std::int64_t{1} << 15;
+  plan.num_threads = o.num_threads > 0   ? o.num_threads
+                     : total < kSerialCost ? 1
+                                           : std::max(1, omp_get_max_threads());
 
   std::vector<AttentionWorkItem> items;
   plan.max_rows = 1;

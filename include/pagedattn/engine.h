@@ -1,0 +1,117 @@
+// Engine: continuous batching over one PagedKVCache. Requests are added at
+// any time; every step() runs one iteration over a mixed ragged batch -
+// running decodes first, then prefill chunks, admitting waiting requests FCFS
+// while pages allow, preempting the most recently admitted requests by
+// recompute when a running sequence cannot get a page.
+//
+//   Engine engine({.model = make_llama_model(llama_preset("tiny"))});
+//   RequestId id = engine.add_request(prompt, {.max_tokens = 64});
+//   while (engine.has_unfinished()) for (auto& out : engine.step()) ...
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "pagedattn/kv_cache.h"
+#include "pagedattn/model.h"
+
+namespace pagedattn {
+
+using RequestId = std::int64_t;
+
+struct SamplingParams {
+  std::int32_t max_tokens = 16;  // new tokens per sample, >= 1
+  float temperature = 0.0f;      // 0: greedy (argmax, lowest token id on ties)
+  std::int32_t top_k = 0;        // 0: all tokens
+  float top_p = 1.0f;            // (0, 1]: smallest set whose probability reaches top_p
+  std::int32_t n = 1;            // parallel samples sharing the prompt's pages, [1, 256]
+  std::optional<std::uint64_t> seed{};  // none: derived from EngineConfig.seed and the request id
+  std::vector<std::int32_t> stop_token_ids{};
+  bool ignore_eos = false;
+};
+
+enum class FinishReason : std::uint8_t { kNone = 0, kLength, kStop, kAborted };
+const char* finish_reason_name(FinishReason reason);
+
+struct SampleOutput {
+  std::int32_t index = 0;                   // sample index in [0, n)
+  std::vector<std::int32_t> new_token_ids;  // tokens produced this step
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+// One request's progress in one step (only requests with news are reported).
+struct RequestOutput {
+  RequestId request_id = 0;
+  std::vector<SampleOutput> samples;
+  bool finished = false;  // every sample has finished (or the request was aborted)
+};
+
+struct EngineConfig {
+  std::shared_ptr<Model> model{};             // required
+  std::int64_t kv_memory_bytes = 256ll << 20;  // K+V pages of every layer; pages derived from it
+  std::int32_t page_size = 16;
+  DType kv_dtype = DType::kF16;
+  std::int32_t max_num_seqs = 256;             // running sequences (samples) at once
+  std::int32_t max_num_batched_tokens = 2048;  // tokens per step, >= max_num_seqs
+  bool chunked_prefill = true;                 // split prompts across steps to fill the budget
+  // Results of a request independent of what is batched with it: fixed KV
+  // split sizes in attention and fixed row blocks in matrix products.
+  bool deterministic = false;
+  std::uint64_t seed = 0;
+};
+
+// Counters and the KV picture after the last step.
+struct EngineStats {
+  std::int64_t steps = 0;
+  std::int64_t num_preemptions = 0;     // requests preempted (by recompute), in total
+  std::int64_t recomputed_tokens = 0;   // tokens computed again after preemption
+  std::int32_t num_running_seqs = 0;
+  std::int32_t num_waiting_requests = 0;
+  std::int32_t last_step_tokens = 0;    // tokens in the last step's batch
+  std::int32_t last_step_decodes = 0;   // of which decodes
+  std::int64_t num_pages = 0;
+  std::int64_t pages_in_use = 0;
+  std::int64_t token_states_stored = 0;  // distinct tokens held (shared pages counted once)
+  std::int64_t token_states_unshared = 0;  // the same if no page were shared (sum over sequences)
+  std::int64_t pages_if_unshared = 0;      // pages the sequences would hold without sharing
+  double seconds_in_steps = 0.0;           // wall time inside step(), in total
+  double seconds_in_model = 0.0;           // of which in Model::forward
+};
+
+using StreamCallback = std::function<void(const RequestOutput&)>;
+
+class Engine {
+ public:
+  // Validates the config (InvalidArgument naming the field) and builds the cache.
+  explicit Engine(EngineConfig config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. InvalidArgument (nothing queued) for an empty prompt,
+  // a token outside the vocabulary, bad params, or a request that could not
+  // fit the KV memory even alone.
+  RequestId add_request(std::span<const std::int32_t> prompt_token_ids, const SamplingParams& params);
+  // One iteration; returns the requests with new tokens or a finish.
+  std::vector<RequestOutput> step();
+  // Stops a request and returns its pages; reported (kAborted) by the next
+  // step. InvalidArgument for an unknown or finished id.
+  void abort(RequestId id);
+  bool has_unfinished() const;
+  // Called for every RequestOutput as step() produces it.
+  void set_stream_callback(StreamCallback callback);
+
+  EngineStats stats() const;
+  const EngineConfig& config() const;
+  const PagedKVCache& cache() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagedattn

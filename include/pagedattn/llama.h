@@ -1,0 +1,43 @@
+// A built-in Llama-architecture model with seeded synthetic weights (no
+// checkpoint is loaded: outputs are deterministic but meaningless). RMSNorm,
+// fused QKV projection with GQA, RoPE (applied by the cache), paged attention
+// through PagedKVCache::attention_with_fused_qkv, output projection, SwiGLU
+// MLP, LM head. Matrix products go through BLAS (cblas_sgemm), f32 weights.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "pagedattn/model.h"
+
+namespace pagedattn {
+
+struct LlamaConfig {
+  std::string_view name = "tiny";
+  std::int32_t vocab_size = 1024;
+  std::int32_t hidden_size = 256;
+  std::int32_t intermediate_size = 688;
+  std::int32_t num_layers = 4;
+  std::int32_t num_qo_heads = 4;
+  std::int32_t num_kv_heads = 2;
+  std::int32_t head_dim = 64;
+  float rope_theta = 10000.0f;
+  float llama3_rope_factor = 0.0f;  // > 0: Llama-3 RoPE scaling (low 1, high 4, original 8192)
+  float rms_norm_eps = 1e-5f;
+  std::int32_t max_position = 4096;
+  bool tie_embeddings = true;  // LM head = embedding matrix (Llama-3.2)
+  std::int32_t eos_token_id = 2;
+  std::uint64_t weight_seed = 0x5eed;
+};
+
+// Presets: "tiny" (fast demo, ~3M parameters), "small" (~100M), "1b"
+// (Llama-3.2-1B shapes, ~1.2B parameters, ~5 GB of f32 weights).
+// InvalidArgument for any other name.
+LlamaConfig llama_preset(std::string_view name);
+std::int64_t llama_parameter_count(const LlamaConfig& config);
+
+// Builds the model and draws its weights (seeded, so two builds are equal).
+std::unique_ptr<Model> make_llama_model(const LlamaConfig& config);
+
+}  // namespace pagedattn

@@ -1,0 +1,49 @@
+// The model interface the engine drives. A model owns its weights and, per
+// step, turns the batch's new tokens into logits, handing each layer's
+// q/k/v to the cache (PagedKVCache::attention): the cache appends K/V and
+// attends over every sequence of the ragged batch.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "pagedattn/kv_cache.h"
+
+namespace pagedattn {
+
+// What the engine needs to know to build the cache and sample.
+struct ModelSpec {
+  std::string name;
+  std::int32_t num_layers = 1;
+  std::int32_t num_qo_heads = 1;
+  std::int32_t num_kv_heads = 1;
+  std::int32_t head_dim = 64;
+  std::int32_t vocab_size = 1;
+  std::int32_t max_position = 4096;  // longest sequence (prompt + output)
+  std::int32_t eos_token_id = -1;    // -1: none
+  RopeMode rope_mode = RopeMode::kNone;  // applied by the cache
+  RopeConfig rope;
+};
+
+// One step's input. Tokens are ordered as in the cache's current plan
+// (cache.plan(): qo_indptr, positions).
+struct ForwardBatch {
+  std::span<const std::int32_t> token_ids;   // [num_tokens]
+  std::span<const std::int32_t> logit_rows;  // token indices whose logits are wanted, ascending
+  // Results of a token must not depend on the other tokens of the batch
+  // (fixed-size row blocks in every matrix product).
+  bool deterministic = false;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelSpec& spec() const = 0;
+  // Runs every layer for the batch inside cache.begin_forward/end_forward
+  // (the caller brackets the step) and writes
+  // logits [logit_rows.size()][vocab_size].
+  virtual void forward(const ForwardBatch& batch, PagedKVCache& cache, std::span<float> logits) = 0;
+};
+
+}  // namespace pagedattn

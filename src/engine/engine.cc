@@ -1,0 +1,295 @@
+// Engine: validation, and the step loop - schedule, one forward over the
+// mixed batch, sample, retire. Scheduling lives in scheduler.cc, sampling in
+// sampler.cc, the model behind the Model interface.
+#include "pagedattn/engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <unordered_map>
+
+#include "counter_random.h"
+#include "sampler.h"
+#include "scheduler.h"
+
+namespace pagedattn {
+
+using engine::Schedule;
+using engine::ScheduledChunk;
+using engine::Sequence;
+using engine::SequenceGroup;
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kAborted: return "aborted";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// Keys per KV split in deterministic mode (a multiple of the kernel's key block).
+constexpr std::int32_t kDeterministicKVChunk = 256;
+
+const EngineConfig& validated(const EngineConfig& c) {
+  require(c.model != nullptr, "EngineConfig.model is null");
+  require(c.kv_memory_bytes > 0, "EngineConfig.kv_memory_bytes = ", c.kv_memory_bytes,
+          " must be > 0");
+  require(c.page_size >= 1, "EngineConfig.page_size = ", c.page_size, " must be >= 1");
+  require(c.max_num_seqs >= 1 && c.max_num_seqs <= 1 << 20, "EngineConfig.max_num_seqs = ",
+          c.max_num_seqs, " must be in [1, 2^20]");
+  require(c.max_num_batched_tokens >= c.max_num_seqs, "EngineConfig.max_num_batched_tokens = ",
+          c.max_num_batched_tokens, " must be >= max_num_seqs = ", c.max_num_seqs,
+          " (every running sequence decodes each step)");
+  return c;
+}
+
+KVCacheConfig cache_config(const EngineConfig& c) {
+  const ModelSpec& m = c.model->spec();
+  KVCacheConfig k;
+  k.num_layers = m.num_layers;
+  k.num_qo_heads = m.num_qo_heads;
+  k.num_kv_heads = m.num_kv_heads;
+  k.head_dim = m.head_dim;
+  k.page_size = c.page_size;
+  k.memory_budget_bytes = c.kv_memory_bytes;
+  k.kv_dtype = c.kv_dtype;
+  k.rope_mode = m.rope_mode;
+  k.rope = m.rope;
+  if (c.deterministic) k.attention_plan.fixed_kv_chunk = kDeterministicKVChunk;
+  return k;
+}
+
+std::int64_t pages_for(std::int64_t tokens, std::int64_t page_size) {
+  return (tokens + page_size - 1) / page_size;
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  explicit Impl(EngineConfig c)
+      : config(std::move(c)),
+        cache(cache_config(validated(config))),
+        scheduler({config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
+                   std::max<std::int64_t>(1, cache.num_pages() / 100)},
+                  cache) {}
+
+  EngineConfig config;
+  PagedKVCache cache;
+  engine::Scheduler scheduler;
+  engine::Sampler sampler;
+  StreamCallback callback;
+  RequestId next_id = 0;
+  std::int64_t steps = 0;
+  std::int32_t last_tokens = 0, last_decodes = 0;
+  double seconds_in_steps = 0.0, seconds_in_model = 0.0;
+  std::vector<RequestOutput> aborted;  // reported by the next step
+  // Buffers of one step.
+  std::vector<std::int32_t> token_ids, logit_rows;
+  std::vector<float> logits;
+
+  void validate_request(std::span<const std::int32_t> prompt, const SamplingParams& p) const;
+  void run_forward(const Schedule& s);
+  void apply_samples(const Schedule& s, std::vector<RequestOutput>& outputs);
+  void append_token(SequenceGroup& g, std::int32_t seq, std::int32_t token, RequestOutput& out);
+};
+
+void Engine::Impl::validate_request(std::span<const std::int32_t> prompt,
+                                    const SamplingParams& p) const {
+  const ModelSpec& m = config.model->spec();
+  require(!prompt.empty(), "Engine::add_request: prompt_token_ids is empty");
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    require(prompt[i] >= 0 && prompt[i] < m.vocab_size, "Engine::add_request: prompt_token_ids[",
+            i, "] = ", prompt[i], " is outside [0, vocab_size = ", m.vocab_size, ")");
+  for (std::size_t i = 0; i < p.stop_token_ids.size(); ++i)
+    require(p.stop_token_ids[i] >= 0 && p.stop_token_ids[i] < m.vocab_size,
+            "Engine::add_request: stop_token_ids[", i, "] = ", p.stop_token_ids[i],
+            " is outside [0, vocab_size = ", m.vocab_size, ")");
+  require(p.max_tokens >= 1, "Engine::add_request: max_tokens = ", p.max_tokens, " must be >= 1");
+  require(std::isfinite(p.temperature) && p.temperature >= 0.0f,
+          "Engine::add_request: temperature = ", p.temperature, " must be finite and >= 0");
+  require(p.top_k >= 0, "Engine::add_request: top_k = ", p.top_k, " must be >= 0 (0 = off)");
+  require(p.top_p > 0.0f && p.top_p <= 1.0f, "Engine::add_request: top_p = ", p.top_p,
+          " must be in (0, 1]");
+  require(p.n >= 1 && p.n <= engine::kMaxSamples && p.n <= config.max_num_seqs,
+          "Engine::add_request: n = ", p.n, " must be in [1, min(", engine::kMaxSamples,
+          ", max_num_seqs = ", config.max_num_seqs, ")]");
+  const std::int64_t total = std::ssize(prompt) + p.max_tokens;
+  require(total <= m.max_position, "Engine::add_request: prompt (", prompt.size(),
+          ") + max_tokens (", p.max_tokens, ") exceeds the model's max_position = ",
+          m.max_position);
+  require(config.chunked_prefill || total <= config.max_num_batched_tokens,
+          "Engine::add_request: prompt + max_tokens = ", total,
+          " exceeds max_num_batched_tokens = ", config.max_num_batched_tokens,
+          " and chunked prefill is off (a preempted request is recomputed in one step)");
+  // Alone, the request must fit: the prompt once, each sample's own tail.
+  const std::int64_t ps = config.page_size;
+  const std::int64_t need = pages_for(total, ps) +
+                            (p.n - 1) * (pages_for(total, ps) - std::ssize(prompt) / ps);
+  require(need <= cache.num_pages(), "Engine::add_request: the request needs up to ", need,
+          " KV pages (prompt ", prompt.size(), ", max_tokens ", p.max_tokens, ", n ", p.n,
+          "), the cache has ", cache.num_pages());
+}
+
+Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {}
+Engine::~Engine() = default;
+
+RequestId Engine::add_request(std::span<const std::int32_t> prompt, const SamplingParams& params) {
+  Impl& im = *impl_;
+  im.validate_request(prompt, params);
+  auto g = std::make_unique<SequenceGroup>();
+  g->id = im.next_id++;
+  g->params = params;
+  g->seed = params.seed.value_or(engine::splitmix64(im.config.seed ^ engine::splitmix64(g->id)));
+  g->prompt_len = static_cast<std::int32_t>(prompt.size());
+  Sequence first;
+  first.id = g->id * engine::kMaxSamples;
+  first.tokens.assign(prompt.begin(), prompt.end());
+  g->seqs.push_back(std::move(first));
+  im.scheduler.add(std::move(g));
+  return im.next_id - 1;
+}
+
+// Token ids of every chunk in plan order; logits for the chunks that sample.
+void Engine::Impl::run_forward(const Schedule& s) {
+  token_ids.clear();
+  logit_rows.clear();
+  for (const ScheduledChunk& c : s.chunks) {
+    const std::vector<std::int32_t>& t = c.group->seqs[c.seq].tokens;
+    token_ids.insert(token_ids.end(), t.begin() + c.begin, t.begin() + c.begin + c.length);
+    if (c.samples) logit_rows.push_back(static_cast<std::int32_t>(token_ids.size()) - 1);
+  }
+  logits.resize(logit_rows.size() * std::size_t(config.model->spec().vocab_size));
+  cache.begin_forward(s.seq_ids, s.lengths);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    config.model->forward({token_ids, logit_rows, config.deterministic}, cache, logits);
+    seconds_in_model += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } catch (...) {
+    cache.end_forward();  // roll the step's tokens back: the cache is as before
+    for (std::size_t i = 0; i < s.seq_ids.size(); ++i) cache.pop_n(s.seq_ids[i], s.lengths[i]);
+    throw;
+  }
+  cache.end_forward();
+}
+
+void Engine::Impl::append_token(SequenceGroup& g, std::int32_t seq, std::int32_t token,
+                                RequestOutput& out) {
+  Sequence& s = g.seqs[std::size_t(seq)];
+  s.tokens.push_back(token);
+  const SamplingParams& p = g.params;
+  const std::int32_t eos = config.model->spec().eos_token_id;
+  const bool stop = (!p.ignore_eos && token == eos) ||
+                    std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
+                        p.stop_token_ids.end();
+  if (stop) s.finish = FinishReason::kStop;
+  else if (std::ssize(s.tokens) - g.prompt_len >= p.max_tokens) s.finish = FinishReason::kLength;
+  out.samples.push_back({s.index, {token}, s.finish});
+}
+
+void Engine::Impl::apply_samples(const Schedule& s, std::vector<RequestOutput>& outputs) {
+  const std::size_t vocab = std::size_t(config.model->spec().vocab_size);
+  std::unordered_map<RequestId, std::size_t> slot;
+  std::size_t row = 0;
+  for (const ScheduledChunk& c : s.chunks) {
+    if (!c.samples) continue;
+    SequenceGroup& g = *c.group;
+    const std::span<const float> l(logits.data() + row++ * vocab, vocab);
+    auto [it, fresh] = slot.try_emplace(g.id, outputs.size());
+    if (fresh) outputs.push_back({g.id, {}, false});
+    RequestOutput& out = outputs[it->second];
+    const std::int64_t position = std::ssize(g.seqs[std::size_t(c.seq)].tokens);
+    if (std::ssize(g.seqs) < g.params.n) {
+      // The prompt's first sampling: every sample draws from these logits;
+      // samples 1.. start as forks of the prompt (no copy of full pages).
+      const std::vector<std::int32_t> prompt = g.seqs[0].tokens;
+      for (std::int32_t i = 1; i < g.params.n; ++i) {
+        Sequence child;
+        child.id = g.id * engine::kMaxSamples + i;
+        child.index = i;
+        child.tokens = prompt;
+        g.seqs.push_back(std::move(child));
+      }
+      for (std::int32_t i = 0; i < g.params.n; ++i)
+        append_token(g, i, sampler.sample(l, g.params, g.seed, i, position), out);
+    } else {
+      const std::int32_t index = g.seqs[std::size_t(c.seq)].index;
+      append_token(g, c.seq, sampler.sample(l, g.params, g.seed, index, position), out);
+    }
+    out.finished = g.finished();
+  }
+}
+
+std::vector<RequestOutput> Engine::step() {
+  Impl& im = *impl_;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<RequestOutput> outputs = std::move(im.aborted);
+  im.aborted.clear();
+  const Schedule s = im.scheduler.schedule();
+  if (!s.empty()) {
+    im.run_forward(s);
+    im.scheduler.complete(s);
+    im.apply_samples(s, outputs);
+    im.scheduler.release_finished();
+  }
+  im.last_tokens = s.num_tokens;
+  im.last_decodes = s.num_decodes;
+  ++im.steps;
+  im.seconds_in_steps += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (im.callback)
+    for (const RequestOutput& out : outputs) im.callback(out);
+  return outputs;
+}
+
+void Engine::abort(RequestId id) {
+  Impl& im = *impl_;
+  std::unique_ptr<SequenceGroup> g = im.scheduler.remove(id);
+  require(g != nullptr, "Engine::abort: request id = ", id, " is not waiting or running");
+  RequestOutput out{id, {}, true};
+  for (std::int32_t i = 0; i < g->params.n; ++i) {
+    const bool done = i < std::ssize(g->seqs) && g->seqs[std::size_t(i)].finished();
+    if (!done) out.samples.push_back({i, {}, FinishReason::kAborted});
+  }
+  im.aborted.push_back(std::move(out));
+}
+
+bool Engine::has_unfinished() const {
+  return impl_->scheduler.has_unfinished() || !impl_->aborted.empty();
+}
+
+void Engine::set_stream_callback(StreamCallback callback) { impl_->callback = std::move(callback); }
+
+EngineStats Engine::stats() const {
+  const Impl& im = *impl_;
+  EngineStats st;
+  st.steps = im.steps;
+  st.num_preemptions = im.scheduler.num_preemptions();
+  st.recomputed_tokens = im.scheduler.preempted_tokens();
+  st.num_running_seqs = im.scheduler.num_running_seqs();
+  st.num_waiting_requests = im.scheduler.num_waiting();
+  st.last_step_tokens = im.last_tokens;
+  st.last_step_decodes = im.last_decodes;
+  st.num_pages = im.cache.num_pages();
+  st.pages_in_use = st.num_pages - im.cache.num_free_pages();
+  // Shared pages are full (forks copy partial pages): each extra holder of
+  // a page counts page_size tokens that are stored once.
+  const std::int64_t ps = im.config.page_size;
+  std::int64_t page_refs = 0;
+  for (SeqId id : im.cache.sequence_ids()) {
+    const std::int64_t len = im.cache.sequence_length(id);
+    st.token_states_unshared += len;
+    page_refs += pages_for(len, ps);
+  }
+  st.token_states_stored = st.token_states_unshared - ps * (page_refs - st.pages_in_use);
+  st.pages_if_unshared = page_refs;
+  st.seconds_in_steps = im.seconds_in_steps;
+  st.seconds_in_model = im.seconds_in_model;
+  return st;
+}
+
+const EngineConfig& Engine::config() const { return impl_->config; }
+const PagedKVCache& Engine::cache() const { return impl_->cache; }
+
+}  // namespace pagedattn

@@ -1,0 +1,106 @@
+#include "gemm.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+// OpenBLAS's own controls, weak so that another CBLAS still links (the
+// pointers are then null).
+extern "C" {
+void openblas_set_num_threads(int num_threads) __attribute__((weak));
+int openblas_get_num_threads(void) __attribute__((weak));
+}
+
+namespace pagedattn::engine {
+namespace {
+
+// y[rows][cols] (+)= x[rows][in] w[cols][in]^T with leading dimensions in / ldy.
+void sgemm(const LinearArgs& a, const float* x, std::int32_t rows, const float* w,
+           std::int32_t cols, float* y, std::int32_t ldy) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, a.in, 1.0f, x, a.in, w, a.in,
+              a.accumulate ? 1.0f : 0.0f, y, ldy);
+}
+
+std::int32_t column_blocks(std::int32_t out) { return (out + kColumnBlock - 1) / kColumnBlock; }
+
+// Below this many multiply-adds a product runs on one thread: waking the
+// others costs more than it saves, and much more on a loaded machine.
+constexpr std::int64_t kParallelWork = std::int64_t{1} << 22;
+
+bool worth_threads(const LinearArgs& a) {
+  return std::int64_t{a.rows} * a.out * a.in >= kParallelWork;
+}
+
+// Every row in one call per column block (the results of a row may depend on
+// the batch: BLAS picks its kernels by shape).
+void linear_fast(const LinearArgs& a) {
+  const std::int32_t blocks = column_blocks(a.out);
+#pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads(a))
+  for (std::int32_t b = 0; b < blocks; ++b) {
+    const std::int32_t col = b * kColumnBlock, cols = std::min(kColumnBlock, a.out - col);
+    sgemm(a, a.x, a.rows, a.w + std::size_t(col) * a.in, cols, a.y + col, a.out);
+  }
+}
+
+// One kRowBlock x cols tile: tile[c][r] = x[r] . w[c]. The rows are BLAS's
+// m dimension (its vector lanes) so a row's result does not depend on its
+// place in the block; the columns (n) sit at fixed places in fixed blocks.
+void sgemm_tile(const LinearArgs& a, const float* x, const float* w, std::int32_t cols,
+                float* tile) {
+  cblas_sgemm(CblasColMajor, CblasTrans, CblasNoTrans, kRowBlock, cols, a.in, 1.0f, x, a.in, w,
+              a.in, 0.0f, tile, kRowBlock);
+}
+
+void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
+  constexpr std::int32_t kRows = kRowBlock;
+  const std::int32_t full_blocks = a.rows / kRows, tail = a.rows % kRows;
+  const std::int32_t row_blocks = full_blocks + (tail > 0 ? 1 : 0);
+  const std::int32_t col_blocks = column_blocks(a.out);
+  if (tail > 0) {  // the last block padded with zero rows
+    s.padded_x.assign(std::size_t(kRows) * a.in, 0.0f);
+    std::memcpy(s.padded_x.data(), a.x + std::size_t(full_blocks) * kRows * a.in,
+                std::size_t(tail) * a.in * sizeof(float));
+  }
+  const int threads = omp_get_max_threads();
+  s.tiles.resize(std::size_t(threads));
+  for (auto& tile : s.tiles) tile.resize(std::size_t(kRows) * kColumnBlock);
+  const std::int32_t tiles = row_blocks * col_blocks;
+#pragma omp parallel for schedule(static) num_threads(threads) if (tiles > 1 && worth_threads(a))
+  for (std::int32_t t = 0; t < tiles; ++t) {
+    const std::int32_t block = t / col_blocks, col = t % col_blocks * kColumnBlock;
+    const std::int32_t row = block * kRows, rows = std::min(kRows, a.rows - row);
+    const std::int32_t cols = std::min(kColumnBlock, a.out - col);
+    const float* x = block < full_blocks ? a.x + std::size_t(row) * a.in : s.padded_x.data();
+    float* tile = s.tiles[std::size_t(omp_get_thread_num())].data();
+    sgemm_tile(a, x, a.w + std::size_t(col) * a.in, cols, tile);
+    for (std::int32_t r = 0; r < rows; ++r) {
+      float* y = a.y + std::size_t(row + r) * a.out + col;
+      for (std::int32_t c = 0; c < cols; ++c)
+        y[c] = (a.accumulate ? y[c] : 0.0f) + tile[std::size_t(c) * kRows + r];
+    }
+  }
+}
+
+}  // namespace
+
+int blas_threads() { return openblas_get_num_threads ? openblas_get_num_threads() : 0; }
+
+void set_blas_threads(int threads) {
+  if (openblas_set_num_threads) openblas_set_num_threads(threads);
+}
+
+void use_single_threaded_blas() {
+  if (blas_threads() > 1) set_blas_threads(1);
+}
+
+void linear(const LinearArgs& a, LinearScratch& scratch) {
+  if (a.rows == 0) return;
+  if (a.deterministic)
+    linear_deterministic(a, scratch);
+  else
+    linear_fast(a);
+}
+
+}  // namespace pagedattn::engine

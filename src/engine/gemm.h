@@ -1,0 +1,51 @@
+// Matrix products of the built-in model: single-threaded BLAS (cblas_sgemm)
+// calls on fixed-shape tiles, spread over OpenMP threads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace pagedattn::engine {
+
+// Deterministic mode tiles y into kRowBlock x kColumnBlock pieces, one
+// single-threaded BLAS call each, all of the same shape: row blocks start at
+// multiples of kRowBlock (the last one padded with zero rows), column blocks
+// at multiples of kColumnBlock of the weight's output dimension. Rows are
+// the call's m dimension (BLAS's vector lanes, computed alike), and a
+// column's place in its call depends only on the model's shape, so an
+// output element does not depend on the batch, its row's place in it, or the
+// thread count (the tests check this on the machine they run on).
+inline constexpr std::int32_t kRowBlock = 16;
+inline constexpr std::int32_t kColumnBlock = 128;
+
+struct LinearArgs {
+  const float* x = nullptr;  // [rows][in]
+  std::int32_t rows = 0;
+  std::int32_t in = 0;
+  const float* w = nullptr;  // [out][in] (a PyTorch Linear weight)
+  std::int32_t out = 0;
+  float* y = nullptr;        // [rows][out]
+  bool accumulate = false;   // y += x w^T instead of y = x w^T
+  bool deterministic = false;
+};
+
+// Buffers reused across calls: the zero-padded last row block of x and one
+// output tile per thread.
+struct LinearScratch {
+  std::vector<float> padded_x;
+  std::vector<std::vector<float>> tiles;
+};
+
+// Makes OpenBLAS run single-threaded (its own thread pool would fight the
+// OpenMP threads that call it). Cheap; call it before a batch of linear()s.
+// A no-op with another BLAS.
+void use_single_threaded_blas();
+// OpenBLAS's thread count (0 with another BLAS) and its setter (a no-op
+// with another BLAS); for tests that play a user who changed it.
+int blas_threads();
+void set_blas_threads(int threads);
+
+// y (+)= x w^T.
+void linear(const LinearArgs& args, LinearScratch& scratch);
+
+}  // namespace pagedattn::engine

@@ -1,0 +1,50 @@
+// Llama presets and the parameter count.
+#include "pagedattn/errors.h"
+#include "pagedattn/llama.h"
+
+namespace pagedattn {
+
+LlamaConfig llama_preset(std::string_view name) {
+  LlamaConfig c;  // the defaults are the "tiny" preset
+  if (name == "tiny") return c;
+  if (name == "small") {
+    c.name = "small";
+    c.vocab_size = 32000;
+    c.hidden_size = 768;
+    c.intermediate_size = 2048;
+    c.num_layers = 12;
+    c.num_qo_heads = 12;
+    c.num_kv_heads = 4;
+    c.head_dim = 64;
+    return c;
+  }
+  if (name == "1b") {  // meta-llama/Llama-3.2-1B config.json
+    c.name = "1b";
+    c.vocab_size = 128256;
+    c.hidden_size = 2048;
+    c.intermediate_size = 8192;
+    c.num_layers = 16;
+    c.num_qo_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim = 64;
+    c.rope_theta = 500000.0f;
+    c.llama3_rope_factor = 32.0f;
+    c.max_position = 131072;
+    c.eos_token_id = 128001;
+    return c;
+  }
+  throw InvalidArgument(detail::concat("llama_preset: name = '", name,
+                                       "' is not a preset (tiny, small, 1b)"));
+}
+
+std::int64_t llama_parameter_count(const LlamaConfig& c) {
+  const std::int64_t h = c.hidden_size, d = c.head_dim;
+  const std::int64_t qkv = (std::int64_t{c.num_qo_heads} + 2 * c.num_kv_heads) * d * h;
+  const std::int64_t o = h * c.num_qo_heads * d;
+  const std::int64_t mlp = 3 * h * c.intermediate_size;
+  const std::int64_t layer = 2 * h + qkv + o + mlp;
+  const std::int64_t embed = std::int64_t{c.vocab_size} * h * (c.tie_embeddings ? 1 : 2);
+  return embed + c.num_layers * layer + h;
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,93 @@
+// Iteration-level scheduler (Orca / vLLM): decides, before each step, which
+// tokens of which sequences run, and keeps the cache's sequences in step with
+// that decision (add, fork, remove). It never runs a model, so it is tested
+// with a bare cache. Every page it hands out is checked with the cache's dry
+// run (pages_needed) first; no step is planned that could run out of pages.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "pagedattn/kv_cache.h"
+#include "sequence_group.h"
+
+namespace pagedattn::engine {
+
+struct SchedulerConfig {
+  std::int32_t max_num_seqs = 256;             // sequences (samples) running at once
+  std::int32_t max_num_batched_tokens = 2048;  // tokens per step, >= max_num_seqs
+  bool chunked_prefill = true;
+  std::int64_t watermark_pages = 0;  // pages left free when admitting while others run
+};
+
+// Tokens [begin, begin + length) of group->seqs[seq] run this step.
+struct ScheduledChunk {
+  SequenceGroup* group = nullptr;
+  std::int32_t seq = 0;
+  std::int32_t begin = 0;
+  std::int32_t length = 0;
+  bool samples = false;  // reaches the sequence's last token: its logits pick the next one
+};
+
+struct Schedule {
+  std::vector<ScheduledChunk> chunks;  // decodes first, then prefill chunks
+  std::vector<SeqId> seq_ids;          // [chunks.size()] for begin_forward
+  std::vector<std::int64_t> lengths;   // [chunks.size()]
+  std::int32_t num_tokens = 0;
+  std::int32_t num_decodes = 0;
+  bool empty() const { return chunks.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, PagedKVCache& cache);
+
+  // Queues a new request at the back of the waiting queue.
+  void add(std::unique_ptr<SequenceGroup> group);
+  // Plans the next step: forks waiting samples, preempts when pages run out,
+  // admits waiting requests FCFS. May change the cache's sequences.
+  Schedule schedule();
+  // Marks a planned step's chunks as computed (after its forward).
+  void complete(const Schedule& schedule);
+  // Returns the pages of finished sequences and drops finished requests.
+  void release_finished();
+  // Removes a request wherever it is, returning its pages; null if unknown.
+  std::unique_ptr<SequenceGroup> remove(RequestId id);
+
+  SequenceGroup* find(RequestId id);
+  bool has_unfinished() const { return !running_.empty() || !waiting_.empty(); }
+  std::int32_t num_running_seqs() const;
+  std::int32_t num_waiting() const { return static_cast<std::int32_t>(waiting_.size()); }
+  std::int64_t num_preemptions() const { return num_preemptions_; }
+  std::int64_t preempted_tokens() const { return preempted_tokens_; }
+  // Groups in admission order (oldest first).
+  const std::vector<std::unique_ptr<SequenceGroup>>& running() const { return running_; }
+  const std::deque<std::unique_ptr<SequenceGroup>>& waiting() const { return waiting_; }
+
+ private:
+  struct StepState;
+  bool schedule_decodes(StepState& st);
+  void schedule_prefills(StepState& st);
+  void admit_waiting(StepState& st);
+  void fork_waiting_samples(SequenceGroup& g);
+  std::int64_t decode_pages(const SequenceGroup& g) const;
+  std::int32_t chunk_that_fits(const Sequence& s, std::int32_t want, std::int64_t pages) const;
+  void add_chunk(StepState& st, SequenceGroup& g, std::int32_t seq, std::int32_t length);
+  void preempt_last();
+  void release_group_pages(SequenceGroup& g);
+
+  SchedulerConfig config_;
+  PagedKVCache& cache_;
+  std::int32_t page_size_;
+  std::vector<std::unique_ptr<SequenceGroup>> running_;
+  std::deque<std::unique_ptr<SequenceGroup>> waiting_;
+  std::int64_t num_preemptions_ = 0;
+  std::int64_t preempted_tokens_ = 0;
+};
+
+// Sequences a group holds a running slot for: n minus its finished samples.
+std::int32_t reserved_seqs(const SequenceGroup& g);
+
+}  // namespace pagedattn::engine

@@ -1,0 +1,86 @@
+// The model's matrix products: close to a double-precision reference, and in
+// deterministic mode bitwise the same for a row whatever its place in the
+// batch, the batch size, OpenMP's thread count and OpenBLAS's own.
+#include "engine/gemm.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "engine/counter_random.h"
+
+namespace pagedattn::engine {
+namespace {
+
+// 6 column blocks, the last one partial; 64 rows are enough work for threads.
+constexpr std::int32_t kIn = 96, kOut = 700;
+
+std::vector<float> values(std::size_t count, std::uint64_t stream) {
+  std::vector<float> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(2.0 * counter_uniform(7, stream, i) - 1.0);
+  return v;
+}
+
+struct Product {
+  std::vector<float> w = values(std::size_t(kOut) * kIn, 1);
+  std::vector<float> x = values(std::size_t(64) * kIn, 2);  // row r: x[r]
+  std::vector<float> bias = values(std::size_t(64) * kOut, 3);
+  LinearScratch scratch;
+
+  // Rows [first, first + rows) of x as one batch; y starts at bias when accumulating.
+  std::vector<float> run(std::int32_t first, std::int32_t rows, bool accumulate, bool deterministic) {
+    std::vector<float> y(bias.begin() + std::size_t(first) * kOut,
+                         bias.begin() + std::size_t(first + rows) * kOut);
+    linear({x.data() + std::size_t(first) * kIn, rows, kIn, w.data(), kOut, y.data(), accumulate,
+            deterministic},
+           scratch);
+    return y;
+  }
+};
+
+TEST(Linear, MatchesADoubleReference) {
+  Product p;
+  for (const bool deterministic : {false, true})
+    for (const bool accumulate : {false, true}) {
+      const std::vector<float> y = p.run(0, 37, accumulate, deterministic);
+      for (std::int32_t r = 0; r < 37; ++r)
+        for (std::int32_t c = 0; c < kOut; ++c) {
+          double want = accumulate ? p.bias[std::size_t(r) * kOut + c] : 0.0;
+          for (std::int32_t i = 0; i < kIn; ++i)
+            want += double(p.x[std::size_t(r) * kIn + i]) * p.w[std::size_t(c) * kIn + i];
+          ASSERT_NEAR(y[std::size_t(r) * kOut + c], want, 1e-4) << r << ", " << c;
+        }
+    }
+}
+
+TEST(Linear, DeterministicRowsDoNotDependOnBatchPlaceOrThreads) {
+  Product p;
+  const int saved_omp = omp_get_max_threads(), saved_blas = blas_threads();
+  for (const bool accumulate : {false, true}) {
+    omp_set_num_threads(1);
+    set_blas_threads(1);
+    std::vector<std::vector<float>> alone;  // each row as a batch of one
+    for (std::int32_t r = 0; r < 64; ++r) alone.push_back(p.run(r, 1, accumulate, true));
+    for (const int omp : {1, 2})
+      for (const int blas : {1, 2}) {
+        omp_set_num_threads(omp);
+        set_blas_threads(blas);
+        for (const auto& [first, rows] : {std::pair{0, 64}, {3, 40}, {5, 16}, {9, 17}, {20, 7}}) {
+          const std::vector<float> y = p.run(first, rows, accumulate, true);
+          for (std::int32_t r = 0; r < rows; ++r)
+            ASSERT_EQ(std::memcmp(y.data() + std::size_t(r) * kOut, alone[std::size_t(first + r)].data(),
+                                  kOut * sizeof(float)),
+                      0)
+                << "row " << first + r << " in a batch of " << rows << " from " << first << ", "
+                << omp << " OpenMP and " << blas << " BLAS threads, accumulate " << accumulate;
+        }
+      }
+  }
+  omp_set_num_threads(saved_omp);
+  set_blas_threads(std::max(1, saved_blas));
+}
+
+}  // namespace
+}  // namespace pagedattn::engine

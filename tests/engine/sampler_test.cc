@@ -1,0 +1,98 @@
+// Sampling: greedy ties, top-k / top-p supports, and the empirical
+// distribution of temperature sampling against the softmax.
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace pagedattn::engine {
+namespace {
+
+TEST(Sampler, GreedyTakesTheLowestIdAmongTies) {
+  Sampler s;
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
+  EXPECT_EQ(s.sample(logits, {}, 1, 0, 0), 1);
+}
+
+TEST(Sampler, TopKAndTopPRestrictTheSupport) {
+  Sampler s;
+  const std::vector<float> logits = {3.0f, 2.9f, 0.0f, -1.0f, 2.8f};
+  SamplingParams k{.temperature = 1.0f, .top_k = 2};
+  SamplingParams p{.temperature = 1.0f, .top_p = 0.5f};
+  for (std::int64_t pos = 0; pos < 500; ++pos) {
+    const std::int32_t a = s.sample(logits, k, 9, 0, pos);
+    EXPECT_TRUE(a == 0 || a == 1) << a;
+    const std::int32_t b = s.sample(logits, p, 9, 0, pos);
+    EXPECT_TRUE(b == 0 || b == 1) << b;  // p(0) = 0.36 < 0.5, p(0) + p(1) >= 0.5
+  }
+}
+
+TEST(Sampler, FrequenciesFollowTheSoftmax) {
+  Sampler s;
+  const std::vector<float> logits = {1.0f, 0.0f, -0.5f, 2.0f};
+  const float temperature = 0.7f;
+  std::vector<double> expected(logits.size());
+  double sum = 0.0;
+  for (std::size_t i = 0; i < logits.size(); ++i) sum += expected[i] = std::exp(logits[i] / temperature);
+  std::vector<int> counts(logits.size());
+  const int draws = 20000;
+  for (int i = 0; i < draws; ++i) ++counts[s.sample(logits, {.temperature = temperature}, 3, 1, i)];
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    EXPECT_NEAR(counts[i] / double(draws), expected[i] / sum, 0.015) << "token " << i;
+}
+
+// A reference by a full sort: the probability of each token under top-k
+// then top-p (the smallest most-likely-first prefix reaching top_p).
+std::vector<double> reference_distribution(const std::vector<float>& logits, float temperature,
+                                           std::int32_t top_k, float top_p) {
+  std::vector<std::int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return logits[a] > logits[b]; });
+  if (top_k > 0) order.resize(std::min(order.size(), std::size_t(top_k)));
+  std::vector<double> w;
+  double sum = 0.0;
+  for (std::int32_t t : order) sum += w.emplace_back(std::exp((logits[t] - logits[order[0]]) / temperature));
+  std::size_t prefix = 0;
+  double mass = 0.0;
+  while (prefix < order.size() && mass < top_p * sum) mass += w[prefix++];
+  std::vector<double> p(logits.size(), 0.0);
+  for (std::size_t i = 0; i < prefix; ++i) p[std::size_t(order[i])] = w[i] / mass;
+  return p;
+}
+
+TEST(Sampler, WideNucleusAndTopKFollowAFullSortReference) {
+  // 400 distinct logits in shuffled order; top_p 0.6 needs well over the
+  // first 64 candidates, so the nucleus is sorted in several rounds.
+  std::vector<float> logits(400);
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[(i * 151) % 400] = -0.01f * float(i);
+  const int draws = 30000;
+  for (const auto& [top_k, top_p] : {std::pair{0, 0.6f}, {50, 1.0f}, {120, 0.9f}}) {
+    const SamplingParams params{.temperature = 0.8f, .top_k = top_k, .top_p = top_p};
+    const std::vector<double> expected = reference_distribution(logits, 0.8f, top_k, top_p);
+    Sampler s;
+    std::vector<int> counts(logits.size());
+    for (int i = 0; i < draws; ++i) ++counts[std::size_t(s.sample(logits, params, 11, 0, i))];
+    std::size_t support = 0;
+    for (std::size_t t = 0; t < logits.size(); ++t) {
+      support += expected[t] > 0.0;
+      if (expected[t] == 0.0) {
+        ASSERT_EQ(counts[t], 0) << "token " << t << " is outside the support";
+      }
+      EXPECT_NEAR(counts[t] / double(draws), expected[t], 0.0045) << "token " << t;
+    }
+    EXPECT_GT(support, top_k == 50 ? 49u : 64u);
+  }
+}
+
+TEST(Sampler, DrawsDependOnlyOnSeedSampleAndPosition) {
+  Sampler a, b;
+  const std::vector<float> logits(50, 0.0f);
+  const SamplingParams p{.temperature = 1.0f};
+  for (std::int64_t pos = 0; pos < 20; ++pos) EXPECT_EQ(a.sample(logits, p, 5, 2, pos), b.sample(logits, p, 5, 2, pos));
+}
+
+}  // namespace
+}  // namespace pagedattn::engine

@@ -1,0 +1,51 @@
+// What bench-serve measures: per-request timings, a sample of the engine
+// after every step, and the summary figures computed from them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace pagedattn::tools {
+
+struct RequestTiming {
+  double arrival = 0.0;       // seconds since the start
+  double first_token = -1.0;  // first token of any sample
+  double finish = -1.0;
+  std::int64_t output_tokens = 0;     // over all samples
+  std::int32_t longest_sample = 0;    // tokens of the longest sample
+};
+
+struct StepSample {
+  double time = 0.0;  // end of the step, seconds since the start
+  std::int32_t running_seqs = 0;
+  std::int32_t batch_tokens = 0;
+  std::int64_t pages_in_use = 0;
+  std::int64_t token_states_stored = 0;
+  std::int64_t pages_if_unshared = 0;
+  std::int64_t output_tokens = 0;  // produced so far
+};
+
+struct ServeSummary {
+  double duration_s = 0.0;
+  std::int32_t completed = 0;
+  std::int64_t output_tokens = 0;
+  double requests_per_s = 0.0, output_tokens_per_s = 0.0;
+  double ttft_p50 = 0.0, ttft_p99 = 0.0;  // seconds
+  double tpot_p50 = 0.0, tpot_p99 = 0.0;  // seconds per output token after the first
+  std::int32_t peak_batch = 0;            // running sequences
+  std::int64_t preemptions = 0;
+  std::int64_t peak_pages = 0, num_pages = 0;
+  std::int32_t page_size = 0;
+  double kv_efficiency = 0.0;     // token states stored / KV reserved, over the steps
+  double sharing_saving = 0.0;    // 1 - pages in use / pages without sharing, over the steps
+  double overhead_share = 0.0;    // step time outside Model::forward / step time
+  std::int64_t steps = 0;
+};
+
+// Percentile p in [0, 100] by linear interpolation; 0 for no values.
+double percentile(std::vector<double> values, double p);
+
+ServeSummary summarize(const std::vector<RequestTiming>& requests,
+                       const std::vector<StepSample>& steps, std::int32_t page_size);
+
+}  // namespace pagedattn::tools
