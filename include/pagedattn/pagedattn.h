@@ -8,4 +8,5 @@
 #include "pagedattn/kv_ops.h"
 #include "pagedattn/paged_kv.h"
 #include "pagedattn/rope.h"
+#include "pagedattn/token_tree.h"
 #include "pagedattn/version.h"

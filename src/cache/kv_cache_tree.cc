@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "kv_cache_state.h"
-#include "token_tree.h"
+#include "pagedattn/token_tree.h"
 
 namespace pagedattn {
 
@@ -39,9 +39,9 @@ void PagedKVCache::State::validate_tree_parents(std::span<const SeqId> ids,
     require(!s.windowed(), "PagedKVCache::begin_forward: seq_ids[", i, "] = ", ids[i],
             " has a sliding window; token trees need a sequence without one");
     const std::int64_t first_node = s.tree_size(), end_node = first_node + lens[i];
-    require(end_node <= cache::kMaxTreeNodes, "PagedKVCache::begin_forward: seq_ids[", i, "] = ",
+    require(end_node <= kMaxTokenTreeNodes, "PagedKVCache::begin_forward: seq_ids[", i, "] = ",
             ids[i], " would hold ", end_node, " uncommitted tree nodes (", first_node,
-            " before this forward), more than ", cache::kMaxTreeNodes);
+            " before this forward), more than ", kMaxTokenTreeNodes);
     for (std::int64_t node = first_node; node < end_node; ++node, ++at) {
       const std::int64_t parent = parents[static_cast<std::size_t>(at)];
       require(parent >= -1 && parent < end_node, "PagedKVCache::begin_forward: token_tree_parents[",
@@ -57,18 +57,18 @@ void PagedKVCache::State::validate_tree_parents(std::span<const SeqId> ids,
 void PagedKVCache::State::append_tree_to_plan(Sequence& s, std::span<const std::int64_t> parents) {
   s.tree_open = true;
   for (std::int64_t p : parents) s.tree_parents.push_back(static_cast<std::int32_t>(p));
-  cache::extend_depths(s.tree_parents, s.tree_depths);
+  extend_depths(s.tree_parents, s.tree_depths);
   const auto committed = static_cast<std::int32_t>(s.committed_length());
   const std::size_t n = parents.size();
   std::int32_t* pos = plan.positions.data() + plan.positions.size() - n;
   const std::int32_t* depth = s.tree_depths.data() + s.tree_depths.size() - n;
   for (std::size_t t = 0; t < n; ++t) pos[t] = committed + depth[t];
   // A chain is ordinary causal attention: no mask arrays, full speed.
-  const bool masked = !cache::is_chain(s.tree_parents);
+  const bool masked = !is_chain(s.tree_parents);
   plan.tree_begin.push_back(masked ? committed : static_cast<std::int32_t>(s.length));
   if (masked) {
     plan.has_tree = true;
-    cache::append_dfs_intervals(s.tree_parents, plan.tree_enter, plan.tree_exit);
+    append_dfs_intervals(s.tree_parents, plan.tree_enter, plan.tree_exit);
     for (std::int32_t d : s.tree_depths) plan.tree_positions.push_back(committed + d);
   }
   plan.tree_node_indptr.push_back(static_cast<std::int32_t>(plan.tree_enter.size()));
@@ -105,7 +105,7 @@ void PagedKVCache::commit_accepted_token_tree_nodes(std::span<const SeqId> seq_i
 }
 
 void PagedKVCache::State::commit_tree_path(Sequence& s, std::int32_t leaf) {
-  const std::vector<std::int32_t> path = cache::root_to_leaf_path(s.tree_parents, leaf);
+  const std::vector<std::int32_t> path = root_to_leaf_path(s.tree_parents, leaf);
   const std::int64_t committed = s.committed_length();
   const std::int32_t ps = page_size();
   // Node path[d] >= d moves down to committed + d; in increasing d no source

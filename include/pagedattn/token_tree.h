@@ -1,17 +1,19 @@
 // Token trees of speculative decoding as parent arrays (node i's parent is
 // parents[i] < i, or -1 for a child of the committed prefix), and the forms
-// the cache derives from them: depths, DFS intervals for the kernels' mask,
-// the accepted root-to-leaf path. Pure functions; inputs are validated.
+// derived from them: depths, the DFS intervals of a TokenTreeMask, the
+// accepted root-to-leaf path. PagedKVCache uses them; callers of
+// paged_attention who build a TokenTreeMask themselves may too. Pure
+// functions: the parent arrays must already be valid.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
-namespace pagedattn::cache {
+namespace pagedattn {
 
-// Up to this many uncommitted nodes per sequence (the limit, as TVM).
-inline constexpr std::int64_t kMaxTreeNodes = 256;
+// PagedKVCache holds up to this many uncommitted nodes per sequence (TVM's limit).
+inline constexpr std::int64_t kMaxTokenTreeNodes = 256;
 
 // Appends the depths of nodes [depths.size(), parents.size()) (roots 0).
 void extend_depths(std::span<const std::int32_t> parents, std::vector<std::int32_t>& depths);
@@ -28,4 +30,4 @@ void append_dfs_intervals(std::span<const std::int32_t> parents, std::vector<std
 std::vector<std::int32_t> root_to_leaf_path(std::span<const std::int32_t> parents,
                                             std::int32_t leaf);
 
-}  // namespace pagedattn::cache
+}  // namespace pagedattn

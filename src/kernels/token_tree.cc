@@ -1,8 +1,8 @@
-#include "token_tree.h"
+#include "pagedattn/token_tree.h"
 
 #include <algorithm>
 
-namespace pagedattn::cache {
+namespace pagedattn {
 
 void extend_depths(std::span<const std::int32_t> parents, std::vector<std::int32_t>& depths) {
   for (std::size_t i = depths.size(); i < parents.size(); ++i)
@@ -47,4 +47,4 @@ std::vector<std::int32_t> root_to_leaf_path(std::span<const std::int32_t> parent
   return path;
 }
 
-}  // namespace pagedattn::cache
+}  // namespace pagedattn
