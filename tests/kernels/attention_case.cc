@@ -1,6 +1,7 @@
 #include "attention_case.h"
 
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
 #include <algorithm>
 #include <cmath>
@@ -256,6 +257,18 @@ void expect_close(const AttentionCase& c, const std::string& what) {
     } else if (std::fabs(a - b) > kLseTolerance * std::max(1.0f, std::fabs(a)) && bad++ < 5) {
       ADD_FAILURE() << what << " lse " << i << ": reference " << a << ", kernel " << b;
     }
+  }
+}
+
+void for_each_highway_target(const std::function<void(std::int64_t)>& body) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  struct Reset {
+    ~Reset() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    body(target);
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -80,5 +81,9 @@ Tolerance output_tolerance(DType o);
 // Output 1 (kernel) against output 0 (reference), and their LSE; failures
 // are reported with `what`.
 void expect_close(const AttentionCase& c, const std::string& what);
+
+// Runs `body(target)` with Highway restricted to each compiled and supported
+// target in turn, then restores dynamic dispatch.
+void for_each_highway_target(const std::function<void(std::int64_t)>& body);
 
 }  // namespace pagedattn::testing

@@ -118,13 +118,7 @@ TEST(AttentionKernel, EveryDtypeTripleMatchesReference) {
 }
 
 TEST(AttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  ASSERT_FALSE(targets.empty());
-  struct Reset {
-    ~Reset() { hwy::SetSupportedTargetsForTest(0); }
-  } reset;
-  for (std::int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
+  for_each_highway_target([](std::int64_t target) {
     for (std::uint32_t seed = 1000; seed < 1012; ++seed) {
       const CaseSpec spec = random_spec(seed);
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + describe(spec));
@@ -132,7 +126,7 @@ TEST(AttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
       run_both(c, AttentionPlanOptions{2, 0, 16});
       expect_close(c, hwy::TargetName(target));
     }
-  }
+  });
 }
 
 TEST(AttentionKernel, PagedEqualsContiguousBitwise) {

@@ -122,11 +122,7 @@ TEST(TreeAttentionKernel, MatchesReferenceOnRandomForests) {
 }
 
 TEST(TreeAttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
-  struct Reset {
-    ~Reset() { hwy::SetSupportedTargetsForTest(0); }
-  } reset;
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+  for_each_highway_target([](std::int64_t target) {
     for (std::uint32_t seed = 100; seed < 104; ++seed) {
       const TreeCase t = random_tree_case(seed);
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + " seed " + std::to_string(seed));
@@ -134,7 +130,7 @@ TEST(TreeAttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
       run_with_trees(c, t.trees.mask(), AttentionPlanOptions{2, 0, 16});
       expect_close(c, hwy::TargetName(target));
     }
-  }
+  });
 }
 
 // A chain's mask hides exactly what causality hides: same bits as no mask.

@@ -46,15 +46,17 @@ std::vector<double> kv_row(const std::vector<float>& all, std::int64_t tokens, s
 
 }  // namespace
 
+// GQA 12:4 (group 3), head_dim 48: shapes the other cache tests do not use.
+// GQA 12:4 (group 3), head_dim 48: shapes the other cache tests do not use.
 KVCacheConfig tree_config(const TreeSetup& s) {
   KVCacheConfig c;
   c.num_layers = 2;
-  c.num_qo_heads = 8;
-  c.num_kv_heads = 2;
-  c.head_dim = 32;
+  c.num_qo_heads = 12;
+  c.num_kv_heads = 4;
+  c.head_dim = 48;
+  c.kv_dtype = s.kv_dtype;
   c.page_size = s.page_size;
   c.num_pages = 4096 / s.page_size + 64;
-  c.kv_dtype = s.kv_dtype;
   c.support_sliding_window = true;
   c.rope_mode = s.rope_mode;
   c.rope.theta = 10000.0f;
