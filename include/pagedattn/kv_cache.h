@@ -69,6 +69,7 @@ struct BatchPlan {
   std::vector<std::int32_t> kv_sink_lens;    // [batch_size] (see PagedKVTable)
   std::vector<std::int32_t> kv_gap_lens;     // [batch_size] (see PagedKVTable)
   std::vector<std::int32_t> positions;       // [num_tokens] position of each new token
+                                             // (tree nodes: committed length + depth)
   std::vector<std::int64_t> slot_mapping;    // [num_tokens] page * page_size + offset, -1 = no write
   bool has_gaps = false;                     // any kv_gap_lens[b] != 0
   std::int32_t page_size = 0;
@@ -122,7 +123,8 @@ class PagedKVCache {
   // --- steps -----------------------------------------------------------------
   // Reserves pages for `append_lengths[i]` new tokens of `seq_ids[i]` and
   // returns the step's plan. Lengths may be 0. OutOfPages if the pool cannot
-  // hold them; the cache is then unchanged.
+  // hold them; the cache is then unchanged. InvalidState for a sequence with
+  // an uncommitted token tree (see the token-tree overload below).
   const BatchPlan& begin_forward(std::span<const SeqId> seq_ids,
                                  std::span<const std::int64_t> append_lengths);
   // Speculative decoding (TVM): appends a forest of draft tokens per
