@@ -121,16 +121,21 @@ std::vector<std::int32_t> binary_tree(std::int32_t n) {
 std::vector<std::int32_t> random_forest(std::int32_t n) {
   std::mt19937 rng(7);
   std::vector<std::int32_t> p;
-  for (std::int32_t i = 0; i < n; ++i) p.push_back(std::uniform_int_distribution<std::int32_t>(-1, i - 1)(rng));
+  for (std::int32_t i = 0; i < n; ++i)
+    p.push_back(std::uniform_int_distribution<std::int32_t>(-1, i - 1)(rng));
   return p;
 }
 
 BENCHMARK_CAPTURE(BM_TreeVsChunkedPrefill, binary_tree_64, binary_tree(64))
     ->Name("BM_TreeVsChunkedPrefill/kv:f16/heads:32x8/batch:32/nodes:64/kv_len:4096/binary")
-    ->UseManualTime()->Iterations(6)->Unit(benchmark::kMillisecond);
+    ->UseManualTime()
+    ->Iterations(6)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_TreeVsChunkedPrefill, random_forest_64, random_forest(64))
     ->Name("BM_TreeVsChunkedPrefill/kv:f16/heads:32x8/batch:32/nodes:64/kv_len:4096/random")
-    ->UseManualTime()->Iterations(6)->Unit(benchmark::kMillisecond);
+    ->UseManualTime()
+    ->Iterations(6)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

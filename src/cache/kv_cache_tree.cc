@@ -39,17 +39,17 @@ void PagedKVCache::State::validate_tree_parents(std::span<const SeqId> ids,
     require(!s.windowed(), "PagedKVCache::begin_forward: seq_ids[", i, "] = ", ids[i],
             " has a sliding window; token trees need a sequence without one");
     const std::int64_t first_node = s.tree_size(), end_node = first_node + lens[i];
-    require(end_node <= kMaxTokenTreeNodes, "PagedKVCache::begin_forward: seq_ids[", i, "] = ",
-            ids[i], " would hold ", end_node, " uncommitted tree nodes (", first_node,
+    require(end_node <= kMaxTokenTreeNodes, "PagedKVCache::begin_forward: seq_ids[", i,
+            "] = ", ids[i], " would hold ", end_node, " uncommitted tree nodes (", first_node,
             " before this forward), more than ", kMaxTokenTreeNodes);
     for (std::int64_t node = first_node; node < end_node; ++node, ++at) {
       const std::int64_t parent = parents[static_cast<std::size_t>(at)];
       require(parent >= -1 && parent < end_node, "PagedKVCache::begin_forward: token_tree_parents[",
               at, "] = ", parent, " (node ", node, " of seq_id = ", ids[i],
               ") is out of range: the tree has nodes [0, ", end_node, "), -1 = the prefix");
-      require(parent < node, "PagedKVCache::begin_forward: token_tree_parents[", at, "] = ",
-              parent, " (node ", node, " of seq_id = ", ids[i],
-              ") must be less than its node index ", node);
+      require(parent < node, "PagedKVCache::begin_forward: token_tree_parents[", at, "] = ", parent,
+              " (node ", node, " of seq_id = ", ids[i], ") must be less than its node index ",
+              node);
     }
   }
 }
@@ -92,8 +92,9 @@ void PagedKVCache::commit_accepted_token_tree_nodes(std::span<const SeqId> seq_i
     require(it != st.seqs.end(), "PagedKVCache::", kCommit, ": seq_ids[", i, "] = ", seq_ids[i],
             " does not exist");
     const Sequence& s = it->second;
-    require<InvalidState>(s.tree_open, "PagedKVCache::", kCommit, ": seq_ids[", i, "] = ",
-                          seq_ids[i], " has no uncommitted token tree (no tree forward since "
+    require<InvalidState>(s.tree_open, "PagedKVCache::", kCommit, ": seq_ids[", i,
+                          "] = ", seq_ids[i],
+                          " has no uncommitted token tree (no tree forward since "
                           "its last commit)");
     require(leaf_indices[i] >= -1 && leaf_indices[i] < s.tree_size(), "PagedKVCache::", kCommit,
             ": leaf_indices[", i, "] = ", leaf_indices[i], " for seq_id = ", seq_ids[i],

@@ -30,7 +30,8 @@ void append_dfs_intervals(std::span<const std::int32_t> parents, std::vector<std
   std::vector<std::int32_t> next_child(n);
   std::int32_t next_root = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    std::int32_t& slot = parents[i] < 0 ? next_root : next_child[static_cast<std::size_t>(parents[i])];
+    std::int32_t& slot =
+        parents[i] < 0 ? next_root : next_child[static_cast<std::size_t>(parents[i])];
     enter[base + i] = slot;
     slot += size[i];
     next_child[i] = enter[base + i] + 1;

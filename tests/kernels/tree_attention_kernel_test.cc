@@ -32,7 +32,8 @@ struct TreeArrays {
     exit.resize(base + parents.size());
     positions.resize(base + parents.size());
     std::int32_t counter = 0;
-    std::function<void(std::int32_t, std::int32_t)> visit = [&](std::int32_t node, std::int32_t depth) {
+    std::function<void(std::int32_t, std::int32_t)> visit = [&](std::int32_t node,
+                                                                std::int32_t depth) {
       enter[base + node] = counter++;
       positions[base + node] = first + depth;
       for (std::int32_t c : children[node]) visit(c, depth + 1);
@@ -184,7 +185,9 @@ TEST(TreeAttentionKernel, RejectsMalformedMasks) {
   rejects(ok, windowed, "window_left = 4 cannot be combined");
   TreeArrays short_tree;
   short_tree.add({-1, 0}, 10);
-  rejects(short_tree, {}, "tree_mask.tree_begin[0] = 8 must be kv_len = 10 (no tree) or in [0, kv_len - q_len = 7]");
+  rejects(
+      short_tree, {},
+      "tree_mask.tree_begin[0] = 8 must be kv_len = 10 (no tree) or in [0, kv_len - q_len = 7]");
   TreeArrays bad = ok;
   bad.exit[1] = 3;
   rejects(bad, {}, "tree_mask node 1 has enter = 1, exit = 3");

@@ -29,8 +29,8 @@ std::int64_t depth_of(const std::vector<std::int64_t>& parents, std::int64_t nod
 void rotate(std::vector<double>& x, std::int64_t p, const RopeConfig& rope) {
   const auto dim = static_cast<std::int32_t>(x.size()), half = dim / 2;
   for (std::int32_t i = 0; i < half; ++i) {
-    const std::complex<double> z =
-        std::complex<double>(x[i], x[i + half]) * std::polar(1.0, double(p) * rope_inv_freq(rope, dim, i));
+    const std::complex<double> z = std::complex<double>(x[i], x[i + half]) *
+                                   std::polar(1.0, double(p) * rope_inv_freq(rope, dim, i));
     x[i] = z.real();
     x[i + half] = z.imag();
   }
@@ -132,8 +132,8 @@ void TreeHarness::check_sequence(const BatchPlan& plan, std::int32_t b, std::int
     return j < m.committed ? j : m.committed + depth_of(m.parents, j - m.committed);
   };
   auto visible = [&](std::int64_t j, std::int64_t qi) {
-    return j <= qi && (j < m.committed || is_ancestor_or_self(m.parents, j - m.committed,
-                                                              qi - m.committed));
+    return j <= qi &&
+           (j < m.committed || is_ancestor_or_self(m.parents, j - m.committed, qi - m.committed));
   };
   const double tol = is_quantized(c.kv_dtype) ? 2e-4 : 2e-5;
   const std::int32_t q_len = plan.qo_indptr[b + 1] - plan.qo_indptr[b];
@@ -203,8 +203,10 @@ void TreeHarness::commit(const std::vector<SeqId>& ids, const std::vector<std::i
         for (std::int64_t e = 0; e < row; ++e) {
           const std::size_t now = std::size_t((layer * len + t) * row + e);
           const std::size_t was = std::size_t((layer * old_len + source[t]) * row + e);
-          ASSERT_EQ(k[now], before_k[i][was]) << "seq " << ids[i] << " layer " << layer << " token " << t;
-          ASSERT_EQ(v[now], before_v[i][was]) << "seq " << ids[i] << " layer " << layer << " token " << t;
+          ASSERT_EQ(k[now], before_k[i][was])
+              << "seq " << ids[i] << " layer " << layer << " token " << t;
+          ASSERT_EQ(v[now], before_v[i][was])
+              << "seq " << ids[i] << " layer " << layer << " token " << t;
         }
     m.committed = len;
     m.parents.clear();

@@ -31,7 +31,8 @@ class TreeHarness {
   // A plain forward (two-argument begin_forward), checked.
   void step(const std::vector<SeqId>& ids, const std::vector<std::int64_t>& lens);
   // A tree forward, checked; parents flat over the batch as the API takes them.
-  void tree_step(const std::vector<SeqId>& ids, const std::vector<std::vector<std::int64_t>>& parents);
+  void tree_step(const std::vector<SeqId>& ids,
+                 const std::vector<std::vector<std::int64_t>>& parents);
   // Commits and checks: prefix rows unchanged, the path's rows moved, length.
   void commit(const std::vector<SeqId>& ids, const std::vector<std::int64_t>& leaves);
 

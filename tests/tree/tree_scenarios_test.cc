@@ -48,7 +48,8 @@ TEST_P(TreeScenario, TreeGrownOverFiveForwardsThenCommitted) {
   t.step({5, 6}, {21, 3});
   for (std::int64_t level = 0; level < 5; ++level) {
     Parents nodes;
-    for (std::int64_t n = (1 << level) - 1; n < (2 << level) - 1; ++n) nodes.push_back(n == 0 ? -1 : (n - 1) / 2);
+    for (std::int64_t n = (1 << level) - 1; n < (2 << level) - 1; ++n)
+      nodes.push_back(n == 0 ? -1 : (n - 1) / 2);
     t.tree_step({5, 6}, {nodes, nodes});
   }
   t.commit({6, 5}, {9, 30});
@@ -73,13 +74,12 @@ TEST_P(TreeScenario, MixedBatchesOfTreesPrefillAndDecode) {
   t.step({4, 1, 0}, {3, 1, 1});
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ModesDtypesPages, TreeScenario,
-    ::testing::Values(TreeSetup{DType::kF16, RopeMode::kNone, 16},
-                      TreeSetup{DType::kF32, RopeMode::kNormal, 16},
-                      TreeSetup{DType::kBF16, RopeMode::kInline, 1},
-                      TreeSetup{DType::kINT8, RopeMode::kInline, 5},
-                      TreeSetup{DType::kF16, RopeMode::kNormal, 3}));
+INSTANTIATE_TEST_SUITE_P(ModesDtypesPages, TreeScenario,
+                         ::testing::Values(TreeSetup{DType::kF16, RopeMode::kNone, 16},
+                                           TreeSetup{DType::kF32, RopeMode::kNormal, 16},
+                                           TreeSetup{DType::kBF16, RopeMode::kInline, 1},
+                                           TreeSetup{DType::kINT8, RopeMode::kInline, 5},
+                                           TreeSetup{DType::kF16, RopeMode::kNormal, 3}));
 
 }  // namespace
 }  // namespace pagedattn::test

@@ -30,18 +30,37 @@ class TreeValidation : public ::testing::Test {
 };
 
 TEST_F(TreeValidation, RejectsBadParents) {
-  expect_rejected<InvalidArgument>(kv, [&] { kv.begin_forward(Ids{1}, Lens{3}, Lens{-1, 0, -2}); },
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.begin_forward(Ids{1}, Lens{3}, Lens{-1, 0, -2});
+                                   },
                                    {"token_tree_parents[2] = -2", "out of range"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.begin_forward(Ids{1}, Lens{3}, Lens{-1, 0, 7}); },
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.begin_forward(Ids{1}, Lens{3}, Lens{-1, 0, 7});
+                                   },
                                    {"token_tree_parents[2] = 7", "out of range"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.begin_forward(Ids{1, 2}, Lens{2, 2}, Lens{-1, 0, -1, 1}); },
-                                   {"token_tree_parents[3] = 1", "node 1 of seq_id = 2",
-                                    "less than its node index 1"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.begin_forward(Ids{1}, Lens{3}, Lens{-1, 2, 0}); },
+  expect_rejected<InvalidArgument>(
+      kv,
+      [&] {
+        kv.begin_forward(Ids{1, 2}, Lens{2, 2}, Lens{-1, 0, -1, 1});
+      },
+      {"token_tree_parents[3] = 1", "node 1 of seq_id = 2", "less than its node index 1"});
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.begin_forward(Ids{1}, Lens{3}, Lens{-1, 2, 0});
+                                   },
                                    {"token_tree_parents[1] = 2", "less than its node index 1"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.begin_forward(Ids{1, 2}, Lens{2, 2}, Lens{-1, 0, -1}); },
-                                   {"token_tree_parents has 3 entries but append_lengths sum to 4"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.begin_forward(Ids{1}, Lens{2}, Lens{-1, 0, 1}); },
+  expect_rejected<InvalidArgument>(
+      kv,
+      [&] {
+        kv.begin_forward(Ids{1, 2}, Lens{2, 2}, Lens{-1, 0, -1});
+      },
+      {"token_tree_parents has 3 entries but append_lengths sum to 4"});
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.begin_forward(Ids{1}, Lens{2}, Lens{-1, 0, 1});
+                                   },
                                    {"token_tree_parents has 3 entries"});
   Lens many(257, -1);
   expect_rejected<InvalidArgument>(kv, [&] { kv.begin_forward(Ids{1}, Lens{257}, many); },
@@ -61,25 +80,46 @@ TEST_F(TreeValidation, NodeLimitCountsEarlierForwards) {
 
 TEST_F(TreeValidation, RejectsTreesOnSlidingWindowSequences) {
   kv.enable_sliding_window(2, 8, 1);
-  expect_rejected<InvalidArgument>(kv, [&] { kv.begin_forward(Ids{1, 2}, Lens{1, 1}, Lens{-1, -1}); },
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.begin_forward(Ids{1, 2}, Lens{1, 1}, Lens{-1, -1});
+                                   },
                                    {"seq_ids[1] = 2 has a sliding window"});
 }
 
 TEST_F(TreeValidation, RejectsBadCommits) {
   tree_forward({1, 2}, {7, 2}, {-1, 0, 0, 1, 1, 2, 2, -1, 0});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.commit_accepted_token_tree_nodes(Ids{1, 2}, Lens{7, 0}); },
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.commit_accepted_token_tree_nodes(Ids{1, 2}, Lens{7, 0});
+                                   },
                                    {"leaf_indices[0] = 7 for seq_id = 1", "outside [-1, 7)"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.commit_accepted_token_tree_nodes(Ids{1, 2}, Lens{6, -2}); },
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.commit_accepted_token_tree_nodes(Ids{1, 2}, Lens{6, -2});
+                                   },
                                    {"leaf_indices[1] = -2 for seq_id = 2"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.commit_accepted_token_tree_nodes(Ids{1, 2}, Lens{6}); },
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.commit_accepted_token_tree_nodes(Ids{1, 2}, Lens{6});
+                                   },
                                    {"seq_ids has 2 entries but leaf_indices has 1"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.commit_accepted_token_tree_nodes(Ids{1, 1}, Lens{6, 6}); },
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.commit_accepted_token_tree_nodes(Ids{1, 1}, Lens{6, 6});
+                                   },
                                    {"lists seq_id = 1 more than once"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.commit_accepted_token_tree_nodes(Ids{1, 9}, Lens{6, 0}); },
+  expect_rejected<InvalidArgument>(kv,
+                                   [&] {
+                                     kv.commit_accepted_token_tree_nodes(Ids{1, 9}, Lens{6, 0});
+                                   },
                                    {"seq_ids[1] = 9 does not exist"});
   kv.commit_accepted_token_tree_nodes(Ids{1}, Lens{5});
   EXPECT_EQ(kv.sequence_length(1), 6 + 3);
-  expect_rejected<InvalidState>(kv, [&] { kv.commit_accepted_token_tree_nodes(Ids{2, 1}, Lens{0, 5}); },
+  expect_rejected<InvalidState>(kv,
+                                [&] {
+                                  kv.commit_accepted_token_tree_nodes(Ids{2, 1}, Lens{0, 5});
+                                },
                                 {"seq_ids[1] = 1 has no uncommitted token tree"});
   kv.commit_accepted_token_tree_nodes(Ids{2}, Lens{-1});
   EXPECT_EQ(kv.sequence_length(2), 3);
@@ -89,7 +129,10 @@ TEST_F(TreeValidation, RejectsBadCommits) {
 TEST_F(TreeValidation, OpenTreeRefusesPlainForwardForkPopAndWindow) {
   tree_forward({1}, {2}, {-1, 0});  // even a chain opens a tree
   EXPECT_TRUE(kv.has_open_token_tree(1));
-  expect_rejected<InvalidState>(kv, [&] { kv.begin_forward(Ids{2, 1}, Lens{1, 1}); },
+  expect_rejected<InvalidState>(kv,
+                                [&] {
+                                  kv.begin_forward(Ids{2, 1}, Lens{1, 1});
+                                },
                                 {"seq_ids[1] = 1 has an uncommitted token tree (2 nodes)"});
   expect_rejected<InvalidState>(kv, [&] { kv.fork_sequence(1, 5); },
                                 {"fork_sequence: seq_id = 1 has an uncommitted token tree"});
