@@ -29,9 +29,44 @@ struct AttentionOptions {
   const float* alibi_slopes = nullptr;  // [num_qo_heads] or null: s += slope * (j - p)
   const float* sinks = nullptr;         // [num_qo_heads] or null: learned sink logits
   // Inline RoPE (TVM's INLINE mode): keys are stored unrotated and key j is
-  // rotated at position j (its index in the cache) before scoring. Queries
-  // must already be rotated. Null: keys are used as stored.
+  // rotated at position j (its index in the cache; a token-tree node at its
+  // tree position) before scoring. Queries must already be rotated. Null:
+  // keys are used as stored.
   const RopeConfig* key_rope = nullptr;
+};
+
+// Token-tree (speculative decoding) visibility for a batch, as compact DFS
+// intervals rather than a dense mask. For sequence b, keys
+// [tree_begin[b], kv_lens[b]) are the nodes of an uncommitted token tree in
+// node order (a parent's key index is below its child's); the keys before
+// tree_begin[b] are the committed prefix, visible to every query. Every query
+// of a tree sequence must be a tree node (kv_len - q_len >= tree_begin).
+// Tree key k is visible to query node q iff k is an ancestor of q or q
+// itself: enter[k] <= enter[q] <= exit[k]. tree_begin[b] == kv_lens[b]
+// means b has no tree (ordinary causal attention, no extra cost).
+// Positions (ALiBi, inline RoPE) of tree nodes are given per node; keys of
+// the prefix sit at their index. Incompatible with window_left >= 0.
+struct TokenTreeMask {
+  const std::int32_t* tree_begin = nullptr;   // [batch_size] key index of the first node
+  const std::int32_t* node_indptr = nullptr;  // [batch_size + 1] offsets of each sequence's nodes
+  const std::int32_t* enter = nullptr;        // [nodes] DFS preorder index within its tree
+  const std::int32_t* exit = nullptr;         // [nodes] last preorder index of its subtree
+  const std::int32_t* positions = nullptr;    // [nodes] position: tree_begin + depth
+  bool active() const { return tree_begin != nullptr; }
+  // Index into enter/exit/positions of key j of sequence b (j >= tree_begin[b]).
+  std::int64_t node_of_key(std::int32_t b, std::int64_t j) const {
+    return node_indptr[b] + (j - tree_begin[b]);
+  }
+  // Position of key j of sequence b (also of a query: queries are keys).
+  std::int64_t position(std::int32_t b, std::int64_t j) const {
+    return !active() || j < tree_begin[b] ? j : positions[node_of_key(b, j)];
+  }
+  // Whether tree rules let query key q see key j (q's causal limit aside).
+  bool visible(std::int32_t b, std::int64_t j, std::int64_t q) const {
+    if (!active() || j < tree_begin[b]) return true;
+    const std::int32_t at = enter[node_of_key(b, q)];
+    return enter[node_of_key(b, j)] <= at && at <= exit[node_of_key(b, j)];
+  }
 };
 
 struct AttentionParams {
@@ -42,6 +77,7 @@ struct AttentionParams {
   PagedKVTable table;          // ragged batch: qo_indptr and the CSR page table
   PagedKVStorage kv;           // the layer's pages (num_kv_heads, head dims, dtype)
   AttentionOptions options;
+  TokenTreeMask tree_mask;     // inactive (all null) for ordinary batches
 };
 
 // --- planning (host side, pure) -------------------------------------------------

@@ -73,14 +73,25 @@ struct BatchPlan {
   std::vector<std::int32_t> kv_sink_lens;    // [batch_size] (see PagedKVTable)
   std::vector<std::int32_t> kv_gap_lens;     // [batch_size] (see PagedKVTable)
   std::vector<std::int32_t> positions;       // [num_tokens] position of each new token
+                                             // (tree nodes: committed length + depth)
   std::vector<std::int64_t> slot_mapping;    // [num_tokens] page * page_size + offset, -1 = no write
   bool has_gaps = false;                     // any kv_gap_lens[b] != 0
   std::int32_t page_size = 0;
+  // Token trees (see TokenTreeMask; filled only when has_tree): sequences
+  // whose uncommitted tree is a plain chain get tree_begin = kv_lens (none).
+  bool has_tree = false;
+  std::vector<std::int32_t> tree_begin;        // [batch_size]
+  std::vector<std::int32_t> tree_node_indptr;  // [batch_size + 1]
+  std::vector<std::int32_t> tree_enter;        // [nodes]
+  std::vector<std::int32_t> tree_exit;         // [nodes]
+  std::vector<std::int32_t> tree_positions;    // [nodes]
 
   std::int32_t batch_size() const { return static_cast<std::int32_t>(seq_ids.size()); }
   std::int32_t num_tokens() const { return qo_indptr.empty() ? 0 : qo_indptr.back(); }
   // Non-owning CSR view for kernels (gap arrays omitted when has_gaps is false).
   PagedKVTable table() const;
+  // Non-owning view of the tree arrays (inactive when has_tree is false).
+  TokenTreeMask tree_mask() const;
 };
 
 class PagedKVCache {
@@ -116,9 +127,39 @@ class PagedKVCache {
   // --- steps -----------------------------------------------------------------
   // Reserves pages for `append_lengths[i]` new tokens of `seq_ids[i]` and
   // returns the step's plan. Lengths may be 0. OutOfPages if the pool cannot
-  // hold them; the cache is then unchanged.
+  // hold them; the cache is then unchanged. InvalidState for a sequence with
+  // an uncommitted token tree (see the token-tree overload below).
   const BatchPlan& begin_forward(std::span<const SeqId> seq_ids,
                                  std::span<const std::int64_t> append_lengths);
+  // Speculative decoding (TVM): appends a forest of draft tokens per
+  // sequence. token_tree_parents [sum of append_lengths], sequence after
+  // sequence: the parent of each appended node as an index into the
+  // sequence's uncommitted tree, -1 for a child of the committed prefix;
+  // a parent index is below its node's. Node indices count the whole
+  // uncommitted tree in the order appended, so a tree may grow over several
+  // tree forwards before commit (each forward's nodes attend to the
+  // committed prefix, their ancestors from any earlier forward, and
+  // themselves). At most 256 uncommitted nodes per sequence. Positions (for
+  // RoPE) are committed length + depth; K/V sit in node order after the
+  // committed prefix. Every listed sequence (even with 0 tokens or a plain
+  // chain) then has an open tree: until commit_accepted_token_tree_nodes it
+  // is refused by the two-argument begin_forward, fork_sequence, pop_n and
+  // enable_sliding_window (InvalidState). Sequences with a sliding window
+  // cannot take trees. A chain attends exactly like ordinary causal decode.
+  const BatchPlan& begin_forward(std::span<const SeqId> seq_ids,
+                                 std::span<const std::int64_t> append_lengths,
+                                 std::span<const std::int64_t> token_tree_parents);
+  // Keeps, per sequence, the root-to-leaf path ending at leaf_indices[i]
+  // (a node of its open tree; -1 rejects every node): the path's K/V move to
+  // the positions right after the committed prefix (only rows whose slot
+  // changes are copied, every layer), the other nodes are popped, and the
+  // tree closes. InvalidState for a sequence without an open tree (e.g. a
+  // second commit).
+  void commit_accepted_token_tree_nodes(std::span<const SeqId> seq_ids,
+                                        std::span<const std::int64_t> leaf_indices);
+  // Uncommitted tree nodes of a sequence (0 when no tree is open).
+  std::int64_t token_tree_size(SeqId seq_id) const;
+  bool has_open_token_tree(SeqId seq_id) const;
   // Ends the step: sliding windows drop the tokens that fell out.
   void end_forward();
 

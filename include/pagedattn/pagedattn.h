@@ -12,4 +12,5 @@
 #include "pagedattn/ops/vllm.h"
 #include "pagedattn/paged_kv.h"
 #include "pagedattn/rope.h"
+#include "pagedattn/token_tree.h"
 #include "pagedattn/version.h"

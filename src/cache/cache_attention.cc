@@ -46,6 +46,7 @@ void PagedKVCache::attention(std::int32_t layer, const HeadTensor& q, const Head
   p.table = plan.table();
   p.kv = st.storage.layer(layer);
   p.options = options;
+  p.tree_mask = plan.tree_mask();
   kernels::validate_attention_params(p, "PagedKVCache::attention");
 
   // Validated: from here on nothing can fail on the caller's input.

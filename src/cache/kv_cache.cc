@@ -46,6 +46,7 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
           " already exists");
   require(!parent.windowed(), "PagedKVCache::fork_sequence: parent_id = ", parent_id,
           " has a sliding window; windowed sequences cannot be forked");
+  st.require_no_open_tree(parent, parent_id, "fork_sequence");
   if (fork_pos == -1) fork_pos = parent.length;
   require(fork_pos >= 0 && fork_pos <= parent.length, "PagedKVCache::fork_sequence: fork_pos = ",
           fork_pos, " is outside [0, ", parent.length, "] (length of parent_id = ", parent_id,
@@ -72,6 +73,7 @@ void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
   State& st = *state_;
   st.require_no_forward("pop_n");
   Sequence& s = st.find(seq_id, "pop_n", "seq_id");
+  st.require_no_open_tree(s, seq_id, "pop_n");
   require(n >= 0 && n <= s.poppable(), "PagedKVCache::pop_n: n = ", n, " is outside [0, ",
           s.poppable(), "] for seq_id = ", seq_id, " (length ", s.length,
           s.evicted > 0 ? "; attention sinks cannot be popped" : "", ")");
@@ -89,6 +91,7 @@ void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
           "built with KVCacheConfig.support_sliding_window = false");
   require(!s.windowed(), "PagedKVCache::enable_sliding_window: seq_id = ", seq_id,
           " already has a sliding window (window_size ", s.window_size, ")");
+  st.require_no_open_tree(s, seq_id, "enable_sliding_window");
   require(window_size >= 1 && window_size <= kMaxInt32,
           "PagedKVCache::enable_sliding_window: window_size = ", window_size,
           " must be in [1, 2^31)");
@@ -119,16 +122,28 @@ void PagedKVCache::State::slide_window(Sequence& s) {
 
 // --- steps -------------------------------------------------------------------
 
-std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
-                                                   std::span<const std::int64_t> lens,
-                                                   const char* call) const {
-  require(ids.size() == lens.size(), "PagedKVCache::", call, ": seq_ids has ", ids.size(),
-          " entries but append_lengths has ", lens.size());
+void PagedKVCache::State::require_unique_ids(std::span<const SeqId> ids, const char* call) const {
   std::vector<SeqId> sorted(ids.begin(), ids.end());
   std::sort(sorted.begin(), sorted.end());
   auto dup = std::adjacent_find(sorted.begin(), sorted.end());
   require(dup == sorted.end(), "PagedKVCache::", call, ": seq_ids lists seq_id = ",
           dup == sorted.end() ? 0 : *dup, " more than once");
+}
+
+void PagedKVCache::State::require_no_open_tree(const Sequence& s, SeqId id,
+                                               const char* call) const {
+  require<InvalidState>(!s.tree_open, "PagedKVCache::", call, ": seq_id = ", id,
+                        " has an uncommitted token tree (", s.tree_size(),
+                        " nodes); call commit_accepted_token_tree_nodes first");
+}
+
+std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
+                                                   std::span<const std::int64_t> lens,
+                                                   const char* call, bool tree,
+                                                   bool dry_run) const {
+  require(ids.size() == lens.size(), "PagedKVCache::", call, ": seq_ids has ", ids.size(),
+          " entries but append_lengths has ", lens.size());
+  require_unique_ids(ids, call);
   std::int64_t tokens = 0, pages = 0, page_entries = 0;
   std::unordered_map<std::int32_t, std::int32_t> released;  // see append_cost
   for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -136,6 +151,11 @@ std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
     require(it != seqs.end(), "PagedKVCache::", call, ": seq_ids[", i, "] = ", ids[i],
             " does not exist");
     const Sequence& s = it->second;
+    if (!tree && !dry_run)
+      require<InvalidState>(!s.tree_open, "PagedKVCache::", call, ": seq_ids[", i, "] = ", ids[i],
+                            " has an uncommitted token tree (", s.tree_size(),
+                            " nodes): pass token_tree_parents, or call "
+                            "commit_accepted_token_tree_nodes first");
     require(lens[i] >= 0 && lens[i] <= kMaxInt32 - s.used_slots(), "PagedKVCache::", call,
             ": append_lengths[", i, "] = ", lens[i], " for seq_id = ", ids[i],
             " must be >= 0 and keep the sequence under 2^31 tokens");
@@ -153,12 +173,12 @@ std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
 
 std::int64_t PagedKVCache::pages_needed(std::span<const SeqId> seq_ids,
                                         std::span<const std::int64_t> append_lengths) const {
-  return state_->validate_forward(seq_ids, append_lengths, "pages_needed");
+  return state_->validate_forward(seq_ids, append_lengths, "pages_needed", false, true);
 }
 
 bool PagedKVCache::can_append(std::span<const SeqId> seq_ids,
                               std::span<const std::int64_t> append_lengths) const {
-  return state_->validate_forward(seq_ids, append_lengths, "can_append") <=
+  return state_->validate_forward(seq_ids, append_lengths, "can_append", false, true) <=
          state_->pool.num_free();
 }
 
@@ -168,21 +188,36 @@ const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
   st.require_no_forward("begin_forward");
   st.require_free_pages(st.validate_forward(seq_ids, append_lengths, "begin_forward"),
                         "begin_forward");
-  BatchPlan& plan = st.plan;
-  plan.seq_ids.assign(seq_ids.begin(), seq_ids.end());
-  plan.page_size = st.page_size();
+  st.build_plan(seq_ids, append_lengths, false, {});
+  return st.plan;
+}
+
+void PagedKVCache::State::build_plan(std::span<const SeqId> ids,
+                                     std::span<const std::int64_t> lens, bool tree,
+                                     std::span<const std::int64_t> parents) {
+  plan.seq_ids.assign(ids.begin(), ids.end());
+  plan.page_size = page_size();
   plan.has_gaps = false;
+  plan.has_tree = false;
   for (auto* v : {&plan.qo_indptr, &plan.kv_indptr, &plan.kv_indices, &plan.kv_last_page_len,
-                  &plan.kv_lens, &plan.kv_sink_lens, &plan.kv_gap_lens, &plan.positions})
+                  &plan.kv_lens, &plan.kv_sink_lens, &plan.kv_gap_lens, &plan.positions,
+                  &plan.tree_begin, &plan.tree_node_indptr, &plan.tree_enter, &plan.tree_exit,
+                  &plan.tree_positions})
     v->clear();
   plan.slot_mapping.clear();
   plan.qo_indptr.push_back(0);
   plan.kv_indptr.push_back(0);
-  st.attention.invalidate_plan();
-  for (std::size_t i = 0; i < seq_ids.size(); ++i)
-    st.append_to_plan(st.seqs.find(seq_ids[i])->second, append_lengths[i]);
-  st.in_forward = true;
-  return plan;
+  plan.tree_node_indptr.push_back(0);
+  attention.invalidate_plan();
+  std::size_t first_parent = 0;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    Sequence& s = seqs.find(ids[i])->second;
+    append_to_plan(s, lens[i]);
+    if (!tree) continue;
+    append_tree_to_plan(s, parents.subspan(first_parent, static_cast<std::size_t>(lens[i])));
+    first_parent += static_cast<std::size_t>(lens[i]);
+  }
+  in_forward = true;
 }
 
 // Reserves pages for `n` new tokens of `s` (copy-on-write first if its

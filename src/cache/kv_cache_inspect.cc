@@ -66,6 +66,13 @@ std::string check_sequence(const Sequence& s, std::int32_t ps, std::int64_t num_
     return concat("holds ", s.pages.size(), " pages for ", s.used_slots(), " slots");
   for (std::int32_t page : s.pages)
     if (page < 0 || page >= num_pages) return concat("holds page id ", page);
+  if (s.tree_size() > s.length || (!s.tree_open && s.tree_size() > 0) ||
+      s.tree_depths.size() != s.tree_parents.size())
+    return concat("has ", s.tree_size(), " tree nodes (open ", s.tree_open, ") for length ",
+                  s.length);
+  for (std::int64_t i = 0; i < s.tree_size(); ++i)
+    if (s.tree_parents[i] < -1 || s.tree_parents[i] >= i)
+      return concat("tree node ", i, " has parent ", s.tree_parents[i]);
   if (!s.windowed()) {
     if (s.gap_len != 0 || s.evicted != 0) return concat("has a gap without a window");
     return {};
@@ -103,6 +110,8 @@ std::uint64_t PagedKVCache::state_digest() const {
     h.add(id);
     for (std::int64_t v : {s.length, s.gap_len, s.window_size, s.sink_len, s.evicted}) h.add(v);
     h.add_span(std::span<const std::int32_t>(s.pages));
+    h.add(s.tree_open);
+    h.add_span(std::span<const std::int32_t>(s.tree_parents));
   }
   h.add(st.in_forward);
   if (st.in_forward) h.add_span(std::span<const SeqId>(st.plan.seq_ids));

@@ -69,9 +69,27 @@ struct PagedKVCache::State {
     return s.used_slots() % page_size() != 0 && pool.is_shared(s.pages.back());
   }
 
+  // Checks a forward's arguments and returns the pages it takes. A
+  // non-tree forward (`tree` false) refuses sequences with an open tree
+  // unless `dry_run` (pages_needed / can_append only count pages).
   std::int64_t validate_forward(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
-                                const char* call) const;
+                                const char* call, bool tree = false, bool dry_run = false) const;
+  void require_unique_ids(std::span<const SeqId> ids, const char* call) const;
+  // token_tree_parents of a tree forward (kv_cache_tree.cc).
+  void validate_tree_parents(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
+                             std::span<const std::int64_t> parents) const;
+  // Fills the plan for a validated forward; `parents` only for tree forwards.
+  void build_plan(std::span<const SeqId> ids, std::span<const std::int64_t> lens, bool tree,
+                  std::span<const std::int64_t> parents);
   void append_to_plan(cache::Sequence& s, std::int64_t n);
+  // Grows s's open tree by the appended nodes and writes their positions and
+  // (unless the whole tree is a chain) mask intervals to the plan.
+  void append_tree_to_plan(cache::Sequence& s, std::span<const std::int64_t> parents);
+  // Moves the accepted path's K/V after the committed prefix, pops the rest
+  // and closes the tree (leaf -1: pops every node).
+  void commit_tree_path(cache::Sequence& s, std::int32_t leaf);
+  // Refuses calls that would break a sequence's open token tree.
+  void require_no_open_tree(const cache::Sequence& s, SeqId id, const char* call) const;
   void release_tail(cache::Sequence& s);
   void slide_window(cache::Sequence& s);
 };

@@ -74,10 +74,11 @@ PagedKVStorage PageStorage::layer(std::int32_t layer) const {
   return s;
 }
 
-void PageStorage::copy_page_prefix(std::int32_t src, std::int32_t dst, std::int32_t num_slots) {
+void PageStorage::copy_slots(std::int32_t src, std::int32_t src_slot, std::int32_t dst,
+                             std::int32_t dst_slot, std::int32_t num_slots) {
   const auto elem = static_cast<std::int64_t>(dtype_size(config_.kv_dtype));
   // HND keeps each head's slots contiguous (one run per head); NHD keeps the
-  // whole prefix of the page contiguous (one run).
+  // whole slot range of the page contiguous (one run).
   const bool hnd = config_.layout == KVLayout::kHND;
   const std::int32_t runs = hnd ? config_.num_kv_heads : 1;
   const std::int64_t heads_per_run = hnd ? 1 : config_.num_kv_heads;
@@ -88,15 +89,15 @@ void PageStorage::copy_page_prefix(std::int32_t src, std::int32_t dst, std::int3
     auto* k = static_cast<std::byte*>(s.k_data);
     auto* v = static_cast<std::byte*>(s.v_data);
     for (std::int32_t r = 0; r < runs; ++r) {
-      std::memcpy(k + s.k_offset(dst, r, 0) * elem, k + s.k_offset(src, r, 0) * elem, k_run);
-      std::memcpy(v + s.v_offset(dst, r, 0) * elem, v + s.v_offset(src, r, 0) * elem, v_run);
+      std::memcpy(k + s.k_offset(dst, r, dst_slot) * elem, k + s.k_offset(src, r, src_slot) * elem, k_run);
+      std::memcpy(v + s.v_offset(dst, r, dst_slot) * elem, v + s.v_offset(src, r, src_slot) * elem, v_run);
     }
     if (s.k_token_scales == nullptr) continue;
     for (std::int32_t h = 0; h < config_.num_kv_heads; ++h) {
-      std::copy_n(s.k_token_scales + s.token_scale_index(src, h, 0), num_slots,
-                  s.k_token_scales + s.token_scale_index(dst, h, 0));
-      std::copy_n(s.v_token_scales + s.token_scale_index(src, h, 0), num_slots,
-                  s.v_token_scales + s.token_scale_index(dst, h, 0));
+      std::copy_n(s.k_token_scales + s.token_scale_index(src, h, src_slot), num_slots,
+                  s.k_token_scales + s.token_scale_index(dst, h, dst_slot));
+      std::copy_n(s.v_token_scales + s.token_scale_index(src, h, src_slot), num_slots,
+                  s.v_token_scales + s.token_scale_index(dst, h, dst_slot));
     }
   }
 }

@@ -27,7 +27,14 @@ class PageStorage {
   PagedKVStorage layer(std::int32_t layer) const;
 
   // Copies slots [0, num_slots) of page `src` to page `dst` in every layer.
-  void copy_page_prefix(std::int32_t src, std::int32_t dst, std::int32_t num_slots);
+  void copy_page_prefix(std::int32_t src, std::int32_t dst, std::int32_t num_slots) {
+    copy_slots(src, 0, dst, 0, num_slots);
+  }
+  // Copies slots [src_slot, src_slot + num_slots) of page `src` to
+  // [dst_slot, ...) of page `dst` in every layer (K, V, int8 scales). The
+  // ranges must not overlap.
+  void copy_slots(std::int32_t src, std::int32_t src_slot, std::int32_t dst,
+                  std::int32_t dst_slot, std::int32_t num_slots);
   // Hashes every byte of `page` in every layer.
   void hash_page(std::int32_t page, Hasher& h) const;
 

@@ -21,8 +21,16 @@ struct Sequence {
   std::int64_t window_size = 0;     // 0 = no sliding window
   std::int64_t sink_len = 0;        // attention-sink tokens kept at the front
   std::int64_t evicted = 0;         // tokens dropped by the window so far
+  // Uncommitted token tree (speculative decoding), open from the first tree
+  // forward until commit: its nodes are the last tree_parents.size() tokens,
+  // in node order; parent -1 = child of the committed prefix.
+  bool tree_open = false;
+  std::vector<std::int32_t> tree_parents;
+  std::vector<std::int32_t> tree_depths;  // [tree_parents.size()]
 
   bool windowed() const { return window_size > 0; }
+  std::int64_t tree_size() const { return std::ssize(tree_parents); }
+  std::int64_t committed_length() const { return length - tree_size(); }
   std::int64_t used_slots() const { return length + gap_len; }
   std::int64_t slot_of(std::int64_t token) const {
     return token < sink_len ? token : token + gap_len;

@@ -57,6 +57,39 @@ void validate_key_rope(const RopeConfig& rope, const AttentionParams& p, const c
             rope.cache_max_position);
 }
 
+// The tree arrays must describe a forest over keys [tree_begin, kv_len) of
+// each sequence that holds every query of that sequence.
+void validate_tree_mask(const AttentionParams& p, const char* call) {
+  const TokenTreeMask& m = p.tree_mask;
+  const PagedKVTable& t = p.table;
+  require(m.node_indptr != nullptr, call, ": tree_mask needs node_indptr with tree_begin");
+  require((m.enter && m.exit && m.positions) || m.node_indptr[t.batch_size] == 0, call,
+          ": tree_mask has ", m.node_indptr[t.batch_size],
+          " nodes but null enter, exit or positions");
+  require(p.options.window_left < 0, call, ": options.window_left = ", p.options.window_left,
+          " cannot be combined with a token-tree mask");
+  require(m.node_indptr[0] == 0, call, ": tree_mask.node_indptr[0] = ", m.node_indptr[0],
+          " must be 0");
+  for (std::int32_t b = 0; b < t.batch_size; ++b) {
+    const std::int64_t begin = m.tree_begin[b], kv_len = t.kv_lens[b];
+    require(begin == kv_len || (begin >= 0 && begin <= kv_len - t.q_len(b)), call,
+            ": tree_mask.tree_begin[", b, "] = ", begin, " must be kv_len = ", kv_len,
+            " (no tree) or in [0, kv_len - q_len = ", kv_len - t.q_len(b),
+            "]: every query must be a tree node");
+    const std::int64_t nodes = std::int64_t{m.node_indptr[b + 1]} - m.node_indptr[b];
+    require(nodes == kv_len - begin, call, ": tree_mask.node_indptr gives sequence ", b, " ",
+            nodes, " nodes, kv_len - tree_begin = ", kv_len - begin);
+    for (std::int64_t i = 0; i < nodes; ++i) {
+      const std::int64_t n = m.node_indptr[b] + i;
+      require(m.enter[n] >= 0 && m.enter[n] <= m.exit[n] && m.exit[n] < nodes, call,
+              ": tree_mask node ", n, " has enter = ", m.enter[n], ", exit = ", m.exit[n],
+              "; need 0 <= enter <= exit < ", nodes);
+      require(m.positions[n] >= 0 && m.positions[n] <= begin + i, call, ": tree_mask.positions[",
+              n, "] = ", m.positions[n], " must be in [0, its key index ", begin + i, "]");
+    }
+  }
+}
+
 }  // namespace
 
 void validate_attention_params(const AttentionParams& p, const char* call) {
@@ -90,6 +123,7 @@ void validate_attention_params(const AttentionParams& p, const char* call) {
   require(opt.softcap >= 0.0f && std::isfinite(opt.softcap), call, ": options.softcap = ",
           opt.softcap, " must be 0 (off) or a positive finite value");
   if (opt.key_rope) validate_key_rope(*opt.key_rope, p, call);
+  if (p.tree_mask.active()) validate_tree_mask(p, call);
 }
 
 }  // namespace pagedattn::kernels

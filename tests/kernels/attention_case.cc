@@ -1,5 +1,8 @@
 #include "attention_case.h"
 
+#include <gtest/gtest.h>
+#include <hwy/targets.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -224,6 +227,49 @@ AttentionCase AttentionCase::contiguous() const {
   c.rope_.cos_cache = c.rope_cos_.empty() ? nullptr : c.rope_cos_.data();
   c.rope_.sin_cache = c.rope_sin_.empty() ? nullptr : c.rope_sin_.data();
   return c;
+}
+
+Tolerance output_tolerance(DType o) {
+  switch (o) {
+    case DType::kF16: return {2e-3f, 2e-3f};   // 1 ulp of f16 near 1 is 1e-3
+    case DType::kBF16: return {1.6e-2f, 1.6e-2f};  // 1 ulp of bf16 near 1 is 7.8e-3
+    default: return {5e-5f, 5e-5f};
+  }
+}
+namespace {
+constexpr float kLseTolerance = 5e-5f;  // relative to max(1, |lse|)
+}  // namespace
+
+void expect_close(const AttentionCase& c, const std::string& what) {
+  const std::vector<float> want = c.output(0), got = c.output(1);
+  const Tolerance tol = output_tolerance(c.spec().o_dtype);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " output " << i << " is " << got[i];
+    if (std::fabs(want[i] - got[i]) > tol.abs + tol.rel * std::fabs(want[i]) && bad++ < 5)
+      ADD_FAILURE() << what << " output " << i << ": reference " << want[i] << ", kernel " << got[i];
+  }
+  if (!c.spec().with_lse) return;
+  for (std::size_t i = 0; i < c.lse(0).size(); ++i) {
+    const float a = c.lse(0)[i], b = c.lse(1)[i];
+    if (std::isinf(a)) {
+      EXPECT_EQ(a, b) << what << " lse " << i;
+    } else if (std::fabs(a - b) > kLseTolerance * std::max(1.0f, std::fabs(a)) && bad++ < 5) {
+      ADD_FAILURE() << what << " lse " << i << ": reference " << a << ", kernel " << b;
+    }
+  }
+}
+
+void for_each_highway_target(const std::function<void(std::int64_t)>& body) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  struct Reset {
+    ~Reset() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    body(target);
+  }
 }
 
 }  // namespace pagedattn::testing

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "pagedattn/attention.h"
@@ -67,5 +69,21 @@ class AttentionCase {
   RopeConfig rope_;
   std::vector<float> rope_cos_, rope_sin_;
 };
+
+// Output tolerance per output dtype: the kernel and the reference see the
+// same stored K/V and queries, so differences are fp32 accumulation order,
+// the vectorised exp/tanh (a few ulp) and the final rounding of the output.
+struct Tolerance {
+  float abs, rel;
+};
+Tolerance output_tolerance(DType o);
+
+// Output 1 (kernel) against output 0 (reference), and their LSE; failures
+// are reported with `what`.
+void expect_close(const AttentionCase& c, const std::string& what);
+
+// Runs `body(target)` with Highway restricted to each compiled and supported
+// target in turn, then restores dynamic dispatch.
+void for_each_highway_target(const std::function<void(std::int64_t)>& body);
 
 }  // namespace pagedattn::testing

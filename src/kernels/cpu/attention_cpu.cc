@@ -49,6 +49,10 @@ struct KeyBlock {
   float v_scale[kKB];
   std::int32_t first = 0;  // key index of entry 0
   std::int32_t count = 0;
+  // Token-tree blocks only (else null): per key DFS interval and position.
+  const std::int32_t* tree_enter = nullptr;
+  const std::int32_t* tree_exit = nullptr;
+  const std::int32_t* tree_position = nullptr;
 };
 
 struct Scratch {
@@ -100,11 +104,30 @@ struct BlockSlots {
   std::int32_t slot[kKB];
   std::int64_t k_off[kKB];
   std::int64_t v_off[kKB];
+  // Set when the block holds token-tree nodes: prefix keys get the interval
+  // that contains every node (always visible) and their index as position.
+  bool tree = false;
+  std::int32_t tree_enter[kKB];
+  std::int32_t tree_exit[kKB];
+  std::int32_t tree_position[kKB];
 };
+
+void LocateTreeKeys(const TokenTreeMask& m, std::int32_t b, BlockSlots& bs) {
+  bs.tree = m.active() && bs.first + bs.count > m.tree_begin[b];
+  if (!bs.tree) return;
+  for (std::int32_t jj = 0; jj < kKB; ++jj) {
+    const std::int64_t j = bs.first + jj;
+    const bool node = jj < bs.count && j >= m.tree_begin[b];
+    bs.tree_enter[jj] = node ? m.enter[m.node_of_key(b, j)] : std::numeric_limits<std::int32_t>::min();
+    bs.tree_exit[jj] = node ? m.exit[m.node_of_key(b, j)] : std::numeric_limits<std::int32_t>::max();
+    bs.tree_position[jj] = node ? m.positions[m.node_of_key(b, j)] : static_cast<std::int32_t>(j);
+  }
+}
 
 void LocateBlock(const Item& it, std::int32_t j0, std::int32_t count, BlockSlots& bs) {
   bs.first = j0;
   bs.count = count;
+  bs.tree = false;
   if (count == 0) return;
   const PagedKVStorage& kv = it.p->kv;
   KeyCursor cur{&it.p->table, it.w->batch};
@@ -116,6 +139,7 @@ void LocateBlock(const Item& it, std::int32_t j0, std::int32_t count, BlockSlots
     bs.v_off[jj] = kv.v_offset(bs.page[jj], 0, cur.offset);
     if (jj + 1 < count) cur.next(j0 + jj);
   }
+  LocateTreeKeys(it.p->tree_mask, it.w->batch, bs);
 }
 
 // Stored K/V need a per-key dequantisation scale (int8 per token, fp8 per
@@ -132,6 +156,9 @@ void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock&
   const auto* vbase = static_cast<const std::byte*>(kv.v_data) + h * kv.v_head_stride * elem;
   kb.first = bs.first;
   kb.count = bs.count;
+  kb.tree_enter = bs.tree ? bs.tree_enter : nullptr;
+  kb.tree_exit = bs.tree ? bs.tree_exit : nullptr;
+  kb.tree_position = bs.tree ? bs.tree_position : nullptr;
   for (std::int32_t jj = 0; jj < bs.count; ++jj) {
     kb.k[jj] = kbase + bs.k_off[jj] * elem;
     kb.v[jj] = vbase + bs.v_off[jj] * elem;
@@ -195,7 +222,7 @@ void RotateKeys(const Item& it, const KeyBlock& kb) {
   const bool neox = rope.style == RopeStyle::kNeox;
   for (std::int32_t jj = 0; jj < kb.count; ++jj) {
     float* k = it.sc.k + std::size_t(jj) * c.dq;
-    const std::int64_t pos = kb.first + jj;
+    const std::int64_t pos = kb.tree_position ? kb.tree_position[jj] : kb.first + jj;
     for (std::int32_t i = 0; i < half; ++i) {
       float cs, sn;
       rope_cos_sin(rope, r, pos, i, cs, sn);
@@ -288,8 +315,25 @@ void ScoreBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int3
 
 // --- masks, softcap, ALiBi, online softmax -----------------------------------------------
 
+// A query row: its key index (causal and window limits), its position
+// (ALiBi; differs from the index for token-tree nodes) and, for tree nodes,
+// its DFS enter index.
+struct RowQuery {
+  std::int64_t index = 0;
+  std::int64_t position = 0;
+  std::int32_t tree_enter = 0;
+};
+
+RowQuery QueryOf(const Item& it, std::int64_t index) {
+  const TokenTreeMask& m = it.p->tree_mask;
+  const std::int32_t b = it.w->batch;
+  if (!m.active() || index < m.tree_begin[b]) return {index, index, 0};
+  const std::int64_t node = m.node_of_key(b, index);
+  return {index, m.positions[node], m.enter[node]};
+}
+
 // Applies softcap, ALiBi and visibility to one row's scores (vectorised over keys).
-void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, std::int64_t q_pos,
+void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const RowQuery& q,
                   std::int32_t head) {
   const DF df;
   const hn::RebindToSigned<DF> di;
@@ -298,11 +342,13 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, std::int
   float* s = it.sc.s + std::size_t(row) * kKB;
   // Visible keys of this row within the block: [lo, hi).
   std::int64_t hi = kb.first + kb.count;
-  if (opt.causal) hi = std::min<std::int64_t>(hi, q_pos + 1);
+  if (opt.causal) hi = std::min<std::int64_t>(hi, q.index + 1);
   std::int64_t lo = kb.first;
-  if (opt.window_left >= 0) lo = std::max<std::int64_t>(lo, q_pos - opt.window_left);
+  if (opt.window_left >= 0) lo = std::max<std::int64_t>(lo, q.index - opt.window_left);
   // Every key visible and no score transform: the common decode block.
-  if (lo == kb.first && hi == kb.first + kKB && opt.softcap <= 0.0f && !opt.alibi_slopes) return;
+  if (lo == kb.first && hi == kb.first + kKB && opt.softcap <= 0.0f && !opt.alibi_slopes &&
+      !kb.tree_enter)
+    return;
   // idx > lo - 1 and idx < hi, relative to the block (clamped to fit int32).
   const auto vlo = hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(lo - kb.first, 0, kKB) - 1));
   const auto vhi = hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(hi - kb.first, -1, kKB)));
@@ -315,11 +361,19 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, std::int
     }
     const auto idx = hn::Iota(di, static_cast<std::int32_t>(i));
     if (opt.alibi_slopes) {
-      const VF dist = hn::ConvertTo(df, hn::Add(idx, hn::Set(di, static_cast<std::int32_t>(kb.first - q_pos))));
+      // Key position minus query position (tree blocks carry key positions).
+      const auto key_pos = kb.tree_position ? hn::LoadU(di, kb.tree_position + i)
+                                            : hn::Add(idx, hn::Set(di, static_cast<std::int32_t>(kb.first)));
+      const VF dist = hn::ConvertTo(df, hn::Sub(key_pos, hn::Set(di, static_cast<std::int32_t>(q.position))));
       x = hn::MulAdd(hn::Set(df, slope), dist, x);
     }
-    const auto visible = hn::RebindMask(df, hn::And(hn::Gt(idx, vlo), hn::Lt(idx, vhi)));
-    hn::StoreU(hn::IfThenElse(visible, x, hn::Set(df, kNegInf)), df, s + i);
+    auto visible = hn::And(hn::Gt(idx, vlo), hn::Lt(idx, vhi));
+    if (kb.tree_enter) {  // ancestor-or-self: enter[k] <= enter[q] <= exit[k]
+      const auto above = hn::Set(di, q.tree_enter + 1), below = hn::Set(di, q.tree_enter - 1);
+      visible = hn::And(visible, hn::And(hn::Lt(hn::LoadU(di, kb.tree_enter + i), above),
+                                         hn::Gt(hn::LoadU(di, kb.tree_exit + i), below)));
+    }
+    hn::StoreU(hn::IfThenElse(hn::RebindMask(df, visible), x, hn::Set(df, kNegInf)), df, s + i);
   }
 }
 
@@ -470,7 +524,8 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, const BlockSlots& bs, s
     ScoreBlock<kT, kScaled<kT>, kDim>(it, kb, row0, row_end);
   }
   for (std::int32_t row = row0; row < row_end; ++row) {
-    TransformRow(it, kb, row, first_pos + map.token_in_tile(row), static_cast<std::int32_t>(map.qo_head(row)));
+    TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
+                 static_cast<std::int32_t>(map.qo_head(row)));
     SoftmaxRow<kScaled<kT>>(it, kb, row);
   }
   if (convert)

@@ -16,11 +16,11 @@ struct RowInput {
   std::int32_t b;       // sequence in the batch
   std::int32_t token;   // global query token index
   std::int32_t head;    // query head
-  std::int64_t q_pos;   // absolute position of the query
+  std::int64_t q_pos;   // the query's key index (causal and window limits)
 };
 
-// Key j of sequence b, dequantised, and rotated at position j when the
-// options ask for inline RoPE.
+// Key j of sequence b, dequantised, and rotated at its position (j, or its
+// token-tree position) when the options ask for inline RoPE.
 void load_key(const AttentionParams& p, std::int32_t b, std::int64_t j, std::int32_t kv_head,
               std::vector<double>& key) {
   const PagedKVStorage& kv = p.kv;
@@ -36,11 +36,12 @@ void load_key(const AttentionParams& p, std::int32_t b, std::int64_t j, std::int
   const std::int32_t r = rope->rotary_dim ? rope->rotary_dim : kv.head_dim, half = r / 2;
   for (std::int32_t i = 0; i < half; ++i) {
     double c, s;
+    const std::int64_t pos = p.tree_mask.position(b, j);
     if (rope->cos_cache) {
-      c = rope->cos_cache[j * half + i];
-      s = rope->sin_cache[j * half + i];
+      c = rope->cos_cache[pos * half + i];
+      s = rope->sin_cache[pos * half + i];
     } else {
-      const double angle = double(j) * rope_inv_freq(*rope, r, i);
+      const double angle = double(pos) * rope_inv_freq(*rope, r, i);
       c = std::cos(angle);
       s = std::sin(angle);
     }
@@ -60,10 +61,11 @@ double value_element(const PagedKVStorage& kv, const PagedKVTable& t, std::int32
          kv.v_dequant(page, kv_head, slot);
 }
 
-bool visible(const AttentionOptions& opt, std::int64_t j, std::int64_t q_pos) {
+bool visible(const AttentionParams& p, std::int32_t b, std::int64_t j, std::int64_t q_pos) {
+  const AttentionOptions& opt = p.options;
   if (opt.causal && j > q_pos) return false;
   if (opt.window_left >= 0 && j < q_pos - opt.window_left) return false;
-  return true;
+  return p.tree_mask.visible(b, j, q_pos);
 }
 
 void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<double>& acc,
@@ -79,14 +81,16 @@ void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<doub
   double m = -std::numeric_limits<double>::infinity();
   logits.assign(static_cast<std::size_t>(kv_len), m);
   for (std::int64_t j = 0; j < kv_len; ++j) {
-    if (!visible(opt, j, r.q_pos)) continue;
+    if (!visible(p, r.b, j, r.q_pos)) continue;
     load_key(p, r.b, j, kv_head, key);
     double dot = 0.0;
     for (std::int32_t d = 0; d < kv.head_dim; ++d)
       dot += double(load_as_float(p.q.data, p.q.dtype, static_cast<std::size_t>(q_off + d))) * key[d];
     double s = scale * dot;
     if (opt.softcap > 0.0f) s = opt.softcap * std::tanh(s / opt.softcap);
-    if (opt.alibi_slopes) s += double(opt.alibi_slopes[r.head]) * double(j - r.q_pos);
+    if (opt.alibi_slopes)
+      s += double(opt.alibi_slopes[r.head]) *
+           double(p.tree_mask.position(r.b, j) - p.tree_mask.position(r.b, r.q_pos));
     logits[j] = s;
     m = std::max(m, s);
   }
@@ -97,7 +101,7 @@ void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<doub
   acc.assign(static_cast<std::size_t>(kv.v_head_dim), 0.0);
   bool any_visible = false;
   for (std::int64_t j = 0; j < kv_len; ++j) {
-    if (!visible(opt, j, r.q_pos)) continue;
+    if (!visible(p, r.b, j, r.q_pos)) continue;
     any_visible = true;
     const double w = std::exp(logits[j] - m);
     denom += w;
