@@ -89,13 +89,17 @@ class KVCache {
 
   void begin_forward(const std::vector<SeqId>& seq_ids, const std::vector<std::int64_t>& lengths,
                      const py::object& token_tree_parents) {
-    // TOKEN TREES: the speculative token-tree API is not in this build; wire
-    // token_tree_parents through to PagedKVCache::begin_forward here.
-    if (!token_tree_parents.is_none()) {
-      PyErr_SetString(PyExc_NotImplementedError, "token trees: not in this build");
-      throw py::error_already_set();
+    if (token_tree_parents.is_none()) {
+      cache_.begin_forward(seq_ids, lengths);
+      return;
     }
-    cache_.begin_forward(seq_ids, lengths);
+    const auto parents = token_tree_parents.cast<std::vector<std::int64_t>>();
+    cache_.begin_forward(seq_ids, lengths, parents);
+  }
+
+  void commit_accepted_token_tree_nodes(const std::vector<SeqId>& seq_ids,
+                                        const std::vector<std::int64_t>& leaf_indices) {
+    cache_.commit_accepted_token_tree_nodes(seq_ids, leaf_indices);
   }
 
   py::array attention(std::int32_t layer, py::handle q, py::handle k, py::handle v,
@@ -257,8 +261,22 @@ void register_kv_cache(py::module_& m) {
            "Starts a step: reserves pages for append_lengths[i] new tokens of seq_ids[i]\n"
            "(lists or 1-D integer arrays of length B; lengths may be 0). The step's\n"
            "T = sum(append_lengths) tokens are ordered as seq_ids. OutOfPagesError if\n"
-           "the pool cannot hold them (nothing changes). token_tree_parents: not in\n"
-           "this build (NotImplementedError).")
+           "the pool cannot hold them (nothing changes).\n\n"
+           "token_tree_parents (speculative decoding): one flat list over all T\n"
+           "tokens, sequence after sequence: the parent of each appended node as an\n"
+           "index into that sequence's uncommitted tree (-1: a child of the committed\n"
+           "prefix; parent < node). Each node attends to the committed prefix, its\n"
+           "ancestors and itself; positions are committed length + depth. The tree\n"
+           "may grow over several forwards; until commit_accepted_token_tree_nodes\n"
+           "the sequence refuses plain forwards, forks, pop_n (InvalidStateError).")
+      .def("commit_accepted_token_tree_nodes", &KVCache::commit_accepted_token_tree_nodes,
+           py::arg("seq_ids"), py::arg("leaf_indices"),
+           "commit_accepted_token_tree_nodes(seq_ids, leaf_indices)\n\n"
+           "Keeps, per sequence, the root-to-leaf path ending at leaf_indices[i] (a node\n"
+           "of its open tree; -1 rejects all): the path's K/V move right after the\n"
+           "committed prefix, the other nodes are dropped, and the tree closes.")
+      .def("token_tree_size", [](KVCache& s, SeqId id) { return s.cache().token_tree_size(id); },
+           py::arg("id"), "Uncommitted token-tree nodes of sequence `id` (0 when none is open).")
       .def("attention", &KVCache::attention, py::arg("layer"), py::arg("q"), py::arg("k"),
            py::arg("v"), py::arg("sm_scale") = py::none(),
            "attention(layer, q, k, v, sm_scale=None) -> out\n\n"

@@ -215,10 +215,48 @@ def test_fresh_cache_properties_and_help():
         assert getattr(pagedattn.KVCache, name).__doc__
 
 
-def test_token_tree_parents_not_in_this_build():
-    cache = make()
-    cache.add_sequence(0)
-    with pytest.raises(NotImplementedError, match="token trees"):
-        cache.begin_forward([0], [2], token_tree_parents=[-1, 0])
-    cache.begin_forward([0], [2])  # nothing was changed
+def test_token_tree_attention_and_commit():
+    """TVM's 7-node binary tree after a 5-token prefix (normal RoPE: K rotated
+    at committed length + depth), checked node by node against attention over
+    the prefix plus the node's ancestors; then the path 0 -> 2 -> 5 is
+    committed and a decode step runs on top of it."""
+    cache = make(rope_mode="normal")
+    m = Model(cache, "float32", rope_mode="normal")
+    m.add(0)
+    m.step([0], [5])
+    parents = [-1, 0, 0, 1, 1, 2, 2]
+    depth = [0, 1, 1, 2, 2, 2, 2]
+    past = 5
+    cache.begin_forward([0], [7], token_tree_parents=parents)
+    assert cache.token_tree_size(0) == 7
+    rng = np.random.default_rng(3)
+    tree_k = np.zeros((LAYERS, 7, HKV, D))
+    tree_v = np.zeros((LAYERS, 7, HKV, D))
+    for layer in range(LAYERS):
+        q, k, v = (rng.standard_normal((7, h, D)).astype(np.float32) for h in (HQ, HKV, HKV))
+        out = cache.attention(layer, q, k, v)
+        pos = past + np.array(depth)
+        tree_k[layer] = ref.rope(k, pos).astype(np.float32)
+        tree_v[layer] = v
+        qr = ref.rope(q, pos)
+        for node in range(7):
+            path, a = [], node
+            while a != -1:
+                path.append(a)
+                a = parents[a]
+            path.sort()
+            keys = np.concatenate([m.k[0][layer], tree_k[layer, path]])
+            vals = np.concatenate([m.v[0][layer], tree_v[layer, path]])
+            expect = ref.attention(qr[node:node + 1], keys, vals, 1 / math.sqrt(D))
+            np.testing.assert_allclose(out[node:node + 1], expect, atol=TOL["float32"], rtol=0)
     cache.end_forward()
+    with pytest.raises(pagedattn.InvalidStateError, match="tree"):
+        cache.begin_forward([0], [1])
+    cache.commit_accepted_token_tree_nodes([0], [5])
+    assert cache.token_tree_size(0) == 0
+    m.k[0] = np.concatenate([m.k[0], tree_k[:, [0, 2, 5]]], axis=1)
+    m.v[0] = np.concatenate([m.v[0], tree_v[:, [0, 2, 5]]], axis=1)
+    m.check()
+    with pytest.raises(pagedattn.InvalidStateError):
+        cache.commit_accepted_token_tree_nodes([0], [0])  # no open tree
+    m.step([0], [1])  # decode at position 8 on the committed path
