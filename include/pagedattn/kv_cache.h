@@ -113,7 +113,9 @@ class PagedKVCache {
   // Creates `child_id` holding the first `fork_pos` tokens of `parent_id`
   // (-1 = all of them). Full pages before the fork point are shared; a
   // partially filled page at the fork point is copied. Forks of forks nest
-  // without limit. A sequence with a sliding window cannot be forked.
+  // without limit. Forking a windowed sequence gives a child without a
+  // window: it keeps the parent's sinks and gap (nothing more is dropped) and
+  // cannot take a window or a token tree of its own.
   void fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t fork_pos = -1);
   // Removes the last `n` tokens (speculative-decoding rollback). Pages shared
   // with other sequences are never modified: a later append copies first.

@@ -44,19 +44,24 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
   const Sequence& parent = st.find(parent_id, "fork_sequence", "parent_id");
   require(!st.seqs.contains(child_id), "PagedKVCache::fork_sequence: child_id = ", child_id,
           " already exists");
-  require(!parent.windowed(), "PagedKVCache::fork_sequence: parent_id = ", parent_id,
-          " has a sliding window; windowed sequences cannot be forked");
   st.require_no_open_tree(parent, parent_id, "fork_sequence");
   if (fork_pos == -1) fork_pos = parent.length;
   require(fork_pos >= 0 && fork_pos <= parent.length, "PagedKVCache::fork_sequence: fork_pos = ",
           fork_pos, " is outside [0, ", parent.length, "] (length of parent_id = ", parent_id,
           "; -1 means the whole parent)");
-  const std::int64_t shared_pages = fork_pos / st.page_size();
-  const auto partial_slots = static_cast<std::int32_t>(fork_pos % st.page_size());
-  st.require_free_pages(partial_slots > 0 ? 1 : 0, "fork_sequence");
-
+  // A child of a windowed parent has no window; past the sinks it keeps the
+  // parent's gap (frozen: nothing more is evicted) so the shared pages line up.
   Sequence child;
   child.length = fork_pos;
+  if (parent.evicted > 0 && fork_pos > parent.sink_len) {
+    child.sink_len = parent.sink_len;
+    child.gap_len = parent.gap_len;
+    child.evicted = parent.evicted;
+  }
+  const std::int64_t shared_pages = child.used_slots() / st.page_size();
+  const auto partial_slots = static_cast<std::int32_t>(child.used_slots() % st.page_size());
+  st.require_free_pages(partial_slots > 0 ? 1 : 0, "fork_sequence");
+
   child.pages.reserve(static_cast<std::size_t>(shared_pages + 1));
   child.pages.assign(parent.pages.begin(), parent.pages.begin() + shared_pages);
   st.seqs.reserve(st.seqs.size() + 1);
@@ -91,6 +96,9 @@ void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
           "built with KVCacheConfig.support_sliding_window = false");
   require(!s.windowed(), "PagedKVCache::enable_sliding_window: seq_id = ", seq_id,
           " already has a sliding window (window_size ", s.window_size, ")");
+  require(s.evicted == 0, "PagedKVCache::enable_sliding_window: seq_id = ", seq_id,
+          " was forked from a windowed sequence after it dropped ", s.evicted,
+          " tokens; a new window on top of that gap is not supported");
   st.require_no_open_tree(s, seq_id, "enable_sliding_window");
   require(window_size >= 1 && window_size <= kMaxInt32,
           "PagedKVCache::enable_sliding_window: window_size = ", window_size,

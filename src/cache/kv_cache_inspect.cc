@@ -74,12 +74,14 @@ std::string check_sequence(const Sequence& s, std::int32_t ps, std::int64_t num_
     if (s.tree_parents[i] < -1 || s.tree_parents[i] >= i)
       return concat("tree node ", i, " has parent ", s.tree_parents[i]);
   if (!s.windowed()) {
-    if (s.gap_len != 0 || s.evicted != 0) return concat("has a gap without a window");
-    return {};
+    // Only a child forked from a windowed parent past its sinks has a gap.
+    if (s.evicted == 0) return s.gap_len != 0 ? concat("has a gap without a window") : std::string();
+    if (s.length <= s.sink_len && s.gap_len != 0) return concat("keeps a gap after only ", s.length, " tokens");
+  } else {
+    if (!in_forward && s.length > s.window_size)
+      return concat("holds ", s.length, " tokens, window is ", s.window_size);
+    if (s.sink_len >= s.window_size) return concat("sink ", s.sink_len, " >= window");
   }
-  if (!in_forward && s.length > s.window_size)
-    return concat("holds ", s.length, " tokens, window is ", s.window_size);
-  if (s.sink_len >= s.window_size) return concat("sink ", s.sink_len, " >= window");
   const std::int64_t whole_gap_pages =
       (s.sink_len + s.gap_len) / ps - (s.sink_len + ps - 1) / ps;
   if (whole_gap_pages > 0) return concat("keeps ", whole_gap_pages, " pages wholly in the gap");

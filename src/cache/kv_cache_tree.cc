@@ -38,6 +38,9 @@ void PagedKVCache::State::validate_tree_parents(std::span<const SeqId> ids,
     const Sequence& s = seqs.find(ids[i])->second;
     require(!s.windowed(), "PagedKVCache::begin_forward: seq_ids[", i, "] = ", ids[i],
             " has a sliding window; token trees need a sequence without one");
+    require(s.gap_len == 0, "PagedKVCache::begin_forward: seq_ids[", i, "] = ", ids[i],
+            " keeps the gap of the windowed sequence it was forked from; token trees need "
+            "a sequence without one");
     const std::int64_t first_node = s.tree_size(), end_node = first_node + lens[i];
     require(end_node <= kMaxTokenTreeNodes, "PagedKVCache::begin_forward: seq_ids[", i,
             "] = ", ids[i], " would hold ", end_node, " uncommitted tree nodes (", first_node,

@@ -66,6 +66,7 @@ struct Coverage {
     model.copies_on_write += c.copies_on_write;
     model.evicted_tokens += c.evicted_tokens;
     model.pops_after_eviction += c.pops_after_eviction;
+    model.gap_forks += c.gap_forks;
   }
 };
 
@@ -165,9 +166,8 @@ class Fuzzer {
   }
 
   void op_fork() {
-    std::vector<SeqId> parents;
-    for (const auto& [id, s] : model_.seqs())
-      if (s.window == 0) parents.push_back(id);
+    std::vector<SeqId> parents;  // windowed ones too: the child has no window
+    for (const auto& [id, s] : model_.seqs()) parents.push_back(id);
     if (parents.empty() || std::ssize(model_.seqs()) >= kMaxSequences) return op_remove();
     const SeqId parent = parents[static_cast<std::size_t>(uniform(0, std::ssize(parents) - 1))];
     const SeqId child = pick_unused();
@@ -175,7 +175,11 @@ class Fuzzer {
     const std::int64_t pos = chance(0.2) ? -1 : pick_length_near_boundary(0, len);
     const std::int64_t resolved = pos == -1 ? len : pos;
     log_ << "fork " << parent << " -> " << child << " at " << pos << " (len " << len << ")\n";
-    if (resolved % ps_ != 0 && kv_.num_free_pages() == 0) {
+    // The fork point's physical slot decides whether a partial page is copied
+    // (a windowed parent's gap shifts it off the token index).
+    const auto& tokens = model_.seq(parent).tokens;
+    const std::int64_t end_slot = resolved == 0 ? 0 : tokens[static_cast<std::size_t>(resolved - 1)].abs_slot + 1;
+    if (end_slot % ps_ != 0 && kv_.num_free_pages() == 0) {
       expect_rejected<OutOfPages>(kv_, [&] { kv_.fork_sequence(parent, child, pos); });
       return;
     }
@@ -189,7 +193,7 @@ class Fuzzer {
   void op_fork_and_roll_back() {
     std::vector<SeqId> parents;
     for (const auto& [id, s] : model_.seqs())
-      if (s.window == 0 && s.length() >= ps_) parents.push_back(id);
+      if (s.window == 0 && !s.evicted && s.length() >= ps_) parents.push_back(id);  // no gap
     if (parents.empty() || std::ssize(model_.seqs()) >= kMaxSequences) return op_step();
     const SeqId parent = parents[static_cast<std::size_t>(uniform(0, std::ssize(parents) - 1))];
     const SeqId child = pick_unused();
@@ -224,6 +228,11 @@ class Fuzzer {
       return;
     }
     if (model_.seq(id).window != 0) return op_step();
+    if (model_.seq(id).evicted) {  // a child that kept a windowed parent's gap
+      log_ << "enable_sliding_window (gap child) " << id << "\n";
+      expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, 8, 2); }, {"forked from a windowed"});
+      return;
+    }
     const std::int64_t window = uniform(1, 4 * ps_ + 4);
     const std::int64_t sink = chance(0.3) ? 0 : uniform(0, std::min<std::int64_t>(window - 1, 2 * ps_ + 1));
     log_ << "enable_sliding_window " << id << " window " << window << " sink " << sink << " (len "
@@ -435,7 +444,10 @@ class Fuzzer {
     const ShadowModel::Seq& s = model_.seq(id);
     if (s.window != 0) {
       expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, 8, 1); }, {"already"});
-      expect_rejected<InvalidArgument>(kv_, [&] { kv_.fork_sequence(id, pick_unused()); }, {"sliding window"});
+      return;
+    }
+    if (s.evicted) {
+      expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, 8, 1); }, {"forked from a windowed"});
       return;
     }
     const std::int64_t window = uniform(-2, 0), sink_window = uniform(1, 6);
@@ -524,7 +536,7 @@ TEST_P(ShadowRandomTest, MatchesShadowModelAfterEveryStep) {
             << coverage.out_of_pages << " out-of-pages, " << m.fork_copies << " fork copies, "
             << m.copies_on_write << " copies-on-write, " << coverage.rejected_shared_writes
             << " refused shared writes, " << m.evicted_tokens << " evicted tokens, "
-            << m.pops_after_eviction << " pops after eviction\n";
+            << m.pops_after_eviction << " pops after eviction, " << m.gap_forks << " gap forks\n";
   EXPECT_GT(coverage.steps, episodes);
   EXPECT_GT(coverage.out_of_pages, 0);
   EXPECT_GT(coverage.rejected_shared_writes, 0);
@@ -535,6 +547,7 @@ TEST_P(ShadowRandomTest, MatchesShadowModelAfterEveryStep) {
   if (setup.config.support_sliding_window) {
     EXPECT_GT(m.evicted_tokens, 0);
     EXPECT_GT(m.pops_after_eviction, 0);
+    EXPECT_GT(m.gap_forks, 0);
   }
 }
 

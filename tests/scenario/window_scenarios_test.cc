@@ -121,6 +121,8 @@ TEST(WindowScenarios, PopAfterEvictions) {
 //   P (12 tokens: pages 0 1 2) ── C = fork(P, -1) shares 0 1 2
 //   enable_sliding_window(C, 6, 2): C keeps tokens 0-1 and 8-11; page 1 lies
 //   wholly in C's gap, so C drops its reference (refcount 2 -> 1).
+//   C ── G = fork(C, 4): no window; keeps C's sinks and gap (tokens 1 2 9 10)
+//   C ── S = fork(C, 1): inside the sinks, a plain sequence (token 1)
 TEST(WindowScenarios, WindowOnAForkedChildReleasesOnlyItsReferences) {
   constexpr SeqId P = 1, C = 2;
   CacheDriver d(small_config(4, 16, true));
@@ -135,13 +137,22 @@ TEST(WindowScenarios, WindowOnAForkedChildReleasesOnlyItsReferences) {
   EXPECT_TRUE(check_tokens(d.kv(), P, 0, uid_range(1, 12)).empty());
   EXPECT_TRUE(check_tokens(d.kv(), C, 0, Uids{1, 2, 9, 10, 11, 12}).empty());
 
-  expect_rejected<InvalidArgument>(d.kv(), [&] { d.kv().fork_sequence(C, 3); },
-                                   {"parent_id = 2", "sliding window"});
+  constexpr SeqId G = 4, S = 5;
+  d.fork(C, G, 4);
+  d.fork(C, S, 1);
+  EXPECT_TRUE(check_tokens(d.kv(), G, 0, Uids{1, 2, 9, 10}).empty());
+  EXPECT_TRUE(check_tokens(d.kv(), S, 0, Uids{1}).empty());
+  expect_rejected<InvalidArgument>(d.kv(), [&] { d.kv().enable_sliding_window(G, 8, 1); },
+                                   {"seq_id = 4", "forked from a windowed"});
+  expect_rejected<InvalidArgument>(d.kv(), [&] { d.kv().pop_n(G, 3); }, {"attention sinks"});
   expect_rejected<InvalidArgument>(d.kv(), [&] { write_kv(d.kv(), C, 0, Uids{77}); }, {"shared"});
   d.fork(P, 3, 5);  // the parent has no window: fine
-  d.step({C, P}, {1, 1});
-  d.step({C}, {3});
+  d.step({C, P, G, S}, {1, 1, 3, 2});
+  d.step({C, G}, {3, 9});  // G grows past C's window: nothing is dropped
+  EXPECT_EQ(d.kv().sequence_length(G), 16);
   d.expect_matches();
+  d.remove(G);
+  d.remove(S);
   d.remove(P);
   d.remove(3);
   d.step({C}, {9});

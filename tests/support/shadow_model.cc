@@ -68,17 +68,23 @@ void ShadowModel::remove(SeqId id) {
 
 void ShadowModel::fork(SeqId parent_id, SeqId child_id, std::int64_t fork_pos) {
   const Seq& parent = seqs_.at(parent_id);
-  model_require(!has(child_id) && parent.window == 0, "bad fork");
+  model_require(!has(child_id), "bad fork");
   model_require(fork_pos >= 0 && fork_pos <= parent.length(), "bad fork_pos");
-  Seq child;
+  Seq child;  // no window; past a windowed parent's sinks it keeps their gap
   child.tokens.assign(parent.tokens.begin(), parent.tokens.begin() + fork_pos);
+  if (parent.evicted && fork_pos > parent.sink) {
+    child.evicted = true;
+    child.sink = parent.sink;
+    ++counters_.gap_forks;
+  }
+  const std::int64_t end_slot = child.next_abs_slot();
   for (const Page& p : parent.pages) {
-    if (p.abs_page >= fork_pos / page_size_) break;
+    if (p.abs_page >= end_slot / page_size_) break;
     child.pages.push_back(p);
     ++refs_[p.id];
   }
-  if (fork_pos % page_size_ != 0) {
-    child.pages.push_back(Page{fork_pos / page_size_, new_page()});
+  if (end_slot % page_size_ != 0) {
+    child.pages.push_back(Page{end_slot / page_size_, new_page()});
     ++counters_.fork_copies;
   }
   seqs_.emplace(child_id, std::move(child));
@@ -123,7 +129,7 @@ void ShadowModel::slide(SeqId id) {
 
 void ShadowModel::enable_window(SeqId id, std::int64_t window, std::int64_t sink) {
   Seq& s = seqs_.at(id);
-  model_require(s.window == 0 && window >= 1 && sink >= 0 && sink < window, "bad window");
+  model_require(s.window == 0 && !s.evicted && window >= 1 && sink >= 0 && sink < window, "bad window");
   s.window = window;
   s.sink = sink;
   slide(id);

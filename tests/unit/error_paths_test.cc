@@ -158,8 +158,9 @@ TEST_F(ErrorPaths, SlidingWindowArguments) {
   d_.enable_window(3, 8, 2);
   expect_rejected<InvalidArgument>(kv(), [&] { kv().enable_sliding_window(3, 8, 2); },
                                    {"enable_sliding_window", "seq_id = 3", "already has a sliding window"});
-  expect_rejected<InvalidArgument>(kv(), [&] { kv().fork_sequence(3, 9); },
-                                   {"fork_sequence", "parent_id = 3", "sliding window"});
+  d_.fork(3, 9);  // a windowed parent forks; the child has no window
+  EXPECT_EQ(kv().sequence_length(9), kv().sequence_length(3));
+  kv().check_invariants();
 }
 
 TEST(ErrorPathsNoWindow, SlidingWindowNeedsTheConfigFlag) {
