@@ -177,6 +177,11 @@ def test_sliding_window_with_sinks():
         m.step([0, 1], [1, 1])
     m.fork(1, 2)             # a window-free sequence forks normally; the child has no window
     m.step([2, 0], [5, 2])
+    m.fork(0, 3)             # a windowed one too: the child inherits no window,
+    m.step([3, 0], [12, 1])  # so it keeps all 8 + 12 tokens while 0 stays at 8
+    assert cache.sequence_length(3) == 20 and cache.sequence_length(0) == 8
+    with pytest.raises(ValueError, match="forked from a windowed"):
+        cache.enable_sliding_window(3, 8, 2)
 
 
 @pytest.mark.parametrize("mode", ["normal", "inline"])
