@@ -34,6 +34,7 @@
 #include <new>
 #include <numeric>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "pagedattn/kv_cache.h"
@@ -188,6 +189,36 @@ void BM_Memcpy(benchmark::State& state) {
 BENCHMARK(BM_Memcpy)->ArgName("bytes")->Arg(256 << 10)->Arg(2 << 20)->Arg(256 << 20)
     ->UseManualTime()->Unit(benchmark::kMicrosecond);
 
+// Times of one begin_forward + end_forward (the manual iteration time) and
+// of the same-process memcpy baseline, summed over a benchmark's iterations.
+struct StepTimes {
+  double begin = 0, end = 0, copy = 0;
+
+  void time_step(benchmark::State& state, PagedKVCache& cache, std::span<const SeqId> ids,
+                 std::span<const std::int64_t> lens) {
+    const auto t0 = Clock::now();
+    const BatchPlan& plan = cache.begin_forward(ids, lens);
+    benchmark::DoNotOptimize(plan.slot_mapping.data());
+    const auto t1 = Clock::now();
+    cache.end_forward();
+    const auto t2 = Clock::now();
+    state.SetIterationTime(seconds_between(t0, t2));
+    begin += seconds_between(t0, t1);
+    end += seconds_between(t1, t2);
+  }
+  double step() const { return begin + end; }
+  // The counters every step benchmark reports (per-iteration means).
+  void report(benchmark::State& state, double entries, std::size_t plan_bytes) const {
+    const auto n = static_cast<double>(state.iterations());
+    state.counters["begin_us"] = begin / n * 1e6;
+    state.counters["end_us"] = end / n * 1e6;
+    state.counters["entries"] = entries;
+    state.counters["plan_KiB"] = static_cast<double>(plan_bytes) / 1024.0;
+    state.counters["memcpy_us"] = copy / n * 1e6;
+    state.counters["x_memcpy"] = step() / copy;
+  }
+};
+
 // --- decode step -------------------------------------------------------------
 
 constexpr std::int64_t kDecodeContext = 4096;
@@ -229,32 +260,18 @@ void BM_DecodeStep(benchmark::State& state) {
   MemcpyBaseline baseline(bytes);
   baseline.run();
 
-  double t_begin = 0, t_end = 0, t_copy = 0;
+  StepTimes t;
   for (auto _ : state) {
     if (cold) flush_caches();
-    const auto t0 = Clock::now();
-    const BatchPlan& plan = cache.begin_forward(ids, ones);
-    benchmark::DoNotOptimize(plan.kv_indices.data());
-    const auto t1 = Clock::now();
-    cache.end_forward();
-    const auto t2 = Clock::now();
-    state.SetIterationTime(seconds_between(t0, t2));
-    t_begin += seconds_between(t0, t1);
-    t_end += seconds_between(t1, t2);
+    t.time_step(state, cache, ids, ones);
     for (SeqId id : ids) cache.pop_n(id, 1);
     if (cold) flush_caches();
-    t_copy += baseline.run();
+    t.copy += baseline.run();
   }
   const auto n = static_cast<double>(state.iterations());
-  const double t_step = t_begin + t_end;
-  state.counters["begin_us"] = t_begin / n * 1e6;
-  state.counters["end_us"] = t_end / n * 1e6;
-  state.counters["entries"] = entries;
-  state.counters["Gentries/s"] = entries * n / t_step / 1e9;
-  state.counters["plan_KiB"] = static_cast<double>(bytes) / 1024.0;
-  state.counters["memcpy_us"] = t_copy / n * 1e6;
-  state.counters["x_memcpy"] = t_step / t_copy;
-  state.counters["x_100us"] = t_step / n / 100e-6;
+  t.report(state, entries, bytes);
+  state.counters["Gentries/s"] = entries * n / t.step() / 1e9;
+  state.counters["x_100us"] = t.step() / n / 100e-6;
 }
 BENCHMARK(BM_DecodeStep)
     ->ArgNames({"batch", "page", "new_page", "cold"})
@@ -301,31 +318,17 @@ void BM_PrefillStep(benchmark::State& state) {
   MemcpyBaseline baseline(bytes);
   baseline.run();
 
-  double t_begin = 0, t_end = 0, t_copy = 0;
+  StepTimes t;
   for (auto _ : state) {
     for (SeqId id : ids) cache.add_sequence(id);
-    const auto t0 = Clock::now();
-    const BatchPlan& plan = cache.begin_forward(ids, lens);
-    benchmark::DoNotOptimize(plan.slot_mapping.data());
-    const auto t1 = Clock::now();
-    cache.end_forward();
-    const auto t2 = Clock::now();
-    state.SetIterationTime(seconds_between(t0, t2));
-    t_begin += seconds_between(t0, t1);
-    t_end += seconds_between(t1, t2);
+    t.time_step(state, cache, ids, lens);
     for (SeqId id : ids) cache.remove_sequence(id);
-    t_copy += baseline.run();
+    t.copy += baseline.run();
   }
   const auto n = static_cast<double>(state.iterations());
-  const double t_step = t_begin + t_end;
   const auto total_tokens = static_cast<double>(num_seqs * tokens);
-  state.counters["begin_us"] = t_begin / n * 1e6;
-  state.counters["end_us"] = t_end / n * 1e6;
-  state.counters["entries"] = entries;
-  state.counters["ns/token"] = t_step / n / total_tokens * 1e9;
-  state.counters["plan_KiB"] = static_cast<double>(bytes) / 1024.0;
-  state.counters["memcpy_us"] = t_copy / n * 1e6;
-  state.counters["x_memcpy"] = t_step / t_copy;
+  t.report(state, entries, bytes);
+  state.counters["ns/token"] = t.step() / n / total_tokens * 1e9;
 }
 BENCHMARK(BM_PrefillStep)
     ->ArgNames({"seqs", "tokens", "page"})
