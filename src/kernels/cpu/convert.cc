@@ -62,8 +62,9 @@ HWY_INLINE void StoreF32(hn::Vec<DF> v, void* dst, DType t, std::int64_t i) {
 
 void ConvertRow(const void* src, DType sd, void* dst, DType dd, std::int64_t n, float mul) {
   std::int64_t i = 0;
-  // Widening fp8 / int8 is exact in vectors; narrowing to them is scalar.
-  if ((Vectorizable(sd) || is_quantized(sd) || sd == DType::kF16) && Vectorizable(dd)) {
+  // Every source dtype widens exactly in vectors (LoadF32); only narrowing
+  // to fp8 / int8 (and f16 off F16C targets) is scalar.
+  if (Vectorizable(dd)) {
     const DF df;
     const auto lanes = static_cast<std::int64_t>(hn::Lanes(df));
     const auto vmul = hn::Set(df, mul);
