@@ -45,6 +45,11 @@ constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 struct KeyBlock {
   const void* k[kKB];
   const void* v[kKB];
+  // The rows processed after these (the next KV head's, or the next block's
+  // first head's), prefetched a line at a time while these are consumed;
+  // the zero row when nothing follows.
+  const void* k_next[kKB];
+  const void* v_next[kKB];
   float k_scale[kKB];
   float v_scale[kKB];
   std::int32_t first = 0;  // key index of entry 0
@@ -147,23 +152,37 @@ void LocateBlock(const Item& it, std::int32_t j0, std::int32_t count, BlockSlots
 template <DType kT>
 constexpr bool kScaled = is_quantized(kT);
 
-// Row pointers and dequantisation scales of KV head h for the block.
+// K and V row pointers of KV head h for the keys of a block (up to count).
 template <DType kT>
-void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock& kb) {
+void RowPointers(const Item& it, const BlockSlots& bs, std::int32_t h, const void** k, const void** v) {
   const PagedKVStorage& kv = it.p->kv;
   constexpr auto elem = static_cast<std::int64_t>(dtype_size(kT));
   const auto* kbase = static_cast<const std::byte*>(kv.k_data) + h * kv.k_head_stride * elem;
   const auto* vbase = static_cast<const std::byte*>(kv.v_data) + h * kv.v_head_stride * elem;
+  for (std::int32_t jj = 0; jj < bs.count; ++jj) {
+    k[jj] = kbase + bs.k_off[jj] * elem;
+    v[jj] = vbase + bs.v_off[jj] * elem;
+  }
+  for (std::int32_t jj = bs.count; jj < kKB; ++jj) k[jj] = v[jj] = it.sc.zero;
+}
+
+// Row pointers and dequantisation scales of KV head h for the block, and the
+// rows to prefetch meanwhile: head h + 1 of this block, or when h is the
+// item's last head, head h_first of the next block.
+template <DType kT>
+void GatherBlock(const Item& it, const BlockSlots& bs, const BlockSlots& next, std::int32_t h,
+                 KeyBlock& kb) {
+  const PagedKVStorage& kv = it.p->kv;
   kb.first = bs.first;
   kb.count = bs.count;
   kb.tree_enter = bs.tree ? bs.tree_enter : nullptr;
   kb.tree_exit = bs.tree ? bs.tree_exit : nullptr;
   kb.tree_position = bs.tree ? bs.tree_position : nullptr;
-  for (std::int32_t jj = 0; jj < bs.count; ++jj) {
-    kb.k[jj] = kbase + bs.k_off[jj] * elem;
-    kb.v[jj] = vbase + bs.v_off[jj] * elem;
-  }
-  for (std::int32_t jj = bs.count; jj < kKB; ++jj) kb.k[jj] = kb.v[jj] = it.sc.zero;
+  RowPointers<kT>(it, bs, h, kb.k, kb.v);
+  if (h + 1 < it.w->kv_head_end)
+    RowPointers<kT>(it, bs, h + 1, kb.k_next, kb.v_next);
+  else
+    RowPointers<kT>(it, next, it.w->kv_head_begin, kb.k_next, kb.v_next);
   if constexpr (kScaled<kT>) {
     for (std::int32_t jj = 0; jj < bs.count; ++jj) {
       kb.k_scale[jj] = kv.k_dequant(bs.page[jj], h, bs.slot[jj]) * kFormatScale<kT>;
@@ -173,29 +192,15 @@ void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock&
   }
 }
 
-// Prefetches the K and V rows of the block for KV heads [h_begin, h_end)
-// into L1 (kToL1: the next head, a few KiB) or L2 (the next block, all heads:
-// more than L1 holds).
-enum class PrefetchTo { kL1, kL2 };
-template <DType kT, PrefetchTo kLevel>
-void PrefetchBlock(const Item& it, const BlockSlots& bs, std::int32_t h_begin, std::int32_t h_end) {
-  const PagedKVStorage& kv = it.p->kv;
-  constexpr auto elem = static_cast<std::int64_t>(dtype_size(kT));
-  const std::int64_t k_bytes = kv.head_dim * elem, v_bytes = kv.v_head_dim * elem;
-  auto fetch = [](const char* p) {
-    if constexpr (kLevel == PrefetchTo::kL1) __builtin_prefetch(p, 0, 3);
-    else __builtin_prefetch(p, 0, 2);
-  };
-  for (std::int32_t h = h_begin; h < h_end; ++h) {
-    const auto* kbase = static_cast<const char*>(kv.k_data) + h * kv.k_head_stride * elem;
-    const auto* vbase = static_cast<const char*>(kv.v_data) + h * kv.v_head_stride * elem;
-    for (std::int32_t jj = 0; jj < bs.count; ++jj) {
-      const char* k = kbase + bs.k_off[jj] * elem;
-      const char* v = vbase + bs.v_off[jj] * elem;
-      for (std::int64_t off = 0; off < k_bytes; off += 64) fetch(k + off);
-      for (std::int64_t off = 0; off < v_bytes; off += 64) fetch(v + off);
-    }
-  }
+// Prefetches the cache line at element offset `d` of a row, once per line:
+// called with every vector offset d, it fetches when d starts a line. The
+// lines of the next rows are spread over the loops that consume the current
+// ones (a burst of every line would stall on the miss queues instead of
+// overlapping with the arithmetic).
+template <DType kT>
+HWY_INLINE void PrefetchLine(const void* row, std::size_t d) {
+  constexpr std::size_t kLineElems = 64 / dtype_size(kT);
+  if (d % kLineElems == 0) __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 3);
 }
 
 // Converts a gathered block to f32 scratch rows and repoints it there.
@@ -207,8 +212,14 @@ void ConvertBlock(const Item& it, KeyBlock& kb) {
   for (std::int32_t jj = 0; jj < kKB; ++jj) {
     float* kd = it.sc.k + std::size_t(jj) * c.dq;
     float* vd = it.sc.v + std::size_t(jj) * c.dv;
-    for (std::size_t d = 0; d < std::size_t(c.head_dim); d += n) hn::Store(LoadConvert<kT>(kb.k[jj], d), df, kd + d);
-    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) hn::Store(LoadConvert<kT>(kb.v[jj], d), df, vd + d);
+    for (std::size_t d = 0; d < std::size_t(c.head_dim); d += n) {
+      PrefetchLine<kT>(kb.k_next[jj], d);
+      hn::Store(LoadConvert<kT>(kb.k[jj], d), df, kd + d);
+    }
+    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) {
+      PrefetchLine<kT>(kb.v_next[jj], d);
+      hn::Store(LoadConvert<kT>(kb.v[jj], d), df, vd + d);
+    }
     kb.k[jj] = kd;
     kb.v[jj] = vd;
   }
@@ -270,8 +281,9 @@ HWY_INLINE void Reduce8(const VF* a, float* HWY_RESTRICT out) {
 
 // Scores kRows rows x kKeys keys (kRows * kKeys == 8) starting at key jj,
 // loading keys as kLoad (kT, or f32 from the converted block). kDim > 0 fixes
-// the head dim at compile time (fully unrolled fast paths).
-template <DType kLoad, bool kScale, int kDim, int kRows, int kKeys>
+// the head dim at compile time (fully unrolled fast paths). kPrefetch: the
+// rows are read from the cache, so the next rows are prefetched meanwhile.
+template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, int kKeys>
 HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t jj) {
   static_assert(kRows * kKeys == 8, "Reduce8 takes 8 accumulators");
   const DF df;
@@ -284,6 +296,8 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   for (std::size_t d = 0; d < dim; d += n) {
     VF k[kKeys];
     for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kLoad>(kb.k[jj + e], d);
+    if constexpr (kPrefetch)
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<kLoad>(kb.k_next[jj + e], d);
     for (int r = 0; r < kRows; ++r) {
       const VF qv = hn::Load(df, q + std::size_t(r) * c.dq + d);
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = hn::MulAdd(qv, k[e], acc[r * kKeys + e]);
@@ -301,16 +315,27 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   }
 }
 
-// Scores rows [row0, row_end) against the block.
-template <DType kLoad, bool kScale, int kDim>
+// Scores rows [row0, row_end) against the block; the first group of rows
+// prefetches the next rows when reading from the cache.
+template <DType kLoad, bool kScale, bool kPrefetch, int kDim>
 void ScoreBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
   std::int32_t r = row0;
+  if (r + 4 <= row_end) {
+    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kPrefetch, kDim, 4, 2>(it, kb, r, jj);
+    r += 4;
+  } else if (r + 2 <= row_end) {
+    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kLoad, kScale, kPrefetch, kDim, 2, 4>(it, kb, r, jj);
+    r += 2;
+  } else if (r < row_end) {
+    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kLoad, kScale, kPrefetch, kDim, 1, 8>(it, kb, r, jj);
+    r += 1;
+  }
   for (; r + 4 <= row_end; r += 4)
-    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kDim, 4, 2>(it, kb, r, jj);
+    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, false, kDim, 4, 2>(it, kb, r, jj);
   for (; r + 2 <= row_end; r += 2)
-    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kLoad, kScale, kDim, 2, 4>(it, kb, r, jj);
+    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kLoad, kScale, false, kDim, 2, 4>(it, kb, r, jj);
   for (; r < row_end; ++r)
-    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kLoad, kScale, kDim, 1, 8>(it, kb, r, jj);
+    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kLoad, kScale, false, kDim, 1, 8>(it, kb, r, jj);
 }
 
 // --- masks, softcap, ALiBi, online softmax -----------------------------------------------
@@ -414,8 +439,8 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
 
 // o[row0 .. row0 + kRows) += weights x V over the block. The weights are
 // broadcast once into vectors first (one per row and key, reused by every
-// dim chunk as an FMA memory operand).
-template <DType kLoad, int kDim, int kRows>
+// dim chunk as an FMA memory operand). kPrefetch as in ScoreTile.
+template <DType kLoad, bool kPrefetch, int kDim, int kRows>
 HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t row0) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
@@ -434,7 +459,10 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
       acc[2 * r] = hn::Load(df, o + r * stride + d);
       acc[2 * r + 1] = hn::Load(df, o + r * stride + d + n);
     }
+    constexpr std::size_t kLineElems = 64 / dtype_size(kLoad);
+    const bool fetch = kPrefetch && d % kLineElems < 2 * n;  // this pair starts a line
     for (std::int32_t jj = 0; jj < count; ++jj) {
+      if (fetch) __builtin_prefetch(static_cast<const char*>(kb.v_next[jj]) + (d - d % kLineElems) * dtype_size(kLoad), 0, 3);
       const VF v0 = LoadConvert<kLoad>(kb.v[jj], d), v1 = LoadConvert<kLoad>(kb.v[jj], d + n);
       const float* wj = wb + jj * kRows * n;
       for (int r = 0; r < kRows; ++r) {
@@ -451,6 +479,7 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
     VF acc[kRows];
     for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(df, o + r * stride + d);
     for (std::int32_t jj = 0; jj < count; ++jj) {
+      if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.v_next[jj], d);
       const VF v0 = LoadConvert<kLoad>(kb.v[jj], d);
       const float* wj = wb + jj * kRows * n;
       for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Load(df, wj + r * n), v0, acc[r]);
@@ -459,12 +488,20 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   }
 }
 
-// o[row] += weights x V for rows [row0, row_end).
-template <DType kT, int kDim>
+// o[row] += weights x V for rows [row0, row_end); the first group of rows
+// prefetches the next rows when reading from the cache.
+template <DType kLoad, bool kPrefetch, int kDim>
 void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
   std::int32_t r = row0;
-  for (; r + 4 <= row_end; r += 4) AccumulateRows<kT, kDim, 4>(it, kb, r);
-  for (; r < row_end; ++r) AccumulateRows<kT, kDim, 1>(it, kb, r);
+  if (r + 4 <= row_end) {
+    AccumulateRows<kLoad, kPrefetch, kDim, 4>(it, kb, r);
+    r += 4;
+  } else if (r < row_end) {
+    AccumulateRows<kLoad, kPrefetch, kDim, 1>(it, kb, r);
+    r += 1;
+  }
+  for (; r + 4 <= row_end; r += 4) AccumulateRows<kLoad, false, kDim, 4>(it, kb, r);
+  for (; r < row_end; ++r) AccumulateRows<kLoad, false, kDim, 1>(it, kb, r);
 }
 
 // --- one work item -------------------------------------------------------------------------
@@ -509,19 +546,19 @@ constexpr std::int32_t kConvertRows = 8;
 
 // One block of keys for one KV head's rows [row0, row_end).
 template <DType kT, int kDim>
-void ProcessHeadBlock(const Item& it, const RowMap& map, const BlockSlots& bs, std::int32_t head,
-                      std::int32_t row0, std::int32_t row_end, std::int64_t first_pos) {
+void ProcessHeadBlock(const Item& it, const RowMap& map, const BlockSlots& bs, const BlockSlots& next,
+                      std::int32_t head, std::int32_t row0, std::int32_t row_end, std::int64_t first_pos) {
   KeyBlock kb;
-  GatherBlock<kT>(it, bs, head, kb);
+  GatherBlock<kT>(it, bs, next, head, kb);
   const bool rotate_keys = it.p->options.key_rope != nullptr;
   // f32 scratch when many rows share the block, or keys need rotating.
   const bool convert = (row_end - row0 > kConvertRows && kT != DType::kF32) || rotate_keys;
   if (convert) {
     ConvertBlock<kT>(it, kb);
     if (rotate_keys) RotateKeys(it, kb);
-    ScoreBlock<DType::kF32, kScaled<kT>, kDim>(it, kb, row0, row_end);
+    ScoreBlock<DType::kF32, kScaled<kT>, false, kDim>(it, kb, row0, row_end);
   } else {
-    ScoreBlock<kT, kScaled<kT>, kDim>(it, kb, row0, row_end);
+    ScoreBlock<kT, kScaled<kT>, true, kDim>(it, kb, row0, row_end);
   }
   for (std::int32_t row = row0; row < row_end; ++row) {
     TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
@@ -529,9 +566,9 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, const BlockSlots& bs, s
     SoftmaxRow<kScaled<kT>>(it, kb, row);
   }
   if (convert)
-    AccumulateBlock<DType::kF32, kDim>(it, kb, row0, row_end);
+    AccumulateBlock<DType::kF32, false, kDim>(it, kb, row0, row_end);
   else
-    AccumulateBlock<kT, kDim>(it, kb, row0, row_end);
+    AccumulateBlock<kT, true, kDim>(it, kb, row0, row_end);
 }
 
 template <DType kT, int kDim>
@@ -548,13 +585,8 @@ void ProcessItem(const Item& it) {
     const std::int32_t j1 = j0 + kKB;
     LocateBlock(it, j1, std::clamp(w.kv_end - j1, 0, kKB), next);
     for (std::int32_t h = w.kv_head_begin; h < w.kv_head_end; ++h) {
-      // Spread over the block: head h of the next block into L2, the next
-      // head of this block into L1 (a burst of every line would overflow the
-      // miss queues and be dropped).
-      PrefetchBlock<kT, PrefetchTo::kL2>(it, next, h, h + 1);
-      if (h + 1 < w.kv_head_end) PrefetchBlock<kT, PrefetchTo::kL1>(it, current, h + 1, h + 2);
       const std::int32_t row0 = (h - w.kv_head_begin) * map.per_head;
-      ProcessHeadBlock<kT, kDim>(it, map, current, h, row0, row0 + map.per_head, first_pos);
+      ProcessHeadBlock<kT, kDim>(it, map, current, next, h, row0, row0 + map.per_head, first_pos);
     }
     std::swap(current, next);
   }
