@@ -46,10 +46,11 @@ struct KeyBlock {
   const void* k[kKB];
   const void* v[kKB];
   // The rows processed after these (the next KV head's, or the next block's
-  // first head's), prefetched a line at a time while these are consumed;
-  // the zero row when nothing follows.
-  const void* k_next[kKB];
-  const void* v_next[kKB];
+  // first head's: the following KeyBlock's k and v); zero rows when nothing
+  // follows. QK prefetches v while it reads k, PV prefetches k_next while it
+  // reads v, a line at a time (ConvertBlock: k_next and v_next).
+  const void* const* k_next = nullptr;
+  const void* const* v_next = nullptr;
   float k_scale[kKB];
   float v_scale[kKB];
   std::int32_t first = 0;  // key index of entry 0
@@ -166,12 +167,9 @@ void RowPointers(const Item& it, const BlockSlots& bs, std::int32_t h, const voi
   for (std::int32_t jj = bs.count; jj < kKB; ++jj) k[jj] = v[jj] = it.sc.zero;
 }
 
-// Row pointers and dequantisation scales of KV head h for the block, and the
-// rows to prefetch meanwhile: head h + 1 of this block, or when h is the
-// item's last head, head h_first of the next block.
+// Row pointers and dequantisation scales of KV head h for the block.
 template <DType kT>
-void GatherBlock(const Item& it, const BlockSlots& bs, const BlockSlots& next, std::int32_t h,
-                 KeyBlock& kb) {
+void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock& kb) {
   const PagedKVStorage& kv = it.p->kv;
   kb.first = bs.first;
   kb.count = bs.count;
@@ -179,10 +177,6 @@ void GatherBlock(const Item& it, const BlockSlots& bs, const BlockSlots& next, s
   kb.tree_exit = bs.tree ? bs.tree_exit : nullptr;
   kb.tree_position = bs.tree ? bs.tree_position : nullptr;
   RowPointers<kT>(it, bs, h, kb.k, kb.v);
-  if (h + 1 < it.w->kv_head_end)
-    RowPointers<kT>(it, bs, h + 1, kb.k_next, kb.v_next);
-  else
-    RowPointers<kT>(it, next, it.w->kv_head_begin, kb.k_next, kb.v_next);
   if constexpr (kScaled<kT>) {
     for (std::int32_t jj = 0; jj < bs.count; ++jj) {
       kb.k_scale[jj] = kv.k_dequant(bs.page[jj], h, bs.slot[jj]) * kFormatScale<kT>;
@@ -192,15 +186,17 @@ void GatherBlock(const Item& it, const BlockSlots& bs, const BlockSlots& next, s
   }
 }
 
-// Prefetches the cache line at element offset `d` of a row, once per line:
-// called with every vector offset d, it fetches when d starts a line. The
-// lines of the next rows are spread over the loops that consume the current
-// ones (a burst of every line would stall on the miss queues instead of
-// overlapping with the arithmetic).
+// Prefetches the cache line holding element d of a row of `elems` elements,
+// once per line: called with every vector offset d, it fetches when d starts
+// a line. Lines are spread over the loops that consume the data read just
+// before them (a burst of a whole block stalls on the miss queues instead of
+// overlapping with the arithmetic) and run half a head-block ahead: the loads
+// in flight stay within what L1 holds beside the current rows.
 template <DType kT>
-HWY_INLINE void PrefetchLine(const void* row, std::size_t d) {
+HWY_INLINE void PrefetchLine(const void* row, std::size_t d, std::size_t elems) {
   constexpr std::size_t kLineElems = 64 / dtype_size(kT);
-  if (d % kLineElems == 0) __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 3);
+  if (d % kLineElems == 0 && d < elems)
+    __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 3);
 }
 
 // Converts a gathered block to f32 scratch rows and repoints it there.
@@ -213,11 +209,11 @@ void ConvertBlock(const Item& it, KeyBlock& kb) {
     float* kd = it.sc.k + std::size_t(jj) * c.dq;
     float* vd = it.sc.v + std::size_t(jj) * c.dv;
     for (std::size_t d = 0; d < std::size_t(c.head_dim); d += n) {
-      PrefetchLine<kT>(kb.k_next[jj], d);
+      PrefetchLine<kT>(kb.k_next[jj], d, c.head_dim);
       hn::Store(LoadConvert<kT>(kb.k[jj], d), df, kd + d);
     }
     for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) {
-      PrefetchLine<kT>(kb.v_next[jj], d);
+      PrefetchLine<kT>(kb.v_next[jj], d, c.v_head_dim);
       hn::Store(LoadConvert<kT>(kb.v[jj], d), df, vd + d);
     }
     kb.k[jj] = kd;
@@ -279,10 +275,20 @@ HWY_INLINE void Reduce8(const VF* a, float* HWY_RESTRICT out) {
 #endif
 }
 
+// Pins a loaded vector to a register: GCC otherwise folds a load used by
+// several FMAs into each of them as a memory operand, one load per FMA, and
+// the QK tile becomes bound by the load ports instead of the FMA units.
+HWY_INLINE VF InRegister(VF v) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
+  asm("" : "+x"(v));
+#endif
+  return v;
+}
+
 // Scores kRows rows x kKeys keys (kRows * kKeys == 8) starting at key jj,
 // loading keys as kLoad (kT, or f32 from the converted block). kDim > 0 fixes
 // the head dim at compile time (fully unrolled fast paths). kPrefetch: the
-// rows are read from the cache, so the next rows are prefetched meanwhile.
+// keys are read from the cache, so the same keys' V rows are prefetched meanwhile.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, int kKeys>
 HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t jj) {
   static_assert(kRows * kKeys == 8, "Reduce8 takes 8 accumulators");
@@ -293,13 +299,14 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   for (auto& a : acc) a = hn::Zero(df);
   const float* q = it.sc.q + std::size_t(row0) * c.dq;
   const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
+  const std::size_t v_dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.v_head_dim);
   for (std::size_t d = 0; d < dim; d += n) {
     VF k[kKeys];
     for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kLoad>(kb.k[jj + e], d);
     if constexpr (kPrefetch)
-      for (int e = 0; e < kKeys; ++e) PrefetchLine<kLoad>(kb.k_next[jj + e], d);
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<kLoad>(kb.v[jj + e], d, v_dim);
     for (int r = 0; r < kRows; ++r) {
-      const VF qv = hn::Load(df, q + std::size_t(r) * c.dq + d);
+      const VF qv = InRegister(hn::Load(df, q + std::size_t(r) * c.dq + d));
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = hn::MulAdd(qv, k[e], acc[r * kKeys + e]);
     }
   }
@@ -402,72 +409,93 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
   }
 }
 
-// Online-softmax update of one row; leaves the weights (x value scale when
-// kScale) in s.
+// Online-softmax update of rows [row0, row_end); leaves the weights (x value
+// scale when kScale) in s. Rows go in groups of kSoftmaxGroup, phase by phase
+// (maxima, then exponentials and sums, then the running state), so that the
+// rows' reduction and exp chains overlap instead of running one after another.
+constexpr std::int32_t kSoftmaxGroup = 8;
+
 template <bool kScale>
-void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
+void SoftmaxRows(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
   const KernelContext& c = *it.c;
-  float* s = it.sc.s + std::size_t(row) * kKB;
-  VF vmax = hn::Set(df, kNegInf);
-  for (std::size_t i = 0; i < std::size_t(kKB); i += n) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
-  const float m_old = it.sc.m[row];
-  const float m_new = std::max(hn::GetLane(hn::MaxOfLanes(df, vmax)), m_old);
-  if (m_new == kNegInf) {  // nothing visible yet
-    std::fill_n(s, kKB, 0.0f);
-    return;
-  }
-  const VF vm = hn::Set(df, m_new);
-  VF vsum = hn::Zero(df);
-  for (std::size_t i = 0; i < std::size_t(kKB); i += n) {
-    const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
-    vsum = hn::Add(vsum, e);
-    hn::StoreU(kScale ? hn::Mul(e, hn::LoadU(df, kb.v_scale + i)) : e, df, s + i);
-  }
-  const float corr = m_old == m_new ? 1.0f : m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
-  it.sc.l[row] = it.sc.l[row] * corr + hn::GetLane(hn::SumOfLanes(df, vsum));
-  it.sc.m[row] = m_new;
-  if (corr != 1.0f) {
-    float* o = it.sc.o + std::size_t(row) * c.dv;
-    const VF vc = hn::Set(df, corr);
-    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) hn::Store(hn::Mul(hn::Load(df, o + d), vc), df, o + d);
+  for (std::int32_t g0 = row0; g0 < row_end; g0 += kSoftmaxGroup) {
+    const std::int32_t rows = std::min(kSoftmaxGroup, row_end - g0);
+    float m_new[kSoftmaxGroup], sum[kSoftmaxGroup];
+    for (std::int32_t i = 0; i < rows; ++i) {
+      const float* s = it.sc.s + std::size_t(g0 + i) * kKB;
+      VF vmax = hn::Set(df, kNegInf);
+      for (std::size_t k = 0; k < std::size_t(kKB); k += n) vmax = hn::Max(vmax, hn::LoadU(df, s + k));
+      m_new[i] = std::max(hn::GetLane(hn::MaxOfLanes(df, vmax)), it.sc.m[g0 + i]);
+    }
+    for (std::int32_t i = 0; i < rows; ++i) {
+      float* s = it.sc.s + std::size_t(g0 + i) * kKB;
+      if (m_new[i] == kNegInf) {  // nothing visible yet
+        std::fill_n(s, kKB, 0.0f);
+        sum[i] = 0.0f;
+        continue;
+      }
+      const VF vm = hn::Set(df, m_new[i]);
+      VF vsum = hn::Zero(df);
+      for (std::size_t k = 0; k < std::size_t(kKB); k += n) {
+        const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + k), vm));
+        vsum = hn::Add(vsum, e);
+        hn::StoreU(kScale ? hn::Mul(e, hn::LoadU(df, kb.v_scale + k)) : e, df, s + k);
+      }
+      sum[i] = hn::GetLane(hn::SumOfLanes(df, vsum));
+    }
+    for (std::int32_t i = 0; i < rows; ++i) {
+      const std::int32_t row = g0 + i;
+      const float m_old = it.sc.m[row];
+      if (m_new[i] == kNegInf) continue;
+      const float corr = m_old == m_new[i] ? 1.0f : m_old == kNegInf ? 0.0f : std::exp(m_old - m_new[i]);
+      it.sc.l[row] = it.sc.l[row] * corr + sum[i];
+      it.sc.m[row] = m_new[i];
+      if (corr != 1.0f) {
+        float* o = it.sc.o + std::size_t(row) * c.dv;
+        const VF vc = hn::Set(df, corr);
+        for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) hn::Store(hn::Mul(hn::Load(df, o + d), vc), df, o + d);
+      }
+    }
   }
 }
 
 // --- PV -----------------------------------------------------------------------------------
 
-// o[row0 .. row0 + kRows) += weights x V over the block. The weights are
-// broadcast once into vectors first (one per row and key, reused by every
-// dim chunk as an FMA memory operand). kPrefetch as in ScoreTile.
+// o[row0 .. row0 + kRows) += weights x V over the block: kRows x 2 output
+// vectors stay in registers over the block's keys, each weight is broadcast
+// straight from the scores (a load, like an FMA memory operand, but one per
+// row and key instead of one per FMA). kPrefetch: the V rows are read from
+// the cache, so the following K rows (KeyBlock::k_next) are prefetched meanwhile.
 template <DType kLoad, bool kPrefetch, int kDim, int kRows>
 HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t row0) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
   const std::size_t stride = std::size_t(it.c->dv);
   const std::int32_t count = kb.count;
-  HWY_ALIGN float wb[kRows * kKB * hn::MaxLanes(df)];
   const float* w = it.sc.s + std::size_t(row0) * kKB;
-  for (std::int32_t jj = 0; jj < count; ++jj)
-    for (int r = 0; r < kRows; ++r) hn::Store(hn::Set(df, w[r * kKB + jj]), df, wb + (jj * kRows + r) * n);
   float* o = it.sc.o + std::size_t(row0) * stride;
   const std::size_t dv = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->v_head_dim);
+  const std::size_t k_dim = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->head_dim);
+  constexpr std::size_t kLineElems = 64 / dtype_size(kLoad);
   std::size_t d = 0;
-  for (; d + 2 * n <= dv; d += 2 * n) {  // kRows x 2 vectors of outputs in registers
+  for (; d + 2 * n <= dv; d += 2 * n) {
     VF acc[2 * kRows];
     for (int r = 0; r < kRows; ++r) {
       acc[2 * r] = hn::Load(df, o + r * stride + d);
       acc[2 * r + 1] = hn::Load(df, o + r * stride + d + n);
     }
-    constexpr std::size_t kLineElems = 64 / dtype_size(kLoad);
-    const bool fetch = kPrefetch && d % kLineElems < 2 * n;  // this pair starts a line
+    // This pair of vectors starts a line of V: fetch that line of the next K rows.
+    const std::size_t line = d - d % kLineElems;
+    const bool fetch = kPrefetch && d - line < 2 * n && line < k_dim;
     for (std::int32_t jj = 0; jj < count; ++jj) {
-      if (fetch) __builtin_prefetch(static_cast<const char*>(kb.v_next[jj]) + (d - d % kLineElems) * dtype_size(kLoad), 0, 3);
+      if (fetch) __builtin_prefetch(static_cast<const char*>(kb.k_next[jj]) + line * dtype_size(kLoad), 0, 3);
       const VF v0 = LoadConvert<kLoad>(kb.v[jj], d), v1 = LoadConvert<kLoad>(kb.v[jj], d + n);
-      const float* wj = wb + jj * kRows * n;
       for (int r = 0; r < kRows; ++r) {
-        acc[2 * r] = hn::MulAdd(hn::Load(df, wj + r * n), v0, acc[2 * r]);
-        acc[2 * r + 1] = hn::MulAdd(hn::Load(df, wj + r * n), v1, acc[2 * r + 1]);
+        const VF wr = hn::Set(df, w[r * kKB + jj]);
+        acc[2 * r] = hn::MulAdd(wr, v0, acc[2 * r]);
+        acc[2 * r + 1] = hn::MulAdd(wr, v1, acc[2 * r + 1]);
       }
     }
     for (int r = 0; r < kRows; ++r) {
@@ -479,10 +507,9 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
     VF acc[kRows];
     for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(df, o + r * stride + d);
     for (std::int32_t jj = 0; jj < count; ++jj) {
-      if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.v_next[jj], d);
+      if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.k_next[jj], d, k_dim);
       const VF v0 = LoadConvert<kLoad>(kb.v[jj], d);
-      const float* wj = wb + jj * kRows * n;
-      for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Load(df, wj + r * n), v0, acc[r]);
+      for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(df, w[r * kKB + jj]), v0, acc[r]);
     }
     for (int r = 0; r < kRows; ++r) hn::Store(acc[r], df, o + r * stride + d);
   }
@@ -546,10 +573,8 @@ constexpr std::int32_t kConvertRows = 8;
 
 // One block of keys for one KV head's rows [row0, row_end).
 template <DType kT, int kDim>
-void ProcessHeadBlock(const Item& it, const RowMap& map, const BlockSlots& bs, const BlockSlots& next,
-                      std::int32_t head, std::int32_t row0, std::int32_t row_end, std::int64_t first_pos) {
-  KeyBlock kb;
-  GatherBlock<kT>(it, bs, next, head, kb);
+void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
+                      std::int32_t row_end, std::int64_t first_pos) {
   const bool rotate_keys = it.p->options.key_rope != nullptr;
   // f32 scratch when many rows share the block, or keys need rotating.
   const bool convert = (row_end - row0 > kConvertRows && kT != DType::kF32) || rotate_keys;
@@ -560,11 +585,10 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, const BlockSlots& bs, c
   } else {
     ScoreBlock<kT, kScaled<kT>, true, kDim>(it, kb, row0, row_end);
   }
-  for (std::int32_t row = row0; row < row_end; ++row) {
+  for (std::int32_t row = row0; row < row_end; ++row)
     TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
                  static_cast<std::int32_t>(map.qo_head(row)));
-    SoftmaxRow<kScaled<kT>>(it, kb, row);
-  }
+  SoftmaxRows<kScaled<kT>>(it, kb, row0, row_end);
   if (convert)
     AccumulateBlock<DType::kF32, false, kDim>(it, kb, row0, row_end);
   else
@@ -579,16 +603,30 @@ void ProcessItem(const Item& it) {
   const std::int32_t rows = map.per_head * (w.kv_head_end - w.kv_head_begin);
   const std::int64_t first_pos = std::int64_t{t.kv_lens[w.batch]} - t.q_len(w.batch) + w.q_begin;
   InitRows(it, map, rows);
-  BlockSlots current, next;
-  LocateBlock(it, w.kv_begin, std::clamp(w.kv_end - w.kv_begin, 0, kKB), current);
+  // Two of each, alternating: the block (head) being processed and the one
+  // after it, whose rows are prefetched meanwhile.
+  BlockSlots slots[2];
+  KeyBlock heads[2];
+  int block = 0, head = 0;
+  LocateBlock(it, w.kv_begin, std::clamp(w.kv_end - w.kv_begin, 0, kKB), slots[block]);
+  GatherBlock<kT>(it, slots[block], w.kv_head_begin, heads[head]);
   for (std::int32_t j0 = w.kv_begin; j0 < w.kv_end; j0 += kKB) {
     const std::int32_t j1 = j0 + kKB;
-    LocateBlock(it, j1, std::clamp(w.kv_end - j1, 0, kKB), next);
+    LocateBlock(it, j1, std::clamp(w.kv_end - j1, 0, kKB), slots[block ^ 1]);
     for (std::int32_t h = w.kv_head_begin; h < w.kv_head_end; ++h) {
+      KeyBlock& kb = heads[head];
+      KeyBlock& following = heads[head ^ 1];
+      if (h + 1 < w.kv_head_end)
+        GatherBlock<kT>(it, slots[block], h + 1, following);
+      else
+        GatherBlock<kT>(it, slots[block ^ 1], w.kv_head_begin, following);
+      kb.k_next = following.k;
+      kb.v_next = following.v;
       const std::int32_t row0 = (h - w.kv_head_begin) * map.per_head;
-      ProcessHeadBlock<kT, kDim>(it, map, current, next, h, row0, row0 + map.per_head, first_pos);
+      ProcessHeadBlock<kT, kDim>(it, map, kb, row0, row0 + map.per_head, first_pos);
+      head ^= 1;
     }
-    std::swap(current, next);
+    block ^= 1;
   }
   FinishRows(it, map, rows);
 }
