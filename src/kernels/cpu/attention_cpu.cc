@@ -55,6 +55,8 @@ struct KeyBlock {
   float v_scale[kKB];
   std::int32_t first = 0;  // key index of entry 0
   std::int32_t count = 0;
+  const struct BlockSlots* slots = nullptr;  // where the keys live (for the scales)
+  std::int32_t head = 0;                     // KV head
   // Token-tree blocks only (else null): per key DFS interval and position.
   const std::int32_t* tree_enter = nullptr;
   const std::int32_t* tree_exit = nullptr;
@@ -167,23 +169,42 @@ void RowPointers(const Item& it, const BlockSlots& bs, std::int32_t h, const voi
   for (std::int32_t jj = bs.count; jj < kKB; ++jj) k[jj] = v[jj] = it.sc.zero;
 }
 
-// Row pointers and dequantisation scales of KV head h for the block.
+// Row pointers of KV head h for the block. Its int8 token scales are only
+// prefetched here, a head-block before ReadScales reads them (they live in
+// their own arrays, a line per page and head: read now, each would wait on
+// DRAM).
 template <DType kT>
 void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock& kb) {
   const PagedKVStorage& kv = it.p->kv;
   kb.first = bs.first;
   kb.count = bs.count;
+  kb.slots = &bs;
+  kb.head = h;
   kb.tree_enter = bs.tree ? bs.tree_enter : nullptr;
   kb.tree_exit = bs.tree ? bs.tree_exit : nullptr;
   kb.tree_position = bs.tree ? bs.tree_position : nullptr;
   RowPointers<kT>(it, bs, h, kb.k, kb.v);
-  if constexpr (kScaled<kT>) {
+  if constexpr (kT == DType::kINT8) {
     for (std::int32_t jj = 0; jj < bs.count; ++jj) {
-      kb.k_scale[jj] = kv.k_dequant(bs.page[jj], h, bs.slot[jj]) * kFormatScale<kT>;
-      kb.v_scale[jj] = kv.v_dequant(bs.page[jj], h, bs.slot[jj]) * kFormatScale<kT>;
+      const std::int64_t i = kv.token_scale_index(bs.page[jj], h, bs.slot[jj]);
+      if (jj == 0 || bs.slot[jj] == 0 || i % 16 == 0) {  // a new line of scales
+        __builtin_prefetch(kv.k_token_scales + i, 0, 3);
+        __builtin_prefetch(kv.v_token_scales + i, 0, 3);
+      }
     }
-    for (std::int32_t jj = bs.count; jj < kKB; ++jj) kb.k_scale[jj] = kb.v_scale[jj] = 0.0f;
   }
+}
+
+// The dequantisation scales of a gathered block (quantised KV only).
+template <DType kT>
+void ReadScales(const Item& it, KeyBlock& kb) {
+  const PagedKVStorage& kv = it.p->kv;
+  const BlockSlots& bs = *kb.slots;
+  for (std::int32_t jj = 0; jj < bs.count; ++jj) {
+    kb.k_scale[jj] = kv.k_dequant(bs.page[jj], kb.head, bs.slot[jj]) * kFormatScale<kT>;
+    kb.v_scale[jj] = kv.v_dequant(bs.page[jj], kb.head, bs.slot[jj]) * kFormatScale<kT>;
+  }
+  for (std::int32_t jj = bs.count; jj < kKB; ++jj) kb.k_scale[jj] = kb.v_scale[jj] = 0.0f;
 }
 
 // Prefetches the cache line holding element d of a row of `elems` elements,
@@ -575,6 +596,7 @@ constexpr std::int32_t kConvertRows = 8;
 template <DType kT, int kDim>
 void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
                       std::int32_t row_end, std::int64_t first_pos) {
+  if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
   const bool rotate_keys = it.p->options.key_rope != nullptr;
   // f32 scratch when many rows share the block, or keys need rotating.
   const bool convert = (row_end - row0 > kConvertRows && kT != DType::kF32) || rotate_keys;
