@@ -242,6 +242,47 @@ void ConvertBlock(const Item& it, KeyBlock& kb) {
   }
 }
 
+// e4m3 rows widened to f16 bits (value x 2^-8, like LoadConvert) into the
+// scratch, 16 lanes per operation: the decode loops then read them as f16,
+// one conversion instruction per vector, where widening e4m3 in place costs
+// seven per 8 lanes (fp8 decode was bound by it). The next rows are
+// prefetched meanwhile, as in ConvertBlock.
+template <class D16>
+HWY_INLINE void WidenE4M3(D16 d16, const std::int8_t* in, std::uint16_t* out) {
+  const hn::Rebind<std::int8_t, D16> d8;
+  const hn::RebindToUnsigned<D16> du16;
+  const auto x = hn::PromoteTo(d16, hn::LoadU(d8, in));
+  const auto h = hn::And(hn::ShiftLeft<7>(x), hn::Set(d16, static_cast<std::int16_t>(0xBF80)));
+  const auto low7 = hn::Set(d16, 0x7F);
+  const auto is_nan = hn::Eq(hn::And(x, low7), low7);
+  hn::StoreU(hn::BitCast(du16, hn::IfThenElse(is_nan, hn::Set(d16, 0x7E00), h)), du16, out);
+}
+
+void WidenE4M3Row(const void* src, std::uint16_t* dst, std::size_t n) {
+  const hn::CappedTag<std::int16_t, 16> d16;
+  const auto* in = static_cast<const std::int8_t*>(src);
+  std::size_t d = 0;
+  for (; d + hn::Lanes(d16) <= n; d += hn::Lanes(d16)) WidenE4M3(d16, in + d, dst + d);
+  const hn::CappedTag<std::int16_t, 8> d8;  // head dims are multiples of 8
+  for (; d < n; d += hn::Lanes(d8)) WidenE4M3(d8, in + d, dst + d);
+}
+
+void WidenE4M3Block(const Item& it, KeyBlock& kb) {
+  const KernelContext& c = *it.c;
+  auto* k16 = reinterpret_cast<std::uint16_t*>(it.sc.k);
+  auto* v16 = reinterpret_cast<std::uint16_t*>(it.sc.v);
+  for (std::int32_t jj = 0; jj < kKB; ++jj) {
+    std::uint16_t* kd = k16 + std::size_t(jj) * c.dq;
+    std::uint16_t* vd = v16 + std::size_t(jj) * c.dv;
+    for (std::size_t d = 0; d < std::size_t(c.head_dim); d += 64) __builtin_prefetch(static_cast<const char*>(kb.k_next[jj]) + d, 0, 3);
+    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += 64) __builtin_prefetch(static_cast<const char*>(kb.v_next[jj]) + d, 0, 3);
+    WidenE4M3Row(kb.k[jj], kd, std::size_t(c.head_dim));
+    WidenE4M3Row(kb.v[jj], vd, std::size_t(c.v_head_dim));
+    kb.k[jj] = kd;
+    kb.v[jj] = vd;
+  }
+}
+
 // Inline RoPE: rotates the f32 key rows of the block at their positions.
 void RotateKeys(const Item& it, const KeyBlock& kb) {
   const RopeConfig& rope = *it.p->options.key_rope;
@@ -600,10 +641,15 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
   const bool rotate_keys = it.p->options.key_rope != nullptr;
   // f32 scratch when many rows share the block, or keys need rotating.
   const bool convert = (row_end - row0 > kConvertRows && kT != DType::kF32) || rotate_keys;
+  // e4m3 decode: rows widened to f16 first (kWidenE4M3).
+  constexpr bool kWidenE4M3 = kT == DType::kFP8E4M3 && kNativeF16;
   if (convert) {
     ConvertBlock<kT>(it, kb);
     if (rotate_keys) RotateKeys(it, kb);
     ScoreBlock<DType::kF32, kScaled<kT>, false, kDim>(it, kb, row0, row_end);
+  } else if constexpr (kWidenE4M3) {
+    WidenE4M3Block(it, kb);
+    ScoreBlock<DType::kF16, true, false, kDim>(it, kb, row0, row_end);
   } else {
     ScoreBlock<kT, kScaled<kT>, true, kDim>(it, kb, row0, row_end);
   }
@@ -613,6 +659,8 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
   SoftmaxRows<kScaled<kT>>(it, kb, row0, row_end);
   if (convert)
     AccumulateBlock<DType::kF32, false, kDim>(it, kb, row0, row_end);
+  else if constexpr (kWidenE4M3)
+    AccumulateBlock<DType::kF16, false, kDim>(it, kb, row0, row_end);
   else
     AccumulateBlock<kT, true, kDim>(it, kb, row0, row_end);
 }
