@@ -2,6 +2,7 @@
 // this machine's limits measured in the same process (machine_probes.h):
 //
 //   BM_ProbeReadBandwidth, BM_ProbeFmaPeak   the probes themselves
+//   BM_ProbeReadRuns     the read probe over shuffled runs of 4 / 32 / 1024 KiB
 //   BM_Decode            AttentionRunner (plan + kernel) per decode step;
 //                        K+V GB/s and % of the read-bandwidth probe
 //   BM_DecodePlanned     paged_attention with a plan made once (f16 grid)
@@ -529,6 +530,28 @@ void run_read_probe(benchmark::State& state, std::size_t bytes) {
            {"reference_GBps", read_bw_gbps()}});
 }
 
+// Reads 1 GiB as shuffled runs of `run_kib` KiB: what the access pattern of
+// a paged cache (one run per page and head) costs before any arithmetic.
+void run_read_runs_probe(benchmark::State& state, std::size_t run_kib) {
+  const std::size_t bytes = 1024 * kMiB;
+  pb::HugeBuffer buf(bytes);
+  pb::touch_parallel(buf.data(), buf.size());
+  pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0);
+  Timer t;
+  const pb::CpuSample s0 = pb::sample_cpu();
+  for (auto _ : state) {
+    const double s = pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0);
+    t.total += s;
+    ++t.calls;
+    state.SetIterationTime(s);
+  }
+  const double gbps = double(bytes) * double(t.calls) / t.total / 1e9;
+  publish(state, {{"others_cores", pb::other_cores_between(s0, pb::sample_cpu())},
+                  {"GBps", gbps},
+                  {"pct_read_bw", 100.0 * gbps / read_bw_gbps()},
+                  {"threads", double(omp_get_max_threads())}});
+}
+
 void run_fma_probe(benchmark::State& state) {
   // ~20 ms passes.
   std::int64_t iterations = 1 << 16;
@@ -597,6 +620,10 @@ void register_all() {
   for (std::size_t mib : {std::size_t{1024}, std::size_t{16}}) {
     const std::string name = "BM_ProbeReadBandwidth/MiB:" + std::to_string(mib);
     add(name, [=](benchmark::State& s) { run_read_probe(s, mib * kMiB); });
+  }
+  for (std::size_t kib : {std::size_t{4}, std::size_t{32}, std::size_t{1024}}) {
+    const std::string name = "BM_ProbeReadRuns/KiB:" + std::to_string(kib);
+    add(name, [=](benchmark::State& s) { run_read_runs_probe(s, kib); });
   }
   add("BM_ProbeFmaPeak", [](benchmark::State& s) { run_fma_probe(s); });
 

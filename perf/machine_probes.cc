@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -209,6 +210,27 @@ double read_pass_seconds(const std::byte* p, std::size_t bytes, int threads) {
     const std::size_t blocks = bytes / kReadBlock;
     const std::size_t begin = blocks * t / n * kReadBlock, end = blocks * (t + 1) / n * kReadBlock;
     sink ^= avx2 ? read_avx2(p + begin, end - begin) : read_scalar(p + begin, end - begin);
+  }
+  const double s = seconds_since(t0);
+  g_sink.fetch_xor(sink, std::memory_order_relaxed);
+  return s;
+}
+
+double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes, int threads) {
+  threads = resolve_threads(threads);
+  run_bytes = std::max(kReadBlock, run_bytes / kReadBlock * kReadBlock);
+  const std::size_t runs = bytes / run_bytes;
+  // The same shuffled order every pass (seeded), made before the clock starts.
+  std::vector<std::uint32_t> order(runs);
+  for (std::size_t i = 0; i < runs; ++i) order[i] = static_cast<std::uint32_t>(i);
+  std::shuffle(order.begin(), order.end(), std::mt19937(2026));
+  const bool avx2 = cpu_has_avx2();
+  std::uint64_t sink = 0;
+  const auto t0 = Clock::now();
+#pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(^ : sink)
+  for (std::size_t i = 0; i < runs; ++i) {
+    const std::byte* run = p + std::size_t(order[i]) * run_bytes;
+    sink ^= avx2 ? read_avx2(run, run_bytes) : read_scalar(run, run_bytes);
   }
   const double s = seconds_since(t0);
   g_sink.fetch_xor(sink, std::memory_order_relaxed);

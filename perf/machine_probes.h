@@ -67,6 +67,12 @@ void touch_parallel(std::byte* p, std::size_t bytes);
 // returns its wall time in seconds.
 double read_pass_seconds(const std::byte* p, std::size_t bytes, int threads);
 
+// One read pass over `bytes` at `p` as runs of `run_bytes` (a multiple of
+// 256) visited in a shuffled order, like the K/V of one head in a paged cache
+// (a 4 KiB run: one f16 page of 16 tokens x 128 dims); the runs are dealt to
+// the threads in turn. Returns its wall time in seconds.
+double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes, int threads);
+
 // Fresh measurements (allocate, touch, run `passes` passes, free).
 ReadBandwidthResult measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30,
                                            int passes = 30, int threads = 0);
