@@ -87,6 +87,30 @@ TEST(ConvertRow, WidensEveryQuantisedByteLikeTheScalarDecoding) {
   }
 }
 
+// The fp8 decode's e4m3 -> f16-bits widening (16 lanes per operation, then
+// an 8-lane tail), on every target: each byte's f16 x 2^8 is the scalar
+// decoding, NaN stays NaN, -0 stays -0.
+TEST(ConvertRow, WidensEveryE4M3ByteToF16BitsLikeTheScalarDecoding) {
+  std::vector<unsigned char> bytes(256 + 8);  // a 16-lane body and an 8-lane tail
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i % 256);
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    std::vector<std::uint16_t> f16(bytes.size(), 0xdead);
+    kernels::widen_e4m3_to_f16_bits(bytes.data(), f16.data(), std::ssize(bytes));
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      const float want = load_as_float(bytes.data(), DType::kFP8E4M3, i);
+      const float got = load_as_float(&f16[i], DType::kF16, 0) * 256.0f;
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(got)) << "byte " << int(bytes[i]);
+      } else {
+        ASSERT_TRUE(same_bits(got, want)) << "byte " << int(bytes[i]) << ": " << got << " != " << want;
+      }
+    }
+  }
+}
+
 // A small paged storage with its buffers.
 struct Storage {
   Storage(DType dtype, KVLayout layout, std::int32_t pages, std::int32_t page_size,

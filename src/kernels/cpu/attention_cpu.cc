@@ -40,6 +40,8 @@ constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 
 // --- a block of keys ------------------------------------------------------------------
 
+struct BlockSlots;
+
 // Row pointers and per-key dequantisation scales of up to kKB keys; keys past
 // `count` point at a zero row with scale 0, so loops always run kKB keys.
 struct KeyBlock {
@@ -55,8 +57,8 @@ struct KeyBlock {
   float v_scale[kKB];
   std::int32_t first = 0;  // key index of entry 0
   std::int32_t count = 0;
-  const struct BlockSlots* slots = nullptr;  // where the keys live (for the scales)
-  std::int32_t head = 0;                     // KV head
+  const BlockSlots* slots = nullptr;  // where the keys live (for the scales)
+  std::int32_t head = 0;              // KV head
   // Token-tree blocks only (else null): per key DFS interval and position.
   const std::int32_t* tree_enter = nullptr;
   const std::int32_t* tree_exit = nullptr;
@@ -247,26 +249,6 @@ void ConvertBlock(const Item& it, KeyBlock& kb) {
 // one conversion instruction per vector, where widening e4m3 in place costs
 // seven per 8 lanes (fp8 decode was bound by it). The next rows are
 // prefetched meanwhile, as in ConvertBlock.
-template <class D16>
-HWY_INLINE void WidenE4M3(D16 d16, const std::int8_t* in, std::uint16_t* out) {
-  const hn::Rebind<std::int8_t, D16> d8;
-  const hn::RebindToUnsigned<D16> du16;
-  const auto x = hn::PromoteTo(d16, hn::LoadU(d8, in));
-  const auto h = hn::And(hn::ShiftLeft<7>(x), hn::Set(d16, static_cast<std::int16_t>(0xBF80)));
-  const auto low7 = hn::Set(d16, 0x7F);
-  const auto is_nan = hn::Eq(hn::And(x, low7), low7);
-  hn::StoreU(hn::BitCast(du16, hn::IfThenElse(is_nan, hn::Set(d16, 0x7E00), h)), du16, out);
-}
-
-void WidenE4M3Row(const void* src, std::uint16_t* dst, std::size_t n) {
-  const hn::CappedTag<std::int16_t, 16> d16;
-  const auto* in = static_cast<const std::int8_t*>(src);
-  std::size_t d = 0;
-  for (; d + hn::Lanes(d16) <= n; d += hn::Lanes(d16)) WidenE4M3(d16, in + d, dst + d);
-  const hn::CappedTag<std::int16_t, 8> d8;  // head dims are multiples of 8
-  for (; d < n; d += hn::Lanes(d8)) WidenE4M3(d8, in + d, dst + d);
-}
-
 void WidenE4M3Block(const Item& it, KeyBlock& kb) {
   const KernelContext& c = *it.c;
   auto* k16 = reinterpret_cast<std::uint16_t*>(it.sc.k);

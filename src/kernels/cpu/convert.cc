@@ -89,6 +89,10 @@ float AbsMaxRow(const void* src, DType t, std::int64_t n) {
   return m;
 }
 
+void WidenE4M3ToF16Bits(const void* src, std::uint16_t* dst, std::int64_t n) {
+  WidenE4M3Row(src, dst, static_cast<std::size_t>(n));
+}
+
 }  // namespace pagedattn::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -96,6 +100,11 @@ HWY_AFTER_NAMESPACE();
 namespace pagedattn::kernels {
 HWY_EXPORT(ConvertRow);
 HWY_EXPORT(AbsMaxRow);
+HWY_EXPORT(WidenE4M3ToF16Bits);
+
+void widen_e4m3_to_f16_bits(const void* src, std::uint16_t* dst, std::int64_t n) {
+  HWY_DYNAMIC_DISPATCH(WidenE4M3ToF16Bits)(src, dst, n);
+}
 
 void convert_row(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n,
                  float multiplier) {
