@@ -47,7 +47,6 @@ std::vector<double> kv_row(const std::vector<float>& all, std::int64_t tokens, s
 }  // namespace
 
 // GQA 12:4 (group 3), head_dim 48: shapes the other cache tests do not use.
-// GQA 12:4 (group 3), head_dim 48: shapes the other cache tests do not use.
 KVCacheConfig tree_config(const TreeSetup& s) {
   KVCacheConfig c;
   c.num_layers = 2;

@@ -189,7 +189,8 @@ void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock&
   if constexpr (kT == DType::kINT8) {
     for (std::int32_t jj = 0; jj < bs.count; ++jj) {
       const std::int64_t i = kv.token_scale_index(bs.page[jj], h, bs.slot[jj]);
-      if (jj == 0 || bs.slot[jj] == 0 || i % 16 == 0) {  // a new line of scales
+      constexpr std::int64_t kScalesPerLine = 64 / sizeof(float);
+      if (jj == 0 || bs.slot[jj] == 0 || i % kScalesPerLine == 0) {  // a new line of scales
         __builtin_prefetch(kv.k_token_scales + i, 0, 3);
         __builtin_prefetch(kv.v_token_scales + i, 0, 3);
       }
@@ -366,27 +367,29 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   }
 }
 
-// Scores rows [row0, row_end) against the block; the first group of rows
-// prefetches the next rows when reading from the cache.
+// Scores the next group of rows from r against the block, as many as the
+// largest tile takes (4, 2 or 1); returns how many.
+template <DType kLoad, bool kScale, bool kPrefetch, int kDim>
+std::int32_t ScoreGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
+  if (r + 4 <= row_end) {
+    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kPrefetch, kDim, 4, 2>(it, kb, r, jj);
+    return 4;
+  }
+  if (r + 2 <= row_end) {
+    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kLoad, kScale, kPrefetch, kDim, 2, 4>(it, kb, r, jj);
+    return 2;
+  }
+  for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kLoad, kScale, kPrefetch, kDim, 1, 8>(it, kb, r, jj);
+  return 1;
+}
+
+// Scores rows [row0, row_end) against the block; only the first group of
+// rows prefetches (when reading from the cache): the lines are fetched once.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim>
 void ScoreBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
   std::int32_t r = row0;
-  if (r + 4 <= row_end) {
-    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kPrefetch, kDim, 4, 2>(it, kb, r, jj);
-    r += 4;
-  } else if (r + 2 <= row_end) {
-    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kLoad, kScale, kPrefetch, kDim, 2, 4>(it, kb, r, jj);
-    r += 2;
-  } else if (r < row_end) {
-    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kLoad, kScale, kPrefetch, kDim, 1, 8>(it, kb, r, jj);
-    r += 1;
-  }
-  for (; r + 4 <= row_end; r += 4)
-    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, false, kDim, 4, 2>(it, kb, r, jj);
-  for (; r + 2 <= row_end; r += 2)
-    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kLoad, kScale, false, kDim, 2, 4>(it, kb, r, jj);
-  for (; r < row_end; ++r)
-    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kLoad, kScale, false, kDim, 1, 8>(it, kb, r, jj);
+  if (r < row_end) r += ScoreGroup<kLoad, kScale, kPrefetch, kDim>(it, kb, r, row_end);
+  while (r < row_end) r += ScoreGroup<kLoad, kScale, false, kDim>(it, kb, r, row_end);
 }
 
 // --- masks, softcap, ALiBi, online softmax -----------------------------------------------
@@ -453,55 +456,36 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
   }
 }
 
-// Online-softmax update of rows [row0, row_end); leaves the weights (x value
-// scale when kScale) in s. Rows go in groups of kSoftmaxGroup, phase by phase
-// (maxima, then exponentials and sums, then the running state), so that the
-// rows' reduction and exp chains overlap instead of running one after another.
-constexpr std::int32_t kSoftmaxGroup = 8;
-
+// Online-softmax update of one row; leaves the weights (x value scale when
+// kScale) in s.
 template <bool kScale>
-void SoftmaxRows(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
+void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
   const KernelContext& c = *it.c;
-  for (std::int32_t g0 = row0; g0 < row_end; g0 += kSoftmaxGroup) {
-    const std::int32_t rows = std::min(kSoftmaxGroup, row_end - g0);
-    float m_new[kSoftmaxGroup], sum[kSoftmaxGroup];
-    for (std::int32_t i = 0; i < rows; ++i) {
-      const float* s = it.sc.s + std::size_t(g0 + i) * kKB;
-      VF vmax = hn::Set(df, kNegInf);
-      for (std::size_t k = 0; k < std::size_t(kKB); k += n) vmax = hn::Max(vmax, hn::LoadU(df, s + k));
-      m_new[i] = std::max(hn::GetLane(hn::MaxOfLanes(df, vmax)), it.sc.m[g0 + i]);
-    }
-    for (std::int32_t i = 0; i < rows; ++i) {
-      float* s = it.sc.s + std::size_t(g0 + i) * kKB;
-      if (m_new[i] == kNegInf) {  // nothing visible yet
-        std::fill_n(s, kKB, 0.0f);
-        sum[i] = 0.0f;
-        continue;
-      }
-      const VF vm = hn::Set(df, m_new[i]);
-      VF vsum = hn::Zero(df);
-      for (std::size_t k = 0; k < std::size_t(kKB); k += n) {
-        const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + k), vm));
-        vsum = hn::Add(vsum, e);
-        hn::StoreU(kScale ? hn::Mul(e, hn::LoadU(df, kb.v_scale + k)) : e, df, s + k);
-      }
-      sum[i] = hn::GetLane(hn::SumOfLanes(df, vsum));
-    }
-    for (std::int32_t i = 0; i < rows; ++i) {
-      const std::int32_t row = g0 + i;
-      const float m_old = it.sc.m[row];
-      if (m_new[i] == kNegInf) continue;
-      const float corr = m_old == m_new[i] ? 1.0f : m_old == kNegInf ? 0.0f : std::exp(m_old - m_new[i]);
-      it.sc.l[row] = it.sc.l[row] * corr + sum[i];
-      it.sc.m[row] = m_new[i];
-      if (corr != 1.0f) {
-        float* o = it.sc.o + std::size_t(row) * c.dv;
-        const VF vc = hn::Set(df, corr);
-        for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) hn::Store(hn::Mul(hn::Load(df, o + d), vc), df, o + d);
-      }
-    }
+  float* s = it.sc.s + std::size_t(row) * kKB;
+  VF vmax = hn::Set(df, kNegInf);
+  for (std::size_t i = 0; i < std::size_t(kKB); i += n) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
+  const float m_old = it.sc.m[row];
+  const float m_new = std::max(hn::GetLane(hn::MaxOfLanes(df, vmax)), m_old);
+  if (m_new == kNegInf) {  // nothing visible yet
+    std::fill_n(s, kKB, 0.0f);
+    return;
+  }
+  const VF vm = hn::Set(df, m_new);
+  VF vsum = hn::Zero(df);
+  for (std::size_t i = 0; i < std::size_t(kKB); i += n) {
+    const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
+    vsum = hn::Add(vsum, e);
+    hn::StoreU(kScale ? hn::Mul(e, hn::LoadU(df, kb.v_scale + i)) : e, df, s + i);
+  }
+  const float corr = m_old == m_new ? 1.0f : m_old == kNegInf ? 0.0f : std::exp(m_old - m_new);
+  it.sc.l[row] = it.sc.l[row] * corr + hn::GetLane(hn::SumOfLanes(df, vsum));
+  it.sc.m[row] = m_new;
+  if (corr != 1.0f) {
+    float* o = it.sc.o + std::size_t(row) * c.dv;
+    const VF vc = hn::Set(df, corr);
+    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) hn::Store(hn::Mul(hn::Load(df, o + d), vc), df, o + d);
   }
 }
 
@@ -559,20 +543,24 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   }
 }
 
-// o[row] += weights x V for rows [row0, row_end); the first group of rows
-// prefetches the next rows when reading from the cache.
+// o[row] += weights x V for the next group of rows from r (4 or 1); returns how many.
+template <DType kLoad, bool kPrefetch, int kDim>
+std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
+  if (r + 4 <= row_end) {
+    AccumulateRows<kLoad, kPrefetch, kDim, 4>(it, kb, r);
+    return 4;
+  }
+  AccumulateRows<kLoad, kPrefetch, kDim, 1>(it, kb, r);
+  return 1;
+}
+
+// o[row] += weights x V for rows [row0, row_end); only the first group of
+// rows prefetches (when reading from the cache).
 template <DType kLoad, bool kPrefetch, int kDim>
 void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
   std::int32_t r = row0;
-  if (r + 4 <= row_end) {
-    AccumulateRows<kLoad, kPrefetch, kDim, 4>(it, kb, r);
-    r += 4;
-  } else if (r < row_end) {
-    AccumulateRows<kLoad, kPrefetch, kDim, 1>(it, kb, r);
-    r += 1;
-  }
-  for (; r + 4 <= row_end; r += 4) AccumulateRows<kLoad, false, kDim, 4>(it, kb, r);
-  for (; r < row_end; ++r) AccumulateRows<kLoad, false, kDim, 1>(it, kb, r);
+  if (r < row_end) r += AccumulateGroup<kLoad, kPrefetch, kDim>(it, kb, r, row_end);
+  while (r < row_end) r += AccumulateGroup<kLoad, false, kDim>(it, kb, r, row_end);
 }
 
 // --- one work item -------------------------------------------------------------------------
@@ -635,10 +623,11 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
   } else {
     ScoreBlock<kT, kScaled<kT>, true, kDim>(it, kb, row0, row_end);
   }
-  for (std::int32_t row = row0; row < row_end; ++row)
+  for (std::int32_t row = row0; row < row_end; ++row) {
     TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
                  static_cast<std::int32_t>(map.qo_head(row)));
-  SoftmaxRows<kScaled<kT>>(it, kb, row0, row_end);
+    SoftmaxRow<kScaled<kT>>(it, kb, row);
+  }
   if (convert)
     AccumulateBlock<DType::kF32, false, kDim>(it, kb, row0, row_end);
   else if constexpr (kWidenE4M3)
