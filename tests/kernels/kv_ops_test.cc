@@ -111,6 +111,14 @@ TEST(ConvertRow, WidensEveryE4M3ByteToF16BitsLikeTheScalarDecoding) {
   }
 }
 
+TEST(ConvertRow, E4M3WideningRefusesALengthThatIsNotAMultipleOf8) {
+  const std::vector<unsigned char> bytes(16, 0x38);
+  std::vector<std::uint16_t> f16(16, 0xdead);
+  EXPECT_THROW(kernels::widen_e4m3_to_f16_bits(bytes.data(), f16.data(), 9), InvalidArgument);
+  EXPECT_THROW(kernels::widen_e4m3_to_f16_bits(bytes.data(), f16.data(), -8), InvalidArgument);
+  for (std::uint16_t x : f16) EXPECT_EQ(x, 0xdead);  // nothing written
+}
+
 // A small paged storage with its buffers.
 struct Storage {
   Storage(DType dtype, KVLayout layout, std::int32_t pages, std::int32_t page_size,

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "pagedattn/errors.h"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/convert.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -103,6 +105,7 @@ HWY_EXPORT(AbsMaxRow);
 HWY_EXPORT(WidenE4M3ToF16Bits);
 
 void widen_e4m3_to_f16_bits(const void* src, std::uint16_t* dst, std::int64_t n) {
+  require(n >= 0 && n % 8 == 0, "widen_e4m3_to_f16_bits: n = ", n, " must be a non-negative multiple of 8");
   HWY_DYNAMIC_DISPATCH(WidenE4M3ToF16Bits)(src, dst, n);
 }
 
