@@ -80,6 +80,22 @@ const float* float_block(const char* name, const py::array& a, const std::vector
   return static_cast<const float*>(a.data());
 }
 
+// The [tokens][qo_heads][v_head_dim] output of a cache attention call: a new
+// array of the queries' dtype (placed like `like`) and its view.
+struct Output {
+  py::array array;
+  HeadTensor view;
+  Output(const KVCacheConfig& c, py::ssize_t tokens, DType dtype, const py::array& like)
+      : array(new_array({tokens, c.num_qo_heads, c.v_head_dim}, dtype, like)),
+        view{array.mutable_data(), dtype, std::int64_t{c.num_qo_heads} * c.v_head_dim, c.v_head_dim} {}
+};
+
+AttentionOptions options_with(std::optional<float> sm_scale) {
+  AttentionOptions options;
+  options.scale = sm_scale;
+  return options;
+}
+
 class KVCache {
  public:
   explicit KVCache(const KVCacheConfig& config) : cache_(config) {}
@@ -111,16 +127,12 @@ class KVCache {
     const HeadTensor qt = head_tensor(call, "q", q, {tokens, c.num_qo_heads, c.head_dim}, keep);
     const HeadTensor kt = head_tensor(call, "k", k, {tokens, c.num_kv_heads, c.head_dim}, keep);
     const HeadTensor vt = head_tensor(call, "v", v, {tokens, c.num_kv_heads, c.v_head_dim}, keep);
-    py::array out = new_array({tokens, c.num_qo_heads, c.v_head_dim}, qt.dtype, keep.front());
-    const HeadTensor ot{out.mutable_data(), qt.dtype, std::int64_t{c.num_qo_heads} * c.v_head_dim,
-                        c.v_head_dim};
-    AttentionOptions options;
-    options.scale = sm_scale;
+    const Output out(c, tokens, qt.dtype, keep.front());
     {
       py::gil_scoped_release release;
-      cache_.attention(layer, qt, kt, vt, ot, options);
+      cache_.attention(layer, qt, kt, vt, out.view, options_with(sm_scale));
     }
-    return out;
+    return out.array;
   }
 
   py::array attention_with_fused_qkv(std::int32_t layer, py::handle qkv, std::optional<float> sm_scale) {
@@ -129,16 +141,12 @@ class KVCache {
     std::vector<py::array> keep;
     const HeadTensor t = head_tensor("KVCache.attention_with_fused_qkv", "qkv", qkv,
                                      {tokens, c.num_qo_heads + 2 * c.num_kv_heads, c.head_dim}, keep);
-    py::array out = new_array({tokens, c.num_qo_heads, c.v_head_dim}, t.dtype, keep.front());
-    const HeadTensor ot{out.mutable_data(), t.dtype, std::int64_t{c.num_qo_heads} * c.v_head_dim,
-                        c.v_head_dim};
-    AttentionOptions options;
-    options.scale = sm_scale;
+    const Output out(c, tokens, t.dtype, keep.front());
     {
       py::gil_scoped_release release;
-      cache_.attention_with_fused_qkv(layer, t, ot, options);
+      cache_.attention_with_fused_qkv(layer, t, out.view, options_with(sm_scale));
     }
-    return out;
+    return out.array;
   }
 
   py::tuple get_kv(SeqId seq_id, std::int64_t start, std::int64_t end) {
