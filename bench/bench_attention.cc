@@ -509,47 +509,35 @@ void run_planning_cost(benchmark::State& state, const Config& c) {
   }
 }
 
-void run_read_probe(benchmark::State& state, std::size_t bytes) {
+// Reads `bytes` once per iteration: split between the threads in order
+// (run_kib 0: the read probe), or as shuffled runs of run_kib KiB, what the
+// access pattern of a paged cache (one run per page and head) costs before
+// any arithmetic.
+void run_read_probe(benchmark::State& state, std::size_t bytes, std::size_t run_kib) {
   pb::HugeBuffer buf(bytes);
   pb::touch_parallel(buf.data(), buf.size());
-  pb::read_pass_seconds(buf.data(), bytes, 0);
+  auto pass = [&] {
+    return run_kib == 0 ? pb::read_pass_seconds(buf.data(), bytes, 0)
+                        : pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0);
+  };
+  pass();
   Timer t;
   double best = 0.0;
   const pb::CpuSample s0 = pb::sample_cpu();
   for (auto _ : state) {
-    const double s = pb::read_pass_seconds(buf.data(), bytes, 0);
+    const double s = pass();
     t.total += s;
     ++t.calls;
     best = std::max(best, double(bytes) / s / 1e9);
     state.SetIterationTime(s);
   }
-  publish(state, {{"others_cores", pb::other_cores_between(s0, pb::sample_cpu())},
-                  {"GBps", double(bytes) * double(t.calls) / t.total / 1e9},
-           {"best_pass_GBps", best},
-           {"threads", double(omp_get_max_threads())},
-           {"reference_GBps", read_bw_gbps()}});
-}
-
-// Reads 1 GiB as shuffled runs of `run_kib` KiB: what the access pattern of
-// a paged cache (one run per page and head) costs before any arithmetic.
-void run_read_runs_probe(benchmark::State& state, std::size_t run_kib) {
-  const std::size_t bytes = 1024 * kMiB;
-  pb::HugeBuffer buf(bytes);
-  pb::touch_parallel(buf.data(), buf.size());
-  pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0);
-  Timer t;
-  const pb::CpuSample s0 = pb::sample_cpu();
-  for (auto _ : state) {
-    const double s = pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0);
-    t.total += s;
-    ++t.calls;
-    state.SetIterationTime(s);
-  }
   const double gbps = double(bytes) * double(t.calls) / t.total / 1e9;
   publish(state, {{"others_cores", pb::other_cores_between(s0, pb::sample_cpu())},
                   {"GBps", gbps},
+                  {"best_pass_GBps", best},
                   {"pct_read_bw", 100.0 * gbps / read_bw_gbps()},
-                  {"threads", double(omp_get_max_threads())}});
+                  {"threads", double(omp_get_max_threads())},
+                  {"reference_GBps", read_bw_gbps()}});
 }
 
 void run_fma_probe(benchmark::State& state) {
@@ -619,11 +607,11 @@ Config prefill(std::int32_t q_len, std::int32_t kv_len) {
 void register_all() {
   for (std::size_t mib : {std::size_t{1024}, std::size_t{16}}) {
     const std::string name = "BM_ProbeReadBandwidth/MiB:" + std::to_string(mib);
-    add(name, [=](benchmark::State& s) { run_read_probe(s, mib * kMiB); });
+    add(name, [=](benchmark::State& s) { run_read_probe(s, mib * kMiB, 0); });
   }
   for (std::size_t kib : {std::size_t{4}, std::size_t{32}, std::size_t{1024}}) {
     const std::string name = "BM_ProbeReadRuns/KiB:" + std::to_string(kib);
-    add(name, [=](benchmark::State& s) { run_read_runs_probe(s, kib); });
+    add(name, [=](benchmark::State& s) { run_read_probe(s, 1024 * kMiB, kib); });
   }
   add("BM_ProbeFmaPeak", [](benchmark::State& s) { run_fma_probe(s); });
 

@@ -192,22 +192,21 @@ int run_bench_attention(int argc, char** argv) {
 
   const Timing t = time_calls(w, o.seconds, o.hot);
   if (o.hot) std::printf("hot: every call re-reads copy 0 (%.1f MiB of K/V)\n", c.kv_bytes_per_call() / double(1 << 20));
-  const double gbps = c.kv_bytes_per_call() / t.median / 1e9;
-  const double gflops = c.flops_per_call() / t.median / 1e9;
+  auto gbps = [&](double seconds) { return c.kv_bytes_per_call() / seconds / 1e9; };
+  auto gflops = [&](double seconds) { return c.flops_per_call() / seconds / 1e9; };
   std::printf("time per call: median %.3f ms, best %.3f ms (%d calls)\n", t.median * 1e3, t.best * 1e3, t.calls);
-  std::printf("K+V read: %.2f GB/s   compute: %.1f GFLOP/s\n", gbps, gflops);
+  std::printf("K+V read: %.2f GB/s   compute: %.1f GFLOP/s\n", gbps(t.median), gflops(t.median));
   if (o.probe) {
     const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
     const pb::FmaPeakResult& fma = pb::machine_fma_peak();
     std::printf("machine: read bandwidth %.1f GB/s (%s), fp32 FMA peak %.1f GFLOP/s (%s)\n", bw.best_gbps,
                 bw.isa.c_str(), fma.best_gflops, fma.isa.c_str());
     std::printf("fraction of the machine: %.1f%% of read bandwidth, %.1f%% of FMA peak\n",
-                100.0 * gbps / bw.best_gbps, 100.0 * gflops / fma.best_gflops);
+                100.0 * gbps(t.median) / bw.best_gbps, 100.0 * gflops(t.median) / fma.best_gflops);
     // The probes report their best pass; the best call is the like-for-like
     // figure on a shared host, where the median also counts time taken by others.
     std::printf("best call against the same probes: %.1f%% of read bandwidth, %.1f%% of FMA peak\n",
-                100.0 * c.kv_bytes_per_call() / t.best / 1e9 / bw.best_gbps,
-                100.0 * c.flops_per_call() / t.best / 1e9 / fma.best_gflops);
+                100.0 * gbps(t.best) / bw.best_gbps, 100.0 * gflops(t.best) / fma.best_gflops);
   }
   return 0;
 }

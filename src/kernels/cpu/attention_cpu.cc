@@ -37,6 +37,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = DF8;
 using VF = hn::Vec<DF>;
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
+constexpr std::size_t kLineBytes = 64;  // a cache line: the unit of every prefetch
 
 // --- a block of keys ------------------------------------------------------------------
 
@@ -189,7 +190,7 @@ void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock&
   if constexpr (kT == DType::kINT8) {
     for (std::int32_t jj = 0; jj < bs.count; ++jj) {
       const std::int64_t i = kv.token_scale_index(bs.page[jj], h, bs.slot[jj]);
-      constexpr std::int64_t kScalesPerLine = 64 / sizeof(float);
+      constexpr std::int64_t kScalesPerLine = kLineBytes / sizeof(float);
       if (jj == 0 || bs.slot[jj] == 0 || i % kScalesPerLine == 0) {  // a new line of scales
         __builtin_prefetch(kv.k_token_scales + i, 0, 3);
         __builtin_prefetch(kv.v_token_scales + i, 0, 3);
@@ -211,14 +212,14 @@ void ReadScales(const Item& it, KeyBlock& kb) {
 }
 
 // Prefetches the cache line holding element d of a row of `elems` elements,
-// once per line: called with every vector offset d, it fetches when d starts
-// a line. Lines are spread over the loops that consume the data read just
+// once per line: called with offsets d that step by at most a line and divide
+// it (every vector, or every pair), it fetches when d starts a line. Lines are spread over the loops that consume the data read just
 // before them (a burst of a whole block stalls on the miss queues instead of
 // overlapping with the arithmetic) and run half a head-block ahead: the loads
 // in flight stay within what L1 holds beside the current rows.
 template <DType kT>
 HWY_INLINE void PrefetchLine(const void* row, std::size_t d, std::size_t elems) {
-  constexpr std::size_t kLineElems = 64 / dtype_size(kT);
+  constexpr std::size_t kLineElems = kLineBytes / dtype_size(kT);
   if (d % kLineElems == 0 && d < elems)
     __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 3);
 }
@@ -249,7 +250,7 @@ void ConvertBlock(const Item& it, KeyBlock& kb) {
 // scratch, 16 lanes per operation: the decode loops then read them as f16,
 // one conversion instruction per vector, where widening e4m3 in place costs
 // seven per 8 lanes (fp8 decode was bound by it). The next rows are
-// prefetched meanwhile, as in ConvertBlock.
+// prefetched meanwhile, a line per row and step (a step is a line of e4m3).
 void WidenE4M3Block(const Item& it, KeyBlock& kb) {
   const KernelContext& c = *it.c;
   auto* k16 = reinterpret_cast<std::uint16_t*>(it.sc.k);
@@ -257,8 +258,10 @@ void WidenE4M3Block(const Item& it, KeyBlock& kb) {
   for (std::int32_t jj = 0; jj < kKB; ++jj) {
     std::uint16_t* kd = k16 + std::size_t(jj) * c.dq;
     std::uint16_t* vd = v16 + std::size_t(jj) * c.dv;
-    for (std::size_t d = 0; d < std::size_t(c.head_dim); d += 64) __builtin_prefetch(static_cast<const char*>(kb.k_next[jj]) + d, 0, 3);
-    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += 64) __builtin_prefetch(static_cast<const char*>(kb.v_next[jj]) + d, 0, 3);
+    for (std::size_t d = 0; d < std::size_t(c.head_dim); d += kLineBytes)
+      PrefetchLine<DType::kFP8E4M3>(kb.k_next[jj], d, c.head_dim);
+    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += kLineBytes)
+      PrefetchLine<DType::kFP8E4M3>(kb.v_next[jj], d, c.v_head_dim);
     WidenE4M3Row(kb.k[jj], kd, std::size_t(c.head_dim));
     WidenE4M3Row(kb.v[jj], vd, std::size_t(c.v_head_dim));
     kb.k[jj] = kd;
@@ -506,7 +509,8 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   float* o = it.sc.o + std::size_t(row0) * stride;
   const std::size_t dv = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->v_head_dim);
   const std::size_t k_dim = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->head_dim);
-  constexpr std::size_t kLineElems = 64 / dtype_size(kLoad);
+  // Pairs of vectors never straddle a line: PrefetchLine sees every line start.
+  static_assert(kLineBytes / dtype_size(kLoad) % (2 * hn::MaxLanes(df)) == 0, "a line holds whole pairs");
   std::size_t d = 0;
   for (; d + 2 * n <= dv; d += 2 * n) {
     VF acc[2 * kRows];
@@ -514,11 +518,8 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
       acc[2 * r] = hn::Load(df, o + r * stride + d);
       acc[2 * r + 1] = hn::Load(df, o + r * stride + d + n);
     }
-    // This pair of vectors starts a line of V: fetch that line of the next K rows.
-    const std::size_t line = d - d % kLineElems;
-    const bool fetch = kPrefetch && d - line < 2 * n && line < k_dim;
     for (std::int32_t jj = 0; jj < count; ++jj) {
-      if (fetch) __builtin_prefetch(static_cast<const char*>(kb.k_next[jj]) + line * dtype_size(kLoad), 0, 3);
+      if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.k_next[jj], d, k_dim);
       const VF v0 = LoadConvert<kLoad>(kb.v[jj], d), v1 = LoadConvert<kLoad>(kb.v[jj], d + n);
       for (int r = 0; r < kRows; ++r) {
         const VF wr = hn::Set(df, w[r * kKB + jj]);

@@ -14,8 +14,9 @@ void convert_row(const void* src, DType src_dtype, void* dst, DType dst_dtype, s
                  float multiplier);
 
 // fp8 e4m3 bytes to f16 bits of value x 2^-8 (exact; NaN to a quiet f16
-// NaN), n a multiple of 8 (else InvalidArgument, dst untouched): the widening the attention kernel's fp8 decode
-// uses (kernel code calls the per-target inline WidenE4M3Row directly).
+// NaN), n a non-negative multiple of 8 (else InvalidArgument, dst untouched):
+// the widening the attention kernel's fp8 decode uses (kernel code calls the
+// per-target inline WidenE4M3Row directly).
 void widen_e4m3_to_f16_bits(const void* src, std::uint16_t* dst, std::int64_t n);
 
 // max |src[i]| over i < n (src in an activation dtype).
