@@ -128,7 +128,7 @@ typedef struct pagedattn_ort_paged_attention_params {
   int32_t kv_num_heads;
   float scale;               /* 0: 1/sqrt(head_size) */
   float softcap;             /* 0: off */
-  int32_t local_window_size; /* -1: off */
+  int32_t local_window_size; /* -1: off; L >= 1: the last L keys, own included */
   int32_t do_rotary;
   int32_t rotary_interleaved;
 } pagedattn_ort_paged_attention_params;

@@ -29,8 +29,10 @@ void check_attributes(const PagedAttentionParams& p) {
   check_finite(kCall, "scale", p.scale);
   require(p.softcap >= 0.0f, kCall, ": softcap = ", p.softcap, " must be 0 (off) or > 0");
   check_finite(kCall, "softcap", p.softcap);
-  require(p.local_window_size >= -1, kCall, ": local_window_size = ", p.local_window_size,
-          " must be -1 (off) or >= 0");
+  // Current ORT (its PR #25927): L keys, the query's own included. L = 0 would
+  // show no key at all (ORT returns zero rows), so it is refused as meaningless.
+  require(p.local_window_size == -1 || p.local_window_size >= 1, kCall,
+          ": local_window_size = ", p.local_window_size, " must be -1 (off) or >= 1");
 }
 
 // query, key, value, output: dense, one dtype; derives T, D and packing.
@@ -244,7 +246,8 @@ void paged_attention(const PagedAttentionParams& p) {
   AttentionOptions options;
   if (p.scale != 0.0f) options.scale = p.scale;  // 0: 1/sqrt(head_size)
   options.softcap = p.softcap;
-  options.window_left = p.local_window_size;  // L: the last L + 1 keys
+  // L keys, the query's own included: window_left = L - 1 (-1 stays off).
+  if (p.local_window_size >= 1) options.window_left = p.local_window_size - 1;
   if (p.head_sink) options.sinks = as_float(*p.head_sink, s.hq, scratch.sinks);
   run_attention(q, head_tensor(p.output, std::int64_t{s.hq} * s.head_size, s.head_size), s.hq, kv,
                 options, scratch);

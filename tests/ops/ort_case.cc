@@ -194,7 +194,8 @@ AttentionOptions OrtCase::options() const {
   AttentionOptions o;
   if (spec_.scale != 0.0f) o.scale = spec_.scale;
   o.softcap = spec_.softcap;
-  o.window_left = spec_.local_window_size;  // ORT: L shows L + 1 keys
+  // ORT: L shows the last L keys, the query's own included.
+  if (spec_.local_window_size >= 1) o.window_left = spec_.local_window_size - 1;
   if (spec_.head_sink) o.sinks = sink_values_.data();
   return o;
 }

@@ -121,8 +121,9 @@ TEST(OrtPagedAttention, ZeroNewTokensForSomeOrAllSequences) {
 }
 
 // Conventions checked by hand: with q = 0 every visible key has the same
-// logit, so the output is the mean of the visible values.
-TEST(OrtPagedAttention, LocalWindowOfLShowsLPlusOneKeys) {
+// logit, so the output is the mean of the visible values. Current ORT
+// (PR #25927) shows L keys, the query's own included (not L + 1).
+TEST(OrtPagedAttention, LocalWindowOfLShowsTheLastLKeys) {
   OrtSpec s;
   s.seqs = {{1, 11}};
   s.num_heads = s.kv_num_heads = 1;
@@ -134,8 +135,8 @@ TEST(OrtPagedAttention, LocalWindowOfLShowsLPlusOneKeys) {
   const std::vector<float> v = decode(c.value_cache.data(), DType::kF32, c.value_cache.size() / 4);
   for (std::int32_t dim = 0; dim < 8; ++dim) {
     double mean = 0;
-    for (std::int32_t pos = 7; pos <= 10; ++pos)  // the last L + 1 = 4 keys
-      mean += v[std::size_t(c.block_table[pos / 16] * 16 + pos % 16) * 8 + dim] / 4.0;
+    for (std::int32_t pos = 8; pos <= 10; ++pos)  // the last L = 3 keys, the query's own included
+      mean += v[std::size_t(c.block_table[pos / 16] * 16 + pos % 16) * 8 + dim] / 3.0;
     EXPECT_NEAR(c.output()[std::size_t(dim)], mean, 1e-5) << dim;
   }
 }
@@ -176,6 +177,9 @@ TEST(OrtPagedAttentionValidation, EveryRuleNamesInputIndexAndValue) {
       {"window >= -1",
        [](auto& p, auto&) { p.local_window_size = -2; },
        {"local_window_size = -2"}},
+      {"window of no key",
+       [](auto& p, auto&) { p.local_window_size = 0; },
+       {"local_window_size = 0 must be -1 (off) or >= 1"}},
       {"key without value", [](auto& p, auto&) { p.value.reset(); }, {"key and value"}},
       {"query rank", [](auto& p, auto&) { p.query.rank = 3; }, {"query has rank 3"}},
       {"query dtype",

@@ -1,7 +1,8 @@
 // ONNX Runtime's com.microsoft.PagedAttention contrib operator over the CPU
 // kernels, with ORT's conventions (docs/ops.md):
-//   scale 0 -> 1/sqrt(head_size); softcap 0 -> off; local_window_size L shows
-//   L + 1 keys (-1 off); rotary (do_rotary) rotates q and the new k at
+//   scale 0 -> 1/sqrt(head_size); softcap 0 -> off; local_window_size L >= 1
+//   shows the L most recent keys, the query's own included (current ORT;
+//   -1 off, 0 refused); rotary (do_rotary) rotates q and the new k at
 //   position past_seqlens[b] + j before they are cached; zero new tokens for
 //   any or every sequence is valid.
 // Every input is validated before the caches are written; a failed call
@@ -39,7 +40,7 @@ struct PagedAttentionParams {
   std::int32_t kv_num_heads = 0;
   float scale = 0.0f;                   // 0: 1/sqrt(head_size)
   float softcap = 0.0f;                 // 0: off
-  std::int32_t local_window_size = -1;  // -1: off; L: the last L + 1 keys
+  std::int32_t local_window_size = -1;  // -1: off; L >= 1: the last L keys (own included)
   bool do_rotary = false;
   bool rotary_interleaved = false;  // false: half split (neox); true: pairs (2t, 2t+1)
 };
