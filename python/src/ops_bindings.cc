@@ -194,29 +194,57 @@ void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache, p
   ops::vllm::reshape_and_cache(p);
 }
 
+// Per-layer arrays name[i] (caches raw by item size; scales float32, with
+// None for a layer that has none: an empty view).
+std::vector<ops::TensorView> layer_views(const std::vector<py::object>& arrays, const char* name,
+                                         bool raw, std::vector<py::array>& keep) {
+  std::vector<ops::TensorView> views;
+  for (std::size_t i = 0; i < arrays.size(); ++i) {
+    const std::string indexed = detail::concat(name, "[", i, "]");
+    if (arrays[i].is_none()) {
+      views.emplace_back();
+      continue;
+    }
+    views.push_back(tensor_arg(arrays[i], indexed.c_str(), keep,
+                               raw ? raw_dtype_by_size(arrays[i], indexed.c_str()) : std::nullopt,
+                               /*writable=*/true));
+  }
+  return views;
+}
+
 void copy_blocks(const std::vector<py::object>& key_caches,
-                 const std::vector<py::object>& value_caches, py::handle block_mapping) {
+                 const std::vector<py::object>& value_caches, py::handle block_mapping,
+                 const std::optional<std::vector<py::object>>& key_scales,
+                 const std::optional<std::vector<py::object>>& value_scales) {
   std::vector<py::array> keep;
-  std::vector<ops::TensorView> keys, values;
-  for (const py::object& k : key_caches)
-    keys.push_back(tensor_arg(k, "key_caches[i]", keep, raw_dtype_by_size(k, "key_caches[i]"), true));
-  for (const py::object& v : value_caches)
-    values.push_back(
-        tensor_arg(v, "value_caches[i]", keep, raw_dtype_by_size(v, "value_caches[i]"), true));
+  const std::vector<ops::TensorView> keys = layer_views(key_caches, "key_caches", true, keep);
+  const std::vector<ops::TensorView> values = layer_views(value_caches, "value_caches", true, keep);
+  const std::vector<ops::TensorView> k_scales =
+      key_scales ? layer_views(*key_scales, "key_scales", false, keep)
+                 : std::vector<ops::TensorView>{};
+  const std::vector<ops::TensorView> v_scales =
+      value_scales ? layer_views(*value_scales, "value_scales", false, keep)
+                   : std::vector<ops::TensorView>{};
   ops::vllm::CopyBlocksParams p;
   p.key_caches = keys;
   p.value_caches = values;
+  p.key_scales = k_scales;
+  p.value_scales = v_scales;
   p.block_mapping = index_arg(block_mapping, "block_mapping", keep);
   py::gil_scoped_release release;
   ops::vllm::copy_blocks(p);
 }
 
-void swap_blocks(py::handle src, py::handle dst, py::handle block_mapping) {
+void swap_blocks(py::handle src, py::handle dst, py::handle block_mapping, py::object src_scales,
+                 py::object dst_scales) {
   std::vector<py::array> keep;
   ops::vllm::SwapBlocksParams p;
   p.src = tensor_arg(src, "src", keep, raw_dtype_by_size(src, "src"));
   p.dst = tensor_arg(dst, "dst", keep, raw_dtype_by_size(dst, "dst"), true);
   p.block_mapping = index_arg(block_mapping, "block_mapping", keep);
+  if (!src_scales.is_none()) p.src_scales = tensor_arg(src_scales, "src_scales", keep);
+  if (!dst_scales.is_none())
+    p.dst_scales = tensor_arg(dst_scales, "dst_scales", keep, std::nullopt, /*writable=*/true);
   py::gil_scoped_release release;
   ops::vllm::swap_blocks(p);
 }
@@ -259,15 +287,15 @@ py::tuple merge_states(py::handle v_a, py::handle s_a, py::handle v_b, py::handl
 void register_ops(py::module_& m) {
   py::module_ ops_module = m.def_submodule("ops", "Peer-compatible operators.");
   using py::arg;
-  ops_module.def(
-      "ort_paged_attention", &ort_paged_attention, arg("query"), arg("key"), arg("value"),
-      arg("key_cache"), arg("value_cache"), arg("cumulative_sequence_length"), arg("past_seqlens"),
-      arg("block_table"), arg("cos_cache") = py::none(), arg("sin_cache") = py::none(),
-      py::kw_only(), arg("num_heads"), arg("kv_num_heads"), arg("scale") = 0.0f,
-      arg("softcap") = 0.0f, arg("local_window_size") = -1, arg("do_rotary") = false,
-      arg("rotary_interleaved") = false, arg("slot_mapping") = py::none(),
-      arg("head_sink") = py::none(),
-      R"doc(ONNX Runtime com.microsoft.PagedAttention. Returns output (T, Hq*D).
+  ops_module.def("ort_paged_attention", &ort_paged_attention, arg("query"), arg("key"),
+                 arg("value"), arg("key_cache"), arg("value_cache"),
+                 arg("cumulative_sequence_length"), arg("past_seqlens"), arg("block_table"),
+                 arg("cos_cache") = py::none(), arg("sin_cache") = py::none(), py::kw_only(),
+                 arg("num_heads"), arg("kv_num_heads"), arg("scale") = 0.0f, arg("softcap") = 0.0f,
+                 arg("local_window_size") = -1, arg("do_rotary") = false,
+                 arg("rotary_interleaved") = false, arg("slot_mapping") = py::none(),
+                 arg("head_sink") = py::none(),
+                 R"doc(ONNX Runtime com.microsoft.PagedAttention. Returns output (T, Hq*D).
 
 query (T, Hq*D), or packed QKV (T, (Hq + 2 Hkv)*D) with key = value = None;
 key, value (T, Hkv*D); key_cache, value_cache (num_blocks, block_size, Hkv*D)
@@ -277,8 +305,9 @@ already cached); block_table (B, max_blocks) int32; cos_cache, sin_cache
 (max_position, R/2) with do_rotary (R = rotary_dim = 2 * cos_cache.shape[1]);
 slot_mapping (T) int32/int64 (-1 skips); head_sink (Hq). Float inputs share
 the query's dtype (float32, float16, ml_dtypes.bfloat16); output too.
-scale 0: 1/sqrt(D); softcap 0: off; local_window_size L: the last L+1 keys
-(-1: off). T = 0 gives a (0, Hq*D) output.)doc");
+scale 0: 1/sqrt(D); softcap 0: off; local_window_size L >= 1: the last L
+keys, the query's own included (current ORT; -1: off; 0 is refused).
+T = 0 gives a (0, Hq*D) output.)doc");
   ops_module.def(
       "ragged_paged_attention", &ragged_paged_attention, arg("q"), arg("kv_pages"), arg("kv_lens"),
       arg("page_indices"), arg("cu_q_lens"), arg("num_seqs"), py::kw_only(), arg("sm_scale") = 1.0f,
@@ -319,16 +348,24 @@ key, value [N, Hkv, D]; key_cache, value_cache as in paged_attention_decode
 block * block_size + offset, -1 skips. With kv_cache_dtype "fp8*" values
 are stored as round(x / k_scale) (saturating).)doc");
   ops_module.def("copy_blocks", &copy_blocks, arg("key_caches"), arg("value_caches"),
-                 arg("block_mapping"),
+                 arg("block_mapping"), py::kw_only(), arg("key_scales") = py::none(),
+                 arg("value_scales") = py::none(),
                  R"doc(vLLM copy_blocks: copies blocks src -> dst in every layer's caches, in place.
 
 key_caches, value_caches: lists of per-layer arrays [num_blocks, ...] (rank 4,
-blocks contiguous); block_mapping (N, 2) int64 rows (src, dst).)doc");
+blocks contiguous, any dtype); block_mapping (N, 2) int64 rows (src, dst).
+int8 caches need their scales: key_scales, value_scales lists (one entry
+per layer, None for a layer that is not int8) of [num_blocks, Hkv,
+block_size] float32 arrays, copied with the blocks. Every layer is checked
+before any block moves.)doc");
   ops_module.def("swap_blocks", &swap_blocks, arg("src"), arg("dst"), arg("block_mapping"),
+                 py::kw_only(), arg("src_scales") = py::none(), arg("dst_scales") = py::none(),
                  R"doc(vLLM swap_blocks: copies blocks of src into dst (written in place).
 
 src [num_src_blocks, ...], dst [num_dst_blocks, ...] (rank 4, same block
-shape and dtype); block_mapping (N, 2) int64 rows (src block, dst block).)doc");
+shape and dtype); block_mapping (N, 2) int64 rows (src block, dst block).
+int8 caches need src_scales [num_src_blocks, Hkv, block_size] and
+dst_scales [num_dst_blocks, Hkv, block_size] float32 (dst_scales written).)doc");
   ops_module.def("merge_states", &merge_states, arg("v_a"), arg("s_a"), arg("v_b"), arg("s_b"),
                  R"doc(Merges two partial attention states. Returns (v, s).
 

@@ -2,8 +2,12 @@
 // append / attend / copy with the kernels.
 #include "pagedattn/ops/vllm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "op_checks.h"
 #include "op_support.h"
@@ -233,24 +237,46 @@ void write_to_paged_cache(const WriteToPagedCacheParams& p) {
 
 namespace {
 
-// A storage of one cache tensor's blocks (K only: V is empty), for block copies.
-PagedKVStorage block_storage(const TensorView& t, CacheLayout layout, const CacheShape& s) {
-  PagedKVStorage storage =
-      cache_storage(t.data, axes_of(t, layout), t.data, {}, t.dtype,
-                    layout == CacheLayout::kFlash ? KVLayout::kNHD : KVLayout::kHND,
-                    {s.block_size, s.num_kv_heads, s.head_dim, s.num_blocks});
-  return storage;
-}
-
 // A block is one contiguous run: copying it whole needs a dense block.
-CacheShape check_block_tensor(const char* call, const char* name, const TensorView& t,
+CacheShape check_block_tensor(const char* call, const std::string& name, const TensorView& t,
                               CacheLayout layout) {
-  const CacheShape s = check_cache_tensor(call, name, t, layout);
+  const CacheShape s = check_cache_tensor(call, name.c_str(), t, layout);
   require(t.stride(0) >= std::int64_t{s.block_size} * s.num_kv_heads * s.head_dim &&
               t.stride(1) * t.dim(1) == t.stride(0) && t.stride(2) * t.dim(2) == t.stride(1),
           call, ": ", name, " blocks must be contiguous (strides ", t.stride(0), ", ", t.stride(1),
           ", ", t.stride(2), ")");
   return s;
+}
+
+// The int8 scales of a cache named `cache_name` (absent for other dtypes):
+// [num_blocks, Hkv, block_size] float32, dense. Returns the scales or null.
+float* check_block_scales(const char* call, const std::string& name, const TensorView* scales,
+                          const std::string& cache_name, const TensorView& cache,
+                          const CacheShape& s) {
+  const bool given = scales != nullptr && scales->rank != 0;
+  if (cache.dtype != DType::kINT8) {
+    require(!given, call, ": ", name, " is given but ", cache_name, " has dtype ",
+            dtype_name(cache.dtype), " (only int8 caches have scales)");
+    return nullptr;
+  }
+  require(given, call, ": ", cache_name, " is int8: its scales ", name,
+          " [num_blocks, num_kv_heads, block_size] float32 must be given");
+  check_shape(call, name.c_str(), *scales, {s.num_blocks, s.num_kv_heads, s.block_size});
+  check_dtype(call, name.c_str(), scales->dtype, DType::kF32);
+  check_contiguous(call, name.c_str(), *scales);
+  check_present(call, name.c_str(), scales->data, s.num_blocks);
+  return static_cast<float*>(scales->data);
+}
+
+// One cache tensor's blocks (K only: V is empty), with its int8 scales.
+PagedKVStorage block_storage(const TensorView& t, CacheLayout layout, const CacheShape& s,
+                             float* scales) {
+  PagedKVStorage storage =
+      cache_storage(t.data, axes_of(t, layout), t.data, {}, t.dtype,
+                    layout == CacheLayout::kFlash ? KVLayout::kNHD : KVLayout::kHND,
+                    {s.block_size, s.num_kv_heads, s.head_dim, s.num_blocks});
+  storage.k_token_scales = storage.v_token_scales = scales;  // V moves no bytes
+  return storage;
 }
 
 void check_mapping(const char* call, const IndexView& mapping) {
@@ -260,31 +286,82 @@ void check_mapping(const char* call, const IndexView& mapping) {
   check_present(call, "block_mapping", mapping.data, mapping.dim(0));
 }
 
-void copy_block_pairs(const PagedKVStorage& src, const PagedKVStorage& dst,
-                      const IndexView& mapping) {
+// Every pair inside the blocks of the caches named: sources < src_blocks,
+// destinations < dst_blocks.
+void check_mapping_fits(const char* call, const IndexView& mapping, std::int64_t src_blocks,
+                        const std::string& src_name, std::int64_t dst_blocks,
+                        const std::string& dst_name) {
+  for (std::int64_t i = 0; i < mapping.dim(0); ++i)
+    for (std::int64_t col = 0; col < 2; ++col) {
+      const std::int64_t limit = col == 0 ? src_blocks : dst_blocks;
+      require(mapping.at(i, col) >= 0 && mapping.at(i, col) < limit, call, ": block_mapping[", i,
+              "][", col, "] = ", mapping.at(i, col), " is outside [0, ", limit, ") (the blocks of ",
+              col == 0 ? src_name : dst_name, ")");
+    }
+}
+
+// Destinations distinct and, within one cache, never also a source (the
+// result would depend on the copy order).
+void check_mapping_disjoint(const char* call, const IndexView& mapping, bool same_cache) {
+  std::vector<std::int64_t> sources, destinations;
+  for (std::int64_t i = 0; i < mapping.dim(0); ++i) {
+    sources.push_back(mapping.at(i, 0));
+    destinations.push_back(mapping.at(i, 1));
+  }
+  std::sort(destinations.begin(), destinations.end());
+  const auto repeated = std::adjacent_find(destinations.begin(), destinations.end());
+  require(repeated == destinations.end(), call, ": block_mapping: destination block ",
+          repeated == destinations.end() ? 0 : *repeated, " appears more than once");
+  if (!same_cache) return;
+  std::sort(sources.begin(), sources.end());
+  for (std::int64_t d : destinations)
+    require(!std::binary_search(sources.begin(), sources.end(), d), call, ": block_mapping: block ",
+            d, " is both a source and a destination");
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> block_pairs(const IndexView& mapping) {
   std::vector<std::pair<std::int64_t, std::int64_t>> pairs(
       static_cast<std::size_t>(mapping.dim(0)));
   for (std::int64_t i = 0; i < mapping.dim(0); ++i)
     pairs[static_cast<std::size_t>(i)] = {mapping.at(i, 0), mapping.at(i, 1)};
-  copy_pages(src, dst, pairs);
+  return pairs;
+}
+
+std::string indexed(const char* name, std::size_t index) {
+  return detail::concat(name, "[", index, "]");
 }
 
 }  // namespace
 
 void copy_blocks(const CopyBlocksParams& p) {
   constexpr const char* kCall = "vllm::copy_blocks";
-  require(p.key_caches.size() == p.value_caches.size(), kCall, ": ", p.key_caches.size(),
-          " key caches but ", p.value_caches.size(), " value caches");
+  const std::size_t layers = p.key_caches.size();
+  require(p.value_caches.size() == layers, kCall, ": ", layers, " key caches but ",
+          p.value_caches.size(), " value caches");
+  for (const auto& [scales, name] :
+       {std::pair{p.key_scales, "key_scales"}, std::pair{p.value_scales, "value_scales"}})
+    require(scales.empty() || scales.size() == layers, kCall, ": ", name, " has ", scales.size(),
+            " entries for ", layers, " layers (give none, or one per layer)");
   check_mapping(kCall, p.block_mapping);
+  check_mapping_disjoint(kCall, p.block_mapping, /*same_cache=*/true);
+  // Every layer is checked before the first block moves: a bad layer 3
+  // must not leave layers 0..2 already copied.
   std::vector<PagedKVStorage> storages;
-  for (std::size_t layer = 0; layer < p.key_caches.size(); ++layer)
-    for (const auto& [t, name] : {std::pair{&p.key_caches[layer], "key_caches[layer]"},
-                                  std::pair{&p.value_caches[layer], "value_caches[layer]"}}) {
-      const CacheShape s = check_block_tensor(kCall, name, *t, p.layout);
-      check_pairs(kCall, "block_mapping", p.block_mapping, s.num_blocks, s.num_blocks);
-      storages.push_back(block_storage(*t, p.layout, s));
+  for (std::size_t layer = 0; layer < layers; ++layer)
+    for (const auto& [caches, all_scales, cache_kind, scale_kind] :
+         {std::tuple{p.key_caches, p.key_scales, "key_caches", "key_scales"},
+          std::tuple{p.value_caches, p.value_scales, "value_caches", "value_scales"}}) {
+      const TensorView& cache = caches[layer];
+      const std::string name = indexed(cache_kind, layer);
+      const CacheShape s = check_block_tensor(kCall, name, cache, p.layout);
+      check_mapping_fits(kCall, p.block_mapping, s.num_blocks, name, s.num_blocks, name);
+      float* scales =
+          check_block_scales(kCall, indexed(scale_kind, layer),
+                             all_scales.empty() ? nullptr : &all_scales[layer], name, cache, s);
+      storages.push_back(block_storage(cache, p.layout, s, scales));
     }
-  for (const PagedKVStorage& s : storages) copy_block_pairs(s, s, p.block_mapping);
+  const auto pairs = block_pairs(p.block_mapping);
+  for (const PagedKVStorage& s : storages) copy_pages(s, s, pairs);
 }
 
 void swap_blocks(const SwapBlocksParams& p) {
@@ -294,9 +371,14 @@ void swap_blocks(const SwapBlocksParams& p) {
   check_shape(kCall, "dst", p.dst, {p.dst.dim(0), p.src.dim(1), p.src.dim(2), p.src.dim(3)});
   check_dtype(kCall, "dst", p.dst.dtype, p.src.dtype);
   check_mapping(kCall, p.block_mapping);
-  check_pairs(kCall, "block_mapping", p.block_mapping, src.num_blocks, dst.num_blocks);
-  copy_block_pairs(block_storage(p.src, p.layout, src), block_storage(p.dst, p.layout, dst),
-                   p.block_mapping);
+  check_mapping_fits(kCall, p.block_mapping, src.num_blocks, "src", dst.num_blocks, "dst");
+  check_mapping_disjoint(kCall, p.block_mapping, /*same_cache=*/p.src.data == p.dst.data);
+  float* src_scales = check_block_scales(
+      kCall, "src_scales", p.src_scales ? &*p.src_scales : nullptr, "src", p.src, src);
+  float* dst_scales = check_block_scales(
+      kCall, "dst_scales", p.dst_scales ? &*p.dst_scales : nullptr, "dst", p.dst, dst);
+  copy_pages(block_storage(p.src, p.layout, src, src_scales),
+             block_storage(p.dst, p.layout, dst, dst_scales), block_pairs(p.block_mapping));
 }
 
 }  // namespace pagedattn::ops::vllm

@@ -373,7 +373,148 @@ TEST(VllmCacheOps, SwapBlocksMovesBlocksBetweenCachesOfDifferentSizes) {
   EXPECT_EQ(device, device_before);
 }
 
+// int8 caches: the per-(block, head, slot) scales move with the blocks.
+TEST(VllmCacheOps, Int8BlocksMoveWithTheirScalesInCopyAndSwap) {
+  const std::int32_t layers = 2, blocks = 6, bs = 4, hkv = 3, d = 8;
+  const std::size_t block_bytes = std::size_t(bs) * hkv * d;
+  const std::size_t block_scales = std::size_t(hkv) * bs;
+  std::mt19937 rng(21);
+  auto random_scales = [&](std::int32_t n) {
+    std::vector<float> s(std::size_t(n) * block_scales);
+    for (float& x : s) x = std::uniform_real_distribution<float>(0.01f, 1.0f)(rng);
+    return s;
+  };
+  for (CacheLayout layout : {CacheLayout::kFlash, CacheLayout::kCpu}) {
+    std::vector<std::vector<unsigned char>> k, v;
+    std::vector<std::vector<float>> ks, vs;
+    for (int l = 0; l < layers; ++l) {
+      k.push_back(random_bytes(rng, blocks * block_bytes));
+      v.push_back(random_bytes(rng, blocks * block_bytes));
+      ks.push_back(random_scales(blocks));
+      vs.push_back(random_scales(blocks));
+    }
+    auto k_expected = k, v_expected = v;
+    auto ks_expected = ks, vs_expected = vs;
+    std::vector<std::int64_t> mapping = {1, 4, 3, 0};  // (1->4) (3->0)
+    for (std::size_t i = 0; i < mapping.size(); i += 2)
+      for (int l = 0; l < layers; ++l) {
+        for (auto* m : {&k_expected[l], &v_expected[l]})
+          std::copy_n(m->begin() + mapping[i] * block_bytes, block_bytes,
+                      m->begin() + mapping[i + 1] * block_bytes);
+        for (auto* m : {&ks_expected[l], &vs_expected[l]})
+          std::copy_n(m->begin() + mapping[i] * block_scales, block_scales,
+                      m->begin() + mapping[i + 1] * block_scales);
+      }
+    std::vector<TensorView> kt, vt, kst, vst;
+    for (int l = 0; l < layers; ++l) {
+      kt.push_back(cache_view(k[l], DType::kINT8, layout, blocks, bs, hkv, d));
+      vt.push_back(cache_view(v[l], DType::kINT8, layout, blocks, bs, hkv, d));
+      kst.push_back(TensorView::dense(ks[l].data(), DType::kF32, {blocks, hkv, bs}));
+      vst.push_back(TensorView::dense(vs[l].data(), DType::kF32, {blocks, hkv, bs}));
+    }
+    vllm::copy_blocks({kt, vt, layout, IndexView::dense(mapping.data(), {2, 2}), kst, vst});
+    EXPECT_EQ(k, k_expected);
+    EXPECT_EQ(v, v_expected);
+    EXPECT_EQ(ks, ks_expected);
+    EXPECT_EQ(vs, vs_expected);
+
+    // Swap layer 0's K blocks 5 and 2 to a 2-block host cache, and back.
+    std::vector<unsigned char> host(2 * block_bytes, 0);
+    std::vector<float> host_scales(2 * block_scales, 0.0f);
+    std::vector<std::int64_t> out = {5, 1, 2, 0}, back = {1, 3, 0, 4};
+    const TensorView host_t = cache_view(host, DType::kINT8, layout, 2, bs, hkv, d);
+    const TensorView host_s = TensorView::dense(host_scales.data(), DType::kF32, {2, hkv, bs});
+    vllm::swap_blocks(
+        {kt[0], host_t, layout, IndexView::dense(out.data(), {2, 2}), kst[0], host_s});
+    EXPECT_TRUE(
+        std::equal(host.begin(), host.begin() + block_bytes, k[0].begin() + 2 * block_bytes));
+    EXPECT_TRUE(std::equal(host.begin() + block_bytes, host.end(), k[0].begin() + 5 * block_bytes));
+    EXPECT_TRUE(std::equal(host_scales.begin(), host_scales.begin() + block_scales,
+                           ks[0].begin() + 2 * block_scales));
+    EXPECT_TRUE(std::equal(host_scales.begin() + block_scales, host_scales.end(),
+                           ks[0].begin() + 5 * block_scales));
+    auto k0 = k[0];
+    auto ks0 = ks[0];
+    std::copy_n(k0.begin() + 5 * block_bytes, block_bytes, k0.begin() + 3 * block_bytes);
+    std::copy_n(k0.begin() + 2 * block_bytes, block_bytes, k0.begin() + 4 * block_bytes);
+    std::copy_n(ks0.begin() + 5 * block_scales, block_scales, ks0.begin() + 3 * block_scales);
+    std::copy_n(ks0.begin() + 2 * block_scales, block_scales, ks0.begin() + 4 * block_scales);
+    vllm::swap_blocks(
+        {host_t, kt[0], layout, IndexView::dense(back.data(), {2, 2}), host_s, kst[0]});
+    EXPECT_EQ(k[0], k0);
+    EXPECT_EQ(ks[0], ks0);
+  }
+}
+
 // --- validation: one test per rule, caches byte-identical after -----------------
+
+// Every layer is checked before the first copy: a bad last layer leaves the
+// earlier ones untouched (formerly layer 0 was copied, then an int8 layer
+// without scales threw).
+TEST(VllmValidation, CopyBlocksChecksEveryLayerBeforeCopying) {
+  const std::int32_t blocks = 4, bs = 4, hkv = 2, d = 8;
+  const std::size_t elements = std::size_t(blocks) * bs * hkv * d;
+  std::mt19937 rng(31);
+  std::vector<unsigned char> k0 = random_bytes(rng, elements * 4),
+                             v0 = random_bytes(rng, elements * 4), k1 = random_bytes(rng, elements),
+                             v1 = random_bytes(rng, elements);
+  std::vector<float> scales(std::size_t(blocks) * hkv * bs, 0.5f), bad_scales(scales);
+  std::vector<TensorView> kt = {
+      cache_view(k0, DType::kF32, CacheLayout::kFlash, blocks, bs, hkv, d),
+      cache_view(k1, DType::kINT8, CacheLayout::kFlash, blocks, bs, hkv, d)};
+  std::vector<TensorView> vt = {
+      cache_view(v0, DType::kF32, CacheLayout::kFlash, blocks, bs, hkv, d),
+      cache_view(v1, DType::kINT8, CacheLayout::kFlash, blocks, bs, hkv, d)};
+  std::vector<std::int64_t> mapping = {0, 1, 2, 3};
+  const IndexView m = IndexView::dense(mapping.data(), {2, 2});
+  const std::vector<const std::vector<unsigned char>*> all = {&k0, &v0, &k1, &v1};
+  expect_invalid(
+      [&] {
+        vllm::copy_blocks({kt, vt, CacheLayout::kFlash, m});
+      },
+      {"vllm::copy_blocks: key_caches[1] is int8: its scales key_scales[1]", "must be given"}, all);
+  std::vector<TensorView> kst = {TensorView{},
+                                 TensorView::dense(scales.data(), DType::kF32, {blocks, hkv, bs})};
+  std::vector<TensorView> vst = {
+      TensorView{}, TensorView::dense(bad_scales.data(), DType::kF32, {blocks, hkv, 3})};
+  expect_invalid(
+      [&] {
+        vllm::copy_blocks({kt, vt, CacheLayout::kFlash, m, kst, vst});
+      },
+      {"value_scales[1] has shape [4, 2, 3], expected [4, 2, 4]"}, all);
+  vst[1] = TensorView::dense(bad_scales.data(), DType::kF16, {blocks, hkv, bs});
+  expect_invalid(
+      [&] {
+        vllm::copy_blocks({kt, vt, CacheLayout::kFlash, m, kst, vst});
+      },
+      {"value_scales[1] has dtype float16, expected float32"}, all);
+  vst = {kst[1], kst[1]};
+  expect_invalid(
+      [&] {
+        vllm::copy_blocks({kt, vt, CacheLayout::kFlash, m, kst, vst});
+      },
+      {"value_scales[0] is given but value_caches[0] has dtype float32"}, all);
+  expect_invalid(
+      [&] {
+        vllm::copy_blocks({kt, vt, CacheLayout::kFlash, m, kst, {}});
+      },
+      {"value_caches[1] is int8: its scales value_scales[1]"}, all);
+  kst.pop_back();
+  expect_invalid(
+      [&] {
+        vllm::copy_blocks({kt, vt, CacheLayout::kFlash, m, kst, vst});
+      },
+      {"key_scales has 1 entries for 2 layers"}, all);
+  // A layer with fewer blocks: the mapping is checked against each layer.
+  kt[1].shape[0] = vt[1].shape[0] = 3;
+  kst = {TensorView{}, TensorView::dense(scales.data(), DType::kF32, {3, hkv, bs})};
+  vst = kst;
+  expect_invalid(
+      [&] {
+        vllm::copy_blocks({kt, vt, CacheLayout::kFlash, m, kst, vst});
+      },
+      {"block_mapping[1][1] = 3 is outside [0, 3) (the blocks of key_caches[1])"}, all);
+}
 
 // A valid decode / prefix / write setup (2 sequences of 20 and 5 keys, 6 blocks).
 struct Fixture {
@@ -601,7 +742,7 @@ TEST(VllmValidation, BlockCopyRulesNameInputIndexAndValue) {
       [&] {
         vllm::copy_blocks({kt, vt, CacheLayout::kFlash, m});
       },
-      {"destination page 1 appears more than once"}, {&k, &v});
+      {"vllm::copy_blocks: block_mapping: destination block 1 appears more than once"}, {&k, &v});
   mapping = {0, 1, 2, 3};
   std::vector<std::int32_t> mapping32 = {0, 1};
   expect_invalid(
@@ -621,7 +762,7 @@ TEST(VllmValidation, BlockCopyRulesNameInputIndexAndValue) {
       [&] {
         vllm::copy_blocks({kt, vt, CacheLayout::kFlash, IndexView::dense(mapping.data(), {1, 2})});
       },
-      {"key_caches[layer] blocks must be contiguous"}, {&k, &v});
+      {"key_caches[0] blocks must be contiguous"}, {&k, &v});
   const TensorView src = cache_view(k, DType::kF32, CacheLayout::kFlash, blocks, bs, hkv, d);
   TensorView dst = cache_view(host, DType::kF32, CacheLayout::kFlash, blocks / 2, bs, hkv, d);
   expect_invalid(

@@ -78,12 +78,22 @@ inline void reshape_and_cache(const WriteToPagedCacheParams& params) {
   write_to_paged_cache(params);
 }
 
-// Copies blocks src -> dst in every layer's K and V cache.
+// Block copies move bytes of any dtype. An int8 cache holds
+// value = stored * scale with one float32 scale per (block, head, slot): its
+// scales, [num_blocks, Hkv, block_size] float32 dense in either layout,
+// must come with it and move with its blocks; other dtypes take none.
+
+// Copies blocks src -> dst in every layer's K and V cache. Every layer and
+// argument is validated before the first block moves.
 struct CopyBlocksParams {
   std::span<const TensorView> key_caches;    // [layers] each in `layout`
   std::span<const TensorView> value_caches;  // [layers]
   CacheLayout layout = CacheLayout::kFlash;
   IndexView block_mapping;  // [n, 2] int64 (src, dst)
+  // Empty when no layer is int8; else [layers], an empty view (rank 0) for
+  // each layer that is not int8.
+  std::span<const TensorView> key_scales = {};
+  std::span<const TensorView> value_scales = {};
 };
 void copy_blocks(const CopyBlocksParams& params);
 
@@ -93,6 +103,10 @@ struct SwapBlocksParams {
   TensorView dst;  // same shape except num_blocks; written
   CacheLayout layout = CacheLayout::kFlash;
   IndexView block_mapping;  // [n, 2] int64 (src block, dst block)
+  // int8 only: src's [src blocks, Hkv, block_size] and dst's [dst blocks,
+  // Hkv, block_size] float32 scales (dst_scales written).
+  std::optional<TensorView> src_scales = std::nullopt;
+  std::optional<TensorView> dst_scales = std::nullopt;
 };
 void swap_blocks(const SwapBlocksParams& params);
 
