@@ -1,6 +1,8 @@
 #include "c_api_support.h"
 
+#include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "pagedattn/errors.h"
 
@@ -30,6 +32,13 @@ void copy_geometry(const pagedattn_tensor& t, View& v, std::int32_t max_rank, co
 
 }  // namespace
 
+std::int64_t dtype_value(const pagedattn_dtype& dtype) {
+  std::underlying_type_t<pagedattn_dtype> value;
+  static_assert(sizeof value == sizeof dtype);
+  std::memcpy(&value, &dtype, sizeof value);
+  return static_cast<std::int64_t>(value);
+}
+
 pagedattn_status fail(pagedattn_status status, const char* message) {
   try {
     g_last_error = message;
@@ -44,21 +53,23 @@ const char* last_error() {
 }
 
 ops::TensorView to_tensor(const pagedattn_tensor& t, const char* call, const char* name) {
-  require(t.dtype >= PAGEDATTN_FLOAT32 && t.dtype <= PAGEDATTN_INT8, call, ": ", name,
-          ".dtype = ", static_cast<int>(t.dtype), " is not a float or KV storage type");
+  const std::int64_t dtype = dtype_value(t.dtype);
+  require(dtype >= PAGEDATTN_FLOAT32 && dtype <= PAGEDATTN_INT8, call, ": ", name,
+          ".dtype = ", dtype, " is not a float or KV storage type");
   ops::TensorView v;
   v.data = t.data;
-  v.dtype = static_cast<DType>(t.dtype);
+  v.dtype = static_cast<DType>(dtype);
   copy_geometry(t, v, ops::kMaxTensorRank, call, name);
   return v;
 }
 
 ops::IndexView to_index(const pagedattn_tensor& t, const char* call, const char* name) {
-  require(t.dtype == PAGEDATTN_INT32 || t.dtype == PAGEDATTN_INT64, call, ": ", name,
-          ".dtype = ", static_cast<int>(t.dtype), " must be PAGEDATTN_INT32 or PAGEDATTN_INT64");
+  const std::int64_t dtype = dtype_value(t.dtype);
+  require(dtype == PAGEDATTN_INT32 || dtype == PAGEDATTN_INT64, call, ": ", name,
+          ".dtype = ", dtype, " must be PAGEDATTN_INT32 or PAGEDATTN_INT64");
   ops::IndexView v;
   v.data = t.data;
-  v.type = t.dtype == PAGEDATTN_INT32 ? ops::IndexType::kInt32 : ops::IndexType::kInt64;
+  v.type = dtype == PAGEDATTN_INT32 ? ops::IndexType::kInt32 : ops::IndexType::kInt64;
   copy_geometry(t, v, 2, call, name);
   return v;
 }

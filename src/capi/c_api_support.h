@@ -2,6 +2,7 @@
 // status and a thread-local message, and convert C tensors to ops views.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "pagedattn/c_api.h"
@@ -19,6 +20,11 @@ pagedattn_status fail(pagedattn_status status, const char* message);
 // PAGEDATTN_OUT_OF_MEMORY and anything else to PAGEDATTN_INTERNAL.
 template <typename Body>
 pagedattn_status guarded(Body&& body) noexcept;
+
+// The integer a C caller stored in a pagedattn_dtype field, read without
+// loading the enum: a value outside the enumerators (e.g. 99 from C) is
+// undefined behaviour to load as the C++ enum type, so check this instead.
+std::int64_t dtype_value(const pagedattn_dtype& dtype);
 
 // A float tensor; InvalidArgument naming `name` for bad rank, extents or dtype.
 ops::TensorView to_tensor(const pagedattn_tensor& t, const char* call, const char* name);

@@ -67,6 +67,12 @@ static void test_cache(void) {
   pagedattn_kv_cache* bad = NULL;
   CHECK_FAILS(pagedattn_kv_cache_create(&config, &bad), PAGEDATTN_INVALID_ARGUMENT, "num_kv_heads");
   CHECK(bad == NULL);
+  config.num_kv_heads = kHkv;
+  config.kv_dtype = (pagedattn_dtype)12; /* no such enumerator: refused by value */
+  CHECK_FAILS(pagedattn_kv_cache_create(&config, &bad), PAGEDATTN_INVALID_ARGUMENT,
+              "config.kv_dtype = 12 is not a KV storage type");
+  CHECK(bad == NULL);
+  config.kv_dtype = PAGEDATTN_FLOAT32;
 
   CHECK(pagedattn_kv_cache_add_sequence(cache, 7) == PAGEDATTN_OK);
   uint64_t before = 0, after = 0;
@@ -167,6 +173,17 @@ static void test_ort(void) {
   CHECK_FAILS(pagedattn_ort_paged_attention(&p), PAGEDATTN_INVALID_ARGUMENT,
               "cumulative_sequence_length.dtype");
   p.cumulative_sequence_length.dtype = PAGEDATTN_INT32;
+  /* dtype values no enumerator names (legal to store from C): refused by
+   * value, never loaded as the C++ enum (undefined behaviour, UBSan). */
+  p.query.dtype = (pagedattn_dtype)99;
+  CHECK_FAILS(pagedattn_ort_paged_attention(&p), PAGEDATTN_INVALID_ARGUMENT,
+              "query.dtype = 99 is not a float or KV storage type");
+  p.query.dtype = PAGEDATTN_FLOAT32;
+  p.block_table.dtype = (pagedattn_dtype)8;
+  CHECK_FAILS(pagedattn_ort_paged_attention(&p), PAGEDATTN_INVALID_ARGUMENT,
+              "block_table.dtype = 8 must be PAGEDATTN_INT32 or PAGEDATTN_INT64");
+  p.block_table.dtype = PAGEDATTN_INT32;
+  CHECK(memcmp(k_before, key_cache, sizeof key_cache) == 0);
   CHECK_FAILS(pagedattn_ort_paged_attention(NULL), PAGEDATTN_INVALID_ARGUMENT, "params is null");
 
   CHECK(pagedattn_ort_paged_attention(&p) == PAGEDATTN_OK);
