@@ -215,7 +215,8 @@ std::vector<ops::TensorView> layer_views(const std::vector<py::object>& arrays, 
 void copy_blocks(const std::vector<py::object>& key_caches,
                  const std::vector<py::object>& value_caches, py::handle block_mapping,
                  const std::optional<std::vector<py::object>>& key_scales,
-                 const std::optional<std::vector<py::object>>& value_scales) {
+                 const std::optional<std::vector<py::object>>& value_scales,
+                 const std::string& layout) {
   std::vector<py::array> keep;
   const std::vector<ops::TensorView> keys = layer_views(key_caches, "key_caches", true, keep);
   const std::vector<ops::TensorView> values = layer_views(value_caches, "value_caches", true, keep);
@@ -230,18 +231,20 @@ void copy_blocks(const std::vector<py::object>& key_caches,
   p.value_caches = values;
   p.key_scales = k_scales;
   p.value_scales = v_scales;
+  p.layout = vllm_layout(layout);
   p.block_mapping = index_arg(block_mapping, "block_mapping", keep);
   py::gil_scoped_release release;
   ops::vllm::copy_blocks(p);
 }
 
 void swap_blocks(py::handle src, py::handle dst, py::handle block_mapping, py::object src_scales,
-                 py::object dst_scales) {
+                 py::object dst_scales, const std::string& layout) {
   std::vector<py::array> keep;
   ops::vllm::SwapBlocksParams p;
   p.src = tensor_arg(src, "src", keep, raw_dtype_by_size(src, "src"));
   p.dst = tensor_arg(dst, "dst", keep, raw_dtype_by_size(dst, "dst"), true);
   p.block_mapping = index_arg(block_mapping, "block_mapping", keep);
+  p.layout = vllm_layout(layout);
   if (!src_scales.is_none()) p.src_scales = tensor_arg(src_scales, "src_scales", keep);
   if (!dst_scales.is_none())
     p.dst_scales = tensor_arg(dst_scales, "dst_scales", keep, std::nullopt, /*writable=*/true);
@@ -349,23 +352,26 @@ block * block_size + offset, -1 skips. With kv_cache_dtype "fp8*" values
 are stored as round(x / k_scale) (saturating).)doc");
   ops_module.def("copy_blocks", &copy_blocks, arg("key_caches"), arg("value_caches"),
                  arg("block_mapping"), py::kw_only(), arg("key_scales") = py::none(),
-                 arg("value_scales") = py::none(),
+                 arg("value_scales") = py::none(), arg("layout") = "NHD",
                  R"doc(vLLM copy_blocks: copies blocks src -> dst in every layer's caches, in place.
 
 key_caches, value_caches: lists of per-layer arrays [num_blocks, ...] (rank 4,
 blocks contiguous, any dtype); block_mapping (N, 2) int64 rows (src, dst).
 int8 caches need their scales: key_scales, value_scales lists (one entry
 per layer, None for a layer that is not int8) of [num_blocks, Hkv,
-block_size] float32 arrays, copied with the blocks. Every layer is checked
-before any block moves.)doc");
+block_size] float32 arrays, copied with the blocks; layout "NHD" [num_blocks,
+block_size, Hkv, D] or "HND" [num_blocks, Hkv, block_size, D] says which
+axis is which. Every layer is checked before any block moves.)doc");
   ops_module.def("swap_blocks", &swap_blocks, arg("src"), arg("dst"), arg("block_mapping"),
                  py::kw_only(), arg("src_scales") = py::none(), arg("dst_scales") = py::none(),
+                 arg("layout") = "NHD",
                  R"doc(vLLM swap_blocks: copies blocks of src into dst (written in place).
 
 src [num_src_blocks, ...], dst [num_dst_blocks, ...] (rank 4, same block
 shape and dtype); block_mapping (N, 2) int64 rows (src block, dst block).
 int8 caches need src_scales [num_src_blocks, Hkv, block_size] and
-dst_scales [num_dst_blocks, Hkv, block_size] float32 (dst_scales written).)doc");
+dst_scales [num_dst_blocks, Hkv, block_size] float32 (dst_scales written);
+layout "NHD" or "HND" as in copy_blocks.)doc");
   ops_module.def("merge_states", &merge_states, arg("v_a"), arg("s_a"), arg("v_b"), arg("s_b"),
                  R"doc(Merges two partial attention states. Returns (v, s).
 
