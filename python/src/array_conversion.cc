@@ -155,6 +155,40 @@ ops::TensorView output_view(py::array& array, DType dtype) {
   return tensor_view(array, dtype, "output", /*writable=*/true);
 }
 
+std::int64_t int_arg(py::handle obj, const char* call, const char* name) {
+  const auto type_name = [&] {
+    return py::str(py::type::of(obj).attr("__name__")).cast<std::string>();
+  };
+  if (PyBool_Check(obj.ptr()) || PyFloat_Check(obj.ptr()) || !PyIndex_Check(obj.ptr()))
+    throw py::type_error(detail::concat(call, ": ", name, " must be an int, got ", type_name()));
+  const py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(obj.ptr()));
+  if (!index) throw py::error_already_set();
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0)
+    throw InvalidArgument(detail::concat(call, ": ", name, " = ",
+                                         py::str(index).cast<std::string>(),
+                                         " does not fit a signed 64-bit integer"));
+  if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<std::int64_t>(value);
+}
+
+std::vector<std::int64_t> int_list_arg(py::handle obj, const char* call, const char* name) {
+  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) ||
+      !PySequence_Check(obj.ptr()))
+    throw py::type_error(
+        detail::concat(call, ": ", name, " must be a sequence of ints, got ",
+                       py::str(py::type::of(obj).attr("__name__")).cast<std::string>()));
+  const py::sequence items = py::reinterpret_borrow<py::sequence>(obj);
+  std::vector<std::int64_t> values;
+  values.reserve(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string item_name = detail::concat(name, "[", i, "]");
+    values.push_back(int_arg(items[i], call, item_name.c_str()));
+  }
+  return values;
+}
+
 std::int64_t element_count(const py::array& array) { return static_cast<std::int64_t>(array.size()); }
 
 }  // namespace pagedattn::python

@@ -54,6 +54,14 @@ py::array new_array(const std::vector<py::ssize_t>& shape, DType dtype, const py
 // A dense view of an array made by new_array.
 ops::TensorView output_view(py::array& array, DType dtype);
 
+// A Python int (or any object with __index__, e.g. numpy.int64) as int64:
+// TypeError naming `call` and `name` for another type, InvalidArgument
+// (ValueError) when it does not fit. pybind11's own conversion would raise
+// a bare RuntimeError or a TypeError that does not say which argument.
+std::int64_t int_arg(py::handle obj, const char* call, const char* name);
+// A sequence of such ints (a list, tuple or 1-D integer array).
+std::vector<std::int64_t> int_list_arg(py::handle obj, const char* call, const char* name);
+
 // Element count of an array's shape.
 std::int64_t element_count(const py::array& array);
 

@@ -57,6 +57,10 @@ void register_errors(py::module_& m) {
       PyErr_SetString(unsupported, e.what());
     } catch (const Error& e) {
       PyErr_SetString(internal, e.what());
+    } catch (const py::cast_error& e) {
+      // An argument of the wrong Python type that a binding converted itself
+      // (pybind11's default would make it a bare RuntimeError).
+      PyErr_SetString(PyExc_TypeError, e.what());
     }
   });
 }

@@ -109,7 +109,8 @@ class KVCache {
       cache_.begin_forward(seq_ids, lengths);
       return;
     }
-    const auto parents = token_tree_parents.cast<std::vector<std::int64_t>>();
+    const auto parents =
+        int_list_arg(token_tree_parents, "KVCache.begin_forward", "token_tree_parents");
     cache_.begin_forward(seq_ids, lengths, parents);
   }
 
@@ -149,9 +150,13 @@ class KVCache {
     return out.array;
   }
 
-  py::tuple get_kv(SeqId seq_id, std::int64_t start, std::int64_t end) {
+  py::tuple get_kv(py::handle seq_id_arg, py::handle start_arg, py::handle end_arg) {
     const KVCacheConfig& c = config();
-    const auto count = static_cast<py::ssize_t>(end > start ? end - start : 0);
+    constexpr const char* kCall = "KVCache.get_kv";
+    const SeqId seq_id = int_arg(seq_id_arg, kCall, "seq_id");
+    const std::int64_t start = int_arg(start_arg, kCall, "start"),
+                       end = int_arg(end_arg, kCall, "end");
+    const py::ssize_t count = checked_token_count(kCall, seq_id, start, end);
     py::array_t<float> k({py::ssize_t{c.num_layers}, count, py::ssize_t{c.num_kv_heads},
                           py::ssize_t{c.head_dim}});
     py::array_t<float> v({py::ssize_t{c.num_layers}, count, py::ssize_t{c.num_kv_heads},
@@ -162,9 +167,14 @@ class KVCache {
     return py::make_tuple(k, v);
   }
 
-  void set_kv(SeqId seq_id, std::int64_t start, std::int64_t end, py::handle k, py::handle v) {
+  void set_kv(py::handle seq_id_arg, py::handle start_arg, py::handle end_arg, py::handle k,
+              py::handle v) {
     const KVCacheConfig& c = config();
-    const auto count = static_cast<py::ssize_t>(end > start ? end - start : 0);
+    constexpr const char* kCall = "KVCache.set_kv";
+    const SeqId seq_id = int_arg(seq_id_arg, kCall, "seq_id");
+    const std::int64_t start = int_arg(start_arg, kCall, "start"),
+                       end = int_arg(end_arg, kCall, "end");
+    const py::ssize_t count = checked_token_count(kCall, seq_id, start, end);
     py::array ka = as_array(k, "k"), va = as_array(v, "v");
     const float* kd = float_block("k", ka, {c.num_layers, count, c.num_kv_heads, c.head_dim});
     const float* vd = float_block("v", va, {c.num_layers, count, c.num_kv_heads, c.v_head_dim});
@@ -173,6 +183,23 @@ class KVCache {
   }
 
  private:
+  // end - start for a range inside sequence seq_id, checked before any
+  // arithmetic or allocation (a wild end must not overflow or allocate).
+  py::ssize_t checked_token_count(const char* call, SeqId seq_id, std::int64_t start,
+                                  std::int64_t end) const {
+    if (!cache_.has_sequence(seq_id))
+      throw InvalidArgument(detail::concat(call, ": seq_id = ", seq_id, " is not in the cache"));
+    const std::int64_t length = cache_.sequence_length(seq_id);
+    if (start < 0 || start > length)
+      throw InvalidArgument(detail::concat(call, ": start = ", start, " is not inside [0, ", length,
+                                           "] (the tokens of seq_id = ", seq_id, ")"));
+    if (end < start || end > length)
+      throw InvalidArgument(detail::concat(call, ": end = ", end, " is not inside [start = ", start,
+                                           ", ", length, "] (the tokens of seq_id = ", seq_id,
+                                           ")"));
+    return static_cast<py::ssize_t>(end - start);
+  }
+
   PagedKVCache cache_;
 };
 
