@@ -173,6 +173,14 @@ std::int64_t int_arg(py::handle obj, const char* call, const char* name) {
   return static_cast<std::int64_t>(value);
 }
 
+std::int32_t int32_arg(py::handle obj, const char* call, const char* name) {
+  const std::int64_t value = int_arg(obj, call, name);
+  if (value < INT32_MIN || value > INT32_MAX)
+    throw InvalidArgument(
+        detail::concat(call, ": ", name, " = ", value, " does not fit a signed 32-bit integer"));
+  return static_cast<std::int32_t>(value);
+}
+
 std::vector<std::int64_t> int_list_arg(py::handle obj, const char* call, const char* name) {
   if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) ||
       !PySequence_Check(obj.ptr()))

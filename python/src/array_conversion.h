@@ -59,6 +59,8 @@ ops::TensorView output_view(py::array& array, DType dtype);
 // (ValueError) when it does not fit. pybind11's own conversion would raise
 // a bare RuntimeError or a TypeError that does not say which argument.
 std::int64_t int_arg(py::handle obj, const char* call, const char* name);
+// The same for an int32 attribute (InvalidArgument when it does not fit).
+std::int32_t int32_arg(py::handle obj, const char* call, const char* name);
 // A sequence of such ints (a list, tuple or 1-D integer array).
 std::vector<std::int64_t> int_list_arg(py::handle obj, const char* call, const char* name);
 

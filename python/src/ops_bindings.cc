@@ -62,8 +62,8 @@ py::array ort_paged_attention(py::handle query, py::object key, py::object value
                               py::handle key_cache, py::handle value_cache,
                               py::handle cumulative_sequence_length, py::handle past_seqlens,
                               py::handle block_table, py::object cos_cache, py::object sin_cache,
-                              std::int32_t num_heads, std::int32_t kv_num_heads, float scale,
-                              float softcap, std::int32_t local_window_size, bool do_rotary,
+                              py::handle num_heads, py::handle kv_num_heads, float scale,
+                              float softcap, py::handle local_window_size, bool do_rotary,
                               bool rotary_interleaved, py::object slot_mapping,
                               py::object head_sink) {
   std::vector<py::array> keep;
@@ -81,11 +81,12 @@ py::array ort_paged_attention(py::handle query, py::object key, py::object value
   if (!sin_cache.is_none()) p.sin_cache = tensor_arg(sin_cache, "sin_cache", keep);
   if (!slot_mapping.is_none()) p.slot_mapping = index_arg(slot_mapping, "slot_mapping", keep);
   if (!head_sink.is_none()) p.head_sink = tensor_arg(head_sink, "head_sink", keep);
-  p.num_heads = num_heads;
-  p.kv_num_heads = kv_num_heads;
+  constexpr const char* kCall = "ort_paged_attention";
+  p.num_heads = int32_arg(num_heads, kCall, "num_heads");
+  p.kv_num_heads = int32_arg(kv_num_heads, kCall, "kv_num_heads");
   p.scale = scale;
   p.softcap = softcap;
-  p.local_window_size = local_window_size;
+  p.local_window_size = int32_arg(local_window_size, kCall, "local_window_size");
   p.do_rotary = do_rotary;
   p.rotary_interleaved = rotary_interleaved;
 
@@ -94,9 +95,9 @@ py::array ort_paged_attention(py::handle query, py::object key, py::object value
   const std::int64_t tokens = p.query.rank >= 1 ? p.query.dim(0) : 0;
   std::int64_t width = p.query.rank == 2 ? p.query.dim(1) : 0;
   if (!p.key) {
-    const std::int64_t heads_per_row = std::int64_t{num_heads} + 2 * std::int64_t{kv_num_heads};
-    width = heads_per_row > 0 && num_heads > 0 && width % heads_per_row == 0
-                ? width / heads_per_row * num_heads
+    const std::int64_t heads_per_row = std::int64_t{p.num_heads} + 2 * std::int64_t{p.kv_num_heads};
+    width = heads_per_row > 0 && p.num_heads > 0 && width % heads_per_row == 0
+                ? width / heads_per_row * p.num_heads
                 : 0;
   }
   py::array out = new_array({tokens, width}, p.query.dtype, query_array);
@@ -110,9 +111,10 @@ py::array ort_paged_attention(py::handle query, py::object key, py::object value
 
 py::array ragged_paged_attention(py::handle q, py::handle kv_pages, py::handle kv_lens,
                                  py::handle page_indices, py::handle cu_q_lens, py::object num_seqs,
-                                 float sm_scale, std::optional<std::int32_t> sliding_window,
+                                 float sm_scale, py::handle sliding_window,
                                  std::optional<float> soft_cap, std::optional<float> k_scale,
-                                 std::optional<float> v_scale, std::optional<std::string> kv_dtype) {
+                                 std::optional<float> v_scale,
+                                 std::optional<std::string> kv_dtype) {
   std::vector<py::array> keep;
   ops::torch_xla::RaggedPagedAttentionParams p;
   p.q = tensor_arg(q, "q", keep);
@@ -125,7 +127,8 @@ py::array ragged_paged_attention(py::handle q, py::handle kv_pages, py::handle k
     num_seqs = py::module_::import("numpy").attr("array")(py::make_tuple(num_seqs), "int32");
   p.num_seqs = index_arg(num_seqs, "num_seqs", keep);
   p.sm_scale = sm_scale;
-  p.sliding_window = sliding_window;
+  if (!sliding_window.is_none())
+    p.sliding_window = int32_arg(sliding_window, "ragged_paged_attention", "sliding_window");
   p.soft_cap = soft_cap;
   p.k_scale = k_scale;
   p.v_scale = v_scale;
@@ -155,7 +158,7 @@ ops::vllm::KVCaches vllm_caches(py::handle key_cache, py::handle value_cache,
 
 py::array paged_attention_decode(py::handle query, py::handle key_cache, py::handle value_cache,
                                  py::handle block_tables, py::handle seq_lens,
-                                 std::int32_t num_kv_heads, float scale, py::object alibi_slopes,
+                                 py::handle num_kv_heads, float scale, py::object alibi_slopes,
                                  const std::string& kv_cache_dtype, float k_scale, float v_scale,
                                  const std::string& layout) {
   std::vector<py::array> keep;
@@ -169,7 +172,7 @@ py::array paged_attention_decode(py::handle query, py::handle key_cache, py::han
   for (std::int64_t b = 0; p.seq_lens.rank == 1 && b < p.seq_lens.dim(0); ++b)
     p.max_seq_len = std::max<std::int32_t>(
         p.max_seq_len, static_cast<std::int32_t>(std::clamp<std::int64_t>(p.seq_lens.at(b), 0, INT32_MAX)));
-  p.num_kv_heads = num_kv_heads;
+  p.num_kv_heads = int32_arg(num_kv_heads, "paged_attention_decode", "num_kv_heads");
   p.scale = scale;
   if (!alibi_slopes.is_none()) p.alibi_slopes = tensor_arg(alibi_slopes, "alibi_slopes", keep);
   py::array out = output_like(p.query, query_array);

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import pagedattn
+from pagedattn import ops
 
 
 def cache_with_tokens(tokens=5):
@@ -70,3 +71,38 @@ def test_token_tree_parents_of_the_wrong_type_is_a_named_type_error():
     for a, b in zip(digest, after):
         np.testing.assert_array_equal(a, b)
     assert cache.sequence_length(0) == 5
+
+
+def ort_args():
+    cache = np.zeros((2, 4, 8), np.float32)
+    q, kv = np.ones((1, 16), np.float32), np.ones((1, 8), np.float32)
+    return (q, kv, kv, cache, cache.copy(), np.array([0, 1], np.int32), np.array([0], np.int32),
+            np.array([[0, 1]], np.int32))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(num_heads="2"), TypeError, "ort_paged_attention: num_heads must be an int, got str"),
+    (dict(kv_num_heads=1.0), TypeError,
+     "ort_paged_attention: kv_num_heads must be an int, got float"),
+    (dict(num_heads=2**40), ValueError,
+     "ort_paged_attention: num_heads = 1099511627776 does not fit a signed 32-bit integer"),
+    (dict(local_window_size=-2**31 - 1), ValueError,
+     "ort_paged_attention: local_window_size = -2147483649 does not fit"),
+])
+def test_ort_int_attributes_name_the_bad_argument(kwargs, error, message):
+    attributes = dict(num_heads=2, kv_num_heads=1) | kwargs
+    with pytest.raises(error, match=message):
+        ops.ort_paged_attention(*ort_args(), **attributes)
+    assert ops.ort_paged_attention(*ort_args(), num_heads=np.int32(2), kv_num_heads=1).shape == (1, 16)
+
+
+def test_vllm_and_torch_xla_int_arguments_name_the_bad_argument():
+    q = np.zeros((1, 2, 8), np.float32)
+    cache = np.zeros((1, 4, 1, 8), np.float32)
+    with pytest.raises(TypeError, match="paged_attention_decode: num_kv_heads must be an int"):
+        ops.paged_attention_decode(q, cache, cache, np.zeros((1, 1), np.int32),
+                                   np.ones(1, np.int32), num_kv_heads=None, scale=1.0)
+    with pytest.raises(TypeError, match="ragged_paged_attention: sliding_window must be an int"):
+        ops.ragged_paged_attention(q, np.zeros((1, 4, 2, 8), np.float32), np.ones(1, np.int32),
+                                   np.zeros((1, 1), np.int32), np.array([0, 1], np.int32), 1,
+                                   sliding_window=2.5)

@@ -275,7 +275,9 @@ PagedKVStorage block_storage(const TensorView& t, CacheLayout layout, const Cach
       cache_storage(t.data, axes_of(t, layout), t.data, {}, t.dtype,
                     layout == CacheLayout::kFlash ? KVLayout::kNHD : KVLayout::kHND,
                     {s.block_size, s.num_kv_heads, s.head_dim, s.num_blocks});
-  storage.k_token_scales = storage.v_token_scales = scales;  // V moves no bytes
+  // V is empty (no bytes); it shares K's scales, which copy_pages then copies
+  // twice, identically.
+  storage.k_token_scales = storage.v_token_scales = scales;
   return storage;
 }
 
