@@ -47,7 +47,8 @@ void BM_DequantizeRow(benchmark::State& state, GgufType type) {
 std::string model_path() {
   if (const char* env = std::getenv("PAGEDATTN_TEST_MODEL")) return env;
   const char* home = std::getenv("HOME");
-  return std::string(home ? home : ".") + "/.cache/pagedattn/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::string(home ? home : ".") +
+         "/.cache/pagedattn/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
 void BM_LoadAndDequantizeModel(benchmark::State& state) {
