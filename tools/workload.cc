@@ -104,8 +104,14 @@ std::vector<TraceRequest> load_trace(const std::string& path) {
   for (std::int64_t number = 1; std::getline(in, text); ++number) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = detail::concat("bench-serve: ", path, " line ", number);
-    const nlohmann::json line = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    require(line.is_object(), where, ": not a JSON object: '", text, "'");
+    nlohmann::json line;
+    try {
+      line = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw InvalidArgument(
+          detail::concat(where, ": not valid JSON (", e.what(), "): '", text, "'"));
+    }
+    require(line.is_object(), where, ": expected a JSON object, got '", text, "'");
     TraceRequest r;
     r.prompt_len = integer_field(line, "prompt_len", 1, kInt32Max, std::nullopt, where);
     r.output_len = integer_field(line, "output_len", 1, kInt32Max, std::nullopt, where);
