@@ -223,6 +223,10 @@ class PagedKVCache {
   bool in_forward() const;
   // The current step's plan (InvalidState outside a step).
   const BatchPlan& plan() const;
+  // plan().num_tokens() by value: safe for threads that do not drive the
+  // step (the reference plan() returns dies when another thread ends it).
+  // InvalidState outside a step.
+  std::int64_t num_step_tokens() const;
 
   // --- queries (never mutate) ------------------------------------------------
   std::int64_t num_pages() const;

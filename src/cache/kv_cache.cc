@@ -354,6 +354,13 @@ const BatchPlan& PagedKVCache::plan() const {
   return state_->plan;
 }
 
+std::int64_t PagedKVCache::num_step_tokens() const {
+  const auto lock = state_->lock();
+  require<InvalidState>(state_->in_forward,
+                        "PagedKVCache::num_step_tokens: no forward is in progress");
+  return state_->plan.num_tokens();
+}
+
 std::int32_t PagedKVCache::State::plan_index(SeqId id) const {
   if (!in_forward) return -1;
   for (std::size_t b = 0; b < plan.seq_ids.size(); ++b)
