@@ -204,7 +204,7 @@ const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
   st.require_no_forward("begin_forward");
   st.require_free_pages(st.validate_forward(seq_ids, append_lengths, "begin_forward"),
                         "begin_forward");
-  st.start_step(seq_ids, append_lengths);
+  st.start_step(append_lengths);
   st.build_plan(seq_ids, append_lengths, false, {});
   return st.plan;
 }
@@ -229,6 +229,8 @@ void PagedKVCache::State::build_plan(std::span<const SeqId> ids,
   std::size_t first_parent = 0;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     Sequence& s = seqs.find(ids[i])->second;
+    step.seqs_before.push_back({ids[i], s.length, s.pages.size(), -1,
+                                static_cast<std::size_t>(s.tree_size()), s.tree_open});
     append_to_plan(s, lens[i]);
     if (!tree) continue;
     append_tree_to_plan(s, parents.subspan(first_parent, static_cast<std::size_t>(lens[i])));
@@ -237,15 +239,12 @@ void PagedKVCache::State::build_plan(std::span<const SeqId> ids,
   in_forward = true;
 }
 
-// Records the listed sequences and resets the step's write tracking; called
-// by both begin_forward overloads after validation, before build_plan.
-void PagedKVCache::State::start_step(std::span<const SeqId> ids,
-                                     std::span<const std::int64_t> lens) {
+// Resets the step's record and write tracking; called by both begin_forward
+// overloads after validation, before build_plan (which fills the record).
+void PagedKVCache::State::start_step(std::span<const std::int64_t> lens) {
   std::int64_t tokens = 0;
   for (std::int64_t n : lens) tokens += n;
   step.reset(config.num_layers, static_cast<std::int32_t>(tokens));
-  step.seqs_before.reserve(ids.size());
-  for (SeqId id : ids) step.seqs_before.emplace_back(id, seqs.find(id)->second);
 }
 
 // Reserves pages for `n` new tokens of `s` (copy-on-write first if its
@@ -256,7 +255,7 @@ void PagedKVCache::State::append_to_plan(Sequence& s, std::int64_t n) {
     const std::int32_t copy = pool.take();
     step.taken.push_back(copy);
     storage.copy_page_prefix(s.pages.back(), copy, static_cast<std::int32_t>(s.used_slots() % ps));
-    step.cow_released.push_back(s.pages.back());
+    step.seqs_before.back().cow_page = s.pages.back();
     pool.release(s.pages.back());
     s.pages.back() = copy;
   }
@@ -325,9 +324,19 @@ void PagedKVCache::cancel_forward() {
 }
 
 void PagedKVCache::State::undo_step() {
-  for (std::int32_t page : step.cow_released) pool.retain(page);
+  for (const StepRecord::SeqBefore& before : step.seqs_before) {
+    Sequence& s = seqs.find(before.id)->second;
+    if (before.cow_page >= 0) {
+      pool.retain(before.cow_page);
+      s.pages[before.num_pages - 1] = before.cow_page;
+    }
+    s.pages.resize(before.num_pages);
+    s.length = before.length;
+    s.tree_parents.resize(before.tree_size);
+    s.tree_depths.resize(before.tree_size);
+    s.tree_open = before.tree_open;
+  }
   for (auto it = step.taken.rbegin(); it != step.taken.rend(); ++it) pool.untake(*it);
-  for (auto& [id, before] : step.seqs_before) seqs.find(id)->second = std::move(before);
   step.reset(0, 0);
   attention.invalidate_plan();
   in_forward = false;

@@ -19,9 +19,19 @@ inline constexpr std::int64_t kMaxInt32 = std::numeric_limits<std::int32_t>::max
 // What begin_forward changed, so that cancel_forward can undo it exactly,
 // and which K/V of the step's new tokens has been written so far.
 struct StepRecord {
-  std::vector<std::pair<SeqId, cache::Sequence>> seqs_before;  // listed sequences, as they were
-  std::vector<std::int32_t> taken;         // pages taken from the pool, in order
-  std::vector<std::int32_t> cow_released;  // shared pages a copy-on-write let go of
+  // What begin_forward changes in a listed sequence: it only grows the
+  // length, the page list and the open tree, and may replace the last page
+  // by a copy (copy-on-write).
+  struct SeqBefore {
+    SeqId id = 0;
+    std::int64_t length = 0;
+    std::size_t num_pages = 0;
+    std::int32_t cow_page = -1;  // the shared last page a copy replaced, or -1
+    std::size_t tree_size = 0;
+    bool tree_open = false;
+  };
+  std::vector<SeqBefore> seqs_before;  // [batch_size]
+  std::vector<std::int32_t> taken;     // pages taken from the pool, in order
   std::vector<char> layer_appended;        // [num_layers] every new token written
   std::vector<char> token_written;         // [num_tokens] every layer written (debug_set_kv)
   std::int64_t tokens_written = 0;         // count of token_written set
@@ -29,7 +39,6 @@ struct StepRecord {
   void reset(std::int32_t num_layers, std::int32_t num_tokens) {
     seqs_before.clear();
     taken.clear();
-    cow_released.clear();
     layer_appended.assign(static_cast<std::size_t>(num_layers), 0);
     token_written.assign(static_cast<std::size_t>(num_tokens), 0);
     tokens_written = 0;
@@ -113,7 +122,7 @@ struct PagedKVCache::State {
   // token_tree_parents of a tree forward (kv_cache_tree.cc).
   void validate_tree_parents(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
                              std::span<const std::int64_t> parents) const;
-  void start_step(std::span<const SeqId> ids, std::span<const std::int64_t> lens);
+  void start_step(std::span<const std::int64_t> lens);
   // Fills the plan for a validated forward; `parents` only for tree forwards.
   void build_plan(std::span<const SeqId> ids, std::span<const std::int64_t> lens, bool tree,
                   std::span<const std::int64_t> parents);

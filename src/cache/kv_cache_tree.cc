@@ -22,7 +22,7 @@ const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
   const std::int64_t pages = st.validate_forward(seq_ids, append_lengths, "begin_forward", true);
   st.validate_tree_parents(seq_ids, append_lengths, token_tree_parents);
   st.require_free_pages(pages, "begin_forward");
-  st.start_step(seq_ids, append_lengths);
+  st.start_step(append_lengths);
   st.build_plan(seq_ids, append_lengths, true, token_tree_parents);
   return st.plan;
 }
