@@ -46,7 +46,8 @@ EngineConfig config(std::shared_ptr<Model> model) {
 
 Tokens prompt_of(std::int32_t job) {
   Tokens t(static_cast<std::size_t>(3 + job % 11));
-  for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<std::int32_t>((i * 31 + job * 17 + 5) % 200);
+  for (std::size_t i = 0; i < t.size(); ++i)
+    t[i] = static_cast<std::int32_t>((i * 31 + job * 17 + 5) % 200);
   return t;
 }
 
@@ -139,8 +140,9 @@ class FailingModel : public Model {
       std::vector<float> kv(tokens * s.num_kv_heads * s.head_dim, 0.5f), out(q.size());
       const std::int64_t qs = std::int64_t{s.num_qo_heads} * s.head_dim;
       const std::int64_t ks = std::int64_t{s.num_kv_heads} * s.head_dim;
-      cache.attention(0, {q.data(), DType::kF32, qs, s.head_dim}, {kv.data(), DType::kF32, ks, s.head_dim},
-                      {kv.data(), DType::kF32, ks, s.head_dim}, {out.data(), DType::kF32, qs, s.head_dim});
+      cache.attention(
+          0, {q.data(), DType::kF32, qs, s.head_dim}, {kv.data(), DType::kF32, ks, s.head_dim},
+          {kv.data(), DType::kF32, ks, s.head_dim}, {out.data(), DType::kF32, qs, s.head_dim});
       throw std::runtime_error("model failed half way");
     }
     inner_->forward(batch, cache, logits);

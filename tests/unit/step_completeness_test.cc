@@ -36,7 +36,9 @@ struct StepTensors {
 };
 
 // Two layers, page size 4, 8 pages.
-KVCacheConfig two_layers() { return small_config(4, 8, false); }
+KVCacheConfig two_layers() {
+  return small_config(4, 8, false);
+}
 
 TEST(StepCompleteness, EndForwardRefusesAStepWithASkippedLayer) {
   PagedKVCache kv(two_layers());
@@ -118,7 +120,8 @@ TEST(StepCompleteness, DebugSetOfEveryNewTokenCountsAsWritten) {
   for (float x : partial.k) ASSERT_EQ(x, 0.0f);
   write_kv(kv, 2, 0, uid_range(30, 1));
   kv.end_forward();
-  EXPECT_EQ(read_kv(kv, 2, 0, 3).k, make_kv(KVShape::of(kv.config()), std::vector<std::uint64_t>{30, 20, 21}).k);
+  EXPECT_EQ(read_kv(kv, 2, 0, 3).k,
+            make_kv(KVShape::of(kv.config()), std::vector<std::uint64_t>{30, 20, 21}).k);
 }
 
 TEST(StepCompleteness, MarkLayerAppendedValidates) {
@@ -140,9 +143,9 @@ TEST(StepCompleteness, AttentionRefusesTensorsSizedForAnotherStep) {
   kv.add_sequence(1);
   kv.begin_forward(Ids{1}, Lens{3});
   StepTensors t(kv.config(), 2, 1.0f);
-  expect_rejected<InvalidState>(
-      kv, [&] { kv.attention(0, t.tq, t.tk, t.tv, t.to, {}, nullptr, 2); },
-      {"num_tokens = 2", "has 3 tokens"});
+  expect_rejected<InvalidState>(kv,
+                                [&] { kv.attention(0, t.tq, t.tk, t.tv, t.to, {}, nullptr, 2); },
+                                {"num_tokens = 2", "has 3 tokens"});
 }
 
 // Copy-on-write of a shared partial page, fresh pages, a written layer:

@@ -37,18 +37,26 @@ void hammer(PagedKVCache& kv, std::uint32_t seed, std::atomic<std::int64_t>& ste
             std::atomic<std::int64_t>& attention_calls) {
   const KVCacheConfig& c = kv.config();
   Rows rows(c);
-  const HeadTensor q{rows.q.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.head_dim, c.head_dim};
-  const HeadTensor k{rows.k.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.head_dim, c.head_dim};
-  const HeadTensor v{rows.v.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.v_head_dim, c.v_head_dim};
-  const HeadTensor out{rows.out.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.v_head_dim, c.v_head_dim};
+  const HeadTensor q{rows.q.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.head_dim,
+                     c.head_dim};
+  const HeadTensor k{rows.k.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.head_dim,
+                     c.head_dim};
+  const HeadTensor v{rows.v.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.v_head_dim,
+                     c.v_head_dim};
+  const HeadTensor out{rows.out.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.v_head_dim,
+                       c.v_head_dim};
   std::mt19937 rng(seed);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<std::uint32_t>(n)); };
   std::vector<float> kbuf, vbuf;
   for (int i = 0; i < 400; ++i) {
     try {
       switch (pick(10)) {
-        case 0: kv.add_sequence(pick(6)); break;
-        case 1: kv.remove_sequence(pick(6)); break;
+        case 0:
+          kv.add_sequence(pick(6));
+          break;
+        case 1:
+          kv.remove_sequence(pick(6));
+          break;
         case 2: {
           Ids ids;
           Lens lens;
@@ -67,9 +75,15 @@ void hammer(PagedKVCache& kv, std::uint32_t seed, std::atomic<std::int64_t>& ste
           kv.attention(pick(c.num_layers), q, k, v, out, {}, nullptr, step_tokens.load());
           ++attention_calls;
           break;
-        case 5: kv.end_forward(); break;
-        case 6: kv.cancel_forward(); break;
-        case 7: kv.pop_n(pick(6), 1); break;
+        case 5:
+          kv.end_forward();
+          break;
+        case 6:
+          kv.cancel_forward();
+          break;
+        case 7:
+          kv.pop_n(pick(6), 1);
+          break;
         case 8: {
           const SeqId id = pick(6);
           const std::int64_t len = kv.sequence_length(id);
@@ -130,18 +144,28 @@ TEST(Threads, StructuralCallsDuringAttentionWaitForIt) {
   for (SeqId id = 0; id < 4; ++id) kv.add_sequence(id);
   const KVCacheConfig& c = kv.config();
   Rows rows(c);
-  const HeadTensor q{rows.q.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.head_dim, c.head_dim};
-  const HeadTensor k{rows.k.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.head_dim, c.head_dim};
-  const HeadTensor v{rows.v.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.v_head_dim, c.v_head_dim};
-  const HeadTensor out{rows.out.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.v_head_dim, c.v_head_dim};
+  const HeadTensor q{rows.q.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.head_dim,
+                     c.head_dim};
+  const HeadTensor k{rows.k.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.head_dim,
+                     c.head_dim};
+  const HeadTensor v{rows.v.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.v_head_dim,
+                     c.v_head_dim};
+  const HeadTensor out{rows.out.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.v_head_dim,
+                       c.v_head_dim};
   std::atomic<bool> stop{false};
   std::thread meddler([&] {
     for (int i = 0; !stop; ++i) {
       try {
         switch (i % 3) {
-          case 0: kv.end_forward(); break;
-          case 1: kv.remove_sequence(i % 4); break;
-          default: kv.begin_forward(Ids{i % 4}, Lens{1}); break;
+          case 0:
+            kv.end_forward();
+            break;
+          case 1:
+            kv.remove_sequence(i % 4);
+            break;
+          default:
+            kv.begin_forward(Ids{i % 4}, Lens{1});
+            break;
         }
       } catch (const Error&) {
       }
