@@ -212,9 +212,9 @@ class PagedKVCache {
   // could end the step); -1 trusts the plan. Validates everything first: a
   // failed call changes nothing and the step stays usable. Marks `layer` as
   // appended for end_forward.
-  void attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k,
-                 const HeadTensor& v, const HeadTensor& out, const AttentionOptions& options = {},
-                 float* lse = nullptr, std::int64_t num_tokens = -1);
+  void attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k, const HeadTensor& v,
+                 const HeadTensor& out, const AttentionOptions& options = {}, float* lse = nullptr,
+                 std::int64_t num_tokens = -1);
   // The same with q, k and v packed per token: qkv [num_tokens][Hq + 2 Hkv][head_dim]
   // (requires v_head_dim == head_dim). TVM: attention_with_fused_qkv.
   void attention_with_fused_qkv(std::int32_t layer, const HeadTensor& qkv, const HeadTensor& out,

@@ -235,6 +235,10 @@ The thread that began a step should be the one to end it.)doc";
 
 }  // namespace
 
+// Runs a binding's C++ call with the GIL released (its arguments are plain
+// C++ values by then).
+using ReleaseGil = py::call_guard<py::gil_scoped_release>;
+
 void register_kv_cache(py::module_& m) {
   py::class_<KVCache>(m, "KVCache", kClassDoc)
       .def(py::init([](std::int32_t num_layers, std::int32_t num_qo_heads, std::int32_t num_kv_heads,
@@ -264,25 +268,28 @@ void register_kv_cache(py::module_& m) {
            py::arg("rope_theta") = 10000.0f, py::arg("rope_scale") = 1.0f,
            py::arg("support_sliding_window") = false, py::arg("v_head_dim") = py::none(),
            "Creates the cache with num_pages free pages of page_size tokens (see the class doc).")
-      .def("add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, py::call_guard<py::gil_scoped_release>(), py::arg("id"),
+      .def("add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, ReleaseGil(),
+           py::arg("id"),
            "Adds an empty sequence `id` (InvalidArgumentError if it exists).")
       .def("remove_sequence", [](KVCache& s, SeqId id) { s.cache().remove_sequence(id); },
-           py::call_guard<py::gil_scoped_release>(), py::arg("id"), "Removes sequence `id` and frees its pages (shared pages lose a reference).")
+           ReleaseGil(), py::arg("id"),
+           "Removes sequence `id` and frees its pages (shared pages lose a reference).")
       .def("fork_sequence",
            [](KVCache& s, SeqId parent, SeqId child, std::int64_t fork_pos) {
              s.cache().fork_sequence(parent, child, fork_pos);
            },
-           py::call_guard<py::gil_scoped_release>(), py::arg("parent"), py::arg("child"), py::arg("fork_pos") = -1,
+           ReleaseGil(), py::arg("parent"), py::arg("child"), py::arg("fork_pos") = -1,
            "Creates `child` holding the first `fork_pos` tokens of `parent` (-1: all).\n"
            "Full pages are shared (copy on write); a partial page at the fork point is\n"
            "copied. The child inherits no sliding window.")
       .def("pop_n", [](KVCache& s, SeqId id, std::int64_t n) { s.cache().pop_n(id, n); },
-           py::call_guard<py::gil_scoped_release>(), py::arg("id"), py::arg("n"), "Removes the last `n` tokens of sequence `id`.")
+           ReleaseGil(), py::arg("id"), py::arg("n"),
+           "Removes the last `n` tokens of sequence `id`.")
       .def("enable_sliding_window",
            [](KVCache& s, SeqId id, std::int64_t window_size, std::int64_t attn_sink_size) {
              s.cache().enable_sliding_window(id, window_size, attn_sink_size);
            },
-           py::call_guard<py::gil_scoped_release>(), py::arg("id"), py::arg("window_size"), py::arg("attn_sink_size"),
+           ReleaseGil(), py::arg("id"), py::arg("window_size"), py::arg("attn_sink_size"),
            "After every step sequence `id` keeps its first `attn_sink_size` tokens plus\n"
            "the most recent ones, `window_size` in all (trimmed at end_forward). Needs\n"
            "support_sliding_window=True; 0 <= attn_sink_size < window_size.")
@@ -301,16 +308,18 @@ void register_kv_cache(py::module_& m) {
            "may grow over several forwards; until commit_accepted_token_tree_nodes\n"
            "the sequence refuses plain forwards, forks, pop_n (InvalidStateError).")
       .def("commit_accepted_token_tree_nodes",
-           [](KVCache& s, const std::vector<SeqId>& seq_ids, const std::vector<std::int64_t>& leaves) {
+           [](KVCache& s, const std::vector<SeqId>& seq_ids,
+              const std::vector<std::int64_t>& leaves) {
              s.cache().commit_accepted_token_tree_nodes(seq_ids, leaves);
            },
-           py::call_guard<py::gil_scoped_release>(), py::arg("seq_ids"), py::arg("leaf_indices"),
+           ReleaseGil(), py::arg("seq_ids"), py::arg("leaf_indices"),
            "commit_accepted_token_tree_nodes(seq_ids, leaf_indices)\n\n"
            "Keeps, per sequence, the root-to-leaf path ending at leaf_indices[i] (a node\n"
            "of its open tree; -1 rejects all): the path's K/V move right after the\n"
            "committed prefix, the other nodes are dropped, and the tree closes.")
       .def("token_tree_size", [](KVCache& s, SeqId id) { return s.cache().token_tree_size(id); },
-           py::call_guard<py::gil_scoped_release>(), py::arg("id"), "Uncommitted token-tree nodes of sequence `id` (0 when none is open).")
+           ReleaseGil(), py::arg("id"),
+           "Uncommitted token-tree nodes of sequence `id` (0 when none is open).")
       .def("attention", &KVCache::attention, py::arg("layer"), py::arg("q"), py::arg("k"),
            py::arg("v"), py::arg("sm_scale") = py::none(),
            "attention(layer, q, k, v, sm_scale=None) -> out\n\n"
@@ -323,13 +332,13 @@ void register_kv_cache(py::module_& m) {
            "attention_with_fused_qkv(layer, qkv, sm_scale=None) -> out\n\n"
            "attention() with q, k, v packed per token: qkv [T, Hq + 2 Hkv, D] (heads\n"
            "q..., k..., v...) -> out [T, Hq, D]. Needs v_head_dim == head_dim.")
-      .def("end_forward", [](KVCache& s) { s.cache().end_forward(); }, py::call_guard<py::gil_scoped_release>(),
+      .def("end_forward", [](KVCache& s) { s.cache().end_forward(); }, ReleaseGil(),
            "Ends the step; sliding windows drop the tokens that fell out.\n"
            "InvalidStateError (the step stays open) if some layer's K/V of the\n"
            "step's new tokens was not written (attention of that layer, or set_kv of\n"
            "every new token): the pages may still hold another sequence's K/V.")
       .def("cancel_forward", [](KVCache& s) { s.cache().cancel_forward(); },
-           py::call_guard<py::gil_scoped_release>(),
+           ReleaseGil(),
            "Abandons the open step (e.g. the model raised half way): the cache\n"
            "returns to exactly its state before begin_forward. InvalidStateError\n"
            "outside a step.")
@@ -346,22 +355,23 @@ void register_kv_cache(py::module_& m) {
            "cache dtype. Tokens in pages shared with another sequence are refused.")
       .def_property_readonly("num_free_pages",
                              py::cpp_function([](KVCache& s) { return s.cache().num_free_pages(); },
-                                              py::call_guard<py::gil_scoped_release>()),
+                                              ReleaseGil()),
                              "Pages in the pool not held by any sequence.")
       .def_property_readonly("total_sequence_length",
                              py::cpp_function(
                                  [](KVCache& s) { return s.cache().total_sequence_length(); },
-                                 py::call_guard<py::gil_scoped_release>()),
+                                 ReleaseGil()),
                              "Sum of sequence_length over all sequences.")
       .def_property_readonly("num_pages", [](KVCache& s) { return s.cache().num_pages(); },
                              "Pages in the pool (the constructor's num_pages).")
-      .def("empty", [](KVCache& s) { return s.cache().empty(); }, py::call_guard<py::gil_scoped_release>(),
+      .def("empty", [](KVCache& s) { return s.cache().empty(); }, ReleaseGil(),
            
            "True when there are no sequences and every page is free.")
       .def("sequence_length", [](KVCache& s, SeqId id) { return s.cache().sequence_length(id); },
-           py::call_guard<py::gil_scoped_release>(), py::arg("id"), "Tokens sequence `id` holds (retained ones, with a sliding window).")
+           ReleaseGil(), py::arg("id"),
+           "Tokens sequence `id` holds (retained ones, with a sliding window).")
       .def("check_invariants", [](KVCache& s) { s.cache().check_invariants(); },
-           py::call_guard<py::gil_scoped_release>(),
+           ReleaseGil(),
            "Raises pagedattn.InternalError describing the first broken invariant (a bug).")
       .def("__repr__", [](KVCache& s) {
         const KVCacheConfig& c = s.config();

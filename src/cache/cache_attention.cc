@@ -23,8 +23,7 @@ void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens,
 
 void PagedKVCache::attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k,
                              const HeadTensor& v, const HeadTensor& out,
-                             const AttentionOptions& options, float* lse,
-                             std::int64_t num_tokens) {
+                             const AttentionOptions& options, float* lse, std::int64_t num_tokens) {
   const auto lock = state_->lock();
   state_->attend(layer, q, k, v, out, options, lse, num_tokens);
 }

@@ -305,11 +305,12 @@ void PagedKVCache::end_forward() {
   if (missing >= 0) {
     std::int32_t count = 0;
     for (char appended : st.step.layer_appended) count += appended ? 0 : 1;
-    throw InvalidState(concat("PagedKVCache::end_forward: the K/V of layer ", missing,
-                              count > 1 ? concat(" (and ", count - 1, " more layers)") : std::string(),
-                              " was not appended this step (", st.plan.num_tokens(),
-                              " new tokens): call attention for every layer (or "
-                              "mark_layer_appended after writing it yourself), or cancel_forward"));
+    throw InvalidState(
+        concat("PagedKVCache::end_forward: the K/V of layer ", missing,
+               count > 1 ? concat(" (and ", count - 1, " more layers)") : std::string(),
+               " was not appended this step (", st.plan.num_tokens(),
+               " new tokens): call attention for every layer (or "
+               "mark_layer_appended after writing it yourself), or cancel_forward"));
   }
   if (st.config.support_sliding_window)  // otherwise no sequence has a window
     for (SeqId id : st.plan.seq_ids) st.slide_window(st.seqs.find(id)->second);
@@ -345,10 +346,12 @@ void PagedKVCache::State::undo_step() {
 void PagedKVCache::mark_layer_appended(std::int32_t layer) {
   State& st = *state_;
   const auto lock = st.lock();
-  require<InvalidState>(st.in_forward, "PagedKVCache::mark_layer_appended: no forward is in "
+  require<InvalidState>(st.in_forward,
+                        "PagedKVCache::mark_layer_appended: no forward is in "
                         "progress");
-  require(layer >= 0 && layer < st.config.num_layers, "PagedKVCache::mark_layer_appended: layer = ",
-          layer, " is outside [0, ", st.config.num_layers, ")");
+  require(layer >= 0 && layer < st.config.num_layers,
+          "PagedKVCache::mark_layer_appended: layer = ", layer, " is outside [0, ",
+          st.config.num_layers, ")");
   st.step.layer_appended[static_cast<std::size_t>(layer)] = 1;
 }
 

@@ -9,7 +9,9 @@ using cache::Sequence;
 using detail::concat;
 
 // Every query holds the lock too: another thread may be mutating the state.
-std::int64_t PagedKVCache::num_pages() const { return state_->pool.num_pages(); }  // fixed
+std::int64_t PagedKVCache::num_pages() const {
+  return state_->pool.num_pages();
+}  // fixed
 std::int64_t PagedKVCache::num_free_pages() const {
   const auto lock = state_->lock();
   return state_->pool.num_free();

@@ -32,9 +32,9 @@ struct StepRecord {
   };
   std::vector<SeqBefore> seqs_before;  // [batch_size]
   std::vector<std::int32_t> taken;     // pages taken from the pool, in order
-  std::vector<char> layer_appended;        // [num_layers] every new token written
-  std::vector<char> token_written;         // [num_tokens] every layer written (debug_set_kv)
-  std::int64_t tokens_written = 0;         // count of token_written set
+  std::vector<char> layer_appended;    // [num_layers] every new token written
+  std::vector<char> token_written;     // [num_tokens] every layer written (debug_set_kv)
+  std::int64_t tokens_written = 0;     // count of token_written set
 
   void reset(std::int32_t num_layers, std::int32_t num_tokens) {
     seqs_before.clear();

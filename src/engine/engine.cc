@@ -288,8 +288,7 @@ void Engine::abort(RequestId id) {
 
 bool Engine::has_unfinished() const {
   const std::lock_guard lock(impl_->mutex);
-  return impl_->scheduler.has_unfinished() || !impl_->aborted.empty() ||
-         impl_->num_incoming() > 0;
+  return impl_->scheduler.has_unfinished() || !impl_->aborted.empty() || impl_->num_incoming() > 0;
 }
 
 void Engine::set_stream_callback(StreamCallback callback) {
