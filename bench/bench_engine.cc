@@ -37,6 +37,8 @@ void BM_SchedulerStep(benchmark::State& state) {
   auto step = [&] {
     const engine::Schedule s = scheduler.schedule();
     cache.begin_forward(s.seq_ids, s.lengths);
+    // No model: no K/V is written; declare every layer so the step can end.
+    for (std::int32_t l = 0; l < cache.config().num_layers; ++l) cache.mark_layer_appended(l);
     cache.end_forward();
     scheduler.complete(s);
     for (const engine::ScheduledChunk& ch : s.chunks)

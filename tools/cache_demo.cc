@@ -43,6 +43,8 @@ void report(const PagedKVCache& kv, const char* stage) {
 
 void step(PagedKVCache& kv, const std::vector<SeqId>& ids, const std::vector<std::int64_t>& lens) {
   kv.begin_forward(ids, lens);
+  // A metadata-only demo: no K/V is written, so every layer is declared.
+  for (std::int32_t l = 0; l < kv.config().num_layers; ++l) kv.mark_layer_appended(l);
   kv.end_forward();
 }
 

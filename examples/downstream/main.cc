@@ -17,6 +17,9 @@ int main() {
   const std::vector<std::int64_t> lens = {40};
   const pagedattn::BatchPlan& plan = kv.begin_forward(ids, lens);
   const int pages = plan.kv_indptr.back();
+  // No model here: a real caller appends every layer's K/V (attention());
+  // end_forward refuses a step with a layer left unwritten.
+  for (std::int32_t l = 0; l < config.num_layers; ++l) kv.mark_layer_appended(l);
   kv.end_forward();
   kv.fork_sequence(1, 2);
   kv.check_invariants();

@@ -3,7 +3,14 @@
  * function returns a pagedattn_status, and on failure the message of the
  * error (naming the argument and value) is kept per thread until the next
  * failing call: pagedattn_last_error_message(). Outputs are written only on
- * success. */
+ * success.
+ *
+ * Threading: a pagedattn_kv_cache is internally synchronized like the C++
+ * cache: any function may be called on it from any thread, calls on one
+ * cache serialize, and a structural call made while another thread is in
+ * attention waits for that layer to finish. Only create and destroy must not
+ * race with other calls on the same cache. The error message is per thread:
+ * a failure on one thread never changes what another thread reads. */
 #ifndef PAGEDATTN_C_API_H_
 #define PAGEDATTN_C_API_H_
 
@@ -95,7 +102,12 @@ pagedattn_status pagedattn_kv_cache_enable_sliding_window(pagedattn_kv_cache* ca
 /* seq_ids[count], append_lengths[count]; the step's plan stays inside the cache. */
 pagedattn_status pagedattn_kv_cache_begin_forward(pagedattn_kv_cache* cache, const int64_t* seq_ids,
                                                   const int64_t* append_lengths, size_t count);
+/* INVALID_STATE (the step stays open) if some layer's K/V of the step's new
+ * tokens was not appended: call attention for every layer first. */
 pagedattn_status pagedattn_kv_cache_end_forward(pagedattn_kv_cache* cache);
+/* Abandons the open step: the cache returns to exactly its state before
+ * begin_forward (for a model that failed half way). */
+pagedattn_status pagedattn_kv_cache_cancel_forward(pagedattn_kv_cache* cache);
 /* qkv [T][Hq + 2 Hkv][D], out [T][Hq][D] (T = tokens of the step); sm_scale
  * is the full logit scale. RoPE per config.rope_mode. */
 pagedattn_status pagedattn_kv_cache_attention_with_fused_qkv(pagedattn_kv_cache* cache,

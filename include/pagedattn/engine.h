@@ -7,6 +7,16 @@
 //   Engine engine({.model = make_llama_model(llama_preset("tiny"))});
 //   RequestId id = engine.add_request(prompt, {.max_tokens = 64});
 //   while (engine.has_unfinished()) for (auto& out : engine.step()) ...
+//
+// Threading: every method may be called from any thread. add_request never
+// waits for a running step (it queues the request; the next step admits
+// it), so a server can take requests on other threads while one thread
+// loops on step(). step() calls serialize; abort, has_unfinished, stats and
+// set_stream_callback wait for a running step to finish. The stream callback
+// runs on the stepping thread after the step released the engine, so it may
+// call add_request, abort or the queries. If the model throws, the step is
+// cancelled (the cache returns to its state before the step) and step()
+// rethrows.
 #pragma once
 
 #include <cstdint>
@@ -107,7 +117,7 @@ class Engine {
 
   EngineStats stats() const;
   const EngineConfig& config() const;
-  const PagedKVCache& cache() const;
+  const PagedKVCache& cache() const;  // internally synchronized (see kv_cache.h)
 
  private:
   struct Impl;

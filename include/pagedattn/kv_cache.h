@@ -6,6 +6,22 @@
 // Every call validates all of its arguments before touching state and is
 // transactional: on error it throws a pagedattn::Error subclass naming the
 // argument and value, and the cache is left bit-identical (state_digest()).
+//
+// Threading: a cache is internally synchronized. Any call may come from any
+// thread; calls on one cache serialize on its mutex (attention holds it for
+// the whole layer, so a structural call from another thread waits for the
+// layer to finish). The only exceptions: construction, destruction and
+// moves (no other thread may use the cache then), and the references and
+// views some calls return - config() is fixed; the BatchPlan returned by
+// begin_forward / plan() stays valid only until the step ends (end_forward,
+// cancel_forward), so the thread driving a step must be the one to end it.
+// Other threads may query, add or remove sequences and so on, but structural
+// calls are refused (InvalidState) while a step is open, as they always were.
+//
+// Steps never expose stale K/V: pages are reused without being cleared, so
+// end_forward refuses a step in which some layer's K/V of the new tokens was
+// not written (see end_forward), and debug_get_kv reads a step's token of a
+// layer not yet written as zeros.
 #pragma once
 
 #include <cstdint>
@@ -163,7 +179,22 @@ class PagedKVCache {
   std::int64_t token_tree_size(SeqId seq_id) const;
   bool has_open_token_tree(SeqId seq_id) const;
   // Ends the step: sliding windows drop the tokens that fell out.
+  // InvalidState (the step stays open) when the step has new tokens and some
+  // layer's K/V was not written for all of them - by attention /
+  // attention_with_fused_qkv of that layer, by debug_set_kv covering every
+  // new token, or by the caller itself (mark_layer_appended).
   void end_forward();
+  // Abandons the step (e.g. the model threw half way): the cache returns to
+  // exactly its state before begin_forward (state_digest() equal), the new
+  // tokens, their pages and any open tree nodes of this forward are gone.
+  // InvalidState outside a step.
+  void cancel_forward();
+  // For callers that write the step's K/V themselves (append_paged_kv into
+  // layer_storage(layer) through plan().slot_mapping): declares that every
+  // new token of `layer` has been written, so end_forward accepts the step.
+  // A caller that marks a layer it did not write exposes whatever its pages
+  // held before - possibly another sequence's K/V.
+  void mark_layer_appended(std::int32_t layer);
 
   // --- attention inside a step (the TVM protocol) -----------------------------
   // For `layer`: applies RoPE per config.rope_mode (to private copies; q and
@@ -175,18 +206,27 @@ class PagedKVCache {
   //   out [num_tokens][num_qo_heads][v_head_dim]
   //   lse [num_tokens][num_qo_heads] natural-log LSE, or null
   // options: scale (default 1/sqrt(head_dim)), causal, window_left, softcap,
-  // ALiBi, sinks (options.key_rope is set by the cache). Validates everything
-  // first: a failed call changes nothing and the step stays usable.
-  void attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k,
-                 const HeadTensor& v, const HeadTensor& out, const AttentionOptions& options = {},
-                 float* lse = nullptr);
+  // ALiBi, sinks (options.key_rope is set by the cache). num_tokens >= 0 is
+  // the row count the caller sized q, k, v and out for: InvalidState if the
+  // step has another count (a caller that read plan() while another thread
+  // could end the step); -1 trusts the plan. Validates everything first: a
+  // failed call changes nothing and the step stays usable. Marks `layer` as
+  // appended for end_forward.
+  void attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k, const HeadTensor& v,
+                 const HeadTensor& out, const AttentionOptions& options = {}, float* lse = nullptr,
+                 std::int64_t num_tokens = -1);
   // The same with q, k and v packed per token: qkv [num_tokens][Hq + 2 Hkv][head_dim]
   // (requires v_head_dim == head_dim). TVM: attention_with_fused_qkv.
   void attention_with_fused_qkv(std::int32_t layer, const HeadTensor& qkv, const HeadTensor& out,
-                                const AttentionOptions& options = {}, float* lse = nullptr);
+                                const AttentionOptions& options = {}, float* lse = nullptr,
+                                std::int64_t num_tokens = -1);
   bool in_forward() const;
   // The current step's plan (InvalidState outside a step).
   const BatchPlan& plan() const;
+  // plan().num_tokens() by value: safe for threads that do not drive the
+  // step (the reference plan() returns dies when another thread ends it).
+  // InvalidState outside a step.
+  std::int64_t num_step_tokens() const;
 
   // --- queries (never mutate) ------------------------------------------------
   std::int64_t num_pages() const;
@@ -208,7 +248,9 @@ class PagedKVCache {
   // equal references, free list = pages with refcount 0 (no duplicates),
   // page-list sizes match lengths, window bounds hold.
   void check_invariants() const;
-  // 64-bit hash of all metadata and of the bytes of every page in use.
+  // 64-bit hash of all metadata and of the K/V bytes of every slot a
+  // sequence holds (dead slots past the end of a page's holders, e.g. rows
+  // of a cancelled step, are not state: nothing can read them).
   std::uint64_t state_digest() const;
 
   // --- storage ----------------------------------------------------------------
@@ -222,10 +264,13 @@ class PagedKVCache {
   // Reads tokens [start, end) of a sequence as float, every layer:
   // k_out [num_layers][end-start][num_kv_heads][head_dim],
   // v_out [num_layers][end-start][num_kv_heads][v_head_dim].
+  // Inside a step, a new token of a layer not yet written reads as zeros
+  // (its slot may still hold a previous owner's K/V).
   void debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t end, std::span<float> k_out,
                     std::span<float> v_out) const;
   // Writes the same shapes (rounded to the storage dtype). Tokens in pages
-  // shared with another sequence are refused (InvalidArgument).
+  // shared with another sequence are refused (InvalidArgument). Inside a
+  // step, the step's new tokens it writes count as written in every layer.
   void debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t end,
                     std::span<const float> k_in, std::span<const float> v_in);
 

@@ -2,6 +2,11 @@
 // sequences, pages and steps is the C++ cache's; this file only turns arrays
 // into views (checking the shapes a HeadTensor cannot carry) and strings
 // into enums.
+//
+// Threads: the C++ cache locks itself, so every call into it runs with the
+// GIL released (arguments are converted first, with the GIL held, and the
+// arrays stay referenced until the call returns): a thread waiting for the
+// cache never stops the other Python threads.
 #include <pybind11/stl.h>
 
 #include <cmath>
@@ -106,23 +111,26 @@ class KVCache {
   void begin_forward(const std::vector<SeqId>& seq_ids, const std::vector<std::int64_t>& lengths,
                      const py::object& token_tree_parents) {
     if (token_tree_parents.is_none()) {
+      py::gil_scoped_release release;
       cache_.begin_forward(seq_ids, lengths);
       return;
     }
     const auto parents =
         int_list_arg(token_tree_parents, "KVCache.begin_forward", "token_tree_parents");
+    py::gil_scoped_release release;
     cache_.begin_forward(seq_ids, lengths, parents);
   }
 
-  void commit_accepted_token_tree_nodes(const std::vector<SeqId>& seq_ids,
-                                        const std::vector<std::int64_t>& leaf_indices) {
-    cache_.commit_accepted_token_tree_nodes(seq_ids, leaf_indices);
+  // The current step's token count (InvalidStateError outside a step).
+  py::ssize_t step_tokens() const {
+    py::gil_scoped_release release;
+    return static_cast<py::ssize_t>(cache_.num_step_tokens());
   }
 
   py::array attention(std::int32_t layer, py::handle q, py::handle k, py::handle v,
                       std::optional<float> sm_scale) {
     const KVCacheConfig& c = config();
-    const auto tokens = static_cast<py::ssize_t>(cache_.plan().num_tokens());
+    const py::ssize_t tokens = step_tokens();
     std::vector<py::array> keep;
     const char* call = "KVCache.attention";
     const HeadTensor qt = head_tensor(call, "q", q, {tokens, c.num_qo_heads, c.head_dim}, keep);
@@ -130,22 +138,23 @@ class KVCache {
     const HeadTensor vt = head_tensor(call, "v", v, {tokens, c.num_kv_heads, c.v_head_dim}, keep);
     const Output out(c, tokens, qt.dtype, keep.front());
     {
+      // `tokens` makes the call refuse a step another thread started since.
       py::gil_scoped_release release;
-      cache_.attention(layer, qt, kt, vt, out.view, options_with(sm_scale));
+      cache_.attention(layer, qt, kt, vt, out.view, options_with(sm_scale), nullptr, tokens);
     }
     return out.array;
   }
 
   py::array attention_with_fused_qkv(std::int32_t layer, py::handle qkv, std::optional<float> sm_scale) {
     const KVCacheConfig& c = config();
-    const auto tokens = static_cast<py::ssize_t>(cache_.plan().num_tokens());
+    const py::ssize_t tokens = step_tokens();
     std::vector<py::array> keep;
     const HeadTensor t = head_tensor("KVCache.attention_with_fused_qkv", "qkv", qkv,
                                      {tokens, c.num_qo_heads + 2 * c.num_kv_heads, c.head_dim}, keep);
     const Output out(c, tokens, t.dtype, keep.front());
     {
       py::gil_scoped_release release;
-      cache_.attention_with_fused_qkv(layer, t, out.view, options_with(sm_scale));
+      cache_.attention_with_fused_qkv(layer, t, out.view, options_with(sm_scale), nullptr, tokens);
     }
     return out.array;
   }
@@ -161,9 +170,12 @@ class KVCache {
                           py::ssize_t{c.head_dim}});
     py::array_t<float> v({py::ssize_t{c.num_layers}, count, py::ssize_t{c.num_kv_heads},
                           py::ssize_t{c.v_head_dim}});
-    cache_.debug_get_kv(seq_id, start, end,
-                        {k.mutable_data(), static_cast<std::size_t>(k.size())},
-                        {v.mutable_data(), static_cast<std::size_t>(v.size())});
+    const std::span<float> ks(k.mutable_data(), static_cast<std::size_t>(k.size()));
+    const std::span<float> vs(v.mutable_data(), static_cast<std::size_t>(v.size()));
+    {
+      py::gil_scoped_release release;
+      cache_.debug_get_kv(seq_id, start, end, ks, vs);
+    }
     return py::make_tuple(k, v);
   }
 
@@ -178,8 +190,10 @@ class KVCache {
     py::array ka = as_array(k, "k"), va = as_array(v, "v");
     const float* kd = float_block("k", ka, {c.num_layers, count, c.num_kv_heads, c.head_dim});
     const float* vd = float_block("v", va, {c.num_layers, count, c.num_kv_heads, c.v_head_dim});
-    cache_.debug_set_kv(seq_id, start, end, {kd, static_cast<std::size_t>(ka.size())},
-                        {vd, static_cast<std::size_t>(va.size())});
+    const std::span<const float> ks(kd, static_cast<std::size_t>(ka.size()));
+    const std::span<const float> vs(vd, static_cast<std::size_t>(va.size()));
+    py::gil_scoped_release release;
+    cache_.debug_set_kv(seq_id, start, end, ks, vs);
   }
 
  private:
@@ -235,9 +249,22 @@ to be contiguous.
 Errors: pagedattn.InvalidArgumentError (a ValueError) naming the argument,
 pagedattn.OutOfPagesError (a RuntimeError) when the pool is short (the cache
 is then unchanged), pagedattn.InvalidStateError for calls out of order.
-Every call validates first and changes nothing when it fails.)doc";
+Every call validates first and changes nothing when it fails.
+
+end_forward refuses a step in which some layer's K/V was not written
+(attention for every layer, or set_kv of every new token); cancel_forward
+abandons a step, restoring the cache exactly.
+
+Threads: a KVCache may be shared by threads. Every call is safe from any
+thread; calls on one cache take turns (the GIL is released while a call
+waits or works, so attention of one thread runs beside other Python code).
+The thread that began a step should be the one to end it.)doc";
 
 }  // namespace
+
+// Runs a binding's C++ call with the GIL released (its arguments are plain
+// C++ values by then).
+using ReleaseGil = py::call_guard<py::gil_scoped_release>;
 
 void register_kv_cache(py::module_& m) {
   py::class_<KVCache>(m, "KVCache", kClassDoc)
@@ -268,25 +295,28 @@ void register_kv_cache(py::module_& m) {
            py::arg("rope_theta") = 10000.0f, py::arg("rope_scale") = 1.0f,
            py::arg("support_sliding_window") = false, py::arg("v_head_dim") = py::none(),
            "Creates the cache with num_pages free pages of page_size tokens (see the class doc).")
-      .def("add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, py::arg("id"),
+      .def("add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, ReleaseGil(),
+           py::arg("id"),
            "Adds an empty sequence `id` (InvalidArgumentError if it exists).")
       .def("remove_sequence", [](KVCache& s, SeqId id) { s.cache().remove_sequence(id); },
-           py::arg("id"), "Removes sequence `id` and frees its pages (shared pages lose a reference).")
+           ReleaseGil(), py::arg("id"),
+           "Removes sequence `id` and frees its pages (shared pages lose a reference).")
       .def("fork_sequence",
            [](KVCache& s, SeqId parent, SeqId child, std::int64_t fork_pos) {
              s.cache().fork_sequence(parent, child, fork_pos);
            },
-           py::arg("parent"), py::arg("child"), py::arg("fork_pos") = -1,
+           ReleaseGil(), py::arg("parent"), py::arg("child"), py::arg("fork_pos") = -1,
            "Creates `child` holding the first `fork_pos` tokens of `parent` (-1: all).\n"
            "Full pages are shared (copy on write); a partial page at the fork point is\n"
            "copied. The child inherits no sliding window.")
       .def("pop_n", [](KVCache& s, SeqId id, std::int64_t n) { s.cache().pop_n(id, n); },
-           py::arg("id"), py::arg("n"), "Removes the last `n` tokens of sequence `id`.")
+           ReleaseGil(), py::arg("id"), py::arg("n"),
+           "Removes the last `n` tokens of sequence `id`.")
       .def("enable_sliding_window",
            [](KVCache& s, SeqId id, std::int64_t window_size, std::int64_t attn_sink_size) {
              s.cache().enable_sliding_window(id, window_size, attn_sink_size);
            },
-           py::arg("id"), py::arg("window_size"), py::arg("attn_sink_size"),
+           ReleaseGil(), py::arg("id"), py::arg("window_size"), py::arg("attn_sink_size"),
            "After every step sequence `id` keeps its first `attn_sink_size` tokens plus\n"
            "the most recent ones, `window_size` in all (trimmed at end_forward). Needs\n"
            "support_sliding_window=True; 0 <= attn_sink_size < window_size.")
@@ -304,14 +334,19 @@ void register_kv_cache(py::module_& m) {
            "ancestors and itself; positions are committed length + depth. The tree\n"
            "may grow over several forwards; until commit_accepted_token_tree_nodes\n"
            "the sequence refuses plain forwards, forks, pop_n (InvalidStateError).")
-      .def("commit_accepted_token_tree_nodes", &KVCache::commit_accepted_token_tree_nodes,
-           py::arg("seq_ids"), py::arg("leaf_indices"),
+      .def("commit_accepted_token_tree_nodes",
+           [](KVCache& s, const std::vector<SeqId>& seq_ids,
+              const std::vector<std::int64_t>& leaves) {
+             s.cache().commit_accepted_token_tree_nodes(seq_ids, leaves);
+           },
+           ReleaseGil(), py::arg("seq_ids"), py::arg("leaf_indices"),
            "commit_accepted_token_tree_nodes(seq_ids, leaf_indices)\n\n"
            "Keeps, per sequence, the root-to-leaf path ending at leaf_indices[i] (a node\n"
            "of its open tree; -1 rejects all): the path's K/V move right after the\n"
            "committed prefix, the other nodes are dropped, and the tree closes.")
       .def("token_tree_size", [](KVCache& s, SeqId id) { return s.cache().token_tree_size(id); },
-           py::arg("id"), "Uncommitted token-tree nodes of sequence `id` (0 when none is open).")
+           ReleaseGil(), py::arg("id"),
+           "Uncommitted token-tree nodes of sequence `id` (0 when none is open).")
       .def("attention", &KVCache::attention, py::arg("layer"), py::arg("q"), py::arg("k"),
            py::arg("v"), py::arg("sm_scale") = py::none(),
            "attention(layer, q, k, v, sm_scale=None) -> out\n\n"
@@ -324,8 +359,16 @@ void register_kv_cache(py::module_& m) {
            "attention_with_fused_qkv(layer, qkv, sm_scale=None) -> out\n\n"
            "attention() with q, k, v packed per token: qkv [T, Hq + 2 Hkv, D] (heads\n"
            "q..., k..., v...) -> out [T, Hq, D]. Needs v_head_dim == head_dim.")
-      .def("end_forward", [](KVCache& s) { s.cache().end_forward(); },
-           "Ends the step; sliding windows drop the tokens that fell out.")
+      .def("end_forward", [](KVCache& s) { s.cache().end_forward(); }, ReleaseGil(),
+           "Ends the step; sliding windows drop the tokens that fell out.\n"
+           "InvalidStateError (the step stays open) if some layer's K/V of the\n"
+           "step's new tokens was not written (attention of that layer, or set_kv of\n"
+           "every new token): the pages may still hold another sequence's K/V.")
+      .def("cancel_forward", [](KVCache& s) { s.cache().cancel_forward(); },
+           ReleaseGil(),
+           "Abandons the open step (e.g. the model raised half way): the cache\n"
+           "returns to exactly its state before begin_forward. InvalidStateError\n"
+           "outside a step.")
       .def("get_kv", &KVCache::get_kv, py::arg("seq_id"), py::arg("start"), py::arg("end"),
            "get_kv(seq_id, start, end) -> (k, v)\n\n"
            "Tokens [start, end) of a sequence (retained tokens, with a sliding window)\n"
@@ -337,26 +380,39 @@ void register_kv_cache(py::module_& m) {
            "Overwrites tokens [start, end) of a sequence: k [num_layers, end-start, Hkv, D],\n"
            "v [num_layers, end-start, Hkv, Dv], float32, C-contiguous, rounded to the\n"
            "cache dtype. Tokens in pages shared with another sequence are refused.")
-      .def_property_readonly("num_free_pages", [](KVCache& s) { return s.cache().num_free_pages(); },
+      .def_property_readonly("num_free_pages",
+                             py::cpp_function([](KVCache& s) { return s.cache().num_free_pages(); },
+                                              ReleaseGil()),
                              "Pages in the pool not held by any sequence.")
       .def_property_readonly("total_sequence_length",
-                             [](KVCache& s) { return s.cache().total_sequence_length(); },
+                             py::cpp_function(
+                                 [](KVCache& s) { return s.cache().total_sequence_length(); },
+                                 ReleaseGil()),
                              "Sum of sequence_length over all sequences.")
       .def_property_readonly("num_pages", [](KVCache& s) { return s.cache().num_pages(); },
                              "Pages in the pool (the constructor's num_pages).")
-      .def("empty", [](KVCache& s) { return s.cache().empty(); },
+      .def("empty", [](KVCache& s) { return s.cache().empty(); }, ReleaseGil(),
+           
            "True when there are no sequences and every page is free.")
       .def("sequence_length", [](KVCache& s, SeqId id) { return s.cache().sequence_length(id); },
-           py::arg("id"), "Tokens sequence `id` holds (retained ones, with a sliding window).")
+           ReleaseGil(), py::arg("id"),
+           "Tokens sequence `id` holds (retained ones, with a sliding window).")
       .def("check_invariants", [](KVCache& s) { s.cache().check_invariants(); },
+           ReleaseGil(),
            "Raises pagedattn.InternalError describing the first broken invariant (a bug).")
       .def("__repr__", [](KVCache& s) {
         const KVCacheConfig& c = s.config();
+        std::int64_t sequences = 0, free_pages = 0;
+        {
+          py::gil_scoped_release release;
+          sequences = s.cache().num_sequences();
+          free_pages = s.cache().num_free_pages();
+        }
         return detail::concat("KVCache(num_layers=", c.num_layers, ", num_qo_heads=", c.num_qo_heads,
                               ", num_kv_heads=", c.num_kv_heads, ", head_dim=", c.head_dim,
                               ", page_size=", c.page_size, ", num_pages=", c.num_pages, ", dtype=\"",
-                              dtype_name(c.kv_dtype), "\", sequences=", s.cache().num_sequences(),
-                              ", free_pages=", s.cache().num_free_pages(), ")");
+                              dtype_name(c.kv_dtype), "\", sequences=", sequences,
+                              ", free_pages=", free_pages, ")");
       });
 }
 

@@ -23,11 +23,23 @@ void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens,
 
 void PagedKVCache::attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k,
                              const HeadTensor& v, const HeadTensor& out,
-                             const AttentionOptions& options, float* lse) {
-  State& st = *state_;
+                             const AttentionOptions& options, float* lse, std::int64_t num_tokens) {
+  const auto lock = state_->lock();
+  state_->attend(layer, q, k, v, out, options, lse, num_tokens);
+}
+
+void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const HeadTensor& k,
+                                 const HeadTensor& v, const HeadTensor& out,
+                                 const AttentionOptions& options, float* lse,
+                                 std::int64_t num_tokens) {
+  State& st = *this;
   const KVCacheConfig& c = st.config;
   require<InvalidState>(st.in_forward, "PagedKVCache::attention: no forward is in progress "
                         "(call begin_forward first)");
+  require<InvalidState>(num_tokens < 0 || num_tokens == st.plan.num_tokens(),
+                        "PagedKVCache::attention: the tensors hold num_tokens = ", num_tokens,
+                        " rows but the current step has ", st.plan.num_tokens(),
+                        " tokens (another thread ended or restarted the step?)");
   require(layer >= 0 && layer < c.num_layers, "PagedKVCache::attention: layer = ", layer,
           " is outside [0, ", c.num_layers, ")");
   require(options.key_rope == nullptr, "PagedKVCache::attention: options.key_rope must be null; "
@@ -68,11 +80,12 @@ void PagedKVCache::attention(std::int32_t layer, const HeadTensor& q, const Head
   const AttentionShape shape{c.num_qo_heads, c.num_kv_heads, c.head_dim, c.v_head_dim};
   const AttentionPlan& kernel_plan = sa.plan_for(p.table, shape, p.options, c.attention_plan);
   paged_attention(p, kernel_plan, sa.aligned_workspace(kernel_plan.workspace_bytes));
+  st.step.layer_appended[static_cast<std::size_t>(layer)] = 1;
 }
 
 void PagedKVCache::attention_with_fused_qkv(std::int32_t layer, const HeadTensor& qkv,
                                             const HeadTensor& out, const AttentionOptions& options,
-                                            float* lse) {
+                                            float* lse, std::int64_t num_tokens) {
   const KVCacheConfig& c = state_->config;
   require(c.v_head_dim == c.head_dim, "PagedKVCache::attention_with_fused_qkv: needs v_head_dim (",
           c.v_head_dim, ") == head_dim (", c.head_dim, ")");
@@ -85,8 +98,9 @@ void PagedKVCache::attention_with_fused_qkv(std::int32_t layer, const HeadTensor
     if (t.data) t.data = static_cast<std::byte*>(qkv.data) + head * qkv.head_stride * es;
     return t;
   };
-  attention(layer, at_head(0), at_head(c.num_qo_heads), at_head(c.num_qo_heads + c.num_kv_heads),
-            out, options, lse);
+  const auto lock = state_->lock();
+  state_->attend(layer, at_head(0), at_head(c.num_qo_heads),
+                 at_head(c.num_qo_heads + c.num_kv_heads), out, options, lse, num_tokens);
 }
 
 }  // namespace pagedattn

@@ -24,6 +24,7 @@ const KVCacheConfig& PagedKVCache::config() const { return state_->config; }
 
 void PagedKVCache::add_sequence(SeqId seq_id) {
   State& st = *state_;
+  const auto lock = st.lock();
   st.require_no_forward("add_sequence");
   require(!st.seqs.contains(seq_id), "PagedKVCache::add_sequence: seq_id = ", seq_id,
           " already exists");
@@ -32,6 +33,7 @@ void PagedKVCache::add_sequence(SeqId seq_id) {
 
 void PagedKVCache::remove_sequence(SeqId seq_id) {
   State& st = *state_;
+  const auto lock = st.lock();
   st.require_no_forward("remove_sequence");
   Sequence& s = st.find(seq_id, "remove_sequence", "seq_id");
   for (std::int32_t page : s.pages) st.pool.release(page);
@@ -40,6 +42,7 @@ void PagedKVCache::remove_sequence(SeqId seq_id) {
 
 void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t fork_pos) {
   State& st = *state_;
+  const auto lock = st.lock();
   st.require_no_forward("fork_sequence");
   const Sequence& parent = st.find(parent_id, "fork_sequence", "parent_id");
   require(!st.seqs.contains(child_id), "PagedKVCache::fork_sequence: child_id = ", child_id,
@@ -76,6 +79,7 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
 
 void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
   State& st = *state_;
+  const auto lock = st.lock();
   st.require_no_forward("pop_n");
   Sequence& s = st.find(seq_id, "pop_n", "seq_id");
   st.require_no_open_tree(s, seq_id, "pop_n");
@@ -90,6 +94,7 @@ void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
 void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
                                          std::int64_t attn_sink_size) {
   State& st = *state_;
+  const auto lock = st.lock();
   st.require_no_forward("enable_sliding_window");
   Sequence& s = st.find(seq_id, "enable_sliding_window", "seq_id");
   require(st.config.support_sliding_window, "PagedKVCache::enable_sliding_window: the cache was "
@@ -181,11 +186,13 @@ std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
 
 std::int64_t PagedKVCache::pages_needed(std::span<const SeqId> seq_ids,
                                         std::span<const std::int64_t> append_lengths) const {
+  const auto lock = state_->lock();
   return state_->validate_forward(seq_ids, append_lengths, "pages_needed", false, true);
 }
 
 bool PagedKVCache::can_append(std::span<const SeqId> seq_ids,
                               std::span<const std::int64_t> append_lengths) const {
+  const auto lock = state_->lock();
   return state_->validate_forward(seq_ids, append_lengths, "can_append", false, true) <=
          state_->pool.num_free();
 }
@@ -193,9 +200,11 @@ bool PagedKVCache::can_append(std::span<const SeqId> seq_ids,
 const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
                                              std::span<const std::int64_t> append_lengths) {
   State& st = *state_;
+  const auto lock = st.lock();
   st.require_no_forward("begin_forward");
   st.require_free_pages(st.validate_forward(seq_ids, append_lengths, "begin_forward"),
                         "begin_forward");
+  st.start_step(append_lengths);
   st.build_plan(seq_ids, append_lengths, false, {});
   return st.plan;
 }
@@ -220,6 +229,8 @@ void PagedKVCache::State::build_plan(std::span<const SeqId> ids,
   std::size_t first_parent = 0;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     Sequence& s = seqs.find(ids[i])->second;
+    step.seqs_before.push_back({ids[i], s.length, s.pages.size(), -1,
+                                static_cast<std::size_t>(s.tree_size()), s.tree_open});
     append_to_plan(s, lens[i]);
     if (!tree) continue;
     append_tree_to_plan(s, parents.subspan(first_parent, static_cast<std::size_t>(lens[i])));
@@ -228,20 +239,32 @@ void PagedKVCache::State::build_plan(std::span<const SeqId> ids,
   in_forward = true;
 }
 
+// Resets the step's record and write tracking; called by both begin_forward
+// overloads after validation, before build_plan (which fills the record).
+void PagedKVCache::State::start_step(std::span<const std::int64_t> lens) {
+  std::int64_t tokens = 0;
+  for (std::int64_t n : lens) tokens += n;
+  step.reset(config.num_layers, static_cast<std::int32_t>(tokens));
+}
+
 // Reserves pages for `n` new tokens of `s` (copy-on-write first if its
 // partial last page is shared) and appends its rows to the plan.
 void PagedKVCache::State::append_to_plan(Sequence& s, std::int64_t n) {
   const std::int32_t ps = page_size();
   if (n > 0 && needs_copy_on_write(s)) {
     const std::int32_t copy = pool.take();
+    step.taken.push_back(copy);
     storage.copy_page_prefix(s.pages.back(), copy, static_cast<std::int32_t>(s.used_slots() % ps));
+    step.seqs_before.back().cow_page = s.pages.back();
     pool.release(s.pages.back());
     s.pages.back() = copy;
   }
   const std::int64_t first_slot = s.used_slots();
   s.length += n;
-  while (std::ssize(s.pages) < cache::pages_for_slots(s.used_slots(), ps))
+  while (std::ssize(s.pages) < cache::pages_for_slots(s.used_slots(), ps)) {
     s.pages.push_back(pool.take());
+    step.taken.push_back(s.pages.back());
+  }
 
   // Positions and slot mapping, filled one page run at a time (no division
   // per token: prefill plans are dominated by this loop).
@@ -274,17 +297,87 @@ void PagedKVCache::State::append_to_plan(Sequence& s, std::int64_t n) {
 
 void PagedKVCache::end_forward() {
   State& st = *state_;
+  const auto lock = st.lock();
   require<InvalidState>(st.in_forward, "PagedKVCache::end_forward: no forward is in progress");
+  // A skipped layer would leave the step's slots holding whatever the pages
+  // held before: another sequence's K/V. The step stays open to finish.
+  const std::int32_t missing = st.step.first_unwritten_layer();
+  if (missing >= 0) {
+    std::int32_t count = 0;
+    for (char appended : st.step.layer_appended) count += appended ? 0 : 1;
+    throw InvalidState(
+        concat("PagedKVCache::end_forward: the K/V of layer ", missing,
+               count > 1 ? concat(" (and ", count - 1, " more layers)") : std::string(),
+               " was not appended this step (", st.plan.num_tokens(),
+               " new tokens): call attention for every layer (or "
+               "mark_layer_appended after writing it yourself), or cancel_forward"));
+  }
   if (st.config.support_sliding_window)  // otherwise no sequence has a window
     for (SeqId id : st.plan.seq_ids) st.slide_window(st.seqs.find(id)->second);
   st.in_forward = false;
 }
 
-bool PagedKVCache::in_forward() const { return state_->in_forward; }
+void PagedKVCache::cancel_forward() {
+  State& st = *state_;
+  const auto lock = st.lock();
+  require<InvalidState>(st.in_forward, "PagedKVCache::cancel_forward: no forward is in progress");
+  st.undo_step();
+}
+
+void PagedKVCache::State::undo_step() {
+  for (const StepRecord::SeqBefore& before : step.seqs_before) {
+    Sequence& s = seqs.find(before.id)->second;
+    if (before.cow_page >= 0) {
+      pool.retain(before.cow_page);
+      s.pages[before.num_pages - 1] = before.cow_page;
+    }
+    s.pages.resize(before.num_pages);
+    s.length = before.length;
+    s.tree_parents.resize(before.tree_size);
+    s.tree_depths.resize(before.tree_size);
+    s.tree_open = before.tree_open;
+  }
+  for (auto it = step.taken.rbegin(); it != step.taken.rend(); ++it) pool.untake(*it);
+  step.reset(0, 0);
+  attention.invalidate_plan();
+  in_forward = false;
+}
+
+void PagedKVCache::mark_layer_appended(std::int32_t layer) {
+  State& st = *state_;
+  const auto lock = st.lock();
+  require<InvalidState>(st.in_forward,
+                        "PagedKVCache::mark_layer_appended: no forward is in "
+                        "progress");
+  require(layer >= 0 && layer < st.config.num_layers,
+          "PagedKVCache::mark_layer_appended: layer = ", layer, " is outside [0, ",
+          st.config.num_layers, ")");
+  st.step.layer_appended[static_cast<std::size_t>(layer)] = 1;
+}
+
+bool PagedKVCache::in_forward() const {
+  const auto lock = state_->lock();
+  return state_->in_forward;
+}
 
 const BatchPlan& PagedKVCache::plan() const {
+  const auto lock = state_->lock();
   require<InvalidState>(state_->in_forward, "PagedKVCache::plan: no forward is in progress");
   return state_->plan;
+}
+
+std::int64_t PagedKVCache::num_step_tokens() const {
+  const auto lock = state_->lock();
+  require<InvalidState>(state_->in_forward,
+                        "PagedKVCache::num_step_tokens: no forward is in progress");
+  return state_->plan.num_tokens();
+}
+
+std::int32_t PagedKVCache::State::plan_index(SeqId id) const {
+  if (!in_forward) return -1;
+  for (std::size_t b = 0; b < plan.seq_ids.size(); ++b)
+    if (plan.seq_ids[b] == id) return static_cast<std::int32_t>(b);
+  return -1;
 }
 
 PagedKVTable BatchPlan::table() const {

@@ -1,5 +1,7 @@
 // PagedKVCache debug K/V access: read and write a sequence's tokens in
 // logical order as floats (dequantised / quantised like the kernels do).
+#include <algorithm>
+
 #include "kv_cache_state.h"
 #include "pagedattn/kv_ops.h"
 
@@ -34,20 +36,52 @@ std::vector<std::int64_t> slots_of(const Sequence& s, std::int32_t ps, std::int6
   return slots;
 }
 
+// Tokens [first, end) of `s` that the current step appends to it (plan row
+// `b`), as [begin, end) token indices and the step row of `begin`.
+struct StepTokens {
+  std::int64_t begin = 0, end = 0, first_row = 0;
+};
+StepTokens step_tokens_in(const BatchPlan& plan, std::int32_t b, const Sequence& s,
+                          std::int64_t start, std::int64_t end) {
+  const std::int64_t n = plan.qo_indptr[b + 1] - plan.qo_indptr[b];
+  const std::int64_t first_new = s.length - n;
+  StepTokens t;
+  t.begin = std::max(start, first_new);
+  t.end = std::max(t.begin, end);
+  t.first_row = plan.qo_indptr[b] + (t.begin - first_new);
+  return t;
+}
+
 }  // namespace
 
 void PagedKVCache::debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t end,
                                 std::span<float> k_out, std::span<float> v_out) const {
+  const auto lock = state_->lock();
   const State& st = *state_;
   const KVCacheConfig& c = st.config;
   const Sequence& s = st.find(seq_id, "debug_get_kv", "seq_id");
   validate_kv_range(c, s, seq_id, start, end, k_out.size(), v_out.size(), "debug_get_kv");
   const std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
+  // Tokens this step appends whose layer has not been written yet read as
+  // zeros: their slots may still hold a previous owner's K/V.
+  StepTokens unwritten;
+  if (const std::int32_t b = st.plan_index(seq_id); b >= 0)
+    unwritten = step_tokens_in(st.plan, b, s, start, end);
   std::size_t k_at = 0, v_at = 0;
   for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
     const PagedKVStorage ls = st.storage.layer(layer);
-    for (std::int64_t slot : slots)
+    for (std::int64_t t = start; t < end; ++t)
       for (std::int32_t head = 0; head < c.num_kv_heads; ++head) {
+        const std::int64_t slot = slots[std::size_t(t - start)];
+        if (t >= unwritten.begin && t < unwritten.end &&
+            !st.step.layer_appended[std::size_t(layer)] &&
+            !st.step.token_written[std::size_t(unwritten.first_row + t - unwritten.begin)]) {
+          std::fill_n(k_out.begin() + std::ptrdiff_t(k_at), c.head_dim, 0.0f);
+          std::fill_n(v_out.begin() + std::ptrdiff_t(v_at), c.v_head_dim, 0.0f);
+          k_at += std::size_t(c.head_dim);
+          v_at += std::size_t(c.v_head_dim);
+          continue;
+        }
         const std::int64_t page = slot / c.page_size, off = slot % c.page_size;
         const float ks = ls.k_dequant(page, head, off), vs = ls.v_dequant(page, head, off);
         const std::int64_t k0 = ls.k_offset(page, head, off), v0 = ls.v_offset(page, head, off);
@@ -61,6 +95,7 @@ void PagedKVCache::debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t e
 
 void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t end,
                                 std::span<const float> k_in, std::span<const float> v_in) {
+  const auto lock = state_->lock();
   State& st = *state_;
   const KVCacheConfig& c = st.config;
   const Sequence& s = st.find(seq_id, "debug_set_kv", "seq_id");
@@ -86,6 +121,15 @@ void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t e
     p.num_tokens = tokens;
     p.kv = st.storage.layer(layer);
     append_paged_kv(p);
+  }
+  // Every layer of these tokens now holds the caller's K/V.
+  if (const std::int32_t b = st.plan_index(seq_id); b >= 0) {
+    const StepTokens t = step_tokens_in(st.plan, b, s, start, end);
+    for (std::int64_t row = t.first_row; row < t.first_row + (t.end - t.begin); ++row) {
+      char& written = st.step.token_written[std::size_t(row)];
+      st.step.tokens_written += written ? 0 : 1;
+      written = 1;
+    }
   }
 }
 

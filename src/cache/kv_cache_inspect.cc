@@ -8,22 +8,37 @@ namespace pagedattn {
 using cache::Sequence;
 using detail::concat;
 
-std::int64_t PagedKVCache::num_pages() const { return state_->pool.num_pages(); }
-std::int64_t PagedKVCache::num_free_pages() const { return state_->pool.num_free(); }
-std::int64_t PagedKVCache::num_sequences() const { return std::ssize(state_->seqs); }
-bool PagedKVCache::has_sequence(SeqId seq_id) const { return state_->seqs.contains(seq_id); }
+// Every query holds the lock too: another thread may be mutating the state.
+std::int64_t PagedKVCache::num_pages() const {
+  return state_->pool.num_pages();
+}  // fixed
+std::int64_t PagedKVCache::num_free_pages() const {
+  const auto lock = state_->lock();
+  return state_->pool.num_free();
+}
+std::int64_t PagedKVCache::num_sequences() const {
+  const auto lock = state_->lock();
+  return std::ssize(state_->seqs);
+}
+bool PagedKVCache::has_sequence(SeqId seq_id) const {
+  const auto lock = state_->lock();
+  return state_->seqs.contains(seq_id);
+}
 
 std::int64_t PagedKVCache::sequence_length(SeqId seq_id) const {
+  const auto lock = state_->lock();
   return state_->find(seq_id, "sequence_length", "seq_id").length;
 }
 
 std::int64_t PagedKVCache::total_sequence_length() const {
+  const auto lock = state_->lock();
   std::int64_t total = 0;
   for (const auto& [id, s] : state_->seqs) total += s.length;
   return total;
 }
 
 std::vector<SeqId> PagedKVCache::sequence_ids() const {
+  const auto lock = state_->lock();
   std::vector<SeqId> ids;
   ids.reserve(state_->seqs.size());
   for (const auto& [id, s] : state_->seqs) ids.push_back(id);
@@ -32,6 +47,7 @@ std::vector<SeqId> PagedKVCache::sequence_ids() const {
 }
 
 bool PagedKVCache::empty() const {
+  const auto lock = state_->lock();
   return state_->seqs.empty() && state_->pool.num_free() == state_->pool.num_pages();
 }
 
@@ -47,10 +63,12 @@ PagedKVStorage PagedKVCache::layer_storage(std::int32_t layer) const {
 }
 
 std::vector<std::int32_t> PagedKVCache::sequence_pages(SeqId seq_id) const {
+  const auto lock = state_->lock();
   return state_->find(seq_id, "sequence_pages", "seq_id").pages;
 }
 
 std::int32_t PagedKVCache::page_refcount(std::int32_t page) const {
+  const auto lock = state_->lock();
   require(page >= 0 && page < state_->pool.num_pages(), "PagedKVCache::page_refcount: page = ",
           page, " is outside [0, ", state_->pool.num_pages(), ")");
   return state_->pool.refcount(page);
@@ -91,6 +109,7 @@ std::string check_sequence(const Sequence& s, std::int32_t ps, std::int64_t num_
 }  // namespace
 
 void PagedKVCache::check_invariants() const {
+  const auto lock = state_->lock();
   const State& st = *state_;
   std::vector<std::int32_t> references(static_cast<std::size_t>(st.pool.num_pages()), 0);
   for (const auto& [id, s] : st.seqs) {
@@ -104,11 +123,30 @@ void PagedKVCache::check_invariants() const {
 }
 
 std::uint64_t PagedKVCache::state_digest() const {
-  const State& st = *state_;
+  const auto lock = state_->lock();
+  return state_->digest();
+}
+
+// Metadata, then the K/V of every live slot: slots past the end of every
+// holder of a page are dead (a cancelled step's rows, popped tokens) and no
+// call can read them, so they are not part of the state.
+std::uint64_t PagedKVCache::State::digest() const {
+  const State& st = *this;
   cache::Hasher h;
   st.pool.hash_into(h);
-  for (SeqId id : sequence_ids()) {
+  std::vector<SeqId> ids;
+  ids.reserve(st.seqs.size());
+  for (const auto& [id, s] : st.seqs) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::int32_t> live_slots(static_cast<std::size_t>(st.pool.num_pages()), 0);
+  const std::int64_t ps = st.page_size();
+  for (SeqId id : ids) {
     const Sequence& s = st.seqs.at(id);
+    for (std::size_t p = 0; p < s.pages.size(); ++p) {
+      const auto used = static_cast<std::int32_t>(
+          std::min<std::int64_t>(ps, s.used_slots() - static_cast<std::int64_t>(p) * ps));
+      live_slots[s.pages[p]] = std::max(live_slots[s.pages[p]], used);
+    }
     h.add(id);
     for (std::int64_t v : {s.length, s.gap_len, s.window_size, s.sink_len, s.evicted}) h.add(v);
     h.add_span(std::span<const std::int32_t>(s.pages));
@@ -118,8 +156,7 @@ std::uint64_t PagedKVCache::state_digest() const {
   h.add(st.in_forward);
   if (st.in_forward) h.add_span(std::span<const SeqId>(st.plan.seq_ids));
   for (std::int64_t p = 0; p < st.pool.num_pages(); ++p)
-    if (st.pool.refcount(static_cast<std::int32_t>(p)) > 0)
-      st.storage.hash_page(static_cast<std::int32_t>(p), h);
+    if (live_slots[p] > 0) st.storage.hash_slots(static_cast<std::int32_t>(p), live_slots[p], h);
   return h.value();
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <limits>
+#include <mutex>
 #include <unordered_map>
 #include <utility>
 
@@ -15,8 +16,50 @@ namespace pagedattn {
 
 inline constexpr std::int64_t kMaxInt32 = std::numeric_limits<std::int32_t>::max();
 
+// What begin_forward changed, so that cancel_forward can undo it exactly,
+// and which K/V of the step's new tokens has been written so far.
+struct StepRecord {
+  // What begin_forward changes in a listed sequence: it only grows the
+  // length, the page list and the open tree, and may replace the last page
+  // by a copy (copy-on-write).
+  struct SeqBefore {
+    SeqId id = 0;
+    std::int64_t length = 0;
+    std::size_t num_pages = 0;
+    std::int32_t cow_page = -1;  // the shared last page a copy replaced, or -1
+    std::size_t tree_size = 0;
+    bool tree_open = false;
+  };
+  std::vector<SeqBefore> seqs_before;  // [batch_size]
+  std::vector<std::int32_t> taken;     // pages taken from the pool, in order
+  std::vector<char> layer_appended;    // [num_layers] every new token written
+  std::vector<char> token_written;     // [num_tokens] every layer written (debug_set_kv)
+  std::int64_t tokens_written = 0;     // count of token_written set
+
+  void reset(std::int32_t num_layers, std::int32_t num_tokens) {
+    seqs_before.clear();
+    taken.clear();
+    layer_appended.assign(static_cast<std::size_t>(num_layers), 0);
+    token_written.assign(static_cast<std::size_t>(num_tokens), 0);
+    tokens_written = 0;
+  }
+  bool all_tokens_written() const { return tokens_written == std::ssize(token_written); }
+  // The first layer whose K/V the step has not fully written, or -1.
+  std::int32_t first_unwritten_layer() const {
+    if (all_tokens_written()) return -1;
+    for (std::size_t l = 0; l < layer_appended.size(); ++l)
+      if (!layer_appended[l]) return static_cast<std::int32_t>(l);
+    return -1;
+  }
+};
+
 struct PagedKVCache::State {
   explicit State(const KVCacheConfig& c) : config(c), pool(c.num_pages), storage(c) {}
+
+  // Every public call holds this for its whole duration (the threading
+  // contract in kv_cache.h). Implementation functions never lock.
+  mutable std::mutex mutex;
+  std::unique_lock<std::mutex> lock() const { return std::unique_lock<std::mutex>(mutex); }
 
   KVCacheConfig config;
   cache::PagePool pool;
@@ -24,6 +67,7 @@ struct PagedKVCache::State {
   std::unordered_map<SeqId, cache::Sequence> seqs;
   BatchPlan plan;
   bool in_forward = false;
+  StepRecord step;                 // valid while in_forward
   cache::StepAttention attention;  // kernel plan and buffers for attention()
 
   std::int32_t page_size() const { return config.page_size; }
@@ -78,6 +122,7 @@ struct PagedKVCache::State {
   // token_tree_parents of a tree forward (kv_cache_tree.cc).
   void validate_tree_parents(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
                              std::span<const std::int64_t> parents) const;
+  void start_step(std::span<const std::int64_t> lens);
   // Fills the plan for a validated forward; `parents` only for tree forwards.
   void build_plan(std::span<const SeqId> ids, std::span<const std::int64_t> lens, bool tree,
                   std::span<const std::int64_t> parents);
@@ -90,6 +135,15 @@ struct PagedKVCache::State {
   void commit_tree_path(cache::Sequence& s, std::int32_t leaf);
   // Refuses calls that would break a sequence's open token tree.
   void require_no_open_tree(const cache::Sequence& s, SeqId id, const char* call) const;
+  // The plan's index of `id` and the step's first new token of it, or -1.
+  std::int32_t plan_index(SeqId id) const;
+  // PagedKVCache::attention without the lock.
+  void attend(std::int32_t layer, const HeadTensor& q, const HeadTensor& k, const HeadTensor& v,
+              const HeadTensor& out, const AttentionOptions& options, float* lse,
+              std::int64_t num_tokens);
+  // Returns the cache to its state before begin_forward.
+  void undo_step();
+  std::uint64_t digest() const;
   void release_tail(cache::Sequence& s);
   void slide_window(cache::Sequence& s);
 };

@@ -17,10 +17,12 @@ const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
                                              std::span<const std::int64_t> append_lengths,
                                              std::span<const std::int64_t> token_tree_parents) {
   State& st = *state_;
+  const auto lock = st.lock();
   st.require_no_forward("begin_forward");
   const std::int64_t pages = st.validate_forward(seq_ids, append_lengths, "begin_forward", true);
   st.validate_tree_parents(seq_ids, append_lengths, token_tree_parents);
   st.require_free_pages(pages, "begin_forward");
+  st.start_step(append_lengths);
   st.build_plan(seq_ids, append_lengths, true, token_tree_parents);
   return st.plan;
 }
@@ -86,6 +88,7 @@ TokenTreeMask BatchPlan::tree_mask() const {
 void PagedKVCache::commit_accepted_token_tree_nodes(std::span<const SeqId> seq_ids,
                                                     std::span<const std::int64_t> leaf_indices) {
   State& st = *state_;
+  const auto lock = st.lock();
   st.require_no_forward(kCommit);
   require(seq_ids.size() == leaf_indices.size(), "PagedKVCache::", kCommit, ": seq_ids has ",
           seq_ids.size(), " entries but leaf_indices has ", leaf_indices.size());
@@ -129,10 +132,12 @@ void PagedKVCache::State::commit_tree_path(Sequence& s, std::int32_t leaf) {
 }
 
 std::int64_t PagedKVCache::token_tree_size(SeqId seq_id) const {
+  const auto lock = state_->lock();
   return state_->find(seq_id, "token_tree_size", "seq_id").tree_size();
 }
 
 bool PagedKVCache::has_open_token_tree(SeqId seq_id) const {
+  const auto lock = state_->lock();
   return state_->find(seq_id, "has_open_token_tree", "seq_id").tree_open;
 }
 

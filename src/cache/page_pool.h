@@ -21,6 +21,12 @@ class PagePool {
 
   // Takes one free page with refcount 1. Precondition: num_free() > 0.
   std::int32_t take();
+  // Undoes the last take() of `page` (takes are undone newest first, so the
+  // free stack returns to its order). Precondition: refcount(page) == 1.
+  void untake(std::int32_t page) {
+    refcounts_[page] = 0;
+    free_stack_.push_back(page);
+  }
   // One more holder of `page`.
   void retain(std::int32_t page) { ++refcounts_[page]; }
   // One holder fewer; the page returns to the free stack at zero.

@@ -102,17 +102,24 @@ void PageStorage::copy_slots(std::int32_t src, std::int32_t src_slot, std::int32
   }
 }
 
-void PageStorage::hash_page(std::int32_t page, Hasher& h) const {
-  const auto scales = static_cast<std::size_t>(scale_page_bytes_ / 4);
+void PageStorage::hash_slots(std::int32_t page, std::int32_t num_slots, Hasher& h) const {
+  const auto elem = static_cast<std::size_t>(dtype_size(config_.kv_dtype));
+  const auto k_row = static_cast<std::size_t>(config_.head_dim) * elem;
+  const auto v_row = static_cast<std::size_t>(config_.v_head_dim) * elem;
   for (std::int32_t layer = 0; layer < config_.num_layers; ++layer) {
     const PagedKVStorage s = this->layer(layer);
-    h.add_bytes(static_cast<const std::byte*>(s.k_data) + k_page_bytes_ * page,
-                static_cast<std::size_t>(k_page_bytes_));
-    h.add_bytes(static_cast<const std::byte*>(s.v_data) + v_page_bytes_ * page,
-                static_cast<std::size_t>(v_page_bytes_));
-    if (scales == 0) continue;
-    h.add_span(std::span<const float>(s.k_token_scales + s.token_scale_index(page, 0, 0), scales));
-    h.add_span(std::span<const float>(s.v_token_scales + s.token_scale_index(page, 0, 0), scales));
+    const auto* k = static_cast<const std::byte*>(s.k_data);
+    const auto* v = static_cast<const std::byte*>(s.v_data);
+    for (std::int32_t head = 0; head < config_.num_kv_heads; ++head) {
+      for (std::int32_t slot = 0; slot < num_slots; ++slot) {
+        h.add_bytes(k + s.k_offset(page, head, slot) * static_cast<std::int64_t>(elem), k_row);
+        h.add_bytes(v + s.v_offset(page, head, slot) * static_cast<std::int64_t>(elem), v_row);
+      }
+      if (s.k_token_scales == nullptr) continue;
+      const auto n = static_cast<std::size_t>(num_slots);
+      h.add_span(std::span<const float>(s.k_token_scales + s.token_scale_index(page, head, 0), n));
+      h.add_span(std::span<const float>(s.v_token_scales + s.token_scale_index(page, head, 0), n));
+    }
   }
 }
 

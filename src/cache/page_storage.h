@@ -35,8 +35,9 @@ class PageStorage {
   // ranges must not overlap.
   void copy_slots(std::int32_t src, std::int32_t src_slot, std::int32_t dst,
                   std::int32_t dst_slot, std::int32_t num_slots);
-  // Hashes every byte of `page` in every layer.
-  void hash_page(std::int32_t page, Hasher& h) const;
+  // Hashes the K/V (and int8 scales) of slots [0, num_slots) of `page` in
+  // every layer.
+  void hash_slots(std::int32_t page, std::int32_t num_slots, Hasher& h) const;
 
  private:
   std::byte* layer_base(std::int32_t layer) const { return base_ + layer * layer_bytes_; }

@@ -140,6 +140,11 @@ pagedattn_status pagedattn_kv_cache_end_forward(pagedattn_kv_cache* cache) {
                     [&](pagedattn::PagedKVCache& c) { c.end_forward(); });
 }
 
+pagedattn_status pagedattn_kv_cache_cancel_forward(pagedattn_kv_cache* cache) {
+  return with_cache(cache, "pagedattn_kv_cache_cancel_forward",
+                    [&](pagedattn::PagedKVCache& c) { c.cancel_forward(); });
+}
+
 pagedattn_status pagedattn_kv_cache_attention_with_fused_qkv(pagedattn_kv_cache* cache,
                                                              int32_t layer,
                                                              const pagedattn_tensor* qkv,

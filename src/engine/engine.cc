@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <mutex>
 #include <unordered_map>
 
 #include "counter_random.h"
@@ -77,11 +78,19 @@ struct Engine::Impl {
                   cache) {}
 
   EngineConfig config;
-  PagedKVCache cache;
+  PagedKVCache cache;  // internally synchronized
+  // Requests added since the last step. add_request only takes intake_mutex,
+  // so it never waits for a running step; step() moves them to the
+  // scheduler. Lock order: mutex, then intake_mutex.
+  std::mutex intake_mutex;
+  std::vector<std::unique_ptr<SequenceGroup>> incoming;
+  RequestId next_id = 0;
+  // Everything below: held by step() (but not its callbacks), abort and the
+  // queries.
+  mutable std::mutex mutex;
   engine::Scheduler scheduler;
   engine::Sampler sampler;
   StreamCallback callback;
-  RequestId next_id = 0;
   std::int64_t steps = 0;
   std::int32_t last_tokens = 0, last_decodes = 0;
   double seconds_in_steps = 0.0, seconds_in_model = 0.0;
@@ -91,6 +100,11 @@ struct Engine::Impl {
   std::vector<float> logits;
 
   void validate_request(std::span<const std::int32_t> prompt, const SamplingParams& p) const;
+  void admit_incoming();
+  std::int64_t num_incoming() {
+    const std::lock_guard intake(intake_mutex);
+    return std::ssize(incoming);
+  }
   void run_forward(const Schedule& s);
   void apply_samples(const Schedule& s, std::vector<RequestOutput>& outputs);
   void append_token(SequenceGroup& g, std::int32_t seq, std::int32_t token, RequestOutput& out);
@@ -140,16 +154,27 @@ RequestId Engine::add_request(std::span<const std::int32_t> prompt, const Sampli
   Impl& im = *impl_;
   im.validate_request(prompt, params);
   auto g = std::make_unique<SequenceGroup>();
-  g->id = im.next_id++;
   g->params = params;
-  g->seed = params.seed.value_or(engine::splitmix64(im.config.seed ^ engine::splitmix64(g->id)));
   g->prompt_len = static_cast<std::int32_t>(prompt.size());
   Sequence first;
-  first.id = g->id * engine::kMaxSamples;
   first.tokens.assign(prompt.begin(), prompt.end());
   g->seqs.push_back(std::move(first));
-  im.scheduler.add(std::move(g));
+  // Ids in the order requests are queued, so admission stays FCFS.
+  const std::lock_guard intake(im.intake_mutex);
+  g->id = im.next_id++;
+  g->seed = params.seed.value_or(engine::splitmix64(im.config.seed ^ engine::splitmix64(g->id)));
+  g->seqs.front().id = g->id * engine::kMaxSamples;
+  im.incoming.push_back(std::move(g));
   return im.next_id - 1;
+}
+
+void Engine::Impl::admit_incoming() {
+  std::vector<std::unique_ptr<SequenceGroup>> batch;
+  {
+    const std::lock_guard intake(intake_mutex);
+    batch.swap(incoming);
+  }
+  for (auto& g : batch) scheduler.add(std::move(g));
 }
 
 // Token ids of every chunk in plan order; logits for the chunks that sample.
@@ -168,8 +193,7 @@ void Engine::Impl::run_forward(const Schedule& s) {
     config.model->forward({token_ids, logit_rows, config.deterministic}, cache, logits);
     seconds_in_model += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (...) {
-    cache.end_forward();  // roll the step's tokens back: the cache is as before
-    for (std::size_t i = 0; i < s.seq_ids.size(); ++i) cache.pop_n(s.seq_ids[i], s.lengths[i]);
+    cache.cancel_forward();  // the cache is exactly as before begin_forward
     throw;
   }
   cache.end_forward();
@@ -224,7 +248,9 @@ void Engine::Impl::apply_samples(const Schedule& s, std::vector<RequestOutput>& 
 
 std::vector<RequestOutput> Engine::step() {
   Impl& im = *impl_;
+  std::unique_lock lock(im.mutex);
   const auto start = std::chrono::steady_clock::now();
+  im.admit_incoming();
   std::vector<RequestOutput> outputs = std::move(im.aborted);
   im.aborted.clear();
   const Schedule s = im.scheduler.schedule();
@@ -238,13 +264,18 @@ std::vector<RequestOutput> Engine::step() {
   im.last_decodes = s.num_decodes;
   ++im.steps;
   im.seconds_in_steps += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (im.callback)
-    for (const RequestOutput& out : outputs) im.callback(out);
+  // Callbacks run unlocked: they may call add_request, abort or the queries.
+  const StreamCallback callback = im.callback;
+  lock.unlock();
+  if (callback)
+    for (const RequestOutput& out : outputs) callback(out);
   return outputs;
 }
 
 void Engine::abort(RequestId id) {
   Impl& im = *impl_;
+  const std::lock_guard lock(im.mutex);
+  im.admit_incoming();  // a request added a moment ago can be aborted too
   std::unique_ptr<SequenceGroup> g = im.scheduler.remove(id);
   require(g != nullptr, "Engine::abort: request id = ", id, " is not waiting or running");
   RequestOutput out{id, {}, true};
@@ -256,19 +287,25 @@ void Engine::abort(RequestId id) {
 }
 
 bool Engine::has_unfinished() const {
-  return impl_->scheduler.has_unfinished() || !impl_->aborted.empty();
+  const std::lock_guard lock(impl_->mutex);
+  return impl_->scheduler.has_unfinished() || !impl_->aborted.empty() || impl_->num_incoming() > 0;
 }
 
-void Engine::set_stream_callback(StreamCallback callback) { impl_->callback = std::move(callback); }
+void Engine::set_stream_callback(StreamCallback callback) {
+  const std::lock_guard lock(impl_->mutex);
+  impl_->callback = std::move(callback);
+}
 
 EngineStats Engine::stats() const {
-  const Impl& im = *impl_;
+  Impl& im = *impl_;
+  const std::lock_guard lock(im.mutex);
   EngineStats st;
   st.steps = im.steps;
   st.num_preemptions = im.scheduler.num_preemptions();
   st.recomputed_tokens = im.scheduler.preempted_tokens();
   st.num_running_seqs = im.scheduler.num_running_seqs();
-  st.num_waiting_requests = im.scheduler.num_waiting();
+  st.num_waiting_requests =
+      im.scheduler.num_waiting() + static_cast<std::int32_t>(im.num_incoming());
   st.last_step_tokens = im.last_tokens;
   st.last_step_decodes = im.last_decodes;
   st.num_pages = im.cache.num_pages();

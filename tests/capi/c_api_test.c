@@ -105,7 +105,21 @@ static void test_cache(void) {
       const float v0 = qkv[(kHq + kHkv + h / (kHq / kHkv)) * kD + d];
       CHECK(fabsf(out[h * kD + d] - v0) < 1e-6f);
     }
+  /* Layer 1 was not appended: its slots may hold another sequence's K/V. */
+  CHECK_FAILS(pagedattn_kv_cache_end_forward(cache), PAGEDATTN_INVALID_STATE, "layer 1");
+  CHECK(pagedattn_kv_cache_attention_with_fused_qkv(cache, 1, &qkv_t, &out_t, 0.35f) ==
+        PAGEDATTN_OK);
   CHECK(pagedattn_kv_cache_end_forward(cache) == PAGEDATTN_OK);
+
+  /* A step that cannot finish is cancelled back to the state before it. */
+  CHECK(pagedattn_kv_cache_state_digest(cache, &before) == PAGEDATTN_OK);
+  CHECK(pagedattn_kv_cache_begin_forward(cache, ids, lens, 1) == PAGEDATTN_OK);
+  CHECK(pagedattn_kv_cache_attention_with_fused_qkv(cache, 0, &qkv_t, &out_t, 0.35f) ==
+        PAGEDATTN_OK);
+  CHECK(pagedattn_kv_cache_cancel_forward(cache) == PAGEDATTN_OK);
+  CHECK(pagedattn_kv_cache_state_digest(cache, &after) == PAGEDATTN_OK);
+  CHECK(before == after);
+  CHECK_FAILS(pagedattn_kv_cache_cancel_forward(cache), PAGEDATTN_INVALID_STATE, "no forward");
 
   int64_t length = 0, free_pages = 0;
   CHECK(pagedattn_kv_cache_sequence_length(cache, 7, &length) == PAGEDATTN_OK && length == kTokens);

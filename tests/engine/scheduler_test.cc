@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+#include "support/kv_values.h"
+
 namespace pagedattn::engine {
 namespace {
 
@@ -45,7 +47,7 @@ class SchedulerTest : public ::testing::Test {
     Schedule s = scheduler_->schedule();
     if (s.empty()) return s;
     cache_->begin_forward(s.seq_ids, s.lengths);
-    cache_->end_forward();
+    test::end_metadata_step(*cache_);  // no model: the K/V is never read
     scheduler_->complete(s);
     for (const ScheduledChunk& c : s.chunks) {
       EXPECT_EQ(cache_->sequence_length(c.group->seqs[c.seq].id), c.begin + c.length);

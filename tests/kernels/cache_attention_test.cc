@@ -197,6 +197,8 @@ TEST(CacheAttentionErrors, ValidatesBeforeTouchingTheCacheAndKeepsTheStepUsable)
   }
   EXPECT_EQ(kv.state_digest(), before);
   kv.attention(0, tq, tk, tv, to);  // still usable
+  for (std::int32_t layer = 1; layer < kv.config().num_layers; ++layer)
+    kv.attention(layer, tq, tk, tv, to);
   kv.end_forward();
   for (float x : out) EXPECT_NEAR(x, 1.0f, 1e-6f);
 }

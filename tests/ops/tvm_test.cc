@@ -59,6 +59,11 @@ TEST(TvmNames, FusedQkvAttentionMatchesReferenceOverTwoSteps) {
     AttentionOptions options;
     options.scale = sm_scale;
     expect_close(out, reference_output(logical, options), 2e-4f, 2e-4f, "tvm fused qkv");
+    // end_forward needs every layer's K/V of the step: layer 0 too.
+    std::vector<float> layer0_out(out.size());
+    tvm::attention_kv_cache_attention_with_fused_qkv(
+        cache, {0, sm_scale, TensorView::dense(qkv.data(), DType::kF32, {tokens, hq + 2 * hkv, d}),
+                TensorView::dense(layer0_out.data(), DType::kF32, {tokens, hq, d})});
     tvm::kv_state_end_forward(cache);
   }
   EXPECT_EQ(tvm::attention_kv_cache_get_total_sequence_length(cache), 27);
@@ -78,6 +83,7 @@ TEST(TvmNames, SlidingWindowIsRetention) {
   tvm::attention_kv_cache_enable_sliding_window_for_seq(cache, 1, 16, 4);
   const std::vector<std::int64_t> ids = {1}, lens = {40};
   tvm::kv_state_begin_forward(cache, ids, lens);
+  for (std::int32_t l = 0; l < c.num_layers; ++l) cache.mark_layer_appended(l);  // no K/V needed
   tvm::kv_state_end_forward(cache);
   EXPECT_EQ(cache.sequence_length(1), 16);  // 4 sinks + the 12 most recent tokens
 }

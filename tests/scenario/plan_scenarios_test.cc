@@ -146,14 +146,14 @@ TEST(PlanScenarios, PlanIsAvailableOnlyDuringTheStep) {
   EXPECT_TRUE(kv.in_forward());
   EXPECT_EQ(&kv.plan(), &plan);
   EXPECT_EQ(kv.plan().num_tokens(), 2);
-  kv.end_forward();
+  end_metadata_step(kv);
   EXPECT_FALSE(kv.in_forward());
   EXPECT_THROW((void)kv.plan(), InvalidState);
   const std::vector<std::int64_t> one = {1};
   const BatchPlan& next = kv.begin_forward(ids, one);
   EXPECT_EQ(next.positions, (I32{2}));
   EXPECT_EQ(next.qo_indptr, (I32{0, 1}));
-  kv.end_forward();
+  end_metadata_step(kv);
 }
 
 }  // namespace

@@ -293,7 +293,7 @@ class Fuzzer {
     expect_plan_matches(kv_, plan, model_, ids, lens);
     write_step_values(plan, ids, lens);
     if (chance(0.3)) try_structural_call_in_forward();
-    kv_.end_forward();
+    end_metadata_step(kv_);
     EXPECT_FALSE(kv_.in_forward());
     for (SeqId id : ids) model_.slide(id);
   }

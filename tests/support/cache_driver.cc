@@ -67,7 +67,7 @@ BatchPlan CacheDriver::step(const std::vector<SeqId>& ids, const std::vector<std
   }
   expect_plan_matches(kv_, plan, model_, ids, lens);
   BatchPlan copy = plan;
-  kv_.end_forward();
+  end_metadata_step(kv_);
   for (SeqId id : ids) model_.slide(id);
   return copy;
 }

@@ -70,6 +70,11 @@ void write_kv(PagedKVCache& kv, SeqId id, std::int64_t start, std::span<const st
   kv.debug_set_kv(id, start, start + static_cast<std::int64_t>(uids.size()), b.k, b.v);
 }
 
+void end_metadata_step(PagedKVCache& kv) {
+  for (std::int32_t l = 0; l < kv.config().num_layers; ++l) kv.mark_layer_appended(l);
+  kv.end_forward();
+}
+
 void write_kv_through_slots(const PagedKVCache& kv, const BatchPlan& plan, std::int32_t b,
                             std::span<const std::uint64_t> uids) {
   const KVCacheConfig& c = kv.config();

@@ -47,6 +47,9 @@ KVBuffers read_kv(const PagedKVCache& kv, SeqId id, std::int64_t start, std::int
 // debug_set_kv of the tokens `uids` at [start, start + uids.size()).
 void write_kv(PagedKVCache& kv, SeqId id, std::int64_t start, std::span<const std::uint64_t> uids);
 
+// Declares every layer of the current step appended (the test wrote the
+// K/V through the plan's slots, or does not read it) and ends the step.
+void end_metadata_step(PagedKVCache& kv);
 // Writes new token i of batch entry b of `plan` (its slot_mapping entry) in
 // every layer directly into layer_storage(), as an append kernel would.
 // uids.size() must equal the entry's number of new tokens.

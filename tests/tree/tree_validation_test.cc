@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "support/expect_error.h"
+#include "support/kv_values.h"
 #include "tree_harness.h"
 
 namespace pagedattn::test {
@@ -17,12 +18,12 @@ class TreeValidation : public ::testing::Test {
   TreeValidation() : kv(tree_config({DType::kF16, RopeMode::kNormal, 4})) {
     for (SeqId id : {1, 2}) kv.add_sequence(id);
     kv.begin_forward(Ids{1, 2}, Lens{6, 3});
-    kv.end_forward();
+    end_metadata_step(kv);
   }
   const BatchPlan& tree_forward(const Ids& ids, const Lens& lens, const Lens& parents) {
     const BatchPlan& plan = kv.begin_forward(ids, lens, parents);
     plan_copy = plan;
-    kv.end_forward();
+    end_metadata_step(kv);
     return plan_copy;
   }
   PagedKVCache kv;
@@ -142,7 +143,7 @@ TEST_F(TreeValidation, OpenTreeRefusesPlainForwardForkPopAndWindow) {
   kv.begin_forward(Ids{1}, Lens{1}, Lens{1});
   expect_rejected<InvalidState>(kv, [&] { kv.commit_accepted_token_tree_nodes(Ids{1}, Lens{2}); },
                                 {"forward is in progress"});
-  kv.end_forward();
+  end_metadata_step(kv);
   EXPECT_EQ(kv.pages_needed(Ids{1}, Lens{1}), 0);  // dry runs only count pages
   kv.commit_accepted_token_tree_nodes(Ids{1}, Lens{2});
   kv.fork_sequence(1, 5);

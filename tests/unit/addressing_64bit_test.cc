@@ -59,7 +59,7 @@ TEST(Addressing64Bit, HighestPagesOfAStorageBeyond4GiB) {
   // A filler takes every page but the last two (metadata only, no writes).
   kv.add_sequence(1);
   append(kv, 1, (pages - 2) * 16);
-  kv.end_forward();
+  end_metadata_step(kv);
   kv.add_sequence(2);
   const BatchPlan& plan = append(kv, 2, 32);
   EXPECT_EQ(plan.kv_indices, (std::vector<std::int32_t>{static_cast<std::int32_t>(pages - 2),
@@ -67,7 +67,7 @@ TEST(Addressing64Bit, HighestPagesOfAStorageBeyond4GiB) {
   EXPECT_EQ(plan.slot_mapping.back(), pages * 16 - 1);
   const std::vector<std::uint64_t> uids = uid_range(1000, 32);
   write_kv_through_slots(kv, plan, 0, uids);
-  kv.end_forward();
+  end_metadata_step(kv);
   EXPECT_EQ(kv.num_free_pages(), 0);
   EXPECT_TRUE(check_tokens(kv, 2, 0, uids).empty()) << check_tokens(kv, 2, 0, uids);
 
@@ -94,7 +94,7 @@ TEST(Addressing64Bit, HighestPagesOfAStorageBeyond4GiB) {
   kv.pop_n(2, 1);
   const std::vector<std::uint64_t> last_uid = {7777};
   write_kv_through_slots(kv, append(kv, 2, 1), 0, last_uid);
-  kv.end_forward();
+  end_metadata_step(kv);
   EXPECT_TRUE(check_tokens(kv, 2, 31, last_uid).empty());
   kv.remove_sequence(1);
   kv.fork_sequence(2, 3, 20);  // shares page pages-2, copies 4 slots of the last page

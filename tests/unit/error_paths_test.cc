@@ -130,7 +130,7 @@ TEST_F(ErrorPaths, StructuralCallsDuringAForward) {
   expect_rejected<InvalidState>(kv(), [&] { kv().begin_forward(Ids{3}, Lens{1}); },
                                 {"begin_forward", kMsg});
   EXPECT_TRUE(kv().in_forward());
-  kv().end_forward();
+  end_metadata_step(kv());
   EXPECT_EQ(kv().sequence_length(1), 7);
 }
 

@@ -1,0 +1,174 @@
+// The engine shared by threads: requests added and queried from other
+// threads while one thread steps (an HTTP server's shape), and a model that
+// throws half way through a step.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "pagedattn/engine.h"
+#include "pagedattn/llama.h"
+
+namespace pagedattn {
+namespace {
+
+using Tokens = std::vector<std::int32_t>;
+
+std::shared_ptr<Model> small_model() {
+  static std::shared_ptr<Model> model = [] {
+    LlamaConfig c = llama_preset("tiny");
+    c.hidden_size = 64;
+    c.intermediate_size = 96;
+    c.num_layers = 2;
+    c.num_qo_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 16;
+    c.vocab_size = 200;
+    return std::shared_ptr<Model>(make_llama_model(c));
+  }();
+  return model;
+}
+
+EngineConfig config(std::shared_ptr<Model> model) {
+  EngineConfig c;
+  c.model = std::move(model);
+  c.kv_memory_bytes = 4 << 20;
+  c.page_size = 8;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 48;
+  c.deterministic = true;  // a request's tokens do not depend on its batch mates
+  return c;
+}
+
+Tokens prompt_of(std::int32_t job) {
+  Tokens t(static_cast<std::size_t>(3 + job % 11));
+  for (std::size_t i = 0; i < t.size(); ++i)
+    t[i] = static_cast<std::int32_t>((i * 31 + job * 17 + 5) % 200);
+  return t;
+}
+
+SamplingParams params_of(std::int32_t job) {
+  SamplingParams p;
+  p.max_tokens = 3 + job % 5;
+  p.ignore_eos = true;
+  return p;  // greedy: the request id (and so the adding order) does not matter
+}
+
+Tokens solo_tokens(std::int32_t job) {
+  Engine engine(config(small_model()));
+  engine.add_request(prompt_of(job), params_of(job));
+  Tokens out;
+  while (engine.has_unfinished())
+    for (const RequestOutput& r : engine.step())
+      out.insert(out.end(), r.samples[0].new_token_ids.begin(), r.samples[0].new_token_ids.end());
+  return out;
+}
+
+TEST(EngineThreads, RequestsAddedFromOtherThreadsWhileOneThreadSteps) {
+  constexpr std::int32_t kJobs = 18, kAdders = 3;
+  Engine engine(config(small_model()));
+  std::mutex ids_mutex;
+  std::map<RequestId, std::int32_t> job_of;
+  std::atomic<int> adders_done{0};
+  std::atomic<bool> stepping_done{false};
+  std::map<RequestId, Tokens> produced;  // only the stepping thread writes
+  std::thread stepper([&] {
+    while (adders_done < kAdders || engine.has_unfinished())
+      for (const RequestOutput& r : engine.step()) {
+        Tokens& t = produced[r.request_id];
+        t.insert(t.end(), r.samples[0].new_token_ids.begin(), r.samples[0].new_token_ids.end());
+      }
+    stepping_done = true;
+  });
+  std::thread watcher([&] {  // queries race with the steps
+    while (!stepping_done) {
+      const EngineStats s = engine.stats();
+      EXPECT_LE(s.pages_in_use, s.num_pages);
+      (void)engine.has_unfinished();
+    }
+  });
+  std::vector<std::thread> adders;
+  for (std::int32_t a = 0; a < kAdders; ++a)
+    adders.emplace_back([&, a] {
+      for (std::int32_t job = a; job < kJobs; job += kAdders) {
+        const RequestId id = engine.add_request(prompt_of(job), params_of(job));
+        const std::lock_guard lock(ids_mutex);
+        job_of[id] = job;
+      }
+      ++adders_done;
+    });
+  for (std::thread& t : adders) t.join();
+  stepper.join();
+  watcher.join();
+  ASSERT_EQ(job_of.size(), std::size_t{kJobs});
+  for (const auto& [id, job] : job_of) EXPECT_EQ(produced[id], solo_tokens(job)) << "job " << job;
+  EXPECT_TRUE(engine.cache().empty());
+  engine.cache().check_invariants();
+}
+
+TEST(EngineThreads, AbortFromAnotherThreadReturnsThePages) {
+  Engine engine(config(small_model()));
+  SamplingParams long_run = params_of(0);
+  long_run.max_tokens = 40;
+  const RequestId id = engine.add_request(prompt_of(0), long_run);
+  engine.step();
+  std::thread([&] { engine.abort(id); }).join();
+  bool reported = false;
+  while (engine.has_unfinished())
+    for (const RequestOutput& r : engine.step())
+      reported |= r.request_id == id && r.samples[0].finish_reason == FinishReason::kAborted;
+  EXPECT_TRUE(reported);
+  EXPECT_TRUE(engine.cache().empty());
+}
+
+// Delegates to the real model but throws after `layers_before_throw` layers
+// of its `fail_at`-th forward: the cache has a half-appended step.
+class FailingModel : public Model {
+ public:
+  explicit FailingModel(std::shared_ptr<Model> inner) : inner_(std::move(inner)) {}
+  const ModelSpec& spec() const override { return inner_->spec(); }
+  void forward(const ForwardBatch& batch, PagedKVCache& cache, std::span<float> logits) override {
+    if (++calls_ == fail_at) {
+      // Append layer 0 like a model would, then fail.
+      const ModelSpec& s = spec();
+      const auto tokens = static_cast<std::size_t>(cache.num_step_tokens());
+      std::vector<float> q(tokens * s.num_qo_heads * s.head_dim, 0.5f);
+      std::vector<float> kv(tokens * s.num_kv_heads * s.head_dim, 0.5f), out(q.size());
+      const std::int64_t qs = std::int64_t{s.num_qo_heads} * s.head_dim;
+      const std::int64_t ks = std::int64_t{s.num_kv_heads} * s.head_dim;
+      cache.attention(
+          0, {q.data(), DType::kF32, qs, s.head_dim}, {kv.data(), DType::kF32, ks, s.head_dim},
+          {kv.data(), DType::kF32, ks, s.head_dim}, {out.data(), DType::kF32, qs, s.head_dim});
+      throw std::runtime_error("model failed half way");
+    }
+    inner_->forward(batch, cache, logits);
+  }
+  int fail_at = 0;
+
+ private:
+  std::shared_ptr<Model> inner_;
+  int calls_ = 0;
+};
+
+TEST(EngineThreads, AModelThatThrowsCancelsTheStep) {
+  auto failing = std::make_shared<FailingModel>(small_model());
+  failing->fail_at = 3;
+  Engine engine(config(failing));
+  engine.add_request(prompt_of(4), params_of(4));
+  engine.step();
+  engine.step();
+  const std::uint64_t before = engine.cache().state_digest();
+  EXPECT_THROW(engine.step(), std::runtime_error);
+  EXPECT_FALSE(engine.cache().in_forward());
+  EXPECT_EQ(engine.cache().state_digest(), before);  // exactly as before the step
+  engine.cache().check_invariants();
+  while (engine.has_unfinished()) engine.step();  // and it goes on
+  EXPECT_TRUE(engine.cache().empty());
+}
+
+}  // namespace
+}  // namespace pagedattn
