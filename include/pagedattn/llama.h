@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "pagedattn/model.h"
@@ -14,7 +15,7 @@
 namespace pagedattn {
 
 struct LlamaConfig {
-  std::string_view name = "tiny";
+  std::string name = "tiny";
   std::int32_t vocab_size = 1024;
   std::int32_t hidden_size = 256;
   std::int32_t intermediate_size = 688;
@@ -22,6 +23,7 @@ struct LlamaConfig {
   std::int32_t num_qo_heads = 4;
   std::int32_t num_kv_heads = 2;
   std::int32_t head_dim = 64;
+  RopeStyle rope_style = RopeStyle::kNeox;  // GGUF `llama` files: kGptJ (pairs 2t, 2t + 1)
   float rope_theta = 10000.0f;
   float llama3_rope_factor = 0.0f;  // > 0: Llama-3 RoPE scaling (low 1, high 4, original 8192)
   float rms_norm_eps = 1e-5f;
