@@ -42,4 +42,15 @@ std::int64_t llama_parameter_count(const LlamaConfig& config);
 // Builds the model and draws its weights (seeded, so two builds are equal).
 std::unique_ptr<Model> make_llama_model(const LlamaConfig& config);
 
+struct GgufModelOptions {
+  std::int32_t max_position = 0;  // longest sequence; 0: the file's context length
+};
+
+// Loads a Llama-family GGUF file (architectures llama and qwen2; weights
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K). Q8_0 / Q4_0 / Q4_1
+// weights are kept as stored and multiplied in place; the other types are
+// dequantised to f32 at load. InvalidArgument / Unsupported naming the file
+// and the key or tensor for a file that cannot be served.
+std::unique_ptr<Model> make_gguf_model(const std::string& path, const GgufModelOptions& options = {});
+
 }  // namespace pagedattn

@@ -151,6 +151,8 @@ void LlamaModel::validate_weights() const {
     require_norm(l.attn_norm, "attn_norm", layer, h);
     require_norm(l.mlp_norm, "mlp_norm", layer, h);
     require_shape(l.qkv, "qkv", layer, qkv_rows, h);
+    require(l.qkv_bias.empty() || std::ssize(l.qkv_bias) == qkv_rows, "LlamaModel: qkv_bias of layer ",
+            layer, " has ", l.qkv_bias.size(), " values, the config needs ", qkv_rows);
     require_shape(l.o, "attn_output", layer, h, q_dim);
     require_shape(l.gate_up, "gate_up", layer, 2 * inter, h);
     require_shape(l.down, "down", layer, h, inter);
@@ -196,6 +198,9 @@ void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool d
   const std::int32_t q_dim = c_.num_qo_heads * d, qkv_dim = q_dim + 2 * c_.num_kv_heads * d;
   rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
   project(h_.data(), tokens, w.qkv, qkv_.data(), false, deterministic);
+  if (!w.qkv_bias.empty())
+    for (std::int32_t t = 0; t < tokens; ++t)
+      for (std::int32_t i = 0; i < qkv_dim; ++i) qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
   cache.attention_with_fused_qkv(layer, HeadTensor{qkv_.data(), DType::kF32, qkv_dim, d},
                                  HeadTensor{attn_.data(), DType::kF32, q_dim, d});
   project(attn_.data(), tokens, w.o, x_.data(), true, deterministic);

@@ -13,6 +13,7 @@ namespace pagedattn::engine {
 struct LlamaLayerWeights {
   std::vector<float> attn_norm;  // [H]
   WeightMatrix qkv;              // [(Hq + 2 Hkv) D][H]: q heads, k heads, v heads
+  std::vector<float> qkv_bias;   // [(Hq + 2 Hkv) D] (Qwen2), or empty
   WeightMatrix o;                // [H][Hq D]
   std::vector<float> mlp_norm;   // [H]
   WeightMatrix gate_up;          // [2 I][H]: gate rows, then up rows
