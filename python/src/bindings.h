@@ -13,5 +13,7 @@ void register_errors(pybind11::module_& m);
 void register_kv_cache(pybind11::module_& m);
 // The peer-compatible operators (pagedattn.ops) and merge_states.
 void register_ops(pybind11::module_& m);
+// GgufModel: a GGUF model's teacher-forced logits (model_bindings.cc).
+void register_models(pybind11::module_& m);
 
 }  // namespace pagedattn::python
