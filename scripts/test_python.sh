@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds and tests the Python package: a venv in build/pyenv with the build
-# tools and test packages from PyPI, `pip install .` (scikit-build-core runs
-# the project's CMake: one Release build of the library and the extension,
-# kept in build/python/ so a rerun only rebuilds what changed), then pytest
+# tools and test packages from PyPI (gguf: the reference GGUF reader for
+# test_gguf.py), `pip install .` (scikit-build-core runs the project's CMake:
+# one Release build of the library and the extension, kept in build/python/
+# so a rerun only rebuilds what changed), then pytest
 # from outside the source tree so the installed package is what is imported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,6 @@ if [ ! -x build/pyenv/bin/python ]; then
   "$python" -m venv build/pyenv
 fi
 pip=(build/pyenv/bin/python -m pip --disable-pip-version-check -q)
-"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes
+"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes gguf
 CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" install --no-build-isolation .
 (cd python/tests && ../../build/pyenv/bin/python -m pytest -q -p no:cacheprovider .)

@@ -2,6 +2,8 @@
 
     KVCache       the cache manager with attention (help(pagedattn.KVCache))
     ops           peer-compatible operators (ONNX Runtime, vLLM, torch_xla)
+    GgufFile      a GGUF model file (metadata, tensors); gguf_dequantize
+                  dequantises raw ggml blocks to float32
     Error         base of the library's exceptions; InvalidArgumentError is a
                   ValueError, OutOfPagesError / InvalidStateError /
                   InternalError are RuntimeErrors, UnsupportedError is a
@@ -14,6 +16,7 @@ as ml_dtypes arrays. See docs/python.md.
 
 from ._core import (
     Error,
+    GgufFile,
     InternalError,
     InvalidArgumentError,
     InvalidStateError,
@@ -21,11 +24,13 @@ from ._core import (
     OutOfPagesError,
     UnsupportedError,
     __version__,
+    gguf_dequantize,
 )
 from . import ops
 
 __all__ = [
     "Error",
+    "GgufFile",
     "InternalError",
     "InvalidArgumentError",
     "InvalidStateError",
@@ -34,4 +39,5 @@ __all__ = [
     "UnsupportedError",
     "ops",
     "__version__",
+    "gguf_dequantize",
 ]

@@ -15,5 +15,7 @@ void register_kv_cache(pybind11::module_& m);
 void register_ops(pybind11::module_& m);
 // GgufModel: a GGUF model's teacher-forced logits (model_bindings.cc).
 void register_models(pybind11::module_& m);
+// pagedattn.GgufFile and pagedattn.gguf_dequantize (gguf_bindings.cc).
+void register_gguf(pybind11::module_& m);
 
 }  // namespace pagedattn::python

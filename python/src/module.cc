@@ -12,4 +12,5 @@ PYBIND11_MODULE(_core, m) {
   pagedattn::python::register_kv_cache(m);
   pagedattn::python::register_ops(m);
   pagedattn::python::register_models(m);
+  pagedattn::python::register_gguf(m);
 }

@@ -1,0 +1,173 @@
+// pagedattn.GgufFile and pagedattn.gguf_dequantize: the GGUF reader and the
+// weight dequantisation (include/pagedattn/gguf.h, gguf_types.h), mainly for
+// parity tests against the `gguf` package and for inspecting model files.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/gguf.h"
+#include "pagedattn/gguf_model.h"
+
+namespace pagedattn::python {
+namespace py = pybind11;
+namespace {
+
+// GGUF strings are UTF-8; undecodable bytes survive as surrogates.
+py::str to_str(std::string_view s) {
+  PyObject* o =
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "surrogateescape");
+  if (o == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(o);
+}
+
+py::object scalar_to_python(const GgufValue& v) {
+  switch (v.type) {
+    case GgufValueType::kBool:
+      return py::bool_(v.uint_value != 0);
+    case GgufValueType::kFloat32:
+    case GgufValueType::kFloat64:
+      return py::float_(v.float_value);
+    case GgufValueType::kString:
+      return to_str(v.string_value);
+    case GgufValueType::kInt8:
+    case GgufValueType::kInt16:
+    case GgufValueType::kInt32:
+    case GgufValueType::kInt64:
+      return py::int_(v.int_value);
+    default:
+      return py::int_(v.uint_value);
+  }
+}
+
+// A metadata value as Python: int / float / bool / str, lists for arrays
+// (numeric arrays through NumPy's element type, then tolist()).
+py::object value_to_python(const GgufValue& v) {
+  if (v.type != GgufValueType::kArray) return scalar_to_python(v);
+  py::list out;
+  if (!v.items.empty() || v.element_type == GgufValueType::kString ||
+      v.element_type == GgufValueType::kArray) {
+    for (const GgufValue& item : v.items) out.append(value_to_python(item));
+    return out;
+  }
+  static const char* const kNumpyTypes[] = {"<u1", "<i1", "<u2", "<i2", "<u4", "<i4", "<f4",
+                                            "|b1", "",    "",    "<u8", "<i8", "<f8"};
+  const py::dtype dtype(kNumpyTypes[static_cast<int>(v.element_type)]);
+  const py::array array(dtype, {static_cast<py::ssize_t>(v.count)}, v.elements);
+  return array.attr("tolist")();
+}
+
+py::array_t<float> dequantize_to_array(GgufType type, const std::byte* data, std::int64_t n,
+                                       std::vector<py::ssize_t> shape) {
+  py::array_t<float> out(shape);
+  const std::int64_t row = shape.empty() ? n : shape.back();
+  const std::int64_t row_bytes = gguf_row_bytes(type, row);
+  float* dst = out.mutable_data();
+  for (std::int64_t r = 0; row > 0 && r < n / row; ++r)
+    dequantize_row(type, data + r * row_bytes, dst + r * row, row);
+  return out;
+}
+
+py::dict tensor_to_dict(const GgufTensor& t) {
+  py::dict d;
+  d["name"] = to_str(t.name);
+  d["type"] = std::string(gguf_type_info(t.type).name);
+  d["dims"] = t.dims;
+  d["offset"] = t.offset;
+  d["nbytes"] = t.nbytes;
+  return d;
+}
+
+}  // namespace
+
+void register_gguf(py::module_& m) {
+  m.def(
+      "gguf_dequantize",
+      [](const std::string& type_name, py::buffer data, std::int64_t n) {
+        const GgufType type = parse_gguf_type(type_name);
+        const py::buffer_info info = data.request();
+        const std::int64_t expected = gguf_row_bytes(type, n);
+        require(info.ndim <= 1 || info.strides.back() == info.itemsize, "gguf_dequantize: data ",
+                "must be contiguous");
+        const std::int64_t size = info.size * info.itemsize;
+        require(size == expected, "gguf_dequantize: data has ", size, " bytes, ", n, " ", type_name,
+                " elements take ", expected);
+        return dequantize_to_array(type, static_cast<const std::byte*>(info.ptr), n, {n});
+      },
+      py::arg("type"), py::arg("data"), py::arg("n"),
+      "Dequantises n elements of a ggml type ('Q4_K', 'F16', ...) from raw bytes to float32.");
+
+  py::class_<GgufFile>(m, "GgufFile",
+                       "A GGUF model file, memory mapped and validated (include/pagedattn/gguf.h).")
+      .def(py::init([](const std::string& path) { return GgufFile::open(path); }), py::arg("path"))
+      .def_property_readonly("version", &GgufFile::version)
+      .def_property_readonly("alignment", &GgufFile::alignment)
+      .def_property_readonly("data_offset", &GgufFile::data_offset)
+      .def("keys",
+           [](const GgufFile& f) {
+             py::list keys;
+             for (std::string_view k : f.keys()) keys.append(to_str(k));
+             return keys;
+           })
+      .def(
+          "get",
+          [](const GgufFile& f, const std::string& key) { return value_to_python(f.get(key)); },
+          py::arg("key"), "The value of a metadata key (int, float, bool, str or list).")
+      .def(
+          "value_type",
+          [](const GgufFile& f, const std::string& key) { return f.get(key).type_name(); },
+          py::arg("key"))
+      .def(
+          "tensors",
+          [](const GgufFile& f) {
+            py::list out;
+            for (const GgufTensor& t : f.tensors()) out.append(tensor_to_dict(t));
+            return out;
+          },
+          "Tensor infos in file order: dicts of name, type, dims (ggml order), offset, nbytes.")
+      .def(
+          "tensor_bytes",
+          [](const GgufFile& f, const std::string& name) {
+            const GgufTensor& t = f.tensor(name);
+            return py::bytes(reinterpret_cast<const char*>(t.data),
+                             static_cast<std::size_t>(t.nbytes));
+          },
+          py::arg("name"))
+      .def(
+          "dequantize",
+          [](const GgufFile& f, const std::string& name) {
+            const GgufTensor& t = f.tensor(name);
+            require<Unsupported>(gguf_type_info(t.type).dequantizable, "gguf ", f.source_name(),
+                                 ": tensor '", name, "' has type ", gguf_type_info(t.type).name,
+                                 ", which pagedattn cannot dequantise");
+            std::vector<py::ssize_t> shape(t.dims.rbegin(), t.dims.rend());
+            return dequantize_to_array(t.type, t.data, t.element_count(), shape);
+          },
+          py::arg("name"), "The tensor as float32, shape = dims reversed (NumPy order).")
+      .def("model_config", [](const GgufFile& f) {
+        const GgufModelConfig c = read_model_config(f);
+        py::dict d;
+        d["arch"] = c.arch_name;
+        d["num_layers"] = c.num_layers;
+        d["hidden_size"] = c.hidden_size;
+        d["intermediate_size"] = c.intermediate_size;
+        d["num_qo_heads"] = c.num_qo_heads;
+        d["num_kv_heads"] = c.num_kv_heads;
+        d["head_dim"] = c.head_dim;
+        d["vocab_size"] = c.vocab_size;
+        d["context_length"] = c.context_length;
+        d["rope_theta"] = c.rope_theta;
+        d["rope_layout"] = c.rope_layout == GgufRopeLayout::kNeox ? "neox" : "interleaved";
+        d["rms_norm_eps"] = c.rms_norm_eps;
+        d["tie_embeddings"] = c.tie_embeddings;
+        d["bos_token_id"] = c.bos_token_id;
+        d["eos_token_id"] = c.eos_token_id;
+        return d;
+      });
+}
+
+}  // namespace pagedattn::python

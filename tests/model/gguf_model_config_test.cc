@@ -1,0 +1,205 @@
+// read_model_config on small llama / qwen2 files written by the test, its
+// errors, and the real SmolLM2-135M file when scripts/get_test_model.sh has
+// fetched it (PAGEDATTN_TEST_MODEL, else the default cache path; skipped
+// when absent).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "model/gguf_writer.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/gguf_model.h"
+#include "support/expect_error.h"
+
+namespace pagedattn {
+namespace {
+
+using test::expect_throws;
+using test::GgufWriter;
+
+struct TinyShape {
+  std::uint32_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ff = 96, vocab = 10;
+};
+
+GgufWriter tiny_model(const std::string& arch, bool tied, bool biases, TinyShape s = {}) {
+  GgufWriter w;
+  w.kv_string("general.architecture", arch).kv_string("general.name", "tiny");
+  w.kv_u32(arch + ".block_count", s.layers).kv_u32(arch + ".context_length", 2048);
+  w.kv_u32(arch + ".embedding_length", s.hidden).kv_u32(arch + ".feed_forward_length", s.ff);
+  w.kv_u32(arch + ".attention.head_count", s.heads)
+      .kv_u32(arch + ".attention.head_count_kv", s.kv_heads);
+  w.kv_f32(arch + ".rope.freq_base", 500000.0f)
+      .kv_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
+  w.kv_u32("tokenizer.ggml.bos_token_id", 1).kv_u32("tokenizer.ggml.eos_token_id", 2);
+  const std::uint64_t h = s.hidden, hd = s.hidden / s.heads, q = s.heads * hd, kv = s.kv_heads * hd;
+  w.tensor("token_embd.weight", GgufType::kQ8_0, {h, s.vocab});
+  w.tensor("output_norm.weight", GgufType::kF32, {h});
+  if (!tied) w.tensor("output.weight", GgufType::kQ4_0, {h, s.vocab});
+  for (std::uint32_t l = 0; l < s.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    w.tensor(p + "attn_norm.weight", GgufType::kF32, {h});
+    w.tensor(p + "attn_q.weight", GgufType::kQ4_1, {h, q});
+    w.tensor(p + "attn_k.weight", GgufType::kQ4_1, {h, kv});
+    w.tensor(p + "attn_v.weight", GgufType::kQ8_0, {h, kv});
+    if (biases) {
+      w.tensor(p + "attn_q.bias", GgufType::kF32, {q});
+      w.tensor(p + "attn_k.bias", GgufType::kF32, {kv});
+      w.tensor(p + "attn_v.bias", GgufType::kF32, {kv});
+    }
+    w.tensor(p + "attn_output.weight", GgufType::kF16, {q, h});
+    w.tensor(p + "ffn_norm.weight", GgufType::kF32, {h});
+    w.tensor(p + "ffn_gate.weight", GgufType::kBF16, {h, s.ff});
+    w.tensor(p + "ffn_up.weight", GgufType::kQ4_0, {h, s.ff});
+    w.tensor(p + "ffn_down.weight", GgufType::kQ8_0, {s.ff, h});
+  }
+  return w;
+}
+
+TEST(GgufModelConfig, LlamaTied) {
+  const std::vector<std::byte> bytes = tiny_model("llama", true, false).build();
+  const GgufFile f = GgufFile::parse({bytes.data(), bytes.size()});
+  const GgufModelConfig c = read_model_config(f);
+  EXPECT_EQ(c.arch, GgufArch::kLlama);
+  EXPECT_EQ(c.rope_layout, GgufRopeLayout::kInterleaved);
+  EXPECT_EQ(c.name, "tiny");
+  EXPECT_EQ(c.num_layers, 2);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 96);
+  EXPECT_EQ(c.num_qo_heads, 4);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.vocab_size, 10);
+  EXPECT_EQ(c.context_length, 2048);
+  EXPECT_EQ(c.rope_theta, 500000.0f);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6f);
+  EXPECT_EQ(c.rope_scaling.type, "none");
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.output, "token_embd.weight");
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_id, 2);
+  ASSERT_EQ(c.layers.size(), 2u);
+  EXPECT_EQ(c.layers[1].ffn_down, "blk.1.ffn_down.weight");
+  EXPECT_TRUE(c.layers[0].attn_q_bias.empty());
+}
+
+TEST(GgufModelConfig, Qwen2WithBiasesAndUntiedHead) {
+  GgufWriter w = tiny_model("qwen2", false, true);
+  w.kv_string("qwen2.rope.scaling.type", "yarn").kv_f32("qwen2.rope.scaling.factor", 4.0f);
+  w.kv_u32("qwen2.rope.scaling.original_context_length", 32768);
+  const std::vector<std::byte> bytes = w.build();
+  const GgufModelConfig c = read_model_config(GgufFile::parse({bytes.data(), bytes.size()}));
+  EXPECT_EQ(c.arch, GgufArch::kQwen2);
+  EXPECT_EQ(c.rope_layout, GgufRopeLayout::kNeox);
+  EXPECT_FALSE(c.tie_embeddings);
+  EXPECT_EQ(c.output, "output.weight");
+  EXPECT_EQ(c.layers[1].attn_v_bias, "blk.1.attn_v.bias");
+  EXPECT_EQ(c.rope_scaling.type, "yarn");
+  EXPECT_EQ(c.rope_scaling.factor, 4.0f);
+  EXPECT_EQ(c.rope_scaling.original_context_length, 32768);
+}
+
+TEST(GgufModelConfig, ErrorsNameTheKeyOrTensor) {
+  const auto config_of = [](const GgufWriter& w) {
+    const std::vector<std::byte> bytes = w.build();
+    return read_model_config(GgufFile::parse({bytes.data(), bytes.size()}, "m.gguf"));
+  };
+  expect_throws<Unsupported>([&] { config_of(tiny_model("gpt2", true, false)); },
+                             {"general.architecture 'gpt2' is not supported"});
+  GgufWriter missing;
+  missing.kv_string("general.architecture", "llama");
+  expect_throws<InvalidArgument>([&] { config_of(missing); }, {"missing key 'llama.block_count'"});
+  TinyShape odd;
+  odd.kv_heads = 3;
+  expect_throws<InvalidArgument>(
+      [&] { config_of(tiny_model("llama", true, false, odd)); },
+      {"head_count = 4 is not a multiple of llama.attention.head_count_kv = 3"});
+  GgufWriter zero = tiny_model("llama", true, false);
+  zero.kv_u32("llama.vocab_size", 11);
+  expect_throws<InvalidArgument>([&] { config_of(zero); }, {"llama.vocab_size = 11 differs"});
+  GgufWriter partial = tiny_model("llama", true, false);
+  partial.kv_u32("llama.rope.dimension_count", 8);
+  expect_throws<Unsupported>([&] { config_of(partial); }, {"partial rotary"});
+  GgufWriter bad_type = tiny_model("llama", true, false);
+  bad_type.kv_u32("llama.block_count", 3);
+  expect_throws<InvalidArgument>([&] { config_of(bad_type); },
+                                 {"key 'llama.block_count': duplicate key"});
+}
+
+// One layer of width 64, 4 heads of 16, 2 KV heads, ff 96; `k_heads` sets
+// the width of attn_k; attn_v and the rest are absent.
+GgufWriter partial_layer(std::uint64_t k_heads) {
+  GgufWriter w;
+  w.kv_string("general.architecture", "llama").kv_u32("llama.block_count", 1);
+  w.kv_u32("llama.context_length", 64).kv_u32("llama.embedding_length", 64);
+  w.kv_u32("llama.feed_forward_length", 96).kv_u32("llama.attention.head_count", 4);
+  w.kv_u32("llama.attention.head_count_kv", 2);
+  w.tensor("token_embd.weight", GgufType::kF32, {64, 10});
+  w.tensor("output_norm.weight", GgufType::kF32, {64});
+  w.tensor("blk.0.attn_norm.weight", GgufType::kF32, {64});
+  w.tensor("blk.0.attn_q.weight", GgufType::kF32, {64, 64});
+  w.tensor("blk.0.attn_k.weight", GgufType::kF32, {64, 16 * k_heads});
+  return w;
+}
+
+TEST(GgufModelConfig, WrongTensorShapeOrMissingTensor) {
+  const auto config_of = [](const GgufWriter& w) {
+    const std::vector<std::byte> bytes = w.build();
+    return read_model_config(GgufFile::parse({bytes.data(), bytes.size()}, "m.gguf"));
+  };
+  expect_throws<InvalidArgument>(
+      [&] { config_of(partial_layer(4)); },
+      {"tensor 'blk.0.attn_k.weight' has dims [64, 64], expected [64, 32]"});
+  expect_throws<InvalidArgument>([&] { config_of(partial_layer(2)); },
+                                 {"m.gguf: missing tensor 'blk.0.attn_v.weight'"});
+  GgufWriter unsupported = partial_layer(2);
+  unsupported.tensor("blk.0.attn_v.weight", GgufType::kQ2_K, {256, 32});
+  expect_throws<InvalidArgument>([&] { config_of(unsupported); }, {"attn_v.weight", "[256, 32]"});
+}
+
+std::string test_model_path() {
+  if (const char* env = std::getenv("PAGEDATTN_TEST_MODEL")) return env;
+  std::string cache;
+  if (const char* c = std::getenv("PAGEDATTN_MODEL_CACHE")) {
+    cache = c;
+  } else if (const char* home = std::getenv("HOME")) {
+    cache = std::string(home) + "/.cache/pagedattn/models";
+  }
+  return cache + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+TEST(GgufModelConfig, RealSmolLM2WhenPresent) {
+  const std::string path = test_model_path();
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << "no " << path << " (scripts/get_test_model.sh)";
+  const GgufFile f = GgufFile::open(path);
+  const GgufModelConfig c = read_model_config(f);
+  EXPECT_EQ(c.arch, GgufArch::kLlama);
+  EXPECT_EQ(c.num_layers, 30);
+  EXPECT_EQ(c.hidden_size, 576);
+  EXPECT_EQ(c.intermediate_size, 1536);
+  EXPECT_EQ(c.num_qo_heads, 9);
+  EXPECT_EQ(c.num_kv_heads, 3);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.vocab_size, 49152);
+  EXPECT_EQ(c.context_length, 8192);
+  EXPECT_EQ(c.rope_theta, 100000.0f);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5f);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_id, 2);
+  EXPECT_EQ(f.tensors().size(), 272u);
+  EXPECT_EQ(f.get_array_size("tokenizer.ggml.tokens"), 49152u);
+  EXPECT_EQ(f.get_array_size("tokenizer.ggml.merges"), 48900u);
+  EXPECT_EQ(f.tensor("token_embd.weight").type, GgufType::kQ8_0);
+  EXPECT_EQ(f.tensor("blk.0.attn_q.weight").type, GgufType::kQ4_1);
+  // Every weight dequantises to finite values.
+  for (const GgufTensor& t : f.tensors()) {
+    const std::vector<float> values = f.dequantize(t);
+    for (float v : values) ASSERT_TRUE(std::isfinite(v)) << t.name;
+  }
+}
+
+}  // namespace
+}  // namespace pagedattn

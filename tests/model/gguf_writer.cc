@@ -1,0 +1,175 @@
+#include "model/gguf_writer.h"
+
+#include <random>
+
+namespace pagedattn::test {
+namespace {
+
+template <typename T>
+std::vector<std::byte> encode(T value) {
+  ByteSink sink;
+  sink.put(value);
+  return sink.bytes();
+}
+
+// Byte offsets of the f16 scales inside one block of `type`.
+std::vector<int> scale_offsets(GgufType type) {
+  switch (type) {
+    case GgufType::kQ4_0:
+    case GgufType::kQ8_0:
+      return {0};
+    case GgufType::kQ4_1:
+    case GgufType::kQ4_K:
+    case GgufType::kQ5_K:
+      return {0, 2};
+    case GgufType::kQ6_K:
+      return {208};
+    default:
+      return {};
+  }
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_array(GgufValueType element_type, std::uint64_t count,
+                                    const std::vector<std::byte>& elements) {
+  ByteSink sink;
+  sink.put(static_cast<std::uint32_t>(element_type)).put(count).put_bytes(elements);
+  return sink.bytes();
+}
+
+GgufWriter& GgufWriter::kv_raw(std::string_view key, GgufValueType type,
+                               std::vector<std::byte> value) {
+  entries_.push_back({std::string(key), type, std::move(value)});
+  return *this;
+}
+
+GgufWriter& GgufWriter::kv_u8(std::string_view k, std::uint8_t v) {
+  return kv_raw(k, GgufValueType::kUint8, encode(v));
+}
+GgufWriter& GgufWriter::kv_i8(std::string_view k, std::int8_t v) {
+  return kv_raw(k, GgufValueType::kInt8, encode(v));
+}
+GgufWriter& GgufWriter::kv_u16(std::string_view k, std::uint16_t v) {
+  return kv_raw(k, GgufValueType::kUint16, encode(v));
+}
+GgufWriter& GgufWriter::kv_i16(std::string_view k, std::int16_t v) {
+  return kv_raw(k, GgufValueType::kInt16, encode(v));
+}
+GgufWriter& GgufWriter::kv_u32(std::string_view k, std::uint32_t v) {
+  return kv_raw(k, GgufValueType::kUint32, encode(v));
+}
+GgufWriter& GgufWriter::kv_i32(std::string_view k, std::int32_t v) {
+  return kv_raw(k, GgufValueType::kInt32, encode(v));
+}
+GgufWriter& GgufWriter::kv_u64(std::string_view k, std::uint64_t v) {
+  return kv_raw(k, GgufValueType::kUint64, encode(v));
+}
+GgufWriter& GgufWriter::kv_i64(std::string_view k, std::int64_t v) {
+  return kv_raw(k, GgufValueType::kInt64, encode(v));
+}
+GgufWriter& GgufWriter::kv_f32(std::string_view k, float v) {
+  return kv_raw(k, GgufValueType::kFloat32, encode(v));
+}
+GgufWriter& GgufWriter::kv_f64(std::string_view k, double v) {
+  return kv_raw(k, GgufValueType::kFloat64, encode(v));
+}
+GgufWriter& GgufWriter::kv_bool(std::string_view k, bool v) {
+  return kv_raw(k, GgufValueType::kBool, encode(static_cast<std::uint8_t>(v)));
+}
+
+GgufWriter& GgufWriter::kv_string(std::string_view key, std::string_view v) {
+  ByteSink sink;
+  sink.put_string(v);
+  return kv_raw(key, GgufValueType::kString, sink.bytes());
+}
+
+GgufWriter& GgufWriter::kv_string_array(std::string_view key, const std::vector<std::string>& v) {
+  ByteSink elements;
+  for (const std::string& s : v) elements.put_string(s);
+  return kv_raw(key, GgufValueType::kArray,
+                encode_array(GgufValueType::kString, v.size(), elements.bytes()));
+}
+
+GgufWriter& GgufWriter::kv_i32_array(std::string_view key, const std::vector<std::int32_t>& v) {
+  ByteSink elements;
+  for (std::int32_t x : v) elements.put(x);
+  return kv_raw(key, GgufValueType::kArray,
+                encode_array(GgufValueType::kInt32, v.size(), elements.bytes()));
+}
+
+GgufWriter& GgufWriter::kv_f32_array(std::string_view key, const std::vector<float>& v) {
+  ByteSink elements;
+  for (float x : v) elements.put(x);
+  return kv_raw(key, GgufValueType::kArray,
+                encode_array(GgufValueType::kFloat32, v.size(), elements.bytes()));
+}
+
+GgufWriter& GgufWriter::tensor(GgufTestTensor t) {
+  tensors_.push_back(std::move(t));
+  return *this;
+}
+
+GgufWriter& GgufWriter::tensor(std::string name, GgufType type, std::vector<std::uint64_t> dims,
+                               std::uint64_t seed) {
+  const GgufTypeInfo& info = gguf_type_info(type);
+  std::uint64_t elements = 1;
+  for (std::uint64_t d : dims) elements *= d;
+  const auto blocks =
+      static_cast<std::int64_t>(elements / static_cast<std::uint64_t>(info.block_size));
+  return tensor({std::move(name), static_cast<std::uint32_t>(type), std::move(dims),
+                 random_blocks(type, blocks, seed), std::nullopt});
+}
+
+std::vector<std::byte> GgufWriter::build() const {
+  ByteSink sink;
+  sink.put<std::uint32_t>(0x46554747).put(version);
+  sink.put<std::uint64_t>(tensors_.size()).put<std::uint64_t>(entries_.size());
+  for (const Entry& e : entries_) {
+    sink.put_string(e.key).put(static_cast<std::uint32_t>(e.type)).put_bytes(e.value);
+  }
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t next = 0;
+  for (const GgufTestTensor& t : tensors_) {
+    offsets.push_back(t.offset.value_or(next));
+    next = (offsets.back() + t.data.size() + alignment - 1) / alignment * alignment;
+  }
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    const GgufTestTensor& t = tensors_[i];
+    sink.put_string(t.name).put(static_cast<std::uint32_t>(t.dims.size()));
+    for (std::uint64_t d : t.dims) sink.put(d);
+    sink.put(t.type_id).put(offsets[i]);
+  }
+  if (tensors_.empty()) return sink.bytes();
+  sink.pad_to(alignment);
+  const std::size_t data_start = sink.bytes().size();
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    if (offsets[i] > (1u << 24)) continue;  // a deliberately bad offset: no data written
+    std::vector<std::byte>& out = sink.bytes();
+    const std::size_t end = data_start + offsets[i] + tensors_[i].data.size();
+    if (out.size() < end) out.resize(end);
+    std::memcpy(out.data() + data_start + offsets[i], tensors_[i].data.data(),
+                tensors_[i].data.size());
+  }
+  return sink.bytes();
+}
+
+std::vector<std::byte> random_blocks(GgufType type, std::int64_t blocks, std::uint64_t seed) {
+  const GgufTypeInfo& info = gguf_type_info(type);
+  std::mt19937_64 rng(seed);
+  std::vector<std::byte> out(static_cast<std::size_t>(blocks * info.block_bytes));
+  for (std::byte& b : out) b = static_cast<std::byte>(rng() & 0xff);
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    for (int offset : scale_offsets(type)) {
+      // A finite f16 with a moderate exponent: sign | exponent in [5, 20] | mantissa.
+      const auto mantissa = static_cast<std::uint16_t>(rng() & 0x3ff);
+      const auto exponent = static_cast<std::uint16_t>(5 + rng() % 16);
+      const auto sign = static_cast<std::uint16_t>((rng() & 1) << 15);
+      const auto half = static_cast<std::uint16_t>(sign | (exponent << 10) | mantissa);
+      std::memcpy(out.data() + b * info.block_bytes + offset, &half, 2);
+    }
+  }
+  return out;
+}
+
+}  // namespace pagedattn::test
