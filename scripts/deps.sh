@@ -4,8 +4,9 @@
 set -euo pipefail
 
 # python3-venv: scripts/test_python.sh makes a virtual environment.
+# libicu-dev: Unicode character classes for the tokenizers' pre-tokenizers.
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv
-          libopenblas-dev)
+          libopenblas-dev libicu-dev)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps: not a Debian system; make sure these are installed: ${packages[*]}" >&2
