@@ -137,6 +137,7 @@ int run_generate(int argc, char** argv) {
         }
   std::fputs(text.flush().c_str(), stdout);
   std::fputs("\n", stdout);
+  std::fflush(stdout);
   const double total = seconds_since(start);
   const double decode_seconds = total - first_token_seconds;
   std::fprintf(stderr,

@@ -39,6 +39,16 @@ bool worth_threads(const LinearArgs& a) {
   return std::int64_t{a.rows} * a.out * a.in >= kParallelWork;
 }
 
+// A decode step's quantised products are small (a 576 x 960 Q4_1 matrix is
+// 0.35 MB) but bound by reading the weights, which every core adds to:
+// split them once they hold a few hundred kilobytes.
+constexpr std::int64_t kQuantParallelBytes = std::int64_t{1} << 17;
+
+bool worth_threads_quant(const LinearArgs& a) {
+  return std::int64_t{a.out} * weight_row_bytes(a.w_format, a.in) >= kQuantParallelBytes ||
+         worth_threads(a);
+}
+
 // Every row in one call per column block (the results of a row may depend on
 // the batch: BLAS picks its kernels by shape).
 void linear_fast(const LinearArgs& a) {
@@ -54,7 +64,7 @@ void linear_fast(const LinearArgs& a) {
 void linear_quant_direct(const LinearArgs& a) {
   const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, a.out, a.accumulate};
   const std::int32_t blocks = column_blocks(a.out);
-#pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads(a))
+#pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads_quant(a))
   for (std::int32_t b = 0; b < blocks; ++b)
     quant_product(q, b * kColumnBlock, std::min(a.out, (b + 1) * kColumnBlock));
 }
