@@ -91,8 +91,12 @@ void register_gguf(py::module_& m) {
         const GgufType type = parse_gguf_type(type_name);
         const py::buffer_info info = data.request();
         const std::int64_t expected = gguf_row_bytes(type, n);
-        require(info.ndim <= 1 || info.strides.back() == info.itemsize, "gguf_dequantize: data ",
-                "must be contiguous");
+        py::ssize_t stride = info.itemsize;
+        for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+          require(info.shape[d] <= 1 || info.strides[d] == stride,
+                  "gguf_dequantize: data must be C-contiguous");
+          stride *= info.shape[d];
+        }
         const std::int64_t size = info.size * info.itemsize;
         require(size == expected, "gguf_dequantize: data has ", size, " bytes, ", n, " ", type_name,
                 " elements take ", expected);

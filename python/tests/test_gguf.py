@@ -67,6 +67,10 @@ def test_dequantize_rejects_bad_sizes_and_types():
         pagedattn.gguf_dequantize("Q5_0", bytes(22), 32)
     with pytest.raises(pagedattn.InvalidArgumentError, match="not a ggml type name"):
         pagedattn.gguf_dequantize("Q9", b"", 0)
+    strided = np.zeros((4, 8), dtype=np.float32)[:, ::2]
+    with pytest.raises(pagedattn.InvalidArgumentError, match="C-contiguous"):
+        pagedattn.gguf_dequantize("F32", strided, 16)
+    assert pagedattn.gguf_dequantize("F32", np.arange(6, dtype=np.float32).reshape(2, 3), 6).tolist() == list(range(6))
 
 
 def test_reads_a_file_written_by_the_gguf_package(tmp_path):

@@ -345,7 +345,8 @@ std::vector<float> GgufFile::dequantize(const GgufTensor& t) const {
   std::vector<float> out(static_cast<std::size_t>(t.element_count()));
   const std::int64_t rows = t.row_count();
   const std::int64_t row_bytes = gguf_row_bytes(t.type, t.row_length());
-#pragma omp parallel for schedule(static) if (rows > 64)
+  // Threads only for big tensors: a parallel region costs more than a small one.
+#pragma omp parallel for schedule(static) if (t.element_count() >= (std::int64_t{1} << 20))
   for (std::int64_t r = 0; r < rows; ++r)
     dequantize_row(t.type, t.data + r * row_bytes, out.data() + r * t.row_length(), t.row_length());
   return out;

@@ -70,68 +70,68 @@ constexpr std::array<GgufTypeInfo, 32> kTypes = {{
 }};
 
 // IEEE half -> float, exact, NaN payloads kept (as numpy's conversion).
+// Branch-free (selects), so loops over it vectorise.
 inline float half_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu;
-  const std::uint32_t mantissa = h & 0x3ffu;
-  std::uint32_t bits;
-  if (exponent == 0x1fu) {
-    bits = 0x7f800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = ((exponent + 112u) << 23) | (mantissa << 13);
-  } else {
-    // Zero or subnormal: mantissa * 2^-24 is exact in f32.
-    if (mantissa == 0) return std::bit_cast<float>(sign);
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(magnitude));
-  }
+  const std::uint32_t magnitude = h & 0x7fffu;
+  const std::uint32_t exponent = magnitude >> 10;
+  // Normal: rebias the exponent by 127 - 15 = 112; inf / NaN: all ones.
+  const std::uint32_t rebiased = (magnitude << 13) + (112u << 23);
+  const std::uint32_t special = (magnitude << 13) | 0x7f800000u;
+  // Zero / subnormal: mantissa * 2^-24 is exact in f32.
+  const std::uint32_t small =
+      std::bit_cast<std::uint32_t>(static_cast<float>(magnitude) * 0x1p-24f);
+  const std::uint32_t bits = exponent == 0 ? small : (exponent == 0x1f ? special : rebiased);
   return std::bit_cast<float>(sign | bits);
 }
 
+static_assert(std::endian::native == std::endian::little, "GGUF data is little-endian");
+
 inline std::uint16_t load_u16(const std::uint8_t* p) noexcept {
-  return static_cast<std::uint16_t>(p[0] | (p[1] << 8));
+  std::uint16_t value;
+  std::memcpy(&value, p, sizeof(value));
+  return value;
 }
 inline float load_half(const std::uint8_t* p) noexcept {
   return half_to_float(load_u16(p));
 }
 
-void dequantize_f32(const std::uint8_t* src, float* dst, std::int64_t n) {
+void dequantize_f32(const std::uint8_t* __restrict src, float* __restrict dst, std::int64_t n) {
   std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
 }
 
-void dequantize_f16(const std::uint8_t* src, float* dst, std::int64_t n) {
+void dequantize_f16(const std::uint8_t* __restrict src, float* __restrict dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = load_half(src + 2 * i);
 }
 
-void dequantize_bf16(const std::uint8_t* src, float* dst, std::int64_t n) {
+void dequantize_bf16(const std::uint8_t* __restrict src, float* __restrict dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i)
     dst[i] = std::bit_cast<float>(static_cast<std::uint32_t>(load_u16(src + 2 * i)) << 16);
 }
 
-void dequantize_q4_0(const std::uint8_t* src, float* dst, std::int64_t blocks) {
+void dequantize_q4_0(const std::uint8_t* __restrict src, float* __restrict dst,
+                     std::int64_t blocks) {
   for (std::int64_t b = 0; b < blocks; ++b, src += 18, dst += kQK) {
     const float d = load_half(src);
     const std::uint8_t* qs = src + 2;
-    for (int j = 0; j < 16; ++j) {
-      dst[j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
-      dst[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
-    }
+    for (int j = 0; j < 16; ++j) dst[j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
+    for (int j = 0; j < 16; ++j) dst[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
   }
 }
 
-void dequantize_q4_1(const std::uint8_t* src, float* dst, std::int64_t blocks) {
+void dequantize_q4_1(const std::uint8_t* __restrict src, float* __restrict dst,
+                     std::int64_t blocks) {
   for (std::int64_t b = 0; b < blocks; ++b, src += 20, dst += kQK) {
     const float d = load_half(src);
     const float m = load_half(src + 2);
     const std::uint8_t* qs = src + 4;
-    for (int j = 0; j < 16; ++j) {
-      dst[j] = d * static_cast<float>(qs[j] & 0x0f) + m;
-      dst[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
-    }
+    for (int j = 0; j < 16; ++j) dst[j] = d * static_cast<float>(qs[j] & 0x0f) + m;
+    for (int j = 0; j < 16; ++j) dst[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
   }
 }
 
-void dequantize_q8_0(const std::uint8_t* src, float* dst, std::int64_t blocks) {
+void dequantize_q8_0(const std::uint8_t* __restrict src, float* __restrict dst,
+                     std::int64_t blocks) {
   for (std::int64_t b = 0; b < blocks; ++b, src += 34, dst += kQK) {
     const float d = load_half(src);
     for (int j = 0; j < 32; ++j)
@@ -153,7 +153,8 @@ inline void k_scale_min(const std::uint8_t* s, int j, std::uint8_t& scale, std::
   }
 }
 
-void dequantize_q4_k(const std::uint8_t* src, float* dst, std::int64_t blocks) {
+void dequantize_q4_k(const std::uint8_t* __restrict src, float* __restrict dst,
+                     std::int64_t blocks) {
   for (std::int64_t b = 0; b < blocks; ++b, src += 144, dst += kQKK) {
     const float d = load_half(src);
     const float dmin = load_half(src + 2);
@@ -173,7 +174,8 @@ void dequantize_q4_k(const std::uint8_t* src, float* dst, std::int64_t blocks) {
   }
 }
 
-void dequantize_q5_k(const std::uint8_t* src, float* dst, std::int64_t blocks) {
+void dequantize_q5_k(const std::uint8_t* __restrict src, float* __restrict dst,
+                     std::int64_t blocks) {
   for (std::int64_t b = 0; b < blocks; ++b, src += 176, dst += kQKK) {
     const float d = load_half(src);
     const float dmin = load_half(src + 2);
@@ -196,7 +198,8 @@ void dequantize_q5_k(const std::uint8_t* src, float* dst, std::int64_t blocks) {
   }
 }
 
-void dequantize_q6_k(const std::uint8_t* src, float* dst, std::int64_t blocks) {
+void dequantize_q6_k(const std::uint8_t* __restrict src, float* __restrict dst,
+                     std::int64_t blocks) {
   for (std::int64_t b = 0; b < blocks; ++b, src += 210, dst += kQKK) {
     const std::uint8_t* ql = src;
     const std::uint8_t* qh = src + 128;
