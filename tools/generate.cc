@@ -40,7 +40,8 @@ std::int64_t parse_integer(std::string_view flag, const std::string& text, doubl
 std::vector<std::int32_t> stop_tokens(const Tokenizer& tokenizer) {
   std::vector<std::int32_t> ids;
   if (tokenizer.eos_id() >= 0) ids.push_back(tokenizer.eos_id());
-  for (const char* text : {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"}) {
+  for (const char* text :
+       {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"}) {
     const std::int32_t id = tokenizer.token_id(text);
     if (id >= 0 && tokenizer.is_control(id) && id != tokenizer.eos_id()) ids.push_back(id);
   }
@@ -54,7 +55,8 @@ std::vector<std::int32_t> prompt_tokens(const GenerateOptions& o, const GgufFile
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
   messages.push_back({"user", o.prompt});
-  return tokenizer.encode(chat.render(messages, true), {.add_special = false, .parse_special = true});
+  return tokenizer.encode(chat.render(messages, true),
+                          {.add_special = false, .parse_special = true});
 }
 
 }  // namespace
@@ -80,18 +82,30 @@ GenerateOptions parse_generate_options(int argc, char** argv, int first) {
       require(i + 1 < argc, "generate: ", flag, " needs a value");
       return argv[++i];
     };
-    if (flag == "--model") o.model = value();
-    else if (flag == "--prompt") o.prompt = value();
-    else if (flag == "--chat") o.chat = true;
-    else if (flag == "--system") o.system = value();
-    else if (flag == "--max-tokens") o.max_tokens = static_cast<std::int32_t>(parse_integer(flag, value(), 1, 1 << 20));
-    else if (flag == "--temperature") o.temperature = static_cast<float>(parse_number(flag, value(), 0, 100));
-    else if (flag == "--top-p") o.top_p = static_cast<float>(parse_number(flag, value(), 1e-6, 1));
-    else if (flag == "--top-k") o.top_k = static_cast<std::int32_t>(parse_integer(flag, value(), 0, 1 << 30));
-    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(parse_integer(flag, value(), 0, 9007199254740992.0));
-    else if (flag == "--kv-memory-mib") o.kv_memory_mib = parse_number(flag, value(), 1, 1 << 20);
-    else if (flag == "--help" || flag == "-h") o.help = true;
-    else throw InvalidArgument(detail::concat("generate: unknown flag '", flag, "'"));
+    if (flag == "--model")
+      o.model = value();
+    else if (flag == "--prompt")
+      o.prompt = value();
+    else if (flag == "--chat")
+      o.chat = true;
+    else if (flag == "--system")
+      o.system = value();
+    else if (flag == "--max-tokens")
+      o.max_tokens = static_cast<std::int32_t>(parse_integer(flag, value(), 1, 1 << 20));
+    else if (flag == "--temperature")
+      o.temperature = static_cast<float>(parse_number(flag, value(), 0, 100));
+    else if (flag == "--top-p")
+      o.top_p = static_cast<float>(parse_number(flag, value(), 1e-6, 1));
+    else if (flag == "--top-k")
+      o.top_k = static_cast<std::int32_t>(parse_integer(flag, value(), 0, 1 << 30));
+    else if (flag == "--seed")
+      o.seed = static_cast<std::uint64_t>(parse_integer(flag, value(), 0, 9007199254740992.0));
+    else if (flag == "--kv-memory-mib")
+      o.kv_memory_mib = parse_number(flag, value(), 1, 1 << 20);
+    else if (flag == "--help" || flag == "-h")
+      o.help = true;
+    else
+      throw InvalidArgument(detail::concat("generate: unknown flag '", flag, "'"));
   }
   if (o.help) return o;
   require(!o.model.empty(), "generate: --model FILE.gguf is required");

@@ -14,6 +14,8 @@
 
 namespace pagedattn {
 
+class GgufFile;
+
 struct LlamaConfig {
   std::string name = "tiny";
   std::int32_t vocab_size = 1024;
@@ -51,6 +53,9 @@ struct GgufModelOptions {
 // weights are kept as stored and multiplied in place; the other types are
 // dequantised to f32 at load. InvalidArgument / Unsupported naming the file
 // and the key or tensor for a file that cannot be served.
-std::unique_ptr<Model> make_gguf_model(const std::string& path, const GgufModelOptions& options = {});
+std::unique_ptr<Model> make_gguf_model(const std::string& path,
+                                       const GgufModelOptions& options = {});
+// The same from an open file (weights are copied out of it: the file may close).
+std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOptions& options = {});
 
 }  // namespace pagedattn

@@ -26,7 +26,8 @@ class GgufModel {
   const ModelSpec& spec() const { return model_->spec(); }
 
   // One sequence, teacher-forced: logits [n][vocab] of every position.
-  py::array_t<float> logits(const std::vector<std::int32_t>& token_ids, const std::string& kv_dtype) {
+  py::array_t<float> logits(const std::vector<std::int32_t>& token_ids,
+                            const std::string& kv_dtype) {
     require(!token_ids.empty(), "GgufModel.logits: token_ids is empty");
     const ModelSpec& s = spec();
     KVCacheConfig k;

@@ -21,18 +21,25 @@ using engine::WeightMatrix;
 
 bool in_place_format(GgufType type, WeightFormat& format) {
   switch (type) {
-    case GgufType::kQ8_0: format = WeightFormat::kQ8_0; return true;
-    case GgufType::kQ4_0: format = WeightFormat::kQ4_0; return true;
-    case GgufType::kQ4_1: format = WeightFormat::kQ4_1; return true;
-    default: return false;
+    case GgufType::kQ8_0:
+      format = WeightFormat::kQ8_0;
+      return true;
+    case GgufType::kQ4_0:
+      format = WeightFormat::kQ4_0;
+      return true;
+    case GgufType::kQ4_1:
+      format = WeightFormat::kQ4_1;
+      return true;
+    default:
+      return false;
   }
 }
 
 // A [out][in] matrix (ggml dims {in, out}).
 WeightMatrix load_matrix(const GgufFile& file, const std::string& name) {
   const GgufTensor& t = file.tensor(name);
-  require(t.dims.size() == 2, "gguf ", file.source_name(), ": tensor '", name, "' has ", t.dims.size(),
-          " dims, a weight matrix has 2");
+  require(t.dims.size() == 2, "gguf ", file.source_name(), ": tensor '", name, "' has ",
+          t.dims.size(), " dims, a weight matrix has 2");
   const auto in = static_cast<std::int32_t>(t.dims[0]), out = static_cast<std::int32_t>(t.dims[1]);
   WeightFormat format{};
   if (in_place_format(t.type, format))
@@ -83,8 +90,8 @@ WeightMatrix load_gate_up(const GgufFile& file, const GgufLayerTensors& t) {
 }
 
 std::int32_t narrow(std::int64_t value, const char* what) {
-  require(value >= 0 && value <= std::numeric_limits<std::int32_t>::max(), "make_gguf_model: ", what,
-          " = ", value, " does not fit the model's 32-bit fields");
+  require(value >= 0 && value <= std::numeric_limits<std::int32_t>::max(),
+          "make_gguf_model: ", what, " = ", value, " does not fit the model's 32-bit fields");
   return static_cast<std::int32_t>(value);
 }
 
@@ -98,11 +105,12 @@ LlamaConfig llama_config(const GgufModelConfig& g, const GgufModelOptions& optio
   c.num_qo_heads = narrow(g.num_qo_heads, "num_qo_heads");
   c.num_kv_heads = narrow(g.num_kv_heads, "num_kv_heads");
   c.head_dim = narrow(g.head_dim, "head_dim");
-  c.rope_style = g.rope_layout == GgufRopeLayout::kInterleaved ? RopeStyle::kGptJ : RopeStyle::kNeox;
+  c.rope_style =
+      g.rope_layout == GgufRopeLayout::kInterleaved ? RopeStyle::kGptJ : RopeStyle::kNeox;
   c.rope_theta = g.rope_theta;
   c.rms_norm_eps = g.rms_norm_eps;
-  c.max_position = options.max_position > 0 ? options.max_position
-                                            : narrow(g.context_length, "context_length");
+  c.max_position =
+      options.max_position > 0 ? options.max_position : narrow(g.context_length, "context_length");
   c.tie_embeddings = g.tie_embeddings;
   c.eos_token_id = g.eos_token_id >= 0 && g.eos_token_id < g.vocab_size
                        ? static_cast<std::int32_t>(g.eos_token_id)
@@ -113,14 +121,19 @@ LlamaConfig llama_config(const GgufModelConfig& g, const GgufModelOptions& optio
 }  // namespace
 
 std::unique_ptr<Model> make_gguf_model(const std::string& path, const GgufModelOptions& options) {
-  require(options.max_position >= 0, "make_gguf_model: options.max_position = ", options.max_position,
+  return make_gguf_model(GgufFile::open(path), options);
+}
+
+std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOptions& options) {
+  require(options.max_position >= 0,
+          "make_gguf_model: options.max_position = ", options.max_position,
           " must be >= 0 (0: the file's context length)");
-  const GgufFile file = GgufFile::open(path);
   const GgufModelConfig g = read_model_config(file);
-  require<Unsupported>(g.rope_scaling.type == "none" && g.rope_scaling.freq_factors_tensor.empty(),
-                       "make_gguf_model: ", path, " uses RoPE scaling '", g.rope_scaling.type,
-                       g.rope_scaling.freq_factors_tensor.empty() ? "'" : "' with rope_freqs.weight",
-                       ", which the built-in Llama model does not apply yet");
+  require<Unsupported>(
+      g.rope_scaling.type == "none" && g.rope_scaling.freq_factors_tensor.empty(),
+      "make_gguf_model: ", file.source_name(), " uses RoPE scaling '", g.rope_scaling.type,
+      g.rope_scaling.freq_factors_tensor.empty() ? "'" : "' with rope_freqs.weight",
+      ", which the built-in Llama model does not apply yet");
   const LlamaConfig config = llama_config(g, options);
   LlamaWeights w;
   w.embedding = load_matrix(file, g.token_embedding);

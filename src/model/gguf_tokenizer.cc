@@ -25,13 +25,15 @@ TokenizerVocab read_tokenizer_vocab(const GgufFile& file) {
   TokenizerVocab v;
   v.model = std::string(file.get_string("tokenizer.ggml.model"));
   if (file.has("tokenizer.ggml.pre")) v.pre = std::string(file.get_string("tokenizer.ggml.pre"));
-  for (std::string_view t : file.get_string_array("tokenizer.ggml.tokens")) v.tokens.emplace_back(t);
+  for (std::string_view t : file.get_string_array("tokenizer.ggml.tokens"))
+    v.tokens.emplace_back(t);
   if (file.has("tokenizer.ggml.scores")) v.scores = file.get_float_array("tokenizer.ggml.scores");
   if (file.has("tokenizer.ggml.token_type"))
     for (std::int64_t t : file.get_int_array("tokenizer.ggml.token_type"))
       v.token_type.push_back(static_cast<std::int32_t>(t));
   if (file.has("tokenizer.ggml.merges"))
-    for (std::string_view m : file.get_string_array("tokenizer.ggml.merges")) v.merges.emplace_back(m);
+    for (std::string_view m : file.get_string_array("tokenizer.ggml.merges"))
+      v.merges.emplace_back(m);
   v.bos_id = optional_id(file, "tokenizer.ggml.bos_token_id");
   v.eos_id = optional_id(file, "tokenizer.ggml.eos_token_id");
   v.unk_id = optional_id(file, "tokenizer.ggml.unknown_token_id");

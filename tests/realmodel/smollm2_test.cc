@@ -24,9 +24,10 @@ std::string model_path() {
   return path == nullptr ? std::string() : std::string(path);
 }
 
-#define REQUIRE_TEST_MODEL()                                                  \
-  if (model_path().empty()) GTEST_SKIP() << "PAGEDATTN_TEST_MODEL is not set " \
-                                            "(scripts/get_test_model.sh prints the path)"
+#define REQUIRE_TEST_MODEL()                         \
+  if (model_path().empty())                          \
+  GTEST_SKIP() << "PAGEDATTN_TEST_MODEL is not set " \
+                  "(scripts/get_test_model.sh prints the path)"
 
 std::shared_ptr<Model> smollm2() {
   static std::shared_ptr<Model> model = make_gguf_model(model_path(), {.max_position = 2048});
@@ -77,13 +78,14 @@ TEST(SmolLM2, ChatAnswerIsRealText) {
 
 TEST(SmolLM2, BatchedGreedyTokensEqualSolo) {
   REQUIRE_TEST_MODEL();
-  const char* texts[] = {"The quick brown fox", "def fibonacci(n):", "Once upon a time",
-                         "1, 2, 3, 4,", "The capital of Italy is", "Water boils at",
+  const char* texts[] = {"The quick brown fox", "def fibonacci(n):",       "Once upon a time",
+                         "1, 2, 3, 4,",         "The capital of Italy is", "Water boils at",
                          "In 1969, astronauts", "import numpy as np\n"};
   std::vector<Tokens> prompts;
   for (std::int32_t i = 0; i < 32; ++i) {
     Tokens t = tokenizer().encode(texts[i % 8]);
-    for (std::int32_t extra = 0; extra < i; ++extra) t.push_back((i * 131 + extra * 17) % 4000 + 200);
+    for (std::int32_t extra = 0; extra < i; ++extra)
+      t.push_back((i * 131 + extra * 17) % 4000 + 200);
     prompts.push_back(t);  // 32 different prompts of 3 to ~40 tokens
   }
   const std::vector<Tokens> batched = serve(prompts, 12);
