@@ -2,11 +2,19 @@
 """Plots a `pagedattn bench-serve --json FILE` run: KV pages in use, running
 batch size and output throughput over time, as one PNG.
 
-    python3 -m pip install matplotlib      # from PyPI
-    scripts/plot_bench.py run.json -o docs/bench_serve.png
+matplotlib is not part of the build. Debian's Python refuses a system-wide
+`pip install` (PEP 668), so install it into a virtual environment (or, as
+root, `apt-get install python3-matplotlib` and use python3):
+
+    python3 -m venv build/plotenv && build/plotenv/bin/pip install matplotlib
+    build/plotenv/bin/python scripts/plot_bench.py run.json -o docs/bench_serve.png
+
+--check-legend exits with status 1 when a legend covers a plotted point
+(the test suite runs it).
 """
 import argparse
 import json
+import sys
 
 import matplotlib
 
@@ -25,10 +33,28 @@ def throughput(times, tokens, window=1.0):
     return out
 
 
+def legend_overlaps(fig):
+    """(y label, line label) pairs whose drawn path crosses a legend's box."""
+    fig.canvas.draw()
+    found = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent()
+        for line in ax.get_lines():
+            path = line.get_transform().transform_path(line.get_path())
+            if path.intersects_bbox(box, filled=False):
+                found.append((ax.get_ylabel(), line.get_label()))
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json_file")
     parser.add_argument("-o", "--output", default="bench_serve.png")
+    parser.add_argument("--check-legend", action="store_true",
+                        help="fail when a legend covers plotted data")
     args = parser.parse_args()
     with open(args.json_file) as f:
         run = json.load(f)
@@ -38,7 +64,9 @@ def main():
     axes[0].plot(t, tl["pages_in_use"], label="pages in use")
     axes[0].axhline(s["num_pages"], color="gray", linestyle="--", label="KV pages")
     axes[0].set_ylabel("KV pages")
-    axes[0].legend(loc="upper right")
+    # Above the axes, not inside: the pages line runs along the top when the
+    # pool is full, which is what a good run looks like.
+    axes[0].legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, frameon=False)
     axes[1].plot(t, tl["running_seqs"], color="tab:orange")
     axes[1].set_ylabel("running sequences")
     axes[2].plot(t, throughput(t, tl["output_tokens"]), color="tab:green")
@@ -54,7 +82,13 @@ def main():
     fig.tight_layout()
     fig.savefig(args.output, dpi=100)
     print(f"wrote {args.output}")
+    if args.check_legend:
+        overlaps = legend_overlaps(fig)
+        for axis, label in overlaps:
+            print(f"legend covers '{label}' in the '{axis}' plot", file=sys.stderr)
+        return 1 if overlaps else 0
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

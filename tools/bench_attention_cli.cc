@@ -25,6 +25,8 @@ namespace {
 
 namespace pb = pagedattn::bench;
 
+constexpr std::int32_t kMinHeadDim = 8, kMaxHeadDim = 256;
+
 struct Options {
   pb::Config shape;
   double seconds = 2.0;  // timed calls run at least this long
@@ -33,29 +35,36 @@ struct Options {
   bool hot = false;  // re-read one copy (K/V in cache when it fits) instead of rotating
 };
 
+// The defaults printed here are read from Options{} so that help and behaviour
+// cannot drift apart.
 void print_usage(std::FILE* out) {
+  const Options d;
+  const pb::Config& c = d.shape;
   std::fprintf(out,
                "usage: pagedattn bench-attention [options]\n"
                "  --mode decode|prefill   decode: one query per sequence (default);\n"
                "                          prefill: q_len = kv_len unless --q-len\n"
-               "  --kv-dtype T            f32 f16 bf16 fp8_e4m3 fp8_e5m2 int8 (default f16)\n"
-               "  --batch N               sequences (default 8)\n"
-               "  --kv-len N              keys per sequence (default 4096)\n"
+               "  --kv-dtype T            f32 f16 bf16 fp8_e4m3 fp8_e5m2 int8 (default %s)\n"
+               "  --batch N               sequences (default %d)\n"
+               "  --kv-len N              keys per sequence (default %d)\n"
                "  --q-len N               queries per sequence (causal, bottom-right)\n"
-               "  --heads QxK             query x KV heads (default 32x8)\n"
-               "  --head-dim D            multiple of 8, 32..256 (default 128)\n"
-               "  --page-size P           (default 16); --contiguous: one page per sequence\n"
-               "  --seconds S             time calls for at least S seconds (default 2)\n"
-               "  --threads N             OpenMP threads for kernel and probes\n"
+               "  --heads QxK             query x KV heads (default %dx%d)\n"
+               "  --head-dim D            %d..%d (default %d)\n"
+               "  --page-size P           (default %d); --contiguous: one page per sequence\n"
+               "  --seconds S             time calls for at least S seconds (default %g)\n"
+               "  --threads N             OpenMP threads for kernel and probes (default %d)\n"
                "  --no-probe              skip the bandwidth / FMA probes\n"
                "  --no-check              skip the comparison with the scalar reference\n"
                "  --hot                   re-read the first copy every call: K/V stay in\n"
                "                          L2/L3 if they fit (the kernel's compute rate)\n"
-               "exit status 3 when the kernel disagrees with the reference\n");
+               "exit status 3 when the kernel disagrees with the reference\n",
+               pb::short_name(c.kv).c_str(), c.batch, c.kv_len, c.qo_heads, c.kv_heads, kMinHeadDim,
+               kMaxHeadDim, c.head_dim, c.page, d.seconds, omp_get_max_threads());
 }
 
 DType parse_dtype(const std::string& s) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8})
+  for (DType t :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8})
     if (pb::short_name(t) == s) return t;
   throw InvalidArgument(detail::concat("--kv-dtype: unknown dtype '", s, "'"));
 }
@@ -80,7 +89,8 @@ Options parse(int argc, char** argv) {
     };
     if (flag == "--mode") {
       const std::string m = value();
-      require<InvalidArgument>(m == "decode" || m == "prefill", "--mode: expected decode or prefill, got '", m, "'");
+      require<InvalidArgument>(m == "decode" || m == "prefill",
+                               "--mode: expected decode or prefill, got '", m, "'");
       prefill = m == "prefill";
     } else if (flag == "--kv-dtype") {
       o.shape.kv = parse_dtype(value());
@@ -99,14 +109,15 @@ Options parse(int argc, char** argv) {
       require<InvalidArgument>(o.shape.qo_heads % o.shape.kv_heads == 0, "--heads: ", h,
                                ": query heads must be a multiple of KV heads");
     } else if (flag == "--head-dim") {
-      o.shape.head_dim = parse_int("--head-dim", value(), 8, 256);
+      o.shape.head_dim = parse_int("--head-dim", value(), kMinHeadDim, kMaxHeadDim);
     } else if (flag == "--page-size") {
       o.shape.page = parse_int("--page-size", value(), 1, 1 << 20);
     } else if (flag == "--contiguous") {
       o.shape.contiguous = true;
     } else if (flag == "--seconds") {
       o.seconds = std::atof(value().c_str());
-      require<InvalidArgument>(o.seconds > 0.0 && o.seconds <= 600.0, "--seconds: expected (0, 600]");
+      require<InvalidArgument>(o.seconds > 0.0 && o.seconds <= 600.0,
+                               "--seconds: expected (0, 600]");
     } else if (flag == "--threads") {
       omp_set_num_threads(parse_int("--threads", value(), 1, 1024));
     } else if (flag == "--no-probe") {
@@ -116,7 +127,8 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--hot") {
       o.hot = true;
     } else {
-      throw InvalidArgument(detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
+      throw InvalidArgument(
+          detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
     }
   }
   o.shape.q_len = q_len > 0 ? q_len : prefill ? o.shape.kv_len : 1;
@@ -129,7 +141,8 @@ Options parse(int argc, char** argv) {
 // largest |reference| (both read back as float).
 double relative_error_vs_reference(pb::Workload& w) {
   AttentionParams p = w.params(0);
-  const std::size_t n = std::size_t(w.config().batch) * w.config().q_len * p.num_qo_heads * w.config().head_dim;
+  const std::size_t n =
+      std::size_t(w.config().batch) * w.config().q_len * p.num_qo_heads * w.config().head_dim;
   AttentionRunner().run(p);
   std::vector<float> fast(n), ref(n);
   for (std::size_t i = 0; i < n; ++i) fast[i] = load_as_float(p.o.data, p.o.dtype, i);
@@ -156,7 +169,9 @@ Timing time_calls(pb::Workload& w, double seconds, bool hot) {
   runner.run(w.params(0));  // warm-up: workspace, page faults
   std::vector<double> times;
   const auto start = Clock::now();
-  for (int i = 0; times.size() < 3 || std::chrono::duration<double>(Clock::now() - start).count() < seconds; ++i) {
+  for (int i = 0;
+       times.size() < 3 || std::chrono::duration<double>(Clock::now() - start).count() < seconds;
+       ++i) {
     const AttentionParams p = w.params(hot ? 0 : i % w.copies());
     const auto t0 = Clock::now();
     runner.run(p);
@@ -176,9 +191,11 @@ int run_bench_attention(int argc, char** argv) {
     }
   const Options o = parse(argc, argv);
   const pb::Config& c = o.shape;
-  std::printf("shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
-              pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
-              c.contiguous ? "contiguous" : ("page " + std::to_string(c.page)).c_str(), omp_get_max_threads());
+  std::printf(
+      "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
+      pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
+      c.contiguous ? "contiguous" : ("page " + std::to_string(c.page)).c_str(),
+      omp_get_max_threads());
   pb::Workload w(c);
   std::printf("working set: %d copies, %.0f MiB of K/V (L3 %.0f MiB)\n", w.copies(),
               double(w.bytes()) / double(1 << 20), double(pb::l3_cache_bytes()) / double(1 << 20));
@@ -186,21 +203,25 @@ int run_bench_attention(int argc, char** argv) {
     // Outputs are stored in f16 / bf16 / f32: rounding alone stays well below this.
     constexpr double kTolerance = 1e-2;
     const double err = relative_error_vs_reference(w);
-    std::printf("max |kernel - reference| / max |reference|: %.2e (%s)\n", err, err <= kTolerance ? "ok" : "FAILED");
+    std::printf("max |kernel - reference| / max |reference|: %.2e (%s)\n", err,
+                err <= kTolerance ? "ok" : "FAILED");
     if (!(err <= kTolerance)) return 3;
   }
 
   const Timing t = time_calls(w, o.seconds, o.hot);
-  if (o.hot) std::printf("hot: every call re-reads copy 0 (%.1f MiB of K/V)\n", c.kv_bytes_per_call() / double(1 << 20));
+  if (o.hot)
+    std::printf("hot: every call re-reads copy 0 (%.1f MiB of K/V)\n",
+                c.kv_bytes_per_call() / double(1 << 20));
   auto gbps = [&](double seconds) { return c.kv_bytes_per_call() / seconds / 1e9; };
   auto gflops = [&](double seconds) { return c.flops_per_call() / seconds / 1e9; };
-  std::printf("time per call: median %.3f ms, best %.3f ms (%d calls)\n", t.median * 1e3, t.best * 1e3, t.calls);
+  std::printf("time per call: median %.3f ms, best %.3f ms (%d calls)\n", t.median * 1e3,
+              t.best * 1e3, t.calls);
   std::printf("K+V read: %.2f GB/s   compute: %.1f GFLOP/s\n", gbps(t.median), gflops(t.median));
   if (o.probe) {
     const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
     const pb::FmaPeakResult& fma = pb::machine_fma_peak();
-    std::printf("machine: read bandwidth %.1f GB/s (%s), fp32 FMA peak %.1f GFLOP/s (%s)\n", bw.best_gbps,
-                bw.isa.c_str(), fma.best_gflops, fma.isa.c_str());
+    std::printf("machine: read bandwidth %.1f GB/s (%s), fp32 FMA peak %.1f GFLOP/s (%s)\n",
+                bw.best_gbps, bw.isa.c_str(), fma.best_gflops, fma.isa.c_str());
     std::printf("fraction of the machine: %.1f%% of read bandwidth, %.1f%% of FMA peak\n",
                 100.0 * gbps(t.median) / bw.best_gbps, 100.0 * gflops(t.median) / fma.best_gflops);
     // The probes report their best pass; the best call is the like-for-like

@@ -2,8 +2,12 @@
 // wall clock), then the report and the contiguous-reservation replay.
 #include "bench_serve.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "bench_serve_options.h"
@@ -41,16 +45,55 @@ std::vector<TraceRequest> build_trace(const BenchServeOptions& o, const PresetDe
   return make_workload(w);
 }
 
-std::vector<std::int32_t> synthetic_prompt(std::int32_t len, std::size_t request, std::int32_t vocab) {
+// The KV budget in bytes, refused above this machine's physical memory (the
+// cache allocates all of it up front; the library would otherwise cap a huge
+// budget at 2^31 - 1 pages without a word).
+std::int64_t kv_memory_bytes(double mib) {
+  const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  const double machine_mib = machine / double(1 << 20);
+  require(machine <= 0 || mib <= machine_mib, "bench-serve: --kv-memory-mib = ", mib,
+          " exceeds this machine's memory (", static_cast<long long>(machine_mib), " MiB)");
+  return static_cast<std::int64_t>(mib * double(1 << 20));
+}
+
+// The checks Engine::add_request makes, run over the whole trace before the
+// clock starts, so that a bad request fails the run at once rather than when
+// it arrives.
+void check_trace_fits(const std::vector<TraceRequest>& trace, const Engine& engine) {
+  const EngineConfig& c = engine.config();
+  const std::int64_t max_position = c.model->spec().max_position;
+  const std::int64_t ps = c.page_size;
+  auto pages = [&](std::int64_t tokens) { return (tokens + ps - 1) / ps; };
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    const TraceRequest& r = trace[i];
+    const std::int64_t total = std::int64_t{r.prompt_len} + r.output_len;
+    require(total <= max_position, "bench-serve: request ", i, ": prompt_len ", r.prompt_len,
+            " + output_len ", r.output_len, " exceeds the model's max_position = ", max_position);
+    require(r.n <= c.max_num_seqs, "bench-serve: request ", i, ": n = ", r.n,
+            " exceeds --max-num-seqs = ", c.max_num_seqs);
+    require(c.chunked_prefill || total <= c.max_num_batched_tokens, "bench-serve: request ", i,
+            ": prompt_len + output_len = ", total,
+            " exceeds --max-num-batched-tokens = ", c.max_num_batched_tokens,
+            " with --no-chunked-prefill");
+    const std::int64_t need = pages(total) + (r.n - 1) * (pages(total) - r.prompt_len / ps);
+    require(need <= engine.cache().num_pages(), "bench-serve: request ", i, " needs up to ", need,
+            " KV pages (prompt_len ", r.prompt_len, ", output_len ", r.output_len, ", n ", r.n,
+            "); the cache has ", engine.cache().num_pages(), " (raise --kv-memory-mib)");
+  }
+}
+
+std::vector<std::int32_t> synthetic_prompt(std::int32_t len, std::size_t request,
+                                           std::int32_t vocab) {
   std::vector<std::int32_t> t(static_cast<std::size_t>(len));
   for (std::int32_t i = 0; i < len; ++i)
-    t[std::size_t(i)] = static_cast<std::int32_t>((request * 7919 + std::size_t(i) * 104729) % std::size_t(vocab));
+    t[std::size_t(i)] =
+        static_cast<std::int32_t>((request * 7919 + std::size_t(i) * 104729) % std::size_t(vocab));
   return t;
 }
 
 // Serves the trace; fills per-request timings and per-step samples.
-void serve(Engine& engine, const std::vector<TraceRequest>& trace, std::vector<RequestTiming>& timing,
-           std::vector<StepSample>& steps) {
+void serve(Engine& engine, const std::vector<TraceRequest>& trace,
+           std::vector<RequestTiming>& timing, std::vector<StepSample>& steps) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto now = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
@@ -67,7 +110,7 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace, std::vector<R
       p.max_tokens = r.output_len;
       p.n = r.n;
       p.temperature = r.n > 1 ? 1.0f : 0.0f;  // parallel samples must differ
-      p.ignore_eos = true;                     // the trace fixes output lengths
+      p.ignore_eos = true;                    // the trace fixes output lengths
       engine.add_request(synthetic_prompt(r.prompt_len, next, vocab), p);  // ids are 0, 1, ...
       timing[next].arrival = r.arrival;
       sample_tokens[next].assign(std::size_t(r.n), 0);
@@ -83,7 +126,8 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace, std::vector<R
       for (const SampleOutput& s : out.samples) {
         rt.output_tokens += std::ssize(s.new_token_ids);
         produced += std::ssize(s.new_token_ids);
-        sample_tokens[std::size_t(out.request_id)][std::size_t(s.index)] += std::ssize(s.new_token_ids);
+        sample_tokens[std::size_t(out.request_id)][std::size_t(s.index)] +=
+            std::ssize(s.new_token_ids);
         if (rt.first_token < 0 && !s.new_token_ids.empty()) rt.first_token = t;
       }
       if (out.finished) {
@@ -96,9 +140,10 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace, std::vector<R
     const EngineStats st = engine.stats();
     steps.push_back({t, st.num_running_seqs, st.last_step_tokens, st.pages_in_use,
                      st.token_states_stored, st.pages_if_unshared, produced});
-    bar.update(completed, detail::concat("running ", st.num_running_seqs, "  pages ",
-                                         st.pages_in_use * 100 / st.num_pages, "%  ",
-                                         static_cast<long long>(produced / std::max(t, 1e-9)), " tok/s"));
+    bar.update(completed,
+               detail::concat("running ", st.num_running_seqs, "  pages ",
+                              st.pages_in_use * 100 / st.num_pages, "%  ",
+                              static_cast<long long>(produced / std::max(t, 1e-9)), " tok/s"));
   }
   bar.finish();
 }
@@ -113,15 +158,19 @@ int run_bench_serve(int argc, char** argv) {
   }
   const PresetDefaults d = preset_defaults(o.model);
   const LlamaConfig lc = llama_preset(o.model);
+  const double mib = o.kv_memory_mib > 0 ? o.kv_memory_mib : d.kv_memory_mib;
+  const std::int64_t kv_bytes = kv_memory_bytes(mib);
   const std::vector<TraceRequest> trace = build_trace(o, d);
-  std::printf("pagedattn bench-serve: model '%s' (%.1fM parameters; weights are synthetic and seeded,\n"
-              "  so generated text is meaningless - the timing and memory figures are real)\n",
-              o.model.c_str(), double(llama_parameter_count(lc)) / 1e6);
+  std::ofstream json_file;
+  if (!o.json.empty()) json_file = open_json_output(o.json);
+  std::printf(
+      "pagedattn bench-serve: model '%s' (%.1fM parameters; weights are synthetic and seeded,\n"
+      "  so generated text is meaningless - the timing and memory figures are real)\n",
+      o.model.c_str(), double(llama_parameter_count(lc)) / 1e6);
   std::fflush(stdout);
   EngineConfig ec;
   ec.model = make_llama_model(lc);
-  const double mib = o.kv_memory_mib > 0 ? o.kv_memory_mib : d.kv_memory_mib;
-  ec.kv_memory_bytes = static_cast<std::int64_t>(mib * (1 << 20));
+  ec.kv_memory_bytes = kv_bytes;
   ec.page_size = o.page_size;
   ec.max_num_seqs = o.max_num_seqs;
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -129,6 +178,7 @@ int run_bench_serve(int argc, char** argv) {
   ec.deterministic = o.deterministic;
   ec.seed = o.seed;
   Engine engine(ec);
+  check_trace_fits(trace, engine);
   std::printf("  workload %s: %zu requests, %s; KV cache %.1f MiB = %lld pages x %d tokens (f16)\n",
               o.workload.c_str(), trace.size(),
               o.request_rate > 0 ? detail::concat("Poisson ", o.request_rate, " req/s").c_str()
@@ -143,7 +193,8 @@ int run_bench_serve(int argc, char** argv) {
   const EngineStats st = engine.stats();
   summary.preemptions = st.num_preemptions;
   summary.num_pages = st.num_pages;
-  summary.overhead_share = st.seconds_in_steps > 0 ? 1.0 - st.seconds_in_model / st.seconds_in_steps : 0.0;
+  summary.overhead_share =
+      st.seconds_in_steps > 0 ? 1.0 - st.seconds_in_model / st.seconds_in_steps : 0.0;
 
   const std::int64_t capacity = engine.cache().num_pages() * o.page_size;
   std::vector<ReplayResult> contiguous;
@@ -151,13 +202,19 @@ int run_bench_serve(int argc, char** argv) {
     contiguous.push_back(replay_contiguous(trace, {policy, capacity, 2048, o.max_num_seqs}));
   print_report(stdout, summary, contiguous);
   if (!o.json.empty()) {
-    const RunInfo info = {{"model", o.model}, {"workload", o.workload},
-                          {"requests", std::to_string(trace.size())},
-                          {"request_rate", o.request_rate > 0 ? std::to_string(o.request_rate) : "inf"},
-                          {"kv_memory_mib", std::to_string(mib)},
-                          {"page_size", std::to_string(o.page_size)},
-                          {"deterministic", o.deterministic ? "true" : "false"}};
-    write_json(o.json, info, summary, contiguous, steps, timing);
+    const RunInfo info = {
+        {"model", o.model},
+        {"workload", o.workload},
+        {"requests", trace.size()},
+        {"request_rate", o.request_rate > 0 ? nlohmann::ordered_json(o.request_rate) : nullptr},
+        {"kv_memory_mib", mib},
+        {"page_size", o.page_size},
+        {"max_num_seqs", o.max_num_seqs},
+        {"max_num_batched_tokens", o.max_num_batched_tokens},
+        {"chunked_prefill", o.chunked_prefill},
+        {"deterministic", o.deterministic},
+        {"seed", o.seed}};
+    write_json(json_file, o.json, serve_json(info, summary, contiguous, steps, timing));
     std::printf("\n  wrote %s\n", o.json.c_str());
   }
   return 0;

@@ -1,7 +1,11 @@
 #include "bench_serve_options.h"
 
-#include <cstring>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <string_view>
+#include <system_error>
 
 #include "pagedattn/errors.h"
 
@@ -9,12 +13,18 @@ namespace pagedattn::tools {
 
 const char* bench_serve_usage() {
   return "usage: pagedattn bench-serve [flags]\n"
-         "  --model tiny|small|1b          built-in Llama preset, synthetic weights (default tiny)\n"
-         "  --workload NAME|FILE.jsonl     sharegpt-like (default), alpaca-like, parallel-sampling,\n"
-         "                                 long-context, or a trace of {prompt_len, output_len, n, arrival}\n"
-         "  --num-requests N               default: 300 (tiny), 16 (small), 12 (1b)\n"
+         "  --model tiny|small|1b          built-in Llama preset, synthetic weights (default "
+         "tiny)\n"
+         "  --workload NAME|FILE.jsonl     sharegpt-like (default), alpaca-like, "
+         "parallel-sampling,\n"
+         "                                 long-context, or a trace of {prompt_len, output_len, n, "
+         "arrival}\n"
+         "                                 (integer lengths and n; arrival: seconds in [0, "
+         "86400])\n"
+         "  --num-requests N               default: 300 (tiny), 16 (small), 12 (1b); at most 10^6\n"
          "  --request-rate R               Poisson arrivals, requests/s (default: all at once)\n"
-         "  --kv-memory-mib M              KV cache budget (default: 64 tiny, 256 small, 1024 1b)\n"
+         "  --kv-memory-mib M              KV cache budget, at most this machine's memory\n"
+         "                                 (default: 64 tiny, 256 small, 1024 1b)\n"
          "  --page-size P                  tokens per page (default 16)\n"
          "  --max-num-seqs N               running sequences (default 256)\n"
          "  --max-num-batched-tokens N     token budget per step (default 2048)\n"
@@ -22,8 +32,39 @@ const char* bench_serve_usage() {
          "  --deterministic                batch-independent results\n"
          "  --seed S                       workload and sampling seed (default 1)\n"
          "  --json FILE                    write every figure and the timeline as JSON\n"
+         "                                 (FILE is opened before the run starts)\n"
          "  --quick                        a few-second run for CI (40 short requests)\n";
 }
+
+namespace {
+
+// The flag's value as a finite number; InvalidArgument otherwise.
+double finite_number(std::string_view flag, const std::string& text) {
+  char* end = nullptr;
+  const double x = std::strtod(text.c_str(), &end);
+  require(!text.empty() && end == text.c_str() + text.size() && std::isfinite(x),
+          "bench-serve: ", flag, " = '", text, "' is not a finite number");
+  return x;
+}
+
+// The flag's value as an integer in [min, max], checked before any cast.
+std::int32_t bounded_integer(std::string_view flag, const std::string& text, std::int32_t min,
+                             std::int32_t max) {
+  const double x = finite_number(flag, text);
+  require(x == std::floor(x) && x >= min && x <= max, "bench-serve: ", flag, " = '", text,
+          "' must be an integer in [", min, ", ", max, "]");
+  return static_cast<std::int32_t>(x);
+}
+
+std::uint64_t seed_value(std::string_view flag, const std::string& text) {
+  std::uint64_t seed = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), seed);
+  require(!text.empty() && error == std::errc() && end == text.data() + text.size(),
+          "bench-serve: ", flag, " = '", text, "' must be an integer in [0, 2^64)");
+  return seed;
+}
+
+}  // namespace
 
 BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
   BenchServeOptions o;
@@ -33,35 +74,48 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
       require(i + 1 < argc, "bench-serve: ", flag, " needs a value");
       return argv[++i];
     };
-    auto number = [&]() {
+    // A finite number > 0, or >= 0 when zero has a meaning (a rate of 0: all at once).
+    auto number = [&](bool zero_allowed) {
       const std::string v = value();
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      require(end != v.c_str() && *end == '\0' && x >= 0, "bench-serve: ", flag, " = '", v,
-              "' is not a non-negative number");
+      const double x = finite_number(flag, v);
+      require(zero_allowed ? x >= 0 : x > 0, "bench-serve: ", flag, " = '", v, "' must be ",
+              zero_allowed ? ">= 0" : "> 0");
       return x;
     };
-    auto integer = [&](std::int32_t min) {
-      const double x = number();
-      require(x == static_cast<std::int32_t>(x) && x >= min, "bench-serve: ", flag, " = ", x,
-              " must be an integer >= ", min);
-      return static_cast<std::int32_t>(x);
+    auto integer = [&](std::int32_t min, std::int32_t max) {
+      return bounded_integer(flag, value(), min, max);
     };
-    if (flag == "--model") o.model = value();
-    else if (flag == "--workload") o.workload = value();
-    else if (flag == "--num-requests") o.num_requests = integer(1);
-    else if (flag == "--request-rate") o.request_rate = number();
-    else if (flag == "--kv-memory-mib") o.kv_memory_mib = number();
-    else if (flag == "--page-size") o.page_size = integer(1);
-    else if (flag == "--max-num-seqs") o.max_num_seqs = integer(1);
-    else if (flag == "--max-num-batched-tokens") o.max_num_batched_tokens = integer(1);
-    else if (flag == "--no-chunked-prefill") o.chunked_prefill = false;
-    else if (flag == "--deterministic") o.deterministic = true;
-    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(number());
-    else if (flag == "--json") o.json = value();
-    else if (flag == "--quick") o.quick = true;
-    else if (flag == "--help" || flag == "-h") o.help = true;
-    else throw InvalidArgument(detail::concat("bench-serve: unknown flag '", flag, "'"));
+    constexpr std::int32_t kInt32Max = std::numeric_limits<std::int32_t>::max();
+    if (flag == "--model")
+      o.model = value();
+    else if (flag == "--workload")
+      o.workload = value();
+    else if (flag == "--num-requests")
+      o.num_requests = integer(1, kMaxNumRequests);
+    else if (flag == "--request-rate")
+      o.request_rate = number(/*zero_allowed=*/true);
+    else if (flag == "--kv-memory-mib")
+      o.kv_memory_mib = number(/*zero_allowed=*/false);  // upper bound: bench_serve.cc
+    else if (flag == "--page-size")
+      o.page_size = integer(1, kMaxPageSize);
+    else if (flag == "--max-num-seqs")
+      o.max_num_seqs = integer(1, 1 << 20);
+    else if (flag == "--max-num-batched-tokens")
+      o.max_num_batched_tokens = integer(1, kInt32Max);
+    else if (flag == "--no-chunked-prefill")
+      o.chunked_prefill = false;
+    else if (flag == "--deterministic")
+      o.deterministic = true;
+    else if (flag == "--seed")
+      o.seed = seed_value(flag, value());
+    else if (flag == "--json")
+      o.json = value();
+    else if (flag == "--quick")
+      o.quick = true;
+    else if (flag == "--help" || flag == "-h")
+      o.help = true;
+    else
+      throw InvalidArgument(detail::concat("bench-serve: unknown flag '", flag, "'"));
   }
   return o;
 }

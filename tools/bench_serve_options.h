@@ -23,7 +23,13 @@ struct BenchServeOptions {
   bool help = false;
 };
 
-// Parses argv[first..argc). InvalidArgument naming the flag and value.
+// Upper bounds of the numeric flags (a trace of more requests, or pages larger
+// than this, is a typo rather than a benchmark).
+inline constexpr std::int32_t kMaxNumRequests = 1'000'000;
+inline constexpr std::int32_t kMaxPageSize = 1 << 16;
+
+// Parses argv[first..argc). InvalidArgument naming the flag and value: every
+// number must be finite and in range, integers integer-valued.
 BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first);
 const char* bench_serve_usage();
 

@@ -3,22 +3,38 @@
 #pragma once
 
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "contiguous_replay.h"
 #include "serve_metrics.h"
 
 namespace pagedattn::tools {
 
-// A free-form description of the run (model, workload, cache), as key/value pairs.
-using RunInfo = std::vector<std::pair<std::string, std::string>>;
+// A description of the run (model, workload, cache): a JSON object whose
+// values keep their types (numbers as numbers).
+using RunInfo = nlohmann::ordered_json;
 
 void print_report(std::FILE* out, const ServeSummary& summary,
                   const std::vector<ReplayResult>& contiguous);
 
-void write_json(const std::string& path, const RunInfo& info, const ServeSummary& summary,
-                const std::vector<ReplayResult>& contiguous, const std::vector<StepSample>& steps,
-                const std::vector<RequestTiming>& requests);
+// Opens (creates or truncates) the --json file, so that a path that cannot be
+// written fails before the run rather than after it. InvalidArgument naming it.
+std::ofstream open_json_output(const std::string& path);
+
+// The whole run as one JSON document: "run", "summary", "contiguous",
+// "timeline" (one entry per step) and "requests"; every figure a JSON number.
+nlohmann::ordered_json serve_json(const RunInfo& info, const ServeSummary& summary,
+                                  const std::vector<ReplayResult>& contiguous,
+                                  const std::vector<StepSample>& steps,
+                                  const std::vector<RequestTiming>& requests);
+
+// Writes `document` to `out` (opened by open_json_output). InvalidArgument
+// naming `path` when the write fails.
+void write_json(std::ofstream& out, const std::string& path,
+                const nlohmann::ordered_json& document);
 
 }  // namespace pagedattn::tools

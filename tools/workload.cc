@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <random>
-#include <cstdlib>
 #include <limits>
+#include <optional>
+#include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "pagedattn/errors.h"
 
@@ -46,7 +48,8 @@ std::vector<TraceRequest> make_workload(const WorkloadOptions& o) {
   double t = 0.0;
   for (std::int32_t i = 0; i < o.num_requests; ++i) {
     TraceRequest r;
-    r.prompt_len = std::min(lognormal_length(rng, m.prompt_mean, m.sigma, o.length_scale), o.max_len - 1);
+    r.prompt_len =
+        std::min(lognormal_length(rng, m.prompt_mean, m.sigma, o.length_scale), o.max_len - 1);
     r.output_len = std::min(lognormal_length(rng, m.output_mean, m.sigma, o.length_scale),
                             o.max_len - r.prompt_len);
     r.n = unit(rng) < m.parallel_share ? 2 + static_cast<std::int32_t>(unit(rng) * 3) : 1;
@@ -54,44 +57,72 @@ std::vector<TraceRequest> make_workload(const WorkloadOptions& o) {
     r.arrival = t;
     trace.push_back(r);
   }
+  require(t <= kMaxArrivalSeconds, "bench-serve: --request-rate = ", o.request_rate,
+          " puts the last of ", o.num_requests, " arrivals at ", t, " s, after the limit of ",
+          kMaxArrivalSeconds, " s; raise the rate or lower --num-requests");
   return trace;
 }
+
+namespace {
+
+// `key` of one trace line as an integer in [min, max], or `fallback` when absent.
+std::int32_t integer_field(const nlohmann::json& line, const char* key, std::int32_t min,
+                           std::int32_t max, std::optional<std::int32_t> fallback,
+                           const std::string& where) {
+  const auto it = line.find(key);
+  if (it == line.end()) {
+    require(fallback.has_value(), where, ": missing \"", key, "\"");
+    return *fallback;
+  }
+  // JSON numbers arrive as integers or doubles; 3.0 is accepted, 3.5 and 3e9 are not.
+  const bool integral =
+      it->is_number_integer() ||
+      (it->is_number_float() && std::floor(it->get<double>()) == it->get<double>());
+  const double value = it->is_number() ? it->get<double>() : 0.0;
+  require(integral && value >= min && value <= max, where, ": \"", key, "\" = ", it->dump(),
+          " must be an integer in [", min, ", ", max, "]");
+  return static_cast<std::int32_t>(value);
+}
+
+double arrival_field(const nlohmann::json& line, const std::string& where) {
+  const auto it = line.find("arrival");
+  if (it == line.end()) return 0.0;
+  const double value = it->is_number() ? it->get<double>() : -1.0;
+  require(it->is_number() && value >= 0.0 && value <= kMaxArrivalSeconds, where,
+          ": \"arrival\" = ", it->dump(), " must be seconds in [0, ", kMaxArrivalSeconds, "]");
+  return value;
+}
+
+}  // namespace
 
 std::vector<TraceRequest> load_trace(const std::string& path) {
   std::ifstream in(path);
   require(in.good(), "bench-serve: cannot open trace file '", path, "'");
-  // The number after "key" - the fallback when the key is absent, NaN when the
-  // value is not a number (the check below reports it).
-  auto field = [](const std::string& line, const char* key, double fallback) {
-    const std::size_t at = line.find(std::string("\"") + key + "\"");
-    if (at == std::string::npos) return fallback;
-    const std::size_t colon =
-        line.find_first_not_of(" \t", at + std::char_traits<char>::length(key) + 2);
-    if (colon == std::string::npos || line[colon] != ':') return std::numeric_limits<double>::quiet_NaN();
-    const char* begin = line.c_str() + colon + 1;
-    char* end = nullptr;
-    const double value = std::strtod(begin, &end);
-    return end == begin ? std::numeric_limits<double>::quiet_NaN() : value;
-  };
+  constexpr std::int32_t kInt32Max = std::numeric_limits<std::int32_t>::max();
   std::vector<TraceRequest> trace;
-  std::string line;
-  for (std::int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+  std::string text;
+  for (std::int64_t number = 1; std::getline(in, text); ++number) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = detail::concat("bench-serve: ", path, " line ", number);
+    nlohmann::json line;
+    try {
+      line = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw InvalidArgument(
+          detail::concat(where, ": not valid JSON (", e.what(), "): '", text, "'"));
+    }
+    require(line.is_object(), where, ": expected a JSON object, got '", text, "'");
     TraceRequest r;
-    const double prompt = field(line, "prompt_len", -1), output = field(line, "output_len", -1);
-    const double n = field(line, "n", 1), arrival = field(line, "arrival", 0);
-    require(prompt >= 1 && output >= 1 && n >= 1 && n <= 256 && arrival >= 0, "bench-serve: ",
-            path, " line ", number, ": needs prompt_len >= 1, output_len >= 1, 1 <= n <= 256, "
-            "arrival >= 0; got '", line, "'");
-    r.prompt_len = static_cast<std::int32_t>(prompt);
-    r.output_len = static_cast<std::int32_t>(output);
-    r.n = static_cast<std::int32_t>(n);
-    r.arrival = arrival;
+    r.prompt_len = integer_field(line, "prompt_len", 1, kInt32Max, std::nullopt, where);
+    r.output_len = integer_field(line, "output_len", 1, kInt32Max, std::nullopt, where);
+    r.n = integer_field(line, "n", 1, kMaxSamplesPerRequest, 1, where);
+    r.arrival = arrival_field(line, where);
     trace.push_back(r);
   }
   require(!trace.empty(), "bench-serve: trace file '", path, "' has no requests");
-  std::stable_sort(trace.begin(), trace.end(),
-                   [](const TraceRequest& a, const TraceRequest& b) { return a.arrival < b.arrival; });
+  std::stable_sort(trace.begin(), trace.end(), [](const TraceRequest& a, const TraceRequest& b) {
+    return a.arrival < b.arrival;
+  });
   return trace;
 }
 

@@ -1,6 +1,6 @@
 // Paged attention over a ragged batch: one entry point serves decode
 // (q_len 1), prefill, chunked prefill and mixed batches. Implements exactly
-// the canonical definition in docs/semantics.md (from ../shared/SEMANTICS.md).
+// the canonical definition in docs/semantics.md.
 //
 //   plan   = plan_attention(table, shape, num_threads)     host side, pure
 //   bytes  = plan.workspace_bytes                           caller allocates

@@ -1,0 +1,49 @@
+# ctest -P script: `pagedattn bench-serve --quick --json OUT` writes every
+# figure as a JSON number (not a string), flags as booleans, and an
+# unlimited request rate as null.
+#   cmake -DPAGEDATTN=path/to/pagedattn -DOUT=file.json -P check_bench_serve_json.cmake
+execute_process(COMMAND ${PAGEDATTN} bench-serve --quick --json ${OUT}
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "bench-serve --quick --json ${OUT} exited with ${rc}")
+endif()
+file(READ ${OUT} doc)
+
+function(expect_type type)
+  string(JSON actual ERROR_VARIABLE error TYPE "${doc}" ${ARGN})
+  string(JOIN "." where ${ARGN})
+  if(error)
+    message(FATAL_ERROR "${where}: ${error}")
+  elseif(NOT actual STREQUAL type)
+    message(FATAL_ERROR "${where}: expected a JSON ${type}, found ${actual}")
+  endif()
+endfunction()
+
+foreach(key requests kv_memory_mib page_size max_num_seqs max_num_batched_tokens seed)
+  expect_type(NUMBER run ${key})
+endforeach()
+expect_type(STRING run model)
+expect_type(NULL run request_rate)
+expect_type(BOOLEAN run deterministic)
+expect_type(BOOLEAN run chunked_prefill)
+
+# Every summary figure, every contiguous-replay figure, the first sample of
+# every timeline and request column.
+string(JSON count LENGTH "${doc}" summary)
+math(EXPR last "${count} - 1")
+foreach(i RANGE ${last})
+  string(JSON key MEMBER "${doc}" summary ${i})
+  expect_type(NUMBER summary ${key})
+endforeach()
+foreach(key kv_efficiency peak_batch steps)
+  expect_type(NUMBER contiguous 0 ${key})
+endforeach()
+foreach(section timeline requests)
+  string(JSON count LENGTH "${doc}" ${section})
+  math(EXPR last "${count} - 1")
+  foreach(i RANGE ${last})
+    string(JSON key MEMBER "${doc}" ${section} ${i})
+    expect_type(NUMBER ${section} ${key} 0)
+  endforeach()
+endforeach()
+message(STATUS "bench-serve JSON: all figures are numbers")

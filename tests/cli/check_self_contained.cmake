@@ -1,0 +1,30 @@
+# ctest -P script: no file of the repository points outside it - no
+# sibling-folder references and no absolute paths of a development machine.
+#   cmake -DSOURCE_DIR=repo -P check_self_contained.cmake
+# The patterns are assembled so that this file does not match itself.
+string(CONCAT sibling ".." "/shared")
+string(CONCAT machine "/" "work/")
+# Top-level files, then the source folders (never build/, which holds venvs).
+file(GLOB files LIST_DIRECTORIES false ${SOURCE_DIR}/*)
+foreach(dir bench cmake docs examples include perf python scripts src tests tools)
+  file(GLOB_RECURSE more LIST_DIRECTORIES false ${SOURCE_DIR}/${dir}/*)
+  list(APPEND files ${more})
+endforeach()
+list(FILTER files INCLUDE REGEX "\\.(md|h|cc|c|py|pyi|sh|txt|cmake|in|toml|json|yml|yaml)$")
+set(offenders "")
+foreach(file IN LISTS files)
+  file(RELATIVE_PATH rel ${SOURCE_DIR} ${file})
+  file(READ ${file} text)
+  foreach(needle IN ITEMS "${sibling}" "${machine}")
+    string(FIND "${text}" "${needle}" at)
+    if(NOT at EQUAL -1)
+      list(APPEND offenders "${rel} (${needle})")
+    endif()
+  endforeach()
+endforeach()
+if(offenders)
+  list(JOIN offenders "\n  " listing)
+  message(FATAL_ERROR "files pointing outside the repository:\n  ${listing}")
+endif()
+list(LENGTH files n)
+message(STATUS "${n} files checked: the repository is self-contained")
