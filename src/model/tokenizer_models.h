@@ -56,6 +56,10 @@ class SentencePieceBpe {
   std::string piece(std::int32_t id) const;
 
  private:
+  // Text can become normal and user-defined tokens only: never a control,
+  // byte or unused one (SentencePiece's rule), even if the text is the same.
+  bool is_piece(std::int32_t id) const;
+
   const TokenizerVocab* vocab_;
   const TokenIndex* index_;
   std::array<std::int32_t, 256> byte_token_{};  // <0xXX>, or -1

@@ -214,6 +214,21 @@ TEST(SentencePieceBpe, SpecialTokensGetTheDummyPrefixAfter) {
   EXPECT_EQ(streamed, "hello wé");
 }
 
+// Regression: merges must not produce a control token whose text the
+// characters happen to spell ("</s>" from "</" + "s>").
+TEST(SentencePieceBpe, TextNeverBecomesAControlToken) {
+  TokenizerVocab v = sentencepiece_vocab();
+  for (const char* piece : {"<", "/", "s", ">", "</", "s>"}) {
+    v.tokens.push_back(piece);
+    v.token_type.push_back(1);
+    v.scores.push_back(-100.0f - static_cast<float>(v.scores.size()));
+  }
+  Tokenizer t(v);
+  const auto ids = t.encode("</s>", {.add_special = false});
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 0);
+  EXPECT_EQ(t.decode(ids, {.render_special = false}), "</s>");
+}
+
 template <typename Mutate>
 void expect_invalid(Mutate mutate, const std::string& message_part) {
   TokenizerVocab v = byte_level_vocab({"h e"});
