@@ -1,6 +1,8 @@
 """pagedattn: paged KV-cache attention for LLM inference (CPU), from Python.
 
     KVCache       the cache manager with attention (help(pagedattn.KVCache))
+    Tokenizer     BPE tokenizers from GGUF tokenizer metadata; StreamingDecoder,
+                  ChatTemplate (ChatML / Llama-3 / Llama-2 chat prompts)
     ops           peer-compatible operators (ONNX Runtime, vLLM, torch_xla)
     Error         base of the library's exceptions; InvalidArgumentError is a
                   ValueError, OutOfPagesError / InvalidStateError /
@@ -13,24 +15,30 @@ as ml_dtypes arrays. See docs/python.md.
 """
 
 from ._core import (
+    ChatTemplate,
     Error,
     InternalError,
     InvalidArgumentError,
     InvalidStateError,
     KVCache,
     OutOfPagesError,
+    StreamingDecoder,
+    Tokenizer,
     UnsupportedError,
     __version__,
 )
 from . import ops
 
 __all__ = [
+    "ChatTemplate",
     "Error",
     "InternalError",
     "InvalidArgumentError",
     "InvalidStateError",
     "KVCache",
     "OutOfPagesError",
+    "StreamingDecoder",
+    "Tokenizer",
     "UnsupportedError",
     "ops",
     "__version__",
