@@ -4,7 +4,7 @@ Hugging Face `tokenizers` built from the same vocabulary (single thread).
     python python/bench/bench_tokenizer.py [path/to/SmolLM2-135M-Instruct.Q4_1.gguf]
 
 The sample text is the test suite's generated strings (scripts, whitespace,
-numbers, code, emoji) plus English-like prose, ~4 MB; the figure is the best of
+numbers, code, emoji) plus English-like prose, ~1 MB each; the figure is the best of
 3 runs of one encode call over the whole text (MB = 10^6 bytes of UTF-8).
 """
 

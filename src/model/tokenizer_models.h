@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -45,6 +46,14 @@ class ByteLevelBpe {
     std::int32_t result;
   };
   std::unordered_map<std::uint64_t, Merge> merges_;  // (left << 32 | right) -> merge
+
+  // Tokens of recently seen short words (natural text repeats its words).
+  // Bounded: emptied when full. Guarded by cache_mutex_ (encode is const and
+  // may run on several threads).
+  static constexpr std::size_t kCacheCapacity = 1 << 16;
+  static constexpr std::size_t kCachedWordMaxBytes = 64;
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache_;
 };
 
 class SentencePieceBpe {
