@@ -55,7 +55,9 @@ FRAGMENTS = [
     "// comment", "/* c */", "if (a && b || !c) {}", "SELECT * FROM t;", "#!/bin/sh",
     # contractions and punctuation
     "it's", "I'LL", "we're", "they've", "I'm", "'s", "don't", "''", "...", "!!!", "—", "«»",
-    "¿Qué?", "@#$%^&*", "(", ")", "[]", "~~", "'", "\"", "`code`",
+    "¿Qué?", "@#$%^&*", "(", ")", "[]", "~~", "'", "\"", "`code`", "'ſ", "'S", "'LL", "'Ve",
+    # whitespace and format characters at the edges of \s
+    "\u0085", "\x1c", "\x1f", "\x0c", "\x0b", "\u200b", "\ufeff", "\u180e", "\u2029",
     # special token texts (and near misses)
     "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_", "<file_sep>", "<|im_start|>user\n",
     "<s>", "</s>", "<unk>",

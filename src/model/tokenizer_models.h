@@ -59,9 +59,10 @@ class ByteLevelBpe {
 class SentencePieceBpe {
  public:
   SentencePieceBpe(const TokenizerVocab& vocab, const TokenIndex& index);
-  // `at_start`: the text begins the input or follows a special token (gets
-  // the dummy-prefix space).
-  void encode(std::string_view text, bool at_start, std::vector<std::int32_t>& out) const;
+  // `text` is a whole input or the text between two special tokens: each
+  // gets the dummy-prefix ▁ (add_space_prefix), as Hugging Face normalises
+  // each segment around added tokens and llama.cpp prefixes after specials.
+  void encode(std::string_view text, std::vector<std::int32_t>& out) const;
   std::string piece(std::int32_t id) const;
 
  private:
