@@ -14,6 +14,6 @@ if [ ! -x build/pyenv/bin/python ]; then
   "$python" -m venv build/pyenv
 fi
 pip=(build/pyenv/bin/python -m pip --disable-pip-version-check -q)
-"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes gguf
+"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes tokenizers gguf
 CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" install --no-build-isolation .
 (cd python/tests && ../../build/pyenv/bin/python -m pytest -q -p no:cacheprovider .)

@@ -1,5 +1,5 @@
 // The parts of the extension module pagedattn._core, each registered by one
-// file: errors.cc, kv_cache_bindings.cc, ops_bindings.cc.
+// file: errors.cc, kv_cache_bindings.cc, ops_bindings.cc, tokenizer_bindings.cc.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -17,5 +17,7 @@ void register_ops(pybind11::module_& m);
 void register_models(pybind11::module_& m);
 // pagedattn.GgufFile and pagedattn.gguf_dequantize (gguf_bindings.cc).
 void register_gguf(pybind11::module_& m);
+// pagedattn.Tokenizer, StreamingDecoder, ChatTemplate.
+void register_tokenizer(pybind11::module_& m);
 
 }  // namespace pagedattn::python

@@ -13,4 +13,5 @@ PYBIND11_MODULE(_core, m) {
   pagedattn::python::register_ops(m);
   pagedattn::python::register_models(m);
   pagedattn::python::register_gguf(m);
+  pagedattn::python::register_tokenizer(m);
 }

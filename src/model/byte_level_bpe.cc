@@ -49,9 +49,29 @@ ByteLevelBpe::ByteLevelBpe(const TokenizerVocab& vocab, const TokenIndex& index)
 
 void ByteLevelBpe::encode(std::string_view text, std::vector<std::int32_t>& out) const {
   thread_local std::vector<WordSpan> words;
+  thread_local std::string key;
   words.clear();
   pre_tokenize(pre_, text, words);
-  for (const WordSpan& w : words) encode_word(text.substr(w.begin, w.end - w.begin), out);
+  for (const WordSpan& w : words) {
+    const std::string_view word = text.substr(w.begin, w.end - w.begin);
+    if (word.size() > kCachedWordMaxBytes) {
+      encode_word(word, out);
+      continue;
+    }
+    key.assign(word);
+    {
+      std::lock_guard lock(cache_mutex_);
+      if (auto it = cache_.find(key); it != cache_.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        continue;
+      }
+    }
+    const std::size_t first = out.size();
+    encode_word(word, out);
+    std::lock_guard lock(cache_mutex_);
+    if (cache_.size() >= kCacheCapacity) cache_.clear();
+    cache_.emplace(key, std::vector<std::int32_t>(out.begin() + first, out.end()));
+  }
 }
 
 void ByteLevelBpe::encode_word(std::string_view word, std::vector<std::int32_t>& out) const {

@@ -23,12 +23,17 @@ SentencePieceBpe::SentencePieceBpe(const TokenizerVocab& vocab, const TokenIndex
   }
 }
 
-void SentencePieceBpe::encode(std::string_view text, bool at_start,
-                              std::vector<std::int32_t>& out) const {
+bool SentencePieceBpe::is_piece(std::int32_t id) const {
+  if (vocab_->token_type.empty()) return true;
+  const auto type = static_cast<TokenType>(vocab_->token_type[id]);
+  return type == TokenType::kNormal || type == TokenType::kUserDefined;
+}
+
+void SentencePieceBpe::encode(std::string_view text, std::vector<std::int32_t>& out) const {
   if (text.empty()) return;
   std::string normalized;
   normalized.reserve(text.size() + 8);
-  if (at_start && vocab_->add_space_prefix) normalized += kSpaceMarker;
+  if (vocab_->add_space_prefix) normalized += kSpaceMarker;
   for (char c : text) {
     if (c == ' ')
       normalized += kSpaceMarker;
@@ -63,7 +68,7 @@ void SentencePieceBpe::encode(std::string_view text, bool at_start,
     const Symbol& l = symbols[left];
     const Symbol& r = symbols[l.next];
     auto it = index_->find(normalized.substr(l.begin, r.end - l.begin));
-    if (it == index_->end()) return;
+    if (it == index_->end() || !is_piece(it->second)) return;
     heap.push({vocab_->scores[it->second], left, r.end - l.begin, it->second});
   };
   for (int i = 0; i + 1 < static_cast<int>(symbols.size()); ++i) consider(i);
@@ -84,7 +89,7 @@ void SentencePieceBpe::encode(std::string_view text, bool at_start,
   for (int i = 0; i >= 0; i = symbols[i].next) {
     const std::string_view piece(normalized.data() + symbols[i].begin,
                                  symbols[i].end - symbols[i].begin);
-    if (auto it = index_->find(std::string(piece)); it != index_->end()) {
+    if (auto it = index_->find(std::string(piece)); it != index_->end() && is_piece(it->second)) {
       out.push_back(it->second);
       continue;
     }

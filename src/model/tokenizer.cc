@@ -35,11 +35,11 @@ struct Tokenizer::Impl {
     const TokenType t = type(id);
     return t == TokenType::kControl || t == TokenType::kUnknown;
   }
-  void encode_text(std::string_view text, bool at_start, std::vector<std::int32_t>& out) const {
+  void encode_text(std::string_view text, std::vector<std::int32_t>& out) const {
     if (byte_level)
       byte_level->encode(text, out);
     else
-      sentencepiece->encode(text, at_start, out);
+      sentencepiece->encode(text, out);
   }
   // The special token matching at text[pos], longest first; nullptr if none.
   const Special* special_at(std::string_view text, std::size_t pos, bool parse_special) const {
@@ -89,20 +89,18 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text,
   if (options.add_special && m.vocab.add_bos) out.push_back(m.vocab.bos_id);
   // Text between special tokens goes to the model piece by piece.
   std::size_t piece_begin = 0;
-  bool at_start = true;
   for (std::size_t pos = 0; pos < text.size();) {
     const Impl::Special* special = m.special_at(text, pos, options.parse_special);
     if (special == nullptr) {
       ++pos;
       continue;
     }
-    m.encode_text(text.substr(piece_begin, pos - piece_begin), at_start, out);
+    m.encode_text(text.substr(piece_begin, pos - piece_begin), out);
     out.push_back(special->id);
     pos += special->text.size();
     piece_begin = pos;
-    at_start = true;  // SentencePiece: text after a special token gets the dummy prefix
   }
-  m.encode_text(text.substr(piece_begin), at_start, out);
+  m.encode_text(text.substr(piece_begin), out);
   if (options.add_special && m.vocab.add_eos) out.push_back(m.vocab.eos_id);
   return out;
 }

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -45,17 +46,30 @@ class ByteLevelBpe {
     std::int32_t result;
   };
   std::unordered_map<std::uint64_t, Merge> merges_;  // (left << 32 | right) -> merge
+
+  // Tokens of recently seen short words (natural text repeats its words).
+  // Bounded: emptied when full. Guarded by cache_mutex_ (encode is const and
+  // may run on several threads).
+  static constexpr std::size_t kCacheCapacity = 1 << 16;
+  static constexpr std::size_t kCachedWordMaxBytes = 64;
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache_;
 };
 
 class SentencePieceBpe {
  public:
   SentencePieceBpe(const TokenizerVocab& vocab, const TokenIndex& index);
-  // `at_start`: the text begins the input or follows a special token (gets
-  // the dummy-prefix space).
-  void encode(std::string_view text, bool at_start, std::vector<std::int32_t>& out) const;
+  // `text` is a whole input or the text between two special tokens: each
+  // gets the dummy-prefix ▁ (add_space_prefix), as Hugging Face normalises
+  // each segment around added tokens and llama.cpp prefixes after specials.
+  void encode(std::string_view text, std::vector<std::int32_t>& out) const;
   std::string piece(std::int32_t id) const;
 
  private:
+  // Text can become normal and user-defined tokens only: never a control,
+  // byte or unused one (SentencePiece's rule), even if the text is the same.
+  bool is_piece(std::int32_t id) const;
+
   const TokenizerVocab* vocab_;
   const TokenIndex* index_;
   std::array<std::int32_t, 256> byte_token_{};  // <0xXX>, or -1

@@ -7,6 +7,7 @@
 
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/pretokenizer.h"
@@ -100,6 +101,20 @@ TEST(ByteLevelBpe, RoundTripsArbitraryBytes) {
     EXPECT_EQ(t.decode(ids), text);
   }
   EXPECT_EQ(t.decode(t.encode("\xff\xfe h\xc3\xa9llo \xe2\x82")), "\xff\xfe h\xc3\xa9llo \xe2\x82");
+}
+
+// encode keeps a word cache: several threads encoding at once must agree
+// with one thread (and run clean under the sanitizers).
+TEST(ByteLevelBpe, EncodesFromSeveralThreads) {
+  Tokenizer t(byte_level_vocab({"h e", "l l", "he ll", "hell o", "Ġ w", "o r"}));
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "hello world " + std::to_string(i % 37) + " ";
+  const auto expected = t.encode(text);
+  std::vector<std::vector<std::int32_t>> results(4);
+  std::vector<std::thread> threads;
+  for (auto& r : results) threads.emplace_back([&t, &text, &r] { r = t.encode(text); });
+  for (auto& th : threads) th.join();
+  for (const auto& r : results) EXPECT_EQ(r, expected);
 }
 
 TEST(Tokenizer, SpecialTokensOnlyWithParseSpecial) {
@@ -212,6 +227,21 @@ TEST(SentencePieceBpe, SpecialTokensGetTheDummyPrefixAfter) {
   for (std::int32_t id : t.encode("hello wé")) streamed += stream.push(id);
   streamed += stream.flush();
   EXPECT_EQ(streamed, "hello wé");
+}
+
+// Regression: merges must not produce a control token whose text the
+// characters happen to spell ("</s>" from "</" + "s>").
+TEST(SentencePieceBpe, TextNeverBecomesAControlToken) {
+  TokenizerVocab v = sentencepiece_vocab();
+  for (const char* piece : {"<", "/", "s", ">", "</", "s>"}) {
+    v.tokens.push_back(piece);
+    v.token_type.push_back(1);
+    v.scores.push_back(-100.0f - static_cast<float>(v.scores.size()));
+  }
+  Tokenizer t(v);
+  const auto ids = t.encode("</s>", {.add_special = false});
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 2), 0);
+  EXPECT_EQ(t.decode(ids, {.render_special = false}), "</s>");
 }
 
 template <typename Mutate>
