@@ -14,7 +14,7 @@ if [ ! -x build/pyenv/bin/python ]; then
   "$python" -m venv build/pyenv
 fi
 pip=(build/pyenv/bin/python -m pip --disable-pip-version-check -q)
-"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes gguf
+"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes gguf tokenizers
 # test_ort_parity.py compares with ONNX Runtime's own GroupQueryAttention; it
 # skips (saying why) where no onnxruntime wheel exists for this Python.
 "${pip[@]}" install onnx onnxruntime ||

@@ -28,8 +28,10 @@ struct PresetDefaults {
   double kv_memory_mib;
 };
 
+bool is_gguf(const std::string& model) { return model.ends_with(".gguf"); }
+
 PresetDefaults preset_defaults(const std::string& model) {
-  if (model == "small") return {16, 0.5, 256};
+  if (model == "small" || is_gguf(model)) return {16, 0.5, 256};
   if (model == "1b") return {12, 0.25, 1024};
   return {300, 1.0, 64};
 }
@@ -157,19 +159,25 @@ int run_bench_serve(int argc, char** argv) {
     return 0;
   }
   const PresetDefaults d = preset_defaults(o.model);
-  const LlamaConfig lc = llama_preset(o.model);
   const double mib = o.kv_memory_mib > 0 ? o.kv_memory_mib : d.kv_memory_mib;
   const std::int64_t kv_bytes = kv_memory_bytes(mib);
   const std::vector<TraceRequest> trace = build_trace(o, d);
   std::ofstream json_file;
   if (!o.json.empty()) json_file = open_json_output(o.json);
-  std::printf(
-      "pagedattn bench-serve: model '%s' (%.1fM parameters; weights are synthetic and seeded,\n"
-      "  so generated text is meaningless - the timing and memory figures are real)\n",
-      o.model.c_str(), double(llama_parameter_count(lc)) / 1e6);
-  std::fflush(stdout);
   EngineConfig ec;
-  ec.model = make_llama_model(lc);
+  if (is_gguf(o.model)) {
+    ec.model = make_gguf_model(o.model);
+    std::printf("pagedattn bench-serve: model %s ('%s', real weights; prompts are random tokens)\n",
+                o.model.c_str(), ec.model->spec().name.c_str());
+  } else {
+    const LlamaConfig lc = llama_preset(o.model);
+    std::printf(
+        "pagedattn bench-serve: model '%s' (%.1fM parameters; weights are synthetic and seeded,\n"
+        "  so generated text is meaningless - the timing and memory figures are real)\n",
+        o.model.c_str(), double(llama_parameter_count(lc)) / 1e6);
+    ec.model = make_llama_model(lc);
+  }
+  std::fflush(stdout);
   ec.kv_memory_bytes = kv_bytes;
   ec.page_size = o.page_size;
   ec.max_num_seqs = o.max_num_seqs;

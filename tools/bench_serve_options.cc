@@ -15,6 +15,7 @@ const char* bench_serve_usage() {
   return "usage: pagedattn bench-serve [flags]\n"
          "  --model tiny|small|1b          built-in Llama preset, synthetic weights (default "
          "tiny)\n"
+         "  --model FILE.gguf              a real Llama-family model (defaults as small)\n"
          "  --workload NAME|FILE.jsonl     sharegpt-like (default), alpaca-like, "
          "parallel-sampling,\n"
          "                                 long-context, or a trace of {prompt_len, output_len, n, "

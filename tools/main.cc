@@ -13,6 +13,7 @@
 #include "bench_attention_cli.h"
 #include "bench_serve.h"
 #include "cache_demo.h"
+#include "generate.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/version.h"
 
@@ -20,9 +21,11 @@ namespace {
 
 int usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: pagedattn [bench-serve [flags] | demo | bench-attention [options] | version | help]\n"
+               "usage: pagedattn [bench-serve [flags] | generate [flags] | demo | bench-attention [options] |\n"
+               "                  version | help]\n"
                "  bench-serve  serve a workload through the engine and report throughput,\n"
                "               latency and KV memory efficiency (default; --help for flags)\n"
+               "  generate  text from a GGUF model, streamed (--model FILE.gguf --prompt TEXT; --help)\n"
                "  demo     scripted tour of the paged KV-cache manager\n"
                "  bench-attention  time the attention kernel on one shape, as a fraction\n"
                "                   of this machine's read bandwidth and FMA peak (--help)\n"
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
   try {
     if (std::strcmp(command, "bench-serve") == 0) return pagedattn::tools::run_bench_serve(argc, argv);
     if (std::strcmp(command, "demo") == 0) return pagedattn::tools::run_cache_demo();
+    if (std::strcmp(command, "generate") == 0) return pagedattn::tools::run_generate(argc, argv);
     if (std::strcmp(command, "bench-attention") == 0)
       return pagedattn::tools::run_bench_attention(argc - 2, argv + 2);
     if (std::strcmp(command, "version") == 0) {

@@ -7,14 +7,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "pagedattn/model.h"
 
 namespace pagedattn {
 
+class GgufFile;
+
 struct LlamaConfig {
-  std::string_view name = "tiny";
+  std::string name = "tiny";
   std::int32_t vocab_size = 1024;
   std::int32_t hidden_size = 256;
   std::int32_t intermediate_size = 688;
@@ -22,6 +25,7 @@ struct LlamaConfig {
   std::int32_t num_qo_heads = 4;
   std::int32_t num_kv_heads = 2;
   std::int32_t head_dim = 64;
+  RopeStyle rope_style = RopeStyle::kNeox;  // GGUF `llama` files: kGptJ (pairs 2t, 2t + 1)
   float rope_theta = 10000.0f;
   float llama3_rope_factor = 0.0f;  // > 0: Llama-3 RoPE scaling (low 1, high 4, original 8192)
   float rms_norm_eps = 1e-5f;
@@ -39,5 +43,19 @@ std::int64_t llama_parameter_count(const LlamaConfig& config);
 
 // Builds the model and draws its weights (seeded, so two builds are equal).
 std::unique_ptr<Model> make_llama_model(const LlamaConfig& config);
+
+struct GgufModelOptions {
+  std::int32_t max_position = 0;  // longest sequence; 0: the file's context length
+};
+
+// Loads a Llama-family GGUF file (architectures llama and qwen2; weights
+// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K). Q8_0 / Q4_0 / Q4_1
+// weights are kept as stored and multiplied in place; the other types are
+// dequantised to f32 at load. InvalidArgument / Unsupported naming the file
+// and the key or tensor for a file that cannot be served.
+std::unique_ptr<Model> make_gguf_model(const std::string& path,
+                                       const GgufModelOptions& options = {});
+// The same from an open file (weights are copied out of it: the file may close).
+std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOptions& options = {});
 
 }  // namespace pagedattn

@@ -1,6 +1,8 @@
 """pagedattn: paged KV-cache attention for LLM inference (CPU), from Python.
 
     KVCache       the cache manager with attention (help(pagedattn.KVCache))
+    Tokenizer     BPE tokenizers from GGUF tokenizer metadata; StreamingDecoder,
+                  ChatTemplate (ChatML / Llama-3 / Llama-2 chat prompts)
     ops           peer-compatible operators (ONNX Runtime, vLLM, torch_xla)
     GgufFile      a GGUF model file (metadata, tensors); gguf_dequantize
                   dequantises raw ggml blocks to float32
@@ -15,6 +17,7 @@ as ml_dtypes arrays. See docs/python.md.
 """
 
 from ._core import (
+    ChatTemplate,
     Error,
     GgufFile,
     InternalError,
@@ -22,6 +25,8 @@ from ._core import (
     InvalidStateError,
     KVCache,
     OutOfPagesError,
+    StreamingDecoder,
+    Tokenizer,
     UnsupportedError,
     __version__,
     gguf_dequantize,
@@ -29,6 +34,7 @@ from ._core import (
 from . import ops
 
 __all__ = [
+    "ChatTemplate",
     "Error",
     "GgufFile",
     "InternalError",
@@ -36,6 +42,8 @@ __all__ = [
     "InvalidStateError",
     "KVCache",
     "OutOfPagesError",
+    "StreamingDecoder",
+    "Tokenizer",
     "UnsupportedError",
     "ops",
     "__version__",

@@ -1,5 +1,5 @@
 // The parts of the extension module pagedattn._core, each registered by one
-// file: errors.cc, kv_cache_bindings.cc, ops_bindings.cc.
+// file: errors.cc, kv_cache_bindings.cc, ops_bindings.cc, tokenizer_bindings.cc.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -13,7 +13,11 @@ void register_errors(pybind11::module_& m);
 void register_kv_cache(pybind11::module_& m);
 // The peer-compatible operators (pagedattn.ops) and merge_states.
 void register_ops(pybind11::module_& m);
+// GgufModel: a GGUF model's teacher-forced logits (model_bindings.cc).
+void register_models(pybind11::module_& m);
 // pagedattn.GgufFile and pagedattn.gguf_dequantize (gguf_bindings.cc).
 void register_gguf(pybind11::module_& m);
+// pagedattn.Tokenizer, StreamingDecoder, ChatTemplate.
+void register_tokenizer(pybind11::module_& m);
 
 }  // namespace pagedattn::python

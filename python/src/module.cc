@@ -11,5 +11,7 @@ PYBIND11_MODULE(_core, m) {
   pagedattn::python::register_errors(m);
   pagedattn::python::register_kv_cache(m);
   pagedattn::python::register_ops(m);
+  pagedattn::python::register_models(m);
   pagedattn::python::register_gguf(m);
+  pagedattn::python::register_tokenizer(m);
 }

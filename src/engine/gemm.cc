@@ -16,6 +16,10 @@ int openblas_get_num_threads(void) __attribute__((weak));
 namespace pagedattn::engine {
 namespace {
 
+const float* f32_weights(const LinearArgs& a) {
+  return static_cast<const float*>(a.w);
+}
+
 // y[rows][cols] (+)= x[rows][in] w[cols][in]^T with leading dimensions in / ldy.
 void sgemm(const LinearArgs& a, const float* x, std::int32_t rows, const float* w,
            std::int32_t cols, float* y, std::int32_t ldy) {
@@ -23,7 +27,9 @@ void sgemm(const LinearArgs& a, const float* x, std::int32_t rows, const float* 
               a.accumulate ? 1.0f : 0.0f, y, ldy);
 }
 
-std::int32_t column_blocks(std::int32_t out) { return (out + kColumnBlock - 1) / kColumnBlock; }
+std::int32_t column_blocks(std::int32_t out) {
+  return (out + kColumnBlock - 1) / kColumnBlock;
+}
 
 // Below this many multiply-adds a product runs on one thread: waking the
 // others costs more than it saves, and much more on a loaded machine.
@@ -33,6 +39,16 @@ bool worth_threads(const LinearArgs& a) {
   return std::int64_t{a.rows} * a.out * a.in >= kParallelWork;
 }
 
+// A decode step's quantised products are small (a 576 x 960 Q4_1 matrix is
+// 0.35 MB) but bound by reading the weights, which every core adds to:
+// split them once they hold a few hundred kilobytes.
+constexpr std::int64_t kQuantParallelBytes = std::int64_t{1} << 17;
+
+bool worth_threads_quant(const LinearArgs& a) {
+  return std::int64_t{a.out} * weight_row_bytes(a.w_format, a.in) >= kQuantParallelBytes ||
+         worth_threads(a);
+}
+
 // Every row in one call per column block (the results of a row may depend on
 // the batch: BLAS picks its kernels by shape).
 void linear_fast(const LinearArgs& a) {
@@ -40,7 +56,32 @@ void linear_fast(const LinearArgs& a) {
 #pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads(a))
   for (std::int32_t b = 0; b < blocks; ++b) {
     const std::int32_t col = b * kColumnBlock, cols = std::min(kColumnBlock, a.out - col);
-    sgemm(a, a.x, a.rows, a.w + std::size_t(col) * a.in, cols, a.y + col, a.out);
+    sgemm(a, a.x, a.rows, f32_weights(a) + std::size_t(col) * a.in, cols, a.y + col, a.out);
+  }
+}
+
+// Quantised weights, few rows: the in-place kernels over column ranges.
+void linear_quant_direct(const LinearArgs& a) {
+  const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, a.out, a.accumulate};
+  const std::int32_t blocks = column_blocks(a.out);
+#pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads_quant(a))
+  for (std::int32_t b = 0; b < blocks; ++b)
+    quant_product(q, b * kColumnBlock, std::min(a.out, (b + 1) * kColumnBlock));
+}
+
+// Quantised weights, many rows: each column block dequantised once into a
+// per-thread f32 block, then one BLAS call for every row.
+void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
+  const int threads = omp_get_max_threads();
+  s.weight_blocks.resize(std::size_t(threads));
+  for (auto& block : s.weight_blocks) block.resize(std::size_t(kColumnBlock) * a.in);
+  const std::int32_t blocks = column_blocks(a.out);
+#pragma omp parallel for schedule(static) num_threads(threads) if (blocks > 1 && worth_threads(a))
+  for (std::int32_t b = 0; b < blocks; ++b) {
+    const std::int32_t col = b * kColumnBlock, cols = std::min(kColumnBlock, a.out - col);
+    float* w = s.weight_blocks[std::size_t(omp_get_thread_num())].data();
+    dequantize_weight_rows(a.w, a.w_format, a.in, col, cols, w);
+    sgemm(a, a.x, a.rows, w, cols, a.y + col, a.out);
   }
 }
 
@@ -74,7 +115,7 @@ void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
     const std::int32_t cols = std::min(kColumnBlock, a.out - col);
     const float* x = block < full_blocks ? a.x + std::size_t(row) * a.in : s.padded_x.data();
     float* tile = s.tiles[std::size_t(omp_get_thread_num())].data();
-    sgemm_tile(a, x, a.w + std::size_t(col) * a.in, cols, tile);
+    sgemm_tile(a, x, f32_weights(a) + std::size_t(col) * a.in, cols, tile);
     for (std::int32_t r = 0; r < rows; ++r) {
       float* y = a.y + std::size_t(row + r) * a.out + col;
       for (std::int32_t c = 0; c < cols; ++c)
@@ -85,7 +126,9 @@ void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
 
 }  // namespace
 
-int blas_threads() { return openblas_get_num_threads ? openblas_get_num_threads() : 0; }
+int blas_threads() {
+  return openblas_get_num_threads ? openblas_get_num_threads() : 0;
+}
 
 void set_blas_threads(int threads) {
   if (openblas_set_num_threads) openblas_set_num_threads(threads);
@@ -97,7 +140,12 @@ void use_single_threaded_blas() {
 
 void linear(const LinearArgs& a, LinearScratch& scratch) {
   if (a.rows == 0) return;
-  if (a.deterministic)
+  if (a.w_format != WeightFormat::kF32) {
+    if (a.deterministic || a.rows <= kQuantDirectRows)
+      linear_quant_direct(a);
+    else
+      linear_quant_blocked(a, scratch);
+  } else if (a.deterministic)
     linear_deterministic(a, scratch);
   else
     linear_fast(a);

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/quant_kernels.h"
+
 namespace pagedattn::engine {
 
 // Deterministic mode tiles y into kRowBlock x kColumnBlock pieces, one
@@ -22,18 +24,26 @@ struct LinearArgs {
   const float* x = nullptr;  // [rows][in]
   std::int32_t rows = 0;
   std::int32_t in = 0;
-  const float* w = nullptr;  // [out][in] (a PyTorch Linear weight)
+  const void* w = nullptr;  // [out] rows of `in` weights (a PyTorch Linear weight) in w_format
   std::int32_t out = 0;
-  float* y = nullptr;        // [rows][out]
-  bool accumulate = false;   // y += x w^T instead of y = x w^T
+  float* y = nullptr;       // [rows][out]
+  bool accumulate = false;  // y += x w^T instead of y = x w^T
   bool deterministic = false;
+  WeightFormat w_format = WeightFormat::kF32;
 };
 
-// Buffers reused across calls: the zero-padded last row block of x and one
-// output tile per thread.
+// Quantised weights: batches of at most this many rows (and every batch in
+// deterministic mode) run the in-place kernels of quant_kernels.h, whose
+// rows are independent; larger batches dequantise column blocks to f32 and
+// go through BLAS (the weights are then read once per block, not per row).
+inline constexpr std::int32_t kQuantDirectRows = 8;
+
+// Buffers reused across calls: the zero-padded last row block of x, one
+// output tile per thread and one dequantised weight block per thread.
 struct LinearScratch {
   std::vector<float> padded_x;
   std::vector<std::vector<float>> tiles;
+  std::vector<std::vector<float>> weight_blocks;
 };
 
 // Makes OpenBLAS run single-threaded (its own thread pool would fight the

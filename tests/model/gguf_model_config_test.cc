@@ -19,43 +19,8 @@ namespace {
 using test::expect_throws;
 using test::GgufWriter;
 
-struct TinyShape {
-  std::uint32_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ff = 96, vocab = 10;
-};
-
-GgufWriter tiny_model(const std::string& arch, bool tied, bool biases, TinyShape s = {}) {
-  GgufWriter w;
-  w.kv_string("general.architecture", arch).kv_string("general.name", "tiny");
-  w.kv_u32(arch + ".block_count", s.layers).kv_u32(arch + ".context_length", 2048);
-  w.kv_u32(arch + ".embedding_length", s.hidden).kv_u32(arch + ".feed_forward_length", s.ff);
-  w.kv_u32(arch + ".attention.head_count", s.heads)
-      .kv_u32(arch + ".attention.head_count_kv", s.kv_heads);
-  w.kv_f32(arch + ".rope.freq_base", 500000.0f)
-      .kv_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
-  w.kv_u32("tokenizer.ggml.bos_token_id", 1).kv_u32("tokenizer.ggml.eos_token_id", 2);
-  const std::uint64_t h = s.hidden, hd = s.hidden / s.heads, q = s.heads * hd, kv = s.kv_heads * hd;
-  w.tensor("token_embd.weight", GgufType::kQ8_0, {h, s.vocab});
-  w.tensor("output_norm.weight", GgufType::kF32, {h});
-  if (!tied) w.tensor("output.weight", GgufType::kQ4_0, {h, s.vocab});
-  for (std::uint32_t l = 0; l < s.layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    w.tensor(p + "attn_norm.weight", GgufType::kF32, {h});
-    w.tensor(p + "attn_q.weight", GgufType::kQ4_1, {h, q});
-    w.tensor(p + "attn_k.weight", GgufType::kQ4_1, {h, kv});
-    w.tensor(p + "attn_v.weight", GgufType::kQ8_0, {h, kv});
-    if (biases) {
-      w.tensor(p + "attn_q.bias", GgufType::kF32, {q});
-      w.tensor(p + "attn_k.bias", GgufType::kF32, {kv});
-      w.tensor(p + "attn_v.bias", GgufType::kF32, {kv});
-    }
-    w.tensor(p + "attn_output.weight", GgufType::kF16, {q, h});
-    w.tensor(p + "ffn_norm.weight", GgufType::kF32, {h});
-    w.tensor(p + "ffn_gate.weight", GgufType::kBF16, {h, s.ff});
-    w.tensor(p + "ffn_up.weight", GgufType::kQ4_0, {h, s.ff});
-    w.tensor(p + "ffn_down.weight", GgufType::kQ8_0, {s.ff, h});
-  }
-  return w;
-}
+using test::tiny_model;
+using test::TinyShape;
 
 TEST(GgufModelConfig, LlamaTied) {
   const std::vector<std::byte> bytes = tiny_model("llama", true, false).build();

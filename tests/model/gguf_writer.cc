@@ -1,5 +1,7 @@
 #include "model/gguf_writer.h"
 
+#include "pagedattn/dtype.h"
+
 #include <random>
 
 namespace pagedattn::test {
@@ -117,8 +119,24 @@ GgufWriter& GgufWriter::tensor(std::string name, GgufType type, std::vector<std:
   for (std::uint64_t d : dims) elements *= d;
   const auto blocks =
       static_cast<std::int64_t>(elements / static_cast<std::uint64_t>(info.block_size));
+  std::vector<std::byte> data = random_blocks(type, blocks, seed);
+  if (type == GgufType::kF32 || type == GgufType::kF16 || type == GgufType::kBF16) {
+    // Finite values in [-1, 1] (random bits would hold NaNs and infinities).
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (std::uint64_t i = 0; i < elements; ++i) {
+      const float v = value(rng);
+      if (type == GgufType::kF32) {
+        std::memcpy(data.data() + i * 4, &v, 4);
+      } else {
+        const std::uint16_t bits =
+            type == GgufType::kF16 ? float_to_f16_bits(v) : float_to_bf16_bits(v);
+        std::memcpy(data.data() + i * 2, &bits, 2);
+      }
+    }
+  }
   return tensor({std::move(name), static_cast<std::uint32_t>(type), std::move(dims),
-                 random_blocks(type, blocks, seed), std::nullopt});
+                 std::move(data), std::nullopt});
 }
 
 std::vector<std::byte> GgufWriter::build() const {
@@ -170,6 +188,42 @@ std::vector<std::byte> random_blocks(GgufType type, std::int64_t blocks, std::ui
     }
   }
   return out;
+}
+
+GgufWriter tiny_model(const std::string& arch, bool tied, bool biases, TinyShape s,
+                      TinyTypes types) {
+  GgufWriter w;
+  w.kv_string("general.architecture", arch).kv_string("general.name", "tiny");
+  w.kv_u32(arch + ".block_count", s.layers).kv_u32(arch + ".context_length", 2048);
+  w.kv_u32(arch + ".embedding_length", s.hidden).kv_u32(arch + ".feed_forward_length", s.ff);
+  w.kv_u32(arch + ".attention.head_count", s.heads)
+      .kv_u32(arch + ".attention.head_count_kv", s.kv_heads);
+  w.kv_f32(arch + ".rope.freq_base", 500000.0f)
+      .kv_f32(arch + ".attention.layer_norm_rms_epsilon", 1e-6f);
+  w.kv_u32("tokenizer.ggml.bos_token_id", 1).kv_u32("tokenizer.ggml.eos_token_id", 2);
+  const std::uint64_t h = s.hidden, hd = s.hidden / s.heads, q = s.heads * hd, kv = s.kv_heads * hd;
+  std::uint64_t seed = 1;
+  w.tensor("token_embd.weight", types.embedding, {h, s.vocab}, seed++);
+  w.tensor("output_norm.weight", GgufType::kF32, {h}, seed++);
+  if (!tied) w.tensor("output.weight", types.output, {h, s.vocab}, seed++);
+  for (std::uint32_t l = 0; l < s.layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    w.tensor(p + "attn_norm.weight", GgufType::kF32, {h}, seed++);
+    w.tensor(p + "attn_q.weight", types.q, {h, q}, seed++);
+    w.tensor(p + "attn_k.weight", types.k, {h, kv}, seed++);
+    w.tensor(p + "attn_v.weight", types.v, {h, kv}, seed++);
+    if (biases) {
+      w.tensor(p + "attn_q.bias", GgufType::kF32, {q}, seed++);
+      w.tensor(p + "attn_k.bias", GgufType::kF32, {kv}, seed++);
+      w.tensor(p + "attn_v.bias", GgufType::kF32, {kv}, seed++);
+    }
+    w.tensor(p + "attn_output.weight", types.o, {q, h}, seed++);
+    w.tensor(p + "ffn_norm.weight", GgufType::kF32, {h}, seed++);
+    w.tensor(p + "ffn_gate.weight", types.gate, {h, s.ff}, seed++);
+    w.tensor(p + "ffn_up.weight", types.up, {h, s.ff}, seed++);
+    w.tensor(p + "ffn_down.weight", types.down, {s.ff, h}, seed++);
+  }
+  return w;
 }
 
 }  // namespace pagedattn::test

@@ -76,7 +76,9 @@ class GgufWriter {
   GgufWriter& kv_f32_array(std::string_view key, const std::vector<float>& v);
 
   GgufWriter& tensor(GgufTestTensor t);
-  // A tensor of `type` with dims and deterministic bytes (valid scales).
+  void clear_tensors() { tensors_.clear(); }
+  // A tensor of `type` with dims and deterministic bytes (valid scales;
+  // F32 / F16 / BF16 hold finite values in [-1, 1]).
   GgufWriter& tensor(std::string name, GgufType type, std::vector<std::uint64_t> dims,
                      std::uint64_t seed = 1);
 
@@ -99,5 +101,18 @@ std::vector<std::byte> encode_array(GgufValueType element_type, std::uint64_t co
 // `blocks` blocks of `type` with random bytes whose f16 scales are finite
 // (any bit pattern is otherwise a valid block).
 std::vector<std::byte> random_blocks(GgufType type, std::int64_t blocks, std::uint64_t seed);
+
+// A small Llama-family file (arch "llama" or "qwen2"): every hyper-parameter
+// and tensor read_model_config needs, with the weight types below.
+struct TinyShape {
+  std::uint32_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ff = 96, vocab = 10;
+};
+struct TinyTypes {
+  GgufType embedding = GgufType::kQ8_0, output = GgufType::kQ4_0;
+  GgufType q = GgufType::kQ4_1, k = GgufType::kQ4_1, v = GgufType::kQ8_0, o = GgufType::kF16;
+  GgufType gate = GgufType::kBF16, up = GgufType::kQ4_0, down = GgufType::kQ8_0;
+};
+GgufWriter tiny_model(const std::string& arch, bool tied, bool biases, TinyShape s = {},
+                      TinyTypes types = {});
 
 }  // namespace pagedattn::test

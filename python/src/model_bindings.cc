@@ -1,0 +1,79 @@
+// pagedattn._core.GgufModel: a GGUF model's logits from Python, for checking
+// the whole forward pass (weights, RoPE, cache, kernels) against an
+// independent NumPy implementation.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "pagedattn/dtype.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/llama.h"
+
+namespace pagedattn::python {
+namespace {
+
+namespace py = pybind11;
+
+class GgufModel {
+ public:
+  explicit GgufModel(const std::string& path) : model_(make_gguf_model(path)) {}
+
+  const ModelSpec& spec() const { return model_->spec(); }
+
+  // One sequence, teacher-forced: logits [n][vocab] of every position.
+  py::array_t<float> logits(const std::vector<std::int32_t>& token_ids,
+                            const std::string& kv_dtype) {
+    require(!token_ids.empty(), "GgufModel.logits: token_ids is empty");
+    const ModelSpec& s = spec();
+    KVCacheConfig k;
+    k.num_layers = s.num_layers;
+    k.num_qo_heads = s.num_qo_heads;
+    k.num_kv_heads = s.num_kv_heads;
+    k.head_dim = s.head_dim;
+    k.page_size = 16;
+    k.num_pages = (std::ssize(token_ids) + 15) / 16;
+    k.kv_dtype = parse_dtype(kv_dtype);
+    k.rope_mode = s.rope_mode;
+    k.rope = s.rope;
+    PagedKVCache cache(k);
+    const auto n = static_cast<std::int32_t>(token_ids.size());
+    std::vector<std::int32_t> rows(token_ids.size());
+    for (std::int32_t i = 0; i < n; ++i) rows[std::size_t(i)] = i;
+    py::array_t<float> out({py::ssize_t(n), py::ssize_t(s.vocab_size)});
+    const SeqId seq = 0;
+    const std::int64_t length = n;
+    cache.add_sequence(seq);
+    cache.begin_forward({&seq, 1}, {&length, 1});
+    {
+      py::gil_scoped_release release;
+      const std::lock_guard lock(mutex_);  // the model keeps its activations between calls
+      model_->forward({token_ids, rows, false}, cache,
+                      {out.mutable_data(), std::size_t(n) * std::size_t(s.vocab_size)});
+    }
+    cache.end_forward();
+    return out;
+  }
+
+ private:
+  std::unique_ptr<Model> model_;
+  std::mutex mutex_;
+};
+
+}  // namespace
+
+void register_models(py::module_& m) {
+  py::class_<GgufModel>(m, "GgufModel")
+      .def(py::init<const std::string&>(), py::arg("path"))
+      .def_property_readonly("num_layers", [](const GgufModel& g) { return g.spec().num_layers; })
+      .def_property_readonly("vocab_size", [](const GgufModel& g) { return g.spec().vocab_size; })
+      .def_property_readonly("name", [](const GgufModel& g) { return g.spec().name; })
+      .def("logits", &GgufModel::logits, py::arg("token_ids"), py::arg("kv_dtype") = "f32",
+           "Teacher-forced logits [len(token_ids)][vocab_size] of one sequence.");
+}
+
+}  // namespace pagedattn::python

@@ -1,0 +1,151 @@
+// pagedattn.Tokenizer, StreamingDecoder and ChatTemplate over
+// include/pagedattn/tokenizer.h and chat_template.h. Text goes in as str
+// (UTF-8) or bytes; decoded text comes out as bytes, since token sequences
+// may split or hold invalid UTF-8 (use .decode("utf-8", "replace") to show).
+#include <pybind11/stl.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "pagedattn/chat_template.h"
+#include "pagedattn/tokenizer.h"
+
+namespace py = pybind11;
+
+namespace pagedattn::python {
+namespace {
+
+std::string text_bytes(const py::object& text) {
+  if (py::isinstance<py::bytes>(text)) return text.cast<std::string>();
+  if (py::isinstance<py::str>(text)) return text.cast<std::string>();
+  throw py::type_error("text must be str or bytes");
+}
+
+TokenizerVocab make_vocab(std::string model, std::vector<std::string> tokens, std::string pre,
+                          std::optional<std::vector<float>> scores,
+                          std::optional<std::vector<std::int32_t>> token_type,
+                          std::optional<std::vector<std::string>> merges, std::int32_t bos_id,
+                          std::int32_t eos_id, std::int32_t unk_id, std::int32_t pad_id,
+                          bool add_bos, bool add_eos, bool add_space_prefix,
+                          std::string chat_template) {
+  TokenizerVocab v;
+  v.model = std::move(model);
+  v.pre = std::move(pre);
+  v.tokens = std::move(tokens);
+  if (scores) v.scores = std::move(*scores);
+  if (token_type) v.token_type = std::move(*token_type);
+  if (merges) v.merges = std::move(*merges);
+  v.bos_id = bos_id;
+  v.eos_id = eos_id;
+  v.unk_id = unk_id;
+  v.pad_id = pad_id;
+  v.add_bos = add_bos;
+  v.add_eos = add_eos;
+  v.add_space_prefix = add_space_prefix;
+  v.chat_template = std::move(chat_template);
+  return v;
+}
+
+}  // namespace
+
+void register_tokenizer(py::module_& m) {
+  py::class_<Tokenizer>(m, "Tokenizer",
+                        "Byte-level BPE (model='gpt2') or SentencePiece BPE (model='llama') built "
+                        "from GGUF-style tokenizer metadata (tokenizer.ggml.* keys).")
+      .def(py::init([](std::string model, std::vector<std::string> tokens, std::string pre,
+                       std::optional<std::vector<float>> scores,
+                       std::optional<std::vector<std::int32_t>> token_type,
+                       std::optional<std::vector<std::string>> merges, std::int32_t bos_id,
+                       std::int32_t eos_id, std::int32_t unk_id, std::int32_t pad_id, bool add_bos,
+                       bool add_eos, bool add_space_prefix, std::string chat_template) {
+             return Tokenizer(make_vocab(std::move(model), std::move(tokens), std::move(pre),
+                                         std::move(scores), std::move(token_type),
+                                         std::move(merges), bos_id, eos_id, unk_id, pad_id, add_bos,
+                                         add_eos, add_space_prefix, std::move(chat_template)));
+           }),
+           py::arg("model"), py::arg("tokens"), py::kw_only(), py::arg("pre") = "default",
+           py::arg("scores") = py::none(), py::arg("token_type") = py::none(),
+           py::arg("merges") = py::none(), py::arg("bos_id") = -1, py::arg("eos_id") = -1,
+           py::arg("unk_id") = -1, py::arg("pad_id") = -1, py::arg("add_bos") = false,
+           py::arg("add_eos") = false, py::arg("add_space_prefix") = true,
+           py::arg("chat_template") = "")
+      .def(
+          "encode",
+          [](const Tokenizer& t, const py::object& text, bool add_special, bool parse_special) {
+            const std::string bytes = text_bytes(text);
+            py::gil_scoped_release release;
+            return t.encode(bytes, {.add_special = add_special, .parse_special = parse_special});
+          },
+          py::arg("text"), py::kw_only(), py::arg("add_special") = true,
+          py::arg("parse_special") = false, "list of token ids")
+      .def(
+          "decode",
+          [](const Tokenizer& t, const std::vector<std::int32_t>& ids, bool render_special) {
+            return py::bytes(t.decode(ids, {.render_special = render_special}));
+          },
+          py::arg("ids"), py::kw_only(), py::arg("render_special") = true, "bytes")
+      .def(
+          "token_to_piece",
+          [](const Tokenizer& t, std::int32_t id, bool render_special) {
+            return py::bytes(t.token_to_piece(id, {.render_special = render_special}));
+          },
+          py::arg("id"), py::kw_only(), py::arg("render_special") = true)
+      .def("token_id", &Tokenizer::token_id, py::arg("token_text"))
+      .def("is_control", &Tokenizer::is_control, py::arg("id"))
+      .def_property_readonly("vocab_size", &Tokenizer::vocab_size)
+      .def_property_readonly("bos_id", &Tokenizer::bos_id)
+      .def_property_readonly("eos_id", &Tokenizer::eos_id)
+      .def_property_readonly("chat_template",
+                             [](const Tokenizer& t) { return t.vocab().chat_template; });
+
+  py::class_<StreamingDecoder>(m, "StreamingDecoder",
+                               "Decodes token by token, holding back incomplete UTF-8.")
+      .def(py::init([](const Tokenizer& t, bool render_special) {
+             return StreamingDecoder(t, {.render_special = render_special});
+           }),
+           py::arg("tokenizer"), py::kw_only(), py::arg("render_special") = true,
+           py::keep_alive<1, 2>())
+      .def(
+          "push", [](StreamingDecoder& d, std::int32_t id) { return py::bytes(d.push(id)); },
+          py::arg("id"))
+      .def("flush", [](StreamingDecoder& d) { return py::bytes(d.flush()); });
+
+  py::class_<ChatTemplate>(m, "ChatTemplate",
+                           "A model's chat template (ChatML, Llama-3 or Llama-2 form).")
+      .def(py::init<std::string_view, std::string, std::string>(), py::arg("template"),
+           py::arg("bos_text") = "", py::arg("eos_text") = "")
+      .def_property_readonly("kind",
+                             [](const ChatTemplate& t) {
+                               switch (t.kind()) {
+                                 case ChatTemplateKind::kChatMl:
+                                   return "chatml";
+                                 case ChatTemplateKind::kLlama3:
+                                   return "llama3";
+                                 case ChatTemplateKind::kLlama2:
+                                   return "llama2";
+                               }
+                               return "";
+                             })
+      .def_property_readonly("default_system_prompt", &ChatTemplate::default_system_prompt)
+      .def(
+          "render",
+          [](const ChatTemplate& t, const std::vector<std::map<std::string, std::string>>& messages,
+             bool add_generation_prompt) {
+            std::vector<ChatMessage> converted;
+            for (const auto& m : messages) {
+              auto role = m.find("role");
+              auto content = m.find("content");
+              if (role == m.end() || content == m.end()) {
+                throw py::value_error("each message needs 'role' and 'content'");
+              }
+              converted.push_back({role->second, content->second});
+            }
+            return t.render(converted, add_generation_prompt);
+          },
+          py::arg("messages"), py::kw_only(), py::arg("add_generation_prompt") = true);
+}
+
+}  // namespace pagedattn::python

@@ -1,0 +1,154 @@
+// make_gguf_model: a Llama-family GGUF file as the built-in Llama model.
+// Q8_0 / Q4_0 / Q4_1 tensors stay in their blocks (the quantised kernels read
+// them in place); every other supported type is dequantised to f32 once, at
+// load (exactly, by the GGUF reader).
+#include <cmath>
+#include <limits>
+
+#include "engine/llama_weights.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/gguf.h"
+#include "pagedattn/gguf_model.h"
+#include "pagedattn/llama.h"
+
+namespace pagedattn {
+namespace {
+
+using engine::LlamaLayerWeights;
+using engine::LlamaWeights;
+using engine::WeightFormat;
+using engine::WeightMatrix;
+
+bool in_place_format(GgufType type, WeightFormat& format) {
+  switch (type) {
+    case GgufType::kQ8_0:
+      format = WeightFormat::kQ8_0;
+      return true;
+    case GgufType::kQ4_0:
+      format = WeightFormat::kQ4_0;
+      return true;
+    case GgufType::kQ4_1:
+      format = WeightFormat::kQ4_1;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A [out][in] matrix (ggml dims {in, out}).
+WeightMatrix load_matrix(const GgufFile& file, const std::string& name) {
+  const GgufTensor& t = file.tensor(name);
+  require(t.dims.size() == 2, "gguf ", file.source_name(), ": tensor '", name, "' has ",
+          t.dims.size(), " dims, a weight matrix has 2");
+  const auto in = static_cast<std::int32_t>(t.dims[0]), out = static_cast<std::int32_t>(t.dims[1]);
+  WeightFormat format{};
+  if (in_place_format(t.type, format))
+    return WeightMatrix::rows(format, {t.data, static_cast<std::size_t>(t.nbytes)}, out, in);
+  return WeightMatrix::f32(file.dequantize(t), out, in);
+}
+
+std::vector<float> load_vector(const GgufFile& file, const std::string& name) {
+  return file.dequantize(file.tensor(name));
+}
+
+// q, k and v rows stacked (and their biases, when the file has them).
+void load_qkv(const GgufFile& file, const GgufLayerTensors& t, LlamaLayerWeights& l) {
+  l.qkv = load_matrix(file, t.attn_q);
+  WeightMatrix k = load_matrix(file, t.attn_k), v = load_matrix(file, t.attn_v);
+  if (k.format() != l.qkv.format() || v.format() != l.qkv.format()) {  // mixed types: all f32
+    auto as_f32 = [&](const std::string& name) {
+      const GgufTensor& x = file.tensor(name);
+      return WeightMatrix::f32(file.dequantize(x), static_cast<std::int32_t>(x.dims[1]),
+                               static_cast<std::int32_t>(x.dims[0]));
+    };
+    l.qkv = as_f32(t.attn_q);
+    k = as_f32(t.attn_k);
+    v = as_f32(t.attn_v);
+  }
+  l.qkv.append_rows(k);
+  l.qkv.append_rows(v);
+  if (!t.attn_q_bias.empty())
+    for (const std::string* name : {&t.attn_q_bias, &t.attn_k_bias, &t.attn_v_bias}) {
+      const std::vector<float> b = load_vector(file, *name);
+      l.qkv_bias.insert(l.qkv_bias.end(), b.begin(), b.end());
+    }
+}
+
+// gate and up rows stacked (f32 for both when their types differ).
+WeightMatrix load_gate_up(const GgufFile& file, const GgufLayerTensors& t) {
+  WeightMatrix gate = load_matrix(file, t.ffn_gate), up = load_matrix(file, t.ffn_up);
+  if (gate.format() != up.format()) {
+    const GgufTensor& g = file.tensor(t.ffn_gate);
+    const GgufTensor& u = file.tensor(t.ffn_up);
+    gate = WeightMatrix::f32(file.dequantize(g), static_cast<std::int32_t>(g.dims[1]),
+                             static_cast<std::int32_t>(g.dims[0]));
+    up = WeightMatrix::f32(file.dequantize(u), static_cast<std::int32_t>(u.dims[1]),
+                           static_cast<std::int32_t>(u.dims[0]));
+  }
+  gate.append_rows(up);
+  return gate;
+}
+
+std::int32_t narrow(std::int64_t value, const char* what) {
+  require(value >= 0 && value <= std::numeric_limits<std::int32_t>::max(),
+          "make_gguf_model: ", what, " = ", value, " does not fit the model's 32-bit fields");
+  return static_cast<std::int32_t>(value);
+}
+
+LlamaConfig llama_config(const GgufModelConfig& g, const GgufModelOptions& options) {
+  LlamaConfig c;
+  c.name = g.name.empty() ? g.arch_name : g.name;
+  c.vocab_size = narrow(g.vocab_size, "vocab_size");
+  c.hidden_size = narrow(g.hidden_size, "hidden_size");
+  c.intermediate_size = narrow(g.intermediate_size, "intermediate_size");
+  c.num_layers = narrow(g.num_layers, "num_layers");
+  c.num_qo_heads = narrow(g.num_qo_heads, "num_qo_heads");
+  c.num_kv_heads = narrow(g.num_kv_heads, "num_kv_heads");
+  c.head_dim = narrow(g.head_dim, "head_dim");
+  c.rope_style =
+      g.rope_layout == GgufRopeLayout::kInterleaved ? RopeStyle::kGptJ : RopeStyle::kNeox;
+  c.rope_theta = g.rope_theta;
+  c.rms_norm_eps = g.rms_norm_eps;
+  c.max_position =
+      options.max_position > 0 ? options.max_position : narrow(g.context_length, "context_length");
+  c.tie_embeddings = g.tie_embeddings;
+  c.eos_token_id = g.eos_token_id >= 0 && g.eos_token_id < g.vocab_size
+                       ? static_cast<std::int32_t>(g.eos_token_id)
+                       : -1;
+  return c;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_gguf_model(const std::string& path, const GgufModelOptions& options) {
+  return make_gguf_model(GgufFile::open(path), options);
+}
+
+std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOptions& options) {
+  require(options.max_position >= 0,
+          "make_gguf_model: options.max_position = ", options.max_position,
+          " must be >= 0 (0: the file's context length)");
+  const GgufModelConfig g = read_model_config(file);
+  require<Unsupported>(
+      g.rope_scaling.type == "none" && g.rope_scaling.freq_factors_tensor.empty(),
+      "make_gguf_model: ", file.source_name(), " uses RoPE scaling '", g.rope_scaling.type,
+      g.rope_scaling.freq_factors_tensor.empty() ? "'" : "' with rope_freqs.weight",
+      ", which the built-in Llama model does not apply yet");
+  const LlamaConfig config = llama_config(g, options);
+  LlamaWeights w;
+  w.embedding = load_matrix(file, g.token_embedding);
+  if (!g.tie_embeddings) w.lm_head = load_matrix(file, g.output);
+  w.final_norm = load_vector(file, g.output_norm);
+  for (const GgufLayerTensors& t : g.layers) {
+    LlamaLayerWeights& l = w.layers.emplace_back();
+    l.attn_norm = load_vector(file, t.attn_norm);
+    load_qkv(file, t, l);
+    l.o = load_matrix(file, t.attn_output);
+    l.mlp_norm = load_vector(file, t.ffn_norm);
+    l.gate_up = load_gate_up(file, t);
+    l.down = load_matrix(file, t.ffn_down);
+  }
+  return engine::make_llama_model(config, std::move(w));
+}
+
+}  // namespace pagedattn

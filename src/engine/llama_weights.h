@@ -1,0 +1,33 @@
+// The built-in Llama model's weights, whatever their source (seeded
+// synthetic draws or a GGUF file), and the factory that takes them.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/weight_matrix.h"
+#include "pagedattn/llama.h"
+
+namespace pagedattn::engine {
+
+struct LlamaLayerWeights {
+  std::vector<float> attn_norm;  // [H]
+  WeightMatrix qkv;              // [(Hq + 2 Hkv) D][H]: q heads, k heads, v heads
+  std::vector<float> qkv_bias;   // [(Hq + 2 Hkv) D] (Qwen2), or empty
+  WeightMatrix o;                // [H][Hq D]
+  std::vector<float> mlp_norm;   // [H]
+  WeightMatrix gate_up;          // [2 I][H]: gate rows, then up rows
+  WeightMatrix down;             // [H][I]
+};
+
+struct LlamaWeights {
+  WeightMatrix embedding;                 // [V][H]
+  WeightMatrix lm_head;                   // [V][H]; empty when tied to the embedding
+  std::vector<float> final_norm;          // [H]
+  std::vector<LlamaLayerWeights> layers;  // [num_layers]
+};
+
+// InvalidArgument naming the tensor when a shape does not match the config.
+std::unique_ptr<Model> make_llama_model(const LlamaConfig& config, LlamaWeights weights);
+
+}  // namespace pagedattn::engine

@@ -1,0 +1,48 @@
+#include "engine/weight_matrix.h"
+
+#include <cstring>
+
+#include "pagedattn/errors.h"
+
+namespace pagedattn::engine {
+
+WeightMatrix WeightMatrix::f32(std::vector<float> values, std::int32_t out, std::int32_t in) {
+  require(std::ssize(values) == std::int64_t{out} * in, "WeightMatrix::f32: ", values.size(),
+          " values for a ", out, " x ", in, " matrix");
+  const auto* bytes = reinterpret_cast<const std::byte*>(values.data());
+  return rows(WeightFormat::kF32, {bytes, values.size() * sizeof(float)}, out, in);
+}
+
+WeightMatrix WeightMatrix::rows(WeightFormat format, std::span<const std::byte> bytes,
+                                std::int32_t out, std::int32_t in) {
+  require(out >= 0 && in >= 1, "WeightMatrix: shape ", out, " x ", in, " is not valid");
+  const std::int64_t want = std::int64_t{out} * weight_row_bytes(format, in);
+  require(std::ssize(bytes) == want, "WeightMatrix: ", bytes.size(), " bytes for ", out,
+          " rows of ", in, " ", weight_format_name(format), " weights, need ", want);
+  WeightMatrix m;
+  m.format_ = format;
+  m.out_ = out;
+  m.in_ = in;
+  m.bytes_.assign(bytes.begin(), bytes.end());
+  return m;
+}
+
+void WeightMatrix::append_rows(const WeightMatrix& other) {
+  require(other.format_ == format_ && other.in_ == in_,
+          "WeightMatrix::append_rows: ", weight_format_name(other.format_), " rows of ", other.in_,
+          " onto ", weight_format_name(format_), " rows of ", in_);
+  bytes_.insert(bytes_.end(), other.bytes_.begin(), other.bytes_.end());
+  out_ += other.out_;
+}
+
+void WeightMatrix::row_to_f32(std::int32_t row, float* dst) const {
+  require(row >= 0 && row < out_, "WeightMatrix::row_to_f32: row ", row, " outside [0, ", out_,
+          ")");
+  if (format_ == WeightFormat::kF32)
+    std::memcpy(dst, bytes_.data() + std::size_t(row) * in_ * sizeof(float),
+                std::size_t(in_) * sizeof(float));
+  else
+    dequantize_weight_rows(bytes_.data(), format_, in_, row, 1, dst);
+}
+
+}  // namespace pagedattn::engine

@@ -1,0 +1,41 @@
+// An owned weight matrix [out][in] in one of linear()'s formats: f32, or the
+// GGUF block formats the quantised kernels read in place.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "engine/gemm.h"
+
+namespace pagedattn::engine {
+
+class WeightMatrix {
+ public:
+  WeightMatrix() = default;
+  // [out][in] f32 values.
+  static WeightMatrix f32(std::vector<float> values, std::int32_t out, std::int32_t in);
+  // `out` rows of weight_row_bytes(format, in) bytes each, copied.
+  static WeightMatrix rows(WeightFormat format, std::span<const std::byte> bytes, std::int32_t out,
+                           std::int32_t in);
+
+  WeightFormat format() const { return format_; }
+  std::int32_t out() const { return out_; }
+  std::int32_t in() const { return in_; }
+  bool empty() const { return out_ == 0; }
+  const void* data() const { return bytes_.data(); }
+  std::int64_t bytes() const { return std::ssize(bytes_); }
+
+  // Appends the rows of `other` (same format and in): fuses q/k/v or gate/up.
+  void append_rows(const WeightMatrix& other);
+  // dst[in] = row `row` as f32 (an embedding lookup).
+  void row_to_f32(std::int32_t row, float* dst) const;
+
+ private:
+  WeightFormat format_ = WeightFormat::kF32;
+  std::int32_t out_ = 0, in_ = 0;
+  std::vector<std::byte> bytes_;
+};
+
+}  // namespace pagedattn::engine

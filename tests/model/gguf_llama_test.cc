@@ -1,0 +1,126 @@
+// make_gguf_model on small files the test writes: every supported weight
+// type (in place: Q8_0 / Q4_0 / Q4_1; dequantised at load: F32, F16, BF16,
+// Q4_K, Q5_K, Q6_K), tied and separate LM heads, qwen2 biases. Each file's
+// logits must equal those of a copy whose tensors are all F32 holding the
+// dequantised values - the in-place kernels and the fused q/k/v and
+// gate/up matrices against plain f32 products - and errors name the file.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model/gguf_writer.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/gguf.h"
+#include "pagedattn/llama.h"
+#include "support/expect_error.h"
+
+namespace pagedattn {
+namespace {
+
+using test::GgufTestTensor;
+using test::GgufWriter;
+using test::TinyShape;
+using test::TinyTypes;
+
+// The same file with every tensor as F32 (the dequantised values).
+std::vector<std::byte> as_f32(const GgufWriter& metadata_source, const GgufFile& file) {
+  GgufWriter w = metadata_source;
+  w.clear_tensors();
+  for (const GgufTensor& t : file.tensors()) {
+    const std::vector<float> values = file.dequantize(t);
+    std::vector<std::byte> data(values.size() * sizeof(float));
+    std::memcpy(data.data(), values.data(), data.size());
+    std::vector<std::uint64_t> dims(t.dims.begin(), t.dims.end());
+    w.tensor(GgufTestTensor{std::string(t.name), static_cast<std::uint32_t>(GgufType::kF32), dims,
+                            std::move(data), std::nullopt});
+  }
+  return w.build();
+}
+
+// Teacher-forced logits of `tokens` as one sequence (f32 K/V).
+std::vector<float> logits(Model& model, const std::vector<std::int32_t>& tokens) {
+  const ModelSpec& s = model.spec();
+  KVCacheConfig config;
+  config.num_layers = s.num_layers;
+  config.num_qo_heads = s.num_qo_heads;
+  config.num_kv_heads = s.num_kv_heads;
+  config.head_dim = s.head_dim;
+  config.page_size = 4;
+  config.num_pages = 8;
+  config.kv_dtype = DType::kF32;
+  config.rope_mode = s.rope_mode;
+  config.rope = s.rope;
+  PagedKVCache cache(config);
+  const SeqId seq = 0;
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  std::vector<std::int32_t> rows;
+  for (std::int32_t i = 0; i < n; ++i) rows.push_back(i);
+  std::vector<float> out(tokens.size() * std::size_t(s.vocab_size));
+  cache.add_sequence(seq);
+  cache.begin_forward({&seq, 1}, {&n, 1});
+  model.forward({tokens, rows, false}, cache, out);
+  cache.end_forward();
+  return out;
+}
+
+void expect_same_logits_as_f32_copy(const GgufWriter& w) {
+  const std::vector<std::byte> bytes = w.build();
+  const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()}, "tiny.gguf");
+  const std::vector<std::byte> f32_bytes = as_f32(w, file);
+  const GgufFile f32_file = GgufFile::parse({f32_bytes.data(), f32_bytes.size()}, "tiny-f32.gguf");
+  const std::vector<std::int32_t> tokens = {1, 5, 3, 3, 9, 0, 7};
+  const std::vector<float> got = logits(*make_gguf_model(file), tokens);
+  const std::vector<float> want = logits(*make_gguf_model(f32_file), tokens);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(want[i])) << i;
+    ASSERT_NEAR(got[i], want[i], 1e-4 * (1.0 + std::abs(want[i]))) << "logit " << i;
+  }
+}
+
+TEST(GgufLlama, InPlaceQuantisedWeightsGiveTheLogitsOfTheirF32Values) {
+  expect_same_logits_as_f32_copy(test::tiny_model("llama", true, false));
+  expect_same_logits_as_f32_copy(test::tiny_model("llama", false, false));
+  TinyTypes all_in_place{.o = GgufType::kQ4_1, .gate = GgufType::kQ8_0};
+  expect_same_logits_as_f32_copy(test::tiny_model("llama", false, false, {}, all_in_place));
+}
+
+TEST(GgufLlama, KQuantsAndFloatTypesLoad) {
+  const TinyShape wide{.hidden = 256, .ff = 512};  // K-quant rows are 256-weight blocks
+  expect_same_logits_as_f32_copy(test::tiny_model("llama", false, false, wide,
+                                                  {.embedding = GgufType::kQ6_K,
+                                                   .output = GgufType::kQ5_K,
+                                                   .q = GgufType::kQ4_K,
+                                                   .k = GgufType::kQ4_K,
+                                                   .v = GgufType::kQ6_K,
+                                                   .o = GgufType::kF32,
+                                                   .gate = GgufType::kQ5_K,
+                                                   .up = GgufType::kBF16,
+                                                   .down = GgufType::kF16}));
+}
+
+TEST(GgufLlama, Qwen2BiasesAreAdded) {
+  const GgufWriter w = test::tiny_model("qwen2", false, true);
+  expect_same_logits_as_f32_copy(w);
+  const std::vector<std::byte> bytes = w.build();
+  const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()});
+  EXPECT_EQ(make_gguf_model(file)->spec().rope.style, RopeStyle::kNeox);
+}
+
+TEST(GgufLlama, ErrorsNameTheFileAndTheProblem) {
+  test::expect_throws<InvalidArgument>([] { make_gguf_model({"/nonexistent/model.gguf"}); },
+                                       {"/nonexistent/model.gguf"});
+  GgufWriter scaled = test::tiny_model("llama", true, false);
+  scaled.kv_string("llama.rope.scaling.type", "linear").kv_f32("llama.rope.scaling.factor", 4.0f);
+  const std::vector<std::byte> bytes = scaled.build();
+  const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()}, "scaled.gguf");
+  test::expect_throws<Unsupported>([&] { make_gguf_model(file); }, {"RoPE scaling 'linear'"});
+  const std::vector<std::byte> plain = test::tiny_model("llama", true, false).build();
+  const GgufFile ok = GgufFile::parse({plain.data(), plain.size()});
+  test::expect_throws<InvalidArgument>([&] { make_gguf_model(ok, {.max_position = -1}); },
+                                       {"max_position = -1"});
+}
+
+}  // namespace
+}  // namespace pagedattn
