@@ -140,7 +140,9 @@ TEST(F16Portable, WideningMatchesCompilerOnEveryBitPattern) {
 #if PAGEDATTN_HAS_FLOAT16
     ASSERT_EQ(bits_of(portable), bits_of(static_cast<float>(std::bit_cast<_Float16>(bits)))) << b;
 #endif
-    if (!is_f16_nan(bits)) ASSERT_EQ(detail::float_to_f16_bits_portable(portable), bits) << b;
+    if (!is_f16_nan(bits)) {
+      ASSERT_EQ(detail::float_to_f16_bits_portable(portable), bits) << b;
+    }
   }
 }
 
