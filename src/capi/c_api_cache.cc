@@ -14,8 +14,9 @@ namespace {
 
 KVCacheConfig to_config(const pagedattn_kv_cache_config& c) {
   constexpr const char* kCall = "pagedattn_kv_cache_create";
-  require(c.kv_dtype >= PAGEDATTN_FLOAT32 && c.kv_dtype <= PAGEDATTN_INT8, kCall,
-          ": config.kv_dtype = ", static_cast<int>(c.kv_dtype), " is not a KV storage type");
+  const int kv_dtype = raw_enum_value(c.kv_dtype);
+  require(kv_dtype >= PAGEDATTN_FLOAT32 && kv_dtype <= PAGEDATTN_INT8, kCall,
+          ": config.kv_dtype = ", kv_dtype, " is not a KV storage type");
   require(c.layout == 0 || c.layout == 1, kCall, ": config.layout = ", c.layout,
           " must be 0 (HND) or 1 (NHD)");
   require(c.rope_mode >= 0 && c.rope_mode <= 2, kCall, ": config.rope_mode = ", c.rope_mode,
@@ -29,7 +30,7 @@ KVCacheConfig to_config(const pagedattn_kv_cache_config& c) {
   config.page_size = c.page_size;
   config.num_pages = c.num_pages;
   config.memory_budget_bytes = c.memory_budget_bytes;
-  config.kv_dtype = static_cast<DType>(c.kv_dtype);
+  config.kv_dtype = static_cast<DType>(kv_dtype);
   config.k_scale = c.k_scale;
   config.v_scale = c.v_scale;
   config.layout = static_cast<KVLayout>(c.layout);

@@ -44,21 +44,23 @@ const char* last_error() {
 }
 
 ops::TensorView to_tensor(const pagedattn_tensor& t, const char* call, const char* name) {
-  require(t.dtype >= PAGEDATTN_FLOAT32 && t.dtype <= PAGEDATTN_INT8, call, ": ", name,
-          ".dtype = ", static_cast<int>(t.dtype), " is not a float or KV storage type");
+  const int dtype = raw_enum_value(t.dtype);
+  require(dtype >= PAGEDATTN_FLOAT32 && dtype <= PAGEDATTN_INT8, call, ": ", name, ".dtype = ", dtype,
+          " is not a float or KV storage type");
   ops::TensorView v;
   v.data = t.data;
-  v.dtype = static_cast<DType>(t.dtype);
+  v.dtype = static_cast<DType>(dtype);
   copy_geometry(t, v, ops::kMaxTensorRank, call, name);
   return v;
 }
 
 ops::IndexView to_index(const pagedattn_tensor& t, const char* call, const char* name) {
-  require(t.dtype == PAGEDATTN_INT32 || t.dtype == PAGEDATTN_INT64, call, ": ", name,
-          ".dtype = ", static_cast<int>(t.dtype), " must be PAGEDATTN_INT32 or PAGEDATTN_INT64");
+  const int dtype = raw_enum_value(t.dtype);
+  require(dtype == PAGEDATTN_INT32 || dtype == PAGEDATTN_INT64, call, ": ", name, ".dtype = ", dtype,
+          " must be PAGEDATTN_INT32 or PAGEDATTN_INT64");
   ops::IndexView v;
   v.data = t.data;
-  v.type = t.dtype == PAGEDATTN_INT32 ? ops::IndexType::kInt32 : ops::IndexType::kInt64;
+  v.type = dtype == PAGEDATTN_INT32 ? ops::IndexType::kInt32 : ops::IndexType::kInt64;
   copy_geometry(t, v, 2, call, name);
   return v;
 }

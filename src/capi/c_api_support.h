@@ -2,6 +2,7 @@
 // status and a thread-local message, and convert C tensors to ops views.
 #pragma once
 
+#include <cstring>
 #include <optional>
 
 #include "pagedattn/c_api.h"
@@ -29,6 +30,17 @@ std::optional<ops::TensorView> to_optional_tensor(const pagedattn_tensor& t, con
                                                   const char* name);
 std::optional<ops::IndexView> to_optional_index(const pagedattn_tensor& t, const char* call,
                                                 const char* name);
+
+// The integer a C caller stored in an enum field. C lets any int through, but
+// C++ reading an enum object outside the enum's range is undefined behaviour,
+// so the bytes are copied into an int before any check.
+template <typename Enum>
+int raw_enum_value(const Enum& field) noexcept {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized on this ABI");
+  int value;
+  std::memcpy(&value, &field, sizeof value);
+  return value;
+}
 
 // Throws InvalidArgument when `pointer` is null.
 void require_pointer(const void* pointer, const char* call, const char* name);

@@ -67,6 +67,15 @@ static void test_cache(void) {
   pagedattn_kv_cache* bad = NULL;
   CHECK_FAILS(pagedattn_kv_cache_create(&config, &bad), PAGEDATTN_INVALID_ARGUMENT, "num_kv_heads");
   CHECK(bad == NULL);
+  /* Any int is a valid C enum value; the library must reject it, not read an
+   * out-of-range C++ enum (undefined behaviour, found by fuzz_c_api under UBSan). */
+  config.num_kv_heads = kHkv;
+  config.kv_dtype = (pagedattn_dtype)8;
+  CHECK_FAILS(pagedattn_kv_cache_create(&config, &bad), PAGEDATTN_INVALID_ARGUMENT, "kv_dtype = 8");
+  config.kv_dtype = (pagedattn_dtype)-3;
+  CHECK_FAILS(pagedattn_kv_cache_create(&config, &bad), PAGEDATTN_INVALID_ARGUMENT, "kv_dtype = -3");
+  CHECK(bad == NULL);
+  config.kv_dtype = PAGEDATTN_FLOAT32;
 
   CHECK(pagedattn_kv_cache_add_sequence(cache, 7) == PAGEDATTN_OK);
   uint64_t before = 0, after = 0;
