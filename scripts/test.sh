@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds and runs every test: Release, a downstream project built against the
-# installed package, the Python package (pytest), then the unit tests again
-# under ASan + UBSan.
+# Builds and runs every test: Release (GCC), downstream C++ and pure-C projects
+# built against the installed package, the Python package (pytest), the unit
+# tests again under ASan + UBSan, a clang Release build with its tests, and
+# each libFuzzer harness for a bounded time (scripts/fuzz.sh, 60 s in all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -19,6 +20,9 @@ cmake --install build/release --prefix "$prefix" >/dev/null
 cmake -S examples/downstream -B build/downstream -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build build/downstream
 build/downstream/downstream_example
+cmake -S examples/downstream_c -B build/downstream_c -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build build/downstream_c
+build/downstream_c/downstream_c_example
 
 echo "== Python package: pip install . (one Release build of the library) + pytest"
 scripts/test_python.sh
@@ -27,3 +31,11 @@ echo "== ASan + UBSan build and tests"
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$jobs"
 ctest --preset asan -j "$jobs"
+
+echo "== clang Release build and tests"
+cmake --preset clang-release >/dev/null
+cmake --build --preset clang-release -j "$jobs"
+ctest --preset clang-release -j "$jobs"
+
+echo "== libFuzzer harnesses (clang, ASan + UBSan): the seed corpora, then 60 s of fuzzing"
+scripts/fuzz.sh 60

@@ -1,4 +1,6 @@
-// Uses the installed library: one sequence, a prefill step, a fork.
+// Uses the installed library: one sequence, a prefill step, a fork; and the
+// engine library's model presets.
+#include <pagedattn/llama.h>
 #include <pagedattn/pagedattn.h>
 
 #include <cstdio>
@@ -23,7 +25,10 @@ int main() {
   kv.end_forward();
   kv.fork_sequence(1, 2);
   kv.check_invariants();
-  std::printf("downstream: pagedattn %s, 40 tokens in %d pages, fork shares %d of them\n",
-              pagedattn::kVersion, pages, pages - 1);
+  const pagedattn::LlamaConfig tiny = pagedattn::llama_preset("tiny");
+  std::printf("downstream: pagedattn %s, 40 tokens in %d pages, fork shares %d of them; "
+              "tiny Llama: %lld parameters\n",
+              pagedattn::kVersion, pages, pages - 1,
+              static_cast<long long>(pagedattn::llama_parameter_count(tiny)));
   return pages == 3 ? 0 : 1;
 }

@@ -68,12 +68,74 @@ inline std::uint16_t float_to_bf16_bits(float value) noexcept {
   return static_cast<std::uint16_t>((bits + rounding) >> 16);
 }
 
+namespace detail {
+
+// Integer-only IEEE binary16 conversions for compilers without _Float16 (clang
+// before 15 on x86). Bit-identical to the _Float16 casts, NaN payloads included
+// (quiet bit set); tests/unit/dtype_test.cc compares the two exhaustively.
+inline float f16_bits_to_float_portable(std::uint16_t bits) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  const std::uint32_t exp = (bits >> 10) & 0x1fu;
+  const std::uint32_t mant = bits & 0x3ffu;
+  if (exp == 0x1f) {  // infinity, or NaN made quiet
+    return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13) | (mant != 0 ? 0x400000u : 0u));
+  }
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float
+    const float magnitude = static_cast<float>(mant) * 0x1p-24f;
+    return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(magnitude));
+  }
+  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+// Round to nearest even; overflow goes to infinity, NaN stays NaN (quiet).
+inline std::uint16_t float_to_f16_bits_portable(float value) noexcept {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const std::uint32_t abs_bits = bits & 0x7fffffffu;
+  if (abs_bits > 0x7f800000u) {
+    return static_cast<std::uint16_t>(sign | 0x7e00u | ((abs_bits >> 13) & 0x3ffu));
+  }
+  if (abs_bits >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520
+  if (abs_bits >= 0x38800000u) {  // normal binary16 (>= 2^-14): drop 13 mantissa bits
+    const std::uint32_t rounded = (abs_bits + 0xfffu + ((abs_bits >> 13) & 1u)) >> 13;
+    return static_cast<std::uint16_t>(sign | (rounded - (112u << 10)));
+  }
+  const std::uint32_t exp = abs_bits >> 23;
+  if (exp < 102) return sign;  // below 2^-25: rounds to zero
+  // Subnormal result: round (mant * 2^(exp - 150)) / 2^-24 to an integer.
+  const std::uint32_t mant = (abs_bits & 0x7fffffu) | 0x800000u;
+  const std::uint32_t shift = 126u - exp;  // 14 .. 24
+  std::uint32_t result = mant >> shift;
+  const std::uint32_t rest = mant & ((1u << shift) - 1u);
+  const std::uint32_t half = 1u << (shift - 1u);
+  if (rest > half || (rest == half && (result & 1u) != 0)) ++result;
+  return static_cast<std::uint16_t>(sign | result);
+}
+
+}  // namespace detail
+
+// _Float16 only where the compiler has it (GCC 12, clang >= 15 define
+// __FLT16_MANT_DIG__ then); the public headers must compile everywhere.
+#if defined(__FLT16_MANT_DIG__)
+#define PAGEDATTN_HAS_FLOAT16 1
+#else
+#define PAGEDATTN_HAS_FLOAT16 0
+#endif
+
 inline float f16_bits_to_float(std::uint16_t bits) noexcept {
+#if PAGEDATTN_HAS_FLOAT16
   return static_cast<float>(std::bit_cast<_Float16>(bits));
+#else
+  return detail::f16_bits_to_float_portable(bits);
+#endif
 }
 
 inline std::uint16_t float_to_f16_bits(float value) noexcept {
+#if PAGEDATTN_HAS_FLOAT16
   return std::bit_cast<std::uint16_t>(static_cast<_Float16>(value));
+#else
+  return detail::float_to_f16_bits_portable(value);
+#endif
 }
 
 // --- fp8 (OCP formats) -------------------------------------------------------

@@ -131,6 +131,50 @@ TEST(F16, EveryBitPatternRoundTrips) {
   }
 }
 
+// The integer-only conversions (used where the compiler lacks _Float16, e.g.
+// clang 14) give the same bits as the compiler's _Float16 casts.
+TEST(F16Portable, WideningMatchesCompilerOnEveryBitPattern) {
+  for (std::uint32_t b = 0; b <= 0xffff; ++b) {
+    const auto bits = static_cast<std::uint16_t>(b);
+    const float portable = detail::f16_bits_to_float_portable(bits);
+#if PAGEDATTN_HAS_FLOAT16
+    ASSERT_EQ(bits_of(portable), bits_of(static_cast<float>(std::bit_cast<_Float16>(bits)))) << b;
+#endif
+    if (!is_f16_nan(bits)) {
+      ASSERT_EQ(detail::float_to_f16_bits_portable(portable), bits) << b;
+    }
+  }
+}
+
+// Every float on or beside a binary16 rounding boundary (the midpoints between
+// neighbouring halves, one float ulp either side), plus a sweep of all floats.
+TEST(F16Portable, NarrowingMatchesCompilerAtEveryRoundingBoundary) {
+  const auto check = [](std::uint32_t float_bits) {
+    const float f = f32(float_bits);
+    const std::uint16_t portable = detail::float_to_f16_bits_portable(f);
+#if PAGEDATTN_HAS_FLOAT16
+    ASSERT_EQ(portable, std::bit_cast<std::uint16_t>(static_cast<_Float16>(f))) << float_bits;
+#else
+    ASSERT_EQ(portable, float_to_f16_bits(f)) << float_bits;
+#endif
+  };
+  const auto half_value = [](std::uint32_t h) {
+    return h == 0x7c00 ? 65536.0
+                       : double{detail::f16_bits_to_float_portable(static_cast<std::uint16_t>(h))};
+  };
+  for (std::uint32_t h = 0; h < 0x7c00; ++h) {
+    const std::uint32_t mid = bits_of(static_cast<float>((half_value(h) + half_value(h + 1)) / 2));
+    for (std::uint32_t sign : {0u, 0x80000000u}) {
+      for (std::uint32_t near = mid - 1; near <= mid + 1; ++near) check(sign | near);
+    }
+  }
+  for (std::uint64_t b = 0; b <= 0xffffffffu; b += 65521) check(static_cast<std::uint32_t>(b));
+  for (std::uint32_t special :
+       {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu, 0x00000001u}) {
+    check(special);
+  }
+}
+
 // --- buffers, names, sizes ------------------------------------------------------------
 
 TEST(DTypeBuffers, StoreThenLoadRoundsOnceAndIndexesElements) {

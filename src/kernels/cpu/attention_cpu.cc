@@ -326,9 +326,11 @@ HWY_INLINE void Reduce8(const VF* a, float* HWY_RESTRICT out) {
 // Pins a loaded vector to a register: GCC otherwise folds a load used by
 // several FMAs into each of them as a memory operand, one load per FMA, and
 // the QK tile becomes bound by the load ports instead of the FMA units.
+// The operand is the raw intrinsic vector; "v" (any of xmm/ymm/zmm 0-31) also
+// takes 512-bit vectors, which clang >= 16 refuses under "x" (SSE/AVX only).
 HWY_INLINE VF InRegister(VF v) {
-#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR
-  asm("" : "+x"(v));
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
+  asm("" : "+v"(v.raw));
 #endif
   return v;
 }
