@@ -56,7 +56,11 @@ bool force_reference_kernels() { return g_force_reference; }
 void paged_attention(const AttentionParams& params, const AttentionPlan& plan,
                      std::span<std::byte> workspace) {
   kernels::validate_attention_params(params, "paged_attention");
-  if (g_force_reference) return paged_attention_reference(params);
+  // The SIMD kernels read K/V rows 8 elements at a time straight from the
+  // caller's cache, so a head dim that is not a multiple of 8 (rare: models
+  // use 64-256) would read past the last row: such shapes run the reference.
+  const bool vector_rows = params.kv.head_dim % 8 == 0 && params.kv.v_head_dim % 8 == 0;
+  if (g_force_reference || !vector_rows) return paged_attention_reference(params);
   validate_plan(params, plan, workspace.size(), workspace.data());
   kernels::run_attention_cpu(params, plan, workspace.data());
 }

@@ -117,6 +117,31 @@ TEST(AttentionKernel, EveryDtypeTripleMatchesReference) {
       }
 }
 
+// Head dims that are not multiples of 8 must not read past the caller's
+// K/V rows (the buffers are sized exactly: ASan sees any over-read) and must
+// still match the reference (fuzz_ops_indices found the over-read).
+TEST(AttentionKernel, HeadDimsNotMultipleOf8StayInsideTheirRows) {
+  std::uint32_t seed = 700;
+  for (const std::int32_t dim : {4, 12, 20, 36})
+    for (const DType k : {DType::kF32, DType::kF16, DType::kFP8E4M3, DType::kINT8})
+      for (const KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
+        CaseSpec spec;
+        spec.seed = ++seed;
+        spec.q_lens = {1, 3};
+        spec.kv_lens = {5, 16};
+        spec.num_qo_heads = 4;
+        spec.num_kv_heads = 2;
+        spec.head_dim = dim;
+        spec.page_size = 4;
+        spec.kv_dtype = k;
+        spec.layout = layout;
+        SCOPED_TRACE(describe(spec));
+        AttentionCase c(spec);
+        run_both(c, AttentionPlanOptions{2, 0, 16});
+        expect_close(c, describe(spec));
+      }
+}
+
 TEST(AttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
   for_each_highway_target([](std::int64_t target) {
     for (std::uint32_t seed = 1000; seed < 1012; ++seed) {
