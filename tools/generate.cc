@@ -71,6 +71,7 @@ const char* generate_usage() {
          "  --top-k K            0 = all tokens (default 0)\n"
          "  --seed S             sampling seed\n"
          "  --kv-memory-mib M    KV cache budget (default 256)\n"
+         "  --ignore-eos         generate --max-tokens tokens even past end-of-text (benchmarks)\n"
          "Text streams to stdout; timings (prefill and decode tokens/s) go to stderr.\n";
 }
 
@@ -102,6 +103,8 @@ GenerateOptions parse_generate_options(int argc, char** argv, int first) {
       o.seed = static_cast<std::uint64_t>(parse_integer(flag, value(), 0, 9007199254740992.0));
     else if (flag == "--kv-memory-mib")
       o.kv_memory_mib = parse_number(flag, value(), 1, 1 << 20);
+    else if (flag == "--ignore-eos")
+      o.ignore_eos = true;
     else if (flag == "--help" || flag == "-h")
       o.help = true;
     else
@@ -135,7 +138,10 @@ int run_generate(int argc, char** argv) {
   params.top_p = o.top_p;
   params.top_k = o.top_k;
   params.seed = o.seed;
-  params.stop_token_ids = stop_tokens(tokenizer);
+  if (o.ignore_eos)
+    params.ignore_eos = true;
+  else
+    params.stop_token_ids = stop_tokens(tokenizer);
   StreamingDecoder text(tokenizer, {.render_special = false});
   std::int64_t generated = 0;
   double first_token_seconds = 0.0;

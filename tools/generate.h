@@ -18,6 +18,7 @@ struct GenerateOptions {
   std::int32_t top_k = 0;
   std::optional<std::uint64_t> seed;
   double kv_memory_mib = 256.0;
+  bool ignore_eos = false;  // generate max_tokens whatever the model says (benchmarks)
   bool help = false;
 };
 
