@@ -26,7 +26,9 @@ for name in "${harnesses[@]}"; do
   echo "== fuzz $name for ${seconds_each}s"
   work_corpus=build/fuzz/corpus/$name
   mkdir -p "$work_corpus"
-  build/fuzz/fuzz/"$name" -max_total_time="$seconds_each" -max_len=512 -timeout=20 \
+  max_len=512
+  [ "$name" = fuzz_gguf ] && max_len=131072  # whole small model files (its seeds are ~30-80 KB)
+  build/fuzz/fuzz/"$name" -max_total_time="$seconds_each" -max_len="$max_len" -timeout=20 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build/fuzz/artifacts/"$name"- \
     "$work_corpus" fuzz/corpus/"$name" 2>&1 | grep -v "^#[0-9]" || { echo "fuzz: $name failed" >&2; exit 1; }
 done
