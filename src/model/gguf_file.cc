@@ -20,7 +20,6 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 constexpr std::uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
-constexpr std::uint32_t kDefaultAlignment = 32;
 constexpr int kMaxArrayDepth = 8;  // nested arrays deeper than this are rejected
 constexpr std::uint32_t kMaxDims = 4;
 
