@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <string>
-#include <type_traits>
 
 #include "pagedattn/errors.h"
 
@@ -33,7 +32,9 @@ void copy_geometry(const pagedattn_tensor& t, View& v, std::int32_t max_rank, co
 }  // namespace
 
 std::int64_t dtype_value(const pagedattn_dtype& dtype) {
-  std::underlying_type_t<pagedattn_dtype> value;
+  // As an int, the type of C's enum constants: (pagedattn_dtype)-3 reads -3
+  // (the compiler's underlying type may be unsigned).
+  int value;
   static_assert(sizeof value == sizeof dtype);
   std::memcpy(&value, &dtype, sizeof value);
   return static_cast<std::int64_t>(value);
