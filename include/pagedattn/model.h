@@ -26,6 +26,10 @@ struct ModelSpec {
   RopeConfig rope;
 };
 
+// The cache shape a model needs (layers, heads, head dim, RoPE mode and
+// parameters); the caller adds page size, memory, KV dtype and planning.
+KVCacheConfig kv_cache_config(const ModelSpec& spec);
+
 // One step's input. Tokens are ordered as in the cache's current plan
 // (cache.plan(): qo_indptr, positions).
 struct ForwardBatch {

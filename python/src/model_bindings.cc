@@ -30,16 +30,10 @@ class GgufModel {
                             const std::string& kv_dtype) {
     require(!token_ids.empty(), "GgufModel.logits: token_ids is empty");
     const ModelSpec& s = spec();
-    KVCacheConfig k;
-    k.num_layers = s.num_layers;
-    k.num_qo_heads = s.num_qo_heads;
-    k.num_kv_heads = s.num_kv_heads;
-    k.head_dim = s.head_dim;
+    KVCacheConfig k = kv_cache_config(s);
     k.page_size = 16;
     k.num_pages = (std::ssize(token_ids) + 15) / 16;
     k.kv_dtype = parse_dtype(kv_dtype);
-    k.rope_mode = s.rope_mode;
-    k.rope = s.rope;
     PagedKVCache cache(k);
     const auto n = static_cast<std::int32_t>(token_ids.size());
     std::vector<std::int32_t> rows(token_ids.size());

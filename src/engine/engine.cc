@@ -14,6 +14,17 @@
 
 namespace pagedattn {
 
+KVCacheConfig kv_cache_config(const ModelSpec& spec) {
+  KVCacheConfig k;
+  k.num_layers = spec.num_layers;
+  k.num_qo_heads = spec.num_qo_heads;
+  k.num_kv_heads = spec.num_kv_heads;
+  k.head_dim = spec.head_dim;
+  k.rope_mode = spec.rope_mode;
+  k.rope = spec.rope;
+  return k;
+}
+
 using engine::Schedule;
 using engine::ScheduledChunk;
 using engine::Sequence;
@@ -48,17 +59,10 @@ const EngineConfig& validated(const EngineConfig& c) {
 }
 
 KVCacheConfig cache_config(const EngineConfig& c) {
-  const ModelSpec& m = c.model->spec();
-  KVCacheConfig k;
-  k.num_layers = m.num_layers;
-  k.num_qo_heads = m.num_qo_heads;
-  k.num_kv_heads = m.num_kv_heads;
-  k.head_dim = m.head_dim;
+  KVCacheConfig k = kv_cache_config(c.model->spec());
   k.page_size = c.page_size;
   k.memory_budget_bytes = c.kv_memory_bytes;
   k.kv_dtype = c.kv_dtype;
-  k.rope_mode = m.rope_mode;
-  k.rope = m.rope;
   if (c.deterministic) k.attention_plan.fixed_kv_chunk = kDeterministicKVChunk;
   return k;
 }

@@ -10,6 +10,7 @@
 
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
+#include "model/gguf_bytes.h"
 
 namespace pagedattn {
 
@@ -34,12 +35,7 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
-template <typename T>
-T load(const std::byte* p) {
-  T value;
-  std::memcpy(&value, p, sizeof(T));
-  return value;
-}
+using gguf_detail::load;
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
+#include "model/gguf_bytes.h"
 
 namespace pagedattn {
 
@@ -49,13 +50,7 @@ bool is_known_value_type(std::uint32_t raw) {
   return raw <= 12;
 }
 
-// Reads one fixed-size little-endian scalar from `p` (no alignment needed).
-template <typename T>
-T load(const std::byte* p) {
-  T value;
-  std::memcpy(&value, p, sizeof(T));
-  return value;
-}
+using gguf_detail::load;
 
 }  // namespace
 

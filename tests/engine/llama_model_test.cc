@@ -20,16 +20,9 @@ struct Runner {
   PagedKVCache cache;
   explicit Runner(std::shared_ptr<Model> m, DType kv_dtype = DType::kF16)
       : model(std::move(m)), cache([&] {
-          const ModelSpec& s = model->spec();
-          KVCacheConfig c;
-          c.num_layers = s.num_layers;
-          c.num_qo_heads = s.num_qo_heads;
-          c.num_kv_heads = s.num_kv_heads;
-          c.head_dim = s.head_dim;
+          KVCacheConfig c = kv_cache_config(model->spec());
           c.page_size = 16;
           c.num_pages = 256;
-          c.rope_mode = s.rope_mode;
-          c.rope = s.rope;
           c.attention_plan.fixed_kv_chunk = 64;
           c.kv_dtype = kv_dtype;
           return c;

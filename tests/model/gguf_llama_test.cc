@@ -41,16 +41,10 @@ std::vector<std::byte> as_f32(const GgufWriter& metadata_source, const GgufFile&
 // Teacher-forced logits of `tokens` as one sequence (f32 K/V).
 std::vector<float> logits(Model& model, const std::vector<std::int32_t>& tokens) {
   const ModelSpec& s = model.spec();
-  KVCacheConfig config;
-  config.num_layers = s.num_layers;
-  config.num_qo_heads = s.num_qo_heads;
-  config.num_kv_heads = s.num_kv_heads;
-  config.head_dim = s.head_dim;
+  KVCacheConfig config = kv_cache_config(s);
   config.page_size = 4;
   config.num_pages = 8;
   config.kv_dtype = DType::kF32;
-  config.rope_mode = s.rope_mode;
-  config.rope = s.rope;
   PagedKVCache cache(config);
   const SeqId seq = 0;
   const auto n = static_cast<std::int64_t>(tokens.size());
