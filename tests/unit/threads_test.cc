@@ -20,13 +20,20 @@ using Lens = std::vector<std::int64_t>;
 constexpr std::int32_t kMaxStepTokens = 12;  // 3 sequences x at most 4 tokens
 
 // One thread's q/k/v/out rows for up to kMaxStepTokens tokens.
+// Rows for up to kMaxStepTokens tokens and their HeadTensor views.
 struct Rows {
   explicit Rows(const KVCacheConfig& c)
-      : q(std::size_t(kMaxStepTokens) * c.num_qo_heads * c.head_dim, 0.25f),
-        k(std::size_t(kMaxStepTokens) * c.num_kv_heads * c.head_dim, 0.5f),
-        v(std::size_t(kMaxStepTokens) * c.num_kv_heads * c.v_head_dim, 1.0f),
-        out(std::size_t(kMaxStepTokens) * c.num_qo_heads * c.v_head_dim) {}
-  std::vector<float> q, k, v, out;
+      : q_rows(std::size_t(kMaxStepTokens) * c.num_qo_heads * c.head_dim, 0.25f),
+        k_rows(std::size_t(kMaxStepTokens) * c.num_kv_heads * c.head_dim, 0.5f),
+        v_rows(std::size_t(kMaxStepTokens) * c.num_kv_heads * c.v_head_dim, 1.0f),
+        out_rows(std::size_t(kMaxStepTokens) * c.num_qo_heads * c.v_head_dim),
+        q{q_rows.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.head_dim, c.head_dim},
+        k{k_rows.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.head_dim, c.head_dim},
+        v{v_rows.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.v_head_dim, c.v_head_dim},
+        out{out_rows.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.v_head_dim,
+            c.v_head_dim} {}
+  std::vector<float> q_rows, k_rows, v_rows, out_rows;
+  HeadTensor q, k, v, out;
 };
 
 // Random calls from one thread. Every pagedattn::Error is an expected
@@ -37,14 +44,7 @@ void hammer(PagedKVCache& kv, std::uint32_t seed, std::atomic<std::int64_t>& ste
             std::atomic<std::int64_t>& attention_calls) {
   const KVCacheConfig& c = kv.config();
   Rows rows(c);
-  const HeadTensor q{rows.q.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.head_dim,
-                     c.head_dim};
-  const HeadTensor k{rows.k.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.head_dim,
-                     c.head_dim};
-  const HeadTensor v{rows.v.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.v_head_dim,
-                     c.v_head_dim};
-  const HeadTensor out{rows.out.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.v_head_dim,
-                       c.v_head_dim};
+  const HeadTensor &q = rows.q, &k = rows.k, &v = rows.v, &out = rows.out;
   std::mt19937 rng(seed);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<std::uint32_t>(n)); };
   std::vector<float> kbuf, vbuf;
@@ -144,14 +144,7 @@ TEST(Threads, StructuralCallsDuringAttentionWaitForIt) {
   for (SeqId id = 0; id < 4; ++id) kv.add_sequence(id);
   const KVCacheConfig& c = kv.config();
   Rows rows(c);
-  const HeadTensor q{rows.q.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.head_dim,
-                     c.head_dim};
-  const HeadTensor k{rows.k.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.head_dim,
-                     c.head_dim};
-  const HeadTensor v{rows.v.data(), DType::kF32, std::int64_t{c.num_kv_heads} * c.v_head_dim,
-                     c.v_head_dim};
-  const HeadTensor out{rows.out.data(), DType::kF32, std::int64_t{c.num_qo_heads} * c.v_head_dim,
-                       c.v_head_dim};
+  const HeadTensor &q = rows.q, &k = rows.k, &v = rows.v, &out = rows.out;
   std::atomic<bool> stop{false};
   std::thread meddler([&] {
     for (int i = 0; !stop; ++i) {
