@@ -35,6 +35,13 @@ bool in_place_format(GgufType type, WeightFormat& format) {
   }
 }
 
+// A [out][in] matrix (ggml dims {in, out}) dequantised to f32.
+WeightMatrix load_matrix_f32(const GgufFile& file, const std::string& name) {
+  const GgufTensor& t = file.tensor(name);
+  return WeightMatrix::f32(file.dequantize(t), static_cast<std::int32_t>(t.dims[1]),
+                           static_cast<std::int32_t>(t.dims[0]));
+}
+
 // A [out][in] matrix (ggml dims {in, out}).
 WeightMatrix load_matrix(const GgufFile& file, const std::string& name) {
   const GgufTensor& t = file.tensor(name);
@@ -44,7 +51,7 @@ WeightMatrix load_matrix(const GgufFile& file, const std::string& name) {
   WeightFormat format{};
   if (in_place_format(t.type, format))
     return WeightMatrix::rows(format, {t.data, static_cast<std::size_t>(t.nbytes)}, out, in);
-  return WeightMatrix::f32(file.dequantize(t), out, in);
+  return load_matrix_f32(file, name);
 }
 
 std::vector<float> load_vector(const GgufFile& file, const std::string& name) {
@@ -56,14 +63,9 @@ void load_qkv(const GgufFile& file, const GgufLayerTensors& t, LlamaLayerWeights
   l.qkv = load_matrix(file, t.attn_q);
   WeightMatrix k = load_matrix(file, t.attn_k), v = load_matrix(file, t.attn_v);
   if (k.format() != l.qkv.format() || v.format() != l.qkv.format()) {  // mixed types: all f32
-    auto as_f32 = [&](const std::string& name) {
-      const GgufTensor& x = file.tensor(name);
-      return WeightMatrix::f32(file.dequantize(x), static_cast<std::int32_t>(x.dims[1]),
-                               static_cast<std::int32_t>(x.dims[0]));
-    };
-    l.qkv = as_f32(t.attn_q);
-    k = as_f32(t.attn_k);
-    v = as_f32(t.attn_v);
+    l.qkv = load_matrix_f32(file, t.attn_q);
+    k = load_matrix_f32(file, t.attn_k);
+    v = load_matrix_f32(file, t.attn_v);
   }
   l.qkv.append_rows(k);
   l.qkv.append_rows(v);
@@ -78,12 +80,8 @@ void load_qkv(const GgufFile& file, const GgufLayerTensors& t, LlamaLayerWeights
 WeightMatrix load_gate_up(const GgufFile& file, const GgufLayerTensors& t) {
   WeightMatrix gate = load_matrix(file, t.ffn_gate), up = load_matrix(file, t.ffn_up);
   if (gate.format() != up.format()) {
-    const GgufTensor& g = file.tensor(t.ffn_gate);
-    const GgufTensor& u = file.tensor(t.ffn_up);
-    gate = WeightMatrix::f32(file.dequantize(g), static_cast<std::int32_t>(g.dims[1]),
-                             static_cast<std::int32_t>(g.dims[0]));
-    up = WeightMatrix::f32(file.dequantize(u), static_cast<std::int32_t>(u.dims[1]),
-                           static_cast<std::int32_t>(u.dims[0]));
+    gate = load_matrix_f32(file, t.ffn_gate);
+    up = load_matrix_f32(file, t.ffn_up);
   }
   gate.append_rows(up);
   return gate;
