@@ -1,6 +1,13 @@
 """pagedattn: paged KV-cache attention for LLM inference (CPU), from Python.
 
-    KVCache       the cache manager with attention (help(pagedattn.KVCache))
+    KVCache       the cache manager with attention (help(pagedattn.KVCache));
+                  begin_forward returns a BatchPlan (zero-copy views of the
+                  step's page table), layer_storage a LayerStorage (zero-copy
+                  views of the K/V pages)
+    Engine        continuous batching (add_request / step / abort, streaming
+                  iteration) over a Model (a GGUF file or a synthetic preset)
+    LLM           vLLM-style offline generation: LLM(path).generate(prompts,
+                  SamplingParams(...))
     Tokenizer     BPE tokenizers from GGUF tokenizer metadata; StreamingDecoder,
                   ChatTemplate (ChatML / Llama-3 / Llama-2 chat prompts)
     ops           peer-compatible operators (ONNX Runtime, vLLM, torch_xla)
@@ -17,14 +24,21 @@ as ml_dtypes arrays. See docs/python.md.
 """
 
 from ._core import (
+    BatchPlan,
     ChatTemplate,
+    EngineStats,
     Error,
     GgufFile,
     InternalError,
     InvalidArgumentError,
     InvalidStateError,
     KVCache,
+    LayerStorage,
+    Model,
     OutOfPagesError,
+    RequestOutput,
+    SampleOutput,
+    SamplingParams,
     StreamingDecoder,
     Tokenizer,
     UnsupportedError,
@@ -32,16 +46,28 @@ from ._core import (
     gguf_dequantize,
 )
 from . import ops
+from .engine import LLM, CompletionOutput, Engine, GenerationOutput
 
 __all__ = [
+    "BatchPlan",
     "ChatTemplate",
+    "CompletionOutput",
+    "Engine",
+    "EngineStats",
+    "GenerationOutput",
     "Error",
     "GgufFile",
     "InternalError",
     "InvalidArgumentError",
     "InvalidStateError",
     "KVCache",
+    "LLM",
+    "LayerStorage",
+    "Model",
     "OutOfPagesError",
+    "RequestOutput",
+    "SampleOutput",
+    "SamplingParams",
     "StreamingDecoder",
     "Tokenizer",
     "UnsupportedError",

@@ -115,16 +115,55 @@ ops::TensorView tensor_arg(py::handle obj, const char* name, std::vector<py::arr
   return tensor_view(array, dtype, name, writable);
 }
 
-ops::IndexView index_arg(py::handle obj, const char* name, std::vector<py::array>& keep) {
-  py::array array = as_array(obj, name);
-  const std::string dname = array.dtype().attr("name").cast<std::string>();
-  if (dname != "int32" && dname != "int64")
-    throw py::type_error(detail::concat(name, " has dtype ", dname, ", expected int32 or int64"));
+namespace {
+
+// A (nested) list or tuple of ints as an array; an empty one as int64.
+py::array index_list(py::handle obj) {
+  py::array array = numpy().attr("asarray")(obj);
+  if (array.size() == 0) return array.attr("astype")("int64");
+  return array;
+}
+
+// `array` (of an integer dtype) as `expected`, its values checked to fit.
+py::array converted_indices(const py::array& array, const char* name, ops::IndexType expected) {
+  const bool to_int32 = expected == ops::IndexType::kInt32;
+  const py::dtype target = to_int32 ? py::dtype::of<std::int32_t>() : py::dtype::of<std::int64_t>();
+  if (array.dtype().equal(target)) return array;
+  if (array.size() > 0) {
+    // Compare in Python ints: exact for every integer dtype (uint64 too).
+    const py::object flat = array.attr("reshape")(-1);
+    const py::object lowest = flat.attr("argmin")(), highest = flat.attr("argmax")();
+    const long long min_allowed = to_int32 ? INT32_MIN : INT64_MIN;
+    const long long max_allowed = to_int32 ? INT32_MAX : INT64_MAX;
+    for (const py::object& at : {lowest, highest}) {
+      const py::int_ value = flat[at].attr("item")();
+      if (value < py::int_(min_allowed) || value > py::int_(max_allowed))
+        throw InvalidArgument(detail::concat(
+            name, " holds ", py::str(value).cast<std::string>(), " (flat index ",
+            py::str(at).cast<std::string>(), "), which does not fit ",
+            to_int32 ? "int32" : "int64", " (", to_int32 ? "int32" : "int64",
+            " indices expected; other integer arrays are converted when every value fits)"));
+    }
+  }
+  return array.attr("astype")(target);
+}
+
+}  // namespace
+
+ops::IndexView index_arg(py::handle obj, const char* name, std::vector<py::array>& keep,
+                         ops::IndexType expected) {
+  const bool is_list = py::isinstance<py::list>(obj) || py::isinstance<py::tuple>(obj);
+  py::array array = is_list ? index_list(obj) : as_array(obj, name);
+  const char kind = array.dtype().kind();
+  if (kind != 'i' && kind != 'u')
+    throw py::type_error(detail::concat(name, " has dtype ", dtype_str(array.dtype()),
+                                        ", expected an integer array (int32 or int64)"));
   if (array.ndim() < 1 || array.ndim() > 2)
     throw InvalidArgument(detail::concat(name, " has rank ", array.ndim(), ", expected 1 or 2"));
+  array = converted_indices(array, name, expected);
   ops::IndexView v;
   v.data = array.data();
-  v.type = dname == "int32" ? ops::IndexType::kInt32 : ops::IndexType::kInt64;
+  v.type = expected;
   v.rank = static_cast<std::int32_t>(array.ndim());
   const auto item = static_cast<py::ssize_t>(array.itemsize());
   for (std::int32_t d = 0; d < v.rank; ++d) {
@@ -149,6 +188,14 @@ py::array new_array(const std::vector<py::ssize_t>& shape, DType dtype, const py
   py::tuple dims(shape.size());
   for (std::size_t d = 0; d < shape.size(); ++d) dims[d] = py::int_(shape[d]);
   return numpy().attr("empty")(dims, numpy_dtype);
+}
+
+py::object storage_numpy_dtype(DType dtype) {
+  if (dtype == DType::kBF16 || is_fp8(dtype)) {
+    py::object ml = ml_dtype(dtype);
+    if (!ml.is_none()) return ml;
+  }
+  return raw_numpy_dtype(dtype);
 }
 
 ops::TensorView output_view(py::array& array, DType dtype) {

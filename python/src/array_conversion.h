@@ -43,13 +43,23 @@ ops::TensorView tensor_view(const py::array& array, DType dtype, const char* nam
 ops::TensorView tensor_arg(py::handle obj, const char* name, std::vector<py::array>& keep,
                            const std::optional<std::string>& raw_dtype = std::nullopt,
                            bool writable = false);
-// An int32 / int64 index array of rank 1 or 2 (TypeError for other dtypes).
-ops::IndexView index_arg(py::handle obj, const char* name, std::vector<py::array>& keep);
+// An index array of rank 1 or 2 as `expected` (the adapter's index type):
+// a list or tuple of ints, or an array of any integer dtype (NumPy, DLPack,
+// buffer protocol). An array of another integer dtype is converted (a copy)
+// after a range check: InvalidArgument naming `name`, the bad value and its
+// position when a value does not fit `expected`. TypeError for non-integers.
+ops::IndexView index_arg(py::handle obj, const char* name, std::vector<py::array>& keep,
+                         ops::IndexType expected);
 
 // A new C-contiguous array of `shape` in the library dtype `dtype`, as
 // float32 / float16, or ml_dtypes' type when `like` has one, else as the raw
 // bits (uint16 / uint8 / int8).
 py::array new_array(const std::vector<py::ssize_t>& shape, DType dtype, const py::array& like);
+
+// The NumPy dtype that shows storage of `dtype`: float32 / float16 / int8,
+// ml_dtypes' bfloat16 / float8 types when ml_dtypes is installed, else the
+// raw bits (uint16 / uint8).
+py::object storage_numpy_dtype(DType dtype);
 
 // A dense view of an array made by new_array.
 ops::TensorView output_view(py::array& array, DType dtype);

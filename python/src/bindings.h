@@ -9,6 +9,8 @@ namespace pagedattn::python {
 // pagedattn.Error and its subclasses, and the translation of the C++
 // exceptions of errors.h into them.
 void register_errors(pybind11::module_& m);
+// pagedattn.BatchPlan and pagedattn.LayerStorage (plan_views.cc).
+void register_plan_views(pybind11::module_& m);
 // pagedattn.KVCache over PagedKVCache.
 void register_kv_cache(pybind11::module_& m);
 // The peer-compatible operators (pagedattn.ops) and merge_states.
@@ -19,5 +21,8 @@ void register_models(pybind11::module_& m);
 void register_gguf(pybind11::module_& m);
 // pagedattn.Tokenizer, StreamingDecoder, ChatTemplate.
 void register_tokenizer(pybind11::module_& m);
+// Engine, SamplingParams, RequestOutput, Model (engine_bindings.cc); needs
+// register_tokenizer first.
+void register_engine(pybind11::module_& m);
 
 }  // namespace pagedattn::python

@@ -18,6 +18,7 @@
 #include "array_conversion.h"
 #include "bindings.h"
 #include "pagedattn/kv_cache.h"
+#include "plan_views.h"
 
 namespace pagedattn::python {
 namespace {
@@ -95,11 +96,43 @@ struct Output {
         view{array.mutable_data(), dtype, std::int64_t{c.num_qo_heads} * c.v_head_dim, c.v_head_dim} {}
 };
 
-AttentionOptions options_with(std::optional<float> sm_scale) {
-  AttentionOptions options;
-  options.scale = sm_scale;
-  return options;
+// attention()'s keyword options, converted once (the arrays are copied:
+// they are [num_qo_heads] floats).
+struct AttentionArgs {
+  std::optional<float> sm_scale;
+  bool causal = true;
+  std::int32_t window_left = -1;
+  float softcap = 0.0f;
+  py::object alibi_slopes = py::none(), sinks = py::none();
+  bool return_lse = false;
+};
+
+std::vector<float> per_head(const char* name, const py::object& values, std::int32_t heads) {
+  if (values.is_none()) return {};
+  const py::array_t<float, py::array::c_style | py::array::forcecast> a =
+      py::module_::import("numpy").attr("asarray")(values, "float32");
+  if (a.ndim() != 1 || a.shape(0) != heads)
+    throw InvalidArgument(detail::concat("KVCache.attention: ", name, " has ", a.size(),
+                                         " values in ", a.ndim(), " dimension(s), expected [",
+                                         heads, "] (one per query head)"));
+  return {a.data(), a.data() + heads};
 }
+
+// The options and the per-head arrays they point into.
+struct ConvertedOptions {
+  AttentionOptions options;
+  std::vector<float> alibi_slopes, sinks;
+  ConvertedOptions(const AttentionArgs& a, std::int32_t heads)
+      : alibi_slopes(per_head("alibi_slopes", a.alibi_slopes, heads)),
+        sinks(per_head("sinks", a.sinks, heads)) {
+    options.scale = a.sm_scale;
+    options.causal = a.causal;
+    options.window_left = a.window_left;
+    options.softcap = a.softcap;
+    if (!alibi_slopes.empty()) options.alibi_slopes = alibi_slopes.data();
+    if (!sinks.empty()) options.sinks = sinks.data();
+  }
+};
 
 class KVCache {
  public:
@@ -108,17 +141,31 @@ class KVCache {
   PagedKVCache& cache() { return cache_; }
   const KVCacheConfig& config() const { return cache_.config(); }
 
-  void begin_forward(const std::vector<SeqId>& seq_ids, const std::vector<std::int64_t>& lengths,
-                     const py::object& token_tree_parents) {
-    if (token_tree_parents.is_none()) {
+  py::object begin_forward(const std::vector<SeqId>& seq_ids,
+                           const std::vector<std::int64_t>& lengths,
+                           const py::object& token_tree_parents) {
+    std::vector<std::int64_t> parents;
+    if (!token_tree_parents.is_none())
+      parents = int_list_arg(token_tree_parents, "KVCache.begin_forward", "token_tree_parents");
+    std::shared_ptr<const BatchPlan> plan;
+    {
       py::gil_scoped_release release;
-      cache_.begin_forward(seq_ids, lengths);
-      return;
+      // The snapshot is taken by the thread that began the step, before
+      // anything else can end it.
+      plan = std::make_shared<const BatchPlan>(
+          token_tree_parents.is_none() ? cache_.begin_forward(seq_ids, lengths)
+                                       : cache_.begin_forward(seq_ids, lengths, parents));
     }
-    const auto parents =
-        int_list_arg(token_tree_parents, "KVCache.begin_forward", "token_tree_parents");
-    py::gil_scoped_release release;
-    cache_.begin_forward(seq_ids, lengths, parents);
+    return plan_object(std::move(plan));
+  }
+
+  py::object plan() {
+    std::shared_ptr<const BatchPlan> plan;
+    {
+      py::gil_scoped_release release;
+      plan = std::make_shared<const BatchPlan>(cache_.plan());
+    }
+    return plan_object(std::move(plan));
   }
 
   // The current step's token count (InvalidStateError outside a step).
@@ -127,8 +174,8 @@ class KVCache {
     return static_cast<py::ssize_t>(cache_.num_step_tokens());
   }
 
-  py::array attention(std::int32_t layer, py::handle q, py::handle k, py::handle v,
-                      std::optional<float> sm_scale) {
+  py::object attention(std::int32_t layer, py::handle q, py::handle k, py::handle v,
+                       const AttentionArgs& args) {
     const KVCacheConfig& c = config();
     const py::ssize_t tokens = step_tokens();
     std::vector<py::array> keep;
@@ -136,27 +183,33 @@ class KVCache {
     const HeadTensor qt = head_tensor(call, "q", q, {tokens, c.num_qo_heads, c.head_dim}, keep);
     const HeadTensor kt = head_tensor(call, "k", k, {tokens, c.num_kv_heads, c.head_dim}, keep);
     const HeadTensor vt = head_tensor(call, "v", v, {tokens, c.num_kv_heads, c.v_head_dim}, keep);
+    const ConvertedOptions options(args, c.num_qo_heads);
     const Output out(c, tokens, qt.dtype, keep.front());
+    py::array_t<float> lse = lse_array(args.return_lse, tokens);
     {
       // `tokens` makes the call refuse a step another thread started since.
       py::gil_scoped_release release;
-      cache_.attention(layer, qt, kt, vt, out.view, options_with(sm_scale), nullptr, tokens);
+      cache_.attention(layer, qt, kt, vt, out.view, options.options, lse_data(lse, args), tokens);
     }
-    return out.array;
+    return with_lse(out.array, lse, args);
   }
 
-  py::array attention_with_fused_qkv(std::int32_t layer, py::handle qkv, std::optional<float> sm_scale) {
+  py::object attention_with_fused_qkv(std::int32_t layer, py::handle qkv,
+                                      const AttentionArgs& args) {
     const KVCacheConfig& c = config();
     const py::ssize_t tokens = step_tokens();
     std::vector<py::array> keep;
     const HeadTensor t = head_tensor("KVCache.attention_with_fused_qkv", "qkv", qkv,
                                      {tokens, c.num_qo_heads + 2 * c.num_kv_heads, c.head_dim}, keep);
+    const ConvertedOptions options(args, c.num_qo_heads);
     const Output out(c, tokens, t.dtype, keep.front());
+    py::array_t<float> lse = lse_array(args.return_lse, tokens);
     {
       py::gil_scoped_release release;
-      cache_.attention_with_fused_qkv(layer, t, out.view, options_with(sm_scale), nullptr, tokens);
+      cache_.attention_with_fused_qkv(layer, t, out.view, options.options, lse_data(lse, args),
+                                      tokens);
     }
-    return out.array;
+    return with_lse(out.array, lse, args);
   }
 
   py::tuple get_kv(py::handle seq_id_arg, py::handle start_arg, py::handle end_arg) {
@@ -214,14 +267,138 @@ class KVCache {
     return static_cast<py::ssize_t>(end - start);
   }
 
+  // [T, Hq] float32 for return_lse (else an empty array).
+  py::array_t<float> lse_array(bool wanted, py::ssize_t tokens) const {
+    if (!wanted) return py::array_t<float>(0);
+    return py::array_t<float>({tokens, py::ssize_t{config().num_qo_heads}});
+  }
+  static float* lse_data(py::array_t<float>& lse, const AttentionArgs& args) {
+    return args.return_lse ? lse.mutable_data() : nullptr;
+  }
+  static py::object with_lse(const py::array& out, const py::array_t<float>& lse,
+                             const AttentionArgs& args) {
+    if (!args.return_lse) return out;
+    return py::make_tuple(out, lse);
+  }
+
   PagedKVCache cache_;
 };
 
+// A float (one scale for the tensor) or [num_kv_heads] floats (per head).
+void parse_fp8_scale(const py::object& value, float& scale, std::vector<float>& head_scales) {
+  if (PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr())) {
+    scale = value.cast<float>();
+    return;
+  }
+  const py::array_t<float, py::array::c_style | py::array::forcecast> a =
+      py::module_::import("numpy").attr("asarray")(value, "float32");
+  if (a.ndim() != 1)
+    throw InvalidArgument(detail::concat("KVCache: an fp8 scale must be a float or a 1-D list "
+                                         "of per-head floats, got ", a.ndim(), " dimensions"));
+  head_scales.assign(a.data(), a.data() + a.size());
+}
+
+RopeLlama3Scaling parse_rope_scaling(const py::object& value) {
+  RopeLlama3Scaling s;
+  if (value.is_none()) return s;
+  const py::dict d = value.cast<py::dict>();
+  for (const auto& [key, item] : d) {
+    const std::string k = key.cast<std::string>();
+    if (k == "rope_type" || k == "type") {
+      const std::string type = item.cast<std::string>();
+      if (type != "llama3")
+        throw InvalidArgument("KVCache: rope_scaling[\"" + k + "\"] = \"" + type +
+                              "\" is not supported (only \"llama3\")");
+    } else if (k == "factor") {
+      s.factor = item.cast<float>();
+    } else if (k == "low_freq_factor") {
+      s.low_freq_factor = item.cast<float>();
+    } else if (k == "high_freq_factor") {
+      s.high_freq_factor = item.cast<float>();
+    } else if (k == "original_max_position_embeddings") {
+      s.original_max_position = item.cast<std::int32_t>();
+    } else {
+      throw InvalidArgument("KVCache: rope_scaling has an unknown key \"" + k + "\"");
+    }
+  }
+  return s;
+}
+
+std::unique_ptr<KVCache> make_cache(std::int32_t num_layers, std::int32_t num_qo_heads,
+                                    std::int32_t num_kv_heads, std::int32_t head_dim,
+                                    std::int32_t page_size, std::int64_t num_pages,
+                                    const std::string& dtype, const std::string& layout,
+                                    const std::string& rope_mode, float rope_theta,
+                                    float rope_scale, bool support_sliding_window,
+                                    std::optional<std::int32_t> v_head_dim,
+                                    std::int64_t memory_budget_bytes, const py::object& k_scale,
+                                    const py::object& v_scale, std::int32_t rotary_dim,
+                                    bool rope_interleaved, const py::object& rope_scaling,
+                                    std::int32_t num_threads, std::int32_t fixed_kv_chunk) {
+  KVCacheConfig c;
+  c.num_layers = num_layers;
+  c.num_qo_heads = num_qo_heads;
+  c.num_kv_heads = num_kv_heads;
+  c.head_dim = head_dim;
+  c.v_head_dim = v_head_dim.value_or(0);
+  c.page_size = page_size;
+  c.num_pages = num_pages;
+  c.memory_budget_bytes = memory_budget_bytes;
+  c.kv_dtype = parse_dtype(dtype);
+  parse_fp8_scale(k_scale, c.k_scale, c.k_head_scales);
+  parse_fp8_scale(v_scale, c.v_scale, c.v_head_scales);
+  c.layout = parse_layout(layout);
+  c.rope_mode = parse_rope_mode(rope_mode);
+  c.rope.theta = rope_theta;
+  c.rope.scale = rope_scale;
+  c.rope.rotary_dim = rotary_dim;
+  c.rope.style = rope_interleaved ? RopeStyle::kGptJ : RopeStyle::kNeox;
+  c.rope.llama3 = parse_rope_scaling(rope_scaling);
+  c.support_sliding_window = support_sliding_window;
+  c.attention_plan.num_threads = num_threads;
+  c.attention_plan.fixed_kv_chunk = fixed_kv_chunk;
+  py::gil_scoped_release release;
+  return std::make_unique<KVCache>(c);
+}
+
+py::dict config_dict(KVCache& s) {
+  const KVCacheConfig& c = s.config();
+  py::dict d;
+  d["num_layers"] = c.num_layers;
+  d["num_qo_heads"] = c.num_qo_heads;
+  d["num_kv_heads"] = c.num_kv_heads;
+  d["head_dim"] = c.head_dim;
+  d["v_head_dim"] = c.v_head_dim;
+  d["page_size"] = c.page_size;
+  d["num_pages"] = c.num_pages;
+  d["memory_budget_bytes"] = c.memory_budget_bytes;
+  d["dtype"] = std::string(dtype_name(c.kv_dtype));
+  d["layout"] = c.layout == KVLayout::kHND ? "HND" : "NHD";
+  d["k_scale"] = c.k_scale;
+  d["v_scale"] = c.v_scale;
+  d["k_head_scales"] = c.k_head_scales;
+  d["v_head_scales"] = c.v_head_scales;
+  d["rope_mode"] = c.rope_mode == RopeMode::kNone     ? "none"
+                   : c.rope_mode == RopeMode::kNormal ? "normal"
+                                                      : "inline";
+  d["rope_theta"] = c.rope.theta;
+  d["rope_scale"] = c.rope.scale;
+  d["rotary_dim"] = c.rope.rotary_dim;
+  d["rope_interleaved"] = c.rope.style == RopeStyle::kGptJ;
+  d["support_sliding_window"] = c.support_sliding_window;
+  d["num_threads"] = c.attention_plan.num_threads;
+  d["fixed_kv_chunk"] = c.attention_plan.fixed_kv_chunk;
+  return d;
+}
+
 constexpr const char* kClassDoc = R"doc(Paged KV cache: pages of K/V for many sequences, with attention.
 
-KVCache(num_layers, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages,
+KVCache(num_layers, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages=0,
         dtype="float16", layout="HND", rope_mode="none", rope_theta=10000.0,
-        rope_scale=1.0, support_sliding_window=False, v_head_dim=None)
+        rope_scale=1.0, support_sliding_window=False, v_head_dim=None, *,
+        memory_budget_bytes=0, k_scale=1.0, v_scale=1.0, rotary_dim=0,
+        rope_interleaved=False, rope_scaling=None, num_threads=0,
+        fixed_kv_chunk=0)
 
 dtype: storage type, "float32", "float16", "bfloat16", "float8_e4m3fn",
   "float8_e5m2" or "int8". layout: "HND" (page = [Hkv, page_size, D]) or
@@ -229,7 +406,16 @@ dtype: storage type, "float32", "float16", "bfloat16", "float8_e4m3fn",
   rotated), "normal" (q and new k rotated at their positions, K stored
   rotated), "inline" (K stored raw, rotated at its cache index inside
   attention). rope_scale multiplies the rotary frequency. v_head_dim: None
-  means head_dim.
+  means head_dim. num_pages = 0: the largest page count whose K+V storage
+  (all layers) fits memory_budget_bytes. k_scale / v_scale (fp8 storage):
+  value = stored * scale, a float (per tensor) or [num_kv_heads] floats (per
+  head). rotary_dim: rotated dimensions (0: head_dim); rope_interleaved:
+  pairs (2t, 2t + 1) (GPT-J, GGUF llama) instead of (t, t + R/2) (NeoX);
+  rope_scaling: Llama-3 scaling as in a Hugging Face config, {"rope_type":
+  "llama3", "factor", "low_freq_factor", "high_freq_factor",
+  "original_max_position_embeddings"}. num_threads: attention threads (0:
+  OpenMP's maximum); fixed_kv_chunk > 0 splits keys in chunks of exactly
+  that size, so a row's result does not depend on its batch (determinism).
 
 A step (the TVM protocol):
     cache.add_sequence(0)
@@ -268,33 +454,17 @@ using ReleaseGil = py::call_guard<py::gil_scoped_release>;
 
 void register_kv_cache(py::module_& m) {
   py::class_<KVCache>(m, "KVCache", kClassDoc)
-      .def(py::init([](std::int32_t num_layers, std::int32_t num_qo_heads, std::int32_t num_kv_heads,
-                       std::int32_t head_dim, std::int32_t page_size, std::int64_t num_pages,
-                       const std::string& dtype, const std::string& layout,
-                       const std::string& rope_mode, float rope_theta, float rope_scale,
-                       bool support_sliding_window, std::optional<std::int32_t> v_head_dim) {
-             KVCacheConfig c;
-             c.num_layers = num_layers;
-             c.num_qo_heads = num_qo_heads;
-             c.num_kv_heads = num_kv_heads;
-             c.head_dim = head_dim;
-             c.v_head_dim = v_head_dim.value_or(0);
-             c.page_size = page_size;
-             c.num_pages = num_pages;
-             c.kv_dtype = parse_dtype(dtype);
-             c.layout = parse_layout(layout);
-             c.rope_mode = parse_rope_mode(rope_mode);
-             c.rope.theta = rope_theta;
-             c.rope.scale = rope_scale;
-             c.support_sliding_window = support_sliding_window;
-             return std::make_unique<KVCache>(c);
-           }),
-           py::arg("num_layers"), py::arg("num_qo_heads"), py::arg("num_kv_heads"),
-           py::arg("head_dim"), py::arg("page_size"), py::arg("num_pages"),
-           py::arg("dtype") = "float16", py::arg("layout") = "HND", py::arg("rope_mode") = "none",
-           py::arg("rope_theta") = 10000.0f, py::arg("rope_scale") = 1.0f,
-           py::arg("support_sliding_window") = false, py::arg("v_head_dim") = py::none(),
-           "Creates the cache with num_pages free pages of page_size tokens (see the class doc).")
+      .def(py::init(&make_cache), py::arg("num_layers"), py::arg("num_qo_heads"),
+           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("page_size"),
+           py::arg("num_pages") = 0, py::arg("dtype") = "float16", py::arg("layout") = "HND",
+           py::arg("rope_mode") = "none", py::arg("rope_theta") = 10000.0f,
+           py::arg("rope_scale") = 1.0f, py::arg("support_sliding_window") = false,
+           py::arg("v_head_dim") = py::none(), py::kw_only(),
+           py::arg("memory_budget_bytes") = 0, py::arg("k_scale") = 1.0f,
+           py::arg("v_scale") = 1.0f, py::arg("rotary_dim") = 0,
+           py::arg("rope_interleaved") = false, py::arg("rope_scaling") = py::none(),
+           py::arg("num_threads") = 0, py::arg("fixed_kv_chunk") = 0,
+           "Creates the cache (see the class doc).")
       .def("add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, ReleaseGil(),
            py::arg("id"),
            "Adds an empty sequence `id` (InvalidArgumentError if it exists).")
@@ -322,11 +492,12 @@ void register_kv_cache(py::module_& m) {
            "support_sliding_window=True; 0 <= attn_sink_size < window_size.")
       .def("begin_forward", &KVCache::begin_forward, py::arg("seq_ids"), py::arg("append_lengths"),
            py::arg("token_tree_parents") = py::none(),
-           "begin_forward(seq_ids, append_lengths, token_tree_parents=None)\n\n"
+           "begin_forward(seq_ids, append_lengths, token_tree_parents=None) -> BatchPlan\n\n"
            "Starts a step: reserves pages for append_lengths[i] new tokens of seq_ids[i]\n"
            "(lists or 1-D integer arrays of length B; lengths may be 0). The step's\n"
            "T = sum(append_lengths) tokens are ordered as seq_ids. OutOfPagesError if\n"
-           "the pool cannot hold them (nothing changes).\n\n"
+           "the pool cannot hold them (nothing changes). Returns the step's plan\n"
+           "(help(pagedattn.BatchPlan)).\n\n"
            "token_tree_parents (speculative decoding): one flat list over all T\n"
            "tokens, sequence after sequence: the parent of each appended node as an\n"
            "index into that sequence's uncommitted tree (-1: a child of the committed\n"
@@ -347,18 +518,70 @@ void register_kv_cache(py::module_& m) {
       .def("token_tree_size", [](KVCache& s, SeqId id) { return s.cache().token_tree_size(id); },
            ReleaseGil(), py::arg("id"),
            "Uncommitted token-tree nodes of sequence `id` (0 when none is open).")
-      .def("attention", &KVCache::attention, py::arg("layer"), py::arg("q"), py::arg("k"),
-           py::arg("v"), py::arg("sm_scale") = py::none(),
-           "attention(layer, q, k, v, sm_scale=None) -> out\n\n"
+      .def("attention",
+           [](KVCache& s, std::int32_t layer, py::handle q, py::handle k, py::handle v,
+              std::optional<float> sm_scale, bool causal, std::int32_t window_left, float softcap,
+              py::object alibi_slopes, py::object sinks, bool return_lse) {
+             return s.attention(layer, q, k, v,
+                                {sm_scale, causal, window_left, softcap, std::move(alibi_slopes),
+                                 std::move(sinks), return_lse});
+           },
+           py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
+           py::arg("sm_scale") = py::none(), py::kw_only(), py::arg("causal") = true,
+           py::arg("window_left") = -1, py::arg("softcap") = 0.0f,
+           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+           py::arg("return_lse") = false,
+           "attention(layer, q, k, v, sm_scale=None, *, causal=True, window_left=-1,\n"
+           "          softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False)\n"
+           "    -> out, or (out, lse) with return_lse\n\n"
            "For `layer` of the current step: applies RoPE per rope_mode (to copies),\n"
-           "appends k/v to the cache and attends causally over each sequence.\n"
+           "appends k/v to the cache and attends over each sequence.\n"
            "q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, Hq, Dv] (q's dtype).\n"
-           "sm_scale None: 1/sqrt(D). A failed call changes nothing; the step goes on.")
-      .def("attention_with_fused_qkv", &KVCache::attention_with_fused_qkv, py::arg("layer"),
-           py::arg("qkv"), py::arg("sm_scale") = py::none(),
-           "attention_with_fused_qkv(layer, qkv, sm_scale=None) -> out\n\n"
+           "sm_scale None: 1/sqrt(D). causal False: every key of the sequence is\n"
+           "visible; window_left W >= 0: a query at position p sees keys [p - W, p];\n"
+           "softcap > 0: s = softcap * tanh(s / softcap); alibi_slopes [Hq]: s +=\n"
+           "slope * (j - p); sinks [Hq]: a learned sink logit per head joins the\n"
+           "softmax; lse [T, Hq] float32: natural-log log-sum-exp of each row\n"
+           "(docs/semantics.md). A failed call changes nothing; the step goes on.")
+      .def("attention_with_fused_qkv",
+           [](KVCache& s, std::int32_t layer, py::handle qkv, std::optional<float> sm_scale,
+              bool causal, std::int32_t window_left, float softcap, py::object alibi_slopes,
+              py::object sinks, bool return_lse) {
+             return s.attention_with_fused_qkv(
+                 layer, qkv,
+                 {sm_scale, causal, window_left, softcap, std::move(alibi_slopes),
+                  std::move(sinks), return_lse});
+           },
+           py::arg("layer"), py::arg("qkv"), py::arg("sm_scale") = py::none(), py::kw_only(),
+           py::arg("causal") = true, py::arg("window_left") = -1, py::arg("softcap") = 0.0f,
+           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+           py::arg("return_lse") = false,
+           "attention_with_fused_qkv(layer, qkv, sm_scale=None, **options) -> out\n\n"
            "attention() with q, k, v packed per token: qkv [T, Hq + 2 Hkv, D] (heads\n"
-           "q..., k..., v...) -> out [T, Hq, D]. Needs v_head_dim == head_dim.")
+           "q..., k..., v...) -> out [T, Hq, D]. Needs v_head_dim == head_dim. The\n"
+           "keyword options are attention()'s.")
+      .def("plan", &KVCache::plan,
+           "plan() -> BatchPlan: the current step's plan (a new snapshot; InvalidStateError\n"
+           "outside a step).")
+      .def("mark_layer_appended",
+           [](KVCache& s, std::int32_t layer) { s.cache().mark_layer_appended(layer); },
+           ReleaseGil(), py::arg("layer"),
+           "Declares that you wrote every new token's K/V of `layer` yourself (through\n"
+           "layer_storage(layer) and plan.slot_mapping), so end_forward accepts the\n"
+           "step. Marking a layer you did not write exposes what its pages held.")
+      .def("layer_storage",
+           [](py::object self, std::int32_t layer) {
+             PagedKVStorage storage;
+             {
+               KVCache& s = self.cast<KVCache&>();
+               py::gil_scoped_release release;
+               storage = s.cache().layer_storage(layer);
+             }
+             return layer_storage_object(storage, self);
+           },
+           py::arg("layer"),
+           "layer_storage(layer) -> LayerStorage: writable zero-copy views of the layer's\n"
+           "K/V pages (help(pagedattn.LayerStorage) for shapes and rules).")
       .def("end_forward", [](KVCache& s) { s.cache().end_forward(); }, ReleaseGil(),
            "Ends the step; sliding windows drop the tokens that fell out.\n"
            "InvalidStateError (the step stays open) if some layer's K/V of the\n"
@@ -397,6 +620,46 @@ void register_kv_cache(py::module_& m) {
       .def("sequence_length", [](KVCache& s, SeqId id) { return s.cache().sequence_length(id); },
            ReleaseGil(), py::arg("id"),
            "Tokens sequence `id` holds (retained ones, with a sliding window).")
+      .def("has_sequence", [](KVCache& s, SeqId id) { return s.cache().has_sequence(id); },
+           ReleaseGil(), py::arg("id"), "Whether sequence `id` exists.")
+      .def("sequence_ids", [](KVCache& s) { return s.cache().sequence_ids(); }, ReleaseGil(),
+           "The ids of every sequence, ascending.")
+      .def_property_readonly("num_sequences",
+                             py::cpp_function([](KVCache& s) { return s.cache().num_sequences(); },
+                                              ReleaseGil()),
+                             "Sequences in the cache.")
+      .def("pages_needed",
+           [](KVCache& s, const std::vector<SeqId>& seq_ids,
+              const std::vector<std::int64_t>& lengths) {
+             return s.cache().pages_needed(seq_ids, lengths);
+           },
+           ReleaseGil(), py::arg("seq_ids"), py::arg("append_lengths"),
+           "Pages begin_forward(seq_ids, append_lengths) would take from the pool (a dry\n"
+           "run; raises what begin_forward would raise for bad arguments).")
+      .def("can_append",
+           [](KVCache& s, const std::vector<SeqId>& seq_ids,
+              const std::vector<std::int64_t>& lengths) {
+             return s.cache().can_append(seq_ids, lengths);
+           },
+           ReleaseGil(), py::arg("seq_ids"), py::arg("append_lengths"),
+           "Whether begin_forward(seq_ids, append_lengths) would succeed now.")
+      .def_property_readonly("in_forward",
+                             py::cpp_function([](KVCache& s) { return s.cache().in_forward(); },
+                                              ReleaseGil()),
+                             "True between begin_forward and end_forward / cancel_forward.")
+      .def("sequence_pages", [](KVCache& s, SeqId id) { return s.cache().sequence_pages(id); },
+           ReleaseGil(), py::arg("id"),
+           "Page ids of sequence `id` in logical order (list of int).")
+      .def("page_refcount", [](KVCache& s, std::int32_t page) { return s.cache().page_refcount(page); },
+           ReleaseGil(), py::arg("page"), "Sequences holding `page` (forks share pages).")
+      .def("state_digest", [](KVCache& s) { return s.cache().state_digest(); }, ReleaseGil(),
+           "64-bit hash of the metadata and of the K/V every sequence holds: equal\n"
+           "before and after a call that failed or was cancelled.")
+      .def_property_readonly("bytes_per_page", [](KVCache& s) { return s.cache().bytes_per_page(); },
+                             "K+V bytes of one page over all layers.")
+      .def_property_readonly("config", &config_dict,
+                             "The resolved configuration as a dict (num_pages and v_head_dim\n"
+                             "resolved).")
       .def("check_invariants", [](KVCache& s) { s.cache().check_invariants(); },
            ReleaseGil(),
            "Raises pagedattn.InternalError describing the first broken invariant (a bug).")

@@ -9,9 +9,11 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "pagedattn's C++ library bound with pybind11; use the package pagedattn.";
   m.attr("__version__") = pagedattn::kVersion;
   pagedattn::python::register_errors(m);
+  pagedattn::python::register_plan_views(m);
   pagedattn::python::register_kv_cache(m);
   pagedattn::python::register_ops(m);
   pagedattn::python::register_models(m);
   pagedattn::python::register_gguf(m);
   pagedattn::python::register_tokenizer(m);
+  pagedattn::python::register_engine(m);
 }

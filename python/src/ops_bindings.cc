@@ -74,12 +74,12 @@ py::array ort_paged_attention(py::handle query, py::object key, py::object value
   if (!value.is_none()) p.value = tensor_arg(value, "value", keep);
   p.key_cache = tensor_arg(key_cache, "key_cache", keep, std::nullopt, /*writable=*/true);
   p.value_cache = tensor_arg(value_cache, "value_cache", keep, std::nullopt, /*writable=*/true);
-  p.cumulative_sequence_length = index_arg(cumulative_sequence_length, "cumulative_sequence_length", keep);
-  p.past_seqlens = index_arg(past_seqlens, "past_seqlens", keep);
-  p.block_table = index_arg(block_table, "block_table", keep);
+  p.cumulative_sequence_length = index_arg(cumulative_sequence_length, "cumulative_sequence_length", keep, ops::IndexType::kInt32);
+  p.past_seqlens = index_arg(past_seqlens, "past_seqlens", keep, ops::IndexType::kInt32);
+  p.block_table = index_arg(block_table, "block_table", keep, ops::IndexType::kInt32);
   if (!cos_cache.is_none()) p.cos_cache = tensor_arg(cos_cache, "cos_cache", keep);
   if (!sin_cache.is_none()) p.sin_cache = tensor_arg(sin_cache, "sin_cache", keep);
-  if (!slot_mapping.is_none()) p.slot_mapping = index_arg(slot_mapping, "slot_mapping", keep);
+  if (!slot_mapping.is_none()) p.slot_mapping = index_arg(slot_mapping, "slot_mapping", keep, ops::IndexType::kInt64);
   if (!head_sink.is_none()) p.head_sink = tensor_arg(head_sink, "head_sink", keep);
   constexpr const char* kCall = "ort_paged_attention";
   p.num_heads = int32_arg(num_heads, kCall, "num_heads");
@@ -120,12 +120,12 @@ py::array ragged_paged_attention(py::handle q, py::handle kv_pages, py::handle k
   p.q = tensor_arg(q, "q", keep);
   const py::array q_array = keep.back();
   p.kv_pages = tensor_arg(kv_pages, "kv_pages", keep, kv_dtype);
-  p.kv_lens = index_arg(kv_lens, "kv_lens", keep);
-  p.page_indices = index_arg(page_indices, "page_indices", keep);
-  p.cu_q_lens = index_arg(cu_q_lens, "cu_q_lens", keep);
+  p.kv_lens = index_arg(kv_lens, "kv_lens", keep, ops::IndexType::kInt32);
+  p.page_indices = index_arg(page_indices, "page_indices", keep, ops::IndexType::kInt32);
+  p.cu_q_lens = index_arg(cu_q_lens, "cu_q_lens", keep, ops::IndexType::kInt32);
   if (py::isinstance<py::int_>(num_seqs))  // a plain int, as int32[1] (torch_xla's tensor form)
     num_seqs = py::module_::import("numpy").attr("array")(py::make_tuple(num_seqs), "int32");
-  p.num_seqs = index_arg(num_seqs, "num_seqs", keep);
+  p.num_seqs = index_arg(num_seqs, "num_seqs", keep, ops::IndexType::kInt32);
   p.sm_scale = sm_scale;
   if (!sliding_window.is_none())
     p.sliding_window = int32_arg(sliding_window, "ragged_paged_attention", "sliding_window");
@@ -166,8 +166,8 @@ py::array paged_attention_decode(py::handle query, py::handle key_cache, py::han
   p.query = tensor_arg(query, "query", keep);
   const py::array query_array = keep.back();
   p.kv = vllm_caches(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale, layout, false, keep);
-  p.block_tables = index_arg(block_tables, "block_tables", keep);
-  p.seq_lens = index_arg(seq_lens, "seq_lens", keep);
+  p.block_tables = index_arg(block_tables, "block_tables", keep, ops::IndexType::kInt32);
+  p.seq_lens = index_arg(seq_lens, "seq_lens", keep, ops::IndexType::kInt32);
   // vLLM passes max_seq_len separately; here it is simply the longest sequence.
   for (std::int64_t b = 0; p.seq_lens.rank == 1 && b < p.seq_lens.dim(0); ++b)
     p.max_seq_len = std::max<std::int32_t>(
@@ -192,7 +192,7 @@ void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache, p
   p.key = tensor_arg(key, "key", keep);
   p.value = tensor_arg(value, "value", keep);
   p.kv = vllm_caches(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale, layout, true, keep);
-  p.slot_mapping = index_arg(slot_mapping, "slot_mapping", keep);
+  p.slot_mapping = index_arg(slot_mapping, "slot_mapping", keep, ops::IndexType::kInt64);
   py::gil_scoped_release release;
   ops::vllm::reshape_and_cache(p);
 }
@@ -235,7 +235,7 @@ void copy_blocks(const std::vector<py::object>& key_caches,
   p.key_scales = k_scales;
   p.value_scales = v_scales;
   p.layout = vllm_layout(layout);
-  p.block_mapping = index_arg(block_mapping, "block_mapping", keep);
+  p.block_mapping = index_arg(block_mapping, "block_mapping", keep, ops::IndexType::kInt64);
   py::gil_scoped_release release;
   ops::vllm::copy_blocks(p);
 }
@@ -246,7 +246,7 @@ void swap_blocks(py::handle src, py::handle dst, py::handle block_mapping, py::o
   ops::vllm::SwapBlocksParams p;
   p.src = tensor_arg(src, "src", keep, raw_dtype_by_size(src, "src"));
   p.dst = tensor_arg(dst, "dst", keep, raw_dtype_by_size(dst, "dst"), true);
-  p.block_mapping = index_arg(block_mapping, "block_mapping", keep);
+  p.block_mapping = index_arg(block_mapping, "block_mapping", keep, ops::IndexType::kInt64);
   p.layout = vllm_layout(layout);
   if (!src_scales.is_none()) p.src_scales = tensor_arg(src_scales, "src_scales", keep);
   if (!dst_scales.is_none())

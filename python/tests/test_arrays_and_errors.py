@@ -67,18 +67,23 @@ def test_wrong_dtypes_raise_type_error_naming_the_argument():
         ops.reshape_and_cache("key", key, kc, vc, slots)
 
 
+def test_other_integer_index_arrays_are_converted():
+    key, (kc, vc), slots = write_args()
+    ops.reshape_and_cache(key, key, kc, vc, slots.astype(np.int32))  # vLLM's slots are int64
+    flat_k = kc.reshape(-1, HKV, D)
+    np.testing.assert_array_equal(flat_k[[0, 5, 2]], key)
+
+
 def test_library_errors_carry_the_cpp_message():
     key, (kc, vc), slots = write_args()
     with pytest.raises(ValueError, match="slot_mapping") as err:
-        ops.reshape_and_cache(key, key, kc, vc, slots.astype(np.int32))  # vLLM: int64 slots
+        ops.reshape_and_cache(key, key, kc, vc, np.array([0, 99, 1], np.int64))  # out of range
     assert isinstance(err.value, pagedattn.InvalidArgumentError)
     assert isinstance(err.value, pagedattn.Error)
-    with pytest.raises(ValueError, match="slot_mapping"):
-        ops.reshape_and_cache(key, key, kc, vc, np.array([0, 99, 1], np.int64))  # out of range
-    with pytest.raises(ValueError, match="kv_lens"):
+    with pytest.raises(ValueError, match="kv_lens holds 1099511627776"):
         ops.ragged_paged_attention(np.zeros((1, 4, D), np.float32), np.zeros((2, BS, 4, D), np.float32),
-                                   np.array([1], np.int64), np.array([[0]], np.int32),
-                                   np.array([0, 1], np.int32), 1)  # int64 is rejected
+                                   np.array([2 ** 40], np.int64), np.array([[0]], np.int32),
+                                   np.array([0, 1], np.int32), 1)  # int64 beyond int32
     with pytest.raises(ValueError, match="contiguous"):
         big = np.zeros((8, BS, 2 * HKV * D), np.float32)
         ops.ort_paged_attention(np.zeros((1, 4 * D), np.float32), np.zeros((1, HKV * D), np.float32),

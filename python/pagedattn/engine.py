@@ -1,0 +1,215 @@
+"""The continuous-batching engine from Python: Engine (step by step) and LLM
+(vLLM-style offline generation).
+
+    engine = pagedattn.Engine(model="tiny", deterministic=True)
+    rid = engine.add_request([1, 2, 3], pagedattn.SamplingParams(max_tokens=4))
+    for output in engine:              # steps until every request finished
+        print(output.request_id, output.samples[0].new_token_ids)
+
+Every call releases the GIL while the C++ engine works; the engine is
+internally synchronized, so other threads may add or abort requests while
+one thread steps (see Engine's docstring).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, List, Optional, Sequence, Union
+
+from . import _core
+from ._core import Model, RequestOutput, SamplingParams
+
+Prompt = Union[str, Sequence[int]]
+
+# The end-of-turn control tokens a chat model stops at (besides EOS), as the
+# `pagedattn generate` CLI does.
+_END_OF_TURN_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
+
+
+def _resolve_model(model, max_position: int = 0):
+    """A Model, a path to a .gguf file, or a synthetic preset name."""
+    if isinstance(model, Model):
+        return model, None
+    if not isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"model must be a pagedattn.Model, a .gguf path or a preset name, got {type(model).__name__}")
+    name = os.fspath(model)
+    if name.endswith(".gguf") or os.path.isfile(name):
+        return Model.from_gguf(name, max_position), _core.load_gguf_tokenizer(name)
+    return Model.preset(name), None
+
+
+def stop_token_ids(tokenizer) -> List[int]:
+    """EOS and every end-of-turn control token of the tokenizer's vocabulary."""
+    ids = [tokenizer.eos_id] if tokenizer.eos_id >= 0 else []
+    for text in _END_OF_TURN_TOKENS:
+        token = tokenizer.token_id(text)
+        if token >= 0 and tokenizer.is_control(token) and token not in ids:
+            ids.append(token)
+    return ids
+
+
+class Engine:
+    """Continuous batching over one paged KV cache (include/pagedattn/engine.h).
+
+    Engine(model, *, kv_memory_bytes=256 MiB, page_size=16, kv_dtype="float16",
+           max_num_seqs=256, max_num_batched_tokens=2048, chunked_prefill=True,
+           deterministic=False, seed=0, max_position=0, tokenizer=None)
+
+    model: a pagedattn.Model, a path to a Llama-family .gguf file (its
+    tokenizer comes with it) or a synthetic preset name ("tiny", "small",
+    "1b"). deterministic: a request's tokens do not depend on what is batched
+    with it (fixed KV chunks and row blocks). max_position caps a GGUF model's
+    context (0: the file's).
+
+    Threads: add_request never waits for a running step; step() calls take
+    turns; abort, has_unfinished, stats and set_stream_callback wait for a
+    running step. The GIL is released while the engine works. A stream
+    callback runs on the stepping thread (with the GIL) for every
+    RequestOutput as the step produces it; an exception it raises is raised
+    by that step() (the step itself completed).
+    """
+
+    def __init__(self, model, *, kv_memory_bytes: int = 256 << 20, page_size: int = 16,
+                 kv_dtype: str = "float16", max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048, chunked_prefill: bool = True,
+                 deterministic: bool = False, seed: int = 0, max_position: int = 0,
+                 tokenizer=None):
+        self.model, own_tokenizer = _resolve_model(model, max_position)
+        self.tokenizer = tokenizer if tokenizer is not None else own_tokenizer
+        self._engine = _core.Engine(
+            self.model, kv_memory_bytes=kv_memory_bytes, page_size=page_size, kv_dtype=kv_dtype,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            chunked_prefill=chunked_prefill, deterministic=deterministic, seed=seed)
+
+    def encode(self, prompt: Prompt) -> List[int]:
+        """Token ids of a prompt: a list of ids as given, text through the tokenizer."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("Engine.add_request: a text prompt needs a tokenizer "
+                                 "(a GGUF model or tokenizer=...); pass token ids instead")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> int:
+        """Queues a request (token ids or text) and returns its id."""
+        return self._engine.add_request(self.encode(prompt), params if params is not None else SamplingParams())
+
+    def step(self) -> List[RequestOutput]:
+        """Runs one iteration; returns the requests with new tokens or a finish."""
+        return self._engine.step()
+
+    def abort(self, request_id: int) -> None:
+        """Stops a request; the next step reports it with finish_reason "aborted"."""
+        self._engine.abort(request_id)
+
+    def has_unfinished(self) -> bool:
+        """Whether some request is waiting or running."""
+        return self._engine.has_unfinished()
+
+    def stats(self) -> "_core.EngineStats":
+        """Counters and the KV picture after the last step."""
+        return self._engine.stats()
+
+    def set_stream_callback(self, callback: Optional[Callable[[RequestOutput], None]]) -> None:
+        """Calls callback(output) for every RequestOutput as a step produces it (None: stop)."""
+        self._engine.set_stream_callback(callback)
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        """Streams: steps until no request is unfinished, yielding every RequestOutput."""
+        while self.has_unfinished():
+            yield from self.step()
+
+
+@dataclass
+class CompletionOutput:
+    """One sample of a finished request (vLLM's CompletionOutput)."""
+
+    index: int
+    token_ids: List[int]
+    text: Optional[str]
+    finish_reason: Optional[str]
+
+
+@dataclass
+class GenerationOutput:
+    """A finished request (vLLM's RequestOutput): its prompt and its samples."""
+
+    request_id: int
+    prompt: Optional[str]
+    prompt_token_ids: List[int]
+    outputs: List[CompletionOutput] = field(default_factory=list)
+
+
+class LLM:
+    """vLLM-style offline generation.
+
+    LLM(model, *, kv_memory_bytes=256 MiB, deterministic=True, seed=0, **engine_options)
+
+    model: a .gguf path (with its tokenizer and chat template) or a preset
+    name (prompts are then token ids and outputs have text None).
+    generate(prompts, sampling_params) runs the prompts as one batch and
+    returns a GenerationOutput per prompt, in order. Without explicit
+    stop_token_ids a GGUF model stops at EOS and its end-of-turn tokens, like
+    the `pagedattn generate` CLI.
+    """
+
+    def __init__(self, model, *, kv_memory_bytes: int = 256 << 20, deterministic: bool = True,
+                 seed: int = 0, **engine_options):
+        self.engine = Engine(model, kv_memory_bytes=kv_memory_bytes, deterministic=deterministic,
+                             seed=seed, **engine_options)
+        self.tokenizer = self.engine.tokenizer
+        self._model_path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+
+    def _params(self, params: Optional[SamplingParams]) -> SamplingParams:
+        params = params if params is not None else SamplingParams()
+        if self.tokenizer is not None and not params.stop_token_ids and not params.ignore_eos:
+            params = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
+                                    top_k=params.top_k, top_p=params.top_p, n=params.n,
+                                    seed=params.seed, stop_token_ids=stop_token_ids(self.tokenizer))
+        return params
+
+    def _text(self, ids: List[int]) -> Optional[str]:
+        if self.tokenizer is None:
+            return None
+        return self.tokenizer.decode(ids, render_special=False).decode("utf-8", errors="replace")
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None
+                 ) -> List[GenerationOutput]:
+        """Generates for every prompt (text or token ids; one prompt or a list)."""
+        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
+        prompt_list = [prompts] if single else list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(f"LLM.generate: {len(params_list)} sampling_params for {len(prompt_list)} prompts")
+        results = {}
+        for prompt, params in zip(prompt_list, params_list):
+            ids = self.engine.encode(prompt)
+            rid = self.engine.add_request(ids, self._params(params))
+            results[rid] = GenerationOutput(rid, prompt if isinstance(prompt, str) else None, ids)
+        samples = {rid: {} for rid in results}
+        for output in self.engine:
+            for sample in output.samples:
+                done = samples[output.request_id].setdefault(sample.index, [[], None])
+                done[0].extend(sample.new_token_ids)
+                if sample.finish_reason is not None:
+                    done[1] = sample.finish_reason
+        for rid, result in results.items():
+            for index in sorted(samples[rid]):
+                ids, reason = samples[rid][index]
+                result.outputs.append(CompletionOutput(index, ids, self._text(ids), reason))
+        return list(results.values())
+
+    def chat(self, messages, sampling_params: Optional[SamplingParams] = None) -> GenerationOutput:
+        """Generates the assistant's reply to `messages` ([{"role", "content"}...])
+        rendered with the GGUF file's chat template."""
+        if self._model_path is None or self.tokenizer is None:
+            raise ValueError("LLM.chat needs a GGUF model (its chat template)")
+        template = _core.load_gguf_chat_template(self._model_path, self.tokenizer)
+        text = template.render(messages, add_generation_prompt=True)
+        ids = self.tokenizer.encode(text, add_special=False, parse_special=True)
+        return self.generate([ids], sampling_params)[0]
