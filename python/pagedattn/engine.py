@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _core
 from ._core import Model, RequestOutput, SamplingParams
@@ -179,7 +179,7 @@ class LLM:
                  ) -> List[GenerationOutput]:
         """Generates for every prompt (text or token ids; one prompt or a list)."""
         single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
-        prompt_list = [prompts] if single else list(prompts)
+        prompt_list: List[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompt_list)
         else:
@@ -191,7 +191,7 @@ class LLM:
             ids = self.engine.encode(prompt)
             rid = self.engine.add_request(ids, self._params(params))
             results[rid] = GenerationOutput(rid, prompt if isinstance(prompt, str) else None, ids)
-        samples = {rid: {} for rid in results}
+        samples: Dict[int, Dict[int, list]] = {rid: {} for rid in results}
         for output in self.engine:
             for sample in output.samples:
                 done = samples[output.request_id].setdefault(sample.index, [[], None])

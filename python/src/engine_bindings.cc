@@ -154,14 +154,14 @@ void register_sampling(py::module_& m) {
            py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("n") = 1,
            py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<std::int32_t>{},
            py::arg("ignore_eos") = false)
-      .def_readwrite("max_tokens", &SamplingParams::max_tokens)
-      .def_readwrite("temperature", &SamplingParams::temperature)
-      .def_readwrite("top_k", &SamplingParams::top_k)
-      .def_readwrite("top_p", &SamplingParams::top_p)
-      .def_readwrite("n", &SamplingParams::n)
-      .def_readwrite("seed", &SamplingParams::seed)
-      .def_readwrite("stop_token_ids", &SamplingParams::stop_token_ids)
-      .def_readwrite("ignore_eos", &SamplingParams::ignore_eos)
+      .def_readwrite("max_tokens", &SamplingParams::max_tokens, "New tokens per sample, >= 1.")
+      .def_readwrite("temperature", &SamplingParams::temperature, "0: greedy.")
+      .def_readwrite("top_k", &SamplingParams::top_k, "0: all tokens.")
+      .def_readwrite("top_p", &SamplingParams::top_p, "Nucleus sampling threshold in (0, 1].")
+      .def_readwrite("n", &SamplingParams::n, "Parallel samples, [1, 256].")
+      .def_readwrite("seed", &SamplingParams::seed, "Sampling seed; None derives one from the engine seed and request id.")
+      .def_readwrite("stop_token_ids", &SamplingParams::stop_token_ids, "Tokens that end a sample (kept in its output).")
+      .def_readwrite("ignore_eos", &SamplingParams::ignore_eos, "Keep sampling past EOS.")
       .def("__repr__", [](const SamplingParams& p) {
         return detail::concat("SamplingParams(max_tokens=", p.max_tokens,
                               ", temperature=", p.temperature, ", top_k=", p.top_k,
@@ -176,41 +176,45 @@ void register_sampling(py::module_& m) {
           "None while running, else \"length\", \"stop\" or \"aborted\".");
 
   py::class_<RequestOutput>(m, "RequestOutput", "One request's progress in one step.")
-      .def_readonly("request_id", &RequestOutput::request_id)
-      .def_readonly("samples", &RequestOutput::samples)
+      .def_readonly("request_id", &RequestOutput::request_id, "The id add_request returned.")
+      .def_readonly("samples", &RequestOutput::samples, "The samples with news this step.")
       .def_readonly("finished", &RequestOutput::finished,
                     "Every sample finished (or the request was aborted).");
 }
 
 void register_engine_class(py::module_& m) {
   py::class_<EngineStats>(m, "EngineStats", "Counters and the KV picture after the last step.")
-      .def_readonly("steps", &EngineStats::steps)
-      .def_readonly("num_preemptions", &EngineStats::num_preemptions)
-      .def_readonly("recomputed_tokens", &EngineStats::recomputed_tokens)
-      .def_readonly("num_running_seqs", &EngineStats::num_running_seqs)
-      .def_readonly("num_waiting_requests", &EngineStats::num_waiting_requests)
-      .def_readonly("last_step_tokens", &EngineStats::last_step_tokens)
-      .def_readonly("last_step_decodes", &EngineStats::last_step_decodes)
-      .def_readonly("num_pages", &EngineStats::num_pages)
-      .def_readonly("pages_in_use", &EngineStats::pages_in_use)
-      .def_readonly("token_states_stored", &EngineStats::token_states_stored)
-      .def_readonly("token_states_unshared", &EngineStats::token_states_unshared)
-      .def_readonly("pages_if_unshared", &EngineStats::pages_if_unshared)
-      .def_readonly("seconds_in_steps", &EngineStats::seconds_in_steps)
-      .def_readonly("seconds_in_model", &EngineStats::seconds_in_model);
+      .def_readonly("steps", &EngineStats::steps, "step() calls so far.")
+      .def_readonly("num_preemptions", &EngineStats::num_preemptions, "Requests preempted (by recompute), in total.")
+      .def_readonly("recomputed_tokens", &EngineStats::recomputed_tokens, "Tokens computed again after preemption.")
+      .def_readonly("num_running_seqs", &EngineStats::num_running_seqs, "Running sequences (samples).")
+      .def_readonly("num_waiting_requests", &EngineStats::num_waiting_requests, "Requests waiting for admission.")
+      .def_readonly("last_step_tokens", &EngineStats::last_step_tokens, "Tokens in the last step's batch.")
+      .def_readonly("last_step_decodes", &EngineStats::last_step_decodes, "Decode tokens in the last step's batch.")
+      .def_readonly("num_pages", &EngineStats::num_pages, "Pages of the KV cache.")
+      .def_readonly("pages_in_use", &EngineStats::pages_in_use, "Pages held by sequences.")
+      .def_readonly("token_states_stored", &EngineStats::token_states_stored, "Distinct tokens held (shared pages counted once).")
+      .def_readonly("token_states_unshared", &EngineStats::token_states_unshared, "Tokens held summed over sequences (as if nothing were shared).")
+      .def_readonly("pages_if_unshared", &EngineStats::pages_if_unshared, "Pages the sequences would hold without sharing.")
+      .def_readonly("seconds_in_steps", &EngineStats::seconds_in_steps, "Wall time inside step(), in total.")
+      .def_readonly("seconds_in_model", &EngineStats::seconds_in_model, "Of which in the model's forward.");
 
   py::class_<ModelHandle>(m, "Model", "A model the engine runs (Model.preset, Model.from_gguf).")
       .def_static("preset", &preset_model, py::arg("name"),
                   "A synthetic Llama with seeded weights: \"tiny\", \"small\" or \"1b\".")
       .def_static("from_gguf", &gguf_model, py::arg("path"), py::arg("max_position") = 0,
                   "A Llama-family GGUF file (max_position 0: the file's context length).")
-      .def_property_readonly("name", [](const ModelHandle& h) { return h.model->spec().name; })
-      .def_property_readonly("num_layers",
-                             [](const ModelHandle& h) { return h.model->spec().num_layers; })
-      .def_property_readonly("vocab_size",
-                             [](const ModelHandle& h) { return h.model->spec().vocab_size; })
-      .def_property_readonly("eos_token_id",
-                             [](const ModelHandle& h) { return h.model->spec().eos_token_id; });
+      .def_property_readonly(
+          "name", [](const ModelHandle& h) { return h.model->spec().name; }, "The model's name.")
+      .def_property_readonly(
+          "num_layers", [](const ModelHandle& h) { return h.model->spec().num_layers; },
+          "Transformer layers.")
+      .def_property_readonly(
+          "vocab_size", [](const ModelHandle& h) { return h.model->spec().vocab_size; },
+          "Logits per token.")
+      .def_property_readonly(
+          "eos_token_id", [](const ModelHandle& h) { return h.model->spec().eos_token_id; },
+          "End-of-text token (-1: none); a sample stops there unless ignore_eos.");
 
   py::class_<PyEngine>(m, "Engine", "The C++ engine; use pagedattn.Engine.")
       .def(py::init([](const ModelHandle& model, std::int64_t kv_memory_bytes,

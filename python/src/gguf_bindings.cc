@@ -108,15 +108,17 @@ void register_gguf(py::module_& m) {
   py::class_<GgufFile>(m, "GgufFile",
                        "A GGUF model file, memory mapped and validated (include/pagedattn/gguf.h).")
       .def(py::init([](const std::string& path) { return GgufFile::open(path); }), py::arg("path"))
-      .def_property_readonly("version", &GgufFile::version)
-      .def_property_readonly("alignment", &GgufFile::alignment)
-      .def_property_readonly("data_offset", &GgufFile::data_offset)
+      .def_property_readonly("version", &GgufFile::version, "GGUF format version (2 or 3).")
+      .def_property_readonly("alignment", &GgufFile::alignment, "Tensor data alignment in bytes.")
+      .def_property_readonly("data_offset", &GgufFile::data_offset,
+                             "Byte offset of the tensor data section.")
       .def("keys",
            [](const GgufFile& f) {
              py::list keys;
              for (std::string_view k : f.keys()) keys.append(to_str(k));
              return keys;
-           })
+           },
+           "Metadata keys in file order.")
       .def(
           "get",
           [](const GgufFile& f, const std::string& key) { return value_to_python(f.get(key)); },
@@ -124,7 +126,7 @@ void register_gguf(py::module_& m) {
       .def(
           "value_type",
           [](const GgufFile& f, const std::string& key) { return f.get(key).type_name(); },
-          py::arg("key"))
+          py::arg("key"), "GGUF type name of a metadata key's value (e.g. \"uint32\", \"array\").")
       .def(
           "tensors",
           [](const GgufFile& f) {
@@ -140,7 +142,7 @@ void register_gguf(py::module_& m) {
             return py::bytes(reinterpret_cast<const char*>(t.data),
                              static_cast<std::size_t>(t.nbytes));
           },
-          py::arg("name"))
+          py::arg("name"), "A tensor's raw bytes as stored (ggml blocks for quantised types).")
       .def(
           "dequantize",
           [](const GgufFile& f, const std::string& name) {
@@ -171,7 +173,8 @@ void register_gguf(py::module_& m) {
         d["bos_token_id"] = c.bos_token_id;
         d["eos_token_id"] = c.eos_token_id;
         return d;
-      });
+      },
+      "The model hyperparameters pagedattn reads (arch, layers, heads, RoPE, ...) as a dict.");
 }
 
 }  // namespace pagedattn::python

@@ -92,14 +92,18 @@ void register_tokenizer(py::module_& m) {
           [](const Tokenizer& t, std::int32_t id, bool render_special) {
             return py::bytes(t.token_to_piece(id, {.render_special = render_special}));
           },
-          py::arg("id"), py::kw_only(), py::arg("render_special") = true)
-      .def("token_id", &Tokenizer::token_id, py::arg("token_text"))
-      .def("is_control", &Tokenizer::is_control, py::arg("id"))
-      .def_property_readonly("vocab_size", &Tokenizer::vocab_size)
-      .def_property_readonly("bos_id", &Tokenizer::bos_id)
-      .def_property_readonly("eos_id", &Tokenizer::eos_id)
-      .def_property_readonly("chat_template",
-                             [](const Tokenizer& t) { return t.vocab().chat_template; });
+          py::arg("id"), py::kw_only(), py::arg("render_special") = true,
+          "The bytes of one token (control tokens only with render_special).")
+      .def("token_id", &Tokenizer::token_id, py::arg("token_text"),
+           "The id of a token given by its exact text, -1 when the vocabulary has none.")
+      .def("is_control", &Tokenizer::is_control, py::arg("id"),
+           "Whether token `id` is a control token (e.g. <|im_end|>).")
+      .def_property_readonly("vocab_size", &Tokenizer::vocab_size, "Tokens in the vocabulary.")
+      .def_property_readonly("bos_id", &Tokenizer::bos_id, "Beginning-of-text token, -1: none.")
+      .def_property_readonly("eos_id", &Tokenizer::eos_id, "End-of-text token, -1: none.")
+      .def_property_readonly(
+          "chat_template", [](const Tokenizer& t) { return t.vocab().chat_template; },
+          "The Jinja chat template text from the metadata (\"\" when none).");
 
   py::class_<StreamingDecoder>(m, "StreamingDecoder",
                                "Decodes token by token, holding back incomplete UTF-8.")
@@ -110,8 +114,10 @@ void register_tokenizer(py::module_& m) {
            py::keep_alive<1, 2>())
       .def(
           "push", [](StreamingDecoder& d, std::int32_t id) { return py::bytes(d.push(id)); },
-          py::arg("id"))
-      .def("flush", [](StreamingDecoder& d) { return py::bytes(d.flush()); });
+          py::arg("id"), "Adds a token; returns the bytes that are complete UTF-8 so far.")
+      .def(
+          "flush", [](StreamingDecoder& d) { return py::bytes(d.flush()); },
+          "Returns what is held back (an incomplete UTF-8 tail) and empties the decoder.");
 
   py::class_<ChatTemplate>(m, "ChatTemplate",
                            "A model's chat template (ChatML, Llama-3 or Llama-2 form).")
@@ -128,8 +134,10 @@ void register_tokenizer(py::module_& m) {
                                    return "llama2";
                                }
                                return "";
-                             })
-      .def_property_readonly("default_system_prompt", &ChatTemplate::default_system_prompt)
+                             },
+                             "The template's form: \"chatml\", \"llama3\" or \"llama2\".")
+      .def_property_readonly("default_system_prompt", &ChatTemplate::default_system_prompt,
+                             "The system message the template adds when none is given.")
       .def(
           "render",
           [](const ChatTemplate& t, const std::vector<std::map<std::string, std::string>>& messages,
@@ -145,7 +153,9 @@ void register_tokenizer(py::module_& m) {
             }
             return t.render(converted, add_generation_prompt);
           },
-          py::arg("messages"), py::kw_only(), py::arg("add_generation_prompt") = true);
+          py::arg("messages"), py::kw_only(), py::arg("add_generation_prompt") = true,
+          "The prompt text of messages [{\"role\", \"content\"}...], ending with the\n"
+          "assistant's turn header when add_generation_prompt.");
 }
 
 }  // namespace pagedattn::python
