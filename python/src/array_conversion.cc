@@ -138,11 +138,10 @@ py::array converted_indices(const py::array& array, const char* name, ops::Index
     for (const py::object& at : {lowest, highest}) {
       const py::int_ value = flat[at].attr("item")();
       if (value < py::int_(min_allowed) || value > py::int_(max_allowed))
-        throw InvalidArgument(detail::concat(
-            name, " holds ", py::str(value).cast<std::string>(), " (flat index ",
-            py::str(at).cast<std::string>(), "), which does not fit ",
-            to_int32 ? "int32" : "int64", " (", to_int32 ? "int32" : "int64",
-            " indices expected; other integer arrays are converted when every value fits)"));
+        throw InvalidArgument(detail::concat(name, " holds ", py::str(value).cast<std::string>(),
+                                             " (flat index ", py::str(at).cast<std::string>(),
+                                             "), which does not fit ", to_int32 ? "int32" : "int64",
+                                             ", the index type the operator takes"));
     }
   }
   return array.attr("astype")(target);

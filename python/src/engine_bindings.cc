@@ -94,7 +94,8 @@ class PyEngine {
   }
 
   RequestId add_request(py::handle prompt, const SamplingParams& params) {
-    const std::vector<std::int64_t> ids = int_list_arg(prompt, "Engine.add_request", "prompt_token_ids");
+    const std::vector<std::int64_t> ids =
+        int_list_arg(prompt, "Engine.add_request", "prompt_token_ids");
     std::vector<std::int32_t> tokens;
     tokens.reserve(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -147,8 +148,9 @@ void register_sampling(py::module_& m) {
       .def(py::init([](std::int32_t max_tokens, float temperature, std::int32_t top_k, float top_p,
                        std::int32_t n, std::optional<std::uint64_t> seed,
                        std::vector<std::int32_t> stop_token_ids, bool ignore_eos) {
-             return SamplingParams{max_tokens, temperature, top_k,  top_p,
-                                   n,          seed,        std::move(stop_token_ids), ignore_eos};
+             return SamplingParams{
+                 max_tokens, temperature, top_k, top_p, n, seed, std::move(stop_token_ids),
+                 ignore_eos};
            }),
            py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = 0.0f,
            py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("n") = 1,
@@ -159,8 +161,10 @@ void register_sampling(py::module_& m) {
       .def_readwrite("top_k", &SamplingParams::top_k, "0: all tokens.")
       .def_readwrite("top_p", &SamplingParams::top_p, "Nucleus sampling threshold in (0, 1].")
       .def_readwrite("n", &SamplingParams::n, "Parallel samples, [1, 256].")
-      .def_readwrite("seed", &SamplingParams::seed, "Sampling seed; None derives one from the engine seed and request id.")
-      .def_readwrite("stop_token_ids", &SamplingParams::stop_token_ids, "Tokens that end a sample (kept in its output).")
+      .def_readwrite("seed", &SamplingParams::seed,
+                     "Sampling seed; None derives one from the engine seed and request id.")
+      .def_readwrite("stop_token_ids", &SamplingParams::stop_token_ids,
+                     "Tokens that end a sample (kept in its output).")
       .def_readwrite("ignore_eos", &SamplingParams::ignore_eos, "Keep sampling past EOS.")
       .def("__repr__", [](const SamplingParams& p) {
         return detail::concat("SamplingParams(max_tokens=", p.max_tokens,
@@ -185,19 +189,30 @@ void register_sampling(py::module_& m) {
 void register_engine_class(py::module_& m) {
   py::class_<EngineStats>(m, "EngineStats", "Counters and the KV picture after the last step.")
       .def_readonly("steps", &EngineStats::steps, "step() calls so far.")
-      .def_readonly("num_preemptions", &EngineStats::num_preemptions, "Requests preempted (by recompute), in total.")
-      .def_readonly("recomputed_tokens", &EngineStats::recomputed_tokens, "Tokens computed again after preemption.")
-      .def_readonly("num_running_seqs", &EngineStats::num_running_seqs, "Running sequences (samples).")
-      .def_readonly("num_waiting_requests", &EngineStats::num_waiting_requests, "Requests waiting for admission.")
-      .def_readonly("last_step_tokens", &EngineStats::last_step_tokens, "Tokens in the last step's batch.")
-      .def_readonly("last_step_decodes", &EngineStats::last_step_decodes, "Decode tokens in the last step's batch.")
+      .def_readonly("num_preemptions", &EngineStats::num_preemptions,
+                    "Requests preempted (by recompute), in total.")
+      .def_readonly("recomputed_tokens", &EngineStats::recomputed_tokens,
+                    "Tokens computed again after preemption.")
+      .def_readonly("num_running_seqs", &EngineStats::num_running_seqs,
+                    "Running sequences (samples).")
+      .def_readonly("num_waiting_requests", &EngineStats::num_waiting_requests,
+                    "Requests waiting for admission.")
+      .def_readonly("last_step_tokens", &EngineStats::last_step_tokens,
+                    "Tokens in the last step's batch.")
+      .def_readonly("last_step_decodes", &EngineStats::last_step_decodes,
+                    "Decode tokens in the last step's batch.")
       .def_readonly("num_pages", &EngineStats::num_pages, "Pages of the KV cache.")
       .def_readonly("pages_in_use", &EngineStats::pages_in_use, "Pages held by sequences.")
-      .def_readonly("token_states_stored", &EngineStats::token_states_stored, "Distinct tokens held (shared pages counted once).")
-      .def_readonly("token_states_unshared", &EngineStats::token_states_unshared, "Tokens held summed over sequences (as if nothing were shared).")
-      .def_readonly("pages_if_unshared", &EngineStats::pages_if_unshared, "Pages the sequences would hold without sharing.")
-      .def_readonly("seconds_in_steps", &EngineStats::seconds_in_steps, "Wall time inside step(), in total.")
-      .def_readonly("seconds_in_model", &EngineStats::seconds_in_model, "Of which in the model's forward.");
+      .def_readonly("token_states_stored", &EngineStats::token_states_stored,
+                    "Distinct tokens held (shared pages counted once).")
+      .def_readonly("token_states_unshared", &EngineStats::token_states_unshared,
+                    "Tokens held summed over sequences (as if nothing were shared).")
+      .def_readonly("pages_if_unshared", &EngineStats::pages_if_unshared,
+                    "Pages the sequences would hold without sharing.")
+      .def_readonly("seconds_in_steps", &EngineStats::seconds_in_steps,
+                    "Wall time inside step(), in total.")
+      .def_readonly("seconds_in_model", &EngineStats::seconds_in_model,
+                    "Of which in the model's forward.");
 
   py::class_<ModelHandle>(m, "Model", "A model the engine runs (Model.preset, Model.from_gguf).")
       .def_static("preset", &preset_model, py::arg("name"),
@@ -238,10 +253,13 @@ void register_engine_class(py::module_& m) {
            py::arg("chunked_prefill"), py::arg("deterministic"), py::arg("seed"))
       .def("add_request", &PyEngine::add_request, py::arg("prompt_token_ids"), py::arg("params"))
       .def("step", &PyEngine::step)
-      .def("abort", [](PyEngine& e, RequestId id) { e.engine().abort(id); }, ReleaseGil(),
-           py::arg("request_id"))
-      .def("has_unfinished", [](PyEngine& e) { return e.engine().has_unfinished(); }, ReleaseGil())
-      .def("stats", [](PyEngine& e) { return e.engine().stats(); }, ReleaseGil())
+      .def(
+          "abort", [](PyEngine& e, RequestId id) { e.engine().abort(id); }, ReleaseGil(),
+          py::arg("request_id"))
+      .def(
+          "has_unfinished", [](PyEngine& e) { return e.engine().has_unfinished(); }, ReleaseGil())
+      .def(
+          "stats", [](PyEngine& e) { return e.engine().stats(); }, ReleaseGil())
       .def("set_stream_callback", &PyEngine::set_stream_callback, py::arg("callback"))
       .def_property_readonly("num_pages",
                              [](PyEngine& e) { return e.engine().cache().num_pages(); });

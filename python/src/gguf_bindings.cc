@@ -112,13 +112,14 @@ void register_gguf(py::module_& m) {
       .def_property_readonly("alignment", &GgufFile::alignment, "Tensor data alignment in bytes.")
       .def_property_readonly("data_offset", &GgufFile::data_offset,
                              "Byte offset of the tensor data section.")
-      .def("keys",
-           [](const GgufFile& f) {
-             py::list keys;
-             for (std::string_view k : f.keys()) keys.append(to_str(k));
-             return keys;
-           },
-           "Metadata keys in file order.")
+      .def(
+          "keys",
+          [](const GgufFile& f) {
+            py::list keys;
+            for (std::string_view k : f.keys()) keys.append(to_str(k));
+            return keys;
+          },
+          "Metadata keys in file order.")
       .def(
           "get",
           [](const GgufFile& f, const std::string& key) { return value_to_python(f.get(key)); },
@@ -154,27 +155,29 @@ void register_gguf(py::module_& m) {
             return dequantize_to_array(t.type, t.data, t.element_count(), shape);
           },
           py::arg("name"), "The tensor as float32, shape = dims reversed (NumPy order).")
-      .def("model_config", [](const GgufFile& f) {
-        const GgufModelConfig c = read_model_config(f);
-        py::dict d;
-        d["arch"] = c.arch_name;
-        d["num_layers"] = c.num_layers;
-        d["hidden_size"] = c.hidden_size;
-        d["intermediate_size"] = c.intermediate_size;
-        d["num_qo_heads"] = c.num_qo_heads;
-        d["num_kv_heads"] = c.num_kv_heads;
-        d["head_dim"] = c.head_dim;
-        d["vocab_size"] = c.vocab_size;
-        d["context_length"] = c.context_length;
-        d["rope_theta"] = c.rope_theta;
-        d["rope_layout"] = c.rope_layout == GgufRopeLayout::kNeox ? "neox" : "interleaved";
-        d["rms_norm_eps"] = c.rms_norm_eps;
-        d["tie_embeddings"] = c.tie_embeddings;
-        d["bos_token_id"] = c.bos_token_id;
-        d["eos_token_id"] = c.eos_token_id;
-        return d;
-      },
-      "The model hyperparameters pagedattn reads (arch, layers, heads, RoPE, ...) as a dict.");
+      .def(
+          "model_config",
+          [](const GgufFile& f) {
+            const GgufModelConfig c = read_model_config(f);
+            py::dict d;
+            d["arch"] = c.arch_name;
+            d["num_layers"] = c.num_layers;
+            d["hidden_size"] = c.hidden_size;
+            d["intermediate_size"] = c.intermediate_size;
+            d["num_qo_heads"] = c.num_qo_heads;
+            d["num_kv_heads"] = c.num_kv_heads;
+            d["head_dim"] = c.head_dim;
+            d["vocab_size"] = c.vocab_size;
+            d["context_length"] = c.context_length;
+            d["rope_theta"] = c.rope_theta;
+            d["rope_layout"] = c.rope_layout == GgufRopeLayout::kNeox ? "neox" : "interleaved";
+            d["rms_norm_eps"] = c.rms_norm_eps;
+            d["tie_embeddings"] = c.tie_embeddings;
+            d["bos_token_id"] = c.bos_token_id;
+            d["eos_token_id"] = c.eos_token_id;
+            return d;
+          },
+          "The model hyperparameters pagedattn reads (arch, layers, heads, RoPE, ...) as a dict.");
 }
 
 }  // namespace pagedattn::python

@@ -293,8 +293,10 @@ void parse_fp8_scale(const py::object& value, float& scale, std::vector<float>& 
   const py::array_t<float, py::array::c_style | py::array::forcecast> a =
       py::module_::import("numpy").attr("asarray")(value, "float32");
   if (a.ndim() != 1)
-    throw InvalidArgument(detail::concat("KVCache: an fp8 scale must be a float or a 1-D list "
-                                         "of per-head floats, got ", a.ndim(), " dimensions"));
+    throw InvalidArgument(
+        detail::concat("KVCache: an fp8 scale must be a float or a 1-D list "
+                       "of per-head floats, got ",
+                       a.ndim(), " dimensions"));
   head_scales.assign(a.data(), a.data() + a.size());
 }
 
@@ -324,17 +326,14 @@ RopeLlama3Scaling parse_rope_scaling(const py::object& value) {
   return s;
 }
 
-std::unique_ptr<KVCache> make_cache(std::int32_t num_layers, std::int32_t num_qo_heads,
-                                    std::int32_t num_kv_heads, std::int32_t head_dim,
-                                    std::int32_t page_size, std::int64_t num_pages,
-                                    const std::string& dtype, const std::string& layout,
-                                    const std::string& rope_mode, float rope_theta,
-                                    float rope_scale, bool support_sliding_window,
-                                    std::optional<std::int32_t> v_head_dim,
-                                    std::int64_t memory_budget_bytes, const py::object& k_scale,
-                                    const py::object& v_scale, std::int32_t rotary_dim,
-                                    bool rope_interleaved, const py::object& rope_scaling,
-                                    std::int32_t num_threads, std::int32_t fixed_kv_chunk) {
+std::unique_ptr<KVCache> make_cache(
+    std::int32_t num_layers, std::int32_t num_qo_heads, std::int32_t num_kv_heads,
+    std::int32_t head_dim, std::int32_t page_size, std::int64_t num_pages, const std::string& dtype,
+    const std::string& layout, const std::string& rope_mode, float rope_theta, float rope_scale,
+    bool support_sliding_window, std::optional<std::int32_t> v_head_dim,
+    std::int64_t memory_budget_bytes, const py::object& k_scale, const py::object& v_scale,
+    std::int32_t rotary_dim, bool rope_interleaved, const py::object& rope_scaling,
+    std::int32_t num_threads, std::int32_t fixed_kv_chunk) {
   KVCacheConfig c;
   c.num_layers = num_layers;
   c.num_qo_heads = num_qo_heads;
@@ -391,7 +390,8 @@ py::dict config_dict(KVCache& s) {
   return d;
 }
 
-constexpr const char* kClassDoc = R"doc(Paged KV cache: pages of K/V for many sequences, with attention.
+constexpr const char* kClassDoc =
+    R"doc(Paged KV cache: pages of K/V for many sequences, with attention.
 
 KVCache(num_layers, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages=0,
         dtype="float16", layout="HND", rope_mode="none", rope_theta=10000.0,
@@ -459,37 +459,40 @@ void register_kv_cache(py::module_& m) {
            py::arg("num_pages") = 0, py::arg("dtype") = "float16", py::arg("layout") = "HND",
            py::arg("rope_mode") = "none", py::arg("rope_theta") = 10000.0f,
            py::arg("rope_scale") = 1.0f, py::arg("support_sliding_window") = false,
-           py::arg("v_head_dim") = py::none(), py::kw_only(),
-           py::arg("memory_budget_bytes") = 0, py::arg("k_scale") = 1.0f,
-           py::arg("v_scale") = 1.0f, py::arg("rotary_dim") = 0,
+           py::arg("v_head_dim") = py::none(), py::kw_only(), py::arg("memory_budget_bytes") = 0,
+           py::arg("k_scale") = 1.0f, py::arg("v_scale") = 1.0f, py::arg("rotary_dim") = 0,
            py::arg("rope_interleaved") = false, py::arg("rope_scaling") = py::none(),
            py::arg("num_threads") = 0, py::arg("fixed_kv_chunk") = 0,
            "Creates the cache (see the class doc).")
-      .def("add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, ReleaseGil(),
-           py::arg("id"),
-           "Adds an empty sequence `id` (InvalidArgumentError if it exists).")
-      .def("remove_sequence", [](KVCache& s, SeqId id) { s.cache().remove_sequence(id); },
-           ReleaseGil(), py::arg("id"),
-           "Removes sequence `id` and frees its pages (shared pages lose a reference).")
-      .def("fork_sequence",
-           [](KVCache& s, SeqId parent, SeqId child, std::int64_t fork_pos) {
-             s.cache().fork_sequence(parent, child, fork_pos);
-           },
-           ReleaseGil(), py::arg("parent"), py::arg("child"), py::arg("fork_pos") = -1,
-           "Creates `child` holding the first `fork_pos` tokens of `parent` (-1: all).\n"
-           "Full pages are shared (copy on write); a partial page at the fork point is\n"
-           "copied. The child inherits no sliding window.")
-      .def("pop_n", [](KVCache& s, SeqId id, std::int64_t n) { s.cache().pop_n(id, n); },
-           ReleaseGil(), py::arg("id"), py::arg("n"),
-           "Removes the last `n` tokens of sequence `id`.")
-      .def("enable_sliding_window",
-           [](KVCache& s, SeqId id, std::int64_t window_size, std::int64_t attn_sink_size) {
-             s.cache().enable_sliding_window(id, window_size, attn_sink_size);
-           },
-           ReleaseGil(), py::arg("id"), py::arg("window_size"), py::arg("attn_sink_size"),
-           "After every step sequence `id` keeps its first `attn_sink_size` tokens plus\n"
-           "the most recent ones, `window_size` in all (trimmed at end_forward). Needs\n"
-           "support_sliding_window=True; 0 <= attn_sink_size < window_size.")
+      .def(
+          "add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, ReleaseGil(),
+          py::arg("id"), "Adds an empty sequence `id` (InvalidArgumentError if it exists).")
+      .def(
+          "remove_sequence", [](KVCache& s, SeqId id) { s.cache().remove_sequence(id); },
+          ReleaseGil(), py::arg("id"),
+          "Removes sequence `id` and frees its pages (shared pages lose a reference).")
+      .def(
+          "fork_sequence",
+          [](KVCache& s, SeqId parent, SeqId child, std::int64_t fork_pos) {
+            s.cache().fork_sequence(parent, child, fork_pos);
+          },
+          ReleaseGil(), py::arg("parent"), py::arg("child"), py::arg("fork_pos") = -1,
+          "Creates `child` holding the first `fork_pos` tokens of `parent` (-1: all).\n"
+          "Full pages are shared (copy on write); a partial page at the fork point is\n"
+          "copied. The child inherits no sliding window.")
+      .def(
+          "pop_n", [](KVCache& s, SeqId id, std::int64_t n) { s.cache().pop_n(id, n); },
+          ReleaseGil(), py::arg("id"), py::arg("n"),
+          "Removes the last `n` tokens of sequence `id`.")
+      .def(
+          "enable_sliding_window",
+          [](KVCache& s, SeqId id, std::int64_t window_size, std::int64_t attn_sink_size) {
+            s.cache().enable_sliding_window(id, window_size, attn_sink_size);
+          },
+          ReleaseGil(), py::arg("id"), py::arg("window_size"), py::arg("attn_sink_size"),
+          "After every step sequence `id` keeps its first `attn_sink_size` tokens plus\n"
+          "the most recent ones, `window_size` in all (trimmed at end_forward). Needs\n"
+          "support_sliding_window=True; 0 <= attn_sink_size < window_size.")
       .def("begin_forward", &KVCache::begin_forward, py::arg("seq_ids"), py::arg("append_lengths"),
            py::arg("token_tree_parents") = py::none(),
            "begin_forward(seq_ids, append_lengths, token_tree_parents=None) -> BatchPlan\n\n"
@@ -505,93 +508,100 @@ void register_kv_cache(py::module_& m) {
            "ancestors and itself; positions are committed length + depth. The tree\n"
            "may grow over several forwards; until commit_accepted_token_tree_nodes\n"
            "the sequence refuses plain forwards, forks, pop_n (InvalidStateError).")
-      .def("commit_accepted_token_tree_nodes",
-           [](KVCache& s, const std::vector<SeqId>& seq_ids,
-              const std::vector<std::int64_t>& leaves) {
-             s.cache().commit_accepted_token_tree_nodes(seq_ids, leaves);
-           },
-           ReleaseGil(), py::arg("seq_ids"), py::arg("leaf_indices"),
-           "commit_accepted_token_tree_nodes(seq_ids, leaf_indices)\n\n"
-           "Keeps, per sequence, the root-to-leaf path ending at leaf_indices[i] (a node\n"
-           "of its open tree; -1 rejects all): the path's K/V move right after the\n"
-           "committed prefix, the other nodes are dropped, and the tree closes.")
-      .def("token_tree_size", [](KVCache& s, SeqId id) { return s.cache().token_tree_size(id); },
-           ReleaseGil(), py::arg("id"),
-           "Uncommitted token-tree nodes of sequence `id` (0 when none is open).")
-      .def("attention",
-           [](KVCache& s, std::int32_t layer, py::handle q, py::handle k, py::handle v,
-              std::optional<float> sm_scale, bool causal, std::int32_t window_left, float softcap,
-              py::object alibi_slopes, py::object sinks, bool return_lse) {
-             return s.attention(layer, q, k, v,
-                                {sm_scale, causal, window_left, softcap, std::move(alibi_slopes),
-                                 std::move(sinks), return_lse});
-           },
-           py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
-           py::arg("sm_scale") = py::none(), py::kw_only(), py::arg("causal") = true,
-           py::arg("window_left") = -1, py::arg("softcap") = 0.0f,
-           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
-           py::arg("return_lse") = false,
-           "attention(layer, q, k, v, sm_scale=None, *, causal=True, window_left=-1,\n"
-           "          softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False)\n"
-           "    -> out, or (out, lse) with return_lse\n\n"
-           "For `layer` of the current step: applies RoPE per rope_mode (to copies),\n"
-           "appends k/v to the cache and attends over each sequence.\n"
-           "q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, Hq, Dv] (q's dtype).\n"
-           "sm_scale None: 1/sqrt(D). causal False: every key of the sequence is\n"
-           "visible; window_left W >= 0: a query at position p sees keys [p - W, p];\n"
-           "softcap > 0: s = softcap * tanh(s / softcap); alibi_slopes [Hq]: s +=\n"
-           "slope * (j - p); sinks [Hq]: a learned sink logit per head joins the\n"
-           "softmax; lse [T, Hq] float32: natural-log log-sum-exp of each row\n"
-           "(docs/semantics.md). A failed call changes nothing; the step goes on.")
-      .def("attention_with_fused_qkv",
-           [](KVCache& s, std::int32_t layer, py::handle qkv, std::optional<float> sm_scale,
-              bool causal, std::int32_t window_left, float softcap, py::object alibi_slopes,
-              py::object sinks, bool return_lse) {
-             return s.attention_with_fused_qkv(
-                 layer, qkv,
-                 {sm_scale, causal, window_left, softcap, std::move(alibi_slopes),
-                  std::move(sinks), return_lse});
-           },
-           py::arg("layer"), py::arg("qkv"), py::arg("sm_scale") = py::none(), py::kw_only(),
-           py::arg("causal") = true, py::arg("window_left") = -1, py::arg("softcap") = 0.0f,
-           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
-           py::arg("return_lse") = false,
-           "attention_with_fused_qkv(layer, qkv, sm_scale=None, **options) -> out\n\n"
-           "attention() with q, k, v packed per token: qkv [T, Hq + 2 Hkv, D] (heads\n"
-           "q..., k..., v...) -> out [T, Hq, D]. Needs v_head_dim == head_dim. The\n"
-           "keyword options are attention()'s.")
+      .def(
+          "commit_accepted_token_tree_nodes",
+          [](KVCache& s, const std::vector<SeqId>& seq_ids,
+             const std::vector<std::int64_t>& leaves) {
+            s.cache().commit_accepted_token_tree_nodes(seq_ids, leaves);
+          },
+          ReleaseGil(), py::arg("seq_ids"), py::arg("leaf_indices"),
+          "commit_accepted_token_tree_nodes(seq_ids, leaf_indices)\n\n"
+          "Keeps, per sequence, the root-to-leaf path ending at leaf_indices[i] (a node\n"
+          "of its open tree; -1 rejects all): the path's K/V move right after the\n"
+          "committed prefix, the other nodes are dropped, and the tree closes.")
+      .def(
+          "token_tree_size", [](KVCache& s, SeqId id) { return s.cache().token_tree_size(id); },
+          ReleaseGil(), py::arg("id"),
+          "Uncommitted token-tree nodes of sequence `id` (0 when none is open).")
+      .def(
+          "attention",
+          [](KVCache& s, std::int32_t layer, py::handle q, py::handle k, py::handle v,
+             std::optional<float> sm_scale, bool causal, std::int32_t window_left, float softcap,
+             py::object alibi_slopes, py::object sinks, bool return_lse) {
+            return s.attention(layer, q, k, v,
+                               {sm_scale, causal, window_left, softcap, std::move(alibi_slopes),
+                                std::move(sinks), return_lse});
+          },
+          py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("sm_scale") = py::none(), py::kw_only(), py::arg("causal") = true,
+          py::arg("window_left") = -1, py::arg("softcap") = 0.0f,
+          py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+          py::arg("return_lse") = false,
+          "attention(layer, q, k, v, sm_scale=None, *, causal=True, window_left=-1,\n"
+          "          softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False)\n"
+          "    -> out, or (out, lse) with return_lse\n\n"
+          "For `layer` of the current step: applies RoPE per rope_mode (to copies),\n"
+          "appends k/v to the cache and attends over each sequence.\n"
+          "q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, Hq, Dv] (q's dtype).\n"
+          "sm_scale None: 1/sqrt(D). causal False: every key of the sequence is\n"
+          "visible; window_left W >= 0: a query at position p sees keys [p - W, p];\n"
+          "softcap > 0: s = softcap * tanh(s / softcap); alibi_slopes [Hq]: s +=\n"
+          "slope * (j - p); sinks [Hq]: a learned sink logit per head joins the\n"
+          "softmax; lse [T, Hq] float32: natural-log log-sum-exp of each row\n"
+          "(docs/semantics.md). A failed call changes nothing; the step goes on.")
+      .def(
+          "attention_with_fused_qkv",
+          [](KVCache& s, std::int32_t layer, py::handle qkv, std::optional<float> sm_scale,
+             bool causal, std::int32_t window_left, float softcap, py::object alibi_slopes,
+             py::object sinks, bool return_lse) {
+            return s.attention_with_fused_qkv(
+                layer, qkv,
+                {sm_scale, causal, window_left, softcap, std::move(alibi_slopes), std::move(sinks),
+                 return_lse});
+          },
+          py::arg("layer"), py::arg("qkv"), py::arg("sm_scale") = py::none(), py::kw_only(),
+          py::arg("causal") = true, py::arg("window_left") = -1, py::arg("softcap") = 0.0f,
+          py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+          py::arg("return_lse") = false,
+          "attention_with_fused_qkv(layer, qkv, sm_scale=None, **options) -> out\n\n"
+          "attention() with q, k, v packed per token: qkv [T, Hq + 2 Hkv, D] (heads\n"
+          "q..., k..., v...) -> out [T, Hq, D]. Needs v_head_dim == head_dim. The\n"
+          "keyword options are attention()'s.")
       .def("plan", &KVCache::plan,
            "plan() -> BatchPlan: the current step's plan (a new snapshot; InvalidStateError\n"
            "outside a step).")
-      .def("mark_layer_appended",
-           [](KVCache& s, std::int32_t layer) { s.cache().mark_layer_appended(layer); },
-           ReleaseGil(), py::arg("layer"),
-           "Declares that you wrote every new token's K/V of `layer` yourself (through\n"
-           "layer_storage(layer) and plan.slot_mapping), so end_forward accepts the\n"
-           "step. Marking a layer you did not write exposes what its pages held.")
-      .def("layer_storage",
-           [](py::object self, std::int32_t layer) {
-             PagedKVStorage storage;
-             {
-               KVCache& s = self.cast<KVCache&>();
-               py::gil_scoped_release release;
-               storage = s.cache().layer_storage(layer);
-             }
-             return layer_storage_object(storage, self);
-           },
-           py::arg("layer"),
-           "layer_storage(layer) -> LayerStorage: writable zero-copy views of the layer's\n"
-           "K/V pages (help(pagedattn.LayerStorage) for shapes and rules).")
-      .def("end_forward", [](KVCache& s) { s.cache().end_forward(); }, ReleaseGil(),
-           "Ends the step; sliding windows drop the tokens that fell out.\n"
-           "InvalidStateError (the step stays open) if some layer's K/V of the\n"
-           "step's new tokens was not written (attention of that layer, or set_kv of\n"
-           "every new token): the pages may still hold another sequence's K/V.")
-      .def("cancel_forward", [](KVCache& s) { s.cache().cancel_forward(); },
-           ReleaseGil(),
-           "Abandons the open step (e.g. the model raised half way): the cache\n"
-           "returns to exactly its state before begin_forward. InvalidStateError\n"
-           "outside a step.")
+      .def(
+          "mark_layer_appended",
+          [](KVCache& s, std::int32_t layer) { s.cache().mark_layer_appended(layer); },
+          ReleaseGil(), py::arg("layer"),
+          "Declares that you wrote every new token's K/V of `layer` yourself (through\n"
+          "layer_storage(layer) and plan.slot_mapping), so end_forward accepts the\n"
+          "step. Marking a layer you did not write exposes what its pages held.")
+      .def(
+          "layer_storage",
+          [](py::object self, std::int32_t layer) {
+            PagedKVStorage storage;
+            {
+              KVCache& s = self.cast<KVCache&>();
+              py::gil_scoped_release release;
+              storage = s.cache().layer_storage(layer);
+            }
+            return layer_storage_object(storage, self);
+          },
+          py::arg("layer"),
+          "layer_storage(layer) -> LayerStorage: writable zero-copy views of the layer's\n"
+          "K/V pages (help(pagedattn.LayerStorage) for shapes and rules).")
+      .def(
+          "end_forward", [](KVCache& s) { s.cache().end_forward(); }, ReleaseGil(),
+          "Ends the step; sliding windows drop the tokens that fell out.\n"
+          "InvalidStateError (the step stays open) if some layer's K/V of the\n"
+          "step's new tokens was not written (attention of that layer, or set_kv of\n"
+          "every new token): the pages may still hold another sequence's K/V.")
+      .def(
+          "cancel_forward", [](KVCache& s) { s.cache().cancel_forward(); }, ReleaseGil(),
+          "Abandons the open step (e.g. the model raised half way): the cache\n"
+          "returns to exactly its state before begin_forward. InvalidStateError\n"
+          "outside a step.")
       .def("get_kv", &KVCache::get_kv, py::arg("seq_id"), py::arg("start"), py::arg("end"),
            "get_kv(seq_id, start, end) -> (k, v)\n\n"
            "Tokens [start, end) of a sequence (retained tokens, with a sliding window)\n"
@@ -603,66 +613,77 @@ void register_kv_cache(py::module_& m) {
            "Overwrites tokens [start, end) of a sequence: k [num_layers, end-start, Hkv, D],\n"
            "v [num_layers, end-start, Hkv, Dv], float32, C-contiguous, rounded to the\n"
            "cache dtype. Tokens in pages shared with another sequence are refused.")
-      .def_property_readonly("num_free_pages",
-                             py::cpp_function([](KVCache& s) { return s.cache().num_free_pages(); },
-                                              ReleaseGil()),
-                             "Pages in the pool not held by any sequence.")
-      .def_property_readonly("total_sequence_length",
-                             py::cpp_function(
-                                 [](KVCache& s) { return s.cache().total_sequence_length(); },
-                                 ReleaseGil()),
-                             "Sum of sequence_length over all sequences.")
-      .def_property_readonly("num_pages", [](KVCache& s) { return s.cache().num_pages(); },
-                             "Pages in the pool (the constructor's num_pages).")
-      .def("empty", [](KVCache& s) { return s.cache().empty(); }, ReleaseGil(),
-           
-           "True when there are no sequences and every page is free.")
-      .def("sequence_length", [](KVCache& s, SeqId id) { return s.cache().sequence_length(id); },
-           ReleaseGil(), py::arg("id"),
-           "Tokens sequence `id` holds (retained ones, with a sliding window).")
-      .def("has_sequence", [](KVCache& s, SeqId id) { return s.cache().has_sequence(id); },
-           ReleaseGil(), py::arg("id"), "Whether sequence `id` exists.")
-      .def("sequence_ids", [](KVCache& s) { return s.cache().sequence_ids(); }, ReleaseGil(),
-           "The ids of every sequence, ascending.")
-      .def_property_readonly("num_sequences",
-                             py::cpp_function([](KVCache& s) { return s.cache().num_sequences(); },
-                                              ReleaseGil()),
-                             "Sequences in the cache.")
-      .def("pages_needed",
-           [](KVCache& s, const std::vector<SeqId>& seq_ids,
-              const std::vector<std::int64_t>& lengths) {
-             return s.cache().pages_needed(seq_ids, lengths);
-           },
-           ReleaseGil(), py::arg("seq_ids"), py::arg("append_lengths"),
-           "Pages begin_forward(seq_ids, append_lengths) would take from the pool (a dry\n"
-           "run; raises what begin_forward would raise for bad arguments).")
-      .def("can_append",
-           [](KVCache& s, const std::vector<SeqId>& seq_ids,
-              const std::vector<std::int64_t>& lengths) {
-             return s.cache().can_append(seq_ids, lengths);
-           },
-           ReleaseGil(), py::arg("seq_ids"), py::arg("append_lengths"),
-           "Whether begin_forward(seq_ids, append_lengths) would succeed now.")
-      .def_property_readonly("in_forward",
-                             py::cpp_function([](KVCache& s) { return s.cache().in_forward(); },
-                                              ReleaseGil()),
-                             "True between begin_forward and end_forward / cancel_forward.")
-      .def("sequence_pages", [](KVCache& s, SeqId id) { return s.cache().sequence_pages(id); },
-           ReleaseGil(), py::arg("id"),
-           "Page ids of sequence `id` in logical order (list of int).")
-      .def("page_refcount", [](KVCache& s, std::int32_t page) { return s.cache().page_refcount(page); },
-           ReleaseGil(), py::arg("page"), "Sequences holding `page` (forks share pages).")
-      .def("state_digest", [](KVCache& s) { return s.cache().state_digest(); }, ReleaseGil(),
-           "64-bit hash of the metadata and of the K/V every sequence holds: equal\n"
-           "before and after a call that failed or was cancelled.")
-      .def_property_readonly("bytes_per_page", [](KVCache& s) { return s.cache().bytes_per_page(); },
-                             "K+V bytes of one page over all layers.")
+      .def_property_readonly(
+          "num_free_pages",
+          py::cpp_function([](KVCache& s) { return s.cache().num_free_pages(); }, ReleaseGil()),
+          "Pages in the pool not held by any sequence.")
+      .def_property_readonly(
+          "total_sequence_length",
+          py::cpp_function([](KVCache& s) { return s.cache().total_sequence_length(); },
+                           ReleaseGil()),
+          "Sum of sequence_length over all sequences.")
+      .def_property_readonly(
+          "num_pages", [](KVCache& s) { return s.cache().num_pages(); },
+          "Pages in the pool (the constructor's num_pages).")
+      .def(
+          "empty", [](KVCache& s) { return s.cache().empty(); }, ReleaseGil(),
+
+          "True when there are no sequences and every page is free.")
+      .def(
+          "sequence_length", [](KVCache& s, SeqId id) { return s.cache().sequence_length(id); },
+          ReleaseGil(), py::arg("id"),
+          "Tokens sequence `id` holds (retained ones, with a sliding window).")
+      .def(
+          "has_sequence", [](KVCache& s, SeqId id) { return s.cache().has_sequence(id); },
+          ReleaseGil(), py::arg("id"), "Whether sequence `id` exists.")
+      .def(
+          "sequence_ids", [](KVCache& s) { return s.cache().sequence_ids(); }, ReleaseGil(),
+          "The ids of every sequence, ascending.")
+      .def_property_readonly(
+          "num_sequences",
+          py::cpp_function([](KVCache& s) { return s.cache().num_sequences(); }, ReleaseGil()),
+          "Sequences in the cache.")
+      .def(
+          "pages_needed",
+          [](KVCache& s, const std::vector<SeqId>& seq_ids,
+             const std::vector<std::int64_t>& lengths) {
+            return s.cache().pages_needed(seq_ids, lengths);
+          },
+          ReleaseGil(), py::arg("seq_ids"), py::arg("append_lengths"),
+          "Pages begin_forward(seq_ids, append_lengths) would take from the pool (a dry\n"
+          "run; raises what begin_forward would raise for bad arguments).")
+      .def(
+          "can_append",
+          [](KVCache& s, const std::vector<SeqId>& seq_ids,
+             const std::vector<std::int64_t>& lengths) {
+            return s.cache().can_append(seq_ids, lengths);
+          },
+          ReleaseGil(), py::arg("seq_ids"), py::arg("append_lengths"),
+          "Whether begin_forward(seq_ids, append_lengths) would succeed now.")
+      .def_property_readonly(
+          "in_forward",
+          py::cpp_function([](KVCache& s) { return s.cache().in_forward(); }, ReleaseGil()),
+          "True between begin_forward and end_forward / cancel_forward.")
+      .def(
+          "sequence_pages", [](KVCache& s, SeqId id) { return s.cache().sequence_pages(id); },
+          ReleaseGil(), py::arg("id"), "Page ids of sequence `id` in logical order (list of int).")
+      .def(
+          "page_refcount",
+          [](KVCache& s, std::int32_t page) { return s.cache().page_refcount(page); }, ReleaseGil(),
+          py::arg("page"), "Sequences holding `page` (forks share pages).")
+      .def(
+          "state_digest", [](KVCache& s) { return s.cache().state_digest(); }, ReleaseGil(),
+          "64-bit hash of the metadata and of the K/V every sequence holds: equal\n"
+          "before and after a call that failed or was cancelled.")
+      .def_property_readonly(
+          "bytes_per_page", [](KVCache& s) { return s.cache().bytes_per_page(); },
+          "K+V bytes of one page over all layers.")
       .def_property_readonly("config", &config_dict,
                              "The resolved configuration as a dict (num_pages and v_head_dim\n"
                              "resolved).")
-      .def("check_invariants", [](KVCache& s) { s.cache().check_invariants(); },
-           ReleaseGil(),
-           "Raises pagedattn.InternalError describing the first broken invariant (a bug).")
+      .def(
+          "check_invariants", [](KVCache& s) { s.cache().check_invariants(); }, ReleaseGil(),
+          "Raises pagedattn.InternalError describing the first broken invariant (a bug).")
       .def("__repr__", [](KVCache& s) {
         const KVCacheConfig& c = s.config();
         std::int64_t sequences = 0, free_pages = 0;

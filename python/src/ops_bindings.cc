@@ -74,12 +74,14 @@ py::array ort_paged_attention(py::handle query, py::object key, py::object value
   if (!value.is_none()) p.value = tensor_arg(value, "value", keep);
   p.key_cache = tensor_arg(key_cache, "key_cache", keep, std::nullopt, /*writable=*/true);
   p.value_cache = tensor_arg(value_cache, "value_cache", keep, std::nullopt, /*writable=*/true);
-  p.cumulative_sequence_length = index_arg(cumulative_sequence_length, "cumulative_sequence_length", keep, ops::IndexType::kInt32);
+  p.cumulative_sequence_length = index_arg(cumulative_sequence_length, "cumulative_sequence_length",
+                                           keep, ops::IndexType::kInt32);
   p.past_seqlens = index_arg(past_seqlens, "past_seqlens", keep, ops::IndexType::kInt32);
   p.block_table = index_arg(block_table, "block_table", keep, ops::IndexType::kInt32);
   if (!cos_cache.is_none()) p.cos_cache = tensor_arg(cos_cache, "cos_cache", keep);
   if (!sin_cache.is_none()) p.sin_cache = tensor_arg(sin_cache, "sin_cache", keep);
-  if (!slot_mapping.is_none()) p.slot_mapping = index_arg(slot_mapping, "slot_mapping", keep, ops::IndexType::kInt64);
+  if (!slot_mapping.is_none())
+    p.slot_mapping = index_arg(slot_mapping, "slot_mapping", keep, ops::IndexType::kInt64);
   if (!head_sink.is_none()) p.head_sink = tensor_arg(head_sink, "head_sink", keep);
   constexpr const char* kCall = "ort_paged_attention";
   p.num_heads = int32_arg(num_heads, kCall, "num_heads");

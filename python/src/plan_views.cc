@@ -48,8 +48,8 @@ py::array_t<std::int32_t> block_table(const BatchPlan& plan, std::int32_t pad) {
 
 // One layer's storage views.
 struct LayerStorage {
-  py::object k, v;                  // page arrays (see the class doc)
-  py::object k_scales, v_scales;    // int8: [num_pages, Hkv, page_size] float32, else None
+  py::object k, v;                          // page arrays (see the class doc)
+  py::object k_scales, v_scales;            // int8: [num_pages, Hkv, page_size] float32, else None
   py::object k_head_scales, v_head_scales;  // fp8 per-head scales (copies), else None
   float k_scale = 1.0f, v_scale = 1.0f;
   std::string dtype, layout;
@@ -69,7 +69,8 @@ py::object head_scales(const float* scales, std::int32_t heads) {
   return py::array_t<float>(heads, scales);  // a copy: the scales are configuration
 }
 
-constexpr const char* kPlanDoc = R"doc(The plan of one step (returned by KVCache.begin_forward and KVCache.plan).
+constexpr const char* kPlanDoc =
+    R"doc(The plan of one step (returned by KVCache.begin_forward and KVCache.plan).
 
 A snapshot of the cache's C++ BatchPlan taken when the step began. Every
 array is a read-only NumPy view of the snapshot (no copy per access; the
@@ -94,7 +95,8 @@ FlashInfer conventions (B = batch_size, T = num_tokens, CSR page table):
 block_table(pad=0) gives the padded [B, max_pages] int32 table of vLLM and
 torch_xla (a new array).)doc";
 
-constexpr const char* kStorageDoc = R"doc(Zero-copy views of one layer's page storage (KVCache.layer_storage).
+constexpr const char* kStorageDoc =
+    R"doc(Zero-copy views of one layer's page storage (KVCache.layer_storage).
 
     layout "HND": k [num_pages, Hkv, page_size, D], v [num_pages, Hkv, page_size, Dv]
     layout "NHD": k [num_pages, page_size, Hkv, D], v [num_pages, page_size, Hkv, Dv]
@@ -182,8 +184,9 @@ void register_plan_views(py::module_& m) {
       .def("block_table", &block_table, py::arg("pad") = 0,
            "block_table(pad=0) -> int32 [B, max_pages]: row b = sequence b's pages, padded.")
       .def("__repr__", [](const BatchPlan& p) {
-        return detail::concat("BatchPlan(batch_size=", p.batch_size(), ", num_tokens=",
-                              p.num_tokens(), ", pages=", p.kv_indices.size(), ")");
+        return detail::concat("BatchPlan(batch_size=", p.batch_size(),
+                              ", num_tokens=", p.num_tokens(), ", pages=", p.kv_indices.size(),
+                              ")");
       });
 
   py::class_<LayerStorage>(m, "LayerStorage", kStorageDoc)
@@ -191,8 +194,10 @@ void register_plan_views(py::module_& m) {
       .def_readonly("v", &LayerStorage::v, "V pages (writable view).")
       .def_readonly("k_scales", &LayerStorage::k_scales, "int8: K scales per token and head.")
       .def_readonly("v_scales", &LayerStorage::v_scales, "int8: V scales per token and head.")
-      .def_readonly("k_head_scales", &LayerStorage::k_head_scales, "fp8: per-head K scales or None.")
-      .def_readonly("v_head_scales", &LayerStorage::v_head_scales, "fp8: per-head V scales or None.")
+      .def_readonly("k_head_scales", &LayerStorage::k_head_scales,
+                    "fp8: per-head K scales or None.")
+      .def_readonly("v_head_scales", &LayerStorage::v_head_scales,
+                    "fp8: per-head V scales or None.")
       .def_readonly("k_scale", &LayerStorage::k_scale, "fp8: per-tensor K scale (1 otherwise).")
       .def_readonly("v_scale", &LayerStorage::v_scale, "fp8: per-tensor V scale (1 otherwise).")
       .def_readonly("dtype", &LayerStorage::dtype, "Storage dtype name.")

@@ -123,19 +123,20 @@ void register_tokenizer(py::module_& m) {
                            "A model's chat template (ChatML, Llama-3 or Llama-2 form).")
       .def(py::init<std::string_view, std::string, std::string>(), py::arg("template"),
            py::arg("bos_text") = "", py::arg("eos_text") = "")
-      .def_property_readonly("kind",
-                             [](const ChatTemplate& t) {
-                               switch (t.kind()) {
-                                 case ChatTemplateKind::kChatMl:
-                                   return "chatml";
-                                 case ChatTemplateKind::kLlama3:
-                                   return "llama3";
-                                 case ChatTemplateKind::kLlama2:
-                                   return "llama2";
-                               }
-                               return "";
-                             },
-                             "The template's form: \"chatml\", \"llama3\" or \"llama2\".")
+      .def_property_readonly(
+          "kind",
+          [](const ChatTemplate& t) {
+            switch (t.kind()) {
+              case ChatTemplateKind::kChatMl:
+                return "chatml";
+              case ChatTemplateKind::kLlama3:
+                return "llama3";
+              case ChatTemplateKind::kLlama2:
+                return "llama2";
+            }
+            return "";
+          },
+          "The template's form: \"chatml\", \"llama3\" or \"llama2\".")
       .def_property_readonly("default_system_prompt", &ChatTemplate::default_system_prompt,
                              "The system message the template adds when none is given.")
       .def(
