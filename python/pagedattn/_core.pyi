@@ -390,6 +390,10 @@ class KVCache:
         as float32 copies: k [num_layers, end-start, Hkv, D], v [num_layers,
         end-start, Hkv, Dv]. K is as stored (rotated with rope_mode="normal").
         """
+    def has_open_token_tree(self, id: int) -> bool:
+        """
+        Whether sequence `id` has an uncommitted token tree (plain forwards refused).
+        """
     def has_sequence(self, id: int) -> bool:
         """
         Whether sequence `id` exists.
@@ -486,6 +490,16 @@ class KVCache:
     def num_sequences(self) -> int:
         """
         Sequences in the cache.
+        """
+    @property
+    def num_step_tokens(self) -> int:
+        """
+        Tokens of the open step (InvalidStateError outside a step).
+        """
+    @property
+    def storage_bytes(self) -> int:
+        """
+        K+V (and int8 scale) bytes of the page storage, all layers.
         """
     @property
     def total_sequence_length(self) -> int:

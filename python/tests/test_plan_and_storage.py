@@ -353,3 +353,39 @@ def test_index_arrays_accept_lists_and_convert_int64():
     with pytest.raises(TypeError, match="block_tables"):
         ops.paged_attention_decode(q, st.k, st.v, np.zeros((1, 2), np.float32), [5],
                                    num_kv_heads=HKV, scale=0.3)
+
+
+def test_sliding_window_plans_carry_the_sink_and_gap():
+    rng = np.random.default_rng(10)
+    cache = make_cache(support_sliding_window=True)
+    cache.add_sequence(0)
+    cache.enable_sliding_window(0, window_size=6, attn_sink_size=2)
+    for _ in range(3):
+        run_step(cache, rng, [0], [4])
+    plan = cache.begin_forward([0], [1])
+    assert plan.has_gaps
+    assert plan.kv_sink_lens.tolist() == [2]
+    assert plan.kv_lens.tolist() == [7] and plan.kv_gap_lens[0] > 0
+    # Key j >= sink sits at slot j + gap of the sequence's pages.
+    slot = plan.kv_lens[0] - 1 + plan.kv_gap_lens[0]
+    pages = cache.sequence_pages(0)
+    assert plan.slot_mapping[0] == pages[slot // 4] * 4 + slot % 4
+    assert cache.num_step_tokens == 1
+    cache.cancel_forward()
+
+
+def test_fused_qkv_takes_the_options_too():
+    rng = np.random.default_rng(11)
+    cache = make_cache()
+    cache.add_sequence(0)
+    cache.begin_forward([0], [3])
+    q, k, v = qkv(rng, 3)
+    fused = np.concatenate([q, k, v], axis=1)
+    out, lse = cache.attention_with_fused_qkv(0, fused, softcap=5.0, return_lse=True)
+    expected = ref.attention(q, k, v, D ** -0.5, softcap=5.0)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    assert lse.shape == (3, HQ)
+    cache.attention(1, q, k, v)
+    cache.end_forward()
+    assert cache.storage_bytes == cache.bytes_per_page * cache.num_pages
+    assert not cache.has_open_token_tree(0)
