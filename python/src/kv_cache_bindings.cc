@@ -675,16 +675,18 @@ void register_kv_cache(py::module_& m) {
           "state_digest", [](KVCache& s) { return s.cache().state_digest(); }, ReleaseGil(),
           "64-bit hash of the metadata and of the K/V every sequence holds: equal\n"
           "before and after a call that failed or was cancelled.")
-      .def("has_open_token_tree",
-           [](KVCache& s, SeqId id) { return s.cache().has_open_token_tree(id); }, ReleaseGil(),
-           py::arg("id"),
-           "Whether sequence `id` has an uncommitted token tree (plain forwards refused).")
-      .def_property_readonly("num_step_tokens",
-                             py::cpp_function([](KVCache& s) { return s.cache().num_step_tokens(); },
-                                              ReleaseGil()),
-                             "Tokens of the open step (InvalidStateError outside a step).")
-      .def_property_readonly("storage_bytes", [](KVCache& s) { return s.cache().storage_bytes(); },
-                             "K+V (and int8 scale) bytes of the page storage, all layers.")
+      .def(
+          "has_open_token_tree",
+          [](KVCache& s, SeqId id) { return s.cache().has_open_token_tree(id); }, ReleaseGil(),
+          py::arg("id"),
+          "Whether sequence `id` has an uncommitted token tree (plain forwards refused).")
+      .def_property_readonly(
+          "num_step_tokens",
+          py::cpp_function([](KVCache& s) { return s.cache().num_step_tokens(); }, ReleaseGil()),
+          "Tokens of the open step (InvalidStateError outside a step).")
+      .def_property_readonly(
+          "storage_bytes", [](KVCache& s) { return s.cache().storage_bytes(); },
+          "K+V (and int8 scale) bytes of the page storage, all layers.")
       .def_property_readonly(
           "bytes_per_page", [](KVCache& s) { return s.cache().bytes_per_page(); },
           "K+V bytes of one page over all layers.")
