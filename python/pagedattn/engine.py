@@ -13,6 +13,7 @@ one thread steps (see Engine's docstring).
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
@@ -178,7 +179,7 @@ class LLM:
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None
                  ) -> List[GenerationOutput]:
         """Generates for every prompt (text or token ids; one prompt or a list)."""
-        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], int))
+        single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], numbers.Integral))
         prompt_list: List[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompt_list)

@@ -7,7 +7,6 @@
 // loop on step() while others add or abort requests. A stream callback runs
 // on the stepping thread and takes the GIL for the Python call; its first
 // exception is raised by that step() once the step is over.
-#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
 #include <exception>

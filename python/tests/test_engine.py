@@ -9,6 +9,7 @@ import pathlib
 import subprocess
 import threading
 
+import numpy as np
 import pytest
 
 import pagedattn
@@ -64,8 +65,9 @@ def test_llm_generate_equals_streaming_the_engine():
         (tokens, reason), = streamed[rid].values()
         assert result.outputs[0].token_ids == tokens and result.outputs[0].finish_reason == reason
         assert result.outputs[0].text is None  # a preset has no tokenizer
-    single = llm.generate(PROMPT, greedy)
-    assert single[0].outputs[0].token_ids == results[0].outputs[0].token_ids
+    for single_prompt in (PROMPT, np.array(PROMPT, np.int64)):
+        single = llm.generate(single_prompt, greedy)
+        assert single[0].outputs[0].token_ids == results[0].outputs[0].token_ids
 
 
 def test_abort_and_stats():
