@@ -163,7 +163,8 @@ def cli_path():
 
 @pytest.fixture(scope="module")
 def smollm():
-    return pagedattn.LLM(model_path(), kv_memory_bytes=64 * MIB)
+    # The CLI's engine configuration: 64 MiB of KV, the default (not deterministic) planning.
+    return pagedattn.LLM(model_path(), kv_memory_bytes=64 * MIB, deterministic=False)
 
 
 @pytest.mark.parametrize("chat", [False, True])
