@@ -258,7 +258,7 @@ class KVCache:
     
     A step (the TVM protocol):
         cache.add_sequence(0)
-        cache.begin_forward([0], [T])            # reserve pages for T new tokens
+        plan = cache.begin_forward([0], [T])     # reserve pages for T new tokens (BatchPlan)
         out = cache.attention(layer, q, k, v)    # per layer: append k/v, attend
         cache.end_forward()                      # sliding windows trim here
     

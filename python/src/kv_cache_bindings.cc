@@ -419,7 +419,7 @@ dtype: storage type, "float32", "float16", "bfloat16", "float8_e4m3fn",
 
 A step (the TVM protocol):
     cache.add_sequence(0)
-    cache.begin_forward([0], [T])            # reserve pages for T new tokens
+    plan = cache.begin_forward([0], [T])     # reserve pages for T new tokens (BatchPlan)
     out = cache.attention(layer, q, k, v)    # per layer: append k/v, attend
     cache.end_forward()                      # sliding windows trim here
 
