@@ -1,6 +1,7 @@
 #include "http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
@@ -61,8 +62,15 @@ void HttpServer::install_limits() {
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_read_timeout(options_.read_timeout_seconds, 0);
+  // An idle keep-alive connection holds a thread too: no longer than a read.
+  http_->set_keep_alive_timeout(std::min(5, options_.read_timeout_seconds));
   http_->set_write_timeout(options_.write_timeout_seconds, 0);
   http_->set_tcp_nodelay(true);  // SSE chunks are small: send each at once
+  // Keep the listening socket: bind() widens its accept backlog.
+  http_->set_socket_options([this](int fd) {
+    httplib::default_socket_options(fd);
+    listen_fd_ = fd;
+  });
   // Errors httplib makes itself (no route, body too large, bad request line)
   // get OpenAI's JSON shape too.
   const httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req,
@@ -169,6 +177,9 @@ void HttpServer::bind() {
   port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host)
                              : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
   require(port_ > 0, "serve: cannot listen on ", options_.host, ":", options_.port);
+  // Debian's libcpp-httplib is built with an accept backlog of 5: a burst of
+  // clients would overflow it and see resets. listen() again takes a new one.
+  if (listen_fd_ >= 0) ::listen(listen_fd_, std::max(64, options_.max_connections));
 }
 
 void HttpServer::listen() { http_->listen_after_bind(); }

@@ -63,6 +63,7 @@ class HttpServer {
   std::unique_ptr<EngineWorker> worker_;
   std::unique_ptr<httplib::Server> http_;
   int port_ = -1;
+  int listen_fd_ = -1;
   std::atomic<bool> draining_{false};
   std::atomic<int> live_streams_{0};  // SSE responses not yet released
 };
