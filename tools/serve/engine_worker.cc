@@ -22,7 +22,7 @@ void RequestChannel::push(const RequestOutput& out) {
     pending_.samples.insert(pending_.samples.end(), out.samples.begin(), out.samples.end());
     if (out.finished) pending_.finished = closed_ = true;
   }
-  cv_.notify_all();
+  cv_.notify_one();  // one reader: the request's HTTP thread
 }
 
 void RequestChannel::close(FinishReason reason, std::int32_t n, std::string error) {
@@ -33,7 +33,7 @@ void RequestChannel::close(FinishReason reason, std::int32_t n, std::string erro
     pending_.finished = closed_ = true;
     pending_.error = std::move(error);
   }
-  cv_.notify_all();
+  cv_.notify_one();
 }
 
 RequestChannel::News RequestChannel::wait(std::chrono::milliseconds timeout) {
@@ -149,6 +149,8 @@ void EngineWorker::run() {
     if (!failure.empty()) fail_all(failure);
     lock.lock();
     times_.in_step += took;
+    if (step_tokens_ > 0) metrics_.count_generated(step_tokens_);  // once per step, not per request
+    step_tokens_ = 0;
   }
 }
 
@@ -177,9 +179,9 @@ void EngineWorker::on_output(const RequestOutput& out) {
         held_.erase(it);
       }
     }
+    step_tokens_ += tokens;
     times_.in_callbacks += seconds(Clock::now() - start);
   }
-  if (tokens > 0) metrics_.count_generated(tokens);
   if (out.finished) empty_cv_.notify_all();
 }
 

@@ -91,6 +91,7 @@ class EngineWorker {
   bool accepting_ = true;
   bool stop_ = false;
   EngineThreadTimes times_;
+  std::int64_t step_tokens_ = 0;  // generated in the running step's callbacks
   std::thread thread_;
 };
 
