@@ -1,5 +1,6 @@
 // `pagedattn`: the command-line front door. Subcommands:
 //   bench-serve  serve a workload through the continuous-batching engine (default)
+//   serve     an OpenAI-compatible HTTP server over the engine
 //   demo      a scripted tour of the paged KV-cache manager
 //   bench-attention  time the attention kernel on one shape (see --help)
 //   version   print the library version
@@ -16,16 +17,18 @@
 #include "generate.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/version.h"
+#include "serve/serve_cli.h"
 
 namespace {
 
 int usage(std::FILE* out) {
   std::fprintf(out,
-               "usage: pagedattn [bench-serve [flags] | generate [flags] | demo | bench-attention [options] |\n"
+               "usage: pagedattn [bench-serve [flags] | generate [flags] | serve [flags] | demo | bench-attention [options] |\n"
                "                  version | help]\n"
                "  bench-serve  serve a workload through the engine and report throughput,\n"
                "               latency and KV memory efficiency (default; --help for flags)\n"
                "  generate  text from a GGUF model, streamed (--model FILE.gguf --prompt TEXT; --help)\n"
+               "  serve    OpenAI-compatible HTTP server (--model FILE.gguf|PRESET; --help)\n"
                "  demo     scripted tour of the paged KV-cache manager\n"
                "  bench-attention  time the attention kernel on one shape, as a fraction\n"
                "                   of this machine's read bandwidth and FMA peak (--help)\n"
@@ -37,7 +40,7 @@ int usage(std::FILE* out) {
 // OpenMP threads that spin while waiting take the cores from BLAS, from each
 // other and from other processes (10x slower steps on a loaded 2-core
 // machine). libgomp reads the policy only at start-up, so bench-serve
-// restarts itself with passive waiting unless the user chose a policy.
+// and serve restart themselves with passive waiting unless the user chose a policy.
 void prefer_passive_openmp_wait(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   setenv("OMP_WAIT_POLICY", "passive", 1);
@@ -48,11 +51,13 @@ void prefer_passive_openmp_wait(char** argv) {
 
 int main(int argc, char** argv) {
   const char* command = argc > 1 ? argv[1] : "bench-serve";
-  if (std::strcmp(command, "bench-serve") == 0) prefer_passive_openmp_wait(argv);
+  if (std::strcmp(command, "bench-serve") == 0 || std::strcmp(command, "serve") == 0)
+    prefer_passive_openmp_wait(argv);
   try {
     if (std::strcmp(command, "bench-serve") == 0) return pagedattn::tools::run_bench_serve(argc, argv);
     if (std::strcmp(command, "demo") == 0) return pagedattn::tools::run_cache_demo();
     if (std::strcmp(command, "generate") == 0) return pagedattn::tools::run_generate(argc, argv);
+    if (std::strcmp(command, "serve") == 0) return pagedattn::serve::run_serve(argc, argv);
     if (std::strcmp(command, "bench-attention") == 0)
       return pagedattn::tools::run_bench_attention(argc - 2, argv + 2);
     if (std::strcmp(command, "version") == 0) {

@@ -1,0 +1,105 @@
+#include "openai_request.h"
+
+#include <gtest/gtest.h>
+
+#include "api_error.h"
+
+namespace pagedattn::serve {
+namespace {
+
+const RequestLimits kLimits{.vocab_size = 300, .max_position = 64, .num_pages = 8, .page_size = 4, .max_n = 4};
+
+GenerationRequest parse(const std::string& body, Endpoint e = Endpoint::kCompletions) {
+  static const auto codec = make_byte_codec(300, 2);
+  return parse_generation_request(body, e, *codec, kLimits);
+}
+
+// The status and the field an ApiError names.
+std::pair<int, std::string> error_of(const std::string& body, Endpoint e = Endpoint::kCompletions) {
+  try {
+    parse(body, e);
+  } catch (const ApiError& err) {
+    return {err.status(), err.param()};
+  }
+  return {0, "accepted"};
+}
+
+TEST(OpenAiRequest, ReadsTheFields) {
+  const GenerationRequest r = parse(
+      R"({"model": "m", "prompt": "ab", "max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 7,
+          "n": 2, "seed": 11, "stop": ["x", "yz"], "stop_token_ids": [3], "stream": true,
+          "stream_options": {"include_usage": true}})");
+  EXPECT_EQ(r.prompt_ids, (std::vector<std::int32_t>{'a', 'b'}));
+  EXPECT_EQ(r.params.max_tokens, 5);
+  EXPECT_FLOAT_EQ(r.params.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.params.top_p, 0.9f);
+  EXPECT_EQ(r.params.top_k, 7);
+  EXPECT_EQ(r.params.n, 2);
+  EXPECT_EQ(r.params.seed, 11u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"x", "yz"}));
+  EXPECT_EQ(r.params.stop_token_ids, (std::vector<std::int32_t>{3}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+}
+
+TEST(OpenAiRequest, PromptsAsTokenIdsAndChatMessages) {
+  EXPECT_EQ(parse(R"({"prompt": [5, 299]})").prompt_ids, (std::vector<std::int32_t>{5, 299}));
+  EXPECT_EQ(parse(R"({"prompt": [[7]]})").prompt_ids, (std::vector<std::int32_t>{7}));
+  EXPECT_EQ(parse(R"({"prompt": ["hi"]})").prompt_ids, (std::vector<std::int32_t>{'h', 'i'}));
+  const GenerationRequest chat = parse(
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "q"}]}], "max_tokens": 2})",
+      Endpoint::kChat);
+  const std::string text(chat.prompt_ids.begin(), chat.prompt_ids.end());
+  EXPECT_EQ(text, "user: q\nassistant: ");
+}
+
+TEST(OpenAiRequest, DefaultsFollowOpenAi) {
+  EXPECT_EQ(parse(R"({"prompt": "a"})").params.max_tokens, 16);
+  // Chat: the rest of what fits (8 pages of 4 tokens = 32 tokens, 1 is the prompt's).
+  const auto chat = parse(R"({"messages": [{"role": "user", "content": ""}]})", Endpoint::kChat);
+  EXPECT_EQ(std::ssize(chat.prompt_ids) + chat.params.max_tokens, 32);
+}
+
+TEST(OpenAiRequest, BadFieldsAre400NamingTheField) {
+  using P = std::pair<int, std::string>;
+  EXPECT_EQ(error_of("{bad"), P(400, ""));
+  EXPECT_EQ(error_of("[1]"), P(400, ""));
+  EXPECT_EQ(error_of(R"({})"), P(400, "prompt"));
+  EXPECT_EQ(error_of(R"({"prompt": 3})"), P(400, "prompt"));
+  EXPECT_EQ(error_of(R"({"prompt": ""})"), P(400, "prompt"));
+  EXPECT_EQ(error_of(R"({"prompt": ["a", "b"]})"), P(400, "prompt"));
+  EXPECT_EQ(error_of(R"({"prompt": [1, 300]})"), P(400, "prompt[1]"));
+  EXPECT_EQ(error_of(R"({"prompt": [1, -1]})"), P(400, "prompt[1]"));
+  EXPECT_EQ(error_of(R"({"prompt": [1.5]})"), P(400, "prompt[0]"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": "4"})"), P(400, "max_tokens"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 0})"), P(400, "max_tokens"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 1e30})"), P(400, "max_tokens"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 18446744073709551615})"), P(400, "max_tokens"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "temperature": "hot"})"), P(400, "temperature"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "temperature": 3})"), P(400, "temperature"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "top_p": 0})"), P(400, "top_p"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "n": 5})"), P(400, "n"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "stop": 1})"), P(400, "stop"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "stop": ["a", 1]})"), P(400, "stop[1]"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "stop_token_ids": [300]})"), P(400, "stop_token_ids[0]"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "stream": "yes"})"), P(400, "stream"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "model": 1})"), P(400, "model"));
+  EXPECT_EQ(error_of(R"({"messages": []})", Endpoint::kChat), P(400, "messages"));
+  EXPECT_EQ(error_of(R"({"messages": [{"content": "x"}]})", Endpoint::kChat), P(400, "messages[0].role"));
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": 5}]})", Endpoint::kChat),
+            P(400, "messages[0].content"));
+}
+
+TEST(OpenAiRequest, TooLongIs413) {
+  using P = std::pair<int, std::string>;
+  const std::string long_prompt(64, 'a');
+  EXPECT_EQ(error_of(R"({"prompt": ")" + long_prompt + R"("})"), P(413, "prompt"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 64})"), P(413, "max_tokens"));
+  // Fits the context (64) but not the pool (8 pages of 4 tokens).
+  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 40})"), P(413, "max_tokens"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 12, "n": 4})"), P(413, "max_tokens"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 31})"), P(0, "accepted"));
+}
+
+}  // namespace
+}  // namespace pagedattn::serve

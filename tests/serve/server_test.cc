@@ -1,0 +1,340 @@
+// The server over real sockets on 127.0.0.1 (a free port), with the synthetic
+// tiny model: every endpoint, streaming, n > 1, stop strings, errors, limits,
+// clients that hang up or dawdle, and 64 clients at once.
+#include <httplib.h>
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "http_server.h"
+#include "pagedattn/llama.h"
+#include "socket_client.h"
+
+namespace pagedattn::serve {
+namespace {
+
+using nlohmann::json;
+using testing::SocketClient;
+using namespace std::chrono_literals;
+
+constexpr const char* kKey = "test-key";
+
+// A server on its own thread for the life of the object.
+class RunningServer {
+ public:
+  explicit RunningServer(ServerOptions o = {}, double kv_mib = 4) {
+    signal(SIGPIPE, SIG_IGN);
+    o.port = 0;
+    o.model_name = "tiny";
+    EngineConfig ec;
+    const LlamaConfig c = llama_preset("tiny");
+    ec.model = make_llama_model(c);
+    ec.kv_memory_bytes = static_cast<std::int64_t>(kv_mib * (1 << 20));
+    server_ = std::make_unique<HttpServer>(ec, make_byte_codec(c.vocab_size, c.eos_token_id), o);
+    server_->bind();
+    thread_ = std::thread([this] { server_->listen(); });
+  }
+  ~RunningServer() {
+    server_->shutdown();
+    thread_.join();
+  }
+  int port() const { return server_->bound_port(); }
+  HttpServer& server() { return *server_; }
+  httplib::Client client(const char* key = kKey) const {
+    httplib::Client c("127.0.0.1", port());
+    c.set_read_timeout(60, 0);
+    if (key != nullptr) c.set_bearer_token_auth(key);
+    return c;
+  }
+  // Every request done and every page back in the pool (waits a little:
+  // the engine thread frees pages on its own schedule).
+  bool idle_and_empty(std::chrono::milliseconds timeout = 10s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (server_->worker().in_flight() == 0 && server_->worker().stats().pages_in_use == 0) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+
+ private:
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+};
+
+ServerOptions keyed() {
+  ServerOptions o;
+  o.api_key = kKey;
+  o.max_body_bytes = 64 << 10;
+  return o;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new RunningServer(keyed()); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static json post(const std::string& path, const json& body, int expect_status = 200) {
+    auto res = server_->client().Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res) << "no response";
+    if (!res) return {};
+    EXPECT_EQ(res->status, expect_status) << res->body;
+    return json::parse(res->body);
+  }
+  // The data lines of a Server-Sent Events stream, "[DONE]" included.
+  static std::vector<std::string> post_stream(const std::string& path, json body) {
+    body["stream"] = true;
+    auto res = server_->client().Post(path, body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (!res) return {};
+    EXPECT_EQ(res->status, 200);
+    EXPECT_EQ(res->get_header_value("Content-Type"), "text/event-stream");
+    std::vector<std::string> data;
+    std::size_t at = 0;
+    while ((at = res->body.find("data: ", at)) != std::string::npos) {
+      const std::size_t end = res->body.find("\n\n", at);
+      data.push_back(res->body.substr(at + 6, end - at - 6));
+      at = end;
+    }
+    return data;
+  }
+  static RunningServer* server_;
+};
+RunningServer* ServerTest::server_ = nullptr;
+
+// Texts per choice index of a streamed completion, and the finish reasons.
+struct Streamed {
+  std::map<int, std::string> text;
+  std::map<int, std::string> finish;
+  json usage;
+};
+
+Streamed collect(const std::vector<std::string>& events, bool chat) {
+  Streamed s;
+  EXPECT_FALSE(events.empty());
+  if (events.empty()) return s;
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (std::size_t i = 0; i + 1 < events.size(); ++i) {
+    const json e = json::parse(events[i]);
+    if (e.contains("usage")) s.usage = e["usage"];
+    for (const json& c : e["choices"]) {
+      const int index = c["index"];
+      if (chat) {
+        if (c["delta"].contains("content")) s.text[index] += c["delta"]["content"].get<std::string>();
+      } else {
+        s.text[index] += c["text"].get<std::string>();
+      }
+      if (!c["finish_reason"].is_null()) s.finish[index] = c["finish_reason"];
+    }
+  }
+  return s;
+}
+
+TEST_F(ServerTest, HealthModelsAndMetrics) {
+  auto c = server_->client(nullptr);  // no key needed outside /v1
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto models = server_->client().Get("/v1/models");
+  ASSERT_TRUE(models);
+  ASSERT_EQ(models->status, 200);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "tiny");
+  post("/v1/completions", {{"prompt", "warm"}, {"max_tokens", 3}});
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const char* name : {"pagedattn_running_sequences ", "pagedattn_waiting_requests ", "pagedattn_kv_pages_used ",
+                           "pagedattn_kv_pages_free ", "pagedattn_generation_tokens_per_second ",
+                           "pagedattn_time_to_first_token_seconds_bucket", "pagedattn_time_per_output_token_seconds_count",
+                           "pagedattn_preemptions_total ", "pagedattn_server_overhead_ratio ",
+                           "pagedattn_http_responses_total{status=\"200\"}"})
+    EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
+  EXPECT_EQ(metrics->body.find("pagedattn_generation_tokens_total 0\n"), std::string::npos);
+}
+
+TEST_F(ServerTest, CompletionCountsTokensAndStopsAtMaxTokens) {
+  const json r = post("/v1/completions", {{"model", "tiny"}, {"prompt", "Hello"}, {"max_tokens", 7}});
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["model"], "tiny");
+  ASSERT_EQ(r["choices"].size(), 1u);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 5);
+  EXPECT_EQ(r["usage"]["completion_tokens"], 7);
+  EXPECT_EQ(r["usage"]["total_tokens"], 12);
+  EXPECT_FALSE(r["choices"][0]["text"].get<std::string>().empty());
+}
+
+TEST_F(ServerTest, StreamedTextEqualsTheWholeResponse) {
+  const json body = {{"prompt", {1, 2, 3, 4}}, {"max_tokens", 9}, {"stream_options", {{"include_usage", true}}}};
+  const json whole = post("/v1/completions", body);
+  const Streamed s = collect(post_stream("/v1/completions", body), false);
+  EXPECT_EQ(s.text.at(0), whole["choices"][0]["text"]);
+  EXPECT_EQ(s.finish.at(0), "length");
+  EXPECT_EQ(s.usage["completion_tokens"], 9);
+  EXPECT_EQ(s.usage["prompt_tokens"], 4);
+}
+
+TEST_F(ServerTest, ChatWholeAndStreamed) {
+  const json body = {{"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}}},
+                     {"max_tokens", 6}};
+  const json whole = post("/v1/chat/completions", body);
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 6);
+  const auto events = post_stream("/v1/chat/completions", body);
+  const Streamed s = collect(events, true);
+  EXPECT_EQ(s.text.at(0), whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(json::parse(events.front())["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(json::parse(events.front())["object"], "chat.completion.chunk");
+}
+
+TEST_F(ServerTest, SeveralSamplesEachWithItsIndex) {
+  const json body = {{"prompt", "abc"}, {"max_tokens", 5}, {"n", 3}, {"temperature", 1.0}, {"seed", 7}};
+  const json whole = post("/v1/completions", body);
+  ASSERT_EQ(whole["choices"].size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(whole["choices"][i]["index"], i);
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 15);
+  const Streamed s = collect(post_stream("/v1/completions", body), false);
+  ASSERT_EQ(s.text.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(s.text.at(i), whole["choices"][i]["text"]) << i;  // same seed, same text
+}
+
+TEST_F(ServerTest, StopStringsCutTheTextStreamedOrNot) {
+  const json plain = post("/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 12}});
+  const std::string text = plain["choices"][0]["text"];
+  ASSERT_GE(text.size(), 6u);
+  const std::string stop = text.substr(3, 3);  // spans token boundaries for multi-character tokens
+  const std::string expected = text.substr(0, text.find(stop));
+  const json body = {{"prompt", "Hello"}, {"max_tokens", 12}, {"stop", {"never-there", stop}}};
+  const json cut = post("/v1/completions", body);
+  EXPECT_EQ(cut["choices"][0]["text"], expected);
+  EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+  const Streamed s = collect(post_stream("/v1/completions", body), false);
+  EXPECT_EQ(s.text.at(0), expected);
+  EXPECT_EQ(s.finish.at(0), "stop");
+  EXPECT_TRUE(server_->idle_and_empty());
+}
+
+TEST_F(ServerTest, StopTokenIds) {
+  std::vector<int> all(1024);
+  for (int i = 0; i < 1024; ++i) all[std::size_t(i)] = i;
+  const json r = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 10}, {"stop_token_ids", all}});
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(r["choices"][0]["text"], "");  // the stop token is not text
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
+  auto c = server_->client();
+  auto check = [&](const httplib::Result& res, int status, const char* param) {
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, status) << res->body;
+    const json e = json::parse(res->body)["error"];
+    EXPECT_TRUE(e["message"].is_string());
+    if (param != nullptr) {
+      EXPECT_EQ(e["param"], param);
+    }
+  };
+  check(c.Post("/v1/completions", "{\"prompt\": ", "application/json"), 400, nullptr);
+  check(c.Post("/v1/completions", R"({"prompt": "a", "max_tokens": "many"})", "application/json"), 400, "max_tokens");
+  check(c.Post("/v1/chat/completions", R"({"messages": "hi"})", "application/json"), 400, "messages");
+  check(c.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 5000})", "application/json"), 413, "max_tokens");
+  check(c.Post("/v1/completions", std::string(100 << 10, ' '), "application/json"), 413, nullptr);
+  check(c.Get("/v1/nothing-here"), 404, nullptr);
+  check(server_->client("wrong").Get("/v1/models"), 401, nullptr);
+  check(server_->client(nullptr).Post("/v1/completions", R"({"prompt": "a"})", "application/json"), 401, nullptr);
+  EXPECT_TRUE(server_->idle_and_empty());
+}
+
+TEST_F(ServerTest, AClientThatHangsUpAbortsItsRequestAndFreesItsPages) {
+  SocketClient s(server_->port());
+  const json body = {{"prompt", "go"}, {"max_tokens", 2000}, {"stream", true}, {"ignore_eos", true}};
+  std::string request = testing::http_post("/v1/completions", body.dump());
+  request.insert(request.find("\r\n") + 2, std::string("Authorization: Bearer ") + kKey + "\r\n");
+  s.send(request);
+  const std::string got = s.read_until("data: ", 30s);
+  ASSERT_NE(got.find("data: "), std::string::npos) << got;
+  EXPECT_GT(server_->server().worker().in_flight(), 0);
+  s.close();
+  EXPECT_TRUE(server_->idle_and_empty()) << "the request kept running after its client left";
+  const std::string metrics = server_->server().metrics_text();
+  EXPECT_EQ(metrics.find("pagedattn_client_aborts_total 0\n"), std::string::npos);
+}
+
+TEST_F(ServerTest, SixtyFourClientsAtOnce) {
+  constexpr int kClients = 64;
+  std::atomic<int> ok{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i)
+    clients.emplace_back([&, i] {
+      json body = {{"prompt", "client " + std::to_string(i)}, {"max_tokens", 6}, {"ignore_eos", true}};
+      if (i % 2 == 0) body["stream"] = true;
+      auto res = server_->client().Post("/v1/completions", body.dump(), "application/json");
+      if (!res || res->status != 200) {
+        ADD_FAILURE() << "client " << i << ": " << (res ? res->body : httplib::to_string(res.error()));
+        return;
+      }
+      if (i % 2 == 0) {
+        if (res->body.ends_with("data: [DONE]\n\n")) ++ok;
+      } else if (json::parse(res->body)["usage"]["completion_tokens"] == 6) {
+        ++ok;
+      }
+    });
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(ok.load(), kClients);
+  EXPECT_TRUE(server_->idle_and_empty());
+}
+
+// Slowloris: clients that send part of a request and go quiet are dropped
+// after the read timeout, and others are served meanwhile.
+TEST(ServerLimits, PartialRequestsTimeOutWithoutBlockingOthers) {
+  ServerOptions o;
+  o.read_timeout_seconds = 1;
+  RunningServer server(o);
+  SocketClient slow(server.port());
+  slow.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Len");
+  SocketClient slow_body(server.port());
+  slow_body.send(testing::http_post("/v1/completions", R"({"prompt": "abcdefgh"})").substr(0, 120));
+  auto res = server.client(nullptr).Post("/v1/completions", R"({"prompt": "meanwhile", "max_tokens": 2})",
+                                         "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 2);
+  EXPECT_TRUE(slow.closed_by_peer(5s)) << "the server kept a silent half-request open";
+  EXPECT_TRUE(slow_body.closed_by_peer(5s));
+  EXPECT_TRUE(server.idle_and_empty());
+}
+
+TEST(ServerLimits, AFullQueueIs429) {
+  ServerOptions o;
+  o.max_queued_requests = 1;
+  RunningServer server(o);
+  // One long request holds the only slot.
+  SocketClient hold(server.port());
+  hold.send(testing::http_post("/v1/completions",
+                               R"({"prompt": "x", "max_tokens": 1500, "stream": true, "ignore_eos": true})"));
+  ASSERT_NE(hold.read_until("data: ", 30s).find("data: "), std::string::npos);
+  auto res = server.client(nullptr).Post("/v1/completions", R"({"prompt": "y"})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 429);
+  EXPECT_EQ(json::parse(res->body)["error"]["type"], "rate_limit_error");
+  hold.close();
+  EXPECT_TRUE(server.idle_and_empty());
+}
+
+TEST(ServerLimits, ShutdownLetsInFlightStreamsFinish) {
+  auto server = std::make_unique<RunningServer>();
+  SocketClient s(server->port());
+  s.send(testing::http_post("/v1/completions", R"({"prompt": "x", "max_tokens": 40, "stream": true})"));
+  ASSERT_NE(s.read_until("data: ", 30s).find("data: "), std::string::npos);
+  server.reset();  // shutdown(): drains, then stops
+  EXPECT_NE(s.read_until("data: [DONE]", 5s).find("data: [DONE]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pagedattn::serve

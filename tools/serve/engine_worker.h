@@ -1,0 +1,98 @@
+// The engine thread: it runs Engine::step() while there is work and sleeps on
+// a condition variable otherwise. HTTP threads only submit requests and read
+// each request's RequestChannel; the stream callback (on the engine thread)
+// fills the channels. A request leaves the worker when it finishes or is
+// aborted, and its pages go back to the pool.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "pagedattn/engine.h"
+#include "server_metrics.h"
+
+namespace pagedattn::serve {
+
+// One request's outputs on their way from the engine thread to its HTTP thread.
+class RequestChannel {
+ public:
+  struct News {
+    std::vector<SampleOutput> samples;  // in the order the engine made them
+    bool finished = false;               // nothing more will come
+    std::string error;                   // the engine failed this request
+  };
+  void push(const RequestOutput& out);
+  void close(FinishReason reason, std::int32_t n, std::string error = "");
+  // Waits up to `timeout` for news and takes it (empty News on timeout).
+  News wait(std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  News pending_;
+  bool closed_ = false;
+};
+
+class EngineWorker {
+ public:
+  // `max_requests`: requests held at once (waiting + running); more get 429.
+  EngineWorker(EngineConfig config, std::int32_t max_requests, ServerMetrics& metrics);
+  ~EngineWorker();  // aborts what is left and joins the engine thread
+  EngineWorker(const EngineWorker&) = delete;
+  EngineWorker& operator=(const EngineWorker&) = delete;
+
+  struct Ticket {
+    RequestId id = -1;
+    std::shared_ptr<RequestChannel> channel;
+  };
+  // ApiError 429 when max_requests are held, 503 once draining; the engine's
+  // InvalidArgument passes through (the caller checked the request first).
+  Ticket submit(std::span<const std::int32_t> prompt, const SamplingParams& params);
+  // Stops a request (its channel closes with kAborted); nothing if it has finished.
+  void abort(RequestId id);
+  // Refuse new requests (503) from now on.
+  void stop_accepting();
+  // Waits until no request is held or `timeout` passes; then aborts the rest.
+  void drain(std::chrono::milliseconds timeout);
+
+  std::int64_t in_flight() const;
+  EngineStats stats() const { return engine_.stats(); }
+  EngineThreadTimes thread_times() const;
+  const Engine& engine() const { return engine_; }
+
+ private:
+  struct Held {
+    std::shared_ptr<RequestChannel> channel;
+    std::chrono::steady_clock::time_point submitted, first_token, last_token;
+    std::int64_t prompt_tokens = 0, generated = 0;
+    std::vector<std::int64_t> per_sample;  // tokens per sample
+  };
+  void run();
+  void on_output(const RequestOutput& out);
+  void finish_locked(RequestId id, Held& h);
+  void fail_all(const std::string& message);
+
+  Engine engine_;
+  ServerMetrics& metrics_;
+  const std::int32_t max_requests_;
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;   // the engine thread waits for requests
+  std::condition_variable empty_cv_;  // drain waits for the last request
+  std::unordered_map<RequestId, Held> held_;
+  std::uint64_t submissions_ = 0;
+  bool accepting_ = true;
+  bool stop_ = false;
+  EngineThreadTimes times_;
+  std::int64_t step_tokens_ = 0;  // generated in the running step's callbacks
+  std::thread thread_;
+};
+
+}  // namespace pagedattn::serve

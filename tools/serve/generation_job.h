@@ -1,0 +1,67 @@
+// One accepted completion request on its HTTP thread: it reads the request's
+// channel, turns tokens into text per sample (incremental decoding, stop
+// strings held back across chunks), and writes OpenAI's JSON - the whole
+// response, or Server-Sent Events chunk by chunk.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "engine_worker.h"
+#include "openai_request.h"
+#include "stop_matcher.h"
+#include "text_codec.h"
+
+namespace pagedattn::serve {
+
+class GenerationJob {
+ public:
+  GenerationJob(GenerationRequest request, EngineWorker::Ticket ticket, const TextCodec& codec,
+                std::string model_name, EngineWorker& worker, ServerMetrics& metrics);
+
+  // Non-streamed: waits for the end. Returns the response body; ApiError 500
+  // when the engine failed the request.
+  std::string run_to_end();
+  // Streamed: waits up to `timeout` for news and returns the SSE events it
+  // makes (possibly none); after the last call done() is true.
+  std::string next_events(std::chrono::milliseconds timeout);
+  bool done() const { return done_; }
+  // The HTTP side is finished with the request (normally, or the client left).
+  void release(bool delivered);
+
+ private:
+  struct Sample {
+    Sample(std::unique_ptr<TextStream> d, StopMatcher m) : decoder(std::move(d)), matcher(std::move(m)) {}
+    std::unique_ptr<TextStream> decoder;
+    StopMatcher matcher;
+    std::string text;   // non-streamed: everything; streamed: the unsent delta
+    std::int64_t tokens = 0;
+    const char* finish = nullptr;  // set once the sample is done
+    bool role_sent = false;
+  };
+  void absorb(const RequestChannel::News& news);
+  void absorb_sample(const SampleOutput& out);
+  bool all_samples_done() const;
+  std::string usage_json() const;
+  std::string chunk(std::size_t index, Sample& s);
+  std::string final_body();
+
+  GenerationRequest request_;
+  EngineWorker::Ticket ticket_;
+  std::string model_name_;
+  std::string id_;
+  std::int64_t created_;
+  EngineWorker& worker_;
+  ServerMetrics& metrics_;
+  std::unordered_set<std::int32_t> hidden_tokens_;  // end-of-turn tokens: not text
+  std::vector<Sample> samples_;
+  std::string error_;
+  bool finished_ = false;  // the engine is done with the request
+  bool done_ = false;      // the HTTP side has written everything
+};
+
+}  // namespace pagedattn::serve

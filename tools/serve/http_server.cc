@@ -1,0 +1,198 @@
+#include "http_server.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <ctime>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "api_error.h"
+#include "generation_job.h"
+#include "openai_request.h"
+#include "pagedattn/errors.h"
+
+namespace pagedattn::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kStreamPoll{100};
+constexpr auto kKeepAliveEvery = std::chrono::seconds(1);
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status();
+  res.set_content(e.to_json(), "application/json");
+}
+
+RequestLimits limits_of(const Engine& engine) {
+  const ModelSpec& spec = engine.config().model->spec();
+  return {.vocab_size = spec.vocab_size,
+          .max_position = spec.max_position,
+          .num_pages = engine.cache().config().num_pages,
+          .page_size = engine.config().page_size,
+          .max_n = std::min(256, engine.config().max_num_seqs)};
+}
+
+bool authorized(const httplib::Request& req, const std::string& key) {
+  return key.empty() || req.get_header_value("Authorization") == "Bearer " + key;
+}
+
+}  // namespace
+
+HttpServer::HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options)
+    : options_(std::move(options)), codec_(std::move(codec)), http_(std::make_unique<httplib::Server>()) {
+  require(codec_ != nullptr, "serve: no text codec");
+  require(options_.max_connections >= 1, "serve: --max-connections = ", options_.max_connections, " must be >= 1");
+  require(options_.max_queued_requests >= 1, "serve: --max-queued-requests = ", options_.max_queued_requests,
+          " must be >= 1");
+  worker_ = std::make_unique<EngineWorker>(std::move(engine), options_.max_queued_requests, metrics_);
+  install_limits();
+  install_routes();
+}
+
+HttpServer::~HttpServer() {
+  http_->stop();
+  worker_.reset();  // aborts what is left, joins the engine thread
+}
+
+void HttpServer::install_limits() {
+  const auto threads = std::size_t(options_.max_connections);
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->set_payload_max_length(options_.max_body_bytes);
+  http_->set_read_timeout(options_.read_timeout_seconds, 0);
+  // An idle keep-alive connection holds a thread too: no longer than a read.
+  http_->set_keep_alive_timeout(std::min(5, options_.read_timeout_seconds));
+  http_->set_write_timeout(options_.write_timeout_seconds, 0);
+  http_->set_tcp_nodelay(true);  // SSE chunks are small: send each at once
+  // Keep the listening socket: bind() widens its accept backlog.
+  http_->set_socket_options([this](int fd) {
+    httplib::default_socket_options(fd);
+    listen_fd_ = fd;
+  });
+  // Errors httplib makes itself (no route, body too large, bad request line)
+  // get OpenAI's JSON shape too.
+  const httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req,
+                                                          httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string what = res.status == 404   ? "no route " + req.method + " " + req.path
+                             : res.status == 413 ? "the request body exceeds the limit (--max-body-bytes)"
+                                                 : "the request could not be served";
+    send_error(res, ApiError(res.status, what));
+    return httplib::Server::HandlerResponse::Handled;
+  };
+  http_->set_error_handler(on_error);
+  http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, ApiError(500, what));
+  });
+  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.starts_with("/v1/") && !authorized(req, options_.api_key)) {
+      send_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http_->set_logger([this](const httplib::Request&, const httplib::Response& res) {
+    metrics_.count_response(res.status);
+  });
+}
+
+void HttpServer::install_routes() {
+  auto generate = [this](Endpoint endpoint) {
+    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
+      try {
+        const auto start = Clock::now();
+        GenerationRequest g = parse_generation_request(req.body, endpoint, *codec_, limits_of(worker_->engine()));
+        SamplingParams params = g.params;
+        if (!params.ignore_eos)
+          for (std::int32_t id : codec_->stop_token_ids()) params.stop_token_ids.push_back(id);
+        EngineWorker::Ticket ticket = worker_->submit(g.prompt_ids, params);
+        const bool stream = g.stream;
+        auto job = std::make_shared<GenerationJob>(std::move(g), std::move(ticket), *codec_,
+                                                   options_.model_name, *worker_, metrics_);
+        metrics_.add_http_seconds(std::chrono::duration<double>(Clock::now() - start).count());
+        if (!stream) {
+          res.set_content(job->run_to_end(), "application/json");
+          return;
+        }
+        auto last_write = std::make_shared<Clock::time_point>(Clock::now());
+        res.set_header("Cache-Control", "no-cache");
+        ++live_streams_;
+        res.set_chunked_content_provider(
+            "text/event-stream",
+            [job, last_write](std::size_t, httplib::DataSink& sink) {
+              std::string events = job->next_events(kStreamPoll);
+              // A comment line now and then: a client that left is noticed
+              // (the write fails) even while the request makes no tokens.
+              if (events.empty() && Clock::now() - *last_write > kKeepAliveEvery) events = ": keep-alive\n\n";
+              if (!events.empty()) {
+                if (!sink.write(events.data(), events.size())) return false;
+                *last_write = Clock::now();
+              }
+              if (job->done()) sink.done();
+              return true;
+            },
+            [this, job](bool success) {
+              job->release(success);
+              --live_streams_;
+            });
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const InvalidArgument& e) {
+        send_error(res, ApiError(400, e.what()));
+      }
+    };
+  };
+  http_->Post("/v1/completions", generate(Endpoint::kCompletions));
+  http_->Post("/v1/chat/completions", generate(Endpoint::kChat));
+  http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const nlohmann::json model = {{"id", options_.model_name}, {"object", "model"},
+                                  {"created", std::int64_t(std::time(nullptr))}, {"owned_by", "pagedattn"},
+                                  {"max_model_len", worker_->engine().config().model->spec().max_position}};
+    res.set_content(nlohmann::json{{"object", "list"}, {"data", {model}}}.dump(), "application/json");
+  });
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const bool up = !draining_;
+    res.status = up ? 200 : 503;
+    res.set_content(up ? "{\"status\":\"ok\"}" : "{\"status\":\"shutting down\"}", "application/json");
+  });
+  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(), "text/plain; version=0.0.4");
+  });
+}
+
+std::string HttpServer::metrics_text() const {
+  return metrics_.render(worker_->stats(), worker_->thread_times(), worker_->in_flight());
+}
+
+void HttpServer::bind() {
+  port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host)
+                             : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  require(port_ > 0, "serve: cannot listen on ", options_.host, ":", options_.port);
+  // Debian's libcpp-httplib is built with an accept backlog of 5: a burst of
+  // clients would overflow it and see resets. listen() again takes a new one.
+  if (listen_fd_ >= 0) ::listen(listen_fd_, std::max(64, options_.max_connections));
+}
+
+void HttpServer::listen() { http_->listen_after_bind(); }
+
+void HttpServer::shutdown() {
+  draining_ = true;
+  worker_->stop_accepting();
+  worker_->drain(std::chrono::seconds(options_.shutdown_grace_seconds));
+  // Streams of aborted requests write their last events before the
+  // listener stops (httplib cuts streams off once it stops).
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  while (live_streams() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  http_->stop();
+}
+
+}  // namespace pagedattn::serve

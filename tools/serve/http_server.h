@@ -1,0 +1,71 @@
+// `pagedattn serve`'s HTTP side: OpenAI's completions, chat completions and
+// models endpoints, /health and /metrics, over cpp-httplib. Handlers parse
+// and check the request, hand it to the EngineWorker, and write what its
+// channel brings (whole, or as Server-Sent Events).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "engine_worker.h"
+#include "server_metrics.h"
+#include "text_codec.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace pagedattn::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                          // 0: any free port (see bound_port)
+  std::string api_key;                      // "": no authentication
+  std::string model_name = "pagedattn";     // what /v1/models lists and responses name
+  std::int32_t max_connections = 128;       // HTTP threads: connections served at once
+  std::int32_t max_queued_requests = 256;   // requests held (waiting + running); more: 429
+  std::size_t max_body_bytes = 8u << 20;    // larger bodies: 413
+  int read_timeout_seconds = 10;            // a client silent this long mid-request is dropped
+  int write_timeout_seconds = 10;
+  int shutdown_grace_seconds = 30;          // in-flight requests may finish for this long
+};
+
+class HttpServer {
+ public:
+  HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds the socket; Error when the address cannot be bound.
+  void bind();
+  int bound_port() const { return port_; }
+  // Serves until shutdown(); call bind() first.
+  void listen();
+  // Graceful: new requests get 503, in-flight ones finish (aborted after
+  // the grace period), then the listener stops and listen() returns.
+  void shutdown();
+
+  const EngineWorker& worker() const { return *worker_; }
+  std::string metrics_text() const;
+
+ private:
+  void install_routes();
+  void install_limits();
+  int live_streams() const { return live_streams_.load(); }
+
+  ServerOptions options_;
+  std::unique_ptr<TextCodec> codec_;
+  ServerMetrics metrics_;
+  std::unique_ptr<EngineWorker> worker_;
+  std::unique_ptr<httplib::Server> http_;
+  int port_ = -1;
+  int listen_fd_ = -1;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> live_streams_{0};  // SSE responses not yet released
+};
+
+}  // namespace pagedattn::serve

@@ -1,0 +1,27 @@
+// `pagedattn serve`: the OpenAI-compatible HTTP server (docs/serve.md).
+#pragma once
+
+#include <string>
+
+#include "http_server.h"
+
+namespace pagedattn::serve {
+
+struct ServeOptions {
+  std::string model;  // FILE.gguf or a preset name (tiny, small, 1b)
+  ServerOptions server;
+  double kv_memory_mib = 0.0;  // 0: the default for the model
+  std::int32_t max_num_seqs = 256;
+  std::int32_t max_num_batched_tokens = 2048;
+  std::int32_t max_position = 0;  // presets and GGUF: 0 keeps the model's own
+  bool help = false;
+};
+
+// Parses argv[first..argc). InvalidArgument naming the flag and value.
+ServeOptions parse_serve_options(int argc, char** argv, int first);
+const char* serve_usage();
+// Builds the server for `options` (model, codec, engine).
+std::unique_ptr<HttpServer> make_server(const ServeOptions& options);
+int run_serve(int argc, char** argv);
+
+}  // namespace pagedattn::serve

@@ -1,0 +1,32 @@
+// Stop strings over streamed text: text is fed chunk by chunk, and what may
+// be the start of a stop string is held back until it is known not to be,
+// so a stop string split across chunks is still found and never sent.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagedattn::serve {
+
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);  // empty strings are ignored
+
+  struct Result {
+    std::string text;      // safe to send now
+    bool stopped = false;  // a stop string matched: `text` ends before it
+  };
+  // Feed the next chunk. After a stop, further calls return nothing.
+  Result feed(std::string_view chunk);
+  // The held-back tail (the stream ended without a stop).
+  std::string finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+  bool stopped_ = false;
+};
+
+}  // namespace pagedattn::serve

@@ -1,0 +1,50 @@
+// Text <-> token ids for the server. A GGUF model brings its tokenizer and
+// chat template; a synthetic preset has no vocabulary, so it gets a byte
+// codec: text encodes to its UTF-8 bytes (token id = byte value) and a
+// generated id decodes to that ASCII character when it is printable (or \t,
+// \n), else to the text "<id>". Generated text is therefore always valid
+// UTF-8 for presets; for GGUF models it is whatever the tokens spell
+// (StreamingDecoder holds back split characters).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pagedattn/chat_template.h"
+
+namespace pagedattn {
+class GgufFile;
+}
+
+namespace pagedattn::serve {
+
+// Decodes one sample's generated tokens incrementally.
+class TextStream {
+ public:
+  virtual ~TextStream() = default;
+  virtual std::string push(std::int32_t id) = 0;  // text that became complete
+  virtual std::string flush() = 0;                // whatever was held back
+};
+
+class TextCodec {
+ public:
+  virtual ~TextCodec() = default;
+  virtual std::vector<std::int32_t> encode(std::string_view text) const = 0;
+  // The conversation rendered as a prompt that asks for the assistant's turn.
+  // InvalidArgument for a role the model's template cannot express.
+  virtual std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages) const = 0;
+  virtual std::unique_ptr<TextStream> decoder() const = 0;
+  // Tokens that end a turn (EOS, end-of-turn controls); never shown as text.
+  virtual std::vector<std::int32_t> stop_token_ids() const = 0;
+};
+
+// Presets: the byte codec described above; InvalidArgument if vocab_size < 256.
+std::unique_ptr<TextCodec> make_byte_codec(std::int32_t vocab_size, std::int32_t eos_token_id);
+// GGUF models: the file's tokenizer and chat template (no template: chat
+// requests are refused with InvalidArgument when they arrive).
+std::unique_ptr<TextCodec> make_gguf_codec(const GgufFile& file);
+
+}  // namespace pagedattn::serve
