@@ -9,7 +9,7 @@ set -euo pipefail
 # readable sanitizer stacks): presets clang-release and fuzz.
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv
           libopenblas-dev python3-pip libicu-dev nlohmann-json3-dev clang libomp-dev
-          libclang-rt-14-dev llvm)
+          libclang-rt-14-dev llvm libcpp-httplib-dev)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps: not a Debian system; make sure these are installed: ${packages[*]}" >&2

@@ -236,6 +236,7 @@ std::vector<HttpRequestResult> run_over_http(const ServerUrl& url, const BenchSe
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   threads.clear();
+  bar.update(finished, "0 in flight");
   bar.finish();
   return results;
 }
