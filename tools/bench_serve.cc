@@ -160,7 +160,8 @@ int run_bench_serve(int argc, char** argv) {
     return 0;
   }
   // Over HTTP the server holds the model: the workload is sized as for a GGUF file.
-  if (!o.url.empty()) return run_bench_serve_http(o, build_trace(o, preset_defaults("server.gguf")));
+  if (!o.url.empty())
+    return run_bench_serve_http(o, build_trace(o, preset_defaults("server.gguf")));
   const PresetDefaults d = preset_defaults(o.model);
   const double mib = o.kv_memory_mib > 0 ? o.kv_memory_mib : d.kv_memory_mib;
   const std::int64_t kv_bytes = kv_memory_bytes(mib);

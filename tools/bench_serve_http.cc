@@ -26,6 +26,7 @@ using Json = nlohmann::json;
 // Prompt token ids stay in [kFirstId, kFirstId + kIdSpan): clear of the special
 // tokens at the start of a vocabulary, and inside any vocabulary of >= 32k.
 constexpr std::int64_t kFirstId = 1000, kIdSpan = 30000;
+constexpr std::size_t kMaxErrorBody = 4096;  // bytes of an error response kept for its message
 
 httplib::Client make_client(const ServerUrl& url, const BenchServeOptions& o) {
   httplib::Client client(url.host, url.port);
@@ -112,7 +113,8 @@ HttpRequestResult stream_one(const ServerUrl& url, const BenchServeOptions& o,
   };
   req.content_receiver = [&](const char* data, std::size_t size, std::uint64_t, std::uint64_t) {
     if (status < 200 || status >= 300) {
-      error_body.append(data, std::min(size, std::size_t{4096}));
+      const std::size_t room = kMaxErrorBody - std::min(kMaxErrorBody, error_body.size());
+      error_body.append(data, std::min(size, room));
       return true;
     }
     const double t = now();
@@ -176,8 +178,9 @@ Json completion_body(const TraceRequest& r, std::size_t index, const std::string
   } else {
     prompt = Json::array();
     for (std::int32_t i = 0; i < r.prompt_len; ++i)
-      prompt.push_back(kFirstId + static_cast<std::int64_t>((index * 7919 + std::size_t(i) * 104729) %
-                                                            std::size_t(kIdSpan)));
+      prompt.push_back(kFirstId +
+                       static_cast<std::int64_t>((index * 7919 + std::size_t(i) * 104729) %
+                                                 std::size_t(kIdSpan)));
   }
   Json body = {{"model", model},
                {"prompt", std::move(prompt)},

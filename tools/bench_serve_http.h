@@ -16,8 +16,8 @@
 namespace pagedattn::tools {
 
 struct HttpRequestResult {
-  RequestTiming timing;        // finish < 0: the request failed
-  std::string error;           // why it failed; empty when it completed
+  RequestTiming timing;         // finish < 0: the request failed
+  std::string error;            // why it failed; empty when it completed
   bool usage_reported = false;  // output tokens from the stream's "usage", else counted per chunk
 };
 

@@ -4,7 +4,10 @@
 #   bench/serve/compare_llama_server.sh MODEL.gguf LLAMA_SERVER_BIN [threads] [rounds]
 # LLAMA_SERVER_BIN is llama-server, built outside this repository
 # (docs/benchmarks.md says how). Both servers get `threads` CPU threads
-# (default 2), 32 sequences at once and room for 32 x 512 tokens of context.
+# (default 2), 32 sequences at once, 512 tokens of context per sequence,
+# 2048 tokens per batch and the same KV room: 16384 tokens of f16 K/V
+# (llama-server -c 16384; pagedattn 360 MiB = 16384 tokens of SmolLM2-135M's
+# 30 layers x 3 KV heads x 64; set PAGEDATTN_KV_MIB for another model).
 # For each concurrency (1, 8, 32 streams) and round, bench-serve runs the same
 # trace (2 x streams requests, at least 4, of 128 prompt tokens and 128 output
 # tokens, ignore_eos) against pagedattn, then llama-server; then a table of
@@ -42,11 +45,12 @@ exclusive() {
 
 p_port=$(free_port)
 OMP_NUM_THREADS=$threads "$tool" serve --model "$model" --host 127.0.0.1 --port "$p_port" \
-  --max-num-seqs 32 --max-model-len 512 >"$work/pagedattn.log" 2>&1 &
+  --max-num-seqs 32 --max-model-len 512 --max-batched-tokens 2048 \
+  --kv-memory-mib "${PAGEDATTN_KV_MIB:-360}" >"$work/pagedattn.log" 2>&1 &
 pids+=($!)
 l_port=$(free_port)
 "$llama_server" -m "$model" --host 127.0.0.1 --port "$l_port" -t "$threads" -tb "$threads" \
-  -np 32 -c $((512 * 32)) --cont-batching >"$work/llama.log" 2>&1 &
+  -np 32 -c $((512 * 32)) -b 2048 --cont-batching >"$work/llama.log" 2>&1 &
 pids+=($!)
 wait_healthy "$p_port" "pagedattn serve" "$work/pagedattn.log"
 wait_healthy "$l_port" llama-server "$work/llama.log"
@@ -59,10 +63,16 @@ for c in (1, 8, 32):
 open(f"{sys.argv[1]}/warmup.jsonl", "w").write(line(16, 8))
 PY
 
+metrics() {  # file: pagedattn serve's counters
+  curl -sf "http://127.0.0.1:$p_port/metrics" >"$1" || : >"$1"
+}
 bench() {  # name port concurrency round
+  [ "$1" = pagedattn ] && metrics "$work/metrics-c$3-r$4.before"
   exclusive "$tool" bench-serve --url "http://127.0.0.1:$2" --concurrency "$3" \
     --workload "$work/c$3.jsonl" --json "$work/$1-c$3-r$4.json" >"$work/$1-c$3-r$4.txt" 2>/dev/null ||
     { echo "compare_llama_server: bench-serve against $1 failed:" >&2; cat "$work/$1-c$3-r$4.txt" >&2; exit 1; }
+  [ "$1" = pagedattn ] && metrics "$work/metrics-c$3-r$4.after"
+  return 0
 }
 for port in "$p_port" "$l_port"; do
   "$tool" bench-serve --url "http://127.0.0.1:$port" --workload "$work/warmup.jsonl" >/dev/null 2>&1
@@ -91,6 +101,25 @@ for c in (1, 8, 32):
         p, l = (fig(n, c, key) * 1e3 for n in ("pagedattn", "llama"))
         row += f" | {p:>11.1f} {l:>8.1f} {p / l:>6.2f}"
     print(row)
+# pagedattn serve's /metrics over each run: the engine thread's time in
+# step() (callbacks included) T, of which in the model M, and the HTTP
+# threads' work H. HTTP + scheduling = (T - M + H) / T.
+def counters(path):
+    out = {}
+    for line in open(path):
+        if line.startswith("pagedattn_") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+print("\nHTTP + scheduling, share of pagedattn's step time (/metrics deltas, median of rounds):")
+for c in (1, 8, 32):
+    shares = []
+    for r in range(1, rounds + 1):
+        a, b = (counters(f"{work}/metrics-c{c}-r{r}.{x}") for x in ("before", "after"))
+        d = lambda k: b.get(k, 0.0) - a.get(k, 0.0)
+        t = d("pagedattn_engine_thread_step_seconds_total")
+        if t > 0:
+            shares.append((t - d("pagedattn_engine_model_seconds_total")
+                           + d("pagedattn_http_handler_seconds_total")) / t)
+    print(f"{c:>7} streams: " + (f"{statistics.median(shares) * 100:.2f} %" if shares else "n/a"))
 PY
-echo "# pagedattn serve /metrics (server overhead):"
-curl -sf "http://127.0.0.1:$p_port/metrics" | grep -i overhead | grep -v '^#' || echo "(no overhead metric)"

@@ -28,10 +28,10 @@ using Json = nlohmann::json;
 
 // How the fake server misbehaves.
 struct Behaviour {
-  int fail_every = 0;          // every k-th completion answers HTTP 500
-  bool send_usage = true;      // the final usage chunk
-  int missing_tokens = 0;      // streams max_tokens - this many tokens
-  int cut_after = -1;          // drops the connection after this many tokens
+  int fail_every = 0;      // every k-th completion answers HTTP 500
+  bool send_usage = true;  // the final usage chunk
+  int missing_tokens = 0;  // streams max_tokens - this many tokens
+  int cut_after = -1;      // drops the connection after this many tokens
   int token_delay_ms = 2;
 };
 
@@ -95,36 +95,36 @@ class FakeOpenAiServer {
     }
     const int tokens = body["max_tokens"].get<int>() - b_.missing_tokens;
     peak_ = std::max(peak_.load(), ++in_flight_);
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, tokens](std::size_t, httplib::DataSink& sink) {
-          auto event = [&](const Json& j) {
-            const std::string e = "data: " + j.dump() + "\n\n";
-            return sink.write(e.data(), e.size());
-          };
-          for (int i = 0; i < tokens; ++i) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(b_.token_delay_ms));
-            if (i == b_.cut_after) {
-              --in_flight_;
-              return false;  // drops the connection mid-stream
-            }
-            const bool sent = event(
-                {{"object", "text_completion"},
-                 {"choices", {{{"index", 0}, {"text", " tok"}, {"finish_reason", nullptr}}}}});
-            if (!sent) {  // the client went away
-              --in_flight_;
-              return false;
-            }
-          }
-          event({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "length"}}}}});
-          if (b_.send_usage)
-            event({{"choices", Json::array()},
-                   {"usage", {{"prompt_tokens", 1}, {"completion_tokens", tokens}}}});
-          const std::string done = "data: [DONE]\n\n";
-          sink.write(done.data(), done.size());
+    res.set_chunked_content_provider("text/event-stream", [this, tokens](std::size_t,
+                                                                         httplib::DataSink& sink) {
+      auto event = [&](const Json& j) {
+        const std::string e = "data: " + j.dump() + "\n\n";
+        return sink.write(e.data(), e.size());
+      };
+      for (int i = 0; i < tokens; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(b_.token_delay_ms));
+        if (i == b_.cut_after) {
           --in_flight_;
-          sink.done();
-          return true;
-        });
+          return false;  // drops the connection mid-stream
+        }
+        const bool sent =
+            event({{"object", "text_completion"},
+                   {"choices", {{{"index", 0}, {"text", " tok"}, {"finish_reason", nullptr}}}}});
+        if (!sent) {  // the client went away
+          --in_flight_;
+          return false;
+        }
+      }
+      event({{"choices", {{{"index", 0}, {"text", ""}, {"finish_reason", "length"}}}}});
+      if (b_.send_usage)
+        event({{"choices", Json::array()},
+               {"usage", {{"prompt_tokens", 1}, {"completion_tokens", tokens}}}});
+      const std::string done = "data: [DONE]\n\n";
+      sink.write(done.data(), done.size());
+      --in_flight_;
+      sink.done();
+      return true;
+    });
   }
 
   Behaviour b_;
