@@ -12,12 +12,16 @@
 # trace (2 x streams requests, at least 4, of 128 prompt tokens and 128 output
 # tokens, ignore_eos) against pagedattn, then llama-server; then a table of
 # output tokens/s and TTFT p50/p99 with the ratios pagedattn / llama-server.
-# PAGEDATTN_CPU_LOCK, when set, names a file each measurement holds with
-# `flock -x` (so that other jobs on the machine stay out of the timings).
+# PAGEDATTN and PAGEDATTN_SERVE name the pagedattn binaries of the client and
+# the server (default: this tree's build/release/tools/pagedattn).
+# PAGEDATTN_CPU_LOCK, when set, names a file each concurrency level (both
+# servers) holds with `flock -x` (other jobs on the machine stay out of the
+# timings).
 set -euo pipefail
 model=$1 llama_server=$2 threads=${3:-2} rounds=${4:-1}
 root=$(cd "$(dirname "$0")/../.." && pwd)
-tool=${PAGEDATTN:-$root/build/release/tools/pagedattn}
+tool=${PAGEDATTN:-$root/build/release/tools/pagedattn}  # the client, bench-serve --url
+server=${PAGEDATTN_SERVE:-$tool}                           # the binary that runs `serve`
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -39,12 +43,13 @@ wait_healthy() {  # port name log
   tail -20 "$3" >&2
   exit 1
 }
-exclusive() {
-  if [ -n "${PAGEDATTN_CPU_LOCK:-}" ]; then flock -x "$PAGEDATTN_CPU_LOCK" "$@"; else "$@"; fi
-}
+# One exclusive hold per concurrency level covers both servers' runs (fd 9,
+# opened after the servers start so that they do not inherit it).
+lock() { if [ -n "${PAGEDATTN_CPU_LOCK:-}" ]; then exec 9>>"$PAGEDATTN_CPU_LOCK"; flock -x 9; fi; }
+unlock() { if [ -n "${PAGEDATTN_CPU_LOCK:-}" ]; then flock -u 9; exec 9>&-; fi; }
 
 p_port=$(free_port)
-OMP_NUM_THREADS=$threads "$tool" serve --model "$model" --host 127.0.0.1 --port "$p_port" \
+OMP_NUM_THREADS=$threads "$server" serve --model "$model" --host 127.0.0.1 --port "$p_port" \
   --max-num-seqs 32 --max-model-len 512 --max-batched-tokens 2048 \
   --kv-memory-mib "${PAGEDATTN_KV_MIB:-360}" >"$work/pagedattn.log" 2>&1 &
 pids+=($!)
@@ -68,7 +73,7 @@ metrics() {  # file: pagedattn serve's counters
 }
 bench() {  # name port concurrency round
   [ "$1" = pagedattn ] && metrics "$work/metrics-c$3-r$4.before"
-  exclusive "$tool" bench-serve --url "http://127.0.0.1:$2" --concurrency "$3" \
+  "$tool" bench-serve --url "http://127.0.0.1:$2" --concurrency "$3" \
     --workload "$work/c$3.jsonl" --json "$work/$1-c$3-r$4.json" >"$work/$1-c$3-r$4.txt" 2>/dev/null ||
     { echo "compare_llama_server: bench-serve against $1 failed:" >&2; cat "$work/$1-c$3-r$4.txt" >&2; exit 1; }
   [ "$1" = pagedattn ] && metrics "$work/metrics-c$3-r$4.after"
@@ -80,8 +85,10 @@ done
 for round in $(seq "$rounds"); do
   for c in 1 8 32; do
     echo "round $round, $c streams" >&2
+    lock
     bench pagedattn "$p_port" "$c" "$round"
     bench llama "$l_port" "$c" "$round"
+    unlock
   done
 done
 
