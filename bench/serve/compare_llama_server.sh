@@ -14,6 +14,7 @@
 # output tokens/s and TTFT p50/p99 with the ratios pagedattn / llama-server.
 # PAGEDATTN and PAGEDATTN_SERVE name the pagedattn binaries of the client and
 # the server (default: this tree's build/release/tools/pagedattn).
+# RESULTS_DIR, when set, keeps each run's bench-serve table and --json there.
 # PAGEDATTN_CPU_LOCK, when set, names a file each concurrency level (both
 # servers) holds with `flock -x` (other jobs on the machine stay out of the
 # timings).
@@ -27,6 +28,7 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  if [ -n "${RESULTS_DIR:-}" ]; then mkdir -p "$RESULTS_DIR" && cp "$work"/*.json "$work"/*.txt "$RESULTS_DIR"/ 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
