@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "bench_serve_http.h"
 #include "bench_serve_options.h"
 #include "contiguous_replay.h"
 #include "pagedattn/engine.h"
@@ -158,6 +159,9 @@ int run_bench_serve(int argc, char** argv) {
     std::fputs(bench_serve_usage(), stdout);
     return 0;
   }
+  // Over HTTP the server holds the model: the workload is sized as for a GGUF file.
+  if (!o.url.empty())
+    return run_bench_serve_http(o, build_trace(o, preset_defaults("server.gguf")));
   const PresetDefaults d = preset_defaults(o.model);
   const double mib = o.kv_memory_mib > 0 ? o.kv_memory_mib : d.kv_memory_mib;
   const std::int64_t kv_bytes = kv_memory_bytes(mib);

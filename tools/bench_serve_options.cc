@@ -1,12 +1,14 @@
 #include "bench_serve_options.h"
 
 #include <charconv>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <string_view>
 #include <system_error>
 
+#include "bench_serve_url.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::tools {
@@ -34,7 +36,21 @@ const char* bench_serve_usage() {
          "  --seed S                       workload and sampling seed (default 1)\n"
          "  --json FILE                    write every figure and the timeline as JSON\n"
          "                                 (FILE is opened before the run starts)\n"
-         "  --quick                        a few-second run for CI (40 short requests)\n";
+         "  --quick                        a few-second run for CI (40 short requests)\n"
+         "Against a running OpenAI-compatible server (pagedattn serve, llama-server, ...):\n"
+         "  --url http://HOST[:PORT]       stream /v1/completions over HTTP instead of serving\n"
+         "                                 in-process (--model and the engine flags do not apply;\n"
+         "                                 workload defaults as for a .gguf model)\n"
+         "  --concurrency N                at most N requests in flight, each on its own\n"
+         "                                 connection (default: every request at its arrival;\n"
+         "                                 at most 1024)\n"
+         "  --model-name NAME              the requests' \"model\" (default: the first id of\n"
+         "                                 GET /v1/models)\n"
+         "  --api-key KEY                  sent as \"Authorization: Bearer KEY\"\n"
+         "  --timeout S                    seconds to connect, and of silence in a stream, before\n"
+         "                                 the request counts as failed (default 600)\n"
+         "  --text-prompts                 prompts as text (about one token a word) instead of\n"
+         "                                 token-id arrays\n";
 }
 
 namespace {
@@ -87,7 +103,33 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
       return bounded_integer(flag, value(), min, max);
     };
     constexpr std::int32_t kInt32Max = std::numeric_limits<std::int32_t>::max();
-    if (flag == "--model")
+    const bool engine_only = flag == "--model" || flag == "--kv-memory-mib" ||
+                             flag == "--page-size" || flag == "--max-num-seqs" ||
+                             flag == "--max-num-batched-tokens" || flag == "--no-chunked-prefill" ||
+                             flag == "--deterministic";
+    const bool http_only = flag == "--concurrency" || flag == "--model-name" ||
+                           flag == "--api-key" || flag == "--timeout" || flag == "--text-prompts";
+    if (engine_only && o.engine_flag.empty()) o.engine_flag = flag;
+    if (http_only && o.http_flag.empty()) o.http_flag = flag;
+    // A value that must not be empty (an empty key or name is a shell slip).
+    auto text = [&] {
+      std::string v = value();
+      require(!v.empty(), "bench-serve: ", flag, " needs a non-empty value");
+      return v;
+    };
+    if (flag == "--url")
+      o.url = text();
+    else if (flag == "--concurrency")
+      o.concurrency = integer(1, kMaxConcurrency);
+    else if (flag == "--model-name")
+      o.model_name = text();
+    else if (flag == "--api-key")
+      o.api_key = text();
+    else if (flag == "--timeout")
+      o.timeout_s = std::min(number(/*zero_allowed=*/false), kMaxTimeoutSeconds);
+    else if (flag == "--text-prompts")
+      o.text_prompts = true;
+    else if (flag == "--model")
       o.model = value();
     else if (flag == "--workload")
       o.workload = value();
@@ -118,6 +160,13 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
     else
       throw InvalidArgument(detail::concat("bench-serve: unknown flag '", flag, "'"));
   }
+  if (!o.url.empty()) {
+    parse_server_url(o.url);  // refuses a malformed URL before anything runs
+    require(o.engine_flag.empty(), "bench-serve: ", o.engine_flag,
+            " configures the in-process engine; with --url the server has its own");
+  }
+  require(!o.url.empty() || o.http_flag.empty(), "bench-serve: ", o.http_flag,
+          " needs --url (it configures the HTTP client)");
   return o;
 }
 

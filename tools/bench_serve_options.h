@@ -21,12 +21,23 @@ struct BenchServeOptions {
   std::uint64_t seed = 1;
   std::string json;  // empty: no JSON file
   bool help = false;
+  // Against a server over HTTP (--url): the engine flags above do not apply.
+  std::string url;         // empty: serve in-process
+  std::string api_key;     // sent as "Authorization: Bearer KEY"
+  std::string model_name;  // empty: the first model the server lists
+  std::int32_t concurrency = 0;  // requests in flight; 0: one connection per request
+  double timeout_s = 600.0;      // per request: connect, and silence while streaming
+  bool text_prompts = false;     // prompts as text instead of token ids
+  std::string engine_flag;       // the first engine-only flag given (refused with --url)
+  std::string http_flag;         // the first HTTP-only flag given (refused without --url)
 };
 
 // Upper bounds of the numeric flags (a trace of more requests, or pages larger
 // than this, is a typo rather than a benchmark).
 inline constexpr std::int32_t kMaxNumRequests = 1'000'000;
 inline constexpr std::int32_t kMaxPageSize = 1 << 16;
+inline constexpr double kMaxTimeoutSeconds = 86400.0;      // longer is capped to this
+inline constexpr std::int32_t kMaxConcurrency = 1024;  // threads and sockets of the client
 
 // Parses argv[first..argc). InvalidArgument naming the flag and value: every
 // number must be finite and in range, integers integer-valued.

@@ -14,12 +14,9 @@ double percentile(std::vector<double> v, double p) {
   return v[lo] + (v[hi] - v[lo]) * (rank - double(lo));
 }
 
-ServeSummary summarize(const std::vector<RequestTiming>& requests,
-                       const std::vector<StepSample>& steps, std::int32_t page_size) {
+ServeSummary summarize_requests(const std::vector<RequestTiming>& requests, double duration_s) {
   ServeSummary s;
-  s.page_size = page_size;
-  s.steps = std::ssize(steps);
-  s.duration_s = steps.empty() ? 0.0 : steps.back().time;
+  s.duration_s = duration_s;
   std::vector<double> ttft, tpot;
   for (const RequestTiming& r : requests) {
     if (r.finish < 0) continue;
@@ -36,6 +33,14 @@ ServeSummary summarize(const std::vector<RequestTiming>& requests,
     s.requests_per_s = s.completed / s.duration_s;
     s.output_tokens_per_s = double(s.output_tokens) / s.duration_s;
   }
+  return s;
+}
+
+ServeSummary summarize(const std::vector<RequestTiming>& requests,
+                       const std::vector<StepSample>& steps, std::int32_t page_size) {
+  ServeSummary s = summarize_requests(requests, steps.empty() ? 0.0 : steps.back().time);
+  s.page_size = page_size;
+  s.steps = std::ssize(steps);
   std::int64_t stored = 0, reserved = 0, in_use = 0, unshared = 0;
   for (const StepSample& x : steps) {
     s.peak_batch = std::max(s.peak_batch, x.running_seqs);

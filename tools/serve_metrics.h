@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace pagedattn::tools {
@@ -42,9 +44,22 @@ struct ServeSummary {
   std::int64_t steps = 0;
 };
 
+// What a client of a server sees beyond the timings (bench-serve --url).
+struct ClientTally {
+  std::int32_t failed = 0;
+  std::vector<std::pair<std::string, std::int32_t>> failures;  // message, count
+  std::int32_t short_outputs = 0;        // completed with fewer tokens than requested
+  std::int32_t counted_from_chunks = 0;  // completed without "usage": one token per chunk
+};
+
 // Percentile p in [0, 100] by linear interpolation; 0 for no values.
 double percentile(std::vector<double> values, double p);
 
+// The per-request figures (completed requests: finish >= 0) over a run of
+// `duration_s` seconds; the step figures stay zero.
+ServeSummary summarize_requests(const std::vector<RequestTiming>& requests, double duration_s);
+
+// The per-request figures over the steps' duration, and the step figures.
 ServeSummary summarize(const std::vector<RequestTiming>& requests,
                        const std::vector<StepSample>& steps, std::int32_t page_size);
 

@@ -4,14 +4,23 @@
 
 namespace pagedattn::tools {
 
-void print_report(std::FILE* out, const ServeSummary& s,
-                  const std::vector<ReplayResult>& contiguous) {
+namespace {
+
+// The rows both tables share.
+void print_request_rows(std::FILE* out, const ServeSummary& s) {
   std::fprintf(out, "\n  %-30s %10.2f\n", "requests/s", s.requests_per_s);
   std::fprintf(out, "  %-30s %10.1f\n", "output tokens/s", s.output_tokens_per_s);
   std::fprintf(out, "  %-30s %10.1f / %.1f ms\n", "TTFT p50 / p99", s.ttft_p50 * 1e3,
                s.ttft_p99 * 1e3);
   std::fprintf(out, "  %-30s %10.2f / %.2f ms\n", "time per output token p50/p99", s.tpot_p50 * 1e3,
                s.tpot_p99 * 1e3);
+}
+
+}  // namespace
+
+void print_report(std::FILE* out, const ServeSummary& s,
+                  const std::vector<ReplayResult>& contiguous) {
+  print_request_rows(out, s);
   std::fprintf(out, "  %-30s %10d sequences\n", "peak running batch", s.peak_batch);
   std::fprintf(out, "  %-30s %10lld\n", "preemptions (recompute)",
                static_cast<long long>(s.preemptions));
@@ -36,6 +45,24 @@ void print_report(std::FILE* out, const ServeSummary& s,
   for (const ReplayResult& r : contiguous)
     std::fprintf(out, "  %-36s %10.1f %% %16d\n", r.policy.c_str(), r.kv_efficiency * 100,
                  r.peak_batch);
+}
+
+void print_client_report(std::FILE* out, const ServeSummary& s, const ClientTally& tally) {
+  print_request_rows(out, s);
+  std::fprintf(out, "  %-30s %10d of %d\n", "completed requests", s.completed,
+               s.completed + tally.failed);
+  std::fprintf(out, "  %-30s %10lld in %.1f s (%s)\n", "output tokens",
+               static_cast<long long>(s.output_tokens), s.duration_s,
+               tally.counted_from_chunks == 0 ? "from the streams' usage"
+                                              : "some counted one per chunk: no usage sent");
+  std::fprintf(out, "  %-30s %10d\n", "failed requests", tally.failed);
+  for (const auto& [message, n] : tally.failures)
+    std::fprintf(out, "    %5d x %s\n", n, message.c_str());
+  if (tally.short_outputs > 0)
+    std::fprintf(out,
+                 "  warning: %d requests returned fewer tokens than max_tokens (does the server\n"
+                 "  honour ignore_eos?)\n",
+                 tally.short_outputs);
 }
 
 namespace {
@@ -100,6 +127,36 @@ nlohmann::ordered_json serve_json(const RunInfo& info, const ServeSummary& s,
       {"first_token_s", column(requests, [](const RequestTiming& r) { return r.first_token; })},
       {"finish_s", column(requests, [](const RequestTiming& r) { return r.finish; })},
       {"output_tokens", column(requests, [](const RequestTiming& r) { return r.output_tokens; })}};
+  return doc;
+}
+
+nlohmann::ordered_json client_json(const RunInfo& info, const ServeSummary& s,
+                                   const ClientTally& tally,
+                                   const std::vector<RequestTiming>& requests,
+                                   const std::vector<std::string>& errors) {
+  nlohmann::ordered_json doc;
+  doc["run"] = info;
+  doc["summary"] = {{"duration_s", s.duration_s},
+                    {"completed_requests", s.completed},
+                    {"failed_requests", tally.failed},
+                    {"short_outputs", tally.short_outputs},
+                    {"output_tokens", s.output_tokens},
+                    {"output_tokens_from_usage", tally.counted_from_chunks == 0},
+                    {"requests_per_s", s.requests_per_s},
+                    {"output_tokens_per_s", s.output_tokens_per_s},
+                    {"ttft_p50_s", s.ttft_p50},
+                    {"ttft_p99_s", s.ttft_p99},
+                    {"tpot_p50_s", s.tpot_p50},
+                    {"tpot_p99_s", s.tpot_p99}};
+  doc["summary"]["failures"] = nlohmann::ordered_json::array();
+  for (const auto& [message, n] : tally.failures)
+    doc["summary"]["failures"].push_back({{"message", message}, {"count", n}});
+  doc["requests"] = {
+      {"arrival_s", column(requests, [](const RequestTiming& r) { return r.arrival; })},
+      {"first_token_s", column(requests, [](const RequestTiming& r) { return r.first_token; })},
+      {"finish_s", column(requests, [](const RequestTiming& r) { return r.finish; })},
+      {"output_tokens", column(requests, [](const RequestTiming& r) { return r.output_tokens; })},
+      {"error", errors}};
   return doc;
 }
 
