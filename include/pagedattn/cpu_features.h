@@ -75,8 +75,9 @@ std::string max_target();
 void set_max_target(std::string_view name);
 
 // Re-reads PAGEDATTN_MAX_TARGET (unset or empty: no cap) as at load time.
-// Returns false, and leaves no cap in place, when the value is unknown; every
-// attention call then throws until the cap is set again.
-bool apply_max_target_from_environment();
+// Throws InvalidArgument naming the variable and value when the value is
+// unknown, leaving no cap in place; every attention call then throws too
+// until the cap is set again. Programs call it first to fail at once.
+void apply_max_target_from_environment();
 
 }  // namespace pagedattn

@@ -134,8 +134,22 @@ std::int64_t dispatched_target() {
   return targets & -targets;
 }
 
+// Reads PAGEDATTN_MAX_TARGET and applies it, or records why it cannot;
+// returns whether the value was usable. Never throws (it runs at load time).
+bool load_environment_cap() {
+  const char* env = std::getenv(kMaxTargetVariable);
+  const std::string_view value = env ? env : "";
+  const KnownTarget* target = value.empty() ? nullptr : find_target(value);
+  CapState& s = cap_state();
+  const std::lock_guard lock(s.mutex);
+  apply_cap(s, target);
+  s.env_error = value.empty() || target ? "" : unknown_target_message(kMaxTargetVariable, value);
+  s.env_invalid = !s.env_error.empty();
+  return s.env_error.empty();
+}
+
 // Applied while the library is loaded, before main and before any kernel.
-[[maybe_unused]] const bool g_environment_applied = apply_max_target_from_environment();
+[[maybe_unused]] const bool g_environment_applied = load_environment_cap();
 
 }  // namespace
 
@@ -209,16 +223,11 @@ void set_max_target(std::string_view name) {
   s.env_invalid = false;
 }
 
-bool apply_max_target_from_environment() {
-  const char* env = std::getenv(kMaxTargetVariable);
-  const std::string_view value = env ? env : "";
-  const KnownTarget* target = value.empty() ? nullptr : find_target(value);
+void apply_max_target_from_environment() {
+  if (load_environment_cap()) return;
   CapState& s = cap_state();
   const std::lock_guard lock(s.mutex);
-  apply_cap(s, target);
-  s.env_error = value.empty() || target ? "" : unknown_target_message(kMaxTargetVariable, value);
-  s.env_invalid = !s.env_error.empty();
-  return s.env_error.empty();
+  throw InvalidArgument(s.env_error);
 }
 
 namespace core {

@@ -108,11 +108,11 @@ TEST(CpuDispatch, EnvironmentCapsDispatch) {
   NoCapAfter reset;
   if (!cpu_supports("sse4")) GTEST_SKIP() << "no SSE4";
   setenv(kMaxTargetVariable, "SSE4", 1);
-  EXPECT_TRUE(apply_max_target_from_environment());
+  apply_max_target_from_environment();
   EXPECT_EQ(max_target(), "sse4");
   EXPECT_EQ(dispatch_now(), "sse4");
   unsetenv(kMaxTargetVariable);
-  EXPECT_TRUE(apply_max_target_from_environment());
+  apply_max_target_from_environment();
   EXPECT_EQ(max_target(), "");
 }
 
@@ -121,7 +121,13 @@ TEST(CpuDispatch, EnvironmentCapsDispatch) {
 TEST(CpuDispatch, UnknownEnvironmentValueFailsAttentionCalls) {
   NoCapAfter reset;
   setenv(kMaxTargetVariable, "avx3_zen9", 1);
-  EXPECT_FALSE(apply_max_target_from_environment());
+  try {
+    apply_max_target_from_environment();
+    FAIL() << "apply_max_target_from_environment accepted avx3_zen9";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("PAGEDATTN_MAX_TARGET = 'avx3_zen9'"), std::string::npos)
+        << e.what();
+  }
   EXPECT_EQ(max_target(), "");
   AttentionParams empty;
   try {
