@@ -11,9 +11,10 @@
 //   avx2     AVX2 + FMA + F16C, 8 fp32 lanes
 //   sse4     SSE4.2, 4 fp32 lanes
 //   ssse3    SSSE3
-//   emu128   Highway's portable C++ fallback; `scalar` is accepted as an alias
-// (a newer Highway may know more, e.g. avx3_zen4: known_target_names() lists
-// what this build accepts). A cap above what the CPU or the build offers
+//   emu128, scalar  Highway's portable C++ fallbacks: a build compiles one of
+//            them (scalar with GCC before 12.3), and a cap at either runs it
+// (a newer Highway knows more names, e.g. avx3_zen4: known_target_names()
+// lists what this build accepts). A cap above what the CPU or the build offers
 // changes nothing. An unknown value is an error, not a warning: the variable
 // is then ignored and every attention call throws InvalidArgument naming
 // PAGEDATTN_MAX_TARGET and its value, so a benchmark or test run never

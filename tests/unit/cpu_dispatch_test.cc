@@ -53,6 +53,18 @@ bool cpu_supports(const std::string& name) {
   return false;
 }
 
+// Run by ctest with PAGEDATTN_MAX_TARGET set (tests/unit/CMakeLists.txt): the
+// value was applied while the library loaded, before main.
+TEST(CpuDispatch, LoadTimeCapMatchesEnvironment) {
+  const char* env = std::getenv(kMaxTargetVariable);
+  if (!env || !*env) GTEST_SKIP() << kMaxTargetVariable << " is not set";
+  EXPECT_EQ(max_target(), lower(env));
+  EXPECT_EQ(dispatch_now(), dispatched_target_name());
+  const std::vector<std::string> names = known_target_names();
+  const auto rank = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
+  EXPECT_GE(rank(dispatch_now()), rank(lower(env))) << "dispatch runs above the cap";
+}
+
 TEST(CpuDispatch, KnownTargetsAreListedBestFirst) {
   const std::vector<std::string> names = known_target_names();
   ASSERT_FALSE(names.empty());
