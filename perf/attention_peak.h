@@ -26,6 +26,21 @@ inline constexpr int kKernelMaxF32Lanes = 8;
 inline constexpr bool kKernelUsesBf16Dot = false;
 inline constexpr bool kKernelUsesInt8Dot = false;
 
+// The extensions of `used` (dispatched_features()) the kernel does use: the
+// dot-product ones only where it has those paths.
+inline CpuFeatures attention_kernel_features(CpuFeatures used) {
+  used.avx512_bf16 = used.avx512_bf16 && kKernelUsesBf16Dot;
+  used.avx512_vnni = used.avx512_vnni && kKernelUsesInt8Dot;
+  return used;
+}
+
+// fp32 lanes per vector the kernel computes on at the target of `used`
+// (0: Highway's portable C++ fallback).
+inline int attention_kernel_lanes(const CpuFeatures& used) {
+  const int target_lanes = used.avx512f ? 16 : used.avx2 ? 8 : used.sse4_2 ? 4 : 0;
+  return target_lanes < kKernelMaxF32Lanes ? target_lanes : kKernelMaxF32Lanes;
+}
+
 // `target` and `used` as pagedattn::dispatched_target_name() / dispatched_features().
 inline PeakClass attention_peak_class(DType kv, const std::string& target, const CpuFeatures& used) {
   const bool avx512 = used.avx512f;

