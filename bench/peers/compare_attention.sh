@@ -16,6 +16,7 @@
 #   PAGEDATTN_BENCH_LOCK a lock file: each run holds it exclusively (flock -x),
 #                        so jobs sharing the machine keep out of the timings
 #   PAGEDATTN_MAX_TARGET passed on: caps pagedattn's Highway target
+#   LOG_DIR              keep every run's full output there (one file per run)
 # The machine probes run alone before the first shape and after the last
 # (`bench-attention --probe-only`); the pagedattn runs skip them. Prints one
 # Markdown table: median ms per call of each run, pagedattn's K+V GB/s and
@@ -35,6 +36,7 @@ pagedattn="$build_dir/tools/pagedattn"
 threads=${THREADS:-2}
 rounds=${ROUNDS:-2}
 seconds=${SECONDS_PER_RUN:-2}
+[[ -z ${LOG_DIR:-} ]] || mkdir -p "$LOG_DIR"
 [[ -x $pagedattn ]] || { echo "no $pagedattn: build the pagedattn_cli target first" >&2; exit 2; }
 "$python" -c 'import torch' || { echo "$python cannot import torch (see $here/README.md)" >&2; exit 2; }
 
@@ -53,8 +55,20 @@ shapes=(
   "10|paged (page 16) vs contiguous, f16 b8 kv16k|--kv-dtype f16 --batch 8 --kv-len 16384|contiguous|-"
 )
 
+# Runs a program (holding the lock if one is set) and prints its output; a
+# failing run is reported on stderr and leaves its figures empty ("-").
 run_locked() {
-  if [[ -n ${PAGEDATTN_BENCH_LOCK:-} ]]; then flock -x "$PAGEDATTN_BENCH_LOCK" "$@"; else "$@"; fi
+  local out status=0
+  if [[ -n ${PAGEDATTN_BENCH_LOCK:-} ]]; then
+    out=$(flock -x "$PAGEDATTN_BENCH_LOCK" "$@" 2>&1) || status=$?
+  else
+    out=$("$@" 2>&1) || status=$?
+  fi
+  [[ $status -eq 0 ]] || echo "run failed (exit $status): $* :: $(tail -1 <<<"$out")" >&2
+  if [[ -n ${LOG_DIR:-} ]]; then
+    printf '%s\n%s\n' "$*" "$out" >"$LOG_DIR/run-$(date +%s%N).txt"
+  fi
+  echo "$out"
 }
 
 # Median ms per call from any of the three programs' output.
@@ -84,6 +98,7 @@ echo
 
 probes=$(probe_run)
 read_median=$(probe_median "read bandwidth")
+[[ -n $read_median ]] || { echo "bench-attention --probe-only failed:" >&2; echo "$probes" >&2; exit 1; }
 rows=()
 for entry in "${shapes[@]}"; do
   IFS='|' read -r number label pa_opts vllm_opts sdpa_opts <<<"$entry"
