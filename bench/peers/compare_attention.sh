@@ -13,8 +13,9 @@
 #   ROUNDS=2             rounds per shape (A, B, A, B, ...)
 #   SECONDS_PER_RUN=2    timed seconds per run
 #   SHAPES="1 2 ..."     a subset of the shape numbers below (default: all)
-#   PAGEDATTN_BENCH_LOCK a lock file: each run holds it exclusively (flock -x),
-#                        so jobs sharing the machine keep out of the timings
+#   PAGEDATTN_BENCH_LOCK a lock file that jobs sharing the machine take: held
+#                        exclusively (flock -x) for each shape's rounds and each
+#                        probe run, so they keep out of the timings
 #   PAGEDATTN_MAX_TARGET passed on: caps pagedattn's Highway target
 #   LOG_DIR              keep every run's full output there (one file per run)
 # The machine probes run alone before the first shape and after the last
@@ -55,15 +56,18 @@ shapes=(
   "10|paged (page 16) vs contiguous, f16 b8 kv16k|--kv-dtype f16 --batch 8 --kv-len 16384|contiguous|-"
 )
 
-# Runs a program (holding the lock if one is set) and prints its output; a
-# failing run is reported on stderr and leaves its figures empty ("-").
-run_locked() {
+# With PAGEDATTN_BENCH_LOCK, the script holds the lock exclusively for each
+# shape's rounds and for each probe run (short sections), not in between.
+lock_fd=""
+if [[ -n ${PAGEDATTN_BENCH_LOCK:-} ]]; then exec {lock_fd}>>"$PAGEDATTN_BENCH_LOCK"; fi
+hold_lock() { [[ -z $lock_fd ]] || flock -x "$lock_fd"; }
+release_lock() { [[ -z $lock_fd ]] || flock -u "$lock_fd"; }
+
+# Runs a program and prints its output; a failing run is reported on stderr
+# and leaves its figures empty ("-").
+run_logged() {
   local out status=0
-  if [[ -n ${PAGEDATTN_BENCH_LOCK:-} ]]; then
-    out=$(flock -x "$PAGEDATTN_BENCH_LOCK" "$@" 2>&1) || status=$?
-  else
-    out=$("$@" 2>&1) || status=$?
-  fi
+  out=$("$@" 2>&1) || status=$?
   [[ $status -eq 0 ]] || echo "run failed (exit $status): $* :: $(tail -1 <<<"$out")" >&2
   if [[ -n ${LOG_DIR:-} ]]; then
     printf '%s\n%s\n' "$*" "$out" >"$LOG_DIR/run-$(date +%s%N).txt"
@@ -71,14 +75,15 @@ run_locked() {
   echo "$out"
 }
 
-# Median ms per call from any of the three programs' output.
-median_ms() { sed -n 's/^time per call: median \([0-9.]*\) ms.*/\1/p' | head -1; }
-
 run_pagedattn() {  # options...
-  run_locked "$pagedattn" bench-attention "$@" --threads "$threads" --seconds "$seconds" --no-check --no-probe
+  run_logged "$pagedattn" bench-attention "$@" --threads "$threads" --seconds "$seconds" --no-check --no-probe
 }
 
-probe_run() { run_locked "$pagedattn" bench-attention --probe-only --threads "$threads"; }
+probe_run() {
+  hold_lock
+  run_logged "$pagedattn" bench-attention --probe-only --threads "$threads"
+  release_lock
+}
 
 # The median of probe line "probe: NAME: min a, median b, max c UNIT ..." in $probes.
 probe_median() {
@@ -105,6 +110,7 @@ for entry in "${shapes[@]}"; do
   if [[ -n ${SHAPES:-} && " $SHAPES " != *" $number "* ]]; then continue; fi
   [[ $sdpa_opts == same ]] && sdpa_opts=$vllm_opts
   pa_ms=() peer_ms=() sdpa_ms=() ratios=() rate="" fraction=""
+  hold_lock
   for ((r = 0; r < rounds; ++r)); do
     # shellcheck disable=SC2086  # options are word lists
     out=$(run_pagedattn $pa_opts)
@@ -121,17 +127,18 @@ for entry in "${shapes[@]}"; do
       peer=$(run_pagedattn $pa_opts --contiguous | median_ms)
     elif [[ $vllm_opts != - ]]; then
       # shellcheck disable=SC2086
-      peer=$(run_locked "$python" "$here/vllm_bench.py" $vllm_opts --threads "$threads" --seconds "$seconds" | median_ms)
+      peer=$(run_logged "$python" "$here/vllm_bench.py" $vllm_opts --threads "$threads" --seconds "$seconds" | median_ms)
     fi
     peer_ms+=("${peer:--}")
     ratios+=("$(ratio "$peer" "$pa")")
     if [[ $sdpa_opts != - ]]; then
       # shellcheck disable=SC2086
-      sdpa_ms+=("$(run_locked "$python" "$here/sdpa_bench.py" $sdpa_opts --threads "$threads" --seconds "$seconds" | median_ms)")
+      sdpa_ms+=("$(run_logged "$python" "$here/sdpa_bench.py" $sdpa_opts --threads "$threads" --seconds "$seconds" | median_ms)")
     else
       sdpa_ms+=("-")
     fi
   done
+  release_lock
   peer_name=$([[ $vllm_opts == contiguous ]] && echo "contiguous" || echo "vLLM")
   rows+=("| $number | $label | $(join_slash "${pa_ms[@]}") | $rate | $fraction | $peer_name $(join_slash "${peer_ms[@]}") | $(join_slash "${sdpa_ms[@]}") | $(join_slash "${ratios[@]}") |")
   echo "done: $label" >&2
