@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <new>
 #include <random>
 #include <sstream>
@@ -18,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "pagedattn/errors.h"
+
 namespace pagedattn::bench {
 namespace {
 
@@ -25,10 +30,24 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kReadBlock = 256;  // bytes per unrolled read-loop trip
-constexpr int kFmaChains = 12;           // independent accumulators per thread
+constexpr int kChains = 12;              // independent accumulators per compute probe thread
+constexpr int kStepsPerTrip = 2;         // steps of every chain per loop trip
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Spread {
+  double min = 0.0, median = 0.0, max = 0.0, mean = 0.0;
+};
+
+Spread spread_of(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  double sum = 0.0;
+  for (double x : v) sum += x;
+  const std::size_t n = v.size();
+  return {v.front(), n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.back(), sum / double(n)};
 }
 
 int resolve_threads(int threads) { return threads > 0 ? threads : std::max(1, omp_get_max_threads()); }
@@ -76,70 +95,162 @@ __attribute__((noinline)) std::uint64_t read_scalar(const std::byte* p, std::siz
   return a0 ^ a1 ^ a2 ^ a3;
 }
 
-// --- FMA kernels ----------------------------------------------------------------
+// --- compute kernels ---------------------------------------------------------------
+//
+// Each runs kChains independent chains of one instruction, two steps per
+// chain per trip. The empty asm ties every accumulator to a register each
+// trip, so the compiler can neither spill nor fold the chains (the register
+// copies it may add around the asm then cost 1 in 12 instructions, not 1 in 6:
+// Zen 4 does not eliminate zmm copies). fp32 chains converge to c / (1 - m) = 1
+// (no overflow, no denormals); the dot-product chains grow by a tiny step
+// (bf16) or wrap (int32), neither of which changes the instruction's speed.
 
-// 12 chains x 8 lanes x 2 FLOP per trip. Each chain converges to c / (1 - m)
-// = 1 (no overflow, no denormals). The empty asm ties every accumulator to a
-// register each trip, so the compiler can neither spill nor fold the chains.
-__attribute__((target("avx2,fma"), noinline)) float fma_avx2(std::int64_t iterations) {
-  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
-  __m256 a0 = _mm256_set1_ps(0.5f), a1 = _mm256_set1_ps(0.6f), a2 = _mm256_set1_ps(0.7f),
-         a3 = _mm256_set1_ps(0.8f), a4 = _mm256_set1_ps(0.9f), a5 = _mm256_set1_ps(1.1f),
-         a6 = _mm256_set1_ps(1.2f), a7 = _mm256_set1_ps(1.3f), a8 = _mm256_set1_ps(1.4f),
-         a9 = _mm256_set1_ps(1.5f), a10 = _mm256_set1_ps(1.6f), a11 = _mm256_set1_ps(1.7f);
-  for (std::int64_t i = 0; i < iterations; ++i) {
-    a0 = _mm256_fmadd_ps(a0, m, c);
-    a1 = _mm256_fmadd_ps(a1, m, c);
-    a2 = _mm256_fmadd_ps(a2, m, c);
-    a3 = _mm256_fmadd_ps(a3, m, c);
-    a4 = _mm256_fmadd_ps(a4, m, c);
-    a5 = _mm256_fmadd_ps(a5, m, c);
-    a6 = _mm256_fmadd_ps(a6, m, c);
-    a7 = _mm256_fmadd_ps(a7, m, c);
-    a8 = _mm256_fmadd_ps(a8, m, c);
-    a9 = _mm256_fmadd_ps(a9, m, c);
-    a10 = _mm256_fmadd_ps(a10, m, c);
-    a11 = _mm256_fmadd_ps(a11, m, c);
-    asm volatile(""
-                 : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6),
-                   "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
+#define PAGEDATTN_CHAINS(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11)
+#define PAGEDATTN_TIE_CHAINS()                                                                     \
+  asm volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), \
+               "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11))
+
+__attribute__((noinline)) float mul_add_xmm(std::int64_t iterations) {
+  const __m128 m = _mm_set1_ps(0.999999f), c = _mm_set1_ps(1e-6f);
+#define INIT(i) __m128 a##i = _mm_set1_ps(0.5f + 0.1f * i);
+  PAGEDATTN_CHAINS(INIT)
+#undef INIT
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) a##i = _mm_add_ps(_mm_mul_ps(a##i, m), c);
+    PAGEDATTN_CHAINS(STEP)
+    PAGEDATTN_CHAINS(STEP)
+#undef STEP
+    PAGEDATTN_TIE_CHAINS();
   }
-  const __m256 s = _mm256_add_ps(
-      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                    _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7))),
-      _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+  __m128 sum = _mm_setzero_ps();
+#define SUM(i) sum = _mm_add_ps(sum, a##i);
+  PAGEDATTN_CHAINS(SUM)
+#undef SUM
+  alignas(16) float lanes[4];
+  _mm_store_ps(lanes, sum);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+__attribute__((target("avx2,fma"), noinline)) float fma_ymm(std::int64_t iterations) {
+  const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+#define INIT(i) __m256 a##i = _mm256_set1_ps(0.5f + 0.1f * i);
+  PAGEDATTN_CHAINS(INIT)
+#undef INIT
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) a##i = _mm256_fmadd_ps(a##i, m, c);
+    PAGEDATTN_CHAINS(STEP)
+    PAGEDATTN_CHAINS(STEP)
+#undef STEP
+    PAGEDATTN_TIE_CHAINS();
+  }
+  __m256 sum = _mm256_setzero_ps();
+#define SUM(i) sum = _mm256_add_ps(sum, a##i);
+  PAGEDATTN_CHAINS(SUM)
+#undef SUM
   alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, s);
+  _mm256_store_ps(lanes, sum);
   float total = 0.0f;
   for (float x : lanes) total += x;
   return total;
 }
 
-// Scalar fallback: multiply + add (2 FLOP) per chain per trip.
-__attribute__((noinline)) float fma_scalar(std::int64_t iterations) {
-  const float m = 0.999999f, c = 1e-6f;
-  float a[kFmaChains];
-  for (int j = 0; j < kFmaChains; ++j) a[j] = 0.5f + 0.1f * float(j);
-  float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5], a6 = a[6], a7 = a[7],
-        a8 = a[8], a9 = a[9], a10 = a[10], a11 = a[11];
-  for (std::int64_t i = 0; i < iterations; ++i) {
-    a0 = a0 * m + c;
-    a1 = a1 * m + c;
-    a2 = a2 * m + c;
-    a3 = a3 * m + c;
-    a4 = a4 * m + c;
-    a5 = a5 * m + c;
-    a6 = a6 * m + c;
-    a7 = a7 * m + c;
-    a8 = a8 * m + c;
-    a9 = a9 * m + c;
-    a10 = a10 * m + c;
-    a11 = a11 * m + c;
-    asm volatile(""
-                 : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6),
-                   "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
+// (_mm512_reduce_add_ps trips GCC 12's -Wuninitialized.)
+__attribute__((target("avx512f"))) float sum_lanes(__m512 v) {
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, v);
+  float total = 0.0f;
+  for (float x : lanes) total += x;
+  return total;
+}
+
+__attribute__((target("avx512f"), noinline)) float fma_zmm(std::int64_t iterations) {
+  const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
+#define INIT(i) __m512 a##i = _mm512_set1_ps(0.5f + 0.1f * i);
+  PAGEDATTN_CHAINS(INIT)
+#undef INIT
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) a##i = _mm512_fmadd_ps(a##i, m, c);
+    PAGEDATTN_CHAINS(STEP)
+    PAGEDATTN_CHAINS(STEP)
+#undef STEP
+    PAGEDATTN_TIE_CHAINS();
   }
-  return a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
+  __m512 sum = _mm512_setzero_ps();
+#define SUM(i) sum = _mm512_add_ps(sum, a##i);
+  PAGEDATTN_CHAINS(SUM)
+#undef SUM
+  return sum_lanes(sum);
+}
+
+// acc += a.even * b.even + a.odd * b.odd per fp32 lane: 1.0 x 2^-20 pairs.
+__attribute__((target("avx512f,avx512bf16"), noinline)) float bf16_dot_zmm(std::int64_t iterations) {
+  const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80);  // bf16 1.0
+  const __m512bh y = (__m512bh)_mm512_set1_epi16(0x3580);  // bf16 2^-20
+#define INIT(i) __m512 a##i = _mm512_set1_ps(0.5f + 0.1f * i);
+  PAGEDATTN_CHAINS(INIT)
+#undef INIT
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) a##i = _mm512_dpbf16_ps(a##i, x, y);
+    PAGEDATTN_CHAINS(STEP)
+    PAGEDATTN_CHAINS(STEP)
+#undef STEP
+    PAGEDATTN_TIE_CHAINS();
+  }
+  __m512 sum = _mm512_setzero_ps();
+#define SUM(i) sum = _mm512_add_ps(sum, a##i);
+  PAGEDATTN_CHAINS(SUM)
+#undef SUM
+  return sum_lanes(sum);
+}
+
+// acc += four u8 x s8 products per int32 lane (wrapping).
+__attribute__((target("avx512f,avx512vnni"), noinline)) float int8_dot_zmm(std::int64_t iterations) {
+  const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(-2);
+#define INIT(i) __m512i a##i = _mm512_set1_epi32(i);
+  PAGEDATTN_CHAINS(INIT)
+#undef INIT
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) a##i = _mm512_dpbusd_epi32(a##i, x, y);
+    PAGEDATTN_CHAINS(STEP)
+    PAGEDATTN_CHAINS(STEP)
+#undef STEP
+    PAGEDATTN_TIE_CHAINS();
+  }
+  __m512i sum = _mm512_setzero_si512();
+#define SUM(i) sum = _mm512_add_epi32(sum, a##i);
+  PAGEDATTN_CHAINS(SUM)
+#undef SUM
+  alignas(64) std::int32_t lanes[16];
+  _mm512_store_si512(lanes, sum);
+  std::int64_t total = 0;
+  for (std::int32_t x : lanes) total += x;
+  return float(total);
+}
+
+#undef PAGEDATTN_TIE_CHAINS
+#undef PAGEDATTN_CHAINS
+
+// Operations per chain step of each class (two steps per loop trip).
+double ops_per_chain_step(PeakClass c) {
+  switch (c) {
+    case PeakClass::kFp32MulAddXmm: return 4 * 2;  // a multiply and an add per lane
+    case PeakClass::kFp32FmaYmm: return 8 * 2;
+    case PeakClass::kFp32FmaZmm: return 16 * 2;
+    case PeakClass::kBf16DotZmm: return 16 * 2 * 2;
+    case PeakClass::kInt8DotZmm: return 16 * 4 * 2;
+  }
+  return 0;
+}
+
+float run_compute_kernel(PeakClass c, std::int64_t iterations) {
+  switch (c) {
+    case PeakClass::kFp32MulAddXmm: return mul_add_xmm(iterations);
+    case PeakClass::kFp32FmaYmm: return fma_ymm(iterations);
+    case PeakClass::kFp32FmaZmm: return fma_zmm(iterations);
+    case PeakClass::kBf16DotZmm: return bf16_dot_zmm(iterations);
+    case PeakClass::kInt8DotZmm: return int8_dot_zmm(iterations);
+  }
+  return 0.0f;
 }
 
 }  // namespace
@@ -179,12 +290,9 @@ HugeBuffer& HugeBuffer::operator=(HugeBuffer&& other) noexcept {
 
 // --- probes -------------------------------------------------------------------------
 
-bool cpu_has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
-}
+bool cpu_has_avx2() { return pagedattn::cpu_features().avx2; }
 
-bool cpu_has_avx2_fma() { return cpu_has_avx2() && __builtin_cpu_supports("fma"); }
+bool cpu_has_avx2_fma() { return cpu_has_avx2() && pagedattn::cpu_features().fma; }
 
 void touch_parallel(std::byte* p, std::size_t bytes) {
   const int threads = resolve_threads(0);
@@ -247,61 +355,106 @@ ReadBandwidthResult measure_read_bandwidth(std::size_t bytes, int passes, int th
   r.bytes = bytes / kReadBlock * kReadBlock;
   touch_parallel(buf.data(), buf.size());
   read_pass_seconds(buf.data(), r.bytes, r.threads);  // warm-up (TLB, threads, clocks)
-  double best = 0.0, sum = 0.0;
-  for (int i = 0; i < r.passes; ++i) {
-    const double gbps = double(r.bytes) / read_pass_seconds(buf.data(), r.bytes, r.threads) / 1e9;
-    best = std::max(best, gbps);
-    sum += gbps;
-  }
-  r.best_gbps = best;
-  r.mean_gbps = sum / r.passes;
+  std::vector<double> gbps;
+  for (int i = 0; i < r.passes; ++i)
+    gbps.push_back(double(r.bytes) / read_pass_seconds(buf.data(), r.bytes, r.threads) / 1e9);
+  const Spread spread = spread_of(gbps);
+  r.min_gbps = spread.min;
+  r.median_gbps = spread.median;
+  r.best_gbps = spread.max;
+  r.mean_gbps = spread.mean;
   r.other_cores = other_cores_between(s0, sample_cpu());
   return r;
 }
 
-double fma_pass_flops_per_thread(std::int64_t iterations) {
-  const double lanes = cpu_has_avx2_fma() ? 8.0 : 1.0;
-  return double(iterations) * kFmaChains * lanes * 2.0;
+const char* peak_class_name(PeakClass c) {
+  switch (c) {
+    case PeakClass::kFp32MulAddXmm: return "fp32 mul+add xmm (mulps, addps)";
+    case PeakClass::kFp32FmaYmm: return "fp32 FMA ymm (vfmadd231ps)";
+    case PeakClass::kFp32FmaZmm: return "fp32 FMA zmm (vfmadd231ps)";
+    case PeakClass::kBf16DotZmm: return "bf16 dot zmm (vdpbf16ps)";
+    case PeakClass::kInt8DotZmm: return "int8 dot zmm (vpdpbusd)";
+  }
+  return "?";
 }
 
-double fma_pass_seconds(std::int64_t iterations, int threads) {
+const char* peak_class_unit(PeakClass c) { return c == PeakClass::kInt8DotZmm ? "GOP/s" : "GFLOP/s"; }
+
+bool peak_class_available(PeakClass c) {
+  const pagedattn::CpuFeatures f = pagedattn::cpu_features();
+  switch (c) {
+    case PeakClass::kFp32MulAddXmm: return true;
+    case PeakClass::kFp32FmaYmm: return f.avx2 && f.fma;
+    case PeakClass::kFp32FmaZmm: return f.avx512f;
+    case PeakClass::kBf16DotZmm: return f.avx512f && f.avx512_bf16;
+    case PeakClass::kInt8DotZmm: return f.avx512f && f.avx512_vnni;
+  }
+  return false;
+}
+
+double compute_pass_ops_per_thread(PeakClass c, std::int64_t iterations) {
+  return double(iterations) * kChains * kStepsPerTrip * ops_per_chain_step(c);
+}
+
+double compute_pass_seconds(PeakClass c, std::int64_t iterations, int threads) {
+  require<pagedattn::Unsupported>(peak_class_available(c), peak_class_name(c),
+                                  ": this CPU does not support it");
   threads = resolve_threads(threads);
-  const bool avx2 = cpu_has_avx2_fma();
   float sink = 0.0f;
   const auto t0 = Clock::now();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-  sink += avx2 ? fma_avx2(iterations) : fma_scalar(iterations);
+  sink += run_compute_kernel(c, iterations);
   const double s = seconds_since(t0);
-  g_sink.fetch_add(static_cast<std::uint64_t>(sink), std::memory_order_relaxed);
+  g_sink.fetch_add(static_cast<std::uint64_t>(std::fabs(sink)), std::memory_order_relaxed);
   return s;
 }
 
-FmaPeakResult measure_fma_peak(double seconds_per_pass, int passes, int threads) {
-  FmaPeakResult r;
+ComputePeakResult measure_compute_peak(PeakClass c, double seconds_per_pass, int passes, int threads) {
+  ComputePeakResult r;
+  r.peak_class = c;
+  r.isa = peak_class_name(c);
   r.threads = resolve_threads(threads);
   r.passes = std::max(1, passes);
-  r.accumulators = kFmaChains;
-  r.isa = cpu_has_avx2_fma() ? "avx2+fma" : "scalar";
+  r.accumulators = kChains;
+  r.available = peak_class_available(c);
+  if (!r.available) return r;
   const CpuSample s0 = sample_cpu();
   // Calibrate: grow a pass until it takes >= 10 ms, then scale to the target.
   std::int64_t iterations = 1 << 16;
-  double s = fma_pass_seconds(iterations, r.threads);
+  double s = compute_pass_seconds(c, iterations, r.threads);
   while (s < 0.01) {
     iterations *= 4;
-    s = fma_pass_seconds(iterations, r.threads);
+    s = compute_pass_seconds(c, iterations, r.threads);
   }
   iterations = std::max<std::int64_t>(1, std::int64_t(double(iterations) * seconds_per_pass / s));
-  double best = 0.0, sum = 0.0;
-  for (int i = 0; i < r.passes; ++i) {
-    const double gflops =
-        fma_pass_flops_per_thread(iterations) * r.threads / fma_pass_seconds(iterations, r.threads) / 1e9;
-    best = std::max(best, gflops);
-    sum += gflops;
-  }
-  r.best_gflops = best;
-  r.mean_gflops = sum / r.passes;
+  const double ops = compute_pass_ops_per_thread(c, iterations) * r.threads;
+  std::vector<double> rates;
+  for (int i = 0; i < r.passes; ++i) rates.push_back(ops / compute_pass_seconds(c, iterations, r.threads) / 1e9);
+  const Spread spread = spread_of(rates);
+  r.min_gflops = spread.min;
+  r.median_gflops = spread.median;
+  r.best_gflops = spread.max;
+  r.mean_gflops = spread.mean;
   r.other_cores = other_cores_between(s0, sample_cpu());
   return r;
+}
+
+PeakClass widest_fp32_class() {
+  if (peak_class_available(PeakClass::kFp32FmaZmm)) return PeakClass::kFp32FmaZmm;
+  if (peak_class_available(PeakClass::kFp32FmaYmm)) return PeakClass::kFp32FmaYmm;
+  return PeakClass::kFp32MulAddXmm;
+}
+
+double fma_pass_seconds(std::int64_t iterations, int threads) {
+  return compute_pass_seconds(widest_fp32_class(), iterations, threads);
+}
+
+double fma_pass_flops_per_thread(std::int64_t iterations) {
+  return compute_pass_ops_per_thread(widest_fp32_class(), iterations);
+}
+
+FmaPeakResult measure_fma_peak(double seconds_per_pass, int passes, int threads) {
+  return measure_compute_peak(widest_fp32_class(), seconds_per_pass, passes, threads);
 }
 
 namespace {
@@ -329,11 +482,21 @@ const ReadBandwidthResult& machine_read_bandwidth() {
   return r;
 }
 
-const FmaPeakResult& machine_fma_peak() {
-  static const FmaPeakResult r = best_quiet_measurement<FmaPeakResult>(
-      [] { return measure_fma_peak(); }, [](const FmaPeakResult& x) { return x.best_gflops; });
-  return r;
+const ComputePeakResult& machine_compute_peak(PeakClass c) {
+  static std::mutex mutex;
+  static std::map<PeakClass, ComputePeakResult> measured;
+  const std::lock_guard lock(mutex);
+  auto it = measured.find(c);
+  if (it == measured.end())
+    it = measured
+             .emplace(c, best_quiet_measurement<ComputePeakResult>(
+                             [c] { return measure_compute_peak(c); },
+                             [](const ComputePeakResult& x) { return x.best_gflops; }))
+             .first;
+  return it->second;
 }
+
+const FmaPeakResult& machine_fma_peak() { return machine_compute_peak(widest_fp32_class()); }
 
 bool wait_for_quiet(double limit_seconds, double max_other_cores) {
   const auto t0 = Clock::now();

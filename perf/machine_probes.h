@@ -3,41 +3,77 @@
 // as a fraction of it.
 //
 //   * read bandwidth: all OpenMP threads stream-read a buffer (default 1 GiB,
-//     well above any L3; huge-page advised and pre-touched) with 256-bit loads;
-//     best of 30 passes (about 1 s), in GB/s (1e9 bytes per second);
-//   * fp32 FMA peak: all OpenMP threads run 12 independent AVX2 FMA chains
-//     held in registers; best of several passes, in GFLOP/s (an FMA is 2 FLOP).
+//     well above any L3; huge-page advised and pre-touched) with 256-bit loads
+//     (DRAM, not the load width, bounds it); 30 passes (about 1 s), reported
+//     as min / median / max in GB/s (1e9 bytes per second);
+//   * compute peaks, one per instruction class (PeakClass): all OpenMP
+//     threads run 12 independent chains of one instruction held in
+//     registers, 7 passes of about 0.1 s. fp32 FMA at 512 bits (zmm,
+//     vfmadd231ps), 256 bits (ymm) and 128-bit SSE multiply + add; bf16 dot
+//     products (vdpbf16ps, zmm) and int8 dot products (vpdpbusd, zmm) where
+//     the CPU has AVX512-BF16 / AVX512-VNNI. An FMA counts 2 FLOP; vdpbf16ps
+//     64 FLOP (16 lanes x 2 bf16 pairs); vpdpbusd 128 integer ops (16 lanes x
+//     4 byte pairs), reported as GOP/s.
 //
-// Both fall back to scalar code when the CPU lacks AVX2 / FMA (checked at run
-// time; the probe file is compiled for the baseline ISA with function-level
-// target attributes), and say so in `isa`.
+// The probe file is compiled for the baseline ISA; each probe loop has a
+// function-level target attribute and runs only when cpuid says the CPU (and
+// OS) supports it (pagedattn::cpu_features()).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "pagedattn/cpu_features.h"
+
 namespace pagedattn::bench {
 
 struct ReadBandwidthResult {
-  double best_gbps = 0.0;  // best pass
-  double mean_gbps = 0.0;  // mean over passes
+  double min_gbps = 0.0;     // slowest pass
+  double median_gbps = 0.0;  // median pass
+  double best_gbps = 0.0;    // fastest pass (the max)
+  double mean_gbps = 0.0;    // mean over passes
   double other_cores = 0.0;  // others' CPU use meanwhile (other_cores_between)
-  std::size_t bytes = 0;   // buffer size
+  std::size_t bytes = 0;     // buffer size
   int passes = 0;
   int threads = 0;
-  std::string isa;         // "avx2" or "scalar"
+  std::string isa;           // "avx2" or "scalar"
 };
 
-struct FmaPeakResult {
-  double best_gflops = 0.0;
+// The instruction classes a kernel's inner products can use; each has its
+// own measured peak.
+enum class PeakClass {
+  kFp32MulAddXmm,  // SSE mulps + addps, 4 lanes (targets below AVX2)
+  kFp32FmaYmm,     // vfmadd231ps ymm, 8 lanes
+  kFp32FmaZmm,     // vfmadd231ps zmm, 16 lanes
+  kBf16DotZmm,     // vdpbf16ps zmm (AVX512-BF16)
+  kInt8DotZmm,     // vpdpbusd zmm (AVX512-VNNI)
+};
+inline constexpr PeakClass kAllPeakClasses[] = {PeakClass::kFp32MulAddXmm, PeakClass::kFp32FmaYmm,
+                                                PeakClass::kFp32FmaZmm, PeakClass::kBf16DotZmm,
+                                                PeakClass::kInt8DotZmm};
+
+// "fp32 FMA zmm (vfmadd231ps)" and the like.
+const char* peak_class_name(PeakClass c);
+// "GFLOP/s", or "GOP/s" for the integer class.
+const char* peak_class_unit(PeakClass c);
+// Whether this CPU (and OS) can run the class at all.
+bool peak_class_available(PeakClass c);
+
+struct ComputePeakResult {
+  PeakClass peak_class = PeakClass::kFp32FmaYmm;
+  bool available = false;    // false: not measured, the figures are 0
+  double min_gflops = 0.0;   // GFLOP/s, or GOP/s for kInt8DotZmm
+  double median_gflops = 0.0;
+  double best_gflops = 0.0;  // the fastest pass: the peak
   double mean_gflops = 0.0;
   double other_cores = 0.0;  // others' CPU use meanwhile (other_cores_between)
   int passes = 0;
   int threads = 0;
-  int accumulators = 0;    // independent FMA chains per thread
-  std::string isa;         // "avx2+fma" or "scalar"
+  int accumulators = 0;      // independent chains per thread
+  std::string isa;           // peak_class_name
 };
+using FmaPeakResult = ComputePeakResult;
 
 // A buffer of `bytes` from mmap, advised for transparent huge pages; not
 // touched (callers decide which threads touch it first). Throws std::bad_alloc.
@@ -76,9 +112,17 @@ double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t
 // Fresh measurements (allocate, touch, run `passes` passes, free).
 ReadBandwidthResult measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30,
                                            int passes = 30, int threads = 0);
-// One FMA-probe pass of `iterations` loop trips per thread; returns seconds.
+// One pass of the `c` probe: `iterations` loop trips per thread; seconds.
+double compute_pass_seconds(PeakClass c, std::int64_t iterations, int threads);
+// Operations (FLOP, or integer ops) one thread performs in that pass.
+double compute_pass_ops_per_thread(PeakClass c, std::int64_t iterations);
+ComputePeakResult measure_compute_peak(PeakClass c, double seconds_per_pass = 0.1, int passes = 7,
+                                       int threads = 0);
+
+// The widest fp32 FMA class this CPU has (zmm, ymm, else SSE multiply + add).
+PeakClass widest_fp32_class();
+// The same probe for widest_fp32_class(), kept for the Google Benchmark suite.
 double fma_pass_seconds(std::int64_t iterations, int threads);
-// FLOPs one thread performs in one pass of `iterations` trips.
 double fma_pass_flops_per_thread(std::int64_t iterations);
 FmaPeakResult measure_fma_peak(double seconds_per_pass = 0.1, int passes = 7, int threads = 0);
 
@@ -87,6 +131,9 @@ FmaPeakResult measure_fma_peak(double seconds_per_pass = 0.1, int passes = 7, in
 // measurement during which other processes used more than 0.1 core is
 // repeated (after wait_for_quiet, at most 3 attempts); the best is kept.
 const ReadBandwidthResult& machine_read_bandwidth();
+// The peak of class `c` (available == false where the CPU lacks it).
+const ComputePeakResult& machine_compute_peak(PeakClass c);
+// machine_compute_peak(widest_fp32_class()).
 const FmaPeakResult& machine_fma_peak();
 
 // Contention from the rest of the machine (other processes, hypervisor
@@ -107,7 +154,7 @@ double other_cores_between(const CpuSample& a, const CpuSample& b);
 // use less than `max_other_cores`; returns whether one came.
 bool wait_for_quiet(double limit_seconds, double max_other_cores = 0.1);
 
-// Run-time CPU feature checks.
+// Run-time CPU feature checks (pagedattn::cpu_features()).
 bool cpu_has_avx2();
 bool cpu_has_avx2_fma();
 

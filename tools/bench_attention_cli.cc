@@ -15,9 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "attention_peak.h"
 #include "attention_workload.h"
 #include "machine_probes.h"
 #include "pagedattn/attention.h"
+#include "pagedattn/cpu_features.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::tools {
@@ -31,9 +33,20 @@ struct Options {
   pb::Config shape;
   double seconds = 2.0;  // timed calls run at least this long
   bool probe = true;
+  bool probe_only = false;  // the probes alone, no kernel
   bool check = true;
   bool hot = false;  // re-read one copy (K/V in cache when it fits) instead of rotating
+  std::string max_target;  // --max-target: overrides PAGEDATTN_MAX_TARGET
 };
+
+std::string target_list() {
+  std::string out;
+  for (const std::string& t : known_target_names()) {
+    if (!out.empty()) out += ' ';
+    out += t;
+  }
+  return out;
+}
 
 // The defaults printed here are read from Options{} so that help and behaviour
 // cannot drift apart.
@@ -53,13 +66,16 @@ void print_usage(std::FILE* out) {
                "  --page-size P           (default %d); --contiguous: one page per sequence\n"
                "  --seconds S             time calls for at least S seconds (default %g)\n"
                "  --threads N             OpenMP threads for kernel and probes (default %d)\n"
-               "  --no-probe              skip the bandwidth / FMA probes\n"
+               "  --max-target T          cap Highway dispatch at target T (as the environment\n"
+               "                          variable PAGEDATTN_MAX_TARGET does): %s\n"
+               "  --no-probe              skip the bandwidth / compute-peak probes\n"
+               "  --probe-only            run the probes alone (no kernel)\n"
                "  --no-check              skip the comparison with the scalar reference\n"
                "  --hot                   re-read the first copy every call: K/V stay in\n"
                "                          L2/L3 if they fit (the kernel's compute rate)\n"
                "exit status 3 when the kernel disagrees with the reference\n",
                pb::short_name(c.kv).c_str(), c.batch, c.kv_len, c.qo_heads, c.kv_heads, kMinHeadDim,
-               kMaxHeadDim, c.head_dim, c.page, d.seconds, omp_get_max_threads());
+               kMaxHeadDim, c.head_dim, c.page, d.seconds, omp_get_max_threads(), target_list().c_str());
 }
 
 DType parse_dtype(const std::string& s) {
@@ -120,8 +136,13 @@ Options parse(int argc, char** argv) {
                                "--seconds: expected (0, 600]");
     } else if (flag == "--threads") {
       omp_set_num_threads(parse_int("--threads", value(), 1, 1024));
+    } else if (flag == "--max-target") {
+      o.max_target = value();
+      require<InvalidArgument>(!o.max_target.empty(), "--max-target: expected a target name");
     } else if (flag == "--no-probe") {
       o.probe = false;
+    } else if (flag == "--probe-only") {
+      o.probe_only = true;
     } else if (flag == "--no-check") {
       o.check = false;
     } else if (flag == "--hot") {
@@ -181,6 +202,58 @@ Timing time_calls(pb::Workload& w, double seconds, bool hot) {
   return {times.front(), times[times.size() / 2], static_cast<int>(times.size())};
 }
 
+// What runs: the dispatched target, where its cap came from, the ISA
+// extensions that target may use and those the CPU has.
+void print_dispatch(const Options& o) {
+  const std::string cap = max_target();
+  const std::string source = cap.empty()              ? "none"
+                             : !o.max_target.empty() ? "--max-target " + cap
+                                                     : std::string(kMaxTargetVariable) + "=" + cap;
+  std::printf("target: %s (Highway dynamic dispatch; cap: %s)\n", dispatched_target_name().c_str(),
+              source.c_str());
+  const CpuFeatures used = pb::attention_kernel_features(dispatched_features());
+  const int lanes = pb::attention_kernel_lanes(used);
+  std::printf("isa in use: %s; attention computes on %s\n", feature_names(used).c_str(),
+              lanes ? (std::to_string(lanes) + " fp32 lanes (" + std::to_string(lanes * 32) + "-bit vectors)").c_str()
+                    : "portable C++");
+  std::printf("cpu has: %s\n", feature_names(cpu_features()).c_str());
+}
+
+// Every probe: read bandwidth and each compute class (min / median / max
+// over its passes).
+void print_probes() {
+  const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
+  std::printf("probe: read bandwidth: min %.1f, median %.1f, max %.1f GB/s (%d passes over %zu MiB, %d threads, %s loads)\n",
+              bw.min_gbps, bw.median_gbps, bw.best_gbps, bw.passes, bw.bytes >> 20, bw.threads,
+              bw.isa.c_str());
+  for (pb::PeakClass k : pb::kAllPeakClasses) {
+    const pb::ComputePeakResult& p = pb::machine_compute_peak(k);
+    if (!p.available) {
+      std::printf("probe: %s: not on this CPU\n", pb::peak_class_name(k));
+      continue;
+    }
+    std::printf("probe: %s: min %.1f, median %.1f, max %.1f %s (%d passes, %d threads x %d chains)\n",
+                pb::peak_class_name(k), p.min_gflops, p.median_gflops, p.best_gflops,
+                pb::peak_class_unit(k), p.passes, p.threads, p.accumulators);
+  }
+}
+
+// The run as fractions of the probes: the median call against the median
+// probe pass, the best call against the best pass (a shared host's median
+// also counts time taken by others). The compute peak is that of the
+// instruction class the dispatched kernel computes with (attention_peak.h).
+void print_fractions(const pb::Config& c, const Timing& t, pb::PeakClass k) {
+  print_probes();
+  const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
+  const pb::ComputePeakResult& peak = pb::machine_compute_peak(k);
+  auto gbps = [&](double seconds) { return c.kv_bytes_per_call() / seconds / 1e9; };
+  auto gflops = [&](double seconds) { return c.flops_per_call() / seconds / 1e9; };
+  std::printf("fraction of the machine: %.1f%% of read bandwidth, %.1f%% of compute peak (median call / median probe pass)\n",
+              100.0 * gbps(t.median) / bw.median_gbps, 100.0 * gflops(t.median) / peak.median_gflops);
+  std::printf("best call against the same probes: %.1f%% of read bandwidth, %.1f%% of compute peak (best call / best pass)\n",
+              100.0 * gbps(t.best) / bw.best_gbps, 100.0 * gflops(t.best) / peak.best_gflops);
+}
+
 }  // namespace
 
 int run_bench_attention(int argc, char** argv) {
@@ -190,7 +263,17 @@ int run_bench_attention(int argc, char** argv) {
       return 0;
     }
   const Options o = parse(argc, argv);
+  apply_max_target_from_environment();  // an unknown value fails here, before any work
+  if (!o.max_target.empty()) set_max_target(o.max_target);
   const pb::Config& c = o.shape;
+  print_dispatch(o);
+  if (o.probe_only) {
+    print_probes();
+    return 0;
+  }
+  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_target_name(), dispatched_features());
+  std::printf("compute class: %s (the kernel's inner products for %s KV at this target)\n",
+              pb::peak_class_name(k), pb::short_name(c.kv).c_str());
   std::printf(
       "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
       pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
@@ -217,18 +300,7 @@ int run_bench_attention(int argc, char** argv) {
   std::printf("time per call: median %.3f ms, best %.3f ms (%d calls)\n", t.median * 1e3,
               t.best * 1e3, t.calls);
   std::printf("K+V read: %.2f GB/s   compute: %.1f GFLOP/s\n", gbps(t.median), gflops(t.median));
-  if (o.probe) {
-    const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
-    const pb::FmaPeakResult& fma = pb::machine_fma_peak();
-    std::printf("machine: read bandwidth %.1f GB/s (%s), fp32 FMA peak %.1f GFLOP/s (%s)\n",
-                bw.best_gbps, bw.isa.c_str(), fma.best_gflops, fma.isa.c_str());
-    std::printf("fraction of the machine: %.1f%% of read bandwidth, %.1f%% of FMA peak\n",
-                100.0 * gbps(t.median) / bw.best_gbps, 100.0 * gflops(t.median) / fma.best_gflops);
-    // The probes report their best pass; the best call is the like-for-like
-    // figure on a shared host, where the median also counts time taken by others.
-    std::printf("best call against the same probes: %.1f%% of read bandwidth, %.1f%% of FMA peak\n",
-                100.0 * gbps(t.best) / bw.best_gbps, 100.0 * gflops(t.best) / fma.best_gflops);
-  }
+  if (o.probe) print_fractions(c, t, k);
   return 0;
 }
 

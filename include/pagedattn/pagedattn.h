@@ -2,6 +2,7 @@
 #pragma once
 
 #include "pagedattn/attention.h"
+#include "pagedattn/cpu_features.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_cache.h"

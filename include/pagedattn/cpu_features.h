@@ -1,0 +1,84 @@
+// Which SIMD code the CPU kernels run: the CPU's ISA extensions, the Highway
+// target that dynamic dispatch picks, and a cap on that target.
+//
+// The cap comes from the environment variable PAGEDATTN_MAX_TARGET, read once
+// when the library is loaded (before any kernel runs), or from
+// set_max_target(). Its value names a Highway target, case-insensitive; every
+// dynamically dispatched kernel of the library then runs at most that target.
+// On x86-64, best first:
+//   avx3_dl  AVX-512 with VNNI, VBMI2, VPCLMULQDQ, VAES, BITALG (Ice Lake, Zen 4)
+//   avx3     AVX-512 F/BW/DQ/VL, 16 fp32 lanes
+//   avx2     AVX2 + FMA + F16C, 8 fp32 lanes
+//   sse4     SSE4.2, 4 fp32 lanes
+//   ssse3    SSSE3
+//   emu128, scalar  Highway's portable C++ fallbacks: a build compiles one of
+//            them (scalar with GCC before 12.3), and a cap at either runs it
+// (a newer Highway knows more names, e.g. avx3_zen4: known_target_names()
+// lists what this build accepts). A cap above what the CPU or the build offers
+// changes nothing. An unknown value is an error, not a warning: the variable
+// is then ignored and every attention call throws InvalidArgument naming
+// PAGEDATTN_MAX_TARGET and its value, so a benchmark or test run never
+// silently measures a target other than the one asked for.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pagedattn {
+
+// The environment variable that caps dispatch.
+inline constexpr const char* kMaxTargetVariable = "PAGEDATTN_MAX_TARGET";
+
+// x86 ISA extensions that the CPU and the operating system both support
+// (cpuid, and xgetbv for the AVX / AVX-512 register state). All false on
+// other architectures.
+struct CpuFeatures {
+  bool sse4_2 = false;
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512dq = false;
+  bool avx512vl = false;
+  bool avx512_vnni = false;  // vpdpbusd: int8 x uint8 dot products into int32
+  bool avx512_bf16 = false;  // vdpbf16ps: bf16 pair dot products into fp32
+};
+
+// The CPU's features (detected once).
+CpuFeatures cpu_features();
+
+// The features the dispatched kernels may use: those the dispatched target
+// requires, plus avx512_vnni and avx512_bf16 when the target is avx3 or better
+// and the CPU has them (the kernels' dot-product paths run only in their
+// AVX-512 code and only when cpu_features() reports the extension).
+CpuFeatures dispatched_features();
+
+// Space-separated names of the features set in `f`, e.g. "avx2 fma f16c";
+// "none" when none is.
+std::string feature_names(const CpuFeatures& f);
+
+// The Highway target that the library's kernels dispatch to now, lower-case
+// (e.g. "avx3", "avx2", "emu128").
+std::string dispatched_target_name();
+
+// Every target name PAGEDATTN_MAX_TARGET and set_max_target accept, best first.
+std::vector<std::string> known_target_names();
+
+// The cap in effect (a known_target_names() entry), or "" when there is none.
+std::string max_target();
+
+// Caps dispatch at `name` (case-insensitive; "" removes the cap), replacing
+// the environment's value and any error it caused. Throws InvalidArgument for
+// an unknown name, leaving the cap unchanged. Not to be called while kernels
+// run on other threads.
+void set_max_target(std::string_view name);
+
+// Re-reads PAGEDATTN_MAX_TARGET (unset or empty: no cap) as at load time.
+// Throws InvalidArgument naming the variable and value when the value is
+// unknown, leaving no cap in place; every attention call then throws too
+// until the cap is set again. Programs call it first to fail at once.
+void apply_max_target_from_environment();
+
+}  // namespace pagedattn

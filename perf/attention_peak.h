@@ -1,0 +1,55 @@
+// Which measured compute peak a run of the attention kernel is a fraction of.
+//
+// The rule: the peak of the instruction class that the dispatched kernel's
+// inner products (QK^T and PV) execute, at the vector width it computes on.
+//   * fp32 FMAs at min(the target's width, kKernelMaxF32Lanes) lanes: zmm for
+//     16, ymm for 8; targets below AVX2 have no FMA: SSE multiply + add;
+//   * bf16 KV on an AVX-512 target with AVX512-BF16, when the kernel does its
+//     products with vdpbf16ps (kKernelUsesBf16Dot): the vdpbf16ps peak;
+//   * int8 KV on an AVX-512 target with AVX512-VNNI, when the kernel does its
+//     products with vpdpbusd (kKernelUsesInt8Dot): the vpdpbusd peak.
+// The three kKernel* constants describe the kernel in src/kernels/cpu and
+// must change with it.
+#pragma once
+
+#include <string>
+
+#include "machine_probes.h"
+#include "pagedattn/cpu_features.h"
+#include "pagedattn/dtype.h"
+
+namespace pagedattn::bench {
+
+// The kernel computes on Highway CappedTag<float, 8> vectors: 8 lanes even
+// where the target offers 16.
+inline constexpr int kKernelMaxF32Lanes = 8;
+inline constexpr bool kKernelUsesBf16Dot = false;
+inline constexpr bool kKernelUsesInt8Dot = false;
+
+// The extensions of `used` (dispatched_features()) the kernel does use: the
+// dot-product ones only where it has those paths.
+inline CpuFeatures attention_kernel_features(CpuFeatures used) {
+  used.avx512_bf16 = used.avx512_bf16 && kKernelUsesBf16Dot;
+  used.avx512_vnni = used.avx512_vnni && kKernelUsesInt8Dot;
+  return used;
+}
+
+// fp32 lanes per vector the kernel computes on at the target of `used`
+// (0: Highway's portable C++ fallback).
+inline int attention_kernel_lanes(const CpuFeatures& used) {
+  const int target_lanes = used.avx512f ? 16 : used.avx2 ? 8 : used.sse4_2 ? 4 : 0;
+  return target_lanes < kKernelMaxF32Lanes ? target_lanes : kKernelMaxF32Lanes;
+}
+
+// `target` and `used` as pagedattn::dispatched_target_name() / dispatched_features().
+inline PeakClass attention_peak_class(DType kv, const std::string& target, const CpuFeatures& used) {
+  const bool avx512 = used.avx512f;
+  if (avx512 && kv == DType::kBF16 && kKernelUsesBf16Dot && used.avx512_bf16) return PeakClass::kBf16DotZmm;
+  if (avx512 && kv == DType::kINT8 && kKernelUsesInt8Dot && used.avx512_vnni) return PeakClass::kInt8DotZmm;
+  if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;
+  if (used.avx2 && used.fma) return PeakClass::kFp32FmaYmm;
+  (void)target;
+  return PeakClass::kFp32MulAddXmm;
+}
+
+}  // namespace pagedattn::bench
