@@ -546,8 +546,8 @@ RowQuery QueryOf(const Item& it, std::int64_t index) {
 // Applies softcap, ALiBi and visibility to one row's scores (vectorised over keys).
 void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const RowQuery& q,
                   std::int32_t head) {
-  const DF df;
-  const hn::RebindToSigned<DF> di;
+  const DW df;
+  const hn::RebindToSigned<DW> di;
   const std::size_t n = hn::Lanes(df);
   const AttentionOptions& opt = it.p->options;
   float* s = it.sc.s + std::size_t(row) * kKB;
@@ -565,9 +565,9 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
   const auto vhi = hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(hi - kb.first, -1, kKB)));
   const float slope = opt.alibi_slopes ? opt.alibi_slopes[head] : 0.0f;
   for (std::size_t i = 0; i < std::size_t(kKB); i += n) {
-    VF x = hn::LoadU(df, s + i);
+    VW x = hn::LoadU(df, s + i);
     if (opt.softcap > 0.0f) {
-      const VF cap = hn::Set(df, opt.softcap);
+      const VW cap = hn::Set(df, opt.softcap);
       x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
     }
     const auto idx = hn::Iota(di, static_cast<std::int32_t>(i));
@@ -575,7 +575,7 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
       // Key position minus query position (tree blocks carry key positions).
       const auto key_pos = kb.tree_position ? hn::LoadU(di, kb.tree_position + i)
                                             : hn::Add(idx, hn::Set(di, static_cast<std::int32_t>(kb.first)));
-      const VF dist = hn::ConvertTo(df, hn::Sub(key_pos, hn::Set(di, static_cast<std::int32_t>(q.position))));
+      const VW dist = hn::ConvertTo(df, hn::Sub(key_pos, hn::Set(di, static_cast<std::int32_t>(q.position))));
       x = hn::MulAdd(hn::Set(df, slope), dist, x);
     }
     auto visible = hn::And(hn::Gt(idx, vlo), hn::Lt(idx, vhi));
@@ -592,11 +592,11 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
 // kScale) in s.
 template <bool kScale>
 void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
-  const DF df;
+  const DW df;
   const std::size_t n = hn::Lanes(df);
   const KernelContext& c = *it.c;
   float* s = it.sc.s + std::size_t(row) * kKB;
-  VF vmax = hn::Set(df, kNegInf);
+  VW vmax = hn::Set(df, kNegInf);
   for (std::size_t i = 0; i < std::size_t(kKB); i += n) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
   const float m_old = it.sc.m[row];
   const float m_new = std::max(hn::GetLane(hn::MaxOfLanes(df, vmax)), m_old);
@@ -604,10 +604,10 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
     std::fill_n(s, kKB, 0.0f);
     return;
   }
-  const VF vm = hn::Set(df, m_new);
-  VF vsum = hn::Zero(df);
+  const VW vm = hn::Set(df, m_new);
+  VW vsum = hn::Zero(df);
   for (std::size_t i = 0; i < std::size_t(kKB); i += n) {
-    const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
+    const VW e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
     vsum = hn::Add(vsum, e);
     hn::StoreU(kScale ? hn::Mul(e, hn::LoadU(df, kb.v_scale + i)) : e, df, s + i);
   }
@@ -616,7 +616,7 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   it.sc.m[row] = m_new;
   if (corr != 1.0f) {
     float* o = it.sc.o + std::size_t(row) * c.dv;
-    const VF vc = hn::Set(df, corr);
+    const VW vc = hn::Set(df, corr);
     for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) hn::Store(hn::Mul(hn::Load(df, o + d), vc), df, o + d);
   }
 }
