@@ -40,6 +40,9 @@ using DF = DF8;
 using VF = hn::Vec<DF>;
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 constexpr std::size_t kLineBytes = 64;  // a cache line: the unit of every prefetch
+// Accumulators a tile keeps in registers: AVX-512 has 32 vector registers,
+// the other targets 16 (room for the loaded operands beside them).
+constexpr int kAccRegs = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 16 : 8;
 
 // --- a block of keys ------------------------------------------------------------------
 
@@ -416,11 +419,11 @@ HWY_INLINE V InRegister(V v) {
 // keys are read from the cache, so the same keys' V rows are prefetched meanwhile.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, int kKeys>
 HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t jj) {
-  static_assert(kRows * kKeys == 8, "Reduce8 takes 8 accumulators");
+  static_assert(kRows * kKeys % 8 == 0, "Reduce8 takes 8 accumulators");
   const DF df;
   const std::size_t n = hn::Lanes(df);
   const KernelContext& c = *it.c;
-  VF acc[8];
+  VF acc[kRows * kKeys];
   for (auto& a : acc) a = hn::Zero(df);
   const float* q = it.sc.q + std::size_t(row0) * c.dq;
   const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
@@ -435,8 +438,8 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = hn::MulAdd(qv, k[e], acc[r * kKeys + e]);
     }
   }
-  float dots[8];
-  Reduce8(acc, dots);
+  float dots[kRows * kKeys];
+  for (int i = 0; i < kRows * kKeys; i += 8) Reduce8(acc + i, dots + i);
   for (int r = 0; r < kRows; ++r) {
     float* out = it.sc.s + std::size_t(row0 + r) * kKB + jj;
     if constexpr (kScale) {
@@ -448,9 +451,17 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
 }
 
 // Scores the next group of rows from r against the block, as many as the
-// largest tile takes (4, 2 or 1); returns how many.
+// largest tile takes (8 on AVX-512, 4, 2 or 1); returns how many.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim>
 std::int32_t ScoreGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
+  // 8 rows (GQA 8) where the registers hold 8 x 2 sums: each K vector is
+  // converted once for the whole group.
+  if constexpr (kAccRegs >= 16) {
+    if (r + 8 <= row_end) {
+      for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kPrefetch, kDim, 8, 2>(it, kb, r, jj);
+      return 8;
+    }
+  }
   if (r + 4 <= row_end) {
     for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kPrefetch, kDim, 4, 2>(it, kb, r, jj);
     return 4;
@@ -478,9 +489,6 @@ void ScoreBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int3
 // keys), so full width on every target: 16 lanes on AVX-512.
 using DW = hn::CappedTag<float, 16>;
 using VW = hn::Vec<DW>;
-// Accumulators a tile keeps in registers: AVX-512 has 32 vector registers,
-// the other targets 16 (room for the loaded operands beside them).
-constexpr int kAccRegs = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 16 : 8;
 constexpr int kKeyVecs = kKB / int(hn::MaxLanes(DW()));  // vectors per row of scores
 
 // Scores kRows rows from row0 against the transposed block (TransposeKeys):
@@ -673,9 +681,16 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   }
 }
 
-// o[row] += weights x V for the next group of rows from r (4 or 1); returns how many.
+// o[row] += weights x V for the next group of rows from r (8 on AVX-512, 4
+// or 1); returns how many.
 template <DType kLoad, bool kPrefetch, int kDim>
 std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
+  if constexpr (kAccRegs >= 16) {
+    if (r + 8 <= row_end) {
+      AccumulateRows<kLoad, kPrefetch, kDim, 8>(it, kb, r);
+      return 8;
+    }
+  }
   if (r + 4 <= row_end) {
     AccumulateRows<kLoad, kPrefetch, kDim, 4>(it, kb, r);
     return 4;
