@@ -413,7 +413,7 @@ HWY_INLINE V InRegister(V v) {
   return v;
 }
 
-// Scores kRows rows x kKeys keys (kRows * kKeys == 8) starting at key jj,
+// Scores kRows rows x kKeys keys (kRows * kKeys: 8, or 16 on AVX-512) starting at key jj,
 // loading keys as kLoad (kT, or f32 from the converted block). kDim > 0 fixes
 // the head dim at compile time (fully unrolled fast paths). kPrefetch: the
 // keys are read from the cache, so the same keys' V rows are prefetched meanwhile.
