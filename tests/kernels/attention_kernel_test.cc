@@ -154,6 +154,37 @@ TEST(AttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
   });
 }
 
+// Prefill tiles (more than 8 rows per KV head: keys transposed, outer-product
+// QK, register-blocked PV) on every target: row counts that leave partial
+// row tiles, head dims whose PV leaves dims over (40, 136) and partial key
+// blocks, every KV dtype. Tolerances: output_tolerance (by output dtype; the
+// kernel accumulates in f32 like the reference's double, only the order differs).
+TEST(AttentionKernel, PrefillTilesMatchReferenceOnEveryTarget) {
+  for_each_highway_target([](std::int64_t target) {
+    std::uint32_t seed = 3000;
+    for (const std::int32_t dim : {40, 128, 136})
+      for (const DType k : {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3,
+                            DType::kFP8E5M2, DType::kINT8}) {
+        CaseSpec spec;
+        spec.seed = ++seed;
+        spec.q_lens = {7, 19};
+        spec.kv_lens = {45, 83};
+        spec.num_qo_heads = 12;
+        spec.num_kv_heads = 3;
+        spec.head_dim = dim;
+        spec.v_head_dim = dim;
+        spec.page_size = 16;
+        spec.kv_dtype = k;
+        spec.options.causal = seed % 2 == 0;
+        spec.per_head_fp8_scales = seed % 3 == 0;
+        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + describe(spec));
+        AttentionCase c(spec);
+        run_both(c, AttentionPlanOptions{2, 0, 16});
+        expect_close(c, hwy::TargetName(target));
+      }
+  });
+}
+
 TEST(AttentionKernel, PagedEqualsContiguousBitwise) {
   for (std::uint32_t seed = 2000; seed < 2030; ++seed) {
     const CaseSpec spec = random_spec(seed);

@@ -7,7 +7,9 @@
 // converted in registers (dequantisation scales are applied per key to the
 // score and to the softmax weight, not per element), so each K/V byte is
 // read once per group. When many rows share a block (prefill) the block is
-// first converted to f32 scratch and the same loops run on that.
+// first converted to f32 scratch, keys transposed: QK then runs as outer
+// products (a query element broadcast against a vector of keys) and PV on
+// full-width vectors, register-blocked, with no horizontal reductions.
 // Online softmax per row: (m, l, o), finalised to (o / l, m + log l), the
 // form merge_into combines.
 #include <omp.h>
@@ -38,6 +40,9 @@ using DF = DF8;
 using VF = hn::Vec<DF>;
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 constexpr std::size_t kLineBytes = 64;  // a cache line: the unit of every prefetch
+// Accumulators a tile keeps in registers: AVX-512 has 32 vector registers,
+// the other targets 16 (room for the loaded operands beside them).
+constexpr int kAccRegs = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 16 : 8;
 
 // --- a block of keys ------------------------------------------------------------------
 
@@ -224,6 +229,22 @@ HWY_INLINE void PrefetchLine(const void* row, std::size_t d, std::size_t elems) 
     __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 3);
 }
 
+// Converts a gathered block's V rows to f32 scratch rows and repoints them there.
+template <DType kT>
+void ConvertValues(const Item& it, KeyBlock& kb) {
+  const DF df;
+  const std::size_t n = hn::Lanes(df);
+  const KernelContext& c = *it.c;
+  for (std::int32_t jj = 0; jj < kKB; ++jj) {
+    float* vd = it.sc.v + std::size_t(jj) * c.dv;
+    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) {
+      PrefetchLine<kT>(kb.v_next[jj], d, c.v_head_dim);
+      hn::Store(LoadConvert<kT>(kb.v[jj], d), df, vd + d);
+    }
+    kb.v[jj] = vd;
+  }
+}
+
 // Converts a gathered block to f32 scratch rows and repoints it there.
 template <DType kT>
 void ConvertBlock(const Item& it, KeyBlock& kb) {
@@ -232,17 +253,73 @@ void ConvertBlock(const Item& it, KeyBlock& kb) {
   const KernelContext& c = *it.c;
   for (std::int32_t jj = 0; jj < kKB; ++jj) {
     float* kd = it.sc.k + std::size_t(jj) * c.dq;
-    float* vd = it.sc.v + std::size_t(jj) * c.dv;
     for (std::size_t d = 0; d < std::size_t(c.head_dim); d += n) {
       PrefetchLine<kT>(kb.k_next[jj], d, c.head_dim);
       hn::Store(LoadConvert<kT>(kb.k[jj], d), df, kd + d);
     }
-    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) {
-      PrefetchLine<kT>(kb.v_next[jj], d, c.v_head_dim);
-      hn::Store(LoadConvert<kT>(kb.v[jj], d), df, vd + d);
-    }
     kb.k[jj] = kd;
-    kb.v[jj] = vd;
+  }
+  ConvertValues<kT>(it, kb);
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// Stores 8 rows of 8 lanes transposed: lane i of every row goes to the 8
+// floats at out + i * stride (three rounds of interleaves, 24 shuffles).
+HWY_INLINE void StoreTransposed8x8(const VF* r, float* HWY_RESTRICT out, std::size_t stride) {
+  const DF df;
+  const hn::Repartition<std::uint64_t, DF> d64;
+  hn::Vec<decltype(d64)> u[8];
+  for (int h = 0; h < 2; ++h) {  // rows 4h .. 4h + 3
+    const VF* x = r + 4 * h;
+    const auto t0 = hn::BitCast(d64, hn::InterleaveLower(df, x[0], x[1]));
+    const auto t1 = hn::BitCast(d64, hn::InterleaveUpper(df, x[0], x[1]));
+    const auto t2 = hn::BitCast(d64, hn::InterleaveLower(df, x[2], x[3]));
+    const auto t3 = hn::BitCast(d64, hn::InterleaveUpper(df, x[2], x[3]));
+    // u[4h + i]: lanes i and i + 4 of the four rows.
+    u[4 * h + 0] = hn::InterleaveLower(d64, t0, t2);
+    u[4 * h + 1] = hn::InterleaveUpper(d64, t0, t2);
+    u[4 * h + 2] = hn::InterleaveLower(d64, t1, t3);
+    u[4 * h + 3] = hn::InterleaveUpper(d64, t1, t3);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const VF lo = hn::BitCast(df, u[i]), hi = hn::BitCast(df, u[4 + i]);
+    hn::Store(hn::ConcatLowerLower(df, hi, lo), df, out + std::size_t(i) * stride);
+    hn::Store(hn::ConcatUpperUpper(df, hi, lo), df, out + std::size_t(i + 4) * stride);
+  }
+}
+#endif
+
+// Converts the block's K rows into it.sc.k transposed, [head_dim][kKB]: the
+// layout of the outer-product QK (ScoreRowsOuter). Prefetches the following
+// K rows meanwhile, as ConvertBlock does.
+template <DType kT>
+void TransposeKeys(const Item& it, const KeyBlock& kb) {
+  const DF df;
+  const std::size_t dim = std::size_t(it.c->head_dim);
+  float* kt = it.sc.k;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (hn::MaxLanes(df) == 8) {
+    for (std::int32_t j0 = 0; j0 < kKB; j0 += 8)
+      for (std::size_t d = 0; d < dim; d += 8) {
+        VF r[8];
+        for (int i = 0; i < 8; ++i) {
+          PrefetchLine<kT>(kb.k_next[j0 + i], d, dim);
+          r[i] = LoadConvert<kT>(kb.k[j0 + i], d);
+        }
+        StoreTransposed8x8(r, kt + d * kKB + std::size_t(j0), kKB);
+      }
+    return;
+  }
+#endif
+  {  // 128-bit and scalar targets: lane by lane
+    const std::size_t n = hn::Lanes(df);
+    HWY_ALIGN float lanes[hn::MaxLanes(df)];
+    for (std::int32_t jj = 0; jj < kKB; ++jj)
+      for (std::size_t d = 0; d < dim; d += n) {
+        PrefetchLine<kT>(kb.k_next[jj], d, dim);
+        hn::Store(LoadConvert<kT>(kb.k[jj], d), df, lanes);
+        for (std::size_t i = 0; i < n; ++i) kt[(d + i) * kKB + std::size_t(jj)] = lanes[i];
+      }
   }
 }
 
@@ -328,24 +405,25 @@ HWY_INLINE void Reduce8(const VF* a, float* HWY_RESTRICT out) {
 // the QK tile becomes bound by the load ports instead of the FMA units.
 // The operand is the raw intrinsic vector; "v" (any of xmm/ymm/zmm 0-31) also
 // takes 512-bit vectors, which clang >= 16 refuses under "x" (SSE/AVX only).
-HWY_INLINE VF InRegister(VF v) {
+template <class V>
+HWY_INLINE V InRegister(V v) {
 #if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
   asm("" : "+v"(v.raw));
 #endif
   return v;
 }
 
-// Scores kRows rows x kKeys keys (kRows * kKeys == 8) starting at key jj,
+// Scores kRows rows x kKeys keys (kRows * kKeys: 8, or 16 on AVX-512) starting at key jj,
 // loading keys as kLoad (kT, or f32 from the converted block). kDim > 0 fixes
 // the head dim at compile time (fully unrolled fast paths). kPrefetch: the
 // keys are read from the cache, so the same keys' V rows are prefetched meanwhile.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, int kKeys>
 HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t jj) {
-  static_assert(kRows * kKeys == 8, "Reduce8 takes 8 accumulators");
+  static_assert(kRows * kKeys % 8 == 0, "Reduce8 takes 8 accumulators");
   const DF df;
   const std::size_t n = hn::Lanes(df);
   const KernelContext& c = *it.c;
-  VF acc[8];
+  VF acc[kRows * kKeys];
   for (auto& a : acc) a = hn::Zero(df);
   const float* q = it.sc.q + std::size_t(row0) * c.dq;
   const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
@@ -360,8 +438,8 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = hn::MulAdd(qv, k[e], acc[r * kKeys + e]);
     }
   }
-  float dots[8];
-  Reduce8(acc, dots);
+  float dots[kRows * kKeys];
+  for (int i = 0; i < kRows * kKeys; i += 8) Reduce8(acc + i, dots + i);
   for (int r = 0; r < kRows; ++r) {
     float* out = it.sc.s + std::size_t(row0 + r) * kKB + jj;
     if constexpr (kScale) {
@@ -373,9 +451,17 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
 }
 
 // Scores the next group of rows from r against the block, as many as the
-// largest tile takes (4, 2 or 1); returns how many.
+// largest tile takes (8 on AVX-512, 4, 2 or 1); returns how many.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim>
 std::int32_t ScoreGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
+  // 8 rows (GQA 8) where the registers hold 8 x 2 sums: each K vector is
+  // converted once for the whole group.
+  if constexpr (kAccRegs >= 16) {
+    if (r + 8 <= row_end) {
+      for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kPrefetch, kDim, 8, 2>(it, kb, r, jj);
+      return 8;
+    }
+  }
   if (r + 4 <= row_end) {
     for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kPrefetch, kDim, 4, 2>(it, kb, r, jj);
     return 4;
@@ -395,6 +481,55 @@ void ScoreBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int3
   std::int32_t r = row0;
   if (r < row_end) r += ScoreGroup<kLoad, kScale, kPrefetch, kDim>(it, kb, r, row_end);
   while (r < row_end) r += ScoreGroup<kLoad, kScale, false, kDim>(it, kb, r, row_end);
+}
+
+// --- QK of many rows: outer products on transposed keys -------------------------------
+
+// f32 vectors over scratch only (rows padded to 16 floats, blocks of 32
+// keys), so full width on every target: 16 lanes on AVX-512.
+using DW = hn::CappedTag<float, 16>;
+using VW = hn::Vec<DW>;
+constexpr int kKeyVecs = kKB / int(hn::MaxLanes(DW()));  // vectors per row of scores
+
+// Scores kRows rows from row0 against the transposed block (TransposeKeys):
+// per dimension, each row's query element is broadcast against kKeyVecs
+// vectors of keys, so scores build up in lanes with no reductions.
+template <bool kScale, int kDim, int kRows>
+HWY_INLINE void ScoreRowsOuter(const Item& it, const KeyBlock& kb, std::int32_t row0) {
+  const DW dw;
+  constexpr std::size_t kN = hn::MaxLanes(dw);
+  const KernelContext& c = *it.c;
+  const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
+  const float* q = it.sc.q + std::size_t(row0) * c.dq;
+  const float* kt = it.sc.k;
+  VW acc[kRows][kKeyVecs];
+  for (auto& row : acc)
+    for (auto& a : row) a = hn::Zero(dw);
+  for (std::size_t d = 0; d < dim; ++d) {
+    VW k[kKeyVecs];
+    for (int e = 0; e < kKeyVecs; ++e) k[e] = InRegister(hn::Load(dw, kt + d * kKB + e * kN));
+    for (int r = 0; r < kRows; ++r) {
+      const VW qb = hn::Set(dw, q[std::size_t(r) * c.dq + d]);
+      for (int e = 0; e < kKeyVecs; ++e) acc[r][e] = hn::MulAdd(qb, k[e], acc[r][e]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    float* out = it.sc.s + std::size_t(row0 + r) * kKB;
+    for (int e = 0; e < kKeyVecs; ++e) {
+      const VW x = kScale ? hn::Mul(acc[r][e], hn::LoadU(dw, kb.k_scale + e * kN)) : acc[r][e];
+      hn::Store(x, dw, out + e * kN);
+    }
+  }
+}
+
+// Scores rows [row0, row_end) against the transposed block, kAccRegs /
+// kKeyVecs rows at a time, then one at a time.
+template <bool kScale, int kDim>
+void ScoreBlockOuter(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
+  constexpr int kRows = kAccRegs / kKeyVecs > 0 ? kAccRegs / kKeyVecs : 1;
+  std::int32_t r = row0;
+  for (; r + kRows <= row_end; r += kRows) ScoreRowsOuter<kScale, kDim, kRows>(it, kb, r);
+  for (; r < row_end; ++r) ScoreRowsOuter<kScale, kDim, 1>(it, kb, r);
 }
 
 // --- masks, softcap, ALiBi, online softmax -----------------------------------------------
@@ -419,8 +554,8 @@ RowQuery QueryOf(const Item& it, std::int64_t index) {
 // Applies softcap, ALiBi and visibility to one row's scores (vectorised over keys).
 void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const RowQuery& q,
                   std::int32_t head) {
-  const DF df;
-  const hn::RebindToSigned<DF> di;
+  const DW df;
+  const hn::RebindToSigned<DW> di;
   const std::size_t n = hn::Lanes(df);
   const AttentionOptions& opt = it.p->options;
   float* s = it.sc.s + std::size_t(row) * kKB;
@@ -438,9 +573,9 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
   const auto vhi = hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(hi - kb.first, -1, kKB)));
   const float slope = opt.alibi_slopes ? opt.alibi_slopes[head] : 0.0f;
   for (std::size_t i = 0; i < std::size_t(kKB); i += n) {
-    VF x = hn::LoadU(df, s + i);
+    VW x = hn::LoadU(df, s + i);
     if (opt.softcap > 0.0f) {
-      const VF cap = hn::Set(df, opt.softcap);
+      const VW cap = hn::Set(df, opt.softcap);
       x = hn::Mul(cap, hn::Tanh(df, hn::Div(x, cap)));
     }
     const auto idx = hn::Iota(di, static_cast<std::int32_t>(i));
@@ -448,7 +583,7 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
       // Key position minus query position (tree blocks carry key positions).
       const auto key_pos = kb.tree_position ? hn::LoadU(di, kb.tree_position + i)
                                             : hn::Add(idx, hn::Set(di, static_cast<std::int32_t>(kb.first)));
-      const VF dist = hn::ConvertTo(df, hn::Sub(key_pos, hn::Set(di, static_cast<std::int32_t>(q.position))));
+      const VW dist = hn::ConvertTo(df, hn::Sub(key_pos, hn::Set(di, static_cast<std::int32_t>(q.position))));
       x = hn::MulAdd(hn::Set(df, slope), dist, x);
     }
     auto visible = hn::And(hn::Gt(idx, vlo), hn::Lt(idx, vhi));
@@ -465,11 +600,11 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
 // kScale) in s.
 template <bool kScale>
 void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
-  const DF df;
+  const DW df;
   const std::size_t n = hn::Lanes(df);
   const KernelContext& c = *it.c;
   float* s = it.sc.s + std::size_t(row) * kKB;
-  VF vmax = hn::Set(df, kNegInf);
+  VW vmax = hn::Set(df, kNegInf);
   for (std::size_t i = 0; i < std::size_t(kKB); i += n) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
   const float m_old = it.sc.m[row];
   const float m_new = std::max(hn::GetLane(hn::MaxOfLanes(df, vmax)), m_old);
@@ -477,10 +612,10 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
     std::fill_n(s, kKB, 0.0f);
     return;
   }
-  const VF vm = hn::Set(df, m_new);
-  VF vsum = hn::Zero(df);
+  const VW vm = hn::Set(df, m_new);
+  VW vsum = hn::Zero(df);
   for (std::size_t i = 0; i < std::size_t(kKB); i += n) {
-    const VF e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
+    const VW e = hn::Exp(df, hn::Sub(hn::LoadU(df, s + i), vm));
     vsum = hn::Add(vsum, e);
     hn::StoreU(kScale ? hn::Mul(e, hn::LoadU(df, kb.v_scale + i)) : e, df, s + i);
   }
@@ -489,7 +624,7 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   it.sc.m[row] = m_new;
   if (corr != 1.0f) {
     float* o = it.sc.o + std::size_t(row) * c.dv;
-    const VF vc = hn::Set(df, corr);
+    const VW vc = hn::Set(df, corr);
     for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) hn::Store(hn::Mul(hn::Load(df, o + d), vc), df, o + d);
   }
 }
@@ -546,9 +681,16 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   }
 }
 
-// o[row] += weights x V for the next group of rows from r (4 or 1); returns how many.
+// o[row] += weights x V for the next group of rows from r (8 on AVX-512, 4
+// or 1); returns how many.
 template <DType kLoad, bool kPrefetch, int kDim>
 std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
+  if constexpr (kAccRegs >= 16) {
+    if (r + 8 <= row_end) {
+      AccumulateRows<kLoad, kPrefetch, kDim, 8>(it, kb, r);
+      return 8;
+    }
+  }
   if (r + 4 <= row_end) {
     AccumulateRows<kLoad, kPrefetch, kDim, 4>(it, kb, r);
     return 4;
@@ -564,6 +706,56 @@ void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std:
   std::int32_t r = row0;
   if (r < row_end) r += AccumulateGroup<kLoad, kPrefetch, kDim>(it, kb, r, row_end);
   while (r < row_end) r += AccumulateGroup<kLoad, false, kDim>(it, kb, r, row_end);
+}
+
+// o[row0 .. row0 + kRows) += weights x V over f32 scratch rows: kRows x
+// kVecs full-width output vectors in registers (4 x 4 x 16 lanes on
+// AVX-512), dims left over (head dims are multiples of 8) 8 lanes at a time.
+template <int kDim, int kRows>
+HWY_INLINE void AccumulateRowsWide(const Item& it, const KeyBlock& kb, std::int32_t row0) {
+  const DW dw;
+  const DF df;
+  constexpr std::size_t kN = hn::MaxLanes(dw);
+  constexpr int kVecs = kAccRegs / kRows > 0 ? kAccRegs / kRows : 1;
+  const std::size_t stride = std::size_t(it.c->dv);
+  const std::int32_t count = kb.count;
+  const float* w = it.sc.s + std::size_t(row0) * kKB;
+  float* o = it.sc.o + std::size_t(row0) * stride;
+  const std::size_t dv = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->v_head_dim);
+  std::size_t d = 0;
+  for (; d + kVecs * kN <= dv; d += kVecs * kN) {
+    VW acc[kRows][kVecs];
+    for (int r = 0; r < kRows; ++r)
+      for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Load(dw, o + r * stride + d + e * kN);
+    for (std::int32_t jj = 0; jj < count; ++jj) {
+      const float* v = static_cast<const float*>(kb.v[jj]) + d;
+      VW x[kVecs];
+      for (int e = 0; e < kVecs; ++e) x[e] = InRegister(hn::Load(dw, v + e * kN));
+      for (int r = 0; r < kRows; ++r) {
+        const VW wr = hn::Set(dw, w[r * kKB + jj]);
+        for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::MulAdd(wr, x[e], acc[r][e]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int e = 0; e < kVecs; ++e) hn::Store(acc[r][e], dw, o + r * stride + d + e * kN);
+  }
+  for (; d < dv; d += hn::Lanes(df)) {
+    VF acc[kRows];
+    for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(df, o + r * stride + d);
+    for (std::int32_t jj = 0; jj < count; ++jj) {
+      const VF x = hn::Load(df, static_cast<const float*>(kb.v[jj]) + d);
+      for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(df, w[r * kKB + jj]), x, acc[r]);
+    }
+    for (int r = 0; r < kRows; ++r) hn::Store(acc[r], df, o + r * stride + d);
+  }
+}
+
+// o[row] += weights x V for rows [row0, row_end) over f32 scratch rows.
+template <int kDim>
+void AccumulateBlockWide(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
+  std::int32_t r = row0;
+  for (; r + 4 <= row_end; r += 4) AccumulateRowsWide<kDim, 4>(it, kb, r);
+  for (; r < row_end; ++r) AccumulateRowsWide<kDim, 1>(it, kb, r);
 }
 
 // --- one work item -------------------------------------------------------------------------
@@ -602,8 +794,8 @@ void FinishRows(const Item& it, const RowMap& map, std::int32_t rows) {
   }
 }
 
-// Rows per head above which a block is converted to f32 once rather than
-// converted in registers for every group of 4 rows.
+// Rows per head above which a block is converted to f32 scratch once (keys
+// transposed) rather than converted in registers for every group of 4 rows.
 constexpr std::int32_t kConvertRows = 8;
 
 // One block of keys for one KV head's rows [row0, row_end).
@@ -612,13 +804,18 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
                       std::int32_t row_end, std::int64_t first_pos) {
   if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
   const bool rotate_keys = it.p->options.key_rope != nullptr;
-  // f32 scratch when many rows share the block, or keys need rotating.
-  const bool convert = (row_end - row0 > kConvertRows && kT != DType::kF32) || rotate_keys;
+  // Many rows share the block (prefill): outer-product QK on transposed f32
+  // keys, PV on f32 values. Keys to rotate: f32 scratch rows.
+  const bool outer = row_end - row0 > kConvertRows && !rotate_keys;
   // e4m3 decode: rows widened to f16 first (kWidenE4M3).
   constexpr bool kWidenE4M3 = kT == DType::kFP8E4M3 && kNativeF16;
-  if (convert) {
+  if (outer) {
+    TransposeKeys<kT>(it, kb);
+    ConvertValues<kT>(it, kb);
+    ScoreBlockOuter<kScaled<kT>, kDim>(it, kb, row0, row_end);
+  } else if (rotate_keys) {
     ConvertBlock<kT>(it, kb);
-    if (rotate_keys) RotateKeys(it, kb);
+    RotateKeys(it, kb);
     ScoreBlock<DType::kF32, kScaled<kT>, false, kDim>(it, kb, row0, row_end);
   } else if constexpr (kWidenE4M3) {
     WidenE4M3Block(it, kb);
@@ -631,8 +828,8 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
                  static_cast<std::int32_t>(map.qo_head(row)));
     SoftmaxRow<kScaled<kT>>(it, kb, row);
   }
-  if (convert)
-    AccumulateBlock<DType::kF32, false, kDim>(it, kb, row0, row_end);
+  if (outer || rotate_keys)
+    AccumulateBlockWide<kDim>(it, kb, row0, row_end);
   else if constexpr (kWidenE4M3)
     AccumulateBlock<DType::kF16, false, kDim>(it, kb, row0, row_end);
   else
