@@ -93,6 +93,20 @@ struct StreamState {
   }
 };
 
+// Why a request failed, from the transport's outcome, the status and the
+// stream; empty when it completed.
+std::string failure(bool sent, httplib::Error error, int status, const std::string& error_body,
+                    const StreamState& stream) {
+  if (!stream.error.empty()) return stream.error;
+  if (!sent && status == 0) return "transport: " + httplib::to_string(error);
+  if (status < 200 || status >= 300)
+    return detail::concat("HTTP ", status, ": ", error_message(error_body));
+  if (!sent) return "transport during the stream: " + httplib::to_string(error);
+  if (!stream.done) return "stream ended without data: [DONE]";
+  if (stream.first_token < 0) return "stream carried no text";
+  return "";
+}
+
 HttpRequestResult stream_one(const ServerUrl& url, const BenchServeOptions& o,
                              const std::string& body, const TraceRequest& r,
                              Clock::time_point start) {
@@ -127,18 +141,7 @@ HttpRequestResult stream_one(const ServerUrl& url, const BenchServeOptions& o,
   httplib::Response res;
   httplib::Error error = httplib::Error::Success;
   const bool sent = client.send(req, res, error);
-  if (!stream.error.empty())
-    out.error = stream.error;
-  else if (!sent && status == 0)
-    out.error = "transport: " + httplib::to_string(error);
-  else if (status < 200 || status >= 300)
-    out.error = detail::concat("HTTP ", status, ": ", error_message(error_body));
-  else if (!sent)
-    out.error = "transport during the stream: " + httplib::to_string(error);
-  else if (!stream.done)
-    out.error = "stream ended without data: [DONE]";
-  else if (stream.first_token < 0)
-    out.error = "stream carried no text";
+  out.error = failure(sent, error, status, error_body, stream);
   if (!out.error.empty()) return out;
   RequestTiming& t = out.timing;
   t.first_token = stream.first_token;
