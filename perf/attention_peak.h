@@ -12,8 +12,6 @@
 // must change with it.
 #pragma once
 
-#include <string>
-
 #include "machine_probes.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/dtype.h"
@@ -41,14 +39,13 @@ inline int attention_kernel_lanes(const CpuFeatures& used) {
   return target_lanes < kKernelMaxF32Lanes ? target_lanes : kKernelMaxF32Lanes;
 }
 
-// `target` and `used` as pagedattn::dispatched_target_name() / dispatched_features().
-inline PeakClass attention_peak_class(DType kv, const std::string& target, const CpuFeatures& used) {
+// `used` as pagedattn::dispatched_features().
+inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used) {
   const bool avx512 = used.avx512f;
   if (avx512 && kv == DType::kBF16 && kKernelUsesBf16Dot && used.avx512_bf16) return PeakClass::kBf16DotZmm;
   if (avx512 && kv == DType::kINT8 && kKernelUsesInt8Dot && used.avx512_vnni) return PeakClass::kInt8DotZmm;
   if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;
   if (used.avx2 && used.fma) return PeakClass::kFp32FmaYmm;
-  (void)target;
   return PeakClass::kFp32MulAddXmm;
 }
 

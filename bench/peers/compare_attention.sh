@@ -75,6 +75,9 @@ run_logged() {
   echo "$out"
 }
 
+# Median ms per call from any of the three programs' output.
+median_ms() { sed -n 's/^time per call: median \([0-9.]*\) ms.*/\1/p' | head -1; }
+
 run_pagedattn() {  # options...
   run_logged "$pagedattn" bench-attention "$@" --threads "$threads" --seconds "$seconds" --no-check --no-probe
 }
