@@ -92,7 +92,8 @@ struct AttentionShape {
 struct AttentionPlanOptions {
   std::int32_t num_threads = 0;     // 0: OpenMP's maximum (1 for a batch too small to share)
   std::int32_t fixed_kv_chunk = 0;  // > 0: split KV into chunks of exactly this many keys,
-                                    // whatever the batch (deterministic mode)
+                                    // whatever the batch, and compute every query row
+                                    // the same way (deterministic mode: batch_invariant)
   std::int32_t min_kv_chunk = 256;  // smallest chunk the planner creates when it splits
 };
 
@@ -120,6 +121,9 @@ struct AttentionPlan {
   AttentionShape shape;
   std::int32_t num_threads = 1;
   std::int32_t max_rows = 0;              // rows (heads x tokens x group) of the largest item
+  // A row's result does not depend on its item's size: the kernel keeps one
+  // summation order for decode and prefill rows (set by fixed_kv_chunk > 0).
+  bool batch_invariant = false;
   std::vector<AttentionWorkItem> items;   // grouped by thread
   std::vector<std::int32_t> thread_items; // [num_threads + 1] offsets into items
   std::vector<AttentionMergeTask> merges;

@@ -99,6 +99,7 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   validate_plan_inputs(t, shape, o);
   AttentionPlan plan;
   plan.shape = shape;
+  plan.batch_invariant = o.fixed_kv_chunk > 0;
   const std::int32_t group = shape.num_qo_heads / shape.num_kv_heads;
   const std::int32_t tile = std::max(1, AttentionTraits::kTargetRows / group);
 

@@ -310,6 +310,36 @@ TEST(ServerLimits, PartialRequestsTimeOutWithoutBlockingOthers) {
   EXPECT_TRUE(server.idle_and_empty());
 }
 
+// A non-streamed response that takes longer than a keep-alive interval goes
+// out chunked, white space before its JSON: a client that leaves meanwhile is
+// noticed and its request aborted; one that stays gets the whole object.
+TEST(ServerLimits, LongWholeResponsesKeepAliveAndAbortWhenTheClientLeaves) {
+  ServerOptions o;
+  o.keep_alive_ms = 20;
+  RunningServer server(o, 40);
+  auto res = server.client(nullptr).Post(
+      "/v1/completions", R"({"prompt": "x", "max_tokens": 300, "n": 2, "ignore_eos": true})", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 600) << res->body.substr(0, 200);
+
+  const auto aborts = [&server] {
+    const std::string m = server.server().metrics_text();
+    const std::string name = "\npagedattn_client_aborts_total ";
+    return std::stod(m.substr(m.find(name) + name.size()));
+  };
+  const double before = aborts();
+  SocketClient leaver(server.port());
+  leaver.send(testing::http_post("/v1/completions",
+                                 R"({"prompt": "go", "max_tokens": 4000, "n": 4, "ignore_eos": true})"));
+  // The headers come after one keep-alive interval, while the request runs.
+  ASSERT_NE(leaver.read_until("\r\n\r\n", 30s).find(" 200 "), std::string::npos);
+  EXPECT_GT(server.server().worker().in_flight(), 0);
+  leaver.close();
+  EXPECT_TRUE(server.idle_and_empty()) << "the request kept running after its client left";
+  EXPECT_EQ(aborts(), before + 1);
+}
+
 TEST(ServerLimits, AFullQueueIs429) {
   ServerOptions o;
   o.max_queued_requests = 1;

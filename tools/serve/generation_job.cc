@@ -1,5 +1,6 @@
 #include "generation_job.h"
 
+#include <algorithm>
 #include <atomic>
 #include <ctime>
 
@@ -94,13 +95,22 @@ std::string GenerationJob::usage_json() const {
   return dump({{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}});
 }
 
-std::string GenerationJob::run_to_end() {
-  while (!finished_) absorb(ticket_.channel->wait(std::chrono::milliseconds(1000)));
+bool GenerationJob::wait_finished(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (!finished_) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) return false;
+    absorb(ticket_.channel->wait(std::min(left, std::chrono::milliseconds(1000))));
+  }
+  return true;
+}
+
+std::string GenerationJob::whole_body() {
   const auto start = Clock::now();
+  done_ = true;
   if (!error_.empty()) throw ApiError(500, error_);
   std::string body = final_body();
   metrics_.add_http_seconds(since(start));
-  done_ = true;
   return body;
 }
 

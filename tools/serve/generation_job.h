@@ -23,9 +23,12 @@ class GenerationJob {
   GenerationJob(GenerationRequest request, EngineWorker::Ticket ticket, const TextCodec& codec,
                 std::string model_name, EngineWorker& worker, ServerMetrics& metrics);
 
-  // Non-streamed: waits for the end. Returns the response body; ApiError 500
-  // when the engine failed the request.
-  std::string run_to_end();
+  // Non-streamed: waits up to `timeout` for the end; true once the engine is
+  // done with the request.
+  bool wait_finished(std::chrono::milliseconds timeout);
+  // Non-streamed, after wait_finished: the response body; ApiError 500 when
+  // the engine failed the request.
+  std::string whole_body();
   // Streamed: waits up to `timeout` for news and returns the SSE events it
   // makes (possibly none); after the last call done() is true.
   std::string next_events(std::chrono::milliseconds timeout);

@@ -19,7 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kStreamPoll{100};
-constexpr auto kKeepAliveEvery = std::chrono::seconds(1);
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status();
@@ -119,8 +118,36 @@ void HttpServer::install_routes() {
         auto job = std::make_shared<GenerationJob>(std::move(g), std::move(ticket), *codec_,
                                                    options_.model_name, *worker_, metrics_);
         metrics_.add_http_seconds(std::chrono::duration<double>(Clock::now() - start).count());
+        const std::chrono::milliseconds keep_alive(options_.keep_alive_ms);
         if (!stream) {
-          res.set_content(job->run_to_end(), "application/json");
+          // Made within one keep-alive interval: answered whole, with its status.
+          if (job->wait_finished(keep_alive)) {
+            res.set_content(job->whole_body(), "application/json");
+            return;
+          }
+          // Longer: sent chunked, spaces before the JSON (which allows leading
+          // white space) now and then, so that a client that left is noticed
+          // (the write fails) and its request aborted. The status is 200 by
+          // then: an engine failure becomes the body's OpenAI error object.
+          ++live_streams_;
+          res.set_chunked_content_provider(
+              "application/json",
+              [job, keep_alive](std::size_t, httplib::DataSink& sink) {
+                if (!job->wait_finished(keep_alive)) return sink.write(" ", 1);
+                std::string body;
+                try {
+                  body = job->whole_body();
+                } catch (const ApiError& e) {
+                  body = e.to_json();
+                }
+                if (!sink.write(body.data(), body.size())) return false;
+                sink.done();
+                return true;
+              },
+              [this, job](bool success) {
+                job->release(success);
+                --live_streams_;
+              });
           return;
         }
         auto last_write = std::make_shared<Clock::time_point>(Clock::now());
@@ -128,11 +155,11 @@ void HttpServer::install_routes() {
         ++live_streams_;
         res.set_chunked_content_provider(
             "text/event-stream",
-            [job, last_write](std::size_t, httplib::DataSink& sink) {
-              std::string events = job->next_events(kStreamPoll);
+            [job, last_write, keep_alive](std::size_t, httplib::DataSink& sink) {
+              std::string events = job->next_events(std::min(kStreamPoll, keep_alive));
               // A comment line now and then: a client that left is noticed
               // (the write fails) even while the request makes no tokens.
-              if (events.empty() && Clock::now() - *last_write > kKeepAliveEvery) events = ": keep-alive\n\n";
+              if (events.empty() && Clock::now() - *last_write > keep_alive) events = ": keep-alive\n\n";
               if (!events.empty()) {
                 if (!sink.write(events.data(), events.size())) return false;
                 *last_write = Clock::now();

@@ -31,6 +31,9 @@ struct ServerOptions {
   int read_timeout_seconds = 10;            // a client silent this long mid-request is dropped
   int write_timeout_seconds = 10;
   int shutdown_grace_seconds = 30;          // in-flight requests may finish for this long
+  // A client that left is noticed when a write to it fails: a stream or a
+  // non-streamed response still being made writes a keep-alive this often.
+  int keep_alive_ms = 1000;
 };
 
 class HttpServer {

@@ -805,8 +805,10 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
   if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
   const bool rotate_keys = it.p->options.key_rope != nullptr;
   // Many rows share the block (prefill): outer-product QK on transposed f32
-  // keys, PV on f32 values. Keys to rotate: f32 scratch rows.
-  const bool outer = row_end - row0 > kConvertRows && !rotate_keys;
+  // keys, PV on f32 values. Keys to rotate: f32 scratch rows. Its summation
+  // order differs from the decode path's, so a batch-invariant plan (a row's
+  // bits independent of its batch mates) keeps every row on the decode path.
+  const bool outer = row_end - row0 > kConvertRows && !rotate_keys && !it.c->batch_invariant;
   // e4m3 decode: rows widened to f16 first (kWidenE4M3).
   constexpr bool kWidenE4M3 = kT == DType::kFP8E4M3 && kNativeF16;
   if (outer) {

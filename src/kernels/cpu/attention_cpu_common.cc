@@ -15,6 +15,7 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
   c.dq = padded_dim(c.head_dim);
   c.dv = padded_dim(c.v_head_dim);
   c.scale = resolved_scale(p);
+  c.batch_invariant = plan.batch_invariant;
   c.layout = scratch_layout(plan.max_rows, c.head_dim, c.v_head_dim);
   c.partial_slot_bytes = partial_slot_bytes(plan.max_rows, c.v_head_dim);
   c.partial_lse_offset =
