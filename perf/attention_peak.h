@@ -18,9 +18,9 @@
 
 namespace pagedattn::bench {
 
-// The kernel computes on Highway CappedTag<float, 8> vectors: 8 lanes even
-// where the target offers 16.
-inline constexpr int kKernelMaxF32Lanes = 8;
+// The kernel's inner products (prefill QK outer products, PV, masks and the
+// softmax) run on the target's full width: 16 lanes on AVX-512.
+inline constexpr int kKernelMaxF32Lanes = 16;
 inline constexpr bool kKernelUsesBf16Dot = false;
 inline constexpr bool kKernelUsesInt8Dot = false;
 
