@@ -69,7 +69,8 @@ struct EngineConfig {
   std::int32_t max_num_batched_tokens = 2048;  // tokens per step, >= max_num_seqs
   bool chunked_prefill = true;                 // split prompts across steps to fill the budget
   // Results of a request independent of what is batched with it: fixed KV
-  // split sizes in attention and fixed row blocks in matrix products.
+  // split sizes and one summation order for every row in attention (its
+  // prefill tiles are not used), and fixed row blocks in matrix products.
   bool deterministic = false;
   std::uint64_t seed = 0;
 };
