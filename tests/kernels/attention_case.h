@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pagedattn/attention.h"
@@ -85,5 +86,12 @@ void expect_close(const AttentionCase& c, const std::string& what);
 // Runs `body(target)` with Highway restricted to each compiled and supported
 // target in turn, then restores dynamic dispatch.
 void for_each_highway_target(const std::function<void(std::int64_t)>& body);
+
+// One of `values`, drawn uniformly: random shapes pick from lists of sizes.
+template <class... T>
+auto pick_one(std::mt19937& rng, T... values) {
+  const std::vector<std::common_type_t<T...>> v{values...};
+  return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
+}
 
 }  // namespace pagedattn::testing

@@ -28,10 +28,7 @@ std::string describe(const CaseSpec& s) {
 // A random case from the matrix, kept small enough for ASan runs.
 CaseSpec random_spec(std::uint32_t seed) {
   std::mt19937 rng(seed);
-  auto pick = [&](auto... values) {
-    const std::vector<std::common_type_t<decltype(values)...>> v{values...};
-    return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
-  };
+  auto pick = [&](auto... values) { return pick_one(rng, values...); };
   CaseSpec s;
   s.seed = seed;
   const auto heads = pick(0, 1, 2, 3);

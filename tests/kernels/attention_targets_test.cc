@@ -87,10 +87,7 @@ enum class Mode { kDecode, kChunkedPrefill, kPrefill };
 // for the double reference under ASan.
 CaseSpec random_case(Mode mode, DType kv, std::uint32_t seed) {
   std::mt19937 rng(seed);
-  auto pick = [&](auto... values) {
-    const std::vector<std::common_type_t<decltype(values)...>> v{values...};
-    return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
-  };
+  auto pick = [&](auto... values) { return pick_one(rng, values...); };
   CaseSpec s;
   s.seed = seed;
   const int heads = pick(0, 1, 2, 3, 4);

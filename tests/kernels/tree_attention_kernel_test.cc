@@ -65,10 +65,7 @@ struct TreeCase {
 
 TreeCase random_tree_case(std::uint32_t seed) {
   std::mt19937 rng(seed);
-  auto pick = [&](auto... values) {
-    const std::vector<std::common_type_t<decltype(values)...>> v{values...};
-    return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(rng)];
-  };
+  auto pick = [&](auto... values) { return pick_one(rng, values...); };
   TreeCase t;
   CaseSpec& s = t.spec;
   s.seed = seed;
