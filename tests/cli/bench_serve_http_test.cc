@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
-#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -174,6 +173,16 @@ Json read_json(const std::string& path) {
   return Json::parse(in, nullptr, false);
 }
 
+// `text` with every run of spaces folded to one, so that a table row can be
+// matched whatever its column padding. (No std::regex: GCC 12 warns falsely
+// inside it under the sanitizers, and the build is -Werror.)
+std::string fold_spaces(const std::string& text) {
+  std::string out;
+  for (char c : text)
+    if (c != ' ' || out.empty() || out.back() != ' ') out += c;
+  return out;
+}
+
 std::string url_flags(const FakeOpenAiServer& s) {
   return "--url http://127.0.0.1:" + std::to_string(s.port()) + " --api-key sesame";
 }
@@ -184,7 +193,7 @@ TEST(BenchServeHttp, CountsWhatTheServerStreamed) {
   const CliRun run = run_cli(url_flags(server) + " --concurrency 4 --workload " +
                              write_trace("counts.jsonl", 12) + " --json " + json);
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_TRUE(std::regex_search(run.output, std::regex("completed requests +12 of 12")))
+  EXPECT_NE(fold_spaces(run.output).find("completed requests 12 of 12"), std::string::npos)
       << run.output;
   const Json doc = read_json(json);
   const Json& s = doc["summary"];
@@ -253,7 +262,7 @@ TEST(BenchServeHttp, StreamCutMidwayIsAFailureNotAHang) {
   const CliRun run = run_cli(url_flags(server) + " --timeout 20 --workload " +
                              write_trace("cut.jsonl", 3) + " --json " + json);
   EXPECT_EQ(run.exit_code, 3) << run.output;
-  EXPECT_TRUE(std::regex_search(run.output, std::regex("failed requests +3"))) << run.output;
+  EXPECT_NE(fold_spaces(run.output).find("failed requests 3"), std::string::npos) << run.output;
   EXPECT_EQ(read_json(json)["summary"]["completed_requests"], 0);
 }
 
