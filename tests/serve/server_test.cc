@@ -27,12 +27,14 @@ constexpr const char* kKey = "test-key";
 // A server on its own thread for the life of the object.
 class RunningServer {
  public:
-  explicit RunningServer(ServerOptions o = {}, double kv_mib = 4) {
+  // max_position > 0: the tiny model with that context (long requests).
+  explicit RunningServer(ServerOptions o = {}, double kv_mib = 4, std::int32_t max_position = 0) {
     signal(SIGPIPE, SIG_IGN);
     o.port = 0;
     o.model_name = "tiny";
     EngineConfig ec;
-    const LlamaConfig c = llama_preset("tiny");
+    LlamaConfig c = llama_preset("tiny");
+    if (max_position > 0) c.max_position = max_position;
     ec.model = make_llama_model(c);
     ec.kv_memory_bytes = static_cast<std::int64_t>(kv_mib * (1 << 20));
     server_ = std::make_unique<HttpServer>(ec, make_byte_codec(c.vocab_size, c.eos_token_id), o);
@@ -316,12 +318,15 @@ TEST(ServerLimits, PartialRequestsTimeOutWithoutBlockingOthers) {
 TEST(ServerLimits, LongWholeResponsesKeepAliveAndAbortWhenTheClientLeaves) {
   ServerOptions o;
   o.keep_alive_ms = 20;
-  RunningServer server(o, 40);
+  // A long context: requests long enough to outlast keep-alives on any build.
+  RunningServer server(o, 128, 65536);
   auto res = server.client(nullptr).Post(
-      "/v1/completions", R"({"prompt": "x", "max_tokens": 300, "n": 2, "ignore_eos": true})", "application/json");
+      "/v1/completions", R"({"prompt": "x", "max_tokens": 1000, "ignore_eos": true})", "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
-  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 600) << res->body.substr(0, 200);
+  ASSERT_FALSE(res->body.empty());
+  EXPECT_EQ(res->body.front(), ' ') << "1000 tokens came within one keep-alive: not the chunked path";
+  EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 1000) << res->body.substr(0, 200);
 
   const auto aborts = [&server] {
     const std::string m = server.server().metrics_text();
@@ -330,8 +335,10 @@ TEST(ServerLimits, LongWholeResponsesKeepAliveAndAbortWhenTheClientLeaves) {
   };
   const double before = aborts();
   SocketClient leaver(server.port());
+  // 60000 tokens take many seconds even on a fast build; the client's
+  // leaving is noticed within a few keep-alives.
   leaver.send(testing::http_post("/v1/completions",
-                                 R"({"prompt": "go", "max_tokens": 4000, "n": 4, "ignore_eos": true})"));
+                                 R"({"prompt": "go", "max_tokens": 60000, "ignore_eos": true})"));
   // The headers come after one keep-alive interval, while the request runs.
   ASSERT_NE(leaver.read_until("\r\n\r\n", 30s).find(" 200 "), std::string::npos);
   EXPECT_GT(server.server().worker().in_flight(), 0);
