@@ -1,0 +1,93 @@
+// A thin wrapper over one MPI communicator: the few point-to-point and
+// collective calls pagedattn's distributed modes use (tensor parallelism,
+// disaggregated prefill/decode), each turning an MPI failure into a typed
+// pagedattn error that names the call. MPI itself (OpenMPI from Debian) does
+// the communication; nothing here re-implements it.
+//
+//   dist::MpiSession session(argc, argv);   // MPI_Init_thread .. MPI_Finalize
+//   dist::MpiComm world = dist::MpiComm::world();
+//   world.all_reduce_sum(partial_sums);      // in place, every rank
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+namespace pagedattn::dist {
+
+// Initializes MPI for the process's lifetime (MPI_THREAD_FUNNELED: only the
+// thread that made the session calls MPI; OpenMP regions never do) and
+// finalizes it on destruction. One per process; a second is refused.
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  // True while some MpiSession (or another library) holds MPI initialized.
+  static bool active();
+};
+
+// A pending non-blocking transfer; wait() completes it (the destructor waits
+// too, so a buffer is never released while MPI still uses it).
+class MpiRequest {
+ public:
+  MpiRequest() = default;
+  explicit MpiRequest(MPI_Request r) : request_(r) {}
+  MpiRequest(MpiRequest&& other) noexcept;
+  MpiRequest& operator=(MpiRequest&& other) noexcept;
+  ~MpiRequest();
+  void wait();
+  bool done() const { return request_ == MPI_REQUEST_NULL; }
+
+ private:
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+class MpiComm {
+ public:
+  // MPI_COMM_WORLD with errors returned (not fatal), so they become exceptions.
+  static MpiComm world();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm handle() const { return comm_; }
+
+  void barrier() const;
+  // Element-wise sum over ranks, result on every rank (in place).
+  void all_reduce_sum(std::span<float> values) const;
+  // Copies root's bytes into every rank's `bytes` (same size on every rank).
+  void broadcast(std::span<std::byte> bytes, int root) const;
+  // Broadcasts a vector whose size only the root knows (size first).
+  template <class T>
+  void broadcast_vector(std::vector<T>& values, int root) const {
+    std::int64_t n = static_cast<std::int64_t>(values.size());
+    broadcast(std::as_writable_bytes(std::span(&n, 1)), root);
+    values.resize(static_cast<std::size_t>(n));
+    broadcast(std::as_writable_bytes(std::span(values)), root);
+  }
+  // Blocking and non-blocking byte transfers with a tag.
+  void send(std::span<const std::byte> bytes, int dest, int tag) const;
+  void recv(std::span<std::byte> bytes, int source, int tag) const;
+  MpiRequest isend(std::span<const std::byte> bytes, int dest, int tag) const;
+  MpiRequest irecv(std::span<std::byte> bytes, int source, int tag) const;
+  // Ends every rank of the communicator (after a failure on one of them, so
+  // the others do not wait forever in a collective).
+  [[noreturn]] void abort(int exit_code) const;
+
+ private:
+  explicit MpiComm(MPI_Comm comm);
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// Throws pagedattn::InternalError naming `call` and MPI's message when rc is
+// not MPI_SUCCESS.
+void check_mpi(int rc, const char* call);
+
+}  // namespace pagedattn::dist

@@ -1,0 +1,61 @@
+// The MPI wrapper on 2+ ranks: collectives, variable-size broadcast,
+// non-blocking point-to-point, and errors as typed exceptions.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "dist/mpi_comm.h"
+#include "pagedattn/errors.h"
+
+namespace pagedattn::dist {
+namespace {
+
+TEST(MpiComm, AllReduceSumsEveryRanksValues) {
+  const auto world = MpiComm::world();
+  ASSERT_GE(world.size(), 2);
+  std::vector<float> v = {1.0f, static_cast<float>(world.rank()), -2.5f};
+  world.all_reduce_sum(v);
+  const int n = world.size();
+  EXPECT_EQ(v[0], static_cast<float>(n));
+  EXPECT_EQ(v[1], static_cast<float>(n * (n - 1) / 2));
+  EXPECT_EQ(v[2], -2.5f * static_cast<float>(n));
+}
+
+TEST(MpiComm, BroadcastVectorSendsSizeAndContents) {
+  const auto world = MpiComm::world();
+  std::vector<std::int64_t> v;
+  if (world.rank() == 0) v = {7, -3, 1ll << 40};
+  world.broadcast_vector(v, 0);
+  EXPECT_EQ(v, (std::vector<std::int64_t>{7, -3, 1ll << 40}));
+}
+
+TEST(MpiComm, NonBlockingRingDeliversEachNeighboursBytes) {
+  const auto world = MpiComm::world();
+  const int next = (world.rank() + 1) % world.size();
+  const int prev = (world.rank() + world.size() - 1) % world.size();
+  std::vector<int> out(1000), in(1000, -1);
+  std::iota(out.begin(), out.end(), world.rank() * 1000);
+  MpiRequest r = world.irecv(std::as_writable_bytes(std::span(in)), prev, 5);
+  MpiRequest s = world.isend(std::as_bytes(std::span(out)), next, 5);
+  r.wait();
+  s.wait();
+  EXPECT_TRUE(r.done());
+  EXPECT_EQ(in[0], prev * 1000);
+  EXPECT_EQ(in[999], prev * 1000 + 999);
+}
+
+TEST(MpiComm, AnInvalidRankIsATypedError) {
+  const auto world = MpiComm::world();
+  std::vector<std::byte> b(4);
+  EXPECT_THROW(world.send(b, world.size() + 3, 0), InternalError);
+}
+
+TEST(MpiComm, ASecondSessionIsRefused) {
+  int argc = 0;
+  char** argv = nullptr;
+  EXPECT_THROW(MpiSession(&argc, &argv), InvalidState);
+}
+
+}  // namespace
+}  // namespace pagedattn::dist
