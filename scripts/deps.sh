@@ -6,13 +6,14 @@ set -euo pipefail
 # python3-venv: scripts/test_python.sh makes a virtual environment.
 # libcpp-httplib-dev (+ pkg-config, which finds it): `pagedattn serve`.
 # libopenmpi-dev + openmpi-bin: the MPI distributed modes (mpirun in the tests).
+# libxxhash-dev: XXH3-128 page keys of the prefix cache (used header-only).
 # clang (Debian's default, 14) with libomp-dev (its OpenMP), libclang-rt-14-dev
 # (libFuzzer and the sanitizer runtimes) and llvm (llvm-symbolizer for
 # readable sanitizer stacks): presets clang-release and fuzz.
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv
           libopenblas-dev python3-pip libicu-dev nlohmann-json3-dev clang libomp-dev
           libclang-rt-14-dev llvm libcpp-httplib-dev pkg-config
-          libopenmpi-dev openmpi-bin)
+          libopenmpi-dev openmpi-bin libxxhash-dev)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps: not a Debian system; make sure these are installed: ${packages[*]}" >&2

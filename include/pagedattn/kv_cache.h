@@ -75,6 +75,40 @@ struct KVCacheConfig {
   // row's result independent of its batch mates (an engine's deterministic
   // mode); num_threads 0 means OpenMP's maximum.
   AttentionPlanOptions attention_plan;
+  // Automatic prefix caching (docs/prefix_caching.md): full pages whose token
+  // ids a sequence told (set_sequence_tokens) stay cached after it is removed
+  // and are shared with later sequences whose prompts start the same way.
+  bool enable_prefix_caching = false;
+  // The host-memory tier: a second pool of pages, same shape as the device
+  // pages, for swapped-out sequences and for cached pages evicted from the
+  // device pool. Give host_num_pages, or (host_num_pages = 0) a byte budget;
+  // both 0 means no host tier.
+  std::int64_t host_num_pages = 0;
+  std::int64_t host_memory_budget_bytes = 0;
+};
+
+// What a new sequence would get from the prefix cache (match_prefix).
+struct PrefixMatch {
+  std::int64_t num_tokens = 0;    // tokens whose K/V come from the cache (whole pages)
+  std::int64_t device_pages = 0;  // of its pages, hits resident in device pages
+  std::int64_t host_pages = 0;    // hits in the host tier (copied into fresh device pages)
+  // Free device pages (num_free_pages) adding the sequence would consume:
+  // host hits plus device hits that sit evictable in the cache.
+  std::int64_t pages_taken = 0;
+};
+
+// Prefix-cache and host-tier counters since construction.
+struct PrefixCacheStats {
+  std::int64_t queries = 0;            // add_sequence_with_prefix calls
+  std::int64_t query_tokens = 0;       // tokens those calls offered
+  std::int64_t hit_tokens = 0;         // tokens they got from the cache
+  std::int64_t device_hit_tokens = 0;  // ... from device pages
+  std::int64_t host_hit_tokens = 0;    // ... from the host tier
+  std::int64_t evictions = 0;          // cached device pages reclaimed by the pool
+  std::int64_t demotions = 0;          // ... of which moved to the host tier
+  std::int64_t host_evictions = 0;     // cached host pages reclaimed
+  std::int64_t swapped_out_pages = 0;  // device pages copied to the host by swap_out
+  std::int64_t swapped_in_pages = 0;   // host pages copied back by swap_in
 };
 
 // What kernels need for one step, shared by every layer. Built by
@@ -142,6 +176,64 @@ class PagedKVCache {
   // 1 <= window_size and 0 <= attn_sink_size < window_size.
   void enable_sliding_window(SeqId seq_id, std::int64_t window_size, std::int64_t attn_sink_size);
 
+  // --- prefix caching (config.enable_prefix_caching) ---------------------------
+  // A page's key hashes (parent page's key, cache_salt, its token ids); a hit
+  // also compares the stored token ids and parent, so a hash collision can
+  // never share pages of different content. Only full pages are cached, and a
+  // cached page is never written (an append into it copies first).
+  //
+  // Dry run: the longest cached prefix of `token_ids` under `cache_salt`,
+  // whole pages only and never all of token_ids (at least one token is left
+  // to compute). All zeros with prefix caching off.
+  PrefixMatch match_prefix(std::span<const std::int32_t> token_ids,
+                           std::uint64_t cache_salt = 0) const;
+  // Adds `seq_id` holding the tokens match_prefix(token_ids, cache_salt)
+  // finds: device hits are shared (refcount + 1, no copy), host hits copied
+  // into device pages. Returns the tokens held; the caller computes the rest.
+  // OutOfPages (cache unchanged) if the hits need more pages than are free.
+  // With prefix caching off: add_sequence, returns 0.
+  std::int64_t add_sequence_with_prefix(SeqId seq_id, std::span<const std::int32_t> token_ids,
+                                        std::uint64_t cache_salt = 0);
+  // Tells the cache the token ids of tokens [0, token_ids.size()) of a
+  // sequence (size <= its committed length); may be called again with a
+  // longer prefix, whose start must equal what was told (InvalidArgument
+  // otherwise). Every full page among them is published: other sequences can
+  // match it at once. The salt is the one given to add_sequence_with_prefix
+  // (0 for add_sequence; forks inherit it and the parent's told tokens).
+  // Sequences with a sliding window (or a windowed parent's gap) are never
+  // published: for them the call does nothing. InvalidState inside a step or
+  // for a swapped sequence. No effect with prefix caching off.
+  void set_sequence_tokens(SeqId seq_id, std::span<const std::int32_t> token_ids);
+  // Evictable device pages holding a cached prefix (refcount 0). They count
+  // as free in num_free_pages(): taking a page uses a free one first, then
+  // evicts the least recently released cached page (demoting it to the host
+  // tier when there is one, else dropping it).
+  std::int64_t num_cached_pages() const;
+  PrefixCacheStats prefix_cache_stats() const;
+  // Drops every cached page nobody holds (device and host tier).
+  // InvalidState inside a step.
+  void reset_prefix_cache();
+
+  // --- host tier: swapping (vLLM swap_blocks, for preemption) -------------------
+  // Moves the pages of the listed sequences to the host tier: one host copy
+  // per distinct device page (pages the listed sequences share stay shared;
+  // a page also held by an unlisted sequence keeps its device copy). The
+  // sequences stay, swapped: steps, fork, pop_n, windows, debug K/V access
+  // and set_sequence_tokens refuse them (InvalidState) until swap_in;
+  // sequence_pages lists host page ids. OutOfPages (unchanged) if the host
+  // tier lacks room; InvalidState inside a step, without a host tier, or for
+  // a sequence with an open token tree or already swapped.
+  void swap_out(std::span<const SeqId> seq_ids);
+  // Copies the listed swapped sequences back into device pages. OutOfPages
+  // (unchanged) if fewer than swap_in_pages_needed are free.
+  void swap_in(std::span<const SeqId> seq_ids);
+  bool is_swapped(SeqId seq_id) const;
+  // Device pages swap_in(seq_ids) takes (dry run; validates like swap_in).
+  std::int64_t swap_in_pages_needed(std::span<const SeqId> seq_ids) const;
+  // Free host pages: unused plus evictable cached ones.
+  std::int64_t num_free_host_pages() const;
+  std::int64_t num_host_pages() const;
+
   // --- steps -----------------------------------------------------------------
   // Reserves pages for `append_lengths[i]` new tokens of `seq_ids[i]` and
   // returns the step's plan. Lengths may be 0. OutOfPages if the pool cannot
@@ -187,7 +279,8 @@ class PagedKVCache {
   // Abandons the step (e.g. the model threw half way): the cache returns to
   // exactly its state before begin_forward (state_digest() equal), the new
   // tokens, their pages and any open tree nodes of this forward are gone.
-  // InvalidState outside a step.
+  // One exception: cached prefix pages the step evicted to take pages stay
+  // evicted (their K/V may have been overwritten). InvalidState outside a step.
   void cancel_forward();
   // For callers that write the step's K/V themselves (append_paged_kv into
   // layer_storage(layer) through plan().slot_mapping): declares that every
@@ -230,7 +323,7 @@ class PagedKVCache {
 
   // --- queries (never mutate) ------------------------------------------------
   std::int64_t num_pages() const;
-  std::int64_t num_free_pages() const;
+  std::int64_t num_free_pages() const;  // unused + evictable cached pages (what can be taken)
   std::int64_t num_sequences() const;
   bool has_sequence(SeqId seq_id) const;
   std::int64_t sequence_length(SeqId seq_id) const;  // tokens held (retained)

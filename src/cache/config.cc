@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -39,6 +40,26 @@ void validate_rope(const KVCacheConfig& c) {
               c.rope.scale > 0.0f,
           "KVCacheConfig.rope.theta = ", c.rope.theta, " and rope.scale = ", c.rope.scale,
           " must be finite and > 0");
+}
+
+// host_num_pages from host_memory_budget_bytes (both 0: no host tier).
+void resolve_host_tier(KVCacheConfig& c, std::int64_t page_bytes) {
+  require(c.host_num_pages >= 0 && c.host_memory_budget_bytes >= 0,
+          "KVCacheConfig.host_num_pages = ", c.host_num_pages, " and host_memory_budget_bytes = ",
+          c.host_memory_budget_bytes, " must be >= 0");
+  require(c.host_num_pages == 0 || c.host_memory_budget_bytes == 0,
+          "KVCacheConfig: give host_num_pages (", c.host_num_pages,
+          ") or host_memory_budget_bytes (", c.host_memory_budget_bytes, "), not both");
+  constexpr std::int64_t kMaxPages = std::numeric_limits<std::int32_t>::max();
+  if (c.host_num_pages == 0 && c.host_memory_budget_bytes > 0) {
+    c.host_num_pages = std::min(c.host_memory_budget_bytes / page_bytes, kMaxPages);
+    require(c.host_num_pages >= 1, "KVCacheConfig.host_memory_budget_bytes = ",
+            c.host_memory_budget_bytes, " holds no page (one page over all layers is ",
+            page_bytes, " bytes)");
+  }
+  require(c.host_num_pages <= kMaxPages && c.host_num_pages <= std::numeric_limits<std::int64_t>::max() / page_bytes,
+          "KVCacheConfig.host_num_pages = ", c.host_num_pages, " exceeds ", kMaxPages,
+          " or overflows 64 bits of storage");
 }
 
 }  // namespace
@@ -94,6 +115,7 @@ KVCacheConfig resolve_config(const KVCacheConfig& in) {
   }
   require(c.num_pages <= kMax / page_bytes, "KVCacheConfig: num_pages = ", c.num_pages, " x ",
           page_bytes, " bytes per page overflows 64 bits");
+  resolve_host_tier(c, page_bytes);
   return c;
 }
 

@@ -35,8 +35,7 @@ void PagedKVCache::remove_sequence(SeqId seq_id) {
   State& st = *state_;
   const auto lock = st.lock();
   st.require_no_forward("remove_sequence");
-  Sequence& s = st.find(seq_id, "remove_sequence", "seq_id");
-  for (std::int32_t page : s.pages) st.pool.release(page);
+  st.release_pages(st.find(seq_id, "remove_sequence", "seq_id"));
   st.seqs.erase(seq_id);
 }
 
@@ -48,6 +47,7 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
   require(!st.seqs.contains(child_id), "PagedKVCache::fork_sequence: child_id = ", child_id,
           " already exists");
   st.require_no_open_tree(parent, parent_id, "fork_sequence");
+  st.require_not_swapped(parent, parent_id, "fork_sequence");
   if (fork_pos == -1) fork_pos = parent.length;
   require(fork_pos >= 0 && fork_pos <= parent.length, "PagedKVCache::fork_sequence: fork_pos = ",
           fork_pos, " is outside [0, ", parent.length, "] (length of parent_id = ", parent_id,
@@ -61,6 +61,13 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
     child.gap_len = parent.gap_len;
     child.evicted = parent.evicted;
   }
+  if (child.prefix_trackable()) {  // told tokens up to the fork point
+    child.salt = parent.salt;
+    child.tokens.assign(parent.tokens.begin(),
+                        parent.tokens.begin() + std::min(std::ssize(parent.tokens), fork_pos));
+    child.chain.assign(parent.chain.begin(),
+                       parent.chain.begin() + std::ssize(child.tokens) / st.page_size());
+  }
   const std::int64_t shared_pages = child.used_slots() / st.page_size();
   const auto partial_slots = static_cast<std::int32_t>(child.used_slots() % st.page_size());
   st.require_free_pages(partial_slots > 0 ? 1 : 0, "fork_sequence");
@@ -70,7 +77,7 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
   st.seqs.reserve(st.seqs.size() + 1);
   for (std::int32_t page : child.pages) st.pool.retain(page);
   if (partial_slots > 0) {
-    const std::int32_t copy = st.pool.take();
+    const std::int32_t copy = st.take_page();
     st.storage.copy_page_prefix(parent.pages[shared_pages], copy, partial_slots);
     child.pages.push_back(copy);
   }
@@ -83,11 +90,13 @@ void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
   st.require_no_forward("pop_n");
   Sequence& s = st.find(seq_id, "pop_n", "seq_id");
   st.require_no_open_tree(s, seq_id, "pop_n");
+  st.require_not_swapped(s, seq_id, "pop_n");
   require(n >= 0 && n <= s.poppable(), "PagedKVCache::pop_n: n = ", n, " is outside [0, ",
           s.poppable(), "] for seq_id = ", seq_id, " (length ", s.length,
           s.evicted > 0 ? "; attention sinks cannot be popped" : "", ")");
   s.length -= n;
   if (s.evicted > 0 && s.length == s.sink_len) s.gap_len = 0;  // nothing after the gap
+  s.truncate_tokens(s.length, st.page_size());
   st.release_tail(s);
 }
 
@@ -105,6 +114,7 @@ void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
           " was forked from a windowed sequence after it dropped ", s.evicted,
           " tokens; a new window on top of that gap is not supported");
   st.require_no_open_tree(s, seq_id, "enable_sliding_window");
+  st.require_not_swapped(s, seq_id, "enable_sliding_window");
   require(window_size >= 1 && window_size <= kMaxInt32,
           "PagedKVCache::enable_sliding_window: window_size = ", window_size,
           " must be in [1, 2^31)");
@@ -113,6 +123,7 @@ void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
           " must be in [0, window_size = ", window_size, ")");
   s.window_size = window_size;
   s.sink_len = attn_sink_size;
+  s.truncate_tokens(0, st.page_size());  // windowed sequences are not published
   st.slide_window(s);
 }
 
@@ -164,6 +175,8 @@ std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
     require(it != seqs.end(), "PagedKVCache::", call, ": seq_ids[", i, "] = ", ids[i],
             " does not exist");
     const Sequence& s = it->second;
+    require<InvalidState>(!s.swapped, "PagedKVCache::", call, ": seq_ids[", i, "] = ", ids[i],
+                          " is swapped out to the host tier; call swap_in first");
     if (!tree && !dry_run)
       require<InvalidState>(!s.tree_open, "PagedKVCache::", call, ": seq_ids[", i, "] = ", ids[i],
                             " has an uncommitted token tree (", s.tree_size(),
@@ -252,17 +265,23 @@ void PagedKVCache::State::start_step(std::span<const std::int64_t> lens) {
 void PagedKVCache::State::append_to_plan(Sequence& s, std::int64_t n) {
   const std::int32_t ps = page_size();
   if (n > 0 && needs_copy_on_write(s)) {
-    const std::int32_t copy = pool.take();
+    const std::int32_t copy = take_page();
     step.taken.push_back(copy);
-    storage.copy_page_prefix(s.pages.back(), copy, static_cast<std::int32_t>(s.used_slots() % ps));
-    step.seqs_before.back().cow_page = s.pages.back();
-    pool.release(s.pages.back());
+    const std::int32_t old = s.pages.back();
+    storage.copy_page_prefix(old, copy, static_cast<std::int32_t>(s.used_slots() % ps));
+    StepRecord::SeqBefore& before = step.seqs_before.back();
+    before.cow_page = old;
+    before.cow_deferred = pool.refcount(old) == 1;  // a cached page only this sequence held
+    if (before.cow_deferred)
+      step.deferred.push_back(old);
+    else
+      pool.release(old);
     s.pages.back() = copy;
   }
   const std::int64_t first_slot = s.used_slots();
   s.length += n;
   while (std::ssize(s.pages) < cache::pages_for_slots(s.used_slots(), ps)) {
-    s.pages.push_back(pool.take());
+    s.pages.push_back(take_page());
     step.taken.push_back(s.pages.back());
   }
 
@@ -312,6 +331,8 @@ void PagedKVCache::end_forward() {
                " new tokens): call attention for every layer (or "
                "mark_layer_appended after writing it yourself), or cancel_forward"));
   }
+  for (std::int32_t page : st.step.deferred) st.pool.release(page);
+  st.step.deferred.clear();
   if (st.config.support_sliding_window)  // otherwise no sequence has a window
     for (SeqId id : st.plan.seq_ids) st.slide_window(st.seqs.find(id)->second);
   st.in_forward = false;
@@ -328,7 +349,7 @@ void PagedKVCache::State::undo_step() {
   for (const StepRecord::SeqBefore& before : step.seqs_before) {
     Sequence& s = seqs.find(before.id)->second;
     if (before.cow_page >= 0) {
-      pool.retain(before.cow_page);
+      if (!before.cow_deferred) pool.retain(before.cow_page);
       s.pages[before.num_pages - 1] = before.cow_page;
     }
     s.pages.resize(before.num_pages);

@@ -60,6 +60,7 @@ void PagedKVCache::debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t e
   const State& st = *state_;
   const KVCacheConfig& c = st.config;
   const Sequence& s = st.find(seq_id, "debug_get_kv", "seq_id");
+  st.require_not_swapped(s, seq_id, "debug_get_kv");
   validate_kv_range(c, s, seq_id, start, end, k_out.size(), v_out.size(), "debug_get_kv");
   const std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
   // Tokens this step appends whose layer has not been written yet read as
@@ -99,12 +100,16 @@ void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t e
   State& st = *state_;
   const KVCacheConfig& c = st.config;
   const Sequence& s = st.find(seq_id, "debug_set_kv", "seq_id");
+  st.require_not_swapped(s, seq_id, "debug_set_kv");
   validate_kv_range(c, s, seq_id, start, end, k_in.size(), v_in.size(), "debug_set_kv");
   for (std::int64_t t = start; t < end; ++t) {
     const std::int32_t page = s.pages[s.slot_of(t) / c.page_size];
     require(!st.pool.is_shared(page), "PagedKVCache::debug_set_kv: token ", t, " of seq_id = ",
             seq_id, " is in page ", page, ", shared by ", st.pool.refcount(page),
             " sequences; writing it would change them all");
+    require(!st.pool.is_cached(page), "PagedKVCache::debug_set_kv: token ", t, " of seq_id = ",
+            seq_id, " is in page ", page, ", shared with the prefix cache; writing it would "
+            "change what later prompts match");
   }
   // The append kernel writes (and quantises) exactly as a forward step does.
   const std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);

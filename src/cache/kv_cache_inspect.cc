@@ -108,24 +108,102 @@ std::string check_sequence(const Sequence& s, std::int32_t ps, std::int64_t num_
 
 }  // namespace
 
+namespace {
+
+// The first broken prefix-caching invariant of one sequence, or "".
+std::string check_prefix_links(const Sequence& s, const cache::PagePool& pool,
+                               const cache::PrefixIndex& index, std::int32_t ps) {
+  if (!s.prefix_trackable() && !s.tokens.empty())
+    return concat("tracks ", s.tokens.size(), " token ids with a window or gap");
+  if (std::ssize(s.tokens) > s.committed_length())
+    return concat("was told ", s.tokens.size(), " token ids for ", s.committed_length(),
+                  " committed tokens");
+  if (s.chain.size() != s.tokens.size() / std::size_t(ps))
+    return concat("has ", s.chain.size(), " chain links for ", s.tokens.size(), " told tokens");
+  if (s.swapped) return {};
+  for (std::size_t i = 0; i < s.chain.size(); ++i) {
+    const std::uint64_t serial = index.entry_at(cache::Tier::kDevice, s.pages[i]);
+    if (serial == 0 || serial != s.chain[i].serial) continue;
+    const cache::PrefixEntry& e = index.entry(serial);
+    if (!std::equal(e.tokens.begin(), e.tokens.end(), s.tokens.begin() + std::ptrdiff_t(i * ps)))
+      return concat("holds cached page ", s.pages[i], " whose token ids differ from its own");
+    if (!pool.is_cached(s.pages[i])) return concat("links page ", s.pages[i], " not marked cached");
+  }
+  return {};
+}
+
+// Cached marks of a pool agree with the index's page map of its tier.
+std::string check_cached_marks(const cache::PagePool& pool, const cache::PrefixIndex& index,
+                               cache::Tier tier) {
+  for (std::int32_t p = 0; p < pool.num_pages(); ++p)
+    if (pool.is_cached(p) != (index.entry_at(tier, p) != 0))
+      return concat("page ", p, " of tier ", int(tier), " is marked cached ", pool.is_cached(p),
+                    " but the index ", index.entry_at(tier, p) != 0 ? "has" : "lacks", " it");
+  return {};
+}
+
+}  // namespace
+
 void PagedKVCache::check_invariants() const {
   const auto lock = state_->lock();
   const State& st = *state_;
+  auto fail = [](const std::string& problem) {
+    if (!problem.empty()) throw InternalError(concat("PagedKVCache invariant broken: ", problem));
+  };
+  const std::int64_t host_pages = st.host ? st.host->pool.num_pages() : 0;
   std::vector<std::int32_t> references(static_cast<std::size_t>(st.pool.num_pages()), 0);
+  std::vector<std::int32_t> host_references(static_cast<std::size_t>(host_pages), 0);
   for (const auto& [id, s] : st.seqs) {
-    const std::string problem = check_sequence(s, st.page_size(), st.pool.num_pages(), st.in_forward);
-    if (!problem.empty())
-      throw InternalError(concat("PagedKVCache invariant broken: seq_id = ", id, " ", problem));
-    for (std::int32_t page : s.pages) ++references[page];
+    std::string problem = check_sequence(s, st.page_size(),
+                                         s.swapped ? host_pages : st.pool.num_pages(), st.in_forward);
+    if (problem.empty()) problem = check_prefix_links(s, st.pool, st.index, st.page_size());
+    if (!problem.empty()) fail(concat("seq_id = ", id, " ", problem));
+    for (std::int32_t page : s.pages) ++(s.swapped ? host_references : references)[page];
   }
-  const std::string problem = st.pool.check(references);
-  if (!problem.empty()) throw InternalError(concat("PagedKVCache invariant broken: ", problem));
+  for (std::int32_t page : st.step.deferred) ++references[page];
+  fail(st.pool.check(references));
+  fail(st.index.check());
+  fail(check_cached_marks(st.pool, st.index, cache::Tier::kDevice));
+  if (!st.host) return;
+  fail(st.host->pool.check(host_references));
+  fail(check_cached_marks(st.host->pool, st.index, cache::Tier::kHost));
+  for (std::int32_t p = 0; p < st.host->pool.num_pages(); ++p)
+    if (st.host->pool.is_cached(p) && st.host->pool.refcount(p) != 0)
+      fail(concat("host page ", p, " is cached and held by a swapped sequence"));
 }
 
 std::uint64_t PagedKVCache::state_digest() const {
   const auto lock = state_->lock();
   return state_->digest();
 }
+
+namespace {
+
+// Live slots per page of one tier: the most any holder uses; cached pages
+// nobody holds are full (a later prompt may match them).
+std::vector<std::int32_t> live_slots_of(const cache::PagePool& pool,
+                                        const std::unordered_map<SeqId, Sequence>& seqs,
+                                        bool swapped, std::int32_t ps) {
+  std::vector<std::int32_t> live(static_cast<std::size_t>(pool.num_pages()), 0);
+  for (const auto& [id, s] : seqs) {
+    if (s.swapped != swapped) continue;
+    for (std::size_t p = 0; p < s.pages.size(); ++p) {
+      const auto used = static_cast<std::int32_t>(
+          std::min<std::int64_t>(ps, s.used_slots() - static_cast<std::int64_t>(p) * ps));
+      live[s.pages[p]] = std::max(live[s.pages[p]], used);
+    }
+  }
+  for (std::int32_t page : pool.evictable_pages()) live[page] = ps;
+  return live;
+}
+
+void hash_live_slots(const cache::PageStorage& storage, const std::vector<std::int32_t>& live,
+                     cache::Hasher& h) {
+  for (std::size_t p = 0; p < live.size(); ++p)
+    if (live[p] > 0) storage.hash_slots(static_cast<std::int32_t>(p), live[p], h);
+}
+
+}  // namespace
 
 // Metadata, then the K/V of every live slot: slots past the end of every
 // holder of a page are dead (a cancelled step's rows, popped tokens) and no
@@ -134,29 +212,35 @@ std::uint64_t PagedKVCache::State::digest() const {
   const State& st = *this;
   cache::Hasher h;
   st.pool.hash_into(h);
+  st.index.hash_into(h);
+  if (st.host) st.host->pool.hash_into(h);
   std::vector<SeqId> ids;
   ids.reserve(st.seqs.size());
   for (const auto& [id, s] : st.seqs) ids.push_back(id);
   std::sort(ids.begin(), ids.end());
-  std::vector<std::int32_t> live_slots(static_cast<std::size_t>(st.pool.num_pages()), 0);
-  const std::int64_t ps = st.page_size();
   for (SeqId id : ids) {
     const Sequence& s = st.seqs.at(id);
-    for (std::size_t p = 0; p < s.pages.size(); ++p) {
-      const auto used = static_cast<std::int32_t>(
-          std::min<std::int64_t>(ps, s.used_slots() - static_cast<std::int64_t>(p) * ps));
-      live_slots[s.pages[p]] = std::max(live_slots[s.pages[p]], used);
-    }
     h.add(id);
     for (std::int64_t v : {s.length, s.gap_len, s.window_size, s.sink_len, s.evicted}) h.add(v);
     h.add_span(std::span<const std::int32_t>(s.pages));
     h.add(s.tree_open);
     h.add_span(std::span<const std::int32_t>(s.tree_parents));
+    h.add(s.swapped);
+    h.add(s.salt);
+    h.add_span(std::span<const std::int32_t>(s.tokens));
+    for (const cache::ChainLink& link : s.chain) {
+      h.add(link.key);
+      h.add(link.serial);
+    }
   }
   h.add(st.in_forward);
-  if (st.in_forward) h.add_span(std::span<const SeqId>(st.plan.seq_ids));
-  for (std::int64_t p = 0; p < st.pool.num_pages(); ++p)
-    if (live_slots[p] > 0) st.storage.hash_slots(static_cast<std::int32_t>(p), live_slots[p], h);
+  if (st.in_forward) {
+    h.add_span(std::span<const SeqId>(st.plan.seq_ids));
+    h.add_span(std::span<const std::int32_t>(st.step.deferred));
+  }
+  hash_live_slots(st.storage, live_slots_of(st.pool, st.seqs, false, st.page_size()), h);
+  if (st.host)
+    hash_live_slots(st.host->storage, live_slots_of(st.host->pool, st.seqs, true, st.page_size()), h);
   return h.value();
 }
 

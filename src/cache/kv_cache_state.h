@@ -2,12 +2,15 @@
 #pragma once
 
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
 
+#include "host_pool.h"
 #include "page_pool.h"
 #include "page_storage.h"
+#include "prefix_index.h"
 #include "pagedattn/kv_cache.h"
 #include "sequence.h"
 #include "step_attention.h"
@@ -29,9 +32,13 @@ struct StepRecord {
     std::int32_t cow_page = -1;  // the shared last page a copy replaced, or -1
     std::size_t tree_size = 0;
     bool tree_open = false;
+    // cow_page was cached and held only by this sequence: its release waits
+    // for end_forward (so no take of this step can reclaim it before undo).
+    bool cow_deferred = false;
   };
   std::vector<SeqBefore> seqs_before;  // [batch_size]
   std::vector<std::int32_t> taken;     // pages taken from the pool, in order
+  std::vector<std::int32_t> deferred;  // cow_deferred pages, released by end_forward
   std::vector<char> layer_appended;    // [num_layers] every new token written
   std::vector<char> token_written;     // [num_tokens] every layer written (debug_set_kv)
   std::int64_t tokens_written = 0;     // count of token_written set
@@ -39,6 +46,7 @@ struct StepRecord {
   void reset(std::int32_t num_layers, std::int32_t num_tokens) {
     seqs_before.clear();
     taken.clear();
+    deferred.clear();
     layer_appended.assign(static_cast<std::size_t>(num_layers), 0);
     token_written.assign(static_cast<std::size_t>(num_tokens), 0);
     tokens_written = 0;
@@ -54,7 +62,9 @@ struct StepRecord {
 };
 
 struct PagedKVCache::State {
-  explicit State(const KVCacheConfig& c) : config(c), pool(c.num_pages), storage(c) {}
+  explicit State(const KVCacheConfig& c)
+      : config(c), pool(c.num_pages), storage(c), index(c.num_pages, c.host_num_pages),
+        host(c.host_num_pages > 0 ? std::make_unique<cache::HostTier>(c) : nullptr) {}
 
   // Every public call holds this for its whole duration (the threading
   // contract in kv_cache.h). Implementation functions never lock.
@@ -69,8 +79,12 @@ struct PagedKVCache::State {
   bool in_forward = false;
   StepRecord step;                 // valid while in_forward
   cache::StepAttention attention;  // kernel plan and buffers for attention()
+  cache::PrefixIndex index;        // cached full pages (prefix caching)
+  std::unique_ptr<cache::HostTier> host;  // null without a host tier
+  PrefixCacheStats stats;
 
   std::int32_t page_size() const { return config.page_size; }
+  bool caching() const { return config.enable_prefix_caching; }
 
   const cache::Sequence& find(SeqId id, const char* call, const char* arg) const {
     auto it = seqs.find(id);
@@ -84,6 +98,10 @@ struct PagedKVCache::State {
   void require_no_forward(const char* call) const {
     require<InvalidState>(!in_forward, "PagedKVCache::", call,
                           ": not allowed while a forward is in progress (call end_forward first)");
+  }
+  void require_not_swapped(const cache::Sequence& s, SeqId id, const char* call) const {
+    require<InvalidState>(!s.swapped, "PagedKVCache::", call, ": seq_id = ", id,
+                          " is swapped out to the host tier; call swap_in first");
   }
   void require_free_pages(std::int64_t needed, const char* call) const {
     if (needed > pool.num_free())
@@ -103,6 +121,7 @@ struct PagedKVCache::State {
         cache::pages_for_slots(s.used_slots() + n, page_size()) - std::ssize(s.pages);
     if (s.used_slots() % page_size() == 0) return grow;
     const std::int32_t last = s.pages.back();
+    if (pool.is_cached(last)) return grow + 1;  // cached pages are never written
     auto it = released.find(last);
     const std::int32_t dropped = it == released.end() ? 0 : it->second;
     if (pool.refcount(last) - dropped <= 1) return grow;
@@ -110,8 +129,30 @@ struct PagedKVCache::State {
     return grow + 1;
   }
   bool needs_copy_on_write(const cache::Sequence& s) const {
-    return s.used_slots() % page_size() != 0 && pool.is_shared(s.pages.back());
+    const std::int32_t last = s.pages.empty() ? -1 : s.pages.back();
+    return s.used_slots() % page_size() != 0 && (pool.is_shared(last) || pool.is_cached(last));
   }
+
+  // --- page supply, prefix cache, host tier (kv_cache_prefix.cc) ------------
+  // Takes a device page: an unused one, else the oldest evictable cached
+  // page (demoted to the host tier when it has room, else dropped).
+  // Precondition: pool.num_free() > 0.
+  std::int32_t take_page();
+  // Takes a host page likewise (the oldest cached host page is dropped).
+  // Precondition: host && host->pool.num_free() > 0.
+  std::int32_t take_host_page();
+  // Releases every page of `s` (host pages if swapped); with prefix caching
+  // last page first, so that a prefix's later pages are evicted before its
+  // first ones (a prefix is matched from its first page).
+  void release_pages(const cache::Sequence& s);
+  // Publishes the full told pages of `s` not yet linked.
+  void publish_told_pages(cache::Sequence& s);
+  // Serials of the cached pages a new sequence with these tokens would share.
+  std::vector<std::uint64_t> match(std::span<const std::int32_t> tokens, std::uint64_t salt) const;
+  PrefixMatch summarize(const std::vector<std::uint64_t>& hits) const;
+  // Device / host pages the listed swapped sequences hold, each once, in order.
+  std::vector<std::int32_t> distinct_pages(std::span<const SeqId> ids) const;
+  void validate_swap(std::span<const SeqId> ids, bool swapped, const char* call) const;
 
   // Checks a forward's arguments and returns the pages it takes. A
   // non-tree forward (`tree` false) refuses sequences with an open tree

@@ -24,6 +24,7 @@ class PageStorage {
   static std::int64_t page_bytes(const KVCacheConfig& config);
 
   std::int64_t total_bytes() const { return total_bytes_; }
+  std::int32_t num_layers() const { return config_.num_layers; }
   PagedKVStorage layer(std::int32_t layer) const;
 
   // Copies slots [0, num_slots) of page `src` to page `dst` in every layer.

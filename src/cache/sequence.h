@@ -12,7 +12,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "prefix_index.h"
+
 namespace pagedattn::cache {
+
+// Prefix caching: what the sequence's i-th full told page is in the index.
+struct ChainLink {
+  PageKey key;                     // key of the page's content
+  std::uint64_t serial = kUnlinked;  // the entry with that content, or kUnlinked
+};
 
 struct Sequence {
   std::vector<std::int32_t> pages;  // page ids in logical order
@@ -27,6 +35,14 @@ struct Sequence {
   bool tree_open = false;
   std::vector<std::int32_t> tree_parents;
   std::vector<std::int32_t> tree_depths;  // [tree_parents.size()]
+  // Prefix caching (set_sequence_tokens): the token ids told so far, and a
+  // link per full page among them. Never tracked for windowed sequences or
+  // sequences with a gap.
+  std::uint64_t salt = 0;
+  std::vector<std::int32_t> tokens;
+  std::vector<ChainLink> chain;  // [tokens.size() / page_size]
+  // Swapped out: `pages` are host-tier page ids.
+  bool swapped = false;
 
   bool windowed() const { return window_size > 0; }
   std::int64_t tree_size() const { return std::ssize(tree_parents); }
@@ -37,6 +53,14 @@ struct Sequence {
   }
   // Tokens a pop_n may remove: sinks cannot come back once tokens were evicted.
   std::int64_t poppable() const { return evicted > 0 ? length - sink_len : length; }
+  // Prefix caching follows token ids only while page i holds tokens
+  // [i * page_size, (i + 1) * page_size).
+  bool prefix_trackable() const { return !windowed() && evicted == 0 && gap_len == 0; }
+  // Forgets told tokens past `n` (and the links of pages no longer full).
+  void truncate_tokens(std::int64_t n, std::int32_t page_size) {
+    if (std::ssize(tokens) > n) tokens.resize(static_cast<std::size_t>(n));
+    chain.resize(tokens.size() / static_cast<std::size_t>(page_size));
+  }
 };
 
 // Number of pages needed to hold `slots` physical slots.
