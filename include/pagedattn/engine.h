@@ -1,8 +1,16 @@
 // Engine: continuous batching over one PagedKVCache. Requests are added at
 // any time; every step() runs one iteration over a mixed ragged batch -
 // running decodes first, then prefill chunks, admitting waiting requests FCFS
-// while pages allow, preempting the most recently admitted requests by
-// recompute when a running sequence cannot get a page.
+// while pages allow, preempting the most recently admitted requests when a
+// running sequence cannot get a page (by swap to a host-memory tier or by
+// recompute, whichever a measured cost estimate finds cheaper).
+//
+// Automatic prefix caching (EngineConfig.enable_prefix_caching): full pages
+// of every prompt and output are published under a hash of their tokens
+// (and the request's cache_salt); a new request whose prompt starts with
+// published pages takes them instead of computing them (at least its last
+// token always runs: its logits give the first output token). Finished
+// requests' pages stay cached until the pool needs them (LRU).
 //
 //   Engine engine({.model = make_llama_model(llama_preset("tiny"))});
 //   RequestId id = engine.add_request(prompt, {.max_tokens = 64});
@@ -42,6 +50,9 @@ struct SamplingParams {
   std::optional<std::uint64_t> seed{};  // none: derived from EngineConfig.seed and the request id
   std::vector<std::int32_t> stop_token_ids{};
   bool ignore_eos = false;
+  // Prefix caching: requests share cached pages only with requests of the
+  // same salt (tenant isolation; 0 is the shared default).
+  std::uint64_t cache_salt = 0;
 };
 
 enum class FinishReason : std::uint8_t { kNone = 0, kLength, kStop, kAborted };
@@ -73,13 +84,22 @@ struct EngineConfig {
   // prefill tiles are not used), and fixed row blocks in matrix products.
   bool deterministic = false;
   std::uint64_t seed = 0;
+  // Reuse published pages of earlier prompts and outputs (see above). Off by
+  // default: outputs are unchanged with it only where results do not depend
+  // on batch shape (deterministic mode); otherwise skipping a prefix changes
+  // the prefill's row blocks and may flip a near-tie greedy choice.
+  bool enable_prefix_caching = false;
+  // Host-memory tier (0: none): preempted requests' pages are swapped to it
+  // when that is estimated cheaper than recomputing them, and cached prefix
+  // pages evicted from the device pool are demoted to it.
+  std::int64_t host_kv_memory_bytes = 0;
 };
 
 // Counters and the KV picture after the last step.
 struct EngineStats {
   std::int64_t steps = 0;
-  std::int64_t num_preemptions = 0;     // requests preempted (by recompute), in total
-  std::int64_t recomputed_tokens = 0;   // tokens computed again after preemption
+  std::int64_t num_preemptions = 0;     // requests preempted (swap or recompute), in total
+  std::int64_t recomputed_tokens = 0;   // tokens dropped by recompute preemptions
   std::int32_t num_running_seqs = 0;
   std::int32_t num_waiting_requests = 0;
   std::int32_t last_step_tokens = 0;    // tokens in the last step's batch
@@ -91,6 +111,24 @@ struct EngineStats {
   std::int64_t pages_if_unshared = 0;      // pages the sequences would hold without sharing
   double seconds_in_steps = 0.0;           // wall time inside step(), in total
   double seconds_in_model = 0.0;           // of which in Model::forward
+  // Prefix caching: prompt tokens looked up at admission, and those found
+  // cached (their K/V taken, not computed), in total.
+  std::int64_t prefix_query_tokens = 0;
+  std::int64_t prefix_hit_tokens = 0;
+  std::int64_t prefix_host_hit_tokens = 0;  // of the hits, found in the host tier
+  std::int64_t cached_pages = 0;            // device pages holding published prefixes
+  std::int64_t prefix_evictions = 0;        // cached pages reclaimed for new data
+  std::int64_t prefix_demotions = 0;        // of those, kept in the host tier
+  double prefix_hit_rate() const {
+    return prefix_query_tokens > 0 ? double(prefix_hit_tokens) / double(prefix_query_tokens) : 0.0;
+  }
+  // Preemption by swap (num_preemptions counts both kinds).
+  std::int64_t num_swap_outs = 0;   // requests swapped out
+  std::int64_t num_swap_ins = 0;    // requests swapped back in
+  std::int64_t swapped_tokens = 0;  // tokens kept by swapping instead of recomputing
+  std::int64_t swapped_out_pages = 0, swapped_in_pages = 0;
+  std::int32_t num_swapped_requests = 0;  // in the host tier now
+  std::int64_t num_host_pages = 0, free_host_pages = 0;
 };
 
 using StreamCallback = std::function<void(const RequestOutput&)>;

@@ -52,6 +52,8 @@ const EngineConfig& validated(const EngineConfig& c) {
   require(c.page_size >= 1, "EngineConfig.page_size = ", c.page_size, " must be >= 1");
   require(c.max_num_seqs >= 1 && c.max_num_seqs <= 1 << 20, "EngineConfig.max_num_seqs = ",
           c.max_num_seqs, " must be in [1, 2^20]");
+  require(c.host_kv_memory_bytes >= 0, "EngineConfig.host_kv_memory_bytes = ",
+          c.host_kv_memory_bytes, " must be >= 0 (0: no host tier)");
   require(c.max_num_batched_tokens >= c.max_num_seqs, "EngineConfig.max_num_batched_tokens = ",
           c.max_num_batched_tokens, " must be >= max_num_seqs = ", c.max_num_seqs,
           " (every running sequence decodes each step)");
@@ -64,6 +66,8 @@ KVCacheConfig cache_config(const EngineConfig& c) {
   k.memory_budget_bytes = c.kv_memory_bytes;
   k.kv_dtype = c.kv_dtype;
   if (c.deterministic) k.attention_plan.fixed_kv_chunk = kDeterministicKVChunk;
+  k.enable_prefix_caching = c.enable_prefix_caching;
+  k.host_memory_budget_bytes = c.host_kv_memory_bytes;
   return k;
 }
 
@@ -78,7 +82,7 @@ struct Engine::Impl {
       : config(std::move(c)),
         cache(cache_config(validated(config))),
         scheduler({config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
-                   std::max<std::int64_t>(1, cache.num_pages() / 100)},
+                   std::max<std::int64_t>(1, cache.num_pages() / 100), config.enable_prefix_caching},
                   cache) {}
 
   EngineConfig config;
@@ -259,7 +263,9 @@ std::vector<RequestOutput> Engine::step() {
   im.aborted.clear();
   const Schedule s = im.scheduler.schedule();
   if (!s.empty()) {
+    const double model_before = im.seconds_in_model;
     im.run_forward(s);
+    im.scheduler.observe_forward(s.num_tokens, im.seconds_in_model - model_before);
     im.scheduler.complete(s);
     im.apply_samples(s, outputs);
     im.scheduler.release_finished();
@@ -319,6 +325,7 @@ EngineStats Engine::stats() const {
   const std::int64_t ps = im.config.page_size;
   std::int64_t page_refs = 0;
   for (SeqId id : im.cache.sequence_ids()) {
+    if (im.cache.is_swapped(id)) continue;  // its pages are in the host tier
     const std::int64_t len = im.cache.sequence_length(id);
     st.token_states_unshared += len;
     page_refs += pages_for(len, ps);
@@ -327,6 +334,21 @@ EngineStats Engine::stats() const {
   st.pages_if_unshared = page_refs;
   st.seconds_in_steps = im.seconds_in_steps;
   st.seconds_in_model = im.seconds_in_model;
+  const PrefixCacheStats pc = im.cache.prefix_cache_stats();
+  st.prefix_query_tokens = pc.query_tokens;
+  st.prefix_hit_tokens = pc.hit_tokens;
+  st.prefix_host_hit_tokens = pc.host_hit_tokens;
+  st.cached_pages = im.cache.num_cached_pages();
+  st.prefix_evictions = pc.evictions;
+  st.prefix_demotions = pc.demotions;
+  st.num_swap_outs = im.scheduler.num_swap_outs();
+  st.num_swap_ins = im.scheduler.num_swap_ins();
+  st.swapped_tokens = im.scheduler.swapped_tokens();
+  st.swapped_out_pages = pc.swapped_out_pages;
+  st.swapped_in_pages = pc.swapped_in_pages;
+  st.num_swapped_requests = im.scheduler.num_swapped();
+  st.num_host_pages = im.cache.num_host_pages();
+  st.free_host_pages = im.cache.num_free_host_pages();
   return st;
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <unordered_set>
 
 namespace pagedattn::engine {
 
@@ -10,6 +12,21 @@ std::int32_t reserved_seqs(const SequenceGroup& g) {
   for (const Sequence& s : g.seqs) finished += s.finished() ? 1 : 0;
   return g.params.n - finished;
 }
+
+std::vector<SeqId> cached_seq_ids(const SequenceGroup& g) {
+  std::vector<SeqId> ids;
+  for (const Sequence& s : g.seqs)
+    if (s.in_cache) ids.push_back(s.id);
+  return ids;
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
 
 // What one schedule() call has handed out so far.
 struct Scheduler::StepState {
@@ -34,6 +51,8 @@ SequenceGroup* Scheduler::find(RequestId id) {
     if (g->id == id) return g.get();
   for (auto& g : waiting_)
     if (g->id == id) return g.get();
+  for (auto& g : swapped_)
+    if (g->id == id) return g.get();
   return nullptr;
 }
 
@@ -44,8 +63,10 @@ Schedule Scheduler::schedule() {
     const std::int64_t preemptions = num_preemptions_;
     const bool decodes_done = schedule_decodes(st);
     if (decodes_done) schedule_prefills(st);
-    // No admissions in a step that had to preempt: memory is short.
-    if (num_preemptions_ == preemptions) admit_waiting(st);
+    // No resumptions or admissions in a step that had to preempt: memory is
+    // short. Swapped-out requests resume before new ones are admitted.
+    if (num_preemptions_ == preemptions) swap_in_groups(st);
+    if (num_preemptions_ == preemptions && swapped_.empty()) admit_waiting(st);
     // Nothing could run (every running prefill waits for pages): free the
     // most recent request's pages and try again.
     if (!st.out.empty() || running_.empty()) return std::move(st.out);
@@ -63,6 +84,7 @@ void Scheduler::fork_waiting_samples(SequenceGroup& g) {
     cache_.fork_sequence(source->id, s.id, g.prompt_len);
     s.in_cache = true;
     s.num_computed = g.prompt_len;
+    s.published = g.prompt_len;  // the prompt's full pages are the source's
   }
 }
 
@@ -113,7 +135,8 @@ bool Scheduler::schedule_decodes(StepState& st) {
 // The longest prefix of `want` tokens of `s` whose pages fit in `pages`.
 std::int32_t Scheduler::chunk_that_fits(const Sequence& s, std::int32_t want,
                                         std::int64_t pages) const {
-  const std::int64_t held = s.in_cache ? (s.num_computed + page_size_ - 1) / page_size_ : 0;
+  // Outside the cache num_computed is 0 or a cached prefix: whole pages.
+  const std::int64_t held = (s.num_computed + page_size_ - 1) / page_size_;
   const std::int64_t room = (held + std::max<std::int64_t>(pages, 0)) * page_size_ - s.num_computed;
   const std::int32_t fit = static_cast<std::int32_t>(std::clamp<std::int64_t>(room, 0, want));
   if (fit == want || config_.chunked_prefill) return fit;
@@ -122,17 +145,48 @@ std::int32_t Scheduler::chunk_that_fits(const Sequence& s, std::int32_t want,
 
 // Partially computed sequences of running groups, oldest first.
 void Scheduler::schedule_prefills(StepState& st) {
-  for (auto& gp : running_) {
-    SequenceGroup& g = *gp;
-    for (std::int32_t k = 0; k < std::ssize(g.seqs) && st.budget > 0; ++k) {
-      const Sequence& s = g.seqs[k];
-      if (!s.in_cache || s.finished() || s.remaining() <= 1) continue;
-      const std::int32_t want =
-          config_.chunked_prefill ? std::min(s.remaining(), st.budget)
+  for (auto& g : running_) schedule_group_prefills(st, *g);
+}
+
+void Scheduler::schedule_group_prefills(StepState& st, SequenceGroup& g) {
+  for (std::int32_t k = 0; k < std::ssize(g.seqs) && st.budget > 0; ++k) {
+    const Sequence& s = g.seqs[k];
+    if (!s.in_cache || s.finished() || s.remaining() <= 1) continue;
+    const std::int32_t want = config_.chunked_prefill
+                                  ? std::min(s.remaining(), st.budget)
                                   : (s.remaining() <= st.budget ? s.remaining() : 0);
-      const std::int32_t len = chunk_that_fits(s, want, cache_.num_free_pages() - st.reserved);
-      if (len > 0) add_chunk(st, g, k, len);
+    const std::int32_t len = chunk_that_fits(s, want, cache_.num_free_pages() - st.reserved);
+    if (len > 0) add_chunk(st, g, k, len);
+  }
+}
+
+// Swapped-out groups in order while sequence slots, tokens and pages allow:
+// the host pages come back, then the group decodes (and prefills) at once.
+void Scheduler::swap_in_groups(StepState& st) {
+  std::int32_t seqs = num_running_seqs();
+  while (!swapped_.empty()) {
+    SequenceGroup& g = *swapped_.front();
+    const std::int32_t reserved = reserved_seqs(g);
+    if (seqs + reserved > config_.max_num_seqs || st.budget < reserved) return;
+    const std::vector<SeqId> ids = cached_seq_ids(g);
+    const std::int64_t watermark = running_.empty() ? 0 : config_.watermark_pages;
+    // Each unfinished sample's next token takes at most one page (a fork's
+    // copied partial page, or a decode's new page).
+    const std::int64_t pages = cache_.swap_in_pages_needed(ids);
+    if (pages + reserved > cache_.num_free_pages() - st.reserved - watermark) return;
+    const auto start = std::chrono::steady_clock::now();
+    cache_.swap_in(ids);
+    costs_.observe_copy(pages * cache_.bytes_per_page(), seconds_since(start));
+    ++num_swap_ins_;
+    seqs += reserved;
+    running_.push_back(std::move(swapped_.front()));
+    swapped_.pop_front();
+    fork_waiting_samples(g);
+    for (std::int32_t k = 0; k < std::ssize(g.seqs); ++k) {
+      const Sequence& s = g.seqs[k];
+      if (s.in_cache && !s.finished() && s.remaining() == 1) add_chunk(st, g, k, 1);
     }
+    schedule_group_prefills(st, g);
   }
 }
 
@@ -143,15 +197,26 @@ void Scheduler::admit_waiting(StepState& st) {
     SequenceGroup& g = *waiting_.front();
     if (seqs + reserved_seqs(g) > config_.max_num_seqs) return;
     Sequence& lead = *g.lead();
-    lead.num_computed = 0;  // not in the cache: the chunk fit is computed from 0
+    // The cached prefix is taken, not computed (it never covers every token).
+    const PrefixMatch hit = config_.prefix_caching
+                                ? cache_.match_prefix(lead.tokens, g.params.cache_salt)
+                                : PrefixMatch{};
+    lead.num_computed = static_cast<std::int32_t>(hit.num_tokens);
     const std::int32_t total = lead.remaining();
     const std::int32_t want =
         config_.chunked_prefill ? std::min(total, st.budget) : (total <= st.budget ? total : 0);
     const std::int64_t watermark = running_.empty() ? 0 : config_.watermark_pages;
-    const std::int32_t len =
-        chunk_that_fits(lead, want, cache_.num_free_pages() - st.reserved - watermark);
-    if (len == 0) return;
-    cache_.add_sequence(lead.id);
+    const std::int32_t len = chunk_that_fits(
+        lead, want, cache_.num_free_pages() - st.reserved - watermark - hit.pages_taken);
+    if (len == 0) {
+      lead.num_computed = 0;
+      return;
+    }
+    if (config_.prefix_caching)
+      cache_.add_sequence_with_prefix(lead.id, lead.tokens, g.params.cache_salt);
+    else
+      cache_.add_sequence(lead.id);
+    lead.published = lead.num_computed;
     lead.in_cache = true;
     seqs += reserved_seqs(g);
     running_.push_back(std::move(waiting_.front()));
@@ -173,27 +238,80 @@ void Scheduler::add_chunk(StepState& st, SequenceGroup& g, std::int32_t seq, std
 }
 
 void Scheduler::complete(const Schedule& schedule) {
-  for (const ScheduledChunk& c : schedule.chunks) c.group->seqs[c.seq].num_computed += c.length;
+  for (const ScheduledChunk& c : schedule.chunks) {
+    Sequence& s = c.group->seqs[c.seq];
+    s.num_computed += c.length;
+    if (config_.prefix_caching) publish(s);
+  }
+}
+
+// Tells the cache the tokens of a sequence's computed pages once a new page
+// has filled (a partial page is never published).
+void Scheduler::publish(Sequence& s) {
+  if (s.num_computed / page_size_ <= s.published / page_size_) return;
+  cache_.set_sequence_tokens(s.id, std::span(s.tokens.data(), std::size_t(s.num_computed)));
+  s.published = s.num_computed;
 }
 
 void Scheduler::release_group_pages(SequenceGroup& g) {
   for (Sequence& s : g.seqs) {
     if (s.in_cache) cache_.remove_sequence(s.id);
     s.in_cache = false;
+    s.published = 0;
   }
 }
 
-// Recompute: the group's pages go back; it waits at the front of the queue.
+// Swap (when the host tier has room and the estimate favours it): the
+// group's pages move to host memory and it waits to be swapped back in.
+// Recompute: its pages go back; it waits at the front of the queue.
 void Scheduler::preempt_last() {
   std::unique_ptr<SequenceGroup> g = std::move(running_.back());
   running_.pop_back();
+  ++num_preemptions_;
+  // A lone group is never swapped: it would come straight back to the same
+  // shortage; recompute lets it restart in smaller chunks.
+  if (!running_.empty() && try_swap_out(*g)) {
+    swapped_.push_front(std::move(g));
+    return;
+  }
   for (Sequence& s : g->seqs) {
     preempted_tokens_ += s.in_cache ? s.num_computed : 0;
     s.num_computed = 0;
   }
   release_group_pages(*g);
-  ++num_preemptions_;
   waiting_.push_front(std::move(g));
+}
+
+bool Scheduler::try_swap_out(SequenceGroup& g) {
+  const std::vector<SeqId> ids = cached_seq_ids(g);
+  if (ids.empty() || cache_.num_free_host_pages() == 0) return false;
+  // Distinct pages the group holds (forks share the prompt's), and the
+  // tokens a recompute would run: the lead's, then each fork's own tail.
+  std::unordered_set<std::int32_t> pages;
+  std::int64_t tokens = 0;
+  bool lead = true;
+  for (const Sequence& s : g.seqs) {
+    if (!s.in_cache) continue;
+    for (std::int32_t p : cache_.sequence_pages(s.id)) pages.insert(p);
+    tokens += lead ? s.num_computed : std::max(0, s.num_computed - g.prompt_len);
+    lead = false;
+  }
+  const std::int64_t n = std::ssize(pages);
+  const PreemptionCosts c = preemption_costs(n, cache_.bytes_per_page(), tokens,
+                                             costs_.copy_seconds_per_byte(),
+                                             costs_.forward_seconds_per_token());
+  if (choose_preemption(c, n <= cache_.num_free_host_pages()) != PreemptionMode::kSwap)
+    return false;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    cache_.swap_out(ids);
+  } catch (const OutOfPages&) {
+    return false;  // the host tier is fuller than counted (shared pages): nothing changed
+  }
+  costs_.observe_copy(n * cache_.bytes_per_page(), seconds_since(start));
+  ++num_swap_outs_;
+  for (const Sequence& s : g.seqs) swapped_tokens_ += s.in_cache ? s.num_computed : 0;
+  return true;
 }
 
 void Scheduler::release_finished() {
@@ -221,6 +339,7 @@ std::unique_ptr<SequenceGroup> Scheduler::remove(RequestId id) {
     return g;
   };
   if (auto g = take(running_)) return g;
+  if (auto g = take(swapped_)) return g;
   return take(waiting_);
 }
 

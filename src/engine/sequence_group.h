@@ -18,7 +18,8 @@ struct Sequence {
   std::int32_t index = 0;             // sample index
   std::vector<std::int32_t> tokens;   // prompt, then generated tokens
   std::int32_t num_computed = 0;      // tokens whose K/V the cache holds
-  bool in_cache = false;
+  std::int32_t published = 0;         // prefix caching: tokens reported to the cache
+  bool in_cache = false;              // in the cache (on the device or swapped out)
   FinishReason finish = FinishReason::kNone;
 
   bool finished() const { return finish != FinishReason::kNone; }
