@@ -90,6 +90,16 @@ TEST(OpenAiRequest, BadFieldsAre400NamingTheField) {
             P(400, "messages[0].content"));
 }
 
+TEST(OpenAiRequest, CacheSaltNamesATenant) {
+  const std::uint64_t a = parse(R"({"prompt": "x", "cache_salt": "a"})").params.cache_salt;
+  EXPECT_NE(a, 0u);  // 0 is the unsalted default
+  EXPECT_EQ(parse(R"({"prompt": "x", "cache_salt": "a"})").params.cache_salt, a);
+  EXPECT_NE(parse(R"({"prompt": "x", "cache_salt": "b"})").params.cache_salt, a);
+  EXPECT_EQ(parse(R"({"prompt": "x"})").params.cache_salt, 0u);
+  EXPECT_EQ(error_of(R"({"prompt": "x", "cache_salt": ""})"), (std::pair<int, std::string>{400, "cache_salt"}));
+  EXPECT_EQ(error_of(R"({"prompt": "x", "cache_salt": 5})"), (std::pair<int, std::string>{400, "cache_salt"}));
+}
+
 TEST(OpenAiRequest, TooLongIs413) {
   using P = std::pair<int, std::string>;
   const std::string long_prompt(64, 'a');

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "http_server.h"
+#include "serve_cli.h"
 #include "pagedattn/llama.h"
 #include "socket_client.h"
 
@@ -38,6 +39,12 @@ class RunningServer {
     ec.model = make_llama_model(c);
     ec.kv_memory_bytes = static_cast<std::int64_t>(kv_mib * (1 << 20));
     server_ = std::make_unique<HttpServer>(ec, make_byte_codec(c.vocab_size, c.eos_token_id), o);
+    server_->bind();
+    thread_ = std::thread([this] { server_->listen(); });
+  }
+  // A server the CLI built (make_server).
+  explicit RunningServer(std::unique_ptr<HttpServer> server) : server_(std::move(server)) {
+    signal(SIGPIPE, SIG_IGN);
     server_->bind();
     thread_ = std::thread([this] { server_->listen(); });
   }
@@ -371,6 +378,57 @@ TEST(ServerLimits, ShutdownLetsInFlightStreamsFinish) {
   ASSERT_NE(s.read_until("data: ", 30s).find("data: "), std::string::npos);
   server.reset();  // shutdown(): drains, then stops
   EXPECT_NE(s.read_until("data: [DONE]", 5s).find("data: [DONE]"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pagedattn::serve
+
+namespace pagedattn::serve {
+namespace {
+
+// The value of a /metrics line `name value`.
+double metric(const std::string& body, const std::string& name) {
+  const std::size_t at = body.find("\n" + name + " ");
+  EXPECT_NE(at, std::string::npos) << name;
+  return at == std::string::npos ? -1.0 : std::stod(body.substr(at + name.size() + 2));
+}
+
+// The serve CLI's prefix-caching flags reach the engine, and a request's
+// cache_salt keeps its cached pages from other tenants.
+TEST(ServeCli, PrefixCachingFlagsAndCacheSalt) {
+  const char* argv[] = {"pagedattn", "serve", "--model", "tiny", "--port", "0",
+                        "--kv-memory-mib", "4", "--enable-prefix-caching",
+                        "--host-kv-memory-mib", "2"};
+  const ServeOptions o = parse_serve_options(std::size(argv), const_cast<char**>(argv), 2);
+  EXPECT_TRUE(o.enable_prefix_caching);
+  EXPECT_EQ(o.host_kv_memory_mib, 2.0);
+  RunningServer server(make_server(o));
+  EXPECT_TRUE(server.server().worker().engine().config().enable_prefix_caching);
+  EXPECT_GT(server.server().worker().stats().num_host_pages, 0);
+  const std::string prompt(100, 'p');  // 6 full pages of 16 byte tokens
+  auto hits_after = [&](const char* salt) {
+    json body = {{"prompt", prompt}, {"max_tokens", 2}};
+    if (salt != nullptr) body["cache_salt"] = salt;
+    auto res = server.client(nullptr).Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_TRUE(res);
+    if (res) {
+      EXPECT_EQ(res->status, 200) << res->body;
+    }
+    auto metrics = server.client(nullptr).Get("/metrics");
+    return metric(metrics ? metrics->body : "", "pagedattn_prefix_cache_hits_total");
+  };
+  EXPECT_EQ(hits_after("tenant-a"), 0);
+  EXPECT_EQ(hits_after("tenant-b"), 0);  // the same prompt, another tenant
+  EXPECT_EQ(hits_after(nullptr), 0);     // no salt is a tenant of its own
+  EXPECT_EQ(hits_after("tenant-a"), 96);
+  auto metrics = server.client(nullptr).Get("/metrics");
+  ASSERT_TRUE(metrics);
+  for (const char* name : {"pagedattn_prefix_cache_hit_rate ", "pagedattn_prefix_cache_pages ",
+                           "pagedattn_swap_outs_total ", "pagedattn_host_kv_pages_free "})
+    EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
+  const char* off[] = {"pagedattn", "serve", "--model", "tiny", "--enable-prefix-caching",
+                       "--no-enable-prefix-caching"};
+  EXPECT_FALSE(parse_serve_options(std::size(off), const_cast<char**>(off), 2).enable_prefix_caching);
 }
 
 }  // namespace

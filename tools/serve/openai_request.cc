@@ -138,6 +138,14 @@ std::int64_t pages_needed(std::int64_t prompt, std::int64_t max_tokens, std::int
   return total + (n - 1) * (total - prompt / ps);
 }
 
+// A request's cache_salt as the engine's 64-bit salt: FNV-1a, with 0 (the
+// engine's unsalted default) kept for requests that give none.
+std::uint64_t cache_salt_hash(const std::string& salt) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (const unsigned char c : salt) h = (h ^ c) * 1099511628211ull;
+  return h == 0 ? 1 : h;
+}
+
 // The most new tokens that fit the context and the pool (0: none fit).
 std::int64_t max_tokens_that_fit(std::int64_t prompt, std::int64_t n, const RequestLimits& l) {
   std::int64_t lo = 0, hi = l.max_position - prompt;
@@ -168,6 +176,11 @@ void read_sampling(const json& body, const RequestLimits& limits, GenerationRequ
     p.stop_token_ids = token_ids(*v, "stop_token_ids", limits.vocab_size);
   }
   if (const json* v = field(body, "ignore_eos")) p.ignore_eos = boolean(*v, "ignore_eos");
+  if (const json* v = field(body, "cache_salt")) {
+    if (!v->is_string() || v->get_ref<const std::string&>().empty())
+      bad_field("cache_salt", "must be a non-empty string");
+    p.cache_salt = cache_salt_hash(v->get_ref<const std::string&>());
+  }
   if (const json* v = field(body, "stream")) r.stream = boolean(*v, "stream");
   if (const json* v = field(body, "stream_options")) {
     if (!v->is_object()) bad_field("stream_options", "must be an object");

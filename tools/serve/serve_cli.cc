@@ -97,6 +97,11 @@ const char* serve_usage() {
          "  --max-num-seqs N           sequences running at once (default 256)\n"
          "  --max-batched-tokens N     tokens per engine step (default 2048)\n"
          "  --max-model-len N          context length (default: the model's)\n"
+         "  --enable-prefix-caching    reuse cached pages of earlier prompts (request field\n"
+         "                             cache_salt keeps tenants apart); --no-enable-prefix-caching\n"
+         "                             turns it off again (default off)\n"
+         "  --host-kv-memory-mib M     host-memory tier preempted requests are swapped to\n"
+         "                             (default 0: preemption recomputes)\n"
          "  --max-connections N        connections served at once (HTTP threads, default 128)\n"
          "  --max-queued-requests N    requests held, waiting + running; more get 429 (default 256)\n"
          "  --max-body-bytes N         larger request bodies get 413 (default 8388608)\n"
@@ -126,6 +131,9 @@ ServeOptions parse_serve_options(int argc, char** argv, int first) {
     else if (flag == "--max-num-seqs") o.max_num_seqs = std::int32_t(int_value(1, 1 << 20));
     else if (flag == "--max-batched-tokens") o.max_num_batched_tokens = std::int32_t(int_value(1, 1 << 24));
     else if (flag == "--max-model-len") o.max_position = std::int32_t(int_value(1, 1 << 24));
+    else if (flag == "--enable-prefix-caching") o.enable_prefix_caching = true;
+    else if (flag == "--no-enable-prefix-caching") o.enable_prefix_caching = false;
+    else if (flag == "--host-kv-memory-mib") o.host_kv_memory_mib = parse_number(flag, value(), 0, 1 << 20);
     else if (flag == "--max-connections") s.max_connections = std::int32_t(int_value(1, 4096));
     else if (flag == "--max-queued-requests") s.max_queued_requests = std::int32_t(int_value(1, 1 << 20));
     else if (flag == "--max-body-bytes") s.max_body_bytes = std::size_t(int_value(1, 1ll << 32));
@@ -156,6 +164,8 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
   ec.kv_memory_bytes = static_cast<std::int64_t>((o.kv_memory_mib > 0 ? o.kv_memory_mib : 256.0) * (1 << 20));
   ec.max_num_seqs = o.max_num_seqs;
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
+  ec.enable_prefix_caching = o.enable_prefix_caching;
+  ec.host_kv_memory_bytes = static_cast<std::int64_t>(o.host_kv_memory_mib * (1 << 20));
   return std::make_unique<HttpServer>(std::move(ec), std::move(codec), o.server);
 }
 

@@ -14,6 +14,8 @@ struct ServeOptions {
   std::int32_t max_num_seqs = 256;
   std::int32_t max_num_batched_tokens = 2048;
   std::int32_t max_position = 0;  // presets and GGUF: 0 keeps the model's own
+  bool enable_prefix_caching = false;
+  double host_kv_memory_mib = 0.0;  // 0: no host tier
   bool help = false;
 };
 

@@ -106,7 +106,22 @@ std::string ServerMetrics::render(const EngineStats& e, const EngineThreadTimes&
   line(out, "pagedattn_kv_pages_total", "gauge", "KV cache pages in the pool.", double(e.num_pages));
   line(out, "pagedattn_kv_pages_used", "gauge", "KV cache pages holding tokens.", double(e.pages_in_use));
   line(out, "pagedattn_kv_pages_free", "gauge", "KV cache pages free.", double(e.num_pages - e.pages_in_use));
-  line(out, "pagedattn_preemptions_total", "counter", "Requests preempted by recompute.", double(e.num_preemptions));
+  line(out, "pagedattn_preemptions_total", "counter", "Requests preempted (by swap or recompute).", double(e.num_preemptions));
+  line(out, "pagedattn_swap_outs_total", "counter", "Requests preempted by swapping their pages to the host tier.",
+       double(e.num_swap_outs));
+  line(out, "pagedattn_swap_ins_total", "counter", "Requests swapped back in from the host tier.", double(e.num_swap_ins));
+  line(out, "pagedattn_swapped_requests", "gauge", "Requests whose pages are in the host tier now.",
+       e.num_swapped_requests);
+  line(out, "pagedattn_host_kv_pages_free", "gauge", "Host-tier pages free.", double(e.free_host_pages));
+  line(out, "pagedattn_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+       double(e.prefix_query_tokens));
+  line(out, "pagedattn_prefix_cache_hits_total", "counter", "Of which found cached (not computed).",
+       double(e.prefix_hit_tokens));
+  line(out, "pagedattn_prefix_cache_hit_rate", "gauge", "Prefix-cache hit tokens / looked-up tokens, in total.",
+       e.prefix_hit_rate());
+  line(out, "pagedattn_prefix_cache_pages", "gauge", "KV pages holding cached prefixes.", double(e.cached_pages));
+  line(out, "pagedattn_prefix_cache_evictions_total", "counter", "Cached pages reclaimed for new tokens.",
+       double(e.prefix_evictions));
   line(out, "pagedattn_engine_steps_total", "counter", "Engine steps run.", double(e.steps));
   line(out, "pagedattn_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", double(prompt_tokens_));
   line(out, "pagedattn_generation_tokens_total", "counter", "Tokens generated.", double(generated_tokens_));
