@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <thread>
+#include <unordered_map>
 
 #include "bench_serve_http.h"
 #include "bench_serve_options.h"
@@ -45,6 +46,11 @@ std::vector<TraceRequest> build_trace(const BenchServeOptions& o, const PresetDe
   w.request_rate = o.request_rate;
   w.length_scale = o.quick ? 0.2 : d.length_scale;
   w.seed = o.seed;
+  w.num_shared_prefixes = o.shared_prefixes;
+  w.shared_prefix_len = o.shared_prefix_len > 0
+                            ? o.shared_prefix_len
+                            : static_cast<std::int32_t>(1024 * w.length_scale);
+  w.num_turns = o.turns;
   return make_workload(w);
 }
 
@@ -85,58 +91,84 @@ void check_trace_fits(const std::vector<TraceRequest>& trace, const Engine& engi
   }
 }
 
-std::vector<std::int32_t> synthetic_prompt(std::int32_t len, std::size_t request,
-                                           std::int32_t vocab) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(len));
-  for (std::int32_t i = 0; i < len; ++i)
-    t[std::size_t(i)] =
-        static_cast<std::int32_t>((request * 7919 + std::size_t(i) * 104729) % std::size_t(vocab));
-  return t;
+// For each request, the trace index of the previous turn of its
+// conversation (-1: none; it waits only for its arrival).
+std::vector<std::ptrdiff_t> previous_turns(const std::vector<TraceRequest>& trace) {
+  std::vector<std::ptrdiff_t> prev(trace.size(), -1);
+  std::unordered_map<std::int32_t, std::size_t> last;
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    if (trace[i].conversation < 0) continue;
+    const auto it = last.find(trace[i].conversation);
+    if (it != last.end()) prev[i] = static_cast<std::ptrdiff_t>(it->second);
+    last[trace[i].conversation] = i;
+  }
+  return prev;
 }
 
-// Serves the trace; fills per-request timings and per-step samples.
+// Serves the trace; fills per-request timings and per-step samples. A
+// request is sent once it has arrived and (multi-turn) the previous turn of
+// its conversation has finished: its prompt then holds that turn's output.
 void serve(Engine& engine, const std::vector<TraceRequest>& trace,
            std::vector<RequestTiming>& timing, std::vector<StepSample>& steps) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto now = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   const std::int32_t vocab = engine.config().model->spec().vocab_size;
+  const std::vector<std::ptrdiff_t> prev = previous_turns(trace);
   std::vector<std::vector<std::int32_t>> sample_tokens(trace.size());
+  std::vector<std::vector<std::int32_t>> first_sample(trace.size());  // multi-turn history
+  std::vector<char> sent(trace.size(), 0), done(trace.size(), 0);
+  std::unordered_map<RequestId, std::size_t> index_of;
+  MultiTurnPrompts prompts;
   timing.assign(trace.size(), {});
   ProgressBar bar(stderr, std::ssize(trace));
-  std::size_t next = 0;
+  std::size_t first_unsent = 0;
   std::int64_t completed = 0, produced = 0;
-  while (next < trace.size() || engine.has_unfinished()) {
-    for (; next < trace.size() && trace[next].arrival <= now(); ++next) {
-      const TraceRequest& r = trace[next];
+  while (first_unsent < trace.size() || engine.has_unfinished()) {
+    double next_arrival = kMaxArrivalSeconds;
+    for (std::size_t i = first_unsent; i < trace.size(); ++i) {
+      const TraceRequest& r = trace[i];
+      if (sent[i] || (prev[i] >= 0 && !done[std::size_t(prev[i])])) continue;
+      if (r.arrival > now()) {
+        next_arrival = std::min(next_arrival, r.arrival);
+        continue;
+      }
       SamplingParams p;
       p.max_tokens = r.output_len;
       p.n = r.n;
       p.temperature = r.n > 1 ? 1.0f : 0.0f;  // parallel samples must differ
       p.ignore_eos = true;                    // the trace fixes output lengths
-      engine.add_request(synthetic_prompt(r.prompt_len, next, vocab), p);  // ids are 0, 1, ...
-      timing[next].arrival = r.arrival;
-      sample_tokens[next].assign(std::size_t(r.n), 0);
+      if (prev[i] >= 0) prompts.record_output(trace[std::size_t(prev[i])], first_sample[std::size_t(prev[i])]);
+      index_of[engine.add_request(prompts.prompt(r, i, 0, vocab), p)] = i;
+      // A later turn is sent when the previous one ends: its latency counts from then.
+      timing[i].arrival = prev[i] >= 0 ? now() : r.arrival;
+      sample_tokens[i].assign(std::size_t(r.n), 0);
+      sent[i] = 1;
     }
+    while (first_unsent < trace.size() && sent[first_unsent]) ++first_unsent;
     if (!engine.has_unfinished()) {
-      std::this_thread::sleep_for(std::chrono::duration<double>(trace[next].arrival - now()));
+      if (first_unsent < trace.size())
+        std::this_thread::sleep_for(std::chrono::duration<double>(next_arrival - now()));
       continue;
     }
     const std::vector<RequestOutput> outputs = engine.step();
     const double t = now();
     for (const RequestOutput& out : outputs) {
-      RequestTiming& rt = timing[std::size_t(out.request_id)];
+      const std::size_t i = index_of.at(out.request_id);
+      RequestTiming& rt = timing[i];
       for (const SampleOutput& s : out.samples) {
         rt.output_tokens += std::ssize(s.new_token_ids);
         produced += std::ssize(s.new_token_ids);
-        sample_tokens[std::size_t(out.request_id)][std::size_t(s.index)] +=
-            std::ssize(s.new_token_ids);
+        sample_tokens[i][std::size_t(s.index)] += std::ssize(s.new_token_ids);
+        if (s.index == 0 && trace[i].conversation >= 0)
+          first_sample[i].insert(first_sample[i].end(), s.new_token_ids.begin(),
+                                 s.new_token_ids.end());
         if (rt.first_token < 0 && !s.new_token_ids.empty()) rt.first_token = t;
       }
       if (out.finished) {
         rt.finish = t;
-        for (std::int32_t n : sample_tokens[std::size_t(out.request_id)])
-          rt.longest_sample = std::max(rt.longest_sample, n);
+        for (std::int32_t n : sample_tokens[i]) rt.longest_sample = std::max(rt.longest_sample, n);
+        done[i] = 1;
         ++completed;
       }
     }
@@ -149,6 +181,24 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace,
                               static_cast<long long>(produced / std::max(t, 1e-9)), " tok/s"));
   }
   bar.finish();
+}
+
+// The prefix-cache and preemption figures of the run.
+void add_cache_figures(ServeSummary& summary, const std::vector<TraceRequest>& trace,
+                       const EngineStats& st, bool prefix_caching) {
+  summary.prefix_caching = prefix_caching;
+  for (const TraceRequest& r : trace) {
+    summary.prompt_tokens += r.prompt_len;
+    summary.history_tokens += r.history_len;
+    summary.shared_prefix_tokens += r.shared_prefix >= 0 ? r.shared_prefix_len : 0;
+  }
+  summary.prefix_hit_tokens = st.prefix_hit_tokens;
+  summary.cached_pages = st.cached_pages;
+  summary.prefix_evictions = st.prefix_evictions;
+  summary.swap_outs = st.num_swap_outs;
+  summary.swap_ins = st.num_swap_ins;
+  summary.recomputed_tokens = st.recomputed_tokens;
+  summary.swapped_tokens = st.swapped_tokens;
 }
 
 }  // namespace
@@ -188,6 +238,8 @@ int run_bench_serve(int argc, char** argv) {
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.chunked_prefill = o.chunked_prefill;
   ec.deterministic = o.deterministic;
+  ec.enable_prefix_caching = o.prefix_caching;
+  ec.host_kv_memory_bytes = o.host_kv_memory_mib > 0 ? kv_memory_bytes(o.host_kv_memory_mib) : 0;
   ec.seed = o.seed;
   Engine engine(ec);
   check_trace_fits(trace, engine);
@@ -196,6 +248,8 @@ int run_bench_serve(int argc, char** argv) {
               o.request_rate > 0 ? detail::concat("Poisson ", o.request_rate, " req/s").c_str()
                                  : "all at once",
               mib, static_cast<long long>(engine.cache().num_pages()), o.page_size);
+  std::printf("  prefix caching %s; host KV tier %.1f MiB\n", o.prefix_caching ? "on" : "off",
+              o.host_kv_memory_mib);
   std::fflush(stdout);
 
   std::vector<RequestTiming> timing;
@@ -204,6 +258,7 @@ int run_bench_serve(int argc, char** argv) {
   ServeSummary summary = summarize(timing, steps, o.page_size);
   const EngineStats st = engine.stats();
   summary.preemptions = st.num_preemptions;
+  add_cache_figures(summary, trace, st, o.prefix_caching);
   summary.num_pages = st.num_pages;
   summary.overhead_share =
       st.seconds_in_steps > 0 ? 1.0 - st.seconds_in_model / st.seconds_in_steps : 0.0;
@@ -225,6 +280,8 @@ int run_bench_serve(int argc, char** argv) {
         {"max_num_batched_tokens", o.max_num_batched_tokens},
         {"chunked_prefill", o.chunked_prefill},
         {"deterministic", o.deterministic},
+        {"prefix_caching", o.prefix_caching},
+        {"host_kv_memory_mib", o.host_kv_memory_mib},
         {"seed", o.seed}};
     write_json(json_file, o.json, serve_json(info, summary, contiguous, steps, timing));
     std::printf("\n  wrote %s\n", o.json.c_str());

@@ -25,7 +25,7 @@ using Json = nlohmann::json;
 
 // Prompt token ids stay in [kFirstId, kFirstId + kIdSpan): clear of the special
 // tokens at the start of a vocabulary, and inside any vocabulary of >= 32k.
-constexpr std::int64_t kFirstId = 1000, kIdSpan = 30000;
+constexpr std::int32_t kFirstId = 1000, kIdSpan = 30000;
 constexpr std::size_t kMaxErrorBody = 4096;  // bytes of an error response kept for its message
 
 httplib::Client make_client(const ServerUrl& url, const BenchServeOptions& o) {
@@ -179,11 +179,7 @@ Json completion_body(const TraceRequest& r, std::size_t index, const std::string
     for (std::int32_t i = 1; i < r.prompt_len; ++i) text += " hello";
     prompt = text;
   } else {
-    prompt = Json::array();
-    for (std::int32_t i = 0; i < r.prompt_len; ++i)
-      prompt.push_back(kFirstId +
-                       static_cast<std::int64_t>((index * 7919 + std::size_t(i) * 104729) %
-                                                 std::size_t(kIdSpan)));
+    prompt = synthetic_prompt(r, index, kFirstId, kIdSpan);  // a shared-prefix's system prompt first
   }
   Json body = {{"model", model},
                {"prompt", std::move(prompt)},

@@ -20,8 +20,9 @@ const char* bench_serve_usage() {
          "  --model FILE.gguf              a real Llama-family model (defaults as small)\n"
          "  --workload NAME|FILE.jsonl     sharegpt-like (default), alpaca-like, "
          "parallel-sampling,\n"
-         "                                 long-context, or a trace of {prompt_len, output_len, n, "
-         "arrival}\n"
+         "                                 long-context, shared-prefix, multi-turn (in-process "
+         "only),\n"
+         "                                 or a trace of {prompt_len, output_len, n, arrival}\n"
          "                                 (integer lengths and n; arrival: seconds in [0, "
          "86400])\n"
          "  --num-requests N               default: 300 (tiny), 16 (small), 12 (1b); at most 10^6\n"
@@ -33,6 +34,14 @@ const char* bench_serve_usage() {
          "  --max-num-batched-tokens N     token budget per step (default 2048)\n"
          "  --no-chunked-prefill           prompts run whole\n"
          "  --deterministic                batch-independent results\n"
+         "  --shared-prefixes K            shared-prefix: distinct system prompts (default 4)\n"
+         "  --shared-prefix-len L          shared-prefix: tokens per system prompt (default 1024\n"
+         "                                 tiny, 512 small and .gguf, 256 1b)\n"
+         "  --turns T                      multi-turn: turns per conversation (default 4); the\n"
+         "                                 requests are conversations x T\n"
+         "  --prefix-caching on|off        reuse cached pages of earlier prompts (default off)\n"
+         "  --host-kv-memory-mib M         host-memory tier preempted sequences are swapped to\n"
+         "                                 (default 0: preemption always recomputes)\n"
          "  --seed S                       workload and sampling seed (default 1)\n"
          "  --json FILE                    write every figure and the timeline as JSON\n"
          "                                 (FILE is opened before the run starts)\n"
@@ -81,6 +90,12 @@ std::uint64_t seed_value(std::string_view flag, const std::string& text) {
   return seed;
 }
 
+bool on_off(std::string_view flag, const std::string& text) {
+  require(text == "on" || text == "off", "bench-serve: ", flag, " = '", text,
+          "' must be on or off");
+  return text == "on";
+}
+
 }  // namespace
 
 BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
@@ -106,7 +121,8 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
     const bool engine_only = flag == "--model" || flag == "--kv-memory-mib" ||
                              flag == "--page-size" || flag == "--max-num-seqs" ||
                              flag == "--max-num-batched-tokens" || flag == "--no-chunked-prefill" ||
-                             flag == "--deterministic";
+                             flag == "--deterministic" || flag == "--prefix-caching" ||
+                             flag == "--host-kv-memory-mib";
     const bool http_only = flag == "--concurrency" || flag == "--model-name" ||
                            flag == "--api-key" || flag == "--timeout" || flag == "--text-prompts";
     if (engine_only && o.engine_flag.empty()) o.engine_flag = flag;
@@ -149,6 +165,16 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
       o.chunked_prefill = false;
     else if (flag == "--deterministic")
       o.deterministic = true;
+    else if (flag == "--prefix-caching")
+      o.prefix_caching = on_off(flag, value());
+    else if (flag == "--host-kv-memory-mib")
+      o.host_kv_memory_mib = number(/*zero_allowed=*/true);
+    else if (flag == "--shared-prefixes")
+      o.shared_prefixes = integer(1, 1 << 20);
+    else if (flag == "--shared-prefix-len")
+      o.shared_prefix_len = integer(1, 1 << 24);
+    else if (flag == "--turns")
+      o.turns = integer(1, 1 << 16);
     else if (flag == "--seed")
       o.seed = seed_value(flag, value());
     else if (flag == "--json")
@@ -162,6 +188,9 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
   }
   if (!o.url.empty()) {
     parse_server_url(o.url);  // refuses a malformed URL before anything runs
+    require(o.workload != "multi-turn", "bench-serve: --workload multi-turn runs in-process only "
+            "(its turns resend the model's output token ids, which a completions stream does "
+            "not return)");
     require(o.engine_flag.empty(), "bench-serve: ", o.engine_flag,
             " configures the in-process engine; with --url the server has its own");
   }

@@ -17,6 +17,11 @@ struct BenchServeOptions {
   std::int32_t max_num_batched_tokens = 2048;
   bool chunked_prefill = true;
   bool deterministic = false;
+  bool prefix_caching = false;      // --prefix-caching on|off
+  double host_kv_memory_mib = 0.0;  // host-memory tier for swapped-out pages; 0: none
+  std::int32_t shared_prefixes = 4;      // --workload shared-prefix
+  std::int32_t shared_prefix_len = 0;    // 0: the preset's default
+  std::int32_t turns = 4;                // --workload multi-turn
   bool quick = false;
   std::uint64_t seed = 1;
   std::string json;  // empty: no JSON file

@@ -42,6 +42,17 @@ struct ServeSummary {
   double sharing_saving = 0.0;    // 1 - pages in use / pages without sharing, over the steps
   double overhead_share = 0.0;    // step time outside Model::forward / step time
   std::int64_t steps = 0;
+  // Prefix caching and preemption (in-process runs).
+  bool prefix_caching = false;
+  std::int64_t prompt_tokens = 0;         // over the trace
+  std::int64_t history_tokens = 0;        // multi-turn: of which resent history
+  std::int64_t shared_prefix_tokens = 0;  // shared-prefix: of which system prompts
+  std::int64_t prefix_hit_tokens = 0;     // prompt tokens found cached, not computed
+  std::int64_t cached_pages = 0;          // at the end
+  std::int64_t prefix_evictions = 0;
+  std::int64_t swap_outs = 0, swap_ins = 0;
+  std::int64_t recomputed_tokens = 0;  // dropped by recompute preemptions
+  std::int64_t swapped_tokens = 0;     // kept by swapping to the host tier
 };
 
 // What a client of a server sees beyond the timings (bench-serve --url).

@@ -16,14 +16,38 @@ void print_request_rows(std::FILE* out, const ServeSummary& s) {
                s.tpot_p99 * 1e3);
 }
 
+double share(std::int64_t part, std::int64_t whole) {
+  return whole > 0 ? double(part) / double(whole) : 0.0;
+}
+
+void print_prefix_rows(std::FILE* out, const ServeSummary& s) {
+  std::fprintf(out, "  %-30s %10.1f %%  (%lld of %lld prompt tokens; caching %s)\n",
+               "prefix-cache hits", share(s.prefix_hit_tokens, s.prompt_tokens) * 100,
+               static_cast<long long>(s.prefix_hit_tokens),
+               static_cast<long long>(s.prompt_tokens), s.prefix_caching ? "on" : "off");
+  if (s.history_tokens > 0)
+    std::fprintf(out, "  %-30s %10.1f %%  (hit tokens / %lld history tokens)\n",
+                 "  of the resent history", share(s.prefix_hit_tokens, s.history_tokens) * 100,
+                 static_cast<long long>(s.history_tokens));
+  if (s.shared_prefix_tokens > 0)
+    std::fprintf(out, "  %-30s %10.1f %%  (hit tokens / %lld system-prompt tokens)\n",
+                 "  of the shared prefixes", share(s.prefix_hit_tokens, s.shared_prefix_tokens) * 100,
+                 static_cast<long long>(s.shared_prefix_tokens));
+  std::fprintf(out, "  %-30s %10lld  (%lld evicted)\n", "cached pages at the end",
+               static_cast<long long>(s.cached_pages), static_cast<long long>(s.prefix_evictions));
+}
+
 }  // namespace
 
 void print_report(std::FILE* out, const ServeSummary& s,
                   const std::vector<ReplayResult>& contiguous) {
   print_request_rows(out, s);
   std::fprintf(out, "  %-30s %10d sequences\n", "peak running batch", s.peak_batch);
-  std::fprintf(out, "  %-30s %10lld\n", "preemptions (recompute)",
-               static_cast<long long>(s.preemptions));
+  std::fprintf(out, "  %-30s %10lld  (%lld by swap, %lld tokens swapped, %lld recomputed)\n",
+               "preemptions", static_cast<long long>(s.preemptions),
+               static_cast<long long>(s.swap_outs), static_cast<long long>(s.swapped_tokens),
+               static_cast<long long>(s.recomputed_tokens));
+  print_prefix_rows(out, s);
   std::fprintf(out, "  %-30s %10lld of %lld pages x %d tokens\n", "KV pages used (peak)",
                static_cast<long long>(s.peak_pages), static_cast<long long>(s.num_pages),
                s.page_size);
@@ -106,7 +130,19 @@ nlohmann::ordered_json serve_json(const RunInfo& info, const ServeSummary& s,
                     {"kv_efficiency", s.kv_efficiency},
                     {"sharing_saving", s.sharing_saving},
                     {"overhead_share", s.overhead_share},
-                    {"steps", s.steps}};
+                    {"steps", s.steps},
+                    {"prompt_tokens", s.prompt_tokens},
+                    {"history_tokens", s.history_tokens},
+                    {"shared_prefix_tokens", s.shared_prefix_tokens},
+                    {"prefix_hit_tokens", s.prefix_hit_tokens},
+                    {"prefix_hit_rate", share(s.prefix_hit_tokens, s.prompt_tokens)},
+                    {"history_hit_rate", share(s.prefix_hit_tokens, s.history_tokens)},
+                    {"cached_pages", s.cached_pages},
+                    {"prefix_evictions", s.prefix_evictions},
+                    {"swap_outs", s.swap_outs},
+                    {"swap_ins", s.swap_ins},
+                    {"swapped_tokens", s.swapped_tokens},
+                    {"recomputed_tokens", s.recomputed_tokens}};
   doc["contiguous"] = nlohmann::ordered_json::array();
   for (const ReplayResult& r : contiguous)
     doc["contiguous"].push_back({{"policy", r.policy},
