@@ -61,6 +61,10 @@ class Scheduler {
   void observe_forward(std::int32_t tokens, double seconds) {
     costs_.observe_forward(tokens, seconds);
   }
+  // The host copy rate, measured when the engine starts.
+  void set_copy_seconds_per_byte(double seconds_per_byte) {
+    costs_.set_copy_seconds_per_byte(seconds_per_byte);
+  }
   // Returns the pages of finished sequences and drops finished requests.
   void release_finished();
   // Removes a request wherever it is, returning its pages; null if unknown.

@@ -35,10 +35,23 @@ TEST(PreemptionCost, RatesStartAtThePriorsAndFollowMeasurements) {
   m.observe_forward(100, 0.03);  // later ones are averaged in
   EXPECT_GT(m.forward_seconds_per_token(), 1e-4);
   EXPECT_LT(m.forward_seconds_per_token(), 3e-4);
-  m.observe_copy(1 << 20, 0.0);  // an unmeasurably fast copy says nothing
+  constexpr std::int64_t kBig = PreemptionCostModel::kMinMeasuredCopyBytes;
+  m.observe_copy(kBig, 0.0);  // an unmeasurably fast copy says nothing
+  m.observe_copy(kBig - 1, 1.0);  // a small one is mostly noise: ignored
   EXPECT_EQ(m.copy_seconds_per_byte(), PreemptionCostModel::kPriorCopySecondsPerByte);
-  m.observe_copy(1000, 1e-6);
+  m.observe_copy(kBig, double(kBig) * 1e-9);
   EXPECT_DOUBLE_EQ(m.copy_seconds_per_byte(), 1e-9);
+  m.set_copy_seconds_per_byte(2e-10);
+  EXPECT_DOUBLE_EQ(m.copy_seconds_per_byte(), 2e-10);
+  m.observe_copy(kBig, double(kBig) * 1e-9);  // averaged in after a calibration
+  EXPECT_GT(m.copy_seconds_per_byte(), 2e-10);
+  EXPECT_LT(m.copy_seconds_per_byte(), 1e-9);
+}
+
+TEST(PreemptionCost, HostCopyRateIsMeasured) {
+  const double rate = measure_host_copy_seconds_per_byte(1 << 20);
+  EXPECT_GT(rate, 0.0);
+  EXPECT_LT(rate, 1e-6);  // faster than 1 MB/s on any machine this runs on
 }
 
 }  // namespace
