@@ -138,7 +138,10 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace,
       p.n = r.n;
       p.temperature = r.n > 1 ? 1.0f : 0.0f;  // parallel samples must differ
       p.ignore_eos = true;                    // the trace fixes output lengths
-      if (prev[i] >= 0) prompts.record_output(trace[std::size_t(prev[i])], first_sample[std::size_t(prev[i])]);
+      if (prev[i] >= 0) {
+        const std::size_t before = std::size_t(prev[i]);
+        prompts.record_output(trace[before], first_sample[before]);
+      }
       index_of[engine.add_request(prompts.prompt(r, i, 0, vocab), p)] = i;
       // A later turn is sent when the previous one ends: its latency counts from then.
       timing[i].arrival = prev[i] >= 0 ? now() : r.arrival;

@@ -23,15 +23,16 @@ double share(std::int64_t part, std::int64_t whole) {
 void print_prefix_rows(std::FILE* out, const ServeSummary& s) {
   std::fprintf(out, "  %-30s %10.1f %%  (%lld of %lld prompt tokens; caching %s)\n",
                "prefix-cache hits", share(s.prefix_hit_tokens, s.prompt_tokens) * 100,
-               static_cast<long long>(s.prefix_hit_tokens),
-               static_cast<long long>(s.prompt_tokens), s.prefix_caching ? "on" : "off");
+               static_cast<long long>(s.prefix_hit_tokens), static_cast<long long>(s.prompt_tokens),
+               s.prefix_caching ? "on" : "off");
   if (s.history_tokens > 0)
     std::fprintf(out, "  %-30s %10.1f %%  (hit tokens / %lld history tokens)\n",
                  "  of the resent history", share(s.prefix_hit_tokens, s.history_tokens) * 100,
                  static_cast<long long>(s.history_tokens));
   if (s.shared_prefix_tokens > 0)
     std::fprintf(out, "  %-30s %10.1f %%  (hit tokens / %lld system-prompt tokens)\n",
-                 "  of the shared prefixes", share(s.prefix_hit_tokens, s.shared_prefix_tokens) * 100,
+                 "  of the shared prefixes",
+                 share(s.prefix_hit_tokens, s.shared_prefix_tokens) * 100,
                  static_cast<long long>(s.shared_prefix_tokens));
   std::fprintf(out, "  %-30s %10lld  (%lld evicted)\n", "cached pages at the end",
                static_cast<long long>(s.cached_pages), static_cast<long long>(s.prefix_evictions));

@@ -80,8 +80,7 @@ std::vector<TraceRequest> make_workload(const WorkloadOptions& o) {
   const bool multi_turn = o.name == "multi-turn";
   const bool shared = o.name == "shared-prefix";
   const std::int32_t count =
-      multi_turn ? (o.num_requests + o.num_turns - 1) / o.num_turns * o.num_turns
-                 : o.num_requests;
+      multi_turn ? (o.num_requests + o.num_turns - 1) / o.num_turns * o.num_turns : o.num_requests;
   const std::int32_t arrivals = multi_turn ? count / o.num_turns : count;
   std::mt19937_64 rng(o.seed);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
@@ -94,9 +93,9 @@ std::vector<TraceRequest> make_workload(const WorkloadOptions& o) {
       r.shared_prefix = static_cast<std::int32_t>(unit(rng) * o.num_shared_prefixes);
       r.shared_prefix_len = std::min(o.shared_prefix_len, o.max_len - 2);
     }
-    r.prompt_len = std::min(r.shared_prefix_len +
-                                lognormal_length(rng, m.prompt_mean, m.sigma, o.length_scale),
-                            o.max_len - 1);
+    r.prompt_len = std::min(
+        r.shared_prefix_len + lognormal_length(rng, m.prompt_mean, m.sigma, o.length_scale),
+        o.max_len - 1);
     r.output_len = std::min(lognormal_length(rng, m.output_mean, m.sigma, o.length_scale),
                             o.max_len - r.prompt_len);
     r.n = unit(rng) < m.parallel_share ? 2 + static_cast<std::int32_t>(unit(rng) * 3) : 1;
@@ -131,8 +130,8 @@ std::vector<std::int32_t> synthetic_prompt(const TraceRequest& r, std::size_t in
   t.reserve(std::size_t(r.prompt_len));
   const std::int32_t shared = r.shared_prefix >= 0 ? r.shared_prefix_len : 0;
   for (std::int32_t i = 0; i < shared; ++i)
-    t.push_back(stream_token(kSystemPromptSeed + std::uint64_t(r.shared_prefix), i, first_id,
-                             id_span));
+    t.push_back(
+        stream_token(kSystemPromptSeed + std::uint64_t(r.shared_prefix), i, first_id, id_span));
   for (std::int32_t i = shared; i < r.prompt_len; ++i)
     t.push_back(stream_token(index, i, first_id, id_span));
   return t;

@@ -36,9 +36,9 @@ struct WorkloadOptions {
   // sharegpt-like | alpaca-like | parallel-sampling | long-context | shared-prefix | multi-turn
   std::string name = "sharegpt-like";
   std::int32_t num_requests = 300;  // multi-turn: conversations x turns (rounded up)
-  double request_rate = 0.0;    // requests/s of Poisson arrivals; 0 = all at once
-  double length_scale = 1.0;    // multiplies every prompt and output length
-  std::int32_t max_len = 2048;  // prompt + output cap per request
+  double request_rate = 0.0;        // requests/s of Poisson arrivals; 0 = all at once
+  double length_scale = 1.0;        // multiplies every prompt and output length
+  std::int32_t max_len = 2048;      // prompt + output cap per request
   std::uint64_t seed = 1;
   std::int32_t num_shared_prefixes = 4;   // shared-prefix: distinct system prompts
   std::int32_t shared_prefix_len = 1024;  // shared-prefix: tokens per system prompt (not scaled)
@@ -71,8 +71,8 @@ class MultiTurnPrompts {
  public:
   // Returns the prompt of trace[index]; for turn > 0 the previous turn of its
   // conversation must have been recorded with record_output.
-  std::vector<std::int32_t> prompt(const TraceRequest& r, std::size_t index,
-                                   std::int32_t first_id, std::int32_t id_span);
+  std::vector<std::int32_t> prompt(const TraceRequest& r, std::size_t index, std::int32_t first_id,
+                                   std::int32_t id_span);
   void record_output(const TraceRequest& r, std::span<const std::int32_t> output);
 
  private:

@@ -82,11 +82,13 @@ struct Engine::Impl {
       : config(std::move(c)),
         cache(cache_config(validated(config))),
         scheduler({config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
-                   std::max<std::int64_t>(1, cache.num_pages() / 100), config.enable_prefix_caching},
+                   std::max<std::int64_t>(1, cache.num_pages() / 100),
+                   config.enable_prefix_caching},
                   cache) {
     // A swap's cost is a host copy: its rate is measured once (a few ms).
     if (cache.num_host_pages() > 0)
-      scheduler.set_copy_seconds_per_byte(engine::measure_host_copy_seconds_per_byte(kCopyProbeBytes));
+      scheduler.set_copy_seconds_per_byte(
+          engine::measure_host_copy_seconds_per_byte(kCopyProbeBytes));
   }
   static constexpr std::int64_t kCopyProbeBytes = 16 << 20;
 

@@ -16,7 +16,7 @@ PreemptionCosts preemption_costs(std::int64_t pages, std::int64_t bytes_per_page
 
 PreemptionMode choose_preemption(const PreemptionCosts& costs, bool host_has_room) {
   return host_has_room && costs.swap_seconds < costs.recompute_seconds ? PreemptionMode::kSwap
-                                                                      : PreemptionMode::kRecompute;
+                                                                       : PreemptionMode::kRecompute;
 }
 
 double measure_host_copy_seconds_per_byte(std::int64_t bytes) {
@@ -26,7 +26,8 @@ double measure_host_copy_seconds_per_byte(std::int64_t bytes) {
   for (int run = 0; run < 3; ++run) {
     const auto start = std::chrono::steady_clock::now();
     std::memcpy(dst.data(), src.data(), n);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = run == 0 ? s : std::min(best, s);
     src[run] = dst[n - 1 - std::size_t(run)];  // the copies are used: none is optimised away
   }

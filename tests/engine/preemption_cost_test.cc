@@ -36,7 +36,7 @@ TEST(PreemptionCost, RatesStartAtThePriorsAndFollowMeasurements) {
   EXPECT_GT(m.forward_seconds_per_token(), 1e-4);
   EXPECT_LT(m.forward_seconds_per_token(), 3e-4);
   constexpr std::int64_t kBig = PreemptionCostModel::kMinMeasuredCopyBytes;
-  m.observe_copy(kBig, 0.0);  // an unmeasurably fast copy says nothing
+  m.observe_copy(kBig, 0.0);      // an unmeasurably fast copy says nothing
   m.observe_copy(kBig - 1, 1.0);  // a small one is mostly noise: ignored
   EXPECT_EQ(m.copy_seconds_per_byte(), PreemptionCostModel::kPriorCopySecondsPerByte);
   m.observe_copy(kBig, double(kBig) * 1e-9);

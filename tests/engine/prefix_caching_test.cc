@@ -143,7 +143,8 @@ TEST(PrefixCaching, MultiTurnOutputsEqualCachingOffAndHitTheHistory) {
       std::vector<Job> turn;
       for (std::int32_t c = 0; c < kConversations; ++c) {
         if (!caching) history_tokens += std::ssize(history[std::size_t(c)]);
-        history[std::size_t(c)] = concat(history[std::size_t(c)], stream(5 + 3 * c + t, 10 * c + t));
+        history[std::size_t(c)] =
+            concat(history[std::size_t(c)], stream(5 + 3 * c + t, 10 * c + t));
         turn.push_back({history[std::size_t(c)], {.max_tokens = 6 + c, .ignore_eos = true}});
       }
       const Outputs out = run(engine, turn);
@@ -193,8 +194,8 @@ TEST(PrefixCaching, CacheSaltKeepsTenantsApart) {
     return engine.stats().prefix_hit_tokens - before;
   };
   EXPECT_EQ(hits_of(1), 0);
-  EXPECT_EQ(hits_of(2), 0);  // same tokens, other tenant
-  EXPECT_EQ(hits_of(0), 0);  // the unsalted default is a tenant too
+  EXPECT_EQ(hits_of(2), 0);   // same tokens, other tenant
+  EXPECT_EQ(hits_of(0), 0);   // the unsalted default is a tenant too
   EXPECT_EQ(hits_of(1), 56);  // 7 of 8 pages: the last token always runs
   EXPECT_EQ(hits_of(2), 56);
 }
