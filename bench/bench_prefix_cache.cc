@@ -78,14 +78,15 @@ void BM_MatchPrefix(benchmark::State& state) {
   PagedKVCache kv(model_config(pages + 1, 0));
   publish_prompt(kv, pages);
   const std::vector<std::int32_t> prompt = prompt_of(pages);
+  double total = 0;
   for (auto _ : state) {
     const auto t0 = Clock::now();
     benchmark::DoNotOptimize(kv.match_prefix(prompt));
-    state.SetIterationTime(seconds_since(t0));
+    const double t = seconds_since(t0);
+    state.SetIterationTime(t);
+    total += t;
   }
-  state.counters["ns/page"] = benchmark::Counter(
-      static_cast<double>(pages) * 1e-9, benchmark::Counter::kIsIterationInvariantRate |
-                                             benchmark::Counter::kInvert);
+  state.counters["ns_per_page"] = total * 1e9 / static_cast<double>(pages * state.iterations());
 }
 BENCHMARK(BM_MatchPrefix)->ArgName("pages")->Arg(8)->Arg(256)->UseManualTime();
 
@@ -94,15 +95,16 @@ void BM_AddSequenceWithPrefix(benchmark::State& state) {
   PagedKVCache kv(model_config(pages + 1, 0));
   publish_prompt(kv, pages);
   const std::vector<std::int32_t> prompt = prompt_of(pages);
+  double total = 0;
   for (auto _ : state) {
     const auto t0 = Clock::now();
     benchmark::DoNotOptimize(kv.add_sequence_with_prefix(1, prompt));
-    state.SetIterationTime(seconds_since(t0));
+    const double t = seconds_since(t0);
+    state.SetIterationTime(t);
+    total += t;
     kv.remove_sequence(1);
   }
-  state.counters["ns/page"] = benchmark::Counter(
-      static_cast<double>(pages) * 1e-9, benchmark::Counter::kIsIterationInvariantRate |
-                                             benchmark::Counter::kInvert);
+  state.counters["ns_per_page"] = total * 1e9 / static_cast<double>(pages * state.iterations());
 }
 BENCHMARK(BM_AddSequenceWithPrefix)->ArgName("pages")->Arg(8)->Arg(256)->UseManualTime();
 
@@ -110,18 +112,19 @@ void BM_SetSequenceTokens(benchmark::State& state) {
   const std::int64_t pages = state.range(0);
   PagedKVCache kv(model_config(pages + 1, 0));
   const std::vector<std::int32_t> prompt = prompt_of(pages);
+  double total = 0;
   for (auto _ : state) {
     kv.add_sequence(1);
     append(kv, 1, std::ssize(prompt));
     const auto t0 = Clock::now();
     kv.set_sequence_tokens(1, prompt);
-    state.SetIterationTime(seconds_since(t0));
+    const double t = seconds_since(t0);
+    state.SetIterationTime(t);
+    total += t;
     kv.remove_sequence(1);
     kv.reset_prefix_cache();
   }
-  state.counters["ns/page"] = benchmark::Counter(
-      static_cast<double>(pages) * 1e-9, benchmark::Counter::kIsIterationInvariantRate |
-                                             benchmark::Counter::kInvert);
+  state.counters["ns_per_page"] = total * 1e9 / static_cast<double>(pages * state.iterations());
 }
 BENCHMARK(BM_SetSequenceTokens)->ArgName("pages")->Arg(8)->Arg(256)->UseManualTime();
 
@@ -144,7 +147,8 @@ struct Buffer {
 // read-modify-write of every line of 64 MiB.
 void flush_caches() {
   static std::vector<unsigned char> buffer(std::size_t{64} << 20, 0);
-  for (std::size_t i = 0; i < buffer.size(); i += 64) buffer[i] = static_cast<unsigned char>(buffer[i] + 1);
+  for (std::size_t i = 0; i < buffer.size(); i += 64)
+    buffer[i] = static_cast<unsigned char>(buffer[i] + 1);
   benchmark::DoNotOptimize(buffer.data());
   benchmark::ClobberMemory();
 }
@@ -182,8 +186,14 @@ void BM_Swap(benchmark::State& state) {
   state.counters["memcpy_GB/s"] = static_cast<double>(bytes) * n / memcpy_total / 1e9;
   state.counters["x_memcpy"] = swap_total / memcpy_total;
 }
-BENCHMARK(BM_Swap)->ArgNames({"pages", "in"})->Args({8, 0})->Args({8, 1})->Args({64, 0})
-    ->Args({64, 1})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Swap)
+    ->ArgNames({"pages", "in"})
+    ->Args({8, 0})
+    ->Args({8, 1})
+    ->Args({64, 0})
+    ->Args({64, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

@@ -12,7 +12,9 @@
 namespace pagedattn::test {
 namespace {
 
-void expect_ok(const PagedKVCache& kv) { EXPECT_NO_THROW(kv.check_invariants()); }
+void expect_ok(const PagedKVCache& kv) {
+  EXPECT_NO_THROW(kv.check_invariants());
+}
 
 TEST(PrefixCache, FinishedSequenceLeavesItsFullPagesCached) {
   PagedKVCache kv(prefix_config(4, 8));
@@ -97,8 +99,7 @@ TEST(PrefixCache, DecodedTokensArePublishedAsPagesFill) {
   expect_rejected<InvalidArgument>(kv, [&] { kv.set_sequence_tokens(1, changed); },
                                    {"token_ids[2]", "differs"});
   std::vector<std::int32_t> too_long = token_run(1, 9);
-  expect_rejected<InvalidArgument>(kv, [&] { kv.set_sequence_tokens(1, too_long); },
-                                   {"committed"});
+  expect_rejected<InvalidArgument>(kv, [&] { kv.set_sequence_tokens(1, too_long); }, {"committed"});
   expect_rejected<InvalidArgument>(kv, [&] { kv.set_sequence_tokens(77, tokens); }, {"77"});
   kv.set_sequence_tokens(1, token_run(1, 2));  // a shorter prefix is fine
   expect_ok(kv);
@@ -241,7 +242,8 @@ TEST(PrefixCache, CollidingKeysNeverShareDifferentTokens) {
     EXPECT_EQ(check_prefix_kv(kv, id, t), "") << "seq " << id;
   EXPECT_NE(kv.sequence_pages(3)[1], kv.sequence_pages(1)[1]);
   for (SeqId id = 1; id <= 5; ++id) kv.remove_sequence(id);
-  EXPECT_EQ(kv.match_prefix(std::vector<std::int32_t>{3, 4, 1, 2, 6}).num_tokens, 4);  // d's own pages
+  EXPECT_EQ(kv.match_prefix(std::vector<std::int32_t>{3, 4, 1, 2, 6}).num_tokens,
+            4);  // d's own pages
   expect_ok(kv);
 }
 

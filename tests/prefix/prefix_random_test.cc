@@ -46,7 +46,9 @@ struct RandomSetup {
   cache::PageKeyFunction key_function;  // null: XXH3
 };
 
-void PrintTo(const RandomSetup& s, std::ostream* os) { *os << s.name; }
+void PrintTo(const RandomSetup& s, std::ostream* os) {
+  *os << s.name;
+}
 
 struct Coverage {
   std::int64_t hit_tokens = 0, host_hits = 0, evictions = 0, demotions = 0, swaps = 0;
@@ -190,16 +192,19 @@ class PrefixFuzzer {
     s.tokens.assign(prompt.begin(), prompt.begin() + m.num_tokens);
     s.told = m.num_tokens;
     // The rest of the prompt in one step, if it fits.
-    if (chance(0.8)) step({id}, {std::vector<std::int32_t>(prompt.begin() + m.num_tokens, prompt.end())});
+    if (chance(0.8))
+      step({id}, {std::vector<std::int32_t>(prompt.begin() + m.num_tokens, prompt.end())});
   }
 
   void op_decode() {
     std::vector<SeqId> batch = ids(0);
     if (batch.empty()) return op_swap_in();
     std::shuffle(batch.begin(), batch.end(), rng_);
-    batch.resize(static_cast<std::size_t>(uniform(1, std::min<std::int64_t>(3, std::ssize(batch)))));
+    batch.resize(
+        static_cast<std::size_t>(uniform(1, std::min<std::int64_t>(3, std::ssize(batch)))));
     std::vector<std::vector<std::int32_t>> news;
-    for (std::size_t i = 0; i < batch.size(); ++i) news.push_back(random_tokens(uniform(0, ps_ + 1)));
+    for (std::size_t i = 0; i < batch.size(); ++i)
+      news.push_back(random_tokens(uniform(0, ps_ + 1)));
     step(batch, news);
   }
 
@@ -229,7 +234,8 @@ class PrefixFuzzer {
       s.tokens.insert(s.tokens.end(), news[i].begin(), news[i].end());
       if (!check_kv_) continue;
       const std::vector<std::uint64_t> uids = prefix_uids(s.tokens, s.salt);
-      write_kv(kv_, batch[i], from, std::span<const std::uint64_t>(uids).subspan(std::size_t(from)));
+      write_kv(kv_, batch[i], from,
+               std::span<const std::uint64_t>(uids).subspan(std::size_t(from)));
     }
     end_metadata_step(kv_);  // marks the layers a light run did not write
     for (SeqId id : batch) tell(id, chance(0.8) ? 0 : uniform(0, ps_));
@@ -250,7 +256,8 @@ class PrefixFuzzer {
     const SeqId parent = pick(live), child = unused_id();
     const ShadowSeq& p = seqs_.at(parent);
     const std::int64_t pos = uniform(0, std::ssize(p.tokens));
-    note("fork " + std::to_string(parent) + " -> " + std::to_string(child) + " at " + std::to_string(pos));
+    note("fork " + std::to_string(parent) + " -> " + std::to_string(child) + " at " +
+         std::to_string(pos));
     if (pos % ps_ != 0 && kv_.num_free_pages() == 0) {
       rejected<OutOfPages>([&] { kv_.fork_sequence(parent, child, pos); });
       return;
@@ -295,7 +302,8 @@ class PrefixFuzzer {
     std::set<std::int32_t> distinct;
     for (SeqId id : out)
       for (std::int32_t p : kv_.sequence_pages(id)) distinct.insert(p);
-    note("swap_out " + std::to_string(out.size()) + " seqs, " + std::to_string(distinct.size()) + " pages");
+    note("swap_out " + std::to_string(out.size()) + " seqs, " + std::to_string(distinct.size()) +
+         " pages");
     if (std::ssize(distinct) > kv_.num_free_host_pages()) {
       rejected<OutOfPages>([&] { kv_.swap_out(out); }, {"host pages"});
       ++coverage_.out_of_pages;
@@ -490,12 +498,11 @@ TEST(PrefixRandomLeaks, MillionOperationsLeakNothing) {
 using enum DType;
 INSTANTIATE_TEST_SUITE_P(
     Configs, PrefixRandomTest,
-    ::testing::Values(
-        RandomSetup{"ps1_xxh3", 1, 16, 0, kF32, nullptr},
-        RandomSetup{"ps2_xxh3_host", 2, 12, 6, kBF16, nullptr},
-        RandomSetup{"ps3_tokens_only_key_host", 3, 10, 4, kF32, &tokens_only_key},
-        RandomSetup{"ps4_colliding_key_host", 4, 10, 5, kF32, &constant_key},
-        RandomSetup{"ps2_colliding_key", 2, 14, 0, kF16, &constant_key}),
+    ::testing::Values(RandomSetup{"ps1_xxh3", 1, 16, 0, kF32, nullptr},
+                      RandomSetup{"ps2_xxh3_host", 2, 12, 6, kBF16, nullptr},
+                      RandomSetup{"ps3_tokens_only_key_host", 3, 10, 4, kF32, &tokens_only_key},
+                      RandomSetup{"ps4_colliding_key_host", 4, 10, 5, kF32, &constant_key},
+                      RandomSetup{"ps2_colliding_key", 2, 14, 0, kF16, &constant_key}),
     [](const ::testing::TestParamInfo<RandomSetup>& info) { return std::string(info.param.name); });
 
 }  // namespace
