@@ -237,7 +237,8 @@ class KVCache:
             rope_scale=1.0, support_sliding_window=False, v_head_dim=None, *,
             memory_budget_bytes=0, k_scale=1.0, v_scale=1.0, rotary_dim=0,
             rope_interleaved=False, rope_scaling=None, num_threads=0,
-            fixed_kv_chunk=0)
+            fixed_kv_chunk=0, enable_prefix_caching=False, host_num_pages=0,
+            host_memory_budget_bytes=0)
     
     dtype: storage type, "float32", "float16", "bfloat16", "float8_e4m3fn",
       "float8_e5m2" or "int8". layout: "HND" (page = [Hkv, page_size, D]) or
@@ -255,6 +256,10 @@ class KVCache:
       "original_max_position_embeddings"}. num_threads: attention threads (0:
       OpenMP's maximum); fixed_kv_chunk > 0 splits keys in chunks of exactly
       that size, so a row's result does not depend on its batch (determinism).
+    enable_prefix_caching: full pages of told token ids stay cached and are
+      shared with later prompts (match_prefix, add_sequence_with_prefix,
+      set_sequence_tokens). host_num_pages / host_memory_budget_bytes: a host
+      tier for swap_out / swap_in and for cached pages evicted from the device.
     
     A step (the TVM protocol):
         cache.add_sequence(0)
@@ -285,7 +290,7 @@ class KVCache:
     waits or works, so attention of one thread runs beside other Python code).
     The thread that began a step should be the one to end it.
     """
-    def __init__(self, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, num_pages: int = 0, dtype: str = 'float16', layout: str = 'HND', rope_mode: str = 'none', rope_theta: float = 10000.0, rope_scale: float = 1.0, support_sliding_window: bool = False, v_head_dim: int | None = None, *, memory_budget_bytes: int = 0, k_scale: float | collections.abc.Sequence[float] = 1.0, v_scale: float | collections.abc.Sequence[float] = 1.0, rotary_dim: int = 0, rope_interleaved: bool = False, rope_scaling: dict[str, typing.Any] | None = None, num_threads: int = 0, fixed_kv_chunk: int = 0) -> None:
+    def __init__(self, num_layers: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, num_pages: int = 0, dtype: str = 'float16', layout: str = 'HND', rope_mode: str = 'none', rope_theta: float = 10000.0, rope_scale: float = 1.0, support_sliding_window: bool = False, v_head_dim: int | None = None, *, memory_budget_bytes: int = 0, k_scale: float | collections.abc.Sequence[float] = 1.0, v_scale: float | collections.abc.Sequence[float] = 1.0, rotary_dim: int = 0, rope_interleaved: bool = False, rope_scaling: dict[str, typing.Any] | None = None, num_threads: int = 0, fixed_kv_chunk: int = 0, enable_prefix_caching: bool = False, host_num_pages: int = 0, host_memory_budget_bytes: int = 0) -> None:
         """
         Creates the cache (see the class doc).
         """
@@ -479,7 +484,68 @@ class KVCache:
     @property
     def num_free_pages(self) -> int:
         """
-        Pages in the pool not held by any sequence.
+        Pages in the pool not held by any sequence (cached ones included: evictable).
+        """
+    def match_prefix(self, token_ids: collections.abc.Sequence[int], cache_salt: int = 0) -> dict[str, int]:
+        """
+        Dry run: the longest cached prefix of token_ids under cache_salt, as a dict
+        {num_tokens, device_pages, host_pages, pages_taken}: whole pages, never all of
+        token_ids; pages_taken = free pages add_sequence_with_prefix would consume.
+        """
+    def add_sequence_with_prefix(self, id: int, token_ids: collections.abc.Sequence[int], cache_salt: int = 0) -> int:
+        """
+        Adds sequence `id` holding the cached prefix of token_ids (device pages shared,
+        host pages copied back) and returns its length; compute the rest with
+        begin_forward. OutOfPagesError (nothing changed) when pages are short; without
+        enable_prefix_caching it is add_sequence and returns 0.
+        """
+    def set_sequence_tokens(self, id: int, token_ids: collections.abc.Sequence[int]) -> None:
+        """
+        Tells the token ids of the first len(token_ids) tokens of sequence `id` (call
+        after every step; what was told before must not change). Their full pages are
+        published for later prompts.
+        """
+    @property
+    def num_cached_pages(self) -> int:
+        """
+        Cached pages nobody holds (evictable; counted in num_free_pages).
+        """
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """
+        Counters since construction as a dict: queries, query_tokens, hit_tokens,
+        device_hit_tokens, host_hit_tokens, evictions, demotions, host_evictions,
+        swapped_out_pages, swapped_in_pages.
+        """
+    def reset_prefix_cache(self) -> None:
+        """
+        Drops every cached page nobody holds (device and host tier).
+        """
+    def swap_out(self, seq_ids: collections.abc.Sequence[int]) -> None:
+        """
+        Moves the listed sequences' pages to the host tier (shared pages stay shared);
+        they are refused by steps until swap_in. OutOfPagesError if the host lacks room.
+        """
+    def swap_in(self, seq_ids: collections.abc.Sequence[int]) -> None:
+        """
+        Copies swapped sequences back into device pages (OutOfPagesError if short).
+        """
+    def swap_in_pages_needed(self, seq_ids: collections.abc.Sequence[int]) -> int:
+        """
+        Device pages swap_in(seq_ids) would take.
+        """
+    def is_swapped(self, id: int) -> bool:
+        """
+        Whether sequence `id` is swapped out to the host tier.
+        """
+    @property
+    def num_free_host_pages(self) -> int:
+        """
+        Host-tier pages free or held only by the cache.
+        """
+    @property
+    def num_host_pages(self) -> int:
+        """
+        Pages of the host tier (0: none).
         """
     @property
     def num_pages(self) -> int:

@@ -333,7 +333,8 @@ std::unique_ptr<KVCache> make_cache(
     bool support_sliding_window, std::optional<std::int32_t> v_head_dim,
     std::int64_t memory_budget_bytes, const py::object& k_scale, const py::object& v_scale,
     std::int32_t rotary_dim, bool rope_interleaved, const py::object& rope_scaling,
-    std::int32_t num_threads, std::int32_t fixed_kv_chunk) {
+    std::int32_t num_threads, std::int32_t fixed_kv_chunk, bool enable_prefix_caching,
+    std::int64_t host_num_pages, std::int64_t host_memory_budget_bytes) {
   KVCacheConfig c;
   c.num_layers = num_layers;
   c.num_qo_heads = num_qo_heads;
@@ -356,6 +357,9 @@ std::unique_ptr<KVCache> make_cache(
   c.support_sliding_window = support_sliding_window;
   c.attention_plan.num_threads = num_threads;
   c.attention_plan.fixed_kv_chunk = fixed_kv_chunk;
+  c.enable_prefix_caching = enable_prefix_caching;
+  c.host_num_pages = host_num_pages;
+  c.host_memory_budget_bytes = host_memory_budget_bytes;
   py::gil_scoped_release release;
   return std::make_unique<KVCache>(c);
 }
@@ -387,7 +391,142 @@ py::dict config_dict(KVCache& s) {
   d["support_sliding_window"] = c.support_sliding_window;
   d["num_threads"] = c.attention_plan.num_threads;
   d["fixed_kv_chunk"] = c.attention_plan.fixed_kv_chunk;
+  d["enable_prefix_caching"] = c.enable_prefix_caching;
+  d["host_num_pages"] = c.host_num_pages;
+  d["host_memory_budget_bytes"] = c.host_memory_budget_bytes;
   return d;
+}
+
+// Token ids (a sequence of ints) as int32, naming the call and index of a
+// value that is no token id.
+std::vector<std::int32_t> token_ids_arg(py::handle obj, const char* call) {
+  const std::vector<std::int64_t> ids = int_list_arg(obj, call, "token_ids");
+  std::vector<std::int32_t> tokens;
+  tokens.reserve(ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < INT32_MIN || ids[i] > INT32_MAX)
+      throw InvalidArgument(
+          detail::concat(call, ": token_ids[", i, "] = ", ids[i], " is not a token id"));
+    tokens.push_back(static_cast<std::int32_t>(ids[i]));
+  }
+  return tokens;
+}
+
+py::dict match_dict(const PrefixMatch& m) {
+  py::dict d;
+  d["num_tokens"] = m.num_tokens;
+  d["device_pages"] = m.device_pages;
+  d["host_pages"] = m.host_pages;
+  d["pages_taken"] = m.pages_taken;
+  return d;
+}
+
+py::dict stats_dict(const PrefixCacheStats& s) {
+  py::dict d;
+  d["queries"] = s.queries;
+  d["query_tokens"] = s.query_tokens;
+  d["hit_tokens"] = s.hit_tokens;
+  d["device_hit_tokens"] = s.device_hit_tokens;
+  d["host_hit_tokens"] = s.host_hit_tokens;
+  d["evictions"] = s.evictions;
+  d["demotions"] = s.demotions;
+  d["host_evictions"] = s.host_evictions;
+  d["swapped_out_pages"] = s.swapped_out_pages;
+  d["swapped_in_pages"] = s.swapped_in_pages;
+  return d;
+}
+
+// Prefix caching and the host tier (docs/prefix_caching.md).
+template <typename Class>
+void register_prefix_cache(Class& cls) {
+  using ReleaseGil = py::call_guard<py::gil_scoped_release>;
+  cls.def(
+         "match_prefix",
+         [](KVCache& s, py::handle token_ids, std::uint64_t cache_salt) {
+           const std::vector<std::int32_t> t = token_ids_arg(token_ids, "KVCache.match_prefix");
+           PrefixMatch m;
+           {
+             py::gil_scoped_release release;
+             m = s.cache().match_prefix(t, cache_salt);
+           }
+           return match_dict(m);
+         },
+         py::arg("token_ids"), py::arg("cache_salt") = 0,
+         "Dry run: the longest cached prefix of token_ids under cache_salt, as a dict\n"
+         "{num_tokens, device_pages, host_pages, pages_taken}: whole pages, never all of\n"
+         "token_ids; pages_taken = free pages add_sequence_with_prefix would consume.")
+      .def(
+          "add_sequence_with_prefix",
+          [](KVCache& s, SeqId id, py::handle token_ids, std::uint64_t cache_salt) {
+            const std::vector<std::int32_t> t =
+                token_ids_arg(token_ids, "KVCache.add_sequence_with_prefix");
+            py::gil_scoped_release release;
+            return s.cache().add_sequence_with_prefix(id, t, cache_salt);
+          },
+          py::arg("id"), py::arg("token_ids"), py::arg("cache_salt") = 0,
+          "Adds sequence `id` holding the cached prefix of token_ids (device pages shared,\n"
+          "host pages copied back) and returns its length; compute the rest with\n"
+          "begin_forward. OutOfPagesError (nothing changed) when pages are short; without\n"
+          "enable_prefix_caching it is add_sequence and returns 0.")
+      .def(
+          "set_sequence_tokens",
+          [](KVCache& s, SeqId id, py::handle token_ids) {
+            const std::vector<std::int32_t> t =
+                token_ids_arg(token_ids, "KVCache.set_sequence_tokens");
+            py::gil_scoped_release release;
+            s.cache().set_sequence_tokens(id, t);
+          },
+          py::arg("id"), py::arg("token_ids"),
+          "Tells the token ids of the first len(token_ids) tokens of sequence `id` (call\n"
+          "after every step; what was told before must not change). Their full pages are\n"
+          "published for later prompts.")
+      .def_property_readonly(
+          "num_cached_pages",
+          py::cpp_function([](KVCache& s) { return s.cache().num_cached_pages(); }, ReleaseGil()),
+          "Cached pages nobody holds (evictable; counted in num_free_pages).")
+      .def(
+          "prefix_cache_stats",
+          [](KVCache& s) {
+            PrefixCacheStats st;
+            {
+              py::gil_scoped_release release;
+              st = s.cache().prefix_cache_stats();
+            }
+            return stats_dict(st);
+          },
+          "Counters since construction as a dict: queries, query_tokens, hit_tokens,\n"
+          "device_hit_tokens, host_hit_tokens, evictions, demotions, host_evictions,\n"
+          "swapped_out_pages, swapped_in_pages.")
+      .def(
+          "reset_prefix_cache", [](KVCache& s) { s.cache().reset_prefix_cache(); }, ReleaseGil(),
+          "Drops every cached page nobody holds (device and host tier).")
+      .def(
+          "swap_out",
+          [](KVCache& s, const std::vector<SeqId>& ids) { s.cache().swap_out(ids); },
+          ReleaseGil(), py::arg("seq_ids"),
+          "Moves the listed sequences' pages to the host tier (shared pages stay shared);\n"
+          "they are refused by steps until swap_in. OutOfPagesError if the host lacks room.")
+      .def(
+          "swap_in", [](KVCache& s, const std::vector<SeqId>& ids) { s.cache().swap_in(ids); },
+          ReleaseGil(), py::arg("seq_ids"),
+          "Copies swapped sequences back into device pages (OutOfPagesError if short).")
+      .def(
+          "swap_in_pages_needed",
+          [](KVCache& s, const std::vector<SeqId>& ids) {
+            return s.cache().swap_in_pages_needed(ids);
+          },
+          ReleaseGil(), py::arg("seq_ids"), "Device pages swap_in(seq_ids) would take.")
+      .def(
+          "is_swapped", [](KVCache& s, SeqId id) { return s.cache().is_swapped(id); },
+          ReleaseGil(), py::arg("id"), "Whether sequence `id` is swapped out to the host tier.")
+      .def_property_readonly(
+          "num_free_host_pages",
+          py::cpp_function([](KVCache& s) { return s.cache().num_free_host_pages(); },
+                           ReleaseGil()),
+          "Host-tier pages free or held only by the cache.")
+      .def_property_readonly(
+          "num_host_pages", [](KVCache& s) { return s.cache().num_host_pages(); },
+          "Pages of the host tier (0: none).");
 }
 
 constexpr const char* kClassDoc =
@@ -398,7 +537,8 @@ KVCache(num_layers, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages=0
         rope_scale=1.0, support_sliding_window=False, v_head_dim=None, *,
         memory_budget_bytes=0, k_scale=1.0, v_scale=1.0, rotary_dim=0,
         rope_interleaved=False, rope_scaling=None, num_threads=0,
-        fixed_kv_chunk=0)
+        fixed_kv_chunk=0, enable_prefix_caching=False, host_num_pages=0,
+        host_memory_budget_bytes=0)
 
 dtype: storage type, "float32", "float16", "bfloat16", "float8_e4m3fn",
   "float8_e5m2" or "int8". layout: "HND" (page = [Hkv, page_size, D]) or
@@ -416,6 +556,10 @@ dtype: storage type, "float32", "float16", "bfloat16", "float8_e4m3fn",
   "original_max_position_embeddings"}. num_threads: attention threads (0:
   OpenMP's maximum); fixed_kv_chunk > 0 splits keys in chunks of exactly
   that size, so a row's result does not depend on its batch (determinism).
+enable_prefix_caching: full pages of told token ids stay cached and are
+  shared with later prompts (match_prefix, add_sequence_with_prefix,
+  set_sequence_tokens). host_num_pages / host_memory_budget_bytes: a host
+  tier for swap_out / swap_in and for cached pages evicted from the device.
 
 A step (the TVM protocol):
     cache.add_sequence(0)
@@ -453,7 +597,8 @@ The thread that began a step should be the one to end it.)doc";
 using ReleaseGil = py::call_guard<py::gil_scoped_release>;
 
 void register_kv_cache(py::module_& m) {
-  py::class_<KVCache>(m, "KVCache", kClassDoc)
+  py::class_<KVCache> cls(m, "KVCache", kClassDoc);
+  cls
       .def(py::init(&make_cache), py::arg("num_layers"), py::arg("num_qo_heads"),
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("page_size"),
            py::arg("num_pages") = 0, py::arg("dtype") = "float16", py::arg("layout") = "HND",
@@ -463,7 +608,8 @@ void register_kv_cache(py::module_& m) {
            py::arg("k_scale") = 1.0f, py::arg("v_scale") = 1.0f, py::arg("rotary_dim") = 0,
            py::arg("rope_interleaved") = false, py::arg("rope_scaling") = py::none(),
            py::arg("num_threads") = 0, py::arg("fixed_kv_chunk") = 0,
-           "Creates the cache (see the class doc).")
+           py::arg("enable_prefix_caching") = false, py::arg("host_num_pages") = 0,
+           py::arg("host_memory_budget_bytes") = 0, "Creates the cache (see the class doc).")
       .def(
           "add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, ReleaseGil(),
           py::arg("id"), "Adds an empty sequence `id` (InvalidArgumentError if it exists).")
@@ -616,7 +762,7 @@ void register_kv_cache(py::module_& m) {
       .def_property_readonly(
           "num_free_pages",
           py::cpp_function([](KVCache& s) { return s.cache().num_free_pages(); }, ReleaseGil()),
-          "Pages in the pool not held by any sequence.")
+          "Pages in the pool not held by any sequence (cached ones included: evictable).")
       .def_property_readonly(
           "total_sequence_length",
           py::cpp_function([](KVCache& s) { return s.cache().total_sequence_length(); },
@@ -710,6 +856,7 @@ void register_kv_cache(py::module_& m) {
                               dtype_name(c.kv_dtype), "\", sequences=", sequences,
                               ", free_pages=", free_pages, ")");
       });
+  register_prefix_cache(cls);
 }
 
 }  // namespace pagedattn::python

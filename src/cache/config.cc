@@ -57,7 +57,8 @@ void resolve_host_tier(KVCacheConfig& c, std::int64_t page_bytes) {
             c.host_memory_budget_bytes, " holds no page (one page over all layers is ",
             page_bytes, " bytes)");
   }
-  require(c.host_num_pages <= kMaxPages && c.host_num_pages <= std::numeric_limits<std::int64_t>::max() / page_bytes,
+  constexpr std::int64_t kMaxBytes = std::numeric_limits<std::int64_t>::max();
+  require(c.host_num_pages <= kMaxPages && c.host_num_pages <= kMaxBytes / page_bytes,
           "KVCacheConfig.host_num_pages = ", c.host_num_pages, " exceeds ", kMaxPages,
           " or overflows 64 bits of storage");
 }

@@ -70,8 +70,13 @@ void PagedKVCache::State::publish_told_pages(Sequence& s) {
       // already holding other content means the caller told tokens that
       // differ from a sharer's; it stays unlinked.)
       if (link.serial == 0 && index.entry_at(Tier::kDevice, page) == 0) {
-        link.serial = index.publish({link.key, parent_key, parent, s.salt,
-                                     {tokens.begin(), tokens.end()}, Tier::kDevice, page});
+        link.serial = index.publish({link.key,
+                                     parent_key,
+                                     parent,
+                                     s.salt,
+                                     {tokens.begin(), tokens.end()},
+                                     Tier::kDevice,
+                                     page});
         pool.cache(page);
       } else if (link.serial == 0) {
         link.serial = cache::kUnlinked;
@@ -104,6 +109,36 @@ PrefixMatch PagedKVCache::State::summarize(const std::vector<std::uint64_t>& hit
   return m;
 }
 
+// Gives `s` the pages of `hits`: device pages shared, host pages copied
+// into fresh device pages (the entries move with them).
+void PagedKVCache::State::hold_hits(const std::vector<std::uint64_t>& hits, Sequence& s) {
+  s.pages.reserve(hits.size() + 1);
+  // Every hit is held first, so that no take below can reclaim one of them.
+  for (std::uint64_t serial : hits) {
+    const cache::PrefixEntry& e = index.entry(serial);
+    (e.tier == Tier::kDevice ? pool : host->pool).retain(e.page);
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> host_to_device;
+  for (std::uint64_t serial : hits) {
+    const cache::PrefixEntry& e = index.entry(serial);
+    if (e.tier == Tier::kHost) {  // promoted: the entry moves to a device page
+      const std::int32_t host_page = e.page, page = take_page();
+      host_to_device.emplace_back(host_page, page);
+      index.move(serial, Tier::kDevice, page);
+      pool.cache(page);
+    }
+    s.pages.push_back(index.entry(serial).page);
+    s.chain.push_back({index.entry(serial).key, serial});
+  }
+  if (host_to_device.empty()) return;
+  // The host pages go only after the copy (a demotion above must not reuse them).
+  cache::copy_pages_between(host->storage, storage, host_to_device);
+  for (const auto& [host_page, page] : host_to_device) {
+    host->pool.uncache(static_cast<std::int32_t>(host_page));
+    host->pool.release(static_cast<std::int32_t>(host_page));
+  }
+}
+
 PrefixMatch PagedKVCache::match_prefix(std::span<const std::int32_t> token_ids,
                                        std::uint64_t cache_salt) const {
   const auto lock = state_->lock();
@@ -118,8 +153,9 @@ std::int64_t PagedKVCache::add_sequence_with_prefix(SeqId seq_id,
   st.require_no_forward("add_sequence_with_prefix");
   require(!st.seqs.contains(seq_id), "PagedKVCache::add_sequence_with_prefix: seq_id = ", seq_id,
           " already exists");
-  require(std::ssize(token_ids) <= kMaxInt32, "PagedKVCache::add_sequence_with_prefix: ",
-          token_ids.size(), " token ids, more than 2^31 - 1");
+  require(std::ssize(token_ids) <= kMaxInt32,
+          "PagedKVCache::add_sequence_with_prefix: ", token_ids.size(),
+          " token ids, more than 2^31 - 1");
   const std::vector<std::uint64_t> hits = st.match(token_ids, cache_salt);
   const PrefixMatch m = st.summarize(hits);
   st.require_free_pages(m.pages_taken, "add_sequence_with_prefix");
@@ -128,32 +164,8 @@ std::int64_t PagedKVCache::add_sequence_with_prefix(SeqId seq_id,
   Sequence s;
   s.salt = cache_salt;
   s.length = m.num_tokens;
-  s.pages.reserve(hits.size() + 1);
-  // Device hits first: held, they leave the LRU list before any take below
-  // could reclaim them; host hits are held for the same reason.
-  for (std::uint64_t serial : hits) {
-    const cache::PrefixEntry& e = st.index.entry(serial);
-    (e.tier == Tier::kDevice ? st.pool : st.host->pool).retain(e.page);
-  }
-  std::vector<std::pair<std::int64_t, std::int64_t>> host_to_device;
-  for (std::uint64_t serial : hits) {
-    const cache::PrefixEntry& e = st.index.entry(serial);
-    if (e.tier == Tier::kHost) {  // promoted: the entry moves to a device page
-      const std::int32_t host_page = e.page, page = st.take_page();
-      host_to_device.emplace_back(host_page, page);
-      st.index.move(serial, Tier::kDevice, page);
-      st.pool.cache(page);
-    }
-    s.pages.push_back(st.index.entry(serial).page);
-    s.chain.push_back({st.index.entry(serial).key, serial});
-  }
-  // The host copies go only after the copy (a demotion above may not reuse them).
-  cache::copy_pages_between(st.host ? st.host->storage : st.storage, st.storage, host_to_device);
-  for (const auto& [host_page, page] : host_to_device) {
-    st.host->pool.uncache(static_cast<std::int32_t>(host_page));
-    st.host->pool.release(static_cast<std::int32_t>(host_page));
-  }
   s.tokens.assign(token_ids.begin(), token_ids.begin() + m.num_tokens);
+  st.hold_hits(hits, s);
   st.seqs.emplace(seq_id, std::move(s));
 
   PrefixCacheStats& c = st.stats;
@@ -172,15 +184,16 @@ void PagedKVCache::set_sequence_tokens(SeqId seq_id, std::span<const std::int32_
   Sequence& s = st.find(seq_id, "set_sequence_tokens", "seq_id");
   st.require_not_swapped(s, seq_id, "set_sequence_tokens");
   if (!st.caching() || !s.prefix_trackable()) return;
-  require(std::ssize(token_ids) <= s.committed_length(), "PagedKVCache::set_sequence_tokens: ",
-          token_ids.size(), " token ids for seq_id = ", seq_id, ", which holds ",
-          s.committed_length(), " committed tokens");
+  require(std::ssize(token_ids) <= s.committed_length(),
+          "PagedKVCache::set_sequence_tokens: ", token_ids.size(),
+          " token ids for seq_id = ", seq_id, ", which holds ", s.committed_length(),
+          " committed tokens");
   const std::size_t common = std::min(token_ids.size(), s.tokens.size());
-  const auto diff = std::mismatch(s.tokens.begin(), s.tokens.begin() + std::ptrdiff_t(common),
-                                  token_ids.begin());
+  const auto diff =
+      std::mismatch(s.tokens.begin(), s.tokens.begin() + std::ptrdiff_t(common), token_ids.begin());
   require(diff.first == s.tokens.begin() + std::ptrdiff_t(common),
-          "PagedKVCache::set_sequence_tokens: token_ids[", diff.first - s.tokens.begin(), "] = ",
-          diff.second == token_ids.end() ? 0 : *diff.second, " for seq_id = ", seq_id,
+          "PagedKVCache::set_sequence_tokens: token_ids[", diff.first - s.tokens.begin(),
+          "] = ", diff.second == token_ids.end() ? 0 : *diff.second, " for seq_id = ", seq_id,
           " differs from the token id told before (",
           diff.first == s.tokens.end() ? 0 : *diff.first, ")");
   if (token_ids.size() <= s.tokens.size()) return;

@@ -150,6 +150,8 @@ struct PagedKVCache::State {
   // Serials of the cached pages a new sequence with these tokens would share.
   std::vector<std::uint64_t> match(std::span<const std::int32_t> tokens, std::uint64_t salt) const;
   PrefixMatch summarize(const std::vector<std::uint64_t>& hits) const;
+  // Gives a new sequence the pages of `hits` (validated: enough free pages).
+  void hold_hits(const std::vector<std::uint64_t>& hits, cache::Sequence& s);
   // Device / host pages the listed swapped sequences hold, each once, in order.
   std::vector<std::int32_t> distinct_pages(std::span<const SeqId> ids) const;
   void validate_swap(std::span<const SeqId> ids, bool swapped, const char* call) const;

@@ -2,6 +2,7 @@
 // (vLLM's swap_blocks path for preemption).
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "kv_cache_state.h"
 
@@ -11,14 +12,10 @@ using cache::Sequence;
 
 std::vector<std::int32_t> PagedKVCache::State::distinct_pages(std::span<const SeqId> ids) const {
   std::vector<std::int32_t> pages;
-  std::vector<std::int32_t> sorted;
+  std::unordered_set<std::int32_t> seen;
   for (SeqId id : ids)
-    for (std::int32_t page : seqs.at(id).pages) {
-      const auto at = std::lower_bound(sorted.begin(), sorted.end(), page);
-      if (at != sorted.end() && *at == page) continue;
-      sorted.insert(at, page);
-      pages.push_back(page);
-    }
+    for (std::int32_t page : seqs.at(id).pages)
+      if (seen.insert(page).second) pages.push_back(page);
   return pages;
 }
 
@@ -33,7 +30,8 @@ void PagedKVCache::State::validate_swap(std::span<const SeqId> ids, bool swapped
     require(it != seqs.end(), "PagedKVCache::", call, ": seq_ids[", i, "] = ", ids[i],
             " does not exist");
     require<InvalidState>(it->second.swapped == swapped, "PagedKVCache::", call, ": seq_ids[", i,
-                          "] = ", ids[i], swapped ? " is not swapped out" : " is already swapped out");
+                          "] = ", ids[i],
+                          swapped ? " is not swapped out" : " is already swapped out");
     require_no_open_tree(it->second, ids[i], call);
   }
 }

@@ -13,7 +13,8 @@ PagePool::PagePool(std::int64_t num_pages)
       lru_next_(static_cast<std::size_t>(num_pages), -1) {
   free_stack_.reserve(static_cast<std::size_t>(num_pages));
   // Low page ids are handed out first.
-  for (std::int64_t p = num_pages - 1; p >= 0; --p) free_stack_.push_back(static_cast<std::int32_t>(p));
+  for (std::int64_t p = num_pages - 1; p >= 0; --p)
+    free_stack_.push_back(static_cast<std::int32_t>(p));
 }
 
 std::int32_t PagePool::take() {

@@ -30,7 +30,9 @@ PageKey xxh3_page_key(const PageKey& parent, std::uint64_t salt,
   return {h.low64, h.high64};
 }
 
-void set_page_key_function_for_testing(PageKeyFunction f) { g_key_function.store(f); }
+void set_page_key_function_for_testing(PageKeyFunction f) {
+  g_key_function.store(f);
+}
 
 PrefixIndex::PrefixIndex(std::int64_t num_device_pages, std::int64_t num_host_pages)
     : key_function_(g_key_function.load() != nullptr ? g_key_function.load() : &xxh3_page_key),
@@ -48,8 +50,7 @@ std::uint64_t PrefixIndex::find(const PageKey& key, std::uint64_t parent, std::u
 }
 
 std::vector<std::uint64_t> PrefixIndex::longest_match(std::span<const std::int32_t> tokens,
-                                                      std::uint64_t salt,
-                                                      std::int32_t page_size,
+                                                      std::uint64_t salt, std::int32_t page_size,
                                                       std::int64_t max_pages) const {
   std::vector<std::uint64_t> hits;
   if (entries_.empty()) return hits;
@@ -101,8 +102,8 @@ std::string PrefixIndex::check() const {
   for (const auto& [serial, e] : entries_) {
     const auto& map = pages(e.tier);
     if (e.page < 0 || e.page >= std::ssize(map) || map[static_cast<std::size_t>(e.page)] != serial)
-      return detail::concat("entry ", serial, " claims page ", e.page, " of tier ",
-                            int(e.tier), " but the page map disagrees");
+      return detail::concat("entry ", serial, " claims page ", e.page, " of tier ", int(e.tier),
+                            " but the page map disagrees");
     if (serial >= next_serial_ || e.parent >= next_serial_)
       return detail::concat("entry ", serial, " has parent ", e.parent, " from the future");
     if (key_of(e.parent_key, e.salt, e.tokens) != e.key)

@@ -65,9 +65,8 @@ class PrefixIndex {
                      std::span<const std::int32_t> tokens) const;
   // Serials of the longest run of cached pages that `tokens` starts with,
   // at most `max_pages` pages of `page_size` tokens.
-  std::vector<std::uint64_t> longest_match(std::span<const std::int32_t> tokens,
-                                           std::uint64_t salt, std::int32_t page_size,
-                                           std::int64_t max_pages) const;
+  std::vector<std::uint64_t> longest_match(std::span<const std::int32_t> tokens, std::uint64_t salt,
+                                           std::int32_t page_size, std::int64_t max_pages) const;
   const PrefixEntry& entry(std::uint64_t serial) const { return entries_.at(serial); }
   // The entry held in `page` of `tier`, or 0.
   std::uint64_t entry_at(Tier tier, std::int32_t page) const {

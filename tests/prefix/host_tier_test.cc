@@ -12,7 +12,9 @@
 namespace pagedattn::test {
 namespace {
 
-void expect_ok(const PagedKVCache& kv) { EXPECT_NO_THROW(kv.check_invariants()); }
+void expect_ok(const PagedKVCache& kv) {
+  EXPECT_NO_THROW(kv.check_invariants());
+}
 
 TEST(HostTier, EvictedCachedPagesAreDemotedAndHitFromTheHost) {
   PagedKVCache kv(prefix_config(4, 4, /*host_pages=*/3));

@@ -12,7 +12,9 @@
 namespace pagedattn::test {
 namespace {
 
-void expect_ok(const PagedKVCache& kv) { EXPECT_NO_THROW(kv.check_invariants()); }
+void expect_ok(const PagedKVCache& kv) {
+  EXPECT_NO_THROW(kv.check_invariants());
+}
 
 TEST(PrefixCache, FinishedSequenceLeavesItsFullPagesCached) {
   PagedKVCache kv(prefix_config(4, 8));
@@ -97,8 +99,7 @@ TEST(PrefixCache, DecodedTokensArePublishedAsPagesFill) {
   expect_rejected<InvalidArgument>(kv, [&] { kv.set_sequence_tokens(1, changed); },
                                    {"token_ids[2]", "differs"});
   std::vector<std::int32_t> too_long = token_run(1, 9);
-  expect_rejected<InvalidArgument>(kv, [&] { kv.set_sequence_tokens(1, too_long); },
-                                   {"committed"});
+  expect_rejected<InvalidArgument>(kv, [&] { kv.set_sequence_tokens(1, too_long); }, {"committed"});
   expect_rejected<InvalidArgument>(kv, [&] { kv.set_sequence_tokens(77, tokens); }, {"77"});
   kv.set_sequence_tokens(1, token_run(1, 2));  // a shorter prefix is fine
   expect_ok(kv);
@@ -241,7 +242,8 @@ TEST(PrefixCache, CollidingKeysNeverShareDifferentTokens) {
     EXPECT_EQ(check_prefix_kv(kv, id, t), "") << "seq " << id;
   EXPECT_NE(kv.sequence_pages(3)[1], kv.sequence_pages(1)[1]);
   for (SeqId id = 1; id <= 5; ++id) kv.remove_sequence(id);
-  EXPECT_EQ(kv.match_prefix(std::vector<std::int32_t>{3, 4, 1, 2, 6}).num_tokens, 4);  // d's own pages
+  EXPECT_EQ(kv.match_prefix(std::vector<std::int32_t>{3, 4, 1, 2, 6}).num_tokens,
+            4);  // d's own pages
   expect_ok(kv);
 }
 
@@ -268,6 +270,47 @@ TEST(PrefixCache, AddWithPrefixValidatesFirst) {
                                 {"forward"});
   expect_rejected<InvalidState>(kv, [&] { kv.reset_prefix_cache(); }, {"forward"});
   kv.end_forward();
+}
+
+// The example of docs/prefix_caching.md (keep the two the same).
+TEST(PrefixCacheDocs, ExampleRuns) {
+  // --- docs example begin
+  KVCacheConfig c;
+  c.num_layers = 2;
+  c.num_qo_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.page_size = 16;
+  c.num_pages = 256;
+  c.enable_prefix_caching = true;
+  c.host_num_pages = 512;  // optional host tier (or host_memory_budget_bytes)
+  PagedKVCache cache(c);
+
+  std::vector<std::int32_t> prompt(40, 7);  // token ids from the tokenizer
+  // 1. Admission: how much would the cache supply, and at what page cost?
+  PrefixMatch m = cache.match_prefix(prompt, /*cache_salt=*/0);
+  if (m.pages_taken <= cache.num_free_pages()) {
+    // 2. Add the sequence holding the cached prefix (m.num_tokens tokens).
+    std::int64_t held = cache.add_sequence_with_prefix(1, prompt);
+    // 3. Compute the rest as usual: begin_forward(ids, {prompt.size() - held}),
+    //    attention per layer, end_forward - then tell the cache the token ids
+    //    so that its full pages are published (after every decode step too,
+    //    with the generated tokens appended).
+    const std::vector<SeqId> ids = {1};
+    const std::vector<std::int64_t> lens = {std::ssize(prompt) - held};
+    cache.begin_forward(ids, lens);
+    // ... cache.attention(layer, q, k, v, out) for every layer ...
+    for (std::int32_t l = 0; l < c.num_layers; ++l) cache.mark_layer_appended(l);
+    cache.end_forward();
+    cache.set_sequence_tokens(1, prompt);
+  }
+  // 4. When the request finishes its full pages stay cached (evictable).
+  cache.remove_sequence(1);
+  PrefixCacheStats s = cache.prefix_cache_stats();  // hit_tokens / query_tokens
+  // --- docs example end
+  EXPECT_EQ(s.queries, 1);
+  EXPECT_EQ(cache.num_cached_pages(), 2);
+  EXPECT_EQ(cache.match_prefix(prompt).num_tokens, 32);
 }
 
 }  // namespace

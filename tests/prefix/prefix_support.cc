@@ -4,8 +4,8 @@
 
 namespace pagedattn::test {
 
-KVCacheConfig prefix_config(std::int32_t page_size, std::int64_t num_pages,
-                            std::int64_t host_pages, DType dtype) {
+KVCacheConfig prefix_config(std::int32_t page_size, std::int64_t num_pages, std::int64_t host_pages,
+                            DType dtype) {
   KVCacheConfig c;
   c.num_layers = 2;
   c.num_qo_heads = 4;
@@ -60,8 +60,8 @@ void decode(PagedKVCache& kv, SeqId id, std::vector<std::int32_t>& tokens,
   compute(kv, id, tokens, from, salt);
 }
 
-std::string check_prefix_kv(const PagedKVCache& kv, SeqId id,
-                            std::span<const std::int32_t> tokens, std::uint64_t salt) {
+std::string check_prefix_kv(const PagedKVCache& kv, SeqId id, std::span<const std::int32_t> tokens,
+                            std::uint64_t salt) {
   return check_tokens(kv, id, 0, prefix_uids(tokens, salt));
 }
 

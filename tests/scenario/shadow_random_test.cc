@@ -49,6 +49,12 @@ KVCacheConfig make_config(std::int32_t layers, std::int32_t qo_heads, std::int32
   return c;
 }
 
+KVCacheConfig with_prefix_caching(KVCacheConfig c) {
+  c.enable_prefix_caching = true;
+  c.host_num_pages = 8;
+  return c;
+}
+
 void PrintTo(const FuzzSetup& setup, std::ostream* os) { *os << setup.name; }
 
 constexpr SeqId kMinId = -2, kMaxId = 14;  // a small id space makes collisions likely
@@ -565,7 +571,9 @@ INSTANTIATE_TEST_SUITE_P(
         FuzzSetup{"ps4_f32_hnd_window", make_config(2, 2, 1, 4, 4, 4, 32, kF32, kHND, true), 300, 40, 12},
         FuzzSetup{"ps16_bf16_hnd_gqa_window", make_config(2, 4, 2, 8, 4, 16, 16, kBF16, kHND, true), 300, 40, 40},
         FuzzSetup{"ps16_f32_nhd_gqa", make_config(1, 6, 3, 4, 8, 16, 12, kF32, kNHD, false), 300, 40, 40},
-        FuzzSetup{"ps16_f16_nhd_window", make_config(1, 2, 2, 4, 0, 16, 20, kF16, kNHD, true), 300, 40, 40}),
+        FuzzSetup{"ps16_f16_nhd_window", make_config(1, 2, 2, 4, 0, 16, 20, kF16, kNHD, true), 300, 40, 40},
+        // Prefix caching on (no token ids told): everything behaves as without.
+        FuzzSetup{"ps3_f32_hnd_window_prefix_caching", with_prefix_caching(make_config(2, 4, 2, 4, 4, 3, 30, kF32, kHND, true)), 300, 40, 10}),
     [](const ::testing::TestParamInfo<FuzzSetup>& info) { return std::string(info.param.name); });
 
 }  // namespace
