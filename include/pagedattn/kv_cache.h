@@ -338,12 +338,16 @@ class PagedKVCache {
   // No sequences and every page free.
   bool empty() const;
   // Throws InternalError describing the first broken invariant: refcounts
-  // equal references, free list = pages with refcount 0 (no duplicates),
-  // page-list sizes match lengths, window bounds hold.
+  // equal references (device and host tier), pages with refcount 0 are
+  // either free or cached in the LRU list (no duplicates), cached marks
+  // agree with the prefix index, every index entry's key is the key of its
+  // content and sits where its page map says, page-list sizes match lengths,
+  // window bounds hold.
   void check_invariants() const;
-  // 64-bit hash of all metadata and of the K/V bytes of every slot a
-  // sequence holds (dead slots past the end of a page's holders, e.g. rows
-  // of a cancelled step, are not state: nothing can read them).
+  // 64-bit hash of all metadata (the prefix index, LRU order and host tier
+  // included) and of the K/V bytes of every slot a sequence or the prefix
+  // cache holds (dead slots past the end of a page's holders, e.g. rows of a
+  // cancelled step, are not state: nothing can read them).
   std::uint64_t state_digest() const;
 
   // --- storage ----------------------------------------------------------------
