@@ -108,9 +108,10 @@ std::string PrefixIndex::check() const {
       return detail::concat("entry ", serial, " has parent ", e.parent, " from the future");
     if (key_of(e.parent_key, e.salt, e.tokens) != e.key)
       return detail::concat("entry ", serial, "'s key is not the key of its content");
+    const std::uint64_t id = serial;  // (a lambda cannot capture a structured binding in C++20)
     const auto [first, last] = by_key_.equal_range(e.key);
-    if (std::none_of(first, last, [&](const auto& row) { return row.second == serial; }))
-      return detail::concat("entry ", serial, " is missing from the key table");
+    if (std::none_of(first, last, [id](const auto& row) { return row.second == id; }))
+      return detail::concat("entry ", id, " is missing from the key table");
   }
   for (Tier t : {Tier::kDevice, Tier::kHost}) {
     const auto& map = pages(t);
