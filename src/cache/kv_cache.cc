@@ -29,6 +29,7 @@ void PagedKVCache::add_sequence(SeqId seq_id) {
   require(!st.seqs.contains(seq_id), "PagedKVCache::add_sequence: seq_id = ", seq_id,
           " already exists");
   st.seqs.emplace(seq_id, Sequence{});
+  st.notify({SequenceOp::Kind::kAdd, seq_id});
 }
 
 void PagedKVCache::remove_sequence(SeqId seq_id) {
@@ -38,6 +39,7 @@ void PagedKVCache::remove_sequence(SeqId seq_id) {
   Sequence& s = st.find(seq_id, "remove_sequence", "seq_id");
   for (std::int32_t page : s.pages) st.pool.release(page);
   st.seqs.erase(seq_id);
+  st.notify({SequenceOp::Kind::kRemove, seq_id});
 }
 
 void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t fork_pos) {
@@ -75,6 +77,7 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
     child.pages.push_back(copy);
   }
   st.seqs.emplace(child_id, std::move(child));
+  st.notify({SequenceOp::Kind::kFork, child_id, parent_id, fork_pos});
 }
 
 void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
@@ -89,6 +92,7 @@ void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
   s.length -= n;
   if (s.evicted > 0 && s.length == s.sink_len) s.gap_len = 0;  // nothing after the gap
   st.release_tail(s);
+  st.notify({SequenceOp::Kind::kPopN, seq_id, 0, n});
 }
 
 void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
@@ -114,6 +118,26 @@ void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
   s.window_size = window_size;
   s.sink_len = attn_sink_size;
   st.slide_window(s);
+  st.notify({SequenceOp::Kind::kSlidingWindow, seq_id, 0, window_size, attn_sink_size});
+}
+
+void PagedKVCache::apply(const SequenceOp& op) {
+  switch (op.kind) {
+    case SequenceOp::Kind::kAdd: return add_sequence(op.seq_id);
+    case SequenceOp::Kind::kRemove: return remove_sequence(op.seq_id);
+    case SequenceOp::Kind::kFork: return fork_sequence(op.parent_id, op.seq_id, op.count);
+    case SequenceOp::Kind::kPopN: return pop_n(op.seq_id, op.count);
+    case SequenceOp::Kind::kSlidingWindow:
+      return enable_sliding_window(op.seq_id, op.count, op.sink_size);
+  }
+  throw InvalidArgument(detail::concat("PagedKVCache::apply: op.kind = ",
+                                       static_cast<int>(op.kind), " is not a SequenceOp::Kind"));
+}
+
+void PagedKVCache::set_sequence_observer(SequenceObserver observer) {
+  State& st = *state_;
+  const auto lock = st.lock();
+  st.observer = std::move(observer);
 }
 
 void PagedKVCache::State::release_tail(Sequence& s) {

@@ -79,7 +79,9 @@ struct Engine::Impl {
         cache(cache_config(validated(config))),
         scheduler({config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
                    std::max<std::int64_t>(1, cache.num_pages() / 100)},
-                  cache) {}
+                  cache) {
+    config.model->attach_cache(cache);
+  }
 
   EngineConfig config;
   PagedKVCache cache;  // internally synchronized
