@@ -177,6 +177,24 @@ void require_same_model(const MpiComm& comm, const std::string& fingerprint) {
                                                    "; rank ", comm.rank(), ": ", fingerprint, ")")));
 }
 
+void run_on_every_rank(const MpiComm& comm, const std::function<void()>& f) {
+  std::exception_ptr error;
+  try {
+    f();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::vector<float> failed(static_cast<std::size_t>(comm.size()), 0.0f);
+  failed[static_cast<std::size_t>(comm.rank())] = error ? 1.0f : 0.0f;
+  comm.all_reduce_sum(failed);
+  if (error) std::rethrow_exception(error);
+  std::string ranks;
+  for (std::size_t r = 0; r < failed.size(); ++r)
+    if (failed[r] != 0.0f) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  require<InvalidState>(ranks.empty(), "tensor parallelism: rank(s) ", ranks,
+                        " failed (see their error); this rank stops too");
+}
+
 std::string model_fingerprint(const LlamaConfig& c) {
   return detail::concat("llama '", c.name, "' vocab ", c.vocab_size, " hidden ", c.hidden_size,
                         " intermediate ", c.intermediate_size, " layers ", c.num_layers, " heads ",

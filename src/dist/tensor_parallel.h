@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,10 @@ TensorParallelShard mpi_shard(const MpiComm& comm, std::shared_ptr<CollectiveSta
 // any rank's differs from rank 0's, naming the ranks and, on a differing
 // rank, both descriptions.
 void require_same_model(const MpiComm& comm, const std::string& fingerprint);
+// Collective: runs f on every rank; when it throws on any rank, throws on
+// every rank (a failing rank its own error, the others one naming the
+// failed ranks), so that no rank goes on to wait for one that gave up.
+void run_on_every_rank(const MpiComm& comm, const std::function<void()>& f);
 // The whole-model fields of a config and the tensor-parallel size.
 std::string model_fingerprint(const LlamaConfig& config);
 // A GGUF file's identity: its size and a hash of its first MiB (header,
