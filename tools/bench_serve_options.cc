@@ -33,6 +33,7 @@ const char* bench_serve_usage() {
          "  --max-num-batched-tokens N     token budget per step (default 2048)\n"
          "  --no-chunked-prefill           prompts run whole\n"
          "  --deterministic                batch-independent results\n"
+         "  --tensor-parallel N            split the model over N MPI ranks (mpirun -np N ...)\n"
          "  --seed S                       workload and sampling seed (default 1)\n"
          "  --json FILE                    write every figure and the timeline as JSON\n"
          "                                 (FILE is opened before the run starts)\n"
@@ -106,7 +107,7 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
     const bool engine_only = flag == "--model" || flag == "--kv-memory-mib" ||
                              flag == "--page-size" || flag == "--max-num-seqs" ||
                              flag == "--max-num-batched-tokens" || flag == "--no-chunked-prefill" ||
-                             flag == "--deterministic";
+                             flag == "--deterministic" || flag == "--tensor-parallel";
     const bool http_only = flag == "--concurrency" || flag == "--model-name" ||
                            flag == "--api-key" || flag == "--timeout" || flag == "--text-prompts";
     if (engine_only && o.engine_flag.empty()) o.engine_flag = flag;
@@ -149,6 +150,8 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
       o.chunked_prefill = false;
     else if (flag == "--deterministic")
       o.deterministic = true;
+    else if (flag == "--tensor-parallel")
+      o.tensor_parallel = integer(1, 1024);
     else if (flag == "--seed")
       o.seed = seed_value(flag, value());
     else if (flag == "--json")

@@ -17,6 +17,7 @@ struct BenchServeOptions {
   std::int32_t max_num_batched_tokens = 2048;
   bool chunked_prefill = true;
   bool deterministic = false;
+  std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
   bool quick = false;
   std::uint64_t seed = 1;
   std::string json;  // empty: no JSON file

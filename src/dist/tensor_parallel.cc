@@ -248,8 +248,8 @@ void TensorParallelLeader::attach_cache(PagedKVCache& cache) {
   w.put(shape_of(cache.config()));
   send(comm_, w, broadcast_seconds_);
   // Called under the cache's lock by the thread changing the cache (the
-  // engine's, holding the engine's lock).
-  cache.set_sequence_observer([this](const SequenceOp& op) { pending_ops_.push_back(op); });
+  // engine's, holding the engine's lock, like forward).
+  cache.set_sequence_observer([ops = pending_ops_](const SequenceOp& op) { ops->push_back(op); });
 }
 
 void TensorParallelLeader::forward(const ForwardBatch& batch, PagedKVCache& cache,
@@ -265,23 +265,24 @@ void TensorParallelLeader::forward(const ForwardBatch& batch, PagedKVCache& cach
   Writer w;
   w.put(Message::kStep);
   w.put(static_cast<std::uint8_t>(batch.deterministic));
-  w.put_vector(std::span<const SequenceOp>(pending_ops_));
+  w.put_vector(std::span<const SequenceOp>(*pending_ops_));
   w.put_vector(std::span<const SeqId>(plan.seq_ids));
   w.put_vector(std::span<const std::int64_t>(lengths));
   w.put_vector(batch.token_ids);
   send(comm_, w, broadcast_seconds_);
-  pending_ops_.clear();
+  pending_ops_->clear();
   run_or_abort(comm_, "forward", [&] { shard_->forward(batch, cache, logits); });
 }
 
 void TensorParallelLeader::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
-  if (cache_ != nullptr) cache_->set_sequence_observer({});
+  // The cache may be gone already (an Engine destroys its cache before
+  // releasing its model): its observer only holds the log.
   Writer w;
   w.put(Message::kShutdown);
-  w.put_vector(std::span<const SequenceOp>(pending_ops_));
-  pending_ops_.clear();
+  w.put_vector(std::span<const SequenceOp>(*pending_ops_));
+  pending_ops_->clear();
   send(comm_, w, broadcast_seconds_);
 }
 

@@ -89,8 +89,10 @@ class TensorParallelLeader final : public Model {
  private:
   MpiComm comm_;
   std::unique_ptr<Model> shard_;
-  PagedKVCache* cache_ = nullptr;
-  std::vector<SequenceOp> pending_ops_;
+  PagedKVCache* cache_ = nullptr;  // compared, never used after attach_cache
+  // The cache's observer appends here; shared, so either may outlive the other.
+  std::shared_ptr<std::vector<SequenceOp>> pending_ops_ =
+      std::make_shared<std::vector<SequenceOp>>();
   bool shut_down_ = false;
   double broadcast_seconds_ = 0.0;
 };
