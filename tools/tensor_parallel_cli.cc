@@ -1,5 +1,6 @@
 #include "tensor_parallel_cli.h"
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <string_view>
@@ -43,7 +44,8 @@ std::string fingerprint(const std::string& model_arg, std::int32_t size) {
 
 std::shared_ptr<void> start_mpi_if_requested(int* argc, char*** argv) {
   if (!wants_tensor_parallel(*argc, *argv)) return nullptr;
-  return std::make_shared<dist::MpiSession>(argc, argv);
+  // Serialized: `serve` steps the engine (and so calls MPI) on its engine thread.
+  return std::make_shared<dist::MpiSession>(argc, argv, dist::MpiThreads::kSerialized);
 }
 
 std::shared_ptr<Model> make_cli_model(std::int32_t tensor_parallel, const std::string& model_arg,
@@ -60,6 +62,11 @@ std::shared_ptr<Model> make_cli_model(std::int32_t tensor_parallel, const std::s
   std::unique_ptr<Model> shard;
   dist::run_on_every_rank(world, [&] { shard = make(dist::mpi_shard(world, g_stats)); });
   if (world.rank() != 0) {
+    // mpirun forwards Ctrl-C / SIGTERM to every rank: rank 0 decides when to
+    // stop (a server first finishes its requests, which needs the followers)
+    // and releases them; if rank 0 dies instead, mpirun kills them.
+    std::signal(SIGINT, SIG_IGN);
+    std::signal(SIGTERM, SIG_IGN);
     dist::run_tensor_parallel_follower(world, *shard);
     return nullptr;
   }

@@ -15,6 +15,7 @@
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/llama.h"
+#include "tensor_parallel_cli.h"
 
 namespace pagedattn::serve {
 namespace {
@@ -97,6 +98,7 @@ const char* serve_usage() {
          "  --max-num-seqs N           sequences running at once (default 256)\n"
          "  --max-batched-tokens N     tokens per engine step (default 2048)\n"
          "  --max-model-len N          context length (default: the model's)\n"
+         "  --tensor-parallel N        split the model over N MPI ranks (mpirun -np N ...)\n"
          "  --max-connections N        connections served at once (HTTP threads, default 128)\n"
          "  --max-queued-requests N    requests held, waiting + running; more get 429 (default 256)\n"
          "  --max-body-bytes N         larger request bodies get 413 (default 8388608)\n"
@@ -126,6 +128,7 @@ ServeOptions parse_serve_options(int argc, char** argv, int first) {
     else if (flag == "--max-num-seqs") o.max_num_seqs = std::int32_t(int_value(1, 1 << 20));
     else if (flag == "--max-batched-tokens") o.max_num_batched_tokens = std::int32_t(int_value(1, 1 << 24));
     else if (flag == "--max-model-len") o.max_position = std::int32_t(int_value(1, 1 << 24));
+    else if (flag == "--tensor-parallel") o.tensor_parallel = std::int32_t(int_value(1, 1024));
     else if (flag == "--max-connections") s.max_connections = std::int32_t(int_value(1, 4096));
     else if (flag == "--max-queued-requests") s.max_queued_requests = std::int32_t(int_value(1, 1 << 20));
     else if (flag == "--max-body-bytes") s.max_body_bytes = std::size_t(int_value(1, 1ll << 32));
@@ -146,13 +149,20 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
   if (is_gguf(o.model)) {
     const GgufFile file = GgufFile::open(o.model);
     codec = make_gguf_codec(file);
-    ec.model = make_gguf_model(file, {.max_position = o.max_position});
+    ec.model = tools::make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& s) {
+      return make_gguf_model(file, {.max_position = o.max_position, .shard = s});
+    });
   } else {
     LlamaConfig c = llama_preset(o.model);
     if (o.max_position > 0) c.max_position = o.max_position;
     codec = make_byte_codec(c.vocab_size, c.eos_token_id);
-    ec.model = make_llama_model(c);
+    ec.model = tools::make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& s) {
+      LlamaConfig shard = c;
+      shard.shard = s;
+      return make_llama_model(shard);
+    });
   }
+  if (ec.model == nullptr) return nullptr;  // a follower rank: rank 0 serves
   ec.kv_memory_bytes = static_cast<std::int64_t>((o.kv_memory_mib > 0 ? o.kv_memory_mib : 256.0) * (1 << 20));
   ec.max_num_seqs = o.max_num_seqs;
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -167,6 +177,7 @@ int run_serve(int argc, char** argv) {
   }
   signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails, the process lives
   std::unique_ptr<HttpServer> server = make_server(o);
+  if (server == nullptr) return 0;  // a tensor-parallel follower whose leader stopped
   server->bind();
   {
     const SignalWatcher signals(*server);
