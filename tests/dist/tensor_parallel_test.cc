@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dist/tensor_parallel.h"
+#include "tensor_parallel_support.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/llama.h"
@@ -33,30 +34,6 @@ LlamaConfig sharded(const std::string& preset, const MpiComm& world) {
   LlamaConfig c = llama_preset(preset);
   c.shard = mpi_shard(world);
   return c;
-}
-
-// One step on a cache: begin, forward, end; returns the logits.
-std::vector<float> run_step(Model& model, PagedKVCache& cache, const std::vector<SeqId>& seqs,
-                            const std::vector<std::int64_t>& lengths,
-                            const std::vector<std::int32_t>& tokens,
-                            const std::vector<std::int32_t>& logit_rows) {
-  std::vector<float> logits(logit_rows.size() * std::size_t(model.spec().vocab_size));
-  cache.begin_forward(seqs, lengths);
-  model.forward({tokens, logit_rows, false}, cache, logits);
-  cache.end_forward();
-  return logits;
-}
-
-std::vector<std::int32_t> tokens_of(std::int32_t count, std::int32_t salt) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(count));
-  for (std::int32_t i = 0; i < count; ++i) t[std::size_t(i)] = (i * 37 + salt * 101 + 3) % 1024;
-  return t;
-}
-
-double max_abs(const std::vector<float>& v) {
-  double m = 0.0;
-  for (float x : v) m = std::max(m, std::abs(double(x)));
-  return m;
 }
 
 TEST(TensorParallel, LogitsMatchTheSingleProcessModel) {
@@ -93,8 +70,7 @@ TEST(TensorParallel, LogitsMatchTheSingleProcessModel) {
     const std::vector<float> ref = run_step(*single, single_cache, seqs, lengths, tokens, rows);
     ASSERT_EQ(tp.size(), ref.size());
     const double bound = kRelativeTolerance * (1.0 + max_abs(ref));
-    double worst = 0.0;
-    for (std::size_t i = 0; i < tp.size(); ++i) worst = std::max(worst, std::abs(double(tp[i]) - ref[i]));
+    const double worst = max_abs_difference(tp, ref);
     EXPECT_LE(worst, bound) << "logits differ by up to " << worst;
   };
   both([](PagedKVCache& c) { c.add_sequence(0); c.add_sequence(1); });
@@ -113,27 +89,6 @@ TEST(TensorParallel, LogitsMatchTheSingleProcessModel) {
   leader.shutdown();
   tp_cache.check_invariants();
   EXPECT_TRUE(tp_cache.empty());
-}
-
-struct Request {
-  std::int32_t prompt_len, max_tokens, n;
-};
-
-// Runs every request to the end; returns each sample's tokens by (request, sample).
-std::map<std::pair<RequestId, std::int32_t>, std::vector<std::int32_t>> run_engine(
-    Engine& engine, const std::vector<Request>& requests) {
-  std::map<std::pair<RequestId, std::int32_t>, std::vector<std::int32_t>> out;
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    const Request& r = requests[i];
-    engine.add_request(tokens_of(r.prompt_len, std::int32_t(i)), {.max_tokens = r.max_tokens, .n = r.n, .ignore_eos = true});
-  }
-  while (engine.has_unfinished())
-    for (const RequestOutput& o : engine.step())
-      for (const SampleOutput& s : o.samples) {
-        auto& tokens = out[{o.request_id, s.index}];
-        tokens.insert(tokens.end(), s.new_token_ids.begin(), s.new_token_ids.end());
-      }
-  return out;
 }
 
 // Chunked prefill (32-token budget, prompts up to 70) and a request with n = 3.
