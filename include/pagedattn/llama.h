@@ -48,6 +48,8 @@ LlamaConfig llama_preset(std::string_view name);
 std::int64_t llama_parameter_count(const LlamaConfig& config);
 
 // Builds the model and draws its weights (seeded, so two builds are equal).
+// With config.shard.size > 1: draws the whole model's weights and keeps the
+// shard's slice, so the shards of one config add up to its whole model.
 std::unique_ptr<Model> make_llama_model(const LlamaConfig& config);
 
 struct GgufModelOptions {
