@@ -19,6 +19,7 @@
 #include "progress_bar.h"
 #include "serve_metrics.h"
 #include "serve_report.h"
+#include "tensor_parallel_cli.h"
 #include "workload.h"
 
 namespace pagedattn::tools {
@@ -206,6 +207,25 @@ void add_cache_figures(ServeSummary& summary, const std::vector<TraceRequest>& t
 
 }  // namespace
 
+namespace {
+
+// Communication of a tensor-parallel run against its model time.
+void print_tensor_parallel_times(const EngineStats& st) {
+  const TensorParallelTimes tp = tensor_parallel_times();
+  if (tp.size == 1) return;
+  const double per_step_ms = st.steps > 0 ? 1e3 * tp.all_reduce_seconds / double(st.steps) : 0.0;
+  std::printf(
+      "  tensor parallel %d: all-reduce %.3f s in %lld calls (%.1f KiB each on average, %.3f ms per "
+      "step) = %.1f%% of model time; step broadcasts %.3f s = %.1f%%\n",
+      tp.size, tp.all_reduce_seconds, static_cast<long long>(tp.all_reduce_calls),
+      tp.all_reduce_calls > 0 ? 4.0 * double(tp.all_reduce_floats) / double(tp.all_reduce_calls) / 1024.0 : 0.0,
+      per_step_ms, st.seconds_in_model > 0 ? 100.0 * tp.all_reduce_seconds / st.seconds_in_model : 0.0,
+      tp.broadcast_seconds,
+      st.seconds_in_model > 0 ? 100.0 * tp.broadcast_seconds / st.seconds_in_model : 0.0);
+}
+
+}  // namespace
+
 int run_bench_serve(int argc, char** argv) {
   const BenchServeOptions o = parse_bench_serve_options(argc, argv, 2);
   if (o.help) {
@@ -222,8 +242,14 @@ int run_bench_serve(int argc, char** argv) {
   std::ofstream json_file;
   if (!o.json.empty()) json_file = open_json_output(o.json);
   EngineConfig ec;
+  ec.model = make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& shard) {
+    if (is_gguf(o.model)) return make_gguf_model(o.model, {.shard = shard});
+    LlamaConfig lc = llama_preset(o.model);
+    lc.shard = shard;
+    return make_llama_model(lc);
+  });
+  if (ec.model == nullptr) return 0;  // a follower rank: rank 0 reports
   if (is_gguf(o.model)) {
-    ec.model = make_gguf_model(o.model);
     std::printf("pagedattn bench-serve: model %s ('%s', real weights; prompts are random tokens)\n",
                 o.model.c_str(), ec.model->spec().name.c_str());
   } else {
@@ -232,8 +258,11 @@ int run_bench_serve(int argc, char** argv) {
         "pagedattn bench-serve: model '%s' (%.1fM parameters; weights are synthetic and seeded,\n"
         "  so generated text is meaningless - the timing and memory figures are real)\n",
         o.model.c_str(), double(llama_parameter_count(lc)) / 1e6);
-    ec.model = make_llama_model(lc);
   }
+  if (o.tensor_parallel > 1)
+    std::printf("  tensor parallel over %d MPI ranks: this rank holds %d of the query heads and %d "
+                "of the KV heads\n", o.tensor_parallel, ec.model->spec().num_qo_heads,
+                ec.model->spec().num_kv_heads);
   std::fflush(stdout);
   ec.kv_memory_bytes = kv_bytes;
   ec.page_size = o.page_size;
@@ -271,6 +300,7 @@ int run_bench_serve(int argc, char** argv) {
   for (ReservePolicy policy : {ReservePolicy::kMaxLength, ReservePolicy::kExactLength})
     contiguous.push_back(replay_contiguous(trace, {policy, capacity, 2048, o.max_num_seqs}));
   print_report(stdout, summary, contiguous);
+  print_tensor_parallel_times(st);
   if (!o.json.empty()) {
     const RunInfo info = {
         {"model", o.model},
@@ -285,6 +315,7 @@ int run_bench_serve(int argc, char** argv) {
         {"deterministic", o.deterministic},
         {"prefix_caching", o.prefix_caching},
         {"host_kv_memory_mib", o.host_kv_memory_mib},
+        {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};
     write_json(json_file, o.json, serve_json(info, summary, contiguous, steps, timing));
     std::printf("\n  wrote %s\n", o.json.c_str());

@@ -42,6 +42,7 @@ const char* bench_serve_usage() {
          "  --prefix-caching on|off        reuse cached pages of earlier prompts (default off)\n"
          "  --host-kv-memory-mib M         host-memory tier preempted sequences are swapped to\n"
          "                                 (default 0: preemption always recomputes)\n"
+         "  --tensor-parallel N            split the model over N MPI ranks (mpirun -np N ...)\n"
          "  --seed S                       workload and sampling seed (default 1)\n"
          "  --json FILE                    write every figure and the timeline as JSON\n"
          "                                 (FILE is opened before the run starts)\n"
@@ -122,7 +123,7 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
                              flag == "--page-size" || flag == "--max-num-seqs" ||
                              flag == "--max-num-batched-tokens" || flag == "--no-chunked-prefill" ||
                              flag == "--deterministic" || flag == "--prefix-caching" ||
-                             flag == "--host-kv-memory-mib";
+                             flag == "--host-kv-memory-mib" || flag == "--tensor-parallel";
     const bool http_only = flag == "--concurrency" || flag == "--model-name" ||
                            flag == "--api-key" || flag == "--timeout" || flag == "--text-prompts";
     if (engine_only && o.engine_flag.empty()) o.engine_flag = flag;
@@ -175,6 +176,8 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
       o.shared_prefix_len = integer(1, 1 << 24);
     else if (flag == "--turns")
       o.turns = integer(1, 1 << 16);
+    else if (flag == "--tensor-parallel")
+      o.tensor_parallel = integer(1, 1024);
     else if (flag == "--seed")
       o.seed = seed_value(flag, value());
     else if (flag == "--json")

@@ -22,6 +22,7 @@ struct BenchServeOptions {
   std::int32_t shared_prefixes = 4;      // --workload shared-prefix
   std::int32_t shared_prefix_len = 0;    // 0: the preset's default
   std::int32_t turns = 4;                // --workload multi-turn
+  std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
   bool quick = false;
   std::uint64_t seed = 1;
   std::string json;  // empty: no JSON file

@@ -10,6 +10,7 @@
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf_tokenizer.h"
 #include "pagedattn/llama.h"
+#include "tensor_parallel_cli.h"
 
 namespace pagedattn::tools {
 namespace {
@@ -72,6 +73,8 @@ const char* generate_usage() {
          "  --seed S             sampling seed\n"
          "  --kv-memory-mib M    KV cache budget (default 256)\n"
          "  --ignore-eos         generate --max-tokens tokens even past end-of-text (benchmarks)\n"
+         "  --tensor-parallel N  split the model over N MPI ranks:\n"
+         "                       mpirun -np N pagedattn generate --tensor-parallel N ...\n"
          "Text streams to stdout; timings (prefill and decode tokens/s) go to stderr.\n";
 }
 
@@ -105,6 +108,8 @@ GenerateOptions parse_generate_options(int argc, char** argv, int first) {
       o.kv_memory_mib = parse_number(flag, value(), 1, 1 << 20);
     else if (flag == "--ignore-eos")
       o.ignore_eos = true;
+    else if (flag == "--tensor-parallel")
+      o.tensor_parallel = static_cast<std::int32_t>(parse_integer(flag, value(), 1, 1024));
     else if (flag == "--help" || flag == "-h")
       o.help = true;
     else
@@ -127,7 +132,10 @@ int run_generate(int argc, char** argv) {
   const Tokenizer tokenizer(read_tokenizer_vocab(file));
   const std::vector<std::int32_t> prompt = prompt_tokens(o, file, tokenizer);
   EngineConfig ec;
-  ec.model = make_gguf_model(o.model);
+  ec.model = make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& shard) {
+    return make_gguf_model(file, {.shard = shard});
+  });
+  if (ec.model == nullptr) return 0;  // a follower rank: rank 0 did the I/O
   ec.kv_memory_bytes = static_cast<std::int64_t>(o.kv_memory_mib * (1 << 20));
   Engine engine(ec);
   const double load_seconds = seconds_since(load_start);
@@ -167,6 +175,12 @@ int run_generate(int argc, char** argv) {
                first_token_seconds * 1e3, double(prompt.size()) / first_token_seconds,
                static_cast<long long>(generated),
                generated > 1 ? double(generated - 1) / decode_seconds : 0.0);
+  const TensorParallelTimes tp = tensor_parallel_times();
+  if (tp.size > 1)
+    std::fprintf(stderr, "[tensor parallel %d: %lld all-reduces, %.1f ms = %.1f%% of the run; "
+                 "step broadcasts %.1f ms]\n", tp.size, static_cast<long long>(tp.all_reduce_calls),
+                 tp.all_reduce_seconds * 1e3, 100.0 * tp.all_reduce_seconds / total,
+                 tp.broadcast_seconds * 1e3);
   return 0;
 }
 

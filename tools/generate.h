@@ -19,6 +19,7 @@ struct GenerateOptions {
   std::optional<std::uint64_t> seed;
   double kv_memory_mib = 256.0;
   bool ignore_eos = false;  // generate max_tokens whatever the model says (benchmarks)
+  std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
   bool help = false;
 };
 

@@ -10,11 +10,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 
 #include "bench_attention_cli.h"
 #include "bench_serve.h"
 #include "cache_demo.h"
 #include "generate.h"
+#include "tensor_parallel_cli.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/version.h"
 #include "serve/serve_cli.h"
@@ -51,9 +53,15 @@ void prefer_passive_openmp_wait(char** argv) {
 
 int main(int argc, char** argv) {
   const char* command = argc > 1 ? argv[1] : "bench-serve";
-  if (std::strcmp(command, "bench-serve") == 0 || std::strcmp(command, "serve") == 0)
+  // Under mpirun (--tensor-parallel) the launcher owns the process: no
+  // re-exec; pass `mpirun -x OMP_WAIT_POLICY=passive` for the same effect.
+  const bool distributed = pagedattn::tools::wants_tensor_parallel(argc, argv);
+  if ((std::strcmp(command, "bench-serve") == 0 || std::strcmp(command, "serve") == 0) &&
+      !distributed)
     prefer_passive_openmp_wait(argv);
+  std::shared_ptr<void> mpi;  // finalizes MPI after the command's objects are gone
   try {
+    mpi = pagedattn::tools::start_mpi_if_requested(&argc, &argv);
     if (std::strcmp(command, "bench-serve") == 0) return pagedattn::tools::run_bench_serve(argc, argv);
     if (std::strcmp(command, "demo") == 0) return pagedattn::tools::run_cache_demo();
     if (std::strcmp(command, "generate") == 0) return pagedattn::tools::run_generate(argc, argv);

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -144,6 +145,22 @@ struct BatchPlan {
   TokenTreeMask tree_mask() const;
 };
 
+// One successful sequence operation made outside a step (add, remove,
+// fork, pop_n, enable_sliding_window), as a sequence observer sees it.
+// Plain data, so a log of them can be sent elsewhere and replayed on
+// another cache (PagedKVCache::apply): tensor parallelism keeps every
+// rank's cache in step with the scheduler's this way.
+struct SequenceOp {
+  enum class Kind : std::uint8_t { kAdd, kRemove, kFork, kPopN, kSlidingWindow };
+  Kind kind = Kind::kAdd;
+  SeqId seq_id = 0;        // the sequence changed (kFork: the child)
+  SeqId parent_id = 0;     // kFork
+  std::int64_t count = 0;  // kFork: fork_pos (resolved, never -1); kPopN: n;
+                           // kSlidingWindow: window_size
+  std::int64_t sink_size = 0;  // kSlidingWindow: attn_sink_size
+};
+using SequenceObserver = std::function<void(const SequenceOp&)>;
+
 class PagedKVCache {
  public:
   explicit PagedKVCache(const KVCacheConfig& config);
@@ -175,6 +192,13 @@ class PagedKVCache {
   // pages that fall out are released. Requires config.support_sliding_window,
   // 1 <= window_size and 0 <= attn_sink_size < window_size.
   void enable_sliding_window(SeqId seq_id, std::int64_t window_size, std::int64_t attn_sink_size);
+  // Runs the call `op` describes (validated like that call).
+  void apply(const SequenceOp& op);
+  // Called after every successful sequence operation above, on the calling
+  // thread while the cache's lock is held (so it must not call this cache).
+  // An empty function removes the observer. Unsupported with prefix caching
+  // or a host tier, whose hits, published tokens and swaps are not logged.
+  void set_sequence_observer(SequenceObserver observer);
 
   // --- prefix caching (config.enable_prefix_caching) ---------------------------
   // A page's key hashes (parent page's key, cache_salt, its token ids); a hit

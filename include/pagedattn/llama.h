@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "pagedattn/model.h"
+#include "pagedattn/tensor_parallel_shard.h"
 
 namespace pagedattn {
 
@@ -33,6 +34,11 @@ struct LlamaConfig {
   bool tie_embeddings = true;  // LM head = embedding matrix (Llama-3.2)
   std::int32_t eos_token_id = 2;
   std::uint64_t weight_seed = 0x5eed;
+  // Tensor parallelism: the slice this process computes (see
+  // tensor_parallel_shard.h). Every field above describes the whole model;
+  // the model's spec() reports this shard's head counts. num_kv_heads and
+  // intermediate_size must be multiples of shard.size.
+  TensorParallelShard shard{};
 };
 
 // Presets: "tiny" (fast demo, ~3M parameters), "small" (~100M), "1b"
@@ -42,10 +48,17 @@ LlamaConfig llama_preset(std::string_view name);
 std::int64_t llama_parameter_count(const LlamaConfig& config);
 
 // Builds the model and draws its weights (seeded, so two builds are equal).
+// With config.shard.size > 1: draws the whole model's weights and keeps the
+// shard's slice, so the shards of one config add up to its whole model.
 std::unique_ptr<Model> make_llama_model(const LlamaConfig& config);
 
 struct GgufModelOptions {
   std::int32_t max_position = 0;  // longest sequence; 0: the file's context length
+  // Tensor parallelism (see LlamaConfig.shard). Q8_0 / Q4_0 / Q4_1 weights
+  // also need the shard's attention-output and down-projection input
+  // columns (num_qo_heads / size x head_dim, intermediate_size / size) to be
+  // whole 32-weight blocks.
+  TensorParallelShard shard{};
 };
 
 // Loads a Llama-family GGUF file (architectures llama and qwen2; weights

@@ -44,6 +44,10 @@ class Model {
  public:
   virtual ~Model() = default;
   virtual const ModelSpec& spec() const = 0;
+  // Called once by the Engine with the cache it built from spec(), before
+  // any request: a model that keeps other caches in step with it (tensor
+  // parallelism) starts observing it here. Default: nothing.
+  virtual void attach_cache(PagedKVCache& cache) { (void)cache; }
   // Runs every layer for the batch inside cache.begin_forward/end_forward
   // (the caller brackets the step) and writes
   // logits [logit_rows.size()][vocab_size].

@@ -29,6 +29,7 @@ void PagedKVCache::add_sequence(SeqId seq_id) {
   require(!st.seqs.contains(seq_id), "PagedKVCache::add_sequence: seq_id = ", seq_id,
           " already exists");
   st.seqs.emplace(seq_id, Sequence{});
+  st.notify({SequenceOp::Kind::kAdd, seq_id});
 }
 
 void PagedKVCache::remove_sequence(SeqId seq_id) {
@@ -37,6 +38,7 @@ void PagedKVCache::remove_sequence(SeqId seq_id) {
   st.require_no_forward("remove_sequence");
   st.release_pages(st.find(seq_id, "remove_sequence", "seq_id"));
   st.seqs.erase(seq_id);
+  st.notify({SequenceOp::Kind::kRemove, seq_id});
 }
 
 void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t fork_pos) {
@@ -82,6 +84,7 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
     child.pages.push_back(copy);
   }
   st.seqs.emplace(child_id, std::move(child));
+  st.notify({SequenceOp::Kind::kFork, child_id, parent_id, fork_pos});
 }
 
 void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
@@ -98,6 +101,7 @@ void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
   if (s.evicted > 0 && s.length == s.sink_len) s.gap_len = 0;  // nothing after the gap
   s.truncate_tokens(s.length, st.page_size());
   st.release_tail(s);
+  st.notify({SequenceOp::Kind::kPopN, seq_id, 0, n});
 }
 
 void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
@@ -125,6 +129,32 @@ void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
   s.sink_len = attn_sink_size;
   s.truncate_tokens(0, st.page_size());  // windowed sequences are not published
   st.slide_window(s);
+  st.notify({SequenceOp::Kind::kSlidingWindow, seq_id, 0, window_size, attn_sink_size});
+}
+
+void PagedKVCache::apply(const SequenceOp& op) {
+  switch (op.kind) {
+    case SequenceOp::Kind::kAdd: return add_sequence(op.seq_id);
+    case SequenceOp::Kind::kRemove: return remove_sequence(op.seq_id);
+    case SequenceOp::Kind::kFork: return fork_sequence(op.parent_id, op.seq_id, op.count);
+    case SequenceOp::Kind::kPopN: return pop_n(op.seq_id, op.count);
+    case SequenceOp::Kind::kSlidingWindow:
+      return enable_sliding_window(op.seq_id, op.count, op.sink_size);
+  }
+  throw InvalidArgument(detail::concat("PagedKVCache::apply: op.kind = ",
+                                       static_cast<int>(op.kind), " is not a SequenceOp::Kind"));
+}
+
+void PagedKVCache::set_sequence_observer(SequenceObserver observer) {
+  State& st = *state_;
+  const auto lock = st.lock();
+  // The log has no record of prefix-cache hits, published tokens or swaps,
+  // so a replica replaying it would drift from this cache.
+  if (observer && (st.config.enable_prefix_caching || st.host))
+    throw Unsupported(
+        "PagedKVCache::set_sequence_observer: not available with prefix caching or a host tier "
+        "(their operations are not part of the sequence log)");
+  st.observer = std::move(observer);
 }
 
 void PagedKVCache::State::release_tail(Sequence& s) {

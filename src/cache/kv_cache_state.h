@@ -72,6 +72,10 @@ struct PagedKVCache::State {
   std::unique_lock<std::mutex> lock() const { return std::unique_lock<std::mutex>(mutex); }
 
   KVCacheConfig config;
+  SequenceObserver observer;  // may be empty
+  void notify(const SequenceOp& op) const {
+    if (observer) observer(op);
+  }
   cache::PagePool pool;
   cache::PageStorage storage;
   std::unordered_map<SeqId, cache::Sequence> seqs;

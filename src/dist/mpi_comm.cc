@@ -27,11 +27,19 @@ void check_mpi(int rc, const char* call) {
   throw InternalError(detail::concat(call, " failed: ", std::string(message, static_cast<std::size_t>(length))));
 }
 
-MpiSession::MpiSession(int* argc, char*** argv) {
+MpiSession::MpiSession(int* argc, char*** argv, MpiThreads threads) {
   require<InvalidState>(!g_session_open && !active(), "MpiSession: MPI is already initialized");
+  const int required =
+      threads == MpiThreads::kSerialized ? MPI_THREAD_SERIALIZED : MPI_THREAD_FUNNELED;
   int provided = 0;
-  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+  check_mpi(MPI_Init_thread(argc, argv, required, &provided), "MPI_Init_thread");
   g_session_open = true;
+  if (provided < required) {
+    MPI_Finalize();
+    g_session_open = false;
+    throw Unsupported(detail::concat("MpiSession: MPI gives thread support level ", provided,
+                                     ", below the ", required, " asked for"));
+  }
 }
 
 MpiSession::~MpiSession() {

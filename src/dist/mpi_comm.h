@@ -19,12 +19,17 @@
 
 namespace pagedattn::dist {
 
-// Initializes MPI for the process's lifetime (MPI_THREAD_FUNNELED: only the
-// thread that made the session calls MPI; OpenMP regions never do) and
-// finalizes it on destruction. One per process; a second is refused.
+// How threads may call MPI: kFunneled, only the thread that made the
+// session (OpenMP regions never do); kSerialized, any thread, one at a time
+// (a server whose engine thread steps a tensor-parallel model).
+enum class MpiThreads { kFunneled, kSerialized };
+
+// Initializes MPI for the process's lifetime and finalizes it on
+// destruction. One per process; a second is refused. Unsupported when the
+// MPI library cannot give the thread support asked for.
 class MpiSession {
  public:
-  MpiSession(int* argc, char*** argv);
+  MpiSession(int* argc, char*** argv, MpiThreads threads = MpiThreads::kFunneled);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;

@@ -89,6 +89,7 @@ struct Engine::Impl {
     if (cache.num_host_pages() > 0)
       scheduler.set_copy_seconds_per_byte(
           engine::measure_host_copy_seconds_per_byte(kCopyProbeBytes));
+    config.model->attach_cache(cache);
   }
   static constexpr std::int64_t kCopyProbeBytes = 16 << 20;
 

@@ -110,6 +110,7 @@ LlamaConfig llama_config(const GgufModelConfig& g, const GgufModelOptions& optio
   c.max_position =
       options.max_position > 0 ? options.max_position : narrow(g.context_length, "context_length");
   c.tie_embeddings = g.tie_embeddings;
+  c.shard = options.shard;
   c.eos_token_id = g.eos_token_id >= 0 && g.eos_token_id < g.vocab_size
                        ? static_cast<std::int32_t>(g.eos_token_id)
                        : -1;
@@ -133,6 +134,7 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
       g.rope_scaling.freq_factors_tensor.empty() ? "'" : "' with rope_freqs.weight",
       ", which the built-in Llama model does not apply yet");
   const LlamaConfig config = llama_config(g, options);
+  engine::validate_shard(config);  // before reading any weight
   LlamaWeights w;
   w.embedding = load_matrix(file, g.token_embedding);
   if (!g.tie_embeddings) w.lm_head = load_matrix(file, g.output);

@@ -61,10 +61,15 @@ void validate(const LlamaConfig& c) {
 
 class LlamaModel final : public Model {
  public:
-  LlamaModel(const LlamaConfig& c, LlamaWeights weights) : c_(c), w_(std::move(weights)) {
-    validate(c);
+  // `weights` hold this rank's shard (shard_llama_weights).
+  LlamaModel(const LlamaConfig& c, LlamaWeights weights)
+      : c_(c),
+        hq_(c.num_qo_heads / c.shard.size),
+        hkv_(c.num_kv_heads / c.shard.size),
+        inter_(c.intermediate_size / c.shard.size),
+        w_(std::move(weights)) {
     validate_weights();
-    spec_ = {std::string(c.name), c.num_layers,   c.num_qo_heads, c.num_kv_heads,    c.head_dim,
+    spec_ = {std::string(c.name), c.num_layers,   hq_,            hkv_,              c.head_dim,
              c.vocab_size,        c.max_position, c.eos_token_id, RopeMode::kNormal, {}};
     spec_.rope.style = c.rope_style;
     spec_.rope.theta = c.rope_theta;
@@ -85,15 +90,20 @@ class LlamaModel final : public Model {
   // y[rows][w.out] (+)= x[rows][w.in] w^T
   void project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y, bool accumulate,
                bool deterministic);
+  // x_ += x w^T summed over the tensor-parallel ranks (each holds a slice
+  // of w's input columns and of x's features).
+  void add_row_parallel(const float* x, std::int32_t rows, const WeightMatrix& w,
+                        bool deterministic);
   // out[t] = x[t] / rms(x[t]) * weight, for `tokens` rows of hidden_size.
   void rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight,
                 float* out) const;
 
   LlamaConfig c_;
+  std::int32_t hq_, hkv_, inter_;  // this shard's query heads, KV heads, MLP width
   ModelSpec spec_;
   LlamaWeights w_;
   // Activations, reused across steps.
-  std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, rows_;
+  std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, rows_, partial_;
   LinearScratch scratch_;
 };
 
@@ -138,8 +148,8 @@ void require_norm(const std::vector<float>& v, const char* name, std::int64_t la
 }
 
 void LlamaModel::validate_weights() const {
-  const std::int32_t h = c_.hidden_size, d = c_.head_dim, inter = c_.intermediate_size;
-  const std::int32_t q_dim = c_.num_qo_heads * d, qkv_rows = q_dim + 2 * c_.num_kv_heads * d;
+  const std::int32_t h = c_.hidden_size, d = c_.head_dim, inter = inter_;
+  const std::int32_t q_dim = hq_ * d, qkv_rows = q_dim + 2 * hkv_ * d;
   require_shape(w_.embedding, "the token embedding", -1, c_.vocab_size, h);
   if (!c_.tie_embeddings) require_shape(w_.lm_head, "the LM head", -1, c_.vocab_size, h);
   require_norm(w_.final_norm, "the final norm", -1, h);
@@ -195,7 +205,7 @@ void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool d
                                  PagedKVCache& cache) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t d = c_.head_dim;
-  const std::int32_t q_dim = c_.num_qo_heads * d, qkv_dim = q_dim + 2 * c_.num_kv_heads * d;
+  const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
   rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
   project(h_.data(), tokens, w.qkv, qkv_.data(), false, deterministic);
   if (!w.qkv_bias.empty())
@@ -203,12 +213,12 @@ void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool d
       for (std::int32_t i = 0; i < qkv_dim; ++i) qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
   cache.attention_with_fused_qkv(layer, HeadTensor{qkv_.data(), DType::kF32, qkv_dim, d},
                                  HeadTensor{attn_.data(), DType::kF32, q_dim, d});
-  project(attn_.data(), tokens, w.o, x_.data(), true, deterministic);
+  add_row_parallel(attn_.data(), tokens, w.o, deterministic);
 }
 
 void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
-  const std::int32_t inter = c_.intermediate_size;
+  const std::int32_t inter = inter_;
   rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
   project(h_.data(), tokens, w.gate_up, gate_up_.data(), false, deterministic);
   const std::int64_t n = std::int64_t{tokens} * inter;
@@ -219,7 +229,19 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
     const float u = gate_up_[std::size_t(t * 2 * inter + inter + j)];
     act_[std::size_t(i)] = g / (1.0f + std::exp(-g)) * u;
   }
-  project(act_.data(), tokens, w.down, x_.data(), true, deterministic);
+  add_row_parallel(act_.data(), tokens, w.down, deterministic);
+}
+
+void LlamaModel::add_row_parallel(const float* x, std::int32_t rows, const WeightMatrix& w,
+                                  bool deterministic) {
+  if (c_.shard.size == 1) {  // the whole sum here: accumulate in place
+    project(x, rows, w, x_.data(), true, deterministic);
+    return;
+  }
+  partial_.resize(std::size_t(rows) * std::size_t(c_.hidden_size));
+  project(x, rows, w, partial_.data(), false, deterministic);
+  c_.shard.all_reduce_sum(partial_);
+  for (std::size_t i = 0; i < partial_.size(); ++i) x_[i] += partial_[i];
 }
 
 void LlamaModel::project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y,
@@ -232,13 +254,13 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   engine::use_single_threaded_blas();  // again: someone may have changed it since
   const auto tokens = static_cast<std::int32_t>(b.token_ids.size());
   const std::size_t h = std::size_t(c_.hidden_size), t = std::size_t(tokens);
-  const std::size_t q_dim = std::size_t(c_.num_qo_heads) * c_.head_dim;
+  const std::size_t q_dim = std::size_t(hq_) * c_.head_dim;
   x_.resize(t * h);
   h_.resize(t * h);
-  qkv_.resize(t * (q_dim + 2 * std::size_t(c_.num_kv_heads) * c_.head_dim));
+  qkv_.resize(t * (q_dim + 2 * std::size_t(hkv_) * c_.head_dim));
   attn_.resize(t * q_dim);
-  gate_up_.resize(t * 2 * std::size_t(c_.intermediate_size));
-  act_.resize(t * std::size_t(c_.intermediate_size));
+  gate_up_.resize(t * 2 * std::size_t(inter_));
+  act_.resize(t * std::size_t(inter_));
   for (std::size_t i = 0; i < t; ++i) w_.embedding.row_to_f32(b.token_ids[i], x_.data() + i * h);
   for (std::int32_t layer = 0; layer < c_.num_layers; ++layer) {
     attention_block(layer, tokens, b.deterministic, cache);
@@ -258,11 +280,14 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
 
 std::unique_ptr<Model> make_llama_model(const LlamaConfig& config) {
   validate(config);
-  return std::make_unique<LlamaModel>(config, draw_weights(config));
+  engine::validate_shard(config);
+  return engine::make_llama_model(config, draw_weights(config));
 }
 
 namespace engine {
 std::unique_ptr<Model> make_llama_model(const LlamaConfig& config, LlamaWeights weights) {
+  validate(config);
+  shard_llama_weights(config, weights);
   return std::make_unique<LlamaModel>(config, std::move(weights));
 }
 }  // namespace engine

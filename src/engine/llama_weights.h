@@ -27,7 +27,15 @@ struct LlamaWeights {
   std::vector<LlamaLayerWeights> layers;  // [num_layers]
 };
 
+// InvalidArgument naming the field when the whole-model config cannot be
+// split `shard.size` ways (heads or intermediate size not divisible).
+void validate_shard(const LlamaConfig& config);
+// Keeps only config.shard's slice of every split matrix (whole-model
+// weights in, shard weights out; replicated tensors untouched).
+void shard_llama_weights(const LlamaConfig& config, LlamaWeights& weights);
+
 // InvalidArgument naming the tensor when a shape does not match the config.
+// `weights` are the whole model's; config.shard selects the slice kept.
 std::unique_ptr<Model> make_llama_model(const LlamaConfig& config, LlamaWeights weights);
 
 }  // namespace pagedattn::engine

@@ -29,6 +29,12 @@ class WeightMatrix {
 
   // Appends the rows of `other` (same format and in): fuses q/k/v or gate/up.
   void append_rows(const WeightMatrix& other);
+  // Rows [row_begin, row_begin + rows) and input columns [col_begin,
+  // col_begin + cols) as a new matrix (a tensor-parallel shard). A block
+  // format's columns must start and end on kQuantBlock boundaries:
+  // InvalidArgument naming `what` otherwise.
+  WeightMatrix slice(std::int32_t row_begin, std::int32_t rows, std::int32_t col_begin,
+                     std::int32_t cols, const char* what) const;
   // dst[in] = row `row` as f32 (an embedding lookup).
   void row_to_f32(std::int32_t row, float* dst) const;
 

@@ -15,6 +15,7 @@
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/llama.h"
+#include "tensor_parallel_cli.h"
 
 namespace pagedattn::serve {
 namespace {
@@ -102,6 +103,7 @@ const char* serve_usage() {
          "                             turns it off again (default off)\n"
          "  --host-kv-memory-mib M     host-memory tier preempted requests are swapped to\n"
          "                             (default 0: preemption recomputes)\n"
+         "  --tensor-parallel N        split the model over N MPI ranks (mpirun -np N ...)\n"
          "  --max-connections N        connections served at once (HTTP threads, default 128)\n"
          "  --max-queued-requests N    requests held, waiting + running; more get 429 (default 256)\n"
          "  --max-body-bytes N         larger request bodies get 413 (default 8388608)\n"
@@ -134,6 +136,7 @@ ServeOptions parse_serve_options(int argc, char** argv, int first) {
     else if (flag == "--enable-prefix-caching") o.enable_prefix_caching = true;
     else if (flag == "--no-enable-prefix-caching") o.enable_prefix_caching = false;
     else if (flag == "--host-kv-memory-mib") o.host_kv_memory_mib = parse_number(flag, value(), 0, 1 << 20);
+    else if (flag == "--tensor-parallel") o.tensor_parallel = std::int32_t(int_value(1, 1024));
     else if (flag == "--max-connections") s.max_connections = std::int32_t(int_value(1, 4096));
     else if (flag == "--max-queued-requests") s.max_queued_requests = std::int32_t(int_value(1, 1 << 20));
     else if (flag == "--max-body-bytes") s.max_body_bytes = std::size_t(int_value(1, 1ll << 32));
@@ -154,13 +157,20 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
   if (is_gguf(o.model)) {
     const GgufFile file = GgufFile::open(o.model);
     codec = make_gguf_codec(file);
-    ec.model = make_gguf_model(file, {.max_position = o.max_position});
+    ec.model = tools::make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& s) {
+      return make_gguf_model(file, {.max_position = o.max_position, .shard = s});
+    });
   } else {
     LlamaConfig c = llama_preset(o.model);
     if (o.max_position > 0) c.max_position = o.max_position;
     codec = make_byte_codec(c.vocab_size, c.eos_token_id);
-    ec.model = make_llama_model(c);
+    ec.model = tools::make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& s) {
+      LlamaConfig shard = c;
+      shard.shard = s;
+      return make_llama_model(shard);
+    });
   }
+  if (ec.model == nullptr) return nullptr;  // a follower rank: rank 0 serves
   ec.kv_memory_bytes = static_cast<std::int64_t>((o.kv_memory_mib > 0 ? o.kv_memory_mib : 256.0) * (1 << 20));
   ec.max_num_seqs = o.max_num_seqs;
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
@@ -177,6 +187,7 @@ int run_serve(int argc, char** argv) {
   }
   signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails, the process lives
   std::unique_ptr<HttpServer> server = make_server(o);
+  if (server == nullptr) return 0;  // a tensor-parallel follower whose leader stopped
   server->bind();
   {
     const SignalWatcher signals(*server);

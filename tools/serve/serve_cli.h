@@ -16,13 +16,16 @@ struct ServeOptions {
   std::int32_t max_position = 0;  // presets and GGUF: 0 keeps the model's own
   bool enable_prefix_caching = false;
   double host_kv_memory_mib = 0.0;  // 0: no host tier
+  std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
   bool help = false;
 };
 
 // Parses argv[first..argc). InvalidArgument naming the flag and value.
 ServeOptions parse_serve_options(int argc, char** argv, int first);
 const char* serve_usage();
-// Builds the server for `options` (model, codec, engine).
+// Builds the server for `options` (model, codec, engine). With
+// --tensor-parallel, on ranks other than 0: follows rank 0's steps until its
+// server stops, then returns null (rank 0 serves).
 std::unique_ptr<HttpServer> make_server(const ServeOptions& options);
 int run_serve(int argc, char** argv);
 

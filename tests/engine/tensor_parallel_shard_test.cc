@@ -1,0 +1,132 @@
+// The Llama model's tensor-parallel shards without MPI: two shards on two
+// threads whose all_reduce_sum meets in memory give the single model's
+// logits (within float rounding: the partial sums are added in another
+// order), each reporting half of the heads; shard validation and the
+// block alignment of quantised weight slices.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "engine/weight_matrix.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/llama.h"
+
+namespace pagedattn {
+namespace {
+
+// Sums spans from `size` threads: each call returns when all have arrived.
+class InMemoryAllReduce {
+ public:
+  explicit InMemoryAllReduce(int size) : size_(size) {}
+  void operator()(std::span<float> values) {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t round = round_;
+    if (arrived_ == 0) sum_.assign(values.begin(), values.end());
+    else
+      for (std::size_t i = 0; i < values.size(); ++i) sum_[i] += values[i];
+    if (++arrived_ == size_) {
+      arrived_ = 0;
+      result_ = sum_;
+      ++round_;
+      done_.notify_all();
+    } else {
+      done_.wait(lock, [&] { return round_ != round; });
+    }
+    std::copy(result_.begin(), result_.end(), values.begin());
+  }
+
+ private:
+  const int size_;
+  std::mutex mutex_;
+  std::condition_variable done_;
+  int arrived_ = 0;
+  std::uint64_t round_ = 0;
+  std::vector<float> sum_, result_;
+};
+
+// Prefill 9 tokens of sequence 0, then one decode; the last step's logits.
+std::vector<float> two_steps(Model& model) {
+  KVCacheConfig k = kv_cache_config(model.spec());
+  k.num_pages = 8;
+  PagedKVCache cache(k);
+  cache.add_sequence(0);
+  std::vector<float> logits(std::size_t(model.spec().vocab_size));
+  const std::vector<std::int32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79, 32};
+  for (const auto& [tokens, length] : {std::pair{prompt, std::int64_t{9}}, {{38}, 1}}) {
+    cache.begin_forward(std::vector<SeqId>{0}, std::vector<std::int64_t>{length});
+    const std::vector<std::int32_t> row = {static_cast<std::int32_t>(length) - 1};
+    model.forward({tokens, row, false}, cache, logits);
+    cache.end_forward();
+  }
+  return logits;
+}
+
+TEST(TensorParallelShard, TwoShardsGiveTheWholeModelsLogits) {
+  const std::unique_ptr<Model> whole = make_llama_model(llama_preset("tiny"));
+  const std::vector<float> expected = two_steps(*whole);
+  InMemoryAllReduce reduce(2);
+  std::vector<float> got[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      LlamaConfig c = llama_preset("tiny");
+      c.shard = {r, 2, [&](std::span<float> v) { reduce(v); }};
+      const std::unique_ptr<Model> shard = make_llama_model(c);
+      EXPECT_EQ(shard->spec().num_qo_heads, 2);
+      EXPECT_EQ(shard->spec().num_kv_heads, 1);
+      got[r] = two_steps(*shard);
+    });
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(got[0], got[1]);  // replicated LM head over the same residual stream
+  double worst = 0.0, scale = 1.0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    worst = std::max(worst, std::abs(double(got[0][i]) - expected[i]));
+    scale = std::max(scale, 1.0 + std::abs(double(expected[i])));
+  }
+  EXPECT_LE(worst, 2e-4 * scale);
+}
+
+TEST(TensorParallelShard, RefusesShardsThatCannotSplitTheModel) {
+  LlamaConfig c = llama_preset("tiny");  // 4 query / 2 KV heads, intermediate 688
+  c.shard = {0, 2, {}};
+  EXPECT_THROW(make_llama_model(c), InvalidArgument);  // no all_reduce_sum
+  c.shard = {0, 4, [](std::span<float>) {}};
+  try {
+    make_llama_model(c);
+    FAIL() << "2 KV heads split 4 ways";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("num_kv_heads = 2"), std::string::npos) << e.what();
+  }
+  c.shard = {2, 2, [](std::span<float>) {}};
+  EXPECT_THROW(make_llama_model(c), InvalidArgument);  // rank outside [0, size)
+}
+
+TEST(TensorParallelShard, QuantisedSlicesKeepWholeBlocks) {
+  using engine::WeightFormat;
+  using engine::WeightMatrix;
+  const std::int32_t out = 3, in = 128;
+  const std::int64_t row_bytes = engine::weight_row_bytes(WeightFormat::kQ8_0, in);
+  std::vector<std::byte> bytes(std::size_t(out * row_bytes));
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte((i * 7) % 61);  // small scales
+  const WeightMatrix m = WeightMatrix::rows(WeightFormat::kQ8_0, bytes, out, in);
+  const WeightMatrix s = m.slice(1, 2, 64, 64, "w");
+  std::vector<float> whole(in), part(64);
+  for (std::int32_t r = 0; r < 2; ++r) {
+    m.row_to_f32(r + 1, whole.data());
+    s.row_to_f32(r, part.data());
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + 64));
+  }
+  try {
+    m.slice(0, out, 48, 64, "ffn_down");
+    FAIL() << "a slice starting inside a block";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("ffn_down is q8_0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pagedattn
