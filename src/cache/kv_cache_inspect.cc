@@ -118,6 +118,8 @@ void PagedKVCache::check_invariants() const {
       throw InternalError(concat("PagedKVCache invariant broken: seq_id = ", id, " ", problem));
     for (std::int32_t page : s.pages) ++references[page];
   }
+  for (const auto& [id, pinned] : st.outgoing)
+    for (std::int32_t page : pinned) ++references[page];
   const std::string problem = st.pool.check(references);
   if (!problem.empty()) throw InternalError(concat("PagedKVCache invariant broken: ", problem));
 }
@@ -152,7 +154,17 @@ std::uint64_t PagedKVCache::State::digest() const {
     h.add_span(std::span<const std::int32_t>(s.pages));
     h.add(s.tree_open);
     h.add_span(std::span<const std::int32_t>(s.tree_parents));
+    h.add(s.receiving);
   }
+  // Pinned transfers, in pin order.
+  std::vector<std::int64_t> pins;
+  for (const auto& [pin, pages] : st.outgoing) pins.push_back(pin);
+  std::sort(pins.begin(), pins.end());
+  for (std::int64_t pin : pins) {
+    h.add(pin);
+    h.add_span(std::span<const std::int32_t>(st.outgoing.at(pin)));
+  }
+  h.add(st.next_outgoing_id);
   h.add(st.in_forward);
   if (st.in_forward) h.add_span(std::span<const SeqId>(st.plan.seq_ids));
   for (std::int64_t p = 0; p < st.pool.num_pages(); ++p)

@@ -27,6 +27,9 @@ struct Sequence {
   bool tree_open = false;
   std::vector<std::int32_t> tree_parents;
   std::vector<std::int32_t> tree_depths;  // [tree_parents.size()]
+  // Reserved by reserve_incoming, its K/V still in flight (page transfer):
+  // only commit_incoming / cancel_incoming may touch it.
+  bool receiving = false;
 
   bool windowed() const { return window_size > 0; }
   std::int64_t tree_size() const { return std::ssize(tree_parents); }
