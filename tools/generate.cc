@@ -72,6 +72,8 @@ const char* generate_usage() {
          "  --seed S             sampling seed\n"
          "  --kv-memory-mib M    KV cache budget (default 256)\n"
          "  --ignore-eos         generate --max-tokens tokens even past end-of-text (benchmarks)\n"
+         "  --disaggregate       under `mpirun -np 2`: rank 0 prefills, rank 1 receives the\n"
+         "                       prompt's KV pages over MPI, decodes and prints (MPI builds)\n"
          "Text streams to stdout; timings (prefill and decode tokens/s) go to stderr.\n";
 }
 
@@ -105,6 +107,8 @@ GenerateOptions parse_generate_options(int argc, char** argv, int first) {
       o.kv_memory_mib = parse_number(flag, value(), 1, 1 << 20);
     else if (flag == "--ignore-eos")
       o.ignore_eos = true;
+    else if (flag == "--disaggregate")
+      o.disaggregate = true;
     else if (flag == "--help" || flag == "-h")
       o.help = true;
     else
@@ -129,9 +133,6 @@ int run_generate(int argc, char** argv) {
   EngineConfig ec;
   ec.model = make_gguf_model(o.model);
   ec.kv_memory_bytes = static_cast<std::int64_t>(o.kv_memory_mib * (1 << 20));
-  Engine engine(ec);
-  const double load_seconds = seconds_since(load_start);
-
   SamplingParams params;
   params.max_tokens = o.max_tokens;
   params.temperature = o.temperature;
@@ -142,6 +143,17 @@ int run_generate(int argc, char** argv) {
     params.ignore_eos = true;
   else
     params.stop_token_ids = stop_tokens(tokenizer);
+  if (o.disaggregate) {
+#ifdef PAGEDATTN_HAS_MPI
+    return run_generate_disaggregated(ec, prompt, params, tokenizer);
+#else
+    throw Unsupported(
+        "generate --disaggregate: this pagedattn was built without MPI (install "
+        "libopenmpi-dev openmpi-bin and configure with PAGEDATTN_WITH_MPI=ON)");
+#endif
+  }
+  Engine engine(ec);
+  const double load_seconds = seconds_since(load_start);
   StreamingDecoder text(tokenizer, {.render_special = false});
   std::int64_t generated = 0;
   double first_token_seconds = 0.0;

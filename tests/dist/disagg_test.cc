@@ -186,10 +186,10 @@ TEST(DisaggRealModel, SmolLM2GreedyEqualsSingleInstance) {
     c.kv_memory_bytes = 64 << 20;
     c.deterministic = true;
     std::vector<DisaggRequest> reqs;
-    for (std::int32_t i = 0; i < 3; ++i) {
-      Tokens p = prompt(40 + 70 * i, i);
+    for (std::int32_t i = 0; i < 2; ++i) {
+      Tokens p = prompt(24 + 60 * i, i);
       for (std::int32_t& t : p) t = 1000 + t * 17;  // ordinary vocabulary ids
-      reqs.push_back({p, {.max_tokens = 12, .ignore_eos = true}});
+      reqs.push_back({p, {.max_tokens = 8, .ignore_eos = true}});
     }
     const DecodeReport r = run_both(c, c, reqs);
     if (MpiComm::world().rank() != kDecodeRank) continue;
