@@ -348,9 +348,12 @@ std::optional<ImportSlot> Engine::reserve_import(std::span<const std::int32_t> p
   require(params.n == 1, "Engine::reserve_import: n = ", params.n,
           " must be 1 (parallel samples are not imported)");
   const std::lock_guard lock(im.mutex);
+  // Like admission: while others run, a watermark of pages stays free for
+  // their decodes (an import preempted later would recompute its prompt).
   const std::int64_t seqs = im.scheduler.num_running_seqs() + std::ssize(im.imports);
+  const std::int64_t watermark = seqs == 0 ? 0 : std::max<std::int64_t>(1, im.cache.num_pages() / 100);
   if (seqs >= im.config.max_num_seqs ||
-      pages_for(std::ssize(prompt), im.config.page_size) > im.cache.num_free_pages())
+      pages_for(std::ssize(prompt), im.config.page_size) + watermark > im.cache.num_free_pages())
     return std::nullopt;
   auto g = std::make_unique<SequenceGroup>();
   g->params = params;

@@ -120,17 +120,21 @@ TEST_P(DisaggGeneration, EqualsSingleInstanceGeneration) {
 INSTANTIATE_TEST_SUITE_P(KVDTypes, DisaggGeneration, ::testing::Values(DType::kF16, DType::kINT8),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
-TEST(Disagg, ADecodeCacheTooSmallForEverythingMakesThePrefillRankRetry) {
+TEST(Disagg, ADecodeCacheTooSmallForEverythingStillGivesTheSameOutput) {
   const EngineConfig prefill = config(DType::kF16);
-  // Room for about two of the requests at a time.
+  // Each request fills the decode rank's 24 pages (13 for the prompt, 11
+  // while it decodes): an offer made while another request runs is refused
+  // and retried until that one finishes (whether that happens depends on
+  // timing; Engine.ReserveImport* in the engine tests covers the refusal).
   EngineConfig decode = config(DType::kF16);
-  decode.kv_memory_bytes = 26 * PagedKVCache(engine_cache_config(prefill)).bytes_per_page();
-  const std::vector<DisaggRequest> reqs = requests();
+  decode.kv_memory_bytes = 24 * PagedKVCache(engine_cache_config(prefill)).bytes_per_page();
+  std::vector<DisaggRequest> reqs;
+  for (std::int32_t i = 0; i < 3; ++i) reqs.push_back({prompt(100, i), {.max_tokens = 88, .ignore_eos = true}});
   const DecodeReport r = run_both(prefill, decode, reqs);
   if (MpiComm::world().rank() != kDecodeRank) return;
   const std::vector<Tokens> expected = single_instance(prefill, reqs);
   for (std::size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(r.results[i].tokens, expected[i]) << i;
-  EXPECT_GT(r.transfer.retries, 0);
+  RecordProperty("retries", static_cast<int>(r.transfer.retries));
 }
 
 TEST(Disagg, CancelledAbortedAndRejectedTransfersLeakNoPageOnEitherRank) {
