@@ -126,6 +126,11 @@ int run_generate(int argc, char** argv) {
     std::fputs(generate_usage(), stdout);
     return 0;
   }
+#ifndef PAGEDATTN_HAS_MPI
+  require<Unsupported>(!o.disaggregate,
+                       "generate --disaggregate: this pagedattn was built without MPI (install "
+                       "libopenmpi-dev openmpi-bin and configure with PAGEDATTN_WITH_MPI=ON)");
+#endif
   const auto load_start = Clock::now();
   const GgufFile file = GgufFile::open(o.model);
   const Tokenizer tokenizer(read_tokenizer_vocab(file));
@@ -143,15 +148,9 @@ int run_generate(int argc, char** argv) {
     params.ignore_eos = true;
   else
     params.stop_token_ids = stop_tokens(tokenizer);
-  if (o.disaggregate) {
 #ifdef PAGEDATTN_HAS_MPI
-    return run_generate_disaggregated(ec, prompt, params, tokenizer);
-#else
-    throw Unsupported(
-        "generate --disaggregate: this pagedattn was built without MPI (install "
-        "libopenmpi-dev openmpi-bin and configure with PAGEDATTN_WITH_MPI=ON)");
+  if (o.disaggregate) return run_generate_disaggregated(ec, prompt, params, tokenizer);
 #endif
-  }
   Engine engine(ec);
   const double load_seconds = seconds_since(load_start);
   StreamingDecoder text(tokenizer, {.render_special = false});
