@@ -3,7 +3,7 @@
 //   mpirun -np 2 pagedattn_bench_kv_transfer [--tokens N] [--reps R]
 // Rank 0 holds an N-token sequence (every layer's K/V, int8 scales too) and
 // sends its pages the way the decode path does (dist/kv_transfer.h: one
-// message per layer over a derived datatype of the page runs, into pages
+// message over a derived datatype of every layer's page runs, into pages
 // the receiver reserved); interleaved with it, the same byte count goes as
 // one message between two contiguous buffers. Rank 1 times both from the
 // moment its receives are posted to their completion, and the
@@ -139,7 +139,7 @@ void run_case(const MpiComm& comm, const Shape& shape, DType dtype, bool fragmen
   receiver_round(comm, kv, tokens, plain, ignored);  // warm-up round
   for (int rep = 0; rep < reps; ++rep) receiver_round(comm, kv, tokens, plain, t);
   const double paged = median(t.paged), contiguous = median(t.plain);
-  std::printf("| %-9s | %-4s | %-10s | %7.1f | %6.2f | %6.2f | %5.0f%% | %7.1f | %7.2f | %7.1f |\n",
+  std::printf("| %-9s | %-7s | %-10s | %7.1f | %6.2f | %6.2f | %5.0f%% | %7.1f | %7.2f | %7.1f |\n",
               shape.name, std::string(dtype_name(dtype)).c_str(),
               fragmented ? "fragmented" : "in order", double(bytes) / (1 << 20),
               double(bytes) / paged * 1e-9, double(bytes) / contiguous * 1e-9,
@@ -171,10 +171,10 @@ int main(int argc, char** argv) {
   const int reps = static_cast<int>(flag_value(argc, argv, "--reps", 15));
   if (world.rank() == kReceiver) {
     std::printf("KV transfer of a %lld-token sequence, median of %d interleaved rounds "
-                "(paged = pages into reserved pages, one message per layer; contiguous = the "
+                "(paged = pages into reserved pages, one message for all layers; contiguous = the "
                 "same bytes as one message between plain buffers)\n\n",
                 static_cast<long long>(tokens), reps);
-    std::printf("| shape     | KV   | pages      | MiB     | paged GB/s | contiguous GB/s | paged/contiguous | reserve us | transfer ms | commit us |\n");
+    std::printf("| shape     | KV      | pages      | MiB     | paged GB/s | contiguous GB/s | paged/contiguous | reserve us | transfer ms | commit us |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   }
   const Shape shapes[] = {{"small", 12, 4, 64}, {"SmolLM2", 30, 3, 64}};

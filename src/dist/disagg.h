@@ -14,7 +14,7 @@
 //                      retry (no pages now: the prefill side asks again after
 //                      the decode side stepped) or rejected (invalid: error)
 //   prefill -> decode  status: pages follow, or cancelled
-//   prefill -> decode  the pages, one message per layer
+//   prefill -> decode  the pages, one message for all layers
 // then `end` after the last request. Both ranks first compare their configs
 // (config_fingerprint.h): a mismatch is a clear error on both, no hang.
 #pragma once

@@ -1,6 +1,6 @@
 // Moving one sequence's K/V pages between two caches on two ranks: one MPI
-// message per layer, each described by a derived datatype over the
-// sequence's page runs (PagedKVCache::outgoing_pages on the sender,
+// message for every layer (several only past 2 GiB, MPI's int byte count),
+// described by a derived datatype over the sequence's page runs (PagedKVCache::outgoing_pages on the sender,
 // reserve_incoming on the receiver), so MPI reads from the sender's page
 // storage and writes into the receiver's with no staging buffer.
 #pragma once
@@ -12,7 +12,8 @@
 
 namespace pagedattn::dist {
 
-// Posts the sends (receives) of every layer of `runs`; the pages must stay
+// Posts the sends (receives) of every layer of `runs` (sender and receiver
+// group layers alike, as their layer_bytes are equal); the pages must stay
 // pinned (reserved) until every returned request completes.
 std::vector<MpiRequest> post_kv_sends(const MpiComm& comm, const KVPageRuns& runs, int dest, int tag);
 std::vector<MpiRequest> post_kv_receives(const MpiComm& comm, const KVPageRuns& runs, int source,
