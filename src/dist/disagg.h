@@ -15,7 +15,8 @@
 //                      the decode side stepped) or rejected (invalid: error)
 //   prefill -> decode  status: pages follow, or cancelled
 //   prefill -> decode  the pages, one message for all layers
-// then `end` after the last request. Both ranks first compare their configs
+// then `end` after the last request, or `failed` (with the reason) when the
+// prefill rank fails between two requests: the decode rank then throws it. Both ranks first compare their configs
 // (config_fingerprint.h): a mismatch is a clear error on both, no hang.
 #pragma once
 

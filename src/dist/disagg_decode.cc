@@ -35,7 +35,9 @@ class DecodeInstance {
  private:
   // One offered request; false at the end of requests.
   bool handle(const RequestMessage& msg) {
-    if (msg.index < 0) return false;
+    require<InternalError>(msg.index != kPrefillFailed,
+                           "disaggregated prefill/decode: the prefill rank failed: ", msg.error);
+    if (msg.index == kEndOfRequests) return false;
     if (std::ssize(report_.results) <= msg.index)
       report_.results.resize(static_cast<std::size_t>(msg.index) + 1);
     DisaggResult& result = report_.results[static_cast<std::size_t>(msg.index)];

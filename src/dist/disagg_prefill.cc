@@ -120,6 +120,21 @@ void transfer(const MpiComm& comm, int peer, const RequestMessage& msg, const Ou
   ++stats.transfers;
 }
 
+// Prefills `msg`; a failure is reported to the decode rank (which would
+// otherwise wait for the next request forever), then rethrown.
+Prefilled prefill_or_report(PrefillInstance& prefill, const MpiComm& comm, int peer,
+                            const RequestMessage& msg) {
+  try {
+    return prefill.run(msg.index, msg.prompt, msg.params);
+  } catch (const std::exception& e) {
+    RequestMessage failed;
+    failed.index = kPrefillFailed;
+    failed.error = e.what();
+    comm.send(failed.encode(), peer, kTagRequest);
+    throw;
+  }
+}
+
 }  // namespace
 
 TransferStats run_prefill(const MpiComm& comm, int decode_rank, const EngineConfig& config,
@@ -133,7 +148,7 @@ TransferStats run_prefill(const MpiComm& comm, int decode_rank, const EngineConf
     msg.index = static_cast<std::int64_t>(i);
     msg.prompt = requests[i].prompt;
     msg.params = with_seed(requests[i].params, config, msg.index);
-    Prefilled p = prefill.run(msg.index, msg.prompt, msg.params);
+    Prefilled p = prefill_or_report(prefill, comm, decode_rank, msg);
     msg.first_token = p.first_token;
     try {
       transfer(comm, decode_rank, msg, p.pinned, hooks, stats);
@@ -143,7 +158,7 @@ TransferStats run_prefill(const MpiComm& comm, int decode_rank, const EngineConf
     }
     prefill.cache().release_outgoing(p.pinned.id);
   }
-  comm.send(RequestMessage{}.encode(), decode_rank, kTagRequest);  // index -1: the end
+  comm.send(RequestMessage{}.encode(), decode_rank, kTagRequest);  // the end of requests
   prefill.cache().check_invariants();
   stats.pages_left = prefill.cache().num_pages() - prefill.cache().num_free_pages();
   return stats;

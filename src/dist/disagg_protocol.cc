@@ -15,6 +15,7 @@ std::vector<std::byte> RequestMessage::encode() const {
   w.put(params.seed.value_or(0));
   w.put_vector(std::span<const std::int32_t>(params.stop_token_ids));
   w.put(static_cast<std::int8_t>(params.ignore_eos));
+  w.put_string(error);
   return w.take();
 }
 
@@ -32,6 +33,7 @@ RequestMessage RequestMessage::decode(std::span<const std::byte> bytes) {
   m.params.seed = r.get<std::uint64_t>();
   m.params.stop_token_ids = r.get_vector<std::int32_t>();
   m.params.ignore_eos = r.get<std::int8_t>() != 0;
+  m.error = r.get_string();
   return m;
 }
 

@@ -83,12 +83,17 @@ class MessageReader {
   std::size_t at_ = 0;
 };
 
-// prefill -> decode: a prefilled request, or (index < 0) the end of requests.
+// prefill -> decode: a prefilled request, the end of requests, or the
+// prefill rank's failure (between two requests: the decode rank then stops
+// with its message instead of waiting).
+inline constexpr std::int64_t kEndOfRequests = -1;
+inline constexpr std::int64_t kPrefillFailed = -2;
 struct RequestMessage {
-  std::int64_t index = -1;
+  std::int64_t index = kEndOfRequests;
   std::int32_t first_token = 0;
   std::vector<std::int32_t> prompt;
   SamplingParams params;  // seed always set
+  std::string error;      // kPrefillFailed: why
 
   std::vector<std::byte> encode() const;
   static RequestMessage decode(std::span<const std::byte> bytes);

@@ -177,6 +177,36 @@ TEST(Disagg, MismatchedConfigurationsFailOnBothRanks) {
   }
 }
 
+// A model that fails on one prompt length (the prefill rank's model).
+class FailingModel : public Model {
+ public:
+  FailingModel(std::shared_ptr<Model> inner, std::int64_t bad_len) : inner_(std::move(inner)), bad_(bad_len) {}
+  const ModelSpec& spec() const override { return inner_->spec(); }
+  void forward(const ForwardBatch& batch, PagedKVCache& cache, std::span<float> logits) override {
+    require<InternalError>(std::ssize(batch.token_ids) != bad_, "injected model failure");
+    inner_->forward(batch, cache, logits);
+  }
+
+ private:
+  std::shared_ptr<Model> inner_;
+  std::int64_t bad_;
+};
+
+TEST(Disagg, APrefillFailureStopsBothRanksWithItsMessage) {
+  const MpiComm world = MpiComm::world();
+  EngineConfig c = config(DType::kF16);
+  if (world.rank() == kPrefillRank) c.model = std::make_shared<FailingModel>(c.model, 17);
+  try {
+    run_both(c, c, requests());  // requests()[1] has 17 prompt tokens
+    ADD_FAILURE() << "rank " << world.rank() << " did not stop";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("injected model failure"), std::string::npos) << e.what();
+    if (world.rank() == kDecodeRank) {
+      EXPECT_NE(std::string(e.what()).find("the prefill rank failed"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // SmolLM2-135M (PAGEDATTN_TEST_MODEL): the real model's greedy text is the
 // same disaggregated, f16 and int8.
 TEST(DisaggRealModel, SmolLM2GreedyEqualsSingleInstance) {
