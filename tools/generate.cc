@@ -75,6 +75,8 @@ const char* generate_usage() {
          "  --ignore-eos         generate --max-tokens tokens even past end-of-text (benchmarks)\n"
          "  --tensor-parallel N  split the model over N MPI ranks:\n"
          "                       mpirun -np N pagedattn generate --tensor-parallel N ...\n"
+         "  --disaggregate       under `mpirun -np 2`: rank 0 prefills, rank 1 receives the\n"
+         "                       prompt's KV pages over MPI, decodes and prints (MPI builds)\n"
          "Text streams to stdout; timings (prefill and decode tokens/s) go to stderr.\n";
 }
 
@@ -110,6 +112,8 @@ GenerateOptions parse_generate_options(int argc, char** argv, int first) {
       o.ignore_eos = true;
     else if (flag == "--tensor-parallel")
       o.tensor_parallel = static_cast<std::int32_t>(parse_integer(flag, value(), 1, 1024));
+    else if (flag == "--disaggregate")
+      o.disaggregate = true;
     else if (flag == "--help" || flag == "-h")
       o.help = true;
     else
@@ -127,6 +131,11 @@ int run_generate(int argc, char** argv) {
     std::fputs(generate_usage(), stdout);
     return 0;
   }
+#ifndef PAGEDATTN_HAS_MPI
+  require<Unsupported>(!o.disaggregate,
+                       "generate --disaggregate: this pagedattn was built without MPI (install "
+                       "libopenmpi-dev openmpi-bin and configure with PAGEDATTN_WITH_MPI=ON)");
+#endif
   const auto load_start = Clock::now();
   const GgufFile file = GgufFile::open(o.model);
   const Tokenizer tokenizer(read_tokenizer_vocab(file));
@@ -137,9 +146,6 @@ int run_generate(int argc, char** argv) {
   });
   if (ec.model == nullptr) return 0;  // a follower rank: rank 0 did the I/O
   ec.kv_memory_bytes = static_cast<std::int64_t>(o.kv_memory_mib * (1 << 20));
-  Engine engine(ec);
-  const double load_seconds = seconds_since(load_start);
-
   SamplingParams params;
   params.max_tokens = o.max_tokens;
   params.temperature = o.temperature;
@@ -150,6 +156,11 @@ int run_generate(int argc, char** argv) {
     params.ignore_eos = true;
   else
     params.stop_token_ids = stop_tokens(tokenizer);
+#ifdef PAGEDATTN_HAS_MPI
+  if (o.disaggregate) return run_generate_disaggregated(ec, prompt, params, tokenizer);
+#endif
+  Engine engine(ec);
+  const double load_seconds = seconds_since(load_start);
   StreamingDecoder text(tokenizer, {.render_special = false});
   std::int64_t generated = 0;
   double first_token_seconds = 0.0;

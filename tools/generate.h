@@ -4,6 +4,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "pagedattn/engine.h"
+#include "pagedattn/tokenizer.h"
 
 namespace pagedattn::tools {
 
@@ -20,6 +24,7 @@ struct GenerateOptions {
   double kv_memory_mib = 256.0;
   bool ignore_eos = false;  // generate max_tokens whatever the model says (benchmarks)
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
+  bool disaggregate = false;  // under mpirun -np 2: rank 0 prefills, rank 1 decodes
   bool help = false;
 };
 
@@ -27,5 +32,10 @@ struct GenerateOptions {
 GenerateOptions parse_generate_options(int argc, char** argv, int first);
 const char* generate_usage();
 int run_generate(int argc, char** argv);
+// generate --disaggregate (builds with MPI only, generate_disagg.cc): the
+// prompt's K/V moves from the prefill rank to the decode rank, which prints
+// the text.
+int run_generate_disaggregated(const EngineConfig& config, const std::vector<std::int32_t>& prompt,
+                               const SamplingParams& params, const Tokenizer& tokenizer);
 
 }  // namespace pagedattn::tools

@@ -133,6 +133,24 @@ struct EngineStats {
 
 using StreamCallback = std::function<void(const RequestOutput&)>;
 
+// --- disaggregated prefill/decode (the prefill instance runs the model
+// itself, see src/dist/disagg_prefill.cc; the decode instance imports) --------
+// A request slot whose prompt K/V arrives from a prefill instance: `pages`
+// are the reserved pages of the engine's cache the bytes must land in.
+struct ImportSlot {
+  RequestId request_id = 0;
+  KVPageRuns pages;
+};
+// The cache config an engine with `config` builds (page size, KV dtype,
+// memory, deterministic planning): a prefill instance computes K/V that a
+// decode engine continues from with exactly this config.
+KVCacheConfig engine_cache_config(const EngineConfig& config);
+// The engine's sampling of one token (logits [vocab]; `position` is the index
+// the new token will have), for a prefill instance's first token.
+std::int32_t sample_token(std::span<const float> logits, const SamplingParams& params,
+                          std::uint64_t seed, std::int32_t sample_index, std::int64_t position);
+// --- end of disaggregated prefill/decode ---------------------------------------
+
 class Engine {
  public:
   // Validates the config (InvalidArgument naming the field) and builds the cache.
@@ -153,6 +171,24 @@ class Engine {
   bool has_unfinished() const;
   // Called for every RequestOutput as step() produces it.
   void set_stream_callback(StreamCallback callback);
+
+  // --- disaggregated prefill/decode: importing a prefilled request ---------------
+  // Reserves pages (PagedKVCache::reserve_incoming) for the prompt's K/V of a
+  // request prefilled elsewhere. Validates like add_request (and n must be
+  // 1); nullopt when the pages or a sequence slot are not free now (retry
+  // after steps finish requests). The request is not scheduled until
+  // commit_import; cancel_import frees its pages.
+  std::optional<ImportSlot> reserve_import(std::span<const std::int32_t> prompt_token_ids,
+                                           const SamplingParams& params);
+  // The K/V has landed: the request runs from here with `first_token` (the
+  // prefill instance's sample) as its first output token; the following
+  // steps decode it. Returns that token's finish reason: kStop or kLength
+  // mean the request is already done (its pages are freed, nothing runs).
+  // InvalidArgument for an unknown id or a token outside the vocabulary.
+  FinishReason commit_import(RequestId id, std::int32_t first_token);
+  void cancel_import(RequestId id);
+  std::int32_t num_pending_imports() const;
+  // --- end of importing -----------------------------------------------------------
 
   EngineStats stats() const;
   const EngineConfig& config() const;

@@ -24,8 +24,10 @@
 // layer not yet written as zeros.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <vector>
@@ -160,6 +162,31 @@ struct SequenceOp {
   std::int64_t sink_size = 0;  // kSlidingWindow: attn_sink_size
 };
 using SequenceObserver = std::function<void(const SequenceOp&)>;
+// --- page transfer (disaggregated prefill/decode) ------------------------------
+// The K/V bytes of a sequence's pages as contiguous byte runs of this cache's
+// storage, per layer, in one canonical order: the K blocks of its pages in
+// logical order, then the V blocks, then (int8) the K and then the V token
+// scales. Whole pages are listed (a partial last page too); runs of
+// neighbouring pages are merged. Two caches with equal configs list byte
+// streams of equal length for the same token count, so a sender's stream
+// lands in a receiver's pages whatever their page ids (page ids are remapped:
+// each side's pages are its own). The views are non-owning: MPI (or memcpy)
+// moves the bytes straight from one cache's storage into the other's.
+struct KVPageRuns {
+  SeqId seq_id = 0;
+  std::int64_t num_tokens = 0;
+  std::vector<std::int32_t> pages;                  // this cache's page ids, logical order
+  std::vector<std::vector<std::span<std::byte>>> layers;  // [num_layers] runs
+  std::int64_t layer_bytes = 0;                     // bytes of each layer's stream
+  std::int64_t total_bytes() const { return layer_bytes * std::ssize(layers); }
+};
+// What outgoing_pages pins: pages that cannot be freed or reused (or written:
+// they are shared while pinned) until release_outgoing(id).
+struct OutgoingKV {
+  std::int64_t id = 0;
+  KVPageRuns runs;
+};
+// --- end of page transfer -------------------------------------------------------
 
 class PagedKVCache {
  public:
@@ -373,6 +400,31 @@ class PagedKVCache {
   // cache holds (dead slots past the end of a page's holders, e.g. rows of a
   // cancelled step, are not state: nothing can read them).
   std::uint64_t state_digest() const;
+
+  // --- page transfer (disaggregated prefill/decode; TVM DisaggPrepareRecv /
+  // DisaggMarkSend) ------------------------------------------------------------
+  // Receiver: adds `seq_id` in a receiving state holding fresh pages for
+  // `num_tokens` tokens (>= 1) and returns where the bytes go. Until
+  // commit_incoming or cancel_incoming, every other call naming the sequence
+  // (begin_forward, fork, pop_n, remove_sequence, debug K/V access,
+  // outgoing_pages...) is refused with InvalidState. OutOfPages (cache
+  // unchanged) when the pool cannot hold it.
+  KVPageRuns reserve_incoming(SeqId seq_id, std::int64_t num_tokens);
+  // The bytes have landed: the sequence becomes an ordinary one of length
+  // num_tokens. cancel_incoming instead removes it and frees its pages.
+  // Both: InvalidState for a sequence that is not receiving.
+  void commit_incoming(SeqId seq_id);
+  void cancel_incoming(SeqId seq_id);
+  bool is_receiving(SeqId seq_id) const;
+  // Sender: the runs of every token of `seq_id`, pinned (each page gains a
+  // reference) until release_outgoing(id), so the sequence may be removed,
+  // or appended to (copy-on-write), while its bytes are in flight. Refused
+  // for a sequence with an open tree or a sliding-window gap, or while a
+  // forward is in progress.
+  OutgoingKV outgoing_pages(SeqId seq_id);
+  void release_outgoing(std::int64_t outgoing_id);  // InvalidArgument if unknown
+  std::int64_t num_outgoing() const;                // pins not yet released
+  // --- end of page transfer -------------------------------------------------------
 
   // --- storage ----------------------------------------------------------------
   std::int64_t bytes_per_page() const;  // K+V bytes of one page over all layers

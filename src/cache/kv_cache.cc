@@ -36,7 +36,9 @@ void PagedKVCache::remove_sequence(SeqId seq_id) {
   State& st = *state_;
   const auto lock = st.lock();
   st.require_no_forward("remove_sequence");
-  st.release_pages(st.find(seq_id, "remove_sequence", "seq_id"));
+  Sequence& s = st.find(seq_id, "remove_sequence", "seq_id");
+  st.require_not_receiving(s, seq_id, "remove_sequence");
+  st.release_pages(s);
   st.seqs.erase(seq_id);
   st.notify({SequenceOp::Kind::kRemove, seq_id});
 }
@@ -46,6 +48,7 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
   const auto lock = st.lock();
   st.require_no_forward("fork_sequence");
   const Sequence& parent = st.find(parent_id, "fork_sequence", "parent_id");
+  st.require_not_receiving(parent, parent_id, "fork_sequence");
   require(!st.seqs.contains(child_id), "PagedKVCache::fork_sequence: child_id = ", child_id,
           " already exists");
   st.require_no_open_tree(parent, parent_id, "fork_sequence");
@@ -92,6 +95,7 @@ void PagedKVCache::pop_n(SeqId seq_id, std::int64_t n) {
   const auto lock = st.lock();
   st.require_no_forward("pop_n");
   Sequence& s = st.find(seq_id, "pop_n", "seq_id");
+  st.require_not_receiving(s, seq_id, "pop_n");
   st.require_no_open_tree(s, seq_id, "pop_n");
   st.require_not_swapped(s, seq_id, "pop_n");
   require(n >= 0 && n <= s.poppable(), "PagedKVCache::pop_n: n = ", n, " is outside [0, ",
@@ -110,6 +114,7 @@ void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
   const auto lock = st.lock();
   st.require_no_forward("enable_sliding_window");
   Sequence& s = st.find(seq_id, "enable_sliding_window", "seq_id");
+  st.require_not_receiving(s, seq_id, "enable_sliding_window");
   require(st.config.support_sliding_window, "PagedKVCache::enable_sliding_window: the cache was "
           "built with KVCacheConfig.support_sliding_window = false");
   require(!s.windowed(), "PagedKVCache::enable_sliding_window: seq_id = ", seq_id,
@@ -207,6 +212,7 @@ std::int64_t PagedKVCache::State::validate_forward(std::span<const SeqId> ids,
     const Sequence& s = it->second;
     require<InvalidState>(!s.swapped, "PagedKVCache::", call, ": seq_ids[", i, "] = ", ids[i],
                           " is swapped out to the host tier; call swap_in first");
+    require_not_receiving(s, ids[i], call);
     if (!tree && !dry_run)
       require<InvalidState>(!s.tree_open, "PagedKVCache::", call, ": seq_ids[", i, "] = ", ids[i],
                             " has an uncommitted token tree (", s.tree_size(),

@@ -61,6 +61,7 @@ void PagedKVCache::debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t e
   const KVCacheConfig& c = st.config;
   const Sequence& s = st.find(seq_id, "debug_get_kv", "seq_id");
   st.require_not_swapped(s, seq_id, "debug_get_kv");
+  st.require_not_receiving(s, seq_id, "debug_get_kv");
   validate_kv_range(c, s, seq_id, start, end, k_out.size(), v_out.size(), "debug_get_kv");
   const std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
   // Tokens this step appends whose layer has not been written yet read as
@@ -101,6 +102,7 @@ void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t e
   const KVCacheConfig& c = st.config;
   const Sequence& s = st.find(seq_id, "debug_set_kv", "seq_id");
   st.require_not_swapped(s, seq_id, "debug_set_kv");
+  st.require_not_receiving(s, seq_id, "debug_set_kv");
   validate_kv_range(c, s, seq_id, start, end, k_in.size(), v_in.size(), "debug_set_kv");
   for (std::int64_t t = start; t < end; ++t) {
     const std::int32_t page = s.pages[s.slot_of(t) / c.page_size];

@@ -161,6 +161,8 @@ void PagedKVCache::check_invariants() const {
     for (std::int32_t page : s.pages) ++(s.swapped ? host_references : references)[page];
   }
   for (std::int32_t page : st.step.deferred) ++references[page];
+  for (const auto& [id, pinned] : st.outgoing)
+    for (std::int32_t page : pinned) ++references[page];
   fail(st.pool.check(references));
   fail(st.index.check());
   fail(check_cached_marks(st.pool, st.index, cache::Tier::kDevice));
@@ -232,7 +234,17 @@ std::uint64_t PagedKVCache::State::digest() const {
       h.add(link.key);
       h.add(link.serial);
     }
+    h.add(s.receiving);
   }
+  // Pinned transfers, in pin order.
+  std::vector<std::int64_t> pins;
+  for (const auto& [pin, pages] : st.outgoing) pins.push_back(pin);
+  std::sort(pins.begin(), pins.end());
+  for (std::int64_t pin : pins) {
+    h.add(pin);
+    h.add_span(std::span<const std::int32_t>(st.outgoing.at(pin)));
+  }
+  h.add(st.next_outgoing_id);
   h.add(st.in_forward);
   if (st.in_forward) {
     h.add_span(std::span<const SeqId>(st.plan.seq_ids));

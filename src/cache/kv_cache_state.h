@@ -86,6 +86,9 @@ struct PagedKVCache::State {
   cache::PrefixIndex index;        // cached full pages (prefix caching)
   std::unique_ptr<cache::HostTier> host;  // null without a host tier
   PrefixCacheStats stats;
+  // Page transfer: pages pinned by outgoing_pages, by pin id.
+  std::unordered_map<std::int64_t, std::vector<std::int32_t>> outgoing;
+  std::int64_t next_outgoing_id = 1;
 
   std::int32_t page_size() const { return config.page_size; }
   bool caching() const { return config.enable_prefix_caching; }
@@ -180,6 +183,12 @@ struct PagedKVCache::State {
   // Moves the accepted path's K/V after the committed prefix, pops the rest
   // and closes the tree (leaf -1: pops every node).
   void commit_tree_path(cache::Sequence& s, std::int32_t leaf);
+  // Refuses calls on a sequence whose K/V is still being received.
+  void require_not_receiving(const cache::Sequence& s, SeqId id, const char* call) const {
+    require<InvalidState>(!s.receiving, "PagedKVCache::", call, ": seq_id = ", id,
+                          " is still receiving its K/V (call commit_incoming or cancel_incoming "
+                          "first)");
+  }
   // Refuses calls that would break a sequence's open token tree.
   void require_no_open_tree(const cache::Sequence& s, SeqId id, const char* call) const;
   // The plan's index of `id` and the step's first new token of it, or -1.

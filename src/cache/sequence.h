@@ -43,6 +43,9 @@ struct Sequence {
   std::vector<ChainLink> chain;  // [tokens.size() / page_size]
   // Swapped out: `pages` are host-tier page ids.
   bool swapped = false;
+  // Reserved by reserve_incoming, its K/V still in flight (page transfer):
+  // only commit_incoming / cancel_incoming may touch it.
+  bool receiving = false;
 
   bool windowed() const { return window_size > 0; }
   std::int64_t tree_size() const { return std::ssize(tree_parents); }

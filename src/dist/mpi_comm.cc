@@ -74,6 +74,12 @@ void MpiRequest::wait() {
   check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
 }
 
+void MpiRequest::cancel() {
+  if (done()) return;
+  check_mpi(MPI_Cancel(&request_), "MPI_Cancel");
+  check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait");
+}
+
 MpiComm::MpiComm(MPI_Comm comm) : comm_(comm) {
   check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
@@ -119,6 +125,68 @@ MpiRequest MpiComm::irecv(std::span<std::byte> bytes, int source, int tag) const
   MPI_Request r = MPI_REQUEST_NULL;
   check_mpi(MPI_Irecv(bytes.data(), n, MPI_BYTE, source, tag, comm_, &r), "MPI_Irecv");
   return MpiRequest(r);
+}
+
+namespace {
+
+// An MPI_BYTE datatype covering `runs` at their absolute addresses (used
+// with MPI_BOTTOM), committed; the caller frees it.
+MPI_Datatype runs_type(std::span<const std::span<std::byte>> runs, const char* call) {
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> addresses;
+  lengths.reserve(runs.size());
+  addresses.reserve(runs.size());
+  for (std::span<std::byte> run : runs) {
+    lengths.push_back(checked_count(run.size(), call));
+    MPI_Aint address = 0;
+    check_mpi(MPI_Get_address(run.data(), &address), "MPI_Get_address");
+    addresses.push_back(address);
+  }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  check_mpi(MPI_Type_create_hindexed(checked_count(runs.size(), call), lengths.data(),
+                                     addresses.data(), MPI_BYTE, &type),
+            "MPI_Type_create_hindexed");
+  check_mpi(MPI_Type_commit(&type), "MPI_Type_commit");
+  return type;
+}
+
+}  // namespace
+
+// A pending operation keeps its datatype alive, so it is freed right away.
+MpiRequest MpiComm::isend_runs(std::span<const std::span<std::byte>> runs, int dest, int tag) const {
+  MPI_Datatype type = runs_type(runs, "MpiComm::isend_runs");
+  MPI_Request r = MPI_REQUEST_NULL;
+  const int rc = MPI_Isend(MPI_BOTTOM, 1, type, dest, tag, comm_, &r);
+  MPI_Type_free(&type);
+  check_mpi(rc, "MPI_Isend");
+  return MpiRequest(r);
+}
+
+MpiRequest MpiComm::irecv_runs(std::span<const std::span<std::byte>> runs, int source, int tag) const {
+  MPI_Datatype type = runs_type(runs, "MpiComm::irecv_runs");
+  MPI_Request r = MPI_REQUEST_NULL;
+  const int rc = MPI_Irecv(MPI_BOTTOM, 1, type, source, tag, comm_, &r);
+  MPI_Type_free(&type);
+  check_mpi(rc, "MPI_Irecv");
+  return MpiRequest(r);
+}
+
+bool MpiComm::has_message(int source, int tag) const {
+  int flag = 0;
+  check_mpi(MPI_Iprobe(source, tag, comm_, &flag, MPI_STATUS_IGNORE), "MPI_Iprobe");
+  return flag != 0;
+}
+
+std::vector<std::byte> MpiComm::recv_any_size(int source, int tag) const {
+  MPI_Status status;
+  check_mpi(MPI_Probe(source, tag, comm_, &status), "MPI_Probe");
+  int count = 0;
+  check_mpi(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
+  std::vector<std::byte> bytes(static_cast<std::size_t>(count));
+  check_mpi(MPI_Recv(bytes.data(), count, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, comm_,
+                     MPI_STATUS_IGNORE),
+            "MPI_Recv");
+  return bytes;
 }
 
 void MpiComm::abort(int exit_code) const {

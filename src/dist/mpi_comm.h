@@ -48,6 +48,9 @@ class MpiRequest {
   ~MpiRequest();
   void wait();
   bool done() const { return request_ == MPI_REQUEST_NULL; }
+  // Withdraws a receive that has not matched yet (MPI_Cancel) and completes
+  // the request; a receive that already completed stays received.
+  void cancel();
 
  private:
   MPI_Request request_ = MPI_REQUEST_NULL;
@@ -80,6 +83,16 @@ class MpiComm {
   void recv(std::span<std::byte> bytes, int source, int tag) const;
   MpiRequest isend(std::span<const std::byte> bytes, int dest, int tag) const;
   MpiRequest irecv(std::span<std::byte> bytes, int source, int tag) const;
+  // A byte stream scattered over `runs` of memory, moved by one message
+  // described by an MPI derived datatype (MPI_Type_create_hindexed over the
+  // runs' addresses): no staging copy. Sender and receiver may cut the
+  // stream at different places; its total length must match.
+  MpiRequest isend_runs(std::span<const std::span<std::byte>> runs, int dest, int tag) const;
+  MpiRequest irecv_runs(std::span<const std::span<std::byte>> runs, int source, int tag) const;
+  // Whether a message from `source` with `tag` is waiting (MPI_Iprobe).
+  bool has_message(int source, int tag) const;
+  // Receives a message of any length (MPI_Probe, then MPI_Recv).
+  std::vector<std::byte> recv_any_size(int source, int tag) const;
   // Ends every rank of the communicator (after a failure on one of them, so
   // the others do not wait forever in a collective).
   [[noreturn]] void abort(int exit_code) const;

@@ -60,7 +60,9 @@ const EngineConfig& validated(const EngineConfig& c) {
   return c;
 }
 
-KVCacheConfig cache_config(const EngineConfig& c) {
+}  // namespace
+
+KVCacheConfig engine_cache_config(const EngineConfig& c) {
   KVCacheConfig k = kv_cache_config(c.model->spec());
   k.page_size = c.page_size;
   k.memory_budget_bytes = c.kv_memory_bytes;
@@ -71,6 +73,8 @@ KVCacheConfig cache_config(const EngineConfig& c) {
   return k;
 }
 
+namespace {
+
 std::int64_t pages_for(std::int64_t tokens, std::int64_t page_size) {
   return (tokens + page_size - 1) / page_size;
 }
@@ -80,7 +84,7 @@ std::int64_t pages_for(std::int64_t tokens, std::int64_t page_size) {
 struct Engine::Impl {
   explicit Impl(EngineConfig c)
       : config(std::move(c)),
-        cache(cache_config(validated(config))),
+        cache(engine_cache_config(validated(config))),
         scheduler({config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
                    std::max<std::int64_t>(1, cache.num_pages() / 100),
                    config.enable_prefix_caching},
@@ -111,6 +115,8 @@ struct Engine::Impl {
   std::int32_t last_tokens = 0, last_decodes = 0;
   double seconds_in_steps = 0.0, seconds_in_model = 0.0;
   std::vector<RequestOutput> aborted;  // reported by the next step
+  // Imported requests between reserve_import and commit/cancel_import.
+  std::unordered_map<RequestId, std::unique_ptr<SequenceGroup>> imports;
   // Buffers of one step.
   std::vector<std::int32_t> token_ids, logit_rows;
   std::vector<float> logits;
@@ -362,5 +368,78 @@ EngineStats Engine::stats() const {
 
 const EngineConfig& Engine::config() const { return impl_->config; }
 const PagedKVCache& Engine::cache() const { return impl_->cache; }
+
+// --- disaggregated prefill/decode: importing a prefilled request -------------
+
+std::optional<ImportSlot> Engine::reserve_import(std::span<const std::int32_t> prompt,
+                                                 const SamplingParams& params) {
+  Impl& im = *impl_;
+  im.validate_request(prompt, params);
+  require(params.n == 1, "Engine::reserve_import: n = ", params.n,
+          " must be 1 (parallel samples are not imported)");
+  const std::lock_guard lock(im.mutex);
+  // Like admission: while others run, a watermark of pages stays free for
+  // their decodes (an import preempted later would recompute its prompt).
+  const std::int64_t seqs = im.scheduler.num_running_seqs() + std::ssize(im.imports);
+  const std::int64_t watermark = seqs == 0 ? 0 : std::max<std::int64_t>(1, im.cache.num_pages() / 100);
+  if (seqs >= im.config.max_num_seqs ||
+      pages_for(std::ssize(prompt), im.config.page_size) + watermark > im.cache.num_free_pages())
+    return std::nullopt;
+  auto g = std::make_unique<SequenceGroup>();
+  g->params = params;
+  g->prompt_len = static_cast<std::int32_t>(prompt.size());
+  Sequence first;
+  first.tokens.assign(prompt.begin(), prompt.end());
+  g->seqs.push_back(std::move(first));
+  {
+    const std::lock_guard intake(im.intake_mutex);
+    g->id = im.next_id++;
+  }
+  g->seed = params.seed.value_or(engine::splitmix64(im.config.seed ^ engine::splitmix64(g->id)));
+  g->seqs.front().id = g->id * engine::kMaxSamples;
+  ImportSlot slot{g->id, im.cache.reserve_incoming(g->seqs.front().id, std::ssize(prompt))};
+  im.imports.emplace(g->id, std::move(g));
+  return slot;
+}
+
+FinishReason Engine::commit_import(RequestId id, std::int32_t first_token) {
+  Impl& im = *impl_;
+  const std::lock_guard lock(im.mutex);
+  const auto it = im.imports.find(id);
+  require(it != im.imports.end(), "Engine::commit_import: request id = ", id,
+          " has no reserved import");
+  const std::int32_t vocab = im.config.model->spec().vocab_size;
+  require(first_token >= 0 && first_token < vocab, "Engine::commit_import: first_token = ",
+          first_token, " is outside [0, vocab_size = ", vocab, ")");
+  std::unique_ptr<SequenceGroup> g = std::move(it->second);
+  im.imports.erase(it);
+  Sequence& s = g->seqs.front();
+  im.cache.commit_incoming(s.id);
+  s.in_cache = true;
+  s.num_computed = g->prompt_len;
+  RequestOutput reported;  // the caller has the first token already
+  im.append_token(*g, 0, first_token, reported);
+  if (s.finished()) {
+    im.cache.remove_sequence(s.id);
+    return s.finish;
+  }
+  im.scheduler.add_running(std::move(g));
+  return FinishReason::kNone;
+}
+
+void Engine::cancel_import(RequestId id) {
+  Impl& im = *impl_;
+  const std::lock_guard lock(im.mutex);
+  const auto it = im.imports.find(id);
+  require(it != im.imports.end(), "Engine::cancel_import: request id = ", id,
+          " has no reserved import");
+  im.cache.cancel_incoming(it->second->seqs.front().id);
+  im.imports.erase(it);
+}
+
+std::int32_t Engine::num_pending_imports() const {
+  const std::lock_guard lock(impl_->mutex);
+  return static_cast<std::int32_t>(impl_->imports.size());
+}
 
 }  // namespace pagedattn

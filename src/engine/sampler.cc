@@ -88,3 +88,14 @@ std::int32_t Sampler::sample(std::span<const float> logits, const SamplingParams
 }
 
 }  // namespace pagedattn::engine
+
+namespace pagedattn {
+
+std::int32_t sample_token(std::span<const float> logits, const SamplingParams& params,
+                          std::uint64_t seed, std::int32_t sample_index, std::int64_t position) {
+  require(!logits.empty(), "sample_token: logits is empty");
+  engine::Sampler sampler;
+  return sampler.sample(logits, params, seed, sample_index, position);
+}
+
+}  // namespace pagedattn

@@ -39,6 +39,9 @@ Scheduler::Scheduler(const SchedulerConfig& config, PagedKVCache& cache)
     : config_(config), cache_(cache), page_size_(cache.config().page_size) {}
 
 void Scheduler::add(std::unique_ptr<SequenceGroup> group) { waiting_.push_back(std::move(group)); }
+void Scheduler::add_running(std::unique_ptr<SequenceGroup> group) {
+  running_.push_back(std::move(group));
+}
 
 std::int32_t Scheduler::num_running_seqs() const {
   std::int32_t n = 0;

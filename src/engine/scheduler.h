@@ -51,6 +51,9 @@ class Scheduler {
 
   // Queues a new request at the back of the waiting queue.
   void add(std::unique_ptr<SequenceGroup> group);
+  // Adds a request whose sequence is already in the cache with its prompt
+  // computed (imported from a prefill instance) as the newest running one.
+  void add_running(std::unique_ptr<SequenceGroup> group);
   // Plans the next step: forks waiting samples, preempts when pages run out,
   // admits waiting requests FCFS. May change the cache's sequences.
   Schedule schedule();
