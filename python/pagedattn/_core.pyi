@@ -726,11 +726,20 @@ class SamplingParams:
     (argmax, lowest id on ties); top_k 0 = all tokens; top_p in (0, 1];
     n parallel samples share the prompt's pages; seed None derives one
     from the engine seed and the request id; stop_token_ids end a
-    sample (kept in its output); ignore_eos keeps going past EOS.
+    sample (kept in its output); ignore_eos keeps going past EOS;
+    cache_salt keeps tenants' cached prefixes apart.
     """
-    def __init__(self, *, max_tokens: int = 16, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, n: int = 1, seed: int | None = None, stop_token_ids: collections.abc.Sequence[int] = [], ignore_eos: bool = False) -> None:
+    def __init__(self, *, max_tokens: int = 16, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, n: int = 1, seed: int | None = None, stop_token_ids: collections.abc.Sequence[int] = [], ignore_eos: bool = False, cache_salt: int = 0) -> None:
         ...
     def __repr__(self) -> str:
+        ...
+    @property
+    def cache_salt(self) -> int:
+        """
+        Prefix caching: only requests with the same salt share cached pages.
+        """
+    @cache_salt.setter
+    def cache_salt(self, arg0: int) -> None:
         ...
     @property
     def ignore_eos(self) -> bool:
@@ -839,6 +848,71 @@ class EngineStats:
     Counters and the KV picture after the last step.
     """
     @property
+    def prefix_query_tokens(self) -> int:
+        """
+        Prompt tokens looked up in the prefix cache at admission.
+        """
+    @property
+    def prefix_hit_tokens(self) -> int:
+        """
+        Of those, found cached (their K/V taken, not computed).
+        """
+    @property
+    def prefix_host_hit_tokens(self) -> int:
+        """
+        Of the hits, found in the host tier.
+        """
+    @property
+    def prefix_hit_rate(self) -> float:
+        """
+        prefix_hit_tokens / prefix_query_tokens (0 before any query).
+        """
+    @property
+    def cached_pages(self) -> int:
+        """
+        Device pages holding published prefixes.
+        """
+    @property
+    def prefix_evictions(self) -> int:
+        """
+        Cached pages reclaimed for new data.
+        """
+    @property
+    def prefix_demotions(self) -> int:
+        """
+        Of those, kept in the host tier.
+        """
+    @property
+    def num_swap_outs(self) -> int:
+        """
+        Requests swapped out.
+        """
+    @property
+    def num_swap_ins(self) -> int:
+        """
+        Requests swapped back in.
+        """
+    @property
+    def swapped_tokens(self) -> int:
+        """
+        Tokens kept by swapping instead of recomputing.
+        """
+    @property
+    def num_swapped_requests(self) -> int:
+        """
+        Requests in the host tier now.
+        """
+    @property
+    def num_host_pages(self) -> int:
+        """
+        Pages of the host tier.
+        """
+    @property
+    def free_host_pages(self) -> int:
+        """
+        Free host-tier pages.
+        """
+    @property
     def last_step_decodes(self) -> int:
         """
         Decode tokens in the last step's batch.
@@ -946,7 +1020,7 @@ class Engine:
     """
     The C++ engine; use pagedattn.Engine.
     """
-    def __init__(self, model: Model, *, kv_memory_bytes: int, page_size: int, kv_dtype: str, max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, deterministic: bool, seed: int) -> None:
+    def __init__(self, model: Model, *, kv_memory_bytes: int, page_size: int, kv_dtype: str, max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, deterministic: bool, seed: int, enable_prefix_caching: bool = False, host_kv_memory_bytes: int = 0) -> None:
         ...
     def abort(self, request_id: int) -> None:
         ...

@@ -55,13 +55,18 @@ class Engine:
 
     Engine(model, *, kv_memory_bytes=256 MiB, page_size=16, kv_dtype="float16",
            max_num_seqs=256, max_num_batched_tokens=2048, chunked_prefill=True,
-           deterministic=False, seed=0, max_position=0, tokenizer=None)
+           deterministic=False, seed=0, max_position=0, tokenizer=None,
+           enable_prefix_caching=False, host_kv_memory_bytes=0)
 
     model: a pagedattn.Model, a path to a Llama-family .gguf file (its
     tokenizer comes with it) or a synthetic preset name ("tiny", "small",
     "1b"). deterministic: a request's tokens do not depend on what is batched
     with it (fixed KV chunks and row blocks). max_position caps a GGUF model's
-    context (0: the file's).
+    context (0: the file's). enable_prefix_caching: prompts that start with a
+    cached prefix (full pages of earlier requests with the same
+    SamplingParams.cache_salt) take its K/V instead of computing it;
+    host_kv_memory_bytes: a host-memory tier preempted requests are swapped
+    to (0: preemption recomputes). docs/prefix_caching.md.
 
     Threads: add_request never waits for a running step; step() calls take
     turns; abort, has_unfinished, stats and set_stream_callback wait for a
@@ -75,13 +80,16 @@ class Engine:
                  kv_dtype: str = "float16", max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048, chunked_prefill: bool = True,
                  deterministic: bool = False, seed: int = 0, max_position: int = 0,
-                 tokenizer=None):
+                 tokenizer=None, enable_prefix_caching: bool = False,
+                 host_kv_memory_bytes: int = 0):
         self.model, own_tokenizer = _resolve_model(model, max_position)
         self.tokenizer = tokenizer if tokenizer is not None else own_tokenizer
         self._engine = _core.Engine(
             self.model, kv_memory_bytes=kv_memory_bytes, page_size=page_size, kv_dtype=kv_dtype,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            chunked_prefill=chunked_prefill, deterministic=deterministic, seed=seed)
+            chunked_prefill=chunked_prefill, deterministic=deterministic, seed=seed,
+            enable_prefix_caching=enable_prefix_caching,
+            host_kv_memory_bytes=host_kv_memory_bytes)
 
     def encode(self, prompt: Prompt) -> List[int]:
         """Token ids of a prompt: a list of ids as given, text through the tokenizer."""

@@ -143,18 +143,21 @@ void register_sampling(py::module_& m) {
                              "(argmax, lowest id on ties); top_k 0 = all tokens; top_p in (0, 1];\n"
                              "n parallel samples share the prompt's pages; seed None derives one\n"
                              "from the engine seed and the request id; stop_token_ids end a\n"
-                             "sample (kept in its output); ignore_eos keeps going past EOS.")
+                             "sample (kept in its output); ignore_eos keeps going past EOS;\n"
+                             "cache_salt keeps tenants' cached prefixes apart.")
       .def(py::init([](std::int32_t max_tokens, float temperature, std::int32_t top_k, float top_p,
                        std::int32_t n, std::optional<std::uint64_t> seed,
-                       std::vector<std::int32_t> stop_token_ids, bool ignore_eos) {
-             return SamplingParams{
-                 max_tokens, temperature, top_k, top_p, n, seed, std::move(stop_token_ids),
-                 ignore_eos};
+                       std::vector<std::int32_t> stop_token_ids, bool ignore_eos,
+                       std::uint64_t cache_salt) {
+             SamplingParams p{max_tokens, temperature, top_k, top_p, n, seed,
+                              std::move(stop_token_ids), ignore_eos};
+             p.cache_salt = cache_salt;
+             return p;
            }),
            py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = 0.0f,
            py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("n") = 1,
            py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<std::int32_t>{},
-           py::arg("ignore_eos") = false)
+           py::arg("ignore_eos") = false, py::arg("cache_salt") = 0)
       .def_readwrite("max_tokens", &SamplingParams::max_tokens, "New tokens per sample, >= 1.")
       .def_readwrite("temperature", &SamplingParams::temperature, "0: greedy.")
       .def_readwrite("top_k", &SamplingParams::top_k, "0: all tokens.")
@@ -165,6 +168,8 @@ void register_sampling(py::module_& m) {
       .def_readwrite("stop_token_ids", &SamplingParams::stop_token_ids,
                      "Tokens that end a sample (kept in its output).")
       .def_readwrite("ignore_eos", &SamplingParams::ignore_eos, "Keep sampling past EOS.")
+      .def_readwrite("cache_salt", &SamplingParams::cache_salt,
+                     "Prefix caching: only requests with the same salt share cached pages.")
       .def("__repr__", [](const SamplingParams& p) {
         return detail::concat("SamplingParams(max_tokens=", p.max_tokens,
                               ", temperature=", p.temperature, ", top_k=", p.top_k,
@@ -211,7 +216,29 @@ void register_engine_class(py::module_& m) {
       .def_readonly("seconds_in_steps", &EngineStats::seconds_in_steps,
                     "Wall time inside step(), in total.")
       .def_readonly("seconds_in_model", &EngineStats::seconds_in_model,
-                    "Of which in the model's forward.");
+                    "Of which in the model's forward.")
+      .def_readonly("prefix_query_tokens", &EngineStats::prefix_query_tokens,
+                    "Prompt tokens looked up in the prefix cache at admission.")
+      .def_readonly("prefix_hit_tokens", &EngineStats::prefix_hit_tokens,
+                    "Of those, found cached (their K/V taken, not computed).")
+      .def_readonly("prefix_host_hit_tokens", &EngineStats::prefix_host_hit_tokens,
+                    "Of the hits, found in the host tier.")
+      .def_property_readonly("prefix_hit_rate", &EngineStats::prefix_hit_rate,
+                             "prefix_hit_tokens / prefix_query_tokens (0 before any query).")
+      .def_readonly("cached_pages", &EngineStats::cached_pages,
+                    "Device pages holding published prefixes.")
+      .def_readonly("prefix_evictions", &EngineStats::prefix_evictions,
+                    "Cached pages reclaimed for new data.")
+      .def_readonly("prefix_demotions", &EngineStats::prefix_demotions,
+                    "Of those, kept in the host tier.")
+      .def_readonly("num_swap_outs", &EngineStats::num_swap_outs, "Requests swapped out.")
+      .def_readonly("num_swap_ins", &EngineStats::num_swap_ins, "Requests swapped back in.")
+      .def_readonly("swapped_tokens", &EngineStats::swapped_tokens,
+                    "Tokens kept by swapping instead of recomputing.")
+      .def_readonly("num_swapped_requests", &EngineStats::num_swapped_requests,
+                    "Requests in the host tier now.")
+      .def_readonly("num_host_pages", &EngineStats::num_host_pages, "Pages of the host tier.")
+      .def_readonly("free_host_pages", &EngineStats::free_host_pages, "Free host-tier pages.");
 
   py::class_<ModelHandle>(m, "Model", "A model the engine runs (Model.preset, Model.from_gguf).")
       .def_static("preset", &preset_model, py::arg("name"),
@@ -234,7 +261,8 @@ void register_engine_class(py::module_& m) {
       .def(py::init([](const ModelHandle& model, std::int64_t kv_memory_bytes,
                        std::int32_t page_size, const std::string& kv_dtype,
                        std::int32_t max_num_seqs, std::int32_t max_num_batched_tokens,
-                       bool chunked_prefill, bool deterministic, std::uint64_t seed) {
+                       bool chunked_prefill, bool deterministic, std::uint64_t seed,
+                       bool enable_prefix_caching, std::int64_t host_kv_memory_bytes) {
              EngineConfig c;
              c.model = model.model;
              c.kv_memory_bytes = kv_memory_bytes;
@@ -245,11 +273,14 @@ void register_engine_class(py::module_& m) {
              c.chunked_prefill = chunked_prefill;
              c.deterministic = deterministic;
              c.seed = seed;
+             c.enable_prefix_caching = enable_prefix_caching;
+             c.host_kv_memory_bytes = host_kv_memory_bytes;
              return std::make_unique<PyEngine>(c);
            }),
            py::arg("model"), py::kw_only(), py::arg("kv_memory_bytes"), py::arg("page_size"),
            py::arg("kv_dtype"), py::arg("max_num_seqs"), py::arg("max_num_batched_tokens"),
-           py::arg("chunked_prefill"), py::arg("deterministic"), py::arg("seed"))
+           py::arg("chunked_prefill"), py::arg("deterministic"), py::arg("seed"),
+           py::arg("enable_prefix_caching") = false, py::arg("host_kv_memory_bytes") = 0)
       .def("add_request", &PyEngine::add_request, py::arg("prompt_token_ids"), py::arg("params"))
       .def("step", &PyEngine::step)
       .def(

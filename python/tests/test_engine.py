@@ -181,3 +181,29 @@ def test_llm_equals_the_cpp_cli_token_for_token(smollm, chat):
     # The CLI prints the text and a newline; stderr counts the new tokens.
     assert completion.text + "\n" == run.stdout
     assert f"{len(completion.token_ids)} new tokens" in run.stderr
+
+
+def test_prefix_caching_reuses_a_shared_prompt_per_salt_and_changes_no_output():
+    system = [(7 * j + 3) % 1000 for j in range(64)]  # four full pages of 16
+    prompts = [system + [900 + i, 901 + i] for i in range(3)]
+    greedy = SamplingParams(max_tokens=5)
+
+    def run(engine, salts):
+        results = []
+        for prompt, salt in zip(prompts, salts):  # one after another: pages get published
+            rid = engine.add_request(prompt, SamplingParams(max_tokens=5, cache_salt=salt))
+            results.append(collect(engine)[rid][0])
+        return results
+
+    plain = run(tiny_engine(deterministic=True), [0, 0, 0])
+    cached = tiny_engine(deterministic=True, enable_prefix_caching=True, host_kv_memory_bytes=4 * MIB)
+    assert run(cached, [0, 0, 0]) == plain
+    stats = cached.stats()
+    assert stats.prefix_query_tokens == sum(len(p) for p in prompts)
+    assert stats.prefix_hit_tokens == 2 * 64  # the second and third prompt share the system prompt
+    assert stats.prefix_hit_rate == pytest.approx(128 / stats.prefix_query_tokens)
+    assert stats.cached_pages >= 4 and stats.num_host_pages > 0
+    salted = tiny_engine(deterministic=True, enable_prefix_caching=True)
+    assert run(salted, [1, 2, 3]) == plain  # different tenants never share
+    assert salted.stats().prefix_hit_tokens == 0
+    assert greedy.cache_salt == 0
