@@ -21,7 +21,7 @@ namespace pagedattn::bench {
 // The kernel's inner products (prefill QK outer products, PV, masks and the
 // softmax) run on the target's full width: 16 lanes on AVX-512.
 inline constexpr int kKernelMaxF32Lanes = 16;
-inline constexpr bool kKernelUsesBf16Dot = false;
+inline constexpr bool kKernelUsesBf16Dot = true;
 inline constexpr bool kKernelUsesInt8Dot = false;
 
 // The extensions of `used` (dispatched_features()) the kernel does use: the
