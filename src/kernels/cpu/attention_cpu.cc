@@ -231,36 +231,32 @@ HWY_INLINE void PrefetchLine(const void* row, std::size_t d, std::size_t elems) 
     __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 3);
 }
 
+// Converts kKB rows of `dim` kT elements to f32 rows at out (row stride
+// `stride`) and repoints them there; prefetches the rows `next` meanwhile.
+template <DType kT>
+void ConvertRows(const void** rows, const void* const* next, std::size_t dim, std::size_t stride, float* out) {
+  const DF df;
+  const std::size_t n = hn::Lanes(df);
+  for (std::int32_t jj = 0; jj < kKB; ++jj) {
+    float* row = out + std::size_t(jj) * stride;
+    for (std::size_t d = 0; d < dim; d += n) {
+      PrefetchLine<kT>(next[jj], d, dim);
+      hn::Store(LoadConvert<kT>(rows[jj], d), df, row + d);
+    }
+    rows[jj] = row;
+  }
+}
+
 // Converts a gathered block's V rows to f32 scratch rows and repoints them there.
 template <DType kT>
 void ConvertValues(const Item& it, KeyBlock& kb) {
-  const DF df;
-  const std::size_t n = hn::Lanes(df);
-  const KernelContext& c = *it.c;
-  for (std::int32_t jj = 0; jj < kKB; ++jj) {
-    float* vd = it.sc.v + std::size_t(jj) * c.dv;
-    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) {
-      PrefetchLine<kT>(kb.v_next[jj], d, c.v_head_dim);
-      hn::Store(LoadConvert<kT>(kb.v[jj], d), df, vd + d);
-    }
-    kb.v[jj] = vd;
-  }
+  ConvertRows<kT>(kb.v, kb.v_next, std::size_t(it.c->v_head_dim), std::size_t(it.c->dv), it.sc.v);
 }
 
 // Converts a gathered block to f32 scratch rows and repoints it there.
 template <DType kT>
 void ConvertBlock(const Item& it, KeyBlock& kb) {
-  const DF df;
-  const std::size_t n = hn::Lanes(df);
-  const KernelContext& c = *it.c;
-  for (std::int32_t jj = 0; jj < kKB; ++jj) {
-    float* kd = it.sc.k + std::size_t(jj) * c.dq;
-    for (std::size_t d = 0; d < std::size_t(c.head_dim); d += n) {
-      PrefetchLine<kT>(kb.k_next[jj], d, c.head_dim);
-      hn::Store(LoadConvert<kT>(kb.k[jj], d), df, kd + d);
-    }
-    kb.k[jj] = kd;
-  }
+  ConvertRows<kT>(kb.k, kb.k_next, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.k);
   ConvertValues<kT>(it, kb);
 }
 
