@@ -9,7 +9,7 @@ namespace pagedattn::kernels {
 
 struct AttentionTraits {
   static constexpr std::int32_t kKeyBlock = 32;    // keys scored per inner block
-  static constexpr std::int32_t kTargetRows = 64;  // query rows (tokens x group heads) per item
+  static constexpr std::int32_t kTargetRows = 128;  // query rows (tokens x group heads) per item
   static constexpr std::int32_t kLanePad = 16;     // dims padded to whole 512-bit f32 vectors
   static constexpr std::size_t kAlign = 64;        // byte alignment of every scratch array
   static_assert(kKeyBlock % 4 == 0, "QK scores 4 keys at a time");

@@ -74,6 +74,9 @@ HWY_INLINE PAGEDATTN_BF16_ATTR __m256i LoadBf16x16(const void* row, std::size_t 
     const auto* p = static_cast<const std::uint16_t*>(row) + d;
     return full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
                 : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  } else if (kT == DType::kF16 && full) {  // one widening of 16 lanes (F16C's, exact)
+    const auto* p = static_cast<const std::uint16_t*>(row) + d;
+    return (__m256i)_mm512_cvtneps_pbh(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
   } else {
     const __m256 lo = LoadConvert<kT>(row, d).raw;
     const __m256 hi = full ? LoadConvert<kT>(row, d + 8).raw : _mm256_setzero_ps();
