@@ -271,7 +271,8 @@ int run_bench_attention(int argc, char** argv) {
     print_probes();
     return 0;
   }
-  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_features());
+  const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;
+  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_features(), prefill);
   std::printf("compute class: %s (the kernel's inner products for %s KV at this target)\n",
               pb::peak_class_name(k), pb::short_name(c.kv).c_str());
   std::printf(
