@@ -19,9 +19,10 @@
 #define PAGEDATTN_KERNELS_CPU_BF16_DOT_MACROS_
 // True in the per-target pass of a target that compiles the bf16 kernels.
 #define PAGEDATTN_BF16_DOT_TARGET (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL))
-// The extension on top of the target's own (functions using it are called,
+// The target's extensions plus AVX512-BF16 (clang replaces rather than
+// extends the target of Highway's pragma; functions with it are called,
 // never inlined, from code without it).
-#define PAGEDATTN_BF16_ATTR __attribute__((target("avx512bf16")))
+#define PAGEDATTN_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 #endif
 
 #if defined(PAGEDATTN_KERNELS_CPU_BF16_DOT_INL_H_) == defined(HWY_TARGET_TOGGLE)
