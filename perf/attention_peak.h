@@ -4,8 +4,8 @@
 // inner products (QK^T and PV) execute, at the vector width it computes on.
 //   * fp32 FMAs at min(the target's width, kKernelMaxF32Lanes) lanes: zmm for
 //     16, ymm for 8; targets below AVX2 have no FMA: SSE multiply + add;
-//   * prefill (more than 8 query rows per KV head) with KV of 16 bits or
-//     fewer on an AVX-512 target with AVX512-BF16, when the kernel does its
+//   * prefill (more than 8 query rows per KV head) with bf16 products allowed
+//     and KV of 16 bits or fewer on an AVX-512 target with AVX512-BF16, when the kernel does its
 //     products with vdpbf16ps (kKernelUsesBf16Dot): the vdpbf16ps peak
 //     (decode keeps fp32 FMAs);
 //   * int8 KV on an AVX-512 target with AVX512-VNNI, when the kernel does its
@@ -41,11 +41,12 @@ inline int attention_kernel_lanes(const CpuFeatures& used) {
   return target_lanes < kKernelMaxF32Lanes ? target_lanes : kKernelMaxF32Lanes;
 }
 
-// `used` as pagedattn::dispatched_features(); `prefill`: the call has more
-// than 8 query rows (tokens x group) per KV head.
-inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used, bool prefill) {
+// `used` as pagedattn::dispatched_features(); `bf16_prefill`: the call has
+// more than 8 query rows (tokens x group) per KV head and its plan allows
+// bf16 products (AttentionPlanOptions::bf16_products).
+inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used, bool bf16_prefill) {
   const bool avx512 = used.avx512f;
-  if (avx512 && prefill && kv != DType::kF32 && kKernelUsesBf16Dot && used.avx512_bf16)
+  if (avx512 && bf16_prefill && kv != DType::kF32 && kKernelUsesBf16Dot && used.avx512_bf16)
     return PeakClass::kBf16DotZmm;
   if (avx512 && kv == DType::kINT8 && kKernelUsesInt8Dot && used.avx512_vnni) return PeakClass::kInt8DotZmm;
   if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;

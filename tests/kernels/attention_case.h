@@ -95,7 +95,7 @@ struct RowTolerance {
 double output_row_tolerance(DType o);
 
 // The dot-product paths round their inputs. vdpbf16ps (prefill on AVX-512
-// with AVX512-BF16, KV of 16 bits or fewer): queries, softmax weights and
+// with AVX512-BF16, KV of 16 bits or fewer, AttentionPlanOptions::bf16_products): queries, softmax weights and
 // f16 K/V to bf16 (8 significant bits; bf16, fp8 and int8 K/V convert
 // exactly). A numpy model of the query and weight rounding over 400 random
 // rows (head dims 32-256, up to 1203 keys) gave at most 0.5% of the row
@@ -109,19 +109,20 @@ inline constexpr double kInt8DotRowTolerance = 8e-2;
 inline constexpr double kFp32LseTolerance = 5e-5;
 
 // The dot-product allowance (0: none) for KV `kv` where the dispatched
-// target has the features `used`.
-double dot_row_tolerance(DType kv, const CpuFeatures& used);
+// target has the features `used`, with bf16 products allowed or not
+// (AttentionPlanOptions::bf16_products).
+double dot_row_tolerance(DType kv, const CpuFeatures& used, bool bf16_products);
 
 // The tolerance for a case with the dispatched target's features `used`:
 // the dot-product allowance wherever the kernel may take that path.
-RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used);
+RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used, bool bf16_products);
 
 // Output 1 (kernel) against output 0 (reference), row by row, and their LSE.
 void expect_rows_close(const AttentionCase& c, const RowTolerance& tol, const std::string& what);
 
 // Output 1 (kernel) against output 0 (reference), and their LSE; failures
-// are reported with `what`. Element-wise at output_tolerance, or row-wise at
-// tolerance_for() where the dispatched kernel may use a dot-product path.
+// are reported with `what` (element-wise, at output_tolerance: plans with
+// f32 products).
 void expect_close(const AttentionCase& c, const std::string& what);
 
 // Runs `body(target)` with Highway restricted to each compiled and supported

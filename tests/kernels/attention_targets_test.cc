@@ -110,11 +110,17 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
           AttentionCase c(spec);
           paged_attention_reference(c.params(0));
           // Split KV often; deterministic mode (a fixed chunk: every row on
-          // the decode path) and the default (prefill rows on the
-          // outer-product path: bf16 dot products where the CPU has them).
-          for (const std::int32_t fixed_chunk : {32, 0}) {
-            AttentionRunner(AttentionPlanOptions{2, fixed_chunk, 16}).run(c.params(1));
-            expect_rows_close(c, tolerance_for(spec, used), what + " fixed chunk " + std::to_string(fixed_chunk));
+          // the decode path), the default (prefill rows on the f32
+          // outer-product path) and bf16 products allowed (bf16 dot
+          // products where the CPU has them).
+          struct Variant {
+            std::int32_t fixed_chunk;
+            bool bf16;
+          };
+          for (const Variant v : {Variant{32, false}, Variant{0, false}, Variant{0, true}}) {
+            AttentionRunner(AttentionPlanOptions{2, v.fixed_chunk, 16, v.bf16}).run(c.params(1));
+            expect_rows_close(c, tolerance_for(spec, used, v.bf16),
+                              what + " fixed chunk " + std::to_string(v.fixed_chunk) + " bf16 " + std::to_string(v.bf16));
             if (::testing::Test::HasFailure()) return;
           }
         }

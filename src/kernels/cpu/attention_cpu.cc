@@ -804,9 +804,10 @@ bool OuterProducts(const Item& it, std::int32_t rows_per_head) {
   return rows_per_head > kConvertRows && it.p->options.key_rope == nullptr && !it.c->batch_invariant;
 }
 
-// Whether the outer-product path runs on bf16 dot products: on AVX-512
-// targets of CPUs with AVX512-BF16, for KV stored in 16 bits or fewer (f32
-// KV keeps f32 products).
+// Whether the outer-product path runs on bf16 dot products: when the plan
+// allows them (AttentionPlanOptions::bf16_products), on AVX-512 targets of
+// CPUs with AVX512-BF16, for KV stored in 16 bits or fewer (f32 KV keeps f32
+// products).
 template <DType kT>
 bool Bf16Dot(const Item& it) {
 #if PAGEDATTN_BF16_DOT_TARGET
