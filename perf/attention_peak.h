@@ -4,8 +4,10 @@
 // inner products (QK^T and PV) execute, at the vector width it computes on.
 //   * fp32 FMAs at min(the target's width, kKernelMaxF32Lanes) lanes: zmm for
 //     16, ymm for 8; targets below AVX2 have no FMA: SSE multiply + add;
-//   * bf16 KV on an AVX-512 target with AVX512-BF16, when the kernel does its
-//     products with vdpbf16ps (kKernelUsesBf16Dot): the vdpbf16ps peak;
+//   * prefill (more than 8 query rows per KV head) with bf16 products allowed
+//     and KV of 16 bits or fewer on an AVX-512 target with AVX512-BF16, when the kernel does its
+//     products with vdpbf16ps (kKernelUsesBf16Dot): the vdpbf16ps peak
+//     (decode keeps fp32 FMAs);
 //   * int8 KV on an AVX-512 target with AVX512-VNNI, when the kernel does its
 //     products with vpdpbusd (kKernelUsesInt8Dot): the vpdpbusd peak.
 // The three kKernel* constants describe the kernel in src/kernels/cpu and
@@ -21,7 +23,7 @@ namespace pagedattn::bench {
 // The kernel's inner products (prefill QK outer products, PV, masks and the
 // softmax) run on the target's full width: 16 lanes on AVX-512.
 inline constexpr int kKernelMaxF32Lanes = 16;
-inline constexpr bool kKernelUsesBf16Dot = false;
+inline constexpr bool kKernelUsesBf16Dot = true;
 inline constexpr bool kKernelUsesInt8Dot = false;
 
 // The extensions of `used` (dispatched_features()) the kernel does use: the
@@ -39,10 +41,13 @@ inline int attention_kernel_lanes(const CpuFeatures& used) {
   return target_lanes < kKernelMaxF32Lanes ? target_lanes : kKernelMaxF32Lanes;
 }
 
-// `used` as pagedattn::dispatched_features().
-inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used) {
+// `used` as pagedattn::dispatched_features(); `bf16_prefill`: the call has
+// more than 8 query rows (tokens x group) per KV head and its plan allows
+// bf16 products (AttentionPlanOptions::bf16_products).
+inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used, bool bf16_prefill) {
   const bool avx512 = used.avx512f;
-  if (avx512 && kv == DType::kBF16 && kKernelUsesBf16Dot && used.avx512_bf16) return PeakClass::kBf16DotZmm;
+  if (avx512 && bf16_prefill && kv != DType::kF32 && kKernelUsesBf16Dot && used.avx512_bf16)
+    return PeakClass::kBf16DotZmm;
   if (avx512 && kv == DType::kINT8 && kKernelUsesInt8Dot && used.avx512_vnni) return PeakClass::kInt8DotZmm;
   if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;
   if (used.avx2 && used.fma) return PeakClass::kFp32FmaYmm;

@@ -36,6 +36,7 @@ struct Options {
   bool probe_only = false;  // the probes alone, no kernel
   bool check = true;
   bool hot = false;  // re-read one copy (K/V in cache when it fits) instead of rotating
+  bool bf16_products = false;  // AttentionPlanOptions::bf16_products
   std::string max_target;  // --max-target: overrides PAGEDATTN_MAX_TARGET
 };
 
@@ -71,6 +72,8 @@ void print_usage(std::FILE* out) {
                "  --no-probe              skip the bandwidth / compute-peak probes\n"
                "  --probe-only            run the probes alone (no kernel)\n"
                "  --no-check              skip the comparison with the scalar reference\n"
+               "  --bf16-products         allow bf16 dot products in prefill where the CPU has\n"
+               "                          AVX512-BF16 (inputs rounded to bf16; AttentionPlanOptions)\n"
                "  --hot                   re-read the first copy every call: K/V stay in\n"
                "                          L2/L3 if they fit (the kernel's compute rate)\n"
                "exit status 3 when the kernel disagrees with the reference\n",
@@ -147,6 +150,8 @@ Options parse(int argc, char** argv) {
       o.check = false;
     } else if (flag == "--hot") {
       o.hot = true;
+    } else if (flag == "--bf16-products") {
+      o.bf16_products = true;
     } else {
       throw InvalidArgument(
           detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
@@ -160,11 +165,11 @@ Options parse(int argc, char** argv) {
 
 // Largest |kernel - reference| over the outputs of copy 0, relative to the
 // largest |reference| (both read back as float).
-double relative_error_vs_reference(pb::Workload& w) {
+double relative_error_vs_reference(pb::Workload& w, bool bf16_products) {
   AttentionParams p = w.params(0);
   const std::size_t n =
       std::size_t(w.config().batch) * w.config().q_len * p.num_qo_heads * w.config().head_dim;
-  AttentionRunner().run(p);
+  AttentionRunner(AttentionPlanOptions{.bf16_products = bf16_products}).run(p);
   std::vector<float> fast(n), ref(n);
   for (std::size_t i = 0; i < n; ++i) fast[i] = load_as_float(p.o.data, p.o.dtype, i);
   paged_attention_reference(p);
@@ -184,9 +189,9 @@ struct Timing {
 
 // Calls the kernel (plan + run, as a serving step would) rotating through the
 // workload's copies (or on copy 0 alone when `hot`), for at least `seconds`.
-Timing time_calls(pb::Workload& w, double seconds, bool hot) {
+Timing time_calls(pb::Workload& w, double seconds, bool hot, bool bf16_products) {
   using Clock = std::chrono::steady_clock;
-  AttentionRunner runner;
+  AttentionRunner runner(AttentionPlanOptions{.bf16_products = bf16_products});
   runner.run(w.params(0));  // warm-up: workspace, page faults
   std::vector<double> times;
   const auto start = Clock::now();
@@ -271,7 +276,8 @@ int run_bench_attention(int argc, char** argv) {
     print_probes();
     return 0;
   }
-  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_features());
+  const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;
+  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_features(), prefill && o.bf16_products);
   std::printf("compute class: %s (the kernel's inner products for %s KV at this target)\n",
               pb::peak_class_name(k), pb::short_name(c.kv).c_str());
   std::printf(
@@ -285,13 +291,13 @@ int run_bench_attention(int argc, char** argv) {
   if (o.check) {
     // Outputs are stored in f16 / bf16 / f32: rounding alone stays well below this.
     constexpr double kTolerance = 1e-2;
-    const double err = relative_error_vs_reference(w);
+    const double err = relative_error_vs_reference(w, o.bf16_products);
     std::printf("max |kernel - reference| / max |reference|: %.2e (%s)\n", err,
                 err <= kTolerance ? "ok" : "FAILED");
     if (!(err <= kTolerance)) return 3;
   }
 
-  const Timing t = time_calls(w, o.seconds, o.hot);
+  const Timing t = time_calls(w, o.seconds, o.hot, o.bf16_products);
   if (o.hot)
     std::printf("hot: every call re-reads copy 0 (%.1f MiB of K/V)\n",
                 c.kv_bytes_per_call() / double(1 << 20));

@@ -95,6 +95,12 @@ struct AttentionPlanOptions {
                                     // whatever the batch, and compute every query row
                                     // the same way (deterministic mode: batch_invariant)
   std::int32_t min_kv_chunk = 256;  // smallest chunk the planner creates when it splits
+  // Prefill (more than 8 query rows per KV head) over KV of 16 bits or fewer
+  // may run on bf16 dot products where the CPU has AVX512-BF16: queries,
+  // softmax weights and f16 K/V are then rounded to bf16 (8 significant
+  // bits; up to about 2.5% of a row's largest output), for about twice the
+  // multiply-add rate. Off: f32 products throughout.
+  bool bf16_products = false;
 };
 
 // One unit of work: query tokens [q_begin, q_end) of sequence `batch` (offsets
@@ -124,6 +130,7 @@ struct AttentionPlan {
   // A row's result does not depend on its item's size: the kernel keeps one
   // summation order for decode and prefill rows (set by fixed_kv_chunk > 0).
   bool batch_invariant = false;
+  bool bf16_products = false;  // AttentionPlanOptions::bf16_products (never with batch_invariant)
   std::vector<AttentionWorkItem> items;   // grouped by thread
   std::vector<std::int32_t> thread_items; // [num_threads + 1] offsets into items
   std::vector<AttentionMergeTask> merges;

@@ -9,7 +9,7 @@ namespace pagedattn::kernels {
 
 struct AttentionTraits {
   static constexpr std::int32_t kKeyBlock = 32;    // keys scored per inner block
-  static constexpr std::int32_t kTargetRows = 64;  // query rows (tokens x group heads) per item
+  static constexpr std::int32_t kTargetRows = 128;  // query rows (tokens x group heads) per item
   static constexpr std::int32_t kLanePad = 16;     // dims padded to whole 512-bit f32 vectors
   static constexpr std::size_t kAlign = 64;        // byte alignment of every scratch array
   static_assert(kKeyBlock % 4 == 0, "QK scores 4 keys at a time");
@@ -32,7 +32,8 @@ struct ScratchLayout {
   std::size_t l = 0;  // [rows] running denominator
   std::size_t s = 0;  // [rows][kKeyBlock] scores, then probabilities
   std::size_t k = 0;  // [kKeyBlock][pad(D)] keys as f32
-  std::size_t v = 0;  // [kKeyBlock][pad(Dv)] values as f32
+  std::size_t v = 0;  // [kKeyBlock][pad(Dv)] values as f32 (or packed bf16)
+  std::size_t qh = 0;  // [rows][pad(D)] bf16 queries (the bf16 dot-product path)
   std::size_t zero = 0;  // a zero row, as wide as the widest K/V row in f32
   std::size_t zero_bytes = 0;
   std::size_t bytes = 0;
@@ -52,7 +53,8 @@ constexpr ScratchLayout scratch_layout(std::int32_t rows, std::int32_t head_dim,
   l.s = l.l + align_up(r * f);
   l.k = l.s + align_up(r * kb * f);
   l.v = l.k + align_up(kb * dq * f);
-  l.zero = l.v + align_up(kb * dv * f);
+  l.qh = l.v + align_up(kb * dv * f);
+  l.zero = l.qh + align_up(r * dq * sizeof(std::uint16_t));
   l.zero_bytes = align_up((dq > dv ? dq : dv) * f);
   l.bytes = l.zero + l.zero_bytes;
   return l;

@@ -8,6 +8,8 @@
 #include <limits>
 #include <numeric>
 
+#include "attention_peak.h"
+
 namespace pagedattn::testing {
 namespace {
 
@@ -239,6 +241,53 @@ Tolerance output_tolerance(DType o) {
 namespace {
 constexpr float kLseTolerance = 5e-5f;  // relative to max(1, |lse|)
 }  // namespace
+
+double output_row_tolerance(DType o) {
+  switch (o) {
+    case DType::kF16: return 1e-3;
+    case DType::kBF16: return 4e-3;
+    default: return 5e-5;
+  }
+}
+
+double dot_row_tolerance(DType kv, const CpuFeatures& used, bool bf16_products) {
+  namespace pb = pagedattn::bench;
+  const bool bf16_dot =
+      bf16_products && pb::kKernelUsesBf16Dot && used.avx512f && used.avx512_bf16 && kv != DType::kF32;
+  const bool int8_dot = pb::kKernelUsesInt8Dot && used.avx512f && used.avx512_vnni && kv == DType::kINT8;
+  return int8_dot ? kInt8DotRowTolerance : bf16_dot ? kBf16DotRowTolerance : 0.0;
+}
+
+RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used, bool bf16_products) {
+  const double dot = dot_row_tolerance(spec.kv_dtype, used, bf16_products);
+  return {output_row_tolerance(spec.o_dtype) + dot, dot > 0.0 ? dot : kFp32LseTolerance};
+}
+
+void expect_rows_close(const AttentionCase& c, const RowTolerance& tol, const std::string& what) {
+  const std::vector<float> want = c.output(0), got = c.output(1);
+  const std::size_t dim = static_cast<std::size_t>(c.spec().v_head_dim ? c.spec().v_head_dim : c.spec().head_dim);
+  int reported = 0;
+  for (std::size_t row = 0; row * dim < want.size(); ++row) {
+    double err = 0.0, scale = 0.0;
+    for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << what << " output " << i << " is " << got[i];
+      err = std::max(err, double(std::fabs(got[i] - want[i])));
+      scale = std::max(scale, double(std::fabs(want[i])));
+    }
+    if (err > tol.row * scale + 1e-6 && reported++ < 3)
+      ADD_FAILURE() << what << " row " << row << ": max error " << err << " against row maximum "
+                    << scale << " (tolerance " << tol.row << " of it)";
+  }
+  if (!c.spec().with_lse) return;
+  for (std::size_t i = 0; i < c.lse(0).size(); ++i) {
+    const float a = c.lse(0)[i], b = c.lse(1)[i];
+    if (std::isinf(a)) {
+      EXPECT_EQ(a, b) << what << " lse " << i;
+    } else if (std::fabs(a - b) > tol.lse * std::max(1.0f, std::fabs(a)) && reported++ < 3) {
+      ADD_FAILURE() << what << " lse " << i << ": reference " << a << ", kernel " << b;
+    }
+  }
+}
 
 void expect_close(const AttentionCase& c, const std::string& what) {
   const std::vector<float> want = c.output(0), got = c.output(1);

@@ -30,6 +30,7 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/convert-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -79,7 +80,8 @@ struct Scratch {
   float* s;      // [rows][kKB] scores, then weights
   float* k;      // [kKB][dq] f32 copy of a block (prefill)
   float* v;      // [kKB][dv]
-  const void* zero;  // a zero row (any dtype)
+  std::uint16_t* qh;  // [rows][dq] bf16 queries (the bf16 dot-product path)
+  const void* zero;   // a zero row (any dtype)
 };
 
 struct Item {
@@ -229,36 +231,32 @@ HWY_INLINE void PrefetchLine(const void* row, std::size_t d, std::size_t elems) 
     __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 3);
 }
 
+// Converts kKB rows of `dim` kT elements to f32 rows at out (row stride
+// `stride`) and repoints them there; prefetches the rows `next` meanwhile.
+template <DType kT>
+void ConvertRows(const void** rows, const void* const* next, std::size_t dim, std::size_t stride, float* out) {
+  const DF df;
+  const std::size_t n = hn::Lanes(df);
+  for (std::int32_t jj = 0; jj < kKB; ++jj) {
+    float* row = out + std::size_t(jj) * stride;
+    for (std::size_t d = 0; d < dim; d += n) {
+      PrefetchLine<kT>(next[jj], d, dim);
+      hn::Store(LoadConvert<kT>(rows[jj], d), df, row + d);
+    }
+    rows[jj] = row;
+  }
+}
+
 // Converts a gathered block's V rows to f32 scratch rows and repoints them there.
 template <DType kT>
 void ConvertValues(const Item& it, KeyBlock& kb) {
-  const DF df;
-  const std::size_t n = hn::Lanes(df);
-  const KernelContext& c = *it.c;
-  for (std::int32_t jj = 0; jj < kKB; ++jj) {
-    float* vd = it.sc.v + std::size_t(jj) * c.dv;
-    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) {
-      PrefetchLine<kT>(kb.v_next[jj], d, c.v_head_dim);
-      hn::Store(LoadConvert<kT>(kb.v[jj], d), df, vd + d);
-    }
-    kb.v[jj] = vd;
-  }
+  ConvertRows<kT>(kb.v, kb.v_next, std::size_t(it.c->v_head_dim), std::size_t(it.c->dv), it.sc.v);
 }
 
 // Converts a gathered block to f32 scratch rows and repoints it there.
 template <DType kT>
 void ConvertBlock(const Item& it, KeyBlock& kb) {
-  const DF df;
-  const std::size_t n = hn::Lanes(df);
-  const KernelContext& c = *it.c;
-  for (std::int32_t jj = 0; jj < kKB; ++jj) {
-    float* kd = it.sc.k + std::size_t(jj) * c.dq;
-    for (std::size_t d = 0; d < std::size_t(c.head_dim); d += n) {
-      PrefetchLine<kT>(kb.k_next[jj], d, c.head_dim);
-      hn::Store(LoadConvert<kT>(kb.k[jj], d), df, kd + d);
-    }
-    kb.k[jj] = kd;
-  }
+  ConvertRows<kT>(kb.k, kb.k_next, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.k);
   ConvertValues<kT>(it, kb);
 }
 
@@ -798,17 +796,67 @@ void FinishRows(const Item& it, const RowMap& map, std::int32_t rows) {
 // transposed) rather than converted in registers for every group of 4 rows.
 constexpr std::int32_t kConvertRows = 8;
 
+// Whether an item's blocks take the outer-product path: many rows share a
+// block (prefill). Keys to rotate need f32 scratch rows, and a
+// batch-invariant plan (a row's bits independent of its batch mates) keeps
+// every row on the decode path's summation order.
+bool OuterProducts(const Item& it, std::int32_t rows_per_head) {
+  return rows_per_head > kConvertRows && it.p->options.key_rope == nullptr && !it.c->batch_invariant;
+}
+
+// Whether the outer-product path runs on bf16 dot products: when the plan
+// allows them (AttentionPlanOptions::bf16_products), on AVX-512 targets of
+// CPUs with AVX512-BF16, for KV stored in 16 bits or fewer (f32 KV keeps f32
+// products).
+template <DType kT>
+bool Bf16Dot(const Item& it) {
+#if PAGEDATTN_BF16_DOT_TARGET
+  return kT != DType::kF32 && it.c->bf16_dot;
+#else
+  (void)it;
+  return false;
+#endif
+}
+
+#if PAGEDATTN_BF16_DOT_TARGET
+// One block for rows [row0, row_end) on bf16 dot products (bf16_dot-inl.h):
+// packs K and V, scores, applies masks and the online softmax in f32, then
+// PV on the weights rounded to bf16.
+template <DType kT, int kDim>
+void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
+                          std::int32_t row_end, std::int64_t first_pos) {
+  const KernelContext& c = *it.c;
+  auto* kt = reinterpret_cast<std::uint32_t*>(it.sc.k);
+  auto* vp = reinterpret_cast<std::uint32_t*>(it.sc.v);
+  if constexpr (kT != DType::kF32) {
+    bf16dot::PackKeys<kT>(kb.k, kb.k_next, std::size_t(c.head_dim), kt);
+    bf16dot::PackValues<kT>(kb.v, kb.v_next, std::size_t(c.v_head_dim), std::size_t(c.dv), vp);
+  }
+  bf16dot::ScoreBlock<kDim>(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim),
+                            kScaled<kT> ? kb.k_scale : nullptr, it.sc.s, row0, row_end);
+  for (std::int32_t row = row0; row < row_end; ++row) {
+    TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
+                 static_cast<std::int32_t>(map.qo_head(row)));
+    SoftmaxRow<kScaled<kT>>(it, kb, row);
+  }
+  bf16dot::RoundWeights(it.sc.s, row0, row_end);
+  bf16dot::AccumulateBlock<kDim>(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
+}
+#endif
+
 // One block of keys for one KV head's rows [row0, row_end).
 template <DType kT, int kDim>
 void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
                       std::int32_t row_end, std::int64_t first_pos) {
   if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
   const bool rotate_keys = it.p->options.key_rope != nullptr;
-  // Many rows share the block (prefill): outer-product QK on transposed f32
-  // keys, PV on f32 values. Keys to rotate: f32 scratch rows. Its summation
-  // order differs from the decode path's, so a batch-invariant plan (a row's
-  // bits independent of its batch mates) keeps every row on the decode path.
-  const bool outer = row_end - row0 > kConvertRows && !rotate_keys && !it.c->batch_invariant;
+  // Many rows share the block (prefill): outer-product QK on transposed
+  // keys (bf16 dot products, or f32), PV on converted values. Keys to
+  // rotate: f32 scratch rows.
+  const bool outer = OuterProducts(it, row_end - row0);
+#if PAGEDATTN_BF16_DOT_TARGET
+  if (outer && Bf16Dot<kT>(it)) return ProcessHeadBlockBf16<kT, kDim>(it, map, kb, row0, row_end, first_pos);
+#endif
   // e4m3 decode: rows widened to f16 first (kWidenE4M3).
   constexpr bool kWidenE4M3 = kT == DType::kFP8E4M3 && kNativeF16;
   if (outer) {
@@ -846,6 +894,10 @@ void ProcessItem(const Item& it) {
   const std::int32_t rows = map.per_head * (w.kv_head_end - w.kv_head_begin);
   const std::int64_t first_pos = std::int64_t{t.kv_lens[w.batch]} - t.q_len(w.batch) + w.q_begin;
   InitRows(it, map, rows);
+#if PAGEDATTN_BF16_DOT_TARGET
+  if (OuterProducts(it, map.per_head) && Bf16Dot<kT>(it))
+    bf16dot::RoundRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh);
+#endif
   // Two of each, alternating: the block (head) being processed and the one
   // after it, whose rows are prefetched meanwhile.
   BlockSlots slots[2];
@@ -898,7 +950,8 @@ void ProcessItemAnyType(const Item& it) {
 Scratch ThreadScratch(std::byte* base, const KernelContext& c) {
   const ScratchLayout& l = c.layout;
   auto at = [&](std::size_t off) { return reinterpret_cast<float*>(base + off); };
-  return {at(l.q), at(l.o), at(l.m), at(l.l), at(l.s), at(l.k), at(l.v), base + l.zero};
+  return {at(l.q), at(l.o), at(l.m), at(l.l), at(l.s), at(l.k), at(l.v),
+          reinterpret_cast<std::uint16_t*>(base + l.qh), base + l.zero};
 }
 
 void RunAttention(const AttentionParams& p, const AttentionPlan& plan, std::byte* workspace) {

@@ -16,6 +16,7 @@ struct KernelContext {
   std::int32_t dq = 0, dv = 0;   // padded dims (scratch row strides)
   float scale = 1.0f;            // folded into the queries
   bool batch_invariant = false;  // AttentionPlan::batch_invariant: no prefill-only paths
+  bool bf16_dot = false;         // the plan allows bf16 products, the CPU and dispatch have them
   ScratchLayout layout;
   std::size_t partial_slot_bytes = 0;
   std::size_t partial_lse_offset = 0;  // within a slot

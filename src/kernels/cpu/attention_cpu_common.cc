@@ -4,6 +4,7 @@
 #include "../validate.h"
 #include "attention_cpu.h"
 #include "convert.h"
+#include "pagedattn/cpu_features.h"
 
 namespace pagedattn::kernels {
 
@@ -16,6 +17,7 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
   c.dv = padded_dim(c.v_head_dim);
   c.scale = resolved_scale(p);
   c.batch_invariant = plan.batch_invariant;
+  c.bf16_dot = plan.bf16_products && dispatched_features().avx512_bf16;
   c.layout = scratch_layout(plan.max_rows, c.head_dim, c.v_head_dim);
   c.partial_slot_bytes = partial_slot_bytes(plan.max_rows, c.v_head_dim);
   c.partial_lse_offset =
