@@ -47,7 +47,7 @@ std::vector<std::byte> encode(const Fields& fields) {
 }
 
 Fields decode(std::span<const std::byte> bytes) {
-  MessageReader r(bytes);
+  MessageReader r(bytes, "the configuration check between ranks");
   Fields fields(static_cast<std::size_t>(r.get<std::int32_t>()));
   for (auto& [name, value] : fields) {
     name = r.get_string();

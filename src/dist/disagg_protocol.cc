@@ -20,7 +20,7 @@ std::vector<std::byte> RequestMessage::encode() const {
 }
 
 RequestMessage RequestMessage::decode(std::span<const std::byte> bytes) {
-  MessageReader r(bytes);
+  MessageReader r(bytes, "disaggregated prefill/decode");
   RequestMessage m;
   m.index = r.get<std::int64_t>();
   m.first_token = r.get<std::int32_t>();
@@ -45,7 +45,7 @@ std::vector<std::byte> AckMessage::encode() const {
 }
 
 AckMessage AckMessage::decode(std::span<const std::byte> bytes) {
-  MessageReader r(bytes);
+  MessageReader r(bytes, "disaggregated prefill/decode");
   AckMessage m;
   m.ack = r.get<Ack>();
   m.error = r.get_string();

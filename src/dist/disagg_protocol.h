@@ -5,12 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
+#include "dist/byte_message.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 
@@ -27,61 +26,6 @@ inline constexpr int kPageTagSpan = 30000;
 inline int pages_tag(std::int64_t index) {
   return kTagPagesBase + static_cast<int>(index % kPageTagSpan);
 }
-
-class MessageWriter {
- public:
-  template <class T>
-  void put(const T& value) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const auto* p = reinterpret_cast<const std::byte*>(&value);
-    bytes_.insert(bytes_.end(), p, p + sizeof(T));
-  }
-  template <class T>
-  void put_vector(std::span<const T> values) {
-    put(static_cast<std::int64_t>(values.size()));
-    for (const T& v : values) put(v);
-  }
-  void put_string(const std::string& s) {
-    put_vector(std::span<const char>(s.data(), s.size()));
-  }
-  std::vector<std::byte> take() { return std::move(bytes_); }
-
- private:
-  std::vector<std::byte> bytes_;
-};
-
-// Reads what MessageWriter wrote; InternalError on a truncated message.
-class MessageReader {
- public:
-  explicit MessageReader(std::span<const std::byte> bytes) : bytes_(bytes) {}
-  template <class T>
-  T get() {
-    require<InternalError>(at_ + sizeof(T) <= bytes_.size(),
-                           "disaggregated prefill/decode: a truncated message (", bytes_.size(),
-                           " bytes)");
-    T value;
-    std::memcpy(&value, bytes_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return value;
-  }
-  template <class T>
-  std::vector<T> get_vector() {
-    const auto n = get<std::int64_t>();
-    require<InternalError>(n >= 0 && static_cast<std::size_t>(n) * sizeof(T) <= bytes_.size() - at_,
-                           "disaggregated prefill/decode: a malformed message (", n, " elements)");
-    std::vector<T> values(static_cast<std::size_t>(n));
-    for (T& v : values) v = get<T>();
-    return values;
-  }
-  std::string get_string() {
-    const std::vector<char> chars = get_vector<char>();
-    return {chars.begin(), chars.end()};
-  }
-
- private:
-  std::span<const std::byte> bytes_;
-  std::size_t at_ = 0;
-};
 
 // prefill -> decode: a prefilled request, the end of requests, or the
 // prefill rank's failure (between two requests: the decode rank then stops

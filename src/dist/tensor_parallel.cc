@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dist/byte_message.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::dist {
@@ -33,56 +34,6 @@ struct CacheShape {
   std::int32_t fixed_kv_chunk = 0, min_kv_chunk = 0;
   std::int32_t support_sliding_window = 0;
   std::int32_t padding = 0;  // explicit, so every byte sent is initialized
-};
-
-// A message is a flat byte string of trivially copyable values and
-// length-prefixed vectors of them, written and read in the same order.
-class Writer {
- public:
-  template <class T>
-  void put(const T& value) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const auto* p = reinterpret_cast<const std::byte*>(&value);
-    bytes_.insert(bytes_.end(), p, p + sizeof(T));
-  }
-  template <class T>
-  void put_vector(std::span<const T> values) {
-    put(static_cast<std::int64_t>(values.size()));
-    for (const T& v : values) put(v);
-  }
-  std::vector<std::byte>& bytes() { return bytes_; }
-
- private:
-  std::vector<std::byte> bytes_;
-};
-
-class Reader {
- public:
-  explicit Reader(std::span<const std::byte> bytes) : bytes_(bytes) {}
-  template <class T>
-  T get() {
-    static_assert(std::is_trivially_copyable_v<T>);
-    require<InternalError>(offset_ + sizeof(T) <= bytes_.size(),
-                           "tensor parallelism: a step message from rank 0 is truncated");
-    T value;
-    std::memcpy(&value, bytes_.data() + offset_, sizeof(T));
-    offset_ += sizeof(T);
-    return value;
-  }
-  template <class T>
-  std::vector<T> get_vector() {
-    const auto n = get<std::int64_t>();
-    require<InternalError>(n >= 0 && std::uint64_t(n) <= (bytes_.size() - offset_) / sizeof(T),
-                           "tensor parallelism: a vector of ", n, " elements in a step message "
-                           "is longer than the message");
-    std::vector<T> values(static_cast<std::size_t>(n));
-    for (T& v : values) v = get<T>();
-    return values;
-  }
-
- private:
-  std::span<const std::byte> bytes_;
-  std::size_t offset_ = 0;
 };
 
 // Runs f; on an exception prints it and ends every rank (another rank may
@@ -231,7 +182,7 @@ TensorParallelLeader::~TensorParallelLeader() {
 }
 
 namespace {
-void send(const MpiComm& comm, Writer& message, double& seconds) {
+void send(const MpiComm& comm, MessageWriter& message, double& seconds) {
   const auto start = Clock::now();
   comm.broadcast_vector(message.bytes(), 0);
   seconds += seconds_since(start);
@@ -243,7 +194,7 @@ void TensorParallelLeader::attach_cache(PagedKVCache& cache) {
                         "TensorParallelLeader::attach_cache: already attached (one engine per "
                         "leader) or shut down");
   cache_ = &cache;
-  Writer w;
+  MessageWriter w;
   w.put(Message::kAttach);
   w.put(shape_of(cache.config()));
   send(comm_, w, broadcast_seconds_);
@@ -262,7 +213,7 @@ void TensorParallelLeader::forward(const ForwardBatch& batch, PagedKVCache& cach
   std::vector<std::int64_t> lengths(plan.seq_ids.size());
   for (std::size_t i = 0; i < lengths.size(); ++i)
     lengths[i] = plan.qo_indptr[i + 1] - plan.qo_indptr[i];
-  Writer w;
+  MessageWriter w;
   w.put(Message::kStep);
   w.put(static_cast<std::uint8_t>(batch.deterministic));
   w.put_vector(std::span<const SequenceOp>(*pending_ops_));
@@ -279,7 +230,7 @@ void TensorParallelLeader::shutdown() {
   shut_down_ = true;
   // The cache may be gone already (an Engine destroys its cache before
   // releasing its model): its observer only holds the log.
-  Writer w;
+  MessageWriter w;
   w.put(Message::kShutdown);
   w.put_vector(std::span<const SequenceOp>(*pending_ops_));
   pending_ops_->clear();
@@ -288,7 +239,7 @@ void TensorParallelLeader::shutdown() {
 
 namespace {
 
-void replay_step(Reader& r, Model& shard, PagedKVCache& cache) {
+void replay_step(MessageReader& r, Model& shard, PagedKVCache& cache) {
   const bool deterministic = r.get<std::uint8_t>() != 0;
   for (const SequenceOp& op : r.get_vector<SequenceOp>()) cache.apply(op);
   const std::vector<SeqId> seq_ids = r.get_vector<SeqId>();
@@ -311,7 +262,7 @@ FollowerReport run_tensor_parallel_follower(const MpiComm& comm, Model& shard) {
     std::vector<std::byte> bytes;
     comm.broadcast_vector(bytes, 0);
     run_or_abort(comm, "a tensor-parallel step", [&] {
-      Reader r(bytes);
+      MessageReader r(bytes, "tensor parallelism: a step message from rank 0");
       const auto kind = r.get<Message>();
       if (kind == Message::kAttach) {
         require<InvalidState>(cache == nullptr, "tensor parallelism: rank 0 attached twice");
