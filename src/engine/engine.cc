@@ -122,6 +122,10 @@ struct Engine::Impl {
   std::vector<float> logits;
 
   void validate_request(std::span<const std::int32_t> prompt, const SamplingParams& p) const;
+  // A request's group with its first sequence; `id` is the next request id
+  // (the caller holds intake_mutex while taking it).
+  std::unique_ptr<SequenceGroup> new_group(std::span<const std::int32_t> prompt,
+                                           const SamplingParams& params, RequestId id) const;
   void admit_incoming();
   std::int64_t num_incoming() {
     const std::lock_guard intake(intake_mutex);
@@ -169,24 +173,30 @@ void Engine::Impl::validate_request(std::span<const std::int32_t> prompt,
           "), the cache has ", cache.num_pages());
 }
 
+std::unique_ptr<SequenceGroup> Engine::Impl::new_group(std::span<const std::int32_t> prompt,
+                                                       const SamplingParams& params,
+                                                       RequestId id) const {
+  auto g = std::make_unique<SequenceGroup>();
+  g->params = params;
+  g->prompt_len = static_cast<std::int32_t>(prompt.size());
+  g->id = id;
+  g->seed = params.seed.value_or(engine::splitmix64(config.seed ^ engine::splitmix64(id)));
+  Sequence first;
+  first.tokens.assign(prompt.begin(), prompt.end());
+  first.id = id * engine::kMaxSamples;
+  g->seqs.push_back(std::move(first));
+  return g;
+}
+
 Engine::Engine(EngineConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {}
 Engine::~Engine() = default;
 
 RequestId Engine::add_request(std::span<const std::int32_t> prompt, const SamplingParams& params) {
   Impl& im = *impl_;
   im.validate_request(prompt, params);
-  auto g = std::make_unique<SequenceGroup>();
-  g->params = params;
-  g->prompt_len = static_cast<std::int32_t>(prompt.size());
-  Sequence first;
-  first.tokens.assign(prompt.begin(), prompt.end());
-  g->seqs.push_back(std::move(first));
   // Ids in the order requests are queued, so admission stays FCFS.
   const std::lock_guard intake(im.intake_mutex);
-  g->id = im.next_id++;
-  g->seed = params.seed.value_or(engine::splitmix64(im.config.seed ^ engine::splitmix64(g->id)));
-  g->seqs.front().id = g->id * engine::kMaxSamples;
-  im.incoming.push_back(std::move(g));
+  im.incoming.push_back(im.new_group(prompt, params, im.next_id++));
   return im.next_id - 1;
 }
 
@@ -385,18 +395,11 @@ std::optional<ImportSlot> Engine::reserve_import(std::span<const std::int32_t> p
   if (seqs >= im.config.max_num_seqs ||
       pages_for(std::ssize(prompt), im.config.page_size) + watermark > im.cache.num_free_pages())
     return std::nullopt;
-  auto g = std::make_unique<SequenceGroup>();
-  g->params = params;
-  g->prompt_len = static_cast<std::int32_t>(prompt.size());
-  Sequence first;
-  first.tokens.assign(prompt.begin(), prompt.end());
-  g->seqs.push_back(std::move(first));
+  std::unique_ptr<SequenceGroup> g;
   {
     const std::lock_guard intake(im.intake_mutex);
-    g->id = im.next_id++;
+    g = im.new_group(prompt, params, im.next_id++);
   }
-  g->seed = params.seed.value_or(engine::splitmix64(im.config.seed ^ engine::splitmix64(g->id)));
-  g->seqs.front().id = g->id * engine::kMaxSamples;
   ImportSlot slot{g->id, im.cache.reserve_incoming(g->seqs.front().id, std::ssize(prompt))};
   im.imports.emplace(g->id, std::move(g));
   return slot;
