@@ -13,11 +13,12 @@
 
 #include "dist/disagg.h"
 #include "pagedattn/llama.h"
+#include "support/engine_jobs.h"
 
 namespace pagedattn::dist {
 namespace {
 
-using Tokens = std::vector<std::int32_t>;
+using test::Tokens;
 constexpr int kPrefillRank = 0, kDecodeRank = 1;
 
 std::shared_ptr<Model> test_model(std::int32_t num_layers = 2) {
@@ -44,11 +45,7 @@ EngineConfig config(DType kv_dtype, std::int64_t kv_bytes = 4 << 20) {
   return c;
 }
 
-Tokens prompt(std::int32_t len, std::int32_t salt) {
-  Tokens t(static_cast<std::size_t>(len));
-  for (std::int32_t i = 0; i < len; ++i) t[i] = (i * 37 + salt * 101 + 11) % 300;
-  return t;
-}
+Tokens prompt(std::int32_t len, std::int32_t salt) { return test::token_stream(len, salt); }
 
 std::vector<DisaggRequest> requests() {
   std::vector<DisaggRequest> r;

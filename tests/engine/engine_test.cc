@@ -11,11 +11,13 @@
 
 #include "engine/sequence_group.h"
 #include "pagedattn/llama.h"
+#include "support/engine_jobs.h"
 
 namespace pagedattn {
 namespace {
 
-using Tokens = std::vector<std::int32_t>;
+using test::Job;
+using test::Tokens;
 
 std::shared_ptr<Model> test_model() {
   static std::shared_ptr<Model> model = [] {
@@ -43,29 +45,11 @@ EngineConfig config(std::int64_t kv_bytes = 8 << 20) {
   return c;
 }
 
-Tokens prompt(std::int32_t len, std::int32_t salt) {
-  Tokens t(static_cast<std::size_t>(len));
-  for (std::int32_t i = 0; i < len; ++i) t[i] = (i * 37 + salt * 101 + 11) % 300;
-  return t;
-}
-
-struct Job {
-  Tokens prompt;
-  SamplingParams params;
-};
+Tokens prompt(std::int32_t len, std::int32_t salt) { return test::token_stream(len, salt); }
 
 // Runs the jobs through one engine; returns tokens per (job, sample).
-std::map<std::pair<std::size_t, std::int32_t>, Tokens> run(Engine& engine, const std::vector<Job>& jobs) {
-  std::map<RequestId, std::size_t> job_of;
-  for (std::size_t j = 0; j < jobs.size(); ++j)
-    job_of[engine.add_request(jobs[j].prompt, jobs[j].params)] = j;
-  std::map<std::pair<std::size_t, std::int32_t>, Tokens> out;
-  while (engine.has_unfinished())
-    for (const RequestOutput& r : engine.step())
-      for (const SampleOutput& s : r.samples) {
-        Tokens& t = out[{job_of.at(r.request_id), s.index}];
-        t.insert(t.end(), s.new_token_ids.begin(), s.new_token_ids.end());
-      }
+test::JobOutputs run(Engine& engine, const std::vector<Job>& jobs) {
+  test::JobOutputs out = test::run_jobs(engine, jobs);
   EXPECT_TRUE(engine.cache().empty());
   return out;
 }

@@ -9,11 +9,13 @@
 
 #include "pagedattn/engine.h"
 #include "pagedattn/llama.h"
+#include "support/engine_jobs.h"
 
 namespace pagedattn {
 namespace {
 
-using Tokens = std::vector<std::int32_t>;
+using test::Job;
+using test::Tokens;
 constexpr std::int32_t kVocab = 300;
 constexpr std::int32_t kPageSize = 8;
 // 2 (K, V) x 2 layers x 2 KV heads x 24 dims x 8 tokens x 2 bytes.
@@ -47,23 +49,14 @@ EngineConfig config(bool caching, std::int64_t pages = 1024, std::int64_t host_p
   return c;
 }
 
-Tokens stream(std::int32_t len, std::int32_t seed) {
-  Tokens t(static_cast<std::size_t>(len));
-  for (std::int32_t i = 0; i < len; ++i) t[std::size_t(i)] = (i * 37 + seed * 101 + 11) % kVocab;
-  return t;
-}
+Tokens stream(std::int32_t len, std::int32_t seed) { return test::token_stream(len, seed, kVocab); }
 
 Tokens concat(Tokens a, const Tokens& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
 
-struct Job {
-  Tokens prompt;
-  SamplingParams params;
-};
-
-using Outputs = std::map<std::pair<std::size_t, std::int32_t>, Tokens>;
+using Outputs = test::JobOutputs;
 
 // Every page is free or cached and the cache's bookkeeping holds.
 void expect_no_leaks(const Engine& engine) {
@@ -76,16 +69,7 @@ void expect_no_leaks(const Engine& engine) {
 
 // Runs the jobs through one engine (all queued at once); tokens per (job, sample).
 Outputs run(Engine& engine, const std::vector<Job>& jobs) {
-  std::map<RequestId, std::size_t> job_of;
-  for (std::size_t j = 0; j < jobs.size(); ++j)
-    job_of[engine.add_request(jobs[j].prompt, jobs[j].params)] = j;
-  Outputs out;
-  while (engine.has_unfinished())
-    for (const RequestOutput& r : engine.step())
-      for (const SampleOutput& s : r.samples) {
-        Tokens& t = out[{job_of.at(r.request_id), s.index}];
-        t.insert(t.end(), s.new_token_ids.begin(), s.new_token_ids.end());
-      }
+  Outputs out = test::run_jobs(engine, jobs);
   expect_no_leaks(engine);
   return out;
 }
