@@ -411,33 +411,82 @@ HWY_INLINE V InRegister(V v) {
   return v;
 }
 
-// Scores kRows rows x kKeys keys (kRows * kKeys: 8, or 16 on AVX-512) starting at key jj,
-// loading keys as kLoad (kT, or f32 from the converted block). kDim > 0 fixes
-// the head dim at compile time (fully unrolled fast paths). kPrefetch: the
-// keys are read from the cache, so the same keys' V rows are prefetched meanwhile.
+// The vector over K/V rows read from the cache for head dim kDim: the
+// target's full width (16 lanes on AVX-512) where kDim is a multiple of 16,
+// else at most 8 lanes (head dims are multiples of 8: rows never have tails).
+template <int kDim>
+using DRow = hn::CappedTag<float, (kDim > 0 && kDim % 16 == 0) ? 16 : 8>;
+
+// Score accumulators a decode tile keeps: a tile of rows x keys fills them.
+constexpr int kTileAccs = kAccRegs;
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Sums each of 16 vectors of 16 lanes: out[i] = sum of lanes of a[i]. Four
+// rounds of shuffles and adds (30 shuffles, 15 adds), no reduction per vector.
+HWY_INLINE void Reduce16(const hn::Vec<DRow<128>>* a, float* HWY_RESTRICT out) {
+  const DRow<128> df;
+  static_assert(hn::MaxLanes(DRow<128>()) == 16, "AVX-512: 16 lanes");
+  const hn::Repartition<std::uint64_t, decltype(df)> d64;
+  __m512 u[4];  // u[g], per 128-bit block b: the block-b sums of a[4g .. 4g + 3]
+  for (int g = 0; g < 4; ++g) {
+    const auto* x = a + 4 * g;
+    const auto t01 = hn::Add(hn::InterleaveLower(df, x[0], x[1]), hn::InterleaveUpper(df, x[0], x[1]));
+    const auto t23 = hn::Add(hn::InterleaveLower(df, x[2], x[3]), hn::InterleaveUpper(df, x[2], x[3]));
+    const auto u01 = hn::BitCast(d64, t01), u23 = hn::BitCast(d64, t23);
+    u[g] = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, u01, u23)),
+                   hn::BitCast(df, hn::InterleaveUpper(d64, u01, u23))).raw;
+  }
+  // Blocks (0, 2) + (1, 3) of two vectors, twice: block g ends up with u[g]'s totals.
+  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], kEven), _mm512_shuffle_f32x4(u[0], u[1], kOdd));
+  const __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], kEven), _mm512_shuffle_f32x4(u[2], u[3], kOdd));
+  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(x, y, kEven), _mm512_shuffle_f32x4(x, y, kOdd)));
+}
+#endif
+
+// Sums each of kN vectors of D (kN a multiple of 8; 16 on AVX-512 rows).
+template <int kN, class D>
+HWY_INLINE void ReduceAll(const hn::Vec<D>* a, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) == 16) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    static_assert(kN % 16 == 0, "16-lane tiles hold 16 accumulators");
+    for (int i = 0; i < kN; i += 16) Reduce16(a + i, out + i);
+#else
+    static_assert(kN < 0, "16-lane rows only on AVX-512");
+#endif
+  } else {
+    for (int i = 0; i < kN; i += 8) Reduce8(a + i, out + i);
+  }
+}
+
+// Scores kRows rows x kKeys keys (kTileAccs of them) starting at key jj,
+// loading keys as kLoad (kT, or f32 from the converted block) straight from
+// their rows. kDim > 0 fixes the head dim at compile time (fully unrolled
+// fast paths, full-width vectors). kPrefetch: the keys are read from the
+// cache, so the same keys' V rows are prefetched meanwhile.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, int kKeys>
 HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t jj) {
-  static_assert(kRows * kKeys % 8 == 0, "Reduce8 takes 8 accumulators");
-  const DF df;
-  const std::size_t n = hn::Lanes(df);
+  using D = DRow<kDim>;
+  const D df;
+  constexpr std::size_t n = hn::MaxLanes(df);
   const KernelContext& c = *it.c;
-  VF acc[kRows * kKeys];
+  hn::Vec<D> acc[kRows * kKeys];
   for (auto& a : acc) a = hn::Zero(df);
   const float* q = it.sc.q + std::size_t(row0) * c.dq;
   const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
   const std::size_t v_dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.v_head_dim);
   for (std::size_t d = 0; d < dim; d += n) {
-    VF k[kKeys];
-    for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kLoad>(kb.k[jj + e], d);
+    hn::Vec<D> k[kKeys];
+    for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kLoad>(df, kb.k[jj + e], d);
     if constexpr (kPrefetch)
       for (int e = 0; e < kKeys; ++e) PrefetchLine<kLoad>(kb.v[jj + e], d, v_dim);
     for (int r = 0; r < kRows; ++r) {
-      const VF qv = InRegister(hn::Load(df, q + std::size_t(r) * c.dq + d));
+      const auto qv = InRegister(hn::Load(df, q + std::size_t(r) * c.dq + d));
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = hn::MulAdd(qv, k[e], acc[r * kKeys + e]);
     }
   }
-  float dots[kRows * kKeys];
-  for (int i = 0; i < kRows * kKeys; i += 8) Reduce8(acc + i, dots + i);
+  HWY_ALIGN float dots[kRows * kKeys];
+  ReduceAll<kRows * kKeys, D>(acc, dots);
   for (int r = 0; r < kRows; ++r) {
     float* out = it.sc.s + std::size_t(row0 + r) * kKB + jj;
     if constexpr (kScale) {
@@ -448,27 +497,34 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   }
 }
 
+// Scores kRows rows against the whole block, kTileAccs / kRows keys a tile.
+template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows>
+HWY_INLINE void ScoreRows(const Item& it, const KeyBlock& kb, std::int32_t r) {
+  constexpr int kKeys = kTileAccs / kRows;
+  static_assert(kKB % kKeys == 0, "tiles cover the block");
+  for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreTile<kLoad, kScale, kPrefetch, kDim, kRows, kKeys>(it, kb, r, jj);
+}
+
 // Scores the next group of rows from r against the block, as many as the
-// largest tile takes (8 on AVX-512, 4, 2 or 1); returns how many.
+// largest tile takes (8 where the registers hold 16 accumulators, so a GQA-8
+// group converts each K vector once; else 4), 2 or 1; returns how many.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim>
 std::int32_t ScoreGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
-  // 8 rows (GQA 8) where the registers hold 8 x 2 sums: each K vector is
-  // converted once for the whole group.
   if constexpr (kAccRegs >= 16) {
     if (r + 8 <= row_end) {
-      for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kPrefetch, kDim, 8, 2>(it, kb, r, jj);
+      ScoreRows<kLoad, kScale, kPrefetch, kDim, 8>(it, kb, r);
       return 8;
     }
   }
   if (r + 4 <= row_end) {
-    for (std::int32_t jj = 0; jj < kKB; jj += 2) ScoreTile<kLoad, kScale, kPrefetch, kDim, 4, 2>(it, kb, r, jj);
+    ScoreRows<kLoad, kScale, kPrefetch, kDim, 4>(it, kb, r);
     return 4;
   }
   if (r + 2 <= row_end) {
-    for (std::int32_t jj = 0; jj < kKB; jj += 4) ScoreTile<kLoad, kScale, kPrefetch, kDim, 2, 4>(it, kb, r, jj);
+    ScoreRows<kLoad, kScale, kPrefetch, kDim, 2>(it, kb, r);
     return 2;
   }
-  for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreTile<kLoad, kScale, kPrefetch, kDim, 1, 8>(it, kb, r, jj);
+  ScoreRows<kLoad, kScale, kPrefetch, kDim, 1>(it, kb, r);
   return 1;
 }
 
@@ -629,131 +685,102 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
 
 // --- PV -----------------------------------------------------------------------------------
 
-// o[row0 .. row0 + kRows) += weights x V over the block: kRows x 2 output
-// vectors stay in registers over the block's keys, each weight is broadcast
-// straight from the scores (a load, like an FMA memory operand, but one per
-// row and key instead of one per FMA). kPrefetch: the V rows are read from
-// the cache, so the following K rows (KeyBlock::k_next) are prefetched meanwhile.
-template <DType kLoad, bool kPrefetch, int kDim, int kRows>
+// o[row0 .. row0 + kRows) += weights x V over the block, on vectors of D:
+// kRows x kVecs output vectors stay in registers over the block's keys (4 x 4
+// x 16 lanes on AVX-512), each weight broadcast straight from the scores
+// once per row, key and pass; dims left over 8 lanes at a time (head dims
+// are multiples of 8). V rows are read as kLoad: kT from the cache, or f32
+// from converted scratch rows. kPrefetch: the V rows are read from the
+// cache, so the following K rows (KeyBlock::k_next) are prefetched meanwhile.
+template <class D, DType kLoad, bool kPrefetch, int kDim, int kRows>
 HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t row0) {
-  const DF df;
-  const std::size_t n = hn::Lanes(df);
+  const D df;
+  constexpr std::size_t n = hn::MaxLanes(df);
+  constexpr int kMaxVecs = kAccRegs / kRows > 0 ? kAccRegs / kRows : 1;
+  constexpr int kVecs = kDim > 0 ? std::max(1, std::min<int>(kMaxVecs, kDim / int(n))) : std::min(kMaxVecs, 4);
+  // Vectors start at multiples of n, so PrefetchLine sees every line start.
+  static_assert(kLineBytes / dtype_size(kLoad) % n == 0, "a line holds whole vectors");
   const std::size_t stride = std::size_t(it.c->dv);
   const std::int32_t count = kb.count;
   const float* w = it.sc.s + std::size_t(row0) * kKB;
   float* o = it.sc.o + std::size_t(row0) * stride;
   const std::size_t dv = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->v_head_dim);
   const std::size_t k_dim = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->head_dim);
-  // Pairs of vectors never straddle a line: PrefetchLine sees every line start.
-  static_assert(kLineBytes / dtype_size(kLoad) % (2 * hn::MaxLanes(df)) == 0, "a line holds whole pairs");
   std::size_t d = 0;
-  for (; d + 2 * n <= dv; d += 2 * n) {
-    VF acc[2 * kRows];
-    for (int r = 0; r < kRows; ++r) {
-      acc[2 * r] = hn::Load(df, o + r * stride + d);
-      acc[2 * r + 1] = hn::Load(df, o + r * stride + d + n);
-    }
-    for (std::int32_t jj = 0; jj < count; ++jj) {
-      if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.k_next[jj], d, k_dim);
-      const VF v0 = LoadConvert<kLoad>(kb.v[jj], d), v1 = LoadConvert<kLoad>(kb.v[jj], d + n);
-      for (int r = 0; r < kRows; ++r) {
-        const VF wr = hn::Set(df, w[r * kKB + jj]);
-        acc[2 * r] = hn::MulAdd(wr, v0, acc[2 * r]);
-        acc[2 * r + 1] = hn::MulAdd(wr, v1, acc[2 * r + 1]);
-      }
-    }
-    for (int r = 0; r < kRows; ++r) {
-      hn::Store(acc[2 * r], df, o + r * stride + d);
-      hn::Store(acc[2 * r + 1], df, o + r * stride + d + n);
-    }
-  }
-  for (; d < dv; d += n) {
-    VF acc[kRows];
-    for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(df, o + r * stride + d);
-    for (std::int32_t jj = 0; jj < count; ++jj) {
-      if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.k_next[jj], d, k_dim);
-      const VF v0 = LoadConvert<kLoad>(kb.v[jj], d);
-      for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(df, w[r * kKB + jj]), v0, acc[r]);
-    }
-    for (int r = 0; r < kRows; ++r) hn::Store(acc[r], df, o + r * stride + d);
-  }
-}
-
-// o[row] += weights x V for the next group of rows from r (8 on AVX-512, 4
-// or 1); returns how many.
-template <DType kLoad, bool kPrefetch, int kDim>
-std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
-  if constexpr (kAccRegs >= 16) {
-    if (r + 8 <= row_end) {
-      AccumulateRows<kLoad, kPrefetch, kDim, 8>(it, kb, r);
-      return 8;
-    }
-  }
-  if (r + 4 <= row_end) {
-    AccumulateRows<kLoad, kPrefetch, kDim, 4>(it, kb, r);
-    return 4;
-  }
-  AccumulateRows<kLoad, kPrefetch, kDim, 1>(it, kb, r);
-  return 1;
-}
-
-// o[row] += weights x V for rows [row0, row_end); only the first group of
-// rows prefetches (when reading from the cache).
-template <DType kLoad, bool kPrefetch, int kDim>
-void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
-  std::int32_t r = row0;
-  if (r < row_end) r += AccumulateGroup<kLoad, kPrefetch, kDim>(it, kb, r, row_end);
-  while (r < row_end) r += AccumulateGroup<kLoad, false, kDim>(it, kb, r, row_end);
-}
-
-// o[row0 .. row0 + kRows) += weights x V over f32 scratch rows: kRows x
-// kVecs full-width output vectors in registers (4 x 4 x 16 lanes on
-// AVX-512), dims left over (head dims are multiples of 8) 8 lanes at a time.
-template <int kDim, int kRows>
-HWY_INLINE void AccumulateRowsWide(const Item& it, const KeyBlock& kb, std::int32_t row0) {
-  const DW dw;
-  const DF df;
-  constexpr std::size_t kN = hn::MaxLanes(dw);
-  constexpr int kVecs = kAccRegs / kRows > 0 ? kAccRegs / kRows : 1;
-  const std::size_t stride = std::size_t(it.c->dv);
-  const std::int32_t count = kb.count;
-  const float* w = it.sc.s + std::size_t(row0) * kKB;
-  float* o = it.sc.o + std::size_t(row0) * stride;
-  const std::size_t dv = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->v_head_dim);
-  std::size_t d = 0;
-  for (; d + kVecs * kN <= dv; d += kVecs * kN) {
-    VW acc[kRows][kVecs];
+  for (; d + kVecs * n <= dv; d += kVecs * n) {
+    hn::Vec<D> acc[kRows][kVecs];
     for (int r = 0; r < kRows; ++r)
-      for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Load(dw, o + r * stride + d + e * kN);
+      for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::Load(df, o + r * stride + d + e * n);
     for (std::int32_t jj = 0; jj < count; ++jj) {
-      const float* v = static_cast<const float*>(kb.v[jj]) + d;
-      VW x[kVecs];
-      for (int e = 0; e < kVecs; ++e) x[e] = InRegister(hn::Load(dw, v + e * kN));
+      hn::Vec<D> x[kVecs];
+      for (int e = 0; e < kVecs; ++e) {
+        if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.k_next[jj], d + e * n, k_dim);
+        x[e] = InRegister(LoadConvert<kLoad>(df, kb.v[jj], d + e * n));
+      }
       for (int r = 0; r < kRows; ++r) {
-        const VW wr = hn::Set(dw, w[r * kKB + jj]);
+        const auto wr = hn::Set(df, w[r * kKB + jj]);
         for (int e = 0; e < kVecs; ++e) acc[r][e] = hn::MulAdd(wr, x[e], acc[r][e]);
       }
     }
     for (int r = 0; r < kRows; ++r)
-      for (int e = 0; e < kVecs; ++e) hn::Store(acc[r][e], dw, o + r * stride + d + e * kN);
+      for (int e = 0; e < kVecs; ++e) hn::Store(acc[r][e], df, o + r * stride + d + e * n);
   }
-  for (; d < dv; d += hn::Lanes(df)) {
-    VF acc[kRows];
-    for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(df, o + r * stride + d);
-    for (std::int32_t jj = 0; jj < count; ++jj) {
-      const VF x = hn::Load(df, static_cast<const float*>(kb.v[jj]) + d);
-      for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(df, w[r * kKB + jj]), x, acc[r]);
+  if constexpr (kDim == 0 || kDim % (kVecs * n) != 0) {
+    const DF d8;
+    for (; d < dv; d += hn::Lanes(d8)) {
+      VF acc[kRows];
+      for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(d8, o + r * stride + d);
+      for (std::int32_t jj = 0; jj < count; ++jj) {
+        if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.k_next[jj], d, k_dim);
+        const VF x = LoadConvert<kLoad>(d8, kb.v[jj], d);
+        for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(d8, w[r * kKB + jj]), x, acc[r]);
+      }
+      for (int r = 0; r < kRows; ++r) hn::Store(acc[r], d8, o + r * stride + d);
     }
-    for (int r = 0; r < kRows; ++r) hn::Store(acc[r], df, o + r * stride + d);
   }
 }
 
-// o[row] += weights x V for rows [row0, row_end) over f32 scratch rows.
+// o[row] += weights x V for the next group of rows from r (8 if kMaxRows
+// allows, 4, 2 or 1); returns how many.
+template <class D, DType kLoad, bool kPrefetch, int kDim, int kMaxRows>
+std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
+  if constexpr (kMaxRows >= 8) {
+    if (r + 8 <= row_end) {
+      AccumulateRows<D, kLoad, kPrefetch, kDim, 8>(it, kb, r);
+      return 8;
+    }
+  }
+  if (r + 4 <= row_end) {
+    AccumulateRows<D, kLoad, kPrefetch, kDim, 4>(it, kb, r);
+    return 4;
+  }
+  if (r + 2 <= row_end) {
+    AccumulateRows<D, kLoad, kPrefetch, kDim, 2>(it, kb, r);
+    return 2;
+  }
+  AccumulateRows<D, kLoad, kPrefetch, kDim, 1>(it, kb, r);
+  return 1;
+}
+
+// o[row] += weights x V for rows [row0, row_end), V read from the cache as
+// kLoad: groups of up to 8 rows on AVX-512 (a GQA-8 group converts each V
+// vector once), else 4; only the first group prefetches (the lines are
+// fetched once).
+template <DType kLoad, bool kPrefetch, int kDim>
+void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
+  using D = DRow<kDim>;
+  constexpr int kMaxRows = kAccRegs >= 16 ? 8 : 4;
+  std::int32_t r = row0;
+  if (r < row_end) r += AccumulateGroup<D, kLoad, kPrefetch, kDim, kMaxRows>(it, kb, r, row_end);
+  while (r < row_end) r += AccumulateGroup<D, kLoad, false, kDim, kMaxRows>(it, kb, r, row_end);
+}
+
+// o[row] += weights x V for rows [row0, row_end) over f32 scratch rows
+// (padded to 16 floats: full width whatever the head dim), 4 rows at a time.
 template <int kDim>
 void AccumulateBlockWide(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
   std::int32_t r = row0;
-  for (; r + 4 <= row_end; r += 4) AccumulateRowsWide<kDim, 4>(it, kb, r);
-  for (; r < row_end; ++r) AccumulateRowsWide<kDim, 1>(it, kb, r);
+  while (r < row_end) r += AccumulateGroup<DW, DType::kF32, false, kDim, 4>(it, kb, r, row_end);
 }
 
 // --- one work item -------------------------------------------------------------------------

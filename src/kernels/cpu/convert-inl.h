@@ -26,44 +26,42 @@ using DF8 = hn::CappedTag<float, 8>;
 // included. Highway 1.0.3 emulates the others and turns f16 inf into 65536.
 constexpr bool kNativeF16 = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2;
 
-// f16 bits (as u16 lanes) to f32, exactly, inf and NaN included.
-template <class V16>
-HWY_INLINE hn::Vec<DF8> PromoteF16Bits(V16 bits) {
-  const DF8 df;
+// f16 bits (as u16 lanes) to f32 lanes of D, exactly, inf and NaN included.
+template <class D, class V16>
+HWY_INLINE hn::Vec<D> PromoteF16Bits(D df, V16 bits) {
   if constexpr (kNativeF16) {
-    const hn::Rebind<hwy::float16_t, DF8> dh;
+    const hn::Rebind<hwy::float16_t, D> dh;
     return hn::PromoteTo(df, hn::BitCast(dh, bits));
   } else {
     // Exponent and mantissa shifted into f32's fields and rescaled by 2^112
     // (subnormals come out right); all-ones exponents are inf / NaN.
-    const hn::Rebind<std::uint32_t, DF8> du;
+    const hn::Rebind<std::uint32_t, D> du;
     const auto h = hn::PromoteTo(du, bits);
     const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
     const auto body = hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7fffu)));
     const auto finite = hn::BitCast(du, hn::Mul(hn::BitCast(df, body), hn::Set(df, 0x1p112f)));
     const auto special = hn::Or(body, hn::Set(du, 0x7f800000u));
-    const hn::Rebind<std::int32_t, DF8> di;  // body < 2^28: signed compare (SSE4 has no unsigned)
+    const hn::Rebind<std::int32_t, D> di;  // body < 2^28: signed compare (SSE4 has no unsigned)
     const auto is_special = hn::RebindMask(du, hn::Gt(hn::BitCast(di, body), hn::Set(di, (0x7c00 << 13) - 1)));
     return hn::BitCast(df, hn::Or(sign, hn::IfThenElse(is_special, special, finite)));
   }
 }
 
-// Lanes(DF) elements of a `kT` row starting at `i`, as f32 without any scale
+// Lanes(d) elements of a `kT` row starting at `i`, as f32 without any scale
 // (fp8 e4m3 comes out as value x 2^-8: kFormatScale undoes it per key).
-template <DType kT>
-HWY_INLINE hn::Vec<DF8> LoadConvert(const void* row, std::size_t i) {
-  const DF8 df;
+template <DType kT, class D>
+HWY_INLINE hn::Vec<D> LoadConvert(D df, const void* row, std::size_t i) {
   if constexpr (kT == DType::kF32) {
     return hn::LoadU(df, static_cast<const float*>(row) + i);
   } else if constexpr (kT == DType::kF16) {
-    const hn::Rebind<std::uint16_t, DF8> d16;
-    return PromoteF16Bits(hn::LoadU(d16, static_cast<const std::uint16_t*>(row) + i));
+    const hn::Rebind<std::uint16_t, D> d16;
+    return PromoteF16Bits(df, hn::LoadU(d16, static_cast<const std::uint16_t*>(row) + i));
   } else if constexpr (kT == DType::kBF16) {
-    const hn::Rebind<hwy::bfloat16_t, DF8> db;
+    const hn::Rebind<hwy::bfloat16_t, D> db;
     return hn::PromoteTo(df, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(row) + i));
   } else if constexpr (kT == DType::kINT8) {
-    const hn::Rebind<std::int8_t, DF8> d8;
-    const hn::Rebind<std::int32_t, DF8> d32;
+    const hn::Rebind<std::int8_t, D> d8;
+    const hn::Rebind<std::int32_t, D> d32;
     return hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, static_cast<const std::int8_t*>(row) + i)));
   } else {
     // fp8 -> f16 bits: e5m2 is the top byte of an f16. e4m3 S.EEEE.MMM moved
@@ -71,21 +69,27 @@ HWY_INLINE hn::Vec<DF8> LoadConvert(const void* row, std::size_t i) {
     // to 16 bits, shift left 7 (S lands on bits 15 and 14, EEEE.MMM on 13..7),
     // clear bit 14. e4m3 S.1111.111 is NaN; it lands on +-1.875, which no
     // other byte does.
-    const hn::Rebind<std::uint16_t, DF8> du16;
+    const hn::Rebind<std::uint16_t, D> du16;
     if constexpr (kT == DType::kFP8E5M2) {
-      const hn::Rebind<std::uint8_t, DF8> d8;
+      const hn::Rebind<std::uint8_t, D> d8;
       const auto b = hn::PromoteTo(du16, hn::LoadU(d8, static_cast<const std::uint8_t*>(row) + i));
-      return PromoteF16Bits(hn::ShiftLeft<8>(b));
+      return PromoteF16Bits(df, hn::ShiftLeft<8>(b));
     } else {
-      const hn::Rebind<std::int8_t, DF8> d8;
-      const hn::Rebind<std::int16_t, DF8> d16;
+      const hn::Rebind<std::int8_t, D> d8;
+      const hn::Rebind<std::int16_t, D> d16;
       const auto b = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const std::int8_t*>(row) + i));
       const auto h = hn::And(hn::ShiftLeft<7>(b), hn::Set(d16, static_cast<std::int16_t>(0xBF80)));
-      const auto f = PromoteF16Bits(hn::BitCast(du16, h));
+      const auto f = PromoteF16Bits(df, hn::BitCast(du16, h));
       return hn::IfThenElse(hn::Eq(hn::Abs(f), hn::Set(df, 1.875f)),
                             hn::Set(df, std::numeric_limits<float>::quiet_NaN()), f);
     }
   }
+}
+
+// The same on at most 8 lanes (DF8).
+template <DType kT>
+HWY_INLINE hn::Vec<DF8> LoadConvert(const void* row, std::size_t i) {
+  return LoadConvert<kT>(DF8(), row, i);
 }
 
 // e4m3 bytes to f16 bits (value x 2^-8, as LoadConvert gives it), Lanes(d16)
