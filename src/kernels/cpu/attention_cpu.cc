@@ -218,17 +218,21 @@ void ReadScales(const Item& it, KeyBlock& kb) {
   for (std::int32_t jj = bs.count; jj < kKB; ++jj) kb.k_scale[jj] = kb.v_scale[jj] = 0.0f;
 }
 
-// Prefetches the cache line holding element d of a row of `elems` elements,
-// once per line: called with offsets d that step by at most a line and divide
-// it (every vector, or every pair), it fetches when d starts a line. Lines are spread over the loops that consume the data read just
-// before them (a burst of a whole block stalls on the miss queues instead of
-// overlapping with the arithmetic) and run half a head-block ahead: the loads
-// in flight stay within what L1 holds beside the current rows.
+// Prefetches the cache line holding element d of a row of `elems` elements
+// into L2, once per line: called with offsets d that step by at most a line
+// and divide it (every vector), it fetches when d starts a line. Lines are
+// spread over the loops that consume the data read just before them (a burst
+// of a whole block stalls on the miss queues instead of overlapping with the
+// arithmetic) and run half a head-block ahead. The L2 hint (prefetcht1) is
+// deliberate: an L1 prefetch holds one of L1's few miss buffers until its
+// line arrives, which capped decode at about 8 GB/s per core on Zen 3 and
+// Zen 4; through L2 the same loops stream 1.5-1.7x faster (docs/benchmarks.md)
+// and the rows are an L2 hit away when read.
 template <DType kT>
 HWY_INLINE void PrefetchLine(const void* row, std::size_t d, std::size_t elems) {
   constexpr std::size_t kLineElems = kLineBytes / dtype_size(kT);
   if (d % kLineElems == 0 && d < elems)
-    __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 3);
+    __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 2);
 }
 
 // Converts kKB rows of `dim` kT elements to f32 rows at out (row stride
