@@ -54,6 +54,14 @@ shapes=(
   "8|decode fp8_e4m3 b8 kv16k|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384|-"
   "9|decode int8 b8 kv16k|--kv-dtype int8 --batch 8 --kv-len 16384|-|-"
   "10|paged (page 16) vs contiguous, f16 b8 kv16k|--kv-dtype f16 --batch 8 --kv-len 16384|contiguous|-"
+  # The reduced-precision products (AttentionPlanOptions::bf16_products, int8_products)
+  "11|decode bf16 b1 kv8k, bf16 products|--kv-dtype bf16 --batch 1 --kv-len 8192 --bf16-products|--kv-dtype bf16 --batch 1 --kv-len 8192|-"
+  "12|decode bf16 b8 kv16k, bf16 products|--kv-dtype bf16 --batch 8 --kv-len 16384 --bf16-products|--kv-dtype bf16 --batch 8 --kv-len 16384|-"
+  "13|decode f16 64x8 heads b1 kv8k, bf16 products|--kv-dtype f16 --heads 64x8 --batch 1 --kv-len 8192 --bf16-products|--kv-dtype f16 --heads 64x8 --batch 1 --kv-len 8192|-"
+  "14|prefill f16 512 over 4096, bf16 products|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096 --bf16-products|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096|-"
+  "15|prefill f16 2048 causal, bf16 products|--mode prefill --kv-dtype f16 --kv-len 2048 --bf16-products|--mode prefill --kv-dtype f16 --kv-len 2048|-"
+  "16|decode fp8_e4m3 b8 kv16k, bf16 products|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384 --bf16-products|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384|-"
+  "17|decode int8 b8 kv16k, int8 products|--kv-dtype int8 --batch 8 --kv-len 16384 --int8-products|-|-"
 )
 
 # With PAGEDATTN_BENCH_LOCK, the script holds the lock exclusively for each

@@ -56,8 +56,8 @@ struct KeyBlock {
   const void* v[kKB];
   // The rows processed after these (the next KV head's, or the next block's
   // first head's: the following KeyBlock's k and v); zero rows when nothing
-  // follows. QK prefetches v while it reads k, PV prefetches k_next while it
-  // reads v, a line at a time (ConvertBlock: k_next and v_next).
+  // follows. QK prefetches k_next while it reads k, PV v_next while it reads
+  // v, a line at a time: a whole head-block ahead (ConvertBlock: both).
   const void* const* k_next = nullptr;
   const void* const* v_next = nullptr;
   float k_scale[kKB];
@@ -223,7 +223,7 @@ void ReadScales(const Item& it, KeyBlock& kb) {
 // and divide it (every vector), it fetches when d starts a line. Lines are
 // spread over the loops that consume the data read just before them (a burst
 // of a whole block stalls on the miss queues instead of overlapping with the
-// arithmetic) and run half a head-block ahead. The L2 hint (prefetcht1) is
+// arithmetic) and run a head-block ahead. The L2 hint (prefetcht1) is
 // deliberate: an L1 prefetch holds one of L1's few miss buffers until its
 // line arrives, which capped decode at about 8 GB/s per core on Zen 3 and
 // Zen 4; through L2 the same loops stream 1.5-1.7x faster (docs/benchmarks.md)
@@ -467,7 +467,7 @@ HWY_INLINE void ReduceAll(const hn::Vec<D>* a, float* HWY_RESTRICT out) {
 // loading keys as kLoad (kT, or f32 from the converted block) straight from
 // their rows. kDim > 0 fixes the head dim at compile time (fully unrolled
 // fast paths, full-width vectors). kPrefetch: the keys are read from the
-// cache, so the same keys' V rows are prefetched meanwhile.
+// cache, so the next head's K rows (KeyBlock::k_next) are prefetched meanwhile.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, int kKeys>
 HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t jj) {
   using D = DRow<kDim>;
@@ -478,12 +478,11 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   for (auto& a : acc) a = hn::Zero(df);
   const float* q = it.sc.q + std::size_t(row0) * c.dq;
   const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
-  const std::size_t v_dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.v_head_dim);
   for (std::size_t d = 0; d < dim; d += n) {
     hn::Vec<D> k[kKeys];
     for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kLoad>(df, kb.k[jj + e], d);
     if constexpr (kPrefetch)
-      for (int e = 0; e < kKeys; ++e) PrefetchLine<kLoad>(kb.v[jj + e], d, v_dim);
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<kLoad>(kb.k_next[jj + e], d, dim);
     for (int r = 0; r < kRows; ++r) {
       const auto qv = InRegister(hn::Load(df, q + std::size_t(r) * c.dq + d));
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = hn::MulAdd(qv, k[e], acc[r * kKeys + e]);
@@ -695,7 +694,7 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
 // once per row, key and pass; dims left over 8 lanes at a time (head dims
 // are multiples of 8). V rows are read as kLoad: kT from the cache, or f32
 // from converted scratch rows. kPrefetch: the V rows are read from the
-// cache, so the following K rows (KeyBlock::k_next) are prefetched meanwhile.
+// cache, so the next head's V rows (KeyBlock::v_next) are prefetched meanwhile.
 template <class D, DType kLoad, bool kPrefetch, int kDim, int kRows>
 HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t row0) {
   const D df;
@@ -709,7 +708,6 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   const float* w = it.sc.s + std::size_t(row0) * kKB;
   float* o = it.sc.o + std::size_t(row0) * stride;
   const std::size_t dv = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->v_head_dim);
-  const std::size_t k_dim = kDim > 0 ? std::size_t(kDim) : std::size_t(it.c->head_dim);
   std::size_t d = 0;
   for (; d + kVecs * n <= dv; d += kVecs * n) {
     hn::Vec<D> acc[kRows][kVecs];
@@ -718,7 +716,7 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
     for (std::int32_t jj = 0; jj < count; ++jj) {
       hn::Vec<D> x[kVecs];
       for (int e = 0; e < kVecs; ++e) {
-        if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.k_next[jj], d + e * n, k_dim);
+        if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.v_next[jj], d + e * n, dv);
         x[e] = InRegister(LoadConvert<kLoad>(df, kb.v[jj], d + e * n));
       }
       for (int r = 0; r < kRows; ++r) {
@@ -735,7 +733,7 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
       VF acc[kRows];
       for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(d8, o + r * stride + d);
       for (std::int32_t jj = 0; jj < count; ++jj) {
-        if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.k_next[jj], d, k_dim);
+        if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.v_next[jj], d, dv);
         const VF x = LoadConvert<kLoad>(d8, kb.v[jj], d);
         for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(d8, w[r * kKB + jj]), x, acc[r]);
       }
