@@ -42,6 +42,8 @@ const char* bench_serve_usage() {
          "  --prefix-caching on|off        reuse cached pages of earlier prompts (default off)\n"
          "  --host-kv-memory-mib M         host-memory tier preempted sequences are swapped to\n"
          "                                 (default 0: preemption always recomputes)\n"
+         "  --bf16-products                attention on bf16 dot products where the CPU has\n"
+         "                                 AVX512-BF16 (inputs rounded to bf16; default off)\n"
          "  --tensor-parallel N            split the model over N MPI ranks (mpirun -np N ...)\n"
          "  --seed S                       workload and sampling seed (default 1)\n"
          "  --json FILE                    write every figure and the timeline as JSON\n"
@@ -123,7 +125,8 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
                              flag == "--page-size" || flag == "--max-num-seqs" ||
                              flag == "--max-num-batched-tokens" || flag == "--no-chunked-prefill" ||
                              flag == "--deterministic" || flag == "--prefix-caching" ||
-                             flag == "--host-kv-memory-mib" || flag == "--tensor-parallel";
+                             flag == "--host-kv-memory-mib" || flag == "--tensor-parallel" ||
+                             flag == "--bf16-products";
     const bool http_only = flag == "--concurrency" || flag == "--model-name" ||
                            flag == "--api-key" || flag == "--timeout" || flag == "--text-prompts";
     if (engine_only && o.engine_flag.empty()) o.engine_flag = flag;
@@ -170,6 +173,8 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
       o.prefix_caching = on_off(flag, value());
     else if (flag == "--host-kv-memory-mib")
       o.host_kv_memory_mib = number(/*zero_allowed=*/true);
+    else if (flag == "--bf16-products")
+      o.bf16_products = true;
     else if (flag == "--shared-prefixes")
       o.shared_prefixes = integer(1, 1 << 20);
     else if (flag == "--shared-prefix-len")

@@ -93,6 +93,12 @@ struct EngineConfig {
   // when that is estimated cheaper than recomputing them, and cached prefix
   // pages evicted from the device pool are demoted to it.
   std::int64_t host_kv_memory_bytes = 0;
+  // Attention on bf16 dot products where the CPU has AVX512-BF16
+  // (AttentionPlanOptions::bf16_products: prefill, and decode over f16,
+  // bf16 and fp8 KV): queries, softmax weights and f16 K/V rounded to bf16,
+  // up to a few percent of a row's largest output, for about twice the
+  // multiply rate. Off: exact f32 products. Deterministic mode keeps f32.
+  bool bf16_products = false;
 };
 
 // Counters and the KV picture after the last step.

@@ -70,6 +70,7 @@ KVCacheConfig engine_cache_config(const EngineConfig& c) {
   if (c.deterministic) k.attention_plan.fixed_kv_chunk = kDeterministicKVChunk;
   k.enable_prefix_caching = c.enable_prefix_caching;
   k.host_memory_budget_bytes = c.host_kv_memory_bytes;
+  k.attention_plan.bf16_products = c.bf16_products;
   return k;
 }
 

@@ -280,6 +280,21 @@ TEST(Engine, NonDeterministicModeServesTheSameWorkload) {
   for (const auto& [key, tokens] : out) EXPECT_FALSE(tokens.empty());
 }
 
+// bf16 products reach the cache's attention plans (deterministic mode keeps
+// f32 there: the planner drops them), and an engine with them serves a
+// mixed workload to the end.
+TEST(Engine, Bf16ProductsReachThePlanAndServe) {
+  EngineConfig c = config();
+  c.deterministic = false;
+  c.bf16_products = true;
+  EXPECT_TRUE(engine_cache_config(c).attention_plan.bf16_products);
+  EXPECT_FALSE(engine_cache_config(config()).attention_plan.bf16_products);
+  Engine engine(c);
+  const auto out = run(engine, mixed_jobs(6));
+  ASSERT_EQ(out.size(), 6u);
+  for (const auto& [key, tokens] : out) EXPECT_FALSE(tokens.empty());
+}
+
 TEST(Llama, PresetsHaveTheAdvertisedSizes) {
   EXPECT_LT(llama_parameter_count(llama_preset("tiny")), 4'000'000);
   const std::int64_t small = llama_parameter_count(llama_preset("small"));

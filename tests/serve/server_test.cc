@@ -404,6 +404,7 @@ TEST(ServeCli, PrefixCachingFlagsAndCacheSalt) {
   EXPECT_EQ(o.host_kv_memory_mib, 2.0);
   RunningServer server(make_server(o));
   EXPECT_TRUE(server.server().worker().engine().config().enable_prefix_caching);
+  EXPECT_FALSE(server.server().worker().engine().config().bf16_products);
   EXPECT_GT(server.server().worker().stats().num_host_pages, 0);
   const std::string prompt(100, 'p');  // 6 full pages of 16 byte tokens
   auto hits_after = [&](const char* salt) {
@@ -429,6 +430,15 @@ TEST(ServeCli, PrefixCachingFlagsAndCacheSalt) {
   const char* off[] = {"pagedattn", "serve", "--model", "tiny", "--enable-prefix-caching",
                        "--no-enable-prefix-caching"};
   EXPECT_FALSE(parse_serve_options(std::size(off), const_cast<char**>(off), 2).enable_prefix_caching);
+}
+
+TEST(ServeCli, Bf16ProductsFlagReachesTheEngine) {
+  const char* argv[] = {"pagedattn", "serve", "--model", "tiny", "--port", "0", "--kv-memory-mib", "4",
+                        "--bf16-products"};
+  const ServeOptions o = parse_serve_options(std::size(argv), const_cast<char**>(argv), 2);
+  EXPECT_TRUE(o.bf16_products);
+  RunningServer server(make_server(o));
+  EXPECT_TRUE(server.server().worker().engine().config().bf16_products);
 }
 
 }  // namespace

@@ -103,6 +103,8 @@ const char* serve_usage() {
          "                             turns it off again (default off)\n"
          "  --host-kv-memory-mib M     host-memory tier preempted requests are swapped to\n"
          "                             (default 0: preemption recomputes)\n"
+         "  --bf16-products            attention on bf16 dot products where the CPU has\n"
+         "                             AVX512-BF16 (faster, inputs rounded to bf16; default off)\n"
          "  --tensor-parallel N        split the model over N MPI ranks (mpirun -np N ...)\n"
          "  --max-connections N        connections served at once (HTTP threads, default 128)\n"
          "  --max-queued-requests N    requests held, waiting + running; more get 429 (default 256)\n"
@@ -136,6 +138,7 @@ ServeOptions parse_serve_options(int argc, char** argv, int first) {
     else if (flag == "--enable-prefix-caching") o.enable_prefix_caching = true;
     else if (flag == "--no-enable-prefix-caching") o.enable_prefix_caching = false;
     else if (flag == "--host-kv-memory-mib") o.host_kv_memory_mib = parse_number(flag, value(), 0, 1 << 20);
+    else if (flag == "--bf16-products") o.bf16_products = true;
     else if (flag == "--tensor-parallel") o.tensor_parallel = std::int32_t(int_value(1, 1024));
     else if (flag == "--max-connections") s.max_connections = std::int32_t(int_value(1, 4096));
     else if (flag == "--max-queued-requests") s.max_queued_requests = std::int32_t(int_value(1, 1 << 20));
@@ -176,6 +179,7 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.enable_prefix_caching = o.enable_prefix_caching;
   ec.host_kv_memory_bytes = static_cast<std::int64_t>(o.host_kv_memory_mib * (1 << 20));
+  ec.bf16_products = o.bf16_products;
   return std::make_unique<HttpServer>(std::move(ec), std::move(codec), o.server);
 }
 

@@ -16,6 +16,7 @@ struct ServeOptions {
   std::int32_t max_position = 0;  // presets and GGUF: 0 keeps the model's own
   bool enable_prefix_caching = false;
   double host_kv_memory_mib = 0.0;  // 0: no host tier
+  bool bf16_products = false;        // EngineConfig::bf16_products
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
   bool help = false;
 };
