@@ -866,9 +866,9 @@ bool Int8Dot(const Item& it, std::int32_t rows_per_head) {
 
 #if PAGEDATTN_INT8_DOT_TARGET
 // One block for rows [row0, row_end) on int8 dot products (int8_dot-inl.h):
-// packs K, scores, applies masks and the online softmax in f32, rounds the
-// weights to u8, packs V and runs PV. Packing K prefetches this head's V
-// rows, packing V the next head's K rows.
+// packs K, scores (prefetching the next head's K rows), applies masks and
+// the online softmax in f32, rounds the weights to u8 and runs PV on V
+// packed in key quads (prefetching the next head's V rows).
 template <int kDim>
 void ProcessHeadBlockInt8(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
                           std::int32_t row_end, std::int64_t first_pos) {
@@ -884,9 +884,8 @@ void ProcessHeadBlockInt8(const Item& it, const RowMap& map, KeyBlock& kb, std::
     SoftmaxRow<true>(it, kb, row);
   }
   int8dot::QuantizeWeights(it.sc.s, it.sc.w_scale, row0, row_end);
-  int8dot::PackValues(kb.v, std::size_t(c.v_head_dim), vp);
-  int8dot::AccumulateBlock<kDim>(it.sc.s, it.sc.w_scale, vp, std::size_t(c.v_head_dim), std::size_t(c.dv), it.sc.o, row0,
-                                 row_end, kb.v_next);
+  int8dot::AccumulateBlock<kDim>(it.sc.s, it.sc.w_scale, kb.v, vp, std::size_t(c.v_head_dim), std::size_t(c.dv),
+                                 it.sc.o, row0, row_end, kb.v_next);
 }
 #endif
 

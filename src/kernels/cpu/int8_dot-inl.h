@@ -55,17 +55,21 @@ constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 static_assert(kKB == 32, "a block's scores are two 16-lane vectors, its keys 8 quads");
 constexpr std::size_t kRowBytes = 64;  // one zmm of int8: the unit of every row
 
-// Whether head dims `dim` and `v_dim` suit the kernels (whole zmm rows).
-constexpr bool DimsFit(std::int32_t dim, std::int32_t v_dim) {
-  return dim > 0 && v_dim > 0 && dim % 64 == 0 && v_dim % 64 == 0;
-}
-
 // Pins a vector to a register (GCC would otherwise fold a load shared by
 // several dot products into each of them as a memory operand).
 template <class V>
 HWY_INLINE V Pinned(V v) {
   asm("" : "+v"(v));
   return v;
+}
+
+// acc + the dot products of the u8 quads of `a` with the s8 quads of `b`
+// (vpdpbusd), in inline assembly: GCC 12's pattern for the intrinsic only
+// takes registers 0-15 (those of AVX-VNNI's encoding), so a tile of 16
+// accumulators was copied in and out of them, and spilled, every step.
+HWY_INLINE __m512i Dpbusd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
 }
 
 HWY_INLINE __m512i LoadRow(const void* row, std::size_t byte) {
@@ -144,30 +148,11 @@ PAGEDATTN_INT8_ATTR inline void PackKeys(const void* const* k, std::size_t dim, 
     }
 }
 
-// Values of a block in key quads, [kKB / 4][dim] dwords.
-PAGEDATTN_INT8_ATTR inline void PackValues(const void* const* v, std::size_t dim, std::uint32_t* out) {
-  // Dword 4i + m of a row <- dword 4m + i: lane i then holds dims 16m + 4i
-  // .. 16m + 4i + 3 for m = 0 .. 3, so the in-lane byte and word
-  // interleaves below leave dims 16m .. 16m + 15 in order in vector m.
-  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  for (std::int32_t jq = 0; jq < kKB / 4; ++jq)
-    for (std::size_t c = 0; c < dim; c += kRowBytes) {
-      __m512i a[4];
-      for (int i = 0; i < 4; ++i) a[i] = _mm512_permutexvar_epi32(idx, LoadRow(v[4 * jq + i], c));
-      const __m512i lo01 = _mm512_unpacklo_epi8(a[0], a[1]), hi01 = _mm512_unpackhi_epi8(a[0], a[1]);
-      const __m512i lo23 = _mm512_unpacklo_epi8(a[2], a[3]), hi23 = _mm512_unpackhi_epi8(a[2], a[3]);
-      std::uint32_t* o = out + std::size_t(jq) * dim + c;
-      _mm512_store_si512(o, _mm512_unpacklo_epi16(lo01, lo23));
-      _mm512_store_si512(o + 16, _mm512_unpackhi_epi16(lo01, lo23));
-      _mm512_store_si512(o + 32, _mm512_unpacklo_epi16(hi01, hi23));
-      _mm512_store_si512(o + 48, _mm512_unpackhi_epi16(hi01, hi23));
-    }
-}
-
 // Scores kRows rows x kKB keys: per query dword, a broadcast against the
 // two vectors of key dwords; then (dot - 128 x sum(q)) x q_scale x k_scale to
-// s. `next` (or null): kKB rows of `dwords` x 4 bytes prefetched meanwhile,
-// two lines per dword (the line of dword p of keys 2 (p mod 16) and the next).
+// s. `next`: kKB rows of `dwords` x 4 bytes prefetched meanwhile, two lines
+// per dword (the line of dword p of keys 2 (p mod 16) and the next; a branch
+// here would cost GCC its register allocation of the accumulators).
 template <int kRows>
 HWY_INLINE PAGEDATTN_INT8_ATTR void ScoreRows(const std::int8_t* q, std::size_t dq, const float* q_scale,
                                               const std::int32_t* q_sum, const std::uint32_t* kt,
@@ -176,19 +161,17 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void ScoreRows(const std::int8_t* q, std::size_t 
   __m512i acc[kRows][2];
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_si512();
   for (std::size_t p = 0; p < dwords; ++p) {
-    if (next != nullptr) {
-      const std::size_t j = 2 * (p % 16), line = p / 16 * kRowBytes;
-      Prefetch(next[j], line);
-      Prefetch(next[j + 1], line);
-    }
+    const std::size_t j = 2 * (p % 16), line = p / 16 * kRowBytes;
+    Prefetch(next[j], line);
+    Prefetch(next[j + 1], line);
     const __m512i k0 = Pinned(_mm512_load_si512(kt + p * kKB));
     const __m512i k1 = Pinned(_mm512_load_si512(kt + p * kKB + 16));
     for (int r = 0; r < kRows; ++r) {
       std::int32_t word;
       __builtin_memcpy(&word, q + std::size_t(r) * dq + 4 * p, sizeof(word));
       const __m512i qb = _mm512_set1_epi32(word);
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], k0, qb);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], k1, qb);
+      acc[r][0] = Dpbusd(acc[r][0], k0, qb);
+      acc[r][1] = Dpbusd(acc[r][1], k1, qb);
     }
   }
   const __m512 ks0 = _mm512_loadu_ps(k_scale), ks1 = _mm512_loadu_ps(k_scale + 16);
@@ -203,8 +186,8 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void ScoreRows(const std::int8_t* q, std::size_t 
 }
 
 // Scores rows [row0, row_end) of the int8 queries (row stride dq) against
-// the packed keys (head dim `dim`) into s; the first group of rows
-// prefetches the K rows `next` (as long) meanwhile.
+// the packed keys (head dim `dim`) into s, prefetching the K rows `next`
+// (as long) meanwhile (again for a second group of rows: no cost to speak of).
 template <int kDim>
 PAGEDATTN_INT8_ATTR void ScoreBlock(const std::int8_t* q, std::size_t dq, const float* q_scale,
                                     const std::int32_t* q_sum, const std::uint32_t* kt, std::size_t dim,
@@ -215,16 +198,16 @@ PAGEDATTN_INT8_ATTR void ScoreBlock(const std::int8_t* q, std::size_t dq, const 
   auto at = [&](std::int32_t row) { return q + std::size_t(row) * dq; };
   for (; r + 8 <= row_end; r += 8)
     ScoreRows<8>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                  r == row0 ? next : nullptr);
+                  next);
   for (; r + 4 <= row_end; r += 4)
     ScoreRows<4>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                  r == row0 ? next : nullptr);
+                  next);
   for (; r + 2 <= row_end; r += 2)
     ScoreRows<2>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                  r == row0 ? next : nullptr);
+                  next);
   for (; r < row_end; ++r)
     ScoreRows<1>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                 r == row0 ? next : nullptr);
+                 next);
 }
 
 // Each row's kKB f32 weights (>= 0: e x the V token scale, absmax / 127)
@@ -245,57 +228,101 @@ PAGEDATTN_INT8_ATTR inline void QuantizeWeights(float* s, float* w_scale, std::i
   }
 }
 
-// o[kRows rows] += weights x V over `quads` key quads for the kVecs x 16
-// dims from d (the packed values' offset): kRows x kVecs int32
-// accumulators; per quad each row's weight dword is broadcast against
-// kVecs vectors of value dwords. The sums, x w_scale, go into o in f32.
-// `next` (or null): the quad's 4 rows' line at byte d are prefetched.
-template <int kRows, int kVecs>
-HWY_INLINE PAGEDATTN_INT8_ATTR void AccumulateTile(const float* s, const float* w_scale, const std::uint32_t* vp,
-                                                   std::size_t dim, std::int32_t quads, float* o,
-                                                   std::size_t o_stride, const void* const* next,
-                                                   std::size_t d) {
+// The values of 4 keys (rows `v`) at dims [byte, byte + 64) in a quad's
+// layout: x[m] dword t holds dim byte + 16m + t of the 4 keys.
+HWY_INLINE PAGEDATTN_INT8_ATTR void PackQuad(const void* const* v, std::size_t byte, __m512i* x) {
+  // Dword 4i + m of a row <- dword 4m + i: lane i then holds dims 16m + 4i
+  // .. 16m + 4i + 3 for m = 0 .. 3, so the in-lane byte and word
+  // interleaves below leave dims 16m .. 16m + 15 in order in vector m.
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m512i a[4];
+  for (int i = 0; i < 4; ++i) a[i] = _mm512_permutexvar_epi32(idx, LoadRow(v[i], byte));
+  const __m512i lo01 = _mm512_unpacklo_epi8(a[0], a[1]), hi01 = _mm512_unpackhi_epi8(a[0], a[1]);
+  const __m512i lo23 = _mm512_unpacklo_epi8(a[2], a[3]), hi23 = _mm512_unpackhi_epi8(a[2], a[3]);
+  x[0] = _mm512_unpacklo_epi16(lo01, lo23);
+  x[1] = _mm512_unpackhi_epi16(lo01, lo23);
+  x[2] = _mm512_unpacklo_epi16(hi01, hi23);
+  x[3] = _mm512_unpackhi_epi16(hi01, hi23);
+}
+
+// Values of a block in key quads, [kKB / 4][dim] dwords.
+PAGEDATTN_INT8_ATTR inline void PackValues(const void* const* v, std::size_t dim, std::uint32_t* out) {
+  for (std::int32_t jq = 0; jq < kKB / 4; ++jq)
+    for (std::size_t c = 0; c < dim; c += kRowBytes) {
+      __m512i x[4];
+      PackQuad(v + 4 * jq, c, x);
+      for (int m = 0; m < 4; ++m) _mm512_store_si512(out + std::size_t(jq) * dim + c + 16 * m, x[m]);
+    }
+}
+
+// o[kRows rows] += weights x V over the block's key quads for the 64 dims
+// from d: kRows x 4 int32 accumulators; per quad each row's weight dword is
+// broadcast against 4 vectors of value dwords, packed in registers from
+// the rows `v` (kPacked false: the tile covers every row) or read from the
+// packed values `vp` (quad stride dim). The sums, x w_scale, go into o in
+// f32. The quad's 4 rows `next` are prefetched at byte d meanwhile.
+template <int kRows, bool kPacked>
+HWY_INLINE PAGEDATTN_INT8_ATTR void AccumulateTile(const float* s, const float* w_scale, const void* const* v,
+                                                   const std::uint32_t* vp, std::size_t dim, std::size_t d, float* o,
+                                                   std::size_t o_stride, const void* const* next) {
   const auto* w = reinterpret_cast<const std::uint32_t*>(s);
-  __m512i acc[kRows][kVecs];
+  __m512i acc[kRows][4];
   for (auto& row : acc)
     for (auto& a : row) a = _mm512_setzero_si512();
-  for (std::int32_t jq = 0; jq < quads; ++jq) {
-    if (next != nullptr)
-      for (int i = 0; i < 4; ++i) Prefetch(next[4 * jq + i], d);
-    __m512i x[kVecs];
-    for (int e = 0; e < kVecs; ++e) x[e] = Pinned(_mm512_load_si512(vp + std::size_t(jq) * dim + 16 * e));
+  // Every quad, also past a short block's count (zero rows, zero weights):
+  // the loop prefetches the next rows.
+  for (std::int32_t jq = 0; jq < kKB / 4; ++jq) {
+    for (int i = 0; i < 4; ++i) Prefetch(next[4 * jq + i], d);
+    __m512i x[4];
+    if constexpr (kPacked) {
+      for (int e = 0; e < 4; ++e) x[e] = Pinned(_mm512_load_si512(vp + std::size_t(jq) * dim + d + 16 * e));
+    } else {
+      PackQuad(v + 4 * jq, d, x);
+    }
     for (int r = 0; r < kRows; ++r) {
       const __m512i wb = _mm512_set1_epi32(static_cast<int>(w[std::size_t(r) * kKB + std::size_t(jq)]));
-      for (int e = 0; e < kVecs; ++e) acc[r][e] = _mm512_dpbusd_epi32(acc[r][e], wb, x[e]);
+      for (int e = 0; e < 4; ++e) acc[r][e] = Dpbusd(acc[r][e], wb, x[e]);
     }
   }
   for (int r = 0; r < kRows; ++r) {
     const __m512 ws = _mm512_set1_ps(w_scale[r]);
     float* out = o + std::size_t(r) * o_stride;
-    for (int e = 0; e < kVecs; ++e)
+    for (int e = 0; e < 4; ++e)
       _mm512_store_ps(out + 16 * e, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][e]), ws, _mm512_load_ps(out + 16 * e)));
   }
 }
 
-// o[row] += weights (QuantizeWeights) x packed values for rows [row0,
-// row_end), 4 rows x 64 dims at a time; o rows have stride dv. The first
-// group of rows prefetches the V rows `next` (kKB rows of `dim`) meanwhile.
+// o[row] += weights (QuantizeWeights) x the block's V rows `v` (kKB rows
+// of `dim`) for rows [row0, row_end), 4 rows x 64 dims at a time; o rows
+// have stride dv. One or four rows: each quad is packed in registers where
+// it is used; other counts pack the block into `vp` first (scratch of
+// kKB x dim bytes). The V rows `next` are prefetched meanwhile.
 template <int kDim>
-PAGEDATTN_INT8_ATTR void AccumulateBlock(const float* s, const float* w_scale, const std::uint32_t* vp,
-                                         std::size_t dim, std::size_t dv, float* o, std::int32_t row0,
-                                         std::int32_t row_end, const void* const* next) {
+PAGEDATTN_INT8_ATTR void AccumulateBlock(const float* s, const float* w_scale, const void* const* v,
+                                         std::uint32_t* vp, std::size_t dim, std::size_t dv, float* o,
+                                         std::int32_t row0, std::int32_t row_end, const void* const* next) {
   const std::size_t v_dim = kDim > 0 ? std::size_t(kDim) : dim;
-  // Every quad, also past a short block's count (zero rows, zero weights):
-  // the loop prefetches the next rows.
-  constexpr std::int32_t quads = kKB / 4;
-  for (std::size_t d = 0; d < v_dim; d += 64) {
+  const std::int32_t rows = row_end - row0;
+  if (rows == 4 || rows == 1) {
+    for (std::size_t d = 0; d < v_dim; d += kRowBytes) {
+      if (rows == 4)
+        AccumulateTile<4, false>(s + std::size_t(row0) * kKB, w_scale + row0, v, vp, v_dim, d,
+                                 o + std::size_t(row0) * dv + d, dv, next);
+      else
+        AccumulateTile<1, false>(s + std::size_t(row0) * kKB, w_scale + row0, v, vp, v_dim, d,
+                                 o + std::size_t(row0) * dv + d, dv, next);
+    }
+    return;
+  }
+  PackValues(v, v_dim, vp);
+  for (std::size_t d = 0; d < v_dim; d += kRowBytes) {
     std::int32_t r = row0;
     for (; r + 4 <= row_end; r += 4)
-      AccumulateTile<4, 4>(s + std::size_t(r) * kKB, w_scale + r, vp + d, v_dim, quads, o + std::size_t(r) * dv + d, dv,
-                           r == row0 ? next : nullptr, d);
+      AccumulateTile<4, true>(s + std::size_t(r) * kKB, w_scale + r, v, vp, v_dim, d, o + std::size_t(r) * dv + d, dv,
+                              next);
     for (; r < row_end; ++r)
-      AccumulateTile<1, 4>(s + std::size_t(r) * kKB, w_scale + r, vp + d, v_dim, quads, o + std::size_t(r) * dv + d, dv,
-                           r == row0 ? next : nullptr, d);
+      AccumulateTile<1, true>(s + std::size_t(r) * kKB, w_scale + r, v, vp, v_dim, d, o + std::size_t(r) * dv + d, dv,
+                              next);
   }
 }
 
