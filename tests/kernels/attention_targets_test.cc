@@ -214,7 +214,8 @@ TEST(AttentionInt8Dot, TakenOnVnniWithinTolerance) {
 
 // Tails: key counts not multiples of 4 or of the 32-key block, pages of 1,
 // 5 and 16 slots, 1 to 8 rows per KV head (GQA 1-8, and 2 tokens x GQA 4
-// of speculative decoding), with masks, ALiBi, softcap and sinks.
+// of speculative decoding), V head dims other than K's, with masks, ALiBi,
+// softcap and sinks.
 TEST(AttentionInt8Dot, TailsMatchReference) {
   const CpuFeatures used = dispatched_features();
   std::mt19937 rng(2024);
@@ -227,6 +228,7 @@ TEST(AttentionInt8Dot, TailsMatchReference) {
     const std::int32_t group = std::int32_t(seed % 8) + 1;
     spec.num_qo_heads = spec.num_kv_heads * group;
     spec.head_dim = pick(64, 128, 256);
+    spec.v_head_dim = pick(0, 0, 64);  // 0: head_dim
     spec.page_size = pick(1, 5, 16);
     spec.q_dtype = spec.o_dtype = pick(DType::kF32, DType::kBF16);
     const std::int32_t q_len = group <= 4 ? pick(1, 2) : 1;
