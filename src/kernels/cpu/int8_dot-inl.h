@@ -17,7 +17,9 @@
 //            row's block of softmax weights (x the V token scale) against
 //            its largest, w / wmax x 255 rounded, and wmax / 255 per row;
 //   values   [kKB / 4][dim] dwords: dword d of key quad jq holds dim d of
-//            keys 4jq .. 4jq + 3, so PV reduces over keys four at a time.
+//            keys 4jq .. 4jq + 3, so PV reduces over keys four at a time
+//            (packed in registers where one tile of 4 rows or 1 covers the
+//            head's rows, else once per block into scratch).
 // Rounding: the queries to 8 bits per row and the weights to 8 bits per row
 // and block (K and V are used as stored). Products and sums are exact in
 // int32, then scaled in f32.
