@@ -7,7 +7,8 @@
 //                        K+V GB/s and % of the read-bandwidth probe
 //   BM_DecodePlanned     paged_attention with a plan made once (f16 grid)
 //   BM_DecodeRunnerVsPlanned  the two interleaved, and plan_attention alone
-//   BM_DecodeQuantSpeedup  fp8 / int8 KV against bf16 KV, interleaved
+//   BM_DecodeQuantSpeedup  fp8 / int8 KV against bf16 KV, interleaved; int8
+//                        also with int8 products allowed (/int8_products)
 //   BM_PagedVsContiguous page 16 (shuffled) against one page per sequence,
 //                        the same bytes, interleaved
 //   BM_Prefill, BM_ChunkedPrefill   causal; GFLOP/s and % of the FMA probe
@@ -419,17 +420,18 @@ void run_kernel(benchmark::State& state, const Config& c, bool planned,
 }
 
 // Two workloads, alternating which goes first, one call each per iteration;
-// `a` is the baseline. Reports both and time(a) / time(b).
+// `a` is the baseline, `b` runs with the plan options `b_options`. Reports
+// both and time(a) / time(b).
 void run_pair(benchmark::State& state, const Config& a, const Config& b,
               bool b_copies_a, const std::string& a_label, const std::string& b_label,
-              const std::string& ratio_name, bool ratio_b_over_a) {
+              const std::string& ratio_name, bool ratio_b_over_a, const pa::AttentionPlanOptions& b_options) {
   try {
     cache().retain_only({a, b});
     const auto wa = cache().get(a);
     const auto wb = cache().get(b, b_copies_a ? wa.get() : nullptr);
-    pa::AttentionRunner runner;
+    pa::AttentionRunner runner, runner_b(b_options);
     runner.run(wa->params(wa->copies() - 1));
-    runner.run(wb->params(wb->copies() - 1));
+    runner_b.run(wb->params(wb->copies() - 1));
     Timer ta, tb;
     std::int32_t ca = 0, cb = 0;
     bool a_first = true;
@@ -439,9 +441,9 @@ void run_pair(benchmark::State& state, const Config& a, const Config& b,
       double s = 0.0;
       if (a_first) {
         s += ta.time([&] { runner.run(pa_); });
-        s += tb.time([&] { runner.run(pb_); });
+        s += tb.time([&] { runner_b.run(pb_); });
       } else {
-        s += tb.time([&] { runner.run(pb_); });
+        s += tb.time([&] { runner_b.run(pb_); });
         s += ta.time([&] { runner.run(pa_); });
       }
       state.SetIterationTime(s);
@@ -647,14 +649,21 @@ void register_all() {
       add(name, [=](benchmark::State& s) { run_kernel(s, c, true); });
     }
 
-  // fp8 / int8 against bf16 at kv_len 16k.
-  for (DType q : {DType::kFP8E4M3, DType::kINT8})
+  // fp8 / int8 against bf16 at kv_len 16k; int8 also on int8 products
+  // (AttentionPlanOptions::int8_products: vpdpbusd where the CPU has VNNI).
+  struct Quant {
+    DType kv;
+    bool int8_products;
+  };
+  for (const Quant q : {Quant{DType::kFP8E4M3, false}, Quant{DType::kINT8, false}, Quant{DType::kINT8, true}})
     for (std::int32_t batch : batches) {
-      const Config base = decode(DType::kBF16, 32, batch, 16384), quant = decode(q, 32, batch, 16384);
-      const std::string name = decode_name("BM_DecodeQuantSpeedup", quant) + "/vs:bf16";
+      const Config base = decode(DType::kBF16, 32, batch, 16384), quant = decode(q.kv, 32, batch, 16384);
+      const std::string name =
+          decode_name("BM_DecodeQuantSpeedup", quant) + "/vs:bf16" + (q.int8_products ? "/int8_products" : "");
       if (!fits(name, {base, quant})) continue;
       add(name, [=](benchmark::State& s) {
-        run_pair(s, base, quant, false, "bf16", short_name(q), "speedup", false);
+        run_pair(s, base, quant, false, "bf16", short_name(q.kv), "speedup", false,
+                 pa::AttentionPlanOptions{.int8_products = q.int8_products});
       });
     }
 
@@ -674,7 +683,7 @@ void register_all() {
     const std::string name = decode_name("BM_PagedVsContiguous", paged);
     if (fits(name, {paged, contiguous}))
       add(name, [=](benchmark::State& s) {
-        run_pair(s, contiguous, paged, true, "contiguous", "paged", "paged_over_contiguous", true);
+        run_pair(s, contiguous, paged, true, "contiguous", "paged", "paged_over_contiguous", true, {});
       });
   }
 

@@ -8,8 +8,10 @@
 //     and KV of 16 bits or fewer on an AVX-512 target with AVX512-BF16, when the kernel does its
 //     products with vdpbf16ps (kKernelUsesBf16Dot): the vdpbf16ps peak
 //     (decode keeps fp32 FMAs);
-//   * int8 KV on an AVX-512 target with AVX512-VNNI, when the kernel does its
-//     products with vpdpbusd (kKernelUsesInt8Dot): the vpdpbusd peak.
+//   * decode (at most 8 query rows per KV head) over int8 KV with int8
+//     products allowed and head dims that are multiples of 64, on an AVX-512
+//     target with AVX512-VNNI, when the kernel does its products with
+//     vpdpbusd (kKernelUsesInt8Dot): the vpdpbusd peak.
 // The three kKernel* constants describe the kernel in src/kernels/cpu and
 // must change with it.
 #pragma once
@@ -24,7 +26,7 @@ namespace pagedattn::bench {
 // softmax) run on the target's full width: 16 lanes on AVX-512.
 inline constexpr int kKernelMaxF32Lanes = 16;
 inline constexpr bool kKernelUsesBf16Dot = true;
-inline constexpr bool kKernelUsesInt8Dot = false;
+inline constexpr bool kKernelUsesInt8Dot = true;
 
 // The extensions of `used` (dispatched_features()) the kernel does use: the
 // dot-product ones only where it has those paths.
@@ -41,14 +43,22 @@ inline int attention_kernel_lanes(const CpuFeatures& used) {
   return target_lanes < kKernelMaxF32Lanes ? target_lanes : kKernelMaxF32Lanes;
 }
 
+// Whether head dim `head_dim` (K and V alike) suits the int8 dot-product path.
+inline constexpr bool attention_int8_dot_dims(int head_dim) { return head_dim > 0 && head_dim % 64 == 0; }
+
 // `used` as pagedattn::dispatched_features(); `bf16_prefill`: the call has
 // more than 8 query rows (tokens x group) per KV head and its plan allows
-// bf16 products (AttentionPlanOptions::bf16_products).
-inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used, bool bf16_prefill) {
+// bf16 products (AttentionPlanOptions::bf16_products); `int8_decode`: at
+// most 8 rows per KV head and its plan allows int8 products
+// (AttentionPlanOptions::int8_products), with head dim `head_dim`.
+inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used, bool bf16_prefill,
+                                      bool int8_decode, int head_dim) {
   const bool avx512 = used.avx512f;
   if (avx512 && bf16_prefill && kv != DType::kF32 && kKernelUsesBf16Dot && used.avx512_bf16)
     return PeakClass::kBf16DotZmm;
-  if (avx512 && kv == DType::kINT8 && kKernelUsesInt8Dot && used.avx512_vnni) return PeakClass::kInt8DotZmm;
+  if (avx512 && int8_decode && kv == DType::kINT8 && attention_int8_dot_dims(head_dim) && kKernelUsesInt8Dot &&
+      used.avx512_vnni)
+    return PeakClass::kInt8DotZmm;
   if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;
   if (used.avx2 && used.fma) return PeakClass::kFp32FmaYmm;
   return PeakClass::kFp32MulAddXmm;

@@ -37,6 +37,7 @@ struct Options {
   bool check = true;
   bool hot = false;  // re-read one copy (K/V in cache when it fits) instead of rotating
   bool bf16_products = false;  // AttentionPlanOptions::bf16_products
+  bool int8_products = false;  // AttentionPlanOptions::int8_products
   std::string max_target;  // --max-target: overrides PAGEDATTN_MAX_TARGET
 };
 
@@ -74,6 +75,8 @@ void print_usage(std::FILE* out) {
                "  --no-check              skip the comparison with the scalar reference\n"
                "  --bf16-products         allow bf16 dot products in prefill where the CPU has\n"
                "                          AVX512-BF16 (inputs rounded to bf16; AttentionPlanOptions)\n"
+               "  --int8-products         allow int8 dot products in int8 decode where the CPU has\n"
+               "                          AVX512-VNNI (queries and weights rounded to 8 bits)\n"
                "  --hot                   re-read the first copy every call: K/V stay in\n"
                "                          L2/L3 if they fit (the kernel's compute rate)\n"
                "exit status 3 when the kernel disagrees with the reference\n",
@@ -152,6 +155,8 @@ Options parse(int argc, char** argv) {
       o.hot = true;
     } else if (flag == "--bf16-products") {
       o.bf16_products = true;
+    } else if (flag == "--int8-products") {
+      o.int8_products = true;
     } else {
       throw InvalidArgument(
           detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
@@ -165,11 +170,11 @@ Options parse(int argc, char** argv) {
 
 // Largest |kernel - reference| over the outputs of copy 0, relative to the
 // largest |reference| (both read back as float).
-double relative_error_vs_reference(pb::Workload& w, bool bf16_products) {
+double relative_error_vs_reference(pb::Workload& w, const AttentionPlanOptions& plan_options) {
   AttentionParams p = w.params(0);
   const std::size_t n =
       std::size_t(w.config().batch) * w.config().q_len * p.num_qo_heads * w.config().head_dim;
-  AttentionRunner(AttentionPlanOptions{.bf16_products = bf16_products}).run(p);
+  AttentionRunner(plan_options).run(p);
   std::vector<float> fast(n), ref(n);
   for (std::size_t i = 0; i < n; ++i) fast[i] = load_as_float(p.o.data, p.o.dtype, i);
   paged_attention_reference(p);
@@ -189,9 +194,9 @@ struct Timing {
 
 // Calls the kernel (plan + run, as a serving step would) rotating through the
 // workload's copies (or on copy 0 alone when `hot`), for at least `seconds`.
-Timing time_calls(pb::Workload& w, double seconds, bool hot, bool bf16_products) {
+Timing time_calls(pb::Workload& w, double seconds, bool hot, const AttentionPlanOptions& plan_options) {
   using Clock = std::chrono::steady_clock;
-  AttentionRunner runner(AttentionPlanOptions{.bf16_products = bf16_products});
+  AttentionRunner runner(plan_options);
   runner.run(w.params(0));  // warm-up: workspace, page faults
   std::vector<double> times;
   const auto start = Clock::now();
@@ -277,7 +282,9 @@ int run_bench_attention(int argc, char** argv) {
     return 0;
   }
   const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;
-  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_features(), prefill && o.bf16_products);
+  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_features(), prefill && o.bf16_products,
+                                                   !prefill && o.int8_products, c.head_dim);
+  const AttentionPlanOptions plan_options{.bf16_products = o.bf16_products, .int8_products = o.int8_products};
   std::printf("compute class: %s (the kernel's inner products for %s KV at this target)\n",
               pb::peak_class_name(k), pb::short_name(c.kv).c_str());
   std::printf(
@@ -289,15 +296,19 @@ int run_bench_attention(int argc, char** argv) {
   std::printf("working set: %d copies, %.0f MiB of K/V (L3 %.0f MiB)\n", w.copies(),
               double(w.bytes()) / double(1 << 20), double(pb::l3_cache_bytes()) / double(1 << 20));
   if (o.check) {
-    // Outputs are stored in f16 / bf16 / f32: rounding alone stays well below this.
-    constexpr double kTolerance = 1e-2;
-    const double err = relative_error_vs_reference(w, o.bf16_products);
+    // Outputs are stored in f16 / bf16 / f32: rounding alone stays well below
+    // 1e-2; int8 products round the queries and weights to 8 bits, allowed
+    // up to kInt8ProductsTolerance of a row's largest output (the kernel
+    // tests' allowance, tests/kernels/attention_case.h).
+    constexpr double kTolerance = 1e-2, kInt8ProductsTolerance = 3e-2;
+    const double tolerance = o.int8_products ? kInt8ProductsTolerance : kTolerance;
+    const double err = relative_error_vs_reference(w, plan_options);
     std::printf("max |kernel - reference| / max |reference|: %.2e (%s)\n", err,
-                err <= kTolerance ? "ok" : "FAILED");
-    if (!(err <= kTolerance)) return 3;
+                err <= tolerance ? "ok" : "FAILED");
+    if (!(err <= tolerance)) return 3;
   }
 
-  const Timing t = time_calls(w, o.seconds, o.hot, o.bf16_products);
+  const Timing t = time_calls(w, o.seconds, o.hot, plan_options);
   if (o.hot)
     std::printf("hot: every call re-reads copy 0 (%.1f MiB of K/V)\n",
                 c.kv_bytes_per_call() / double(1 << 20));

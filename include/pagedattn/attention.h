@@ -101,6 +101,16 @@ struct AttentionPlanOptions {
   // bits; up to about 2.5% of a row's largest output), for about twice the
   // multiply-add rate. Off: f32 products throughout.
   bool bf16_products = false;
+  // Decode (at most 8 query rows per KV head) over int8 KV may run on int8
+  // dot products (vpdpbusd) where the CPU has AVX512-VNNI and both head
+  // dims are multiples of 64: queries are rounded to int8 per row (absmax /
+  // 127) and each block's softmax weights (x the V token scale, which must
+  // be >= 0, as absmax / 127 is) to 8 bits against the block's largest;
+  // K and V are used as stored. About 2% of a row's largest output at the
+  // default scale (unit-variance q and k), growing with the spread of the
+  // logits (scale x sqrt(head_dim)), for about a third of the instructions
+  // per key. Off: f32 products.
+  bool int8_products = false;
 };
 
 // One unit of work: query tokens [q_begin, q_end) of sequence `batch` (offsets
@@ -131,6 +141,7 @@ struct AttentionPlan {
   // summation order for decode and prefill rows (set by fixed_kv_chunk > 0).
   bool batch_invariant = false;
   bool bf16_products = false;  // AttentionPlanOptions::bf16_products (never with batch_invariant)
+  bool int8_products = false;  // AttentionPlanOptions::int8_products (never with batch_invariant)
   std::vector<AttentionWorkItem> items;   // grouped by thread
   std::vector<std::int32_t> thread_items; // [num_threads + 1] offsets into items
   std::vector<AttentionMergeTask> merges;

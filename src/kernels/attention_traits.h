@@ -34,6 +34,10 @@ struct ScratchLayout {
   std::size_t k = 0;  // [kKeyBlock][pad(D)] keys as f32
   std::size_t v = 0;  // [kKeyBlock][pad(Dv)] values as f32 (or packed bf16)
   std::size_t qh = 0;  // [rows][pad(D)] bf16 queries (the bf16 dot-product path)
+  std::size_t q8 = 0;  // [rows][pad(D)] int8 queries (the int8 dot-product path)
+  std::size_t q8_scale = 0;  // [rows] their dequantisation scales
+  std::size_t q8_sum = 0;    // [rows] int32 sums of their elements
+  std::size_t w_scale = 0;   // [rows] dequantisation scales of a block's u8 weights
   std::size_t zero = 0;  // a zero row, as wide as the widest K/V row in f32
   std::size_t zero_bytes = 0;
   std::size_t bytes = 0;
@@ -54,7 +58,11 @@ constexpr ScratchLayout scratch_layout(std::int32_t rows, std::int32_t head_dim,
   l.k = l.s + align_up(r * kb * f);
   l.v = l.k + align_up(kb * dq * f);
   l.qh = l.v + align_up(kb * dv * f);
-  l.zero = l.qh + align_up(r * dq * sizeof(std::uint16_t));
+  l.q8 = l.qh + align_up(r * dq * sizeof(std::uint16_t));
+  l.q8_scale = l.q8 + align_up(r * dq);
+  l.q8_sum = l.q8_scale + align_up(r * f);
+  l.w_scale = l.q8_sum + align_up(r * sizeof(std::int32_t));
+  l.zero = l.w_scale + align_up(r * f);
   l.zero_bytes = align_up((dq > dv ? dq : dv) * f);
   l.bytes = l.zero + l.zero_bytes;
   return l;

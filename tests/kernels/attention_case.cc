@@ -250,16 +250,26 @@ double output_row_tolerance(DType o) {
   }
 }
 
-double dot_row_tolerance(DType kv, const CpuFeatures& used, bool bf16_products) {
-  namespace pb = pagedattn::bench;
-  const bool bf16_dot =
-      bf16_products && pb::kKernelUsesBf16Dot && used.avx512f && used.avx512_bf16 && kv != DType::kF32;
-  const bool int8_dot = pb::kKernelUsesInt8Dot && used.avx512f && used.avx512_vnni && kv == DType::kINT8;
-  return int8_dot ? kInt8DotRowTolerance : bf16_dot ? kBf16DotRowTolerance : 0.0;
+double int8_dot_row_tolerance(const CaseSpec& spec) {
+  const double d = spec.head_dim;
+  const double spread = std::fabs(spec.options.scale.value_or(float(1.0 / std::sqrt(d)))) * std::sqrt(d);
+  return kInt8DotRowTolerance * std::max(1.0, spread);
 }
 
-RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used, bool bf16_products) {
-  const double dot = dot_row_tolerance(spec.kv_dtype, used, bf16_products);
+double dot_row_tolerance(const CaseSpec& spec, const CpuFeatures& used, DotProducts allowed) {
+  namespace pb = pagedattn::bench;
+  const DType kv = spec.kv_dtype;
+  const std::int32_t v_dim = spec.v_head_dim ? spec.v_head_dim : spec.head_dim;
+  const bool bf16_dot =
+      allowed.bf16 && pb::kKernelUsesBf16Dot && used.avx512f && used.avx512_bf16 && kv != DType::kF32;
+  const bool int8_dot = allowed.int8 && pb::kKernelUsesInt8Dot && used.avx512f && used.avx512_vnni &&
+                        kv == DType::kINT8 && pb::attention_int8_dot_dims(spec.head_dim) &&
+                        pb::attention_int8_dot_dims(v_dim) && spec.key_rope == 0;
+  return std::max(int8_dot ? int8_dot_row_tolerance(spec) : 0.0, bf16_dot ? kBf16DotRowTolerance : 0.0);
+}
+
+RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used, DotProducts allowed) {
+  const double dot = dot_row_tolerance(spec, used, allowed);
   return {output_row_tolerance(spec.o_dtype) + dot, dot > 0.0 ? dot : kFp32LseTolerance};
 }
 

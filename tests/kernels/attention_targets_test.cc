@@ -2,9 +2,10 @@
 // double-precision reference, on randomized shapes: decode, chunked and full
 // prefill, causal and not, GQA, head dims with tails, page sizes, and every
 // KV dtype, in deterministic mode and not. The kernel's dot-product paths
-// (vdpbf16ps for prefill on KV of 16 bits or fewer) run only on AVX-512
-// targets whose CPU has the extension, and only there do their tolerances
-// (attention_case.h) apply.
+// (vdpbf16ps for prefill on KV of 16 bits or fewer, vpdpbusd for int8
+// decode) run only on AVX-512 targets whose CPU has the extension, and only
+// there do their tolerances (attention_case.h) apply: every other target
+// stays on f32 products with the options on.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
@@ -111,16 +112,21 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
           paged_attention_reference(c.params(0));
           // Split KV often; deterministic mode (a fixed chunk: every row on
           // the decode path), the default (prefill rows on the f32
-          // outer-product path) and bf16 products allowed (bf16 dot
-          // products where the CPU has them).
+          // outer-product path), bf16 products allowed (bf16 dot products
+          // in prefill where the CPU has them) and int8 products allowed
+          // (int8 dot products in int8 decode where the CPU has VNNI).
           struct Variant {
             std::int32_t fixed_chunk;
-            bool bf16;
+            bool bf16, int8;
           };
-          for (const Variant v : {Variant{32, false}, Variant{0, false}, Variant{0, true}}) {
-            AttentionRunner(AttentionPlanOptions{2, v.fixed_chunk, 16, v.bf16}).run(c.params(1));
-            expect_rows_close(c, tolerance_for(spec, used, v.bf16),
-                              what + " fixed chunk " + std::to_string(v.fixed_chunk) + " bf16 " + std::to_string(v.bf16));
+          for (const Variant v : {Variant{32, false, false}, Variant{0, false, false}, Variant{0, true, false},
+                                  Variant{0, false, true}}) {
+            AttentionRunner runner(AttentionPlanOptions{2, v.fixed_chunk, 16, v.bf16, v.int8});
+            runner.run(c.params(1));
+            const DotProducts allowed{runner.last_plan().bf16_products, runner.last_plan().int8_products};
+            expect_rows_close(c, tolerance_for(spec, used, allowed),
+                              what + " fixed chunk " + std::to_string(v.fixed_chunk) + " bf16 " +
+                                  std::to_string(v.bf16) + " int8 " + std::to_string(v.int8));
             if (::testing::Test::HasFailure()) return;
           }
         }
@@ -138,7 +144,12 @@ TEST(AttentionTargets, ToleranceRejectsWrongKeys) {
   paged_attention_reference(a.params(0));
   paged_attention_reference(b.params(0));
   const std::vector<float> want = a.output(0), wrong = b.output(0);
-  const RowTolerance tol{output_row_tolerance(spec.o_dtype) + kInt8DotRowTolerance, 0.0};  // the loosest
+  // The loosest: the int8 allowance at the largest logit spread of the
+  // random cases (scale 0.3, head dim 256).
+  CaseSpec widest = spec;
+  widest.head_dim = 256;
+  widest.options.scale = 0.3f;
+  const RowTolerance tol{output_row_tolerance(spec.o_dtype) + int8_dot_row_tolerance(widest), 0.0};
   const std::size_t dim = static_cast<std::size_t>(spec.head_dim);
   int rows_failing = 0;
   for (std::size_t row = 0; row * dim < want.size(); ++row) {
@@ -150,6 +161,92 @@ TEST(AttentionTargets, ToleranceRejectsWrongKeys) {
     rows_failing += err > tol.row * scale + 1e-6;
   }
   EXPECT_EQ(rows_failing * dim, want.size()) << "the largest tolerance accepts unrelated outputs";
+}
+
+// --- the int8 dot-product path -------------------------------------------------------------
+
+bool has_int8_dot(const CpuFeatures& used) { return used.avx512f && used.avx512_vnni; }
+
+// The outputs of a case run with int8 products off (output 0) and on (1).
+void run_with_and_without_int8(AttentionCase& c) {
+  AttentionRunner(AttentionPlanOptions{.num_threads = 2}).run(c.params(0));
+  AttentionRunner(AttentionPlanOptions{.num_threads = 2, .int8_products = true}).run(c.params(1));
+}
+
+// Int8 decode with int8 products allowed: on a VNNI machine the path is
+// taken (outputs differ from the f32 path's bits, within the allowance of
+// the reference); elsewhere, and for shapes it does not take (head dims
+// not multiples of 64, inline key RoPE, prefill rows), the bits are the
+// f32 path's.
+TEST(AttentionInt8Dot, TakenOnVnniWithinTolerance) {
+  const CpuFeatures used = dispatched_features();
+  struct Shape {
+    std::int32_t head_dim;
+    int key_rope;
+    std::int32_t q_len;
+    bool taken;
+  };
+  for (const Shape shape : {Shape{128, 0, 1, true}, Shape{64, 0, 2, true}, Shape{80, 0, 1, false},
+                            Shape{128, 1, 1, false}, Shape{128, 0, 40, false}}) {
+    CaseSpec spec;
+    spec.q_lens = {shape.q_len, shape.q_len, shape.q_len};
+    spec.kv_lens = {300, 77, 1000};
+    spec.num_qo_heads = 32;
+    spec.num_kv_heads = 8;
+    spec.head_dim = shape.head_dim;
+    spec.kv_dtype = DType::kINT8;
+    spec.key_rope = shape.key_rope;
+    SCOPED_TRACE(describe(spec));
+    AttentionCase c(spec);
+    run_with_and_without_int8(c);
+    const bool taken = shape.taken && has_int8_dot(used);
+    const std::vector<float> f32 = c.output(0), int8 = c.output(1);
+    if (taken) {
+      EXPECT_NE(f32, int8) << "int8 products allowed on a VNNI CPU, yet the f32 path's bits";
+      paged_attention_reference(c.params(0));
+      expect_rows_close(c, tolerance_for(spec, used, {false, true}), "int8 products");
+    } else {
+      EXPECT_EQ(f32, int8) << "int8 products changed a shape the int8 path does not take";
+    }
+  }
+  if (!has_int8_dot(used)) GTEST_SKIP() << "no AVX512-VNNI at the dispatched target: the path is not taken";
+}
+
+// Tails: key counts not multiples of 4 or of the 32-key block, pages of 1,
+// 5 and 16 slots, 1 to 8 rows per KV head (GQA 1-8, and 2 tokens x GQA 4
+// of speculative decoding), V head dims other than K's, with masks, ALiBi,
+// softcap and sinks.
+TEST(AttentionInt8Dot, TailsMatchReference) {
+  const CpuFeatures used = dispatched_features();
+  std::mt19937 rng(2024);
+  auto pick = [&](auto... values) { return pick_one(rng, values...); };
+  for (std::uint32_t seed = 0; seed < 24; ++seed) {
+    CaseSpec spec;
+    spec.seed = seed;
+    spec.kv_dtype = DType::kINT8;
+    spec.num_kv_heads = pick(1, 2, 8);
+    const std::int32_t group = std::int32_t(seed % 8) + 1;
+    spec.num_qo_heads = spec.num_kv_heads * group;
+    spec.head_dim = pick(64, 128, 256);
+    spec.v_head_dim = pick(0, 0, 64);  // 0: head_dim
+    spec.page_size = pick(1, 5, 16);
+    spec.q_dtype = spec.o_dtype = pick(DType::kF32, DType::kBF16);
+    const std::int32_t q_len = group <= 4 ? pick(1, 2) : 1;
+    for (int b = 0; b < 3; ++b) {
+      spec.kv_lens.push_back(pick(1, 3, 5, 31, 33, 63, 67, 130));
+      spec.q_lens.push_back(std::min(q_len, spec.kv_lens.back()));
+    }
+    spec.options.window_left = pick(-1, -1, 20);
+    spec.options.softcap = pick(0.0f, 0.0f, 30.0f);
+    spec.alibi = pick(false, true);
+    spec.sinks = pick(false, true);
+    SCOPED_TRACE(describe(spec));
+    AttentionCase c(spec);
+    paged_attention_reference(c.params(0));
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .int8_products = true}).run(c.params(1));
+    expect_rows_close(c, tolerance_for(spec, used, {false, true}), "int8 products, tails");
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 }  // namespace

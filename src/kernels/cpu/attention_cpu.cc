@@ -32,6 +32,7 @@
 
 #include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/convert-inl.h"
+#include "kernels/cpu/int8_dot-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::kernels::HWY_NAMESPACE {
@@ -81,6 +82,10 @@ struct Scratch {
   float* k;      // [kKB][dq] f32 copy of a block (prefill)
   float* v;      // [kKB][dv]
   std::uint16_t* qh;  // [rows][dq] bf16 queries (the bf16 dot-product path)
+  std::int8_t* q8;    // [rows][dq] int8 queries (the int8 dot-product path)
+  float* q8_scale;    // [rows]
+  std::int32_t* q8_sum;  // [rows]
+  float* w_scale;     // [rows] scales of a block's u8 weights
   const void* zero;   // a zero row (any dtype)
 };
 
@@ -873,11 +878,54 @@ void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::
 }
 #endif
 
+// Whether an item with `rows_per_head` rows per KV head takes the int8
+// dot-product path: int8 KV, decode rows (the non-outer-product path), no
+// keys to rotate, and the plan, CPU and head dims allow it (int8_dot).
+template <DType kT>
+bool Int8Dot(const Item& it, std::int32_t rows_per_head) {
+#if PAGEDATTN_INT8_DOT_TARGET
+  return kT == DType::kINT8 && it.c->int8_dot && rows_per_head <= kConvertRows &&
+         it.p->options.key_rope == nullptr;
+#else
+  (void)it;
+  (void)rows_per_head;
+  return false;
+#endif
+}
+
+#if PAGEDATTN_INT8_DOT_TARGET
+// One block for rows [row0, row_end) on int8 dot products (int8_dot-inl.h):
+// packs K, scores (prefetching the next head's K rows), applies masks and
+// the online softmax in f32, rounds the weights to u8 and runs PV on V
+// packed in key quads (prefetching the next head's V rows).
+template <int kDim>
+void ProcessHeadBlockInt8(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
+                          std::int32_t row_end, std::int64_t first_pos) {
+  const KernelContext& c = *it.c;
+  auto* kt = reinterpret_cast<std::uint32_t*>(it.sc.k);
+  auto* vp = reinterpret_cast<std::uint32_t*>(it.sc.v);
+  int8dot::PackKeys(kb.k, std::size_t(c.head_dim), kt);
+  int8dot::ScoreBlock<kDim>(it.sc.q8, std::size_t(c.dq), it.sc.q8_scale, it.sc.q8_sum, kt, std::size_t(c.head_dim),
+                            kb.k_scale, it.sc.s, row0, row_end, kb.k_next);
+  for (std::int32_t row = row0; row < row_end; ++row) {
+    TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
+                 static_cast<std::int32_t>(map.qo_head(row)));
+    SoftmaxRow<true>(it, kb, row);
+  }
+  int8dot::QuantizeWeights(it.sc.s, it.sc.w_scale, row0, row_end);
+  int8dot::AccumulateBlock<kDim>(it.sc.s, it.sc.w_scale, kb.v, vp, std::size_t(c.v_head_dim), std::size_t(c.dv),
+                                 it.sc.o, row0, row_end, kb.v_next);
+}
+#endif
+
 // One block of keys for one KV head's rows [row0, row_end).
 template <DType kT, int kDim>
 void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
                       std::int32_t row_end, std::int64_t first_pos) {
   if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
+#if PAGEDATTN_INT8_DOT_TARGET
+  if (Int8Dot<kT>(it, row_end - row0)) return ProcessHeadBlockInt8<kDim>(it, map, kb, row0, row_end, first_pos);
+#endif
   const bool rotate_keys = it.p->options.key_rope != nullptr;
   // Many rows share the block (prefill): outer-product QK on transposed
   // keys (bf16 dot products, or f32), PV on converted values. Keys to
@@ -926,6 +974,11 @@ void ProcessItem(const Item& it) {
 #if PAGEDATTN_BF16_DOT_TARGET
   if (OuterProducts(it, map.per_head) && Bf16Dot<kT>(it))
     bf16dot::RoundRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh);
+#endif
+#if PAGEDATTN_INT8_DOT_TARGET
+  if (Int8Dot<kT>(it, map.per_head))
+    int8dot::QuantizeRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.q8,
+                          it.sc.q8_scale, it.sc.q8_sum);
 #endif
   // Two of each, alternating: the block (head) being processed and the one
   // after it, whose rows are prefetched meanwhile.
@@ -980,7 +1033,8 @@ Scratch ThreadScratch(std::byte* base, const KernelContext& c) {
   const ScratchLayout& l = c.layout;
   auto at = [&](std::size_t off) { return reinterpret_cast<float*>(base + off); };
   return {at(l.q), at(l.o), at(l.m), at(l.l), at(l.s), at(l.k), at(l.v),
-          reinterpret_cast<std::uint16_t*>(base + l.qh), base + l.zero};
+          reinterpret_cast<std::uint16_t*>(base + l.qh), reinterpret_cast<std::int8_t*>(base + l.q8),
+          at(l.q8_scale), reinterpret_cast<std::int32_t*>(base + l.q8_sum), at(l.w_scale), base + l.zero};
 }
 
 void RunAttention(const AttentionParams& p, const AttentionPlan& plan, std::byte* workspace) {
