@@ -4,10 +4,11 @@
 // inner products (QK^T and PV) execute, at the vector width it computes on.
 //   * fp32 FMAs at min(the target's width, kKernelMaxF32Lanes) lanes: zmm for
 //     16, ymm for 8; targets below AVX2 have no FMA: SSE multiply + add;
-//   * prefill (more than 8 query rows per KV head) with bf16 products allowed
-//     and KV of 16 bits or fewer on an AVX-512 target with AVX512-BF16, when the kernel does its
-//     products with vdpbf16ps (kKernelUsesBf16Dot): the vdpbf16ps peak
-//     (decode keeps fp32 FMAs);
+//   * bf16 products allowed, on an AVX-512 target with AVX512-BF16, when the
+//     kernel does its products with vdpbf16ps (kKernelUsesBf16Dot): prefill
+//     (more than 8 query rows per KV head) over KV of 16 bits or fewer, and
+//     decode over the KV types kernel_bf16_decode names (bf16, f16, fp8):
+//     the vdpbf16ps peak;
 //   * int8 KV on an AVX-512 target with AVX512-VNNI, when the kernel does its
 //     products with vpdpbusd (kKernelUsesInt8Dot): the vpdpbusd peak.
 // The three kKernel* constants describe the kernel in src/kernels/cpu and
@@ -41,13 +42,19 @@ inline int attention_kernel_lanes(const CpuFeatures& used) {
   return target_lanes < kKernelMaxF32Lanes ? target_lanes : kKernelMaxF32Lanes;
 }
 
-// `used` as pagedattn::dispatched_features(); `bf16_prefill`: the call has
-// more than 8 query rows (tokens x group) per KV head and its plan allows
-// bf16 products (AttentionPlanOptions::bf16_products).
-inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used, bool bf16_prefill) {
+// KV types whose decode rows (at most 8 query rows per KV head, no inline
+// key RoPE) run on vdpbf16ps when bf16 products are allowed.
+inline constexpr bool kernel_bf16_decode(DType kv) {
+  return kv == DType::kBF16 || kv == DType::kF16 || kv == DType::kFP8E4M3 || kv == DType::kFP8E5M2;
+}
+
+// `used` as pagedattn::dispatched_features(); `bf16_products`: the call's plan
+// allows them (AttentionPlanOptions::bf16_products); `prefill`: the call has
+// more than 8 query rows (tokens x group) per KV head.
+inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used, bool bf16_products, bool prefill) {
   const bool avx512 = used.avx512f;
-  if (avx512 && bf16_prefill && kv != DType::kF32 && kKernelUsesBf16Dot && used.avx512_bf16)
-    return PeakClass::kBf16DotZmm;
+  const bool bf16_kv = prefill ? kv != DType::kF32 : kernel_bf16_decode(kv);
+  if (avx512 && bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16) return PeakClass::kBf16DotZmm;
   if (avx512 && kv == DType::kINT8 && kKernelUsesInt8Dot && used.avx512_vnni) return PeakClass::kInt8DotZmm;
   if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;
   if (used.avx2 && used.fma) return PeakClass::kFp32FmaYmm;

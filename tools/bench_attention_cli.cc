@@ -72,8 +72,9 @@ void print_usage(std::FILE* out) {
                "  --no-probe              skip the bandwidth / compute-peak probes\n"
                "  --probe-only            run the probes alone (no kernel)\n"
                "  --no-check              skip the comparison with the scalar reference\n"
-               "  --bf16-products         allow bf16 dot products in prefill where the CPU has\n"
-               "                          AVX512-BF16 (inputs rounded to bf16; AttentionPlanOptions)\n"
+               "  --bf16-products         allow bf16 dot products (prefill, and decode over bf16,\n"
+               "                          f16 and fp8 KV) where the CPU has AVX512-BF16 (inputs\n"
+               "                          rounded to bf16; AttentionPlanOptions)\n"
                "  --hot                   re-read the first copy every call: K/V stay in\n"
                "                          L2/L3 if they fit (the kernel's compute rate)\n"
                "exit status 3 when the kernel disagrees with the reference\n",
@@ -277,9 +278,10 @@ int run_bench_attention(int argc, char** argv) {
     return 0;
   }
   const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;
-  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_features(), prefill && o.bf16_products);
-  std::printf("compute class: %s (the kernel's inner products for %s KV at this target)\n",
-              pb::peak_class_name(k), pb::short_name(c.kv).c_str());
+  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_features(), o.bf16_products, prefill);
+  std::printf("compute class: %s (the kernel's inner products for %s KV %s at this target%s)\n",
+              pb::peak_class_name(k), pb::short_name(c.kv).c_str(), prefill ? "prefill" : "decode",
+              o.bf16_products ? ", bf16 products allowed" : "");
   std::printf(
       "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
       pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,

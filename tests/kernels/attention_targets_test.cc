@@ -2,7 +2,8 @@
 // double-precision reference, on randomized shapes: decode, chunked and full
 // prefill, causal and not, GQA, head dims with tails, page sizes, and every
 // KV dtype, in deterministic mode and not. The kernel's dot-product paths
-// (vdpbf16ps for prefill on KV of 16 bits or fewer) run only on AVX-512
+// (vdpbf16ps for prefill on KV of 16 bits or fewer and for decode on bf16,
+// f16 and fp8 KV, with bf16 products allowed) run only on AVX-512
 // targets whose CPU has the extension, and only there do their tolerances
 // (attention_case.h) apply.
 #include <gtest/gtest.h>

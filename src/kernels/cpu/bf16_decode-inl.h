@@ -3,7 +3,8 @@
 // macros this file uses): a KV head's few rows (a GQA group x 1 token, at
 // most 8) against a block of kKB keys whose K/V rows are read straight from
 // the pages and converted to bf16 in registers (bf16: none; fp8: exactly,
-// fp8 e4m3 as value x 2^-8 like LoadConvert, through a 128-entry table).
+// fp8 e4m3 as value x 2^-8 like LoadConvert, through a 128-entry table; f16:
+// widened, then rounded to bf16).
 //
 //   QK: a key's row chunk (32 dims, 16 words) against each row's query
 //       chunk, one accumulator of 16 lanes per (row, key); 16 accumulators
