@@ -4,10 +4,11 @@
 // inner products (QK^T and PV) execute, at the vector width it computes on.
 //   * fp32 FMAs at min(the target's width, kKernelMaxF32Lanes) lanes: zmm for
 //     16, ymm for 8; targets below AVX2 have no FMA: SSE multiply + add;
-//   * prefill (more than 8 query rows per KV head) with bf16 products allowed
-//     and KV of 16 bits or fewer on an AVX-512 target with AVX512-BF16, when the kernel does its
-//     products with vdpbf16ps (kKernelUsesBf16Dot): the vdpbf16ps peak
-//     (decode keeps fp32 FMAs);
+//   * bf16 products allowed, on an AVX-512 target with AVX512-BF16, when the
+//     kernel does its products with vdpbf16ps (kKernelUsesBf16Dot): prefill
+//     (more than 8 query rows per KV head) over KV of 16 bits or fewer, and
+//     decode over the KV types kernel_bf16_decode names (bf16, f16, fp8):
+//     the vdpbf16ps peak;
 //   * decode (at most 8 query rows per KV head) over int8 KV with int8
 //     products allowed and head dims that are multiples of 64, on an AVX-512
 //     target with AVX512-VNNI, when the kernel does its products with
@@ -46,18 +47,30 @@ inline int attention_kernel_lanes(const CpuFeatures& used) {
 // Whether head dim `head_dim` (K and V alike) suits the int8 dot-product path.
 inline constexpr bool attention_int8_dot_dims(int head_dim) { return head_dim > 0 && head_dim % 64 == 0; }
 
-// `used` as pagedattn::dispatched_features(); `bf16_prefill`: the call has
-// more than 8 query rows (tokens x group) per KV head and its plan allows
-// bf16 products (AttentionPlanOptions::bf16_products); `int8_decode`: at
-// most 8 rows per KV head and its plan allows int8 products
-// (AttentionPlanOptions::int8_products), with head dim `head_dim`.
-inline PeakClass attention_peak_class(DType kv, const CpuFeatures& used, bool bf16_prefill,
-                                      bool int8_decode, int head_dim) {
+// KV types whose decode rows (at most 8 query rows per KV head, no inline
+// key RoPE) run on vdpbf16ps when bf16 products are allowed.
+inline constexpr bool kernel_bf16_decode(DType kv) {
+  return kv == DType::kBF16 || kv == DType::kF16 || kv == DType::kFP8E4M3 || kv == DType::kFP8E5M2;
+}
+
+// What of an attention call decides the instruction class of its products.
+struct AttentionCallKind {
+  DType kv = DType::kF16;
+  bool prefill = false;        // more than 8 query rows (tokens x group) per KV head
+  bool bf16_products = false;  // AttentionPlanOptions::bf16_products
+  bool int8_products = false;  // AttentionPlanOptions::int8_products
+  int head_dim = 128;          // K and V alike
+};
+
+// `used` as pagedattn::dispatched_features().
+inline PeakClass attention_peak_class(const AttentionCallKind& call, const CpuFeatures& used) {
   const bool avx512 = used.avx512f;
-  if (avx512 && bf16_prefill && kv != DType::kF32 && kKernelUsesBf16Dot && used.avx512_bf16)
+  const DType kv = call.kv;
+  const bool bf16_kv = call.prefill ? kv != DType::kF32 : kernel_bf16_decode(kv);
+  if (avx512 && call.bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16)
     return PeakClass::kBf16DotZmm;
-  if (avx512 && int8_decode && kv == DType::kINT8 && attention_int8_dot_dims(head_dim) && kKernelUsesInt8Dot &&
-      used.avx512_vnni)
+  if (avx512 && !call.prefill && call.int8_products && kv == DType::kINT8 &&
+      attention_int8_dot_dims(call.head_dim) && kKernelUsesInt8Dot && used.avx512_vnni)
     return PeakClass::kInt8DotZmm;
   if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;
   if (used.avx2 && used.fma) return PeakClass::kFp32FmaYmm;

@@ -73,8 +73,9 @@ void print_usage(std::FILE* out) {
                "  --no-probe              skip the bandwidth / compute-peak probes\n"
                "  --probe-only            run the probes alone (no kernel)\n"
                "  --no-check              skip the comparison with the scalar reference\n"
-               "  --bf16-products         allow bf16 dot products in prefill where the CPU has\n"
-               "                          AVX512-BF16 (inputs rounded to bf16; AttentionPlanOptions)\n"
+               "  --bf16-products         allow bf16 dot products (prefill, and decode over bf16,\n"
+               "                          f16 and fp8 KV) where the CPU has AVX512-BF16 (inputs\n"
+               "                          rounded to bf16; AttentionPlanOptions)\n"
                "  --int8-products         allow int8 dot products in int8 decode where the CPU has\n"
                "                          AVX512-VNNI (queries and weights rounded to 8 bits)\n"
                "  --hot                   re-read the first copy every call: K/V stay in\n"
@@ -282,11 +283,14 @@ int run_bench_attention(int argc, char** argv) {
     return 0;
   }
   const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;
-  const pb::PeakClass k = pb::attention_peak_class(c.kv, dispatched_features(), prefill && o.bf16_products,
-                                                   !prefill && o.int8_products, c.head_dim);
+  const pb::PeakClass k = pb::attention_peak_class(
+      {.kv = c.kv, .prefill = prefill, .bf16_products = o.bf16_products, .int8_products = o.int8_products,
+       .head_dim = c.head_dim},
+      dispatched_features());
   const AttentionPlanOptions plan_options{.bf16_products = o.bf16_products, .int8_products = o.int8_products};
-  std::printf("compute class: %s (the kernel's inner products for %s KV at this target)\n",
-              pb::peak_class_name(k), pb::short_name(c.kv).c_str());
+  std::printf("compute class: %s (the kernel's inner products for %s KV %s at this target%s%s)\n",
+              pb::peak_class_name(k), pb::short_name(c.kv).c_str(), prefill ? "prefill" : "decode",
+              o.bf16_products ? ", bf16 products allowed" : "", o.int8_products ? ", int8 products allowed" : "");
   std::printf(
       "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
       pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,

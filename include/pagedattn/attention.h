@@ -95,11 +95,13 @@ struct AttentionPlanOptions {
                                     // whatever the batch, and compute every query row
                                     // the same way (deterministic mode: batch_invariant)
   std::int32_t min_kv_chunk = 256;  // smallest chunk the planner creates when it splits
-  // Prefill (more than 8 query rows per KV head) over KV of 16 bits or fewer
-  // may run on bf16 dot products where the CPU has AVX512-BF16: queries,
-  // softmax weights and f16 K/V are then rounded to bf16 (8 significant
-  // bits; up to about 2.5% of a row's largest output), for about twice the
-  // multiply-add rate. Off: f32 products throughout.
+  // Prefill (more than 8 query rows per KV head) over KV of 16 bits or
+  // fewer, and decode (at most 8 rows per KV head, no inline key RoPE) over
+  // bf16, f16 and fp8 KV, may run on bf16 dot products where the CPU has
+  // AVX512-BF16: queries, softmax weights and f16 K/V are then rounded to
+  // bf16 (8 significant bits; up to about 2.5% of a row's largest output;
+  // bf16 and fp8 K/V convert exactly), for about twice the multiply-add
+  // rate. Off: f32 products throughout.
   bool bf16_products = false;
   // Decode (at most 8 query rows per KV head) over int8 KV may run on int8
   // dot products (vpdpbusd) where the CPU has AVX512-VNNI and both head

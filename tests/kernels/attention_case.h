@@ -94,8 +94,9 @@ struct RowTolerance {
 // element, at most that of the row maximum.
 double output_row_tolerance(DType o);
 
-// The dot-product paths round their inputs. vdpbf16ps (prefill on AVX-512
-// with AVX512-BF16, KV of 16 bits or fewer, AttentionPlanOptions::bf16_products): queries, softmax weights and
+// The dot-product paths round their inputs. vdpbf16ps (AVX-512 with
+// AVX512-BF16, AttentionPlanOptions::bf16_products: prefill over KV of 16
+// bits or fewer, decode over bf16, f16 and fp8): queries, softmax weights and
 // f16 K/V to bf16 (8 significant bits; bf16, fp8 and int8 K/V convert
 // exactly). A numpy model of the query and weight rounding over 400 random
 // rows (head dims 32-256, up to 1203 keys) gave at most 0.5% of the row

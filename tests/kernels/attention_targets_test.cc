@@ -2,10 +2,11 @@
 // double-precision reference, on randomized shapes: decode, chunked and full
 // prefill, causal and not, GQA, head dims with tails, page sizes, and every
 // KV dtype, in deterministic mode and not. The kernel's dot-product paths
-// (vdpbf16ps for prefill on KV of 16 bits or fewer, vpdpbusd for int8
-// decode) run only on AVX-512 targets whose CPU has the extension, and only
-// there do their tolerances (attention_case.h) apply: every other target
-// stays on f32 products with the options on.
+// (vdpbf16ps for prefill on KV of 16 bits or fewer and for decode on bf16,
+// f16 and fp8 KV with bf16 products allowed, vpdpbusd for int8 decode with
+// int8 products allowed) run only on AVX-512 targets whose CPU has the
+// extension, and only there do their tolerances (attention_case.h) apply:
+// every other target stays on f32 products with the options on.
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
@@ -132,6 +133,44 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
         }
   });
   EXPECT_GE(targets_run, 1);
+}
+
+// Decode over bf16 and fp8 KV with bf16 products allowed runs on vdpbf16ps
+// where the CPU has AVX512-BF16: within the dot-product tolerance of the
+// reference, and not the f32 path's bits. GQA 1 to 8 (every row grouping of
+// the micro-kernels), head dims with masked tails (40, 80, 136), pages of 1
+// to 32, odd key counts, per-head fp8 scales.
+TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
+  const CpuFeatures used = dispatched_features();
+  if (!(used.avx512f && used.avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16 at the dispatched target";
+  const std::int32_t dims[] = {128, 40, 80, 136, 64, 256};
+  const std::int32_t pages[] = {1, 5, 16, 32};
+  std::uint32_t seed = 7000;
+  for (DType kv : {DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2})
+    for (std::int32_t group = 1; group <= 8; ++group) {
+      CaseSpec spec;
+      spec.seed = ++seed;
+      spec.num_kv_heads = 2;
+      spec.num_qo_heads = 2 * group;
+      spec.head_dim = dims[seed % 6];
+      spec.page_size = pages[seed % 4];
+      spec.kv_dtype = kv;
+      spec.q_dtype = DType::kBF16;
+      spec.o_dtype = DType::kF32;  // the paths' differences stay visible
+      spec.per_head_fp8_scales = group % 2 == 0;
+      spec.kv_lens = {1, 33, 97, 130};
+      spec.q_lens = {1, 1, 1, 1};
+      const std::string what = describe(spec);
+      SCOPED_TRACE(what);
+      AttentionCase c(spec);
+      paged_attention_reference(c.params(0));
+      AttentionRunner(AttentionPlanOptions{.bf16_products = false}).run(c.params(1));
+      const std::vector<float> f32_path = c.output(1);
+      AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
+      expect_rows_close(c, tolerance_for(spec, used, true), what);
+      EXPECT_NE(c.output(1), f32_path) << "bf16 products gave the f32 path's bits";
+      if (::testing::Test::HasFailure()) return;
+    }
 }
 
 // The tolerance is not so loose that a kernel reading the wrong keys passes:

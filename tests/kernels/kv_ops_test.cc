@@ -10,6 +10,7 @@
 #include <random>
 
 #include "../../src/kernels/cpu/convert.h"
+#include "pagedattn/cpu_features.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_ops.h"
 
@@ -109,6 +110,49 @@ TEST(ConvertRow, WidensEveryE4M3ByteToF16BitsLikeTheScalarDecoding) {
       }
     }
   }
+}
+
+// The bf16 dot-product decode's fp8 -> bf16 conversion (a 128-entry table
+// per format, AVX-512 targets), every code of both formats and a masked tail
+// of 8, on every target that has it: bit for bit the scalar decoding rounded
+// to bf16 (e4m3 x 2^-8, the kernel's convention), and that rounding exact.
+TEST(ConvertRow, ConvertsEveryFp8CodeToBf16BitsExactly) {
+  std::vector<unsigned char> bytes(256 + 8);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>((i * 7 + 3) % 256);
+  const bool avx512 = dispatched_features().avx512f;  // an AVX-512 target runs (not capped below)
+  TargetReset reset;
+  int targets_with_it = 0;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (DType t : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+      std::vector<std::uint16_t> bf16(bytes.size() + 8, 0xdead);
+      if (!kernels::fp8_to_bf16_bits(bytes.data(), t, bf16.data(), std::ssize(bytes))) {
+        for (std::uint16_t x : bf16) ASSERT_EQ(x, 0xdead);
+        continue;
+      }
+      targets_with_it += t == DType::kFP8E4M3;
+      const float format = t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f;
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        const float want = load_as_float(bytes.data(), t, i) * format;
+        ASSERT_EQ(bf16[i], float_to_bf16_bits(want)) << dtype_name(t) << " byte " << int(bytes[i]);
+        ASSERT_TRUE(same_bits(bf16_bits_to_float(bf16[i]), want)) << dtype_name(t) << " byte " << int(bytes[i]);
+      }
+      for (std::size_t i = bytes.size(); i < bf16.size(); ++i) ASSERT_EQ(bf16[i], 0xdead) << "wrote past n";
+    }
+  }
+  if (avx512) {
+    EXPECT_GE(targets_with_it, 1);
+  }
+}
+
+TEST(ConvertRow, Fp8ToBf16RefusesOtherTypesAndLengths) {
+  const std::vector<unsigned char> bytes(16, 0x38);
+  std::vector<std::uint16_t> out(16, 0xdead);
+  EXPECT_THROW(kernels::fp8_to_bf16_bits(bytes.data(), DType::kINT8, out.data(), 16), InvalidArgument);
+  EXPECT_THROW(kernels::fp8_to_bf16_bits(bytes.data(), DType::kFP8E4M3, out.data(), 9), InvalidArgument);
+  EXPECT_THROW(kernels::fp8_to_bf16_bits(bytes.data(), DType::kFP8E5M2, out.data(), -8), InvalidArgument);
+  for (std::uint16_t x : out) EXPECT_EQ(x, 0xdead);
 }
 
 TEST(ConvertRow, E4M3WideningRefusesALengthThatIsNotAMultipleOf8) {

@@ -13,6 +13,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include "kernels/cpu/bf16_decode-inl.h"
 #include "kernels/cpu/convert-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -95,6 +96,18 @@ void WidenE4M3ToF16Bits(const void* src, std::uint16_t* dst, std::int64_t n) {
   WidenE4M3Row(src, dst, static_cast<std::size_t>(n));
 }
 
+bool Fp8ToBf16Bits(const void* src, DType t, std::uint16_t* dst, std::int64_t n) {
+#if PAGEDATTN_BF16_DOT_TARGET
+  const auto* in = static_cast<const std::uint8_t*>(src);
+  if (t == DType::kFP8E4M3) bf16dec::Fp8RowToBf16<DType::kFP8E4M3>(in, std::size_t(n), dst);
+  if (t == DType::kFP8E5M2) bf16dec::Fp8RowToBf16<DType::kFP8E5M2>(in, std::size_t(n), dst);
+  return true;
+#else
+  (void)src, (void)t, (void)dst, (void)n;
+  return false;
+#endif
+}
+
 }  // namespace pagedattn::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -103,6 +116,13 @@ namespace pagedattn::kernels {
 HWY_EXPORT(ConvertRow);
 HWY_EXPORT(AbsMaxRow);
 HWY_EXPORT(WidenE4M3ToF16Bits);
+HWY_EXPORT(Fp8ToBf16Bits);
+
+bool fp8_to_bf16_bits(const void* src, DType src_dtype, std::uint16_t* dst, std::int64_t n) {
+  require(is_fp8(src_dtype), "fp8_to_bf16_bits: src_dtype = ", dtype_name(src_dtype), " is not an fp8 type");
+  require(n >= 0 && n % 8 == 0, "fp8_to_bf16_bits: n = ", n, " must be a non-negative multiple of 8");
+  return HWY_DYNAMIC_DISPATCH(Fp8ToBf16Bits)(src, src_dtype, dst, n);
+}
 
 void widen_e4m3_to_f16_bits(const void* src, std::uint16_t* dst, std::int64_t n) {
   require(n >= 0 && n % 8 == 0, "widen_e4m3_to_f16_bits: n = ", n, " must be a non-negative multiple of 8");

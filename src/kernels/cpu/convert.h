@@ -19,6 +19,14 @@ void convert_row(const void* src, DType src_dtype, void* dst, DType dst_dtype, s
 // per-target inline WidenE4M3Row directly).
 void widen_e4m3_to_f16_bits(const void* src, std::uint16_t* dst, std::int64_t n);
 
+// fp8 bytes (e4m3 or e5m2) to bf16 bits, exactly: e4m3 as value x 2^-8 (as
+// above), e5m2 as its value; NaN to a bf16 NaN of the same sign, e5m2
+// infinities to bf16 infinities. n a non-negative multiple of 8 (else
+// InvalidArgument, dst untouched): the conversion the bf16 dot-product decode
+// uses, on AVX-512 targets only; returns false (dst untouched) where the
+// dispatched target has none.
+bool fp8_to_bf16_bits(const void* src, DType src_dtype, std::uint16_t* dst, std::int64_t n);
+
 // max |src[i]| over i < n (src in an activation dtype).
 float abs_max_row(const void* src, DType src_dtype, std::int64_t n);
 
