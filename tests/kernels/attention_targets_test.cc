@@ -167,7 +167,7 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
       AttentionRunner(AttentionPlanOptions{.bf16_products = false}).run(c.params(1));
       const std::vector<float> f32_path = c.output(1);
       AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
-      expect_rows_close(c, tolerance_for(spec, used, true), what);
+      expect_rows_close(c, tolerance_for(spec, used, {.bf16 = true}), what);
       EXPECT_NE(c.output(1), f32_path) << "bf16 products gave the f32 path's bits";
       if (::testing::Test::HasFailure()) return;
     }
