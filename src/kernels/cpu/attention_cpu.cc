@@ -46,6 +46,11 @@ using DF = DF8;
 using VF = hn::Vec<DF>;
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 constexpr std::size_t kLineBytes = 64;  // a cache line: the unit of every prefetch
+// Steps (a block of keys for one KV head) between reading a step's rows and
+// prefetching them: the lines in flight must cover DRAM latency at the
+// rate the loops consume them.
+constexpr int kPrefetchSteps = 2;
+constexpr int kStepRing = kPrefetchSteps + 1;  // steps whose rows are held at once
 // Accumulators a tile keeps in registers: AVX-512 has 32 vector registers,
 // the other targets 16 (room for the loaded operands beside them).
 constexpr int kAccRegs = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 16 : 8;
@@ -59,10 +64,11 @@ struct BlockSlots;
 struct KeyBlock {
   const void* k[kKB];
   const void* v[kKB];
-  // The rows processed after these (the next KV head's, or the next block's
-  // first head's: the following KeyBlock's k and v); zero rows when nothing
-  // follows. QK prefetches k_next while it reads k, PV v_next while it reads
-  // v, a line at a time: a whole head-block ahead (ConvertBlock: both).
+  // The rows processed kPrefetchSteps steps after these (a step: one KV
+  // head's block; heads inner, so the rows of a later head or block); zero
+  // rows when nothing follows. QK prefetches k_next while it reads k, PV
+  // v_next while it reads v, a line at a time (ConvertBlock: both). "The
+  // next head's rows" below means these.
   const void* const* k_next = nullptr;
   const void* const* v_next = nullptr;
   float k_scale[kKB];
@@ -232,7 +238,7 @@ void ReadScales(const Item& it, KeyBlock& kb) {
 // and divide it (every vector), it fetches when d starts a line. Lines are
 // spread over the loops that consume the data read just before them (a burst
 // of a whole block stalls on the miss queues instead of overlapping with the
-// arithmetic) and run a head-block ahead. The L2 hint (prefetcht1) is
+// arithmetic) and run kPrefetchSteps steps ahead. The L2 hint (prefetcht1) is
 // deliberate: an L1 prefetch holds one of L1's few miss buffers until its
 // line arrives, which capped decode at about 8 GB/s per core on Zen 3 and
 // Zen 4; through L2 the same loops stream 1.5-1.7x faster (docs/benchmarks.md)
@@ -1025,30 +1031,31 @@ void ProcessItem(const Item& it) {
     int8dot::QuantizeRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.q8,
                           it.sc.q8_scale, it.sc.q8_sum);
 #endif
-  // Two of each, alternating: the block (head) being processed and the one
-  // after it, whose rows are prefetched meanwhile.
-  BlockSlots slots[2];
-  KeyBlock heads[2];
-  int block = 0, head = 0;
-  LocateBlock(it, w.kv_begin, std::clamp(w.kv_end - w.kv_begin, 0, kKB), slots[block]);
-  GatherBlock<kT>(it, slots[block], w.kv_head_begin, heads[head]);
-  for (std::int32_t j0 = w.kv_begin; j0 < w.kv_end; j0 += kKB) {
-    const std::int32_t j1 = j0 + kKB;
-    LocateBlock(it, j1, std::clamp(w.kv_end - j1, 0, kKB), slots[block ^ 1]);
-    for (std::int32_t h = w.kv_head_begin; h < w.kv_head_end; ++h) {
-      KeyBlock& kb = heads[head];
-      KeyBlock& following = heads[head ^ 1];
-      if (h + 1 < w.kv_head_end)
-        GatherBlock<kT>(it, slots[block], h + 1, following);
-      else
-        GatherBlock<kT>(it, slots[block ^ 1], w.kv_head_begin, following);
-      kb.k_next = following.k;
-      kb.v_next = following.v;
-      const std::int32_t row0 = (h - w.kv_head_begin) * map.per_head;
-      ProcessHeadBlock<kT, kDim>(it, map, kb, row0, row0 + map.per_head, first_pos);
-      head ^= 1;
-    }
-    block ^= 1;
+  // Steps walk (block, KV head) pairs, heads inner. The rows of the step
+  // kPrefetchSteps ahead are prefetched while a step runs: rings hold the
+  // gathered row pointers of the steps in between and the located slots of
+  // their blocks (the blocks of steps past the end are empty: zero rows).
+  const std::int32_t heads_per_block = w.kv_head_end - w.kv_head_begin;
+  const std::int64_t steps = std::int64_t{(w.kv_end - w.kv_begin + kKB - 1) / kKB} * heads_per_block;
+  BlockSlots slots[kStepRing];
+  KeyBlock heads[kStepRing];
+  auto gather = [&](std::int64_t step) {
+    const auto block = static_cast<std::int32_t>(step / heads_per_block);
+    const auto head = static_cast<std::int32_t>(step % heads_per_block);
+    BlockSlots& bs = slots[block % kStepRing];
+    const std::int32_t j0 = w.kv_begin + block * kKB;
+    if (head == 0) LocateBlock(it, j0, std::clamp(w.kv_end - j0, 0, kKB), bs);
+    GatherBlock<kT>(it, bs, w.kv_head_begin + head, heads[step % kStepRing]);
+  };
+  for (std::int64_t step = 0; step < kPrefetchSteps; ++step) gather(step);
+  for (std::int64_t step = 0; step < steps; ++step) {
+    gather(step + kPrefetchSteps);
+    KeyBlock& kb = heads[step % kStepRing];
+    const KeyBlock& ahead = heads[(step + kPrefetchSteps) % kStepRing];
+    kb.k_next = ahead.k;
+    kb.v_next = ahead.v;
+    const auto row0 = static_cast<std::int32_t>(step % heads_per_block) * map.per_head;
+    ProcessHeadBlock<kT, kDim>(it, map, kb, row0, row0 + map.per_head, first_pos);
   }
   FinishRows(it, map, rows);
 }
