@@ -99,6 +99,11 @@ struct EngineConfig {
   // up to a few percent of a row's largest output, for about twice the
   // multiply rate. Off: exact f32 products. Deterministic mode keeps f32.
   bool bf16_products = false;
+  // int8 KV decode on AVX512-VNNI dot products where the CPU has them
+  // (AttentionPlanOptions::int8_products): queries rounded to int8 per row,
+  // softmax weights to u8 per block; about 2% of a row's largest output at
+  // the default scale. Off: exact f32 products. Deterministic mode keeps f32.
+  bool int8_products = false;
 };
 
 // Counters and the KV picture after the last step.

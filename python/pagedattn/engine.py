@@ -56,7 +56,8 @@ class Engine:
     Engine(model, *, kv_memory_bytes=256 MiB, page_size=16, kv_dtype="float16",
            max_num_seqs=256, max_num_batched_tokens=2048, chunked_prefill=True,
            deterministic=False, seed=0, max_position=0, tokenizer=None,
-           enable_prefix_caching=False, host_kv_memory_bytes=0, bf16_products=False)
+           enable_prefix_caching=False, host_kv_memory_bytes=0, bf16_products=False,
+           int8_products=False)
 
     model: a pagedattn.Model, a path to a Llama-family .gguf file (its
     tokenizer comes with it) or a synthetic preset name ("tiny", "small",
@@ -69,7 +70,8 @@ class Engine:
     to (0: preemption recomputes). docs/prefix_caching.md. bf16_products:
     attention on bf16 dot products where the CPU has AVX512-BF16 (faster;
     queries, softmax weights and f16 K/V rounded to bf16; ignored in
-    deterministic mode).
+    deterministic mode). int8_products: int8 KV decode on AVX512-VNNI dot
+    products (kv_dtype="int8"; queries and softmax weights rounded to 8 bits).
 
     Threads: add_request never waits for a running step; step() calls take
     turns; abort, has_unfinished, stats and set_stream_callback wait for a
@@ -84,7 +86,8 @@ class Engine:
                  max_num_batched_tokens: int = 2048, chunked_prefill: bool = True,
                  deterministic: bool = False, seed: int = 0, max_position: int = 0,
                  tokenizer=None, enable_prefix_caching: bool = False,
-                 host_kv_memory_bytes: int = 0, bf16_products: bool = False):
+                 host_kv_memory_bytes: int = 0, bf16_products: bool = False,
+                 int8_products: bool = False):
         self.model, own_tokenizer = _resolve_model(model, max_position)
         self.tokenizer = tokenizer if tokenizer is not None else own_tokenizer
         self._engine = _core.Engine(
@@ -92,7 +95,8 @@ class Engine:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             chunked_prefill=chunked_prefill, deterministic=deterministic, seed=seed,
             enable_prefix_caching=enable_prefix_caching,
-            host_kv_memory_bytes=host_kv_memory_bytes, bf16_products=bf16_products)
+            host_kv_memory_bytes=host_kv_memory_bytes, bf16_products=bf16_products,
+            int8_products=int8_products)
 
     def encode(self, prompt: Prompt) -> List[int]:
         """Token ids of a prompt: a list of ids as given, text through the tokenizer."""

@@ -53,8 +53,12 @@ def test_deterministic_results_do_not_depend_on_the_batch():
     assert all(len(tokens) == 8 for tokens, _ in got.values())
 
 
-def test_bf16_products_serve_a_request_to_the_end():
+def test_reduced_precision_products_serve_a_request_to_the_end():
     engine = tiny_engine(bf16_products=True)
+    rid = engine.add_request(PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
+    tokens, reason = collect(engine)[rid][0]
+    assert len(tokens) == 6 and reason == "length"
+    engine = tiny_engine(kv_dtype="int8", int8_products=True)
     rid = engine.add_request(PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
     tokens, reason = collect(engine)[rid][0]
     assert len(tokens) == 6 and reason == "length"

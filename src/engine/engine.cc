@@ -71,6 +71,7 @@ KVCacheConfig engine_cache_config(const EngineConfig& c) {
   k.enable_prefix_caching = c.enable_prefix_caching;
   k.host_memory_budget_bytes = c.host_kv_memory_bytes;
   k.attention_plan.bf16_products = c.bf16_products;
+  k.attention_plan.int8_products = c.int8_products;
   return k;
 }
 

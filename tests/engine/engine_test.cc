@@ -289,6 +289,19 @@ TEST(Engine, Bf16ProductsReachThePlanAndServe) {
   c.bf16_products = true;
   EXPECT_TRUE(engine_cache_config(c).attention_plan.bf16_products);
   EXPECT_FALSE(engine_cache_config(config()).attention_plan.bf16_products);
+  EXPECT_FALSE(engine_cache_config(c).attention_plan.int8_products);
+  Engine engine(c);
+  const auto out = run(engine, mixed_jobs(6));
+  ASSERT_EQ(out.size(), 6u);
+  for (const auto& [key, tokens] : out) EXPECT_FALSE(tokens.empty());
+}
+
+TEST(Engine, Int8ProductsWithInt8KVServe) {
+  EngineConfig c = config();
+  c.deterministic = false;
+  c.kv_dtype = DType::kINT8;
+  c.int8_products = true;
+  EXPECT_TRUE(engine_cache_config(c).attention_plan.int8_products);
   Engine engine(c);
   const auto out = run(engine, mixed_jobs(6));
   ASSERT_EQ(out.size(), 6u);
