@@ -26,6 +26,7 @@
 #include "../softmax_state.h"
 #include "attention_cpu.h"
 #include "convert.h"
+#include "prefetch.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention_cpu.cc"
@@ -45,7 +46,6 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = DF8;
 using VF = hn::Vec<DF>;
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
-constexpr std::size_t kLineBytes = 64;  // a cache line: the unit of every prefetch
 // Steps (a block of keys for one KV head) between reading a step's rows and
 // prefetching them: the lines in flight must cover DRAM latency at the
 // rate the loops consume them.
@@ -214,8 +214,8 @@ void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock&
       const std::int64_t i = kv.token_scale_index(bs.page[jj], h, bs.slot[jj]);
       constexpr std::int64_t kScalesPerLine = kLineBytes / sizeof(float);
       if (jj == 0 || bs.slot[jj] == 0 || i % kScalesPerLine == 0) {  // a new line of scales
-        __builtin_prefetch(kv.k_token_scales + i, 0, 3);
-        __builtin_prefetch(kv.v_token_scales + i, 0, 3);
+        PrefetchToL2(kv.k_token_scales + i);
+        PrefetchToL2(kv.v_token_scales + i);
       }
     }
   }
@@ -231,23 +231,6 @@ void ReadScales(const Item& it, KeyBlock& kb) {
     kb.v_scale[jj] = kv.v_dequant(bs.page[jj], kb.head, bs.slot[jj]) * kFormatScale<kT>;
   }
   for (std::int32_t jj = bs.count; jj < kKB; ++jj) kb.k_scale[jj] = kb.v_scale[jj] = 0.0f;
-}
-
-// Prefetches the cache line holding element d of a row of `elems` elements
-// into L2, once per line: called with offsets d that step by at most a line
-// and divide it (every vector), it fetches when d starts a line. Lines are
-// spread over the loops that consume the data read just before them (a burst
-// of a whole block stalls on the miss queues instead of overlapping with the
-// arithmetic) and run kPrefetchSteps steps ahead. The L2 hint (prefetcht1) is
-// deliberate: an L1 prefetch holds one of L1's few miss buffers until its
-// line arrives, which capped decode at about 8 GB/s per core on Zen 3 and
-// Zen 4; through L2 the same loops stream 1.5-1.7x faster (docs/benchmarks.md)
-// and the rows are an L2 hit away when read.
-template <DType kT>
-HWY_INLINE void PrefetchLine(const void* row, std::size_t d, std::size_t elems) {
-  constexpr std::size_t kLineElems = kLineBytes / dtype_size(kT);
-  if (d % kLineElems == 0 && d < elems)
-    __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 2);
 }
 
 // Converts kKB rows of `dim` kT elements to f32 rows at out (row stride

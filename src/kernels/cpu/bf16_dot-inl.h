@@ -39,6 +39,7 @@
 
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/convert-inl.h"
+#include "kernels/cpu/prefetch.h"
 #include "pagedattn/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -57,13 +58,6 @@ template <class V>
 HWY_INLINE V Pinned(V v) {
   asm("" : "+v"(v));
   return v;
-}
-
-// Prefetches the line holding element d of a kT row once per line.
-template <DType kT>
-HWY_INLINE void PrefetchRow(const void* row, std::size_t d, std::size_t elems) {
-  constexpr std::size_t kLineElems = 64 / dtype_size(kT);
-  if (d % kLineElems == 0 && d < elems) __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 3);
 }
 
 // 16 elements of a kT row from d as bf16, zero from `dim` on (head dims are
@@ -117,7 +111,7 @@ PAGEDATTN_BF16_ATTR void PackKeys(const void* const* k, const void* const* next,
     for (std::size_t d = 0; d < dim; d += 16) {
       __m256 r[8];
       for (int i = 0; i < 8; ++i) {
-        PrefetchRow<kT>(next[j0 + i], d, dim);
+        PrefetchLine<kT>(next[j0 + i], d, dim);
         r[i] = _mm256_castsi256_ps(LoadBf16x16<kT>(k[j0 + i], d, dim));
       }
       StoreWordsTransposed8x8(r, out + d / 2 * kKB + std::size_t(j0), kKB);
@@ -135,8 +129,8 @@ PAGEDATTN_BF16_ATTR void PackValues(const void* const* v, const void* const* nex
   const __m512i idx = _mm512_load_si512(kInterleave);
   for (std::int32_t jp = 0; jp < kKB / 2; ++jp)
     for (std::size_t d = 0; d < dim; d += 16) {
-      PrefetchRow<kT>(next[2 * jp], d, dim);
-      PrefetchRow<kT>(next[2 * jp + 1], d, dim);
+      PrefetchLine<kT>(next[2 * jp], d, dim);
+      PrefetchLine<kT>(next[2 * jp + 1], d, dim);
       const __m512i a = _mm512_castsi256_si512(LoadBf16x16<kT>(v[2 * jp], d, dim));
       const __m512i b = _mm512_castsi256_si512(LoadBf16x16<kT>(v[2 * jp + 1], d, dim));
       _mm512_store_si512(out + std::size_t(jp) * stride + d, _mm512_permutex2var_epi16(a, idx, b));

@@ -45,6 +45,7 @@
 #include <cstdint>
 
 #include "kernels/attention_traits.h"
+#include "kernels/cpu/prefetch.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::kernels::HWY_NAMESPACE {
@@ -76,15 +77,6 @@ HWY_INLINE __m512i Dpbusd(__m512i acc, __m512i a, __m512i b) {
 
 HWY_INLINE __m512i LoadRow(const void* row, std::size_t byte) {
   return _mm512_loadu_si512(static_cast<const char*>(row) + byte);
-}
-
-// Prefetches a line of the next head's rows into L2 (prefetcht1), a whole
-// head-block ahead. Into L1, every prefetch holds one of L1's few miss
-// buffers for a DRAM latency, which bounded int8 decode at about 7 GB/s per
-// core (the f32 path, with four times the work per line, hides it); into
-// L2 it measured 1.7x faster (Zen 4), and the packing loops' loads then hit L2.
-HWY_INLINE void Prefetch(const void* row, std::size_t byte) {
-  __builtin_prefetch(static_cast<const char*>(row) + byte, 0, 2);
 }
 
 // `rows` f32 rows of `dim` (stride `stride`) to int8 rows (same stride, in
@@ -164,8 +156,8 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void ScoreRows(const std::int8_t* q, std::size_t 
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_si512();
   for (std::size_t p = 0; p < dwords; ++p) {
     const std::size_t j = 2 * (p % 16), line = p / 16 * kRowBytes;
-    Prefetch(next[j], line);
-    Prefetch(next[j + 1], line);
+    PrefetchToL2(static_cast<const char*>(next[j]) + line);
+    PrefetchToL2(static_cast<const char*>(next[j + 1]) + line);
     const __m512i k0 = Pinned(_mm512_load_si512(kt + p * kKB));
     const __m512i k1 = Pinned(_mm512_load_si512(kt + p * kKB + 16));
     for (int r = 0; r < kRows; ++r) {
@@ -274,7 +266,7 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void AccumulateTile(const float* s, const float* 
   // Every quad, also past a short block's count (zero rows, zero weights):
   // the loop prefetches the next rows.
   for (std::int32_t jq = 0; jq < kKB / 4; ++jq) {
-    for (int i = 0; i < 4; ++i) Prefetch(next[4 * jq + i], d);
+    for (int i = 0; i < 4; ++i) PrefetchToL2(static_cast<const char*>(next[4 * jq + i]) + d);
     __m512i x[4];
     if constexpr (kPacked) {
       for (int e = 0; e < 4; ++e) x[e] = Pinned(_mm512_load_si512(vp + std::size_t(jq) * dim + d + 16 * e));
