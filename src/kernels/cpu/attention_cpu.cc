@@ -37,6 +37,7 @@
 #include "kernels/cpu/bf16_decode-inl.h"
 #include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/convert-inl.h"
+#include "kernels/cpu/reduce16-inl.h"
 #include "kernels/cpu/int8_dot-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -422,37 +423,17 @@ using DRow = hn::CappedTag<float, (kDim > 0 && kDim % 16 == 0) ? 16 : 8>;
 // Score accumulators a decode tile keeps: a tile of rows x keys fills them.
 constexpr int kTileAccs = kAccRegs;
 
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// Sums each of 16 vectors of 16 lanes: out[i] = sum of lanes of a[i]. Four
-// rounds of shuffles and adds (30 shuffles, 15 adds), no reduction per vector.
-HWY_INLINE void Reduce16(const hn::Vec<DRow<128>>* a, float* HWY_RESTRICT out) {
-  const DRow<128> df;
-  static_assert(hn::MaxLanes(DRow<128>()) == 16, "AVX-512: 16 lanes");
-  const hn::Repartition<std::uint64_t, decltype(df)> d64;
-  __m512 u[4];  // u[g], per 128-bit block b: the block-b sums of a[4g .. 4g + 3]
-  for (int g = 0; g < 4; ++g) {
-    const auto* x = a + 4 * g;
-    const auto t01 = hn::Add(hn::InterleaveLower(df, x[0], x[1]), hn::InterleaveUpper(df, x[0], x[1]));
-    const auto t23 = hn::Add(hn::InterleaveLower(df, x[2], x[3]), hn::InterleaveUpper(df, x[2], x[3]));
-    const auto u01 = hn::BitCast(d64, t01), u23 = hn::BitCast(d64, t23);
-    u[g] = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, u01, u23)),
-                   hn::BitCast(df, hn::InterleaveUpper(d64, u01, u23))).raw;
-  }
-  // Blocks (0, 2) + (1, 3) of two vectors, twice: block g ends up with u[g]'s totals.
-  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
-  const __m512 x = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], kEven), _mm512_shuffle_f32x4(u[0], u[1], kOdd));
-  const __m512 y = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], kEven), _mm512_shuffle_f32x4(u[2], u[3], kOdd));
-  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(x, y, kEven), _mm512_shuffle_f32x4(x, y, kOdd)));
-}
-#endif
-
 // Sums each of kN vectors of D (kN a multiple of 8; 16 on AVX-512 rows).
 template <int kN, class D>
 HWY_INLINE void ReduceAll(const hn::Vec<D>* a, float* HWY_RESTRICT out) {
   if constexpr (hn::MaxLanes(D()) == 16) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
     static_assert(kN % 16 == 0, "16-lane tiles hold 16 accumulators");
-    for (int i = 0; i < kN; i += 16) Reduce16(a + i, out + i);
+    for (int i = 0; i < kN; i += 16) {
+      __m512 raw[16];
+      for (int j = 0; j < 16; ++j) raw[j] = a[i + j].raw;
+      _mm512_storeu_ps(out + i, Reduce16(raw));
+    }
 #else
     static_assert(kN < 0, "16-lane rows only on AVX-512");
 #endif

@@ -33,6 +33,8 @@
 
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/bf16_dot-inl.h"
+#include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/reduce16-inl.h"
 #include "pagedattn/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -44,17 +46,6 @@ namespace bf16dec {
 
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 constexpr std::size_t kChunk = 32;  // dims per vector of bf16
-
-// Prefetches the line holding element d of a row once per line (called
-// at every chunk). The hint is prefetcht2 (into L2, not L1): the next head's
-// rows, a head ahead, then wait in L2 without holding L1's miss buffers, which
-// with prefetcht0 limited the lines in flight (b8 x 16k bf16 decode on Zen 4:
-// about 30 ms with prefetcht0, 17-23 ms with prefetcht2).
-template <DType kT>
-HWY_INLINE void PrefetchLine(const void* row, std::size_t d) {
-  constexpr std::size_t kLineElems = 64 / dtype_size(kT);
-  if (d % kLineElems == 0) __builtin_prefetch(static_cast<const char*>(row) + d * dtype_size(kT), 0, 1);
-}
 
 // --- fp8 -> bf16, exact --------------------------------------------------------------
 
@@ -173,22 +164,6 @@ inline void Fp8RowToBf16(const std::uint8_t* in, std::size_t n, std::uint16_t* o
 
 // --- QK ---------------------------------------------------------------------------------
 
-// Sums of 16 vectors: lane i of the result is the sum of the lanes of a[i]
-// (pairwise interleave-adds: 30 shuffles and 15 adds for 16 dot products).
-HWY_INLINE __m512 Reduce16(const __m512* a) {
-  __m512 t[8], u[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3]
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {  // per block: the block's partial sum of a[4i .. 4i + 3]
-    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  // Blocks summed across: block i of the result holds a[4i .. 4i + 3].
-  const __m512 v01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-  const __m512 v23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(v01, v23, 0x88), _mm512_shuffle_f32x4(v01, v23, 0xDD));
-}
-
 // Scores kRows rows x kKeys keys from key jj (kRows x kKeys = 16 dot
 // products): per 32-dim chunk, each key's chunk converted once and each
 // row's query chunk loaded once. `prefetch` (or null): rows of the same
@@ -206,7 +181,7 @@ HWY_INLINE PAGEDATTN_BF16_ATTR void ScoreTile(const std::uint16_t* q, std::size_
     __m512i kc[kKeys];
     for (int e = 0; e < kKeys; ++e) kc[e] = bf16dot::Pinned(LoadChunk<kT>(k[jj + e], d, left, lut));
     if (prefetch != nullptr)
-      for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d);
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
     for (int r = 0; r < kRows; ++r) {
       const std::uint16_t* qr = q + std::size_t(r) * dq + d;
       const __m512bh qc =
@@ -322,8 +297,8 @@ HWY_INLINE PAGEDATTN_BF16_ATTR void AccumulateTile(const float* s, const void* c
     for (int c = 0; c < kChunks; ++c) {
       const std::size_t dc = d + kChunk * c, lc = left - kChunk * c;
       if (prefetch != nullptr) {
-        PrefetchLine<kT>(prefetch[2 * p], dc);
-        PrefetchLine<kT>(prefetch[2 * p + 1], dc);
+        PrefetchLine<kT>(prefetch[2 * p], dc, dc + lc);
+        PrefetchLine<kT>(prefetch[2 * p + 1], dc, dc + lc);
       }
       const __m512i a = LoadChunk<kT>(v[2 * p], dc, lc, lut), b = LoadChunk<kT>(v[2 * p + 1], dc, lc, lut);
       x[c] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(a, b)), _mm512_castsi512_ps(_mm512_unpackhi_epi16(a, b))};
