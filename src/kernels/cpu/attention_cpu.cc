@@ -665,6 +665,18 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   }
 }
 
+// Masks, score transforms and the online-softmax update of rows [row0,
+// row_end) of a scored block: every path's step between QK and PV.
+template <bool kScale>
+void SoftmaxRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end,
+                 std::int64_t first_pos) {
+  for (std::int32_t row = row0; row < row_end; ++row) {
+    TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
+                 static_cast<std::int32_t>(map.qo_head(row)));
+    SoftmaxRow<kScale>(it, kb, row);
+  }
+}
+
 // --- PV -----------------------------------------------------------------------------------
 
 // o[row0 .. row0 + kRows) += weights x V over the block, on vectors of D:
@@ -855,11 +867,7 @@ void ProcessHeadBlockBf16Decode(const Item& it, const RowMap& map, KeyBlock& kb,
   if constexpr (kBf16DecodeType<kT>) {
     bf16dec::ScoreBlock<kT, kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), kb.k, kb.k_next, dk,
                                   kScaled<kT> ? kb.k_scale : nullptr, it.sc.s + std::size_t(row0) * kKB, rows);
-    for (std::int32_t row = row0; row < row_end; ++row) {
-      TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
-                   static_cast<std::int32_t>(map.qo_head(row)));
-      SoftmaxRow<kScaled<kT>>(it, kb, row);
-    }
+    SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
     bf16dot::RoundWeights(it.sc.s, row0, row_end);
     bf16dec::AccumulateBlock<kT, kDim>(it.sc.s + std::size_t(row0) * kKB, kb.v, kb.v_next, kb.count, dv,
                                        it.sc.o + std::size_t(row0) * c.dv, std::size_t(c.dv), rows);
@@ -881,11 +889,7 @@ void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::
   }
   bf16dot::ScoreBlock<kDim>(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim),
                             kScaled<kT> ? kb.k_scale : nullptr, it.sc.s, row0, row_end);
-  for (std::int32_t row = row0; row < row_end; ++row) {
-    TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
-                 static_cast<std::int32_t>(map.qo_head(row)));
-    SoftmaxRow<kScaled<kT>>(it, kb, row);
-  }
+  SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
   bf16dot::RoundWeights(it.sc.s, row0, row_end);
   bf16dot::AccumulateBlock<kDim>(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
 }
@@ -920,11 +924,7 @@ void ProcessHeadBlockInt8(const Item& it, const RowMap& map, KeyBlock& kb, std::
   int8dot::PackKeys(kb.k, std::size_t(c.head_dim), kt);
   int8dot::ScoreBlock<kDim>(it.sc.q8, std::size_t(c.dq), it.sc.q8_scale, it.sc.q8_sum, kt, std::size_t(c.head_dim),
                             kb.k_scale, it.sc.s, row0, row_end, kb.k_next);
-  for (std::int32_t row = row0; row < row_end; ++row) {
-    TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
-                 static_cast<std::int32_t>(map.qo_head(row)));
-    SoftmaxRow<true>(it, kb, row);
-  }
+  SoftmaxRows<true>(it, map, kb, row0, row_end, first_pos);
   int8dot::QuantizeWeights(it.sc.s, it.sc.w_scale, row0, row_end);
   int8dot::AccumulateBlock<kDim>(it.sc.s, it.sc.w_scale, kb.v, vp, std::size_t(c.v_head_dim), std::size_t(c.dv),
                                  it.sc.o, row0, row_end, kb.v_next);
@@ -965,11 +965,7 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
   } else {
     ScoreBlock<kT, kScaled<kT>, true, kDim>(it, kb, row0, row_end);
   }
-  for (std::int32_t row = row0; row < row_end; ++row) {
-    TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
-                 static_cast<std::int32_t>(map.qo_head(row)));
-    SoftmaxRow<kScaled<kT>>(it, kb, row);
-  }
+  SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
   if (outer || rotate_keys)
     AccumulateBlockWide<kDim>(it, kb, row0, row_end);
   else if constexpr (kWidenE4M3)
