@@ -209,7 +209,15 @@ void HttpServer::bind() {
   if (listen_fd_ >= 0) ::listen(listen_fd_, std::max(64, options_.max_connections));
 }
 
-void HttpServer::listen() { http_->listen_after_bind(); }
+void HttpServer::listen() {
+  {
+    std::lock_guard lock(listen_mutex_);
+    if (shutdown_requested_) return;
+    listening_ = true;
+  }
+  http_->listen_after_bind();
+  listening_ = false;
+}
 
 void HttpServer::shutdown() {
   draining_ = true;
@@ -219,6 +227,14 @@ void HttpServer::shutdown() {
   // listener stops (httplib cuts streams off once it stops).
   const auto deadline = Clock::now() + std::chrono::seconds(2);
   while (live_streams() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // httplib's stop() does nothing before its listener runs, which then never
+  // returns: a listen() that has not begun does not start, one that has is
+  // waited for until it runs.
+  {
+    std::lock_guard lock(listen_mutex_);
+    shutdown_requested_ = true;
+  }
+  while (listening_ && !http_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   http_->stop();
 }
 

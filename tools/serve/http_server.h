@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "engine_worker.h"
@@ -68,6 +69,10 @@ class HttpServer {
   int port_ = -1;
   int listen_fd_ = -1;
   std::atomic<bool> draining_{false};
+  // listen() runs (set under listen_mutex_ unless shutdown came first).
+  std::mutex listen_mutex_;
+  bool shutdown_requested_ = false;  // under listen_mutex_
+  std::atomic<bool> listening_{false};
   std::atomic<int> live_streams_{0};  // SSE responses not yet released
 };
 
