@@ -26,7 +26,8 @@
 #ifndef PAGEDATTN_KERNELS_CPU_INT8_DOT_MACROS_
 #define PAGEDATTN_KERNELS_CPU_INT8_DOT_MACROS_
 // True in the per-target pass of a target that compiles the int8 kernels.
-#define PAGEDATTN_INT8_DOT_TARGET (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL))
+// The same AVX-512 targets as the bf16 kernels (bf16_dot-inl.h, included below).
+#define PAGEDATTN_INT8_DOT_TARGET PAGEDATTN_BF16_DOT_TARGET
 // The target's extensions plus AVX512-VNNI (functions with it are called,
 // never inlined, from code without it).
 #define PAGEDATTN_INT8_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
@@ -45,6 +46,7 @@
 #include <cstdint>
 
 #include "kernels/attention_traits.h"
+#include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/prefetch.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -58,13 +60,7 @@ constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 static_assert(kKB == 32, "a block's scores are two 16-lane vectors, its keys 8 quads");
 constexpr std::size_t kRowBytes = 64;  // one zmm of int8: the unit of every row
 
-// Pins a vector to a register (GCC would otherwise fold a load shared by
-// several dot products into each of them as a memory operand).
-template <class V>
-HWY_INLINE V Pinned(V v) {
-  asm("" : "+v"(v));
-  return v;
-}
+using bf16dot::Pinned;  // vectors shared by several dot products stay in registers
 
 // acc + the dot products of the u8 quads of `a` with the s8 quads of `b`
 // (vpdpbusd), in inline assembly: GCC 12's pattern for the intrinsic only
