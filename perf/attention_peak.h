@@ -9,11 +9,14 @@
 //     (more than 8 query rows per KV head) over KV of 16 bits or fewer, and
 //     decode over the KV types kernel_bf16_decode names (bf16, f16, fp8):
 //     the vdpbf16ps peak;
+//   * the same prefill on a CPU with AMX-BF16 and head dims that are
+//     multiples of 32, when the kernel does those products on AMX tiles
+//     (kKernelUsesAmx): the tdpbf16ps tile peak;
 //   * decode (at most 8 query rows per KV head) over int8 KV with int8
 //     products allowed and head dims that are multiples of 64, on an AVX-512
 //     target with AVX512-VNNI, when the kernel does its products with
 //     vpdpbusd (kKernelUsesInt8Dot): the vpdpbusd peak.
-// The three kKernel* constants describe the kernel in src/kernels/cpu and
+// The four kKernel* constants describe the kernel in src/kernels/cpu and
 // must change with it.
 #pragma once
 
@@ -28,12 +31,14 @@ namespace pagedattn::bench {
 inline constexpr int kKernelMaxF32Lanes = 16;
 inline constexpr bool kKernelUsesBf16Dot = true;
 inline constexpr bool kKernelUsesInt8Dot = true;
+inline constexpr bool kKernelUsesAmx = true;
 
 // The extensions of `used` (dispatched_features()) the kernel does use: the
 // dot-product ones only where it has those paths.
 inline CpuFeatures attention_kernel_features(CpuFeatures used) {
   used.avx512_bf16 = used.avx512_bf16 && kKernelUsesBf16Dot;
   used.avx512_vnni = used.avx512_vnni && kKernelUsesInt8Dot;
+  used.amx_bf16 = used.amx_bf16 && used.avx512_bf16 && kKernelUsesAmx;
   return used;
 }
 
@@ -43,6 +48,9 @@ inline int attention_kernel_lanes(const CpuFeatures& used) {
   const int target_lanes = used.avx512f ? 16 : used.avx2 ? 8 : used.sse4_2 ? 4 : 0;
   return target_lanes < kKernelMaxF32Lanes ? target_lanes : kKernelMaxF32Lanes;
 }
+
+// Whether head dim `head_dim` suits the AMX tile path (bf16 prefill).
+inline constexpr bool attention_amx_dims(int head_dim) { return head_dim > 0 && head_dim % 32 == 0; }
 
 // Whether head dim `head_dim` (K and V alike) suits the int8 dot-product path.
 inline constexpr bool attention_int8_dot_dims(int head_dim) { return head_dim > 0 && head_dim % 64 == 0; }
@@ -67,8 +75,11 @@ inline PeakClass attention_peak_class(const AttentionCallKind& call, const CpuFe
   const bool avx512 = used.avx512f;
   const DType kv = call.kv;
   const bool bf16_kv = call.prefill ? kv != DType::kF32 : kernel_bf16_decode(kv);
-  if (avx512 && call.bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16)
+  if (avx512 && call.bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16) {
+    if (call.prefill && kKernelUsesAmx && used.amx_bf16 && attention_amx_dims(call.head_dim))
+      return PeakClass::kBf16Amx;
     return PeakClass::kBf16DotZmm;
+  }
   if (avx512 && !call.prefill && call.int8_products && kv == DType::kINT8 &&
       attention_int8_dot_dims(call.head_dim) && kKernelUsesInt8Dot && used.avx512_vnni)
     return PeakClass::kInt8DotZmm;

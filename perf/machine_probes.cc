@@ -230,6 +230,45 @@ __attribute__((target("avx512f,avx512vnni"), noinline)) float int8_dot_zmm(std::
 #undef PAGEDATTN_TIE_CHAINS
 #undef PAGEDATTN_CHAINS
 
+// AMX: 4 accumulator tiles (16 x 16 f32) += 16 x 32 bf16 A tiles x 32 x 16
+// B tiles, kChains x kStepsPerTrip tile products per trip like the other
+// probes. The permission is requested by cpu_features() (amx_bf16).
+struct alignas(64) AmxProbeConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+__attribute__((target("amx-tile,amx-bf16"), noinline)) float bf16_amx(std::int64_t iterations) {
+  static_assert(kChains * kStepsPerTrip == 24, "6 rounds of 4 accumulator tiles per trip");
+  alignas(64) static constexpr AmxProbeConfig cfg{};  // a constant: GCC drops stores only ldtilecfg reads
+  alignas(64) static const std::uint16_t ones[16 * 32] = {};  // zero bf16: the speed does not depend on it
+  alignas(64) float out[16 * 16];
+  _tile_loadconfig(&cfg);
+  _tile_loadd(0, ones, 64);
+  _tile_loadd(1, ones, 64);
+  _tile_loadd(2, ones, 64);
+  _tile_loadd(3, ones, 64);
+  _tile_zero(4);
+  _tile_zero(5);
+  _tile_zero(6);
+  _tile_zero(7);
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define ROUND()               \
+  _tile_dpbf16ps(4, 0, 2);    \
+  _tile_dpbf16ps(5, 0, 3);    \
+  _tile_dpbf16ps(6, 1, 2);    \
+  _tile_dpbf16ps(7, 1, 3);
+    ROUND() ROUND() ROUND() ROUND() ROUND() ROUND()
+#undef ROUND
+  }
+  _tile_stored(4, out, 64);
+  _tile_release();
+  return out[0];
+}
+
 // Operations per chain step of each class (two steps per loop trip).
 double ops_per_chain_step(PeakClass c) {
   switch (c) {
@@ -238,6 +277,7 @@ double ops_per_chain_step(PeakClass c) {
     case PeakClass::kFp32FmaZmm: return 16 * 2;
     case PeakClass::kBf16DotZmm: return 16 * 2 * 2;
     case PeakClass::kInt8DotZmm: return 16 * 4 * 2;
+    case PeakClass::kBf16Amx: return 16 * 16 * 32 * 2;
   }
   return 0;
 }
@@ -249,6 +289,7 @@ float run_compute_kernel(PeakClass c, std::int64_t iterations) {
     case PeakClass::kFp32FmaZmm: return fma_zmm(iterations);
     case PeakClass::kBf16DotZmm: return bf16_dot_zmm(iterations);
     case PeakClass::kInt8DotZmm: return int8_dot_zmm(iterations);
+    case PeakClass::kBf16Amx: return bf16_amx(iterations);
   }
   return 0.0f;
 }
@@ -374,6 +415,7 @@ const char* peak_class_name(PeakClass c) {
     case PeakClass::kFp32FmaZmm: return "fp32 FMA zmm (vfmadd231ps)";
     case PeakClass::kBf16DotZmm: return "bf16 dot zmm (vdpbf16ps)";
     case PeakClass::kInt8DotZmm: return "int8 dot zmm (vpdpbusd)";
+    case PeakClass::kBf16Amx: return "bf16 AMX tiles (tdpbf16ps)";
   }
   return "?";
 }
@@ -388,6 +430,7 @@ bool peak_class_available(PeakClass c) {
     case PeakClass::kFp32FmaZmm: return f.avx512f;
     case PeakClass::kBf16DotZmm: return f.avx512f && f.avx512_bf16;
     case PeakClass::kInt8DotZmm: return f.avx512f && f.avx512_vnni;
+    case PeakClass::kBf16Amx: return f.amx_bf16;
   }
   return false;
 }

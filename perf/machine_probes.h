@@ -11,9 +11,11 @@
 //     registers, 7 passes of about 0.1 s. fp32 FMA at 512 bits (zmm,
 //     vfmadd231ps), 256 bits (ymm) and 128-bit SSE multiply + add; bf16 dot
 //     products (vdpbf16ps, zmm) and int8 dot products (vpdpbusd, zmm) where
-//     the CPU has AVX512-BF16 / AVX512-VNNI. An FMA counts 2 FLOP; vdpbf16ps
-//     64 FLOP (16 lanes x 2 bf16 pairs); vpdpbusd 128 integer ops (16 lanes x
-//     4 byte pairs), reported as GOP/s.
+//     the CPU has AVX512-BF16 / AVX512-VNNI; bf16 tile products (tdpbf16ps
+//     on 4 accumulator tiles) where it has AMX-BF16. An FMA counts 2 FLOP;
+//     vdpbf16ps 64 FLOP (16 lanes x 2 bf16 pairs); vpdpbusd 128 integer ops
+//     (16 lanes x 4 byte pairs), reported as GOP/s; tdpbf16ps 16384 FLOP
+//     (16 x 16 outputs x 32 products).
 //
 // The probe file is compiled for the baseline ISA; each probe loop has a
 // function-level target attribute and runs only when cpuid says the CPU (and
@@ -48,10 +50,11 @@ enum class PeakClass {
   kFp32FmaZmm,     // vfmadd231ps zmm, 16 lanes
   kBf16DotZmm,     // vdpbf16ps zmm (AVX512-BF16)
   kInt8DotZmm,     // vpdpbusd zmm (AVX512-VNNI)
+  kBf16Amx,        // tdpbf16ps on AMX tiles (AMX-BF16)
 };
 inline constexpr PeakClass kAllPeakClasses[] = {PeakClass::kFp32MulAddXmm, PeakClass::kFp32FmaYmm,
                                                 PeakClass::kFp32FmaZmm, PeakClass::kBf16DotZmm,
-                                                PeakClass::kInt8DotZmm};
+                                                PeakClass::kInt8DotZmm, PeakClass::kBf16Amx};
 
 // "fp32 FMA zmm (vfmadd231ps)" and the like.
 const char* peak_class_name(PeakClass c);

@@ -227,7 +227,8 @@ void print_dispatch(const Options& o) {
   std::printf("isa in use: %s; attention computes on %s\n", feature_names(used).c_str(),
               lanes ? (std::to_string(lanes) + " fp32 lanes (" + std::to_string(lanes * 32) + "-bit vectors)").c_str()
                     : "portable C++");
-  std::printf("cpu has: %s\n", feature_names(cpu_features()).c_str());
+  std::printf("cpu has: %s; switched off (%s): %s\n", feature_names(cpu_features()).c_str(),
+              kDisableFeaturesVariable, disabled_features().c_str());
 }
 
 // Every probe: read bandwidth and each compute class (min / median / max
@@ -275,6 +276,7 @@ int run_bench_attention(int argc, char** argv) {
     }
   const Options o = parse(argc, argv);
   apply_max_target_from_environment();  // an unknown value fails here, before any work
+  apply_disabled_features_from_environment();
   if (!o.max_target.empty()) set_max_target(o.max_target);
   const pb::Config& c = o.shape;
   print_dispatch(o);

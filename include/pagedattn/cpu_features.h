@@ -44,16 +44,44 @@ struct CpuFeatures {
   bool avx512vl = false;
   bool avx512_vnni = false;  // vpdpbusd: int8 x uint8 dot products into int32
   bool avx512_bf16 = false;  // vdpbf16ps: bf16 pair dot products into fp32
+  // AMX tiles with bf16 tile products (tdpbf16ps: 16 x 16 fp32 += 16 x 32
+  // bf16 times 32 x 16 bf16): cpuid's AMX-TILE and AMX-BF16, the tile state
+  // enabled by the OS (XCR0) and, on Linux, the process's permission to use
+  // it (arch_prctl ARCH_REQ_XCOMP_PERM, requested when detecting).
+  bool amx_bf16 = false;
 };
 
 // The CPU's features (detected once).
 CpuFeatures cpu_features();
 
 // The features the dispatched kernels may use: those the dispatched target
-// requires, plus avx512_vnni and avx512_bf16 when the target is avx3 or better
-// and the CPU has them (the kernels' dot-product paths run only in their
-// AVX-512 code and only when cpu_features() reports the extension).
+// requires, plus avx512_vnni, avx512_bf16 and amx_bf16 when the target is
+// avx3 or better and the CPU has them (the kernels' dot-product paths run
+// only in their AVX-512 code and only when cpu_features() reports the
+// extension), less the extensions switched off (set_disabled_features).
 CpuFeatures dispatched_features();
+
+// The environment variable that switches dot-product extensions off.
+inline constexpr const char* kDisableFeaturesVariable = "PAGEDATTN_DISABLE_FEATURES";
+
+// Switches off the kernels' use of optional extensions, so that one machine
+// runs and measures the paths without them: a comma- or space-separated list
+// of avx512_vnni, avx512_bf16, amx_bf16 (case-insensitive; "" switches none
+// off), replacing the previous list. PAGEDATTN_DISABLE_FEATURES gives the
+// same list when the library loads (an unknown name there makes every
+// attention call throw InvalidArgument naming the variable, as an unknown
+// PAGEDATTN_MAX_TARGET does). Throws InvalidArgument for an unknown name,
+// leaving the list unchanged. Not to be called while kernels run.
+void set_disabled_features(std::string_view names);
+
+// The extensions switched off now, as feature_names() writes them ("none").
+std::string disabled_features();
+
+// Re-reads PAGEDATTN_DISABLE_FEATURES (unset or empty: none off) as at load
+// time. Throws InvalidArgument naming the variable, the value and the
+// unknown name, leaving nothing switched off; every attention call then
+// throws too until the list is set again.
+void apply_disabled_features_from_environment();
 
 // Space-separated names of the features set in `f`, e.g. "avx2 fma f16c";
 // "none" when none is.

@@ -19,6 +19,10 @@
 #if HWY_ARCH_X86
 #include <cpuid.h>
 #endif
+#if HWY_ARCH_X86 && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace pagedattn {
 namespace {
@@ -65,12 +69,16 @@ std::string unknown_target_message(std::string_view what, std::string_view value
                         names, " (case-insensitive), or empty for no cap");
 }
 
-// The cap and the error an unknown environment value left, under one mutex.
+// The cap, the switched-off extensions and the errors unknown environment
+// values left, under one mutex.
 struct CapState {
   std::mutex mutex;
   std::string cap;                          // "" = none
   std::string env_error;                    // "" = none
   std::atomic<bool> env_invalid{false};     // env_error is set (read without the mutex)
+  CpuFeatures disabled;                     // only the optional extensions' fields are used
+  std::string features_env_error;           // "" = none
+  std::atomic<bool> features_env_invalid{false};
 };
 
 CapState& cap_state() {
@@ -98,6 +106,17 @@ void apply_cap(CapState& s, const KnownTarget* target) {
 }
 
 #if HWY_ARCH_X86
+// Linux enables the 8 KiB tile state per process, on request: without it the
+// first tile instruction faults.
+bool amx_permitted() {
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
 CpuFeatures detect_cpu_features() {
   CpuFeatures f;
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -119,7 +138,11 @@ CpuFeatures detect_cpu_features() {
   f.avx512bw = f.avx512f && (leaf7_ebx & (1u << 30));
   f.avx512vl = f.avx512f && (leaf7_ebx & (1u << 31));
   f.avx512_vnni = f.avx512f && (leaf7_ecx & (1u << 11));
+  const unsigned leaf7_edx = d;
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512f && (a & (1u << 5));
+  const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG + XTILEDATA
+  f.amx_bf16 = f.avx512f && tile_state && (leaf7_edx & (1u << 24)) && (leaf7_edx & (1u << 22)) &&
+               amx_permitted();
   return f;
 }
 #else
@@ -148,8 +171,64 @@ bool load_environment_cap() {
   return s.env_error.empty();
 }
 
+// The optional extensions set_disabled_features may name, as feature_names()
+// writes them.
+struct OptionalFeature {
+  const char* name;
+  bool CpuFeatures::*field;
+};
+constexpr OptionalFeature kOptionalFeatures[] = {{"avx512_vnni", &CpuFeatures::avx512_vnni},
+                                                 {"avx512_bf16", &CpuFeatures::avx512_bf16},
+                                                 {"amx_bf16", &CpuFeatures::amx_bf16}};
+
+// Parses a comma- or space-separated list of kOptionalFeatures names into
+// `out`; returns "" or what is wrong, naming `what` and the value.
+std::string parse_disabled(std::string_view what, std::string_view names, CpuFeatures& out) {
+  out = {};
+  std::size_t i = 0;
+  while (i < names.size()) {
+    if (names[i] == ',' || names[i] == ' ') {
+      ++i;
+      continue;
+    }
+    const std::size_t end = std::min(names.find_first_of(", ", i), names.size());
+    const std::string_view name = names.substr(i, end - i);
+    const auto same = [&](const char* known) {
+      const std::string_view k(known);
+      return k.size() == name.size() && std::equal(name.begin(), name.end(), k.begin(), [](char a, char b) {
+               return std::tolower(static_cast<unsigned char>(a)) == b;
+             });
+    };
+    const OptionalFeature* hit = nullptr;
+    for (const OptionalFeature& f : kOptionalFeatures)
+      if (same(f.name)) hit = &f;
+    if (hit == nullptr)
+      return detail::concat(what, " = '", names, "' names '", name,
+                            "', not an extension that can be switched off; expected avx512_vnni, avx512_bf16, "
+                            "amx_bf16 (comma- or space-separated, case-insensitive), or empty");
+    out.*(hit->field) = true;
+    i = end;
+  }
+  return "";
+}
+
+// Reads PAGEDATTN_DISABLE_FEATURES and applies it, or records why it cannot;
+// returns whether the value was usable. Never throws.
+bool load_environment_disabled() {
+  const char* env = std::getenv(kDisableFeaturesVariable);
+  CpuFeatures disabled;
+  std::string error = parse_disabled(kDisableFeaturesVariable, env ? env : "", disabled);
+  CapState& s = cap_state();
+  const std::lock_guard lock(s.mutex);
+  s.disabled = error.empty() ? disabled : CpuFeatures{};
+  s.features_env_error = std::move(error);
+  s.features_env_invalid = !s.features_env_error.empty();
+  return s.features_env_error.empty();
+}
+
 // Applied while the library is loaded, before main and before any kernel.
 [[maybe_unused]] const bool g_environment_applied = load_environment_cap();
+[[maybe_unused]] const bool g_environment_disabled_applied = load_environment_disabled();
 
 }  // namespace
 
@@ -166,12 +245,39 @@ CpuFeatures dispatched_features() {
   if (t <= HWY_SSE4) out.sse4_2 = true;
   if (t <= HWY_AVX2) out.avx2 = out.fma = out.f16c = true;
   if (t <= HWY_AVX3) {
+    CapState& s = cap_state();
+    const std::lock_guard lock(s.mutex);
     out.avx512f = out.avx512bw = out.avx512dq = out.avx512vl = true;
-    out.avx512_vnni = cpu.avx512_vnni;
-    out.avx512_bf16 = cpu.avx512_bf16;
+    out.avx512_vnni = cpu.avx512_vnni && !s.disabled.avx512_vnni;
+    out.avx512_bf16 = cpu.avx512_bf16 && !s.disabled.avx512_bf16;
+    out.amx_bf16 = cpu.amx_bf16 && !s.disabled.amx_bf16;
   }
 #endif
   return out;
+}
+
+void set_disabled_features(std::string_view names) {
+  CpuFeatures disabled;
+  const std::string error = parse_disabled("set_disabled_features: names", names, disabled);
+  require(error.empty(), error);
+  CapState& s = cap_state();
+  const std::lock_guard lock(s.mutex);
+  s.disabled = disabled;
+  s.features_env_error.clear();
+  s.features_env_invalid = false;
+}
+
+void apply_disabled_features_from_environment() {
+  if (load_environment_disabled()) return;
+  CapState& s = cap_state();
+  const std::lock_guard lock(s.mutex);
+  throw InvalidArgument(s.features_env_error);
+}
+
+std::string disabled_features() {
+  CapState& s = cap_state();
+  const std::lock_guard lock(s.mutex);
+  return feature_names(s.disabled);
 }
 
 std::string feature_names(const CpuFeatures& f) {
@@ -191,6 +297,7 @@ std::string feature_names(const CpuFeatures& f) {
   add(f.avx512vl, "avx512vl");
   add(f.avx512_vnni, "avx512_vnni");
   add(f.avx512_bf16, "avx512_bf16");
+  add(f.amx_bf16, "amx_bf16");
   return out.empty() ? "none" : out;
 }
 
@@ -234,9 +341,10 @@ namespace core {
 
 void require_valid_max_target(const char* call) {
   CapState& s = cap_state();
-  if (!s.env_invalid) return;  // every call but the failing ones stops here
+  if (!s.env_invalid && !s.features_env_invalid) return;  // every call but the failing ones stops here
   const std::lock_guard lock(s.mutex);
   require(s.env_error.empty(), call, ": ", s.env_error);
+  require(s.features_env_error.empty(), call, ": ", s.features_env_error);
 }
 
 }  // namespace core

@@ -288,5 +288,105 @@ TEST(AttentionInt8Dot, TailsMatchReference) {
   }
 }
 
+
+// Switches dot-product extensions off for a scope (set_disabled_features).
+struct DisabledFeatures {
+  explicit DisabledFeatures(const char* names) { set_disabled_features(names); }
+  ~DisabledFeatures() { set_disabled_features(""); }
+  DisabledFeatures(const DisabledFeatures&) = delete;
+  DisabledFeatures& operator=(const DisabledFeatures&) = delete;
+};
+
+// Prefill with bf16 products on AMX tiles (CPUs with AMX-BF16, head dims
+// multiples of 32) against the reference at the bf16 allowance, and against
+// the vdpbf16ps path (AMX switched off), which rounds the same inputs the
+// same way: the two differ only in summation order and the softmax's exp
+// polynomial, so they agree to 2e-3 of a row's largest output - far tighter
+// than the allowance, so a tile reading the wrong rows, keys or dims fails.
+// Rows per KV head from 9 (no whole tile: every row on the left-over path)
+// to 3 tiles and a tail, GQA 1 to 8, V head dims other than K's, pages of 1
+// to 32, masks (causal, window, softcap, ALiBi, sinks), per-token and
+// per-head scales (int8, fp8).
+TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
+  const CpuFeatures used = dispatched_features();
+  if (!used.amx_bf16) GTEST_SKIP() << "no AMX-BF16 at the dispatched target";
+  struct Shape {
+    std::int32_t group, head_dim, v_head_dim, q_len, kv_len, page;
+  };
+  const Shape shapes[] = {{1, 64, 64, 9, 9, 16},      {4, 128, 128, 13, 77, 16},  {8, 128, 128, 33, 300, 5},
+                          {2, 96, 96, 40, 40, 1},     {6, 256, 256, 11, 130, 32}, {4, 64, 128, 16, 97, 16},
+                          {1, 128, 80, 70, 513, 16},  {3, 32, 32, 50, 50, 7}};
+  const DType kvs[] = {DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kINT8};
+  std::uint32_t seed = 9100;
+  for (const Shape& sh : shapes)
+    for (DType kv : kvs) {
+      CaseSpec spec;
+      spec.seed = ++seed;
+      spec.num_kv_heads = 2;
+      spec.num_qo_heads = 2 * sh.group;
+      spec.head_dim = sh.head_dim;
+      spec.v_head_dim = sh.v_head_dim == sh.head_dim ? 0 : sh.v_head_dim;
+      spec.page_size = sh.page;
+      spec.kv_dtype = kv;
+      spec.q_dtype = kv == DType::kF16 ? DType::kF16 : DType::kBF16;
+      spec.o_dtype = DType::kF32;  // the paths' differences stay visible
+      spec.per_head_fp8_scales = seed % 2 == 0;
+      spec.options.causal = seed % 3 != 0;
+      if (seed % 4 == 1) spec.options.window_left = 23;
+      if (seed % 5 == 2) spec.options.softcap = 30.0f;
+      spec.alibi = seed % 7 == 3;
+      spec.sinks = seed % 3 == 1;
+      spec.q_lens = {sh.q_len, std::max(1, sh.q_len / 2)};
+      spec.kv_lens = {sh.kv_len, std::max(sh.q_len / 2, sh.kv_len / 3)};
+      const std::string what = describe(spec);
+      SCOPED_TRACE(what);
+      AttentionCase c(spec);
+      paged_attention_reference(c.params(0));
+      AttentionRunner amx(AttentionPlanOptions{.bf16_products = true});
+      amx.run(c.params(1));
+      expect_rows_close(c, tolerance_for(spec, used, {.bf16 = true}), what + " (AMX)");
+      const std::vector<float> tiles = c.output(1);
+      {
+        const DisabledFeatures off("amx_bf16");
+        AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
+      }
+      const std::vector<float> dot = c.output(1);
+      const std::size_t dim = std::size_t(sh.v_head_dim);
+      for (std::size_t row = 0; row * dim < dot.size(); ++row) {
+        double err = 0.0, scale = 0.0;
+        for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
+          err = std::max(err, double(std::fabs(tiles[i] - dot[i])));
+          scale = std::max(scale, double(std::fabs(dot[i])));
+        }
+        ASSERT_LE(err, 2e-3 * scale + 1e-6) << what << " row " << row << ": AMX against vdpbf16ps";
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+// The tile path is taken where it should be: switching AMX off changes the
+// bits of a prefill with bf16 products (else both runs took one path).
+TEST(AttentionAmx, TakenOnlyWhereAvailable) {
+  if (!dispatched_features().amx_bf16) GTEST_SKIP() << "no AMX-BF16 at the dispatched target";
+  CaseSpec spec;
+  spec.num_qo_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 128;
+  spec.kv_dtype = DType::kBF16;
+  spec.q_dtype = DType::kBF16;
+  spec.q_lens = {64};
+  spec.kv_lens = {200};
+  spec.options.causal = true;
+  AttentionCase c(spec);
+  AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(0));
+  {
+    const DisabledFeatures off("amx_bf16");
+    EXPECT_FALSE(dispatched_features().amx_bf16);
+    AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
+  }
+  EXPECT_TRUE(dispatched_features().amx_bf16);
+  EXPECT_NE(c.output(0), c.output(1)) << "AMX switched off gave the AMX path's bits";
+}
+
 }  // namespace
 }  // namespace pagedattn::testing

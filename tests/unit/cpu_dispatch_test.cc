@@ -43,7 +43,9 @@ std::string dispatch_now() { return lower(hwy::TargetName(HWY_DYNAMIC_DISPATCH(C
 struct NoCapAfter {
   ~NoCapAfter() {
     unsetenv(kMaxTargetVariable);
+    unsetenv(kDisableFeaturesVariable);
     set_max_target("");
+    set_disabled_features("");
   }
 };
 
@@ -175,6 +177,53 @@ TEST(CpuDispatch, FeaturesFollowTheTarget) {
     set_max_target("avx2");
     EXPECT_EQ(feature_names(dispatched_features()), "sse4_2 avx2 fma f16c");
   }
+}
+
+
+// PAGEDATTN_DISABLE_FEATURES / set_disabled_features: the named dot-product
+// extensions leave dispatched_features() (the kernels' choice) but not
+// cpu_features(); unknown names fail loudly, naming the value.
+TEST(CpuDispatch, DisabledFeaturesLeaveTheKernelsChoice) {
+  NoCapAfter reset;
+  set_disabled_features("AMX_BF16, avx512_vnni");
+  EXPECT_EQ(disabled_features(), "avx512_vnni amx_bf16");
+  const CpuFeatures cpu = cpu_features(), used = dispatched_features();
+  EXPECT_FALSE(used.amx_bf16);
+  EXPECT_FALSE(used.avx512_vnni);
+  EXPECT_EQ(used.avx512_bf16, cpu.avx512_bf16 && used.avx512f);
+  set_disabled_features("avx512_bf16");
+  EXPECT_FALSE(dispatched_features().avx512_bf16);
+  EXPECT_EQ(dispatched_features().avx512_vnni, cpu.avx512_vnni && used.avx512f);
+  try {
+    set_disabled_features("amx_bf16,avx512_fp16");
+    FAIL() << "set_disabled_features accepted avx512_fp16";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("names 'avx512_fp16'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(disabled_features(), "avx512_bf16");  // unchanged by the failed call
+  set_disabled_features("");
+  EXPECT_EQ(disabled_features(), "none");
+  EXPECT_EQ(dispatched_features().amx_bf16, cpu.amx_bf16 && used.avx512f);
+}
+
+TEST(CpuDispatch, UnknownDisabledFeatureInEnvironmentFailsAttentionCalls) {
+  NoCapAfter reset;
+  setenv(kDisableFeaturesVariable, "amx_int8", 1);
+  EXPECT_THROW(apply_disabled_features_from_environment(), InvalidArgument);
+  AttentionParams empty;
+  try {
+    AttentionRunner().run(empty);
+    FAIL() << "AttentionRunner::run ran under PAGEDATTN_DISABLE_FEATURES=amx_int8";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("PAGEDATTN_DISABLE_FEATURES = 'amx_int8'"), std::string::npos)
+        << e.what();
+  }
+  setenv(kDisableFeaturesVariable, "amx_bf16", 1);
+  apply_disabled_features_from_environment();
+  EXPECT_EQ(disabled_features(), "amx_bf16");
+  unsetenv(kDisableFeaturesVariable);
+  apply_disabled_features_from_environment();
+  EXPECT_EQ(disabled_features(), "none");
 }
 
 }  // namespace

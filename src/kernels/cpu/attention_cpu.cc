@@ -34,6 +34,7 @@
 #include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
 
+#include "kernels/cpu/amx_bf16-inl.h"
 #include "kernels/cpu/bf16_decode-inl.h"
 #include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/convert-inl.h"
@@ -665,16 +666,21 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   }
 }
 
+// Masks and score transforms of rows [row0, row_end) of a scored block.
+void TransformRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end,
+                   std::int64_t first_pos) {
+  for (std::int32_t row = row0; row < row_end; ++row)
+    TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
+                 static_cast<std::int32_t>(map.qo_head(row)));
+}
+
 // Masks, score transforms and the online-softmax update of rows [row0,
 // row_end) of a scored block: every path's step between QK and PV.
 template <bool kScale>
 void SoftmaxRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end,
                  std::int64_t first_pos) {
-  for (std::int32_t row = row0; row < row_end; ++row) {
-    TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
-                 static_cast<std::int32_t>(map.qo_head(row)));
-    SoftmaxRow<kScale>(it, kb, row);
-  }
+  TransformRows(it, map, kb, row0, row_end, first_pos);
+  for (std::int32_t row = row0; row < row_end; ++row) SoftmaxRow<kScale>(it, kb, row);
 }
 
 // --- PV -----------------------------------------------------------------------------------
@@ -874,9 +880,11 @@ void ProcessHeadBlockBf16Decode(const Item& it, const RowMap& map, KeyBlock& kb,
   }
 }
 
-// One block for rows [row0, row_end) on bf16 dot products (bf16_dot-inl.h):
-// packs K and V, scores, applies masks and the online softmax in f32, then
-// PV on the weights rounded to bf16.
+// One block for rows [row0, row_end) on bf16 dot products: packs K and V,
+// scores, applies masks and the online softmax in f32, then PV on the
+// weights rounded to bf16. The products run on AMX tiles where the CPU has
+// them (amx_bf16-inl.h; ProcessItem configures the tiles), else on vdpbf16ps
+// (bf16_dot-inl.h).
 template <DType kT, int kDim>
 void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
                           std::int32_t row_end, std::int64_t first_pos) {
@@ -887,11 +895,26 @@ void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::
     bf16dot::PackKeys<kT>(kb.k, kb.k_next, std::size_t(c.head_dim), kt);
     bf16dot::PackValues<kT>(kb.v, kb.v_next, std::size_t(c.v_head_dim), std::size_t(c.dv), vp);
   }
-  bf16dot::ScoreBlock<kDim>(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim),
-                            kScaled<kT> ? kb.k_scale : nullptr, it.sc.s, row0, row_end);
-  SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
-  bf16dot::RoundWeights(it.sc.s, row0, row_end);
-  bf16dot::AccumulateBlock<kDim>(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
+  const float* k_scale = kScaled<kT> ? kb.k_scale : nullptr;
+  if (!c.amx_bf16) {
+    bf16dot::ScoreBlock<kDim>(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim), k_scale, it.sc.s, row0,
+                              row_end);
+    SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
+    bf16dot::RoundWeights(it.sc.s, row0, row_end);
+    bf16dot::AccumulateBlock<kDim>(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
+    return;
+  }
+  // AMX: the softmax of whole tiles of 16 rows at once (amx::SoftmaxTile),
+  // rows left over one at a time.
+  amx::ScoreBlock(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim), k_scale, it.sc.s, row0, row_end);
+  TransformRows(it, map, kb, row0, row_end, first_pos);
+  std::int32_t r = row0;
+  for (; r + amx::kTileRows <= row_end; r += amx::kTileRows)
+    amx::SoftmaxTile(it.sc.s + std::size_t(r) * kKB, it.sc.m + r, it.sc.l + r, it.sc.o + std::size_t(r) * c.dv,
+                     std::size_t(c.dv), std::size_t(c.v_head_dim), kScaled<kT> ? kb.v_scale : nullptr);
+  for (std::int32_t t = r; t < row_end; ++t) SoftmaxRow<kScaled<kT>>(it, kb, t);
+  bf16dot::RoundWeights(it.sc.s, r, row_end);
+  amx::AccumulateBlock(it.sc.s, vp, std::size_t(c.dv), std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
 }
 #endif
 
@@ -983,8 +1006,11 @@ void ProcessItem(const Item& it) {
   const std::int64_t first_pos = std::int64_t{t.kv_lens[w.batch]} - t.q_len(w.batch) + w.q_begin;
   InitRows(it, map, rows);
 #if PAGEDATTN_BF16_DOT_TARGET
-  if ((OuterProducts(it, map.per_head) && Bf16Dot<kT>(it)) || Bf16Decode<kT>(it, map.per_head))
+  const bool outer_bf16 = OuterProducts(it, map.per_head) && Bf16Dot<kT>(it);
+  if (outer_bf16 || Bf16Decode<kT>(it, map.per_head))
     bf16dot::RoundRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh);
+  const bool tiles = outer_bf16 && it.c->amx_bf16;
+  if (tiles) amx::ConfigureTiles();
 #endif
 #if PAGEDATTN_INT8_DOT_TARGET
   if (Int8Dot<kT>(it, map.per_head))
@@ -1017,6 +1043,9 @@ void ProcessItem(const Item& it) {
     const auto row0 = static_cast<std::int32_t>(step % heads_per_block) * map.per_head;
     ProcessHeadBlock<kT, kDim>(it, map, kb, row0, row0 + map.per_head, first_pos);
   }
+#if PAGEDATTN_BF16_DOT_TARGET
+  if (tiles) amx::ReleaseTiles();
+#endif
   FinishRows(it, map, rows);
 }
 

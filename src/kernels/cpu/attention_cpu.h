@@ -17,6 +17,8 @@ struct KernelContext {
   float scale = 1.0f;            // folded into the queries
   bool batch_invariant = false;  // AttentionPlan::batch_invariant: no prefill-only paths
   bool bf16_dot = false;         // the plan allows bf16 products, the CPU and dispatch have them
+  bool amx_bf16 = false;         // bf16_dot, and prefill products on AMX tiles (the CPU and dispatch
+                                 // have them, the head dims are multiples of 32)
   bool int8_dot = false;         // the plan allows int8 products, the CPU and dispatch have them,
                                  // and the head dims are multiples of 64
   ScratchLayout layout;

@@ -1,0 +1,271 @@
+// The prefill products on AMX tiles (tdpbf16ps: a 16 x 16 f32 tile += a
+// 16-row x 32 bf16 tile times a 32 x 16 bf16 tile in word pairs), per target
+// (Highway -inl.h pattern). Highway 1.0.3 has no AMX ops: raw intrinsics,
+// compiled on the AVX-512 targets with the bf16 kernels
+// (PAGEDATTN_BF16_DOT_TARGET) and run only when the CPU reports amx_bf16
+// (KernelContext::amx_bf16) - the tile state is then permitted and enabled.
+//
+// The operands are the bf16 path's packed layouts (bf16_dot-inl.h), which
+// are already what the tiles want:
+//   A = queries  [rows][dq] bf16: 16 rows x 32 dims per tile (head dims
+//                are multiples of 32 on this path);
+//   B = keys     [dq / 2][kKeyBlock] words: 16 word rows (32 dims) x 16 keys;
+//   C = scores   [rows][kKeyBlock] f32: 16 rows x 16 keys;
+//   A = weights  [rows][kKeyBlock] bf16 in the first half of each score row:
+//                16 rows x 32 keys;
+//   B = values   [kKeyBlock / 2][dv] words: 16 key pairs x 16 dims;
+//   C = outputs  [rows][dv] f32: 16 rows x 16 dims, loaded, accumulated
+//                into and stored back per block (the online softmax rescales
+//                them between blocks).
+// Rows come in groups of 32 (two A tiles share each B tile) or 16; fewer
+// than 16 left over run on vdpbf16ps (bf16_dot-inl.h). Products and sums are
+// f32, so the results equal the vdpbf16ps path's up to summation order.
+#ifndef PAGEDATTN_KERNELS_CPU_AMX_BF16_MACROS_
+#define PAGEDATTN_KERNELS_CPU_AMX_BF16_MACROS_
+// The bf16 kernels' target plus the tile instructions (called, never
+// inlined, from code without them).
+#define PAGEDATTN_AMX_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,amx-tile,amx-bf16")))
+#endif
+
+#if defined(PAGEDATTN_KERNELS_CPU_AMX_BF16_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef PAGEDATTN_KERNELS_CPU_AMX_BF16_INL_H_
+#undef PAGEDATTN_KERNELS_CPU_AMX_BF16_INL_H_
+#else
+#define PAGEDATTN_KERNELS_CPU_AMX_BF16_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/attention_traits.h"
+#include "kernels/cpu/bf16_dot-inl.h"
+#include "kernels/cpu/reduce16-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedattn::kernels::HWY_NAMESPACE {
+
+#if PAGEDATTN_BF16_DOT_TARGET
+
+namespace amx {
+
+constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
+constexpr std::int32_t kTileRows = 16;      // rows of every tile
+constexpr std::int32_t kTileBytes = 64;     // bytes of a tile row: 16 f32 or 32 bf16
+constexpr std::int32_t kDimsPerStep = 32;   // head dims one A tile of queries covers
+static_assert(kKB == 2 * kTileRows, "a block's keys are two C tiles of scores, one A tile of weights");
+
+// Whether head dims (K, V) suit the tile path: whole 32-dim query tiles; the
+// V dims are padded to 16 in the packed values and the outputs.
+constexpr bool Dims(std::int32_t head_dim) { return head_dim > 0 && head_dim % kDimsPerStep == 0; }
+
+// Palette 1 with all 8 tiles at 16 rows x 64 bytes: tiles 0-1 hold A,
+// 2-3 B, 4-7 C.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {kTileBytes, kTileBytes, kTileBytes, kTileBytes,
+                                     kTileBytes, kTileBytes, kTileBytes, kTileBytes};
+  std::uint8_t rows[16] = {kTileRows, kTileRows, kTileRows, kTileRows, kTileRows, kTileRows, kTileRows, kTileRows};
+};
+static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
+
+// Loads the configuration on the calling thread; ReleaseTiles gives the
+// state back. Kernels configure at the start of each work item: other code
+// on the thread may have configured tiles its own way. (A constant: GCC 12
+// drops stores into a local that only ldtilecfg reads.)
+PAGEDATTN_AMX_ATTR inline void ConfigureTiles() {
+  alignas(64) static constexpr TileConfig kConfig{};
+  _tile_loadconfig(&kConfig);
+}
+
+PAGEDATTN_AMX_ATTR inline void ReleaseTiles() { _tile_release(); }
+
+// exp(x) for the softmax weights: 2^(x log2 e) as 2^n x p(f), n the nearest
+// integer, p the degree-6 Taylor polynomial of 2^f on |f| <= 1/2 (relative
+// error below 2e-7, far under the bf16 rounding of the weights that
+// follows); x = -inf (and anything below -110) gives 0.
+HWY_INLINE PAGEDATTN_AMX_ATTR __m512 Exp(__m512 x) {
+  const __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(-160.0f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Online-softmax update of the rows [r, r + 16) of a block's masked scores
+// (s rows of kKB), 16 rows per vector: the rows' maxima and sums come out of
+// one transpose-reduce tree each (ReduceMax16, Reduce16), m, l and the
+// rescale factors are computed for the 16 rows at once. Leaves each row's
+// weights (x v_scale when given) as bf16 in the first half of its score row
+// (what bf16dot::RoundWeights leaves) and rescales the output rows (o,
+// stride dv, v_dim dims) whose maximum grew. A row with nothing visible yet
+// keeps m = -inf, l = 0 and gets zero weights, as SoftmaxRow does.
+PAGEDATTN_AMX_ATTR inline void SoftmaxTile(float* s, float* m, float* l, float* o, std::size_t dv,
+                                           std::size_t v_dim, const float* v_scale) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 acc[kTileRows];
+  for (int i = 0; i < kTileRows; ++i)
+    acc[i] = _mm512_max_ps(_mm512_load_ps(s + i * kKB), _mm512_load_ps(s + i * kKB + 16));
+  const __m512 m_old = _mm512_loadu_ps(m);
+  const __m512 m_new = _mm512_max_ps(m_old, ReduceMax16(acc));
+  const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
+  alignas(64) float shift[kTileRows];  // m_new, 0 where nothing is visible: exp(-inf - 0) = 0
+  _mm512_store_ps(shift, _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps()));
+  const __m512 vs0 = v_scale ? _mm512_loadu_ps(v_scale) : one;
+  const __m512 vs1 = v_scale ? _mm512_loadu_ps(v_scale + 16) : one;
+  for (int i = 0; i < kTileRows; ++i) {
+    float* x = s + i * kKB;
+    const __m512 b = _mm512_set1_ps(shift[i]);
+    const __m512 e0 = Exp(_mm512_sub_ps(_mm512_load_ps(x), b));
+    const __m512 e1 = Exp(_mm512_sub_ps(_mm512_load_ps(x + 16), b));
+    acc[i] = _mm512_add_ps(e0, e1);
+    _mm512_store_si512(x, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(e1, vs1), _mm512_mul_ps(e0, vs0)));
+  }
+  // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
+  const __m512 corr = _mm512_mask_blend_ps(none, Exp(_mm512_sub_ps(m_old, m_new)), one);
+  _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l), corr, Reduce16(acc)));
+  _mm512_storeu_ps(m, m_new);
+  alignas(64) float factor[kTileRows];
+  _mm512_store_ps(factor, corr);
+  for (std::uint32_t grew = _mm512_cmp_ps_mask(corr, one, _CMP_NEQ_UQ); grew != 0; grew &= grew - 1) {
+    const int i = __builtin_ctz(grew);
+    float* y = o + std::size_t(i) * dv;
+    const __m512 c = _mm512_set1_ps(factor[i]);
+    for (std::size_t d = 0; d < v_dim; d += 16) _mm512_store_ps(y + d, _mm512_mul_ps(_mm512_load_ps(y + d), c));
+  }
+}
+
+// Scores of 32 (kPairs = 2) or 16 rows x kKB keys into s, the queries from
+// q (row stride dq bf16), the keys packed (bf16dot::PackKeys).
+template <int kGroups>
+PAGEDATTN_AMX_ATTR inline void ScoreTiles(const std::uint16_t* q, std::size_t dq, const std::uint32_t* kt,
+                                          std::size_t dim, float* s) {
+  const std::size_t q_stride = dq * sizeof(std::uint16_t);
+  constexpr std::size_t kKeyStride = kKB * sizeof(std::uint32_t), kScoreStride = kKB * sizeof(float);
+  _tile_zero(4);
+  _tile_zero(5);
+  if constexpr (kGroups == 2) {
+    _tile_zero(6);
+    _tile_zero(7);
+  }
+  for (std::size_t d = 0; d < dim; d += kDimsPerStep) {
+    const std::uint32_t* k = kt + d / 2 * kKB;  // word row d / 2
+    _tile_loadd(2, k, kKeyStride);
+    _tile_loadd(3, k + kTileRows, kKeyStride);
+    _tile_loadd(0, q + d, q_stride);
+    _tile_dpbf16ps(4, 0, 2);
+    _tile_dpbf16ps(5, 0, 3);
+    if constexpr (kGroups == 2) {
+      _tile_loadd(1, q + kTileRows * dq + d, q_stride);
+      _tile_dpbf16ps(6, 1, 2);
+      _tile_dpbf16ps(7, 1, 3);
+    }
+  }
+  _tile_stored(4, s, kScoreStride);
+  _tile_stored(5, s + kTileRows, kScoreStride);
+  if constexpr (kGroups == 2) {
+    _tile_stored(6, s + kTileRows * kKB, kScoreStride);
+    _tile_stored(7, s + kTileRows * kKB + kTileRows, kScoreStride);
+  }
+}
+
+// Scores rows [row0, row_end) of the bf16 queries against the packed keys
+// (head dim `dim`, a multiple of 32) into s, x k_scale when given; rows
+// past the last whole tile run on vdpbf16ps.
+PAGEDATTN_AMX_ATTR inline void ScoreBlock(const std::uint16_t* q, std::size_t dq, const std::uint32_t* kt,
+                                          std::size_t dim, const float* k_scale, float* s, std::int32_t row0,
+                                          std::int32_t row_end) {
+  std::int32_t r = row0;
+  for (; r + 2 * kTileRows <= row_end; r += 2 * kTileRows)
+    ScoreTiles<2>(q + std::size_t(r) * dq, dq, kt, dim, s + std::size_t(r) * kKB);
+  for (; r + kTileRows <= row_end; r += kTileRows)
+    ScoreTiles<1>(q + std::size_t(r) * dq, dq, kt, dim, s + std::size_t(r) * kKB);
+  if (k_scale != nullptr) {
+    const __m512 k0 = _mm512_loadu_ps(k_scale), k1 = _mm512_loadu_ps(k_scale + 16);
+    for (std::int32_t t = row0; t < r; ++t) {
+      float* x = s + std::size_t(t) * kKB;
+      _mm512_store_ps(x, _mm512_mul_ps(_mm512_load_ps(x), k0));
+      _mm512_store_ps(x + 16, _mm512_mul_ps(_mm512_load_ps(x + 16), k1));
+    }
+  }
+  if (r < row_end) bf16dot::ScoreBlock<0>(q, dq, kt, dim, k_scale, s, r, row_end);
+}
+
+// o[32 (kGroups = 2) or 16 rows] += weights x values for the 16 x kDimTiles
+// dims from the given column: C tiles loaded from o, one per (row group,
+// dim tile), accumulated over the block's 16 key pairs and stored back.
+// Tile numbers are assembler literals: C tiles 4, 5 (rows 0-15) and 6, 7
+// (rows 16-31) for two dim tiles; 4 and 6 for one.
+template <int kGroups, int kDimTiles>
+PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const float* w, const std::uint32_t* vp, std::size_t v_stride,
+                                               float* o, std::size_t o_stride) {
+  static_assert(kGroups >= 1 && kGroups <= 2 && kDimTiles >= 1 && kDimTiles <= 2, "C tiles 4-7");
+  const std::size_t ob = o_stride * sizeof(float), vb = v_stride * sizeof(std::uint32_t);
+  constexpr std::size_t kWeightStride = kKB * sizeof(float);  // bf16 weights in the score rows' first half
+  float* o1 = o + kTileRows * o_stride;                       // rows 16-31
+  _tile_loadd(4, o, ob);
+  if constexpr (kDimTiles == 2) _tile_loadd(5, o + 16, ob);
+  if constexpr (kGroups == 2) {
+    _tile_loadd(6, o1, ob);
+    if constexpr (kDimTiles == 2) _tile_loadd(7, o1 + 16, ob);
+  }
+  _tile_loadd(0, w, kWeightStride);
+  if constexpr (kGroups == 2) _tile_loadd(1, w + kTileRows * kKB, kWeightStride);
+  _tile_loadd(2, vp, vb);
+  _tile_dpbf16ps(4, 0, 2);
+  if constexpr (kGroups == 2) _tile_dpbf16ps(6, 1, 2);
+  if constexpr (kDimTiles == 2) {
+    _tile_loadd(3, vp + 16, vb);
+    _tile_dpbf16ps(5, 0, 3);
+    if constexpr (kGroups == 2) _tile_dpbf16ps(7, 1, 3);
+  }
+  _tile_stored(4, o, ob);
+  if constexpr (kDimTiles == 2) _tile_stored(5, o + 16, ob);
+  if constexpr (kGroups == 2) {
+    _tile_stored(6, o1, ob);
+    if constexpr (kDimTiles == 2) _tile_stored(7, o1 + 16, ob);
+  }
+}
+
+template <int kGroups>
+PAGEDATTN_AMX_ATTR inline void AccumulateRows(const float* w, const std::uint32_t* vp, std::size_t dv_pad,
+                                              std::size_t dv, float* o) {
+  std::size_t d = 0;
+  for (; d + 32 <= dv_pad; d += 32) AccumulateTiles<kGroups, 2>(w, vp + d, dv, o + d, dv);
+  if (d < dv_pad) AccumulateTiles<kGroups, 1>(w, vp + d, dv, o + d, dv);
+}
+
+// o[row] += weights (bf16, bf16dot::RoundWeights) x packed values
+// (bf16dot::PackValues: keys past the block's count are zero rows, whose
+// weights are zero) for rows [row0, row_end); o rows and value rows share
+// the stride dv (padded to 16).
+PAGEDATTN_AMX_ATTR inline void AccumulateBlock(const float* s, const std::uint32_t* vp, std::size_t dv_pad,
+                                               std::size_t dv, std::int32_t count, float* o, std::int32_t row0,
+                                               std::int32_t row_end) {
+  std::int32_t r = row0;
+  for (; r + 2 * kTileRows <= row_end; r += 2 * kTileRows)
+    AccumulateRows<2>(s + std::size_t(r) * kKB, vp, dv_pad, dv, o + std::size_t(r) * dv);
+  for (; r + kTileRows <= row_end; r += kTileRows)
+    AccumulateRows<1>(s + std::size_t(r) * kKB, vp, dv_pad, dv, o + std::size_t(r) * dv);
+  if (r < row_end) bf16dot::AccumulateBlock<0>(s, vp, dv, count, o, r, row_end);
+}
+
+}  // namespace amx
+
+#endif  // PAGEDATTN_BF16_DOT_TARGET
+
+}  // namespace pagedattn::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // PAGEDATTN_KERNELS_CPU_AMX_BF16_INL_H_
