@@ -7,8 +7,8 @@
 //   * bf16 products allowed, on an AVX-512 target with AVX512-BF16, when the
 //     kernel does its products with vdpbf16ps (kKernelUsesBf16Dot): prefill
 //     (more than 8 query rows per KV head) over KV of 16 bits or fewer, and
-//     decode over the KV types kernel_bf16_decode names (bf16, f16, fp8):
-//     the vdpbf16ps peak;
+//     decode over the KV types kernel_bf16_decode names (bf16, f16, fp8) on
+//     CPUs without AMX (there, decode keeps f32 FMAs): the vdpbf16ps peak;
 //   * the same prefill on a CPU with AMX-BF16 and head dims that are
 //     multiples of 32, when the kernel does those products on AMX tiles
 //     (kKernelUsesAmx): the tdpbf16ps tile peak;
@@ -75,7 +75,9 @@ inline PeakClass attention_peak_class(const AttentionCallKind& call, const CpuFe
   const bool avx512 = used.avx512f;
   const DType kv = call.kv;
   const bool bf16_kv = call.prefill ? kv != DType::kF32 : kernel_bf16_decode(kv);
-  if (avx512 && call.bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16) {
+  // Decode keeps f32 FMAs on the CPUs with AMX (kernels::bf16_decode_pays).
+  const bool bf16_dot_here = call.prefill || !(kKernelUsesAmx && used.amx_bf16);
+  if (avx512 && call.bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16 && bf16_dot_here) {
     if (call.prefill && kKernelUsesAmx && used.amx_bf16 && attention_amx_dims(call.head_dim))
       return PeakClass::kBf16Amx;
     return PeakClass::kBf16DotZmm;

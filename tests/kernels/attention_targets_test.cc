@@ -135,12 +135,23 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
   EXPECT_GE(targets_run, 1);
 }
 
+
+// Switches dot-product extensions off for a scope (set_disabled_features).
+struct DisabledFeatures {
+  explicit DisabledFeatures(const char* names) { set_disabled_features(names); }
+  ~DisabledFeatures() { set_disabled_features(""); }
+  DisabledFeatures(const DisabledFeatures&) = delete;
+  DisabledFeatures& operator=(const DisabledFeatures&) = delete;
+};
+
 // Decode over bf16 and fp8 KV with bf16 products allowed runs on vdpbf16ps
-// where the CPU has AVX512-BF16: within the dot-product tolerance of the
-// reference, and not the f32 path's bits. GQA 1 to 8 (every row grouping of
-// the micro-kernels), head dims with masked tails (40, 80, 136), pages of 1
-// to 32, odd key counts, per-head fp8 scales.
+// where the CPU has AVX512-BF16 and no AMX (bf16_decode_pays; on a CPU with
+// AMX the test switches AMX off to reach the path): within the dot-product
+// tolerance of the reference, and not the f32 path's bits. GQA 1 to 8
+// (every row grouping of the micro-kernels), head dims with masked tails
+// (40, 80, 136), pages of 1 to 32, odd key counts, per-head fp8 scales.
 TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
+  const DisabledFeatures no_amx("amx_bf16");
   const CpuFeatures used = dispatched_features();
   if (!(used.avx512f && used.avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16 at the dispatched target";
   const std::int32_t dims[] = {128, 40, 80, 136, 64, 256};
@@ -289,14 +300,6 @@ TEST(AttentionInt8Dot, TailsMatchReference) {
 }
 
 
-// Switches dot-product extensions off for a scope (set_disabled_features).
-struct DisabledFeatures {
-  explicit DisabledFeatures(const char* names) { set_disabled_features(names); }
-  ~DisabledFeatures() { set_disabled_features(""); }
-  DisabledFeatures(const DisabledFeatures&) = delete;
-  DisabledFeatures& operator=(const DisabledFeatures&) = delete;
-};
-
 // Prefill with bf16 products on AMX tiles (CPUs with AMX-BF16, head dims
 // multiples of 32) against the reference at the bf16 allowance, and against
 // the vdpbf16ps path (AMX switched off), which rounds the same inputs the
@@ -304,7 +307,7 @@ struct DisabledFeatures {
 // polynomial, so they agree to 2e-3 of a row's largest output - far tighter
 // than the allowance, so a tile reading the wrong rows, keys or dims fails.
 // Rows per KV head from 9 (no whole tile: every row on the left-over path)
-// to 3 tiles and a tail, GQA 1 to 8, V head dims other than K's, pages of 1
+// to 8 tiles, GQA 1 to 8, V head dims other than K's, pages of 1
 // to 32, masks (causal, window, softcap, ALiBi, sinks), per-token and
 // per-head scales (int8, fp8).
 TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
@@ -313,9 +316,12 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
   struct Shape {
     std::int32_t group, head_dim, v_head_dim, q_len, kv_len, page;
   };
-  const Shape shapes[] = {{1, 64, 64, 9, 9, 16},      {4, 128, 128, 13, 77, 16},  {8, 128, 128, 33, 300, 5},
+  // Rows per KV head (q_len x group) from 9 to 128: one prefill tile, so
+  // that no row of either run takes a decode path (with AMX switched off,
+  // decode rows would run on vdpbf16ps: bf16_decode_pays).
+  const Shape shapes[] = {{1, 64, 64, 9, 9, 16},      {4, 128, 128, 13, 77, 16},  {8, 128, 128, 15, 300, 5},
                           {2, 96, 96, 40, 40, 1},     {6, 256, 256, 11, 130, 32}, {4, 64, 128, 16, 97, 16},
-                          {1, 128, 80, 70, 513, 16},  {3, 32, 32, 50, 50, 7}};
+                          {1, 128, 80, 70, 513, 16},  {3, 32, 32, 40, 50, 7}};
   const DType kvs[] = {DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kINT8};
   std::uint32_t seed = 9100;
   for (const Shape& sh : shapes)
@@ -336,8 +342,8 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
       if (seed % 5 == 2) spec.options.softcap = 30.0f;
       spec.alibi = seed % 7 == 3;
       spec.sinks = seed % 3 == 1;
-      spec.q_lens = {sh.q_len, std::max(1, sh.q_len / 2)};
-      spec.kv_lens = {sh.kv_len, std::max(sh.q_len / 2, sh.kv_len / 3)};
+      spec.q_lens = {sh.q_len, sh.q_len};
+      spec.kv_lens = {sh.kv_len, std::max(sh.q_len, sh.kv_len / 3)};
       const std::string what = describe(spec);
       SCOPED_TRACE(what);
       AttentionCase c(spec);
@@ -386,6 +392,26 @@ TEST(AttentionAmx, TakenOnlyWhereAvailable) {
   }
   EXPECT_TRUE(dispatched_features().amx_bf16);
   EXPECT_NE(c.output(0), c.output(1)) << "AMX switched off gave the AMX path's bits";
+}
+
+
+// On a CPU with AMX, decode with bf16 products allowed keeps the f32 path
+// (vdpbf16ps issues at half the FMA rate there: bf16_decode_pays), so its
+// bits are the f32 path's; its prefill runs on the tiles.
+TEST(AttentionAmx, DecodeKeepsF32Products) {
+  if (!dispatched_features().amx_bf16) GTEST_SKIP() << "no AMX-BF16 at the dispatched target";
+  CaseSpec spec;
+  spec.num_qo_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 128;
+  spec.kv_dtype = DType::kBF16;
+  spec.q_dtype = DType::kBF16;
+  spec.q_lens = {1, 1};
+  spec.kv_lens = {300, 77};
+  AttentionCase c(spec);
+  AttentionRunner(AttentionPlanOptions{.bf16_products = false}).run(c.params(0));
+  AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
+  EXPECT_EQ(c.output(0), c.output(1));
 }
 
 }  // namespace

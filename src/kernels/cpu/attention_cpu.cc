@@ -852,10 +852,11 @@ template <DType kT>
 constexpr bool kBf16DecodeType = kT == DType::kBF16 || kT == DType::kF16 || is_fp8(kT);
 
 // Whether an item's blocks take the bf16 decode path: few rows per head (not
-// the outer products), no keys to rotate.
+// the outer products), no keys to rotate, and a CPU where it pays
+// (bf16_decode_pays).
 template <DType kT>
 bool Bf16Decode(const Item& it, std::int32_t rows_per_head) {
-  return kBf16DecodeType<kT> && Bf16Dot<kT>(it) && it.p->options.key_rope == nullptr &&
+  return kBf16DecodeType<kT> && Bf16Dot<kT>(it) && it.c->bf16_decode && it.p->options.key_rope == nullptr &&
          !OuterProducts(it, rows_per_head);
 }
 
