@@ -203,25 +203,23 @@ PAGEDATTN_AMX_ATTR inline void ScoreBlock(const std::uint16_t* q, std::size_t dq
 }
 
 // o[32 (kGroups = 2) or 16 rows] += weights x values for the 16 x kDimTiles
-// dims from the given column: C tiles loaded from o, one per (row group,
-// dim tile), accumulated over the block's 16 key pairs and stored back.
-// Tile numbers are assembler literals: C tiles 4, 5 (rows 0-15) and 6, 7
-// (rows 16-31) for two dim tiles; 4 and 6 for one.
+// dims from the given column, the weights already in A tiles 0 (rows 0-15)
+// and 1 (rows 16-31): C tiles loaded from o, one per (row group, dim
+// tile), accumulated over the block's 16 key pairs and stored back. Tile
+// numbers are assembler literals: C tiles 4, 5 (rows 0-15) and 6, 7 (rows
+// 16-31) for two dim tiles; 4 and 6 for one.
 template <int kGroups, int kDimTiles>
-PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const float* w, const std::uint32_t* vp, std::size_t v_stride,
-                                               float* o, std::size_t o_stride) {
+PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const std::uint32_t* vp, std::size_t v_stride, float* o,
+                                               std::size_t o_stride) {
   static_assert(kGroups >= 1 && kGroups <= 2 && kDimTiles >= 1 && kDimTiles <= 2, "C tiles 4-7");
   const std::size_t ob = o_stride * sizeof(float), vb = v_stride * sizeof(std::uint32_t);
-  constexpr std::size_t kWeightStride = kKB * sizeof(float);  // bf16 weights in the score rows' first half
-  float* o1 = o + kTileRows * o_stride;                       // rows 16-31
+  float* o1 = o + kTileRows * o_stride;  // rows 16-31
   _tile_loadd(4, o, ob);
   if constexpr (kDimTiles == 2) _tile_loadd(5, o + 16, ob);
   if constexpr (kGroups == 2) {
     _tile_loadd(6, o1, ob);
     if constexpr (kDimTiles == 2) _tile_loadd(7, o1 + 16, ob);
   }
-  _tile_loadd(0, w, kWeightStride);
-  if constexpr (kGroups == 2) _tile_loadd(1, w + kTileRows * kKB, kWeightStride);
   _tile_loadd(2, vp, vb);
   _tile_dpbf16ps(4, 0, 2);
   if constexpr (kGroups == 2) _tile_dpbf16ps(6, 1, 2);
@@ -238,12 +236,17 @@ PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const float* w, const std::uint32
   }
 }
 
+// The weights of 32 (kGroups = 2) or 16 rows (bf16 in the first half of
+// each score row) loaded once into A tiles, then every 32 dims.
 template <int kGroups>
 PAGEDATTN_AMX_ATTR inline void AccumulateRows(const float* w, const std::uint32_t* vp, std::size_t dv_pad,
                                               std::size_t dv, float* o) {
+  constexpr std::size_t kWeightStride = kKB * sizeof(float);
+  _tile_loadd(0, w, kWeightStride);
+  if constexpr (kGroups == 2) _tile_loadd(1, w + kTileRows * kKB, kWeightStride);
   std::size_t d = 0;
-  for (; d + 32 <= dv_pad; d += 32) AccumulateTiles<kGroups, 2>(w, vp + d, dv, o + d, dv);
-  if (d < dv_pad) AccumulateTiles<kGroups, 1>(w, vp + d, dv, o + d, dv);
+  for (; d + 32 <= dv_pad; d += 32) AccumulateTiles<kGroups, 2>(vp + d, dv, o + d, dv);
+  if (d < dv_pad) AccumulateTiles<kGroups, 1>(vp + d, dv, o + d, dv);
 }
 
 // o[row] += weights (bf16, bf16dot::RoundWeights) x packed values

@@ -666,9 +666,17 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   }
 }
 
-// Masks and score transforms of rows [row0, row_end) of a scored block.
+// Masks and score transforms of rows [row0, row_end) of a scored block
+// (rows of one KV head, tokens in order). A whole block visible to every
+// row, with no transform, returns at once (what TransformRow does row by
+// row): most of a long prefill.
 void TransformRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end,
                    std::int64_t first_pos) {
+  const AttentionOptions& opt = it.p->options;
+  const std::int64_t first_query = first_pos + map.token_in_tile(row0);
+  if (kb.count == kKB && opt.window_left < 0 && opt.softcap <= 0.0f && !opt.alibi_slopes && !kb.tree_enter &&
+      (!opt.causal || kb.first + kKB <= first_query + 1))
+    return;
   for (std::int32_t row = row0; row < row_end; ++row)
     TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
                  static_cast<std::int32_t>(map.qo_head(row)));
