@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct Options {
   bool bf16_products = false;  // AttentionPlanOptions::bf16_products
   bool int8_products = false;  // AttentionPlanOptions::int8_products
   std::string max_target;  // --max-target: overrides PAGEDATTN_MAX_TARGET
+  std::optional<std::string> disable_features;  // --disable-features: overrides PAGEDATTN_DISABLE_FEATURES
 };
 
 std::string target_list() {
@@ -70,6 +72,9 @@ void print_usage(std::FILE* out) {
                "  --threads N             OpenMP threads for kernel and probes (default %d)\n"
                "  --max-target T          cap Highway dispatch at target T (as the environment\n"
                "                          variable PAGEDATTN_MAX_TARGET does): %s\n"
+               "  --disable-features L    switch the kernels' optional extensions in L off (as\n"
+               "                          PAGEDATTN_DISABLE_FEATURES does): amx_bf16, avx512_bf16,\n"
+               "                          avx512_vnni, comma-separated; \"\" for none\n"
                "  --no-probe              skip the bandwidth / compute-peak probes\n"
                "  --probe-only            run the probes alone (no kernel)\n"
                "  --no-check              skip the comparison with the scalar reference\n"
@@ -143,6 +148,8 @@ Options parse(int argc, char** argv) {
                                "--seconds: expected (0, 600]");
     } else if (flag == "--threads") {
       omp_set_num_threads(parse_int("--threads", value(), 1, 1024));
+    } else if (flag == "--disable-features") {
+      o.disable_features = value();
     } else if (flag == "--max-target") {
       o.max_target = value();
       require<InvalidArgument>(!o.max_target.empty(), "--max-target: expected a target name");
@@ -278,6 +285,7 @@ int run_bench_attention(int argc, char** argv) {
   apply_max_target_from_environment();  // an unknown value fails here, before any work
   apply_disabled_features_from_environment();
   if (!o.max_target.empty()) set_max_target(o.max_target);
+  if (o.disable_features) set_disabled_features(*o.disable_features);
   const pb::Config& c = o.shape;
   print_dispatch(o);
   if (o.probe_only) {

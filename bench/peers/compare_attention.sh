@@ -62,6 +62,13 @@ shapes=(
   "15|prefill f16 2048 causal, bf16 products|--mode prefill --kv-dtype f16 --kv-len 2048 --bf16-products|--mode prefill --kv-dtype f16 --kv-len 2048|-"
   "16|decode fp8_e4m3 b8 kv16k, bf16 products|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384 --bf16-products|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384|-"
   "17|decode int8 b8 kv16k, int8 products|--kv-dtype int8 --batch 8 --kv-len 16384 --int8-products|-|-"
+  # bf16 KV prefill: where the CPU has AMX, vLLM's backend runs its AMX kernel
+  # for bf16 (vllm_bench.py picks the ISA as the backend does) and pagedattn
+  # its tile path with bf16 products; 20 is pagedattn's vdpbf16ps prefill
+  # with AMX switched off.
+  "18|prefill bf16 512 over 4096, bf16 products|--mode prefill --kv-dtype bf16 --q-len 512 --kv-len 4096 --bf16-products|--mode prefill --kv-dtype bf16 --q-len 512 --kv-len 4096|-"
+  "19|prefill bf16 2048 causal, bf16 products|--mode prefill --kv-dtype bf16 --kv-len 2048 --bf16-products|--mode prefill --kv-dtype bf16 --kv-len 2048|-"
+  "20|prefill f16 512 over 4096, bf16 products, AMX off|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096 --bf16-products --disable-features amx_bf16|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096|-"
 )
 
 # With PAGEDATTN_BENCH_LOCK, the script holds the lock exclusively for each

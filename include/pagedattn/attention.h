@@ -101,7 +101,11 @@ struct AttentionPlanOptions {
   // AVX512-BF16: queries, softmax weights and f16 K/V are then rounded to
   // bf16 (8 significant bits; up to about 2.5% of a row's largest output;
   // bf16 and fp8 K/V convert exactly), for about twice the multiply-add
-  // rate. Off: f32 products throughout.
+  // rate. Where the CPU has AMX-BF16 (Intel Xeon from Sapphire Rapids on),
+  // prefill with head dims that are multiples of 32 runs these products on
+  // AMX tiles (about 3x the f32 prefill there), and decode keeps f32
+  // products (vdpbf16ps is no faster than FMAs on those cores). Off: f32
+  // products throughout.
   bool bf16_products = false;
   // Decode (at most 8 query rows per KV head) over int8 KV may run on int8
   // dot products (vpdpbusd) where the CPU has AVX512-VNNI and both head
