@@ -226,6 +226,13 @@ bool load_environment_disabled() {
   return s.features_env_error.empty();
 }
 
+// Throws the error an environment value left in `error`.
+[[noreturn]] void throw_environment_error(std::string CapState::*error) {
+  CapState& s = cap_state();
+  const std::lock_guard lock(s.mutex);
+  throw InvalidArgument(s.*error);
+}
+
 // Applied while the library is loaded, before main and before any kernel.
 [[maybe_unused]] const bool g_environment_applied = load_environment_cap();
 [[maybe_unused]] const bool g_environment_disabled_applied = load_environment_disabled();
@@ -268,10 +275,7 @@ void set_disabled_features(std::string_view names) {
 }
 
 void apply_disabled_features_from_environment() {
-  if (load_environment_disabled()) return;
-  CapState& s = cap_state();
-  const std::lock_guard lock(s.mutex);
-  throw InvalidArgument(s.features_env_error);
+  if (!load_environment_disabled()) throw_environment_error(&CapState::features_env_error);
 }
 
 std::string disabled_features() {
@@ -331,10 +335,7 @@ void set_max_target(std::string_view name) {
 }
 
 void apply_max_target_from_environment() {
-  if (load_environment_cap()) return;
-  CapState& s = cap_state();
-  const std::lock_guard lock(s.mutex);
-  throw InvalidArgument(s.env_error);
+  if (!load_environment_cap()) throw_environment_error(&CapState::env_error);
 }
 
 namespace core {

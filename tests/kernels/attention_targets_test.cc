@@ -16,6 +16,8 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "attention_case.h"
 #include "pagedattn/cpu_features.h"
@@ -370,20 +372,25 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
     }
 }
 
-// The tile path is taken where it should be: switching AMX off changes the
-// bits of a prefill with bf16 products (else both runs took one path).
-TEST(AttentionAmx, TakenOnlyWhereAvailable) {
-  if (!dispatched_features().amx_bf16) GTEST_SKIP() << "no AMX-BF16 at the dispatched target";
+// bf16 K/V and queries, heads 8x2, head dim 128, causal.
+CaseSpec bf16_gqa4_case(std::vector<std::int32_t> q_lens, std::vector<std::int32_t> kv_lens) {
   CaseSpec spec;
   spec.num_qo_heads = 8;
   spec.num_kv_heads = 2;
   spec.head_dim = 128;
   spec.kv_dtype = DType::kBF16;
   spec.q_dtype = DType::kBF16;
-  spec.q_lens = {64};
-  spec.kv_lens = {200};
+  spec.q_lens = std::move(q_lens);
+  spec.kv_lens = std::move(kv_lens);
   spec.options.causal = true;
-  AttentionCase c(spec);
+  return spec;
+}
+
+// The tile path is taken where it should be: switching AMX off changes the
+// bits of a prefill with bf16 products (else both runs took one path).
+TEST(AttentionAmx, TakenOnlyWhereAvailable) {
+  if (!dispatched_features().amx_bf16) GTEST_SKIP() << "no AMX-BF16 at the dispatched target";
+  AttentionCase c(bf16_gqa4_case({64}, {200}));
   AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(0));
   {
     const DisabledFeatures off("amx_bf16");
@@ -394,21 +401,12 @@ TEST(AttentionAmx, TakenOnlyWhereAvailable) {
   EXPECT_NE(c.output(0), c.output(1)) << "AMX switched off gave the AMX path's bits";
 }
 
-
 // On a CPU with AMX, decode with bf16 products allowed keeps the f32 path
 // (vdpbf16ps issues at half the FMA rate there: bf16_decode_pays), so its
 // bits are the f32 path's; its prefill runs on the tiles.
 TEST(AttentionAmx, DecodeKeepsF32Products) {
   if (!dispatched_features().amx_bf16) GTEST_SKIP() << "no AMX-BF16 at the dispatched target";
-  CaseSpec spec;
-  spec.num_qo_heads = 8;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 128;
-  spec.kv_dtype = DType::kBF16;
-  spec.q_dtype = DType::kBF16;
-  spec.q_lens = {1, 1};
-  spec.kv_lens = {300, 77};
-  AttentionCase c(spec);
+  AttentionCase c(bf16_gqa4_case({1, 1}, {300, 77}));
   AttentionRunner(AttentionPlanOptions{.bf16_products = false}).run(c.params(0));
   AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
   EXPECT_EQ(c.output(0), c.output(1));

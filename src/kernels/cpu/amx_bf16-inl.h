@@ -39,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/bf16_dot-inl.h"
@@ -83,6 +84,17 @@ PAGEDATTN_AMX_ATTR inline void ConfigureTiles() {
 }
 
 PAGEDATTN_AMX_ATTR inline void ReleaseTiles() { _tile_release(); }
+
+// Runs tiles(std::integral_constant<int, 2>, r) for each 32 rows from row0
+// (two 16-row tiles), then tiles(std::integral_constant<int, 1>, r) for 16
+// more if they fit; returns the first row left over (fewer than 16).
+template <class Tiles>
+HWY_INLINE std::int32_t ForEachTile(std::int32_t row0, std::int32_t row_end, const Tiles& tiles) {
+  std::int32_t r = row0;
+  for (; r + 2 * kTileRows <= row_end; r += 2 * kTileRows) tiles(std::integral_constant<int, 2>{}, r);
+  for (; r + kTileRows <= row_end; r += kTileRows) tiles(std::integral_constant<int, 1>{}, r);
+  return r;
+}
 
 // exp(x) for the softmax weights: 2^(x log2 e) as 2^n x p(f), n the nearest
 // integer, p the degree-6 Taylor polynomial of 2^f on |f| <= 1/2 (relative
@@ -186,11 +198,9 @@ PAGEDATTN_AMX_ATTR inline void ScoreTiles(const std::uint16_t* q, std::size_t dq
 PAGEDATTN_AMX_ATTR inline void ScoreBlock(const std::uint16_t* q, std::size_t dq, const std::uint32_t* kt,
                                           std::size_t dim, const float* k_scale, float* s, std::int32_t row0,
                                           std::int32_t row_end) {
-  std::int32_t r = row0;
-  for (; r + 2 * kTileRows <= row_end; r += 2 * kTileRows)
-    ScoreTiles<2>(q + std::size_t(r) * dq, dq, kt, dim, s + std::size_t(r) * kKB);
-  for (; r + kTileRows <= row_end; r += kTileRows)
-    ScoreTiles<1>(q + std::size_t(r) * dq, dq, kt, dim, s + std::size_t(r) * kKB);
+  const std::int32_t r = ForEachTile(row0, row_end, [&](auto groups, std::int32_t t) {
+    ScoreTiles<decltype(groups)::value>(q + std::size_t(t) * dq, dq, kt, dim, s + std::size_t(t) * kKB);
+  });
   if (k_scale != nullptr) {
     const __m512 k0 = _mm512_loadu_ps(k_scale), k1 = _mm512_loadu_ps(k_scale + 16);
     for (std::int32_t t = row0; t < r; ++t) {
@@ -256,11 +266,9 @@ PAGEDATTN_AMX_ATTR inline void AccumulateRows(const float* w, const std::uint32_
 PAGEDATTN_AMX_ATTR inline void AccumulateBlock(const float* s, const std::uint32_t* vp, std::size_t dv_pad,
                                                std::size_t dv, std::int32_t count, float* o, std::int32_t row0,
                                                std::int32_t row_end) {
-  std::int32_t r = row0;
-  for (; r + 2 * kTileRows <= row_end; r += 2 * kTileRows)
-    AccumulateRows<2>(s + std::size_t(r) * kKB, vp, dv_pad, dv, o + std::size_t(r) * dv);
-  for (; r + kTileRows <= row_end; r += kTileRows)
-    AccumulateRows<1>(s + std::size_t(r) * kKB, vp, dv_pad, dv, o + std::size_t(r) * dv);
+  const std::int32_t r = ForEachTile(row0, row_end, [&](auto groups, std::int32_t t) {
+    AccumulateRows<decltype(groups)::value>(s + std::size_t(t) * kKB, vp, dv_pad, dv, o + std::size_t(t) * dv);
+  });
   if (r < row_end) bf16dot::AccumulateBlock<0>(s, vp, dv, count, o, r, row_end);
 }
 
