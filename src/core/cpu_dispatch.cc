@@ -340,7 +340,7 @@ void apply_max_target_from_environment() {
 
 namespace core {
 
-void require_valid_max_target(const char* call) {
+void require_valid_dispatch_environment(const char* call) {
   CapState& s = cap_state();
   if (!s.env_invalid && !s.features_env_invalid) return;  // every call but the failing ones stops here
   const std::lock_guard lock(s.mutex);

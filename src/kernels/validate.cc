@@ -94,7 +94,7 @@ void validate_tree_mask(const AttentionParams& p, const char* call) {
 }  // namespace
 
 void validate_attention_params(const AttentionParams& p, const char* call) {
-  core::require_valid_max_target(call);
+  core::require_valid_dispatch_environment(call);
   const PagedKVStorage& kv = p.kv;
   require(kv.k_data && kv.v_data, call, ": kv.k_data and kv.v_data must be non-null");
   require(kv.num_kv_heads >= 1 && kv.head_dim >= 1 && kv.v_head_dim >= 1 && kv.page_size >= 1,

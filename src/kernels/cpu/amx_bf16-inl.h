@@ -42,6 +42,7 @@
 #include <type_traits>
 
 #include "kernels/attention_traits.h"
+#include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/reduce16-inl.h"
 
@@ -57,10 +58,7 @@ constexpr std::int32_t kTileRows = 16;      // rows of every tile
 constexpr std::int32_t kTileBytes = 64;     // bytes of a tile row: 16 f32 or 32 bf16
 constexpr std::int32_t kDimsPerStep = 32;   // head dims one A tile of queries covers
 static_assert(kKB == 2 * kTileRows, "a block's keys are two C tiles of scores, one A tile of weights");
-
-// Whether head dims (K, V) suit the tile path: whole 32-dim query tiles; the
-// V dims are padded to 16 in the packed values and the outputs.
-constexpr bool Dims(std::int32_t head_dim) { return head_dim > 0 && head_dim % kDimsPerStep == 0; }
+static_assert(kDimsPerStep == kAmxHeadDimMultiple, "amx_head_dims admits whole query tiles");
 
 // Palette 1 with all 8 tiles at 16 rows x 64 bytes: tiles 0-1 hold A,
 // 2-3 B, 4-7 C.
@@ -158,7 +156,7 @@ PAGEDATTN_AMX_ATTR inline void SoftmaxTile(float* s, float* m, float* l, float* 
   }
 }
 
-// Scores of 32 (kPairs = 2) or 16 rows x kKB keys into s, the queries from
+// Scores of 32 (kGroups = 2) or 16 rows x kKB keys into s, the queries from
 // q (row stride dq bf16), the keys packed (bf16dot::PackKeys).
 template <int kGroups>
 PAGEDATTN_AMX_ATTR inline void ScoreTiles(const std::uint16_t* q, std::size_t dq, const std::uint32_t* kt,
@@ -249,25 +247,23 @@ PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const std::uint32_t* vp, std::siz
 // The weights of 32 (kGroups = 2) or 16 rows (bf16 in the first half of
 // each score row) loaded once into A tiles, then every 32 dims.
 template <int kGroups>
-PAGEDATTN_AMX_ATTR inline void AccumulateRows(const float* w, const std::uint32_t* vp, std::size_t dv_pad,
-                                              std::size_t dv, float* o) {
+PAGEDATTN_AMX_ATTR inline void AccumulateRows(const float* w, const std::uint32_t* vp, std::size_t dv, float* o) {
   constexpr std::size_t kWeightStride = kKB * sizeof(float);
   _tile_loadd(0, w, kWeightStride);
   if constexpr (kGroups == 2) _tile_loadd(1, w + kTileRows * kKB, kWeightStride);
   std::size_t d = 0;
-  for (; d + 32 <= dv_pad; d += 32) AccumulateTiles<kGroups, 2>(vp + d, dv, o + d, dv);
-  if (d < dv_pad) AccumulateTiles<kGroups, 1>(vp + d, dv, o + d, dv);
+  for (; d + 32 <= dv; d += 32) AccumulateTiles<kGroups, 2>(vp + d, dv, o + d, dv);
+  if (d < dv) AccumulateTiles<kGroups, 1>(vp + d, dv, o + d, dv);
 }
 
 // o[row] += weights (bf16, bf16dot::RoundWeights) x packed values
 // (bf16dot::PackValues: keys past the block's count are zero rows, whose
 // weights are zero) for rows [row0, row_end); o rows and value rows share
-// the stride dv (padded to 16).
-PAGEDATTN_AMX_ATTR inline void AccumulateBlock(const float* s, const std::uint32_t* vp, std::size_t dv_pad,
-                                               std::size_t dv, std::int32_t count, float* o, std::int32_t row0,
-                                               std::int32_t row_end) {
+// the stride dv (padded to 16), every one of its dims accumulated.
+PAGEDATTN_AMX_ATTR inline void AccumulateBlock(const float* s, const std::uint32_t* vp, std::size_t dv,
+                                               std::int32_t count, float* o, std::int32_t row0, std::int32_t row_end) {
   const std::int32_t r = ForEachTile(row0, row_end, [&](auto groups, std::int32_t t) {
-    AccumulateRows<decltype(groups)::value>(s + std::size_t(t) * kKB, vp, dv_pad, dv, o + std::size_t(t) * dv);
+    AccumulateRows<decltype(groups)::value>(s + std::size_t(t) * kKB, vp, dv, o + std::size_t(t) * dv);
   });
   if (r < row_end) bf16dot::AccumulateBlock<0>(s, vp, dv, count, o, r, row_end);
 }

@@ -923,7 +923,7 @@ void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::
                      std::size_t(c.dv), std::size_t(c.v_head_dim), kScaled<kT> ? kb.v_scale : nullptr);
   for (std::int32_t t = r; t < row_end; ++t) SoftmaxRow<kScaled<kT>>(it, kb, t);
   bf16dot::RoundWeights(it.sc.s, r, row_end);
-  amx::AccumulateBlock(it.sc.s, vp, std::size_t(c.dv), std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
+  amx::AccumulateBlock(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
 }
 #endif
 

@@ -38,6 +38,11 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
 // against 30 ms). Their prefill runs on AMX tiles instead.
 constexpr bool bf16_decode_pays(const CpuFeatures& used) { return used.avx512_bf16 && !used.amx_bf16; }
 
+// Head dims the AMX tile path takes: whole 32-dim tiles of bf16 queries (V
+// dims of any size: padded to 16 in the packed values and the outputs).
+inline constexpr std::int32_t kAmxHeadDimMultiple = 32;
+constexpr bool amx_head_dims(std::int32_t head_dim) { return head_dim > 0 && head_dim % kAmxHeadDimMultiple == 0; }
+
 // Rows of a work item or merge task are head-major:
 //   row = (kv_head - kv_head_begin) * per_head + token_in_tile * group + g
 struct RowMap {

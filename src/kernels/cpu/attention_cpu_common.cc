@@ -19,7 +19,7 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
   c.batch_invariant = plan.batch_invariant;
   const CpuFeatures used = dispatched_features();
   c.bf16_dot = plan.bf16_products && used.avx512_bf16;
-  c.amx_bf16 = c.bf16_dot && used.amx_bf16 && c.head_dim % 32 == 0;
+  c.amx_bf16 = c.bf16_dot && used.amx_bf16 && amx_head_dims(c.head_dim);
   c.bf16_decode = c.bf16_dot && bf16_decode_pays(used);
   c.int8_dot = plan.int8_products && used.avx512_vnni && c.head_dim % 64 == 0 && c.v_head_dim % 64 == 0;
   c.layout = scratch_layout(plan.max_rows, c.head_dim, c.v_head_dim);
