@@ -138,6 +138,65 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
 }
 
 
+// e4m3 decode converts a block in registers without mapping NaN codes when
+// the block has none (HasE4M3Nan): a NaN code (S.1111.111) in one K or V
+// element must still give NaN exactly where the reference does (a K NaN
+// makes the rows of its KV head and their LSE NaN, a V NaN one output
+// element of them), and the other rows the reference's values. NaN codes in K, in V, in both,
+// in the first, a middle and the last block of a sequence (the tail block),
+// on every target, GQA 1 and 4, head dims 128 and 80 (tails). With no code
+// placed, HasE4M3Nan must not see one: the rows all stay finite.
+TEST(AttentionTargets, E4M3NanCodesGiveTheReferencesNaNsInDecode) {
+  for_each_highway_target([&](std::int64_t target) {
+    const std::string name = lower(hwy::TargetName(target));
+    if (dispatched_target_name() != name) return;
+    for (std::uint32_t seed = 0; seed < 12; ++seed) {
+      CaseSpec spec;
+      spec.seed = seed;
+      spec.kv_dtype = DType::kFP8E4M3;
+      spec.num_kv_heads = 2;
+      spec.num_qo_heads = seed % 2 ? 8 : 2;
+      spec.head_dim = seed % 3 ? 128 : 80;
+      spec.page_size = seed % 4 ? 16 : 5;
+      spec.per_head_fp8_scales = true;
+      spec.kv_lens = {97, 40};
+      spec.q_lens = {1, 1};
+      AttentionCase c(spec);
+      AttentionParams ref = c.params(0);
+      const PagedKVTable& t = ref.table;
+      const std::int32_t where = seed % 4;  // 0: none; 1: K; 2: V; 3: both
+      const std::int32_t key = std::int32_t(seed / 4) * 48;  // block 0, 1 or 3 of sequence 0
+      const std::int32_t page = t.kv_indices[t.kv_indptr[0] + key / spec.page_size];
+      const std::int32_t slot = key % spec.page_size, head = 1, dim = 7;
+      if (where & 1) static_cast<std::uint8_t*>(ref.kv.k_data)[ref.kv.k_offset(page, head, slot) + dim] = 0x7F;
+      if (where & 2) static_cast<std::uint8_t*>(ref.kv.v_data)[ref.kv.v_offset(page, head, slot) + dim] = 0xFF;
+      paged_attention_reference(ref);
+      AttentionRunner(AttentionPlanOptions{.num_threads = 2}).run(c.params(1));
+      const std::vector<float> want = c.output(0), got = c.output(1);
+      const std::size_t row_len = std::size_t(spec.head_dim);
+      int nan_rows = 0;
+      for (std::size_t r = 0; r * row_len < want.size(); ++r) {
+        float row_max = 0.0f;
+        bool row_nan = false;
+        for (std::size_t i = r * row_len; i < (r + 1) * row_len; ++i) {
+          row_nan |= std::isnan(want[i]);
+          if (!std::isnan(want[i])) row_max = std::max(row_max, std::fabs(want[i]));
+        }
+        nan_rows += row_nan;
+        ASSERT_EQ(std::isnan(c.lse(1)[r]), std::isnan(c.lse(0)[r])) << name << " seed " << seed << " row " << r;
+        for (std::size_t i = r * row_len; i < (r + 1) * row_len; ++i) {
+          ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i]))
+              << name << " seed " << seed << " row " << r << " element " << i - r * row_len;
+          if (!std::isnan(want[i])) {
+            ASSERT_NEAR(got[i], want[i], 1e-3 * row_max + 1e-6) << name << " seed " << seed << " row " << r;
+          }
+        }
+      }
+      EXPECT_EQ(nan_rows == 0, where == 0) << name << " seed " << seed;
+    }
+  });
+}
+
 // Switches dot-product extensions off for a scope (set_disabled_features).
 struct DisabledFeatures {
   explicit DisabledFeatures(const char* names) { set_disabled_features(names); }

@@ -119,14 +119,19 @@ HWY_INLINE PAGEDATTN_AMX_ATTR __m512 Exp(__m512 x) {
 // weights (x v_scale when given) as bf16 in the first half of its score row
 // (what bf16dot::RoundWeights leaves) and rescales the output rows (o,
 // stride dv, v_dim dims) whose maximum grew. A row with nothing visible yet
-// keeps m = -inf, l = 0 and gets zero weights, as SoftmaxRow does.
+// keeps m = -inf, l = 0 and gets zero weights, as SoftmaxRow does; a row
+// with a NaN score gets l = NaN (its output and LSE come out NaN).
 PAGEDATTN_AMX_ATTR inline void SoftmaxTile(float* s, float* m, float* l, float* o, std::size_t dv,
                                            std::size_t v_dim, const float* v_scale) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 one = _mm512_set1_ps(1.0f);
   __m512 acc[kTileRows];
-  for (int i = 0; i < kTileRows; ++i)
-    acc[i] = _mm512_max_ps(_mm512_load_ps(s + i * kKB), _mm512_load_ps(s + i * kKB + 16));
+  __mmask16 nan_rows = 0;
+  for (int i = 0; i < kTileRows; ++i) {
+    const __m512 x0 = _mm512_load_ps(s + i * kKB), x1 = _mm512_load_ps(s + i * kKB + 16);
+    acc[i] = _mm512_max_ps(x0, x1);
+    nan_rows |= __mmask16((_mm512_cmp_ps_mask(x0, x1, _CMP_UNORD_Q) != 0) << i);
+  }
   const __m512 m_old = _mm512_loadu_ps(m);
   const __m512 m_new = _mm512_max_ps(m_old, ReduceMax16(acc));
   const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
@@ -144,7 +149,8 @@ PAGEDATTN_AMX_ATTR inline void SoftmaxTile(float* s, float* m, float* l, float* 
   }
   // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
   const __m512 corr = _mm512_mask_blend_ps(none, Exp(_mm512_sub_ps(m_old, m_new)), one);
-  _mm512_storeu_ps(l, _mm512_fmadd_ps(_mm512_loadu_ps(l), corr, Reduce16(acc)));
+  const __m512 l_new = _mm512_fmadd_ps(_mm512_loadu_ps(l), corr, Reduce16(acc));
+  _mm512_storeu_ps(l, _mm512_mask_blend_ps(nan_rows, l_new, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())));
   _mm512_storeu_ps(m, m_new);
   alignas(64) float factor[kTileRows];
   _mm512_store_ps(factor, corr);

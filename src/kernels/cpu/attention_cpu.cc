@@ -325,27 +325,11 @@ void TransposeKeys(const Item& it, const KeyBlock& kb) {
   }
 }
 
-// e4m3 rows widened to f16 bits (value x 2^-8, like LoadConvert) into the
-// scratch, 16 lanes per operation: the decode loops then read them as f16,
-// one conversion instruction per vector, where widening e4m3 in place costs
-// seven per 8 lanes (fp8 decode was bound by it). The next rows are
-// prefetched meanwhile, a line per row and step (a step is a line of e4m3).
-void WidenE4M3Block(const Item& it, KeyBlock& kb) {
-  const KernelContext& c = *it.c;
-  auto* k16 = reinterpret_cast<std::uint16_t*>(it.sc.k);
-  auto* v16 = reinterpret_cast<std::uint16_t*>(it.sc.v);
-  for (std::int32_t jj = 0; jj < kKB; ++jj) {
-    std::uint16_t* kd = k16 + std::size_t(jj) * c.dq;
-    std::uint16_t* vd = v16 + std::size_t(jj) * c.dv;
-    for (std::size_t d = 0; d < std::size_t(c.head_dim); d += kLineBytes)
-      PrefetchLine<DType::kFP8E4M3>(kb.k_next[jj], d, c.head_dim);
-    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += kLineBytes)
-      PrefetchLine<DType::kFP8E4M3>(kb.v_next[jj], d, c.v_head_dim);
-    WidenE4M3Row(kb.k[jj], kd, std::size_t(c.head_dim));
-    WidenE4M3Row(kb.v[jj], vd, std::size_t(c.v_head_dim));
-    kb.k[jj] = kd;
-    kb.v[jj] = vd;
-  }
+// Whether the K or V rows of a gathered e4m3 block hold a NaN code: blocks
+// without one (all but poisoned data) convert in registers without the NaN
+// select (LoadConvert kNanFree), the instructions e4m3 decode is bound by.
+bool BlockHasE4M3Nan(const Item& it, const KeyBlock& kb) {
+  return HasE4M3Nan(kb.k, kKB, std::size_t(it.c->head_dim)) || HasE4M3Nan(kb.v, kKB, std::size_t(it.c->v_head_dim));
 }
 
 // Inline RoPE: rotates the f32 key rows of the block at their positions.
@@ -448,7 +432,8 @@ HWY_INLINE void ReduceAll(const hn::Vec<D>* a, float* HWY_RESTRICT out) {
 // their rows. kDim > 0 fixes the head dim at compile time (fully unrolled
 // fast paths, full-width vectors). kPrefetch: the keys are read from the
 // cache, so the next head's K rows (KeyBlock::k_next) are prefetched meanwhile.
-template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, int kKeys>
+// kNanFree: the rows hold no NaN code (LoadConvert).
+template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, int kKeys, bool kNanFree>
 HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t jj) {
   using D = DRow<kDim>;
   const D df;
@@ -460,7 +445,7 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
   for (std::size_t d = 0; d < dim; d += n) {
     hn::Vec<D> k[kKeys];
-    for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kLoad>(df, kb.k[jj + e], d);
+    for (int e = 0; e < kKeys; ++e) k[e] = LoadConvert<kLoad, kNanFree>(df, kb.k[jj + e], d);
     if constexpr (kPrefetch)
       for (int e = 0; e < kKeys; ++e) PrefetchLine<kLoad>(kb.k_next[jj + e], d, dim);
     for (int r = 0; r < kRows; ++r) {
@@ -481,43 +466,43 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
 }
 
 // Scores kRows rows against the whole block, kTileAccs / kRows keys a tile.
-template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows>
+template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, bool kNanFree>
 HWY_INLINE void ScoreRows(const Item& it, const KeyBlock& kb, std::int32_t r) {
   constexpr int kKeys = kTileAccs / kRows;
   static_assert(kKB % kKeys == 0, "tiles cover the block");
-  for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreTile<kLoad, kScale, kPrefetch, kDim, kRows, kKeys>(it, kb, r, jj);
+  for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreTile<kLoad, kScale, kPrefetch, kDim, kRows, kKeys, kNanFree>(it, kb, r, jj);
 }
 
 // Scores the next group of rows from r against the block, as many as the
 // largest tile takes (8 where the registers hold 16 accumulators, so a GQA-8
 // group converts each K vector once; else 4), 2 or 1; returns how many.
-template <DType kLoad, bool kScale, bool kPrefetch, int kDim>
+template <DType kLoad, bool kScale, bool kPrefetch, int kDim, bool kNanFree>
 std::int32_t ScoreGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
   if constexpr (kAccRegs >= 16) {
     if (r + 8 <= row_end) {
-      ScoreRows<kLoad, kScale, kPrefetch, kDim, 8>(it, kb, r);
+      ScoreRows<kLoad, kScale, kPrefetch, kDim, 8, kNanFree>(it, kb, r);
       return 8;
     }
   }
   if (r + 4 <= row_end) {
-    ScoreRows<kLoad, kScale, kPrefetch, kDim, 4>(it, kb, r);
+    ScoreRows<kLoad, kScale, kPrefetch, kDim, 4, kNanFree>(it, kb, r);
     return 4;
   }
   if (r + 2 <= row_end) {
-    ScoreRows<kLoad, kScale, kPrefetch, kDim, 2>(it, kb, r);
+    ScoreRows<kLoad, kScale, kPrefetch, kDim, 2, kNanFree>(it, kb, r);
     return 2;
   }
-  ScoreRows<kLoad, kScale, kPrefetch, kDim, 1>(it, kb, r);
+  ScoreRows<kLoad, kScale, kPrefetch, kDim, 1, kNanFree>(it, kb, r);
   return 1;
 }
 
 // Scores rows [row0, row_end) against the block; only the first group of
 // rows prefetches (when reading from the cache): the lines are fetched once.
-template <DType kLoad, bool kScale, bool kPrefetch, int kDim>
+template <DType kLoad, bool kScale, bool kPrefetch, int kDim, bool kNanFree = false>
 void ScoreBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
   std::int32_t r = row0;
-  if (r < row_end) r += ScoreGroup<kLoad, kScale, kPrefetch, kDim>(it, kb, r, row_end);
-  while (r < row_end) r += ScoreGroup<kLoad, kScale, false, kDim>(it, kb, r, row_end);
+  if (r < row_end) r += ScoreGroup<kLoad, kScale, kPrefetch, kDim, kNanFree>(it, kb, r, row_end);
+  while (r < row_end) r += ScoreGroup<kLoad, kScale, false, kDim, kNanFree>(it, kb, r, row_end);
 }
 
 // --- QK of many rows: outer products on transposed keys -------------------------------
@@ -634,7 +619,8 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
 }
 
 // Online-softmax update of one row; leaves the weights (x value scale when
-// kScale) in s.
+// kScale) in s. A NaN score makes l NaN for good: the row's output and LSE
+// come out NaN (Max and Exp would drop it).
 template <bool kScale>
 void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   const DW df;
@@ -642,7 +628,13 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   const KernelContext& c = *it.c;
   float* s = it.sc.s + std::size_t(row) * kKB;
   VW vmax = hn::Set(df, kNegInf);
-  for (std::size_t i = 0; i < std::size_t(kKB); i += n) vmax = hn::Max(vmax, hn::LoadU(df, s + i));
+  auto nan = hn::FirstN(df, 0);
+  for (std::size_t i = 0; i < std::size_t(kKB); i += n) {
+    const VW x = hn::LoadU(df, s + i);
+    vmax = hn::Max(vmax, x);
+    nan = hn::Or(nan, hn::IsNaN(x));
+  }
+  if (!hn::AllFalse(df, nan)) it.sc.l[row] = std::numeric_limits<float>::quiet_NaN();
   const float m_old = it.sc.m[row];
   const float m_new = std::max(hn::GetLane(hn::MaxOfLanes(df, vmax)), m_old);
   if (m_new == kNegInf) {  // nothing visible yet
@@ -700,7 +692,8 @@ void SoftmaxRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int
 // are multiples of 8). V rows are read as kLoad: kT from the cache, or f32
 // from converted scratch rows. kPrefetch: the V rows are read from the
 // cache, so the next head's V rows (KeyBlock::v_next) are prefetched meanwhile.
-template <class D, DType kLoad, bool kPrefetch, int kDim, int kRows>
+// kNanFree: the rows hold no NaN code (LoadConvert).
+template <class D, DType kLoad, bool kPrefetch, int kDim, int kRows, bool kNanFree>
 HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t row0) {
   const D df;
   constexpr std::size_t n = hn::MaxLanes(df);
@@ -722,7 +715,7 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
       hn::Vec<D> x[kVecs];
       for (int e = 0; e < kVecs; ++e) {
         if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.v_next[jj], d + e * n, dv);
-        x[e] = InRegister(LoadConvert<kLoad>(df, kb.v[jj], d + e * n));
+        x[e] = InRegister(LoadConvert<kLoad, kNanFree>(df, kb.v[jj], d + e * n));
       }
       for (int r = 0; r < kRows; ++r) {
         const auto wr = hn::Set(df, w[r * kKB + jj]);
@@ -739,7 +732,7 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
       for (int r = 0; r < kRows; ++r) acc[r] = hn::Load(d8, o + r * stride + d);
       for (std::int32_t jj = 0; jj < count; ++jj) {
         if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.v_next[jj], d, dv);
-        const VF x = LoadConvert<kLoad>(d8, kb.v[jj], d);
+        const VF x = LoadConvert<kLoad, kNanFree>(d8, kb.v[jj], d);
         for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(d8, w[r * kKB + jj]), x, acc[r]);
       }
       for (int r = 0; r < kRows; ++r) hn::Store(acc[r], d8, o + r * stride + d);
@@ -749,23 +742,23 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
 
 // o[row] += weights x V for the next group of rows from r (8 if kMaxRows
 // allows, 4, 2 or 1); returns how many.
-template <class D, DType kLoad, bool kPrefetch, int kDim, int kMaxRows>
+template <class D, DType kLoad, bool kPrefetch, int kDim, int kMaxRows, bool kNanFree>
 std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
   if constexpr (kMaxRows >= 8) {
     if (r + 8 <= row_end) {
-      AccumulateRows<D, kLoad, kPrefetch, kDim, 8>(it, kb, r);
+      AccumulateRows<D, kLoad, kPrefetch, kDim, 8, kNanFree>(it, kb, r);
       return 8;
     }
   }
   if (r + 4 <= row_end) {
-    AccumulateRows<D, kLoad, kPrefetch, kDim, 4>(it, kb, r);
+    AccumulateRows<D, kLoad, kPrefetch, kDim, 4, kNanFree>(it, kb, r);
     return 4;
   }
   if (r + 2 <= row_end) {
-    AccumulateRows<D, kLoad, kPrefetch, kDim, 2>(it, kb, r);
+    AccumulateRows<D, kLoad, kPrefetch, kDim, 2, kNanFree>(it, kb, r);
     return 2;
   }
-  AccumulateRows<D, kLoad, kPrefetch, kDim, 1>(it, kb, r);
+  AccumulateRows<D, kLoad, kPrefetch, kDim, 1, kNanFree>(it, kb, r);
   return 1;
 }
 
@@ -773,13 +766,13 @@ std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r,
 // kLoad: groups of up to 8 rows on AVX-512 (a GQA-8 group converts each V
 // vector once), else 4; only the first group prefetches (the lines are
 // fetched once).
-template <DType kLoad, bool kPrefetch, int kDim>
+template <DType kLoad, bool kPrefetch, int kDim, bool kNanFree = false>
 void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
   using D = DRow<kDim>;
   constexpr int kMaxRows = kAccRegs >= 16 ? 8 : 4;
   std::int32_t r = row0;
-  if (r < row_end) r += AccumulateGroup<D, kLoad, kPrefetch, kDim, kMaxRows>(it, kb, r, row_end);
-  while (r < row_end) r += AccumulateGroup<D, kLoad, false, kDim, kMaxRows>(it, kb, r, row_end);
+  if (r < row_end) r += AccumulateGroup<D, kLoad, kPrefetch, kDim, kMaxRows, kNanFree>(it, kb, r, row_end);
+  while (r < row_end) r += AccumulateGroup<D, kLoad, false, kDim, kMaxRows, kNanFree>(it, kb, r, row_end);
 }
 
 // o[row] += weights x V for rows [row0, row_end) over f32 scratch rows
@@ -787,7 +780,7 @@ void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std:
 template <int kDim>
 void AccumulateBlockWide(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
   std::int32_t r = row0;
-  while (r < row_end) r += AccumulateGroup<DW, DType::kF32, false, kDim, 4>(it, kb, r, row_end);
+  while (r < row_end) r += AccumulateGroup<DW, DType::kF32, false, kDim, 4, false>(it, kb, r, row_end);
 }
 
 // --- one work item -------------------------------------------------------------------------
@@ -812,10 +805,12 @@ void FinishRows(const Item& it, const RowMap& map, std::int32_t rows) {
   const AttentionWorkItem& w = *it.w;
   for (std::int32_t row = 0; row < rows; ++row) {
     float* o = it.sc.o + std::size_t(row) * c.dv;
+    // l == 0: no key visible (o = 0, lse = -inf). A NaN l (a NaN logit)
+    // stays NaN in o and lse, as the reference gives it.
     const float l = it.sc.l[row];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     for (std::int32_t d = 0; d < c.v_head_dim; ++d) o[d] *= inv;
-    const float lse = l > 0.0f ? it.sc.m[row] + std::log(l) : kNegInf;
+    const float lse = l == 0.0f ? kNegInf : it.sc.m[row] + std::log(l);
     if (w.partial >= 0) {
       std::byte* slot = it.partials + std::size_t(w.partial) * c.partial_slot_bytes;
       std::memcpy(slot + std::size_t(row) * c.dv * sizeof(float), o, std::size_t(c.dv) * sizeof(float));
@@ -981,8 +976,10 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
   if (Bf16Decode<kT>(it, row_end - row0))
     return ProcessHeadBlockBf16Decode<kT, kDim>(it, map, kb, row0, row_end, first_pos);
 #endif
-  // e4m3 decode: rows widened to f16 first (kWidenE4M3).
-  constexpr bool kWidenE4M3 = kT == DType::kFP8E4M3 && kNativeF16;
+  // e4m3 decode: blocks with no NaN code skip the NaN select (kE4M3: only
+  // e4m3 instantiates those loops).
+  constexpr bool kE4M3 = kT == DType::kFP8E4M3;
+  const bool nan_free = kE4M3 && !outer && !rotate_keys && !BlockHasE4M3Nan(it, kb);
   if (outer) {
     TransposeKeys<kT>(it, kb);
     ConvertValues<kT>(it, kb);
@@ -991,17 +988,16 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
     ConvertBlock<kT>(it, kb);
     RotateKeys(it, kb);
     ScoreBlock<DType::kF32, kScaled<kT>, false, kDim>(it, kb, row0, row_end);
-  } else if constexpr (kWidenE4M3) {
-    WidenE4M3Block(it, kb);
-    ScoreBlock<DType::kF16, true, false, kDim>(it, kb, row0, row_end);
+  } else if (nan_free) {
+    ScoreBlock<kT, kScaled<kT>, true, kDim, kE4M3>(it, kb, row0, row_end);
   } else {
     ScoreBlock<kT, kScaled<kT>, true, kDim>(it, kb, row0, row_end);
   }
   SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
   if (outer || rotate_keys)
     AccumulateBlockWide<kDim>(it, kb, row0, row_end);
-  else if constexpr (kWidenE4M3)
-    AccumulateBlock<DType::kF16, false, kDim>(it, kb, row0, row_end);
+  else if (nan_free)
+    AccumulateBlock<kT, true, kDim, kE4M3>(it, kb, row0, row_end);
   else
     AccumulateBlock<kT, true, kDim>(it, kb, row0, row_end);
 }

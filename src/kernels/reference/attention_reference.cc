@@ -114,8 +114,8 @@ void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<doub
                      any_visible ? static_cast<float>(acc[d] / denom) : 0.0f);
   if (p.lse)
     p.lse[std::int64_t{r.token} * p.num_qo_heads + r.head] =
-        denom > 0.0 ? static_cast<float>(m + std::log(denom))
-                    : -std::numeric_limits<float>::infinity();
+        denom == 0.0 ? -std::numeric_limits<float>::infinity()  // nothing visible; NaN stays NaN
+                     : static_cast<float>(m + std::log(denom));
 }
 
 }  // namespace
