@@ -182,9 +182,11 @@ std::string GenerationJob::next_events(std::chrono::milliseconds timeout) {
 
 void GenerationJob::release(bool delivered) {
   if (finished_) return;
-  // The client went away (or the write failed) before the end: free the pages now.
-  worker_.abort(ticket_.id);
+  // The client went away (or the write failed) before the end: free the
+  // pages now. Counted first, so that whoever sees the request gone (an idle
+  // worker) also sees the abort in /metrics.
   if (!delivered) metrics_.count_client_abort();
+  worker_.abort(ticket_.id);
 }
 
 }  // namespace pagedattn::serve
