@@ -470,7 +470,8 @@ template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, bool kN
 HWY_INLINE void ScoreRows(const Item& it, const KeyBlock& kb, std::int32_t r) {
   constexpr int kKeys = kTileAccs / kRows;
   static_assert(kKB % kKeys == 0, "tiles cover the block");
-  for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreTile<kLoad, kScale, kPrefetch, kDim, kRows, kKeys, kNanFree>(it, kb, r, jj);
+  for (std::int32_t jj = 0; jj < kKB; jj += kKeys)
+    ScoreTile<kLoad, kScale, kPrefetch, kDim, kRows, kKeys, kNanFree>(it, kb, r, jj);
 }
 
 // Scores the next group of rows from r against the block, as many as the
