@@ -5,7 +5,8 @@
 // line arrives from DRAM, which capped decode near 8 GB/s per core on Zen 3
 // and Zen 4 whatever the distance; through L2 the same loops streamed
 // 1.5-1.7x faster (docs/benchmarks.md), and the rows are an L2 hit away when
-// read. Callers spread one prefetch per line consumed over their loops (a
+// read. The Xeon (Emerald Rapids) agrees: with prefetcht0 f16 b1 x 8k
+// decode took 2.04 ms against 1.44-1.85 ms through L2. Callers spread one prefetch per line consumed over their loops (a
 // burst of a whole block stalls on the miss queues instead of overlapping
 // with the arithmetic).
 #pragma once
