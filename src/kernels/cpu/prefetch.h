@@ -6,7 +6,8 @@
 // and Zen 4 whatever the distance; through L2 the same loops streamed
 // 1.5-1.7x faster (docs/benchmarks.md), and the rows are an L2 hit away when
 // read. The Xeon (Emerald Rapids) agrees: with prefetcht0 f16 b1 x 8k
-// decode took 2.04 ms against 1.44-1.85 ms through L2. Callers spread one prefetch per line consumed over their loops (a
+// decode took 2.04-2.05 ms against 1.60-1.85 ms through L2 (medians of
+// alternating runs). Callers spread one prefetch per line consumed over their loops (a
 // burst of a whole block stalls on the miss queues instead of overlapping
 // with the arithmetic).
 #pragma once
