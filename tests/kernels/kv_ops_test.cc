@@ -88,26 +88,34 @@ TEST(ConvertRow, WidensEveryQuantisedByteLikeTheScalarDecoding) {
   }
 }
 
-// The fp8 decode's e4m3 -> f16-bits widening (16 lanes per operation, then
-// an 8-lane tail), on every target: each byte's f16 x 2^8 is the scalar
-// decoding, NaN stays NaN, -0 stays -0.
-TEST(ConvertRow, WidensEveryE4M3ByteToF16BitsLikeTheScalarDecoding) {
-  std::vector<unsigned char> bytes(256 + 8);  // a 16-lane body and an 8-lane tail
-  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i % 256);
+// The fp8 e4m3 decode's steps, on every target: the NaN-code check finds a
+// NaN code at any position of a row (full vectors and the 8-byte tail) and
+// none in a row without one; the conversion without the NaN select gives
+// every other byte's scalar decoding x 2^-8, bit for bit (-0 included).
+TEST(ConvertRow, E4M3DecodeStepsMatchTheScalarDecoding) {
+  std::vector<unsigned char> bytes;  // every code but the two NaN codes, then a tail of 8
+  for (int b = 0; b < 256; ++b)
+    if ((b & 0x7F) != 0x7F) bytes.push_back(static_cast<unsigned char>(b));
+  for (int b = 0; bytes.size() % 16 != 8; ++b) bytes.push_back(static_cast<unsigned char>(b));
   TargetReset reset;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
-    std::vector<std::uint16_t> f16(bytes.size(), 0xdead);
-    kernels::widen_e4m3_to_f16_bits(bytes.data(), f16.data(), std::ssize(bytes));
+    const auto n = std::ssize(bytes);
+    ASSERT_FALSE(kernels::e4m3_has_nan(bytes.data(), n));
+    for (const unsigned char nan : {0x7F, 0xFF})
+      for (const std::int64_t at : {std::int64_t{0}, std::int64_t{15}, std::int64_t{63}, std::int64_t{64},
+                                    n - 9, n - 8, n - 1}) {
+        std::vector<unsigned char> poisoned = bytes;
+        poisoned[std::size_t(at)] = nan;
+        ASSERT_TRUE(kernels::e4m3_has_nan(poisoned.data(), n)) << "code " << int(nan) << " at " << at;
+      }
+    std::vector<float> out(bytes.size(), -1.0f);
+    kernels::e4m3_to_f32_nan_free(bytes.data(), out.data(), n);
     for (std::size_t i = 0; i < bytes.size(); ++i) {
       const float want = load_as_float(bytes.data(), DType::kFP8E4M3, i);
-      const float got = load_as_float(&f16[i], DType::kF16, 0) * 256.0f;
-      if (std::isnan(want)) {
-        ASSERT_TRUE(std::isnan(got)) << "byte " << int(bytes[i]);
-      } else {
-        ASSERT_TRUE(same_bits(got, want)) << "byte " << int(bytes[i]) << ": " << got << " != " << want;
-      }
+      const float got = out[i] * 256.0f;
+      ASSERT_TRUE(same_bits(got, want)) << "byte " << int(bytes[i]) << ": " << got << " != " << want;
     }
   }
 }
@@ -155,12 +163,13 @@ TEST(ConvertRow, Fp8ToBf16RefusesOtherTypesAndLengths) {
   for (std::uint16_t x : out) EXPECT_EQ(x, 0xdead);
 }
 
-TEST(ConvertRow, E4M3WideningRefusesALengthThatIsNotAMultipleOf8) {
+TEST(ConvertRow, E4M3DecodeStepsRefuseALengthThatIsNotAMultipleOf8) {
   const std::vector<unsigned char> bytes(16, 0x38);
-  std::vector<std::uint16_t> f16(16, 0xdead);
-  EXPECT_THROW(kernels::widen_e4m3_to_f16_bits(bytes.data(), f16.data(), 9), InvalidArgument);
-  EXPECT_THROW(kernels::widen_e4m3_to_f16_bits(bytes.data(), f16.data(), -8), InvalidArgument);
-  for (std::uint16_t x : f16) EXPECT_EQ(x, 0xdead);  // nothing written
+  std::vector<float> out(16, -1.0f);
+  EXPECT_THROW(kernels::e4m3_has_nan(bytes.data(), 9), InvalidArgument);
+  EXPECT_THROW(kernels::e4m3_to_f32_nan_free(bytes.data(), out.data(), 9), InvalidArgument);
+  EXPECT_THROW(kernels::e4m3_to_f32_nan_free(bytes.data(), out.data(), -8), InvalidArgument);
+  for (float x : out) EXPECT_EQ(x, -1.0f);  // nothing written
 }
 
 // A small paged storage with its buffers.

@@ -95,30 +95,6 @@ HWY_INLINE hn::Vec<DF8> LoadConvert(const void* row, std::size_t i) {
   return LoadConvert<kT>(DF8(), row, i);
 }
 
-// e4m3 bytes to f16 bits (value x 2^-8, as LoadConvert gives it), Lanes(d16)
-// at a time: sign-extend, shift left 7, clear bit 14; S.1111.111 (NaN)
-// becomes the f16 quiet NaN.
-template <class D16>
-HWY_INLINE void WidenE4M3(D16 d16, const std::int8_t* in, std::uint16_t* out) {
-  const hn::Rebind<std::int8_t, D16> d8;
-  const hn::RebindToUnsigned<D16> du16;
-  const auto x = hn::PromoteTo(d16, hn::LoadU(d8, in));
-  const auto h = hn::And(hn::ShiftLeft<7>(x), hn::Set(d16, static_cast<std::int16_t>(0xBF80)));
-  const auto low7 = hn::Set(d16, 0x7F);
-  const auto is_nan = hn::Eq(hn::And(x, low7), low7);
-  hn::StoreU(hn::BitCast(du16, hn::IfThenElse(is_nan, hn::Set(d16, 0x7E00), h)), du16, out);
-}
-
-// n elements (a multiple of 8), 16 lanes per operation where the target has them.
-HWY_INLINE void WidenE4M3Row(const void* src, std::uint16_t* dst, std::size_t n) {
-  const hn::CappedTag<std::int16_t, 16> d16;
-  const auto* in = static_cast<const std::int8_t*>(src);
-  std::size_t d = 0;
-  for (; d + hn::Lanes(d16) <= n; d += hn::Lanes(d16)) WidenE4M3(d16, in + d, dst + d);
-  const hn::CappedTag<std::int16_t, 8> d8;  // head dims are multiples of 8
-  for (; d < n; d += hn::Lanes(d8)) WidenE4M3(d8, in + d, dst + d);
-}
-
 // Whether any of `count` e4m3 rows of n bytes (a multiple of 8) holds a NaN
 // code (S.1111.111): OR-ing 0x80 into a byte makes a NaN code 0xFF and no
 // other, so the bytewise maximum over the rows finds one. Two instructions

@@ -92,8 +92,21 @@ float AbsMaxRow(const void* src, DType t, std::int64_t n) {
   return m;
 }
 
-void WidenE4M3ToF16Bits(const void* src, std::uint16_t* dst, std::int64_t n) {
-  WidenE4M3Row(src, dst, static_cast<std::size_t>(n));
+bool E4M3HasNan(const void* src, std::int64_t n) {
+  const void* rows[1] = {src};
+  return HasE4M3Nan(rows, 1, std::size_t(n));
+}
+
+// Full vectors (16 lanes on AVX-512, as the decode loops for head dims that
+// are multiples of 16), then 8 lanes.
+void E4M3ToF32NanFree(const void* src, float* dst, std::int64_t n) {
+  const hn::ScalableTag<float> df;
+  const auto count = std::size_t(n);
+  std::size_t i = 0;
+  for (; i + hn::Lanes(df) <= count; i += hn::Lanes(df))
+    hn::StoreU(LoadConvert<DType::kFP8E4M3, true>(df, src, i), df, dst + i);
+  for (; i < count; i += hn::Lanes(DF8()))
+    hn::StoreU(LoadConvert<DType::kFP8E4M3, true>(DF8(), src, i), DF8(), dst + i);
 }
 
 bool Fp8ToBf16Bits(const void* src, DType t, std::uint16_t* dst, std::int64_t n) {
@@ -115,7 +128,8 @@ HWY_AFTER_NAMESPACE();
 namespace pagedattn::kernels {
 HWY_EXPORT(ConvertRow);
 HWY_EXPORT(AbsMaxRow);
-HWY_EXPORT(WidenE4M3ToF16Bits);
+HWY_EXPORT(E4M3HasNan);
+HWY_EXPORT(E4M3ToF32NanFree);
 HWY_EXPORT(Fp8ToBf16Bits);
 
 bool fp8_to_bf16_bits(const void* src, DType src_dtype, std::uint16_t* dst, std::int64_t n) {
@@ -124,9 +138,14 @@ bool fp8_to_bf16_bits(const void* src, DType src_dtype, std::uint16_t* dst, std:
   return HWY_DYNAMIC_DISPATCH(Fp8ToBf16Bits)(src, src_dtype, dst, n);
 }
 
-void widen_e4m3_to_f16_bits(const void* src, std::uint16_t* dst, std::int64_t n) {
-  require(n >= 0 && n % 8 == 0, "widen_e4m3_to_f16_bits: n = ", n, " must be a non-negative multiple of 8");
-  HWY_DYNAMIC_DISPATCH(WidenE4M3ToF16Bits)(src, dst, n);
+bool e4m3_has_nan(const void* src, std::int64_t n) {
+  require(n >= 0 && n % 8 == 0, "e4m3_has_nan: n = ", n, " must be a non-negative multiple of 8");
+  return HWY_DYNAMIC_DISPATCH(E4M3HasNan)(src, n);
+}
+
+void e4m3_to_f32_nan_free(const void* src, float* dst, std::int64_t n) {
+  require(n >= 0 && n % 8 == 0, "e4m3_to_f32_nan_free: n = ", n, " must be a non-negative multiple of 8");
+  HWY_DYNAMIC_DISPATCH(E4M3ToF32NanFree)(src, dst, n);
 }
 
 void convert_row(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n,

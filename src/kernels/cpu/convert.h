@@ -13,11 +13,14 @@ namespace pagedattn::kernels {
 void convert_row(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n,
                  float multiplier);
 
-// fp8 e4m3 bytes to f16 bits of value x 2^-8 (exact; NaN to a quiet f16
-// NaN), n a non-negative multiple of 8 (else InvalidArgument, dst untouched):
-// the widening the attention kernel's fp8 decode uses (kernel code calls the
-// per-target inline WidenE4M3Row directly).
-void widen_e4m3_to_f16_bits(const void* src, std::uint16_t* dst, std::int64_t n);
+// The attention kernel's fp8 e4m3 decode steps (kernel code calls the
+// per-target inline HasE4M3Nan and LoadConvert directly), for the tests; n a
+// non-negative multiple of 8 (else InvalidArgument, dst untouched).
+// Whether any of the n bytes is a NaN code (S.1111.111).
+bool e4m3_has_nan(const void* src, std::int64_t n);
+// The bytes as f32 of value x 2^-8 (exact) without the NaN select: what the
+// decode loops compute for blocks in which e4m3_has_nan found no NaN code.
+void e4m3_to_f32_nan_free(const void* src, float* dst, std::int64_t n);
 
 // fp8 bytes (e4m3 or e5m2) to bf16 bits, exactly: e4m3 as value x 2^-8 (as
 // above), e5m2 as its value; NaN to a bf16 NaN of the same sign, e5m2
