@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -138,6 +139,33 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
 }
 
 
+// Output 1 (kernel) against output 0 (reference) where the reference has
+// NaNs: NaN in the same elements and LSE, the other elements within `rel`
+// of their row's largest finite value. Returns the rows with a NaN.
+int ExpectTheReferencesNaNs(const AttentionCase& c, std::int32_t row_len, double rel, const std::string& what) {
+  const std::vector<float> want = c.output(0), got = c.output(1);
+  const std::size_t n = std::size_t(row_len);
+  int nan_rows = 0;
+  for (std::size_t r = 0; r * n < want.size(); ++r) {
+    float row_max = 0.0f;
+    bool row_nan = false;
+    for (std::size_t i = r * n; i < (r + 1) * n; ++i) {
+      row_nan |= std::isnan(want[i]);
+      if (!std::isnan(want[i])) row_max = std::max(row_max, std::fabs(want[i]));
+    }
+    nan_rows += row_nan;
+    EXPECT_EQ(std::isnan(c.lse(1)[r]), std::isnan(c.lse(0)[r])) << what << " row " << r;
+    for (std::size_t i = r * n; i < (r + 1) * n; ++i) {
+      EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i])) << what << " row " << r << " element " << i - r * n;
+      if (!std::isnan(want[i])) {
+        EXPECT_NEAR(got[i], want[i], rel * row_max + 1e-6) << what << " row " << r;
+      }
+      if (::testing::Test::HasFailure()) return nan_rows;
+    }
+  }
+  return nan_rows;
+}
+
 // e4m3 decode converts a block in registers without mapping NaN codes when
 // the block has none (HasE4M3Nan): a NaN code (S.1111.111) in one K or V
 // element must still give NaN exactly where the reference does (a K NaN
@@ -172,26 +200,8 @@ TEST(AttentionTargets, E4M3NanCodesGiveTheReferencesNaNsInDecode) {
       if (where & 2) static_cast<std::uint8_t*>(ref.kv.v_data)[ref.kv.v_offset(page, head, slot) + dim] = 0xFF;
       paged_attention_reference(ref);
       AttentionRunner(AttentionPlanOptions{.num_threads = 2}).run(c.params(1));
-      const std::vector<float> want = c.output(0), got = c.output(1);
-      const std::size_t row_len = std::size_t(spec.head_dim);
-      int nan_rows = 0;
-      for (std::size_t r = 0; r * row_len < want.size(); ++r) {
-        float row_max = 0.0f;
-        bool row_nan = false;
-        for (std::size_t i = r * row_len; i < (r + 1) * row_len; ++i) {
-          row_nan |= std::isnan(want[i]);
-          if (!std::isnan(want[i])) row_max = std::max(row_max, std::fabs(want[i]));
-        }
-        nan_rows += row_nan;
-        ASSERT_EQ(std::isnan(c.lse(1)[r]), std::isnan(c.lse(0)[r])) << name << " seed " << seed << " row " << r;
-        for (std::size_t i = r * row_len; i < (r + 1) * row_len; ++i) {
-          ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i]))
-              << name << " seed " << seed << " row " << r << " element " << i - r * row_len;
-          if (!std::isnan(want[i])) {
-            ASSERT_NEAR(got[i], want[i], 1e-3 * row_max + 1e-6) << name << " seed " << seed << " row " << r;
-          }
-        }
-      }
+      const int nan_rows = ExpectTheReferencesNaNs(c, spec.head_dim, 1e-3, name + " seed " + std::to_string(seed));
+      if (::testing::Test::HasFatalFailure()) return;
       EXPECT_EQ(nan_rows == 0, where == 0) << name << " seed " << seed;
     }
   });
@@ -360,6 +370,39 @@ TEST(AttentionInt8Dot, TailsMatchReference) {
   }
 }
 
+
+// A NaN int8 token scale in K makes the rows of its KV head NaN, one in V
+// their outputs (as the reference gives them), on the f32 path and with
+// int8 products (vpdpbusd where the CPU has VNNI: the block's weights are
+// quantised against their largest, which a NaN weight must not hide).
+TEST(AttentionInt8Dot, NanTokenScalesGiveTheReferencesNaNs) {
+  const CpuFeatures used = dispatched_features();
+  for (std::uint32_t seed = 0; seed < 8; ++seed) {
+    CaseSpec spec;
+    spec.seed = seed;
+    spec.kv_dtype = DType::kINT8;
+    spec.num_kv_heads = 2;
+    spec.num_qo_heads = 8;
+    spec.head_dim = 128;
+    spec.kv_lens = {97, 40};
+    spec.q_lens = {1, 1};
+    AttentionCase c(spec);
+    AttentionParams ref = c.params(0);
+    const PagedKVTable& t = ref.table;
+    const std::int32_t key = std::int32_t(seed / 2) * 31;  // blocks 0-2 of sequence 0
+    const std::int32_t page = t.kv_indices[t.kv_indptr[0] + key / spec.page_size];
+    const std::int64_t at = ref.kv.token_scale_index(page, 1, key % spec.page_size);
+    (seed % 2 ? ref.kv.v_token_scales : ref.kv.k_token_scales)[at] = std::numeric_limits<float>::quiet_NaN();
+    paged_attention_reference(ref);
+    const bool products = seed % 4 >= 2;
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .int8_products = products}).run(c.params(1));
+    const double rel = products && has_int8_dot(used) ? int8_dot_row_tolerance(spec) + 1e-3 : 1e-3;
+    const std::string what = "seed " + std::to_string(seed) + (seed % 2 ? " V" : " K") + " scale, int8 products " +
+                             std::to_string(products);
+    EXPECT_EQ(ExpectTheReferencesNaNs(c, spec.head_dim, rel, what), 4) << what;
+    if (::testing::Test::HasFailure()) return;
+  }
+}
 
 // Prefill with bf16 products on AMX tiles (CPUs with AMX-BF16, head dims
 // multiples of 32) against the reference at the bf16 allowance, and against

@@ -44,6 +44,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/bf16_dot-inl.h"
@@ -202,11 +203,13 @@ PAGEDATTN_INT8_ATTR void ScoreBlock(const std::int8_t* q, std::size_t dq, const 
 
 // Each row's kKB f32 weights (>= 0: e x the V token scale, absmax / 127)
 // to u8 against the row's largest, into the row's first kKB bytes;
-// w_scale[row] = that largest / 255 (0 for a row with no weight).
+// w_scale[row] = that largest / 255 (0 for a row with no weight, NaN for a
+// row with a NaN weight - a NaN V token scale - so that its output is NaN).
 PAGEDATTN_INT8_ATTR inline void QuantizeWeights(float* s, float* w_scale, std::int32_t row0, std::int32_t row_end) {
   for (std::int32_t r = row0; r < row_end; ++r) {
     float* x = s + std::size_t(r) * kKB;
     const __m512 w0 = _mm512_load_ps(x), w1 = _mm512_load_ps(x + 16);
+    const bool nan = _mm512_cmp_ps_mask(w0, w1, _CMP_UNORD_Q) != 0;
     const float wmax = _mm512_reduce_max_ps(_mm512_max_ps(w0, w1));
     const __m512 f = _mm512_set1_ps(wmax > 0.0f ? 255.0f / wmax : 0.0f);
     const __m512i zero = _mm512_setzero_si512();
@@ -214,7 +217,7 @@ PAGEDATTN_INT8_ATTR inline void QuantizeWeights(float* s, float* w_scale, std::i
     const __m512i i1 = _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(w1, f)), zero);
     _mm_store_si128(reinterpret_cast<__m128i*>(x), _mm512_cvtusepi32_epi8(i0));
     _mm_store_si128(reinterpret_cast<__m128i*>(x + 4), _mm512_cvtusepi32_epi8(i1));
-    w_scale[r] = wmax > 0.0f ? wmax / 255.0f : 0.0f;
+    w_scale[r] = nan ? std::numeric_limits<float>::quiet_NaN() : wmax > 0.0f ? wmax / 255.0f : 0.0f;
   }
 }
 
