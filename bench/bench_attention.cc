@@ -8,7 +8,8 @@
 //   BM_DecodePlanned     paged_attention with a plan made once (f16 grid)
 //   BM_DecodeRunnerVsPlanned  the two interleaved, and plan_attention alone
 //   BM_DecodeQuantSpeedup  fp8 / int8 KV against bf16 KV, interleaved; int8
-//                        also with int8 products allowed (/int8_products)
+//                        also with int8 products allowed (/int8_products),
+//                        fp8 with f16 products allowed (/f16_products)
 //   BM_PagedVsContiguous page 16 (shuffled) against one page per sequence,
 //                        the same bytes, interleaved
 //   BM_Prefill, BM_ChunkedPrefill   causal; GFLOP/s and % of the FMA probe
@@ -650,20 +651,24 @@ void register_all() {
     }
 
   // fp8 / int8 against bf16 at kv_len 16k; int8 also on int8 products
-  // (AttentionPlanOptions::int8_products: vpdpbusd where the CPU has VNNI).
+  // (AttentionPlanOptions::int8_products: vpdpbusd where the CPU has VNNI),
+  // fp8 also on f16 products (f16_products: AVX512-FP16 where the CPU has it).
   struct Quant {
     DType kv;
-    bool int8_products;
+    const char* products;  // "" (f32), "int8_products" or "f16_products"
   };
-  for (const Quant q : {Quant{DType::kFP8E4M3, false}, Quant{DType::kINT8, false}, Quant{DType::kINT8, true}})
+  for (const Quant q : {Quant{DType::kFP8E4M3, ""}, Quant{DType::kFP8E4M3, "f16_products"}, Quant{DType::kINT8, ""},
+                        Quant{DType::kINT8, "int8_products"}})
     for (std::int32_t batch : batches) {
       const Config base = decode(DType::kBF16, 32, batch, 16384), quant = decode(q.kv, 32, batch, 16384);
+      const std::string products = q.products;
       const std::string name =
-          decode_name("BM_DecodeQuantSpeedup", quant) + "/vs:bf16" + (q.int8_products ? "/int8_products" : "");
+          decode_name("BM_DecodeQuantSpeedup", quant) + "/vs:bf16" + (products.empty() ? "" : "/" + products);
       if (!fits(name, {base, quant})) continue;
       add(name, [=](benchmark::State& s) {
         run_pair(s, base, quant, false, "bf16", short_name(q.kv), "speedup", false,
-                 pa::AttentionPlanOptions{.int8_products = q.int8_products});
+                 pa::AttentionPlanOptions{.int8_products = products == "int8_products",
+                                          .f16_products = products == "f16_products"});
       });
     }
 

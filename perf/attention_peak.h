@@ -32,6 +32,9 @@ inline constexpr int kKernelMaxF32Lanes = 16;
 inline constexpr bool kKernelUsesBf16Dot = true;
 inline constexpr bool kKernelUsesInt8Dot = true;
 inline constexpr bool kKernelUsesAmx = true;
+// e4m3 decode with f16 products allowed, on an AVX-512 target with
+// AVX512-FP16 (attention_f16_decode_dims): vfmadd...ph on 32 f16 lanes.
+inline constexpr bool kKernelUsesF16Decode = true;
 
 // The extensions of `used` (dispatched_features()) the kernel does use: the
 // dot-product ones only where it has those paths.
@@ -51,6 +54,11 @@ inline int attention_kernel_lanes(const CpuFeatures& used) {
 
 // Whether head dim `head_dim` suits the AMX tile path (bf16 prefill).
 inline constexpr bool attention_amx_dims(int head_dim) { return head_dim > 0 && head_dim % 32 == 0; }
+
+// Whether head dims suit the f16 decode path (kernels::f16_decode_dims).
+inline constexpr bool attention_f16_decode_dims(int head_dim, int v_head_dim) {
+  return head_dim > 0 && head_dim % 32 == 0 && head_dim <= 256 && v_head_dim > 0 && v_head_dim % 32 == 0;
+}
 
 // Whether head dim `head_dim` (K and V alike) suits the int8 dot-product path.
 inline constexpr bool attention_int8_dot_dims(int head_dim) { return head_dim > 0 && head_dim % 64 == 0; }

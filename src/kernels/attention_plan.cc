@@ -102,6 +102,7 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   plan.batch_invariant = o.fixed_kv_chunk > 0;
   plan.bf16_products = o.bf16_products && !plan.batch_invariant;
   plan.int8_products = o.int8_products && !plan.batch_invariant;
+  plan.f16_products = o.f16_products && !plan.batch_invariant;
   const std::int32_t group = shape.num_qo_heads / shape.num_kv_heads;
   const std::int32_t tile = std::max(1, AttentionTraits::kTargetRows / group);
 

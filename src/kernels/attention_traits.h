@@ -33,7 +33,8 @@ struct ScratchLayout {
   std::size_t s = 0;  // [rows][kKeyBlock] scores, then probabilities
   std::size_t k = 0;  // [kKeyBlock][pad(D)] keys as f32
   std::size_t v = 0;  // [kKeyBlock][pad(Dv)] values as f32 (or packed bf16)
-  std::size_t qh = 0;  // [rows][pad(D)] bf16 queries (the bf16 dot-product path)
+  std::size_t qh = 0;  // [rows][pad(D)] bf16 or f16 queries (the bf16 / f16 product paths)
+  std::size_t qh_inv = 0;  // [rows] inverse factors of the f16 queries
   std::size_t q8 = 0;  // [rows][pad(D)] int8 queries (the int8 dot-product path)
   std::size_t q8_scale = 0;  // [rows] their dequantisation scales
   std::size_t q8_sum = 0;    // [rows] int32 sums of their elements
@@ -58,7 +59,8 @@ constexpr ScratchLayout scratch_layout(std::int32_t rows, std::int32_t head_dim,
   l.k = l.s + align_up(r * kb * f);
   l.v = l.k + align_up(kb * dq * f);
   l.qh = l.v + align_up(kb * dv * f);
-  l.q8 = l.qh + align_up(r * dq * sizeof(std::uint16_t));
+  l.qh_inv = l.qh + align_up(r * dq * sizeof(std::uint16_t));
+  l.q8 = l.qh_inv + align_up(r * f);
   l.q8_scale = l.q8 + align_up(r * dq);
   l.q8_sum = l.q8_scale + align_up(r * f);
   l.w_scale = l.q8_sum + align_up(r * sizeof(std::int32_t));

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -121,16 +122,19 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
           // (int8 dot products in int8 decode where the CPU has VNNI).
           struct Variant {
             std::int32_t fixed_chunk;
-            bool bf16, int8;
+            bool bf16, int8, f16;
           };
-          for (const Variant v : {Variant{32, false, false}, Variant{0, false, false}, Variant{0, true, false},
-                                  Variant{0, false, true}}) {
-            AttentionRunner runner(AttentionPlanOptions{2, v.fixed_chunk, 16, v.bf16, v.int8});
+          for (const Variant v : {Variant{32, false, false, false}, Variant{0, false, false, false},
+                                  Variant{0, true, false, false}, Variant{0, false, true, false},
+                                  Variant{0, false, false, true}}) {
+            AttentionRunner runner(AttentionPlanOptions{2, v.fixed_chunk, 16, v.bf16, v.int8, v.f16});
             runner.run(c.params(1));
-            const DotProducts allowed{runner.last_plan().bf16_products, runner.last_plan().int8_products};
+            const AttentionPlan& plan = runner.last_plan();
+            const DotProducts allowed{plan.bf16_products, plan.int8_products, plan.f16_products};
             expect_rows_close(c, tolerance_for(spec, used, allowed),
                               what + " fixed chunk " + std::to_string(v.fixed_chunk) + " bf16 " +
-                                  std::to_string(v.bf16) + " int8 " + std::to_string(v.int8));
+                                  std::to_string(v.bf16) + " int8 " + std::to_string(v.int8) + " f16 " +
+                                  std::to_string(v.f16));
             if (::testing::Test::HasFailure()) return;
           }
         }
@@ -253,6 +257,115 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
       EXPECT_NE(c.output(1), f32_path) << "bf16 products gave the f32 path's bits";
       if (::testing::Test::HasFailure()) return;
     }
+}
+
+// --- the f16 decode path ---------------------------------------------------------------
+
+bool has_f16_decode(const CpuFeatures& used) { return used.avx512f && used.avx512_fp16; }
+
+// e4m3 decode with f16 products allowed runs on AVX512-FP16 multiply-adds
+// where the CPU has them: within kF16DotRowTolerance of the reference, and
+// not the f32 path's bits. GQA 1 to 8 (every row grouping of the
+// micro-kernels), every head dim the path takes up to 256 (and 80, which
+// keeps f32 products), pages of 1 to 32, odd key counts, per-head scales,
+// the default scale and 0.3 (a wider spread of logits). Prints the largest
+// error it saw (the figure beside kF16DotRowTolerance).
+TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
+  const CpuFeatures used = dispatched_features();
+  if (!has_f16_decode(used)) GTEST_SKIP() << "no AVX512-FP16 at the dispatched target";
+  const std::int32_t dims[] = {128, 32, 64, 96, 80, 256, 160};
+  const std::int32_t pages[] = {1, 5, 16, 32};
+  std::uint32_t seed = 9000;
+  double worst = 0.0;
+  for (std::int32_t group = 1; group <= 8; ++group)
+    for (int variant = 0; variant < 4; ++variant) {
+      CaseSpec spec;
+      spec.seed = ++seed;
+      spec.num_kv_heads = 2;
+      spec.num_qo_heads = 2 * group;
+      spec.head_dim = dims[seed % 7];
+      spec.page_size = pages[seed % 4];
+      spec.kv_dtype = DType::kFP8E4M3;
+      spec.q_dtype = variant % 2 ? DType::kF32 : DType::kBF16;
+      spec.o_dtype = DType::kF32;  // the paths' differences stay visible
+      spec.per_head_fp8_scales = group % 2 == 0;
+      if (variant >= 2) spec.options.scale = 0.3f;
+      spec.kv_lens = {1, 33, 97, 530};
+      spec.q_lens = {1, 1, 1, 1};
+      const std::string what = describe(spec);
+      SCOPED_TRACE(what);
+      AttentionCase c(spec);
+      paged_attention_reference(c.params(0));
+      AttentionRunner(AttentionPlanOptions{.f16_products = false}).run(c.params(1));
+      const std::vector<float> f32_path = c.output(1);
+      AttentionRunner(AttentionPlanOptions{.f16_products = true}).run(c.params(1));
+      expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}), what);
+      const std::vector<float> want = c.output(0), got = c.output(1);
+      const std::size_t dim = std::size_t(spec.head_dim);
+      for (std::size_t row = 0; row * dim < want.size(); ++row) {
+        double err = 0.0, peak = 0.0;
+        for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
+          err = std::max(err, double(std::fabs(got[i] - want[i])));
+          peak = std::max(peak, double(std::fabs(want[i])));
+        }
+        if (peak > 0.0) worst = std::max(worst, err / peak);
+      }
+      if (spec.head_dim == 80)
+        EXPECT_EQ(got, f32_path) << "head dim 80 left the f32 path";
+      else
+        EXPECT_NE(got, f32_path) << "f16 products gave the f32 path's bits";
+      if (::testing::Test::HasFailure()) return;
+    }
+  std::printf("largest f16-products error: %.2e of the row maximum\n", worst);
+}
+
+// Blocks holding an e4m3 NaN code keep f32 products (the f16 conversion
+// would read the code as 1.875): the reference's NaNs, with f16 products
+// allowed. Queries that are not finite keep the whole item on f32 products:
+// the same bits as with f16 products off.
+TEST(AttentionTargets, F16DecodeKeepsNaNBlocksAndNonFiniteQueriesOnF32) {
+  const CpuFeatures used = dispatched_features();
+  if (!has_f16_decode(used)) GTEST_SKIP() << "no AVX512-FP16 at the dispatched target";
+  for (std::uint32_t seed = 0; seed < 8; ++seed) {
+    CaseSpec spec;
+    spec.seed = seed;
+    spec.kv_dtype = DType::kFP8E4M3;
+    spec.num_kv_heads = 2;
+    spec.num_qo_heads = seed % 2 ? 8 : 2;
+    spec.per_head_fp8_scales = true;
+    spec.kv_lens = {97, 40};
+    spec.q_lens = {1, 1};
+    AttentionCase c(spec);
+    AttentionParams ref = c.params(0);
+    const PagedKVTable& t = ref.table;
+    const std::int32_t key = std::int32_t(seed / 2) * 32 % 97;
+    const std::int32_t page = t.kv_indices[t.kv_indptr[0] + key / spec.page_size];
+    const std::int32_t slot = key % spec.page_size, head = 1, dim = 5;
+    if (seed % 2) static_cast<std::uint8_t*>(ref.kv.k_data)[ref.kv.k_offset(page, head, slot) + dim] = 0xFF;
+    else static_cast<std::uint8_t*>(ref.kv.v_data)[ref.kv.v_offset(page, head, slot) + dim] = 0x7F;
+    paged_attention_reference(ref);
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
+    ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance, "seed " + std::to_string(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+  CaseSpec spec;
+  spec.kv_dtype = DType::kFP8E4M3;
+  spec.num_kv_heads = 2;
+  spec.num_qo_heads = 8;
+  spec.kv_lens = {97, 40};
+  spec.q_lens = {1, 1};
+  for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    AttentionCase c(spec);
+    const_cast<float*>(static_cast<const float*>(c.params(0).q.data))[3] = bad;  // sequence 0, head 0
+    AttentionRunner(AttentionPlanOptions{.num_threads = 1}).run(c.params(0));
+    AttentionRunner(AttentionPlanOptions{.num_threads = 1, .f16_products = true}).run(c.params(1));
+    // Sequence 0's token (its item) keeps f32 products, sequence 1's not.
+    const std::vector<float> off = c.output(0), on = c.output(1);
+    const std::size_t token = std::size_t(spec.num_qo_heads) * std::size_t(spec.head_dim);
+    ASSERT_EQ(off.size(), 2 * token);
+    EXPECT_EQ(std::memcmp(off.data(), on.data(), token * sizeof(float)), 0) << "query element " << bad;
+    EXPECT_NE(std::memcmp(off.data() + token, on.data() + token, token * sizeof(float)), 0) << "query element " << bad;
+  }
 }
 
 // The tolerance is not so loose that a kernel reading the wrong keys passes:

@@ -38,6 +38,7 @@
 #include "kernels/cpu/bf16_decode-inl.h"
 #include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/convert-inl.h"
+#include "kernels/cpu/f16_decode-inl.h"
 #include "kernels/cpu/reduce16-inl.h"
 #include "kernels/cpu/int8_dot-inl.h"
 
@@ -93,7 +94,8 @@ struct Scratch {
   float* s;      // [rows][kKB] scores, then weights
   float* k;      // [kKB][dq] f32 copy of a block (prefill)
   float* v;      // [kKB][dv]
-  std::uint16_t* qh;  // [rows][dq] bf16 queries (the bf16 dot-product path)
+  std::uint16_t* qh;  // [rows][dq] bf16 or f16 queries (the bf16 / f16 product paths)
+  float* qh_inv;      // [rows] inverse factors of the f16 queries
   std::int8_t* q8;    // [rows][dq] int8 queries (the int8 dot-product path)
   float* q8_scale;    // [rows]
   std::int32_t* q8_sum;  // [rows]
@@ -855,14 +857,46 @@ bool Bf16Dot(const Item& it) {
 template <DType kT>
 constexpr bool kBf16DecodeType = kT == DType::kBF16 || kT == DType::kF16 || is_fp8(kT);
 
+// Whether an item's decode blocks may take the f16 path (f16_decode-inl.h):
+// e4m3 KV, few rows per head (not the outer products), no keys to rotate,
+// and the plan, CPU and head dims allow it (KernelContext::f16_decode).
+// Blocks holding a NaN code, and items whose queries are not finite, keep
+// f32 products.
+template <DType kT>
+bool F16Decode(const Item& it, std::int32_t rows_per_head) {
+  return kT == DType::kFP8E4M3 && it.c->f16_decode && it.p->options.key_rope == nullptr &&
+         !OuterProducts(it, rows_per_head);
+}
+
 // Whether an item's blocks take the bf16 decode path: few rows per head (not
 // the outer products), no keys to rotate, and a CPU where it pays
 // (bf16_decode_pays).
 template <DType kT>
 bool Bf16Decode(const Item& it, std::int32_t rows_per_head) {
-  return kBf16DecodeType<kT> && Bf16Dot<kT>(it) && it.c->bf16_decode && it.p->options.key_rope == nullptr &&
-         !OuterProducts(it, rows_per_head);
+  return kBf16DecodeType<kT> && Bf16Dot<kT>(it) && it.c->bf16_decode && !F16Decode<kT>(it, rows_per_head) &&
+         it.p->options.key_rope == nullptr && !OuterProducts(it, rows_per_head);
 }
+
+#if PAGEDATTN_F16_DECODE_TARGET
+// One e4m3 decode block for rows [row0, row_end) on f16 multiply-adds
+// (f16_decode-inl.h): QK on the f16 queries (RoundQueries) against K rows
+// converted in registers, masks and the online softmax in f32 (weights
+// without the V scale, which is uniform over the head's keys and applied as
+// the f16 sums are widened), PV on the weights rounded to f16.
+template <int kDim>
+void ProcessHeadBlockF16Decode(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
+                               std::int32_t row_end, std::int64_t first_pos) {
+  const KernelContext& c = *it.c;
+  const std::int32_t rows = row_end - row0;
+  f16dec::ScoreBlock<kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), it.sc.qh_inv + row0, kb.k,
+                           kb.k_next, std::size_t(c.head_dim), kb.k_scale, it.sc.s + std::size_t(row0) * kKB, rows);
+  SoftmaxRows<false>(it, map, kb, row0, row_end, first_pos);
+  f16dec::RoundWeights(it.sc.s, row0, row_end);
+  f16dec::AccumulateBlock<kDim>(it.sc.s + std::size_t(row0) * kKB, kb.v, kb.v_next, kb.count,
+                                std::size_t(c.v_head_dim), kb.v_scale[0], it.sc.o + std::size_t(row0) * c.dv,
+                                std::size_t(c.dv), rows);
+}
+#endif
 
 #if PAGEDATTN_BF16_DOT_TARGET
 // One decode block for rows [row0, row_end) on bf16 dot products
@@ -959,11 +993,19 @@ void ProcessHeadBlockInt8(const Item& it, const RowMap& map, KeyBlock& kb, std::
 }
 #endif
 
-// One block of keys for one KV head's rows [row0, row_end).
+// One block of keys for one KV head's rows [row0, row_end). f16_queries:
+// the item's queries are rounded to f16 (F16Decode, RoundQueries).
 template <DType kT, int kDim>
 void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
-                      std::int32_t row_end, std::int64_t first_pos) {
+                      std::int32_t row_end, std::int64_t first_pos, bool f16_queries) {
   if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
+#if PAGEDATTN_F16_DECODE_TARGET
+  if constexpr (kT == DType::kFP8E4M3)
+    if (f16_queries && !BlockHasE4M3Nan(it, kb))
+      return ProcessHeadBlockF16Decode<kDim>(it, map, kb, row0, row_end, first_pos);
+#else
+  (void)f16_queries;
+#endif
 #if PAGEDATTN_INT8_DOT_TARGET
   if (Int8Dot<kT>(it, row_end - row0)) return ProcessHeadBlockInt8<kDim>(it, map, kb, row0, row_end, first_pos);
 #endif
@@ -1018,6 +1060,12 @@ void ProcessItem(const Item& it) {
   const bool tiles = outer_bf16 && it.c->amx_bf16;
   if (tiles) amx::ConfigureTiles();
 #endif
+  bool f16_queries = false;
+#if PAGEDATTN_F16_DECODE_TARGET
+  if (F16Decode<kT>(it, map.per_head))
+    f16_queries = f16dec::RoundQueries(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh,
+                                       it.sc.qh_inv);
+#endif
 #if PAGEDATTN_INT8_DOT_TARGET
   if (Int8Dot<kT>(it, map.per_head))
     int8dot::QuantizeRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.q8,
@@ -1047,7 +1095,7 @@ void ProcessItem(const Item& it) {
     kb.k_next = ahead.k;
     kb.v_next = ahead.v;
     const auto row0 = static_cast<std::int32_t>(step % heads_per_block) * map.per_head;
-    ProcessHeadBlock<kT, kDim>(it, map, kb, row0, row0 + map.per_head, first_pos);
+    ProcessHeadBlock<kT, kDim>(it, map, kb, row0, row0 + map.per_head, first_pos, f16_queries);
   }
 #if PAGEDATTN_BF16_DOT_TARGET
   if (tiles) amx::ReleaseTiles();
@@ -1080,7 +1128,7 @@ Scratch ThreadScratch(std::byte* base, const KernelContext& c) {
   const ScratchLayout& l = c.layout;
   auto at = [&](std::size_t off) { return reinterpret_cast<float*>(base + off); };
   return {at(l.q), at(l.o), at(l.m), at(l.l), at(l.s), at(l.k), at(l.v),
-          reinterpret_cast<std::uint16_t*>(base + l.qh), reinterpret_cast<std::int8_t*>(base + l.q8),
+          reinterpret_cast<std::uint16_t*>(base + l.qh), at(l.qh_inv), reinterpret_cast<std::int8_t*>(base + l.q8),
           at(l.q8_scale), reinterpret_cast<std::int32_t*>(base + l.q8_sum), at(l.w_scale), base + l.zero};
 }
 

@@ -23,6 +23,9 @@ struct KernelContext {
   bool bf16_decode = false;      // bf16_dot, and decode rows on vdpbf16ps (bf16_decode_pays)
   bool int8_dot = false;         // the plan allows int8 products, the CPU and dispatch have them,
                                  // and the head dims are multiples of 64
+  bool f16_decode = false;       // the plan allows f16 products, the CPU and dispatch have
+                                 // AVX512-FP16, the KV is fp8 e4m3 and the head dims fit
+                                 // (f16_decode_dims)
   ScratchLayout layout;
   std::size_t partial_slot_bytes = 0;
   std::size_t partial_lse_offset = 0;  // within a slot
@@ -37,6 +40,14 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
 // 32 ms against 27 ms on f32 FMAs; on Zen 4 it doubles the FMA rate (22
 // against 30 ms). Their prefill runs on AMX tiles instead.
 constexpr bool bf16_decode_pays(const CpuFeatures& used) { return used.avx512_bf16 && !used.amx_bf16; }
+
+// Head dims the f16 decode path (f16_decode-inl.h) takes: whole 32-lane
+// chunks, and at most kF16DecodeMaxDim / 32 products per f16 lane in QK.
+inline constexpr std::int32_t kF16DecodeMaxDim = 256;
+constexpr bool f16_decode_dims(std::int32_t head_dim, std::int32_t v_head_dim) {
+  return head_dim > 0 && head_dim % 32 == 0 && head_dim <= kF16DecodeMaxDim && v_head_dim > 0 &&
+         v_head_dim % 32 == 0;
+}
 
 // Head dims the AMX tile path takes: whole 32-dim tiles of bf16 queries (V
 // dims of any size: padded to 16 in the packed values and the outputs).

@@ -1,0 +1,300 @@
+// The decode micro-kernels for fp8 e4m3 KV on AVX512-FP16 multiply-adds
+// (32 f16 lanes per instruction, twice the products of an f32 FMA), per
+// target (Highway -inl.h pattern; Highway 1.0.3 has no f16 arithmetic, so
+// raw intrinsics, compiled on the AVX-512 targets and run only when the CPU
+// reports avx512_fp16: KernelContext::f16_decode, AttentionPlanOptions::
+// f16_products).
+//
+// An e4m3 code moved into f16's fields is its value x 2^-8, subnormals
+// included (LoadConvert's trick, 3 instructions per 32 codes instead of 10
+// for 32 f32 lanes), so K and V rows are used exactly as stored; blocks
+// with a NaN code take the f32 path (the caller checks, BlockHasE4M3Nan).
+//
+//   queries  each row x a power of two (RoundQueries) so that its largest
+//            element lies in [2^10, 2^11), then rounded to f16 (11
+//            significant bits); scores are multiplied back.
+//   QK       per (row, key) an accumulator of 32 f16 lanes over the row's
+//            32-dim chunks (at most kMaxDim / 32 = 8 products a lane:
+//            |sum| < 8 x 2^11 x 1.75, no overflow), the two halves added in
+//            f16, then widened and reduced in f32 (Reduce16).
+//   PV       the softmax weights (without the V scale) rounded to f16; per
+//            (row, 32-dim chunk) an f16 accumulator over kFlushKeys keys,
+//            then widened and added to the f32 outputs times the V scale
+//            (uniform over a head's keys for fp8).
+// Head dims: multiples of 32, at most kMaxDim (f16_decode_dims).
+#ifndef PAGEDATTN_KERNELS_CPU_F16_DECODE_MACROS_
+#define PAGEDATTN_KERNELS_CPU_F16_DECODE_MACROS_
+// True in the per-target pass of a target that compiles the f16 kernels.
+#define PAGEDATTN_F16_DECODE_TARGET (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL))
+// The target's extensions plus AVX512-FP16 (called, never inlined, from
+// code without it).
+#define PAGEDATTN_F16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512fp16")))
+#endif
+
+#if defined(PAGEDATTN_KERNELS_CPU_F16_DECODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef PAGEDATTN_KERNELS_CPU_F16_DECODE_INL_H_
+#undef PAGEDATTN_KERNELS_CPU_F16_DECODE_INL_H_
+#else
+#define PAGEDATTN_KERNELS_CPU_F16_DECODE_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/attention_traits.h"
+#include "kernels/cpu/attention_cpu.h"
+#include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/reduce16-inl.h"
+#include "pagedattn/dtype.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedattn::kernels::HWY_NAMESPACE {
+
+#if PAGEDATTN_F16_DECODE_TARGET
+
+namespace f16dec {
+
+constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
+constexpr std::size_t kChunk = 32;  // dims per vector of f16
+static_assert(kKB == 32, "a block's weights are two vectors of 16 f32");
+// QK lanes: kF16DecodeMaxDim / 32 products of |q| < 2^11 and |k| <= 1.75 (e4m3
+// 448 x 2^-8), then two lanes added.
+static_assert(2 * (kF16DecodeMaxDim / 32) * 2048 * 1.75 < 65504, "QK lane sums stay finite in f16");
+// Keys summed in f16 per PV accumulator before it is added to the f32
+// outputs: each add rounds to 11 bits of the running sum, so fewer keys
+// mean less error and more widening work.
+constexpr std::int32_t kFlushKeys = 8;
+
+template <class V>
+HWY_INLINE V Pinned(V v) {
+  asm("" : "+v"(v));
+  return v;
+}
+
+// 32 e4m3 codes as f16 bits (value x 2^-8): sign-extend, shift left 7 (the
+// sign lands on bits 15 and 14), clear bit 14.
+HWY_INLINE PAGEDATTN_F16_ATTR __m512h E4M3ToF16(const void* row, std::size_t d) {
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint8_t*>(row) + d));
+  const __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(bytes), 7);
+  return _mm512_castsi512_ph(_mm512_and_si512(h, _mm512_set1_epi16(static_cast<std::int16_t>(0xBF80))));
+}
+
+// Rounds `rows` f32 query rows (stride dq) to f16 rows (stride dq) after
+// multiplying each by the power of two that puts its largest magnitude in
+// [2^10, 2^11) (a zero row: by 1); inv[r] gets the inverse factor. False
+// when an element is not finite (the caller keeps f32 products).
+PAGEDATTN_F16_ATTR inline bool RoundQueries(const float* q, std::int32_t rows, std::size_t dim, std::size_t dq,
+                                            std::uint16_t* out, float* inv) {
+  for (std::int32_t r = 0; r < rows; ++r) {
+    const float* x = q + std::size_t(r) * dq;
+    __m512 vpeak = _mm512_setzero_ps();
+    __mmask16 not_finite = 0;  // |x| >= inf, or unordered (NaN)
+    for (std::size_t d = 0; d < dim; d += 16) {
+      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + d));
+      not_finite |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(HUGE_VALF), _CMP_NLT_UQ);
+      vpeak = _mm512_max_ps(vpeak, a);
+    }
+    if (not_finite != 0) return false;
+    const float peak = _mm512_reduce_max_ps(vpeak);
+    int e = 0;
+    if (peak > 0.0f) std::frexp(peak, &e);  // peak in [2^(e-1), 2^e)
+    const int shift = 11 - e;
+    const __m512 factor = _mm512_set1_ps(std::ldexp(1.0f, shift));
+    inv[r] = std::ldexp(1.0f, -shift);
+    std::uint16_t* y = out + std::size_t(r) * dq;
+    for (std::size_t d = 0; d < dim; d += 16) {
+      const __m256i h = _mm512_cvtps_ph(_mm512_mul_ps(_mm512_loadu_ps(x + d), factor),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + d), h);
+    }
+  }
+  return true;
+}
+
+// --- QK ---------------------------------------------------------------------------------
+
+// Raw scores of kRows rows x kKeys keys from key jj (16 accumulators) to
+// s[r][jj ..] (row stride kKB). `prefetch` (or null): the next head's K rows,
+// a line per line read.
+template <int kRows, int kKeys>
+HWY_INLINE PAGEDATTN_F16_ATTR void ScoreTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
+                                              const void* const* prefetch, std::size_t dim, std::int32_t jj,
+                                              float* s) {
+  static_assert(kRows * kKeys == 16, "one reduction of 16 accumulators");
+  __m512h acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ph();
+  for (std::size_t d = 0; d < dim; d += kChunk) {
+    __m512h kc[kKeys];
+    for (int e = 0; e < kKeys; ++e) kc[e] = Pinned(E4M3ToF16(k[jj + e], d));
+    if (prefetch != nullptr)
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<DType::kFP8E4M3>(prefetch[jj + e], d, dim);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512h qc = Pinned(_mm512_loadu_ph(q + std::size_t(r) * dq + d));
+      for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = _mm512_fmadd_ph(qc, kc[e], acc[r * kKeys + e]);
+    }
+  }
+  // Pairs of accumulators: halves added in f16 ([a.lo + a.hi | b.lo + b.hi]),
+  // each half widened to f32.
+  __m512 wide[16];
+  for (int i = 0; i < 8; ++i) {
+    const __m512i a = _mm512_castph_si512(acc[2 * i]), b = _mm512_castph_si512(acc[2 * i + 1]);
+    const __m512h sum = _mm512_add_ph(_mm512_castsi512_ph(_mm512_shuffle_i64x2(a, b, 0x44)),
+                                      _mm512_castsi512_ph(_mm512_shuffle_i64x2(a, b, 0xEE)));
+    const __m512i bits = _mm512_castph_si512(sum);
+    wide[2 * i] = _mm512_cvtph_ps(_mm512_castsi512_si256(bits));
+    wide[2 * i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1));
+  }
+  const __m512 sums = Reduce16(wide);
+  for (int r = 0; r < kRows; ++r) {  // lanes r * kKeys .. + kKeys to row r's keys jj ..
+    float* out = s + std::size_t(r) * kKB + std::size_t(jj) - std::size_t(r) * kKeys;
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>(((1u << kKeys) - 1u) << (r * kKeys)), sums);
+  }
+}
+
+template <int kDim, int kRows>
+HWY_INLINE PAGEDATTN_F16_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq, const void* const* k,
+                                              const void* const* prefetch, std::size_t dim, float* s) {
+  constexpr int kKeys = 16 / kRows;
+  for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreTile<kRows, kKeys>(q, dq, k, prefetch, dim, jj, s);
+}
+
+// Scores of `rows` (at most 8) f16 query rows (RoundQueries; stride dq)
+// against the kKB e4m3 rows `k` of `dim` codes into s ([rows][kKB]), times
+// k_scale[key] x q_inv[row]. The first group of rows prefetches `prefetch`.
+template <int kDim>
+PAGEDATTN_F16_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, const float* q_inv, const void* const* k,
+                                   const void* const* prefetch, std::size_t dim, const float* k_scale, float* s,
+                                   std::int32_t rows) {
+  const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
+  std::int32_t r = 0;
+  while (r < rows) {
+    const std::uint16_t* qr = q + std::size_t(r) * dq;
+    float* sr = s + std::size_t(r) * kKB;
+    const void* const* pf = r == 0 ? prefetch : nullptr;
+    if (r + 8 <= rows) {
+      ScoreRows<kDim, 8>(qr, dq, k, pf, n, sr);
+      r += 8;
+    } else if (r + 4 <= rows) {
+      ScoreRows<kDim, 4>(qr, dq, k, pf, n, sr);
+      r += 4;
+    } else if (r + 2 <= rows) {
+      ScoreRows<kDim, 2>(qr, dq, k, pf, n, sr);
+      r += 2;
+    } else {
+      ScoreRows<kDim, 1>(qr, dq, k, pf, n, sr);
+      r += 1;
+    }
+  }
+  const __m512 ks0 = _mm512_loadu_ps(k_scale), ks1 = _mm512_loadu_ps(k_scale + 16);
+  for (std::int32_t i = 0; i < rows; ++i) {
+    float* x = s + std::size_t(i) * kKB;
+    const __m512 f = _mm512_set1_ps(q_inv[i]);
+    _mm512_store_ps(x, _mm512_mul_ps(_mm512_load_ps(x), _mm512_mul_ps(ks0, f)));
+    _mm512_store_ps(x + 16, _mm512_mul_ps(_mm512_load_ps(x + 16), _mm512_mul_ps(ks1, f)));
+  }
+}
+
+// --- PV ---------------------------------------------------------------------------------
+
+// Rows [row0, row_end) of softmax weights (f32, [rows][kKB]) rounded to f16
+// in place, each weight in both halves of the 32-bit word of its key (so
+// one 32-bit broadcast from memory repeats it over 32 lanes).
+PAGEDATTN_F16_ATTR inline void RoundWeights(float* s, std::int32_t row0, std::int32_t row_end) {
+  for (std::int32_t r = row0; r < row_end; ++r) {
+    float* x = s + std::size_t(r) * kKB;
+    for (int h = 0; h < 2; ++h) {
+      const __m256i w = _mm512_cvtps_ph(_mm512_load_ps(x + 16 * h), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i words = _mm512_cvtepu16_epi32(w);
+      _mm512_store_si512(x + 16 * h, _mm512_or_si512(words, _mm512_slli_epi32(words, 16)));
+    }
+  }
+}
+
+// o[kRows rows][d, d + 32 x kChunks) += v_scale x weights x V over keys
+// [0, count): f16 accumulators summed over kFlushKeys keys at a time.
+template <int kRows, int kChunks>
+HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateTile(const float* s, const void* const* v, const void* const* prefetch,
+                                                  std::int32_t count, std::size_t d, std::size_t dim, float v_scale,
+                                                  float* o, std::size_t o_stride) {
+  static_assert(kRows * kChunks <= 16, "at most 16 accumulators");
+  const auto* w = reinterpret_cast<const std::int32_t*>(s);
+  const __m512 vs = _mm512_set1_ps(v_scale);
+  for (std::int32_t g = 0; g < count; g += kFlushKeys) {
+    __m512h acc[kRows][kChunks];
+    for (auto& row : acc)
+      for (auto& a : row) a = _mm512_setzero_ph();
+    const std::int32_t end = g + kFlushKeys < count ? g + kFlushKeys : count;
+    for (std::int32_t jj = g; jj < end; ++jj) {
+      __m512h x[kChunks];
+      for (int c = 0; c < kChunks; ++c) {
+        if (prefetch != nullptr) PrefetchLine<DType::kFP8E4M3>(prefetch[jj], d + kChunk * c, dim);
+        x[c] = Pinned(E4M3ToF16(v[jj], d + kChunk * c));
+      }
+      for (int r = 0; r < kRows; ++r) {
+        const __m512h wr = _mm512_castsi512_ph(_mm512_set1_epi32(w[std::size_t(r) * kKB + std::size_t(jj)]));
+        for (int c = 0; c < kChunks; ++c) acc[r][c] = _mm512_fmadd_ph(wr, x[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kChunks; ++c) {
+        float* out = o + std::size_t(r) * o_stride + d + kChunk * c;
+        const __m512i bits = _mm512_castph_si512(acc[r][c]);
+        _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(bits)), vs, _mm512_loadu_ps(out)));
+        _mm512_storeu_ps(out + 16,
+                         _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1)), vs, _mm512_loadu_ps(out + 16)));
+      }
+  }
+}
+
+template <int kDim, int kRows>
+HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateRows(const float* s, const void* const* v, const void* const* prefetch,
+                                                  std::int32_t count, std::size_t dim, float v_scale, float* o,
+                                                  std::size_t o_stride) {
+  constexpr int kChunks = 16 / kRows;
+  std::size_t d = 0;
+  for (; d + kChunks * kChunk <= dim; d += kChunks * kChunk)
+    AccumulateTile<kRows, kChunks>(s, v, prefetch, count, d, dim, v_scale, o, o_stride);
+  for (; d < dim; d += kChunk) AccumulateTile<kRows, 1>(s, v, prefetch, count, d, dim, v_scale, o, o_stride);
+}
+
+// o ([rows][o_stride] f32) += v_scale x weights x V for `rows` (at most 8)
+// rows: the weights rounded in place (RoundWeights), the first `count` of
+// the kKB e4m3 rows `v` of `dim` codes. The first group of rows prefetches
+// `prefetch` (the next head's V rows).
+template <int kDim>
+PAGEDATTN_F16_ATTR void AccumulateBlock(const float* s, const void* const* v, const void* const* prefetch,
+                                        std::int32_t count, std::size_t dim, float v_scale, float* o,
+                                        std::size_t o_stride, std::int32_t rows) {
+  const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
+  std::int32_t r = 0;
+  while (r < rows) {
+    const float* sr = s + std::size_t(r) * kKB;
+    float* orow = o + std::size_t(r) * o_stride;
+    const void* const* pf = r == 0 ? prefetch : nullptr;
+    if (r + 8 <= rows) {
+      AccumulateRows<kDim, 8>(sr, v, pf, count, n, v_scale, orow, o_stride);
+      r += 8;
+    } else if (r + 4 <= rows) {
+      AccumulateRows<kDim, 4>(sr, v, pf, count, n, v_scale, orow, o_stride);
+      r += 4;
+    } else if (r + 2 <= rows) {
+      AccumulateRows<kDim, 2>(sr, v, pf, count, n, v_scale, orow, o_stride);
+      r += 2;
+    } else {
+      AccumulateRows<kDim, 1>(sr, v, pf, count, n, v_scale, orow, o_stride);
+      r += 1;
+    }
+  }
+}
+
+}  // namespace f16dec
+
+#endif  // PAGEDATTN_F16_DECODE_TARGET
+
+}  // namespace pagedattn::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // PAGEDATTN_KERNELS_CPU_F16_DECODE_INL_H_
