@@ -173,6 +173,7 @@ TEST(CpuDispatch, FeaturesFollowTheTarget) {
   EXPECT_TRUE(!used.avx512f || cpu.avx512f);
   EXPECT_TRUE(!used.avx512_bf16 || cpu.avx512_bf16);
   EXPECT_TRUE(!used.avx512_vnni || cpu.avx512_vnni);
+  EXPECT_TRUE(!used.avx512_fp16 || cpu.avx512_fp16);
   if (cpu_supports("avx2")) {
     set_max_target("avx2");
     EXPECT_EQ(feature_names(dispatched_features()), "sse4_2 avx2 fma f16c");
@@ -194,11 +195,16 @@ TEST(CpuDispatch, DisabledFeaturesLeaveTheKernelsChoice) {
   set_disabled_features("avx512_bf16");
   EXPECT_FALSE(dispatched_features().avx512_bf16);
   EXPECT_EQ(dispatched_features().avx512_vnni, cpu.avx512_vnni && used.avx512f);
+  set_disabled_features("avx512_fp16 avx512_bf16");
+  EXPECT_FALSE(dispatched_features().avx512_fp16);
+  EXPECT_EQ(disabled_features(), "avx512_bf16 avx512_fp16");
+  set_disabled_features("avx512_bf16");
+  EXPECT_EQ(dispatched_features().avx512_fp16, cpu.avx512_fp16 && used.avx512f);
   try {
-    set_disabled_features("amx_bf16,avx512_fp16");
-    FAIL() << "set_disabled_features accepted avx512_fp16";
+    set_disabled_features("amx_bf16,amx_int8");
+    FAIL() << "set_disabled_features accepted amx_int8";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("names 'avx512_fp16'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("names 'amx_int8'"), std::string::npos) << e.what();
   }
   EXPECT_EQ(disabled_features(), "avx512_bf16");  // unchanged by the failed call
   set_disabled_features("");

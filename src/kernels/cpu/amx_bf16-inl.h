@@ -38,7 +38,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <type_traits>
 
 #include "kernels/attention_traits.h"
@@ -92,74 +91,6 @@ HWY_INLINE std::int32_t ForEachTile(std::int32_t row0, std::int32_t row_end, con
   for (; r + 2 * kTileRows <= row_end; r += 2 * kTileRows) tiles(std::integral_constant<int, 2>{}, r);
   for (; r + kTileRows <= row_end; r += kTileRows) tiles(std::integral_constant<int, 1>{}, r);
   return r;
-}
-
-// exp(x) for the softmax weights: 2^(x log2 e) as 2^n x p(f), n the nearest
-// integer, p the degree-6 Taylor polynomial of 2^f on |f| <= 1/2 (relative
-// error below 2e-7, far under the bf16 rounding of the weights that
-// follows); x = -inf (and anything below -110) gives 0.
-HWY_INLINE PAGEDATTN_AMX_ATTR __m512 Exp(__m512 x) {
-  const __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(-160.0f));
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5403530e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// Online-softmax update of the rows [r, r + 16) of a block's masked scores
-// (s rows of kKB), 16 rows per vector: the rows' maxima and sums come out of
-// one transpose-reduce tree each (ReduceMax16, Reduce16), m, l and the
-// rescale factors are computed for the 16 rows at once. Leaves each row's
-// weights (x v_scale when given) as bf16 in the first half of its score row
-// (what bf16dot::RoundWeights leaves) and rescales the output rows (o,
-// stride dv, v_dim dims) whose maximum grew. A row with nothing visible yet
-// keeps m = -inf, l = 0 and gets zero weights, as SoftmaxRow does; a row
-// with a NaN score gets l = NaN (its output and LSE come out NaN).
-PAGEDATTN_AMX_ATTR inline void SoftmaxTile(float* s, float* m, float* l, float* o, std::size_t dv,
-                                           std::size_t v_dim, const float* v_scale) {
-  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const __m512 one = _mm512_set1_ps(1.0f);
-  __m512 acc[kTileRows];
-  __mmask16 nan_rows = 0;
-  for (int i = 0; i < kTileRows; ++i) {
-    const __m512 x0 = _mm512_load_ps(s + i * kKB), x1 = _mm512_load_ps(s + i * kKB + 16);
-    acc[i] = _mm512_max_ps(x0, x1);
-    nan_rows |= __mmask16((_mm512_cmp_ps_mask(x0, x1, _CMP_UNORD_Q) != 0) << i);
-  }
-  const __m512 m_old = _mm512_loadu_ps(m);
-  const __m512 m_new = _mm512_max_ps(m_old, ReduceMax16(acc));
-  const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
-  alignas(64) float shift[kTileRows];  // m_new, 0 where nothing is visible: exp(-inf - 0) = 0
-  _mm512_store_ps(shift, _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps()));
-  const __m512 vs0 = v_scale ? _mm512_loadu_ps(v_scale) : one;
-  const __m512 vs1 = v_scale ? _mm512_loadu_ps(v_scale + 16) : one;
-  for (int i = 0; i < kTileRows; ++i) {
-    float* x = s + i * kKB;
-    const __m512 b = _mm512_set1_ps(shift[i]);
-    const __m512 e0 = Exp(_mm512_sub_ps(_mm512_load_ps(x), b));
-    const __m512 e1 = Exp(_mm512_sub_ps(_mm512_load_ps(x + 16), b));
-    acc[i] = _mm512_add_ps(e0, e1);
-    _mm512_store_si512(x, (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(e1, vs1), _mm512_mul_ps(e0, vs0)));
-  }
-  // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
-  const __m512 corr = _mm512_mask_blend_ps(none, Exp(_mm512_sub_ps(m_old, m_new)), one);
-  const __m512 l_new = _mm512_fmadd_ps(_mm512_loadu_ps(l), corr, Reduce16(acc));
-  _mm512_storeu_ps(l, _mm512_mask_blend_ps(nan_rows, l_new, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())));
-  _mm512_storeu_ps(m, m_new);
-  alignas(64) float factor[kTileRows];
-  _mm512_store_ps(factor, corr);
-  for (std::uint32_t grew = _mm512_cmp_ps_mask(corr, one, _CMP_NEQ_UQ); grew != 0; grew &= grew - 1) {
-    const int i = __builtin_ctz(grew);
-    float* y = o + std::size_t(i) * dv;
-    const __m512 c = _mm512_set1_ps(factor[i]);
-    for (std::size_t d = 0; d < v_dim; d += 16) _mm512_store_ps(y + d, _mm512_mul_ps(_mm512_load_ps(y + d), c));
-  }
 }
 
 // Scores of 32 (kGroups = 2) or 16 rows x kKB keys into s, the queries from

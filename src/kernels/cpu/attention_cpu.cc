@@ -39,6 +39,7 @@
 #include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/convert-inl.h"
 #include "kernels/cpu/f16_decode-inl.h"
+#include "kernels/cpu/online_softmax-inl.h"
 #include "kernels/cpu/reduce16-inl.h"
 #include "kernels/cpu/int8_dot-inl.h"
 
@@ -230,6 +231,15 @@ template <DType kT>
 void ReadScales(const Item& it, KeyBlock& kb) {
   const PagedKVStorage& kv = it.p->kv;
   const BlockSlots& bs = *kb.slots;
+  if constexpr (is_fp8(kT)) {  // one scale per head (or tensor): no lookups per key
+    const float k_scale = kv.k_dequant(0, kb.head, 0) * kFormatScale<kT>;
+    const float v_scale = kv.v_dequant(0, kb.head, 0) * kFormatScale<kT>;
+    for (std::int32_t jj = 0; jj < kKB; ++jj) {
+      kb.k_scale[jj] = jj < bs.count ? k_scale : 0.0f;
+      kb.v_scale[jj] = jj < bs.count ? v_scale : 0.0f;
+    }
+    return;
+  }
   for (std::int32_t jj = 0; jj < bs.count; ++jj) {
     kb.k_scale[jj] = kv.k_dequant(bs.page[jj], kb.head, bs.slot[jj]) * kFormatScale<kT>;
     kb.v_scale[jj] = kv.v_dequant(bs.page[jj], kb.head, bs.slot[jj]) * kFormatScale<kT>;
@@ -678,12 +688,21 @@ void TransformRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::i
 }
 
 // Masks, score transforms and the online-softmax update of rows [row0,
-// row_end) of a scored block: every path's step between QK and PV.
+// row_end) of a scored block: every path's step between QK and PV. On
+// AVX-512, 16 rows at a time (softmax16::Update), else row by row.
 template <bool kScale>
 void SoftmaxRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end,
                  std::int64_t first_pos) {
   TransformRows(it, map, kb, row0, row_end, first_pos);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  const KernelContext& c = *it.c;
+  for (std::int32_t r = row0; r < row_end; r += softmax16::kMaxRows)
+    softmax16::Update(it.sc.s + std::size_t(r) * kKB, it.sc.m + r, it.sc.l + r, it.sc.o + std::size_t(r) * c.dv,
+                      std::size_t(c.dv), std::size_t(c.v_head_dim), kScale ? kb.v_scale : nullptr,
+                      std::min<std::int32_t>(softmax16::kMaxRows, row_end - r));
+#else
   for (std::int32_t row = row0; row < row_end; ++row) SoftmaxRow<kScale>(it, kb, row);
+#endif
 }
 
 // --- PV -----------------------------------------------------------------------------------
@@ -882,19 +901,24 @@ bool Bf16Decode(const Item& it, std::int32_t rows_per_head) {
 // (f16_decode-inl.h): QK on the f16 queries (RoundQueries) against K rows
 // converted in registers, masks and the online softmax in f32 (weights
 // without the V scale, which is uniform over the head's keys and applied as
-// the f16 sums are widened), PV on the weights rounded to f16.
+// the f16 sums are widened), PV on the weights rounded to f16. Returns
+// false, having changed no state, when the block holds an e4m3 NaN code (QK
+// probes for them): the f32 path takes it.
 template <int kDim>
-void ProcessHeadBlockF16Decode(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
+bool ProcessHeadBlockF16Decode(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
                                std::int32_t row_end, std::int64_t first_pos) {
   const KernelContext& c = *it.c;
   const std::int32_t rows = row_end - row0;
-  f16dec::ScoreBlock<kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), it.sc.qh_inv + row0, kb.k,
-                           kb.k_next, std::size_t(c.head_dim), kb.k_scale, it.sc.s + std::size_t(row0) * kKB, rows);
+  if (!f16dec::ScoreBlock<kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), it.sc.qh_inv + row0, kb.k,
+                                kb.v, kb.k_next, std::size_t(c.head_dim), std::size_t(c.v_head_dim), kb.k_scale,
+                                it.sc.s + std::size_t(row0) * kKB, rows))
+    return false;
   SoftmaxRows<false>(it, map, kb, row0, row_end, first_pos);
   f16dec::RoundWeights(it.sc.s, row0, row_end);
   f16dec::AccumulateBlock<kDim>(it.sc.s + std::size_t(row0) * kKB, kb.v, kb.v_next, kb.count,
                                 std::size_t(c.v_head_dim), kb.v_scale[0], it.sc.o + std::size_t(row0) * c.dv,
                                 std::size_t(c.dv), rows);
+  return true;
 }
 #endif
 
@@ -943,16 +967,9 @@ void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::
     bf16dot::AccumulateBlock<kDim>(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
     return;
   }
-  // AMX: the softmax of whole tiles of 16 rows at once (amx::SoftmaxTile),
-  // rows left over one at a time.
   amx::ScoreBlock(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim), k_scale, it.sc.s, row0, row_end);
-  TransformRows(it, map, kb, row0, row_end, first_pos);
-  std::int32_t r = row0;
-  for (; r + amx::kTileRows <= row_end; r += amx::kTileRows)
-    amx::SoftmaxTile(it.sc.s + std::size_t(r) * kKB, it.sc.m + r, it.sc.l + r, it.sc.o + std::size_t(r) * c.dv,
-                     std::size_t(c.dv), std::size_t(c.v_head_dim), kScaled<kT> ? kb.v_scale : nullptr);
-  for (std::int32_t t = r; t < row_end; ++t) SoftmaxRow<kScaled<kT>>(it, kb, t);
-  bf16dot::RoundWeights(it.sc.s, r, row_end);
+  SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
+  bf16dot::RoundWeights(it.sc.s, row0, row_end);
   amx::AccumulateBlock(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
 }
 #endif
@@ -1001,8 +1018,7 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
   if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
 #if PAGEDATTN_F16_DECODE_TARGET
   if constexpr (kT == DType::kFP8E4M3)
-    if (f16_queries && !BlockHasE4M3Nan(it, kb))
-      return ProcessHeadBlockF16Decode<kDim>(it, map, kb, row0, row_end, first_pos);
+    if (f16_queries && ProcessHeadBlockF16Decode<kDim>(it, map, kb, row0, row_end, first_pos)) return;
 #else
   (void)f16_queries;
 #endif

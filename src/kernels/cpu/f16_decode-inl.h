@@ -11,17 +11,17 @@
 // with a NaN code take the f32 path (the caller checks, BlockHasE4M3Nan).
 //
 //   queries  each row x a power of two (RoundQueries) so that its largest
-//            element lies in [2^10, 2^11), then rounded to f16 (11
+//            element lies in [2^7, 2^8), then rounded to f16 (11
 //            significant bits); scores are multiplied back.
 //   QK       per (row, key) an accumulator of 32 f16 lanes over the row's
-//            32-dim chunks (at most kMaxDim / 32 = 8 products a lane:
-//            |sum| < 8 x 2^11 x 1.75, no overflow), the two halves added in
-//            f16, then widened and reduced in f32 (Reduce16).
+//            32-dim chunks, reduced to 2 lanes in f16 (ReduceF16: at most
+//            256 / 2 products a lane, |sum| < 128 x 2^8 x 1.75, no
+//            overflow), then in f32.
 //   PV       the softmax weights (without the V scale) rounded to f16; per
 //            (row, 32-dim chunk) an f16 accumulator over kFlushKeys keys,
 //            then widened and added to the f32 outputs times the V scale
 //            (uniform over a head's keys for fp8).
-// Head dims: multiples of 32, at most kMaxDim (f16_decode_dims).
+// Head dims: multiples of 32, at most kF16DecodeMaxDim (f16_decode_dims).
 #ifndef PAGEDATTN_KERNELS_CPU_F16_DECODE_MACROS_
 #define PAGEDATTN_KERNELS_CPU_F16_DECODE_MACROS_
 // True in the per-target pass of a target that compiles the f16 kernels.
@@ -47,7 +47,6 @@
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/prefetch.h"
-#include "kernels/cpu/reduce16-inl.h"
 #include "pagedattn/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -60,13 +59,15 @@ namespace f16dec {
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 constexpr std::size_t kChunk = 32;  // dims per vector of f16
 static_assert(kKB == 32, "a block's weights are two vectors of 16 f32");
-// QK lanes: kF16DecodeMaxDim / 32 products of |q| < 2^11 and |k| <= 1.75 (e4m3
-// 448 x 2^-8), then two lanes added.
-static_assert(2 * (kF16DecodeMaxDim / 32) * 2048 * 1.75 < 65504, "QK lane sums stay finite in f16");
+// Queries are scaled to |q| < 2^kQueryExponent. A QK lane sums head_dim / 32
+// products, and ReduceF16's four f16 levels add 16 lanes: at most
+// kF16DecodeMaxDim / 2 products of |k| <= 1.75 (e4m3 448 x 2^-8).
+constexpr int kQueryExponent = 8;
+static_assert(kF16DecodeMaxDim / 2 * (1 << kQueryExponent) * 1.75 < 65504, "QK sums stay finite in f16");
 // Keys summed in f16 per PV accumulator before it is added to the f32
 // outputs: each add rounds to 11 bits of the running sum, so fewer keys
 // mean less error and more widening work.
-constexpr std::int32_t kFlushKeys = 8;
+constexpr std::int32_t kFlushKeys = 16;
 
 template <class V>
 HWY_INLINE V Pinned(V v) {
@@ -84,7 +85,7 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512h E4M3ToF16(const void* row, std::size_t d) 
 
 // Rounds `rows` f32 query rows (stride dq) to f16 rows (stride dq) after
 // multiplying each by the power of two that puts its largest magnitude in
-// [2^10, 2^11) (a zero row: by 1); inv[r] gets the inverse factor. False
+// [2^(kQueryExponent - 1), 2^kQueryExponent) (a zero row: by 1); inv[r] gets the inverse factor. False
 // when an element is not finite (the caller keeps f32 products).
 PAGEDATTN_F16_ATTR inline bool RoundQueries(const float* q, std::int32_t rows, std::size_t dim, std::size_t dq,
                                             std::uint16_t* out, float* inv) {
@@ -101,7 +102,7 @@ PAGEDATTN_F16_ATTR inline bool RoundQueries(const float* q, std::int32_t rows, s
     const float peak = _mm512_reduce_max_ps(vpeak);
     int e = 0;
     if (peak > 0.0f) std::frexp(peak, &e);  // peak in [2^(e-1), 2^e)
-    const int shift = 11 - e;
+    const int shift = kQueryExponent - e;
     const __m512 factor = _mm512_set1_ps(std::ldexp(1.0f, shift));
     inv[r] = std::ldexp(1.0f, -shift);
     std::uint16_t* y = out + std::size_t(r) * dq;
@@ -116,14 +117,73 @@ PAGEDATTN_F16_ATTR inline bool RoundQueries(const float* q, std::int32_t rows, s
 
 // --- QK ---------------------------------------------------------------------------------
 
-// Raw scores of kRows rows x kKeys keys from key jj (16 accumulators) to
-// s[r][jj ..] (row stride kKB). `prefetch` (or null): the next head's K rows,
-// a line per line read.
-template <int kRows, int kKeys>
-HWY_INLINE PAGEDATTN_F16_ATTR void ScoreTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
-                                              const void* const* prefetch, std::size_t dim, std::int32_t jj,
-                                              float* s) {
+// Sums of 16 accumulators of 32 f16 lanes: lane i of the result is the sum
+// of a[i]. Four levels in f16, each adding the halves of a pair's lanes
+// (128-bit blocks, then 64-bit, then 32-bit units; 3 instructions a pair),
+// leave 2 lanes per accumulator; those are widened and added in f32 (52
+// instructions in all, against 101 for widening all 16 to Reduce16).
+HWY_INLINE PAGEDATTN_F16_ATTR __m512 ReduceF16(const __m512h* a) {
+  auto add = [](__m512i x, __m512i y) { return _mm512_castph_si512(_mm512_add_ph(_mm512_castsi512_ph(x), _mm512_castsi512_ph(y))); };
+  __m512i l1[8], l2[4], l3[2];
+  for (int i = 0; i < 8; ++i) {  // blocks [a0 + a2, a1 + a3, b0 + b2, b1 + b3] of a = a[2i], b = a[2i + 1]
+    const __m512i x = _mm512_castph_si512(a[2 * i]), y = _mm512_castph_si512(a[2 * i + 1]);
+    l1[i] = add(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xEE));
+  }
+  for (int j = 0; j < 4; ++j)  // block b: a[4j + b], 8 lanes
+    l2[j] = add(_mm512_shuffle_i64x2(l1[2 * j], l1[2 * j + 1], 0x88),
+                _mm512_shuffle_i64x2(l1[2 * j], l1[2 * j + 1], 0xDD));
+  for (int m = 0; m < 2; ++m)  // block b: a[8m + b] in lanes 0-3, a[8m + 4 + b] in lanes 4-7
+    l3[m] = add(_mm512_unpacklo_epi64(l2[2 * m], l2[2 * m + 1]), _mm512_unpackhi_epi64(l2[2 * m], l2[2 * m + 1]));
+  // Block b, 32-bit unit k (2 lanes): a[4k + b].
+  const __m512 u = _mm512_castsi512_ps(l3[0]), w = _mm512_castsi512_ps(l3[1]);
+  const __m512i l4 = add(_mm512_castps_si512(_mm512_shuffle_ps(u, w, _MM_SHUFFLE(2, 0, 2, 0))),
+                         _mm512_castps_si512(_mm512_shuffle_ps(u, w, _MM_SHUFFLE(3, 1, 3, 1))));
+  // Blocks 0-1 widen to lo, 2-3 to hi; accumulator i = 4k + b sits in lanes
+  // 2t, 2t + 1 of lo (b < 2) or hi (b >= 2), t = 4 (b % 2) + k.
+  const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(l4));
+  const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(l4, 1));
+  alignas(64) static constexpr std::int32_t kFirst[16] = {0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30};
+  const __m512i first = _mm512_load_si512(kFirst);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(1));
+  return _mm512_add_ps(_mm512_permutex2var_ps(lo, first, hi), _mm512_permutex2var_ps(lo, second, hi));
+}
+
+// Looks for e4m3 NaN codes (S.1111.111) in the rows it is shown: OR-ing
+// 0x80 into a byte makes a NaN code 0xFF and no other, so a bytewise
+// maximum finds one (2 instructions per 64 codes, as HasE4M3Nan). The QK
+// tiles of a block's first row group feed it the K and V rows they touch,
+// so the check overlaps the arithmetic and pulls V into L1 ahead of PV.
+struct NanProbe {
+  __m512i max;
+  HWY_INLINE PAGEDATTN_F16_ATTR NanProbe() : max(_mm512_setzero_si512()) {}
+  // Codes [d, min(d + 64, n)) of a row of n codes.
+  HWY_INLINE PAGEDATTN_F16_ATTR void Add(const void* row, std::size_t d, std::size_t n) {
+    const auto* p = static_cast<const std::uint8_t*>(row) + d;
+    const __m512i x = d + 64 <= n ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(~0ull >> (64 - (n - d)), p);
+    max = _mm512_max_epu8(max, _mm512_or_si512(x, _mm512_set1_epi8(static_cast<char>(0x80))));
+  }
+  HWY_INLINE PAGEDATTN_F16_ATTR bool Found() const {
+    return _mm512_cmpeq_epi8_mask(max, _mm512_set1_epi8(static_cast<char>(0xFF))) != 0;
+  }
+};
+
+// The K and V rows a block's QK reads, the NaN probe's share of them.
+struct BlockRows {
+  const void* const* k;
+  const void* const* v;
+  std::size_t k_dim, v_dim;
+};
+
+// Raw scores of kRows rows x kKeys keys from key jj (16 accumulators): lane
+// r * kKeys + e holds row r, key jj + e. `prefetch` (or null): the next
+// head's K rows, a line per line read. kProbe: the K and V rows of these
+// keys go through `nan` too.
+template <int kRows, int kKeys, bool kProbe>
+HWY_INLINE PAGEDATTN_F16_ATTR __m512 ScoreTile(const std::uint16_t* q, std::size_t dq, const BlockRows& rows,
+                                                const void* const* prefetch, std::int32_t jj, NanProbe& nan) {
   static_assert(kRows * kKeys == 16, "one reduction of 16 accumulators");
+  const void* const* k = rows.k;
+  const std::size_t dim = rows.k_dim;
   __m512h acc[16];
   for (auto& a : acc) a = _mm512_setzero_ph();
   for (std::size_t d = 0; d < dim; d += kChunk) {
@@ -131,70 +191,75 @@ HWY_INLINE PAGEDATTN_F16_ATTR void ScoreTile(const std::uint16_t* q, std::size_t
     for (int e = 0; e < kKeys; ++e) kc[e] = Pinned(E4M3ToF16(k[jj + e], d));
     if (prefetch != nullptr)
       for (int e = 0; e < kKeys; ++e) PrefetchLine<DType::kFP8E4M3>(prefetch[jj + e], d, dim);
+    if (kProbe && d % 64 == 0)
+      for (int e = 0; e < kKeys; ++e) nan.Add(k[jj + e], d, dim);
     for (int r = 0; r < kRows; ++r) {
       const __m512h qc = Pinned(_mm512_loadu_ph(q + std::size_t(r) * dq + d));
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = _mm512_fmadd_ph(qc, kc[e], acc[r * kKeys + e]);
     }
   }
-  // Pairs of accumulators: halves added in f16 ([a.lo + a.hi | b.lo + b.hi]),
-  // each half widened to f32.
-  __m512 wide[16];
-  for (int i = 0; i < 8; ++i) {
-    const __m512i a = _mm512_castph_si512(acc[2 * i]), b = _mm512_castph_si512(acc[2 * i + 1]);
-    const __m512h sum = _mm512_add_ph(_mm512_castsi512_ph(_mm512_shuffle_i64x2(a, b, 0x44)),
-                                      _mm512_castsi512_ph(_mm512_shuffle_i64x2(a, b, 0xEE)));
-    const __m512i bits = _mm512_castph_si512(sum);
-    wide[2 * i] = _mm512_cvtph_ps(_mm512_castsi512_si256(bits));
-    wide[2 * i + 1] = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1));
-  }
-  const __m512 sums = Reduce16(wide);
-  for (int r = 0; r < kRows; ++r) {  // lanes r * kKeys .. + kKeys to row r's keys jj ..
-    float* out = s + std::size_t(r) * kKB + std::size_t(jj) - std::size_t(r) * kKeys;
-    _mm512_mask_storeu_ps(out, static_cast<__mmask16>(((1u << kKeys) - 1u) << (r * kKeys)), sums);
-  }
+  if constexpr (kProbe)
+    for (int e = 0; e < kKeys; ++e)
+      for (std::size_t d = 0; d < rows.v_dim; d += 64) nan.Add(rows.v[jj + e], d, rows.v_dim);
+  return ReduceF16(acc);
 }
 
-template <int kDim, int kRows>
-HWY_INLINE PAGEDATTN_F16_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq, const void* const* k,
-                                              const void* const* prefetch, std::size_t dim, float* s) {
+// Scores of kRows rows x the block's keys, times k_scale[key] x q_inv[row],
+// to s (row stride kKB), whole rows at a time.
+template <int kRows, bool kProbe>
+HWY_INLINE PAGEDATTN_F16_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq, const float* q_inv,
+                                              const BlockRows& rows, const void* const* prefetch,
+                                              const float* k_scale, float* s, NanProbe& nan) {
   constexpr int kKeys = 16 / kRows;
-  for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreTile<kRows, kKeys>(q, dq, k, prefetch, dim, jj, s);
+  __m512 tiles[2 * kRows], out[2 * kRows];
+  for (int t = 0; t < 2 * kRows; ++t) tiles[t] = ScoreTile<kRows, kKeys, kProbe>(q, dq, rows, prefetch, t * kKeys, nan);
+  TilesToRows<kRows>(tiles, out);
+  const __m512 ks[2] = {_mm512_loadu_ps(k_scale), _mm512_loadu_ps(k_scale + 16)};
+  for (int r = 0; r < kRows; ++r)
+    for (int h = 0; h < 2; ++h)
+      _mm512_store_ps(s + std::size_t(r) * kKB + 16 * h,
+                      _mm512_mul_ps(out[2 * r + h], _mm512_mul_ps(ks[h], _mm512_set1_ps(q_inv[r]))));
+}
+
+// The next group of rows from r (8, 4, 2 or 1 of them); returns how many.
+template <bool kProbe>
+HWY_INLINE PAGEDATTN_F16_ATTR std::int32_t ScoreGroup(const std::uint16_t* q, std::size_t dq, const float* q_inv,
+                                                       const BlockRows& b, const void* const* prefetch,
+                                                       const float* k_scale, float* s, std::int32_t r,
+                                                       std::int32_t rows, NanProbe& nan) {
+  const std::uint16_t* qr = q + std::size_t(r) * dq;
+  float* sr = s + std::size_t(r) * kKB;
+  if (r + 8 <= rows) {
+    ScoreRows<8, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, nan);
+    return 8;
+  }
+  if (r + 4 <= rows) {
+    ScoreRows<4, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, nan);
+    return 4;
+  }
+  if (r + 2 <= rows) {
+    ScoreRows<2, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, nan);
+    return 2;
+  }
+  ScoreRows<1, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, nan);
+  return 1;
 }
 
 // Scores of `rows` (at most 8) f16 query rows (RoundQueries; stride dq)
-// against the kKB e4m3 rows `k` of `dim` codes into s ([rows][kKB]), times
-// k_scale[key] x q_inv[row]. The first group of rows prefetches `prefetch`.
+// against the kKB e4m3 rows `k` of k_dim codes into s ([rows][kKB]), times
+// k_scale[key] x q_inv[row]. The first group of rows prefetches `prefetch`
+// (the next head's K rows) and probes the K and V rows (`v`, v_dim codes)
+// for NaN codes: returns false, scores unusable, when it finds one.
 template <int kDim>
-PAGEDATTN_F16_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, const float* q_inv, const void* const* k,
-                                   const void* const* prefetch, std::size_t dim, const float* k_scale, float* s,
-                                   std::int32_t rows) {
-  const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
-  std::int32_t r = 0;
-  while (r < rows) {
-    const std::uint16_t* qr = q + std::size_t(r) * dq;
-    float* sr = s + std::size_t(r) * kKB;
-    const void* const* pf = r == 0 ? prefetch : nullptr;
-    if (r + 8 <= rows) {
-      ScoreRows<kDim, 8>(qr, dq, k, pf, n, sr);
-      r += 8;
-    } else if (r + 4 <= rows) {
-      ScoreRows<kDim, 4>(qr, dq, k, pf, n, sr);
-      r += 4;
-    } else if (r + 2 <= rows) {
-      ScoreRows<kDim, 2>(qr, dq, k, pf, n, sr);
-      r += 2;
-    } else {
-      ScoreRows<kDim, 1>(qr, dq, k, pf, n, sr);
-      r += 1;
-    }
-  }
-  const __m512 ks0 = _mm512_loadu_ps(k_scale), ks1 = _mm512_loadu_ps(k_scale + 16);
-  for (std::int32_t i = 0; i < rows; ++i) {
-    float* x = s + std::size_t(i) * kKB;
-    const __m512 f = _mm512_set1_ps(q_inv[i]);
-    _mm512_store_ps(x, _mm512_mul_ps(_mm512_load_ps(x), _mm512_mul_ps(ks0, f)));
-    _mm512_store_ps(x + 16, _mm512_mul_ps(_mm512_load_ps(x + 16), _mm512_mul_ps(ks1, f)));
-  }
+PAGEDATTN_F16_ATTR bool ScoreBlock(const std::uint16_t* q, std::size_t dq, const float* q_inv, const void* const* k,
+                                   const void* const* v, const void* const* prefetch, std::size_t k_dim,
+                                   std::size_t v_dim, const float* k_scale, float* s, std::int32_t rows) {
+  const BlockRows b{k, v, kDim > 0 ? std::size_t(kDim) : k_dim, kDim > 0 ? std::size_t(kDim) : v_dim};
+  NanProbe nan;
+  std::int32_t r = ScoreGroup<true>(q, dq, q_inv, b, prefetch, k_scale, s, 0, rows, nan);
+  if (nan.Found()) return false;
+  while (r < rows) r += ScoreGroup<false>(q, dq, q_inv, b, nullptr, k_scale, s, r, rows, nan);
+  return true;
 }
 
 // --- PV ---------------------------------------------------------------------------------

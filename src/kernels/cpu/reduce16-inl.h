@@ -32,6 +32,55 @@ HWY_INLINE __m512 Reduce16(const __m512* a, Op op) {
   return op(_mm512_shuffle_f32x4(v01, v23, 0x88), _mm512_shuffle_f32x4(v01, v23, 0xDD));
 }
 
+// A block's scores from tile vectors to row vectors. tiles[t] (t < 2 kRows):
+// lane r * kKeys + e = row r, key t * kKeys + e (kKeys = 16 / kRows), what
+// Reduce16 leaves for the tile of keys from t * kKeys; rows[2r + h]: row r's
+// keys 16h .. 16h + 15. Whole-vector stores of the rows let the softmax load
+// them at once (a load over several masked or narrower stores waits for them
+// to reach the cache).
+template <int kRows>
+HWY_INLINE void TilesToRows(const __m512* tiles, __m512* rows) {
+  static_assert(kRows == 1 || kRows == 2 || kRows == 4 || kRows == 8, "16 / kRows keys a tile");
+  if constexpr (kRows == 1) {
+    rows[0] = tiles[0];
+    rows[1] = tiles[1];
+  } else if constexpr (kRows == 2) {  // row r: 256-bit half r of two tiles
+    for (int h = 0; h < 2; ++h) {
+      rows[h] = _mm512_shuffle_f32x4(tiles[2 * h], tiles[2 * h + 1], 0x44);
+      rows[2 + h] = _mm512_shuffle_f32x4(tiles[2 * h], tiles[2 * h + 1], 0xEE);
+    }
+  } else if constexpr (kRows == 4) {  // row r: 128-bit block r of four tiles
+    for (int h = 0; h < 2; ++h) {
+      const __m512* t = tiles + 4 * h;
+      const __m512 u0 = _mm512_shuffle_f32x4(t[0], t[1], 0x44), u1 = _mm512_shuffle_f32x4(t[0], t[1], 0xEE);
+      const __m512 u2 = _mm512_shuffle_f32x4(t[2], t[3], 0x44), u3 = _mm512_shuffle_f32x4(t[2], t[3], 0xEE);
+      rows[0 + h] = _mm512_shuffle_f32x4(u0, u2, 0x88);
+      rows[2 + h] = _mm512_shuffle_f32x4(u0, u2, 0xDD);
+      rows[4 + h] = _mm512_shuffle_f32x4(u1, u3, 0x88);
+      rows[6 + h] = _mm512_shuffle_f32x4(u1, u3, 0xDD);
+    }
+  } else {  // row r: 64-bit element r of eight tiles (an 8 x 8 transpose)
+    for (int h = 0; h < 2; ++h) {
+      __m512d a[8], b[8];
+      for (int i = 0; i < 8; ++i) a[i] = _mm512_castps_pd(tiles[8 * h + i]);
+      for (int k = 0; k < 4; ++k) {  // block c: [x2k.q(2c), x2k+1.q(2c)] and the odd elements
+        b[2 * k] = _mm512_unpacklo_pd(a[2 * k], a[2 * k + 1]);
+        b[2 * k + 1] = _mm512_unpackhi_pd(a[2 * k], a[2 * k + 1]);
+      }
+      for (int i = 0; i < 4; ++i) {  // pairs (0, 2), (1, 3), (4, 6), (5, 7)
+        const int j = i + (i & 2);
+        a[j] = _mm512_shuffle_f64x2(b[j], b[j + 2], 0x88);
+        a[j + 2] = _mm512_shuffle_f64x2(b[j], b[j + 2], 0xDD);
+      }
+      for (int j = 0; j < 4; ++j) {
+        b[j] = _mm512_shuffle_f64x2(a[j], a[j + 4], 0x88);
+        b[j + 4] = _mm512_shuffle_f64x2(a[j], a[j + 4], 0xDD);
+      }
+      for (int r = 0; r < 8; ++r) rows[2 * r + h] = _mm512_castpd_ps(b[r]);
+    }
+  }
+}
+
 // Sums of 16 vectors (16 dot products at once).
 HWY_INLINE __m512 Reduce16(const __m512* a) {
   return Reduce16(a, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });

@@ -1,0 +1,117 @@
+// The online-softmax update of up to 16 query rows of a scored block at once
+// on AVX-512, per target (Highway -inl.h pattern, raw intrinsics): the rows'
+// maxima and sums come out of one transpose-reduce tree each (ReduceMax16,
+// Reduce16), and m, l and the rescale factors are computed for all rows in
+// one vector, where a row at a time would reduce each row on its own and
+// call exp for its rescale factor.
+#if defined(PAGEDATTN_KERNELS_CPU_ONLINE_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef PAGEDATTN_KERNELS_CPU_ONLINE_SOFTMAX_INL_H_
+#undef PAGEDATTN_KERNELS_CPU_ONLINE_SOFTMAX_INL_H_
+#else
+#define PAGEDATTN_KERNELS_CPU_ONLINE_SOFTMAX_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/attention_traits.h"
+#include "kernels/cpu/reduce16-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedattn::kernels::HWY_NAMESPACE {
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+namespace softmax16 {
+
+constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
+static_assert(kKB == 32, "a row's scores are two vectors");
+constexpr int kMaxRows = 16;  // rows per update: one lane each
+
+// exp(x) for the softmax weights: 2^(x log2 e) as 2^n x p(f), n the nearest
+// integer, p the degree-6 Taylor polynomial of 2^f on |f| <= 1/2 (relative
+// error below 2e-7). x below -86.6 (2^-125: nothing beside a row's weight of
+// 1), -inf and NaN give 0 from a masked scalef: a result below f32's normal
+// range would cost a microcode assist (more than 100 cycles) per instruction.
+HWY_INLINE __m512 Exp(__m512 x) {
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
+  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(1.5403530e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(normal, p, n);
+}
+
+// Online-softmax update of `rows` (1 to 16) rows of a block's masked scores
+// (s rows of kKB), their m, l and output rows (o, stride dv, v_dim dims):
+// leaves each row's weights (x v_scale[key] when given) as f32 in s and
+// rescales the output rows whose maximum grew. A row with nothing visible
+// yet keeps m = -inf, l = 0 and gets zero weights; a row with a NaN score
+// gets l = NaN (its output and LSE come out NaN).
+HWY_INLINE void Update(float* s, float* m, float* l, float* o, std::size_t dv, std::size_t v_dim,
+                       const float* v_scale, int rows) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __mmask16 live = rows >= kMaxRows ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1u);
+  __m512 acc[kMaxRows];
+  __mmask16 nan_rows = 0;
+  for (int i = 0; i < kMaxRows; ++i) {
+    if (i >= rows) {
+      acc[i] = neg_inf;
+      continue;
+    }
+    const __m512 x0 = _mm512_load_ps(s + i * kKB), x1 = _mm512_load_ps(s + i * kKB + 16);
+    acc[i] = _mm512_max_ps(x0, x1);
+    nan_rows |= __mmask16((_mm512_cmp_ps_mask(x0, x1, _CMP_UNORD_Q) != 0) << i);
+  }
+  const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, live, m);
+  const __m512 m_new = _mm512_max_ps(m_old, ReduceMax16(acc));
+  const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
+  alignas(64) float shift[kMaxRows];  // m_new, 0 where nothing is visible: exp(-inf - 0) = 0
+  _mm512_store_ps(shift, _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps()));
+  const __m512 vs0 = v_scale ? _mm512_loadu_ps(v_scale) : one;
+  const __m512 vs1 = v_scale ? _mm512_loadu_ps(v_scale + 16) : one;
+  for (int i = 0; i < kMaxRows; ++i) {
+    if (i >= rows) {
+      acc[i] = _mm512_setzero_ps();
+      continue;
+    }
+    float* x = s + i * kKB;
+    const __m512 b = _mm512_set1_ps(shift[i]);
+    const __m512 e0 = Exp(_mm512_sub_ps(_mm512_load_ps(x), b));
+    const __m512 e1 = Exp(_mm512_sub_ps(_mm512_load_ps(x + 16), b));
+    acc[i] = _mm512_add_ps(e0, e1);
+    _mm512_store_ps(x, _mm512_mul_ps(e0, vs0));
+    _mm512_store_ps(x + 16, _mm512_mul_ps(e1, vs1));
+  }
+  // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
+  const __m512 corr = _mm512_mask_blend_ps(none, Exp(_mm512_sub_ps(m_old, m_new)), one);
+  const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l), corr, Reduce16(acc));
+  _mm512_mask_storeu_ps(l, live,
+                        _mm512_mask_blend_ps(nan_rows, l_new, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())));
+  _mm512_mask_storeu_ps(m, live, m_new);
+  alignas(64) float factor[kMaxRows];
+  _mm512_store_ps(factor, corr);
+  for (std::uint32_t grew = _mm512_mask_cmp_ps_mask(live, corr, one, _CMP_NEQ_UQ); grew != 0; grew &= grew - 1) {
+    const int i = __builtin_ctz(grew);
+    float* y = o + std::size_t(i) * dv;
+    const __m512 c = _mm512_set1_ps(factor[i]);
+    for (std::size_t d = 0; d < v_dim; d += 16) _mm512_store_ps(y + d, _mm512_mul_ps(_mm512_load_ps(y + d), c));
+  }
+}
+
+}  // namespace softmax16
+#endif
+
+}  // namespace pagedattn::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // PAGEDATTN_KERNELS_CPU_ONLINE_SOFTMAX_INL_H_
