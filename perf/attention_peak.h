@@ -15,8 +15,11 @@
 //   * decode (at most 8 query rows per KV head) over int8 KV with int8
 //     products allowed and head dims that are multiples of 64, on an AVX-512
 //     target with AVX512-VNNI, when the kernel does its products with
-//     vpdpbusd (kKernelUsesInt8Dot): the vpdpbusd peak.
-// The four kKernel* constants describe the kernel in src/kernels/cpu and
+//     vpdpbusd (kKernelUsesInt8Dot): the vpdpbusd peak;
+//   * decode over fp8 e4m3 KV with f16 products allowed and head dims that
+//     are multiples of 32 up to 256, on an AVX-512 target with AVX512-FP16
+//     (kKernelUsesF16Decode): the vfmadd231ph peak.
+// The five kKernel* constants describe the kernel in src/kernels/cpu and
 // must change with it.
 #pragma once
 
@@ -75,6 +78,7 @@ struct AttentionCallKind {
   bool prefill = false;        // more than 8 query rows (tokens x group) per KV head
   bool bf16_products = false;  // AttentionPlanOptions::bf16_products
   bool int8_products = false;  // AttentionPlanOptions::int8_products
+  bool f16_products = false;   // AttentionPlanOptions::f16_products
   int head_dim = 128;          // K and V alike
 };
 
@@ -93,6 +97,9 @@ inline PeakClass attention_peak_class(const AttentionCallKind& call, const CpuFe
   if (avx512 && !call.prefill && call.int8_products && kv == DType::kINT8 &&
       attention_int8_dot_dims(call.head_dim) && kKernelUsesInt8Dot && used.avx512_vnni)
     return PeakClass::kInt8DotZmm;
+  if (avx512 && !call.prefill && call.f16_products && kv == DType::kFP8E4M3 &&
+      attention_f16_decode_dims(call.head_dim, call.head_dim) && kKernelUsesF16Decode && used.avx512_fp16)
+    return PeakClass::kF16FmaZmm;
   if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;
   if (used.avx2 && used.fma) return PeakClass::kFp32FmaYmm;
   return PeakClass::kFp32MulAddXmm;

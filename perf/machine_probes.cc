@@ -227,6 +227,26 @@ __attribute__((target("avx512f,avx512vnni"), noinline)) float int8_dot_zmm(std::
   return float(total);
 }
 
+// acc = acc x (1 - 2^-10) + 2^-10 per f16 lane: stays near 1.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512fp16"), noinline)) float f16_fma_zmm(std::int64_t iterations) {
+  const __m512h m = _mm512_set1_ph(static_cast<_Float16>(0.9990234375f)), c = _mm512_set1_ph(static_cast<_Float16>(0.0009765625f));
+#define INIT(i) __m512h a##i = _mm512_set1_ph(static_cast<_Float16>(0.5f + 0.1f * i));
+  PAGEDATTN_CHAINS(INIT)
+#undef INIT
+  for (std::int64_t n = 0; n < iterations; ++n) {
+#define STEP(i) a##i = _mm512_fmadd_ph(a##i, m, c);
+    PAGEDATTN_CHAINS(STEP)
+    PAGEDATTN_CHAINS(STEP)
+#undef STEP
+    PAGEDATTN_TIE_CHAINS();
+  }
+  __m512 sum = _mm512_setzero_ps();
+#define SUM(i) sum = _mm512_add_ps(sum, _mm512_cvtxph_ps(_mm512_castph512_ph256(a##i)));
+  PAGEDATTN_CHAINS(SUM)
+#undef SUM
+  return sum_lanes(sum);
+}
+
 #undef PAGEDATTN_TIE_CHAINS
 #undef PAGEDATTN_CHAINS
 
@@ -278,6 +298,7 @@ double ops_per_chain_step(PeakClass c) {
     case PeakClass::kBf16DotZmm: return 16 * 2 * 2;
     case PeakClass::kInt8DotZmm: return 16 * 4 * 2;
     case PeakClass::kBf16Amx: return 16 * 16 * 32 * 2;
+    case PeakClass::kF16FmaZmm: return 32 * 2;
   }
   return 0;
 }
@@ -289,6 +310,7 @@ float run_compute_kernel(PeakClass c, std::int64_t iterations) {
     case PeakClass::kFp32FmaZmm: return fma_zmm(iterations);
     case PeakClass::kBf16DotZmm: return bf16_dot_zmm(iterations);
     case PeakClass::kInt8DotZmm: return int8_dot_zmm(iterations);
+    case PeakClass::kF16FmaZmm: return f16_fma_zmm(iterations);
     case PeakClass::kBf16Amx: return bf16_amx(iterations);
   }
   return 0.0f;
@@ -416,6 +438,7 @@ const char* peak_class_name(PeakClass c) {
     case PeakClass::kBf16DotZmm: return "bf16 dot zmm (vdpbf16ps)";
     case PeakClass::kInt8DotZmm: return "int8 dot zmm (vpdpbusd)";
     case PeakClass::kBf16Amx: return "bf16 AMX tiles (tdpbf16ps)";
+    case PeakClass::kF16FmaZmm: return "f16 FMA zmm (vfmadd231ph)";
   }
   return "?";
 }
@@ -431,6 +454,7 @@ bool peak_class_available(PeakClass c) {
     case PeakClass::kBf16DotZmm: return f.avx512f && f.avx512_bf16;
     case PeakClass::kInt8DotZmm: return f.avx512f && f.avx512_vnni;
     case PeakClass::kBf16Amx: return f.amx_bf16;
+    case PeakClass::kF16FmaZmm: return f.avx512f && f.avx512_fp16;
   }
   return false;
 }

@@ -51,10 +51,12 @@ enum class PeakClass {
   kBf16DotZmm,     // vdpbf16ps zmm (AVX512-BF16)
   kInt8DotZmm,     // vpdpbusd zmm (AVX512-VNNI)
   kBf16Amx,        // tdpbf16ps on AMX tiles (AMX-BF16)
+  kF16FmaZmm,      // vfmadd231ph zmm, 32 f16 lanes (AVX512-FP16)
 };
 inline constexpr PeakClass kAllPeakClasses[] = {PeakClass::kFp32MulAddXmm, PeakClass::kFp32FmaYmm,
                                                 PeakClass::kFp32FmaZmm, PeakClass::kBf16DotZmm,
-                                                PeakClass::kInt8DotZmm, PeakClass::kBf16Amx};
+                                                PeakClass::kInt8DotZmm, PeakClass::kBf16Amx,
+                                                PeakClass::kF16FmaZmm};
 
 // "fp32 FMA zmm (vfmadd231ps)" and the like.
 const char* peak_class_name(PeakClass c);

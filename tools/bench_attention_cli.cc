@@ -39,6 +39,7 @@ struct Options {
   bool hot = false;  // re-read one copy (K/V in cache when it fits) instead of rotating
   bool bf16_products = false;  // AttentionPlanOptions::bf16_products
   bool int8_products = false;  // AttentionPlanOptions::int8_products
+  bool f16_products = false;   // AttentionPlanOptions::f16_products
   std::string max_target;  // --max-target: overrides PAGEDATTN_MAX_TARGET
   std::optional<std::string> disable_features;  // --disable-features: overrides PAGEDATTN_DISABLE_FEATURES
 };
@@ -83,6 +84,8 @@ void print_usage(std::FILE* out) {
                "                          rounded to bf16; AttentionPlanOptions)\n"
                "  --int8-products         allow int8 dot products in int8 decode where the CPU has\n"
                "                          AVX512-VNNI (queries and weights rounded to 8 bits)\n"
+               "  --f16-products          allow f16 multiply-adds in fp8 e4m3 decode where the CPU\n"
+               "                          has AVX512-FP16 (queries and weights rounded to f16)\n"
                "  --hot                   re-read the first copy every call: K/V stay in\n"
                "                          L2/L3 if they fit (the kernel's compute rate)\n"
                "exit status 3 when the kernel disagrees with the reference\n",
@@ -165,6 +168,8 @@ Options parse(int argc, char** argv) {
       o.bf16_products = true;
     } else if (flag == "--int8-products") {
       o.int8_products = true;
+    } else if (flag == "--f16-products") {
+      o.f16_products = true;
     } else {
       throw InvalidArgument(
           detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
@@ -295,12 +300,14 @@ int run_bench_attention(int argc, char** argv) {
   const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;
   const pb::PeakClass k = pb::attention_peak_class(
       {.kv = c.kv, .prefill = prefill, .bf16_products = o.bf16_products, .int8_products = o.int8_products,
-       .head_dim = c.head_dim},
+       .f16_products = o.f16_products, .head_dim = c.head_dim},
       dispatched_features());
-  const AttentionPlanOptions plan_options{.bf16_products = o.bf16_products, .int8_products = o.int8_products};
-  std::printf("compute class: %s (the kernel's inner products for %s KV %s at this target%s%s)\n",
+  const AttentionPlanOptions plan_options{
+      .bf16_products = o.bf16_products, .int8_products = o.int8_products, .f16_products = o.f16_products};
+  std::printf("compute class: %s (the kernel's inner products for %s KV %s at this target%s%s%s)\n",
               pb::peak_class_name(k), pb::short_name(c.kv).c_str(), prefill ? "prefill" : "decode",
-              o.bf16_products ? ", bf16 products allowed" : "", o.int8_products ? ", int8 products allowed" : "");
+              o.bf16_products ? ", bf16 products allowed" : "", o.int8_products ? ", int8 products allowed" : "",
+              o.f16_products ? ", f16 products allowed" : "");
   std::printf(
       "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
       pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,

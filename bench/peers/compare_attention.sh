@@ -69,6 +69,8 @@ shapes=(
   "18|prefill bf16 512 over 4096, bf16 products|--mode prefill --kv-dtype bf16 --q-len 512 --kv-len 4096 --bf16-products|--mode prefill --kv-dtype bf16 --q-len 512 --kv-len 4096|-"
   "19|prefill bf16 2048 causal, bf16 products|--mode prefill --kv-dtype bf16 --kv-len 2048 --bf16-products|--mode prefill --kv-dtype bf16 --kv-len 2048|-"
   "20|prefill f16 512 over 4096, bf16 products, AMX off|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096 --bf16-products --disable-features amx_bf16|--mode prefill --kv-dtype f16 --q-len 512 --kv-len 4096|-"
+  # fp8 decode on AVX512-FP16 multiply-adds (AttentionPlanOptions::f16_products)
+  "21|decode fp8_e4m3 b8 kv16k, f16 products|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384 --f16-products|--kv-dtype fp8_e4m3 --batch 8 --kv-len 16384|-"
 )
 
 # With PAGEDATTN_BENCH_LOCK, the script holds the lock exclusively for each

@@ -1020,7 +1020,7 @@ class Engine:
     """
     The C++ engine; use pagedattn.Engine.
     """
-    def __init__(self, model: Model, *, kv_memory_bytes: int, page_size: int, kv_dtype: str, max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, deterministic: bool, seed: int, enable_prefix_caching: bool = False, host_kv_memory_bytes: int = 0, bf16_products: bool = False, int8_products: bool = False) -> None:
+    def __init__(self, model: Model, *, kv_memory_bytes: int, page_size: int, kv_dtype: str, max_num_seqs: int, max_num_batched_tokens: int, chunked_prefill: bool, deterministic: bool, seed: int, enable_prefix_caching: bool = False, host_kv_memory_bytes: int = 0, bf16_products: bool = False, int8_products: bool = False, f16_products: bool = False) -> None:
         ...
     def abort(self, request_id: int) -> None:
         ...

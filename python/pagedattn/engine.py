@@ -57,7 +57,7 @@ class Engine:
            max_num_seqs=256, max_num_batched_tokens=2048, chunked_prefill=True,
            deterministic=False, seed=0, max_position=0, tokenizer=None,
            enable_prefix_caching=False, host_kv_memory_bytes=0, bf16_products=False,
-           int8_products=False)
+           int8_products=False, f16_products=False)
 
     model: a pagedattn.Model, a path to a Llama-family .gguf file (its
     tokenizer comes with it) or a synthetic preset name ("tiny", "small",
@@ -72,6 +72,9 @@ class Engine:
     queries, softmax weights and f16 K/V rounded to bf16; ignored in
     deterministic mode). int8_products: int8 KV decode on AVX512-VNNI dot
     products (kv_dtype="int8"; queries and softmax weights rounded to 8 bits).
+    f16_products: fp8 e4m3 KV decode on AVX512-FP16 multiply-adds where the
+    CPU has them (kv_dtype="float8_e4m3fn"; queries and softmax weights
+    rounded to f16, short f16 sums; under 1% of a row's largest output).
 
     Threads: add_request never waits for a running step; step() calls take
     turns; abort, has_unfinished, stats and set_stream_callback wait for a
@@ -87,7 +90,7 @@ class Engine:
                  deterministic: bool = False, seed: int = 0, max_position: int = 0,
                  tokenizer=None, enable_prefix_caching: bool = False,
                  host_kv_memory_bytes: int = 0, bf16_products: bool = False,
-                 int8_products: bool = False):
+                 int8_products: bool = False, f16_products: bool = False):
         self.model, own_tokenizer = _resolve_model(model, max_position)
         self.tokenizer = tokenizer if tokenizer is not None else own_tokenizer
         self._engine = _core.Engine(
@@ -96,7 +99,7 @@ class Engine:
             chunked_prefill=chunked_prefill, deterministic=deterministic, seed=seed,
             enable_prefix_caching=enable_prefix_caching,
             host_kv_memory_bytes=host_kv_memory_bytes, bf16_products=bf16_products,
-            int8_products=int8_products)
+            int8_products=int8_products, f16_products=f16_products)
 
     def encode(self, prompt: Prompt) -> List[int]:
         """Token ids of a prompt: a list of ids as given, text through the tokenizer."""

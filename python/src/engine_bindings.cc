@@ -263,7 +263,7 @@ void register_engine_class(py::module_& m) {
                        std::int32_t max_num_seqs, std::int32_t max_num_batched_tokens,
                        bool chunked_prefill, bool deterministic, std::uint64_t seed,
                        bool enable_prefix_caching, std::int64_t host_kv_memory_bytes,
-                       bool bf16_products, bool int8_products) {
+                       bool bf16_products, bool int8_products, bool f16_products) {
              EngineConfig c;
              c.model = model.model;
              c.kv_memory_bytes = kv_memory_bytes;
@@ -278,13 +278,15 @@ void register_engine_class(py::module_& m) {
              c.host_kv_memory_bytes = host_kv_memory_bytes;
              c.bf16_products = bf16_products;
              c.int8_products = int8_products;
+             c.f16_products = f16_products;
              return std::make_unique<PyEngine>(c);
            }),
            py::arg("model"), py::kw_only(), py::arg("kv_memory_bytes"), py::arg("page_size"),
            py::arg("kv_dtype"), py::arg("max_num_seqs"), py::arg("max_num_batched_tokens"),
            py::arg("chunked_prefill"), py::arg("deterministic"), py::arg("seed"),
            py::arg("enable_prefix_caching") = false, py::arg("host_kv_memory_bytes") = 0,
-           py::arg("bf16_products") = false, py::arg("int8_products") = false)
+           py::arg("bf16_products") = false, py::arg("int8_products") = false,
+           py::arg("f16_products") = false)
       .def("add_request", &PyEngine::add_request, py::arg("prompt_token_ids"), py::arg("params"))
       .def("step", &PyEngine::step)
       .def(

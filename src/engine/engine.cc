@@ -72,6 +72,7 @@ KVCacheConfig engine_cache_config(const EngineConfig& c) {
   k.host_memory_budget_bytes = c.host_kv_memory_bytes;
   k.attention_plan.bf16_products = c.bf16_products;
   k.attention_plan.int8_products = c.int8_products;
+  k.attention_plan.f16_products = c.f16_products;
   return k;
 }
 
