@@ -16,7 +16,7 @@
 //     products allowed and head dims that are multiples of 64, on an AVX-512
 //     target with AVX512-VNNI, when the kernel does its products with
 //     vpdpbusd (kKernelUsesInt8Dot): the vpdpbusd peak;
-//   * decode over fp8 e4m3 KV with f16 products allowed and head dims that
+//   * decode over fp8 e4m3 or f16 KV with f16 products allowed and head dims that
 //     are multiples of 32 up to 256, on an AVX-512 target with AVX512-FP16
 //     (kKernelUsesF16Decode): the vfmadd231ph peak.
 // The five kKernel* constants describe the kernel in src/kernels/cpu and
@@ -35,7 +35,7 @@ inline constexpr int kKernelMaxF32Lanes = 16;
 inline constexpr bool kKernelUsesBf16Dot = true;
 inline constexpr bool kKernelUsesInt8Dot = true;
 inline constexpr bool kKernelUsesAmx = true;
-// e4m3 decode with f16 products allowed, on an AVX-512 target with
+// e4m3 and f16 decode with f16 products allowed, on an AVX-512 target with
 // AVX512-FP16 (attention_f16_decode_dims): vfmadd...ph on 32 f16 lanes.
 inline constexpr bool kKernelUsesF16Decode = true;
 
@@ -97,7 +97,7 @@ inline PeakClass attention_peak_class(const AttentionCallKind& call, const CpuFe
   if (avx512 && !call.prefill && call.int8_products && kv == DType::kINT8 &&
       attention_int8_dot_dims(call.head_dim) && kKernelUsesInt8Dot && used.avx512_vnni)
     return PeakClass::kInt8DotZmm;
-  if (avx512 && !call.prefill && call.f16_products && kv == DType::kFP8E4M3 &&
+  if (avx512 && !call.prefill && call.f16_products && (kv == DType::kFP8E4M3 || kv == DType::kF16) &&
       attention_f16_decode_dims(call.head_dim, call.head_dim) && kKernelUsesF16Decode && used.avx512_fp16)
     return PeakClass::kF16FmaZmm;
   if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;

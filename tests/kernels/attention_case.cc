@@ -266,7 +266,8 @@ double dot_row_tolerance(const CaseSpec& spec, const CpuFeatures& used, DotProdu
                         kv == DType::kINT8 && pb::attention_int8_dot_dims(spec.head_dim) &&
                         pb::attention_int8_dot_dims(v_dim) && spec.key_rope == 0;
   const bool f16_dot = allowed.f16 && pb::kKernelUsesF16Decode && used.avx512f && used.avx512_fp16 &&
-                       kv == DType::kFP8E4M3 && pb::attention_f16_decode_dims(spec.head_dim, v_dim) &&
+                       (kv == DType::kFP8E4M3 || kv == DType::kF16) &&
+                       pb::attention_f16_decode_dims(spec.head_dim, v_dim) &&
                        spec.key_rope == 0;
   return std::max({int8_dot ? int8_dot_row_tolerance(spec) : 0.0, bf16_dot ? kBf16DotRowTolerance : 0.0,
                    f16_dot ? kF16DotRowTolerance : 0.0});

@@ -114,15 +114,17 @@ double output_row_tolerance(DType o);
 // 0.3, head dim 256; the weights alone stay below 0.9%); the kernel
 // measured 0.7-1.2% of the largest output in bench-attention's decode
 // shapes. The int8 allowance is kInt8DotRowTolerance x max(1, spread).
-// f16 multiply-adds (e4m3 decode on AVX-512 with AVX512-FP16, head dims
-// multiples of 32 up to 256, AttentionPlanOptions::f16_products): queries
-// (x a power of two per row) and softmax weights to f16 (11 significant
-// bits), QK summed in f16 over at most 16 products a lane, PV over 8 keys.
-// This suite's cases measured at most F16_MEASURED of the row maximum.
+// f16 multiply-adds (e4m3 and f16 decode on AVX-512 with AVX512-FP16, head
+// dims multiples of 32 up to 256, AttentionPlanOptions::f16_products):
+// queries (x a power of two per row) and softmax weights to f16 (11
+// significant bits), QK summed in f16 over up to head_dim / 2 products
+// (four levels of a reduction tree included), PV over 16 keys. The suite's
+// f16-products test (AttentionTargets.F16DecodeRunsOnF16ProductsWithinTolerance)
+// measured at most 0.75% of the row maximum (f16 K/V, scale 0.3 included).
 // The allowances sit above those (added to output_row_tolerance).
 inline constexpr double kBf16DotRowTolerance = 3e-2;
 inline constexpr double kInt8DotRowTolerance = 3e-2;
-inline constexpr double kF16DotRowTolerance = 1e-2;
+inline constexpr double kF16DotRowTolerance = 1.5e-2;
 inline constexpr double kFp32LseTolerance = 5e-5;
 
 // Which dot-product paths a plan allows (AttentionPlan::bf16_products,

@@ -263,13 +263,13 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
 
 bool has_f16_decode(const CpuFeatures& used) { return used.avx512f && used.avx512_fp16; }
 
-// e4m3 decode with f16 products allowed runs on AVX512-FP16 multiply-adds
-// where the CPU has them: within kF16DotRowTolerance of the reference, and
-// not the f32 path's bits. GQA 1 to 8 (every row grouping of the
-// micro-kernels), every head dim the path takes up to 256 (and 80, which
-// keeps f32 products), pages of 1 to 32, odd key counts, per-head scales,
-// the default scale and 0.3 (a wider spread of logits). Prints the largest
-// error it saw (the figure beside kF16DotRowTolerance).
+// e4m3 and f16 decode with f16 products allowed runs on AVX512-FP16
+// multiply-adds where the CPU has them: within kF16DotRowTolerance of the
+// reference, and not the f32 path's bits. GQA 1 to 8 (every row grouping
+// of the micro-kernels), every head dim the path takes up to 256 (and 80,
+// which keeps f32 products), pages of 1 to 32, odd key counts, per-head
+// scales, the default scale and 0.3 (a wider spread of logits). Prints the
+// largest error it saw (the figure beside kF16DotRowTolerance).
 TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
   const CpuFeatures used = dispatched_features();
   if (!has_f16_decode(used)) GTEST_SKIP() << "no AVX512-FP16 at the dispatched target";
@@ -277,6 +277,7 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
   const std::int32_t pages[] = {1, 5, 16, 32};
   std::uint32_t seed = 9000;
   double worst = 0.0;
+  for (const DType kv : {DType::kFP8E4M3, DType::kF16})
   for (std::int32_t group = 1; group <= 8; ++group)
     for (int variant = 0; variant < 4; ++variant) {
       CaseSpec spec;
@@ -285,7 +286,7 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
       spec.num_qo_heads = 2 * group;
       spec.head_dim = dims[seed % 7];
       spec.page_size = pages[seed % 4];
-      spec.kv_dtype = DType::kFP8E4M3;
+      spec.kv_dtype = kv;
       spec.q_dtype = variant % 2 ? DType::kF32 : DType::kBF16;
       spec.o_dtype = DType::kF32;  // the paths' differences stay visible
       spec.per_head_fp8_scales = group % 2 == 0;
@@ -317,6 +318,51 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
       if (::testing::Test::HasFailure()) return;
     }
   std::printf("largest f16-products error: %.2e of the row maximum\n", worst);
+}
+
+// f16 blocks whose K or V elements reach the path's bounds (|k| >= 64,
+// |v| >= 2048, infinities, NaNs) keep f32 products: K x 100 (every block
+// past the bound) gives the f32 path's bits, a single large or infinite
+// element in one block the reference's result (NaNs where it has them).
+TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
+  const CpuFeatures used = dispatched_features();
+  if (!has_f16_decode(used)) GTEST_SKIP() << "no AVX512-FP16 at the dispatched target";
+  CaseSpec spec;
+  spec.kv_dtype = DType::kF16;
+  spec.num_kv_heads = 2;
+  spec.num_qo_heads = 8;
+  spec.head_dim = 128;
+  spec.kv_lens = {97, 40};
+  spec.q_lens = {1, 1};
+  {
+    AttentionCase c(spec);
+    AttentionParams p = c.params(0);
+    auto* k = static_cast<std::uint16_t*>(p.kv.k_data);
+    for (std::int64_t i = 0; i < p.kv.num_pages * p.kv.k_page_stride; ++i)
+      k[i] = float_to_f16_bits(f16_bits_to_float(k[i]) * 100.0f);
+    AttentionRunner(AttentionPlanOptions{.num_threads = 1}).run(c.params(0));
+    AttentionRunner(AttentionPlanOptions{.num_threads = 1, .f16_products = true}).run(c.params(1));
+    EXPECT_EQ(c.output(0), c.output(1)) << "K x 100 left the f32 path";
+  }
+  struct Poison {
+    bool value;
+    float x;
+  };
+  for (const Poison poison : {Poison{false, 80.0f}, Poison{true, 3000.0f}, Poison{false, INFINITY},
+                              Poison{true, NAN}}) {
+    AttentionCase c(spec);
+    AttentionParams ref = c.params(0);
+    const PagedKVTable& t = ref.table;
+    const std::int32_t key = 40, page = t.kv_indices[t.kv_indptr[0] + key / spec.page_size];
+    const std::int64_t at = (poison.value ? ref.kv.v_offset(page, 1, key % spec.page_size)
+                                          : ref.kv.k_offset(page, 1, key % spec.page_size)) + 3;
+    static_cast<std::uint16_t*>(poison.value ? ref.kv.v_data : ref.kv.k_data)[at] = float_to_f16_bits(poison.x);
+    paged_attention_reference(ref);
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
+    ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance,
+                            std::string(poison.value ? "V " : "K ") + std::to_string(poison.x));
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 // Blocks holding an e4m3 NaN code keep f32 products (the f16 conversion

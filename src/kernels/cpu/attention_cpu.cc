@@ -876,14 +876,19 @@ bool Bf16Dot(const Item& it) {
 template <DType kT>
 constexpr bool kBf16DecodeType = kT == DType::kBF16 || kT == DType::kF16 || is_fp8(kT);
 
-// Whether an item's decode blocks may take the f16 path (f16_decode-inl.h):
-// e4m3 KV, few rows per head (not the outer products), no keys to rotate,
-// and the plan, CPU and head dims allow it (KernelContext::f16_decode).
-// Blocks holding a NaN code, and items whose queries are not finite, keep
-// f32 products.
+// KV types whose decode rows run on f16 multiply-adds (f16_decode-inl.h)
+// when F16Decode allows them.
+template <DType kT>
+constexpr bool kF16DecodeType = kT == DType::kFP8E4M3 || kT == DType::kF16;
+
+// Whether an item's decode blocks may take the f16 path: e4m3 or f16 KV,
+// few rows per head (not the outer products), no keys to rotate, and the
+// plan, CPU and head dims allow it (KernelContext::f16_decode). Blocks the
+// path cannot take (BlockProbe), and items whose queries are not finite,
+// keep f32 products.
 template <DType kT>
 bool F16Decode(const Item& it, std::int32_t rows_per_head) {
-  return kT == DType::kFP8E4M3 && it.c->f16_decode && it.p->options.key_rope == nullptr &&
+  return kF16DecodeType<kT> && it.c->f16_decode && it.p->options.key_rope == nullptr &&
          !OuterProducts(it, rows_per_head);
 }
 
@@ -897,27 +902,28 @@ bool Bf16Decode(const Item& it, std::int32_t rows_per_head) {
 }
 
 #if PAGEDATTN_F16_DECODE_TARGET
-// One e4m3 decode block for rows [row0, row_end) on f16 multiply-adds
-// (f16_decode-inl.h): QK on the f16 queries (RoundQueries) against K rows
-// converted in registers, masks and the online softmax in f32 (weights
-// without the V scale, which is uniform over the head's keys and applied as
-// the f16 sums are widened), PV on the weights rounded to f16. Returns
-// false, having changed no state, when the block holds an e4m3 NaN code (QK
-// probes for them): the f32 path takes it.
-template <int kDim>
+// One e4m3 or f16 decode block for rows [row0, row_end) on f16
+// multiply-adds (f16_decode-inl.h): QK on the f16 queries (RoundQueries)
+// against K rows read (or converted) in registers, masks and the online
+// softmax in f32 (weights without the V scale, which is uniform over the
+// head's keys and applied as the f16 sums are widened), PV on the weights
+// rounded to f16. Returns false, having changed no state, when QK's probe
+// finds what the path cannot take (an e4m3 NaN code, f16 elements past its
+// bounds): the f32 path takes the block.
+template <DType kT, int kDim>
 bool ProcessHeadBlockF16Decode(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
                                std::int32_t row_end, std::int64_t first_pos) {
   const KernelContext& c = *it.c;
   const std::int32_t rows = row_end - row0;
-  if (!f16dec::ScoreBlock<kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), it.sc.qh_inv + row0, kb.k,
-                                kb.v, kb.k_next, std::size_t(c.head_dim), std::size_t(c.v_head_dim), kb.k_scale,
-                                it.sc.s + std::size_t(row0) * kKB, rows))
+  if (!f16dec::ScoreBlock<kT, kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), it.sc.qh_inv + row0,
+                                    kb.k, kb.v, kb.k_next, std::size_t(c.head_dim), std::size_t(c.v_head_dim),
+                                    kScaled<kT> ? kb.k_scale : nullptr, it.sc.s + std::size_t(row0) * kKB, rows))
     return false;
   SoftmaxRows<false>(it, map, kb, row0, row_end, first_pos);
   f16dec::RoundWeights(it.sc.s, row0, row_end);
-  f16dec::AccumulateBlock<kDim>(it.sc.s + std::size_t(row0) * kKB, kb.v, kb.v_next, kb.count,
-                                std::size_t(c.v_head_dim), kb.v_scale[0], it.sc.o + std::size_t(row0) * c.dv,
-                                std::size_t(c.dv), rows);
+  f16dec::AccumulateBlock<kT, kDim>(it.sc.s + std::size_t(row0) * kKB, kb.v, kb.v_next, kb.count,
+                                    std::size_t(c.v_head_dim), kScaled<kT> ? kb.v_scale[0] : 1.0f,
+                                    it.sc.o + std::size_t(row0) * c.dv, std::size_t(c.dv), rows);
   return true;
 }
 #endif
@@ -1017,8 +1023,8 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
                       std::int32_t row_end, std::int64_t first_pos, bool f16_queries) {
   if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
 #if PAGEDATTN_F16_DECODE_TARGET
-  if constexpr (kT == DType::kFP8E4M3)
-    if (f16_queries && ProcessHeadBlockF16Decode<kDim>(it, map, kb, row0, row_end, first_pos)) return;
+  if constexpr (kF16DecodeType<kT>)
+    if (f16_queries && ProcessHeadBlockF16Decode<kT, kDim>(it, map, kb, row0, row_end, first_pos)) return;
 #else
   (void)f16_queries;
 #endif
@@ -1078,9 +1084,10 @@ void ProcessItem(const Item& it) {
 #endif
   bool f16_queries = false;
 #if PAGEDATTN_F16_DECODE_TARGET
-  if (F16Decode<kT>(it, map.per_head))
-    f16_queries = f16dec::RoundQueries(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh,
-                                       it.sc.qh_inv);
+  if constexpr (kF16DecodeType<kT>)
+    if (F16Decode<kT>(it, map.per_head))
+      f16_queries = f16dec::RoundQueries<kT>(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq),
+                                             it.sc.qh, it.sc.qh_inv);
 #endif
 #if PAGEDATTN_INT8_DOT_TARGET
   if (Int8Dot<kT>(it, map.per_head))

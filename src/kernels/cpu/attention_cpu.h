@@ -24,7 +24,7 @@ struct KernelContext {
   bool int8_dot = false;         // the plan allows int8 products, the CPU and dispatch have them,
                                  // and the head dims are multiples of 64
   bool f16_decode = false;       // the plan allows f16 products, the CPU and dispatch have
-                                 // AVX512-FP16, the KV is fp8 e4m3 and the head dims fit
+                                 // AVX512-FP16, the KV is fp8 e4m3 or f16 and the head dims fit
                                  // (f16_decode_dims)
   ScratchLayout layout;
   std::size_t partial_slot_bytes = 0;

@@ -22,7 +22,8 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
   c.amx_bf16 = c.bf16_dot && used.amx_bf16 && amx_head_dims(c.head_dim);
   c.bf16_decode = c.bf16_dot && bf16_decode_pays(used);
   c.int8_dot = plan.int8_products && used.avx512_vnni && c.head_dim % 64 == 0 && c.v_head_dim % 64 == 0;
-  c.f16_decode = plan.f16_products && used.avx512_fp16 && p.kv.dtype == DType::kFP8E4M3 &&
+  c.f16_decode = plan.f16_products && used.avx512_fp16 &&
+                 (p.kv.dtype == DType::kFP8E4M3 || p.kv.dtype == DType::kF16) &&
                  f16_decode_dims(c.head_dim, c.v_head_dim);
   c.layout = scratch_layout(plan.max_rows, c.head_dim, c.v_head_dim);
   c.partial_slot_bytes = partial_slot_bytes(plan.max_rows, c.v_head_dim);

@@ -1,26 +1,29 @@
-// The decode micro-kernels for fp8 e4m3 KV on AVX512-FP16 multiply-adds
-// (32 f16 lanes per instruction, twice the products of an f32 FMA), per
-// target (Highway -inl.h pattern; Highway 1.0.3 has no f16 arithmetic, so
-// raw intrinsics, compiled on the AVX-512 targets and run only when the CPU
-// reports avx512_fp16: KernelContext::f16_decode, AttentionPlanOptions::
-// f16_products).
+// The decode micro-kernels for fp8 e4m3 and f16 KV on AVX512-FP16
+// multiply-adds (32 f16 lanes per instruction, twice the products of an f32
+// FMA), per target (Highway -inl.h pattern; Highway 1.0.3 has no f16
+// arithmetic, so raw intrinsics, compiled on the AVX-512 targets and run
+// only when the CPU reports avx512_fp16: KernelContext::f16_decode,
+// AttentionPlanOptions::f16_products).
 //
-// An e4m3 code moved into f16's fields is its value x 2^-8, subnormals
-// included (LoadConvert's trick, 3 instructions per 32 codes instead of 10
-// for 32 f32 lanes), so K and V rows are used exactly as stored; blocks
-// with a NaN code take the f32 path (the caller checks, BlockHasE4M3Nan).
+// K and V rows are used exactly as stored: f16 as it is, e4m3 moved into
+// f16's fields, its value x 2^-8 with subnormals (3 instructions per 32
+// codes instead of 10 for 32 f32 lanes). A block whose rows hold what the
+// path cannot take (an e4m3 NaN code; f16 elements past F16Bounds) takes
+// the f32 path: the first row group's QK probes them (BlockProbe).
 //
 //   queries  each row x a power of two (RoundQueries) so that its largest
-//            element lies in [2^7, 2^8), then rounded to f16 (11
-//            significant bits); scores are multiplied back.
+//            element lies in [2^(e-1), 2^e) (e = 8 for e4m3, 2 for f16),
+//            then rounded to f16 (11 significant bits); scores are
+//            multiplied back.
 //   QK       per (row, key) an accumulator of 32 f16 lanes over the row's
 //            32-dim chunks, reduced to 2 lanes in f16 (ReduceF16: at most
-//            256 / 2 products a lane, |sum| < 128 x 2^8 x 1.75, no
-//            overflow), then in f32.
+//            256 / 2 products a sum, within F16Bounds, no overflow), then
+//            in f32.
 //   PV       the softmax weights (without the V scale) rounded to f16; per
 //            (row, 32-dim chunk) an f16 accumulator over kFlushKeys keys,
 //            then widened and added to the f32 outputs times the V scale
-//            (uniform over a head's keys for fp8).
+//            (uniform over a head's keys: fp8's per head or tensor, 1 for
+//            f16).
 // Head dims: multiples of 32, at most kF16DecodeMaxDim (f16_decode_dims).
 #ifndef PAGEDATTN_KERNELS_CPU_F16_DECODE_MACROS_
 #define PAGEDATTN_KERNELS_CPU_F16_DECODE_MACROS_
@@ -59,15 +62,38 @@ namespace f16dec {
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 constexpr std::size_t kChunk = 32;  // dims per vector of f16
 static_assert(kKB == 32, "a block's weights are two vectors of 16 f32");
-// Queries are scaled to |q| < 2^kQueryExponent. A QK lane sums head_dim / 32
-// products, and ReduceF16's four f16 levels add 16 lanes: at most
-// kF16DecodeMaxDim / 2 products of |k| <= 1.75 (e4m3 448 x 2^-8).
-constexpr int kQueryExponent = 8;
-static_assert(kF16DecodeMaxDim / 2 * (1 << kQueryExponent) * 1.75 < 65504, "QK sums stay finite in f16");
 // Keys summed in f16 per PV accumulator before it is added to the f32
 // outputs: each add rounds to 11 bits of the running sum, so fewer keys
 // mean less error and more widening work.
 constexpr std::int32_t kFlushKeys = 16;
+
+// Bounds that keep every f16 sum finite. Queries are scaled to |q| <
+// 2^kQueryExponent; a QK lane sums head_dim / 32 products and ReduceF16's
+// four f16 levels add 16 lanes: at most kF16DecodeMaxDim / 2 products of a
+// query element and a key element, |k| < kKeyBound. PV sums kFlushKeys
+// products of a weight (<= 1) and a value, |v| < kValueBound. e4m3 (as value
+// x 2^-8) is within 1.75 by construction; f16 K/V are probed per block
+// (BlockProbe), a block past the bounds takes the f32 path.
+template <DType kT>
+struct F16Bounds;
+template <>
+struct F16Bounds<DType::kFP8E4M3> {
+  static constexpr int kQueryExponent = 8;
+  static constexpr float kKeyBound = 1.875f, kValueBound = 1.875f;
+};
+template <>
+struct F16Bounds<DType::kF16> {
+  static constexpr int kQueryExponent = 2;
+  static constexpr float kKeyBound = 64.0f, kValueBound = 2048.0f;
+  static constexpr std::uint16_t kKeyBoundBits = 0x5400, kValueBoundBits = 0x6800;  // 64, 2048 as f16
+};
+template <DType kT>
+constexpr bool BoundsHold() {
+  using B = F16Bounds<kT>;
+  return kF16DecodeMaxDim / 2 * float(1 << B::kQueryExponent) * B::kKeyBound < 65504.0f &&
+         kFlushKeys * B::kValueBound < 65504.0f;
+}
+static_assert(BoundsHold<DType::kFP8E4M3>() && BoundsHold<DType::kF16>(), "f16 sums stay finite");
 
 template <class V>
 HWY_INLINE V Pinned(V v) {
@@ -75,20 +101,29 @@ HWY_INLINE V Pinned(V v) {
   return v;
 }
 
-// 32 e4m3 codes as f16 bits (value x 2^-8): sign-extend, shift left 7 (the
-// sign lands on bits 15 and 14), clear bit 14.
-HWY_INLINE PAGEDATTN_F16_ATTR __m512h E4M3ToF16(const void* row, std::size_t d) {
-  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint8_t*>(row) + d));
-  const __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(bytes), 7);
-  return _mm512_castsi512_ph(_mm512_and_si512(h, _mm512_set1_epi16(static_cast<std::int16_t>(0xBF80))));
+// Elements [d, d + 32) of a kT row as f16. e4m3 codes come out as value x
+// 2^-8: sign-extend, shift left 7 (the sign lands on bits 15 and 14), clear
+// bit 14.
+template <DType kT>
+HWY_INLINE PAGEDATTN_F16_ATTR __m512h LoadChunk(const void* row, std::size_t d) {
+  if constexpr (kT == DType::kF16) {
+    return _mm512_loadu_ph(static_cast<const std::uint16_t*>(row) + d);
+  } else {
+    static_assert(kT == DType::kFP8E4M3, "e4m3 or f16 rows");
+    const auto* p = static_cast<const std::uint8_t*>(row) + d;
+    const __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 7);
+    return _mm512_castsi512_ph(_mm512_and_si512(h, _mm512_set1_epi16(static_cast<std::int16_t>(0xBF80))));
+  }
 }
 
 // Rounds `rows` f32 query rows (stride dq) to f16 rows (stride dq) after
 // multiplying each by the power of two that puts its largest magnitude in
-// [2^(kQueryExponent - 1), 2^kQueryExponent) (a zero row: by 1); inv[r] gets the inverse factor. False
-// when an element is not finite (the caller keeps f32 products).
-PAGEDATTN_F16_ATTR inline bool RoundQueries(const float* q, std::int32_t rows, std::size_t dim, std::size_t dq,
-                                            std::uint16_t* out, float* inv) {
+// [2^(e - 1), 2^e), e = F16Bounds<kT>::kQueryExponent (a zero row: by 1);
+// inv[r] gets the inverse factor. False when an element is not finite (the
+// caller keeps f32 products).
+template <DType kT>
+PAGEDATTN_F16_ATTR bool RoundQueries(const float* q, std::int32_t rows, std::size_t dim, std::size_t dq,
+                                     std::uint16_t* out, float* inv) {
   for (std::int32_t r = 0; r < rows; ++r) {
     const float* x = q + std::size_t(r) * dq;
     __m512 vpeak = _mm512_setzero_ps();
@@ -102,7 +137,7 @@ PAGEDATTN_F16_ATTR inline bool RoundQueries(const float* q, std::int32_t rows, s
     const float peak = _mm512_reduce_max_ps(vpeak);
     int e = 0;
     if (peak > 0.0f) std::frexp(peak, &e);  // peak in [2^(e-1), 2^e)
-    const int shift = kQueryExponent - e;
+    const int shift = F16Bounds<kT>::kQueryExponent - e;
     const __m512 factor = _mm512_set1_ps(std::ldexp(1.0f, shift));
     inv[r] = std::ldexp(1.0f, -shift);
     std::uint16_t* y = out + std::size_t(r) * dq;
@@ -148,22 +183,37 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512 ReduceF16(const __m512h* a) {
   return _mm512_add_ps(_mm512_permutex2var_ps(lo, first, hi), _mm512_permutex2var_ps(lo, second, hi));
 }
 
-// Looks for e4m3 NaN codes (S.1111.111) in the rows it is shown: OR-ing
-// 0x80 into a byte makes a NaN code 0xFF and no other, so a bytewise
-// maximum finds one (2 instructions per 64 codes, as HasE4M3Nan). The QK
-// tiles of a block's first row group feed it the K and V rows they touch,
-// so the check overlaps the arithmetic and pulls V into L1 ahead of PV.
-struct NanProbe {
-  __m512i max;
-  HWY_INLINE PAGEDATTN_F16_ATTR NanProbe() : max(_mm512_setzero_si512()) {}
-  // Codes [d, min(d + 64, n)) of a row of n codes.
-  HWY_INLINE PAGEDATTN_F16_ATTR void Add(const void* row, std::size_t d, std::size_t n) {
-    const auto* p = static_cast<const std::uint8_t*>(row) + d;
-    const __m512i x = d + 64 <= n ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(~0ull >> (64 - (n - d)), p);
-    max = _mm512_max_epu8(max, _mm512_or_si512(x, _mm512_set1_epi8(static_cast<char>(0x80))));
+// Checks a block's K and V rows for what the f16 path cannot take: e4m3
+// NaN codes (S.1111.111), or f16 elements at or past the bounds (infinities
+// and NaNs included). The QK tiles of a block's first row group feed it
+// the K and V rows they touch, 64 bytes at a time (kElems elements), so the
+// check overlaps the arithmetic and pulls V into L1 ahead of PV; two
+// instructions per 64 bytes.
+template <DType kT>
+struct BlockProbe {
+  static constexpr std::size_t kElems = 64 / dtype_size(kT);
+  __m512i k_max, v_max;
+  HWY_INLINE PAGEDATTN_F16_ATTR BlockProbe() : k_max(_mm512_setzero_si512()), v_max(_mm512_setzero_si512()) {}
+  // Elements [d, min(d + kElems, n)) of a K (value false) or V row of n.
+  HWY_INLINE PAGEDATTN_F16_ATTR void Add(const void* row, std::size_t d, std::size_t n, bool value) {
+    const auto* p = static_cast<const std::uint8_t*>(row) + d * dtype_size(kT);
+    const std::size_t bytes = (d + kElems <= n ? kElems : n - d) * dtype_size(kT);
+    const __m512i x = bytes == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(~0ull >> (64 - bytes), p);
+    __m512i& max = value ? v_max : k_max;
+    if constexpr (kT == DType::kF16)  // magnitudes' bits, ordered as the magnitudes
+      max = _mm512_max_epu16(max, _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF)));
+    else  // OR-ing 0x80 makes a NaN code 0xFF and no other byte
+      max = _mm512_max_epu8(max, _mm512_or_si512(x, _mm512_set1_epi8(static_cast<char>(0x80))));
   }
   HWY_INLINE PAGEDATTN_F16_ATTR bool Found() const {
-    return _mm512_cmpeq_epi8_mask(max, _mm512_set1_epi8(static_cast<char>(0xFF))) != 0;
+    if constexpr (kT == DType::kF16) {
+      using B = F16Bounds<kT>;
+      return _mm512_cmpge_epu16_mask(k_max, _mm512_set1_epi16(static_cast<std::int16_t>(B::kKeyBoundBits))) != 0 ||
+             _mm512_cmpge_epu16_mask(v_max, _mm512_set1_epi16(static_cast<std::int16_t>(B::kValueBoundBits))) != 0;
+    } else {
+      const __m512i nan = _mm512_set1_epi8(static_cast<char>(0xFF));
+      return (_mm512_cmpeq_epi8_mask(k_max, nan) | _mm512_cmpeq_epi8_mask(v_max, nan)) != 0;
+    }
   }
 };
 
@@ -177,10 +227,10 @@ struct BlockRows {
 // Raw scores of kRows rows x kKeys keys from key jj (16 accumulators): lane
 // r * kKeys + e holds row r, key jj + e. `prefetch` (or null): the next
 // head's K rows, a line per line read. kProbe: the K and V rows of these
-// keys go through `nan` too.
-template <int kRows, int kKeys, bool kProbe>
+// keys go through `probe` too.
+template <DType kT, int kRows, int kKeys, bool kProbe>
 HWY_INLINE PAGEDATTN_F16_ATTR __m512 ScoreTile(const std::uint16_t* q, std::size_t dq, const BlockRows& rows,
-                                                const void* const* prefetch, std::int32_t jj, NanProbe& nan) {
+                                                const void* const* prefetch, std::int32_t jj, BlockProbe<kT>& probe) {
   static_assert(kRows * kKeys == 16, "one reduction of 16 accumulators");
   const void* const* k = rows.k;
   const std::size_t dim = rows.k_dim;
@@ -188,11 +238,11 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512 ScoreTile(const std::uint16_t* q, std::size
   for (auto& a : acc) a = _mm512_setzero_ph();
   for (std::size_t d = 0; d < dim; d += kChunk) {
     __m512h kc[kKeys];
-    for (int e = 0; e < kKeys; ++e) kc[e] = Pinned(E4M3ToF16(k[jj + e], d));
+    for (int e = 0; e < kKeys; ++e) kc[e] = Pinned(LoadChunk<kT>(k[jj + e], d));
     if (prefetch != nullptr)
-      for (int e = 0; e < kKeys; ++e) PrefetchLine<DType::kFP8E4M3>(prefetch[jj + e], d, dim);
-    if (kProbe && d % 64 == 0)
-      for (int e = 0; e < kKeys; ++e) nan.Add(k[jj + e], d, dim);
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
+    if (kProbe && d % BlockProbe<kT>::kElems == 0)
+      for (int e = 0; e < kKeys; ++e) probe.Add(k[jj + e], d, dim, false);
     for (int r = 0; r < kRows; ++r) {
       const __m512h qc = Pinned(_mm512_loadu_ph(q + std::size_t(r) * dq + d));
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = _mm512_fmadd_ph(qc, kc[e], acc[r * kKeys + e]);
@@ -200,21 +250,23 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512 ScoreTile(const std::uint16_t* q, std::size
   }
   if constexpr (kProbe)
     for (int e = 0; e < kKeys; ++e)
-      for (std::size_t d = 0; d < rows.v_dim; d += 64) nan.Add(rows.v[jj + e], d, rows.v_dim);
+      for (std::size_t d = 0; d < rows.v_dim; d += BlockProbe<kT>::kElems) probe.Add(rows.v[jj + e], d, rows.v_dim, true);
   return ReduceF16(acc);
 }
 
-// Scores of kRows rows x the block's keys, times k_scale[key] x q_inv[row],
-// to s (row stride kKB), whole rows at a time.
-template <int kRows, bool kProbe>
+// Scores of kRows rows x the block's keys, times k_scale[key] (when given)
+// x q_inv[row], to s (row stride kKB), whole rows at a time.
+template <DType kT, int kRows, bool kProbe>
 HWY_INLINE PAGEDATTN_F16_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq, const float* q_inv,
                                               const BlockRows& rows, const void* const* prefetch,
-                                              const float* k_scale, float* s, NanProbe& nan) {
+                                              const float* k_scale, float* s, BlockProbe<kT>& probe) {
   constexpr int kKeys = 16 / kRows;
   __m512 tiles[2 * kRows], out[2 * kRows];
-  for (int t = 0; t < 2 * kRows; ++t) tiles[t] = ScoreTile<kRows, kKeys, kProbe>(q, dq, rows, prefetch, t * kKeys, nan);
+  for (int t = 0; t < 2 * kRows; ++t)
+    tiles[t] = ScoreTile<kT, kRows, kKeys, kProbe>(q, dq, rows, prefetch, t * kKeys, probe);
   TilesToRows<kRows>(tiles, out);
-  const __m512 ks[2] = {_mm512_loadu_ps(k_scale), _mm512_loadu_ps(k_scale + 16)};
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 ks[2] = {k_scale ? _mm512_loadu_ps(k_scale) : one, k_scale ? _mm512_loadu_ps(k_scale + 16) : one};
   for (int r = 0; r < kRows; ++r)
     for (int h = 0; h < 2; ++h)
       _mm512_store_ps(s + std::size_t(r) * kKB + 16 * h,
@@ -222,43 +274,44 @@ HWY_INLINE PAGEDATTN_F16_ATTR void ScoreRows(const std::uint16_t* q, std::size_t
 }
 
 // The next group of rows from r (8, 4, 2 or 1 of them); returns how many.
-template <bool kProbe>
+template <DType kT, bool kProbe>
 HWY_INLINE PAGEDATTN_F16_ATTR std::int32_t ScoreGroup(const std::uint16_t* q, std::size_t dq, const float* q_inv,
                                                        const BlockRows& b, const void* const* prefetch,
                                                        const float* k_scale, float* s, std::int32_t r,
-                                                       std::int32_t rows, NanProbe& nan) {
+                                                       std::int32_t rows, BlockProbe<kT>& probe) {
   const std::uint16_t* qr = q + std::size_t(r) * dq;
   float* sr = s + std::size_t(r) * kKB;
   if (r + 8 <= rows) {
-    ScoreRows<8, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, nan);
+    ScoreRows<kT, 8, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, probe);
     return 8;
   }
   if (r + 4 <= rows) {
-    ScoreRows<4, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, nan);
+    ScoreRows<kT, 4, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, probe);
     return 4;
   }
   if (r + 2 <= rows) {
-    ScoreRows<2, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, nan);
+    ScoreRows<kT, 2, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, probe);
     return 2;
   }
-  ScoreRows<1, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, nan);
+  ScoreRows<kT, 1, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, probe);
   return 1;
 }
 
 // Scores of `rows` (at most 8) f16 query rows (RoundQueries; stride dq)
-// against the kKB e4m3 rows `k` of k_dim codes into s ([rows][kKB]), times
-// k_scale[key] x q_inv[row]. The first group of rows prefetches `prefetch`
-// (the next head's K rows) and probes the K and V rows (`v`, v_dim codes)
-// for NaN codes: returns false, scores unusable, when it finds one.
-template <int kDim>
+// against the kKB kT rows `k` of k_dim elements into s ([rows][kKB]), times
+// k_scale[key] (when given) x q_inv[row]. The first group of rows
+// prefetches `prefetch` (the next head's K rows) and probes the K and V rows
+// (`v`, v_dim elements; BlockProbe): returns false, scores unusable, when
+// the block holds what the path cannot take.
+template <DType kT, int kDim>
 PAGEDATTN_F16_ATTR bool ScoreBlock(const std::uint16_t* q, std::size_t dq, const float* q_inv, const void* const* k,
                                    const void* const* v, const void* const* prefetch, std::size_t k_dim,
                                    std::size_t v_dim, const float* k_scale, float* s, std::int32_t rows) {
   const BlockRows b{k, v, kDim > 0 ? std::size_t(kDim) : k_dim, kDim > 0 ? std::size_t(kDim) : v_dim};
-  NanProbe nan;
-  std::int32_t r = ScoreGroup<true>(q, dq, q_inv, b, prefetch, k_scale, s, 0, rows, nan);
-  if (nan.Found()) return false;
-  while (r < rows) r += ScoreGroup<false>(q, dq, q_inv, b, nullptr, k_scale, s, r, rows, nan);
+  BlockProbe<kT> probe;
+  std::int32_t r = ScoreGroup<kT, true>(q, dq, q_inv, b, prefetch, k_scale, s, 0, rows, probe);
+  if (probe.Found()) return false;
+  while (r < rows) r += ScoreGroup<kT, false>(q, dq, q_inv, b, nullptr, k_scale, s, r, rows, probe);
   return true;
 }
 
@@ -280,7 +333,7 @@ PAGEDATTN_F16_ATTR inline void RoundWeights(float* s, std::int32_t row0, std::in
 
 // o[kRows rows][d, d + 32 x kChunks) += v_scale x weights x V over keys
 // [0, count): f16 accumulators summed over kFlushKeys keys at a time.
-template <int kRows, int kChunks>
+template <DType kT, int kRows, int kChunks>
 HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateTile(const float* s, const void* const* v, const void* const* prefetch,
                                                   std::int32_t count, std::size_t d, std::size_t dim, float v_scale,
                                                   float* o, std::size_t o_stride) {
@@ -295,8 +348,8 @@ HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateTile(const float* s, const void* co
     for (std::int32_t jj = g; jj < end; ++jj) {
       __m512h x[kChunks];
       for (int c = 0; c < kChunks; ++c) {
-        if (prefetch != nullptr) PrefetchLine<DType::kFP8E4M3>(prefetch[jj], d + kChunk * c, dim);
-        x[c] = Pinned(E4M3ToF16(v[jj], d + kChunk * c));
+        if (prefetch != nullptr) PrefetchLine<kT>(prefetch[jj], d + kChunk * c, dim);
+        x[c] = Pinned(LoadChunk<kT>(v[jj], d + kChunk * c));
       }
       for (int r = 0; r < kRows; ++r) {
         const __m512h wr = _mm512_castsi512_ph(_mm512_set1_epi32(w[std::size_t(r) * kKB + std::size_t(jj)]));
@@ -314,22 +367,22 @@ HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateTile(const float* s, const void* co
   }
 }
 
-template <int kDim, int kRows>
+template <DType kT, int kRows>
 HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateRows(const float* s, const void* const* v, const void* const* prefetch,
                                                   std::int32_t count, std::size_t dim, float v_scale, float* o,
                                                   std::size_t o_stride) {
   constexpr int kChunks = 16 / kRows;
   std::size_t d = 0;
   for (; d + kChunks * kChunk <= dim; d += kChunks * kChunk)
-    AccumulateTile<kRows, kChunks>(s, v, prefetch, count, d, dim, v_scale, o, o_stride);
-  for (; d < dim; d += kChunk) AccumulateTile<kRows, 1>(s, v, prefetch, count, d, dim, v_scale, o, o_stride);
+    AccumulateTile<kT, kRows, kChunks>(s, v, prefetch, count, d, dim, v_scale, o, o_stride);
+  for (; d < dim; d += kChunk) AccumulateTile<kT, kRows, 1>(s, v, prefetch, count, d, dim, v_scale, o, o_stride);
 }
 
 // o ([rows][o_stride] f32) += v_scale x weights x V for `rows` (at most 8)
 // rows: the weights rounded in place (RoundWeights), the first `count` of
-// the kKB e4m3 rows `v` of `dim` codes. The first group of rows prefetches
-// `prefetch` (the next head's V rows).
-template <int kDim>
+// the kKB kT rows `v` of `dim` elements (v_scale: uniform over the keys).
+// The first group of rows prefetches `prefetch` (the next head's V rows).
+template <DType kT, int kDim>
 PAGEDATTN_F16_ATTR void AccumulateBlock(const float* s, const void* const* v, const void* const* prefetch,
                                         std::int32_t count, std::size_t dim, float v_scale, float* o,
                                         std::size_t o_stride, std::int32_t rows) {
@@ -340,16 +393,16 @@ PAGEDATTN_F16_ATTR void AccumulateBlock(const float* s, const void* const* v, co
     float* orow = o + std::size_t(r) * o_stride;
     const void* const* pf = r == 0 ? prefetch : nullptr;
     if (r + 8 <= rows) {
-      AccumulateRows<kDim, 8>(sr, v, pf, count, n, v_scale, orow, o_stride);
+      AccumulateRows<kT, 8>(sr, v, pf, count, n, v_scale, orow, o_stride);
       r += 8;
     } else if (r + 4 <= rows) {
-      AccumulateRows<kDim, 4>(sr, v, pf, count, n, v_scale, orow, o_stride);
+      AccumulateRows<kT, 4>(sr, v, pf, count, n, v_scale, orow, o_stride);
       r += 4;
     } else if (r + 2 <= rows) {
-      AccumulateRows<kDim, 2>(sr, v, pf, count, n, v_scale, orow, o_stride);
+      AccumulateRows<kT, 2>(sr, v, pf, count, n, v_scale, orow, o_stride);
       r += 2;
     } else {
-      AccumulateRows<kDim, 1>(sr, v, pf, count, n, v_scale, orow, o_stride);
+      AccumulateRows<kT, 1>(sr, v, pf, count, n, v_scale, orow, o_stride);
       r += 1;
     }
   }

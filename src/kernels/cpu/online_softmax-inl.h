@@ -33,11 +33,13 @@ constexpr int kMaxRows = 16;  // rows per update: one lane each
 // exp(x) for the softmax weights: 2^(x log2 e) as 2^n x p(f), n the nearest
 // integer, p the degree-6 Taylor polynomial of 2^f on |f| <= 1/2 (relative
 // error below 2e-7). x below -86.6 (2^-125: nothing beside a row's weight of
-// 1), -inf and NaN give 0 from a masked scalef: a result below f32's normal
-// range would cost a microcode assist (more than 100 cycles) per instruction.
+// 1) and -inf give 0 from a masked scalef: a result below f32's normal range
+// would cost a microcode assist (more than 100 cycles) per instruction. NaN
+// gives NaN (a score of +inf minus a maximum of +inf: the row comes out NaN,
+// as the reference has it).
 HWY_INLINE __m512 Exp(__m512 x) {
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
-  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+  const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
   __m512 p = _mm512_set1_ps(1.5403530e-4f);
