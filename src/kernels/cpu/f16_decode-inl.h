@@ -3,7 +3,10 @@
 // FMA), per target (Highway -inl.h pattern; Highway 1.0.3 has no f16
 // arithmetic, so raw intrinsics, compiled on the AVX-512 targets and run
 // only when the CPU reports avx512_fp16: KernelContext::f16_decode,
-// AttentionPlanOptions::f16_products).
+// AttentionPlanOptions::f16_products). The two f16 instructions
+// (vfmadd231ph, vaddph) are inline assembly on f16 bits held in __m512i:
+// clang 14's intrinsics and __m512h exist only where the whole translation
+// unit targets AVX512-FP16.
 //
 // K and V rows are used exactly as stored: f16 as it is, e4m3 moved into
 // f16's fields, its value x 2^-8 with subnormals (3 instructions per 32
@@ -29,9 +32,8 @@
 #define PAGEDATTN_KERNELS_CPU_F16_DECODE_MACROS_
 // True in the per-target pass of a target that compiles the f16 kernels.
 #define PAGEDATTN_F16_DECODE_TARGET (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL))
-// The target's extensions plus AVX512-FP16 (called, never inlined, from
-// code without it).
-#define PAGEDATTN_F16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512fp16")))
+// The target's extensions (the f16 instructions are assembly).
+#define PAGEDATTN_F16_ATTR __attribute__((target(HWY_TARGET_STR)))
 #endif
 
 #if defined(PAGEDATTN_KERNELS_CPU_F16_DECODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -101,18 +103,31 @@ HWY_INLINE V Pinned(V v) {
   return v;
 }
 
+// acc + a x b on 32 f16 lanes (vfmadd231ph).
+HWY_INLINE PAGEDATTN_F16_ATTR __m512i FmaF16(__m512i a, __m512i b, __m512i acc) {
+  asm("vfmadd231ph %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+// x + y on 32 f16 lanes (vaddph).
+HWY_INLINE PAGEDATTN_F16_ATTR __m512i AddF16(__m512i x, __m512i y) {
+  __m512i sum;
+  asm("vaddph %2, %1, %0" : "=v"(sum) : "v"(x), "v"(y));
+  return sum;
+}
+
 // Elements [d, d + 32) of a kT row as f16. e4m3 codes come out as value x
 // 2^-8: sign-extend, shift left 7 (the sign lands on bits 15 and 14), clear
 // bit 14.
 template <DType kT>
-HWY_INLINE PAGEDATTN_F16_ATTR __m512h LoadChunk(const void* row, std::size_t d) {
+HWY_INLINE PAGEDATTN_F16_ATTR __m512i LoadChunk(const void* row, std::size_t d) {
   if constexpr (kT == DType::kF16) {
-    return _mm512_loadu_ph(static_cast<const std::uint16_t*>(row) + d);
+    return _mm512_loadu_si512(static_cast<const std::uint16_t*>(row) + d);
   } else {
     static_assert(kT == DType::kFP8E4M3, "e4m3 or f16 rows");
     const auto* p = static_cast<const std::uint8_t*>(row) + d;
     const __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 7);
-    return _mm512_castsi512_ph(_mm512_and_si512(h, _mm512_set1_epi16(static_cast<std::int16_t>(0xBF80))));
+    return _mm512_and_si512(h, _mm512_set1_epi16(static_cast<std::int16_t>(0xBF80)));
   }
 }
 
@@ -157,21 +172,20 @@ PAGEDATTN_F16_ATTR bool RoundQueries(const float* q, std::int32_t rows, std::siz
 // (128-bit blocks, then 64-bit, then 32-bit units; 3 instructions a pair),
 // leave 2 lanes per accumulator; those are widened and added in f32 (52
 // instructions in all, against 101 for widening all 16 to Reduce16).
-HWY_INLINE PAGEDATTN_F16_ATTR __m512 ReduceF16(const __m512h* a) {
-  auto add = [](__m512i x, __m512i y) { return _mm512_castph_si512(_mm512_add_ph(_mm512_castsi512_ph(x), _mm512_castsi512_ph(y))); };
+HWY_INLINE PAGEDATTN_F16_ATTR __m512 ReduceF16(const __m512i* a) {
   __m512i l1[8], l2[4], l3[2];
   for (int i = 0; i < 8; ++i) {  // blocks [a0 + a2, a1 + a3, b0 + b2, b1 + b3] of a = a[2i], b = a[2i + 1]
-    const __m512i x = _mm512_castph_si512(a[2 * i]), y = _mm512_castph_si512(a[2 * i + 1]);
-    l1[i] = add(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xEE));
+    const __m512i x = a[2 * i], y = a[2 * i + 1];
+    l1[i] = AddF16(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xEE));
   }
   for (int j = 0; j < 4; ++j)  // block b: a[4j + b], 8 lanes
-    l2[j] = add(_mm512_shuffle_i64x2(l1[2 * j], l1[2 * j + 1], 0x88),
+    l2[j] = AddF16(_mm512_shuffle_i64x2(l1[2 * j], l1[2 * j + 1], 0x88),
                 _mm512_shuffle_i64x2(l1[2 * j], l1[2 * j + 1], 0xDD));
   for (int m = 0; m < 2; ++m)  // block b: a[8m + b] in lanes 0-3, a[8m + 4 + b] in lanes 4-7
-    l3[m] = add(_mm512_unpacklo_epi64(l2[2 * m], l2[2 * m + 1]), _mm512_unpackhi_epi64(l2[2 * m], l2[2 * m + 1]));
+    l3[m] = AddF16(_mm512_unpacklo_epi64(l2[2 * m], l2[2 * m + 1]), _mm512_unpackhi_epi64(l2[2 * m], l2[2 * m + 1]));
   // Block b, 32-bit unit k (2 lanes): a[4k + b].
   const __m512 u = _mm512_castsi512_ps(l3[0]), w = _mm512_castsi512_ps(l3[1]);
-  const __m512i l4 = add(_mm512_castps_si512(_mm512_shuffle_ps(u, w, _MM_SHUFFLE(2, 0, 2, 0))),
+  const __m512i l4 = AddF16(_mm512_castps_si512(_mm512_shuffle_ps(u, w, _MM_SHUFFLE(2, 0, 2, 0))),
                          _mm512_castps_si512(_mm512_shuffle_ps(u, w, _MM_SHUFFLE(3, 1, 3, 1))));
   // Blocks 0-1 widen to lo, 2-3 to hi; accumulator i = 4k + b sits in lanes
   // 2t, 2t + 1 of lo (b < 2) or hi (b >= 2), t = 4 (b % 2) + k.
@@ -234,18 +248,18 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512 ScoreTile(const std::uint16_t* q, std::size
   static_assert(kRows * kKeys == 16, "one reduction of 16 accumulators");
   const void* const* k = rows.k;
   const std::size_t dim = rows.k_dim;
-  __m512h acc[16];
-  for (auto& a : acc) a = _mm512_setzero_ph();
+  __m512i acc[16];
+  for (auto& a : acc) a = _mm512_setzero_si512();
   for (std::size_t d = 0; d < dim; d += kChunk) {
-    __m512h kc[kKeys];
+    __m512i kc[kKeys];
     for (int e = 0; e < kKeys; ++e) kc[e] = Pinned(LoadChunk<kT>(k[jj + e], d));
     if (prefetch != nullptr)
       for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
     if (kProbe && d % BlockProbe<kT>::kElems == 0)
       for (int e = 0; e < kKeys; ++e) probe.Add(k[jj + e], d, dim, false);
     for (int r = 0; r < kRows; ++r) {
-      const __m512h qc = Pinned(_mm512_loadu_ph(q + std::size_t(r) * dq + d));
-      for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = _mm512_fmadd_ph(qc, kc[e], acc[r * kKeys + e]);
+      const __m512i qc = Pinned(_mm512_loadu_si512(q + std::size_t(r) * dq + d));
+      for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = FmaF16(qc, kc[e], acc[r * kKeys + e]);
     }
   }
   if constexpr (kProbe)
@@ -341,25 +355,25 @@ HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateTile(const float* s, const void* co
   const auto* w = reinterpret_cast<const std::int32_t*>(s);
   const __m512 vs = _mm512_set1_ps(v_scale);
   for (std::int32_t g = 0; g < count; g += kFlushKeys) {
-    __m512h acc[kRows][kChunks];
+    __m512i acc[kRows][kChunks];
     for (auto& row : acc)
-      for (auto& a : row) a = _mm512_setzero_ph();
+      for (auto& a : row) a = _mm512_setzero_si512();
     const std::int32_t end = g + kFlushKeys < count ? g + kFlushKeys : count;
     for (std::int32_t jj = g; jj < end; ++jj) {
-      __m512h x[kChunks];
+      __m512i x[kChunks];
       for (int c = 0; c < kChunks; ++c) {
         if (prefetch != nullptr) PrefetchLine<kT>(prefetch[jj], d + kChunk * c, dim);
         x[c] = Pinned(LoadChunk<kT>(v[jj], d + kChunk * c));
       }
       for (int r = 0; r < kRows; ++r) {
-        const __m512h wr = _mm512_castsi512_ph(_mm512_set1_epi32(w[std::size_t(r) * kKB + std::size_t(jj)]));
-        for (int c = 0; c < kChunks; ++c) acc[r][c] = _mm512_fmadd_ph(wr, x[c], acc[r][c]);
+        const __m512i wr = _mm512_set1_epi32(w[std::size_t(r) * kKB + std::size_t(jj)]);
+        for (int c = 0; c < kChunks; ++c) acc[r][c] = FmaF16(wr, x[c], acc[r][c]);
       }
     }
     for (int r = 0; r < kRows; ++r)
       for (int c = 0; c < kChunks; ++c) {
         float* out = o + std::size_t(r) * o_stride + d + kChunk * c;
-        const __m512i bits = _mm512_castph_si512(acc[r][c]);
+        const __m512i bits = acc[r][c];
         _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(bits)), vs, _mm512_loadu_ps(out)));
         _mm512_storeu_ps(out + 16,
                          _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1)), vs, _mm512_loadu_ps(out + 16)));
