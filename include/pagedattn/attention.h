@@ -118,16 +118,18 @@ struct AttentionPlanOptions {
   // per key. Off: f32 products.
   bool int8_products = false;
   // Decode (at most 8 query rows per KV head, no inline key RoPE) over fp8
-  // e4m3 KV with head dims that are multiples of 32 up to 256 may run on f16
-  // multiply-adds where the CPU has AVX512-FP16 (Intel Xeon from Sapphire
-  // Rapids on): queries are scaled by a power of two per row and rounded to
-  // f16 (11 significant bits), softmax weights rounded to f16, K/V used as
-  // stored; QK sums at most 16 products per lane in f16 before f32, PV 8
-  // keys. About 0.5% of a row's largest output at the default scale, for
-  // about half the instructions per key of f32 products (e4m3 decodes to
-  // f16 in 3 instructions per 32 codes). Blocks holding an e4m3 NaN code,
-  // and items whose queries are not finite, keep f32 products. Off: f32
-  // products.
+  // e4m3 and f16 KV with head dims that are multiples of 32 up to 256 may
+  // run on f16 multiply-adds where the CPU has AVX512-FP16 (Intel Xeon from
+  // Sapphire Rapids on; not Zen 4 or 5): queries are scaled by a power of
+  // two per row and rounded to f16 (11 significant bits), softmax weights
+  // rounded to f16, K/V used as stored; a score is summed in f16 over up to
+  // head_dim / 2 products before f32, PV over 16 keys. At most 0.75% of a
+  // row's largest output in the kernel tests, for about half the
+  // instructions per key of f32 products (e4m3 decodes to f16 in 3
+  // instructions per 32 codes). Blocks the path cannot take keep f32
+  // products: e4m3 NaN codes, f16 K elements of magnitude 64 or more or V
+  // elements of 2048 or more (infinities and NaNs included); so do work
+  // items whose queries are not finite. Off: f32 products.
   bool f16_products = false;
 };
 

@@ -104,11 +104,11 @@ struct EngineConfig {
   // softmax weights to u8 per block; about 2% of a row's largest output at
   // the default scale. Off: exact f32 products. Deterministic mode keeps f32.
   bool int8_products = false;
-  // fp8 e4m3 KV decode on AVX512-FP16 multiply-adds where the CPU has them
-  // (AttentionPlanOptions::f16_products: Intel Xeon from Sapphire Rapids
-  // on): queries and softmax weights rounded to f16, short f16 sums; under
-  // 1% of a row's largest output. Off: exact f32 products. Deterministic
-  // mode keeps f32.
+  // fp8 e4m3 and f16 KV decode on AVX512-FP16 multiply-adds where the CPU
+  // has them (AttentionPlanOptions::f16_products: Intel Xeon from Sapphire
+  // Rapids on): queries and softmax weights rounded to f16, short f16 sums;
+  // under 1% of a row's largest output. Off: exact f32 products.
+  // Deterministic mode keeps f32.
   bool f16_products = false;
 };
 

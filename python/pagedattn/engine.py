@@ -72,9 +72,9 @@ class Engine:
     queries, softmax weights and f16 K/V rounded to bf16; ignored in
     deterministic mode). int8_products: int8 KV decode on AVX512-VNNI dot
     products (kv_dtype="int8"; queries and softmax weights rounded to 8 bits).
-    f16_products: fp8 e4m3 KV decode on AVX512-FP16 multiply-adds where the
-    CPU has them (kv_dtype="float8_e4m3fn"; queries and softmax weights
-    rounded to f16, short f16 sums; under 1% of a row's largest output).
+    f16_products: fp8 e4m3 and float16 KV decode on AVX512-FP16
+    multiply-adds where the CPU has them (queries and softmax weights rounded
+    to f16, short f16 sums; under 1% of a row's largest output).
 
     Threads: add_request never waits for a running step; step() calls take
     turns; abort, has_unfinished, stats and set_stream_callback wait for a
