@@ -278,17 +278,47 @@ RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used, DotPro
   return {output_row_tolerance(spec.o_dtype) + dot, dot > 0.0 ? dot : kFp32LseTolerance};
 }
 
+namespace {
+
+// Row `row` of output 1 against output 0: the largest error and the largest
+// reference magnitude.
+struct RowError {
+  double err = 0.0, scale = 0.0;
+};
+RowError row_error(const std::vector<float>& want, const std::vector<float>& got, std::size_t row, std::size_t dim) {
+  RowError e;
+  for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
+    e.err = std::max(e.err, double(std::fabs(got[i] - want[i])));
+    e.scale = std::max(e.scale, double(std::fabs(want[i])));
+  }
+  return e;
+}
+
+std::size_t output_dim(const CaseSpec& spec) {
+  return static_cast<std::size_t>(spec.v_head_dim ? spec.v_head_dim : spec.head_dim);
+}
+
+}  // namespace
+
+double largest_row_error(const AttentionCase& c) {
+  const std::vector<float> want = c.output(0), got = c.output(1);
+  const std::size_t dim = output_dim(c.spec());
+  double worst = 0.0;
+  for (std::size_t row = 0; row * dim < want.size(); ++row) {
+    const RowError e = row_error(want, got, row, dim);
+    if (e.scale > 0.0) worst = std::max(worst, e.err / e.scale);
+  }
+  return worst;
+}
+
 void expect_rows_close(const AttentionCase& c, const RowTolerance& tol, const std::string& what) {
   const std::vector<float> want = c.output(0), got = c.output(1);
-  const std::size_t dim = static_cast<std::size_t>(c.spec().v_head_dim ? c.spec().v_head_dim : c.spec().head_dim);
+  const std::size_t dim = output_dim(c.spec());
   int reported = 0;
   for (std::size_t row = 0; row * dim < want.size(); ++row) {
-    double err = 0.0, scale = 0.0;
-    for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
+    for (std::size_t i = row * dim; i < (row + 1) * dim; ++i)
       ASSERT_TRUE(std::isfinite(got[i])) << what << " output " << i << " is " << got[i];
-      err = std::max(err, double(std::fabs(got[i] - want[i])));
-      scale = std::max(scale, double(std::fabs(want[i])));
-    }
+    const auto [err, scale] = row_error(want, got, row, dim);
     if (err > tol.row * scale + 1e-6 && reported++ < 3)
       ADD_FAILURE() << what << " row " << row << ": max error " << err << " against row maximum "
                     << scale << " (tolerance " << tol.row << " of it)";

@@ -151,6 +151,10 @@ RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used, DotPro
 // Output 1 (kernel) against output 0 (reference), row by row, and their LSE.
 void expect_rows_close(const AttentionCase& c, const RowTolerance& tol, const std::string& what);
 
+// The largest error of output 1 against output 0 over the rows, each as a
+// fraction of its row's largest reference magnitude (rows of zeros skipped).
+double largest_row_error(const AttentionCase& c);
+
 // Output 1 (kernel) against output 0 (reference), and their LSE; failures
 // are reported with `what` (element-wise, at output_tolerance: plans with
 // f32 products).

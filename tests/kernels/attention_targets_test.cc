@@ -170,6 +170,29 @@ int ExpectTheReferencesNaNs(const AttentionCase& c, std::int32_t row_len, double
   return nan_rows;
 }
 
+// Two decode sequences (97 and 40 keys, one token each) over 2 KV heads of
+// `group` query heads: the cases of the tests that poison single elements.
+CaseSpec TwoSequenceDecode(DType kv, std::int32_t group, std::uint32_t seed) {
+  CaseSpec spec;
+  spec.seed = seed;
+  spec.kv_dtype = kv;
+  spec.num_kv_heads = 2;
+  spec.num_qo_heads = 2 * group;
+  spec.kv_lens = {97, 40};
+  spec.q_lens = {1, 1};
+  return spec;
+}
+
+// Where K (value false) or V element `dim` of key `key` of sequence `seq`,
+// KV head `head`, is stored.
+void* KVElement(const AttentionParams& p, bool value, std::int32_t seq, std::int32_t key, std::int32_t head,
+                std::int32_t dim) {
+  const PagedKVTable& t = p.table;
+  const std::int32_t page = t.kv_indices[t.kv_indptr[seq] + key / t.page_size], slot = key % t.page_size;
+  const std::int64_t at = (value ? p.kv.v_offset(page, head, slot) : p.kv.k_offset(page, head, slot)) + dim;
+  return static_cast<std::byte*>(value ? p.kv.v_data : p.kv.k_data) + at * std::int64_t(dtype_size(p.kv.dtype));
+}
+
 // e4m3 decode converts a block in registers without mapping NaN codes when
 // the block has none (HasE4M3Nan): a NaN code (S.1111.111) in one K or V
 // element must still give NaN exactly where the reference does (a K NaN
@@ -183,25 +206,16 @@ TEST(AttentionTargets, E4M3NanCodesGiveTheReferencesNaNsInDecode) {
     const std::string name = lower(hwy::TargetName(target));
     if (dispatched_target_name() != name) return;
     for (std::uint32_t seed = 0; seed < 12; ++seed) {
-      CaseSpec spec;
-      spec.seed = seed;
-      spec.kv_dtype = DType::kFP8E4M3;
-      spec.num_kv_heads = 2;
-      spec.num_qo_heads = seed % 2 ? 8 : 2;
+      CaseSpec spec = TwoSequenceDecode(DType::kFP8E4M3, seed % 2 ? 4 : 1, seed);
       spec.head_dim = seed % 3 ? 128 : 80;
       spec.page_size = seed % 4 ? 16 : 5;
       spec.per_head_fp8_scales = true;
-      spec.kv_lens = {97, 40};
-      spec.q_lens = {1, 1};
       AttentionCase c(spec);
       AttentionParams ref = c.params(0);
-      const PagedKVTable& t = ref.table;
       const std::int32_t where = seed % 4;  // 0: none; 1: K; 2: V; 3: both
       const std::int32_t key = std::int32_t(seed / 4) * 48;  // block 0, 1 or 3 of sequence 0
-      const std::int32_t page = t.kv_indices[t.kv_indptr[0] + key / spec.page_size];
-      const std::int32_t slot = key % spec.page_size, head = 1, dim = 7;
-      if (where & 1) static_cast<std::uint8_t*>(ref.kv.k_data)[ref.kv.k_offset(page, head, slot) + dim] = 0x7F;
-      if (where & 2) static_cast<std::uint8_t*>(ref.kv.v_data)[ref.kv.v_offset(page, head, slot) + dim] = 0xFF;
+      if (where & 1) *static_cast<std::uint8_t*>(KVElement(ref, false, 0, key, 1, 7)) = 0x7F;
+      if (where & 2) *static_cast<std::uint8_t*>(KVElement(ref, true, 0, key, 1, 7)) = 0xFF;
       paged_attention_reference(ref);
       AttentionRunner(AttentionPlanOptions{.num_threads = 2}).run(c.params(1));
       const int nan_rows = ExpectTheReferencesNaNs(c, spec.head_dim, 1e-3, name + " seed " + std::to_string(seed));
@@ -219,6 +233,27 @@ struct DisabledFeatures {
   DisabledFeatures& operator=(const DisabledFeatures&) = delete;
 };
 
+// A decode case of 4 sequences (1, 33, 97 and `longest` keys) for the
+// dot-product paths' tests: 2 KV heads of `group` query heads, q in q_dtype,
+// f32 outputs (the paths' differences stay visible), per-head fp8 scales at
+// even group sizes.
+CaseSpec DecodeGroupCase(DType kv, std::int32_t group, std::uint32_t seed, std::int32_t head_dim,
+                         std::int32_t page, std::int32_t longest, DType q_dtype) {
+  CaseSpec spec;
+  spec.seed = seed;
+  spec.num_kv_heads = 2;
+  spec.num_qo_heads = 2 * group;
+  spec.head_dim = head_dim;
+  spec.page_size = page;
+  spec.kv_dtype = kv;
+  spec.q_dtype = q_dtype;
+  spec.o_dtype = DType::kF32;
+  spec.per_head_fp8_scales = group % 2 == 0;
+  spec.kv_lens = {1, 33, 97, longest};
+  spec.q_lens = {1, 1, 1, 1};
+  return spec;
+}
+
 // Decode over bf16 and fp8 KV with bf16 products allowed runs on vdpbf16ps
 // where the CPU has AVX512-BF16 and no AMX (bf16_decode_pays; on a CPU with
 // AMX the test switches AMX off to reach the path): within the dot-product
@@ -234,18 +269,8 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
   std::uint32_t seed = 7000;
   for (DType kv : {DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2})
     for (std::int32_t group = 1; group <= 8; ++group) {
-      CaseSpec spec;
-      spec.seed = ++seed;
-      spec.num_kv_heads = 2;
-      spec.num_qo_heads = 2 * group;
-      spec.head_dim = dims[seed % 6];
-      spec.page_size = pages[seed % 4];
-      spec.kv_dtype = kv;
-      spec.q_dtype = DType::kBF16;
-      spec.o_dtype = DType::kF32;  // the paths' differences stay visible
-      spec.per_head_fp8_scales = group % 2 == 0;
-      spec.kv_lens = {1, 33, 97, 130};
-      spec.q_lens = {1, 1, 1, 1};
+      ++seed;
+      const CaseSpec spec = DecodeGroupCase(kv, group, seed, dims[seed % 6], pages[seed % 4], 130, DType::kBF16);
       const std::string what = describe(spec);
       SCOPED_TRACE(what);
       AttentionCase c(spec);
@@ -280,19 +305,10 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
   for (const DType kv : {DType::kFP8E4M3, DType::kF16})
   for (std::int32_t group = 1; group <= 8; ++group)
     for (int variant = 0; variant < 4; ++variant) {
-      CaseSpec spec;
-      spec.seed = ++seed;
-      spec.num_kv_heads = 2;
-      spec.num_qo_heads = 2 * group;
-      spec.head_dim = dims[seed % 7];
-      spec.page_size = pages[seed % 4];
-      spec.kv_dtype = kv;
-      spec.q_dtype = variant % 2 ? DType::kF32 : DType::kBF16;
-      spec.o_dtype = DType::kF32;  // the paths' differences stay visible
-      spec.per_head_fp8_scales = group % 2 == 0;
+      ++seed;
+      CaseSpec spec = DecodeGroupCase(kv, group, seed, dims[seed % 7], pages[seed % 4], 530,
+                                      variant % 2 ? DType::kF32 : DType::kBF16);
       if (variant >= 2) spec.options.scale = 0.3f;
-      spec.kv_lens = {1, 33, 97, 530};
-      spec.q_lens = {1, 1, 1, 1};
       const std::string what = describe(spec);
       SCOPED_TRACE(what);
       AttentionCase c(spec);
@@ -301,16 +317,8 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
       const std::vector<float> f32_path = c.output(1);
       AttentionRunner(AttentionPlanOptions{.f16_products = true}).run(c.params(1));
       expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}), what);
-      const std::vector<float> want = c.output(0), got = c.output(1);
-      const std::size_t dim = std::size_t(spec.head_dim);
-      for (std::size_t row = 0; row * dim < want.size(); ++row) {
-        double err = 0.0, peak = 0.0;
-        for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
-          err = std::max(err, double(std::fabs(got[i] - want[i])));
-          peak = std::max(peak, double(std::fabs(want[i])));
-        }
-        if (peak > 0.0) worst = std::max(worst, err / peak);
-      }
+      worst = std::max(worst, largest_row_error(c));
+      const std::vector<float> got = c.output(1);
       if (spec.head_dim == 80)
         EXPECT_EQ(got, f32_path) << "head dim 80 left the f32 path";
       else
@@ -327,13 +335,8 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
 TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
   const CpuFeatures used = dispatched_features();
   if (!has_f16_decode(used)) GTEST_SKIP() << "no AVX512-FP16 at the dispatched target";
-  CaseSpec spec;
-  spec.kv_dtype = DType::kF16;
-  spec.num_kv_heads = 2;
-  spec.num_qo_heads = 8;
+  CaseSpec spec = TwoSequenceDecode(DType::kF16, 4, 1);
   spec.head_dim = 128;
-  spec.kv_lens = {97, 40};
-  spec.q_lens = {1, 1};
   {
     AttentionCase c(spec);
     AttentionParams p = c.params(0);
@@ -352,11 +355,7 @@ TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
                               Poison{true, NAN}}) {
     AttentionCase c(spec);
     AttentionParams ref = c.params(0);
-    const PagedKVTable& t = ref.table;
-    const std::int32_t key = 40, page = t.kv_indices[t.kv_indptr[0] + key / spec.page_size];
-    const std::int64_t at = (poison.value ? ref.kv.v_offset(page, 1, key % spec.page_size)
-                                          : ref.kv.k_offset(page, 1, key % spec.page_size)) + 3;
-    static_cast<std::uint16_t*>(poison.value ? ref.kv.v_data : ref.kv.k_data)[at] = float_to_f16_bits(poison.x);
+    *static_cast<std::uint16_t*>(KVElement(ref, poison.value, 0, 40, 1, 3)) = float_to_f16_bits(poison.x);
     paged_attention_reference(ref);
     AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
     ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance,
@@ -373,33 +372,18 @@ TEST(AttentionTargets, F16DecodeKeepsNaNBlocksAndNonFiniteQueriesOnF32) {
   const CpuFeatures used = dispatched_features();
   if (!has_f16_decode(used)) GTEST_SKIP() << "no AVX512-FP16 at the dispatched target";
   for (std::uint32_t seed = 0; seed < 8; ++seed) {
-    CaseSpec spec;
-    spec.seed = seed;
-    spec.kv_dtype = DType::kFP8E4M3;
-    spec.num_kv_heads = 2;
-    spec.num_qo_heads = seed % 2 ? 8 : 2;
+    CaseSpec spec = TwoSequenceDecode(DType::kFP8E4M3, seed % 2 ? 4 : 1, seed);
     spec.per_head_fp8_scales = true;
-    spec.kv_lens = {97, 40};
-    spec.q_lens = {1, 1};
     AttentionCase c(spec);
     AttentionParams ref = c.params(0);
-    const PagedKVTable& t = ref.table;
     const std::int32_t key = std::int32_t(seed / 2) * 32 % 97;
-    const std::int32_t page = t.kv_indices[t.kv_indptr[0] + key / spec.page_size];
-    const std::int32_t slot = key % spec.page_size, head = 1, dim = 5;
-    if (seed % 2) static_cast<std::uint8_t*>(ref.kv.k_data)[ref.kv.k_offset(page, head, slot) + dim] = 0xFF;
-    else static_cast<std::uint8_t*>(ref.kv.v_data)[ref.kv.v_offset(page, head, slot) + dim] = 0x7F;
+    *static_cast<std::uint8_t*>(KVElement(ref, seed % 2 == 0, 0, key, 1, 5)) = seed % 2 ? 0xFF : 0x7F;
     paged_attention_reference(ref);
     AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
     ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance, "seed " + std::to_string(seed));
     if (::testing::Test::HasFailure()) return;
   }
-  CaseSpec spec;
-  spec.kv_dtype = DType::kFP8E4M3;
-  spec.num_kv_heads = 2;
-  spec.num_qo_heads = 8;
-  spec.kv_lens = {97, 40};
-  spec.q_lens = {1, 1};
+  const CaseSpec spec = TwoSequenceDecode(DType::kFP8E4M3, 4, 1);
   for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     AttentionCase c(spec);
     const_cast<float*>(static_cast<const float*>(c.params(0).q.data))[3] = bad;  // sequence 0, head 0
@@ -537,14 +521,8 @@ TEST(AttentionInt8Dot, TailsMatchReference) {
 TEST(AttentionInt8Dot, NanTokenScalesGiveTheReferencesNaNs) {
   const CpuFeatures used = dispatched_features();
   for (std::uint32_t seed = 0; seed < 8; ++seed) {
-    CaseSpec spec;
-    spec.seed = seed;
-    spec.kv_dtype = DType::kINT8;
-    spec.num_kv_heads = 2;
-    spec.num_qo_heads = 8;
+    CaseSpec spec = TwoSequenceDecode(DType::kINT8, 4, seed);
     spec.head_dim = 128;
-    spec.kv_lens = {97, 40};
-    spec.q_lens = {1, 1};
     AttentionCase c(spec);
     AttentionParams ref = c.params(0);
     const PagedKVTable& t = ref.table;
