@@ -127,9 +127,10 @@ struct AttentionPlanOptions {
   // row's largest output in the kernel tests, for about half the
   // instructions per key of f32 products (e4m3 decodes to f16 in 3
   // instructions per 32 codes). Blocks the path cannot take keep f32
-  // products: e4m3 NaN codes, f16 K elements of magnitude 64 or more or V
-  // elements of 2048 or more (infinities and NaNs included); so do work
-  // items whose queries are not finite. Off: f32 products.
+  // products: e4m3 NaN codes, f16 V elements of magnitude 2048 or more
+  // (infinities and NaNs included), f16 scores that overflow f16 or meet
+  // an infinity or NaN in K; so do work items whose queries are not
+  // finite. Off: f32 products.
   bool f16_products = false;
 };
 

@@ -328,10 +328,10 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
   std::printf("largest f16-products error: %.2e of the row maximum\n", worst);
 }
 
-// f16 blocks whose K or V elements reach the path's bounds (|k| >= 64,
-// |v| >= 2048, infinities, NaNs) keep f32 products: K x 100 (every block
-// past the bound) gives the f32 path's bits, a single large or infinite
-// element in one block the reference's result (NaNs where it has them).
+// f16 blocks the path cannot take keep f32 products: a K element of 60000
+// against queries of ones (each product overflows f16; the reference's
+// scores are finite), and single elements past the V bound or infinite or
+// NaN in K or V give the reference's result (NaNs where it has them).
 TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
   const CpuFeatures used = dispatched_features();
   if (!has_f16_decode(used)) GTEST_SKIP() << "no AVX512-FP16 at the dispatched target";
@@ -340,12 +340,13 @@ TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
   {
     AttentionCase c(spec);
     AttentionParams p = c.params(0);
-    auto* k = static_cast<std::uint16_t*>(p.kv.k_data);
-    for (std::int64_t i = 0; i < p.kv.num_pages * p.kv.k_page_stride; ++i)
-      k[i] = float_to_f16_bits(f16_bits_to_float(k[i]) * 100.0f);
-    AttentionRunner(AttentionPlanOptions{.num_threads = 1}).run(c.params(0));
-    AttentionRunner(AttentionPlanOptions{.num_threads = 1, .f16_products = true}).run(c.params(1));
-    EXPECT_EQ(c.output(0), c.output(1)) << "K x 100 left the f32 path";
+    auto* q = const_cast<float*>(static_cast<const float*>(p.q.data));
+    std::fill_n(q, std::size_t(spec.num_qo_heads) * std::size_t(spec.head_dim), 1.0f);  // sequence 0's token
+    for (std::int32_t d = 0; d < spec.head_dim; ++d)
+      *static_cast<std::uint16_t*>(KVElement(p, false, 0, 50, 1, d)) = float_to_f16_bits(60000.0f);
+    paged_attention_reference(p);
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
+    expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}), "K 60000 against queries of ones");
   }
   struct Poison {
     bool value;

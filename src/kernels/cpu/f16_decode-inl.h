@@ -10,9 +10,10 @@
 //
 // K and V rows are used exactly as stored: f16 as it is, e4m3 moved into
 // f16's fields, its value x 2^-8 with subnormals (3 instructions per 32
-// codes instead of 10 for 32 f32 lanes). A block whose rows hold what the
-// path cannot take (an e4m3 NaN code; f16 elements past F16Bounds) takes
-// the f32 path: the first row group's QK probes them (BlockProbe).
+// codes instead of 10 for 32 f32 lanes). A block the path cannot take (an
+// e4m3 NaN code; f16 V past F16Bounds, or f16 scores that overflowed or met
+// an infinity or NaN in K) takes the f32 path: QK probes for it
+// (BlockProbe).
 //
 //   queries  each row x a power of two (RoundQueries) so that its largest
 //            element lies in [2^(e-1), 2^e) (e = 8 for e4m3, 2 for f16),
@@ -20,8 +21,7 @@
 //            multiplied back.
 //   QK       per (row, key) an accumulator of 32 f16 lanes over the row's
 //            32-dim chunks, reduced to 2 lanes in f16 (ReduceF16: at most
-//            256 / 2 products a sum, within F16Bounds, no overflow), then
-//            in f32.
+//            256 / 2 products a sum; F16Bounds), then in f32.
 //   PV       the softmax weights (without the V scale) rounded to f16; per
 //            (row, 32-dim chunk) an f16 accumulator over kFlushKeys keys,
 //            then widened and added to the f32 outputs times the V scale
@@ -69,13 +69,16 @@ static_assert(kKB == 32, "a block's weights are two vectors of 16 f32");
 // mean less error and more widening work.
 constexpr std::int32_t kFlushKeys = 16;
 
-// Bounds that keep every f16 sum finite. Queries are scaled to |q| <
+// What keeps the f16 sums finite. Queries are scaled to |q| <
 // 2^kQueryExponent; a QK lane sums head_dim / 32 products and ReduceF16's
 // four f16 levels add 16 lanes: at most kF16DecodeMaxDim / 2 products of a
-// query element and a key element, |k| < kKeyBound. PV sums kFlushKeys
-// products of a weight (<= 1) and a value, |v| < kValueBound. e4m3 (as value
-// x 2^-8) is within 1.75 by construction; f16 K/V are probed per block
-// (BlockProbe), a block past the bounds takes the f32 path.
+// query element and a key element. PV sums kFlushKeys products of a weight
+// (<= 1) and a value, |v| < kValueBound. e4m3 (as value x 2^-8) is within
+// 1.75 by construction, so no e4m3 sum overflows. f16 V is probed per block
+// against kValueBound; f16 K is not bounded: a score that came out infinite
+// or NaN (an overflow, or an infinity or NaN in K) sends the block to the
+// f32 path (BlockProbe), which an overflow cannot escape (inf + x stays inf
+// or NaN).
 template <DType kT>
 struct F16Bounds;
 template <>
@@ -86,16 +89,15 @@ struct F16Bounds<DType::kFP8E4M3> {
 template <>
 struct F16Bounds<DType::kF16> {
   static constexpr int kQueryExponent = 2;
-  static constexpr float kKeyBound = 64.0f, kValueBound = 2048.0f;
-  static constexpr std::uint16_t kKeyBoundBits = 0x5400, kValueBoundBits = 0x6800;  // 64, 2048 as f16
+  static constexpr float kValueBound = 2048.0f;
+  static constexpr std::uint16_t kValueBoundBits = 0x6800;  // 2048 as f16
 };
-template <DType kT>
-constexpr bool BoundsHold() {
-  using B = F16Bounds<kT>;
-  return kF16DecodeMaxDim / 2 * float(1 << B::kQueryExponent) * B::kKeyBound < 65504.0f &&
-         kFlushKeys * B::kValueBound < 65504.0f;
-}
-static_assert(BoundsHold<DType::kFP8E4M3>() && BoundsHold<DType::kF16>(), "f16 sums stay finite");
+static_assert(kF16DecodeMaxDim / 2 * float(1 << F16Bounds<DType::kFP8E4M3>::kQueryExponent) *
+                      F16Bounds<DType::kFP8E4M3>::kKeyBound < 65504.0f,
+              "e4m3 scores stay finite in f16");
+static_assert(kFlushKeys * F16Bounds<DType::kFP8E4M3>::kValueBound < 65504.0f &&
+                  kFlushKeys * F16Bounds<DType::kF16>::kValueBound < 65504.0f,
+              "PV sums stay finite in f16");
 
 template <class V>
 HWY_INLINE V Pinned(V v) {
@@ -197,17 +199,23 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512 ReduceF16(const __m512i* a) {
   return _mm512_add_ps(_mm512_permutex2var_ps(lo, first, hi), _mm512_permutex2var_ps(lo, second, hi));
 }
 
-// Checks a block's K and V rows for what the f16 path cannot take: e4m3
-// NaN codes (S.1111.111), or f16 elements at or past the bounds (infinities
-// and NaNs included). The QK tiles of a block's first row group feed it
-// the K and V rows they touch, 64 bytes at a time (kElems elements), so the
-// check overlaps the arithmetic and pulls V into L1 ahead of PV; two
-// instructions per 64 bytes.
+// Checks a block for what the f16 path cannot take: e4m3 NaN codes
+// (S.1111.111) in K or V; f16 V elements at or past kValueBound (infinities
+// and NaNs included), and f16 scores that are not finite. The QK tiles of a
+// block's first row group feed it the rows they touch, 64 bytes at a time
+// (kElems elements), so the check overlaps the arithmetic and pulls V into
+// L1 ahead of PV; two instructions per 64 bytes.
 template <DType kT>
 struct BlockProbe {
   static constexpr std::size_t kElems = 64 / dtype_size(kT);
+  static constexpr bool kKeys = kT == DType::kFP8E4M3;  // K bytes probed (f16 K: the scores)
   __m512i k_max, v_max;
+  __mmask16 bad_scores = 0;
   HWY_INLINE PAGEDATTN_F16_ATTR BlockProbe() : k_max(_mm512_setzero_si512()), v_max(_mm512_setzero_si512()) {}
+  // f16 scores: infinite or NaN lanes.
+  HWY_INLINE PAGEDATTN_F16_ATTR void AddScores(__m512 x) {
+    if constexpr (kT == DType::kF16) bad_scores |= _mm512_fpclass_ps_mask(x, 0x99);  // QNaN, SNaN, +-inf
+  }
   // Elements [d, min(d + kElems, n)) of a K (value false) or V row of n.
   HWY_INLINE PAGEDATTN_F16_ATTR void Add(const void* row, std::size_t d, std::size_t n, bool value) {
     const auto* p = static_cast<const std::uint8_t*>(row) + d * dtype_size(kT);
@@ -222,7 +230,7 @@ struct BlockProbe {
   HWY_INLINE PAGEDATTN_F16_ATTR bool Found() const {
     if constexpr (kT == DType::kF16) {
       using B = F16Bounds<kT>;
-      return _mm512_cmpge_epu16_mask(k_max, _mm512_set1_epi16(static_cast<std::int16_t>(B::kKeyBoundBits))) != 0 ||
+      return bad_scores != 0 ||
              _mm512_cmpge_epu16_mask(v_max, _mm512_set1_epi16(static_cast<std::int16_t>(B::kValueBoundBits))) != 0;
     } else {
       const __m512i nan = _mm512_set1_epi8(static_cast<char>(0xFF));
@@ -255,7 +263,7 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512 ScoreTile(const std::uint16_t* q, std::size
     for (int e = 0; e < kKeys; ++e) kc[e] = Pinned(LoadChunk<kT>(k[jj + e], d));
     if (prefetch != nullptr)
       for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
-    if (kProbe && d % BlockProbe<kT>::kElems == 0)
+    if (kProbe && BlockProbe<kT>::kKeys && d % BlockProbe<kT>::kElems == 0)
       for (int e = 0; e < kKeys; ++e) probe.Add(k[jj + e], d, dim, false);
     for (int r = 0; r < kRows; ++r) {
       const __m512i qc = Pinned(_mm512_loadu_si512(q + std::size_t(r) * dq + d));
@@ -282,9 +290,11 @@ HWY_INLINE PAGEDATTN_F16_ATTR void ScoreRows(const std::uint16_t* q, std::size_t
   const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 ks[2] = {k_scale ? _mm512_loadu_ps(k_scale) : one, k_scale ? _mm512_loadu_ps(k_scale + 16) : one};
   for (int r = 0; r < kRows; ++r)
-    for (int h = 0; h < 2; ++h)
-      _mm512_store_ps(s + std::size_t(r) * kKB + 16 * h,
-                      _mm512_mul_ps(out[2 * r + h], _mm512_mul_ps(ks[h], _mm512_set1_ps(q_inv[r]))));
+    for (int h = 0; h < 2; ++h) {
+      const __m512 x = _mm512_mul_ps(out[2 * r + h], _mm512_mul_ps(ks[h], _mm512_set1_ps(q_inv[r])));
+      probe.AddScores(x);
+      _mm512_store_ps(s + std::size_t(r) * kKB + 16 * h, x);
+    }
 }
 
 // The next group of rows from r (8, 4, 2 or 1 of them); returns how many.
@@ -324,9 +334,8 @@ PAGEDATTN_F16_ATTR bool ScoreBlock(const std::uint16_t* q, std::size_t dq, const
   const BlockRows b{k, v, kDim > 0 ? std::size_t(kDim) : k_dim, kDim > 0 ? std::size_t(kDim) : v_dim};
   BlockProbe<kT> probe;
   std::int32_t r = ScoreGroup<kT, true>(q, dq, q_inv, b, prefetch, k_scale, s, 0, rows, probe);
-  if (probe.Found()) return false;
   while (r < rows) r += ScoreGroup<kT, false>(q, dq, q_inv, b, nullptr, k_scale, s, r, rows, probe);
-  return true;
+  return !probe.Found();
 }
 
 // --- PV ---------------------------------------------------------------------------------
