@@ -239,7 +239,7 @@ struct BlockProbe {
   }
 };
 
-// The K and V rows a block's QK reads, the NaN probe's share of them.
+// The K and V rows a block's QK reads (and shows BlockProbe).
 struct BlockRows {
   const void* const* k;
   const void* const* v;
