@@ -908,8 +908,8 @@ bool Bf16Decode(const Item& it, std::int32_t rows_per_head) {
 // softmax in f32 (weights without the V scale, which is uniform over the
 // head's keys and applied as the f16 sums are widened), PV on the weights
 // rounded to f16. Returns false, having changed no state, when QK's probe
-// finds what the path cannot take (an e4m3 NaN code, f16 elements past its
-// bounds): the f32 path takes the block.
+// finds what the path cannot take (an e4m3 NaN code; f16 V past its bound,
+// or f16 scores that came out infinite or NaN): the f32 path takes the block.
 template <DType kT, int kDim>
 bool ProcessHeadBlockF16Decode(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
                                std::int32_t row_end, std::int64_t first_pos) {
