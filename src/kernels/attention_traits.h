@@ -2,6 +2,7 @@
 // CPU kernel.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -10,6 +11,9 @@ namespace pagedattn::kernels {
 struct AttentionTraits {
   static constexpr std::int32_t kKeyBlock = 32;    // keys scored per inner block
   static constexpr std::int32_t kTargetRows = 128;  // query rows (tokens x group heads) per item
+  // Key blocks one step of the AMX prefill covers (128 keys): the online
+  // softmax and the output tiles' loads and stores once per step, not per block.
+  static constexpr std::int32_t kTileBlocks = 4;
   static constexpr std::int32_t kLanePad = 16;     // dims padded to whole 512-bit f32 vectors
   static constexpr std::size_t kAlign = 64;        // byte alignment of every scratch array
   static_assert(kKeyBlock % 4 == 0, "QK scores 4 keys at a time");
@@ -30,9 +34,9 @@ struct ScratchLayout {
   std::size_t o = 0;  // [rows][pad(Dv)] unnormalised outputs
   std::size_t m = 0;  // [rows] running max
   std::size_t l = 0;  // [rows] running denominator
-  std::size_t s = 0;  // [rows][kKeyBlock] scores, then probabilities
-  std::size_t k = 0;  // [kKeyBlock][pad(D)] keys as f32
-  std::size_t v = 0;  // [kKeyBlock][pad(Dv)] values as f32 (or packed bf16)
+  std::size_t s = 0;  // [kTileBlocks][rows][kKeyBlock] scores, then probabilities (one block but on AMX)
+  std::size_t k = 0;  // [kKeyBlock][pad(D)] keys as f32, or kTileBlocks blocks of packed bf16
+  std::size_t v = 0;  // [kKeyBlock][pad(Dv)] values as f32, or kTileBlocks blocks of packed bf16
   std::size_t qh = 0;  // [rows][pad(D)] bf16 or f16 queries (the bf16 / f16 product paths)
   std::size_t qh_inv = 0;  // [rows] inverse factors of the f16 queries
   std::size_t q8 = 0;  // [rows][pad(D)] int8 queries (the int8 dot-product path)
@@ -50,15 +54,17 @@ constexpr ScratchLayout scratch_layout(std::int32_t rows, std::int32_t head_dim,
   const std::size_t dq = static_cast<std::size_t>(padded_dim(head_dim));
   const std::size_t dv = static_cast<std::size_t>(padded_dim(v_head_dim));
   const std::size_t kb = AttentionTraits::kKeyBlock;
+  const std::size_t tile_keys = kb * AttentionTraits::kTileBlocks;
+  const std::size_t bf16 = sizeof(std::uint16_t);
   ScratchLayout l;
   l.q = 0;
   l.o = l.q + align_up(r * dq * f);
   l.m = l.o + align_up(r * dv * f);
   l.l = l.m + align_up(r * f);
   l.s = l.l + align_up(r * f);
-  l.k = l.s + align_up(r * kb * f);
-  l.v = l.k + align_up(kb * dq * f);
-  l.qh = l.v + align_up(kb * dv * f);
+  l.k = l.s + align_up(r * tile_keys * f);
+  l.v = l.k + align_up(std::max(kb * dq * f, tile_keys * dq * bf16));
+  l.qh = l.v + align_up(std::max(kb * dv * f, tile_keys * dv * bf16));
   l.qh_inv = l.qh + align_up(r * dq * sizeof(std::uint16_t));
   l.q8 = l.qh_inv + align_up(r * f);
   l.q8_scale = l.q8 + align_up(r * dq);

@@ -147,31 +147,52 @@ PAGEDATTN_AMX_ATTR inline void ScoreBlock(const std::uint16_t* q, std::size_t dq
   if (r < row_end) bf16dot::ScoreBlock<0>(q, dq, kt, dim, k_scale, s, r, row_end);
 }
 
+// A step's blocks, laid out side by side: block b's scores (then weights)
+// at s + b * s_block floats ([rows][kKB] each), its packed values at
+// vp + b * v_block words.
+struct StepBlocks {
+  const float* s;
+  std::size_t s_block;
+  const std::uint32_t* vp;
+  std::size_t v_block;
+  int blocks;  // 1 to kTileBlocks
+};
+
 // o[32 (kGroups = 2) or 16 rows] += weights x values for the 16 x kDimTiles
-// dims from the given column, the weights already in A tiles 0 (rows 0-15)
-// and 1 (rows 16-31): C tiles loaded from o, one per (row group, dim
-// tile), accumulated over the block's 16 key pairs and stored back. Tile
-// numbers are assembler literals: C tiles 4, 5 (rows 0-15) and 6, 7 (rows
-// 16-31) for two dim tiles; 4 and 6 for one.
+// dims from column d over all of a step's blocks (the weights from row t):
+// C tiles loaded from o once, accumulated over every block's 16 key pairs
+// (A tiles 0, 1: the block's weights of rows 0-15, 16-31; B tiles 2, 3: its
+// values of the two dim tiles) and stored back. Tile numbers are assembler
+// literals: C tiles 4, 5 (rows 0-15) and 6, 7 (rows 16-31) for two dim
+// tiles; 4 and 6 for one.
 template <int kGroups, int kDimTiles>
-PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const std::uint32_t* vp, std::size_t v_stride, float* o,
-                                               std::size_t o_stride) {
+PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const StepBlocks& sb, std::int32_t t, std::size_t d, std::size_t dv,
+                                               float* o) {
   static_assert(kGroups >= 1 && kGroups <= 2 && kDimTiles >= 1 && kDimTiles <= 2, "C tiles 4-7");
-  const std::size_t ob = o_stride * sizeof(float), vb = v_stride * sizeof(std::uint32_t);
-  float* o1 = o + kTileRows * o_stride;  // rows 16-31
+  constexpr std::size_t kWeightStride = kKB * sizeof(float);
+  const std::size_t ob = dv * sizeof(float), vb = dv * sizeof(std::uint32_t);
+  float* o1 = o + kTileRows * dv;  // rows 16-31
   _tile_loadd(4, o, ob);
   if constexpr (kDimTiles == 2) _tile_loadd(5, o + 16, ob);
   if constexpr (kGroups == 2) {
     _tile_loadd(6, o1, ob);
     if constexpr (kDimTiles == 2) _tile_loadd(7, o1 + 16, ob);
   }
-  _tile_loadd(2, vp, vb);
-  _tile_dpbf16ps(4, 0, 2);
-  if constexpr (kGroups == 2) _tile_dpbf16ps(6, 1, 2);
-  if constexpr (kDimTiles == 2) {
-    _tile_loadd(3, vp + 16, vb);
-    _tile_dpbf16ps(5, 0, 3);
-    if constexpr (kGroups == 2) _tile_dpbf16ps(7, 1, 3);
+  for (int b = 0; b < sb.blocks; ++b) {
+    const float* w = sb.s + std::size_t(b) * sb.s_block + std::size_t(t) * kKB;
+    const std::uint32_t* vp = sb.vp + std::size_t(b) * sb.v_block + d;
+    _tile_loadd(0, w, kWeightStride);
+    _tile_loadd(2, vp, vb);
+    _tile_dpbf16ps(4, 0, 2);
+    if constexpr (kGroups == 2) {
+      _tile_loadd(1, w + kTileRows * kKB, kWeightStride);
+      _tile_dpbf16ps(6, 1, 2);
+    }
+    if constexpr (kDimTiles == 2) {
+      _tile_loadd(3, vp + 16, vb);
+      _tile_dpbf16ps(5, 0, 3);
+      if constexpr (kGroups == 2) _tile_dpbf16ps(7, 1, 3);
+    }
   }
   _tile_stored(4, o, ob);
   if constexpr (kDimTiles == 2) _tile_stored(5, o + 16, ob);
@@ -181,28 +202,25 @@ PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const std::uint32_t* vp, std::siz
   }
 }
 
-// The weights of 32 (kGroups = 2) or 16 rows (bf16 in the first half of
-// each score row) loaded once into A tiles, then every 32 dims.
-template <int kGroups>
-PAGEDATTN_AMX_ATTR inline void AccumulateRows(const float* w, const std::uint32_t* vp, std::size_t dv, float* o) {
-  constexpr std::size_t kWeightStride = kKB * sizeof(float);
-  _tile_loadd(0, w, kWeightStride);
-  if constexpr (kGroups == 2) _tile_loadd(1, w + kTileRows * kKB, kWeightStride);
-  std::size_t d = 0;
-  for (; d + 32 <= dv; d += 32) AccumulateTiles<kGroups, 2>(vp + d, dv, o + d, dv);
-  if (d < dv) AccumulateTiles<kGroups, 1>(vp + d, dv, o + d, dv);
-}
-
-// o[row] += weights (bf16, bf16dot::RoundWeights) x packed values
-// (bf16dot::PackValues: keys past the block's count are zero rows, whose
-// weights are zero) for rows [row0, row_end); o rows and value rows share
-// the stride dv (padded to 16), every one of its dims accumulated.
-PAGEDATTN_AMX_ATTR inline void AccumulateBlock(const float* s, const std::uint32_t* vp, std::size_t dv,
-                                               std::int32_t count, float* o, std::int32_t row0, std::int32_t row_end) {
+// o[row] += weights (bf16 in the first half of each score row,
+// bf16dot::RoundWeights) x packed values (bf16dot::PackValues: keys past a
+// block's count are zero rows, whose weights are zero) over a step's blocks,
+// for rows [row0, row_end); o rows and value rows share the stride dv
+// (padded to 16), every one of its dims accumulated. counts[b]: block b's
+// keys. Rows past the last whole tile run on vdpbf16ps, block by block.
+PAGEDATTN_AMX_ATTR inline void AccumulateStep(const StepBlocks& sb, const std::int32_t* counts, std::size_t dv,
+                                              float* o, std::int32_t row0, std::int32_t row_end) {
   const std::int32_t r = ForEachTile(row0, row_end, [&](auto groups, std::int32_t t) {
-    AccumulateRows<decltype(groups)::value>(s + std::size_t(t) * kKB, vp, dv, o + std::size_t(t) * dv);
+    constexpr int kGroups = decltype(groups)::value;
+    float* ot = o + std::size_t(t) * dv;
+    std::size_t d = 0;
+    for (; d + 32 <= dv; d += 32) AccumulateTiles<kGroups, 2>(sb, t, d, dv, ot + d);
+    if (d < dv) AccumulateTiles<kGroups, 1>(sb, t, d, dv, ot + d);
   });
-  if (r < row_end) bf16dot::AccumulateBlock<0>(s, vp, dv, count, o, r, row_end);
+  if (r < row_end)
+    for (int b = 0; b < sb.blocks; ++b)
+      bf16dot::AccumulateBlock<0>(sb.s + std::size_t(b) * sb.s_block, sb.vp + std::size_t(b) * sb.v_block, dv,
+                                  counts[b], o, r, row_end);
 }
 
 }  // namespace amx

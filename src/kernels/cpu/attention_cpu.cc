@@ -949,11 +949,10 @@ void ProcessHeadBlockBf16Decode(const Item& it, const RowMap& map, KeyBlock& kb,
   }
 }
 
-// One block for rows [row0, row_end) on bf16 dot products: packs K and V,
-// scores, applies masks and the online softmax in f32, then PV on the
-// weights rounded to bf16. The products run on AMX tiles where the CPU has
-// them (amx_bf16-inl.h; ProcessItem configures the tiles), else on vdpbf16ps
-// (bf16_dot-inl.h).
+// One block for rows [row0, row_end) on bf16 dot products (vdpbf16ps,
+// bf16_dot-inl.h): packs K and V, scores, applies masks and the online
+// softmax in f32, then PV on the weights rounded to bf16. (On AMX tiles,
+// ProcessTileSteps takes several blocks a step.)
 template <DType kT, int kDim>
 void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::int32_t row0,
                           std::int32_t row_end, std::int64_t first_pos) {
@@ -964,19 +963,66 @@ void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::
     bf16dot::PackKeys<kT>(kb.k, kb.k_next, std::size_t(c.head_dim), kt);
     bf16dot::PackValues<kT>(kb.v, kb.v_next, std::size_t(c.v_head_dim), std::size_t(c.dv), vp);
   }
-  const float* k_scale = kScaled<kT> ? kb.k_scale : nullptr;
-  if (!c.amx_bf16) {
-    bf16dot::ScoreBlock<kDim>(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim), k_scale, it.sc.s, row0,
-                              row_end);
-    SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
-    bf16dot::RoundWeights(it.sc.s, row0, row_end);
-    bf16dot::AccumulateBlock<kDim>(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
-    return;
-  }
-  amx::ScoreBlock(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim), k_scale, it.sc.s, row0, row_end);
+  bf16dot::ScoreBlock<kDim>(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim),
+                            kScaled<kT> ? kb.k_scale : nullptr, it.sc.s, row0, row_end);
   SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
   bf16dot::RoundWeights(it.sc.s, row0, row_end);
-  amx::AccumulateBlock(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
+  bf16dot::AccumulateBlock<kDim>(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
+}
+
+constexpr std::int32_t kTileBlocks = AttentionTraits::kTileBlocks;
+
+// The item's blocks on AMX tiles (prefill with bf16 products; ProcessItem
+// configures the tiles): per KV head, steps of up to kTileBlocks blocks (128
+// keys). Each block is packed (bf16dot::PackKeys / PackValues, prefetching
+// the next block's rows), scored and masked into its own score array
+// ([kTileBlocks][rows][kKB] scratch), then one online-softmax update over
+// the step's blocks, and PV loads and stores each output tile once a step
+// (amx::AccumulateStep), not once a block.
+template <DType kT>
+void ProcessTileSteps(const Item& it, const RowMap& map, std::int32_t rows, std::int64_t first_pos) {
+  const AttentionWorkItem& w = *it.w;
+  const KernelContext& c = *it.c;
+  const std::size_t dq = std::size_t(c.dq), dv = std::size_t(c.dv);
+  const std::size_t s_block = std::size_t(rows) * kKB, k_block = dq / 2 * kKB, v_block = kKB / 2 * dv;
+  auto* kt = reinterpret_cast<std::uint32_t*>(it.sc.k);
+  auto* vp = reinterpret_cast<std::uint32_t*>(it.sc.v);
+  const std::int32_t blocks = (w.kv_end - w.kv_begin + kKB - 1) / kKB;
+  BlockSlots slots[kTileBlocks];
+  KeyBlock kbs[kTileBlocks];
+  for (std::int32_t first_block = 0; first_block < blocks; first_block += kTileBlocks) {
+    const int n = std::min(kTileBlocks, blocks - first_block);
+    for (int b = 0; b < n; ++b) {
+      const std::int32_t j0 = w.kv_begin + (first_block + b) * kKB;
+      LocateBlock(it, j0, std::min(w.kv_end - j0, kKB), slots[b]);
+    }
+    for (std::int32_t head = 0; head < w.kv_head_end - w.kv_head_begin; ++head) {
+      const std::int32_t row0 = head * map.per_head, row_end = row0 + map.per_head;
+      for (int b = 0; b < n; ++b) GatherBlock<kT>(it, slots[b], w.kv_head_begin + head, kbs[b]);
+      const float* v_scales[kTileBlocks];
+      std::int32_t counts[kTileBlocks];
+      for (int b = 0; b < n; ++b) {
+        KeyBlock& kb = kbs[b];
+        if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
+        const KeyBlock& next = kbs[(b + 1) % n];  // the step's last block: rows already read
+        bf16dot::PackKeys<kT>(kb.k, next.k, std::size_t(c.head_dim), kt + b * k_block);
+        bf16dot::PackValues<kT>(kb.v, next.v, std::size_t(c.v_head_dim), dv, vp + b * v_block);
+        Item block_item = it;  // the block's own score rows
+        block_item.sc.s = it.sc.s + b * s_block;
+        amx::ScoreBlock(it.sc.qh, dq, kt + b * k_block, std::size_t(c.head_dim), kScaled<kT> ? kb.k_scale : nullptr,
+                        block_item.sc.s, row0, row_end);
+        TransformRows(block_item, map, kb, row0, row_end, first_pos);
+        v_scales[b] = kb.v_scale;
+        counts[b] = kb.count;
+      }
+      for (std::int32_t r = row0; r < row_end; r += softmax16::kMaxRows)
+        softmax16::UpdateBlocks(it.sc.s + std::size_t(r) * kKB, s_block, n, it.sc.m + r, it.sc.l + r,
+                                it.sc.o + std::size_t(r) * dv, dv, std::size_t(c.v_head_dim),
+                                kScaled<kT> ? v_scales : nullptr, std::min(softmax16::kMaxRows, row_end - r));
+      for (int b = 0; b < n; ++b) bf16dot::RoundWeights(it.sc.s + b * s_block, row0, row_end);
+      amx::AccumulateStep({it.sc.s, s_block, vp, v_block, n}, counts, dv, it.sc.o, row0, row_end);
+    }
+  }
 }
 #endif
 
@@ -1079,8 +1125,12 @@ void ProcessItem(const Item& it) {
   const bool outer_bf16 = OuterProducts(it, map.per_head) && Bf16Dot<kT>(it);
   if (outer_bf16 || Bf16Decode<kT>(it, map.per_head))
     bf16dot::RoundRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh);
-  const bool tiles = outer_bf16 && it.c->amx_bf16;
-  if (tiles) amx::ConfigureTiles();
+  if (outer_bf16 && it.c->amx_bf16) {
+    amx::ConfigureTiles();
+    ProcessTileSteps<kT>(it, map, rows, first_pos);
+    amx::ReleaseTiles();
+    return FinishRows(it, map, rows);
+  }
 #endif
   bool f16_queries = false;
 #if PAGEDATTN_F16_DECODE_TARGET
@@ -1120,9 +1170,6 @@ void ProcessItem(const Item& it) {
     const auto row0 = static_cast<std::int32_t>(step % heads_per_block) * map.per_head;
     ProcessHeadBlock<kT, kDim>(it, map, kb, row0, row0 + map.per_head, first_pos, f16_queries);
   }
-#if PAGEDATTN_BF16_DOT_TARGET
-  if (tiles) amx::ReleaseTiles();
-#endif
   FinishRows(it, map, rows);
 }
 

@@ -52,47 +52,51 @@ HWY_INLINE __m512 Exp(__m512 x) {
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
-// Online-softmax update of `rows` (1 to 16) rows of a block's masked scores
-// (s rows of kKB), their m, l and output rows (o, stride dv, v_dim dims):
-// leaves each row's weights (x v_scale[key] when given) as f32 in s and
-// rescales the output rows whose maximum grew. A row with nothing visible
-// yet keeps m = -inf, l = 0 and gets zero weights; a row with a NaN score
-// gets l = NaN (its output and LSE come out NaN).
-HWY_INLINE void Update(float* s, float* m, float* l, float* o, std::size_t dv, std::size_t v_dim,
-                       const float* v_scale, int rows) {
+// Online-softmax update of `rows` (1 to 16) rows over `blocks` blocks of
+// masked scores (block b's rows of kKB at s + b * block_stride floats),
+// their m, l and output rows (o, stride dv, v_dim dims): leaves each row's
+// weights (x the block's v_scales[b][key] when v_scales is given) as f32 in
+// s and rescales the output rows whose maximum grew, once for all the
+// blocks. A row with nothing visible yet keeps m = -inf, l = 0 and gets
+// zero weights; a row with a NaN score gets l = NaN (its output and LSE come
+// out NaN).
+HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, float* m, float* l, float* o,
+                             std::size_t dv, std::size_t v_dim, const float* const* v_scales, int rows) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 one = _mm512_set1_ps(1.0f);
   const __mmask16 live = rows >= kMaxRows ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1u);
   __m512 acc[kMaxRows];
   __mmask16 nan_rows = 0;
   for (int i = 0; i < kMaxRows; ++i) {
-    if (i >= rows) {
-      acc[i] = neg_inf;
-      continue;
+    acc[i] = neg_inf;
+    if (i >= rows) continue;
+    bool nan = false;
+    for (int b = 0; b < blocks; ++b) {
+      const float* x = s + std::size_t(b) * block_stride + i * kKB;
+      const __m512 x0 = _mm512_load_ps(x), x1 = _mm512_load_ps(x + 16);
+      acc[i] = _mm512_max_ps(acc[i], _mm512_max_ps(x0, x1));
+      nan |= _mm512_cmp_ps_mask(x0, x1, _CMP_UNORD_Q) != 0;
     }
-    const __m512 x0 = _mm512_load_ps(s + i * kKB), x1 = _mm512_load_ps(s + i * kKB + 16);
-    acc[i] = _mm512_max_ps(x0, x1);
-    nan_rows |= __mmask16((_mm512_cmp_ps_mask(x0, x1, _CMP_UNORD_Q) != 0) << i);
+    nan_rows |= __mmask16(nan << i);
   }
   const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, live, m);
   const __m512 m_new = _mm512_max_ps(m_old, ReduceMax16(acc));
   const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
   alignas(64) float shift[kMaxRows];  // m_new, 0 where nothing is visible: exp(-inf - 0) = 0
   _mm512_store_ps(shift, _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps()));
-  const __m512 vs0 = v_scale ? _mm512_loadu_ps(v_scale) : one;
-  const __m512 vs1 = v_scale ? _mm512_loadu_ps(v_scale + 16) : one;
   for (int i = 0; i < kMaxRows; ++i) {
-    if (i >= rows) {
-      acc[i] = _mm512_setzero_ps();
-      continue;
+    acc[i] = _mm512_setzero_ps();
+    if (i >= rows) continue;
+    const __m512 shift_i = _mm512_set1_ps(shift[i]);
+    for (int b = 0; b < blocks; ++b) {
+      float* x = s + std::size_t(b) * block_stride + i * kKB;
+      const __m512 e0 = Exp(_mm512_sub_ps(_mm512_load_ps(x), shift_i));
+      const __m512 e1 = Exp(_mm512_sub_ps(_mm512_load_ps(x + 16), shift_i));
+      acc[i] = _mm512_add_ps(acc[i], _mm512_add_ps(e0, e1));
+      const float* vs = v_scales ? v_scales[b] : nullptr;
+      _mm512_store_ps(x, vs ? _mm512_mul_ps(e0, _mm512_loadu_ps(vs)) : e0);
+      _mm512_store_ps(x + 16, vs ? _mm512_mul_ps(e1, _mm512_loadu_ps(vs + 16)) : e1);
     }
-    float* x = s + i * kKB;
-    const __m512 b = _mm512_set1_ps(shift[i]);
-    const __m512 e0 = Exp(_mm512_sub_ps(_mm512_load_ps(x), b));
-    const __m512 e1 = Exp(_mm512_sub_ps(_mm512_load_ps(x + 16), b));
-    acc[i] = _mm512_add_ps(e0, e1);
-    _mm512_store_ps(x, _mm512_mul_ps(e0, vs0));
-    _mm512_store_ps(x + 16, _mm512_mul_ps(e1, vs1));
   }
   // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
   const __m512 corr = _mm512_mask_blend_ps(none, Exp(_mm512_sub_ps(m_old, m_new)), one);
@@ -108,6 +112,12 @@ HWY_INLINE void Update(float* s, float* m, float* l, float* o, std::size_t dv, s
     const __m512 c = _mm512_set1_ps(factor[i]);
     for (std::size_t d = 0; d < v_dim; d += 16) _mm512_store_ps(y + d, _mm512_mul_ps(_mm512_load_ps(y + d), c));
   }
+}
+
+// The update over one block (s rows of kKB), weights x v_scale[key] when given.
+HWY_INLINE void Update(float* s, float* m, float* l, float* o, std::size_t dv, std::size_t v_dim,
+                       const float* v_scale, int rows) {
+  UpdateBlocks(s, 0, 1, m, l, o, dv, v_dim, v_scale ? &v_scale : nullptr, rows);
 }
 
 }  // namespace softmax16
