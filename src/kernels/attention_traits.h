@@ -10,7 +10,7 @@ namespace pagedattn::kernels {
 
 struct AttentionTraits {
   static constexpr std::int32_t kKeyBlock = 32;    // keys scored per inner block
-  static constexpr std::int32_t kTargetRows = 128;  // query rows (tokens x group heads) per item
+  static constexpr std::int32_t kTargetRows = 256;  // query rows (tokens x group heads) per item
   // Key blocks one step of the AMX prefill covers (128 keys): the online
   // softmax and the output tiles' loads and stores once per step, not per block.
   static constexpr std::int32_t kTileBlocks = 4;

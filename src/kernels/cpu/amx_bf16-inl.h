@@ -14,12 +14,14 @@
 //   A = weights  [rows][kKeyBlock] bf16 in the first half of each score row:
 //                16 rows x 32 keys;
 //   B = values   [kKeyBlock / 2][dv] words: 16 key pairs x 16 dims;
-//   C = outputs  [rows][dv] f32: 16 rows x 16 dims, loaded, accumulated
-//                into and stored back per block (the online softmax rescales
-//                them between blocks).
+//   C = outputs  [rows][dv] f32: 16 rows x 16 dims, loaded once per step
+//                of kTileBlocks blocks, accumulated over the step's blocks
+//                and stored back (the online softmax rescales them between
+//                steps: SoftmaxStep).
 // Rows come in groups of 32 (two A tiles share each B tile) or 16; fewer
 // than 16 left over run on vdpbf16ps (bf16_dot-inl.h). Products and sums are
-// f32, so the results equal the vdpbf16ps path's up to summation order.
+// f32 as on vdpbf16ps; the weights are rounded to bf16 against the step's
+// running maximum.
 #ifndef PAGEDATTN_KERNELS_CPU_AMX_BF16_MACROS_
 #define PAGEDATTN_KERNELS_CPU_AMX_BF16_MACROS_
 // The bf16 kernels' target plus the tile instructions (called, never
@@ -36,6 +38,7 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -43,6 +46,7 @@
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/bf16_dot-inl.h"
+#include "kernels/cpu/online_softmax-inl.h"
 #include "kernels/cpu/reduce16-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -145,6 +149,27 @@ PAGEDATTN_AMX_ATTR inline void ScoreBlock(const std::uint16_t* q, std::size_t dq
     }
   }
   if (r < row_end) bf16dot::ScoreBlock<0>(q, dq, kt, dim, k_scale, s, r, row_end);
+}
+
+// Stores a row's 32 weights rounded to bf16 in the first half of its score
+// row (what bf16dot::RoundWeights leaves), from the softmax's registers.
+struct StoreWeightsBf16 {
+  PAGEDATTN_AMX_ATTR void operator()(float* x, __m512 w0, __m512 w1) const {
+    _mm512_store_si512(x, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+  }
+};
+
+// The online-softmax update of a step's rows [row0, row_end) over its
+// `blocks` score arrays (s, block_stride floats apart; m, l, o of the item),
+// leaving bf16 weights for the tiles: softmax16::UpdateBlocks, 16 rows at a
+// time. v_scales: per block, the V scales (quantised KV) or null.
+PAGEDATTN_AMX_ATTR inline void SoftmaxStep(float* s, std::size_t block_stride, int blocks, float* m, float* l,
+                                           float* o, std::size_t dv, std::size_t v_dim,
+                                           const float* const* v_scales, std::int32_t row0, std::int32_t row_end) {
+  for (std::int32_t r = row0; r < row_end; r += softmax16::kMaxRows)
+    softmax16::UpdateBlocks(s + std::size_t(r) * kKB, block_stride, blocks, m + r, l + r, o + std::size_t(r) * dv, dv,
+                            v_dim, v_scales, std::min<std::int32_t>(softmax16::kMaxRows, row_end - r),
+                            StoreWeightsBf16{});
 }
 
 // A step's blocks, laid out side by side: block b's scores (then weights)

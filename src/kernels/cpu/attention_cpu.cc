@@ -977,8 +977,9 @@ constexpr std::int32_t kTileBlocks = AttentionTraits::kTileBlocks;
 // keys). Each block is packed (bf16dot::PackKeys / PackValues, prefetching
 // the next block's rows), scored and masked into its own score array
 // ([kTileBlocks][rows][kKB] scratch), then one online-softmax update over
-// the step's blocks, and PV loads and stores each output tile once a step
-// (amx::AccumulateStep), not once a block.
+// the step's blocks (amx::SoftmaxStep, which leaves bf16 weights), and PV
+// loads and stores each output tile once a step (amx::AccumulateStep), not
+// once a block.
 template <DType kT>
 void ProcessTileSteps(const Item& it, const RowMap& map, std::int32_t rows, std::int64_t first_pos) {
   const AttentionWorkItem& w = *it.w;
@@ -1015,11 +1016,8 @@ void ProcessTileSteps(const Item& it, const RowMap& map, std::int32_t rows, std:
         v_scales[b] = kb.v_scale;
         counts[b] = kb.count;
       }
-      for (std::int32_t r = row0; r < row_end; r += softmax16::kMaxRows)
-        softmax16::UpdateBlocks(it.sc.s + std::size_t(r) * kKB, s_block, n, it.sc.m + r, it.sc.l + r,
-                                it.sc.o + std::size_t(r) * dv, dv, std::size_t(c.v_head_dim),
-                                kScaled<kT> ? v_scales : nullptr, std::min(softmax16::kMaxRows, row_end - r));
-      for (int b = 0; b < n; ++b) bf16dot::RoundWeights(it.sc.s + b * s_block, row0, row_end);
+      amx::SoftmaxStep(it.sc.s, s_block, n, it.sc.m, it.sc.l, it.sc.o, dv, std::size_t(c.v_head_dim),
+                       kScaled<kT> ? v_scales : nullptr, row0, row_end);
       amx::AccumulateStep({it.sc.s, s_block, vp, v_block, n}, counts, dv, it.sc.o, row0, row_end);
     }
   }

@@ -52,16 +52,27 @@ HWY_INLINE __m512 Exp(__m512 x) {
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
+// Stores a row's 32 weights as f32 (what the PV loops read unless they take
+// bf16 weights: see amx::StoreWeightsBf16).
+struct StoreWeightsF32 {
+  HWY_INLINE void operator()(float* x, __m512 w0, __m512 w1) const {
+    _mm512_store_ps(x, w0);
+    _mm512_store_ps(x + 16, w1);
+  }
+};
+
 // Online-softmax update of `rows` (1 to 16) rows over `blocks` blocks of
 // masked scores (block b's rows of kKB at s + b * block_stride floats),
 // their m, l and output rows (o, stride dv, v_dim dims): leaves each row's
 // weights (x the block's v_scales[b][key] when v_scales is given) as f32 in
-// s and rescales the output rows whose maximum grew, once for all the
-// blocks. A row with nothing visible yet keeps m = -inf, l = 0 and gets
+// s (through `store`: f32 unless told otherwise) and rescales the output
+// rows whose maximum grew, once for all the blocks. A row with nothing visible yet keeps m = -inf, l = 0 and gets
 // zero weights; a row with a NaN score gets l = NaN (its output and LSE come
 // out NaN).
+template <class Store = StoreWeightsF32>
 HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, float* m, float* l, float* o,
-                             std::size_t dv, std::size_t v_dim, const float* const* v_scales, int rows) {
+                             std::size_t dv, std::size_t v_dim, const float* const* v_scales, int rows,
+                             const Store& store = Store()) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 one = _mm512_set1_ps(1.0f);
   const __mmask16 live = rows >= kMaxRows ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1u);
@@ -94,8 +105,7 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
       const __m512 e1 = Exp(_mm512_sub_ps(_mm512_load_ps(x + 16), shift_i));
       acc[i] = _mm512_add_ps(acc[i], _mm512_add_ps(e0, e1));
       const float* vs = v_scales ? v_scales[b] : nullptr;
-      _mm512_store_ps(x, vs ? _mm512_mul_ps(e0, _mm512_loadu_ps(vs)) : e0);
-      _mm512_store_ps(x + 16, vs ? _mm512_mul_ps(e1, _mm512_loadu_ps(vs + 16)) : e1);
+      store(x, vs ? _mm512_mul_ps(e0, _mm512_loadu_ps(vs)) : e0, vs ? _mm512_mul_ps(e1, _mm512_loadu_ps(vs + 16)) : e1);
     }
   }
   // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
