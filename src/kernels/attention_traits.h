@@ -11,9 +11,9 @@ namespace pagedattn::kernels {
 struct AttentionTraits {
   static constexpr std::int32_t kKeyBlock = 32;    // keys scored per inner block
   static constexpr std::int32_t kTargetRows = 256;  // query rows (tokens x group heads) per item
-  // Key blocks one step of the AMX prefill covers (128 keys): the online
+  // Key blocks one step of the AMX prefill covers (256 keys): the online
   // softmax and the output tiles' loads and stores once per step, not per block.
-  static constexpr std::int32_t kTileBlocks = 4;
+  static constexpr std::int32_t kTileBlocks = 8;
   static constexpr std::int32_t kLanePad = 16;     // dims padded to whole 512-bit f32 vectors
   static constexpr std::size_t kAlign = 64;        // byte alignment of every scratch array
   static_assert(kKeyBlock % 4 == 0, "QK scores 4 keys at a time");

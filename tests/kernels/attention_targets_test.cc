@@ -546,14 +546,14 @@ TEST(AttentionInt8Dot, NanTokenScalesGiveTheReferencesNaNs) {
 // multiples of 32) against the reference at the bf16 allowance, and against
 // the vdpbf16ps path (AMX switched off), which rounds the same queries and
 // values the same way. The weights differ: the tiles take the softmax over
-// a step of 128 keys, vdpbf16ps over each block of 32, so each path rounds
+// a step of 256 keys, vdpbf16ps over each block of 32, so each path rounds
 // exp(s - m) to bf16 against its own running maximum m (2^-9 of each weight
 // apiece). The two then agree to kAmxAgainstDotTolerance of a row's largest
 // output - a quarter of the reference allowance, and a tile reading the
 // wrong rows, keys or dims is off by the output's own size.
 // Rows per KV head from 9 (no whole tile: every row on the left-over path)
 // to 8 tiles, GQA 1 to 8, V head dims other than K's, pages of 1
-// to 32, keys from 9 (one partial block) to 513 (4 whole steps and a key),
+// to 32, keys from 9 (one partial block) to 513 (2 whole steps and a key),
 // masks (causal, window, softcap, ALiBi, sinks), per-token and per-head
 // scales (int8, fp8).
 TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {

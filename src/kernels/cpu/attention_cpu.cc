@@ -973,7 +973,7 @@ void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::
 constexpr std::int32_t kTileBlocks = AttentionTraits::kTileBlocks;
 
 // The item's blocks on AMX tiles (prefill with bf16 products; ProcessItem
-// configures the tiles): per KV head, steps of up to kTileBlocks blocks (128
+// configures the tiles): per KV head, steps of up to kTileBlocks blocks (256
 // keys). Each block is packed (bf16dot::PackKeys / PackValues, prefetching
 // the next block's rows), scored and masked into its own score array
 // ([kTileBlocks][rows][kKB] scratch), then one online-softmax update over
