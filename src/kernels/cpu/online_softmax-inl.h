@@ -31,20 +31,28 @@ static_assert(kKB == 32, "a row's scores are two vectors");
 constexpr int kMaxRows = 16;  // rows per update: one lane each
 
 // exp(x) for the softmax weights: 2^(x log2 e) as 2^n x p(f), n the nearest
-// integer, p the degree-6 Taylor polynomial of 2^f on |f| <= 1/2 (relative
-// error below 2e-7). x below -86.6 (2^-125: nothing beside a row's weight of
-// 1) and -inf give 0 from a masked scalef: a result below f32's normal range
-// would cost a microcode assist (more than 100 cycles) per instruction. NaN
-// gives NaN (a score of +inf minus a maximum of +inf: the row comes out NaN,
-// as the reference has it).
+// integer, p the degree-kDegree Taylor polynomial of 2^f on |f| <= 1/2
+// (relative error below 2e-7 at degree 6, 4.2e-5 at degree 4: enough where
+// the weights are rounded to bf16, 2^-9). x below -86.6 (2^-125: nothing
+// beside a row's weight of 1) and -inf give 0 from a masked scalef: a result
+// below f32's normal range would cost a microcode assist (more than 100
+// cycles) per instruction. NaN gives NaN (a score of +inf minus a maximum
+// of +inf: the row comes out NaN, as the reference has it).
+template <int kDegree = 6>
 HWY_INLINE __m512 Exp(__m512 x) {
+  static_assert(kDegree == 4 || kDegree == 6, "the two accuracies the paths need");
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5403530e-4f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  __m512 p;
+  if constexpr (kDegree == 6) {
+    p = _mm512_set1_ps(1.5403530e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  } else {
+    p = _mm512_set1_ps(9.6181291e-3f);
+  }
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
@@ -55,6 +63,7 @@ HWY_INLINE __m512 Exp(__m512 x) {
 // Stores a row's 32 weights as f32 (what the PV loops read unless they take
 // bf16 weights: see amx::StoreWeightsBf16).
 struct StoreWeightsF32 {
+  static constexpr int kExpDegree = 6;
   HWY_INLINE void operator()(float* x, __m512 w0, __m512 w1) const {
     _mm512_store_ps(x, w0);
     _mm512_store_ps(x + 16, w1);
@@ -65,8 +74,9 @@ struct StoreWeightsF32 {
 // masked scores (block b's rows of kKB at s + b * block_stride floats),
 // their m, l and output rows (o, stride dv, v_dim dims): leaves each row's
 // weights (x the block's v_scales[b][key] when v_scales is given) as f32 in
-// s (through `store`: f32 unless told otherwise) and rescales the output
-// rows whose maximum grew, once for all the blocks. A row with nothing visible yet keeps m = -inf, l = 0 and gets
+// s (through `store`: f32 unless told otherwise; its kExpDegree: the exp
+// polynomial's) and rescales the output rows whose maximum grew, once for
+// all the blocks. A row with nothing visible yet keeps m = -inf, l = 0 and gets
 // zero weights; a row with a NaN score gets l = NaN (its output and LSE come
 // out NaN).
 template <class Store = StoreWeightsF32>
@@ -101,8 +111,8 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
     const __m512 shift_i = _mm512_set1_ps(shift[i]);
     for (int b = 0; b < blocks; ++b) {
       float* x = s + std::size_t(b) * block_stride + i * kKB;
-      const __m512 e0 = Exp(_mm512_sub_ps(_mm512_load_ps(x), shift_i));
-      const __m512 e1 = Exp(_mm512_sub_ps(_mm512_load_ps(x + 16), shift_i));
+      const __m512 e0 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x), shift_i));
+      const __m512 e1 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x + 16), shift_i));
       acc[i] = _mm512_add_ps(acc[i], _mm512_add_ps(e0, e1));
       const float* vs = v_scales ? v_scales[b] : nullptr;
       store(x, vs ? _mm512_mul_ps(e0, _mm512_loadu_ps(vs)) : e0, vs ? _mm512_mul_ps(e1, _mm512_loadu_ps(vs + 16)) : e1);
