@@ -73,12 +73,12 @@ struct StoreWeightsF32 {
 // Online-softmax update of `rows` (1 to 16) rows over `blocks` blocks of
 // masked scores (block b's rows of kKB at s + b * block_stride floats),
 // their m, l and output rows (o, stride dv, v_dim dims): leaves each row's
-// weights (x the block's v_scales[b][key] when v_scales is given) as f32 in
-// s (through `store`: f32 unless told otherwise; its kExpDegree: the exp
-// polynomial's) and rescales the output rows whose maximum grew, once for
-// all the blocks. A row with nothing visible yet keeps m = -inf, l = 0 and gets
-// zero weights; a row with a NaN score gets l = NaN (its output and LSE come
-// out NaN).
+// weights (x the block's v_scales[b][key] when v_scales is given) in s
+// through `store` (f32 rows by default; its kExpDegree is the degree of the
+// weights' exp) and rescales the output rows whose maximum grew, once for
+// all the blocks. A row with nothing visible yet keeps m = -inf, l = 0 and
+// gets zero weights; a row with a NaN score gets l = NaN (its output and
+// LSE come out NaN).
 template <class Store = StoreWeightsF32>
 HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, float* m, float* l, float* o,
                              std::size_t dv, std::size_t v_dim, const float* const* v_scales, int rows,
