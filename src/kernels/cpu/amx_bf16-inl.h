@@ -230,8 +230,8 @@ PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const StepBlocks& sb, std::int32_
   }
 }
 
-// o[row] += weights (bf16 in the first half of each score row,
-// bf16dot::RoundWeights) x packed values (bf16dot::PackValues: keys past a
+// o[row] += weights (bf16 in the first half of each score row, as
+// SoftmaxStep leaves them) x packed values (bf16dot::PackValues: keys past a
 // block's count are zero rows, whose weights are zero) over a step's blocks,
 // for rows [row0, row_end); o rows and value rows share the stride dv
 // (padded to 16), every one of its dims accumulated. counts[b]: block b's

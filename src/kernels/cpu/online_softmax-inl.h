@@ -105,17 +105,18 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
   const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
   alignas(64) float shift[kMaxRows];  // m_new, 0 where nothing is visible: exp(-inf - 0) = 0
   _mm512_store_ps(shift, _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps()));
-  for (int i = 0; i < kMaxRows; ++i) {
-    acc[i] = _mm512_setzero_ps();
-    if (i >= rows) continue;
-    const __m512 shift_i = _mm512_set1_ps(shift[i]);
-    for (int b = 0; b < blocks; ++b) {
+  for (int i = 0; i < kMaxRows; ++i) acc[i] = _mm512_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {  // blocks outer: each block's V scales loaded once for its rows
+    const __m512 vs0 = v_scales ? _mm512_loadu_ps(v_scales[b]) : one;
+    const __m512 vs1 = v_scales ? _mm512_loadu_ps(v_scales[b] + 16) : one;
+    for (int i = 0; i < kMaxRows; ++i) {
+      if (i >= rows) continue;
       float* x = s + std::size_t(b) * block_stride + i * kKB;
+      const __m512 shift_i = _mm512_set1_ps(shift[i]);
       const __m512 e0 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x), shift_i));
       const __m512 e1 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x + 16), shift_i));
       acc[i] = _mm512_add_ps(acc[i], _mm512_add_ps(e0, e1));
-      const float* vs = v_scales ? v_scales[b] : nullptr;
-      store(x, vs ? _mm512_mul_ps(e0, _mm512_loadu_ps(vs)) : e0, vs ? _mm512_mul_ps(e1, _mm512_loadu_ps(vs + 16)) : e1);
+      store(x, _mm512_mul_ps(e0, vs0), _mm512_mul_ps(e1, vs1));
     }
   }
   // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
