@@ -164,8 +164,10 @@ struct AttentionPlan {
   bool bf16_products = false;  // AttentionPlanOptions::bf16_products (never with batch_invariant)
   bool int8_products = false;  // AttentionPlanOptions::int8_products (never with batch_invariant)
   bool f16_products = false;   // AttentionPlanOptions::f16_products (never with batch_invariant)
-  std::vector<AttentionWorkItem> items;   // grouped by thread
-  std::vector<std::int32_t> thread_items; // [num_threads + 1] offsets into items
+  // Longest first; each thread takes the next item as it finishes its last,
+  // so a thread slowed by another tenant takes fewer. A row's result does
+  // not depend on which thread runs its item.
+  std::vector<AttentionWorkItem> items;
   std::vector<AttentionMergeTask> merges;
   std::int32_t num_partials = 0;
   std::size_t scratch_bytes_per_thread = 0;
@@ -174,8 +176,8 @@ struct AttentionPlan {
 };
 
 // Splits the batch into work items (KV split where a few long sequences
-// would leave threads idle) and balances them across threads (longest
-// first). Depends only on its arguments.
+// would leave threads idle) and orders them longest first, the order
+// threads take them in. Depends only on its arguments.
 AttentionPlan plan_attention(const PagedKVTable& table, const AttentionShape& shape,
                              const AttentionOptions& options,
                              const AttentionPlanOptions& plan_options = {});

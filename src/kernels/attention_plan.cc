@@ -1,10 +1,9 @@
 // plan_attention: a pure host-side function from the batch's shape to work
-// items, KV splits and a thread assignment.
+// items in the order threads take them, and KV splits.
 #include <omp.h>
 
 #include <algorithm>
 #include <numeric>
-#include <queue>
 
 #include "attention_traits.h"
 #include "pagedattn/attention.h"
@@ -50,29 +49,20 @@ std::int32_t kv_splits(std::int64_t keys, std::int64_t tile_cost, std::int64_t t
   return static_cast<std::int32_t>(std::clamp<std::int64_t>(by_cost, 1, by_length));
 }
 
-// Longest item first onto the least loaded thread; returns items grouped by thread.
-void assign_threads(AttentionPlan& plan, std::vector<AttentionWorkItem> items, std::int32_t group) {
+// Longest item first: threads take items in this order as each finishes its
+// last (the kernel's shared cursor), so a thread slowed by another tenant
+// (an SMT sibling on the same core, say) takes fewer items, not the same
+// share. Equal costs keep their planned order, so the plan stays a pure
+// function of its arguments.
+void order_longest_first(AttentionPlan& plan, std::vector<AttentionWorkItem> items, std::int32_t group) {
   std::vector<std::int64_t> cost(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) cost[i] = item_cost(items[i], group);
   std::vector<std::size_t> order(items.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return cost[a] > cost[b]; });
-  using Load = std::pair<std::int64_t, std::int32_t>;  // (load, thread)
-  std::priority_queue<Load, std::vector<Load>, std::greater<>> loads;
-  for (std::int32_t t = 0; t < plan.num_threads; ++t) loads.push({0, t});
-  std::vector<std::vector<AttentionWorkItem>> per_thread(plan.num_threads);
-  for (std::size_t i : order) {
-    auto [load, t] = loads.top();
-    loads.pop();
-    per_thread[t].push_back(items[i]);
-    loads.push({load + cost[i], t});
-  }
   plan.items.clear();
-  plan.thread_items.assign(1, 0);
-  for (auto& list : per_thread) {
-    plan.items.insert(plan.items.end(), list.begin(), list.end());
-    plan.thread_items.push_back(static_cast<std::int32_t>(plan.items.size()));
-  }
+  plan.items.reserve(items.size());
+  for (std::size_t i : order) plan.items.push_back(items[i]);
 }
 
 void validate_plan_inputs(const PagedKVTable& t, const AttentionShape& s,
@@ -155,7 +145,7 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
       items.push_back(w);
     }
   }
-  assign_threads(plan, std::move(items), group);
+  order_longest_first(plan, std::move(items), group);
 
   plan.scratch_bytes_per_thread =
       kernels::scratch_layout(plan.max_rows, shape.head_dim, shape.v_head_dim).bytes;

@@ -31,12 +31,15 @@ struct Batch {
 
 const AttentionShape kShape{32, 8, 128, 128};
 
-std::int64_t thread_load(const AttentionPlan& plan, std::int32_t t) {
-  std::int64_t load = 0;
-  for (std::int32_t i = plan.thread_items[t]; i < plan.thread_items[t + 1]; ++i) {
-    const AttentionWorkItem& w = plan.items[i];
-    load += std::int64_t{w.kv_end - w.kv_begin} * (w.q_end - w.q_begin) * (w.kv_head_end - w.kv_head_begin);
-  }
+std::int64_t work(const AttentionWorkItem& w) {
+  return std::int64_t{w.kv_end - w.kv_begin} * (w.q_end - w.q_begin) * (w.kv_head_end - w.kv_head_begin);
+}
+
+// Each thread's work when threads of equal speed take the plan's items in
+// order, each the next one as it finishes its last (as the kernel does).
+std::vector<std::int64_t> thread_loads(const AttentionPlan& plan) {
+  std::vector<std::int64_t> load(static_cast<std::size_t>(plan.num_threads), 0);
+  for (const AttentionWorkItem& w : plan.items) *std::min_element(load.begin(), load.end()) += work(w);
   return load;
 }
 
@@ -71,7 +74,8 @@ TEST(AttentionPlan, OneLongDecodeIsSplitAcrossThreads) {
                                             AttentionPlanOptions{4, 0, 256});
   EXPECT_GE(plan.num_partials, 4);
   ASSERT_EQ(plan.merges.size(), 1u);
-  for (int t = 0; t < 4; ++t) EXPECT_GT(thread_load(plan, t), 0) << "thread " << t << " idles";
+  const std::vector<std::int64_t> loads = thread_loads(plan);
+  for (int t = 0; t < 4; ++t) EXPECT_GT(loads[t], 0) << "thread " << t << " idles";
   expect_exact_cover(batch, plan, true);
 }
 
@@ -91,8 +95,21 @@ TEST(AttentionPlan, LoadIsBalancedForMixedBatches) {
   for (int b = 0; b < 7; ++b) batch.add(1, 1000);
   batch.add(200, 4000);
   const AttentionPlan plan = plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
-  const std::int64_t a = thread_load(plan, 0), b = thread_load(plan, 1);
+  const std::vector<std::int64_t> loads = thread_loads(plan);
+  const std::int64_t a = loads[0], b = loads[1];
   EXPECT_LT(std::max(a, b), 1.15 * std::min(a, b)) << a << " vs " << b;
+  expect_exact_cover(batch, plan, true);
+}
+
+// Threads take items in plan order, so the longest go first and the short
+// ones fill in at the end, whichever thread runs slower.
+TEST(AttentionPlan, ItemsComeLongestFirst) {
+  Batch batch;
+  for (int b = 0; b < 40; ++b) batch.add(1, 100 + (b * 7919) % 3000);
+  const AttentionPlan plan = plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
+  ASSERT_EQ(plan.items.size(), 40u);
+  for (std::size_t i = 1; i < plan.items.size(); ++i)
+    EXPECT_GE(work(plan.items[i - 1]), work(plan.items[i])) << "item " << i;
   expect_exact_cover(batch, plan, true);
 }
 

@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -1203,19 +1204,19 @@ Scratch ThreadScratch(std::byte* base, const KernelContext& c) {
 void RunAttention(const AttentionParams& p, const AttentionPlan& plan, std::byte* workspace) {
   const KernelContext ctx = make_kernel_context(p, plan);
   std::byte* partials = workspace + plan.scratch_bytes_per_thread * std::size_t(plan.num_threads);
+  // The next item to take: threads share it, so however fast each runs (or
+  // however few threads OpenMP gives), all finish close together.
+  std::atomic<std::size_t> next_item{0};
 #pragma omp parallel num_threads(plan.num_threads)
   {
-    // If OpenMP gives fewer threads than planned, each takes several lists.
-    const int team = omp_get_num_threads();
-    const int me = omp_get_thread_num();
-    std::byte* base = workspace + plan.scratch_bytes_per_thread * std::size_t(me);
+    std::byte* base = workspace + plan.scratch_bytes_per_thread * std::size_t(omp_get_thread_num());
     std::memset(base + ctx.layout.zero, 0, ctx.layout.zero_bytes);
     const Scratch sc = ThreadScratch(base, ctx);
-    for (int list = me; list < plan.num_threads; list += team)
-      for (std::int32_t i = plan.thread_items[list]; i < plan.thread_items[list + 1]; ++i)
-        ProcessItemAnyType({&p, &plan.items[std::size_t(i)], &ctx, sc, partials});
+    for (std::size_t i = next_item.fetch_add(1, std::memory_order_relaxed); i < plan.items.size();
+         i = next_item.fetch_add(1, std::memory_order_relaxed))
+      ProcessItemAnyType({&p, &plan.items[i], &ctx, sc, partials});
 #pragma omp barrier
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (std::size_t m = 0; m < plan.merges.size(); ++m) merge_partials(p, ctx, plan.merges[m], partials);
   }
 }
