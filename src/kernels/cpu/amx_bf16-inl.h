@@ -131,24 +131,51 @@ PAGEDATTN_AMX_ATTR inline void ScoreTiles(const std::uint16_t* q, std::size_t dq
   }
 }
 
-// Scores rows [row0, row_end) of the bf16 queries against the packed keys
-// (head dim `dim`, a multiple of 32) into s, x k_scale when given; rows
-// past the last whole tile run on vdpbf16ps.
-PAGEDATTN_AMX_ATTR inline void ScoreBlock(const std::uint16_t* q, std::size_t dq, const std::uint32_t* kt,
-                                          std::size_t dim, const float* k_scale, float* s, std::int32_t row0,
-                                          std::int32_t row_end) {
-  const std::int32_t r = ForEachTile(row0, row_end, [&](auto groups, std::int32_t t) {
-    ScoreTiles<decltype(groups)::value>(q + std::size_t(t) * dq, dq, kt, dim, s + std::size_t(t) * kKB);
-  });
-  if (k_scale != nullptr) {
-    const __m512 k0 = _mm512_loadu_ps(k_scale), k1 = _mm512_loadu_ps(k_scale + 16);
-    for (std::int32_t t = row0; t < r; ++t) {
-      float* x = s + std::size_t(t) * kKB;
-      _mm512_store_ps(x, _mm512_mul_ps(_mm512_load_ps(x), k0));
-      _mm512_store_ps(x + 16, _mm512_mul_ps(_mm512_load_ps(x + 16), k1));
+// Blocks a scoring pass covers: each 32-row group scores the pass's blocks
+// one after the other, so its query tiles come from L2 once a pass (the
+// item's queries, 64 KiB at 256 rows x head dim 128, do not fit L1) and from
+// L1 for the other blocks, while the pass's packed keys (8 KiB a block at
+// head dim 128) stay in L1 from group to group.
+constexpr int kPassBlocks = 2;
+
+// A step's keys, scored: block b's packed keys (bf16dot::PackKeys) at
+// kt + b * k_block words, its scores at s + b * s_block floats, x
+// k_scales[b] when given.
+struct StepScores {
+  const std::uint32_t* kt;
+  std::size_t k_block;
+  float* s;
+  std::size_t s_block;
+  const float* const* k_scales;
+  int blocks;  // 1 to kTileBlocks
+};
+
+// Scores rows [row0, row_end) of the bf16 queries (row stride dq) against
+// a step's keys (head dim `dim`, a multiple of 32), in passes of
+// kPassBlocks blocks; rows past the last whole tile run on vdpbf16ps.
+PAGEDATTN_AMX_ATTR inline void ScoreStep(const std::uint16_t* q, std::size_t dq, std::size_t dim,
+                                         const StepScores& ss, std::int32_t row0, std::int32_t row_end) {
+  for (int first = 0; first < ss.blocks; first += kPassBlocks) {
+    const int last = std::min(ss.blocks, first + kPassBlocks);
+    const std::int32_t r = ForEachTile(row0, row_end, [&](auto groups, std::int32_t t) {
+      for (int b = first; b < last; ++b)
+        ScoreTiles<decltype(groups)::value>(q + std::size_t(t) * dq, dq, ss.kt + b * ss.k_block, dim,
+                                            ss.s + b * ss.s_block + std::size_t(t) * kKB);
+    });
+    for (int b = first; b < last; ++b) {
+      const float* k_scale = ss.k_scales ? ss.k_scales[b] : nullptr;
+      float* s = ss.s + b * ss.s_block;
+      if (k_scale != nullptr) {
+        const __m512 k0 = _mm512_loadu_ps(k_scale), k1 = _mm512_loadu_ps(k_scale + 16);
+        for (std::int32_t t = row0; t < r; ++t) {
+          float* x = s + std::size_t(t) * kKB;
+          _mm512_store_ps(x, _mm512_mul_ps(_mm512_load_ps(x), k0));
+          _mm512_store_ps(x + 16, _mm512_mul_ps(_mm512_load_ps(x + 16), k1));
+        }
+      }
+      if (r < row_end) bf16dot::ScoreBlock<0>(q, dq, ss.kt + b * ss.k_block, dim, k_scale, s, r, row_end);
     }
   }
-  if (r < row_end) bf16dot::ScoreBlock<0>(q, dq, kt, dim, k_scale, s, r, row_end);
 }
 
 // Stores a row's 32 weights rounded to bf16 in the first half of its score

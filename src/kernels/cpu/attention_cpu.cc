@@ -1001,6 +1001,7 @@ void ProcessTileSteps(const Item& it, const RowMap& map, std::int32_t rows, std:
     for (std::int32_t head = 0; head < w.kv_head_end - w.kv_head_begin; ++head) {
       const std::int32_t row0 = head * map.per_head, row_end = row0 + map.per_head;
       for (int b = 0; b < n; ++b) GatherBlock<kT>(it, slots[b], w.kv_head_begin + head, kbs[b]);
+      const float* k_scales[kTileBlocks];
       const float* v_scales[kTileBlocks];
       std::int32_t counts[kTileBlocks];
       for (int b = 0; b < n; ++b) {
@@ -1009,13 +1010,16 @@ void ProcessTileSteps(const Item& it, const RowMap& map, std::int32_t rows, std:
         const KeyBlock& next = kbs[(b + 1) % n];  // the step's last block: rows already read
         bf16dot::PackKeys<kT>(kb.k, next.k, std::size_t(c.head_dim), kt + b * k_block);
         bf16dot::PackValues<kT>(kb.v, next.v, std::size_t(c.v_head_dim), dv, vp + b * v_block);
-        Item block_item = it;  // the block's own score rows
-        block_item.sc.s = it.sc.s + b * s_block;
-        amx::ScoreBlock(it.sc.qh, dq, kt + b * k_block, std::size_t(c.head_dim), kScaled<kT> ? kb.k_scale : nullptr,
-                        block_item.sc.s, row0, row_end);
-        TransformRows(block_item, map, kb, row0, row_end, first_pos);
+        k_scales[b] = kb.k_scale;
         v_scales[b] = kb.v_scale;
         counts[b] = kb.count;
+      }
+      amx::ScoreStep(it.sc.qh, dq, std::size_t(c.head_dim),
+                     {kt, k_block, it.sc.s, s_block, kScaled<kT> ? k_scales : nullptr, n}, row0, row_end);
+      for (int b = 0; b < n; ++b) {
+        Item block_item = it;  // the block's own score rows
+        block_item.sc.s = it.sc.s + b * s_block;
+        TransformRows(block_item, map, kbs[b], row0, row_end, first_pos);
       }
       amx::SoftmaxStep(it.sc.s, s_block, n, it.sc.m, it.sc.l, it.sc.o, dv, std::size_t(c.v_head_dim),
                        kScaled<kT> ? v_scales : nullptr, row0, row_end);

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/reduce16-inl.h"
@@ -106,19 +107,33 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
   alignas(64) float shift[kMaxRows];  // m_new, 0 where nothing is visible: exp(-inf - 0) = 0
   _mm512_store_ps(shift, _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps()));
   for (int i = 0; i < kMaxRows; ++i) acc[i] = _mm512_setzero_ps();
-  for (int b = 0; b < blocks; ++b) {  // blocks outer: each block's V scales loaded once for its rows
-    const __m512 vs0 = v_scales ? _mm512_loadu_ps(v_scales[b]) : one;
-    const __m512 vs1 = v_scales ? _mm512_loadu_ps(v_scales[b] + 16) : one;
-    for (int i = 0; i < kMaxRows; ++i) {
-      if (i >= rows) continue;
-      float* x = s + std::size_t(b) * block_stride + i * kKB;
-      const __m512 shift_i = _mm512_set1_ps(shift[i]);
-      const __m512 e0 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x), shift_i));
-      const __m512 e1 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x + 16), shift_i));
-      acc[i] = _mm512_add_ps(acc[i], _mm512_add_ps(e0, e1));
-      store(x, _mm512_mul_ps(e0, vs0), _mm512_mul_ps(e1, vs1));
+  // Blocks outer: each block's V scales loaded once for its rows; without
+  // scales, no multiply at all.
+  const auto exp_pass = [&](auto scaled) {
+    for (int b = 0; b < blocks; ++b) {
+      __m512 vs0 = one, vs1 = one;
+      if constexpr (decltype(scaled)::value) {
+        vs0 = _mm512_loadu_ps(v_scales[b]);
+        vs1 = _mm512_loadu_ps(v_scales[b] + 16);
+      }
+      for (int i = 0; i < kMaxRows; ++i) {
+        if (i >= rows) continue;
+        float* x = s + std::size_t(b) * block_stride + i * kKB;
+        const __m512 shift_i = _mm512_set1_ps(shift[i]);
+        const __m512 e0 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x), shift_i));
+        const __m512 e1 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x + 16), shift_i));
+        acc[i] = _mm512_add_ps(acc[i], _mm512_add_ps(e0, e1));
+        if constexpr (decltype(scaled)::value)
+          store(x, _mm512_mul_ps(e0, vs0), _mm512_mul_ps(e1, vs1));
+        else
+          store(x, e0, e1);
+      }
     }
-  }
+  };
+  if (v_scales != nullptr)
+    exp_pass(std::true_type{});
+  else
+    exp_pass(std::false_type{});
   // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
   const __m512 corr = _mm512_mask_blend_ps(none, Exp(_mm512_sub_ps(m_old, m_new)), one);
   const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l), corr, Reduce16(acc));
