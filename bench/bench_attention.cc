@@ -15,7 +15,6 @@
 //   BM_PagedVsContiguous page 16 (shuffled) against one page per sequence,
 //                        the same bytes, interleaved
 //   BM_Prefill, BM_ChunkedPrefill   causal; GFLOP/s and % of the FMA probe
-//   BM_VsLlamaCpp        the shapes of the llama.cpp reference numbers
 //
 // Working sets: every workload owns enough independent copies of its K/V
 // pages (separate, shuffled page ranges of one pool) that together they are
@@ -84,8 +83,6 @@ constexpr double kQuantSpeedupTarget = 1.6;      // fp8 / int8 over bf16 at kv_l
 constexpr double kPrefillFmaTarget = 0.40;       // of the FMA probe
 constexpr double kPagedOverheadTarget = 1.03;    // paged time / contiguous time
 constexpr double kGqaOverheadTarget = 1.15;      // GQA 8 time / GQA 4 time (the same K/V)
-constexpr double kLlamaDecodeSpeedupTarget = 3.0;
-constexpr double kLlamaPrefillSpeedupTarget = 1.5;
 // A benchmark during which other processes (and hypervisor steal) used more
 // than this many cores is marked [busy] in the summary.
 constexpr double kContendedCores = 0.10;
@@ -409,14 +406,6 @@ void run_kernel(benchmark::State& state, const Config& c, bool planned,
     m["copies"] = w->copies();
     m["working_set_MiB"] = double(w->bytes()) / double(kMiB);
     for (const auto& [k, v] : extra) m[k] = v;
-    if (extra.count("llamacpp_ms")) m["speedup_vs_llamacpp"] = extra["llamacpp_ms"] / m["ms_per_call"];
-    if (extra.count("llamacpp_GFLOPs")) {
-      // Conservative: our causal FLOP count. If llama.cpp counted the whole
-      // q_len x kv_len product, the second figure is the comparable one.
-      m["speedup_vs_llamacpp"] = m["GFLOPs"] / extra["llamacpp_GFLOPs"];
-      m["GFLOPs_unmasked_count"] = c.full_flops_per_call() / (t.total / double(t.calls)) / 1e9;
-      m["speedup_if_unmasked_count"] = m["GFLOPs_unmasked_count"] / extra["llamacpp_GFLOPs"];
-    }
     publish(state, m);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -722,28 +711,6 @@ void register_all() {
                              "/kv_len:" + std::to_string(kv_len);
     add(name, [=](benchmark::State& s) { run_kernel(s, c, false); })->MinTime(kLongMinSeconds);
   }
-
-  // llama.cpp CPU flash attention on this machine kind (2 threads, head 128,
-  // 8 KV heads, batch 1): milliseconds per call, or GFLOP/s for prefill.
-  struct LlamaDecode {
-    DType kv;
-    std::int32_t qo_heads;
-    double ms;
-  };
-  for (const LlamaDecode& l : {LlamaDecode{DType::kF16, 32, 4.1}, LlamaDecode{DType::kBF16, 32, 5.3},
-                               LlamaDecode{DType::kF16, 64, 8.2}}) {
-    const Config c = decode(l.kv, l.qo_heads, 1, 8192);
-    const std::string name = "BM_VsLlamaCpp/decode/kv:" + short_name(l.kv) + "/heads:" +
-                             heads_name(c) + "/kv_len:8192";
-    add(name, [=](benchmark::State& s) { run_kernel(s, c, false, {{"llamacpp_ms", l.ms}}); });
-  }
-  {
-    const Config c = prefill(512, 4096);
-    const std::string name = "BM_VsLlamaCpp/prefill/kv:f16/heads:32x8/q_len:512/kv_len:4096";
-    add(name, [=](benchmark::State& s) {
-      run_kernel(s, c, false, {{"llamacpp_GFLOPs", 100.0}});
-    })->MinTime(kLongMinSeconds);
-  }
 }
 
 // --- the summary of targets --------------------------------------------------------------
@@ -839,19 +806,6 @@ void print_summary() {
                    get(m, "paged_over_contiguous"),
                    verdict(get(m, "paged_over_contiguous") <= kPagedOverheadTarget), busy(m));
 
-  std::fprintf(out, "\n[vs llama.cpp: decode >= %.1fx, prefill >= %.1fx]\n", kLlamaDecodeSpeedupTarget,
-               kLlamaPrefillSpeedupTarget);
-  for (const auto& [name, m] : r)
-    if (starts_with(name, "BM_VsLlamaCpp/decode"))
-      std::fprintf(out, "  %-60s ours %.3f ms, llama.cpp %.1f ms: %.2fx  %s%s\n", name.c_str(),
-                   get(m, "ms_per_call"), get(m, "llamacpp_ms"), get(m, "speedup_vs_llamacpp"),
-                   verdict(get(m, "speedup_vs_llamacpp") >= kLlamaDecodeSpeedupTarget), busy(m));
-    else if (starts_with(name, "BM_VsLlamaCpp/prefill"))
-      std::fprintf(out, "  %-60s ours %.1f GFLOP/s, llama.cpp %.0f: %.2fx (%.2fx if llama.cpp "
-                   "counted unmasked FLOPs)  %s%s\n", name.c_str(), get(m, "GFLOPs"),
-                   get(m, "llamacpp_GFLOPs"), get(m, "speedup_vs_llamacpp"),
-                   get(m, "speedup_if_unmasked_count"),
-                   verdict(get(m, "speedup_vs_llamacpp") >= kLlamaPrefillSpeedupTarget), busy(m));
 }
 
 std::string load_average() {

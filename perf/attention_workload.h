@@ -90,10 +90,6 @@ struct Config {
     const double visible = rows * prefix + rows * (rows + 1) / 2;
     return double(batch) * 4.0 * head_dim * visible * qo_heads;
   }
-  // The same count without the causal mask (every row sees every key).
-  double full_flops_per_call() const {
-    return double(batch) * 4.0 * head_dim * double(q_len) * kv_len * qo_heads;
-  }
 };
 
 // A pattern of `n` well-scaled random values stored as `t` (N(0,1) values;
