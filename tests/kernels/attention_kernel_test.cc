@@ -195,6 +195,26 @@ TEST(AttentionKernel, PagedEqualsContiguousBitwise) {
   }
 }
 
+// Threads take items as they finish, so which thread runs an item changes
+// from run to run; its rows' bits must not (scratch left by a thread's
+// previous item, or a partial slot filled by the wrong thread, would show).
+TEST(AttentionKernel, RepeatedRunsGiveTheSameBitsWhicheverThreadTakesAnItem) {
+  for (std::uint32_t seed = 3000; seed < 3012; ++seed) {
+    const CaseSpec spec = random_spec(seed);
+    SCOPED_TRACE(describe(spec));
+    AttentionCase c(spec);
+    AttentionPlanOptions po;
+    po.num_threads = 3;
+    po.min_kv_chunk = 32;  // many items: splits and their merges
+    AttentionRunner runner(po);
+    runner.run(c.params(0));
+    for (int run = 0; run < 4; ++run) {
+      runner.run(c.params(1));
+      ASSERT_EQ(c.output(0), c.output(1)) << "run " << run;
+    }
+  }
+}
+
 TEST(AttentionKernel, SplitKvMatchesUnsplit) {
   CaseSpec spec;
   spec.q_lens = {1, 1, 3};
