@@ -618,26 +618,4 @@ double other_cores_between(const CpuSample& a, const CpuSample& b) {
   return std::max(0.0, others / hz / wall);
 }
 
-std::size_t l3_cache_bytes(std::size_t fallback) {
-  // sysfs describes what this (virtual) machine exposes; sysconf may report
-  // the host's figure instead.
-  for (int index = 0; index < 8; ++index) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
-    std::ifstream level_file(dir + "level"), size_file(dir + "size");
-    int level = 0;
-    std::string size;
-    if (!(level_file >> level) || !(size_file >> size) || level != 3 || size.empty()) continue;
-    std::size_t multiplier = 1;
-    if (size.back() == 'K') multiplier = std::size_t{1} << 10;
-    if (size.back() == 'M') multiplier = std::size_t{1} << 20;
-    if (multiplier != 1) size.pop_back();
-    try {
-      return std::stoull(size) * multiplier;
-    } catch (...) {
-      continue;
-    }
-  }
-  return fallback;
-}
-
 }  // namespace pagedattn::bench

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cache_size.h"  // l3_cache_bytes
 #include "pagedattn/cpu_features.h"
 
 namespace pagedattn::bench {
@@ -162,8 +163,5 @@ bool wait_for_quiet(double limit_seconds, double max_other_cores = 0.1);
 // Run-time CPU feature checks (pagedattn::cpu_features()).
 bool cpu_has_avx2();
 bool cpu_has_avx2_fma();
-
-// The last-level cache size in bytes (sysfs / sysconf), or `fallback`.
-std::size_t l3_cache_bytes(std::size_t fallback = std::size_t{32} << 20);
 
 }  // namespace pagedattn::bench

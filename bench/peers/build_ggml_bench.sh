@@ -35,6 +35,6 @@ link_flags=()
 for dir in "${lib_dirs[@]}"; do link_flags+=("-L$dir" "-Wl,-rpath,$dir"); done
 
 mkdir -p "$(dirname "$out")"
-g++ -std=c++20 -O2 -march=native -Wall -Wextra -I"$include_dir" "$here/ggml_attention_bench.cc" \
+g++ -std=c++20 -O2 -march=native -Wall -Wextra -I"$include_dir" -I"$here/../../perf" "$here/ggml_attention_bench.cc" \
   "${link_flags[@]}" -lggml -lggml-cpu -lggml-base -o "$out"
 echo "built $out"

@@ -37,7 +37,11 @@
 #include <string>
 #include <vector>
 
+#include "cache_size.h"  // l3_cache_bytes, as bench-attention sizes its copies
+
 namespace {
+
+using pagedattn::bench::l3_cache_bytes;
 
 struct Options {
   bool prefill = false;
@@ -127,23 +131,6 @@ Options parse(int argc, char** argv) {
     usage_error("--head-dim must be a multiple of " + std::to_string(ggml_blck_size(o.kv_type)) +
                 " for " + o.kv_name);
   return o;
-}
-
-// The L3 size this (virtual) machine exposes, as bench-attention reads it.
-std::size_t l3_cache_bytes() {
-  for (int index = 0; index < 8; ++index) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
-    std::ifstream level_file(dir + "level"), size_file(dir + "size");
-    int level = 0;
-    std::string size;
-    if (!(level_file >> level) || !(size_file >> size) || level != 3 || size.empty()) continue;
-    std::size_t multiplier = 1;
-    if (size.back() == 'K') multiplier = std::size_t{1} << 10;
-    if (size.back() == 'M') multiplier = std::size_t{1} << 20;
-    if (multiplier != 1) size.pop_back();
-    return std::strtoull(size.c_str(), nullptr, 10) * multiplier;
-  }
-  return std::size_t{32} << 20;
 }
 
 // Page-aligned memory on transparent huge pages where the kernel allows
