@@ -42,7 +42,7 @@ inline std::string short_name(DType t) {
 
 // The working set all copies of a workload add up to (at least).
 inline std::size_t min_working_set() {
-  static const std::size_t bytes = std::max<std::size_t>(256 * (std::size_t{1} << 20), 4 * pb::l3_cache_bytes());
+  static const std::size_t bytes = min_working_set_bytes();
   return bytes;
 }
 
@@ -83,13 +83,8 @@ struct Config {
     if (kv == DType::kINT8) per_token += double(kv_heads) * 2 * sizeof(float);
     return double(batch) * kv_len * per_token;
   }
-  // 2 FLOP per multiply-add in QK^T and in PV over the keys each query row
-  // sees (causal, bottom-right aligned: row i sees kv_len - q_len + i + 1 keys).
-  double flops_per_call() const {
-    const double rows = q_len, prefix = double(kv_len) - q_len;
-    const double visible = rows * prefix + rows * (rows + 1) / 2;
-    return double(batch) * 4.0 * head_dim * visible * qo_heads;
-  }
+  // FLOPs of one call, causal (attention_flops).
+  double flops_per_call() const { return attention_flops(batch, qo_heads, head_dim, q_len, kv_len); }
 };
 
 // A pattern of `n` well-scaled random values stored as `t` (N(0,1) values;

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <string>
 
-#include "cache_size.h"  // l3_cache_bytes
+#include "workload_rules.h"  // l3_cache_bytes
 #include "pagedattn/cpu_features.h"
 
 namespace pagedattn::bench {

@@ -191,13 +191,14 @@ echo "$probes"
 echo "probes after the last shape:"
 probe_run | grep '^probe:'
 echo
-if [[ -z $llama ]]; then
-  echo "| # | shape | pagedattn ms (per round) | pagedattn rate (last round) | of the probe medians (last round) | peer ms (per round) | SDPA ms (per round) | peer / pagedattn time |"
-  echo "|---|---|---:|---:|---:|---:|---:|---:|"
-else
-  echo "| # | shape | pagedattn ms (per round) | pagedattn rate (last round) | of the probe medians (last round) | peer ms (per round) | SDPA ms (per round) | peer / pagedattn time | llama.cpp ms (per round) | llama.cpp / pagedattn time |"
-  echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+header="| # | shape | pagedattn ms (per round) | pagedattn rate (last round) | of the probe medians (last round) | peer ms (per round) | SDPA ms (per round) | peer / pagedattn time |"
+rule="|---|---|---:|---:|---:|---:|---:|---:|"
+if [[ -n $llama ]]; then
+  header+=" llama.cpp ms (per round) | llama.cpp / pagedattn time |"
+  rule+="---:|---:|"
 fi
+echo "$header"
+echo "$rule"
 printf '%s\n' "${rows[@]}"
 echo
 echo "pagedattn runs: $pagedattn bench-attention OPTIONS --threads $threads --seconds $seconds --no-check --no-probe"

@@ -37,11 +37,13 @@
 #include <string>
 #include <vector>
 
-#include "cache_size.h"  // l3_cache_bytes, as bench-attention sizes its copies
+#include "workload_rules.h"  // bench-attention's working set and FLOP count
 
 namespace {
 
+using pagedattn::bench::attention_flops;
 using pagedattn::bench::l3_cache_bytes;
+using pagedattn::bench::min_working_set_bytes;
 
 struct Options {
   bool prefill = false;
@@ -193,8 +195,7 @@ std::size_t kv_rows(const Options& o) { return std::size_t(o.batch) * o.kv_heads
 // Enough copies that K+V exceed max(256 MiB, 4 x L3), as bench-attention does.
 int copies_needed(const Options& o, std::size_t copy_bytes) {
   if (o.hot) return 1;
-  const std::size_t working_set = std::max<std::size_t>(std::size_t{256} << 20, 4 * l3_cache_bytes());
-  return int(std::max<std::size_t>(1, (working_set + copy_bytes - 1) / copy_bytes));
+  return int(std::max<std::size_t>(1, (min_working_set_bytes() + copy_bytes - 1) / copy_bytes));
 }
 
 // Causal, bottom-right aligned: query i sees keys 0 .. kv_len - q_len + i.
@@ -369,13 +370,6 @@ Timing time_calls(const Options& o, Storage& s, Graph& g) {
   return {times.front(), times[times.size() / 2], int(times.size())};
 }
 
-// 2 FLOP per multiply-add in QK^T and PV over the keys each row sees, as
-// bench-attention counts them.
-double flops_per_call(const Options& o) {
-  const double rows = o.q_len, prefix = double(o.kv_len) - o.q_len;
-  return double(o.batch) * 4.0 * o.head_dim * (rows * prefix + rows * (rows + 1) / 2) * o.qo_heads;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -406,6 +400,6 @@ int main(int argc, char** argv) {
   std::printf("time per call: median %.3f ms, best %.3f ms (%d calls)\n", t.median * 1e3, t.best * 1e3,
               t.calls);
   std::printf("K+V read: %.2f GB/s   compute: %.1f GFLOP/s\n", kv_bytes / t.median / 1e9,
-              flops_per_call(o) / t.median / 1e9);
+              attention_flops(o.batch, o.qo_heads, o.head_dim, o.q_len, o.kv_len) / t.median / 1e9);
   return 0;
 }

@@ -1,5 +1,5 @@
 """The bytes of K/V copies a peer harness rotates through, as pagedattn's
-benchmarks size theirs (perf/cache_size.h): at least max(256 MiB, 4 x L3),
+benchmarks size theirs (perf/workload_rules.h): at least max(256 MiB, 4 x L3),
 so that decode reads K/V from DRAM, not from the last-level cache."""
 import glob
 
