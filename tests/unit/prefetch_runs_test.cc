@@ -1,21 +1,22 @@
-// ForEachRunStart (src/kernels/cpu/prefetch.h): which rows of a gathered
-// block start a run of rows that follow each other in memory, the rows whose
-// first lines the decode loop prefetches early.
+// StartsRun (src/kernels/cpu/prefetch.h): which rows of a gathered block
+// start a run of rows that follow each other in memory, the rows whose first
+// lines the decode loop prefetches early (PrefetchRunStarts).
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/prefetch.h"
 
 namespace {
 
-using pagedattn::kernels::ForEachRunStart;
+using pagedattn::kernels::StartsRun;
 
-std::vector<const char*> run_starts(const std::vector<const void*>& rows, std::size_t row_bytes) {
-  std::vector<const char*> starts;
-  ForEachRunStart(rows.data(), static_cast<std::int32_t>(rows.size()), row_bytes,
-                  [&](const char* row) { starts.push_back(row); });
+std::vector<const void*> run_starts(const std::vector<const void*>& rows, std::size_t row_bytes) {
+  std::vector<const void*> starts;
+  for (std::int32_t e = 0; e < static_cast<std::int32_t>(rows.size()); ++e)
+    if (StartsRun(rows.data(), e, row_bytes)) starts.push_back(rows[std::size_t(e)]);
   return starts;
 }
 
@@ -26,7 +27,7 @@ TEST(PrefetchRuns, PagesOfABlockAreOneRunEach) {
   std::vector<const void*> rows;
   for (int e = 0; e < 4; ++e) rows.push_back(pool.data() + (40 + e) * kRow);
   for (int e = 0; e < 4; ++e) rows.push_back(pool.data() + (8 + e) * kRow);
-  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const char*>{pool.data() + 40 * kRow, pool.data() + 8 * kRow}));
+  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const void*>{pool.data() + 40 * kRow, pool.data() + 8 * kRow}));
 }
 
 TEST(PrefetchRuns, ConsecutivePagesInMemoryMakeOneRun) {
@@ -34,7 +35,7 @@ TEST(PrefetchRuns, ConsecutivePagesInMemoryMakeOneRun) {
   std::vector<char> pool(16 * kRow);
   std::vector<const void*> rows;
   for (int e = 0; e < 16; ++e) rows.push_back(pool.data() + e * kRow);
-  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const char*>{pool.data()}));
+  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const void*>{pool.data()}));
 }
 
 TEST(PrefetchRuns, RepeatedOrBackwardRowsStartNewRuns) {
@@ -43,8 +44,8 @@ TEST(PrefetchRuns, RepeatedOrBackwardRowsStartNewRuns) {
   const char* r0 = pool.data();
   const char* r1 = r0 + kRow;
   // A zero row repeated (keys past a block's count) and a step backwards.
-  std::vector<const void*> rows{r1, r1, r0, r1};
-  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const char*>{r1, r1, r0}));
+  const std::vector<const void*> rows{r1, r1, r0, r1};
+  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const void*>{r1, r1, r0}));
   EXPECT_TRUE(run_starts({}, kRow).empty());
 }
 
