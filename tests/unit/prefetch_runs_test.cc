@@ -1,22 +1,21 @@
-// StartsRun (src/kernels/cpu/prefetch.h): which rows of a gathered block
-// start a run of rows that follow each other in memory, the rows whose first
-// lines the decode loop prefetches early (PrefetchRunStarts).
+// ForEachRunStart (src/kernels/cpu/prefetch.h): which rows of a gathered
+// block start a run of rows that follow each other in memory, the rows whose
+// first lines the decode loop prefetches early.
 #include <gtest/gtest.h>
 
 #include <cstddef>
-#include <cstdint>
 #include <vector>
 
 #include "kernels/cpu/prefetch.h"
 
 namespace {
 
-using pagedattn::kernels::StartsRun;
+using pagedattn::kernels::ForEachRunStart;
 
-std::vector<const void*> run_starts(const std::vector<const void*>& rows, std::size_t row_bytes) {
-  std::vector<const void*> starts;
-  for (std::int32_t e = 0; e < static_cast<std::int32_t>(rows.size()); ++e)
-    if (StartsRun(rows.data(), e, row_bytes)) starts.push_back(rows[std::size_t(e)]);
+std::vector<const char*> run_starts(const std::vector<const void*>& rows, std::size_t row_bytes) {
+  std::vector<const char*> starts;
+  ForEachRunStart(rows.data(), static_cast<std::int32_t>(rows.size()), row_bytes,
+                  [&](const char* row) { starts.push_back(row); });
   return starts;
 }
 
@@ -27,7 +26,7 @@ TEST(PrefetchRuns, PagesOfABlockAreOneRunEach) {
   std::vector<const void*> rows;
   for (int e = 0; e < 4; ++e) rows.push_back(pool.data() + (40 + e) * kRow);
   for (int e = 0; e < 4; ++e) rows.push_back(pool.data() + (8 + e) * kRow);
-  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const void*>{pool.data() + 40 * kRow, pool.data() + 8 * kRow}));
+  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const char*>{pool.data() + 40 * kRow, pool.data() + 8 * kRow}));
 }
 
 TEST(PrefetchRuns, ConsecutivePagesInMemoryMakeOneRun) {
@@ -35,7 +34,7 @@ TEST(PrefetchRuns, ConsecutivePagesInMemoryMakeOneRun) {
   std::vector<char> pool(16 * kRow);
   std::vector<const void*> rows;
   for (int e = 0; e < 16; ++e) rows.push_back(pool.data() + e * kRow);
-  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const void*>{pool.data()}));
+  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const char*>{pool.data()}));
 }
 
 TEST(PrefetchRuns, RepeatedOrBackwardRowsStartNewRuns) {
@@ -44,8 +43,8 @@ TEST(PrefetchRuns, RepeatedOrBackwardRowsStartNewRuns) {
   const char* r0 = pool.data();
   const char* r1 = r0 + kRow;
   // A zero row repeated (keys past a block's count) and a step backwards.
-  const std::vector<const void*> rows{r1, r1, r0, r1};
-  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const void*>{r1, r1, r0}));
+  std::vector<const void*> rows{r1, r1, r0, r1};
+  EXPECT_EQ(run_starts(rows, kRow), (std::vector<const char*>{r1, r1, r0}));
   EXPECT_TRUE(run_starts({}, kRow).empty());
 }
 
