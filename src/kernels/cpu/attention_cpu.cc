@@ -55,11 +55,7 @@ constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 // prefetching them: the lines in flight must cover DRAM latency at the
 // rate the loops consume them.
 constexpr int kPrefetchSteps = 2;
-// Steps between gathering a step's rows and reading them: the first lines of
-// each run of rows (a page) are prefetched this far ahead (PrefetchRunStarts).
-constexpr int kRunStartSteps = 4;
-static_assert(kRunStartSteps >= kPrefetchSteps);
-constexpr int kStepRing = kRunStartSteps + 1;  // steps whose rows are held at once
+constexpr int kStepRing = kPrefetchSteps + 1;  // steps whose rows are held at once
 // Accumulators a tile keeps in registers: AVX-512 has 32 vector registers,
 // the other targets 16 (room for the loaded operands beside them).
 constexpr int kAccRegs = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 ? 16 : 8;
@@ -1152,10 +1148,9 @@ void ProcessItem(const Item& it) {
                           it.sc.q8_scale, it.sc.q8_sum);
 #endif
   // Steps walk (block, KV head) pairs, heads inner. The rows of the step
-  // kPrefetchSteps ahead are prefetched while a step runs, and the first
-  // lines of each run of rows kRunStartSteps ahead: rings hold the gathered
-  // row pointers of the steps in between and the located slots of their
-  // blocks (the blocks of steps past the end are empty: zero rows).
+  // kPrefetchSteps ahead are prefetched while a step runs: rings hold the
+  // gathered row pointers of the steps in between and the located slots of
+  // their blocks (the blocks of steps past the end are empty: zero rows).
   const std::int32_t heads_per_block = w.kv_head_end - w.kv_head_begin;
   const std::int64_t steps = std::int64_t{(w.kv_end - w.kv_begin + kKB - 1) / kKB} * heads_per_block;
   BlockSlots slots[kStepRing];
@@ -1168,14 +1163,9 @@ void ProcessItem(const Item& it) {
     if (head == 0) LocateBlock(it, j0, std::clamp(w.kv_end - j0, 0, kKB), bs);
     GatherBlock<kT>(it, bs, w.kv_head_begin + head, heads[step % kStepRing]);
   };
-  const std::size_t k_row_bytes = std::size_t(it.c->head_dim) * dtype_size(kT);
-  const std::size_t v_row_bytes = std::size_t(it.c->v_head_dim) * dtype_size(kT);
-  for (std::int64_t step = 0; step < kRunStartSteps; ++step) gather(step);
+  for (std::int64_t step = 0; step < kPrefetchSteps; ++step) gather(step);
   for (std::int64_t step = 0; step < steps; ++step) {
-    gather(step + kRunStartSteps);
-    const KeyBlock& far = heads[(step + kRunStartSteps) % kStepRing];
-    PrefetchRunStarts(far.k, far.count, k_row_bytes);
-    PrefetchRunStarts(far.v, far.count, v_row_bytes);
+    gather(step + kPrefetchSteps);
     KeyBlock& kb = heads[step % kStepRing];
     const KeyBlock& ahead = heads[(step + kPrefetchSteps) % kStepRing];
     kb.k_next = ahead.k;
