@@ -13,7 +13,8 @@
 //   BM_Gqa8VsGqa4        64x8 against 32x8 heads, f16 b1 x 16k, interleaved;
 //                        also with f16 products allowed (/f16_products)
 //   BM_PagedVsContiguous page 16 (shuffled) against one page per sequence,
-//                        the same bytes, interleaved
+//                        the same bytes, interleaved; /pages:in_order with
+//                        the pages side by side (the indirection alone)
 //   BM_Prefill, BM_ChunkedPrefill   causal; GFLOP/s and % of the FMA probe
 //
 // Working sets: every workload owns enough independent copies of its K/V
@@ -686,12 +687,16 @@ void register_all() {
       });
   }
 
-  // Paged (page 16, shuffled) against one contiguous page per sequence.
-  {
-    const Config paged = decode(DType::kF16, 32, 8, 16384);
+  // Paged (page 16) against one contiguous page per sequence: the pages
+  // shuffled over the pool (the target), and in the pool's order (the
+  // indirection alone, without pages at random places).
+  for (const bool in_order : {false, true}) {
+    Config paged = decode(DType::kF16, 32, 8, 16384);
+    paged.pages_in_order = in_order;
     Config contiguous = paged;
     contiguous.contiguous = true;
-    const std::string name = decode_name("BM_PagedVsContiguous", paged);
+    contiguous.pages_in_order = false;  // one workload for both pairs
+    const std::string name = decode_name("BM_PagedVsContiguous", paged) + (in_order ? "/pages:in_order" : "");
     if (fits(name, {paged, contiguous}))
       add(name, [=](benchmark::State& s) {
         run_pair(s, contiguous, paged, true, "contiguous", "paged", "paged_over_contiguous", true, {});

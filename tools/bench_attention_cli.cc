@@ -69,6 +69,8 @@ void print_usage(std::FILE* out) {
                "  --heads QxK             query x KV heads (default %dx%d)\n"
                "  --head-dim D            %d..%d (default %d)\n"
                "  --page-size P           (default %d); --contiguous: one page per sequence\n"
+               "  --pages-in-order        each sequence's pages side by side in memory (default:\n"
+               "                          shuffled over the pool, as a long-running cache has them)\n"
                "  --seconds S             time calls for at least S seconds (default %g)\n"
                "  --threads N             OpenMP threads for kernel and probes (default %d)\n"
                "  --max-target T          cap Highway dispatch at target T (as the environment\n"
@@ -145,6 +147,8 @@ Options parse(int argc, char** argv) {
       o.shape.page = parse_int("--page-size", value(), 1, 1 << 20);
     } else if (flag == "--contiguous") {
       o.shape.contiguous = true;
+    } else if (flag == "--pages-in-order") {
+      o.shape.pages_in_order = true;
     } else if (flag == "--seconds") {
       o.seconds = std::atof(value().c_str());
       require<InvalidArgument>(o.seconds > 0.0 && o.seconds <= 600.0,
@@ -311,7 +315,7 @@ int run_bench_attention(int argc, char** argv) {
   std::printf(
       "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
       pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
-      c.contiguous ? "contiguous" : ("page " + std::to_string(c.page)).c_str(),
+      c.contiguous ? "contiguous" : ("page " + std::to_string(c.page) + (c.pages_in_order ? " in order" : "")).c_str(),
       omp_get_max_threads());
   pb::Workload w(c);
   std::printf("working set: %d copies, %.0f MiB of K/V (L3 %.0f MiB)\n", w.copies(),
