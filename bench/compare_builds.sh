@@ -3,6 +3,9 @@
 # alternating run by run, so that a host whose speed drifts (other tenants,
 # shared AMX units) slows every build alike; prints each build's median time
 # and its speed-up over the first build, round by round (median and range).
+# Tighter: `pagedattn bench-attention --shims A,B` alternates the builds'
+# kernels call by call in one process (docs/benchmarks.md, "Building and
+# running"); this script remains for builds whose public structs differ.
 #
 #   bench/compare_builds.sh ROUNDS "PAGEDATTN_A PAGEDATTN_B ..." BENCH_OPTIONS...
 #

@@ -12,12 +12,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "attention_peak.h"
 #include "attention_workload.h"
+#include "kernel_shims.h"
 #include "machine_probes.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/cpu_features.h"
@@ -42,6 +45,7 @@ struct Options {
   bool f16_products = false;   // AttentionPlanOptions::f16_products
   std::string max_target;  // --max-target: overrides PAGEDATTN_MAX_TARGET
   std::optional<std::string> disable_features;  // --disable-features: overrides PAGEDATTN_DISABLE_FEATURES
+  std::vector<std::string> shims;  // --shims: builds' kernel shims to alternate instead of this build's kernel
 };
 
 std::string target_list() {
@@ -90,6 +94,10 @@ void print_usage(std::FILE* out) {
                "                          has AVX512-FP16 (queries and weights rounded to f16)\n"
                "  --hot                   re-read the first copy every call: K/V stay in\n"
                "                          L2/L3 if they fit (the kernel's compute rate)\n"
+               "  --shims A,B[,...]       time these builds' kernels (each build's\n"
+               "                          perf/libpagedattn_kernel_shim.so) instead of this one's,\n"
+               "                          alternating call by call in this process; prints each\n"
+               "                          build's median and its speed-up over the first\n"
                "exit status 3 when the kernel disagrees with the reference\n",
                pb::short_name(c.kv).c_str(), c.batch, c.kv_len, c.qo_heads, c.kv_heads, kMinHeadDim,
                kMaxHeadDim, c.head_dim, c.page, d.seconds, omp_get_max_threads(), target_list().c_str());
@@ -174,6 +182,15 @@ Options parse(int argc, char** argv) {
       o.int8_products = true;
     } else if (flag == "--f16-products") {
       o.f16_products = true;
+    } else if (flag == "--shims") {
+      const std::string list = value();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        o.shims.push_back(list.substr(at, comma - at));
+        require<InvalidArgument>(!o.shims.back().empty(), "--shims: empty path in '", list, "'");
+        at = comma + 1;
+      }
+      require<InvalidArgument>(o.shims.size() >= 2, "--shims: expected two or more paths, got '", list, "'");
     } else {
       throw InvalidArgument(
           detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
@@ -186,12 +203,12 @@ Options parse(int argc, char** argv) {
 }
 
 // Largest |kernel - reference| over the outputs of copy 0, relative to the
-// largest |reference| (both read back as float).
-double relative_error_vs_reference(pb::Workload& w, const AttentionPlanOptions& plan_options) {
+// largest |reference| (both read back as float); `run` calls the kernel.
+double relative_error_vs_reference(pb::Workload& w, const std::function<void(const AttentionParams&)>& run) {
   AttentionParams p = w.params(0);
   const std::size_t n =
       std::size_t(w.config().batch) * w.config().q_len * p.num_qo_heads * w.config().head_dim;
-  AttentionRunner(plan_options).run(p);
+  run(p);
   std::vector<float> fast(n), ref(n);
   for (std::size_t i = 0; i < n; ++i) fast[i] = load_as_float(p.o.data, p.o.dtype, i);
   paged_attention_reference(p);
@@ -282,6 +299,31 @@ void print_fractions(const pb::Config& c, const Timing& t, pb::PeakClass k) {
               100.0 * gbps(t.best) / bw.best_gbps, 100.0 * gflops(t.best) / peak.best_gflops);
 }
 
+// --shims: each build's kernel checked against the reference, then all
+// timed in turn (pb::compare_shims).
+template <class Check>
+int run_shims(const Options& o, const std::vector<std::unique_ptr<pb::KernelShim>>& shims, pb::Workload& w,
+              const Check& check) {
+  bool ok = true;
+  for (std::size_t s = 0; s < shims.size(); ++s)
+    if (o.check) {
+      const std::string who = "shim " + std::to_string(s) + ": ";
+      ok = check(who.c_str(), [&](const AttentionParams& p) { shims[s]->run(p); }) && ok;
+    }
+  if (!ok) return 3;
+  const pb::ShimComparison r = pb::compare_shims(shims, w, o.seconds, o.hot);
+  std::printf("alternating %zu builds call by call, %d rounds%s\n", shims.size(), r.rounds,
+              o.hot ? " (hot: every call re-reads copy 0)" : "");
+  for (std::size_t s = 0; s < shims.size(); ++s) {
+    std::printf("shim %zu (%s): median %.3f ms", s, shims[s]->path().c_str(), r.median_ms[s]);
+    if (s > 0)
+      std::printf("; speed-up over shim 0: median %.3f (quartiles %.3f-%.3f)", r.speedup_median[s], r.speedup_q1[s],
+                  r.speedup_q3[s]);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_bench_attention(int argc, char** argv) {
@@ -312,6 +354,9 @@ int run_bench_attention(int argc, char** argv) {
               pb::peak_class_name(k), pb::short_name(c.kv).c_str(), prefill ? "prefill" : "decode",
               o.bf16_products ? ", bf16 products allowed" : "", o.int8_products ? ", int8 products allowed" : "",
               o.f16_products ? ", f16 products allowed" : "");
+  // Shims load before the workload is built, so a bad path fails at once.
+  std::vector<std::unique_ptr<pb::KernelShim>> shims;
+  for (const std::string& path : o.shims) shims.push_back(std::make_unique<pb::KernelShim>(path, plan_options));
   std::printf(
       "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
       pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
@@ -320,18 +365,20 @@ int run_bench_attention(int argc, char** argv) {
   pb::Workload w(c);
   std::printf("working set: %d copies, %.0f MiB of K/V (L3 %.0f MiB)\n", w.copies(),
               double(w.bytes()) / double(1 << 20), double(pb::l3_cache_bytes()) / double(1 << 20));
-  if (o.check) {
-    // Outputs are stored in f16 / bf16 / f32: rounding alone stays well below
-    // 1e-2; int8 products round the queries and weights to 8 bits, allowed
-    // up to kInt8ProductsTolerance of a row's largest output (the kernel
-    // tests' allowance, tests/kernels/attention_case.h).
-    constexpr double kTolerance = 1e-2, kInt8ProductsTolerance = 3e-2;
-    const double tolerance = o.int8_products ? kInt8ProductsTolerance : kTolerance;
-    const double err = relative_error_vs_reference(w, plan_options);
-    std::printf("max |kernel - reference| / max |reference|: %.2e (%s)\n", err,
+  // Outputs are stored in f16 / bf16 / f32: rounding alone stays well below
+  // 1e-2; int8 products round the queries and weights to 8 bits, allowed
+  // up to kInt8ProductsTolerance of a row's largest output (the kernel
+  // tests' allowance, tests/kernels/attention_case.h).
+  constexpr double kTolerance = 1e-2, kInt8ProductsTolerance = 3e-2;
+  const double tolerance = o.int8_products ? kInt8ProductsTolerance : kTolerance;
+  auto check = [&](const char* who, const std::function<void(const AttentionParams&)>& run) {
+    const double err = relative_error_vs_reference(w, run);
+    std::printf("%smax |kernel - reference| / max |reference|: %.2e (%s)\n", who, err,
                 err <= tolerance ? "ok" : "FAILED");
-    if (!(err <= tolerance)) return 3;
-  }
+    return err <= tolerance;
+  };
+  if (!shims.empty()) return run_shims(o, shims, w, check);
+  if (o.check && !check("", [&](const AttentionParams& p) { AttentionRunner(plan_options).run(p); })) return 3;
 
   const Timing t = time_calls(w, o.seconds, o.hot, plan_options);
   if (o.hot)
