@@ -180,10 +180,11 @@ PAGEDATTN_AMX_ATTR inline void ScoreStep(const std::uint16_t* q, std::size_t dq,
 
 // Stores a row's 32 weights rounded to bf16 in the first half of its score
 // row (what bf16dot::RoundWeights leaves), from the softmax's registers; the
-// weights' exp to degree 4 (4.2e-5 relative), as the rounding (2^-9)
-// swamps the rest.
+// weights' exp to degree 3 (7.5e-5 relative) with the fused shift, as the
+// rounding (2^-9) swamps the rest.
 struct StoreWeightsBf16 {
-  static constexpr int kExpDegree = 4;
+  static constexpr int kExpDegree = 3;
+  static constexpr bool kFusedShift = true;
   PAGEDATTN_AMX_ATTR void operator()(float* x, __m512 w0, __m512 w1) const {
     _mm512_store_si512(x, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
   }

@@ -31,18 +31,19 @@ constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
 static_assert(kKB == 32, "a row's scores are two vectors");
 constexpr int kMaxRows = 16;  // rows per update: one lane each
 
-// exp(x) for the softmax weights: 2^(x log2 e) as 2^n x p(f), n the nearest
-// integer, p the degree-kDegree Taylor polynomial of 2^f on |f| <= 1/2
-// (relative error below 2e-7 at degree 6, 4.2e-5 at degree 4: enough where
-// the weights are rounded to bf16, 2^-9). x below -86.6 (2^-125: nothing
+constexpr float kLog2E = 1.44269504f;
+
+// 2^t for the softmax weights, as 2^n x p(f), n the nearest integer and p a
+// polynomial of 2^f on |f| <= 1/2: at degree 6 the Taylor polynomial
+// (relative error below 2e-7), at degree 3 a minimax fit (7.5e-5: enough
+// where the weights are rounded to bf16, 2^-9). t below -125 (nothing
 // beside a row's weight of 1) and -inf give 0 from a masked scalef: a result
 // below f32's normal range would cost a microcode assist (more than 100
 // cycles) per instruction. NaN gives NaN (a score of +inf minus a maximum
 // of +inf: the row comes out NaN, as the reference has it).
 template <int kDegree = 6>
-HWY_INLINE __m512 Exp(__m512 x) {
-  static_assert(kDegree == 4 || kDegree == 6, "the two accuracies the paths need");
-  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504f));
+HWY_INLINE __m512 Exp2(__m512 t) {
+  static_assert(kDegree == 3 || kDegree == 6, "the two accuracies the paths need");
   const __mmask16 normal = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
@@ -51,20 +52,34 @@ HWY_INLINE __m512 Exp(__m512 x) {
     p = _mm512_set1_ps(1.5403530e-4f);
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   } else {
-    p = _mm512_set1_ps(9.6181291e-3f);
+    p = _mm512_set1_ps(5.5171598e-2f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4261111e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9326100e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.9992806e-1f));
   }
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_maskz_scalef_ps(normal, p, n);
 }
 
+// exp(x) = 2^(x log2 e) (Exp2).
+template <int kDegree = 6>
+HWY_INLINE __m512 Exp(__m512 x) {
+  return Exp2<kDegree>(_mm512_mul_ps(x, _mm512_set1_ps(kLog2E)));
+}
+
 // Stores a row's 32 weights as f32 (what the PV loops read unless they take
-// bf16 weights: see amx::StoreWeightsBf16).
+// bf16 weights: see amx::StoreWeightsBf16). kFusedShift false: the weights'
+// exponent is (x - shift) log2 e, exact where x is near the shift; the fused
+// x log2 e - shift log2 e (one instruction fewer) rounds shift log2 e once
+// per row and step, an error of up to |shift| 2^-24 between steps that only
+// weights rounded to bf16 can ignore.
 struct StoreWeightsF32 {
   static constexpr int kExpDegree = 6;
+  static constexpr bool kFusedShift = false;
   HWY_INLINE void operator()(float* x, __m512 w0, __m512 w1) const {
     _mm512_store_ps(x, w0);
     _mm512_store_ps(x + 16, w1);
@@ -76,8 +91,8 @@ struct StoreWeightsF32 {
 // their m, l and output rows (o, stride dv, v_dim dims): leaves each row's
 // weights (x the block's v_scales[b][key] when v_scales is given) in s
 // through `store` (f32 rows by default; its kExpDegree is the degree of the
-// weights' exp) and rescales the output rows whose maximum grew, once for
-// all the blocks. A row with nothing visible yet keeps m = -inf, l = 0 and
+// weights' exp, kFusedShift how its exponent is formed) and rescales the
+// output rows whose maximum grew, once for all the blocks. A row with nothing visible yet keeps m = -inf, l = 0 and
 // gets zero weights; a row with a NaN score gets l = NaN (its output and
 // LSE come out NaN).
 template <class Store = StoreWeightsF32>
@@ -105,7 +120,8 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
   const __m512 m_new = _mm512_max_ps(m_old, ReduceMax16(acc));
   const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
   alignas(64) float shift[kMaxRows];  // m_new, 0 where nothing is visible: exp(-inf - 0) = 0
-  _mm512_store_ps(shift, _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps()));
+  const __m512 row_shift = _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps());
+  _mm512_store_ps(shift, Store::kFusedShift ? _mm512_mul_ps(row_shift, _mm512_set1_ps(kLog2E)) : row_shift);
   for (int i = 0; i < kMaxRows; ++i) acc[i] = _mm512_setzero_ps();
   // Blocks outer: each block's V scales loaded once for its rows; without
   // scales, no multiply at all.
@@ -120,8 +136,13 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
         if (i >= rows) continue;
         float* x = s + std::size_t(b) * block_stride + i * kKB;
         const __m512 shift_i = _mm512_set1_ps(shift[i]);
-        const __m512 e0 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x), shift_i));
-        const __m512 e1 = Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(x + 16), shift_i));
+        auto weight = [&](const float* at) {
+          if constexpr (Store::kFusedShift)
+            return Exp2<Store::kExpDegree>(_mm512_fmsub_ps(_mm512_load_ps(at), _mm512_set1_ps(kLog2E), shift_i));
+          else
+            return Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(at), shift_i));
+        };
+        const __m512 e0 = weight(x), e1 = weight(x + 16);
         acc[i] = _mm512_add_ps(acc[i], _mm512_add_ps(e0, e1));
         if constexpr (decltype(scaled)::value)
           store(x, _mm512_mul_ps(e0, vs0), _mm512_mul_ps(e1, vs1));
