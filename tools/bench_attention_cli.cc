@@ -196,6 +196,12 @@ Options parse(int argc, char** argv) {
           detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
     }
   }
+  // Each shim holds its own copy of the library's dispatch settings, which
+  // read the environment when it loads.
+  require<InvalidArgument>(o.shims.empty() || (o.max_target.empty() && !o.disable_features),
+                           "--shims: --max-target and --disable-features would reach this program's kernel, "
+                           "not the shims'; set ", kMaxTargetVariable, " or ", kDisableFeaturesVariable,
+                           " in the environment instead");
   o.shape.q_len = q_len > 0 ? q_len : prefill ? o.shape.kv_len : 1;
   require<InvalidArgument>(o.shape.q_len <= o.shape.kv_len, "--q-len ", o.shape.q_len,
                            " exceeds --kv-len ", o.shape.kv_len);
