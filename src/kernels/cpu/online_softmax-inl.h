@@ -92,9 +92,9 @@ struct StoreWeightsF32 {
 // weights (x the block's v_scales[b][key] when v_scales is given) in s
 // through `store` (f32 rows by default; its kExpDegree is the degree of the
 // weights' exp, kFusedShift how its exponent is formed) and rescales the
-// output rows whose maximum grew, once for all the blocks. A row with nothing visible yet keeps m = -inf, l = 0 and
-// gets zero weights; a row with a NaN score gets l = NaN (its output and
-// LSE come out NaN).
+// output rows whose maximum grew, once for all the blocks. A row with
+// nothing visible yet keeps m = -inf, l = 0 and gets zero weights; a row
+// with a NaN score gets l = NaN (its output and LSE come out NaN).
 template <class Store = StoreWeightsF32>
 HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, float* m, float* l, float* o,
                              std::size_t dv, std::size_t v_dim, const float* const* v_scales, int rows,
