@@ -61,11 +61,14 @@ struct Config {
   bool pages_in_order = false;
 
   std::int32_t page_size() const { return contiguous ? kv_len : page; }
+  // Whether the pool's page ids stay in order (contiguous sequences own one
+  // page each: their order is shuffled like any other).
+  bool keeps_page_order() const { return pages_in_order && !contiguous; }
   std::string key() const {
     return short_name(kv) + "/" + std::to_string(qo_heads) + "x" + std::to_string(kv_heads) + "/d" +
            std::to_string(head_dim) + "/b" + std::to_string(batch) + "/q" + std::to_string(q_len) +
            "/kv" + std::to_string(kv_len) + (contiguous ? "/contig" : "/paged" + std::to_string(page)) +
-           (pages_in_order && !contiguous ? "/in_order" : "");
+           (keeps_page_order() ? "/in_order" : "");
   }
   // Queries and outputs: f16 with f16 KV, f32 with f32 KV, bf16 otherwise.
   DType act() const { return kv == DType::kF16 || kv == DType::kF32 ? kv : DType::kBF16; }
@@ -138,14 +141,14 @@ class Workload {
     }
     kv_lens_.assign(std::size_t(c_.batch), c_.kv_len);
     last_page_len_.assign(std::size_t(c_.batch), c_.kv_len - (pps - 1) * ps);
-    // One pool, page ids shuffled over all of it (unless pages_in_order);
+    // One pool, page ids shuffled over all of it (unless keeps_page_order());
     // each copy takes the next batch x pages_per_seq ids, in that random
     // order (like a real cache).
     num_pages_ = std::int64_t{copies_} * c_.batch * pps + 3;
     std::vector<std::int32_t> ids(static_cast<std::size_t>(num_pages_));
     std::iota(ids.begin(), ids.end(), 0);
     std::mt19937 rng(12345);
-    if (!c_.pages_in_order) std::shuffle(ids.begin(), ids.end(), rng);
+    if (!c_.keeps_page_order()) std::shuffle(ids.begin(), ids.end(), rng);
     const std::size_t per_copy = std::size_t(c_.batch) * pps;
     for (std::int32_t k = 0; k < copies_; ++k)
       kv_indices_.emplace_back(ids.begin() + std::ptrdiff_t(k * per_copy),

@@ -1,6 +1,7 @@
 // The C interface of a kernel shim: one build's attention kernel in a
 // shared object of its own (kernel_shim.cc), so that a driver can load two
-// builds into one process and alternate them call by call (ab_kernels.cc).
+// builds into one process and alternate them call by call (KernelShim and
+// compare_shims in kernel_shims.h, behind `bench-attention --shims`).
 // The shim and the driver share the public structs of include/pagedattn:
 // pagedattn_shim_layout() lets the driver refuse a shim whose structs differ.
 #pragma once

@@ -366,7 +366,7 @@ int run_bench_attention(int argc, char** argv) {
   std::printf(
       "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
       pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
-      c.contiguous ? "contiguous" : ("page " + std::to_string(c.page) + (c.pages_in_order ? " in order" : "")).c_str(),
+      c.contiguous ? "contiguous" : ("page " + std::to_string(c.page) + (c.keeps_page_order() ? " in order" : "")).c_str(),
       omp_get_max_threads());
   pb::Workload w(c);
   std::printf("working set: %d copies, %.0f MiB of K/V (L3 %.0f MiB)\n", w.copies(),
