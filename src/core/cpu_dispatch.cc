@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cctype>
 #include <cstdint>
 #include <cstdlib>
@@ -152,10 +153,24 @@ CpuFeatures detect_cpu_features() { return {}; }
 
 // The target HWY_DYNAMIC_DISPATCH picks in a translation unit compiled with
 // this one's HWY_TARGETS (the library compiles all its kernels alike).
+// Asking Highway runs cpuid several times, and under a hypervisor every
+// cpuid exits to it: about 5 us, which every attention call paid before this
+// was cached. The cache is keyed on Highway's chosen dispatch-table index,
+// which a cap (or anyone's hwy::DisableTargets or SupportedTargets) changes;
+// one atomic word holds key and answer, so a reader never mixes two answers.
 std::int64_t dispatched_target() {
+  static std::atomic<std::uint64_t> cache{0};  // (table index + 1) << 8 | target bit; 0 = empty
+  const hwy::ChosenTarget& chosen = hwy::GetChosenTarget();
+  if (chosen.IsInitialized()) {
+    const std::uint64_t cached = cache.load(std::memory_order_acquire);
+    if (cached >> 8 == chosen.GetIndex() + 1) return std::int64_t{1} << (cached & 0xff);
+  }
   std::int64_t targets = supported_targets() & HWY_TARGETS;
   if (targets == 0) targets = HWY_STATIC_TARGET;
-  return targets & -targets;
+  const std::int64_t target = targets & -targets;
+  cache.store((std::uint64_t{chosen.GetIndex()} + 1) << 8 | std::uint64_t(std::countr_zero(std::uint64_t(target))),
+              std::memory_order_release);
+  return target;
 }
 
 // Reads PAGEDATTN_MAX_TARGET and applies it, or records why it cannot;

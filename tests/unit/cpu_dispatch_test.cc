@@ -101,6 +101,26 @@ TEST(CpuDispatch, CapLowersEveryDispatchAndLiftingItRestoresTheBest) {
   EXPECT_EQ(dispatch_now(), best);
 }
 
+// dispatched_target_name() is cached (cpuid is slow under a hypervisor), but
+// keyed on Highway's choice: Highway 1.0.3's SupportedTargets(), called by
+// anyone, re-chooses from every target and drops the cap; the next question
+// must see that, put the cap back, and answer what dispatch then runs.
+TEST(CpuDispatch, CachedAnswerFollowsHighwaysChoiceAfterAForeignRedetect) {
+  NoCapAfter reset;
+  set_max_target("");
+  const std::string best = dispatched_target_name();
+  if (!cpu_supports("avx2") || best == "avx2") GTEST_SKIP() << "needs a target above AVX2";
+  set_max_target("avx2");
+  EXPECT_EQ(dispatched_target_name(), "avx2");  // now cached
+  hwy::SupportedTargets();
+  EXPECT_EQ(dispatched_target_name(), "avx2");
+  EXPECT_EQ(dispatch_now(), "avx2");
+  EXPECT_FALSE(dispatched_features().avx512f);
+  set_max_target("");
+  EXPECT_EQ(dispatched_target_name(), best);
+  EXPECT_EQ(dispatch_now(), best);
+}
+
 TEST(CpuDispatch, UnknownNameThrowsAndKeepsTheCap) {
   NoCapAfter reset;
   if (!cpu_supports("avx2")) GTEST_SKIP() << "no AVX2";
