@@ -143,6 +143,13 @@ struct BlockSlots {
   std::int32_t slot[kKB];
   std::int64_t k_off[kKB];
   std::int64_t v_off[kKB];
+  // Runs of keys in consecutive slots of one page, whose int8 token scales
+  // lie side by side: run i starts at key run_first[i] (run_first[runs] =
+  // count) and its scales at token_scale_index(page, head, slot) =
+  // run_scale[i] + head x page_size.
+  std::int32_t runs = 0;
+  std::int32_t run_first[kKB + 1];
+  std::int64_t run_scale[kKB];
   // Set when the block holds token-tree nodes: prefix keys get the interval
   // that contains every node (always visible) and their index as position.
   bool tree = false;
@@ -171,13 +178,19 @@ void LocateBlock(const Item& it, std::int32_t j0, std::int32_t count, BlockSlots
   const PagedKVStorage& kv = it.p->kv;
   KeyCursor cur{&it.p->table, it.w->batch};
   cur.seek(j0);
+  bs.runs = 0;
   for (std::int32_t jj = 0; jj < count; ++jj) {
     bs.page[jj] = cur.page();
     bs.slot[jj] = cur.offset;
     bs.k_off[jj] = kv.k_offset(bs.page[jj], 0, cur.offset);
     bs.v_off[jj] = kv.v_offset(bs.page[jj], 0, cur.offset);
+    if (jj == 0 || bs.page[jj] != bs.page[jj - 1] || bs.slot[jj] != bs.slot[jj - 1] + 1) {
+      bs.run_first[bs.runs] = jj;
+      bs.run_scale[bs.runs++] = kv.token_scale_index(bs.page[jj], 0, bs.slot[jj]);
+    }
     if (jj + 1 < count) cur.next(j0 + jj);
   }
+  bs.run_first[bs.runs] = count;
   LocateTreeKeys(it.p->tree_mask, it.w->batch, bs);
 }
 
@@ -216,12 +229,13 @@ void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock&
   kb.tree_position = bs.tree ? bs.tree_position : nullptr;
   RowPointers<kT>(it, bs, h, kb.k, kb.v);
   if constexpr (kT == DType::kINT8) {
-    for (std::int32_t jj = 0; jj < bs.count; ++jj) {
-      const std::int64_t i = kv.token_scale_index(bs.page[jj], h, bs.slot[jj]);
-      constexpr std::int64_t kScalesPerLine = kLineBytes / sizeof(float);
-      if (jj == 0 || bs.slot[jj] == 0 || i % kScalesPerLine == 0) {  // a new line of scales
-        PrefetchToL2(kv.k_token_scales + i);
-        PrefetchToL2(kv.v_token_scales + i);
+    constexpr std::int64_t kScalesPerLine = kLineBytes / sizeof(float);
+    for (std::int32_t r = 0; r < bs.runs; ++r) {
+      const std::int64_t first = bs.run_scale[r] + std::int64_t{h} * kv.page_size;
+      const std::int64_t last = first + bs.run_first[r + 1] - bs.run_first[r] - 1;
+      for (std::int64_t line = first / kScalesPerLine; line <= last / kScalesPerLine; ++line) {
+        PrefetchToL2(kv.k_token_scales + std::max(first, line * kScalesPerLine));
+        PrefetchToL2(kv.v_token_scales + std::max(first, line * kScalesPerLine));
       }
     }
   }
@@ -241,9 +255,15 @@ void ReadScales(const Item& it, KeyBlock& kb) {
     }
     return;
   }
-  for (std::int32_t jj = 0; jj < bs.count; ++jj) {
-    kb.k_scale[jj] = kv.k_dequant(bs.page[jj], kb.head, bs.slot[jj]) * kFormatScale<kT>;
-    kb.v_scale[jj] = kv.v_dequant(bs.page[jj], kb.head, bs.slot[jj]) * kFormatScale<kT>;
+  for (std::int32_t r = 0; r < bs.runs; ++r) {  // int8: runs of token scales side by side
+    const std::int64_t first = bs.run_scale[r] + std::int64_t{kb.head} * kv.page_size;
+    const float* k_scales = kv.k_token_scales + first;
+    const float* v_scales = kv.v_token_scales + first;
+    const std::int32_t jj0 = bs.run_first[r], n = bs.run_first[r + 1] - jj0;
+    for (std::int32_t t = 0; t < n; ++t) {
+      kb.k_scale[jj0 + t] = k_scales[t] * kFormatScale<kT>;
+      kb.v_scale[jj0 + t] = v_scales[t] * kFormatScale<kT>;
+    }
   }
   for (std::int32_t jj = bs.count; jj < kKB; ++jj) kb.k_scale[jj] = kb.v_scale[jj] = 0.0f;
 }
