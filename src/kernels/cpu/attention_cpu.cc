@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "../attention_traits.h"
 #include "../softmax_state.h"
@@ -711,14 +712,17 @@ void TransformRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::i
 // Masks, score transforms and the online-softmax update of rows [row0,
 // row_end) of a scored block: every path's step between QK and PV. On
 // AVX-512, 16 rows at a time (softmax16::Update), else row by row.
-template <bool kScale>
+// kRoundedWeights: the caller rounds the weights to bf16 or u8 next
+// (softmax16::StoreWeightsF32Rounded on AVX-512).
+template <bool kScale, bool kRoundedWeights = false>
 void SoftmaxRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end,
                  std::int64_t first_pos) {
   TransformRows(it, map, kb, row0, row_end, first_pos);
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  using Store = std::conditional_t<kRoundedWeights, softmax16::StoreWeightsF32Rounded, softmax16::StoreWeightsF32>;
   const KernelContext& c = *it.c;
   for (std::int32_t r = row0; r < row_end; r += softmax16::kMaxRows)
-    softmax16::Update(it.sc.s + std::size_t(r) * kKB, it.sc.m + r, it.sc.l + r, it.sc.o + std::size_t(r) * c.dv,
+    softmax16::Update<Store>(it.sc.s + std::size_t(r) * kKB, it.sc.m + r, it.sc.l + r, it.sc.o + std::size_t(r) * c.dv,
                       std::size_t(c.dv), std::size_t(c.v_head_dim), kScale ? kb.v_scale : nullptr,
                       std::min<std::int32_t>(softmax16::kMaxRows, row_end - r));
 #else
@@ -963,7 +967,7 @@ void ProcessHeadBlockBf16Decode(const Item& it, const RowMap& map, KeyBlock& kb,
   if constexpr (kBf16DecodeType<kT>) {
     bf16dec::ScoreBlock<kT, kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), kb.k, kb.k_next, dk,
                                   kScaled<kT> ? kb.k_scale : nullptr, it.sc.s + std::size_t(row0) * kKB, rows);
-    SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
+    SoftmaxRows<kScaled<kT>, true>(it, map, kb, row0, row_end, first_pos);
     bf16dot::RoundWeights(it.sc.s, row0, row_end);
     bf16dec::AccumulateBlock<kT, kDim>(it.sc.s + std::size_t(row0) * kKB, kb.v, kb.v_next, kb.count, dv,
                                        it.sc.o + std::size_t(row0) * c.dv, std::size_t(c.dv), rows);
@@ -986,7 +990,7 @@ void ProcessHeadBlockBf16(const Item& it, const RowMap& map, KeyBlock& kb, std::
   }
   bf16dot::ScoreBlock<kDim>(it.sc.qh, std::size_t(c.dq), kt, std::size_t(c.head_dim),
                             kScaled<kT> ? kb.k_scale : nullptr, it.sc.s, row0, row_end);
-  SoftmaxRows<kScaled<kT>>(it, map, kb, row0, row_end, first_pos);
+  SoftmaxRows<kScaled<kT>, true>(it, map, kb, row0, row_end, first_pos);
   bf16dot::RoundWeights(it.sc.s, row0, row_end);
   bf16dot::AccumulateBlock<kDim>(it.sc.s, vp, std::size_t(c.dv), kb.count, it.sc.o, row0, row_end);
 }
@@ -1078,7 +1082,7 @@ void ProcessHeadBlockInt8(const Item& it, const RowMap& map, KeyBlock& kb, std::
   int8dot::PackKeys(kb.k, std::size_t(c.head_dim), kt);
   int8dot::ScoreBlock<kDim>(it.sc.q8, std::size_t(c.dq), it.sc.q8_scale, it.sc.q8_sum, kt, std::size_t(c.head_dim),
                             kb.k_scale, it.sc.s, row0, row_end, kb.k_next);
-  SoftmaxRows<true>(it, map, kb, row0, row_end, first_pos);
+  SoftmaxRows<true, true>(it, map, kb, row0, row_end, first_pos);
   int8dot::QuantizeWeights(it.sc.s, it.sc.w_scale, row0, row_end);
   int8dot::AccumulateBlock<kDim>(it.sc.s, it.sc.w_scale, kb.v, vp, std::size_t(c.v_head_dim), std::size_t(c.dv),
                                  it.sc.o, row0, row_end, kb.v_next);

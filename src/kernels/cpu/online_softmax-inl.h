@@ -86,6 +86,13 @@ struct StoreWeightsF32 {
   }
 };
 
+// f32 weights that the path rounds to 8 significant bits or fewer next
+// (bf16, or u8 against the row's largest): the degree-3 exp and the fused
+// shift, whose errors that rounding hides.
+struct StoreWeightsF32Rounded : StoreWeightsF32 {
+  static constexpr int kExpDegree = 3;
+  static constexpr bool kFusedShift = true;
+};
 // Online-softmax update of `rows` (1 to 16) rows over `blocks` blocks of
 // masked scores (block b's rows of kKB at s + b * block_stride floats),
 // their m, l and output rows (o, stride dv, v_dim dims): leaves each row's
@@ -116,8 +123,14 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
     }
     nan_rows |= __mmask16(nan << i);
   }
+  // Decode has few rows (the GQA group): a smaller tree.
+  const auto reduce = [rows, &acc](auto op) {
+    return rows <= 4 ? ReduceN<4>(acc, op) : rows <= 8 ? ReduceN<8>(acc, op) : ReduceN<16>(acc, op);
+  };
+  const auto max = [](__m512 x, __m512 y) { return _mm512_max_ps(x, y); };
+  const auto add = [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); };
   const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, live, m);
-  const __m512 m_new = _mm512_max_ps(m_old, ReduceMax16(acc));
+  const __m512 m_new = _mm512_max_ps(m_old, reduce(max));
   const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
   alignas(64) float shift[kMaxRows];  // m_new, 0 where nothing is visible: exp(-inf - 0) = 0
   const __m512 row_shift = _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps());
@@ -157,7 +170,7 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
     exp_pass(std::false_type{});
   // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
   const __m512 corr = _mm512_mask_blend_ps(none, Exp(_mm512_sub_ps(m_old, m_new)), one);
-  const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l), corr, Reduce16(acc));
+  const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l), corr, reduce(add));
   _mm512_mask_storeu_ps(l, live,
                         _mm512_mask_blend_ps(nan_rows, l_new, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())));
   _mm512_mask_storeu_ps(m, live, m_new);
@@ -172,9 +185,10 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
 }
 
 // The update over one block (s rows of kKB), weights x v_scale[key] when given.
+template <class Store = StoreWeightsF32>
 HWY_INLINE void Update(float* s, float* m, float* l, float* o, std::size_t dv, std::size_t v_dim,
                        const float* v_scale, int rows) {
-  UpdateBlocks(s, 0, 1, m, l, o, dv, v_dim, v_scale ? &v_scale : nullptr, rows);
+  UpdateBlocks(s, 0, 1, m, l, o, dv, v_dim, v_scale ? &v_scale : nullptr, rows, Store());
 }
 
 }  // namespace softmax16

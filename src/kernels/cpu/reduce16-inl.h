@@ -81,6 +81,32 @@ HWY_INLINE void TilesToRows(const __m512* tiles, __m512* rows) {
   }
 }
 
+// Reduce16 of the first kN vectors (4, 8 or 16; lanes kN and up: don't
+// care): the tree's first levels over kN vectors, then its blocks folded
+// onto themselves (4 rows: 8 shuffles and 5 ops, 8 rows: 16 and 9).
+template <int kN, class Op>
+HWY_INLINE __m512 ReduceN(const __m512* a, Op op) {
+  static_assert(kN == 4 || kN == 8 || kN == 16, "whole levels of the tree");
+  if constexpr (kN == 16) {
+    return Reduce16(a, op);
+  } else {
+    __m512 t[kN / 2], u[kN / 4];
+    for (int i = 0; i < kN / 2; ++i)
+      t[i] = op(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < kN / 4; ++i) {  // block b of u[i]: a[4i .. 4i + 3] over block b's lanes
+      const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+      u[i] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    if constexpr (kN == 8) {  // [u0 blocks 0+1, 2+3, u1 blocks 0+1, 2+3], then pairs of those
+      const __m512 v = op(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+      return op(_mm512_shuffle_f32x4(v, v, 0x88), _mm512_shuffle_f32x4(v, v, 0xDD));
+    } else {  // every block: the sum of u0's four
+      const __m512 v = op(u[0], _mm512_shuffle_f32x4(u[0], u[0], 0x4E));
+      return op(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+    }
+  }
+}
+
 // Sums of 16 vectors (16 dot products at once).
 HWY_INLINE __m512 Reduce16(const __m512* a) {
   return Reduce16(a, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
