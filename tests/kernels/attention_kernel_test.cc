@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 
@@ -235,6 +236,43 @@ TEST(AttentionKernel, SplitKvMatchesUnsplit) {
       EXPECT_GT(runner.last_plan().num_partials, 0);
     }
     expect_close(c, "chunk " + std::to_string(chunk));
+  }
+}
+
+// Deterministic mode (fixed_kv_chunk): a query's output bits do not depend
+// on the rows computed beside it. The last token of a 12-token chunk (GQA
+// 4: 48 rows per KV head, softmax updates of 16 rows) against the same
+// token alone (4 rows, decode's smaller reduction trees), same pages.
+TEST(AttentionKernel, BatchInvariantRowKeepsItsBitsAloneOrInAChunk) {
+  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16, DType::kINT8}) {
+    SCOPED_TRACE(dtype_name(kv));
+    CaseSpec spec;
+    spec.q_lens = {12};
+    spec.kv_lens = {300};
+    spec.num_qo_heads = 32;
+    spec.num_kv_heads = 8;
+    spec.head_dim = 128;
+    spec.kv_dtype = kv;
+    AttentionCase c(spec);
+    AttentionRunner runner(AttentionPlanOptions{2, 64, 256});
+    runner.run(c.params(0));
+    constexpr std::int32_t kLast = 11;
+    const std::int32_t qo_indptr[2] = {0, 1};
+    AttentionParams alone = c.params(1);
+    alone.table.qo_indptr = qo_indptr;
+    alone.q.data = static_cast<std::byte*>(alone.q.data) +
+                   kLast * alone.q.token_stride * std::int64_t(dtype_size(alone.q.dtype));
+    alone.o.data = static_cast<std::byte*>(alone.o.data) +
+                   kLast * alone.o.token_stride * std::int64_t(dtype_size(alone.o.dtype));
+    alone.lse += kLast * alone.num_qo_heads;
+    runner.run(alone);
+    const std::vector<float> in_chunk = c.output(0), by_itself = c.output(1);
+    const std::size_t row = std::size_t(spec.num_qo_heads) * std::size_t(spec.head_dim);
+    for (std::size_t i = kLast * row; i < (kLast + 1) * row; ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(in_chunk[i]), std::bit_cast<std::uint32_t>(by_itself[i])) << i;
+    for (std::int32_t h = 0; h < spec.num_qo_heads; ++h)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(c.lse(0)[kLast * spec.num_qo_heads + h]),
+                std::bit_cast<std::uint32_t>(c.lse(1)[kLast * spec.num_qo_heads + h]));
   }
 }
 

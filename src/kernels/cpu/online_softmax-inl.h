@@ -123,7 +123,7 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
     }
     nan_rows |= __mmask16(nan << i);
   }
-  // Decode has few rows (the GQA group): a smaller tree.
+  // Decode has few rows (the GQA group): a smaller tree, same sums.
   const auto reduce = [rows, &acc](auto op) {
     return rows <= 4 ? ReduceN<4>(acc, op) : rows <= 8 ? ReduceN<8>(acc, op) : ReduceN<16>(acc, op);
   };

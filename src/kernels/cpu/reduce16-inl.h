@@ -83,7 +83,9 @@ HWY_INLINE void TilesToRows(const __m512* tiles, __m512* rows) {
 
 // Reduce16 of the first kN vectors (4, 8 or 16; lanes kN and up: don't
 // care): the tree's first levels over kN vectors, then its blocks folded
-// onto themselves (4 rows: 8 shuffles and 5 ops, 8 rows: 16 and 9).
+// onto themselves (4 rows: 10 shuffles and 5 ops, 8 rows: 16 and 9). Lane
+// i adds in Reduce16's order, blocks (0 + 1) + (2 + 3), so a row's sum has
+// the same bits whichever tree its rows took (batch invariance).
 template <int kN, class Op>
 HWY_INLINE __m512 ReduceN(const __m512* a, Op op) {
   static_assert(kN == 4 || kN == 8 || kN == 16, "whole levels of the tree");
@@ -100,9 +102,9 @@ HWY_INLINE __m512 ReduceN(const __m512* a, Op op) {
     if constexpr (kN == 8) {  // [u0 blocks 0+1, 2+3, u1 blocks 0+1, 2+3], then pairs of those
       const __m512 v = op(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
       return op(_mm512_shuffle_f32x4(v, v, 0x88), _mm512_shuffle_f32x4(v, v, 0xDD));
-    } else {  // every block: the sum of u0's four
-      const __m512 v = op(u[0], _mm512_shuffle_f32x4(u[0], u[0], 0x4E));
-      return op(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+    } else {  // [blocks 0+1, 2+3, 0+1, 2+3] of u0, then pairs of those
+      const __m512 v = op(_mm512_shuffle_f32x4(u[0], u[0], 0x88), _mm512_shuffle_f32x4(u[0], u[0], 0xDD));
+      return op(_mm512_shuffle_f32x4(v, v, 0x88), _mm512_shuffle_f32x4(v, v, 0xDD));
     }
   }
 }
