@@ -1,7 +1,7 @@
 // The online-softmax update of up to 16 query rows of a scored block at once
 // on AVX-512, per target (Highway -inl.h pattern, raw intrinsics): the rows'
-// maxima and sums come out of one transpose-reduce tree each (ReduceMax16,
-// Reduce16), and m, l and the rescale factors are computed for all rows in
+// maxima and sums come out of one transpose-reduce tree each (ReduceN: 16,
+// 8 or 4 rows), and m, l and the rescale factors are computed for all rows in
 // one vector, where a row at a time would reduce each row on its own and
 // call exp for its rescale factor.
 #if defined(PAGEDATTN_KERNELS_CPU_ONLINE_SOFTMAX_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -93,6 +93,7 @@ struct StoreWeightsF32Rounded : StoreWeightsF32 {
   static constexpr int kExpDegree = 3;
   static constexpr bool kFusedShift = true;
 };
+
 // Online-softmax update of `rows` (1 to 16) rows over `blocks` blocks of
 // masked scores (block b's rows of kKB at s + b * block_stride floats),
 // their m, l and output rows (o, stride dv, v_dim dims): leaves each row's

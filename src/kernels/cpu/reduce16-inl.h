@@ -99,13 +99,10 @@ HWY_INLINE __m512 ReduceN(const __m512* a, Op op) {
       const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
       u[i] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
-    if constexpr (kN == 8) {  // [u0 blocks 0+1, 2+3, u1 blocks 0+1, 2+3], then pairs of those
-      const __m512 v = op(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-      return op(_mm512_shuffle_f32x4(v, v, 0x88), _mm512_shuffle_f32x4(v, v, 0xDD));
-    } else {  // [blocks 0+1, 2+3, 0+1, 2+3] of u0, then pairs of those
-      const __m512 v = op(_mm512_shuffle_f32x4(u[0], u[0], 0x88), _mm512_shuffle_f32x4(u[0], u[0], 0xDD));
-      return op(_mm512_shuffle_f32x4(v, v, 0x88), _mm512_shuffle_f32x4(v, v, 0xDD));
-    }
+    // [u0 blocks 0+1, 2+3, u1 blocks 0+1, 2+3] (4 rows: u0 twice), then pairs of those.
+    const __m512 u1 = u[kN / 4 - 1];
+    const __m512 v = op(_mm512_shuffle_f32x4(u[0], u1, 0x88), _mm512_shuffle_f32x4(u[0], u1, 0xDD));
+    return op(_mm512_shuffle_f32x4(v, v, 0x88), _mm512_shuffle_f32x4(v, v, 0xDD));
   }
 }
 
@@ -114,10 +111,6 @@ HWY_INLINE __m512 Reduce16(const __m512* a) {
   return Reduce16(a, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
 }
 
-// Maxima of 16 vectors.
-HWY_INLINE __m512 ReduceMax16(const __m512* a) {
-  return Reduce16(a, [](__m512 x, __m512 y) { return _mm512_max_ps(x, y); });
-}
 #endif
 
 }  // namespace pagedattn::kernels::HWY_NAMESPACE
