@@ -144,13 +144,15 @@ struct BlockSlots {
   std::int32_t slot[kKB];
   std::int64_t k_off[kKB];
   std::int64_t v_off[kKB];
-  // Runs of keys in consecutive slots of one page, whose int8 token scales
-  // lie side by side: run i starts at key run_first[i] (run_first[runs] =
-  // count) and its scales at token_scale_index(page, head, slot) =
-  // run_scale[i] + head x page_size.
+  // int8 KV only: runs of keys in consecutive slots of one page, whose token
+  // scales lie side by side. Run i starts at key run_first[i]
+  // (run_first[runs] = count) and its scales at run_scale_index(i, head).
   std::int32_t runs = 0;
   std::int32_t run_first[kKB + 1];
-  std::int64_t run_scale[kKB];
+  std::int64_t run_scale[kKB];  // token_scale_index(page, 0, slot) of the run's first key
+  std::int64_t run_scale_index(std::int32_t i, std::int32_t head, std::int32_t page_size) const {
+    return run_scale[i] + std::int64_t{head} * page_size;
+  }
   // Set when the block holds token-tree nodes: prefix keys get the interval
   // that contains every node (always visible) and their index as position.
   bool tree = false;
@@ -179,17 +181,20 @@ void LocateBlock(const Item& it, std::int32_t j0, std::int32_t count, BlockSlots
   const PagedKVStorage& kv = it.p->kv;
   KeyCursor cur{&it.p->table, it.w->batch};
   cur.seek(j0);
-  bs.runs = 0;
   for (std::int32_t jj = 0; jj < count; ++jj) {
     bs.page[jj] = cur.page();
     bs.slot[jj] = cur.offset;
     bs.k_off[jj] = kv.k_offset(bs.page[jj], 0, cur.offset);
     bs.v_off[jj] = kv.v_offset(bs.page[jj], 0, cur.offset);
-    if (jj == 0 || bs.page[jj] != bs.page[jj - 1] || bs.slot[jj] != bs.slot[jj - 1] + 1) {
-      bs.run_first[bs.runs] = jj;
-      bs.run_scale[bs.runs++] = kv.token_scale_index(bs.page[jj], 0, bs.slot[jj]);
-    }
     if (jj + 1 < count) cur.next(j0 + jj);
+  }
+  bs.runs = 0;
+  if (kv.dtype == DType::kINT8) {
+    for (std::int32_t jj = 0; jj < count; ++jj)
+      if (jj == 0 || bs.page[jj] != bs.page[jj - 1] || bs.slot[jj] != bs.slot[jj - 1] + 1) {
+        bs.run_first[bs.runs] = jj;
+        bs.run_scale[bs.runs++] = kv.token_scale_index(bs.page[jj], 0, bs.slot[jj]);
+      }
   }
   bs.run_first[bs.runs] = count;
   LocateTreeKeys(it.p->tree_mask, it.w->batch, bs);
@@ -232,7 +237,7 @@ void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock&
   if constexpr (kT == DType::kINT8) {
     constexpr std::int64_t kScalesPerLine = kLineBytes / sizeof(float);
     for (std::int32_t r = 0; r < bs.runs; ++r) {
-      const std::int64_t first = bs.run_scale[r] + std::int64_t{h} * kv.page_size;
+      const std::int64_t first = bs.run_scale_index(r, h, kv.page_size);
       const std::int64_t last = first + bs.run_first[r + 1] - bs.run_first[r] - 1;
       for (std::int64_t line = first / kScalesPerLine; line <= last / kScalesPerLine; ++line) {
         PrefetchToL2(kv.k_token_scales + std::max(first, line * kScalesPerLine));
@@ -257,7 +262,7 @@ void ReadScales(const Item& it, KeyBlock& kb) {
     return;
   }
   for (std::int32_t r = 0; r < bs.runs; ++r) {  // int8: runs of token scales side by side
-    const std::int64_t first = bs.run_scale[r] + std::int64_t{kb.head} * kv.page_size;
+    const std::int64_t first = bs.run_scale_index(r, kb.head, kv.page_size);
     const float* k_scales = kv.k_token_scales + first;
     const float* v_scales = kv.v_token_scales + first;
     const std::int32_t jj0 = bs.run_first[r], n = bs.run_first[r + 1] - jj0;

@@ -15,21 +15,36 @@ HWY_BEFORE_NAMESPACE();
 namespace pagedattn::kernels::HWY_NAMESPACE {
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// Reductions of 16 vectors: lane i of the result is op over the lanes of
-// a[i] (pairwise interleave-ops: 30 shuffles and 15 ops for 16 rows).
-template <class Op>
-HWY_INLINE __m512 Reduce16(const __m512* a, Op op) {
-  __m512 t[8], u[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit block: [a0 op a2, b0 op b2, a1 op a3, b1 op b3]
+// Reductions of kN vectors (4, 8 or 16): lane i (i < kN) of the result is
+// op over the lanes of a[i] (pairwise interleave-ops: 30 shuffles and 15 ops
+// for 16 rows, 16 and 9 for 8, 10 and 5 for 4; lanes kN and up: don't
+// care). Fewer rows fold their blocks onto themselves in the same order,
+// (0 + 1) + (2 + 3), so a row's sum has the same bits whichever tree its
+// rows took (batch invariance).
+template <int kN, class Op>
+HWY_INLINE __m512 ReduceN(const __m512* a, Op op) {
+  static_assert(kN == 4 || kN == 8 || kN == 16, "whole levels of the tree");
+  __m512 t[kN / 2], u[kN / 4];
+  for (int i = 0; i < kN / 2; ++i)  // per 128-bit block: [a0 op a2, b0 op b2, a1 op a3, b1 op b3]
     t[i] = op(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {  // per block: the block's partial result of a[4i .. 4i + 3]
+  for (int i = 0; i < kN / 4; ++i) {  // per block: the block's partial result of a[4i .. 4i + 3]
     const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
     u[i] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
-  // Blocks combined across: block i of the result holds a[4i .. 4i + 3].
-  const __m512 v01 = op(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-  const __m512 v23 = op(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-  return op(_mm512_shuffle_f32x4(v01, v23, 0x88), _mm512_shuffle_f32x4(v01, v23, 0xDD));
+  // Blocks combined across: block i of the result holds a[4i .. 4i + 3]
+  // (u and v past the rows: the last ones again).
+  auto pairs = [&](__m512 x, __m512 y) {
+    return op(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+  };
+  const __m512 v01 = pairs(u[0], u[kN > 4 ? 1 : 0]);
+  if constexpr (kN == 16) return pairs(v01, pairs(u[2], u[3]));
+  return pairs(v01, v01);
+}
+
+// ReduceN of 16 vectors.
+template <class Op>
+HWY_INLINE __m512 Reduce16(const __m512* a, Op op) {
+  return ReduceN<16>(a, op);
 }
 
 // A block's scores from tile vectors to row vectors. tiles[t] (t < 2 kRows):
@@ -78,31 +93,6 @@ HWY_INLINE void TilesToRows(const __m512* tiles, __m512* rows) {
       }
       for (int r = 0; r < 8; ++r) rows[2 * r + h] = _mm512_castpd_ps(b[r]);
     }
-  }
-}
-
-// Reduce16 of the first kN vectors (4, 8 or 16; lanes kN and up: don't
-// care): the tree's first levels over kN vectors, then its blocks folded
-// onto themselves (4 rows: 10 shuffles and 5 ops, 8 rows: 16 and 9). Lane
-// i adds in Reduce16's order, blocks (0 + 1) + (2 + 3), so a row's sum has
-// the same bits whichever tree its rows took (batch invariance).
-template <int kN, class Op>
-HWY_INLINE __m512 ReduceN(const __m512* a, Op op) {
-  static_assert(kN == 4 || kN == 8 || kN == 16, "whole levels of the tree");
-  if constexpr (kN == 16) {
-    return Reduce16(a, op);
-  } else {
-    __m512 t[kN / 2], u[kN / 4];
-    for (int i = 0; i < kN / 2; ++i)
-      t[i] = op(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-    for (int i = 0; i < kN / 4; ++i) {  // block b of u[i]: a[4i .. 4i + 3] over block b's lanes
-      const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
-      u[i] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    // [u0 blocks 0+1, 2+3, u1 blocks 0+1, 2+3] (4 rows: u0 twice), then pairs of those.
-    const __m512 u1 = u[kN / 4 - 1];
-    const __m512 v = op(_mm512_shuffle_f32x4(u[0], u1, 0x88), _mm512_shuffle_f32x4(u[0], u1, 0xDD));
-    return op(_mm512_shuffle_f32x4(v, v, 0x88), _mm512_shuffle_f32x4(v, v, 0xDD));
   }
 }
 
