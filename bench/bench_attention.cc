@@ -2,7 +2,9 @@
 // this machine's limits measured in the same process (machine_probes.h):
 //
 //   BM_ProbeReadBandwidth, BM_ProbeFmaPeak   the probes themselves
-//   BM_ProbeReadRuns     the read probe over shuffled runs of 4 / 32 / 1024 KiB
+//   BM_ProbeReadRuns     the read probe over shuffled runs of 4 / 32 / 1024 KiB;
+//                        /prefetched: each run's lines prefetched to L2 two
+//                        runs ahead, as the decode kernels prefetch
 //   BM_Decode            AttentionRunner (plan + kernel) per decode step;
 //                        K+V GB/s and % of the read-bandwidth probe
 //   BM_DecodePlanned     paged_attention with a plan made once (f16 grid)
@@ -510,12 +512,13 @@ void run_planning_cost(benchmark::State& state, const Config& c) {
 // (run_kib 0: the read probe), or as shuffled runs of run_kib KiB, what the
 // access pattern of a paged cache (one run per page and head) costs before
 // any arithmetic.
-void run_read_probe(benchmark::State& state, std::size_t bytes, std::size_t run_kib) {
+void run_read_probe(benchmark::State& state, std::size_t bytes, std::size_t run_kib,
+                    pb::RunPrefetch prefetch = pb::RunPrefetch::kNone) {
   pb::HugeBuffer buf(bytes);
   pb::touch_parallel(buf.data(), buf.size());
   auto pass = [&] {
     return run_kib == 0 ? pb::read_pass_seconds(buf.data(), bytes, 0)
-                        : pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0);
+                        : pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0, prefetch);
   };
   pass();
   Timer t;
@@ -609,6 +612,9 @@ void register_all() {
   for (std::size_t kib : {std::size_t{4}, std::size_t{32}, std::size_t{1024}}) {
     const std::string name = "BM_ProbeReadRuns/KiB:" + std::to_string(kib);
     add(name, [=](benchmark::State& s) { run_read_probe(s, 1024 * kMiB, kib); });
+    add(name + "/prefetched", [=](benchmark::State& s) {
+      run_read_probe(s, 1024 * kMiB, kib, pb::RunPrefetch::kTwoRunsAhead);
+    });
   }
   add("BM_ProbeFmaPeak", [](benchmark::State& s) { run_fma_probe(s); });
 

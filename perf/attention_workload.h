@@ -78,6 +78,9 @@ struct Config {
     if (kv == DType::kINT8) b += std::size_t(page_size()) * kv_heads * 2 * sizeof(float);
     return b;
   }
+  // One page of K for every KV head: the contiguous run a decode reads at a
+  // random place (the paged read probe's run length; V's pages are alike).
+  std::size_t k_page_bytes() const { return std::size_t(page_size()) * kv_heads * head_dim * pa::dtype_size(kv); }
   std::size_t copy_bytes() const { return std::size_t(batch) * pages_per_seq() * page_bytes(); }
   std::int32_t copies() const {
     return static_cast<std::int32_t>(

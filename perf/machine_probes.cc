@@ -82,6 +82,34 @@ __attribute__((target("avx2"), noinline)) std::uint64_t read_avx2(const std::byt
   return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
 }
 
+// read_avx2 over `bytes` at p, prefetching into L2 (prefetcht1, as the
+// kernels do: prefetch.h) the line of `next` at the same offset as each line
+// read, so a run's lines are in flight while the run before it is read.
+__attribute__((target("avx2"), noinline)) std::uint64_t read_avx2_prefetching(const std::byte* p,
+                                                                               const std::byte* next,
+                                                                               std::size_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+          a7 = a0;
+  const std::byte* end = p + bytes / kReadBlock * kReadBlock;
+  for (; p < end; p += kReadBlock, next += kReadBlock) {
+    for (std::size_t line = 0; line < kReadBlock; line += 64) _mm_prefetch(reinterpret_cast<const char*>(next + line), _MM_HINT_T1);
+    const auto* v = reinterpret_cast<const __m256i*>(p);
+    a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + 0));
+    a1 = _mm256_xor_si256(a1, _mm256_load_si256(v + 1));
+    a2 = _mm256_xor_si256(a2, _mm256_load_si256(v + 2));
+    a3 = _mm256_xor_si256(a3, _mm256_load_si256(v + 3));
+    a4 = _mm256_xor_si256(a4, _mm256_load_si256(v + 4));
+    a5 = _mm256_xor_si256(a5, _mm256_load_si256(v + 5));
+    a6 = _mm256_xor_si256(a6, _mm256_load_si256(v + 6));
+    a7 = _mm256_xor_si256(a7, _mm256_load_si256(v + 7));
+  }
+  a0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3)),
+                        _mm256_xor_si256(_mm256_xor_si256(a4, a5), _mm256_xor_si256(a6, a7)));
+  alignas(32) std::uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a0);
+  return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
+}
+
 __attribute__((noinline)) std::uint64_t read_scalar(const std::byte* p, std::size_t bytes) {
   std::uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
   const auto* w = reinterpret_cast<const std::uint64_t*>(p);
@@ -392,7 +420,8 @@ double read_pass_seconds(const std::byte* p, std::size_t bytes, int threads) {
   return s;
 }
 
-double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes, int threads) {
+double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes, int threads,
+                              RunPrefetch prefetch) {
   threads = resolve_threads(threads);
   run_bytes = std::max(kReadBlock, run_bytes / kReadBlock * kReadBlock);
   const std::size_t runs = bytes / run_bytes;
@@ -401,19 +430,36 @@ double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t
   for (std::size_t i = 0; i < runs; ++i) order[i] = static_cast<std::uint32_t>(i);
   std::shuffle(order.begin(), order.end(), std::mt19937(2026));
   const bool avx2 = cpu_has_avx2();
+  const bool prefetching = prefetch == RunPrefetch::kTwoRunsAhead && avx2;
   std::uint64_t sink = 0;
   const auto t0 = Clock::now();
-#pragma omp parallel for num_threads(threads) schedule(static, 1) reduction(^ : sink)
-  for (std::size_t i = 0; i < runs; ++i) {
-    const std::byte* run = p + std::size_t(order[i]) * run_bytes;
-    sink ^= avx2 ? read_avx2(run, run_bytes) : read_scalar(run, run_bytes);
+#pragma omp parallel num_threads(threads) reduction(^ : sink)
+  {
+    // Thread t reads runs t, t + n, t + 2n, ... (in the shuffled order) and
+    // prefetches the run it reads two runs later (its last runs: their own).
+    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num());
+    const std::size_t n = static_cast<std::size_t>(omp_get_num_threads());
+    for (std::size_t i = t; i < runs; i += n) {
+      const std::byte* run = p + std::size_t(order[i]) * run_bytes;
+      if (prefetching) {
+        const std::size_t ahead = i + 2 * n < runs ? i + 2 * n : i;
+        sink ^= read_avx2_prefetching(run, p + std::size_t(order[ahead]) * run_bytes, run_bytes);
+      } else {
+        sink ^= avx2 ? read_avx2(run, run_bytes) : read_scalar(run, run_bytes);
+      }
+    }
   }
   const double s = seconds_since(t0);
   g_sink.fetch_xor(sink, std::memory_order_relaxed);
   return s;
 }
 
-ReadBandwidthResult measure_read_bandwidth(std::size_t bytes, int passes, int threads) {
+namespace {
+
+// `passes` timed passes of `pass` (after one untimed warm-up: TLB, threads,
+// clocks) over a fresh, touched buffer of `bytes`.
+template <class Pass>
+ReadBandwidthResult measure_read_passes(std::size_t bytes, int passes, int threads, const Pass& pass) {
   ReadBandwidthResult r;
   r.threads = resolve_threads(threads);
   r.passes = std::max(1, passes);
@@ -422,16 +468,32 @@ ReadBandwidthResult measure_read_bandwidth(std::size_t bytes, int passes, int th
   const CpuSample s0 = sample_cpu();
   r.bytes = bytes / kReadBlock * kReadBlock;
   touch_parallel(buf.data(), buf.size());
-  read_pass_seconds(buf.data(), r.bytes, r.threads);  // warm-up (TLB, threads, clocks)
+  pass(buf.data(), r.bytes, r.threads);
   std::vector<double> gbps;
-  for (int i = 0; i < r.passes; ++i)
-    gbps.push_back(double(r.bytes) / read_pass_seconds(buf.data(), r.bytes, r.threads) / 1e9);
+  for (int i = 0; i < r.passes; ++i) gbps.push_back(double(r.bytes) / pass(buf.data(), r.bytes, r.threads) / 1e9);
   const Spread spread = spread_of(gbps);
   r.min_gbps = spread.min;
   r.median_gbps = spread.median;
   r.best_gbps = spread.max;
   r.mean_gbps = spread.mean;
   r.other_cores = other_cores_between(s0, sample_cpu());
+  return r;
+}
+
+}  // namespace
+
+ReadBandwidthResult measure_read_bandwidth(std::size_t bytes, int passes, int threads) {
+  return measure_read_passes(bytes, passes, threads, [](const std::byte* p, std::size_t b, int t) {
+    return read_pass_seconds(p, b, t);
+  });
+}
+
+ReadBandwidthResult measure_paged_read_bandwidth(std::size_t run_bytes, std::size_t bytes, int passes,
+                                                 int threads) {
+  ReadBandwidthResult r = measure_read_passes(bytes, passes, threads, [run_bytes](const std::byte* p, std::size_t b, int t) {
+    return read_runs_pass_seconds(p, b, run_bytes, t, RunPrefetch::kTwoRunsAhead);
+  });
+  r.run_bytes = std::max(kReadBlock, run_bytes / kReadBlock * kReadBlock);
   return r;
 }
 
@@ -552,6 +614,20 @@ const ReadBandwidthResult& machine_read_bandwidth() {
   static const ReadBandwidthResult r = best_quiet_measurement<ReadBandwidthResult>(
       [] { return measure_read_bandwidth(); }, [](const ReadBandwidthResult& x) { return x.best_gbps; });
   return r;
+}
+
+const ReadBandwidthResult& machine_paged_read_bandwidth(std::size_t run_bytes) {
+  static std::mutex mutex;
+  static std::map<std::size_t, ReadBandwidthResult> measured;
+  const std::lock_guard lock(mutex);
+  auto it = measured.find(run_bytes);
+  if (it == measured.end())
+    it = measured
+             .emplace(run_bytes, best_quiet_measurement<ReadBandwidthResult>(
+                                     [run_bytes] { return measure_paged_read_bandwidth(run_bytes); },
+                                     [](const ReadBandwidthResult& x) { return x.best_gbps; }))
+             .first;
+  return it->second;
 }
 
 const ComputePeakResult& machine_compute_peak(PeakClass c) {

@@ -41,6 +41,7 @@ struct ReadBandwidthResult {
   int passes = 0;
   int threads = 0;
   std::string isa;           // "avx2" or "scalar"
+  std::size_t run_bytes = 0; // the paged probe's run length (0: one sequential slice per thread)
 };
 
 // The instruction classes a kernel's inner products can use; each has its
@@ -109,15 +110,29 @@ void touch_parallel(std::byte* p, std::size_t bytes);
 // returns its wall time in seconds.
 double read_pass_seconds(const std::byte* p, std::size_t bytes, int threads);
 
+// How read_runs_pass_seconds reads its runs: by loads alone (what the
+// hardware prefetchers make of the pattern), or also prefetching into L2
+// (prefetcht1) the lines of the run two runs ahead, one line per line read,
+// as the decode kernels prefetch their K/V rows (src/kernels/cpu/prefetch.h).
+enum class RunPrefetch { kNone, kTwoRunsAhead };
+
 // One read pass over `bytes` at `p` as runs of `run_bytes` (a multiple of
-// 256) visited in a shuffled order, like the K/V of one head in a paged cache
-// (a 4 KiB run: one f16 page of 16 tokens x 128 dims); the runs are dealt to
-// the threads in turn. Returns its wall time in seconds.
-double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes, int threads);
+// 256) visited in a shuffled order, like the K/V of a paged cache (a 4 KiB
+// run: one f16 page of 16 tokens x 128 dims of one head; 32 KiB: that page
+// for 8 KV heads); the runs are dealt to the threads in turn. Returns its
+// wall time in seconds.
+double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes, int threads,
+                              RunPrefetch prefetch = RunPrefetch::kNone);
 
 // Fresh measurements (allocate, touch, run `passes` passes, free).
 ReadBandwidthResult measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30,
                                            int passes = 30, int threads = 0);
+// The paged read probe: passes of read_runs_pass_seconds with prefetches
+// (RunPrefetch::kTwoRunsAhead) over runs of `run_bytes`: what a decode
+// kernel that reads pages of that size at random places can expect from
+// this machine's memory, against the sequential probe above.
+ReadBandwidthResult measure_paged_read_bandwidth(std::size_t run_bytes, std::size_t bytes = std::size_t{1} << 30,
+                                                 int passes = 30, int threads = 0);
 // One pass of the `c` probe: `iterations` loop trips per thread; seconds.
 double compute_pass_seconds(PeakClass c, std::int64_t iterations, int threads);
 // Operations (FLOP, or integer ops) one thread performs in that pass.
@@ -137,6 +152,8 @@ FmaPeakResult measure_fma_peak(double seconds_per_pass = 0.1, int passes = 7, in
 // measurement during which other processes used more than 0.1 core is
 // repeated (after wait_for_quiet, at most 3 attempts); the best is kept.
 const ReadBandwidthResult& machine_read_bandwidth();
+// measure_paged_read_bandwidth(run_bytes), once per run length.
+const ReadBandwidthResult& machine_paged_read_bandwidth(std::size_t run_bytes);
 // The peak of class `c` (available == false where the CPU lacks it).
 const ComputePeakResult& machine_compute_peak(PeakClass c);
 // machine_compute_peak(widest_fp32_class()).

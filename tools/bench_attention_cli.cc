@@ -82,8 +82,11 @@ void print_usage(std::FILE* out) {
                "  --disable-features L    switch the kernels' optional extensions in L off (as\n"
                "                          PAGEDATTN_DISABLE_FEATURES does): amx_bf16, avx512_bf16,\n"
                "                          avx512_vnni, comma-separated; \"\" for none\n"
-               "  --no-probe              skip the bandwidth / compute-peak probes\n"
-               "  --probe-only            run the probes alone (no kernel)\n"
+               "  --no-probe              skip the bandwidth / compute-peak probes (read bandwidth\n"
+               "                          sequential, and over runs of one page of K for all KV heads\n"
+               "                          at random places, prefetched as the kernels do)\n"
+               "  --probe-only            run the probes alone (no kernel; the paged read probe\n"
+               "                          takes its run length from the shape options)\n"
                "  --no-check              skip the comparison with the scalar reference\n"
                "  --bf16-products         allow bf16 dot products (prefill, and decode over bf16,\n"
                "                          f16 and fp8 KV) where the CPU has AVX512-BF16 (inputs\n"
@@ -270,13 +273,18 @@ void print_dispatch(const Options& o) {
               kDisableFeaturesVariable, disabled_features().c_str());
 }
 
-// Every probe: read bandwidth and each compute class (min / median / max
-// over its passes).
-void print_probes() {
+// Every probe: read bandwidth, sequential and over the shape's pages at
+// random places, and each compute class (min / median / max over its passes).
+void print_probes(const pb::Config& c) {
   const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
   std::printf("probe: read bandwidth: min %.1f, median %.1f, max %.1f GB/s (%d passes over %zu MiB, %d threads, %s loads)\n",
               bw.min_gbps, bw.median_gbps, bw.best_gbps, bw.passes, bw.bytes >> 20, bw.threads,
               bw.isa.c_str());
+  const pb::ReadBandwidthResult& paged = pb::machine_paged_read_bandwidth(c.k_page_bytes());
+  std::printf("probe: paged read, runs of %zu KiB (a page's K) in shuffled order, prefetched to L2 two runs ahead: "
+              "min %.1f, median %.1f, max %.1f GB/s (%d passes over %zu MiB, %d threads)\n",
+              paged.run_bytes >> 10, paged.min_gbps, paged.median_gbps, paged.best_gbps, paged.passes,
+              paged.bytes >> 20, paged.threads);
   for (pb::PeakClass k : pb::kAllPeakClasses) {
     const pb::ComputePeakResult& p = pb::machine_compute_peak(k);
     if (!p.available) {
@@ -294,15 +302,20 @@ void print_probes() {
 // also counts time taken by others). The compute peak is that of the
 // instruction class the dispatched kernel computes with (attention_peak.h).
 void print_fractions(const pb::Config& c, const Timing& t, pb::PeakClass k) {
-  print_probes();
+  print_probes(c);
   const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
+  const pb::ReadBandwidthResult& paged = pb::machine_paged_read_bandwidth(c.k_page_bytes());
   const pb::ComputePeakResult& peak = pb::machine_compute_peak(k);
   auto gbps = [&](double seconds) { return c.kv_bytes_per_call() / seconds / 1e9; };
   auto gflops = [&](double seconds) { return c.flops_per_call() / seconds / 1e9; };
-  std::printf("fraction of the machine: %.1f%% of read bandwidth, %.1f%% of compute peak (median call / median probe pass)\n",
-              100.0 * gbps(t.median) / bw.median_gbps, 100.0 * gflops(t.median) / peak.median_gflops);
-  std::printf("best call against the same probes: %.1f%% of read bandwidth, %.1f%% of compute peak (best call / best pass)\n",
-              100.0 * gbps(t.best) / bw.best_gbps, 100.0 * gflops(t.best) / peak.best_gflops);
+  std::printf("fraction of the machine: %.1f%% of read bandwidth (%.1f%% of the paged read), %.1f%% of compute peak "
+              "(median call / median probe pass)\n",
+              100.0 * gbps(t.median) / bw.median_gbps, 100.0 * gbps(t.median) / paged.median_gbps,
+              100.0 * gflops(t.median) / peak.median_gflops);
+  std::printf("best call against the same probes: %.1f%% of read bandwidth (%.1f%% of the paged read), %.1f%% of "
+              "compute peak (best call / best pass)\n",
+              100.0 * gbps(t.best) / bw.best_gbps, 100.0 * gbps(t.best) / paged.best_gbps,
+              100.0 * gflops(t.best) / peak.best_gflops);
 }
 
 // --shims: each build's kernel checked against the reference, then all
@@ -346,7 +359,7 @@ int run_bench_attention(int argc, char** argv) {
   const pb::Config& c = o.shape;
   print_dispatch(o);
   if (o.probe_only) {
-    print_probes();
+    print_probes(c);
     return 0;
   }
   const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;

@@ -26,7 +26,8 @@
 # (`bench-attention --probe-only`); the pagedattn runs skip them. Prints one
 # Markdown table: median ms per call of each run, pagedattn's K+V GB/s and
 # GFLOP/s with their fractions of the first probe run's medians (read
-# bandwidth; the compute peak of the kernel's instruction class), and the
+# bandwidth, sequential and over 32 KiB runs at random places, prefetched;
+# the compute peak of the kernel's instruction class), and the
 # peer's time / pagedattn's time per round (and llama.cpp's, with LLAMA_BENCH).
 set -euo pipefail
 
@@ -135,6 +136,9 @@ echo
 probes=$(probe_run)
 read_median=$(probe_median "read bandwidth")
 [[ -n $read_median ]] || { echo "bench-attention --probe-only failed:" >&2; echo "$probes" >&2; exit 1; }
+# The paged read probe of the default shape (f16, 8 KV heads x 128 dims, page
+# 16: runs of 32 KiB), the pattern of the 16-bit decode shapes' pages.
+paged_median=$(awk 'index($0, "probe: paged read, runs of 32 KiB") == 1 { sub(/.*median /, ""); sub(/,.*/, ""); print; exit }' <<<"$probes")
 rows=()
 for entry in "${shapes[@]}"; do
   IFS='|' read -r number label pa_opts vllm_opts sdpa_opts llama_opts <<<"$entry"
@@ -152,7 +156,7 @@ for entry in "${shapes[@]}"; do
     gflops=$(sed -n 's/^K+V read: .* compute: \([0-9.]*\) GFLOP\/s/\1/p' <<<"$out")
     class=$(sed -n 's/^compute class: \(.*)\) (the kernel.*/\1/p' <<<"$out")
     rate="$gbps GB/s, $gflops GFLOP/s"
-    fraction="$(percent "$gbps" "$read_median") of read, $(percent "$gflops" "$(probe_median "$class")") of $class"
+    fraction="$(percent "$gbps" "$read_median") of read ($(percent "$gbps" "$paged_median") of paged read), $(percent "$gflops" "$(probe_median "$class")") of $class"
     peer=""
     if [[ $vllm_opts == contiguous ]]; then
       # shellcheck disable=SC2086
