@@ -11,9 +11,11 @@
 //   BM_DecodeRunnerVsPlanned  the two interleaved, and plan_attention alone
 //   BM_DecodeQuantSpeedup  fp8 / int8 KV against bf16 KV, interleaved; int8
 //                        also with int8 products allowed (/int8_products),
-//                        fp8 with f16 products allowed (/f16_products)
+//                        fp8 with f16 products allowed (/f16_products) and
+//                        with bf16 products on both sides (/bf16_products)
 //   BM_Gqa8VsGqa4        64x8 against 32x8 heads, f16 b1 x 16k, interleaved;
-//                        also with f16 products allowed (/f16_products)
+//                        also with f16 or bf16 products allowed
+//                        (/f16_products, /bf16_products)
 //   BM_PagedVsContiguous page 16 (shuffled) against one page per sequence,
 //                        the same bytes, interleaved; /pages:in_order with
 //                        the pages side by side (the indirection alone)
@@ -652,12 +654,15 @@ void register_all() {
 
   // fp8 / int8 against bf16 at kv_len 16k; int8 also on int8 products
   // (AttentionPlanOptions::int8_products: vpdpbusd where the CPU has VNNI),
-  // fp8 also on f16 products (f16_products: AVX512-FP16 where the CPU has it).
+  // fp8 also on f16 products (f16_products: AVX512-FP16 where the CPU has it)
+  // and on bf16 products (bf16_products, for both sides: vdpbf16ps where the
+  // CPU has AVX512-BF16).
   struct Quant {
     DType kv;
-    const char* products;  // "" (f32), "int8_products" or "f16_products"
+    const char* products;  // "" (f32), "int8_products", "f16_products" or "bf16_products"
   };
-  for (const Quant q : {Quant{DType::kFP8E4M3, ""}, Quant{DType::kFP8E4M3, "f16_products"}, Quant{DType::kINT8, ""},
+  for (const Quant q : {Quant{DType::kFP8E4M3, ""}, Quant{DType::kFP8E4M3, "f16_products"},
+                        Quant{DType::kFP8E4M3, "bf16_products"}, Quant{DType::kINT8, ""},
                         Quant{DType::kINT8, "int8_products"}})
     for (std::int32_t batch : batches) {
       const Config base = decode(DType::kBF16, 32, batch, 16384), quant = decode(q.kv, 32, batch, 16384);
@@ -667,7 +672,8 @@ void register_all() {
       if (!fits(name, {base, quant})) continue;
       add(name, [=](benchmark::State& s) {
         run_pair(s, base, quant, false, "bf16", short_name(q.kv), "speedup", false,
-                 pa::AttentionPlanOptions{.int8_products = products == "int8_products",
+                 pa::AttentionPlanOptions{.bf16_products = products == "bf16_products",
+                                          .int8_products = products == "int8_products",
                                           .f16_products = products == "f16_products"});
       });
     }
@@ -681,12 +687,13 @@ void register_all() {
   }
 
   // GQA 8 (64x8 heads) against GQA 4 (32x8), f16 b1 x 16k: the same K/V
-  // bytes for twice the query rows; with f32 products and with f16 products
-  // (AVX512-FP16 where the CPU has it).
-  for (const bool f16 : {false, true}) {
+  // bytes for twice the query rows; with f32 products, with f16 products
+  // (AVX512-FP16 where the CPU has it) and with bf16 products (AVX512-BF16).
+  for (const std::string products : {"", "f16_products", "bf16_products"}) {
     const Config gqa4 = decode(DType::kF16, 32, 1, 16384), gqa8 = decode(DType::kF16, 64, 1, 16384);
-    const std::string name = decode_name("BM_Gqa8VsGqa4", gqa8) + (f16 ? "/f16_products" : "");
-    const pa::AttentionPlanOptions options{.f16_products = f16};
+    const std::string name = decode_name("BM_Gqa8VsGqa4", gqa8) + (products.empty() ? "" : "/" + products);
+    const pa::AttentionPlanOptions options{.bf16_products = products == "bf16_products",
+                                           .f16_products = products == "f16_products"};
     if (fits(name, {gqa4, gqa8}))
       add(name, [=](benchmark::State& s) {
         run_pair(s, gqa4, gqa8, false, "gqa4", "gqa8", "gqa8_over_gqa4", true, options, options);
