@@ -58,13 +58,22 @@ std::atomic<std::uint64_t> g_sink{0};
 // --- read kernels ---------------------------------------------------------------
 
 // Eight independent 256-bit XOR chains (1-cycle latency): the loop is bound by
-// the loads alone.
-__attribute__((target("avx2"), noinline)) std::uint64_t read_avx2(const std::byte* p,
-                                                                   std::size_t bytes) {
+// the loads alone. kPrefetch: each 256 bytes read, the 4 lines of `next` at
+// the same offset are prefetched into L2 (prefetcht1, as the kernels do:
+// prefetch.h), so a run's lines are in flight while the run before it is read.
+template <bool kPrefetch>
+__attribute__((target("avx2"), always_inline)) inline std::uint64_t read_avx2_chains(const std::byte* p,
+                                                                                    const std::byte* next,
+                                                                                    std::size_t bytes) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
           a7 = a0;
   const std::byte* end = p + bytes / kReadBlock * kReadBlock;
   for (; p < end; p += kReadBlock) {
+    if constexpr (kPrefetch) {
+      for (std::size_t line = 0; line < kReadBlock; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(next + line), _MM_HINT_T1);
+      next += kReadBlock;
+    }
     const auto* v = reinterpret_cast<const __m256i*>(p);
     a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + 0));
     a1 = _mm256_xor_si256(a1, _mm256_load_si256(v + 1));
@@ -82,32 +91,14 @@ __attribute__((target("avx2"), noinline)) std::uint64_t read_avx2(const std::byt
   return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
 }
 
-// read_avx2 over `bytes` at p, prefetching into L2 (prefetcht1, as the
-// kernels do: prefetch.h) the line of `next` at the same offset as each line
-// read, so a run's lines are in flight while the run before it is read.
+__attribute__((target("avx2"), noinline)) std::uint64_t read_avx2(const std::byte* p, std::size_t bytes) {
+  return read_avx2_chains<false>(p, nullptr, bytes);
+}
+
 __attribute__((target("avx2"), noinline)) std::uint64_t read_avx2_prefetching(const std::byte* p,
                                                                                const std::byte* next,
                                                                                std::size_t bytes) {
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-          a7 = a0;
-  const std::byte* end = p + bytes / kReadBlock * kReadBlock;
-  for (; p < end; p += kReadBlock, next += kReadBlock) {
-    for (std::size_t line = 0; line < kReadBlock; line += 64) _mm_prefetch(reinterpret_cast<const char*>(next + line), _MM_HINT_T1);
-    const auto* v = reinterpret_cast<const __m256i*>(p);
-    a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + 0));
-    a1 = _mm256_xor_si256(a1, _mm256_load_si256(v + 1));
-    a2 = _mm256_xor_si256(a2, _mm256_load_si256(v + 2));
-    a3 = _mm256_xor_si256(a3, _mm256_load_si256(v + 3));
-    a4 = _mm256_xor_si256(a4, _mm256_load_si256(v + 4));
-    a5 = _mm256_xor_si256(a5, _mm256_load_si256(v + 5));
-    a6 = _mm256_xor_si256(a6, _mm256_load_si256(v + 6));
-    a7 = _mm256_xor_si256(a7, _mm256_load_si256(v + 7));
-  }
-  a0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3)),
-                        _mm256_xor_si256(_mm256_xor_si256(a4, a5), _mm256_xor_si256(a6, a7)));
-  alignas(32) std::uint64_t lanes[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), a0);
-  return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
+  return read_avx2_chains<true>(p, next, bytes);
 }
 
 __attribute__((noinline)) std::uint64_t read_scalar(const std::byte* p, std::size_t bytes) {
@@ -616,32 +607,28 @@ const ReadBandwidthResult& machine_read_bandwidth() {
   return r;
 }
 
-const ReadBandwidthResult& machine_paged_read_bandwidth(std::size_t run_bytes) {
+// best_quiet_measurement of `measure(key)`, once per key for the process.
+template <class Key, class Result, class Measure, class Score>
+const Result& measured_once_per_key(Key key, const Measure& measure, const Score& score) {
   static std::mutex mutex;
-  static std::map<std::size_t, ReadBandwidthResult> measured;
+  static std::map<Key, Result> measured;
   const std::lock_guard lock(mutex);
-  auto it = measured.find(run_bytes);
+  auto it = measured.find(key);
   if (it == measured.end())
-    it = measured
-             .emplace(run_bytes, best_quiet_measurement<ReadBandwidthResult>(
-                                     [run_bytes] { return measure_paged_read_bandwidth(run_bytes); },
-                                     [](const ReadBandwidthResult& x) { return x.best_gbps; }))
-             .first;
+    it = measured.emplace(key, best_quiet_measurement<Result>([&] { return measure(key); }, score)).first;
   return it->second;
 }
 
+const ReadBandwidthResult& machine_paged_read_bandwidth(std::size_t run_bytes) {
+  return measured_once_per_key<std::size_t, ReadBandwidthResult>(
+      run_bytes, [](std::size_t b) { return measure_paged_read_bandwidth(b); },
+      [](const ReadBandwidthResult& x) { return x.best_gbps; });
+}
+
 const ComputePeakResult& machine_compute_peak(PeakClass c) {
-  static std::mutex mutex;
-  static std::map<PeakClass, ComputePeakResult> measured;
-  const std::lock_guard lock(mutex);
-  auto it = measured.find(c);
-  if (it == measured.end())
-    it = measured
-             .emplace(c, best_quiet_measurement<ComputePeakResult>(
-                             [c] { return measure_compute_peak(c); },
-                             [](const ComputePeakResult& x) { return x.best_gflops; }))
-             .first;
-  return it->second;
+  return measured_once_per_key<PeakClass, ComputePeakResult>(
+      c, [](PeakClass k) { return measure_compute_peak(k); },
+      [](const ComputePeakResult& x) { return x.best_gflops; });
 }
 
 const FmaPeakResult& machine_fma_peak() { return machine_compute_peak(widest_fp32_class()); }
