@@ -114,6 +114,7 @@ double read_pass_seconds(const std::byte* p, std::size_t bytes, int threads);
 // hardware prefetchers make of the pattern), or also prefetching into L2
 // (prefetcht1) the lines of the run two runs ahead, one line per line read,
 // as the decode kernels prefetch their K/V rows (src/kernels/cpu/prefetch.h).
+// The prefetching loop is AVX2 code: a CPU without AVX2 reads by loads alone.
 enum class RunPrefetch { kNone, kTwoRunsAhead };
 
 // One read pass over `bytes` at `p` as runs of `run_bytes` (a multiple of
