@@ -87,8 +87,9 @@ inline PeakClass attention_peak_class(const AttentionCallKind& call, const CpuFe
   const bool avx512 = used.avx512f;
   const DType kv = call.kv;
   const bool bf16_kv = call.prefill ? kv != DType::kF32 : kernel_bf16_decode(kv);
-  // Decode keeps f32 FMAs on the CPUs with AMX (kernels::bf16_decode_pays).
-  const bool bf16_dot_here = call.prefill || !(kKernelUsesAmx && used.amx_bf16);
+  // Decode keeps f32 FMAs on the CPUs with AMX, or without AVX512-VBMI
+  // (kernels::bf16_decode_pays).
+  const bool bf16_dot_here = call.prefill || (!(kKernelUsesAmx && used.amx_bf16) && used.avx512_vbmi);
   if (avx512 && call.bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16 && bf16_dot_here) {
     if (call.prefill && kKernelUsesAmx && used.amx_bf16 && attention_amx_dims(call.head_dim))
       return PeakClass::kBf16Amx;

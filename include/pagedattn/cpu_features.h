@@ -50,13 +50,16 @@ struct CpuFeatures {
   // it (arch_prctl ARCH_REQ_XCOMP_PERM, requested when detecting).
   bool amx_bf16 = false;
   bool avx512_fp16 = false;  // f16 arithmetic on 32 lanes (vfmadd...ph; Intel from Sapphire Rapids on)
+  // vpermb / vpermi2b: byte permutes over 64 / 128 entries (Ice Lake, Zen 4 on;
+  // the bf16 decode path's fp8 -> bf16 byte tables need it).
+  bool avx512_vbmi = false;
 };
 
 // The CPU's features (detected once).
 CpuFeatures cpu_features();
 
 // The features the dispatched kernels may use: those the dispatched target
-// requires, plus avx512_vnni, avx512_bf16, amx_bf16 and avx512_fp16 when the target is
+// requires, plus avx512_vnni, avx512_bf16, amx_bf16, avx512_fp16 and avx512_vbmi when the target is
 // avx3 or better and the CPU has them (the kernels' dot-product paths run
 // only in their AVX-512 code and only when cpu_features() reports the
 // extension), less the extensions switched off (set_disabled_features).
@@ -67,7 +70,7 @@ inline constexpr const char* kDisableFeaturesVariable = "PAGEDATTN_DISABLE_FEATU
 
 // Switches off the kernels' use of optional extensions, so that one machine
 // runs and measures the paths without them: a comma- or space-separated list
-// of avx512_vnni, avx512_bf16, amx_bf16, avx512_fp16 (case-insensitive; "" switches none
+// of avx512_vnni, avx512_bf16, amx_bf16, avx512_fp16, avx512_vbmi (case-insensitive; "" switches none
 // off), replacing the previous list. PAGEDATTN_DISABLE_FEATURES gives the
 // same list when the library loads (an unknown name there makes every
 // attention call throw InvalidArgument naming the variable, as an unknown

@@ -139,6 +139,7 @@ CpuFeatures detect_cpu_features() {
   f.avx512bw = f.avx512f && (leaf7_ebx & (1u << 30));
   f.avx512vl = f.avx512f && (leaf7_ebx & (1u << 31));
   f.avx512_vnni = f.avx512f && (leaf7_ecx & (1u << 11));
+  f.avx512_vbmi = f.avx512bw && (leaf7_ecx & (1u << 1));
   const unsigned leaf7_edx = d;
   f.avx512_fp16 = f.avx512bw && (leaf7_edx & (1u << 23));
   if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512f && (a & (1u << 5));
@@ -196,7 +197,8 @@ struct OptionalFeature {
 constexpr OptionalFeature kOptionalFeatures[] = {{"avx512_vnni", &CpuFeatures::avx512_vnni},
                                                  {"avx512_bf16", &CpuFeatures::avx512_bf16},
                                                  {"amx_bf16", &CpuFeatures::amx_bf16},
-                                                 {"avx512_fp16", &CpuFeatures::avx512_fp16}};
+                                                 {"avx512_fp16", &CpuFeatures::avx512_fp16},
+                                                 {"avx512_vbmi", &CpuFeatures::avx512_vbmi}};
 
 // Parses a comma- or space-separated list of kOptionalFeatures names into
 // `out`; returns "" or what is wrong, naming `what` and the value.
@@ -222,7 +224,7 @@ std::string parse_disabled(std::string_view what, std::string_view names, CpuFea
     if (hit == nullptr)
       return detail::concat(what, " = '", names, "' names '", name,
                             "', not an extension that can be switched off; expected avx512_vnni, avx512_bf16, "
-                            "amx_bf16, avx512_fp16 (comma- or space-separated, case-insensitive), or empty");
+                            "amx_bf16, avx512_fp16, avx512_vbmi (comma- or space-separated, case-insensitive), or empty");
     out.*(hit->field) = true;
     i = end;
   }
@@ -276,6 +278,7 @@ CpuFeatures dispatched_features() {
     out.avx512_bf16 = cpu.avx512_bf16 && !s.disabled.avx512_bf16;
     out.amx_bf16 = cpu.amx_bf16 && !s.disabled.amx_bf16;
     out.avx512_fp16 = cpu.avx512_fp16 && !s.disabled.avx512_fp16;
+    out.avx512_vbmi = cpu.avx512_vbmi && !s.disabled.avx512_vbmi;
   }
 #endif
   return out;
@@ -321,6 +324,7 @@ std::string feature_names(const CpuFeatures& f) {
   add(f.avx512_bf16, "avx512_bf16");
   add(f.amx_bf16, "amx_bf16");
   add(f.avx512_fp16, "avx512_fp16");
+  add(f.avx512_vbmi, "avx512_vbmi");
   return out.empty() ? "none" : out;
 }
 

@@ -255,15 +255,16 @@ CaseSpec DecodeGroupCase(DType kv, std::int32_t group, std::uint32_t seed, std::
 }
 
 // Decode over bf16 and fp8 KV with bf16 products allowed runs on vdpbf16ps
-// where the CPU has AVX512-BF16 and no AMX (bf16_decode_pays; on a CPU with
-// AMX the test switches AMX off to reach the path): within the dot-product
+// where the CPU has AVX512-BF16 and VBMI and no AMX (bf16_decode_pays; on a
+// CPU with AMX the test switches AMX off to reach the path): within the dot-product
 // tolerance of the reference, and not the f32 path's bits. GQA 1 to 8
 // (every row grouping of the micro-kernels), head dims with masked tails
 // (40, 80, 136), pages of 1 to 32, odd key counts, per-head fp8 scales.
 TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
   const DisabledFeatures no_amx("amx_bf16");
   const CpuFeatures used = dispatched_features();
-  if (!(used.avx512f && used.avx512_bf16)) GTEST_SKIP() << "no AVX512-BF16 at the dispatched target";
+  if (!(used.avx512f && used.avx512_bf16 && used.avx512_vbmi))
+    GTEST_SKIP() << "no AVX512-BF16 and AVX512-VBMI at the dispatched target";
   const std::int32_t dims[] = {128, 40, 80, 136, 64, 256};
   const std::int32_t pages[] = {1, 5, 16, 32};
   std::uint32_t seed = 7000;

@@ -154,12 +154,53 @@ TEST(ConvertRow, ConvertsEveryFp8CodeToBf16BitsExactly) {
   }
 }
 
+// The bf16 decode's PV conversion of two V rows at once (VBMI byte tables):
+// every code of both formats in each row of the pair, a masked tail of 8, on
+// every target that has it, bit for bit the one-row conversion's bf16.
+TEST(ConvertRow, ConvertsEveryFp8CodePairToBf16BitsExactly) {
+  std::vector<unsigned char> a(256 + 8), b(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<unsigned char>((i * 7 + 3) % 256);
+    b[i] = static_cast<unsigned char>((i * 13 + 100) % 256);
+  }
+  const bool vbmi = dispatched_features().avx512f && cpu_features().avx512_vbmi;
+  TargetReset reset;
+  int targets_with_it = 0;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (DType t : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+      std::vector<std::uint32_t> pairs(a.size() + 8, 0xdeadbeef);
+      if (!kernels::fp8_pairs_to_bf16_bits(a.data(), b.data(), t, pairs.data(), std::ssize(a))) {
+        for (std::uint32_t x : pairs) ASSERT_EQ(x, 0xdeadbeefu);
+        continue;
+      }
+      targets_with_it += t == DType::kFP8E4M3;
+      const float format = t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const std::uint32_t want = float_to_bf16_bits(load_as_float(a.data(), t, i) * format) |
+                                   std::uint32_t{float_to_bf16_bits(load_as_float(b.data(), t, i) * format)} << 16;
+        ASSERT_EQ(pairs[i], want) << dtype_name(t) << " bytes " << int(a[i]) << ", " << int(b[i]);
+      }
+      for (std::size_t i = a.size(); i < pairs.size(); ++i) ASSERT_EQ(pairs[i], 0xdeadbeefu) << "wrote past n";
+    }
+  }
+  if (vbmi) {
+    EXPECT_GE(targets_with_it, 1);
+  }
+}
+
 TEST(ConvertRow, Fp8ToBf16RefusesOtherTypesAndLengths) {
   const std::vector<unsigned char> bytes(16, 0x38);
   std::vector<std::uint16_t> out(16, 0xdead);
   EXPECT_THROW(kernels::fp8_to_bf16_bits(bytes.data(), DType::kINT8, out.data(), 16), InvalidArgument);
   EXPECT_THROW(kernels::fp8_to_bf16_bits(bytes.data(), DType::kFP8E4M3, out.data(), 9), InvalidArgument);
   EXPECT_THROW(kernels::fp8_to_bf16_bits(bytes.data(), DType::kFP8E5M2, out.data(), -8), InvalidArgument);
+  std::vector<std::uint32_t> pairs(16, 0xdeadbeef);
+  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kINT8, pairs.data(), 16),
+               InvalidArgument);
+  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kFP8E4M3, pairs.data(), 9),
+               InvalidArgument);
   for (std::uint16_t x : out) EXPECT_EQ(x, 0xdead);
 }
 

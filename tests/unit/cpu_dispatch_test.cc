@@ -194,6 +194,8 @@ TEST(CpuDispatch, FeaturesFollowTheTarget) {
   EXPECT_TRUE(!used.avx512_bf16 || cpu.avx512_bf16);
   EXPECT_TRUE(!used.avx512_vnni || cpu.avx512_vnni);
   EXPECT_TRUE(!used.avx512_fp16 || cpu.avx512_fp16);
+  EXPECT_TRUE(!used.avx512_vbmi || cpu.avx512_vbmi);
+  EXPECT_TRUE(!cpu.avx512_vbmi || cpu.avx512bw);
   if (cpu_supports("avx2")) {
     set_max_target("avx2");
     EXPECT_EQ(feature_names(dispatched_features()), "sse4_2 avx2 fma f16c");
@@ -220,6 +222,11 @@ TEST(CpuDispatch, DisabledFeaturesLeaveTheKernelsChoice) {
   EXPECT_EQ(disabled_features(), "avx512_bf16 avx512_fp16");
   set_disabled_features("avx512_bf16");
   EXPECT_EQ(dispatched_features().avx512_fp16, cpu.avx512_fp16 && used.avx512f);
+  set_disabled_features("avx512_vbmi");
+  EXPECT_FALSE(dispatched_features().avx512_vbmi);
+  EXPECT_EQ(disabled_features(), "avx512_vbmi");
+  set_disabled_features("avx512_bf16");
+  EXPECT_EQ(dispatched_features().avx512_vbmi, cpu.avx512_vbmi && used.avx512f);
   try {
     set_disabled_features("amx_bf16,amx_int8");
     FAIL() << "set_disabled_features accepted amx_int8";

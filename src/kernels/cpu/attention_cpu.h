@@ -38,8 +38,13 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
 // (Intel's, Sapphire Rapids on), where vdpbf16ps issues at half the rate of
 // an FMA (probes: 173 against 366 GFLOP/s) and b8 x 16k bf16 decode took
 // 32 ms against 27 ms on f32 FMAs; on Zen 4 it doubles the FMA rate (22
-// against 30 ms). Their prefill runs on AMX tiles instead.
-constexpr bool bf16_decode_pays(const CpuFeatures& used) { return used.avx512_bf16 && !used.amx_bf16; }
+// against 30 ms). Their prefill runs on AMX tiles instead. The path's fp8
+// values are converted through VBMI byte tables (bf16_decode-inl.h), so it
+// also needs AVX512-VBMI, which every AVX512-BF16 CPU but Cooper Lake has
+// (there decode keeps f32 FMAs).
+constexpr bool bf16_decode_pays(const CpuFeatures& used) {
+  return used.avx512_bf16 && used.avx512_vbmi && !used.amx_bf16;
+}
 
 // Head dims the f16 decode path (f16_decode-inl.h) takes: whole 32-lane
 // chunks, and at most kF16DecodeMaxDim / 32 products per f16 lane in QK.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "pagedattn/cpu_features.h"
 #include "pagedattn/errors.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -121,6 +122,20 @@ bool Fp8ToBf16Bits(const void* src, DType t, std::uint16_t* dst, std::int64_t n)
 #endif
 }
 
+bool Fp8PairsToBf16Bits(const void* a, const void* b, DType t, std::uint32_t* dst, std::int64_t n) {
+#if PAGEDATTN_BF16_DOT_TARGET
+  if (!cpu_features().avx512_vbmi) return false;
+  const auto* pa = static_cast<const std::uint8_t*>(a);
+  const auto* pb = static_cast<const std::uint8_t*>(b);
+  if (t == DType::kFP8E4M3) bf16dec::Fp8RowsToBf16Pairs<DType::kFP8E4M3>(pa, pb, std::size_t(n), dst);
+  if (t == DType::kFP8E5M2) bf16dec::Fp8RowsToBf16Pairs<DType::kFP8E5M2>(pa, pb, std::size_t(n), dst);
+  return true;
+#else
+  (void)a, (void)b, (void)t, (void)dst, (void)n;
+  return false;
+#endif
+}
+
 }  // namespace pagedattn::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -131,11 +146,18 @@ HWY_EXPORT(AbsMaxRow);
 HWY_EXPORT(E4M3HasNan);
 HWY_EXPORT(E4M3ToF32NanFree);
 HWY_EXPORT(Fp8ToBf16Bits);
+HWY_EXPORT(Fp8PairsToBf16Bits);
 
 bool fp8_to_bf16_bits(const void* src, DType src_dtype, std::uint16_t* dst, std::int64_t n) {
   require(is_fp8(src_dtype), "fp8_to_bf16_bits: src_dtype = ", dtype_name(src_dtype), " is not an fp8 type");
   require(n >= 0 && n % 8 == 0, "fp8_to_bf16_bits: n = ", n, " must be a non-negative multiple of 8");
   return HWY_DYNAMIC_DISPATCH(Fp8ToBf16Bits)(src, src_dtype, dst, n);
+}
+
+bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, std::uint32_t* dst, std::int64_t n) {
+  require(is_fp8(src_dtype), "fp8_pairs_to_bf16_bits: src_dtype = ", dtype_name(src_dtype), " is not an fp8 type");
+  require(n >= 0 && n % 8 == 0, "fp8_pairs_to_bf16_bits: n = ", n, " must be a non-negative multiple of 8");
+  return HWY_DYNAMIC_DISPATCH(Fp8PairsToBf16Bits)(a, b, src_dtype, dst, n);
 }
 
 bool e4m3_has_nan(const void* src, std::int64_t n) {

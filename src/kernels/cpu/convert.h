@@ -29,6 +29,10 @@ void e4m3_to_f32_nan_free(const void* src, float* dst, std::int64_t n);
 // uses, on AVX-512 targets only; returns false (dst untouched) where the
 // dispatched target has none.
 bool fp8_to_bf16_bits(const void* src, DType src_dtype, std::uint16_t* dst, std::int64_t n);
+// The same for two rows at once, as the decode's PV converts V (byte tables,
+// AVX-512 targets on CPUs with AVX512-VBMI): dst[i] = bf16(a[i]) |
+// bf16(b[i]) << 16. Same checks; false (dst untouched) where it cannot run.
+bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, std::uint32_t* dst, std::int64_t n);
 
 // max |src[i]| over i < n (src in an activation dtype).
 float abs_max_row(const void* src, DType src_dtype, std::int64_t n);
