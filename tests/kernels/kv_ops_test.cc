@@ -120,6 +120,29 @@ TEST(ConvertRow, E4M3DecodeStepsMatchTheScalarDecoding) {
   }
 }
 
+// Runs check(t, ran) for both fp8 formats on every compiled target this CPU
+// runs; check sets `ran` where the target has the conversion. Returns the
+// targets that had it.
+template <class Check>
+int for_each_target_and_fp8_format(const Check& check) {
+  TargetReset reset;
+  int targets_with_it = 0;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    bool ran = false;
+    for (DType t : {DType::kFP8E4M3, DType::kFP8E5M2}) check(t, ran);
+    targets_with_it += ran;
+  }
+  return targets_with_it;
+}
+
+// fp8 code i of `bytes` as the bf16 decode converts it (e4m3 x 2^-8, the
+// kernel's convention), rounded to bf16 bits.
+std::uint16_t expected_bf16_bits(const std::vector<unsigned char>& bytes, DType t, std::size_t i) {
+  return float_to_bf16_bits(load_as_float(bytes.data(), t, i) * (t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f));
+}
+
 // The bf16 dot-product decode's fp8 -> bf16 conversion (a 128-entry table
 // per format, AVX-512 targets), every code of both formats and a masked tail
 // of 8, on every target that has it: bit for bit the scalar decoding rounded
@@ -128,27 +151,21 @@ TEST(ConvertRow, ConvertsEveryFp8CodeToBf16BitsExactly) {
   std::vector<unsigned char> bytes(256 + 8);
   for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>((i * 7 + 3) % 256);
   const bool avx512 = dispatched_features().avx512f;  // an AVX-512 target runs (not capped below)
-  TargetReset reset;
-  int targets_with_it = 0;
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    for (DType t : {DType::kFP8E4M3, DType::kFP8E5M2}) {
-      std::vector<std::uint16_t> bf16(bytes.size() + 8, 0xdead);
-      if (!kernels::fp8_to_bf16_bits(bytes.data(), t, bf16.data(), std::ssize(bytes))) {
-        for (std::uint16_t x : bf16) ASSERT_EQ(x, 0xdead);
-        continue;
-      }
-      targets_with_it += t == DType::kFP8E4M3;
-      const float format = t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f;
-      for (std::size_t i = 0; i < bytes.size(); ++i) {
-        const float want = load_as_float(bytes.data(), t, i) * format;
-        ASSERT_EQ(bf16[i], float_to_bf16_bits(want)) << dtype_name(t) << " byte " << int(bytes[i]);
-        ASSERT_TRUE(same_bits(bf16_bits_to_float(bf16[i]), want)) << dtype_name(t) << " byte " << int(bytes[i]);
-      }
-      for (std::size_t i = bytes.size(); i < bf16.size(); ++i) ASSERT_EQ(bf16[i], 0xdead) << "wrote past n";
+  const int targets_with_it = for_each_target_and_fp8_format([&](DType t, bool& ran) {
+    std::vector<std::uint16_t> bf16(bytes.size() + 8, 0xdead);
+    if (!kernels::fp8_to_bf16_bits(bytes.data(), t, bf16.data(), std::ssize(bytes))) {
+      for (std::uint16_t x : bf16) ASSERT_EQ(x, 0xdead);
+      return;
     }
-  }
+    ran = true;
+    const float format = t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f;
+    for (std::size_t i = 0; i < bytes.size(); ++i) {
+      ASSERT_EQ(bf16[i], expected_bf16_bits(bytes, t, i)) << dtype_name(t) << " byte " << int(bytes[i]);
+      const float want = load_as_float(bytes.data(), t, i) * format;
+      ASSERT_TRUE(same_bits(bf16_bits_to_float(bf16[i]), want)) << dtype_name(t) << " byte " << int(bytes[i]);
+    }
+    for (std::size_t i = bytes.size(); i < bf16.size(); ++i) ASSERT_EQ(bf16[i], 0xdead) << "wrote past n";
+  });
   if (avx512) {
     EXPECT_GE(targets_with_it, 1);
   }
@@ -164,27 +181,19 @@ TEST(ConvertRow, ConvertsEveryFp8CodePairToBf16BitsExactly) {
     b[i] = static_cast<unsigned char>((i * 13 + 100) % 256);
   }
   const bool vbmi = dispatched_features().avx512f && cpu_features().avx512_vbmi;
-  TargetReset reset;
-  int targets_with_it = 0;
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(hwy::TargetName(target));
-    for (DType t : {DType::kFP8E4M3, DType::kFP8E5M2}) {
-      std::vector<std::uint32_t> pairs(a.size() + 8, 0xdeadbeef);
-      if (!kernels::fp8_pairs_to_bf16_bits(a.data(), b.data(), t, pairs.data(), std::ssize(a))) {
-        for (std::uint32_t x : pairs) ASSERT_EQ(x, 0xdeadbeefu);
-        continue;
-      }
-      targets_with_it += t == DType::kFP8E4M3;
-      const float format = t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f;
-      for (std::size_t i = 0; i < a.size(); ++i) {
-        const std::uint32_t want = float_to_bf16_bits(load_as_float(a.data(), t, i) * format) |
-                                   std::uint32_t{float_to_bf16_bits(load_as_float(b.data(), t, i) * format)} << 16;
-        ASSERT_EQ(pairs[i], want) << dtype_name(t) << " bytes " << int(a[i]) << ", " << int(b[i]);
-      }
-      for (std::size_t i = a.size(); i < pairs.size(); ++i) ASSERT_EQ(pairs[i], 0xdeadbeefu) << "wrote past n";
+  const int targets_with_it = for_each_target_and_fp8_format([&](DType t, bool& ran) {
+    std::vector<std::uint32_t> pairs(a.size() + 8, 0xdeadbeef);
+    if (!kernels::fp8_pairs_to_bf16_bits(a.data(), b.data(), t, pairs.data(), std::ssize(a))) {
+      for (std::uint32_t x : pairs) ASSERT_EQ(x, 0xdeadbeefu);
+      return;
     }
-  }
+    ran = true;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const std::uint32_t want = expected_bf16_bits(a, t, i) | std::uint32_t{expected_bf16_bits(b, t, i)} << 16;
+      ASSERT_EQ(pairs[i], want) << dtype_name(t) << " bytes " << int(a[i]) << ", " << int(b[i]);
+    }
+    for (std::size_t i = a.size(); i < pairs.size(); ++i) ASSERT_EQ(pairs[i], 0xdeadbeefu) << "wrote past n";
+  });
   if (vbmi) {
     EXPECT_GE(targets_with_it, 1);
   }
