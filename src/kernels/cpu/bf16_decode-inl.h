@@ -44,6 +44,9 @@ namespace pagedattn::kernels::HWY_NAMESPACE {
 
 namespace bf16dec {
 
+// The path's functions may use AVX512-BF16 and AVX512-VBMI (PV's byte
+// tables): they run only where both are present (bf16_decode_pays, and
+// fp8_pairs_to_bf16_bits's check), so the compiler may use either anywhere.
 #define PAGEDATTN_BF16DEC_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,avx512vbmi")))
 
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
@@ -116,7 +119,7 @@ HWY_INLINE __m512i Fp8ToBf16(__m256i bytes, const Fp8Lut& l) {
 // low and the high byte of each code's bf16 bits, and the order that
 // interleaves two rows' 32 bytes into (a, b) byte pairs. 7 instructions per
 // 2 x 32 codes, where converting each row (LoadFp8Chunk) and interleaving
-// the words took 14: fp8 b8 x 16k decode with bf16 products 1.10x on Zen 4.
+// the words took 14: fp8 b8 x 16k decode with bf16 products 1.13x on Zen 4.
 template <DType kT>
 struct Fp8ByteTables {
   alignas(64) std::uint8_t lo[128];
