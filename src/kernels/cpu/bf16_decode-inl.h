@@ -114,6 +114,36 @@ HWY_INLINE __m512i Fp8ToBf16(__m256i bytes, const Fp8Lut& l) {
   return _mm512_ternarylogic_epi32(magnitude, x, l.sign, 0xF8);  // magnitude | (x & sign)
 }
 
+// No table for the other types.
+struct NoLut {};
+template <DType kT>
+using LutOf = std::conditional_t<is_fp8(kT), Fp8Lut, NoLut>;
+template <DType kT>
+HWY_INLINE LutOf<kT> LoadLut() {
+  if constexpr (is_fp8(kT))
+    return LoadFp8Lut<kT>();
+  else
+    return {};
+}
+
+// Elements [d, d + 32) of a row as bf16, zero from `left` on (`left`: the
+// elements from d to the row's end).
+HWY_INLINE __mmask32 ChunkMask(std::size_t left) {
+  return left >= kChunk ? ~__mmask32{0} : static_cast<__mmask32>((1u << left) - 1u);
+}
+
+// Codes [d, d + 32) of an fp8 row, zero from `left` on.
+HWY_INLINE __m256i LoadFp8Bytes(const void* row, std::size_t d, std::size_t left) {
+  const auto* p = static_cast<const std::uint8_t*>(row) + d;
+  return left >= kChunk ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                        : _mm256_maskz_loadu_epi8(ChunkMask(left), p);
+}
+
+template <DType kT>
+HWY_INLINE __m512i LoadFp8Chunk(const void* row, std::size_t d, std::size_t left, const Fp8Lut& lut) {
+  return Fp8ToBf16(LoadFp8Bytes(row, d, left), lut);
+}
+
 // PV's fp8 -> bf16 conversion, two V rows at a time, through byte tables
 // (AVX512-VBMI: vpermi2b looks up 128 entries, the 7 magnitude bits): the
 // low and the high byte of each code's bf16 bits, and the order that
@@ -156,43 +186,26 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR Fp8PairLut LoadFp8PairLut() {
 // OutChunk: lo = dims {0-3, 8-11, 16-19, 24-27}, hi = {4-7, 12-15, ...}.
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void Fp8PairToBf16(const void* a, const void* b, std::size_t d, std::size_t left,
                                                    const Fp8PairLut& l, __m512i& out_lo, __m512i& out_hi) {
-  const auto* pa = static_cast<const std::uint8_t*>(a) + d;
-  const auto* pb = static_cast<const std::uint8_t*>(b) + d;
-  const __mmask32 m = left >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((1u << left) - 1u);
-  const __m256i va = left >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pa)) : _mm256_maskz_loadu_epi8(m, pa);
-  const __m256i vb = left >= 32 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb)) : _mm256_maskz_loadu_epi8(m, pb);
-  const __m512i x = _mm512_permutexvar_epi8(l.pair, _mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1));
+  const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(LoadFp8Bytes(a, d, left)), LoadFp8Bytes(b, d, left), 1);
+  const __m512i x = _mm512_permutexvar_epi8(l.pair, ab);
   const __m512i lo = _mm512_permutex2var_epi8(l.lo0, x, l.lo1);
   const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(l.hi0, x, l.hi1), x, l.sign, 0xF8);
   out_lo = _mm512_unpacklo_epi8(lo, hi);
   out_hi = _mm512_unpackhi_epi8(lo, hi);
 }
 
-// No table for the other types.
-struct NoLut {};
+// PV's tables, loaded once per block: the pair tables for fp8, none for the
+// 16-bit types.
 template <DType kT>
-using LutOf = std::conditional_t<is_fp8(kT), Fp8Lut, NoLut>;
+using PvLutOf = std::conditional_t<is_fp8(kT), Fp8PairLut, NoLut>;
 template <DType kT>
-HWY_INLINE LutOf<kT> LoadLut() {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR PvLutOf<kT> LoadPvLut() {
   if constexpr (is_fp8(kT))
-    return LoadFp8Lut<kT>();
+    return LoadFp8PairLut<kT>();
   else
     return {};
 }
 
-// Elements [d, d + 32) of a row as bf16, zero from `left` on (`left`: the
-// elements from d to the row's end).
-HWY_INLINE __mmask32 ChunkMask(std::size_t left) {
-  return left >= kChunk ? ~__mmask32{0} : static_cast<__mmask32>((1u << left) - 1u);
-}
-
-template <DType kT>
-HWY_INLINE __m512i LoadFp8Chunk(const void* row, std::size_t d, std::size_t left, const Fp8Lut& lut) {
-  const auto* p = static_cast<const std::uint8_t*>(row) + d;
-  const __m256i bytes = left >= kChunk ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                                       : _mm256_maskz_loadu_epi8(ChunkMask(left), p);
-  return Fp8ToBf16(bytes, lut);
-}
 
 template <DType kT>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512i LoadChunk(const void* row, std::size_t d, std::size_t left,
@@ -362,11 +375,9 @@ template <DType kT, int kRows, int kChunks>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void* const* v, const void* const* prefetch,
                                                    std::int32_t pairs, std::size_t d, std::size_t left, float* o,
                                                    std::size_t o_stride,
-                                                   const LutOf<kT>& lut) {
+                                                   const PvLutOf<kT>& lut) {
   static_assert(kRows * kChunks <= 8, "at most 16 accumulators");
   const auto* w = reinterpret_cast<const std::uint32_t*>(s);
-  [[maybe_unused]] Fp8PairLut plut;
-  if constexpr (is_fp8(kT)) plut = LoadFp8PairLut<kT>();
   OutChunk acc[kRows][kChunks];
   for (int r = 0; r < kRows; ++r)
     for (int c = 0; c < kChunks; ++c) acc[r][c] = LoadOut(o + std::size_t(r) * o_stride + d + kChunk * c, left - kChunk * c);
@@ -380,7 +391,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
       }
       if constexpr (is_fp8(kT)) {
         __m512i xl, xh;
-        Fp8PairToBf16(v[2 * p], v[2 * p + 1], dc, lc, plut, xl, xh);
+        Fp8PairToBf16(v[2 * p], v[2 * p + 1], dc, lc, lut, xl, xh);
         x[c] = {_mm512_castsi512_ps(xl), _mm512_castsi512_ps(xh)};
       } else {
         const __m512i a = LoadChunk<kT>(v[2 * p], dc, lc, lut), b = LoadChunk<kT>(v[2 * p + 1], dc, lc, lut);
@@ -403,7 +414,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
 template <DType kT, int kRows>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateRows(const float* s, const void* const* v, const void* const* prefetch,
                                                    std::int32_t pairs, std::size_t dim, float* o, std::size_t o_stride,
-                                                   const LutOf<kT>& lut) {
+                                                   const PvLutOf<kT>& lut) {
   constexpr int kChunks = 8 / kRows;
   std::size_t d = 0;
   for (; d + kChunks * kChunk <= dim; d += kChunks * kChunk)
@@ -421,7 +432,7 @@ template <DType kT, int kDim>
 PAGEDATTN_BF16DEC_ATTR void AccumulateBlock(const float* s, const void* const* v, const void* const* prefetch,
                                          std::int32_t count, std::size_t dim, float* o,
                                          std::size_t o_stride, std::int32_t rows) {
-  const LutOf<kT> lut = LoadLut<kT>();
+  const PvLutOf<kT> lut = LoadPvLut<kT>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
   const std::int32_t pairs = (count + 1) / 2;  // a lone last key pairs with a zero row
   std::int32_t r = 0;
