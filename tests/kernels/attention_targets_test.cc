@@ -254,7 +254,7 @@ CaseSpec DecodeGroupCase(DType kv, std::int32_t group, std::uint32_t seed, std::
   return spec;
 }
 
-// Decode over bf16 and fp8 KV with bf16 products allowed runs on vdpbf16ps
+// Decode over bf16, f16 and fp8 KV with bf16 products allowed runs on vdpbf16ps
 // where the CPU has AVX512-BF16 and VBMI and no AMX (bf16_decode_pays; on a
 // CPU with AMX the test switches AMX off to reach the path): within the dot-product
 // tolerance of the reference, and not the f32 path's bits. GQA 1 to 8
@@ -268,7 +268,7 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
   const std::int32_t dims[] = {128, 40, 80, 136, 64, 256};
   const std::int32_t pages[] = {1, 5, 16, 32};
   std::uint32_t seed = 7000;
-  for (DType kv : {DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2})
+  for (DType kv : {DType::kBF16, DType::kF16, DType::kFP8E4M3, DType::kFP8E5M2})
     for (std::int32_t group = 1; group <= 8; ++group) {
       ++seed;
       const CaseSpec spec = DecodeGroupCase(kv, group, seed, dims[seed % 6], pages[seed % 4], 130, DType::kBF16);

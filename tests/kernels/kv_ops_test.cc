@@ -143,37 +143,11 @@ std::uint16_t expected_bf16_bits(const std::vector<unsigned char>& bytes, DType 
   return float_to_bf16_bits(load_as_float(bytes.data(), t, i) * (t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f));
 }
 
-// The bf16 dot-product decode's fp8 -> bf16 conversion (a 128-entry table
-// per format, AVX-512 targets), every code of both formats and a masked tail
-// of 8, on every target that has it: bit for bit the scalar decoding rounded
-// to bf16 (e4m3 x 2^-8, the kernel's convention), and that rounding exact.
-TEST(ConvertRow, ConvertsEveryFp8CodeToBf16BitsExactly) {
-  std::vector<unsigned char> bytes(256 + 8);
-  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>((i * 7 + 3) % 256);
-  const bool avx512 = dispatched_features().avx512f;  // an AVX-512 target runs (not capped below)
-  const int targets_with_it = for_each_target_and_fp8_format([&](DType t, bool& ran) {
-    std::vector<std::uint16_t> bf16(bytes.size() + 8, 0xdead);
-    if (!kernels::fp8_to_bf16_bits(bytes.data(), t, bf16.data(), std::ssize(bytes))) {
-      for (std::uint16_t x : bf16) ASSERT_EQ(x, 0xdead);
-      return;
-    }
-    ran = true;
-    const float format = t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f;
-    for (std::size_t i = 0; i < bytes.size(); ++i) {
-      ASSERT_EQ(bf16[i], expected_bf16_bits(bytes, t, i)) << dtype_name(t) << " byte " << int(bytes[i]);
-      const float want = load_as_float(bytes.data(), t, i) * format;
-      ASSERT_TRUE(same_bits(bf16_bits_to_float(bf16[i]), want)) << dtype_name(t) << " byte " << int(bytes[i]);
-    }
-    for (std::size_t i = bytes.size(); i < bf16.size(); ++i) ASSERT_EQ(bf16[i], 0xdead) << "wrote past n";
-  });
-  if (avx512) {
-    EXPECT_GE(targets_with_it, 1);
-  }
-}
-
-// The bf16 decode's PV conversion of two V rows at once (VBMI byte tables):
+// The bf16 dot-product decode's fp8 -> bf16 conversion of two rows at once
+// (VBMI byte tables), in both orders (PV's value pairs, QK's key halves):
 // every code of both formats in each row of the pair, a masked tail of 8, on
-// every target that has it, bit for bit the one-row conversion's bf16.
+// every target that has it, bit for bit the scalar decoding rounded to bf16
+// (e4m3 x 2^-8, the kernel's convention), and that rounding exact.
 TEST(ConvertRow, ConvertsEveryFp8CodePairToBf16BitsExactly) {
   std::vector<unsigned char> a(256 + 8), b(a.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -182,17 +156,24 @@ TEST(ConvertRow, ConvertsEveryFp8CodePairToBf16BitsExactly) {
   }
   const bool vbmi = dispatched_features().avx512f && cpu_features().avx512_vbmi;
   const int targets_with_it = for_each_target_and_fp8_format([&](DType t, bool& ran) {
-    std::vector<std::uint32_t> pairs(a.size() + 8, 0xdeadbeef);
-    if (!kernels::fp8_pairs_to_bf16_bits(a.data(), b.data(), t, pairs.data(), std::ssize(a))) {
-      for (std::uint32_t x : pairs) ASSERT_EQ(x, 0xdeadbeefu);
-      return;
+    for (const kernels::Fp8PairOrder order : {kernels::Fp8PairOrder::kValues, kernels::Fp8PairOrder::kKeys}) {
+      SCOPED_TRACE(order == kernels::Fp8PairOrder::kKeys ? "key order" : "value order");
+      std::vector<std::uint32_t> pairs(a.size() + 8, 0xdeadbeef);
+      if (!kernels::fp8_pairs_to_bf16_bits(a.data(), b.data(), t, order, pairs.data(), std::ssize(a))) {
+        for (std::uint32_t x : pairs) ASSERT_EQ(x, 0xdeadbeefu);
+        return;
+      }
+      ran = true;
+      const float format = t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const std::uint32_t want = expected_bf16_bits(a, t, i) | std::uint32_t{expected_bf16_bits(b, t, i)} << 16;
+        ASSERT_EQ(pairs[i], want) << dtype_name(t) << " bytes " << int(a[i]) << ", " << int(b[i]);
+        const float exact = load_as_float(a.data(), t, i) * format;
+        ASSERT_TRUE(same_bits(bf16_bits_to_float(std::uint16_t(pairs[i] & 0xFFFF)), exact))
+            << dtype_name(t) << " byte " << int(a[i]);
+      }
+      for (std::size_t i = a.size(); i < pairs.size(); ++i) ASSERT_EQ(pairs[i], 0xdeadbeefu) << "wrote past n";
     }
-    ran = true;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      const std::uint32_t want = expected_bf16_bits(a, t, i) | std::uint32_t{expected_bf16_bits(b, t, i)} << 16;
-      ASSERT_EQ(pairs[i], want) << dtype_name(t) << " bytes " << int(a[i]) << ", " << int(b[i]);
-    }
-    for (std::size_t i = a.size(); i < pairs.size(); ++i) ASSERT_EQ(pairs[i], 0xdeadbeefu) << "wrote past n";
   });
   if (vbmi) {
     EXPECT_GE(targets_with_it, 1);
@@ -201,16 +182,15 @@ TEST(ConvertRow, ConvertsEveryFp8CodePairToBf16BitsExactly) {
 
 TEST(ConvertRow, Fp8ToBf16RefusesOtherTypesAndLengths) {
   const std::vector<unsigned char> bytes(16, 0x38);
-  std::vector<std::uint16_t> out(16, 0xdead);
-  EXPECT_THROW(kernels::fp8_to_bf16_bits(bytes.data(), DType::kINT8, out.data(), 16), InvalidArgument);
-  EXPECT_THROW(kernels::fp8_to_bf16_bits(bytes.data(), DType::kFP8E4M3, out.data(), 9), InvalidArgument);
-  EXPECT_THROW(kernels::fp8_to_bf16_bits(bytes.data(), DType::kFP8E5M2, out.data(), -8), InvalidArgument);
+  constexpr auto kKeys = kernels::Fp8PairOrder::kKeys;
   std::vector<std::uint32_t> pairs(16, 0xdeadbeef);
-  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kINT8, pairs.data(), 16),
+  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kINT8, kKeys, pairs.data(), 16),
                InvalidArgument);
-  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kFP8E4M3, pairs.data(), 9),
+  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kFP8E4M3, kKeys, pairs.data(), 9),
                InvalidArgument);
-  for (std::uint16_t x : out) EXPECT_EQ(x, 0xdead);
+  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kFP8E5M2, kKeys, pairs.data(), -8),
+               InvalidArgument);
+  for (std::uint32_t x : pairs) EXPECT_EQ(x, 0xdeadbeefu);
 }
 
 TEST(ConvertRow, E4M3DecodeStepsRefuseALengthThatIsNotAMultipleOf8) {

@@ -3,12 +3,14 @@
 // macros this file uses): a KV head's few rows (a GQA group x 1 token, at
 // most 8) against a block of kKB keys whose K/V rows are read straight from
 // the pages and converted to bf16 in registers (bf16: none; fp8: exactly,
-// fp8 e4m3 as value x 2^-8 like LoadConvert, through a 128-entry table; f16:
-// widened, then rounded to bf16).
+// fp8 e4m3 as value x 2^-8 like LoadConvert, two rows at a time through
+// 128-entry byte tables; f16: widened, then rounded to bf16).
 //
-//   QK: a key's row chunk (32 dims, 16 words) against each row's query
-//       chunk, one accumulator of 16 lanes per (row, key); 16 accumulators
-//       (rows x keys) are reduced together into one vector of 16 scores.
+//   QK: per 32-dim chunk, two keys' halves side by side in a vector against
+//       each row's query halves, one accumulator per (row, key pair); 16
+//       accumulators (rows x pairs) are reduced together into two vectors of
+//       32 scores (bf16 K with 1 or 2 rows: one accumulator per (row, key),
+//       16 scores a reduction).
 //   PV: the softmax weights rounded to bf16 (RoundWeights: word p of a row
 //       holds keys 2p, 2p + 1); the V rows of keys 2p, 2p + 1 interleaved
 //       into words (unpacklo / unpackhi of 16-bit lanes), each row's weight
@@ -33,6 +35,7 @@
 
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/bf16_dot-inl.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/reduce16-inl.h"
 #include "pagedattn/dtype.h"
@@ -77,59 +80,16 @@ constexpr std::uint16_t Fp8MagnitudeToBf16(bool e4m3, int code) {
   return static_cast<std::uint16_t>(biased << 7 | fraction);
 }
 
-template <DType kT>
-struct Fp8Table {
-  alignas(64) std::uint16_t bits[128];
-  constexpr Fp8Table() : bits() {
-    for (int c = 0; c < 128; ++c) bits[c] = Fp8MagnitudeToBf16(kT == DType::kFP8E4M3, c);
-  }
-};
-template <DType kT>
-inline constexpr Fp8Table<kT> kFp8Table{};
-
-// The table in four registers (entries 0-31, 32-63, 64-95, 96-127) and the
-// constants of the conversion, loaded once per micro-kernel call.
-struct Fp8Lut {
-  __m512i t[4];
-  __m512i bit6, sign;
-};
-
-template <DType kT>
-HWY_INLINE Fp8Lut LoadFp8Lut() {
-  Fp8Lut l;
-  for (int i = 0; i < 4; ++i) l.t[i] = _mm512_load_si512(kFp8Table<kT>.bits + 32 * i);
-  l.bit6 = _mm512_set1_epi16(0x40);
-  l.sign = _mm512_set1_epi16(static_cast<std::int16_t>(0x8000));
-  return l;
-}
-
-// 32 fp8 codes to bf16 bits: the byte sign-extended to 16 bits, its low 6
-// bits index two 64-entry halves of the table (vpermi2w), bit 6 picks the
-// half, the sign bit is or'ed back.
-HWY_INLINE __m512i Fp8ToBf16(__m256i bytes, const Fp8Lut& l) {
-  const __m512i x = _mm512_cvtepi8_epi16(bytes);
-  const __m512i lo = _mm512_permutex2var_epi16(l.t[0], x, l.t[1]);
-  const __m512i hi = _mm512_permutex2var_epi16(l.t[2], x, l.t[3]);
-  const __m512i magnitude = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, l.bit6), lo, hi);
-  return _mm512_ternarylogic_epi32(magnitude, x, l.sign, 0xF8);  // magnitude | (x & sign)
-}
-
-// No table for the other types.
-struct NoLut {};
-template <DType kT>
-using LutOf = std::conditional_t<is_fp8(kT), Fp8Lut, NoLut>;
-template <DType kT>
-HWY_INLINE LutOf<kT> LoadLut() {
-  if constexpr (is_fp8(kT))
-    return LoadFp8Lut<kT>();
-  else
-    return {};
-}
-
 // Elements [d, d + 32) of a row as bf16, zero from `left` on (`left`: the
 // elements from d to the row's end).
 HWY_INLINE __mmask32 ChunkMask(std::size_t left) {
   return left >= kChunk ? ~__mmask32{0} : static_cast<__mmask32>((1u << left) - 1u);
+}
+
+// The real elements of half h (16 elements from d + 16 h) of a chunk.
+HWY_INLINE __mmask16 HalfMask(std::size_t left, std::size_t half) {
+  const std::size_t n = left > 16 * half ? left - 16 * half : 0;
+  return n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
 // Codes [d, d + 32) of an fp8 row, zero from `left` on.
@@ -139,142 +99,268 @@ HWY_INLINE __m256i LoadFp8Bytes(const void* row, std::size_t d, std::size_t left
                         : _mm256_maskz_loadu_epi8(ChunkMask(left), p);
 }
 
-template <DType kT>
-HWY_INLINE __m512i LoadFp8Chunk(const void* row, std::size_t d, std::size_t left, const Fp8Lut& lut) {
-  return Fp8ToBf16(LoadFp8Bytes(row, d, left), lut);
-}
-
-// PV's fp8 -> bf16 conversion, two V rows at a time, through byte tables
-// (AVX512-VBMI: vpermi2b looks up 128 entries, the 7 magnitude bits): the
-// low and the high byte of each code's bf16 bits, and the order that
-// interleaves two rows' 32 bytes into (a, b) byte pairs. 7 instructions per
-// 2 x 32 codes, where converting each row (LoadFp8Chunk) and interleaving
-// the words took 14: fp8 b8 x 16k decode with bf16 products 1.13x on Zen 4.
+// fp8 -> bf16 two rows at a time, through byte tables (AVX512-VBMI:
+// vpermi2b looks up 128 entries, the 7 magnitude bits): the low and the high
+// byte of each code's bf16 bits, and a byte order (Fp8PairOrder) that places
+// the two rows' 64 codes for the byte unpacks. 6 instructions per 2 x 32
+// codes, where converting each row through a word table (sign-extend, two
+// vpermi2w, test, blend, sign) took 12, and PV's interleave 2 more.
 template <DType kT>
 struct Fp8ByteTables {
   alignas(64) std::uint8_t lo[128];
   alignas(64) std::uint8_t hi[128];
-  alignas(64) std::uint8_t pair_index[64];
-  constexpr Fp8ByteTables() : lo(), hi(), pair_index() {
+  alignas(64) std::uint8_t value_order[64];  // Fp8PairOrder::kValues
+  alignas(64) std::uint8_t key_order[64];    // Fp8PairOrder::kKeys
+  constexpr Fp8ByteTables() : lo(), hi(), value_order(), key_order() {
     for (int c = 0; c < 128; ++c) {
       const std::uint16_t b = Fp8MagnitudeToBf16(kT == DType::kFP8E4M3, c);
       lo[c] = static_cast<std::uint8_t>(b & 0xFF);
       hi[c] = static_cast<std::uint8_t>(b >> 8);
     }
+    // Source bytes: row a's 32 codes, then row b's. The unpacks make words of
+    // bytes 0-7 (lo) and 8-15 (hi) of each 128-bit block.
     for (int i = 0; i < 32; ++i) {
-      pair_index[2 * i] = static_cast<std::uint8_t>(i);
-      pair_index[2 * i + 1] = static_cast<std::uint8_t>(32 + i);
+      value_order[2 * i] = static_cast<std::uint8_t>(i);
+      value_order[2 * i + 1] = static_cast<std::uint8_t>(32 + i);
     }
+    for (int j = 0; j < 4; ++j)  // block j: row j / 2's codes 8 (j % 2) + 0..7, then + 16
+      for (int i = 0; i < 16; ++i)
+        key_order[16 * j + i] = static_cast<std::uint8_t>(32 * (j / 2) + 8 * (j % 2) + (i < 8 ? i : 8 + i));
   }
 };
 template <DType kT>
 inline constexpr Fp8ByteTables<kT> kFp8ByteTables{};
 
 struct Fp8PairLut {
-  __m512i lo0, lo1, hi0, hi1, pair, sign;
+  __m512i lo0, lo1, hi0, hi1, order, sign;
 };
 
-template <DType kT>
+template <DType kT, Fp8PairOrder kOrder>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR Fp8PairLut LoadFp8PairLut() {
   const auto& t = kFp8ByteTables<kT>;
+  const std::uint8_t* order = kOrder == Fp8PairOrder::kKeys ? t.key_order : t.value_order;
   return {_mm512_load_si512(t.lo), _mm512_load_si512(t.lo + 64), _mm512_load_si512(t.hi),
-          _mm512_load_si512(t.hi + 64), _mm512_load_si512(t.pair_index), _mm512_set1_epi8(static_cast<char>(0x80))};
+          _mm512_load_si512(t.hi + 64), _mm512_load_si512(order), _mm512_set1_epi8(static_cast<char>(0x80))};
 }
 
 // Rows a, b at [d, d + 32) (left: the real elements, zero from there) as
-// interleaved bf16 pairs (a[i], b[i]) in 32-bit lanes, in the order of
-// OutChunk: lo = dims {0-3, 8-11, 16-19, 24-27}, hi = {4-7, 12-15, ...}.
+// bf16 words in the lut's order. kValues: pairs (a[i], b[i]) in 32-bit
+// lanes, in the order of OutChunk (lo = dims {0-3, 8-11, 16-19, 24-27}, hi =
+// {4-7, 12-15, ...}); kKeys: lo = [a 0-15 | b 0-15], hi = [a 16-31 | b 16-31].
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void Fp8PairToBf16(const void* a, const void* b, std::size_t d, std::size_t left,
                                                    const Fp8PairLut& l, __m512i& out_lo, __m512i& out_hi) {
   const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(LoadFp8Bytes(a, d, left)), LoadFp8Bytes(b, d, left), 1);
-  const __m512i x = _mm512_permutexvar_epi8(l.pair, ab);
+  const __m512i x = _mm512_permutexvar_epi8(l.order, ab);
   const __m512i lo = _mm512_permutex2var_epi8(l.lo0, x, l.lo1);
   const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(l.hi0, x, l.hi1), x, l.sign, 0xF8);
   out_lo = _mm512_unpacklo_epi8(lo, hi);
   out_hi = _mm512_unpackhi_epi8(lo, hi);
 }
 
-// PV's tables, loaded once per block: the pair tables for fp8, none for the
-// 16-bit types.
+// The tables of a pass over K or V, loaded once per block: the pair tables
+// for fp8, none for the 16-bit types.
+struct NoLut {};
 template <DType kT>
-using PvLutOf = std::conditional_t<is_fp8(kT), Fp8PairLut, NoLut>;
-template <DType kT>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR PvLutOf<kT> LoadPvLut() {
+using LutOf = std::conditional_t<is_fp8(kT), Fp8PairLut, NoLut>;
+template <DType kT, Fp8PairOrder kOrder>
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR LutOf<kT> LoadLut() {
   if constexpr (is_fp8(kT))
-    return LoadFp8PairLut<kT>();
+    return LoadFp8PairLut<kT, kOrder>();
   else
     return {};
 }
 
-
+// Elements [d, d + 32) of a 16-bit row as bf16, zero from `left` on.
 template <DType kT>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512i LoadChunk(const void* row, std::size_t d, std::size_t left,
-                                                 const LutOf<kT>& lut) {
-  if constexpr (is_fp8(kT)) {
-    return LoadFp8Chunk<kT>(row, d, left, lut);
-  } else {
-    static_assert(kT == DType::kBF16 || kT == DType::kF16, "16-bit rows");
-    const auto* p = static_cast<const std::uint16_t*>(row) + d;
-    const __m512i x = left >= kChunk ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(ChunkMask(left), p);
-    if constexpr (kT == DType::kBF16) return x;
-    // f16: widened exactly (F16C), rounded to bf16 (11 -> 8 significant bits).
-    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(x));
-    const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(x, 1));
-    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-  }
-}
-
-// The conversion, for the exhaustive test: n codes (a multiple of 8).
-template <DType kT>
-inline void Fp8RowToBf16(const std::uint8_t* in, std::size_t n, std::uint16_t* out) {
-  const Fp8Lut lut = LoadFp8Lut<kT>();
-  for (std::size_t d = 0; d < n; d += kChunk) {
-    const __m512i x = LoadFp8Chunk<kT>(in, d, n - d, lut);
-    _mm512_mask_storeu_epi16(out + d, ChunkMask(n - d), x);
-  }
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512i LoadChunk(const void* row, std::size_t d, std::size_t left) {
+  static_assert(kT == DType::kBF16 || kT == DType::kF16, "16-bit rows");
+  const auto* p = static_cast<const std::uint16_t*>(row) + d;
+  const __m512i x = left >= kChunk ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(ChunkMask(left), p);
+  if constexpr (kT == DType::kBF16) return x;
+  // f16: widened exactly (F16C), rounded to bf16 (11 -> 8 significant bits).
+  const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(x));
+  const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(x, 1));
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
 
 // The pair conversion, for the exhaustive test: rows a, b of n codes (a
-// multiple of 8) to out[i] = bf16(a[i]) | bf16(b[i]) << 16.
-template <DType kT>
+// multiple of 8) to out[i] = bf16(a[i]) | bf16(b[i]) << 16, through kOrder.
+template <DType kT, Fp8PairOrder kOrder>
 PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, const std::uint8_t* b, std::size_t n,
                                                       std::uint32_t* out) {
-  const Fp8PairLut lut = LoadFp8PairLut<kT>();
+  const Fp8PairLut lut = LoadFp8PairLut<kT, kOrder>();
   for (std::size_t d = 0; d < n; d += kChunk) {
     __m512i lo, hi;
     Fp8PairToBf16(a, b, d, n - d, lut, lo, hi);
-    alignas(64) std::uint32_t pairs[2][16];
-    _mm512_store_si512(pairs[0], lo);
-    _mm512_store_si512(pairs[1], hi);
-    for (std::size_t i = 0; i < kChunk && d + i < n; ++i)  // OutChunk's order back to dims
-      out[d + i] = pairs[(i / 4) % 2][(i / 8) * 4 + i % 4];
+    alignas(64) std::uint16_t words[2][32];
+    _mm512_store_si512(words[0], lo);
+    _mm512_store_si512(words[1], hi);
+    for (std::size_t i = 0; i < kChunk && d + i < n; ++i) {
+      std::uint32_t wa, wb;  // the words of a[d + i] and b[d + i]
+      if constexpr (kOrder == Fp8PairOrder::kValues) {
+        const std::size_t lane = (i / 8) * 4 + i % 4;  // OutChunk's order
+        wa = words[(i / 4) % 2][2 * lane];
+        wb = words[(i / 4) % 2][2 * lane + 1];
+      } else {
+        wa = words[i / 16][i % 16];
+        wb = words[i / 16][16 + i % 16];
+      }
+      out[d + i] = wa | wb << 16;
+    }
   }
 }
 
 // --- QK ---------------------------------------------------------------------------------
 
-// Scores kRows rows x kKeys keys from key jj (kRows x kKeys = 16 dot
-// products): per 32-dim chunk, each key's chunk converted once and each
-// row's query chunk loaded once. `prefetch` (or null): rows of the same
+// Paired tiles: each accumulator holds one row's dot products with two keys,
+// the keys' dims [d, d + 16) side by side in one vector and [d + 16, d + 32)
+// in another, against the row's query halves, each broadcast to both 256-bit
+// halves. A tile's 16 accumulators reduce to 32 scores, one level of the tree
+// fewer than 16 whole-vector sums, and fp8 converts two keys' 64 codes at
+// once on byte tables. bf16 rows pay two shuffles per pair and chunk for it:
+// with 1 or 2 rows per head they keep one key per accumulator (single tiles).
+// On Zen 4 (decode from L3, against single tiles for every type, the
+// word-table conversion for fp8): fp8 GQA 4 1.14x, f16 1.07x, bf16 GQA 8
+// 1.10x, GQA 4 1.03x, GQA 1 0.93x.
+template <DType kT, int kRows>
+constexpr bool kPairedTiles = kT != DType::kBF16 || kRows >= 4;
+
+// Keys a, b at [d, d + 32) (`left`: the real dims from d, zero from there):
+// lo = [a d..d+15 | b d..d+15], hi = [a d+16..d+31 | b d+16..d+31] as bf16.
+template <DType kT>
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyPair(const void* a, const void* b, std::size_t d, std::size_t left,
+                                                 const LutOf<kT>& lut, __m512i& lo, __m512i& hi) {
+  if constexpr (is_fp8(kT)) {
+    Fp8PairToBf16(a, b, d, left, lut, lo, hi);
+  } else if constexpr (kT == DType::kBF16) {
+    const __m512i x = LoadChunk<kT>(a, d, left), y = LoadChunk<kT>(b, d, left);
+    lo = _mm512_shuffle_i64x2(x, y, 0x44);
+    hi = _mm512_shuffle_i64x2(x, y, 0xEE);
+  } else {
+    static_assert(kT == DType::kF16, "16-bit rows");
+    // f16: widened exactly (F16C), rounded to bf16 (11 -> 8 significant bits).
+    const auto* pa = static_cast<const std::uint16_t*>(a) + d;
+    const auto* pb = static_cast<const std::uint16_t*>(b) + d;
+    auto half = [&](const std::uint16_t* p, std::size_t h) {
+      const __m256i x = left >= kChunk ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * h))
+                                       : _mm256_maskz_loadu_epi16(HalfMask(left, h), p + 16 * h);
+      return _mm512_cvtph_ps(x);
+    };
+    lo = (__m512i)_mm512_cvtne2ps_pbh(half(pb, 0), half(pa, 0));
+    hi = (__m512i)_mm512_cvtne2ps_pbh(half(pb, 1), half(pa, 1));
+  }
+}
+
+// A query row's dims [d, d + 16) and [d + 16, d + 32), each in both 256-bit
+// halves (zero from `left`).
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadQueryHalves(const std::uint16_t* q, std::size_t left, __m512bh& lo,
+                                                     __m512bh& hi) {
+  if (left >= kChunk) {
+    lo = (__m512bh)_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+    hi = (__m512bh)_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
+  } else {
+    const __m512i x = _mm512_maskz_loadu_epi16(ChunkMask(left), q);
+    lo = (__m512bh)_mm512_shuffle_i64x2(x, x, 0x44);
+    hi = (__m512bh)_mm512_shuffle_i64x2(x, x, 0xEE);
+  }
+}
+
+// The 32 scores of 16 paired accumulators (acc[i]: keys A, B in its low and
+// high 8 lanes), out[h] lane m = accumulator 8h + m / 2, key m % 2. The
+// tree's first two levels as ReduceN's (every key's sum takes the same
+// order whatever the tile), then halves summed across blocks: lane 8g + 4kb
+// + l = accumulator 8h + 4g + l, key kb, put in order by one permute.
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512* out) {
+  __m512 t[8], u[4];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+  for (int h = 0; h < 2; ++h) {
+    const __m512 x = u[2 * h], y = u[2 * h + 1];
+    const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+    out[h] = _mm512_permutexvar_ps(order, halves);
+  }
+}
+
+// Scores kRows rows x 2 kPairs keys from key jj (16 accumulators: row r,
+// keys jj + 2p, jj + 2p + 1 in accumulator r kPairs + p). Few rows keep
+// their query halves in registers and stream the key pairs; more rows keep
+// the pairs and stream the queries. `prefetch` (or null): rows of the same
 // length whose lines are fetched meanwhile (the next head's K rows).
-template <DType kT, int kDim, int kRows, int kKeys>
+template <DType kT, int kDim, int kRows, int kPairs>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
                                                const void* const* prefetch, std::size_t dim,
                                                std::int32_t jj, float* s,
                                                const LutOf<kT>& lut) {
+  static_assert(kRows * kPairs == 16, "one reduction of 16 accumulators");
+  constexpr int kKeys = 2 * kPairs;
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (std::size_t d = 0; d < dim; d += kChunk) {
+    const std::size_t left = dim - d;
+    if (prefetch != nullptr)
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
+    auto dot = [&](int r, int p, __m512bh q_lo, __m512bh q_hi, __m512i k_lo, __m512i k_hi) {
+      __m512& x = acc[r * kPairs + p];
+      x = _mm512_dpbf16_ps(_mm512_dpbf16_ps(x, q_lo, (__m512bh)k_lo), q_hi, (__m512bh)k_hi);
+    };
+    if constexpr (kRows <= 2) {
+      __m512bh q_lo[kRows], q_hi[kRows];
+      for (int r = 0; r < kRows; ++r) LoadQueryHalves(q + std::size_t(r) * dq + d, left, q_lo[r], q_hi[r]);
+      for (int p = 0; p < kPairs; ++p) {
+        __m512i k_lo, k_hi;
+        LoadKeyPair<kT>(k[jj + 2 * p], k[jj + 2 * p + 1], d, left, lut, k_lo, k_hi);
+        for (int r = 0; r < kRows; ++r) dot(r, p, q_lo[r], q_hi[r], k_lo, k_hi);
+      }
+    } else {
+      __m512i k_lo[kPairs], k_hi[kPairs];
+      for (int p = 0; p < kPairs; ++p) {
+        LoadKeyPair<kT>(k[jj + 2 * p], k[jj + 2 * p + 1], d, left, lut, k_lo[p], k_hi[p]);
+        k_lo[p] = bf16dot::Pinned(k_lo[p]);
+        k_hi[p] = bf16dot::Pinned(k_hi[p]);
+      }
+      for (int r = 0; r < kRows; ++r) {
+        __m512bh q_lo, q_hi;
+        LoadQueryHalves(q + std::size_t(r) * dq + d, left, q_lo, q_hi);
+        for (int p = 0; p < kPairs; ++p) dot(r, p, q_lo, q_hi, k_lo[p], k_hi[p]);
+      }
+    }
+  }
+  __m512 sums[2];  // tile index r kKeys + key: row-major
+  ReducePairs(acc, sums);
+  for (int r = 0; r < kRows; ++r) {
+    float* out = s + std::size_t(r) * kKB + std::size_t(jj);
+    const int t = r * kKeys;
+    if constexpr (kKeys >= 16) {
+      for (int h = 0; h < kKeys / 16; ++h) _mm512_storeu_ps(out + 16 * h, sums[t / 16 + h]);
+    } else {
+      _mm512_mask_storeu_ps(out - t % 16, static_cast<__mmask16>(((1u << kKeys) - 1u) << (t % 16)), sums[t / 16]);
+    }
+  }
+}
+
+// Single tiles (bf16 rows): scores kRows rows x kKeys keys from key jj, one
+// accumulator per (row, key), per 32-dim chunk each key's chunk loaded once
+// and each row's query chunk loaded once.
+template <int kDim, int kRows, int kKeys>
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreSingleTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
+                                                     const void* const* prefetch, std::size_t dim, std::int32_t jj,
+                                                     float* s) {
   static_assert(kRows * kKeys == 16, "one reduction of 16 accumulators");
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
   for (std::size_t d = 0; d < dim; d += kChunk) {
     const std::size_t left = dim - d;
     __m512i kc[kKeys];
-    for (int e = 0; e < kKeys; ++e) kc[e] = bf16dot::Pinned(LoadChunk<kT>(k[jj + e], d, left, lut));
+    for (int e = 0; e < kKeys; ++e) kc[e] = bf16dot::Pinned(LoadChunk<DType::kBF16>(k[jj + e], d, left));
     if (prefetch != nullptr)
-      for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<DType::kBF16>(prefetch[jj + e], d, dim);
     for (int r = 0; r < kRows; ++r) {
-      const std::uint16_t* qr = q + std::size_t(r) * dq + d;
-      const __m512bh qc =
-          (__m512bh)bf16dot::Pinned(left >= kChunk ? _mm512_loadu_si512(qr) : _mm512_maskz_loadu_epi16(ChunkMask(left), qr));
+      const __m512bh qc = (__m512bh)bf16dot::Pinned(LoadChunk<DType::kBF16>(q + std::size_t(r) * dq, d, left));
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = _mm512_dpbf16_ps(acc[r * kKeys + e], qc, (__m512bh)kc[e]);
     }
   }
@@ -289,9 +375,14 @@ template <DType kT, int kDim, int kRows>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq, const void* const* k,
                                                const void* const* prefetch, std::size_t dim, float* s,
                                                const LutOf<kT>& lut) {
-  constexpr int kKeys = 16 / kRows;
-  for (std::int32_t jj = 0; jj < kKB; jj += kKeys)
-    ScoreTile<kT, kDim, kRows, kKeys>(q, dq, k, prefetch, dim, jj, s, lut);
+  if constexpr (kPairedTiles<kT, kRows>) {
+    constexpr int kPairs = 16 / kRows;
+    for (std::int32_t jj = 0; jj < kKB; jj += 2 * kPairs)
+      ScoreTile<kT, kDim, kRows, kPairs>(q, dq, k, prefetch, dim, jj, s, lut);
+  } else {
+    constexpr int kKeys = 16 / kRows;
+    for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreSingleTile<kDim, kRows, kKeys>(q, dq, k, prefetch, dim, jj, s);
+  }
 }
 
 // Scores of `rows` (at most 8) bf16 query rows (stride dq elements) against
@@ -301,7 +392,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::si
 template <DType kT, int kDim>
 PAGEDATTN_BF16DEC_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, const void* const* k,
                                     const void* const* prefetch, std::size_t dim, const float* k_scale, float* s, std::int32_t rows) {
-  const LutOf<kT> lut = LoadLut<kT>();
+  const LutOf<kT> lut = LoadLut<kT, Fp8PairOrder::kKeys>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
   std::int32_t r = 0;
   while (r < rows) {
@@ -340,14 +431,9 @@ struct OutChunk {
   __m512 lo, hi;
 };
 
-HWY_INLINE __mmask16 OutMask(std::size_t left, std::size_t half) {
-  const std::size_t n = left > 16 * half ? left - 16 * half : 0;
-  return n >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
-}
-
 HWY_INLINE OutChunk LoadOut(const float* o, std::size_t left) {
-  const __m512 x0 = left >= kChunk ? _mm512_load_ps(o) : _mm512_maskz_loadu_ps(OutMask(left, 0), o);
-  const __m512 x1 = left >= kChunk ? _mm512_load_ps(o + 16) : _mm512_maskz_loadu_ps(OutMask(left, 1), o + 16);
+  const __m512 x0 = left >= kChunk ? _mm512_load_ps(o) : _mm512_maskz_loadu_ps(HalfMask(left, 0), o);
+  const __m512 x1 = left >= kChunk ? _mm512_load_ps(o + 16) : _mm512_maskz_loadu_ps(HalfMask(left, 1), o + 16);
   return {_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xDD)};
 }
 
@@ -361,8 +447,8 @@ HWY_INLINE void StoreOut(const OutChunk& c, float* o, std::size_t left) {
     _mm512_store_ps(o, x0);
     _mm512_store_ps(o + 16, x1);
   } else {
-    _mm512_mask_storeu_ps(o, OutMask(left, 0), x0);
-    _mm512_mask_storeu_ps(o + 16, OutMask(left, 1), x1);
+    _mm512_mask_storeu_ps(o, HalfMask(left, 0), x0);
+    _mm512_mask_storeu_ps(o + 16, HalfMask(left, 1), x1);
   }
 }
 
@@ -375,7 +461,7 @@ template <DType kT, int kRows, int kChunks>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void* const* v, const void* const* prefetch,
                                                    std::int32_t pairs, std::size_t d, std::size_t left, float* o,
                                                    std::size_t o_stride,
-                                                   const PvLutOf<kT>& lut) {
+                                                   const LutOf<kT>& lut) {
   static_assert(kRows * kChunks <= 8, "at most 16 accumulators");
   const auto* w = reinterpret_cast<const std::uint32_t*>(s);
   OutChunk acc[kRows][kChunks];
@@ -394,7 +480,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
         Fp8PairToBf16(v[2 * p], v[2 * p + 1], dc, lc, lut, xl, xh);
         x[c] = {_mm512_castsi512_ps(xl), _mm512_castsi512_ps(xh)};
       } else {
-        const __m512i a = LoadChunk<kT>(v[2 * p], dc, lc, lut), b = LoadChunk<kT>(v[2 * p + 1], dc, lc, lut);
+        const __m512i a = LoadChunk<kT>(v[2 * p], dc, lc), b = LoadChunk<kT>(v[2 * p + 1], dc, lc);
         x[c] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(a, b)), _mm512_castsi512_ps(_mm512_unpackhi_epi16(a, b))};
       }
     }
@@ -414,7 +500,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
 template <DType kT, int kRows>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateRows(const float* s, const void* const* v, const void* const* prefetch,
                                                    std::int32_t pairs, std::size_t dim, float* o, std::size_t o_stride,
-                                                   const PvLutOf<kT>& lut) {
+                                                   const LutOf<kT>& lut) {
   constexpr int kChunks = 8 / kRows;
   std::size_t d = 0;
   for (; d + kChunks * kChunk <= dim; d += kChunks * kChunk)
@@ -432,7 +518,7 @@ template <DType kT, int kDim>
 PAGEDATTN_BF16DEC_ATTR void AccumulateBlock(const float* s, const void* const* v, const void* const* prefetch,
                                          std::int32_t count, std::size_t dim, float* o,
                                          std::size_t o_stride, std::int32_t rows) {
-  const PvLutOf<kT> lut = LoadPvLut<kT>();
+  const LutOf<kT> lut = LoadLut<kT, Fp8PairOrder::kValues>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
   const std::int32_t pairs = (count + 1) / 2;  // a lone last key pairs with a zero row
   std::int32_t r = 0;

@@ -110,28 +110,28 @@ void E4M3ToF32NanFree(const void* src, float* dst, std::int64_t n) {
     hn::StoreU(LoadConvert<DType::kFP8E4M3, true>(DF8(), src, i), DF8(), dst + i);
 }
 
-bool Fp8ToBf16Bits(const void* src, DType t, std::uint16_t* dst, std::int64_t n) {
 #if PAGEDATTN_BF16_DOT_TARGET
-  const auto* in = static_cast<const std::uint8_t*>(src);
-  if (t == DType::kFP8E4M3) bf16dec::Fp8RowToBf16<DType::kFP8E4M3>(in, std::size_t(n), dst);
-  if (t == DType::kFP8E5M2) bf16dec::Fp8RowToBf16<DType::kFP8E5M2>(in, std::size_t(n), dst);
-  return true;
-#else
-  (void)src, (void)t, (void)dst, (void)n;
-  return false;
-#endif
+template <DType kT>
+void Fp8PairsToBf16BitsAs(const std::uint8_t* a, const std::uint8_t* b, Fp8PairOrder order, std::uint32_t* dst,
+                          std::size_t n) {
+  if (order == Fp8PairOrder::kKeys)
+    bf16dec::Fp8RowsToBf16Pairs<kT, Fp8PairOrder::kKeys>(a, b, n, dst);
+  else
+    bf16dec::Fp8RowsToBf16Pairs<kT, Fp8PairOrder::kValues>(a, b, n, dst);
 }
+#endif
 
-bool Fp8PairsToBf16Bits(const void* a, const void* b, DType t, std::uint32_t* dst, std::int64_t n) {
+bool Fp8PairsToBf16Bits(const void* a, const void* b, DType t, Fp8PairOrder order, std::uint32_t* dst,
+                        std::int64_t n) {
 #if PAGEDATTN_BF16_DOT_TARGET
   if (!cpu_features().avx512_vbmi) return false;
   const auto* pa = static_cast<const std::uint8_t*>(a);
   const auto* pb = static_cast<const std::uint8_t*>(b);
-  if (t == DType::kFP8E4M3) bf16dec::Fp8RowsToBf16Pairs<DType::kFP8E4M3>(pa, pb, std::size_t(n), dst);
-  if (t == DType::kFP8E5M2) bf16dec::Fp8RowsToBf16Pairs<DType::kFP8E5M2>(pa, pb, std::size_t(n), dst);
+  if (t == DType::kFP8E4M3) Fp8PairsToBf16BitsAs<DType::kFP8E4M3>(pa, pb, order, dst, std::size_t(n));
+  if (t == DType::kFP8E5M2) Fp8PairsToBf16BitsAs<DType::kFP8E5M2>(pa, pb, order, dst, std::size_t(n));
   return true;
 #else
-  (void)a, (void)b, (void)t, (void)dst, (void)n;
+  (void)a, (void)b, (void)t, (void)order, (void)dst, (void)n;
   return false;
 #endif
 }
@@ -145,19 +145,13 @@ HWY_EXPORT(ConvertRow);
 HWY_EXPORT(AbsMaxRow);
 HWY_EXPORT(E4M3HasNan);
 HWY_EXPORT(E4M3ToF32NanFree);
-HWY_EXPORT(Fp8ToBf16Bits);
 HWY_EXPORT(Fp8PairsToBf16Bits);
 
-bool fp8_to_bf16_bits(const void* src, DType src_dtype, std::uint16_t* dst, std::int64_t n) {
-  require(is_fp8(src_dtype), "fp8_to_bf16_bits: src_dtype = ", dtype_name(src_dtype), " is not an fp8 type");
-  require(n >= 0 && n % 8 == 0, "fp8_to_bf16_bits: n = ", n, " must be a non-negative multiple of 8");
-  return HWY_DYNAMIC_DISPATCH(Fp8ToBf16Bits)(src, src_dtype, dst, n);
-}
-
-bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, std::uint32_t* dst, std::int64_t n) {
+bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, Fp8PairOrder order, std::uint32_t* dst,
+                            std::int64_t n) {
   require(is_fp8(src_dtype), "fp8_pairs_to_bf16_bits: src_dtype = ", dtype_name(src_dtype), " is not an fp8 type");
   require(n >= 0 && n % 8 == 0, "fp8_pairs_to_bf16_bits: n = ", n, " must be a non-negative multiple of 8");
-  return HWY_DYNAMIC_DISPATCH(Fp8PairsToBf16Bits)(a, b, src_dtype, dst, n);
+  return HWY_DYNAMIC_DISPATCH(Fp8PairsToBf16Bits)(a, b, src_dtype, order, dst, n);
 }
 
 bool e4m3_has_nan(const void* src, std::int64_t n) {

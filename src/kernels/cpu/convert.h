@@ -22,17 +22,20 @@ bool e4m3_has_nan(const void* src, std::int64_t n);
 // decode loops compute for blocks in which e4m3_has_nan found no NaN code.
 void e4m3_to_f32_nan_free(const void* src, float* dst, std::int64_t n);
 
-// fp8 bytes (e4m3 or e5m2) to bf16 bits, exactly: e4m3 as value x 2^-8 (as
-// above), e5m2 as its value; NaN to a bf16 NaN of the same sign, e5m2
-// infinities to bf16 infinities. n a non-negative multiple of 8 (else
-// InvalidArgument, dst untouched): the conversion the bf16 dot-product decode
-// uses, on AVX-512 targets only; returns false (dst untouched) where the
-// dispatched target has none.
-bool fp8_to_bf16_bits(const void* src, DType src_dtype, std::uint16_t* dst, std::int64_t n);
-// The same for two rows at once, as the decode's PV converts V (byte tables,
-// AVX-512 targets on CPUs with AVX512-VBMI): dst[i] = bf16(a[i]) |
-// bf16(b[i]) << 16. Same checks; false (dst untouched) where it cannot run.
-bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, std::uint32_t* dst, std::int64_t n);
+// Where the bf16 dot-product decode puts two fp8 rows a, b converted to bf16
+// (two vectors of 32 words per 32 elements): V as interleaved pairs (a[i],
+// b[i]) for PV, K as halves [a 0-15 | b 0-15], [a 16-31 | b 16-31] for QK.
+enum class Fp8PairOrder { kValues, kKeys };
+
+// fp8 bytes (e4m3 or e5m2) of two rows to bf16 bits, exactly, as the bf16
+// dot-product decode converts them (byte tables, AVX-512 targets on CPUs with
+// AVX512-VBMI) in `order`, put back in element order: dst[i] = bf16(a[i]) |
+// bf16(b[i]) << 16. e4m3 as value x 2^-8 (as above), e5m2 as its value; NaN
+// to a bf16 NaN of the same sign, e5m2 infinities to bf16 infinities. n a
+// non-negative multiple of 8 (else InvalidArgument, dst untouched); returns
+// false (dst untouched) where the dispatched target or the CPU has none.
+bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, Fp8PairOrder order, std::uint32_t* dst,
+                            std::int64_t n);
 
 // max |src[i]| over i < n (src in an activation dtype).
 float abs_max_row(const void* src, DType src_dtype, std::int64_t n);
