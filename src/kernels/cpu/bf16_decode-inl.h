@@ -265,6 +265,11 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadQueryHalves(const std::uint16_t* q, s
   }
 }
 
+// acc + a row's query halves . a key pair's halves (one chunk).
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 DotPair(__m512 acc, __m512bh q_lo, __m512bh q_hi, __m512i k_lo, __m512i k_hi) {
+  return _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, q_lo, (__m512bh)k_lo), q_hi, (__m512bh)k_hi);
+}
+
 // The 32 scores of 16 paired accumulators (acc[i]: keys A, B in its low and
 // high 8 lanes), out[h] lane m = accumulator 8h + m / 2, key m % 2. The
 // tree's first two levels as ReduceN's (every key's sum takes the same
@@ -304,17 +309,13 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
     const std::size_t left = dim - d;
     if (prefetch != nullptr)
       for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
-    auto dot = [&](int r, int p, __m512bh q_lo, __m512bh q_hi, __m512i k_lo, __m512i k_hi) {
-      __m512& x = acc[r * kPairs + p];
-      x = _mm512_dpbf16_ps(_mm512_dpbf16_ps(x, q_lo, (__m512bh)k_lo), q_hi, (__m512bh)k_hi);
-    };
     if constexpr (kRows <= 2) {
       __m512bh q_lo[kRows], q_hi[kRows];
       for (int r = 0; r < kRows; ++r) LoadQueryHalves(q + std::size_t(r) * dq + d, left, q_lo[r], q_hi[r]);
       for (int p = 0; p < kPairs; ++p) {
         __m512i k_lo, k_hi;
         LoadKeyPair<kT>(k[jj + 2 * p], k[jj + 2 * p + 1], d, left, lut, k_lo, k_hi);
-        for (int r = 0; r < kRows; ++r) dot(r, p, q_lo[r], q_hi[r], k_lo, k_hi);
+        for (int r = 0; r < kRows; ++r) acc[r * kPairs + p] = DotPair(acc[r * kPairs + p], q_lo[r], q_hi[r], k_lo, k_hi);
       }
     } else {
       __m512i k_lo[kPairs], k_hi[kPairs];
@@ -326,7 +327,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
       for (int r = 0; r < kRows; ++r) {
         __m512bh q_lo, q_hi;
         LoadQueryHalves(q + std::size_t(r) * dq + d, left, q_lo, q_hi);
-        for (int p = 0; p < kPairs; ++p) dot(r, p, q_lo, q_hi, k_lo[p], k_hi[p]);
+        for (int p = 0; p < kPairs; ++p) acc[r * kPairs + p] = DotPair(acc[r * kPairs + p], q_lo, q_hi, k_lo[p], k_hi[p]);
       }
     }
   }
@@ -496,17 +497,29 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
     for (int c = 0; c < kChunks; ++c) StoreOut(acc[r][c], o + std::size_t(r) * o_stride + d + kChunk * c, left - kChunk * c);
 }
 
-// Whole tiles of kChunks chunks, then chunk by chunk (the last one masked).
+// Dims [d, dim) in tiles of kChunks chunks while whole ones fit, then of
+// half as many, down to one chunk (the last one masked): a row alone over
+// 128 dims takes one tile of 4 chunks (8 accumulators), not 4 tiles of 2
+// accumulators whose dot products would wait on each other.
+template <DType kT, int kRows, int kChunks>
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateChunks(const float* s, const void* const* v,
+                                                     const void* const* prefetch, std::int32_t pairs, std::size_t d,
+                                                     std::size_t dim, float* o, std::size_t o_stride,
+                                                     const LutOf<kT>& lut) {
+  for (; d + kChunks * kChunk <= dim; d += kChunks * kChunk)
+    AccumulateTile<kT, kRows, kChunks>(s, v, prefetch, pairs, d, dim - d, o, o_stride, lut);
+  if constexpr (kChunks > 1) {
+    AccumulateChunks<kT, kRows, kChunks / 2>(s, v, prefetch, pairs, d, dim, o, o_stride, lut);
+  } else if (d < dim) {
+    AccumulateTile<kT, kRows, 1>(s, v, prefetch, pairs, d, dim - d, o, o_stride, lut);
+  }
+}
+
 template <DType kT, int kRows>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateRows(const float* s, const void* const* v, const void* const* prefetch,
                                                    std::int32_t pairs, std::size_t dim, float* o, std::size_t o_stride,
                                                    const LutOf<kT>& lut) {
-  constexpr int kChunks = 8 / kRows;
-  std::size_t d = 0;
-  for (; d + kChunks * kChunk <= dim; d += kChunks * kChunk)
-    AccumulateTile<kT, kRows, kChunks>(s, v, prefetch, pairs, d, dim - d, o, o_stride, lut);
-  for (; d < dim; d += kChunk)
-    AccumulateTile<kT, kRows, 1>(s, v, prefetch, pairs, d, dim - d, o, o_stride, lut);
+  AccumulateChunks<kT, kRows, 8 / kRows>(s, v, prefetch, pairs, 0, dim, o, o_stride, lut);
 }
 
 // o ([rows][o_stride] f32) += weights x V for `rows` (at most 8) rows: the
