@@ -259,19 +259,20 @@ CaseSpec DecodeGroupCase(DType kv, std::int32_t group, std::uint32_t seed, std::
 // CPU with AMX the test switches AMX off to reach the path): within the dot-product
 // tolerance of the reference, and not the f32 path's bits. GQA 1 to 8
 // (every row grouping of the micro-kernels), head dims with masked tails
-// (40, 80, 136), pages of 1 to 32, odd key counts, per-head fp8 scales.
+// of 8, 16 and 24 (40, 136; 80; 120), pages of 1 to 32, odd key counts,
+// per-head fp8 scales.
 TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
   const DisabledFeatures no_amx("amx_bf16");
   const CpuFeatures used = dispatched_features();
   if (!(used.avx512f && used.avx512_bf16 && used.avx512_vbmi))
     GTEST_SKIP() << "no AVX512-BF16 and AVX512-VBMI at the dispatched target";
-  const std::int32_t dims[] = {128, 40, 80, 136, 64, 256};
+  const std::int32_t dims[] = {128, 40, 80, 136, 64, 256, 120};
   const std::int32_t pages[] = {1, 5, 16, 32};
   std::uint32_t seed = 7000;
   for (DType kv : {DType::kBF16, DType::kF16, DType::kFP8E4M3, DType::kFP8E5M2})
     for (std::int32_t group = 1; group <= 8; ++group) {
       ++seed;
-      const CaseSpec spec = DecodeGroupCase(kv, group, seed, dims[seed % 6], pages[seed % 4], 130, DType::kBF16);
+      const CaseSpec spec = DecodeGroupCase(kv, group, seed, dims[seed % 7], pages[seed % 4], 130, DType::kBF16);
       const std::string what = describe(spec);
       SCOPED_TRACE(what);
       AttentionCase c(spec);

@@ -1161,6 +1161,9 @@ void ProcessItem(const Item& it) {
   const bool outer_bf16 = OuterProducts(it, map.per_head) && Bf16Dot<kT>(it);
   if (outer_bf16 || Bf16Decode<kT>(it, map.per_head))
     bf16dot::RoundRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh);
+  if constexpr (kBf16DecodeType<kT>)
+    if (Bf16Decode<kT>(it, map.per_head))
+      bf16dec::PrepareQueries<kT>(it.sc.qh, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq));
   if (outer_bf16 && it.c->amx_bf16) {
     amx::ConfigureTiles();
     ProcessTileSteps<kT>(it, map, rows, first_pos);

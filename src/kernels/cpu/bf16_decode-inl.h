@@ -101,31 +101,28 @@ HWY_INLINE __m256i LoadFp8Bytes(const void* row, std::size_t d, std::size_t left
 
 // fp8 -> bf16 two rows at a time, through byte tables (AVX512-VBMI:
 // vpermi2b looks up 128 entries, the 7 magnitude bits): the low and the high
-// byte of each code's bf16 bits, and a byte order (Fp8PairOrder) that places
+// byte of each code's bf16 bits, and for V the byte order that interleaves
 // the two rows' 64 codes for the byte unpacks. 6 instructions per 2 x 32
-// codes, where converting each row through a word table (sign-extend, two
-// vpermi2w, test, blend, sign) took 12, and PV's interleave 2 more.
+// codes for V and 5 for K (in load order), where converting each row through
+// a word table (sign-extend, two vpermi2w, test, blend, sign) took 12, and
+// PV's interleave 2 more.
 template <DType kT>
 struct Fp8ByteTables {
   alignas(64) std::uint8_t lo[128];
   alignas(64) std::uint8_t hi[128];
   alignas(64) std::uint8_t value_order[64];  // Fp8PairOrder::kValues
-  alignas(64) std::uint8_t key_order[64];    // Fp8PairOrder::kKeys
-  constexpr Fp8ByteTables() : lo(), hi(), value_order(), key_order() {
+  constexpr Fp8ByteTables() : lo(), hi(), value_order() {
     for (int c = 0; c < 128; ++c) {
       const std::uint16_t b = Fp8MagnitudeToBf16(kT == DType::kFP8E4M3, c);
       lo[c] = static_cast<std::uint8_t>(b & 0xFF);
       hi[c] = static_cast<std::uint8_t>(b >> 8);
     }
-    // Source bytes: row a's 32 codes, then row b's. The unpacks make words of
+    // Source bytes: row a's 32 codes, then row b's; the unpacks make words of
     // bytes 0-7 (lo) and 8-15 (hi) of each 128-bit block.
     for (int i = 0; i < 32; ++i) {
       value_order[2 * i] = static_cast<std::uint8_t>(i);
       value_order[2 * i + 1] = static_cast<std::uint8_t>(32 + i);
     }
-    for (int j = 0; j < 4; ++j)  // block j: row j / 2's codes 8 (j % 2) + 0..7, then + 16
-      for (int i = 0; i < 16; ++i)
-        key_order[16 * j + i] = static_cast<std::uint8_t>(32 * (j / 2) + 8 * (j % 2) + (i < 8 ? i : 8 + i));
   }
 };
 template <DType kT>
@@ -138,19 +135,21 @@ struct Fp8PairLut {
 template <DType kT, Fp8PairOrder kOrder>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR Fp8PairLut LoadFp8PairLut() {
   const auto& t = kFp8ByteTables<kT>;
-  const std::uint8_t* order = kOrder == Fp8PairOrder::kKeys ? t.key_order : t.value_order;
+  const __m512i order = kOrder == Fp8PairOrder::kValues ? _mm512_load_si512(t.value_order) : _mm512_setzero_si512();
   return {_mm512_load_si512(t.lo), _mm512_load_si512(t.lo + 64), _mm512_load_si512(t.hi),
-          _mm512_load_si512(t.hi + 64), _mm512_load_si512(order), _mm512_set1_epi8(static_cast<char>(0x80))};
+          _mm512_load_si512(t.hi + 64), order, _mm512_set1_epi8(static_cast<char>(0x80))};
 }
 
 // Rows a, b at [d, d + 32) (left: the real elements, zero from there) as
-// bf16 words in the lut's order. kValues: pairs (a[i], b[i]) in 32-bit
-// lanes, in the order of OutChunk (lo = dims {0-3, 8-11, 16-19, 24-27}, hi =
-// {4-7, 12-15, ...}); kKeys: lo = [a 0-15 | b 0-15], hi = [a 16-31 | b 16-31].
+// bf16 words in kOrder (in 8-element blocks A0..A3 of a, B0..B3 of b).
+// kValues: pairs (a[i], b[i]) in 32-bit lanes, in the order of OutChunk (lo =
+// dims {0-3, 8-11, 16-19, 24-27}, hi = {4-7, 12-15, ...}); kKeys: lo = [A0 A2
+// | B0 B2], hi = [A1 A3 | B1 B3] (the loaded order, no byte permute).
+template <Fp8PairOrder kOrder>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void Fp8PairToBf16(const void* a, const void* b, std::size_t d, std::size_t left,
                                                    const Fp8PairLut& l, __m512i& out_lo, __m512i& out_hi) {
   const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(LoadFp8Bytes(a, d, left)), LoadFp8Bytes(b, d, left), 1);
-  const __m512i x = _mm512_permutexvar_epi8(l.order, ab);
+  const __m512i x = kOrder == Fp8PairOrder::kValues ? _mm512_permutexvar_epi8(l.order, ab) : ab;
   const __m512i lo = _mm512_permutex2var_epi8(l.lo0, x, l.lo1);
   const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(l.hi0, x, l.hi1), x, l.sign, 0xF8);
   out_lo = _mm512_unpacklo_epi8(lo, hi);
@@ -191,7 +190,7 @@ PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, con
   const Fp8PairLut lut = LoadFp8PairLut<kT, kOrder>();
   for (std::size_t d = 0; d < n; d += kChunk) {
     __m512i lo, hi;
-    Fp8PairToBf16(a, b, d, n - d, lut, lo, hi);
+    Fp8PairToBf16<kOrder>(a, b, d, n - d, lut, lo, hi);
     alignas(64) std::uint16_t words[2][32];
     _mm512_store_si512(words[0], lo);
     _mm512_store_si512(words[1], hi);
@@ -201,9 +200,10 @@ PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, con
         const std::size_t lane = (i / 8) * 4 + i % 4;  // OutChunk's order
         wa = words[(i / 4) % 2][2 * lane];
         wb = words[(i / 4) % 2][2 * lane + 1];
-      } else {
-        wa = words[i / 16][i % 16];
-        wb = words[i / 16][16 + i % 16];
+      } else {  // block A(i / 8) of a at word 8 (i / 16) of half (i / 8) % 2
+        const std::size_t word = 8 * (i / 16) + i % 8;
+        wa = words[(i / 8) % 2][word];
+        wb = words[(i / 8) % 2][16 + word];
       }
       out[d + i] = wa | wb << 16;
     }
@@ -225,13 +225,21 @@ PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, con
 template <DType kT, int kRows>
 constexpr bool kPairedTiles = kT != DType::kBF16 || kRows >= 4;
 
-// Keys a, b at [d, d + 32) (`left`: the real dims from d, zero from there):
-// lo = [a d..d+15 | b d..d+15], hi = [a d+16..d+31 | b d+16..d+31] as bf16.
+// fp8 keys come out of the byte tables in load order: in 8-dim blocks of a
+// chunk, lo = [A0 A2 | B0 B2], hi = [A1 A3 | B1 B3]. Their queries are stored
+// to match once per item (PrepareQueries: each whole chunk's blocks as Q0 Q2
+// Q1 Q3), which saves the byte permute of every key pair.
+template <DType kT>
+constexpr bool kQueriesInBlockOrder = is_fp8(kT);
+
+// Keys a, b at [d, d + 32) (`left`: the real dims from d, zero from there)
+// as bf16: lo = [a d..d+15 | b d..d+15], hi = [a d+16..d+31 | b d+16..d+31]
+// (fp8: in block order, above).
 template <DType kT>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyPair(const void* a, const void* b, std::size_t d, std::size_t left,
                                                  const LutOf<kT>& lut, __m512i& lo, __m512i& hi) {
   if constexpr (is_fp8(kT)) {
-    Fp8PairToBf16(a, b, d, left, lut, lo, hi);
+    Fp8PairToBf16<Fp8PairOrder::kKeys>(a, b, d, left, lut, lo, hi);
   } else if constexpr (kT == DType::kBF16) {
     const __m512i x = LoadChunk<kT>(a, d, left), y = LoadChunk<kT>(b, d, left);
     lo = _mm512_shuffle_i64x2(x, y, 0x44);
@@ -251,17 +259,38 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyPair(const void* a, const void* b,
   }
 }
 
-// A query row's dims [d, d + 16) and [d + 16, d + 32), each in both 256-bit
-// halves (zero from `left`).
+// The item's bf16 query rows ([rows][dq], `dim` dims) as the path reads them:
+// for kQueriesInBlockOrder, each whole 32-dim chunk's 8-dim blocks reordered
+// Q0 Q2 Q1 Q3 (a masked last chunk stays in order: LoadQueryHalves reorders
+// it in registers); unchanged for the other types.
+template <DType kT>
+PAGEDATTN_BF16DEC_ATTR void PrepareQueries(std::uint16_t* q, std::int32_t rows, std::size_t dim, std::size_t dq) {
+  if constexpr (kQueriesInBlockOrder<kT>) {
+    for (std::int32_t r = 0; r < rows; ++r)
+      for (std::size_t d = 0; d + kChunk <= dim; d += kChunk) {
+        std::uint16_t* p = q + std::size_t(r) * dq + d;
+        const __m512i x = _mm512_loadu_si512(p);
+        _mm512_storeu_si512(p, _mm512_shuffle_i64x2(x, x, 0xD8));
+      }
+  } else {
+    (void)q, (void)rows, (void)dim, (void)dq;
+  }
+}
+
+// A query row's chunk at q (`left`: the real dims from there, zero past
+// them) as the key pairs' halves want it, each half in both 256-bit halves:
+// lo = dims [0, 16), hi = [16, 32) (block order: lo = Q0 Q2, hi = Q1 Q3).
+template <DType kT>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadQueryHalves(const std::uint16_t* q, std::size_t left, __m512bh& lo,
                                                      __m512bh& hi) {
-  if (left >= kChunk) {
+  if (left >= kChunk) {  // in the order PrepareQueries left
     lo = (__m512bh)_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
     hi = (__m512bh)_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
   } else {
     const __m512i x = _mm512_maskz_loadu_epi16(ChunkMask(left), q);
-    lo = (__m512bh)_mm512_shuffle_i64x2(x, x, 0x44);
-    hi = (__m512bh)_mm512_shuffle_i64x2(x, x, 0xEE);
+    constexpr int kLo = kQueriesInBlockOrder<kT> ? 0x88 : 0x44, kHi = kQueriesInBlockOrder<kT> ? 0xDD : 0xEE;
+    lo = (__m512bh)_mm512_shuffle_i64x2(x, x, kLo);
+    hi = (__m512bh)_mm512_shuffle_i64x2(x, x, kHi);
   }
 }
 
@@ -311,7 +340,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
       for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
     if constexpr (kRows <= 2) {
       __m512bh q_lo[kRows], q_hi[kRows];
-      for (int r = 0; r < kRows; ++r) LoadQueryHalves(q + std::size_t(r) * dq + d, left, q_lo[r], q_hi[r]);
+      for (int r = 0; r < kRows; ++r) LoadQueryHalves<kT>(q + std::size_t(r) * dq + d, left, q_lo[r], q_hi[r]);
       for (int p = 0; p < kPairs; ++p) {
         __m512i k_lo, k_hi;
         LoadKeyPair<kT>(k[jj + 2 * p], k[jj + 2 * p + 1], d, left, lut, k_lo, k_hi);
@@ -326,7 +355,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
       }
       for (int r = 0; r < kRows; ++r) {
         __m512bh q_lo, q_hi;
-        LoadQueryHalves(q + std::size_t(r) * dq + d, left, q_lo, q_hi);
+        LoadQueryHalves<kT>(q + std::size_t(r) * dq + d, left, q_lo, q_hi);
         for (int p = 0; p < kPairs; ++p) acc[r * kPairs + p] = DotPair(acc[r * kPairs + p], q_lo, q_hi, k_lo[p], k_hi[p]);
       }
     }
@@ -478,7 +507,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
       }
       if constexpr (is_fp8(kT)) {
         __m512i xl, xh;
-        Fp8PairToBf16(v[2 * p], v[2 * p + 1], dc, lc, lut, xl, xh);
+        Fp8PairToBf16<Fp8PairOrder::kValues>(v[2 * p], v[2 * p + 1], dc, lc, lut, xl, xh);
         x[c] = {_mm512_castsi512_ps(xl), _mm512_castsi512_ps(xh)};
       } else {
         const __m512i a = LoadChunk<kT>(v[2 * p], dc, lc), b = LoadChunk<kT>(v[2 * p + 1], dc, lc);
