@@ -129,7 +129,9 @@ template <DType kT>
 inline constexpr Fp8ByteTables<kT> kFp8ByteTables{};
 
 struct Fp8PairLut {
-  __m512i lo0, lo1, hi0, hi1, order, sign;
+  __m512i lo0, lo1, hi0, hi1;  // the low and high bytes' tables, 64 entries each
+  __m512i order;               // kValues' byte order (zero for kKeys, which keeps the loaded order)
+  __m512i sign;
 };
 
 template <DType kT, Fp8PairOrder kOrder>
