@@ -1159,11 +1159,11 @@ void ProcessItem(const Item& it) {
   InitRows(it, map, rows);
 #if PAGEDATTN_BF16_DOT_TARGET
   const bool outer_bf16 = OuterProducts(it, map.per_head) && Bf16Dot<kT>(it);
-  if (outer_bf16 || Bf16Decode<kT>(it, map.per_head))
+  const bool bf16_decode = Bf16Decode<kT>(it, map.per_head);
+  if (outer_bf16 || bf16_decode)
     bf16dot::RoundRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh);
-  if constexpr (kBf16DecodeType<kT>)
-    if (Bf16Decode<kT>(it, map.per_head))
-      bf16dec::PrepareQueries<kT>(it.sc.qh, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq));
+  if constexpr (bf16dec::kQueriesInBlockOrder<kT>)
+    if (bf16_decode) bf16dec::PrepareQueries(it.sc.qh, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq));
   if (outer_bf16 && it.c->amx_bf16) {
     amx::ConfigureTiles();
     ProcessTileSteps<kT>(it, map, rows, first_pos);

@@ -47,7 +47,7 @@ namespace pagedattn::kernels::HWY_NAMESPACE {
 
 namespace bf16dec {
 
-// The path's functions may use AVX512-BF16 and AVX512-VBMI (PV's byte
+// The path's functions may use AVX512-BF16 and AVX512-VBMI (the fp8 byte
 // tables): they run only where both are present (bf16_decode_pays, and
 // fp8_pairs_to_bf16_bits's check), so the compiler may use either anywhere.
 #define PAGEDATTN_BF16DEC_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,avx512vbmi")))
@@ -261,22 +261,18 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyPair(const void* a, const void* b,
   }
 }
 
-// The item's bf16 query rows ([rows][dq], `dim` dims) as the path reads them:
-// for kQueriesInBlockOrder, each whole 32-dim chunk's 8-dim blocks reordered
-// Q0 Q2 Q1 Q3 (a masked last chunk stays in order: LoadQueryHalves reorders
-// it in registers); unchanged for the other types.
-template <DType kT>
-PAGEDATTN_BF16DEC_ATTR void PrepareQueries(std::uint16_t* q, std::int32_t rows, std::size_t dim, std::size_t dq) {
-  if constexpr (kQueriesInBlockOrder<kT>) {
-    for (std::int32_t r = 0; r < rows; ++r)
-      for (std::size_t d = 0; d + kChunk <= dim; d += kChunk) {
-        std::uint16_t* p = q + std::size_t(r) * dq + d;
-        const __m512i x = _mm512_loadu_si512(p);
-        _mm512_storeu_si512(p, _mm512_shuffle_i64x2(x, x, 0xD8));
-      }
-  } else {
-    (void)q, (void)rows, (void)dim, (void)dq;
-  }
+// The item's bf16 query rows ([rows][dq], `dim` dims) as the path reads them
+// where kQueriesInBlockOrder: each whole 32-dim chunk's 8-dim blocks
+// reordered Q0 Q2 Q1 Q3 (a masked last chunk stays in order: LoadQueryHalves
+// reorders it in registers).
+PAGEDATTN_BF16DEC_ATTR inline void PrepareQueries(std::uint16_t* q, std::int32_t rows, std::size_t dim,
+                                                  std::size_t dq) {
+  for (std::int32_t r = 0; r < rows; ++r)
+    for (std::size_t d = 0; d + kChunk <= dim; d += kChunk) {
+      std::uint16_t* p = q + std::size_t(r) * dq + d;
+      const __m512i x = _mm512_loadu_si512(p);
+      _mm512_storeu_si512(p, _mm512_shuffle_i64x2(x, x, 0xD8));
+    }
 }
 
 // A query row's chunk at q (`left`: the real dims from there, zero past
