@@ -171,17 +171,24 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR LutOf<kT> LoadLut() {
     return {};
 }
 
+// Half h of an f16 chunk at p (`left`: its real elements from p on) widened
+// exactly to f32 (F16C). Each half is loaded on its own, so the widening reads
+// it from memory: one load of the chunk would cost an extract per chunk (f16
+// decode from L3 on Zen 4: 1.05x at GQA 4 and 8, 1.08x at GQA 1).
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 WidenF16Half(const std::uint16_t* p, std::size_t left, std::size_t h) {
+  const auto* ph = reinterpret_cast<const __m256i*>(p + 16 * h);
+  return _mm512_cvtph_ps(left >= kChunk ? _mm256_loadu_si256(ph) : _mm256_maskz_loadu_epi16(HalfMask(left, h), ph));
+}
+
 // Elements [d, d + 32) of a 16-bit row as bf16, zero from `left` on.
 template <DType kT>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512i LoadChunk(const void* row, std::size_t d, std::size_t left) {
   static_assert(kT == DType::kBF16 || kT == DType::kF16, "16-bit rows");
   const auto* p = static_cast<const std::uint16_t*>(row) + d;
-  const __m512i x = left >= kChunk ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(ChunkMask(left), p);
-  if constexpr (kT == DType::kBF16) return x;
-  // f16: widened exactly (F16C), rounded to bf16 (11 -> 8 significant bits).
-  const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(x));
-  const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(x, 1));
-  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+  if constexpr (kT == DType::kBF16)
+    return left >= kChunk ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(ChunkMask(left), p);
+  else  // f16: rounded to bf16 (11 -> 8 significant bits)
+    return (__m512i)_mm512_cvtne2ps_pbh(WidenF16Half(p, left, 1), WidenF16Half(p, left, 0));
 }
 
 // The pair conversion, for the exhaustive test: rows a, b of n codes (a
@@ -248,16 +255,11 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyPair(const void* a, const void* b,
     hi = _mm512_shuffle_i64x2(x, y, 0xEE);
   } else {
     static_assert(kT == DType::kF16, "16-bit rows");
-    // f16: widened exactly (F16C), rounded to bf16 (11 -> 8 significant bits).
+    // f16: rounded to bf16 (11 -> 8 significant bits), a's half and b's in one vector.
     const auto* pa = static_cast<const std::uint16_t*>(a) + d;
     const auto* pb = static_cast<const std::uint16_t*>(b) + d;
-    auto half = [&](const std::uint16_t* p, std::size_t h) {
-      const __m256i x = left >= kChunk ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 * h))
-                                       : _mm256_maskz_loadu_epi16(HalfMask(left, h), p + 16 * h);
-      return _mm512_cvtph_ps(x);
-    };
-    lo = (__m512i)_mm512_cvtne2ps_pbh(half(pb, 0), half(pa, 0));
-    hi = (__m512i)_mm512_cvtne2ps_pbh(half(pb, 1), half(pa, 1));
+    lo = (__m512i)_mm512_cvtne2ps_pbh(WidenF16Half(pb, left, 0), WidenF16Half(pa, left, 0));
+    hi = (__m512i)_mm512_cvtne2ps_pbh(WidenF16Half(pb, left, 1), WidenF16Half(pa, left, 1));
   }
 }
 
