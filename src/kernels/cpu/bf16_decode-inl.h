@@ -13,11 +13,9 @@
 //       16 scores a reduction).
 //   PV: the softmax weights rounded to bf16 (RoundWeights: word p of a row
 //       holds keys 2p, 2p + 1); the V rows of keys 2p, 2p + 1 interleaved
-//       into words (unpacklo / unpackhi of 16-bit lanes), each row's weight
-//       word broadcast against them. The interleave leaves the output dims of
-//       a 32-dim chunk in two vectors of 4-dim groups {0-3, 8-11, 16-19,
-//       24-27} and {4-7, ...}: the f32 outputs are regrouped so on load and
-//       back on store, once per block.
+//       into words in dim order (a two-source word permute; fp8: the byte
+//       tables' order), each row's weight word broadcast against them, so a
+//       32-dim chunk's f32 outputs are two plain vectors, dims 0-15 and 16-31.
 // Head dims that are not multiples of 32 end in a masked chunk (AVX-512 masked
 // loads and stores touch no memory outside the mask).
 #if defined(PAGEDATTN_KERNELS_CPU_BF16_DECODE_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -102,7 +100,7 @@ HWY_INLINE __m256i LoadFp8Bytes(const void* row, std::size_t d, std::size_t left
 // fp8 -> bf16 two rows at a time, through byte tables (AVX512-VBMI:
 // vpermi2b looks up 128 entries, the 7 magnitude bits): the low and the high
 // byte of each code's bf16 bits, and for V the byte order that interleaves
-// the two rows' 64 codes for the byte unpacks. 6 instructions per 2 x 32
+// the two rows' 64 codes for the byte unpacks, in dim order. 6 instructions per 2 x 32
 // codes for V and 5 for K (in load order), where converting each row through
 // a word table (sign-extend, two vpermi2w, test, blend, sign) took 12, and
 // PV's interleave 2 more.
@@ -118,11 +116,15 @@ struct Fp8ByteTables {
       hi[c] = static_cast<std::uint8_t>(b >> 8);
     }
     // Source bytes: row a's 32 codes, then row b's; the unpacks make words of
-    // bytes 0-7 (lo) and 8-15 (hi) of each 128-bit block.
-    for (int i = 0; i < 32; ++i) {
-      value_order[2 * i] = static_cast<std::uint8_t>(i);
-      value_order[2 * i + 1] = static_cast<std::uint8_t>(32 + i);
-    }
+    // bytes 0-7 (lo) and 8-15 (hi) of each 128-bit block k, which hold dims
+    // 4k..4k + 3 (lo) and 16 + 4k.. (hi) of a and b in turn.
+    for (int k = 0; k < 4; ++k)
+      for (int j = 0; j < 4; ++j)
+        for (int h = 0; h < 2; ++h) {
+          const int dim = 16 * h + 4 * k + j;
+          value_order[16 * k + 8 * h + 2 * j] = static_cast<std::uint8_t>(dim);
+          value_order[16 * k + 8 * h + 2 * j + 1] = static_cast<std::uint8_t>(32 + dim);
+        }
   }
 };
 template <DType kT>
@@ -144,9 +146,9 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR Fp8PairLut LoadFp8PairLut() {
 
 // Rows a, b at [d, d + 32) (left: the real elements, zero from there) as
 // bf16 words in kOrder (in 8-element blocks A0..A3 of a, B0..B3 of b).
-// kValues: pairs (a[i], b[i]) in 32-bit lanes, in the order of OutChunk (lo =
-// dims {0-3, 8-11, 16-19, 24-27}, hi = {4-7, 12-15, ...}); kKeys: lo = [A0 A2
-// | B0 B2], hi = [A1 A3 | B1 B3] (the loaded order, no byte permute).
+// kValues: pairs (a[i], b[i]) in 32-bit lanes, lo = dims 0-15, hi = 16-31;
+// kKeys: lo = [A0 A2 | B0 B2], hi = [A1 A3 | B1 B3] (the loaded order, no
+// byte permute).
 template <Fp8PairOrder kOrder>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void Fp8PairToBf16(const void* a, const void* b, std::size_t d, std::size_t left,
                                                    const Fp8PairLut& l, __m512i& out_lo, __m512i& out_hi) {
@@ -206,9 +208,8 @@ PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, con
     for (std::size_t i = 0; i < kChunk && d + i < n; ++i) {
       std::uint32_t wa, wb;  // the words of a[d + i] and b[d + i]
       if constexpr (kOrder == Fp8PairOrder::kValues) {
-        const std::size_t lane = (i / 8) * 4 + i % 4;  // OutChunk's order
-        wa = words[(i / 4) % 2][2 * lane];
-        wb = words[(i / 4) % 2][2 * lane + 1];
+        wa = words[i / 16][2 * (i % 16)];
+        wb = words[i / 16][2 * (i % 16) + 1];
       } else {  // block A(i / 8) of a at word 8 (i / 16) of half (i / 8) % 2
         const std::size_t word = 8 * (i / 16) + i % 8;
         wa = words[(i / 8) % 2][word];
@@ -454,32 +455,38 @@ PAGEDATTN_BF16DEC_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, c
 
 // --- PV ---------------------------------------------------------------------------------
 
-// f32 output dims [d, d + 32) of a row (`left` of them real) regrouped as
-// the interleaved V words leave them: lo = dims {0-3, 8-11, 16-19, 24-27},
-// hi = {4-7, 12-15, 20-23, 28-31}.
+// f32 output dims [d, d + 32) of a row (`left` of them real): lo = dims
+// 0-15, hi = 16-31, as the V pairs leave them.
 struct OutChunk {
   __m512 lo, hi;
 };
 
 HWY_INLINE OutChunk LoadOut(const float* o, std::size_t left) {
-  const __m512 x0 = left >= kChunk ? _mm512_load_ps(o) : _mm512_maskz_loadu_ps(HalfMask(left, 0), o);
-  const __m512 x1 = left >= kChunk ? _mm512_load_ps(o + 16) : _mm512_maskz_loadu_ps(HalfMask(left, 1), o + 16);
-  return {_mm512_shuffle_f32x4(x0, x1, 0x88), _mm512_shuffle_f32x4(x0, x1, 0xDD)};
+  if (left >= kChunk) return {_mm512_load_ps(o), _mm512_load_ps(o + 16)};
+  return {_mm512_maskz_loadu_ps(HalfMask(left, 0), o), _mm512_maskz_loadu_ps(HalfMask(left, 1), o + 16)};
 }
 
 HWY_INLINE void StoreOut(const OutChunk& c, float* o, std::size_t left) {
-  alignas(64) static constexpr std::int32_t kFirst[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
-  alignas(64) static constexpr std::int32_t kSecond[16] = {8,  9,  10, 11, 24, 25, 26, 27,
-                                                           12, 13, 14, 15, 28, 29, 30, 31};
-  const __m512 x0 = _mm512_permutex2var_ps(c.lo, _mm512_load_si512(kFirst), c.hi);
-  const __m512 x1 = _mm512_permutex2var_ps(c.lo, _mm512_load_si512(kSecond), c.hi);
   if (left >= kChunk) {
-    _mm512_store_ps(o, x0);
-    _mm512_store_ps(o + 16, x1);
+    _mm512_store_ps(o, c.lo);
+    _mm512_store_ps(o + 16, c.hi);
   } else {
-    _mm512_mask_storeu_ps(o, HalfMask(left, 0), x0);
-    _mm512_mask_storeu_ps(o + 16, HalfMask(left, 1), x1);
+    _mm512_mask_storeu_ps(o, HalfMask(left, 0), c.lo);
+    _mm512_mask_storeu_ps(o + 16, HalfMask(left, 1), c.hi);
   }
+}
+
+// 16-bit V rows a, b (32 words each) as pairs (a[i], b[i]) in 32-bit lanes:
+// lo = dims 0-15, hi = 16-31.
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR OutChunk InterleaveValues(__m512i a, __m512i b) {
+  alignas(64) static constexpr std::uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                        37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                        11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr std::uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
+                                                        53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58,
+                                                        27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  return {_mm512_castsi512_ps(_mm512_permutex2var_epi16(a, _mm512_load_si512(kLo), b)),
+          _mm512_castsi512_ps(_mm512_permutex2var_epi16(a, _mm512_load_si512(kHi), b))};
 }
 
 // o[kRows rows] += weights x V over `pairs` key pairs for the kChunks x 32
@@ -510,8 +517,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
         Fp8PairToBf16<Fp8PairOrder::kValues>(v[2 * p], v[2 * p + 1], dc, lc, lut, xl, xh);
         x[c] = {_mm512_castsi512_ps(xl), _mm512_castsi512_ps(xh)};
       } else {
-        const __m512i a = LoadChunk<kT>(v[2 * p], dc, lc), b = LoadChunk<kT>(v[2 * p + 1], dc, lc);
-        x[c] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(a, b)), _mm512_castsi512_ps(_mm512_unpackhi_epi16(a, b))};
+        x[c] = InterleaveValues(LoadChunk<kT>(v[2 * p], dc, lc), LoadChunk<kT>(v[2 * p + 1], dc, lc));
       }
     }
     for (int r = 0; r < kRows; ++r) {

@@ -24,7 +24,8 @@ void e4m3_to_f32_nan_free(const void* src, float* dst, std::int64_t n);
 
 // Where the bf16 dot-product decode puts two fp8 rows a, b converted to bf16
 // (two vectors of 32 words per 32 elements): V as interleaved pairs (a[i],
-// b[i]) for PV, K in 8-element blocks [A0 A2 | B0 B2], [A1 A3 | B1 B3] for QK.
+// b[i]) in element order for PV, K in 8-element blocks [A0 A2 | B0 B2], [A1 A3
+// | B1 B3] for QK.
 enum class Fp8PairOrder { kValues, kKeys };
 
 // fp8 bytes (e4m3 or e5m2) of two rows to bf16 bits, exactly, as the bf16
