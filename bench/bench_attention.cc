@@ -15,7 +15,8 @@
 //                        with bf16 products on both sides (/bf16_products)
 //   BM_Gqa8VsGqa4        64x8 against 32x8 heads, f16 b1 x 16k, interleaved;
 //                        also with f16 or bf16 products allowed
-//                        (/f16_products, /bf16_products)
+//                        (/f16_products, /bf16_products), and bf16 KV with
+//                        bf16 products
 //   BM_PagedVsContiguous page 16 (shuffled) against one page per sequence,
 //                        the same bytes, interleaved; /pages:in_order with
 //                        the pages side by side (the indirection alone)
@@ -60,6 +61,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -686,11 +688,14 @@ void register_all() {
       add(name, [=](benchmark::State& s) { run_planning_cost(s, c); })->MinTime(kLongMinSeconds);
   }
 
-  // GQA 8 (64x8 heads) against GQA 4 (32x8), f16 b1 x 16k: the same K/V
-  // bytes for twice the query rows; with f32 products, with f16 products
-  // (AVX512-FP16 where the CPU has it) and with bf16 products (AVX512-BF16).
-  for (const std::string products : {"", "f16_products", "bf16_products"}) {
-    const Config gqa4 = decode(DType::kF16, 32, 1, 16384), gqa8 = decode(DType::kF16, 64, 1, 16384);
+  // GQA 8 (64x8 heads) against GQA 4 (32x8), b1 x 16k: the same K/V bytes
+  // for twice the query rows. f16 KV with f32 products, with f16 products
+  // (AVX512-FP16 where the CPU has it) and with bf16 products (AVX512-BF16);
+  // bf16 KV with bf16 products (no conversion in registers).
+  const std::pair<DType, std::string> gqa_variants[] = {
+      {DType::kF16, ""}, {DType::kF16, "f16_products"}, {DType::kF16, "bf16_products"}, {DType::kBF16, "bf16_products"}};
+  for (const auto& [kv, products] : gqa_variants) {
+    const Config gqa4 = decode(kv, 32, 1, 16384), gqa8 = decode(kv, 64, 1, 16384);
     const std::string name = decode_name("BM_Gqa8VsGqa4", gqa8) + (products.empty() ? "" : "/" + products);
     const pa::AttentionPlanOptions options{.bf16_products = products == "bf16_products",
                                            .f16_products = products == "f16_products"};
