@@ -222,18 +222,25 @@ PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, con
 
 // --- QK ---------------------------------------------------------------------------------
 
-// Paired tiles: each accumulator holds one row's dot products with two keys,
-// the keys' dims [d, d + 16) side by side in one vector and [d + 16, d + 32)
-// in another, against the row's query halves, each broadcast to both 256-bit
-// halves. A tile's 16 accumulators reduce to 32 scores, one level of the tree
-// fewer than 16 whole-vector sums, and fp8 converts two keys' 64 codes at
-// once on byte tables. bf16 rows pay two shuffles per pair and chunk for it:
-// with 1 or 2 rows per head they keep one key per accumulator (single tiles).
-// On Zen 4 (decode from L3, against single tiles for every type, the
-// word-table conversion for fp8): fp8 GQA 4 1.14x, f16 1.07x, bf16 GQA 8
-// 1.10x, GQA 4 1.03x, GQA 1 0.93x.
+// Paired tiles: each accumulator holds two halves of 8 lanes, dims [d, d +
+// 16) and [d + 16, d + 32) of a chunk in turn, so a tile's 16 accumulators
+// reduce to 32 scores, one level of the tree fewer than 16 whole-vector sums.
+//   Key pairs (f16, fp8): one row against two keys, the keys' halves side by
+//     side (converted two rows at a time: fp8 on the byte tables), the row's
+//     query halves broadcast to both 256-bit halves. On Zen 4 from L3, against
+//     single tiles: fp8 GQA 4 1.14x, f16 1.07x.
+//   Row pairs (bf16 K, groups of 4 or 8 rows): two rows against one key, the
+//     rows' halves side by side (PrepareRowPairs, once per item), the key's
+//     halves broadcast from its row: no shuffle per key, where key pairs of
+//     bf16 rows cost two per pair and chunk. From L3 on Zen 4, against key
+//     pairs: GQA 8 1.03x, GQA 4 1.03x.
+// Groups of 1 or 2 bf16 rows keep one key per accumulator (single tiles):
+// row pairs of 2 rows broadcast twice the loads per key and took 0.96x.
+enum class TileKind { kKeyPairs, kRowPairs, kSingle };
 template <DType kT, int kRows>
-constexpr bool kPairedTiles = kT != DType::kBF16 || kRows >= 4;
+constexpr TileKind kTileKind = kT != DType::kBF16 ? TileKind::kKeyPairs
+                               : kRows >= 4       ? TileKind::kRowPairs
+                                                  : TileKind::kSingle;
 
 // fp8 keys come out of the byte tables in load order: in 8-dim blocks of a
 // chunk, lo = [A0 A2 | B0 B2], hi = [A1 A3 | B1 B3]. Their queries are stored
@@ -241,6 +248,10 @@ constexpr bool kPairedTiles = kT != DType::kBF16 || kRows >= 4;
 // Q1 Q3), which saves the byte permute of every key pair.
 template <DType kT>
 constexpr bool kQueriesInBlockOrder = is_fp8(kT);
+
+// bf16 K: the item's queries are stored in row pairs (PrepareRowPairs).
+template <DType kT>
+constexpr bool kQueriesInRowPairs = kT == DType::kBF16;
 
 // Keys a, b at [d, d + 32) (`left`: the real dims from d, zero from there)
 // as bf16: lo = [a d..d+15 | b d..d+15], hi = [a d+16..d+31 | b d+16..d+31]
@@ -250,10 +261,6 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyPair(const void* a, const void* b,
                                                  const LutOf<kT>& lut, __m512i& lo, __m512i& hi) {
   if constexpr (is_fp8(kT)) {
     Fp8PairToBf16<Fp8PairOrder::kKeys>(a, b, d, left, lut, lo, hi);
-  } else if constexpr (kT == DType::kBF16) {
-    const __m512i x = LoadChunk<kT>(a, d, left), y = LoadChunk<kT>(b, d, left);
-    lo = _mm512_shuffle_i64x2(x, y, 0x44);
-    hi = _mm512_shuffle_i64x2(x, y, 0xEE);
   } else {
     static_assert(kT == DType::kF16, "16-bit rows");
     // f16: rounded to bf16 (11 -> 8 significant bits), a's half and b's in one vector.
@@ -278,6 +285,61 @@ PAGEDATTN_BF16DEC_ATTR inline void PrepareQueries(std::uint16_t* q, std::int32_t
     }
 }
 
+// The rows of a head that ScoreBlock takes in groups of 8 or 4 (the row-pair
+// tiles of bf16 K): the first per_head / 4 x 4.
+constexpr std::int32_t RowPairedRows(std::int32_t per_head) { return per_head / 4 * 4; }
+
+// The item's bf16 query rows ([heads x per_head][dq], `dim` dims) as the
+// row-pair tiles read them where kQueriesInRowPairs: rows 2i and 2i + 1 of
+// each head's RowPairedRows, whole 32-dim chunk at d: row 2i's chunk holds
+// both rows' dims [d, d + 16) (row 2i's in the low 256 bits), row 2i + 1's
+// chunk both rows' [d + 16, d + 32). The other rows and a masked last chunk
+// stay in order (LoadRowPairHalves pairs that chunk in registers).
+PAGEDATTN_BF16DEC_ATTR inline void PrepareRowPairs(std::uint16_t* q, std::int32_t heads, std::int32_t per_head,
+                                                   std::size_t dim, std::size_t dq) {
+  for (std::int32_t h = 0; h < heads; ++h)
+    for (std::int32_t i = 0; i < RowPairedRows(per_head); i += 2) {
+      std::uint16_t* a = q + std::size_t(h * per_head + i) * dq;
+      std::uint16_t* b = a + dq;
+      for (std::size_t d = 0; d + kChunk <= dim; d += kChunk) {
+        const __m512i x = _mm512_loadu_si512(a + d), y = _mm512_loadu_si512(b + d);
+        _mm512_storeu_si512(a + d, _mm512_shuffle_i64x2(x, y, 0x44));
+        _mm512_storeu_si512(b + d, _mm512_shuffle_i64x2(x, y, 0xEE));
+      }
+    }
+}
+
+// The chunk at d of rows a and a + dq (prepared by PrepareRowPairs; `left`:
+// the real dims from d, zero past them): lo = [a d..d+15 | b d..d+15], hi =
+// [a d+16..d+31 | b d+16..d+31].
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadRowPairHalves(const std::uint16_t* a, std::size_t dq, std::size_t left,
+                                                       __m512bh& lo, __m512bh& hi) {
+  if (left >= kChunk) {
+    lo = (__m512bh)_mm512_loadu_si512(a);
+    hi = (__m512bh)_mm512_loadu_si512(a + dq);
+  } else {
+    const __m512i x = _mm512_maskz_loadu_epi16(ChunkMask(left), a);
+    const __m512i y = _mm512_maskz_loadu_epi16(ChunkMask(left), a + dq);
+    lo = (__m512bh)_mm512_shuffle_i64x2(x, y, 0x44);
+    hi = (__m512bh)_mm512_shuffle_i64x2(x, y, 0xEE);
+  }
+}
+
+// A bf16 key's chunk at d (`left` as above), each half broadcast to both
+// 256-bit halves: lo = dims [d, d + 16), hi = [d + 16, d + 32).
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyHalves(const void* k, std::size_t d, std::size_t left, __m512i& lo,
+                                                   __m512i& hi) {
+  const auto* p = static_cast<const std::uint16_t*>(k) + d;
+  if (left >= kChunk) {
+    lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
+  } else {
+    const __m512i x = _mm512_maskz_loadu_epi16(ChunkMask(left), p);
+    lo = _mm512_shuffle_i64x2(x, x, 0x44);
+    hi = _mm512_shuffle_i64x2(x, x, 0xEE);
+  }
+}
+
 // A query row's chunk at q (`left`: the real dims from there, zero past
 // them) as the key pairs' halves want it, each half in both 256-bit halves:
 // lo = dims [0, 16), hi = [16, 32) (block order: lo = Q0 Q2, hi = Q1 Q3).
@@ -300,12 +362,12 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 DotPair(__m512 acc, __m512bh q_lo, __m5
   return _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, q_lo, (__m512bh)k_lo), q_hi, (__m512bh)k_hi);
 }
 
-// The 32 scores of 16 paired accumulators (acc[i]: keys A, B in its low and
-// high 8 lanes), out[h] lane m = accumulator 8h + m / 2, key m % 2. The
-// tree's first two levels as ReduceN's (every key's sum takes the same
-// order whatever the tile), then halves summed across blocks: lane 8g + 4kb
-// + l = accumulator 8h + 4g + l, key kb, put in order by one permute.
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512* out) {
+// The 32 sums of 16 paired accumulators (acc[i]: halves A, B in its low and
+// high 8 lanes). The tree's first two levels as ReduceN's (every sum takes
+// the same order whatever the tile), then halves summed across blocks: lane
+// 8g + 4kb + l holds accumulator 8h + 4g + l, half kb; out[h] lane m = that
+// vector's lane order[m] (one permute into the tile's order).
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512i order, __m512* out) {
   __m512 t[8], u[4];
   for (int i = 0; i < 8; ++i)
     t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
@@ -313,7 +375,6 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512* out)
     const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
     u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
-  const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
   for (int h = 0; h < 2; ++h) {
     const __m512 x = u[2 * h], y = u[2 * h + 1];
     const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
@@ -362,7 +423,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
     }
   }
   __m512 sums[2];  // tile index r kKeys + key: row-major
-  ReducePairs(acc, sums);
+  ReducePairs(acc, _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), sums);
   for (int r = 0; r < kRows; ++r) {
     float* out = s + std::size_t(r) * kKB + std::size_t(jj);
     const int t = r * kKeys;
@@ -374,7 +435,50 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
   }
 }
 
-// Single tiles (bf16 rows): scores kRows rows x kKeys keys from key jj, one
+// Row-pair tiles (bf16 K): scores 2 kRowPairs rows x kKeys keys from key jj
+// (16 accumulators: row pair p, key e in accumulator p kKeys + e), the rows'
+// halves in registers, each key's halves broadcast from its row. `prefetch`
+// as ScoreTile's.
+template <int kRowPairs, int kKeys>
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowPairTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
+                                                      const void* const* prefetch, std::size_t dim, std::int32_t jj,
+                                                      float* s) {
+  static_assert(kRowPairs * kKeys == 16, "one reduction of 16 accumulators");
+  static_assert(kKeys == 4 || kKeys == 8, "the stores below");
+  __m512 acc[16];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (std::size_t d = 0; d < dim; d += kChunk) {
+    const std::size_t left = dim - d;
+    if (prefetch != nullptr)
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<DType::kBF16>(prefetch[jj + e], d, dim);
+    __m512bh q_lo[kRowPairs], q_hi[kRowPairs];
+    for (int p = 0; p < kRowPairs; ++p) LoadRowPairHalves(q + std::size_t(2 * p) * dq + d, dq, left, q_lo[p], q_hi[p]);
+    for (int e = 0; e < kKeys; ++e) {
+      __m512i k_lo, k_hi;
+      LoadKeyHalves(k[jj + e], d, left, k_lo, k_hi);
+      for (int p = 0; p < kRowPairs; ++p) acc[p * kKeys + e] = DotPair(acc[p * kKeys + e], q_lo[p], q_hi[p], k_lo, k_hi);
+    }
+  }
+  // Accumulators 8h .. 8h + 7 hold row pairs 8h / kKeys .. with keys e; the
+  // order leaves each out[h] in rows of kKeys keys: 4 x 4 (rows 4h ..), or
+  // 2 x 8 (rows 2h, 2h + 1).
+  const __m512i order = kKeys == 4 ? _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                   : _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+  __m512 sums[2];
+  ReducePairs(acc, order, sums);
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (kKeys == 4) {
+      for (int r = 0; r < 4; ++r)
+        _mm512_mask_storeu_ps(s + std::size_t(4 * h + r) * kKB + std::size_t(jj) - std::size_t(4 * r),
+                              static_cast<__mmask16>(0xFu << (4 * r)), sums[h]);
+    } else {
+      _mm256_storeu_ps(s + std::size_t(2 * h) * kKB + std::size_t(jj), _mm512_castps512_ps256(sums[h]));
+      _mm256_storeu_ps(s + std::size_t(2 * h + 1) * kKB + std::size_t(jj), _mm512_extractf32x8_ps(sums[h], 1));
+    }
+  }
+}
+
+// Single tiles (a lone bf16 row): scores kRows rows x kKeys keys from key jj, one
 // accumulator per (row, key), per 32-dim chunk each key's chunk loaded once
 // and each row's query chunk loaded once.
 template <int kDim, int kRows, int kKeys>
@@ -406,10 +510,13 @@ template <DType kT, int kDim, int kRows>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq, const void* const* k,
                                                const void* const* prefetch, std::size_t dim, float* s,
                                                const LutOf<kT>& lut) {
-  if constexpr (kPairedTiles<kT, kRows>) {
+  if constexpr (kTileKind<kT, kRows> == TileKind::kKeyPairs) {
     constexpr int kPairs = 16 / kRows;
     for (std::int32_t jj = 0; jj < kKB; jj += 2 * kPairs)
       ScoreTile<kT, kDim, kRows, kPairs>(q, dq, k, prefetch, dim, jj, s, lut);
+  } else if constexpr (kTileKind<kT, kRows> == TileKind::kRowPairs) {
+    constexpr int kRowPairs = kRows / 2, kKeys = 16 / kRowPairs;
+    for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreRowPairTile<kRowPairs, kKeys>(q, dq, k, prefetch, dim, jj, s);
   } else {
     constexpr int kKeys = 16 / kRows;
     for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreSingleTile<kDim, kRows, kKeys>(q, dq, k, prefetch, dim, jj, s);
