@@ -225,22 +225,29 @@ PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, con
 // Paired tiles: each accumulator holds two halves of 8 lanes, dims [d, d +
 // 16) and [d + 16, d + 32) of a chunk in turn, so a tile's 16 accumulators
 // reduce to 32 scores, one level of the tree fewer than 16 whole-vector sums.
-//   Key pairs (f16, fp8): one row against two keys, the keys' halves side by
-//     side (converted two rows at a time: fp8 on the byte tables), the row's
-//     query halves broadcast to both 256-bit halves. On Zen 4 from L3, against
-//     single tiles: fp8 GQA 4 1.14x, f16 1.07x.
-//   Row pairs (bf16 K, groups of 4 or 8 rows): two rows against one key, the
-//     rows' halves side by side (PrepareRowPairs, once per item), the key's
-//     halves broadcast from its row: no shuffle per key, where key pairs of
-//     bf16 rows cost two per pair and chunk. From L3 on Zen 4, against key
-//     pairs: GQA 8 1.03x, GQA 4 1.03x.
+//   Key pairs: one row against two keys, the keys' halves side by side
+//     (converted two rows at a time: fp8 on the byte tables), the row's
+//     query halves broadcast to both 256-bit halves. On Zen 4 from L3,
+//     against single tiles: fp8 GQA 4 1.14x, f16 1.07x.
+//   Row pairs: two rows against one key, the rows' halves side by side
+//     (PrepareRowPairs, once per item), the key's halves broadcast: bf16
+//     straight from its row, where key pairs cost two shuffles per pair and
+//     chunk; f16 rounded into both halves at once (vcvtne2ps2bf16 of a half
+//     with itself), one instruction more per key and chunk than key pairs,
+//     but no query broadcasts. On Zen 4 from L3, against key pairs: bf16
+//     GQA 8 1.04x, GQA 4 1.03x; f16 GQA 8 1.05x, GQA 4 0.97x.
 // Groups of 1 or 2 bf16 rows keep one key per accumulator (single tiles):
 // row pairs of 2 rows broadcast twice the loads per key and took 0.96x.
 enum class TileKind { kKeyPairs, kRowPairs, kSingle };
+
+// The fewest rows of a group that take row-pair tiles (0: none).
+template <DType kT>
+constexpr int kRowPairMinRows = kT == DType::kBF16 ? 4 : kT == DType::kF16 ? 8 : 0;
+
 template <DType kT, int kRows>
-constexpr TileKind kTileKind = kT != DType::kBF16 ? TileKind::kKeyPairs
-                               : kRows >= 4       ? TileKind::kRowPairs
-                                                  : TileKind::kSingle;
+constexpr TileKind kTileKind = kRowPairMinRows<kT> > 0 && kRows >= kRowPairMinRows<kT> ? TileKind::kRowPairs
+                               : kT == DType::kBF16                                    ? TileKind::kSingle
+                                                                                       : TileKind::kKeyPairs;
 
 // fp8 keys come out of the byte tables in load order: in 8-dim blocks of a
 // chunk, lo = [A0 A2 | B0 B2], hi = [A1 A3 | B1 B3]. Their queries are stored
@@ -249,9 +256,9 @@ constexpr TileKind kTileKind = kT != DType::kBF16 ? TileKind::kKeyPairs
 template <DType kT>
 constexpr bool kQueriesInBlockOrder = is_fp8(kT);
 
-// bf16 K: the item's queries are stored in row pairs (PrepareRowPairs).
+// Row-pair tiles read their queries stored in row pairs (PrepareRowPairs).
 template <DType kT>
-constexpr bool kQueriesInRowPairs = kT == DType::kBF16;
+constexpr bool kQueriesInRowPairs = kRowPairMinRows<kT> > 0;
 
 // Keys a, b at [d, d + 32) (`left`: the real dims from d, zero from there)
 // as bf16: lo = [a d..d+15 | b d..d+15], hi = [a d+16..d+31 | b d+16..d+31]
@@ -285,20 +292,25 @@ PAGEDATTN_BF16DEC_ATTR inline void PrepareQueries(std::uint16_t* q, std::int32_t
     }
 }
 
-// The rows of a head that ScoreBlock takes in groups of 8 or 4 (the row-pair
-// tiles of bf16 K): the first per_head / 4 x 4.
-constexpr std::int32_t RowPairedRows(std::int32_t per_head) { return per_head / 4 * 4; }
+// The rows of a head that take row-pair tiles: ScoreBlock groups rows by 8,
+// then 4, 2 and 1, so the first per_head rounded down to a multiple of
+// kRowPairMinRows.
+template <DType kT>
+constexpr std::int32_t RowPairedRows(std::int32_t per_head) {
+  return per_head / kRowPairMinRows<kT> * kRowPairMinRows<kT>;
+}
 
 // The item's bf16 query rows ([heads x per_head][dq], `dim` dims) as the
 // row-pair tiles read them where kQueriesInRowPairs: rows 2i and 2i + 1 of
-// each head's RowPairedRows, whole 32-dim chunk at d: row 2i's chunk holds
+// each head's RowPairedRows<kT>, whole 32-dim chunk at d: row 2i's chunk holds
 // both rows' dims [d, d + 16) (row 2i's in the low 256 bits), row 2i + 1's
 // chunk both rows' [d + 16, d + 32). The other rows and a masked last chunk
 // stay in order (LoadRowPairHalves pairs that chunk in registers).
-PAGEDATTN_BF16DEC_ATTR inline void PrepareRowPairs(std::uint16_t* q, std::int32_t heads, std::int32_t per_head,
+template <DType kT>
+PAGEDATTN_BF16DEC_ATTR void PrepareRowPairs(std::uint16_t* q, std::int32_t heads, std::int32_t per_head,
                                                    std::size_t dim, std::size_t dq) {
   for (std::int32_t h = 0; h < heads; ++h)
-    for (std::int32_t i = 0; i < RowPairedRows(per_head); i += 2) {
+    for (std::int32_t i = 0; i < RowPairedRows<kT>(per_head); i += 2) {
       std::uint16_t* a = q + std::size_t(h * per_head + i) * dq;
       std::uint16_t* b = a + dq;
       for (std::size_t d = 0; d + kChunk <= dim; d += kChunk) {
@@ -325,12 +337,17 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadRowPairHalves(const std::uint16_t* a,
   }
 }
 
-// A bf16 key's chunk at d (`left` as above), each half broadcast to both
+// A 16-bit key's chunk at d (`left` as above) as bf16, each half in both
 // 256-bit halves: lo = dims [d, d + 16), hi = [d + 16, d + 32).
+template <DType kT>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyHalves(const void* k, std::size_t d, std::size_t left, __m512i& lo,
                                                    __m512i& hi) {
   const auto* p = static_cast<const std::uint16_t*>(k) + d;
-  if (left >= kChunk) {
+  if constexpr (kT == DType::kF16) {  // rounded to bf16, into both halves at once
+    const __m512 a = WidenF16Half(p, left, 0), b = WidenF16Half(p, left, 1);
+    lo = (__m512i)_mm512_cvtne2ps_pbh(a, a);
+    hi = (__m512i)_mm512_cvtne2ps_pbh(b, b);
+  } else if (left >= kChunk) {
     lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
   } else {
@@ -435,11 +452,11 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
   }
 }
 
-// Row-pair tiles (bf16 K): scores 2 kRowPairs rows x kKeys keys from key jj
+// Row-pair tiles (16-bit K): scores 2 kRowPairs rows x kKeys keys from key jj
 // (16 accumulators: row pair p, key e in accumulator p kKeys + e), the rows'
 // halves in registers, each key's halves broadcast from its row. `prefetch`
 // as ScoreTile's.
-template <int kRowPairs, int kKeys>
+template <DType kT, int kRowPairs, int kKeys>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowPairTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
                                                       const void* const* prefetch, std::size_t dim, std::int32_t jj,
                                                       float* s) {
@@ -450,12 +467,12 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowPairTile(const std::uint16_t* q, 
   for (std::size_t d = 0; d < dim; d += kChunk) {
     const std::size_t left = dim - d;
     if (prefetch != nullptr)
-      for (int e = 0; e < kKeys; ++e) PrefetchLine<DType::kBF16>(prefetch[jj + e], d, dim);
+      for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
     __m512bh q_lo[kRowPairs], q_hi[kRowPairs];
     for (int p = 0; p < kRowPairs; ++p) LoadRowPairHalves(q + std::size_t(2 * p) * dq + d, dq, left, q_lo[p], q_hi[p]);
     for (int e = 0; e < kKeys; ++e) {
       __m512i k_lo, k_hi;
-      LoadKeyHalves(k[jj + e], d, left, k_lo, k_hi);
+      LoadKeyHalves<kT>(k[jj + e], d, left, k_lo, k_hi);
       for (int p = 0; p < kRowPairs; ++p) acc[p * kKeys + e] = DotPair(acc[p * kKeys + e], q_lo[p], q_hi[p], k_lo, k_hi);
     }
   }
@@ -516,7 +533,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::si
       ScoreTile<kT, kDim, kRows, kPairs>(q, dq, k, prefetch, dim, jj, s, lut);
   } else if constexpr (kTileKind<kT, kRows> == TileKind::kRowPairs) {
     constexpr int kRowPairs = kRows / 2, kKeys = 16 / kRowPairs;
-    for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreRowPairTile<kRowPairs, kKeys>(q, dq, k, prefetch, dim, jj, s);
+    for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreRowPairTile<kT, kRowPairs, kKeys>(q, dq, k, prefetch, dim, jj, s);
   } else {
     constexpr int kKeys = 16 / kRows;
     for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreSingleTile<kDim, kRows, kKeys>(q, dq, k, prefetch, dim, jj, s);
