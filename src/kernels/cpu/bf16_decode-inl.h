@@ -222,6 +222,15 @@ PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, con
 
 // --- QK ---------------------------------------------------------------------------------
 
+// The lines at dim d of kKeys rows from prefetch[jj] (or none: null), kT
+// rows of `dim` elements, fetched while a tile reads its keys' (the next
+// head's K rows).
+template <DType kT, int kKeys>
+HWY_INLINE void PrefetchKeys(const void* const* prefetch, std::int32_t jj, std::size_t d, std::size_t dim) {
+  if (prefetch != nullptr)
+    for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
+}
+
 // Paired tiles: each accumulator holds two halves of 8 lanes, dims [d, d +
 // 16) and [d + 16, d + 32) of a chunk in turn, so a tile's 16 accumulators
 // reduce to 32 scores, one level of the tree fewer than 16 whole-vector sums.
@@ -415,8 +424,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
   for (auto& a : acc) a = _mm512_setzero_ps();
   for (std::size_t d = 0; d < dim; d += kChunk) {
     const std::size_t left = dim - d;
-    if (prefetch != nullptr)
-      for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
+    PrefetchKeys<kT, kKeys>(prefetch, jj, d, dim);
     if constexpr (kRows <= 2) {
       __m512bh q_lo[kRows], q_hi[kRows];
       for (int r = 0; r < kRows; ++r) LoadQueryHalves<kT>(q + std::size_t(r) * dq + d, left, q_lo[r], q_hi[r]);
@@ -466,8 +474,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowPairTile(const std::uint16_t* q, 
   for (auto& a : acc) a = _mm512_setzero_ps();
   for (std::size_t d = 0; d < dim; d += kChunk) {
     const std::size_t left = dim - d;
-    if (prefetch != nullptr)
-      for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
+    PrefetchKeys<kT, kKeys>(prefetch, jj, d, dim);
     __m512bh q_lo[kRowPairs], q_hi[kRowPairs];
     for (int p = 0; p < kRowPairs; ++p) LoadRowPairHalves(q + std::size_t(2 * p) * dq + d, dq, left, q_lo[p], q_hi[p]);
     for (int e = 0; e < kKeys; ++e) {
@@ -509,8 +516,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreSingleTile(const std::uint16_t* q, s
     const std::size_t left = dim - d;
     __m512i kc[kKeys];
     for (int e = 0; e < kKeys; ++e) kc[e] = bf16dot::Pinned(LoadChunk<DType::kBF16>(k[jj + e], d, left));
-    if (prefetch != nullptr)
-      for (int e = 0; e < kKeys; ++e) PrefetchLine<DType::kBF16>(prefetch[jj + e], d, dim);
+    PrefetchKeys<DType::kBF16, kKeys>(prefetch, jj, d, dim);
     for (int r = 0; r < kRows; ++r) {
       const __m512bh qc = (__m512bh)bf16dot::Pinned(LoadChunk<DType::kBF16>(q + std::size_t(r) * dq, d, left));
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = _mm512_dpbf16_ps(acc[r * kKeys + e], qc, (__m512bh)kc[e]);
