@@ -6,11 +6,12 @@
 // fp8 e4m3 as value x 2^-8 like LoadConvert, two rows at a time through
 // 128-entry byte tables; f16: widened, then rounded to bf16).
 //
-//   QK: per 32-dim chunk, two keys' halves side by side in a vector against
-//       each row's query halves, one accumulator per (row, key pair); 16
-//       accumulators (rows x pairs) are reduced together into two vectors of
-//       32 scores (bf16 K with 1 or 2 rows: one accumulator per (row, key),
-//       16 scores a reduction).
+//   QK: per 32-dim chunk, the halves of two keys (key pairs: fp8, f16 in
+//       groups of fewer than 8 rows) or of two query rows (row pairs: bf16
+//       in groups of 4 or 8 rows, f16 in groups of 8) side by side in a
+//       vector, against the other side's halves broadcast; 16 accumulators
+//       are reduced together into two vectors of 32 scores (1 or 2 bf16
+//       rows: one accumulator per (row, key), 16 scores a reduction).
 //   PV: the softmax weights rounded to bf16 (RoundWeights: word p of a row
 //       holds keys 2p, 2p + 1); the V rows of keys 2p, 2p + 1 interleaved
 //       into words in dim order (a two-source word permute; fp8: the byte
