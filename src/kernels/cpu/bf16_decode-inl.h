@@ -245,7 +245,7 @@ HWY_INLINE void PrefetchKeys(const void* const* prefetch, std::int32_t jj, std::
 //     chunk; f16 rounded into both halves at once (vcvtne2ps2bf16 of a half
 //     with itself), one instruction more per key and chunk than key pairs,
 //     but no query broadcasts. On Zen 4 from L3, against key pairs: bf16
-//     GQA 8 1.04x, GQA 4 1.03x; f16 GQA 8 1.05x, GQA 4 0.97x.
+//     GQA 8 1.04x, GQA 4 1.03x; f16 GQA 8 1.065x, GQA 4 0.97x.
 // Groups of 1 or 2 bf16 rows keep one key per accumulator (single tiles):
 // row pairs of 2 rows broadcast twice the loads per key and took 0.96x.
 enum class TileKind { kKeyPairs, kRowPairs, kSingle };
@@ -318,7 +318,7 @@ constexpr std::int32_t RowPairedRows(std::int32_t per_head) {
 // stay in order (LoadRowPairHalves pairs that chunk in registers).
 template <DType kT>
 PAGEDATTN_BF16DEC_ATTR void PrepareRowPairs(std::uint16_t* q, std::int32_t heads, std::int32_t per_head,
-                                                   std::size_t dim, std::size_t dq) {
+                                            std::size_t dim, std::size_t dq) {
   for (std::int32_t h = 0; h < heads; ++h)
     for (std::int32_t i = 0; i < RowPairedRows<kT>(per_head); i += 2) {
       std::uint16_t* a = q + std::size_t(h * per_head + i) * dq;
