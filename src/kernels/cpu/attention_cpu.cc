@@ -1166,7 +1166,7 @@ void ProcessItem(const Item& it) {
     if (bf16_decode) bf16dec::PrepareQueries(it.sc.qh, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq));
   if constexpr (bf16dec::kQueriesInRowPairs<kT>)
     if (bf16_decode)
-      bf16dec::PrepareRowPairs<kT>(it.sc.qh, w.kv_head_end - w.kv_head_begin, map.per_head, std::size_t(it.c->head_dim),
+      bf16dec::PrepareRowGroups<kT>(it.sc.qh, w.kv_head_end - w.kv_head_begin, map.per_head, std::size_t(it.c->head_dim),
                                std::size_t(it.c->dq));
   if (outer_bf16 && it.c->amx_bf16) {
     amx::ConfigureTiles();

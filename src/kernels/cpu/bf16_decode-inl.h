@@ -8,10 +8,12 @@
 //
 //   QK: per 32-dim chunk, the halves of two keys (key pairs: fp8, f16 in
 //       groups of fewer than 8 rows) or of two query rows (row pairs: bf16
-//       in groups of 4 or 8 rows, f16 in groups of 8) side by side in a
-//       vector, against the other side's halves broadcast; 16 accumulators
-//       are reduced together into two vectors of 32 scores (1 or 2 bf16
-//       rows: one accumulator per (row, key), 16 scores a reduction).
+//       in groups of 4, f16 in groups of 8) side by side in a vector, against
+//       the other side's halves broadcast; 16 accumulators are reduced
+//       together into two vectors of 32 scores. bf16 in groups of 8: four
+//       rows' 8-dim blocks against a key's block (row quads, 64 scores a
+//       reduction); 1 or 2 bf16 rows: one accumulator per (row, key), 16
+//       scores a reduction.
 //   PV: the softmax weights rounded to bf16 (RoundWeights: word p of a row
 //       holds keys 2p, 2p + 1); the V rows of keys 2p, 2p + 1 interleaved
 //       into words in dim order (a two-source word permute; fp8: the byte
@@ -240,22 +242,31 @@ HWY_INLINE void PrefetchKeys(const void* const* prefetch, std::int32_t jj, std::
 //     query halves broadcast to both 256-bit halves. On Zen 4 from L3,
 //     against single tiles: fp8 GQA 4 1.14x, f16 1.07x.
 //   Row pairs: two rows against one key, the rows' halves side by side
-//     (PrepareRowPairs, once per item), the key's halves broadcast: bf16
+//     (PrepareRowGroups, once per item), the key's halves broadcast: bf16
 //     straight from its row, where key pairs cost two shuffles per pair and
 //     chunk; f16 rounded into both halves at once (vcvtne2ps2bf16 of a half
 //     with itself), one instruction more per key and chunk than key pairs,
 //     but no query broadcasts. On Zen 4 from L3, against key pairs: bf16
 //     GQA 8 1.04x, GQA 4 1.03x; f16 GQA 8 1.065x, GQA 4 0.97x.
+// Row quads (bf16 K, groups of 8 rows): four rows' 8-dim blocks side by side
+// against a key's block broadcast to the four 128-bit blocks, so a row's
+// sum sits in 4 lanes: two levels of the tree for 64 scores, where row pairs
+// take three for 32 (bf16 GQA 8 from L3 1.05-1.06x against row pairs).
 // Groups of 1 or 2 bf16 rows keep one key per accumulator (single tiles):
 // row pairs of 2 rows broadcast twice the loads per key and took 0.96x.
-enum class TileKind { kKeyPairs, kRowPairs, kSingle };
+enum class TileKind { kKeyPairs, kRowPairs, kRowQuads, kSingle };
 
 // The fewest rows of a group that take row-pair tiles (0: none).
 template <DType kT>
 constexpr int kRowPairMinRows = kT == DType::kBF16 ? 4 : kT == DType::kF16 ? 8 : 0;
 
+// bf16 groups of 8 rows take row quads.
+template <DType kT>
+constexpr int kRowQuadRows = kT == DType::kBF16 ? 8 : 0;
+
 template <DType kT, int kRows>
-constexpr TileKind kTileKind = kRowPairMinRows<kT> > 0 && kRows >= kRowPairMinRows<kT> ? TileKind::kRowPairs
+constexpr TileKind kTileKind = kRowQuadRows<kT> > 0 && kRows == kRowQuadRows<kT>           ? TileKind::kRowQuads
+                               : kRowPairMinRows<kT> > 0 && kRows >= kRowPairMinRows<kT> ? TileKind::kRowPairs
                                : kT == DType::kBF16                                    ? TileKind::kSingle
                                                                                        : TileKind::kKeyPairs;
 
@@ -266,7 +277,7 @@ constexpr TileKind kTileKind = kRowPairMinRows<kT> > 0 && kRows >= kRowPairMinRo
 template <DType kT>
 constexpr bool kQueriesInBlockOrder = is_fp8(kT);
 
-// Row-pair tiles read their queries stored in row pairs (PrepareRowPairs).
+// Row-pair and row-quad tiles read their queries stored so (PrepareRowGroups).
 template <DType kT>
 constexpr bool kQueriesInRowPairs = kRowPairMinRows<kT> > 0;
 
@@ -302,25 +313,49 @@ PAGEDATTN_BF16DEC_ATTR inline void PrepareQueries(std::uint16_t* q, std::int32_t
     }
 }
 
-// The rows of a head that take row-pair tiles: ScoreBlock groups rows by 8,
-// then 4, 2 and 1, so the first per_head rounded down to a multiple of
-// kRowPairMinRows.
+// The rows of a head that take row-pair or row-quad tiles: ScoreBlock
+// groups rows by 8, then 4, 2 and 1, so the first per_head rounded down to a
+// multiple of kRowPairMinRows (of them, rows in groups of kRowQuadRows take
+// quads).
 template <DType kT>
 constexpr std::int32_t RowPairedRows(std::int32_t per_head) {
   return per_head / kRowPairMinRows<kT> * kRowPairMinRows<kT>;
 }
 
+// Four rows' chunks (x[r] = blocks [R0 R1 R2 R3] of 8 dims) as their blocks
+// side by side: out[b] = [A_b B_b C_b D_b] (a 4 x 4 transpose of blocks).
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void TransposeBlocks(const __m512i* x, __m512i* out) {
+  const __m512i t0 = _mm512_shuffle_i64x2(x[0], x[1], 0x44), t1 = _mm512_shuffle_i64x2(x[0], x[1], 0xEE);
+  const __m512i t2 = _mm512_shuffle_i64x2(x[2], x[3], 0x44), t3 = _mm512_shuffle_i64x2(x[2], x[3], 0xEE);
+  out[0] = _mm512_shuffle_i64x2(t0, t2, 0x88);  // t0 = [A0 A1 B0 B1], t2 = [C0 C1 D0 D1]
+  out[1] = _mm512_shuffle_i64x2(t0, t2, 0xDD);
+  out[2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
+  out[3] = _mm512_shuffle_i64x2(t1, t3, 0xDD);
+}
+
 // The item's bf16 query rows ([heads x per_head][dq], `dim` dims) as the
-// row-pair tiles read them where kQueriesInRowPairs: rows 2i and 2i + 1 of
-// each head's RowPairedRows<kT>, whole 32-dim chunk at d: row 2i's chunk holds
-// both rows' dims [d, d + 16) (row 2i's in the low 256 bits), row 2i + 1's
-// chunk both rows' [d + 16, d + 32). The other rows and a masked last chunk
-// stay in order (LoadRowPairHalves pairs that chunk in registers).
+// row-quad and row-pair tiles read them where kQueriesInRowPairs, per whole
+// 32-dim chunk at d of each head's RowPairedRows<kT>. Quads (rows 4i .. 4i
+// + 3 of a group of kRowQuadRows): row 4i + b's chunk holds block b (dims d
+// + 8b ..) of the four rows in turn. Pairs (rows 2i, 2i + 1): row 2i's chunk
+// holds both rows' dims [d, d + 16) (row 2i's in the low 256 bits), row 2i
+// + 1's both rows' [d + 16, d + 32). The other rows and a masked last chunk
+// stay in order (the tiles group that chunk in registers).
 template <DType kT>
-PAGEDATTN_BF16DEC_ATTR void PrepareRowPairs(std::uint16_t* q, std::int32_t heads, std::int32_t per_head,
+PAGEDATTN_BF16DEC_ATTR void PrepareRowGroups(std::uint16_t* q, std::int32_t heads, std::int32_t per_head,
                                             std::size_t dim, std::size_t dq) {
-  for (std::int32_t h = 0; h < heads; ++h)
-    for (std::int32_t i = 0; i < RowPairedRows<kT>(per_head); i += 2) {
+  const std::int32_t quad_rows = kRowQuadRows<kT> > 0 ? per_head / kRowQuadRows<kT> * kRowQuadRows<kT> : 0;
+  for (std::int32_t h = 0; h < heads; ++h) {
+    for (std::int32_t i = 0; i < quad_rows; i += 4) {
+      std::uint16_t* a = q + std::size_t(h * per_head + i) * dq;
+      for (std::size_t d = 0; d + kChunk <= dim; d += kChunk) {
+        __m512i x[4], blocks[4];
+        for (int r = 0; r < 4; ++r) x[r] = _mm512_loadu_si512(a + std::size_t(r) * dq + d);
+        TransposeBlocks(x, blocks);
+        for (int b = 0; b < 4; ++b) _mm512_storeu_si512(a + std::size_t(b) * dq + d, blocks[b]);
+      }
+    }
+    for (std::int32_t i = quad_rows; i < RowPairedRows<kT>(per_head); i += 2) {
       std::uint16_t* a = q + std::size_t(h * per_head + i) * dq;
       std::uint16_t* b = a + dq;
       for (std::size_t d = 0; d + kChunk <= dim; d += kChunk) {
@@ -329,9 +364,10 @@ PAGEDATTN_BF16DEC_ATTR void PrepareRowPairs(std::uint16_t* q, std::int32_t heads
         _mm512_storeu_si512(b + d, _mm512_shuffle_i64x2(x, y, 0xEE));
       }
     }
+  }
 }
 
-// The chunk at d of rows a and a + dq (prepared by PrepareRowPairs; `left`:
+// The chunk at d of rows a and a + dq (prepared by PrepareRowGroups; `left`:
 // the real dims from d, zero past them): lo = [a d..d+15 | b d..d+15], hi =
 // [a d+16..d+31 | b d+16..d+31].
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadRowPairHalves(const std::uint16_t* a, std::size_t dq, std::size_t left,
@@ -387,6 +423,25 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadQueryHalves(const std::uint16_t* q, s
 // acc + a row's query halves . a key pair's halves (one chunk).
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 DotPair(__m512 acc, __m512bh q_lo, __m512bh q_hi, __m512i k_lo, __m512i k_hi) {
   return _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, q_lo, (__m512bh)k_lo), q_hi, (__m512bh)k_hi);
+}
+
+// Lanes of v as 16 / kLen rows of kLen scores: lanes [kLen i, kLen (i + 1))
+// to row i at `row` + i kKB. Whole stores of 16, 8 or 4 lanes: masked stores
+// of a row's part of a vector cost Zen 4 about 5% of GQA 8's decode time.
+template <int kLen>
+HWY_INLINE void StoreRowSegments(__m512 v, float* row) {
+  static_assert(kLen == 4 || kLen == 8 || kLen == 16, "whole 128-bit blocks");
+  if constexpr (kLen == 16) {
+    _mm512_storeu_ps(row, v);
+  } else if constexpr (kLen == 8) {
+    _mm256_storeu_ps(row, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(row + kKB, _mm512_extractf32x8_ps(v, 1));
+  } else {
+    _mm_storeu_ps(row, _mm512_castps512_ps128(v));
+    _mm_storeu_ps(row + kKB, _mm512_extractf32x4_ps(v, 1));
+    _mm_storeu_ps(row + 2 * kKB, _mm512_extractf32x4_ps(v, 2));
+    _mm_storeu_ps(row + 3 * kKB, _mm512_extractf32x4_ps(v, 3));
+  }
 }
 
 // The 32 sums of 16 paired accumulators (acc[i]: halves A, B in its low and
@@ -450,14 +505,11 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
   }
   __m512 sums[2];  // tile index r kKeys + key: row-major
   ReducePairs(acc, _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), sums);
-  for (int r = 0; r < kRows; ++r) {
-    float* out = s + std::size_t(r) * kKB + std::size_t(jj);
-    const int t = r * kKeys;
-    if constexpr (kKeys >= 16) {
-      for (int h = 0; h < kKeys / 16; ++h) _mm512_storeu_ps(out + 16 * h, sums[t / 16 + h]);
-    } else {
-      _mm512_mask_storeu_ps(out - t % 16, static_cast<__mmask16>(((1u << kKeys) - 1u) << (t % 16)), sums[t / 16]);
-    }
+  if constexpr (kKeys >= 16) {
+    for (int r = 0; r < kRows; ++r)
+      for (int h = 0; h < kKeys / 16; ++h) StoreRowSegments<16>(sums[r * kKeys / 16 + h], s + std::size_t(r) * kKB + std::size_t(jj + 16 * h));
+  } else {
+    for (int h = 0; h < 2; ++h) StoreRowSegments<kKeys>(sums[h], s + std::size_t(h * 16 / kKeys) * kKB + std::size_t(jj));
   }
 }
 
@@ -491,16 +543,72 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowPairTile(const std::uint16_t* q, 
                                    : _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
   __m512 sums[2];
   ReducePairs(acc, order, sums);
-  for (int h = 0; h < 2; ++h) {
-    if constexpr (kKeys == 4) {
-      for (int r = 0; r < 4; ++r)
-        _mm512_mask_storeu_ps(s + std::size_t(4 * h + r) * kKB + std::size_t(jj) - std::size_t(4 * r),
-                              static_cast<__mmask16>(0xFu << (4 * r)), sums[h]);
-    } else {
-      _mm256_storeu_ps(s + std::size_t(2 * h) * kKB + std::size_t(jj), _mm512_castps512_ps256(sums[h]));
-      _mm256_storeu_ps(s + std::size_t(2 * h + 1) * kKB + std::size_t(jj), _mm512_extractf32x8_ps(sums[h], 1));
+  for (int h = 0; h < 2; ++h) StoreRowSegments<kKeys>(sums[h], s + std::size_t(h * 16 / kKeys) * kKB + std::size_t(jj));
+}
+
+// Row-quad tiles (bf16 K, 8 rows): each accumulator holds four rows' 8-dim
+// blocks against one key's block broadcast to the four 128-bit blocks, so a
+// row's sum sits in 4 lanes: two levels of the tree for 64 scores.
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
+                                                      const void* const* prefetch, std::size_t dim, std::int32_t jj,
+                                                      float* s) {
+  constexpr int kKeys = 8;
+  __m512 acc[16];  // quad g, key e in acc[g kKeys + e]
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (std::size_t d = 0; d < dim; d += kChunk) {
+    const std::size_t left = dim - d;
+    PrefetchKeys<DType::kBF16, kKeys>(prefetch, jj, d, dim);
+    __m512bh qb[2][4];  // quad g, block b: [A_b B_b C_b D_b]
+    for (int g = 0; g < 2; ++g) {
+      const std::uint16_t* a = q + std::size_t(4 * g) * dq + d;
+      if (left >= kChunk) {
+        for (int b = 0; b < 4; ++b) qb[g][b] = (__m512bh)_mm512_loadu_si512(a + std::size_t(b) * dq);
+      } else {
+        __m512i x[4], blocks[4];
+        for (int r = 0; r < 4; ++r) x[r] = _mm512_maskz_loadu_epi16(ChunkMask(left), a + std::size_t(r) * dq);
+        TransposeBlocks(x, blocks);
+        for (int b = 0; b < 4; ++b) qb[g][b] = (__m512bh)blocks[b];
+      }
+    }
+    for (int e = 0; e < kKeys; ++e) {
+      const auto* p = static_cast<const std::uint16_t*>(k[jj + e]) + d;
+      __m512i kb[4];
+      if (left >= kChunk) {
+        for (int b = 0; b < 4; ++b) kb[b] = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * b)));
+      } else {
+        const __m512i x = _mm512_maskz_loadu_epi16(ChunkMask(left), p);
+        kb[0] = _mm512_shuffle_i64x2(x, x, 0x00);
+        kb[1] = _mm512_shuffle_i64x2(x, x, 0x55);
+        kb[2] = _mm512_shuffle_i64x2(x, x, 0xAA);
+        kb[3] = _mm512_shuffle_i64x2(x, x, 0xFF);
+      }
+      for (int g = 0; g < 2; ++g) {
+        __m512 a = acc[g * kKeys + e];
+        for (int b = 0; b < 4; ++b) a = _mm512_dpbf16_ps(a, qb[g][b], (__m512bh)kb[b]);
+        acc[g * kKeys + e] = a;
+      }
     }
   }
+  // ReduceN's first two levels: u[i] lane 4r + l = acc[4i + l]'s block r,
+  // i.e. quad i / 2's row r, key 4 (i % 2) + l.
+  __m512 t[8], u[4];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]), _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // Rows of 8 keys, two to a vector, stored whole (masked stores of 4 keys
+  // a row cost Zen 4 about 5% of GQA 8's time).
+  const __m512i rows01 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i rows23 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int g = 0; g < 2; ++g)
+    for (int h = 0; h < 2; ++h) {
+      const __m512 two = _mm512_permutex2var_ps(u[2 * g], h == 0 ? rows01 : rows23, u[2 * g + 1]);
+      float* row = s + std::size_t(4 * g + 2 * h) * kKB + std::size_t(jj);
+      _mm256_storeu_ps(row, _mm512_castps512_ps256(two));
+      _mm256_storeu_ps(row + kKB, _mm512_extractf32x8_ps(two, 1));
+    }
 }
 
 // Single tiles (a lone bf16 row): scores kRows rows x kKeys keys from key jj, one
@@ -523,11 +631,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreSingleTile(const std::uint16_t* q, s
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = _mm512_dpbf16_ps(acc[r * kKeys + e], qc, (__m512bh)kc[e]);
     }
   }
-  const __m512 sums = Reduce16(acc);
-  for (int r = 0; r < kRows; ++r) {  // lanes r * kKeys .. + kKeys to row r's keys jj ..
-    float* out = s + std::size_t(r) * kKB + std::size_t(jj) - std::size_t(r) * kKeys;
-    _mm512_mask_storeu_ps(out, static_cast<__mmask16>(((1u << kKeys) - 1u) << (r * kKeys)), sums);
-  }
+  StoreRowSegments<kKeys>(Reduce16(acc), s + std::size_t(jj));  // lanes r kKeys .. to row r's keys jj ..
 }
 
 template <DType kT, int kDim, int kRows>
@@ -538,6 +642,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::si
     constexpr int kPairs = 16 / kRows;
     for (std::int32_t jj = 0; jj < kKB; jj += 2 * kPairs)
       ScoreTile<kT, kDim, kRows, kPairs>(q, dq, k, prefetch, dim, jj, s, lut);
+  } else if constexpr (kTileKind<kT, kRows> == TileKind::kRowQuads) {
+    for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreRowQuadTile(q, dq, k, prefetch, dim, jj, s);
   } else if constexpr (kTileKind<kT, kRows> == TileKind::kRowPairs) {
     constexpr int kRowPairs = kRows / 2, kKeys = 16 / kRowPairs;
     for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreRowPairTile<kT, kRowPairs, kKeys>(q, dq, k, prefetch, dim, jj, s);
