@@ -1164,7 +1164,7 @@ void ProcessItem(const Item& it) {
     bf16dot::RoundRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh);
   if constexpr (bf16dec::kQueriesInBlockOrder<kT>)
     if (bf16_decode) bf16dec::PrepareQueries(it.sc.qh, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq));
-  if constexpr (bf16dec::kQueriesInRowPairs<kT>)
+  if constexpr (bf16dec::kQueriesInRowGroups<kT>)
     if (bf16_decode)
       bf16dec::PrepareRowGroups<kT>(it.sc.qh, w.kv_head_end - w.kv_head_begin, map.per_head, std::size_t(it.c->head_dim),
                                std::size_t(it.c->dq));

@@ -279,7 +279,7 @@ constexpr bool kQueriesInBlockOrder = is_fp8(kT);
 
 // Row-pair and row-quad tiles read their queries stored so (PrepareRowGroups).
 template <DType kT>
-constexpr bool kQueriesInRowPairs = kRowPairMinRows<kT> > 0;
+constexpr bool kQueriesInRowGroups = kRowPairMinRows<kT> > 0;
 
 // Keys a, b at [d, d + 32) (`left`: the real dims from d, zero from there)
 // as bf16: lo = [a d..d+15 | b d..d+15], hi = [a d+16..d+31 | b d+16..d+31]
@@ -334,7 +334,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void TransposeBlocks(const __m512i* x, __m512i
 }
 
 // The item's bf16 query rows ([heads x per_head][dq], `dim` dims) as the
-// row-quad and row-pair tiles read them where kQueriesInRowPairs, per whole
+// row-quad and row-pair tiles read them where kQueriesInRowGroups, per whole
 // 32-dim chunk at d of each head's RowPairedRows<kT>. Quads (rows 4i .. 4i
 // + 3 of a group of kRowQuadRows): row 4i + b's chunk holds block b (dims d
 // + 8b ..) of the four rows in turn. Pairs (rows 2i, 2i + 1): row 2i's chunk
@@ -450,13 +450,8 @@ HWY_INLINE void StoreRowSegments(__m512 v, float* row) {
 // 8g + 4kb + l holds accumulator 8h + 4g + l, half kb; out[h] lane m = that
 // vector's lane order[m] (one permute into the tile's order).
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512i order, __m512* out) {
-  __m512 t[8], u[4];
-  for (int i = 0; i < 8; ++i)
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
+  __m512 u[4];
+  ReduceWithinBlocks<16>(a, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); }, u);
   for (int h = 0; h < 2; ++h) {
     const __m512 x = u[2 * h], y = u[2 * h + 1];
     const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
@@ -589,15 +584,10 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, 
       }
     }
   }
-  // ReduceN's first two levels: u[i] lane 4r + l = acc[4i + l]'s block r,
+  // The tree's first two levels: u[i] lane 4r + l = acc[4i + l]'s block r,
   // i.e. quad i / 2's row r, key 4 (i % 2) + l.
-  __m512 t[8], u[4];
-  for (int i = 0; i < 8; ++i)
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]), _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
+  __m512 u[4];
+  ReduceWithinBlocks<16>(acc, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); }, u);
   // Rows of 8 keys, two to a vector, stored whole (masked stores of 4 keys
   // a row cost Zen 4 about 5% of GQA 8's time).
   const __m512i rows01 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);

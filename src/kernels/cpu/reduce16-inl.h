@@ -21,16 +21,25 @@ namespace pagedattn::kernels::HWY_NAMESPACE {
 // care). Fewer rows fold their blocks onto themselves in the same order,
 // (0 + 1) + (2 + 3), so a row's sum has the same bits whichever tree its
 // rows took (batch invariance).
+// The tree's first two levels, within 128-bit blocks: u[i] (i < kN / 4)
+// lane 4k + l = op over block k of a[4i + l] (kN a multiple of 4).
 template <int kN, class Op>
-HWY_INLINE __m512 ReduceN(const __m512* a, Op op) {
-  static_assert(kN == 4 || kN == 8 || kN == 16, "whole levels of the tree");
-  __m512 t[kN / 2], u[kN / 4];
+HWY_INLINE void ReduceWithinBlocks(const __m512* a, Op op, __m512* u) {
+  static_assert(kN % 4 == 0, "groups of four vectors");
+  __m512 t[kN / 2];
   for (int i = 0; i < kN / 2; ++i)  // per 128-bit block: [a0 op a2, b0 op b2, a1 op a3, b1 op b3]
     t[i] = op(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
   for (int i = 0; i < kN / 4; ++i) {  // per block: the block's partial result of a[4i .. 4i + 3]
     const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
     u[i] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
+}
+
+template <int kN, class Op>
+HWY_INLINE __m512 ReduceN(const __m512* a, Op op) {
+  static_assert(kN == 4 || kN == 8 || kN == 16, "whole levels of the tree");
+  __m512 u[kN / 4];
+  ReduceWithinBlocks<kN>(a, op, u);
   // Blocks combined across: block i of the result holds a[4i .. 4i + 3]
   // (u and v past the rows: the last ones again).
   auto pairs = [&](__m512 x, __m512 y) {
