@@ -451,7 +451,7 @@ HWY_INLINE void StoreRowSegments(__m512 v, float* row) {
 // vector's lane order[m] (one permute into the tile's order).
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512i order, __m512* out) {
   __m512 u[4];
-  ReduceWithinBlocks<16>(a, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); }, u);
+  ReduceWithinBlocks<16>(a, AddLanes(), u);
   for (int h = 0; h < 2; ++h) {
     const __m512 x = u[2 * h], y = u[2 * h + 1];
     const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
@@ -587,7 +587,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, 
   // The tree's first two levels: u[i] lane 4r + l = acc[4i + l]'s block r,
   // i.e. quad i / 2's row r, key 4 (i % 2) + l.
   __m512 u[4];
-  ReduceWithinBlocks<16>(acc, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); }, u);
+  ReduceWithinBlocks<16>(acc, AddLanes(), u);
   // Rows of 8 keys, two to a vector, stored whole (masked stores of 4 keys
   // a row cost Zen 4 about 5% of GQA 8's time).
   const __m512i rows01 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
@@ -595,9 +595,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, 
   for (int g = 0; g < 2; ++g)
     for (int h = 0; h < 2; ++h) {
       const __m512 two = _mm512_permutex2var_ps(u[2 * g], h == 0 ? rows01 : rows23, u[2 * g + 1]);
-      float* row = s + std::size_t(4 * g + 2 * h) * kKB + std::size_t(jj);
-      _mm256_storeu_ps(row, _mm512_castps512_ps256(two));
-      _mm256_storeu_ps(row + kKB, _mm512_extractf32x8_ps(two, 1));
+      StoreRowSegments<8>(two, s + std::size_t(4 * g + 2 * h) * kKB + std::size_t(jj));
     }
 }
 

@@ -129,7 +129,7 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
     return rows <= 4 ? ReduceN<4>(acc, op) : rows <= 8 ? ReduceN<8>(acc, op) : ReduceN<16>(acc, op);
   };
   const auto max = [](__m512 x, __m512 y) { return _mm512_max_ps(x, y); };
-  const auto add = [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); };
+  const AddLanes add;
   const __m512 m_old = _mm512_mask_loadu_ps(neg_inf, live, m);
   const __m512 m_new = _mm512_max_ps(m_old, reduce(max));
   const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);

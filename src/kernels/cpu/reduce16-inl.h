@@ -15,12 +15,11 @@ HWY_BEFORE_NAMESPACE();
 namespace pagedattn::kernels::HWY_NAMESPACE {
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// Reductions of kN vectors (4, 8 or 16): lane i (i < kN) of the result is
-// op over the lanes of a[i] (pairwise interleave-ops: 30 shuffles and 15 ops
-// for 16 rows, 16 and 9 for 8, 10 and 5 for 4; lanes kN and up: don't
-// care). Fewer rows fold their blocks onto themselves in the same order,
-// (0 + 1) + (2 + 3), so a row's sum has the same bits whichever tree its
-// rows took (batch invariance).
+// The op of the sums below.
+struct AddLanes {
+  HWY_INLINE __m512 operator()(__m512 x, __m512 y) const { return _mm512_add_ps(x, y); }
+};
+
 // The tree's first two levels, within 128-bit blocks: u[i] (i < kN / 4)
 // lane 4k + l = op over block k of a[4i + l] (kN a multiple of 4).
 template <int kN, class Op>
@@ -35,6 +34,12 @@ HWY_INLINE void ReduceWithinBlocks(const __m512* a, Op op, __m512* u) {
   }
 }
 
+// Reductions of kN vectors (4, 8 or 16): lane i (i < kN) of the result is
+// op over the lanes of a[i] (pairwise interleave-ops: 30 shuffles and 15 ops
+// for 16 rows, 16 and 9 for 8, 10 and 5 for 4; lanes kN and up: don't
+// care). Fewer rows fold their blocks onto themselves in the same order,
+// (0 + 1) + (2 + 3), so a row's sum has the same bits whichever tree its
+// rows took (batch invariance).
 template <int kN, class Op>
 HWY_INLINE __m512 ReduceN(const __m512* a, Op op) {
   static_assert(kN == 4 || kN == 8 || kN == 16, "whole levels of the tree");
@@ -107,7 +112,7 @@ HWY_INLINE void TilesToRows(const __m512* tiles, __m512* rows) {
 
 // Sums of 16 vectors (16 dot products at once).
 HWY_INLINE __m512 Reduce16(const __m512* a) {
-  return Reduce16(a, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
+  return Reduce16(a, AddLanes());
 }
 
 #endif
