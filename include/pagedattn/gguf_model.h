@@ -1,7 +1,17 @@
-// Llama-family hyper-parameters and tensor names read from a GGUF file.
+// Decoder hyper-parameters and tensor names read from a GGUF file.
 //
-// Architectures: "llama" (Llama 2/3, SmolLM2, TinyLlama, Mistral-style) and
-// "qwen2" (adds q/k/v biases).
+// Architectures (general.architecture), all RMSNorm / RoPE / gated-MLP
+// decoders that the built-in model runs:
+//  * llama: Llama 2/3.x, SmolLM2, TinyLlama, Mistral/Ministral (a sliding
+//    window when {arch}.attention.sliding_window is set); RoPE scaling
+//    llama3 (rope_freqs.weight), linear, yarn.
+//  * qwen2: adds q/k/v biases. qwen3: RMSNorm over each q and k head.
+//  * gemma2: GELU-tanh gated MLP, norms after attention and MLP too,
+//    embeddings scaled by sqrt(hidden), attention and final logit softcaps,
+//    even layers windowed. gemma3 (text): q/k norms, five windowed layers
+//    per global one, windowed layers on their own RoPE base, RoPE scaling on
+//    global layers only.
+//  * phi3: fused q|k|v (attn_qkv) and gate|up (ffn_up) weights.
 //
 // RoPE layout -- which pagedattn RopeStyle to use:
 //  * llama: llama.cpp's converter (convert_hf_to_gguf.py, LlamaModel.permute)
@@ -26,7 +36,10 @@
 
 namespace pagedattn {
 
-enum class GgufArch { kLlama, kQwen2 };
+enum class GgufArch { kLlama, kQwen2, kQwen3, kGemma2, kGemma3, kPhi3 };
+
+// The gated MLP's activation: silu(gate) * up, or gelu_tanh(gate) * up.
+enum class GgufActivation { kSilu, kGeluTanh };
 
 // How q/k pairs are rotated (see the header comment).
 enum class GgufRopeLayout {
@@ -35,9 +48,14 @@ enum class GgufRopeLayout {
 };
 
 struct GgufRopeScaling {
-  std::string type = "none";                 // "{arch}.rope.scaling.type": none, linear, yarn, ...
+  std::string type = "none";                 // "{arch}.rope.scaling.type": none, linear, yarn
   float factor = 1.0f;                       // "{arch}.rope.scaling.factor" (1 when absent)
   std::int64_t original_context_length = 0;  // 0 when absent
+  // YaRN ("{arch}.rope.scaling.yarn_beta_fast" / "yarn_beta_slow" /
+  // "attn_factor"; Hugging Face's defaults when absent, 0: derived).
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
+  float yarn_attention_factor = 0.0f;
   // Llama 3 style scaling is stored as per-frequency divisors in the F32
   // tensor "rope_freqs.weight" [head_dim / 2] (llama.cpp divides each pair's
   // frequency by its entry); empty when the file has none.
@@ -45,18 +63,23 @@ struct GgufRopeScaling {
 };
 
 // Tensor names of one transformer block (ggml dims, [in, out]).
+// Empty names: the file's architecture has no such tensor.
 struct GgufLayerTensors {
   std::string attn_norm;    // [hidden]
   std::string attn_q;       // [hidden, heads * head_dim]
   std::string attn_k;       // [hidden, kv_heads * head_dim]
   std::string attn_v;       // [hidden, kv_heads * head_dim]
+  std::string attn_qkv;     // phi3 instead of q, k, v: [hidden, (heads + 2 kv_heads) * head_dim]
   std::string attn_output;  // [heads * head_dim, hidden]
-  // qwen2 biases ([heads * head_dim] / [kv_heads * head_dim]); empty if absent.
+  // qwen2 biases ([heads * head_dim] / [kv_heads * head_dim]).
   std::string attn_q_bias, attn_k_bias, attn_v_bias;
-  std::string ffn_norm;  // [hidden]
-  std::string ffn_gate;  // [hidden, intermediate]
-  std::string ffn_up;    // [hidden, intermediate]
-  std::string ffn_down;  // [intermediate, hidden]
+  std::string attn_q_norm, attn_k_norm;  // qwen3, gemma3: [head_dim]
+  std::string post_attention_norm;       // gemma2/3: [hidden]
+  std::string ffn_norm;                  // [hidden]
+  std::string ffn_gate;                  // [hidden, intermediate] (phi3: none)
+  std::string ffn_up;                    // [hidden, intermediate] (phi3: [hidden, 2 intermediate], gate first)
+  std::string ffn_down;                  // [intermediate, hidden]
+  std::string post_ffw_norm;             // gemma2/3: [hidden]
 };
 
 struct GgufModelConfig {
@@ -69,12 +92,25 @@ struct GgufModelConfig {
   std::int64_t num_qo_heads = 0;
   std::int64_t num_kv_heads = 0;
   std::int64_t head_dim = 0;
+  std::int64_t rotary_dim = 0;  // "{arch}.rope.dimension_count", else head_dim
   std::int64_t vocab_size = 0;
   std::int64_t context_length = 0;
   float rope_theta = 10000.0f;
   GgufRopeLayout rope_layout = GgufRopeLayout::kInterleaved;
   GgufRopeScaling rope_scaling;
   float rms_norm_eps = 1e-5f;
+  // Per layer: 0 = global attention, W > 0 = a sliding window of W tokens
+  // (a query sees itself and the W - 1 tokens before it, as Hugging Face's
+  // sliding_window = W). [num_layers].
+  std::vector<std::int64_t> layer_windows;
+  // Windowed layers' RoPE base, unscaled (gemma3: "{arch}.rope.freq_base_swa",
+  // else 10000); 0: windowed layers rotate as global ones.
+  float rope_theta_windowed = 0.0f;
+  float attention_scale = 0.0f;     // 0: 1 / sqrt(head_dim)
+  float attention_softcap = 0.0f;   // gemma2: "{arch}.attn_logit_softcapping"
+  float final_softcap = 0.0f;       // gemma2: "{arch}.final_logit_softcapping"
+  float embedding_scale = 1.0f;     // gemma: sqrt(hidden_size)
+  GgufActivation activation = GgufActivation::kSilu;
   bool tie_embeddings = false;     // no "output.weight": the LM head is token_embd
   std::int64_t bos_token_id = -1;  // -1 when absent
   std::int64_t eos_token_id = -1;
@@ -88,8 +124,8 @@ struct GgufModelConfig {
 // Reads and checks the configuration: every required key present with a
 // sane value, every tensor present with the shape the hyper-parameters
 // imply and a type dequantize_row supports. InvalidArgument naming the key
-// or tensor; Unsupported for another architecture or a partial rotary
-// dimension.
+// or tensor; Unsupported naming it for another architecture, an unknown
+// RoPE scaling type, or Phi-3's LongRoPE factors.
 GgufModelConfig read_model_config(const GgufFile& file);
 
 }  // namespace pagedattn

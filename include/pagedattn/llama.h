@@ -1,8 +1,10 @@
-// A built-in Llama-architecture model with seeded synthetic weights (no
-// checkpoint is loaded: outputs are deterministic but meaningless). RMSNorm,
-// fused QKV projection with GQA, RoPE (applied by the cache), paged attention
-// through PagedKVCache::attention_with_fused_qkv, output projection, SwiGLU
-// MLP, LM head. Matrix products go through BLAS (cblas_sgemm), f32 weights.
+// The built-in decoder model: Llama's architecture (RMSNorm, fused QKV
+// projection with GQA, RoPE, paged attention through
+// PagedKVCache::attention_with_fused_qkv, output projection, gated MLP, LM
+// head) and the variants of the GGUF families (q/k norms, norms after
+// attention and MLP, GELU-tanh, per-layer sliding windows and RoPE bases,
+// softcaps, RoPE scaling). Presets draw seeded synthetic weights (outputs
+// deterministic but meaningless); make_gguf_model loads a file's weights.
 #pragma once
 
 #include <cstdint>
@@ -10,12 +12,17 @@
 #include <string>
 #include <string_view>
 
+#include <vector>
+
 #include "pagedattn/model.h"
 #include "pagedattn/tensor_parallel_shard.h"
 
 namespace pagedattn {
 
 class GgufFile;
+
+// The gated MLP's activation: act(gate) * up.
+enum class MlpActivation : std::uint8_t { kSilu = 0, kGeluTanh = 1 };
 
 struct LlamaConfig {
   std::string name = "tiny";
@@ -34,6 +41,23 @@ struct LlamaConfig {
   bool tie_embeddings = true;  // LM head = embedding matrix (Llama-3.2)
   std::int32_t eos_token_id = 2;
   std::uint64_t weight_seed = 0x5eed;
+
+  // Architecture variants (the GGUF families); the defaults are plain Llama.
+  std::int32_t rotary_dim = 0;           // 0: head_dim
+  float rope_scale = 1.0f;               // linear RoPE scaling: every frequency x rope_scale
+  RopeYarnScaling rope_yarn;             // off while factor is 0
+  std::vector<float> rope_freq_factors;  // [rotary_dim / 2] frequency divisors, or empty
+  // [num_layers]: 0 = global attention, W > 0 = a sliding window of W tokens
+  // (a query sees itself and the W - 1 before it). Empty: every layer global.
+  std::vector<std::int32_t> layer_windows;
+  float rope_theta_windowed = 0.0f;  // > 0: windowed layers' RoPE base, unscaled (Gemma 3)
+  bool qk_norm = false;         // RMSNorm over each q and k head before RoPE (Qwen3, Gemma 3)
+  bool sandwich_norms = false;  // RMSNorm of attention and MLP outputs before the residual add
+  MlpActivation activation = MlpActivation::kSilu;
+  float embedding_scale = 1.0f;    // embeddings x this (Gemma: sqrt(hidden_size))
+  float attention_scale = 0.0f;    // 0: 1 / sqrt(head_dim)
+  float attention_softcap = 0.0f;  // > 0: scores s -> cap tanh(s / cap) (Gemma 2)
+  float final_softcap = 0.0f;      // > 0: logits capped the same way (Gemma 2)
   // Tensor parallelism: the slice this process computes (see
   // tensor_parallel_shard.h). Every field above describes the whole model;
   // the model's spec() reports this shard's head counts. num_kv_heads and
@@ -61,11 +85,12 @@ struct GgufModelOptions {
   TensorParallelShard shard{};
 };
 
-// Loads a Llama-family GGUF file (architectures llama and qwen2; weights
-// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K). Q8_0 / Q4_0 / Q4_1
-// weights are kept as stored and multiplied in place; the other types are
-// dequantised to f32 at load. InvalidArgument / Unsupported naming the file
-// and the key or tensor for a file that cannot be served.
+// Loads a GGUF decoder (architectures llama, qwen2, qwen3, gemma2, gemma3,
+// phi3, see gguf_model.h; weights F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
+// Q5_K, Q6_K). Quantised weights the in-place kernels read are kept as
+// stored; the other types are dequantised to f32 at load. InvalidArgument /
+// Unsupported naming the file and the key or tensor for a file that cannot
+// be served.
 std::unique_ptr<Model> make_gguf_model(const std::string& path,
                                        const GgufModelOptions& options = {});
 // The same from an open file (weights are copied out of it: the file may close).

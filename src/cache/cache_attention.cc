@@ -67,14 +67,14 @@ void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const 
   if (c.rope_mode != RopeMode::kNone) {
     std::int32_t longest = 1;
     for (std::int32_t len : plan.kv_lens) longest = std::max(longest, len);
-    sa.ensure_rope_table(c.rope, c.head_dim, longest);
-    p.q = kernels::rotated_copy(q, tokens, c.num_qo_heads, c.head_dim, plan.positions.data(), sa.rope,
-                       sa.q_rotated);
+    const RopeConfig& rope = sa.rope.covering(c.rope, c.head_dim, longest);
+    p.q = kernels::rotated_copy(q, tokens, c.num_qo_heads, c.head_dim, plan.positions.data(), rope,
+                                sa.q_rotated);
     if (c.rope_mode == RopeMode::kNormal)
-      k_stored = kernels::rotated_copy(k, tokens, c.num_kv_heads, c.head_dim, plan.positions.data(),
-                              sa.rope, sa.k_rotated);
+      k_stored = kernels::rotated_copy(k, tokens, c.num_kv_heads, c.head_dim,
+                                       plan.positions.data(), rope, sa.k_rotated);
     else
-      p.options.key_rope = &sa.rope;
+      p.options.key_rope = &rope;
   }
   append_paged_kv({k_stored, v, plan.slot_mapping.data(), tokens, p.kv});
   const AttentionShape shape{c.num_qo_heads, c.num_kv_heads, c.head_dim, c.v_head_dim};

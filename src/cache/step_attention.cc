@@ -3,25 +3,6 @@
 
 namespace pagedattn::cache {
 
-void StepAttention::ensure_rope_table(const RopeConfig& base, std::int32_t head_dim,
-                                      std::int32_t positions) {
-  const std::int32_t r = base.rotary_dim == 0 ? head_dim : base.rotary_dim, half = r / 2;
-  std::int32_t have = rope.cache_max_position;
-  if (rope_cos.empty()) have = 0;
-  if (positions <= have) return;
-  const std::int32_t target = std::max(positions, 2 * have);  // amortised growth
-  rope = base;
-  rope_cos.resize(std::size_t(target) * half);
-  rope_sin.resize(std::size_t(target) * half);
-  for (std::int32_t p = have; p < target; ++p)
-    for (std::int32_t i = 0; i < half; ++i)  // base has no cache: computed in double
-      rope_cos_sin(base, r, p, i, rope_cos[std::size_t(p) * half + i],
-                   rope_sin[std::size_t(p) * half + i]);
-  rope.cos_cache = rope_cos.data();
-  rope.sin_cache = rope_sin.data();
-  rope.cache_max_position = target;
-}
-
 const AttentionPlan& StepAttention::plan_for(const PagedKVTable& table, const AttentionShape& shape,
                                              const AttentionOptions& options,
                                              const AttentionPlanOptions& plan_options) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pagedattn/attention.h"
+#include "kernels/rope_table.h"
 #include "pagedattn/rope.h"
 
 namespace pagedattn::cache {
@@ -23,13 +24,9 @@ struct StepAttention {
   std::vector<float> q_rotated;  // [num_tokens][num_qo_heads][head_dim]
   std::vector<float> k_rotated;  // [num_tokens][num_kv_heads][head_dim]
 
-  // cos/sin [positions][rotary_dim / 2] of the cache's RoPE, grown on demand.
-  RopeConfig rope;  // config.rope with the table attached
-  std::vector<float> rope_cos, rope_sin;
+  kernels::RopeTable rope;  // the cache's RoPE and its cos/sin rows
 
   void invalidate_plan() { plan_valid = false; }
-  // Makes the cos/sin table cover positions [0, positions).
-  void ensure_rope_table(const RopeConfig& base, std::int32_t head_dim, std::int32_t positions);
   // The plan for this step and options (made on the first call).
   const AttentionPlan& plan_for(const PagedKVTable& table, const AttentionShape& shape,
                                 const AttentionOptions& options,

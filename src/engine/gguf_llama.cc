@@ -1,4 +1,5 @@
-// make_gguf_model: a Llama-family GGUF file as the built-in Llama model.
+// make_gguf_model: a GGUF decoder (llama, qwen2, qwen3, gemma2, gemma3, phi3)
+// as the built-in model.
 // Q8_0 / Q4_0 / Q4_1 tensors stay in their blocks (the quantised kernels read
 // them in place); every other supported type is dequantised to f32 once, at
 // load (exactly, by the GGUF reader).
@@ -16,6 +17,7 @@ namespace {
 
 using engine::LlamaLayerWeights;
 using engine::LlamaWeights;
+using engine::StackedMatrix;
 using engine::WeightFormat;
 using engine::WeightMatrix;
 
@@ -29,6 +31,15 @@ bool in_place_format(GgufType type, WeightFormat& format) {
       return true;
     case GgufType::kQ4_1:
       format = WeightFormat::kQ4_1;
+      return true;
+    case GgufType::kQ4_K:
+      format = WeightFormat::kQ4_K;
+      return true;
+    case GgufType::kQ5_K:
+      format = WeightFormat::kQ5_K;
+      return true;
+    case GgufType::kQ6_K:
+      format = WeightFormat::kQ6_K;
       return true;
     default:
       return false;
@@ -58,17 +69,21 @@ std::vector<float> load_vector(const GgufFile& file, const std::string& name) {
   return file.dequantize(file.tensor(name));
 }
 
-// q, k and v rows stacked (and their biases, when the file has them).
+// A norm's weights, or none when the architecture has no such tensor.
+std::vector<float> load_optional_vector(const GgufFile& file, const std::string& name) {
+  return name.empty() ? std::vector<float>{} : load_vector(file, name);
+}
+
+// q, k and v rows stacked (each part kept in its own format), and their
+// biases when the file has them.
 void load_qkv(const GgufFile& file, const GgufLayerTensors& t, LlamaLayerWeights& l) {
-  l.qkv = load_matrix(file, t.attn_q);
-  WeightMatrix k = load_matrix(file, t.attn_k), v = load_matrix(file, t.attn_v);
-  if (k.format() != l.qkv.format() || v.format() != l.qkv.format()) {  // mixed types: all f32
-    l.qkv = load_matrix_f32(file, t.attn_q);
-    k = load_matrix_f32(file, t.attn_k);
-    v = load_matrix_f32(file, t.attn_v);
+  if (!t.attn_qkv.empty()) {  // phi3: already fused
+    l.qkv = StackedMatrix(load_matrix(file, t.attn_qkv));
+    return;
   }
-  l.qkv.append_rows(k);
-  l.qkv.append_rows(v);
+  l.qkv = StackedMatrix(load_matrix(file, t.attn_q));
+  l.qkv.append(load_matrix(file, t.attn_k));
+  l.qkv.append(load_matrix(file, t.attn_v));
   if (!t.attn_q_bias.empty())
     for (const std::string* name : {&t.attn_q_bias, &t.attn_k_bias, &t.attn_v_bias}) {
       const std::vector<float> b = load_vector(file, *name);
@@ -76,15 +91,12 @@ void load_qkv(const GgufFile& file, const GgufLayerTensors& t, LlamaLayerWeights
     }
 }
 
-// gate and up rows stacked (f32 for both when their types differ).
-WeightMatrix load_gate_up(const GgufFile& file, const GgufLayerTensors& t) {
-  WeightMatrix gate = load_matrix(file, t.ffn_gate), up = load_matrix(file, t.ffn_up);
-  if (gate.format() != up.format()) {
-    gate = load_matrix_f32(file, t.ffn_gate);
-    up = load_matrix_f32(file, t.ffn_up);
-  }
-  gate.append_rows(up);
-  return gate;
+// gate rows, then up rows (phi3's ffn_up holds both, in that order).
+StackedMatrix load_gate_up(const GgufFile& file, const GgufLayerTensors& t) {
+  if (t.ffn_gate.empty()) return StackedMatrix(load_matrix(file, t.ffn_up));
+  StackedMatrix gate_up(load_matrix(file, t.ffn_gate));
+  gate_up.append(load_matrix(file, t.ffn_up));
+  return gate_up;
 }
 
 std::int32_t narrow(std::int64_t value, const char* what) {
@@ -106,6 +118,22 @@ LlamaConfig llama_config(const GgufModelConfig& g, const GgufModelOptions& optio
   c.rope_style =
       g.rope_layout == GgufRopeLayout::kInterleaved ? RopeStyle::kGptJ : RopeStyle::kNeox;
   c.rope_theta = g.rope_theta;
+  c.rotary_dim = narrow(g.rotary_dim, "rotary_dim");
+  const GgufRopeScaling& scaling = g.rope_scaling;
+  if (scaling.type == "linear") c.rope_scale = 1.0f / scaling.factor;
+  if (scaling.type == "yarn" && scaling.factor > 1.0f)
+    c.rope_yarn = {scaling.factor, narrow(scaling.original_context_length, "original context"),
+                   scaling.yarn_beta_fast, scaling.yarn_beta_slow, scaling.yarn_attention_factor};
+  for (std::int64_t w : g.layer_windows) c.layer_windows.push_back(narrow(w, "sliding_window"));
+  c.rope_theta_windowed = g.rope_theta_windowed;
+  c.qk_norm = !g.layers.empty() && !g.layers.front().attn_q_norm.empty();
+  c.sandwich_norms = !g.layers.empty() && !g.layers.front().post_attention_norm.empty();
+  c.activation = g.activation == GgufActivation::kGeluTanh ? MlpActivation::kGeluTanh
+                                                           : MlpActivation::kSilu;
+  c.embedding_scale = g.embedding_scale;
+  c.attention_scale = g.attention_scale;
+  c.attention_softcap = g.attention_softcap;
+  c.final_softcap = g.final_softcap;
   c.rms_norm_eps = g.rms_norm_eps;
   c.max_position =
       options.max_position > 0 ? options.max_position : narrow(g.context_length, "context_length");
@@ -128,12 +156,9 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
           "make_gguf_model: options.max_position = ", options.max_position,
           " must be >= 0 (0: the file's context length)");
   const GgufModelConfig g = read_model_config(file);
-  require<Unsupported>(
-      g.rope_scaling.type == "none" && g.rope_scaling.freq_factors_tensor.empty(),
-      "make_gguf_model: ", file.source_name(), " uses RoPE scaling '", g.rope_scaling.type,
-      g.rope_scaling.freq_factors_tensor.empty() ? "'" : "' with rope_freqs.weight",
-      ", which the built-in Llama model does not apply yet");
-  const LlamaConfig config = llama_config(g, options);
+  LlamaConfig config = llama_config(g, options);
+  if (!g.rope_scaling.freq_factors_tensor.empty())
+    config.rope_freq_factors = load_vector(file, g.rope_scaling.freq_factors_tensor);
   engine::validate_shard(config);  // before reading any weight
   LlamaWeights w;
   w.embedding = load_matrix(file, g.token_embedding);
@@ -143,10 +168,14 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
     LlamaLayerWeights& l = w.layers.emplace_back();
     l.attn_norm = load_vector(file, t.attn_norm);
     load_qkv(file, t, l);
+    l.q_norm = load_optional_vector(file, t.attn_q_norm);
+    l.k_norm = load_optional_vector(file, t.attn_k_norm);
     l.o = load_matrix(file, t.attn_output);
+    l.post_attn_norm = load_optional_vector(file, t.post_attention_norm);
     l.mlp_norm = load_vector(file, t.ffn_norm);
     l.gate_up = load_gate_up(file, t);
     l.down = load_matrix(file, t.ffn_down);
+    l.post_mlp_norm = load_optional_vector(file, t.post_ffw_norm);
   }
   return engine::make_llama_model(config, std::move(w));
 }

@@ -8,6 +8,7 @@
 
 #include "counter_random.h"
 #include "gemm.h"
+#include "kernels/rope_table.h"
 #include "llama_weights.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/llama.h"
@@ -57,7 +58,44 @@ void validate(const LlamaConfig& c) {
           " is outside [-1, vocab_size = ", c.vocab_size, ")");
   require(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0.0f,
           "LlamaConfig.rms_norm_eps = ", c.rms_norm_eps, " must be > 0");
+  require(c.rotary_dim >= 0 && c.rotary_dim % 2 == 0 && c.rotary_dim <= c.head_dim,
+          "LlamaConfig.rotary_dim = ", c.rotary_dim, " must be even and in [0, head_dim = ",
+          c.head_dim, "]");
+  const std::int32_t rotary = c.rotary_dim ? c.rotary_dim : c.head_dim;
+  require(c.rope_freq_factors.empty() || std::ssize(c.rope_freq_factors) == rotary / 2,
+          "LlamaConfig.rope_freq_factors has ", c.rope_freq_factors.size(),
+          " entries, need rotary_dim / 2 = ", rotary / 2);
+  require(c.layer_windows.empty() || std::ssize(c.layer_windows) == c.num_layers,
+          "LlamaConfig.layer_windows has ", c.layer_windows.size(), " entries, need num_layers = ",
+          c.num_layers);
+  for (std::size_t i = 0; i < c.layer_windows.size(); ++i)
+    require(c.layer_windows[i] >= 0, "LlamaConfig.layer_windows[", i, "] = ", c.layer_windows[i],
+            " must be >= 0");
+  const std::pair<const char*, float> non_negative[] = {
+      {"rope_theta_windowed", c.rope_theta_windowed}, {"attention_scale", c.attention_scale},
+      {"attention_softcap", c.attention_softcap},     {"final_softcap", c.final_softcap}};
+  for (const auto& [name, value] : non_negative)
+    require(std::isfinite(value) && value >= 0.0f, "LlamaConfig.", name, " = ", value,
+            " must be finite and >= 0");
+  require(std::isfinite(c.embedding_scale) && c.embedding_scale > 0.0f &&
+              std::isfinite(c.rope_scale) && c.rope_scale > 0.0f,
+          "LlamaConfig.embedding_scale = ", c.embedding_scale, " and rope_scale = ", c.rope_scale,
+          " must be finite and > 0");
+  // RoPE's own checks (scaling parameters, factors), once.
+  RopeConfig rope;
+  rope.theta = c.rope_theta;
+  rope.scale = c.rope_scale;
+  rope.yarn = c.rope_yarn;
+  rope.freq_factors = c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data();
+  rope.rotary_dim = rotary;
+  apply_rope({nullptr, DType::kF32, rotary, rotary}, 0, 1, rotary, nullptr, rope);  // no tokens
 }
+
+// The RoPE of one kind of layer and its cos/sin rows.
+struct LayerRope {
+  RopeConfig config;  // without a table
+  kernels::RopeTable table;
+};
 
 class LlamaModel final : public Model {
  public:
@@ -69,11 +107,25 @@ class LlamaModel final : public Model {
         inter_(c.intermediate_size / c.shard.size),
         w_(std::move(weights)) {
     validate_weights();
-    spec_ = {std::string(c.name), c.num_layers,   hq_,            hkv_,              c.head_dim,
-             c.vocab_size,        c.max_position, c.eos_token_id, RopeMode::kNormal, {}};
-    spec_.rope.style = c.rope_style;
-    spec_.rope.theta = c.rope_theta;
-    spec_.rope.llama3.factor = c.llama3_rope_factor;
+    // The model rotates q and k itself (layers may differ in their RoPE), so
+    // the cache stores keys as given.
+    spec_ = {std::string(c.name), c.num_layers,   hq_,            hkv_,            c.head_dim,
+             c.vocab_size,        c.max_position, c.eos_token_id, RopeMode::kNone, {}};
+    RopeConfig& global = rope_[0].config;
+    global.style = c.rope_style;
+    global.rotary_dim = c.rotary_dim;
+    global.theta = c.rope_theta;
+    global.scale = c.rope_scale;
+    global.llama3.factor = c.llama3_rope_factor;
+    global.yarn = c.rope_yarn;
+    global.freq_factors = c_.rope_freq_factors.empty() ? nullptr : c_.rope_freq_factors.data();
+    rope_[1].config = global;
+    if (c.rope_theta_windowed > 0.0f) {  // windowed layers: their own base, no scaling
+      rope_[1].config = RopeConfig{};
+      rope_[1].config.style = c.rope_style;
+      rope_[1].config.rotary_dim = c.rotary_dim;
+      rope_[1].config.theta = c.rope_theta_windowed;
+    }
     engine::use_single_threaded_blas();
   }
 
@@ -84,24 +136,32 @@ class LlamaModel final : public Model {
   void validate_weights() const;
   void validate_batch(const ForwardBatch& batch, const PagedKVCache& cache,
                       std::span<float> logits) const;
+  std::int32_t window(std::int32_t layer) const {
+    return c_.layer_windows.empty() ? 0 : c_.layer_windows[std::size_t(layer)];
+  }
   void attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
                        PagedKVCache& cache);
+  // q/k norms and RoPE on the step's q and k heads in qkv_, in place.
+  void prepare_qk(std::int32_t layer, std::int32_t tokens, const PagedKVCache& cache);
   void mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic);
   // y[rows][w.out] (+)= x[rows][w.in] w^T
   void project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y, bool accumulate,
                bool deterministic);
   // x_ += x w^T summed over the tensor-parallel ranks (each holds a slice
-  // of w's input columns and of x's features).
+  // of w's input columns and of x's features), RMS-normed by `post_norm`
+  // first when it is not empty.
   void add_row_parallel(const float* x, std::int32_t rows, const WeightMatrix& w,
-                        bool deterministic);
-  // out[t] = x[t] / rms(x[t]) * weight, for `tokens` rows of hidden_size.
-  void rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight,
-                float* out) const;
+                        const std::vector<float>& post_norm, bool deterministic);
+  // out[t] = x[t] / rms(x[t]) * weight, for `tokens` rows of `width`
+  // (default hidden_size).
+  void rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight, float* out,
+                std::int32_t width = 0) const;
 
   LlamaConfig c_;
   std::int32_t hq_, hkv_, inter_;  // this shard's query heads, KV heads, MLP width
   ModelSpec spec_;
   LlamaWeights w_;
+  LayerRope rope_[2];  // global layers, windowed layers
   // Activations, reused across steps.
   std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, rows_, partial_;
   LinearScratch scratch_;
@@ -126,15 +186,24 @@ LlamaWeights draw_weights(const LlamaConfig& c) {
   for (LlamaLayerWeights& l : w.layers) {
     l.attn_norm.assign(static_cast<std::size_t>(h), 1.0f);
     l.mlp_norm.assign(static_cast<std::size_t>(h), 1.0f);
-    l.qkv = draw(qkv_rows, h, init_bound(h));
+    l.qkv = engine::StackedMatrix(draw(qkv_rows, h, init_bound(h)));
     l.o = draw(h, q_dim, init_bound(q_dim, residual));
-    l.gate_up = draw(2 * inter, h, init_bound(h));
+    l.gate_up = engine::StackedMatrix(draw(2 * inter, h, init_bound(h)));
     l.down = draw(h, inter, init_bound(inter, residual));
+    if (c.qk_norm) {
+      l.q_norm.assign(static_cast<std::size_t>(d), 1.0f);
+      l.k_norm.assign(static_cast<std::size_t>(d), 1.0f);
+    }
+    if (c.sandwich_norms) {
+      l.post_attn_norm.assign(static_cast<std::size_t>(h), 1.0f);
+      l.post_mlp_norm.assign(static_cast<std::size_t>(h), 1.0f);
+    }
   }
   return w;
 }
 
-void require_shape(const WeightMatrix& m, const char* name, std::int64_t layer, std::int32_t out,
+template <typename Matrix>  // WeightMatrix or StackedMatrix
+void require_shape(const Matrix& m, const char* name, std::int64_t layer, std::int32_t out,
                    std::int32_t in) {
   require(m.out() == out && m.in() == in, "LlamaModel: ", name, layer >= 0 ? " of layer " : "",
           layer >= 0 ? std::to_string(layer) : std::string(), " is ", m.out(), " x ", m.in(),
@@ -142,9 +211,10 @@ void require_shape(const WeightMatrix& m, const char* name, std::int64_t layer, 
 }
 
 void require_norm(const std::vector<float>& v, const char* name, std::int64_t layer,
-                  std::int32_t h) {
-  require(std::ssize(v) == h, "LlamaModel: ", name, " of layer ", layer, " has ", v.size(),
-          " weights, the config needs ", h);
+                  std::int32_t h, bool present = true) {
+  const std::int32_t want = present ? h : 0;
+  require(std::ssize(v) == want, "LlamaModel: ", name, " of layer ", layer, " has ", v.size(),
+          " weights, the config needs ", want);
 }
 
 void LlamaModel::validate_weights() const {
@@ -160,6 +230,10 @@ void LlamaModel::validate_weights() const {
     const auto layer = static_cast<std::int64_t>(i);
     require_norm(l.attn_norm, "attn_norm", layer, h);
     require_norm(l.mlp_norm, "mlp_norm", layer, h);
+    require_norm(l.q_norm, "q_norm", layer, d, c_.qk_norm);
+    require_norm(l.k_norm, "k_norm", layer, d, c_.qk_norm);
+    require_norm(l.post_attn_norm, "post_attn_norm", layer, h, c_.sandwich_norms);
+    require_norm(l.post_mlp_norm, "post_mlp_norm", layer, h, c_.sandwich_norms);
     require_shape(l.qkv, "qkv", layer, qkv_rows, h);
     require(l.qkv_bias.empty() || std::ssize(l.qkv_bias) == qkv_rows, "LlamaModel: qkv_bias of layer ",
             layer, " has ", l.qkv_bias.size(), " values, the config needs ", qkv_rows);
@@ -189,9 +263,9 @@ void LlamaModel::validate_batch(const ForwardBatch& b, const PagedKVCache& cache
 }
 
 void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight,
-                          float* out) const {
-  const std::int32_t h = c_.hidden_size;
-#pragma omp parallel for schedule(static) if (tokens > 64)
+                          float* out, std::int32_t width) const {
+  const std::int32_t h = width > 0 ? width : c_.hidden_size;
+#pragma omp parallel for schedule(static) if (std::int64_t{tokens} * h > (1 << 16))
   for (std::int32_t t = 0; t < tokens; ++t) {
     const float* row = x + std::size_t(t) * h;
     float sum = 0.0f;
@@ -201,46 +275,81 @@ void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector
   }
 }
 
+void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens, const PagedKVCache& cache) {
+  const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
+  const std::int32_t d = c_.head_dim, q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
+  if (c_.qk_norm) {  // each head's row normed on its own: in place, row by row
+    for (std::int32_t t = 0; t < tokens; ++t) {
+      float* row = qkv_.data() + std::size_t(t) * qkv_dim;
+      rms_norm(row, hq_, w.q_norm, row, d);
+      rms_norm(row + q_dim, hkv_, w.k_norm, row + q_dim, d);
+    }
+  }
+  const std::vector<std::int32_t>& positions = cache.plan().positions;
+  std::int32_t longest = 1;
+  for (std::int32_t p : positions) longest = std::max(longest, p + 1);
+  LayerRope& kind = rope_[window(layer) > 0 ? 1 : 0];
+  const RopeConfig& rope = kind.table.covering(kind.config, d, longest);
+  apply_rope({qkv_.data(), DType::kF32, qkv_dim, d}, tokens, hq_, d, positions.data(), rope);
+  apply_rope({qkv_.data() + q_dim, DType::kF32, qkv_dim, d}, tokens, hkv_, d, positions.data(),
+             rope);
+}
+
 void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
                                  PagedKVCache& cache) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t d = c_.head_dim;
   const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
   rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
-  project(h_.data(), tokens, w.qkv, qkv_.data(), false, deterministic);
+  w.qkv.project(h_.data(), tokens, qkv_.data(), false, deterministic, scratch_);
   if (!w.qkv_bias.empty())
     for (std::int32_t t = 0; t < tokens; ++t)
-      for (std::int32_t i = 0; i < qkv_dim; ++i) qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
+      for (std::int32_t i = 0; i < qkv_dim; ++i)
+        qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
+  prepare_qk(layer, tokens, cache);
+  AttentionOptions options;
+  if (c_.attention_scale > 0.0f) options.scale = c_.attention_scale;
+  options.window_left = window(layer) > 0 ? window(layer) - 1 : -1;
+  options.softcap = c_.attention_softcap;
   cache.attention_with_fused_qkv(layer, HeadTensor{qkv_.data(), DType::kF32, qkv_dim, d},
-                                 HeadTensor{attn_.data(), DType::kF32, q_dim, d});
-  add_row_parallel(attn_.data(), tokens, w.o, deterministic);
+                                 HeadTensor{attn_.data(), DType::kF32, q_dim, d}, options);
+  add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic);
+}
+
+// tanh-approximated GELU (PyTorch's gelu(approximate="tanh"), Gemma's
+// hidden_activation).
+float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
 }
 
 void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t inter = inter_;
+  const bool gelu = c_.activation == MlpActivation::kGeluTanh;
   rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
-  project(h_.data(), tokens, w.gate_up, gate_up_.data(), false, deterministic);
+  w.gate_up.project(h_.data(), tokens, gate_up_.data(), false, deterministic, scratch_);
   const std::int64_t n = std::int64_t{tokens} * inter;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (std::int64_t i = 0; i < n; ++i) {  // SwiGLU: silu(gate) * up
+  for (std::int64_t i = 0; i < n; ++i) {  // act(gate) * up
     const std::int64_t t = i / inter, j = i % inter;
     const float g = gate_up_[std::size_t(t * 2 * inter + j)];
     const float u = gate_up_[std::size_t(t * 2 * inter + inter + j)];
-    act_[std::size_t(i)] = g / (1.0f + std::exp(-g)) * u;
+    act_[std::size_t(i)] = (gelu ? gelu_tanh(g) : g / (1.0f + std::exp(-g))) * u;
   }
-  add_row_parallel(act_.data(), tokens, w.down, deterministic);
+  add_row_parallel(act_.data(), tokens, w.down, w.post_mlp_norm, deterministic);
 }
 
 void LlamaModel::add_row_parallel(const float* x, std::int32_t rows, const WeightMatrix& w,
-                                  bool deterministic) {
-  if (c_.shard.size == 1) {  // the whole sum here: accumulate in place
+                                  const std::vector<float>& post_norm, bool deterministic) {
+  if (c_.shard.size == 1 && post_norm.empty()) {  // the whole sum here: accumulate in place
     project(x, rows, w, x_.data(), true, deterministic);
     return;
   }
   partial_.resize(std::size_t(rows) * std::size_t(c_.hidden_size));
   project(x, rows, w, partial_.data(), false, deterministic);
-  c_.shard.all_reduce_sum(partial_);
+  if (c_.shard.size > 1) c_.shard.all_reduce_sum(partial_);
+  if (!post_norm.empty()) rms_norm(partial_.data(), rows, post_norm, partial_.data());
   for (std::size_t i = 0; i < partial_.size(); ++i) x_[i] += partial_[i];
 }
 
@@ -262,6 +371,8 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   gate_up_.resize(t * 2 * std::size_t(inter_));
   act_.resize(t * std::size_t(inter_));
   for (std::size_t i = 0; i < t; ++i) w_.embedding.row_to_f32(b.token_ids[i], x_.data() + i * h);
+  if (c_.embedding_scale != 1.0f)
+    for (float& v : x_) v *= c_.embedding_scale;
   for (std::int32_t layer = 0; layer < c_.num_layers; ++layer) {
     attention_block(layer, tokens, b.deterministic, cache);
     mlp_block(layer, tokens, b.deterministic);
@@ -274,6 +385,8 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   rms_norm(h_.data(), rows, w_.final_norm, rows_.data());
   project(rows_.data(), rows, c_.tie_embeddings ? w_.embedding : w_.lm_head, logits.data(), false,
           b.deterministic);
+  if (c_.final_softcap > 0.0f)
+    for (float& v : logits) v = c_.final_softcap * std::tanh(v / c_.final_softcap);
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 // split of Q/K/V and gate/up (this rank's heads and intermediate slice),
 // row split of the attention output and down projections (their matching
 // input columns). Norms, embeddings and the LM head stay whole.
-#include <initializer_list>
 #include <vector>
 
 #include "engine/llama_weights.h"
@@ -11,23 +10,9 @@
 namespace pagedattn::engine {
 namespace {
 
-struct RowRange {
-  std::int32_t begin, count;
-};
+using RowRange = StackedMatrix::RowRange;
 
-// The listed row ranges of `m`, stacked in order.
-WeightMatrix gather_rows(const WeightMatrix& m, std::initializer_list<RowRange> ranges,
-                         const char* what) {
-  WeightMatrix out;
-  for (const RowRange& range : ranges) {
-    WeightMatrix part = m.slice(range.begin, range.count, 0, m.in(), what);
-    if (out.empty()) out = std::move(part);
-    else out.append_rows(part);
-  }
-  return out;
-}
-
-std::vector<float> gather(const std::vector<float>& v, std::initializer_list<RowRange> ranges) {
+std::vector<float> gather(const std::vector<float>& v, const std::vector<RowRange>& ranges) {
   std::vector<float> out;
   for (const RowRange& range : ranges)
     out.insert(out.end(), v.begin() + range.begin, v.begin() + range.begin + range.count);
@@ -60,14 +45,14 @@ void shard_llama_weights(const LlamaConfig& c, LlamaWeights& w) {
   const std::int32_t q = c.num_qo_heads / n * d, kv = c.num_kv_heads / n * d;
   const std::int32_t q_all = c.num_qo_heads * d, kv_all = c.num_kv_heads * d;
   // Rows of the fused q|k|v matrix: this rank's q heads, k heads, v heads.
-  const std::initializer_list<RowRange> qkv = {
+  const std::vector<RowRange> qkv = {
       {r * q, q}, {q_all + r * kv, kv}, {q_all + kv_all + r * kv, kv}};
   for (LlamaLayerWeights& l : w.layers) {
-    l.qkv = gather_rows(l.qkv, qkv, "attn_qkv");
+    l.qkv = l.qkv.gather_rows(qkv, "attn_qkv");
     if (!l.qkv_bias.empty()) l.qkv_bias = gather(l.qkv_bias, qkv);
     l.o = l.o.slice(0, l.o.out(), r * q, q, "attn_output");
-    l.gate_up = gather_rows(l.gate_up, {{r * inter, inter}, {c.intermediate_size + r * inter, inter}},
-                            "ffn_gate_up");
+    l.gate_up = l.gate_up.gather_rows(
+        {{r * inter, inter}, {c.intermediate_size + r * inter, inter}}, "ffn_gate_up");
     l.down = l.down.slice(0, l.down.out(), r * inter, inter, "ffn_down");
   }
 }

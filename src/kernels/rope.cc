@@ -11,6 +11,40 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
+void validate_yarn(const RopeYarnScaling& y) {
+  if (y.factor == 0.0f) return;
+  require(y.factor > 1.0f && std::isfinite(y.factor) && y.original_max_position > 0 &&
+              y.beta_fast > y.beta_slow && y.beta_slow > 0.0f && y.attention_factor >= 0.0f &&
+              std::isfinite(y.attention_factor),
+          "apply_rope: yarn scaling factor = ", y.factor, ", original_max_position = ",
+          y.original_max_position, ", beta_fast = ", y.beta_fast, ", beta_slow = ", y.beta_slow,
+          ", attention_factor = ", y.attention_factor, " is inconsistent");
+}
+
+// The dimension (of R) at which pairs make `rotations` turns over the
+// original context (Hugging Face's find_correction_dim).
+double yarn_correction_dim(double rotations, std::int32_t rotary_dim, double theta,
+                           double original_max_position) {
+  return rotary_dim * std::log(original_max_position / (rotations * 2.0 * kPi)) /
+         (2.0 * std::log(theta));
+}
+
+// YaRN's blend of extrapolated (unscaled) and interpolated (divided by the
+// factor) frequencies for pair t, as Hugging Face's _compute_yarn_parameters
+// (with truncation of the correction range to whole dimensions).
+double yarn_inv_freq(const RopeConfig& c, std::int32_t rotary_dim, std::int32_t t, double inv) {
+  const RopeYarnScaling& y = c.yarn;
+  const double original = y.original_max_position;
+  double low = std::floor(yarn_correction_dim(y.beta_fast, rotary_dim, c.theta, original));
+  double high = std::ceil(yarn_correction_dim(y.beta_slow, rotary_dim, c.theta, original));
+  low = std::max(low, 0.0);
+  high = std::min(high, double(rotary_dim - 1));
+  if (low == high) high += 0.001;  // no division by zero
+  const double ramp = std::clamp((t - low) / (high - low), 0.0, 1.0);
+  const double extrapolation = 1.0 - ramp;  // share of the unscaled frequency
+  return inv / y.factor * (1.0 - extrapolation) + inv * extrapolation;
+}
+
 void validate_rope(const HeadTensor& x, std::int32_t num_tokens, std::int32_t num_heads,
                    std::int32_t head_dim, const std::int32_t* positions, const RopeConfig& c) {
   require(num_tokens >= 0 && num_heads >= 1 && head_dim >= 2, "apply_rope: num_tokens = ",
@@ -29,8 +63,13 @@ void validate_rope(const HeadTensor& x, std::int32_t num_tokens, std::int32_t nu
           "apply_rope: llama3 scaling factor = ", l3.factor, ", low_freq_factor = ",
           l3.low_freq_factor, ", high_freq_factor = ", l3.high_freq_factor,
           ", original_max_position = ", l3.original_max_position, " is inconsistent");
+  validate_yarn(c.yarn);
   require((c.cos_cache == nullptr) == (c.sin_cache == nullptr), "apply_rope: give both cos_cache "
           "and sin_cache or neither");
+  if (c.freq_factors)
+    for (std::int32_t i = 0; i < r / 2; ++i)
+      require(std::isfinite(c.freq_factors[i]) && c.freq_factors[i] > 0.0f,
+              "apply_rope: freq_factors[", i, "] = ", c.freq_factors[i], " must be finite and > 0");
   if (num_tokens == 0) return;
   require(x.data && positions, "apply_rope: x.data and positions must be non-null");
   for (std::int32_t t = 0; t < num_tokens; ++t) {
@@ -42,10 +81,9 @@ void validate_rope(const HeadTensor& x, std::int32_t num_tokens, std::int32_t nu
 
 }  // namespace
 
-double rope_inv_freq(const RopeConfig& c, std::int32_t rotary_dim, std::int32_t t) {
-  double inv = double(c.scale) / std::pow(double(c.theta), 2.0 * t / rotary_dim);
-  const RopeLlama3Scaling& l3 = c.llama3;
-  if (l3.factor == 0.0f) return inv;
+namespace {
+
+double llama3_inv_freq(const RopeLlama3Scaling& l3, double inv) {
   const double wavelen = 2.0 * kPi / inv;
   const double low_wavelen = l3.original_max_position / double(l3.low_freq_factor);
   const double high_wavelen = l3.original_max_position / double(l3.high_freq_factor);
@@ -54,6 +92,23 @@ double rope_inv_freq(const RopeConfig& c, std::int32_t rotary_dim, std::int32_t 
   const double smooth = (l3.original_max_position / wavelen - l3.low_freq_factor) /
                         (double(l3.high_freq_factor) - l3.low_freq_factor);
   return (1.0 - smooth) * inv / l3.factor + smooth * inv;
+}
+
+}  // namespace
+
+double rope_inv_freq(const RopeConfig& c, std::int32_t rotary_dim, std::int32_t t) {
+  double inv = double(c.scale) / std::pow(double(c.theta), 2.0 * t / rotary_dim);
+  if (c.llama3.factor != 0.0f) inv = llama3_inv_freq(c.llama3, inv);
+  if (c.yarn.factor != 0.0f) inv = yarn_inv_freq(c, rotary_dim, t, inv);
+  if (c.freq_factors) inv /= double(c.freq_factors[t]);
+  return inv;
+}
+
+double rope_attention_factor(const RopeConfig& c) {
+  const RopeYarnScaling& y = c.yarn;
+  if (y.factor == 0.0f) return 1.0;
+  if (y.attention_factor > 0.0f) return y.attention_factor;
+  return 0.1 * std::log(double(y.factor)) + 1.0;
 }
 
 void rope_cos_sin(const RopeConfig& c, std::int32_t rotary_dim, std::int64_t pos, std::int32_t t,
@@ -65,8 +120,9 @@ void rope_cos_sin(const RopeConfig& c, std::int32_t rotary_dim, std::int64_t pos
     return;
   }
   const double angle = double(pos) * rope_inv_freq(c, rotary_dim, t);
-  cos_out = static_cast<float>(std::cos(angle));
-  sin_out = static_cast<float>(std::sin(angle));
+  const double magnitude = rope_attention_factor(c);
+  cos_out = static_cast<float>(magnitude * std::cos(angle));
+  sin_out = static_cast<float>(magnitude * std::sin(angle));
 }
 
 void apply_rope(HeadTensor x, std::int32_t num_tokens, std::int32_t num_heads,

@@ -1,5 +1,7 @@
 // read_model_config: Llama-family hyper-parameters and tensor names.
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -65,71 +67,102 @@ std::int64_t optional_token_id(const GgufFile& file, std::string_view key) {
   return file.has(key) ? file.get_i64(key) : -1;
 }
 
-GgufLayerTensors layer_tensor_names(std::int64_t layer, bool with_qkv_bias) {
+// What differs between the architectures, beyond the keys they all share.
+struct ArchTraits {
+  GgufArch arch;
+  const char* name;
+  GgufRopeLayout rope_layout;
+  bool fused_qkv = false;       // phi3: attn_qkv, and ffn_up holds gate | up
+  bool qk_norm = false;         // attn_q_norm / attn_k_norm
+  bool sandwich_norms = false;  // post_attention_norm / post_ffw_norm
+  bool gemma = false;           // GELU-tanh, sqrt(hidden) embedding scale
+  // Layers in a window/global period (the last of each is global); 0: every
+  // layer windowed when the file has a window, 1: none windowed.
+  std::int64_t window_period = 0;
+};
+
+// llama.cpp's converter permutes llama's q/k rows (see gguf_model.h); the
+// other architectures keep Hugging Face's order and use neox pairs.
+constexpr ArchTraits kArchitectures[] = {
+    {GgufArch::kLlama, "llama", GgufRopeLayout::kInterleaved},
+    {GgufArch::kQwen2, "qwen2", GgufRopeLayout::kNeox},
+    {GgufArch::kQwen3, "qwen3", GgufRopeLayout::kNeox, false, true},
+    {GgufArch::kGemma2, "gemma2", GgufRopeLayout::kNeox, false, false, true, true, 2},
+    {GgufArch::kGemma3, "gemma3", GgufRopeLayout::kNeox, false, true, true, true, 6},
+    {GgufArch::kPhi3, "phi3", GgufRopeLayout::kNeox, true},
+};
+
+const ArchTraits& arch_traits(const GgufFile& file, const std::string& name) {
+  for (const ArchTraits& t : kArchitectures)
+    if (name == t.name) return t;
+  throw Unsupported(detail::concat(
+      "gguf ", file.source_name(), ": general.architecture '", name,
+      "' is not supported (llama, qwen2, qwen3, gemma2, gemma3, phi3)"));
+}
+
+GgufLayerTensors layer_tensor_names(std::int64_t layer, const ArchTraits& a, bool with_qkv_bias) {
   const std::string p = "blk." + std::to_string(layer) + ".";
   GgufLayerTensors t;
   t.attn_norm = p + "attn_norm.weight";
-  t.attn_q = p + "attn_q.weight";
-  t.attn_k = p + "attn_k.weight";
-  t.attn_v = p + "attn_v.weight";
+  if (a.fused_qkv) {
+    t.attn_qkv = p + "attn_qkv.weight";
+  } else {
+    t.attn_q = p + "attn_q.weight";
+    t.attn_k = p + "attn_k.weight";
+    t.attn_v = p + "attn_v.weight";
+  }
   t.attn_output = p + "attn_output.weight";
   if (with_qkv_bias) {
     t.attn_q_bias = p + "attn_q.bias";
     t.attn_k_bias = p + "attn_k.bias";
     t.attn_v_bias = p + "attn_v.bias";
   }
+  if (a.qk_norm) {
+    t.attn_q_norm = p + "attn_q_norm.weight";
+    t.attn_k_norm = p + "attn_k_norm.weight";
+  }
+  if (a.sandwich_norms) {
+    t.post_attention_norm = p + "post_attention_norm.weight";
+    t.post_ffw_norm = p + "post_ffw_norm.weight";
+  }
   t.ffn_norm = p + "ffn_norm.weight";
-  t.ffn_gate = p + "ffn_gate.weight";
+  if (!a.fused_qkv) t.ffn_gate = p + "ffn_gate.weight";
   t.ffn_up = p + "ffn_up.weight";
   t.ffn_down = p + "ffn_down.weight";
   return t;
 }
 
 void check_tensors(const ConfigReader& r, const GgufModelConfig& c) {
-  const std::int64_t h = c.hidden_size, q = c.num_qo_heads * c.head_dim,
-                     kv = c.num_kv_heads * c.head_dim, ff = c.intermediate_size;
+  const std::int64_t h = c.hidden_size, d = c.head_dim, q = c.num_qo_heads * d,
+                     kv = c.num_kv_heads * d, ff = c.intermediate_size;
   r.expect_tensor(c.token_embedding, {h, c.vocab_size});
   r.expect_tensor(c.output_norm, {h});
   if (!c.tie_embeddings) r.expect_tensor(c.output, {h, c.vocab_size});
+  const auto optional = [&](const std::string& name, std::vector<std::int64_t> dims) {
+    if (!name.empty()) r.expect_tensor(name, std::move(dims));
+  };
   for (const GgufLayerTensors& t : c.layers) {
     r.expect_tensor(t.attn_norm, {h});
-    r.expect_tensor(t.attn_q, {h, q});
-    r.expect_tensor(t.attn_k, {h, kv});
-    r.expect_tensor(t.attn_v, {h, kv});
+    optional(t.attn_qkv, {h, q + 2 * kv});
+    optional(t.attn_q, {h, q});
+    optional(t.attn_k, {h, kv});
+    optional(t.attn_v, {h, kv});
     r.expect_tensor(t.attn_output, {q, h});
-    if (!t.attn_q_bias.empty()) {
-      r.expect_tensor(t.attn_q_bias, {q});
-      r.expect_tensor(t.attn_k_bias, {kv});
-      r.expect_tensor(t.attn_v_bias, {kv});
-    }
+    optional(t.attn_q_bias, {q});
+    optional(t.attn_k_bias, {kv});
+    optional(t.attn_v_bias, {kv});
+    optional(t.attn_q_norm, {d});
+    optional(t.attn_k_norm, {d});
+    optional(t.post_attention_norm, {h});
     r.expect_tensor(t.ffn_norm, {h});
-    r.expect_tensor(t.ffn_gate, {h, ff});
-    r.expect_tensor(t.ffn_up, {h, ff});
+    optional(t.ffn_gate, {h, ff});
+    r.expect_tensor(t.ffn_up, {h, t.ffn_gate.empty() ? 2 * ff : ff});
     r.expect_tensor(t.ffn_down, {ff, h});
+    optional(t.post_ffw_norm, {h});
   }
 }
 
-}  // namespace
-
-GgufModelConfig read_model_config(const GgufFile& file) {
-  GgufModelConfig c;
-  c.arch_name = std::string(file.get_string("general.architecture"));
-  if (c.arch_name == "llama") {
-    c.arch = GgufArch::kLlama;
-    c.rope_layout = GgufRopeLayout::kInterleaved;
-  } else if (c.arch_name == "qwen2") {
-    c.arch = GgufArch::kQwen2;
-    c.rope_layout = GgufRopeLayout::kNeox;
-  } else {
-    throw Unsupported(detail::concat("gguf ", file.source_name(), ": general.architecture '",
-                                     c.arch_name, "' is not supported (llama, qwen2)"));
-  }
-  if (file.has("general.name")) c.name = std::string(file.get_string("general.name"));
-  const ConfigReader r(file, c.arch_name);
-
-  c.num_layers = r.positive("block_count");
-  c.hidden_size = r.positive("embedding_length");
-  c.intermediate_size = r.positive("feed_forward_length");
+void read_heads(const GgufFile& file, const ConfigReader& r, GgufModelConfig& c) {
   c.num_qo_heads = r.positive("attention.head_count");
   c.num_kv_heads = r.positive_or("attention.head_count_kv", c.num_qo_heads);
   require(c.num_qo_heads % c.num_kv_heads == 0, "gguf ", file.source_name(), ": ",
@@ -145,26 +178,110 @@ GgufModelConfig read_model_config(const GgufFile& file) {
                        r.key("attention.value_length"), " = ", value_dim, " differs from ",
                        r.key("attention.key_length"), " = ", c.head_dim);
   require(c.head_dim % 2 == 0, "gguf ", file.source_name(), ": head dim ", c.head_dim, " is odd");
-  const std::int64_t rotary_dim = r.positive_or("rope.dimension_count", c.head_dim);
-  require<Unsupported>(rotary_dim == c.head_dim, "gguf ", file.source_name(), ": ",
-                       r.key("rope.dimension_count"), " = ", rotary_dim,
-                       " (partial rotary) differs from the head dim ", c.head_dim);
-  c.context_length = r.positive("context_length");
+  c.rotary_dim = r.positive_or("rope.dimension_count", c.head_dim);
+  require(c.rotary_dim % 2 == 0 && c.rotary_dim <= c.head_dim, "gguf ", file.source_name(), ": ",
+          r.key("rope.dimension_count"), " = ", c.rotary_dim,
+          " must be even and at most the head dim ", c.head_dim);
+}
+
+void read_rope(const GgufFile& file, const ConfigReader& r, GgufModelConfig& c) {
   c.rope_theta = r.float_or("rope.freq_base", 10000.0f);
-  require(c.rope_theta > 0, "gguf ", file.source_name(), ": ", r.key("rope.freq_base"), " = ",
-          c.rope_theta, " must be positive");
+  require(c.rope_theta > 0 && std::isfinite(c.rope_theta), "gguf ", file.source_name(), ": ",
+          r.key("rope.freq_base"), " = ", c.rope_theta, " must be positive");
+  GgufRopeScaling& s = c.rope_scaling;
+  if (file.has(r.key("rope.scaling.type")))
+    s.type = std::string(file.get_string(r.key("rope.scaling.type")));
+  s.factor = r.float_or("rope.scaling.factor", 1.0f);
+  s.original_context_length = r.positive_or("rope.scaling.original_context_length", 0);
+  s.yarn_beta_fast = r.float_or("rope.scaling.yarn_beta_fast", 32.0f);
+  s.yarn_beta_slow = r.float_or("rope.scaling.yarn_beta_slow", 1.0f);
+  s.yarn_attention_factor = r.float_or("rope.scaling.attn_factor", 0.0f);
+  require<Unsupported>(s.type == "none" || s.type == "linear" || s.type == "yarn", "gguf ",
+                       file.source_name(), ": ", r.key("rope.scaling.type"), " = '", s.type,
+                       "' is not supported (none, linear, yarn; llama3 scaling comes as the "
+                       "tensor rope_freqs.weight)");
+  if (s.type != "none")
+    require(std::isfinite(s.factor) && s.factor >= 1.0f, "gguf ", file.source_name(), ": ",
+            r.key("rope.scaling.factor"), " = ", s.factor, " must be >= 1 for scaling '", s.type,
+            "'");
+  if (s.type == "yarn") {
+    if (s.original_context_length == 0)
+      s.original_context_length =
+          static_cast<std::int64_t>(static_cast<double>(c.context_length) / s.factor);
+    require(s.yarn_beta_fast > s.yarn_beta_slow && s.yarn_beta_slow > 0.0f &&
+                s.original_context_length > 0 && s.yarn_attention_factor >= 0.0f,
+            "gguf ", file.source_name(), ": yarn scaling with beta_fast = ", s.yarn_beta_fast,
+            ", beta_slow = ", s.yarn_beta_slow, ", original context ", s.original_context_length,
+            ", attn_factor = ", s.yarn_attention_factor, " is inconsistent");
+  }
+  require<Unsupported>(file.find_tensor("rope_factors_long.weight") == nullptr, "gguf ",
+                       file.source_name(),
+                       ": LongRoPE (rope_factors_long.weight / rope_factors_short.weight, "
+                       "Phi-3 128k) is not supported");
+  if (file.find_tensor("rope_freqs.weight") != nullptr) {
+    s.freq_factors_tensor = "rope_freqs.weight";
+    r.expect_tensor("rope_freqs.weight", {c.rotary_dim / 2});
+  }
+}
+
+// Per-layer windows, scales and caps of the attention.
+void read_attention_kinds(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
+                          GgufModelConfig& c) {
+  const std::int64_t window = r.positive_or("attention.sliding_window", 0);
+  const std::int64_t period = r.positive_or("attention.sliding_window_pattern", a.window_period);
+  c.layer_windows.assign(static_cast<std::size_t>(c.num_layers), 0);
+  if (window > 0)
+    for (std::int64_t layer = 0; layer < c.num_layers; ++layer)  // the period's last is global
+      if (period == 0 || layer % period < period - 1)
+        c.layer_windows[static_cast<std::size_t>(layer)] = window;
+  if (a.arch == GgufArch::kGemma3)
+    c.rope_theta_windowed = r.float_or("rope.freq_base_swa", 10000.0f);
+  if (a.gemma) {
+    // llama.cpp's rule (GGUF has no query_pre_attn_scalar): the 27B models
+    // (46 / 62 layers) scale by hidden / heads, the others by the head dim.
+    const bool is_27b = (a.arch == GgufArch::kGemma2 && c.num_layers == 46) ||
+                        (a.arch == GgufArch::kGemma3 && c.num_layers == 62);
+    const double pre_attn = is_27b ? double(c.hidden_size) / double(c.num_qo_heads)
+                                   : double(c.head_dim);
+    const float scalar = r.float_or("attention.query_pre_attn_scalar", float(pre_attn));
+    require(std::isfinite(scalar) && scalar > 0.0f, "gguf ", file.source_name(), ": ",
+            r.key("attention.query_pre_attn_scalar"), " = ", scalar, " must be finite and > 0");
+    c.attention_scale = static_cast<float>(1.0 / std::sqrt(double(scalar)));
+    c.embedding_scale = static_cast<float>(std::sqrt(double(c.hidden_size)));
+    c.activation = GgufActivation::kGeluTanh;
+  }
+  c.attention_softcap = r.float_or("attn_logit_softcapping", 0.0f);
+  c.final_softcap = r.float_or("final_logit_softcapping", 0.0f);
+  for (const auto& [suffix, value] : {std::pair{"attn_logit_softcapping", c.attention_softcap},
+                                      std::pair{"final_logit_softcapping", c.final_softcap}})
+    require(std::isfinite(value) && value >= 0.0f, "gguf ", file.source_name(), ": ",
+            r.key(suffix), " = ", value, " must be finite and >= 0");
+}
+
+}  // namespace
+
+GgufModelConfig read_model_config(const GgufFile& file) {
+  GgufModelConfig c;
+  c.arch_name = std::string(file.get_string("general.architecture"));
+  const ArchTraits& a = arch_traits(file, c.arch_name);
+  c.arch = a.arch;
+  c.rope_layout = a.rope_layout;
+  if (file.has("general.name")) c.name = std::string(file.get_string("general.name"));
+  const ConfigReader r(file, c.arch_name);
+
+  c.num_layers = r.positive("block_count");
+  c.hidden_size = r.positive("embedding_length");
+  c.intermediate_size = r.positive("feed_forward_length");
+  read_heads(file, r, c);
+  c.context_length = r.positive("context_length");
+  read_rope(file, r, c);
   c.rms_norm_eps = r.float_or("attention.layer_norm_rms_epsilon", 1e-5f);
   require(c.rms_norm_eps > 0, "gguf ", file.source_name(), ": ",
           r.key("attention.layer_norm_rms_epsilon"), " = ", c.rms_norm_eps, " must be positive");
-
-  if (file.has(r.key("rope.scaling.type")))
-    c.rope_scaling.type = std::string(file.get_string(r.key("rope.scaling.type")));
-  c.rope_scaling.factor = r.float_or("rope.scaling.factor", 1.0f);
-  c.rope_scaling.original_context_length = r.positive_or("rope.scaling.original_context_length", 0);
-  if (file.find_tensor("rope_freqs.weight") != nullptr) {
-    c.rope_scaling.freq_factors_tensor = "rope_freqs.weight";
-    r.expect_tensor("rope_freqs.weight", {c.head_dim / 2});
-  }
+  require(c.num_layers <= static_cast<std::int64_t>(file.tensors().size()), "gguf ",
+          file.source_name(), ": ", r.key("block_count"), " = ", c.num_layers, " exceeds the ",
+          file.tensors().size(), " tensors in the file");
+  read_attention_kinds(file, r, a, c);
 
   const GgufTensor& embedding = file.tensor(c.token_embedding);
   require(embedding.dims.size() == 2, "gguf ", file.source_name(), ": tensor '", c.token_embedding,
@@ -181,12 +298,9 @@ GgufModelConfig read_model_config(const GgufFile& file) {
   c.eos_token_id = optional_token_id(file, "tokenizer.ggml.eos_token_id");
 
   const bool qkv_bias = file.find_tensor("blk.0.attn_q.bias") != nullptr;
-  c.layers.reserve(static_cast<std::size_t>(std::min<std::int64_t>(c.num_layers, 4096)));
-  require(c.num_layers <= static_cast<std::int64_t>(file.tensors().size()), "gguf ",
-          file.source_name(), ": ", r.key("block_count"), " = ", c.num_layers, " exceeds the ",
-          file.tensors().size(), " tensors in the file");
+  c.layers.reserve(static_cast<std::size_t>(c.num_layers));
   for (std::int64_t layer = 0; layer < c.num_layers; ++layer)
-    c.layers.push_back(layer_tensor_names(layer, qkv_bias));
+    c.layers.push_back(layer_tensor_names(layer, a, qkv_bias));
   check_tensors(r, c);
   return c;
 }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -290,12 +291,12 @@ std::vector<double> rope_reference(const std::vector<float>& x, std::int32_t tok
   for (std::int32_t t = 0; t < tokens; ++t)
     for (std::int32_t h = 0; h < heads; ++h)
       for (std::int32_t i = 0; i < r / 2; ++i) {
-        const double angle = pos[t] * rope_inv_freq(c, r, i);
+        const double angle = pos[t] * rope_inv_freq(c, r, i), m = rope_attention_factor(c);
         const std::size_t base = std::size_t(t * heads + h) * dim;
         const std::size_t a = base + (c.style == RopeStyle::kNeox ? i : 2 * i);
         const std::size_t b = base + (c.style == RopeStyle::kNeox ? i + r / 2 : 2 * i + 1);
-        out[a] = x[a] * std::cos(angle) - x[b] * std::sin(angle);
-        out[b] = x[b] * std::cos(angle) + x[a] * std::sin(angle);
+        out[a] = m * (x[a] * std::cos(angle) - x[b] * std::sin(angle));
+        out[b] = m * (x[b] * std::cos(angle) + x[a] * std::sin(angle));
       }
   return out;
 }
@@ -305,12 +306,16 @@ TEST(Rope, MatchesDoubleReferenceForStylesPartialDimsAndScaling) {
   const std::vector<std::int32_t> pos = {0, 1, 17, 4095, 32767};
   for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptJ})
     for (std::int32_t rotary : {0, 32})
-      for (bool llama3 : {false, true}) {
+      for (int scaling : {0, 1, 2, 3}) {  // none, llama3, yarn, frequency divisors
         RopeConfig c;
         c.style = style;
         c.rotary_dim = rotary;
         c.theta = 500000.0f;
-        if (llama3) c.llama3 = {8.0f, 1.0f, 4.0f, 8192};
+        std::vector<float> divisors(std::size_t((rotary ? rotary : dim) / 2));
+        for (std::size_t i = 0; i < divisors.size(); ++i) divisors[i] = 1.0f + 0.25f * float(i);
+        if (scaling == 1) c.llama3 = {8.0f, 1.0f, 4.0f, 8192};
+        if (scaling == 2) c.yarn = {4.0f, 4096};
+        if (scaling == 3) c.freq_factors = divisors.data();
         std::vector<float> x(tokens * heads * dim);
         std::mt19937 rng(9);
         std::normal_distribution<float> normal;
@@ -332,6 +337,65 @@ TEST(Rope, Llama3ScalingHasThreeRegimes) {
   const double mid = rope_inv_freq(c, 128, 32), plain_mid = 1.0 / std::pow(500000.0, 64.0 / 128.0);
   EXPECT_GT(mid, plain_mid / 8.0);
   EXPECT_LT(mid, plain_mid);
+}
+
+// Hugging Face's _compute_yarn_parameters written out for one config
+// (rope_theta 1e6, head_dim 128, factor 4, original 32768: Qwen 2.5's
+// long-context setting): correction dims floor(25.39) = 25 and
+// ceil(41.80) = 42, a linear ramp between them, attention factor
+// 0.1 ln 4 + 1.
+TEST(Rope, YarnMatchesHuggingFaceFormula) {
+  RopeConfig c;
+  c.theta = 1e6f;
+  c.yarn = {4.0f, 32768};
+  const double pi = 3.14159265358979323846;
+  const auto correction_dim = [&](double rotations) {
+    return 128.0 * std::log(32768.0 / (rotations * 2.0 * pi)) / (2.0 * std::log(1e6));
+  };
+  const double low = std::floor(correction_dim(32.0)), high = std::ceil(correction_dim(1.0));
+  EXPECT_EQ(low, 25.0);
+  EXPECT_EQ(high, 42.0);
+  for (std::int32_t t = 0; t < 64; ++t) {
+    const double plain = 1.0 / std::pow(1e6, 2.0 * t / 128.0);
+    const double ramp = std::clamp((t - low) / (high - low), 0.0, 1.0);
+    const double extrapolation_share = 1.0 - ramp;
+    const double want = plain / 4.0 * (1.0 - extrapolation_share) + plain * extrapolation_share;
+    EXPECT_NEAR(rope_inv_freq(c, 128, t), want, 1e-15 * plain) << t;
+  }
+  EXPECT_DOUBLE_EQ(rope_attention_factor(c), 0.1 * std::log(4.0) + 1.0);
+  c.yarn.attention_factor = 1.5f;
+  EXPECT_DOUBLE_EQ(rope_attention_factor(c), 1.5);
+  float cs, sn;
+  rope_cos_sin(c, 128, 0, 0, cs, sn);  // angle 0: cos is the attention factor itself
+  EXPECT_FLOAT_EQ(cs, 1.5f);
+  EXPECT_FLOAT_EQ(sn, 0.0f);
+}
+
+TEST(Rope, FrequencyDivisorsAndBadScalingAreChecked) {
+  RopeConfig c;
+  const std::vector<float> divisors = {1.0f, 2.0f, 8.0f, 0.5f};
+  c.freq_factors = divisors.data();
+  for (std::int32_t t = 0; t < 4; ++t)
+    EXPECT_DOUBLE_EQ(rope_inv_freq(c, 8, t), 1.0 / std::pow(10000.0, t / 4.0) / divisors[t]);
+  std::vector<float> x(8, 1.0f);
+  const std::int32_t pos = 3;
+  const std::vector<float> bad = {1.0f, 0.0f, 1.0f, 1.0f};
+  c.freq_factors = bad.data();
+  try {
+    apply_rope({x.data(), DType::kF32, 8, 8}, 1, 1, 8, &pos, c);
+    ADD_FAILURE() << "a zero divisor was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("freq_factors[1] = 0 must be finite and > 0"));
+  }
+  RopeConfig yarn;
+  yarn.yarn = {0.5f, 4096};
+  try {
+    apply_rope({x.data(), DType::kF32, 8, 8}, 1, 1, 8, &pos, yarn);
+    ADD_FAILURE() << "a yarn factor below 1 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("yarn scaling factor = 0.5"));
+  }
+  EXPECT_EQ(x, std::vector<float>(8, 1.0f));  // failed calls leave x as it was
 }
 
 TEST(Rope, CosSinCacheAndHalfPrecisionInputs) {

@@ -12,6 +12,7 @@
 #include "model/gguf_writer.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
+#include "pagedattn/gguf_model.h"
 #include "pagedattn/llama.h"
 #include "support/expect_error.h"
 
@@ -58,6 +59,13 @@ std::vector<float> logits(Model& model, const std::vector<std::int32_t>& tokens)
   return out;
 }
 
+GgufTestTensor f32_tensor(std::string name, const std::vector<float>& values) {
+  std::vector<std::byte> data(values.size() * sizeof(float));
+  std::memcpy(data.data(), values.data(), data.size());
+  return {std::move(name), static_cast<std::uint32_t>(GgufType::kF32), {values.size()},
+          std::move(data), std::nullopt};
+}
+
 void expect_same_logits_as_f32_copy(const GgufWriter& w) {
   const std::vector<std::byte> bytes = w.build();
   const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()}, "tiny.gguf");
@@ -99,17 +107,47 @@ TEST(GgufLlama, Qwen2BiasesAreAdded) {
   expect_same_logits_as_f32_copy(w);
   const std::vector<std::byte> bytes = w.build();
   const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()});
-  EXPECT_EQ(make_gguf_model(file)->spec().rope.style, RopeStyle::kNeox);
+  EXPECT_EQ(read_model_config(file).rope_layout, GgufRopeLayout::kNeox);
+}
+
+// Every architecture's own tensors (fused phi3 weights, q/k norms, sandwich
+// norms) and settings (windows, softcaps, RoPE scaling) load, and its
+// quantised weights give the logits of their f32 values. Hugging Face
+// transformers checks the architectures themselves
+// (python/tests/test_model_families.py).
+TEST(GgufLlama, EveryArchitectureLoads) {
+  for (const char* arch : {"qwen3", "gemma2", "gemma3", "phi3"}) {
+    SCOPED_TRACE(arch);
+    GgufWriter w = test::tiny_model(arch, false, false, {.layers = 7});
+    w.kv_u32(std::string(arch) + ".attention.sliding_window", 3);
+    w.kv_f32(std::string(arch) + ".attn_logit_softcapping", 5.0f);
+    w.kv_f32(std::string(arch) + ".final_logit_softcapping", 3.0f);
+    w.kv_string(std::string(arch) + ".rope.scaling.type", "linear");
+    w.kv_f32(std::string(arch) + ".rope.scaling.factor", 2.0f);
+    expect_same_logits_as_f32_copy(w);
+  }
+  GgufWriter llama3 = test::tiny_model("llama", true, false);
+  llama3.tensor(f32_tensor("rope_freqs.weight", {1.0f, 1.0f, 1.5f, 2.0f, 4.0f, 8.0f, 8.0f, 8.0f}));
+  GgufWriter yarn = test::tiny_model("qwen2", false, true);
+  yarn.kv_string("qwen2.rope.scaling.type", "yarn").kv_f32("qwen2.rope.scaling.factor", 4.0f);
+  yarn.kv_u32("qwen2.rope.scaling.original_context_length", 512);
+  for (const GgufWriter* w : {&llama3, &yarn}) expect_same_logits_as_f32_copy(*w);
 }
 
 TEST(GgufLlama, ErrorsNameTheFileAndTheProblem) {
+  GgufWriter negative = test::tiny_model("llama", true, false);
+  negative.tensor(f32_tensor("rope_freqs.weight", {1.0f, 1.0f, 1.0f, -2.0f, 1.0f, 1.0f, 1.0f, 1.0f}));
+  const std::vector<std::byte> negative_bytes = negative.build();
+  test::expect_throws<InvalidArgument>(
+      [&] { make_gguf_model(GgufFile::parse({negative_bytes.data(), negative_bytes.size()})); },
+      {"freq_factors[3] = -2 must be finite and > 0"});
   test::expect_throws<InvalidArgument>([] { make_gguf_model({"/nonexistent/model.gguf"}); },
                                        {"/nonexistent/model.gguf"});
-  GgufWriter scaled = test::tiny_model("llama", true, false);
-  scaled.kv_string("llama.rope.scaling.type", "linear").kv_f32("llama.rope.scaling.factor", 4.0f);
-  const std::vector<std::byte> bytes = scaled.build();
-  const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()}, "scaled.gguf");
-  test::expect_throws<Unsupported>([&] { make_gguf_model(file); }, {"RoPE scaling 'linear'"});
+  GgufWriter falcon = test::tiny_model("falcon", true, false);
+  const std::vector<std::byte> bytes = falcon.build();
+  const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()}, "falcon.gguf");
+  test::expect_throws<Unsupported>([&] { make_gguf_model(file); },
+                                   {"falcon.gguf", "general.architecture 'falcon'"});
   const std::vector<std::byte> plain = test::tiny_model("llama", true, false).build();
   const GgufFile ok = GgufFile::parse({plain.data(), plain.size()});
   test::expect_throws<InvalidArgument>([&] { make_gguf_model(ok, {.max_position = -1}); },

@@ -65,6 +65,76 @@ TEST(GgufModelConfig, Qwen2WithBiasesAndUntiedHead) {
   EXPECT_EQ(c.rope_scaling.original_context_length, 32768);
 }
 
+GgufModelConfig config_of(const GgufWriter& w) {
+  const std::vector<std::byte> bytes = w.build();
+  return read_model_config(GgufFile::parse({bytes.data(), bytes.size()}, "m.gguf"));
+}
+
+TEST(GgufModelConfig, PartialRotaryAndRopeFactors) {
+  GgufWriter w = tiny_model("llama", true, false);
+  w.kv_u32("llama.rope.dimension_count", 8);
+  w.tensor("rope_freqs.weight", GgufType::kF32, {4});
+  const GgufModelConfig c = config_of(w);
+  EXPECT_EQ(c.rotary_dim, 8);
+  EXPECT_EQ(c.rope_scaling.freq_factors_tensor, "rope_freqs.weight");
+  EXPECT_EQ(c.layer_windows, std::vector<std::int64_t>(2, 0));
+}
+
+TEST(GgufModelConfig, MistralWindowCoversEveryLayer) {
+  GgufWriter w = tiny_model("llama", true, false, {.layers = 3});
+  w.kv_u32("llama.attention.sliding_window", 4096);
+  EXPECT_EQ(config_of(w).layer_windows, std::vector<std::int64_t>(3, 4096));
+}
+
+TEST(GgufModelConfig, Qwen3HasQkNorms) {
+  const GgufModelConfig c = config_of(tiny_model("qwen3", false, false));
+  EXPECT_EQ(c.arch, GgufArch::kQwen3);
+  EXPECT_EQ(c.rope_layout, GgufRopeLayout::kNeox);
+  EXPECT_EQ(c.layers[1].attn_q_norm, "blk.1.attn_q_norm.weight");
+  EXPECT_EQ(c.layers[1].attn_k_norm, "blk.1.attn_k_norm.weight");
+  EXPECT_TRUE(c.layers[1].post_attention_norm.empty());
+  EXPECT_EQ(c.activation, GgufActivation::kSilu);
+}
+
+TEST(GgufModelConfig, Gemma2AlternatesWindowsAndCapsLogits) {
+  GgufWriter w = tiny_model("gemma2", true, false, {.layers = 4});
+  w.kv_u32("gemma2.attention.sliding_window", 4096);
+  w.kv_f32("gemma2.attn_logit_softcapping", 50.0f).kv_f32("gemma2.final_logit_softcapping", 30.0f);
+  const GgufModelConfig c = config_of(w);
+  EXPECT_EQ(c.arch, GgufArch::kGemma2);
+  EXPECT_EQ(c.layer_windows, (std::vector<std::int64_t>{4096, 0, 4096, 0}));
+  EXPECT_EQ(c.attention_softcap, 50.0f);
+  EXPECT_EQ(c.final_softcap, 30.0f);
+  EXPECT_FLOAT_EQ(c.attention_scale, 0.25f);  // 1 / sqrt(head dim 16)
+  EXPECT_FLOAT_EQ(c.embedding_scale, 8.0f);   // sqrt(hidden 64)
+  EXPECT_EQ(c.activation, GgufActivation::kGeluTanh);
+  EXPECT_EQ(c.layers[0].post_ffw_norm, "blk.0.post_ffw_norm.weight");
+  EXPECT_EQ(c.rope_theta_windowed, 0.0f);
+}
+
+TEST(GgufModelConfig, Gemma3FiveLocalLayersPerGlobalOne) {
+  GgufWriter w = tiny_model("gemma3", true, false, {.layers = 7});
+  w.kv_u32("gemma3.attention.sliding_window", 512);
+  w.kv_string("gemma3.rope.scaling.type", "linear").kv_f32("gemma3.rope.scaling.factor", 8.0f);
+  const GgufModelConfig c = config_of(w);
+  EXPECT_EQ(c.layer_windows, (std::vector<std::int64_t>{512, 512, 512, 512, 512, 0, 512}));
+  EXPECT_EQ(c.rope_theta_windowed, 10000.0f);
+  EXPECT_EQ(c.rope_scaling.type, "linear");
+  EXPECT_EQ(c.layers[0].attn_q_norm, "blk.0.attn_q_norm.weight");
+  GgufWriter own_base = tiny_model("gemma3", true, false);
+  own_base.kv_f32("gemma3.rope.freq_base_swa", 20000.0f);
+  EXPECT_EQ(config_of(own_base).rope_theta_windowed, 20000.0f);
+}
+
+TEST(GgufModelConfig, Phi3FusesQkvAndGateUp) {
+  const GgufModelConfig c = config_of(tiny_model("phi3", false, false));
+  EXPECT_EQ(c.arch, GgufArch::kPhi3);
+  EXPECT_EQ(c.layers[0].attn_qkv, "blk.0.attn_qkv.weight");
+  EXPECT_TRUE(c.layers[0].attn_q.empty());
+  EXPECT_TRUE(c.layers[0].ffn_gate.empty());
+  EXPECT_EQ(c.layers[0].ffn_up, "blk.0.ffn_up.weight");  // [hidden, 2 ff]: gate, then up
+}
+
 TEST(GgufModelConfig, ErrorsNameTheKeyOrTensor) {
   const auto config_of = [](const GgufWriter& w) {
     const std::vector<std::byte> bytes = w.build();
@@ -84,8 +154,21 @@ TEST(GgufModelConfig, ErrorsNameTheKeyOrTensor) {
   zero.kv_u32("llama.vocab_size", 11);
   expect_throws<InvalidArgument>([&] { config_of(zero); }, {"llama.vocab_size = 11 differs"});
   GgufWriter partial = tiny_model("llama", true, false);
-  partial.kv_u32("llama.rope.dimension_count", 8);
-  expect_throws<Unsupported>([&] { config_of(partial); }, {"partial rotary"});
+  partial.kv_u32("llama.rope.dimension_count", 18);
+  expect_throws<InvalidArgument>([&] { config_of(partial); },
+                                 {"llama.rope.dimension_count = 18 must be even and at most the "
+                                  "head dim 16"});
+  GgufWriter scaling = tiny_model("llama", true, false);
+  scaling.kv_string("llama.rope.scaling.type", "su");
+  expect_throws<Unsupported>([&] { config_of(scaling); },
+                             {"llama.rope.scaling.type = 'su' is not supported"});
+  GgufWriter longrope = tiny_model("phi3", false, false);
+  longrope.tensor("rope_factors_long.weight", GgufType::kF32, {8});
+  expect_throws<Unsupported>([&] { config_of(longrope); }, {"LongRoPE"});
+  GgufWriter wrong_factors = tiny_model("llama", true, false);
+  wrong_factors.tensor("rope_freqs.weight", GgufType::kF32, {4});
+  expect_throws<InvalidArgument>([&] { config_of(wrong_factors); },
+                                 {"tensor 'rope_freqs.weight' has dims [4], expected [8]"});
   GgufWriter bad_type = tiny_model("llama", true, false);
   bad_type.kv_u32("llama.block_count", 3);
   expect_throws<InvalidArgument>([&] { config_of(bad_type); },

@@ -206,22 +206,39 @@ GgufWriter tiny_model(const std::string& arch, bool tied, bool biases, TinyShape
   w.tensor("token_embd.weight", types.embedding, {h, s.vocab}, seed++);
   w.tensor("output_norm.weight", GgufType::kF32, {h}, seed++);
   if (!tied) w.tensor("output.weight", types.output, {h, s.vocab}, seed++);
+  // The tensors each architecture adds or fuses (gguf_model.h).
+  const bool fused = arch == "phi3", qk_norm = arch == "qwen3" || arch == "gemma3",
+             sandwich = arch == "gemma2" || arch == "gemma3";
   for (std::uint32_t l = 0; l < s.layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     w.tensor(p + "attn_norm.weight", GgufType::kF32, {h}, seed++);
-    w.tensor(p + "attn_q.weight", types.q, {h, q}, seed++);
-    w.tensor(p + "attn_k.weight", types.k, {h, kv}, seed++);
-    w.tensor(p + "attn_v.weight", types.v, {h, kv}, seed++);
+    if (fused) {
+      w.tensor(p + "attn_qkv.weight", types.q, {h, q + 2 * kv}, seed++);
+    } else {
+      w.tensor(p + "attn_q.weight", types.q, {h, q}, seed++);
+      w.tensor(p + "attn_k.weight", types.k, {h, kv}, seed++);
+      w.tensor(p + "attn_v.weight", types.v, {h, kv}, seed++);
+    }
     if (biases) {
       w.tensor(p + "attn_q.bias", GgufType::kF32, {q}, seed++);
       w.tensor(p + "attn_k.bias", GgufType::kF32, {kv}, seed++);
       w.tensor(p + "attn_v.bias", GgufType::kF32, {kv}, seed++);
     }
+    if (qk_norm) {
+      w.tensor(p + "attn_q_norm.weight", GgufType::kF32, {hd}, seed++);
+      w.tensor(p + "attn_k_norm.weight", GgufType::kF32, {hd}, seed++);
+    }
     w.tensor(p + "attn_output.weight", types.o, {q, h}, seed++);
+    if (sandwich) w.tensor(p + "post_attention_norm.weight", GgufType::kF32, {h}, seed++);
     w.tensor(p + "ffn_norm.weight", GgufType::kF32, {h}, seed++);
-    w.tensor(p + "ffn_gate.weight", types.gate, {h, s.ff}, seed++);
-    w.tensor(p + "ffn_up.weight", types.up, {h, s.ff}, seed++);
+    if (fused) {
+      w.tensor(p + "ffn_up.weight", types.up, {h, 2 * std::uint64_t{s.ff}}, seed++);
+    } else {
+      w.tensor(p + "ffn_gate.weight", types.gate, {h, s.ff}, seed++);
+      w.tensor(p + "ffn_up.weight", types.up, {h, s.ff}, seed++);
+    }
     w.tensor(p + "ffn_down.weight", types.down, {s.ff, h}, seed++);
+    if (sandwich) w.tensor(p + "post_ffw_norm.weight", GgufType::kF32, {h}, seed++);
   }
   return w;
 }

@@ -102,8 +102,9 @@ std::vector<std::byte> encode_array(GgufValueType element_type, std::uint64_t co
 // (any bit pattern is otherwise a valid block).
 std::vector<std::byte> random_blocks(GgufType type, std::int64_t blocks, std::uint64_t seed);
 
-// A small Llama-family file (arch "llama" or "qwen2"): every hyper-parameter
-// and tensor read_model_config needs, with the weight types below.
+// A small decoder file (arch llama, qwen2, qwen3, gemma2, gemma3, phi3):
+// every hyper-parameter and tensor read_model_config needs, with the weight
+// types below (phi3's fused attn_qkv takes `q`, its fused ffn_up `up`).
 struct TinyShape {
   std::uint32_t layers = 2, hidden = 64, heads = 4, kv_heads = 2, ff = 96, vocab = 10;
 };

@@ -42,8 +42,8 @@ void load_key(const AttentionParams& p, std::int32_t b, std::int64_t j, std::int
       s = rope->sin_cache[pos * half + i];
     } else {
       const double angle = double(pos) * rope_inv_freq(*rope, r, i);
-      c = std::cos(angle);
-      s = std::sin(angle);
+      c = rope_attention_factor(*rope) * std::cos(angle);
+      s = rope_attention_factor(*rope) * std::sin(angle);
     }
     const std::size_t a = rope->style == RopeStyle::kNeox ? i : 2 * i;
     const std::size_t bi = rope->style == RopeStyle::kNeox ? i + half : 2 * i + 1;

@@ -1,0 +1,56 @@
+#include "engine/stacked_matrix.h"
+
+#include <algorithm>
+
+#include "pagedattn/errors.h"
+
+namespace pagedattn::engine {
+
+void StackedMatrix::append(WeightMatrix m) {
+  require(parts_.empty() || m.in() == in(), "StackedMatrix::append: rows of ", m.in(),
+          " weights below rows of ", in());
+  out_ += m.out();
+  if (!parts_.empty() && parts_.back().format() == m.format())
+    parts_.back().append_rows(m);
+  else
+    parts_.push_back(std::move(m));
+}
+
+std::int64_t StackedMatrix::bytes() const {
+  std::int64_t total = 0;
+  for (const WeightMatrix& p : parts_) total += p.bytes();
+  return total;
+}
+
+StackedMatrix StackedMatrix::gather_rows(const std::vector<RowRange>& ranges,
+                                         const char* what) const {
+  StackedMatrix result;
+  for (const RowRange& range : ranges) {
+    require(range.begin >= 0 && range.count >= 0 &&
+                std::int64_t{range.begin} + range.count <= out_,
+            "StackedMatrix::gather_rows: rows [", range.begin, ", +", range.count, ") of ", what,
+            " (", out_, " rows) are out of range");
+    std::int32_t part_begin = 0;
+    for (const WeightMatrix& p : parts_) {  // the pieces of the range inside each part
+      const std::int32_t lo = std::max(range.begin, part_begin);
+      const std::int32_t hi = std::min(range.begin + range.count, part_begin + p.out());
+      if (lo < hi) result.append(p.slice(lo - part_begin, hi - lo, 0, p.in(), what));
+      part_begin += p.out();
+    }
+  }
+  return result;
+}
+
+void StackedMatrix::project(const float* x, std::int32_t rows, float* y, bool accumulate,
+                            bool deterministic, LinearScratch& scratch) const {
+  std::int32_t column = 0;
+  for (const WeightMatrix& p : parts_) {
+    LinearArgs args{x, rows, p.in(), p.data(), p.out(), y + column, accumulate, deterministic,
+                    p.format()};
+    args.ldy = out_;
+    linear(args, scratch);
+    column += p.out();
+  }
+}
+
+}  // namespace pagedattn::engine
