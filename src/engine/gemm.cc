@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "pagedattn/errors.h"
+
 // OpenBLAS's own controls, weak so that another CBLAS still links (the
 // pointers are then null).
 extern "C" {
@@ -25,6 +27,11 @@ void sgemm(const LinearArgs& a, const float* x, std::int32_t rows, const float* 
            std::int32_t cols, float* y, std::int32_t ldy) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, a.in, 1.0f, x, a.in, w, a.in,
               a.accumulate ? 1.0f : 0.0f, y, ldy);
+}
+
+// The row stride of y.
+std::int32_t ldy(const LinearArgs& a) {
+  return a.ldy == 0 ? a.out : a.ldy;
 }
 
 std::int32_t column_blocks(std::int32_t out) {
@@ -56,13 +63,13 @@ void linear_fast(const LinearArgs& a) {
 #pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads(a))
   for (std::int32_t b = 0; b < blocks; ++b) {
     const std::int32_t col = b * kColumnBlock, cols = std::min(kColumnBlock, a.out - col);
-    sgemm(a, a.x, a.rows, f32_weights(a) + std::size_t(col) * a.in, cols, a.y + col, a.out);
+    sgemm(a, a.x, a.rows, f32_weights(a) + std::size_t(col) * a.in, cols, a.y + col, ldy(a));
   }
 }
 
 // Quantised weights, few rows: the in-place kernels over column ranges.
 void linear_quant_direct(const LinearArgs& a) {
-  const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, a.out, a.accumulate};
+  const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate};
   const std::int32_t blocks = column_blocks(a.out);
 #pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads_quant(a))
   for (std::int32_t b = 0; b < blocks; ++b)
@@ -81,7 +88,7 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
     const std::int32_t col = b * kColumnBlock, cols = std::min(kColumnBlock, a.out - col);
     float* w = s.weight_blocks[std::size_t(omp_get_thread_num())].data();
     dequantize_weight_rows(a.w, a.w_format, a.in, col, cols, w);
-    sgemm(a, a.x, a.rows, w, cols, a.y + col, a.out);
+    sgemm(a, a.x, a.rows, w, cols, a.y + col, ldy(a));
   }
 }
 
@@ -117,7 +124,7 @@ void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
     float* tile = s.tiles[std::size_t(omp_get_thread_num())].data();
     sgemm_tile(a, x, f32_weights(a) + std::size_t(col) * a.in, cols, tile);
     for (std::int32_t r = 0; r < rows; ++r) {
-      float* y = a.y + std::size_t(row + r) * a.out + col;
+      float* y = a.y + std::size_t(row + r) * ldy(a) + col;
       for (std::int32_t c = 0; c < cols; ++c)
         y[c] = (a.accumulate ? y[c] : 0.0f) + tile[std::size_t(c) * kRows + r];
     }
@@ -139,6 +146,8 @@ void use_single_threaded_blas() {
 }
 
 void linear(const LinearArgs& a, LinearScratch& scratch) {
+  require(a.ldy == 0 || a.ldy >= a.out, "linear: ldy = ", a.ldy,
+          " is neither 0 (y's rows are out = ", a.out, " long) nor >= out");
   if (a.rows == 0) return;
   if (a.w_format != WeightFormat::kF32) {
     if (a.deterministic || a.rows <= kQuantDirectRows)

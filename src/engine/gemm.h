@@ -26,10 +26,11 @@ struct LinearArgs {
   std::int32_t in = 0;
   const void* w = nullptr;  // [out] rows of `in` weights (a PyTorch Linear weight) in w_format
   std::int32_t out = 0;
-  float* y = nullptr;       // [rows][out]
+  float* y = nullptr;       // [rows][ldy]: columns [0, out) of each row are written
   bool accumulate = false;  // y += x w^T instead of y = x w^T
   bool deterministic = false;
   WeightFormat w_format = WeightFormat::kF32;
+  std::int32_t ldy = 0;  // row stride of y; 0: out
 };
 
 // Quantised weights: batches of at most this many rows (and every batch in
@@ -55,7 +56,9 @@ void use_single_threaded_blas();
 int blas_threads();
 void set_blas_threads(int threads);
 
-// y (+)= x w^T.
+// y (+)= x w^T. With ldy > out, y is a column range of a wider output (a
+// fused projection whose parts have different weight formats); the other
+// columns are not touched. InvalidArgument when ldy is neither 0 nor >= out.
 void linear(const LinearArgs& args, LinearScratch& scratch);
 
 }  // namespace pagedattn::engine

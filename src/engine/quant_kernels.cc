@@ -1,10 +1,13 @@
 // Quantised-weight products (see quant_kernels.h). Each block is decoded once
-// into f32 vectors (w = d * q + m, one multiply-add) and multiplied into up
-// to kRowTile activation rows, so a batch of a few rows reads the weights
-// once.
+// into f32 vectors and multiplied into up to kRowTile activation rows, so a
+// batch of a few rows reads the weights once. The 32-weight formats decode
+// the weights themselves (w = d * q + m, one multiply-add); the K-quants
+// multiply the integer quants into x, one partial sum per (sub-)block and
+// row, and scale the partial sums: 2.5-7 vector operations per 8 weights.
 #include "engine/quant_kernels.h"
 
 #include <cstring>
+#include <vector>
 
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
@@ -88,6 +91,277 @@ void ProductRange(const QuantProductArgs& a, std::int32_t out_begin, std::int32_
   }
 }
 
+// ---------------------------------------------------------------- K-quants
+
+// The 6-bit scales sc[8] and mins m[8] of a Q4_K / Q5_K super-block from
+// its 12 packed bytes: j < 4 in the low 6 bits of bytes j (scale) and j + 4
+// (min); j >= 4 in a nibble of byte j + 4 and the top 2 bits of bytes j - 4
+// (scale) and j (min).
+HWY_INLINE void UnpackKScales(const std::uint8_t* packed, std::uint8_t* sc, std::uint8_t* m) {
+  std::uint32_t u[3];
+  std::memcpy(u, packed, sizeof u);
+  constexpr std::uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+  const std::uint32_t words[4] = {u[0] & k6,                                        // sc[0..3]
+                                  (u[2] & k4) | (((u[0] >> 6) & k2) << 4),          // sc[4..7]
+                                  u[1] & k6,                                        // m[0..3]
+                                  ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4)};  // m[4..7]
+  std::memcpy(sc, words, 8);
+  std::memcpy(m, words + 2, 8);
+}
+
+// Quants of Q4_K / Q5_K sub-blocks 2i (lo) and 2i + 1 (hi), weights
+// [c * N, c * N + N) of each, as exact f32 integers (0..15 / 0..31).
+template <WeightFormat F>
+HWY_INLINE void DecodeKPair(const std::uint8_t* block, std::size_t i, std::size_t c,
+                            hn::Vec<DF>& lo, hn::Vec<DF>& hi) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<std::uint8_t, DF> d8;
+  const std::size_t n = hn::Lanes(df);
+  const std::uint8_t* q = block + BlockTraits<F>::kQuants + 32 * i + c * n;
+  const auto v = hn::PromoteTo(di, hn::LoadU(d8, q));
+  auto low = hn::And(v, hn::Set(di, 0x0f));
+  auto high = hn::ShiftRight<4>(v);
+  if constexpr (F == WeightFormat::kQ5_K) {
+    // Bit j of qh[l] is bit 4 of weight l of sub-block j.
+    const auto h = hn::ShiftRightSame(
+        hn::PromoteTo(di, hn::LoadU(d8, block + BlockTraits<F>::kHighBits + c * n)),
+        static_cast<int>(2 * i));
+    const auto bit4 = hn::Set(di, 0x10);
+    low = hn::Or(low, hn::And(hn::ShiftLeft<4>(h), bit4));
+    high = hn::Or(high, hn::And(hn::ShiftLeft<3>(h), bit4));
+  }
+  lo = hn::ConvertTo(df, low);
+  hi = hn::ConvertTo(df, high);
+}
+
+// Q6_K: weight 128 h + 32 g + l (h < 2, g < 4, l < 32) is nibble g / 2 of
+// ql[64 h + 32 (g % 2) + l] with bits 2g, 2g + 1 of qh[32 h + l] above it,
+// minus 32. Group P (0, 1) decodes g = P (a, low nibbles) and g = P + 2 (b,
+// high nibbles) for l in [l0, l0 + N), as exact f32 integers (-32..31).
+template <int P>
+HWY_INLINE void DecodeQ6(const std::uint8_t* block, std::size_t h, std::size_t l0, hn::Vec<DF>& a,
+                         hn::Vec<DF>& b) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<std::uint8_t, DF> d8;
+  const auto ql = hn::PromoteTo(di, hn::LoadU(d8, block + 64 * h + 32 * P + l0));
+  const auto qh = hn::PromoteTo(
+      di, hn::LoadU(d8, block + BlockTraits<WeightFormat::kQ6_K>::kHighBits + 32 * h + l0));
+  const auto bits45 = hn::Set(di, 0x30), offset = hn::Set(di, 32);
+  const auto high_a = P == 0 ? hn::ShiftLeft<4>(qh) : hn::ShiftLeft<2>(qh);
+  const auto high_b = P == 0 ? qh : hn::ShiftRight<2>(qh);
+  a = hn::ConvertTo(
+      df, hn::Sub(hn::Or(hn::And(ql, hn::Set(di, 0x0f)), hn::And(high_a, bits45)), offset));
+  b = hn::ConvertTo(df, hn::Sub(hn::Or(hn::ShiftRight<4>(ql), hn::And(high_b, bits45)), offset));
+}
+
+// sums[k] = x[32 k] + ... + x[32 k + 31] for k < in / 32: the Q4_K / Q5_K
+// mins multiply these. The same operations for a row whatever the call.
+HWY_INLINE void SumsOf32(const float* x, std::int32_t in, float* sums) {
+  const DF df;
+  const std::size_t n = hn::Lanes(df);
+  for (std::int32_t k = 0; k < in / 32; ++k) {
+    const float* p = x + std::size_t(k) * 32;
+    auto s = hn::LoadU(df, p);
+    for (std::size_t c = n; c < 32; c += n) s = hn::Add(s, hn::LoadU(df, p + c));
+    sums[k] = hn::GetLane(hn::SumOfLanes(df, s));
+  }
+}
+
+template <std::int32_t R>
+HWY_INLINE void StoreSums(const QuantProductArgs& a, std::int32_t row, std::int32_t o,
+                          const float* sums) {
+  for (std::int32_t r = 0; r < R; ++r) {
+    float* y = a.y + std::size_t(row + r) * a.ldy + o;
+    *y = a.accumulate ? *y + sums[r] : sums[r];
+  }
+}
+
+// Q4_K / Q5_K: y[r][o] for rows [row, row + R) and one weight row o.
+// Per sub-block pair and row, the quants times x in two partial sums, which
+// the pair's scales d * sc (exact in f32) then multiply; the mins'
+// contribution dmin * m[j] * sum(x of sub-block j) in a second accumulator.
+template <WeightFormat F, std::int32_t R>
+HWY_INLINE void DotRowsK45(const QuantProductArgs& a, const float* xsums, std::int32_t row,
+                           std::int32_t o) {
+  const DF df;
+  const hn::CappedTag<float, 8> dm;  // the 8 mins of a super-block
+  const hn::Rebind<std::uint8_t, decltype(dm)> dm8;
+  const hn::RebindToSigned<decltype(dm)> dmi;
+  const std::size_t n = hn::Lanes(df), chunks = 32 / n, nm = hn::Lanes(dm);
+  const std::int64_t blocks = a.in / kQuantKBlock;
+  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * blocks * kBytes;
+  const float* x[R];
+  const float* xs[R];
+  hn::Vec<DF> acc[R];
+  hn::Vec<decltype(dm)> macc[R];
+  for (std::int32_t r = 0; r < R; ++r) {
+    x[r] = a.x + std::size_t(row + r) * a.in;
+    xs[r] = xsums + std::size_t(row + r) * (a.in / 32);
+    acc[r] = hn::Zero(df);
+    macc[r] = hn::Zero(dm);
+  }
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::uint8_t* block = w + b * kBytes;
+    const float d = HalfAt(block), dmin = HalfAt(block + 2);
+    alignas(8) std::uint8_t sc[8], m[8];
+    UnpackKScales(block + 4, sc, m);
+    const auto vdmin = hn::Set(dm, dmin);
+    for (std::size_t k = 0; k < 8; k += nm) {
+      const auto mins =
+          hn::Mul(hn::ConvertTo(dm, hn::PromoteTo(dmi, hn::LoadU(dm8, m + k))), vdmin);
+      for (std::int32_t r = 0; r < R; ++r)
+        macc[r] = hn::MulAdd(mins, hn::LoadU(dm, xs[r] + b * 8 + k), macc[r]);
+    }
+    for (std::size_t i = 0; i < 4; ++i) {
+      hn::Vec<DF> lo_sum[R], hi_sum[R];
+      for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
+      for (std::size_t c = 0; c < chunks; ++c) {
+        hn::Vec<DF> lo, hi;
+        DecodeKPair<F>(block, i, c, lo, hi);
+        const std::size_t at = std::size_t(b) * kQuantKBlock + 64 * i + c * n;
+        for (std::int32_t r = 0; r < R; ++r) {
+          const auto xlo = hn::LoadU(df, x[r] + at), xhi = hn::LoadU(df, x[r] + at + 32);
+          lo_sum[r] = hn::MulAdd(lo, xlo, lo_sum[r]);
+          hi_sum[r] = hn::MulAdd(hi, xhi, hi_sum[r]);
+        }
+      }
+      const auto scale_lo = hn::Set(df, d * sc[2 * i]), scale_hi = hn::Set(df, d * sc[2 * i + 1]);
+      for (std::int32_t r = 0; r < R; ++r)
+        acc[r] = hn::Add(acc[r], hn::MulAdd(scale_hi, hi_sum[r], hn::Mul(scale_lo, lo_sum[r])));
+    }
+  }
+  float sums[R];
+  for (std::int32_t r = 0; r < R; ++r)
+    sums[r] = hn::GetLane(hn::SumOfLanes(df, acc[r])) - hn::GetLane(hn::SumOfLanes(dm, macc[r]));
+  StoreSums<R>(a, row, o, sums);
+}
+
+// Q6_K, one group P of DotRowsQ6K: 16 weights of g = P and of g = P + 2 per
+// row, scaled by their 16-weight scales.
+template <int P, std::int32_t R>
+HWY_INLINE void DotQ6Group(const std::uint8_t* block, float d, std::size_t h, std::size_t half,
+                           const float* const* x, std::size_t base, hn::Vec<DF>* acc) {
+  const DF df;
+  const std::size_t n = hn::Lanes(df);
+  hn::Vec<DF> a_sum[R], b_sum[R];
+  for (std::int32_t r = 0; r < R; ++r) a_sum[r] = b_sum[r] = hn::Zero(df);
+  for (std::size_t l = 16 * half; l < 16 * half + 16; l += n) {
+    hn::Vec<DF> a, b;
+    DecodeQ6<P>(block, h, l, a, b);
+    const std::size_t at = base + 128 * h + 32 * P + l;
+    for (std::int32_t r = 0; r < R; ++r) {
+      const auto xa = hn::LoadU(df, x[r] + at), xb = hn::LoadU(df, x[r] + at + 64);
+      a_sum[r] = hn::MulAdd(a, xa, a_sum[r]);
+      b_sum[r] = hn::MulAdd(b, xb, b_sum[r]);
+    }
+  }
+  const auto* scales =
+      reinterpret_cast<const std::int8_t*>(block + BlockTraits<WeightFormat::kQ6_K>::kScales);
+  const std::size_t k = 8 * h + 2 * P + half;  // (128 h + 32 g + l) / 16
+  const auto scale_a = hn::Set(df, d * scales[k]), scale_b = hn::Set(df, d * scales[k + 4]);
+  for (std::int32_t r = 0; r < R; ++r)
+    acc[r] = hn::Add(acc[r], hn::MulAdd(scale_b, b_sum[r], hn::Mul(scale_a, a_sum[r])));
+}
+
+template <std::int32_t R>
+HWY_INLINE void DotRowsQ6K(const QuantProductArgs& a, std::int32_t row, std::int32_t o) {
+  const DF df;
+  const std::int64_t blocks = a.in / kQuantKBlock;
+  constexpr std::int64_t kBytes = BlockTraits<WeightFormat::kQ6_K>::kBytes;
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * blocks * kBytes;
+  const float* x[R];
+  hn::Vec<DF> acc[R];
+  for (std::int32_t r = 0; r < R; ++r) {
+    x[r] = a.x + std::size_t(row + r) * a.in;
+    acc[r] = hn::Zero(df);
+  }
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::uint8_t* block = w + b * kBytes;
+    const float d = HalfAt(block + BlockTraits<WeightFormat::kQ6_K>::kScale);
+    const std::size_t base = std::size_t(b) * kQuantKBlock;
+    for (std::size_t h = 0; h < 2; ++h)
+      for (std::size_t half = 0; half < 2; ++half) {
+        DotQ6Group<0, R>(block, d, h, half, x, base, acc);
+        DotQ6Group<1, R>(block, d, h, half, x, base, acc);
+      }
+  }
+  float sums[R];
+  for (std::int32_t r = 0; r < R; ++r) sums[r] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+  StoreSums<R>(a, row, o, sums);
+}
+
+template <WeightFormat F>
+void ProductRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+  if constexpr (F == WeightFormat::kQ6_K) {
+    for (std::int32_t o = out_begin; o < out_end; ++o) {
+      std::int32_t row = 0;
+      for (; row + kRowTile <= a.rows; row += kRowTile) DotRowsQ6K<kRowTile>(a, row, o);
+      for (; row < a.rows; ++row) DotRowsQ6K<1>(a, row, o);
+    }
+  } else {
+    thread_local std::vector<float> xsums;
+    const std::size_t per_row = std::size_t(a.in / 32);
+    if (xsums.size() < std::size_t(a.rows) * per_row) xsums.resize(std::size_t(a.rows) * per_row);
+    for (std::int32_t r = 0; r < a.rows; ++r)
+      SumsOf32(a.x + std::size_t(r) * a.in, a.in, xsums.data() + std::size_t(r) * per_row);
+    for (std::int32_t o = out_begin; o < out_end; ++o) {
+      std::int32_t row = 0;
+      for (; row + kRowTile <= a.rows; row += kRowTile)
+        DotRowsK45<F, kRowTile>(a, xsums.data(), row, o);
+      for (; row < a.rows; ++row) DotRowsK45<F, 1>(a, xsums.data(), row, o);
+    }
+  }
+}
+
+// Dequantisation, bit-equal to dequantize_row (src/model/gguf_types.cc):
+// the scale d * sc and the offset dmin * m are exact in f32, so is the
+// product of the scale and a quant (at most 11 + 6 + 5 or 11 + 7 + 5
+// significant bits), and only the subtraction of the offset rounds.
+template <WeightFormat F>
+void DequantizeK(const void* weights, std::int32_t in, std::int32_t first_row, std::int32_t count,
+                 float* dst) {
+  const DF df;
+  const std::size_t n = hn::Lanes(df);
+  const std::int64_t blocks = std::int64_t{count} * (in / kQuantKBlock);
+  const auto* w = static_cast<const std::uint8_t*>(weights) +
+                  std::int64_t{first_row} * (in / kQuantKBlock) * BlockTraits<F>::kBytes;
+  for (std::int64_t b = 0; b < blocks; ++b, dst += kQuantKBlock) {
+    const std::uint8_t* block = w + b * BlockTraits<F>::kBytes;
+    if constexpr (F == WeightFormat::kQ6_K) {
+      const float d = HalfAt(block + BlockTraits<F>::kScale);
+      const auto* scales = reinterpret_cast<const std::int8_t*>(block + BlockTraits<F>::kScales);
+      for (std::size_t h = 0; h < 2; ++h)
+        for (std::size_t l = 0; l < 32; l += n) {
+          const std::size_t k = 8 * h + l / 16;
+          hn::Vec<DF> a, b;
+          DecodeQ6<0>(block, h, l, a, b);
+          hn::StoreU(hn::Mul(hn::Set(df, d * scales[k]), a), df, dst + 128 * h + l);
+          hn::StoreU(hn::Mul(hn::Set(df, d * scales[k + 4]), b), df, dst + 128 * h + 64 + l);
+          DecodeQ6<1>(block, h, l, a, b);
+          hn::StoreU(hn::Mul(hn::Set(df, d * scales[k + 2]), a), df, dst + 128 * h + 32 + l);
+          hn::StoreU(hn::Mul(hn::Set(df, d * scales[k + 6]), b), df, dst + 128 * h + 96 + l);
+        }
+    } else {
+      const float d = HalfAt(block), dmin = HalfAt(block + 2);
+      alignas(8) std::uint8_t sc[8], m[8];
+      UnpackKScales(block + 4, sc, m);
+      for (std::size_t i = 0; i < 4; ++i) {
+        const auto scale_lo = hn::Set(df, d * sc[2 * i]), scale_hi = hn::Set(df, d * sc[2 * i + 1]);
+        const auto min_lo = hn::Set(df, dmin * m[2 * i]), min_hi = hn::Set(df, dmin * m[2 * i + 1]);
+        for (std::size_t c = 0; c < 32 / n; ++c) {
+          hn::Vec<DF> lo, hi;
+          DecodeKPair<F>(block, i, c, lo, hi);
+          hn::StoreU(hn::Sub(hn::Mul(scale_lo, lo), min_lo), df, dst + 64 * i + c * n);
+          hn::StoreU(hn::Sub(hn::Mul(scale_hi, hi), min_hi), df, dst + 64 * i + 32 + c * n);
+        }
+      }
+    }
+  }
+}
+
 void QuantProduct(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
   switch (a.format) {
     case WeightFormat::kQ8_0:
@@ -96,6 +370,12 @@ void QuantProduct(const QuantProductArgs& a, std::int32_t out_begin, std::int32_
       return ProductRange<WeightFormat::kQ4_0>(a, out_begin, out_end);
     case WeightFormat::kQ4_1:
       return ProductRange<WeightFormat::kQ4_1>(a, out_begin, out_end);
+    case WeightFormat::kQ4_K:
+      return ProductRangeK<WeightFormat::kQ4_K>(a, out_begin, out_end);
+    case WeightFormat::kQ5_K:
+      return ProductRangeK<WeightFormat::kQ5_K>(a, out_begin, out_end);
+    case WeightFormat::kQ6_K:
+      return ProductRangeK<WeightFormat::kQ6_K>(a, out_begin, out_end);
     case WeightFormat::kF32:
       break;
   }
@@ -124,6 +404,12 @@ void DequantizeRows(const void* w, WeightFormat format, std::int32_t in, std::in
       return DequantizeRange<WeightFormat::kQ4_0>(w, in, first_row, count, dst);
     case WeightFormat::kQ4_1:
       return DequantizeRange<WeightFormat::kQ4_1>(w, in, first_row, count, dst);
+    case WeightFormat::kQ4_K:
+      return DequantizeK<WeightFormat::kQ4_K>(w, in, first_row, count, dst);
+    case WeightFormat::kQ5_K:
+      return DequantizeK<WeightFormat::kQ5_K>(w, in, first_row, count, dst);
+    case WeightFormat::kQ6_K:
+      return DequantizeK<WeightFormat::kQ6_K>(w, in, first_row, count, dst);
     case WeightFormat::kF32:
       break;
   }
@@ -147,6 +433,12 @@ const char* weight_format_name(WeightFormat format) {
       return "q4_0";
     case WeightFormat::kQ4_1:
       return "q4_1";
+    case WeightFormat::kQ4_K:
+      return "q4_k";
+    case WeightFormat::kQ5_K:
+      return "q5_k";
+    case WeightFormat::kQ6_K:
+      return "q6_k";
   }
   return "?";
 }
@@ -161,15 +453,22 @@ std::int64_t weight_block_bytes(WeightFormat format) {
       return BlockTraits<WeightFormat::kQ4_0>::kBytes;
     case WeightFormat::kQ4_1:
       return BlockTraits<WeightFormat::kQ4_1>::kBytes;
+    case WeightFormat::kQ4_K:
+      return BlockTraits<WeightFormat::kQ4_K>::kBytes;
+    case WeightFormat::kQ5_K:
+      return BlockTraits<WeightFormat::kQ5_K>::kBytes;
+    case WeightFormat::kQ6_K:
+      return BlockTraits<WeightFormat::kQ6_K>::kBytes;
   }
   return 0;
 }
 
 std::int64_t weight_row_bytes(WeightFormat format, std::int64_t in) {
   if (format == WeightFormat::kF32) return in * 4;
-  require(in % kQuantBlock == 0, "weight_row_bytes: a ", weight_format_name(format), " row of ", in,
-          " weights is not a whole number of ", kQuantBlock, "-weight blocks");
-  return in / kQuantBlock * weight_block_bytes(format);
+  const std::int32_t block = weight_format_block(format);
+  require(in % block == 0, "weight_row_bytes: a ", weight_format_name(format), " row of ", in,
+          " weights is not a whole number of ", block, "-weight blocks");
+  return in / block * weight_block_bytes(format);
 }
 
 void quant_product(const QuantProductArgs& args, std::int32_t out_begin, std::int32_t out_end) {

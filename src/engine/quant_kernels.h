@@ -1,21 +1,48 @@
 // Matrix-vector kernels that read quantised weights in place, in GGUF's
 // (ggml's) block layouts, so a decode step streams 4.5-8.5 bits per weight
-// instead of 32. Every block holds 32 weights along the input dimension:
+// instead of 32. The legacy formats hold 32 weights per block along the
+// input dimension:
 //   Q8_0: f16 d, int8 q[32]                 w = d * q
 //   Q4_0: f16 d, u8 qs[16]                  w = d * (nibble - 8)
 //   Q4_1: f16 d, f16 m, u8 qs[16]           w = d * nibble + m
 // (weight j < 16 is the low nibble of qs[j], weight j >= 16 the high nibble
-// of qs[j - 16]). Highway with run-time dispatch; single-threaded calls: the
-// caller spreads output ranges over threads.
+// of qs[j - 16]). The K-quants hold 256 weights per super-block (layouts in
+// src/model/gguf_types.cc, the definition the tests check against):
+//   Q4_K (144 B): f16 d, f16 dmin, 12 B of 6-bit scales sc[8] / mins m[8],
+//                 u8 qs[128]; sub-block j of 32: w = d*sc[j] * q - dmin*m[j]
+//   Q5_K (176 B): as Q4_K with u8 qh[32] (bit 4 of each q) before qs
+//   Q6_K (210 B): u8 ql[128], u8 qh[64], int8 sc[16], f16 d;
+//                 16 weights per scale: w = d*sc * (q - 32)
+// Highway with run-time dispatch; single-threaded calls: the caller spreads
+// output ranges over threads.
 #pragma once
 
 #include <cstdint>
 
 namespace pagedattn::engine {
 
-enum class WeightFormat : std::uint8_t { kF32 = 0, kQ8_0, kQ4_0, kQ4_1 };
+enum class WeightFormat : std::uint8_t { kF32 = 0, kQ8_0, kQ4_0, kQ4_1, kQ4_K, kQ5_K, kQ6_K };
 
-inline constexpr std::int32_t kQuantBlock = 32;  // weights per block (every format but f32)
+inline constexpr std::int32_t kQuantBlock = 32;    // weights per block of Q8_0 / Q4_0 / Q4_1
+inline constexpr std::int32_t kQuantKBlock = 256;  // weights per K-quant super-block
+
+// Weights per block of `format` (f32: 1). A row, a slice's columns and a
+// tensor-parallel shard of the input dimension are whole blocks.
+constexpr std::int32_t weight_format_block(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32:
+      return 1;
+    case WeightFormat::kQ8_0:
+    case WeightFormat::kQ4_0:
+    case WeightFormat::kQ4_1:
+      return kQuantBlock;
+    case WeightFormat::kQ4_K:
+    case WeightFormat::kQ5_K:
+    case WeightFormat::kQ6_K:
+      return kQuantKBlock;
+  }
+  return 1;
+}
 
 // Block sizes and where the quants start in a block.
 template <WeightFormat F>
@@ -35,19 +62,37 @@ struct BlockTraits<WeightFormat::kQ4_1> {
   static constexpr std::int64_t kBytes = 2 + 2 + 16;
   static constexpr std::int64_t kQuants = 4;
 };
+template <>
+struct BlockTraits<WeightFormat::kQ4_K> {
+  static constexpr std::int64_t kBytes = 2 + 2 + 12 + 128;
+  static constexpr std::int64_t kQuants = 16;
+};
+template <>
+struct BlockTraits<WeightFormat::kQ5_K> {
+  static constexpr std::int64_t kBytes = 2 + 2 + 12 + 32 + 128;
+  static constexpr std::int64_t kHighBits = 16;
+  static constexpr std::int64_t kQuants = 48;
+};
+template <>
+struct BlockTraits<WeightFormat::kQ6_K> {
+  static constexpr std::int64_t kBytes = 128 + 64 + 16 + 2;
+  static constexpr std::int64_t kHighBits = 128;
+  static constexpr std::int64_t kScales = 192;
+  static constexpr std::int64_t kScale = 208;  // f16 d
+};
 
 const char* weight_format_name(WeightFormat format);
 // Bytes of one block (f32: of one weight).
 std::int64_t weight_block_bytes(WeightFormat format);
 // Bytes of one row of `in` weights. InvalidArgument when a quantised
-// format's `in` is not a multiple of kQuantBlock.
+// format's `in` is not a multiple of weight_format_block(format).
 std::int64_t weight_row_bytes(WeightFormat format, std::int64_t in);
 
 struct QuantProductArgs {
   const float* x = nullptr;  // [rows][in]
   std::int32_t rows = 0;
-  std::int32_t in = 0;      // multiple of kQuantBlock
-  const void* w = nullptr;  // [out] rows of in / 32 blocks in `format`
+  std::int32_t in = 0;      // multiple of weight_format_block(format)
+  const void* w = nullptr;  // [out] rows of in / weight_format_block(format) blocks
   WeightFormat format = WeightFormat::kQ8_0;
   float* y = nullptr;  // [rows][ldy]
   std::int32_t ldy = 0;
@@ -57,7 +102,11 @@ struct QuantProductArgs {
 // y[r][o] (+)= sum_i w[o][i] x[r][i] for the output columns o in
 // [out_begin, out_end) and every row r. A row's result does not depend on
 // the other rows, on their count or on the column range: every row runs the
-// same operations in the same order.
+// same operations in the same order. The K-quant kernels multiply the
+// integer quants into x and apply each (sub-)block's scale to the partial
+// sum, and the Q4_K / Q5_K mins to a sum of x per 32 weights computed once
+// per call, so their results differ from the product of the dequantised
+// weights by f32 rounding only.
 void quant_product(const QuantProductArgs& args, std::int32_t out_begin, std::int32_t out_end);
 
 // dst[r][i] = w[first_row + r][i] as f32 for `count` weight rows of `in`.

@@ -39,21 +39,22 @@ WeightMatrix WeightMatrix::slice(std::int32_t row_begin, std::int32_t rows, std:
                                  std::int32_t cols, const char* what) const {
   require(row_begin >= 0 && rows >= 0 && std::int64_t{row_begin} + rows <= out_ && col_begin >= 0 &&
               cols >= 1 && std::int64_t{col_begin} + cols <= in_,
-          "WeightMatrix::slice: rows [", row_begin, ", +", rows, ") and columns [", col_begin, ", +",
-          cols, ") of ", what, " (", out_, " x ", in_, ") are out of range");
-  const bool blocks = format_ != WeightFormat::kF32;
-  require(!blocks || (col_begin % kQuantBlock == 0 && cols % kQuantBlock == 0), what, " is ",
-          weight_format_name(format_), ": its tensor-parallel slice of columns [", col_begin, ", ",
-          col_begin + cols, ") does not fall on ", kQuantBlock,
+          "WeightMatrix::slice: rows [", row_begin, ", +", rows, ") and columns [", col_begin,
+          ", +", cols, ") of ", what, " (", out_, " x ", in_, ") are out of range");
+  const std::int32_t block = weight_format_block(format_);
+  require(col_begin % block == 0 && cols % block == 0, what, " is ", weight_format_name(format_),
+          ": its tensor-parallel slice of columns [", col_begin, ", ", col_begin + cols,
+          ") does not fall on ", block,
           "-weight block boundaries (choose a size that divides the dimension into whole blocks)");
   const std::int64_t row_bytes = weight_row_bytes(format_, in_);
   const std::int64_t skip = weight_row_bytes(format_, col_begin);
   const std::int64_t keep = weight_row_bytes(format_, cols);
   std::vector<std::byte> bytes(std::size_t(rows) * std::size_t(keep));
   for (std::int32_t r = 0; r < rows; ++r)
-    std::memcpy(bytes.data() + std::size_t(r) * std::size_t(keep),
-                bytes_.data() + std::size_t(row_begin + r) * std::size_t(row_bytes) + std::size_t(skip),
-                std::size_t(keep));
+    std::memcpy(
+        bytes.data() + std::size_t(r) * std::size_t(keep),
+        bytes_.data() + std::size_t(row_begin + r) * std::size_t(row_bytes) + std::size_t(skip),
+        std::size_t(keep));
   return WeightMatrix::rows(format_, bytes, rows, cols);
 }
 

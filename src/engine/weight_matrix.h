@@ -31,8 +31,8 @@ class WeightMatrix {
   void append_rows(const WeightMatrix& other);
   // Rows [row_begin, row_begin + rows) and input columns [col_begin,
   // col_begin + cols) as a new matrix (a tensor-parallel shard). A block
-  // format's columns must start and end on kQuantBlock boundaries:
-  // InvalidArgument naming `what` otherwise.
+  // format's columns must start and end on weight_format_block(format())
+  // boundaries (32 or 256 weights): InvalidArgument naming `what` otherwise.
   WeightMatrix slice(std::int32_t row_begin, std::int32_t rows, std::int32_t col_begin,
                      std::int32_t cols, const char* what) const;
   // dst[in] = row `row` as f32 (an embedding lookup).

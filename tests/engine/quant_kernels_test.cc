@@ -1,19 +1,23 @@
 // Quantised-weight kernels against a scalar decoding of the GGUF block
-// layouts (written here from the format's definition) and a double-precision
-// product; rows are independent of their batch mates bit for bit.
+// layouts (written here from the format's definition, and for the K-quants
+// pagedattn's GGUF reader, dequantize_row) and a double-precision product;
+// rows are independent of their batch mates bit for bit.
 #include "engine/quant_kernels.h"
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/gemm.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
+#include "pagedattn/gguf_types.h"
 
 namespace pagedattn::engine {
 namespace {
@@ -58,7 +62,7 @@ double scalar_weight(WeightFormat f, const std::uint8_t* row, std::int32_t i) {
       const int q = j < 16 ? block[4 + j] & 15 : block[4 + j - 16] >> 4;
       return d * q + half_at(block + 2);
     }
-    case WeightFormat::kF32:
+    default:  // the K-quants: row_terms below
       break;
   }
   return 0.0;
@@ -147,6 +151,331 @@ TEST(QuantKernels, RowBytesRefuseAPartialBlock) {
   EXPECT_EQ(weight_row_bytes(WeightFormat::kQ4_1, 64), 40);
   EXPECT_EQ(weight_row_bytes(WeightFormat::kF32, 7), 28);
   EXPECT_THROW(weight_row_bytes(WeightFormat::kQ8_0, 40), InvalidArgument);
+  EXPECT_EQ(weight_row_bytes(WeightFormat::kQ4_K, 512), 288);
+  EXPECT_EQ(weight_row_bytes(WeightFormat::kQ5_K, 256), 176);
+  EXPECT_EQ(weight_row_bytes(WeightFormat::kQ6_K, 768), 630);
+  EXPECT_EQ(weight_format_block(WeightFormat::kF32), 1);
+  EXPECT_EQ(weight_format_block(WeightFormat::kQ4_0), 32);
+  EXPECT_EQ(weight_format_block(WeightFormat::kQ6_K), 256);
+  try {
+    weight_row_bytes(WeightFormat::kQ4_K, 288);  // 9 blocks of 32, not whole super-blocks
+    FAIL() << "a partial Q4_K super-block";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("q4_k row of 288 weights is not a whole number of "
+                                         "256-weight blocks"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ------------------------------------------------------------------ K-quants
+
+constexpr WeightFormat kKFormats[] = {WeightFormat::kQ4_K, WeightFormat::kQ5_K,
+                                      WeightFormat::kQ6_K};
+constexpr WeightFormat kAllFormats[] = {WeightFormat::kQ8_0, WeightFormat::kQ4_0,
+                                        WeightFormat::kQ4_1, WeightFormat::kQ4_K,
+                                        WeightFormat::kQ5_K, WeightFormat::kQ6_K};
+
+GgufType gguf_type(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kQ8_0:
+      return GgufType::kQ8_0;
+    case WeightFormat::kQ4_0:
+      return GgufType::kQ4_0;
+    case WeightFormat::kQ4_1:
+      return GgufType::kQ4_1;
+    case WeightFormat::kQ4_K:
+      return GgufType::kQ4_K;
+    case WeightFormat::kQ5_K:
+      return GgufType::kQ5_K;
+    case WeightFormat::kQ6_K:
+      return GgufType::kQ6_K;
+    case WeightFormat::kF32:
+      break;
+  }
+  return GgufType::kF32;
+}
+
+// An f16 scale of one of three kinds: +-0, subnormal (exponent 0, random
+// mantissa) or normal. `normal_max` bounds the normal ones; the kernels'
+// tests use moderate scales, the dequantisation test any finite one.
+std::uint16_t random_scale(std::mt19937& rng, float normal_max) {
+  std::uniform_int_distribution<int> kind(0, 5), bits(0, 0xffff);
+  const auto sign = static_cast<std::uint16_t>(bits(rng) & 0x8000);
+  switch (kind(rng)) {
+    case 0:
+      return sign;
+    case 1:
+      return static_cast<std::uint16_t>(sign | (bits(rng) & 0x3ff));
+    default: {
+      std::uniform_real_distribution<float> magnitude(6.2e-5f, normal_max);  // f16 normals
+      return static_cast<std::uint16_t>(sign | float_to_f16_bits(magnitude(rng)));
+    }
+  }
+}
+
+// `out` rows of random blocks: random quants, 6-bit scales / mins and int8
+// scales (all bit patterns), f16 scales from random_scale.
+std::vector<std::uint8_t> random_blocks(WeightFormat f, std::int32_t out, std::int32_t in,
+                                        std::mt19937& rng, float normal_max) {
+  std::vector<std::uint8_t> bytes(std::size_t(out * weight_row_bytes(f, in)));
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : bytes) b = static_cast<std::uint8_t>(byte(rng));
+  const std::int64_t block = weight_block_bytes(f);
+  for (std::size_t at = 0; at < bytes.size(); at += std::size_t(block)) {
+    const std::uint16_t d = random_scale(rng, normal_max), m = random_scale(rng, normal_max);
+    switch (f) {
+      case WeightFormat::kQ6_K:
+        std::memcpy(&bytes[at + 208], &d, 2);
+        break;
+      case WeightFormat::kQ4_1:
+      case WeightFormat::kQ4_K:
+      case WeightFormat::kQ5_K:
+        std::memcpy(&bytes[at], &d, 2);
+        std::memcpy(&bytes[at + 2], &m, 2);
+        break;
+      default:
+        std::memcpy(&bytes[at], &d, 2);
+    }
+  }
+  return bytes;
+}
+
+// The weights of a row by the GGUF reader (the definition the kernels must
+// match), and per weight the magnitude of the terms the kernels add up:
+// |d * sc * q| + |dmin * m| for Q4_K / Q5_K (the kernels subtract the mins
+// from the scaled quants after summing), |d * q| + |m| for Q4_1, |w|
+// otherwise. Decoded here in double from the layouts in quant_kernels.h;
+// the signed values are checked against the reader's.
+struct RowTerms {
+  std::vector<float> w;           // dequantize_row
+  std::vector<double> magnitude;  // of the terms behind each weight
+};
+
+RowTerms row_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
+  RowTerms t{std::vector<float>(std::size_t(in)), std::vector<double>(std::size_t(in))};
+  dequantize_row(gguf_type(f), row, t.w.data(), in);
+  const std::int32_t block = weight_format_block(f);
+  for (std::int32_t i = 0; i < in; ++i) {
+    const std::uint8_t* b = row + i / block * weight_block_bytes(f);
+    const std::int32_t j = i % block;
+    double exact = 0.0, magnitude = 0.0;
+    if (f == WeightFormat::kQ4_K || f == WeightFormat::kQ5_K) {
+      const std::int32_t sub = j / 32, l = j % 32;
+      const std::uint8_t* s = b + 4;
+      const int sc = sub < 4 ? s[sub] & 63 : (s[sub + 4] & 15) | ((s[sub - 4] >> 6) << 4);
+      const int m = sub < 4 ? s[sub + 4] & 63 : (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+      const std::uint8_t* qs = b + (f == WeightFormat::kQ4_K ? 16 : 48);
+      int q = (qs[32 * (sub / 2) + l] >> (4 * (sub % 2))) & 15;
+      if (f == WeightFormat::kQ5_K) q |= ((b[16 + l] >> sub) & 1) << 4;
+      const double scaled = double(half_at(b)) * sc * q, offset = double(half_at(b + 2)) * m;
+      exact = scaled - offset;
+      magnitude = std::abs(scaled) + std::abs(offset);
+    } else if (f == WeightFormat::kQ6_K) {
+      const std::int32_t h = j / 128, g = j % 128 / 32, l = j % 32;
+      const int low = (b[64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 15;
+      const int high = (b[128 + 32 * h + l] >> (2 * g)) & 3;
+      exact = double(half_at(b + 208)) * static_cast<std::int8_t>(b[192 + j / 16]) *
+              ((low | high << 4) - 32);
+      magnitude = std::abs(exact);
+    } else {
+      exact = scalar_weight(f, row, i);
+      magnitude = f == WeightFormat::kQ4_1
+                      ? std::abs(exact - half_at(b + 2)) + std::abs(double(half_at(b + 2)))
+                      : std::abs(exact);
+    }
+    // The reader rounds each weight to f32 once (Q4_1: d * q, then + m).
+    EXPECT_NEAR(t.w[std::size_t(i)], exact, 2 * 0x1p-24 * magnitude + 1e-45)
+        << weight_format_name(f) << " weight " << i;
+    t.magnitude[std::size_t(i)] = magnitude;
+  }
+  return t;
+}
+
+TEST(QuantKernels, KQuantRowsDequantiseBitEqualToTheGgufReaderOnEveryTarget) {
+  std::mt19937 rng(21);
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
+    for (const WeightFormat f : kKFormats)
+      for (const std::int32_t in : {256, 768}) {
+        hwy::SetSupportedTargetsForTest(target);
+        SCOPED_TRACE(hwy::TargetName(target));
+        constexpr std::int32_t kOut = 7;
+        // Any finite f16 scale (up to 65504): every product is exact in f32.
+        const auto w = random_blocks(f, kOut, in, rng, 65504.0f);
+        for (const auto& [first, count] : {std::pair{0, kOut}, {2, 3}, {6, 1}}) {
+          std::vector<float> got(std::size_t(count) * in), want(static_cast<std::size_t>(in));
+          dequantize_weight_rows(w.data(), f, in, first, count, got.data());
+          for (std::int32_t r = 0; r < count; ++r) {
+            dequantize_row(gguf_type(f), w.data() + (first + r) * weight_row_bytes(f, in),
+                           want.data(), in);
+            ASSERT_EQ(0, std::memcmp(got.data() + std::size_t(r) * in, want.data(),
+                                     std::size_t(in) * sizeof(float)))
+                << weight_format_name(f) << " in " << in << " row " << first + r;
+          }
+        }
+      }
+}
+
+// quant_product of random shapes against a double product of the reader's
+// weights. Bound: every kernel adds its terms (the quants times x, scaled
+// per (sub-)block, and the mins times the sums of x) in f32 along paths of
+// at most k operations that round, where k = in / 32 + 48 for the K-quants
+// (a partial sum over at most 32 lanes-chunks, one scale multiply, one add
+// per 32 weights into the accumulator, a lane reduction of at most 16
+// lanes, the final subtraction and accumulation) and k = in + 8 for the
+// 32-weight formats (one chain per row over the whole input on a one-lane
+// target). So |y - exact| <= k u (sum of |terms| + |y0|) with u = 2^-24
+// (to first order), and the reference's weights are off the exact ones by
+// at most 2u of their terms; the test allows (k + 4) u (A + |y0|) where A is
+// the sum over i of magnitude_i |x_i|.
+TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
+  std::mt19937 rng(22);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> super_blocks(1, 16), outs(1, 70), rows_of(1, 9);
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
+    for (const WeightFormat f : kAllFormats)
+      for (int trial = 0; trial < 4; ++trial) {
+        hwy::SetSupportedTargetsForTest(target);
+        SCOPED_TRACE(hwy::TargetName(target));
+        const std::int32_t in = 256 * super_blocks(rng), out = outs(rng), rows = rows_of(rng);
+        const std::int32_t ldy = out + (trial % 2 == 0 ? 0 : 5);
+        const auto w = random_blocks(f, out, in, rng, 0.05f);
+        std::vector<RowTerms> terms;
+        for (std::int32_t o = 0; o < out; ++o)
+          terms.push_back(row_terms(f, w.data() + o * weight_row_bytes(f, in), in));
+        std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
+        for (auto& v : x) v = value(rng);
+        for (auto& v : y0) v = value(rng);
+        std::uniform_int_distribution<int> column(0, out);
+        std::int32_t begin = column(rng), end = column(rng);
+        if (begin > end) std::swap(begin, end);
+        for (const bool accumulate : {false, true}) {
+          std::vector<float> y = y0;
+          quant_product({x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate}, begin, end);
+          const double k = (weight_format_block(f) == kQuantKBlock ? in / 32.0 + 48 : in + 8) + 4;
+          for (std::int32_t r = 0; r < rows; ++r)
+            for (std::int32_t o = 0; o < ldy; ++o) {
+              const std::size_t at = std::size_t(r) * ldy + o;
+              if (o < begin || o >= end) {  // untouched
+                ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
+                continue;
+              }
+              double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
+              for (std::int32_t i = 0; i < in; ++i) {
+                const double xi = x[std::size_t(r) * in + i];
+                want += double(terms[std::size_t(o)].w[std::size_t(i)]) * xi;
+                a += terms[std::size_t(o)].magnitude[std::size_t(i)] * std::abs(xi);
+              }
+              ASSERT_LE(std::abs(y[at] - want), k * 0x1p-24 * a + 1e-30)
+                  << weight_format_name(f) << " in " << in << " out " << out << " rows " << rows
+                  << " columns [" << begin << ", " << end << ") accumulate " << accumulate << " r "
+                  << r << " o " << o << " got " << y[at] << " want " << want;
+            }
+        }
+      }
+}
+
+// A row's result is the same bits whatever rows are around it, how many,
+// and which column range the call covers.
+TEST(QuantKernels, KQuantRowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
+    for (const WeightFormat f : kKFormats) {
+      hwy::SetSupportedTargetsForTest(target);
+      SCOPED_TRACE(hwy::TargetName(target));
+      const std::int32_t in = 512, out = 37, rows = 11;
+      const auto w = random_blocks(f, out, in, rng, 0.05f);
+      std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out);
+      for (auto& v : x) v = value(rng);
+      quant_product({x.data(), rows, in, w.data(), f, all.data(), out, false}, 0, out);
+      for (std::int32_t r = 0; r < rows; ++r)
+        for (const auto& [begin, end] : {std::pair{0, out}, {5, 6}, {3, 30}, {36, 37}}) {
+          std::vector<float> alone(std::size_t(out), -7.0f);
+          quant_product(
+              {x.data() + std::size_t(r) * in, 1, in, w.data(), f, alone.data(), out, false}, begin,
+              end);
+          ASSERT_EQ(0, std::memcmp(alone.data() + begin, all.data() + std::size_t(r) * out + begin,
+                                   std::size_t(end - begin) * sizeof(float)))
+              << weight_format_name(f) << " row " << r << " columns [" << begin << ", " << end
+              << ")";
+        }
+      // Rows 3..9 as a batch of 7 (one tile of 4, three single rows).
+      std::vector<float> part(std::size_t(7) * out);
+      quant_product({x.data() + std::size_t(3) * in, 7, in, w.data(), f, part.data(), out, false},
+                    0, out);
+      ASSERT_EQ(0, std::memcmp(part.data(), all.data() + std::size_t(3) * out,
+                               part.size() * sizeof(float)))
+          << weight_format_name(f);
+    }
+}
+
+// linear() with K-quant weights: the in-place kernels (few rows, and every
+// batch in deterministic mode) and the blocked path (dequantised column
+// blocks through BLAS), into a column range of a wider output (ldy).
+TEST(QuantKernels, LinearWithKQuantsMatchesADoubleReferenceAndHonoursLdy) {
+  std::mt19937 rng(24);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (const WeightFormat f : kKFormats)
+    for (const std::int32_t rows : {1, 5, 9, 37})
+      for (const bool deterministic : {false, true}) {
+        const std::int32_t in = 768, out = 261, ldy = out + 11;
+        const auto w = random_blocks(f, out, in, rng, 0.05f);
+        std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
+        for (auto& v : x) v = value(rng);
+        for (auto& v : y0) v = value(rng);
+        for (const bool accumulate : {false, true}) {
+          std::vector<float> y = y0;
+          LinearScratch scratch;
+          LinearArgs args{x.data(),   rows,          in, w.data(), out, y.data(),
+                          accumulate, deterministic, f};
+          args.ldy = ldy;
+          linear(args, scratch);
+          for (std::int32_t o = 0; o < out; ++o) {
+            const RowTerms t = row_terms(f, w.data() + o * weight_row_bytes(f, in), in);
+            for (std::int32_t r = 0; r < rows; ++r) {
+              const std::size_t at = std::size_t(r) * ldy + o;
+              double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
+              for (std::int32_t i = 0; i < in; ++i) {
+                const double xi = x[std::size_t(r) * in + i];
+                want += double(t.w[std::size_t(i)]) * xi;
+                a += t.magnitude[std::size_t(i)] * std::abs(xi);
+              }
+              // As above; BLAS (rows > 8, not deterministic) sums the
+              // reader's f32 weights in an order of its own: allow in u.
+              ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a)
+                  << weight_format_name(f) << " rows " << rows << " r " << r << " o " << o;
+            }
+          }
+          for (std::int32_t r = 0; r < rows; ++r)
+            for (std::int32_t o = out; o < ldy; ++o)
+              ASSERT_EQ(y[std::size_t(r) * ldy + o], y0[std::size_t(r) * ldy + o]);
+        }
+      }
+}
+
+TEST(QuantKernels, KQuantDeterministicRowsDoNotDependOnTheirBatch) {
+  std::mt19937 rng(25);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (const WeightFormat f : kKFormats) {
+    const std::int32_t in = 512, out = 300, rows = 19;
+    const auto w = random_blocks(f, out, in, rng, 0.05f);
+    std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out);
+    for (auto& v : x) v = value(rng);
+    LinearScratch scratch;
+    linear({x.data(), rows, in, w.data(), out, all.data(), false, true, f}, scratch);
+    for (std::int32_t r = 0; r < rows; ++r) {
+      std::vector<float> alone(static_cast<std::size_t>(out));
+      linear({x.data() + std::size_t(r) * in, 1, in, w.data(), out, alone.data(), false, true, f},
+             scratch);
+      ASSERT_EQ(0,
+                std::memcmp(alone.data(), all.data() + std::size_t(r) * out, out * sizeof(float)))
+          << weight_format_name(f) << " row " << r;
+    }
+  }
 }
 
 }  // namespace
