@@ -1,7 +1,8 @@
 // Text <-> token ids for real models, built from the tokenizer metadata a GGUF
 // file carries (TokenizerVocab mirrors the `tokenizer.ggml.*` keys). Two
-// models: byte-level BPE ("gpt2": GPT-2, Llama 3, SmolLM2, Qwen) and
-// SentencePiece-style BPE ("llama": Llama 2, TinyLlama). Text is bytes: any
+// models: byte-level BPE ("gpt2": GPT-2, Llama 3, SmolLM2, Qwen 2.5/3,
+// Mistral Nemo's tekken) and SentencePiece-style BPE ("llama": Llama 2,
+// TinyLlama, Mistral 7B, Gemma 2/3, Phi-3). Text is bytes: any
 // byte string, valid UTF-8 or not, encodes and decodes back exactly (byte-level
 // BPE maps every byte to a token; SentencePiece falls back to <0xXX> tokens).
 #pragma once
@@ -29,7 +30,8 @@ struct TokenizerVocab {
   std::string model;  // "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE)
   // Pre-tokenizer of byte-level BPE (`tokenizer.ggml.pre`): "default"/"gpt2",
   // "smollm" (digits split one by one, then GPT-2's rules), "llama-bpe"
-  // (Llama 3), "qwen2". Ignored by "llama".
+  // (Llama 3), "qwen2" (Qwen 2.5, Qwen3), "tekken" (Mistral Nemo, Ministral).
+  // Ignored by "llama".
   std::string pre = "default";
   std::vector<std::string> tokens;       // [vocab_size] token text (byte-level or ▁-escaped)
   std::vector<float> scores;             // [vocab_size] or empty; "llama" merges by score
@@ -42,8 +44,16 @@ struct TokenizerVocab {
   bool add_bos = false;  // `tokenizer.ggml.add_bos_token`
   bool add_eos = false;  // `tokenizer.ggml.add_eos_token`
   // "llama": prepend ▁ to text that starts the input or follows a special
-  // token (`tokenizer.ggml.add_space_prefix`).
+  // token (`tokenizer.ggml.add_space_prefix`; Gemma: false).
   bool add_space_prefix = true;
+  // "llama" with add_space_prefix: true (llama.cpp, SentencePiece, Hugging
+  // Face's Prepend normaliser of Llama 2 and Phi-3): every piece of text after
+  // a special token gets the ▁ too. false (Hugging Face's Metaspace with
+  // prepend_scheme "first", Mistral v0.3 whose [INST] is a control token):
+  // only the start of the input does, and not when it already starts with a
+  // space. No GGUF key says this; read_tokenizer_vocab sets false for a
+  // vocabulary whose "[INST]" is a control token.
+  bool space_prefix_after_special = true;
   std::string chat_template;  // `tokenizer.chat_template`, may be empty
 };
 

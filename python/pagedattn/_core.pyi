@@ -641,7 +641,7 @@ class Tokenizer:
     """
     Byte-level BPE (model='gpt2') or SentencePiece BPE (model='llama') built from GGUF-style tokenizer metadata (tokenizer.ggml.* keys).
     """
-    def __init__(self, model: str, tokens: collections.abc.Sequence[str], *, pre: str = 'default', scores: collections.abc.Sequence[float] | None = None, token_type: collections.abc.Sequence[int] | None = None, merges: collections.abc.Sequence[str] | None = None, bos_id: int = -1, eos_id: int = -1, unk_id: int = -1, pad_id: int = -1, add_bos: bool = False, add_eos: bool = False, add_space_prefix: bool = True, chat_template: str = '') -> None:
+    def __init__(self, model: str, tokens: collections.abc.Sequence[str], *, pre: str = 'default', scores: collections.abc.Sequence[float] | None = None, token_type: collections.abc.Sequence[int] | None = None, merges: collections.abc.Sequence[str] | None = None, bos_id: int = -1, eos_id: int = -1, unk_id: int = -1, pad_id: int = -1, add_bos: bool = False, add_eos: bool = False, add_space_prefix: bool = True, space_prefix_after_special: bool = True, chat_template: str = '') -> None:
         ...
     def decode(self, ids: collections.abc.Sequence[int], *, render_special: bool = True) -> bytes:
         """
@@ -699,14 +699,16 @@ class StreamingDecoder:
         """
 class ChatTemplate:
     """
-    A model's chat template (ChatML, Llama-3 or Llama-2 form).
+    A model's chat template, recognised and rendered natively (ChatML, Qwen3, Llama 3/3.1, Llama 2, Gemma 2/3, Phi-3, Mistral [INST] forms).
     """
     def __init__(self, template: str, bos_text: str = '', eos_text: str = '') -> None:
         ...
-    def render(self, messages: collections.abc.Sequence[collections.abc.Mapping[str, str]], *, add_generation_prompt: bool = True) -> str:
+    def render(self, messages: collections.abc.Sequence[collections.abc.Mapping[str, str]], *, add_generation_prompt: bool = True, enable_thinking: bool | None = None, date_string: str = '') -> str:
         """
         The prompt text of messages [{"role", "content"}...], ending with the
-        assistant's turn header when add_generation_prompt.
+        assistant's turn header when add_generation_prompt. enable_thinking: Qwen3's
+        switch (False writes the empty think block); date_string: Llama 3.1's "Today
+        Date" ("": the template's default).
         """
     @property
     def default_system_prompt(self) -> str:
@@ -716,7 +718,12 @@ class ChatTemplate:
     @property
     def kind(self) -> str:
         """
-        The template's form: "chatml", "llama3" or "llama2".
+        The template's form: "chatml", "qwen3", "llama3", "llama2", "gemma", "phi3" or "mistral".
+        """
+    @property
+    def variant(self) -> str:
+        """
+        The form and variant, e.g. "llama3.1", "gemma2", "mistral-v3-tekken".
         """
 class SamplingParams:
     """

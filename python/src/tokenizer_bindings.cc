@@ -30,7 +30,7 @@ TokenizerVocab make_vocab(std::string model, std::vector<std::string> tokens, st
                           std::optional<std::vector<std::string>> merges, std::int32_t bos_id,
                           std::int32_t eos_id, std::int32_t unk_id, std::int32_t pad_id,
                           bool add_bos, bool add_eos, bool add_space_prefix,
-                          std::string chat_template) {
+                          bool space_prefix_after_special, std::string chat_template) {
   TokenizerVocab v;
   v.model = std::move(model);
   v.pre = std::move(pre);
@@ -45,6 +45,7 @@ TokenizerVocab make_vocab(std::string model, std::vector<std::string> tokens, st
   v.add_bos = add_bos;
   v.add_eos = add_eos;
   v.add_space_prefix = add_space_prefix;
+  v.space_prefix_after_special = space_prefix_after_special;
   v.chat_template = std::move(chat_template);
   return v;
 }
@@ -60,18 +61,19 @@ void register_tokenizer(py::module_& m) {
                        std::optional<std::vector<std::int32_t>> token_type,
                        std::optional<std::vector<std::string>> merges, std::int32_t bos_id,
                        std::int32_t eos_id, std::int32_t unk_id, std::int32_t pad_id, bool add_bos,
-                       bool add_eos, bool add_space_prefix, std::string chat_template) {
-             return Tokenizer(make_vocab(std::move(model), std::move(tokens), std::move(pre),
-                                         std::move(scores), std::move(token_type),
-                                         std::move(merges), bos_id, eos_id, unk_id, pad_id, add_bos,
-                                         add_eos, add_space_prefix, std::move(chat_template)));
+                       bool add_eos, bool add_space_prefix, bool space_prefix_after_special,
+                       std::string chat_template) {
+             return Tokenizer(make_vocab(
+                 std::move(model), std::move(tokens), std::move(pre), std::move(scores),
+                 std::move(token_type), std::move(merges), bos_id, eos_id, unk_id, pad_id, add_bos,
+                 add_eos, add_space_prefix, space_prefix_after_special, std::move(chat_template)));
            }),
            py::arg("model"), py::arg("tokens"), py::kw_only(), py::arg("pre") = "default",
            py::arg("scores") = py::none(), py::arg("token_type") = py::none(),
            py::arg("merges") = py::none(), py::arg("bos_id") = -1, py::arg("eos_id") = -1,
            py::arg("unk_id") = -1, py::arg("pad_id") = -1, py::arg("add_bos") = false,
            py::arg("add_eos") = false, py::arg("add_space_prefix") = true,
-           py::arg("chat_template") = "")
+           py::arg("space_prefix_after_special") = true, py::arg("chat_template") = "")
       .def(
           "encode",
           [](const Tokenizer& t, const py::object& text, bool add_special, bool parse_special) {
@@ -120,7 +122,8 @@ void register_tokenizer(py::module_& m) {
           "Returns what is held back (an incomplete UTF-8 tail) and empties the decoder.");
 
   py::class_<ChatTemplate>(m, "ChatTemplate",
-                           "A model's chat template (ChatML, Llama-3 or Llama-2 form).")
+                           "A model's chat template, recognised and rendered natively (ChatML, "
+                           "Qwen3, Llama 3/3.1, Llama 2, Gemma 2/3, Phi-3, Mistral [INST] forms).")
       .def(py::init<std::string_view, std::string, std::string>(), py::arg("template"),
            py::arg("bos_text") = "", py::arg("eos_text") = "")
       .def_property_readonly(
@@ -129,20 +132,33 @@ void register_tokenizer(py::module_& m) {
             switch (t.kind()) {
               case ChatTemplateKind::kChatMl:
                 return "chatml";
+              case ChatTemplateKind::kQwen3:
+                return "qwen3";
               case ChatTemplateKind::kLlama3:
                 return "llama3";
               case ChatTemplateKind::kLlama2:
                 return "llama2";
+              case ChatTemplateKind::kGemma:
+                return "gemma";
+              case ChatTemplateKind::kPhi3:
+                return "phi3";
+              case ChatTemplateKind::kMistral:
+                return "mistral";
             }
             return "";
           },
-          "The template's form: \"chatml\", \"llama3\" or \"llama2\".")
+          "The template's form: \"chatml\", \"qwen3\", \"llama3\", \"llama2\", \"gemma\", "
+          "\"phi3\" or \"mistral\".")
+      .def_property_readonly("variant", &ChatTemplate::variant,
+                             "The form and variant, e.g. \"llama3.1\", \"gemma2\", "
+                             "\"mistral-v3-tekken\".")
       .def_property_readonly("default_system_prompt", &ChatTemplate::default_system_prompt,
                              "The system message the template adds when none is given.")
       .def(
           "render",
           [](const ChatTemplate& t, const std::vector<std::map<std::string, std::string>>& messages,
-             bool add_generation_prompt) {
+             bool add_generation_prompt, std::optional<bool> enable_thinking,
+             std::string date_string) {
             std::vector<ChatMessage> converted;
             for (const auto& m : messages) {
               auto role = m.find("role");
@@ -152,11 +168,18 @@ void register_tokenizer(py::module_& m) {
               }
               converted.push_back({role->second, content->second});
             }
-            return t.render(converted, add_generation_prompt);
+            ChatRenderOptions options;
+            options.add_generation_prompt = add_generation_prompt;
+            options.enable_thinking = enable_thinking;
+            options.date_string = std::move(date_string);
+            return t.render(converted, options);
           },
           py::arg("messages"), py::kw_only(), py::arg("add_generation_prompt") = true,
+          py::arg("enable_thinking") = py::none(), py::arg("date_string") = "",
           "The prompt text of messages [{\"role\", \"content\"}...], ending with the\n"
-          "assistant's turn header when add_generation_prompt.");
+          "assistant's turn header when add_generation_prompt. enable_thinking: Qwen3's\n"
+          "switch (False writes the empty think block); date_string: Llama 3.1's \"Today\n"
+          "Date\" (\"\": the template's default).");
 }
 
 }  // namespace pagedattn::python

@@ -27,7 +27,7 @@ const ByteLevelTable& byte_level_table() {
 
 ByteLevelBpe::ByteLevelBpe(const TokenizerVocab& vocab, const TokenIndex& index)
     : pre_(pre_tokenizer_from_name(vocab.pre)),
-      ignore_merges_(pre_ == PreTokenizer::kLlama3),
+      ignore_merges_(pre_ == PreTokenizer::kLlama3 || pre_ == PreTokenizer::kTekken),
       index_(&index) {
   const ByteLevelTable& table = byte_level_table();
   for (int b = 0; b < 256; ++b) {

@@ -38,11 +38,25 @@ TokenizerVocab read_tokenizer_vocab(const GgufFile& file) {
   v.eos_id = optional_id(file, "tokenizer.ggml.eos_token_id");
   v.unk_id = optional_id(file, "tokenizer.ggml.unknown_token_id");
   v.pad_id = optional_id(file, "tokenizer.ggml.padding_token_id");
-  // llama.cpp's defaults: SentencePiece vocabularies add BOS and a space prefix.
+  // llama.cpp's defaults when the keys are absent: SentencePiece vocabularies
+  // add BOS and a space prefix; Llama 3 and tekken byte-level ones add BOS.
   const bool spm = v.model == "llama";
-  v.add_bos = optional_bool(file, "tokenizer.ggml.add_bos_token", spm);
+  const bool bos_by_default =
+      spm || v.pre == "llama-bpe" || v.pre == "llama3" || v.pre == "llama-v3" || v.pre == "tekken";
+  v.add_bos = optional_bool(file, "tokenizer.ggml.add_bos_token", bos_by_default);
   v.add_eos = optional_bool(file, "tokenizer.ggml.add_eos_token", false);
   v.add_space_prefix = optional_bool(file, "tokenizer.ggml.add_space_prefix", spm);
+  // Mistral v0.3's SentencePiece vocabulary ([INST] a control token): its
+  // Hugging Face tokenizer (Metaspace, prepend_scheme "first") and
+  // mistral_common put no ▁ after [INST]; its templates write "[INST] text".
+  if (spm) {
+    for (std::size_t i = 0; i < v.tokens.size() && i < v.token_type.size(); ++i) {
+      if (v.tokens[i] == "[INST]" &&
+          v.token_type[i] == static_cast<std::int32_t>(TokenType::kControl)) {
+        v.space_prefix_after_special = false;
+      }
+    }
+  }
   if (file.has("tokenizer.chat_template"))
     v.chat_template = std::string(file.get_string("tokenizer.chat_template"));
   return v;

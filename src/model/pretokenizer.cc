@@ -13,11 +13,36 @@ namespace {
 
 enum class CharClass : std::uint8_t { kLetter, kNumber, kSpace, kOther };
 
+// Letter case and marks, for the tekken expression's classes.
+enum CaseBits : std::uint8_t {
+  kUpperish = 1,  // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]
+  kLowerish = 2,  // [\p{Ll}\p{Lm}\p{Lo}\p{M}]
+};
+
 struct Char {
   std::size_t offset;  // byte offset of the character in the text
   char32_t value;      // code point (the raw byte for invalid UTF-8)
   CharClass cls;
+  std::uint8_t case_bits;  // CaseBits
 };
+
+std::uint8_t case_bits_of(char32_t cp) {
+  switch (u_charType(static_cast<UChar32>(cp))) {
+    case U_UPPERCASE_LETTER:
+    case U_TITLECASE_LETTER:
+      return kUpperish;
+    case U_LOWERCASE_LETTER:
+      return kLowerish;
+    case U_MODIFIER_LETTER:
+    case U_OTHER_LETTER:
+    case U_NON_SPACING_MARK:
+    case U_ENCLOSING_MARK:
+    case U_COMBINING_SPACING_MARK:
+      return kUpperish | kLowerish;
+    default:
+      return 0;
+  }
+}
 
 CharClass classify_code_point(char32_t cp) {
   // \s in the reference engines is Unicode White_Space; \p{L}, \p{N} the general categories.
@@ -47,14 +72,26 @@ const std::array<CharClass, 128>& ascii_classes() {
   return table;
 }
 
-void decode_chars(std::string_view text, std::vector<Char>& chars) {
+// `with_case`: also fill Char::case_bits (only the tekken scanner reads them).
+void decode_chars(std::string_view text, std::vector<Char>& chars, bool with_case) {
   const auto& ascii = ascii_classes();
   chars.clear();
   for (std::size_t pos = 0; pos < text.size();) {
     const utf8::CodePoint cp = utf8::decode_at(text, pos);
     CharClass cls = CharClass::kOther;
-    if (cp.valid) cls = cp.value < 128 ? ascii[cp.value] : classify_code_point(cp.value);
-    chars.push_back({pos, cp.valid ? cp.value : 0xFFFFFFFFu, cls});
+    std::uint8_t case_bits = 0;
+    if (cp.valid) {
+      cls = cp.value < 128 ? ascii[cp.value] : classify_code_point(cp.value);
+      if (with_case) {
+        if (cp.value < 128)
+          case_bits = (cp.value >= U'A' && cp.value <= U'Z')   ? kUpperish
+                      : (cp.value >= U'a' && cp.value <= U'z') ? kLowerish
+                                                               : 0;
+        else
+          case_bits = case_bits_of(cp.value);
+      }
+    }
+    chars.push_back({pos, cp.valid ? cp.value : 0xFFFFFFFFu, cls, case_bits});
     pos += cp.length;
   }
 }
@@ -98,6 +135,30 @@ class Scanner {
     return j;
   }
 
+  std::size_t tekken_word(std::size_t i) const {
+    // The first two alternatives, each with its optional prefix tried first.
+    const bool prefix =
+        i < end_ && !is(i, CharClass::kLetter) && !is(i, CharClass::kNumber) && !is_newline(i);
+    if (prefix) {
+      if (std::size_t e = upper_then_lower(i + 1); e != kNone) return e;
+    }
+    if (std::size_t e = upper_then_lower(i); e != kNone) return e;
+    if (prefix && has_case(i + 1, kUpperish))
+      return case_run(case_run(i + 1, kUpperish), kLowerish);
+    if (has_case(i, kUpperish)) return case_run(case_run(i, kUpperish), kLowerish);
+    if (is(i, CharClass::kNumber)) return i + 1;
+    std::size_t other_start = 0;
+    if (is(i, CharClass::kOther))
+      other_start = i;
+    else if (at(i) == U' ' && is(i + 1, CharClass::kOther))
+      other_start = i + 1;
+    else
+      return whitespace_word(i, /*newline_rule=*/true);
+    std::size_t j = run(other_start, CharClass::kOther);
+    while (j < end_ && (is_newline(j) || at(j) == U'/')) ++j;
+    return j;
+  }
+
  private:
   char32_t at(std::size_t i) const { return i < end_ ? c_[i].value : 0xFFFFFFFFu; }
   bool is(std::size_t i, CharClass cls) const { return i < end_ && c_[i].cls == cls; }
@@ -105,6 +166,23 @@ class Scanner {
   std::size_t run(std::size_t i, CharClass cls) const {
     while (is(i, cls)) ++i;
     return i;
+  }
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  bool has_case(std::size_t i, std::uint8_t bits) const {
+    return i < end_ && (c_[i].case_bits & bits) != 0;
+  }
+  std::size_t case_run(std::size_t i, std::uint8_t bits) const {
+    while (has_case(i, bits)) ++i;
+    return i;
+  }
+  // U*l+ at i as a backtracking engine matches it: U* greedy, then given back
+  // one character at a time until l+ matches; kNone when it cannot.
+  std::size_t upper_then_lower(std::size_t i) const {
+    const std::size_t k = case_run(i, kUpperish);
+    for (std::size_t j = k + 1; j-- > i;) {
+      if (has_case(j, kLowerish)) return case_run(j, kLowerish);
+    }
+    return kNone;
   }
 
   // Length of 's|'t|'re|'ve|'m|'ll|'d at i, 0 when none.
@@ -153,15 +231,18 @@ PreTokenizer pre_tokenizer_from_name(std::string_view name) {
       name == "smaug-bpe") {
     return PreTokenizer::kLlama3;
   }
-  if (name == "qwen2" || name == "stablelm2") return PreTokenizer::kQwen2;
-  throw InvalidArgument(
-      detail::concat("TokenizerVocab.pre: unsupported pre-tokenizer \"", name,
-                     "\" (known: default, gpt2, smollm, starcoder, llama-bpe, qwen2, ...)"));
+  if (name == "qwen2" || name == "stablelm2" || name == "deepseek-r1-qwen") {
+    return PreTokenizer::kQwen2;
+  }
+  if (name == "tekken") return PreTokenizer::kTekken;
+  throw InvalidArgument(detail::concat(
+      "TokenizerVocab.pre: unsupported pre-tokenizer \"", name,
+      "\" (known: default, gpt2, smollm, starcoder, llama-bpe, qwen2, tekken, ...)"));
 }
 
 void pre_tokenize(PreTokenizer kind, std::string_view text, std::vector<WordSpan>& words) {
   thread_local std::vector<Char> chars;
-  decode_chars(text, chars);
+  decode_chars(text, chars, kind == PreTokenizer::kTekken);
   const auto offset = [&](std::size_t i) {
     return i < chars.size() ? chars[i].offset : text.size();
   };
@@ -178,7 +259,10 @@ void pre_tokenize(PreTokenizer kind, std::string_view text, std::vector<WordSpan
           j = scanner.llama3_word(i, 3, /*fold_long_s=*/true);
           break;
         case PreTokenizer::kQwen2:
-          j = scanner.llama3_word(i, 1, /*fold_long_s=*/false);
+          j = scanner.llama3_word(i, 1, /*fold_long_s=*/true);
+          break;
+        case PreTokenizer::kTekken:
+          j = scanner.tekken_word(i);
           break;
       }
       words.push_back({offset(i), offset(j)});

@@ -15,6 +15,11 @@ enum class PreTokenizer {
   kLlama3,  // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
             // \s*[\r\n]+|\s+(?!\S)|\s+
   kQwen2,   // kLlama3 with \p{N} (one digit per word)
+  // Tekken (Mistral Nemo, Ministral, Mistral Small 3): words split at case
+  // changes. With U = [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}], l = [\p{Ll}\p{Lm}\p{Lo}\p{M}]:
+  // [^\r\n\p{L}\p{N}]?U*l+|[^\r\n\p{L}\p{N}]?U+l*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|
+  // \s*[\r\n]+|\s+(?!\S)|\s+
+  kTekken,
 };
 
 // InvalidArgument for a `tokenizer.ggml.pre` value this library does not know.

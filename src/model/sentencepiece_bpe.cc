@@ -29,11 +29,12 @@ bool SentencePieceBpe::is_piece(std::int32_t id) const {
   return type == TokenType::kNormal || type == TokenType::kUserDefined;
 }
 
-void SentencePieceBpe::encode(std::string_view text, std::vector<std::int32_t>& out) const {
+void SentencePieceBpe::encode(std::string_view text, bool space_prefix,
+                              std::vector<std::int32_t>& out) const {
   if (text.empty()) return;
   std::string normalized;
   normalized.reserve(text.size() + 8);
-  if (vocab_->add_space_prefix) normalized += kSpaceMarker;
+  if (space_prefix) normalized += kSpaceMarker;
   for (char c : text) {
     if (c == ' ')
       normalized += kSpaceMarker;

@@ -35,11 +35,19 @@ struct Tokenizer::Impl {
     const TokenType t = type(id);
     return t == TokenType::kControl || t == TokenType::kUnknown;
   }
-  void encode_text(std::string_view text, std::vector<std::int32_t>& out) const {
-    if (byte_level)
+  // `text` starts at byte `offset` of the input; every piece either starts
+  // the input or follows a special token.
+  void encode_text(std::string_view text, std::size_t offset,
+                   std::vector<std::int32_t>& out) const {
+    if (byte_level) {
       byte_level->encode(text, out);
-    else
-      sentencepiece->encode(text, out);
+      return;
+    }
+    bool prefix = vocab.add_space_prefix;
+    if (prefix && !vocab.space_prefix_after_special) {
+      prefix = offset == 0 && !text.starts_with(' ');  // Metaspace, prepend_scheme "first"
+    }
+    sentencepiece->encode(text, prefix, out);
   }
   // The special token matching at text[pos], longest first; nullptr if none.
   const Special* special_at(std::string_view text, std::size_t pos, bool parse_special) const {
@@ -95,12 +103,12 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view text,
       ++pos;
       continue;
     }
-    m.encode_text(text.substr(piece_begin, pos - piece_begin), out);
+    m.encode_text(text.substr(piece_begin, pos - piece_begin), piece_begin, out);
     out.push_back(special->id);
     pos += special->text.size();
     piece_begin = pos;
   }
-  m.encode_text(text.substr(piece_begin), out);
+  m.encode_text(text.substr(piece_begin), piece_begin, out);
   if (options.add_special && m.vocab.add_eos) out.push_back(m.vocab.eos_id);
   return out;
 }

@@ -38,7 +38,7 @@ class ByteLevelBpe {
   void encode_word(std::string_view word, std::vector<std::int32_t>& out) const;
 
   PreTokenizer pre_;
-  bool ignore_merges_;  // Llama 3: a word that is a token is that token
+  bool ignore_merges_;  // Llama 3, tekken: a word that is a token is that token
   const TokenIndex* index_;
   std::array<std::int32_t, 256> byte_token_{};  // token of each single byte
   struct Merge {
@@ -59,10 +59,10 @@ class ByteLevelBpe {
 class SentencePieceBpe {
  public:
   SentencePieceBpe(const TokenizerVocab& vocab, const TokenIndex& index);
-  // `text` is a whole input or the text between two special tokens: each
-  // gets the dummy-prefix ▁ (add_space_prefix), as Hugging Face normalises
-  // each segment around added tokens and llama.cpp prefixes after specials.
-  void encode(std::string_view text, std::vector<std::int32_t>& out) const;
+  // `text` is a whole input or the text between two special tokens;
+  // `space_prefix`: put the dummy-prefix ▁ in front (the caller decides, see
+  // TokenizerVocab::space_prefix_after_special).
+  void encode(std::string_view text, bool space_prefix, std::vector<std::int32_t>& out) const;
   std::string piece(std::int32_t id) const;
 
  private:

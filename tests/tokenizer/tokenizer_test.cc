@@ -80,6 +80,16 @@ TEST(PreTokenizer, Llama3AndQwen2Rules) {
   EXPECT_EQ(words(PreTokenizer::kLlama3, "a \n\t b"), (Words{"a", " \n", "\t", " b"}));
 }
 
+TEST(PreTokenizer, TekkenSplitsAtCaseChanges) {
+  using tokenizer_detail::PreTokenizer;
+  EXPECT_EQ(
+      words(PreTokenizer::kTekken, "HelloWorld ABC def's 123 a/b\n/x"),
+      (Words{"Hello", "World", " ABC", " def", "'s", " ", "1", "2", "3", " a", "/b", "\n", "/x"}));
+  // Marks and other letters count as both cases; "!!\n/" keeps its newline and slash.
+  EXPECT_EQ(words(PreTokenizer::kTekken, "e\u0301t\u00c9T \u4e2d\u6587!!\n/"),
+            (Words{"e\u0301t", "\u00c9T", " \u4e2d\u6587", "!!\n/"}));
+}
+
 TEST(ByteLevelBpe, AppliesMergesByRank) {
   Tokenizer t(
       byte_level_vocab({"h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"}));
@@ -227,6 +237,38 @@ TEST(SentencePieceBpe, SpecialTokensGetTheDummyPrefixAfter) {
   for (std::int32_t id : t.encode("hello wé")) streamed += stream.push(id);
   streamed += stream.flush();
   EXPECT_EQ(streamed, "hello wé");
+}
+
+// Metaspace's prepend_scheme "first" (Mistral v0.3): a ▁ only at the start of
+// the input, and not when it already starts with a space.
+TEST(SentencePieceBpe, SpacePrefixOnlyAtTheStart) {
+  TokenizerVocab v = sentencepiece_vocab();
+  v.space_prefix_after_special = false;
+  Tokenizer t(v);
+  const EncodeOptions parse{.add_special = false, .parse_special = true};
+  EXPECT_EQ(pieces(t, t.encode("he</s>he", parse)), (Words{"▁he", "</s>", "h", "e"}));
+  EXPECT_EQ(pieces(t, t.encode(" he", parse)), (Words{"▁he"}));
+  EXPECT_EQ(pieces(t, t.encode("</s> he", parse)), (Words{"</s>", "▁he"}));
+  Tokenizer every(sentencepiece_vocab());
+  EXPECT_EQ(pieces(every, every.encode(" he", parse)), (Words{"▁", "▁he"}));
+  EXPECT_EQ(pieces(every, every.encode("</s> he", parse)), (Words{"</s>", "▁", "▁he"}));
+}
+
+// Gemma: no dummy prefix, and user-defined whitespace-run tokens ("  ",
+// stored with real spaces) are taken whole wherever they occur.
+TEST(SentencePieceBpe, GemmaWhitespaceTokensWithoutPrefix) {
+  TokenizerVocab v = sentencepiece_vocab();
+  v.add_space_prefix = false;
+  v.add_bos = true;
+  for (const char* run : {"  ", "   "}) {
+    v.tokens.push_back(run);
+    v.token_type.push_back(4);
+    v.scores.push_back(0);
+  }
+  Tokenizer t(v);
+  EXPECT_EQ(pieces(t, t.encode("he     he")), (Words{"<s>", "h", "e", "   ", "  ", "h", "e"}));
+  EXPECT_EQ(t.decode(t.encode("he     he")), "<s>he     he");
+  EXPECT_FALSE(t.strips_leading_space());
 }
 
 // Regression: merges must not produce a control token whose text the
