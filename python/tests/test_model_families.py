@@ -48,9 +48,10 @@ Conventions of the files (what pagedattn's loader must read), per family:
 (*) common: {arch}.block_count, context_length (2048 unless stated),
 embedding_length, feed_forward_length, attention.head_count,
 attention.head_count_kv, attention.layer_norm_rms_epsilon, rope.freq_base
-(10000 unless stated); tokenizer.ggml.model "gpt2" with 259 byte-level tokens
-+ letter-pair merges to 384, bos 1, eos 2, pad 0. All tensors F32 except in
-llama-f16.
+(10000 unless stated), general.name, general.file_type; tokenizer.ggml.model
+"gpt2", pre "default", 3 control tokens + 256 byte-level tokens + letter-pair
+merges to 384 (pagedattn's and transformers' tokenizers read from the file
+encode alike), bos 1, eos 2, pad 0. All tensors F32 except in llama-f16.
 """
 import functools
 import os
@@ -198,9 +199,15 @@ def test_gguf_file_follows_the_converter(family, workdir):
         want = (gguf.GGMLQuantizationType.F16 if fam.f16 and len(t.shape) == 2
                 else gguf.GGMLQuantizationType.F32)
         assert t.tensor_type == want, t.name
-    # both loaders accept the tokenizer section
-    vocab = core.load_gguf_tokenizer(path)
-    assert vocab is not None
+    # both loaders accept the tokenizer section and agree on it
+    ours = core.load_gguf_tokenizer(path)
+    theirs = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
+                                                        gguf_file=os.path.basename(path))
+    assert ours.vocab_size == fam.config["vocab_size"]
+    for text in ["hello there", "The quick brown fox, 123!", "\u00fcn\u00efc\u00f6d\u00e9  spaces\n\tx"]:
+        ids = list(ours.encode(text, add_special=False))
+        assert ids == theirs(text, add_special_tokens=False)["input_ids"], text
+        assert ours.decode(ids) == text.encode()
 
 
 def load_hf_from_gguf(family, directory):
