@@ -6,6 +6,7 @@
 // row, and scale the partial sums: 2.5-7 vector operations per 8 weights.
 #include "engine/quant_kernels.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -208,8 +209,12 @@ HWY_INLINE void DotRowsK45(const QuantProductArgs& a, const float* xsums, std::i
     const float d = HalfAt(block), dmin = HalfAt(block + 2);
     alignas(8) std::uint8_t sc[8], m[8];
     UnpackKScales(block + 4, sc, m);
-    const auto vdmin = hn::Set(dm, dmin);
+    // d * sc[j] (exact in f32) into memory, whence each is broadcast.
+    alignas(32) float scales[8];
+    const auto vd = hn::Set(dm, d), vdmin = hn::Set(dm, dmin);
     for (std::size_t k = 0; k < 8; k += nm) {
+      hn::Store(hn::Mul(hn::ConvertTo(dm, hn::PromoteTo(dmi, hn::LoadU(dm8, sc + k))), vd), dm,
+                scales + k);
       const auto mins =
           hn::Mul(hn::ConvertTo(dm, hn::PromoteTo(dmi, hn::LoadU(dm8, m + k))), vdmin);
       for (std::int32_t r = 0; r < R; ++r)
@@ -228,7 +233,7 @@ HWY_INLINE void DotRowsK45(const QuantProductArgs& a, const float* xsums, std::i
           hi_sum[r] = hn::MulAdd(hi, xhi, hi_sum[r]);
         }
       }
-      const auto scale_lo = hn::Set(df, d * sc[2 * i]), scale_hi = hn::Set(df, d * sc[2 * i + 1]);
+      const auto scale_lo = hn::Set(df, scales[2 * i]), scale_hi = hn::Set(df, scales[2 * i + 1]);
       for (std::int32_t r = 0; r < R; ++r)
         acc[r] = hn::Add(acc[r], hn::MulAdd(scale_hi, hi_sum[r], hn::Mul(scale_lo, lo_sum[r])));
     }
@@ -293,8 +298,286 @@ HWY_INLINE void DotRowsQ6K(const QuantProductArgs& a, std::int32_t row, std::int
   StoreSums<R>(a, row, o, sums);
 }
 
+// ------------------------------------------ 8-lane K-quant kernels (x86 AVX2+)
+//
+// The kernels above widen each quant byte to a 32-bit lane (a lane-crossing
+// shuffle per 8 weights), which bounds them on most x86 cores. These read a
+// block's quant bytes as 8 u32 lanes of 4 bytes and take the weights of byte
+// position B (0..3) of every lane with masks (and shifts): vector B holds
+// the weights 4 l + B, l < 8, of a 32-weight group. The activations are
+// permuted to match once per call (xp below). Q4_K / Q5_K take byte B's
+// field in place, as q * 2^(8B) (exact), and their x is scaled by 2^(-8B) in
+// the permutation, so each product q * x is the same real number and rounds
+// the same as above - unless |x| < 2^-102, where x * 2^-24 is subnormal and
+// loses bits (an error below 2^-125 |q| per term).
+#undef PAGEDATTN_WIDE_K
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define PAGEDATTN_WIDE_K 1
+using D8 = hn::CappedTag<float, 8>;
+using V8 = hn::Vec<D8>;
+using D8U = hn::RebindToUnsigned<D8>;
+using V8U = hn::Vec<D8U>;
+
+// 32 quant bytes as 8 u32 lanes.
+HWY_INLINE V8U Load32(const std::uint8_t* p) {
+  const D8U du;
+  const hn::Repartition<std::uint8_t, D8U> d8;
+  return hn::BitCast(du, hn::LoadU(d8, p));
+}
+
+template <int S>
+HWY_INLINE V8U ShiftBy(V8U v) {  // left by S bits, right by -S
+  if constexpr (S > 0) return hn::ShiftLeft<S>(v);
+  if constexpr (S < 0) return hn::ShiftRight<-S>(v);
+  return v;
+}
+
+// xp[32 k + 8 b + l] = x[32 k + 4 l + b] (times 2^(-8b) when scaled) for
+// k < in / 32: the order in which the 8-lane kernels take the weights of a
+// 32-weight group.
+HWY_INLINE void PermuteX(const float* x, std::int32_t in, bool scaled, float* xp) {
+  constexpr float kScale[2][4] = {{1.0f, 1.0f, 1.0f, 1.0f}, {1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f}};
+  for (std::int32_t k = 0; k < in; k += 32)
+    for (std::int32_t b = 0; b < 4; ++b)
+      for (std::int32_t l = 0; l < 8; ++l) xp[k + 8 * b + l] = x[k + 4 * l + b] * kScale[scaled][b];
+}
+
+// The field `mask` << 8B of every lane, in place: field * 2^(8B) as f32.
+template <int B, std::uint32_t kMask>
+HWY_INLINE V8 FieldInPlace(V8U fields) {
+  const D8 df;
+  const D8U du;
+  const auto v = hn::And(fields, hn::Set(du, kMask << (8 * B)));
+  return hn::ConvertTo(df, hn::BitCast(hn::RebindToSigned<D8>(), v));
+}
+
+// The 6-bit two's-complement field in bits [8B, 8B + 6) of every lane as f32.
+template <int B>
+HWY_INLINE V8 SignedSixBits(V8U fields) {
+  const D8 df;
+  const hn::RebindToSigned<D8> di;
+  return hn::ConvertTo(df, hn::ShiftRight<26>(hn::ShiftLeft<26 - 8 * B>(hn::BitCast(di, fields))));
+}
+
+// Q4_K / Q5_K sub-blocks 2I (lo) and 2I + 1 (hi): their quants in bits
+// [8B, 8B + 4) (Q4_K) or [8B, 8B + 5) (Q5_K, bit 2I / 2I + 1 of qh as bit 4)
+// of every lane, for FieldInPlace.
+template <WeightFormat F, int I>
+HWY_INLINE void KPairFields(const std::uint8_t* block, V8U& lo, V8U& hi) {
+  const D8U du;
+  const auto v = Load32(block + BlockTraits<F>::kQuants + 32 * I);
+  lo = v;
+  hi = hn::ShiftRight<4>(v);
+  if constexpr (F == WeightFormat::kQ5_K) {
+    const auto nibbles = hn::Set(du, 0x0f0f0f0fu);
+    lo = hn::And(lo, nibbles);
+    hi = hn::And(hi, nibbles);
+    const auto qh = Load32(block + BlockTraits<F>::kHighBits);
+    const auto bit4 = hn::Set(du, 0x10101010u);
+    lo = hn::Or(lo, hn::And(ShiftBy<4 - 2 * I>(qh), bit4));
+    hi = hn::Or(hi, hn::And(ShiftBy<3 - 2 * I>(qh), bit4));
+  }
+}
+
+template <std::int32_t R, int B, std::uint32_t kMask>
+HWY_INLINE void PairStep(V8U lo, V8U hi, const float* const* xp, std::size_t at, V8* lo_sum,
+                         V8* hi_sum) {
+  const D8 df;
+  const V8 wlo = FieldInPlace<B, kMask>(lo), whi = FieldInPlace<B, kMask>(hi);
+  for (std::int32_t r = 0; r < R; ++r) {
+    lo_sum[r] = hn::MulAdd(wlo, hn::LoadU(df, xp[r] + at + 8 * B), lo_sum[r]);
+    hi_sum[r] = hn::MulAdd(whi, hn::LoadU(df, xp[r] + at + 32 + 8 * B), hi_sum[r]);
+  }
+}
+
+template <WeightFormat F, std::int32_t R, int I>
+HWY_INLINE void WidePair(const std::uint8_t* block, const float* const* xp, std::size_t base,
+                         const float* scales, V8* acc) {
+  const D8 df;
+  V8U lo, hi;
+  KPairFields<F, I>(block, lo, hi);
+  V8 lo_sum[R], hi_sum[R];
+  for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
+  const std::size_t at = base + 64 * I;
+  constexpr std::uint32_t kMask = F == WeightFormat::kQ5_K ? 0x1f : 0x0f;
+  PairStep<R, 0, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  PairStep<R, 1, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  PairStep<R, 2, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  PairStep<R, 3, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  const auto scale_lo = hn::Set(df, scales[2 * I]), scale_hi = hn::Set(df, scales[2 * I + 1]);
+  for (std::int32_t r = 0; r < R; ++r)
+    acc[r] = hn::Add(acc[r], hn::MulAdd(scale_hi, hi_sum[r], hn::Mul(scale_lo, lo_sum[r])));
+}
+
+// Q4_K / Q5_K on 8 lanes: as DotRowsK45, x permuted (xp).
+template <WeightFormat F, std::int32_t R>
+HWY_INLINE void WideRowsK45(const QuantProductArgs& a, const float* xp_rows, const float* xsums,
+                            std::int32_t row, std::int32_t o) {
+  const D8 df;
+  const hn::Rebind<std::uint8_t, D8> d8;
+  const hn::RebindToSigned<D8> di;
+  const std::int64_t blocks = a.in / kQuantKBlock;
+  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * blocks * kBytes;
+  const float* xp[R];
+  const float* xs[R];
+  V8 acc[R], macc[R];
+  for (std::int32_t r = 0; r < R; ++r) {
+    xp[r] = xp_rows + std::size_t(row + r) * a.in;
+    xs[r] = xsums + std::size_t(row + r) * (a.in / 32);
+    acc[r] = macc[r] = hn::Zero(df);
+  }
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::uint8_t* block = w + b * kBytes;
+    alignas(8) std::uint8_t sc[8], m[8];
+    UnpackKScales(block + 4, sc, m);
+    alignas(32) float scales[8];
+    hn::Store(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, sc))),
+                      hn::Set(df, HalfAt(block))),
+              df, scales);
+    // Broadcast each scale from memory (a load) rather than by shuffles.
+    asm volatile("" : : "r"(scales) : "memory");
+    const auto mins = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, m))),
+                              hn::Set(df, HalfAt(block + 2)));
+    for (std::int32_t r = 0; r < R; ++r)
+      macc[r] = hn::MulAdd(mins, hn::LoadU(df, xs[r] + b * 8), macc[r]);
+    const std::size_t base = std::size_t(b) * kQuantKBlock;
+    WidePair<F, R, 0>(block, xp, base, scales, acc);
+    WidePair<F, R, 1>(block, xp, base, scales, acc);
+    WidePair<F, R, 2>(block, xp, base, scales, acc);
+    WidePair<F, R, 3>(block, xp, base, scales, acc);
+  }
+  float sums[R];
+  for (std::int32_t r = 0; r < R; ++r)
+    sums[r] = hn::GetLane(hn::SumOfLanes(df, acc[r])) - hn::GetLane(hn::SumOfLanes(df, macc[r]));
+  StoreSums<R>(a, row, o, sums);
+}
+
+// Q6_K on 8 lanes: group g = P (a) and g = P + 2 (b) of half h. The fields
+// q | high bits << 4 are xor-ed with 32 per byte, so that each byte's low 6
+// bits are q - 32 in two's complement. Lanes 0-3 hold weights l < 16 of the
+// group and lanes 4-7 weights l >= 16: their scales differ, so the partial
+// sums are scaled per lane.
+template <std::int32_t R, int B>
+HWY_INLINE void Q6Step(V8U fa, V8U fb, const float* const* xp, std::size_t at, V8* a_sum,
+                       V8* b_sum) {
+  const D8 df;
+  const V8 wa = SignedSixBits<B>(fa), wb = SignedSixBits<B>(fb);
+  for (std::int32_t r = 0; r < R; ++r) {
+    a_sum[r] = hn::MulAdd(wa, hn::LoadU(df, xp[r] + at + 8 * B), a_sum[r]);
+    b_sum[r] = hn::MulAdd(wb, hn::LoadU(df, xp[r] + at + 64 + 8 * B), b_sum[r]);
+  }
+}
+
+template <std::int32_t R, int P>
+HWY_INLINE void WideQ6(const std::uint8_t* block, std::size_t h, V8U qh, const float* const* xp,
+                       std::size_t at, V8 scale_a, V8 scale_b, V8* acc) {
+  const D8 df;
+  const D8U du;
+  const auto ql = Load32(block + 64 * h + 32 * P);
+  const auto nibbles = hn::Set(du, 0x0f0f0f0fu), bits45 = hn::Set(du, 0x30303030u);
+  const auto flip = hn::Set(du, 0x20202020u);
+  const auto fa =
+      hn::Xor(hn::Or(hn::And(ql, nibbles), hn::And(ShiftBy<4 - 2 * P>(qh), bits45)), flip);
+  const auto fb = hn::Xor(
+      hn::Or(hn::And(hn::ShiftRight<4>(ql), nibbles), hn::And(ShiftBy<-2 * P>(qh), bits45)), flip);
+  V8 a_sum[R], b_sum[R];
+  for (std::int32_t r = 0; r < R; ++r) a_sum[r] = b_sum[r] = hn::Zero(df);
+  Q6Step<R, 0>(fa, fb, xp, at, a_sum, b_sum);
+  Q6Step<R, 1>(fa, fb, xp, at, a_sum, b_sum);
+  Q6Step<R, 2>(fa, fb, xp, at, a_sum, b_sum);
+  Q6Step<R, 3>(fa, fb, xp, at, a_sum, b_sum);
+  for (std::int32_t r = 0; r < R; ++r)
+    acc[r] = hn::Add(acc[r], hn::MulAdd(scale_b, b_sum[r], hn::Mul(scale_a, a_sum[r])));
+}
+
+template <std::int32_t R>
+HWY_INLINE void WideRowsQ6K(const QuantProductArgs& a, const float* xp_rows, std::int32_t row,
+                            std::int32_t o) {
+  const D8 df;
+  const hn::Rebind<std::int8_t, D8> d8;
+  const hn::RebindToSigned<D8> di;
+  // Lanes 0-3 take scale 2g of a half's 8, lanes 4-7 scale 2g + 1.
+  alignas(32) static constexpr std::int32_t kLanes[4][8] = {{0, 0, 0, 0, 1, 1, 1, 1},
+                                                            {2, 2, 2, 2, 3, 3, 3, 3},
+                                                            {4, 4, 4, 4, 5, 5, 5, 5},
+                                                            {6, 6, 6, 6, 7, 7, 7, 7}};
+  const std::int64_t blocks = a.in / kQuantKBlock;
+  constexpr std::int64_t kBytes = BlockTraits<WeightFormat::kQ6_K>::kBytes;
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * blocks * kBytes;
+  const float* xp[R];
+  V8 acc[R];
+  for (std::int32_t r = 0; r < R; ++r) {
+    xp[r] = xp_rows + std::size_t(row + r) * a.in;
+    acc[r] = hn::Zero(df);
+  }
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::uint8_t* block = w + b * kBytes;
+    const auto d = hn::Set(df, HalfAt(block + BlockTraits<WeightFormat::kQ6_K>::kScale));
+    const auto* scales =
+        reinterpret_cast<const std::int8_t*>(block + BlockTraits<WeightFormat::kQ6_K>::kScales);
+    for (std::size_t h = 0; h < 2; ++h) {
+      const auto dsc =
+          hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, scales + 8 * h))), d);
+      const auto qh = Load32(block + BlockTraits<WeightFormat::kQ6_K>::kHighBits + 32 * h);
+      const std::size_t at = std::size_t(b) * kQuantKBlock + 128 * h;
+      const auto lanes = [&](int g) {
+        return hn::TableLookupLanes(dsc, hn::SetTableIndices(df, kLanes[g]));
+      };
+      WideQ6<R, 0>(block, h, qh, xp, at, lanes(0), lanes(2), acc);
+      WideQ6<R, 1>(block, h, qh, xp, at + 32, lanes(1), lanes(3), acc);
+    }
+  }
+  float sums[R];
+  for (std::int32_t r = 0; r < R; ++r) sums[r] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+  StoreSums<R>(a, row, o, sums);
+}
+
+// Rows in groups of at most kWideGroup: their permuted x (and sums of 32)
+// in per-thread scratch, then every output column for the group.
+constexpr std::int32_t kWideGroup = 8;
+
+template <WeightFormat F>
+void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+  thread_local std::vector<float> scratch;
+  const std::size_t per_row = std::size_t(a.in) + std::size_t(a.in / 32);
+  if (scratch.size() < kWideGroup * per_row) scratch.resize(kWideGroup * per_row);
+  for (std::int32_t first = 0; first < a.rows; first += kWideGroup) {
+    const std::int32_t rows = std::min(kWideGroup, a.rows - first);
+    float* xp = scratch.data();
+    float* xsums = xp + std::size_t(rows) * a.in;
+    for (std::int32_t r = 0; r < rows; ++r) {
+      const float* x = a.x + std::size_t(first + r) * a.in;
+      PermuteX(x, a.in, F != WeightFormat::kQ6_K, xp + std::size_t(r) * a.in);
+      if constexpr (F != WeightFormat::kQ6_K)
+        SumsOf32(x, a.in, xsums + std::size_t(r) * (a.in / 32));
+    }
+    QuantProductArgs g = a;
+    g.rows = rows;
+    g.y = a.y + std::size_t(first) * a.ldy;
+    for (std::int32_t o = out_begin; o < out_end; ++o) {
+      std::int32_t row = 0;
+      if constexpr (F == WeightFormat::kQ6_K) {
+        for (; row + kRowTile <= rows; row += kRowTile) WideRowsQ6K<kRowTile>(g, xp, row, o);
+        for (; row < rows; ++row) WideRowsQ6K<1>(g, xp, row, o);
+      } else {
+        for (; row + kRowTile <= rows; row += kRowTile)
+          WideRowsK45<F, kRowTile>(g, xp, xsums, row, o);
+        for (; row < rows; ++row) WideRowsK45<F, 1>(g, xp, xsums, row, o);
+      }
+    }
+  }
+}
+
+#else
+#define PAGEDATTN_WIDE_K 0
+#endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+
 template <WeightFormat F>
 void ProductRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+#if PAGEDATTN_WIDE_K
+  WideRangeK<F>(a, out_begin, out_end);
+#else
   if constexpr (F == WeightFormat::kQ6_K) {
     for (std::int32_t o = out_begin; o < out_end; ++o) {
       std::int32_t row = 0;
@@ -314,6 +597,7 @@ void ProductRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32
       for (; row < a.rows; ++row) DotRowsK45<F, 1>(a, xsums.data(), row, o);
     }
   }
+#endif
 }
 
 // Dequantisation, bit-equal to dequantize_row (src/model/gguf_types.cc):

@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "engine/counter_random.h"
+#include "pagedattn/errors.h"
 
 namespace pagedattn::engine {
 namespace {
@@ -19,7 +22,8 @@ constexpr std::int32_t kIn = 96, kOut = 700;
 
 std::vector<float> values(std::size_t count, std::uint64_t stream) {
   std::vector<float> v(count);
-  for (std::size_t i = 0; i < count; ++i) v[i] = static_cast<float>(2.0 * counter_uniform(7, stream, i) - 1.0);
+  for (std::size_t i = 0; i < count; ++i)
+    v[i] = static_cast<float>(2.0 * counter_uniform(7, stream, i) - 1.0);
   return v;
 }
 
@@ -30,7 +34,8 @@ struct Product {
   LinearScratch scratch;
 
   // Rows [first, first + rows) of x as one batch; y starts at bias when accumulating.
-  std::vector<float> run(std::int32_t first, std::int32_t rows, bool accumulate, bool deterministic) {
+  std::vector<float> run(std::int32_t first, std::int32_t rows, bool accumulate,
+                         bool deterministic) {
     std::vector<float> y(bias.begin() + std::size_t(first) * kOut,
                          bias.begin() + std::size_t(first + rows) * kOut);
     linear({x.data() + std::size_t(first) * kIn, rows, kIn, w.data(), kOut, y.data(), accumulate,
@@ -70,8 +75,8 @@ TEST(Linear, DeterministicRowsDoNotDependOnBatchPlaceOrThreads) {
         for (const auto& [first, rows] : {std::pair{0, 64}, {3, 40}, {5, 16}, {9, 17}, {20, 7}}) {
           const std::vector<float> y = p.run(first, rows, accumulate, true);
           for (std::int32_t r = 0; r < rows; ++r)
-            ASSERT_EQ(std::memcmp(y.data() + std::size_t(r) * kOut, alone[std::size_t(first + r)].data(),
-                                  kOut * sizeof(float)),
+            ASSERT_EQ(std::memcmp(y.data() + std::size_t(r) * kOut,
+                                  alone[std::size_t(first + r)].data(), kOut * sizeof(float)),
                       0)
                 << "row " << first + r << " in a batch of " << rows << " from " << first << ", "
                 << omp << " OpenMP and " << blas << " BLAS threads, accumulate " << accumulate;
@@ -80,6 +85,64 @@ TEST(Linear, DeterministicRowsDoNotDependOnBatchPlaceOrThreads) {
   }
   omp_set_num_threads(saved_omp);
   set_blas_threads(std::max(1, saved_blas));
+}
+
+// ldy > out: y is a column range of a wider output. Every path (f32 fast and
+// deterministic, quantised direct and blocked) writes exactly columns
+// [0, out) of each row, with the values it writes into a y of its own
+// (bit for bit: a product's arithmetic does not depend on where it is
+// stored), and leaves the other columns alone.
+TEST(Linear, LdyWritesAColumnRangeOfAWiderOutput) {
+  Product p;
+  std::vector<std::uint8_t> q8(std::size_t(kOut) * (kIn / 32) * 34);
+  for (std::size_t i = 0; i < q8.size(); ++i) q8[i] = static_cast<std::uint8_t>((i * 37) % 251);
+  for (std::size_t b = 0; b < q8.size(); b += 34) {  // f16 scale 2^-10
+    q8[b] = 0x00;
+    q8[b + 1] = 0x14;
+  }
+  constexpr std::int32_t kLdy = kOut + 13, kOffset = 5;
+  for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ8_0})
+    for (const bool deterministic : {false, true})
+      for (const bool accumulate : {false, true})
+        for (const std::int32_t rows : {1, 3, 37}) {  // quantised: direct (<= 8) and blocked
+          const void* w =
+              f == WeightFormat::kF32 ? static_cast<const void*>(p.w.data()) : q8.data();
+          std::vector<float> own(p.bias.begin(), p.bias.begin() + std::size_t(rows) * kOut);
+          linear({p.x.data(), rows, kIn, w, kOut, own.data(), accumulate, deterministic, f},
+                 p.scratch);
+          std::vector<float> wide(std::size_t(rows) * kLdy + kOffset, -3.0f);
+          for (std::int32_t r = 0; r < rows; ++r)
+            std::copy_n(p.bias.begin() + std::size_t(r) * kOut, kOut,
+                        wide.begin() + kOffset + std::size_t(r) * kLdy);
+          const std::vector<float> before = wide;
+          LinearArgs args{p.x.data(), rows,          kIn, w, kOut, wide.data() + kOffset,
+                          accumulate, deterministic, f};
+          args.ldy = kLdy;
+          linear(args, p.scratch);
+          for (std::int32_t r = 0; r < rows; ++r)
+            for (std::int32_t c = -kOffset; c < kLdy - kOffset; ++c) {
+              const std::size_t at = std::size_t(kOffset + r * kLdy + c);
+              if (c >= 0 && c < kOut)
+                ASSERT_EQ(wide[at], own[std::size_t(r) * kOut + c])
+                    << weight_format_name(f) << " deterministic " << deterministic << " rows "
+                    << rows << " r " << r << " c " << c;
+              else
+                ASSERT_EQ(wide[at], before[at]) << "column " << c << " of row " << r;
+            }
+        }
+}
+
+TEST(Linear, RefusesAnLdyShorterThanOut) {
+  Product p;
+  std::vector<float> y(std::size_t(kOut) * 2);
+  LinearArgs args{p.x.data(), 2, kIn, p.w.data(), kOut, y.data()};
+  args.ldy = kOut - 1;
+  try {
+    linear(args, p.scratch);
+    FAIL() << "ldy < out";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("ldy = 699"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

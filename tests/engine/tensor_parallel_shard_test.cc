@@ -9,6 +9,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "engine/weight_matrix.h"
@@ -25,7 +26,8 @@ class InMemoryAllReduce {
   void operator()(std::span<float> values) {
     std::unique_lock lock(mutex_);
     const std::uint64_t round = round_;
-    if (arrived_ == 0) sum_.assign(values.begin(), values.end());
+    if (arrived_ == 0)
+      sum_.assign(values.begin(), values.end());
     else
       for (std::size_t i = 0; i < values.size(); ++i) sum_[i] += values[i];
     if (++arrived_ == size_) {
@@ -111,7 +113,8 @@ TEST(TensorParallelShard, QuantisedSlicesKeepWholeBlocks) {
   const std::int32_t out = 3, in = 128;
   const std::int64_t row_bytes = engine::weight_row_bytes(WeightFormat::kQ8_0, in);
   std::vector<std::byte> bytes(std::size_t(out * row_bytes));
-  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = std::byte((i * 7) % 61);  // small scales
+  for (std::size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = std::byte((i * 7) % 61);  // small scales
   const WeightMatrix m = WeightMatrix::rows(WeightFormat::kQ8_0, bytes, out, in);
   const WeightMatrix s = m.slice(1, 2, 64, 64, "w");
   std::vector<float> whole(in), part(64);
@@ -125,6 +128,41 @@ TEST(TensorParallelShard, QuantisedSlicesKeepWholeBlocks) {
     FAIL() << "a slice starting inside a block";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("ffn_down is q8_0"), std::string::npos) << e.what();
+  }
+}
+
+// K-quant matrices split on 256-weight super-block boundaries only.
+TEST(TensorParallelShard, KQuantSlicesKeepWholeSuperBlocks) {
+  using engine::WeightFormat;
+  using engine::WeightMatrix;
+  for (const WeightFormat f : {WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K}) {
+    const std::int32_t out = 3, in = 768;
+    const std::int64_t row_bytes = engine::weight_row_bytes(f, in);
+    std::vector<std::byte> bytes(std::size_t(out * row_bytes));
+    for (std::size_t i = 0; i < bytes.size(); ++i)
+      bytes[i] = std::byte((i * 7) % 61);  // small scales
+    const WeightMatrix m = WeightMatrix::rows(f, bytes, out, in);
+    const WeightMatrix s = m.slice(1, 2, 256, 512, "w");
+    EXPECT_EQ(s.bytes(), 2 * engine::weight_row_bytes(f, 512));
+    std::vector<float> whole(in), part(512);
+    for (std::int32_t r = 0; r < 2; ++r) {
+      m.row_to_f32(r + 1, whole.data());
+      s.row_to_f32(r, part.data());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + 256));
+    }
+    for (const auto& [begin, cols] : {std::pair{32, 256}, {256, 224}, {0, 32}}) {
+      try {
+        m.slice(0, out, begin, cols, "ffn_down");
+        FAIL() << "columns [" << begin << ", +" << cols << ") of a K-quant matrix";
+      } catch (const InvalidArgument& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(std::string("ffn_down is ") + engine::weight_format_name(f)),
+                  std::string::npos)
+            << what;
+        EXPECT_NE(what.find("does not fall on 256-weight block boundaries"), std::string::npos)
+            << what;
+      }
+    }
   }
 }
 

@@ -1,0 +1,141 @@
+// The in-place quantised-weight kernels (src/engine/quant_kernels.h) on one
+// thread: Q8_0 / Q4_0 / Q4_1 and the K-quants Q4_K / Q5_K / Q6_K, next to
+// f32 weights through linear() (BLAS) on one thread, at the shapes of a decode step
+// (1 row) and of small batches (4, 8 rows).
+//
+//   ns/row: time per weight row (one output column), per call.
+//   bytes_per_second: weight bytes read per second.
+//
+// "hot" runs one matrix again and again (576 x 1536 lives in L2/L3 of most
+// CPUs, 2048 x 8192 in a large L3); "cold" rotates over copies spanning
+// 256 MiB, so the weights stream from memory, next to BM_ReadBandwidth (one
+// thread reading 256 MiB) for this machine's bound. The CPU is named in the
+// context ("cpu", /proc/cpuinfo's model name, what lscpu prints).
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/gemm.h"
+#include "engine/quant_kernels.h"
+#include "pagedattn/dtype.h"
+
+namespace {
+
+using pagedattn::engine::WeightFormat;
+
+constexpr std::size_t kColdBytes = std::size_t{256} << 20;
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+// `copies` matrices of random quants with small f16 scales, back to back.
+std::vector<std::uint8_t> random_matrices(WeightFormat f, std::int32_t out, std::int32_t in,
+                                          std::size_t copies) {
+  const std::size_t bytes =
+      std::size_t(out) * std::size_t(pagedattn::engine::weight_row_bytes(f, in));
+  std::vector<std::uint8_t> w(bytes * copies);
+  std::mt19937 rng(1);
+  for (auto& b : w) b = static_cast<std::uint8_t>(rng());
+  if (f == WeightFormat::kF32) {
+    std::uniform_real_distribution<float> value(-0.05f, 0.05f);
+    for (std::size_t i = 0; i < w.size(); i += 4) {
+      const float v = value(rng);
+      std::memcpy(&w[i], &v, 4);
+    }
+    return w;
+  }
+  const std::uint16_t scale = pagedattn::float_to_f16_bits(0.01f);
+  const std::size_t block = std::size_t(pagedattn::engine::weight_block_bytes(f));
+  for (std::size_t at = 0; at < w.size(); at += block) {
+    const std::size_t d = f == WeightFormat::kQ6_K ? 208 : 0;
+    std::memcpy(&w[at + d], &scale, 2);
+    if (f == WeightFormat::kQ4_1 || f == WeightFormat::kQ4_K || f == WeightFormat::kQ5_K)
+      std::memcpy(&w[at + 2], &scale, 2);
+  }
+  return w;
+}
+
+// Args: out, in, rows, cold (0 / 1).
+void BM_QuantProduct(benchmark::State& state, WeightFormat f) {
+  const auto out = static_cast<std::int32_t>(state.range(0));
+  const auto in = static_cast<std::int32_t>(state.range(1));
+  const auto rows = static_cast<std::int32_t>(state.range(2));
+  const bool cold = state.range(3) != 0;
+  const std::size_t bytes =
+      std::size_t(out) * std::size_t(pagedattn::engine::weight_row_bytes(f, in));
+  const std::size_t copies = cold ? (kColdBytes + bytes - 1) / bytes : 1;
+  const auto w = random_matrices(f, out, in, copies);
+  std::vector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (auto& v : x) v = value(rng);
+  pagedattn::engine::use_single_threaded_blas();
+  pagedattn::engine::LinearScratch scratch;
+  std::size_t copy = 0;
+  for (auto _ : state) {
+    const std::uint8_t* m = w.data() + copy * bytes;
+    if (f == WeightFormat::kF32)
+      pagedattn::engine::linear({x.data(), rows, in, m, out, y.data(), false, false, f}, scratch);
+    else
+      pagedattn::engine::quant_product({x.data(), rows, in, m, f, y.data(), out, false}, 0, out);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    copy = copy + 1 == copies ? 0 : copy + 1;
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(bytes));
+  state.counters["ns/row"] =
+      benchmark::Counter(double(out) * 1e-9, benchmark::Counter::kIsIterationInvariantRate |
+                                                 benchmark::Counter::kInvert);
+  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + (cold ? " cold" : " hot"));
+}
+
+// One thread reading kColdBytes: the bound of the cold cases.
+void BM_ReadBandwidth(benchmark::State& state) {
+  std::vector<std::uint64_t> buffer(kColdBytes / 8, 1);
+  for (auto _ : state) {
+    std::uint64_t sum = 0;
+    for (const std::uint64_t v : buffer) sum += v;
+    benchmark::DoNotOptimize(sum);
+  }
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * std::int64_t(kColdBytes));
+}
+BENCHMARK(BM_ReadBandwidth)->Unit(benchmark::kMillisecond);
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"out", "in", "rows", "cold"});
+  for (const std::int64_t rows : {1, 4, 8}) b->Args({576, 1536, rows, 0});
+  for (const std::int64_t rows : {1, 4}) b->Args({2048, 8192, rows, 0});
+  b->Args({2048, 8192, 1, 1});
+  b->Args({8192, 2048, 1, 1});
+  b->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK_CAPTURE(BM_QuantProduct, f32, WeightFormat::kF32)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q8_0, WeightFormat::kQ8_0)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q4_0, WeightFormat::kQ4_0)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q4_1, WeightFormat::kQ4_1)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q4_k, WeightFormat::kQ4_K)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(Shapes);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  omp_set_num_threads(1);  // f32 through linear(): one thread, like the quantised kernels
+  benchmark::AddCustomContext("cpu", cpu_model());
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
