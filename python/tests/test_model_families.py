@@ -20,7 +20,9 @@ code was read class by class). Then:
    LlamaForCausalLM; its tensors go into the original MistralForCausalLM).
 2. pagedattn (core.GgufModel(path).logits) against the HF model run in float64
    (eager attention): top-1 agreement and a stated max |logit error|, for f32
-   and f16 K/V; then greedy continuation against HF generate(do_sample=False).
+   and f16 K/V; then a 16-token greedy continuation against HF
+   generate(do_sample=False, no_repeat_ngram_size=2), pagedattn's side being
+   the argmax of its last-position logits under the same bigram ban.
 3. A GGUF file of an architecture pagedattn does not run (falcon) raises
    UnsupportedError naming the architecture.
 
@@ -332,6 +334,18 @@ def test_pagedattn_logits_match_transformers(family, workdir):
         check_logits(f"{family}, {kv_dtype} K/V, {len(tokens)} positions", got, want, tolerance)
 
 
+def banned_next(seq):
+    """HF's no_repeat_ngram_size=2: no bigram occurs twice (random models with
+    tied embeddings otherwise repeat one token forever, which checks little)."""
+    return {seq[i + 1] for i in range(len(seq) - 1) if seq[i] == seq[-1]}
+
+
+def greedy_pick(logits, seq):
+    logits = np.array(logits, dtype=np.float64)
+    logits[list(banned_next(seq))] = -np.inf
+    return logits
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pagedattn_greedy_matches_transformers_generate(family, workdir):
     _, path = built(family, workdir)
@@ -339,7 +353,8 @@ def test_pagedattn_greedy_matches_transformers_generate(family, workdir):
     ref = reference64(family, workdir)
     prompt = prompt_tokens(family)[:GREEDY_PROMPT]
     gen_config = transformers.GenerationConfig(do_sample=False, max_new_tokens=GREEDY_STEPS,
-                                               eos_token_id=None, pad_token_id=0)
+                                               no_repeat_ngram_size=2, eos_token_id=None,
+                                               pad_token_id=0)
     with torch.no_grad():
         out = ref.generate(torch.tensor([prompt]), generation_config=gen_config)
     want = [int(t) for t in out[0, len(prompt):]]
@@ -347,13 +362,14 @@ def test_pagedattn_greedy_matches_transformers_generate(family, workdir):
     got = []
     seq = list(prompt)
     for _ in range(GREEDY_STEPS):
-        nxt = int(np.argmax(m.logits(seq, kv_dtype="f32")[-1]))
+        nxt = int(np.argmax(greedy_pick(m.logits(seq, kv_dtype="f32")[-1], seq)))
         got.append(nxt)
         seq.append(nxt)
     print(f"{family}: HF generate {want}\n{family}: pagedattn     {got}")
     if got != want:  # allowed only at a tie within the f32 bound
         i = next(j for j in range(GREEDY_STEPS) if got[j] != want[j])
-        ref_logits = hf_logits(ref, prompt + want[:i])[-1]
+        ctx = prompt + want[:i]
+        ref_logits = greedy_pick(hf_logits(ref, ctx)[-1], ctx)
         gap = ref_logits[want[i]] - ref_logits[got[i]]
         assert gap < 2 * TOLERANCE["f32"], (family, i, got, want, gap)
 
