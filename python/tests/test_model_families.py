@@ -195,6 +195,11 @@ def test_gguf_file_follows_the_converter(family, workdir):
         assert factors.shape == (fam.config["head_dim"] // 2,)
         # the three bands are all present: 1 (short waves), 8 (long), between
         assert factors[0] == 1 and factors[-1] == 8 and np.any((factors > 1) & (factors < 8))
+        # llama.cpp's frequencies theta^(-2i/d) / factor_i are HF's llama3 inv_freq
+        d = fam.config["head_dim"]
+        ours = 500000.0 ** (-np.arange(0, d, 2) / d) / factors
+        hf_inv = model.model.rotary_emb.inv_freq.double().numpy()
+        assert np.max(np.abs(ours / hf_inv - 1)) < 1e-6
     want_tied = model.config.tie_word_embeddings
     assert ("output.weight" not in tensors) == want_tied
     for t in tensors.values():
