@@ -378,6 +378,12 @@ class PagedKVCache {
   std::int64_t num_sequences() const;
   bool has_sequence(SeqId seq_id) const;
   std::int64_t sequence_length(SeqId seq_id) const;  // tokens held (retained)
+  // Tokens a sliding window has dropped from the sequence (a fork keeps its
+  // parent's count). A retained token after the sinks that the plan numbers
+  // p (plan().positions, TVM's numbering within the cache) is token
+  // p + num_dropped_tokens of the whole sequence: a model whose RoPE must
+  // see absolute positions (Mistral-style windows) adds it.
+  std::int64_t num_dropped_tokens(SeqId seq_id) const;
   std::int64_t total_sequence_length() const;        // sum over sequences
   std::vector<SeqId> sequence_ids() const;           // sorted ascending
   // Pages a begin_forward with these arguments would take from the pool

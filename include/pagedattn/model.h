@@ -24,6 +24,11 @@ struct ModelSpec {
   std::int32_t eos_token_id = -1;    // -1: none
   RopeMode rope_mode = RopeMode::kNone;  // applied by the cache
   RopeConfig rope;
+  // > 0: no layer attends further back than this many tokens (every layer
+  // has this sliding window), so the engine lets the cache drop older
+  // tokens' pages (PagedKVCache::enable_sliding_window); the model then
+  // takes its RoPE positions as plan().positions + num_dropped_tokens.
+  std::int32_t sliding_window = 0;
 };
 
 // The cache shape a model needs (layers, heads, head dim, RoPE mode and

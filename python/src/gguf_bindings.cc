@@ -175,6 +175,17 @@ void register_gguf(py::module_& m) {
             d["tie_embeddings"] = c.tie_embeddings;
             d["bos_token_id"] = c.bos_token_id;
             d["eos_token_id"] = c.eos_token_id;
+            d["rotary_dim"] = c.rotary_dim;
+            d["rope_scaling"] = c.rope_scaling.type;
+            d["rope_scaling_factor"] = c.rope_scaling.factor;
+            d["rope_freq_factors"] = !c.rope_scaling.freq_factors_tensor.empty();
+            d["layer_windows"] = c.layer_windows;
+            d["rope_theta_windowed"] = c.rope_theta_windowed;
+            d["attention_scale"] = c.attention_scale;
+            d["attention_softcap"] = c.attention_softcap;
+            d["final_softcap"] = c.final_softcap;
+            d["embedding_scale"] = c.embedding_scale;
+            d["activation"] = c.activation == GgufActivation::kGeluTanh ? "gelu_tanh" : "silu";
             return d;
           },
           "The model hyperparameters pagedattn reads (arch, layers, heads, RoPE, ...) as a dict.");

@@ -30,6 +30,11 @@ std::int64_t PagedKVCache::sequence_length(SeqId seq_id) const {
   return state_->find(seq_id, "sequence_length", "seq_id").length;
 }
 
+std::int64_t PagedKVCache::num_dropped_tokens(SeqId seq_id) const {
+  const auto lock = state_->lock();
+  return state_->find(seq_id, "num_dropped_tokens", "seq_id").evicted;
+}
+
 std::int64_t PagedKVCache::total_sequence_length() const {
   const auto lock = state_->lock();
   std::int64_t total = 0;

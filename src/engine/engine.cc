@@ -22,6 +22,7 @@ KVCacheConfig kv_cache_config(const ModelSpec& spec) {
   k.head_dim = spec.head_dim;
   k.rope_mode = spec.rope_mode;
   k.rope = spec.rope;
+  k.support_sliding_window = spec.sliding_window > 0;
   return k;
 }
 
@@ -90,7 +91,7 @@ struct Engine::Impl {
         cache(engine_cache_config(validated(config))),
         scheduler({config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
                    std::max<std::int64_t>(1, cache.num_pages() / 100),
-                   config.enable_prefix_caching},
+                   config.enable_prefix_caching, config.model->spec().sliding_window},
                   cache) {
     // A swap's cost is a host copy: its rate is measured once (a few ms).
     if (cache.num_host_pages() > 0)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "counter_random.h"
@@ -97,6 +98,15 @@ struct LayerRope {
   kernels::RopeTable table;
 };
 
+// The window every layer has, or 0 when a layer is global (or none has one).
+std::int32_t common_window(const LlamaConfig& c) {
+  if (c.layer_windows.empty()) return 0;
+  const std::int32_t w = c.layer_windows.front();
+  for (std::int32_t layer_window : c.layer_windows)
+    if (layer_window != w) return 0;
+  return w;
+}
+
 class LlamaModel final : public Model {
  public:
   // `weights` hold this rank's shard (shard_llama_weights).
@@ -111,6 +121,7 @@ class LlamaModel final : public Model {
     // the cache stores keys as given.
     spec_ = {std::string(c.name), c.num_layers,   hq_,            hkv_,            c.head_dim,
              c.vocab_size,        c.max_position, c.eos_token_id, RopeMode::kNone, {}};
+    spec_.sliding_window = common_window(c);
     RopeConfig& global = rope_[0].config;
     global.style = c.rope_style;
     global.rotary_dim = c.rotary_dim;
@@ -141,8 +152,10 @@ class LlamaModel final : public Model {
   }
   void attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
                        PagedKVCache& cache);
+  // positions_: each new token's position in its whole sequence.
+  void set_positions(const PagedKVCache& cache);
   // q/k norms and RoPE on the step's q and k heads in qkv_, in place.
-  void prepare_qk(std::int32_t layer, std::int32_t tokens, const PagedKVCache& cache);
+  void prepare_qk(std::int32_t layer, std::int32_t tokens);
   void mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic);
   // y[rows][w.out] (+)= x[rows][w.in] w^T
   void project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y, bool accumulate,
@@ -164,6 +177,7 @@ class LlamaModel final : public Model {
   LayerRope rope_[2];  // global layers, windowed layers
   // Activations, reused across steps.
   std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, rows_, partial_;
+  std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
   LinearScratch scratch_;
 };
 
@@ -275,7 +289,22 @@ void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector
   }
 }
 
-void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens, const PagedKVCache& cache) {
+void LlamaModel::set_positions(const PagedKVCache& cache) {
+  const BatchPlan& plan = cache.plan();
+  positions_ = plan.positions;
+  if (!cache.config().support_sliding_window) return;  // no sequence dropped tokens
+  for (std::size_t b = 0; b < plan.seq_ids.size(); ++b) {
+    const std::int64_t dropped = cache.num_dropped_tokens(plan.seq_ids[b]);
+    for (std::int32_t t = plan.qo_indptr[b]; t < plan.qo_indptr[b + 1]; ++t) {
+      const std::int64_t position = positions_[std::size_t(t)] + dropped;
+      require(position <= std::numeric_limits<std::int32_t>::max(), "LlamaModel::forward: sequence ",
+              plan.seq_ids[b], " is past 2^31 tokens");
+      positions_[std::size_t(t)] = static_cast<std::int32_t>(position);
+    }
+  }
+}
+
+void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t d = c_.head_dim, q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
   if (c_.qk_norm) {  // each head's row normed on its own: in place, row by row
@@ -285,13 +314,12 @@ void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens, const Paged
       rms_norm(row + q_dim, hkv_, w.k_norm, row + q_dim, d);
     }
   }
-  const std::vector<std::int32_t>& positions = cache.plan().positions;
   std::int32_t longest = 1;
-  for (std::int32_t p : positions) longest = std::max(longest, p + 1);
+  for (std::int32_t p : positions_) longest = std::max(longest, p + 1);
   LayerRope& kind = rope_[window(layer) > 0 ? 1 : 0];
   const RopeConfig& rope = kind.table.covering(kind.config, d, longest);
-  apply_rope({qkv_.data(), DType::kF32, qkv_dim, d}, tokens, hq_, d, positions.data(), rope);
-  apply_rope({qkv_.data() + q_dim, DType::kF32, qkv_dim, d}, tokens, hkv_, d, positions.data(),
+  apply_rope({qkv_.data(), DType::kF32, qkv_dim, d}, tokens, hq_, d, positions_.data(), rope);
+  apply_rope({qkv_.data() + q_dim, DType::kF32, qkv_dim, d}, tokens, hkv_, d, positions_.data(),
              rope);
 }
 
@@ -306,7 +334,7 @@ void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool d
     for (std::int32_t t = 0; t < tokens; ++t)
       for (std::int32_t i = 0; i < qkv_dim; ++i)
         qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
-  prepare_qk(layer, tokens, cache);
+  prepare_qk(layer, tokens);
   AttentionOptions options;
   if (c_.attention_scale > 0.0f) options.scale = c_.attention_scale;
   options.window_left = window(layer) > 0 ? window(layer) - 1 : -1;
@@ -370,6 +398,7 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   attn_.resize(t * q_dim);
   gate_up_.resize(t * 2 * std::size_t(inter_));
   act_.resize(t * std::size_t(inter_));
+  set_positions(cache);
   for (std::size_t i = 0; i < t; ++i) w_.embedding.row_to_f32(b.token_ids[i], x_.data() + i * h);
   if (c_.embedding_scale != 1.0f)
     for (float& v : x_) v *= c_.embedding_scale;

@@ -25,6 +25,9 @@ struct SchedulerConfig {
   // Admission takes the prompt's cached prefix (the cache must have been
   // built with prefix caching), and computed full pages are published.
   bool prefix_caching = false;
+  // > 0: admitted sequences get a sliding window of this many tokens (the
+  // model's ModelSpec::sliding_window), so pages behind it are freed.
+  std::int32_t sliding_window = 0;
 };
 
 // Tokens [begin, begin + length) of group->seqs[seq] run this step.

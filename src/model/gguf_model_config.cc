@@ -227,7 +227,11 @@ void read_rope(const GgufFile& file, const ConfigReader& r, GgufModelConfig& c) 
 // Per-layer windows, scales and caps of the attention.
 void read_attention_kinds(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
                           GgufModelConfig& c) {
-  const std::int64_t window = r.positive_or("attention.sliding_window", 0);
+  // 0 means no window (phi3 files write it so).
+  const std::int64_t window = file.has(r.key("attention.sliding_window")) &&
+                                      file.get_i64(r.key("attention.sliding_window")) == 0
+                                  ? 0
+                                  : r.positive_or("attention.sliding_window", 0);
   const std::int64_t period = r.positive_or("attention.sliding_window_pattern", a.window_period);
   c.layer_windows.assign(static_cast<std::size_t>(c.num_layers), 0);
   if (window > 0)

@@ -133,6 +133,9 @@ TEST(GgufModelConfig, Phi3FusesQkvAndGateUp) {
   EXPECT_TRUE(c.layers[0].attn_q.empty());
   EXPECT_TRUE(c.layers[0].ffn_gate.empty());
   EXPECT_EQ(c.layers[0].ffn_up, "blk.0.ffn_up.weight");  // [hidden, 2 ff]: gate, then up
+  GgufWriter no_window = tiny_model("phi3", false, false);
+  no_window.kv_u32("phi3.attention.sliding_window", 0);  // what phi3 files without one say
+  EXPECT_EQ(config_of(no_window).layer_windows, std::vector<std::int64_t>(2, 0));
 }
 
 TEST(GgufModelConfig, ErrorsNameTheKeyOrTensor) {
