@@ -15,7 +15,7 @@ if [ ! -x build/pyenv/bin/python ]; then
   "$python" -m venv build/pyenv
 fi
 pip=(build/pyenv/bin/python -m pip --disable-pip-version-check -q)
-"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes gguf tokenizers openai
+"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes gguf tokenizers openai transformers jinja2
 # test_model_families.py checks each GGUF model family against Hugging Face
 # transformers on the same weights (torch's PyPI wheel, ~3 GB with its CUDA
 # packages; accelerate: transformers' GGUF loading needs it). Nothing is

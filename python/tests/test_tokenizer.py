@@ -29,7 +29,9 @@ NUM_STRINGS = 3000
 GPT2_REGEX = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 LLAMA3_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"""
                 r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
-QWEN2_REGEX = (r"""(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"""
+# Qwen2's tokenizer.json (and transformers' GGUF loader): case-insensitive
+# contractions, so "'ſ" is one too (ſ folds to s).
+QWEN2_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|"""
                r"""[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"""
                r"""\s+(?!\S)|\s+""")
 
