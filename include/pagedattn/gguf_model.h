@@ -52,7 +52,7 @@ struct GgufRopeScaling {
   float factor = 1.0f;                       // "{arch}.rope.scaling.factor" (1 when absent)
   std::int64_t original_context_length = 0;  // 0 when absent
   // YaRN ("{arch}.rope.scaling.yarn_beta_fast" / "yarn_beta_slow" /
-  // "attn_factor"; Hugging Face's defaults when absent, 0: derived).
+  // "yarn_attn_factor"; Hugging Face's defaults when absent, 0: derived).
   float yarn_beta_fast = 32.0f;
   float yarn_beta_slow = 1.0f;
   float yarn_attention_factor = 0.0f;

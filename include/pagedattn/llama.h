@@ -78,10 +78,10 @@ std::unique_ptr<Model> make_llama_model(const LlamaConfig& config);
 
 struct GgufModelOptions {
   std::int32_t max_position = 0;  // longest sequence; 0: the file's context length
-  // Tensor parallelism (see LlamaConfig.shard). Q8_0 / Q4_0 / Q4_1 weights
-  // also need the shard's attention-output and down-projection input
-  // columns (num_qo_heads / size x head_dim, intermediate_size / size) to be
-  // whole 32-weight blocks.
+  // Tensor parallelism (see LlamaConfig.shard). Quantised weights also need
+  // the shard's attention-output and down-projection input columns
+  // (num_qo_heads / size x head_dim, intermediate_size / size) to be whole
+  // blocks: 32 weights for Q8_0 / Q4_0 / Q4_1, 256 for the K-quants.
   TensorParallelShard shard{};
 };
 

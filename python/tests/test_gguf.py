@@ -15,10 +15,11 @@ import pagedattn
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-SUPPORTED = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"]
+SUPPORTED = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 # Byte offsets of the f16 scales inside one block (kept finite: random bits
 # elsewhere are always a valid block).
-SCALE_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+SCALE_OFFSETS = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2],
+                 "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
 
 
 def random_blocks(type_name, blocks, rng):
@@ -63,8 +64,8 @@ def test_dequantize_rejects_bad_sizes_and_types():
         pagedattn.gguf_dequantize("Q4_0", bytes(18), 31)
     with pytest.raises(pagedattn.InvalidArgumentError, match="data has 17 bytes"):
         pagedattn.gguf_dequantize("Q4_0", bytes(17), 32)
-    with pytest.raises(pagedattn.UnsupportedError, match="Q5_0"):
-        pagedattn.gguf_dequantize("Q5_0", bytes(22), 32)
+    with pytest.raises(pagedattn.UnsupportedError, match="IQ4_NL"):
+        pagedattn.gguf_dequantize("IQ4_NL", bytes(18), 32)
     with pytest.raises(pagedattn.InvalidArgumentError, match="not a ggml type name"):
         pagedattn.gguf_dequantize("Q9", b"", 0)
     strided = np.zeros((4, 8), dtype=np.float32)[:, ::2]

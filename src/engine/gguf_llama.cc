@@ -1,8 +1,8 @@
 // make_gguf_model: a GGUF decoder (llama, qwen2, qwen3, gemma2, gemma3, phi3)
 // as the built-in model.
-// Q8_0 / Q4_0 / Q4_1 tensors stay in their blocks (the quantised kernels read
-// them in place); every other supported type is dequantised to f32 once, at
-// load (exactly, by the GGUF reader).
+// Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K tensors stay in their blocks (the
+// quantised kernels read them in place); F32 / F16 / BF16 are widened to f32
+// once, at load (exactly, by the GGUF reader).
 #include <cmath>
 #include <limits>
 

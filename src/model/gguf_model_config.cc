@@ -195,7 +195,7 @@ void read_rope(const GgufFile& file, const ConfigReader& r, GgufModelConfig& c) 
   s.original_context_length = r.positive_or("rope.scaling.original_context_length", 0);
   s.yarn_beta_fast = r.float_or("rope.scaling.yarn_beta_fast", 32.0f);
   s.yarn_beta_slow = r.float_or("rope.scaling.yarn_beta_slow", 1.0f);
-  s.yarn_attention_factor = r.float_or("rope.scaling.attn_factor", 0.0f);
+  s.yarn_attention_factor = r.float_or("rope.scaling.yarn_attn_factor", 0.0f);
   require<Unsupported>(s.type == "none" || s.type == "linear" || s.type == "yarn", "gguf ",
                        file.source_name(), ": ", r.key("rope.scaling.type"), " = '", s.type,
                        "' is not supported (none, linear, yarn; llama3 scaling comes as the "
@@ -224,6 +224,33 @@ void read_rope(const GgufFile& file, const ConfigReader& r, GgufModelConfig& c) 
   }
 }
 
+// Which layers have the window: "{arch}.attention.sliding_window_pattern"
+// as gguf's writer stores it (one bool per layer, true: windowed) or as an
+// integer period (the last layer of each period global); else the
+// architecture's period.
+std::vector<bool> windowed_layers(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
+                                  std::int64_t num_layers) {
+  const std::string key = r.key("attention.sliding_window_pattern");
+  std::vector<bool> windowed(static_cast<std::size_t>(num_layers));
+  const GgufValue* pattern = file.find(key);
+  if (pattern != nullptr && pattern->type == GgufValueType::kArray) {
+    require(pattern->element_type == GgufValueType::kBool &&
+                pattern->count == static_cast<std::uint64_t>(num_layers),
+            "gguf ", file.source_name(), ": key '", key, "' has type ", pattern->type_name(),
+            " with ", pattern->count, " elements, expected one bool per layer (", num_layers, ")");
+    for (std::size_t layer = 0; layer < windowed.size(); ++layer)
+      windowed[layer] = pattern->elements[layer] != std::byte{0};
+    return windowed;
+  }
+  const std::int64_t period = r.positive_or("attention.sliding_window_pattern", a.window_period);
+  for (std::int64_t layer = 0; layer < num_layers; ++layer)
+    windowed[static_cast<std::size_t>(layer)] = period == 0 || layer % period < period - 1;
+  return windowed;
+}
+
+void read_gemma_settings(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
+                         GgufModelConfig& c);
+
 // Per-layer windows, scales and caps of the attention.
 void read_attention_kinds(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
                           GgufModelConfig& c) {
@@ -232,12 +259,16 @@ void read_attention_kinds(const GgufFile& file, const ConfigReader& r, const Arc
                                       file.get_i64(r.key("attention.sliding_window")) == 0
                                   ? 0
                                   : r.positive_or("attention.sliding_window", 0);
-  const std::int64_t period = r.positive_or("attention.sliding_window_pattern", a.window_period);
   c.layer_windows.assign(static_cast<std::size_t>(c.num_layers), 0);
-  if (window > 0)
-    for (std::int64_t layer = 0; layer < c.num_layers; ++layer)  // the period's last is global
-      if (period == 0 || layer % period < period - 1)
-        c.layer_windows[static_cast<std::size_t>(layer)] = window;
+  if (window == 0) return read_gemma_settings(file, r, a, c);
+  const std::vector<bool> windowed = windowed_layers(file, r, a, c.num_layers);
+  for (std::size_t layer = 0; layer < windowed.size(); ++layer)
+    if (windowed[layer]) c.layer_windows[layer] = window;
+  read_gemma_settings(file, r, a, c);
+}
+
+void read_gemma_settings(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
+                         GgufModelConfig& c) {
   if (a.arch == GgufArch::kGemma3)
     c.rope_theta_windowed = r.float_or("rope.freq_base_swa", 10000.0f);
   if (a.gemma) {

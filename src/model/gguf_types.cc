@@ -4,6 +4,9 @@
 //   Q4_0  (32 elems, 18 B): f16 d | 16 B nibbles. Byte j holds element j
 //         (low nibble) and j + 16 (high nibble); x = d * (q - 8).
 //   Q4_1  (32, 20 B): f16 d | f16 m | 16 B nibbles (as Q4_0); x = d * q + m.
+//   Q5_0  (32, 22 B): f16 d | u32 qh | 16 B nibbles (as Q4_0); bit j of qh
+//         is bit 4 of element j; x = d * (q - 16).
+//   Q5_1  (32, 24 B): f16 d | f16 m | u32 qh | 16 B nibbles; x = d * q + m.
 //   Q8_0  (32, 34 B): f16 d | 32 x int8 q; x = d * q.
 //   Q4_K  (256, 144 B): f16 d | f16 dmin | 12 B packed 6-bit scales and mins
 //         for 8 sub-blocks of 32 | 128 B nibbles: bytes [32i, 32i + 32) hold
@@ -39,8 +42,8 @@ constexpr std::array<GgufTypeInfo, 32> kTypes = {{
     {GgufType::kF16, "F16", 1, 2, true},
     {GgufType::kQ4_0, "Q4_0", 32, 18, true},
     {GgufType::kQ4_1, "Q4_1", 32, 20, true},
-    {GgufType::kQ5_0, "Q5_0", 32, 22, false},
-    {GgufType::kQ5_1, "Q5_1", 32, 24, false},
+    {GgufType::kQ5_0, "Q5_0", 32, 22, true},
+    {GgufType::kQ5_1, "Q5_1", 32, 24, true},
     {GgufType::kQ8_0, "Q8_0", 32, 34, true},
     {GgufType::kQ8_1, "Q8_1", 32, 40, false},
     {GgufType::kQ2_K, "Q2_K", 256, 84, false},
@@ -116,6 +119,37 @@ void dequantize_q4_0(const std::uint8_t* __restrict src, float* __restrict dst,
     const std::uint8_t* qs = src + 2;
     for (int j = 0; j < 16; ++j) dst[j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
     for (int j = 0; j < 16; ++j) dst[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+  }
+}
+
+// The 5-bit quants of a Q5_0 / Q5_1 block: nibbles as Q4_0, the fifth bit
+// of element j in bit j of the little-endian u32 qh.
+inline void q5_quants(const std::uint8_t* qh_bytes, const std::uint8_t* qs, int q[32]) noexcept {
+  std::uint32_t qh;
+  std::memcpy(&qh, qh_bytes, sizeof(qh));
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
+    q[j + 16] = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+  }
+}
+
+void dequantize_q5_0(const std::uint8_t* __restrict src, float* __restrict dst,
+                     std::int64_t blocks) {
+  int q[32];
+  for (std::int64_t b = 0; b < blocks; ++b, src += 22, dst += kQK) {
+    const float d = load_half(src);
+    q5_quants(src + 2, src + 6, q);
+    for (int j = 0; j < 32; ++j) dst[j] = d * static_cast<float>(q[j] - 16);
+  }
+}
+
+void dequantize_q5_1(const std::uint8_t* __restrict src, float* __restrict dst,
+                     std::int64_t blocks) {
+  int q[32];
+  for (std::int64_t b = 0; b < blocks; ++b, src += 24, dst += kQK) {
+    const float d = load_half(src), m = load_half(src + 2);
+    q5_quants(src + 4, src + 8, q);
+    for (int j = 0; j < 32; ++j) dst[j] = d * static_cast<float>(q[j]) + m;
   }
 }
 
@@ -260,7 +294,7 @@ void dequantize_row(GgufType type, const void* src, float* dst, std::int64_t n) 
   const GgufTypeInfo& info = gguf_type_info(type);
   require<Unsupported>(info.dequantizable, "dequantize_row: type ", info.name,
                        " has no dequantisation in pagedattn (supported: F32, F16, BF16, Q8_0, "
-                       "Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)");
+                       "Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)");
   require(n >= 0 && n % info.block_size == 0, "dequantize_row: n = ", n,
           " is not a non-negative multiple of the ", info.name, " block size ", info.block_size);
   require(n == 0 || (src != nullptr && dst != nullptr), "dequantize_row: null src or dst");
@@ -277,6 +311,10 @@ void dequantize_row(GgufType type, const void* src, float* dst, std::int64_t n) 
       return dequantize_q4_0(bytes, dst, blocks);
     case GgufType::kQ4_1:
       return dequantize_q4_1(bytes, dst, blocks);
+    case GgufType::kQ5_0:
+      return dequantize_q5_0(bytes, dst, blocks);
+    case GgufType::kQ5_1:
+      return dequantize_q5_1(bytes, dst, blocks);
     case GgufType::kQ8_0:
       return dequantize_q8_0(bytes, dst, blocks);
     case GgufType::kQ4_K:

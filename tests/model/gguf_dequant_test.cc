@@ -54,6 +54,16 @@ float reference_element(GgufType type, const std::uint8_t* b, int e) {
       const int q = e < 16 ? (b[4 + e] & 0xf) : (b[4 + e - 16] >> 4);
       return reference_half(u16_at(b)) * static_cast<float>(q) + reference_half(u16_at(b + 2));
     }
+    case GgufType::kQ5_0:
+    case GgufType::kQ5_1: {
+      const int at = type == GgufType::kQ5_0 ? 2 : 4;  // qh, then the nibbles
+      const std::uint32_t qh = static_cast<std::uint32_t>(b[at]) | (std::uint32_t{b[at + 1]} << 8) |
+                               (std::uint32_t{b[at + 2]} << 16) | (std::uint32_t{b[at + 3]} << 24);
+      const std::uint8_t* qs = b + at + 4;
+      const int q = (e < 16 ? (qs[e] & 0xf) : (qs[e - 16] >> 4)) + int((qh >> e) & 1u) * 16;
+      if (type == GgufType::kQ5_0) return reference_half(u16_at(b)) * static_cast<float>(q - 16);
+      return reference_half(u16_at(b)) * static_cast<float>(q) + reference_half(u16_at(b + 2));
+    }
     case GgufType::kQ8_0:
       return reference_half(u16_at(b)) * static_cast<float>(static_cast<std::int8_t>(b[2 + e]));
     case GgufType::kQ4_K:
@@ -124,8 +134,8 @@ std::vector<float> reference_row(GgufType type, const std::vector<std::byte>& by
   return out;
 }
 
-const GgufType kSupported[] = {GgufType::kF32,  GgufType::kF16,  GgufType::kBF16,
-                               GgufType::kQ8_0, GgufType::kQ4_0, GgufType::kQ4_1,
+const GgufType kSupported[] = {GgufType::kF32,  GgufType::kF16,  GgufType::kBF16, GgufType::kQ8_0,
+                               GgufType::kQ4_0, GgufType::kQ4_1, GgufType::kQ5_0, GgufType::kQ5_1,
                                GgufType::kQ4_K, GgufType::kQ5_K, GgufType::kQ6_K};
 
 TEST(GgufDequantize, EveryTypeMatchesTheElementReferenceBitForBit) {
@@ -174,8 +184,8 @@ TEST(GgufDequantize, KnownValuesOfSmallBlocks) {
 TEST(GgufDequantize, RejectsBadArguments) {
   float out[32];
   std::uint8_t in[64] = {};
-  test::expect_throws<Unsupported>([&] { dequantize_row(GgufType::kQ5_0, in, out, 32); },
-                                   {"Q5_0", "no dequantisation"});
+  test::expect_throws<Unsupported>([&] { dequantize_row(GgufType::kIQ4_NL, in, out, 32); },
+                                   {"IQ4_NL", "no dequantisation"});
   test::expect_throws<InvalidArgument>([&] { dequantize_row(GgufType::kQ4_0, in, out, 31); },
                                        {"n = 31", "block size 32"});
   test::expect_throws<InvalidArgument>([&] { dequantize_row(GgufType::kF32, in, out, -1); },

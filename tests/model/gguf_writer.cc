@@ -18,9 +18,11 @@ std::vector<std::byte> encode(T value) {
 std::vector<int> scale_offsets(GgufType type) {
   switch (type) {
     case GgufType::kQ4_0:
+    case GgufType::kQ5_0:
     case GgufType::kQ8_0:
       return {0};
     case GgufType::kQ4_1:
+    case GgufType::kQ5_1:
     case GgufType::kQ4_K:
     case GgufType::kQ5_K:
       return {0, 2};
