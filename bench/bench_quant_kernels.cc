@@ -65,12 +65,13 @@ std::vector<std::uint8_t> random_matrices(WeightFormat f, std::int32_t out, std:
   return w;
 }
 
-// Args: out, in, rows, cold (0 / 1).
+// Args: out, in, rows, cold (0 / 1), int8 (0 / 1: QuantProductArgs::int8_x,
+// the K-quants only).
 void BM_QuantProduct(benchmark::State& state, WeightFormat f) {
   const auto out = static_cast<std::int32_t>(state.range(0));
   const auto in = static_cast<std::int32_t>(state.range(1));
   const auto rows = static_cast<std::int32_t>(state.range(2));
-  const bool cold = state.range(3) != 0;
+  const bool cold = state.range(3) != 0, int8 = state.range(4) != 0;
   const std::size_t bytes =
       std::size_t(out) * std::size_t(pagedattn::engine::weight_row_bytes(f, in));
   const std::size_t copies = cold ? (kColdBytes + bytes - 1) / bytes : 1;
@@ -87,7 +88,8 @@ void BM_QuantProduct(benchmark::State& state, WeightFormat f) {
     if (f == WeightFormat::kF32)
       pagedattn::engine::linear({x.data(), rows, in, m, out, y.data(), false, false, f}, scratch);
     else
-      pagedattn::engine::quant_product({x.data(), rows, in, m, f, y.data(), out, false}, 0, out);
+      pagedattn::engine::quant_product({x.data(), rows, in, m, f, y.data(), out, false, int8}, 0,
+                                       out);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
     copy = copy + 1 == copies ? 0 : copy + 1;
@@ -96,7 +98,8 @@ void BM_QuantProduct(benchmark::State& state, WeightFormat f) {
   state.counters["ns/row"] =
       benchmark::Counter(double(out) * 1e-9, benchmark::Counter::kIsIterationInvariantRate |
                                                  benchmark::Counter::kInvert);
-  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + (cold ? " cold" : " hot"));
+  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + (cold ? " cold" : " hot") +
+                 (int8 ? " int8 x" : ""));
 }
 
 // One thread reading kColdBytes: the bound of the cold cases.
@@ -111,22 +114,29 @@ void BM_ReadBandwidth(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadBandwidth)->Unit(benchmark::kMillisecond);
 
-void Shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"out", "in", "rows", "cold"});
-  for (const std::int64_t rows : {1, 4, 8}) b->Args({576, 1536, rows, 0});
-  for (const std::int64_t rows : {1, 4}) b->Args({2048, 8192, rows, 0});
-  b->Args({2048, 8192, 1, 1});
-  b->Args({8192, 2048, 1, 1});
+void AddShapes(benchmark::internal::Benchmark* b, std::int64_t int8) {
+  b->ArgNames({"out", "in", "rows", "cold", "int8"});
+  for (const std::int64_t rows : {1, 4, 8}) b->Args({576, 1536, rows, 0, int8});
+  for (const std::int64_t rows : {1, 4}) b->Args({2048, 8192, rows, 0, int8});
+  b->Args({2048, 8192, 1, 1, int8});
+  b->Args({8192, 2048, 1, 1, int8});
   b->Unit(benchmark::kMicrosecond);
+}
+void Shapes(benchmark::internal::Benchmark* b) {
+  AddShapes(b, 0);
+}
+void KShapes(benchmark::internal::Benchmark* b) {
+  AddShapes(b, 0);
+  AddShapes(b, 1);
 }
 
 BENCHMARK_CAPTURE(BM_QuantProduct, f32, WeightFormat::kF32)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q8_0, WeightFormat::kQ8_0)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q4_0, WeightFormat::kQ4_0)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q4_1, WeightFormat::kQ4_1)->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q4_k, WeightFormat::kQ4_K)->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q4_k, WeightFormat::kQ4_K)->Apply(KShapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(KShapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(KShapes);
 
 }  // namespace
 

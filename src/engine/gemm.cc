@@ -69,7 +69,8 @@ void linear_fast(const LinearArgs& a) {
 
 // Quantised weights, few rows: the in-place kernels over column ranges.
 void linear_quant_direct(const LinearArgs& a) {
-  const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate};
+  const QuantProductArgs q{
+      a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, a.int8_activations};
   const std::int32_t blocks = column_blocks(a.out);
 #pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads_quant(a))
   for (std::int32_t b = 0; b < blocks; ++b)

@@ -31,6 +31,10 @@ struct LinearArgs {
   bool deterministic = false;
   WeightFormat w_format = WeightFormat::kF32;
   std::int32_t ldy = 0;  // row stride of y; 0: out
+  // Opt-in (QuantProductArgs::int8_x): the in-place K-quant kernels take x
+  // rounded to int8 per 32 values. Batches on the blocked path (more than
+  // kQuantDirectRows rows, not deterministic) stay f32.
+  bool int8_activations = false;
 };
 
 // Quantised weights: batches of at most this many rows (and every batch in

@@ -7,6 +7,7 @@
 #include "engine/quant_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -569,6 +570,192 @@ void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
   }
 }
 
+// ------------------------------ int8 activations (opt-in, QuantProductArgs::int8_x)
+//
+// x rounded to int8 per 32 values (scale dx); the quants multiply it on
+// integer dot products: vpmaddubsw (u8 quant x s8 x into i16 pairs, which
+// cannot saturate: at most 2 * 63 * 127) and vpmaddwd (into i32 sums of 4),
+// exact. Per sub-block the i32 sums are converted and scaled by
+// d * sc * dx. Raw AVX2 intrinsics: Highway 1.0 has no u8 x s8 dot product.
+using D8I = hn::RebindToSigned<D8>;
+using V8I = hn::Vec<D8I>;
+
+// sum over the 4 bytes of each lane of quant (u8) * x (s8).
+HWY_INLINE V8I DotBytes(V8U quants, const std::int8_t* x) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i pairs = _mm256_maddubs_epi16(quants.raw, xv);
+  return V8I{_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))};
+}
+
+// As DotBytes with the quants less 32 (Q6_K): sum (q - 32) * x.
+HWY_INLINE V8I DotBytesLess32(V8U quants, const std::int8_t* x) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  const __m256i pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(quants.raw, xv),
+                                         _mm256_maddubs_epi16(_mm256_set1_epi8(32), xv));
+  return V8I{_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))};
+}
+
+// Row data of the int8 kernels: x8 [in], dx [in / 32], sums of x [in / 32].
+struct Int8Rows {
+  const std::int8_t* x8;
+  const float* dx;
+  const float* xsums;
+  std::size_t stride;  // bytes from one row's x8 to the next
+};
+
+template <WeightFormat F, std::int32_t R>
+HWY_INLINE void Int8RowsK45(const QuantProductArgs& a, const Int8Rows& rows, std::int32_t row,
+                            std::int32_t o) {
+  const D8 df;
+  const D8U du;
+  const hn::Rebind<std::uint8_t, D8> d8;
+  const std::int64_t blocks = a.in / kQuantKBlock;
+  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * blocks * kBytes;
+  const std::int8_t* x8[R];
+  const float* dx[R];
+  const float* xs[R];
+  V8 acc_lo[R], acc_hi[R], macc[R];
+  for (std::int32_t r = 0; r < R; ++r) {
+    x8[r] = rows.x8 + std::size_t(row + r) * rows.stride;
+    dx[r] = rows.dx + std::size_t(row + r) * (a.in / 32);
+    xs[r] = rows.xsums + std::size_t(row + r) * (a.in / 32);
+    acc_lo[r] = acc_hi[r] = macc[r] = hn::Zero(df);
+  }
+  const auto nibbles = hn::Set(du, 0x0f0f0f0fu);
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::uint8_t* block = w + b * kBytes;
+    alignas(8) std::uint8_t sc[8], m[8];
+    UnpackKScales(block + 4, sc, m);
+    const auto scales = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(D8I(), hn::LoadU(d8, sc))),
+                                hn::Set(df, HalfAt(block)));
+    const auto mins = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(D8I(), hn::LoadU(d8, m))),
+                              hn::Set(df, HalfAt(block + 2)));
+    // d * sc[j] * dx of sub-block j, per row, broadcast from memory.
+    alignas(32) float scale[R][8];
+    for (std::int32_t r = 0; r < R; ++r) {
+      macc[r] = hn::MulAdd(mins, hn::LoadU(df, xs[r] + b * 8), macc[r]);
+      hn::Store(hn::Mul(scales, hn::LoadU(df, dx[r] + b * 8)), df, scale[r]);
+    }
+    asm volatile("" : : "r"(scale) : "memory");
+    const std::size_t base = std::size_t(b) * kQuantKBlock;
+    for (std::size_t i = 0; i < 4; ++i) {
+      const auto v = Load32(block + BlockTraits<F>::kQuants + 32 * i);
+      auto lo = hn::And(v, nibbles), hi = hn::And(hn::ShiftRight<4>(v), nibbles);
+      if constexpr (F == WeightFormat::kQ5_K) {
+        const auto qh =
+            hn::ShiftRightSame(Load32(block + BlockTraits<F>::kHighBits), static_cast<int>(2 * i));
+        const auto bit4 = hn::Set(du, 0x10101010u);
+        lo = hn::Or(lo, hn::And(hn::ShiftLeft<4>(qh), bit4));
+        hi = hn::Or(hi, hn::And(hn::ShiftLeft<3>(qh), bit4));
+      }
+      for (std::int32_t r = 0; r < R; ++r) {
+        const std::int8_t* x = x8[r] + base + 64 * i;
+        acc_lo[r] =
+            hn::MulAdd(hn::ConvertTo(df, DotBytes(lo, x)), hn::Set(df, scale[r][2 * i]), acc_lo[r]);
+        acc_hi[r] = hn::MulAdd(hn::ConvertTo(df, DotBytes(hi, x + 32)),
+                               hn::Set(df, scale[r][2 * i + 1]), acc_hi[r]);
+      }
+    }
+  }
+  float sums[R];
+  for (std::int32_t r = 0; r < R; ++r)
+    sums[r] = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc_lo[r], acc_hi[r]))) -
+              hn::GetLane(hn::SumOfLanes(df, macc[r]));
+  StoreSums<R>(a, row, o, sums);
+}
+
+template <std::int32_t R>
+HWY_INLINE void Int8RowsQ6K(const QuantProductArgs& a, const Int8Rows& rows, std::int32_t row,
+                            std::int32_t o) {
+  const D8 df;
+  const D8U du;
+  const hn::Rebind<std::int8_t, D8> d8;
+  alignas(32) static constexpr std::int32_t kLanes[4][8] = {{0, 0, 0, 0, 1, 1, 1, 1},
+                                                            {2, 2, 2, 2, 3, 3, 3, 3},
+                                                            {4, 4, 4, 4, 5, 5, 5, 5},
+                                                            {6, 6, 6, 6, 7, 7, 7, 7}};
+  const std::int64_t blocks = a.in / kQuantKBlock;
+  constexpr std::int64_t kBytes = BlockTraits<WeightFormat::kQ6_K>::kBytes;
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * blocks * kBytes;
+  const std::int8_t* x8[R];
+  const float* dx[R];
+  V8 acc_a[R], acc_b[R];
+  for (std::int32_t r = 0; r < R; ++r) {
+    x8[r] = rows.x8 + std::size_t(row + r) * rows.stride;
+    dx[r] = rows.dx + std::size_t(row + r) * (a.in / 32);
+    acc_a[r] = acc_b[r] = hn::Zero(df);
+  }
+  const auto nibbles = hn::Set(du, 0x0f0f0f0fu), bits45 = hn::Set(du, 0x30303030u);
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::uint8_t* block = w + b * kBytes;
+    const auto d = hn::Set(df, HalfAt(block + BlockTraits<WeightFormat::kQ6_K>::kScale));
+    const auto* sc =
+        reinterpret_cast<const std::int8_t*>(block + BlockTraits<WeightFormat::kQ6_K>::kScales);
+    const std::size_t base = std::size_t(b) * kQuantKBlock;
+    for (std::size_t h = 0; h < 2; ++h) {
+      const auto dsc =
+          hn::Mul(hn::ConvertTo(df, hn::PromoteTo(D8I(), hn::LoadU(d8, sc + 8 * h))), d);
+      const auto qh = Load32(block + BlockTraits<WeightFormat::kQ6_K>::kHighBits + 32 * h);
+      for (int p = 0; p < 2; ++p) {
+        const auto ql = Load32(block + 64 * h + 32 * p);
+        const auto high_a = p == 0 ? hn::ShiftLeft<4>(qh) : hn::ShiftLeft<2>(qh);
+        const auto high_b = p == 0 ? qh : hn::ShiftRight<2>(qh);
+        const auto qa = hn::Or(hn::And(ql, nibbles), hn::And(high_a, bits45));
+        const auto qb = hn::Or(hn::And(hn::ShiftRight<4>(ql), nibbles), hn::And(high_b, bits45));
+        const auto lanes_a = hn::TableLookupLanes(dsc, hn::SetTableIndices(df, kLanes[p]));
+        const auto lanes_b = hn::TableLookupLanes(dsc, hn::SetTableIndices(df, kLanes[p + 2]));
+        const std::size_t at = base + 128 * h + 32 * p;  // group g = p; g = p + 2 at + 64
+        for (std::int32_t r = 0; r < R; ++r) {
+          const auto scale_a = hn::Mul(lanes_a, hn::Set(df, dx[r][at / 32]));
+          const auto scale_b = hn::Mul(lanes_b, hn::Set(df, dx[r][at / 32 + 2]));
+          acc_a[r] =
+              hn::MulAdd(hn::ConvertTo(df, DotBytesLess32(qa, x8[r] + at)), scale_a, acc_a[r]);
+          acc_b[r] =
+              hn::MulAdd(hn::ConvertTo(df, DotBytesLess32(qb, x8[r] + at + 64)), scale_b, acc_b[r]);
+        }
+      }
+    }
+  }
+  float sums[R];
+  for (std::int32_t r = 0; r < R; ++r)
+    sums[r] = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc_a[r], acc_b[r])));
+  StoreSums<R>(a, row, o, sums);
+}
+
+template <WeightFormat F>
+void Int8RangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+  thread_local std::vector<float> scratch;
+  const std::size_t sums = std::size_t(a.in / 32);
+  const std::size_t per_row = std::size_t(a.in) / 4 + 2 * sums;  // in floats
+  if (scratch.size() < kWideGroup * per_row) scratch.resize(kWideGroup * per_row);
+  for (std::int32_t first = 0; first < a.rows; first += kWideGroup) {
+    const std::int32_t count = std::min(kWideGroup, a.rows - first);
+    auto* x8 = reinterpret_cast<std::int8_t*>(scratch.data());
+    float* dx = scratch.data() + std::size_t(count) * a.in / 4;
+    float* xsums = dx + std::size_t(count) * sums;
+    for (std::int32_t r = 0; r < count; ++r) {
+      const float* x = a.x + std::size_t(first + r) * a.in;
+      quantize_activations_q8(x, a.in, x8 + std::size_t(r) * a.in, dx + std::size_t(r) * sums);
+      if constexpr (F != WeightFormat::kQ6_K) SumsOf32(x, a.in, xsums + std::size_t(r) * sums);
+    }
+    const Int8Rows rows{x8, dx, xsums, std::size_t(a.in)};
+    QuantProductArgs g = a;
+    g.rows = count;
+    g.y = a.y + std::size_t(first) * a.ldy;
+    for (std::int32_t o = out_begin; o < out_end; ++o) {
+      std::int32_t row = 0;
+      if constexpr (F == WeightFormat::kQ6_K) {
+        for (; row + kRowTile <= count; row += kRowTile) Int8RowsQ6K<kRowTile>(g, rows, row, o);
+        for (; row < count; ++row) Int8RowsQ6K<1>(g, rows, row, o);
+      } else {
+        for (; row + kRowTile <= count; row += kRowTile) Int8RowsK45<F, kRowTile>(g, rows, row, o);
+        for (; row < count; ++row) Int8RowsK45<F, 1>(g, rows, row, o);
+      }
+    }
+  }
+}
+
 #else
 #define PAGEDATTN_WIDE_K 0
 #endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
@@ -576,7 +763,10 @@ void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
 template <WeightFormat F>
 void ProductRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
 #if PAGEDATTN_WIDE_K
-  WideRangeK<F>(a, out_begin, out_end);
+  if (a.int8_x)
+    Int8RangeK<F>(a, out_begin, out_end);
+  else
+    WideRangeK<F>(a, out_begin, out_end);
 #else
   if constexpr (F == WeightFormat::kQ6_K) {
     for (std::int32_t o = out_begin; o < out_end; ++o) {
@@ -753,6 +943,23 @@ std::int64_t weight_row_bytes(WeightFormat format, std::int64_t in) {
   require(in % block == 0, "weight_row_bytes: a ", weight_format_name(format), " row of ", in,
           " weights is not a whole number of ", block, "-weight blocks");
   return in / block * weight_block_bytes(format);
+}
+
+void quantize_activations_q8(const float* x, std::int32_t in, std::int8_t* q, float* scales) {
+  for (std::int32_t k = 0; k < in / 32; ++k) {
+    const float* v = x + std::size_t(k) * 32;
+    float amax = 0.0f;
+    for (std::int32_t i = 0; i < 32; ++i) amax = std::max(amax, std::abs(v[i]));
+    const float scale = amax / 127.0f, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+    scales[k] = scale;
+    // |v * inverse| <= 127 (+ an ulp): adding and subtracting 1.5 * 2^23
+    // rounds it to the nearest integer, ties to even (what nearbyint does
+    // in the default rounding mode, without a library call).
+    constexpr float kRound = 0x1.8p23f;
+    for (std::int32_t i = 0; i < 32; ++i)
+      q[std::size_t(k) * 32 + i] =
+          static_cast<std::int8_t>(std::clamp((v[i] * inverse + kRound) - kRound, -127.0f, 127.0f));
+  }
 }
 
 void quant_product(const QuantProductArgs& args, std::int32_t out_begin, std::int32_t out_end) {

@@ -97,7 +97,17 @@ struct QuantProductArgs {
   float* y = nullptr;  // [rows][ldy]
   std::int32_t ldy = 0;
   bool accumulate = false;  // y += instead of y =
+  // Opt-in: multiply Q4_K / Q5_K / Q6_K weights by x rounded to int8 per 32
+  // values (quantize_activations_q8) on integer dot products (x86 AVX2 and
+  // up; elsewhere, and for the 32-weight formats, the f32 kernels run). The
+  // Q4_K / Q5_K mins still multiply exact sums of x.
+  bool int8_x = false;
 };
+
+// x[in] as int8 per 32 values, llama.cpp's Q8_0 rounding: scale[k] =
+// max |x[32k..32k+32)| / 127, q[i] = x[i] / scale rounded to nearest (even),
+// 0 where the scale is 0. in: a multiple of 32.
+void quantize_activations_q8(const float* x, std::int32_t in, std::int8_t* q, float* scales);
 
 // y[r][o] (+)= sum_i w[o][i] x[r][i] for the output columns o in
 // [out_begin, out_end) and every row r. A row's result does not depend on

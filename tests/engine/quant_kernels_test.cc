@@ -250,10 +250,14 @@ std::vector<std::uint8_t> random_blocks(WeightFormat f, std::int32_t out, std::i
 struct RowTerms {
   std::vector<float> w;           // dequantize_row
   std::vector<double> magnitude;  // of the terms behind each weight
+  // The K-quants' weight as scaled - offset: d * sc * q (Q6_K: the weight)
+  // and dmin * m (Q6_K: 0), exact.
+  std::vector<double> scaled, offset;
 };
 
 RowTerms row_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
-  RowTerms t{std::vector<float>(std::size_t(in)), std::vector<double>(std::size_t(in))};
+  RowTerms t{std::vector<float>(std::size_t(in)), std::vector<double>(std::size_t(in)),
+             std::vector<double>(std::size_t(in)), std::vector<double>(std::size_t(in))};
   dequantize_row(gguf_type(f), row, t.w.data(), in);
   const std::int32_t block = weight_format_block(f);
   for (std::int32_t i = 0; i < in; ++i) {
@@ -271,6 +275,8 @@ RowTerms row_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
       const double scaled = double(half_at(b)) * sc * q, offset = double(half_at(b + 2)) * m;
       exact = scaled - offset;
       magnitude = std::abs(scaled) + std::abs(offset);
+      t.scaled[std::size_t(i)] = scaled;
+      t.offset[std::size_t(i)] = offset;
     } else if (f == WeightFormat::kQ6_K) {
       const std::int32_t h = j / 128, g = j % 128 / 32, l = j % 32;
       const int low = (b[64 * h + 32 * (g % 2) + l] >> (4 * (g / 2))) & 15;
@@ -278,6 +284,7 @@ RowTerms row_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
       exact = double(half_at(b + 208)) * static_cast<std::int8_t>(b[192 + j / 16]) *
               ((low | high << 4) - 32);
       magnitude = std::abs(exact);
+      t.scaled[std::size_t(i)] = exact;
     } else {
       exact = scalar_weight(f, row, i);
       magnitude = f == WeightFormat::kQ4_1
@@ -455,6 +462,133 @@ TEST(QuantKernels, LinearWithKQuantsMatchesADoubleReferenceAndHonoursLdy) {
               ASSERT_EQ(y[std::size_t(r) * ldy + o], y0[std::size_t(r) * ldy + o]);
         }
       }
+}
+
+// Targets on which the opt-in int8-activation kernels run (x86 AVX2 and up);
+// elsewhere int8_x runs the f32 kernels.
+bool int8_kernels(std::int64_t target) {
+  return HWY_ARCH_X86 && target <= HWY_AVX2;
+}
+
+TEST(QuantKernels, Int8ActivationsRoundPer32ValuesLikeLlamaCpp) {
+  std::vector<float> x(64, 0.0f);
+  for (int i = 0; i < 32; ++i) x[std::size_t(i)] = (i - 16) * 0.25f;  // max |x| = 4
+  std::vector<std::int8_t> q(64);
+  float scales[2];
+  quantize_activations_q8(x.data(), 64, q.data(), scales);
+  EXPECT_EQ(scales[0], 4.0f / 127.0f);
+  EXPECT_EQ(scales[1], 0.0f);  // all zero: scale 0, quants 0
+  EXPECT_EQ(q[0], -127);
+  EXPECT_EQ(q[16], 0);
+  EXPECT_EQ(q[17], static_cast<std::int8_t>(std::nearbyint(0.25f / (4.0f / 127.0f))));
+  EXPECT_EQ(q[40], 0);
+}
+
+// The int8 path against a double product of the reader's weights and x
+// rounded as quantize_activations_q8 rounds it (the Q4_K / Q5_K mins times
+// exact x). Its integer sums are exact and convert exactly (|sum| < 2^24);
+// each sub-block's sum is scaled once (d * sc * dx: one rounding) and added
+// to one of two accumulators per row (in / 64 adds each), then 8 lanes are
+// summed: k = in / 64 + 16 covers every path, and the mins as in the f32
+// test. Bound: k u (sum |d sc q x8 dx| + sum |dmin m x| + |y0|).
+TEST(QuantKernels, Int8ActivationProductsMatchADoubleReferenceOnEveryTarget) {
+  std::mt19937 rng(26);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> super_blocks(1, 8), outs(1, 40), rows_of(1, 9);
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
+    for (const WeightFormat f : kKFormats)
+      for (int trial = 0; trial < 4; ++trial) {
+        hwy::SetSupportedTargetsForTest(target);
+        SCOPED_TRACE(hwy::TargetName(target));
+        const std::int32_t in = 256 * super_blocks(rng), out = outs(rng), rows = rows_of(rng);
+        const std::int32_t ldy = out + trial;
+        const auto w = random_blocks(f, out, in, rng, 0.05f);
+        std::vector<RowTerms> terms;
+        for (std::int32_t o = 0; o < out; ++o)
+          terms.push_back(row_terms(f, w.data() + o * weight_row_bytes(f, in), in));
+        std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
+        for (auto& v : x) v = value(rng) * (trial == 3 ? 1e-3f : 1.0f);
+        for (auto& v : y0) v = value(rng);
+        std::vector<double> rounded(x.size());  // x8 * dx
+        for (std::int32_t r = 0; r < rows; ++r) {
+          std::vector<std::int8_t> q(static_cast<std::size_t>(in));
+          std::vector<float> dx(std::size_t(in / 32));
+          quantize_activations_q8(x.data() + std::size_t(r) * in, in, q.data(), dx.data());
+          for (std::int32_t i = 0; i < in; ++i)
+            rounded[std::size_t(r) * in + i] = double(q[std::size_t(i)]) * dx[std::size_t(i / 32)];
+        }
+        const bool accumulate = trial % 2 == 1;
+        std::vector<float> y = y0;
+        QuantProductArgs args{x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate};
+        args.int8_x = true;
+        quant_product(args, 0, out);
+        const bool int8 = int8_kernels(target);
+        for (std::int32_t r = 0; r < rows; ++r)
+          for (std::int32_t o = 0; o < ldy; ++o) {
+            const std::size_t at = std::size_t(r) * ldy + o;
+            if (o >= out) {
+              ASSERT_EQ(y[at], y0[at]);
+              continue;
+            }
+            double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
+            const RowTerms& t = terms[std::size_t(o)];
+            for (std::int32_t i = 0; i < in; ++i) {
+              const double xi = x[std::size_t(r) * in + i];
+              const double xq = int8 ? rounded[std::size_t(r) * in + i] : xi;
+              want += t.scaled[std::size_t(i)] * xq - t.offset[std::size_t(i)] * xi;
+              a +=
+                  std::abs(t.scaled[std::size_t(i)] * xq) + std::abs(t.offset[std::size_t(i)] * xi);
+            }
+            const double k = int8 ? in / 64.0 + 16 : in / 32.0 + 52;
+            ASSERT_LE(std::abs(y[at] - want), k * 0x1p-24 * a + 1e-30)
+                << weight_format_name(f) << " in " << in << " rows " << rows << " r " << r << " o "
+                << o << " got " << y[at] << " want " << want;
+          }
+      }
+}
+
+// The int8 path keeps the determinism contract, and its result is close to
+// the f32 path's: within the rounding of x to int8 (half a step per value).
+TEST(QuantKernels, Int8ActivationRowsDoNotDependOnTheirBatchAndStayNearF32) {
+  std::mt19937 rng(27);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (const WeightFormat f : kKFormats) {
+    const std::int32_t in = 1024, out = 29, rows = 11;
+    const auto w = random_blocks(f, out, in, rng, 0.05f);
+    std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out),
+        exact(std::size_t(rows) * out);
+    for (auto& v : x) v = value(rng);
+    QuantProductArgs args{x.data(), rows, in, w.data(), f, all.data(), out, false};
+    args.int8_x = true;
+    quant_product(args, 0, out);
+    quant_product({x.data(), rows, in, w.data(), f, exact.data(), out, false}, 0, out);
+    for (std::int32_t r = 0; r < rows; ++r) {
+      for (const auto& [begin, end] : {std::pair{0, out}, {7, 8}, {2, 20}}) {
+        std::vector<float> alone(static_cast<std::size_t>(out));
+        QuantProductArgs one{
+            x.data() + std::size_t(r) * in, 1, in, w.data(), f, alone.data(), out, false};
+        one.int8_x = true;
+        quant_product(one, begin, end);
+        ASSERT_EQ(0, std::memcmp(alone.data() + begin, all.data() + std::size_t(r) * out + begin,
+                                 std::size_t(end - begin) * sizeof(float)))
+            << weight_format_name(f) << " row " << r;
+      }
+      for (std::int32_t o = 0; o < out; ++o) {
+        const RowTerms t = row_terms(f, w.data() + o * weight_row_bytes(f, in), in);
+        double bound = 0.0;  // sum |d sc q| * (half a step of x) + f32 rounding
+        for (std::int32_t i = 0; i < in; ++i) {
+          float amax = 0.0f;
+          for (std::int32_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j)
+            amax = std::max(amax, std::abs(x[std::size_t(r) * in + j]));
+          bound += std::abs(t.scaled[std::size_t(i)]) * (amax / 127.0 * 0.5 + 1e-6) +
+                   1e-5 * t.magnitude[std::size_t(i)];
+        }
+        EXPECT_LE(std::abs(all[std::size_t(r) * out + o] - exact[std::size_t(r) * out + o]), bound)
+            << weight_format_name(f) << " r " << r << " o " << o;
+      }
+    }
+  }
 }
 
 TEST(QuantKernels, KQuantDeterministicRowsDoNotDependOnTheirBatch) {
