@@ -302,15 +302,16 @@ HWY_INLINE void DotRowsQ6K(const QuantProductArgs& a, std::int32_t row, std::int
 // ------------------------------------------ 8-lane K-quant kernels (x86 AVX2+)
 //
 // The kernels above widen each quant byte to a 32-bit lane (a lane-crossing
-// shuffle per 8 weights), which bounds them on most x86 cores. These read a
-// block's quant bytes as 8 u32 lanes of 4 bytes and take the weights of byte
-// position B (0..3) of every lane with masks (and shifts): vector B holds
-// the weights 4 l + B, l < 8, of a 32-weight group. The activations are
-// permuted to match once per call (xp below). Q4_K / Q5_K take byte B's
-// field in place, as q * 2^(8B) (exact), and their x is scaled by 2^(-8B) in
-// the permutation, so each product q * x is the same real number and rounds
-// the same as above - unless |x| < 2^-102, where x * 2^-24 is subnormal and
-// loses bits (an error below 2^-125 |q| per term).
+// shuffle per 8 weights, the bound of their AVX2 loop by llvm-mca's Zen 3
+// model). These read a block's quant bytes as 8 u32 lanes of 4 bytes and
+// take the weights of byte position B (0..3) of every lane with masks (and
+// shifts): vector B holds the weights 4 l + B, l < 8, of a 32-weight group.
+// The activations are permuted to match once per call (xp below), so the
+// sums run in another order than above (still fixed per row). Q4_K / Q5_K
+// take byte B's field in place, as q * 2^(8B) (exact), and their x is scaled
+// by 2^(-8B) in the permutation, so each product is q * x exactly as without
+// the scaling - unless |x| < 2^-102, where x * 2^-24 is subnormal and loses
+// bits (an error below 2^-125 |q| per term).
 #undef PAGEDATTN_WIDE_K
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 #define PAGEDATTN_WIDE_K 1
