@@ -158,6 +158,26 @@ HWY_INLINE void DecodeQ6(const std::uint8_t* block, std::size_t h, std::size_t l
   b = hn::ConvertTo(df, hn::Sub(hn::Or(hn::ShiftRight<4>(ql), hn::And(high_b, bits45)), offset));
 }
 
+// quantize_activations_q8 (quant_kernels.h): max |x| per 32 values, the
+// scale max / 127, and x * (1 / scale) rounded to nearest even. Every step is
+// exact or rounds once, so every target gives the same bytes.
+void QuantizeQ8(const float* x, std::int32_t in, std::int8_t* q, float* scales) {
+  const DF df;
+  const hn::Rebind<std::int8_t, DF> d8;
+  const std::size_t n = hn::Lanes(df);
+  for (std::int32_t k = 0; k < in / 32; ++k) {
+    const float* v = x + std::size_t(k) * 32;
+    auto high = hn::Abs(hn::LoadU(df, v));
+    for (std::size_t c = n; c < 32; c += n) high = hn::Max(high, hn::Abs(hn::LoadU(df, v + c)));
+    const float scale = hn::GetLane(hn::MaxOfLanes(df, high)) / 127.0f;
+    const auto inverse = hn::Set(df, scale > 0.0f ? 1.0f / scale : 0.0f);
+    scales[k] = scale;
+    for (std::size_t c = 0; c < 32; c += n)  // |x * inverse| <= 127 (+ an ulp)
+      hn::StoreU(hn::DemoteTo(d8, hn::NearestInt(hn::Mul(hn::LoadU(df, v + c), inverse))), d8,
+                 q + std::size_t(k) * 32 + c);
+  }
+}
+
 // sums[k] = x[32 k] + ... + x[32 k + 31] for k < in / 32: the Q4_K / Q5_K
 // mins multiply these. The same operations for a row whatever the call.
 HWY_INLINE void SumsOf32(const float* x, std::int32_t in, float* sums) {
@@ -737,7 +757,7 @@ void Int8RangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
     float* xsums = dx + std::size_t(count) * sums;
     for (std::int32_t r = 0; r < count; ++r) {
       const float* x = a.x + std::size_t(first + r) * a.in;
-      quantize_activations_q8(x, a.in, x8 + std::size_t(r) * a.in, dx + std::size_t(r) * sums);
+      QuantizeQ8(x, a.in, x8 + std::size_t(r) * a.in, dx + std::size_t(r) * sums);
       if constexpr (F != WeightFormat::kQ6_K) SumsOf32(x, a.in, xsums + std::size_t(r) * sums);
     }
     const Int8Rows rows{x8, dx, xsums, std::size_t(a.in)};
@@ -897,6 +917,7 @@ HWY_AFTER_NAMESPACE();
 namespace pagedattn::engine {
 HWY_EXPORT(QuantProduct);
 HWY_EXPORT(DequantizeRows);
+HWY_EXPORT(QuantizeQ8);
 
 const char* weight_format_name(WeightFormat format) {
   switch (format) {
@@ -947,20 +968,7 @@ std::int64_t weight_row_bytes(WeightFormat format, std::int64_t in) {
 }
 
 void quantize_activations_q8(const float* x, std::int32_t in, std::int8_t* q, float* scales) {
-  for (std::int32_t k = 0; k < in / 32; ++k) {
-    const float* v = x + std::size_t(k) * 32;
-    float amax = 0.0f;
-    for (std::int32_t i = 0; i < 32; ++i) amax = std::max(amax, std::abs(v[i]));
-    const float scale = amax / 127.0f, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-    scales[k] = scale;
-    // |v * inverse| <= 127 (+ an ulp): adding and subtracting 1.5 * 2^23
-    // rounds it to the nearest integer, ties to even (what nearbyint does
-    // in the default rounding mode, without a library call).
-    constexpr float kRound = 0x1.8p23f;
-    for (std::int32_t i = 0; i < 32; ++i)
-      q[std::size_t(k) * 32 + i] =
-          static_cast<std::int8_t>(std::clamp((v[i] * inverse + kRound) - kRound, -127.0f, 127.0f));
-  }
+  HWY_DYNAMIC_DISPATCH(QuantizeQ8)(x, in, q, scales);
 }
 
 void quant_product(const QuantProductArgs& args, std::int32_t out_begin, std::int32_t out_end) {

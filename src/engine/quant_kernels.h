@@ -107,7 +107,7 @@ struct QuantProductArgs {
 // x[in] as int8 per 32 values with llama.cpp's Q8_0 scale: scale[k] =
 // max |x[32k..32k+32)| / 127, q[i] = x[i] * (1 / scale) rounded to nearest
 // (ties to even; llama.cpp rounds them away from 0), 0 where the scale is 0.
-// in: a multiple of 32.
+// in: a multiple of 32. Highway; the same bytes on every target.
 void quantize_activations_q8(const float* x, std::int32_t in, std::int8_t* q, float* scales);
 
 // y[r][o] (+)= sum_i w[o][i] x[r][i] for the output columns o in

@@ -482,6 +482,28 @@ TEST(QuantKernels, Int8ActivationsRoundPer32ValuesLikeLlamaCpp) {
   EXPECT_EQ(q[16], 0);
   EXPECT_EQ(q[17], static_cast<std::int8_t>(std::nearbyint(0.25f / (4.0f / 127.0f))));
   EXPECT_EQ(q[40], 0);
+  // Random rows, every target: the bytes and scales of the definition.
+  std::mt19937 rng(28);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  std::vector<float> row(512);
+  for (auto& v : row) v = value(rng);
+  row[37] = 0.0f;
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    std::vector<std::int8_t> got(row.size());
+    std::vector<float> got_scales(row.size() / 32);
+    quantize_activations_q8(row.data(), 512, got.data(), got_scales.data());
+    for (std::size_t k = 0; k < row.size() / 32; ++k) {
+      float amax = 0.0f;
+      for (std::size_t i = 32 * k; i < 32 * k + 32; ++i) amax = std::max(amax, std::abs(row[i]));
+      const float scale = amax / 127.0f, inverse = 1.0f / scale;
+      ASSERT_EQ(got_scales[k], scale);
+      for (std::size_t i = 32 * k; i < 32 * k + 32; ++i)
+        ASSERT_EQ(got[i], static_cast<std::int8_t>(std::nearbyint(row[i] * inverse))) << i;
+    }
+  }
 }
 
 // The int8 path against a double product of the reader's weights and x
