@@ -1,5 +1,5 @@
 // The in-place quantised-weight kernels (src/engine/quant_kernels.h) on one
-// thread: Q8_0 / Q4_0 / Q4_1 and the K-quants Q4_K / Q5_K / Q6_K, next to
+// thread: Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 and the K-quants Q4_K / Q5_K / Q6_K, next to
 // f32 weights through linear() (BLAS) on one thread, at the shapes of a decode step
 // (1 row) and of small batches (4, 8 rows).
 //
@@ -59,7 +59,8 @@ std::vector<std::uint8_t> random_matrices(WeightFormat f, std::int32_t out, std:
   for (std::size_t at = 0; at < w.size(); at += block) {
     const std::size_t d = f == WeightFormat::kQ6_K ? 208 : 0;
     std::memcpy(&w[at + d], &scale, 2);
-    if (f == WeightFormat::kQ4_1 || f == WeightFormat::kQ4_K || f == WeightFormat::kQ5_K)
+    if (f == WeightFormat::kQ4_1 || f == WeightFormat::kQ5_1 || f == WeightFormat::kQ4_K ||
+        f == WeightFormat::kQ5_K)
       std::memcpy(&w[at + 2], &scale, 2);
   }
   return w;
@@ -134,6 +135,8 @@ BENCHMARK_CAPTURE(BM_QuantProduct, f32, WeightFormat::kF32)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q8_0, WeightFormat::kQ8_0)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q4_0, WeightFormat::kQ4_0)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q4_1, WeightFormat::kQ4_1)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q5_0, WeightFormat::kQ5_0)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q5_1, WeightFormat::kQ5_1)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q4_k, WeightFormat::kQ4_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(KShapes);

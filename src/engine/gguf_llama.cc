@@ -32,6 +32,12 @@ bool in_place_format(GgufType type, WeightFormat& format) {
     case GgufType::kQ4_1:
       format = WeightFormat::kQ4_1;
       return true;
+    case GgufType::kQ5_0:
+      format = WeightFormat::kQ5_0;
+      return true;
+    case GgufType::kQ5_1:
+      format = WeightFormat::kQ5_1;
+      return true;
     case GgufType::kQ4_K:
       format = WeightFormat::kQ4_K;
       return true;

@@ -51,9 +51,19 @@ HWY_INLINE hn::Vec<DF> DecodeChunk(const std::uint8_t* block, std::size_t c) {
     const bool high = first >= 16;
     auto v = hn::PromoteTo(di, hn::LoadU(d8, q + (high ? first - 16 : first)));
     v = high ? hn::ShiftRight<4>(v) : hn::And(v, hn::Set(di, 0x0f));
+    if constexpr (F == WeightFormat::kQ5_0 || F == WeightFormat::kQ5_1) {
+      // Bit j of qh is the fifth bit of weight j.
+      const hn::RebindToUnsigned<DF> du;
+      std::uint32_t qh;
+      std::memcpy(&qh, block + BlockTraits<F>::kHighBits, sizeof qh);
+      const auto bits = hn::Shr(hn::Set(du, qh), hn::Iota(du, static_cast<std::uint32_t>(first)));
+      v = hn::Or(v, hn::BitCast(di, hn::ShiftLeft<4>(hn::And(bits, hn::Set(du, 1u)))));
+    }
     if constexpr (F == WeightFormat::kQ4_0) {
       return hn::Mul(hn::ConvertTo(df, hn::Sub(v, hn::Set(di, 8))), d);
-    } else {
+    } else if constexpr (F == WeightFormat::kQ5_0) {
+      return hn::Mul(hn::ConvertTo(df, hn::Sub(v, hn::Set(di, 16))), d);
+    } else {  // Q4_1, Q5_1
       return hn::MulAdd(hn::ConvertTo(df, v), d, hn::Set(df, HalfAt(block + 2)));
     }
   }
@@ -865,6 +875,10 @@ void QuantProduct(const QuantProductArgs& a, std::int32_t out_begin, std::int32_
       return ProductRange<WeightFormat::kQ4_0>(a, out_begin, out_end);
     case WeightFormat::kQ4_1:
       return ProductRange<WeightFormat::kQ4_1>(a, out_begin, out_end);
+    case WeightFormat::kQ5_0:
+      return ProductRange<WeightFormat::kQ5_0>(a, out_begin, out_end);
+    case WeightFormat::kQ5_1:
+      return ProductRange<WeightFormat::kQ5_1>(a, out_begin, out_end);
     case WeightFormat::kQ4_K:
       return ProductRangeK<WeightFormat::kQ4_K>(a, out_begin, out_end);
     case WeightFormat::kQ5_K:
@@ -899,6 +913,10 @@ void DequantizeRows(const void* w, WeightFormat format, std::int32_t in, std::in
       return DequantizeRange<WeightFormat::kQ4_0>(w, in, first_row, count, dst);
     case WeightFormat::kQ4_1:
       return DequantizeRange<WeightFormat::kQ4_1>(w, in, first_row, count, dst);
+    case WeightFormat::kQ5_0:
+      return DequantizeRange<WeightFormat::kQ5_0>(w, in, first_row, count, dst);
+    case WeightFormat::kQ5_1:
+      return DequantizeRange<WeightFormat::kQ5_1>(w, in, first_row, count, dst);
     case WeightFormat::kQ4_K:
       return DequantizeK<WeightFormat::kQ4_K>(w, in, first_row, count, dst);
     case WeightFormat::kQ5_K:
@@ -935,6 +953,10 @@ const char* weight_format_name(WeightFormat format) {
       return "q5_k";
     case WeightFormat::kQ6_K:
       return "q6_k";
+    case WeightFormat::kQ5_0:
+      return "q5_0";
+    case WeightFormat::kQ5_1:
+      return "q5_1";
   }
   return "?";
 }
@@ -955,6 +977,10 @@ std::int64_t weight_block_bytes(WeightFormat format) {
       return BlockTraits<WeightFormat::kQ5_K>::kBytes;
     case WeightFormat::kQ6_K:
       return BlockTraits<WeightFormat::kQ6_K>::kBytes;
+    case WeightFormat::kQ5_0:
+      return BlockTraits<WeightFormat::kQ5_0>::kBytes;
+    case WeightFormat::kQ5_1:
+      return BlockTraits<WeightFormat::kQ5_1>::kBytes;
   }
   return 0;
 }

@@ -5,9 +5,13 @@
 //   Q8_0: f16 d, int8 q[32]                 w = d * q
 //   Q4_0: f16 d, u8 qs[16]                  w = d * (nibble - 8)
 //   Q4_1: f16 d, f16 m, u8 qs[16]           w = d * nibble + m
+//   Q5_0: f16 d, u32 qh, u8 qs[16]          w = d * (q - 16)
+//   Q5_1: f16 d, f16 m, u32 qh, u8 qs[16]   w = d * q + m
 // (weight j < 16 is the low nibble of qs[j], weight j >= 16 the high nibble
-// of qs[j - 16]). The K-quants hold 256 weights per super-block (layouts in
-// src/model/gguf_types.cc, the definition the tests check against):
+// of qs[j - 16]; Q5_x's fifth bit of weight j is bit j of qh). llama-quantize
+// writes Q5_0 / Q5_1 for the rows of a K-quant file that are not a multiple
+// of 256 long (SmolLM2's and Qwen2.5-0.5B's Q4_K_M files). The K-quants hold 256 weights per
+// super-block (layouts in src/model/gguf_types.cc, the definition the tests check against):
 //   Q4_K (144 B): f16 d, f16 dmin, 12 B of 6-bit scales sc[8] / mins m[8],
 //                 u8 qs[128]; sub-block j of 32: w = d*sc[j] * q - dmin*m[j]
 //   Q5_K (176 B): as Q4_K with u8 qh[32] (bit 4 of each q) before qs
@@ -21,9 +25,19 @@
 
 namespace pagedattn::engine {
 
-enum class WeightFormat : std::uint8_t { kF32 = 0, kQ8_0, kQ4_0, kQ4_1, kQ4_K, kQ5_K, kQ6_K };
+enum class WeightFormat : std::uint8_t {
+  kF32 = 0,
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kQ5_0,
+  kQ5_1
+};
 
-inline constexpr std::int32_t kQuantBlock = 32;    // weights per block of Q8_0 / Q4_0 / Q4_1
+inline constexpr std::int32_t kQuantBlock = 32;    // weights per block of Q8_0 / Q4_x / Q5_x
 inline constexpr std::int32_t kQuantKBlock = 256;  // weights per K-quant super-block
 
 // Weights per block of `format` (f32: 1). A row, a slice's columns and a
@@ -35,6 +49,8 @@ constexpr std::int32_t weight_format_block(WeightFormat format) {
     case WeightFormat::kQ8_0:
     case WeightFormat::kQ4_0:
     case WeightFormat::kQ4_1:
+    case WeightFormat::kQ5_0:
+    case WeightFormat::kQ5_1:
       return kQuantBlock;
     case WeightFormat::kQ4_K:
     case WeightFormat::kQ5_K:
@@ -61,6 +77,18 @@ template <>
 struct BlockTraits<WeightFormat::kQ4_1> {
   static constexpr std::int64_t kBytes = 2 + 2 + 16;
   static constexpr std::int64_t kQuants = 4;
+};
+template <>
+struct BlockTraits<WeightFormat::kQ5_0> {
+  static constexpr std::int64_t kBytes = 2 + 4 + 16;
+  static constexpr std::int64_t kHighBits = 2;
+  static constexpr std::int64_t kQuants = 6;
+};
+template <>
+struct BlockTraits<WeightFormat::kQ5_1> {
+  static constexpr std::int64_t kBytes = 2 + 2 + 4 + 16;
+  static constexpr std::int64_t kHighBits = 4;
+  static constexpr std::int64_t kQuants = 8;
 };
 template <>
 struct BlockTraits<WeightFormat::kQ4_K> {

@@ -22,7 +22,8 @@
 namespace pagedattn::engine {
 namespace {
 
-constexpr WeightFormat kFormats[] = {WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1};
+constexpr WeightFormat kFormats[] = {WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1,
+                                     WeightFormat::kQ5_0, WeightFormat::kQ5_1};
 
 // Random blocks whose f16 scales are finite and moderate.
 std::vector<std::uint8_t> random_weights(WeightFormat f, std::int32_t out, std::int32_t in,
@@ -35,7 +36,7 @@ std::vector<std::uint8_t> random_weights(WeightFormat f, std::int32_t out, std::
   for (std::size_t at = 0; at < bytes.size(); at += std::size_t(block)) {
     const std::uint16_t d = float_to_f16_bits(scale(rng)), m = float_to_f16_bits(scale(rng));
     std::memcpy(&bytes[at], &d, 2);
-    if (f == WeightFormat::kQ4_1) std::memcpy(&bytes[at + 2], &m, 2);
+    if (f == WeightFormat::kQ4_1 || f == WeightFormat::kQ5_1) std::memcpy(&bytes[at + 2], &m, 2);
   }
   return bytes;
 }
@@ -61,6 +62,15 @@ double scalar_weight(WeightFormat f, const std::uint8_t* row, std::int32_t i) {
     case WeightFormat::kQ4_1: {
       const int q = j < 16 ? block[4 + j] & 15 : block[4 + j - 16] >> 4;
       return d * q + half_at(block + 2);
+    }
+    case WeightFormat::kQ5_0:
+    case WeightFormat::kQ5_1: {  // fifth bit of weight j: bit j of the u32 qh
+      const bool q5_1 = f == WeightFormat::kQ5_1;
+      const std::uint8_t* qs = block + (q5_1 ? 8 : 6);
+      std::uint32_t qh;
+      std::memcpy(&qh, block + (q5_1 ? 4 : 2), 4);
+      const int q = (j < 16 ? qs[j] & 15 : qs[j - 16] >> 4) | int((qh >> j) & 1) << 4;
+      return q5_1 ? d * q + half_at(block + 2) : d * (q - 16);
     }
     default:  // the K-quants: row_terms below
       break;
@@ -154,6 +164,8 @@ TEST(QuantKernels, RowBytesRefuseAPartialBlock) {
   EXPECT_EQ(weight_row_bytes(WeightFormat::kQ4_K, 512), 288);
   EXPECT_EQ(weight_row_bytes(WeightFormat::kQ5_K, 256), 176);
   EXPECT_EQ(weight_row_bytes(WeightFormat::kQ6_K, 768), 630);
+  EXPECT_EQ(weight_row_bytes(WeightFormat::kQ5_0, 64), 44);
+  EXPECT_EQ(weight_row_bytes(WeightFormat::kQ5_1, 576), 432);
   EXPECT_EQ(weight_format_block(WeightFormat::kF32), 1);
   EXPECT_EQ(weight_format_block(WeightFormat::kQ4_0), 32);
   EXPECT_EQ(weight_format_block(WeightFormat::kQ6_K), 256);
@@ -172,9 +184,9 @@ TEST(QuantKernels, RowBytesRefuseAPartialBlock) {
 
 constexpr WeightFormat kKFormats[] = {WeightFormat::kQ4_K, WeightFormat::kQ5_K,
                                       WeightFormat::kQ6_K};
-constexpr WeightFormat kAllFormats[] = {WeightFormat::kQ8_0, WeightFormat::kQ4_0,
-                                        WeightFormat::kQ4_1, WeightFormat::kQ4_K,
-                                        WeightFormat::kQ5_K, WeightFormat::kQ6_K};
+constexpr WeightFormat kAllFormats[] = {
+    WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kQ5_0,
+    WeightFormat::kQ5_1, WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K};
 
 GgufType gguf_type(WeightFormat f) {
   switch (f) {
@@ -184,6 +196,10 @@ GgufType gguf_type(WeightFormat f) {
       return GgufType::kQ4_0;
     case WeightFormat::kQ4_1:
       return GgufType::kQ4_1;
+    case WeightFormat::kQ5_0:
+      return GgufType::kQ5_0;
+    case WeightFormat::kQ5_1:
+      return GgufType::kQ5_1;
     case WeightFormat::kQ4_K:
       return GgufType::kQ4_K;
     case WeightFormat::kQ5_K:
@@ -229,6 +245,7 @@ std::vector<std::uint8_t> random_blocks(WeightFormat f, std::int32_t out, std::i
         std::memcpy(&bytes[at + 208], &d, 2);
         break;
       case WeightFormat::kQ4_1:
+      case WeightFormat::kQ5_1:
       case WeightFormat::kQ4_K:
       case WeightFormat::kQ5_K:
         std::memcpy(&bytes[at], &d, 2);
@@ -287,7 +304,7 @@ RowTerms row_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
       t.scaled[std::size_t(i)] = exact;
     } else {
       exact = scalar_weight(f, row, i);
-      magnitude = f == WeightFormat::kQ4_1
+      magnitude = f == WeightFormat::kQ4_1 || f == WeightFormat::kQ5_1
                       ? std::abs(exact - half_at(b + 2)) + std::abs(double(half_at(b + 2)))
                       : std::abs(exact);
     }
