@@ -77,9 +77,9 @@ struct GgufLayerTensors {
   std::string post_attention_norm;       // gemma2/3: [hidden]
   std::string ffn_norm;                  // [hidden]
   std::string ffn_gate;                  // [hidden, intermediate] (phi3: none)
-  std::string ffn_up;                    // [hidden, intermediate] (phi3: [hidden, 2 intermediate], gate first)
-  std::string ffn_down;                  // [intermediate, hidden]
-  std::string post_ffw_norm;             // gemma2/3: [hidden]
+  std::string ffn_up;         // [hidden, intermediate] (phi3: [hidden, 2 intermediate], gate first)
+  std::string ffn_down;       // [intermediate, hidden]
+  std::string post_ffw_norm;  // gemma2/3: [hidden]
 };
 
 struct GgufModelConfig {
@@ -106,10 +106,10 @@ struct GgufModelConfig {
   // Windowed layers' RoPE base, unscaled (gemma3: "{arch}.rope.freq_base_swa",
   // else 10000); 0: windowed layers rotate as global ones.
   float rope_theta_windowed = 0.0f;
-  float attention_scale = 0.0f;     // 0: 1 / sqrt(head_dim)
-  float attention_softcap = 0.0f;   // gemma2: "{arch}.attn_logit_softcapping"
-  float final_softcap = 0.0f;       // gemma2: "{arch}.final_logit_softcapping"
-  float embedding_scale = 1.0f;     // gemma: sqrt(hidden_size)
+  float attention_scale = 0.0f;    // 0: 1 / sqrt(head_dim)
+  float attention_softcap = 0.0f;  // gemma2: "{arch}.attn_logit_softcapping"
+  float final_softcap = 0.0f;      // gemma2: "{arch}.final_logit_softcapping"
+  float embedding_scale = 1.0f;    // gemma: sqrt(hidden_size)
   GgufActivation activation = GgufActivation::kSilu;
   bool tie_embeddings = false;     // no "output.weight": the LM head is token_embd
   std::int64_t bos_token_id = -1;  // -1 when absent

@@ -51,8 +51,8 @@ struct LlamaConfig {
   // (a query sees itself and the W - 1 before it). Empty: every layer global.
   std::vector<std::int32_t> layer_windows;
   float rope_theta_windowed = 0.0f;  // > 0: windowed layers' RoPE base, unscaled (Gemma 3)
-  bool qk_norm = false;         // RMSNorm over each q and k head before RoPE (Qwen3, Gemma 3)
-  bool sandwich_norms = false;  // RMSNorm of attention and MLP outputs before the residual add
+  bool qk_norm = false;              // RMSNorm over each q and k head before RoPE (Qwen3, Gemma 3)
+  bool sandwich_norms = false;       // RMSNorm of attention and MLP outputs before the residual add
   MlpActivation activation = MlpActivation::kSilu;
   float embedding_scale = 1.0f;    // embeddings x this (Gemma: sqrt(hidden_size))
   float attention_scale = 0.0f;    // 0: 1 / sqrt(head_dim)

@@ -71,8 +71,8 @@ void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const 
     p.q = kernels::rotated_copy(q, tokens, c.num_qo_heads, c.head_dim, plan.positions.data(), rope,
                                 sa.q_rotated);
     if (c.rope_mode == RopeMode::kNormal)
-      k_stored = kernels::rotated_copy(k, tokens, c.num_kv_heads, c.head_dim,
-                                       plan.positions.data(), rope, sa.k_rotated);
+      k_stored = kernels::rotated_copy(k, tokens, c.num_kv_heads, c.head_dim, plan.positions.data(),
+                                       rope, sa.k_rotated);
     else
       p.options.key_rope = &rope;
   }

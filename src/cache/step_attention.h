@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "pagedattn/attention.h"
 #include "kernels/rope_table.h"
+#include "pagedattn/attention.h"
 #include "pagedattn/rope.h"
 
 namespace pagedattn::cache {

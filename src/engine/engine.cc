@@ -90,8 +90,8 @@ struct Engine::Impl {
       : config(std::move(c)),
         cache(engine_cache_config(validated(config))),
         scheduler({config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
-                   std::max<std::int64_t>(1, cache.num_pages() / 100),
-                   config.enable_prefix_caching, config.model->spec().sliding_window},
+                   std::max<std::int64_t>(1, cache.num_pages() / 100), config.enable_prefix_caching,
+                   config.model->spec().sliding_window},
                   cache) {
     // A swap's cost is a host copy: its rate is measured once (a few ms).
     if (cache.num_host_pages() > 0)

@@ -134,8 +134,8 @@ LlamaConfig llama_config(const GgufModelConfig& g, const GgufModelOptions& optio
   c.rope_theta_windowed = g.rope_theta_windowed;
   c.qk_norm = !g.layers.empty() && !g.layers.front().attn_q_norm.empty();
   c.sandwich_norms = !g.layers.empty() && !g.layers.front().post_attention_norm.empty();
-  c.activation = g.activation == GgufActivation::kGeluTanh ? MlpActivation::kGeluTanh
-                                                           : MlpActivation::kSilu;
+  c.activation =
+      g.activation == GgufActivation::kGeluTanh ? MlpActivation::kGeluTanh : MlpActivation::kSilu;
   c.embedding_scale = g.embedding_scale;
   c.attention_scale = g.attention_scale;
   c.attention_softcap = g.attention_softcap;

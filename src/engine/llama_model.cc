@@ -60,21 +60,23 @@ void validate(const LlamaConfig& c) {
   require(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0.0f,
           "LlamaConfig.rms_norm_eps = ", c.rms_norm_eps, " must be > 0");
   require(c.rotary_dim >= 0 && c.rotary_dim % 2 == 0 && c.rotary_dim <= c.head_dim,
-          "LlamaConfig.rotary_dim = ", c.rotary_dim, " must be even and in [0, head_dim = ",
-          c.head_dim, "]");
+          "LlamaConfig.rotary_dim = ", c.rotary_dim,
+          " must be even and in [0, head_dim = ", c.head_dim, "]");
   const std::int32_t rotary = c.rotary_dim ? c.rotary_dim : c.head_dim;
   require(c.rope_freq_factors.empty() || std::ssize(c.rope_freq_factors) == rotary / 2,
           "LlamaConfig.rope_freq_factors has ", c.rope_freq_factors.size(),
           " entries, need rotary_dim / 2 = ", rotary / 2);
   require(c.layer_windows.empty() || std::ssize(c.layer_windows) == c.num_layers,
-          "LlamaConfig.layer_windows has ", c.layer_windows.size(), " entries, need num_layers = ",
-          c.num_layers);
+          "LlamaConfig.layer_windows has ", c.layer_windows.size(),
+          " entries, need num_layers = ", c.num_layers);
   for (std::size_t i = 0; i < c.layer_windows.size(); ++i)
     require(c.layer_windows[i] >= 0, "LlamaConfig.layer_windows[", i, "] = ", c.layer_windows[i],
             " must be >= 0");
   const std::pair<const char*, float> non_negative[] = {
-      {"rope_theta_windowed", c.rope_theta_windowed}, {"attention_scale", c.attention_scale},
-      {"attention_softcap", c.attention_softcap},     {"final_softcap", c.final_softcap}};
+      {"rope_theta_windowed", c.rope_theta_windowed},
+      {"attention_scale", c.attention_scale},
+      {"attention_softcap", c.attention_softcap},
+      {"final_softcap", c.final_softcap}};
   for (const auto& [name, value] : non_negative)
     require(std::isfinite(value) && value >= 0.0f, "LlamaConfig.", name, " = ", value,
             " must be finite and >= 0");
@@ -119,8 +121,9 @@ class LlamaModel final : public Model {
     validate_weights();
     // The model rotates q and k itself (layers may differ in their RoPE), so
     // the cache stores keys as given.
-    spec_ = {std::string(c.name), c.num_layers,   hq_,            hkv_,            c.head_dim,
-             c.vocab_size,        c.max_position, c.eos_token_id, RopeMode::kNone, {}};
+    spec_ = {
+        std::string(c.name), c.num_layers,    hq_, hkv_, c.head_dim, c.vocab_size, c.max_position,
+        c.eos_token_id,      RopeMode::kNone, {}};
     spec_.sliding_window = common_window(c);
     RopeConfig& global = rope_[0].config;
     global.style = c.rope_style;
@@ -224,8 +227,8 @@ void require_shape(const Matrix& m, const char* name, std::int64_t layer, std::i
           ", the config needs ", out, " x ", in);
 }
 
-void require_norm(const std::vector<float>& v, const char* name, std::int64_t layer,
-                  std::int32_t h, bool present = true) {
+void require_norm(const std::vector<float>& v, const char* name, std::int64_t layer, std::int32_t h,
+                  bool present = true) {
   const std::int32_t want = present ? h : 0;
   require(std::ssize(v) == want, "LlamaModel: ", name, " of layer ", layer, " has ", v.size(),
           " weights, the config needs ", want);
@@ -297,8 +300,8 @@ void LlamaModel::set_positions(const PagedKVCache& cache) {
     const std::int64_t dropped = cache.num_dropped_tokens(plan.seq_ids[b]);
     for (std::int32_t t = plan.qo_indptr[b]; t < plan.qo_indptr[b + 1]; ++t) {
       const std::int64_t position = positions_[std::size_t(t)] + dropped;
-      require(position <= std::numeric_limits<std::int32_t>::max(), "LlamaModel::forward: sequence ",
-              plan.seq_ids[b], " is past 2^31 tokens");
+      require(position <= std::numeric_limits<std::int32_t>::max(),
+              "LlamaModel::forward: sequence ", plan.seq_ids[b], " is past 2^31 tokens");
       positions_[std::size_t(t)] = static_cast<std::int32_t>(position);
     }
   }

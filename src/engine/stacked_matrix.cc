@@ -26,8 +26,7 @@ StackedMatrix StackedMatrix::gather_rows(const std::vector<RowRange>& ranges,
                                          const char* what) const {
   StackedMatrix result;
   for (const RowRange& range : ranges) {
-    require(range.begin >= 0 && range.count >= 0 &&
-                std::int64_t{range.begin} + range.count <= out_,
+    require(range.begin >= 0 && range.count >= 0 && std::int64_t{range.begin} + range.count <= out_,
             "StackedMatrix::gather_rows: rows [", range.begin, ", +", range.count, ") of ", what,
             " (", out_, " rows) are out of range");
     std::int32_t part_begin = 0;
@@ -45,8 +44,8 @@ void StackedMatrix::project(const float* x, std::int32_t rows, float* y, bool ac
                             bool deterministic, LinearScratch& scratch) const {
   std::int32_t column = 0;
   for (const WeightMatrix& p : parts_) {
-    LinearArgs args{x, rows, p.in(), p.data(), p.out(), y + column, accumulate, deterministic,
-                    p.format()};
+    LinearArgs args{x,          rows,       p.in(),        p.data(),  p.out(),
+                    y + column, accumulate, deterministic, p.format()};
     args.ldy = out_;
     linear(args, scratch);
     column += p.out();

@@ -16,9 +16,10 @@ void validate_yarn(const RopeYarnScaling& y) {
   require(y.factor > 1.0f && std::isfinite(y.factor) && y.original_max_position > 0 &&
               y.beta_fast > y.beta_slow && y.beta_slow > 0.0f && y.attention_factor >= 0.0f &&
               std::isfinite(y.attention_factor),
-          "apply_rope: yarn scaling factor = ", y.factor, ", original_max_position = ",
-          y.original_max_position, ", beta_fast = ", y.beta_fast, ", beta_slow = ", y.beta_slow,
-          ", attention_factor = ", y.attention_factor, " is inconsistent");
+          "apply_rope: yarn scaling factor = ", y.factor,
+          ", original_max_position = ", y.original_max_position, ", beta_fast = ", y.beta_fast,
+          ", beta_slow = ", y.beta_slow, ", attention_factor = ", y.attention_factor,
+          " is inconsistent");
 }
 
 // The dimension (of R) at which pairs make `rotations` turns over the

@@ -14,8 +14,7 @@ class RopeTable {
   // `base` (without a table of its own) with a table covering positions
   // [0, positions) attached. The rows are computed by rope_cos_sin, in
   // double, and kept: every call must pass the same base.
-  const RopeConfig& covering(const RopeConfig& base, std::int32_t head_dim,
-                             std::int32_t positions);
+  const RopeConfig& covering(const RopeConfig& base, std::int32_t head_dim, std::int32_t positions);
 
  private:
   RopeConfig rope_;

@@ -1,8 +1,8 @@
 // read_model_config: Llama-family hyper-parameters and tensor names.
 #include <algorithm>
 #include <cmath>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagedattn/errors.h"
@@ -95,9 +95,9 @@ constexpr ArchTraits kArchitectures[] = {
 const ArchTraits& arch_traits(const GgufFile& file, const std::string& name) {
   for (const ArchTraits& t : kArchitectures)
     if (name == t.name) return t;
-  throw Unsupported(detail::concat(
-      "gguf ", file.source_name(), ": general.architecture '", name,
-      "' is not supported (llama, qwen2, qwen3, gemma2, gemma3, phi3)"));
+  throw Unsupported(
+      detail::concat("gguf ", file.source_name(), ": general.architecture '", name,
+                     "' is not supported (llama, qwen2, qwen3, gemma2, gemma3, phi3)"));
 }
 
 GgufLayerTensors layer_tensor_names(std::int64_t layer, const ArchTraits& a, bool with_qkv_bias) {
@@ -276,8 +276,8 @@ void read_gemma_settings(const GgufFile& file, const ConfigReader& r, const Arch
     // (46 / 62 layers) scale by hidden / heads, the others by the head dim.
     const bool is_27b = (a.arch == GgufArch::kGemma2 && c.num_layers == 46) ||
                         (a.arch == GgufArch::kGemma3 && c.num_layers == 62);
-    const double pre_attn = is_27b ? double(c.hidden_size) / double(c.num_qo_heads)
-                                   : double(c.head_dim);
+    const double pre_attn =
+        is_27b ? double(c.hidden_size) / double(c.num_qo_heads) : double(c.head_dim);
     const float scalar = r.float_or("attention.query_pre_attn_scalar", float(pre_attn));
     require(std::isfinite(scalar) && scalar > 0.0f, "gguf ", file.source_name(), ": ",
             r.key("attention.query_pre_attn_scalar"), " = ", scalar, " must be finite and > 0");
@@ -289,8 +289,8 @@ void read_gemma_settings(const GgufFile& file, const ConfigReader& r, const Arch
   c.final_softcap = r.float_or("final_logit_softcapping", 0.0f);
   for (const auto& [suffix, value] : {std::pair{"attn_logit_softcapping", c.attention_softcap},
                                       std::pair{"final_logit_softcapping", c.final_softcap}})
-    require(std::isfinite(value) && value >= 0.0f, "gguf ", file.source_name(), ": ",
-            r.key(suffix), " = ", value, " must be finite and >= 0");
+    require(std::isfinite(value) && value >= 0.0f, "gguf ", file.source_name(), ": ", r.key(suffix),
+            " = ", value, " must be finite and >= 0");
 }
 
 }  // namespace

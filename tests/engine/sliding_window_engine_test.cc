@@ -55,8 +55,8 @@ std::vector<std::int32_t> greedy_reference(Model& model, const std::vector<std::
     cache.begin_forward({&seq, 1}, {&n, 1});
     model.forward({input, rows, true}, cache, logits);
     cache.end_forward();
-    const auto best = static_cast<std::int32_t>(
-        std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const auto best =
+        static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     out.push_back(best);
     input = {best};
   }

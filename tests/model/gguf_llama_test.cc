@@ -62,8 +62,11 @@ std::vector<float> logits(Model& model, const std::vector<std::int32_t>& tokens)
 GgufTestTensor f32_tensor(std::string name, const std::vector<float>& values) {
   std::vector<std::byte> data(values.size() * sizeof(float));
   std::memcpy(data.data(), values.data(), data.size());
-  return {std::move(name), static_cast<std::uint32_t>(GgufType::kF32), {values.size()},
-          std::move(data), std::nullopt};
+  return {std::move(name),
+          static_cast<std::uint32_t>(GgufType::kF32),
+          {values.size()},
+          std::move(data),
+          std::nullopt};
 }
 
 void expect_same_logits_as_f32_copy(const GgufWriter& w) {
@@ -136,10 +139,13 @@ TEST(GgufLlama, EveryArchitectureLoads) {
 
 TEST(GgufLlama, ErrorsNameTheFileAndTheProblem) {
   GgufWriter negative = test::tiny_model("llama", true, false);
-  negative.tensor(f32_tensor("rope_freqs.weight", {1.0f, 1.0f, 1.0f, -2.0f, 1.0f, 1.0f, 1.0f, 1.0f}));
+  negative.tensor(
+      f32_tensor("rope_freqs.weight", {1.0f, 1.0f, 1.0f, -2.0f, 1.0f, 1.0f, 1.0f, 1.0f}));
   const std::vector<std::byte> negative_bytes = negative.build();
   test::expect_throws<InvalidArgument>(
-      [&] { make_gguf_model(GgufFile::parse({negative_bytes.data(), negative_bytes.size()})); },
+      [&] {
+        make_gguf_model(GgufFile::parse({negative_bytes.data(), negative_bytes.size()}));
+      },
       {"freq_factors[3] = -2 must be finite and > 0"});
   test::expect_throws<InvalidArgument>([] { make_gguf_model({"/nonexistent/model.gguf"}); },
                                        {"/nonexistent/model.gguf"});

@@ -123,9 +123,9 @@ TEST(GgufModelConfig, Gemma3FiveLocalLayersPerGlobalOne) {
   EXPECT_EQ(c.layers[0].attn_q_norm, "blk.0.attn_q_norm.weight");
   GgufWriter pattern = tiny_model("gemma3", true, false, {.layers = 3});
   pattern.kv_u32("gemma3.attention.sliding_window", 8);
-  pattern.kv_raw("gemma3.attention.sliding_window_pattern", GgufValueType::kArray,
-                 test::encode_array(GgufValueType::kBool, 3,
-                                    {std::byte{0}, std::byte{1}, std::byte{1}}));
+  pattern.kv_raw(
+      "gemma3.attention.sliding_window_pattern", GgufValueType::kArray,
+      test::encode_array(GgufValueType::kBool, 3, {std::byte{0}, std::byte{1}, std::byte{1}}));
   EXPECT_EQ(config_of(pattern).layer_windows, (std::vector<std::int64_t>{0, 8, 8}));
   GgufWriter own_base = tiny_model("gemma3", true, false);
   own_base.kv_f32("gemma3.rope.freq_base_swa", 20000.0f);
