@@ -151,6 +151,13 @@ class GgufFile {
   // without dequantisation.
   std::vector<float> dequantize(const GgufTensor& tensor) const;
 
+  // For a loader that has copied `tensor` out: its whole pages of the file
+  // mapping leave this process's resident memory (madvise MADV_DONTNEED),
+  // so a model built tensor by tensor peaks near its own size instead of
+  // its size plus the file's. The data stays valid: a later read faults the
+  // pages back in from the file. No effect for parse()d buffers.
+  void release_pages(const GgufTensor& tensor) const noexcept;
+
  private:
   struct Mapping;
   GgufFile();

@@ -52,27 +52,26 @@ bool in_place_format(GgufType type, WeightFormat& format) {
   }
 }
 
-// A [out][in] matrix (ggml dims {in, out}) dequantised to f32.
-WeightMatrix load_matrix_f32(const GgufFile& file, const std::string& name) {
-  const GgufTensor& t = file.tensor(name);
-  return WeightMatrix::f32(file.dequantize(t), static_cast<std::int32_t>(t.dims[1]),
-                           static_cast<std::int32_t>(t.dims[0]));
-}
-
-// A [out][in] matrix (ggml dims {in, out}).
+// A [out][in] matrix (ggml dims {in, out}), copied out of the file (its
+// pages then leave the resident set: the load peaks near the model's size).
 WeightMatrix load_matrix(const GgufFile& file, const std::string& name) {
   const GgufTensor& t = file.tensor(name);
   require(t.dims.size() == 2, "gguf ", file.source_name(), ": tensor '", name, "' has ",
           t.dims.size(), " dims, a weight matrix has 2");
   const auto in = static_cast<std::int32_t>(t.dims[0]), out = static_cast<std::int32_t>(t.dims[1]);
   WeightFormat format{};
-  if (in_place_format(t.type, format))
-    return WeightMatrix::rows(format, {t.data, static_cast<std::size_t>(t.nbytes)}, out, in);
-  return load_matrix_f32(file, name);
+  WeightMatrix m = in_place_format(t.type, format)
+                       ? WeightMatrix::rows(format, {t.data, std::size_t(t.nbytes)}, out, in)
+                       : WeightMatrix::f32(file.dequantize(t), out, in);
+  file.release_pages(t);
+  return m;
 }
 
 std::vector<float> load_vector(const GgufFile& file, const std::string& name) {
-  return file.dequantize(file.tensor(name));
+  const GgufTensor& t = file.tensor(name);
+  std::vector<float> v = file.dequantize(t);
+  file.release_pages(t);
+  return v;
 }
 
 // A norm's weights, or none when the architecture has no such tensor.

@@ -39,6 +39,16 @@ using gguf_detail::load;
 
 }  // namespace
 
+void GgufFile::release_pages(const GgufTensor& tensor) const noexcept {
+  if (mapping_ == nullptr || tensor.nbytes == 0) return;
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(tensor.data);
+  const std::uintptr_t first = (begin + page - 1) / page * page;  // whole pages only: the
+  const std::uintptr_t last = (begin + tensor.nbytes) / page * page;  // neighbours' stay
+  if (last > first)
+    madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // best effort
+}
+
 GgufFile GgufFile::open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   require(fd >= 0, "gguf ", path, ": cannot open: ", errno_text());

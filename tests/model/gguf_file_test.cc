@@ -170,6 +170,7 @@ TEST(GgufFile, OpenMapsAFileAndMoves) {
   GgufWriter w;
   w.kv_string("general.architecture", "llama");
   w.tensor("x", GgufType::kQ8_0, {64, 2});
+  w.tensor("big", GgufType::kF32, {4096, 8});  // spans whole pages
   const std::vector<std::byte> bytes = w.build();
   const std::filesystem::path path =
       std::filesystem::temp_directory_path() /
@@ -187,6 +188,16 @@ TEST(GgufFile, OpenMapsAFileAndMoves) {
       std::memcmp(t.data, bytes.data() + moved.data_offset(), static_cast<std::size_t>(t.nbytes)),
       0);
   EXPECT_EQ(moved.get_string("general.architecture"), "llama");
+  // Released pages leave the resident set but the tensor still reads the
+  // same (faulted back in from the file).
+  const GgufTensor& big = moved.tensor("big");
+  const std::vector<float> before = moved.dequantize(big);
+  moved.release_pages(big);
+  moved.release_pages(t);
+  EXPECT_EQ(moved.dequantize(big), before);
+  EXPECT_EQ(
+      std::memcmp(t.data, bytes.data() + moved.data_offset(), static_cast<std::size_t>(t.nbytes)),
+      0);
   std::filesystem::resize_file(path, 0);
   expect_throws<InvalidArgument>([&] { GgufFile::open(path.string()); }, {"file is empty"});
   std::filesystem::remove(path);
