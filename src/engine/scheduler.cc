@@ -219,7 +219,9 @@ void Scheduler::admit_waiting(StepState& st) {
       cache_.add_sequence_with_prefix(lead.id, lead.tokens, g.params.cache_salt);
     else
       cache_.add_sequence(lead.id);
-    if (config_.sliding_window > 0)
+    // Parallel samples fork the prompt once it is computed, and a windowed
+    // source may already have dropped what a later fork needs: keep them whole.
+    if (config_.sliding_window > 0 && g.params.n == 1)
       cache_.enable_sliding_window(lead.id, config_.sliding_window, 0);
     lead.published = lead.num_computed;
     lead.in_cache = true;

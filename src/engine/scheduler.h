@@ -25,8 +25,10 @@ struct SchedulerConfig {
   // Admission takes the prompt's cached prefix (the cache must have been
   // built with prefix caching), and computed full pages are published.
   bool prefix_caching = false;
-  // > 0: admitted sequences get a sliding window of this many tokens (the
-  // model's ModelSpec::sliding_window), so pages behind it are freed.
+  // > 0: admitted single-sample requests get a sliding window of this many
+  // tokens (the model's ModelSpec::sliding_window), so pages behind it are
+  // freed. Requests with n > 1 keep every token: their samples fork the
+  // prompt, possibly after the source has moved on.
   std::int32_t sliding_window = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "pagedattn/engine.h"
 #include "pagedattn/llama.h"
@@ -89,6 +90,30 @@ TEST(SlidingWindowEngine, FreesPagesBehindTheWindowWithTheSameTokens) {
   // either end; during a step a chunk of 8 more.
   EXPECT_LE(most_pages, (kWindow + 8) / kPageSize + 2);
   EXPECT_EQ(got, greedy_reference(*model, prompt, new_tokens));
+}
+
+TEST(SlidingWindowEngine, ParallelSamplesKeepTheirPromptAndMatchTheReference) {
+  const std::shared_ptr<Model> model(make_llama_model(windowed_config(2)));
+  EngineConfig config;
+  config.model = model;
+  config.kv_memory_bytes = 4 << 20;
+  config.page_size = kPageSize;
+  config.max_num_batched_tokens = 8;
+  config.max_num_seqs = 4;
+  config.deterministic = true;
+  Engine engine(config);
+  const std::vector<std::int32_t> prompt = prompt_tokens();
+  engine.add_request(prompt, {.max_tokens = 12, .n = 2, .ignore_eos = true});
+  engine.add_request(prompt, {.max_tokens = 12, .ignore_eos = true});  // windowed, beside them
+  std::map<std::pair<RequestId, std::int32_t>, std::vector<std::int32_t>> got;
+  while (engine.has_unfinished())
+    for (const RequestOutput& out : engine.step())
+      for (const SampleOutput& s : out.samples)
+        got[{out.request_id, s.index}].insert(got[{out.request_id, s.index}].end(),
+                                              s.new_token_ids.begin(), s.new_token_ids.end());
+  const std::vector<std::int32_t> want = greedy_reference(*model, prompt, 12);
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& [key, tokens] : got) EXPECT_EQ(tokens, want) << key.first << "/" << key.second;
 }
 
 TEST(SlidingWindowEngine, MixedLayersKeepEveryToken) {
