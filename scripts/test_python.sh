@@ -15,12 +15,13 @@ if [ ! -x build/pyenv/bin/python ]; then
   "$python" -m venv build/pyenv
 fi
 pip=(build/pyenv/bin/python -m pip --disable-pip-version-check -q)
-"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes gguf tokenizers openai transformers jinja2
-# test_model_families.py checks each GGUF model family against Hugging Face
-# transformers on the same weights (torch's PyPI wheel, ~3 GB with its CUDA
-# packages; accelerate: transformers' GGUF loading needs it). Nothing is
-# downloaded from a model hub at test time.
-"${pip[@]}" install torch transformers accelerate
+"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes gguf tokenizers openai
+# test_model_families.py and test_tokenizer_families.py check each GGUF model
+# family's logits, tokenizer and chat template against Hugging Face
+# transformers on the same file (torch's PyPI wheel, ~3 GB with its CUDA
+# packages; accelerate: transformers' GGUF loading needs it; jinja2: its chat
+# templates). Nothing is downloaded from a model hub at test time.
+"${pip[@]}" install torch transformers accelerate jinja2
 # test_ort_parity.py compares with ONNX Runtime's own GroupQueryAttention; it
 # skips (saying why) where no onnxruntime wheel exists for this Python.
 "${pip[@]}" install onnx onnxruntime ||
