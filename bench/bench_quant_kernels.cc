@@ -66,8 +66,8 @@ std::vector<std::uint8_t> random_matrices(WeightFormat f, std::int32_t out, std:
   return w;
 }
 
-// Args: out, in, rows, cold (0 / 1), int8 (0 / 1: QuantProductArgs::int8_x,
-// the K-quants only).
+// Args: out, in, rows, cold (0 / 1), int8 (0 / 1: QuantProductArgs::int8_x;
+// x86 AVX2 and up).
 void BM_QuantProduct(benchmark::State& state, WeightFormat f) {
   const auto out = static_cast<std::int32_t>(state.range(0));
   const auto in = static_cast<std::int32_t>(state.range(1));
@@ -131,15 +131,58 @@ void KShapes(benchmark::internal::Benchmark* b) {
   AddShapes(b, 1);
 }
 
+// Where the in-place int8 kernels stop beating dequantise + BLAS: a batch
+// through linear() with f32 activations (more than kQuantDirectRows rows:
+// the blocked path) against quant_product on int8 x. Args: out, in, rows,
+// path (0: linear() f32 x, 1: in place int8 x). One thread.
+void BM_Batch(benchmark::State& state, WeightFormat f) {
+  const auto out = static_cast<std::int32_t>(state.range(0));
+  const auto in = static_cast<std::int32_t>(state.range(1));
+  const auto rows = static_cast<std::int32_t>(state.range(2));
+  const bool int8 = state.range(3) != 0;
+  const auto w = random_matrices(f, out, in, 1);
+  std::vector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (auto& v : x) v = value(rng);
+  pagedattn::engine::use_single_threaded_blas();
+  pagedattn::engine::LinearScratch scratch;
+  for (auto _ : state) {
+    if (int8)
+      pagedattn::engine::quant_product(
+          {x.data(), rows, in, w.data(), f, y.data(), out, false, true}, 0, out);
+    else
+      pagedattn::engine::linear({x.data(), rows, in, w.data(), out, y.data(), false, false, f},
+                                scratch);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["us/row"] =
+      benchmark::Counter(double(rows) * 1e-6, benchmark::Counter::kIsIterationInvariantRate |
+                                                  benchmark::Counter::kInvert);
+  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) +
+                 (int8 ? " in place int8 x" : " linear f32 x"));
+}
+
+void BatchShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"out", "in", "rows", "int8"});
+  for (const std::int64_t rows : {16, 32, 64, 128})
+    for (const std::int64_t int8 : {0, 1}) b->Args({576, 1536, rows, int8});
+  b->Unit(benchmark::kMicrosecond);
+}
+
 BENCHMARK_CAPTURE(BM_QuantProduct, f32, WeightFormat::kF32)->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q8_0, WeightFormat::kQ8_0)->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q4_0, WeightFormat::kQ4_0)->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q4_1, WeightFormat::kQ4_1)->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q5_0, WeightFormat::kQ5_0)->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q5_1, WeightFormat::kQ5_1)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q8_0, WeightFormat::kQ8_0)->Apply(KShapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q4_0, WeightFormat::kQ4_0)->Apply(KShapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q4_1, WeightFormat::kQ4_1)->Apply(KShapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q5_0, WeightFormat::kQ5_0)->Apply(KShapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q5_1, WeightFormat::kQ5_1)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q4_k, WeightFormat::kQ4_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(KShapes);
+BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);
+BENCHMARK_CAPTURE(BM_Batch, q5_0, WeightFormat::kQ5_0)->Apply(BatchShapes);
+BENCHMARK_CAPTURE(BM_Batch, q6_k, WeightFormat::kQ6_K)->Apply(BatchShapes);
 
 }  // namespace
 

@@ -759,9 +759,11 @@ void Int8RangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
   thread_local std::vector<float> scratch;
   const std::size_t sums = std::size_t(a.in / 32);
   const std::size_t per_row = std::size_t(a.in) / 4 + 2 * sums;  // in floats
-  if (scratch.size() < kWideGroup * per_row) scratch.resize(kWideGroup * per_row);
-  for (std::int32_t first = 0; first < a.rows; first += kWideGroup) {
-    const std::int32_t count = std::min(kWideGroup, a.rows - first);
+  // Every row at once (at most 32 from linear()): the weights are read once.
+  const std::int32_t group = std::max(a.rows, 1);
+  if (scratch.size() < std::size_t(group) * per_row) scratch.resize(std::size_t(group) * per_row);
+  for (std::int32_t first = 0; first < a.rows; first += group) {
+    const std::int32_t count = std::min(group, a.rows - first);
     auto* x8 = reinterpret_cast<std::int8_t*>(scratch.data());
     float* dx = scratch.data() + std::size_t(count) * a.in / 4;
     float* xsums = dx + std::size_t(count) * sums;
@@ -787,9 +789,148 @@ void Int8RangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
   }
 }
 
+// The 32-weight formats on int8 x: a block's 32 quants as bytes in x's
+// order (weight j < 16: low nibble of qs[j], j >= 16: high nibble of
+// qs[j - 16]), times the block's 32 x8 on vpmaddubsw / vpmaddwd (exact i32
+// sums of 4), converted, scaled by d * dx and added into one of two
+// accumulators per row (even / odd blocks). Q8_0, Q4_0 (q - 8) and Q5_0
+// (q - 16) are signed: |q| times x8 with q's sign (vpsignb), as llama.cpp;
+// Q4_1 / Q5_1 multiply the unsigned q and add m * (the exact sum of x) per
+// block in a scalar accumulator.
+
+// Bit j of the 32 bits at p as 0xff (set) or 0 in byte j (llama.cpp's
+// bytes_from_bits_32).
+HWY_INLINE __m256i BytesFromBits32(const std::uint8_t* p) {
+  std::uint32_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i others = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(others, _mm256_set1_epi64x(-1));
+}
+
+// The 32 quants of a block as bytes, signed (q, q - 8, q - 16) for Q8_0 /
+// Q4_0 / Q5_0 and unsigned (0..15, 0..31) for Q4_1 / Q5_1.
+template <WeightFormat F>
+HWY_INLINE __m256i BlockBytes(const std::uint8_t* block) {
+  const std::uint8_t* q = block + BlockTraits<F>::kQuants;
+  if constexpr (F == WeightFormat::kQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  } else {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m256i nibbles =
+        _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
+    if constexpr (F == WeightFormat::kQ4_0) {
+      return _mm256_sub_epi8(nibbles, _mm256_set1_epi8(8));
+    } else if constexpr (F == WeightFormat::kQ4_1) {
+      return nibbles;
+    } else if constexpr (F == WeightFormat::kQ5_0) {  // fifth bit clear: q - 16 < 0
+      const __m256i high = BytesFromBits32(block + BlockTraits<F>::kHighBits);
+      return _mm256_or_si256(nibbles,
+                             _mm256_andnot_si256(high, _mm256_set1_epi8(static_cast<char>(0xf0))));
+    } else {  // Q5_1
+      const __m256i high = BytesFromBits32(block + BlockTraits<F>::kHighBits);
+      return _mm256_or_si256(nibbles, _mm256_and_si256(high, _mm256_set1_epi8(0x10)));
+    }
+  }
+}
+
+template <WeightFormat F>
+inline constexpr bool kSignedBlock =
+    F == WeightFormat::kQ8_0 || F == WeightFormat::kQ4_0 || F == WeightFormat::kQ5_0;
+
+// Block b of a weight row into accumulator K of rows [0, R).
+template <WeightFormat F, std::int32_t R, int K>
+HWY_INLINE void Int8Block32(const std::uint8_t* block, std::int64_t b, const std::int8_t* const* x8,
+                            const float* const* dx, const float* const* xs, V8 (*acc)[2],
+                            float* macc) {
+  const D8 df;
+  const __m256i q = BlockBytes<F>(block);
+  const __m256i u = kSignedBlock<F> ? _mm256_sign_epi8(q, q) : q;
+  // d * dx per row (one rounding), broadcast from memory.
+  const float d = HalfAt(block);
+  alignas(32) float scale[R];
+  for (std::int32_t r = 0; r < R; ++r) scale[r] = d * dx[r][b];
+  asm volatile("" : : "r"(scale) : "memory");
+  for (std::int32_t r = 0; r < R; ++r) {
+    __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8[r] + b * kQuantBlock));
+    if constexpr (kSignedBlock<F>) xv = _mm256_sign_epi8(xv, q);
+    const V8I dot{_mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), _mm256_set1_epi16(1))};
+    acc[r][K] = hn::MulAdd(hn::ConvertTo(df, dot), hn::Set(df, scale[r]), acc[r][K]);
+    if constexpr (!kSignedBlock<F>) macc[r] += HalfAt(block + 2) * xs[r][b];
+  }
+}
+
+template <WeightFormat F, std::int32_t R>
+HWY_INLINE void Int8Rows32(const QuantProductArgs& a, const Int8Rows& rows, std::int32_t row,
+                           std::int32_t o) {
+  const D8 df;
+  const std::int64_t blocks = a.in / kQuantBlock;
+  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * blocks * kBytes;
+  const std::int8_t* x8[R];
+  const float* dx[R];
+  const float* xs[R];
+  V8 acc[R][2];
+  float macc[R];
+  for (std::int32_t r = 0; r < R; ++r) {
+    x8[r] = rows.x8 + std::size_t(row + r) * rows.stride;
+    dx[r] = rows.dx + std::size_t(row + r) * blocks;
+    xs[r] = rows.xsums + std::size_t(row + r) * blocks;
+    acc[r][0] = acc[r][1] = hn::Zero(df);
+    macc[r] = 0.0f;
+  }
+  std::int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    Int8Block32<F, R, 0>(w + b * kBytes, b, x8, dx, xs, acc, macc);
+    Int8Block32<F, R, 1>(w + (b + 1) * kBytes, b + 1, x8, dx, xs, acc, macc);
+  }
+  if (b < blocks) Int8Block32<F, R, 0>(w + b * kBytes, b, x8, dx, xs, acc, macc);
+  float sums[R];
+  for (std::int32_t r = 0; r < R; ++r)
+    sums[r] = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc[r][0], acc[r][1]))) + macc[r];
+  StoreSums<R>(a, row, o, sums);
+}
+
+// Every row's x8 (and, for Q4_1 / Q5_1, sums of 32) once per call in
+// per-thread scratch, then weight row by weight row, kRowTile rows at a
+// time (the weight row stays in L1 for the whole batch).
+template <WeightFormat F>
+void Int8Range32(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+  thread_local std::vector<float> scratch;
+  const std::size_t sums = std::size_t(a.in / 32), rows = std::size_t(a.rows);
+  const std::size_t per_row = std::size_t(a.in) / 4 + 2 * sums;  // in floats
+  if (scratch.size() < rows * per_row) scratch.resize(rows * per_row);
+  auto* x8 = reinterpret_cast<std::int8_t*>(scratch.data());
+  float* dx = scratch.data() + rows * a.in / 4;
+  float* xsums = dx + rows * sums;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* x = a.x + r * a.in;
+    QuantizeQ8(x, a.in, x8 + r * a.in, dx + r * sums);
+    if constexpr (!kSignedBlock<F>) SumsOf32(x, a.in, xsums + r * sums);
+  }
+  const Int8Rows in_rows{x8, dx, xsums, std::size_t(a.in)};
+  for (std::int32_t o = out_begin; o < out_end; ++o) {
+    std::int32_t row = 0;
+    for (; row + kRowTile <= a.rows; row += kRowTile) Int8Rows32<F, kRowTile>(a, in_rows, row, o);
+    for (; row < a.rows; ++row) Int8Rows32<F, 1>(a, in_rows, row, o);
+  }
+}
+
 #else
 #define PAGEDATTN_WIDE_K 0
 #endif  // HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+
+// The 32-weight formats: the int8 kernels where they exist and were asked
+// for, else the f32 ones.
+template <WeightFormat F>
+void ProductRange32(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+#if PAGEDATTN_WIDE_K
+  if (a.int8_x) return Int8Range32<F>(a, out_begin, out_end);
+#endif
+  ProductRange<F>(a, out_begin, out_end);
+}
 
 template <WeightFormat F>
 void ProductRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
@@ -870,15 +1011,15 @@ void DequantizeK(const void* weights, std::int32_t in, std::int32_t first_row, s
 void QuantProduct(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
   switch (a.format) {
     case WeightFormat::kQ8_0:
-      return ProductRange<WeightFormat::kQ8_0>(a, out_begin, out_end);
+      return ProductRange32<WeightFormat::kQ8_0>(a, out_begin, out_end);
     case WeightFormat::kQ4_0:
-      return ProductRange<WeightFormat::kQ4_0>(a, out_begin, out_end);
+      return ProductRange32<WeightFormat::kQ4_0>(a, out_begin, out_end);
     case WeightFormat::kQ4_1:
-      return ProductRange<WeightFormat::kQ4_1>(a, out_begin, out_end);
+      return ProductRange32<WeightFormat::kQ4_1>(a, out_begin, out_end);
     case WeightFormat::kQ5_0:
-      return ProductRange<WeightFormat::kQ5_0>(a, out_begin, out_end);
+      return ProductRange32<WeightFormat::kQ5_0>(a, out_begin, out_end);
     case WeightFormat::kQ5_1:
-      return ProductRange<WeightFormat::kQ5_1>(a, out_begin, out_end);
+      return ProductRange32<WeightFormat::kQ5_1>(a, out_begin, out_end);
     case WeightFormat::kQ4_K:
       return ProductRangeK<WeightFormat::kQ4_K>(a, out_begin, out_end);
     case WeightFormat::kQ5_K:

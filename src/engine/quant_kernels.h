@@ -125,10 +125,12 @@ struct QuantProductArgs {
   float* y = nullptr;  // [rows][ldy]
   std::int32_t ldy = 0;
   bool accumulate = false;  // y += instead of y =
-  // Opt-in: multiply Q4_K / Q5_K / Q6_K weights by x rounded to int8 per 32
-  // values (quantize_activations_q8) on integer dot products (x86 AVX2 and
-  // up; elsewhere, and for the 32-weight formats, the f32 kernels run). The
-  // Q4_K / Q5_K mins still multiply exact sums of x.
+  // Multiply the quants by x rounded to int8 per 32 values
+  // (quantize_activations_q8) on integer dot products (x86 AVX2 and up;
+  // elsewhere the f32 kernels run): exact integer sums per 32 weights (Q6_K:
+  // 16), each scaled by its block's d (* sc) * dx. The mins of Q4_1 / Q5_1 /
+  // Q4_K / Q5_K still multiply exact sums of x. Every row is quantised once
+  // per call.
   bool int8_x = false;
 };
 

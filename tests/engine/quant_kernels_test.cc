@@ -122,7 +122,9 @@ TEST(QuantKernels, LinearMatchesADoubleReferenceDirectAndBlockedOnEveryTarget) {
         for (const bool accumulate : {false, true}) {
           y = y0;
           LinearScratch scratch;
-          linear({x.data(), rows, in, w.data(), out, y.data(), accumulate, false, f}, scratch);
+          LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), accumulate, false, f};
+          args.activations = Activations::kF32;  // exact x; int8 x: Int8... tests below
+          linear(args, scratch);
           for (std::int32_t r = 0; r < rows; ++r)
             for (std::int32_t o = 0; o < out; ++o) {
               double want = accumulate ? y0[std::size_t(r) * out + o] : 0.0;
@@ -457,6 +459,7 @@ TEST(QuantKernels, LinearWithKQuantsMatchesADoubleReferenceAndHonoursLdy) {
           LinearArgs args{x.data(),   rows,          in, w.data(), out, y.data(),
                           accumulate, deterministic, f};
           args.ldy = ldy;
+          args.activations = Activations::kF32;
           linear(args, scratch);
           for (std::int32_t o = 0; o < out; ++o) {
             const RowTerms t = row_terms(f, w.data() + o * weight_row_bytes(f, in), in);
@@ -649,6 +652,186 @@ TEST(QuantKernels, KQuantDeterministicRowsDoNotDependOnTheirBatch) {
           << weight_format_name(f) << " row " << r;
     }
   }
+}
+
+// x rounded as quantize_activations_q8 rounds it: xq[r][i] = x8 * dx.
+std::vector<double> int8_rounded(const std::vector<float>& x, std::int32_t rows, std::int32_t in) {
+  std::vector<double> rounded(x.size());
+  std::vector<std::int8_t> q(static_cast<std::size_t>(in));
+  std::vector<float> dx(std::size_t(in / 32));
+  for (std::int32_t r = 0; r < rows; ++r) {
+    quantize_activations_q8(x.data() + std::size_t(r) * in, in, q.data(), dx.data());
+    for (std::int32_t i = 0; i < in; ++i)
+      rounded[std::size_t(r) * in + i] = double(q[std::size_t(i)]) * dx[std::size_t(i / 32)];
+  }
+  return rounded;
+}
+
+// The 32-weight formats on int8 x against a double product of the
+// block definition's weights and x rounded as quantize_activations_q8 rounds
+// it (Q4_1 / Q5_1: d q times rounded x, m times exact x). Each block's
+// integer sum is exact (|sum| <= 32 * 128 * 127 < 2^24, so it converts
+// exactly); d * dx rounds once, the multiply-add into one of two
+// accumulators per row once per block (in / 64 adds each), then the two
+// accumulators and 8 lanes are summed (4 adds); the mins' m * (sum of 32 x,
+// 7 adds) go to a scalar sum (in / 32 adds); y0 is added last. So
+// k = in / 32 + 16 covers every path: |y - want| <= k u (sum |d q xq| +
+// sum |m x| + |y0|). Other targets run the f32 kernels: the same check
+// against exact x with the f32 test's k. Shapes: odd block counts (the last
+// block without its pair), rows 1..64 (tiles of 4 and a tail), ldy > out,
+// accumulate and column ranges.
+TEST(QuantKernels, Int8ProductsOf32WeightFormatsMatchADoubleReferenceOnEveryTarget) {
+  std::mt19937 rng(30);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> blocks_of(1, 23), outs(1, 40), rows_of(1, 64);
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
+    for (const WeightFormat f : kFormats)
+      for (int trial = 0; trial < 4; ++trial) {
+        hwy::SetSupportedTargetsForTest(target);
+        SCOPED_TRACE(hwy::TargetName(target));
+        const std::int32_t in = 32 * blocks_of(rng), out = outs(rng), rows = rows_of(rng);
+        const std::int32_t ldy = out + trial, begin = trial == 2 ? out / 3 : 0;
+        const auto w = random_weights(f, out, in, rng);
+        std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
+        for (auto& v : x) v = value(rng) * (trial == 3 ? 1e-3f : 1.0f);
+        for (auto& v : y0) v = value(rng);
+        const std::vector<double> rounded = int8_rounded(x, rows, in);
+        const bool accumulate = trial % 2 == 1;
+        std::vector<float> y = y0;
+        QuantProductArgs args{x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate};
+        args.int8_x = true;
+        quant_product(args, begin, out);
+        const bool int8 = int8_kernels(target);
+        const bool with_min = f == WeightFormat::kQ4_1 || f == WeightFormat::kQ5_1;
+        for (std::int32_t r = 0; r < rows; ++r)
+          for (std::int32_t o = 0; o < ldy; ++o) {
+            const std::size_t at = std::size_t(r) * ldy + o;
+            if (o < begin || o >= out) {
+              ASSERT_EQ(y[at], y0[at]);
+              continue;
+            }
+            double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
+            const std::uint8_t* row = w.data() + o * weight_row_bytes(f, in);
+            for (std::int32_t i = 0; i < in; ++i) {
+              const double xi = x[std::size_t(r) * in + i];
+              const double xq = int8 ? rounded[std::size_t(r) * in + i] : xi;
+              const double m = with_min ? half_at(row + i / 32 * weight_block_bytes(f) + 2) : 0.0;
+              const double dq = scalar_weight(f, row, i) - m;  // d q (Q4_0 / Q5_0: d (q - o))
+              want += dq * xq + m * xi;
+              a += std::abs(dq * xq) + std::abs(m * xi);
+            }
+            const double k = in / 32.0 + 16;
+            ASSERT_LE(std::abs(y[at] - want), k * 0x1p-24 * a + 1e-30)
+                << weight_format_name(f) << " in " << in << " rows " << rows << " r " << r << " o "
+                << o << " got " << y[at] << " want " << want;
+          }
+      }
+}
+
+// The 32-weight int8 kernels keep the determinism contract (a row alone, in
+// a batch of up to 64, or over any column range: the same bits), and stay
+// within the rounding of x to int8 of the f32 kernels: half a step dx / 2
+// per value times |w|, plus f32 rounding.
+TEST(QuantKernels, Int8RowsOf32WeightFormatsDoNotDependOnTheirBatchOrColumnRange) {
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
+    for (const WeightFormat f : kFormats) {
+      hwy::SetSupportedTargetsForTest(target);
+      SCOPED_TRACE(hwy::TargetName(target));
+      const std::int32_t in = 32 * 9, out = 29, rows = 64;
+      const auto w = random_weights(f, out, in, rng);
+      std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out),
+          exact(std::size_t(rows) * out);
+      for (auto& v : x) v = value(rng);
+      QuantProductArgs args{x.data(), rows, in, w.data(), f, all.data(), out, false};
+      args.int8_x = true;
+      quant_product(args, 0, out);
+      quant_product({x.data(), rows, in, w.data(), f, exact.data(), out, false}, 0, out);
+      for (std::int32_t r = 0; r < rows; ++r) {
+        for (const auto& [begin, end] : {std::pair{0, out}, {7, 8}, {2, 20}})
+          for (const std::int32_t batch : {1, 3}) {
+            if (r + batch > rows) continue;
+            std::vector<float> part(std::size_t(batch) * out);
+            QuantProductArgs some{
+                x.data() + std::size_t(r) * in, batch, in, w.data(), f, part.data(), out, false};
+            some.int8_x = true;
+            quant_product(some, begin, end);
+            ASSERT_EQ(0, std::memcmp(part.data() + begin, all.data() + std::size_t(r) * out + begin,
+                                     std::size_t(end - begin) * sizeof(float)))
+                << weight_format_name(f) << " row " << r << " batch " << batch;
+          }
+        for (std::int32_t o = 0; o < out; ++o) {
+          const std::uint8_t* row = w.data() + o * weight_row_bytes(f, in);
+          double bound = 0.0;
+          for (std::int32_t i = 0; i < in; ++i) {
+            float amax = 0.0f;
+            for (std::int32_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j)
+              amax = std::max(amax, std::abs(x[std::size_t(r) * in + j]));
+            bound += std::abs(scalar_weight(f, row, i)) * (amax / 127.0 * 0.5 * 1.0001 + 1e-5);
+          }
+          EXPECT_LE(std::abs(all[std::size_t(r) * out + o] - exact[std::size_t(r) * out + o]),
+                    bound)
+              << weight_format_name(f) << " r " << r << " o " << o;
+        }
+      }
+    }
+}
+
+// linear() on quantised weights: by default (not deterministic) batches of
+// up to kInt8DirectRows run the int8 kernels, bit for bit what quant_product
+// with int8_x gives; Activations::kF32, deterministic mode and the exact
+// default (set_int8_activations_default(false)) give the f32 kernels' bits;
+// larger batches are unchanged by the choice (dequantise + BLAS).
+TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDeterministic) {
+  std::mt19937 rng(32);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  ASSERT_TRUE(int8_activations_default());  // the tests run without PAGEDATTN_EXACT_ACTIVATIONS
+  for (const WeightFormat f :
+       {WeightFormat::kQ8_0, WeightFormat::kQ5_0, WeightFormat::kQ4_K, WeightFormat::kQ6_K})
+    for (const std::int32_t rows : {1, 9, 32, 33}) {
+      const std::int32_t in = 512, out = 300;
+      const auto w = f == WeightFormat::kQ4_K || f == WeightFormat::kQ6_K
+                         ? random_blocks(f, out, in, rng, 0.05f)
+                         : random_weights(f, out, in, rng);
+      std::vector<float> x(std::size_t(rows) * in);
+      for (auto& v : x) v = value(rng);
+      const auto product = [&](bool int8) {
+        std::vector<float> y(std::size_t(rows) * out);
+        QuantProductArgs q{x.data(), rows, in, w.data(), f, y.data(), out, false};
+        q.int8_x = int8;
+        quant_product(q, 0, out);
+        return y;
+      };
+      const auto run = [&](Activations activations, bool deterministic) {
+        std::vector<float> y(std::size_t(rows) * out);
+        LinearScratch scratch;
+        LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), false, deterministic, f};
+        args.activations = activations;
+        linear(args, scratch);
+        return y;
+      };
+      const auto int8 = product(true), exact = product(false);
+      SCOPED_TRACE(std::string(weight_format_name(f)) + " rows " + std::to_string(rows));
+      if (rows <= kInt8DirectRows) {
+        EXPECT_EQ(run(Activations::kDefault, false), int8);
+        EXPECT_EQ(run(Activations::kInt8, false), int8);
+      } else {
+        EXPECT_EQ(run(Activations::kDefault, false), run(Activations::kF32, false));
+      }
+      if (rows <= kQuantDirectRows) {
+        EXPECT_EQ(run(Activations::kF32, false), exact);
+      }
+      EXPECT_EQ(run(Activations::kDefault, true), exact);
+      EXPECT_EQ(run(Activations::kInt8, true), exact);
+      set_int8_activations_default(false);
+      if (rows <= kQuantDirectRows) {
+        EXPECT_EQ(run(Activations::kDefault, false), exact);
+      }
+      set_int8_activations_default(true);
+    }
 }
 
 }  // namespace
