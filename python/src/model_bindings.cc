@@ -26,8 +26,12 @@ class GgufModel {
   const ModelSpec& spec() const { return model_->spec(); }
 
   // One sequence, teacher-forced: logits [n][vocab] of every position.
-  py::array_t<float> logits(const std::vector<std::int32_t>& token_ids,
-                            const std::string& kv_dtype) {
+  // exact: deterministic mode, f32 activations in every product (the
+  // accuracy tests' reference path); otherwise the serving path, whose
+  // quantised products take int8 activations in batches of at most 32 rows
+  // when int8_activations_default() is on (src/engine/gemm.h).
+  py::array_t<float> logits(const std::vector<std::int32_t>& token_ids, const std::string& kv_dtype,
+                            bool exact) {
     require(!token_ids.empty(), "GgufModel.logits: token_ids is empty");
     const ModelSpec& s = spec();
     KVCacheConfig k = kv_cache_config(s);
@@ -46,7 +50,7 @@ class GgufModel {
     {
       py::gil_scoped_release release;
       const std::lock_guard lock(mutex_);  // the model keeps its activations between calls
-      model_->forward({token_ids, rows, false}, cache,
+      model_->forward({token_ids, rows, exact}, cache,
                       {out.mutable_data(), std::size_t(n) * std::size_t(s.vocab_size)});
     }
     cache.end_forward();
@@ -67,7 +71,11 @@ void register_models(py::module_& m) {
       .def_property_readonly("vocab_size", [](const GgufModel& g) { return g.spec().vocab_size; })
       .def_property_readonly("name", [](const GgufModel& g) { return g.spec().name; })
       .def("logits", &GgufModel::logits, py::arg("token_ids"), py::arg("kv_dtype") = "f32",
-           "Teacher-forced logits [len(token_ids)][vocab_size] of one sequence.");
+           py::arg("exact") = true,
+           "Teacher-forced logits [len(token_ids)][vocab_size] of one sequence. exact "
+           "(default): deterministic mode, f32 activations in every product; False: the "
+           "serving path (with PAGEDATTN_INT8_ACTIVATIONS=1 in the environment, quantised "
+           "weights take int8 activations in batches of at most 32 rows).");
 }
 
 }  // namespace pagedattn::python

@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "pagedattn/errors.h"
@@ -68,9 +70,8 @@ void linear_fast(const LinearArgs& a) {
 }
 
 // Quantised weights, few rows: the in-place kernels over column ranges.
-void linear_quant_direct(const LinearArgs& a) {
-  const QuantProductArgs q{
-      a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, a.int8_activations};
+void linear_quant_direct(const LinearArgs& a, bool int8) {
+  const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, int8};
   const std::int32_t blocks = column_blocks(a.out);
 #pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads_quant(a))
   for (std::int32_t b = 0; b < blocks; ++b)
@@ -134,6 +135,24 @@ void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
 
 }  // namespace
 
+namespace {
+std::atomic<int> int8_default{-1};  // -1: not yet read from the environment
+}  // namespace
+
+bool int8_activations_default() {
+  int v = int8_default.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* int8 = std::getenv("PAGEDATTN_INT8_ACTIVATIONS");
+    v = int8 != nullptr && std::strcmp(int8, "1") == 0 ? 1 : 0;
+    int8_default.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_int8_activations_default(bool int8) {
+  int8_default.store(int8 ? 1 : 0, std::memory_order_relaxed);
+}
+
 int blas_threads() {
   return openblas_get_num_threads ? openblas_get_num_threads() : 0;
 }
@@ -151,8 +170,13 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
           " is neither 0 (y's rows are out = ", a.out, " long) nor >= out");
   if (a.rows == 0) return;
   if (a.w_format != WeightFormat::kF32) {
-    if (a.deterministic || a.rows <= kQuantDirectRows)
-      linear_quant_direct(a);
+    const bool int8 = !a.deterministic &&
+                      (a.activations == Activations::kInt8 ||
+                       (a.activations == Activations::kDefault && int8_activations_default()));
+    if (int8 && a.rows <= kInt8DirectRows)
+      linear_quant_direct(a, true);
+    else if (a.deterministic || a.rows <= kQuantDirectRows)
+      linear_quant_direct(a, false);
     else
       linear_quant_blocked(a, scratch);
   } else if (a.deterministic)

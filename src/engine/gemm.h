@@ -20,6 +20,16 @@ namespace pagedattn::engine {
 inline constexpr std::int32_t kRowBlock = 16;
 inline constexpr std::int32_t kColumnBlock = 128;
 
+// How a product with quantised weights takes its activations.
+//   kF32: exact f32 x (up to f32 summation order).
+//   kInt8: x rounded to int8 per 32 values (quantize_activations_q8) on the
+//     in-place kernels' integer dot products (QuantProductArgs::int8_x),
+//     for batches of at most kInt8DirectRows rows; larger batches
+//     (prefill) dequantise and run BLAS on f32 x.
+//   kDefault: kInt8 when int8_activations_default() is true, else kF32.
+// Deterministic mode always runs kF32.
+enum class Activations : std::uint8_t { kDefault, kF32, kInt8 };
+
 struct LinearArgs {
   const float* x = nullptr;  // [rows][in]
   std::int32_t rows = 0;
@@ -31,10 +41,9 @@ struct LinearArgs {
   bool deterministic = false;
   WeightFormat w_format = WeightFormat::kF32;
   std::int32_t ldy = 0;  // row stride of y; 0: out
-  // Opt-in (QuantProductArgs::int8_x): the in-place K-quant kernels take x
-  // rounded to int8 per 32 values. Batches on the blocked path (more than
-  // kQuantDirectRows rows, not deterministic) stay f32.
-  bool int8_activations = false;
+  // Quantised weights, not deterministic: how x enters the product.
+  // kDefault follows int8_activations_default().
+  Activations activations = Activations::kDefault;
 };
 
 // Quantised weights: batches of at most this many rows (and every batch in
@@ -42,6 +51,21 @@ struct LinearArgs {
 // rows are independent; larger batches dequantise column blocks to f32 and
 // go through BLAS (the weights are then read once per block, not per row).
 inline constexpr std::int32_t kQuantDirectRows = 8;
+// Int8 activations: batches of at most this many rows run the in-place
+// kernels (one thread, 576 x 1536 matrices in cache: at 16 rows 0.7-0.85x
+// the time of dequantise + BLAS, at 32 about even, at 64 1.4-1.7x), so a
+// decode step of up to 32 sequences reads the quantised weights once and
+// does not dequantise them.
+inline constexpr std::int32_t kInt8DirectRows = 32;
+
+// kDefault's choice: false (f32 x) unless the environment variable
+// PAGEDATTN_INT8_ACTIVATIONS is "1" when first asked, or
+// set_int8_activations_default(true) was called. Off by default: on
+// SmolLM2-135M's Q4_1 file int8 x moves logits by up to ~4 (top-1 agreement
+// with f32 x ~0.9 on text; docs/models.md), which the model tests' 1e-4
+// checks of in-place against widened weights do not allow.
+bool int8_activations_default();
+void set_int8_activations_default(bool int8);
 
 // Buffers reused across calls: the zero-padded last row block of x, one
 // output tile per thread and one dequantised weight block per thread.

@@ -104,32 +104,37 @@ TEST(Linear, LdyWritesAColumnRangeOfAWiderOutput) {
   for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ8_0})
     for (const bool deterministic : {false, true})
       for (const bool accumulate : {false, true})
-        for (const std::int32_t rows : {1, 3, 37}) {  // quantised: direct (<= 8) and blocked
-          const void* w =
-              f == WeightFormat::kF32 ? static_cast<const void*>(p.w.data()) : q8.data();
-          std::vector<float> own(p.bias.begin(), p.bias.begin() + std::size_t(rows) * kOut);
-          linear({p.x.data(), rows, kIn, w, kOut, own.data(), accumulate, deterministic, f},
-                 p.scratch);
-          std::vector<float> wide(std::size_t(rows) * kLdy + kOffset, -3.0f);
-          for (std::int32_t r = 0; r < rows; ++r)
-            std::copy_n(p.bias.begin() + std::size_t(r) * kOut, kOut,
-                        wide.begin() + kOffset + std::size_t(r) * kLdy);
-          const std::vector<float> before = wide;
-          LinearArgs args{p.x.data(), rows,          kIn, w, kOut, wide.data() + kOffset,
-                          accumulate, deterministic, f};
-          args.ldy = kLdy;
-          linear(args, p.scratch);
-          for (std::int32_t r = 0; r < rows; ++r)
-            for (std::int32_t c = -kOffset; c < kLdy - kOffset; ++c) {
-              const std::size_t at = std::size_t(kOffset + r * kLdy + c);
-              if (c >= 0 && c < kOut)
-                ASSERT_EQ(wide[at], own[std::size_t(r) * kOut + c])
-                    << weight_format_name(f) << " deterministic " << deterministic << " rows "
-                    << rows << " r " << r << " c " << c;
-              else
-                ASSERT_EQ(wide[at], before[at]) << "column " << c << " of row " << r;
-            }
-        }
+        for (const Activations act : {Activations::kF32, Activations::kInt8})
+          // quantised: direct (<= 8), int8 direct (<= 32) and blocked
+          for (const std::int32_t rows : {1, 3, 20, 37}) {
+            const void* w =
+                f == WeightFormat::kF32 ? static_cast<const void*>(p.w.data()) : q8.data();
+            std::vector<float> own(p.bias.begin(), p.bias.begin() + std::size_t(rows) * kOut);
+            LinearArgs own_args{p.x.data(), rows,       kIn,           w, kOut,
+                                own.data(), accumulate, deterministic, f};
+            own_args.activations = act;
+            linear(own_args, p.scratch);
+            std::vector<float> wide(std::size_t(rows) * kLdy + kOffset, -3.0f);
+            for (std::int32_t r = 0; r < rows; ++r)
+              std::copy_n(p.bias.begin() + std::size_t(r) * kOut, kOut,
+                          wide.begin() + kOffset + std::size_t(r) * kLdy);
+            const std::vector<float> before = wide;
+            LinearArgs args{p.x.data(), rows,          kIn, w, kOut, wide.data() + kOffset,
+                            accumulate, deterministic, f};
+            args.ldy = kLdy;
+            args.activations = act;
+            linear(args, p.scratch);
+            for (std::int32_t r = 0; r < rows; ++r)
+              for (std::int32_t c = -kOffset; c < kLdy - kOffset; ++c) {
+                const std::size_t at = std::size_t(kOffset + r * kLdy + c);
+                if (c >= 0 && c < kOut)
+                  ASSERT_EQ(wide[at], own[std::size_t(r) * kOut + c])
+                      << weight_format_name(f) << " deterministic " << deterministic << " rows "
+                      << rows << " r " << r << " c " << c;
+                else
+                  ASSERT_EQ(wide[at], before[at]) << "column " << c << " of row " << r;
+              }
+          }
 }
 
 TEST(Linear, RefusesAnLdyShorterThanOut) {

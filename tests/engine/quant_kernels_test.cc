@@ -780,15 +780,16 @@ TEST(QuantKernels, Int8RowsOf32WeightFormatsDoNotDependOnTheirBatchOrColumnRange
     }
 }
 
-// linear() on quantised weights: by default (not deterministic) batches of
-// up to kInt8DirectRows run the int8 kernels, bit for bit what quant_product
-// with int8_x gives; Activations::kF32, deterministic mode and the exact
-// default (set_int8_activations_default(false)) give the f32 kernels' bits;
-// larger batches are unchanged by the choice (dequantise + BLAS).
+// linear() on quantised weights: with the int8 default on (or kInt8), not
+// deterministic, batches of up to kInt8DirectRows run the int8 kernels, bit
+// for bit what quant_product with int8_x gives; Activations::kF32,
+// deterministic mode and the default off give the f32 kernels' bits; larger
+// batches are unchanged by the choice (dequantise + BLAS).
 TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDeterministic) {
   std::mt19937 rng(32);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  ASSERT_TRUE(int8_activations_default());  // the tests run without PAGEDATTN_EXACT_ACTIVATIONS
+  const bool was = int8_activations_default();
+  set_int8_activations_default(true);
   for (const WeightFormat f :
        {WeightFormat::kQ8_0, WeightFormat::kQ5_0, WeightFormat::kQ4_K, WeightFormat::kQ6_K})
     for (const std::int32_t rows : {1, 9, 32, 33}) {
@@ -832,6 +833,7 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
       }
       set_int8_activations_default(true);
     }
+  set_int8_activations_default(was);
 }
 
 }  // namespace
