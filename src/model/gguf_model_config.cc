@@ -269,8 +269,12 @@ void read_attention_kinds(const GgufFile& file, const ConfigReader& r, const Arc
 
 void read_gemma_settings(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
                          GgufModelConfig& c) {
-  if (a.arch == GgufArch::kGemma3)
+  if (a.arch == GgufArch::kGemma3) {
     c.rope_theta_windowed = r.float_or("rope.freq_base_swa", 10000.0f);
+    require(std::isfinite(c.rope_theta_windowed) && c.rope_theta_windowed > 0.0f, "gguf ",
+            file.source_name(), ": ", r.key("rope.freq_base_swa"), " = ", c.rope_theta_windowed,
+            " must be finite and > 0");
+  }
   if (a.gemma) {
     // llama.cpp's rule (GGUF has no query_pre_attn_scalar): the 27B models
     // (46 / 62 layers) scale by hidden / heads, the others by the head dim.
