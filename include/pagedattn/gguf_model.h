@@ -60,6 +60,13 @@ struct GgufRopeScaling {
   // tensor "rope_freqs.weight" [head_dim / 2] (llama.cpp divides each pair's
   // frequency by its entry); empty when the file has none.
   std::string freq_factors_tensor;
+  // Phi-3 LongRoPE: per-pair divisors for contexts beyond the original
+  // ("rope_factors_long.weight") and within it ("rope_factors_short.weight"),
+  // [rotary_dim / 2] each, and "{arch}.rope.scaling.attn_factor" (0 when
+  // absent: sqrt(1 + ln(context / original) / ln(original))). Empty names:
+  // no LongRoPE.
+  std::string long_factors_tensor, short_factors_tensor;
+  float attention_factor = 0.0f;
 };
 
 // Tensor names of one transformer block (ggml dims, [in, out]).
@@ -124,8 +131,8 @@ struct GgufModelConfig {
 // Reads and checks the configuration: every required key present with a
 // sane value, every tensor present with the shape the hyper-parameters
 // imply and a type dequantize_row supports. InvalidArgument naming the key
-// or tensor; Unsupported naming it for another architecture, an unknown
-// RoPE scaling type, or Phi-3's LongRoPE factors.
+// or tensor; Unsupported naming it for another architecture or an unknown
+// RoPE scaling type.
 GgufModelConfig read_model_config(const GgufFile& file);
 
 }  // namespace pagedattn

@@ -47,6 +47,7 @@ struct LlamaConfig {
   float rope_scale = 1.0f;               // linear RoPE scaling: every frequency x rope_scale
   RopeYarnScaling rope_yarn;             // off while factor is 0
   std::vector<float> rope_freq_factors;  // [rotary_dim / 2] frequency divisors, or empty
+  float rope_attention_factor = 1.0f;    // RoPE's cos and sin x this (LongRoPE)
   // [num_layers]: 0 = global attention, W > 0 = a sliding window of W tokens
   // (a query sees itself and the W - 1 before it). Empty: every layer global.
   std::vector<std::int32_t> layer_windows;

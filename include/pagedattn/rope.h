@@ -43,8 +43,10 @@ struct RopeConfig {
   RopeLlama3Scaling llama3;
   RopeYarnScaling yarn;
   // [R/2] divisors of each pair's frequency, or null: llama.cpp's
-  // rope_freqs tensor (Llama 3.1+ files store their scaling this way).
+  // rope_freqs tensor (Llama 3.1+ files store their scaling this way) or
+  // Phi-3's LongRoPE factors.
   const float* freq_factors = nullptr;
+  float attention_factor = 1.0f;  // cos and sin x this (LongRoPE), > 0
   // Optional caller cache instead of theta/scale: cos/sin [max_position][R/2].
   const float* cos_cache = nullptr;
   const float* sin_cache = nullptr;
@@ -55,7 +57,7 @@ struct RopeConfig {
 // then the freq_factors divisor).
 double rope_inv_freq(const RopeConfig& config, std::int32_t rotary_dim, std::int32_t t);
 
-// What cos and sin are multiplied by: YaRN's attention factor, else 1.
+// What cos and sin are multiplied by: attention_factor, times YaRN's.
 double rope_attention_factor(const RopeConfig& config);
 
 // cos and sin of pair t's angle at position pos: read from the config's

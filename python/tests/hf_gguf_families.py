@@ -153,6 +153,37 @@ FAMILIES = {f.name: f for f in [
                 original_max_position_embeddings=2048,
                 rope_parameters=dict(rope_type="default", rope_theta=10000.0),
                 tie_word_embeddings=False, rms_norm_eps=1e-5)),
+    # Phi-3.5-mini / Phi-3-128k style LongRoPE: per-pair divisors for
+    # contexts past the original (long) and within it (short), cos and sin
+    # scaled by sqrt(1 + ln(context / original) / ln(original)). HF picks the
+    # long factors while the sequence is longer than the original context:
+    # with original 16 every prompt of the tests (32 and 64 tokens) runs on
+    # them from its first token, as pagedattn does for a served context (128)
+    # beyond the original.
+    Family("phi3-longrope", "phi3", "Phi3ForCausalLM", "Phi3Config",
+           dict(COMMON, hidden_size=384, intermediate_size=512, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=4,
+                original_max_position_embeddings=16, max_position_embeddings=128,
+                rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                     original_max_position_embeddings=16,
+                                     long_factor=[1.0 + 3.0 * i / 47 for i in range(48)],
+                                     short_factor=[1.0 + 0.5 * i / 47 for i in range(48)]),
+                tie_word_embeddings=False, rms_norm_eps=1e-5),
+           hf_reads_whole_config=False,
+           hf_gap="transformers' GGUF config mapping reads no LongRoPE factors"),
+    # The same within the original context (128 = the served context): the
+    # short factors, attention factor 1.
+    Family("phi3-longrope-short", "phi3", "Phi3ForCausalLM", "Phi3Config",
+           dict(COMMON, hidden_size=384, intermediate_size=512, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=4,
+                original_max_position_embeddings=128, max_position_embeddings=128,
+                rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                     original_max_position_embeddings=128,
+                                     long_factor=[1.0 + 3.0 * i / 47 for i in range(48)],
+                                     short_factor=[1.0 + 0.5 * i / 47 for i in range(48)]),
+                tie_word_embeddings=False, rms_norm_eps=1e-5),
+           hf_reads_whole_config=False,
+           hf_gap="transformers' GGUF config mapping reads no LongRoPE factors"),
 ]}
 
 
@@ -303,6 +334,10 @@ def gguf_tensors(family: Family, model) -> list[tuple[str, np.ndarray]]:
         out.append((f"{name}.{suffix}", data))
     if family.arch == "llama" and config.rope_parameters.get("rope_type") == "llama3":
         out.append(("rope_freqs.weight", llama3_rope_factors(config)))
+    if config.rope_parameters.get("rope_type") == "longrope":
+        for which in ("long", "short"):
+            out.append((f"rope_factors_{which}.weight",
+                        np.asarray(config.rope_parameters[f"{which}_factor"], dtype=np.float32)))
     return out
 
 
@@ -383,6 +418,11 @@ def write_gguf(family: Family, model, path: str) -> None:
         w.add_rope_dimension_count(int(partial * config.hidden_size) // config.num_attention_heads)
         w.add_rope_freq_base(full_rope["rope_theta"])
         w.add_sliding_window(config.sliding_window or 0)
+        if full_rope.get("rope_type") == "longrope":  # Phi3MiniModel: attn factor + factor tensors
+            original = config.original_max_position_embeddings
+            scale = config.max_position_embeddings / original
+            w.add_rope_scaling_attn_factors(
+                1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original)))
 
     tokens, types, merges = byte_level_vocab(config.vocab_size)
     w.add_tokenizer_model("gpt2")

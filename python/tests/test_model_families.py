@@ -46,6 +46,8 @@ Conventions of the files (what pagedattn's loader must read), per family:
 | gemma2 | gemma2 | 4, 256, 4/2, 256 | +1 on every *norm.weight; post_attention_norm, ffn_norm (pre-FFN), post_ffw_norm; GELU-tanh; no output.weight; embeddings x sqrt(hidden) | key/value_length=256, attn_logit_softcapping=50, final_logit_softcapping=30, attention.sliding_window=16 (layers 0, 2: windowed; 1, 3: global); NO rope.freq_base (Gemma2Model writes none: 10000); query_pre_attn_scalar=head_dim -> scale 1/sqrt(256) |
 | gemma3 | gemma3 | 7, 256, 4/1, 256 | as gemma2 + attn_q_norm/attn_k_norm (+1 too); tied | rope.freq_base=1e6 (global), rope.freq_base_swa=10000 (windowed; base converter from rope_parameters["sliding_attention"]), rope.scaling.type="linear" factor 8 (global layers only), attention.sliding_window=16; layers 5 global, 0-4 and 6 windowed ((i+1) % 6 != 0); no softcaps |
 | phi3 | phi3 | 2, 384, 4/4, 96 | attn_qkv [q; k; v] rows, ffn_up = [gate; up] (2*ffn rows), untied | rope.dimension_count=96, rope.scaling.original_context_length=2048 (written always, without a scaling type), attention.sliding_window=0 (no window) |
+| phi3-longrope | phi3 | 2, 384, 4/4, 96 | as phi3 + rope_factors_long.weight / rope_factors_short.weight F32 [48] | context 128, rope.scaling.original_context_length=16, rope.scaling.attn_factor=sqrt(1 + ln 8 / ln 16) (Phi3MiniModel); pagedattn serves 128 > 16: long factors, as HF for sequences past 16 |
+| phi3-longrope-short | phi3 | as phi3-longrope | same tensors | context = original = 128: short factors, attn_factor 1 |
 
 (*) common: {arch}.block_count, context_length (2048 unless stated),
 embedding_length, feed_forward_length, attention.head_count,
@@ -360,6 +362,7 @@ def test_pagedattn_greedy_matches_transformers_generate(family, workdir):
     gen_config = transformers.GenerationConfig(do_sample=False, max_new_tokens=GREEDY_STEPS,
                                                no_repeat_ngram_size=2, eos_token_id=None,
                                                pad_token_id=0)
+    ref.generation_config.eos_token_id = None  # else the model's own EOS (2) may end it early
     with torch.no_grad():
         out = ref.generate(torch.tensor([prompt]), generation_config=gen_config)
     want = [int(t) for t in out[0, len(prompt):]]

@@ -150,6 +150,27 @@ LlamaConfig llama_config(const GgufModelConfig& g, const GgufModelOptions& optio
   return c;
 }
 
+// Phi-3's LongRoPE. Hugging Face picks the long factors while the sequence
+// is longer than the original context and the short ones otherwise; a
+// paged engine rotates each key once, so the choice is made once, from the
+// context served (config.max_position), as llama.cpp does from n_ctx: short
+// factors when it fits the original context (then every sequence matches
+// Hugging Face), long ones beyond it. The attention factor depends only on
+// the file.
+void apply_long_rope(const GgufFile& file, const GgufModelConfig& g, LlamaConfig& config) {
+  const GgufRopeScaling& s = g.rope_scaling;
+  const bool long_context = config.max_position > s.original_context_length;
+  config.rope_freq_factors =
+      load_vector(file, long_context ? s.long_factors_tensor : s.short_factors_tensor);
+  const double factor = double(g.context_length) / double(s.original_context_length);
+  config.rope_attention_factor =
+      s.attention_factor > 0.0f ? s.attention_factor
+      : factor <= 1.0
+          ? 1.0f
+          : static_cast<float>(std::sqrt(
+                1.0 + std::log(factor) / std::log(double(s.original_context_length))));
+}
+
 }  // namespace
 
 std::unique_ptr<Model> make_gguf_model(const std::string& path, const GgufModelOptions& options) {
@@ -164,6 +185,7 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
   LlamaConfig config = llama_config(g, options);
   if (!g.rope_scaling.freq_factors_tensor.empty())
     config.rope_freq_factors = load_vector(file, g.rope_scaling.freq_factors_tensor);
+  if (!g.rope_scaling.long_factors_tensor.empty()) apply_long_rope(file, g, config);
   engine::validate_shard(config);  // before reading any weight
   LlamaWeights w;
   w.embedding = load_matrix(file, g.token_embedding);

@@ -90,6 +90,7 @@ void validate(const LlamaConfig& c) {
   rope.scale = c.rope_scale;
   rope.yarn = c.rope_yarn;
   rope.freq_factors = c.rope_freq_factors.empty() ? nullptr : c.rope_freq_factors.data();
+  rope.attention_factor = c.rope_attention_factor;
   rope.rotary_dim = rotary;
   apply_rope({nullptr, DType::kF32, rotary, rotary}, 0, 1, rotary, nullptr, rope);  // no tokens
 }
@@ -133,6 +134,7 @@ class LlamaModel final : public Model {
     global.llama3.factor = c.llama3_rope_factor;
     global.yarn = c.rope_yarn;
     global.freq_factors = c_.rope_freq_factors.empty() ? nullptr : c_.rope_freq_factors.data();
+    global.attention_factor = c.rope_attention_factor;
     rope_[1].config = global;
     if (c.rope_theta_windowed > 0.0f) {  // windowed layers: their own base, no scaling
       rope_[1].config = RopeConfig{};

@@ -57,6 +57,8 @@ void validate_rope(const HeadTensor& x, std::int32_t num_tokens, std::int32_t nu
           "apply_rope: x.dtype = ", dtype_name(x.dtype), " must be float32, float16 or bfloat16");
   require(c.theta > 0.0f && c.scale > 0.0f && std::isfinite(c.theta) && std::isfinite(c.scale),
           "apply_rope: theta = ", c.theta, " and scale = ", c.scale, " must be finite and > 0");
+  require(c.attention_factor > 0.0f && std::isfinite(c.attention_factor),
+          "apply_rope: attention_factor = ", c.attention_factor, " must be finite and > 0");
   const RopeLlama3Scaling& l3 = c.llama3;
   require(l3.factor == 0.0f || (l3.factor > 0.0f && l3.low_freq_factor > 0.0f &&
                                 l3.high_freq_factor > l3.low_freq_factor &&
@@ -107,9 +109,10 @@ double rope_inv_freq(const RopeConfig& c, std::int32_t rotary_dim, std::int32_t 
 
 double rope_attention_factor(const RopeConfig& c) {
   const RopeYarnScaling& y = c.yarn;
-  if (y.factor == 0.0f) return 1.0;
-  if (y.attention_factor > 0.0f) return y.attention_factor;
-  return 0.1 * std::log(double(y.factor)) + 1.0;
+  const double yarn = y.factor == 0.0f          ? 1.0
+                      : y.attention_factor > 0.0f ? double(y.attention_factor)
+                                                  : 0.1 * std::log(double(y.factor)) + 1.0;
+  return double(c.attention_factor) * yarn;
 }
 
 void rope_cos_sin(const RopeConfig& c, std::int32_t rotary_dim, std::int64_t pos, std::int32_t t,

@@ -139,6 +139,16 @@ TEST(GgufModelConfig, Phi3FusesQkvAndGateUp) {
   EXPECT_TRUE(c.layers[0].attn_q.empty());
   EXPECT_TRUE(c.layers[0].ffn_gate.empty());
   EXPECT_EQ(c.layers[0].ffn_up, "blk.0.ffn_up.weight");  // [hidden, 2 ff]: gate, then up
+  EXPECT_TRUE(c.rope_scaling.long_factors_tensor.empty());
+  GgufWriter longrope = tiny_model("phi3", false, false);
+  longrope.kv_u32("phi3.rope.scaling.original_context_length", 512);
+  longrope.kv_f32("phi3.rope.scaling.attn_factor", 1.19f);
+  longrope.tensor("rope_factors_long.weight", GgufType::kF32, {8});
+  longrope.tensor("rope_factors_short.weight", GgufType::kF32, {8});
+  const GgufModelConfig l = config_of(longrope);
+  EXPECT_EQ(l.rope_scaling.long_factors_tensor, "rope_factors_long.weight");
+  EXPECT_EQ(l.rope_scaling.short_factors_tensor, "rope_factors_short.weight");
+  EXPECT_EQ(l.rope_scaling.attention_factor, 1.19f);
   GgufWriter no_window = tiny_model("phi3", false, false);
   no_window.kv_u32("phi3.attention.sliding_window", 0);  // what phi3 files without one say
   EXPECT_EQ(config_of(no_window).layer_windows, std::vector<std::int64_t>(2, 0));
@@ -171,9 +181,15 @@ TEST(GgufModelConfig, ErrorsNameTheKeyOrTensor) {
   scaling.kv_string("llama.rope.scaling.type", "su");
   expect_throws<Unsupported>([&] { config_of(scaling); },
                              {"llama.rope.scaling.type = 'su' is not supported"});
-  GgufWriter longrope = tiny_model("phi3", false, false);
-  longrope.tensor("rope_factors_long.weight", GgufType::kF32, {8});
-  expect_throws<Unsupported>([&] { config_of(longrope); }, {"LongRoPE"});
+  GgufWriter half_longrope = tiny_model("phi3", false, false);
+  half_longrope.tensor("rope_factors_long.weight", GgufType::kF32, {8});
+  expect_throws<InvalidArgument>([&] { config_of(half_longrope); },
+                                 {"missing tensor 'rope_factors_short.weight'"});
+  GgufWriter no_original = tiny_model("phi3", false, false);
+  no_original.tensor("rope_factors_long.weight", GgufType::kF32, {8});
+  no_original.tensor("rope_factors_short.weight", GgufType::kF32, {8});
+  expect_throws<InvalidArgument>([&] { config_of(no_original); },
+                                 {"LongRoPE needs phi3.rope.scaling.original_context_length > 1"});
   GgufWriter wrong_factors = tiny_model("llama", true, false);
   wrong_factors.tensor("rope_freqs.weight", GgufType::kF32, {4});
   expect_throws<InvalidArgument>([&] { config_of(wrong_factors); },
