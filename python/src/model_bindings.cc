@@ -28,7 +28,7 @@ class GgufModel {
   // One sequence, teacher-forced: logits [n][vocab] of every position.
   // exact: deterministic mode, f32 activations in every product (the
   // accuracy tests' reference path); otherwise the serving path, whose
-  // quantised products take int8 activations in batches of at most 32 rows
+  // quantised products take int8 activations in batches of at most 8 rows
   // when int8_activations_default() is on (src/engine/gemm.h).
   py::array_t<float> logits(const std::vector<std::int32_t>& token_ids, const std::string& kv_dtype,
                             bool exact) {
@@ -75,7 +75,7 @@ void register_models(py::module_& m) {
            "Teacher-forced logits [len(token_ids)][vocab_size] of one sequence. exact "
            "(default): deterministic mode, f32 activations in every product; False: the "
            "serving path (with PAGEDATTN_INT8_ACTIVATIONS=1 in the environment, quantised "
-           "weights take int8 activations in batches of at most 32 rows).");
+           "weights take int8 activations in batches of at most 8 rows).");
 }
 
 }  // namespace pagedattn::python

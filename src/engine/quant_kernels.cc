@@ -759,7 +759,7 @@ void Int8RangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
   thread_local std::vector<float> scratch;
   const std::size_t sums = std::size_t(a.in / 32);
   const std::size_t per_row = std::size_t(a.in) / 4 + 2 * sums;  // in floats
-  // Every row at once (at most 32 from linear()): the weights are read once.
+  // Every row at once (at most kInt8DirectRows from linear()): the weights are read once.
   const std::int32_t group = std::max(a.rows, 1);
   if (scratch.size() < std::size_t(group) * per_row) scratch.resize(std::size_t(group) * per_row);
   for (std::int32_t first = 0; first < a.rows; first += group) {
