@@ -20,14 +20,13 @@ piece.
 """
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from test_gguf_model import model_path  # noqa: E402  (the test model, fetched once)
 
 MIN_TOP1, MAX_DIFF, MEAN_DIFF = 0.8, 8.0, 1.0
 
@@ -59,19 +58,6 @@ for tokens in json.loads(sys.argv[2]):
                 "logits": float(np.abs(exact).max())})
 print(json.dumps(out))
 """
-
-
-def model_path():
-    path = os.environ.get("PAGEDATTN_TEST_MODEL")
-    if not path:
-        script = REPO / "scripts" / "get_test_model.sh"
-        if not script.exists():
-            pytest.skip("scripts/get_test_model.sh is missing")
-        run = subprocess.run([str(script)], capture_output=True, text=True)
-        if run.returncode != 0:
-            pytest.skip("test model unavailable: " + run.stderr.strip()[-300:])
-        path = run.stdout.strip().splitlines()[-1]
-    return path
 
 
 def compare(path, int8):
