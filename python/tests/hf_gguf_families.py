@@ -62,6 +62,22 @@ class Family:
 COMMON = dict(vocab_size=384, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
               pad_token_id=0, rms_norm_eps=1e-6)
 
+def phi3_longrope(name: str, original: int) -> Family:
+    """Phi-3 with LongRoPE factors, served at context 128."""
+    return Family(
+        name, "phi3", "Phi3ForCausalLM", "Phi3Config",
+        dict(COMMON, hidden_size=384, intermediate_size=512, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=4,
+             original_max_position_embeddings=original, max_position_embeddings=128,
+             rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
+                                  original_max_position_embeddings=original,
+                                  long_factor=[1.0 + 3.0 * i / 47 for i in range(48)],
+                                  short_factor=[1.0 + 0.5 * i / 47 for i in range(48)]),
+             tie_word_embeddings=False, rms_norm_eps=1e-5),
+        hf_reads_whole_config=False,
+        hf_gap="transformers' GGUF config mapping reads no LongRoPE factors")
+
+
 FAMILIES = {f.name: f for f in [
     Family("llama", "llama", "LlamaForCausalLM", "LlamaConfig",
            dict(COMMON, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
@@ -160,30 +176,10 @@ FAMILIES = {f.name: f for f in [
     # with original 16 every prompt of the tests (32 and 64 tokens) runs on
     # them from its first token, as pagedattn does for a served context (128)
     # beyond the original.
-    Family("phi3-longrope", "phi3", "Phi3ForCausalLM", "Phi3Config",
-           dict(COMMON, hidden_size=384, intermediate_size=512, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=4,
-                original_max_position_embeddings=16, max_position_embeddings=128,
-                rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
-                                     original_max_position_embeddings=16,
-                                     long_factor=[1.0 + 3.0 * i / 47 for i in range(48)],
-                                     short_factor=[1.0 + 0.5 * i / 47 for i in range(48)]),
-                tie_word_embeddings=False, rms_norm_eps=1e-5),
-           hf_reads_whole_config=False,
-           hf_gap="transformers' GGUF config mapping reads no LongRoPE factors"),
+    phi3_longrope("phi3-longrope", original=16),
     # The same within the original context (128 = the served context): the
     # short factors, attention factor 1.
-    Family("phi3-longrope-short", "phi3", "Phi3ForCausalLM", "Phi3Config",
-           dict(COMMON, hidden_size=384, intermediate_size=512, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=4,
-                original_max_position_embeddings=128, max_position_embeddings=128,
-                rope_parameters=dict(rope_type="longrope", rope_theta=10000.0,
-                                     original_max_position_embeddings=128,
-                                     long_factor=[1.0 + 3.0 * i / 47 for i in range(48)],
-                                     short_factor=[1.0 + 0.5 * i / 47 for i in range(48)]),
-                tie_word_embeddings=False, rms_norm_eps=1e-5),
-           hf_reads_whole_config=False,
-           hf_gap="transformers' GGUF config mapping reads no LongRoPE factors"),
+    phi3_longrope("phi3-longrope-short", original=128),
 ]}
 
 
