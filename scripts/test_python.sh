@@ -1,32 +1,57 @@
 #!/usr/bin/env bash
-# Builds and tests the Python package: a venv in build/pyenv with the build
-# tools and test packages from PyPI (gguf: the reference GGUF reader for
-# test_gguf.py), `pip install .` (scikit-build-core runs the project's CMake:
-# one Release build of the library and the extension, kept in build/python/
-# so a rerun only rebuilds what changed), then pytest
-# from outside the source tree so the installed package is what is imported
-# (openai: the official client, for test_serve_openai.py).
+# Builds and tests the Python package in a virtual environment, build/pyenv:
+#   scripts/test_python.sh              everything below; `pip install .` runs
+#                                       its own Release build in build/python/
+#   scripts/test_python.sh BUILD_DIR    the same, but `pip install .` reuses a
+#                                       configured tree (scripts/test.sh passes
+#                                       build/release, built with the module)
+#   scripts/test_python.sh env-build    only the venv and the build tools
+#   scripts/test_python.sh env-test     only the test packages
+# pytest runs from outside the source tree, so the installed package is what
+# is imported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
+mode=${1:-all}
 
 python=${PYTHON:-python3}
-if [ ! -x build/pyenv/bin/python ]; then
-  "$python" -m venv build/pyenv
-fi
 pip=(build/pyenv/bin/python -m pip --disable-pip-version-check -q)
-"${pip[@]}" install scikit-build-core pybind11 numpy pytest ml_dtypes gguf tokenizers openai
-# test_model_families.py and test_tokenizer_families.py check each GGUF model
-# family's logits, tokenizer and chat template against Hugging Face
-# transformers on the same file (torch's PyPI wheel, ~3 GB with its CUDA
-# packages; accelerate: transformers' GGUF loading needs it; jinja2: its chat
-# templates). Nothing is downloaded from a model hub at test time.
-"${pip[@]}" install torch transformers accelerate jinja2
-# test_ort_parity.py compares with ONNX Runtime's own GroupQueryAttention; it
-# skips (saying why) where no onnxruntime wheel exists for this Python.
-"${pip[@]}" install onnx onnxruntime ||
-  echo "test_python.sh: onnx/onnxruntime not installable here; test_ort_parity.py will skip" >&2
-CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" install --no-build-isolation .
+
+env_build() {
+  [ -x build/pyenv/bin/python ] || "$python" -m venv build/pyenv
+  "${pip[@]}" install scikit-build-core pybind11 numpy
+}
+
+env_test() {
+  # gguf: the reference GGUF reader for test_gguf.py; openai: the official
+  # client, for test_serve_openai.py.
+  "${pip[@]}" install pytest ml_dtypes gguf tokenizers openai
+  # test_model_families.py and test_tokenizer_families.py check each GGUF
+  # model family's logits, tokenizer and chat template against Hugging Face
+  # transformers on the same file (torch's PyPI wheel, ~3 GB with its CUDA
+  # packages; accelerate: transformers' GGUF loading needs it; jinja2: its
+  # chat templates). Nothing is downloaded from a model hub at test time.
+  "${pip[@]}" install torch transformers accelerate jinja2
+  # test_ort_parity.py compares with ONNX Runtime's own GroupQueryAttention; it
+  # skips (saying why) where no onnxruntime wheel exists for this Python.
+  "${pip[@]}" install onnx onnxruntime ||
+    echo "test_python.sh: onnx/onnxruntime not installable here; test_ort_parity.py will skip" >&2
+}
+
+case "$mode" in
+  env-build) env_build; exit 0 ;;
+  env-test) env_test; exit 0 ;;
+  all) env_build; env_test
+       CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" install --no-build-isolation . ;;
+  *) env_build; env_test
+     # The tree's own options, so that scikit-build-core's configure changes
+     # nothing and its build finds every target up to date.
+     [ -f "$mode/CMakeCache.txt" ] || { echo "test_python.sh: $mode is not a configured build tree" >&2; exit 1; }
+     "${pip[@]}" install --no-build-isolation . -Cbuild-dir="$mode" \
+       -Ccmake.define.PAGEDATTN_BUILD_TESTS=ON -Ccmake.define.PAGEDATTN_BUILD_TOOLS=ON \
+       -Ccmake.define.PAGEDATTN_BUILD_BENCHMARKS=ON ;;
+esac
+
 # test_serve_openai.py runs the CLI of the Release build (scripts/test.sh builds it first).
 export PAGEDATTN_CLI=${PAGEDATTN_CLI:-$PWD/build/release/tools/pagedattn}
 (cd python/tests && ../../build/pyenv/bin/python -m pytest -q -p no:cacheprovider .)
