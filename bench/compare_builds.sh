@@ -10,7 +10,7 @@
 #   bench/compare_builds.sh ROUNDS "PAGEDATTN_A PAGEDATTN_B ..." BENCH_OPTIONS...
 #
 # e.g. a build of the commit before a change against the build after it:
-#   bench/compare_builds.sh 6 "/tmp/before/tools/pagedattn build/release/tools/pagedattn" \
+#   bench/compare_builds.sh 6 "build/shims/before/tools/pagedattn build/release/tools/pagedattn" \
 #     --mode prefill --q-len 512 --kv-len 4096 --kv-dtype bf16 --bf16-products
 # Each run times calls for SECONDS_PER_RUN seconds (default 0.5), without
 # the probes or the reference check.
