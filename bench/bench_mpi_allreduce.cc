@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "dist/mpi_comm.h"
+#include "distributed/mpi_comm.h"
 
 namespace {
 

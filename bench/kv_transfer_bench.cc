@@ -2,7 +2,7 @@
 // point-to-point bandwidth, in the same run:
 //   mpirun -np 2 pagedattn_bench_kv_transfer [--tokens N] [--reps R]
 // Rank 0 holds an N-token sequence (every layer's K/V, int8 scales too) and
-// sends its pages the way the decode path does (dist/kv_transfer.h: one
+// sends its pages the way the decode path does (distributed/kv_transfer.h: one
 // message over a derived datatype of every layer's page runs, into pages
 // the receiver reserved); interleaved with it, the same byte count goes as
 // one message between two contiguous buffers. Rank 1 times both from the
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/kv_transfer.h"
+#include "distributed/kv_transfer.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::dist {

@@ -131,7 +131,7 @@ int run_generate(int argc, char** argv) {
     std::fputs(generate_usage(), stdout);
     return 0;
   }
-#ifndef PAGEDATTN_HAS_MPI
+#ifndef PAGEDATTN_HAVE_MPI
   require<Unsupported>(!o.disaggregate,
                        "generate --disaggregate: this pagedattn was built without MPI (install "
                        "libopenmpi-dev openmpi-bin and configure with PAGEDATTN_WITH_MPI=ON)");
@@ -156,7 +156,7 @@ int run_generate(int argc, char** argv) {
     params.ignore_eos = true;
   else
     params.stop_token_ids = stop_tokens(tokenizer);
-#ifdef PAGEDATTN_HAS_MPI
+#ifdef PAGEDATTN_HAVE_MPI
   if (o.disaggregate) return run_generate_disaggregated(ec, prompt, params, tokenizer);
 #endif
   Engine engine(ec);

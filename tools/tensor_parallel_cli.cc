@@ -9,8 +9,8 @@
 #include "pagedattn/llama.h"
 
 #ifdef PAGEDATTN_HAVE_MPI
-#include "dist/mpi_comm.h"
-#include "dist/tensor_parallel.h"
+#include "distributed/mpi_comm.h"
+#include "distributed/tensor_parallel.h"
 #endif
 
 namespace pagedattn::tools {

@@ -151,7 +151,7 @@ struct EngineStats {
 using StreamCallback = std::function<void(const RequestOutput&)>;
 
 // --- disaggregated prefill/decode (the prefill instance runs the model
-// itself, see src/dist/disagg_prefill.cc; the decode instance imports) --------
+// itself, see src/distributed/disagg_prefill.cc; the decode instance imports) --------
 // A request slot whose prompt K/V arrives from a prefill instance: `pages`
 // are the reserved pages of the engine's cache the bytes must land in.
 struct ImportSlot {

@@ -6,7 +6,7 @@
 // output projection and once after the down projection of every layer.
 // Embeddings, norms and the LM head are replicated, so every rank holds the
 // same residual stream and logits. The engine library only calls
-// all_reduce_sum; the transport (MPI in src/dist) is the caller's.
+// all_reduce_sum; the transport (MPI in src/distributed) is the caller's.
 #pragma once
 
 #include <cstdint>

@@ -10,7 +10,7 @@
 #include <limits>
 #include <random>
 
-#include "../../src/kernels/cpu/convert.h"
+#include "kernels/cpu/convert.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_ops.h"

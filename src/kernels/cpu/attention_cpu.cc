@@ -24,8 +24,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "../attention_traits.h"
-#include "../softmax_state.h"
+#include "kernels/attention_traits.h"
+#include "kernels/softmax_state.h"
 #include "attention_cpu.h"
 #include "convert.h"
 #include "prefetch.h"

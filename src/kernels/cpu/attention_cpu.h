@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../attention_traits.h"
+#include "kernels/attention_traits.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/cpu_features.h"
 

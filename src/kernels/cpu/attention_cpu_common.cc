@@ -1,7 +1,7 @@
 #include <cstring>
 
-#include "../softmax_state.h"
-#include "../validate.h"
+#include "kernels/softmax_state.h"
+#include "kernels/validate.h"
 #include "attention_cpu.h"
 #include "convert.h"
 #include "pagedattn/cpu_features.h"

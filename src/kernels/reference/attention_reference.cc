@@ -5,7 +5,7 @@
 #include <limits>
 #include <vector>
 
-#include "../validate.h"
+#include "kernels/validate.h"
 #include "pagedattn/attention.h"
 
 namespace pagedattn {

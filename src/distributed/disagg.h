@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/mpi_comm.h"
+#include "distributed/mpi_comm.h"
 #include "pagedattn/engine.h"
 
 namespace pagedattn::dist {

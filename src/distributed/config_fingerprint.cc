@@ -1,4 +1,4 @@
-#include "dist/config_fingerprint.h"
+#include "distributed/config_fingerprint.h"
 
 #include <array>
 #include <cstring>
@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "dist/disagg_protocol.h"
+#include "distributed/disagg_protocol.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::dist {

@@ -1,4 +1,4 @@
-#include "dist/kv_transfer.h"
+#include "distributed/kv_transfer.h"
 
 #include <limits>
 

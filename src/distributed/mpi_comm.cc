@@ -1,4 +1,4 @@
-#include "dist/mpi_comm.h"
+#include "distributed/mpi_comm.h"
 
 #include <cstdlib>
 #include <limits>

@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/mpi_comm.h"
+#include "distributed/mpi_comm.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/model.h"
 

@@ -5,10 +5,10 @@
 #include <chrono>
 #include <unordered_map>
 
-#include "dist/config_fingerprint.h"
-#include "dist/disagg.h"
-#include "dist/disagg_protocol.h"
-#include "dist/kv_transfer.h"
+#include "distributed/config_fingerprint.h"
+#include "distributed/disagg.h"
+#include "distributed/disagg_protocol.h"
+#include "distributed/kv_transfer.h"
 
 namespace pagedattn::dist {
 namespace {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/byte_message.h"
+#include "distributed/byte_message.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 

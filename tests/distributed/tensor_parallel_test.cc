@@ -19,7 +19,7 @@
 #include <map>
 #include <vector>
 
-#include "dist/tensor_parallel.h"
+#include "distributed/tensor_parallel.h"
 #include "tensor_parallel_support.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"

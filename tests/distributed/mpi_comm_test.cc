@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "dist/mpi_comm.h"
+#include "distributed/mpi_comm.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::dist {

@@ -1,4 +1,4 @@
-// One sequence's pages over MPI (dist/kv_transfer.h) between caches whose
+// One sequence's pages over MPI (distributed/kv_transfer.h) between caches whose
 // page ids differ: rank 1 receives into pages it reserved, scattered among
 // used ones, and after commit_incoming reads exactly the K/V rank 0 holds
 // (debug_get_kv, bitwise), int8 scales included. A cancelled receive frees
@@ -8,7 +8,7 @@
 #include <array>
 #include <vector>
 
-#include "dist/kv_transfer.h"
+#include "distributed/kv_transfer.h"
 #include "support/kv_values.h"
 
 namespace pagedattn::dist {

@@ -1,4 +1,4 @@
-#include "dist/disagg_protocol.h"
+#include "distributed/disagg_protocol.h"
 
 namespace pagedattn::dist {
 

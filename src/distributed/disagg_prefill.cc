@@ -6,10 +6,10 @@
 #include <array>
 #include <chrono>
 
-#include "dist/config_fingerprint.h"
-#include "dist/disagg.h"
-#include "dist/disagg_protocol.h"
-#include "dist/kv_transfer.h"
+#include "distributed/config_fingerprint.h"
+#include "distributed/disagg.h"
+#include "distributed/disagg_protocol.h"
+#include "distributed/kv_transfer.h"
 
 namespace pagedattn::dist {
 namespace {

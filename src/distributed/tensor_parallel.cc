@@ -1,6 +1,6 @@
 // Tensor parallelism over MPI: the shard's all-reduce, the startup check,
 // and the leader/follower step protocol (one broadcast message per step).
-#include "dist/tensor_parallel.h"
+#include "distributed/tensor_parallel.h"
 
 #include <chrono>
 #include <cstdio>
@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "dist/byte_message.h"
+#include "distributed/byte_message.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::dist {
