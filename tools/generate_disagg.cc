@@ -5,7 +5,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "dist/disagg.h"
+#include "distributed/disagg.h"
 #include "generate.h"
 
 namespace pagedattn::tools {

@@ -103,7 +103,7 @@ struct AttentionPlanOptions {
   // bf16 and fp8 K/V convert exactly), for about twice the multiply-add
   // rate. Where the CPU has AMX-BF16 (Intel Xeon from Sapphire Rapids on),
   // prefill with head dims that are multiples of 32 runs these products on
-  // AMX tiles (about 3x the f32 prefill there), and decode keeps f32
+  // AMX tiles (several times the f32 prefill there), and decode keeps f32
   // products (vdpbf16ps is no faster than FMAs on those cores). Off: f32
   // products throughout.
   bool bf16_products = false;

@@ -155,8 +155,8 @@ CpuFeatures detect_cpu_features() { return {}; }
 // The target HWY_DYNAMIC_DISPATCH picks in a translation unit compiled with
 // this one's HWY_TARGETS (the library compiles all its kernels alike).
 // Asking Highway runs cpuid several times, and under a hypervisor every
-// cpuid exits to it: about 5 us, which every attention call paid before this
-// was cached. The cache is keyed on Highway's chosen dispatch-table index,
+// cpuid exits to it, microseconds that every attention call would pay
+// uncached. The cache is keyed on Highway's chosen dispatch-table index,
 // which a cap (or anyone's hwy::DisableTargets or SupportedTargets) changes;
 // one atomic word holds key and answer, so a reader never mixes two answers.
 std::int64_t dispatched_target() {

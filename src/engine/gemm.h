@@ -52,11 +52,10 @@ struct LinearArgs {
 // go through BLAS (the weights are then read once per block, not per row).
 inline constexpr std::int32_t kQuantDirectRows = 8;
 // Int8 activations: batches of at most this many rows run the in-place
-// kernels. One thread on 576 x 1536 matrices in cache they beat dequantise
-// + BLAS up to about 24 rows (16 rows: 0.75-0.8x its time, 32: even, 64:
-// 1.2-1.5x), but in SmolLM2's 32-stream serving run (16 sequences decoding
-// per step, 2 threads) 32 measured 5-10% fewer tokens/s than 8, within
-// noise of f32 x: so only the batches that run in place anyway take int8.
+// kernels. Alone on a matrix in cache they beat dequantise + BLAS to a few
+// dozen rows, but in a whole serving run larger batches lost to BLAS
+// (docs/models.md, int8 activations): so only the batches that run in place
+// anyway take int8.
 inline constexpr std::int32_t kInt8DirectRows = 8;
 
 // kDefault's choice: false (f32 x) unless the environment variable

@@ -178,8 +178,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR LutOf<kT> LoadLut() {
 
 // Half h of an f16 chunk at p (`left`: its real elements from p on) widened
 // exactly to f32 (F16C). Each half is loaded on its own, so the widening reads
-// it from memory: one load of the chunk would cost an extract per chunk (f16
-// decode from L3 on Zen 4: 1.05x at GQA 4 and 8, 1.08x at GQA 1).
+// it from memory: one load of the chunk would cost an extract per chunk,
+// which measured slower at every GQA (docs/benchmarks.md, Attention kernels).
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 WidenF16Half(const std::uint16_t* p, std::size_t left, std::size_t h) {
   const auto* ph = reinterpret_cast<const __m256i*>(p + 16 * h);
   return _mm512_cvtph_ps(left >= kChunk ? _mm256_loadu_si256(ph) : _mm256_maskz_loadu_epi16(HalfMask(left, h), ph));
@@ -239,21 +239,21 @@ HWY_INLINE void PrefetchKeys(const void* const* prefetch, std::int32_t jj, std::
 // reduce to 32 scores, one level of the tree fewer than 16 whole-vector sums.
 //   Key pairs: one row against two keys, the keys' halves side by side
 //     (converted two rows at a time: fp8 on the byte tables), the row's
-//     query halves broadcast to both 256-bit halves. On Zen 4 from L3,
-//     against single tiles: fp8 GQA 4 1.14x, f16 1.07x.
+//     query halves broadcast to both 256-bit halves. Faster than single
+//     tiles for fp8 and f16 K.
 //   Row pairs: two rows against one key, the rows' halves side by side
 //     (PrepareRowGroups, once per item), the key's halves broadcast: bf16
 //     straight from its row, where key pairs cost two shuffles per pair and
 //     chunk; f16 rounded into both halves at once (vcvtne2ps2bf16 of a half
 //     with itself), one instruction more per key and chunk than key pairs,
-//     but no query broadcasts. On Zen 4 from L3, against key pairs: bf16
-//     GQA 8 1.04x, GQA 4 1.03x; f16 GQA 8 1.065x, GQA 4 0.97x.
+//     but no query broadcasts. Faster than key pairs for bf16, and for f16
+//     at GQA 8 only (TileKind's thresholds below).
 // Row quads (bf16 K, groups of 8 rows): four rows' 8-dim blocks side by side
 // against a key's block broadcast to the four 128-bit blocks, so a row's
 // sum sits in 4 lanes: two levels of the tree for 64 scores, where row pairs
-// take three for 32 (bf16 GQA 8 from L3 1.05-1.06x against row pairs).
+// take three for 32.
 // Groups of 1 or 2 bf16 rows keep one key per accumulator (single tiles):
-// row pairs of 2 rows broadcast twice the loads per key and took 0.96x.
+// row pairs of 2 rows broadcast twice the loads per key, a net loss.
 enum class TileKind { kKeyPairs, kRowPairs, kRowQuads, kSingle };
 
 // The fewest rows of a group that take row-pair tiles (0: none).
@@ -427,7 +427,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 DotPair(__m512 acc, __m512bh q_lo, __m5
 
 // Lanes of v as 16 / kLen rows of kLen scores: lanes [kLen i, kLen (i + 1))
 // to row i at `row` + i kKB. Whole stores of 16, 8 or 4 lanes: masked stores
-// of a row's part of a vector cost Zen 4 about 5% of GQA 8's decode time.
+// of a row's part of a vector are slow on Zen 4 and showed in GQA 8 decode.
 template <int kLen>
 HWY_INLINE void StoreRowSegments(__m512 v, float* row) {
   static_assert(kLen == 4 || kLen == 8 || kLen == 16, "whole 128-bit blocks");
@@ -589,7 +589,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, 
   __m512 u[4];
   ReduceWithinBlocks<16>(acc, AddLanes(), u);
   // Rows of 8 keys, two to a vector, stored whole (masked stores of 4 keys
-  // a row cost Zen 4 about 5% of GQA 8's time).
+  // a row are slow on Zen 4; see StoreRowSegments).
   const __m512i rows01 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
   const __m512i rows23 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int g = 0; g < 2; ++g)

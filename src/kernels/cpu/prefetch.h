@@ -2,14 +2,13 @@
 //
 // Every prefetch of rows the kernels will read goes to L2 (prefetcht1), on
 // purpose: a prefetch into L1 holds one of L1's few miss buffers until its
-// line arrives from DRAM, which capped decode near 8 GB/s per core on Zen 3
-// and Zen 4 whatever the distance; through L2 the same loops streamed
-// 1.5-1.7x faster (docs/benchmarks.md), and the rows are an L2 hit away when
-// read. The Xeon (Emerald Rapids) agrees: with prefetcht0 f16 b1 x 8k
-// decode took 2.04-2.05 ms against 1.60-1.85 ms through L2 (medians of
-// alternating runs). Callers spread one prefetch per line consumed over their loops (a
-// burst of a whole block stalls on the miss queues instead of overlapping
-// with the arithmetic).
+// line arrives from DRAM, which capped a core's decode bandwidth on Zen 3
+// and Zen 4 whatever the distance; through L2 the same loops stream much
+// faster, and the rows are an L2 hit away when read. The Xeon (Emerald
+// Rapids) agrees (figures: docs/benchmarks.md, Attention kernels). Callers
+// spread one prefetch per line consumed over their loops (a burst of a whole
+// block stalls on the miss queues instead of overlapping with the
+// arithmetic).
 #pragma once
 
 #include <hwy/base.h>
@@ -21,8 +20,8 @@
 namespace pagedattn::kernels {
 
 // Both are forced inline (HWY_INLINE): as plain inline functions GCC 12
-// kept a seventh of the prefetch instructions in the kernels' unrolled
-// loops and decode ran 2x slower.
+// left most calls in the kernels' unrolled loops out of line, and decode
+// ran far slower.
 
 inline constexpr std::size_t kLineBytes = 64;  // a cache line: the unit of every prefetch
 
