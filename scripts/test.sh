@@ -20,7 +20,7 @@ stage_begin=$SECONDS
 stage() {  # stage NAME: ends the running stage (printing its time), starts NAME
   if [ ${#stage_names[@]} -gt 0 ]; then
     stage_seconds+=($((SECONDS - stage_begin)))
-    echo "== ${stage_names[-1]}: $((SECONDS - stage_begin)) s"
+    echo "== ${stage_names[-1]}: ${stage_seconds[-1]} s"
   fi
   stage_begin=$SECONDS
   [ -n "$1" ] || return 0

@@ -2,9 +2,10 @@
 # Builds and tests the Python package in a virtual environment, build/pyenv:
 #   scripts/test_python.sh              everything below; `pip install .` runs
 #                                       its own Release build in build/python/
-#   scripts/test_python.sh BUILD_DIR    the same, but `pip install .` reuses a
-#                                       configured tree (scripts/test.sh passes
-#                                       build/release, built with the module)
+#   scripts/test_python.sh BUILD_DIR    `pip install .` reusing a configured
+#                                       tree, then pytest, in the venv the two
+#                                       calls below made (scripts/test.sh runs
+#                                       them, then passes build/release)
 #   scripts/test_python.sh env-build    only the venv and the build tools
 #   scripts/test_python.sh env-test     only the test packages
 # pytest runs from outside the source tree, so the installed package is what
@@ -43,7 +44,7 @@ case "$mode" in
   env-test) env_test; exit 0 ;;
   all) env_build; env_test
        CMAKE_BUILD_PARALLEL_LEVEL=$jobs "${pip[@]}" install --no-build-isolation . ;;
-  *) env_build; env_test
+  *) [ -x build/pyenv/bin/python ] || { echo "test_python.sh: no build/pyenv; run env-build and env-test first" >&2; exit 1; }
      # The tree's own options, so that scikit-build-core's configure changes
      # nothing and its build finds every target up to date.
      [ -f "$mode/CMakeCache.txt" ] || { echo "test_python.sh: $mode is not a configured build tree" >&2; exit 1; }
