@@ -18,6 +18,7 @@
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf_types.h"
+#include "support/random_floats.h"
 
 namespace pagedattn::engine {
 namespace {
@@ -31,7 +32,7 @@ std::vector<std::uint8_t> random_weights(WeightFormat f, std::int32_t out, std::
   std::vector<std::uint8_t> bytes(std::size_t(out * weight_row_bytes(f, in)));
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& b : bytes) b = static_cast<std::uint8_t>(byte(rng));
-  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  pagedattn::test::UniformFloats scale(-0.05f, 0.05f);
   const std::int64_t block = weight_block_bytes(f);
   for (std::size_t at = 0; at < bytes.size(); at += std::size_t(block)) {
     const std::uint16_t d = float_to_f16_bits(scale(rng)), m = float_to_f16_bits(scale(rng));
@@ -106,7 +107,7 @@ TEST(QuantKernels, DequantizedRowsEqualTheBlockDefinitionOnEveryTarget) {
 
 TEST(QuantKernels, LinearMatchesADoubleReferenceDirectAndBlockedOnEveryTarget) {
   std::mt19937 rng(12);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   TargetReset reset;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
     for (const WeightFormat f : kFormats)
@@ -140,7 +141,7 @@ TEST(QuantKernels, LinearMatchesADoubleReferenceDirectAndBlockedOnEveryTarget) {
 
 TEST(QuantKernels, DeterministicRowsDoNotDependOnTheirBatch) {
   std::mt19937 rng(13);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   for (const WeightFormat f : kFormats) {
     const std::int32_t in = 32 * 5, out = 257, rows = 11;
     const auto w = random_weights(f, out, in, rng);
@@ -226,7 +227,7 @@ std::uint16_t random_scale(std::mt19937& rng, float normal_max) {
     case 1:
       return static_cast<std::uint16_t>(sign | (bits(rng) & 0x3ff));
     default: {
-      std::uniform_real_distribution<float> magnitude(6.2e-5f, normal_max);  // f16 normals
+      pagedattn::test::UniformFloats magnitude(6.2e-5f, normal_max);  // f16 normals
       return static_cast<std::uint16_t>(sign | float_to_f16_bits(magnitude(rng)));
     }
   }
@@ -357,7 +358,7 @@ TEST(QuantKernels, KQuantRowsDequantiseBitEqualToTheGgufReaderOnEveryTarget) {
 // the sum over i of magnitude_i |x_i|.
 TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
   std::mt19937 rng(22);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   std::uniform_int_distribution<int> super_blocks(1, 16), outs(1, 70), rows_of(1, 9);
   TargetReset reset;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
@@ -407,7 +408,7 @@ TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
 // and which column range the call covers.
 TEST(QuantKernels, KQuantRowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) {
   std::mt19937 rng(23);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   TargetReset reset;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
     for (const WeightFormat f : kKFormats) {
@@ -444,7 +445,7 @@ TEST(QuantKernels, KQuantRowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) 
 // blocks through BLAS), into a column range of a wider output (ldy).
 TEST(QuantKernels, LinearWithKQuantsMatchesADoubleReferenceAndHonoursLdy) {
   std::mt19937 rng(24);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   for (const WeightFormat f : kKFormats)
     for (const std::int32_t rows : {1, 5, 9, 37})
       for (const bool deterministic : {false, true}) {
@@ -504,7 +505,7 @@ TEST(QuantKernels, Int8ActivationsRoundPer32ValuesLikeLlamaCpp) {
   EXPECT_EQ(q[40], 0);
   // Random rows, every target: the bytes and scales of the definition.
   std::mt19937 rng(28);
-  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  pagedattn::test::UniformFloats value(-3.0f, 3.0f);
   std::vector<float> row(512);
   for (auto& v : row) v = value(rng);
   row[37] = 0.0f;
@@ -535,7 +536,7 @@ TEST(QuantKernels, Int8ActivationsRoundPer32ValuesLikeLlamaCpp) {
 // test. Bound: k u (sum |d sc q x8 dx| + sum |dmin m x| + |y0|).
 TEST(QuantKernels, Int8ActivationProductsMatchADoubleReferenceOnEveryTarget) {
   std::mt19937 rng(26);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   std::uniform_int_distribution<int> super_blocks(1, 8), outs(1, 40), rows_of(1, 9);
   TargetReset reset;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
@@ -594,7 +595,7 @@ TEST(QuantKernels, Int8ActivationProductsMatchADoubleReferenceOnEveryTarget) {
 // the f32 path's: within the rounding of x to int8 (half a step per value).
 TEST(QuantKernels, Int8ActivationRowsDoNotDependOnTheirBatchAndStayNearF32) {
   std::mt19937 rng(27);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   for (const WeightFormat f : kKFormats) {
     const std::int32_t in = 1024, out = 29, rows = 11;
     const auto w = random_blocks(f, out, in, rng, 0.05f);
@@ -635,7 +636,7 @@ TEST(QuantKernels, Int8ActivationRowsDoNotDependOnTheirBatchAndStayNearF32) {
 
 TEST(QuantKernels, KQuantDeterministicRowsDoNotDependOnTheirBatch) {
   std::mt19937 rng(25);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   for (const WeightFormat f : kKFormats) {
     const std::int32_t in = 512, out = 300, rows = 19;
     const auto w = random_blocks(f, out, in, rng, 0.05f);
@@ -682,7 +683,7 @@ std::vector<double> int8_rounded(const std::vector<float>& x, std::int32_t rows,
 // accumulate and column ranges.
 TEST(QuantKernels, Int8ProductsOf32WeightFormatsMatchADoubleReferenceOnEveryTarget) {
   std::mt19937 rng(30);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   std::uniform_int_distribution<int> blocks_of(1, 23), outs(1, 40), rows_of(1, 64);
   TargetReset reset;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
@@ -735,7 +736,7 @@ TEST(QuantKernels, Int8ProductsOf32WeightFormatsMatchADoubleReferenceOnEveryTarg
 // per value times |w|, plus f32 rounding.
 TEST(QuantKernels, Int8RowsOf32WeightFormatsDoNotDependOnTheirBatchOrColumnRange) {
   std::mt19937 rng(31);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   TargetReset reset;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
     for (const WeightFormat f : kFormats) {
@@ -787,7 +788,7 @@ TEST(QuantKernels, Int8RowsOf32WeightFormatsDoNotDependOnTheirBatchOrColumnRange
 // batches are unchanged by the choice (dequantise + BLAS).
 TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDeterministic) {
   std::mt19937 rng(32);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   const bool was = int8_activations_default();
   set_int8_activations_default(true);
   for (const WeightFormat f :

@@ -89,9 +89,10 @@ struct RowTolerance {
   double lse = 0.0;
 };
 
-// The kernel's fp32 arithmetic and the rounding of the stored output: half
-// an ulp of f16 is 2^-11 = 4.9e-4 and of bf16 2^-9 = 2.0e-3 relative to an
-// element, at most that of the row maximum.
+// The kernel's fp32 arithmetic and the rounding of the stored output. The
+// reference and the kernel each round to the output type, so a value near a
+// rounding midpoint can land one ulp apart: at most 2^-10 = 9.8e-4 of the row
+// maximum for f16 and 2^-7 = 7.8e-3 for bf16.
 double output_row_tolerance(DType o);
 
 // The dot-product paths round their inputs. vdpbf16ps (AVX-512 with

@@ -11,6 +11,7 @@
 
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/rope.h"
+#include "support/random_floats.h"
 
 namespace pagedattn {
 namespace {
@@ -83,7 +84,7 @@ class Scenario {
     return {x.data(), DType::kF32, std::int64_t{heads} * d, d};
   }
   std::vector<float> random(std::size_t n) {
-    std::normal_distribution<float> normal;
+    pagedattn::test::NormalFloats normal;
     std::vector<float> x(n);
     for (float& e : x) e = normal(rng_);
     return x;
@@ -209,7 +210,7 @@ TEST(CacheAttentionErrors, FusedQkvMatchesSeparateTensors) {
   const std::int32_t t = 5, hq = 8, hkv = 2, d = 32, width = (hq + 2 * hkv) * d;
   std::vector<float> qkv(t * width);
   std::mt19937 rng(1);
-  std::normal_distribution<float> normal;
+  pagedattn::test::NormalFloats normal;
   for (float& x : qkv) x = normal(rng);
   std::vector<float> q, k, v;
   for (int i = 0; i < t; ++i) {

@@ -14,6 +14,7 @@
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_ops.h"
+#include "support/random_floats.h"
 
 namespace pagedattn {
 namespace {
@@ -22,7 +23,7 @@ using ::testing::HasSubstr;
 
 std::vector<float> interesting_floats(std::uint32_t seed, std::size_t n) {
   std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
+  pagedattn::test::NormalFloats normal;
   std::vector<float> v = {0.0f, -0.0f, 1.0f, 1.00390625f /* bf16 tie */, 1.01171875f,
                           65504.0f, 70000.0f, 1e-8f, -3.5f,
                           std::numeric_limits<float>::infinity(),
@@ -232,7 +233,7 @@ TEST(AppendPagedKv, WritesEachTokenToItsSlotInEveryDtype) {
       const std::int32_t tokens = 7;
       std::vector<float> k(tokens * 3 * 16), v(tokens * 3 * 8);
       std::mt19937 rng(3);
-      std::normal_distribution<float> normal;
+      pagedattn::test::NormalFloats normal;
       for (float& x : k) x = normal(rng);
       for (float& x : v) x = normal(rng);
       const std::vector<std::int64_t> slots = {29, 0, -1, 7, 13, 4, 22};
@@ -318,7 +319,7 @@ TEST(Rope, MatchesDoubleReferenceForStylesPartialDimsAndScaling) {
         if (scaling == 3) c.freq_factors = divisors.data();
         std::vector<float> x(tokens * heads * dim);
         std::mt19937 rng(9);
-        std::normal_distribution<float> normal;
+        pagedattn::test::NormalFloats normal;
         for (float& e : x) e = normal(rng);
         const std::vector<double> want = rope_reference(x, tokens, heads, dim, pos, c);
         apply_rope({x.data(), DType::kF32, heads * dim, dim}, tokens, heads, dim, pos.data(), c);

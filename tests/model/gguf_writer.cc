@@ -1,6 +1,7 @@
 #include "model/gguf_writer.h"
 
 #include "pagedattn/dtype.h"
+#include "support/random_floats.h"
 
 #include <random>
 
@@ -125,7 +126,7 @@ GgufWriter& GgufWriter::tensor(std::string name, GgufType type, std::vector<std:
   if (type == GgufType::kF32 || type == GgufType::kF16 || type == GgufType::kBF16) {
     // Finite values in [-1, 1] (random bits would hold NaNs and infinities).
     std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    pagedattn::test::UniformFloats value(-1.0f, 1.0f);
     for (std::uint64_t i = 0; i < elements; ++i) {
       const float v = value(rng);
       if (type == GgufType::kF32) {

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "pagedattn/errors.h"
+#include "support/random_floats.h"
 
 namespace pagedattn::ops::test {
 
@@ -18,7 +19,7 @@ std::vector<unsigned char> poisoned_buffer(std::size_t count, DType dtype) {
 }
 
 std::vector<float> randn(std::mt19937& rng, std::size_t count, DType dtype) {
-  std::normal_distribution<float> normal;
+  pagedattn::test::NormalFloats normal;
   std::vector<float> values(count);
   for (float& x : values) {
     std::uint32_t bits = 0;

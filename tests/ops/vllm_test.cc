@@ -12,6 +12,7 @@
 
 #include "ops_test_support.h"
 #include "pagedattn/ops/vllm.h"
+#include "support/random_floats.h"
 
 namespace pagedattn::ops::test {
 namespace {
@@ -381,7 +382,7 @@ TEST(VllmCacheOps, Int8BlocksMoveWithTheirScalesInCopyAndSwap) {
   std::mt19937 rng(21);
   auto random_scales = [&](std::int32_t n) {
     std::vector<float> s(std::size_t(n) * block_scales);
-    for (float& x : s) x = std::uniform_real_distribution<float>(0.01f, 1.0f)(rng);
+    for (float& x : s) x = pagedattn::test::UniformFloats(0.01f, 1.0f)(rng);
     return s;
   };
   for (CacheLayout layout : {CacheLayout::kFlash, CacheLayout::kCpu}) {

@@ -6,6 +6,7 @@
 #include <complex>
 
 #include "pagedattn/rope.h"
+#include "support/random_floats.h"
 
 namespace pagedattn::test {
 namespace {
@@ -71,7 +72,7 @@ void TreeHarness::add(SeqId id) {
 }
 
 std::vector<float> TreeHarness::random(std::size_t n) {
-  std::normal_distribution<float> normal;
+  pagedattn::test::NormalFloats normal;
   std::vector<float> x(n);
   for (float& e : x) e = normal(rng_);
   return x;
