@@ -145,8 +145,8 @@ WorkloadCache& cache() {
 // in the order they ran; the summary takes the median over repetitions.
 struct Recorded {
   std::vector<std::string> order;
-  std::map<std::string, std::vector<std::map<std::string, double>>> runs;     // iteration runs
-  std::map<std::string, std::map<std::string, double>> medians;               // "median" aggregates
+  std::map<std::string, std::vector<std::map<std::string, double>>> runs;  // iteration runs
+  std::map<std::string, std::map<std::string, double>> medians;            // "median" aggregates
 };
 
 Recorded& recorded() {
@@ -163,7 +163,8 @@ Recorded& recorded() {
 class RecordingReporter : public benchmark::BenchmarkReporter {
  public:
   RecordingReporter(std::unique_ptr<benchmark::BenchmarkReporter> display,
-                    std::unique_ptr<benchmark::BenchmarkReporter> file, std::unique_ptr<std::ofstream> stream)
+                    std::unique_ptr<benchmark::BenchmarkReporter> file,
+                    std::unique_ptr<std::ofstream> stream)
       : display_(std::move(display)), file_(std::move(file)), stream_(std::move(stream)) {
     if (file_) file_->SetOutputStream(stream_.get());
   }
@@ -176,7 +177,8 @@ class RecordingReporter : public benchmark::BenchmarkReporter {
   void ReportRuns(const std::vector<Run>& reports) override {
     std::vector<Run> labelled = reports;
     for (Run& run : labelled) {
-      if (!label_.empty()) run.report_label = run.report_label.empty() ? label_ : run.report_label + "; " + label_;
+      if (!label_.empty())
+        run.report_label = run.report_label.empty() ? label_ : run.report_label + "; " + label_;
       if (run.error_occurred) continue;
       // The registered name, without "/min_time:..." and "/manual_time".
       const std::string& name = run.run_name.function_name;
@@ -184,8 +186,10 @@ class RecordingReporter : public benchmark::BenchmarkReporter {
       for (const auto& [key, counter] : run.counters) counters[key] = counter.value;
       Recorded& r = recorded();
       if (std::find(r.order.begin(), r.order.end(), name) == r.order.end()) r.order.push_back(name);
-      if (run.run_type == Run::RT_Iteration) r.runs[name].push_back(counters);
-      else if (run.aggregate_name == "median") r.medians[name] = counters;
+      if (run.run_type == Run::RT_Iteration)
+        r.runs[name].push_back(counters);
+      else if (run.aggregate_name == "median")
+        r.medians[name] = counters;
     }
     display_->ReportRuns(labelled);
     if (file_) file_->ReportRuns(labelled);
@@ -209,7 +213,8 @@ std::unique_ptr<benchmark::BenchmarkReporter> make_reporter(const std::string& f
                                                             bool tabular) {
   if (format == "json") return std::make_unique<benchmark::JSONReporter>();
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"  // still what --benchmark_format=csv gives
+#pragma GCC diagnostic ignored \
+    "-Wdeprecated-declarations"  // still what --benchmark_format=csv gives
   if (format == "csv") return std::make_unique<benchmark::CSVReporter>();
 #pragma GCC diagnostic pop
   int options = benchmark::ConsoleReporter::OO_None;
@@ -219,7 +224,9 @@ std::unique_ptr<benchmark::BenchmarkReporter> make_reporter(const std::string& f
       static_cast<benchmark::ConsoleReporter::OutputOptions>(options));
 }
 
-bool flag_true(const std::string& v) { return v == "true" || v == "yes" || v == "1"; }
+bool flag_true(const std::string& v) {
+  return v == "true" || v == "yes" || v == "1";
+}
 
 // This program's own command line: the reporter flags of Google Benchmark
 // (read here; --benchmark_out and --benchmark_out_format are removed from
@@ -266,8 +273,8 @@ Options parse_options(int& argc, char** argv) {
     }
     file = make_reporter(out_format, false, false);
   }
-  o.reporter = std::make_unique<RecordingReporter>(make_reporter(format, use_color, flag_true(tabular)),
-                                                   std::move(file), std::move(stream));
+  o.reporter = std::make_unique<RecordingReporter>(
+      make_reporter(format, use_color, flag_true(tabular)), std::move(file), std::move(stream));
   return o;
 }
 
@@ -316,8 +323,12 @@ std::vector<std::string>& skipped() {
   return s;
 }
 
-double read_bw_gbps() { return pb::machine_read_bandwidth().best_gbps; }
-double fma_peak_gflops() { return pb::machine_fma_peak().best_gflops; }
+double read_bw_gbps() {
+  return pb::machine_read_bandwidth().best_gbps;
+}
+double fma_peak_gflops() {
+  return pb::machine_fma_peak().best_gflops;
+}
 
 // Wall time of timed calls, summed.
 struct Timer {
@@ -351,7 +362,8 @@ std::map<std::string, double> kernel_metrics(const Config& c, const Timer& t) {
 // than kContendedCores meanwhile.
 void publish(benchmark::State& state, const std::map<std::string, double>& metrics) {
   for (const auto& [key, value] : metrics) state.counters[key] = value;
-  if (const auto it = metrics.find("others_cores"); it != metrics.end() && it->second > kContendedCores) {
+  if (const auto it = metrics.find("others_cores");
+      it != metrics.end() && it->second > kContendedCores) {
     char label[64];
     std::snprintf(label, sizeof label, "busy: others used %.2f cores", it->second);
     state.SetLabel(label);
@@ -362,14 +374,16 @@ void publish(benchmark::State& state, const std::map<std::string, double>& metri
 class PlannedCall {
  public:
   explicit PlannedCall(const pa::AttentionParams& p) {
-    const pa::AttentionShape shape{p.num_qo_heads, p.kv.num_kv_heads, p.kv.head_dim, p.kv.v_head_dim};
+    const pa::AttentionShape shape{p.num_qo_heads, p.kv.num_kv_heads, p.kv.head_dim,
+                                   p.kv.v_head_dim};
     plan_ = pa::plan_attention(p.table, shape, p.options);
     storage_.resize(plan_.workspace_bytes + 64);
   }
   void run(const pa::AttentionParams& p) {
     const auto base = reinterpret_cast<std::uintptr_t>(storage_.data());
     const std::size_t pad = (64 - base % 64) % 64;
-    pa::paged_attention(p, plan_, std::span<std::byte>(storage_.data() + pad, plan_.workspace_bytes));
+    pa::paged_attention(p, plan_,
+                        std::span<std::byte>(storage_.data() + pad, plan_.workspace_bytes));
   }
 
  private:
@@ -422,9 +436,9 @@ void run_kernel(benchmark::State& state, const Config& c, bool planned,
 // Two workloads, alternating which goes first, one call each per iteration;
 // `a` is the baseline, `b` runs with the plan options `b_options`. Reports
 // both and time(a) / time(b).
-void run_pair(benchmark::State& state, const Config& a, const Config& b,
-              bool b_copies_a, const std::string& a_label, const std::string& b_label,
-              const std::string& ratio_name, bool ratio_b_over_a, const pa::AttentionPlanOptions& b_options,
+void run_pair(benchmark::State& state, const Config& a, const Config& b, bool b_copies_a,
+              const std::string& a_label, const std::string& b_label, const std::string& ratio_name,
+              bool ratio_b_over_a, const pa::AttentionPlanOptions& b_options,
               const pa::AttentionPlanOptions& a_options = {}) {
   try {
     cache().retain_only({a, b});
@@ -499,7 +513,8 @@ void run_planning_cost(benchmark::State& state, const Config& c) {
       copy = (copy + 1) % w->copies();
     }
     const pa::AttentionParams p = w->params(0);
-    const pa::AttentionShape shape{p.num_qo_heads, p.kv.num_kv_heads, p.kv.head_dim, p.kv.v_head_dim};
+    const pa::AttentionShape shape{p.num_qo_heads, p.kv.num_kv_heads, p.kv.head_dim,
+                                   p.kv.v_head_dim};
     for (int i = 0; i < 20; ++i)
       tp.time([&] { benchmark::DoNotOptimize(pa::plan_attention(p.table, shape, p.options)); });
     publish(state, {{"others_cores", pb::other_cores_between(s0, pb::sample_cpu())},
@@ -521,8 +536,9 @@ void run_read_probe(benchmark::State& state, std::size_t bytes, std::size_t run_
   pb::HugeBuffer buf(bytes);
   pb::touch_parallel(buf.data(), buf.size());
   auto pass = [&] {
-    return run_kib == 0 ? pb::read_pass_seconds(buf.data(), bytes, 0)
-                        : pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0, prefetch);
+    return run_kib == 0
+               ? pb::read_pass_seconds(buf.data(), bytes, 0)
+               : pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0, prefetch);
   };
   pass();
   Timer t;
@@ -563,9 +579,9 @@ void run_fma_probe(benchmark::State& state) {
   }
   publish(state, {{"others_cores", pb::other_cores_between(s0, pb::sample_cpu())},
                   {"GFLOPs", flops * double(t.calls) / t.total / 1e9},
-           {"best_pass_GFLOPs", best},
-           {"threads", double(omp_get_max_threads())},
-           {"reference_GFLOPs", fma_peak_gflops()}});
+                  {"best_pass_GFLOPs", best},
+                  {"threads", double(omp_get_max_threads())},
+                  {"reference_GFLOPs", fma_peak_gflops()}});
 }
 
 // --- registration -------------------------------------------------------------------------
@@ -634,8 +650,8 @@ void register_all() {
     DType kv;
     std::int32_t qo_heads;
   };
-  const Grid grids[] = {{DType::kF16, 32},     {DType::kBF16, 32}, {DType::kFP8E4M3, 32},
-                        {DType::kINT8, 32},    {DType::kF32, 32},  {DType::kF16, 64},
+  const Grid grids[] = {{DType::kF16, 32},  {DType::kBF16, 32}, {DType::kFP8E4M3, 32},
+                        {DType::kINT8, 32}, {DType::kF32, 32},  {DType::kF16, 64},
                         {DType::kBF16, 64}};
   for (const Grid& g : grids)
     for (std::int32_t kv_len : kv_lens)
@@ -667,10 +683,11 @@ void register_all() {
                         Quant{DType::kFP8E4M3, "bf16_products"}, Quant{DType::kINT8, ""},
                         Quant{DType::kINT8, "int8_products"}})
     for (std::int32_t batch : batches) {
-      const Config base = decode(DType::kBF16, 32, batch, 16384), quant = decode(q.kv, 32, batch, 16384);
+      const Config base = decode(DType::kBF16, 32, batch, 16384),
+                   quant = decode(q.kv, 32, batch, 16384);
       const std::string products = q.products;
-      const std::string name =
-          decode_name("BM_DecodeQuantSpeedup", quant) + "/vs:bf16" + (products.empty() ? "" : "/" + products);
+      const std::string name = decode_name("BM_DecodeQuantSpeedup", quant) + "/vs:bf16" +
+                               (products.empty() ? "" : "/" + products);
       if (!fits(name, {base, quant})) continue;
       add(name, [=](benchmark::State& s) {
         run_pair(s, base, quant, false, "bf16", short_name(q.kv), "speedup", false,
@@ -692,11 +709,14 @@ void register_all() {
   // for twice the query rows. f16 KV with f32 products, with f16 products
   // (AVX512-FP16 where the CPU has it) and with bf16 products (AVX512-BF16);
   // bf16 KV with bf16 products (no conversion in registers).
-  const std::pair<DType, std::string> gqa_variants[] = {
-      {DType::kF16, ""}, {DType::kF16, "f16_products"}, {DType::kF16, "bf16_products"}, {DType::kBF16, "bf16_products"}};
+  const std::pair<DType, std::string> gqa_variants[] = {{DType::kF16, ""},
+                                                        {DType::kF16, "f16_products"},
+                                                        {DType::kF16, "bf16_products"},
+                                                        {DType::kBF16, "bf16_products"}};
   for (const auto& [kv, products] : gqa_variants) {
     const Config gqa4 = decode(kv, 32, 1, 16384), gqa8 = decode(kv, 64, 1, 16384);
-    const std::string name = decode_name("BM_Gqa8VsGqa4", gqa8) + (products.empty() ? "" : "/" + products);
+    const std::string name =
+        decode_name("BM_Gqa8VsGqa4", gqa8) + (products.empty() ? "" : "/" + products);
     const pa::AttentionPlanOptions options{.bf16_products = products == "bf16_products",
                                            .f16_products = products == "f16_products"};
     if (fits(name, {gqa4, gqa8}))
@@ -713,10 +733,12 @@ void register_all() {
     paged.pages_in_order = in_order;
     Config contiguous = paged;
     contiguous.contiguous = true;  // the same workload for both pairs (keeps_page_order)
-    const std::string name = decode_name("BM_PagedVsContiguous", paged) + (in_order ? "/pages:in_order" : "");
+    const std::string name =
+        decode_name("BM_PagedVsContiguous", paged) + (in_order ? "/pages:in_order" : "");
     if (fits(name, {paged, contiguous}))
       add(name, [=](benchmark::State& s) {
-        run_pair(s, contiguous, paged, true, "contiguous", "paged", "paged_over_contiguous", true, {});
+        run_pair(s, contiguous, paged, true, "contiguous", "paged", "paged_over_contiguous", true,
+                 {});
       });
   }
 
@@ -737,9 +759,13 @@ void register_all() {
 
 // --- the summary of targets --------------------------------------------------------------
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
 
-const char* verdict(bool met) { return met ? "MET" : "MISSED"; }
+const char* verdict(bool met) {
+  return met ? "MET" : "MISSED";
+}
 
 void print_summary() {
   const Recorded& rec = recorded();
@@ -751,32 +777,38 @@ void print_summary() {
     return it == m.end() ? std::nan("") : it->second;
   };
   std::FILE* out = stderr;
-  std::fprintf(out, "\n== pagedattn attention targets (this run; per benchmark the median of its "
+  std::fprintf(out,
+               "\n== pagedattn attention targets (this run; per benchmark the median of its "
                "quiet runs, or of all runs if none was quiet) ==\n");
   std::fprintf(out, "probes: read %.1f GB/s, fp32 FMA %.1f GFLOP/s, %d threads\n", read_bw_gbps(),
                fma_peak_gflops(), omp_get_max_threads());
   // The denominators were measured once at start-up; if the probe benchmarks
   // later did clearly better, the machine was busy then and every fraction
   // below is overstated.
-  auto check_probe = [&](const std::string& bm, const char* key, double reference, const char* unit) {
+  auto check_probe = [&](const std::string& bm, const char* key, double reference,
+                         const char* unit) {
     for (const auto& [name, m] : r)
       if (name == bm && get(m, key) > 1.1 * reference)
-        std::fprintf(out, "WARNING: %s measured %.1f %s, > 10%% above the start-up probe (%.1f): "
-                     "the machine was busy at start-up; fractions are overstated. Re-run when idle.\n",
-                     bm.c_str(), get(m, key), unit, reference);
+        std::fprintf(
+            out,
+            "WARNING: %s measured %.1f %s, > 10%% above the start-up probe (%.1f): "
+            "the machine was busy at start-up; fractions are overstated. Re-run when idle.\n",
+            bm.c_str(), get(m, key), unit, reference);
   };
   check_probe("BM_ProbeReadBandwidth/MiB:1024", "best_pass_GBps", read_bw_gbps(), "GB/s");
   check_probe("BM_ProbeFmaPeak", "best_pass_GFLOPs", fma_peak_gflops(), "GFLOP/s");
   const double probe_others =
       std::max(pb::machine_read_bandwidth().other_cores, pb::machine_fma_peak().other_cores);
   if (probe_others > kContendedCores)
-    std::fprintf(out, "WARNING: other processes used %.2f cores during the start-up probes: the "
+    std::fprintf(out,
+                 "WARNING: other processes used %.2f cores during the start-up probes: the "
                  "denominators are understated and every fraction overstated. Re-run when idle.\n",
                  probe_others);
   int contended = 0;
   for (const auto& [name, m] : r) contended += get(m, "others_cores") > kContendedCores;
   if (contended)
-    std::fprintf(out, "WARNING: %d of %zu benchmarks ran while other processes used > %.2f cores "
+    std::fprintf(out,
+                 "WARNING: %d of %zu benchmarks ran while other processes used > %.2f cores "
                  "(marked [busy]); their numbers understate the kernel.\n",
                  contended, r.size(), kContendedCores);
   auto busy = [&](const std::map<std::string, double>& m) {
@@ -787,33 +819,38 @@ void print_summary() {
   std::fprintf(out, "\n[decode f16/bf16, 32x8: K+V GB/s >= %.0f%% of the read probe]\n",
                kDecodeBandwidthTarget * 100);
   for (const auto& [name, m] : r)
-    if (starts_with(name, "BM_Decode/kv:f16/heads:32x8") || starts_with(name, "BM_Decode/kv:bf16/heads:32x8")) {
+    if (starts_with(name, "BM_Decode/kv:f16/heads:32x8") ||
+        starts_with(name, "BM_Decode/kv:bf16/heads:32x8")) {
       const bool ok = get(m, "pct_read_bw") >= kDecodeBandwidthTarget * 100;
       ++n;
       met += ok;
-      std::fprintf(out, "  %-52s %8.3f ms %6.1f GB/s %5.1f%%  %s%s\n", name.c_str(), get(m, "ms_per_call"),
-                   get(m, "KV_GBps"), get(m, "pct_read_bw"), verdict(ok), busy(m));
+      std::fprintf(out, "  %-52s %8.3f ms %6.1f GB/s %5.1f%%  %s%s\n", name.c_str(),
+                   get(m, "ms_per_call"), get(m, "KV_GBps"), get(m, "pct_read_bw"), verdict(ok),
+                   busy(m));
     }
   if (n) std::fprintf(out, "  %d of %d met\n", met, n);
 
-  std::fprintf(out, "\n[decode fp8/int8 >= %.1fx faster than bf16 at kv_len 16k]\n", kQuantSpeedupTarget);
+  std::fprintf(out, "\n[decode fp8/int8 >= %.1fx faster than bf16 at kv_len 16k]\n",
+               kQuantSpeedupTarget);
   for (const auto& [name, m] : r)
     if (starts_with(name, "BM_DecodeQuantSpeedup"))
       std::fprintf(out, "  %-70s %5.2fx  %s%s\n", name.c_str(), get(m, "speedup"),
                    verdict(get(m, "speedup") >= kQuantSpeedupTarget), busy(m));
 
-  std::fprintf(out, "\n[planning every call (AttentionRunner) against a plan made once; no target]\n");
+  std::fprintf(out,
+               "\n[planning every call (AttentionRunner) against a plan made once; no target]\n");
   for (const auto& [name, m] : r)
     if (starts_with(name, "BM_DecodeRunnerVsPlanned"))
       std::fprintf(out, "  %-60s runner/planned %.3f, plan_attention %.1f us%s\n", name.c_str(),
                    get(m, "runner_over_planned"), get(m, "plan_attention_us"), busy(m));
 
-  std::fprintf(out, "\n[prefill / chunked prefill >= %.0f%% of the FMA probe]\n", kPrefillFmaTarget * 100);
+  std::fprintf(out, "\n[prefill / chunked prefill >= %.0f%% of the FMA probe]\n",
+               kPrefillFmaTarget * 100);
   for (const auto& [name, m] : r)
     if (starts_with(name, "BM_Prefill") || starts_with(name, "BM_ChunkedPrefill"))
       std::fprintf(out, "  %-60s %7.1f GFLOP/s %5.1f%%  %s%s\n", name.c_str(), get(m, "GFLOPs"),
-                   get(m, "pct_fma_peak"), verdict(get(m, "pct_fma_peak") >= kPrefillFmaTarget * 100),
-                   busy(m));
+                   get(m, "pct_fma_peak"),
+                   verdict(get(m, "pct_fma_peak") >= kPrefillFmaTarget * 100), busy(m));
 
   std::fprintf(out, "\n[GQA 8 <= %.2fx the time of GQA 4]\n", kGqaOverheadTarget);
   for (const auto& [name, m] : r)
@@ -821,13 +858,13 @@ void print_summary() {
       std::fprintf(out, "  %-60s gqa8/gqa4 %.3f  %s%s\n", name.c_str(), get(m, "gqa8_over_gqa4"),
                    verdict(get(m, "gqa8_over_gqa4") <= kGqaOverheadTarget), busy(m));
 
-  std::fprintf(out, "\n[paged (page 16) <= %.0f%% slower than contiguous]\n", (kPagedOverheadTarget - 1) * 100);
+  std::fprintf(out, "\n[paged (page 16) <= %.0f%% slower than contiguous]\n",
+               (kPagedOverheadTarget - 1) * 100);
   for (const auto& [name, m] : r)
     if (starts_with(name, "BM_PagedVsContiguous"))
       std::fprintf(out, "  %-60s paged/contiguous %.3f  %s%s\n", name.c_str(),
                    get(m, "paged_over_contiguous"),
                    verdict(get(m, "paged_over_contiguous") <= kPagedOverheadTarget), busy(m));
-
 }
 
 std::string load_average() {
@@ -873,11 +910,11 @@ int main(int argc, char** argv) {
   pb::wait_for_quiet(30.0, kContendedCores);
   const auto& bw = pb::machine_read_bandwidth();
   const auto& fma = pb::machine_fma_peak();
-  benchmark::AddCustomContext("probe_read_GBps",
-                              fixed(bw.best_gbps) + " (best of " + std::to_string(bw.passes) +
-                                  " passes over " + std::to_string(bw.bytes >> 20) + " MiB, " +
-                                  std::to_string(bw.threads) + " threads, " + bw.isa +
-                                  ", others used " + fixed(bw.other_cores, 2) + " cores)");
+  benchmark::AddCustomContext(
+      "probe_read_GBps", fixed(bw.best_gbps) + " (best of " + std::to_string(bw.passes) +
+                             " passes over " + std::to_string(bw.bytes >> 20) + " MiB, " +
+                             std::to_string(bw.threads) + " threads, " + bw.isa + ", others used " +
+                             fixed(bw.other_cores, 2) + " cores)");
   benchmark::AddCustomContext("probe_fma_GFLOPs",
                               fixed(fma.best_gflops) + " (best of " + std::to_string(fma.passes) +
                                   " passes, " + std::to_string(fma.threads) + " threads x " +
@@ -899,7 +936,8 @@ int main(int argc, char** argv) {
       if (!spec.empty()) spec += '|';
       spec += regex_escape(name);
     }
-    std::fprintf(stderr, "\nre-running %zu benchmark(s) that ran on a busy machine (retry %d of %d)\n",
+    std::fprintf(stderr,
+                 "\nre-running %zu benchmark(s) that ran on a busy machine (retry %d of %d)\n",
                  busy.size(), retry, options.retry_busy);
     pb::wait_for_quiet(60.0, kContendedCores);
     reporter.set_label(std::string("retry ") + std::to_string(retry));

@@ -46,7 +46,8 @@ void BM_SchedulerStep(benchmark::State& state) {
     scheduler.release_finished();
     return s.num_decodes;
   };
-  while (step() < n) {}  // prefill everything first
+  while (step() < n) {
+  }  // prefill everything first
   for (auto _ : state) benchmark::DoNotOptimize(step());
   state.counters["running"] = n;
 }

@@ -33,8 +33,8 @@
 #include <fstream>
 #include <new>
 #include <numeric>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "pagedattn/kv_cache.h"
@@ -140,7 +140,8 @@ class MemcpyBaseline {
 // large memset uses non-temporal stores that would not evict anything).
 void flush_caches() {
   static std::vector<unsigned char> buffer(std::size_t{64} << 20, 0);
-  for (std::size_t i = 0; i < buffer.size(); i += 64) buffer[i] = static_cast<unsigned char>(buffer[i] + 1);
+  for (std::size_t i = 0; i < buffer.size(); i += 64)
+    buffer[i] = static_cast<unsigned char>(buffer[i] + 1);
   benchmark::DoNotOptimize(buffer.data());
   benchmark::ClobberMemory();
 }
@@ -194,10 +195,16 @@ void BM_Memcpy(benchmark::State& state) {
     state.SetIterationTime(t);
     total += t;
   }
-  state.counters["GB/s"] = static_cast<double>(bytes) * static_cast<double>(state.iterations()) / total / 1e9;
+  state.counters["GB/s"] =
+      static_cast<double>(bytes) * static_cast<double>(state.iterations()) / total / 1e9;
 }
-BENCHMARK(BM_Memcpy)->ArgName("bytes")->Arg(256 << 10)->Arg(2 << 20)->Arg(256 << 20)
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Memcpy)
+    ->ArgName("bytes")
+    ->Arg(256 << 10)
+    ->Arg(2 << 20)
+    ->Arg(256 << 20)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // Times of one begin_forward + end_forward (the manual iteration time) and
 // of the same-process memcpy baseline, summed over a benchmark's iterations.
@@ -363,7 +370,8 @@ void make_fork_parent(PagedKVCache& cache, SeqId parent, std::int64_t len, std::
   cache.begin_forward(ids, lens);
   end_metadata_step(cache);
   if (fork_pos % kForkPageSize != 0)
-    fill_page(cache, cache.sequence_pages(parent)[static_cast<std::size_t>(fork_pos / kForkPageSize)],
+    fill_page(cache,
+              cache.sequence_pages(parent)[static_cast<std::size_t>(fork_pos / kForkPageSize)],
               0x3c);
 }
 
@@ -387,9 +395,9 @@ void BM_Fork(benchmark::State& state) {
   const std::int64_t copied_bytes = copied_slots * cache.bytes_per_page() / kForkPageSize;
   // Baseline: memcpy of the copied bytes, or of the shared page ids (int32)
   // when nothing is copied.
-  const std::size_t baseline_bytes = copied_slots > 0
-                                         ? static_cast<std::size_t>(copied_bytes)
-                                         : static_cast<std::size_t>(shared_pages) * sizeof(std::int32_t);
+  const std::size_t baseline_bytes =
+      copied_slots > 0 ? static_cast<std::size_t>(copied_bytes)
+                       : static_cast<std::size_t>(shared_pages) * sizeof(std::int32_t);
   MemcpyBaseline baseline(baseline_bytes);
   baseline.run();
   cache.fork_sequence(parent, child, fork_pos);  // warm-up: makes the child's page resident
@@ -449,7 +457,8 @@ void BM_ForkFirstTouch(benchmark::State& state) {
             MADV_NOHUGEPAGE);
   const SeqId parent = 0;
   make_fork_parent(cache, parent, kLen, kForkPos);
-  const std::int64_t copied_bytes = (kForkPos % kForkPageSize) * cache.bytes_per_page() / kForkPageSize;
+  const std::int64_t copied_bytes =
+      (kForkPos % kForkPageSize) * cache.bytes_per_page() / kForkPageSize;
   MemcpyBaseline baseline(static_cast<std::size_t>(copied_bytes));
 
   double t_fork = 0, t_copy = 0, t_max = 0, t_first = 0;

@@ -41,13 +41,17 @@ int main(int argc, char** argv) {
   const MpiComm world = MpiComm::world();
   const int n = world.size();
   if (world.rank() == 0)
-    std::printf("MPI_Allreduce, %d ranks (hidden 768 = the small preset; 576 = SmolLM2-135M)\n"
-                "%10s %10s %12s %12s %12s %14s\n", n, "floats", "KiB", "us/call", "alg GB/s",
-                "bus GB/s", "local add GB/s");
+    std::printf(
+        "MPI_Allreduce, %d ranks (hidden 768 = the small preset; 576 = SmolLM2-135M)\n"
+        "%10s %10s %12s %12s %12s %14s\n",
+        n, "floats", "KiB", "us/call", "alg GB/s", "bus GB/s", "local add GB/s");
   for (std::int64_t tokens : {1, 8, 64, 256, 2048}) {
     const std::size_t count = std::size_t(768 * tokens);
     std::vector<float> values(count, 1.0f), other(count, 2.0f);
-    const double mpi = time_calls(world, [&] { world.all_reduce_sum(values); std::fill(values.begin(), values.end(), 1.0f); });
+    const double mpi = time_calls(world, [&] {
+      world.all_reduce_sum(values);
+      std::fill(values.begin(), values.end(), 1.0f);
+    });
     const double fill = time_calls(world, [&] { std::fill(values.begin(), values.end(), 1.0f); });
     const double add = time_calls(world, [&] {
       for (std::size_t i = 0; i < count; ++i) values[i] += other[i];

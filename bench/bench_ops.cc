@@ -171,28 +171,35 @@ void run_pair(benchmark::State& state, const DecodeSetup& s, Adapter&& adapter, 
 
 // ort::paged_attention vs append_paged_kv + AttentionRunner::run.
 void BM_OrtOverhead(benchmark::State& state) {
-  DecodeSetup s(static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)));
+  DecodeSetup s(static_cast<std::int32_t>(state.range(0)),
+                static_cast<std::int32_t>(state.range(1)));
   const ops::ort::PagedAttentionParams p = s.ort_params();
   AttentionParams kp = s.kernel_params();
   kp.options.scale = 1.0f / 11.3137085f;
   const AppendParams append{{s.key.data(), DType::kF16, kHkv * kD, kD},
-                            {s.value.data(), DType::kF16, kHkv * kD, kD}, s.slots.data(), s.seqs, kp.kv};
+                            {s.value.data(), DType::kF16, kHkv * kD, kD},
+                            s.slots.data(),
+                            s.seqs,
+                            kp.kv};
   AttentionRunner runner;
-  run_pair(state, s, [&] { ops::ort::paged_attention(p); },
-           [&] {
-             append_paged_kv(append);
-             runner.run(kp);
-           });
+  run_pair(
+      state, s, [&] { ops::ort::paged_attention(p); },
+      [&] {
+        append_paged_kv(append);
+        runner.run(kp);
+      });
 }
 
 // vllm::forward_decode vs AttentionRunner::run.
 void BM_VllmOverhead(benchmark::State& state) {
-  DecodeSetup s(static_cast<std::int32_t>(state.range(0)), static_cast<std::int32_t>(state.range(1)));
+  DecodeSetup s(static_cast<std::int32_t>(state.range(0)),
+                static_cast<std::int32_t>(state.range(1)));
   const ops::vllm::ForwardDecodeParams p = s.vllm_params();
   AttentionParams kp = s.kernel_params();
   kp.options.scale = 1.0f / 11.3137085f;
   AttentionRunner runner;
-  run_pair(state, s, [&] { ops::vllm::forward_decode(p); }, [&] { runner.run(kp); });
+  run_pair(
+      state, s, [&] { ops::vllm::forward_decode(p); }, [&] { runner.run(kp); });
 }
 
 void shapes(benchmark::internal::Benchmark* b) {

@@ -71,7 +71,8 @@ void fragment(PagedKVCache& kv) {
 
 void fill(const KVPageRuns& runs, std::byte value) {
   for (const auto& layer : runs.layers)
-    for (std::span<std::byte> run : layer) std::memset(run.data(), static_cast<int>(value), run.size());
+    for (std::span<std::byte> run : layer)
+      std::memset(run.data(), static_cast<int>(value), run.size());
 }
 
 struct Times {
@@ -102,7 +103,8 @@ void receiver_round(const MpiComm& comm, PagedKVCache& kv, std::int64_t tokens,
   t.plain.push_back(seconds_since(start));
 }
 
-void sender_round(const MpiComm& comm, const KVPageRuns& runs, const std::vector<std::byte>& plain) {
+void sender_round(const MpiComm& comm, const KVPageRuns& runs,
+                  const std::vector<std::byte>& plain) {
   comm.recv({}, kReceiver, kTagReady);
   std::vector<MpiRequest> sends = post_kv_sends(comm, runs, kReceiver, kTagPages);
   wait_all(sends);
@@ -139,12 +141,11 @@ void run_case(const MpiComm& comm, const Shape& shape, DType dtype, bool fragmen
   receiver_round(comm, kv, tokens, plain, ignored);  // warm-up round
   for (int rep = 0; rep < reps; ++rep) receiver_round(comm, kv, tokens, plain, t);
   const double paged = median(t.paged), contiguous = median(t.plain);
-  std::printf("| %-9s | %-7s | %-10s | %7.1f | %6.2f | %6.2f | %5.0f%% | %7.1f | %7.2f | %7.1f |\n",
-              shape.name, std::string(dtype_name(dtype)).c_str(),
-              fragmented ? "fragmented" : "in order", double(bytes) / (1 << 20),
-              double(bytes) / paged * 1e-9, double(bytes) / contiguous * 1e-9,
-              100.0 * contiguous / paged, median(t.reserve) * 1e6, paged * 1e3,
-              median(t.commit) * 1e6);
+  std::printf(
+      "| %-9s | %-7s | %-10s | %7.1f | %6.2f | %6.2f | %5.0f%% | %7.1f | %7.2f | %7.1f |\n",
+      shape.name, std::string(dtype_name(dtype)).c_str(), fragmented ? "fragmented" : "in order",
+      double(bytes) / (1 << 20), double(bytes) / paged * 1e-9, double(bytes) / contiguous * 1e-9,
+      100.0 * contiguous / paged, median(t.reserve) * 1e6, paged * 1e3, median(t.commit) * 1e6);
   std::fflush(stdout);
   comm.send({}, kSender, kTagDone);
 }
@@ -170,18 +171,22 @@ int main(int argc, char** argv) {
   const std::int64_t tokens = flag_value(argc, argv, "--tokens", 4096);
   const int reps = static_cast<int>(flag_value(argc, argv, "--reps", 15));
   if (world.rank() == kReceiver) {
-    std::printf("KV transfer of a %lld-token sequence, median of %d interleaved rounds "
-                "(paged = pages into reserved pages, one message for all layers; contiguous = the "
-                "same bytes as one message between plain buffers)\n\n",
-                static_cast<long long>(tokens), reps);
-    std::printf("| shape     | KV      | pages      | MiB     | paged GB/s | contiguous GB/s | paged/contiguous | reserve us | transfer ms | commit us |\n");
+    std::printf(
+        "KV transfer of a %lld-token sequence, median of %d interleaved rounds "
+        "(paged = pages into reserved pages, one message for all layers; contiguous = the "
+        "same bytes as one message between plain buffers)\n\n",
+        static_cast<long long>(tokens), reps);
+    std::printf(
+        "| shape     | KV      | pages      | MiB     | paged GB/s | contiguous GB/s | "
+        "paged/contiguous | reserve us | transfer ms | commit us |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   }
   const Shape shapes[] = {{"small", 12, 4, 64}, {"SmolLM2", 30, 3, 64}};
   try {
     for (const Shape& shape : shapes)
       for (DType dtype : {DType::kF16, DType::kINT8})
-        for (bool fragmented : {false, true}) run_case(world, shape, dtype, fragmented, tokens, reps);
+        for (bool fragmented : {false, true})
+          run_case(world, shape, dtype, fragmented, tokens, reps);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", world.rank(), e.what());
     world.abort(1);

@@ -39,13 +39,15 @@ static uint64_t digest_of(const pagedattn_kv_cache* cache) {
 /* A failed call must name a known status, leave a message, and change nothing. */
 static void check(pagedattn_status status, const pagedattn_kv_cache* cache, uint64_t before) {
   if (status == PAGEDATTN_OK) return;
-  if (status < PAGEDATTN_INVALID_ARGUMENT || status > PAGEDATTN_OUT_OF_MEMORY) die("unknown status");
+  if (status < PAGEDATTN_INVALID_ARGUMENT || status > PAGEDATTN_OUT_OF_MEMORY)
+    die("unknown status");
   if (status == PAGEDATTN_INTERNAL) die("internal error");
   if (pagedattn_last_error_message()[0] == '\0') die("failure without a message");
   if (cache != NULL && digest_of(cache) != before) die("failed call changed the cache");
 }
 
-static pagedattn_tensor dense(void* data, pagedattn_dtype dtype, int64_t d0, int64_t d1, int64_t d2) {
+static pagedattn_tensor dense(void* data, pagedattn_dtype dtype, int64_t d0, int64_t d1,
+                              int64_t d2) {
   pagedattn_tensor t;
   memset(&t, 0, sizeof t);
   t.data = data;
@@ -67,7 +69,8 @@ static void attention(bytes_in* in, pagedattn_kv_cache* cache, const pagedattn_k
   float* out = calloc((size_t)(kMaxTokens * c->num_qo_heads * c->head_dim) + 1, sizeof(float));
   if (qkv == NULL || out == NULL) die("out of memory");
   const pagedattn_dtype dtype = take(in, 4) == 0 ? (pagedattn_dtype)take(in, 8) : PAGEDATTN_FLOAT32;
-  pagedattn_tensor qkv_t = dense(qkv, dtype, tokens, fused_heads + take_small(in, 0, 1) * take_small(in, -1, 1), c->head_dim);
+  pagedattn_tensor qkv_t = dense(
+      qkv, dtype, tokens, fused_heads + take_small(in, 0, 1) * take_small(in, -1, 1), c->head_dim);
   pagedattn_tensor out_t = dense(out, PAGEDATTN_FLOAT32, tokens, c->num_qo_heads, c->head_dim);
   if (dtype != PAGEDATTN_FLOAT32 && dtype != PAGEDATTN_INT32 && dtype != PAGEDATTN_INT64 &&
       dtype != PAGEDATTN_FLOAT16 && dtype != PAGEDATTN_BFLOAT16) {
@@ -94,22 +97,26 @@ static void one_call(bytes_in* in, pagedattn_kv_cache* cache, const pagedattn_kv
       check(pagedattn_kv_cache_remove_sequence(cache, seq), cache, before);
       break;
     case 2:
-      check(pagedattn_kv_cache_fork_sequence(cache, seq, take_small(in, -1, 3), take_small(in, -2, 20)), cache,
-            before);
+      check(pagedattn_kv_cache_fork_sequence(cache, seq, take_small(in, -1, 3),
+                                             take_small(in, -2, 20)),
+            cache, before);
       break;
     case 3:
       check(pagedattn_kv_cache_pop_n(cache, seq, take_small(in, -1, 10)), cache, before);
       break;
     case 4:
-      check(pagedattn_kv_cache_enable_sliding_window(cache, seq, take_small(in, -1, 10), take_small(in, -1, 4)),
+      check(pagedattn_kv_cache_enable_sliding_window(cache, seq, take_small(in, -1, 10),
+                                                     take_small(in, -1, 4)),
             cache, before);
       break;
     case 5: {
       int64_t ids[4], lengths[4];
       const size_t count = (size_t)take(in, 5);
-      for (size_t i = 0; i < count; ++i) ids[i] = take_small(in, -1, 3), lengths[i] = take_small(in, -1, 12);
+      for (size_t i = 0; i < count; ++i)
+        ids[i] = take_small(in, -1, 3), lengths[i] = take_small(in, -1, 12);
       const int null_ids = take(in, 16) == 0;
-      check(pagedattn_kv_cache_begin_forward(cache, null_ids ? NULL : ids, lengths, count), cache, before);
+      check(pagedattn_kv_cache_begin_forward(cache, null_ids ? NULL : ids, lengths, count), cache,
+            before);
       break;
     }
     case 6:
@@ -126,14 +133,16 @@ static void one_call(bytes_in* in, pagedattn_kv_cache* cache, const pagedattn_kv
       float* k = calloc(count + 1, sizeof(float));
       float* v = calloc(count + 1, sizeof(float));
       if (k == NULL || v == NULL) die("out of memory");
-      check(pagedattn_kv_cache_debug_get_kv(cache, seq, start, end, k, count, v, count), cache, before);
+      check(pagedattn_kv_cache_debug_get_kv(cache, seq, start, end, k, count, v, count), cache,
+            before);
       free(k);
       free(v);
       break;
     }
     default: {
       int64_t value = 0;
-      check(pagedattn_kv_cache_sequence_length(cache, seq, take(in, 16) == 0 ? NULL : &value), cache, before);
+      check(pagedattn_kv_cache_sequence_length(cache, seq, take(in, 16) == 0 ? NULL : &value),
+            cache, before);
       check(pagedattn_kv_cache_num_free_pages(cache, &value), cache, before);
       break;
     }

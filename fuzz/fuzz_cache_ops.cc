@@ -35,7 +35,9 @@ KVCacheConfig consume_config(FuzzedDataProvider& in) {
   return config;
 }
 
-SeqId consume_seq(FuzzedDataProvider& in) { return in.ConsumeIntegralInRange<SeqId>(-1, 4); }
+SeqId consume_seq(FuzzedDataProvider& in) {
+  return in.ConsumeIntegralInRange<SeqId>(-1, 4);
+}
 
 std::vector<SeqId> consume_seqs(FuzzedDataProvider& in) {
   std::vector<SeqId> ids(in.ConsumeIntegralInRange(0, 4));
@@ -43,7 +45,8 @@ std::vector<SeqId> consume_seqs(FuzzedDataProvider& in) {
   return ids;
 }
 
-std::vector<std::int64_t> consume_lengths(FuzzedDataProvider& in, std::size_t count, int lo, int hi) {
+std::vector<std::int64_t> consume_lengths(FuzzedDataProvider& in, std::size_t count, int lo,
+                                          int hi) {
   // Usually one per sequence; sometimes a wrong count (must be refused).
   if (in.ConsumeIntegralInRange(0, 15) == 0) count = in.ConsumeIntegralInRange<std::size_t>(0, 5);
   std::vector<std::int64_t> lengths(count);
@@ -70,7 +73,8 @@ struct Activation {
 
 void attention(FuzzedDataProvider& in, PagedKVCache& kv) {
   const KVCacheConfig& c = kv.config();
-  const std::int64_t tokens = kv.in_forward() ? kv.plan().num_tokens() : in.ConsumeIntegralInRange(0, 3);
+  const std::int64_t tokens =
+      kv.in_forward() ? kv.plan().num_tokens() : in.ConsumeIntegralInRange(0, 3);
   const std::int32_t layer = in.ConsumeIntegralInRange(-1, c.num_layers);
   AttentionOptions options;
   options.causal = in.ConsumeBool();
@@ -80,8 +84,9 @@ void attention(FuzzedDataProvider& in, PagedKVCache& kv) {
   Activation k(in, tokens, c.num_kv_heads, c.head_dim);
   Activation v(in, tokens, c.num_kv_heads, c.v_head_dim);
   Activation out(in, tokens, c.num_qo_heads, c.v_head_dim);
-  call_checked("attention", [&] { kv.attention(layer, q.tensor, k.tensor, v.tensor, out.tensor, options); },
-               [&] { return kv.state_digest(); });
+  call_checked(
+      "attention", [&] { kv.attention(layer, q.tensor, k.tensor, v.tensor, out.tensor, options); },
+      [&] { return kv.state_digest(); });
 }
 
 void debug_set_kv(FuzzedDataProvider& in, PagedKVCache& kv) {
@@ -90,15 +95,19 @@ void debug_set_kv(FuzzedDataProvider& in, PagedKVCache& kv) {
   const std::int64_t start = in.ConsumeIntegralInRange<std::int64_t>(-1, 12);
   const std::int64_t end = in.ConsumeIntegralInRange<std::int64_t>(-1, 12);
   const std::int64_t tokens = end > start ? end - start : 0;
-  std::size_t k_count = static_cast<std::size_t>(c.num_layers * tokens * c.num_kv_heads * c.head_dim);
-  std::size_t v_count = static_cast<std::size_t>(c.num_layers * tokens * c.num_kv_heads * c.v_head_dim);
+  std::size_t k_count =
+      static_cast<std::size_t>(c.num_layers * tokens * c.num_kv_heads * c.head_dim);
+  std::size_t v_count =
+      static_cast<std::size_t>(c.num_layers * tokens * c.num_kv_heads * c.v_head_dim);
   if (in.ConsumeIntegralInRange(0, 7) == 0) k_count = in.ConsumeIntegralInRange<std::size_t>(0, 64);
   const std::vector<float> k(k_count, 1.5f), v(v_count, -0.75f);
-  call_checked("debug_set_kv", [&] { kv.debug_set_kv(seq, start, end, k, v); },
-               [&] { return kv.state_digest(); });
+  call_checked(
+      "debug_set_kv", [&] { kv.debug_set_kv(seq, start, end, k, v); },
+      [&] { return kv.state_digest(); });
   std::vector<float> k_out(k_count), v_out(v_count);
-  call_checked("debug_get_kv", [&] { kv.debug_get_kv(seq, start, end, k_out, v_out); },
-               [&] { return kv.state_digest(); });
+  call_checked(
+      "debug_get_kv", [&] { kv.debug_get_kv(seq, start, end, k_out, v_out); },
+      [&] { return kv.state_digest(); });
 }
 
 void run_one(FuzzedDataProvider& in, PagedKVCache& kv) {
@@ -106,37 +115,43 @@ void run_one(FuzzedDataProvider& in, PagedKVCache& kv) {
   switch (in.ConsumeIntegralInRange(0, 10)) {
     case 0: {
       const SeqId seq = consume_seq(in);
-      call_checked("add_sequence", [&] { kv.add_sequence(seq); }, digest);
+      call_checked(
+          "add_sequence", [&] { kv.add_sequence(seq); }, digest);
       break;
     }
     case 1: {
       const SeqId seq = consume_seq(in);
-      call_checked("remove_sequence", [&] { kv.remove_sequence(seq); }, digest);
+      call_checked(
+          "remove_sequence", [&] { kv.remove_sequence(seq); }, digest);
       break;
     }
     case 2: {
       const SeqId parent = consume_seq(in), child = consume_seq(in);
       const std::int64_t pos = in.ConsumeIntegralInRange<std::int64_t>(-2, 20);
-      call_checked("fork_sequence", [&] { kv.fork_sequence(parent, child, pos); }, digest);
+      call_checked(
+          "fork_sequence", [&] { kv.fork_sequence(parent, child, pos); }, digest);
       break;
     }
     case 3: {
       const SeqId seq = consume_seq(in);
       const std::int64_t n = in.ConsumeIntegralInRange<std::int64_t>(-1, 10);
-      call_checked("pop_n", [&] { kv.pop_n(seq, n); }, digest);
+      call_checked(
+          "pop_n", [&] { kv.pop_n(seq, n); }, digest);
       break;
     }
     case 4: {
       const SeqId seq = consume_seq(in);
       const std::int64_t window = in.ConsumeIntegralInRange<std::int64_t>(-1, 10);
       const std::int64_t sink = in.ConsumeIntegralInRange<std::int64_t>(-1, 4);
-      call_checked("enable_sliding_window", [&] { kv.enable_sliding_window(seq, window, sink); }, digest);
+      call_checked(
+          "enable_sliding_window", [&] { kv.enable_sliding_window(seq, window, sink); }, digest);
       break;
     }
     case 5: {
       const std::vector<SeqId> ids = consume_seqs(in);
       const std::vector<std::int64_t> lengths = consume_lengths(in, ids.size(), -1, 12);
-      call_checked("begin_forward", [&] { kv.begin_forward(ids, lengths); }, digest);
+      call_checked(
+          "begin_forward", [&] { kv.begin_forward(ids, lengths); }, digest);
       break;
     }
     case 6: {
@@ -148,18 +163,21 @@ void run_one(FuzzedDataProvider& in, PagedKVCache& kv) {
           parents.push_back(in.ConsumeIntegralInRange<std::int64_t>(-2, i));
         }
       }
-      call_checked("begin_forward(tree)", [&] { kv.begin_forward(ids, lengths, parents); }, digest);
+      call_checked(
+          "begin_forward(tree)", [&] { kv.begin_forward(ids, lengths, parents); }, digest);
       break;
     }
     case 7: {
       const std::vector<SeqId> ids = consume_seqs(in);
       const std::vector<std::int64_t> leaves = consume_lengths(in, ids.size(), -2, 8);
-      call_checked("commit_accepted_token_tree_nodes",
-                   [&] { kv.commit_accepted_token_tree_nodes(ids, leaves); }, digest);
+      call_checked(
+          "commit_accepted_token_tree_nodes",
+          [&] { kv.commit_accepted_token_tree_nodes(ids, leaves); }, digest);
       break;
     }
     case 8:
-      call_checked("end_forward", [&] { kv.end_forward(); }, digest);
+      call_checked(
+          "end_forward", [&] { kv.end_forward(); }, digest);
       break;
     case 9:
       attention(in, kv);

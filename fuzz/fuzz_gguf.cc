@@ -31,9 +31,12 @@ void exercise(const GgufFile& file) {
   tolerate_errors([&] { (void)read_model_config(file); });
   tolerate_errors([&] {
     const Tokenizer tokenizer(read_tokenizer_vocab(file));
-    const auto ids = tokenizer.encode("Hello, world! 123 \xe2\x96\x81\xff", {.parse_special = true});
+    const auto ids =
+        tokenizer.encode("Hello, world! 123 \xe2\x96\x81\xff", {.parse_special = true});
     (void)tokenizer.decode(ids);
-    tolerate_errors([&] { (void)read_chat_template(file, tokenizer).render({{"user", "hi"}}, true); });
+    tolerate_errors([&] {
+      (void)read_chat_template(file, tokenizer).render({{"user", "hi"}}, true);
+    });
   });
 }
 

@@ -39,7 +39,8 @@ class Inputs {
 
   // A dimension: usually as the operator expects, sometimes anything small.
   std::int64_t dim(std::int64_t expected) {
-    return in_.ConsumeIntegralInRange(0, 15) == 0 ? in_.ConsumeIntegralInRange<std::int64_t>(0, 9) : expected;
+    return in_.ConsumeIntegralInRange(0, 15) == 0 ? in_.ConsumeIntegralInRange<std::int64_t>(0, 9)
+                                                  : expected;
   }
 
   TensorView tensor(DType dtype, std::initializer_list<std::int64_t> shape) {
@@ -57,15 +58,21 @@ class Inputs {
   // Index values mostly near the valid range, sometimes extremes.
   std::int64_t index_value() {
     switch (in_.ConsumeIntegralInRange(0, 31)) {
-      case 0: return std::numeric_limits<std::int32_t>::max();
-      case 1: return std::numeric_limits<std::int32_t>::min();
-      case 2: return in_.ConsumeIntegral<std::int64_t>();
-      default: return in_.ConsumeIntegralInRange<std::int64_t>(-2, 12);
+      case 0:
+        return std::numeric_limits<std::int32_t>::max();
+      case 1:
+        return std::numeric_limits<std::int32_t>::min();
+      case 2:
+        return in_.ConsumeIntegral<std::int64_t>();
+      default:
+        return in_.ConsumeIntegralInRange<std::int64_t>(-2, 12);
     }
   }
 
   IndexView index(IndexType expected, std::initializer_list<std::int64_t> shape) {
-    const IndexType type = in_.ConsumeIntegralInRange(0, 15) == 0 ? in_.PickValueInArray({IndexType::kInt32, IndexType::kInt64}) : expected;
+    const IndexType type = in_.ConsumeIntegralInRange(0, 15) == 0
+                               ? in_.PickValueInArray({IndexType::kInt32, IndexType::kInt64})
+                               : expected;
     std::size_t elements = 1;
     for (std::int64_t extent : shape) elements *= static_cast<std::size_t>(extent);
     std::vector<std::uint8_t>& bytes = buffers_.emplace_back(elements * 8 + 8, 0);
@@ -77,9 +84,10 @@ class Inputs {
         reinterpret_cast<std::int64_t*>(bytes.data())[i] = value;
       }
     }
-    IndexView view = type == IndexType::kInt32
-                         ? IndexView::dense(reinterpret_cast<const std::int32_t*>(bytes.data()), shape)
-                         : IndexView::dense(reinterpret_cast<const std::int64_t*>(bytes.data()), shape);
+    IndexView view =
+        type == IndexType::kInt32
+            ? IndexView::dense(reinterpret_cast<const std::int32_t*>(bytes.data()), shape)
+            : IndexView::dense(reinterpret_cast<const std::int64_t*>(bytes.data()), shape);
     return view;
   }
 
@@ -127,8 +135,10 @@ void fuzz_ort(Inputs& x, const Sizes& s) {
   } else {
     p.query = x.tensor(DType::kF32, {x.dim(s.tokens), x.dim((s.q_heads + 2 * s.kv_heads) * hd)});
   }
-  p.key_cache = x.tensor(DType::kF32, {x.dim(s.blocks), x.dim(s.block_size), x.dim(s.kv_heads * hd)});
-  p.value_cache = x.tensor(DType::kF32, {x.dim(s.blocks), x.dim(s.block_size), x.dim(s.kv_heads * hd)});
+  p.key_cache =
+      x.tensor(DType::kF32, {x.dim(s.blocks), x.dim(s.block_size), x.dim(s.kv_heads * hd)});
+  p.value_cache =
+      x.tensor(DType::kF32, {x.dim(s.blocks), x.dim(s.block_size), x.dim(s.kv_heads * hd)});
   p.cumulative_sequence_length = x.index(IndexType::kInt32, {x.dim(s.seqs + 1)});
   p.past_seqlens = x.index(IndexType::kInt32, {x.dim(s.seqs)});
   p.block_table = x.index(IndexType::kInt32, {x.dim(s.seqs), x.dim(s.max_blocks)});
@@ -136,17 +146,22 @@ void fuzz_ort(Inputs& x, const Sizes& s) {
   p.output = x.tensor(DType::kF32, {x.dim(s.tokens), x.dim(s.q_heads * hd)});
   p.local_window_size = x.in().ConsumeIntegralInRange(-2, 8);
   p.softcap = x.in().ConsumeBool() ? 0.0f : x.in().ConsumeFloatingPointInRange(-2.0f, 50.0f);
-  call_checked("ort::paged_attention", [&] { ops::ort::paged_attention(p); },
-               [&] { return std::make_pair(Inputs::bytes_of(p.key_cache), Inputs::bytes_of(p.value_cache)); });
+  call_checked(
+      "ort::paged_attention", [&] { ops::ort::paged_attention(p); },
+      [&] {
+        return std::make_pair(Inputs::bytes_of(p.key_cache), Inputs::bytes_of(p.value_cache));
+      });
 }
 
 ops::vllm::KVCaches vllm_caches(Inputs& x, const Sizes& s) {
   ops::vllm::KVCaches kv;
   kv.layout = x.in().ConsumeBool() ? ops::vllm::CacheLayout::kCpu : ops::vllm::CacheLayout::kFlash;
   const DType dtype = x.in().PickValueInArray(kCacheTypes);
-  kv.kv_cache_dtype = is_fp8(dtype) ? x.in().PickValueInArray({"fp8", "fp8_e4m3", "fp8_e5m2"}) : "auto";
+  kv.kv_cache_dtype =
+      is_fp8(dtype) ? x.in().PickValueInArray({"fp8", "fp8_e4m3", "fp8_e5m2"}) : "auto";
   const bool flash = kv.layout == ops::vllm::CacheLayout::kFlash;
-  const std::int64_t mid0 = flash ? s.block_size : s.kv_heads, mid1 = flash ? s.kv_heads : s.block_size;
+  const std::int64_t mid0 = flash ? s.block_size : s.kv_heads,
+                     mid1 = flash ? s.kv_heads : s.block_size;
   kv.key_cache = x.tensor(dtype, {x.dim(s.blocks), x.dim(mid0), x.dim(mid1), x.dim(s.head_dim)});
   kv.value_cache = x.tensor(dtype, {x.dim(s.blocks), x.dim(mid0), x.dim(mid1), x.dim(s.head_dim)});
   return kv;
@@ -154,7 +169,9 @@ ops::vllm::KVCaches vllm_caches(Inputs& x, const Sizes& s) {
 
 void fuzz_vllm(Inputs& x, const Sizes& s) {
   const auto caches_digest = [](const ops::vllm::KVCaches& kv) {
-    return [&kv] { return std::make_pair(Inputs::bytes_of(kv.key_cache), Inputs::bytes_of(kv.value_cache)); };
+    return [&kv] {
+      return std::make_pair(Inputs::bytes_of(kv.key_cache), Inputs::bytes_of(kv.value_cache));
+    };
   };
   switch (x.in().ConsumeIntegralInRange(0, 4)) {
     case 0: {
@@ -167,7 +184,8 @@ void fuzz_vllm(Inputs& x, const Sizes& s) {
       p.max_seq_len = static_cast<std::int32_t>(x.index_value());
       p.num_kv_heads = static_cast<std::int32_t>(x.dim(s.kv_heads));
       p.scale = 0.5f;
-      call_checked("vllm::forward_decode", [&] { ops::vllm::forward_decode(p); }, caches_digest(p.kv));
+      call_checked(
+          "vllm::forward_decode", [&] { ops::vllm::forward_decode(p); }, caches_digest(p.kv));
       break;
     }
     case 1: {
@@ -180,7 +198,8 @@ void fuzz_vllm(Inputs& x, const Sizes& s) {
       p.seq_lens = x.index(IndexType::kInt32, {x.dim(s.seqs)});
       p.max_query_len = static_cast<std::int32_t>(x.index_value());
       if (x.in().ConsumeBool()) p.sliding_window = static_cast<std::int32_t>(x.index_value());
-      call_checked("vllm::forward_prefix", [&] { ops::vllm::forward_prefix(p); }, caches_digest(p.kv));
+      call_checked(
+          "vllm::forward_prefix", [&] { ops::vllm::forward_prefix(p); }, caches_digest(p.kv));
       break;
     }
     case 2: {
@@ -189,8 +208,9 @@ void fuzz_vllm(Inputs& x, const Sizes& s) {
       p.key = x.tensor(DType::kF32, {x.dim(s.tokens), x.dim(s.kv_heads), x.dim(s.head_dim)});
       p.value = x.tensor(DType::kF32, {x.dim(s.tokens), x.dim(s.kv_heads), x.dim(s.head_dim)});
       p.slot_mapping = x.index(IndexType::kInt64, {x.dim(s.tokens)});
-      call_checked("vllm::write_to_paged_cache", [&] { ops::vllm::write_to_paged_cache(p); },
-                   caches_digest(p.kv));
+      call_checked(
+          "vllm::write_to_paged_cache", [&] { ops::vllm::write_to_paged_cache(p); },
+          caches_digest(p.kv));
       break;
     }
     case 3: {
@@ -200,7 +220,8 @@ void fuzz_vllm(Inputs& x, const Sizes& s) {
       p.value_caches = {&kv.value_cache, 1};
       p.layout = kv.layout;
       p.block_mapping = x.index(IndexType::kInt64, {x.dim(s.max_blocks), x.dim(2)});
-      call_checked("vllm::copy_blocks", [&] { ops::vllm::copy_blocks(p); }, caches_digest(kv));
+      call_checked(
+          "vllm::copy_blocks", [&] { ops::vllm::copy_blocks(p); }, caches_digest(kv));
       break;
     }
     default: {
@@ -210,7 +231,8 @@ void fuzz_vllm(Inputs& x, const Sizes& s) {
       p.dst = a.value_cache;
       p.layout = a.layout;
       p.block_mapping = x.index(IndexType::kInt64, {x.dim(s.max_blocks), x.dim(2)});
-      call_checked("vllm::swap_blocks", [&] { ops::vllm::swap_blocks(p); }, caches_digest(a));
+      call_checked(
+          "vllm::swap_blocks", [&] { ops::vllm::swap_blocks(p); }, caches_digest(a));
       break;
     }
   }
@@ -220,10 +242,13 @@ void fuzz_torch_xla(Inputs& x, const Sizes& s) {
   ops::torch_xla::RaggedPagedAttentionParams p;
   p.q = x.tensor(DType::kF32, {x.dim(s.tokens), x.dim(s.q_heads), x.dim(s.head_dim)});
   if (x.in().ConsumeBool()) {
-    p.kv_pages = x.tensor(DType::kF32, {x.dim(s.blocks), x.dim(s.block_size), x.dim(2 * s.kv_heads), x.dim(s.head_dim)});
+    p.kv_pages = x.tensor(DType::kF32, {x.dim(s.blocks), x.dim(s.block_size), x.dim(2 * s.kv_heads),
+                                        x.dim(s.head_dim)});
   } else {
-    p.k_pages = x.tensor(DType::kF32, {x.dim(s.blocks), x.dim(s.block_size), x.dim(s.kv_heads * s.head_dim)});
-    p.v_pages = x.tensor(DType::kF32, {x.dim(s.blocks), x.dim(s.block_size), x.dim(s.kv_heads * s.head_dim)});
+    p.k_pages = x.tensor(DType::kF32,
+                         {x.dim(s.blocks), x.dim(s.block_size), x.dim(s.kv_heads * s.head_dim)});
+    p.v_pages = x.tensor(DType::kF32,
+                         {x.dim(s.blocks), x.dim(s.block_size), x.dim(s.kv_heads * s.head_dim)});
   }
   p.kv_lens = x.index(IndexType::kInt32, {x.dim(s.seqs)});
   p.page_indices = x.index(IndexType::kInt32, {x.dim(s.seqs), x.dim(s.max_blocks)});
@@ -232,8 +257,9 @@ void fuzz_torch_xla(Inputs& x, const Sizes& s) {
   if (x.in().ConsumeBool()) p.sliding_window = static_cast<std::int32_t>(x.index_value());
   if (x.in().ConsumeBool()) p.soft_cap = x.in().ConsumeFloatingPointInRange(-2.0f, 50.0f);
   p.output = x.tensor(DType::kF32, {x.dim(s.tokens), x.dim(s.q_heads), x.dim(s.head_dim)});
-  call_checked("torch_xla::ragged_paged_attention", [&] { ops::torch_xla::ragged_paged_attention(p); },
-               [] { return 0; });
+  call_checked(
+      "torch_xla::ragged_paged_attention", [&] { ops::torch_xla::ragged_paged_attention(p); },
+      [] { return 0; });
 }
 
 void fuzz_tvm(Inputs& x, const Sizes& s) {
@@ -253,31 +279,39 @@ void fuzz_tvm(Inputs& x, const Sizes& s) {
   const auto* id_data = static_cast<const std::int64_t*>(ids.data);
   const auto* length_data = static_cast<const std::int64_t*>(lengths.data);
   if (ids.type == IndexType::kInt64 && lengths.type == IndexType::kInt64) {
-    call_checked("tvm::kv_state_begin_forward",
-                 [&] {
-                   ops::tvm::kv_state_begin_forward(cache, {id_data, static_cast<std::size_t>(ids.dim(0))},
-                                                    {length_data, static_cast<std::size_t>(lengths.dim(0))});
-                 },
-                 digest);
+    call_checked(
+        "tvm::kv_state_begin_forward",
+        [&] {
+          ops::tvm::kv_state_begin_forward(cache, {id_data, static_cast<std::size_t>(ids.dim(0))},
+                                           {length_data, static_cast<std::size_t>(lengths.dim(0))});
+        },
+        digest);
   }
   const std::int64_t tokens = cache.in_forward() ? cache.plan().num_tokens() : s.tokens;
   ops::tvm::AttentionWithFusedQKVParams p;
   p.layer_id = static_cast<std::int32_t>(x.in().ConsumeIntegralInRange(-1, 1));
   p.sm_scale = 0.5f;
-  p.qkv = x.tensor(DType::kF32, {x.dim(tokens), x.dim(s.q_heads + 2 * s.kv_heads), x.dim(s.head_dim)});
+  p.qkv =
+      x.tensor(DType::kF32, {x.dim(tokens), x.dim(s.q_heads + 2 * s.kv_heads), x.dim(s.head_dim)});
   p.o = x.tensor(DType::kF32, {x.dim(tokens), x.dim(s.q_heads), x.dim(s.head_dim)});
-  call_checked("tvm::attention_with_fused_qkv",
-               [&] { ops::tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); }, digest);
+  call_checked(
+      "tvm::attention_with_fused_qkv",
+      [&] { ops::tvm::attention_kv_cache_attention_with_fused_qkv(cache, p); }, digest);
   const std::int64_t window_seq = x.index_value();
   const auto window = static_cast<std::int32_t>(x.index_value());
   const auto sink = static_cast<std::int32_t>(x.index_value());
-  call_checked("tvm::kv_state_end_forward", [&] { ops::tvm::kv_state_end_forward(cache); }, digest);
-  call_checked("tvm::enable_sliding_window",
-               [&] { ops::tvm::attention_kv_cache_enable_sliding_window_for_seq(cache, window_seq, window, sink); },
-               digest);
+  call_checked(
+      "tvm::kv_state_end_forward", [&] { ops::tvm::kv_state_end_forward(cache); }, digest);
+  call_checked(
+      "tvm::enable_sliding_window",
+      [&] {
+        ops::tvm::attention_kv_cache_enable_sliding_window_for_seq(cache, window_seq, window, sink);
+      },
+      digest);
   const std::int64_t pop_seq = x.index_value();
   const std::int64_t pop_count = x.index_value();
-  call_checked("tvm::kv_state_popn", [&] { ops::tvm::kv_state_popn(cache, pop_seq, pop_count); }, digest);
+  call_checked(
+      "tvm::kv_state_popn", [&] { ops::tvm::kv_state_popn(cache, pop_seq, pop_count); }, digest);
   cache.check_invariants();
 }
 
@@ -291,10 +325,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int op = in.ConsumeIntegralInRange(0, 3);
   const Sizes sizes(in);
   switch (op) {
-    case 0: fuzz_ort(inputs, sizes); break;
-    case 1: fuzz_vllm(inputs, sizes); break;
-    case 2: fuzz_torch_xla(inputs, sizes); break;
-    default: fuzz_tvm(inputs, sizes); break;
+    case 0:
+      fuzz_ort(inputs, sizes);
+      break;
+    case 1:
+      fuzz_vllm(inputs, sizes);
+      break;
+    case 2:
+      fuzz_torch_xla(inputs, sizes);
+      break;
+    default:
+      fuzz_tvm(inputs, sizes);
+      break;
   }
   return 0;
 }

@@ -56,15 +56,20 @@ inline int attention_kernel_lanes(const CpuFeatures& used) {
 }
 
 // Whether head dim `head_dim` suits the AMX tile path (bf16 prefill).
-inline constexpr bool attention_amx_dims(int head_dim) { return head_dim > 0 && head_dim % 32 == 0; }
+inline constexpr bool attention_amx_dims(int head_dim) {
+  return head_dim > 0 && head_dim % 32 == 0;
+}
 
 // Whether head dims suit the f16 decode path (kernels::f16_decode_dims).
 inline constexpr bool attention_f16_decode_dims(int head_dim, int v_head_dim) {
-  return head_dim > 0 && head_dim % 32 == 0 && head_dim <= 256 && v_head_dim > 0 && v_head_dim % 32 == 0;
+  return head_dim > 0 && head_dim % 32 == 0 && head_dim <= 256 && v_head_dim > 0 &&
+         v_head_dim % 32 == 0;
 }
 
 // Whether head dim `head_dim` (K and V alike) suits the int8 dot-product path.
-inline constexpr bool attention_int8_dot_dims(int head_dim) { return head_dim > 0 && head_dim % 64 == 0; }
+inline constexpr bool attention_int8_dot_dims(int head_dim) {
+  return head_dim > 0 && head_dim % 64 == 0;
+}
 
 // KV types whose decode rows (at most 8 query rows per KV head, no inline
 // key RoPE) run on vdpbf16ps when bf16 products are allowed.
@@ -89,8 +94,10 @@ inline PeakClass attention_peak_class(const AttentionCallKind& call, const CpuFe
   const bool bf16_kv = call.prefill ? kv != DType::kF32 : kernel_bf16_decode(kv);
   // Decode keeps f32 FMAs on the CPUs with AMX, or without AVX512-VBMI
   // (kernels::bf16_decode_pays).
-  const bool bf16_dot_here = call.prefill || (!(kKernelUsesAmx && used.amx_bf16) && used.avx512_vbmi);
-  if (avx512 && call.bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16 && bf16_dot_here) {
+  const bool bf16_dot_here =
+      call.prefill || (!(kKernelUsesAmx && used.amx_bf16) && used.avx512_vbmi);
+  if (avx512 && call.bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16 &&
+      bf16_dot_here) {
     if (call.prefill && kKernelUsesAmx && used.amx_bf16 && attention_amx_dims(call.head_dim))
       return PeakClass::kBf16Amx;
     return PeakClass::kBf16DotZmm;
@@ -98,8 +105,10 @@ inline PeakClass attention_peak_class(const AttentionCallKind& call, const CpuFe
   if (avx512 && !call.prefill && call.int8_products && kv == DType::kINT8 &&
       attention_int8_dot_dims(call.head_dim) && kKernelUsesInt8Dot && used.avx512_vnni)
     return PeakClass::kInt8DotZmm;
-  if (avx512 && !call.prefill && call.f16_products && (kv == DType::kFP8E4M3 || kv == DType::kF16) &&
-      attention_f16_decode_dims(call.head_dim, call.head_dim) && kKernelUsesF16Decode && used.avx512_fp16)
+  if (avx512 && !call.prefill && call.f16_products &&
+      (kv == DType::kFP8E4M3 || kv == DType::kF16) &&
+      attention_f16_decode_dims(call.head_dim, call.head_dim) && kKernelUsesF16Decode &&
+      used.avx512_fp16)
     return PeakClass::kF16FmaZmm;
   if (avx512 && kKernelMaxF32Lanes >= 16) return PeakClass::kFp32FmaZmm;
   if (used.avx2 && used.fma) return PeakClass::kFp32FmaYmm;

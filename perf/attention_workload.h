@@ -30,12 +30,18 @@ using pa::DType;
 
 inline std::string short_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kFP8E4M3: return "fp8_e4m3";
-    case DType::kFP8E5M2: return "fp8_e5m2";
-    case DType::kINT8: return "int8";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kFP8E4M3:
+      return "fp8_e4m3";
+    case DType::kFP8E5M2:
+      return "fp8_e5m2";
+    case DType::kINT8:
+      return "int8";
   }
   return "?";
 }
@@ -67,7 +73,8 @@ struct Config {
   std::string key() const {
     return short_name(kv) + "/" + std::to_string(qo_heads) + "x" + std::to_string(kv_heads) + "/d" +
            std::to_string(head_dim) + "/b" + std::to_string(batch) + "/q" + std::to_string(q_len) +
-           "/kv" + std::to_string(kv_len) + (contiguous ? "/contig" : "/paged" + std::to_string(page)) +
+           "/kv" + std::to_string(kv_len) +
+           (contiguous ? "/contig" : "/paged" + std::to_string(page)) +
            (keeps_page_order() ? "/in_order" : "");
   }
   // Queries and outputs: f16 with f16 KV, f32 with f32 KV, bf16 otherwise.
@@ -80,7 +87,9 @@ struct Config {
   }
   // One page of K for every KV head: the contiguous run a decode reads at a
   // random place (the paged read probe's run length; V's pages are alike).
-  std::size_t k_page_bytes() const { return std::size_t(page_size()) * kv_heads * head_dim * pa::dtype_size(kv); }
+  std::size_t k_page_bytes() const {
+    return std::size_t(page_size()) * kv_heads * head_dim * pa::dtype_size(kv);
+  }
   std::size_t copy_bytes() const { return std::size_t(batch) * pages_per_seq() * page_bytes(); }
   std::int32_t copies() const {
     return static_cast<std::int32_t>(
@@ -96,7 +105,9 @@ struct Config {
     return double(batch) * kv_len * per_token;
   }
   // FLOPs of one call, causal (attention_flops).
-  double flops_per_call() const { return attention_flops(batch, qo_heads, head_dim, q_len, kv_len); }
+  double flops_per_call() const {
+    return attention_flops(batch, qo_heads, head_dim, q_len, kv_len);
+  }
 };
 
 // A pattern of `n` well-scaled random values stored as `t` (N(0,1) values;
@@ -116,8 +127,8 @@ inline std::vector<unsigned char> value_pattern(DType t, std::size_t n, std::uin
 
 // Fills `bytes` at `dst` with 64 KiB blocks of `pattern`, each from a
 // pseudo-random 64-byte aligned offset; all threads (first touch).
-inline void fill_from_pattern(std::byte* dst, std::size_t bytes, const std::vector<unsigned char>& pattern,
-                       std::uint64_t salt) {
+inline void fill_from_pattern(std::byte* dst, std::size_t bytes,
+                              const std::vector<unsigned char>& pattern, std::uint64_t salt) {
   constexpr std::size_t kBlock = 64 * 1024;
   const std::size_t span = (pattern.size() - kBlock) / 64;
   const std::int64_t blocks = static_cast<std::int64_t>((bytes + kBlock - 1) / kBlock);
@@ -186,9 +197,7 @@ class Workload {
 
   const Config& config() const { return c_; }
   std::int32_t copies() const { return copies_; }
-  std::size_t bytes() const {
-    return k_.size() + v_.size() + k_scales_.size() + v_scales_.size();
-  }
+  std::size_t bytes() const { return k_.size() + v_.size() + k_scales_.size() + v_scales_.size(); }
 
   pa::AttentionParams params(std::int32_t copy) {
     pa::AttentionParams p;
@@ -210,9 +219,9 @@ class Workload {
   }
 
   pa::PagedKVStorage storage() const {
-    auto s = pa::PagedKVStorage::dense(k_.data(), v_.data(), c_.kv, pa::KVLayout::kHND,
-                                       c_.page_size(), c_.kv_heads, c_.head_dim, c_.head_dim,
-                                       num_pages_);
+    auto s =
+        pa::PagedKVStorage::dense(k_.data(), v_.data(), c_.kv, pa::KVLayout::kHND, c_.page_size(),
+                                  c_.kv_heads, c_.head_dim, c_.head_dim, num_pages_);
     s.k_scale = s.v_scale = kFp8Scale;
     if (c_.kv == DType::kINT8) {
       s.k_token_scales = reinterpret_cast<float*>(k_scales_.data());
@@ -238,8 +247,12 @@ class Workload {
         for (std::int32_t h = 0; h < c_.kv_heads; ++h)
           for (std::int32_t j = 0; j < c_.kv_len;) {
             const std::int32_t run = std::min({sps - j % sps, dps - j % dps, c_.kv_len - j});
-            const std::int32_t sp = src.kv_indices_[std::size_t(k)][std::size_t(b) * src.c_.pages_per_seq() + std::size_t(j / sps)];
-            const std::int32_t dp = kv_indices_[std::size_t(k)][std::size_t(b) * c_.pages_per_seq() + std::size_t(j / dps)];
+            const std::int32_t sp =
+                src.kv_indices_[std::size_t(k)]
+                               [std::size_t(b) * src.c_.pages_per_seq() + std::size_t(j / sps)];
+            const std::int32_t dp =
+                kv_indices_[std::size_t(k)]
+                           [std::size_t(b) * c_.pages_per_seq() + std::size_t(j / dps)];
             const std::size_t n = std::size_t(run) * c_.head_dim * es;
             std::memcpy(to_bytes(to.k_data) + std::size_t(to.k_offset(dp, h, j % dps)) * es,
                         to_bytes(from.k_data) + std::size_t(from.k_offset(sp, h, j % sps)) * es, n);
@@ -255,7 +268,9 @@ class Workload {
             j += run;
           }
   }
-  static std::byte* to_bytes(void* p) { return static_cast<std::byte*>(p); }
+  static std::byte* to_bytes(void* p) {
+    return static_cast<std::byte*>(p);
+  }
 
   Config c_;
   std::int32_t copies_ = 1;
@@ -265,6 +280,5 @@ class Workload {
   pb::HugeBuffer k_, v_, k_scales_, v_scales_;
   std::vector<unsigned char> q_, o_;
 };
-
 
 }  // namespace pagedattn::bench

@@ -11,7 +11,9 @@
 
 extern "C" {
 
-PAGEDATTN_SHIM_EXPORT std::uint64_t pagedattn_shim_layout() { return pagedattn_struct_layout(); }
+PAGEDATTN_SHIM_EXPORT std::uint64_t pagedattn_shim_layout() {
+  return pagedattn_struct_layout();
+}
 
 PAGEDATTN_SHIM_EXPORT void* pagedattn_shim_create(const pagedattn::AttentionPlanOptions* options) {
   try {
@@ -21,7 +23,8 @@ PAGEDATTN_SHIM_EXPORT void* pagedattn_shim_create(const pagedattn::AttentionPlan
   }
 }
 
-PAGEDATTN_SHIM_EXPORT const char* pagedattn_shim_run(void* runner, const pagedattn::AttentionParams* params) {
+PAGEDATTN_SHIM_EXPORT const char* pagedattn_shim_run(void* runner,
+                                                     const pagedattn::AttentionParams* params) {
   static thread_local std::string error;
   try {
     static_cast<pagedattn::AttentionRunner*>(runner)->run(*params);

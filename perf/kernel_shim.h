@@ -27,11 +27,16 @@ void pagedattn_shim_destroy(void* runner);
 // What pagedattn_shim_layout folds: both sides compute it from their own headers.
 inline std::uint64_t pagedattn_struct_layout() {
   using namespace pagedattn;
-  const std::uint64_t parts[] = {sizeof(AttentionParams),          sizeof(AttentionPlanOptions),
-                                 sizeof(AttentionOptions),         sizeof(PagedKVStorage),
-                                 sizeof(PagedKVTable),             sizeof(HeadTensor),
-                                 sizeof(TokenTreeMask),            offsetof(AttentionParams, table),
-                                 offsetof(AttentionParams, kv),    offsetof(AttentionParams, options),
+  const std::uint64_t parts[] = {sizeof(AttentionParams),
+                                 sizeof(AttentionPlanOptions),
+                                 sizeof(AttentionOptions),
+                                 sizeof(PagedKVStorage),
+                                 sizeof(PagedKVTable),
+                                 sizeof(HeadTensor),
+                                 sizeof(TokenTreeMask),
+                                 offsetof(AttentionParams, table),
+                                 offsetof(AttentionParams, kv),
+                                 offsetof(AttentionParams, options),
                                  offsetof(AttentionParams, tree_mask)};
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the parts
   for (std::uint64_t p : parts) h = (h ^ p) * 1099511628211ull;

@@ -30,10 +30,13 @@ KernelShim::KernelShim(const std::string& path, const AttentionPlanOptions& opti
   }
   try {
     const auto layout = symbol<std::uint64_t (*)()>(library_, path, "pagedattn_shim_layout");
-    require<InvalidArgument>(layout() == pagedattn_struct_layout(), "--shims: ", path,
-                             " was built with other public structs (include/pagedattn) than this program");
-    const auto create = symbol<void* (*)(const AttentionPlanOptions*)>(library_, path, "pagedattn_shim_create");
-    run_ = symbol<const char* (*)(void*, const AttentionParams*)>(library_, path, "pagedattn_shim_run");
+    require<InvalidArgument>(
+        layout() == pagedattn_struct_layout(), "--shims: ", path,
+        " was built with other public structs (include/pagedattn) than this program");
+    const auto create =
+        symbol<void* (*)(const AttentionPlanOptions*)>(library_, path, "pagedattn_shim_create");
+    run_ = symbol<const char* (*)(void*, const AttentionParams*)>(library_, path,
+                                                                  "pagedattn_shim_run");
     destroy_ = symbol<void (*)(void*)>(library_, path, "pagedattn_shim_destroy");
     runner_ = create(&options);
     require<InvalidArgument>(runner_ != nullptr, "--shims: ", path, " could not create a runner");
@@ -49,11 +52,12 @@ KernelShim::~KernelShim() {
 }
 
 void KernelShim::run(const AttentionParams& params) {
-  if (const char* error = run_(runner_, &params)) throw InvalidArgument(detail::concat(path_, ": ", error));
+  if (const char* error = run_(runner_, &params))
+    throw InvalidArgument(detail::concat(path_, ": ", error));
 }
 
-ShimComparison compare_shims(const std::vector<std::unique_ptr<KernelShim>>& shims, Workload& w, double seconds,
-                             bool hot) {
+ShimComparison compare_shims(const std::vector<std::unique_ptr<KernelShim>>& shims, Workload& w,
+                             double seconds, bool hot) {
   using Clock = std::chrono::steady_clock;
   const std::size_t n = shims.size();
   for (const auto& shim : shims) shim->run(w.params(0));  // warm-up: workspace, OpenMP team
@@ -61,7 +65,8 @@ ShimComparison compare_shims(const std::vector<std::unique_ptr<KernelShim>>& shi
   const auto start = Clock::now();
   std::int64_t call = 0;
   for (std::size_t round = 0;
-       round < 3 || std::chrono::duration<double>(Clock::now() - start).count() < seconds; ++round) {
+       round < 3 || std::chrono::duration<double>(Clock::now() - start).count() < seconds;
+       ++round) {
     std::vector<double> t(n);
     for (std::size_t k = 0; k < n; ++k) {
       const std::size_t s = (round + k) % n;

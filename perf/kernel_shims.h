@@ -43,7 +43,7 @@ struct ShimComparison {
   // [shim] time of shim 0 / time of the shim in the same round: quartiles over the rounds
   std::vector<double> speedup_q1, speedup_median, speedup_q3;
 };
-ShimComparison compare_shims(const std::vector<std::unique_ptr<KernelShim>>& shims, Workload& w, double seconds,
-                             bool hot);
+ShimComparison compare_shims(const std::vector<std::unique_ptr<KernelShim>>& shims, Workload& w,
+                             double seconds, bool hot);
 
 }  // namespace pagedattn::bench

@@ -50,7 +50,9 @@ Spread spread_of(std::vector<double> v) {
   return {v.front(), n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.back(), sum / double(n)};
 }
 
-int resolve_threads(int threads) { return threads > 0 ? threads : std::max(1, omp_get_max_threads()); }
+int resolve_threads(int threads) {
+  return threads > 0 ? threads : std::max(1, omp_get_max_threads());
+}
 
 // Where a consumer can park results so that no probe loop is optimised away.
 std::atomic<std::uint64_t> g_sink{0};
@@ -62,9 +64,8 @@ std::atomic<std::uint64_t> g_sink{0};
 // the same offset are prefetched into L2 (prefetcht1, as the kernels do:
 // prefetch.h), so a run's lines are in flight while the run before it is read.
 template <bool kPrefetch>
-__attribute__((target("avx2"), always_inline)) inline std::uint64_t read_avx2_chains(const std::byte* p,
-                                                                                    const std::byte* next,
-                                                                                    std::size_t bytes) {
+__attribute__((target("avx2"), always_inline)) inline std::uint64_t read_avx2_chains(
+    const std::byte* p, const std::byte* next, std::size_t bytes) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
           a7 = a0;
   const std::byte* end = p + bytes / kReadBlock * kReadBlock;
@@ -91,13 +92,14 @@ __attribute__((target("avx2"), always_inline)) inline std::uint64_t read_avx2_ch
   return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
 }
 
-__attribute__((target("avx2"), noinline)) std::uint64_t read_avx2(const std::byte* p, std::size_t bytes) {
+__attribute__((target("avx2"), noinline)) std::uint64_t read_avx2(const std::byte* p,
+                                                                  std::size_t bytes) {
   return read_avx2_chains<false>(p, nullptr, bytes);
 }
 
 __attribute__((target("avx2"), noinline)) std::uint64_t read_avx2_prefetching(const std::byte* p,
-                                                                               const std::byte* next,
-                                                                               std::size_t bytes) {
+                                                                              const std::byte* next,
+                                                                              std::size_t bytes) {
   return read_avx2_chains<true>(p, next, bytes);
 }
 
@@ -125,9 +127,10 @@ __attribute__((noinline)) std::uint64_t read_scalar(const std::byte* p, std::siz
 // (bf16) or wrap (int32), neither of which changes the instruction's speed.
 
 #define PAGEDATTN_CHAINS(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11)
-#define PAGEDATTN_TIE_CHAINS()                                                                     \
-  asm volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), \
-               "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11))
+#define PAGEDATTN_TIE_CHAINS()                                                                   \
+  asm volatile(""                                                                                \
+               : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), \
+                 "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11))
 
 __attribute__((noinline)) float mul_add_xmm(std::int64_t iterations) {
   const __m128 m = _mm_set1_ps(0.999999f), c = _mm_set1_ps(1e-6f);
@@ -202,7 +205,8 @@ __attribute__((target("avx512f"), noinline)) float fma_zmm(std::int64_t iteratio
 }
 
 // acc += a.even * b.even + a.odd * b.odd per fp32 lane: 1.0 x 2^-20 pairs.
-__attribute__((target("avx512f,avx512bf16"), noinline)) float bf16_dot_zmm(std::int64_t iterations) {
+__attribute__((target("avx512f,avx512bf16"), noinline)) float bf16_dot_zmm(
+    std::int64_t iterations) {
   const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80);  // bf16 1.0
   const __m512bh y = (__m512bh)_mm512_set1_epi16(0x3580);  // bf16 2^-20
 #define INIT(i) __m512 a##i = _mm512_set1_ps(0.5f + 0.1f * i);
@@ -223,7 +227,8 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) float bf16_dot_zmm(std::
 }
 
 // acc += four u8 x s8 products per int32 lane (wrapping).
-__attribute__((target("avx512f,avx512vnni"), noinline)) float int8_dot_zmm(std::int64_t iterations) {
+__attribute__((target("avx512f,avx512vnni"), noinline)) float int8_dot_zmm(
+    std::int64_t iterations) {
   const __m512i x = _mm512_set1_epi8(3), y = _mm512_set1_epi8(-2);
 #define INIT(i) __m512i a##i = _mm512_set1_epi32(i);
   PAGEDATTN_CHAINS(INIT)
@@ -287,8 +292,10 @@ struct alignas(64) AmxProbeConfig {
 
 __attribute__((target("amx-tile,amx-bf16"), noinline)) float bf16_amx(std::int64_t iterations) {
   static_assert(kChains * kStepsPerTrip == 24, "6 rounds of 4 accumulator tiles per trip");
-  alignas(64) static constexpr AmxProbeConfig cfg{};  // a constant: GCC drops stores only ldtilecfg reads
-  alignas(64) static const std::uint16_t ones[16 * 32] = {};  // zero bf16: the speed does not depend on it
+  alignas(64) static constexpr AmxProbeConfig
+      cfg{};  // a constant: GCC drops stores only ldtilecfg reads
+  alignas(64) static const std::uint16_t ones[16 * 32] =
+      {};  // zero bf16: the speed does not depend on it
   alignas(64) float out[16 * 16];
   _tile_loadconfig(&cfg);
   _tile_loadd(0, ones, 64);
@@ -300,10 +307,10 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) float bf16_amx(std::int64
   _tile_zero(6);
   _tile_zero(7);
   for (std::int64_t n = 0; n < iterations; ++n) {
-#define ROUND()               \
-  _tile_dpbf16ps(4, 0, 2);    \
-  _tile_dpbf16ps(5, 0, 3);    \
-  _tile_dpbf16ps(6, 1, 2);    \
+#define ROUND()            \
+  _tile_dpbf16ps(4, 0, 2); \
+  _tile_dpbf16ps(5, 0, 3); \
+  _tile_dpbf16ps(6, 1, 2); \
   _tile_dpbf16ps(7, 1, 3);
     ROUND() ROUND() ROUND() ROUND() ROUND() ROUND()
 #undef ROUND
@@ -316,26 +323,40 @@ __attribute__((target("amx-tile,amx-bf16"), noinline)) float bf16_amx(std::int64
 // Operations per chain step of each class (two steps per loop trip).
 double ops_per_chain_step(PeakClass c) {
   switch (c) {
-    case PeakClass::kFp32MulAddXmm: return 4 * 2;  // a multiply and an add per lane
-    case PeakClass::kFp32FmaYmm: return 8 * 2;
-    case PeakClass::kFp32FmaZmm: return 16 * 2;
-    case PeakClass::kBf16DotZmm: return 16 * 2 * 2;
-    case PeakClass::kInt8DotZmm: return 16 * 4 * 2;
-    case PeakClass::kBf16Amx: return 16 * 16 * 32 * 2;
-    case PeakClass::kF16FmaZmm: return 32 * 2;
+    case PeakClass::kFp32MulAddXmm:
+      return 4 * 2;  // a multiply and an add per lane
+    case PeakClass::kFp32FmaYmm:
+      return 8 * 2;
+    case PeakClass::kFp32FmaZmm:
+      return 16 * 2;
+    case PeakClass::kBf16DotZmm:
+      return 16 * 2 * 2;
+    case PeakClass::kInt8DotZmm:
+      return 16 * 4 * 2;
+    case PeakClass::kBf16Amx:
+      return 16 * 16 * 32 * 2;
+    case PeakClass::kF16FmaZmm:
+      return 32 * 2;
   }
   return 0;
 }
 
 float run_compute_kernel(PeakClass c, std::int64_t iterations) {
   switch (c) {
-    case PeakClass::kFp32MulAddXmm: return mul_add_xmm(iterations);
-    case PeakClass::kFp32FmaYmm: return fma_ymm(iterations);
-    case PeakClass::kFp32FmaZmm: return fma_zmm(iterations);
-    case PeakClass::kBf16DotZmm: return bf16_dot_zmm(iterations);
-    case PeakClass::kInt8DotZmm: return int8_dot_zmm(iterations);
-    case PeakClass::kF16FmaZmm: return f16_fma_zmm(iterations);
-    case PeakClass::kBf16Amx: return bf16_amx(iterations);
+    case PeakClass::kFp32MulAddXmm:
+      return mul_add_xmm(iterations);
+    case PeakClass::kFp32FmaYmm:
+      return fma_ymm(iterations);
+    case PeakClass::kFp32FmaZmm:
+      return fma_zmm(iterations);
+    case PeakClass::kBf16DotZmm:
+      return bf16_dot_zmm(iterations);
+    case PeakClass::kInt8DotZmm:
+      return int8_dot_zmm(iterations);
+    case PeakClass::kF16FmaZmm:
+      return f16_fma_zmm(iterations);
+    case PeakClass::kBf16Amx:
+      return bf16_amx(iterations);
   }
   return 0.0f;
 }
@@ -377,9 +398,13 @@ HugeBuffer& HugeBuffer::operator=(HugeBuffer&& other) noexcept {
 
 // --- probes -------------------------------------------------------------------------
 
-bool cpu_has_avx2() { return pagedattn::cpu_features().avx2; }
+bool cpu_has_avx2() {
+  return pagedattn::cpu_features().avx2;
+}
 
-bool cpu_has_avx2_fma() { return cpu_has_avx2() && pagedattn::cpu_features().fma; }
+bool cpu_has_avx2_fma() {
+  return cpu_has_avx2() && pagedattn::cpu_features().fma;
+}
 
 void touch_parallel(std::byte* p, std::size_t bytes) {
   const int threads = resolve_threads(0);
@@ -411,8 +436,8 @@ double read_pass_seconds(const std::byte* p, std::size_t bytes, int threads) {
   return s;
 }
 
-double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes, int threads,
-                              RunPrefetch prefetch) {
+double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes,
+                              int threads, RunPrefetch prefetch) {
   threads = resolve_threads(threads);
   run_bytes = std::max(kReadBlock, run_bytes / kReadBlock * kReadBlock);
   const std::size_t runs = bytes / run_bytes;
@@ -450,7 +475,8 @@ namespace {
 // `passes` timed passes of `pass` (after one untimed warm-up: TLB, threads,
 // clocks) over a fresh, touched buffer of `bytes`.
 template <class Pass>
-ReadBandwidthResult measure_read_passes(std::size_t bytes, int passes, int threads, const Pass& pass) {
+ReadBandwidthResult measure_read_passes(std::size_t bytes, int passes, int threads,
+                                        const Pass& pass) {
   ReadBandwidthResult r;
   r.threads = resolve_threads(threads);
   r.passes = std::max(1, passes);
@@ -461,7 +487,8 @@ ReadBandwidthResult measure_read_passes(std::size_t bytes, int passes, int threa
   touch_parallel(buf.data(), buf.size());
   pass(buf.data(), r.bytes, r.threads);
   std::vector<double> gbps;
-  for (int i = 0; i < r.passes; ++i) gbps.push_back(double(r.bytes) / pass(buf.data(), r.bytes, r.threads) / 1e9);
+  for (int i = 0; i < r.passes; ++i)
+    gbps.push_back(double(r.bytes) / pass(buf.data(), r.bytes, r.threads) / 1e9);
   const Spread spread = spread_of(gbps);
   r.min_gbps = spread.min;
   r.median_gbps = spread.median;
@@ -479,40 +506,57 @@ ReadBandwidthResult measure_read_bandwidth(std::size_t bytes, int passes, int th
   });
 }
 
-ReadBandwidthResult measure_paged_read_bandwidth(std::size_t run_bytes, std::size_t bytes, int passes,
-                                                 int threads) {
-  ReadBandwidthResult r = measure_read_passes(bytes, passes, threads, [run_bytes](const std::byte* p, std::size_t b, int t) {
-    return read_runs_pass_seconds(p, b, run_bytes, t, RunPrefetch::kTwoRunsAhead);
-  });
+ReadBandwidthResult measure_paged_read_bandwidth(std::size_t run_bytes, std::size_t bytes,
+                                                 int passes, int threads) {
+  ReadBandwidthResult r = measure_read_passes(
+      bytes, passes, threads, [run_bytes](const std::byte* p, std::size_t b, int t) {
+        return read_runs_pass_seconds(p, b, run_bytes, t, RunPrefetch::kTwoRunsAhead);
+      });
   r.run_bytes = std::max(kReadBlock, run_bytes / kReadBlock * kReadBlock);
   return r;
 }
 
 const char* peak_class_name(PeakClass c) {
   switch (c) {
-    case PeakClass::kFp32MulAddXmm: return "fp32 mul+add xmm (mulps, addps)";
-    case PeakClass::kFp32FmaYmm: return "fp32 FMA ymm (vfmadd231ps)";
-    case PeakClass::kFp32FmaZmm: return "fp32 FMA zmm (vfmadd231ps)";
-    case PeakClass::kBf16DotZmm: return "bf16 dot zmm (vdpbf16ps)";
-    case PeakClass::kInt8DotZmm: return "int8 dot zmm (vpdpbusd)";
-    case PeakClass::kBf16Amx: return "bf16 AMX tiles (tdpbf16ps)";
-    case PeakClass::kF16FmaZmm: return "f16 FMA zmm (vfmadd231ph)";
+    case PeakClass::kFp32MulAddXmm:
+      return "fp32 mul+add xmm (mulps, addps)";
+    case PeakClass::kFp32FmaYmm:
+      return "fp32 FMA ymm (vfmadd231ps)";
+    case PeakClass::kFp32FmaZmm:
+      return "fp32 FMA zmm (vfmadd231ps)";
+    case PeakClass::kBf16DotZmm:
+      return "bf16 dot zmm (vdpbf16ps)";
+    case PeakClass::kInt8DotZmm:
+      return "int8 dot zmm (vpdpbusd)";
+    case PeakClass::kBf16Amx:
+      return "bf16 AMX tiles (tdpbf16ps)";
+    case PeakClass::kF16FmaZmm:
+      return "f16 FMA zmm (vfmadd231ph)";
   }
   return "?";
 }
 
-const char* peak_class_unit(PeakClass c) { return c == PeakClass::kInt8DotZmm ? "GOP/s" : "GFLOP/s"; }
+const char* peak_class_unit(PeakClass c) {
+  return c == PeakClass::kInt8DotZmm ? "GOP/s" : "GFLOP/s";
+}
 
 bool peak_class_available(PeakClass c) {
   const pagedattn::CpuFeatures f = pagedattn::cpu_features();
   switch (c) {
-    case PeakClass::kFp32MulAddXmm: return true;
-    case PeakClass::kFp32FmaYmm: return f.avx2 && f.fma;
-    case PeakClass::kFp32FmaZmm: return f.avx512f;
-    case PeakClass::kBf16DotZmm: return f.avx512f && f.avx512_bf16;
-    case PeakClass::kInt8DotZmm: return f.avx512f && f.avx512_vnni;
-    case PeakClass::kBf16Amx: return f.amx_bf16;
-    case PeakClass::kF16FmaZmm: return f.avx512f && f.avx512_fp16;
+    case PeakClass::kFp32MulAddXmm:
+      return true;
+    case PeakClass::kFp32FmaYmm:
+      return f.avx2 && f.fma;
+    case PeakClass::kFp32FmaZmm:
+      return f.avx512f;
+    case PeakClass::kBf16DotZmm:
+      return f.avx512f && f.avx512_bf16;
+    case PeakClass::kInt8DotZmm:
+      return f.avx512f && f.avx512_vnni;
+    case PeakClass::kBf16Amx:
+      return f.amx_bf16;
+    case PeakClass::kF16FmaZmm:
+      return f.avx512f && f.avx512_fp16;
   }
   return false;
 }
@@ -534,7 +578,8 @@ double compute_pass_seconds(PeakClass c, std::int64_t iterations, int threads) {
   return s;
 }
 
-ComputePeakResult measure_compute_peak(PeakClass c, double seconds_per_pass, int passes, int threads) {
+ComputePeakResult measure_compute_peak(PeakClass c, double seconds_per_pass, int passes,
+                                       int threads) {
   ComputePeakResult r;
   r.peak_class = c;
   r.isa = peak_class_name(c);
@@ -554,7 +599,8 @@ ComputePeakResult measure_compute_peak(PeakClass c, double seconds_per_pass, int
   iterations = std::max<std::int64_t>(1, std::int64_t(double(iterations) * seconds_per_pass / s));
   const double ops = compute_pass_ops_per_thread(c, iterations) * r.threads;
   std::vector<double> rates;
-  for (int i = 0; i < r.passes; ++i) rates.push_back(ops / compute_pass_seconds(c, iterations, r.threads) / 1e9);
+  for (int i = 0; i < r.passes; ++i)
+    rates.push_back(ops / compute_pass_seconds(c, iterations, r.threads) / 1e9);
   const Spread spread = spread_of(rates);
   r.min_gflops = spread.min;
   r.median_gflops = spread.median;
@@ -603,7 +649,8 @@ Result best_quiet_measurement(Measure measure, Value value) {
 
 const ReadBandwidthResult& machine_read_bandwidth() {
   static const ReadBandwidthResult r = best_quiet_measurement<ReadBandwidthResult>(
-      [] { return measure_read_bandwidth(); }, [](const ReadBandwidthResult& x) { return x.best_gbps; });
+      [] { return measure_read_bandwidth(); },
+      [](const ReadBandwidthResult& x) { return x.best_gbps; });
   return r;
 }
 
@@ -615,7 +662,8 @@ const Result& measured_once_per_key(Key key, const Measure& measure, const Score
   const std::lock_guard lock(mutex);
   auto it = measured.find(key);
   if (it == measured.end())
-    it = measured.emplace(key, best_quiet_measurement<Result>([&] { return measure(key); }, score)).first;
+    it = measured.emplace(key, best_quiet_measurement<Result>([&] { return measure(key); }, score))
+             .first;
   return it->second;
 }
 
@@ -631,7 +679,9 @@ const ComputePeakResult& machine_compute_peak(PeakClass c) {
       [](const ComputePeakResult& x) { return x.best_gflops; });
 }
 
-const FmaPeakResult& machine_fma_peak() { return machine_compute_peak(widest_fp32_class()); }
+const FmaPeakResult& machine_fma_peak() {
+  return machine_compute_peak(widest_fp32_class());
+}
 
 bool wait_for_quiet(double limit_seconds, double max_other_cores) {
   const auto t0 = Clock::now();
@@ -649,8 +699,10 @@ CpuSample sample_cpu() {
   {
     std::ifstream f("/proc/stat");
     std::string cpu;
-    std::int64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-    if (f >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal && cpu == "cpu") {
+    std::int64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0,
+                 steal = 0;
+    if (f >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal &&
+        cpu == "cpu") {
       s.busy_ticks = user + nice + system + irq + softirq;
       s.steal_ticks = steal;
     }

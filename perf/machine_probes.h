@@ -26,8 +26,8 @@
 #include <cstdint>
 #include <string>
 
-#include "workload_rules.h"  // l3_cache_bytes
 #include "pagedattn/cpu_features.h"
+#include "workload_rules.h"  // l3_cache_bytes
 
 namespace pagedattn::bench {
 
@@ -40,8 +40,8 @@ struct ReadBandwidthResult {
   std::size_t bytes = 0;     // buffer size
   int passes = 0;
   int threads = 0;
-  std::string isa;           // "avx2" or "scalar"
-  std::size_t run_bytes = 0; // the paged probe's run length (0: one sequential slice per thread)
+  std::string isa;            // "avx2" or "scalar"
+  std::size_t run_bytes = 0;  // the paged probe's run length (0: one sequential slice per thread)
 };
 
 // The instruction classes a kernel's inner products can use; each has its
@@ -56,8 +56,8 @@ enum class PeakClass {
   kF16FmaZmm,      // vfmadd231ph zmm, 32 f16 lanes (AVX512-FP16)
 };
 inline constexpr PeakClass kAllPeakClasses[] = {PeakClass::kFp32MulAddXmm, PeakClass::kFp32FmaYmm,
-                                                PeakClass::kFp32FmaZmm, PeakClass::kBf16DotZmm,
-                                                PeakClass::kInt8DotZmm, PeakClass::kBf16Amx,
+                                                PeakClass::kFp32FmaZmm,    PeakClass::kBf16DotZmm,
+                                                PeakClass::kInt8DotZmm,    PeakClass::kBf16Amx,
                                                 PeakClass::kF16FmaZmm};
 
 // "fp32 FMA zmm (vfmadd231ps)" and the like.
@@ -69,16 +69,16 @@ bool peak_class_available(PeakClass c);
 
 struct ComputePeakResult {
   PeakClass peak_class = PeakClass::kFp32FmaYmm;
-  bool available = false;    // false: not measured, the figures are 0
-  double min_gflops = 0.0;   // GFLOP/s, or GOP/s for kInt8DotZmm
+  bool available = false;   // false: not measured, the figures are 0
+  double min_gflops = 0.0;  // GFLOP/s, or GOP/s for kInt8DotZmm
   double median_gflops = 0.0;
   double best_gflops = 0.0;  // the fastest pass: the peak
   double mean_gflops = 0.0;
   double other_cores = 0.0;  // others' CPU use meanwhile (other_cores_between)
   int passes = 0;
   int threads = 0;
-  int accumulators = 0;      // independent chains per thread
-  std::string isa;           // peak_class_name
+  int accumulators = 0;  // independent chains per thread
+  std::string isa;       // peak_class_name
 };
 using FmaPeakResult = ComputePeakResult;
 
@@ -122,8 +122,8 @@ enum class RunPrefetch { kNone, kTwoRunsAhead };
 // run: one f16 page of 16 tokens x 128 dims of one head; 32 KiB: that page
 // for 8 KV heads); the runs are dealt to the threads in turn. Returns its
 // wall time in seconds.
-double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes, int threads,
-                              RunPrefetch prefetch = RunPrefetch::kNone);
+double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes,
+                              int threads, RunPrefetch prefetch = RunPrefetch::kNone);
 
 // Fresh measurements (allocate, touch, run `passes` passes, free).
 ReadBandwidthResult measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30,
@@ -132,7 +132,8 @@ ReadBandwidthResult measure_read_bandwidth(std::size_t bytes = std::size_t{1} <<
 // (RunPrefetch::kTwoRunsAhead) over runs of `run_bytes`: what a decode
 // kernel that reads pages of that size at random places can expect from
 // this machine's memory, against the sequential probe above.
-ReadBandwidthResult measure_paged_read_bandwidth(std::size_t run_bytes, std::size_t bytes = std::size_t{1} << 30,
+ReadBandwidthResult measure_paged_read_bandwidth(std::size_t run_bytes,
+                                                 std::size_t bytes = std::size_t{1} << 30,
                                                  int passes = 30, int threads = 0);
 // One pass of the `c` probe: `iterations` loop trips per thread; seconds.
 double compute_pass_seconds(PeakClass c, std::int64_t iterations, int threads);

@@ -14,7 +14,8 @@ namespace pagedattn::bench {
 // (virtual) machine exposes; sysconf may report the host's figure instead.
 inline std::size_t l3_cache_bytes(std::size_t fallback = std::size_t{32} << 20) {
   for (int index = 0; index < 8; ++index) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    const std::string dir =
+        "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
     std::ifstream level_file(dir + "level"), size_file(dir + "size");
     int level = 0;
     std::string size;
@@ -41,7 +42,8 @@ inline std::size_t min_working_set_bytes() {
 
 // 2 FLOP per multiply-add in QK^T and PV over the keys each query sees
 // (causal, bottom-right: query i of q_len sees kv_len - q_len + i + 1 keys).
-inline double attention_flops(double batch, double qo_heads, double head_dim, double q_len, double kv_len) {
+inline double attention_flops(double batch, double qo_heads, double head_dim, double q_len,
+                              double kv_len) {
   const double prefix = kv_len - q_len;
   return batch * 4.0 * head_dim * (q_len * prefix + q_len * (q_len + 1) / 2) * qo_heads;
 }

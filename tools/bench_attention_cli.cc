@@ -39,13 +39,15 @@ struct Options {
   bool probe = true;
   bool probe_only = false;  // the probes alone, no kernel
   bool check = true;
-  bool hot = false;  // re-read one copy (K/V in cache when it fits) instead of rotating
+  bool hot = false;            // re-read one copy (K/V in cache when it fits) instead of rotating
   bool bf16_products = false;  // AttentionPlanOptions::bf16_products
   bool int8_products = false;  // AttentionPlanOptions::int8_products
   bool f16_products = false;   // AttentionPlanOptions::f16_products
-  std::string max_target;  // --max-target: overrides PAGEDATTN_MAX_TARGET
-  std::optional<std::string> disable_features;  // --disable-features: overrides PAGEDATTN_DISABLE_FEATURES
-  std::vector<std::string> shims;  // --shims: builds' kernel shims to alternate instead of this build's kernel
+  std::string max_target;      // --max-target: overrides PAGEDATTN_MAX_TARGET
+  std::optional<std::string>
+      disable_features;  // --disable-features: overrides PAGEDATTN_DISABLE_FEATURES
+  std::vector<std::string>
+      shims;  // --shims: builds' kernel shims to alternate instead of this build's kernel
 };
 
 std::string target_list() {
@@ -62,49 +64,50 @@ std::string target_list() {
 void print_usage(std::FILE* out) {
   const Options d;
   const pb::Config& c = d.shape;
-  std::fprintf(out,
-               "usage: pagedattn bench-attention [options]\n"
-               "  --mode decode|prefill   decode: one query per sequence (default);\n"
-               "                          prefill: q_len = kv_len unless --q-len\n"
-               "  --kv-dtype T            f32 f16 bf16 fp8_e4m3 fp8_e5m2 int8 (default %s)\n"
-               "  --batch N               sequences (default %d)\n"
-               "  --kv-len N              keys per sequence (default %d)\n"
-               "  --q-len N               queries per sequence (causal, bottom-right)\n"
-               "  --heads QxK             query x KV heads (default %dx%d)\n"
-               "  --head-dim D            %d..%d (default %d)\n"
-               "  --page-size P           (default %d); --contiguous: one page per sequence\n"
-               "  --pages-in-order        each sequence's pages side by side in memory (default:\n"
-               "                          shuffled over the pool, as a long-running cache has them)\n"
-               "  --seconds S             time calls for at least S seconds (default %g)\n"
-               "  --threads N             OpenMP threads for kernel and probes (default %d)\n"
-               "  --max-target T          cap Highway dispatch at target T (as the environment\n"
-               "                          variable PAGEDATTN_MAX_TARGET does): %s\n"
-               "  --disable-features L    switch the kernels' optional extensions in L off (as\n"
-               "                          PAGEDATTN_DISABLE_FEATURES does): amx_bf16, avx512_bf16,\n"
-               "                          avx512_vnni, avx512_fp16, avx512_vbmi, comma-separated;\n"
-               "                          \"\" for none\n"
-               "  --no-probe              skip the bandwidth / compute-peak probes (read bandwidth\n"
-               "                          sequential, and over runs of one page of K for all KV heads\n"
-               "                          at random places, prefetched as the kernels do)\n"
-               "  --probe-only            run the probes alone (no kernel; the paged read probe\n"
-               "                          takes its run length from the shape options)\n"
-               "  --no-check              skip the comparison with the scalar reference\n"
-               "  --bf16-products         allow bf16 dot products (prefill, and decode over bf16,\n"
-               "                          f16 and fp8 KV) where the CPU has AVX512-BF16 (inputs\n"
-               "                          rounded to bf16; AttentionPlanOptions)\n"
-               "  --int8-products         allow int8 dot products in int8 decode where the CPU has\n"
-               "                          AVX512-VNNI (queries and weights rounded to 8 bits)\n"
-               "  --f16-products          allow f16 multiply-adds in fp8 e4m3 decode where the CPU\n"
-               "                          has AVX512-FP16 (queries and weights rounded to f16)\n"
-               "  --hot                   re-read the first copy every call: K/V stay in\n"
-               "                          L2/L3 if they fit (the kernel's compute rate)\n"
-               "  --shims A,B[,...]       time these builds' kernels (each build's\n"
-               "                          perf/libpagedattn_kernel_shim.so) instead of this one's,\n"
-               "                          alternating call by call in this process; prints each\n"
-               "                          build's median and its speed-up over the first\n"
-               "exit status 3 when the kernel disagrees with the reference\n",
-               pb::short_name(c.kv).c_str(), c.batch, c.kv_len, c.qo_heads, c.kv_heads, kMinHeadDim,
-               kMaxHeadDim, c.head_dim, c.page, d.seconds, omp_get_max_threads(), target_list().c_str());
+  std::fprintf(
+      out,
+      "usage: pagedattn bench-attention [options]\n"
+      "  --mode decode|prefill   decode: one query per sequence (default);\n"
+      "                          prefill: q_len = kv_len unless --q-len\n"
+      "  --kv-dtype T            f32 f16 bf16 fp8_e4m3 fp8_e5m2 int8 (default %s)\n"
+      "  --batch N               sequences (default %d)\n"
+      "  --kv-len N              keys per sequence (default %d)\n"
+      "  --q-len N               queries per sequence (causal, bottom-right)\n"
+      "  --heads QxK             query x KV heads (default %dx%d)\n"
+      "  --head-dim D            %d..%d (default %d)\n"
+      "  --page-size P           (default %d); --contiguous: one page per sequence\n"
+      "  --pages-in-order        each sequence's pages side by side in memory (default:\n"
+      "                          shuffled over the pool, as a long-running cache has them)\n"
+      "  --seconds S             time calls for at least S seconds (default %g)\n"
+      "  --threads N             OpenMP threads for kernel and probes (default %d)\n"
+      "  --max-target T          cap Highway dispatch at target T (as the environment\n"
+      "                          variable PAGEDATTN_MAX_TARGET does): %s\n"
+      "  --disable-features L    switch the kernels' optional extensions in L off (as\n"
+      "                          PAGEDATTN_DISABLE_FEATURES does): amx_bf16, avx512_bf16,\n"
+      "                          avx512_vnni, avx512_fp16, avx512_vbmi, comma-separated;\n"
+      "                          \"\" for none\n"
+      "  --no-probe              skip the bandwidth / compute-peak probes (read bandwidth\n"
+      "                          sequential, and over runs of one page of K for all KV heads\n"
+      "                          at random places, prefetched as the kernels do)\n"
+      "  --probe-only            run the probes alone (no kernel; the paged read probe\n"
+      "                          takes its run length from the shape options)\n"
+      "  --no-check              skip the comparison with the scalar reference\n"
+      "  --bf16-products         allow bf16 dot products (prefill, and decode over bf16,\n"
+      "                          f16 and fp8 KV) where the CPU has AVX512-BF16 (inputs\n"
+      "                          rounded to bf16; AttentionPlanOptions)\n"
+      "  --int8-products         allow int8 dot products in int8 decode where the CPU has\n"
+      "                          AVX512-VNNI (queries and weights rounded to 8 bits)\n"
+      "  --f16-products          allow f16 multiply-adds in fp8 e4m3 decode where the CPU\n"
+      "                          has AVX512-FP16 (queries and weights rounded to f16)\n"
+      "  --hot                   re-read the first copy every call: K/V stay in\n"
+      "                          L2/L3 if they fit (the kernel's compute rate)\n"
+      "  --shims A,B[,...]       time these builds' kernels (each build's\n"
+      "                          perf/libpagedattn_kernel_shim.so) instead of this one's,\n"
+      "                          alternating call by call in this process; prints each\n"
+      "                          build's median and its speed-up over the first\n"
+      "exit status 3 when the kernel disagrees with the reference\n",
+      pb::short_name(c.kv).c_str(), c.batch, c.kv_len, c.qo_heads, c.kv_heads, kMinHeadDim,
+      kMaxHeadDim, c.head_dim, c.page, d.seconds, omp_get_max_threads(), target_list().c_str());
 }
 
 DType parse_dtype(const std::string& s) {
@@ -194,7 +197,8 @@ Options parse(int argc, char** argv) {
         require<InvalidArgument>(!o.shims.back().empty(), "--shims: empty path in '", list, "'");
         at = comma + 1;
       }
-      require<InvalidArgument>(o.shims.size() >= 2, "--shims: expected two or more paths, got '", list, "'");
+      require<InvalidArgument>(o.shims.size() >= 2, "--shims: expected two or more paths, got '",
+                               list, "'");
     } else {
       throw InvalidArgument(
           detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
@@ -202,10 +206,11 @@ Options parse(int argc, char** argv) {
   }
   // Each shim holds its own copy of the library's dispatch settings, which
   // read the environment when it loads.
-  require<InvalidArgument>(o.shims.empty() || (o.max_target.empty() && !o.disable_features),
-                           "--shims: --max-target and --disable-features would reach this program's kernel, "
-                           "not the shims'; set ", kMaxTargetVariable, " or ", kDisableFeaturesVariable,
-                           " in the environment instead");
+  require<InvalidArgument>(
+      o.shims.empty() || (o.max_target.empty() && !o.disable_features),
+      "--shims: --max-target and --disable-features would reach this program's kernel, "
+      "not the shims'; set ",
+      kMaxTargetVariable, " or ", kDisableFeaturesVariable, " in the environment instead");
   o.shape.q_len = q_len > 0 ? q_len : prefill ? o.shape.kv_len : 1;
   require<InvalidArgument>(o.shape.q_len <= o.shape.kv_len, "--q-len ", o.shape.q_len,
                            " exceeds --kv-len ", o.shape.kv_len);
@@ -214,7 +219,8 @@ Options parse(int argc, char** argv) {
 
 // Largest |kernel - reference| over the outputs of copy 0, relative to the
 // largest |reference| (both read back as float); `run` calls the kernel.
-double relative_error_vs_reference(pb::Workload& w, const std::function<void(const AttentionParams&)>& run) {
+double relative_error_vs_reference(pb::Workload& w,
+                                   const std::function<void(const AttentionParams&)>& run) {
   AttentionParams p = w.params(0);
   const std::size_t n =
       std::size_t(w.config().batch) * w.config().q_len * p.num_qo_heads * w.config().head_dim;
@@ -238,7 +244,8 @@ struct Timing {
 
 // Calls the kernel (plan + run, as a serving step would) rotating through the
 // workload's copies (or on copy 0 alone when `hot`), for at least `seconds`.
-Timing time_calls(pb::Workload& w, double seconds, bool hot, const AttentionPlanOptions& plan_options) {
+Timing time_calls(pb::Workload& w, double seconds, bool hot,
+                  const AttentionPlanOptions& plan_options) {
   using Clock = std::chrono::steady_clock;
   AttentionRunner runner(plan_options);
   runner.run(w.params(0));  // warm-up: workspace, page faults
@@ -260,7 +267,7 @@ Timing time_calls(pb::Workload& w, double seconds, bool hot, const AttentionPlan
 // extensions that target may use and those the CPU has.
 void print_dispatch(const Options& o) {
   const std::string cap = max_target();
-  const std::string source = cap.empty()              ? "none"
+  const std::string source = cap.empty()             ? "none"
                              : !o.max_target.empty() ? "--max-target " + cap
                                                      : std::string(kMaxTargetVariable) + "=" + cap;
   std::printf("target: %s (Highway dynamic dispatch; cap: %s)\n", dispatched_target_name().c_str(),
@@ -268,7 +275,9 @@ void print_dispatch(const Options& o) {
   const CpuFeatures used = pb::attention_kernel_features(dispatched_features());
   const int lanes = pb::attention_kernel_lanes(used);
   std::printf("isa in use: %s; attention computes on %s\n", feature_names(used).c_str(),
-              lanes ? (std::to_string(lanes) + " fp32 lanes (" + std::to_string(lanes * 32) + "-bit vectors)").c_str()
+              lanes ? (std::to_string(lanes) + " fp32 lanes (" + std::to_string(lanes * 32) +
+                       "-bit vectors)")
+                          .c_str()
                     : "portable C++");
   std::printf("cpu has: %s; switched off (%s): %s\n", feature_names(cpu_features()).c_str(),
               kDisableFeaturesVariable, disabled_features().c_str());
@@ -278,23 +287,28 @@ void print_dispatch(const Options& o) {
 // random places, and each compute class (min / median / max over its passes).
 void print_probes(const pb::Config& c) {
   const pb::ReadBandwidthResult& bw = pb::machine_read_bandwidth();
-  std::printf("probe: read bandwidth: min %.1f, median %.1f, max %.1f GB/s (%d passes over %zu MiB, %d threads, %s loads)\n",
-              bw.min_gbps, bw.median_gbps, bw.best_gbps, bw.passes, bw.bytes >> 20, bw.threads,
-              bw.isa.c_str());
+  std::printf(
+      "probe: read bandwidth: min %.1f, median %.1f, max %.1f GB/s (%d passes over %zu MiB, %d "
+      "threads, %s loads)\n",
+      bw.min_gbps, bw.median_gbps, bw.best_gbps, bw.passes, bw.bytes >> 20, bw.threads,
+      bw.isa.c_str());
   const pb::ReadBandwidthResult& paged = pb::machine_paged_read_bandwidth(c.k_page_bytes());
-  std::printf("probe: paged read, runs of %zu KiB (a page's K) in shuffled order, prefetched to L2 two runs ahead: "
-              "min %.1f, median %.1f, max %.1f GB/s (%d passes over %zu MiB, %d threads)\n",
-              paged.run_bytes >> 10, paged.min_gbps, paged.median_gbps, paged.best_gbps, paged.passes,
-              paged.bytes >> 20, paged.threads);
+  std::printf(
+      "probe: paged read, runs of %zu KiB (a page's K) in shuffled order, prefetched to L2 two "
+      "runs ahead: "
+      "min %.1f, median %.1f, max %.1f GB/s (%d passes over %zu MiB, %d threads)\n",
+      paged.run_bytes >> 10, paged.min_gbps, paged.median_gbps, paged.best_gbps, paged.passes,
+      paged.bytes >> 20, paged.threads);
   for (pb::PeakClass k : pb::kAllPeakClasses) {
     const pb::ComputePeakResult& p = pb::machine_compute_peak(k);
     if (!p.available) {
       std::printf("probe: %s: not on this CPU\n", pb::peak_class_name(k));
       continue;
     }
-    std::printf("probe: %s: min %.1f, median %.1f, max %.1f %s (%d passes, %d threads x %d chains)\n",
-                pb::peak_class_name(k), p.min_gflops, p.median_gflops, p.best_gflops,
-                pb::peak_class_unit(k), p.passes, p.threads, p.accumulators);
+    std::printf(
+        "probe: %s: min %.1f, median %.1f, max %.1f %s (%d passes, %d threads x %d chains)\n",
+        pb::peak_class_name(k), p.min_gflops, p.median_gflops, p.best_gflops,
+        pb::peak_class_unit(k), p.passes, p.threads, p.accumulators);
   }
 }
 
@@ -309,21 +323,25 @@ void print_fractions(const pb::Config& c, const Timing& t, pb::PeakClass k) {
   const pb::ComputePeakResult& peak = pb::machine_compute_peak(k);
   auto gbps = [&](double seconds) { return c.kv_bytes_per_call() / seconds / 1e9; };
   auto gflops = [&](double seconds) { return c.flops_per_call() / seconds / 1e9; };
-  std::printf("fraction of the machine: %.1f%% of read bandwidth (%.1f%% of the paged read), %.1f%% of compute peak "
-              "(median call / median probe pass)\n",
-              100.0 * gbps(t.median) / bw.median_gbps, 100.0 * gbps(t.median) / paged.median_gbps,
-              100.0 * gflops(t.median) / peak.median_gflops);
-  std::printf("best call against the same probes: %.1f%% of read bandwidth (%.1f%% of the paged read), %.1f%% of "
-              "compute peak (best call / best pass)\n",
-              100.0 * gbps(t.best) / bw.best_gbps, 100.0 * gbps(t.best) / paged.best_gbps,
-              100.0 * gflops(t.best) / peak.best_gflops);
+  std::printf(
+      "fraction of the machine: %.1f%% of read bandwidth (%.1f%% of the paged read), %.1f%% of "
+      "compute peak "
+      "(median call / median probe pass)\n",
+      100.0 * gbps(t.median) / bw.median_gbps, 100.0 * gbps(t.median) / paged.median_gbps,
+      100.0 * gflops(t.median) / peak.median_gflops);
+  std::printf(
+      "best call against the same probes: %.1f%% of read bandwidth (%.1f%% of the paged read), "
+      "%.1f%% of "
+      "compute peak (best call / best pass)\n",
+      100.0 * gbps(t.best) / bw.best_gbps, 100.0 * gbps(t.best) / paged.best_gbps,
+      100.0 * gflops(t.best) / peak.best_gflops);
 }
 
 // --shims: each build's kernel checked against the reference, then all
 // timed in turn (pb::compare_shims).
 template <class Check>
-int run_shims(const Options& o, const std::vector<std::unique_ptr<pb::KernelShim>>& shims, pb::Workload& w,
-              const Check& check) {
+int run_shims(const Options& o, const std::vector<std::unique_ptr<pb::KernelShim>>& shims,
+              pb::Workload& w, const Check& check) {
   bool ok = true;
   for (std::size_t s = 0; s < shims.size(); ++s)
     if (o.check) {
@@ -337,8 +355,8 @@ int run_shims(const Options& o, const std::vector<std::unique_ptr<pb::KernelShim
   for (std::size_t s = 0; s < shims.size(); ++s) {
     std::printf("shim %zu (%s): median %.3f ms", s, shims[s]->path().c_str(), r.median_ms[s]);
     if (s > 0)
-      std::printf("; speed-up over shim 0: median %.3f (quartiles %.3f-%.3f)", r.speedup_median[s], r.speedup_q1[s],
-                  r.speedup_q3[s]);
+      std::printf("; speed-up over shim 0: median %.3f (quartiles %.3f-%.3f)", r.speedup_median[s],
+                  r.speedup_q1[s], r.speedup_q3[s]);
     std::printf("\n");
   }
   return 0;
@@ -364,23 +382,31 @@ int run_bench_attention(int argc, char** argv) {
     return 0;
   }
   const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;
-  const pb::PeakClass k = pb::attention_peak_class(
-      {.kv = c.kv, .prefill = prefill, .bf16_products = o.bf16_products, .int8_products = o.int8_products,
-       .f16_products = o.f16_products, .head_dim = c.head_dim},
-      dispatched_features());
-  const AttentionPlanOptions plan_options{
-      .bf16_products = o.bf16_products, .int8_products = o.int8_products, .f16_products = o.f16_products};
+  const pb::PeakClass k = pb::attention_peak_class({.kv = c.kv,
+                                                    .prefill = prefill,
+                                                    .bf16_products = o.bf16_products,
+                                                    .int8_products = o.int8_products,
+                                                    .f16_products = o.f16_products,
+                                                    .head_dim = c.head_dim},
+                                                   dispatched_features());
+  const AttentionPlanOptions plan_options{.bf16_products = o.bf16_products,
+                                          .int8_products = o.int8_products,
+                                          .f16_products = o.f16_products};
   std::printf("compute class: %s (the kernel's inner products for %s KV %s at this target%s%s%s)\n",
               pb::peak_class_name(k), pb::short_name(c.kv).c_str(), prefill ? "prefill" : "decode",
-              o.bf16_products ? ", bf16 products allowed" : "", o.int8_products ? ", int8 products allowed" : "",
+              o.bf16_products ? ", bf16 products allowed" : "",
+              o.int8_products ? ", int8 products allowed" : "",
               o.f16_products ? ", f16 products allowed" : "");
   // Shims load before the workload is built, so a bad path fails at once.
   std::vector<std::unique_ptr<pb::KernelShim>> shims;
-  for (const std::string& path : o.shims) shims.push_back(std::make_unique<pb::KernelShim>(path, plan_options));
+  for (const std::string& path : o.shims)
+    shims.push_back(std::make_unique<pb::KernelShim>(path, plan_options));
   std::printf(
       "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
       pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
-      c.contiguous ? "contiguous" : ("page " + std::to_string(c.page) + (c.keeps_page_order() ? " in order" : "")).c_str(),
+      c.contiguous
+          ? "contiguous"
+          : ("page " + std::to_string(c.page) + (c.keeps_page_order() ? " in order" : "")).c_str(),
       omp_get_max_threads());
   pb::Workload w(c);
   std::printf("working set: %d copies, %.0f MiB of K/V (L3 %.0f MiB)\n", w.copies(),
@@ -398,7 +424,9 @@ int run_bench_attention(int argc, char** argv) {
     return err <= tolerance;
   };
   if (!shims.empty()) return run_shims(o, shims, w, check);
-  if (o.check && !check("", [&](const AttentionParams& p) { AttentionRunner(plan_options).run(p); })) return 3;
+  if (o.check &&
+      !check("", [&](const AttentionParams& p) { AttentionRunner(plan_options).run(p); }))
+    return 3;
 
   const Timing t = time_calls(w, o.seconds, o.hot, plan_options);
   if (o.hot)

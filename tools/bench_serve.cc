@@ -31,7 +31,9 @@ struct PresetDefaults {
   double kv_memory_mib;
 };
 
-bool is_gguf(const std::string& model) { return model.ends_with(".gguf"); }
+bool is_gguf(const std::string& model) {
+  return model.ends_with(".gguf");
+}
 
 PresetDefaults preset_defaults(const std::string& model) {
   if (model == "small" || is_gguf(model)) return {16, 0.5, 256};
@@ -48,9 +50,8 @@ std::vector<TraceRequest> build_trace(const BenchServeOptions& o, const PresetDe
   w.length_scale = o.quick ? 0.2 : d.length_scale;
   w.seed = o.seed;
   w.num_shared_prefixes = o.shared_prefixes;
-  w.shared_prefix_len = o.shared_prefix_len > 0
-                            ? o.shared_prefix_len
-                            : static_cast<std::int32_t>(1024 * w.length_scale);
+  w.shared_prefix_len = o.shared_prefix_len > 0 ? o.shared_prefix_len
+                                                : static_cast<std::int32_t>(1024 * w.length_scale);
   w.num_turns = o.turns;
   return make_workload(w);
 }
@@ -215,11 +216,15 @@ void print_tensor_parallel_times(const EngineStats& st) {
   if (tp.size == 1) return;
   const double per_step_ms = st.steps > 0 ? 1e3 * tp.all_reduce_seconds / double(st.steps) : 0.0;
   std::printf(
-      "  tensor parallel %d: all-reduce %.3f s in %lld calls (%.1f KiB each on average, %.3f ms per "
+      "  tensor parallel %d: all-reduce %.3f s in %lld calls (%.1f KiB each on average, %.3f ms "
+      "per "
       "step) = %.1f%% of model time; step broadcasts %.3f s = %.1f%%\n",
       tp.size, tp.all_reduce_seconds, static_cast<long long>(tp.all_reduce_calls),
-      tp.all_reduce_calls > 0 ? 4.0 * double(tp.all_reduce_floats) / double(tp.all_reduce_calls) / 1024.0 : 0.0,
-      per_step_ms, st.seconds_in_model > 0 ? 100.0 * tp.all_reduce_seconds / st.seconds_in_model : 0.0,
+      tp.all_reduce_calls > 0
+          ? 4.0 * double(tp.all_reduce_floats) / double(tp.all_reduce_calls) / 1024.0
+          : 0.0,
+      per_step_ms,
+      st.seconds_in_model > 0 ? 100.0 * tp.all_reduce_seconds / st.seconds_in_model : 0.0,
       tp.broadcast_seconds,
       st.seconds_in_model > 0 ? 100.0 * tp.broadcast_seconds / st.seconds_in_model : 0.0);
 }
@@ -260,9 +265,10 @@ int run_bench_serve(int argc, char** argv) {
         o.model.c_str(), double(llama_parameter_count(lc)) / 1e6);
   }
   if (o.tensor_parallel > 1)
-    std::printf("  tensor parallel over %d MPI ranks: this rank holds %d of the query heads and %d "
-                "of the KV heads\n", o.tensor_parallel, ec.model->spec().num_qo_heads,
-                ec.model->spec().num_kv_heads);
+    std::printf(
+        "  tensor parallel over %d MPI ranks: this rank holds %d of the query heads and %d "
+        "of the KV heads\n",
+        o.tensor_parallel, ec.model->spec().num_qo_heads, ec.model->spec().num_kv_heads);
   std::fflush(stdout);
   ec.kv_memory_bytes = kv_bytes;
   ec.page_size = o.page_size;
@@ -281,8 +287,9 @@ int run_bench_serve(int argc, char** argv) {
               o.request_rate > 0 ? detail::concat("Poisson ", o.request_rate, " req/s").c_str()
                                  : "all at once",
               mib, static_cast<long long>(engine.cache().num_pages()), o.page_size);
-  std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s\n", o.prefix_caching ? "on" : "off",
-              o.host_kv_memory_mib, o.bf16_products ? "on" : "off");
+  std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s\n",
+              o.prefix_caching ? "on" : "off", o.host_kv_memory_mib,
+              o.bf16_products ? "on" : "off");
   std::fflush(stdout);
 
   std::vector<RequestTiming> timing;

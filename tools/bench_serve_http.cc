@@ -179,7 +179,8 @@ Json completion_body(const TraceRequest& r, std::size_t index, const std::string
     for (std::int32_t i = 1; i < r.prompt_len; ++i) text += " hello";
     prompt = text;
   } else {
-    prompt = synthetic_prompt(r, index, kFirstId, kIdSpan);  // a shared-prefix's system prompt first
+    prompt =
+        synthetic_prompt(r, index, kFirstId, kIdSpan);  // a shared-prefix's system prompt first
   }
   Json body = {{"model", model},
                {"prompt", std::move(prompt)},

@@ -1,7 +1,7 @@
 #include "bench_serve_options.h"
 
-#include <charconv>
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -121,12 +121,11 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
       return bounded_integer(flag, value(), min, max);
     };
     constexpr std::int32_t kInt32Max = std::numeric_limits<std::int32_t>::max();
-    const bool engine_only = flag == "--model" || flag == "--kv-memory-mib" ||
-                             flag == "--page-size" || flag == "--max-num-seqs" ||
-                             flag == "--max-num-batched-tokens" || flag == "--no-chunked-prefill" ||
-                             flag == "--deterministic" || flag == "--prefix-caching" ||
-                             flag == "--host-kv-memory-mib" || flag == "--tensor-parallel" ||
-                             flag == "--bf16-products";
+    const bool engine_only =
+        flag == "--model" || flag == "--kv-memory-mib" || flag == "--page-size" ||
+        flag == "--max-num-seqs" || flag == "--max-num-batched-tokens" ||
+        flag == "--no-chunked-prefill" || flag == "--deterministic" || flag == "--prefix-caching" ||
+        flag == "--host-kv-memory-mib" || flag == "--tensor-parallel" || flag == "--bf16-products";
     const bool http_only = flag == "--concurrency" || flag == "--model-name" ||
                            flag == "--api-key" || flag == "--timeout" || flag == "--text-prompts";
     if (engine_only && o.engine_flag.empty()) o.engine_flag = flag;
@@ -196,7 +195,8 @@ BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
   }
   if (!o.url.empty()) {
     parse_server_url(o.url);  // refuses a malformed URL before anything runs
-    require(o.workload != "multi-turn", "bench-serve: --workload multi-turn runs in-process only "
+    require(o.workload != "multi-turn",
+            "bench-serve: --workload multi-turn runs in-process only "
             "(its turns resend the model's output token ids, which a completions stream does "
             "not return)");
     require(o.engine_flag.empty(), "bench-serve: ", o.engine_flag,

@@ -17,21 +17,21 @@ struct BenchServeOptions {
   std::int32_t max_num_batched_tokens = 2048;
   bool chunked_prefill = true;
   bool deterministic = false;
-  bool prefix_caching = false;      // --prefix-caching on|off
-  double host_kv_memory_mib = 0.0;  // host-memory tier for swapped-out pages; 0: none
-  bool bf16_products = false;       // EngineConfig::bf16_products
-  std::int32_t shared_prefixes = 4;      // --workload shared-prefix
-  std::int32_t shared_prefix_len = 0;    // 0: the preset's default
-  std::int32_t turns = 4;                // --workload multi-turn
-  std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
+  bool prefix_caching = false;         // --prefix-caching on|off
+  double host_kv_memory_mib = 0.0;     // host-memory tier for swapped-out pages; 0: none
+  bool bf16_products = false;          // EngineConfig::bf16_products
+  std::int32_t shared_prefixes = 4;    // --workload shared-prefix
+  std::int32_t shared_prefix_len = 0;  // 0: the preset's default
+  std::int32_t turns = 4;              // --workload multi-turn
+  std::int32_t tensor_parallel = 1;    // ranks sharing the model (under mpirun)
   bool quick = false;
   std::uint64_t seed = 1;
   std::string json;  // empty: no JSON file
   bool help = false;
   // Against a server over HTTP (--url): the engine flags above do not apply.
-  std::string url;         // empty: serve in-process
-  std::string api_key;     // sent as "Authorization: Bearer KEY"
-  std::string model_name;  // empty: the first model the server lists
+  std::string url;               // empty: serve in-process
+  std::string api_key;           // sent as "Authorization: Bearer KEY"
+  std::string model_name;        // empty: the first model the server lists
   std::int32_t concurrency = 0;  // requests in flight; 0: one connection per request
   double timeout_s = 600.0;      // per request: connect, and silence while streaming
   bool text_prompts = false;     // prompts as text instead of token ids
@@ -43,7 +43,7 @@ struct BenchServeOptions {
 // than this, is a typo rather than a benchmark).
 inline constexpr std::int32_t kMaxNumRequests = 1'000'000;
 inline constexpr std::int32_t kMaxPageSize = 1 << 16;
-inline constexpr double kMaxTimeoutSeconds = 86400.0;      // longer is capped to this
+inline constexpr double kMaxTimeoutSeconds = 86400.0;  // longer is capped to this
 inline constexpr std::int32_t kMaxConcurrency = 1024;  // threads and sockets of the client
 
 // Parses argv[first..argc). InvalidArgument naming the flag and value: every

@@ -25,11 +25,12 @@ struct ReplayOptions {
 
 struct ReplayResult {
   std::string policy;
-  double kv_efficiency = 0.0;     // token states stored / reserved, over all steps
-  std::int32_t peak_batch = 0;    // most sequences running at once
+  double kv_efficiency = 0.0;   // token states stored / reserved, over all steps
+  std::int32_t peak_batch = 0;  // most sequences running at once
   std::int64_t steps = 0;
 };
 
-ReplayResult replay_contiguous(const std::vector<TraceRequest>& trace, const ReplayOptions& options);
+ReplayResult replay_contiguous(const std::vector<TraceRequest>& trace,
+                               const ReplayOptions& options);
 
 }  // namespace pagedattn::tools

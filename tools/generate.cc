@@ -188,10 +188,11 @@ int run_generate(int argc, char** argv) {
                generated > 1 ? double(generated - 1) / decode_seconds : 0.0);
   const TensorParallelTimes tp = tensor_parallel_times();
   if (tp.size > 1)
-    std::fprintf(stderr, "[tensor parallel %d: %lld all-reduces, %.1f ms = %.1f%% of the run; "
-                 "step broadcasts %.1f ms]\n", tp.size, static_cast<long long>(tp.all_reduce_calls),
-                 tp.all_reduce_seconds * 1e3, 100.0 * tp.all_reduce_seconds / total,
-                 tp.broadcast_seconds * 1e3);
+    std::fprintf(stderr,
+                 "[tensor parallel %d: %lld all-reduces, %.1f ms = %.1f%% of the run; "
+                 "step broadcasts %.1f ms]\n",
+                 tp.size, static_cast<long long>(tp.all_reduce_calls), tp.all_reduce_seconds * 1e3,
+                 100.0 * tp.all_reduce_seconds / total, tp.broadcast_seconds * 1e3);
   return 0;
 }
 

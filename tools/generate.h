@@ -22,9 +22,9 @@ struct GenerateOptions {
   std::int32_t top_k = 0;
   std::optional<std::uint64_t> seed;
   double kv_memory_mib = 256.0;
-  bool ignore_eos = false;  // generate max_tokens whatever the model says (benchmarks)
+  bool ignore_eos = false;           // generate max_tokens whatever the model says (benchmarks)
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
-  bool disaggregate = false;  // under mpirun -np 2: rank 0 prefills, rank 1 decodes
+  bool disaggregate = false;         // under mpirun -np 2: rank 0 prefills, rank 1 decodes
   bool help = false;
 };
 

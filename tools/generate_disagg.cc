@@ -13,8 +13,8 @@ namespace {
 
 constexpr int kPrefillRank = 0, kDecodeRank = 1;
 
-void decode_and_print(const dist::MpiComm& world, const EngineConfig& config, std::size_t prompt_len,
-                      const Tokenizer& tokenizer) {
+void decode_and_print(const dist::MpiComm& world, const EngineConfig& config,
+                      std::size_t prompt_len, const Tokenizer& tokenizer) {
   StreamingDecoder text(tokenizer, {.render_special = false});
   std::int64_t generated = 0;
   double first_token_seconds = 0.0;
@@ -66,7 +66,8 @@ int run_generate_disaggregated(const EngineConfig& config, const std::vector<std
       decode_and_print(world, config, prompt.size(), tokenizer);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pagedattn generate --disaggregate: rank %d: %s\n", world.rank(), e.what());
+    std::fprintf(stderr, "pagedattn generate --disaggregate: rank %d: %s\n", world.rank(),
+                 e.what());
     std::fflush(stderr);
     world.abort(1);
   }

@@ -16,28 +16,29 @@
 #include "bench_serve.h"
 #include "cache_demo.h"
 #include "generate.h"
-#include "tensor_parallel_cli.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/version.h"
 #include "serve/serve_cli.h"
+#include "tensor_parallel_cli.h"
 
 namespace {
 
 int usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: pagedattn [bench-serve [flags] | generate [flags] | serve [flags] | demo | bench-attention [options] |\n"
-               "                  version | help]\n"
-               "  bench-serve  serve a workload through the engine and report throughput,\n"
-               "               latency and KV memory efficiency (default; --help for flags)\n"
-               "  generate  text from a GGUF model, streamed (--model FILE.gguf --prompt TEXT; --help)\n"
-               "  serve    OpenAI-compatible HTTP server (--model FILE.gguf|PRESET; --help)\n"
-               "  demo     scripted tour of the paged KV-cache manager\n"
-               "  bench-attention  time the attention kernel on one shape, as a fraction\n"
-               "                   of this machine's read bandwidth and FMA peak (--help)\n"
-               "  version  print the library version\n");
+  std::fprintf(
+      out,
+      "usage: pagedattn [bench-serve [flags] | generate [flags] | serve [flags] | demo | "
+      "bench-attention [options] |\n"
+      "                  version | help]\n"
+      "  bench-serve  serve a workload through the engine and report throughput,\n"
+      "               latency and KV memory efficiency (default; --help for flags)\n"
+      "  generate  text from a GGUF model, streamed (--model FILE.gguf --prompt TEXT; --help)\n"
+      "  serve    OpenAI-compatible HTTP server (--model FILE.gguf|PRESET; --help)\n"
+      "  demo     scripted tour of the paged KV-cache manager\n"
+      "  bench-attention  time the attention kernel on one shape, as a fraction\n"
+      "                   of this machine's read bandwidth and FMA peak (--help)\n"
+      "  version  print the library version\n");
   return out == stdout ? 0 : 2;
 }
-
 
 // OpenMP threads that spin while waiting take the cores from BLAS, from each
 // other and from other processes (10x slower steps on a loaded 2-core
@@ -62,7 +63,8 @@ int main(int argc, char** argv) {
   std::shared_ptr<void> mpi;  // finalizes MPI after the command's objects are gone
   try {
     mpi = pagedattn::tools::start_mpi_if_requested(&argc, &argv);
-    if (std::strcmp(command, "bench-serve") == 0) return pagedattn::tools::run_bench_serve(argc, argv);
+    if (std::strcmp(command, "bench-serve") == 0)
+      return pagedattn::tools::run_bench_serve(argc, argv);
     if (std::strcmp(command, "demo") == 0) return pagedattn::tools::run_cache_demo();
     if (std::strcmp(command, "generate") == 0) return pagedattn::tools::run_generate(argc, argv);
     if (std::strcmp(command, "serve") == 0) return pagedattn::serve::run_serve(argc, argv);
@@ -72,11 +74,13 @@ int main(int argc, char** argv) {
       std::printf("pagedattn %s\n", pagedattn::kVersion);
       return 0;
     }
-    if (std::strcmp(command, "help") == 0 || std::strcmp(command, "--help") == 0) return usage(stdout);
+    if (std::strcmp(command, "help") == 0 || std::strcmp(command, "--help") == 0)
+      return usage(stdout);
     std::fprintf(stderr, "pagedattn: unknown command '%s'\n", command);
     return usage(stderr);
   } catch (const pagedattn::Error& e) {
-    std::fprintf(stderr, "pagedattn: %s error: %s\n", pagedattn::error_code_name(e.code()), e.what());
+    std::fprintf(stderr, "pagedattn: %s error: %s\n", pagedattn::error_code_name(e.code()),
+                 e.what());
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pagedattn: %s\n", e.what());

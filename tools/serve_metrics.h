@@ -13,8 +13,8 @@ struct RequestTiming {
   double arrival = 0.0;       // seconds since the start
   double first_token = -1.0;  // first token of any sample
   double finish = -1.0;
-  std::int64_t output_tokens = 0;     // over all samples
-  std::int32_t longest_sample = 0;    // tokens of the longest sample
+  std::int64_t output_tokens = 0;   // over all samples
+  std::int32_t longest_sample = 0;  // tokens of the longest sample
 };
 
 struct StepSample {
@@ -38,9 +38,9 @@ struct ServeSummary {
   std::int64_t preemptions = 0;
   std::int64_t peak_pages = 0, num_pages = 0;
   std::int32_t page_size = 0;
-  double kv_efficiency = 0.0;     // token states stored / KV reserved, over the steps
-  double sharing_saving = 0.0;    // 1 - pages in use / pages without sharing, over the steps
-  double overhead_share = 0.0;    // step time outside Model::forward / step time
+  double kv_efficiency = 0.0;   // token states stored / KV reserved, over the steps
+  double sharing_saving = 0.0;  // 1 - pages in use / pages without sharing, over the steps
+  double overhead_share = 0.0;  // step time outside Model::forward / step time
   std::int64_t steps = 0;
   // Prefix caching and preemption (in-process runs).
   bool prefix_caching = false;

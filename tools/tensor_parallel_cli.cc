@@ -51,8 +51,8 @@ std::shared_ptr<void> start_mpi_if_requested(int* argc, char*** argv) {
 std::shared_ptr<Model> make_cli_model(std::int32_t tensor_parallel, const std::string& model_arg,
                                       const ShardFactory& make) {
   if (tensor_parallel == 1) return make({});
-  require<InvalidState>(dist::MpiSession::active(),
-                        "--tensor-parallel ", tensor_parallel, ": MPI is not initialized");
+  require<InvalidState>(dist::MpiSession::active(), "--tensor-parallel ", tensor_parallel,
+                        ": MPI is not initialized");
   const dist::MpiComm world = dist::MpiComm::world();
   require(world.size() == tensor_parallel, "--tensor-parallel ", tensor_parallel, " needs ",
           tensor_parallel, " MPI ranks, this run has ", world.size(), " (run `mpirun -np ",
@@ -107,7 +107,9 @@ std::shared_ptr<Model> make_cli_model(std::int32_t tensor_parallel, const std::s
   return make({});
 }
 
-TensorParallelTimes tensor_parallel_times() { return {}; }
+TensorParallelTimes tensor_parallel_times() {
+  return {};
+}
 
 #endif
 

@@ -56,11 +56,12 @@ struct Options {
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
-  std::fprintf(stderr,
-               "error: %s\nusage: ggml_attention_bench [--mode decode|prefill] [--kv-dtype f16|bf16|q8_0]\n"
-               "  [--batch N] [--kv-len N] [--q-len N] [--heads QxK] [--head-dim D] [--threads N]\n"
-               "  [--seconds S] [--hot] [--check]\n",
-               message.c_str());
+  std::fprintf(
+      stderr,
+      "error: %s\nusage: ggml_attention_bench [--mode decode|prefill] [--kv-dtype f16|bf16|q8_0]\n"
+      "  [--batch N] [--kv-len N] [--q-len N] [--heads QxK] [--head-dim D] [--threads N]\n"
+      "  [--seconds S] [--hot] [--check]\n",
+      message.c_str());
   std::exit(2);
 }
 
@@ -85,7 +86,8 @@ void parse_heads(const std::string& text, Options& o) {
   if (x == std::string::npos) usage_error("--heads: expected QxK, got '" + text + "'");
   o.qo_heads = parse_int("--heads", text.substr(0, x), 1, 1024);
   o.kv_heads = parse_int("--heads", text.substr(x + 1), 1, 1024);
-  if (o.qo_heads % o.kv_heads != 0) usage_error("--heads: query heads must be a multiple of KV heads");
+  if (o.qo_heads % o.kv_heads != 0)
+    usage_error("--heads: query heads must be a multiple of KV heads");
 }
 
 Options parse(int argc, char** argv) {
@@ -169,14 +171,16 @@ struct RowPattern {
   std::vector<std::byte> data;
   std::size_t row_bytes;
 
-  RowPattern(ggml_type type, int head_dim, unsigned seed) : row_bytes(ggml_row_size(type, head_dim)) {
+  RowPattern(ggml_type type, int head_dim, unsigned seed)
+      : row_bytes(ggml_row_size(type, head_dim)) {
     const std::vector<float> values = normal_values(kRows * head_dim, seed);
     data.resize(kRows * row_bytes);
     ggml_quantize_chunk(type, values.data(), data.data(), 0, kRows, head_dim, nullptr);
   }
   void fill(std::byte* dst, std::size_t rows, std::size_t offset) const {
     for (std::size_t r = 0; r < rows; ++r)
-      std::memcpy(dst + r * row_bytes, data.data() + (r * 7 + offset) % kRows * row_bytes, row_bytes);
+      std::memcpy(dst + r * row_bytes, data.data() + (r * 7 + offset) % kRows * row_bytes,
+                  row_bytes);
   }
 };
 
@@ -190,7 +194,9 @@ struct Storage {
   std::size_t kv_bytes_per_copy = 0;  // K + V
 };
 
-std::size_t kv_rows(const Options& o) { return std::size_t(o.batch) * o.kv_heads * o.kv_len; }
+std::size_t kv_rows(const Options& o) {
+  return std::size_t(o.batch) * o.kv_heads * o.kv_len;
+}
 
 // Enough copies that K+V exceed max(256 MiB, 4 x L3), as bench-attention does.
 int copies_needed(const Options& o, std::size_t copy_bytes) {
@@ -298,7 +304,8 @@ std::vector<double> reference_row(const Options& o, const float* q, const std::v
   double max_score = -INFINITY, sum = 0.0;
   for (int j = 0; j < visible; ++j) {
     double dot = 0.0;
-    for (std::size_t d = 0; d < d_count; ++d) dot += double(q[d]) * keys[std::size_t(j) * d_count + d];
+    for (std::size_t d = 0; d < d_count; ++d)
+      dot += double(q[d]) * keys[std::size_t(j) * d_count + d];
     scores[std::size_t(j)] = dot / std::sqrt(double(o.head_dim));
     max_score = std::max(max_score, scores[std::size_t(j)]);
   }
@@ -319,18 +326,22 @@ double relative_error(const Options& o, Storage& s, Graph& g) {
   g.run(s, 0);
   const std::size_t rows = std::size_t(o.batch) * o.qo_heads * o.q_len;
   const double work_per_row = double(o.kv_len) * o.head_dim;
-  const std::size_t stride = std::max<std::size_t>(1, std::size_t(double(rows) * work_per_row / 2e8));
+  const std::size_t stride =
+      std::max<std::size_t>(1, std::size_t(double(rows) * work_per_row / 2e8));
   const std::size_t row_bytes = ggml_row_size(o.kv_type, o.head_dim);
   const int group = o.qo_heads / o.kv_heads;
   double max_err = 0.0, max_ref = 0.0;
   std::size_t loaded = SIZE_MAX;  // the (sequence, KV head) whose K/V are widened
   std::vector<double> keys, values;
   for (std::size_t r = 0; r < rows; r += stride) {
-    const int i = int(r % o.q_len), h = int(r / o.q_len % o.qo_heads), b = int(r / o.q_len / o.qo_heads);
+    const int i = int(r % o.q_len), h = int(r / o.q_len % o.qo_heads),
+              b = int(r / o.q_len / o.qo_heads);
     const std::size_t slice = std::size_t(b) * o.kv_heads + h / group;
     if (slice != loaded) {
-      keys = dequantized(o.kv_type, s.k[0].get() + slice * o.kv_len * row_bytes, o.kv_len, o.head_dim);
-      values = dequantized(o.kv_type, s.v[0].get() + slice * o.kv_len * row_bytes, o.kv_len, o.head_dim);
+      keys =
+          dequantized(o.kv_type, s.k[0].get() + slice * o.kv_len * row_bytes, o.kv_len, o.head_dim);
+      values =
+          dequantized(o.kv_type, s.v[0].get() + slice * o.kv_len * row_bytes, o.kv_len, o.head_dim);
       loaded = slice;
     }
     const float* q = &s.q[((std::size_t(b) * o.qo_heads + h) * o.q_len + i) * o.head_dim];
@@ -377,9 +388,10 @@ int main(int argc, char** argv) {
   ggml_cpu_init();
   std::printf("ggml: version %s (commit %s), CPU backend, ggml_flash_attn_ext, GGML_PREC_F32\n",
               ggml_version(), ggml_commit());
-  std::printf("shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, contiguous, %d threads\n",
-              o.kv_name.c_str(), o.qo_heads, o.kv_heads, o.head_dim, o.batch, o.q_len, o.kv_len,
-              o.threads);
+  std::printf(
+      "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, contiguous, %d "
+      "threads\n",
+      o.kv_name.c_str(), o.qo_heads, o.kv_heads, o.head_dim, o.batch, o.q_len, o.kv_len, o.threads);
   Storage s = make_storage(o);
   std::printf("working set: %zu copies, %.0f MiB of K/V (L3 %.0f MiB)\n", s.k.size(),
               double(s.k.size() * s.kv_bytes_per_copy) / double(1 << 20),
@@ -397,8 +409,8 @@ int main(int argc, char** argv) {
     std::printf("hot: every call re-reads copy 0 (%.1f MiB of K/V)\n",
                 double(s.kv_bytes_per_copy) / double(1 << 20));
   const double kv_bytes = double(s.kv_bytes_per_copy);
-  std::printf("time per call: median %.3f ms, best %.3f ms (%d calls)\n", t.median * 1e3, t.best * 1e3,
-              t.calls);
+  std::printf("time per call: median %.3f ms, best %.3f ms (%d calls)\n", t.median * 1e3,
+              t.best * 1e3, t.calls);
   std::printf("K+V read: %.2f GB/s   compute: %.1f GFLOP/s\n", kv_bytes / t.median / 1e9,
               attention_flops(o.batch, o.qo_heads, o.head_dim, o.q_len, o.kv_len) / t.median / 1e9);
   return 0;

@@ -26,9 +26,10 @@ int main() {
   kv.fork_sequence(1, 2);
   kv.check_invariants();
   const pagedattn::LlamaConfig tiny = pagedattn::llama_preset("tiny");
-  std::printf("downstream: pagedattn %s, 40 tokens in %d pages, fork shares %d of them; "
-              "tiny Llama: %lld parameters\n",
-              pagedattn::kVersion, pages, pages - 1,
-              static_cast<long long>(pagedattn::llama_parameter_count(tiny)));
+  std::printf(
+      "downstream: pagedattn %s, 40 tokens in %d pages, fork shares %d of them; "
+      "tiny Llama: %lld parameters\n",
+      pagedattn::kVersion, pages, pages - 1,
+      static_cast<long long>(pagedattn::llama_parameter_count(tiny)));
   return pages == 3 ? 0 : 1;
 }

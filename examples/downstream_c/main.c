@@ -43,16 +43,17 @@ int main(void) {
   int ok = pagedattn_kv_cache_add_sequence(cache, 1) == PAGEDATTN_OK &&
            pagedattn_kv_cache_num_free_pages(cache, &free_before) == PAGEDATTN_OK &&
            pagedattn_kv_cache_begin_forward(cache, ids, lengths, 1) == PAGEDATTN_OK &&
-           attend_every_layer(cache) &&
-           pagedattn_kv_cache_end_forward(cache) == PAGEDATTN_OK &&
+           attend_every_layer(cache) && pagedattn_kv_cache_end_forward(cache) == PAGEDATTN_OK &&
            pagedattn_kv_cache_fork_sequence(cache, 1, 2, -1) == PAGEDATTN_OK &&
            pagedattn_kv_cache_sequence_length(cache, 2, &length) == PAGEDATTN_OK &&
            pagedattn_kv_cache_num_free_pages(cache, &free_after) == PAGEDATTN_OK;
   /* Adding an existing sequence fails with a typed status and a message. */
   const pagedattn_status duplicate = pagedattn_kv_cache_add_sequence(cache, 1);
-  printf("downstream_c: 40 tokens and a fork use %lld pages, fork length %lld; duplicate add: %s (%s)\n",
-         (long long)(free_before - free_after), (long long)length, pagedattn_status_name(duplicate),
-         pagedattn_last_error_message());
+  printf(
+      "downstream_c: 40 tokens and a fork use %lld pages, fork length %lld; duplicate add: %s "
+      "(%s)\n",
+      (long long)(free_before - free_after), (long long)length, pagedattn_status_name(duplicate),
+      pagedattn_last_error_message());
   pagedattn_kv_cache_destroy(cache);
   if (!ok) fprintf(stderr, "downstream_c: %s\n", pagedattn_last_error_message());
   return ok && length == kTokens && duplicate == PAGEDATTN_INVALID_ARGUMENT ? 0 : 1;

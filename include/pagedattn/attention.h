@@ -22,10 +22,10 @@
 namespace pagedattn {
 
 struct AttentionOptions {
-  std::optional<float> scale;           // logit scale; none means 1 / sqrt(head_dim)
-  bool causal = true;                   // bottom-right aligned: query i sees keys j <= kv_len - q_len + i
-  std::int32_t window_left = -1;        // -1 = off; W: query at p sees keys [p - W, p]
-  float softcap = 0.0f;                 // > 0: s = softcap * tanh(s / softcap)
+  std::optional<float> scale;     // logit scale; none means 1 / sqrt(head_dim)
+  bool causal = true;             // bottom-right aligned: query i sees keys j <= kv_len - q_len + i
+  std::int32_t window_left = -1;  // -1 = off; W: query at p sees keys [p - W, p]
+  float softcap = 0.0f;           // > 0: s = softcap * tanh(s / softcap)
   const float* alibi_slopes = nullptr;  // [num_qo_heads] or null: s += slope * (j - p)
   const float* sinks = nullptr;         // [num_qo_heads] or null: learned sink logits
   // Inline RoPE (TVM's INLINE mode): keys are stored unrotated and key j is
@@ -70,14 +70,14 @@ struct TokenTreeMask {
 };
 
 struct AttentionParams {
-  HeadTensor q;                // [num_tokens][num_qo_heads][head_dim]
-  HeadTensor o;                // [num_tokens][num_qo_heads][v_head_dim]
-  float* lse = nullptr;        // [num_tokens][num_qo_heads] natural-log LSE, or null
+  HeadTensor q;          // [num_tokens][num_qo_heads][head_dim]
+  HeadTensor o;          // [num_tokens][num_qo_heads][v_head_dim]
+  float* lse = nullptr;  // [num_tokens][num_qo_heads] natural-log LSE, or null
   std::int32_t num_qo_heads = 0;
-  PagedKVTable table;          // ragged batch: qo_indptr and the CSR page table
-  PagedKVStorage kv;           // the layer's pages (num_kv_heads, head dims, dtype)
+  PagedKVTable table;  // ragged batch: qo_indptr and the CSR page table
+  PagedKVStorage kv;   // the layer's pages (num_kv_heads, head dims, dtype)
   AttentionOptions options;
-  TokenTreeMask tree_mask;     // inactive (all null) for ordinary batches
+  TokenTreeMask tree_mask;  // inactive (all null) for ordinary batches
 };
 
 // --- planning (host side, pure) -------------------------------------------------
@@ -157,7 +157,7 @@ struct AttentionMergeTask {
 struct AttentionPlan {
   AttentionShape shape;
   std::int32_t num_threads = 1;
-  std::int32_t max_rows = 0;              // rows (heads x tokens x group) of the largest item
+  std::int32_t max_rows = 0;  // rows (heads x tokens x group) of the largest item
   // A row's result does not depend on its item's size: the kernel keeps one
   // summation order for decode and prefill rows (set by fixed_kv_chunk > 0).
   bool batch_invariant = false;
@@ -171,8 +171,8 @@ struct AttentionPlan {
   std::vector<AttentionMergeTask> merges;
   std::int32_t num_partials = 0;
   std::size_t scratch_bytes_per_thread = 0;
-  std::size_t partial_bytes = 0;          // all partial slots
-  std::size_t workspace_bytes = 0;        // scratch for every thread + partials
+  std::size_t partial_bytes = 0;    // all partial slots
+  std::size_t workspace_bytes = 0;  // scratch for every thread + partials
 };
 
 // Splits the batch into work items (KV split where a few long sequences
@@ -214,7 +214,7 @@ void paged_attention_reference(const AttentionParams& params);
 // empty state has s = -inf. Writes the merged state to v_out, s_out (which may
 // alias a). Validates sizes (InvalidArgument).
 void merge_states(std::span<const float> v_a, std::span<const float> s_a,
-                  std::span<const float> v_b, std::span<const float> s_b,
-                  std::span<float> v_out, std::span<float> s_out, std::int32_t dim);
+                  std::span<const float> v_b, std::span<const float> s_b, std::span<float> v_out,
+                  std::span<float> s_out, std::int32_t dim);
 
 }  // namespace pagedattn

@@ -49,7 +49,8 @@ struct CpuFeatures {
   // enabled by the OS (XCR0) and, on Linux, the process's permission to use
   // it (arch_prctl ARCH_REQ_XCOMP_PERM, requested when detecting).
   bool amx_bf16 = false;
-  bool avx512_fp16 = false;  // f16 arithmetic on 32 lanes (vfmadd...ph; Intel from Sapphire Rapids on)
+  bool avx512_fp16 =
+      false;  // f16 arithmetic on 32 lanes (vfmadd...ph; Intel from Sapphire Rapids on)
   // vpermb / vpermi2b: byte permutes over 64 / 128 entries (Ice Lake, Zen 4 on;
   // the bf16 decode path's fp8 -> bf16 byte tables need it).
   bool avx512_vbmi = false;
@@ -70,11 +71,10 @@ inline constexpr const char* kDisableFeaturesVariable = "PAGEDATTN_DISABLE_FEATU
 
 // Switches off the kernels' use of optional extensions, so that one machine
 // runs and measures the paths without them: a comma- or space-separated list
-// of avx512_vnni, avx512_bf16, amx_bf16, avx512_fp16, avx512_vbmi (case-insensitive; "" switches none
-// off), replacing the previous list. PAGEDATTN_DISABLE_FEATURES gives the
-// same list when the library loads (an unknown name there makes every
-// attention call throw InvalidArgument naming the variable, as an unknown
-// PAGEDATTN_MAX_TARGET does). Throws InvalidArgument for an unknown name,
+// of avx512_vnni, avx512_bf16, amx_bf16, avx512_fp16, avx512_vbmi (case-insensitive; "" switches
+// none off), replacing the previous list. PAGEDATTN_DISABLE_FEATURES gives the same list when the
+// library loads (an unknown name there makes every attention call throw InvalidArgument naming the
+// variable, as an unknown PAGEDATTN_MAX_TARGET does). Throws InvalidArgument for an unknown name,
 // leaving the list unchanged. Not to be called while kernels run.
 void set_disabled_features(std::string_view names);
 

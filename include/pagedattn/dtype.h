@@ -39,7 +39,9 @@ constexpr bool is_activation_dtype(DType t) noexcept {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
 }
 
-constexpr bool is_fp8(DType t) noexcept { return t == DType::kFP8E4M3 || t == DType::kFP8E5M2; }
+constexpr bool is_fp8(DType t) noexcept {
+  return t == DType::kFP8E4M3 || t == DType::kFP8E5M2;
+}
 
 // Storage types that need a dequantisation scale (fp8: per tensor or head;
 // int8: per token and head).

@@ -42,11 +42,11 @@ namespace pagedattn {
 using RequestId = std::int64_t;
 
 struct SamplingParams {
-  std::int32_t max_tokens = 16;  // new tokens per sample, >= 1
-  float temperature = 0.0f;      // 0: greedy (argmax, lowest token id on ties)
-  std::int32_t top_k = 0;        // 0: all tokens
-  float top_p = 1.0f;            // (0, 1]: smallest set whose probability reaches top_p
-  std::int32_t n = 1;            // parallel samples sharing the prompt's pages, [1, 256]
+  std::int32_t max_tokens = 16;         // new tokens per sample, >= 1
+  float temperature = 0.0f;             // 0: greedy (argmax, lowest token id on ties)
+  std::int32_t top_k = 0;               // 0: all tokens
+  float top_p = 1.0f;                   // (0, 1]: smallest set whose probability reaches top_p
+  std::int32_t n = 1;                   // parallel samples sharing the prompt's pages, [1, 256]
   std::optional<std::uint64_t> seed{};  // none: derived from EngineConfig.seed and the request id
   std::vector<std::int32_t> stop_token_ids{};
   bool ignore_eos = false;
@@ -72,7 +72,7 @@ struct RequestOutput {
 };
 
 struct EngineConfig {
-  std::shared_ptr<Model> model{};             // required
+  std::shared_ptr<Model> model{};              // required
   std::int64_t kv_memory_bytes = 256ll << 20;  // K+V pages of every layer; pages derived from it
   std::int32_t page_size = 16;
   DType kv_dtype = DType::kF16;
@@ -115,15 +115,15 @@ struct EngineConfig {
 // Counters and the KV picture after the last step.
 struct EngineStats {
   std::int64_t steps = 0;
-  std::int64_t num_preemptions = 0;     // requests preempted (swap or recompute), in total
-  std::int64_t recomputed_tokens = 0;   // tokens dropped by recompute preemptions
+  std::int64_t num_preemptions = 0;    // requests preempted (swap or recompute), in total
+  std::int64_t recomputed_tokens = 0;  // tokens dropped by recompute preemptions
   std::int32_t num_running_seqs = 0;
   std::int32_t num_waiting_requests = 0;
-  std::int32_t last_step_tokens = 0;    // tokens in the last step's batch
-  std::int32_t last_step_decodes = 0;   // of which decodes
+  std::int32_t last_step_tokens = 0;   // tokens in the last step's batch
+  std::int32_t last_step_decodes = 0;  // of which decodes
   std::int64_t num_pages = 0;
   std::int64_t pages_in_use = 0;
-  std::int64_t token_states_stored = 0;  // distinct tokens held (shared pages counted once)
+  std::int64_t token_states_stored = 0;    // distinct tokens held (shared pages counted once)
   std::int64_t token_states_unshared = 0;  // the same if no page were shared (sum over sequences)
   std::int64_t pages_if_unshared = 0;      // pages the sequences would hold without sharing
   double seconds_in_steps = 0.0;           // wall time inside step(), in total
@@ -179,7 +179,8 @@ class Engine {
   // Queues a request. InvalidArgument (nothing queued) for an empty prompt,
   // a token outside the vocabulary, bad params, or a request that could not
   // fit the KV memory even alone.
-  RequestId add_request(std::span<const std::int32_t> prompt_token_ids, const SamplingParams& params);
+  RequestId add_request(std::span<const std::int32_t> prompt_token_ids,
+                        const SamplingParams& params);
   // One iteration; returns the requests with new tokens or a finish.
   std::vector<RequestOutput> step();
   // Stops a request and returns its pages; reported (kAborted) by the next

@@ -65,9 +65,9 @@ struct KVCacheConfig {
   // or per KV head when the vectors below are given), or int8 (symmetric, a
   // scale per token and head kept beside the page and set on write).
   DType kv_dtype = DType::kF16;
-  float k_scale = 1.0f, v_scale = 1.0f;   // fp8 per-tensor dequantisation scales
-  std::vector<float> k_head_scales;       // fp8: [num_kv_heads] or empty
-  std::vector<float> v_head_scales;       // fp8: [num_kv_heads] or empty
+  float k_scale = 1.0f, v_scale = 1.0f;  // fp8 per-tensor dequantisation scales
+  std::vector<float> k_head_scales;      // fp8: [num_kv_heads] or empty
+  std::vector<float> v_head_scales;      // fp8: [num_kv_heads] or empty
   KVLayout layout = KVLayout::kHND;
   bool support_sliding_window = false;  // enable_sliding_window requires it
   // Cache-level attention: where RoPE is applied, and its parameters
@@ -117,18 +117,18 @@ struct PrefixCacheStats {
 // What kernels need for one step, shared by every layer. Built by
 // begin_forward; valid until end_forward (or the next begin_forward).
 struct BatchPlan {
-  std::vector<SeqId> seq_ids;                // [batch_size] in the caller's order
-  std::vector<std::int32_t> qo_indptr;       // [batch_size + 1] offsets of new tokens
-  std::vector<std::int32_t> kv_indptr;       // [batch_size + 1] offsets into kv_indices
-  std::vector<std::int32_t> kv_indices;      // [kv_indptr.back()] page ids
+  std::vector<SeqId> seq_ids;                  // [batch_size] in the caller's order
+  std::vector<std::int32_t> qo_indptr;         // [batch_size + 1] offsets of new tokens
+  std::vector<std::int32_t> kv_indptr;         // [batch_size + 1] offsets into kv_indices
+  std::vector<std::int32_t> kv_indices;        // [kv_indptr.back()] page ids
   std::vector<std::int32_t> kv_last_page_len;  // [batch_size]
-  std::vector<std::int32_t> kv_lens;         // [batch_size] keys after the append
-  std::vector<std::int32_t> kv_sink_lens;    // [batch_size] (see PagedKVTable)
-  std::vector<std::int32_t> kv_gap_lens;     // [batch_size] (see PagedKVTable)
-  std::vector<std::int32_t> positions;       // [num_tokens] position of each new token
-                                             // (tree nodes: committed length + depth)
-  std::vector<std::int64_t> slot_mapping;    // [num_tokens] page * page_size + offset, -1 = no write
-  bool has_gaps = false;                     // any kv_gap_lens[b] != 0
+  std::vector<std::int32_t> kv_lens;           // [batch_size] keys after the append
+  std::vector<std::int32_t> kv_sink_lens;      // [batch_size] (see PagedKVTable)
+  std::vector<std::int32_t> kv_gap_lens;       // [batch_size] (see PagedKVTable)
+  std::vector<std::int32_t> positions;         // [num_tokens] position of each new token
+                                               // (tree nodes: committed length + depth)
+  std::vector<std::int64_t> slot_mapping;  // [num_tokens] page * page_size + offset, -1 = no write
+  bool has_gaps = false;                   // any kv_gap_lens[b] != 0
   std::int32_t page_size = 0;
   // Token trees (see TokenTreeMask; filled only when has_tree): sequences
   // whose uncommitted tree is a plain chain get tree_begin = kv_lens (none).
@@ -155,10 +155,10 @@ struct BatchPlan {
 struct SequenceOp {
   enum class Kind : std::uint8_t { kAdd, kRemove, kFork, kPopN, kSlidingWindow };
   Kind kind = Kind::kAdd;
-  SeqId seq_id = 0;        // the sequence changed (kFork: the child)
-  SeqId parent_id = 0;     // kFork
-  std::int64_t count = 0;  // kFork: fork_pos (resolved, never -1); kPopN: n;
-                           // kSlidingWindow: window_size
+  SeqId seq_id = 0;            // the sequence changed (kFork: the child)
+  SeqId parent_id = 0;         // kFork
+  std::int64_t count = 0;      // kFork: fork_pos (resolved, never -1); kPopN: n;
+                               // kSlidingWindow: window_size
   std::int64_t sink_size = 0;  // kSlidingWindow: attn_sink_size
 };
 using SequenceObserver = std::function<void(const SequenceOp&)>;
@@ -175,9 +175,9 @@ using SequenceObserver = std::function<void(const SequenceOp&)>;
 struct KVPageRuns {
   SeqId seq_id = 0;
   std::int64_t num_tokens = 0;
-  std::vector<std::int32_t> pages;                  // this cache's page ids, logical order
+  std::vector<std::int32_t> pages;                        // this cache's page ids, logical order
   std::vector<std::vector<std::span<std::byte>>> layers;  // [num_layers] runs
-  std::int64_t layer_bytes = 0;                     // bytes of each layer's stream
+  std::int64_t layer_bytes = 0;                           // bytes of each layer's stream
   std::int64_t total_bytes() const { return layer_bytes * std::ssize(layers); }
 };
 // What outgoing_pages pins: pages that cannot be freed or reused (or written:
@@ -384,8 +384,8 @@ class PagedKVCache {
   // p + num_dropped_tokens of the whole sequence: a model whose RoPE must
   // see absolute positions (Mistral-style windows) adds it.
   std::int64_t num_dropped_tokens(SeqId seq_id) const;
-  std::int64_t total_sequence_length() const;        // sum over sequences
-  std::vector<SeqId> sequence_ids() const;           // sorted ascending
+  std::int64_t total_sequence_length() const;  // sum over sequences
+  std::vector<SeqId> sequence_ids() const;     // sorted ascending
   // Pages a begin_forward with these arguments would take from the pool
   // (dry run; validates like begin_forward). can_append: it would succeed.
   std::int64_t pages_needed(std::span<const SeqId> seq_ids,
@@ -450,8 +450,8 @@ class PagedKVCache {
   // Writes the same shapes (rounded to the storage dtype). Tokens in pages
   // shared with another sequence are refused (InvalidArgument). Inside a
   // step, the step's new tokens it writes count as written in every layer.
-  void debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t end,
-                    std::span<const float> k_in, std::span<const float> v_in);
+  void debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t end, std::span<const float> k_in,
+                    std::span<const float> v_in);
 
  private:
   struct State;

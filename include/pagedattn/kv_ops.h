@@ -15,11 +15,11 @@ namespace pagedattn {
 // --- append -------------------------------------------------------------------------
 
 struct AppendParams {
-  HeadTensor k;                             // [num_tokens][num_kv_heads][head_dim]
-  HeadTensor v;                             // [num_tokens][num_kv_heads][v_head_dim]
+  HeadTensor k;                                // [num_tokens][num_kv_heads][head_dim]
+  HeadTensor v;                                // [num_tokens][num_kv_heads][v_head_dim]
   const std::int64_t* slot_mapping = nullptr;  // [num_tokens] page * page_size + offset; -1 skips
   std::int32_t num_tokens = 0;
-  PagedKVStorage kv;                        // destination pages of one layer
+  PagedKVStorage kv;  // destination pages of one layer
 };
 
 // Writes each token's K/V rows to its slot, converting to kv.dtype with round

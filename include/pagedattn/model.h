@@ -20,8 +20,8 @@ struct ModelSpec {
   std::int32_t num_kv_heads = 1;
   std::int32_t head_dim = 64;
   std::int32_t vocab_size = 1;
-  std::int32_t max_position = 4096;  // longest sequence (prompt + output)
-  std::int32_t eos_token_id = -1;    // -1: none
+  std::int32_t max_position = 4096;      // longest sequence (prompt + output)
+  std::int32_t eos_token_id = -1;        // -1: none
   RopeMode rope_mode = RopeMode::kNone;  // applied by the cache
   RopeConfig rope;
   // > 0: no layer attends further back than this many tokens (every layer

@@ -12,7 +12,7 @@ namespace pagedattn {
 // A [num_tokens][num_heads][dim] tensor with the last axis contiguous.
 struct HeadTensor {
   void* data = nullptr;
-  DType dtype = DType::kF32;  // f32, f16 or bf16
+  DType dtype = DType::kF32;      // f32, f16 or bf16
   std::int64_t token_stride = 0;  // elements between consecutive tokens
   std::int64_t head_stride = 0;   // elements between consecutive heads
 };
@@ -37,11 +37,11 @@ struct PagedKVStorage {
   std::int64_t v_page_stride = 0, v_head_stride = 0, v_token_stride = 0;
 
   // Dequantisation of fp8 / int8 storage: value = stored * scale.
-  float k_scale = 1.0f, v_scale = 1.0f;     // fp8: one scale per tensor
-  const float* k_head_scales = nullptr;     // fp8: [num_kv_heads] per-head scales (override)
-  const float* v_head_scales = nullptr;     // fp8: [num_kv_heads]
-  float* k_token_scales = nullptr;          // int8: [num_pages][num_kv_heads][page_size]
-  float* v_token_scales = nullptr;          // int8: same shape
+  float k_scale = 1.0f, v_scale = 1.0f;  // fp8: one scale per tensor
+  const float* k_head_scales = nullptr;  // fp8: [num_kv_heads] per-head scales (override)
+  const float* v_head_scales = nullptr;  // fp8: [num_kv_heads]
+  float* k_token_scales = nullptr;       // int8: [num_pages][num_kv_heads][page_size]
+  float* v_token_scales = nullptr;       // int8: same shape
 
   // Index of (page, head, slot) in the int8 token-scale arrays.
   constexpr std::int64_t token_scale_index(std::int64_t page, std::int64_t head,
@@ -51,14 +51,12 @@ struct PagedKVStorage {
   // Dequantisation scale of K / V at (page, head, slot); 1 for float storage.
   constexpr float k_dequant(std::int64_t page, std::int64_t head, std::int64_t slot) const {
     if (dtype == DType::kINT8) return k_token_scales[token_scale_index(page, head, slot)];
-    if (is_fp8(dtype))
-      return k_head_scales ? k_head_scales[head] : k_scale;
+    if (is_fp8(dtype)) return k_head_scales ? k_head_scales[head] : k_scale;
     return 1.0f;
   }
   constexpr float v_dequant(std::int64_t page, std::int64_t head, std::int64_t slot) const {
     if (dtype == DType::kINT8) return v_token_scales[token_scale_index(page, head, slot)];
-    if (is_fp8(dtype))
-      return v_head_scales ? v_head_scales[head] : v_scale;
+    if (is_fp8(dtype)) return v_head_scales ? v_head_scales[head] : v_scale;
     return 1.0f;
   }
 
@@ -112,15 +110,19 @@ struct PagedKVStorage {
 struct PagedKVTable {
   std::int32_t batch_size = 0;
   std::int32_t page_size = 0;
-  const std::int32_t* qo_indptr = nullptr;         // [batch_size + 1] offsets of each sequence's new tokens
-  const std::int32_t* kv_indptr = nullptr;         // [batch_size + 1] offsets into kv_indices
-  const std::int32_t* kv_indices = nullptr;        // [kv_indptr[batch_size]] page ids in logical order
-  const std::int32_t* kv_last_page_len = nullptr;  // [batch_size] used slots of the last page (0 if none)
-  const std::int32_t* kv_lens = nullptr;           // [batch_size] keys after this step's append
-  const std::int32_t* kv_sink_lens = nullptr;      // [batch_size] or nullptr (no gap anywhere)
-  const std::int32_t* kv_gap_lens = nullptr;       // [batch_size] or nullptr (no gap anywhere)
+  const std::int32_t* qo_indptr =
+      nullptr;  // [batch_size + 1] offsets of each sequence's new tokens
+  const std::int32_t* kv_indptr = nullptr;   // [batch_size + 1] offsets into kv_indices
+  const std::int32_t* kv_indices = nullptr;  // [kv_indptr[batch_size]] page ids in logical order
+  const std::int32_t* kv_last_page_len =
+      nullptr;                            // [batch_size] used slots of the last page (0 if none)
+  const std::int32_t* kv_lens = nullptr;  // [batch_size] keys after this step's append
+  const std::int32_t* kv_sink_lens = nullptr;  // [batch_size] or nullptr (no gap anywhere)
+  const std::int32_t* kv_gap_lens = nullptr;   // [batch_size] or nullptr (no gap anywhere)
 
-  constexpr std::int32_t num_pages_of(std::int32_t b) const { return kv_indptr[b + 1] - kv_indptr[b]; }
+  constexpr std::int32_t num_pages_of(std::int32_t b) const {
+    return kv_indptr[b + 1] - kv_indptr[b];
+  }
   constexpr std::int32_t q_len(std::int32_t b) const { return qo_indptr[b + 1] - qo_indptr[b]; }
 
   // Physical slot (within the sequence's pages) of key j of sequence b.

@@ -39,7 +39,7 @@ struct RopeConfig {
   RopeStyle style = RopeStyle::kNeox;
   std::int32_t rotary_dim = 0;  // R <= head_dim, even; 0 means head_dim
   float theta = 10000.0f;
-  float scale = 1.0f;           // multiplies every frequency
+  float scale = 1.0f;  // multiplies every frequency
   RopeLlama3Scaling llama3;
   RopeYarnScaling yarn;
   // [R/2] divisors of each pair's frequency, or null: llama.cpp's

@@ -7,7 +7,9 @@
 namespace pagedattn::python {
 namespace {
 
-py::module_ numpy() { return py::module_::import("numpy"); }
+py::module_ numpy() {
+  return py::module_::import("numpy");
+}
 
 // ml_dtypes' dtype for a library dtype, or None when the package is absent.
 py::object ml_dtype(DType dtype) {
@@ -38,7 +40,9 @@ py::dtype raw_numpy_dtype(DType dtype) {
   return py::dtype::of<float>();
 }
 
-std::string dtype_str(const py::dtype& d) { return py::str(d).cast<std::string>(); }
+std::string dtype_str(const py::dtype& d) {
+  return py::str(d).cast<std::string>();
+}
 
 }  // namespace
 
@@ -46,11 +50,13 @@ py::array as_array(py::handle obj, const char* name) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
   if (py::hasattr(obj, "__dlpack__")) return numpy().attr("from_dlpack")(obj);
   if (PyObject_CheckBuffer(obj.ptr())) return numpy().attr("asarray")(obj);
-  throw py::type_error(detail::concat(name, " must be an array (NumPy, buffer protocol or DLPack), got ",
+  throw py::type_error(detail::concat(name,
+                                      " must be an array (NumPy, buffer protocol or DLPack), got ",
                                       py::str(py::type::of(obj)).cast<std::string>()));
 }
 
-DType dtype_of(const py::array& array, const char* name, const std::optional<std::string>& raw_dtype) {
+DType dtype_of(const py::array& array, const char* name,
+               const std::optional<std::string>& raw_dtype) {
   const py::dtype d = array.dtype();
   const std::string dname = d.attr("name").cast<std::string>();
   const char kind = d.kind();
@@ -69,12 +75,14 @@ DType dtype_of(const py::array& array, const char* name, const std::optional<std
   if (dname == "uint16" || dname == "uint8" || dname == "int8") {
     if (!raw_dtype)
       throw py::type_error(detail::concat(
-          name, " has dtype ", dname, ": raw bits need an explicit dtype string (\"bfloat16\" for uint16, "
+          name, " has dtype ", dname,
+          ": raw bits need an explicit dtype string (\"bfloat16\" for uint16, "
           "\"float8_e4m3fn\" / \"float8_e5m2\" for uint8), or pass an ml_dtypes array"));
     const DType t = parse_dtype(*raw_dtype);
-    if (dtype_size(t) != static_cast<std::size_t>(d.itemsize()) || t == DType::kF16 || t == DType::kF32)
-      throw py::type_error(detail::concat(name, " has dtype ", dname, ", which cannot carry dtype \"",
-                                          *raw_dtype, "\""));
+    if (dtype_size(t) != static_cast<std::size_t>(d.itemsize()) || t == DType::kF16 ||
+        t == DType::kF32)
+      throw py::type_error(detail::concat(name, " has dtype ", dname,
+                                          ", which cannot carry dtype \"", *raw_dtype, "\""));
     return t;
   }
   throw py::type_error(detail::concat(name, " has dtype ", dtype_str(d),
@@ -243,6 +251,8 @@ std::vector<std::int64_t> int_list_arg(py::handle obj, const char* call, const c
   return values;
 }
 
-std::int64_t element_count(const py::array& array) { return static_cast<std::int64_t>(array.size()); }
+std::int64_t element_count(const py::array& array) {
+  return static_cast<std::int64_t>(array.size());
+}
 
 }  // namespace pagedattn::python

@@ -149,8 +149,9 @@ void register_sampling(py::module_& m) {
                        std::int32_t n, std::optional<std::uint64_t> seed,
                        std::vector<std::int32_t> stop_token_ids, bool ignore_eos,
                        std::uint64_t cache_salt) {
-             SamplingParams p{max_tokens, temperature, top_k, top_p, n, seed,
-                              std::move(stop_token_ids), ignore_eos};
+             SamplingParams p{
+                 max_tokens, temperature, top_k, top_p, n, seed, std::move(stop_token_ids),
+                 ignore_eos};
              p.cache_salt = cache_salt;
              return p;
            }),

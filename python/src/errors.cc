@@ -26,12 +26,13 @@ PyObject* new_exception(py::module_& m, const char* name, const char* doc, py::t
 
 void register_errors(py::module_& m) {
   static PyObject *invalid_argument, *out_of_pages, *invalid_state, *unsupported, *internal;
-  py::handle base = new_exception(m, "Error", "Base class of every error raised by pagedattn's C++ library.",
-                       py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)));
+  py::handle base =
+      new_exception(m, "Error", "Base class of every error raised by pagedattn's C++ library.",
+                    py::make_tuple(py::reinterpret_borrow<py::object>(PyExc_Exception)));
   auto builtin = [](PyObject* e) { return py::reinterpret_borrow<py::object>(e); };
-  invalid_argument = new_exception(m, "InvalidArgumentError",
-                                   "A bad value, size, dtype or id; the message names the argument.",
-                                   py::make_tuple(base, builtin(PyExc_ValueError)));
+  invalid_argument = new_exception(
+      m, "InvalidArgumentError", "A bad value, size, dtype or id; the message names the argument.",
+      py::make_tuple(base, builtin(PyExc_ValueError)));
   out_of_pages = new_exception(m, "OutOfPagesError",
                                "The page pool cannot hold the request; nothing was changed.",
                                py::make_tuple(base, builtin(PyExc_RuntimeError)));

@@ -68,18 +68,19 @@ HeadTensor head_tensor(const char* call, const char* name, py::handle obj,
   check_shape(call, name, a, shape);
   const ops::TensorView t = tensor_view(a, dtype, name, writable);
   if (t.dim(2) > 1 && t.stride(2) != 1)
-    throw InvalidArgument(detail::concat(call, ": ", name,
-                                         " must have a contiguous last axis (stride ",
-                                         t.stride(2), " elements)"));
+    throw InvalidArgument(detail::concat(
+        call, ": ", name, " must have a contiguous last axis (stride ", t.stride(2), " elements)"));
   keep.push_back(a);
   return HeadTensor{t.data, dtype, t.stride(0), t.stride(1)};
 }
 
 // A C-contiguous float32 array of `shape` for get_kv/set_kv.
-const float* float_block(const char* name, const py::array& a, const std::vector<py::ssize_t>& shape) {
+const float* float_block(const char* name, const py::array& a,
+                         const std::vector<py::ssize_t>& shape) {
   if (a.dtype().attr("name").cast<std::string>() != "float32")
     throw py::type_error(detail::concat("KVCache.set_kv: ", name, " has dtype ",
-                                        py::str(a.dtype()).cast<std::string>(), ", expected float32"));
+                                        py::str(a.dtype()).cast<std::string>(),
+                                        ", expected float32"));
   check_shape("KVCache.set_kv", name, a, shape);
   if (!(a.flags() & py::array::c_style))
     throw InvalidArgument(detail::concat("KVCache.set_kv: ", name, " must be C-contiguous"));
@@ -93,7 +94,8 @@ struct Output {
   HeadTensor view;
   Output(const KVCacheConfig& c, py::ssize_t tokens, DType dtype, const py::array& like)
       : array(new_array({tokens, c.num_qo_heads, c.v_head_dim}, dtype, like)),
-        view{array.mutable_data(), dtype, std::int64_t{c.num_qo_heads} * c.v_head_dim, c.v_head_dim} {}
+        view{array.mutable_data(), dtype, std::int64_t{c.num_qo_heads} * c.v_head_dim,
+             c.v_head_dim} {}
 };
 
 // attention()'s keyword options, converted once (the arrays are copied:
@@ -199,8 +201,9 @@ class KVCache {
     const KVCacheConfig& c = config();
     const py::ssize_t tokens = step_tokens();
     std::vector<py::array> keep;
-    const HeadTensor t = head_tensor("KVCache.attention_with_fused_qkv", "qkv", qkv,
-                                     {tokens, c.num_qo_heads + 2 * c.num_kv_heads, c.head_dim}, keep);
+    const HeadTensor t =
+        head_tensor("KVCache.attention_with_fused_qkv", "qkv", qkv,
+                    {tokens, c.num_qo_heads + 2 * c.num_kv_heads, c.head_dim}, keep);
     const ConvertedOptions options(args, c.num_qo_heads);
     const Output out(c, tokens, t.dtype, keep.front());
     py::array_t<float> lse = lse_array(args.return_lse, tokens);
@@ -219,10 +222,10 @@ class KVCache {
     const std::int64_t start = int_arg(start_arg, kCall, "start"),
                        end = int_arg(end_arg, kCall, "end");
     const py::ssize_t count = checked_token_count(kCall, seq_id, start, end);
-    py::array_t<float> k({py::ssize_t{c.num_layers}, count, py::ssize_t{c.num_kv_heads},
-                          py::ssize_t{c.head_dim}});
-    py::array_t<float> v({py::ssize_t{c.num_layers}, count, py::ssize_t{c.num_kv_heads},
-                          py::ssize_t{c.v_head_dim}});
+    py::array_t<float> k(
+        {py::ssize_t{c.num_layers}, count, py::ssize_t{c.num_kv_heads}, py::ssize_t{c.head_dim}});
+    py::array_t<float> v(
+        {py::ssize_t{c.num_layers}, count, py::ssize_t{c.num_kv_heads}, py::ssize_t{c.v_head_dim}});
     const std::span<float> ks(k.mutable_data(), static_cast<std::size_t>(k.size()));
     const std::span<float> vs(v.mutable_data(), static_cast<std::size_t>(v.size()));
     {
@@ -501,8 +504,7 @@ void register_prefix_cache(Class& cls) {
           "reset_prefix_cache", [](KVCache& s) { s.cache().reset_prefix_cache(); }, ReleaseGil(),
           "Drops every cached page nobody holds (device and host tier).")
       .def(
-          "swap_out",
-          [](KVCache& s, const std::vector<SeqId>& ids) { s.cache().swap_out(ids); },
+          "swap_out", [](KVCache& s, const std::vector<SeqId>& ids) { s.cache().swap_out(ids); },
           ReleaseGil(), py::arg("seq_ids"),
           "Moves the listed sequences' pages to the host tier (shared pages stay shared);\n"
           "they are refused by steps until swap_in. OutOfPagesError if the host lacks room.")
@@ -517,8 +519,8 @@ void register_prefix_cache(Class& cls) {
           },
           ReleaseGil(), py::arg("seq_ids"), "Device pages swap_in(seq_ids) would take.")
       .def(
-          "is_swapped", [](KVCache& s, SeqId id) { return s.cache().is_swapped(id); },
-          ReleaseGil(), py::arg("id"), "Whether sequence `id` is swapped out to the host tier.")
+          "is_swapped", [](KVCache& s, SeqId id) { return s.cache().is_swapped(id); }, ReleaseGil(),
+          py::arg("id"), "Whether sequence `id` is swapped out to the host tier.")
       .def_property_readonly(
           "num_free_host_pages",
           py::cpp_function([](KVCache& s) { return s.cache().num_free_host_pages(); },
@@ -598,18 +600,17 @@ using ReleaseGil = py::call_guard<py::gil_scoped_release>;
 
 void register_kv_cache(py::module_& m) {
   py::class_<KVCache> cls(m, "KVCache", kClassDoc);
-  cls
-      .def(py::init(&make_cache), py::arg("num_layers"), py::arg("num_qo_heads"),
-           py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("page_size"),
-           py::arg("num_pages") = 0, py::arg("dtype") = "float16", py::arg("layout") = "HND",
-           py::arg("rope_mode") = "none", py::arg("rope_theta") = 10000.0f,
-           py::arg("rope_scale") = 1.0f, py::arg("support_sliding_window") = false,
-           py::arg("v_head_dim") = py::none(), py::kw_only(), py::arg("memory_budget_bytes") = 0,
-           py::arg("k_scale") = 1.0f, py::arg("v_scale") = 1.0f, py::arg("rotary_dim") = 0,
-           py::arg("rope_interleaved") = false, py::arg("rope_scaling") = py::none(),
-           py::arg("num_threads") = 0, py::arg("fixed_kv_chunk") = 0,
-           py::arg("enable_prefix_caching") = false, py::arg("host_num_pages") = 0,
-           py::arg("host_memory_budget_bytes") = 0, "Creates the cache (see the class doc).")
+  cls.def(py::init(&make_cache), py::arg("num_layers"), py::arg("num_qo_heads"),
+          py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("page_size"),
+          py::arg("num_pages") = 0, py::arg("dtype") = "float16", py::arg("layout") = "HND",
+          py::arg("rope_mode") = "none", py::arg("rope_theta") = 10000.0f,
+          py::arg("rope_scale") = 1.0f, py::arg("support_sliding_window") = false,
+          py::arg("v_head_dim") = py::none(), py::kw_only(), py::arg("memory_budget_bytes") = 0,
+          py::arg("k_scale") = 1.0f, py::arg("v_scale") = 1.0f, py::arg("rotary_dim") = 0,
+          py::arg("rope_interleaved") = false, py::arg("rope_scaling") = py::none(),
+          py::arg("num_threads") = 0, py::arg("fixed_kv_chunk") = 0,
+          py::arg("enable_prefix_caching") = false, py::arg("host_num_pages") = 0,
+          py::arg("host_memory_budget_bytes") = 0, "Creates the cache (see the class doc).")
       .def(
           "add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, ReleaseGil(),
           py::arg("id"), "Adds an empty sequence `id` (InvalidArgumentError if it exists).")
@@ -850,11 +851,11 @@ void register_kv_cache(py::module_& m) {
           sequences = s.cache().num_sequences();
           free_pages = s.cache().num_free_pages();
         }
-        return detail::concat("KVCache(num_layers=", c.num_layers, ", num_qo_heads=", c.num_qo_heads,
-                              ", num_kv_heads=", c.num_kv_heads, ", head_dim=", c.head_dim,
-                              ", page_size=", c.page_size, ", num_pages=", c.num_pages, ", dtype=\"",
-                              dtype_name(c.kv_dtype), "\", sequences=", sequences,
-                              ", free_pages=", free_pages, ")");
+        return detail::concat("KVCache(num_layers=", c.num_layers,
+                              ", num_qo_heads=", c.num_qo_heads, ", num_kv_heads=", c.num_kv_heads,
+                              ", head_dim=", c.head_dim, ", page_size=", c.page_size,
+                              ", num_pages=", c.num_pages, ", dtype=\"", dtype_name(c.kv_dtype),
+                              "\", sequences=", sequences, ", free_pages=", free_pages, ")");
       });
   register_prefix_cache(cls);
 }

@@ -173,7 +173,8 @@ py::array paged_attention_decode(py::handle query, py::handle key_cache, py::han
   // vLLM passes max_seq_len separately; here it is simply the longest sequence.
   for (std::int64_t b = 0; p.seq_lens.rank == 1 && b < p.seq_lens.dim(0); ++b)
     p.max_seq_len = std::max<std::int32_t>(
-        p.max_seq_len, static_cast<std::int32_t>(std::clamp<std::int64_t>(p.seq_lens.at(b), 0, INT32_MAX)));
+        p.max_seq_len,
+        static_cast<std::int32_t>(std::clamp<std::int64_t>(p.seq_lens.at(b), 0, INT32_MAX)));
   p.num_kv_heads = int32_arg(num_kv_heads, "paged_attention_decode", "num_kv_heads");
   p.scale = scale;
   if (!alibi_slopes.is_none()) p.alibi_slopes = tensor_arg(alibi_slopes, "alibi_slopes", keep);
@@ -186,9 +187,10 @@ py::array paged_attention_decode(py::handle query, py::handle key_cache, py::han
   return out;
 }
 
-void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache, py::handle value_cache,
-                       py::handle slot_mapping, const std::string& kv_cache_dtype, float k_scale,
-                       float v_scale, const std::string& layout) {
+void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache,
+                       py::handle value_cache, py::handle slot_mapping,
+                       const std::string& kv_cache_dtype, float k_scale, float v_scale,
+                       const std::string& layout) {
   std::vector<py::array> keep;
   ops::vllm::WriteToPagedCacheParams p;
   p.key = tensor_arg(key, "key", keep);
@@ -262,7 +264,8 @@ py::array_t<float> float32_state(py::handle obj, const char* name) {
   py::array a = as_array(obj, name);
   if (a.dtype().attr("name").cast<std::string>() != "float32")
     throw py::type_error(detail::concat("merge_states: ", name, " has dtype ",
-                                        py::str(a.dtype()).cast<std::string>(), ", expected float32"));
+                                        py::str(a.dtype()).cast<std::string>(),
+                                        ", expected float32"));
   if (!(a.flags() & py::array::c_style))
     throw InvalidArgument(detail::concat("merge_states: ", name, " must be C-contiguous"));
   return py::reinterpret_borrow<py::array_t<float>>(a);
@@ -277,16 +280,16 @@ py::tuple merge_states(py::handle v_a, py::handle s_a, py::handle v_b, py::handl
   const std::vector<py::ssize_t> s_shape(v_shape.begin(), v_shape.end() - 1);
   for (const auto& [a, name] : {std::pair{&sa, "s_a"}, std::pair{&sb, "s_b"}})
     if (std::vector<py::ssize_t>(a->shape(), a->shape() + a->ndim()) != s_shape)
-      throw InvalidArgument(detail::concat("merge_states: ", name,
-                                           " must have v_a's shape without its last axis"));
+      throw InvalidArgument(
+          detail::concat("merge_states: ", name, " must have v_a's shape without its last axis"));
   py::array_t<float> v_out(v_shape), s_out(s_shape);
   auto span_of = [](const py::array_t<float>& a) {
     return std::span<const float>(a.data(), static_cast<std::size_t>(a.size()));
   };
   pagedattn::merge_states(span_of(va), span_of(sa), span_of(vb), span_of(sb),
-               {v_out.mutable_data(), static_cast<std::size_t>(v_out.size())},
-               {s_out.mutable_data(), static_cast<std::size_t>(s_out.size())},
-               static_cast<std::int32_t>(v_shape.back()));
+                          {v_out.mutable_data(), static_cast<std::size_t>(v_out.size())},
+                          {s_out.mutable_data(), static_cast<std::size_t>(s_out.size())},
+                          static_cast<std::int32_t>(v_shape.back()));
   return py::make_tuple(v_out, s_out);
 }
 
@@ -316,12 +319,12 @@ the query's dtype (float32, float16, ml_dtypes.bfloat16); output too.
 scale 0: 1/sqrt(D); softcap 0: off; local_window_size L >= 1: the last L
 keys, the query's own included (current ORT; -1: off; 0 is refused).
 T = 0 gives a (0, Hq*D) output.)doc");
-  ops_module.def(
-      "ragged_paged_attention", &ragged_paged_attention, arg("q"), arg("kv_pages"), arg("kv_lens"),
-      arg("page_indices"), arg("cu_q_lens"), arg("num_seqs"), py::kw_only(), arg("sm_scale") = 1.0f,
-      arg("sliding_window") = py::none(), arg("soft_cap") = py::none(), arg("k_scale") = py::none(),
-      arg("v_scale") = py::none(), arg("kv_dtype") = py::none(),
-      R"doc(torch_xla ragged_paged_attention. Returns out [T, Hq, D] in q's dtype.
+  ops_module.def("ragged_paged_attention", &ragged_paged_attention, arg("q"), arg("kv_pages"),
+                 arg("kv_lens"), arg("page_indices"), arg("cu_q_lens"), arg("num_seqs"),
+                 py::kw_only(), arg("sm_scale") = 1.0f, arg("sliding_window") = py::none(),
+                 arg("soft_cap") = py::none(), arg("k_scale") = py::none(),
+                 arg("v_scale") = py::none(), arg("kv_dtype") = py::none(),
+                 R"doc(torch_xla ragged_paged_attention. Returns out [T, Hq, D] in q's dtype.
 
 q [T, Hq, D] (rows past cu_q_lens[num_seqs] are padding; their output is 0);
 kv_pages [P, page_size, 2 Hkv, D] with K heads at even, V heads at odd
@@ -331,12 +334,12 @@ are padding and ignored. kv_dtype: "bfloat16", "float8_e4m3fn", "float8_e5m2"
 for uint16 / uint8 pages; omit for float32/float16 (or ml_dtypes) pages.
 sm_scale defaults to 1.0; sliding_window W shows W keys; soft_cap != 0;
 k_scale, v_scale for float8 pages (value = stored * scale).)doc");
-  ops_module.def(
-      "paged_attention_decode", &paged_attention_decode, arg("query"), arg("key_cache"),
-      arg("value_cache"), arg("block_tables"), arg("seq_lens"), py::kw_only(), arg("num_kv_heads"),
-      arg("scale"), arg("alibi_slopes") = py::none(), arg("kv_cache_dtype") = "auto",
-      arg("k_scale") = 1.0f, arg("v_scale") = 1.0f, arg("layout") = "NHD",
-      R"doc(vLLM PagedAttention.forward_decode. Returns out [S, Hq, D] in query's dtype.
+  ops_module.def("paged_attention_decode", &paged_attention_decode, arg("query"), arg("key_cache"),
+                 arg("value_cache"), arg("block_tables"), arg("seq_lens"), py::kw_only(),
+                 arg("num_kv_heads"), arg("scale"), arg("alibi_slopes") = py::none(),
+                 arg("kv_cache_dtype") = "auto", arg("k_scale") = 1.0f, arg("v_scale") = 1.0f,
+                 arg("layout") = "NHD",
+                 R"doc(vLLM PagedAttention.forward_decode. Returns out [S, Hq, D] in query's dtype.
 
 query [S, Hq, D] (one new token per sequence, already in the caches);
 key_cache, value_cache [num_blocks, block_size, Hkv, D] (layout "NHD") or
@@ -345,11 +348,11 @@ seq_lens [S] int32 (keys per sequence); alibi_slopes [Hq] float32 (bias
 slope * (j - p)). scale is used as given. kv_cache_dtype "auto" (the query's
 dtype), "fp8" / "fp8_e4m3" (e4m3fn) or "fp8_e5m2" with uint8 (or ml_dtypes)
 caches, value = stored * k_scale / v_scale.)doc");
-  ops_module.def(
-      "reshape_and_cache", &reshape_and_cache, arg("key"), arg("value"), arg("key_cache"),
-      arg("value_cache"), arg("slot_mapping"), py::kw_only(), arg("kv_cache_dtype") = "auto",
-      arg("k_scale") = 1.0f, arg("v_scale") = 1.0f, arg("layout") = "NHD",
-      R"doc(vLLM reshape_and_cache: writes key/value into the caches in place.
+  ops_module.def("reshape_and_cache", &reshape_and_cache, arg("key"), arg("value"),
+                 arg("key_cache"), arg("value_cache"), arg("slot_mapping"), py::kw_only(),
+                 arg("kv_cache_dtype") = "auto", arg("k_scale") = 1.0f, arg("v_scale") = 1.0f,
+                 arg("layout") = "NHD",
+                 R"doc(vLLM reshape_and_cache: writes key/value into the caches in place.
 
 key, value [N, Hkv, D]; key_cache, value_cache as in paged_attention_decode
 (layout "NHD" or "HND"); slot_mapping [n <= N] int64, token i goes to slot

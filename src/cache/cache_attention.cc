@@ -1,19 +1,19 @@
 // PagedKVCache::attention: RoPE per the cache's mode, append, attend - one
 // layer of the TVM protocol begin_forward / attention per layer / end_forward.
+#include "kernels/rotated_copy.h"
 #include "kernels/validate.h"
 #include "kv_cache_state.h"
 #include "pagedattn/kv_ops.h"
-#include "kernels/rotated_copy.h"
 
 namespace pagedattn {
 namespace {
 
-void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens,
-                     std::int32_t heads, std::int32_t dim) {
-  require(is_activation_dtype(x.dtype), "PagedKVCache::attention: ", name, ".dtype = ",
-          dtype_name(x.dtype), " must be float32, float16 or bfloat16");
-  require(tokens == 0 || x.data != nullptr, "PagedKVCache::attention: ", name,
-          ".data is null for ", tokens, " tokens");
+void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens, std::int32_t heads,
+                     std::int32_t dim) {
+  require(is_activation_dtype(x.dtype), "PagedKVCache::attention: ", name,
+          ".dtype = ", dtype_name(x.dtype), " must be float32, float16 or bfloat16");
+  require(tokens == 0 || x.data != nullptr, "PagedKVCache::attention: ", name, ".data is null for ",
+          tokens, " tokens");
   require(x.head_stride >= dim && x.token_stride >= (heads - 1) * x.head_stride + dim,
           "PagedKVCache::attention: ", name, " strides (token ", x.token_stride, ", head ",
           x.head_stride, ") overlap rows of ", heads, " heads x ", dim);
@@ -34,7 +34,8 @@ void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const 
                                  std::int64_t num_tokens) {
   State& st = *this;
   const KVCacheConfig& c = st.config;
-  require<InvalidState>(st.in_forward, "PagedKVCache::attention: no forward is in progress "
+  require<InvalidState>(st.in_forward,
+                        "PagedKVCache::attention: no forward is in progress "
                         "(call begin_forward first)");
   require<InvalidState>(num_tokens < 0 || num_tokens == st.plan.num_tokens(),
                         "PagedKVCache::attention: the tensors hold num_tokens = ", num_tokens,
@@ -42,7 +43,8 @@ void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const 
                         " tokens (another thread ended or restarted the step?)");
   require(layer >= 0 && layer < c.num_layers, "PagedKVCache::attention: layer = ", layer,
           " is outside [0, ", c.num_layers, ")");
-  require(options.key_rope == nullptr, "PagedKVCache::attention: options.key_rope must be null; "
+  require(options.key_rope == nullptr,
+          "PagedKVCache::attention: options.key_rope must be null; "
           "the cache applies RoPE per KVCacheConfig.rope_mode");
   const BatchPlan& plan = st.plan;
   const std::int32_t tokens = plan.num_tokens();

@@ -22,8 +22,8 @@ void validate_scales(const KVCacheConfig& c) {
             v == &c.k_head_scales ? "k" : "v", "_head_scales has ", v->size(),
             " entries; give none or num_kv_heads = ", c.num_kv_heads);
     for (std::size_t h = 0; h < v->size(); ++h)
-      require(good((*v)[h]), "KVCacheConfig.", v == &c.k_head_scales ? "k" : "v",
-              "_head_scales[", h, "] = ", (*v)[h], " must be finite and > 0");
+      require(good((*v)[h]), "KVCacheConfig.", v == &c.k_head_scales ? "k" : "v", "_head_scales[",
+              h, "] = ", (*v)[h], " must be finite and > 0");
   }
 }
 
@@ -34,8 +34,9 @@ void validate_rope(const KVCacheConfig& c) {
           "KVCacheConfig.rope.cos_cache/sin_cache must be null (the cache builds its own table)");
   if (c.rope_mode == RopeMode::kNone) return;
   const std::int32_t r = c.rope.rotary_dim == 0 ? c.head_dim : c.rope.rotary_dim;
-  require(r >= 2 && r % 2 == 0 && r <= c.head_dim, "KVCacheConfig.rope.rotary_dim = ",
-          c.rope.rotary_dim, " must be even and in [2, head_dim = ", c.head_dim, "]");
+  require(r >= 2 && r % 2 == 0 && r <= c.head_dim,
+          "KVCacheConfig.rope.rotary_dim = ", c.rope.rotary_dim,
+          " must be even and in [2, head_dim = ", c.head_dim, "]");
   require(std::isfinite(c.rope.theta) && c.rope.theta > 0.0f && std::isfinite(c.rope.scale) &&
               c.rope.scale > 0.0f,
           "KVCacheConfig.rope.theta = ", c.rope.theta, " and rope.scale = ", c.rope.scale,
@@ -45,17 +46,17 @@ void validate_rope(const KVCacheConfig& c) {
 // host_num_pages from host_memory_budget_bytes (both 0: no host tier).
 void resolve_host_tier(KVCacheConfig& c, std::int64_t page_bytes) {
   require(c.host_num_pages >= 0 && c.host_memory_budget_bytes >= 0,
-          "KVCacheConfig.host_num_pages = ", c.host_num_pages, " and host_memory_budget_bytes = ",
-          c.host_memory_budget_bytes, " must be >= 0");
+          "KVCacheConfig.host_num_pages = ", c.host_num_pages,
+          " and host_memory_budget_bytes = ", c.host_memory_budget_bytes, " must be >= 0");
   require(c.host_num_pages == 0 || c.host_memory_budget_bytes == 0,
           "KVCacheConfig: give host_num_pages (", c.host_num_pages,
           ") or host_memory_budget_bytes (", c.host_memory_budget_bytes, "), not both");
   constexpr std::int64_t kMaxPages = std::numeric_limits<std::int32_t>::max();
   if (c.host_num_pages == 0 && c.host_memory_budget_bytes > 0) {
     c.host_num_pages = std::min(c.host_memory_budget_bytes / page_bytes, kMaxPages);
-    require(c.host_num_pages >= 1, "KVCacheConfig.host_memory_budget_bytes = ",
-            c.host_memory_budget_bytes, " holds no page (one page over all layers is ",
-            page_bytes, " bytes)");
+    require(c.host_num_pages >= 1,
+            "KVCacheConfig.host_memory_budget_bytes = ", c.host_memory_budget_bytes,
+            " holds no page (one page over all layers is ", page_bytes, " bytes)");
   }
   constexpr std::int64_t kMaxBytes = std::numeric_limits<std::int64_t>::max();
   require(c.host_num_pages <= kMaxPages && c.host_num_pages <= kMaxBytes / page_bytes,
@@ -83,14 +84,14 @@ KVCacheConfig resolve_config(const KVCacheConfig& in) {
   validate_rope(c);
   const AttentionPlanOptions& ap = c.attention_plan;
   require(ap.num_threads >= 0 && ap.fixed_kv_chunk >= 0 && ap.min_kv_chunk >= 1,
-          "KVCacheConfig.attention_plan: num_threads = ", ap.num_threads, ", fixed_kv_chunk = ",
-          ap.fixed_kv_chunk, ", min_kv_chunk = ", ap.min_kv_chunk,
+          "KVCacheConfig.attention_plan: num_threads = ", ap.num_threads,
+          ", fixed_kv_chunk = ", ap.fixed_kv_chunk, ", min_kv_chunk = ", ap.min_kv_chunk,
           " must be >= 0, >= 0 and >= 1");
-  require(c.layout == KVLayout::kHND || c.layout == KVLayout::kNHD, "KVCacheConfig.layout = ",
-          static_cast<int>(c.layout), " is not HND or NHD");
+  require(c.layout == KVLayout::kHND || c.layout == KVLayout::kNHD,
+          "KVCacheConfig.layout = ", static_cast<int>(c.layout), " is not HND or NHD");
   require(c.num_pages >= 0, "KVCacheConfig.num_pages = ", c.num_pages, " must be >= 0");
-  require(c.memory_budget_bytes >= 0, "KVCacheConfig.memory_budget_bytes = ",
-          c.memory_budget_bytes, " must be >= 0");
+  require(c.memory_budget_bytes >= 0, "KVCacheConfig.memory_budget_bytes = ", c.memory_budget_bytes,
+          " must be >= 0");
   require(c.num_pages == 0 || c.memory_budget_bytes == 0, "KVCacheConfig: give num_pages (",
           c.num_pages, ") or memory_budget_bytes (", c.memory_budget_bytes, "), not both");
 
@@ -103,7 +104,8 @@ KVCacheConfig resolve_config(const KVCacheConfig& in) {
   const std::int64_t page_bytes = PageStorage::page_bytes(c);
 
   if (c.num_pages == 0) {
-    require(c.memory_budget_bytes > 0, "KVCacheConfig: num_pages = 0 and memory_budget_bytes = 0;"
+    require(c.memory_budget_bytes > 0,
+            "KVCacheConfig: num_pages = 0 and memory_budget_bytes = 0;"
             " give one of them");
     c.num_pages = c.memory_budget_bytes / page_bytes;
     require(c.num_pages >= 1, "KVCacheConfig.memory_budget_bytes = ", c.memory_budget_bytes,

@@ -18,7 +18,9 @@ PagedKVCache::~PagedKVCache() = default;
 PagedKVCache::PagedKVCache(PagedKVCache&&) noexcept = default;
 PagedKVCache& PagedKVCache::operator=(PagedKVCache&&) noexcept = default;
 
-const KVCacheConfig& PagedKVCache::config() const { return state_->config; }
+const KVCacheConfig& PagedKVCache::config() const {
+  return state_->config;
+}
 
 // --- sequences ---------------------------------------------------------------
 
@@ -54,9 +56,9 @@ void PagedKVCache::fork_sequence(SeqId parent_id, SeqId child_id, std::int64_t f
   st.require_no_open_tree(parent, parent_id, "fork_sequence");
   st.require_not_swapped(parent, parent_id, "fork_sequence");
   if (fork_pos == -1) fork_pos = parent.length;
-  require(fork_pos >= 0 && fork_pos <= parent.length, "PagedKVCache::fork_sequence: fork_pos = ",
-          fork_pos, " is outside [0, ", parent.length, "] (length of parent_id = ", parent_id,
-          "; -1 means the whole parent)");
+  require(fork_pos >= 0 && fork_pos <= parent.length,
+          "PagedKVCache::fork_sequence: fork_pos = ", fork_pos, " is outside [0, ", parent.length,
+          "] (length of parent_id = ", parent_id, "; -1 means the whole parent)");
   // A child of a windowed parent has no window; past the sinks it keeps the
   // parent's gap (frozen: nothing more is evicted) so the shared pages line up.
   Sequence child;
@@ -115,7 +117,8 @@ void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
   st.require_no_forward("enable_sliding_window");
   Sequence& s = st.find(seq_id, "enable_sliding_window", "seq_id");
   st.require_not_receiving(s, seq_id, "enable_sliding_window");
-  require(st.config.support_sliding_window, "PagedKVCache::enable_sliding_window: the cache was "
+  require(st.config.support_sliding_window,
+          "PagedKVCache::enable_sliding_window: the cache was "
           "built with KVCacheConfig.support_sliding_window = false");
   require(!s.windowed(), "PagedKVCache::enable_sliding_window: seq_id = ", seq_id,
           " already has a sliding window (window_size ", s.window_size, ")");
@@ -139,15 +142,19 @@ void PagedKVCache::enable_sliding_window(SeqId seq_id, std::int64_t window_size,
 
 void PagedKVCache::apply(const SequenceOp& op) {
   switch (op.kind) {
-    case SequenceOp::Kind::kAdd: return add_sequence(op.seq_id);
-    case SequenceOp::Kind::kRemove: return remove_sequence(op.seq_id);
-    case SequenceOp::Kind::kFork: return fork_sequence(op.parent_id, op.seq_id, op.count);
-    case SequenceOp::Kind::kPopN: return pop_n(op.seq_id, op.count);
+    case SequenceOp::Kind::kAdd:
+      return add_sequence(op.seq_id);
+    case SequenceOp::Kind::kRemove:
+      return remove_sequence(op.seq_id);
+    case SequenceOp::Kind::kFork:
+      return fork_sequence(op.parent_id, op.seq_id, op.count);
+    case SequenceOp::Kind::kPopN:
+      return pop_n(op.seq_id, op.count);
     case SequenceOp::Kind::kSlidingWindow:
       return enable_sliding_window(op.seq_id, op.count, op.sink_size);
   }
-  throw InvalidArgument(detail::concat("PagedKVCache::apply: op.kind = ",
-                                       static_cast<int>(op.kind), " is not a SequenceOp::Kind"));
+  throw InvalidArgument(detail::concat("PagedKVCache::apply: op.kind = ", static_cast<int>(op.kind),
+                                       " is not a SequenceOp::Kind"));
 }
 
 void PagedKVCache::set_sequence_observer(SequenceObserver observer) {
@@ -185,8 +192,8 @@ void PagedKVCache::State::require_unique_ids(std::span<const SeqId> ids, const c
   std::vector<SeqId> sorted(ids.begin(), ids.end());
   std::sort(sorted.begin(), sorted.end());
   auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-  require(dup == sorted.end(), "PagedKVCache::", call, ": seq_ids lists seq_id = ",
-          dup == sorted.end() ? 0 : *dup, " more than once");
+  require(dup == sorted.end(), "PagedKVCache::", call,
+          ": seq_ids lists seq_id = ", dup == sorted.end() ? 0 : *dup, " more than once");
 }
 
 void PagedKVCache::State::require_no_open_tree(const Sequence& s, SeqId id,
@@ -258,17 +265,16 @@ const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
   return st.plan;
 }
 
-void PagedKVCache::State::build_plan(std::span<const SeqId> ids,
-                                     std::span<const std::int64_t> lens, bool tree,
-                                     std::span<const std::int64_t> parents) {
+void PagedKVCache::State::build_plan(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
+                                     bool tree, std::span<const std::int64_t> parents) {
   plan.seq_ids.assign(ids.begin(), ids.end());
   plan.page_size = page_size();
   plan.has_gaps = false;
   plan.has_tree = false;
-  for (auto* v : {&plan.qo_indptr, &plan.kv_indptr, &plan.kv_indices, &plan.kv_last_page_len,
-                  &plan.kv_lens, &plan.kv_sink_lens, &plan.kv_gap_lens, &plan.positions,
-                  &plan.tree_begin, &plan.tree_node_indptr, &plan.tree_enter, &plan.tree_exit,
-                  &plan.tree_positions})
+  for (auto* v :
+       {&plan.qo_indptr, &plan.kv_indptr, &plan.kv_indices, &plan.kv_last_page_len, &plan.kv_lens,
+        &plan.kv_sink_lens, &plan.kv_gap_lens, &plan.positions, &plan.tree_begin,
+        &plan.tree_node_indptr, &plan.tree_enter, &plan.tree_exit, &plan.tree_positions})
     v->clear();
   plan.slot_mapping.clear();
   plan.qo_indptr.push_back(0);

@@ -14,12 +14,12 @@ namespace {
 // Validates a debug_get_kv / debug_set_kv range and buffer sizes.
 void validate_kv_range(const KVCacheConfig& c, const Sequence& s, SeqId id, std::int64_t start,
                        std::int64_t end, std::size_t k_size, std::size_t v_size, const char* call) {
-  require(start >= 0 && start <= end && end <= s.length, "PagedKVCache::", call, ": range [",
-          start, ", ", end, ") is not inside [0, ", s.length, "] of seq_id = ", id);
+  require(start >= 0 && start <= end && end <= s.length, "PagedKVCache::", call, ": range [", start,
+          ", ", end, ") is not inside [0, ", s.length, "] of seq_id = ", id);
   const std::int64_t rows = std::int64_t{c.num_layers} * (end - start) * c.num_kv_heads;
   require(std::int64_t(k_size) == rows * c.head_dim, "PagedKVCache::", call, ": k buffer has ",
-          k_size, " floats, expected num_layers x tokens x num_kv_heads x head_dim = ",
-          rows * c.head_dim);
+          k_size,
+          " floats, expected num_layers x tokens x num_kv_heads x head_dim = ", rows * c.head_dim);
   require(std::int64_t(v_size) == rows * c.v_head_dim, "PagedKVCache::", call, ": v buffer has ",
           v_size, " floats, expected num_layers x tokens x num_kv_heads x v_head_dim = ",
           rows * c.v_head_dim);
@@ -106,11 +106,12 @@ void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t e
   validate_kv_range(c, s, seq_id, start, end, k_in.size(), v_in.size(), "debug_set_kv");
   for (std::int64_t t = start; t < end; ++t) {
     const std::int32_t page = s.pages[s.slot_of(t) / c.page_size];
-    require(!st.pool.is_shared(page), "PagedKVCache::debug_set_kv: token ", t, " of seq_id = ",
-            seq_id, " is in page ", page, ", shared by ", st.pool.refcount(page),
+    require(!st.pool.is_shared(page), "PagedKVCache::debug_set_kv: token ", t,
+            " of seq_id = ", seq_id, " is in page ", page, ", shared by ", st.pool.refcount(page),
             " sequences; writing it would change them all");
-    require(!st.pool.is_cached(page), "PagedKVCache::debug_set_kv: token ", t, " of seq_id = ",
-            seq_id, " is in page ", page, ", shared with the prefix cache; writing it would "
+    require(!st.pool.is_cached(page), "PagedKVCache::debug_set_kv: token ", t,
+            " of seq_id = ", seq_id, " is in page ", page,
+            ", shared with the prefix cache; writing it would "
             "change what later prompts match");
   }
   // The append kernel writes (and quantises) exactly as a forward step does.

@@ -59,11 +59,14 @@ bool PagedKVCache::empty() const {
 std::int64_t PagedKVCache::bytes_per_page() const {
   return cache::PageStorage::page_bytes(state_->config);
 }
-std::int64_t PagedKVCache::storage_bytes() const { return state_->storage.total_bytes(); }
+std::int64_t PagedKVCache::storage_bytes() const {
+  return state_->storage.total_bytes();
+}
 
 PagedKVStorage PagedKVCache::layer_storage(std::int32_t layer) const {
-  require(layer >= 0 && layer < state_->config.num_layers, "PagedKVCache::layer_storage: layer = ",
-          layer, " is outside [0, ", state_->config.num_layers, ")");
+  require(layer >= 0 && layer < state_->config.num_layers,
+          "PagedKVCache::layer_storage: layer = ", layer, " is outside [0, ",
+          state_->config.num_layers, ")");
   return state_->storage.layer(layer);
 }
 
@@ -74,8 +77,9 @@ std::vector<std::int32_t> PagedKVCache::sequence_pages(SeqId seq_id) const {
 
 std::int32_t PagedKVCache::page_refcount(std::int32_t page) const {
   const auto lock = state_->lock();
-  require(page >= 0 && page < state_->pool.num_pages(), "PagedKVCache::page_refcount: page = ",
-          page, " is outside [0, ", state_->pool.num_pages(), ")");
+  require(page >= 0 && page < state_->pool.num_pages(),
+          "PagedKVCache::page_refcount: page = ", page, " is outside [0, ",
+          state_->pool.num_pages(), ")");
   return state_->pool.refcount(page);
 }
 
@@ -84,7 +88,8 @@ namespace {
 // The first broken invariant of one sequence, or "".
 std::string check_sequence(const Sequence& s, std::int32_t ps, std::int64_t num_pages,
                            bool in_forward) {
-  if (s.length < 0 || s.gap_len < 0) return concat("negative length ", s.length, " or gap ", s.gap_len);
+  if (s.length < 0 || s.gap_len < 0)
+    return concat("negative length ", s.length, " or gap ", s.gap_len);
   if (std::ssize(s.pages) != cache::pages_for_slots(s.used_slots(), ps))
     return concat("holds ", s.pages.size(), " pages for ", s.used_slots(), " slots");
   for (std::int32_t page : s.pages)
@@ -98,15 +103,16 @@ std::string check_sequence(const Sequence& s, std::int32_t ps, std::int64_t num_
       return concat("tree node ", i, " has parent ", s.tree_parents[i]);
   if (!s.windowed()) {
     // Only a child forked from a windowed parent past its sinks has a gap.
-    if (s.evicted == 0) return s.gap_len != 0 ? concat("has a gap without a window") : std::string();
-    if (s.length <= s.sink_len && s.gap_len != 0) return concat("keeps a gap after only ", s.length, " tokens");
+    if (s.evicted == 0)
+      return s.gap_len != 0 ? concat("has a gap without a window") : std::string();
+    if (s.length <= s.sink_len && s.gap_len != 0)
+      return concat("keeps a gap after only ", s.length, " tokens");
   } else {
     if (!in_forward && s.length > s.window_size)
       return concat("holds ", s.length, " tokens, window is ", s.window_size);
     if (s.sink_len >= s.window_size) return concat("sink ", s.sink_len, " >= window");
   }
-  const std::int64_t whole_gap_pages =
-      (s.sink_len + s.gap_len) / ps - (s.sink_len + ps - 1) / ps;
+  const std::int64_t whole_gap_pages = (s.sink_len + s.gap_len) / ps - (s.sink_len + ps - 1) / ps;
   if (whole_gap_pages > 0) return concat("keeps ", whole_gap_pages, " pages wholly in the gap");
   return {};
 }
@@ -159,8 +165,8 @@ void PagedKVCache::check_invariants() const {
   std::vector<std::int32_t> references(static_cast<std::size_t>(st.pool.num_pages()), 0);
   std::vector<std::int32_t> host_references(static_cast<std::size_t>(host_pages), 0);
   for (const auto& [id, s] : st.seqs) {
-    std::string problem = check_sequence(s, st.page_size(),
-                                         s.swapped ? host_pages : st.pool.num_pages(), st.in_forward);
+    std::string problem = check_sequence(
+        s, st.page_size(), s.swapped ? host_pages : st.pool.num_pages(), st.in_forward);
     if (problem.empty()) problem = check_prefix_links(s, st.pool, st.index, st.page_size());
     if (!problem.empty()) fail(concat("seq_id = ", id, " ", problem));
     for (std::int32_t page : s.pages) ++(s.swapped ? host_references : references)[page];
@@ -257,7 +263,8 @@ std::uint64_t PagedKVCache::State::digest() const {
   }
   hash_live_slots(st.storage, live_slots_of(st.pool, st.seqs, false, st.page_size()), h);
   if (st.host)
-    hash_live_slots(st.host->storage, live_slots_of(st.host->pool, st.seqs, true, st.page_size()), h);
+    hash_live_slots(st.host->storage, live_slots_of(st.host->pool, st.seqs, true, st.page_size()),
+                    h);
   return h.value();
 }
 

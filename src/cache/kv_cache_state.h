@@ -10,8 +10,8 @@
 #include "host_pool.h"
 #include "page_pool.h"
 #include "page_storage.h"
-#include "prefix_index.h"
 #include "pagedattn/kv_cache.h"
+#include "prefix_index.h"
 #include "sequence.h"
 #include "step_attention.h"
 
@@ -63,7 +63,10 @@ struct StepRecord {
 
 struct PagedKVCache::State {
   explicit State(const KVCacheConfig& c)
-      : config(c), pool(c.num_pages), storage(c), index(c.num_pages, c.host_num_pages),
+      : config(c),
+        pool(c.num_pages),
+        storage(c),
+        index(c.num_pages, c.host_num_pages),
         host(c.host_num_pages > 0 ? std::make_unique<cache::HostTier>(c) : nullptr) {}
 
   // Every public call holds this for its whole duration (the threading
@@ -81,9 +84,9 @@ struct PagedKVCache::State {
   std::unordered_map<SeqId, cache::Sequence> seqs;
   BatchPlan plan;
   bool in_forward = false;
-  StepRecord step;                 // valid while in_forward
-  cache::StepAttention attention;  // kernel plan and buffers for attention()
-  cache::PrefixIndex index;        // cached full pages (prefix caching)
+  StepRecord step;                        // valid while in_forward
+  cache::StepAttention attention;         // kernel plan and buffers for attention()
+  cache::PrefixIndex index;               // cached full pages (prefix caching)
   std::unique_ptr<cache::HostTier> host;  // null without a host tier
   PrefixCacheStats stats;
   // Page transfer: pages pinned by outgoing_pages, by pin id.
@@ -96,7 +99,8 @@ struct PagedKVCache::State {
   const cache::Sequence& find(SeqId id, const char* call, const char* arg) const {
     auto it = seqs.find(id);
     if (it == seqs.end())
-      throw InvalidArgument(detail::concat("PagedKVCache::", call, ": ", arg, " = ", id, " does not exist"));
+      throw InvalidArgument(
+          detail::concat("PagedKVCache::", call, ": ", arg, " = ", id, " does not exist"));
     return it->second;
   }
   cache::Sequence& find(SeqId id, const char* call, const char* arg) {
@@ -113,7 +117,7 @@ struct PagedKVCache::State {
   void require_free_pages(std::int64_t needed, const char* call) const {
     if (needed > pool.num_free())
       throw OutOfPages(detail::concat("PagedKVCache::", call, ": needs ", needed, " free pages, ",
-                              pool.num_free(), " of ", pool.num_pages(), " are free"));
+                                      pool.num_free(), " of ", pool.num_pages(), " are free"));
   }
 
   // Pages appending `n` tokens to `s` takes from the pool, including a

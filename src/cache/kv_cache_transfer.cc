@@ -29,8 +29,10 @@ std::vector<std::span<std::byte>> layer_runs(const PagedKVStorage& s,
   std::vector<std::span<std::byte>> runs;
   auto* k = static_cast<std::byte*>(s.k_data);
   auto* v = static_cast<std::byte*>(s.v_data);
-  for (std::int32_t p : pages) append_run(runs, k + s.k_offset(p, 0, 0) * elem, s.k_page_stride * elem);
-  for (std::int32_t p : pages) append_run(runs, v + s.v_offset(p, 0, 0) * elem, s.v_page_stride * elem);
+  for (std::int32_t p : pages)
+    append_run(runs, k + s.k_offset(p, 0, 0) * elem, s.k_page_stride * elem);
+  for (std::int32_t p : pages)
+    append_run(runs, v + s.v_offset(p, 0, 0) * elem, s.v_page_stride * elem);
   if (s.k_token_scales == nullptr) return runs;
   const std::int64_t scale_bytes = std::int64_t{s.num_kv_heads} * s.page_size * 4;
   for (float* scales : {s.k_token_scales, s.v_token_scales})
@@ -66,8 +68,8 @@ KVPageRuns PagedKVCache::reserve_incoming(SeqId seq_id, std::int64_t num_tokens)
   st.require_no_forward("reserve_incoming");
   require(!st.seqs.contains(seq_id), "PagedKVCache::reserve_incoming: seq_id = ", seq_id,
           " already exists");
-  require(num_tokens >= 1 && num_tokens <= kMaxInt32, "PagedKVCache::reserve_incoming: num_tokens = ",
-          num_tokens, " must be in [1, 2^31)");
+  require(num_tokens >= 1 && num_tokens <= kMaxInt32,
+          "PagedKVCache::reserve_incoming: num_tokens = ", num_tokens, " must be in [1, 2^31)");
   const std::int64_t pages = cache::pages_for_slots(num_tokens, st.page_size());
   st.require_free_pages(pages, "reserve_incoming");
   Sequence s;

@@ -83,14 +83,17 @@ void PageStorage::copy_slots(std::int32_t src, std::int32_t src_slot, std::int32
   const std::int32_t runs = hnd ? config_.num_kv_heads : 1;
   const std::int64_t heads_per_run = hnd ? 1 : config_.num_kv_heads;
   const auto k_run = static_cast<std::size_t>(num_slots * heads_per_run * config_.head_dim * elem);
-  const auto v_run = static_cast<std::size_t>(num_slots * heads_per_run * config_.v_head_dim * elem);
+  const auto v_run =
+      static_cast<std::size_t>(num_slots * heads_per_run * config_.v_head_dim * elem);
   for (std::int32_t layer = 0; layer < config_.num_layers; ++layer) {
     const PagedKVStorage s = this->layer(layer);
     auto* k = static_cast<std::byte*>(s.k_data);
     auto* v = static_cast<std::byte*>(s.v_data);
     for (std::int32_t r = 0; r < runs; ++r) {
-      std::memcpy(k + s.k_offset(dst, r, dst_slot) * elem, k + s.k_offset(src, r, src_slot) * elem, k_run);
-      std::memcpy(v + s.v_offset(dst, r, dst_slot) * elem, v + s.v_offset(src, r, src_slot) * elem, v_run);
+      std::memcpy(k + s.k_offset(dst, r, dst_slot) * elem, k + s.k_offset(src, r, src_slot) * elem,
+                  k_run);
+      std::memcpy(v + s.v_offset(dst, r, dst_slot) * elem, v + s.v_offset(src, r, src_slot) * elem,
+                  v_run);
     }
     if (s.k_token_scales == nullptr) continue;
     for (std::int32_t h = 0; h < config_.num_kv_heads; ++h) {

@@ -1,6 +1,6 @@
 // PageStorage owns the K/V bytes of every layer: per layer, num_pages K pages,
-// num_pages V pages, then (int8 only) their per-token-head scales. Memory comes from an anonymous mapping, so untouched
-// pages cost nothing and read as zero. All offsets are 64-bit.
+// num_pages V pages, then (int8 only) their per-token-head scales. Memory comes from an anonymous
+// mapping, so untouched pages cost nothing and read as zero. All offsets are 64-bit.
 #pragma once
 
 #include <cstddef>
@@ -34,8 +34,8 @@ class PageStorage {
   // Copies slots [src_slot, src_slot + num_slots) of page `src` to
   // [dst_slot, ...) of page `dst` in every layer (K, V, int8 scales). The
   // ranges must not overlap.
-  void copy_slots(std::int32_t src, std::int32_t src_slot, std::int32_t dst,
-                  std::int32_t dst_slot, std::int32_t num_slots);
+  void copy_slots(std::int32_t src, std::int32_t src_slot, std::int32_t dst, std::int32_t dst_slot,
+                  std::int32_t num_slots);
   // Hashes the K/V (and int8 scales) of slots [0, num_slots) of `page` in
   // every layer.
   void hash_slots(std::int32_t page, std::int32_t num_slots, Hasher& h) const;

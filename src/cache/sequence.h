@@ -18,7 +18,7 @@ namespace pagedattn::cache {
 
 // Prefix caching: what the sequence's i-th full told page is in the index.
 struct ChainLink {
-  PageKey key;                     // key of the page's content
+  PageKey key;                       // key of the page's content
   std::uint64_t serial = kUnlinked;  // the entry with that content, or kUnlinked
 };
 

@@ -1,6 +1,5 @@
 #include "step_attention.h"
 
-
 namespace pagedattn::cache {
 
 const AttentionPlan& StepAttention::plan_for(const PagedKVTable& table, const AttentionShape& shape,

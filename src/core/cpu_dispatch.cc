@@ -53,9 +53,8 @@ const std::vector<KnownTarget>& known_targets() {
 const KnownTarget* find_target(std::string_view name) {
   for (const KnownTarget& t : known_targets())
     if (t.name.size() == name.size() &&
-        std::equal(name.begin(), name.end(), t.name.begin(), [](char a, char b) {
-          return std::tolower(static_cast<unsigned char>(a)) == b;
-        }))
+        std::equal(name.begin(), name.end(), t.name.begin(),
+                   [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; }))
       return &t;
   return nullptr;
 }
@@ -66,19 +65,20 @@ std::string unknown_target_message(std::string_view what, std::string_view value
     if (!names.empty()) names += ", ";
     names += n;
   }
-  return detail::concat(what, " = '", value, "' is not a Highway target this build knows; expected one of ",
-                        names, " (case-insensitive), or empty for no cap");
+  return detail::concat(what, " = '", value,
+                        "' is not a Highway target this build knows; expected one of ", names,
+                        " (case-insensitive), or empty for no cap");
 }
 
 // The cap, the switched-off extensions and the errors unknown environment
 // values left, under one mutex.
 struct CapState {
   std::mutex mutex;
-  std::string cap;                          // "" = none
-  std::string env_error;                    // "" = none
-  std::atomic<bool> env_invalid{false};     // env_error is set (read without the mutex)
-  CpuFeatures disabled;                     // only the optional extensions' fields are used
-  std::string features_env_error;           // "" = none
+  std::string cap;                       // "" = none
+  std::string env_error;                 // "" = none
+  std::atomic<bool> env_invalid{false};  // env_error is set (read without the mutex)
+  CpuFeatures disabled;                  // only the optional extensions' fields are used
+  std::string features_env_error;        // "" = none
   std::atomic<bool> features_env_invalid{false};
 };
 
@@ -127,7 +127,7 @@ CpuFeatures detect_cpu_features() {
   const bool fma = c & (1u << 12), f16c = c & (1u << 29);
   unsigned xcr0 = 0, xcr0_high = 0;
   if (osxsave) asm volatile("xgetbv" : "=a"(xcr0), "=d"(xcr0_high) : "c"(0));
-  const bool ymm_state = (xcr0 & 0x6) == 0x6;            // SSE + AVX registers saved
+  const bool ymm_state = (xcr0 & 0x6) == 0x6;                 // SSE + AVX registers saved
   const bool zmm_state = ymm_state && (xcr0 & 0xe0) == 0xe0;  // opmask + ZMM upper halves
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return f;
   const unsigned leaf7_ebx = b, leaf7_ecx = c;
@@ -149,7 +149,9 @@ CpuFeatures detect_cpu_features() {
   return f;
 }
 #else
-CpuFeatures detect_cpu_features() { return {}; }
+CpuFeatures detect_cpu_features() {
+  return {};
+}
 #endif
 
 // The target HWY_DYNAMIC_DISPATCH picks in a translation unit compiled with
@@ -169,7 +171,8 @@ std::int64_t dispatched_target() {
   std::int64_t targets = supported_targets() & HWY_TARGETS;
   if (targets == 0) targets = HWY_STATIC_TARGET;
   const std::int64_t target = targets & -targets;
-  cache.store((std::uint64_t{chosen.GetIndex()} + 1) << 8 | std::uint64_t(std::countr_zero(std::uint64_t(target))),
+  cache.store((std::uint64_t{chosen.GetIndex()} + 1) << 8 |
+                  std::uint64_t(std::countr_zero(std::uint64_t(target))),
               std::memory_order_release);
   return target;
 }
@@ -214,7 +217,8 @@ std::string parse_disabled(std::string_view what, std::string_view names, CpuFea
     const std::string_view name = names.substr(i, end - i);
     const auto same = [&](const char* known) {
       const std::string_view k(known);
-      return k.size() == name.size() && std::equal(name.begin(), name.end(), k.begin(), [](char a, char b) {
+      return k.size() == name.size() &&
+             std::equal(name.begin(), name.end(), k.begin(), [](char a, char b) {
                return std::tolower(static_cast<unsigned char>(a)) == b;
              });
     };
@@ -222,9 +226,11 @@ std::string parse_disabled(std::string_view what, std::string_view names, CpuFea
     for (const OptionalFeature& f : kOptionalFeatures)
       if (same(f.name)) hit = &f;
     if (hit == nullptr)
-      return detail::concat(what, " = '", names, "' names '", name,
-                            "', not an extension that can be switched off; expected avx512_vnni, avx512_bf16, "
-                            "amx_bf16, avx512_fp16, avx512_vbmi (comma- or space-separated, case-insensitive), or empty");
+      return detail::concat(
+          what, " = '", names, "' names '", name,
+          "', not an extension that can be switched off; expected avx512_vnni, avx512_bf16, "
+          "amx_bf16, avx512_fp16, avx512_vbmi (comma- or space-separated, case-insensitive), or "
+          "empty");
     out.*(hit->field) = true;
     i = end;
   }
@@ -365,7 +371,8 @@ namespace core {
 
 void require_valid_dispatch_environment(const char* call) {
   CapState& s = cap_state();
-  if (!s.env_invalid && !s.features_env_invalid) return;  // every call but the failing ones stops here
+  if (!s.env_invalid && !s.features_env_invalid)
+    return;  // every call but the failing ones stops here
   const std::lock_guard lock(s.mutex);
   require(s.env_error.empty(), call, ": ", s.env_error);
   require(s.features_env_error.empty(), call, ": ", s.features_env_error);

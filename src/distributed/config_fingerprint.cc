@@ -68,9 +68,9 @@ void require_same_config(const MpiComm& comm, int peer, const EngineConfig& conf
   for (std::size_t i = 0; i < mine.size(); ++i) {
     const std::string other = i < theirs.size() ? theirs[i].second : "(missing)";
     if (other == mine[i].second) continue;
-    differences += detail::concat(differences.empty() ? "" : "; ", mine[i].first, " is '",
-                                  mine[i].second, "' on rank ", comm.rank(), " but '", other,
-                                  "' on rank ", peer);
+    differences +=
+        detail::concat(differences.empty() ? "" : "; ", mine[i].first, " is '", mine[i].second,
+                       "' on rank ", comm.rank(), " but '", other, "' on rank ", peer);
   }
   require(differences.empty(), "disaggregated prefill/decode: the ranks' configurations differ (",
           differences, "): both must serve the same model with the same KV cache format");

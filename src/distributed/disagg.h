@@ -16,8 +16,8 @@
 //   prefill -> decode  status: pages follow, or cancelled
 //   prefill -> decode  the pages, one message for all layers
 // then `end` after the last request, or `failed` (with the reason) when the
-// prefill rank fails between two requests: the decode rank then throws it. Both ranks first compare their configs
-// (config_fingerprint.h): a mismatch is a clear error on both, no hang.
+// prefill rank fails between two requests: the decode rank then throws it. Both ranks first compare
+// their configs (config_fingerprint.h): a mismatch is a clear error on both, no hang.
 #pragma once
 
 #include <cstdint>
@@ -59,12 +59,12 @@ struct DecodeHooks {
 };
 
 struct TransferStats {
-  std::int64_t transfers = 0;       // sequences whose pages arrived
-  std::int64_t cancelled = 0;       // transfers cancelled or aborted
-  std::int64_t retries = 0;         // requests refused for lack of pages, asked again
-  std::int64_t bytes = 0;           // K/V bytes moved
-  double seconds = 0.0;             // in page transfers (post to completion)
-  std::int64_t pages_left = 0;      // pages still in use when the rank finished (0: no leak)
+  std::int64_t transfers = 0;   // sequences whose pages arrived
+  std::int64_t cancelled = 0;   // transfers cancelled or aborted
+  std::int64_t retries = 0;     // requests refused for lack of pages, asked again
+  std::int64_t bytes = 0;       // K/V bytes moved
+  double seconds = 0.0;         // in page transfers (post to completion)
+  std::int64_t pages_left = 0;  // pages still in use when the rank finished (0: no leak)
 };
 
 struct DecodeReport {

@@ -15,7 +15,8 @@ namespace {
 
 class DecodeInstance {
  public:
-  DecodeInstance(const MpiComm& comm, int peer, const EngineConfig& config, const DecodeHooks& hooks)
+  DecodeInstance(const MpiComm& comm, int peer, const EngineConfig& config,
+                 const DecodeHooks& hooks)
       : comm_(comm), peer_(peer), engine_(config), hooks_(hooks) {}
 
   DecodeReport run() {

@@ -56,9 +56,10 @@ class PrefillInstance {
       const std::array<std::int64_t, 1> lens{n};
       const std::array<std::int32_t, 1> row{static_cast<std::int32_t>(n - 1)};
       cache_.begin_forward(ids, lens);
-      const ForwardBatch batch{prompt.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)),
-                               last ? std::span<const std::int32_t>(row) : std::span<const std::int32_t>(),
-                               config_.deterministic};
+      const ForwardBatch batch{
+          prompt.subspan(static_cast<std::size_t>(begin), static_cast<std::size_t>(n)),
+          last ? std::span<const std::int32_t>(row) : std::span<const std::int32_t>(),
+          config_.deterministic};
       model.forward(batch, cache_, last ? std::span<float>(logits_) : std::span<float>());
       cache_.end_forward();
     }
@@ -76,15 +77,18 @@ void validate(const DisaggRequest& r, std::size_t index, const ModelSpec& spec) 
   require(!r.prompt.empty(), "run_prefill: requests[", index, "].prompt is empty");
   for (std::size_t i = 0; i < r.prompt.size(); ++i)
     require(r.prompt[i] >= 0 && r.prompt[i] < spec.vocab_size, "run_prefill: requests[", index,
-            "].prompt[", i, "] = ", r.prompt[i], " is outside [0, vocab_size = ", spec.vocab_size, ")");
+            "].prompt[", i, "] = ", r.prompt[i], " is outside [0, vocab_size = ", spec.vocab_size,
+            ")");
   require(std::ssize(r.prompt) < spec.max_position, "run_prefill: requests[", index,
-          "].prompt has ", r.prompt.size(), " tokens, the model's max_position is ", spec.max_position);
+          "].prompt has ", r.prompt.size(), " tokens, the model's max_position is ",
+          spec.max_position);
   require(r.params.n == 1, "run_prefill: requests[", index, "].params.n = ", r.params.n,
           " must be 1 (parallel samples are not disaggregated)");
 }
 
 SamplingParams with_seed(SamplingParams p, const EngineConfig& config, std::int64_t index) {
-  if (!p.seed) p.seed = config.seed ^ (0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(index + 1));
+  if (!p.seed)
+    p.seed = config.seed ^ (0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(index + 1));
   return p;
 }
 

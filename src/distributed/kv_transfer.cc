@@ -27,14 +27,16 @@ std::vector<std::vector<std::span<std::byte>>> messages_of(const KVPageRuns& run
 std::vector<MpiRequest> post_kv_sends(const MpiComm& comm, const KVPageRuns& runs, int dest,
                                       int tag) {
   std::vector<MpiRequest> requests;
-  for (const auto& message : messages_of(runs)) requests.push_back(comm.isend_runs(message, dest, tag));
+  for (const auto& message : messages_of(runs))
+    requests.push_back(comm.isend_runs(message, dest, tag));
   return requests;
 }
 
 std::vector<MpiRequest> post_kv_receives(const MpiComm& comm, const KVPageRuns& runs, int source,
                                          int tag) {
   std::vector<MpiRequest> requests;
-  for (const auto& message : messages_of(runs)) requests.push_back(comm.irecv_runs(message, source, tag));
+  for (const auto& message : messages_of(runs))
+    requests.push_back(comm.irecv_runs(message, source, tag));
   return requests;
 }
 

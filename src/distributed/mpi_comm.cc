@@ -13,7 +13,8 @@ bool g_session_open = false;
 
 int checked_count(std::size_t bytes, const char* call) {
   if (bytes > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-    throw InvalidArgument(detail::concat(call, ": ", bytes, " bytes exceed one MPI message (2^31 - 1)"));
+    throw InvalidArgument(
+        detail::concat(call, ": ", bytes, " bytes exceed one MPI message (2^31 - 1)"));
   return static_cast<int>(bytes);
 }
 
@@ -24,7 +25,8 @@ void check_mpi(int rc, const char* call) {
   char message[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(rc, message, &length);
-  throw InternalError(detail::concat(call, " failed: ", std::string(message, static_cast<std::size_t>(length))));
+  throw InternalError(
+      detail::concat(call, " failed: ", std::string(message, static_cast<std::size_t>(length))));
 }
 
 MpiSession::MpiSession(int* argc, char*** argv, MpiThreads threads) {
@@ -86,16 +88,20 @@ MpiComm::MpiComm(MPI_Comm comm) : comm_(comm) {
 }
 
 MpiComm MpiComm::world() {
-  require<InvalidState>(MpiSession::active(), "MpiComm::world: MPI is not initialized (make an MpiSession first)");
+  require<InvalidState>(MpiSession::active(),
+                        "MpiComm::world: MPI is not initialized (make an MpiSession first)");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   return MpiComm(MPI_COMM_WORLD);
 }
 
-void MpiComm::barrier() const { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+void MpiComm::barrier() const {
+  check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+}
 
 void MpiComm::all_reduce_sum(std::span<float> values) const {
   const int n = checked_count(values.size(), "MpiComm::all_reduce_sum");
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), n, MPI_FLOAT, MPI_SUM, comm_), "MPI_Allreduce");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, values.data(), n, MPI_FLOAT, MPI_SUM, comm_),
+            "MPI_Allreduce");
 }
 
 void MpiComm::broadcast(std::span<std::byte> bytes, int root) const {
@@ -153,7 +159,8 @@ MPI_Datatype runs_type(std::span<const std::span<std::byte>> runs, const char* c
 }  // namespace
 
 // A pending operation keeps its datatype alive, so it is freed right away.
-MpiRequest MpiComm::isend_runs(std::span<const std::span<std::byte>> runs, int dest, int tag) const {
+MpiRequest MpiComm::isend_runs(std::span<const std::span<std::byte>> runs, int dest,
+                               int tag) const {
   MPI_Datatype type = runs_type(runs, "MpiComm::isend_runs");
   MPI_Request r = MPI_REQUEST_NULL;
   const int rc = MPI_Isend(MPI_BOTTOM, 1, type, dest, tag, comm_, &r);
@@ -162,7 +169,8 @@ MpiRequest MpiComm::isend_runs(std::span<const std::span<std::byte>> runs, int d
   return MpiRequest(r);
 }
 
-MpiRequest MpiComm::irecv_runs(std::span<const std::span<std::byte>> runs, int source, int tag) const {
+MpiRequest MpiComm::irecv_runs(std::span<const std::span<std::byte>> runs, int source,
+                               int tag) const {
   MPI_Datatype type = runs_type(runs, "MpiComm::irecv_runs");
   MPI_Request r = MPI_REQUEST_NULL;
   const int rc = MPI_Irecv(MPI_BOTTOM, 1, type, source, tag, comm_, &r);

@@ -43,7 +43,8 @@ void run_or_abort(const MpiComm& comm, const char* what, F&& f) {
   try {
     f();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pagedattn tensor parallelism: rank %d of %d failed in %s: %s\n"
+    std::fprintf(stderr,
+                 "pagedattn tensor parallelism: rank %d of %d failed in %s: %s\n"
                  "pagedattn tensor parallelism: aborting every rank\n",
                  comm.rank(), comm.size(), what, e.what());
     std::fflush(stderr);
@@ -73,10 +74,10 @@ KVCacheConfig follower_cache_config(const ModelSpec& spec, const CacheShape& lea
   require<InvalidArgument>(
       mine.num_layers == leader.num_layers && mine.num_qo_heads == leader.num_qo_heads &&
           mine.num_kv_heads == leader.num_kv_heads && mine.head_dim == leader.head_dim,
-      "tensor parallelism: this rank's shard has ", mine.num_layers, " layers x ", mine.num_qo_heads,
-      " query / ", mine.num_kv_heads, " KV heads of ", mine.head_dim, ", rank 0's has ",
-      leader.num_layers, " x ", leader.num_qo_heads, " / ", leader.num_kv_heads, " of ",
-      leader.head_dim);
+      "tensor parallelism: this rank's shard has ", mine.num_layers, " layers x ",
+      mine.num_qo_heads, " query / ", mine.num_kv_heads, " KV heads of ", mine.head_dim,
+      ", rank 0's has ", leader.num_layers, " x ", leader.num_qo_heads, " / ", leader.num_kv_heads,
+      " of ", leader.head_dim);
   k.page_size = leader.page_size;
   k.num_pages = leader.num_pages;
   k.kv_dtype = static_cast<DType>(leader.kv_dtype);
@@ -121,11 +122,12 @@ void require_same_model(const MpiComm& comm, const std::string& fingerprint) {
   for (std::size_t r = 0; r < differs.size(); ++r)
     if (differs[r] != 0.0f) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   if (ranks.empty()) return;
-  throw InvalidArgument(detail::concat(
-      "tensor parallelism: the ranks do not run the same model: rank(s) ", ranks,
-      " differ from rank 0", same ? std::string()
-                                  : detail::concat(" (rank 0: ", std::string(root.begin(), root.end()),
-                                                   "; rank ", comm.rank(), ": ", fingerprint, ")")));
+  throw InvalidArgument(
+      detail::concat("tensor parallelism: the ranks do not run the same model: rank(s) ", ranks,
+                     " differ from rank 0",
+                     same ? std::string()
+                          : detail::concat(" (rank 0: ", std::string(root.begin(), root.end()),
+                                           "; rank ", comm.rank(), ": ", fingerprint, ")")));
 }
 
 void run_on_every_rank(const MpiComm& comm, const std::function<void()>& f) {
@@ -150,10 +152,10 @@ std::string model_fingerprint(const LlamaConfig& c) {
   return detail::concat("llama '", c.name, "' vocab ", c.vocab_size, " hidden ", c.hidden_size,
                         " intermediate ", c.intermediate_size, " layers ", c.num_layers, " heads ",
                         c.num_qo_heads, "/", c.num_kv_heads, "x", c.head_dim, " rope ",
-                        static_cast<int>(c.rope_style), "/", c.rope_theta, "/", c.llama3_rope_factor,
-                        " eps ", c.rms_norm_eps, " max_position ", c.max_position, " tied ",
-                        c.tie_embeddings, " eos ", c.eos_token_id, " seed ", c.weight_seed,
-                        " tensor-parallel size ", c.shard.size);
+                        static_cast<int>(c.rope_style), "/", c.rope_theta, "/",
+                        c.llama3_rope_factor, " eps ", c.rms_norm_eps, " max_position ",
+                        c.max_position, " tied ", c.tie_embeddings, " eos ", c.eos_token_id,
+                        " seed ", c.weight_seed, " tensor-parallel size ", c.shard.size);
 }
 
 std::string gguf_fingerprint(const std::string& path, std::int32_t tensor_parallel_size) {
@@ -266,7 +268,8 @@ FollowerReport run_tensor_parallel_follower(const MpiComm& comm, Model& shard) {
       const auto kind = r.get<Message>();
       if (kind == Message::kAttach) {
         require<InvalidState>(cache == nullptr, "tensor parallelism: rank 0 attached twice");
-        cache = std::make_unique<PagedKVCache>(follower_cache_config(shard.spec(), r.get<CacheShape>()));
+        cache = std::make_unique<PagedKVCache>(
+            follower_cache_config(shard.spec(), r.get<CacheShape>()));
         return;
       }
       if (kind == Message::kShutdown) {

@@ -33,10 +33,14 @@ using engine::SequenceGroup;
 
 const char* finish_reason_name(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kNone: return "none";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kAborted: return "aborted";
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kAborted:
+      return "aborted";
   }
   return "unknown";
 }
@@ -51,12 +55,14 @@ const EngineConfig& validated(const EngineConfig& c) {
   require(c.kv_memory_bytes > 0, "EngineConfig.kv_memory_bytes = ", c.kv_memory_bytes,
           " must be > 0");
   require(c.page_size >= 1, "EngineConfig.page_size = ", c.page_size, " must be >= 1");
-  require(c.max_num_seqs >= 1 && c.max_num_seqs <= 1 << 20, "EngineConfig.max_num_seqs = ",
-          c.max_num_seqs, " must be in [1, 2^20]");
-  require(c.host_kv_memory_bytes >= 0, "EngineConfig.host_kv_memory_bytes = ",
-          c.host_kv_memory_bytes, " must be >= 0 (0: no host tier)");
-  require(c.max_num_batched_tokens >= c.max_num_seqs, "EngineConfig.max_num_batched_tokens = ",
-          c.max_num_batched_tokens, " must be >= max_num_seqs = ", c.max_num_seqs,
+  require(c.max_num_seqs >= 1 && c.max_num_seqs <= 1 << 20,
+          "EngineConfig.max_num_seqs = ", c.max_num_seqs, " must be in [1, 2^20]");
+  require(c.host_kv_memory_bytes >= 0,
+          "EngineConfig.host_kv_memory_bytes = ", c.host_kv_memory_bytes,
+          " must be >= 0 (0: no host tier)");
+  require(c.max_num_batched_tokens >= c.max_num_seqs,
+          "EngineConfig.max_num_batched_tokens = ", c.max_num_batched_tokens,
+          " must be >= max_num_seqs = ", c.max_num_seqs,
           " (every running sequence decodes each step)");
   return c;
 }
@@ -145,8 +151,8 @@ void Engine::Impl::validate_request(std::span<const std::int32_t> prompt,
   const ModelSpec& m = config.model->spec();
   require(!prompt.empty(), "Engine::add_request: prompt_token_ids is empty");
   for (std::size_t i = 0; i < prompt.size(); ++i)
-    require(prompt[i] >= 0 && prompt[i] < m.vocab_size, "Engine::add_request: prompt_token_ids[",
-            i, "] = ", prompt[i], " is outside [0, vocab_size = ", m.vocab_size, ")");
+    require(prompt[i] >= 0 && prompt[i] < m.vocab_size, "Engine::add_request: prompt_token_ids[", i,
+            "] = ", prompt[i], " is outside [0, vocab_size = ", m.vocab_size, ")");
   for (std::size_t i = 0; i < p.stop_token_ids.size(); ++i)
     require(p.stop_token_ids[i] >= 0 && p.stop_token_ids[i] < m.vocab_size,
             "Engine::add_request: stop_token_ids[", i, "] = ", p.stop_token_ids[i],
@@ -162,16 +168,16 @@ void Engine::Impl::validate_request(std::span<const std::int32_t> prompt,
           ", max_num_seqs = ", config.max_num_seqs, ")]");
   const std::int64_t total = std::ssize(prompt) + p.max_tokens;
   require(total <= m.max_position, "Engine::add_request: prompt (", prompt.size(),
-          ") + max_tokens (", p.max_tokens, ") exceeds the model's max_position = ",
-          m.max_position);
+          ") + max_tokens (", p.max_tokens,
+          ") exceeds the model's max_position = ", m.max_position);
   require(config.chunked_prefill || total <= config.max_num_batched_tokens,
           "Engine::add_request: prompt + max_tokens = ", total,
           " exceeds max_num_batched_tokens = ", config.max_num_batched_tokens,
           " and chunked prefill is off (a preempted request is recomputed in one step)");
   // Alone, the request must fit: the prompt once, each sample's own tail.
   const std::int64_t ps = config.page_size;
-  const std::int64_t need = pages_for(total, ps) +
-                            (p.n - 1) * (pages_for(total, ps) - std::ssize(prompt) / ps);
+  const std::int64_t need =
+      pages_for(total, ps) + (p.n - 1) * (pages_for(total, ps) - std::ssize(prompt) / ps);
   require(need <= cache.num_pages(), "Engine::add_request: the request needs up to ", need,
           " KV pages (prompt ", prompt.size(), ", max_tokens ", p.max_tokens, ", n ", p.n,
           "), the cache has ", cache.num_pages());
@@ -227,7 +233,8 @@ void Engine::Impl::run_forward(const Schedule& s) {
   const auto start = std::chrono::steady_clock::now();
   try {
     config.model->forward({token_ids, logit_rows, config.deterministic}, cache, logits);
-    seconds_in_model += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    seconds_in_model +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   } catch (...) {
     cache.cancel_forward();  // the cache is exactly as before begin_forward
     throw;
@@ -241,11 +248,13 @@ void Engine::Impl::append_token(SequenceGroup& g, std::int32_t seq, std::int32_t
   s.tokens.push_back(token);
   const SamplingParams& p = g.params;
   const std::int32_t eos = config.model->spec().eos_token_id;
-  const bool stop = (!p.ignore_eos && token == eos) ||
-                    std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
-                        p.stop_token_ids.end();
-  if (stop) s.finish = FinishReason::kStop;
-  else if (std::ssize(s.tokens) - g.prompt_len >= p.max_tokens) s.finish = FinishReason::kLength;
+  const bool stop =
+      (!p.ignore_eos && token == eos) ||
+      std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end();
+  if (stop)
+    s.finish = FinishReason::kStop;
+  else if (std::ssize(s.tokens) - g.prompt_len >= p.max_tokens)
+    s.finish = FinishReason::kLength;
   out.samples.push_back({s.index, {token}, s.finish});
 }
 
@@ -301,7 +310,8 @@ std::vector<RequestOutput> Engine::step() {
   im.last_tokens = s.num_tokens;
   im.last_decodes = s.num_decodes;
   ++im.steps;
-  im.seconds_in_steps += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  im.seconds_in_steps +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Callbacks run unlocked: they may call add_request, abort or the queries.
   const StreamCallback callback = im.callback;
   lock.unlock();
@@ -380,8 +390,12 @@ EngineStats Engine::stats() const {
   return st;
 }
 
-const EngineConfig& Engine::config() const { return impl_->config; }
-const PagedKVCache& Engine::cache() const { return impl_->cache; }
+const EngineConfig& Engine::config() const {
+  return impl_->config;
+}
+const PagedKVCache& Engine::cache() const {
+  return impl_->cache;
+}
 
 // --- disaggregated prefill/decode: importing a prefilled request -------------
 
@@ -395,7 +409,8 @@ std::optional<ImportSlot> Engine::reserve_import(std::span<const std::int32_t> p
   // Like admission: while others run, a watermark of pages stays free for
   // their decodes (an import preempted later would recompute its prompt).
   const std::int64_t seqs = im.scheduler.num_running_seqs() + std::ssize(im.imports);
-  const std::int64_t watermark = seqs == 0 ? 0 : std::max<std::int64_t>(1, im.cache.num_pages() / 100);
+  const std::int64_t watermark =
+      seqs == 0 ? 0 : std::max<std::int64_t>(1, im.cache.num_pages() / 100);
   if (seqs >= im.config.max_num_seqs ||
       pages_for(std::ssize(prompt), im.config.page_size) + watermark > im.cache.num_free_pages())
     return std::nullopt;
@@ -416,8 +431,9 @@ FinishReason Engine::commit_import(RequestId id, std::int32_t first_token) {
   require(it != im.imports.end(), "Engine::commit_import: request id = ", id,
           " has no reserved import");
   const std::int32_t vocab = im.config.model->spec().vocab_size;
-  require(first_token >= 0 && first_token < vocab, "Engine::commit_import: first_token = ",
-          first_token, " is outside [0, vocab_size = ", vocab, ")");
+  require(first_token >= 0 && first_token < vocab,
+          "Engine::commit_import: first_token = ", first_token,
+          " is outside [0, vocab_size = ", vocab, ")");
   std::unique_ptr<SequenceGroup> g = std::move(it->second);
   im.imports.erase(it);
   Sequence& s = g->seqs.front();

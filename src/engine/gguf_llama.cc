@@ -165,10 +165,9 @@ void apply_long_rope(const GgufFile& file, const GgufModelConfig& g, LlamaConfig
   const double factor = double(g.context_length) / double(s.original_context_length);
   config.rope_attention_factor =
       s.attention_factor > 0.0f ? s.attention_factor
-      : factor <= 1.0
-          ? 1.0f
-          : static_cast<float>(std::sqrt(
-                1.0 + std::log(factor) / std::log(double(s.original_context_length))));
+      : factor <= 1.0           ? 1.0f
+                                : static_cast<float>(std::sqrt(
+                                      1.0 + std::log(factor) / std::log(double(s.original_context_length))));
 }
 
 }  // namespace

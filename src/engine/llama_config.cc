@@ -33,8 +33,8 @@ LlamaConfig llama_preset(std::string_view name) {
     c.eos_token_id = 128001;
     return c;
   }
-  throw InvalidArgument(detail::concat("llama_preset: name = '", name,
-                                       "' is not a preset (tiny, small, 1b)"));
+  throw InvalidArgument(
+      detail::concat("llama_preset: name = '", name, "' is not a preset (tiny, small, 1b)"));
 }
 
 std::int64_t llama_parameter_count(const LlamaConfig& c) {

@@ -254,8 +254,9 @@ void LlamaModel::validate_weights() const {
     require_norm(l.post_attn_norm, "post_attn_norm", layer, h, c_.sandwich_norms);
     require_norm(l.post_mlp_norm, "post_mlp_norm", layer, h, c_.sandwich_norms);
     require_shape(l.qkv, "qkv", layer, qkv_rows, h);
-    require(l.qkv_bias.empty() || std::ssize(l.qkv_bias) == qkv_rows, "LlamaModel: qkv_bias of layer ",
-            layer, " has ", l.qkv_bias.size(), " values, the config needs ", qkv_rows);
+    require(l.qkv_bias.empty() || std::ssize(l.qkv_bias) == qkv_rows,
+            "LlamaModel: qkv_bias of layer ", layer, " has ", l.qkv_bias.size(),
+            " values, the config needs ", qkv_rows);
     require_shape(l.o, "attn_output", layer, h, q_dim);
     require_shape(l.gate_up, "gate_up", layer, 2 * inter, h);
     require_shape(l.down, "down", layer, h, inter);

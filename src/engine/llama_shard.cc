@@ -32,9 +32,9 @@ void validate_shard(const LlamaConfig& c) {
           " (num_qo_heads = ", c.num_qo_heads, ") of model '", c.name,
           "' is not divisible by the tensor-parallel size ", s.size,
           " (each rank needs whole KV heads)");
-  require(c.intermediate_size % s.size == 0, "tensor parallelism: intermediate_size = ",
-          c.intermediate_size, " of model '", c.name, "' is not divisible by the tensor-parallel size ",
-          s.size);
+  require(c.intermediate_size % s.size == 0,
+          "tensor parallelism: intermediate_size = ", c.intermediate_size, " of model '", c.name,
+          "' is not divisible by the tensor-parallel size ", s.size);
 }
 
 void shard_llama_weights(const LlamaConfig& c, LlamaWeights& w) {

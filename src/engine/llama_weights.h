@@ -13,12 +13,12 @@ namespace pagedattn::engine {
 
 // Optional vectors are empty when the architecture has none.
 struct LlamaLayerWeights {
-  std::vector<float> attn_norm;  // [H]
-  StackedMatrix qkv;             // [(Hq + 2 Hkv) D][H]: q heads, k heads, v heads
-  std::vector<float> qkv_bias;   // [(Hq + 2 Hkv) D] (Qwen2), or empty
-  std::vector<float> q_norm;     // [D] (config.qk_norm)
-  std::vector<float> k_norm;     // [D] (config.qk_norm)
-  WeightMatrix o;                // [H][Hq D]
+  std::vector<float> attn_norm;       // [H]
+  StackedMatrix qkv;                  // [(Hq + 2 Hkv) D][H]: q heads, k heads, v heads
+  std::vector<float> qkv_bias;        // [(Hq + 2 Hkv) D] (Qwen2), or empty
+  std::vector<float> q_norm;          // [D] (config.qk_norm)
+  std::vector<float> k_norm;          // [D] (config.qk_norm)
+  WeightMatrix o;                     // [H][Hq D]
   std::vector<float> post_attn_norm;  // [H] (config.sandwich_norms)
   std::vector<float> mlp_norm;        // [H]
   StackedMatrix gate_up;              // [2 I][H]: gate rows, then up rows

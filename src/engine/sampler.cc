@@ -50,7 +50,8 @@ std::int32_t Sampler::sample(std::span<const float> logits, const SamplingParams
   }
 
   candidates_.resize(vocab);
-  for (std::size_t t = 0; t < vocab; ++t) candidates_[t] = {logits[t], static_cast<std::int32_t>(t)};
+  for (std::size_t t = 0; t < vocab; ++t)
+    candidates_[t] = {logits[t], static_cast<std::int32_t>(t)};
   const auto first = candidates_.begin();
   std::size_t keep = vocab;
   if (top_k) {  // the k most likely, in no particular order

@@ -31,14 +31,16 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 // What one schedule() call has handed out so far.
 struct Scheduler::StepState {
   Schedule out;
-  std::int32_t budget = 0;     // tokens left
-  std::int64_t reserved = 0;   // pages promised to planned chunks
+  std::int32_t budget = 0;    // tokens left
+  std::int64_t reserved = 0;  // pages promised to planned chunks
 };
 
 Scheduler::Scheduler(const SchedulerConfig& config, PagedKVCache& cache)
     : config_(config), cache_(cache), page_size_(cache.config().page_size) {}
 
-void Scheduler::add(std::unique_ptr<SequenceGroup> group) { waiting_.push_back(std::move(group)); }
+void Scheduler::add(std::unique_ptr<SequenceGroup> group) {
+  waiting_.push_back(std::move(group));
+}
 void Scheduler::add_running(std::unique_ptr<SequenceGroup> group) {
   running_.push_back(std::move(group));
 }
@@ -304,9 +306,9 @@ bool Scheduler::try_swap_out(SequenceGroup& g) {
     lead = false;
   }
   const std::int64_t n = std::ssize(pages);
-  const PreemptionCosts c = preemption_costs(n, cache_.bytes_per_page(), tokens,
-                                             costs_.copy_seconds_per_byte(),
-                                             costs_.forward_seconds_per_token());
+  const PreemptionCosts c =
+      preemption_costs(n, cache_.bytes_per_page(), tokens, costs_.copy_seconds_per_byte(),
+                       costs_.forward_seconds_per_token());
   if (choose_preemption(c, n <= cache_.num_free_host_pages()) != PreemptionMode::kSwap)
     return false;
   const auto start = std::chrono::steady_clock::now();

@@ -15,11 +15,11 @@ inline constexpr std::int32_t kMaxSamples = 256;
 
 struct Sequence {
   SeqId id = 0;
-  std::int32_t index = 0;             // sample index
-  std::vector<std::int32_t> tokens;   // prompt, then generated tokens
-  std::int32_t num_computed = 0;      // tokens whose K/V the cache holds
-  std::int32_t published = 0;         // prefix caching: tokens reported to the cache
-  bool in_cache = false;              // in the cache (on the device or swapped out)
+  std::int32_t index = 0;            // sample index
+  std::vector<std::int32_t> tokens;  // prompt, then generated tokens
+  std::int32_t num_computed = 0;     // tokens whose K/V the cache holds
+  std::int32_t published = 0;        // prefix caching: tokens reported to the cache
+  bool in_cache = false;             // in the cache (on the device or swapped out)
   FinishReason finish = FinishReason::kNone;
 
   bool finished() const { return finish != FinishReason::kNone; }

@@ -16,9 +16,9 @@ void validate_append(const AppendParams& p) {
   if (p.num_tokens == 0) return;
   require(p.slot_mapping && p.k.data && p.v.data && kv.k_data && kv.v_data,
           "append_paged_kv: slot_mapping, k, v and the storage must be non-null");
-  require(is_activation_dtype(p.k.dtype) && is_activation_dtype(p.v.dtype), "append_paged_kv: k.dtype = ",
-          dtype_name(p.k.dtype), " and v.dtype = ", dtype_name(p.v.dtype),
-          " must be float32, float16 or bfloat16");
+  require(is_activation_dtype(p.k.dtype) && is_activation_dtype(p.v.dtype),
+          "append_paged_kv: k.dtype = ", dtype_name(p.k.dtype),
+          " and v.dtype = ", dtype_name(p.v.dtype), " must be float32, float16 or bfloat16");
   require(kv.dtype != DType::kINT8 || (kv.k_token_scales && kv.v_token_scales),
           "append_paged_kv: int8 storage needs k_token_scales and v_token_scales");
   const bool fp8 = is_fp8(kv.dtype);
@@ -74,8 +74,10 @@ void append_paged_kv(const AppendParams& p) {
     const std::int64_t page = s / kv.page_size, slot = s % kv.page_size;
     for (std::int32_t h = 0; h < kv.num_kv_heads; ++h) {
       const std::int64_t ti = kv.token_scale_index(page, h, slot);
-      const auto* k_src = static_cast<const std::byte*>(p.k.data) + (t * p.k.token_stride + h * p.k.head_stride) * ks;
-      const auto* v_src = static_cast<const std::byte*>(p.v.data) + (t * p.v.token_stride + h * p.v.head_stride) * vs;
+      const auto* k_src = static_cast<const std::byte*>(p.k.data) +
+                          (t * p.k.token_stride + h * p.k.head_stride) * ks;
+      const auto* v_src = static_cast<const std::byte*>(p.v.data) +
+                          (t * p.v.token_stride + h * p.v.head_stride) * vs;
       write_row(k_src, p.k.dtype, kv.head_dim,
                 static_cast<std::byte*>(kv.k_data) + kv.k_offset(page, h, slot) * es, kv.dtype,
                 kv.k_head_scales ? kv.k_head_scales[h] : kv.k_scale,

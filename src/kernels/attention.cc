@@ -26,17 +26,17 @@ void validate_plan(const AttentionParams& p, const AttentionPlan& plan, std::siz
           "paged_attention: plan was made for heads (", s.num_qo_heads, ", ", s.num_kv_heads,
           ") dims (", s.head_dim, ", ", s.v_head_dim, "), params have (", p.num_qo_heads, ", ",
           p.kv.num_kv_heads, ") (", p.kv.head_dim, ", ", p.kv.v_head_dim, ")");
-  require(plan.num_threads >= 1, "paged_attention: plan is malformed (num_threads = ", plan.num_threads, ")");
+  require(plan.num_threads >= 1,
+          "paged_attention: plan is malformed (num_threads = ", plan.num_threads, ")");
   const std::int32_t group = p.num_qo_heads / p.kv.num_kv_heads;
   for (const AttentionWorkItem& w : plan.items) {
-    const bool inside = w.batch >= 0 && w.batch < p.table.batch_size && w.kv_head_begin >= 0 &&
-                        w.kv_head_begin < w.kv_head_end && w.kv_head_end <= p.kv.num_kv_heads &&
-                        0 <= w.q_begin && w.q_begin < w.q_end &&
-                        w.q_end <= p.table.q_len(w.batch) && 0 <= w.kv_begin &&
-                        w.kv_begin <= w.kv_end && w.kv_end <= p.table.kv_lens[w.batch] &&
-                        (w.kv_head_end - w.kv_head_begin) * (w.q_end - w.q_begin) * group <=
-                            plan.max_rows &&
-                        w.partial < plan.num_partials;
+    const bool inside =
+        w.batch >= 0 && w.batch < p.table.batch_size && w.kv_head_begin >= 0 &&
+        w.kv_head_begin < w.kv_head_end && w.kv_head_end <= p.kv.num_kv_heads && 0 <= w.q_begin &&
+        w.q_begin < w.q_end && w.q_end <= p.table.q_len(w.batch) && 0 <= w.kv_begin &&
+        w.kv_begin <= w.kv_end && w.kv_end <= p.table.kv_lens[w.batch] &&
+        (w.kv_head_end - w.kv_head_begin) * (w.q_end - w.q_begin) * group <= plan.max_rows &&
+        w.partial < plan.num_partials;
     require(inside, "paged_attention: plan item for batch ", w.batch,
             " does not fit this table; plan_attention must see the same table");
   }
@@ -48,8 +48,12 @@ void validate_plan(const AttentionParams& p, const AttentionPlan& plan, std::siz
 
 }  // namespace
 
-void set_force_reference_kernels(bool force) { g_force_reference = force; }
-bool force_reference_kernels() { return g_force_reference; }
+void set_force_reference_kernels(bool force) {
+  g_force_reference = force;
+}
+bool force_reference_kernels() {
+  return g_force_reference;
+}
 
 void paged_attention(const AttentionParams& params, const AttentionPlan& plan,
                      std::span<std::byte> workspace) {
@@ -73,9 +77,11 @@ void AttentionRunner::run(const AttentionParams& params) {
   const std::size_t need = plan_.workspace_bytes + kernels::AttentionTraits::kAlign;
   if (storage_.size() < need) storage_.resize(need);
   const auto base = reinterpret_cast<std::uintptr_t>(storage_.data());
-  const std::size_t pad = (kernels::AttentionTraits::kAlign - base % kernels::AttentionTraits::kAlign) %
-                          kernels::AttentionTraits::kAlign;
-  paged_attention(params, plan_, std::span<std::byte>(storage_.data() + pad, plan_.workspace_bytes));
+  const std::size_t pad =
+      (kernels::AttentionTraits::kAlign - base % kernels::AttentionTraits::kAlign) %
+      kernels::AttentionTraits::kAlign;
+  paged_attention(params, plan_,
+                  std::span<std::byte>(storage_.data() + pad, plan_.workspace_bytes));
 }
 
 }  // namespace pagedattn

@@ -22,7 +22,8 @@ std::pair<std::int32_t, std::int32_t> visible_keys(const PagedKVTable& t, const 
   const std::int64_t first_pos = kv_len - t.q_len(b) + q_begin;
   const std::int64_t last_pos = kv_len - t.q_len(b) + q_end - 1;
   std::int64_t end = o.causal ? std::min<std::int64_t>(kv_len, last_pos + 1) : kv_len;
-  std::int64_t begin = o.window_left >= 0 ? std::max<std::int64_t>(0, first_pos - o.window_left) : 0;
+  std::int64_t begin =
+      o.window_left >= 0 ? std::max<std::int64_t>(0, first_pos - o.window_left) : 0;
   end = std::max<std::int64_t>(end, 0);
   begin = std::min(begin, end);
   return {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
@@ -39,7 +40,8 @@ std::int64_t item_cost(const AttentionWorkItem& w, std::int32_t group) {
 std::int32_t kv_splits(std::int64_t keys, std::int64_t tile_cost, std::int64_t total_cost,
                        std::int32_t threads, const AttentionPlanOptions& o) {
   if (keys == 0) return 1;
-  if (o.fixed_kv_chunk > 0) return static_cast<std::int32_t>((keys + o.fixed_kv_chunk - 1) / o.fixed_kv_chunk);
+  if (o.fixed_kv_chunk > 0)
+    return static_cast<std::int32_t>((keys + o.fixed_kv_chunk - 1) / o.fixed_kv_chunk);
   if (threads == 1) return 1;
   // Aim for items of at most half a thread's fair share, so that longest-first
   // assignment balances, but never chunks shorter than min_kv_chunk.
@@ -54,7 +56,8 @@ std::int32_t kv_splits(std::int64_t keys, std::int64_t tile_cost, std::int64_t t
 // (an SMT sibling on the same core, say) takes fewer items, not the same
 // share. Equal costs keep their planned order, so the plan stays a pure
 // function of its arguments.
-void order_longest_first(AttentionPlan& plan, std::vector<AttentionWorkItem> items, std::int32_t group) {
+void order_longest_first(AttentionPlan& plan, std::vector<AttentionWorkItem> items,
+                         std::int32_t group) {
   std::vector<std::int64_t> cost(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) cost[i] = item_cost(items[i], group);
   std::vector<std::size_t> order(items.size());
@@ -72,7 +75,8 @@ void validate_plan_inputs(const PagedKVTable& t, const AttentionShape& s,
           " must be a positive multiple of num_kv_heads = ", s.num_kv_heads);
   require(s.head_dim >= 1 && s.v_head_dim >= 1, "plan_attention: head_dim = ", s.head_dim,
           " and v_head_dim = ", s.v_head_dim, " must be >= 1");
-  require(t.batch_size >= 0 && t.qo_indptr && t.kv_lens, "plan_attention: table needs batch_size >= 0, "
+  require(t.batch_size >= 0 && t.qo_indptr && t.kv_lens,
+          "plan_attention: table needs batch_size >= 0, "
           "qo_indptr and kv_lens");
   require(o.num_threads >= 0 && o.fixed_kv_chunk >= 0 && o.min_kv_chunk >= 1,
           "plan_attention: num_threads = ", o.num_threads, ", fixed_kv_chunk = ", o.fixed_kv_chunk,
@@ -109,7 +113,8 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
       const std::int32_t heads =
           std::clamp(AttentionTraits::kTargetRows / per_head, 1, shape.num_kv_heads);
       for (std::int32_t h = 0; h < shape.num_kv_heads; h += heads) {
-        tiles.push_back({b, h, std::min(shape.num_kv_heads, h + heads), q, q_end, kv_begin, kv_end, -1});
+        tiles.push_back(
+            {b, h, std::min(shape.num_kv_heads, h + heads), q, q_end, kv_begin, kv_end, -1});
         total += item_cost(tiles.back(), group);
       }
     }
@@ -117,7 +122,7 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   // A batch this small runs on one thread unless told otherwise: waking a
   // team costs more than it saves (much more on a loaded machine).
   constexpr std::int64_t kSerialCost = std::int64_t{1} << 15;
-  plan.num_threads = o.num_threads > 0   ? o.num_threads
+  plan.num_threads = o.num_threads > 0     ? o.num_threads
                      : total < kSerialCost ? 1
                                            : std::max(1, omp_get_max_threads());
 
@@ -152,7 +157,8 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   plan.partial_bytes = static_cast<std::size_t>(plan.num_partials) *
                        kernels::partial_slot_bytes(plan.max_rows, shape.v_head_dim);
   plan.workspace_bytes =
-      plan.scratch_bytes_per_thread * static_cast<std::size_t>(plan.num_threads) + plan.partial_bytes;
+      plan.scratch_bytes_per_thread * static_cast<std::size_t>(plan.num_threads) +
+      plan.partial_bytes;
   return plan;
 }
 

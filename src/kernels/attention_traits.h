@@ -9,19 +9,20 @@
 namespace pagedattn::kernels {
 
 struct AttentionTraits {
-  static constexpr std::int32_t kKeyBlock = 32;    // keys scored per inner block
+  static constexpr std::int32_t kKeyBlock = 32;     // keys scored per inner block
   static constexpr std::int32_t kTargetRows = 256;  // query rows (tokens x group heads) per item
   // Key blocks one step of the AMX prefill covers (256 keys): the online
   // softmax and the output tiles' loads and stores once per step, not per block.
   static constexpr std::int32_t kTileBlocks = 8;
-  static constexpr std::int32_t kLanePad = 16;     // dims padded to whole 512-bit f32 vectors
-  static constexpr std::size_t kAlign = 64;        // byte alignment of every scratch array
+  static constexpr std::int32_t kLanePad = 16;  // dims padded to whole 512-bit f32 vectors
+  static constexpr std::size_t kAlign = 64;     // byte alignment of every scratch array
   static_assert(kKeyBlock % 4 == 0, "QK scores 4 keys at a time");
   static_assert(kLanePad % 4 == 0 && kLanePad <= 16, "pad covers every Highway f32 width <= 512");
 };
 
 constexpr std::int32_t padded_dim(std::int32_t d) {
-  return (d + AttentionTraits::kLanePad - 1) / AttentionTraits::kLanePad * AttentionTraits::kLanePad;
+  return (d + AttentionTraits::kLanePad - 1) / AttentionTraits::kLanePad *
+         AttentionTraits::kLanePad;
 }
 
 constexpr std::size_t align_up(std::size_t bytes) {
@@ -34,16 +35,17 @@ struct ScratchLayout {
   std::size_t o = 0;  // [rows][pad(Dv)] unnormalised outputs
   std::size_t m = 0;  // [rows] running max
   std::size_t l = 0;  // [rows] running denominator
-  std::size_t s = 0;  // [kTileBlocks][rows][kKeyBlock] scores, then probabilities (one block but on AMX)
-  std::size_t k = 0;  // [kKeyBlock][pad(D)] keys as f32, or kTileBlocks blocks of packed bf16
-  std::size_t v = 0;  // [kKeyBlock][pad(Dv)] values as f32, or kTileBlocks blocks of packed bf16
+  std::size_t s =
+      0;  // [kTileBlocks][rows][kKeyBlock] scores, then probabilities (one block but on AMX)
+  std::size_t k = 0;   // [kKeyBlock][pad(D)] keys as f32, or kTileBlocks blocks of packed bf16
+  std::size_t v = 0;   // [kKeyBlock][pad(Dv)] values as f32, or kTileBlocks blocks of packed bf16
   std::size_t qh = 0;  // [rows][pad(D)] bf16 or f16 queries (the bf16 / f16 product paths)
-  std::size_t qh_inv = 0;  // [rows] inverse factors of the f16 queries
-  std::size_t q8 = 0;  // [rows][pad(D)] int8 queries (the int8 dot-product path)
+  std::size_t qh_inv = 0;    // [rows] inverse factors of the f16 queries
+  std::size_t q8 = 0;        // [rows][pad(D)] int8 queries (the int8 dot-product path)
   std::size_t q8_scale = 0;  // [rows] their dequantisation scales
   std::size_t q8_sum = 0;    // [rows] int32 sums of their elements
   std::size_t w_scale = 0;   // [rows] dequantisation scales of a block's u8 weights
-  std::size_t zero = 0;  // a zero row, as wide as the widest K/V row in f32
+  std::size_t zero = 0;      // a zero row, as wide as the widest K/V row in f32
   std::size_t zero_bytes = 0;
   std::size_t bytes = 0;
 };

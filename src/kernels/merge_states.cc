@@ -14,8 +14,9 @@ void merge_states(std::span<const float> v_a, std::span<const float> s_a,
   require(s_b.size() == rows && s_out.size() == rows, "merge_states: s_a, s_b, s_out have ",
           s_a.size(), ", ", s_b.size(), ", ", s_out.size(), " rows; they must match");
   const std::size_t n = rows * static_cast<std::size_t>(dim);
-  require(v_a.size() == n && v_b.size() == n && v_out.size() == n, "merge_states: v_a, v_b, v_out have ",
-          v_a.size(), ", ", v_b.size(), ", ", v_out.size(), " elements; expected rows x dim = ", n);
+  require(v_a.size() == n && v_b.size() == n && v_out.size() == n,
+          "merge_states: v_a, v_b, v_out have ", v_a.size(), ", ", v_b.size(), ", ", v_out.size(),
+          " elements; expected rows x dim = ", n);
   for (std::size_t r = 0; r < rows; ++r) {
     float* out = v_out.data() + r * dim;
     float lse = s_a[r];

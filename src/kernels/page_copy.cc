@@ -18,7 +18,8 @@ bool same_geometry(const PagedKVStorage& a, const PagedKVStorage& b) {
 
 void validate_copy(const PagedKVStorage& src, const PagedKVStorage& dst,
                    std::span<const std::pair<std::int64_t, std::int64_t>> pairs) {
-  require(same_geometry(src, dst), "copy_pages: source and destination storages differ in dtype, "
+  require(same_geometry(src, dst),
+          "copy_pages: source and destination storages differ in dtype, "
           "layout, page size, heads or head dims");
   require(src.k_data && src.v_data && dst.k_data && dst.v_data,
           "copy_pages: storage data pointers must be non-null");

@@ -48,26 +48,28 @@ double yarn_inv_freq(const RopeConfig& c, std::int32_t rotary_dim, std::int32_t 
 
 void validate_rope(const HeadTensor& x, std::int32_t num_tokens, std::int32_t num_heads,
                    std::int32_t head_dim, const std::int32_t* positions, const RopeConfig& c) {
-  require(num_tokens >= 0 && num_heads >= 1 && head_dim >= 2, "apply_rope: num_tokens = ",
-          num_tokens, ", num_heads = ", num_heads, ", head_dim = ", head_dim, " out of range");
+  require(num_tokens >= 0 && num_heads >= 1 && head_dim >= 2,
+          "apply_rope: num_tokens = ", num_tokens, ", num_heads = ", num_heads,
+          ", head_dim = ", head_dim, " out of range");
   const std::int32_t r = c.rotary_dim == 0 ? head_dim : c.rotary_dim;
   require(r >= 2 && r % 2 == 0 && r <= head_dim, "apply_rope: rotary_dim = ", c.rotary_dim,
           " must be even and in [2, head_dim = ", head_dim, "]");
-  require(is_activation_dtype(x.dtype),
-          "apply_rope: x.dtype = ", dtype_name(x.dtype), " must be float32, float16 or bfloat16");
+  require(is_activation_dtype(x.dtype), "apply_rope: x.dtype = ", dtype_name(x.dtype),
+          " must be float32, float16 or bfloat16");
   require(c.theta > 0.0f && c.scale > 0.0f && std::isfinite(c.theta) && std::isfinite(c.scale),
           "apply_rope: theta = ", c.theta, " and scale = ", c.scale, " must be finite and > 0");
   require(c.attention_factor > 0.0f && std::isfinite(c.attention_factor),
           "apply_rope: attention_factor = ", c.attention_factor, " must be finite and > 0");
   const RopeLlama3Scaling& l3 = c.llama3;
-  require(l3.factor == 0.0f || (l3.factor > 0.0f && l3.low_freq_factor > 0.0f &&
-                                l3.high_freq_factor > l3.low_freq_factor &&
-                                l3.original_max_position > 0),
-          "apply_rope: llama3 scaling factor = ", l3.factor, ", low_freq_factor = ",
-          l3.low_freq_factor, ", high_freq_factor = ", l3.high_freq_factor,
+  require(l3.factor == 0.0f ||
+              (l3.factor > 0.0f && l3.low_freq_factor > 0.0f &&
+               l3.high_freq_factor > l3.low_freq_factor && l3.original_max_position > 0),
+          "apply_rope: llama3 scaling factor = ", l3.factor,
+          ", low_freq_factor = ", l3.low_freq_factor, ", high_freq_factor = ", l3.high_freq_factor,
           ", original_max_position = ", l3.original_max_position, " is inconsistent");
   validate_yarn(c.yarn);
-  require((c.cos_cache == nullptr) == (c.sin_cache == nullptr), "apply_rope: give both cos_cache "
+  require((c.cos_cache == nullptr) == (c.sin_cache == nullptr),
+          "apply_rope: give both cos_cache "
           "and sin_cache or neither");
   if (c.freq_factors)
     for (std::int32_t i = 0; i < r / 2; ++i)
@@ -109,7 +111,7 @@ double rope_inv_freq(const RopeConfig& c, std::int32_t rotary_dim, std::int32_t 
 
 double rope_attention_factor(const RopeConfig& c) {
   const RopeYarnScaling& y = c.yarn;
-  const double yarn = y.factor == 0.0f          ? 1.0
+  const double yarn = y.factor == 0.0f            ? 1.0
                       : y.attention_factor > 0.0f ? double(y.attention_factor)
                                                   : 0.1 * std::log(double(y.factor)) + 1.0;
   return double(c.attention_factor) * yarn;
@@ -135,7 +137,8 @@ void apply_rope(HeadTensor x, std::int32_t num_tokens, std::int32_t num_heads,
   const std::int32_t r = c.rotary_dim == 0 ? head_dim : c.rotary_dim;
   const std::int32_t half = r / 2;
   constexpr std::int32_t kChunk = 64;  // pairs whose cos/sin sit on the stack at once
-#pragma omp parallel for schedule(static) if (std::int64_t{num_tokens} * num_heads * head_dim > (1 << 16))
+#pragma omp parallel for schedule(static) if (std::int64_t{num_tokens} * num_heads * head_dim > \
+                                              (1 << 16))
   for (std::int32_t t = 0; t < num_tokens; ++t) {
     const std::int32_t pos = positions[t];
     for (std::int32_t i0 = 0; i0 < half; i0 += kChunk) {

@@ -24,7 +24,8 @@ inline void merge_into(float* o_a, float& lse_a, const float* o_b, float lse_b, 
   const float m = lse_a > lse_b ? lse_a : lse_b;
   const float w_a = std::exp(lse_a - m), w_b = std::exp(lse_b - m);
   const float inv = 1.0f / (w_a + w_b);
-  for (std::int32_t d = 0; d < dim; ++d) o_a[d] = (o_a[d] * w_a + (o_b ? o_b[d] * w_b : 0.0f)) * inv;
+  for (std::int32_t d = 0; d < dim; ++d)
+    o_a[d] = (o_a[d] * w_a + (o_b ? o_b[d] * w_b : 0.0f)) * inv;
   lse_a = m + std::log(w_a + w_b);
 }
 

@@ -45,17 +45,18 @@ void validate_table(const PagedKVTable& t, const PagedKVStorage& kv, const char*
 // reach the longest sequence.
 void validate_key_rope(const RopeConfig& rope, const AttentionParams& p, const char* call) {
   const std::int32_t r = rope.rotary_dim == 0 ? p.kv.head_dim : rope.rotary_dim;
-  require(r >= 2 && r % 2 == 0 && r <= p.kv.head_dim, call, ": options.key_rope->rotary_dim = ",
-          rope.rotary_dim, " must be even and at most head_dim = ", p.kv.head_dim);
+  require(r >= 2 && r % 2 == 0 && r <= p.kv.head_dim, call,
+          ": options.key_rope->rotary_dim = ", rope.rotary_dim,
+          " must be even and at most head_dim = ", p.kv.head_dim);
   require(rope.theta > 0.0f && rope.scale > 0.0f, call, ": options.key_rope theta = ", rope.theta,
           " and scale = ", rope.scale, " must be > 0");
   require((rope.cos_cache == nullptr) == (rope.sin_cache == nullptr), call,
           ": options.key_rope needs both cos_cache and sin_cache or neither");
   if (!rope.cos_cache) return;
   for (std::int32_t b = 0; b < p.table.batch_size; ++b)
-    require(p.table.kv_lens[b] <= rope.cache_max_position, call, ": kv_lens[", b, "] = ",
-            p.table.kv_lens[b], " exceeds options.key_rope->cache_max_position = ",
-            rope.cache_max_position);
+    require(p.table.kv_lens[b] <= rope.cache_max_position, call, ": kv_lens[", b,
+            "] = ", p.table.kv_lens[b],
+            " exceeds options.key_rope->cache_max_position = ", rope.cache_max_position);
 }
 
 // The tree arrays must describe a forest over keys [tree_begin, kv_len) of
@@ -78,15 +79,15 @@ void validate_tree_mask(const AttentionParams& p, const char* call) {
             " (no tree) or in [0, kv_len - q_len = ", kv_len - t.q_len(b),
             "]: every query must be a tree node");
     const std::int64_t nodes = std::int64_t{m.node_indptr[b + 1]} - m.node_indptr[b];
-    require(nodes == kv_len - begin, call, ": tree_mask.node_indptr gives sequence ", b, " ",
-            nodes, " nodes, kv_len - tree_begin = ", kv_len - begin);
+    require(nodes == kv_len - begin, call, ": tree_mask.node_indptr gives sequence ", b, " ", nodes,
+            " nodes, kv_len - tree_begin = ", kv_len - begin);
     for (std::int64_t i = 0; i < nodes; ++i) {
       const std::int64_t n = m.node_indptr[b] + i;
       require(m.enter[n] >= 0 && m.enter[n] <= m.exit[n] && m.exit[n] < nodes, call,
               ": tree_mask node ", n, " has enter = ", m.enter[n], ", exit = ", m.exit[n],
               "; need 0 <= enter <= exit < ", nodes);
-      require(m.positions[n] >= 0 && m.positions[n] <= begin + i, call, ": tree_mask.positions[",
-              n, "] = ", m.positions[n], " must be in [0, its key index ", begin + i, "]");
+      require(m.positions[n] >= 0 && m.positions[n] <= begin + i, call, ": tree_mask.positions[", n,
+              "] = ", m.positions[n], " must be in [0, its key index ", begin + i, "]");
     }
   }
 }
@@ -97,8 +98,8 @@ void validate_attention_params(const AttentionParams& p, const char* call) {
   core::require_valid_dispatch_environment(call);
   const PagedKVStorage& kv = p.kv;
   require(kv.k_data && kv.v_data, call, ": kv.k_data and kv.v_data must be non-null");
-  require(kv.num_kv_heads >= 1 && kv.head_dim >= 1 && kv.v_head_dim >= 1 && kv.page_size >= 1,
-          call, ": kv num_kv_heads = ", kv.num_kv_heads, ", head_dim = ", kv.head_dim,
+  require(kv.num_kv_heads >= 1 && kv.head_dim >= 1 && kv.v_head_dim >= 1 && kv.page_size >= 1, call,
+          ": kv num_kv_heads = ", kv.num_kv_heads, ", head_dim = ", kv.head_dim,
           ", v_head_dim = ", kv.v_head_dim, ", page_size = ", kv.page_size, " must all be >= 1");
   require(kv.dtype != DType::kINT8 || (kv.k_token_scales && kv.v_token_scales), call,
           ": int8 KV needs kv.k_token_scales and kv.v_token_scales");
@@ -108,8 +109,8 @@ void validate_attention_params(const AttentionParams& p, const char* call) {
           call, ": fp8 KV needs finite positive kv.k_scale and kv.v_scale, got ", kv.k_scale, ", ",
           kv.v_scale);
   require(p.num_qo_heads >= 1 && p.num_qo_heads % kv.num_kv_heads == 0, call,
-          ": num_qo_heads = ", p.num_qo_heads, " must be a positive multiple of num_kv_heads = ",
-          kv.num_kv_heads);
+          ": num_qo_heads = ", p.num_qo_heads,
+          " must be a positive multiple of num_kv_heads = ", kv.num_kv_heads);
   require(is_activation_dtype(p.q.dtype) && is_activation_dtype(p.o.dtype), call,
           ": q.dtype = ", dtype_name(p.q.dtype), " and o.dtype = ", dtype_name(p.o.dtype),
           " must be float32, float16 or bfloat16");
@@ -118,12 +119,12 @@ void validate_attention_params(const AttentionParams& p, const char* call) {
   require(num_tokens == 0 || (p.q.data && p.o.data), call,
           ": q.data and o.data must be non-null for ", num_tokens, " tokens");
   const AttentionOptions& opt = p.options;
-  require(!opt.scale || std::isfinite(*opt.scale), call, ": options.scale = ",
-          opt.scale.value_or(0.0f), " must be finite");
+  require(!opt.scale || std::isfinite(*opt.scale), call,
+          ": options.scale = ", opt.scale.value_or(0.0f), " must be finite");
   require(opt.window_left >= -1, call, ": options.window_left = ", opt.window_left,
           " must be -1 (off) or >= 0");
-  require(opt.softcap >= 0.0f && std::isfinite(opt.softcap), call, ": options.softcap = ",
-          opt.softcap, " must be 0 (off) or a positive finite value");
+  require(opt.softcap >= 0.0f && std::isfinite(opt.softcap), call,
+          ": options.softcap = ", opt.softcap, " must be 0 (off) or a positive finite value");
   if (opt.key_rope) validate_key_rope(*opt.key_rope, p, call);
   if (p.tree_mask.active()) validate_tree_mask(p, call);
 }

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <limits>
 
+#include "model/gguf_bytes.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
-#include "model/gguf_bytes.h"
 
 namespace pagedattn {
 
@@ -43,7 +43,7 @@ void GgufFile::release_pages(const GgufTensor& tensor) const noexcept {
   if (mapping_ == nullptr || tensor.nbytes == 0) return;
   const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<std::uintptr_t>(tensor.data);
-  const std::uintptr_t first = (begin + page - 1) / page * page;  // whole pages only: the
+  const std::uintptr_t first = (begin + page - 1) / page * page;      // whole pages only: the
   const std::uintptr_t last = (begin + tensor.nbytes) / page * page;  // neighbours' stay
   if (last > first)
     madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);  // best effort

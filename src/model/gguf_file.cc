@@ -9,9 +9,9 @@
 #include <string>
 #include <utility>
 
+#include "model/gguf_bytes.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
-#include "model/gguf_bytes.h"
 
 namespace pagedattn {
 
@@ -21,7 +21,7 @@ static_assert(std::endian::native == std::endian::little,
 namespace {
 
 constexpr std::uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
-constexpr int kMaxArrayDepth = 8;  // nested arrays deeper than this are rejected
+constexpr int kMaxArrayDepth = 8;             // nested arrays deeper than this are rejected
 constexpr std::uint32_t kMaxDims = 4;
 
 std::size_t scalar_size(GgufValueType type) {

@@ -214,7 +214,8 @@ void read_rope(const GgufFile& file, const ConfigReader& r, GgufModelConfig& c) 
             ", beta_slow = ", s.yarn_beta_slow, ", original context ", s.original_context_length,
             ", attn_factor = ", s.yarn_attention_factor, " is inconsistent");
   }
-  if (file.find_tensor("rope_factors_long.weight") || file.find_tensor("rope_factors_short.weight")) {
+  if (file.find_tensor("rope_factors_long.weight") ||
+      file.find_tensor("rope_factors_short.weight")) {
     s.long_factors_tensor = "rope_factors_long.weight";
     s.short_factors_tensor = "rope_factors_short.weight";
     r.expect_tensor(s.long_factors_tensor, {c.rotary_dim / 2});
@@ -223,9 +224,9 @@ void read_rope(const GgufFile& file, const ConfigReader& r, GgufModelConfig& c) 
     require(s.original_context_length > 1 && std::isfinite(s.attention_factor) &&
                 s.attention_factor >= 0.0f,
             "gguf ", file.source_name(), ": LongRoPE needs ",
-            r.key("rope.scaling.original_context_length"), " > 1 (got ",
-            s.original_context_length, ") and a finite ", r.key("rope.scaling.attn_factor"),
-            " >= 0 (got ", s.attention_factor, ")");
+            r.key("rope.scaling.original_context_length"), " > 1 (got ", s.original_context_length,
+            ") and a finite ", r.key("rope.scaling.attn_factor"), " >= 0 (got ", s.attention_factor,
+            ")");
   }
   if (file.find_tensor("rope_freqs.weight") != nullptr) {
     s.freq_factors_tensor = "rope_freqs.weight";

@@ -67,8 +67,8 @@ void attention_kv_cache_attention_with_fused_qkv(PagedKVCache& cache,
   AttentionOptions options;
   options.scale = p.sm_scale;
   cache.attention_with_fused_qkv(p.layer_id, head_tensor(p.qkv, p.qkv.stride(0), p.qkv.stride(1)),
-                                 head_tensor(p.o, p.o.stride(0), p.o.stride(1)), options,
-                                 nullptr, tokens);  // refused if the step changed meanwhile
+                                 head_tensor(p.o, p.o.stride(0), p.o.stride(1)), options, nullptr,
+                                 tokens);  // refused if the step changed meanwhile
 }
 
 }  // namespace pagedattn::ops::tvm

@@ -74,7 +74,8 @@ static void test_cache(void) {
   config.kv_dtype = (pagedattn_dtype)8;
   CHECK_FAILS(pagedattn_kv_cache_create(&config, &bad), PAGEDATTN_INVALID_ARGUMENT, "kv_dtype = 8");
   config.kv_dtype = (pagedattn_dtype)-3;
-  CHECK_FAILS(pagedattn_kv_cache_create(&config, &bad), PAGEDATTN_INVALID_ARGUMENT, "kv_dtype = -3");
+  CHECK_FAILS(pagedattn_kv_cache_create(&config, &bad), PAGEDATTN_INVALID_ARGUMENT,
+              "kv_dtype = -3");
   CHECK(bad == NULL);
   config.kv_dtype = PAGEDATTN_FLOAT32;
 

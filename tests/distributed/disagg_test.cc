@@ -45,7 +45,9 @@ EngineConfig config(DType kv_dtype, std::int64_t kv_bytes = 4 << 20) {
   return c;
 }
 
-Tokens prompt(std::int32_t len, std::int32_t salt) { return test::token_stream(len, salt); }
+Tokens prompt(std::int32_t len, std::int32_t salt) {
+  return test::token_stream(len, salt);
+}
 
 std::vector<DisaggRequest> requests() {
   std::vector<DisaggRequest> r;
@@ -68,7 +70,8 @@ std::vector<DisaggRequest> requests() {
 std::vector<Tokens> single_instance(const EngineConfig& c, const std::vector<DisaggRequest>& reqs) {
   Engine engine(c);
   std::map<RequestId, std::size_t> index;
-  for (std::size_t i = 0; i < reqs.size(); ++i) index[engine.add_request(reqs[i].prompt, reqs[i].params)] = i;
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    index[engine.add_request(reqs[i].prompt, reqs[i].params)] = i;
   std::vector<Tokens> out(reqs.size());
   while (engine.has_unfinished())
     for (const RequestOutput& o : engine.step())
@@ -126,7 +129,8 @@ TEST(Disagg, ADecodeCacheTooSmallForEverythingStillGivesTheSameOutput) {
   EngineConfig decode = config(DType::kF16);
   decode.kv_memory_bytes = 24 * PagedKVCache(engine_cache_config(prefill)).bytes_per_page();
   std::vector<DisaggRequest> reqs;
-  for (std::int32_t i = 0; i < 3; ++i) reqs.push_back({prompt(100, i), {.max_tokens = 88, .ignore_eos = true}});
+  for (std::int32_t i = 0; i < 3; ++i)
+    reqs.push_back({prompt(100, i), {.max_tokens = 88, .ignore_eos = true}});
   const DecodeReport r = run_both(prefill, decode, reqs);
   if (MpiComm::world().rank() != kDecodeRank) return;
   const std::vector<Tokens> expected = single_instance(prefill, reqs);
@@ -177,7 +181,8 @@ TEST(Disagg, MismatchedConfigurationsFailOnBothRanks) {
 // A model that fails on one prompt length (the prefill rank's model).
 class FailingModel : public Model {
  public:
-  FailingModel(std::shared_ptr<Model> inner, std::int64_t bad_len) : inner_(std::move(inner)), bad_(bad_len) {}
+  FailingModel(std::shared_ptr<Model> inner, std::int64_t bad_len)
+      : inner_(std::move(inner)), bad_(bad_len) {}
   const ModelSpec& spec() const override { return inner_->spec(); }
   void forward(const ForwardBatch& batch, PagedKVCache& cache, std::span<float> logits) override {
     require<InternalError>(std::ssize(batch.token_ids) != bad_, "injected model failure");
@@ -199,7 +204,8 @@ TEST(Disagg, APrefillFailureStopsBothRanksWithItsMessage) {
   } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("injected model failure"), std::string::npos) << e.what();
     if (world.rank() == kDecodeRank) {
-      EXPECT_NE(std::string(e.what()).find("the prefill rank failed"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("the prefill rank failed"), std::string::npos)
+          << e.what();
     }
   }
 }
@@ -208,7 +214,8 @@ TEST(Disagg, APrefillFailureStopsBothRanksWithItsMessage) {
 // same disaggregated, f16 and int8.
 TEST(DisaggRealModel, SmolLM2GreedyEqualsSingleInstance) {
   const char* path = std::getenv("PAGEDATTN_TEST_MODEL");
-  if (path == nullptr) GTEST_SKIP() << "PAGEDATTN_TEST_MODEL is not set (scripts/get_test_model.sh)";
+  if (path == nullptr)
+    GTEST_SKIP() << "PAGEDATTN_TEST_MODEL is not set (scripts/get_test_model.sh)";
   const std::shared_ptr<Model> model = make_gguf_model(path, {.max_position = 1024});
   for (DType dtype : {DType::kF16, DType::kINT8}) {
     EngineConfig c;

@@ -65,7 +65,8 @@ TEST(TensorParallelSmolLM2, LogitsMatchTheSingleProcessModel) {
   for (const Step& s : {Step{{17, 9}, prompt, {16, 25}}, Step{{1, 1}, {100, 200}, {0, 1}},
                         Step{{1, 1}, {300, 400}, {0, 1}}}) {
     const std::vector<float> tp = run_step(leader, tp_cache, {0, 1}, s.lengths, s.tokens, s.rows);
-    const std::vector<float> ref = run_step(*single, single_cache, {0, 1}, s.lengths, s.tokens, s.rows);
+    const std::vector<float> ref =
+        run_step(*single, single_cache, {0, 1}, s.lengths, s.tokens, s.rows);
     const double worst = max_abs_difference(tp, ref);
     EXPECT_LE(worst, kRelativeTolerance * (1.0 + max_abs(ref))) << "max |logit| " << max_abs(ref);
   }
@@ -85,8 +86,8 @@ TEST(TensorParallelSmolLM2, GreedyTokensEqualTheSingleProcessEngine) {
   auto leader = std::make_shared<TensorParallelLeader>(world, std::move(shard));
   const std::vector<Request> requests = {{20, 24, 1}, {45, 24, 2}, {9, 24, 1}};
   auto config = [](std::shared_ptr<Model> model, std::int64_t kv_bytes) {
-    return EngineConfig{.model = std::move(model), .kv_memory_bytes = kv_bytes,
-                        .max_num_batched_tokens = 256 + 32};
+    return EngineConfig{
+        .model = std::move(model), .kv_memory_bytes = kv_bytes, .max_num_batched_tokens = 256 + 32};
   };
   const std::int64_t kv_bytes = 8 << 20;
   Engine tp(config(leader, kv_bytes / world.size()));

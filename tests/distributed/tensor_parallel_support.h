@@ -15,10 +15,11 @@
 namespace pagedattn::dist {
 
 // One step on a cache: begin, forward, end; returns the logits.
-inline std::vector<float> run_step(Model& model, PagedKVCache& cache, const std::vector<SeqId>& seqs,
-                            const std::vector<std::int64_t>& lengths,
-                            const std::vector<std::int32_t>& tokens,
-                            const std::vector<std::int32_t>& logit_rows) {
+inline std::vector<float> run_step(Model& model, PagedKVCache& cache,
+                                   const std::vector<SeqId>& seqs,
+                                   const std::vector<std::int64_t>& lengths,
+                                   const std::vector<std::int32_t>& tokens,
+                                   const std::vector<std::int32_t>& logit_rows) {
   std::vector<float> logits(logit_rows.size() * std::size_t(model.spec().vocab_size));
   cache.begin_forward(seqs, lengths);
   model.forward({tokens, logit_rows, false}, cache, logits);
@@ -27,7 +28,8 @@ inline std::vector<float> run_step(Model& model, PagedKVCache& cache, const std:
 }
 
 // `count` token ids below `vocab`, different for each salt.
-inline std::vector<std::int32_t> tokens_of(std::int32_t count, std::int32_t salt, std::int32_t vocab = 1024) {
+inline std::vector<std::int32_t> tokens_of(std::int32_t count, std::int32_t salt,
+                                           std::int32_t vocab = 1024) {
   std::vector<std::int32_t> t(static_cast<std::size_t>(count));
   for (std::int32_t i = 0; i < count; ++i) t[std::size_t(i)] = (i * 37 + salt * 101 + 3) % vocab;
   return t;
@@ -56,7 +58,8 @@ inline std::map<std::pair<RequestId, std::int32_t>, std::vector<std::int32_t>> r
   std::map<std::pair<RequestId, std::int32_t>, std::vector<std::int32_t>> out;
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const Request& r = requests[i];
-    engine.add_request(tokens_of(r.prompt_len, std::int32_t(i), vocab), {.max_tokens = r.max_tokens, .n = r.n, .ignore_eos = true});
+    engine.add_request(tokens_of(r.prompt_len, std::int32_t(i), vocab),
+                       {.max_tokens = r.max_tokens, .n = r.n, .ignore_eos = true});
   }
   while (engine.has_unfinished())
     for (const RequestOutput& o : engine.step())

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "distributed/tensor_parallel.h"
-#include "tensor_parallel_support.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/llama.h"
+#include "tensor_parallel_support.h"
 
 namespace pagedattn::dist {
 namespace {
@@ -65,7 +65,8 @@ TEST(TensorParallel, LogitsMatchTheSingleProcessModel) {
     op(single_cache);
   };
   auto compare = [&](const std::vector<SeqId>& seqs, const std::vector<std::int64_t>& lengths,
-                     const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& rows) {
+                     const std::vector<std::int32_t>& tokens,
+                     const std::vector<std::int32_t>& rows) {
     const std::vector<float> tp = run_step(leader, tp_cache, seqs, lengths, tokens, rows);
     const std::vector<float> ref = run_step(*single, single_cache, seqs, lengths, tokens, rows);
     ASSERT_EQ(tp.size(), ref.size());
@@ -73,11 +74,18 @@ TEST(TensorParallel, LogitsMatchTheSingleProcessModel) {
     const double worst = max_abs_difference(tp, ref);
     EXPECT_LE(worst, bound) << "logits differ by up to " << worst;
   };
-  both([](PagedKVCache& c) { c.add_sequence(0); c.add_sequence(1); });
+  both([](PagedKVCache& c) {
+    c.add_sequence(0);
+    c.add_sequence(1);
+  });
   std::vector<std::int32_t> prefill = tokens_of(7, 0), second = tokens_of(13, 1);
   prefill.insert(prefill.end(), second.begin(), second.end());
   compare({0, 1}, {7, 13}, prefill, {6, 19});
-  both([](PagedKVCache& c) { c.fork_sequence(1, 2, 10); c.remove_sequence(0); c.add_sequence(3); });
+  both([](PagedKVCache& c) {
+    c.fork_sequence(1, 2, 10);
+    c.remove_sequence(0);
+    c.add_sequence(3);
+  });
   std::vector<std::int32_t> mixed = {5, 9};
   const std::vector<std::int32_t> third = tokens_of(21, 2);
   mixed.insert(mixed.end(), third.begin(), third.end());
@@ -95,8 +103,11 @@ TEST(TensorParallel, LogitsMatchTheSingleProcessModel) {
 const std::vector<Request> kRequests = {{5, 30, 1}, {40, 24, 1}, {70, 20, 3}, {12, 32, 1}};
 
 EngineConfig engine_config(std::shared_ptr<Model> model, std::int64_t kv_bytes) {
-  return {.model = std::move(model), .kv_memory_bytes = kv_bytes, .page_size = 16,
-          .max_num_seqs = 8, .max_num_batched_tokens = 32};
+  return {.model = std::move(model),
+          .kv_memory_bytes = kv_bytes,
+          .page_size = 16,
+          .max_num_seqs = 8,
+          .max_num_batched_tokens = 32};
 }
 
 TEST(TensorParallel, GreedyTokensEqualTheSingleProcessEngine) {

@@ -44,7 +44,8 @@ Tokens run_alone(const EngineConfig& c, const Tokens& p, const SamplingParams& p
   Tokens out;
   while (e.has_unfinished())
     for (const RequestOutput& o : e.step())
-      for (const SampleOutput& s : o.samples) out.insert(out.end(), s.new_token_ids.begin(), s.new_token_ids.end());
+      for (const SampleOutput& s : o.samples)
+        out.insert(out.end(), s.new_token_ids.begin(), s.new_token_ids.end());
   return out;
 }
 
@@ -87,8 +88,8 @@ TEST(EngineImport, AnImportedPromptContinuesLikeALocalOne) {
   const EngineConfig c = config();
   const Tokens p = prompt(29);
   for (float temperature : {0.0f, 0.8f}) {
-    const SamplingParams params{.max_tokens = 12, .temperature = temperature, .seed = 99,
-                                .ignore_eos = true};
+    const SamplingParams params{
+        .max_tokens = 12, .temperature = temperature, .seed = 99, .ignore_eos = true};
     Prefilled pre = prefill(c, p, params);
     Engine e(c);
     const std::optional<ImportSlot> slot = e.reserve_import(p, params);
@@ -99,7 +100,8 @@ TEST(EngineImport, AnImportedPromptContinuesLikeALocalOne) {
     Tokens out{pre.first};
     while (e.has_unfinished())
       for (const RequestOutput& o : e.step())
-        for (const SampleOutput& s : o.samples) out.insert(out.end(), s.new_token_ids.begin(), s.new_token_ids.end());
+        for (const SampleOutput& s : o.samples)
+          out.insert(out.end(), s.new_token_ids.begin(), s.new_token_ids.end());
     EXPECT_EQ(out, run_alone(c, p, params)) << "temperature " << temperature;
     EXPECT_TRUE(e.cache().empty());
     e.cache().check_invariants();
@@ -131,7 +133,8 @@ TEST(EngineImport, AFirstTokenThatFinishesTheRequestFreesItsPages) {
   const std::optional<ImportSlot> a = e.reserve_import(prompt(20), {.max_tokens = 1});
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(e.commit_import(a->request_id, 5), FinishReason::kLength);
-  const std::optional<ImportSlot> b = e.reserve_import(prompt(20), {.max_tokens = 9, .stop_token_ids = {6}});
+  const std::optional<ImportSlot> b =
+      e.reserve_import(prompt(20), {.max_tokens = 9, .stop_token_ids = {6}});
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(e.commit_import(b->request_id, 6), FinishReason::kStop);
   EXPECT_TRUE(e.cache().empty());

@@ -45,7 +45,9 @@ EngineConfig config(std::int64_t kv_bytes = 8 << 20) {
   return c;
 }
 
-Tokens prompt(std::int32_t len, std::int32_t salt) { return test::token_stream(len, salt); }
+Tokens prompt(std::int32_t len, std::int32_t salt) {
+  return test::token_stream(len, salt);
+}
 
 // Runs the jobs through one engine; returns tokens per (job, sample).
 test::JobOutputs run(Engine& engine, const std::vector<Job>& jobs) {
@@ -233,7 +235,8 @@ TEST(Engine, StopTokensFinishAndTheCallbackStreamsEveryToken) {
       last = s.finish_reason;
     }
   });
-  engine.add_request(prompt(12, 3), {.max_tokens = 8, .stop_token_ids = {tokens[3]}, .ignore_eos = true});
+  engine.add_request(prompt(12, 3),
+                     {.max_tokens = 8, .stop_token_ids = {tokens[3]}, .ignore_eos = true});
   while (engine.has_unfinished()) engine.step();
   const auto stop_at = std::find(tokens.begin(), tokens.end(), tokens[3]) - tokens.begin();
   EXPECT_EQ(streamed, Tokens(tokens.begin(), tokens.begin() + stop_at + 1));

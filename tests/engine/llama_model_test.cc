@@ -148,8 +148,8 @@ class NaiveLlama {
     const double residual = 1.0 / std::sqrt(2.0 * c.num_layers);
     embedding_ = draw(c.vocab_size * h, h, 1.0);
     for (std::int32_t l = 0; l < c.num_layers; ++l)
-      layers_.push_back({draw(qkv * h, h, 1.0), draw(h * q, q, residual), draw(2 * inter * h, h, 1.0),
-                         draw(h * inter, inter, residual)});
+      layers_.push_back({draw(qkv * h, h, 1.0), draw(h * q, q, residual),
+                         draw(2 * inter * h, h, 1.0), draw(h * inter, inter, residual)});
   }
 
   // Logits of the last token of `tokens` (positions 0..n-1).
@@ -191,7 +191,8 @@ class NaiveLlama {
         add(x[std::size_t(t)], matvec(w.o, attn, h));
       }
       for (std::int32_t t = 0; t < n; ++t) {
-        const std::vector<double> gate_up = matvec(w.gate_up, rms_norm(x[std::size_t(t)]), 2 * inter);
+        const std::vector<double> gate_up =
+            matvec(w.gate_up, rms_norm(x[std::size_t(t)]), 2 * inter);
         std::vector<double> act(static_cast<std::size_t>(inter));
         for (std::int32_t i = 0; i < inter; ++i) {
           const double g = gate_up[std::size_t(i)];

@@ -49,7 +49,9 @@ EngineConfig config(bool caching, std::int64_t pages = 1024, std::int64_t host_p
   return c;
 }
 
-Tokens stream(std::int32_t len, std::int32_t seed) { return test::token_stream(len, seed, kVocab); }
+Tokens stream(std::int32_t len, std::int32_t seed) {
+  return test::token_stream(len, seed, kVocab);
+}
 
 Tokens concat(Tokens a, const Tokens& b) {
   a.insert(a.end(), b.begin(), b.end());

@@ -36,7 +36,8 @@ TEST(Sampler, FrequenciesFollowTheSoftmax) {
   const float temperature = 0.7f;
   std::vector<double> expected(logits.size());
   double sum = 0.0;
-  for (std::size_t i = 0; i < logits.size(); ++i) sum += expected[i] = std::exp(logits[i] / temperature);
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    sum += expected[i] = std::exp(logits[i] / temperature);
   std::vector<int> counts(logits.size());
   const int draws = 20000;
   for (int i = 0; i < draws; ++i) ++counts[s.sample(logits, {.temperature = temperature}, 3, 1, i)];
@@ -50,11 +51,13 @@ std::vector<double> reference_distribution(const std::vector<float>& logits, flo
                                            std::int32_t top_k, float top_p) {
   std::vector<std::int32_t> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return logits[a] > logits[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](auto a, auto b) { return logits[a] > logits[b]; });
   if (top_k > 0) order.resize(std::min(order.size(), std::size_t(top_k)));
   std::vector<double> w;
   double sum = 0.0;
-  for (std::int32_t t : order) sum += w.emplace_back(std::exp((logits[t] - logits[order[0]]) / temperature));
+  for (std::int32_t t : order)
+    sum += w.emplace_back(std::exp((logits[t] - logits[order[0]]) / temperature));
   std::size_t prefix = 0;
   double mass = 0.0;
   while (prefix < order.size() && mass < top_p * sum) mass += w[prefix++];
@@ -91,7 +94,8 @@ TEST(Sampler, DrawsDependOnlyOnSeedSampleAndPosition) {
   Sampler a, b;
   const std::vector<float> logits(50, 0.0f);
   const SamplingParams p{.temperature = 1.0f};
-  for (std::int64_t pos = 0; pos < 20; ++pos) EXPECT_EQ(a.sample(logits, p, 5, 2, pos), b.sample(logits, p, 5, 2, pos));
+  for (std::int64_t pos = 0; pos < 20; ++pos)
+    EXPECT_EQ(a.sample(logits, p, 5, 2, pos), b.sample(logits, p, 5, 2, pos));
 }
 
 }  // namespace

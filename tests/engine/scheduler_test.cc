@@ -62,11 +62,12 @@ class SchedulerTest : public ::testing::Test {
           g.seqs.push_back(std::move(child));
         }
       for (Sequence& q : g.seqs) {
-        const bool samples_now = std::ssize(q.tokens) == g.prompt_len ||
-                                 (&q == &g.seqs[std::size_t(c.seq)]);
+        const bool samples_now =
+            std::ssize(q.tokens) == g.prompt_len || (&q == &g.seqs[std::size_t(c.seq)]);
         if (!samples_now || q.finished()) continue;
         q.tokens.push_back(7);
-        if (std::ssize(q.tokens) - g.prompt_len >= g.params.max_tokens) q.finish = FinishReason::kLength;
+        if (std::ssize(q.tokens) - g.prompt_len >= g.params.max_tokens)
+          q.finish = FinishReason::kLength;
       }
     }
     scheduler_->release_finished();
@@ -173,8 +174,8 @@ TEST_F(SchedulerTest, AbortReturnsEveryPage) {
 TEST_F(SchedulerTest, ParallelSamplesShareThePromptPages) {
   make({.max_num_seqs = 8, .max_num_batched_tokens = 64}, 100);
   scheduler_->add(group(0, 10, 6, 4));  // 10 tokens: 2 full pages + 2 tokens
-  step();  // prefill, 4 samples drawn
-  step();  // forks, then 4 decodes
+  step();                               // prefill, 4 samples drawn
+  step();                               // forks, then 4 decodes
   const SequenceGroup& g = *scheduler_->running().front();
   ASSERT_EQ(g.seqs.size(), 4u);
   const std::vector<std::int32_t> first = cache_->sequence_pages(g.seqs[0].id);

@@ -43,7 +43,8 @@ AttentionCase::AttentionCase(const CaseSpec& spec) : spec_(spec) {
   pagedattn::test::NormalFloats normal;
   const std::size_t q_elems = std::size_t(num_tokens()) * spec_.num_qo_heads * spec_.head_dim;
   q_.assign(q_elems * dtype_size(spec_.q_dtype), 0);
-  for (std::size_t i = 0; i < q_elems; ++i) store_from_float(q_.data(), spec_.q_dtype, i, normal(rng));
+  for (std::size_t i = 0; i < q_elems; ++i)
+    store_from_float(q_.data(), spec_.q_dtype, i, normal(rng));
   const std::size_t o_elems = std::size_t(num_tokens()) * spec_.num_qo_heads * spec_.v_head_dim;
   for (int w = 0; w < 2; ++w) {
     o_[w].assign(o_elems * dtype_size(spec_.o_dtype), 0xcd);
@@ -108,9 +109,9 @@ void AttentionCase::fill_kv(std::mt19937& rng) {
     k_head_scales_.push_back(kFp8TensorScale * uniform(rng));
     v_head_scales_.push_back(kFp8TensorScale * uniform(rng));
   }
-  const PagedKVStorage st = PagedKVStorage::dense(k_.data(), v_.data(), s.kv_dtype, s.layout,
-                                                  s.page_size, s.num_kv_heads, s.head_dim,
-                                                  s.v_head_dim, num_pages_);
+  const PagedKVStorage st =
+      PagedKVStorage::dense(k_.data(), v_.data(), s.kv_dtype, s.layout, s.page_size, s.num_kv_heads,
+                            s.head_dim, s.v_head_dim, num_pages_);
   // Stored value for a real value x: divided by its dequantisation scale.
   auto store = [&](unsigned char* base, std::int64_t off, std::int32_t dim, float* token_scale,
                    float head_scale) {
@@ -120,7 +121,8 @@ void AttentionCase::fill_kv(std::mt19937& rng) {
     float scale = 1.0f;
     if (s.kv_dtype == DType::kINT8) *token_scale = scale = amax / 127.0f;
     if (s.kv_dtype == DType::kFP8E4M3 || s.kv_dtype == DType::kFP8E5M2) scale = head_scale;
-    for (std::int32_t d = 0; d < dim; ++d) store_from_float(base, s.kv_dtype, std::size_t(off + d), x[d] / scale);
+    for (std::int32_t d = 0; d < dim; ++d)
+      store_from_float(base, s.kv_dtype, std::size_t(off + d), x[d] / scale);
   };
   for (std::size_t b = 0; b < kv_lens_.size(); ++b)
     for (std::int32_t j = 0; j < kv_lens_[b]; ++j) {
@@ -200,9 +202,9 @@ AttentionCase AttentionCase::contiguous() const {
                                          const_cast<unsigned char*>(v_.data()), spec_.kv_dtype,
                                          spec_.layout, spec_.page_size, spec_.num_kv_heads,
                                          spec_.head_dim, spec_.v_head_dim, num_pages_);
-  const auto dst = PagedKVStorage::dense(c.k_.data(), c.v_.data(), spec_.kv_dtype, spec_.layout,
-                                         longest, spec_.num_kv_heads, spec_.head_dim,
-                                         spec_.v_head_dim, c.num_pages_);
+  const auto dst =
+      PagedKVStorage::dense(c.k_.data(), c.v_.data(), spec_.kv_dtype, spec_.layout, longest,
+                            spec_.num_kv_heads, spec_.head_dim, spec_.v_head_dim, c.num_pages_);
   for (std::size_t b = 0; b < batch; ++b)
     for (std::int32_t j = 0; j < kv_lens_[b]; ++j)
       for (std::int32_t h = 0; h < spec_.num_kv_heads; ++h) {
@@ -234,9 +236,12 @@ AttentionCase AttentionCase::contiguous() const {
 
 Tolerance output_tolerance(DType o) {
   switch (o) {
-    case DType::kF16: return {2e-3f, 2e-3f};   // 1 ulp of f16 near 1 is 1e-3
-    case DType::kBF16: return {1.6e-2f, 1.6e-2f};  // 1 ulp of bf16 near 1 is 7.8e-3
-    default: return {5e-5f, 5e-5f};
+    case DType::kF16:
+      return {2e-3f, 2e-3f};  // 1 ulp of f16 near 1 is 1e-3
+    case DType::kBF16:
+      return {1.6e-2f, 1.6e-2f};  // 1 ulp of bf16 near 1 is 7.8e-3
+    default:
+      return {5e-5f, 5e-5f};
   }
 }
 namespace {
@@ -245,15 +250,19 @@ constexpr float kLseTolerance = 5e-5f;  // relative to max(1, |lse|)
 
 double output_row_tolerance(DType o) {
   switch (o) {
-    case DType::kF16: return 0x1p-10 + 5e-5;
-    case DType::kBF16: return 0x1p-7 + 5e-5;
-    default: return 5e-5;
+    case DType::kF16:
+      return 0x1p-10 + 5e-5;
+    case DType::kBF16:
+      return 0x1p-7 + 5e-5;
+    default:
+      return 5e-5;
   }
 }
 
 double int8_dot_row_tolerance(const CaseSpec& spec) {
   const double d = spec.head_dim;
-  const double spread = std::fabs(spec.options.scale.value_or(float(1.0 / std::sqrt(d)))) * std::sqrt(d);
+  const double spread =
+      std::fabs(spec.options.scale.value_or(float(1.0 / std::sqrt(d)))) * std::sqrt(d);
   return kInt8DotRowTolerance * std::max(1.0, spread);
 }
 
@@ -261,17 +270,17 @@ double dot_row_tolerance(const CaseSpec& spec, const CpuFeatures& used, DotProdu
   namespace pb = pagedattn::bench;
   const DType kv = spec.kv_dtype;
   const std::int32_t v_dim = spec.v_head_dim ? spec.v_head_dim : spec.head_dim;
-  const bool bf16_dot =
-      allowed.bf16 && pb::kKernelUsesBf16Dot && used.avx512f && used.avx512_bf16 && kv != DType::kF32;
-  const bool int8_dot = allowed.int8 && pb::kKernelUsesInt8Dot && used.avx512f && used.avx512_vnni &&
-                        kv == DType::kINT8 && pb::attention_int8_dot_dims(spec.head_dim) &&
+  const bool bf16_dot = allowed.bf16 && pb::kKernelUsesBf16Dot && used.avx512f &&
+                        used.avx512_bf16 && kv != DType::kF32;
+  const bool int8_dot = allowed.int8 && pb::kKernelUsesInt8Dot && used.avx512f &&
+                        used.avx512_vnni && kv == DType::kINT8 &&
+                        pb::attention_int8_dot_dims(spec.head_dim) &&
                         pb::attention_int8_dot_dims(v_dim) && spec.key_rope == 0;
-  const bool f16_dot = allowed.f16 && pb::kKernelUsesF16Decode && used.avx512f && used.avx512_fp16 &&
-                       (kv == DType::kFP8E4M3 || kv == DType::kF16) &&
-                       pb::attention_f16_decode_dims(spec.head_dim, v_dim) &&
-                       spec.key_rope == 0;
-  return std::max({int8_dot ? int8_dot_row_tolerance(spec) : 0.0, bf16_dot ? kBf16DotRowTolerance : 0.0,
-                   f16_dot ? kF16DotRowTolerance : 0.0});
+  const bool f16_dot = allowed.f16 && pb::kKernelUsesF16Decode && used.avx512f &&
+                       used.avx512_fp16 && (kv == DType::kFP8E4M3 || kv == DType::kF16) &&
+                       pb::attention_f16_decode_dims(spec.head_dim, v_dim) && spec.key_rope == 0;
+  return std::max({int8_dot ? int8_dot_row_tolerance(spec) : 0.0,
+                   bf16_dot ? kBf16DotRowTolerance : 0.0, f16_dot ? kF16DotRowTolerance : 0.0});
 }
 
 RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used, DotProducts allowed) {
@@ -286,7 +295,8 @@ namespace {
 struct RowError {
   double err = 0.0, scale = 0.0;
 };
-RowError row_error(const std::vector<float>& want, const std::vector<float>& got, std::size_t row, std::size_t dim) {
+RowError row_error(const std::vector<float>& want, const std::vector<float>& got, std::size_t row,
+                   std::size_t dim) {
   RowError e;
   for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
     e.err = std::max(e.err, double(std::fabs(got[i] - want[i])));
@@ -342,7 +352,8 @@ void expect_close(const AttentionCase& c, const std::string& what) {
   for (std::size_t i = 0; i < want.size(); ++i) {
     ASSERT_TRUE(std::isfinite(got[i])) << what << " output " << i << " is " << got[i];
     if (std::fabs(want[i] - got[i]) > tol.abs + tol.rel * std::fabs(want[i]) && bad++ < 5)
-      ADD_FAILURE() << what << " output " << i << ": reference " << want[i] << ", kernel " << got[i];
+      ADD_FAILURE() << what << " output " << i << ": reference " << want[i] << ", kernel "
+                    << got[i];
   }
   if (!c.spec().with_lse) return;
   for (std::size_t i = 0; i < c.lse(0).size(); ++i) {

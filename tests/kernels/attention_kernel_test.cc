@@ -41,8 +41,8 @@ CaseSpec random_spec(std::uint32_t seed) {
   s.page_size = pick(1, 8, 16, 32, 5);
   s.q_dtype = pick(DType::kF32, DType::kF16, DType::kBF16);
   s.o_dtype = pick(DType::kF32, DType::kF16, DType::kBF16);
-  s.kv_dtype = pick(DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2,
-                    DType::kINT8);
+  s.kv_dtype =
+      pick(DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8);
   s.layout = pick(KVLayout::kHND, KVLayout::kNHD);
   s.per_head_fp8_scales = pick(false, true);
   s.options.causal = pick(true, true, false);
@@ -91,7 +91,8 @@ TEST(AttentionKernel, MatchesReferenceOnRandomMatrix) {
 
 TEST(AttentionKernel, EveryDtypeTripleMatchesReference) {
   const DType act[] = {DType::kF32, DType::kF16, DType::kBF16};
-  const DType kv[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8};
+  const DType kv[] = {DType::kF32,     DType::kF16,     DType::kBF16,
+                      DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8};
   std::uint32_t seed = 500;
   for (DType q : act)
     for (DType o : act)
@@ -269,7 +270,9 @@ TEST(AttentionKernel, BatchInvariantRowKeepsItsBitsAloneOrInAChunk) {
     const std::vector<float> in_chunk = c.output(0), by_itself = c.output(1);
     const std::size_t row = std::size_t(spec.num_qo_heads) * std::size_t(spec.head_dim);
     for (std::size_t i = kLast * row; i < (kLast + 1) * row; ++i)
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(in_chunk[i]), std::bit_cast<std::uint32_t>(by_itself[i])) << i;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(in_chunk[i]),
+                std::bit_cast<std::uint32_t>(by_itself[i]))
+          << i;
     for (std::int32_t h = 0; h < spec.num_qo_heads; ++h)
       ASSERT_EQ(std::bit_cast<std::uint32_t>(c.lse(0)[kLast * spec.num_qo_heads + h]),
                 std::bit_cast<std::uint32_t>(c.lse(1)[kLast * spec.num_qo_heads + h]));
@@ -344,7 +347,8 @@ TEST(AttentionKernel, RejectsBadParamsNamingTheField) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("num_qo_heads = 7"));
   }
   p = c.params(1);
-  std::vector<std::int32_t> bad(p.table.kv_indices, p.table.kv_indices + p.table.kv_indptr[p.table.batch_size]);
+  std::vector<std::int32_t> bad(p.table.kv_indices,
+                                p.table.kv_indices + p.table.kv_indptr[p.table.batch_size]);
   bad[0] = 1 << 30;
   p.table.kv_indices = bad.data();
   EXPECT_THROW(AttentionRunner().run(p), InvalidArgument);
@@ -366,7 +370,8 @@ TEST(AttentionKernel, RejectsPlanForAnotherBatch) {
   const AttentionShape shape{p.num_qo_heads, p.kv.num_kv_heads, p.kv.head_dim, p.kv.v_head_dim};
   const AttentionPlan plan = plan_attention(p.table, shape, p.options);
   std::vector<std::byte> ws(plan.workspace_bytes + 64);
-  auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 63) & ~std::uintptr_t{63});
+  auto* aligned = reinterpret_cast<std::byte*>((reinterpret_cast<std::uintptr_t>(ws.data()) + 63) &
+                                               ~std::uintptr_t{63});
   AttentionParams q = tiny.params(1);
   ASSERT_TRUE(std::any_of(plan.items.begin(), plan.items.end(),
                           [](const AttentionWorkItem& w) { return w.kv_end > 1 || w.q_end > 1; }));

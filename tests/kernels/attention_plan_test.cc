@@ -32,14 +32,16 @@ struct Batch {
 const AttentionShape kShape{32, 8, 128, 128};
 
 std::int64_t work(const AttentionWorkItem& w) {
-  return std::int64_t{w.kv_end - w.kv_begin} * (w.q_end - w.q_begin) * (w.kv_head_end - w.kv_head_begin);
+  return std::int64_t{w.kv_end - w.kv_begin} * (w.q_end - w.q_begin) *
+         (w.kv_head_end - w.kv_head_begin);
 }
 
 // Each thread's work when threads of equal speed take the plan's items in
 // order, each the next one as it finishes its last (as the kernel does).
 std::vector<std::int64_t> thread_loads(const AttentionPlan& plan) {
   std::vector<std::int64_t> load(static_cast<std::size_t>(plan.num_threads), 0);
-  for (const AttentionWorkItem& w : plan.items) *std::min_element(load.begin(), load.end()) += work(w);
+  for (const AttentionWorkItem& w : plan.items)
+    *std::min_element(load.begin(), load.end()) += work(w);
   return load;
 }
 
@@ -82,7 +84,8 @@ TEST(AttentionPlan, OneLongDecodeIsSplitAcrossThreads) {
 TEST(AttentionPlan, ManyShortSequencesAreNotSplit) {
   Batch batch;
   for (int b = 0; b < 64; ++b) batch.add(1, 300 + b);
-  const AttentionPlan plan = plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
+  const AttentionPlan plan =
+      plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
   EXPECT_EQ(plan.num_partials, 0);
   EXPECT_EQ(plan.items.size(), 64u);  // decode: one item per sequence, all KV heads
   for (const AttentionWorkItem& w : plan.items) EXPECT_EQ(w.kv_head_end - w.kv_head_begin, 8);
@@ -94,7 +97,8 @@ TEST(AttentionPlan, LoadIsBalancedForMixedBatches) {
   batch.add(1, 16384);
   for (int b = 0; b < 7; ++b) batch.add(1, 1000);
   batch.add(200, 4000);
-  const AttentionPlan plan = plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
+  const AttentionPlan plan =
+      plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
   const std::vector<std::int64_t> loads = thread_loads(plan);
   const std::int64_t a = loads[0], b = loads[1];
   EXPECT_LT(std::max(a, b), 1.15 * std::min(a, b)) << a << " vs " << b;
@@ -106,7 +110,8 @@ TEST(AttentionPlan, LoadIsBalancedForMixedBatches) {
 TEST(AttentionPlan, ItemsComeLongestFirst) {
   Batch batch;
   for (int b = 0; b < 40; ++b) batch.add(1, 100 + (b * 7919) % 3000);
-  const AttentionPlan plan = plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
+  const AttentionPlan plan =
+      plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
   ASSERT_EQ(plan.items.size(), 40u);
   for (std::size_t i = 1; i < plan.items.size(); ++i)
     EXPECT_GE(work(plan.items[i - 1]), work(plan.items[i])) << "item " << i;

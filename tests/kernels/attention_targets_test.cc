@@ -59,7 +59,9 @@ CaseSpec random_case(Mode mode, DType kv, std::uint32_t seed) {
   s.page_size = pick(1, 5, 16, 16, 32);
   s.kv_dtype = kv;
   // Queries and outputs as a model would pair them, sometimes another type.
-  const DType natural = kv == DType::kF32 ? DType::kF32 : kv == DType::kF16 ? DType::kF16 : DType::kBF16;
+  const DType natural = kv == DType::kF32   ? DType::kF32
+                        : kv == DType::kF16 ? DType::kF16
+                                            : DType::kBF16;
   s.q_dtype = pick(natural, natural, DType::kF32);
   s.o_dtype = pick(natural, natural, DType::kF32);
   s.per_head_fp8_scales = pick(false, true);
@@ -70,7 +72,7 @@ CaseSpec random_case(Mode mode, DType kv, std::uint32_t seed) {
   std::int64_t used = 0;
   for (int b = 0; b < batch; ++b) {
     std::int32_t kv_len = pick(1, 15, 17, 33, 97, 127, 300, 513);
-    std::int32_t q_len = mode == Mode::kDecode ? 1
+    std::int32_t q_len = mode == Mode::kDecode    ? 1
                          : mode == Mode::kPrefill ? kv_len
                                                   : std::max(1, kv_len / pick(2, 3, 8));
     while (used + std::int64_t{kv_len} * q_len > budget && kv_len > 1) {
@@ -93,7 +95,8 @@ std::string lower(std::string s) {
 // Each mode x KV dtype, a few seeds, on every target. The seeds differ per
 // target so that the targets together cover more shapes.
 TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
-  const DType kvs[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8};
+  const DType kvs[] = {DType::kF32,     DType::kF16,     DType::kBF16,
+                       DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8};
   const Mode modes[] = {Mode::kDecode, Mode::kChunkedPrefill, Mode::kPrefill};
   int targets_run = 0;
   for_each_highway_target([&](std::int64_t target) {
@@ -107,9 +110,9 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
     for (Mode mode : modes)
       for (DType kv : kvs)
         for (std::uint32_t k = 0; k < 2; ++k) {
-          const std::uint32_t seed =
-              static_cast<std::uint32_t>(targets_run) * 1000 + static_cast<std::uint32_t>(mode) * 100 +
-              static_cast<std::uint32_t>(kv) * 10 + k;
+          const std::uint32_t seed = static_cast<std::uint32_t>(targets_run) * 1000 +
+                                     static_cast<std::uint32_t>(mode) * 100 +
+                                     static_cast<std::uint32_t>(kv) * 10 + k;
           const CaseSpec spec = random_case(mode, kv, seed);
           const std::string what = name + " " + describe(spec);
           SCOPED_TRACE(what);
@@ -127,14 +130,15 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
           for (const Variant v : {Variant{32, false, false, false}, Variant{0, false, false, false},
                                   Variant{0, true, false, false}, Variant{0, false, true, false},
                                   Variant{0, false, false, true}}) {
-            AttentionRunner runner(AttentionPlanOptions{2, v.fixed_chunk, 16, v.bf16, v.int8, v.f16});
+            AttentionRunner runner(
+                AttentionPlanOptions{2, v.fixed_chunk, 16, v.bf16, v.int8, v.f16});
             runner.run(c.params(1));
             const AttentionPlan& plan = runner.last_plan();
             const DotProducts allowed{plan.bf16_products, plan.int8_products, plan.f16_products};
             expect_rows_close(c, tolerance_for(spec, used, allowed),
                               what + " fixed chunk " + std::to_string(v.fixed_chunk) + " bf16 " +
-                                  std::to_string(v.bf16) + " int8 " + std::to_string(v.int8) + " f16 " +
-                                  std::to_string(v.f16));
+                                  std::to_string(v.bf16) + " int8 " + std::to_string(v.int8) +
+                                  " f16 " + std::to_string(v.f16));
             if (::testing::Test::HasFailure()) return;
           }
         }
@@ -142,11 +146,11 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
   EXPECT_GE(targets_run, 1);
 }
 
-
 // Output 1 (kernel) against output 0 (reference) where the reference has
 // NaNs: NaN in the same elements and LSE, the other elements within `rel`
 // of their row's largest finite value. Returns the rows with a NaN.
-int ExpectTheReferencesNaNs(const AttentionCase& c, std::int32_t row_len, double rel, const std::string& what) {
+int ExpectTheReferencesNaNs(const AttentionCase& c, std::int32_t row_len, double rel,
+                            const std::string& what) {
   const std::vector<float> want = c.output(0), got = c.output(1);
   const std::size_t n = std::size_t(row_len);
   int nan_rows = 0;
@@ -160,7 +164,8 @@ int ExpectTheReferencesNaNs(const AttentionCase& c, std::int32_t row_len, double
     nan_rows += row_nan;
     EXPECT_EQ(std::isnan(c.lse(1)[r]), std::isnan(c.lse(0)[r])) << what << " row " << r;
     for (std::size_t i = r * n; i < (r + 1) * n; ++i) {
-      EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i])) << what << " row " << r << " element " << i - r * n;
+      EXPECT_EQ(std::isnan(got[i]), std::isnan(want[i]))
+          << what << " row " << r << " element " << i - r * n;
       if (!std::isnan(want[i])) {
         EXPECT_NEAR(got[i], want[i], rel * row_max + 1e-6) << what << " row " << r;
       }
@@ -185,12 +190,15 @@ CaseSpec TwoSequenceDecode(DType kv, std::int32_t group, std::uint32_t seed) {
 
 // Where K (value false) or V element `dim` of key `key` of sequence `seq`,
 // KV head `head`, is stored.
-void* KVElement(const AttentionParams& p, bool value, std::int32_t seq, std::int32_t key, std::int32_t head,
-                std::int32_t dim) {
+void* KVElement(const AttentionParams& p, bool value, std::int32_t seq, std::int32_t key,
+                std::int32_t head, std::int32_t dim) {
   const PagedKVTable& t = p.table;
-  const std::int32_t page = t.kv_indices[t.kv_indptr[seq] + key / t.page_size], slot = key % t.page_size;
-  const std::int64_t at = (value ? p.kv.v_offset(page, head, slot) : p.kv.k_offset(page, head, slot)) + dim;
-  return static_cast<std::byte*>(value ? p.kv.v_data : p.kv.k_data) + at * std::int64_t(dtype_size(p.kv.dtype));
+  const std::int32_t page = t.kv_indices[t.kv_indptr[seq] + key / t.page_size],
+                     slot = key % t.page_size;
+  const std::int64_t at =
+      (value ? p.kv.v_offset(page, head, slot) : p.kv.k_offset(page, head, slot)) + dim;
+  return static_cast<std::byte*>(value ? p.kv.v_data : p.kv.k_data) +
+         at * std::int64_t(dtype_size(p.kv.dtype));
 }
 
 // e4m3 decode converts a block in registers without mapping NaN codes when
@@ -212,13 +220,14 @@ TEST(AttentionTargets, E4M3NanCodesGiveTheReferencesNaNsInDecode) {
       spec.per_head_fp8_scales = true;
       AttentionCase c(spec);
       AttentionParams ref = c.params(0);
-      const std::int32_t where = seed % 4;  // 0: none; 1: K; 2: V; 3: both
+      const std::int32_t where = seed % 4;                   // 0: none; 1: K; 2: V; 3: both
       const std::int32_t key = std::int32_t(seed / 4) * 48;  // block 0, 1 or 3 of sequence 0
       if (where & 1) *static_cast<std::uint8_t*>(KVElement(ref, false, 0, key, 1, 7)) = 0x7F;
       if (where & 2) *static_cast<std::uint8_t*>(KVElement(ref, true, 0, key, 1, 7)) = 0xFF;
       paged_attention_reference(ref);
       AttentionRunner(AttentionPlanOptions{.num_threads = 2}).run(c.params(1));
-      const int nan_rows = ExpectTheReferencesNaNs(c, spec.head_dim, 1e-3, name + " seed " + std::to_string(seed));
+      const int nan_rows =
+          ExpectTheReferencesNaNs(c, spec.head_dim, 1e-3, name + " seed " + std::to_string(seed));
       if (::testing::Test::HasFailure()) return;
       EXPECT_EQ(nan_rows == 0, where == 0) << name << " seed " << seed;
     }
@@ -272,7 +281,8 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
   for (DType kv : {DType::kBF16, DType::kF16, DType::kFP8E4M3, DType::kFP8E5M2})
     for (std::int32_t group = 1; group <= 8; ++group) {
       ++seed;
-      const CaseSpec spec = DecodeGroupCase(kv, group, seed, dims[seed % 7], pages[seed % 4], 130, DType::kBF16);
+      const CaseSpec spec =
+          DecodeGroupCase(kv, group, seed, dims[seed % 7], pages[seed % 4], 130, DType::kBF16);
       const std::string what = describe(spec);
       SCOPED_TRACE(what);
       AttentionCase c(spec);
@@ -288,7 +298,9 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
 
 // --- the f16 decode path ---------------------------------------------------------------
 
-bool has_f16_decode(const CpuFeatures& used) { return used.avx512f && used.avx512_fp16; }
+bool has_f16_decode(const CpuFeatures& used) {
+  return used.avx512f && used.avx512_fp16;
+}
 
 // e4m3 and f16 decode with f16 products allowed runs on AVX512-FP16
 // multiply-adds where the CPU has them: within kF16DotRowTolerance of the
@@ -305,28 +317,28 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
   std::uint32_t seed = 9000;
   double worst = 0.0;
   for (const DType kv : {DType::kFP8E4M3, DType::kF16})
-  for (std::int32_t group = 1; group <= 8; ++group)
-    for (int variant = 0; variant < 4; ++variant) {
-      ++seed;
-      CaseSpec spec = DecodeGroupCase(kv, group, seed, dims[seed % 7], pages[seed % 4], 530,
-                                      variant % 2 ? DType::kF32 : DType::kBF16);
-      if (variant >= 2) spec.options.scale = 0.3f;
-      const std::string what = describe(spec);
-      SCOPED_TRACE(what);
-      AttentionCase c(spec);
-      paged_attention_reference(c.params(0));
-      AttentionRunner(AttentionPlanOptions{.f16_products = false}).run(c.params(1));
-      const std::vector<float> f32_path = c.output(1);
-      AttentionRunner(AttentionPlanOptions{.f16_products = true}).run(c.params(1));
-      expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}), what);
-      worst = std::max(worst, largest_row_error(c));
-      const std::vector<float> got = c.output(1);
-      if (spec.head_dim == 80)
-        EXPECT_EQ(got, f32_path) << "head dim 80 left the f32 path";
-      else
-        EXPECT_NE(got, f32_path) << "f16 products gave the f32 path's bits";
-      if (::testing::Test::HasFailure()) return;
-    }
+    for (std::int32_t group = 1; group <= 8; ++group)
+      for (int variant = 0; variant < 4; ++variant) {
+        ++seed;
+        CaseSpec spec = DecodeGroupCase(kv, group, seed, dims[seed % 7], pages[seed % 4], 530,
+                                        variant % 2 ? DType::kF32 : DType::kBF16);
+        if (variant >= 2) spec.options.scale = 0.3f;
+        const std::string what = describe(spec);
+        SCOPED_TRACE(what);
+        AttentionCase c(spec);
+        paged_attention_reference(c.params(0));
+        AttentionRunner(AttentionPlanOptions{.f16_products = false}).run(c.params(1));
+        const std::vector<float> f32_path = c.output(1);
+        AttentionRunner(AttentionPlanOptions{.f16_products = true}).run(c.params(1));
+        expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}), what);
+        worst = std::max(worst, largest_row_error(c));
+        const std::vector<float> got = c.output(1);
+        if (spec.head_dim == 80)
+          EXPECT_EQ(got, f32_path) << "head dim 80 left the f32 path";
+        else
+          EXPECT_NE(got, f32_path) << "f16 products gave the f32 path's bits";
+        if (::testing::Test::HasFailure()) return;
+      }
   std::printf("largest f16-products error: %.2e of the row maximum\n", worst);
 }
 
@@ -343,22 +355,25 @@ TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
     AttentionCase c(spec);
     AttentionParams p = c.params(0);
     auto* q = const_cast<float*>(static_cast<const float*>(p.q.data));
-    std::fill_n(q, std::size_t(spec.num_qo_heads) * std::size_t(spec.head_dim), 1.0f);  // sequence 0's token
+    std::fill_n(q, std::size_t(spec.num_qo_heads) * std::size_t(spec.head_dim),
+                1.0f);  // sequence 0's token
     for (std::int32_t d = 0; d < spec.head_dim; ++d)
       *static_cast<std::uint16_t*>(KVElement(p, false, 0, 50, 1, d)) = float_to_f16_bits(60000.0f);
     paged_attention_reference(p);
     AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
-    expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}), "K 60000 against queries of ones");
+    expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}),
+                      "K 60000 against queries of ones");
   }
   struct Poison {
     bool value;
     float x;
   };
-  for (const Poison poison : {Poison{false, 80.0f}, Poison{true, 3000.0f}, Poison{false, INFINITY},
-                              Poison{true, NAN}}) {
+  for (const Poison poison :
+       {Poison{false, 80.0f}, Poison{true, 3000.0f}, Poison{false, INFINITY}, Poison{true, NAN}}) {
     AttentionCase c(spec);
     AttentionParams ref = c.params(0);
-    *static_cast<std::uint16_t*>(KVElement(ref, poison.value, 0, 40, 1, 3)) = float_to_f16_bits(poison.x);
+    *static_cast<std::uint16_t*>(KVElement(ref, poison.value, 0, 40, 1, 3)) =
+        float_to_f16_bits(poison.x);
     paged_attention_reference(ref);
     AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
     ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance,
@@ -380,24 +395,29 @@ TEST(AttentionTargets, F16DecodeKeepsNaNBlocksAndNonFiniteQueriesOnF32) {
     AttentionCase c(spec);
     AttentionParams ref = c.params(0);
     const std::int32_t key = std::int32_t(seed / 2) * 32 % 97;
-    *static_cast<std::uint8_t*>(KVElement(ref, seed % 2 == 0, 0, key, 1, 5)) = seed % 2 ? 0xFF : 0x7F;
+    *static_cast<std::uint8_t*>(KVElement(ref, seed % 2 == 0, 0, key, 1, 5)) =
+        seed % 2 ? 0xFF : 0x7F;
     paged_attention_reference(ref);
     AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
     ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance, "seed " + std::to_string(seed));
     if (::testing::Test::HasFailure()) return;
   }
   const CaseSpec spec = TwoSequenceDecode(DType::kFP8E4M3, 4, 1);
-  for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+  for (const float bad :
+       {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
     AttentionCase c(spec);
-    const_cast<float*>(static_cast<const float*>(c.params(0).q.data))[3] = bad;  // sequence 0, head 0
+    const_cast<float*>(static_cast<const float*>(c.params(0).q.data))[3] =
+        bad;  // sequence 0, head 0
     AttentionRunner(AttentionPlanOptions{.num_threads = 1}).run(c.params(0));
     AttentionRunner(AttentionPlanOptions{.num_threads = 1, .f16_products = true}).run(c.params(1));
     // Sequence 0's token (its item) keeps f32 products, sequence 1's not.
     const std::vector<float> off = c.output(0), on = c.output(1);
     const std::size_t token = std::size_t(spec.num_qo_heads) * std::size_t(spec.head_dim);
     ASSERT_EQ(off.size(), 2 * token);
-    EXPECT_EQ(std::memcmp(off.data(), on.data(), token * sizeof(float)), 0) << "query element " << bad;
-    EXPECT_NE(std::memcmp(off.data() + token, on.data() + token, token * sizeof(float)), 0) << "query element " << bad;
+    EXPECT_EQ(std::memcmp(off.data(), on.data(), token * sizeof(float)), 0)
+        << "query element " << bad;
+    EXPECT_NE(std::memcmp(off.data() + token, on.data() + token, token * sizeof(float)), 0)
+        << "query element " << bad;
   }
 }
 
@@ -432,7 +452,9 @@ TEST(AttentionTargets, ToleranceRejectsWrongKeys) {
 
 // --- the int8 dot-product path -------------------------------------------------------------
 
-bool has_int8_dot(const CpuFeatures& used) { return used.avx512f && used.avx512_vnni; }
+bool has_int8_dot(const CpuFeatures& used) {
+  return used.avx512f && used.avx512_vnni;
+}
 
 // The outputs of a case run with int8 products off (output 0) and on (1).
 void run_with_and_without_int8(AttentionCase& c) {
@@ -476,7 +498,8 @@ TEST(AttentionInt8Dot, TakenOnVnniWithinTolerance) {
       EXPECT_EQ(f32, int8) << "int8 products changed a shape the int8 path does not take";
     }
   }
-  if (!has_int8_dot(used)) GTEST_SKIP() << "no AVX512-VNNI at the dispatched target: the path is not taken";
+  if (!has_int8_dot(used))
+    GTEST_SKIP() << "no AVX512-VNNI at the dispatched target: the path is not taken";
 }
 
 // Tails: key counts not multiples of 4 or of the 32-key block, pages of 1,
@@ -516,7 +539,6 @@ TEST(AttentionInt8Dot, TailsMatchReference) {
   }
 }
 
-
 // A NaN int8 token scale in K makes the rows of its KV head NaN, one in V
 // their outputs (as the reference gives them), on the f32 path and with
 // int8 products (vpdpbusd where the CPU has VNNI: the block's weights are
@@ -532,13 +554,15 @@ TEST(AttentionInt8Dot, NanTokenScalesGiveTheReferencesNaNs) {
     const std::int32_t key = std::int32_t(seed / 2) * 31;  // blocks 0-2 of sequence 0
     const std::int32_t page = t.kv_indices[t.kv_indptr[0] + key / spec.page_size];
     const std::int64_t at = ref.kv.token_scale_index(page, 1, key % spec.page_size);
-    (seed % 2 ? ref.kv.v_token_scales : ref.kv.k_token_scales)[at] = std::numeric_limits<float>::quiet_NaN();
+    (seed % 2 ? ref.kv.v_token_scales : ref.kv.k_token_scales)[at] =
+        std::numeric_limits<float>::quiet_NaN();
     paged_attention_reference(ref);
     const bool products = seed % 4 >= 2;
-    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .int8_products = products}).run(c.params(1));
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .int8_products = products})
+        .run(c.params(1));
     const double rel = products && has_int8_dot(used) ? int8_dot_row_tolerance(spec) + 1e-3 : 1e-3;
-    const std::string what = "seed " + std::to_string(seed) + (seed % 2 ? " V" : " K") + " scale, int8 products " +
-                             std::to_string(products);
+    const std::string what = "seed " + std::to_string(seed) + (seed % 2 ? " V" : " K") +
+                             " scale, int8 products " + std::to_string(products);
     EXPECT_EQ(ExpectTheReferencesNaNs(c, spec.head_dim, rel, what), 4) << what;
     if (::testing::Test::HasFailure()) return;
   }
@@ -567,8 +591,9 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
   // Rows per KV head (q_len x group) from 9 to 128: one prefill tile, so
   // that no row of either run takes a decode path (with AMX switched off,
   // decode rows would run on vdpbf16ps: bf16_decode_pays).
-  const Shape shapes[] = {{1, 64, 64, 9, 9, 16},      {4, 128, 128, 13, 77, 16},  {8, 128, 128, 15, 300, 5},
-                          {2, 96, 96, 40, 40, 1},     {6, 256, 256, 11, 130, 32}, {4, 64, 128, 16, 97, 16},
+  const Shape shapes[] = {{1, 64, 64, 9, 9, 16},      {4, 128, 128, 13, 77, 16},
+                          {8, 128, 128, 15, 300, 5},  {2, 96, 96, 40, 40, 1},
+                          {6, 256, 256, 11, 130, 32}, {4, 64, 128, 16, 97, 16},
                           {1, 128, 80, 70, 513, 16},  {3, 32, 32, 40, 50, 7}};
   const DType kvs[] = {DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kINT8};
   std::uint32_t seed = 9100;
@@ -612,8 +637,10 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
           err = std::max(err, double(std::fabs(tiles[i] - dot[i])));
           scale = std::max(scale, double(std::fabs(dot[i])));
         }
-        constexpr double kAmxAgainstDotTolerance = 8e-3;  // 2 x 2^-9 per weight, with room for cancellation
-        ASSERT_LE(err, kAmxAgainstDotTolerance * scale + 1e-6) << what << " row " << row << ": AMX against vdpbf16ps";
+        constexpr double kAmxAgainstDotTolerance =
+            8e-3;  // 2 x 2^-9 per weight, with room for cancellation
+        ASSERT_LE(err, kAmxAgainstDotTolerance * scale + 1e-6)
+            << what << " row " << row << ": AMX against vdpbf16ps";
       }
       if (::testing::Test::HasFailure()) return;
     }

@@ -101,8 +101,8 @@ class Scenario {
       std::vector<float> k(per_layer * c.num_layers), v(k.size());
       cache_.debug_get_kv(plan.seq_ids[b], 0, kv_len, k, v);
       for (std::int32_t i = plan.qo_indptr[b]; i < plan.qo_indptr[b + 1]; ++i) {
-        const std::int64_t pos = kv_len - (plan.qo_indptr[b + 1] - plan.qo_indptr[b]) +
-                                 (i - plan.qo_indptr[b]);
+        const std::int64_t pos =
+            kv_len - (plan.qo_indptr[b + 1] - plan.qo_indptr[b]) + (i - plan.qo_indptr[b]);
         EXPECT_EQ(plan.positions[i], pos);
         for (std::int32_t h = 0; h < c.num_qo_heads; ++h) {
           std::vector<double> qd(q.begin() + (std::int64_t{i} * c.num_qo_heads + h) * d,
@@ -162,13 +162,14 @@ TEST_P(CacheAttention, PrefillDecodeForkPopAndWindowMatchReference) {
   s.step({0, 2, 3}, {6, 3, 0});  // chunked prefill beside a window and an empty append
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ModesAndDtypes, CacheAttention,
-    ::testing::Values(CacheSetup{DType::kF16, RopeMode::kNone, 4}, CacheSetup{DType::kF32, RopeMode::kNormal, 4},
-                      CacheSetup{DType::kBF16, RopeMode::kInline, 3}, CacheSetup{DType::kF16, RopeMode::kInline, 16},
-                      CacheSetup{DType::kINT8, RopeMode::kNormal, 4},
-                      CacheSetup{DType::kFP8E4M3, RopeMode::kNone, 5},
-                      CacheSetup{DType::kFP8E5M2, RopeMode::kInline, 4}));
+INSTANTIATE_TEST_SUITE_P(ModesAndDtypes, CacheAttention,
+                         ::testing::Values(CacheSetup{DType::kF16, RopeMode::kNone, 4},
+                                           CacheSetup{DType::kF32, RopeMode::kNormal, 4},
+                                           CacheSetup{DType::kBF16, RopeMode::kInline, 3},
+                                           CacheSetup{DType::kF16, RopeMode::kInline, 16},
+                                           CacheSetup{DType::kINT8, RopeMode::kNormal, 4},
+                                           CacheSetup{DType::kFP8E4M3, RopeMode::kNone, 5},
+                                           CacheSetup{DType::kFP8E5M2, RopeMode::kInline, 4}));
 
 TEST(CacheAttentionErrors, ValidatesBeforeTouchingTheCacheAndKeepsTheStepUsable) {
   PagedKVCache kv(make_config(CacheSetup{}));
@@ -225,7 +226,8 @@ TEST(CacheAttentionErrors, FusedQkvMatchesSeparateTensors) {
     kv->add_sequence(4);
     kv->begin_forward(ids, lens);
   }
-  a.attention_with_fused_qkv(1, {qkv.data(), DType::kF32, width, d}, {out_a.data(), DType::kF32, hq * d, d});
+  a.attention_with_fused_qkv(1, {qkv.data(), DType::kF32, width, d},
+                             {out_a.data(), DType::kF32, hq * d, d});
   b.attention(1, {q.data(), DType::kF32, hq * d, d}, {k.data(), DType::kF32, hkv * d, d},
               {v.data(), DType::kF32, hkv * d, d}, {out_b.data(), DType::kF32, hq * d, d});
   EXPECT_EQ(out_a, out_b);

@@ -24,10 +24,19 @@ using ::testing::HasSubstr;
 std::vector<float> interesting_floats(std::uint32_t seed, std::size_t n) {
   std::mt19937 rng(seed);
   pagedattn::test::NormalFloats normal;
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, 1.00390625f /* bf16 tie */, 1.01171875f,
-                          65504.0f, 70000.0f, 1e-8f, -3.5f,
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          1.00390625f /* bf16 tie */,
+                          1.01171875f,
+                          65504.0f,
+                          70000.0f,
+                          1e-8f,
+                          -3.5f,
                           std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN(), 448.0f, 500.0f};
+                          std::numeric_limits<float>::quiet_NaN(),
+                          448.0f,
+                          500.0f};
   while (v.size() < n) v.push_back(normal(rng) * std::ldexp(1.0f, int(rng() % 20) - 10));
   return v;
 }
@@ -47,7 +56,8 @@ TEST(ConvertRow, MatchesScalarConversionsOnEveryTarget) {
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
     SCOPED_TRACE(hwy::TargetName(target));
-    for (DType dst_t : {DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8}) {
+    for (DType dst_t :
+         {DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8}) {
       std::vector<unsigned char> dst(src.size() * dtype_size(dst_t));
       kernels::convert_row(src.data(), DType::kF32, dst.data(), dst_t, std::ssize(src), 0.5f);
       for (std::size_t i = 0; i < src.size(); ++i) {
@@ -82,8 +92,8 @@ TEST(ConvertRow, WidensEveryQuantisedByteLikeTheScalarDecoding) {
         if (std::isnan(want)) {
           ASSERT_TRUE(std::isnan(out[i])) << dtype_name(t) << " byte " << int(bytes[i]);
         } else {
-          ASSERT_TRUE(same_bits(out[i], want)) << dtype_name(t) << " byte " << int(bytes[i]) << ": " << out[i]
-                                               << " != " << want;
+          ASSERT_TRUE(same_bits(out[i], want))
+              << dtype_name(t) << " byte " << int(bytes[i]) << ": " << out[i] << " != " << want;
         }
       }
     }
@@ -106,18 +116,20 @@ TEST(ConvertRow, E4M3DecodeStepsMatchTheScalarDecoding) {
     const auto n = std::ssize(bytes);
     ASSERT_FALSE(kernels::e4m3_has_nan(bytes.data(), n));
     for (const unsigned char nan : {0x7F, 0xFF})
-      for (const std::int64_t at : {std::int64_t{0}, std::int64_t{15}, std::int64_t{63}, std::int64_t{64},
-                                    n - 9, n - 8, n - 1}) {
+      for (const std::int64_t at : {std::int64_t{0}, std::int64_t{15}, std::int64_t{63},
+                                    std::int64_t{64}, n - 9, n - 8, n - 1}) {
         std::vector<unsigned char> poisoned = bytes;
         poisoned[std::size_t(at)] = nan;
-        ASSERT_TRUE(kernels::e4m3_has_nan(poisoned.data(), n)) << "code " << int(nan) << " at " << at;
+        ASSERT_TRUE(kernels::e4m3_has_nan(poisoned.data(), n))
+            << "code " << int(nan) << " at " << at;
       }
     std::vector<float> out(bytes.size(), -1.0f);
     kernels::e4m3_to_f32_nan_free(bytes.data(), out.data(), n);
     for (std::size_t i = 0; i < bytes.size(); ++i) {
       const float want = load_as_float(bytes.data(), DType::kFP8E4M3, i);
       const float got = out[i] * 256.0f;
-      ASSERT_TRUE(same_bits(got, want)) << "byte " << int(bytes[i]) << ": " << got << " != " << want;
+      ASSERT_TRUE(same_bits(got, want))
+          << "byte " << int(bytes[i]) << ": " << got << " != " << want;
     }
   }
 }
@@ -142,7 +154,8 @@ int for_each_target_and_fp8_format(const Check& check) {
 // fp8 code i of `bytes` as the bf16 decode converts it (e4m3 x 2^-8, the
 // kernel's convention), rounded to bf16 bits.
 std::uint16_t expected_bf16_bits(const std::vector<unsigned char>& bytes, DType t, std::size_t i) {
-  return float_to_bf16_bits(load_as_float(bytes.data(), t, i) * (t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f));
+  return float_to_bf16_bits(load_as_float(bytes.data(), t, i) *
+                            (t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f));
 }
 
 // The bf16 dot-product decode's fp8 -> bf16 conversion of two rows at once
@@ -158,23 +171,27 @@ TEST(ConvertRow, ConvertsEveryFp8CodePairToBf16BitsExactly) {
   }
   const bool vbmi = dispatched_features().avx512f && cpu_features().avx512_vbmi;
   const int targets_with_it = for_each_target_and_fp8_format([&](DType t, bool& ran) {
-    for (const kernels::Fp8PairOrder order : {kernels::Fp8PairOrder::kValues, kernels::Fp8PairOrder::kKeys}) {
+    for (const kernels::Fp8PairOrder order :
+         {kernels::Fp8PairOrder::kValues, kernels::Fp8PairOrder::kKeys}) {
       SCOPED_TRACE(order == kernels::Fp8PairOrder::kKeys ? "key order" : "value order");
       std::vector<std::uint32_t> pairs(a.size() + 8, 0xdeadbeef);
-      if (!kernels::fp8_pairs_to_bf16_bits(a.data(), b.data(), t, order, pairs.data(), std::ssize(a))) {
+      if (!kernels::fp8_pairs_to_bf16_bits(a.data(), b.data(), t, order, pairs.data(),
+                                           std::ssize(a))) {
         for (std::uint32_t x : pairs) ASSERT_EQ(x, 0xdeadbeefu);
         return;
       }
       ran = true;
       const float format = t == DType::kFP8E4M3 ? 0x1p-8f : 1.0f;
       for (std::size_t i = 0; i < a.size(); ++i) {
-        const std::uint32_t want = expected_bf16_bits(a, t, i) | std::uint32_t{expected_bf16_bits(b, t, i)} << 16;
+        const std::uint32_t want =
+            expected_bf16_bits(a, t, i) | std::uint32_t{expected_bf16_bits(b, t, i)} << 16;
         ASSERT_EQ(pairs[i], want) << dtype_name(t) << " bytes " << int(a[i]) << ", " << int(b[i]);
         const float exact = load_as_float(a.data(), t, i) * format;
         ASSERT_TRUE(same_bits(bf16_bits_to_float(std::uint16_t(pairs[i] & 0xFFFF)), exact))
             << dtype_name(t) << " byte " << int(a[i]);
       }
-      for (std::size_t i = a.size(); i < pairs.size(); ++i) ASSERT_EQ(pairs[i], 0xdeadbeefu) << "wrote past n";
+      for (std::size_t i = a.size(); i < pairs.size(); ++i)
+        ASSERT_EQ(pairs[i], 0xdeadbeefu) << "wrote past n";
     }
   });
   if (vbmi) {
@@ -186,11 +203,14 @@ TEST(ConvertRow, Fp8ToBf16RefusesOtherTypesAndLengths) {
   const std::vector<unsigned char> bytes(16, 0x38);
   constexpr auto kKeys = kernels::Fp8PairOrder::kKeys;
   std::vector<std::uint32_t> pairs(16, 0xdeadbeef);
-  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kINT8, kKeys, pairs.data(), 16),
+  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kINT8, kKeys,
+                                               pairs.data(), 16),
                InvalidArgument);
-  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kFP8E4M3, kKeys, pairs.data(), 9),
+  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kFP8E4M3, kKeys,
+                                               pairs.data(), 9),
                InvalidArgument);
-  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kFP8E5M2, kKeys, pairs.data(), -8),
+  EXPECT_THROW(kernels::fp8_pairs_to_bf16_bits(bytes.data(), bytes.data(), DType::kFP8E5M2, kKeys,
+                                               pairs.data(), -8),
                InvalidArgument);
   for (std::uint32_t x : pairs) EXPECT_EQ(x, 0xdeadbeefu);
 }
@@ -225,8 +245,8 @@ struct Storage {
 };
 
 TEST(AppendPagedKv, WritesEachTokenToItsSlotInEveryDtype) {
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2,
-                      DType::kINT8})
+  for (DType dtype :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8})
     for (KVLayout layout : {KVLayout::kHND, KVLayout::kNHD}) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + (layout == KVLayout::kHND ? " HND" : " NHD"));
       Storage st(dtype, layout, 6, 5, 3, 16, 8);
@@ -237,8 +257,11 @@ TEST(AppendPagedKv, WritesEachTokenToItsSlotInEveryDtype) {
       for (float& x : k) x = normal(rng);
       for (float& x : v) x = normal(rng);
       const std::vector<std::int64_t> slots = {29, 0, -1, 7, 13, 4, 22};
-      AppendParams p{{k.data(), DType::kF32, 48, 16}, {v.data(), DType::kF32, 24, 8},
-                     slots.data(), tokens, st.view};
+      AppendParams p{{k.data(), DType::kF32, 48, 16},
+                     {v.data(), DType::kF32, 24, 8},
+                     slots.data(),
+                     tokens,
+                     st.view};
       append_paged_kv(p);
       for (std::int32_t t = 0; t < tokens; ++t) {
         if (slots[t] < 0) continue;
@@ -247,7 +270,8 @@ TEST(AppendPagedKv, WritesEachTokenToItsSlotInEveryDtype) {
           const float* row = &k[(t * 3 + h) * 16];
           float amax = 0.0f;
           for (int d = 0; d < 16; ++d) amax = std::max(amax, std::fabs(row[d]));
-          const float scale = dtype == DType::kINT8 ? amax / 127.0f : (is_quantized(dtype) ? 0.5f : 1.0f);
+          const float scale =
+              dtype == DType::kINT8 ? amax / 127.0f : (is_quantized(dtype) ? 0.5f : 1.0f);
           if (dtype == DType::kINT8) {
             EXPECT_EQ(st.k_scales[st.view.token_scale_index(page, h, slot)], scale);
           }
@@ -268,8 +292,8 @@ TEST(AppendPagedKv, RejectsBadSlotsBeforeWritingAnything) {
   const std::vector<unsigned char> before = st.k;
   std::vector<float> k(3 * 2 * 8, 1.0f), v(k.size(), 2.0f);
   std::vector<std::int64_t> slots = {1, 16, 2};
-  AppendParams p{{k.data(), DType::kF32, 16, 8}, {v.data(), DType::kF32, 16, 8}, slots.data(), 3,
-                 st.view};
+  AppendParams p{
+      {k.data(), DType::kF32, 16, 8}, {v.data(), DType::kF32, 16, 8}, slots.data(), 3, st.view};
   try {
     append_paged_kv(p);
     FAIL();
@@ -332,8 +356,8 @@ TEST(Rope, Llama3ScalingHasThreeRegimes) {
   c.theta = 500000.0f;
   c.llama3 = {8.0f, 1.0f, 4.0f, 8192};
   const double plain0 = 1.0, plain_last = 1.0 / std::pow(500000.0, 126.0 / 128.0);
-  EXPECT_DOUBLE_EQ(rope_inv_freq(c, 128, 0), plain0);              // high frequency: unchanged
-  EXPECT_DOUBLE_EQ(rope_inv_freq(c, 128, 63), plain_last / 8.0);    // low frequency: / factor
+  EXPECT_DOUBLE_EQ(rope_inv_freq(c, 128, 0), plain0);             // high frequency: unchanged
+  EXPECT_DOUBLE_EQ(rope_inv_freq(c, 128, 63), plain_last / 8.0);  // low frequency: / factor
   // Pair 32: wavelength 2 pi / 500000^-0.5 = 4443, between 8192 / 4 and 8192 / 1.
   const double mid = rope_inv_freq(c, 128, 32), plain_mid = 1.0 / std::pow(500000.0, 64.0 / 128.0);
   EXPECT_GT(mid, plain_mid / 8.0);
@@ -425,7 +449,8 @@ TEST(Rope, CosSinCacheAndHalfPrecisionInputs) {
   std::vector<std::uint16_t> h(2 * dim);
   for (std::size_t i = 0; i < h.size(); ++i) h[i] = float_to_bf16_bits(0.1f * float(i) - 1.0f);
   apply_rope({h.data(), DType::kBF16, dim, dim}, 2, 1, dim, pos.data(), plain);
-  for (std::size_t i = 0; i < h.size(); ++i) EXPECT_NEAR(bf16_bits_to_float(h[i]), a[i], 1.6e-2) << i;
+  for (std::size_t i = 0; i < h.size(); ++i)
+    EXPECT_NEAR(bf16_bits_to_float(h[i]), a[i], 1.6e-2) << i;
 }
 
 TEST(CopyPages, CopiesWithinAndBetweenStoragesIncludingInt8Scales) {

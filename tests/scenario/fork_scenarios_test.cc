@@ -31,14 +31,14 @@ TEST(ForkScenarios, ForksAroundPageBoundariesAndAtTheEnd) {
   d.step({0}, {11});
   ASSERT_EQ(d.kv().sequence_pages(0), (Pages{0, 1, 2}));
 
-  const std::vector<std::pair<SeqId, std::int64_t>> forks = {{1, 3}, {2, 4}, {3, 5}, {4, 7},
+  const std::vector<std::pair<SeqId, std::int64_t>> forks = {{1, 3}, {2, 4}, {3, 5},  {4, 7},
                                                              {5, 8}, {6, 9}, {7, -1}, {8, 0}};
   for (const auto& [child, pos] : forks) d.fork(0, child, pos);
   d.expect_matches();
 
   // Shared full pages keep their ids; partial pages are fresh copies.
-  const std::vector<std::pair<SeqId, std::size_t>> shared_prefix = {
-      {1, 0}, {2, 1}, {3, 1}, {4, 1}, {5, 2}, {6, 2}, {7, 2}, {8, 0}};
+  const std::vector<std::pair<SeqId, std::size_t>> shared_prefix = {{1, 0}, {2, 1}, {3, 1}, {4, 1},
+                                                                    {5, 2}, {6, 2}, {7, 2}, {8, 0}};
   for (const auto& [child, shared] : shared_prefix) {
     const Pages pages = d.kv().sequence_pages(child);
     const Pages parent = d.kv().sequence_pages(0);
@@ -144,7 +144,9 @@ TEST(ForkScenarios, PopIntoSharedPrefixThenAppendOnBothSides) {
   d.step({P}, {1});
   EXPECT_EQ(d.kv().sequence_pages(P), (Pages{0, 1})) << "P's page is no longer shared";
   EXPECT_TRUE(check_tokens(d.kv(), Q, 0, q_before).empty());
-  EXPECT_TRUE(check_tokens(d.kv(), K, 0, std::vector<std::uint64_t>(p_before.begin(), p_before.begin() + 6)).empty());
+  EXPECT_TRUE(
+      check_tokens(d.kv(), K, 0, std::vector<std::uint64_t>(p_before.begin(), p_before.begin() + 6))
+          .empty());
   EXPECT_EQ(d.kv().page_refcount(0), 3);
   d.expect_matches();
 }

@@ -55,7 +55,9 @@ KVCacheConfig with_prefix_caching(KVCacheConfig c) {
   return c;
 }
 
-void PrintTo(const FuzzSetup& setup, std::ostream* os) { *os << setup.name; }
+void PrintTo(const FuzzSetup& setup, std::ostream* os) {
+  *os << setup.name;
+}
 
 constexpr SeqId kMinId = -2, kMaxId = 14;  // a small id space makes collisions likely
 constexpr std::int64_t kMaxSequences = 8;
@@ -79,8 +81,12 @@ struct Coverage {
 class Fuzzer {
  public:
   Fuzzer(const FuzzSetup& setup, std::uint64_t seed, Coverage& coverage)
-      : coverage_(coverage), rng_(seed), kv_(setup.config), model_(setup.config.page_size),
-        ps_(setup.config.page_size), max_append_(setup.max_append) {}
+      : coverage_(coverage),
+        rng_(seed),
+        kv_(setup.config),
+        model_(setup.config.page_size),
+        ps_(setup.config.page_size),
+        max_append_(setup.max_append) {}
 
   // Runs `ops` random operations then removes every sequence; stops at the
   // first failure and prints the operation log.
@@ -184,7 +190,8 @@ class Fuzzer {
     // The fork point's physical slot decides whether a partial page is copied
     // (a windowed parent's gap shifts it off the token index).
     const auto& tokens = model_.seq(parent).tokens;
-    const std::int64_t end_slot = resolved == 0 ? 0 : tokens[static_cast<std::size_t>(resolved - 1)].abs_slot + 1;
+    const std::int64_t end_slot =
+        resolved == 0 ? 0 : tokens[static_cast<std::size_t>(resolved - 1)].abs_slot + 1;
     if (end_slot % ps_ != 0 && kv_.num_free_pages() == 0) {
       expect_rejected<OutOfPages>(kv_, [&] { kv_.fork_sequence(parent, child, pos); });
       return;
@@ -236,11 +243,13 @@ class Fuzzer {
     if (model_.seq(id).window != 0) return op_step();
     if (model_.seq(id).evicted) {  // a child that kept a windowed parent's gap
       log_ << "enable_sliding_window (gap child) " << id << "\n";
-      expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, 8, 2); }, {"forked from a windowed"});
+      expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, 8, 2); },
+                                       {"forked from a windowed"});
       return;
     }
     const std::int64_t window = uniform(1, 4 * ps_ + 4);
-    const std::int64_t sink = chance(0.3) ? 0 : uniform(0, std::min<std::int64_t>(window - 1, 2 * ps_ + 1));
+    const std::int64_t sink =
+        chance(0.3) ? 0 : uniform(0, std::min<std::int64_t>(window - 1, 2 * ps_ + 1));
     log_ << "enable_sliding_window " << id << " window " << window << " sink " << sink << " (len "
          << model_.seq(id).length() << ")\n";
     kv_.enable_sliding_window(id, window, sink);
@@ -256,7 +265,8 @@ class Fuzzer {
     bool shared = false;
     for (std::int64_t t = start; t < end; ++t) shared |= model_.token_in_shared_page(id, t);
     const std::vector<std::uint64_t> uids = new_uids(end - start);
-    log_ << "debug_set_kv " << id << " [" << start << ", " << end << ")" << (shared ? " shared" : "") << "\n";
+    log_ << "debug_set_kv " << id << " [" << start << ", " << end << ")"
+         << (shared ? " shared" : "") << "\n";
     if (shared) {
       expect_rejected<InvalidArgument>(kv_, [&] { write_kv(kv_, id, start, uids); }, {"shared"});
       ++coverage_.rejected_shared_writes;
@@ -339,13 +349,15 @@ class Fuzzer {
         expect_rejected<InvalidState>(kv_, [&] { kv_.remove_sequence(id); }, {"forward"});
         break;
       case 2:
-        expect_rejected<InvalidState>(kv_, [&] { kv_.fork_sequence(id, pick_unused()); }, {"forward"});
+        expect_rejected<InvalidState>(kv_, [&] { kv_.fork_sequence(id, pick_unused()); },
+                                      {"forward"});
         break;
       case 3:
         expect_rejected<InvalidState>(kv_, [&] { kv_.pop_n(id, 0); }, {"forward"});
         break;
       case 4:
-        expect_rejected<InvalidState>(kv_, [&] { kv_.enable_sliding_window(id, 4, 1); }, {"forward"});
+        expect_rejected<InvalidState>(kv_, [&] { kv_.enable_sliding_window(id, 4, 1); },
+                                      {"forward"});
         break;
       default:
         expect_rejected<InvalidState>(kv_, [&] { kv_.begin_forward(one, len); }, {"forward"});
@@ -404,7 +416,8 @@ class Fuzzer {
         expect_rejected<InvalidArgument>(kv_, [&] { (void)kv_.sequence_pages(unused); });
         break;
       default:
-        expect_rejected<InvalidArgument>(kv_, [&] { (void)kv_.layer_storage(kv_.config().num_layers); });
+        expect_rejected<InvalidArgument>(kv_,
+                                         [&] { (void)kv_.layer_storage(kv_.config().num_layers); });
         expect_rejected<InvalidArgument>(kv_, [&] { (void)kv_.page_refcount(-1); });
         break;
     }
@@ -449,31 +462,39 @@ class Fuzzer {
     }
     const ShadowModel::Seq& s = model_.seq(id);
     if (s.window != 0) {
-      expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, 8, 1); }, {"already"});
+      expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, 8, 1); },
+                                       {"already"});
       return;
     }
     if (s.evicted) {
-      expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, 8, 1); }, {"forked from a windowed"});
+      expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, 8, 1); },
+                                       {"forked from a windowed"});
       return;
     }
     const std::int64_t window = uniform(-2, 0), sink_window = uniform(1, 6);
-    expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, window, 0); }, {"window_size"});
+    expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, window, 0); },
+                                     {"window_size"});
     expect_rejected<InvalidArgument>(
-        kv_, [&] { kv_.enable_sliding_window(id, sink_window, sink_window + uniform(0, 2)); }, {"attn_sink_size"});
-    expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, sink_window, -1); }, {"attn_sink_size"});
+        kv_, [&] { kv_.enable_sliding_window(id, sink_window, sink_window + uniform(0, 2)); },
+        {"attn_sink_size"});
+    expect_rejected<InvalidArgument>(kv_, [&] { kv_.enable_sliding_window(id, sink_window, -1); },
+                                     {"attn_sink_size"});
   }
 
   void invalid_debug_access(SeqId id) {
     const std::int64_t len = model_.seq(id).length();
     const KVShape shape = KVShape::of(kv_.config());
     std::vector<float> k(shape.k_floats(1)), v(shape.v_floats(1));
-    expect_rejected<InvalidArgument>(kv_, [&] { kv_.debug_get_kv(id, len, len + 1, k, v); }, {"range"});
+    expect_rejected<InvalidArgument>(kv_, [&] { kv_.debug_get_kv(id, len, len + 1, k, v); },
+                                     {"range"});
     expect_rejected<InvalidArgument>(kv_, [&] { kv_.debug_set_kv(id, -1, 0, k, v); }, {"range"});
     if (len == 0) return;
     std::vector<float> short_k(shape.k_floats(1) - 1);
-    expect_rejected<InvalidArgument>(kv_, [&] { kv_.debug_get_kv(id, 0, 1, short_k, v); }, {"k buffer"});
+    expect_rejected<InvalidArgument>(kv_, [&] { kv_.debug_get_kv(id, 0, 1, short_k, v); },
+                                     {"k buffer"});
     std::vector<float> long_v(shape.v_floats(1) + 1);
-    expect_rejected<InvalidArgument>(kv_, [&] { kv_.debug_set_kv(id, 0, 1, k, long_v); }, {"v buffer"});
+    expect_rejected<InvalidArgument>(kv_, [&] { kv_.debug_set_kv(id, 0, 1, k, long_v); },
+                                     {"v buffer"});
   }
 
   void write_into_shared_page() {
@@ -563,17 +584,27 @@ using enum KVLayout;
 INSTANTIATE_TEST_SUITE_P(
     Configs, ShadowRandomTest,
     ::testing::Values(
-        //        name                  config: layers qo kv hd vhd ps pages dtype layout window       ep  ops max_append
+        //        name                  config: layers qo kv hd vhd ps pages dtype layout window ep
+        //        ops max_append
         FuzzSetup{"ps1_f32_hnd", make_config(1, 1, 1, 4, 0, 1, 64, kF32, kHND, false), 300, 40, 6},
-        FuzzSetup{"ps1_bf16_nhd_window", make_config(2, 2, 1, 2, 3, 1, 48, kBF16, kNHD, true), 300, 40, 6},
-        FuzzSetup{"ps3_f16_nhd_gqa_window", make_config(2, 8, 2, 4, 6, 3, 40, kF16, kNHD, true), 300, 40, 10},
-        FuzzSetup{"ps3_bf16_hnd", make_config(1, 4, 4, 8, 2, 3, 30, kBF16, kHND, false), 300, 40, 10},
-        FuzzSetup{"ps4_f32_hnd_window", make_config(2, 2, 1, 4, 4, 4, 32, kF32, kHND, true), 300, 40, 12},
-        FuzzSetup{"ps16_bf16_hnd_gqa_window", make_config(2, 4, 2, 8, 4, 16, 16, kBF16, kHND, true), 300, 40, 40},
-        FuzzSetup{"ps16_f32_nhd_gqa", make_config(1, 6, 3, 4, 8, 16, 12, kF32, kNHD, false), 300, 40, 40},
-        FuzzSetup{"ps16_f16_nhd_window", make_config(1, 2, 2, 4, 0, 16, 20, kF16, kNHD, true), 300, 40, 40},
+        FuzzSetup{"ps1_bf16_nhd_window", make_config(2, 2, 1, 2, 3, 1, 48, kBF16, kNHD, true), 300,
+                  40, 6},
+        FuzzSetup{"ps3_f16_nhd_gqa_window", make_config(2, 8, 2, 4, 6, 3, 40, kF16, kNHD, true),
+                  300, 40, 10},
+        FuzzSetup{"ps3_bf16_hnd", make_config(1, 4, 4, 8, 2, 3, 30, kBF16, kHND, false), 300, 40,
+                  10},
+        FuzzSetup{"ps4_f32_hnd_window", make_config(2, 2, 1, 4, 4, 4, 32, kF32, kHND, true), 300,
+                  40, 12},
+        FuzzSetup{"ps16_bf16_hnd_gqa_window", make_config(2, 4, 2, 8, 4, 16, 16, kBF16, kHND, true),
+                  300, 40, 40},
+        FuzzSetup{"ps16_f32_nhd_gqa", make_config(1, 6, 3, 4, 8, 16, 12, kF32, kNHD, false), 300,
+                  40, 40},
+        FuzzSetup{"ps16_f16_nhd_window", make_config(1, 2, 2, 4, 0, 16, 20, kF16, kNHD, true), 300,
+                  40, 40},
         // Prefix caching on (no token ids told): everything behaves as without.
-        FuzzSetup{"ps3_f32_hnd_window_prefix_caching", with_prefix_caching(make_config(2, 4, 2, 4, 4, 3, 30, kF32, kHND, true)), 300, 40, 10}),
+        FuzzSetup{"ps3_f32_hnd_window_prefix_caching",
+                  with_prefix_caching(make_config(2, 4, 2, 4, 4, 3, 30, kF32, kHND, true)), 300, 40,
+                  10}),
     [](const ::testing::TestParamInfo<FuzzSetup>& info) { return std::string(info.param.name); });
 
 }  // namespace

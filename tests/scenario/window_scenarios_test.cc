@@ -21,7 +21,8 @@ using Uids = std::vector<std::uint64_t>;
 Uids retained_uids(std::uint64_t total, std::uint64_t window, std::uint64_t sink) {
   if (total <= window) return uid_range(1, static_cast<std::int64_t>(total));
   Uids kept = uid_range(1, static_cast<std::int64_t>(sink));
-  const Uids recent = uid_range(total - (window - sink) + 1, static_cast<std::int64_t>(window - sink));
+  const Uids recent =
+      uid_range(total - (window - sink) + 1, static_cast<std::int64_t>(window - sink));
   kept.insert(kept.end(), recent.begin(), recent.end());
   return kept;
 }

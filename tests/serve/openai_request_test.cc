@@ -7,7 +7,8 @@
 namespace pagedattn::serve {
 namespace {
 
-const RequestLimits kLimits{.vocab_size = 300, .max_position = 64, .num_pages = 8, .page_size = 4, .max_n = 4};
+const RequestLimits kLimits{
+    .vocab_size = 300, .max_position = 64, .num_pages = 8, .page_size = 4, .max_n = 4};
 
 GenerationRequest parse(const std::string& body, Endpoint e = Endpoint::kCompletions) {
   static const auto codec = make_byte_codec(300, 2);
@@ -74,7 +75,8 @@ TEST(OpenAiRequest, BadFieldsAre400NamingTheField) {
   EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": "4"})"), P(400, "max_tokens"));
   EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 0})"), P(400, "max_tokens"));
   EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 1e30})"), P(400, "max_tokens"));
-  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 18446744073709551615})"), P(400, "max_tokens"));
+  EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 18446744073709551615})"),
+            P(400, "max_tokens"));
   EXPECT_EQ(error_of(R"({"prompt": "a", "temperature": "hot"})"), P(400, "temperature"));
   EXPECT_EQ(error_of(R"({"prompt": "a", "temperature": 3})"), P(400, "temperature"));
   EXPECT_EQ(error_of(R"({"prompt": "a", "top_p": 0})"), P(400, "top_p"));
@@ -85,7 +87,8 @@ TEST(OpenAiRequest, BadFieldsAre400NamingTheField) {
   EXPECT_EQ(error_of(R"({"prompt": "a", "stream": "yes"})"), P(400, "stream"));
   EXPECT_EQ(error_of(R"({"prompt": "a", "model": 1})"), P(400, "model"));
   EXPECT_EQ(error_of(R"({"messages": []})", Endpoint::kChat), P(400, "messages"));
-  EXPECT_EQ(error_of(R"({"messages": [{"content": "x"}]})", Endpoint::kChat), P(400, "messages[0].role"));
+  EXPECT_EQ(error_of(R"({"messages": [{"content": "x"}]})", Endpoint::kChat),
+            P(400, "messages[0].role"));
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": 5}]})", Endpoint::kChat),
             P(400, "messages[0].content"));
 }
@@ -96,8 +99,10 @@ TEST(OpenAiRequest, CacheSaltNamesATenant) {
   EXPECT_EQ(parse(R"({"prompt": "x", "cache_salt": "a"})").params.cache_salt, a);
   EXPECT_NE(parse(R"({"prompt": "x", "cache_salt": "b"})").params.cache_salt, a);
   EXPECT_EQ(parse(R"({"prompt": "x"})").params.cache_salt, 0u);
-  EXPECT_EQ(error_of(R"({"prompt": "x", "cache_salt": ""})"), (std::pair<int, std::string>{400, "cache_salt"}));
-  EXPECT_EQ(error_of(R"({"prompt": "x", "cache_salt": 5})"), (std::pair<int, std::string>{400, "cache_salt"}));
+  EXPECT_EQ(error_of(R"({"prompt": "x", "cache_salt": ""})"),
+            (std::pair<int, std::string>{400, "cache_salt"}));
+  EXPECT_EQ(error_of(R"({"prompt": "x", "cache_salt": 5})"),
+            (std::pair<int, std::string>{400, "cache_salt"}));
 }
 
 TEST(OpenAiRequest, TooLongIs413) {

@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "http_server.h"
-#include "serve_cli.h"
 #include "pagedattn/llama.h"
+#include "serve_cli.h"
 #include "socket_client.h"
 
 namespace pagedattn::serve {
@@ -65,7 +65,8 @@ class RunningServer {
   bool idle_and_empty(std::chrono::milliseconds timeout = 10s) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
-      if (server_->worker().in_flight() == 0 && server_->worker().stats().pages_in_use == 0) return true;
+      if (server_->worker().in_flight() == 0 && server_->worker().stats().pages_in_use == 0)
+        return true;
       std::this_thread::sleep_for(10ms);
     }
     return false;
@@ -136,7 +137,8 @@ Streamed collect(const std::vector<std::string>& events, bool chat) {
     for (const json& c : e["choices"]) {
       const int index = c["index"];
       if (chat) {
-        if (c["delta"].contains("content")) s.text[index] += c["delta"]["content"].get<std::string>();
+        if (c["delta"].contains("content"))
+          s.text[index] += c["delta"]["content"].get<std::string>();
       } else {
         s.text[index] += c["text"].get<std::string>();
       }
@@ -158,17 +160,19 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
   post("/v1/completions", {{"prompt", "warm"}, {"max_tokens", 3}});
   auto metrics = c.Get("/metrics");
   ASSERT_TRUE(metrics);
-  for (const char* name : {"pagedattn_running_sequences ", "pagedattn_waiting_requests ", "pagedattn_kv_pages_used ",
-                           "pagedattn_kv_pages_free ", "pagedattn_generation_tokens_per_second ",
-                           "pagedattn_time_to_first_token_seconds_bucket", "pagedattn_time_per_output_token_seconds_count",
-                           "pagedattn_preemptions_total ", "pagedattn_server_overhead_ratio ",
-                           "pagedattn_http_responses_total{status=\"200\"}"})
+  for (const char* name :
+       {"pagedattn_running_sequences ", "pagedattn_waiting_requests ", "pagedattn_kv_pages_used ",
+        "pagedattn_kv_pages_free ", "pagedattn_generation_tokens_per_second ",
+        "pagedattn_time_to_first_token_seconds_bucket",
+        "pagedattn_time_per_output_token_seconds_count", "pagedattn_preemptions_total ",
+        "pagedattn_server_overhead_ratio ", "pagedattn_http_responses_total{status=\"200\"}"})
     EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
   EXPECT_EQ(metrics->body.find("pagedattn_generation_tokens_total 0\n"), std::string::npos);
 }
 
 TEST_F(ServerTest, CompletionCountsTokensAndStopsAtMaxTokens) {
-  const json r = post("/v1/completions", {{"model", "tiny"}, {"prompt", "Hello"}, {"max_tokens", 7}});
+  const json r =
+      post("/v1/completions", {{"model", "tiny"}, {"prompt", "Hello"}, {"max_tokens", 7}});
   EXPECT_EQ(r["object"], "text_completion");
   EXPECT_EQ(r["model"], "tiny");
   ASSERT_EQ(r["choices"].size(), 1u);
@@ -180,7 +184,8 @@ TEST_F(ServerTest, CompletionCountsTokensAndStopsAtMaxTokens) {
 }
 
 TEST_F(ServerTest, StreamedTextEqualsTheWholeResponse) {
-  const json body = {{"prompt", {1, 2, 3, 4}}, {"max_tokens", 9}, {"stream_options", {{"include_usage", true}}}};
+  const json body = {
+      {"prompt", {1, 2, 3, 4}}, {"max_tokens", 9}, {"stream_options", {{"include_usage", true}}}};
   const json whole = post("/v1/completions", body);
   const Streamed s = collect(post_stream("/v1/completions", body), false);
   EXPECT_EQ(s.text.at(0), whole["choices"][0]["text"]);
@@ -190,8 +195,10 @@ TEST_F(ServerTest, StreamedTextEqualsTheWholeResponse) {
 }
 
 TEST_F(ServerTest, ChatWholeAndStreamed) {
-  const json body = {{"messages", {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}}},
-                     {"max_tokens", 6}};
+  const json body = {
+      {"messages",
+       {{{"role", "system"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}}},
+      {"max_tokens", 6}};
   const json whole = post("/v1/chat/completions", body);
   EXPECT_EQ(whole["object"], "chat.completion");
   EXPECT_EQ(whole["choices"][0]["message"]["role"], "assistant");
@@ -204,14 +211,16 @@ TEST_F(ServerTest, ChatWholeAndStreamed) {
 }
 
 TEST_F(ServerTest, SeveralSamplesEachWithItsIndex) {
-  const json body = {{"prompt", "abc"}, {"max_tokens", 5}, {"n", 3}, {"temperature", 1.0}, {"seed", 7}};
+  const json body = {
+      {"prompt", "abc"}, {"max_tokens", 5}, {"n", 3}, {"temperature", 1.0}, {"seed", 7}};
   const json whole = post("/v1/completions", body);
   ASSERT_EQ(whole["choices"].size(), 3u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(whole["choices"][i]["index"], i);
   EXPECT_EQ(whole["usage"]["completion_tokens"], 15);
   const Streamed s = collect(post_stream("/v1/completions", body), false);
   ASSERT_EQ(s.text.size(), 3u);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(s.text.at(i), whole["choices"][i]["text"]) << i;  // same seed, same text
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(s.text.at(i), whole["choices"][i]["text"]) << i;  // same seed, same text
 }
 
 TEST_F(ServerTest, StopStringsCutTheTextStreamedOrNot) {
@@ -233,7 +242,8 @@ TEST_F(ServerTest, StopStringsCutTheTextStreamedOrNot) {
 TEST_F(ServerTest, StopTokenIds) {
   std::vector<int> all(1024);
   for (int i = 0; i < 1024; ++i) all[std::size_t(i)] = i;
-  const json r = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 10}, {"stop_token_ids", all}});
+  const json r =
+      post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 10}, {"stop_token_ids", all}});
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(r["usage"]["completion_tokens"], 1);
   EXPECT_EQ(r["choices"][0]["text"], "");  // the stop token is not text
@@ -251,19 +261,24 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
     }
   };
   check(c.Post("/v1/completions", "{\"prompt\": ", "application/json"), 400, nullptr);
-  check(c.Post("/v1/completions", R"({"prompt": "a", "max_tokens": "many"})", "application/json"), 400, "max_tokens");
-  check(c.Post("/v1/chat/completions", R"({"messages": "hi"})", "application/json"), 400, "messages");
-  check(c.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 5000})", "application/json"), 413, "max_tokens");
+  check(c.Post("/v1/completions", R"({"prompt": "a", "max_tokens": "many"})", "application/json"),
+        400, "max_tokens");
+  check(c.Post("/v1/chat/completions", R"({"messages": "hi"})", "application/json"), 400,
+        "messages");
+  check(c.Post("/v1/completions", R"({"prompt": "a", "max_tokens": 5000})", "application/json"),
+        413, "max_tokens");
   check(c.Post("/v1/completions", std::string(100 << 10, ' '), "application/json"), 413, nullptr);
   check(c.Get("/v1/nothing-here"), 404, nullptr);
   check(server_->client("wrong").Get("/v1/models"), 401, nullptr);
-  check(server_->client(nullptr).Post("/v1/completions", R"({"prompt": "a"})", "application/json"), 401, nullptr);
+  check(server_->client(nullptr).Post("/v1/completions", R"({"prompt": "a"})", "application/json"),
+        401, nullptr);
   EXPECT_TRUE(server_->idle_and_empty());
 }
 
 TEST_F(ServerTest, AClientThatHangsUpAbortsItsRequestAndFreesItsPages) {
   SocketClient s(server_->port());
-  const json body = {{"prompt", "go"}, {"max_tokens", 2000}, {"stream", true}, {"ignore_eos", true}};
+  const json body = {
+      {"prompt", "go"}, {"max_tokens", 2000}, {"stream", true}, {"ignore_eos", true}};
   std::string request = testing::http_post("/v1/completions", body.dump());
   request.insert(request.find("\r\n") + 2, std::string("Authorization: Bearer ") + kKey + "\r\n");
   s.send(request);
@@ -282,11 +297,13 @@ TEST_F(ServerTest, SixtyFourClientsAtOnce) {
   std::vector<std::thread> clients;
   for (int i = 0; i < kClients; ++i)
     clients.emplace_back([&, i] {
-      json body = {{"prompt", "client " + std::to_string(i)}, {"max_tokens", 6}, {"ignore_eos", true}};
+      json body = {
+          {"prompt", "client " + std::to_string(i)}, {"max_tokens", 6}, {"ignore_eos", true}};
       if (i % 2 == 0) body["stream"] = true;
       auto res = server_->client().Post("/v1/completions", body.dump(), "application/json");
       if (!res || res->status != 200) {
-        ADD_FAILURE() << "client " << i << ": " << (res ? res->body : httplib::to_string(res.error()));
+        ADD_FAILURE() << "client " << i << ": "
+                      << (res ? res->body : httplib::to_string(res.error()));
         return;
       }
       if (i % 2 == 0) {
@@ -310,8 +327,8 @@ TEST(ServerLimits, PartialRequestsTimeOutWithoutBlockingOthers) {
   slow.send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Len");
   SocketClient slow_body(server.port());
   slow_body.send(testing::http_post("/v1/completions", R"({"prompt": "abcdefgh"})").substr(0, 120));
-  auto res = server.client(nullptr).Post("/v1/completions", R"({"prompt": "meanwhile", "max_tokens": 2})",
-                                         "application/json");
+  auto res = server.client(nullptr).Post(
+      "/v1/completions", R"({"prompt": "meanwhile", "max_tokens": 2})", "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 2);
   EXPECT_TRUE(slow.closed_by_peer(5s)) << "the server kept a silent half-request open";
@@ -328,11 +345,13 @@ TEST(ServerLimits, LongWholeResponsesKeepAliveAndAbortWhenTheClientLeaves) {
   // A long context: requests long enough to outlast keep-alives on any build.
   RunningServer server(o, 128, 65536);
   auto res = server.client(nullptr).Post(
-      "/v1/completions", R"({"prompt": "x", "max_tokens": 1000, "ignore_eos": true})", "application/json");
+      "/v1/completions", R"({"prompt": "x", "max_tokens": 1000, "ignore_eos": true})",
+      "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 200);
   ASSERT_FALSE(res->body.empty());
-  EXPECT_EQ(res->body.front(), ' ') << "1000 tokens came within one keep-alive: not the chunked path";
+  EXPECT_EQ(res->body.front(), ' ')
+      << "1000 tokens came within one keep-alive: not the chunked path";
   EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 1000) << res->body.substr(0, 200);
 
   const auto aborts = [&server] {
@@ -360,10 +379,12 @@ TEST(ServerLimits, AFullQueueIs429) {
   RunningServer server(o);
   // One long request holds the only slot.
   SocketClient hold(server.port());
-  hold.send(testing::http_post("/v1/completions",
-                               R"({"prompt": "x", "max_tokens": 1500, "stream": true, "ignore_eos": true})"));
+  hold.send(testing::http_post(
+      "/v1/completions",
+      R"({"prompt": "x", "max_tokens": 1500, "stream": true, "ignore_eos": true})"));
   ASSERT_NE(hold.read_until("data: ", 30s).find("data: "), std::string::npos);
-  auto res = server.client(nullptr).Post("/v1/completions", R"({"prompt": "y"})", "application/json");
+  auto res =
+      server.client(nullptr).Post("/v1/completions", R"({"prompt": "y"})", "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 429);
   EXPECT_EQ(json::parse(res->body)["error"]["type"], "rate_limit_error");
@@ -374,7 +395,8 @@ TEST(ServerLimits, AFullQueueIs429) {
 TEST(ServerLimits, ShutdownLetsInFlightStreamsFinish) {
   auto server = std::make_unique<RunningServer>();
   SocketClient s(server->port());
-  s.send(testing::http_post("/v1/completions", R"({"prompt": "x", "max_tokens": 40, "stream": true})"));
+  s.send(testing::http_post("/v1/completions",
+                            R"({"prompt": "x", "max_tokens": 40, "stream": true})"));
   ASSERT_NE(s.read_until("data: ", 30s).find("data: "), std::string::npos);
   server.reset();  // shutdown(): drains, then stops
   EXPECT_NE(s.read_until("data: [DONE]", 5s).find("data: [DONE]"), std::string::npos);
@@ -396,9 +418,17 @@ double metric(const std::string& body, const std::string& name) {
 // The serve CLI's prefix-caching flags reach the engine, and a request's
 // cache_salt keeps its cached pages from other tenants.
 TEST(ServeCli, PrefixCachingFlagsAndCacheSalt) {
-  const char* argv[] = {"pagedattn", "serve", "--model", "tiny", "--port", "0",
-                        "--kv-memory-mib", "4", "--enable-prefix-caching",
-                        "--host-kv-memory-mib", "2"};
+  const char* argv[] = {"pagedattn",
+                        "serve",
+                        "--model",
+                        "tiny",
+                        "--port",
+                        "0",
+                        "--kv-memory-mib",
+                        "4",
+                        "--enable-prefix-caching",
+                        "--host-kv-memory-mib",
+                        "2"};
   const ServeOptions o = parse_serve_options(std::size(argv), const_cast<char**>(argv), 2);
   EXPECT_TRUE(o.enable_prefix_caching);
   EXPECT_EQ(o.host_kv_memory_mib, 2.0);
@@ -427,14 +457,19 @@ TEST(ServeCli, PrefixCachingFlagsAndCacheSalt) {
   for (const char* name : {"pagedattn_prefix_cache_hit_rate ", "pagedattn_prefix_cache_pages ",
                            "pagedattn_swap_outs_total ", "pagedattn_host_kv_pages_free "})
     EXPECT_NE(metrics->body.find(name), std::string::npos) << name;
-  const char* off[] = {"pagedattn", "serve", "--model", "tiny", "--enable-prefix-caching",
+  const char* off[] = {"pagedattn",
+                       "serve",
+                       "--model",
+                       "tiny",
+                       "--enable-prefix-caching",
                        "--no-enable-prefix-caching"};
-  EXPECT_FALSE(parse_serve_options(std::size(off), const_cast<char**>(off), 2).enable_prefix_caching);
+  EXPECT_FALSE(
+      parse_serve_options(std::size(off), const_cast<char**>(off), 2).enable_prefix_caching);
 }
 
 TEST(ServeCli, Bf16ProductsFlagReachesTheEngine) {
-  const char* argv[] = {"pagedattn", "serve", "--model", "tiny", "--port", "0", "--kv-memory-mib", "4",
-                        "--bf16-products"};
+  const char* argv[] = {"pagedattn", "serve",           "--model", "tiny",           "--port",
+                        "0",         "--kv-memory-mib", "4",       "--bf16-products"};
   const ServeOptions o = parse_serve_options(std::size(argv), const_cast<char**>(argv), 2);
   EXPECT_TRUE(o.bf16_products);
   RunningServer server(make_server(o));

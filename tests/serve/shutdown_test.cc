@@ -31,8 +31,8 @@ Child start_server() {
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);
-    execl(PAGEDATTN_CLI, PAGEDATTN_CLI, "serve", "--model", "tiny", "--port", "0", "--kv-memory-mib", "4",
-          static_cast<char*>(nullptr));
+    execl(PAGEDATTN_CLI, PAGEDATTN_CLI, "serve", "--model", "tiny", "--port", "0",
+          "--kv-memory-mib", "4", static_cast<char*>(nullptr));
     _exit(127);
   }
   close(out[1]);
@@ -52,13 +52,15 @@ TEST(ServeCli, SigtermFinishesTheStreamAndExitsZero) {
   ASSERT_GT(server.pid, 0);
   ASSERT_GT(server.port, 0) << "no 'listening' line from " << PAGEDATTN_CLI;
   testing::SocketClient s(server.port);
-  s.send(testing::http_post("/v1/completions", R"({"prompt": "x", "max_tokens": 64, "stream": true})"));
+  s.send(testing::http_post("/v1/completions",
+                            R"({"prompt": "x", "max_tokens": 64, "stream": true})"));
   ASSERT_NE(s.read_until("data: ", 60s).find("data: "), std::string::npos);
   ASSERT_EQ(kill(server.pid, SIGTERM), 0);
   EXPECT_NE(s.read_until("data: [DONE]", 30s).find("data: [DONE]"), std::string::npos);
   int status = 0;
   ASSERT_EQ(waitpid(server.pid, &status, 0), server.pid);
-  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 

@@ -16,10 +16,13 @@ SocketClient::SocketClient(int port) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<std::uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << "connect to " << port;
+  EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0)
+      << "connect to " << port;
 }
 
-SocketClient::~SocketClient() { close(); }
+SocketClient::~SocketClient() {
+  close();
+}
 
 void SocketClient::close() {
   if (fd_ >= 0) ::close(fd_);
@@ -39,7 +42,8 @@ std::string SocketClient::read_until(const std::string& until, std::chrono::mill
   std::string got;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (got.find(until) == std::string::npos) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, int(left.count())) <= 0) break;
@@ -54,7 +58,8 @@ std::string SocketClient::read_until(const std::string& until, std::chrono::mill
 bool SocketClient::closed_by_peer(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, int(left.count())) <= 0) return false;
@@ -65,7 +70,8 @@ bool SocketClient::closed_by_peer(std::chrono::milliseconds timeout) {
 }
 
 std::string http_post(const std::string& path, const std::string& body) {
-  return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+  return "POST " + path +
+         " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
          std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 

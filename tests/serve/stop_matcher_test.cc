@@ -9,7 +9,8 @@ namespace pagedattn::serve {
 namespace {
 
 // Feeds `chunks`, returns what was sent and whether it stopped.
-std::pair<std::string, bool> run(std::vector<std::string> stops, const std::vector<std::string>& chunks) {
+std::pair<std::string, bool> run(std::vector<std::string> stops,
+                                 const std::vector<std::string>& chunks) {
   StopMatcher m(std::move(stops));
   std::string sent;
   for (const std::string& c : chunks) {

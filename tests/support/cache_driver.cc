@@ -72,6 +72,8 @@ BatchPlan CacheDriver::step(const std::vector<SeqId>& ids, const std::vector<std
   return copy;
 }
 
-void CacheDriver::expect_matches() const { expect_cache_matches(kv_, model_); }
+void CacheDriver::expect_matches() const {
+  expect_cache_matches(kv_, model_);
+}
 
 }  // namespace pagedattn::test

@@ -60,7 +60,8 @@ KVBuffers make_kv(const KVShape& s, std::span<const std::uint64_t> uids) {
 
 KVBuffers read_kv(const PagedKVCache& kv, SeqId id, std::int64_t start, std::int64_t end) {
   const KVShape s = KVShape::of(kv.config());
-  KVBuffers b{std::vector<float>(s.k_floats(end - start)), std::vector<float>(s.v_floats(end - start))};
+  KVBuffers b{std::vector<float>(s.k_floats(end - start)),
+              std::vector<float>(s.v_floats(end - start))};
   kv.debug_get_kv(id, start, end, b.k, b.v);
   return b;
 }
@@ -101,18 +102,17 @@ namespace {
 
 // "" or the first differing element of one of the two arrays.
 std::string first_difference_in(const KVShape& s, const std::vector<float>& expected,
-                                 const std::vector<float>& actual, std::int32_t head_dim,
-                                 const char* which) {
-  if (expected.size() != actual.size())
-    return std::string(which) + " sizes differ";
+                                const std::vector<float>& actual, std::int32_t head_dim,
+                                const char* which) {
+  if (expected.size() != actual.size()) return std::string(which) + " sizes differ";
   const std::size_t per_layer = expected.size() / static_cast<std::size_t>(s.num_layers);
   const std::size_t per_token = static_cast<std::size_t>(s.num_kv_heads * head_dim);
   for (std::size_t i = 0; i < expected.size(); ++i) {
     if (expected[i] == actual[i]) continue;
     std::ostringstream os;
-    os << which << " differs at layer " << i / per_layer << " token "
-       << (i % per_layer) / per_token << " head " << (i % per_token) / head_dim << " dim "
-       << i % head_dim << ": expected " << expected[i] << ", got " << actual[i];
+    os << which << " differs at layer " << i / per_layer << " token " << (i % per_layer) / per_token
+       << " head " << (i % per_token) / head_dim << " dim " << i % head_dim << ": expected "
+       << expected[i] << ", got " << actual[i];
     return os.str();
   }
   return {};
@@ -139,7 +139,8 @@ std::string check_tokens(const PagedKVCache& kv, SeqId id, std::int64_t start,
 
 std::vector<std::uint64_t> uid_range(std::uint64_t first, std::int64_t n) {
   std::vector<std::uint64_t> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = first + static_cast<std::uint64_t>(i);
+  for (std::int64_t i = 0; i < n; ++i)
+    v[static_cast<std::size_t>(i)] = first + static_cast<std::uint64_t>(i);
   return v;
 }
 

@@ -19,9 +19,9 @@ float unit_float(Engine& engine) {
   // The engine's range, not its result type, gives the random bits: mt19937
   // returns 32 of them in a 64-bit unsigned long.
   constexpr bool k32 = Engine::max() == 0xFFFFFFFFu;
-  static_assert(Engine::min() == 0 &&
-                    (k32 || Engine::max() == std::numeric_limits<std::uint64_t>::max()),
-                "unit_float needs an engine with 32 or 64 random bits");
+  static_assert(
+      Engine::min() == 0 && (k32 || Engine::max() == std::numeric_limits<std::uint64_t>::max()),
+      "unit_float needs an engine with 32 or 64 random bits");
   constexpr int kDrop = (k32 ? 32 : 64) - 24;
   return static_cast<float>(static_cast<std::uint64_t>(engine()) >> kDrop) * 0x1p-24f;
 }

@@ -129,7 +129,8 @@ void ShadowModel::slide(SeqId id) {
 
 void ShadowModel::enable_window(SeqId id, std::int64_t window, std::int64_t sink) {
   Seq& s = seqs_.at(id);
-  model_require(s.window == 0 && !s.evicted && window >= 1 && sink >= 0 && sink < window, "bad window");
+  model_require(s.window == 0 && !s.evicted && window >= 1 && sink >= 0 && sink < window,
+                "bad window");
   s.window = window;
   s.sink = sink;
   slide(id);
@@ -169,7 +170,8 @@ bool ShadowModel::token_in_shared_page(SeqId id, std::int64_t token) const {
 std::vector<std::uint64_t> ShadowModel::uids(SeqId id, std::int64_t start, std::int64_t end) const {
   const Seq& s = seq(id);
   std::vector<std::uint64_t> out;
-  for (std::int64_t t = start; t < end; ++t) out.push_back(s.tokens.at(static_cast<std::size_t>(t)).uid);
+  for (std::int64_t t = start; t < end; ++t)
+    out.push_back(s.tokens.at(static_cast<std::size_t>(t)).uid);
   return out;
 }
 

@@ -45,11 +45,11 @@ class ShadowModel {
 
   // How often the interesting paths were taken (for coverage assertions).
   struct Counters {
-    std::int64_t fork_copies = 0;       // partial pages copied by forks
-    std::int64_t copies_on_write = 0;   // shared partial pages copied before an append
-    std::int64_t evicted_tokens = 0;    // tokens dropped by sliding windows
+    std::int64_t fork_copies = 0;      // partial pages copied by forks
+    std::int64_t copies_on_write = 0;  // shared partial pages copied before an append
+    std::int64_t evicted_tokens = 0;   // tokens dropped by sliding windows
     std::int64_t pops_after_eviction = 0;
-    std::int64_t gap_forks = 0;         // children that kept a windowed parent's gap
+    std::int64_t gap_forks = 0;  // children that kept a windowed parent's gap
   };
 
   explicit ShadowModel(std::int32_t page_size) : page_size_(page_size) {}

@@ -63,7 +63,7 @@ TEST(Addressing64Bit, HighestPagesOfAStorageBeyond4GiB) {
   kv.add_sequence(2);
   const BatchPlan& plan = append(kv, 2, 32);
   EXPECT_EQ(plan.kv_indices, (std::vector<std::int32_t>{static_cast<std::int32_t>(pages - 2),
-                                                         static_cast<std::int32_t>(pages - 1)}));
+                                                        static_cast<std::int32_t>(pages - 1)}));
   EXPECT_EQ(plan.slot_mapping.back(), pages * 16 - 1);
   const std::vector<std::uint64_t> uids = uid_range(1000, 32);
   write_kv_through_slots(kv, plan, 0, uids);
@@ -98,7 +98,8 @@ TEST(Addressing64Bit, HighestPagesOfAStorageBeyond4GiB) {
   EXPECT_TRUE(check_tokens(kv, 2, 31, last_uid).empty());
   kv.remove_sequence(1);
   kv.fork_sequence(2, 3, 20);  // shares page pages-2, copies 4 slots of the last page
-  EXPECT_TRUE(check_tokens(kv, 3, 0, std::vector<std::uint64_t>(uids.begin(), uids.begin() + 20)).empty());
+  EXPECT_TRUE(
+      check_tokens(kv, 3, 0, std::vector<std::uint64_t>(uids.begin(), uids.begin() + 20)).empty());
   EXPECT_NO_THROW(kv.check_invariants());
   kv.remove_sequence(2);
   kv.remove_sequence(3);
@@ -117,7 +118,10 @@ TEST(Addressing64Bit, LayerRegionsAreDisjointAndInsideTheStorage) {
   c.num_pages = 5;
   c.kv_dtype = DType::kBF16;
   PagedKVCache kv(c);
-  struct Region { const std::byte* begin; const std::byte* end; };
+  struct Region {
+    const std::byte* begin;
+    const std::byte* end;
+  };
   std::vector<Region> regions;
   for (std::int32_t l = 0; l < 3; ++l) {
     const PagedKVStorage s = kv.layer_storage(l);

@@ -26,7 +26,9 @@ struct BadConfig {
   std::vector<std::string_view> substrings;
 };
 
-void PrintTo(const BadConfig& bad, std::ostream* os) { *os << bad.name; }
+void PrintTo(const BadConfig& bad, std::ostream* os) {
+  *os << bad.name;
+}
 
 class InvalidConfig : public ::testing::TestWithParam<BadConfig> {};
 
@@ -40,76 +42,91 @@ TEST_P(InvalidConfig, IsRejectedNamingTheField) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fields, InvalidConfig,
-    ::testing::Values(
-        BadConfig{"num_layers_zero", [](KVCacheConfig& c) { c.num_layers = 0; },
-                  {"KVCacheConfig.num_layers = 0", ">= 1"}},
-        BadConfig{"num_layers_negative", [](KVCacheConfig& c) { c.num_layers = -3; },
-                  {"num_layers = -3"}},
-        BadConfig{"num_qo_heads_zero", [](KVCacheConfig& c) { c.num_qo_heads = 0; },
-                  {"KVCacheConfig.num_qo_heads = 0"}},
-        BadConfig{"num_kv_heads_zero", [](KVCacheConfig& c) { c.num_kv_heads = 0; },
-                  {"KVCacheConfig.num_kv_heads = 0"}},
-        BadConfig{"kv_heads_not_dividing", [](KVCacheConfig& c) { c.num_kv_heads = 3; },
-                  {"num_kv_heads = 3", "must divide num_qo_heads = 4"}},
-        BadConfig{"kv_heads_above_qo_heads", [](KVCacheConfig& c) { c.num_kv_heads = 8; },
-                  {"num_kv_heads = 8", "num_qo_heads = 4"}},
-        BadConfig{"head_dim_zero", [](KVCacheConfig& c) { c.head_dim = 0; },
-                  {"KVCacheConfig.head_dim = 0"}},
-        BadConfig{"v_head_dim_negative", [](KVCacheConfig& c) { c.v_head_dim = -1; },
-                  {"KVCacheConfig.v_head_dim = -1"}},
-        BadConfig{"page_size_zero", [](KVCacheConfig& c) { c.page_size = 0; },
-                  {"KVCacheConfig.page_size = 0"}},
-        BadConfig{"page_size_negative", [](KVCacheConfig& c) { c.page_size = -16; },
-                  {"page_size = -16"}},
-        BadConfig{"kv_dtype_unknown", [](KVCacheConfig& c) { c.kv_dtype = static_cast<DType>(200); },
-                  {"KVCacheConfig.kv_dtype = 200"}},
-        BadConfig{"layout_unknown", [](KVCacheConfig& c) { c.layout = static_cast<KVLayout>(7); },
-                  {"KVCacheConfig.layout = 7"}},
-        BadConfig{"num_pages_negative", [](KVCacheConfig& c) { c.num_pages = -1; },
-                  {"KVCacheConfig.num_pages = -1"}},
-        BadConfig{"budget_negative",
-                  [](KVCacheConfig& c) {
-                    c.num_pages = 0;
-                    c.memory_budget_bytes = -4096;
-                  },
-                  {"KVCacheConfig.memory_budget_bytes = -4096"}},
-        BadConfig{"pages_and_budget", [](KVCacheConfig& c) { c.memory_budget_bytes = 4096; },
-                  {"num_pages (8)", "memory_budget_bytes (4096)", "not both"}},
-        BadConfig{"neither_pages_nor_budget", [](KVCacheConfig& c) { c.num_pages = 0; },
-                  {"num_pages = 0 and memory_budget_bytes = 0"}},
-        BadConfig{"budget_below_one_page",
-                  [](KVCacheConfig& c) {
-                    c.num_pages = 0;
-                    c.memory_budget_bytes = kSmallPageBytes - 1;
-                  },
-                  {"memory_budget_bytes = 447", "holds no page", "448 bytes"}},
-        BadConfig{"num_pages_above_int32", [](KVCacheConfig& c) { c.num_pages = std::int64_t{1} << 31; },
-                  {"num_pages = 2147483648", "exceeds 2147483647"}},
-        BadConfig{"page_bytes_overflow",
-                  [](KVCacheConfig& c) {
-                    c.num_qo_heads = c.num_kv_heads = kInt32Max;
-                    c.head_dim = c.v_head_dim = kInt32Max;
-                    c.page_size = kInt32Max;
-                    c.num_layers = kInt32Max;
-                  },
-                  {"exceeds 2^63 bytes"}},
-        BadConfig{"page_bytes_overflow_one_layer",
-                  [](KVCacheConfig& c) {
-                    c.num_layers = 1;
-                    c.num_qo_heads = c.num_kv_heads = kInt32Max;
-                    c.head_dim = c.v_head_dim = kInt32Max;
-                    c.page_size = 1;
-                  },
-                  {"exceeds 2^63 bytes"}},
-        BadConfig{"storage_bytes_overflow",
-                  [](KVCacheConfig& c) {
-                    c.num_layers = 1;
-                    c.num_qo_heads = c.num_kv_heads = 1;
-                    c.head_dim = c.v_head_dim = 1 << 30;  // 2^33 bytes per page
-                    c.page_size = 1;
-                    c.num_pages = kInt32Max;
-                  },
-                  {"num_pages = 2147483647", "overflows 64 bits"}}),
+    ::testing::Values(BadConfig{"num_layers_zero",
+                                [](KVCacheConfig& c) { c.num_layers = 0; },
+                                {"KVCacheConfig.num_layers = 0", ">= 1"}},
+                      BadConfig{"num_layers_negative",
+                                [](KVCacheConfig& c) { c.num_layers = -3; },
+                                {"num_layers = -3"}},
+                      BadConfig{"num_qo_heads_zero",
+                                [](KVCacheConfig& c) { c.num_qo_heads = 0; },
+                                {"KVCacheConfig.num_qo_heads = 0"}},
+                      BadConfig{"num_kv_heads_zero",
+                                [](KVCacheConfig& c) { c.num_kv_heads = 0; },
+                                {"KVCacheConfig.num_kv_heads = 0"}},
+                      BadConfig{"kv_heads_not_dividing",
+                                [](KVCacheConfig& c) { c.num_kv_heads = 3; },
+                                {"num_kv_heads = 3", "must divide num_qo_heads = 4"}},
+                      BadConfig{"kv_heads_above_qo_heads",
+                                [](KVCacheConfig& c) { c.num_kv_heads = 8; },
+                                {"num_kv_heads = 8", "num_qo_heads = 4"}},
+                      BadConfig{"head_dim_zero",
+                                [](KVCacheConfig& c) { c.head_dim = 0; },
+                                {"KVCacheConfig.head_dim = 0"}},
+                      BadConfig{"v_head_dim_negative",
+                                [](KVCacheConfig& c) { c.v_head_dim = -1; },
+                                {"KVCacheConfig.v_head_dim = -1"}},
+                      BadConfig{"page_size_zero",
+                                [](KVCacheConfig& c) { c.page_size = 0; },
+                                {"KVCacheConfig.page_size = 0"}},
+                      BadConfig{"page_size_negative",
+                                [](KVCacheConfig& c) { c.page_size = -16; },
+                                {"page_size = -16"}},
+                      BadConfig{"kv_dtype_unknown",
+                                [](KVCacheConfig& c) { c.kv_dtype = static_cast<DType>(200); },
+                                {"KVCacheConfig.kv_dtype = 200"}},
+                      BadConfig{"layout_unknown",
+                                [](KVCacheConfig& c) { c.layout = static_cast<KVLayout>(7); },
+                                {"KVCacheConfig.layout = 7"}},
+                      BadConfig{"num_pages_negative",
+                                [](KVCacheConfig& c) { c.num_pages = -1; },
+                                {"KVCacheConfig.num_pages = -1"}},
+                      BadConfig{"budget_negative",
+                                [](KVCacheConfig& c) {
+                                  c.num_pages = 0;
+                                  c.memory_budget_bytes = -4096;
+                                },
+                                {"KVCacheConfig.memory_budget_bytes = -4096"}},
+                      BadConfig{"pages_and_budget",
+                                [](KVCacheConfig& c) { c.memory_budget_bytes = 4096; },
+                                {"num_pages (8)", "memory_budget_bytes (4096)", "not both"}},
+                      BadConfig{"neither_pages_nor_budget",
+                                [](KVCacheConfig& c) { c.num_pages = 0; },
+                                {"num_pages = 0 and memory_budget_bytes = 0"}},
+                      BadConfig{"budget_below_one_page",
+                                [](KVCacheConfig& c) {
+                                  c.num_pages = 0;
+                                  c.memory_budget_bytes = kSmallPageBytes - 1;
+                                },
+                                {"memory_budget_bytes = 447", "holds no page", "448 bytes"}},
+                      BadConfig{"num_pages_above_int32",
+                                [](KVCacheConfig& c) { c.num_pages = std::int64_t{1} << 31; },
+                                {"num_pages = 2147483648", "exceeds 2147483647"}},
+                      BadConfig{"page_bytes_overflow",
+                                [](KVCacheConfig& c) {
+                                  c.num_qo_heads = c.num_kv_heads = kInt32Max;
+                                  c.head_dim = c.v_head_dim = kInt32Max;
+                                  c.page_size = kInt32Max;
+                                  c.num_layers = kInt32Max;
+                                },
+                                {"exceeds 2^63 bytes"}},
+                      BadConfig{"page_bytes_overflow_one_layer",
+                                [](KVCacheConfig& c) {
+                                  c.num_layers = 1;
+                                  c.num_qo_heads = c.num_kv_heads = kInt32Max;
+                                  c.head_dim = c.v_head_dim = kInt32Max;
+                                  c.page_size = 1;
+                                },
+                                {"exceeds 2^63 bytes"}},
+                      BadConfig{"storage_bytes_overflow",
+                                [](KVCacheConfig& c) {
+                                  c.num_layers = 1;
+                                  c.num_qo_heads = c.num_kv_heads = 1;
+                                  c.head_dim = c.v_head_dim = 1 << 30;  // 2^33 bytes per page
+                                  c.page_size = 1;
+                                  c.num_pages = kInt32Max;
+                                },
+                                {"num_pages = 2147483647", "overflows 64 bits"}}),
     [](const ::testing::TestParamInfo<BadConfig>& info) { return std::string(info.param.name); });
 
 TEST(ConfigResolution, BudgetDerivesNumPages) {

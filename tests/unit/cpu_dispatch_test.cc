@@ -21,7 +21,9 @@
 
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::testing::HWY_NAMESPACE {
-std::int64_t CompiledTarget() { return HWY_TARGET; }
+std::int64_t CompiledTarget() {
+  return HWY_TARGET;
+}
 }  // namespace pagedattn::testing::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -37,7 +39,9 @@ std::string lower(std::string s) {
 }
 
 // The target a HWY_DYNAMIC_DISPATCH call runs now.
-std::string dispatch_now() { return lower(hwy::TargetName(HWY_DYNAMIC_DISPATCH(CompiledTarget)())); }
+std::string dispatch_now() {
+  return lower(hwy::TargetName(HWY_DYNAMIC_DISPATCH(CompiledTarget)()));
+}
 
 // Removes any cap and the variable when a test ends, however it ends.
 struct NoCapAfter {
@@ -63,7 +67,9 @@ TEST(CpuDispatch, LoadTimeCapMatchesEnvironment) {
   EXPECT_EQ(max_target(), lower(env));
   EXPECT_EQ(dispatch_now(), dispatched_target_name());
   const std::vector<std::string> names = known_target_names();
-  const auto rank = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
+  const auto rank = [&](const std::string& n) {
+    return std::find(names.begin(), names.end(), n) - names.begin();
+  };
   EXPECT_GE(rank(dispatch_now()), rank(lower(env))) << "dispatch runs above the cap";
 }
 
@@ -168,9 +174,10 @@ TEST(CpuDispatch, UnknownEnvironmentValueFailsAttentionCalls) {
     AttentionRunner().run(empty);
     FAIL() << "AttentionRunner::run ran under PAGEDATTN_MAX_TARGET=avx3_zen9";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(
-                  "AttentionRunner::run: PAGEDATTN_MAX_TARGET = 'avx3_zen9' is not a Highway target"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "AttentionRunner::run: PAGEDATTN_MAX_TARGET = 'avx3_zen9' is not a Highway target"),
+        std::string::npos)
         << e.what();
   }
   set_max_target("");  // an explicit choice clears the environment's error
@@ -201,7 +208,6 @@ TEST(CpuDispatch, FeaturesFollowTheTarget) {
     EXPECT_EQ(feature_names(dispatched_features()), "sse4_2 avx2 fma f16c");
   }
 }
-
 
 // PAGEDATTN_DISABLE_FEATURES / set_disabled_features: the named dot-product
 // extensions leave dispatched_features() (the kernels' choice) but not
@@ -248,7 +254,8 @@ TEST(CpuDispatch, UnknownDisabledFeatureInEnvironmentFailsAttentionCalls) {
     AttentionRunner().run(empty);
     FAIL() << "AttentionRunner::run ran under PAGEDATTN_DISABLE_FEATURES=amx_int8";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("PAGEDATTN_DISABLE_FEATURES = 'amx_int8'"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("PAGEDATTN_DISABLE_FEATURES = 'amx_int8'"),
+              std::string::npos)
         << e.what();
   }
   setenv(kDisableFeaturesVariable, "amx_bf16", 1);

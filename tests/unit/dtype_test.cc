@@ -14,10 +14,18 @@
 namespace pagedattn {
 namespace {
 
-float f32(std::uint32_t bits) { return std::bit_cast<float>(bits); }
-std::uint32_t bits_of(float f) { return std::bit_cast<std::uint32_t>(f); }
-bool is_f16_nan(std::uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0; }
-bool is_bf16_nan(std::uint16_t b) { return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0; }
+float f32(std::uint32_t bits) {
+  return std::bit_cast<float>(bits);
+}
+std::uint32_t bits_of(float f) {
+  return std::bit_cast<std::uint32_t>(f);
+}
+bool is_f16_nan(std::uint16_t h) {
+  return (h & 0x7c00u) == 0x7c00u && (h & 0x03ffu) != 0;
+}
+bool is_bf16_nan(std::uint16_t b) {
+  return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0;
+}
 
 // --- bf16 ---------------------------------------------------------------------------
 
@@ -100,8 +108,8 @@ TEST(F16, RoundsToNearestEven) {
   EXPECT_EQ(float_to_f16_bits(1.0f + std::ldexp(1.0f, -11)), 0x3c00);      // tie -> even
   EXPECT_EQ(float_to_f16_bits(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);  // tie -> even
   EXPECT_EQ(float_to_f16_bits(std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f)), 0x3c01);
-  EXPECT_EQ(float_to_f16_bits(65519.0f), 0x7bff);  // below the overflow tie
-  EXPECT_EQ(float_to_f16_bits(65520.0f), 0x7c00);  // tie with "65536" -> inf
+  EXPECT_EQ(float_to_f16_bits(65519.0f), 0x7bff);                   // below the overflow tie
+  EXPECT_EQ(float_to_f16_bits(65520.0f), 0x7c00);                   // tie with "65536" -> inf
   EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -25)), 0x0000);      // tie -> 0
   EXPECT_EQ(float_to_f16_bits(3 * std::ldexp(1.0f, -25)), 0x0002);  // tie -> even
   EXPECT_EQ(float_to_f16_bits(std::ldexp(1.0f, -30)), 0x0000);      // underflow

@@ -37,7 +37,10 @@ TEST_F(ErrorPaths, UnknownIds) {
                                    {"fork_sequence", "parent_id = 99", "does not exist"});
   expect_rejected<InvalidArgument>(kv(), [&] { kv().pop_n(-7, 1); },
                                    {"pop_n", "seq_id = -7", "does not exist"});
-  expect_rejected<InvalidArgument>(kv(), [&] { kv().begin_forward(Ids{1, 42}, Lens{1, 1}); },
+  expect_rejected<InvalidArgument>(kv(),
+                                   [&] {
+                                     kv().begin_forward(Ids{1, 42}, Lens{1, 1});
+                                   },
                                    {"begin_forward", "seq_ids", "= 42", "does not exist"});
   expect_rejected<InvalidArgument>(kv(), [&] { kv().enable_sliding_window(42, 4, 1); },
                                    {"enable_sliding_window", "seq_id = 42"});
@@ -63,7 +66,10 @@ TEST_F(ErrorPaths, DuplicateIds) {
                                    {"fork_sequence", "child_id = 3", "already exists"});
   expect_rejected<InvalidArgument>(kv(), [&] { kv().fork_sequence(1, 1); },
                                    {"child_id = 1", "already exists"});
-  expect_rejected<InvalidArgument>(kv(), [&] { kv().begin_forward(Ids{1, 3, 1}, Lens{1, 1, 1}); },
+  expect_rejected<InvalidArgument>(kv(),
+                                   [&] {
+                                     kv().begin_forward(Ids{1, 3, 1}, Lens{1, 1, 1});
+                                   },
                                    {"begin_forward", "seq_id = 1", "more than once"});
 }
 
@@ -84,13 +90,20 @@ TEST_F(ErrorPaths, PopBeyondLength) {
 }
 
 TEST_F(ErrorPaths, BadBatchArguments) {
-  expect_rejected<InvalidArgument>(kv(), [&] { kv().begin_forward(Ids{1, 3}, Lens{1}); },
-                                   {"begin_forward", "seq_ids has 2 entries", "append_lengths has 1"});
-  expect_rejected<InvalidArgument>(kv(), [&] { kv().begin_forward(Ids{1, 3}, Lens{1, -3}); },
-                                   {"begin_forward", "append_lengths[1] = -3", "seq_id = 3"});
   expect_rejected<InvalidArgument>(
-      kv(), [&] { kv().begin_forward(Ids{3}, Lens{std::int64_t{1} << 31}); },
-      {"append_lengths[0] = 2147483648", "2^31"});
+      kv(),
+      [&] {
+        kv().begin_forward(Ids{1, 3}, Lens{1});
+      },
+      {"begin_forward", "seq_ids has 2 entries", "append_lengths has 1"});
+  expect_rejected<InvalidArgument>(kv(),
+                                   [&] {
+                                     kv().begin_forward(Ids{1, 3}, Lens{1, -3});
+                                   },
+                                   {"begin_forward", "append_lengths[1] = -3", "seq_id = 3"});
+  expect_rejected<InvalidArgument>(kv(),
+                                   [&] { kv().begin_forward(Ids{3}, Lens{std::int64_t{1} << 31}); },
+                                   {"append_lengths[0] = 2147483648", "2^31"});
   expect_rejected<InvalidArgument>(kv(), [&] { (void)kv().pages_needed(Ids{1}, Lens{}); },
                                    {"pages_needed", "seq_ids has 1 entries"});
 }
@@ -148,16 +161,17 @@ TEST_F(ErrorPaths, SlidingWindowArguments) {
                                    {"enable_sliding_window", "window_size = 0"});
   expect_rejected<InvalidArgument>(kv(), [&] { kv().enable_sliding_window(1, -5, 0); },
                                    {"window_size = -5"});
-  expect_rejected<InvalidArgument>(
-      kv(), [&] { kv().enable_sliding_window(1, std::int64_t{1} << 31, 0); },
-      {"window_size = 2147483648"});
+  expect_rejected<InvalidArgument>(kv(),
+                                   [&] { kv().enable_sliding_window(1, std::int64_t{1} << 31, 0); },
+                                   {"window_size = 2147483648"});
   expect_rejected<InvalidArgument>(kv(), [&] { kv().enable_sliding_window(1, 4, 4); },
                                    {"attn_sink_size = 4", "window_size = 4"});
   expect_rejected<InvalidArgument>(kv(), [&] { kv().enable_sliding_window(1, 4, -1); },
                                    {"attn_sink_size = -1"});
   d_.enable_window(3, 8, 2);
-  expect_rejected<InvalidArgument>(kv(), [&] { kv().enable_sliding_window(3, 8, 2); },
-                                   {"enable_sliding_window", "seq_id = 3", "already has a sliding window"});
+  expect_rejected<InvalidArgument>(
+      kv(), [&] { kv().enable_sliding_window(3, 8, 2); },
+      {"enable_sliding_window", "seq_id = 3", "already has a sliding window"});
   d_.fork(3, 9);  // a windowed parent forks; the child has no window
   EXPECT_EQ(kv().sequence_length(9), kv().sequence_length(3));
   kv().check_invariants();
@@ -173,20 +187,25 @@ TEST(ErrorPathsNoWindow, SlidingWindowNeedsTheConfigFlag) {
 TEST_F(ErrorPaths, PopIntoSinksAfterEvictions) {
   d_.enable_window(3, 6, 2);
   d_.step({3}, {9});  // 9 -> keeps 6: 2 sinks + 4
-  expect_rejected<InvalidArgument>(kv(), [&] { kv().pop_n(3, 5); },
-                                   {"pop_n", "n = 5", "[0, 4]", "attention sinks cannot be popped"});
+  expect_rejected<InvalidArgument>(
+      kv(), [&] { kv().pop_n(3, 5); },
+      {"pop_n", "n = 5", "[0, 4]", "attention sinks cannot be popped"});
   d_.pop(3, 4);
   EXPECT_EQ(kv().sequence_length(3), 2);
 }
 
 TEST_F(ErrorPaths, DebugSetIntoASharedPage) {
   const std::vector<std::uint64_t> uid = {1234};
-  expect_rejected<InvalidArgument>(kv(), [&] { write_kv(kv(), 2, 3, uid); },
-                                   {"debug_set_kv", "token 3", "seq_id = 2", "page 0", "shared by 2"});
+  expect_rejected<InvalidArgument>(
+      kv(), [&] { write_kv(kv(), 2, 3, uid); },
+      {"debug_set_kv", "token 3", "seq_id = 2", "page 0", "shared by 2"});
   expect_rejected<InvalidArgument>(kv(), [&] { write_kv(kv(), 1, 0, uid); }, {"shared by 2"});
   // A range that starts in an unshared page but reaches a shared one writes nothing.
   d_.step({2}, {2});
-  expect_rejected<InvalidArgument>(kv(), [&] { write_kv(kv(), 2, 3, std::vector<std::uint64_t>{7, 8, 9}); },
+  expect_rejected<InvalidArgument>(kv(),
+                                   [&] {
+                                     write_kv(kv(), 2, 3, std::vector<std::uint64_t>{7, 8, 9});
+                                   },
                                    {"token 3"});
   write_kv(kv(), 1, 4, uid);  // page 1 is sequence 1's alone
 }
@@ -203,8 +222,10 @@ TEST_F(ErrorPaths, DebugBufferSizesAndRanges) {
                                    {"debug_set_kv", "v buffer has 25 floats", "= 24"});
   expect_rejected<InvalidArgument>(kv(), [&] { kv().debug_get_kv(1, 5, 7, k, v); },
                                    {"range [5, 7)", "[0, 6]", "seq_id = 1"});
-  expect_rejected<InvalidArgument>(kv(), [&] { kv().debug_set_kv(1, 3, 1, k, v); }, {"range [3, 1)"});
-  expect_rejected<InvalidArgument>(kv(), [&] { kv().debug_get_kv(1, -1, 1, k, v); }, {"range [-1, 1)"});
+  expect_rejected<InvalidArgument>(kv(), [&] { kv().debug_set_kv(1, 3, 1, k, v); },
+                                   {"range [3, 1)"});
+  expect_rejected<InvalidArgument>(kv(), [&] { kv().debug_get_kv(1, -1, 1, k, v); },
+                                   {"range [-1, 1)"});
 }
 
 TEST_F(ErrorPaths, StorageAndPageQueriesOutOfRange) {

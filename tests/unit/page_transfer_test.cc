@@ -20,7 +20,8 @@ namespace {
 
 // Streams one layer's runs into another's (their total lengths are equal;
 // their run boundaries need not be).
-void copy_layer(std::span<const std::span<std::byte>> from, std::span<const std::span<std::byte>> to) {
+void copy_layer(std::span<const std::span<std::byte>> from,
+                std::span<const std::span<std::byte>> to) {
   std::size_t fi = 0, fo = 0, ti = 0, to_off = 0;
   while (fi < from.size() && ti < to.size()) {
     const std::size_t n = std::min(from[fi].size() - fo, to[ti].size() - to_off);
@@ -69,7 +70,7 @@ class KVTransferRoundTrip : public ::testing::TestWithParam<std::tuple<DType, KV
 TEST_P(KVTransferRoundTrip, ReceiverHoldsTheSendersKVUnderItsOwnPages) {
   const auto [dtype, layout] = GetParam();
   PagedKVCache sender(transfer_config(dtype, layout)), receiver(transfer_config(dtype, layout));
-  fill_sequence(sender, 1, 5, 100);     // occupies low pages: ids differ between sides
+  fill_sequence(sender, 1, 5, 100);  // occupies low pages: ids differ between sides
   fill_sequence(sender, 7, 37, 1000);
   fill_sequence(receiver, 3, 19, 5000);  // the receiver's pages are busy elsewhere too
   const OutgoingKV out = sender.outgoing_pages(7);
@@ -99,10 +100,10 @@ TEST_P(KVTransferRoundTrip, ReceiverHoldsTheSendersKVUnderItsOwnPages) {
   receiver.check_invariants();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    DTypesAndLayouts, KVTransferRoundTrip,
-    ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kINT8),
-                       ::testing::Values(KVLayout::kHND, KVLayout::kNHD)));
+INSTANTIATE_TEST_SUITE_P(DTypesAndLayouts, KVTransferRoundTrip,
+                         ::testing::Combine(::testing::Values(DType::kF32, DType::kF16,
+                                                              DType::kBF16, DType::kINT8),
+                                            ::testing::Values(KVLayout::kHND, KVLayout::kNHD)));
 
 TEST(KVTransfer, NeighbouringPagesMergeIntoOneRunPerComponent) {
   PagedKVCache kv(transfer_config(DType::kINT8, KVLayout::kHND));
@@ -132,8 +133,10 @@ TEST(KVTransfer, CancelFreesEveryPageAndRestoresTheDigest) {
 TEST(KVTransfer, ReservationsThatDoNotFitOrAreMalformedChangeNothing) {
   PagedKVCache kv(transfer_config(DType::kF16, KVLayout::kHND));
   fill_sequence(kv, 1, 11, 7);
-  expect_rejected<OutOfPages>(kv, [&] { kv.reserve_incoming(2, 8 * 31); }, {"reserve_incoming", "31"});
-  expect_rejected<InvalidArgument>(kv, [&] { kv.reserve_incoming(1, 4); }, {"seq_id = 1", "exists"});
+  expect_rejected<OutOfPages>(kv, [&] { kv.reserve_incoming(2, 8 * 31); },
+                              {"reserve_incoming", "31"});
+  expect_rejected<InvalidArgument>(kv, [&] { kv.reserve_incoming(1, 4); },
+                                   {"seq_id = 1", "exists"});
   expect_rejected<InvalidArgument>(kv, [&] { kv.reserve_incoming(2, 0); }, {"num_tokens = 0"});
   expect_rejected<InvalidState>(kv, [&] { kv.commit_incoming(1); }, {"not receiving"});
   expect_rejected<InvalidState>(kv, [&] { kv.cancel_incoming(1); }, {"not receiving"});
@@ -158,16 +161,26 @@ TEST(KVTransfer, AReceivingSequenceIsRefusedByEveryOtherCall) {
   KVShape shape = KVShape::of(kv.config());
   std::vector<float> k(shape.k_floats(1)), v(shape.v_floats(1));
   const std::initializer_list<std::string_view> why = {"seq_id = 5", "still receiving"};
-  expect_rejected<InvalidState>(kv, [&] { kv.begin_forward(ids, one); }, why);
-  expect_rejected<InvalidState>(kv, [&] { kv.begin_forward(ids, one, root); }, why);
-  expect_rejected<InvalidState>(kv, [&] { kv.pages_needed(ids, one); }, why);
-  expect_rejected<InvalidState>(kv, [&] { kv.fork_sequence(5, 6); }, why);
-  expect_rejected<InvalidState>(kv, [&] { kv.pop_n(5, 1); }, why);
-  expect_rejected<InvalidState>(kv, [&] { kv.remove_sequence(5); }, why);
-  expect_rejected<InvalidState>(kv, [&] { kv.enable_sliding_window(5, 8, 1); }, why);
-  expect_rejected<InvalidState>(kv, [&] { kv.debug_get_kv(5, 0, 1, k, v); }, why);
-  expect_rejected<InvalidState>(kv, [&] { kv.debug_set_kv(5, 0, 1, k, v); }, why);
-  expect_rejected<InvalidState>(kv, [&] { kv.outgoing_pages(5); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.begin_forward(ids, one); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.begin_forward(ids, one, root); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.pages_needed(ids, one); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.fork_sequence(5, 6); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.pop_n(5, 1); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.remove_sequence(5); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.enable_sliding_window(5, 8, 1); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.debug_get_kv(5, 0, 1, k, v); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.debug_set_kv(5, 0, 1, k, v); }, why);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.outgoing_pages(5); }, why);
   kv.check_invariants();
   kv.cancel_incoming(5);
   EXPECT_TRUE(kv.empty());

@@ -13,8 +13,8 @@ namespace pagedattn {
 namespace {
 
 TEST(PagedKVStorage, DenseHNDStrides) {
-  const PagedKVStorage s = PagedKVStorage::dense(nullptr, nullptr, DType::kF16, KVLayout::kHND,
-                                                 16, 8, 128, 64, 10);
+  const PagedKVStorage s =
+      PagedKVStorage::dense(nullptr, nullptr, DType::kF16, KVLayout::kHND, 16, 8, 128, 64, 10);
   EXPECT_EQ(s.k_page_stride, 16 * 8 * 128);
   EXPECT_EQ(s.k_head_stride, 16 * 128);
   EXPECT_EQ(s.k_token_stride, 128);
@@ -33,8 +33,8 @@ TEST(PagedKVStorage, DenseHNDStrides) {
 }
 
 TEST(PagedKVStorage, DenseNHDStrides) {
-  const PagedKVStorage s = PagedKVStorage::dense(nullptr, nullptr, DType::kBF16, KVLayout::kNHD,
-                                                 16, 8, 128, 64, 10);
+  const PagedKVStorage s =
+      PagedKVStorage::dense(nullptr, nullptr, DType::kBF16, KVLayout::kNHD, 16, 8, 128, 64, 10);
   EXPECT_EQ(s.k_page_stride, 16 * 8 * 128);
   EXPECT_EQ(s.k_head_stride, 128);
   EXPECT_EQ(s.k_token_stride, 8 * 128);
@@ -56,8 +56,8 @@ static_assert(PagedKVStorage::dense(nullptr, nullptr, DType::kF32, KVLayout::kNH
 // offset, and together they cover [0, pages * page_stride) exactly.
 void expect_dense_bijection(KVLayout layout) {
   constexpr std::int32_t kPages = 3, kPs = 5, kHeads = 3, kDim = 4, kVDim = 2;
-  const PagedKVStorage s =
-      PagedKVStorage::dense(nullptr, nullptr, DType::kF32, layout, kPs, kHeads, kDim, kVDim, kPages);
+  const PagedKVStorage s = PagedKVStorage::dense(nullptr, nullptr, DType::kF32, layout, kPs, kHeads,
+                                                 kDim, kVDim, kPages);
   std::set<std::int64_t> k, v;
   for (std::int64_t p = 0; p < kPages; ++p)
     for (std::int64_t h = 0; h < kHeads; ++h)
@@ -72,13 +72,17 @@ void expect_dense_bijection(KVLayout layout) {
   EXPECT_EQ(*v.rbegin(), kPages * s.v_page_stride - 1);
 }
 
-TEST(PagedKVStorage, DenseOffsetsAreABijectionHND) { expect_dense_bijection(KVLayout::kHND); }
-TEST(PagedKVStorage, DenseOffsetsAreABijectionNHD) { expect_dense_bijection(KVLayout::kNHD); }
+TEST(PagedKVStorage, DenseOffsetsAreABijectionHND) {
+  expect_dense_bijection(KVLayout::kHND);
+}
+TEST(PagedKVStorage, DenseOffsetsAreABijectionNHD) {
+  expect_dense_bijection(KVLayout::kNHD);
+}
 
 TEST(PagedKVStorage, OffsetsAre64Bit) {
   constexpr std::int64_t kPages = std::numeric_limits<std::int32_t>::max();
-  const PagedKVStorage s = PagedKVStorage::dense(nullptr, nullptr, DType::kF32, KVLayout::kHND,
-                                                 16, 8, 128, 128, kPages);
+  const PagedKVStorage s =
+      PagedKVStorage::dense(nullptr, nullptr, DType::kF32, KVLayout::kHND, 16, 8, 128, 128, kPages);
   const std::int64_t last = kPages - 1;
   EXPECT_EQ(s.k_offset(last, 7, 15), last * 16384 + 7 * 2048 + 15 * 128);
   EXPECT_GT(s.k_offset(last, 7, 15), std::int64_t{1} << 44);
@@ -119,7 +123,7 @@ TEST(PagedKVTable, SlotOfKeyWithSinksAndGaps) {
   EXPECT_EQ(t.offset_of_key(0, 2), 3);
   EXPECT_EQ(t.page_of_key(0, 9), 13);
   EXPECT_EQ(t.offset_of_key(0, 9), 2);
-  EXPECT_EQ(t.slot_of_key(1, 0), 3);   // no sinks: every key shifts
+  EXPECT_EQ(t.slot_of_key(1, 0), 3);  // no sinks: every key shifts
   EXPECT_EQ(t.page_of_key(1, 0), 20);
   EXPECT_EQ(t.page_of_key(1, 1), 21);
   EXPECT_EQ(t.offset_of_key(1, 2), 1);

@@ -11,7 +11,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 }  // namespace
 
@@ -68,7 +70,7 @@ EngineWorker::Ticket EngineWorker::submit(std::span<const std::int32_t> prompt,
   if (!accepting_) throw ApiError(503, "the server is shutting down");
   if (std::ssize(held_) >= max_requests_)
     throw ApiError(429, "the server holds " + std::to_string(held_.size()) +
-                   " requests, its limit (--max-queued-requests); retry later");
+                            " requests, its limit (--max-queued-requests); retry later");
   // Under mutex_, so the stream callback cannot see the id before it is held.
   const RequestId id = engine_.add_request(prompt, params);
   Held& h = held_[id];
@@ -187,8 +189,10 @@ void EngineWorker::on_output(const RequestOutput& out) {
 
 void EngineWorker::finish_locked(RequestId, Held& h) {
   const auto now = Clock::now();
-  const std::int64_t longest = h.per_sample.empty() ? 0 : *std::max_element(h.per_sample.begin(), h.per_sample.end());
-  const double tpot = longest > 1 ? seconds(h.last_token - h.first_token) / double(longest - 1) : 0.0;
+  const std::int64_t longest =
+      h.per_sample.empty() ? 0 : *std::max_element(h.per_sample.begin(), h.per_sample.end());
+  const double tpot =
+      longest > 1 ? seconds(h.last_token - h.first_token) / double(longest - 1) : 0.0;
   metrics_.observe_request(seconds(h.first_token - h.submitted), tpot, seconds(now - h.submitted),
                            h.prompt_tokens, h.generated);
 }
@@ -211,7 +215,8 @@ void EngineWorker::fail_all(const std::string& message) {
     }
     held_.clear();
   }
-  for (auto& [channel, n] : failed) channel->close(FinishReason::kAborted, n, "engine step failed: " + message);
+  for (auto& [channel, n] : failed)
+    channel->close(FinishReason::kAborted, n, "engine step failed: " + message);
   empty_cv_.notify_all();
 }
 

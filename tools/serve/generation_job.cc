@@ -16,7 +16,9 @@ using Clock = std::chrono::steady_clock;
 
 // Generated text may hold invalid UTF-8 (a model can emit any bytes): it
 // becomes U+FFFD rather than failing the response.
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 std::string next_id(Endpoint endpoint) {
   static std::atomic<std::uint64_t> counter{0};
@@ -25,13 +27,18 @@ std::string next_id(Endpoint endpoint) {
 
 const char* finish_name(FinishReason r) {
   switch (r) {
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    default: return "abort";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    default:
+      return "abort";
   }
 }
 
-double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+double since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 }  // namespace
 
@@ -92,13 +99,16 @@ std::string GenerationJob::usage_json() const {
   std::int64_t completion = 0;
   for (const Sample& s : samples_) completion += s.tokens;
   const std::int64_t prompt = std::ssize(request_.prompt_ids);
-  return dump({{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}});
+  return dump({{"prompt_tokens", prompt},
+               {"completion_tokens", completion},
+               {"total_tokens", prompt + completion}});
 }
 
 bool GenerationJob::wait_finished(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (!finished_) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) return false;
     absorb(ticket_.channel->wait(std::min(left, std::chrono::milliseconds(1000))));
   }
@@ -119,15 +129,19 @@ std::string GenerationJob::final_body() {
   json choices = json::array();
   for (std::size_t i = 0; i < samples_.size(); ++i) {
     Sample& s = samples_[i];
-    json c = {{"index", i}, {"logprobs", nullptr}, {"finish_reason", s.finish ? s.finish : "abort"}};
+    json c = {
+        {"index", i}, {"logprobs", nullptr}, {"finish_reason", s.finish ? s.finish : "abort"}};
     if (chat)
       c["message"] = {{"role", "assistant"}, {"content", s.text}};
     else
       c["text"] = s.text;
     choices.push_back(std::move(c));
   }
-  json body = {{"id", id_}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created_},
-               {"model", model_name_}, {"choices", std::move(choices)},
+  json body = {{"id", id_},
+               {"object", chat ? "chat.completion" : "text_completion"},
+               {"created", created_},
+               {"model", model_name_},
+               {"choices", std::move(choices)},
                {"usage", json::parse(usage_json())}};
   return dump(body);
 }
@@ -147,8 +161,11 @@ std::string GenerationJob::chunk(std::size_t index, Sample& s) {
     c["text"] = s.text;
   }
   s.text.clear();
-  const json event = {{"id", id_}, {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                      {"created", created_}, {"model", model_name_}, {"choices", json::array({std::move(c)})}};
+  const json event = {{"id", id_},
+                      {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                      {"created", created_},
+                      {"model", model_name_},
+                      {"choices", json::array({std::move(c)})}};
   return "data: " + dump(event) + "\n\n";
 }
 
@@ -168,8 +185,12 @@ std::string GenerationJob::next_events(std::chrono::milliseconds timeout) {
   if (finished_) {
     if (!error_.empty()) events += "data: " + ApiError(500, error_).to_json() + "\n\n";
     if (request_.include_usage) {
-      const json usage = {{"id", id_}, {"object", request_.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
-                          {"created", created_}, {"model", model_name_}, {"choices", json::array()},
+      const json usage = {{"id", id_},
+                          {"object", request_.endpoint == Endpoint::kChat ? "chat.completion.chunk"
+                                                                          : "text_completion"},
+                          {"created", created_},
+                          {"model", model_name_},
+                          {"choices", json::array()},
                           {"usage", json::parse(usage_json())}};
       events += "data: " + dump(usage) + "\n\n";
     }

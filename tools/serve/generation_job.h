@@ -38,10 +38,11 @@ class GenerationJob {
 
  private:
   struct Sample {
-    Sample(std::unique_ptr<TextStream> d, StopMatcher m) : decoder(std::move(d)), matcher(std::move(m)) {}
+    Sample(std::unique_ptr<TextStream> d, StopMatcher m)
+        : decoder(std::move(d)), matcher(std::move(m)) {}
     std::unique_ptr<TextStream> decoder;
     StopMatcher matcher;
-    std::string text;   // non-streamed: everything; streamed: the unsent delta
+    std::string text;  // non-streamed: everything; streamed: the unsent delta
     std::int64_t tokens = 0;
     const char* finish = nullptr;  // set once the sample is done
     bool role_sent = false;

@@ -41,12 +41,16 @@ bool authorized(const httplib::Request& req, const std::string& key) {
 }  // namespace
 
 HttpServer::HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options)
-    : options_(std::move(options)), codec_(std::move(codec)), http_(std::make_unique<httplib::Server>()) {
+    : options_(std::move(options)),
+      codec_(std::move(codec)),
+      http_(std::make_unique<httplib::Server>()) {
   require(codec_ != nullptr, "serve: no text codec");
-  require(options_.max_connections >= 1, "serve: --max-connections = ", options_.max_connections, " must be >= 1");
-  require(options_.max_queued_requests >= 1, "serve: --max-queued-requests = ", options_.max_queued_requests,
+  require(options_.max_connections >= 1, "serve: --max-connections = ", options_.max_connections,
           " must be >= 1");
-  worker_ = std::make_unique<EngineWorker>(std::move(engine), options_.max_queued_requests, metrics_);
+  require(options_.max_queued_requests >= 1,
+          "serve: --max-queued-requests = ", options_.max_queued_requests, " must be >= 1");
+  worker_ =
+      std::make_unique<EngineWorker>(std::move(engine), options_.max_queued_requests, metrics_);
   install_limits();
   install_routes();
 }
@@ -73,28 +77,31 @@ void HttpServer::install_limits() {
   // Errors httplib makes itself (no route, body too large, bad request line)
   // get OpenAI's JSON shape too.
   const httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req,
-                                                          httplib::Response& res) {
+                                                           httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string what = res.status == 404   ? "no route " + req.method + " " + req.path
-                             : res.status == 413 ? "the request body exceeds the limit (--max-body-bytes)"
-                                                 : "the request could not be served";
+    const std::string what = res.status == 404 ? "no route " + req.method + " " + req.path
+                             : res.status == 413
+                                 ? "the request body exceeds the limit (--max-body-bytes)"
+                                 : "the request could not be served";
     send_error(res, ApiError(res.status, what));
     return httplib::Server::HandlerResponse::Handled;
   };
   http_->set_error_handler(on_error);
-  http_->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "internal error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, ApiError(500, what));
-  });
+  http_->set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "internal error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, ApiError(500, what));
+      });
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (req.path.starts_with("/v1/") && !authorized(req, options_.api_key)) {
-      send_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "", "invalid_api_key"));
+      send_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "",
+                               "invalid_api_key"));
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;
@@ -109,7 +116,8 @@ void HttpServer::install_routes() {
     return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
       try {
         const auto start = Clock::now();
-        GenerationRequest g = parse_generation_request(req.body, endpoint, *codec_, limits_of(worker_->engine()));
+        GenerationRequest g =
+            parse_generation_request(req.body, endpoint, *codec_, limits_of(worker_->engine()));
         SamplingParams params = g.params;
         if (!params.ignore_eos)
           for (std::int32_t id : codec_->stop_token_ids()) params.stop_token_ids.push_back(id);
@@ -159,7 +167,8 @@ void HttpServer::install_routes() {
               std::string events = job->next_events(std::min(kStreamPoll, keep_alive));
               // A comment line now and then: a client that left is noticed
               // (the write fails) even while the request makes no tokens.
-              if (events.empty() && Clock::now() - *last_write > keep_alive) events = ": keep-alive\n\n";
+              if (events.empty() && Clock::now() - *last_write > keep_alive)
+                events = ": keep-alive\n\n";
               if (!events.empty()) {
                 if (!sink.write(events.data(), events.size())) return false;
                 *last_write = Clock::now();
@@ -181,15 +190,20 @@ void HttpServer::install_routes() {
   http_->Post("/v1/completions", generate(Endpoint::kCompletions));
   http_->Post("/v1/chat/completions", generate(Endpoint::kChat));
   http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    const nlohmann::json model = {{"id", options_.model_name}, {"object", "model"},
-                                  {"created", std::int64_t(std::time(nullptr))}, {"owned_by", "pagedattn"},
-                                  {"max_model_len", worker_->engine().config().model->spec().max_position}};
-    res.set_content(nlohmann::json{{"object", "list"}, {"data", {model}}}.dump(), "application/json");
+    const nlohmann::json model = {
+        {"id", options_.model_name},
+        {"object", "model"},
+        {"created", std::int64_t(std::time(nullptr))},
+        {"owned_by", "pagedattn"},
+        {"max_model_len", worker_->engine().config().model->spec().max_position}};
+    res.set_content(nlohmann::json{{"object", "list"}, {"data", {model}}}.dump(),
+                    "application/json");
   });
   http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const bool up = !draining_;
     res.status = up ? 200 : 503;
-    res.set_content(up ? "{\"status\":\"ok\"}" : "{\"status\":\"shutting down\"}", "application/json");
+    res.set_content(up ? "{\"status\":\"ok\"}" : "{\"status\":\"shutting down\"}",
+                    "application/json");
   });
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
@@ -201,8 +215,9 @@ std::string HttpServer::metrics_text() const {
 }
 
 void HttpServer::bind() {
-  port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host)
-                             : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  port_ = options_.port == 0
+              ? http_->bind_to_any_port(options_.host)
+              : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
   require(port_ > 0, "serve: cannot listen on ", options_.host, ":", options_.port);
   // Debian's libcpp-httplib is built with an accept backlog of 5: a burst of
   // clients would overflow it and see resets. listen() again takes a new one.
@@ -226,7 +241,8 @@ void HttpServer::shutdown() {
   // Streams of aborted requests write their last events before the
   // listener stops (httplib cuts streams off once it stops).
   const auto deadline = Clock::now() + std::chrono::seconds(2);
-  while (live_streams() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  while (live_streams() > 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   // httplib's stop() does nothing before its listener runs, which then never
   // returns: a listen() that has not begun does not start, one that has is
   // waited for until it runs.
@@ -234,7 +250,8 @@ void HttpServer::shutdown() {
     std::lock_guard lock(listen_mutex_);
     shutdown_requested_ = true;
   }
-  while (listening_ && !http_->is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (listening_ && !http_->is_running())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   http_->stop();
 }
 

@@ -30,10 +30,12 @@ std::int64_t integer(const json& v, const std::string& name, std::int64_t min, s
   if (!v.is_number_integer()) bad_field(name, "must be an integer");
   // Unsigned values above int64 max come back as large uint64.
   if (v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t(max))
-    bad_field(name, "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    bad_field(name,
+              "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
   const std::int64_t x = v.get<std::int64_t>();
   if (x < min || x > max)
-    bad_field(name, "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    bad_field(name,
+              "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
   return x;
 }
 
@@ -41,7 +43,8 @@ double number(const json& v, const std::string& name, double min, double max) {
   if (!v.is_number()) bad_field(name, "must be a number");
   const double x = v.get<double>();
   if (!std::isfinite(x) || x < min || x > max)
-    bad_field(name, "must be a number in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    bad_field(name,
+              "must be a number in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
   return x;
 }
 
@@ -54,7 +57,8 @@ std::vector<std::int32_t> token_ids(const json& v, const std::string& name, std:
   std::vector<std::int32_t> ids;
   ids.reserve(v.size());
   for (std::size_t i = 0; i < v.size(); ++i)
-    ids.push_back(static_cast<std::int32_t>(integer(v[i], name + "[" + std::to_string(i) + "]", 0, vocab - 1)));
+    ids.push_back(static_cast<std::int32_t>(
+        integer(v[i], name + "[" + std::to_string(i) + "]", 0, vocab - 1)));
   return ids;
 }
 
@@ -118,7 +122,8 @@ std::vector<std::string> stop_strings(const json& body) {
   if (s == nullptr) return {};
   if (s->is_string()) return {s->get<std::string>()};
   if (!s->is_array() || s->size() > kMaxStopStrings)
-    bad_field("stop", "must be a string or an array of at most " + std::to_string(kMaxStopStrings) + " strings");
+    bad_field("stop", "must be a string or an array of at most " + std::to_string(kMaxStopStrings) +
+                          " strings");
   std::vector<std::string> stops;
   for (std::size_t i = 0; i < s->size(); ++i) {
     if (!(*s)[i].is_string()) bad_field("stop[" + std::to_string(i) + "]", "must be a string");
@@ -133,7 +138,8 @@ std::int64_t pages_for(std::int64_t tokens, std::int64_t page_size) {
 
 // KV pages a request needs alone: the prompt once, each sample's own tail
 // (the engine's admission rule).
-std::int64_t pages_needed(std::int64_t prompt, std::int64_t max_tokens, std::int64_t n, std::int64_t ps) {
+std::int64_t pages_needed(std::int64_t prompt, std::int64_t max_tokens, std::int64_t n,
+                          std::int64_t ps) {
   const std::int64_t total = pages_for(prompt + max_tokens, ps);
   return total + (n - 1) * (total - prompt / ps);
 }
@@ -151,14 +157,18 @@ std::int64_t max_tokens_that_fit(std::int64_t prompt, std::int64_t n, const Requ
   std::int64_t lo = 0, hi = l.max_position - prompt;
   while (lo < hi) {  // pages_needed grows with max_tokens
     const std::int64_t mid = (lo + hi + 1) / 2;
-    if (pages_needed(prompt, mid, n, l.page_size) <= l.num_pages) lo = mid; else hi = mid - 1;
+    if (pages_needed(prompt, mid, n, l.page_size) <= l.num_pages)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
 
 void read_sampling(const json& body, const RequestLimits& limits, GenerationRequest& r) {
   SamplingParams& p = r.params;
-  if (const json* v = field(body, "temperature")) p.temperature = float(number(*v, "temperature", 0, 2));
+  if (const json* v = field(body, "temperature"))
+    p.temperature = float(number(*v, "temperature", 0, 2));
   if (const json* v = field(body, "top_p")) {
     p.top_p = float(number(*v, "top_p", 0, 1));
     if (p.top_p <= 0.0f) bad_field("top_p", "must be in (0, 1]");
@@ -169,8 +179,9 @@ void read_sampling(const json& body, const RequestLimits& limits, GenerationRequ
   }
   if (const json* v = field(body, "n")) p.n = std::int32_t(integer(*v, "n", 1, limits.max_n));
   if (const json* v = field(body, "seed"))
-    p.seed = static_cast<std::uint64_t>(integer(*v, "seed", std::numeric_limits<std::int64_t>::min(),
-                                                std::numeric_limits<std::int64_t>::max()));
+    p.seed =
+        static_cast<std::uint64_t>(integer(*v, "seed", std::numeric_limits<std::int64_t>::min(),
+                                           std::numeric_limits<std::int64_t>::max()));
   if (const json* v = field(body, "stop_token_ids")) {
     if (!v->is_array()) bad_field("stop_token_ids", "must be an array of token ids");
     p.stop_token_ids = token_ids(*v, "stop_token_ids", limits.vocab_size);
@@ -184,7 +195,8 @@ void read_sampling(const json& body, const RequestLimits& limits, GenerationRequ
   if (const json* v = field(body, "stream")) r.stream = boolean(*v, "stream");
   if (const json* v = field(body, "stream_options")) {
     if (!v->is_object()) bad_field("stream_options", "must be an object");
-    if (const json* u = field(*v, "include_usage")) r.include_usage = boolean(*u, "stream_options.include_usage");
+    if (const json* u = field(*v, "include_usage"))
+      r.include_usage = boolean(*u, "stream_options.include_usage");
   }
   r.stop = stop_strings(body);
 }
@@ -193,8 +205,9 @@ void read_max_tokens(const json& body, Endpoint endpoint, const RequestLimits& l
                      GenerationRequest& r) {
   const std::int64_t prompt = std::ssize(r.prompt_ids);
   if (prompt >= limits.max_position)
-    throw ApiError(413, "the prompt has " + std::to_string(prompt) +
-                   " tokens; the model's context is " + std::to_string(limits.max_position),
+    throw ApiError(413,
+                   "the prompt has " + std::to_string(prompt) + " tokens; the model's context is " +
+                       std::to_string(limits.max_position),
                    endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
   const char* name = "max_tokens";
   const json* v = field(body, name);
@@ -207,18 +220,22 @@ void read_max_tokens(const json& body, Endpoint endpoint, const RequestLimits& l
     const std::int64_t wanted = endpoint == Endpoint::kChat ? limits.max_position - prompt : 16;
     r.params.max_tokens = std::int32_t(std::max<std::int64_t>(1, std::min(wanted, fit)));
   } else {
-    r.params.max_tokens = std::int32_t(integer(*v, name, 1, std::numeric_limits<std::int32_t>::max()));
+    r.params.max_tokens =
+        std::int32_t(integer(*v, name, 1, std::numeric_limits<std::int32_t>::max()));
   }
   if (prompt + r.params.max_tokens > limits.max_position)
-    throw ApiError(413, "prompt (" + std::to_string(prompt) + " tokens) + " + name + " (" +
-                   std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
-                   std::to_string(limits.max_position) + " tokens", name, "context_length_exceeded");
+    throw ApiError(413,
+                   "prompt (" + std::to_string(prompt) + " tokens) + " + name + " (" +
+                       std::to_string(r.params.max_tokens) + ") exceeds the model's context of " +
+                       std::to_string(limits.max_position) + " tokens",
+                   name, "context_length_exceeded");
   const std::int64_t need = pages_needed(prompt, r.params.max_tokens, r.params.n, limits.page_size);
   if (need > limits.num_pages)
-    throw ApiError(413, "the request needs up to " + std::to_string(need) +
-                   " KV pages (prompt " + std::to_string(prompt) + ", " + name + " " +
-                   std::to_string(r.params.max_tokens) + ", n " + std::to_string(r.params.n) +
-                   "); the KV pool has " + std::to_string(limits.num_pages),
+    throw ApiError(413,
+                   "the request needs up to " + std::to_string(need) + " KV pages (prompt " +
+                       std::to_string(prompt) + ", " + name + " " +
+                       std::to_string(r.params.max_tokens) + ", n " + std::to_string(r.params.n) +
+                       "); the KV pool has " + std::to_string(limits.num_pages),
                    name, "kv_pool_exceeded");
 }
 
@@ -236,7 +253,8 @@ GenerationRequest parse_generation_request(std::string_view body, Endpoint endpo
     r.model = m->get<std::string>();
   }
   read_sampling(doc, limits, r);
-  r.prompt_ids = endpoint == Endpoint::kChat ? chat_prompt(doc, codec) : completion_prompt(doc, codec, limits);
+  r.prompt_ids =
+      endpoint == Endpoint::kChat ? chat_prompt(doc, codec) : completion_prompt(doc, codec, limits);
   if (r.prompt_ids.empty())
     bad_field(endpoint == Endpoint::kChat ? "messages" : "prompt", "must not be empty");
   read_max_tokens(doc, endpoint, limits, r);

@@ -19,10 +19,10 @@ enum class Endpoint { kCompletions, kChat };
 // What the served model and engine can take.
 struct RequestLimits {
   std::int32_t vocab_size = 0;
-  std::int32_t max_position = 0;   // prompt + max_tokens at most
-  std::int64_t num_pages = 0;      // KV pool
+  std::int32_t max_position = 0;  // prompt + max_tokens at most
+  std::int64_t num_pages = 0;     // KV pool
   std::int32_t page_size = 16;
-  std::int32_t max_n = 1;          // samples per request
+  std::int32_t max_n = 1;  // samples per request
 };
 
 struct GenerationRequest {

@@ -34,7 +34,9 @@ std::int64_t parse_integer(std::string_view flag, const std::string& text, doubl
   return static_cast<std::int64_t>(x);
 }
 
-bool is_gguf(const std::string& model) { return model.ends_with(".gguf"); }
+bool is_gguf(const std::string& model) {
+  return model.ends_with(".gguf");
+}
 
 std::string base_name(const std::string& path) {
   const auto slash = path.find_last_of('/');
@@ -99,7 +101,8 @@ const char* serve_usage() {
          "  --max-batched-tokens N     tokens per engine step (default 2048)\n"
          "  --max-model-len N          context length (default: the model's)\n"
          "  --enable-prefix-caching    reuse cached pages of earlier prompts (request field\n"
-         "                             cache_salt keeps tenants apart); --no-enable-prefix-caching\n"
+         "                             cache_salt keeps tenants apart); "
+         "--no-enable-prefix-caching\n"
          "                             turns it off again (default off)\n"
          "  --host-kv-memory-mib M     host-memory tier preempted requests are swapped to\n"
          "                             (default 0: preemption recomputes)\n"
@@ -107,10 +110,12 @@ const char* serve_usage() {
          "                             AVX512-BF16 (faster, inputs rounded to bf16; default off)\n"
          "  --tensor-parallel N        split the model over N MPI ranks (mpirun -np N ...)\n"
          "  --max-connections N        connections served at once (HTTP threads, default 128)\n"
-         "  --max-queued-requests N    requests held, waiting + running; more get 429 (default 256)\n"
+         "  --max-queued-requests N    requests held, waiting + running; more get 429 (default "
+         "256)\n"
          "  --max-body-bytes N         larger request bodies get 413 (default 8388608)\n"
          "  --read-timeout S           drop a client silent this long mid-request (default 10)\n"
-         "  --shutdown-grace S         on SIGINT/SIGTERM, let requests finish this long (default 30)\n"
+         "  --shutdown-grace S         on SIGINT/SIGTERM, let requests finish this long (default "
+         "30)\n"
          "Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,\n"
          "GET /health, GET /metrics (docs/serve.md).\n";
 }
@@ -126,27 +131,48 @@ ServeOptions parse_serve_options(int argc, char** argv, int first) {
       return argv[++i];
     };
     auto int_value = [&](double min, double max) { return parse_integer(flag, value(), min, max); };
-    if (flag == "--model") o.model = value();
-    else if (flag == "--host") s.host = value();
-    else if (flag == "--port") s.port = int(int_value(0, 65535));
-    else if (flag == "--api-key") s.api_key = value();
-    else if (flag == "--served-model-name") name = value();
-    else if (flag == "--kv-memory-mib") o.kv_memory_mib = parse_number(flag, value(), 0.001, 1 << 20);
-    else if (flag == "--max-num-seqs") o.max_num_seqs = std::int32_t(int_value(1, 1 << 20));
-    else if (flag == "--max-batched-tokens") o.max_num_batched_tokens = std::int32_t(int_value(1, 1 << 24));
-    else if (flag == "--max-model-len") o.max_position = std::int32_t(int_value(1, 1 << 24));
-    else if (flag == "--enable-prefix-caching") o.enable_prefix_caching = true;
-    else if (flag == "--no-enable-prefix-caching") o.enable_prefix_caching = false;
-    else if (flag == "--host-kv-memory-mib") o.host_kv_memory_mib = parse_number(flag, value(), 0, 1 << 20);
-    else if (flag == "--bf16-products") o.bf16_products = true;
-    else if (flag == "--tensor-parallel") o.tensor_parallel = std::int32_t(int_value(1, 1024));
-    else if (flag == "--max-connections") s.max_connections = std::int32_t(int_value(1, 4096));
-    else if (flag == "--max-queued-requests") s.max_queued_requests = std::int32_t(int_value(1, 1 << 20));
-    else if (flag == "--max-body-bytes") s.max_body_bytes = std::size_t(int_value(1, 1ll << 32));
-    else if (flag == "--read-timeout") s.read_timeout_seconds = int(int_value(1, 3600));
-    else if (flag == "--shutdown-grace") s.shutdown_grace_seconds = int(int_value(0, 3600));
-    else if (flag == "--help" || flag == "-h") o.help = true;
-    else throw InvalidArgument(detail::concat("serve: unknown flag '", flag, "'"));
+    if (flag == "--model")
+      o.model = value();
+    else if (flag == "--host")
+      s.host = value();
+    else if (flag == "--port")
+      s.port = int(int_value(0, 65535));
+    else if (flag == "--api-key")
+      s.api_key = value();
+    else if (flag == "--served-model-name")
+      name = value();
+    else if (flag == "--kv-memory-mib")
+      o.kv_memory_mib = parse_number(flag, value(), 0.001, 1 << 20);
+    else if (flag == "--max-num-seqs")
+      o.max_num_seqs = std::int32_t(int_value(1, 1 << 20));
+    else if (flag == "--max-batched-tokens")
+      o.max_num_batched_tokens = std::int32_t(int_value(1, 1 << 24));
+    else if (flag == "--max-model-len")
+      o.max_position = std::int32_t(int_value(1, 1 << 24));
+    else if (flag == "--enable-prefix-caching")
+      o.enable_prefix_caching = true;
+    else if (flag == "--no-enable-prefix-caching")
+      o.enable_prefix_caching = false;
+    else if (flag == "--host-kv-memory-mib")
+      o.host_kv_memory_mib = parse_number(flag, value(), 0, 1 << 20);
+    else if (flag == "--bf16-products")
+      o.bf16_products = true;
+    else if (flag == "--tensor-parallel")
+      o.tensor_parallel = std::int32_t(int_value(1, 1024));
+    else if (flag == "--max-connections")
+      s.max_connections = std::int32_t(int_value(1, 4096));
+    else if (flag == "--max-queued-requests")
+      s.max_queued_requests = std::int32_t(int_value(1, 1 << 20));
+    else if (flag == "--max-body-bytes")
+      s.max_body_bytes = std::size_t(int_value(1, 1ll << 32));
+    else if (flag == "--read-timeout")
+      s.read_timeout_seconds = int(int_value(1, 3600));
+    else if (flag == "--shutdown-grace")
+      s.shutdown_grace_seconds = int(int_value(0, 3600));
+    else if (flag == "--help" || flag == "-h")
+      o.help = true;
+    else
+      throw InvalidArgument(detail::concat("serve: unknown flag '", flag, "'"));
   }
   if (o.help) return o;
   require(!o.model.empty(), "serve: --model FILE.gguf|PRESET is required");
@@ -174,7 +200,8 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
     });
   }
   if (ec.model == nullptr) return nullptr;  // a follower rank: rank 0 serves
-  ec.kv_memory_bytes = static_cast<std::int64_t>((o.kv_memory_mib > 0 ? o.kv_memory_mib : 256.0) * (1 << 20));
+  ec.kv_memory_bytes =
+      static_cast<std::int64_t>((o.kv_memory_mib > 0 ? o.kv_memory_mib : 256.0) * (1 << 20));
   ec.max_num_seqs = o.max_num_seqs;
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.enable_prefix_caching = o.enable_prefix_caching;
@@ -195,8 +222,8 @@ int run_serve(int argc, char** argv) {
   server->bind();
   {
     const SignalWatcher signals(*server);
-    std::printf("pagedattn serve: %s on http://%s:%d (Ctrl-C to stop)\n", o.server.model_name.c_str(),
-                o.server.host.c_str(), server->bound_port());
+    std::printf("pagedattn serve: %s on http://%s:%d (Ctrl-C to stop)\n",
+                o.server.model_name.c_str(), o.server.host.c_str(), server->bound_port());
     std::fflush(stdout);
     server->listen();
   }

@@ -15,7 +15,7 @@ struct ServeOptions {
   std::int32_t max_num_batched_tokens = 2048;
   std::int32_t max_position = 0;  // presets and GGUF: 0 keeps the model's own
   bool enable_prefix_caching = false;
-  double host_kv_memory_mib = 0.0;  // 0: no host tier
+  double host_kv_memory_mib = 0.0;   // 0: no host tier
   bool bf16_products = false;        // EngineConfig::bf16_products
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
   bool help = false;

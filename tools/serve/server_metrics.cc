@@ -59,8 +59,8 @@ void ServerMetrics::count_client_abort() {
   ++client_aborts_;
 }
 
-void ServerMetrics::observe_request(double ttft, double tpot, double e2e, std::int64_t prompt_tokens,
-                                    std::int64_t generated_tokens) {
+void ServerMetrics::observe_request(double ttft, double tpot, double e2e,
+                                    std::int64_t prompt_tokens, std::int64_t generated_tokens) {
   const std::lock_guard lock(mutex_);
   if (generated_tokens > 0) ttft_.observe(ttft);
   if (generated_tokens > 1) tpot_.observe(tpot);
@@ -88,10 +88,12 @@ double ServerMetrics::tokens_per_second_locked() const {
   return double(tokens) / std::chrono::duration<double>(kRateWindow).count();
 }
 
-double ServerMetrics::overhead_ratio(const EngineStats& engine, const EngineThreadTimes& thread) const {
+double ServerMetrics::overhead_ratio(const EngineStats& engine,
+                                     const EngineThreadTimes& thread) const {
   const std::lock_guard lock(mutex_);
   if (engine.seconds_in_steps <= 0.0) return 0.0;
-  const double loop = thread.in_step - engine.seconds_in_steps;  // callbacks + step bookkeeping outside the lock
+  const double loop =
+      thread.in_step - engine.seconds_in_steps;  // callbacks + step bookkeeping outside the lock
   return (std::max(0.0, loop) + http_seconds_) / engine.seconds_in_steps;
 }
 
@@ -100,55 +102,76 @@ std::string ServerMetrics::render(const EngineStats& e, const EngineThreadTimes&
   const double overhead = overhead_ratio(e, t);
   const std::lock_guard lock(mutex_);
   std::string out;
-  line(out, "pagedattn_requests_in_flight", "gauge", "Requests accepted and not finished.", double(in_flight));
-  line(out, "pagedattn_running_sequences", "gauge", "Sequences (samples) the engine is running.", e.num_running_seqs);
-  line(out, "pagedattn_waiting_requests", "gauge", "Requests queued in the engine, not yet running.", e.num_waiting_requests);
-  line(out, "pagedattn_kv_pages_total", "gauge", "KV cache pages in the pool.", double(e.num_pages));
-  line(out, "pagedattn_kv_pages_used", "gauge", "KV cache pages holding tokens.", double(e.pages_in_use));
-  line(out, "pagedattn_kv_pages_free", "gauge", "KV cache pages free.", double(e.num_pages - e.pages_in_use));
-  line(out, "pagedattn_preemptions_total", "counter", "Requests preempted (by swap or recompute).", double(e.num_preemptions));
-  line(out, "pagedattn_swap_outs_total", "counter", "Requests preempted by swapping their pages to the host tier.",
-       double(e.num_swap_outs));
-  line(out, "pagedattn_swap_ins_total", "counter", "Requests swapped back in from the host tier.", double(e.num_swap_ins));
+  line(out, "pagedattn_requests_in_flight", "gauge", "Requests accepted and not finished.",
+       double(in_flight));
+  line(out, "pagedattn_running_sequences", "gauge", "Sequences (samples) the engine is running.",
+       e.num_running_seqs);
+  line(out, "pagedattn_waiting_requests", "gauge",
+       "Requests queued in the engine, not yet running.", e.num_waiting_requests);
+  line(out, "pagedattn_kv_pages_total", "gauge", "KV cache pages in the pool.",
+       double(e.num_pages));
+  line(out, "pagedattn_kv_pages_used", "gauge", "KV cache pages holding tokens.",
+       double(e.pages_in_use));
+  line(out, "pagedattn_kv_pages_free", "gauge", "KV cache pages free.",
+       double(e.num_pages - e.pages_in_use));
+  line(out, "pagedattn_preemptions_total", "counter", "Requests preempted (by swap or recompute).",
+       double(e.num_preemptions));
+  line(out, "pagedattn_swap_outs_total", "counter",
+       "Requests preempted by swapping their pages to the host tier.", double(e.num_swap_outs));
+  line(out, "pagedattn_swap_ins_total", "counter", "Requests swapped back in from the host tier.",
+       double(e.num_swap_ins));
   line(out, "pagedattn_swapped_requests", "gauge", "Requests whose pages are in the host tier now.",
        e.num_swapped_requests);
-  line(out, "pagedattn_host_kv_pages_free", "gauge", "Host-tier pages free.", double(e.free_host_pages));
-  line(out, "pagedattn_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
-       double(e.prefix_query_tokens));
+  line(out, "pagedattn_host_kv_pages_free", "gauge", "Host-tier pages free.",
+       double(e.free_host_pages));
+  line(out, "pagedattn_prefix_cache_queries_total", "counter",
+       "Prompt tokens looked up in the prefix cache.", double(e.prefix_query_tokens));
   line(out, "pagedattn_prefix_cache_hits_total", "counter", "Of which found cached (not computed).",
        double(e.prefix_hit_tokens));
-  line(out, "pagedattn_prefix_cache_hit_rate", "gauge", "Prefix-cache hit tokens / looked-up tokens, in total.",
-       e.prefix_hit_rate());
-  line(out, "pagedattn_prefix_cache_pages", "gauge", "KV pages holding cached prefixes.", double(e.cached_pages));
-  line(out, "pagedattn_prefix_cache_evictions_total", "counter", "Cached pages reclaimed for new tokens.",
-       double(e.prefix_evictions));
+  line(out, "pagedattn_prefix_cache_hit_rate", "gauge",
+       "Prefix-cache hit tokens / looked-up tokens, in total.", e.prefix_hit_rate());
+  line(out, "pagedattn_prefix_cache_pages", "gauge", "KV pages holding cached prefixes.",
+       double(e.cached_pages));
+  line(out, "pagedattn_prefix_cache_evictions_total", "counter",
+       "Cached pages reclaimed for new tokens.", double(e.prefix_evictions));
   line(out, "pagedattn_engine_steps_total", "counter", "Engine steps run.", double(e.steps));
-  line(out, "pagedattn_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", double(prompt_tokens_));
-  line(out, "pagedattn_generation_tokens_total", "counter", "Tokens generated.", double(generated_tokens_));
-  line(out, "pagedattn_generation_tokens_per_second", "gauge", "Tokens generated per second over the last 10 s.",
-       tokens_per_second_locked());
-  line(out, "pagedattn_requests_finished_total", "counter", "Requests finished (any reason).", double(requests_finished_));
-  line(out, "pagedattn_client_aborts_total", "counter", "Requests aborted because the client went away.",
-       double(client_aborts_));
-  out += "# HELP pagedattn_http_responses_total HTTP responses by status.\n"
-         "# TYPE pagedattn_http_responses_total counter\n";
+  line(out, "pagedattn_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+       double(prompt_tokens_));
+  line(out, "pagedattn_generation_tokens_total", "counter", "Tokens generated.",
+       double(generated_tokens_));
+  line(out, "pagedattn_generation_tokens_per_second", "gauge",
+       "Tokens generated per second over the last 10 s.", tokens_per_second_locked());
+  line(out, "pagedattn_requests_finished_total", "counter", "Requests finished (any reason).",
+       double(requests_finished_));
+  line(out, "pagedattn_client_aborts_total", "counter",
+       "Requests aborted because the client went away.", double(client_aborts_));
+  out +=
+      "# HELP pagedattn_http_responses_total HTTP responses by status.\n"
+      "# TYPE pagedattn_http_responses_total counter\n";
   for (const auto& [status, n] : responses_)
-    out += "pagedattn_http_responses_total{status=\"" + std::to_string(status) + "\"} " + std::to_string(n) + "\n";
-  ttft_.render(out, "pagedattn_time_to_first_token_seconds", "Time from request to its first token.");
-  tpot_.render(out, "pagedattn_time_per_output_token_seconds", "Mean time between a request's tokens after the first.");
+    out += "pagedattn_http_responses_total{status=\"" + std::to_string(status) + "\"} " +
+           std::to_string(n) + "\n";
+  ttft_.render(out, "pagedattn_time_to_first_token_seconds",
+               "Time from request to its first token.");
+  tpot_.render(out, "pagedattn_time_per_output_token_seconds",
+               "Mean time between a request's tokens after the first.");
   e2e_.render(out, "pagedattn_request_latency_seconds", "Time from request to finish.");
-  line(out, "pagedattn_engine_step_seconds_total", "counter", "Engine time inside step() (the engine lock held).",
-       e.seconds_in_steps);
-  line(out, "pagedattn_engine_model_seconds_total", "counter", "Of which in the model's forward.", e.seconds_in_model);
+  line(out, "pagedattn_engine_step_seconds_total", "counter",
+       "Engine time inside step() (the engine lock held).", e.seconds_in_steps);
+  line(out, "pagedattn_engine_model_seconds_total", "counter", "Of which in the model's forward.",
+       e.seconds_in_model);
   line(out, "pagedattn_engine_thread_step_seconds_total", "counter",
        "Engine thread time in step() calls, stream callbacks included.", t.in_step);
   line(out, "pagedattn_engine_thread_callback_seconds_total", "counter",
        "Engine thread time in the server's stream callback.", t.in_callbacks);
-  line(out, "pagedattn_engine_thread_idle_seconds_total", "counter", "Engine thread time waiting for requests.", t.idle);
+  line(out, "pagedattn_engine_thread_idle_seconds_total", "counter",
+       "Engine thread time waiting for requests.", t.idle);
   line(out, "pagedattn_http_handler_seconds_total", "counter",
-       "HTTP threads' work: parsing, tokenizing, decoding and writing JSON (waits excluded).", http_seconds_);
+       "HTTP threads' work: parsing, tokenizing, decoding and writing JSON (waits excluded).",
+       http_seconds_);
   line(out, "pagedattn_server_overhead_ratio", "gauge",
-       "(Engine-thread time outside the engine lock + HTTP handler work) / engine step time.", overhead);
+       "(Engine-thread time outside the engine lock + HTTP handler work) / engine step time.",
+       overhead);
   return out;
 }
 

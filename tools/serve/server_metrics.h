@@ -31,7 +31,7 @@ class Histogram {
 
 // Where the engine thread's time went (seconds, in total).
 struct EngineThreadTimes {
-  double in_step = 0.0;      // inside Engine::step(), its stream callbacks included
+  double in_step = 0.0;       // inside Engine::step(), its stream callbacks included
   double in_callbacks = 0.0;  // of which in the server's stream callback
   double idle = 0.0;          // waiting for requests
 };

@@ -25,7 +25,8 @@ StopMatcher::Result StopMatcher::feed(std::string_view chunk) {
   for (const std::string& s : stops_) {
     const std::size_t longest = std::min(s.size() - 1, pending_.size());
     for (std::size_t len = longest; len > keep; --len)
-      if (std::string_view(pending_).substr(pending_.size() - len) == std::string_view(s).substr(0, len)) {
+      if (std::string_view(pending_).substr(pending_.size() - len) ==
+          std::string_view(s).substr(0, len)) {
         keep = len;
         break;
       }

@@ -85,7 +85,8 @@ class GgufCodec final : public TextCodec {
   std::vector<std::int32_t> stop_token_ids() const override {
     std::vector<std::int32_t> ids;
     if (tokenizer_.eos_id() >= 0) ids.push_back(tokenizer_.eos_id());
-    for (const char* text : {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"}) {
+    for (const char* text :
+         {"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>"}) {
       const std::int32_t id = tokenizer_.token_id(text);
       if (id >= 0 && tokenizer_.is_control(id) && id != tokenizer_.eos_id()) ids.push_back(id);
     }

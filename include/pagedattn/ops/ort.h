@@ -32,8 +32,8 @@ struct PagedAttentionParams {
   std::optional<TensorView> sin_cache;    // same
   std::optional<IndexView> slot_mapping;  // (T) int32/int64 cache slot of each new token, -1 =
                                           // skip; absent: the slot of position past_seqlens[b] + j
-  std::optional<TensorView> head_sink;  // (Hq) learned sink logit per head
-  TensorView output;                    // (T, Hq*D), query's dtype
+  std::optional<TensorView> head_sink;    // (Hq) learned sink logit per head
+  TensorView output;                      // (T, Hq*D), query's dtype
 
   // Attributes.
   std::int32_t num_heads = 0;

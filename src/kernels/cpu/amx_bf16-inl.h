@@ -57,10 +57,11 @@ namespace pagedattn::kernels::HWY_NAMESPACE {
 namespace amx {
 
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
-constexpr std::int32_t kTileRows = 16;      // rows of every tile
-constexpr std::int32_t kTileBytes = 64;     // bytes of a tile row: 16 f32 or 32 bf16
-constexpr std::int32_t kDimsPerStep = 32;   // head dims one A tile of queries covers
-static_assert(kKB == 2 * kTileRows, "a block's keys are two C tiles of scores, one A tile of weights");
+constexpr std::int32_t kTileRows = 16;     // rows of every tile
+constexpr std::int32_t kTileBytes = 64;    // bytes of a tile row: 16 f32 or 32 bf16
+constexpr std::int32_t kDimsPerStep = 32;  // head dims one A tile of queries covers
+static_assert(kKB == 2 * kTileRows,
+              "a block's keys are two C tiles of scores, one A tile of weights");
 static_assert(kDimsPerStep == kAmxHeadDimMultiple, "amx_head_dims admits whole query tiles");
 
 // Palette 1 with all 8 tiles at 16 rows x 64 bytes: tiles 0-1 hold A,
@@ -71,7 +72,8 @@ struct alignas(64) TileConfig {
   std::uint8_t reserved[14] = {};
   std::uint16_t bytes_per_row[16] = {kTileBytes, kTileBytes, kTileBytes, kTileBytes,
                                      kTileBytes, kTileBytes, kTileBytes, kTileBytes};
-  std::uint8_t rows[16] = {kTileRows, kTileRows, kTileRows, kTileRows, kTileRows, kTileRows, kTileRows, kTileRows};
+  std::uint8_t rows[16] = {kTileRows, kTileRows, kTileRows, kTileRows,
+                           kTileRows, kTileRows, kTileRows, kTileRows};
 };
 static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
 
@@ -84,7 +86,9 @@ PAGEDATTN_AMX_ATTR inline void ConfigureTiles() {
   _tile_loadconfig(&kConfig);
 }
 
-PAGEDATTN_AMX_ATTR inline void ReleaseTiles() { _tile_release(); }
+PAGEDATTN_AMX_ATTR inline void ReleaseTiles() {
+  _tile_release();
+}
 
 // Runs tiles(std::integral_constant<int, 2>, r) for each 32 rows from row0
 // (two 16-row tiles), then tiles(std::integral_constant<int, 1>, r) for 16
@@ -92,7 +96,8 @@ PAGEDATTN_AMX_ATTR inline void ReleaseTiles() { _tile_release(); }
 template <class Tiles>
 HWY_INLINE std::int32_t ForEachTile(std::int32_t row0, std::int32_t row_end, const Tiles& tiles) {
   std::int32_t r = row0;
-  for (; r + 2 * kTileRows <= row_end; r += 2 * kTileRows) tiles(std::integral_constant<int, 2>{}, r);
+  for (; r + 2 * kTileRows <= row_end; r += 2 * kTileRows)
+    tiles(std::integral_constant<int, 2>{}, r);
   for (; r + kTileRows <= row_end; r += kTileRows) tiles(std::integral_constant<int, 1>{}, r);
   return r;
 }
@@ -100,10 +105,11 @@ HWY_INLINE std::int32_t ForEachTile(std::int32_t row0, std::int32_t row_end, con
 // Scores of 32 (kGroups = 2) or 16 rows x kKB keys into s, the queries from
 // q (row stride dq bf16), the keys packed (bf16dot::PackKeys).
 template <int kGroups>
-PAGEDATTN_AMX_ATTR inline void ScoreTiles(const std::uint16_t* q, std::size_t dq, const std::uint32_t* kt,
-                                          std::size_t dim, float* s) {
+PAGEDATTN_AMX_ATTR inline void ScoreTiles(const std::uint16_t* q, std::size_t dq,
+                                          const std::uint32_t* kt, std::size_t dim, float* s) {
   const std::size_t q_stride = dq * sizeof(std::uint16_t);
-  constexpr std::size_t kKeyStride = kKB * sizeof(std::uint32_t), kScoreStride = kKB * sizeof(float);
+  constexpr std::size_t kKeyStride = kKB * sizeof(std::uint32_t),
+                        kScoreStride = kKB * sizeof(float);
   _tile_zero(4);
   _tile_zero(5);
   if constexpr (kGroups == 2) {
@@ -154,13 +160,14 @@ struct StepScores {
 // a step's keys (head dim `dim`, a multiple of 32), in passes of
 // kPassBlocks blocks; rows past the last whole tile run on vdpbf16ps.
 PAGEDATTN_AMX_ATTR inline void ScoreStep(const std::uint16_t* q, std::size_t dq, std::size_t dim,
-                                         const StepScores& ss, std::int32_t row0, std::int32_t row_end) {
+                                         const StepScores& ss, std::int32_t row0,
+                                         std::int32_t row_end) {
   for (int first = 0; first < ss.blocks; first += kPassBlocks) {
     const int last = std::min(ss.blocks, first + kPassBlocks);
     const std::int32_t r = ForEachTile(row0, row_end, [&](auto groups, std::int32_t t) {
       for (int b = first; b < last; ++b)
-        ScoreTiles<decltype(groups)::value>(q + std::size_t(t) * dq, dq, ss.kt + b * ss.k_block, dim,
-                                            ss.s + b * ss.s_block + std::size_t(t) * kKB);
+        ScoreTiles<decltype(groups)::value>(q + std::size_t(t) * dq, dq, ss.kt + b * ss.k_block,
+                                            dim, ss.s + b * ss.s_block + std::size_t(t) * kKB);
     });
     for (int b = first; b < last; ++b) {
       const float* k_scale = ss.k_scales ? ss.k_scales[b] : nullptr;
@@ -173,7 +180,8 @@ PAGEDATTN_AMX_ATTR inline void ScoreStep(const std::uint16_t* q, std::size_t dq,
           _mm512_store_ps(x + 16, _mm512_mul_ps(_mm512_load_ps(x + 16), k1));
         }
       }
-      if (r < row_end) bf16dot::ScoreBlock<0>(q, dq, ss.kt + b * ss.k_block, dim, k_scale, s, r, row_end);
+      if (r < row_end)
+        bf16dot::ScoreBlock<0>(q, dq, ss.kt + b * ss.k_block, dim, k_scale, s, r, row_end);
     }
   }
 }
@@ -194,12 +202,14 @@ struct StoreWeightsBf16 {
 // `blocks` score arrays (s, block_stride floats apart; m, l, o of the item),
 // leaving bf16 weights for the tiles: softmax16::UpdateBlocks, 16 rows at a
 // time. v_scales: per block, the V scales (quantised KV) or null.
-PAGEDATTN_AMX_ATTR inline void SoftmaxStep(float* s, std::size_t block_stride, int blocks, float* m, float* l,
-                                           float* o, std::size_t dv, std::size_t v_dim,
-                                           const float* const* v_scales, std::int32_t row0, std::int32_t row_end) {
+PAGEDATTN_AMX_ATTR inline void SoftmaxStep(float* s, std::size_t block_stride, int blocks, float* m,
+                                           float* l, float* o, std::size_t dv, std::size_t v_dim,
+                                           const float* const* v_scales, std::int32_t row0,
+                                           std::int32_t row_end) {
   for (std::int32_t r = row0; r < row_end; r += softmax16::kMaxRows)
-    softmax16::UpdateBlocks(s + std::size_t(r) * kKB, block_stride, blocks, m + r, l + r, o + std::size_t(r) * dv, dv,
-                            v_dim, v_scales, std::min<std::int32_t>(softmax16::kMaxRows, row_end - r),
+    softmax16::UpdateBlocks(s + std::size_t(r) * kKB, block_stride, blocks, m + r, l + r,
+                            o + std::size_t(r) * dv, dv, v_dim, v_scales,
+                            std::min<std::int32_t>(softmax16::kMaxRows, row_end - r),
                             StoreWeightsBf16{});
 }
 
@@ -222,8 +232,8 @@ struct StepBlocks {
 // literals: C tiles 4, 5 (rows 0-15) and 6, 7 (rows 16-31) for two dim
 // tiles; 4 and 6 for one.
 template <int kGroups, int kDimTiles>
-PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const StepBlocks& sb, std::int32_t t, std::size_t d, std::size_t dv,
-                                               float* o) {
+PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const StepBlocks& sb, std::int32_t t, std::size_t d,
+                                               std::size_t dv, float* o) {
   static_assert(kGroups >= 1 && kGroups <= 2 && kDimTiles >= 1 && kDimTiles <= 2, "C tiles 4-7");
   constexpr std::size_t kWeightStride = kKB * sizeof(float);
   const std::size_t ob = dv * sizeof(float), vb = dv * sizeof(std::uint32_t);
@@ -264,8 +274,9 @@ PAGEDATTN_AMX_ATTR inline void AccumulateTiles(const StepBlocks& sb, std::int32_
 // for rows [row0, row_end); o rows and value rows share the stride dv
 // (padded to 16), every one of its dims accumulated. counts[b]: block b's
 // keys. Rows past the last whole tile run on vdpbf16ps, block by block.
-PAGEDATTN_AMX_ATTR inline void AccumulateStep(const StepBlocks& sb, const std::int32_t* counts, std::size_t dv,
-                                              float* o, std::int32_t row0, std::int32_t row_end) {
+PAGEDATTN_AMX_ATTR inline void AccumulateStep(const StepBlocks& sb, const std::int32_t* counts,
+                                              std::size_t dv, float* o, std::int32_t row0,
+                                              std::int32_t row_end) {
   const std::int32_t r = ForEachTile(row0, row_end, [&](auto groups, std::int32_t t) {
     constexpr int kGroups = decltype(groups)::value;
     float* ot = o + std::size_t(t) * dv;
@@ -275,8 +286,9 @@ PAGEDATTN_AMX_ATTR inline void AccumulateStep(const StepBlocks& sb, const std::i
   });
   if (r < row_end)
     for (int b = 0; b < sb.blocks; ++b)
-      bf16dot::AccumulateBlock<0>(sb.s + std::size_t(b) * sb.s_block, sb.vp + std::size_t(b) * sb.v_block, dv,
-                                  counts[b], o, r, row_end);
+      bf16dot::AccumulateBlock<0>(sb.s + std::size_t(b) * sb.s_block,
+                                  sb.vp + std::size_t(b) * sb.v_block, dv, counts[b], o, r,
+                                  row_end);
 }
 
 }  // namespace amx

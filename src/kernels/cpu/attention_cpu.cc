@@ -24,26 +24,26 @@
 #include <limits>
 #include <type_traits>
 
-#include "kernels/attention_traits.h"
-#include "kernels/softmax_state.h"
 #include "attention_cpu.h"
 #include "convert.h"
+#include "kernels/attention_traits.h"
+#include "kernels/softmax_state.h"
 #include "prefetch.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention_cpu.cc"
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
-#include <hwy/contrib/math/math-inl.h>
 
 #include "kernels/cpu/amx_bf16-inl.h"
 #include "kernels/cpu/bf16_decode-inl.h"
 #include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/convert-inl.h"
 #include "kernels/cpu/f16_decode-inl.h"
+#include "kernels/cpu/int8_dot-inl.h"
 #include "kernels/cpu/online_softmax-inl.h"
 #include "kernels/cpu/reduce16-inl.h"
-#include "kernels/cpu/int8_dot-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::kernels::HWY_NAMESPACE {
@@ -90,20 +90,20 @@ struct KeyBlock {
 };
 
 struct Scratch {
-  float* q;      // [rows][dq] queries x softmax scale
-  float* o;      // [rows][dv] unnormalised outputs
-  float* m;      // [rows]
-  float* l;      // [rows]
-  float* s;      // [rows][kKB] scores, then weights
-  float* k;      // [kKB][dq] f32 copy of a block (prefill)
-  float* v;      // [kKB][dv]
-  std::uint16_t* qh;  // [rows][dq] bf16 or f16 queries (the bf16 / f16 product paths)
-  float* qh_inv;      // [rows] inverse factors of the f16 queries
-  std::int8_t* q8;    // [rows][dq] int8 queries (the int8 dot-product path)
-  float* q8_scale;    // [rows]
+  float* q;              // [rows][dq] queries x softmax scale
+  float* o;              // [rows][dv] unnormalised outputs
+  float* m;              // [rows]
+  float* l;              // [rows]
+  float* s;              // [rows][kKB] scores, then weights
+  float* k;              // [kKB][dq] f32 copy of a block (prefill)
+  float* v;              // [kKB][dv]
+  std::uint16_t* qh;     // [rows][dq] bf16 or f16 queries (the bf16 / f16 product paths)
+  float* qh_inv;         // [rows] inverse factors of the f16 queries
+  std::int8_t* q8;       // [rows][dq] int8 queries (the int8 dot-product path)
+  float* q8_scale;       // [rows]
   std::int32_t* q8_sum;  // [rows]
-  float* w_scale;     // [rows] scales of a block's u8 weights
-  const void* zero;   // a zero row (any dtype)
+  float* w_scale;        // [rows] scales of a block's u8 weights
+  const void* zero;      // a zero row (any dtype)
 };
 
 struct Item {
@@ -167,8 +167,10 @@ void LocateTreeKeys(const TokenTreeMask& m, std::int32_t b, BlockSlots& bs) {
   for (std::int32_t jj = 0; jj < kKB; ++jj) {
     const std::int64_t j = bs.first + jj;
     const bool node = jj < bs.count && j >= m.tree_begin[b];
-    bs.tree_enter[jj] = node ? m.enter[m.node_of_key(b, j)] : std::numeric_limits<std::int32_t>::min();
-    bs.tree_exit[jj] = node ? m.exit[m.node_of_key(b, j)] : std::numeric_limits<std::int32_t>::max();
+    bs.tree_enter[jj] =
+        node ? m.enter[m.node_of_key(b, j)] : std::numeric_limits<std::int32_t>::min();
+    bs.tree_exit[jj] =
+        node ? m.exit[m.node_of_key(b, j)] : std::numeric_limits<std::int32_t>::max();
     bs.tree_position[jj] = node ? m.positions[m.node_of_key(b, j)] : static_cast<std::int32_t>(j);
   }
 }
@@ -207,7 +209,8 @@ constexpr bool kScaled = is_quantized(kT);
 
 // K and V row pointers of KV head h for the keys of a block (up to count).
 template <DType kT>
-void RowPointers(const Item& it, const BlockSlots& bs, std::int32_t h, const void** k, const void** v) {
+void RowPointers(const Item& it, const BlockSlots& bs, std::int32_t h, const void** k,
+                 const void** v) {
   const PagedKVStorage& kv = it.p->kv;
   constexpr auto elem = static_cast<std::int64_t>(dtype_size(kT));
   const auto* kbase = static_cast<const std::byte*>(kv.k_data) + h * kv.k_head_stride * elem;
@@ -277,7 +280,8 @@ void ReadScales(const Item& it, KeyBlock& kb) {
 // Converts kKB rows of `dim` kT elements to f32 rows at out (row stride
 // `stride`) and repoints them there; prefetches the rows `next` meanwhile.
 template <DType kT>
-void ConvertRows(const void** rows, const void* const* next, std::size_t dim, std::size_t stride, float* out) {
+void ConvertRows(const void** rows, const void* const* next, std::size_t dim, std::size_t stride,
+                 float* out) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
   for (std::int32_t jj = 0; jj < kKB; ++jj) {
@@ -368,7 +372,8 @@ void TransposeKeys(const Item& it, const KeyBlock& kb) {
 // without one (all but poisoned data) convert in registers without the NaN
 // select (LoadConvert kNanFree), the instructions e4m3 decode is bound by.
 bool BlockHasE4M3Nan(const Item& it, const KeyBlock& kb) {
-  return HasE4M3Nan(kb.k, kKB, std::size_t(it.c->head_dim)) || HasE4M3Nan(kb.v, kKB, std::size_t(it.c->v_head_dim));
+  return HasE4M3Nan(kb.k, kKB, std::size_t(it.c->head_dim)) ||
+         HasE4M3Nan(kb.v, kKB, std::size_t(it.c->v_head_dim));
 }
 
 // Inline RoPE: rotates the f32 key rows of the block at their positions.
@@ -407,8 +412,10 @@ HWY_INLINE void Reduce8(const VF* a, float* HWY_RESTRICT out) {
   VF partial[2];
   for (int half = 0; half < 2; ++half) {
     const VF* x = a + 4 * half;
-    const VF t01 = hn::Add(hn::InterleaveLower(df, x[0], x[1]), hn::InterleaveUpper(df, x[0], x[1]));
-    const VF t23 = hn::Add(hn::InterleaveLower(df, x[2], x[3]), hn::InterleaveUpper(df, x[2], x[3]));
+    const VF t01 =
+        hn::Add(hn::InterleaveLower(df, x[0], x[1]), hn::InterleaveUpper(df, x[0], x[1]));
+    const VF t23 =
+        hn::Add(hn::InterleaveLower(df, x[2], x[3]), hn::InterleaveUpper(df, x[2], x[3]));
     const auto u01 = hn::BitCast(d64, t01), u23 = hn::BitCast(d64, t23);
     partial[half] = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, u01, u23)),
                             hn::BitCast(df, hn::InterleaveUpper(d64, u01, u23)));
@@ -635,8 +642,10 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
       !kb.tree_enter)
     return;
   // idx > lo - 1 and idx < hi, relative to the block (clamped to fit int32).
-  const auto vlo = hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(lo - kb.first, 0, kKB) - 1));
-  const auto vhi = hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(hi - kb.first, -1, kKB)));
+  const auto vlo =
+      hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(lo - kb.first, 0, kKB) - 1));
+  const auto vhi =
+      hn::Set(di, static_cast<std::int32_t>(std::clamp<std::int64_t>(hi - kb.first, -1, kKB)));
   const float slope = opt.alibi_slopes ? opt.alibi_slopes[head] : 0.0f;
   for (std::size_t i = 0; i < std::size_t(kKB); i += n) {
     VW x = hn::LoadU(df, s + i);
@@ -647,9 +656,11 @@ void TransformRow(const Item& it, const KeyBlock& kb, std::int32_t row, const Ro
     const auto idx = hn::Iota(di, static_cast<std::int32_t>(i));
     if (opt.alibi_slopes) {
       // Key position minus query position (tree blocks carry key positions).
-      const auto key_pos = kb.tree_position ? hn::LoadU(di, kb.tree_position + i)
-                                            : hn::Add(idx, hn::Set(di, static_cast<std::int32_t>(kb.first)));
-      const VW dist = hn::ConvertTo(df, hn::Sub(key_pos, hn::Set(di, static_cast<std::int32_t>(q.position))));
+      const auto key_pos = kb.tree_position
+                               ? hn::LoadU(di, kb.tree_position + i)
+                               : hn::Add(idx, hn::Set(di, static_cast<std::int32_t>(kb.first)));
+      const VW dist =
+          hn::ConvertTo(df, hn::Sub(key_pos, hn::Set(di, static_cast<std::int32_t>(q.position))));
       x = hn::MulAdd(hn::Set(df, slope), dist, x);
     }
     auto visible = hn::And(hn::Gt(idx, vlo), hn::Lt(idx, vhi));
@@ -698,7 +709,8 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
   if (corr != 1.0f) {
     float* o = it.sc.o + std::size_t(row) * c.dv;
     const VW vc = hn::Set(df, corr);
-    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n) hn::Store(hn::Mul(hn::Load(df, o + d), vc), df, o + d);
+    for (std::size_t d = 0; d < std::size_t(c.v_head_dim); d += n)
+      hn::Store(hn::Mul(hn::Load(df, o + d), vc), df, o + d);
   }
 }
 
@@ -706,12 +718,12 @@ void SoftmaxRow(const Item& it, const KeyBlock& kb, std::int32_t row) {
 // (rows of one KV head, tokens in order). A whole block visible to every
 // row, with no transform, returns at once (what TransformRow does row by
 // row): most of a long prefill.
-void TransformRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end,
-                   std::int64_t first_pos) {
+void TransformRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0,
+                   std::int32_t row_end, std::int64_t first_pos) {
   const AttentionOptions& opt = it.p->options;
   const std::int64_t first_query = first_pos + map.token_in_tile(row0);
-  if (kb.count == kKB && opt.window_left < 0 && opt.softcap <= 0.0f && !opt.alibi_slopes && !kb.tree_enter &&
-      (!opt.causal || kb.first + kKB <= first_query + 1))
+  if (kb.count == kKB && opt.window_left < 0 && opt.softcap <= 0.0f && !opt.alibi_slopes &&
+      !kb.tree_enter && (!opt.causal || kb.first + kKB <= first_query + 1))
     return;
   for (std::int32_t row = row0; row < row_end; ++row)
     TransformRow(it, kb, row, QueryOf(it, first_pos + map.token_in_tile(row)),
@@ -724,16 +736,18 @@ void TransformRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::i
 // kRoundedWeights: the caller rounds the weights to bf16 or u8 next
 // (softmax16::StoreWeightsF32Rounded on AVX-512).
 template <bool kScale, bool kRoundedWeights = false>
-void SoftmaxRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end,
-                 std::int64_t first_pos) {
+void SoftmaxRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int32_t row0,
+                 std::int32_t row_end, std::int64_t first_pos) {
   TransformRows(it, map, kb, row0, row_end, first_pos);
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  using Store = std::conditional_t<kRoundedWeights, softmax16::StoreWeightsF32Rounded, softmax16::StoreWeightsF32>;
+  using Store = std::conditional_t<kRoundedWeights, softmax16::StoreWeightsF32Rounded,
+                                   softmax16::StoreWeightsF32>;
   const KernelContext& c = *it.c;
   for (std::int32_t r = row0; r < row_end; r += softmax16::kMaxRows)
     softmax16::Update<Store>(it.sc.s + std::size_t(r) * kKB, it.sc.m + r, it.sc.l + r,
-                             it.sc.o + std::size_t(r) * c.dv, std::size_t(c.dv), std::size_t(c.v_head_dim),
-                             kScale ? kb.v_scale : nullptr, std::min<std::int32_t>(softmax16::kMaxRows, row_end - r));
+                             it.sc.o + std::size_t(r) * c.dv, std::size_t(c.dv),
+                             std::size_t(c.v_head_dim), kScale ? kb.v_scale : nullptr,
+                             std::min<std::int32_t>(softmax16::kMaxRows, row_end - r));
 #else
   for (std::int32_t row = row0; row < row_end; ++row) SoftmaxRow<kScale>(it, kb, row);
 #endif
@@ -754,7 +768,8 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   const D df;
   constexpr std::size_t n = hn::MaxLanes(df);
   constexpr int kMaxVecs = kAccRegs / kRows > 0 ? kAccRegs / kRows : 1;
-  constexpr int kVecs = kDim > 0 ? std::max(1, std::min<int>(kMaxVecs, kDim / int(n))) : std::min(kMaxVecs, 4);
+  constexpr int kVecs =
+      kDim > 0 ? std::max(1, std::min<int>(kMaxVecs, kDim / int(n))) : std::min(kMaxVecs, 4);
   // Vectors start at multiples of n, so PrefetchLine sees every line start.
   static_assert(kLineBytes / dtype_size(kLoad) % n == 0, "a line holds whole vectors");
   const std::size_t stride = std::size_t(it.c->dv);
@@ -789,7 +804,8 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
       for (std::int32_t jj = 0; jj < count; ++jj) {
         if constexpr (kPrefetch) PrefetchLine<kLoad>(kb.v_next[jj], d, dv);
         const VF x = LoadConvert<kLoad, kNanFree>(d8, kb.v[jj], d);
-        for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(d8, w[r * kKB + jj]), x, acc[r]);
+        for (int r = 0; r < kRows; ++r)
+          acc[r] = hn::MulAdd(hn::Set(d8, w[r * kKB + jj]), x, acc[r]);
       }
       for (int r = 0; r < kRows; ++r) hn::Store(acc[r], d8, o + r * stride + d);
     }
@@ -799,7 +815,8 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
 // o[row] += weights x V for the next group of rows from r (8 if kMaxRows
 // allows, 4, 2 or 1); returns how many.
 template <class D, DType kLoad, bool kPrefetch, int kDim, int kMaxRows, bool kNanFree>
-std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
+std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r,
+                             std::int32_t row_end) {
   if constexpr (kMaxRows >= 8) {
     if (r + 8 <= row_end) {
       AccumulateRows<D, kLoad, kPrefetch, kDim, 8, kNanFree>(it, kb, r);
@@ -827,16 +844,20 @@ void AccumulateBlock(const Item& it, const KeyBlock& kb, std::int32_t row0, std:
   using D = DRow<kDim>;
   constexpr int kMaxRows = kAccRegs >= 16 ? 8 : 4;
   std::int32_t r = row0;
-  if (r < row_end) r += AccumulateGroup<D, kLoad, kPrefetch, kDim, kMaxRows, kNanFree>(it, kb, r, row_end);
-  while (r < row_end) r += AccumulateGroup<D, kLoad, false, kDim, kMaxRows, kNanFree>(it, kb, r, row_end);
+  if (r < row_end)
+    r += AccumulateGroup<D, kLoad, kPrefetch, kDim, kMaxRows, kNanFree>(it, kb, r, row_end);
+  while (r < row_end)
+    r += AccumulateGroup<D, kLoad, false, kDim, kMaxRows, kNanFree>(it, kb, r, row_end);
 }
 
 // o[row] += weights x V for rows [row0, row_end) over f32 scratch rows
 // (padded to 16 floats: full width whatever the head dim), 4 rows at a time.
 template <int kDim>
-void AccumulateBlockWide(const Item& it, const KeyBlock& kb, std::int32_t row0, std::int32_t row_end) {
+void AccumulateBlockWide(const Item& it, const KeyBlock& kb, std::int32_t row0,
+                         std::int32_t row_end) {
   std::int32_t r = row0;
-  while (r < row_end) r += AccumulateGroup<DW, DType::kF32, false, kDim, 4, false>(it, kb, r, row_end);
+  while (r < row_end)
+    r += AccumulateGroup<DW, DType::kF32, false, kDim, 4, false>(it, kb, r, row_end);
 }
 
 // --- one work item -------------------------------------------------------------------------
@@ -846,8 +867,10 @@ void InitRows(const Item& it, const RowMap& map, std::int32_t rows) {
   const KernelContext& c = *it.c;
   for (std::int32_t row = 0; row < rows; ++row) {
     const std::int64_t off = map.token(row) * p.q.token_stride + map.qo_head(row) * p.q.head_stride;
-    const auto* q_in = static_cast<const std::byte*>(p.q.data) + off * std::int64_t(dtype_size(p.q.dtype));
-    convert_row(q_in, p.q.dtype, it.sc.q + std::size_t(row) * c.dq, DType::kF32, c.head_dim, c.scale);
+    const auto* q_in =
+        static_cast<const std::byte*>(p.q.data) + off * std::int64_t(dtype_size(p.q.dtype));
+    convert_row(q_in, p.q.dtype, it.sc.q + std::size_t(row) * c.dq, DType::kF32, c.head_dim,
+                c.scale);
     std::fill_n(it.sc.o + std::size_t(row) * c.dv, c.dv, 0.0f);
     it.sc.m[row] = kNegInf;
     it.sc.l[row] = 0.0f;
@@ -869,7 +892,8 @@ void FinishRows(const Item& it, const RowMap& map, std::int32_t rows) {
     const float lse = l == 0.0f ? kNegInf : it.sc.m[row] + std::log(l);
     if (w.partial >= 0) {
       std::byte* slot = it.partials + std::size_t(w.partial) * c.partial_slot_bytes;
-      std::memcpy(slot + std::size_t(row) * c.dv * sizeof(float), o, std::size_t(c.dv) * sizeof(float));
+      std::memcpy(slot + std::size_t(row) * c.dv * sizeof(float), o,
+                  std::size_t(c.dv) * sizeof(float));
       reinterpret_cast<float*>(slot + c.partial_lse_offset)[row] = lse;
       continue;
     }
@@ -886,7 +910,8 @@ constexpr std::int32_t kConvertRows = 8;
 // batch-invariant plan (a row's bits independent of its batch mates) keeps
 // every row on the decode path's summation order.
 bool OuterProducts(const Item& it, std::int32_t rows_per_head) {
-  return rows_per_head > kConvertRows && it.p->options.key_rope == nullptr && !it.c->batch_invariant;
+  return rows_per_head > kConvertRows && it.p->options.key_rope == nullptr &&
+         !it.c->batch_invariant;
 }
 
 // Whether bf16 dot products may run (the outer products of prefill, and
@@ -931,8 +956,9 @@ bool F16Decode(const Item& it, std::int32_t rows_per_head) {
 // (bf16_decode_pays).
 template <DType kT>
 bool Bf16Decode(const Item& it, std::int32_t rows_per_head) {
-  return kBf16DecodeType<kT> && Bf16Dot<kT>(it) && it.c->bf16_decode && !F16Decode<kT>(it, rows_per_head) &&
-         it.p->options.key_rope == nullptr && !OuterProducts(it, rows_per_head);
+  return kBf16DecodeType<kT> && Bf16Dot<kT>(it) && it.c->bf16_decode &&
+         !F16Decode<kT>(it, rows_per_head) && it.p->options.key_rope == nullptr &&
+         !OuterProducts(it, rows_per_head);
 }
 
 #if PAGEDATTN_F16_DECODE_TARGET
@@ -949,9 +975,10 @@ bool ProcessHeadBlockF16Decode(const Item& it, const RowMap& map, KeyBlock& kb, 
                                std::int32_t row_end, std::int64_t first_pos) {
   const KernelContext& c = *it.c;
   const std::int32_t rows = row_end - row0;
-  if (!f16dec::ScoreBlock<kT, kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), it.sc.qh_inv + row0,
-                                    kb.k, kb.v, kb.k_next, std::size_t(c.head_dim), std::size_t(c.v_head_dim),
-                                    kScaled<kT> ? kb.k_scale : nullptr, it.sc.s + std::size_t(row0) * kKB, rows))
+  if (!f16dec::ScoreBlock<kT, kDim>(
+          it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), it.sc.qh_inv + row0, kb.k, kb.v,
+          kb.k_next, std::size_t(c.head_dim), std::size_t(c.v_head_dim),
+          kScaled<kT> ? kb.k_scale : nullptr, it.sc.s + std::size_t(row0) * kKB, rows))
     return false;
   SoftmaxRows<false>(it, map, kb, row0, row_end, first_pos);
   f16dec::RoundWeights(it.sc.s, row0, row_end);
@@ -974,12 +1001,14 @@ void ProcessHeadBlockBf16Decode(const Item& it, const RowMap& map, KeyBlock& kb,
   const std::int32_t rows = row_end - row0;
   const std::size_t dk = std::size_t(c.head_dim), dv = std::size_t(c.v_head_dim);
   if constexpr (kBf16DecodeType<kT>) {
-    bf16dec::ScoreBlock<kT, kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), kb.k, kb.k_next, dk,
-                                  kScaled<kT> ? kb.k_scale : nullptr, it.sc.s + std::size_t(row0) * kKB, rows);
+    bf16dec::ScoreBlock<kT, kDim>(it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), kb.k,
+                                  kb.k_next, dk, kScaled<kT> ? kb.k_scale : nullptr,
+                                  it.sc.s + std::size_t(row0) * kKB, rows);
     SoftmaxRows<kScaled<kT>, true>(it, map, kb, row0, row_end, first_pos);
     bf16dot::RoundWeights(it.sc.s, row0, row_end);
-    bf16dec::AccumulateBlock<kT, kDim>(it.sc.s + std::size_t(row0) * kKB, kb.v, kb.v_next, kb.count, dv,
-                                       it.sc.o + std::size_t(row0) * c.dv, std::size_t(c.dv), rows);
+    bf16dec::AccumulateBlock<kT, kDim>(it.sc.s + std::size_t(row0) * kKB, kb.v, kb.v_next, kb.count,
+                                       dv, it.sc.o + std::size_t(row0) * c.dv, std::size_t(c.dv),
+                                       rows);
   }
 }
 
@@ -1015,11 +1044,13 @@ constexpr std::int32_t kTileBlocks = AttentionTraits::kTileBlocks;
 // loads and stores each output tile once a step (amx::AccumulateStep), not
 // once a block.
 template <DType kT>
-void ProcessTileSteps(const Item& it, const RowMap& map, std::int32_t rows, std::int64_t first_pos) {
+void ProcessTileSteps(const Item& it, const RowMap& map, std::int32_t rows,
+                      std::int64_t first_pos) {
   const AttentionWorkItem& w = *it.w;
   const KernelContext& c = *it.c;
   const std::size_t dq = std::size_t(c.dq), dv = std::size_t(c.dv);
-  const std::size_t s_block = std::size_t(rows) * kKB, k_block = dq / 2 * kKB, v_block = kKB / 2 * dv;
+  const std::size_t s_block = std::size_t(rows) * kKB, k_block = dq / 2 * kKB,
+                    v_block = kKB / 2 * dv;
   auto* kt = reinterpret_cast<std::uint32_t*>(it.sc.k);
   auto* vp = reinterpret_cast<std::uint32_t*>(it.sc.v);
   const std::int32_t blocks = (w.kv_end - w.kv_begin + kKB - 1) / kKB;
@@ -1048,14 +1079,15 @@ void ProcessTileSteps(const Item& it, const RowMap& map, std::int32_t rows, std:
         counts[b] = kb.count;
       }
       amx::ScoreStep(it.sc.qh, dq, std::size_t(c.head_dim),
-                     {kt, k_block, it.sc.s, s_block, kScaled<kT> ? k_scales : nullptr, n}, row0, row_end);
+                     {kt, k_block, it.sc.s, s_block, kScaled<kT> ? k_scales : nullptr, n}, row0,
+                     row_end);
       for (int b = 0; b < n; ++b) {
         Item block_item = it;  // the block's own score rows
         block_item.sc.s = it.sc.s + b * s_block;
         TransformRows(block_item, map, kbs[b], row0, row_end, first_pos);
       }
-      amx::SoftmaxStep(it.sc.s, s_block, n, it.sc.m, it.sc.l, it.sc.o, dv, std::size_t(c.v_head_dim),
-                       kScaled<kT> ? v_scales : nullptr, row0, row_end);
+      amx::SoftmaxStep(it.sc.s, s_block, n, it.sc.m, it.sc.l, it.sc.o, dv,
+                       std::size_t(c.v_head_dim), kScaled<kT> ? v_scales : nullptr, row0, row_end);
       amx::AccumulateStep({it.sc.s, s_block, vp, v_block, n}, counts, dv, it.sc.o, row0, row_end);
     }
   }
@@ -1089,12 +1121,12 @@ void ProcessHeadBlockInt8(const Item& it, const RowMap& map, KeyBlock& kb, std::
   auto* kt = reinterpret_cast<std::uint32_t*>(it.sc.k);
   auto* vp = reinterpret_cast<std::uint32_t*>(it.sc.v);
   int8dot::PackKeys(kb.k, std::size_t(c.head_dim), kt);
-  int8dot::ScoreBlock<kDim>(it.sc.q8, std::size_t(c.dq), it.sc.q8_scale, it.sc.q8_sum, kt, std::size_t(c.head_dim),
-                            kb.k_scale, it.sc.s, row0, row_end, kb.k_next);
+  int8dot::ScoreBlock<kDim>(it.sc.q8, std::size_t(c.dq), it.sc.q8_scale, it.sc.q8_sum, kt,
+                            std::size_t(c.head_dim), kb.k_scale, it.sc.s, row0, row_end, kb.k_next);
   SoftmaxRows<true, true>(it, map, kb, row0, row_end, first_pos);
   int8dot::QuantizeWeights(it.sc.s, it.sc.w_scale, row0, row_end);
-  int8dot::AccumulateBlock<kDim>(it.sc.s, it.sc.w_scale, kb.v, vp, std::size_t(c.v_head_dim), std::size_t(c.dv),
-                                 it.sc.o, row0, row_end, kb.v_next);
+  int8dot::AccumulateBlock<kDim>(it.sc.s, it.sc.w_scale, kb.v, vp, std::size_t(c.v_head_dim),
+                                 std::size_t(c.dv), it.sc.o, row0, row_end, kb.v_next);
 }
 #endif
 
@@ -1106,12 +1138,14 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
   if constexpr (kScaled<kT>) ReadScales<kT>(it, kb);
 #if PAGEDATTN_F16_DECODE_TARGET
   if constexpr (kF16DecodeType<kT>)
-    if (f16_queries && ProcessHeadBlockF16Decode<kT, kDim>(it, map, kb, row0, row_end, first_pos)) return;
+    if (f16_queries && ProcessHeadBlockF16Decode<kT, kDim>(it, map, kb, row0, row_end, first_pos))
+      return;
 #else
   (void)f16_queries;
 #endif
 #if PAGEDATTN_INT8_DOT_TARGET
-  if (Int8Dot<kT>(it, row_end - row0)) return ProcessHeadBlockInt8<kDim>(it, map, kb, row0, row_end, first_pos);
+  if (Int8Dot<kT>(it, row_end - row0))
+    return ProcessHeadBlockInt8<kDim>(it, map, kb, row0, row_end, first_pos);
 #endif
   const bool rotate_keys = it.p->options.key_rope != nullptr;
   // Many rows share the block (prefill): outer-product QK on transposed
@@ -1119,7 +1153,8 @@ void ProcessHeadBlock(const Item& it, const RowMap& map, KeyBlock& kb, std::int3
   // rotate: f32 scratch rows.
   const bool outer = OuterProducts(it, row_end - row0);
 #if PAGEDATTN_BF16_DOT_TARGET
-  if (outer && Bf16Dot<kT>(it)) return ProcessHeadBlockBf16<kT, kDim>(it, map, kb, row0, row_end, first_pos);
+  if (outer && Bf16Dot<kT>(it))
+    return ProcessHeadBlockBf16<kT, kDim>(it, map, kb, row0, row_end, first_pos);
   if (Bf16Decode<kT>(it, row_end - row0))
     return ProcessHeadBlockBf16Decode<kT, kDim>(it, map, kb, row0, row_end, first_pos);
 #endif
@@ -1163,11 +1198,12 @@ void ProcessItem(const Item& it) {
   if (outer_bf16 || bf16_decode)
     bf16dot::RoundRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.qh);
   if constexpr (bf16dec::kQueriesInBlockOrder<kT>)
-    if (bf16_decode) bf16dec::PrepareQueries(it.sc.qh, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq));
+    if (bf16_decode)
+      bf16dec::PrepareQueries(it.sc.qh, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq));
   if constexpr (bf16dec::kQueriesInRowGroups<kT>)
     if (bf16_decode)
-      bf16dec::PrepareRowGroups<kT>(it.sc.qh, w.kv_head_end - w.kv_head_begin, map.per_head, std::size_t(it.c->head_dim),
-                               std::size_t(it.c->dq));
+      bf16dec::PrepareRowGroups<kT>(it.sc.qh, w.kv_head_end - w.kv_head_begin, map.per_head,
+                                    std::size_t(it.c->head_dim), std::size_t(it.c->dq));
   if (outer_bf16 && it.c->amx_bf16) {
     amx::ConfigureTiles();
     ProcessTileSteps<kT>(it, map, rows, first_pos);
@@ -1179,20 +1215,21 @@ void ProcessItem(const Item& it) {
 #if PAGEDATTN_F16_DECODE_TARGET
   if constexpr (kF16DecodeType<kT>)
     if (F16Decode<kT>(it, map.per_head))
-      f16_queries = f16dec::RoundQueries<kT>(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq),
-                                             it.sc.qh, it.sc.qh_inv);
+      f16_queries = f16dec::RoundQueries<kT>(it.sc.q, rows, std::size_t(it.c->head_dim),
+                                             std::size_t(it.c->dq), it.sc.qh, it.sc.qh_inv);
 #endif
 #if PAGEDATTN_INT8_DOT_TARGET
   if (Int8Dot<kT>(it, map.per_head))
-    int8dot::QuantizeRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq), it.sc.q8,
-                          it.sc.q8_scale, it.sc.q8_sum);
+    int8dot::QuantizeRows(it.sc.q, rows, std::size_t(it.c->head_dim), std::size_t(it.c->dq),
+                          it.sc.q8, it.sc.q8_scale, it.sc.q8_sum);
 #endif
   // Steps walk (block, KV head) pairs, heads inner. The rows of the step
   // kPrefetchSteps ahead are prefetched while a step runs: rings hold the
   // gathered row pointers of the steps in between and the located slots of
   // their blocks (the blocks of steps past the end are empty: zero rows).
   const std::int32_t heads_per_block = w.kv_head_end - w.kv_head_begin;
-  const std::int64_t steps = std::int64_t{(w.kv_end - w.kv_begin + kKB - 1) / kKB} * heads_per_block;
+  const std::int64_t steps =
+      std::int64_t{(w.kv_end - w.kv_begin + kKB - 1) / kKB} * heads_per_block;
   BlockSlots slots[kStepRing];
   KeyBlock heads[kStepRing];
   auto gather = [&](std::int64_t step) {
@@ -1228,21 +1265,31 @@ void ProcessItemAnyDim(const Item& it) {
 
 void ProcessItemAnyType(const Item& it) {
   switch (it.p->kv.dtype) {
-    case DType::kF32: return ProcessItemAnyDim<DType::kF32>(it);
-    case DType::kF16: return ProcessItemAnyDim<DType::kF16>(it);
-    case DType::kBF16: return ProcessItemAnyDim<DType::kBF16>(it);
-    case DType::kFP8E4M3: return ProcessItemAnyDim<DType::kFP8E4M3>(it);
-    case DType::kFP8E5M2: return ProcessItemAnyDim<DType::kFP8E5M2>(it);
-    case DType::kINT8: return ProcessItemAnyDim<DType::kINT8>(it);
+    case DType::kF32:
+      return ProcessItemAnyDim<DType::kF32>(it);
+    case DType::kF16:
+      return ProcessItemAnyDim<DType::kF16>(it);
+    case DType::kBF16:
+      return ProcessItemAnyDim<DType::kBF16>(it);
+    case DType::kFP8E4M3:
+      return ProcessItemAnyDim<DType::kFP8E4M3>(it);
+    case DType::kFP8E5M2:
+      return ProcessItemAnyDim<DType::kFP8E5M2>(it);
+    case DType::kINT8:
+      return ProcessItemAnyDim<DType::kINT8>(it);
   }
 }
 
 Scratch ThreadScratch(std::byte* base, const KernelContext& c) {
   const ScratchLayout& l = c.layout;
   auto at = [&](std::size_t off) { return reinterpret_cast<float*>(base + off); };
-  return {at(l.q), at(l.o), at(l.m), at(l.l), at(l.s), at(l.k), at(l.v),
-          reinterpret_cast<std::uint16_t*>(base + l.qh), at(l.qh_inv), reinterpret_cast<std::int8_t*>(base + l.q8),
-          at(l.q8_scale), reinterpret_cast<std::int32_t*>(base + l.q8_sum), at(l.w_scale), base + l.zero};
+  return {at(l.q),        at(l.o),
+          at(l.m),        at(l.l),
+          at(l.s),        at(l.k),
+          at(l.v),        reinterpret_cast<std::uint16_t*>(base + l.qh),
+          at(l.qh_inv),   reinterpret_cast<std::int8_t*>(base + l.q8),
+          at(l.q8_scale), reinterpret_cast<std::int32_t*>(base + l.q8_sum),
+          at(l.w_scale),  base + l.zero};
 }
 
 void RunAttention(const AttentionParams& p, const AttentionPlan& plan, std::byte* workspace) {
@@ -1261,7 +1308,8 @@ void RunAttention(const AttentionParams& p, const AttentionPlan& plan, std::byte
       ProcessItemAnyType({&p, &plan.items[i], &ctx, sc, partials});
 #pragma omp barrier
 #pragma omp for schedule(dynamic)
-    for (std::size_t m = 0; m < plan.merges.size(); ++m) merge_partials(p, ctx, plan.merges[m], partials);
+    for (std::size_t m = 0; m < plan.merges.size(); ++m)
+      merge_partials(p, ctx, plan.merges[m], partials);
   }
 }
 

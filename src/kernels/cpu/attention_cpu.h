@@ -12,20 +12,20 @@
 namespace pagedattn::kernels {
 
 struct KernelContext {
-  std::int32_t group = 1;        // query heads per KV head
+  std::int32_t group = 1;  // query heads per KV head
   std::int32_t head_dim = 0, v_head_dim = 0;
   std::int32_t dq = 0, dv = 0;   // padded dims (scratch row strides)
   float scale = 1.0f;            // folded into the queries
   bool batch_invariant = false;  // AttentionPlan::batch_invariant: no prefill-only paths
   bool bf16_dot = false;         // the plan allows bf16 products, the CPU and dispatch have them
-  bool amx_bf16 = false;         // bf16_dot, and prefill products on AMX tiles (the CPU and dispatch
-                                 // have them, the head dims are multiples of 32)
-  bool bf16_decode = false;      // bf16_dot, and decode rows on vdpbf16ps (bf16_decode_pays)
-  bool int8_dot = false;         // the plan allows int8 products, the CPU and dispatch have them,
-                                 // and the head dims are multiples of 64
-  bool f16_decode = false;       // the plan allows f16 products, the CPU and dispatch have
-                                 // AVX512-FP16, the KV is fp8 e4m3 or f16 and the head dims fit
-                                 // (f16_decode_dims)
+  bool amx_bf16 = false;     // bf16_dot, and prefill products on AMX tiles (the CPU and dispatch
+                             // have them, the head dims are multiples of 32)
+  bool bf16_decode = false;  // bf16_dot, and decode rows on vdpbf16ps (bf16_decode_pays)
+  bool int8_dot = false;     // the plan allows int8 products, the CPU and dispatch have them,
+                             // and the head dims are multiples of 64
+  bool f16_decode = false;   // the plan allows f16 products, the CPU and dispatch have
+                             // AVX512-FP16, the KV is fp8 e4m3 or f16 and the head dims fit
+                             // (f16_decode_dims)
   ScratchLayout layout;
   std::size_t partial_slot_bytes = 0;
   std::size_t partial_lse_offset = 0;  // within a slot
@@ -57,15 +57,17 @@ constexpr bool f16_decode_dims(std::int32_t head_dim, std::int32_t v_head_dim) {
 // Head dims the AMX tile path takes: whole 32-dim tiles of bf16 queries (V
 // dims of any size: padded to 16 in the packed values and the outputs).
 inline constexpr std::int32_t kAmxHeadDimMultiple = 32;
-constexpr bool amx_head_dims(std::int32_t head_dim) { return head_dim > 0 && head_dim % kAmxHeadDimMultiple == 0; }
+constexpr bool amx_head_dims(std::int32_t head_dim) {
+  return head_dim > 0 && head_dim % kAmxHeadDimMultiple == 0;
+}
 
 // Rows of a work item or merge task are head-major:
 //   row = (kv_head - kv_head_begin) * per_head + token_in_tile * group + g
 struct RowMap {
   std::int32_t group = 1;
-  std::int32_t per_head = 1;       // tokens in the tile x group
+  std::int32_t per_head = 1;  // tokens in the tile x group
   std::int32_t kv_head_begin = 0;
-  std::int64_t first_token = 0;    // global index of the tile's first query token
+  std::int64_t first_token = 0;  // global index of the tile's first query token
 
   std::int32_t token_in_tile(std::int32_t row) const { return (row % per_head) / group; }
   std::int64_t token(std::int32_t row) const { return first_token + token_in_tile(row); }

@@ -1,9 +1,9 @@
 #include <cstring>
 
-#include "kernels/softmax_state.h"
-#include "kernels/validate.h"
 #include "attention_cpu.h"
 #include "convert.h"
+#include "kernels/softmax_state.h"
+#include "kernels/validate.h"
 #include "pagedattn/cpu_features.h"
 
 namespace pagedattn::kernels {
@@ -21,14 +21,15 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
   c.bf16_dot = plan.bf16_products && used.avx512_bf16;
   c.amx_bf16 = c.bf16_dot && used.amx_bf16 && amx_head_dims(c.head_dim);
   c.bf16_decode = c.bf16_dot && bf16_decode_pays(used);
-  c.int8_dot = plan.int8_products && used.avx512_vnni && c.head_dim % 64 == 0 && c.v_head_dim % 64 == 0;
+  c.int8_dot =
+      plan.int8_products && used.avx512_vnni && c.head_dim % 64 == 0 && c.v_head_dim % 64 == 0;
   c.f16_decode = plan.f16_products && used.avx512_fp16 &&
                  (p.kv.dtype == DType::kFP8E4M3 || p.kv.dtype == DType::kF16) &&
                  f16_decode_dims(c.head_dim, c.v_head_dim);
   c.layout = scratch_layout(plan.max_rows, c.head_dim, c.v_head_dim);
   c.partial_slot_bytes = partial_slot_bytes(plan.max_rows, c.v_head_dim);
-  c.partial_lse_offset =
-      align_up(static_cast<std::size_t>(plan.max_rows) * static_cast<std::size_t>(c.dv) * sizeof(float));
+  c.partial_lse_offset = align_up(static_cast<std::size_t>(plan.max_rows) *
+                                  static_cast<std::size_t>(c.dv) * sizeof(float));
   return c;
 }
 
@@ -38,7 +39,8 @@ void write_output_row(const AttentionParams& p, std::int64_t token, std::int64_t
   // The sink is a state with a zero value and LSE = the sink logit.
   if (p.options.sinks) merge_into(o, lse, nullptr, p.options.sinks[head], dv);
   const std::int64_t off = token * p.o.token_stride + head * p.o.head_stride;
-  convert_row(o, DType::kF32, static_cast<std::byte*>(p.o.data) + off * std::int64_t(dtype_size(p.o.dtype)),
+  convert_row(o, DType::kF32,
+              static_cast<std::byte*>(p.o.data) + off * std::int64_t(dtype_size(p.o.dtype)),
               p.o.dtype, dv, 1.0f);
   if (p.lse) p.lse[token * p.num_qo_heads + head] = lse;
 }
@@ -48,12 +50,13 @@ void merge_partials(const AttentionParams& p, const KernelContext& c, const Atte
   const RowMap map = row_map(p, c, m.batch, m.kv_head_begin, m.q_begin, m.q_end);
   const std::int32_t rows = map.per_head * (m.kv_head_end - m.kv_head_begin);
   auto slot_o = [&](std::int32_t s, std::int32_t row) {
-    return reinterpret_cast<float*>(partials + std::size_t(m.first_partial + s) * c.partial_slot_bytes) +
+    return reinterpret_cast<float*>(partials +
+                                    std::size_t(m.first_partial + s) * c.partial_slot_bytes) +
            std::size_t(row) * c.dv;
   };
   auto slot_lse = [&](std::int32_t s) {
-    return reinterpret_cast<float*>(partials + std::size_t(m.first_partial + s) * c.partial_slot_bytes +
-                                    c.partial_lse_offset);
+    return reinterpret_cast<float*>(
+        partials + std::size_t(m.first_partial + s) * c.partial_slot_bytes + c.partial_lse_offset);
   };
   for (std::int32_t row = 0; row < rows; ++row) {
     float* o = slot_o(0, row);

@@ -65,7 +65,7 @@ constexpr std::size_t kChunk = 32;  // dims per vector of bf16
 constexpr std::uint16_t Fp8MagnitudeToBf16(bool e4m3, int code) {
   const int mant_bits = e4m3 ? 3 : 2;
   const int exp = code >> mant_bits, mant = code & ((1 << mant_bits) - 1);
-  if (e4m3 && code == 0x7F) return 0x7FC0;                   // NaN
+  if (e4m3 && code == 0x7F) return 0x7FC0;                     // NaN
   if (!e4m3 && exp == 31) return mant == 0 ? 0x7F80 : 0x7FC0;  // inf, NaN
   // value = m x 2^e, m an integer: e4m3 with bias 7 and the 2^-8, e5m2 bias 15.
   const int bias = e4m3 ? 7 + 8 : 15;
@@ -142,9 +142,14 @@ struct Fp8PairLut {
 template <DType kT, Fp8PairOrder kOrder>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR Fp8PairLut LoadFp8PairLut() {
   const auto& t = kFp8ByteTables<kT>;
-  const __m512i order = kOrder == Fp8PairOrder::kValues ? _mm512_load_si512(t.value_order) : _mm512_setzero_si512();
-  return {_mm512_load_si512(t.lo), _mm512_load_si512(t.lo + 64), _mm512_load_si512(t.hi),
-          _mm512_load_si512(t.hi + 64), order, _mm512_set1_epi8(static_cast<char>(0x80))};
+  const __m512i order =
+      kOrder == Fp8PairOrder::kValues ? _mm512_load_si512(t.value_order) : _mm512_setzero_si512();
+  return {_mm512_load_si512(t.lo),
+          _mm512_load_si512(t.lo + 64),
+          _mm512_load_si512(t.hi),
+          _mm512_load_si512(t.hi + 64),
+          order,
+          _mm512_set1_epi8(static_cast<char>(0x80))};
 }
 
 // Rows a, b at [d, d + 32) (left: the real elements, zero from there) as
@@ -153,12 +158,15 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR Fp8PairLut LoadFp8PairLut() {
 // kKeys: lo = [A0 A2 | B0 B2], hi = [A1 A3 | B1 B3] (the loaded order, no
 // byte permute).
 template <Fp8PairOrder kOrder>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void Fp8PairToBf16(const void* a, const void* b, std::size_t d, std::size_t left,
-                                                   const Fp8PairLut& l, __m512i& out_lo, __m512i& out_hi) {
-  const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(LoadFp8Bytes(a, d, left)), LoadFp8Bytes(b, d, left), 1);
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void Fp8PairToBf16(const void* a, const void* b, std::size_t d,
+                                                     std::size_t left, const Fp8PairLut& l,
+                                                     __m512i& out_lo, __m512i& out_hi) {
+  const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(LoadFp8Bytes(a, d, left)),
+                                        LoadFp8Bytes(b, d, left), 1);
   const __m512i x = kOrder == Fp8PairOrder::kValues ? _mm512_permutexvar_epi8(l.order, ab) : ab;
   const __m512i lo = _mm512_permutex2var_epi8(l.lo0, x, l.lo1);
-  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(l.hi0, x, l.hi1), x, l.sign, 0xF8);
+  const __m512i hi =
+      _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(l.hi0, x, l.hi1), x, l.sign, 0xF8);
   out_lo = _mm512_unpacklo_epi8(lo, hi);
   out_hi = _mm512_unpackhi_epi8(lo, hi);
 }
@@ -180,14 +188,17 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR LutOf<kT> LoadLut() {
 // exactly to f32 (F16C). Each half is loaded on its own, so the widening reads
 // it from memory: one load of the chunk would cost an extract per chunk,
 // which measured slower at every GQA (docs/benchmarks.md, Attention kernels).
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 WidenF16Half(const std::uint16_t* p, std::size_t left, std::size_t h) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 WidenF16Half(const std::uint16_t* p, std::size_t left,
+                                                      std::size_t h) {
   const auto* ph = reinterpret_cast<const __m256i*>(p + 16 * h);
-  return _mm512_cvtph_ps(left >= kChunk ? _mm256_loadu_si256(ph) : _mm256_maskz_loadu_epi16(HalfMask(left, h), ph));
+  return _mm512_cvtph_ps(left >= kChunk ? _mm256_loadu_si256(ph)
+                                        : _mm256_maskz_loadu_epi16(HalfMask(left, h), ph));
 }
 
 // Elements [d, d + 32) of a 16-bit row as bf16, zero from `left` on.
 template <DType kT>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512i LoadChunk(const void* row, std::size_t d, std::size_t left) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512i LoadChunk(const void* row, std::size_t d,
+                                                    std::size_t left) {
   static_assert(kT == DType::kBF16 || kT == DType::kF16, "16-bit rows");
   const auto* p = static_cast<const std::uint16_t*>(row) + d;
   if constexpr (kT == DType::kBF16)
@@ -199,8 +210,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512i LoadChunk(const void* row, std::size_t
 // The pair conversion, for the exhaustive test: rows a, b of n codes (a
 // multiple of 8) to out[i] = bf16(a[i]) | bf16(b[i]) << 16, through kOrder.
 template <DType kT, Fp8PairOrder kOrder>
-PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, const std::uint8_t* b, std::size_t n,
-                                                      std::uint32_t* out) {
+PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, const std::uint8_t* b,
+                                                      std::size_t n, std::uint32_t* out) {
   const Fp8PairLut lut = LoadFp8PairLut<kT, kOrder>();
   for (std::size_t d = 0; d < n; d += kChunk) {
     __m512i lo, hi;
@@ -229,7 +240,8 @@ PAGEDATTN_BF16DEC_ATTR inline void Fp8RowsToBf16Pairs(const std::uint8_t* a, con
 // rows of `dim` elements, fetched while a tile reads its keys' (the next
 // head's K rows).
 template <DType kT, int kKeys>
-HWY_INLINE void PrefetchKeys(const void* const* prefetch, std::int32_t jj, std::size_t d, std::size_t dim) {
+HWY_INLINE void PrefetchKeys(const void* const* prefetch, std::int32_t jj, std::size_t d,
+                             std::size_t dim) {
   if (prefetch != nullptr)
     for (int e = 0; e < kKeys; ++e) PrefetchLine<kT>(prefetch[jj + e], d, dim);
 }
@@ -258,17 +270,20 @@ enum class TileKind { kKeyPairs, kRowPairs, kRowQuads, kSingle };
 
 // The fewest rows of a group that take row-pair tiles (0: none).
 template <DType kT>
-constexpr int kRowPairMinRows = kT == DType::kBF16 ? 4 : kT == DType::kF16 ? 8 : 0;
+constexpr int kRowPairMinRows = kT == DType::kBF16  ? 4
+                                : kT == DType::kF16 ? 8
+                                                    : 0;
 
 // bf16 groups of 8 rows take row quads.
 template <DType kT>
 constexpr int kRowQuadRows = kT == DType::kBF16 ? 8 : 0;
 
 template <DType kT, int kRows>
-constexpr TileKind kTileKind = kRowQuadRows<kT> > 0 && kRows == kRowQuadRows<kT>           ? TileKind::kRowQuads
-                               : kRowPairMinRows<kT> > 0 && kRows >= kRowPairMinRows<kT> ? TileKind::kRowPairs
-                               : kT == DType::kBF16                                    ? TileKind::kSingle
-                                                                                       : TileKind::kKeyPairs;
+constexpr TileKind kTileKind =
+    kRowQuadRows<kT> > 0 && kRows == kRowQuadRows<kT>         ? TileKind::kRowQuads
+    : kRowPairMinRows<kT> > 0 && kRows >= kRowPairMinRows<kT> ? TileKind::kRowPairs
+    : kT == DType::kBF16                                      ? TileKind::kSingle
+                                                              : TileKind::kKeyPairs;
 
 // fp8 keys come out of the byte tables in load order: in 8-dim blocks of a
 // chunk, lo = [A0 A2 | B0 B2], hi = [A1 A3 | B1 B3]. Their queries are stored
@@ -285,8 +300,9 @@ constexpr bool kQueriesInRowGroups = kRowPairMinRows<kT> > 0;
 // as bf16: lo = [a d..d+15 | b d..d+15], hi = [a d+16..d+31 | b d+16..d+31]
 // (fp8: in block order, above).
 template <DType kT>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyPair(const void* a, const void* b, std::size_t d, std::size_t left,
-                                                 const LutOf<kT>& lut, __m512i& lo, __m512i& hi) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyPair(const void* a, const void* b, std::size_t d,
+                                                   std::size_t left, const LutOf<kT>& lut,
+                                                   __m512i& lo, __m512i& hi) {
   if constexpr (is_fp8(kT)) {
     Fp8PairToBf16<Fp8PairOrder::kKeys>(a, b, d, left, lut, lo, hi);
   } else {
@@ -303,8 +319,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyPair(const void* a, const void* b,
 // where kQueriesInBlockOrder: each whole 32-dim chunk's 8-dim blocks
 // reordered Q0 Q2 Q1 Q3 (a masked last chunk stays in order: LoadQueryHalves
 // reorders it in registers).
-PAGEDATTN_BF16DEC_ATTR inline void PrepareQueries(std::uint16_t* q, std::int32_t rows, std::size_t dim,
-                                                  std::size_t dq) {
+PAGEDATTN_BF16DEC_ATTR inline void PrepareQueries(std::uint16_t* q, std::int32_t rows,
+                                                  std::size_t dim, std::size_t dq) {
   for (std::int32_t r = 0; r < rows; ++r)
     for (std::size_t d = 0; d + kChunk <= dim; d += kChunk) {
       std::uint16_t* p = q + std::size_t(r) * dq + d;
@@ -325,8 +341,10 @@ constexpr std::int32_t RowPairedRows(std::int32_t per_head) {
 // Four rows' chunks (x[r] = blocks [R0 R1 R2 R3] of 8 dims) as their blocks
 // side by side: out[b] = [A_b B_b C_b D_b] (a 4 x 4 transpose of blocks).
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void TransposeBlocks(const __m512i* x, __m512i* out) {
-  const __m512i t0 = _mm512_shuffle_i64x2(x[0], x[1], 0x44), t1 = _mm512_shuffle_i64x2(x[0], x[1], 0xEE);
-  const __m512i t2 = _mm512_shuffle_i64x2(x[2], x[3], 0x44), t3 = _mm512_shuffle_i64x2(x[2], x[3], 0xEE);
+  const __m512i t0 = _mm512_shuffle_i64x2(x[0], x[1], 0x44),
+                t1 = _mm512_shuffle_i64x2(x[0], x[1], 0xEE);
+  const __m512i t2 = _mm512_shuffle_i64x2(x[2], x[3], 0x44),
+                t3 = _mm512_shuffle_i64x2(x[2], x[3], 0xEE);
   out[0] = _mm512_shuffle_i64x2(t0, t2, 0x88);  // t0 = [A0 A1 B0 B1], t2 = [C0 C1 D0 D1]
   out[1] = _mm512_shuffle_i64x2(t0, t2, 0xDD);
   out[2] = _mm512_shuffle_i64x2(t1, t3, 0x88);
@@ -342,9 +360,11 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void TransposeBlocks(const __m512i* x, __m512i
 // + 1's both rows' [d + 16, d + 32). The other rows and a masked last chunk
 // stay in order (the tiles group that chunk in registers).
 template <DType kT>
-PAGEDATTN_BF16DEC_ATTR void PrepareRowGroups(std::uint16_t* q, std::int32_t heads, std::int32_t per_head,
-                                            std::size_t dim, std::size_t dq) {
-  const std::int32_t quad_rows = kRowQuadRows<kT> > 0 ? per_head / kRowQuadRows<kT> * kRowQuadRows<kT> : 0;
+PAGEDATTN_BF16DEC_ATTR void PrepareRowGroups(std::uint16_t* q, std::int32_t heads,
+                                             std::int32_t per_head, std::size_t dim,
+                                             std::size_t dq) {
+  const std::int32_t quad_rows =
+      kRowQuadRows<kT> > 0 ? per_head / kRowQuadRows<kT> * kRowQuadRows<kT> : 0;
   for (std::int32_t h = 0; h < heads; ++h) {
     for (std::int32_t i = 0; i < quad_rows; i += 4) {
       std::uint16_t* a = q + std::size_t(h * per_head + i) * dq;
@@ -370,8 +390,9 @@ PAGEDATTN_BF16DEC_ATTR void PrepareRowGroups(std::uint16_t* q, std::int32_t head
 // The chunk at d of rows a and a + dq (prepared by PrepareRowGroups; `left`:
 // the real dims from d, zero past them): lo = [a d..d+15 | b d..d+15], hi =
 // [a d+16..d+31 | b d+16..d+31].
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadRowPairHalves(const std::uint16_t* a, std::size_t dq, std::size_t left,
-                                                       __m512bh& lo, __m512bh& hi) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadRowPairHalves(const std::uint16_t* a, std::size_t dq,
+                                                         std::size_t left, __m512bh& lo,
+                                                         __m512bh& hi) {
   if (left >= kChunk) {
     lo = (__m512bh)_mm512_loadu_si512(a);
     hi = (__m512bh)_mm512_loadu_si512(a + dq);
@@ -386,8 +407,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadRowPairHalves(const std::uint16_t* a,
 // A 16-bit key's chunk at d (`left` as above) as bf16, each half in both
 // 256-bit halves: lo = dims [d, d + 16), hi = [d + 16, d + 32).
 template <DType kT>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyHalves(const void* k, std::size_t d, std::size_t left, __m512i& lo,
-                                                   __m512i& hi) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyHalves(const void* k, std::size_t d, std::size_t left,
+                                                     __m512i& lo, __m512i& hi) {
   const auto* p = static_cast<const std::uint16_t*>(k) + d;
   if constexpr (kT == DType::kF16) {  // rounded to bf16, into both halves at once
     const __m512 a = WidenF16Half(p, left, 0), b = WidenF16Half(p, left, 1);
@@ -407,21 +428,24 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadKeyHalves(const void* k, std::size_t 
 // them) as the key pairs' halves want it, each half in both 256-bit halves:
 // lo = dims [0, 16), hi = [16, 32) (block order: lo = Q0 Q2, hi = Q1 Q3).
 template <DType kT>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadQueryHalves(const std::uint16_t* q, std::size_t left, __m512bh& lo,
-                                                     __m512bh& hi) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void LoadQueryHalves(const std::uint16_t* q, std::size_t left,
+                                                       __m512bh& lo, __m512bh& hi) {
   if (left >= kChunk) {  // in the order PrepareQueries left
     lo = (__m512bh)_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
-    hi = (__m512bh)_mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
+    hi = (__m512bh)_mm512_broadcast_i64x4(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16)));
   } else {
     const __m512i x = _mm512_maskz_loadu_epi16(ChunkMask(left), q);
-    constexpr int kLo = kQueriesInBlockOrder<kT> ? 0x88 : 0x44, kHi = kQueriesInBlockOrder<kT> ? 0xDD : 0xEE;
+    constexpr int kLo = kQueriesInBlockOrder<kT> ? 0x88 : 0x44,
+                  kHi = kQueriesInBlockOrder<kT> ? 0xDD : 0xEE;
     lo = (__m512bh)_mm512_shuffle_i64x2(x, x, kLo);
     hi = (__m512bh)_mm512_shuffle_i64x2(x, x, kHi);
   }
 }
 
 // acc + a row's query halves . a key pair's halves (one chunk).
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 DotPair(__m512 acc, __m512bh q_lo, __m512bh q_hi, __m512i k_lo, __m512i k_hi) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 DotPair(__m512 acc, __m512bh q_lo, __m512bh q_hi,
+                                                 __m512i k_lo, __m512i k_hi) {
   return _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, q_lo, (__m512bh)k_lo), q_hi, (__m512bh)k_hi);
 }
 
@@ -454,7 +478,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512i orde
   ReduceWithinBlocks<16>(a, AddLanes(), u);
   for (int h = 0; h < 2; ++h) {
     const __m512 x = u[2 * h], y = u[2 * h + 1];
-    const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+    const __m512 halves =
+        _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
     out[h] = _mm512_permutexvar_ps(order, halves);
   }
 }
@@ -465,10 +490,10 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512i orde
 // the pairs and stream the queries. `prefetch` (or null): rows of the same
 // length whose lines are fetched meanwhile (the next head's K rows).
 template <DType kT, int kDim, int kRows, int kPairs>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
-                                               const void* const* prefetch, std::size_t dim,
-                                               std::int32_t jj, float* s,
-                                               const LutOf<kT>& lut) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::size_t dq,
+                                                 const void* const* k, const void* const* prefetch,
+                                                 std::size_t dim, std::int32_t jj, float* s,
+                                                 const LutOf<kT>& lut) {
   static_assert(kRows * kPairs == 16, "one reduction of 16 accumulators");
   constexpr int kKeys = 2 * kPairs;
   __m512 acc[16];
@@ -478,11 +503,13 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
     PrefetchKeys<kT, kKeys>(prefetch, jj, d, dim);
     if constexpr (kRows <= 2) {
       __m512bh q_lo[kRows], q_hi[kRows];
-      for (int r = 0; r < kRows; ++r) LoadQueryHalves<kT>(q + std::size_t(r) * dq + d, left, q_lo[r], q_hi[r]);
+      for (int r = 0; r < kRows; ++r)
+        LoadQueryHalves<kT>(q + std::size_t(r) * dq + d, left, q_lo[r], q_hi[r]);
       for (int p = 0; p < kPairs; ++p) {
         __m512i k_lo, k_hi;
         LoadKeyPair<kT>(k[jj + 2 * p], k[jj + 2 * p + 1], d, left, lut, k_lo, k_hi);
-        for (int r = 0; r < kRows; ++r) acc[r * kPairs + p] = DotPair(acc[r * kPairs + p], q_lo[r], q_hi[r], k_lo, k_hi);
+        for (int r = 0; r < kRows; ++r)
+          acc[r * kPairs + p] = DotPair(acc[r * kPairs + p], q_lo[r], q_hi[r], k_lo, k_hi);
       }
     } else {
       __m512i k_lo[kPairs], k_hi[kPairs];
@@ -494,7 +521,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
       for (int r = 0; r < kRows; ++r) {
         __m512bh q_lo, q_hi;
         LoadQueryHalves<kT>(q + std::size_t(r) * dq + d, left, q_lo, q_hi);
-        for (int p = 0; p < kPairs; ++p) acc[r * kPairs + p] = DotPair(acc[r * kPairs + p], q_lo, q_hi, k_lo[p], k_hi[p]);
+        for (int p = 0; p < kPairs; ++p)
+          acc[r * kPairs + p] = DotPair(acc[r * kPairs + p], q_lo, q_hi, k_lo[p], k_hi[p]);
       }
     }
   }
@@ -502,9 +530,12 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
   ReducePairs(acc, _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15), sums);
   if constexpr (kKeys >= 16) {
     for (int r = 0; r < kRows; ++r)
-      for (int h = 0; h < kKeys / 16; ++h) StoreRowSegments<16>(sums[r * kKeys / 16 + h], s + std::size_t(r) * kKB + std::size_t(jj + 16 * h));
+      for (int h = 0; h < kKeys / 16; ++h)
+        StoreRowSegments<16>(sums[r * kKeys / 16 + h],
+                             s + std::size_t(r) * kKB + std::size_t(jj + 16 * h));
   } else {
-    for (int h = 0; h < 2; ++h) StoreRowSegments<kKeys>(sums[h], s + std::size_t(h * 16 / kKeys) * kKB + std::size_t(jj));
+    for (int h = 0; h < 2; ++h)
+      StoreRowSegments<kKeys>(sums[h], s + std::size_t(h * 16 / kKeys) * kKB + std::size_t(jj));
   }
 }
 
@@ -513,9 +544,11 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
 // halves in registers, each key's halves broadcast from its row. `prefetch`
 // as ScoreTile's.
 template <DType kT, int kRowPairs, int kKeys>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowPairTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
-                                                      const void* const* prefetch, std::size_t dim, std::int32_t jj,
-                                                      float* s) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowPairTile(const std::uint16_t* q, std::size_t dq,
+                                                        const void* const* k,
+                                                        const void* const* prefetch,
+                                                        std::size_t dim, std::int32_t jj,
+                                                        float* s) {
   static_assert(kRowPairs * kKeys == 16, "one reduction of 16 accumulators");
   static_assert(kKeys == 4 || kKeys == 8, "the stores below");
   __m512 acc[16];
@@ -524,29 +557,35 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowPairTile(const std::uint16_t* q, 
     const std::size_t left = dim - d;
     PrefetchKeys<kT, kKeys>(prefetch, jj, d, dim);
     __m512bh q_lo[kRowPairs], q_hi[kRowPairs];
-    for (int p = 0; p < kRowPairs; ++p) LoadRowPairHalves(q + std::size_t(2 * p) * dq + d, dq, left, q_lo[p], q_hi[p]);
+    for (int p = 0; p < kRowPairs; ++p)
+      LoadRowPairHalves(q + std::size_t(2 * p) * dq + d, dq, left, q_lo[p], q_hi[p]);
     for (int e = 0; e < kKeys; ++e) {
       __m512i k_lo, k_hi;
       LoadKeyHalves<kT>(k[jj + e], d, left, k_lo, k_hi);
-      for (int p = 0; p < kRowPairs; ++p) acc[p * kKeys + e] = DotPair(acc[p * kKeys + e], q_lo[p], q_hi[p], k_lo, k_hi);
+      for (int p = 0; p < kRowPairs; ++p)
+        acc[p * kKeys + e] = DotPair(acc[p * kKeys + e], q_lo[p], q_hi[p], k_lo, k_hi);
     }
   }
   // Accumulators 8h .. 8h + 7 hold row pairs 8h / kKeys .. with keys e; the
   // order leaves each out[h] in rows of kKeys keys: 4 x 4 (rows 4h ..), or
   // 2 x 8 (rows 2h, 2h + 1).
-  const __m512i order = kKeys == 4 ? _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                                   : _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
+  const __m512i order =
+      kKeys == 4 ? _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                 : _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
   __m512 sums[2];
   ReducePairs(acc, order, sums);
-  for (int h = 0; h < 2; ++h) StoreRowSegments<kKeys>(sums[h], s + std::size_t(h * 16 / kKeys) * kKB + std::size_t(jj));
+  for (int h = 0; h < 2; ++h)
+    StoreRowSegments<kKeys>(sums[h], s + std::size_t(h * 16 / kKeys) * kKB + std::size_t(jj));
 }
 
 // Row-quad tiles (bf16 K, 8 rows): each accumulator holds four rows' 8-dim
 // blocks against one key's block broadcast to the four 128-bit blocks, so a
 // row's sum sits in 4 lanes: two levels of the tree for 64 scores.
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
-                                                      const void* const* prefetch, std::size_t dim, std::int32_t jj,
-                                                      float* s) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, std::size_t dq,
+                                                        const void* const* k,
+                                                        const void* const* prefetch,
+                                                        std::size_t dim, std::int32_t jj,
+                                                        float* s) {
   constexpr int kKeys = 8;
   __m512 acc[16];  // quad g, key e in acc[g kKeys + e]
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -557,10 +596,12 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, 
     for (int g = 0; g < 2; ++g) {
       const std::uint16_t* a = q + std::size_t(4 * g) * dq + d;
       if (left >= kChunk) {
-        for (int b = 0; b < 4; ++b) qb[g][b] = (__m512bh)_mm512_loadu_si512(a + std::size_t(b) * dq);
+        for (int b = 0; b < 4; ++b)
+          qb[g][b] = (__m512bh)_mm512_loadu_si512(a + std::size_t(b) * dq);
       } else {
         __m512i x[4], blocks[4];
-        for (int r = 0; r < 4; ++r) x[r] = _mm512_maskz_loadu_epi16(ChunkMask(left), a + std::size_t(r) * dq);
+        for (int r = 0; r < 4; ++r)
+          x[r] = _mm512_maskz_loadu_epi16(ChunkMask(left), a + std::size_t(r) * dq);
         TransposeBlocks(x, blocks);
         for (int b = 0; b < 4; ++b) qb[g][b] = (__m512bh)blocks[b];
       }
@@ -569,7 +610,9 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, 
       const auto* p = static_cast<const std::uint16_t*>(k[jj + e]) + d;
       __m512i kb[4];
       if (left >= kChunk) {
-        for (int b = 0; b < 4; ++b) kb[b] = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * b)));
+        for (int b = 0; b < 4; ++b)
+          kb[b] =
+              _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * b)));
       } else {
         const __m512i x = _mm512_maskz_loadu_epi16(ChunkMask(left), p);
         kb[0] = _mm512_shuffle_i64x2(x, x, 0x00);
@@ -591,7 +634,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, 
   // Rows of 8 keys, two to a vector, stored whole (masked stores of 4 keys
   // a row are slow on Zen 4; see StoreRowSegments).
   const __m512i rows01 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i rows23 = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const __m512i rows23 =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int g = 0; g < 2; ++g)
     for (int h = 0; h < 2; ++h) {
       const __m512 two = _mm512_permutex2var_ps(u[2 * g], h == 0 ? rows01 : rows23, u[2 * g + 1]);
@@ -603,29 +647,34 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRowQuadTile(const std::uint16_t* q, 
 // accumulator per (row, key), per 32-dim chunk each key's chunk loaded once
 // and each row's query chunk loaded once.
 template <int kDim, int kRows, int kKeys>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreSingleTile(const std::uint16_t* q, std::size_t dq, const void* const* k,
-                                                     const void* const* prefetch, std::size_t dim, std::int32_t jj,
-                                                     float* s) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreSingleTile(const std::uint16_t* q, std::size_t dq,
+                                                       const void* const* k,
+                                                       const void* const* prefetch, std::size_t dim,
+                                                       std::int32_t jj, float* s) {
   static_assert(kRows * kKeys == 16, "one reduction of 16 accumulators");
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
   for (std::size_t d = 0; d < dim; d += kChunk) {
     const std::size_t left = dim - d;
     __m512i kc[kKeys];
-    for (int e = 0; e < kKeys; ++e) kc[e] = bf16dot::Pinned(LoadChunk<DType::kBF16>(k[jj + e], d, left));
+    for (int e = 0; e < kKeys; ++e)
+      kc[e] = bf16dot::Pinned(LoadChunk<DType::kBF16>(k[jj + e], d, left));
     PrefetchKeys<DType::kBF16, kKeys>(prefetch, jj, d, dim);
     for (int r = 0; r < kRows; ++r) {
-      const __m512bh qc = (__m512bh)bf16dot::Pinned(LoadChunk<DType::kBF16>(q + std::size_t(r) * dq, d, left));
-      for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = _mm512_dpbf16_ps(acc[r * kKeys + e], qc, (__m512bh)kc[e]);
+      const __m512bh qc =
+          (__m512bh)bf16dot::Pinned(LoadChunk<DType::kBF16>(q + std::size_t(r) * dq, d, left));
+      for (int e = 0; e < kKeys; ++e)
+        acc[r * kKeys + e] = _mm512_dpbf16_ps(acc[r * kKeys + e], qc, (__m512bh)kc[e]);
     }
   }
-  StoreRowSegments<kKeys>(Reduce16(acc), s + std::size_t(jj));  // lanes r kKeys .. to row r's keys jj ..
+  StoreRowSegments<kKeys>(Reduce16(acc),
+                          s + std::size_t(jj));  // lanes r kKeys .. to row r's keys jj ..
 }
 
 template <DType kT, int kDim, int kRows>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq, const void* const* k,
-                                               const void* const* prefetch, std::size_t dim, float* s,
-                                               const LutOf<kT>& lut) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq,
+                                                 const void* const* k, const void* const* prefetch,
+                                                 std::size_t dim, float* s, const LutOf<kT>& lut) {
   if constexpr (kTileKind<kT, kRows> == TileKind::kKeyPairs) {
     constexpr int kPairs = 16 / kRows;
     for (std::int32_t jj = 0; jj < kKB; jj += 2 * kPairs)
@@ -634,10 +683,12 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::si
     for (std::int32_t jj = 0; jj < kKB; jj += 8) ScoreRowQuadTile(q, dq, k, prefetch, dim, jj, s);
   } else if constexpr (kTileKind<kT, kRows> == TileKind::kRowPairs) {
     constexpr int kRowPairs = kRows / 2, kKeys = 16 / kRowPairs;
-    for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreRowPairTile<kT, kRowPairs, kKeys>(q, dq, k, prefetch, dim, jj, s);
+    for (std::int32_t jj = 0; jj < kKB; jj += kKeys)
+      ScoreRowPairTile<kT, kRowPairs, kKeys>(q, dq, k, prefetch, dim, jj, s);
   } else {
     constexpr int kKeys = 16 / kRows;
-    for (std::int32_t jj = 0; jj < kKB; jj += kKeys) ScoreSingleTile<kDim, kRows, kKeys>(q, dq, k, prefetch, dim, jj, s);
+    for (std::int32_t jj = 0; jj < kKB; jj += kKeys)
+      ScoreSingleTile<kDim, kRows, kKeys>(q, dq, k, prefetch, dim, jj, s);
   }
 }
 
@@ -647,7 +698,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::si
 // next head's K rows) a line per line of K read.
 template <DType kT, int kDim>
 PAGEDATTN_BF16DEC_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, const void* const* k,
-                                    const void* const* prefetch, std::size_t dim, const float* k_scale, float* s, std::int32_t rows) {
+                                       const void* const* prefetch, std::size_t dim,
+                                       const float* k_scale, float* s, std::int32_t rows) {
   const LutOf<kT> lut = LoadLut<kT, Fp8PairOrder::kKeys>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
   std::int32_t r = 0;
@@ -688,7 +740,8 @@ struct OutChunk {
 
 HWY_INLINE OutChunk LoadOut(const float* o, std::size_t left) {
   if (left >= kChunk) return {_mm512_load_ps(o), _mm512_load_ps(o + 16)};
-  return {_mm512_maskz_loadu_ps(HalfMask(left, 0), o), _mm512_maskz_loadu_ps(HalfMask(left, 1), o + 16)};
+  return {_mm512_maskz_loadu_ps(HalfMask(left, 0), o),
+          _mm512_maskz_loadu_ps(HalfMask(left, 1), o + 16)};
 }
 
 HWY_INLINE void StoreOut(const OutChunk& c, float* o, std::size_t left) {
@@ -720,15 +773,17 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR OutChunk InterleaveValues(__m512i a, __m512i b
 // (or null): rows whose lines at these dims are fetched meanwhile (the next
 // head's V rows).
 template <DType kT, int kRows, int kChunks>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void* const* v, const void* const* prefetch,
-                                                   std::int32_t pairs, std::size_t d, std::size_t left, float* o,
-                                                   std::size_t o_stride,
-                                                   const LutOf<kT>& lut) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void* const* v,
+                                                      const void* const* prefetch,
+                                                      std::int32_t pairs, std::size_t d,
+                                                      std::size_t left, float* o,
+                                                      std::size_t o_stride, const LutOf<kT>& lut) {
   static_assert(kRows * kChunks <= 8, "at most 16 accumulators");
   const auto* w = reinterpret_cast<const std::uint32_t*>(s);
   OutChunk acc[kRows][kChunks];
   for (int r = 0; r < kRows; ++r)
-    for (int c = 0; c < kChunks; ++c) acc[r][c] = LoadOut(o + std::size_t(r) * o_stride + d + kChunk * c, left - kChunk * c);
+    for (int c = 0; c < kChunks; ++c)
+      acc[r][c] = LoadOut(o + std::size_t(r) * o_stride + d + kChunk * c, left - kChunk * c);
   for (std::int32_t p = 0; p < pairs; ++p) {
     OutChunk x[kChunks];
     for (int c = 0; c < kChunks; ++c) {
@@ -742,11 +797,13 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
         Fp8PairToBf16<Fp8PairOrder::kValues>(v[2 * p], v[2 * p + 1], dc, lc, lut, xl, xh);
         x[c] = {_mm512_castsi512_ps(xl), _mm512_castsi512_ps(xh)};
       } else {
-        x[c] = InterleaveValues(LoadChunk<kT>(v[2 * p], dc, lc), LoadChunk<kT>(v[2 * p + 1], dc, lc));
+        x[c] =
+            InterleaveValues(LoadChunk<kT>(v[2 * p], dc, lc), LoadChunk<kT>(v[2 * p + 1], dc, lc));
       }
     }
     for (int r = 0; r < kRows; ++r) {
-      const __m512bh wr = (__m512bh)_mm512_set1_epi32(static_cast<int>(w[std::size_t(r) * kKB + std::size_t(p)]));
+      const __m512bh wr =
+          (__m512bh)_mm512_set1_epi32(static_cast<int>(w[std::size_t(r) * kKB + std::size_t(p)]));
       for (int c = 0; c < kChunks; ++c) {
         acc[r][c].lo = _mm512_dpbf16_ps(acc[r][c].lo, wr, (__m512bh)_mm512_castps_si512(x[c].lo));
         acc[r][c].hi = _mm512_dpbf16_ps(acc[r][c].hi, wr, (__m512bh)_mm512_castps_si512(x[c].hi));
@@ -754,7 +811,8 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
     }
   }
   for (int r = 0; r < kRows; ++r)
-    for (int c = 0; c < kChunks; ++c) StoreOut(acc[r][c], o + std::size_t(r) * o_stride + d + kChunk * c, left - kChunk * c);
+    for (int c = 0; c < kChunks; ++c)
+      StoreOut(acc[r][c], o + std::size_t(r) * o_stride + d + kChunk * c, left - kChunk * c);
 }
 
 // Dims [d, dim) in tiles of kChunks chunks while whole ones fit, then of
@@ -762,10 +820,9 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateTile(const float* s, const void
 // 128 dims takes one tile of 4 chunks (8 accumulators), not 4 tiles of 2
 // accumulators whose dot products would wait on each other.
 template <DType kT, int kRows, int kChunks>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateChunks(const float* s, const void* const* v,
-                                                     const void* const* prefetch, std::int32_t pairs, std::size_t d,
-                                                     std::size_t dim, float* o, std::size_t o_stride,
-                                                     const LutOf<kT>& lut) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateChunks(
+    const float* s, const void* const* v, const void* const* prefetch, std::int32_t pairs,
+    std::size_t d, std::size_t dim, float* o, std::size_t o_stride, const LutOf<kT>& lut) {
   for (; d + kChunks * kChunk <= dim; d += kChunks * kChunk)
     AccumulateTile<kT, kRows, kChunks>(s, v, prefetch, pairs, d, dim - d, o, o_stride, lut);
   if constexpr (kChunks > 1) {
@@ -776,9 +833,10 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateChunks(const float* s, const vo
 }
 
 template <DType kT, int kRows>
-HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateRows(const float* s, const void* const* v, const void* const* prefetch,
-                                                   std::int32_t pairs, std::size_t dim, float* o, std::size_t o_stride,
-                                                   const LutOf<kT>& lut) {
+HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateRows(const float* s, const void* const* v,
+                                                      const void* const* prefetch,
+                                                      std::int32_t pairs, std::size_t dim, float* o,
+                                                      std::size_t o_stride, const LutOf<kT>& lut) {
   AccumulateChunks<kT, kRows, 8 / kRows>(s, v, prefetch, pairs, 0, dim, o, o_stride, lut);
 }
 
@@ -788,9 +846,10 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void AccumulateRows(const float* s, const void
 // weights). The first group of rows prefetches `prefetch` (the next head's
 // V rows) a line per line of V read.
 template <DType kT, int kDim>
-PAGEDATTN_BF16DEC_ATTR void AccumulateBlock(const float* s, const void* const* v, const void* const* prefetch,
-                                         std::int32_t count, std::size_t dim, float* o,
-                                         std::size_t o_stride, std::int32_t rows) {
+PAGEDATTN_BF16DEC_ATTR void AccumulateBlock(const float* s, const void* const* v,
+                                            const void* const* prefetch, std::int32_t count,
+                                            std::size_t dim, float* o, std::size_t o_stride,
+                                            std::int32_t rows) {
   const LutOf<kT> lut = LoadLut<kT, Fp8PairOrder::kValues>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
   const std::int32_t pairs = (count + 1) / 2;  // a lone last key pairs with a zero row

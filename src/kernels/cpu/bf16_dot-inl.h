@@ -18,7 +18,8 @@
 #ifndef PAGEDATTN_KERNELS_CPU_BF16_DOT_MACROS_
 #define PAGEDATTN_KERNELS_CPU_BF16_DOT_MACROS_
 // True in the per-target pass of a target that compiles the bf16 kernels.
-#define PAGEDATTN_BF16_DOT_TARGET (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL))
+#define PAGEDATTN_BF16_DOT_TARGET \
+  (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL))
 // The target's extensions plus AVX512-BF16 (clang replaces rather than
 // extends the target of Highway's pragma; functions with it are called,
 // never inlined, from code without it).
@@ -50,7 +51,8 @@ namespace pagedattn::kernels::HWY_NAMESPACE {
 namespace bf16dot {
 
 constexpr std::int32_t kKB = AttentionTraits::kKeyBlock;
-static_assert(kKB == 32, "a block's scores are two 16-lane vectors, its weights one vector of bf16");
+static_assert(kKB == 32,
+              "a block's scores are two 16-lane vectors, its weights one vector of bf16");
 
 // Pins a vector to a register (GCC would otherwise fold a load shared by
 // several dot products into each of them as a memory operand).
@@ -63,7 +65,8 @@ HWY_INLINE V Pinned(V v) {
 // 16 elements of a kT row from d as bf16, zero from `dim` on (head dims are
 // multiples of 8, so a chunk holds 16 or 8 of the row's elements).
 template <DType kT>
-HWY_INLINE PAGEDATTN_BF16_ATTR __m256i LoadBf16x16(const void* row, std::size_t d, std::size_t dim) {
+HWY_INLINE PAGEDATTN_BF16_ATTR __m256i LoadBf16x16(const void* row, std::size_t d,
+                                                   std::size_t dim) {
   const bool full = d + 16 <= dim;
   if constexpr (kT == DType::kBF16) {
     const auto* p = static_cast<const std::uint16_t*>(row) + d;
@@ -71,7 +74,8 @@ HWY_INLINE PAGEDATTN_BF16_ATTR __m256i LoadBf16x16(const void* row, std::size_t 
                 : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   } else if (kT == DType::kF16 && full) {  // one widening of 16 lanes (F16C's, exact)
     const auto* p = static_cast<const std::uint16_t*>(row) + d;
-    return (__m256i)_mm512_cvtneps_pbh(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+    return (__m256i)_mm512_cvtneps_pbh(
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
   } else {
     const __m256 lo = LoadConvert<kT>(row, d).raw;
     const __m256 hi = full ? LoadConvert<kT>(row, d + 8).raw : _mm256_setzero_ps();
@@ -124,7 +128,7 @@ template <DType kT>
 PAGEDATTN_BF16_ATTR void PackValues(const void* const* v, const void* const* next, std::size_t dim,
                                     std::size_t stride, std::uint32_t* out) {
   alignas(64) static constexpr std::uint16_t kInterleave[32] = {
-      0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+      0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   const __m512i idx = _mm512_load_si512(kInterleave);
   for (std::int32_t jp = 0; jp < kKB / 2; ++jp)
@@ -138,16 +142,18 @@ PAGEDATTN_BF16_ATTR void PackValues(const void* const* v, const void* const* nex
 }
 
 // `rows` f32 rows of `dim` (a multiple of 8) to bf16 rows, same stride in elements.
-PAGEDATTN_BF16_ATTR inline void RoundRows(const float* in, std::int32_t rows, std::size_t dim, std::size_t stride,
-                                          std::uint16_t* out) {
+PAGEDATTN_BF16_ATTR inline void RoundRows(const float* in, std::int32_t rows, std::size_t dim,
+                                          std::size_t stride, std::uint16_t* out) {
   for (std::int32_t r = 0; r < rows; ++r) {
     const float* x = in + std::size_t(r) * stride;
     std::uint16_t* y = out + std::size_t(r) * stride;
     std::size_t d = 0;
     for (; d + 16 <= dim; d += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + d), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + d)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + d),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + d)));
     if (d < dim)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + d), (__m128i)_mm256_cvtneps_pbh(_mm256_loadu_ps(x + d)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + d),
+                       (__m128i)_mm256_cvtneps_pbh(_mm256_loadu_ps(x + d)));
   }
 }
 
@@ -163,15 +169,17 @@ PAGEDATTN_BF16_ATTR inline void RoundWeights(float* s, std::int32_t row0, std::i
 // Scores kRows rows x kKB keys: per query word, a broadcast against the two
 // vectors of key words; scores x k_scale (when given) to s.
 template <int kRows>
-HWY_INLINE PAGEDATTN_BF16_ATTR void ScoreRows(const std::uint32_t* q, std::size_t q_words, const std::uint32_t* kt,
-                                              std::size_t pairs, const float* k_scale, float* s) {
+HWY_INLINE PAGEDATTN_BF16_ATTR void ScoreRows(const std::uint32_t* q, std::size_t q_words,
+                                              const std::uint32_t* kt, std::size_t pairs,
+                                              const float* k_scale, float* s) {
   __m512 acc[kRows][2];
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_ps();
   for (std::size_t p = 0; p < pairs; ++p) {
     const __m512bh k0 = (__m512bh)Pinned(_mm512_load_si512(kt + p * kKB));
     const __m512bh k1 = (__m512bh)Pinned(_mm512_load_si512(kt + p * kKB + 16));
     for (int r = 0; r < kRows; ++r) {
-      const __m512bh qb = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[std::size_t(r) * q_words + p]));
+      const __m512bh qb =
+          (__m512bh)_mm512_set1_epi32(static_cast<int>(q[std::size_t(r) * q_words + p]));
       acc[r][0] = _mm512_dpbf16_ps(acc[r][0], qb, k0);
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], qb, k1);
     }
@@ -190,62 +198,74 @@ HWY_INLINE PAGEDATTN_BF16_ATTR void ScoreRows(const std::uint32_t* q, std::size_
 // Scores rows [row0, row_end) of the bf16 queries (row stride dq elements)
 // against the packed keys (head dim `dim`, a multiple of 8) into s.
 template <int kDim>
-PAGEDATTN_BF16_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, const std::uint32_t* kt, std::size_t dim,
-                                    const float* k_scale, float* s, std::int32_t row0, std::int32_t row_end) {
+PAGEDATTN_BF16_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, const std::uint32_t* kt,
+                                    std::size_t dim, const float* k_scale, float* s,
+                                    std::int32_t row0, std::int32_t row_end) {
   const std::size_t pairs = kDim > 0 ? std::size_t(kDim) / 2 : dim / 2;
   const auto* qw = reinterpret_cast<const std::uint32_t*>(q);
   const std::size_t q_words = dq / 2;
   std::int32_t r = row0;
   for (; r + 8 <= row_end; r += 8)
-    ScoreRows<8>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale, s + std::size_t(r) * kKB);
+    ScoreRows<8>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale,
+                 s + std::size_t(r) * kKB);
   for (; r + 4 <= row_end; r += 4)
-    ScoreRows<4>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale, s + std::size_t(r) * kKB);
+    ScoreRows<4>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale,
+                 s + std::size_t(r) * kKB);
   for (; r < row_end; ++r)
-    ScoreRows<1>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale, s + std::size_t(r) * kKB);
+    ScoreRows<1>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale,
+                 s + std::size_t(r) * kKB);
 }
 
 // o[kRows rows] += weights x V over `pairs` key pairs, for the kVecs x 16
 // dims from d: kRows x kVecs accumulators; per key pair each row's weight
 // word is broadcast against kVecs vectors of value words.
 template <int kRows, int kVecs>
-HWY_INLINE PAGEDATTN_BF16_ATTR void AccumulateTile(const float* s, const std::uint32_t* vp, std::size_t v_stride,
-                                                   std::int32_t pairs, float* o, std::size_t o_stride) {
+HWY_INLINE PAGEDATTN_BF16_ATTR void AccumulateTile(const float* s, const std::uint32_t* vp,
+                                                   std::size_t v_stride, std::int32_t pairs,
+                                                   float* o, std::size_t o_stride) {
   const auto* w = reinterpret_cast<const std::uint32_t*>(s);
   __m512 acc[kRows][kVecs];
   for (int r = 0; r < kRows; ++r)
-    for (int e = 0; e < kVecs; ++e) acc[r][e] = _mm512_load_ps(o + std::size_t(r) * o_stride + 16 * e);
+    for (int e = 0; e < kVecs; ++e)
+      acc[r][e] = _mm512_load_ps(o + std::size_t(r) * o_stride + 16 * e);
   for (std::int32_t jp = 0; jp < pairs; ++jp) {
     __m512bh x[kVecs];
     for (int e = 0; e < kVecs; ++e)
       x[e] = (__m512bh)Pinned(_mm512_load_si512(vp + std::size_t(jp) * v_stride + 16 * e));
     for (int r = 0; r < kRows; ++r) {
-      const __m512bh wb = (__m512bh)_mm512_set1_epi32(static_cast<int>(w[std::size_t(r) * kKB + std::size_t(jp)]));
+      const __m512bh wb =
+          (__m512bh)_mm512_set1_epi32(static_cast<int>(w[std::size_t(r) * kKB + std::size_t(jp)]));
       for (int e = 0; e < kVecs; ++e) acc[r][e] = _mm512_dpbf16_ps(acc[r][e], wb, x[e]);
     }
   }
   for (int r = 0; r < kRows; ++r)
-    for (int e = 0; e < kVecs; ++e) _mm512_store_ps(o + std::size_t(r) * o_stride + 16 * e, acc[r][e]);
+    for (int e = 0; e < kVecs; ++e)
+      _mm512_store_ps(o + std::size_t(r) * o_stride + 16 * e, acc[r][e]);
 }
 
 template <int kRows>
-HWY_INLINE PAGEDATTN_BF16_ATTR void AccumulateRows(const float* s, const std::uint32_t* vp, std::size_t dv_pad,
-                                                   std::int32_t pairs, float* o, std::size_t o_stride) {
+HWY_INLINE PAGEDATTN_BF16_ATTR void AccumulateRows(const float* s, const std::uint32_t* vp,
+                                                   std::size_t dv_pad, std::int32_t pairs, float* o,
+                                                   std::size_t o_stride) {
   std::size_t d = 0;
-  for (; d + 64 <= dv_pad; d += 64) AccumulateTile<kRows, 4>(s, vp + d, o_stride, pairs, o + d, o_stride);
+  for (; d + 64 <= dv_pad; d += 64)
+    AccumulateTile<kRows, 4>(s, vp + d, o_stride, pairs, o + d, o_stride);
   for (; d < dv_pad; d += 16) AccumulateTile<kRows, 1>(s, vp + d, o_stride, pairs, o + d, o_stride);
 }
 
 // o[row] += weights (bf16, RoundWeights) x packed values for rows
 // [row0, row_end); o rows and value rows share the stride dv (padded).
 template <int kDim>
-PAGEDATTN_BF16_ATTR void AccumulateBlock(const float* s, const std::uint32_t* vp, std::size_t dv, std::int32_t count,
-                                         float* o, std::int32_t row0, std::int32_t row_end) {
+PAGEDATTN_BF16_ATTR void AccumulateBlock(const float* s, const std::uint32_t* vp, std::size_t dv,
+                                         std::int32_t count, float* o, std::int32_t row0,
+                                         std::int32_t row_end) {
   const std::size_t dv_pad = kDim > 0 ? std::size_t(kDim) : dv;
   const std::int32_t pairs = (count + 1) / 2;  // a lone last key pairs with a zero row
   std::int32_t r = row0;
   for (; r + 4 <= row_end; r += 4)
     AccumulateRows<4>(s + std::size_t(r) * kKB, vp, dv_pad, pairs, o + std::size_t(r) * dv, dv);
-  for (; r < row_end; ++r) AccumulateRows<1>(s + std::size_t(r) * kKB, vp, dv_pad, pairs, o + std::size_t(r) * dv, dv);
+  for (; r < row_end; ++r)
+    AccumulateRows<1>(s + std::size_t(r) * kKB, vp, dv_pad, pairs, o + std::size_t(r) * dv, dv);
 }
 
 }  // namespace bf16dot

@@ -42,7 +42,8 @@ HWY_INLINE hn::Vec<D> PromoteF16Bits(D df, V16 bits) {
     const auto finite = hn::BitCast(du, hn::Mul(hn::BitCast(df, body), hn::Set(df, 0x1p112f)));
     const auto special = hn::Or(body, hn::Set(du, 0x7f800000u));
     const hn::Rebind<std::int32_t, D> di;  // body < 2^28: signed compare (SSE4 has no unsigned)
-    const auto is_special = hn::RebindMask(du, hn::Gt(hn::BitCast(di, body), hn::Set(di, (0x7c00 << 13) - 1)));
+    const auto is_special =
+        hn::RebindMask(du, hn::Gt(hn::BitCast(di, body), hn::Set(di, (0x7c00 << 13) - 1)));
     return hn::BitCast(df, hn::Or(sign, hn::IfThenElse(is_special, special, finite)));
   }
 }
@@ -64,7 +65,8 @@ HWY_INLINE hn::Vec<D> LoadConvert(D df, const void* row, std::size_t i) {
   } else if constexpr (kT == DType::kINT8) {
     const hn::Rebind<std::int8_t, D> d8;
     const hn::Rebind<std::int32_t, D> d32;
-    return hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, static_cast<const std::int8_t*>(row) + i)));
+    return hn::ConvertTo(
+        df, hn::PromoteTo(d32, hn::LoadU(d8, static_cast<const std::int8_t*>(row) + i)));
   } else {
     // fp8 -> f16 bits: e5m2 is the top byte of an f16. e4m3 S.EEEE.MMM moved
     // into f16's fields is its value x 2^-8 (subnormals included): sign-extend
@@ -113,7 +115,8 @@ HWY_INLINE bool HasE4M3Nan(const void* const* rows, std::size_t count, std::size
     for (; i < n; i += hn::Lanes(d8))
       vmax8 = hn::Max(vmax8, hn::Or(hn::LoadU(d8, row + i), hn::Set(d8, 0x80)));
   }
-  return !hn::AllFalse(d, hn::Eq(vmax, hn::Set(d, 0xFF))) || !hn::AllFalse(d8, hn::Eq(vmax8, hn::Set(d8, 0xFF)));
+  return !hn::AllFalse(d, hn::Eq(vmax, hn::Set(d, 0xFF))) ||
+         !hn::AllFalse(d8, hn::Eq(vmax8, hn::Set(d8, 0xFF)));
 }
 
 template <DType kT>

@@ -25,13 +25,19 @@ using DF = DF8;
 HWY_INLINE hn::Vec<DF> LoadF32(const void* src, DType t, std::int64_t i) {
   const auto at = std::size_t(i);
   switch (t) {
-    case DType::kF16: return LoadConvert<DType::kF16>(src, at);
-    case DType::kBF16: return LoadConvert<DType::kBF16>(src, at);
-    case DType::kINT8: return LoadConvert<DType::kINT8>(src, at);
-    case DType::kFP8E5M2: return LoadConvert<DType::kFP8E5M2>(src, at);
+    case DType::kF16:
+      return LoadConvert<DType::kF16>(src, at);
+    case DType::kBF16:
+      return LoadConvert<DType::kBF16>(src, at);
+    case DType::kINT8:
+      return LoadConvert<DType::kINT8>(src, at);
+    case DType::kFP8E5M2:
+      return LoadConvert<DType::kFP8E5M2>(src, at);
     case DType::kFP8E4M3:  // x 2^8 is exact, NaN stays NaN
-      return hn::Mul(LoadConvert<DType::kFP8E4M3>(src, at), hn::Set(DF(), kFormatScale<DType::kFP8E4M3>));
-    case DType::kF32: break;
+      return hn::Mul(LoadConvert<DType::kFP8E4M3>(src, at),
+                     hn::Set(DF(), kFormatScale<DType::kFP8E4M3>));
+    case DType::kF32:
+      break;
   }
   return LoadConvert<DType::kF32>(src, at);
 }
@@ -58,7 +64,8 @@ HWY_INLINE void StoreF32(hn::Vec<DF> v, void* dst, DType t, std::int64_t i) {
     rounded = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
     // Values are <= 0xffff, so the signed demotion (saturating) is exact.
     const hn::RebindToSigned<DF> di;
-    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, rounded)), d16, static_cast<std::uint16_t*>(dst) + i);
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, rounded)), d16,
+               static_cast<std::uint16_t*>(dst) + i);
   } else {
     hn::StoreU(v, df, static_cast<float*>(dst) + i);
   }
@@ -78,7 +85,8 @@ void ConvertRow(const void* src, DType sd, void* dst, DType dd, std::int64_t n, 
       StoreF32(v, dst, dd, i);
     }
   }
-  for (; i < n; ++i) store_from_float(dst, dd, std::size_t(i), load_as_float(src, sd, std::size_t(i)) * mul);
+  for (; i < n; ++i)
+    store_from_float(dst, dd, std::size_t(i), load_as_float(src, sd, std::size_t(i)) * mul);
 }
 
 float AbsMaxRow(const void* src, DType t, std::int64_t n) {
@@ -112,8 +120,8 @@ void E4M3ToF32NanFree(const void* src, float* dst, std::int64_t n) {
 
 #if PAGEDATTN_BF16_DOT_TARGET
 template <DType kT>
-void Fp8PairsToBf16BitsAs(const std::uint8_t* a, const std::uint8_t* b, Fp8PairOrder order, std::uint32_t* dst,
-                          std::size_t n) {
+void Fp8PairsToBf16BitsAs(const std::uint8_t* a, const std::uint8_t* b, Fp8PairOrder order,
+                          std::uint32_t* dst, std::size_t n) {
   if (order == Fp8PairOrder::kKeys)
     bf16dec::Fp8RowsToBf16Pairs<kT, Fp8PairOrder::kKeys>(a, b, n, dst);
   else
@@ -121,14 +129,16 @@ void Fp8PairsToBf16BitsAs(const std::uint8_t* a, const std::uint8_t* b, Fp8PairO
 }
 #endif
 
-bool Fp8PairsToBf16Bits(const void* a, const void* b, DType t, Fp8PairOrder order, std::uint32_t* dst,
-                        std::int64_t n) {
+bool Fp8PairsToBf16Bits(const void* a, const void* b, DType t, Fp8PairOrder order,
+                        std::uint32_t* dst, std::int64_t n) {
 #if PAGEDATTN_BF16_DOT_TARGET
   if (!cpu_features().avx512_vbmi) return false;
   const auto* pa = static_cast<const std::uint8_t*>(a);
   const auto* pb = static_cast<const std::uint8_t*>(b);
-  if (t == DType::kFP8E4M3) Fp8PairsToBf16BitsAs<DType::kFP8E4M3>(pa, pb, order, dst, std::size_t(n));
-  if (t == DType::kFP8E5M2) Fp8PairsToBf16BitsAs<DType::kFP8E5M2>(pa, pb, order, dst, std::size_t(n));
+  if (t == DType::kFP8E4M3)
+    Fp8PairsToBf16BitsAs<DType::kFP8E4M3>(pa, pb, order, dst, std::size_t(n));
+  if (t == DType::kFP8E5M2)
+    Fp8PairsToBf16BitsAs<DType::kFP8E5M2>(pa, pb, order, dst, std::size_t(n));
   return true;
 #else
   (void)a, (void)b, (void)t, (void)order, (void)dst, (void)n;
@@ -147,10 +157,12 @@ HWY_EXPORT(E4M3HasNan);
 HWY_EXPORT(E4M3ToF32NanFree);
 HWY_EXPORT(Fp8PairsToBf16Bits);
 
-bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, Fp8PairOrder order, std::uint32_t* dst,
-                            std::int64_t n) {
-  require(is_fp8(src_dtype), "fp8_pairs_to_bf16_bits: src_dtype = ", dtype_name(src_dtype), " is not an fp8 type");
-  require(n >= 0 && n % 8 == 0, "fp8_pairs_to_bf16_bits: n = ", n, " must be a non-negative multiple of 8");
+bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, Fp8PairOrder order,
+                            std::uint32_t* dst, std::int64_t n) {
+  require(is_fp8(src_dtype), "fp8_pairs_to_bf16_bits: src_dtype = ", dtype_name(src_dtype),
+          " is not an fp8 type");
+  require(n >= 0 && n % 8 == 0, "fp8_pairs_to_bf16_bits: n = ", n,
+          " must be a non-negative multiple of 8");
   return HWY_DYNAMIC_DISPATCH(Fp8PairsToBf16Bits)(a, b, src_dtype, order, dst, n);
 }
 
@@ -160,7 +172,8 @@ bool e4m3_has_nan(const void* src, std::int64_t n) {
 }
 
 void e4m3_to_f32_nan_free(const void* src, float* dst, std::int64_t n) {
-  require(n >= 0 && n % 8 == 0, "e4m3_to_f32_nan_free: n = ", n, " must be a non-negative multiple of 8");
+  require(n >= 0 && n % 8 == 0, "e4m3_to_f32_nan_free: n = ", n,
+          " must be a non-negative multiple of 8");
   HWY_DYNAMIC_DISPATCH(E4M3ToF32NanFree)(src, dst, n);
 }
 

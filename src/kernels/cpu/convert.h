@@ -35,8 +35,8 @@ enum class Fp8PairOrder { kValues, kKeys };
 // to a bf16 NaN of the same sign, e5m2 infinities to bf16 infinities. n a
 // non-negative multiple of 8 (else InvalidArgument, dst untouched); returns
 // false (dst untouched) where the dispatched target or the CPU has none.
-bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, Fp8PairOrder order, std::uint32_t* dst,
-                            std::int64_t n);
+bool fp8_pairs_to_bf16_bits(const void* a, const void* b, DType src_dtype, Fp8PairOrder order,
+                            std::uint32_t* dst, std::int64_t n);
 
 // max |src[i]| over i < n (src in an activation dtype).
 float abs_max_row(const void* src, DType src_dtype, std::int64_t n);

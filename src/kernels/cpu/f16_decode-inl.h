@@ -31,7 +31,8 @@
 #ifndef PAGEDATTN_KERNELS_CPU_F16_DECODE_MACROS_
 #define PAGEDATTN_KERNELS_CPU_F16_DECODE_MACROS_
 // True in the per-target pass of a target that compiles the f16 kernels.
-#define PAGEDATTN_F16_DECODE_TARGET (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL))
+#define PAGEDATTN_F16_DECODE_TARGET \
+  (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL))
 // The target's extensions (the f16 instructions are assembly).
 #define PAGEDATTN_F16_ATTR __attribute__((target(HWY_TARGET_STR)))
 #endif
@@ -93,7 +94,8 @@ struct F16Bounds<DType::kF16> {
   static constexpr std::uint16_t kValueBoundBits = 0x6800;  // 2048 as f16
 };
 static_assert(kF16DecodeMaxDim / 2 * float(1 << F16Bounds<DType::kFP8E4M3>::kQueryExponent) *
-                      F16Bounds<DType::kFP8E4M3>::kKeyBound < 65504.0f,
+                      F16Bounds<DType::kFP8E4M3>::kKeyBound <
+                  65504.0f,
               "e4m3 scores stay finite in f16");
 static_assert(kFlushKeys * F16Bounds<DType::kFP8E4M3>::kValueBound < 65504.0f &&
                   kFlushKeys * F16Bounds<DType::kF16>::kValueBound < 65504.0f,
@@ -128,7 +130,8 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512i LoadChunk(const void* row, std::size_t d) 
   } else {
     static_assert(kT == DType::kFP8E4M3, "e4m3 or f16 rows");
     const auto* p = static_cast<const std::uint8_t*>(row) + d;
-    const __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 7);
+    const __m512i h = _mm512_slli_epi16(
+        _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 7);
     return _mm512_and_si512(h, _mm512_set1_epi16(static_cast<std::int16_t>(0xBF80)));
   }
 }
@@ -139,8 +142,8 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512i LoadChunk(const void* row, std::size_t d) 
 // inv[r] gets the inverse factor. False when an element is not finite (the
 // caller keeps f32 products).
 template <DType kT>
-PAGEDATTN_F16_ATTR bool RoundQueries(const float* q, std::int32_t rows, std::size_t dim, std::size_t dq,
-                                     std::uint16_t* out, float* inv) {
+PAGEDATTN_F16_ATTR bool RoundQueries(const float* q, std::int32_t rows, std::size_t dim,
+                                     std::size_t dq, std::uint16_t* out, float* inv) {
   for (std::int32_t r = 0; r < rows; ++r) {
     const float* x = q + std::size_t(r) * dq;
     __m512 vpeak = _mm512_setzero_ps();
@@ -176,27 +179,31 @@ PAGEDATTN_F16_ATTR bool RoundQueries(const float* q, std::int32_t rows, std::siz
 // instructions in all, against 101 for widening all 16 to Reduce16).
 HWY_INLINE PAGEDATTN_F16_ATTR __m512 ReduceF16(const __m512i* a) {
   __m512i l1[8], l2[4], l3[2];
-  for (int i = 0; i < 8; ++i) {  // blocks [a0 + a2, a1 + a3, b0 + b2, b1 + b3] of a = a[2i], b = a[2i + 1]
+  for (int i = 0; i < 8;
+       ++i) {  // blocks [a0 + a2, a1 + a3, b0 + b2, b1 + b3] of a = a[2i], b = a[2i + 1]
     const __m512i x = a[2 * i], y = a[2 * i + 1];
     l1[i] = AddF16(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xEE));
   }
   for (int j = 0; j < 4; ++j)  // block b: a[4j + b], 8 lanes
     l2[j] = AddF16(_mm512_shuffle_i64x2(l1[2 * j], l1[2 * j + 1], 0x88),
-                _mm512_shuffle_i64x2(l1[2 * j], l1[2 * j + 1], 0xDD));
+                   _mm512_shuffle_i64x2(l1[2 * j], l1[2 * j + 1], 0xDD));
   for (int m = 0; m < 2; ++m)  // block b: a[8m + b] in lanes 0-3, a[8m + 4 + b] in lanes 4-7
-    l3[m] = AddF16(_mm512_unpacklo_epi64(l2[2 * m], l2[2 * m + 1]), _mm512_unpackhi_epi64(l2[2 * m], l2[2 * m + 1]));
+    l3[m] = AddF16(_mm512_unpacklo_epi64(l2[2 * m], l2[2 * m + 1]),
+                   _mm512_unpackhi_epi64(l2[2 * m], l2[2 * m + 1]));
   // Block b, 32-bit unit k (2 lanes): a[4k + b].
   const __m512 u = _mm512_castsi512_ps(l3[0]), w = _mm512_castsi512_ps(l3[1]);
   const __m512i l4 = AddF16(_mm512_castps_si512(_mm512_shuffle_ps(u, w, _MM_SHUFFLE(2, 0, 2, 0))),
-                         _mm512_castps_si512(_mm512_shuffle_ps(u, w, _MM_SHUFFLE(3, 1, 3, 1))));
+                            _mm512_castps_si512(_mm512_shuffle_ps(u, w, _MM_SHUFFLE(3, 1, 3, 1))));
   // Blocks 0-1 widen to lo, 2-3 to hi; accumulator i = 4k + b sits in lanes
   // 2t, 2t + 1 of lo (b < 2) or hi (b >= 2), t = 4 (b % 2) + k.
   const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(l4));
   const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(l4, 1));
-  alignas(64) static constexpr std::int32_t kFirst[16] = {0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30};
+  alignas(64) static constexpr std::int32_t kFirst[16] = {0, 8,  16, 24, 2, 10, 18, 26,
+                                                          4, 12, 20, 28, 6, 14, 22, 30};
   const __m512i first = _mm512_load_si512(kFirst);
   const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(1));
-  return _mm512_add_ps(_mm512_permutex2var_ps(lo, first, hi), _mm512_permutex2var_ps(lo, second, hi));
+  return _mm512_add_ps(_mm512_permutex2var_ps(lo, first, hi),
+                       _mm512_permutex2var_ps(lo, second, hi));
 }
 
 // Checks a block for what the f16 path cannot take: e4m3 NaN codes
@@ -211,16 +218,20 @@ struct BlockProbe {
   static constexpr bool kKeys = kT == DType::kFP8E4M3;  // K bytes probed (f16 K: the scores)
   __m512i k_max, v_max;
   __mmask16 bad_scores = 0;
-  HWY_INLINE PAGEDATTN_F16_ATTR BlockProbe() : k_max(_mm512_setzero_si512()), v_max(_mm512_setzero_si512()) {}
+  HWY_INLINE PAGEDATTN_F16_ATTR BlockProbe()
+      : k_max(_mm512_setzero_si512()), v_max(_mm512_setzero_si512()) {}
   // f16 scores: infinite or NaN lanes.
   HWY_INLINE PAGEDATTN_F16_ATTR void AddScores(__m512 x) {
-    if constexpr (kT == DType::kF16) bad_scores |= _mm512_fpclass_ps_mask(x, 0x99);  // QNaN, SNaN, +-inf
+    if constexpr (kT == DType::kF16)
+      bad_scores |= _mm512_fpclass_ps_mask(x, 0x99);  // QNaN, SNaN, +-inf
   }
   // Elements [d, min(d + kElems, n)) of a K (value false) or V row of n.
-  HWY_INLINE PAGEDATTN_F16_ATTR void Add(const void* row, std::size_t d, std::size_t n, bool value) {
+  HWY_INLINE PAGEDATTN_F16_ATTR void Add(const void* row, std::size_t d, std::size_t n,
+                                         bool value) {
     const auto* p = static_cast<const std::uint8_t*>(row) + d * dtype_size(kT);
     const std::size_t bytes = (d + kElems <= n ? kElems : n - d) * dtype_size(kT);
-    const __m512i x = bytes == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(~0ull >> (64 - bytes), p);
+    const __m512i x =
+        bytes == 64 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(~0ull >> (64 - bytes), p);
     __m512i& max = value ? v_max : k_max;
     if constexpr (kT == DType::kF16)  // magnitudes' bits, ordered as the magnitudes
       max = _mm512_max_epu16(max, _mm512_and_si512(x, _mm512_set1_epi16(0x7FFF)));
@@ -231,7 +242,8 @@ struct BlockProbe {
     if constexpr (kT == DType::kF16) {
       using B = F16Bounds<kT>;
       return bad_scores != 0 ||
-             _mm512_cmpge_epu16_mask(v_max, _mm512_set1_epi16(static_cast<std::int16_t>(B::kValueBoundBits))) != 0;
+             _mm512_cmpge_epu16_mask(
+                 v_max, _mm512_set1_epi16(static_cast<std::int16_t>(B::kValueBoundBits))) != 0;
     } else {
       const __m512i nan = _mm512_set1_epi8(static_cast<char>(0xFF));
       return (_mm512_cmpeq_epi8_mask(k_max, nan) | _mm512_cmpeq_epi8_mask(v_max, nan)) != 0;
@@ -251,8 +263,9 @@ struct BlockRows {
 // head's K rows, a line per line read. kProbe: the K and V rows of these
 // keys go through `probe` too.
 template <DType kT, int kRows, int kKeys, bool kProbe>
-HWY_INLINE PAGEDATTN_F16_ATTR __m512 ScoreTile(const std::uint16_t* q, std::size_t dq, const BlockRows& rows,
-                                                const void* const* prefetch, std::int32_t jj, BlockProbe<kT>& probe) {
+HWY_INLINE PAGEDATTN_F16_ATTR __m512 ScoreTile(const std::uint16_t* q, std::size_t dq,
+                                               const BlockRows& rows, const void* const* prefetch,
+                                               std::int32_t jj, BlockProbe<kT>& probe) {
   static_assert(kRows * kKeys == 16, "one reduction of 16 accumulators");
   const void* const* k = rows.k;
   const std::size_t dim = rows.k_dim;
@@ -272,26 +285,30 @@ HWY_INLINE PAGEDATTN_F16_ATTR __m512 ScoreTile(const std::uint16_t* q, std::size
   }
   if constexpr (kProbe)
     for (int e = 0; e < kKeys; ++e)
-      for (std::size_t d = 0; d < rows.v_dim; d += BlockProbe<kT>::kElems) probe.Add(rows.v[jj + e], d, rows.v_dim, true);
+      for (std::size_t d = 0; d < rows.v_dim; d += BlockProbe<kT>::kElems)
+        probe.Add(rows.v[jj + e], d, rows.v_dim, true);
   return ReduceF16(acc);
 }
 
 // Scores of kRows rows x the block's keys, times k_scale[key] (when given)
 // x q_inv[row], to s (row stride kKB), whole rows at a time.
 template <DType kT, int kRows, bool kProbe>
-HWY_INLINE PAGEDATTN_F16_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq, const float* q_inv,
-                                              const BlockRows& rows, const void* const* prefetch,
-                                              const float* k_scale, float* s, BlockProbe<kT>& probe) {
+HWY_INLINE PAGEDATTN_F16_ATTR void ScoreRows(const std::uint16_t* q, std::size_t dq,
+                                             const float* q_inv, const BlockRows& rows,
+                                             const void* const* prefetch, const float* k_scale,
+                                             float* s, BlockProbe<kT>& probe) {
   constexpr int kKeys = 16 / kRows;
   __m512 tiles[2 * kRows], out[2 * kRows];
   for (int t = 0; t < 2 * kRows; ++t)
     tiles[t] = ScoreTile<kT, kRows, kKeys, kProbe>(q, dq, rows, prefetch, t * kKeys, probe);
   TilesToRows<kRows>(tiles, out);
   const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 ks[2] = {k_scale ? _mm512_loadu_ps(k_scale) : one, k_scale ? _mm512_loadu_ps(k_scale + 16) : one};
+  const __m512 ks[2] = {k_scale ? _mm512_loadu_ps(k_scale) : one,
+                        k_scale ? _mm512_loadu_ps(k_scale + 16) : one};
   for (int r = 0; r < kRows; ++r)
     for (int h = 0; h < 2; ++h) {
-      const __m512 x = _mm512_mul_ps(out[2 * r + h], _mm512_mul_ps(ks[h], _mm512_set1_ps(q_inv[r])));
+      const __m512 x =
+          _mm512_mul_ps(out[2 * r + h], _mm512_mul_ps(ks[h], _mm512_set1_ps(q_inv[r])));
       probe.AddScores(x);
       _mm512_store_ps(s + std::size_t(r) * kKB + 16 * h, x);
     }
@@ -299,10 +316,12 @@ HWY_INLINE PAGEDATTN_F16_ATTR void ScoreRows(const std::uint16_t* q, std::size_t
 
 // The next group of rows from r (8, 4, 2 or 1 of them); returns how many.
 template <DType kT, bool kProbe>
-HWY_INLINE PAGEDATTN_F16_ATTR std::int32_t ScoreGroup(const std::uint16_t* q, std::size_t dq, const float* q_inv,
-                                                       const BlockRows& b, const void* const* prefetch,
-                                                       const float* k_scale, float* s, std::int32_t r,
-                                                       std::int32_t rows, BlockProbe<kT>& probe) {
+HWY_INLINE PAGEDATTN_F16_ATTR std::int32_t ScoreGroup(const std::uint16_t* q, std::size_t dq,
+                                                      const float* q_inv, const BlockRows& b,
+                                                      const void* const* prefetch,
+                                                      const float* k_scale, float* s,
+                                                      std::int32_t r, std::int32_t rows,
+                                                      BlockProbe<kT>& probe) {
   const std::uint16_t* qr = q + std::size_t(r) * dq;
   float* sr = s + std::size_t(r) * kKB;
   if (r + 8 <= rows) {
@@ -328,10 +347,13 @@ HWY_INLINE PAGEDATTN_F16_ATTR std::int32_t ScoreGroup(const std::uint16_t* q, st
 // (`v`, v_dim elements; BlockProbe): returns false, scores unusable, when
 // the block holds what the path cannot take.
 template <DType kT, int kDim>
-PAGEDATTN_F16_ATTR bool ScoreBlock(const std::uint16_t* q, std::size_t dq, const float* q_inv, const void* const* k,
-                                   const void* const* v, const void* const* prefetch, std::size_t k_dim,
-                                   std::size_t v_dim, const float* k_scale, float* s, std::int32_t rows) {
-  const BlockRows b{k, v, kDim > 0 ? std::size_t(kDim) : k_dim, kDim > 0 ? std::size_t(kDim) : v_dim};
+PAGEDATTN_F16_ATTR bool ScoreBlock(const std::uint16_t* q, std::size_t dq, const float* q_inv,
+                                   const void* const* k, const void* const* v,
+                                   const void* const* prefetch, std::size_t k_dim,
+                                   std::size_t v_dim, const float* k_scale, float* s,
+                                   std::int32_t rows) {
+  const BlockRows b{k, v, kDim > 0 ? std::size_t(kDim) : k_dim,
+                    kDim > 0 ? std::size_t(kDim) : v_dim};
   BlockProbe<kT> probe;
   std::int32_t r = ScoreGroup<kT, true>(q, dq, q_inv, b, prefetch, k_scale, s, 0, rows, probe);
   while (r < rows) r += ScoreGroup<kT, false>(q, dq, q_inv, b, nullptr, k_scale, s, r, rows, probe);
@@ -347,7 +369,8 @@ PAGEDATTN_F16_ATTR inline void RoundWeights(float* s, std::int32_t row0, std::in
   for (std::int32_t r = row0; r < row_end; ++r) {
     float* x = s + std::size_t(r) * kKB;
     for (int h = 0; h < 2; ++h) {
-      const __m256i w = _mm512_cvtps_ph(_mm512_load_ps(x + 16 * h), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i w = _mm512_cvtps_ph(_mm512_load_ps(x + 16 * h),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       const __m512i words = _mm512_cvtepu16_epi32(w);
       _mm512_store_si512(x + 16 * h, _mm512_or_si512(words, _mm512_slli_epi32(words, 16)));
     }
@@ -357,8 +380,9 @@ PAGEDATTN_F16_ATTR inline void RoundWeights(float* s, std::int32_t row0, std::in
 // o[kRows rows][d, d + 32 x kChunks) += v_scale x weights x V over keys
 // [0, count): f16 accumulators summed over kFlushKeys keys at a time.
 template <DType kT, int kRows, int kChunks>
-HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateTile(const float* s, const void* const* v, const void* const* prefetch,
-                                                  std::int32_t count, std::size_t d, std::size_t dim, float v_scale,
+HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateTile(const float* s, const void* const* v,
+                                                  const void* const* prefetch, std::int32_t count,
+                                                  std::size_t d, std::size_t dim, float v_scale,
                                                   float* o, std::size_t o_stride) {
   static_assert(kRows * kChunks <= 16, "at most 16 accumulators");
   const auto* w = reinterpret_cast<const std::int32_t*>(s);
@@ -383,22 +407,26 @@ HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateTile(const float* s, const void* co
       for (int c = 0; c < kChunks; ++c) {
         float* out = o + std::size_t(r) * o_stride + d + kChunk * c;
         const __m512i bits = acc[r][c];
-        _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(bits)), vs, _mm512_loadu_ps(out)));
+        _mm512_storeu_ps(out, _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(bits)), vs,
+                                              _mm512_loadu_ps(out)));
         _mm512_storeu_ps(out + 16,
-                         _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1)), vs, _mm512_loadu_ps(out + 16)));
+                         _mm512_fmadd_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1)), vs,
+                                         _mm512_loadu_ps(out + 16)));
       }
   }
 }
 
 template <DType kT, int kRows>
-HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateRows(const float* s, const void* const* v, const void* const* prefetch,
-                                                  std::int32_t count, std::size_t dim, float v_scale, float* o,
+HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateRows(const float* s, const void* const* v,
+                                                  const void* const* prefetch, std::int32_t count,
+                                                  std::size_t dim, float v_scale, float* o,
                                                   std::size_t o_stride) {
   constexpr int kChunks = 16 / kRows;
   std::size_t d = 0;
   for (; d + kChunks * kChunk <= dim; d += kChunks * kChunk)
     AccumulateTile<kT, kRows, kChunks>(s, v, prefetch, count, d, dim, v_scale, o, o_stride);
-  for (; d < dim; d += kChunk) AccumulateTile<kT, kRows, 1>(s, v, prefetch, count, d, dim, v_scale, o, o_stride);
+  for (; d < dim; d += kChunk)
+    AccumulateTile<kT, kRows, 1>(s, v, prefetch, count, d, dim, v_scale, o, o_stride);
 }
 
 // o ([rows][o_stride] f32) += v_scale x weights x V for `rows` (at most 8)
@@ -406,8 +434,9 @@ HWY_INLINE PAGEDATTN_F16_ATTR void AccumulateRows(const float* s, const void* co
 // the kKB kT rows `v` of `dim` elements (v_scale: uniform over the keys).
 // The first group of rows prefetches `prefetch` (the next head's V rows).
 template <DType kT, int kDim>
-PAGEDATTN_F16_ATTR void AccumulateBlock(const float* s, const void* const* v, const void* const* prefetch,
-                                        std::int32_t count, std::size_t dim, float v_scale, float* o,
+PAGEDATTN_F16_ATTR void AccumulateBlock(const float* s, const void* const* v,
+                                        const void* const* prefetch, std::int32_t count,
+                                        std::size_t dim, float v_scale, float* o,
                                         std::size_t o_stride, std::int32_t rows) {
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
   std::int32_t r = 0;

@@ -79,18 +79,21 @@ HWY_INLINE __m512i LoadRow(const void* row, std::size_t byte) {
 // `rows` f32 rows of `dim` (stride `stride`) to int8 rows (same stride, in
 // bytes) against each row's absmax / 127: scale[r] and the sum of the
 // row's int8 elements (QK removes K's +128 offset with it).
-PAGEDATTN_INT8_ATTR inline void QuantizeRows(const float* in, std::int32_t rows, std::size_t dim, std::size_t stride,
-                                             std::int8_t* out, float* scale, std::int32_t* sum) {
+PAGEDATTN_INT8_ATTR inline void QuantizeRows(const float* in, std::int32_t rows, std::size_t dim,
+                                             std::size_t stride, std::int8_t* out, float* scale,
+                                             std::int32_t* sum) {
   for (std::int32_t r = 0; r < rows; ++r) {
     const float* x = in + std::size_t(r) * stride;
     std::int8_t* y = out + std::size_t(r) * stride;
     __m512 amax = _mm512_setzero_ps();
-    for (std::size_t d = 0; d < dim; d += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + d)));
+    for (std::size_t d = 0; d < dim; d += 16)
+      amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(x + d)));
     const float a = _mm512_reduce_max_ps(amax);
     const __m512 inv = _mm512_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
     __m512i s = _mm512_setzero_si512();
     for (std::size_t d = 0; d < dim; d += 16) {
-      const __m512i i = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + d), inv));  // nearest even
+      const __m512i i =
+          _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + d), inv));  // nearest even
       const __m128i b = _mm512_cvtsepi32_epi8(i);
       s = _mm512_add_epi32(s, _mm512_cvtepi8_epi32(b));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(y + d), b);
@@ -103,7 +106,8 @@ PAGEDATTN_INT8_ATTR inline void QuantizeRows(const float* in, std::int32_t rows,
 // Transposes 16 rows of 16 dwords: out[j] holds dword j of every row.
 HWY_INLINE void Transpose16x16(const __m512i* in, __m512i* out) {
   __m512i a[16], b[16];
-  for (int i = 0; i < 16; i += 2) {  // lane L of a[i], a[i + 1]: rows i, i + 1 at dwords 4L .. 4L + 3, interleaved
+  for (int i = 0; i < 16;
+       i += 2) {  // lane L of a[i], a[i + 1]: rows i, i + 1 at dwords 4L .. 4L + 3, interleaved
     a[i] = _mm512_unpacklo_epi32(in[i], in[i + 1]);
     a[i + 1] = _mm512_unpackhi_epi32(in[i], in[i + 1]);
   }
@@ -115,7 +119,8 @@ HWY_INLINE void Transpose16x16(const __m512i* in, __m512i* out) {
     b[4 * g + 3] = _mm512_unpackhi_epi64(x[1], x[3]);
   }
   for (int c = 0; c < 4; ++c) {  // lane L of the row groups 0 .. 3 side by side: dword 4L + c
-    const __m512i u0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x88), u1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xDD);
+    const __m512i u0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x88),
+                  u1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xDD);
     const __m512i u2 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x88),
                   u3 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xDD);
     out[c] = _mm512_shuffle_i32x4(u0, u2, 0x88);
@@ -127,7 +132,8 @@ HWY_INLINE void Transpose16x16(const __m512i* in, __m512i* out) {
 
 // Keys of a block (kKB int8 rows of `dim`) as unsigned dword columns
 // [dim / 4][kKB].
-PAGEDATTN_INT8_ATTR inline void PackKeys(const void* const* k, std::size_t dim, std::uint32_t* out) {
+PAGEDATTN_INT8_ATTR inline void PackKeys(const void* const* k, std::size_t dim,
+                                         std::uint32_t* out) {
   const __m512i offset = _mm512_set1_epi8(static_cast<char>(0x80));
   for (std::int32_t j0 = 0; j0 < kKB; j0 += 16)
     for (std::size_t c = 0; c < dim; c += kRowBytes) {
@@ -145,9 +151,10 @@ PAGEDATTN_INT8_ATTR inline void PackKeys(const void* const* k, std::size_t dim, 
 // per dword (the line of dword p of keys 2 (p mod 16) and the next; a branch
 // here would cost GCC its register allocation of the accumulators).
 template <int kRows>
-HWY_INLINE PAGEDATTN_INT8_ATTR void ScoreRows(const std::int8_t* q, std::size_t dq, const float* q_scale,
-                                              const std::int32_t* q_sum, const std::uint32_t* kt,
-                                              std::size_t dwords, const float* k_scale, float* s,
+HWY_INLINE PAGEDATTN_INT8_ATTR void ScoreRows(const std::int8_t* q, std::size_t dq,
+                                              const float* q_scale, const std::int32_t* q_sum,
+                                              const std::uint32_t* kt, std::size_t dwords,
+                                              const float* k_scale, float* s,
                                               const void* const* next) {
   __m512i acc[kRows][2];
   for (auto& row : acc) row[0] = row[1] = _mm512_setzero_si512();
@@ -170,9 +177,13 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void ScoreRows(const std::int8_t* q, std::size_t 
     const __m512i offset = _mm512_set1_epi32(128 * q_sum[r]);
     const __m512 qs = _mm512_set1_ps(q_scale[r]);
     float* out = s + std::size_t(r) * kKB;
-    _mm512_store_ps(out, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][0], offset)), qs), ks0));
-    _mm512_store_ps(out + 16,
-                    _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][1], offset)), qs), ks1));
+    _mm512_store_ps(
+        out, _mm512_mul_ps(
+                 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][0], offset)), qs), ks0));
+    _mm512_store_ps(
+        out + 16,
+        _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][1], offset)), qs),
+                      ks1));
   }
 }
 
@@ -181,21 +192,22 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void ScoreRows(const std::int8_t* q, std::size_t 
 // (as long) meanwhile (again for a second group of rows: no cost to speak of).
 template <int kDim>
 PAGEDATTN_INT8_ATTR void ScoreBlock(const std::int8_t* q, std::size_t dq, const float* q_scale,
-                                    const std::int32_t* q_sum, const std::uint32_t* kt, std::size_t dim,
-                                    const float* k_scale, float* s, std::int32_t row0, std::int32_t row_end,
+                                    const std::int32_t* q_sum, const std::uint32_t* kt,
+                                    std::size_t dim, const float* k_scale, float* s,
+                                    std::int32_t row0, std::int32_t row_end,
                                     const void* const* next) {
   const std::size_t dwords = kDim > 0 ? std::size_t(kDim) / 4 : dim / 4;
   std::int32_t r = row0;
   auto at = [&](std::int32_t row) { return q + std::size_t(row) * dq; };
   for (; r + 8 <= row_end; r += 8)
     ScoreRows<8>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                  next);
+                 next);
   for (; r + 4 <= row_end; r += 4)
     ScoreRows<4>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                  next);
+                 next);
   for (; r + 2 <= row_end; r += 2)
     ScoreRows<2>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                  next);
+                 next);
   for (; r < row_end; ++r)
     ScoreRows<1>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
                  next);
@@ -205,7 +217,8 @@ PAGEDATTN_INT8_ATTR void ScoreBlock(const std::int8_t* q, std::size_t dq, const 
 // to u8 against the row's largest, into the row's first kKB bytes;
 // w_scale[row] = that largest / 255 (0 for a row with no weight, NaN for a
 // row with a NaN weight - a NaN V token scale - so that its output is NaN).
-PAGEDATTN_INT8_ATTR inline void QuantizeWeights(float* s, float* w_scale, std::int32_t row0, std::int32_t row_end) {
+PAGEDATTN_INT8_ATTR inline void QuantizeWeights(float* s, float* w_scale, std::int32_t row0,
+                                                std::int32_t row_end) {
   for (std::int32_t r = row0; r < row_end; ++r) {
     float* x = s + std::size_t(r) * kKB;
     const __m512 w0 = _mm512_load_ps(x), w1 = _mm512_load_ps(x + 16);
@@ -239,12 +252,14 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void PackQuad(const void* const* v, std::size_t b
 }
 
 // Values of a block in key quads, [kKB / 4][dim] dwords.
-PAGEDATTN_INT8_ATTR inline void PackValues(const void* const* v, std::size_t dim, std::uint32_t* out) {
+PAGEDATTN_INT8_ATTR inline void PackValues(const void* const* v, std::size_t dim,
+                                           std::uint32_t* out) {
   for (std::int32_t jq = 0; jq < kKB / 4; ++jq)
     for (std::size_t c = 0; c < dim; c += kRowBytes) {
       __m512i x[4];
       PackQuad(v + 4 * jq, c, x);
-      for (int m = 0; m < 4; ++m) _mm512_store_si512(out + std::size_t(jq) * dim + c + 16 * m, x[m]);
+      for (int m = 0; m < 4; ++m)
+        _mm512_store_si512(out + std::size_t(jq) * dim + c + 16 * m, x[m]);
     }
 }
 
@@ -255,8 +270,9 @@ PAGEDATTN_INT8_ATTR inline void PackValues(const void* const* v, std::size_t dim
 // packed values `vp` (quad stride dim). The sums, x w_scale, go into o in
 // f32. The quad's 4 rows `next` are prefetched at byte d meanwhile.
 template <int kRows, bool kPacked>
-HWY_INLINE PAGEDATTN_INT8_ATTR void AccumulateTile(const float* s, const float* w_scale, const void* const* v,
-                                                   const std::uint32_t* vp, std::size_t dim, std::size_t d, float* o,
+HWY_INLINE PAGEDATTN_INT8_ATTR void AccumulateTile(const float* s, const float* w_scale,
+                                                   const void* const* v, const std::uint32_t* vp,
+                                                   std::size_t dim, std::size_t d, float* o,
                                                    std::size_t o_stride, const void* const* next) {
   const auto* w = reinterpret_cast<const std::uint32_t*>(s);
   __m512i acc[kRows][4];
@@ -268,12 +284,14 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void AccumulateTile(const float* s, const float* 
     for (int i = 0; i < 4; ++i) PrefetchToL2(static_cast<const char*>(next[4 * jq + i]) + d);
     __m512i x[4];
     if constexpr (kPacked) {
-      for (int e = 0; e < 4; ++e) x[e] = Pinned(_mm512_load_si512(vp + std::size_t(jq) * dim + d + 16 * e));
+      for (int e = 0; e < 4; ++e)
+        x[e] = Pinned(_mm512_load_si512(vp + std::size_t(jq) * dim + d + 16 * e));
     } else {
       PackQuad(v + 4 * jq, d, x);
     }
     for (int r = 0; r < kRows; ++r) {
-      const __m512i wb = _mm512_set1_epi32(static_cast<int>(w[std::size_t(r) * kKB + std::size_t(jq)]));
+      const __m512i wb =
+          _mm512_set1_epi32(static_cast<int>(w[std::size_t(r) * kKB + std::size_t(jq)]));
       for (int e = 0; e < 4; ++e) acc[r][e] = Dpbusd(acc[r][e], wb, x[e]);
     }
   }
@@ -281,7 +299,8 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void AccumulateTile(const float* s, const float* 
     const __m512 ws = _mm512_set1_ps(w_scale[r]);
     float* out = o + std::size_t(r) * o_stride;
     for (int e = 0; e < 4; ++e)
-      _mm512_store_ps(out + 16 * e, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][e]), ws, _mm512_load_ps(out + 16 * e)));
+      _mm512_store_ps(out + 16 * e, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][e]), ws,
+                                                    _mm512_load_ps(out + 16 * e)));
   }
 }
 
@@ -292,8 +311,9 @@ HWY_INLINE PAGEDATTN_INT8_ATTR void AccumulateTile(const float* s, const float* 
 // kKB x dim bytes). The V rows `next` are prefetched meanwhile.
 template <int kDim>
 PAGEDATTN_INT8_ATTR void AccumulateBlock(const float* s, const float* w_scale, const void* const* v,
-                                         std::uint32_t* vp, std::size_t dim, std::size_t dv, float* o,
-                                         std::int32_t row0, std::int32_t row_end, const void* const* next) {
+                                         std::uint32_t* vp, std::size_t dim, std::size_t dv,
+                                         float* o, std::int32_t row0, std::int32_t row_end,
+                                         const void* const* next) {
   const std::size_t v_dim = kDim > 0 ? std::size_t(kDim) : dim;
   const std::int32_t rows = row_end - row0;
   if (rows == 4 || rows == 1) {
@@ -311,11 +331,11 @@ PAGEDATTN_INT8_ATTR void AccumulateBlock(const float* s, const float* w_scale, c
   for (std::size_t d = 0; d < v_dim; d += kRowBytes) {
     std::int32_t r = row0;
     for (; r + 4 <= row_end; r += 4)
-      AccumulateTile<4, true>(s + std::size_t(r) * kKB, w_scale + r, v, vp, v_dim, d, o + std::size_t(r) * dv + d, dv,
-                              next);
+      AccumulateTile<4, true>(s + std::size_t(r) * kKB, w_scale + r, v, vp, v_dim, d,
+                              o + std::size_t(r) * dv + d, dv, next);
     for (; r < row_end; ++r)
-      AccumulateTile<1, true>(s + std::size_t(r) * kKB, w_scale + r, v, vp, v_dim, d, o + std::size_t(r) * dv + d, dv,
-                              next);
+      AccumulateTile<1, true>(s + std::size_t(r) * kKB, w_scale + r, v, vp, v_dim, d,
+                              o + std::size_t(r) * dv + d, dv, next);
   }
 }
 

@@ -104,9 +104,9 @@ struct StoreWeightsF32Rounded : StoreWeightsF32 {
 // nothing visible yet keeps m = -inf, l = 0 and gets zero weights; a row
 // with a NaN score gets l = NaN (its output and LSE come out NaN).
 template <class Store = StoreWeightsF32>
-HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, float* m, float* l, float* o,
-                             std::size_t dv, std::size_t v_dim, const float* const* v_scales, int rows,
-                             const Store& store = Store()) {
+HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, float* m, float* l,
+                             float* o, std::size_t dv, std::size_t v_dim,
+                             const float* const* v_scales, int rows, const Store& store = Store()) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 one = _mm512_set1_ps(1.0f);
   const __mmask16 live = rows >= kMaxRows ? __mmask16(0xFFFF) : __mmask16((1u << rows) - 1u);
@@ -135,7 +135,8 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
   const __mmask16 none = _mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ);
   alignas(64) float shift[kMaxRows];  // m_new, 0 where nothing is visible: exp(-inf - 0) = 0
   const __m512 row_shift = _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps());
-  _mm512_store_ps(shift, Store::kFusedShift ? _mm512_mul_ps(row_shift, _mm512_set1_ps(kLog2E)) : row_shift);
+  _mm512_store_ps(
+      shift, Store::kFusedShift ? _mm512_mul_ps(row_shift, _mm512_set1_ps(kLog2E)) : row_shift);
   for (int i = 0; i < kMaxRows; ++i) acc[i] = _mm512_setzero_ps();
   // Blocks outer: each block's V scales loaded once for its rows; without
   // scales, no multiply at all.
@@ -152,7 +153,8 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
         const __m512 shift_i = _mm512_set1_ps(shift[i]);
         auto weight = [&](const float* at) {
           if constexpr (Store::kFusedShift)
-            return Exp2<Store::kExpDegree>(_mm512_fmsub_ps(_mm512_load_ps(at), _mm512_set1_ps(kLog2E), shift_i));
+            return Exp2<Store::kExpDegree>(
+                _mm512_fmsub_ps(_mm512_load_ps(at), _mm512_set1_ps(kLog2E), shift_i));
           else
             return Exp<Store::kExpDegree>(_mm512_sub_ps(_mm512_load_ps(at), shift_i));
         };
@@ -172,16 +174,20 @@ HWY_INLINE void UpdateBlocks(float* s, std::size_t block_stride, int blocks, flo
   // exp(m_old - m_new): 0 after -inf, exactly 1 where the maximum stayed.
   const __m512 corr = _mm512_mask_blend_ps(none, Exp(_mm512_sub_ps(m_old, m_new)), one);
   const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l), corr, reduce(add));
-  _mm512_mask_storeu_ps(l, live,
-                        _mm512_mask_blend_ps(nan_rows, l_new, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())));
+  _mm512_mask_storeu_ps(
+      l, live,
+      _mm512_mask_blend_ps(nan_rows, l_new,
+                           _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN())));
   _mm512_mask_storeu_ps(m, live, m_new);
   alignas(64) float factor[kMaxRows];
   _mm512_store_ps(factor, corr);
-  for (std::uint32_t grew = _mm512_mask_cmp_ps_mask(live, corr, one, _CMP_NEQ_UQ); grew != 0; grew &= grew - 1) {
+  for (std::uint32_t grew = _mm512_mask_cmp_ps_mask(live, corr, one, _CMP_NEQ_UQ); grew != 0;
+       grew &= grew - 1) {
     const int i = __builtin_ctz(grew);
     float* y = o + std::size_t(i) * dv;
     const __m512 c = _mm512_set1_ps(factor[i]);
-    for (std::size_t d = 0; d < v_dim; d += 16) _mm512_store_ps(y + d, _mm512_mul_ps(_mm512_load_ps(y + d), c));
+    for (std::size_t d = 0; d < v_dim; d += 16)
+      _mm512_store_ps(y + d, _mm512_mul_ps(_mm512_load_ps(y + d), c));
   }
 }
 

@@ -26,7 +26,9 @@ namespace pagedattn::kernels {
 inline constexpr std::size_t kLineBytes = 64;  // a cache line: the unit of every prefetch
 
 // Prefetches the line at p into L2.
-HWY_INLINE void PrefetchToL2(const void* p) { __builtin_prefetch(p, 0, 2); }
+HWY_INLINE void PrefetchToL2(const void* p) {
+  __builtin_prefetch(p, 0, 2);
+}
 
 // Prefetches the line holding element d of a kT row of `elems` elements, once
 // per line: called with offsets d that step by at most a line and divide it
@@ -34,7 +36,8 @@ HWY_INLINE void PrefetchToL2(const void* p) { __builtin_prefetch(p, 0, 2); }
 template <DType kT>
 HWY_INLINE void PrefetchLine(const void* row, std::size_t d, std::size_t elems) {
   constexpr std::size_t kLineElems = kLineBytes / dtype_size(kT);
-  if (d % kLineElems == 0 && d < elems) PrefetchToL2(static_cast<const char*>(row) + d * dtype_size(kT));
+  if (d % kLineElems == 0 && d < elems)
+    PrefetchToL2(static_cast<const char*>(row) + d * dtype_size(kT));
 }
 
 }  // namespace pagedattn::kernels

@@ -27,10 +27,12 @@ HWY_INLINE void ReduceWithinBlocks(const __m512* a, Op op, __m512* u) {
   static_assert(kN % 4 == 0, "groups of four vectors");
   __m512 t[kN / 2];
   for (int i = 0; i < kN / 2; ++i)  // per 128-bit block: [a0 op a2, b0 op b2, a1 op a3, b1 op b3]
-    t[i] = op(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    t[i] =
+        op(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
   for (int i = 0; i < kN / 4; ++i) {  // per block: the block's partial result of a[4i .. 4i + 3]
     const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    u[i] =
+        op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
   }
 }
 
@@ -81,8 +83,10 @@ HWY_INLINE void TilesToRows(const __m512* tiles, __m512* rows) {
   } else if constexpr (kRows == 4) {  // row r: 128-bit block r of four tiles
     for (int h = 0; h < 2; ++h) {
       const __m512* t = tiles + 4 * h;
-      const __m512 u0 = _mm512_shuffle_f32x4(t[0], t[1], 0x44), u1 = _mm512_shuffle_f32x4(t[0], t[1], 0xEE);
-      const __m512 u2 = _mm512_shuffle_f32x4(t[2], t[3], 0x44), u3 = _mm512_shuffle_f32x4(t[2], t[3], 0xEE);
+      const __m512 u0 = _mm512_shuffle_f32x4(t[0], t[1], 0x44),
+                   u1 = _mm512_shuffle_f32x4(t[0], t[1], 0xEE);
+      const __m512 u2 = _mm512_shuffle_f32x4(t[2], t[3], 0x44),
+                   u3 = _mm512_shuffle_f32x4(t[2], t[3], 0xEE);
       rows[0 + h] = _mm512_shuffle_f32x4(u0, u2, 0x88);
       rows[2 + h] = _mm512_shuffle_f32x4(u0, u2, 0xDD);
       rows[4 + h] = _mm512_shuffle_f32x4(u1, u3, 0x88);

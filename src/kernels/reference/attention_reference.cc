@@ -13,10 +13,10 @@ namespace {
 
 struct RowInput {
   const AttentionParams* p;
-  std::int32_t b;       // sequence in the batch
-  std::int32_t token;   // global query token index
-  std::int32_t head;    // query head
-  std::int64_t q_pos;   // the query's key index (causal and window limits)
+  std::int32_t b;      // sequence in the batch
+  std::int32_t token;  // global query token index
+  std::int32_t head;   // query head
+  std::int64_t q_pos;  // the query's key index (causal and window limits)
 };
 
 // Key j of sequence b, dequantised, and rotated at its position (j, or its
@@ -85,7 +85,8 @@ void attend_row(const RowInput& r, std::vector<double>& logits, std::vector<doub
     load_key(p, r.b, j, kv_head, key);
     double dot = 0.0;
     for (std::int32_t d = 0; d < kv.head_dim; ++d)
-      dot += double(load_as_float(p.q.data, p.q.dtype, static_cast<std::size_t>(q_off + d))) * key[d];
+      dot +=
+          double(load_as_float(p.q.data, p.q.dtype, static_cast<std::size_t>(q_off + d))) * key[d];
     double s = scale * dot;
     if (opt.softcap > 0.0f) s = opt.softcap * std::tanh(s / opt.softcap);
     if (opt.alibi_slopes)
@@ -129,8 +130,8 @@ void paged_attention_reference(const AttentionParams& p) {
     const std::int64_t first_pos = std::int64_t{t.kv_lens[b]} - q_len;
     for (std::int64_t i = 0; i < q_len; ++i)
       for (std::int32_t h = 0; h < p.num_qo_heads; ++h)
-        attend_row({&p, b, static_cast<std::int32_t>(t.qo_indptr[b] + i), h, first_pos + i},
-                   logits, acc, key);
+        attend_row({&p, b, static_cast<std::int32_t>(t.qo_indptr[b] + i), h, first_pos + i}, logits,
+                   acc, key);
   }
 }
 
