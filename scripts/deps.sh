@@ -10,10 +10,11 @@ set -euo pipefail
 # clang (Debian's default, 14) with libomp-dev (its OpenMP), libclang-rt-14-dev
 # (libFuzzer and the sanitizer runtimes) and llvm (llvm-symbolizer for
 # readable sanitizer stacks): the `sanitize` preset.
+# clang-format (14): scripts/format.sh, checked first by the test command.
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv
           libopenblas-dev python3-pip libicu-dev nlohmann-json3-dev clang libomp-dev
           libclang-rt-14-dev llvm libcpp-httplib-dev pkg-config
-          libopenmpi-dev openmpi-bin libxxhash-dev)
+          libopenmpi-dev openmpi-bin libxxhash-dev clang-format)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps: not a Debian system; make sure these are installed: ${packages[*]}" >&2

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs every test (CI's .ci/run) in two builds of the tree:
+# Checks the sources' format (scripts/format.sh --check), then builds and runs
+# every test (CI's .ci/run) in two builds of the tree:
 #  1. Release (GCC, warnings as errors): the library, tools, benchmarks, tests
 #     and the Python module. ctest; the installed CMake package from a C++ and a
 #     C project; the Python package installed by `pip install .` from this
@@ -28,8 +29,9 @@ stage() {  # stage NAME: ends the running stage (printing its time), starts NAME
   echo "== $1"
 }
 
-stage "dependencies, test model, Python build tools"
+stage "dependencies, format check, test model, Python build tools"
 scripts/deps.sh
+scripts/format.sh --check
 PAGEDATTN_TEST_MODEL=$(scripts/get_test_model.sh)
 export PAGEDATTN_TEST_MODEL
 scripts/test_python.sh env-build
