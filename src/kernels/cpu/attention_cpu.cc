@@ -27,14 +27,17 @@
 #include "attention_cpu.h"
 #include "convert.h"
 #include "kernels/attention_traits.h"
+#include "kernels/cpu/row_groups.h"
 #include "kernels/softmax_state.h"
 #include "prefetch.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention_cpu.cc"
-#include <hwy/contrib/math/math-inl.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+
+// Per target, after highway.h (its own block: clang-format sorts within one).
+#include <hwy/contrib/math/math-inl.h>
 
 #include "kernels/cpu/amx_bf16-inl.h"
 #include "kernels/cpu/bf16_decode-inl.h"
@@ -529,22 +532,10 @@ HWY_INLINE void ScoreRows(const Item& it, const KeyBlock& kb, std::int32_t r) {
 // group converts each K vector once; else 4), 2 or 1; returns how many.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim, bool kNanFree>
 std::int32_t ScoreGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
-  if constexpr (kAccRegs >= 16) {
-    if (r + 8 <= row_end) {
-      ScoreRows<kLoad, kScale, kPrefetch, kDim, 8, kNanFree>(it, kb, r);
-      return 8;
-    }
-  }
-  if (r + 4 <= row_end) {
-    ScoreRows<kLoad, kScale, kPrefetch, kDim, 4, kNanFree>(it, kb, r);
-    return 4;
-  }
-  if (r + 2 <= row_end) {
-    ScoreRows<kLoad, kScale, kPrefetch, kDim, 2, kNanFree>(it, kb, r);
-    return 2;
-  }
-  ScoreRows<kLoad, kScale, kPrefetch, kDim, 1, kNanFree>(it, kb, r);
-  return 1;
+  using Groups = std::conditional_t<kAccRegs >= 16, RowGroups<8, 4, 2, 1>, RowGroups<4, 2, 1>>;
+  return Groups::VisitFirst(r, row_end, [&](auto rows, std::int32_t row) {
+    ScoreRows<kLoad, kScale, kPrefetch, kDim, rows(), kNanFree>(it, kb, row);
+  });
 }
 
 // Scores rows [row0, row_end) against the block; only the first group of
@@ -817,22 +808,10 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
 template <class D, DType kLoad, bool kPrefetch, int kDim, int kMaxRows, bool kNanFree>
 std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r,
                              std::int32_t row_end) {
-  if constexpr (kMaxRows >= 8) {
-    if (r + 8 <= row_end) {
-      AccumulateRows<D, kLoad, kPrefetch, kDim, 8, kNanFree>(it, kb, r);
-      return 8;
-    }
-  }
-  if (r + 4 <= row_end) {
-    AccumulateRows<D, kLoad, kPrefetch, kDim, 4, kNanFree>(it, kb, r);
-    return 4;
-  }
-  if (r + 2 <= row_end) {
-    AccumulateRows<D, kLoad, kPrefetch, kDim, 2, kNanFree>(it, kb, r);
-    return 2;
-  }
-  AccumulateRows<D, kLoad, kPrefetch, kDim, 1, kNanFree>(it, kb, r);
-  return 1;
+  using Groups = std::conditional_t<kMaxRows >= 8, RowGroups<8, 4, 2, 1>, RowGroups<4, 2, 1>>;
+  return Groups::VisitFirst(r, row_end, [&](auto rows, std::int32_t row) {
+    AccumulateRows<D, kLoad, kPrefetch, kDim, rows(), kNanFree>(it, kb, row);
+  });
 }
 
 // o[row] += weights x V for rows [row0, row_end), V read from the cache as

@@ -39,6 +39,7 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/reduce16-inl.h"
+#include "kernels/cpu/row_groups.h"
 #include "pagedattn/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -702,25 +703,10 @@ PAGEDATTN_BF16DEC_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, c
                                        const float* k_scale, float* s, std::int32_t rows) {
   const LutOf<kT> lut = LoadLut<kT, Fp8PairOrder::kKeys>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
-  std::int32_t r = 0;
-  while (r < rows) {
-    const std::uint16_t* qr = q + std::size_t(r) * dq;
-    float* sr = s + std::size_t(r) * kKB;
-    const void* const* pf = r == 0 ? prefetch : nullptr;
-    if (r + 8 <= rows) {
-      ScoreRows<kT, kDim, 8>(qr, dq, k, pf, n, sr, lut);
-      r += 8;
-    } else if (r + 4 <= rows) {
-      ScoreRows<kT, kDim, 4>(qr, dq, k, pf, n, sr, lut);
-      r += 4;
-    } else if (r + 2 <= rows) {
-      ScoreRows<kT, kDim, 2>(qr, dq, k, pf, n, sr, lut);
-      r += 2;
-    } else {
-      ScoreRows<kT, kDim, 1>(qr, dq, k, pf, n, sr, lut);
-      r += 1;
-    }
-  }
+  RowGroups<8, 4, 2, 1>::VisitAll(0, rows, [&](auto group, std::int32_t r) PAGEDATTN_BF16DEC_ATTR {
+    ScoreRows<kT, kDim, group()>(q + std::size_t(r) * dq, dq, k, r == 0 ? prefetch : nullptr, n,
+                                 s + std::size_t(r) * kKB, lut);
+  });
   if (k_scale == nullptr) return;
   const __m512 ks0 = _mm512_loadu_ps(k_scale), ks1 = _mm512_loadu_ps(k_scale + 16);
   for (std::int32_t i = 0; i < rows; ++i) {
@@ -853,25 +839,10 @@ PAGEDATTN_BF16DEC_ATTR void AccumulateBlock(const float* s, const void* const* v
   const LutOf<kT> lut = LoadLut<kT, Fp8PairOrder::kValues>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
   const std::int32_t pairs = (count + 1) / 2;  // a lone last key pairs with a zero row
-  std::int32_t r = 0;
-  while (r < rows) {
-    const float* sr = s + std::size_t(r) * kKB;
-    float* orow = o + std::size_t(r) * o_stride;
-    const void* const* pf = r == 0 ? prefetch : nullptr;
-    if (r + 8 <= rows) {
-      AccumulateRows<kT, 8>(sr, v, pf, pairs, n, orow, o_stride, lut);
-      r += 8;
-    } else if (r + 4 <= rows) {
-      AccumulateRows<kT, 4>(sr, v, pf, pairs, n, orow, o_stride, lut);
-      r += 4;
-    } else if (r + 2 <= rows) {
-      AccumulateRows<kT, 2>(sr, v, pf, pairs, n, orow, o_stride, lut);
-      r += 2;
-    } else {
-      AccumulateRows<kT, 1>(sr, v, pf, pairs, n, orow, o_stride, lut);
-      r += 1;
-    }
-  }
+  RowGroups<8, 4, 2, 1>::VisitAll(0, rows, [&](auto group, std::int32_t r) PAGEDATTN_BF16DEC_ATTR {
+    AccumulateRows<kT, group()>(s + std::size_t(r) * kKB, v, r == 0 ? prefetch : nullptr, pairs, n,
+                                o + std::size_t(r) * o_stride, o_stride, lut);
+  });
 }
 
 }  // namespace bf16dec

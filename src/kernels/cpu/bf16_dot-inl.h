@@ -41,6 +41,7 @@
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/convert-inl.h"
 #include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/row_groups.h"
 #include "pagedattn/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -204,16 +205,10 @@ PAGEDATTN_BF16_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, cons
   const std::size_t pairs = kDim > 0 ? std::size_t(kDim) / 2 : dim / 2;
   const auto* qw = reinterpret_cast<const std::uint32_t*>(q);
   const std::size_t q_words = dq / 2;
-  std::int32_t r = row0;
-  for (; r + 8 <= row_end; r += 8)
-    ScoreRows<8>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale,
-                 s + std::size_t(r) * kKB);
-  for (; r + 4 <= row_end; r += 4)
-    ScoreRows<4>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale,
-                 s + std::size_t(r) * kKB);
-  for (; r < row_end; ++r)
-    ScoreRows<1>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale,
-                 s + std::size_t(r) * kKB);
+  RowGroups<8, 4, 1>::VisitAll(row0, row_end, [&](auto group, std::int32_t r) PAGEDATTN_BF16_ATTR {
+    ScoreRows<group()>(qw + std::size_t(r) * q_words, q_words, kt, pairs, k_scale,
+                       s + std::size_t(r) * kKB);
+  });
 }
 
 // o[kRows rows] += weights x V over `pairs` key pairs, for the kVecs x 16
@@ -261,11 +256,10 @@ PAGEDATTN_BF16_ATTR void AccumulateBlock(const float* s, const std::uint32_t* vp
                                          std::int32_t row_end) {
   const std::size_t dv_pad = kDim > 0 ? std::size_t(kDim) : dv;
   const std::int32_t pairs = (count + 1) / 2;  // a lone last key pairs with a zero row
-  std::int32_t r = row0;
-  for (; r + 4 <= row_end; r += 4)
-    AccumulateRows<4>(s + std::size_t(r) * kKB, vp, dv_pad, pairs, o + std::size_t(r) * dv, dv);
-  for (; r < row_end; ++r)
-    AccumulateRows<1>(s + std::size_t(r) * kKB, vp, dv_pad, pairs, o + std::size_t(r) * dv, dv);
+  RowGroups<4, 1>::VisitAll(row0, row_end, [&](auto group, std::int32_t r) PAGEDATTN_BF16_ATTR {
+    AccumulateRows<group()>(s + std::size_t(r) * kKB, vp, dv_pad, pairs, o + std::size_t(r) * dv,
+                            dv);
+  });
 }
 
 }  // namespace bf16dot

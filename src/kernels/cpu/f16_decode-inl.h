@@ -53,6 +53,7 @@
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/row_groups.h"
 #include "pagedattn/dtype.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -322,22 +323,11 @@ HWY_INLINE PAGEDATTN_F16_ATTR std::int32_t ScoreGroup(const std::uint16_t* q, st
                                                       const float* k_scale, float* s,
                                                       std::int32_t r, std::int32_t rows,
                                                       BlockProbe<kT>& probe) {
-  const std::uint16_t* qr = q + std::size_t(r) * dq;
-  float* sr = s + std::size_t(r) * kKB;
-  if (r + 8 <= rows) {
-    ScoreRows<kT, 8, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, probe);
-    return 8;
-  }
-  if (r + 4 <= rows) {
-    ScoreRows<kT, 4, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, probe);
-    return 4;
-  }
-  if (r + 2 <= rows) {
-    ScoreRows<kT, 2, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, probe);
-    return 2;
-  }
-  ScoreRows<kT, 1, kProbe>(qr, dq, q_inv + r, b, prefetch, k_scale, sr, probe);
-  return 1;
+  return RowGroups<8, 4, 2, 1>::VisitFirst(
+      r, rows, [&](auto group, std::int32_t row) PAGEDATTN_F16_ATTR {
+        ScoreRows<kT, group(), kProbe>(q + std::size_t(row) * dq, dq, q_inv + row, b, prefetch,
+                                       k_scale, s + std::size_t(row) * kKB, probe);
+      });
 }
 
 // Scores of `rows` (at most 8) f16 query rows (RoundQueries; stride dq)
@@ -439,25 +429,10 @@ PAGEDATTN_F16_ATTR void AccumulateBlock(const float* s, const void* const* v,
                                         std::size_t dim, float v_scale, float* o,
                                         std::size_t o_stride, std::int32_t rows) {
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
-  std::int32_t r = 0;
-  while (r < rows) {
-    const float* sr = s + std::size_t(r) * kKB;
-    float* orow = o + std::size_t(r) * o_stride;
-    const void* const* pf = r == 0 ? prefetch : nullptr;
-    if (r + 8 <= rows) {
-      AccumulateRows<kT, 8>(sr, v, pf, count, n, v_scale, orow, o_stride);
-      r += 8;
-    } else if (r + 4 <= rows) {
-      AccumulateRows<kT, 4>(sr, v, pf, count, n, v_scale, orow, o_stride);
-      r += 4;
-    } else if (r + 2 <= rows) {
-      AccumulateRows<kT, 2>(sr, v, pf, count, n, v_scale, orow, o_stride);
-      r += 2;
-    } else {
-      AccumulateRows<kT, 1>(sr, v, pf, count, n, v_scale, orow, o_stride);
-      r += 1;
-    }
-  }
+  RowGroups<8, 4, 2, 1>::VisitAll(0, rows, [&](auto group, std::int32_t r) PAGEDATTN_F16_ATTR {
+    AccumulateRows<kT, group()>(s + std::size_t(r) * kKB, v, r == 0 ? prefetch : nullptr, count, n,
+                                v_scale, o + std::size_t(r) * o_stride, o_stride);
+  });
 }
 
 }  // namespace f16dec

@@ -49,6 +49,7 @@
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/row_groups.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::kernels::HWY_NAMESPACE {
@@ -197,20 +198,11 @@ PAGEDATTN_INT8_ATTR void ScoreBlock(const std::int8_t* q, std::size_t dq, const 
                                     std::int32_t row0, std::int32_t row_end,
                                     const void* const* next) {
   const std::size_t dwords = kDim > 0 ? std::size_t(kDim) / 4 : dim / 4;
-  std::int32_t r = row0;
-  auto at = [&](std::int32_t row) { return q + std::size_t(row) * dq; };
-  for (; r + 8 <= row_end; r += 8)
-    ScoreRows<8>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                 next);
-  for (; r + 4 <= row_end; r += 4)
-    ScoreRows<4>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                 next);
-  for (; r + 2 <= row_end; r += 2)
-    ScoreRows<2>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                 next);
-  for (; r < row_end; ++r)
-    ScoreRows<1>(at(r), dq, q_scale + r, q_sum + r, kt, dwords, k_scale, s + std::size_t(r) * kKB,
-                 next);
+  RowGroups<8, 4, 2, 1>::VisitAll(
+      row0, row_end, [&](auto group, std::int32_t r) PAGEDATTN_INT8_ATTR {
+        ScoreRows<group()>(q + std::size_t(r) * dq, dq, q_scale + r, q_sum + r, kt, dwords, k_scale,
+                           s + std::size_t(r) * kKB, next);
+      });
 }
 
 // Each row's kKB f32 weights (>= 0: e x the V token scale, absmax / 127)
@@ -329,13 +321,10 @@ PAGEDATTN_INT8_ATTR void AccumulateBlock(const float* s, const float* w_scale, c
   }
   PackValues(v, v_dim, vp);
   for (std::size_t d = 0; d < v_dim; d += kRowBytes) {
-    std::int32_t r = row0;
-    for (; r + 4 <= row_end; r += 4)
-      AccumulateTile<4, true>(s + std::size_t(r) * kKB, w_scale + r, v, vp, v_dim, d,
-                              o + std::size_t(r) * dv + d, dv, next);
-    for (; r < row_end; ++r)
-      AccumulateTile<1, true>(s + std::size_t(r) * kKB, w_scale + r, v, vp, v_dim, d,
-                              o + std::size_t(r) * dv + d, dv, next);
+    RowGroups<4, 1>::VisitAll(row0, row_end, [&](auto group, std::int32_t r) PAGEDATTN_INT8_ATTR {
+      AccumulateTile<group(), true>(s + std::size_t(r) * kKB, w_scale + r, v, vp, v_dim, d,
+                                    o + std::size_t(r) * dv + d, dv, next);
+    });
   }
 }
 
