@@ -35,6 +35,15 @@ std::string errno_text() {
   return std::strerror(errno);
 }
 
+const char* file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
 using gguf_detail::load;
 
 }  // namespace
@@ -50,12 +59,15 @@ void GgufFile::release_pages(const GgufTensor& tensor) const noexcept {
 }
 
 GgufFile GgufFile::open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO or a device must not wait for a writer before
+  // the type check below refuses it (it changes nothing for a regular file).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   require(fd >= 0, "gguf ", path, ": cannot open: ", errno_text());
   FdCloser closer{fd};
   struct stat info {};
   require(fstat(fd, &info) == 0, "gguf ", path, ": cannot stat: ", errno_text());
-  require(S_ISREG(info.st_mode), "gguf ", path, ": not a regular file");
+  require(S_ISREG(info.st_mode), "gguf ", path, ": not a regular file (",
+          file_type_name(info.st_mode), ")");
   require(info.st_size > 0, "gguf ", path, ": file is empty (0 bytes)");
   auto mapping = std::make_unique<Mapping>();
   mapping->size = static_cast<std::size_t>(info.st_size);

@@ -13,6 +13,7 @@
 
 namespace pagedattn::dist {
 namespace {
+namespace kv_transfer_test {  // this file's own names in a unity batch
 
 constexpr int kTagKV = 21, kTagReference = 22;
 
@@ -91,5 +92,6 @@ INSTANTIATE_TEST_SUITE_P(KVDTypes, MpiKVTransfer,
                          ::testing::Values(DType::kF32, DType::kF16, DType::kINT8),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+}  // namespace kv_transfer_test
 }  // namespace
 }  // namespace pagedattn::dist

@@ -13,6 +13,7 @@
 
 namespace pagedattn {
 namespace {
+namespace engine_import_test {  // this file's own names in a unity batch
 
 using Tokens = std::vector<std::int32_t>;
 
@@ -141,5 +142,6 @@ TEST(EngineImport, AFirstTokenThatFinishesTheRequestFreesItsPages) {
   EXPECT_FALSE(e.has_unfinished());
 }
 
+}  // namespace engine_import_test
 }  // namespace
 }  // namespace pagedattn

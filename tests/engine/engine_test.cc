@@ -15,6 +15,7 @@
 
 namespace pagedattn {
 namespace {
+namespace engine_test {  // this file's own names in a unity batch
 
 using test::Job;
 using test::Tokens;
@@ -321,5 +322,6 @@ TEST(Llama, PresetsHaveTheAdvertisedSizes) {
   EXPECT_LT(one_b, 1'260'000'000);
 }
 
+}  // namespace engine_test
 }  // namespace
 }  // namespace pagedattn

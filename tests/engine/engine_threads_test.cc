@@ -15,6 +15,7 @@
 
 namespace pagedattn {
 namespace {
+namespace engine_threads_test {  // this file's own names in a unity batch
 
 using Tokens = std::vector<std::int32_t>;
 
@@ -170,5 +171,6 @@ TEST(EngineThreads, AModelThatThrowsCancelsTheStep) {
   EXPECT_TRUE(engine.cache().empty());
 }
 
+}  // namespace engine_threads_test
 }  // namespace
 }  // namespace pagedattn

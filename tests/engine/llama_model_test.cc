@@ -14,6 +14,7 @@
 
 namespace pagedattn {
 namespace {
+namespace llama_model_test {  // this file's own names in a unity batch
 
 struct Runner {
   std::shared_ptr<Model> model;
@@ -290,5 +291,6 @@ TEST(LlamaModel, ForwardMatchesANaiveDoubleImplementation) {
   }
 }
 
+}  // namespace llama_model_test
 }  // namespace
 }  // namespace pagedattn

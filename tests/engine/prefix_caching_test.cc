@@ -13,6 +13,7 @@
 
 namespace pagedattn {
 namespace {
+namespace prefix_caching_test {  // this file's own names in a unity batch
 
 using test::Job;
 using test::Tokens;
@@ -215,5 +216,6 @@ TEST(PrefixCaching, ConfigIsValidated) {
   EXPECT_THROW(Engine{c}, InvalidArgument);
 }
 
+}  // namespace prefix_caching_test
 }  // namespace
 }  // namespace pagedattn

@@ -12,6 +12,7 @@
 
 namespace pagedattn {
 namespace {
+namespace sliding_window_engine_test {  // this file's own names in a unity batch
 
 constexpr std::int32_t kWindow = 6, kPageSize = 4;
 
@@ -135,5 +136,6 @@ TEST(SlidingWindowEngine, MixedLayersKeepEveryToken) {
   EXPECT_EQ(got, greedy_reference(*model, prompt, 8));
 }
 
+}  // namespace sliding_window_engine_test
 }  // namespace
 }  // namespace pagedattn

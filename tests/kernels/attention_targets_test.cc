@@ -26,6 +26,7 @@
 
 namespace pagedattn::testing {
 namespace {
+namespace attention_targets_test {  // this file's own names in a unity batch
 
 // --- cases -------------------------------------------------------------------------------
 
@@ -686,5 +687,6 @@ TEST(AttentionAmx, DecodeKeepsF32Products) {
   EXPECT_EQ(c.output(0), c.output(1));
 }
 
+}  // namespace attention_targets_test
 }  // namespace
 }  // namespace pagedattn::testing

@@ -2,6 +2,8 @@
 // getters explain a wrong type, tensors are found with their bytes, open()
 // maps a real file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +17,7 @@
 
 namespace pagedattn {
 namespace {
+namespace gguf_file_test {  // this file's own names in a unity batch
 
 using test::expect_throws;
 using test::GgufWriter;
@@ -204,8 +207,21 @@ TEST(GgufFile, OpenMapsAFileAndMoves) {
   expect_throws<InvalidArgument>([&] { GgufFile::open(path.string()); }, {"cannot open"});
   expect_throws<InvalidArgument>(
       [&] { GgufFile::open(std::filesystem::temp_directory_path().string()); },
-      {"not a regular file"});
+      {"not a regular file (a directory)"});
 }
 
+// A FIFO is refused at once: opening it must not wait for a writer (which
+// would hang generate and serve forever). ctest's timeout catches a hang.
+TEST(GgufFile, OpenRefusesAFifoWithoutWaitingForAWriter) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("pagedattn_fifo_" + std::to_string(::getpid()) + ".gguf");
+  std::filesystem::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  expect_throws<InvalidArgument>([&] { GgufFile::open(path.string()); },
+                                 {"not a regular file (a FIFO)"});
+  std::filesystem::remove(path);
+}
+
+}  // namespace gguf_file_test
 }  // namespace
 }  // namespace pagedattn

@@ -12,10 +12,6 @@
 namespace pagedattn::test {
 namespace {
 
-void expect_ok(const PagedKVCache& kv) {
-  EXPECT_NO_THROW(kv.check_invariants());
-}
-
 TEST(HostTier, EvictedCachedPagesAreDemotedAndHitFromTheHost) {
   PagedKVCache kv(prefix_config(4, 4, /*host_pages=*/3));
   const std::vector<std::int32_t> a = token_run(1, 9);

@@ -12,10 +12,6 @@
 namespace pagedattn::test {
 namespace {
 
-void expect_ok(const PagedKVCache& kv) {
-  EXPECT_NO_THROW(kv.check_invariants());
-}
-
 TEST(PrefixCache, FinishedSequenceLeavesItsFullPagesCached) {
   PagedKVCache kv(prefix_config(4, 8));
   const std::vector<std::int32_t> prompt = token_run(100, 10);  // 2 full pages + 2 tokens

@@ -28,6 +28,7 @@
 
 namespace pagedattn::test {
 namespace {
+namespace prefix_random_test {  // this file's own names in a unity batch
 
 cache::PageKey tokens_only_key(const cache::PageKey&, std::uint64_t,
                                std::span<const std::int32_t> tokens) {
@@ -505,5 +506,6 @@ INSTANTIATE_TEST_SUITE_P(
                       RandomSetup{"ps2_colliding_key", 2, 14, 0, kF16, &constant_key}),
     [](const ::testing::TestParamInfo<RandomSetup>& info) { return std::string(info.param.name); });
 
+}  // namespace prefix_random_test
 }  // namespace
 }  // namespace pagedattn::test

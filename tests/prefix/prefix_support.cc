@@ -1,5 +1,7 @@
 #include "prefix_support.h"
 
+#include <gtest/gtest.h>
+
 #include "support/kv_values.h"
 
 namespace pagedattn::test {
@@ -63,6 +65,10 @@ void decode(PagedKVCache& kv, SeqId id, std::vector<std::int32_t>& tokens,
 std::string check_prefix_kv(const PagedKVCache& kv, SeqId id, std::span<const std::int32_t> tokens,
                             std::uint64_t salt) {
   return check_tokens(kv, id, 0, prefix_uids(tokens, salt));
+}
+
+void expect_ok(const PagedKVCache& kv) {
+  EXPECT_NO_THROW(kv.check_invariants());
 }
 
 std::vector<std::int32_t> token_run(std::int32_t first, std::int64_t n) {

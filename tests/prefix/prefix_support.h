@@ -34,6 +34,9 @@ void decode(PagedKVCache& kv, SeqId id, std::vector<std::int32_t>& tokens,
 std::string check_prefix_kv(const PagedKVCache& kv, SeqId id, std::span<const std::int32_t> tokens,
                             std::uint64_t salt = 0);
 
+// The cache's invariants hold (a gtest expectation).
+void expect_ok(const PagedKVCache& kv);
+
 // Token ids [first, first + n).
 std::vector<std::int32_t> token_run(std::int32_t first, std::int64_t n);
 

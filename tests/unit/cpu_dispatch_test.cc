@@ -70,7 +70,10 @@ TEST(CpuDispatch, LoadTimeCapMatchesEnvironment) {
   const auto rank = [&](const std::string& n) {
     return std::find(names.begin(), names.end(), n) - names.begin();
   };
-  EXPECT_GE(rank(dispatch_now()), rank(lower(env))) << "dispatch runs above the cap";
+  // A cap below every compiled target leaves the lowest: the static target.
+  const std::string lowest = lower(hwy::TargetName(HWY_STATIC_TARGET));
+  EXPECT_TRUE(rank(dispatch_now()) >= rank(lower(env)) || dispatch_now() == lowest)
+      << "dispatch runs " << dispatch_now() << ", above the cap and the lowest target " << lowest;
 }
 
 TEST(CpuDispatch, KnownTargetsAreListedBestFirst) {
