@@ -20,7 +20,9 @@ pip=(build/pyenv/bin/python -m pip --disable-pip-version-check -q)
 
 env_build() {
   [ -x build/pyenv/bin/python ] || "$python" -m venv build/pyenv
-  "${pip[@]}" install scikit-build-core pybind11 numpy
+  # pybind11-stubgen (with numpy and typing_extensions, whose names the stubs
+  # use) generates the type stubs when the module is built (python/CMakeLists.txt).
+  "${pip[@]}" install scikit-build-core 'pybind11>=3.0' 'pybind11-stubgen>=2.5' numpy typing_extensions
 }
 
 env_test() {

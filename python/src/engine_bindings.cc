@@ -23,6 +23,7 @@
 #include "pagedattn/gguf.h"
 #include "pagedattn/gguf_tokenizer.h"
 #include "pagedattn/llama.h"
+#include "type_hints.h"
 
 namespace pagedattn::python {
 namespace {
@@ -81,6 +82,14 @@ class PythonCallback {
   std::exception_ptr error_;  // guarded by the GIL
 };
 
+// set_stream_callback's argument: called with each RequestOutput, or None.
+struct StreamCallbackHint {
+  static constexpr auto name = py::detail::const_name("collections.abc.Callable[[") +
+                               py::detail::make_caster<RequestOutput>::name +
+                               py::detail::const_name("], None] | None");
+};
+using OptionalStreamCallback = Typed<StreamCallbackHint>;
+
 class PyEngine {
  public:
   explicit PyEngine(const EngineConfig& config) {
@@ -92,7 +101,7 @@ class PyEngine {
     engine_.reset();
   }
 
-  RequestId add_request(py::handle prompt, const SamplingParams& params) {
+  RequestId add_request(const IndexSequence& prompt, const SamplingParams& params) {
     const std::vector<std::int64_t> ids =
         int_list_arg(prompt, "Engine.add_request", "prompt_token_ids");
     std::vector<std::int32_t> tokens;
@@ -117,7 +126,7 @@ class PyEngine {
     return outputs;
   }
 
-  void set_stream_callback(const py::object& f) {
+  void set_stream_callback(const OptionalStreamCallback& f) {
     std::shared_ptr<PythonCallback> callback;
     if (!f.is_none()) callback = std::make_shared<PythonCallback>(f.cast<py::function>());
     const std::shared_ptr<PythonCallback> old = std::exchange(callback_, callback);
@@ -287,19 +296,27 @@ void register_engine_class(py::module_& m) {
            py::arg("chunked_prefill"), py::arg("deterministic"), py::arg("seed"),
            py::arg("enable_prefix_caching") = false, py::arg("host_kv_memory_bytes") = 0,
            py::arg("bf16_products") = false, py::arg("int8_products") = false,
-           py::arg("f16_products") = false)
-      .def("add_request", &PyEngine::add_request, py::arg("prompt_token_ids"), py::arg("params"))
-      .def("step", &PyEngine::step)
+           py::arg("f16_products") = false, "The engine over model (see pagedattn.Engine).")
+      .def("add_request", &PyEngine::add_request, py::arg("prompt_token_ids"), py::arg("params"),
+           "Queues a request; returns its id.")
+      .def("step", &PyEngine::step,
+           "Runs one iteration; returns the requests with new tokens or a finish.")
       .def(
           "abort", [](PyEngine& e, RequestId id) { e.engine().abort(id); }, ReleaseGil(),
-          py::arg("request_id"))
+          py::arg("request_id"),
+          "Stops a request; the next step reports it with finish_reason \"aborted\".")
       .def(
-          "has_unfinished", [](PyEngine& e) { return e.engine().has_unfinished(); }, ReleaseGil())
+          "has_unfinished", [](PyEngine& e) { return e.engine().has_unfinished(); }, ReleaseGil(),
+          "Whether some request is waiting or running.")
       .def(
-          "stats", [](PyEngine& e) { return e.engine().stats(); }, ReleaseGil())
-      .def("set_stream_callback", &PyEngine::set_stream_callback, py::arg("callback"))
-      .def_property_readonly("num_pages",
-                             [](PyEngine& e) { return e.engine().cache().num_pages(); });
+          "stats", [](PyEngine& e) { return e.engine().stats(); }, ReleaseGil(),
+          "Counters and the KV picture after the last step.")
+      .def("set_stream_callback", &PyEngine::set_stream_callback, py::arg("callback"),
+           "Calls callback(output) from step() for each output as it is made (None: no\n"
+           "callback); step() raises the callback's first exception.")
+      .def_property_readonly(
+          "num_pages", [](PyEngine& e) { return e.engine().cache().num_pages(); },
+          "Pages of the KV cache.");
 
   m.def(
       "load_gguf_tokenizer",

@@ -4,6 +4,8 @@
 // rest), so both `except ValueError` and `except pagedattn.Error` work.
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "bindings.h"
 #include "pagedattn/errors.h"
 
@@ -13,8 +15,11 @@ namespace {
 
 // A new exception class module.name deriving from `bases` (a tuple). The
 // returned reference is never released: the translator uses it until exit.
+// Its __module__ is this module's name (pagedattn._core), as for the bound
+// classes, so that the generated type stubs define it here (the package
+// pagedattn re-exports it).
 PyObject* new_exception(py::module_& m, const char* name, const char* doc, py::tuple bases) {
-  const std::string qualified = std::string("pagedattn.") + name;
+  const std::string qualified = m.attr("__name__").cast<std::string>() + "." + name;
   PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
   if (cls == nullptr) throw py::error_already_set();
   py::object type = py::reinterpret_steal<py::object>(cls);

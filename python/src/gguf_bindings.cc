@@ -3,6 +3,7 @@
 // parity tests against the `gguf` package and for inspecting model files.
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
+#include <pybind11/typing.h>
 
 #include <memory>
 #include <string>
@@ -72,8 +73,12 @@ py::array_t<float> dequantize_to_array(GgufType type, const std::byte* data, std
   return out;
 }
 
-py::dict tensor_to_dict(const GgufTensor& t) {
-  py::dict d;
+// Dicts of values of several types are typed dict[str, Any] (as a GGUF
+// metadata value is Any): callers know each key's type.
+using InfoDict = py::typing::Dict<py::str, py::object>;
+
+InfoDict tensor_to_dict(const GgufTensor& t) {
+  InfoDict d;
   d["name"] = to_str(t.name);
   d["type"] = std::string(gguf_type_info(t.type).name);
   d["dims"] = t.dims;
@@ -115,7 +120,7 @@ void register_gguf(py::module_& m) {
       .def(
           "keys",
           [](const GgufFile& f) {
-            py::list keys;
+            py::typing::List<py::str> keys;
             for (std::string_view k : f.keys()) keys.append(to_str(k));
             return keys;
           },
@@ -131,7 +136,7 @@ void register_gguf(py::module_& m) {
       .def(
           "tensors",
           [](const GgufFile& f) {
-            py::list out;
+            py::typing::List<InfoDict> out;
             for (const GgufTensor& t : f.tensors()) out.append(tensor_to_dict(t));
             return out;
           },
@@ -159,7 +164,7 @@ void register_gguf(py::module_& m) {
           "model_config",
           [](const GgufFile& f) {
             const GgufModelConfig c = read_model_config(f);
-            py::dict d;
+            InfoDict d;
             d["arch"] = c.arch_name;
             d["num_layers"] = c.num_layers;
             d["hidden_size"] = c.hidden_size;

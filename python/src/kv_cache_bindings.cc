@@ -8,17 +8,20 @@
 // arrays stay referenced until the call returns): a thread waiting for the
 // cache never stops the other Python threads.
 #include <pybind11/stl.h>
+#include <pybind11/typing.h>
 
 #include <cmath>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "array_conversion.h"
 #include "bindings.h"
 #include "pagedattn/kv_cache.h"
 #include "plan_views.h"
+#include "type_hints.h"
 
 namespace pagedattn::python {
 namespace {
@@ -98,6 +101,13 @@ struct Output {
              c.v_head_dim} {}
 };
 
+// attention()'s result: out, or (out, lse) with return_lse.
+struct AttentionResultHint {
+  static constexpr auto name = py::detail::const_name(
+      "numpy.ndarray | tuple[numpy.ndarray, numpy.typing.NDArray[numpy.float32]]");
+};
+using AttentionResult = Typed<AttentionResultHint>;
+
 // attention()'s keyword options, converted once (the arrays are copied:
 // they are [num_qo_heads] floats).
 struct AttentionArgs {
@@ -143,31 +153,23 @@ class KVCache {
   PagedKVCache& cache() { return cache_; }
   const KVCacheConfig& config() const { return cache_.config(); }
 
-  py::object begin_forward(const std::vector<SeqId>& seq_ids,
-                           const std::vector<std::int64_t>& lengths,
-                           const py::object& token_tree_parents) {
+  PlanSnapshot begin_forward(const std::vector<SeqId>& seq_ids,
+                             const std::vector<std::int64_t>& lengths,
+                             const OptionalIndexSequence& token_tree_parents) {
     std::vector<std::int64_t> parents;
     if (!token_tree_parents.is_none())
       parents = int_list_arg(token_tree_parents, "KVCache.begin_forward", "token_tree_parents");
-    std::shared_ptr<const BatchPlan> plan;
-    {
-      py::gil_scoped_release release;
-      // The snapshot is taken by the thread that began the step, before
-      // anything else can end it.
-      plan = std::make_shared<const BatchPlan>(
-          token_tree_parents.is_none() ? cache_.begin_forward(seq_ids, lengths)
-                                       : cache_.begin_forward(seq_ids, lengths, parents));
-    }
-    return plan_object(std::move(plan));
+    py::gil_scoped_release release;
+    // The snapshot is taken by the thread that began the step, before
+    // anything else can end it.
+    return std::make_shared<BatchPlan>(token_tree_parents.is_none()
+                                           ? cache_.begin_forward(seq_ids, lengths)
+                                           : cache_.begin_forward(seq_ids, lengths, parents));
   }
 
-  py::object plan() {
-    std::shared_ptr<const BatchPlan> plan;
-    {
-      py::gil_scoped_release release;
-      plan = std::make_shared<const BatchPlan>(cache_.plan());
-    }
-    return plan_object(std::move(plan));
+  PlanSnapshot plan() {
+    py::gil_scoped_release release;
+    return std::make_shared<BatchPlan>(cache_.plan());
   }
 
   // The current step's token count (InvalidStateError outside a step).
@@ -176,8 +178,8 @@ class KVCache {
     return static_cast<py::ssize_t>(cache_.num_step_tokens());
   }
 
-  py::object attention(std::int32_t layer, py::handle q, py::handle k, py::handle v,
-                       const AttentionArgs& args) {
+  AttentionResult attention(std::int32_t layer, py::handle q, py::handle k, py::handle v,
+                            const AttentionArgs& args) {
     const KVCacheConfig& c = config();
     const py::ssize_t tokens = step_tokens();
     std::vector<py::array> keep;
@@ -196,8 +198,8 @@ class KVCache {
     return with_lse(out.array, lse, args);
   }
 
-  py::object attention_with_fused_qkv(std::int32_t layer, py::handle qkv,
-                                      const AttentionArgs& args) {
+  AttentionResult attention_with_fused_qkv(std::int32_t layer, py::handle qkv,
+                                           const AttentionArgs& args) {
     const KVCacheConfig& c = config();
     const py::ssize_t tokens = step_tokens();
     std::vector<py::array> keep;
@@ -215,7 +217,9 @@ class KVCache {
     return with_lse(out.array, lse, args);
   }
 
-  py::tuple get_kv(py::handle seq_id_arg, py::handle start_arg, py::handle end_arg) {
+  std::pair<py::array_t<float>, py::array_t<float>> get_kv(const Index& seq_id_arg,
+                                                           const Index& start_arg,
+                                                           const Index& end_arg) {
     const KVCacheConfig& c = config();
     constexpr const char* kCall = "KVCache.get_kv";
     const SeqId seq_id = int_arg(seq_id_arg, kCall, "seq_id");
@@ -232,11 +236,11 @@ class KVCache {
       py::gil_scoped_release release;
       cache_.debug_get_kv(seq_id, start, end, ks, vs);
     }
-    return py::make_tuple(k, v);
+    return {k, v};
   }
 
-  void set_kv(py::handle seq_id_arg, py::handle start_arg, py::handle end_arg, py::handle k,
-              py::handle v) {
+  void set_kv(const Index& seq_id_arg, const Index& start_arg, const Index& end_arg,
+              const ArrayLike& k, const ArrayLike& v) {
     const KVCacheConfig& c = config();
     constexpr const char* kCall = "KVCache.set_kv";
     const SeqId seq_id = int_arg(seq_id_arg, kCall, "seq_id");
@@ -278,8 +282,8 @@ class KVCache {
   static float* lse_data(py::array_t<float>& lse, const AttentionArgs& args) {
     return args.return_lse ? lse.mutable_data() : nullptr;
   }
-  static py::object with_lse(const py::array& out, const py::array_t<float>& lse,
-                             const AttentionArgs& args) {
+  static AttentionResult with_lse(const py::array& out, const py::array_t<float>& lse,
+                                  const AttentionArgs& args) {
     if (!args.return_lse) return out;
     return py::make_tuple(out, lse);
   }
@@ -288,6 +292,12 @@ class KVCache {
 };
 
 // A float (one scale for the tensor) or [num_kv_heads] floats (per head).
+struct Fp8ScaleHint {
+  static constexpr auto name = py::detail::const_name(
+      "float | collections.abc.Sequence[float] | numpy.typing.NDArray[numpy.floating]");
+};
+using Fp8Scale = Typed<Fp8ScaleHint>;
+
 void parse_fp8_scale(const py::object& value, float& scale, std::vector<float>& head_scales) {
   if (PyFloat_Check(value.ptr()) || PyLong_Check(value.ptr())) {
     scale = value.cast<float>();
@@ -302,6 +312,12 @@ void parse_fp8_scale(const py::object& value, float& scale, std::vector<float>& 
                        a.ndim(), " dimensions"));
   head_scales.assign(a.data(), a.data() + a.size());
 }
+
+// Llama-3 rope scaling as in a Hugging Face config, or None.
+struct RopeScalingHint {
+  static constexpr auto name = py::detail::const_name("dict[str, float | str] | None");
+};
+using RopeScaling = Typed<RopeScalingHint>;
 
 RopeLlama3Scaling parse_rope_scaling(const py::object& value) {
   RopeLlama3Scaling s;
@@ -334,8 +350,8 @@ std::unique_ptr<KVCache> make_cache(
     std::int32_t head_dim, std::int32_t page_size, std::int64_t num_pages, const std::string& dtype,
     const std::string& layout, const std::string& rope_mode, float rope_theta, float rope_scale,
     bool support_sliding_window, std::optional<std::int32_t> v_head_dim,
-    std::int64_t memory_budget_bytes, const py::object& k_scale, const py::object& v_scale,
-    std::int32_t rotary_dim, bool rope_interleaved, const py::object& rope_scaling,
+    std::int64_t memory_budget_bytes, const Fp8Scale& k_scale, const Fp8Scale& v_scale,
+    std::int32_t rotary_dim, bool rope_interleaved, const RopeScaling& rope_scaling,
     std::int32_t num_threads, std::int32_t fixed_kv_chunk, bool enable_prefix_caching,
     std::int64_t host_num_pages, std::int64_t host_memory_budget_bytes) {
   KVCacheConfig c;
@@ -367,9 +383,10 @@ std::unique_ptr<KVCache> make_cache(
   return std::make_unique<KVCache>(c);
 }
 
-py::dict config_dict(KVCache& s) {
+// Values of several types (int, float, str, bool, list[float]): typed Any.
+py::typing::Dict<py::str, py::object> config_dict(KVCache& s) {
   const KVCacheConfig& c = s.config();
-  py::dict d;
+  py::typing::Dict<py::str, py::object> d;
   d["num_layers"] = c.num_layers;
   d["num_qo_heads"] = c.num_qo_heads;
   d["num_kv_heads"] = c.num_kv_heads;
@@ -402,7 +419,7 @@ py::dict config_dict(KVCache& s) {
 
 // Token ids (a sequence of ints) as int32, naming the call and index of a
 // value that is no token id.
-std::vector<std::int32_t> token_ids_arg(py::handle obj, const char* call) {
+std::vector<std::int32_t> token_ids_arg(const IndexSequence& obj, const char* call) {
   const std::vector<std::int64_t> ids = int_list_arg(obj, call, "token_ids");
   std::vector<std::int32_t> tokens;
   tokens.reserve(ids.size());
@@ -415,8 +432,8 @@ std::vector<std::int32_t> token_ids_arg(py::handle obj, const char* call) {
   return tokens;
 }
 
-py::dict match_dict(const PrefixMatch& m) {
-  py::dict d;
+py::typing::Dict<py::str, py::int_> match_dict(const PrefixMatch& m) {
+  py::typing::Dict<py::str, py::int_> d;
   d["num_tokens"] = m.num_tokens;
   d["device_pages"] = m.device_pages;
   d["host_pages"] = m.host_pages;
@@ -424,8 +441,8 @@ py::dict match_dict(const PrefixMatch& m) {
   return d;
 }
 
-py::dict stats_dict(const PrefixCacheStats& s) {
-  py::dict d;
+py::typing::Dict<py::str, py::int_> stats_dict(const PrefixCacheStats& s) {
+  py::typing::Dict<py::str, py::int_> d;
   d["queries"] = s.queries;
   d["query_tokens"] = s.query_tokens;
   d["hit_tokens"] = s.hit_tokens;
@@ -445,7 +462,7 @@ void register_prefix_cache(Class& cls) {
   using ReleaseGil = py::call_guard<py::gil_scoped_release>;
   cls.def(
          "match_prefix",
-         [](KVCache& s, py::handle token_ids, std::uint64_t cache_salt) {
+         [](KVCache& s, const IndexSequence& token_ids, std::uint64_t cache_salt) {
            const std::vector<std::int32_t> t = token_ids_arg(token_ids, "KVCache.match_prefix");
            PrefixMatch m;
            {
@@ -460,7 +477,7 @@ void register_prefix_cache(Class& cls) {
          "token_ids; pages_taken = free pages add_sequence_with_prefix would consume.")
       .def(
           "add_sequence_with_prefix",
-          [](KVCache& s, SeqId id, py::handle token_ids, std::uint64_t cache_salt) {
+          [](KVCache& s, SeqId id, const IndexSequence& token_ids, std::uint64_t cache_salt) {
             const std::vector<std::int32_t> t =
                 token_ids_arg(token_ids, "KVCache.add_sequence_with_prefix");
             py::gil_scoped_release release;
@@ -473,7 +490,7 @@ void register_prefix_cache(Class& cls) {
           "enable_prefix_caching it is add_sequence and returns 0.")
       .def(
           "set_sequence_tokens",
-          [](KVCache& s, SeqId id, py::handle token_ids) {
+          [](KVCache& s, SeqId id, const IndexSequence& token_ids) {
             const std::vector<std::int32_t> t =
                 token_ids_arg(token_ids, "KVCache.set_sequence_tokens");
             py::gil_scoped_release release;
@@ -672,9 +689,10 @@ void register_kv_cache(py::module_& m) {
           "Uncommitted token-tree nodes of sequence `id` (0 when none is open).")
       .def(
           "attention",
-          [](KVCache& s, std::int32_t layer, py::handle q, py::handle k, py::handle v,
-             std::optional<float> sm_scale, bool causal, std::int32_t window_left, float softcap,
-             py::object alibi_slopes, py::object sinks, bool return_lse) {
+          [](KVCache& s, std::int32_t layer, const ArrayLike& q, const ArrayLike& k,
+             const ArrayLike& v, std::optional<float> sm_scale, bool causal,
+             std::int32_t window_left, float softcap, OptionalArrayLike alibi_slopes,
+             OptionalArrayLike sinks, bool return_lse) {
             return s.attention(layer, q, k, v,
                                {sm_scale, causal, window_left, softcap, std::move(alibi_slopes),
                                 std::move(sinks), return_lse});
@@ -698,9 +716,9 @@ void register_kv_cache(py::module_& m) {
           "(docs/semantics.md). A failed call changes nothing; the step goes on.")
       .def(
           "attention_with_fused_qkv",
-          [](KVCache& s, std::int32_t layer, py::handle qkv, std::optional<float> sm_scale,
-             bool causal, std::int32_t window_left, float softcap, py::object alibi_slopes,
-             py::object sinks, bool return_lse) {
+          [](KVCache& s, std::int32_t layer, const ArrayLike& qkv, std::optional<float> sm_scale,
+             bool causal, std::int32_t window_left, float softcap, OptionalArrayLike alibi_slopes,
+             OptionalArrayLike sinks, bool return_lse) {
             return s.attention_with_fused_qkv(
                 layer, qkv,
                 {sm_scale, causal, window_left, softcap, std::move(alibi_slopes), std::move(sinks),
@@ -726,14 +744,14 @@ void register_kv_cache(py::module_& m) {
           "step. Marking a layer you did not write exposes what its pages held.")
       .def(
           "layer_storage",
-          [](py::object self, std::int32_t layer) {
+          [](const py::object& self, std::int32_t layer) {
             PagedKVStorage storage;
             {
               KVCache& s = self.cast<KVCache&>();
               py::gil_scoped_release release;
               storage = s.cache().layer_storage(layer);
             }
-            return layer_storage_object(storage, self);
+            return layer_storage_views(storage, self);
           },
           py::arg("layer"),
           "layer_storage(layer) -> LayerStorage: writable zero-copy views of the layer's\n"

@@ -65,11 +65,17 @@ class GgufModel {
 }  // namespace
 
 void register_models(py::module_& m) {
-  py::class_<GgufModel>(m, "GgufModel")
-      .def(py::init<const std::string&>(), py::arg("path"))
-      .def_property_readonly("num_layers", [](const GgufModel& g) { return g.spec().num_layers; })
-      .def_property_readonly("vocab_size", [](const GgufModel& g) { return g.spec().vocab_size; })
-      .def_property_readonly("name", [](const GgufModel& g) { return g.spec().name; })
+  py::class_<GgufModel>(m, "GgufModel",
+                        "A GGUF model's teacher-forced logits, for checking the whole forward\n"
+                        "pass against an independent NumPy implementation (tests).")
+      .def(py::init<const std::string&>(), py::arg("path"), "Loads the GGUF model file at path.")
+      .def_property_readonly(
+          "num_layers", [](const GgufModel& g) { return g.spec().num_layers; },
+          "Transformer layers.")
+      .def_property_readonly(
+          "vocab_size", [](const GgufModel& g) { return g.spec().vocab_size; }, "Logits per token.")
+      .def_property_readonly(
+          "name", [](const GgufModel& g) { return g.spec().name; }, "The model's name.")
       .def("logits", &GgufModel::logits, py::arg("token_ids"), py::arg("kv_dtype") = "f32",
            py::arg("exact") = true,
            "Teacher-forced logits [len(token_ids)][vocab_size] of one sequence. exact "

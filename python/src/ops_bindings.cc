@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "array_conversion.h"
@@ -16,6 +17,7 @@
 #include "pagedattn/ops/ort.h"
 #include "pagedattn/ops/torch_xla.h"
 #include "pagedattn/ops/vllm.h"
+#include "type_hints.h"
 
 namespace pagedattn::python {
 namespace {
@@ -58,14 +60,17 @@ std::optional<std::string> raw_dtype_by_size(py::handle obj, const char* name) {
   return std::nullopt;
 }
 
-py::array ort_paged_attention(py::handle query, py::object key, py::object value,
-                              py::handle key_cache, py::handle value_cache,
-                              py::handle cumulative_sequence_length, py::handle past_seqlens,
-                              py::handle block_table, py::object cos_cache, py::object sin_cache,
-                              py::handle num_heads, py::handle kv_num_heads, float scale,
-                              float softcap, py::handle local_window_size, bool do_rotary,
-                              bool rotary_interleaved, py::object slot_mapping,
-                              py::object head_sink) {
+py::array ort_paged_attention(const ArrayLike& query, const OptionalArrayLike& key,
+                              const OptionalArrayLike& value, const ArrayLike& key_cache,
+                              const ArrayLike& value_cache,
+                              const ArrayLike& cumulative_sequence_length,
+                              const ArrayLike& past_seqlens, const ArrayLike& block_table,
+                              const OptionalArrayLike& cos_cache,
+                              const OptionalArrayLike& sin_cache, const Index& num_heads,
+                              const Index& kv_num_heads, float scale, float softcap,
+                              const Index& local_window_size, bool do_rotary,
+                              bool rotary_interleaved, const OptionalArrayLike& slot_mapping,
+                              const OptionalArrayLike& head_sink) {
   std::vector<py::array> keep;
   ops::ort::PagedAttentionParams p;
   p.query = tensor_arg(query, "query", keep);
@@ -111,11 +116,11 @@ py::array ort_paged_attention(py::handle query, py::object key, py::object value
   return out;
 }
 
-py::array ragged_paged_attention(py::handle q, py::handle kv_pages, py::handle kv_lens,
-                                 py::handle page_indices, py::handle cu_q_lens, py::object num_seqs,
-                                 float sm_scale, py::handle sliding_window,
-                                 std::optional<float> soft_cap, std::optional<float> k_scale,
-                                 std::optional<float> v_scale,
+py::array ragged_paged_attention(const ArrayLike& q, const ArrayLike& kv_pages,
+                                 const ArrayLike& kv_lens, const ArrayLike& page_indices,
+                                 const ArrayLike& cu_q_lens, ArrayLike num_seqs, float sm_scale,
+                                 const OptionalIndex& sliding_window, std::optional<float> soft_cap,
+                                 std::optional<float> k_scale, std::optional<float> v_scale,
                                  std::optional<std::string> kv_dtype) {
   std::vector<py::array> keep;
   ops::torch_xla::RaggedPagedAttentionParams p;
@@ -158,9 +163,10 @@ ops::vllm::KVCaches vllm_caches(py::handle key_cache, py::handle value_cache,
   return kv;
 }
 
-py::array paged_attention_decode(py::handle query, py::handle key_cache, py::handle value_cache,
-                                 py::handle block_tables, py::handle seq_lens,
-                                 py::handle num_kv_heads, float scale, py::object alibi_slopes,
+py::array paged_attention_decode(const ArrayLike& query, const ArrayLike& key_cache,
+                                 const ArrayLike& value_cache, const ArrayLike& block_tables,
+                                 const ArrayLike& seq_lens, const Index& num_kv_heads, float scale,
+                                 const OptionalArrayLike& alibi_slopes,
                                  const std::string& kv_cache_dtype, float k_scale, float v_scale,
                                  const std::string& layout) {
   std::vector<py::array> keep;
@@ -187,8 +193,8 @@ py::array paged_attention_decode(py::handle query, py::handle key_cache, py::han
   return out;
 }
 
-void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache,
-                       py::handle value_cache, py::handle slot_mapping,
+void reshape_and_cache(const ArrayLike& key, const ArrayLike& value, const ArrayLike& key_cache,
+                       const ArrayLike& value_cache, const ArrayLike& slot_mapping,
                        const std::string& kv_cache_dtype, float k_scale, float v_scale,
                        const std::string& layout) {
   std::vector<py::array> keep;
@@ -203,7 +209,9 @@ void reshape_and_cache(py::handle key, py::handle value, py::handle key_cache,
 
 // Per-layer arrays name[i] (caches raw by item size; scales float32, with
 // None for a layer that has none: an empty view).
-std::vector<ops::TensorView> layer_views(const std::vector<py::object>& arrays, const char* name,
+// Arrays (ArrayLike) or arrays and None (OptionalArrayLike).
+template <typename Array>
+std::vector<ops::TensorView> layer_views(const std::vector<Array>& arrays, const char* name,
                                          bool raw, std::vector<py::array>& keep) {
   std::vector<ops::TensorView> views;
   for (std::size_t i = 0; i < arrays.size(); ++i) {
@@ -219,10 +227,10 @@ std::vector<ops::TensorView> layer_views(const std::vector<py::object>& arrays, 
   return views;
 }
 
-void copy_blocks(const std::vector<py::object>& key_caches,
-                 const std::vector<py::object>& value_caches, py::handle block_mapping,
-                 const std::optional<std::vector<py::object>>& key_scales,
-                 const std::optional<std::vector<py::object>>& value_scales,
+void copy_blocks(const std::vector<ArrayLike>& key_caches,
+                 const std::vector<ArrayLike>& value_caches, const ArrayLike& block_mapping,
+                 const std::optional<std::vector<OptionalArrayLike>>& key_scales,
+                 const std::optional<std::vector<OptionalArrayLike>>& value_scales,
                  const std::string& layout) {
   std::vector<py::array> keep;
   const std::vector<ops::TensorView> keys = layer_views(key_caches, "key_caches", true, keep);
@@ -244,8 +252,9 @@ void copy_blocks(const std::vector<py::object>& key_caches,
   ops::vllm::copy_blocks(p);
 }
 
-void swap_blocks(py::handle src, py::handle dst, py::handle block_mapping, py::object src_scales,
-                 py::object dst_scales, const std::string& layout) {
+void swap_blocks(const ArrayLike& src, const ArrayLike& dst, const ArrayLike& block_mapping,
+                 const OptionalArrayLike& src_scales, const OptionalArrayLike& dst_scales,
+                 const std::string& layout) {
   std::vector<py::array> keep;
   ops::vllm::SwapBlocksParams p;
   p.src = tensor_arg(src, "src", keep, raw_dtype_by_size(src, "src"));
@@ -271,7 +280,10 @@ py::array_t<float> float32_state(py::handle obj, const char* name) {
   return py::reinterpret_borrow<py::array_t<float>>(a);
 }
 
-py::tuple merge_states(py::handle v_a, py::handle s_a, py::handle v_b, py::handle s_b) {
+std::pair<py::array_t<float>, py::array_t<float>> merge_states(const ArrayLike& v_a,
+                                                               const ArrayLike& s_a,
+                                                               const ArrayLike& v_b,
+                                                               const ArrayLike& s_b) {
   const py::array_t<float> va = float32_state(v_a, "v_a"), sa = float32_state(s_a, "s_a");
   const py::array_t<float> vb = float32_state(v_b, "v_b"), sb = float32_state(s_b, "s_b");
   if (va.ndim() < 1) throw InvalidArgument("merge_states: v_a must have at least one axis");
@@ -290,7 +302,7 @@ py::tuple merge_states(py::handle v_a, py::handle s_a, py::handle v_b, py::handl
                           {v_out.mutable_data(), static_cast<std::size_t>(v_out.size())},
                           {s_out.mutable_data(), static_cast<std::size_t>(s_out.size())},
                           static_cast<std::int32_t>(v_shape.back()));
-  return py::make_tuple(v_out, s_out);
+  return {v_out, s_out};
 }
 
 }  // namespace

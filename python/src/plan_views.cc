@@ -14,7 +14,7 @@ namespace {
 
 // A read-only 1-D view of `values`, kept alive by `base`.
 template <typename T>
-py::array readonly_view(const std::vector<T>& values, py::handle base) {
+py::array_t<T> readonly_view(const std::vector<T>& values, py::handle base) {
   py::array_t<T> view({static_cast<py::ssize_t>(values.size())},
                       {static_cast<py::ssize_t>(sizeof(T))}, values.data(), base);
   view.attr("setflags")(py::arg("write") = false);
@@ -46,16 +46,6 @@ py::array_t<std::int32_t> block_table(const BatchPlan& plan, std::int32_t pad) {
   return table;
 }
 
-// One layer's storage views.
-struct LayerStorage {
-  py::object k, v;                          // page arrays (see the class doc)
-  py::object k_scales, v_scales;            // int8: [num_pages, Hkv, page_size] float32, else None
-  py::object k_head_scales, v_head_scales;  // fp8 per-head scales (copies), else None
-  float k_scale = 1.0f, v_scale = 1.0f;
-  std::string dtype, layout;
-  std::int32_t page_size = 0;
-};
-
 // A writable view of `data` with element `shape` and `strides`, kept alive by `owner`.
 py::array storage_view(void* data, const py::object& dtype, std::vector<py::ssize_t> shape,
                        std::vector<py::ssize_t> element_strides, const py::object& owner) {
@@ -64,7 +54,7 @@ py::array storage_view(void* data, const py::object& dtype, std::vector<py::ssiz
   return py::array(d, std::move(shape), std::move(element_strides), data, owner);
 }
 
-py::object head_scales(const float* scales, std::int32_t heads) {
+OptionalFloat32Array head_scales(const float* scales, std::int32_t heads) {
   if (scales == nullptr) return py::none();
   return py::array_t<float>(heads, scales);  // a copy: the scales are configuration
 }
@@ -114,12 +104,7 @@ KVCache.mark_layer_appended(layer) before end_forward.)doc";
 
 }  // namespace
 
-py::object plan_object(std::shared_ptr<const BatchPlan> plan) {
-  return py::cast(std::const_pointer_cast<BatchPlan>(std::move(plan)));
-}
-
-py::object layer_storage_object(const PagedKVStorage& s, py::object owner) {
-  LayerStorage out;
+LayerStorage layer_storage_views(const PagedKVStorage& s, const py::object& owner) {
   const py::object dtype = storage_numpy_dtype(s.dtype);
   const bool hnd = s.layout == KVLayout::kHND;
   const py::ssize_t pages = s.num_pages, heads = s.num_kv_heads, slots = s.page_size;
@@ -131,25 +116,27 @@ py::object layer_storage_object(const PagedKVStorage& s, py::object owner) {
     return hnd ? std::vector<py::ssize_t>{page, head, token, 1}
                : std::vector<py::ssize_t>{page, token, head, 1};
   };
-  out.k = storage_view(s.k_data, dtype, shape(s.head_dim),
-                       strides(s.k_page_stride, s.k_head_stride, s.k_token_stride), owner);
-  out.v = storage_view(s.v_data, dtype, shape(s.v_head_dim),
-                       strides(s.v_page_stride, s.v_head_stride, s.v_token_stride), owner);
-  out.k_scales = out.v_scales = py::none();
-  if (s.dtype == DType::kINT8) {
-    const py::object f32 = py::dtype::of<float>();
-    const std::vector<py::ssize_t> scale_strides{heads * slots, slots, 1};
-    out.k_scales = storage_view(s.k_token_scales, f32, {pages, heads, slots}, scale_strides, owner);
-    out.v_scales = storage_view(s.v_token_scales, f32, {pages, heads, slots}, scale_strides, owner);
-  }
-  out.k_head_scales = head_scales(s.k_head_scales, s.num_kv_heads);
-  out.v_head_scales = head_scales(s.v_head_scales, s.num_kv_heads);
-  out.k_scale = s.k_scale;
-  out.v_scale = s.v_scale;
-  out.dtype = std::string(dtype_name(s.dtype));
-  out.layout = hnd ? "HND" : "NHD";
-  out.page_size = s.page_size;
-  return py::cast(std::move(out));
+  // int8: [num_pages, Hkv, page_size] float32 views, else None.
+  const auto token_scales = [&](float* data) -> OptionalFloat32Array {
+    if (s.dtype != DType::kINT8) return py::none();
+    return storage_view(data, py::dtype::of<float>(), {pages, heads, slots},
+                        {heads * slots, slots, 1}, owner);
+  };
+  return LayerStorage{
+      .k = storage_view(s.k_data, dtype, shape(s.head_dim),
+                        strides(s.k_page_stride, s.k_head_stride, s.k_token_stride), owner),
+      .v = storage_view(s.v_data, dtype, shape(s.v_head_dim),
+                        strides(s.v_page_stride, s.v_head_stride, s.v_token_stride), owner),
+      .k_scales = token_scales(s.k_token_scales),
+      .v_scales = token_scales(s.v_token_scales),
+      .k_head_scales = head_scales(s.k_head_scales, s.num_kv_heads),
+      .v_head_scales = head_scales(s.v_head_scales, s.num_kv_heads),
+      .k_scale = s.k_scale,
+      .v_scale = s.v_scale,
+      .dtype = std::string(dtype_name(s.dtype)),
+      .layout = hnd ? "HND" : "NHD",
+      .page_size = s.page_size,
+  };
 }
 
 void register_plan_views(py::module_& m) {

@@ -12,13 +12,20 @@
 #include "bindings.h"
 #include "pagedattn/chat_template.h"
 #include "pagedattn/tokenizer.h"
+#include "type_hints.h"
 
 namespace py = pybind11;
 
 namespace pagedattn::python {
 namespace {
 
-std::string text_bytes(const py::object& text) {
+// Text to encode: str (encoded as UTF-8) or bytes.
+struct TextHint {
+  static constexpr auto name = py::detail::const_name("str | bytes");
+};
+using Text = Typed<TextHint>;
+
+std::string text_bytes(const Text& text) {
   if (py::isinstance<py::bytes>(text)) return text.cast<std::string>();
   if (py::isinstance<py::str>(text)) return text.cast<std::string>();
   throw py::type_error("text must be str or bytes");
@@ -76,19 +83,24 @@ void register_tokenizer(py::module_& m) {
            py::arg("space_prefix_after_special") = true, py::arg("chat_template") = "")
       .def(
           "encode",
-          [](const Tokenizer& t, const py::object& text, bool add_special, bool parse_special) {
+          [](const Tokenizer& t, const Text& text, bool add_special, bool parse_special) {
             const std::string bytes = text_bytes(text);
             py::gil_scoped_release release;
             return t.encode(bytes, {.add_special = add_special, .parse_special = parse_special});
           },
           py::arg("text"), py::kw_only(), py::arg("add_special") = true,
-          py::arg("parse_special") = false, "list of token ids")
+          py::arg("parse_special") = false,
+          "The token ids of text (str is encoded as UTF-8). add_special: BOS/EOS as the\n"
+          "vocabulary's add_bos/add_eos say; parse_special: control-token text (e.g.\n"
+          "\"<|im_start|>\") becomes that token.")
       .def(
           "decode",
           [](const Tokenizer& t, const std::vector<std::int32_t>& ids, bool render_special) {
             return py::bytes(t.decode(ids, {.render_special = render_special}));
           },
-          py::arg("ids"), py::kw_only(), py::arg("render_special") = true, "bytes")
+          py::arg("ids"), py::kw_only(), py::arg("render_special") = true,
+          "The text of token ids as bytes (tokens may split UTF-8 characters); control\n"
+          "tokens appear as their text with render_special, else are dropped.")
       .def(
           "token_to_piece",
           [](const Tokenizer& t, std::int32_t id, bool render_special) {
