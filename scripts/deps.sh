@@ -7,6 +7,7 @@ set -euo pipefail
 # libcpp-httplib-dev (+ pkg-config, which finds it): `pagedattn serve`.
 # libopenmpi-dev + openmpi-bin: the MPI distributed modes (mpirun in the tests).
 # libxxhash-dev: XXH3-128 page keys of the prefix cache (used header-only).
+# libcli11-dev: CLI11, the flag parser of the pagedattn subcommands (header-only).
 # clang (Debian's default, 14) with libomp-dev (its OpenMP), libclang-rt-14-dev
 # (libFuzzer and the sanitizer runtimes) and llvm (llvm-symbolizer for
 # readable sanitizer stacks): the `sanitize` preset.
@@ -14,7 +15,7 @@ set -euo pipefail
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv
           libopenblas-dev python3-pip libicu-dev nlohmann-json3-dev clang libomp-dev
           libclang-rt-14-dev llvm libcpp-httplib-dev pkg-config
-          libopenmpi-dev openmpi-bin libxxhash-dev clang-format)
+          libopenmpi-dev openmpi-bin libxxhash-dev libcli11-dev clang-format)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps: not a Debian system; make sure these are installed: ${packages[*]}" >&2

@@ -7,19 +7,22 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention_peak.h"
 #include "attention_workload.h"
+#include "cli_flags.h"
 #include "kernel_shims.h"
 #include "machine_probes.h"
 #include "pagedattn/attention.h"
@@ -59,161 +62,197 @@ std::string target_list() {
   return out;
 }
 
-// The defaults printed here are read from Options{} so that help and behaviour
-// cannot drift apart.
-void print_usage(std::FILE* out) {
-  const Options d;
-  const pb::Config& c = d.shape;
-  std::fprintf(
-      out,
-      "usage: pagedattn bench-attention [options]\n"
-      "  --mode decode|prefill   decode: one query per sequence (default);\n"
-      "                          prefill: q_len = kv_len unless --q-len\n"
-      "  --kv-dtype T            f32 f16 bf16 fp8_e4m3 fp8_e5m2 int8 (default %s)\n"
-      "  --batch N               sequences (default %d)\n"
-      "  --kv-len N              keys per sequence (default %d)\n"
-      "  --q-len N               queries per sequence (causal, bottom-right)\n"
-      "  --heads QxK             query x KV heads (default %dx%d)\n"
-      "  --head-dim D            %d..%d (default %d)\n"
-      "  --page-size P           (default %d); --contiguous: one page per sequence\n"
-      "  --pages-in-order        each sequence's pages side by side in memory (default:\n"
-      "                          shuffled over the pool, as a long-running cache has them)\n"
-      "  --seconds S             time calls for at least S seconds (default %g)\n"
-      "  --threads N             OpenMP threads for kernel and probes (default %d)\n"
-      "  --max-target T          cap Highway dispatch at target T (as the environment\n"
-      "                          variable PAGEDATTN_MAX_TARGET does): %s\n"
-      "  --disable-features L    switch the kernels' optional extensions in L off (as\n"
-      "                          PAGEDATTN_DISABLE_FEATURES does): amx_bf16, avx512_bf16,\n"
-      "                          avx512_vnni, avx512_fp16, avx512_vbmi, comma-separated;\n"
-      "                          \"\" for none\n"
-      "  --no-probe              skip the bandwidth / compute-peak probes (read bandwidth\n"
-      "                          sequential, and over runs of one page of K for all KV heads\n"
-      "                          at random places, prefetched as the kernels do)\n"
-      "  --probe-only            run the probes alone (no kernel; the paged read probe\n"
-      "                          takes its run length from the shape options)\n"
-      "  --no-check              skip the comparison with the scalar reference\n"
-      "  --bf16-products         allow bf16 dot products (prefill, and decode over bf16,\n"
-      "                          f16 and fp8 KV) where the CPU has AVX512-BF16 (inputs\n"
-      "                          rounded to bf16; AttentionPlanOptions)\n"
-      "  --int8-products         allow int8 dot products in int8 decode where the CPU has\n"
-      "                          AVX512-VNNI (queries and weights rounded to 8 bits)\n"
-      "  --f16-products          allow f16 multiply-adds in fp8 e4m3 decode where the CPU\n"
-      "                          has AVX512-FP16 (queries and weights rounded to f16)\n"
-      "  --hot                   re-read the first copy every call: K/V stay in\n"
-      "                          L2/L3 if they fit (the kernel's compute rate)\n"
-      "  --shims A,B[,...]       time these builds' kernels (each build's\n"
-      "                          perf/libpagedattn_kernel_shim.so) instead of this one's,\n"
-      "                          alternating call by call in this process; prints each\n"
-      "                          build's median and its speed-up over the first\n"
-      "exit status 3 when the kernel disagrees with the reference\n",
-      pb::short_name(c.kv).c_str(), c.batch, c.kv_len, c.qo_heads, c.kv_heads, kMinHeadDim,
-      kMaxHeadDim, c.head_dim, c.page, d.seconds, omp_get_max_threads(), target_list().c_str());
+constexpr DType kKvDtypes[] = {DType::kF32,     DType::kF16,     DType::kBF16,
+                               DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8};
+
+std::vector<std::string> kv_dtype_names() {
+  std::vector<std::string> names;
+  for (DType t : kKvDtypes) names.push_back(pb::short_name(t));
+  return names;
 }
 
-DType parse_dtype(const std::string& s) {
-  for (DType t :
-       {DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2, DType::kINT8})
-    if (pb::short_name(t) == s) return t;
-  throw InvalidArgument(detail::concat("--kv-dtype: unknown dtype '", s, "'"));
+DType kv_dtype_named(const std::string& name) {
+  for (DType t : kKvDtypes)
+    if (pb::short_name(t) == name) return t;
+  throw InvalidArgument(detail::concat("--kv-dtype: unknown dtype '", name, "'"));
 }
 
-std::int32_t parse_int(const char* flag, const std::string& s, std::int32_t lo, std::int32_t hi) {
-  char* end = nullptr;
-  const long v = std::strtol(s.c_str(), &end, 10);
-  require<InvalidArgument>(end != s.c_str() && *end == '\0' && v >= lo && v <= hi, flag,
-                           ": expected an integer in [", lo, ", ", hi, "], got '", s, "'");
-  return static_cast<std::int32_t>(v);
+constexpr std::int32_t kMaxHeads = 1024;
+
+// "QxK": query and KV heads, each in [1, kMaxHeads]; nullopt otherwise.
+std::optional<std::pair<std::int32_t, std::int32_t>> heads_of(const std::string& text) {
+  const std::size_t x = text.find('x');
+  if (x == std::string::npos) return std::nullopt;
+  auto count = [&](std::size_t begin, std::size_t end) {
+    std::int32_t n = 0;
+    const auto [stop, error] = std::from_chars(text.data() + begin, text.data() + end, n);
+    return error == std::errc() && stop == text.data() + end && n >= 1 && n <= kMaxHeads ? n : 0;
+  };
+  const std::int32_t q = count(0, x), k = count(x + 1, text.size());
+  if (q == 0 || k == 0) return std::nullopt;
+  return std::pair{q, k};
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
-  bool prefill = false;
-  std::int32_t q_len = 0;
-  for (int i = 0; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      require<InvalidArgument>(i + 1 < argc, flag, ": missing value");
-      return argv[++i];
-    };
-    if (flag == "--mode") {
-      const std::string m = value();
-      require<InvalidArgument>(m == "decode" || m == "prefill",
-                               "--mode: expected decode or prefill, got '", m, "'");
-      prefill = m == "prefill";
-    } else if (flag == "--kv-dtype") {
-      o.shape.kv = parse_dtype(value());
-    } else if (flag == "--batch") {
-      o.shape.batch = parse_int("--batch", value(), 1, 4096);
-    } else if (flag == "--kv-len") {
-      o.shape.kv_len = parse_int("--kv-len", value(), 1, 1 << 20);
-    } else if (flag == "--q-len") {
-      q_len = parse_int("--q-len", value(), 1, 1 << 20);
-    } else if (flag == "--heads") {
-      const std::string h = value();
-      const auto x = h.find('x');
-      require<InvalidArgument>(x != std::string::npos, "--heads: expected QxK, got '", h, "'");
-      o.shape.qo_heads = parse_int("--heads", h.substr(0, x), 1, 1024);
-      o.shape.kv_heads = parse_int("--heads", h.substr(x + 1), 1, 1024);
-      require<InvalidArgument>(o.shape.qo_heads % o.shape.kv_heads == 0, "--heads: ", h,
-                               ": query heads must be a multiple of KV heads");
-    } else if (flag == "--head-dim") {
-      o.shape.head_dim = parse_int("--head-dim", value(), kMinHeadDim, kMaxHeadDim);
-    } else if (flag == "--page-size") {
-      o.shape.page = parse_int("--page-size", value(), 1, 1 << 20);
-    } else if (flag == "--contiguous") {
-      o.shape.contiguous = true;
-    } else if (flag == "--pages-in-order") {
-      o.shape.pages_in_order = true;
-    } else if (flag == "--seconds") {
-      o.seconds = std::atof(value().c_str());
-      require<InvalidArgument>(o.seconds > 0.0 && o.seconds <= 600.0,
-                               "--seconds: expected (0, 600]");
-    } else if (flag == "--threads") {
-      omp_set_num_threads(parse_int("--threads", value(), 1, 1024));
-    } else if (flag == "--disable-features") {
-      o.disable_features = value();
-    } else if (flag == "--max-target") {
-      o.max_target = value();
-      require<InvalidArgument>(!o.max_target.empty(), "--max-target: expected a target name");
-    } else if (flag == "--no-probe") {
-      o.probe = false;
-    } else if (flag == "--probe-only") {
-      o.probe_only = true;
-    } else if (flag == "--no-check") {
-      o.check = false;
-    } else if (flag == "--hot") {
-      o.hot = true;
-    } else if (flag == "--bf16-products") {
-      o.bf16_products = true;
-    } else if (flag == "--int8-products") {
-      o.int8_products = true;
-    } else if (flag == "--f16-products") {
-      o.f16_products = true;
-    } else if (flag == "--shims") {
-      const std::string list = value();
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        o.shims.push_back(list.substr(at, comma - at));
-        require<InvalidArgument>(!o.shims.back().empty(), "--shims: empty path in '", list, "'");
-        at = comma + 1;
-      }
-      require<InvalidArgument>(o.shims.size() >= 2, "--shims: expected two or more paths, got '",
-                               list, "'");
-    } else {
-      throw InvalidArgument(
-          detail::concat("bench-attention: unknown option '", flag, "' (see --help)"));
-    }
+CLI::Validator heads_check() {
+  return flags::value_check([](std::string& text) -> std::string {
+    const auto heads = heads_of(text);
+    if (!heads)
+      return detail::concat(flags::value_is(text), "must be QxK, each in [1, ", kMaxHeads, "]");
+    if (heads->first % heads->second != 0)
+      return flags::value_is(text) + "must be QxK with Q a multiple of K";
+    return "";
+  });
+}
+
+// "a,,b" -> {"a", "", "b"}.
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> parts;
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    parts.push_back(list.substr(at, comma - at));
+    at = comma + 1;
   }
+  return parts;
+}
+
+CLI::Validator shims_check() {
+  return flags::value_check([](std::string& text) -> std::string {
+    const std::vector<std::string> paths = split_commas(text);
+    if (std::find(paths.begin(), paths.end(), "") != paths.end())
+      return flags::value_is(text) + "has an empty path";
+    if (paths.size() < 2)
+      return flags::value_is(text) + "must be two or more comma-separated paths";
+    return "";
+  });
+}
+
+// The command line as given; options() turns it into Options.
+struct Flags {
+  Options o;
+  std::string mode = "decode";
+  std::string kv_dtype = pb::short_name(o.shape.kv);
+  std::string heads = detail::concat(o.shape.qo_heads, "x", o.shape.kv_heads);
+  std::int32_t q_len = 0;  // 0: 1 for decode, --kv-len for prefill
+  int threads = omp_get_max_threads();
+  std::string shims;
+};
+
+void add_shape_flags(CLI::App& app, Flags& f) {
+  using flags::integer_in;
+  pb::Config& c = f.o.shape;
+  app.add_option("--mode", f.mode,
+                 "decode: one query per sequence; prefill: q_len = kv_len unless --q-len")
+      ->type_name("decode|prefill")
+      ->check(flags::one_of({"decode", "prefill"}));
+  std::string dtypes;
+  for (const std::string& name : kv_dtype_names()) dtypes += (dtypes.empty() ? "" : " ") + name;
+  app.add_option("--kv-dtype", f.kv_dtype, dtypes)
+      ->type_name("T")
+      ->check(flags::one_of(kv_dtype_names()));
+  app.add_option("--batch", c.batch, "sequences")->type_name("N")->transform(integer_in(1, 4096));
+  app.add_option("--kv-len", c.kv_len, "keys per sequence")
+      ->type_name("N")
+      ->transform(integer_in(1, 1 << 20));
+  app.add_option("--q-len", f.q_len,
+                 "queries per sequence, causal, bottom-right (default: 1, or --kv-len "
+                 "with --mode prefill)")
+      ->type_name("N")
+      ->transform(integer_in(1, 1 << 20))
+      ->default_str("");
+  app.add_option("--heads", f.heads, "query x KV heads")->type_name("QxK")->check(heads_check());
+  app.add_option("--head-dim", c.head_dim, detail::concat(kMinHeadDim, "..", kMaxHeadDim))
+      ->type_name("D")
+      ->transform(integer_in(kMinHeadDim, kMaxHeadDim));
+  app.add_option("--page-size", c.page, "tokens per page")
+      ->type_name("P")
+      ->transform(integer_in(1, 1 << 20));
+  app.add_flag("--contiguous", c.contiguous, "one page per sequence");
+  app.add_flag("--pages-in-order", c.pages_in_order,
+               "each sequence's pages side by side in memory (default: shuffled over the pool, "
+               "as a long-running cache has them)");
+}
+
+void add_run_flags(CLI::App& app, Flags& f) {
+  Options& o = f.o;
+  app.add_option("--seconds", o.seconds, "time calls for at least S seconds")
+      ->type_name("S")
+      ->check(flags::positive(600));
+  app.add_option("--threads", f.threads, "OpenMP threads for kernel and probes")
+      ->type_name("N")
+      ->transform(flags::integer_in(1, 1024));
+  app.add_option("--max-target", o.max_target,
+                 detail::concat("cap Highway dispatch at target T (as the environment variable ",
+                                kMaxTargetVariable, " does): ", target_list()))
+      ->type_name("T")
+      ->check(flags::non_empty());
+  app.add_option_function<std::string>(
+         "--disable-features", [&o](const std::string& list) { o.disable_features = list; },
+         detail::concat("switch the kernels' optional extensions in L off (as ",
+                        kDisableFeaturesVariable,
+                        " does): amx_bf16, avx512_bf16, avx512_vnni, avx512_fp16, avx512_vbmi, "
+                        "comma-separated; \"\" for none"))
+      ->type_name("L");
+  app.add_flag("!--no-probe", o.probe,
+               "skip the bandwidth / compute-peak probes (read bandwidth sequential, and over "
+               "runs of one page of K for all KV heads at random places, prefetched as the "
+               "kernels do)");
+  app.add_flag("--probe-only", o.probe_only,
+               "run the probes alone (no kernel; the paged read probe takes its run length from "
+               "the shape options)");
+  app.add_flag("!--no-check", o.check, "skip the comparison with the scalar reference");
+}
+
+void add_kernel_flags(CLI::App& app, Flags& f) {
+  Options& o = f.o;
+  app.add_flag("--bf16-products", o.bf16_products,
+               "allow bf16 dot products (prefill, and decode over bf16, f16 and fp8 KV) where "
+               "the CPU has AVX512-BF16 (inputs rounded to bf16; AttentionPlanOptions)");
+  app.add_flag("--int8-products", o.int8_products,
+               "allow int8 dot products in int8 decode where the CPU has AVX512-VNNI (queries "
+               "and weights rounded to 8 bits)");
+  app.add_flag("--f16-products", o.f16_products,
+               "allow f16 multiply-adds in fp8 e4m3 decode where the CPU has AVX512-FP16 "
+               "(queries and weights rounded to f16)");
+  app.add_flag("--hot", o.hot,
+               "re-read the first copy every call: K/V stay in L2/L3 if they fit (the kernel's "
+               "compute rate)");
+  app.add_option("--shims", f.shims,
+                 "time these builds' kernels (each build's perf/libpagedattn_kernel_shim.so) "
+                 "instead of this one's, alternating call by call in this process; prints each "
+                 "build's median and its speed-up over the first")
+      ->type_name("A,B[,...]")
+      ->check(shims_check());
+}
+
+// bench-attention's flags, bound to `f` (whose initial values are the defaults).
+std::unique_ptr<CLI::App> bench_attention_flags(Flags& f) {
+  auto app = flags::make_app("bench-attention",
+                             "Time the paged attention kernel on one shape, as a fraction of "
+                             "this machine's read bandwidth and FMA peak.");
+  add_shape_flags(*app, f);
+  add_run_flags(*app, f);
+  add_kernel_flags(*app, f);
+  app->footer("exit status 3 when the kernel disagrees with the reference");
+  return app;
+}
+
+// The checks between flags, then the run's Options.
+Options options(const Flags& f, const CLI::App& app) {
+  Options o = f.o;
+  o.shape.kv = kv_dtype_named(f.kv_dtype);
+  std::tie(o.shape.qo_heads, o.shape.kv_heads) = *heads_of(f.heads);
+  if (!f.shims.empty()) o.shims = split_commas(f.shims);
   // Each shim holds its own copy of the library's dispatch settings, which
   // read the environment when it loads.
   require<InvalidArgument>(
       o.shims.empty() || (o.max_target.empty() && !o.disable_features),
-      "--shims: --max-target and --disable-features would reach this program's kernel, "
-      "not the shims'; set ",
+      "bench-attention: --shims: --max-target and --disable-features would reach this "
+      "program's kernel, not the shims'; set ",
       kMaxTargetVariable, " or ", kDisableFeaturesVariable, " in the environment instead");
-  o.shape.q_len = q_len > 0 ? q_len : prefill ? o.shape.kv_len : 1;
-  require<InvalidArgument>(o.shape.q_len <= o.shape.kv_len, "--q-len ", o.shape.q_len,
-                           " exceeds --kv-len ", o.shape.kv_len);
+  o.shape.q_len = f.q_len > 0 ? f.q_len : f.mode == "prefill" ? o.shape.kv_len : 1;
+  require<InvalidArgument>(o.shape.q_len <= o.shape.kv_len, "bench-attention: --q-len ",
+                           o.shape.q_len, " exceeds --kv-len ", o.shape.kv_len);
+  if (app.count("--threads") > 0) omp_set_num_threads(f.threads);
   return o;
 }
 
@@ -365,12 +404,13 @@ int run_shims(const Options& o, const std::vector<std::unique_ptr<pb::KernelShim
 }  // namespace
 
 int run_bench_attention(int argc, char** argv) {
-  for (int i = 0; i < argc; ++i)
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
-      print_usage(stdout);
-      return 0;
-    }
-  const Options o = parse(argc, argv);
+  Flags f;
+  const std::unique_ptr<CLI::App> app = bench_attention_flags(f);
+  if (flags::parse(*app, argc, argv, 0)) {
+    std::fputs(app->help().c_str(), stdout);
+    return 0;
+  }
+  const Options o = options(f, *app);
   apply_max_target_from_environment();  // an unknown value fails here, before any work
   apply_disabled_features_from_environment();
   if (!o.max_target.empty()) set_max_target(o.max_target);

@@ -234,7 +234,7 @@ void print_tensor_parallel_times(const EngineStats& st) {
 int run_bench_serve(int argc, char** argv) {
   const BenchServeOptions o = parse_bench_serve_options(argc, argv, 2);
   if (o.help) {
-    std::fputs(bench_serve_usage(), stdout);
+    std::fputs(bench_serve_help().c_str(), stdout);
     return 0;
   }
   // Over HTTP the server holds the model: the workload is sized as for a GGUF file.

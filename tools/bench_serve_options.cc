@@ -1,210 +1,185 @@
 #include "bench_serve_options.h"
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string_view>
-#include <system_error>
+#include <memory>
 
 #include "bench_serve_url.h"
+#include "cli_flags.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::tools {
-
-const char* bench_serve_usage() {
-  return "usage: pagedattn bench-serve [flags]\n"
-         "  --model tiny|small|1b          built-in Llama preset, synthetic weights (default "
-         "tiny)\n"
-         "  --model FILE.gguf              a real Llama-family model (defaults as small)\n"
-         "  --workload NAME|FILE.jsonl     sharegpt-like (default), alpaca-like, "
-         "parallel-sampling,\n"
-         "                                 long-context, shared-prefix, multi-turn (in-process "
-         "only),\n"
-         "                                 or a trace of {prompt_len, output_len, n, arrival}\n"
-         "                                 (integer lengths and n; arrival: seconds in [0, "
-         "86400])\n"
-         "  --num-requests N               default: 300 (tiny), 16 (small), 12 (1b); at most 10^6\n"
-         "  --request-rate R               Poisson arrivals, requests/s (default: all at once)\n"
-         "  --kv-memory-mib M              KV cache budget, at most this machine's memory\n"
-         "                                 (default: 64 tiny, 256 small, 1024 1b)\n"
-         "  --page-size P                  tokens per page (default 16)\n"
-         "  --max-num-seqs N               running sequences (default 256)\n"
-         "  --max-num-batched-tokens N     token budget per step (default 2048)\n"
-         "  --no-chunked-prefill           prompts run whole\n"
-         "  --deterministic                batch-independent results\n"
-         "  --shared-prefixes K            shared-prefix: distinct system prompts (default 4)\n"
-         "  --shared-prefix-len L          shared-prefix: tokens per system prompt (default 1024\n"
-         "                                 tiny, 512 small and .gguf, 256 1b)\n"
-         "  --turns T                      multi-turn: turns per conversation (default 4); the\n"
-         "                                 requests are conversations x T\n"
-         "  --prefix-caching on|off        reuse cached pages of earlier prompts (default off)\n"
-         "  --host-kv-memory-mib M         host-memory tier preempted sequences are swapped to\n"
-         "                                 (default 0: preemption always recomputes)\n"
-         "  --bf16-products                attention on bf16 dot products where the CPU has\n"
-         "                                 AVX512-BF16 (inputs rounded to bf16; default off)\n"
-         "  --tensor-parallel N            split the model over N MPI ranks (mpirun -np N ...)\n"
-         "  --seed S                       workload and sampling seed (default 1)\n"
-         "  --json FILE                    write every figure and the timeline as JSON\n"
-         "                                 (FILE is opened before the run starts)\n"
-         "  --quick                        a few-second run for CI (40 short requests)\n"
-         "Against a running OpenAI-compatible server (pagedattn serve, llama-server, ...):\n"
-         "  --url http://HOST[:PORT]       stream /v1/completions over HTTP instead of serving\n"
-         "                                 in-process (--model and the engine flags do not apply;\n"
-         "                                 workload defaults as for a .gguf model)\n"
-         "  --concurrency N                at most N requests in flight, each on its own\n"
-         "                                 connection (default: every request at its arrival;\n"
-         "                                 at most 1024)\n"
-         "  --model-name NAME              the requests' \"model\" (default: the first id of\n"
-         "                                 GET /v1/models)\n"
-         "  --api-key KEY                  sent as \"Authorization: Bearer KEY\"\n"
-         "  --timeout S                    seconds to connect, and of silence in a stream, before\n"
-         "                                 the request counts as failed (default 600)\n"
-         "  --text-prompts                 prompts as text (about one token a word) instead of\n"
-         "                                 token-id arrays\n";
-}
-
 namespace {
 
-// The flag's value as a finite number; InvalidArgument otherwise.
-double finite_number(std::string_view flag, const std::string& text) {
-  char* end = nullptr;
-  const double x = std::strtod(text.c_str(), &end);
-  require(!text.empty() && end == text.c_str() + text.size() && std::isfinite(x),
-          "bench-serve: ", flag, " = '", text, "' is not a finite number");
-  return x;
+using flags::integer_in;
+
+// The --help groups of the flags that apply only in-process or only with --url.
+const std::string kEngineGroup = "In-process engine (not with --url)";
+const std::string kServerGroup =
+    "Against a running OpenAI-compatible server (pagedattn serve, llama-server, ...)";
+
+void add_workload_flags(CLI::App& app, BenchServeOptions& o) {
+  app.add_option("--workload", o.workload,
+                 "sharegpt-like, alpaca-like, parallel-sampling, long-context, shared-prefix, "
+                 "multi-turn (in-process only), or a trace of {prompt_len, output_len, n, "
+                 "arrival} (integer lengths and n; arrival: seconds in [0, 86400])")
+      ->type_name("NAME|FILE.jsonl");
+  app.add_option("--num-requests", o.num_requests,
+                 "requests (default: 300 tiny, 16 small and .gguf, 12 1b; 40 with --quick)")
+      ->type_name("N")
+      ->transform(integer_in(1, kMaxNumRequests))
+      ->default_str("");
+  app.add_option("--request-rate", o.request_rate,
+                 "Poisson arrivals, requests/s (default: all at once)")
+      ->type_name("R")
+      ->check(flags::number_in(0))
+      ->default_str("");
+  app.add_option("--shared-prefixes", o.shared_prefixes, "shared-prefix: distinct system prompts")
+      ->type_name("K")
+      ->transform(integer_in(1, 1 << 20));
+  app.add_option("--shared-prefix-len", o.shared_prefix_len,
+                 "shared-prefix: tokens per system prompt (default: 1024 tiny, 512 small and "
+                 ".gguf, 256 1b)")
+      ->type_name("L")
+      ->transform(integer_in(1, 1 << 24))
+      ->default_str("");
+  app.add_option("--turns", o.turns,
+                 "multi-turn: turns per conversation; the requests are conversations x T")
+      ->type_name("T")
+      ->transform(integer_in(1, 1 << 16));
+  app.add_option("--seed", o.seed, "workload and sampling seed")
+      ->type_name("S")
+      ->check(flags::any_uint64());
+  app.add_option("--json", o.json,
+                 "write every figure and the timeline as JSON (FILE is opened before the run "
+                 "starts)")
+      ->type_name("FILE");
+  app.add_flag("--quick", o.quick, "a few-second run for CI (40 short requests)");
 }
 
-// The flag's value as an integer in [min, max], checked before any cast.
-std::int32_t bounded_integer(std::string_view flag, const std::string& text, std::int32_t min,
-                             std::int32_t max) {
-  const double x = finite_number(flag, text);
-  require(x == std::floor(x) && x >= min && x <= max, "bench-serve: ", flag, " = '", text,
-          "' must be an integer in [", min, ", ", max, "]");
-  return static_cast<std::int32_t>(x);
+void add_engine_flags(CLI::App& app, BenchServeOptions& o) {
+  app.add_option("--model", o.model,
+                 "a built-in Llama preset with synthetic weights (tiny, small, 1b), or a real "
+                 "Llama-family model (workload defaults as for small)")
+      ->type_name("PRESET|FILE.gguf");
+  app.add_option("--kv-memory-mib", o.kv_memory_mib,
+                 "KV cache budget, at most this machine's memory (default: 64 tiny, 256 small "
+                 "and .gguf, 1024 1b)")
+      ->type_name("M")
+      ->check(flags::positive())  // upper bound: bench_serve.cc
+      ->default_str("");
+  app.add_option("--page-size", o.page_size, "tokens per page")
+      ->type_name("P")
+      ->transform(integer_in(1, kMaxPageSize));
+  app.add_option("--max-num-seqs", o.max_num_seqs, "running sequences")
+      ->type_name("N")
+      ->transform(integer_in(1, 1 << 20));
+  app.add_option("--max-num-batched-tokens", o.max_num_batched_tokens, "token budget per step")
+      ->type_name("N")
+      ->transform(integer_in(1, std::numeric_limits<std::int32_t>::max()));
+  app.add_flag("!--no-chunked-prefill", o.chunked_prefill, "prompts run whole");
+  app.add_flag("--deterministic", o.deterministic, "batch-independent results");
+  app.add_option("--prefix-caching", o.prefix_caching, "reuse cached pages of earlier prompts")
+      ->type_name("on|off")
+      ->check(flags::one_of({"on", "off"}))
+      ->default_str("off");
+  app.add_option("--host-kv-memory-mib", o.host_kv_memory_mib,
+                 "host-memory tier preempted sequences are swapped to; 0: none, preemption "
+                 "always recomputes")
+      ->type_name("M")
+      ->check(flags::number_in(0));
+  app.add_flag("--bf16-products", o.bf16_products,
+               "attention on bf16 dot products where the CPU has AVX512-BF16 (inputs rounded to "
+               "bf16; default off)");
+  app.add_option("--tensor-parallel", o.tensor_parallel,
+                 "split the model over N MPI ranks, under mpirun -np N")
+      ->type_name("N")
+      ->transform(integer_in(1, 1024));
 }
 
-std::uint64_t seed_value(std::string_view flag, const std::string& text) {
-  std::uint64_t seed = 0;
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), seed);
-  require(!text.empty() && error == std::errc() && end == text.data() + text.size(),
-          "bench-serve: ", flag, " = '", text, "' must be an integer in [0, 2^64)");
-  return seed;
+void add_server_flags(CLI::App& app, BenchServeOptions& o) {
+  app.add_option("--url", o.url,
+                 "stream /v1/completions over HTTP instead of serving in-process (the workload "
+                 "is sized as for a .gguf model)")
+      ->type_name("http://HOST[:PORT]")
+      ->check(flags::non_empty());
+  app.add_option("--concurrency", o.concurrency,
+                 "at most N requests in flight, each on its own connection (default: every "
+                 "request at its arrival)")
+      ->type_name("N")
+      ->transform(integer_in(1, kMaxConcurrency))
+      ->default_str("");
+  app.add_option("--model-name", o.model_name,
+                 "the requests' \"model\" (default: the first id of GET /v1/models)")
+      ->type_name("NAME")
+      ->check(flags::non_empty());
+  app.add_option("--api-key", o.api_key, "sent as \"Authorization: Bearer KEY\"")
+      ->type_name("KEY")
+      ->check(flags::non_empty());
+  app.add_option("--timeout", o.timeout_s,
+                 "seconds to connect, and of silence in a stream, before the request counts as "
+                 "failed")
+      ->type_name("S")
+      ->check(flags::positive());
+  app.add_flag("--text-prompts", o.text_prompts,
+               "prompts as text (about one token a word) instead of token-id arrays");
 }
 
-bool on_off(std::string_view flag, const std::string& text) {
-  require(text == "on" || text == "off", "bench-serve: ", flag, " = '", text,
-          "' must be on or off");
-  return text == "on";
+// bench-serve's flags, bound to `o` (whose initial values are the defaults).
+std::unique_ptr<CLI::App> bench_serve_flags(BenchServeOptions& o) {
+  auto app = flags::make_app(
+      "bench-serve",
+      "Serve a workload through the continuous-batching engine in real time and report "
+      "throughput, latency and KV memory efficiency.");
+  add_workload_flags(*app, o);
+  app->option_defaults()->group(kEngineGroup);
+  add_engine_flags(*app, o);
+  app->option_defaults()->group(kServerGroup);
+  add_server_flags(*app, o);
+  return app;
 }
 
-}  // namespace
+// The first flag of `group` on the command line (other than `except`), "" if none.
+std::string first_given(const CLI::App& app, const std::string& group,
+                        const std::string& except = "") {
+  for (const CLI::Option* opt : app.parse_order())
+    if (opt->get_group() == group && opt->get_name() != except) return opt->get_name();
+  return "";
+}
 
-BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
-  BenchServeOptions o;
-  for (int i = first; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string {
-      require(i + 1 < argc, "bench-serve: ", flag, " needs a value");
-      return argv[++i];
-    };
-    // A finite number > 0, or >= 0 when zero has a meaning (a rate of 0: all at once).
-    auto number = [&](bool zero_allowed) {
-      const std::string v = value();
-      const double x = finite_number(flag, v);
-      require(zero_allowed ? x >= 0 : x > 0, "bench-serve: ", flag, " = '", v, "' must be ",
-              zero_allowed ? ">= 0" : "> 0");
-      return x;
-    };
-    auto integer = [&](std::int32_t min, std::int32_t max) {
-      return bounded_integer(flag, value(), min, max);
-    };
-    constexpr std::int32_t kInt32Max = std::numeric_limits<std::int32_t>::max();
-    const bool engine_only =
-        flag == "--model" || flag == "--kv-memory-mib" || flag == "--page-size" ||
-        flag == "--max-num-seqs" || flag == "--max-num-batched-tokens" ||
-        flag == "--no-chunked-prefill" || flag == "--deterministic" || flag == "--prefix-caching" ||
-        flag == "--host-kv-memory-mib" || flag == "--tensor-parallel" || flag == "--bf16-products";
-    const bool http_only = flag == "--concurrency" || flag == "--model-name" ||
-                           flag == "--api-key" || flag == "--timeout" || flag == "--text-prompts";
-    if (engine_only && o.engine_flag.empty()) o.engine_flag = flag;
-    if (http_only && o.http_flag.empty()) o.http_flag = flag;
-    // A value that must not be empty (an empty key or name is a shell slip).
-    auto text = [&] {
-      std::string v = value();
-      require(!v.empty(), "bench-serve: ", flag, " needs a non-empty value");
-      return v;
-    };
-    if (flag == "--url")
-      o.url = text();
-    else if (flag == "--concurrency")
-      o.concurrency = integer(1, kMaxConcurrency);
-    else if (flag == "--model-name")
-      o.model_name = text();
-    else if (flag == "--api-key")
-      o.api_key = text();
-    else if (flag == "--timeout")
-      o.timeout_s = std::min(number(/*zero_allowed=*/false), kMaxTimeoutSeconds);
-    else if (flag == "--text-prompts")
-      o.text_prompts = true;
-    else if (flag == "--model")
-      o.model = value();
-    else if (flag == "--workload")
-      o.workload = value();
-    else if (flag == "--num-requests")
-      o.num_requests = integer(1, kMaxNumRequests);
-    else if (flag == "--request-rate")
-      o.request_rate = number(/*zero_allowed=*/true);
-    else if (flag == "--kv-memory-mib")
-      o.kv_memory_mib = number(/*zero_allowed=*/false);  // upper bound: bench_serve.cc
-    else if (flag == "--page-size")
-      o.page_size = integer(1, kMaxPageSize);
-    else if (flag == "--max-num-seqs")
-      o.max_num_seqs = integer(1, 1 << 20);
-    else if (flag == "--max-num-batched-tokens")
-      o.max_num_batched_tokens = integer(1, kInt32Max);
-    else if (flag == "--no-chunked-prefill")
-      o.chunked_prefill = false;
-    else if (flag == "--deterministic")
-      o.deterministic = true;
-    else if (flag == "--prefix-caching")
-      o.prefix_caching = on_off(flag, value());
-    else if (flag == "--host-kv-memory-mib")
-      o.host_kv_memory_mib = number(/*zero_allowed=*/true);
-    else if (flag == "--bf16-products")
-      o.bf16_products = true;
-    else if (flag == "--shared-prefixes")
-      o.shared_prefixes = integer(1, 1 << 20);
-    else if (flag == "--shared-prefix-len")
-      o.shared_prefix_len = integer(1, 1 << 24);
-    else if (flag == "--turns")
-      o.turns = integer(1, 1 << 16);
-    else if (flag == "--tensor-parallel")
-      o.tensor_parallel = integer(1, 1024);
-    else if (flag == "--seed")
-      o.seed = seed_value(flag, value());
-    else if (flag == "--json")
-      o.json = value();
-    else if (flag == "--quick")
-      o.quick = true;
-    else if (flag == "--help" || flag == "-h")
-      o.help = true;
-    else
-      throw InvalidArgument(detail::concat("bench-serve: unknown flag '", flag, "'"));
-  }
+// The engine flags configure the in-process engine, the HTTP ones the client
+// of --url: each set needs its mode.
+void check_mode_flags(const CLI::App& app, const BenchServeOptions& o) {
   if (!o.url.empty()) {
     parse_server_url(o.url);  // refuses a malformed URL before anything runs
     require(o.workload != "multi-turn",
             "bench-serve: --workload multi-turn runs in-process only "
             "(its turns resend the model's output token ids, which a completions stream does "
             "not return)");
-    require(o.engine_flag.empty(), "bench-serve: ", o.engine_flag,
+    const std::string engine_flag = first_given(app, kEngineGroup);
+    require(engine_flag.empty(), "bench-serve: ", engine_flag,
             " configures the in-process engine; with --url the server has its own");
   }
-  require(!o.url.empty() || o.http_flag.empty(), "bench-serve: ", o.http_flag,
+  const std::string http_flag = first_given(app, kServerGroup, "--url");
+  require(!o.url.empty() || http_flag.empty(), "bench-serve: ", http_flag,
           " needs --url (it configures the HTTP client)");
+}
+
+}  // namespace
+
+BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first) {
+  BenchServeOptions o;
+  const std::unique_ptr<CLI::App> app = bench_serve_flags(o);
+  o.help = flags::parse(*app, argc, argv, first);
+  if (o.help) return o;
+  check_mode_flags(*app, o);
+  o.timeout_s = std::min(o.timeout_s, kMaxTimeoutSeconds);
   return o;
+}
+
+std::string bench_serve_help() {
+  BenchServeOptions defaults;
+  return bench_serve_flags(defaults)->help();
 }
 
 }  // namespace pagedattn::tools

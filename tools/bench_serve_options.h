@@ -35,8 +35,6 @@ struct BenchServeOptions {
   std::int32_t concurrency = 0;  // requests in flight; 0: one connection per request
   double timeout_s = 600.0;      // per request: connect, and silence while streaming
   bool text_prompts = false;     // prompts as text instead of token ids
-  std::string engine_flag;       // the first engine-only flag given (refused with --url)
-  std::string http_flag;         // the first HTTP-only flag given (refused without --url)
 };
 
 // Upper bounds of the numeric flags (a trace of more requests, or pages larger
@@ -46,9 +44,10 @@ inline constexpr std::int32_t kMaxPageSize = 1 << 16;
 inline constexpr double kMaxTimeoutSeconds = 86400.0;  // longer is capped to this
 inline constexpr std::int32_t kMaxConcurrency = 1024;  // threads and sockets of the client
 
-// Parses argv[first..argc). InvalidArgument naming the flag and value: every
-// number must be finite and in range, integers integer-valued.
+// Parses argv[first..argc) (cli_flags.h). InvalidArgument naming the flag and
+// value: every number must be finite and in range, integers integer-valued;
+// the engine flags only without --url, the HTTP client's only with it.
 BenchServeOptions parse_bench_serve_options(int argc, char** argv, int first);
-const char* bench_serve_usage();
+std::string bench_serve_help();  // --help, from the flags' definitions
 
 }  // namespace pagedattn::tools

@@ -1,11 +1,11 @@
 #include "generate.h"
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <string_view>
+#include <memory>
+#include <string>
 
+#include "cli_flags.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf_tokenizer.h"
@@ -21,19 +21,57 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// A finite number in [min, max] (the whole text must parse).
-double parse_number(std::string_view flag, const std::string& text, double min, double max) {
-  char* end = nullptr;
-  const double x = std::strtod(text.c_str(), &end);
-  require(end != text.c_str() && *end == '\0' && std::isfinite(x) && x >= min && x <= max,
-          "generate: ", flag, " = '", text, "' is not a number in [", min, ", ", max, "]");
-  return x;
+using flags::integer_in, flags::number_in;
+
+void add_sampling_flags(CLI::App& app, GenerateOptions& o) {
+  app.add_option("--max-tokens", o.max_tokens, "new tokens at most")
+      ->type_name("N")
+      ->transform(integer_in(1, 1 << 20));
+  app.add_option("--temperature", o.temperature, "0 = greedy")
+      ->type_name("T")
+      ->check(number_in(0, 100));
+  app.add_option("--top-p", o.top_p, "nucleus sampling, (0, 1]")
+      ->type_name("P")
+      ->check(number_in(1e-6, 1));
+  app.add_option("--top-k", o.top_k, "0 = all tokens")
+      ->type_name("K")
+      ->transform(integer_in(0, 1 << 30));
+  app.add_option_function<std::uint64_t>(
+         "--seed", [&o](std::uint64_t seed) { o.seed = seed; }, "sampling seed")
+      ->type_name("S")
+      ->transform(integer_in(0, std::int64_t{1} << 53));
+  app.add_flag("--ignore-eos", o.ignore_eos,
+               "generate --max-tokens tokens even past end-of-text (benchmarks)");
 }
 
-std::int64_t parse_integer(std::string_view flag, const std::string& text, double min, double max) {
-  const double x = parse_number(flag, text, min, max);
-  require(x == std::floor(x), "generate: ", flag, " = '", text, "' is not an integer");
-  return static_cast<std::int64_t>(x);
+// generate's flags, bound to `o` (whose initial values are the defaults).
+std::unique_ptr<CLI::App> generate_flags(GenerateOptions& o) {
+  auto app = flags::make_app("generate", "Text from a GGUF model, streamed as it is made.");
+  app->add_option("--model", o.model, "a Llama-family GGUF model")
+      ->type_name("FILE.gguf")
+      ->required()
+      ->check(flags::non_empty());
+  app->add_option("--prompt", o.prompt, "the prompt")
+      ->type_name("TEXT")
+      ->required()
+      ->check(flags::non_empty());
+  app->add_flag("--chat", o.chat, "wrap the prompt in the model's chat template");
+  app->add_option("--system", o.system, "chat: a system message (default: the template's own)")
+      ->type_name("TEXT");
+  add_sampling_flags(*app, o);
+  app->add_option("--kv-memory-mib", o.kv_memory_mib, "KV cache budget")
+      ->type_name("M")
+      ->check(number_in(1, 1 << 20));
+  app->add_option("--tensor-parallel", o.tensor_parallel,
+                  "split the model over N MPI ranks: "
+                  "mpirun -np N pagedattn generate --tensor-parallel N ...")
+      ->type_name("N")
+      ->transform(integer_in(1, 1024));
+  app->add_flag("--disaggregate", o.disaggregate,
+                "under `mpirun -np 2`: rank 0 prefills, rank 1 receives the prompt's KV pages "
+                "over MPI, decodes and prints (MPI builds)");
+  app->footer("Text streams to stdout; timings (prefill and decode tokens/s) go to stderr.");
+  return app;
 }
 
 // Tokens after which a model stops: EOS and every end-of-turn control token
@@ -62,73 +100,21 @@ std::vector<std::int32_t> prompt_tokens(const GenerateOptions& o, const GgufFile
 
 }  // namespace
 
-const char* generate_usage() {
-  return "usage: pagedattn generate --model FILE.gguf --prompt TEXT [flags]\n"
-         "  --chat               wrap the prompt in the model's chat template\n"
-         "  --system TEXT        chat: a system message (default: the template's own)\n"
-         "  --max-tokens N       new tokens at most (default 128)\n"
-         "  --temperature T      0 = greedy (default 0)\n"
-         "  --top-p P            nucleus sampling, (0, 1] (default 1)\n"
-         "  --top-k K            0 = all tokens (default 0)\n"
-         "  --seed S             sampling seed\n"
-         "  --kv-memory-mib M    KV cache budget (default 256)\n"
-         "  --ignore-eos         generate --max-tokens tokens even past end-of-text (benchmarks)\n"
-         "  --tensor-parallel N  split the model over N MPI ranks:\n"
-         "                       mpirun -np N pagedattn generate --tensor-parallel N ...\n"
-         "  --disaggregate       under `mpirun -np 2`: rank 0 prefills, rank 1 receives the\n"
-         "                       prompt's KV pages over MPI, decodes and prints (MPI builds)\n"
-         "Text streams to stdout; timings (prefill and decode tokens/s) go to stderr.\n";
-}
-
 GenerateOptions parse_generate_options(int argc, char** argv, int first) {
   GenerateOptions o;
-  for (int i = first; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string {
-      require(i + 1 < argc, "generate: ", flag, " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--model")
-      o.model = value();
-    else if (flag == "--prompt")
-      o.prompt = value();
-    else if (flag == "--chat")
-      o.chat = true;
-    else if (flag == "--system")
-      o.system = value();
-    else if (flag == "--max-tokens")
-      o.max_tokens = static_cast<std::int32_t>(parse_integer(flag, value(), 1, 1 << 20));
-    else if (flag == "--temperature")
-      o.temperature = static_cast<float>(parse_number(flag, value(), 0, 100));
-    else if (flag == "--top-p")
-      o.top_p = static_cast<float>(parse_number(flag, value(), 1e-6, 1));
-    else if (flag == "--top-k")
-      o.top_k = static_cast<std::int32_t>(parse_integer(flag, value(), 0, 1 << 30));
-    else if (flag == "--seed")
-      o.seed = static_cast<std::uint64_t>(parse_integer(flag, value(), 0, 9007199254740992.0));
-    else if (flag == "--kv-memory-mib")
-      o.kv_memory_mib = parse_number(flag, value(), 1, 1 << 20);
-    else if (flag == "--ignore-eos")
-      o.ignore_eos = true;
-    else if (flag == "--tensor-parallel")
-      o.tensor_parallel = static_cast<std::int32_t>(parse_integer(flag, value(), 1, 1024));
-    else if (flag == "--disaggregate")
-      o.disaggregate = true;
-    else if (flag == "--help" || flag == "-h")
-      o.help = true;
-    else
-      throw InvalidArgument(detail::concat("generate: unknown flag '", flag, "'"));
-  }
-  if (o.help) return o;
-  require(!o.model.empty(), "generate: --model FILE.gguf is required");
-  require(!o.prompt.empty(), "generate: --prompt TEXT is required (and must not be empty)");
+  o.help = flags::parse(*generate_flags(o), argc, argv, first);
   return o;
+}
+
+std::string generate_help() {
+  GenerateOptions defaults;
+  return generate_flags(defaults)->help();
 }
 
 int run_generate(int argc, char** argv) {
   const GenerateOptions o = parse_generate_options(argc, argv, 2);
   if (o.help) {
-    std::fputs(generate_usage(), stdout);
+    std::fputs(generate_help().c_str(), stdout);
     return 0;
   }
 #ifndef PAGEDATTN_HAVE_MPI

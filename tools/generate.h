@@ -28,9 +28,9 @@ struct GenerateOptions {
   bool help = false;
 };
 
-// Parses argv[first..argc). InvalidArgument naming the flag and value.
+// Parses argv[first..argc) (cli_flags.h). InvalidArgument naming the flag and value.
 GenerateOptions parse_generate_options(int argc, char** argv, int first);
-const char* generate_usage();
+std::string generate_help();  // --help, from the flags' definitions
 int run_generate(int argc, char** argv);
 // generate --disaggregate (builds with MPI only, generate_disagg.cc): the
 // prompt's K/V moves from the prefill rank to the decode rank, which prints

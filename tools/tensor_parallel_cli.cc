@@ -16,9 +16,14 @@
 namespace pagedattn::tools {
 
 bool wants_tensor_parallel(int argc, char** argv) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::string_view(argv[i]) == "--tensor-parallel" && std::string_view(argv[i + 1]) != "1")
+  // --tensor-parallel N or, as the flag parser also reads it, --tensor-parallel=N.
+  constexpr std::string_view joined = "--tensor-parallel=";
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--tensor-parallel" && i + 1 < argc && std::string_view(argv[i + 1]) != "1")
       return true;
+    if (arg.starts_with(joined) && arg.substr(joined.size()) != "1") return true;
+  }
   return false;
 }
 

@@ -6,12 +6,12 @@
 #include <cerrno>
 
 #include <atomic>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <string_view>
+#include <memory>
+#include <string>
 #include <thread>
 
+#include "cli_flags.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/llama.h"
@@ -20,20 +20,6 @@
 namespace pagedattn::serve {
 namespace {
 
-double parse_number(std::string_view flag, const std::string& text, double min, double max) {
-  char* end = nullptr;
-  const double x = std::strtod(text.c_str(), &end);
-  require(end != text.c_str() && *end == '\0' && std::isfinite(x) && x >= min && x <= max,
-          "serve: ", flag, " = '", text, "' is not a number in [", min, ", ", max, "]");
-  return x;
-}
-
-std::int64_t parse_integer(std::string_view flag, const std::string& text, double min, double max) {
-  const double x = parse_number(flag, text, min, max);
-  require(x == std::floor(x), "serve: ", flag, " = '", text, "' is not an integer");
-  return static_cast<std::int64_t>(x);
-}
-
 bool is_gguf(const std::string& model) {
   return model.ends_with(".gguf");
 }
@@ -41,6 +27,87 @@ bool is_gguf(const std::string& model) {
 std::string base_name(const std::string& path) {
   const auto slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+using tools::flags::integer_in, tools::flags::number_in;
+
+void add_engine_flags(CLI::App& app, ServeOptions& o) {
+  app.add_option("--model", o.model, "a GGUF file, or a synthetic preset: tiny, small, 1b")
+      ->type_name("FILE.gguf|PRESET")
+      ->required()
+      ->check(tools::flags::non_empty());
+  app.add_option("--kv-memory-mib", o.kv_memory_mib, "KV cache budget")
+      ->type_name("M")
+      ->check(number_in(0.001, 1 << 20));
+  app.add_option("--max-num-seqs", o.max_num_seqs, "sequences running at once")
+      ->type_name("N")
+      ->transform(integer_in(1, 1 << 20));
+  app.add_option("--max-batched-tokens", o.max_num_batched_tokens, "tokens per engine step")
+      ->type_name("N")
+      ->transform(integer_in(1, 1 << 24));
+  app.add_option("--max-model-len", o.max_position, "context length (default: the model's)")
+      ->type_name("N")
+      ->transform(integer_in(1, 1 << 24))
+      ->default_str("");
+  app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o.enable_prefix_caching,
+               "reuse cached pages of earlier prompts (request field cache_salt keeps tenants "
+               "apart); the --no- form turns it off (default off)");
+  app.add_option("--host-kv-memory-mib", o.host_kv_memory_mib,
+                 "host-memory tier preempted requests are swapped to; 0: none, preemption "
+                 "recomputes")
+      ->type_name("M")
+      ->check(number_in(0, 1 << 20));
+  app.add_flag("--bf16-products", o.bf16_products,
+               "attention on bf16 dot products where the CPU has AVX512-BF16 (faster, inputs "
+               "rounded to bf16; default off)");
+  app.add_option("--tensor-parallel", o.tensor_parallel,
+                 "split the model over N MPI ranks, under mpirun -np N")
+      ->type_name("N")
+      ->transform(integer_in(1, 1024));
+}
+
+void add_http_flags(CLI::App& app, ServerOptions& s) {
+  app.add_option("--host", s.host, "address to listen on")->type_name("H");
+  app.add_option("--port", s.port, "port; 0 picks any free port (printed)")
+      ->type_name("P")
+      ->transform(integer_in(0, 65535));
+  app.add_option("--api-key", s.api_key, "require 'Authorization: Bearer KEY' on /v1/*")
+      ->type_name("KEY");
+  app.add_option("--served-model-name", s.model_name,
+                 "the model's name in the API (default: file name or preset)")
+      ->type_name("NAME")
+      ->check(tools::flags::non_empty())
+      ->default_str("");
+  app.add_option("--max-connections", s.max_connections,
+                 "connections served at once (HTTP threads)")
+      ->type_name("N")
+      ->transform(integer_in(1, 4096));
+  app.add_option("--max-queued-requests", s.max_queued_requests,
+                 "requests held, waiting + running; more get 429")
+      ->type_name("N")
+      ->transform(integer_in(1, 1 << 20));
+  app.add_option("--max-body-bytes", s.max_body_bytes, "larger request bodies get 413")
+      ->type_name("N")
+      ->transform(integer_in(1, std::int64_t{1} << 32));
+  app.add_option("--read-timeout", s.read_timeout_seconds,
+                 "drop a client silent this long mid-request")
+      ->type_name("S")
+      ->transform(integer_in(1, 3600));
+  app.add_option("--shutdown-grace", s.shutdown_grace_seconds,
+                 "on SIGINT/SIGTERM, let requests finish this long")
+      ->type_name("S")
+      ->transform(integer_in(0, 3600));
+}
+
+// serve's flags, bound to `o` (whose initial values are the defaults).
+std::unique_ptr<CLI::App> serve_flags(ServeOptions& o) {
+  auto app = tools::flags::make_app("serve", "An OpenAI-compatible HTTP server over the engine.");
+  add_engine_flags(*app, o);
+  add_http_flags(*app, o.server);
+  app->footer(
+      "Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,\n"
+      "GET /health, GET /metrics (docs/serve.md).");
+  return app;
 }
 
 // SIGINT/SIGTERM: the handler only writes the signal number to a pipe (all
@@ -89,95 +156,18 @@ class SignalWatcher {
 
 }  // namespace
 
-const char* serve_usage() {
-  return "usage: pagedattn serve --model FILE.gguf|PRESET [flags]\n"
-         "  --model M                  a GGUF file, or a synthetic preset: tiny, small, 1b\n"
-         "  --host H                   address to listen on (default 127.0.0.1)\n"
-         "  --port P                   port (default 8000; 0: any free port, printed)\n"
-         "  --api-key KEY              require 'Authorization: Bearer KEY' on /v1/*\n"
-         "  --served-model-name NAME   the model's name in the API (default: file name or preset)\n"
-         "  --kv-memory-mib M          KV cache budget (default 256)\n"
-         "  --max-num-seqs N           sequences running at once (default 256)\n"
-         "  --max-batched-tokens N     tokens per engine step (default 2048)\n"
-         "  --max-model-len N          context length (default: the model's)\n"
-         "  --enable-prefix-caching    reuse cached pages of earlier prompts (request field\n"
-         "                             cache_salt keeps tenants apart); "
-         "--no-enable-prefix-caching\n"
-         "                             turns it off again (default off)\n"
-         "  --host-kv-memory-mib M     host-memory tier preempted requests are swapped to\n"
-         "                             (default 0: preemption recomputes)\n"
-         "  --bf16-products            attention on bf16 dot products where the CPU has\n"
-         "                             AVX512-BF16 (faster, inputs rounded to bf16; default off)\n"
-         "  --tensor-parallel N        split the model over N MPI ranks (mpirun -np N ...)\n"
-         "  --max-connections N        connections served at once (HTTP threads, default 128)\n"
-         "  --max-queued-requests N    requests held, waiting + running; more get 429 (default "
-         "256)\n"
-         "  --max-body-bytes N         larger request bodies get 413 (default 8388608)\n"
-         "  --read-timeout S           drop a client silent this long mid-request (default 10)\n"
-         "  --shutdown-grace S         on SIGINT/SIGTERM, let requests finish this long (default "
-         "30)\n"
-         "Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,\n"
-         "GET /health, GET /metrics (docs/serve.md).\n";
-}
-
 ServeOptions parse_serve_options(int argc, char** argv, int first) {
   ServeOptions o;
-  ServerOptions& s = o.server;
-  std::string name;
-  for (int i = first; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    auto value = [&]() -> std::string {
-      require(i + 1 < argc, "serve: ", flag, " needs a value");
-      return argv[++i];
-    };
-    auto int_value = [&](double min, double max) { return parse_integer(flag, value(), min, max); };
-    if (flag == "--model")
-      o.model = value();
-    else if (flag == "--host")
-      s.host = value();
-    else if (flag == "--port")
-      s.port = int(int_value(0, 65535));
-    else if (flag == "--api-key")
-      s.api_key = value();
-    else if (flag == "--served-model-name")
-      name = value();
-    else if (flag == "--kv-memory-mib")
-      o.kv_memory_mib = parse_number(flag, value(), 0.001, 1 << 20);
-    else if (flag == "--max-num-seqs")
-      o.max_num_seqs = std::int32_t(int_value(1, 1 << 20));
-    else if (flag == "--max-batched-tokens")
-      o.max_num_batched_tokens = std::int32_t(int_value(1, 1 << 24));
-    else if (flag == "--max-model-len")
-      o.max_position = std::int32_t(int_value(1, 1 << 24));
-    else if (flag == "--enable-prefix-caching")
-      o.enable_prefix_caching = true;
-    else if (flag == "--no-enable-prefix-caching")
-      o.enable_prefix_caching = false;
-    else if (flag == "--host-kv-memory-mib")
-      o.host_kv_memory_mib = parse_number(flag, value(), 0, 1 << 20);
-    else if (flag == "--bf16-products")
-      o.bf16_products = true;
-    else if (flag == "--tensor-parallel")
-      o.tensor_parallel = std::int32_t(int_value(1, 1024));
-    else if (flag == "--max-connections")
-      s.max_connections = std::int32_t(int_value(1, 4096));
-    else if (flag == "--max-queued-requests")
-      s.max_queued_requests = std::int32_t(int_value(1, 1 << 20));
-    else if (flag == "--max-body-bytes")
-      s.max_body_bytes = std::size_t(int_value(1, 1ll << 32));
-    else if (flag == "--read-timeout")
-      s.read_timeout_seconds = int(int_value(1, 3600));
-    else if (flag == "--shutdown-grace")
-      s.shutdown_grace_seconds = int(int_value(0, 3600));
-    else if (flag == "--help" || flag == "-h")
-      o.help = true;
-    else
-      throw InvalidArgument(detail::concat("serve: unknown flag '", flag, "'"));
-  }
-  if (o.help) return o;
-  require(!o.model.empty(), "serve: --model FILE.gguf|PRESET is required");
-  s.model_name = !name.empty() ? name : is_gguf(o.model) ? base_name(o.model) : o.model;
+  const std::unique_ptr<CLI::App> app = serve_flags(o);
+  o.help = tools::flags::parse(*app, argc, argv, first);
+  if (app->count("--served-model-name") == 0)
+    o.server.model_name = is_gguf(o.model) ? base_name(o.model) : o.model;
   return o;
+}
+
+std::string serve_help() {
+  ServeOptions defaults;
+  return serve_flags(defaults)->help();
 }
 
 std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
@@ -200,8 +190,7 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
     });
   }
   if (ec.model == nullptr) return nullptr;  // a follower rank: rank 0 serves
-  ec.kv_memory_bytes =
-      static_cast<std::int64_t>((o.kv_memory_mib > 0 ? o.kv_memory_mib : 256.0) * (1 << 20));
+  ec.kv_memory_bytes = static_cast<std::int64_t>(o.kv_memory_mib * (1 << 20));
   ec.max_num_seqs = o.max_num_seqs;
   ec.max_num_batched_tokens = o.max_num_batched_tokens;
   ec.enable_prefix_caching = o.enable_prefix_caching;
@@ -213,7 +202,7 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
 int run_serve(int argc, char** argv) {
   const ServeOptions o = parse_serve_options(argc, argv, 2);
   if (o.help) {
-    std::fputs(serve_usage(), stdout);
+    std::fputs(serve_help().c_str(), stdout);
     return 0;
   }
   signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails, the process lives

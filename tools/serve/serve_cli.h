@@ -10,7 +10,7 @@ namespace pagedattn::serve {
 struct ServeOptions {
   std::string model;  // FILE.gguf or a preset name (tiny, small, 1b)
   ServerOptions server;
-  double kv_memory_mib = 0.0;  // 0: the default for the model
+  double kv_memory_mib = 256.0;
   std::int32_t max_num_seqs = 256;
   std::int32_t max_num_batched_tokens = 2048;
   std::int32_t max_position = 0;  // presets and GGUF: 0 keeps the model's own
@@ -21,9 +21,10 @@ struct ServeOptions {
   bool help = false;
 };
 
-// Parses argv[first..argc). InvalidArgument naming the flag and value.
+// Parses argv[first..argc) (tools/cli_flags.h). InvalidArgument naming the
+// flag and value.
 ServeOptions parse_serve_options(int argc, char** argv, int first);
-const char* serve_usage();
+std::string serve_help();  // --help, from the flags' definitions
 // Builds the server for `options` (model, codec, engine). With
 // --tensor-parallel, on ranks other than 0: follows rank 0's steps until its
 // server stops, then returns null (rank 0 serves).
