@@ -20,9 +20,15 @@
 namespace pagedattn::kernels {
 
 template <int... kSizes>
+constexpr int LastOf() {
+  int last = 0;
+  ((last = kSizes), ...);
+  return last;
+}
+
+template <int... kSizes>
 struct RowGroups {
-  static constexpr int kSizeList[] = {kSizes...};
-  static_assert(kSizeList[sizeof...(kSizes) - 1] == 1, "the last group is one row");
+  static_assert(LastOf<kSizes...>() == 1, "the last group is one row");
 
   // Visits the first group of rows [row, row_end) (not empty): the largest
   // size that fits. Returns its size.
