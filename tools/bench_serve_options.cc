@@ -88,13 +88,8 @@ void add_engine_flags(CLI::App& app, BenchServeOptions& o) {
                  "always recomputes")
       ->type_name("M")
       ->check(flags::number_in(0));
-  app.add_flag("--bf16-products", o.bf16_products,
-               "attention on bf16 dot products where the CPU has AVX512-BF16 (inputs rounded to "
-               "bf16; default off)");
-  app.add_option("--tensor-parallel", o.tensor_parallel,
-                 "split the model over N MPI ranks, under mpirun -np N")
-      ->type_name("N")
-      ->transform(integer_in(1, 1024));
+  flags::add_bf16_products_flag(app, o.bf16_products);
+  flags::add_tensor_parallel_flag(app, o.tensor_parallel);
 }
 
 void add_server_flags(CLI::App& app, BenchServeOptions& o) {

@@ -229,4 +229,16 @@ CLI::Validator one_of(std::vector<std::string> allowed) {
   });
 }
 
+void add_tensor_parallel_flag(CLI::App& app, std::int32_t& ranks) {
+  app.add_option("--tensor-parallel", ranks, "split the model over N MPI ranks, under mpirun -np N")
+      ->type_name("N")
+      ->transform(integer_in(1, 1024));
+}
+
+void add_bf16_products_flag(CLI::App& app, bool& allowed) {
+  app.add_flag("--bf16-products", allowed,
+               "attention on bf16 dot products where the CPU has AVX512-BF16 (faster, inputs "
+               "rounded to bf16; default off)");
+}
+
 }  // namespace pagedattn::tools::flags

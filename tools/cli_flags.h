@@ -48,4 +48,8 @@ CLI::Validator value_check(std::function<std::string(std::string&)> check);
 // "= 'VALUE' ": how a message about VALUE starts.
 std::string value_is(const std::string& value);
 
+// Flags of the subcommands that run a model, defined once for all of them.
+void add_tensor_parallel_flag(CLI::App& app, std::int32_t& ranks);  // --tensor-parallel N
+void add_bf16_products_flag(CLI::App& app, bool& allowed);          // --bf16-products
+
 }  // namespace pagedattn::tools::flags

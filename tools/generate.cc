@@ -21,7 +21,7 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-using flags::integer_in, flags::number_in;
+using flags::add_tensor_parallel_flag, flags::integer_in, flags::number_in;
 
 void add_sampling_flags(CLI::App& app, GenerateOptions& o) {
   app.add_option("--max-tokens", o.max_tokens, "new tokens at most")
@@ -62,11 +62,7 @@ std::unique_ptr<CLI::App> generate_flags(GenerateOptions& o) {
   app->add_option("--kv-memory-mib", o.kv_memory_mib, "KV cache budget")
       ->type_name("M")
       ->check(number_in(1, 1 << 20));
-  app->add_option("--tensor-parallel", o.tensor_parallel,
-                  "split the model over N MPI ranks: "
-                  "mpirun -np N pagedattn generate --tensor-parallel N ...")
-      ->type_name("N")
-      ->transform(integer_in(1, 1024));
+  add_tensor_parallel_flag(*app, o.tensor_parallel);
   app->add_flag("--disaggregate", o.disaggregate,
                 "under `mpirun -np 2`: rank 0 prefills, rank 1 receives the prompt's KV pages "
                 "over MPI, decodes and prints (MPI builds)");

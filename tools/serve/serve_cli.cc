@@ -29,6 +29,7 @@ std::string base_name(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+using tools::flags::add_bf16_products_flag, tools::flags::add_tensor_parallel_flag;
 using tools::flags::integer_in, tools::flags::number_in;
 
 void add_engine_flags(CLI::App& app, ServeOptions& o) {
@@ -57,13 +58,8 @@ void add_engine_flags(CLI::App& app, ServeOptions& o) {
                  "recomputes")
       ->type_name("M")
       ->check(number_in(0, 1 << 20));
-  app.add_flag("--bf16-products", o.bf16_products,
-               "attention on bf16 dot products where the CPU has AVX512-BF16 (faster, inputs "
-               "rounded to bf16; default off)");
-  app.add_option("--tensor-parallel", o.tensor_parallel,
-                 "split the model over N MPI ranks, under mpirun -np N")
-      ->type_name("N")
-      ->transform(integer_in(1, 1024));
+  add_bf16_products_flag(app, o.bf16_products);
+  add_tensor_parallel_flag(app, o.tensor_parallel);
 }
 
 void add_http_flags(CLI::App& app, ServerOptions& s) {
