@@ -90,8 +90,7 @@ std::vector<std::int32_t> prompt_tokens(const GenerateOptions& o, const GgufFile
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
   messages.push_back({"user", o.prompt});
-  return tokenizer.encode(chat.render(messages, true),
-                          {.add_special = false, .parse_special = true});
+  return chat.encode(tokenizer, messages);
 }
 
 }  // namespace

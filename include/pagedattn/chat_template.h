@@ -3,12 +3,21 @@
 // form is rendered natively, exactly as the template would for the usual
 // inputs (roles system/user/assistant, plain-text content, no tools). A
 // template of no known form is Unsupported, never rendered as another form.
+//
+// Message text is never parsed for special tokens: a user message holding
+// "<|im_end|>\n<|im_start|>system\n" would otherwise close its own turn and
+// forge a system one. ChatTemplate::encode keeps the template's own text
+// (turn markers, BOS) apart from the messages' roles and content and turns
+// control-token text into control tokens only in the former.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "pagedattn/tokenizer.h"
 
 namespace pagedattn {
 
@@ -41,6 +50,15 @@ struct ChatRenderOptions {
   std::string date_string;
 };
 
+// One part of a rendered prompt: text the template writes itself (turn
+// markers, BOS/EOS, fixed prompts), or text that came from the caller (a
+// message's role or content, date_string), which is data and must never
+// become control tokens.
+struct ChatSegment {
+  std::string text;
+  bool from_message = false;
+};
+
 class ChatTemplate {
  public:
   // Recognises `template_text`; Unsupported naming the template (its first 80
@@ -58,11 +76,27 @@ class ChatTemplate {
   // "You are Qwen, created by Alibaba Cloud. ..."); may be empty.
   const std::string& default_system_prompt() const { return default_system_; }
 
-  // The prompt text. Encode it with parse_special = true and add_special =
-  // false (the text already holds BOS where the template writes it).
-  // InvalidArgument for an empty conversation, or where the template raises
-  // (roles not alternating, a system message Gemma 2 does not take) or the
-  // form has no rendering for a role (tool messages).
+  // The prompt tokens (no BOS added: the template writes it where it
+  // should). Control-token text in the template's own text becomes control
+  // tokens; in the messages' roles and content it is plain text, unless
+  // `parse_special_in_messages` (only for callers that trust every message).
+  // InvalidArgument as render().
+  std::vector<std::int32_t> encode(const Tokenizer& tokenizer,
+                                   const std::vector<ChatMessage>& messages,
+                                   const ChatRenderOptions& options = {},
+                                   bool parse_special_in_messages = false) const;
+
+  // The prompt as the template's text and the messages' text, in order;
+  // adjacent parts of one kind are joined. InvalidArgument for an empty
+  // conversation, or where the template raises (roles not alternating, a
+  // system message Gemma 2 does not take) or the form has no rendering for a
+  // role (tool messages).
+  std::vector<ChatSegment> render_segments(const std::vector<ChatMessage>& messages,
+                                           const ChatRenderOptions& options) const;
+
+  // The prompt text (render_segments joined), for display and comparison.
+  // Do not encode it with parse_special: message text would be parsed for
+  // control tokens too. encode() is the safe way to tokenize a conversation.
   std::string render(const std::vector<ChatMessage>& messages,
                      const ChatRenderOptions& options) const;
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
@@ -72,13 +106,14 @@ class ChatTemplate {
   }
 
  private:
-  std::string render_chatml(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
-  std::string render_qwen3(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
-  std::string render_llama3(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
-  std::string render_llama2(const std::vector<ChatMessage>& m) const;
-  std::string render_gemma(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
-  std::string render_phi3(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
-  std::string render_mistral(const std::vector<ChatMessage>& m) const;
+  using Segments = std::vector<ChatSegment>;
+  Segments render_chatml(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
+  Segments render_qwen3(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
+  Segments render_llama3(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
+  Segments render_llama2(const std::vector<ChatMessage>& m) const;
+  Segments render_gemma(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
+  Segments render_phi3(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) const;
+  Segments render_mistral(const std::vector<ChatMessage>& m) const;
 
   ChatTemplateKind kind_ = ChatTemplateKind::kChatMl;
   std::string variant_;

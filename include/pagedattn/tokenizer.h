@@ -68,6 +68,15 @@ struct EncodeOptions {
   bool parse_special = false;  // control-token text ("<|im_start|>") becomes that token
 };
 
+// One part of a text put together from trusted and untrusted parts, e.g. a
+// chat prompt: the template's turn markers must become control tokens, while
+// the same strings inside a user's message must stay plain text, or the user
+// could forge turns.
+struct TextSegment {
+  std::string_view text;
+  bool parse_special = false;  // control-token text here becomes that token
+};
+
 struct DecodeOptions {
   bool render_special = true;  // control tokens appear as their text; false: dropped
 };
@@ -81,6 +90,13 @@ class Tokenizer {
   Tokenizer& operator=(Tokenizer&&) noexcept;
 
   std::vector<std::int32_t> encode(std::string_view text, const EncodeOptions& options = {}) const;
+  // The tokens of the segments' concatenation, exactly as encode() gives
+  // them (text pieces run on across segment boundaries), except that
+  // control-token text becomes that token only where it lies wholly within
+  // segments whose parse_special is set; options.parse_special is not read.
+  // User-defined tokens match everywhere, as in encode().
+  std::vector<std::int32_t> encode_segments(std::span<const TextSegment> segments,
+                                            const EncodeOptions& options = {}) const;
   // Bytes, exactly as encoded (invalid UTF-8 included). InvalidArgument for an
   // id outside [0, vocab_size).
   std::string decode(std::span<const std::int32_t> ids, const DecodeOptions& options = {}) const;

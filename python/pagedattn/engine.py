@@ -225,10 +225,11 @@ class LLM:
 
     def chat(self, messages, sampling_params: Optional[SamplingParams] = None) -> GenerationOutput:
         """Generates the assistant's reply to `messages` ([{"role", "content"}...])
-        rendered with the GGUF file's chat template."""
+        rendered with the GGUF file's chat template. Special-token text inside
+        a message (e.g. "<|im_end|>") is tokenized as plain text."""
         if self._model_path is None or self.tokenizer is None:
             raise ValueError("LLM.chat needs a GGUF model (its chat template)")
         template = _core.load_gguf_chat_template(self._model_path, self.tokenizer)
-        text = template.render(messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(text, add_special=False, parse_special=True)
+        # Message text stays plain text: a message cannot forge control tokens.
+        ids = template.encode(self.tokenizer, messages, add_generation_prompt=True)
         return self.generate([ids], sampling_params)[0]

@@ -57,6 +57,30 @@ TokenizerVocab make_vocab(std::string model, std::vector<std::string> tokens, st
   return v;
 }
 
+// [{"role", "content"}...] as ChatMessages; ValueError for a message missing either.
+std::vector<ChatMessage> chat_messages(
+    const std::vector<std::map<std::string, std::string>>& messages) {
+  std::vector<ChatMessage> converted;
+  for (const auto& m : messages) {
+    auto role = m.find("role");
+    auto content = m.find("content");
+    if (role == m.end() || content == m.end()) {
+      throw py::value_error("each message needs 'role' and 'content'");
+    }
+    converted.push_back({role->second, content->second});
+  }
+  return converted;
+}
+
+ChatRenderOptions render_options(bool add_generation_prompt, std::optional<bool> enable_thinking,
+                                 std::string date_string) {
+  ChatRenderOptions options;
+  options.add_generation_prompt = add_generation_prompt;
+  options.enable_thinking = enable_thinking;
+  options.date_string = std::move(date_string);
+  return options;
+}
+
 }  // namespace
 
 void register_tokenizer(py::module_& m) {
@@ -171,27 +195,36 @@ void register_tokenizer(py::module_& m) {
           [](const ChatTemplate& t, const std::vector<std::map<std::string, std::string>>& messages,
              bool add_generation_prompt, std::optional<bool> enable_thinking,
              std::string date_string) {
-            std::vector<ChatMessage> converted;
-            for (const auto& m : messages) {
-              auto role = m.find("role");
-              auto content = m.find("content");
-              if (role == m.end() || content == m.end()) {
-                throw py::value_error("each message needs 'role' and 'content'");
-              }
-              converted.push_back({role->second, content->second});
-            }
-            ChatRenderOptions options;
-            options.add_generation_prompt = add_generation_prompt;
-            options.enable_thinking = enable_thinking;
-            options.date_string = std::move(date_string);
-            return t.render(converted, options);
+            return t.render(
+                chat_messages(messages),
+                render_options(add_generation_prompt, enable_thinking, std::move(date_string)));
           },
           py::arg("messages"), py::kw_only(), py::arg("add_generation_prompt") = true,
           py::arg("enable_thinking") = py::none(), py::arg("date_string") = "",
           "The prompt text of messages [{\"role\", \"content\"}...], ending with the\n"
           "assistant's turn header when add_generation_prompt. enable_thinking: Qwen3's\n"
           "switch (False writes the empty think block); date_string: Llama 3.1's \"Today\n"
-          "Date\" (\"\": the template's default).");
+          "Date\" (\"\": the template's default). For display: to tokenize, use encode(),\n"
+          "since encoding this text with parse_special would parse the messages too.")
+      .def(
+          "encode",
+          [](const ChatTemplate& t, const Tokenizer& tokenizer,
+             const std::vector<std::map<std::string, std::string>>& messages,
+             bool add_generation_prompt, std::optional<bool> enable_thinking,
+             std::string date_string, bool parse_special_in_messages) {
+            const std::vector<ChatMessage> converted = chat_messages(messages);
+            const ChatRenderOptions options =
+                render_options(add_generation_prompt, enable_thinking, std::move(date_string));
+            py::gil_scoped_release release;
+            return t.encode(tokenizer, converted, options, parse_special_in_messages);
+          },
+          py::arg("tokenizer"), py::arg("messages"), py::kw_only(),
+          py::arg("add_generation_prompt") = true, py::arg("enable_thinking") = py::none(),
+          py::arg("date_string") = "", py::arg("parse_special_in_messages") = false,
+          "The prompt token ids of messages (options as render()). Control-token text\n"
+          "the template writes becomes control tokens; in the messages' roles and content\n"
+          "it stays plain text, so a message cannot forge a turn, unless\n"
+          "parse_special_in_messages (only for trusted messages).");
 }
 
 }  // namespace pagedattn::python

@@ -5,6 +5,7 @@
 // with transformers' apply_chat_template on the real template texts.
 #include "pagedattn/chat_template.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
@@ -144,6 +145,64 @@ std::string today_string() {
       start, "\""));
 }
 
+// The prompt being rendered, kept as ChatSegments: what the template writes
+// (template_text()) apart from what a message or the caller supplied (message()).
+class PromptBuilder {
+ public:
+  PromptBuilder& template_text(std::string_view text) { return add(text, false); }
+  PromptBuilder& message(std::string_view text) { return add(text, true); }
+  PromptBuilder& append(const std::vector<ChatSegment>& segments) {
+    for (const ChatSegment& s : segments) add(s.text, s.from_message);
+    return *this;
+  }
+  std::vector<ChatSegment> take() { return std::move(segments_); }
+
+ private:
+  PromptBuilder& add(std::string_view text, bool from_message) {
+    if (text.empty()) return *this;
+    if (!segments_.empty() && segments_.back().from_message == from_message) {
+      segments_.back().text += text;
+    } else {
+      segments_.push_back({std::string(text), from_message});
+    }
+    return *this;
+  }
+
+  std::vector<ChatSegment> segments_;
+};
+
+std::string joined(const std::vector<ChatSegment>& segments) {
+  std::string text;
+  for (const ChatSegment& s : segments) text += s.text;
+  return text;
+}
+
+// trim() of the segments' joined text, each kept byte staying in its
+// segment: a template that strips template and message text as one string
+// (Llama 2's system block and first user message).
+std::vector<ChatSegment> trimmed(const std::vector<ChatSegment>& segments) {
+  const std::string text = joined(segments);
+  const std::size_t keep_begin = text.size() - lstrip(text).size();
+  const std::size_t keep_end = keep_begin + trim(text).size();
+  PromptBuilder out;
+  std::size_t begin = 0;
+  for (const ChatSegment& s : segments) {
+    const std::size_t end = begin + s.text.size();
+    const std::size_t from = std::max(begin, keep_begin);
+    const std::size_t to = std::min(end, keep_end);
+    if (from < to) {
+      const std::string_view kept = std::string_view(s.text).substr(from - begin, to - from);
+      if (s.from_message) {
+        out.message(kept);
+      } else {
+        out.template_text(kept);
+      }
+    }
+    begin = end;
+  }
+  return out.take();
+}
+
 }  // namespace
 
 ChatTemplate::ChatTemplate(std::string_view template_text, std::string bos_text,
@@ -263,8 +322,8 @@ ChatTemplate::ChatTemplate(std::string_view template_text, std::string bos_text,
   }
 }
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
-                                 const ChatRenderOptions& options) const {
+std::vector<ChatSegment> ChatTemplate::render_segments(const std::vector<ChatMessage>& messages,
+                                                       const ChatRenderOptions& options) const {
   require(!messages.empty(), "ChatTemplate::render: messages is empty");
   for (std::size_t i = 0; i < messages.size(); ++i) {
     require(!messages[i].role.empty(), "ChatTemplate::render: messages[", i, "].role is empty");
@@ -288,20 +347,42 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
   return {};
 }
 
-std::string ChatTemplate::render_chatml(const std::vector<ChatMessage>& messages,
-                                        const ChatRenderOptions& options) const {
-  std::string out;
-  const auto turn = [&](std::string_view role, std::string_view content) {
-    out.append("<|im_start|>").append(role).append("\n").append(content).append("<|im_end|>\n");
-  };
-  if (!default_system_.empty() && messages[0].role != "system") turn("system", default_system_);
-  for (const ChatMessage& m : messages) turn(m.role, m.content);
-  if (options.add_generation_prompt) out += "<|im_start|>assistant\n";
-  return out;
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
+                                 const ChatRenderOptions& options) const {
+  return joined(render_segments(messages, options));
 }
 
-std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages,
-                                       const ChatRenderOptions& options) const {
+std::vector<std::int32_t> ChatTemplate::encode(const Tokenizer& tokenizer,
+                                               const std::vector<ChatMessage>& messages,
+                                               const ChatRenderOptions& options,
+                                               bool parse_special_in_messages) const {
+  const std::vector<ChatSegment> parts = render_segments(messages, options);
+  std::vector<TextSegment> segments;
+  segments.reserve(parts.size());
+  for (const ChatSegment& part : parts) {
+    segments.push_back({part.text, !part.from_message || parse_special_in_messages});
+  }
+  // No BOS from the vocabulary's add_bos: the template writes it.
+  return tokenizer.encode_segments(segments, {.add_special = false});
+}
+
+ChatTemplate::Segments ChatTemplate::render_chatml(const std::vector<ChatMessage>& messages,
+                                                   const ChatRenderOptions& options) const {
+  PromptBuilder out;
+  if (!default_system_.empty() && messages[0].role != "system") {
+    out.template_text("<|im_start|>system\n").template_text(default_system_);
+    out.template_text("<|im_end|>\n");
+  }
+  for (const ChatMessage& m : messages) {
+    out.template_text("<|im_start|>").message(m.role).template_text("\n");
+    out.message(m.content).template_text("<|im_end|>\n");
+  }
+  if (options.add_generation_prompt) out.template_text("<|im_start|>assistant\n");
+  return out.take();
+}
+
+ChatTemplate::Segments ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages,
+                                                  const ChatRenderOptions& options) const {
   // The last user message that is not a tool response: assistant turns after
   // it keep their reasoning in a <think> block, earlier ones lose it.
   std::size_t last_query = messages.size() - 1;
@@ -313,15 +394,12 @@ std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages,
       break;
     }
   }
-  std::string out;
+  PromptBuilder out;
   for (std::size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user" || m.role == "system") {
-      out.append("<|im_start|>")
-          .append(m.role)
-          .append("\n")
-          .append(m.content)
-          .append("<|im_end|>\n");
+      out.template_text("<|im_start|>").message(m.role).template_text("\n");
+      out.message(m.content).template_text("<|im_end|>\n");
     } else if (m.role == "assistant") {
       std::string_view content = m.content;
       std::string_view reasoning;
@@ -335,29 +413,32 @@ std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages,
         // content.split('</think>')[-1].lstrip('\n')
         content = strip_char(content.substr(content.rfind("</think>") + 8), '\n', true, false);
       }
-      out += "<|im_start|>assistant\n";
+      out.template_text("<|im_start|>assistant\n");
       if (i > last_query && (i + 1 == messages.size() || !reasoning.empty())) {
-        out.append("<think>\n").append(strip_char(reasoning, '\n', true, true));
-        out.append("\n</think>\n\n").append(strip_char(content, '\n', true, false));
+        out.template_text("<think>\n").message(strip_char(reasoning, '\n', true, true));
+        out.template_text("\n</think>\n\n").message(strip_char(content, '\n', true, false));
       } else {
-        out.append(content);
+        out.message(content);
       }
-      out += "<|im_end|>\n";
+      out.template_text("<|im_end|>\n");
     } else {
       require(false, "ChatTemplate::render: messages[", i, "].role is \"", m.role,
               "\"; the Qwen3 form renders system, user and assistant messages (no tools)");
     }
   }
   if (options.add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
-    if (thinking_switch_ && options.enable_thinking == false) out += "<think>\n\n</think>\n\n";
+    out.template_text("<|im_start|>assistant\n");
+    if (thinking_switch_ && options.enable_thinking == false) {
+      out.template_text("<think>\n\n</think>\n\n");
+    }
   }
-  return out;
+  return out.take();
 }
 
-std::string ChatTemplate::render_llama3(const std::vector<ChatMessage>& messages,
-                                        const ChatRenderOptions& options) const {
-  std::string out = bos_text_;
+ChatTemplate::Segments ChatTemplate::render_llama3(const std::vector<ChatMessage>& messages,
+                                                   const ChatRenderOptions& options) const {
+  PromptBuilder out;
+  out.template_text(bos_text_);
   std::size_t first = 0;
   if (dated_system_) {
     // Llama 3.1+: the system block always comes first, dated, with the
@@ -367,35 +448,45 @@ std::string ChatTemplate::render_llama3(const std::vector<ChatMessage>& messages
       system = trim(messages[0].content);
       first = 1;
     }
-    const std::string date = !options.date_string.empty() ? options.date_string
-                             : date_from_clock_           ? today_string()
-                                                          : default_date_;
-    out.append("<|start_header_id|>system<|end_header_id|>\n\n");
-    out.append("Cutting Knowledge Date: December 2023\nToday Date: ").append(date).append("\n\n");
-    out.append(system).append("<|eot_id|>");
+    out.template_text("<|start_header_id|>system<|end_header_id|>\n\n");
+    out.template_text("Cutting Knowledge Date: December 2023\nToday Date: ");
+    // The caller's date is data like a message; the defaults are the template's.
+    if (!options.date_string.empty()) {
+      out.message(options.date_string);
+    } else {
+      out.template_text(date_from_clock_ ? today_string() : default_date_);
+    }
+    out.template_text("\n\n").message(system).template_text("<|eot_id|>");
   }
   for (std::size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     require(!dated_system_ || (m.role != "ipython" && m.role != "tool"),
             "ChatTemplate::render: messages[", i, "].role is \"", m.role,
             "\"; tool messages are not rendered here");
-    out.append("<|start_header_id|>").append(m.role).append("<|end_header_id|>\n\n");
-    out.append(trim(m.content)).append("<|eot_id|>");
+    out.template_text("<|start_header_id|>").message(m.role);
+    out.template_text("<|end_header_id|>\n\n").message(trim(m.content));
+    out.template_text("<|eot_id|>");
   }
-  if (options.add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
+  if (options.add_generation_prompt) {
+    out.template_text("<|start_header_id|>assistant<|end_header_id|>\n\n");
+  }
+  return out.take();
 }
 
-std::string ChatTemplate::render_llama2(const std::vector<ChatMessage>& messages) const {
+ChatTemplate::Segments ChatTemplate::render_llama2(const std::vector<ChatMessage>& messages) const {
   // Llama 2: an optional leading system message folds into the first user
   // turn; user and assistant turns must alternate from a user one.
   std::size_t first = 0;
-  std::string system;
+  std::vector<ChatSegment> system;
   if (messages[0].role == "system") {
-    system = "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n";
+    system = PromptBuilder()
+                 .template_text("<<SYS>>\n")
+                 .message(messages[0].content)
+                 .template_text("\n<</SYS>>\n\n")
+                 .take();
     first = 1;
   }
-  std::string out;
+  PromptBuilder out;
   for (std::size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     const bool user_turn = (i - first) % 2 == 0;
@@ -403,67 +494,88 @@ std::string ChatTemplate::render_llama2(const std::vector<ChatMessage>& messages
             "].role is \"", m.role, "\"; the Llama-2 form needs user/assistant turns alternating");
     if (user_turn) {
       // The template strips the system block and the first user message as one string.
-      const std::string content = i == first ? system + m.content : m.content;
-      out.append(bos_text_).append("[INST] ").append(trim(content)).append(" [/INST]");
+      PromptBuilder content;
+      if (i == first) content.append(system);
+      content.message(m.content);
+      out.template_text(bos_text_).template_text("[INST] ");
+      out.append(trimmed(content.take())).template_text(" [/INST]");
     } else {
-      out.append(" ").append(trim(m.content)).append(" ").append(eos_text_);
+      out.template_text(" ").message(trim(m.content)).template_text(" ").template_text(eos_text_);
     }
   }
-  return out;
+  return out.take();
 }
 
-std::string ChatTemplate::render_gemma(const std::vector<ChatMessage>& messages,
-                                       const ChatRenderOptions& options) const {
+ChatTemplate::Segments ChatTemplate::render_gemma(const std::vector<ChatMessage>& messages,
+                                                  const ChatRenderOptions& options) const {
   // {{ bos_token }}, then '<start_of_turn>' + role + '\n' + content | trim +
   // '<end_of_turn>\n' with assistant named "model", turns alternating from a
   // user one. Gemma 3 puts a leading system message + '\n\n' in front of the
   // first turn's text; Gemma 2 raises "System role not supported".
   std::size_t first = 0;
-  std::string prefix;
   if (messages[0].role == "system") {
     require(system_allowed_,
             "ChatTemplate::render: messages[0].role is \"system\"; the Gemma 2 "
             "template raises 'System role not supported'");
-    prefix = messages[0].content + "\n\n";
     first = 1;
   }
-  std::string out = bos_text_;
+  PromptBuilder out;
+  out.template_text(bos_text_);
   for (std::size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     const bool user_turn = (i - first) % 2 == 0;
     require((m.role == "user") == user_turn, "ChatTemplate::render: messages[", i, "].role is \"",
             m.role, "\"; the Gemma template needs user/assistant turns alternating");
-    const std::string_view role = m.role == "assistant" ? std::string_view("model") : m.role;
-    out.append("<start_of_turn>").append(role).append("\n");
-    if (i == first) out.append(prefix);
-    out.append(trim(m.content)).append("<end_of_turn>\n");
+    out.template_text("<start_of_turn>");
+    if (m.role == "assistant") {
+      out.template_text("model");
+    } else {
+      out.message(m.role);
+    }
+    out.template_text("\n");
+    if (i == first && first == 1) out.message(messages[0].content).template_text("\n\n");
+    out.message(trim(m.content)).template_text("<end_of_turn>\n");
   }
-  if (options.add_generation_prompt) out += "<start_of_turn>model\n";
-  return out;
+  if (options.add_generation_prompt) out.template_text("<start_of_turn>model\n");
+  return out.take();
 }
 
-std::string ChatTemplate::render_phi3(const std::vector<ChatMessage>& messages,
-                                      const ChatRenderOptions& options) const {
-  std::string out = writes_bos_ ? bos_text_ : std::string();
+ChatTemplate::Segments ChatTemplate::render_phi3(const std::vector<ChatMessage>& messages,
+                                                 const ChatRenderOptions& options) const {
+  PromptBuilder out;
+  if (writes_bos_) out.template_text(bos_text_);
+  // '<|' + role + '|>\n': the template's own turn marker for the roles the
+  // vocabulary has one for; any other role is data and must not name a
+  // control token ("end" would forge <|end|>).
+  const auto role_tag = [&](const std::string& role) {
+    if (role == "system" || role == "user" || role == "assistant") {
+      out.template_text("<|").template_text(role).template_text("|>\n");
+    } else {
+      out.template_text("<|").message(role).template_text("|>\n");
+    }
+  };
   for (std::size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     switch (phi3_form_) {
       case Phi3Form::kRoleTags:  // '<|' + role + '|>\n' + content + '<|end|>\n' for any role
-        out.append("<|").append(m.role).append("|>\n").append(m.content).append("<|end|>\n");
+        role_tag(m.role);
+        out.message(m.content).template_text("<|end|>\n");
         break;
       case Phi3Form::kNamedRoles:  // system, user and assistant branches
         require(m.role == "system" || m.role == "user" || m.role == "assistant",
                 "ChatTemplate::render: messages[", i, "].role is \"", m.role,
                 "\"; the Phi-3 template renders system, user and assistant messages");
         if (skip_empty_system_ && m.role == "system" && m.content.empty()) break;  // Phi-3.5
-        out.append("<|").append(m.role).append("|>\n").append(m.content).append("<|end|>\n");
+        role_tag(m.role);
+        out.message(m.content).template_text("<|end|>\n");
         break;
       case Phi3Form::kUserOpensAssistant:
         // A user turn opens the assistant's; the template drops system messages.
         if (m.role == "user") {
-          out.append("<|user|>\n").append(m.content).append("<|end|>\n<|assistant|>\n");
+          out.template_text("<|user|>\n").message(m.content);
+          out.template_text("<|end|>\n<|assistant|>\n");
         } else if (m.role == "assistant") {
-          out.append(m.content).append("<|end|>\n");
+          out.message(m.content).template_text("<|end|>\n");
         } else {
           require(m.role == "system", "ChatTemplate::render: messages[", i, "].role is \"", m.role,
                   "\"; this Phi-3 template renders user and assistant messages");
@@ -471,44 +583,44 @@ std::string ChatTemplate::render_phi3(const std::vector<ChatMessage>& messages,
         break;
     }
   }
-  if (phi3_form_ == Phi3Form::kUserOpensAssistant) return out;
+  if (phi3_form_ == Phi3Form::kUserOpensAssistant) return out.take();
   const bool generation = options.add_generation_prompt && !(generation_unless_last_assistant_ &&
                                                              messages.back().role == "assistant");
   if (generation)
-    out += "<|assistant|>\n";
+    out.template_text("<|assistant|>\n");
   else if (eos_without_generation_)
-    out += eos_text_;
-  return out;
+    out.template_text(eos_text_);
+  return out.take();
 }
 
-std::string ChatTemplate::render_mistral(const std::vector<ChatMessage>& messages) const {
-  std::string out = bos_text_;
+ChatTemplate::Segments ChatTemplate::render_mistral(
+    const std::vector<ChatMessage>& messages) const {
+  PromptBuilder out;
+  out.template_text(bos_text_);
   if (mistral_system_ == SystemPlacement::kInline) {
     // v7: [SYSTEM_PROMPT] system [/SYSTEM_PROMPT] wherever it occurs; no alternation check.
     for (std::size_t i = 0; i < messages.size(); ++i) {
       const ChatMessage& m = messages[i];
       if (m.role == "user") {
-        out.append(inst_open_).append(m.content).append("[/INST]");
+        out.template_text(inst_open_).message(m.content).template_text("[/INST]");
       } else if (m.role == "system") {
-        out.append(system_open_).append(m.content).append("[/SYSTEM_PROMPT]");
+        out.template_text(system_open_).message(m.content).template_text("[/SYSTEM_PROMPT]");
       } else if (m.role == "assistant") {
-        out.append(assistant_lead_).append(m.content).append(eos_text_);
+        out.template_text(assistant_lead_).message(m.content).template_text(eos_text_);
       } else {
         require(false, "ChatTemplate::render: messages[", i, "].role is \"", m.role,
                 "\"; the Mistral template takes user, system and assistant messages");
       }
     }
-    return out;
+    return out.take();
   }
   // v1/v3/tekken: an optional leading system message, then user/assistant
   // turns alternating from a user one.
   std::size_t first = 0;
-  std::string system;
   if (messages[0].role == "system") {
     require(mistral_system_ != SystemPlacement::kRejected,
             "ChatTemplate::render: messages[0].role is \"system\"; this Mistral template takes "
             "user and assistant messages only");
-    system = messages[0].content + "\n\n";
     first = 1;
   }
   for (std::size_t i = first; i < messages.size(); ++i) {
@@ -524,16 +636,15 @@ std::string ChatTemplate::render_mistral(const std::vector<ChatMessage>& message
           first == 1 &&
           ((mistral_system_ == SystemPlacement::kFirstUser && i == first) ||
            (mistral_system_ == SystemPlacement::kLastUser && i + 1 == messages.size()));
-      out.append(inst_open_);
-      if (with_system) out.append(system);
-      out.append(m.content).append(inst_close_);
+      out.template_text(inst_open_);
+      if (with_system) out.message(messages[0].content).template_text("\n\n");
+      out.message(m.content).template_text(inst_close_);
     } else {
-      out.append(assistant_lead_)
-          .append(trim_assistant_ ? trim(m.content) : m.content)
-          .append(eos_text_);
+      out.template_text(assistant_lead_);
+      out.message(trim_assistant_ ? trim(m.content) : m.content).template_text(eos_text_);
     }
   }
-  return out;
+  return out.take();
 }
 
 }  // namespace pagedattn

@@ -14,10 +14,14 @@ using tokenizer_detail::ByteLevelBpe;
 using tokenizer_detail::SentencePieceBpe;
 
 struct Tokenizer::Impl {
+  struct ByteRange {
+    std::size_t begin;
+    std::size_t end;  // exclusive
+  };
   TokenizerVocab vocab;
   tokenizer_detail::TokenIndex index;
   // Special tokens by first byte, longest first: control/unknown ones (matched
-  // only with parse_special) and user-defined ones (always matched).
+  // only in text parsed for them) and user-defined ones (always matched).
   struct Special {
     std::string_view text;
     std::int32_t id;
@@ -50,13 +54,47 @@ struct Tokenizer::Impl {
     sentencepiece->encode(text, prefix, out);
   }
   // The special token matching at text[pos], longest first; nullptr if none.
-  const Special* special_at(std::string_view text, std::size_t pos, bool parse_special) const {
+  // A control token matches only when it ends by `control_end` (the end of
+  // the trusted region holding pos, or 0 outside any).
+  const Special* special_at(std::string_view text, std::size_t pos, std::size_t control_end) const {
     for (const Special& s : specials_by_first_byte[static_cast<unsigned char>(text[pos])]) {
-      if ((s.always || parse_special) && text.compare(pos, s.text.size(), s.text) == 0) return &s;
+      const bool allowed = s.always || pos + s.text.size() <= control_end;
+      if (allowed && text.compare(pos, s.text.size(), s.text) == 0) return &s;
     }
     return nullptr;
   }
+  // `trusted`: the sorted, disjoint byte ranges of `text` in which control
+  // tokens are parsed.
+  std::vector<std::int32_t> encode(std::string_view text, std::span<const ByteRange> trusted,
+                                   bool add_special) const;
 };
+
+std::vector<std::int32_t> Tokenizer::Impl::encode(std::string_view text,
+                                                  std::span<const ByteRange> trusted,
+                                                  bool add_special) const {
+  std::vector<std::int32_t> out;
+  out.reserve(text.size() / 3 + 2);
+  if (add_special && vocab.add_bos) out.push_back(vocab.bos_id);
+  // Text between special tokens goes to the model piece by piece.
+  std::size_t piece_begin = 0;
+  std::size_t range = 0;  // the first trusted range not wholly before pos
+  for (std::size_t pos = 0; pos < text.size();) {
+    while (range < trusted.size() && trusted[range].end <= pos) ++range;
+    const bool in_trusted = range < trusted.size() && trusted[range].begin <= pos;
+    const Special* special = special_at(text, pos, in_trusted ? trusted[range].end : 0);
+    if (special == nullptr) {
+      ++pos;
+      continue;
+    }
+    encode_text(text.substr(piece_begin, pos - piece_begin), piece_begin, out);
+    out.push_back(special->id);
+    pos += special->text.size();
+    piece_begin = pos;
+  }
+  encode_text(text.substr(piece_begin), piece_begin, out);
+  if (add_special && vocab.add_eos) out.push_back(vocab.eos_id);
+  return out;
+}
 
 Tokenizer::Tokenizer(TokenizerVocab vocab) : impl_(std::make_unique<Impl>()) {
   validate_tokenizer_vocab(vocab);
@@ -91,26 +129,28 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
 std::vector<std::int32_t> Tokenizer::encode(std::string_view text,
                                             const EncodeOptions& options) const {
-  const Impl& m = *impl_;
-  std::vector<std::int32_t> out;
-  out.reserve(text.size() / 3 + 2);
-  if (options.add_special && m.vocab.add_bos) out.push_back(m.vocab.bos_id);
-  // Text between special tokens goes to the model piece by piece.
-  std::size_t piece_begin = 0;
-  for (std::size_t pos = 0; pos < text.size();) {
-    const Impl::Special* special = m.special_at(text, pos, options.parse_special);
-    if (special == nullptr) {
-      ++pos;
-      continue;
+  const Impl::ByteRange whole{0, text.size()};
+  const std::span<const Impl::ByteRange> trusted =
+      options.parse_special ? std::span(&whole, 1) : std::span<const Impl::ByteRange>();
+  return impl_->encode(text, trusted, options.add_special);
+}
+
+std::vector<std::int32_t> Tokenizer::encode_segments(std::span<const TextSegment> segments,
+                                                     const EncodeOptions& options) const {
+  std::string text;
+  std::vector<Impl::ByteRange> trusted;
+  for (const TextSegment& segment : segments) {
+    const std::size_t begin = text.size();
+    text += segment.text;
+    if (!segment.parse_special || segment.text.empty()) continue;
+    // Consecutive trusted segments are one range: a token may span them.
+    if (!trusted.empty() && trusted.back().end == begin) {
+      trusted.back().end = text.size();
+    } else {
+      trusted.push_back({begin, text.size()});
     }
-    m.encode_text(text.substr(piece_begin, pos - piece_begin), piece_begin, out);
-    out.push_back(special->id);
-    pos += special->text.size();
-    piece_begin = pos;
   }
-  m.encode_text(text.substr(piece_begin), piece_begin, out);
-  if (options.add_special && m.vocab.add_eos) out.push_back(m.vocab.eos_id);
-  return out;
+  return impl_->encode(text, trusted, options.add_special);
 }
 
 std::string Tokenizer::token_to_piece(std::int32_t id, const DecodeOptions& options) const {

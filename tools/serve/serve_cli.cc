@@ -60,6 +60,10 @@ void add_engine_flags(CLI::App& app, ServeOptions& o) {
       ->check(number_in(0, 1 << 20));
   add_bf16_products_flag(app, o.bf16_products);
   add_tensor_parallel_flag(app, o.tensor_parallel);
+  app.add_flag("--parse-special-in-messages", o.parse_special_in_messages,
+               "chat messages' control-token text (<|im_end|>, ...) becomes control tokens; "
+               "lets clients forge turns, so only for trusted clients (default off: message "
+               "text is plain text)");
 }
 
 void add_http_flags(CLI::App& app, ServerOptions& s) {
@@ -171,7 +175,7 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
   std::unique_ptr<TextCodec> codec;
   if (is_gguf(o.model)) {
     const GgufFile file = GgufFile::open(o.model);
-    codec = make_gguf_codec(file);
+    codec = make_gguf_codec(file, o.parse_special_in_messages);
     ec.model = tools::make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& s) {
       return make_gguf_model(file, {.max_position = o.max_position, .shard = s});
     });

@@ -18,6 +18,8 @@ struct ServeOptions {
   double host_kv_memory_mib = 0.0;   // 0: no host tier
   bool bf16_products = false;        // EngineConfig::bf16_products
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
+  // make_gguf_codec's switch (--parse-special-in-messages): trusted clients only.
+  bool parse_special_in_messages = false;
   bool help = false;
 };
 

@@ -63,7 +63,9 @@ class TokenizerStream final : public TextStream {
 
 class GgufCodec final : public TextCodec {
  public:
-  explicit GgufCodec(const GgufFile& file) : tokenizer_(read_tokenizer_vocab(file)) {
+  GgufCodec(const GgufFile& file, bool parse_special_in_messages)
+      : tokenizer_(read_tokenizer_vocab(file)),
+        parse_special_in_messages_(parse_special_in_messages) {
     try {
       chat_.emplace(read_chat_template(file, tokenizer_));
     } catch (const Unsupported&) {
@@ -75,8 +77,7 @@ class GgufCodec final : public TextCodec {
   }
   std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages) const override {
     require(chat_.has_value(), "messages: this model has no chat template");
-    return tokenizer_.encode(chat_->render(messages, true),
-                             {.add_special = false, .parse_special = true});
+    return chat_->encode(tokenizer_, messages, {}, parse_special_in_messages_);
   }
   std::unique_ptr<TextStream> decoder() const override {
     return std::make_unique<TokenizerStream>(tokenizer_);
@@ -96,6 +97,7 @@ class GgufCodec final : public TextCodec {
  private:
   Tokenizer tokenizer_;
   std::optional<ChatTemplate> chat_;
+  bool parse_special_in_messages_;
 };
 
 }  // namespace
@@ -104,8 +106,8 @@ std::unique_ptr<TextCodec> make_byte_codec(std::int32_t vocab_size, std::int32_t
   return std::make_unique<ByteCodec>(vocab_size, eos_token_id);
 }
 
-std::unique_ptr<TextCodec> make_gguf_codec(const GgufFile& file) {
-  return std::make_unique<GgufCodec>(file);
+std::unique_ptr<TextCodec> make_gguf_codec(const GgufFile& file, bool parse_special_in_messages) {
+  return std::make_unique<GgufCodec>(file, parse_special_in_messages);
 }
 
 }  // namespace pagedattn::serve

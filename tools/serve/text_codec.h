@@ -34,7 +34,9 @@ class TextCodec {
   virtual ~TextCodec() = default;
   virtual std::vector<std::int32_t> encode(std::string_view text) const = 0;
   // The conversation rendered as a prompt that asks for the assistant's turn.
-  // InvalidArgument for a role the model's template cannot express.
+  // Control-token text inside a message's role or content stays plain text
+  // unless the codec was made to trust messages. InvalidArgument for a role
+  // the model's template cannot express.
   virtual std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages) const = 0;
   virtual std::unique_ptr<TextStream> decoder() const = 0;
   // Tokens that end a turn (EOS, end-of-turn controls); never shown as text.
@@ -45,6 +47,10 @@ class TextCodec {
 std::unique_ptr<TextCodec> make_byte_codec(std::int32_t vocab_size, std::int32_t eos_token_id);
 // GGUF models: the file's tokenizer and chat template (no template: chat
 // requests are refused with InvalidArgument when they arrive).
-std::unique_ptr<TextCodec> make_gguf_codec(const GgufFile& file);
+// `parse_special_in_messages` (--parse-special-in-messages): messages'
+// control-token text becomes control tokens, letting clients write raw turn
+// markers; only for trusted clients, since it lets them forge turns.
+std::unique_ptr<TextCodec> make_gguf_codec(const GgufFile& file,
+                                           bool parse_special_in_messages = false);
 
 }  // namespace pagedattn::serve
