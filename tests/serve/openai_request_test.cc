@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "api_error.h"
+#include "pagedattn/errors.h"
 
 namespace pagedattn::serve {
 namespace {
@@ -91,6 +92,78 @@ TEST(OpenAiRequest, BadFieldsAre400NamingTheField) {
             P(400, "messages[0].role"));
   EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": 5}]})", Endpoint::kChat),
             P(400, "messages[0].content"));
+}
+
+// The message an ApiError carries.
+std::string message_of(const std::string& body, Endpoint e = Endpoint::kCompletions) {
+  try {
+    parse(body, e);
+  } catch (const ApiError& err) {
+    return err.what();
+  }
+  return "accepted";
+}
+
+TEST(OpenAiRequest, MessagesNameTheFieldOnceAndTheValueAsSent) {
+  EXPECT_EQ(message_of(R"({"prompt": "a", "temperature": 3.5})"),
+            "'temperature' = 3.5 must be a number in [0, 2]");
+  EXPECT_EQ(message_of(R"({"prompt": "a", "temperature": "hot"})"),
+            "'temperature' = \"hot\" must be a number in [0, 2]");
+  EXPECT_EQ(message_of(R"({"prompt": "a", "top_p": 0})"), "'top_p' = 0 must be a number in (0, 1]");
+  EXPECT_EQ(message_of(R"({"prompt": "a", "max_tokens": 0})"),
+            "'max_tokens' = 0 must be an integer in [1, 2147483647]");
+  EXPECT_EQ(message_of(R"({"prompt": [1, 300]})"),
+            "'prompt[1]' = 300 must be an integer in [0, 299]");
+  EXPECT_EQ(message_of(R"({"prompt": "a", "stream_options": {"include_usage": "yes"}})"),
+            "'stream_options.include_usage' = \"yes\" must be a boolean");
+  EXPECT_EQ(message_of(R"({"messages": [{"role": "user", "content": [{"type": "image"}]}]})",
+                       Endpoint::kChat),
+            "'messages[0].content[0]' must be {\"type\": \"text\", \"text\": STRING}");
+  // A long value is cut short: it is the client's.
+  EXPECT_EQ(message_of(R"({"prompt": "a", "n": ")" + std::string(100, 'x') + R"("})"),
+            "'n' = \"" + std::string(39, 'x') + "... must be an integer in [1, 4]");
+}
+
+// A codec whose chat template refuses every conversation with `error`.
+class RefusingChatCodec final : public TextCodec {
+ public:
+  explicit RefusingChatCodec(std::string error) : error_(std::move(error)) {}
+  std::vector<std::int32_t> encode(std::string_view text) const override {
+    return bytes_->encode(text);
+  }
+  std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>&) const override {
+    throw InvalidArgument(error_);
+  }
+  std::unique_ptr<TextStream> decoder() const override { return bytes_->decoder(); }
+  std::vector<std::int32_t> stop_token_ids() const override { return {}; }
+
+ private:
+  std::string error_;
+  std::unique_ptr<TextCodec> bytes_ = make_byte_codec(300, 2);
+};
+
+std::string chat_message_of(const std::string& codec_error) {
+  const RefusingChatCodec codec(codec_error);
+  try {
+    parse_generation_request(R"({"messages": [{"role": "bot", "content": "x"}]})", Endpoint::kChat,
+                             codec, kLimits);
+  } catch (const ApiError& err) {
+    EXPECT_EQ(err.param(), "messages");
+    return err.what();
+  }
+  return "accepted";
+}
+
+TEST(OpenAiRequest, ChatTemplateErrorsNameTheMessagesOnce) {
+  // The GGUF codec's text names the messages already.
+  EXPECT_EQ(chat_message_of("messages: this model has no chat template"),
+            "messages: this model has no chat template");
+  // The template's names the message; its internal function name is dropped.
+  EXPECT_EQ(chat_message_of("ChatTemplate::render: messages[0].role is \"bot\"; the form renders "
+                            "system, user and assistant messages"),
+            "messages[0].role is \"bot\"; the form renders system, user and assistant messages");
+  // A text that names no messages gets them named.
+  EXPECT_EQ(chat_message_of("roles must alternate"), "messages: roles must alternate");
 }
 
 TEST(OpenAiRequest, CacheSaltNamesATenant) {

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -275,6 +277,42 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
   EXPECT_TRUE(server_->idle_and_empty());
 }
 
+// httplib would read "-5" as 2^64 - 5 and 20 digits as 2^64 - 1, then wait a
+// read timeout (10 s here) for the body before its 413; and of two lengths it
+// trusts the first. Each is refused before the body, and the connection closed.
+TEST_F(ServerTest, AMalformedContentLengthIs400AtOnceAndClosesTheConnection) {
+  for (const char* lengths : {"Content-Length: -5", "Content-Length: 99999999999999999999",
+                              "Content-Length: 2\r\nContent-Length: 5"}) {
+    SocketClient s(server_->port());
+    const auto start = std::chrono::steady_clock::now();
+    s.send(std::string("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n") +
+           "Authorization: Bearer " + kKey + "\r\nContent-Type: application/json\r\n" + lengths +
+           "\r\n\r\n");
+    // Returns when the server closes the connection (or after 5 s).
+    const std::string reply = s.read_until("never sent", 5s);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s) << lengths;
+    ASSERT_TRUE(reply.starts_with("HTTP/1.1 400 ")) << lengths << ": " << reply;
+    const std::size_t body = reply.find("\r\n\r\n");
+    ASSERT_NE(body, std::string::npos) << reply;
+    const json e = json::parse(reply.substr(body + 4))["error"];
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    EXPECT_NE(e["message"].get<std::string>().find("Content-Length"), std::string::npos) << e;
+  }
+}
+
+TEST(ApiKey, SecretMatchesOnlyTheWholeSecret) {
+  EXPECT_TRUE(secret_matches("Bearer key-123", "Bearer key-123"));
+  EXPECT_FALSE(secret_matches("Bearer key-124", "Bearer key-123"));  // last byte
+  EXPECT_FALSE(secret_matches("bearer key-123", "Bearer key-123"));  // first byte
+  EXPECT_FALSE(secret_matches("Bearer key-12", "Bearer key-123"));   // a prefix
+  EXPECT_FALSE(secret_matches("Bearer key-123x", "Bearer key-123"));
+  // The secret repeated is still a different length.
+  EXPECT_FALSE(secret_matches("abcabc", "abc"));
+  EXPECT_FALSE(secret_matches("", "abc"));
+  EXPECT_FALSE(secret_matches("abc", ""));
+  EXPECT_TRUE(secret_matches("", ""));
+}
+
 TEST_F(ServerTest, AClientThatHangsUpAbortsItsRequestAndFreesItsPages) {
   SocketClient s(server_->port());
   const json body = {
@@ -371,6 +409,83 @@ TEST(ServerLimits, LongWholeResponsesKeepAliveAndAbortWhenTheClientLeaves) {
   leaver.close();
   EXPECT_TRUE(server.idle_and_empty()) << "the request kept running after its client left";
   EXPECT_EQ(aborts(), before + 1);
+}
+
+// The tiny model, except that a forward waits while the test holds it (for
+// at most kLongest): an engine step as long as a test wants, without a big model.
+class HoldableModel final : public Model {
+ public:
+  static constexpr auto kLongest = 5s;
+  explicit HoldableModel(std::shared_ptr<Model> inner) : inner_(std::move(inner)) {}
+  const ModelSpec& spec() const override { return inner_->spec(); }
+  void attach_cache(PagedKVCache& cache) override { inner_->attach_cache(cache); }
+  void forward(const ForwardBatch& batch, PagedKVCache& cache, std::span<float> logits) override {
+    {
+      std::unique_lock lock(mutex_);
+      entered_ = true;
+      cv_.notify_all();
+      cv_.wait_for(lock, kLongest, [this] { return !held_; });
+    }
+    inner_->forward(batch, cache, logits);
+  }
+  void hold() {
+    const std::lock_guard lock(mutex_);
+    held_ = true;
+  }
+  void release() {
+    {
+      const std::lock_guard lock(mutex_);
+      held_ = false;
+    }
+    cv_.notify_all();
+  }
+  bool wait_until_a_step_runs(std::chrono::seconds timeout) {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, timeout, [this] { return entered_; });
+  }
+
+ private:
+  std::shared_ptr<Model> inner_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool held_ = false, entered_ = false;
+};
+
+// /health and /metrics read what the engine thread published after its last
+// step: they answer while a step runs (here held for up to 5 s, as a long
+// prefill would), not when it ends.
+TEST(ServerLiveness, HealthAndMetricsAnswerWhileAStepRuns) {
+  const LlamaConfig c = llama_preset("tiny");
+  auto model = std::make_shared<HoldableModel>(make_llama_model(c));
+  EngineConfig ec;
+  ec.model = model;
+  ec.kv_memory_bytes = 4 << 20;
+  ServerOptions o;
+  o.port = 0;
+  RunningServer server(
+      std::make_unique<HttpServer>(ec, make_byte_codec(c.vocab_size, c.eos_token_id), o));
+  model->hold();
+  std::thread request([&] {
+    auto res = server.client(nullptr).Post(
+        "/v1/completions", R"({"prompt": "a long prefill", "max_tokens": 2})", "application/json");
+    EXPECT_TRUE(res && res->status == 200);
+  });
+  const bool step_runs = model->wait_until_a_step_runs(30s);
+  auto timed_get = [&](const char* path) {
+    const auto start = std::chrono::steady_clock::now();
+    auto res = server.client(nullptr).Get(path);
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_TRUE(res && res->status == 200) << path;
+    EXPECT_LT(took, 1s) << path << " waited for the engine step";
+    return res ? res->body : "";
+  };
+  const std::string metrics = timed_get("/metrics");
+  timed_get("/health");
+  model->release();
+  request.join();
+  EXPECT_TRUE(step_runs);
+  EXPECT_NE(metrics.find("\npagedattn_requests_in_flight 1\n"), std::string::npos) << metrics;
+  EXPECT_TRUE(server.idle_and_empty());
 }
 
 TEST(ServerLimits, AFullQueueIs429) {

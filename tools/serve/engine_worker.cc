@@ -50,6 +50,7 @@ RequestChannel::News RequestChannel::wait(std::chrono::milliseconds timeout) {
 EngineWorker::EngineWorker(EngineConfig config, std::int32_t max_requests, ServerMetrics& metrics)
     : engine_(std::move(config)), metrics_(metrics), max_requests_(max_requests) {
   engine_.set_stream_callback([this](const RequestOutput& out) { on_output(out); });
+  publish_snapshot(engine_.stats(), times_);  // no step runs yet: the engine lock is free
   thread_ = std::thread([this] { run(); });
 }
 
@@ -78,6 +79,7 @@ EngineWorker::Ticket EngineWorker::submit(std::span<const std::int32_t> prompt,
   h.submitted = Clock::now();
   h.prompt_tokens = std::ssize(prompt);
   h.per_sample.assign(std::size_t(params.n), 0);
+  count_held_locked();
   ++submissions_;
   work_cv_.notify_one();
   return {id, h.channel};
@@ -94,6 +96,7 @@ void EngineWorker::abort(RequestId id) {
     n = std::int32_t(it->second.per_sample.size());
     finish_locked(id, it->second);
     held_.erase(it);
+    count_held_locked();
     try {
       engine_.abort(id);
     } catch (const InvalidArgument&) {
@@ -119,14 +122,15 @@ void EngineWorker::drain(std::chrono::milliseconds timeout) {
   for (RequestId id : left) abort(id);
 }
 
-std::int64_t EngineWorker::in_flight() const {
-  const std::lock_guard lock(mutex_);
-  return std::ssize(held_);
+std::shared_ptr<const EngineWorker::Snapshot> EngineWorker::snapshot() const {
+  const std::lock_guard lock(snapshot_mutex_);
+  return snapshot_;
 }
 
-EngineThreadTimes EngineWorker::thread_times() const {
-  const std::lock_guard lock(mutex_);
-  return times_;
+void EngineWorker::publish_snapshot(const EngineStats& engine, const EngineThreadTimes& thread) {
+  auto next = std::make_shared<const Snapshot>(Snapshot{engine, thread});
+  const std::lock_guard lock(snapshot_mutex_);
+  snapshot_ = std::move(next);
 }
 
 void EngineWorker::run() {
@@ -149,10 +153,13 @@ void EngineWorker::run() {
     }
     const double took = seconds(Clock::now() - start);
     if (!failure.empty()) fail_all(failure);
+    // Between steps, on the only thread that steps: the engine lock is free.
+    const EngineStats engine_stats = engine_.stats();
     lock.lock();
     times_.in_step += took;
     if (step_tokens_ > 0) metrics_.count_generated(step_tokens_);  // once per step, not per request
     step_tokens_ = 0;
+    publish_snapshot(engine_stats, times_);
   }
 }
 
@@ -179,6 +186,7 @@ void EngineWorker::on_output(const RequestOutput& out) {
       if (out.finished) {
         finish_locked(out.request_id, h);
         held_.erase(it);
+        count_held_locked();
       }
     }
     step_tokens_ += tokens;
@@ -214,6 +222,7 @@ void EngineWorker::fail_all(const std::string& message) {
       }
     }
     held_.clear();
+    count_held_locked();
   }
   for (auto& [channel, n] : failed)
     channel->close(FinishReason::kAborted, n, "engine step failed: " + message);

@@ -5,6 +5,7 @@
 // aborted, and its pages go back to the pool.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -63,9 +64,18 @@ class EngineWorker {
   // Waits until no request is held or `timeout` passes; then aborts the rest.
   void drain(std::chrono::milliseconds timeout);
 
-  std::int64_t in_flight() const;
-  EngineStats stats() const { return engine_.stats(); }
-  EngineThreadTimes thread_times() const;
+  // What /metrics and /health read. The engine thread publishes a new one
+  // after every step: a reader takes the last one and never waits for the
+  // engine's lock, which a long prefill holds for seconds.
+  struct Snapshot {
+    EngineStats engine;
+    EngineThreadTimes thread;
+  };
+  std::shared_ptr<const Snapshot> snapshot() const;
+  EngineStats stats() const { return snapshot()->engine; }  // as of the last step
+  EngineThreadTimes thread_times() const { return snapshot()->thread; }
+  // Requests held; lock-free, as abort() holds mutex_ while it waits for a step.
+  std::int64_t in_flight() const { return in_flight_.load(); }
   const Engine& engine() const { return engine_; }
 
  private:
@@ -79,6 +89,8 @@ class EngineWorker {
   void on_output(const RequestOutput& out);
   void finish_locked(RequestId id, Held& h);
   void fail_all(const std::string& message);
+  void count_held_locked() { in_flight_ = std::ssize(held_); }
+  void publish_snapshot(const EngineStats& engine, const EngineThreadTimes& thread);
 
   Engine engine_;
   ServerMetrics& metrics_;
@@ -91,7 +103,10 @@ class EngineWorker {
   bool accepting_ = true;
   bool stop_ = false;
   EngineThreadTimes times_;
-  std::int64_t step_tokens_ = 0;  // generated in the running step's callbacks
+  std::int64_t step_tokens_ = 0;            // generated in the running step's callbacks
+  std::atomic<std::int64_t> in_flight_{0};  // held_.size(), for readers that must not wait
+  mutable std::mutex snapshot_mutex_;       // held only to swap or copy the pointer
+  std::shared_ptr<const Snapshot> snapshot_;
   std::thread thread_;
 };
 

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <charconv>
 #include <chrono>
 #include <ctime>
 #include <thread>
@@ -35,10 +36,57 @@ RequestLimits limits_of(const Engine& engine) {
 }
 
 bool authorized(const httplib::Request& req, const std::string& key) {
-  return key.empty() || req.get_header_value("Authorization") == "Bearer " + key;
+  return key.empty() || secret_matches(req.get_header_value("Authorization"), "Bearer " + key);
+}
+
+// httplib reads Content-Length with strtoull: "-5" wraps to a huge length and
+// 20 digits saturate, and either makes it wait a read timeout for a body that
+// never comes before its 413. One plain decimal that fits 64 bits is trusted.
+// Returns what is wrong, or "" when nothing is.
+std::string content_length_problem(const httplib::Request& req) {
+  const std::size_t count = req.get_header_value_count("Content-Length");
+  if (count == 0) return "";
+  // Two lengths: a proxy and this server could delimit the body differently.
+  if (count > 1) return "the request has " + std::to_string(count) + " Content-Length headers";
+  const std::string value = req.get_header_value("Content-Length");
+  const char* end = value.data() + value.size();
+  std::uint64_t length = 0;
+  const auto [stop, error] = std::from_chars(value.data(), end, length);
+  if (!value.empty() && error == std::errc() && stop == end) return "";
+  constexpr std::size_t kShown = 40;  // the value is the client's: echo a bounded part
+  const std::string shown = value.size() > kShown ? value.substr(0, kShown) + "..." : value;
+  return "Content-Length = '" + shown + "' must be a decimal integer in [0, 2^64)";
+}
+
+// Answers `e` and closes the connection: the body after the headers (if any)
+// cannot be delimited, so it must not be read as the next request. httplib
+// closes a connection whose content provider fails, so the provider writes
+// the whole body and then reports a failure.
+void refuse_and_close(httplib::Response& res, const ApiError& e) {
+  const auto body = std::make_shared<const std::string>(e.to_json());
+  res.status = e.status();
+  res.set_header("Connection", "close");
+  res.set_content_provider(body->size(), "application/json",
+                           [body](std::size_t offset, std::size_t, httplib::DataSink& sink) {
+                             sink.write(body->data() + offset, body->size() - offset);
+                             return false;
+                           });
 }
 
 }  // namespace
+
+bool secret_matches(std::string_view given, std::string_view secret) {
+  // Every byte of `given` is compared, against the secret repeated as needed,
+  // and the length difference is folded into the same accumulator.
+  unsigned char differ = given.size() == secret.size() ? 0 : 1;
+  std::size_t j = 0;
+  for (const char c : given) {
+    const char s = secret.empty() ? '\0' : secret[j];
+    differ |= static_cast<unsigned char>(c ^ s);
+    j = j + 1 == secret.size() ? 0 : j + 1;
+  }
+  return differ == 0;
+}
 
 HttpServer::HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options)
     : options_(std::move(options)),
@@ -78,7 +126,9 @@ void HttpServer::install_limits() {
   // get OpenAI's JSON shape too.
   const httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req,
                                                            httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    // Ours already (refuse_and_close's body comes from its content provider).
+    if (!res.body.empty() || res.content_provider_)
+      return httplib::Server::HandlerResponse::Unhandled;
     const std::string what = res.status == 404 ? "no route " + req.method + " " + req.path
                              : res.status == 413
                                  ? "the request body exceeds the limit (--max-body-bytes)"
@@ -98,7 +148,12 @@ void HttpServer::install_limits() {
         }
         send_error(res, ApiError(500, what));
       });
+  // Runs after the headers, before httplib reads the body.
   http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (const std::string problem = content_length_problem(req); !problem.empty()) {
+      refuse_and_close(res, ApiError(400, problem));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.path.starts_with("/v1/") && !authorized(req, options_.api_key)) {
       send_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", "",
                                "invalid_api_key"));
@@ -210,8 +265,10 @@ void HttpServer::install_routes() {
   });
 }
 
+// Reads only the worker's snapshot and atomics: answers while a step runs.
 std::string HttpServer::metrics_text() const {
-  return metrics_.render(worker_->stats(), worker_->thread_times(), worker_->in_flight());
+  const auto snapshot = worker_->snapshot();
+  return metrics_.render(snapshot->engine, snapshot->thread, worker_->in_flight());
 }
 
 void HttpServer::bind() {

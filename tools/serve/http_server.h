@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "engine_worker.h"
 #include "server_metrics.h"
@@ -36,6 +37,11 @@ struct ServerOptions {
   // non-streamed response still being made writes a keep-alive this often.
   int keep_alive_ms = 1000;
 };
+
+// True when `given` equals `secret`, in a time that depends on the lengths
+// only: no exit at the first differing byte nor on a length difference, so a
+// client cannot find the API key byte by byte by timing its 401s.
+bool secret_matches(std::string_view given, std::string_view secret);
 
 class HttpServer {
  public:

@@ -1,8 +1,10 @@
 #include "openai_request.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -26,30 +28,55 @@ const json* field(const json& body, const char* name) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+// The value as the client wrote it (JSON; numbers in their shortest form),
+// cut short: it is the client's and may be long.
+std::string shown(const json& v) {
+  constexpr std::size_t kShown = 40;
+  const std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return text.size() > kShown ? text.substr(0, kShown) + "..." : text;
+}
+
+// The field and the value it was given: "'temperature' = 3.5 must be ...".
+[[noreturn]] void bad_value(const std::string& field, const json& v, const std::string& why) {
+  bad_field(field, "= " + shown(v) + " " + why);
+}
+
+// The shortest text that reads back as x (2, 0.5, 1e+30), where std::to_string
+// would write 2.000000.
+std::string shortest(double x) {
+  char buf[32];
+  const auto [end, error] = std::to_chars(buf, buf + sizeof buf, x);
+  return error == std::errc() ? std::string(buf, end) : "?";
+}
+
+std::string integer_range(std::int64_t min, std::int64_t max) {
+  return "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+}
+
 std::int64_t integer(const json& v, const std::string& name, std::int64_t min, std::int64_t max) {
-  if (!v.is_number_integer()) bad_field(name, "must be an integer");
+  if (!v.is_number_integer()) bad_value(name, v, integer_range(min, max));
   // Unsigned values above int64 max come back as large uint64.
   if (v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t(max))
-    bad_field(name,
-              "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    bad_value(name, v, integer_range(min, max));
   const std::int64_t x = v.get<std::int64_t>();
-  if (x < min || x > max)
-    bad_field(name,
-              "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  if (x < min || x > max) bad_value(name, v, integer_range(min, max));
   return x;
 }
 
-double number(const json& v, const std::string& name, double min, double max) {
-  if (!v.is_number()) bad_field(name, "must be a number");
+// A number in [min, max], or in (min, max] when `min_excluded`.
+double number(const json& v, const std::string& name, double min, double max,
+              bool min_excluded = false) {
+  const std::string range = "must be a number in " + std::string(min_excluded ? "(" : "[") +
+                            shortest(min) + ", " + shortest(max) + "]";
+  if (!v.is_number()) bad_value(name, v, range);
   const double x = v.get<double>();
-  if (!std::isfinite(x) || x < min || x > max)
-    bad_field(name,
-              "must be a number in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  const bool above_min = min_excluded ? x > min : x >= min;
+  if (!std::isfinite(x) || !above_min || x > max) bad_value(name, v, range);
   return x;
 }
 
 bool boolean(const json& v, const std::string& name) {
-  if (!v.is_boolean()) bad_field(name, "must be a boolean");
+  if (!v.is_boolean()) bad_value(name, v, "must be a boolean");
   return v.get<bool>();
 }
 
@@ -97,6 +124,20 @@ std::string message_content(const json& m, const std::string& name) {
   return text;
 }
 
+// The codec's or chat template's error as the client's: without the internal
+// function that raised it ("ChatTemplate::render: "), and naming the messages
+// once: the text may name them already ("messages[1].role ..."), else they
+// are named here.
+std::string chat_error_message(std::string_view what) {
+  constexpr std::string_view kMessages = "messages";
+  const std::size_t qualifier = what.find(": ");
+  if (qualifier != std::string_view::npos &&
+      what.substr(0, qualifier).find("::") != std::string_view::npos)
+    what.remove_prefix(qualifier + 2);
+  if (what.starts_with(kMessages)) return std::string(what);
+  return "messages: " + std::string(what);
+}
+
 std::vector<std::int32_t> chat_prompt(const json& body, const TextCodec& codec) {
   const json* ms = field(body, "messages");
   if (ms == nullptr) bad_field("messages", "is required");
@@ -113,7 +154,7 @@ std::vector<std::int32_t> chat_prompt(const json& body, const TextCodec& codec) 
   try {
     return codec.encode_chat(messages);
   } catch (const InvalidArgument& e) {
-    throw ApiError(400, std::string("messages: ") + e.what(), "messages");
+    throw ApiError(400, chat_error_message(e.what()), "messages");
   }
 }
 
@@ -170,8 +211,9 @@ void read_sampling(const json& body, const RequestLimits& limits, GenerationRequ
   if (const json* v = field(body, "temperature"))
     p.temperature = float(number(*v, "temperature", 0, 2));
   if (const json* v = field(body, "top_p")) {
-    p.top_p = float(number(*v, "top_p", 0, 1));
-    if (p.top_p <= 0.0f) bad_field("top_p", "must be in (0, 1]");
+    p.top_p = float(number(*v, "top_p", 0, 1, true));
+    // A positive double below float's range rounds to 0, which the engine refuses.
+    if (p.top_p <= 0.0f) bad_value("top_p", *v, "must be a number in (0, 1]");
   }
   if (const json* v = field(body, "top_k")) {
     const std::int64_t k = integer(*v, "top_k", -1, limits.vocab_size);
