@@ -268,46 +268,5 @@ TEST(PrefixCache, AddWithPrefixValidatesFirst) {
   kv.end_forward();
 }
 
-// The example of docs/prefix_caching.md (keep the two the same).
-TEST(PrefixCacheDocs, ExampleRuns) {
-  // --- docs example begin
-  KVCacheConfig c;
-  c.num_layers = 2;
-  c.num_qo_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 64;
-  c.page_size = 16;
-  c.num_pages = 256;
-  c.enable_prefix_caching = true;
-  c.host_num_pages = 512;  // optional host tier (or host_memory_budget_bytes)
-  PagedKVCache cache(c);
-
-  std::vector<std::int32_t> prompt(40, 7);  // token ids from the tokenizer
-  // 1. Admission: how much would the cache supply, and at what page cost?
-  PrefixMatch m = cache.match_prefix(prompt, /*cache_salt=*/0);
-  if (m.pages_taken <= cache.num_free_pages()) {
-    // 2. Add the sequence holding the cached prefix (m.num_tokens tokens).
-    std::int64_t held = cache.add_sequence_with_prefix(1, prompt);
-    // 3. Compute the rest as usual: begin_forward(ids, {prompt.size() - held}),
-    //    attention per layer, end_forward - then tell the cache the token ids
-    //    so that its full pages are published (after every decode step too,
-    //    with the generated tokens appended).
-    const std::vector<SeqId> ids = {1};
-    const std::vector<std::int64_t> lens = {std::ssize(prompt) - held};
-    cache.begin_forward(ids, lens);
-    // ... cache.attention(layer, q, k, v, out) for every layer ...
-    for (std::int32_t l = 0; l < c.num_layers; ++l) cache.mark_layer_appended(l);
-    cache.end_forward();
-    cache.set_sequence_tokens(1, prompt);
-  }
-  // 4. When the request finishes its full pages stay cached (evictable).
-  cache.remove_sequence(1);
-  PrefixCacheStats s = cache.prefix_cache_stats();  // hit_tokens / query_tokens
-  // --- docs example end
-  EXPECT_EQ(s.queries, 1);
-  EXPECT_EQ(cache.num_cached_pages(), 2);
-  EXPECT_EQ(cache.match_prefix(prompt).num_tokens, 32);
-}
-
 }  // namespace
 }  // namespace pagedattn::test
