@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
@@ -160,6 +161,19 @@ class GenerationOutput:
     outputs: List[CompletionOutput] = field(default_factory=list)
 
 
+class _Call:
+    """One LLM.generate call's requests: the samples received so far
+    ({request id: {sample index: [token ids, finish reason]}}), the requests
+    not finished yet, and the error that ended the call in another thread."""
+
+    __slots__ = ("samples", "unfinished", "error")
+
+    def __init__(self):
+        self.samples: Dict[int, Dict[int, list]] = {}
+        self.unfinished: set = set()
+        self.error: Optional[BaseException] = None
+
+
 class LLM:
     """vLLM-style offline generation.
 
@@ -171,6 +185,19 @@ class LLM:
     returns a GenerationOutput per prompt, in order. Without explicit
     stop_token_ids a GGUF model stops at EOS and its end-of-turn tokens, like
     the `pagedattn generate` CLI.
+
+    Threads: generate and chat may be called from several threads at once.
+    Their requests share the engine's batches; one thread at a time steps the
+    engine and hands every output to the call that added its request, so each
+    call returns exactly its own results (with deterministic=True, the same
+    tokens as alone). A call that raises (a refused prompt or parameter, an
+    exception such as KeyboardInterrupt while it waits) aborts its requests
+    and leaves none behind; the next call works. If a step raises, its outputs
+    are lost: that step's thread raises its exception and every other call
+    waiting at that moment raises RuntimeError (never a truncated result).
+    Do not step or iterate llm.engine yourself while generate runs (those
+    outputs would not reach their calls); requests added to llm.engine
+    directly are stepped along and their outputs dropped.
     """
 
     def __init__(self, model, *, kv_memory_bytes: int = 256 << 20, deterministic: bool = True,
@@ -179,13 +206,19 @@ class LLM:
                              seed=seed, **engine_options)
         self.tokenizer = self.engine.tokenizer
         self._model_path = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+        # Guards _owners, _stepping and every _Call; notified after each step.
+        self._cond = threading.Condition()
+        self._owners: Dict[int, _Call] = {}  # unfinished request id -> its call
+        self._stepping = False  # a thread is stepping the engine
+        self._delivered = 0  # steps handed out (_deliver calls)
 
     def _params(self, params: Optional[SamplingParams]) -> SamplingParams:
         params = params if params is not None else SamplingParams()
         if self.tokenizer is not None and not params.stop_token_ids and not params.ignore_eos:
             params = SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature,
                                     top_k=params.top_k, top_p=params.top_p, n=params.n,
-                                    seed=params.seed, stop_token_ids=stop_token_ids(self.tokenizer))
+                                    seed=params.seed, stop_token_ids=stop_token_ids(self.tokenizer),
+                                    cache_salt=params.cache_salt)
         return params
 
     def _text(self, ids: List[int]) -> Optional[str]:
@@ -196,7 +229,8 @@ class LLM:
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None
                  ) -> List[GenerationOutput]:
-        """Generates for every prompt (text or token ids; one prompt or a list)."""
+        """Generates for every prompt (text or token ids; one prompt or a list).
+        Safe to call from several threads at once (see LLM)."""
         single = isinstance(prompts, str) or (len(prompts) > 0 and isinstance(prompts[0], numbers.Integral))
         prompt_list: List[Prompt] = [prompts] if single else list(prompts)  # type: ignore[list-item, arg-type]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -205,23 +239,135 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompt_list):
                 raise ValueError(f"LLM.generate: {len(params_list)} sampling_params for {len(prompt_list)} prompts")
-        results = {}
-        for prompt, params in zip(prompt_list, params_list):
-            ids = self.engine.encode(prompt)
-            rid = self.engine.add_request(ids, self._params(params))
-            results[rid] = GenerationOutput(rid, prompt if isinstance(prompt, str) else None, ids)
-        samples: Dict[int, Dict[int, list]] = {rid: {} for rid in results}
-        for output in self.engine:
+        # Everything checkable here is checked before a request is queued.
+        ids_list = [self.engine.encode(prompt) for prompt in prompt_list]
+        params_list = [self._params(params) for params in params_list]
+        results: List[GenerationOutput] = []
+        call = _Call()
+        try:
+            for prompt, ids, params in zip(prompt_list, ids_list, params_list):
+                # Under the lock: no step's outputs for rid are handed out
+                # before rid is registered as this call's.
+                with self._cond:
+                    rid = self.engine.add_request(ids, params)
+                    self._owners[rid] = call
+                    call.unfinished.add(rid)
+                    call.samples[rid] = {}
+                results.append(GenerationOutput(rid, prompt if isinstance(prompt, str) else None, ids))
+            self._drive(call)
+        except BaseException:
+            self._abandon(call)
+            raise
+        for result in results:
+            samples = call.samples[result.request_id]
+            for index in sorted(samples):
+                ids, reason = samples[index]
+                result.outputs.append(CompletionOutput(index, ids, self._text(ids), reason))
+        return results
+
+    def _drive(self, call: _Call, raise_error: bool = True) -> None:
+        """Returns once every request of call finished: steps the engine while
+        no other thread does, else waits for the stepping thread's outputs."""
+        while True:
+            stepping = False
+            outputs: Optional[List[RequestOutput]] = None
+            failure: Optional[BaseException] = None
+            try:
+                with self._cond:
+                    while True:
+                        if raise_error and call.error is not None:
+                            raise call.error
+                        if not call.unfinished:
+                            return
+                        if not self._stepping:
+                            self._stepping = stepping = True
+                            break
+                        self._cond.wait()
+                outputs = self.engine.step()
+            except BaseException as e:
+                failure = e
+                raise
+            finally:
+                if stepping:
+                    with self._cond:
+                        self._stepping = False
+                        try:
+                            self._deliver(outputs, call, failure)
+                        except BaseException as e:  # an interrupt: some outputs went nowhere
+                            self._deliver(None, call, e)
+                            raise
+                        finally:
+                            self._cond.notify_all()
+
+    def _deliver(self, outputs: Optional[List[RequestOutput]], stepper: _Call,
+                 failure: Optional[BaseException]) -> None:
+        """Hands a step's outputs to their calls (self._cond held). outputs None:
+        the step raised (or was interrupted) and its outputs are lost."""
+        self._delivered += 1
+        if outputs is None:
+            for call in set(self._owners.values()):
+                if call is not stepper and call.error is None:
+                    call.error = RuntimeError(
+                        "LLM.generate: a step of the engine raised in another thread "
+                        f"({failure!r}); this call's outputs are incomplete")
+                    call.error.__cause__ = failure
+            return
+        for output in outputs:
+            call = self._owners.get(output.request_id)
+            if call is None:
+                continue  # not added by generate, or abandoned
+            samples = call.samples[output.request_id]
             for sample in output.samples:
-                done = samples[output.request_id].setdefault(sample.index, [[], None])
+                done = samples.setdefault(sample.index, [[], None])
                 done[0].extend(sample.new_token_ids)
                 if sample.finish_reason is not None:
                     done[1] = sample.finish_reason
-        for rid, result in results.items():
-            for index in sorted(samples[rid]):
-                ids, reason = samples[rid][index]
-                result.outputs.append(CompletionOutput(index, ids, self._text(ids), reason))
-        return list(results.values())
+            if output.finished:
+                del self._owners[output.request_id]
+                call.unfinished.discard(output.request_id)
+        # Requests registered under this lock that the engine no longer has
+        # ended without their last output reaching us (llm.engine stepped
+        # elsewhere): fail their calls rather than step forever.
+        if self._owners and not self.engine.has_unfinished():
+            for rid, call in list(self._owners.items()):
+                if call.error is None:
+                    call.error = RuntimeError(
+                        f"LLM.generate: request {rid} ended without its outputs reaching "
+                        "generate (was llm.engine stepped directly?)")
+                call.unfinished.discard(rid)
+                del self._owners[rid]
+
+    def _abandon(self, call: _Call) -> None:
+        """After an exception in generate: aborts call's unfinished requests and
+        steps until the engine has reported them, so none is left behind."""
+        try:
+            with self._cond:
+                left = list(call.unfinished)
+            ended = []  # no longer in the engine: finished, or its last output was lost
+            for rid in left:
+                try:
+                    self.engine.abort(rid)  # reported by the next step
+                except Exception:  # noqa: BLE001 - not waiting or running
+                    ended.append(rid)
+            if ended:
+                with self._cond:
+                    # The step that ended them has been delivered once the step
+                    # running now (if any) has been; what is still missing is lost.
+                    delivered = self._delivered
+                    while self._stepping and self._delivered == delivered:
+                        self._cond.wait()
+                    for rid in ended:
+                        if rid in call.unfinished:
+                            call.unfinished.discard(rid)
+                            self._owners.pop(rid, None)
+            self._drive(call, raise_error=False)
+        except Exception:  # noqa: BLE001 - the exception being handled is raised
+            pass
+        finally:
+            with self._cond:
+                for rid in call.unfinished:
+                    self._owners.pop(rid, None)
+                call.unfinished.clear()
 
     def chat(self, messages, sampling_params: Optional[SamplingParams] = None) -> GenerationOutput:
         """Generates the assistant's reply to `messages` ([{"role", "content"}...])

@@ -194,6 +194,18 @@ def test_llm_equals_the_cpp_cli_token_for_token(smollm, chat):
     assert f"{len(completion.token_ids)} new tokens" in run.stderr
 
 
+def test_llm_keeps_the_cache_salt_when_it_adds_stop_tokens():
+    # A GGUF model's LLM adds its end-of-turn stop tokens to the params; the
+    # tenant's cache_salt must survive that (else tenants share prefixes).
+    llm = pagedattn.LLM(model_path(), kv_memory_bytes=16 * MIB, enable_prefix_caching=True)
+    prompt = "The quick brown fox jumps over the lazy dog. " * 2  # > one page of 16 tokens
+    hits = []
+    for salt in (1, 2, 1):
+        llm.generate(prompt, SamplingParams(max_tokens=1, cache_salt=salt))
+        hits.append(llm.engine.stats().prefix_hit_tokens)
+    assert hits[0] == hits[1] == 0 and hits[2] >= 16
+
+
 def test_prefix_caching_reuses_a_shared_prompt_per_salt_and_changes_no_output():
     system = [(7 * j + 3) % 1000 for j in range(64)]  # four full pages of 16
     prompts = [system + [900 + i, 901 + i] for i in range(3)]
