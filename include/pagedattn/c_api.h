@@ -99,7 +99,10 @@ pagedattn_status pagedattn_kv_cache_pop_n(pagedattn_kv_cache* cache, int64_t seq
 pagedattn_status pagedattn_kv_cache_enable_sliding_window(pagedattn_kv_cache* cache, int64_t seq_id,
                                                           int64_t window_size,
                                                           int64_t attn_sink_size);
-/* seq_ids[count], append_lengths[count]; the step's plan stays inside the cache. */
+/* seq_ids[count], append_lengths[count]; the step's plan stays inside the cache.
+ * There is no step handle: end_forward, cancel_forward and attention act on
+ * whichever step is open, so with threads the one that began a step must be
+ * the one to end it (C++ PagedKVCache's step ids catch a replaced step). */
 pagedattn_status pagedattn_kv_cache_begin_forward(pagedattn_kv_cache* cache, const int64_t* seq_ids,
                                                   const int64_t* append_lengths, size_t count);
 /* INVALID_STATE (the step stays open) if some layer's K/V of the step's new

@@ -18,6 +18,13 @@
 // Other threads may query, add or remove sequences and so on, but structural
 // calls are refused (InvalidState) while a step is open, as they always were.
 //
+// Steps have identities: begin_forward numbers each step (BatchPlan::step_id)
+// and every per-step call (attention, mark_layer_appended, end_forward,
+// cancel_forward) takes the id of the step its caller began, refusing
+// (InvalidState) when another step is open: a thread whose step another
+// thread ended and replaced - even by one of the same token count - never
+// writes its K/V into the other step's sequences.
+//
 // Steps never expose stale K/V: pages are reused without being cleared, so
 // end_forward refuses a step in which some layer's K/V of the new tokens was
 // not written (see end_forward), and debug_get_kv reads a step's token of a
@@ -41,6 +48,11 @@
 namespace pagedattn {
 
 using SeqId = std::int64_t;
+// A step's identity: begin_forward numbers the steps of a cache 1, 2, ...
+// (cancelled ones included, so an id is never reused). kAnyStep in a
+// per-step call means "whichever step is open" (no check).
+using StepId = std::uint64_t;
+inline constexpr StepId kAnyStep = 0;
 
 // Where RoPE happens for cache-level attention (TVM's modes).
 enum class RopeMode : std::uint8_t {
@@ -117,6 +129,7 @@ struct PrefixCacheStats {
 // What kernels need for one step, shared by every layer. Built by
 // begin_forward; valid until end_forward (or the next begin_forward).
 struct BatchPlan {
+  StepId step_id = kAnyStep;                   // the step this plan belongs to
   std::vector<SeqId> seq_ids;                  // [batch_size] in the caller's order
   std::vector<std::int32_t> qo_indptr;         // [batch_size + 1] offsets of new tokens
   std::vector<std::int32_t> kv_indptr;         // [batch_size + 1] offsets into kv_indices
@@ -292,6 +305,16 @@ class PagedKVCache {
   // an uncommitted token tree (see the token-tree overload below).
   const BatchPlan& begin_forward(std::span<const SeqId> seq_ids,
                                  std::span<const std::int64_t> append_lengths);
+  // begin_forward (either overload) returning a copy of the plan made under
+  // the cache's lock. For a cache shared by threads: the reference
+  // begin_forward returns shows whatever step is open when it is read, so a
+  // thread that ended this step and began another meanwhile would hand the
+  // caller that step's plan and step_id.
+  BatchPlan begin_forward_copy(std::span<const SeqId> seq_ids,
+                               std::span<const std::int64_t> append_lengths);
+  BatchPlan begin_forward_copy(std::span<const SeqId> seq_ids,
+                               std::span<const std::int64_t> append_lengths,
+                               std::span<const std::int64_t> token_tree_parents);
   // Speculative decoding (TVM): appends a forest of draft tokens per
   // sequence. token_tree_parents [sum of append_lengths], sequence after
   // sequence: the parent of each appended node as an index into the
@@ -321,24 +344,29 @@ class PagedKVCache {
   // Uncommitted tree nodes of a sequence (0 when no tree is open).
   std::int64_t token_tree_size(SeqId seq_id) const;
   bool has_open_token_tree(SeqId seq_id) const;
+  // Per-step calls take `step`, the step_id of the plan their caller's
+  // begin_forward returned (copy it: the reference shows later steps too),
+  // and refuse with InvalidState, changing nothing, when that step is no
+  // longer the open one. kAnyStep skips the check (single-threaded callers).
+  //
   // Ends the step: sliding windows drop the tokens that fell out.
   // InvalidState (the step stays open) when the step has new tokens and some
   // layer's K/V was not written for all of them - by attention /
   // attention_with_fused_qkv of that layer, by debug_set_kv covering every
   // new token, or by the caller itself (mark_layer_appended).
-  void end_forward();
+  void end_forward(StepId step = kAnyStep);
   // Abandons the step (e.g. the model threw half way): the cache returns to
   // exactly its state before begin_forward (state_digest() equal), the new
   // tokens, their pages and any open tree nodes of this forward are gone.
   // One exception: cached prefix pages the step evicted to take pages stay
   // evicted (their K/V may have been overwritten). InvalidState outside a step.
-  void cancel_forward();
+  void cancel_forward(StepId step = kAnyStep);
   // For callers that write the step's K/V themselves (append_paged_kv into
   // layer_storage(layer) through plan().slot_mapping): declares that every
   // new token of `layer` has been written, so end_forward accepts the step.
   // A caller that marks a layer it did not write exposes whatever its pages
   // held before - possibly another sequence's K/V.
-  void mark_layer_appended(std::int32_t layer);
+  void mark_layer_appended(std::int32_t layer, StepId step = kAnyStep);
 
   // --- attention inside a step (the TVM protocol) -----------------------------
   // For `layer`: applies RoPE per config.rope_mode (to private copies; q and
@@ -353,17 +381,19 @@ class PagedKVCache {
   // ALiBi, sinks (options.key_rope is set by the cache). num_tokens >= 0 is
   // the row count the caller sized q, k, v and out for: InvalidState if the
   // step has another count (a caller that read plan() while another thread
-  // could end the step); -1 trusts the plan. Validates everything first: a
-  // failed call changes nothing and the step stays usable. Marks `layer` as
+  // could end the step); -1 trusts the plan. `step`: InvalidState unless it
+  // is the open step (see end_forward) - the count alone cannot tell a
+  // replacement step of the same size. Validates everything first: a failed
+  // call changes nothing and the step stays usable. Marks `layer` as
   // appended for end_forward.
   void attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k, const HeadTensor& v,
                  const HeadTensor& out, const AttentionOptions& options = {}, float* lse = nullptr,
-                 std::int64_t num_tokens = -1);
+                 std::int64_t num_tokens = -1, StepId step = kAnyStep);
   // The same with q, k and v packed per token: qkv [num_tokens][Hq + 2 Hkv][head_dim]
   // (requires v_head_dim == head_dim). TVM: attention_with_fused_qkv.
   void attention_with_fused_qkv(std::int32_t layer, const HeadTensor& qkv, const HeadTensor& out,
                                 const AttentionOptions& options = {}, float* lse = nullptr,
-                                std::int64_t num_tokens = -1);
+                                std::int64_t num_tokens = -1, StepId step = kAnyStep);
   bool in_forward() const;
   // The current step's plan (InvalidState outside a step).
   const BatchPlan& plan() const;
@@ -371,6 +401,8 @@ class PagedKVCache {
   // step (the reference plan() returns dies when another thread ends it).
   // InvalidState outside a step.
   std::int64_t num_step_tokens() const;
+  // plan().step_id by value, likewise. InvalidState outside a step.
+  StepId step_id() const;
 
   // --- queries (never mutate) ------------------------------------------------
   std::int64_t num_pages() const;

@@ -6,7 +6,9 @@
 // Threads: the C++ cache locks itself, so every call into it runs with the
 // GIL released (arguments are converted first, with the GIL held, and the
 // arrays stay referenced until the call returns): a thread waiting for the
-// cache never stops the other Python threads.
+// cache never stops the other Python threads. Per-step calls name their step
+// (the BatchPlan begin_forward returned, by default the one this thread
+// began), so a thread whose step another thread replaced is refused.
 #include <pybind11/stl.h>
 #include <pybind11/typing.h>
 
@@ -108,6 +110,9 @@ struct AttentionResultHint {
 };
 using AttentionResult = Typed<AttentionResultHint>;
 
+// A per-step call's step= (a BatchPlan, or None: typed `BatchPlan | None`).
+using OptionalPlan = std::optional<PlanSnapshot>;
+
 // attention()'s keyword options, converted once (the arrays are copied:
 // they are [num_qo_heads] floats).
 struct AttentionArgs {
@@ -117,6 +122,7 @@ struct AttentionArgs {
   float softcap = 0.0f;
   py::object alibi_slopes = py::none(), sinks = py::none();
   bool return_lse = false;
+  PlanSnapshot step;  // null: the step this thread began (see KVCache::step_for)
 };
 
 std::vector<float> per_head(const char* name, const py::object& values, std::int32_t heads) {
@@ -148,7 +154,9 @@ struct ConvertedOptions {
 
 class KVCache {
  public:
+  // Constructed without the GIL; track_thread_steps (with it) completes it.
   explicit KVCache(const KVCacheConfig& config) : cache_(config) {}
+  void track_thread_steps() { thread_steps_ = py::module_::import("threading").attr("local")(); }
 
   PagedKVCache& cache() { return cache_; }
   const KVCacheConfig& config() const { return cache_.config(); }
@@ -159,12 +167,58 @@ class KVCache {
     std::vector<std::int64_t> parents;
     if (!token_tree_parents.is_none())
       parents = int_list_arg(token_tree_parents, "KVCache.begin_forward", "token_tree_parents");
+    PlanSnapshot plan;
+    {
+      py::gil_scoped_release release;
+      // Copied under the cache's lock: a thread ending this step and
+      // beginning another at once cannot swap its plan (and step_id) in.
+      plan = std::make_shared<BatchPlan>(
+          token_tree_parents.is_none() ? cache_.begin_forward_copy(seq_ids, lengths)
+                                       : cache_.begin_forward_copy(seq_ids, lengths, parents));
+    }
+    thread_steps_.attr(kThreadStep) = plan;
+    return plan;
+  }
+
+  // The step a per-step call acts for: `step` if given, else the one this
+  // thread began (null when it began none, or ended it: then the call takes
+  // whichever step is open, as a thread helping another's step must).
+  PlanSnapshot step_for(const PlanSnapshot& step) const {
+    if (step) return step;
+    const py::object mine = py::getattr(thread_steps_, kThreadStep, py::none());
+    return mine.is_none() ? nullptr : mine.cast<PlanSnapshot>();
+  }
+  static StepId id_of(const PlanSnapshot& step) { return step ? step->step_id : kAnyStep; }
+
+  // After `step` ended or was cancelled: this thread no longer drives it.
+  void forget_step(const PlanSnapshot& step) {
+    const PlanSnapshot mine = step_for(nullptr);
+    if (step && mine && mine->step_id == step->step_id)
+      thread_steps_.attr(kThreadStep) = py::none();
+  }
+
+  void end_forward(const OptionalPlan& step_arg) {
+    const PlanSnapshot step = step_for(step_arg.value_or(nullptr));
+    {
+      py::gil_scoped_release release;
+      cache_.end_forward(id_of(step));
+    }
+    forget_step(step);
+  }
+
+  void cancel_forward(const OptionalPlan& step_arg) {
+    const PlanSnapshot step = step_for(step_arg.value_or(nullptr));
+    {
+      py::gil_scoped_release release;
+      cache_.cancel_forward(id_of(step));
+    }
+    forget_step(step);
+  }
+
+  void mark_layer_appended(std::int32_t layer, const OptionalPlan& step_arg) {
+    const StepId step = id_of(step_for(step_arg.value_or(nullptr)));
     py::gil_scoped_release release;
-    // The snapshot is taken by the thread that began the step, before
-    // anything else can end it.
-    return std::make_shared<BatchPlan>(token_tree_parents.is_none()
-                                           ? cache_.begin_forward(seq_ids, lengths)
-                                           : cache_.begin_forward(seq_ids, lengths, parents));
+    cache_.mark_layer_appended(layer, step);
   }
 
   PlanSnapshot plan() {
@@ -178,10 +232,17 @@ class KVCache {
     return static_cast<py::ssize_t>(cache_.num_step_tokens());
   }
 
+  // Rows of the tensors of a call for `step`: its own token count (a stale
+  // step is refused by the call itself), else the open step's.
+  py::ssize_t tokens_of(const PlanSnapshot& step) const {
+    return step ? static_cast<py::ssize_t>(step->num_tokens()) : step_tokens();
+  }
+
   AttentionResult attention(std::int32_t layer, py::handle q, py::handle k, py::handle v,
                             const AttentionArgs& args) {
     const KVCacheConfig& c = config();
-    const py::ssize_t tokens = step_tokens();
+    const PlanSnapshot step = step_for(args.step);
+    const py::ssize_t tokens = tokens_of(step);
     std::vector<py::array> keep;
     const char* call = "KVCache.attention";
     const HeadTensor qt = head_tensor(call, "q", q, {tokens, c.num_qo_heads, c.head_dim}, keep);
@@ -191,9 +252,11 @@ class KVCache {
     const Output out(c, tokens, qt.dtype, keep.front());
     py::array_t<float> lse = lse_array(args.return_lse, tokens);
     {
-      // `tokens` makes the call refuse a step another thread started since.
+      // `tokens` and the step id make the call refuse a step another thread
+      // began since (the id even when it has as many tokens).
       py::gil_scoped_release release;
-      cache_.attention(layer, qt, kt, vt, out.view, options.options, lse_data(lse, args), tokens);
+      cache_.attention(layer, qt, kt, vt, out.view, options.options, lse_data(lse, args), tokens,
+                       id_of(step));
     }
     return with_lse(out.array, lse, args);
   }
@@ -201,7 +264,8 @@ class KVCache {
   AttentionResult attention_with_fused_qkv(std::int32_t layer, py::handle qkv,
                                            const AttentionArgs& args) {
     const KVCacheConfig& c = config();
-    const py::ssize_t tokens = step_tokens();
+    const PlanSnapshot step = step_for(args.step);
+    const py::ssize_t tokens = tokens_of(step);
     std::vector<py::array> keep;
     const HeadTensor t =
         head_tensor("KVCache.attention_with_fused_qkv", "qkv", qkv,
@@ -212,7 +276,7 @@ class KVCache {
     {
       py::gil_scoped_release release;
       cache_.attention_with_fused_qkv(layer, t, out.view, options.options, lse_data(lse, args),
-                                      tokens);
+                                      tokens, id_of(step));
     }
     return with_lse(out.array, lse, args);
   }
@@ -288,7 +352,11 @@ class KVCache {
     return py::make_tuple(out, lse);
   }
 
+  // threading.local attribute holding the BatchPlan of the step the thread began.
+  static constexpr const char* kThreadStep = "step";
+
   PagedKVCache cache_;
+  py::object thread_steps_;  // threading.local(): per thread, kThreadStep
 };
 
 // A float (one scale for the tensor) or [num_kv_heads] floats (per head).
@@ -379,8 +447,13 @@ std::unique_ptr<KVCache> make_cache(
   c.enable_prefix_caching = enable_prefix_caching;
   c.host_num_pages = host_num_pages;
   c.host_memory_budget_bytes = host_memory_budget_bytes;
-  py::gil_scoped_release release;
-  return std::make_unique<KVCache>(c);
+  std::unique_ptr<KVCache> cache;
+  {
+    py::gil_scoped_release release;  // allocating the pages may take a while
+    cache = std::make_unique<KVCache>(c);
+  }
+  cache->track_thread_steps();
+  return cache;
 }
 
 // Values of several types (int, float, str, bool, list[float]): typed Any.
@@ -607,7 +680,12 @@ abandons a step, restoring the cache exactly.
 Threads: a KVCache may be shared by threads. Every call is safe from any
 thread; calls on one cache take turns (the GIL is released while a call
 waits or works, so attention of one thread runs beside other Python code).
-The thread that began a step should be the one to end it.)doc";
+The thread that began a step should be the one to end it. Every step has an
+id (BatchPlan.step_id); attention, attention_with_fused_qkv,
+mark_layer_appended, end_forward and cancel_forward act for the step given
+as step= (a BatchPlan), by default the one the calling thread began, and
+raise InvalidStateError, changing nothing, when another thread ended it and
+began another - even one with as many tokens.)doc";
 
 }  // namespace
 
@@ -692,19 +770,19 @@ void register_kv_cache(py::module_& m) {
           [](KVCache& s, std::int32_t layer, const ArrayLike& q, const ArrayLike& k,
              const ArrayLike& v, std::optional<float> sm_scale, bool causal,
              std::int32_t window_left, float softcap, OptionalArrayLike alibi_slopes,
-             OptionalArrayLike sinks, bool return_lse) {
+             OptionalArrayLike sinks, bool return_lse, const OptionalPlan& step) {
             return s.attention(layer, q, k, v,
                                {sm_scale, causal, window_left, softcap, std::move(alibi_slopes),
-                                std::move(sinks), return_lse});
+                                std::move(sinks), return_lse, step.value_or(nullptr)});
           },
           py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("sm_scale") = py::none(), py::kw_only(), py::arg("causal") = true,
           py::arg("window_left") = -1, py::arg("softcap") = 0.0f,
           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
-          py::arg("return_lse") = false,
+          py::arg("return_lse") = false, py::arg("step") = py::none(),
           "attention(layer, q, k, v, sm_scale=None, *, causal=True, window_left=-1,\n"
-          "          softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False)\n"
-          "    -> out, or (out, lse) with return_lse\n\n"
+          "          softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False,\n"
+          "          step=None) -> out, or (out, lse) with return_lse\n\n"
           "For `layer` of the current step: applies RoPE per rope_mode (to copies),\n"
           "appends k/v to the cache and attends over each sequence.\n"
           "q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, Hq, Dv] (q's dtype).\n"
@@ -713,21 +791,24 @@ void register_kv_cache(py::module_& m) {
           "softcap > 0: s = softcap * tanh(s / softcap); alibi_slopes [Hq]: s +=\n"
           "slope * (j - p); sinks [Hq]: a learned sink logit per head joins the\n"
           "softmax; lse [T, Hq] float32: natural-log log-sum-exp of each row\n"
-          "(docs/semantics.md). A failed call changes nothing; the step goes on.")
+          "(docs/semantics.md). step: the BatchPlan of the step this call is for\n"
+          "(None: the one this thread began, else whichever is open);\n"
+          "InvalidStateError if another step replaced it. A failed call changes\n"
+          "nothing; the step goes on.")
       .def(
           "attention_with_fused_qkv",
           [](KVCache& s, std::int32_t layer, const ArrayLike& qkv, std::optional<float> sm_scale,
              bool causal, std::int32_t window_left, float softcap, OptionalArrayLike alibi_slopes,
-             OptionalArrayLike sinks, bool return_lse) {
+             OptionalArrayLike sinks, bool return_lse, const OptionalPlan& step) {
             return s.attention_with_fused_qkv(
                 layer, qkv,
                 {sm_scale, causal, window_left, softcap, std::move(alibi_slopes), std::move(sinks),
-                 return_lse});
+                 return_lse, step.value_or(nullptr)});
           },
           py::arg("layer"), py::arg("qkv"), py::arg("sm_scale") = py::none(), py::kw_only(),
           py::arg("causal") = true, py::arg("window_left") = -1, py::arg("softcap") = 0.0f,
           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
-          py::arg("return_lse") = false,
+          py::arg("return_lse") = false, py::arg("step") = py::none(),
           "attention_with_fused_qkv(layer, qkv, sm_scale=None, **options) -> out\n\n"
           "attention() with q, k, v packed per token: qkv [T, Hq + 2 Hkv, D] (heads\n"
           "q..., k..., v...) -> out [T, Hq, D]. Needs v_head_dim == head_dim. The\n"
@@ -735,13 +816,13 @@ void register_kv_cache(py::module_& m) {
       .def("plan", &KVCache::plan,
            "plan() -> BatchPlan: the current step's plan (a new snapshot; InvalidStateError\n"
            "outside a step).")
-      .def(
-          "mark_layer_appended",
-          [](KVCache& s, std::int32_t layer) { s.cache().mark_layer_appended(layer); },
-          ReleaseGil(), py::arg("layer"),
-          "Declares that you wrote every new token's K/V of `layer` yourself (through\n"
-          "layer_storage(layer) and plan.slot_mapping), so end_forward accepts the\n"
-          "step. Marking a layer you did not write exposes what its pages held.")
+      .def("mark_layer_appended", &KVCache::mark_layer_appended, py::arg("layer"), py::kw_only(),
+           py::arg("step") = py::none(),
+           "mark_layer_appended(layer, *, step=None)\n\n"
+           "Declares that you wrote every new token's K/V of `layer` yourself (through\n"
+           "layer_storage(layer) and plan.slot_mapping), so end_forward accepts the\n"
+           "step. Marking a layer you did not write exposes what its pages held.\n"
+           "step: as for attention().")
       .def(
           "layer_storage",
           [](const py::object& self, std::int32_t layer) {
@@ -756,17 +837,18 @@ void register_kv_cache(py::module_& m) {
           py::arg("layer"),
           "layer_storage(layer) -> LayerStorage: writable zero-copy views of the layer's\n"
           "K/V pages (help(pagedattn.LayerStorage) for shapes and rules).")
-      .def(
-          "end_forward", [](KVCache& s) { s.cache().end_forward(); }, ReleaseGil(),
-          "Ends the step; sliding windows drop the tokens that fell out.\n"
-          "InvalidStateError (the step stays open) if some layer's K/V of the\n"
-          "step's new tokens was not written (attention of that layer, or set_kv of\n"
-          "every new token): the pages may still hold another sequence's K/V.")
-      .def(
-          "cancel_forward", [](KVCache& s) { s.cache().cancel_forward(); }, ReleaseGil(),
-          "Abandons the open step (e.g. the model raised half way): the cache\n"
-          "returns to exactly its state before begin_forward. InvalidStateError\n"
-          "outside a step.")
+      .def("end_forward", &KVCache::end_forward, py::kw_only(), py::arg("step") = py::none(),
+           "end_forward(*, step=None)\n\n"
+           "Ends the step; sliding windows drop the tokens that fell out.\n"
+           "InvalidStateError (the step stays open) if some layer's K/V of the\n"
+           "step's new tokens was not written (attention of that layer, or set_kv of\n"
+           "every new token): the pages may still hold another sequence's K/V.\n"
+           "step: as for attention().")
+      .def("cancel_forward", &KVCache::cancel_forward, py::kw_only(), py::arg("step") = py::none(),
+           "cancel_forward(*, step=None)\n\n"
+           "Abandons the open step (e.g. the model raised half way): the cache\n"
+           "returns to exactly its state before begin_forward. InvalidStateError\n"
+           "outside a step. step: as for attention().")
       .def("get_kv", &KVCache::get_kv, py::arg("seq_id"), py::arg("start"), py::arg("end"),
            "get_kv(seq_id, start, end) -> (k, v)\n\n"
            "Tokens [start, end) of a sequence (retained tokens, with a sliding window)\n"

@@ -67,7 +67,9 @@ array is a read-only NumPy view of the snapshot (no copy per access; the
 arrays keep this object alive, so they never dangle). After end_forward or
 cancel_forward the arrays still read the finished step's values; a new
 step has a new BatchPlan. Each array exports DLPack (torch.from_dlpack,
-numpy.from_dlpack) without a copy.
+numpy.from_dlpack) without a copy. step_id names the step: pass the plan as
+step= to KVCache.attention and the other per-step calls to have them refuse
+a step that replaced this one.
 
 FlashInfer conventions (B = batch_size, T = num_tokens, CSR page table):
     seq_ids          int64 [B]      the caller's order
@@ -144,6 +146,9 @@ void register_plan_views(py::module_& m) {
       .def_property_readonly("batch_size", &BatchPlan::batch_size, "Sequences in the step (B).")
       .def_property_readonly("num_tokens", &BatchPlan::num_tokens, "New tokens in the step (T).")
       .def_readonly("page_size", &BatchPlan::page_size, "Tokens per page.")
+      .def_readonly("step_id", &BatchPlan::step_id,
+                    "The step's identity (1, 2, ... per cache): per-step calls given this\n"
+                    "plan as step= are refused once another step replaced it.")
       .def_readonly("has_gaps", &BatchPlan::has_gaps,
                     "Some sequence has a sliding-window gap (kv_gap_lens != 0): its keys are\n"
                     "not the first kv_lens slots of its pages.")

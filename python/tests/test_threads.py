@@ -150,3 +150,81 @@ def test_set_kv_of_every_new_token_completes_a_step():
     cache.set_kv(1, 2, 3, rest, rest)
     cache.end_forward()
     np.testing.assert_array_equal(cache.get_kv(1, 0, 3)[0], k)
+
+
+def replaced_step(cache):
+    """Step A of sequence 1 is ended by "another thread" (here: cancelled) and
+    replaced by step B of sequence 2 with the same token count. Returns A's
+    and B's plans."""
+    cache.add_sequence(1)
+    cache.add_sequence(2)
+    a = cache.begin_forward([1], [3])
+    cache.cancel_forward(step=a)
+    b = cache.begin_forward([2], [3])
+    assert a.num_tokens == b.num_tokens and a.step_id != b.step_id
+    return a, b
+
+
+def test_calls_for_a_replaced_step_raise_and_write_nothing():
+    cache = make_cache(num_pages=8)
+    a, b = replaced_step(cache)
+    digest = cache.state_digest()
+    q = np.ones((3, HQ, D), np.float32)
+    kv = np.full((3, HKV, D), 7.0, np.float32)
+    names = f"step = {a.step_id} is not the open step \\(step_id {b.step_id}\\)"
+    with pytest.raises(pagedattn.InvalidStateError, match=names):
+        cache.attention(0, q, kv, kv, step=a)
+    with pytest.raises(pagedattn.InvalidStateError, match=names):
+        cache.attention_with_fused_qkv(0, np.concatenate([q, kv, kv], axis=1), step=a)
+    with pytest.raises(pagedattn.InvalidStateError, match=names):
+        cache.mark_layer_appended(0, step=a)
+    with pytest.raises(pagedattn.InvalidStateError, match=names):
+        cache.end_forward(step=a)
+    with pytest.raises(pagedattn.InvalidStateError, match=names):
+        cache.cancel_forward(step=a)
+    assert cache.state_digest() == digest  # no K/V of sequence 2 was written
+    with pytest.raises(pagedattn.InvalidStateError, match="layer 0"):
+        cache.end_forward(step=b)  # and no layer counts as appended
+    cache.attention(0, q, kv * 0 + 1.0, kv * 0 + 1.0, step=b)  # B's owner goes on
+    cache.attention(1, q, kv * 0 + 1.0, kv * 0 + 1.0)
+    cache.end_forward(step=b)
+    np.testing.assert_array_equal(cache.get_kv(2, 0, 3)[0], 1.0)
+
+
+def test_the_thread_that_began_a_replaced_step_is_refused_by_default():
+    """Without step=, a call acts for the step its thread began: the
+    documented promise for plain `cache.attention(layer, q, k, v)`."""
+    cache = make_cache(num_pages=8)
+    cache.add_sequence(1)
+    cache.add_sequence(2)
+    q = np.ones((3, HQ, D), np.float32)
+    kv = np.full((3, HKV, D), 7.0, np.float32)
+    began, replaced, outcome = threading.Event(), threading.Event(), {}
+
+    def first():  # begins A, then runs a layer after B replaced it
+        outcome["a"] = cache.begin_forward([1], [3])
+        began.set()
+        replaced.wait(JOIN_TIMEOUT_S)
+        try:
+            cache.attention(0, q, kv, kv)
+            outcome["error"] = "attention for the replaced step succeeded"
+        except pagedattn.InvalidStateError as e:
+            outcome["error"] = str(e)
+
+    thread = threading.Thread(target=first, daemon=True)
+    thread.start()
+    assert began.wait(JOIN_TIMEOUT_S)
+    cache.cancel_forward()  # this thread began nothing: it acts on the open step
+    b = cache.begin_forward([2], [3])
+    digest = cache.state_digest()
+    replaced.set()
+    thread.join(JOIN_TIMEOUT_S)
+    assert not thread.is_alive()
+    a = outcome["a"]
+    assert a.num_tokens == b.num_tokens
+    assert cache.state_digest() == digest, "the first thread wrote into step B"
+    assert f"step = {a.step_id} is not the open step (step_id {b.step_id})" in outcome["error"]
+    with pytest.raises(pagedattn.InvalidStateError, match="layer 0"):
+        cache.end_forward()
+    cache.cancel_forward()
+    cache.check_invariants()

@@ -23,20 +23,19 @@ void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens,
 
 void PagedKVCache::attention(std::int32_t layer, const HeadTensor& q, const HeadTensor& k,
                              const HeadTensor& v, const HeadTensor& out,
-                             const AttentionOptions& options, float* lse, std::int64_t num_tokens) {
+                             const AttentionOptions& options, float* lse, std::int64_t num_tokens,
+                             StepId step) {
   const auto lock = state_->lock();
-  state_->attend(layer, q, k, v, out, options, lse, num_tokens);
+  state_->attend(layer, q, k, v, out, options, lse, num_tokens, step);
 }
 
 void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const HeadTensor& k,
                                  const HeadTensor& v, const HeadTensor& out,
                                  const AttentionOptions& options, float* lse,
-                                 std::int64_t num_tokens) {
+                                 std::int64_t num_tokens, StepId step_id) {
   State& st = *this;
   const KVCacheConfig& c = st.config;
-  require<InvalidState>(st.in_forward,
-                        "PagedKVCache::attention: no forward is in progress "
-                        "(call begin_forward first)");
+  st.require_step(step_id, "attention");
   require<InvalidState>(num_tokens < 0 || num_tokens == st.plan.num_tokens(),
                         "PagedKVCache::attention: the tensors hold num_tokens = ", num_tokens,
                         " rows but the current step has ", st.plan.num_tokens(),
@@ -87,7 +86,7 @@ void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const 
 
 void PagedKVCache::attention_with_fused_qkv(std::int32_t layer, const HeadTensor& qkv,
                                             const HeadTensor& out, const AttentionOptions& options,
-                                            float* lse, std::int64_t num_tokens) {
+                                            float* lse, std::int64_t num_tokens, StepId step) {
   const KVCacheConfig& c = state_->config;
   require(c.v_head_dim == c.head_dim, "PagedKVCache::attention_with_fused_qkv: needs v_head_dim (",
           c.v_head_dim, ") == head_dim (", c.head_dim, ")");
@@ -102,7 +101,7 @@ void PagedKVCache::attention_with_fused_qkv(std::int32_t layer, const HeadTensor
   };
   const auto lock = state_->lock();
   state_->attend(layer, at_head(0), at_head(c.num_qo_heads),
-                 at_head(c.num_qo_heads + c.num_kv_heads), out, options, lse, num_tokens);
+                 at_head(c.num_qo_heads + c.num_kv_heads), out, options, lse, num_tokens, step);
 }
 
 }  // namespace pagedattn

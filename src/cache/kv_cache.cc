@@ -255,14 +255,23 @@ bool PagedKVCache::can_append(std::span<const SeqId> seq_ids,
 
 const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
                                              std::span<const std::int64_t> append_lengths) {
-  State& st = *state_;
-  const auto lock = st.lock();
-  st.require_no_forward("begin_forward");
-  st.require_free_pages(st.validate_forward(seq_ids, append_lengths, "begin_forward"),
-                        "begin_forward");
-  st.start_step(append_lengths);
-  st.build_plan(seq_ids, append_lengths, false, {});
-  return st.plan;
+  const auto lock = state_->lock();
+  state_->begin(seq_ids, append_lengths);
+  return state_->plan;
+}
+
+BatchPlan PagedKVCache::begin_forward_copy(std::span<const SeqId> seq_ids,
+                                           std::span<const std::int64_t> append_lengths) {
+  const auto lock = state_->lock();
+  state_->begin(seq_ids, append_lengths);
+  return state_->plan;
+}
+
+void PagedKVCache::State::begin(std::span<const SeqId> ids, std::span<const std::int64_t> lens) {
+  require_no_forward("begin_forward");
+  require_free_pages(validate_forward(ids, lens, "begin_forward"), "begin_forward");
+  start_step(lens);
+  build_plan(ids, lens, false, {});
 }
 
 void PagedKVCache::State::build_plan(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
@@ -294,12 +303,14 @@ void PagedKVCache::State::build_plan(std::span<const SeqId> ids, std::span<const
   in_forward = true;
 }
 
-// Resets the step's record and write tracking; called by both begin_forward
-// overloads after validation, before build_plan (which fills the record).
+// Resets the step's record and write tracking and numbers the step; called
+// by both begin_forward overloads after validation (a refused begin_forward
+// uses no id), before build_plan (which fills the record).
 void PagedKVCache::State::start_step(std::span<const std::int64_t> lens) {
   std::int64_t tokens = 0;
   for (std::int64_t n : lens) tokens += n;
   step.reset(config.num_layers, static_cast<std::int32_t>(tokens));
+  plan.step_id = ++last_step_id;
 }
 
 // Reserves pages for `n` new tokens of `s` (copy-on-write first if its
@@ -356,10 +367,10 @@ void PagedKVCache::State::append_to_plan(Sequence& s, std::int64_t n) {
   plan.has_gaps |= s.gap_len != 0;
 }
 
-void PagedKVCache::end_forward() {
+void PagedKVCache::end_forward(StepId step) {
   State& st = *state_;
   const auto lock = st.lock();
-  require<InvalidState>(st.in_forward, "PagedKVCache::end_forward: no forward is in progress");
+  st.require_step(step, "end_forward");
   // A skipped layer would leave the step's slots holding whatever the pages
   // held before: another sequence's K/V. The step stays open to finish.
   const std::int32_t missing = st.step.first_unwritten_layer();
@@ -380,10 +391,10 @@ void PagedKVCache::end_forward() {
   st.in_forward = false;
 }
 
-void PagedKVCache::cancel_forward() {
+void PagedKVCache::cancel_forward(StepId step) {
   State& st = *state_;
   const auto lock = st.lock();
-  require<InvalidState>(st.in_forward, "PagedKVCache::cancel_forward: no forward is in progress");
+  st.require_step(step, "cancel_forward");
   st.undo_step();
 }
 
@@ -406,12 +417,10 @@ void PagedKVCache::State::undo_step() {
   in_forward = false;
 }
 
-void PagedKVCache::mark_layer_appended(std::int32_t layer) {
+void PagedKVCache::mark_layer_appended(std::int32_t layer, StepId step) {
   State& st = *state_;
   const auto lock = st.lock();
-  require<InvalidState>(st.in_forward,
-                        "PagedKVCache::mark_layer_appended: no forward is in "
-                        "progress");
+  st.require_step(step, "mark_layer_appended");
   require(layer >= 0 && layer < st.config.num_layers,
           "PagedKVCache::mark_layer_appended: layer = ", layer, " is outside [0, ",
           st.config.num_layers, ")");
@@ -434,6 +443,12 @@ std::int64_t PagedKVCache::num_step_tokens() const {
   require<InvalidState>(state_->in_forward,
                         "PagedKVCache::num_step_tokens: no forward is in progress");
   return state_->plan.num_tokens();
+}
+
+StepId PagedKVCache::step_id() const {
+  const auto lock = state_->lock();
+  require<InvalidState>(state_->in_forward, "PagedKVCache::step_id: no forward is in progress");
+  return state_->plan.step_id;
 }
 
 std::int32_t PagedKVCache::State::plan_index(SeqId id) const {

@@ -4,6 +4,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
@@ -84,6 +85,7 @@ struct PagedKVCache::State {
   std::unordered_map<SeqId, cache::Sequence> seqs;
   BatchPlan plan;
   bool in_forward = false;
+  StepId last_step_id = kAnyStep;         // plan.step_id of the latest step begun
   StepRecord step;                        // valid while in_forward
   cache::StepAttention attention;         // kernel plan and buffers for attention()
   cache::PrefixIndex index;               // cached full pages (prefix caching)
@@ -105,6 +107,19 @@ struct PagedKVCache::State {
   }
   cache::Sequence& find(SeqId id, const char* call, const char* arg) {
     return const_cast<cache::Sequence&>(std::as_const(*this).find(id, call, arg));
+  }
+  // A per-step call's check: a step is open and it is `step_id` (unless
+  // kAnyStep). A caller holding the id of a step another thread ended must
+  // not act on the step that replaced it, whatever its size.
+  void require_step(StepId step_id, const char* call) const {
+    if (!in_forward)
+      throw InvalidState(detail::concat("PagedKVCache::", call, ": no forward is in progress",
+                                        step_id == kAnyStep
+                                            ? std::string(" (call begin_forward first)")
+                                            : detail::concat(" (step = ", step_id, " has ended)")));
+    require<InvalidState>(step_id == kAnyStep || step_id == plan.step_id, "PagedKVCache::", call,
+                          ": step = ", step_id, " is not the open step (step_id ", plan.step_id,
+                          "): another thread ended it and began another");
   }
   void require_no_forward(const char* call) const {
     require<InvalidState>(!in_forward, "PagedKVCache::", call,
@@ -176,6 +191,10 @@ struct PagedKVCache::State {
   // token_tree_parents of a tree forward (kv_cache_tree.cc).
   void validate_tree_parents(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
                              std::span<const std::int64_t> parents) const;
+  // begin_forward without the lock (tree: with token_tree_parents).
+  void begin(std::span<const SeqId> ids, std::span<const std::int64_t> lens);
+  void begin_tree(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
+                  std::span<const std::int64_t> parents);
   void start_step(std::span<const std::int64_t> lens);
   // Fills the plan for a validated forward; `parents` only for tree forwards.
   void build_plan(std::span<const SeqId> ids, std::span<const std::int64_t> lens, bool tree,
@@ -200,7 +219,7 @@ struct PagedKVCache::State {
   // PagedKVCache::attention without the lock.
   void attend(std::int32_t layer, const HeadTensor& q, const HeadTensor& k, const HeadTensor& v,
               const HeadTensor& out, const AttentionOptions& options, float* lse,
-              std::int64_t num_tokens);
+              std::int64_t num_tokens, StepId step_id);
   // Returns the cache to its state before begin_forward.
   void undo_step();
   std::uint64_t digest() const;

@@ -16,15 +16,27 @@ constexpr const char* kCommit = "commit_accepted_token_tree_nodes";
 const BatchPlan& PagedKVCache::begin_forward(std::span<const SeqId> seq_ids,
                                              std::span<const std::int64_t> append_lengths,
                                              std::span<const std::int64_t> token_tree_parents) {
-  State& st = *state_;
-  const auto lock = st.lock();
-  st.require_no_forward("begin_forward");
-  const std::int64_t pages = st.validate_forward(seq_ids, append_lengths, "begin_forward", true);
-  st.validate_tree_parents(seq_ids, append_lengths, token_tree_parents);
-  st.require_free_pages(pages, "begin_forward");
-  st.start_step(append_lengths);
-  st.build_plan(seq_ids, append_lengths, true, token_tree_parents);
-  return st.plan;
+  const auto lock = state_->lock();
+  state_->begin_tree(seq_ids, append_lengths, token_tree_parents);
+  return state_->plan;
+}
+
+BatchPlan PagedKVCache::begin_forward_copy(std::span<const SeqId> seq_ids,
+                                           std::span<const std::int64_t> append_lengths,
+                                           std::span<const std::int64_t> token_tree_parents) {
+  const auto lock = state_->lock();
+  state_->begin_tree(seq_ids, append_lengths, token_tree_parents);
+  return state_->plan;
+}
+
+void PagedKVCache::State::begin_tree(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
+                                     std::span<const std::int64_t> parents) {
+  require_no_forward("begin_forward");
+  const std::int64_t pages = validate_forward(ids, lens, "begin_forward", true);
+  validate_tree_parents(ids, lens, parents);
+  require_free_pages(pages, "begin_forward");
+  start_step(lens);
+  build_plan(ids, lens, true, parents);
 }
 
 // Called after validate_forward: ids exist and are unique, sizes match.

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "support/cache_driver.h"
@@ -146,6 +147,66 @@ TEST(StepCompleteness, AttentionRefusesTensorsSizedForAnotherStep) {
   expect_rejected<InvalidState>(kv,
                                 [&] { kv.attention(0, t.tq, t.tk, t.tv, t.to, {}, nullptr, 2); },
                                 {"num_tokens = 2", "has 3 tokens"});
+}
+
+// The issue: one thread's step is ended and replaced by another thread's
+// step of the same token count. The count cannot tell the two apart; the
+// step id the first begin_forward returned does: every per-step call made
+// with it is refused and the second step's K/V stay untouched.
+TEST(StepCompleteness, CallsForAReplacedStepAreRefusedEvenWithTheSameTokenCount) {
+  KVCacheConfig c = two_layers();
+  c.v_head_dim = c.head_dim;  // attention_with_fused_qkv needs it
+  PagedKVCache kv(c);
+  kv.add_sequence(1);
+  kv.add_sequence(2);
+  const StepId first = kv.begin_forward(Ids{1}, Lens{2}).step_id;
+  kv.cancel_forward();  // "another thread" drops the step...
+  const StepId second = kv.begin_forward(Ids{2}, Lens{2}).step_id;  // ...and begins its own
+  EXPECT_NE(first, kAnyStep);
+  EXPECT_NE(second, first);
+  EXPECT_EQ(kv.step_id(), second);
+  EXPECT_EQ(kv.plan().step_id, second);
+
+  StepTensors stale(kv.config(), 2, 7.0f);
+  const std::string ids = "step = " + std::to_string(first);
+  const std::string open = "step_id " + std::to_string(second);
+  for (std::int32_t layer = 0; layer < c.num_layers; ++layer)
+    expect_rejected<InvalidState>(
+        kv,
+        [&] { kv.attention(layer, stale.tq, stale.tk, stale.tv, stale.to, {}, nullptr, 2, first); },
+        {"PagedKVCache::attention", ids, open, "another thread"});
+  const std::int32_t width = c.num_qo_heads + 2 * c.num_kv_heads;
+  std::vector<float> qkv(std::size_t{2} * width * c.head_dim, 7.0f);
+  const HeadTensor fused{qkv.data(), DType::kF32, std::int64_t{width} * c.head_dim, c.head_dim};
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.attention_with_fused_qkv(0, fused, stale.to, {}, nullptr, 2, first); },
+      {"attention", ids, open});
+  expect_rejected<InvalidState>(kv, [&] { kv.mark_layer_appended(0, first); },
+                                {"mark_layer_appended", ids, open});
+  expect_rejected<InvalidState>(kv, [&] { kv.end_forward(first); }, {"end_forward", ids, open});
+  expect_rejected<InvalidState>(kv, [&] { kv.cancel_forward(first); },
+                                {"cancel_forward", ids, open});
+  // Nothing of the stale calls landed: no layer counts as written (no row of
+  // sequence 2 holds the 7s), and the step is still the second one.
+  expect_rejected<InvalidState>(kv, [&] { kv.end_forward(second); }, {"layer 0", "2 new tokens"});
+  EXPECT_EQ(kv.step_id(), second);
+  for (float x : read_kv(kv, 2, 0, 2).k) ASSERT_EQ(x, 0.0f);
+
+  // The owner of the open step goes on with its id (and kAnyStep still works).
+  StepTensors mine(kv.config(), 2, 3.0f);
+  kv.attention(0, mine.tq, mine.tk, mine.tv, mine.to, {}, nullptr, 2, second);
+  kv.attention(1, mine.tq, mine.tk, mine.tv, mine.to);
+  kv.end_forward(second);
+  for (float x : read_kv(kv, 2, 0, 2).k) ASSERT_EQ(x, 3.0f);
+  expect_rejected<InvalidState>(
+      kv, [&] { kv.end_forward(second); },
+      {"no forward is in progress", "step = " + std::to_string(second), "has ended"});
+  // The copy begin_forward_copy returns names its own step.
+  const BatchPlan copy = kv.begin_forward_copy(Ids{1}, Lens{2});
+  EXPECT_EQ(copy.step_id, second + 1);
+  EXPECT_EQ(kv.step_id(), copy.step_id);
+  kv.cancel_forward(copy.step_id);
+  kv.check_invariants();
 }
 
 // Copy-on-write of a shared partial page, fresh pages, a written layer:
