@@ -374,6 +374,109 @@ TEST(ServerLimits, PartialRequestsTimeOutWithoutBlockingOthers) {
   EXPECT_TRUE(server.idle_and_empty());
 }
 
+// Clients that each send a byte of a request every `interval`, from their own
+// thread, until stopped or `longest` has passed (the server may never close
+// them); stopped and joined however the test ends.
+class Tricklers {
+ public:
+  Tricklers(int port, int count, std::string request, std::chrono::milliseconds interval,
+            std::chrono::seconds longest)
+      : request_(std::move(request)) {
+    for (int i = 0; i < count; ++i) clients_.push_back(std::make_unique<SocketClient>(port));
+    send_byte(0);
+    thread_ = std::thread([this, interval, longest] {
+      const auto until = std::chrono::steady_clock::now() + longest;
+      for (std::size_t at = 1; at < request_.size() && !stop_; ++at) {
+        std::this_thread::sleep_for(interval);
+        if (std::chrono::steady_clock::now() > until) break;
+        send_byte(at);
+      }
+    });
+  }
+  ~Tricklers() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::vector<std::unique_ptr<SocketClient>>& clients() { return clients_; }
+
+ private:
+  void send_byte(std::size_t at) {
+    for (auto& c : clients_)
+      if (!c->has_input()) c->try_send(request_.substr(at, 1));
+  }
+  std::string request_;
+  std::vector<std::unique_ptr<SocketClient>> clients_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Clients that send a header byte every 300 ms (never silent for the read
+// timeout) take no HTTP thread while their headers come in: with 2 threads
+// and 24 of them, a request is answered at once. At the header deadline,
+// counted from their first byte, they get 408 and are closed.
+TEST(ServerLimits, TricklingHeadersTakeNoThreadAndEndAtTheHeaderDeadline) {
+  ServerOptions o;
+  o.max_connections = 2;
+  o.read_timeout_seconds = 2;
+  o.header_timeout_seconds = 4;
+  RunningServer server(o);
+  const auto start = std::chrono::steady_clock::now();
+  Tricklers slow(
+      server.port(), 24,
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + std::string(200, 'a'), 300ms,
+      15s);
+  std::this_thread::sleep_for(500ms);
+  httplib::Client client = server.client(nullptr);
+  client.set_read_timeout(10, 0);
+  auto res = client.Post("/v1/completions", R"({"prompt": "meanwhile", "max_tokens": 2})",
+                         "application/json");
+  const auto answered = std::chrono::steady_clock::now();
+  ASSERT_TRUE(res) << "no answer while clients trickled their headers";
+  EXPECT_EQ(res->status, 200);
+  EXPECT_LT(answered - start, 4s) << "answered only once trickling clients were dropped";
+
+  const std::string first = slow.clients().front()->read_until(" 408 ", 15s);
+  const auto first_closed = std::chrono::steady_clock::now();
+  EXPECT_NE(first.find(" 408 "), std::string::npos) << first;
+  EXPECT_GE(first_closed - start, 4s) << "closed before the header deadline";
+  for (auto& c : slow.clients())
+    EXPECT_TRUE(c->closed_by_peer(std::chrono::duration_cast<std::chrono::milliseconds>(
+        start + 12s - std::chrono::steady_clock::now())))
+        << "a client still sending its headers after the header deadline was kept";
+  EXPECT_TRUE(server.idle_and_empty());
+}
+
+// A body sent a byte every 300 ms is cut at the body deadline (400, closed).
+TEST(ServerLimits, TricklingBodiesEndAtTheBodyDeadline) {
+  ServerOptions o;
+  o.max_connections = 4;
+  o.read_timeout_seconds = 2;
+  o.body_timeout_seconds = 2;
+  RunningServer server(o);
+  const std::string body = R"({"prompt": ")" + std::string(100, 'a') + R"("})";
+  const std::string request = testing::http_post("/v1/completions", body);
+  const std::size_t headers_end = request.find("\r\n\r\n") + 4;
+  SocketClient slow_client(server.port());
+  slow_client.send(request.substr(0, headers_end));
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    for (std::size_t at = headers_end; at < request.size() && !stop; ++at) {
+      std::this_thread::sleep_for(300ms);
+      if (slow_client.has_input() || !slow_client.try_send(request.substr(at, 1))) break;
+    }
+  });
+  const std::string got = slow_client.read_until(" 400 ", 15s);
+  const auto cut = std::chrono::steady_clock::now();
+  stop = true;
+  trickle.join();
+  EXPECT_NE(got.find(" 400 "), std::string::npos) << got;
+  EXPECT_GE(cut - start, 2s) << "cut before the body deadline";
+  EXPECT_LT(cut - start, 10s);
+  EXPECT_TRUE(slow_client.closed_by_peer(5s));
+  EXPECT_TRUE(server.idle_and_empty());
+}
+
 // A non-streamed response that takes longer than a keep-alive interval goes
 // out chunked, white space before its JSON: a client that leaves meanwhile is
 // noticed and its request aborted; one that stays gets the whole object.
@@ -405,6 +508,35 @@ TEST(ServerLimits, LongWholeResponsesKeepAliveAndAbortWhenTheClientLeaves) {
                                  R"({"prompt": "go", "max_tokens": 60000, "ignore_eos": true})"));
   // The headers come after one keep-alive interval, while the request runs.
   ASSERT_NE(leaver.read_until("\r\n\r\n", 30s).find(" 200 "), std::string::npos);
+  EXPECT_GT(server.server().worker().in_flight(), 0);
+  leaver.close();
+  EXPECT_TRUE(server.idle_and_empty()) << "the request kept running after its client left";
+  EXPECT_EQ(aborts(), before + 1);
+}
+
+// The same for a client that accepts gzip (the openai client does): the
+// keep-alive spaces reach it as they are written instead of waiting in a
+// compressor, so its leaving is noticed too.
+TEST(ServerLimits, LongWholeResponsesAreNotCompressedSoALeavingClientIsNoticed) {
+  ServerOptions o;
+  o.keep_alive_ms = 20;
+  RunningServer server(o, 128, 65536);
+  const auto aborts = [&server] {
+    const std::string m = server.server().metrics_text();
+    const std::string name = "\npagedattn_client_aborts_total ";
+    return std::stod(m.substr(m.find(name) + name.size()));
+  };
+  const double before = aborts();
+  SocketClient leaver(server.port());
+  std::string request = testing::http_post(
+      "/v1/completions", R"({"prompt": "go", "max_tokens": 60000, "ignore_eos": true})");
+  request.insert(request.find("\r\n") + 2, "Accept-Encoding: gzip, deflate, br\r\n");
+  leaver.send(request);
+  const std::string head = leaver.read_until("\r\n\r\n", 30s);
+  ASSERT_NE(head.find(" 200 "), std::string::npos) << head;
+  EXPECT_EQ(head.find("Content-Encoding"), std::string::npos) << head;
+  // A chunk of one keep-alive space.
+  EXPECT_NE(leaver.read_until("1\r\n \r\n", 10s).find("1\r\n \r\n"), std::string::npos);
   EXPECT_GT(server.server().worker().in_flight(), 0);
   leaver.close();
   EXPECT_TRUE(server.idle_and_empty()) << "the request kept running after its client left";

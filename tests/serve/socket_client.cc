@@ -38,6 +38,15 @@ void SocketClient::send(const std::string& bytes) {
   }
 }
 
+bool SocketClient::try_send(const std::string& bytes) {
+  return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size());
+}
+
+bool SocketClient::has_input() {
+  pollfd p{fd_, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
 std::string SocketClient::read_until(const std::string& until, std::chrono::milliseconds timeout) {
   std::string got;
   const auto deadline = std::chrono::steady_clock::now() + timeout;

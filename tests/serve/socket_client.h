@@ -15,6 +15,11 @@ class SocketClient {
   SocketClient& operator=(const SocketClient&) = delete;
 
   void send(const std::string& bytes);
+  // Sends what it can; false (and no test failure) once the server closed.
+  bool try_send(const std::string& bytes);
+  // True when the server has sent something or closed: a client that sends
+  // on after that gets a reset, which can cost it the unread answer.
+  bool has_input();
   // Reads until `until` appears, the peer closes, or `timeout` passes.
   std::string read_until(const std::string& until, std::chrono::milliseconds timeout);
   // True when the peer closed the connection within `timeout`.

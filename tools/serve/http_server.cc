@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api_error.h"
+#include "gated_server.h"
 #include "generation_job.h"
 #include "openai_request.h"
 #include "pagedattn/errors.h"
@@ -20,6 +21,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kStreamPoll{100};
+// A body made over time must reach the client as it is written: a client
+// that left is noticed only when a write to it fails. httplib compresses an
+// "application/json" body (that exact type) for a client that accepts gzip
+// or br, and its compressor keeps the keep-alive spaces until it has a block
+// to emit, so nothing is written and the request runs on. This type is JSON
+// too, and httplib leaves it alone (as it does text/event-stream).
+constexpr const char* kUncompressedJson = "application/json; charset=utf-8";
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status();
@@ -91,10 +99,17 @@ bool secret_matches(std::string_view given, std::string_view secret) {
 HttpServer::HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options)
     : options_(std::move(options)),
       codec_(std::move(codec)),
-      http_(std::make_unique<httplib::Server>()) {
+      http_(std::make_unique<GatedServer>(
+          GateOptions{.threads = std::size_t(std::max(1, options_.max_connections)),
+                      .header_timeout = std::chrono::seconds(options_.header_timeout_seconds),
+                      .body_timeout = std::chrono::seconds(options_.body_timeout_seconds)})) {
   require(codec_ != nullptr, "serve: no text codec");
   require(options_.max_connections >= 1, "serve: --max-connections = ", options_.max_connections,
           " must be >= 1");
+  require(options_.header_timeout_seconds >= 1,
+          "serve: --header-timeout = ", options_.header_timeout_seconds, " must be >= 1");
+  require(options_.body_timeout_seconds >= 1,
+          "serve: --body-timeout = ", options_.body_timeout_seconds, " must be >= 1");
   require(options_.max_queued_requests >= 1,
           "serve: --max-queued-requests = ", options_.max_queued_requests, " must be >= 1");
   worker_ =
@@ -109,11 +124,12 @@ HttpServer::~HttpServer() {
 }
 
 void HttpServer::install_limits() {
-  const auto threads = std::size_t(options_.max_connections);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // The HTTP threads (--max-connections) and the header and body deadlines
+  // are GatedServer's.
   http_->set_payload_max_length(options_.max_body_bytes);
   http_->set_read_timeout(options_.read_timeout_seconds, 0);
-  // An idle keep-alive connection holds a thread too: no longer than a read.
+  // An idle keep-alive connection waits in GatedServer's waiting room (no
+  // thread), but no longer than a read.
   http_->set_keep_alive_timeout(std::min(5, options_.read_timeout_seconds));
   http_->set_write_timeout(options_.write_timeout_seconds, 0);
   http_->set_tcp_nodelay(true);  // SSE chunks are small: send each at once
@@ -194,7 +210,7 @@ void HttpServer::install_routes() {
           // then: an engine failure becomes the body's OpenAI error object.
           ++live_streams_;
           res.set_chunked_content_provider(
-              "application/json",
+              kUncompressedJson,
               [job, keep_alive](std::size_t, httplib::DataSink& sink) {
                 if (!job->wait_finished(keep_alive)) return sink.write(" ", 1);
                 std::string body;

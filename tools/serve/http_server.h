@@ -27,10 +27,14 @@ struct ServerOptions {
   int port = 8000;                         // 0: any free port (see bound_port)
   std::string api_key;                     // "": no authentication
   std::string model_name = "pagedattn";    // what /v1/models lists and responses name
-  std::int32_t max_connections = 128;      // HTTP threads: connections served at once
+  std::int32_t max_connections = 128;      // HTTP threads: requests served at once
   std::int32_t max_queued_requests = 256;  // requests held (waiting + running); more: 429
   std::size_t max_body_bytes = 8u << 20;   // larger bodies: 413
   int read_timeout_seconds = 10;           // a client silent this long mid-request is dropped
+  // Deadlines on a request's arrival, however steadily the client sends:
+  // its headers from their first byte, its body from the headers' end.
+  int header_timeout_seconds = 10;
+  int body_timeout_seconds = 30;
   int write_timeout_seconds = 10;
   int shutdown_grace_seconds = 30;  // in-flight requests may finish for this long
   // A client that left is noticed when a write to it fails: a stream or a
