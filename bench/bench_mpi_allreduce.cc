@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "distributed/mpi_comm.h"
+#include "pagedattn/distributed/mpi_comm.h"
 
 namespace {
 

@@ -3,8 +3,9 @@
 # every test (CI's .ci/run) in two builds of the tree:
 #  1. Release (GCC, warnings as errors): the library, tools, benchmarks, tests
 #     and the Python module. ctest; the installed CMake package from a C++ and a
-#     C project; the Python package installed by `pip install .` from this
-#     same build tree (scikit-build-core only re-runs its install), then pytest.
+#     C project, and from a C++ MPI one (pagedattn::dist, when MPI was found);
+#     the Python package installed by `pip install .` from this same build tree
+#     (scikit-build-core only re-runs its install), then pytest.
 #  2. sanitize (clang, warnings as errors, ASan + UBSan at -O1, libFuzzer
 #     coverage): every test binary but the SmolLM2 end-to-end ones, the fuzz
 #     corpora, then each libFuzzer harness for 60 s in all (scripts/fuzz.sh).
@@ -60,6 +61,16 @@ build/downstream/downstream_example
 cmake -S examples/downstream_c -B build/downstream_c -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build build/downstream_c
 build/downstream_c/downstream_c_example
+# The MPI modes (pagedattn::dist), in the package whenever the tree built them:
+# one rank leads a tensor-parallel engine (as root, OpenMPI's mpiexec needs the
+# two ALLOW_RUN_AS_ROOT variables).
+if [ -e build/release/src/libpagedattn_dist.a ]; then
+  cmake -S examples/downstream_dist -B build/downstream_dist -G Ninja \
+    -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build build/downstream_dist
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpiexec -n 1 build/downstream_dist/downstream_dist_example
+fi
 
 stage "Python package: pip install . from the Release tree, pytest"
 wait "$python_deps" || { cat "$python_deps_log"; exit 1; }

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <cstdio>
 
-#include "distributed/disagg.h"
 #include "generate.h"
+#include "pagedattn/distributed/disagg.h"
 
 namespace pagedattn::tools {
 namespace {

@@ -9,8 +9,8 @@
 #include "pagedattn/llama.h"
 
 #ifdef PAGEDATTN_HAVE_MPI
-#include "distributed/mpi_comm.h"
-#include "distributed/tensor_parallel.h"
+#include "pagedattn/distributed/mpi_comm.h"
+#include "pagedattn/distributed/tensor_parallel.h"
 #endif
 
 namespace pagedattn::tools {

@@ -4,7 +4,7 @@
 // garbage K/V or a hang.
 #pragma once
 
-#include "distributed/mpi_comm.h"
+#include "pagedattn/distributed/mpi_comm.h"
 #include "pagedattn/engine.h"
 
 namespace pagedattn::dist {

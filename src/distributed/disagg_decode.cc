@@ -6,9 +6,9 @@
 #include <unordered_map>
 
 #include "distributed/config_fingerprint.h"
-#include "distributed/disagg.h"
 #include "distributed/disagg_protocol.h"
 #include "distributed/kv_transfer.h"
+#include "pagedattn/distributed/disagg.h"
 
 namespace pagedattn::dist {
 namespace {

@@ -7,9 +7,9 @@
 #include <chrono>
 
 #include "distributed/config_fingerprint.h"
-#include "distributed/disagg.h"
 #include "distributed/disagg_protocol.h"
 #include "distributed/kv_transfer.h"
+#include "pagedattn/distributed/disagg.h"
 
 namespace pagedattn::dist {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "distributed/mpi_comm.h"
+#include "pagedattn/distributed/mpi_comm.h"
 #include "pagedattn/kv_cache.h"
 
 namespace pagedattn::dist {

@@ -1,4 +1,4 @@
-#include "distributed/mpi_comm.h"
+#include "pagedattn/distributed/mpi_comm.h"
 
 #include <cstdlib>
 #include <limits>

@@ -1,6 +1,6 @@
 // Tensor parallelism over MPI: the shard's all-reduce, the startup check,
 // and the leader/follower step protocol (one broadcast message per step).
-#include "distributed/tensor_parallel.h"
+#include "pagedattn/distributed/tensor_parallel.h"
 
 #include <chrono>
 #include <cstdio>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/disagg.h"
+#include "pagedattn/distributed/disagg.h"
 #include "pagedattn/llama.h"
 #include "support/engine_jobs.h"
 

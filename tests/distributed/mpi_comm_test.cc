@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "distributed/mpi_comm.h"
+#include "pagedattn/distributed/mpi_comm.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::dist {

@@ -3,7 +3,7 @@
 // nonzero on every rank when a test failed on any of them.
 #include <gtest/gtest.h>
 
-#include "distributed/mpi_comm.h"
+#include "pagedattn/distributed/mpi_comm.h"
 
 int main(int argc, char** argv) {
   pagedattn::dist::MpiSession session(&argc, &argv);

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "distributed/tensor_parallel.h"
+#include "pagedattn/distributed/tensor_parallel.h"
 #include "pagedattn/llama.h"
 #include "tensor_parallel_support.h"
 

@@ -19,7 +19,7 @@
 #include <map>
 #include <vector>
 
-#include "distributed/tensor_parallel.h"
+#include "pagedattn/distributed/tensor_parallel.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/llama.h"

@@ -24,8 +24,8 @@
 #ifdef PAGEDATTN_HAVE_MPI
 #include <cstdlib>
 
-#include "distributed/disagg.h"
-#include "distributed/tensor_parallel.h"
+#include "pagedattn/distributed/disagg.h"
+#include "pagedattn/distributed/tensor_parallel.h"
 #endif
 
 extern "C" int doc_snippet_ops_md_1(void);  // doc_snippets.c
@@ -259,7 +259,7 @@ TEST(DocSnippetsMpi, TensorParallel) {
   char** argv = args;
 // clang-format off
 // doc-snippet: docs/tensor_parallel.md#1
-#include "distributed/tensor_parallel.h"   // target pagedattn::dist
+#include "pagedattn/distributed/tensor_parallel.h"   // target pagedattn::dist
 
 using namespace pagedattn;
 

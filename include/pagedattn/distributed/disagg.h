@@ -8,7 +8,7 @@
 // datatypes, nothing is staged. A refused, failed or cancelled transfer
 // frees every page on both sides.
 //
-// Per request (tags in disagg_protocol.h):
+// Per request (tags in src/distributed/disagg_protocol.h):
 //   prefill -> decode  request (prompt, first token, sampling params)
 //   decode  -> prefill ack: accepted (pages reserved, receives posted),
 //                      retry (no pages now: the prefill side asks again after
@@ -16,8 +16,9 @@
 //   prefill -> decode  status: pages follow, or cancelled
 //   prefill -> decode  the pages, one message for all layers
 // then `end` after the last request, or `failed` (with the reason) when the
-// prefill rank fails between two requests: the decode rank then throws it. Both ranks first compare
-// their configs (config_fingerprint.h): a mismatch is a clear error on both, no hang.
+// prefill rank fails between two requests: the decode rank then throws it.
+// Both ranks first compare their configs (src/distributed/config_fingerprint.h):
+// a mismatch is a clear error on both, no hang.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/mpi_comm.h"
+#include "pagedattn/distributed/mpi_comm.h"
 #include "pagedattn/engine.h"
 
 namespace pagedattn::dist {

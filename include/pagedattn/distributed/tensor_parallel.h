@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "distributed/mpi_comm.h"
+#include "pagedattn/distributed/mpi_comm.h"
 #include "pagedattn/llama.h"
 #include "pagedattn/model.h"
 
