@@ -63,6 +63,9 @@ std::unique_ptr<CLI::App> generate_flags(GenerateOptions& o) {
       ->type_name("M")
       ->check(number_in(1, 1 << 20));
   add_tensor_parallel_flag(*app, o.tensor_parallel);
+  app->add_flag("--check-tensors", o.check_tensors,
+                "refuse a model whose weights hold NaN or Inf, naming the tensor (one more pass "
+                "over the weights at load)");
   app->add_flag("--disaggregate", o.disaggregate,
                 "under `mpirun -np 2`: rank 0 prefills, rank 1 receives the prompt's KV pages "
                 "over MPI, decodes and prints (MPI builds)");
@@ -123,7 +126,7 @@ int run_generate(int argc, char** argv) {
   const std::vector<std::int32_t> prompt = prompt_tokens(o, file, tokenizer);
   EngineConfig ec;
   ec.model = make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& shard) {
-    return make_gguf_model(file, {.shard = shard});
+    return make_gguf_model(file, {.shard = shard, .check_tensors = o.check_tensors});
   });
   if (ec.model == nullptr) return 0;  // a follower rank: rank 0 did the I/O
   ec.kv_memory_bytes = static_cast<std::int64_t>(o.kv_memory_mib * (1 << 20));
@@ -147,17 +150,24 @@ int run_generate(int argc, char** argv) {
   double first_token_seconds = 0.0;
   const auto start = Clock::now();
   engine.add_request(prompt, params);
+  std::string error;  // the engine ended the request (FinishReason::kError)
   while (engine.has_unfinished())
-    for (const RequestOutput& out : engine.step())
+    for (const RequestOutput& out : engine.step()) {
+      if (!out.error.empty()) error = out.error;
       for (const SampleOutput& sample : out.samples)
         for (std::int32_t id : sample.new_token_ids) {
           if (generated++ == 0) first_token_seconds = seconds_since(start);
           std::fputs(text.push(id).c_str(), stdout);
           std::fflush(stdout);
         }
+    }
   std::fputs(text.flush().c_str(), stdout);
   std::fputs("\n", stdout);
   std::fflush(stdout);
+  if (!error.empty()) {
+    std::fprintf(stderr, "pagedattn generate: %s\n", error.c_str());
+    return 1;
+  }
   const double total = seconds_since(start);
   const double decode_seconds = total - first_token_seconds;
   std::fprintf(stderr,

@@ -25,6 +25,7 @@ struct GenerateOptions {
   bool ignore_eos = false;           // generate max_tokens whatever the model says (benchmarks)
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
   bool disaggregate = false;         // under mpirun -np 2: rank 0 prefills, rank 1 decodes
+  bool check_tensors = false;        // scan the weights for NaN / Inf before generating
   bool help = false;
 };
 

@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "pagedattn/kv_cache.h"
@@ -55,7 +56,12 @@ struct SamplingParams {
   std::uint64_t cache_salt = 0;
 };
 
-enum class FinishReason : std::uint8_t { kNone = 0, kLength, kStop, kAborted };
+// kError: the model's logits for the request held a NaN or an infinity (its
+// weights or activations are broken); RequestOutput.error says where. The
+// request ends there - no token is drawn from such a row - and its pages are
+// freed; other requests of the batch carry on.
+enum class FinishReason : std::uint8_t { kNone = 0, kLength, kStop, kAborted, kError };
+// "none", "length", "stop", "aborted", "error".
 const char* finish_reason_name(FinishReason reason);
 
 struct SampleOutput {
@@ -69,6 +75,10 @@ struct RequestOutput {
   RequestId request_id = 0;
   std::vector<SampleOutput> samples;
   bool finished = false;  // every sample has finished (or the request was aborted)
+  // Set with FinishReason::kError (every unfinished sample ends with it):
+  // names the request, the engine step, the output token and how many
+  // logits were NaN and infinite.
+  std::string error;
 };
 
 struct EngineConfig {
@@ -164,6 +174,7 @@ struct ImportSlot {
 KVCacheConfig engine_cache_config(const EngineConfig& config);
 // The engine's sampling of one token (logits [vocab]; `position` is the index
 // the new token will have), for a prefill instance's first token.
+// InvalidArgument counting the NaN and infinite logits when any is not finite.
 std::int32_t sample_token(std::span<const float> logits, const SamplingParams& params,
                           std::uint64_t seed, std::int32_t sample_index, std::int64_t position);
 // --- end of disaggregated prefill/decode ---------------------------------------

@@ -84,6 +84,11 @@ struct GgufModelOptions {
   // (num_qo_heads / size x head_dim, intermediate_size / size) to be whole
   // blocks: 32 weights for Q8_0 / Q4_0 / Q4_1, 256 for the K-quants.
   TensorParallelShard shard{};
+  // Scan every tensor of the file for NaN and infinity before loading
+  // (decoded values, so a quantised block's non-finite f16 scale shows):
+  // InvalidArgument naming the tensor and its first bad element. Off by
+  // default: it reads and decodes every weight once more.
+  bool check_tensors = false;
 };
 
 // Loads a GGUF decoder (architectures llama, qwen2, qwen3, gemma2, gemma3,

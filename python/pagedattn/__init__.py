@@ -16,7 +16,9 @@
     Error         base of the library's exceptions; InvalidArgumentError is a
                   ValueError, OutOfPagesError / InvalidStateError /
                   InternalError are RuntimeErrors, UnsupportedError is a
-                  NotImplementedError
+                  NotImplementedError; LLM.generate raises GenerationError
+                  (an Error and a RuntimeError) when the model's logits for a
+                  request were NaN or Inf
 
 Arrays are NumPy arrays (or buffer-protocol / DLPack objects) used in place;
 bfloat16 and float8 travel as uint16 / uint8 arrays with a dtype string, or
@@ -46,7 +48,7 @@ from ._core import (
     gguf_dequantize,
 )
 from . import ops
-from .engine import LLM, CompletionOutput, Engine, GenerationOutput
+from .engine import LLM, CompletionOutput, Engine, GenerationError, GenerationOutput
 
 __all__ = [
     "BatchPlan",
@@ -54,6 +56,7 @@ __all__ = [
     "CompletionOutput",
     "Engine",
     "EngineStats",
+    "GenerationError",
     "GenerationOutput",
     "Error",
     "GgufFile",

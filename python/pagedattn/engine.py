@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import _core
-from ._core import Model, RequestOutput, SamplingParams
+from ._core import Error, Model, RequestOutput, SamplingParams
 
 Prompt = Union[str, Sequence[int]]
 
@@ -29,15 +29,16 @@ Prompt = Union[str, Sequence[int]]
 _END_OF_TURN_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "</s>")
 
 
-def _resolve_model(model, max_position: int = 0):
-    """A Model, a path to a .gguf file, or a synthetic preset name."""
+def _resolve_model(model, max_position: int = 0, check_tensors: bool = False):
+    """A Model, a path to a .gguf file, or a synthetic preset name
+    (check_tensors applies to a file; presets' weights are always finite)."""
     if isinstance(model, Model):
         return model, None
     if not isinstance(model, (str, os.PathLike)):
         raise TypeError(f"model must be a pagedattn.Model, a .gguf path or a preset name, got {type(model).__name__}")
     name = os.fspath(model)
     if name.endswith(".gguf") or os.path.isfile(name):
-        return Model.from_gguf(name, max_position), _core.load_gguf_tokenizer(name)
+        return Model.from_gguf(name, max_position, check_tensors), _core.load_gguf_tokenizer(name)
     return Model.preset(name), None
 
 
@@ -58,7 +59,7 @@ class Engine:
            max_num_seqs=256, max_num_batched_tokens=2048, chunked_prefill=True,
            deterministic=False, seed=0, max_position=0, tokenizer=None,
            enable_prefix_caching=False, host_kv_memory_bytes=0, bf16_products=False,
-           int8_products=False, f16_products=False)
+           int8_products=False, f16_products=False, check_tensors=False)
 
     model: a pagedattn.Model, a path to a Llama-family .gguf file (its
     tokenizer comes with it) or a synthetic preset name ("tiny", "small",
@@ -76,6 +77,13 @@ class Engine:
     f16_products: fp8 e4m3 and float16 KV decode on AVX512-FP16
     multiply-adds where the CPU has them (queries and softmax weights rounded
     to f16, short f16 sums; under 1% of a row's largest output).
+    check_tensors: with a .gguf path, scan every weight for NaN / Inf before
+    loading (one more pass over the weights) and raise InvalidArgumentError
+    naming the tensor and its first bad element.
+
+    Non-finite logits (broken weights) end only the request they occur in:
+    its samples finish with finish_reason "error" and its RequestOutput's
+    error names the request, engine step and the NaN / Inf count.
 
     Threads: add_request never waits for a running step; step() calls take
     turns; abort, has_unfinished, stats and set_stream_callback wait for a
@@ -91,8 +99,9 @@ class Engine:
                  deterministic: bool = False, seed: int = 0, max_position: int = 0,
                  tokenizer=None, enable_prefix_caching: bool = False,
                  host_kv_memory_bytes: int = 0, bf16_products: bool = False,
-                 int8_products: bool = False, f16_products: bool = False):
-        self.model, own_tokenizer = _resolve_model(model, max_position)
+                 int8_products: bool = False, f16_products: bool = False,
+                 check_tensors: bool = False):
+        self.model, own_tokenizer = _resolve_model(model, max_position, check_tensors)
         self.tokenizer = tokenizer if tokenizer is not None else own_tokenizer
         self._engine = _core.Engine(
             self.model, kv_memory_bytes=kv_memory_bytes, page_size=page_size, kv_dtype=kv_dtype,
@@ -149,6 +158,7 @@ class CompletionOutput:
     token_ids: List[int]
     text: Optional[str]
     finish_reason: Optional[str]
+    error: Optional[str]  # with finish_reason "error": why (see RequestOutput.error); else None
 
 
 @dataclass
@@ -161,17 +171,30 @@ class GenerationOutput:
     outputs: List[CompletionOutput] = field(default_factory=list)
 
 
+class GenerationError(Error, RuntimeError):
+    """LLM.generate: the model's logits for some request were NaN or Inf (broken
+    weights), so that request ended with finish_reason "error" instead of a
+    token. The message gives each failed request's reason; `outputs` holds
+    the whole call's results (the other requests finished normally)."""
+
+    def __init__(self, message: str, outputs: List["GenerationOutput"]):
+        super().__init__(message)
+        self.outputs = outputs
+
+
 class _Call:
     """One LLM.generate call's requests: the samples received so far
     ({request id: {sample index: [token ids, finish reason]}}), the requests
-    not finished yet, and the error that ended the call in another thread."""
+    not finished yet, the error that ended the call in another thread, and
+    the engine's reasons for requests it failed ({request id: message})."""
 
-    __slots__ = ("samples", "unfinished", "error")
+    __slots__ = ("samples", "unfinished", "error", "failed")
 
     def __init__(self):
         self.samples: Dict[int, Dict[int, list]] = {}
         self.unfinished: set = set()
         self.error: Optional[BaseException] = None
+        self.failed: Dict[int, str] = {}
 
 
 class LLM:
@@ -195,6 +218,11 @@ class LLM:
     and leaves none behind; the next call works. If a step raises, its outputs
     are lost: that step's thread raises its exception and every other call
     waiting at that moment raises RuntimeError (never a truncated result).
+    A request whose logits are NaN or Inf (broken weights) ends with
+    finish_reason "error"; once every request of the call has finished,
+    generate raises GenerationError naming it (its `outputs` hold every
+    result, the others complete). Load with check_tensors=True to refuse such
+    a model up front.
     Do not step or iterate llm.engine yourself while generate runs (those
     outputs would not reach their calls); requests added to llm.engine
     directly are stepped along and their outputs dropped.
@@ -260,9 +288,13 @@ class LLM:
             raise
         for result in results:
             samples = call.samples[result.request_id]
+            error = call.failed.get(result.request_id)
             for index in sorted(samples):
                 ids, reason = samples[index]
-                result.outputs.append(CompletionOutput(index, ids, self._text(ids), reason))
+                result.outputs.append(CompletionOutput(index, ids, self._text(ids), reason,
+                                                       error if reason == "error" else None))
+        if call.failed:
+            raise GenerationError("LLM.generate: " + "; ".join(call.failed.values()), results)
         return results
 
     def _drive(self, call: _Call, raise_error: bool = True) -> None:
@@ -317,6 +349,8 @@ class LLM:
             if call is None:
                 continue  # not added by generate, or abandoned
             samples = call.samples[output.request_id]
+            if output.error is not None:
+                call.failed[output.request_id] = output.error
             for sample in output.samples:
                 done = samples.setdefault(sample.index, [[], None])
                 done[0].extend(sample.new_token_ids)

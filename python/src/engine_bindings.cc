@@ -40,9 +40,9 @@ ModelHandle preset_model(const std::string& name) {
   return {make_llama_model(llama_preset(name))};
 }
 
-ModelHandle gguf_model(const std::string& path, std::int32_t max_position) {
+ModelHandle gguf_model(const std::string& path, std::int32_t max_position, bool check_tensors) {
   py::gil_scoped_release release;
-  return {make_gguf_model(path, {.max_position = max_position})};
+  return {make_gguf_model(path, {.max_position = max_position, .check_tensors = check_tensors})};
 }
 
 std::optional<std::string> finish_reason(FinishReason reason) {
@@ -191,13 +191,21 @@ void register_sampling(py::module_& m) {
       .def_readonly("new_token_ids", &SampleOutput::new_token_ids, "Tokens produced this step.")
       .def_property_readonly(
           "finish_reason", [](const SampleOutput& s) { return finish_reason(s.finish_reason); },
-          "None while running, else \"length\", \"stop\" or \"aborted\".");
+          "None while running, else \"length\", \"stop\", \"aborted\" or \"error\" (the\n"
+          "model's logits were NaN or Inf: RequestOutput.error says where).");
 
   py::class_<RequestOutput>(m, "RequestOutput", "One request's progress in one step.")
       .def_readonly("request_id", &RequestOutput::request_id, "The id add_request returned.")
       .def_readonly("samples", &RequestOutput::samples, "The samples with news this step.")
       .def_readonly("finished", &RequestOutput::finished,
-                    "Every sample finished (or the request was aborted).");
+                    "Every sample finished (or the request was aborted).")
+      .def_property_readonly(
+          "error",
+          [](const RequestOutput& o) {
+            return o.error.empty() ? std::nullopt : std::optional<std::string>(o.error);
+          },
+          "None, or why the request ended with finish_reason \"error\" (non-finite\n"
+          "logits: the request, engine step, sample and how many were NaN / Inf).");
 }
 
 void register_engine_class(py::module_& m) {
@@ -254,7 +262,10 @@ void register_engine_class(py::module_& m) {
       .def_static("preset", &preset_model, py::arg("name"),
                   "A synthetic Llama with seeded weights: \"tiny\", \"small\" or \"1b\".")
       .def_static("from_gguf", &gguf_model, py::arg("path"), py::arg("max_position") = 0,
-                  "A Llama-family GGUF file (max_position 0: the file's context length).")
+                  py::arg("check_tensors") = false,
+                  "A Llama-family GGUF file (max_position 0: the file's context length).\n"
+                  "check_tensors: scan every weight for NaN / Inf first (one more pass over\n"
+                  "the weights) and raise InvalidArgumentError naming the tensor.")
       .def_property_readonly(
           "name", [](const ModelHandle& h) { return h.model->spec().name; }, "The model's name.")
       .def_property_readonly(

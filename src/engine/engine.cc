@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "counter_random.h"
@@ -41,6 +42,8 @@ const char* finish_reason_name(FinishReason reason) {
       return "stop";
     case FinishReason::kAborted:
       return "aborted";
+    case FinishReason::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -144,6 +147,11 @@ struct Engine::Impl {
   void run_forward(const Schedule& s);
   void apply_samples(const Schedule& s, std::vector<RequestOutput>& outputs);
   void append_token(SequenceGroup& g, std::int32_t seq, std::int32_t token, RequestOutput& out);
+  // Samples chunk `c`'s sequence from `row` (the prompt's first sampling
+  // draws every sample); false when the row is not finite and nothing was appended.
+  bool sample_chunk(const ScheduledChunk& c, std::span<const float> row, RequestOutput& out);
+  // Ends every unfinished sample of chunk `c`'s request with kError (see engine.h).
+  void fail_request(const ScheduledChunk& c, std::span<const float> row, RequestOutput& out);
 };
 
 void Engine::Impl::validate_request(std::span<const std::int32_t> prompt,
@@ -258,6 +266,70 @@ void Engine::Impl::append_token(SequenceGroup& g, std::int32_t seq, std::int32_t
   out.samples.push_back({s.index, {token}, s.finish});
 }
 
+bool Engine::Impl::sample_chunk(const ScheduledChunk& c, std::span<const float> row,
+                                RequestOutput& out) {
+  SequenceGroup& g = *c.group;
+  const std::int64_t position = std::ssize(g.seqs[std::size_t(c.seq)].tokens);
+  if (std::ssize(g.seqs) < g.params.n) {
+    // The prompt's first sampling: every sample draws from these logits;
+    // samples 1.. start as forks of the prompt (no copy of full pages).
+    std::vector<std::int32_t> tokens;
+    for (std::int32_t i = 0; i < g.params.n; ++i) {
+      const std::optional<std::int32_t> t = sampler.sample(row, g.params, g.seed, i, position);
+      if (!t) return false;
+      tokens.push_back(*t);
+    }
+    const std::vector<std::int32_t> prompt = g.seqs[0].tokens;
+    for (std::int32_t i = 1; i < g.params.n; ++i) {
+      Sequence child;
+      child.id = g.id * engine::kMaxSamples + i;
+      child.index = i;
+      child.tokens = prompt;
+      g.seqs.push_back(std::move(child));
+    }
+    for (std::int32_t i = 0; i < g.params.n; ++i) append_token(g, i, tokens[std::size_t(i)], out);
+    return true;
+  }
+  const std::int32_t index = g.seqs[std::size_t(c.seq)].index;
+  const std::optional<std::int32_t> t = sampler.sample(row, g.params, g.seed, index, position);
+  if (!t) return false;
+  append_token(g, c.seq, *t, out);
+  return true;
+}
+
+// Non-finite logits: a token drawn from them would be arbitrary (the
+// argmax of NaNs is token 0), so the whole request ends with kError - its
+// samples share the model that failed - and release_finished frees its pages.
+void Engine::Impl::fail_request(const ScheduledChunk& c, std::span<const float> row,
+                                RequestOutput& out) {
+  SequenceGroup& g = *c.group;
+  const Sequence& failed = g.seqs[std::size_t(c.seq)];
+  // The step's number as EngineStats.steps will report it once this step ends.
+  out.error = detail::concat(
+      "request ", g.id, ": the model's logits are not finite at engine step ", steps + 1,
+      ", sample ", failed.index, ", after ", std::ssize(failed.tokens) - g.prompt_len,
+      " output tokens (", engine::describe_non_finite(row),
+      "); the model's weights or activations hold NaN or Inf (loading with check_tensors, "
+      "--check-tensors on the CLI, names a bad weight)");
+  // Samples not forked yet exist only to end here (never in the cache).
+  for (std::int32_t i = static_cast<std::int32_t>(g.seqs.size()); i < g.params.n; ++i) {
+    Sequence child;
+    child.id = g.id * engine::kMaxSamples + i;
+    child.index = i;
+    g.seqs.push_back(std::move(child));
+  }
+  for (Sequence& s : g.seqs) {
+    if (s.finished()) continue;
+    s.finish = FinishReason::kError;
+    const auto reported = std::find_if(out.samples.begin(), out.samples.end(),
+                                       [&](const SampleOutput& o) { return o.index == s.index; });
+    if (reported != out.samples.end())
+      reported->finish_reason = FinishReason::kError;
+    else
+      out.samples.push_back({s.index, {}, FinishReason::kError});
+  }
+}
+
 void Engine::Impl::apply_samples(const Schedule& s, std::vector<RequestOutput>& outputs) {
   const std::size_t vocab = std::size_t(config.model->spec().vocab_size);
   std::unordered_map<RequestId, std::size_t> slot;
@@ -267,26 +339,10 @@ void Engine::Impl::apply_samples(const Schedule& s, std::vector<RequestOutput>& 
     SequenceGroup& g = *c.group;
     const std::span<const float> l(logits.data() + row++ * vocab, vocab);
     auto [it, fresh] = slot.try_emplace(g.id, outputs.size());
-    if (fresh) outputs.push_back({g.id, {}, false});
+    if (fresh) outputs.push_back({g.id, {}, false, {}});
     RequestOutput& out = outputs[it->second];
-    const std::int64_t position = std::ssize(g.seqs[std::size_t(c.seq)].tokens);
-    if (std::ssize(g.seqs) < g.params.n) {
-      // The prompt's first sampling: every sample draws from these logits;
-      // samples 1.. start as forks of the prompt (no copy of full pages).
-      const std::vector<std::int32_t> prompt = g.seqs[0].tokens;
-      for (std::int32_t i = 1; i < g.params.n; ++i) {
-        Sequence child;
-        child.id = g.id * engine::kMaxSamples + i;
-        child.index = i;
-        child.tokens = prompt;
-        g.seqs.push_back(std::move(child));
-      }
-      for (std::int32_t i = 0; i < g.params.n; ++i)
-        append_token(g, i, sampler.sample(l, g.params, g.seed, i, position), out);
-    } else {
-      const std::int32_t index = g.seqs[std::size_t(c.seq)].index;
-      append_token(g, c.seq, sampler.sample(l, g.params, g.seed, index, position), out);
-    }
+    if (!out.error.empty()) continue;  // failed on an earlier sample's row this step
+    if (!sample_chunk(c, l, out)) fail_request(c, l, out);
     out.finished = g.finished();
   }
 }
@@ -326,7 +382,7 @@ void Engine::abort(RequestId id) {
   im.admit_incoming();  // a request added a moment ago can be aborted too
   std::unique_ptr<SequenceGroup> g = im.scheduler.remove(id);
   require(g != nullptr, "Engine::abort: request id = ", id, " is not waiting or running");
-  RequestOutput out{id, {}, true};
+  RequestOutput out{id, {}, true, {}};
   for (std::int32_t i = 0; i < g->params.n; ++i) {
     const bool done = i < std::ssize(g->seqs) && g->seqs[std::size_t(i)].finished();
     if (!done) out.samples.push_back({i, {}, FinishReason::kAborted});

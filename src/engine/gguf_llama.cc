@@ -3,13 +3,16 @@
 // Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K tensors stay in their blocks (the
 // quantised kernels read them in place); F32 / F16 / BF16 are widened to f32
 // once, at load (exactly, by the GGUF reader).
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "engine/llama_weights.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/gguf_model.h"
+#include "pagedattn/gguf_types.h"
 #include "pagedattn/llama.h"
 
 namespace pagedattn {
@@ -170,6 +173,46 @@ void apply_long_rope(const GgufFile& file, const GgufModelConfig& g, LlamaConfig
                                       1.0 + std::log(factor) / std::log(double(s.original_context_length))));
 }
 
+// Where the bad value is and which kind it is, plus its block for quantised
+// types (their decoded values are finite unless a block's f16 scale is not).
+std::string describe_bad_element(const GgufTensor& t, std::int64_t row, std::int64_t column,
+                                 float value) {
+  const GgufTypeInfo& info = gguf_type_info(t.type);
+  std::string what =
+      detail::concat("element ", row * t.row_length() + column, " (row ", row, ", column ", column,
+                     ") is ", std::isnan(value) ? "NaN" : "Inf");
+  if (info.block_size > 1)
+    what += detail::concat(": its ", info.name, " block (block ", column / info.block_size,
+                           " of the row) has a non-finite f16 scale");
+  return what;
+}
+
+// Decodes `t` row by row; InvalidArgument at its first non-finite value.
+void check_tensor_finite(const GgufFile& file, const GgufTensor& t) {
+  const std::int64_t n = t.row_length();
+  const std::int64_t row_bytes = gguf_row_bytes(t.type, n);
+  std::vector<float> values(std::size_t(n), 0.0f);
+  for (std::int64_t r = 0; r < t.row_count(); ++r) {
+    dequantize_row(t.type, t.data + r * row_bytes, values.data(), n);
+    const auto bad =
+        std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+    if (bad != values.end())
+      throw InvalidArgument(detail::concat("make_gguf_model: check_tensors: gguf ",
+                                           file.source_name(), ": tensor '", t.name, "' ",
+                                           describe_bad_element(t, r, bad - values.begin(), *bad)));
+  }
+}
+
+// Every tensor whose type decodes; others cannot hold a weight the model reads
+// (read_model_config refuses those).
+void check_tensors_finite(const GgufFile& file) {
+  for (const GgufTensor& t : file.tensors()) {
+    if (!gguf_type_info(t.type).dequantizable) continue;
+    check_tensor_finite(file, t);
+    file.release_pages(t);
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Model> make_gguf_model(const std::string& path, const GgufModelOptions& options) {
@@ -186,6 +229,7 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
     config.rope_freq_factors = load_vector(file, g.rope_scaling.freq_factors_tensor);
   if (!g.rope_scaling.long_factors_tensor.empty()) apply_long_rope(file, g, config);
   engine::validate_shard(config);  // before reading any weight
+  if (options.check_tensors) check_tensors_finite(file);
   LlamaWeights w;
   w.embedding = load_matrix(file, g.token_embedding);
   if (!g.tie_embeddings) w.lm_head = load_matrix(file, g.output);

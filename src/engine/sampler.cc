@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "counter_random.h"
+#include "pagedattn/errors.h"
 
 namespace pagedattn::engine {
 namespace {
@@ -13,11 +14,27 @@ bool before(const std::pair<float, std::int32_t>& a, const std::pair<float, std:
   return a.first != b.first ? a.first > b.first : a.second < b.second;
 }
 
-std::int32_t argmax(std::span<const float> logits) {
-  std::int32_t best = 0;
-  for (std::int32_t t = 1; t < std::ssize(logits); ++t)
-    if (logits[t] > logits[best]) best = t;
-  return best;
+// The largest logit (the lowest token id on ties) and whether every logit
+// is finite, in one pass: the check costs no extra read of the row.
+struct RowMax {
+  std::int32_t token = 0;
+  bool finite = true;
+};
+
+RowMax row_max(std::span<const float> logits) {
+  RowMax m;
+  float best = logits[0];
+  bool finite = std::isfinite(best);
+  for (std::int32_t t = 1; t < std::ssize(logits); ++t) {
+    const float v = logits[t];
+    finite &= std::isfinite(v);
+    if (v > best) {
+      best = v;
+      m.token = t;
+    }
+  }
+  m.finite = finite;
+  return m;
 }
 
 // Nucleus candidates are sorted this many at first, then twice as many each
@@ -26,11 +43,28 @@ constexpr std::size_t kFirstNucleusChunk = 64;
 
 }  // namespace
 
-std::int32_t Sampler::sample(std::span<const float> logits, const SamplingParams& params,
-                             std::uint64_t seed, std::int32_t sample_index, std::int64_t position) {
-  if (params.temperature == 0.0f) return argmax(logits);
+NonFiniteCount count_non_finite(std::span<const float> logits) {
+  NonFiniteCount c;
+  for (const float v : logits) {
+    c.nan += std::isnan(v) ? 1 : 0;
+    c.inf += std::isinf(v) ? 1 : 0;
+  }
+  return c;
+}
+
+std::string describe_non_finite(std::span<const float> logits) {
+  const NonFiniteCount c = count_non_finite(logits);
+  return detail::concat(c.nan, " NaN and ", c.inf, " Inf of ", logits.size(), " logits");
+}
+
+std::optional<std::int32_t> Sampler::sample(std::span<const float> logits,
+                                            const SamplingParams& params, std::uint64_t seed,
+                                            std::int32_t sample_index, std::int64_t position) {
+  const RowMax row = row_max(logits);
+  if (!row.finite) return std::nullopt;
+  if (params.temperature == 0.0f) return row.token;
   // Softmax weights of logit / temperature, in double, relative to the largest.
-  const double max = *std::max_element(logits.begin(), logits.end());
+  const double max = logits[std::size_t(row.token)];
   auto weight = [&](float logit) { return std::exp((logit - max) / params.temperature); };
   const double u = counter_uniform(seed, static_cast<std::uint64_t>(sample_index),
                                    static_cast<std::uint64_t>(position));
@@ -96,7 +130,11 @@ std::int32_t sample_token(std::span<const float> logits, const SamplingParams& p
                           std::uint64_t seed, std::int32_t sample_index, std::int64_t position) {
   require(!logits.empty(), "sample_token: logits is empty");
   engine::Sampler sampler;
-  return sampler.sample(logits, params, seed, sample_index, position);
+  const std::optional<std::int32_t> token =
+      sampler.sample(logits, params, seed, sample_index, position);
+  require(token.has_value(), "sample_token: logits are not finite (",
+          engine::describe_non_finite(logits), "; position ", position, ")");
+  return *token;
 }
 
 }  // namespace pagedattn

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace pagedattn::engine {
@@ -23,9 +24,9 @@ TEST(Sampler, TopKAndTopPRestrictTheSupport) {
   SamplingParams k{.temperature = 1.0f, .top_k = 2};
   SamplingParams p{.temperature = 1.0f, .top_p = 0.5f};
   for (std::int64_t pos = 0; pos < 500; ++pos) {
-    const std::int32_t a = s.sample(logits, k, 9, 0, pos);
+    const std::int32_t a = s.sample(logits, k, 9, 0, pos).value();
     EXPECT_TRUE(a == 0 || a == 1) << a;
-    const std::int32_t b = s.sample(logits, p, 9, 0, pos);
+    const std::int32_t b = s.sample(logits, p, 9, 0, pos).value();
     EXPECT_TRUE(b == 0 || b == 1) << b;  // p(0) = 0.36 < 0.5, p(0) + p(1) >= 0.5
   }
 }
@@ -40,7 +41,8 @@ TEST(Sampler, FrequenciesFollowTheSoftmax) {
     sum += expected[i] = std::exp(logits[i] / temperature);
   std::vector<int> counts(logits.size());
   const int draws = 20000;
-  for (int i = 0; i < draws; ++i) ++counts[s.sample(logits, {.temperature = temperature}, 3, 1, i)];
+  for (int i = 0; i < draws; ++i)
+    ++counts[s.sample(logits, {.temperature = temperature}, 3, 1, i).value()];
   for (std::size_t i = 0; i < logits.size(); ++i)
     EXPECT_NEAR(counts[i] / double(draws), expected[i] / sum, 0.015) << "token " << i;
 }
@@ -77,7 +79,8 @@ TEST(Sampler, WideNucleusAndTopKFollowAFullSortReference) {
     const std::vector<double> expected = reference_distribution(logits, 0.8f, top_k, top_p);
     Sampler s;
     std::vector<int> counts(logits.size());
-    for (int i = 0; i < draws; ++i) ++counts[std::size_t(s.sample(logits, params, 11, 0, i))];
+    for (int i = 0; i < draws; ++i)
+      ++counts[std::size_t(s.sample(logits, params, 11, 0, i).value())];
     std::size_t support = 0;
     for (std::size_t t = 0; t < logits.size(); ++t) {
       support += expected[t] > 0.0;
@@ -96,6 +99,25 @@ TEST(Sampler, DrawsDependOnlyOnSeedSampleAndPosition) {
   const SamplingParams p{.temperature = 1.0f};
   for (std::int64_t pos = 0; pos < 20; ++pos)
     EXPECT_EQ(a.sample(logits, p, 5, 2, pos), b.sample(logits, p, 5, 2, pos));
+}
+
+// A NaN or an infinity anywhere in the row gives no token in any mode
+// (greedy's argmax of NaNs was token 0), and the count names both kinds.
+TEST(Sampler, NonFiniteLogitsGiveNoToken) {
+  Sampler s;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const SamplingParams modes[] = {{},
+                                  {.temperature = 1.0f},
+                                  {.temperature = 1.0f, .top_k = 2},
+                                  {.temperature = 1.0f, .top_p = 0.5f}};
+  for (const std::vector<float>& logits :
+       {std::vector<float>{nan, nan, nan}, std::vector<float>{0.5f, inf, 0.1f},
+        std::vector<float>{0.5f, 0.2f, -inf}}) {
+    for (const SamplingParams& p : modes) EXPECT_FALSE(s.sample(logits, p, 1, 0, 0).has_value());
+  }
+  EXPECT_EQ(describe_non_finite(std::vector<float>{nan, inf, -inf, 1.0f}),
+            "1 NaN and 2 Inf of 4 logits");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ void RequestChannel::push(const RequestOutput& out) {
     const std::lock_guard lock(mutex_);
     if (closed_) return;
     pending_.samples.insert(pending_.samples.end(), out.samples.begin(), out.samples.end());
+    if (!out.error.empty()) pending_.error = out.error;  // FinishReason::kError
     if (out.finished) pending_.finished = closed_ = true;
   }
   cv_.notify_one();  // one reader: the request's HTTP thread

@@ -31,6 +31,8 @@ const char* finish_name(FinishReason r) {
       return "length";
     case FinishReason::kStop:
       return "stop";
+    case FinishReason::kError:
+      return "error";
     default:
       return "abort";
   }

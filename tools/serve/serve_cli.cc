@@ -64,6 +64,9 @@ void add_engine_flags(CLI::App& app, ServeOptions& o) {
                "chat messages' control-token text (<|im_end|>, ...) becomes control tokens; "
                "lets clients forge turns, so only for trusted clients (default off: message "
                "text is plain text)");
+  app.add_flag("--check-tensors", o.check_tensors,
+               "refuse a GGUF model whose weights hold NaN or Inf, naming the tensor (one more "
+               "pass over the weights at load)");
 }
 
 void add_http_flags(CLI::App& app, ServerOptions& s) {
@@ -79,7 +82,8 @@ void add_http_flags(CLI::App& app, ServerOptions& s) {
       ->check(tools::flags::non_empty())
       ->default_str("");
   app.add_option("--max-connections", s.max_connections,
-                 "connections served at once (HTTP threads)")
+                 "HTTP threads: requests served at once (connections still sending "
+                 "headers take none)")
       ->type_name("N")
       ->transform(integer_in(1, 4096));
   app.add_option("--max-queued-requests", s.max_queued_requests,
@@ -91,6 +95,16 @@ void add_http_flags(CLI::App& app, ServerOptions& s) {
       ->transform(integer_in(1, std::int64_t{1} << 32));
   app.add_option("--read-timeout", s.read_timeout_seconds,
                  "drop a client silent this long mid-request")
+      ->type_name("S")
+      ->transform(integer_in(1, 3600));
+  app.add_option("--header-timeout", s.header_timeout_seconds,
+                 "a request's headers must all arrive within S s of its first byte, else 408 "
+                 "and closed; headers being received take no HTTP thread")
+      ->type_name("S")
+      ->transform(integer_in(1, 3600));
+  app.add_option("--body-timeout", s.body_timeout_seconds,
+                 "a request's body must all arrive within S s of its headers, else 400 and "
+                 "closed; at most half the HTTP threads wait on bodies at once")
       ->type_name("S")
       ->transform(integer_in(1, 3600));
   app.add_option("--shutdown-grace", s.shutdown_grace_seconds,
@@ -177,7 +191,8 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
     const GgufFile file = GgufFile::open(o.model);
     codec = make_gguf_codec(file, o.parse_special_in_messages);
     ec.model = tools::make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& s) {
-      return make_gguf_model(file, {.max_position = o.max_position, .shard = s});
+      return make_gguf_model(
+          file, {.max_position = o.max_position, .shard = s, .check_tensors = o.check_tensors});
     });
   } else {
     LlamaConfig c = llama_preset(o.model);

@@ -20,6 +20,7 @@ struct ServeOptions {
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
   // make_gguf_codec's switch (--parse-special-in-messages): trusted clients only.
   bool parse_special_in_messages = false;
+  bool check_tensors = false;  // GgufModelOptions::check_tensors (--check-tensors)
   bool help = false;
 };
 
