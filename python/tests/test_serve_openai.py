@@ -33,8 +33,11 @@ def client():
         line = proc.stdout.readline()
         match = re.search(r"http://([0-9.]+):(\d+)", line)
         assert match, f"no listening line from pagedattn serve: {line!r}"
-        yield openai.OpenAI(base_url=f"http://{match[1]}:{match[2]}/v1", api_key=API_KEY,
-                            max_retries=0, timeout=60)
+        # Closed before SIGTERM: an idle keep-alive connection would hold the
+        # server's shutdown for its keep-alive timeout.
+        with openai.OpenAI(base_url=f"http://{match[1]}:{match[2]}/v1", api_key=API_KEY,
+                           max_retries=0, timeout=60) as client:
+            yield client
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0, "pagedattn serve did not exit 0 on SIGTERM"

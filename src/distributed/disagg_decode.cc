@@ -5,6 +5,7 @@
 #include <chrono>
 #include <unordered_map>
 
+#include "core/seconds_since.h"
 #include "distributed/config_fingerprint.h"
 #include "distributed/disagg_protocol.h"
 #include "distributed/kv_transfer.h"
@@ -78,8 +79,7 @@ class DecodeInstance {
     }
     const bool abort = hooks_.abort_during_transfer && hooks_.abort_during_transfer(msg.index);
     wait_all(receives);  // MPI is done with the pages only now
-    report_.transfer.seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report_.transfer.seconds += seconds_since(start);
     report_.transfer.bytes += slot.pages.total_bytes();
     ++report_.transfer.transfers;
     if (abort) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 
+#include "core/seconds_since.h"
 #include "distributed/config_fingerprint.h"
 #include "distributed/disagg_protocol.h"
 #include "distributed/kv_transfer.h"
@@ -90,10 +91,6 @@ SamplingParams with_seed(SamplingParams p, const EngineConfig& config, std::int6
   if (!p.seed)
     p.seed = config.seed ^ (0x9e3779b97f4a7c15ull * static_cast<std::uint64_t>(index + 1));
   return p;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 // Offers request `index` until the decode rank accepts or rejects it, then

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/seconds_since.h"
 #include "distributed/byte_message.h"
 #include "pagedattn/errors.h"
 
@@ -18,10 +19,6 @@ namespace pagedattn::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 enum class Message : std::int32_t { kAttach = 1, kStep = 2, kShutdown = 3 };
 

@@ -1,5 +1,7 @@
 #include "preemption_cost.h"
 
+#include "core/seconds_since.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -26,8 +28,7 @@ double measure_host_copy_seconds_per_byte(std::int64_t bytes) {
   for (int run = 0; run < 3; ++run) {
     const auto start = std::chrono::steady_clock::now();
     std::memcpy(dst.data(), src.data(), n);
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double s = seconds_since(start);
     best = run == 0 ? s : std::min(best, s);
     src[run] = dst[n - 1 - std::size_t(run)];  // the copies are used: none is optimised away
   }

@@ -1,5 +1,7 @@
 #include "scheduler.h"
 
+#include "core/seconds_since.h"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -19,14 +21,6 @@ std::vector<SeqId> cached_seq_ids(const SequenceGroup& g) {
     if (s.in_cache) ids.push_back(s.id);
   return ids;
 }
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
 
 // What one schedule() call has handed out so far.
 struct Scheduler::StepState {
