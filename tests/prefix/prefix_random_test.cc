@@ -25,6 +25,7 @@
 #include "prefix_support.h"
 #include "support/expect_error.h"
 #include "support/kv_values.h"
+#include "support/sanitizers.h"
 
 namespace pagedattn::test {
 namespace {
@@ -473,14 +474,7 @@ TEST_P(PrefixRandomTest, ContentAndAccountingHoldAfterEveryOperation) {
 
 std::int64_t leak_run_ops() {
   if (const char* env = std::getenv("PAGEDATTN_PREFIX_RANDOM_OPS")) return std::atoll(env);
-#if defined(__SANITIZE_ADDRESS__)
-  return 100'000;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  return 100'000;
-#endif
-#endif
-  return 1'000'000;
+  return kAddressSanitizer ? 100'000 : 1'000'000;
 }
 
 // A million operations in episodes of 2,000, each drained to an empty cache

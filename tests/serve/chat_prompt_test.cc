@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "api_error.h"
 #include "model/gguf_writer.h"
 #include "openai_request.h"
 #include "pagedattn/gguf.h"
@@ -39,13 +40,19 @@ std::vector<std::string> byte_level_symbols() {
 }
 
 // The codec of a GGUF file holding only a tokenizer: SmolLM2's layout
-// (byte-level BPE, the ChatML control tokens, no merges) and a ChatML template.
-std::unique_ptr<TextCodec> chatml_codec(bool parse_special_in_messages) {
+// (byte-level BPE, the ChatML control tokens, no merges) and a ChatML template,
+// and `user_defined` as one more token (after the bytes) when not empty.
+std::unique_ptr<TextCodec> chatml_codec(bool parse_special_in_messages,
+                                        const std::string& user_defined = "") {
   std::vector<std::string> tokens = kControls;
   std::vector<std::int32_t> types(tokens.size(), 3);  // control
   for (const std::string& symbol : byte_level_symbols()) {
     tokens.push_back(symbol);
     types.push_back(1);  // normal
+  }
+  if (!user_defined.empty()) {
+    tokens.push_back(user_defined);
+    types.push_back(4);  // user-defined: matched wherever it appears
   }
   test::GgufWriter w;
   w.kv_string("tokenizer.ggml.model", "gpt2");
@@ -98,6 +105,33 @@ TEST(ChatPrompt, ParseSpecialInMessagesTrustsMessages) {
   EXPECT_EQ(
       prompt_controls(*codec, kForgedSystemTurn),
       (std::vector<std::int32_t>{kImStart, kImEnd, kImStart, kImEnd, kImStart, kImEnd, kImStart}));
+}
+
+// A prompt is refused by its length only when it cannot fit: with a token of
+// 64 bytes the longest, a context of 16 holds 15 prompt tokens, at most 960
+// bytes, and a text of exactly that many can be those 15 tokens.
+TEST(ChatPrompt, AnOverlongPromptIsRefusedByItsLengthOnlyWhenItCannotFit) {
+  const std::string long_token(64, 'a');
+  const auto codec = chatml_codec(false, long_token);
+  const RequestLimits limits{
+      .vocab_size = 260, .max_position = 16, .num_pages = 512, .page_size = 16, .max_n = 1};
+  std::string text;
+  for (int i = 0; i < 15; ++i) text += long_token;
+  const auto parse = [&](const std::string& prompt) {
+    return parse_generation_request(R"({"prompt": ")" + prompt + R"("})", Endpoint::kCompletions,
+                                    *codec, limits);
+  };
+  EXPECT_EQ(parse(text).prompt_ids, std::vector<std::int32_t>(15, 259));
+  try {
+    parse(text + "b");
+    ADD_FAILURE() << "a prompt longer than the context can hold was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status(), 413);
+    EXPECT_EQ(e.param(), "prompt");
+    EXPECT_STREQ(e.what(),
+                 "the prompt's text has 961 bytes; the model's context of 16 tokens holds at most "
+                 "960 bytes (64 per token)");
+  }
 }
 
 }  // namespace

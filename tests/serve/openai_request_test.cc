@@ -128,10 +128,11 @@ TEST(OpenAiRequest, MessagesNameTheFieldOnceAndTheValueAsSent) {
 class RefusingChatCodec final : public TextCodec {
  public:
   explicit RefusingChatCodec(std::string error) : error_(std::move(error)) {}
-  std::vector<std::int32_t> encode(std::string_view text) const override {
-    return bytes_->encode(text);
+  std::vector<std::int32_t> encode(std::string_view text, std::int64_t max_tokens) const override {
+    return bytes_->encode(text, max_tokens);
   }
-  std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>&) const override {
+  std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>&,
+                                        std::int64_t) const override {
     throw InvalidArgument(error_);
   }
   std::unique_ptr<TextStream> decoder() const override { return bytes_->decoder(); }
@@ -187,6 +188,51 @@ TEST(OpenAiRequest, TooLongIs413) {
   EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 40})"), P(413, "max_tokens"));
   EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 12, "n": 4})"), P(413, "max_tokens"));
   EXPECT_EQ(error_of(R"({"prompt": "a", "max_tokens": 31})"), P(0, "accepted"));
+}
+
+// `levels` arrays nested in one another inside {"prompt": "a", "x": ...}.
+std::string nested_body(int levels) {
+  return R"({"prompt": "a", "x": )" + std::string(std::size_t(levels), '[') +
+         std::string(std::size_t(levels), ']') + "}";
+}
+
+TEST(OpenAiRequest, NestingDeeperThanTheLimitIs400NamingIt) {
+  // The body's object and 63 arrays: 64 levels.
+  EXPECT_EQ(error_of(nested_body(63)), (std::pair<int, std::string>{0, "accepted"}));
+  EXPECT_EQ(message_of(nested_body(64)), "the request body nests JSON deeper than 64 levels");
+  // Refused at the 65th opening, before the rest is read: not a DOM of a
+  // million levels, nor "not valid JSON" for the missing closings.
+  EXPECT_EQ(message_of(R"({"prompt": "a", "x": )" + std::string(1 << 20, '[')),
+            "the request body nests JSON deeper than 64 levels");
+}
+
+TEST(OpenAiRequest, APromptTooLongForTheContextIsRefusedByItsLength) {
+  using P = std::pair<int, std::string>;
+  // The byte codec's tokens are one byte each: a prompt of 63 fits the context
+  // of 64 (its request then needs more KV pages than the pool has), one of 64
+  // is refused by its length.
+  EXPECT_EQ(error_of(R"({"prompt": ")" + std::string(63, 'a') + R"(", "max_tokens": 1})"),
+            P(413, "max_tokens"));
+  EXPECT_EQ(message_of(R"({"prompt": ")" + std::string(64, 'a') + R"("})"),
+            "the prompt's text has 64 bytes; the model's context of 64 tokens holds at most 63 "
+            "bytes (1 per token)");
+  const std::string long_text(1 << 20, 'a');
+  EXPECT_EQ(error_of(R"({"prompt": ")" + long_text + R"("})"), P(413, "prompt"));
+  EXPECT_EQ(error_of(R"({"prompt": [")" + long_text + R"("]})"), P(413, "prompt"));
+  EXPECT_EQ(error_of(R"({"messages": [{"role": "user", "content": ")" + long_text + R"("}]})",
+                     Endpoint::kChat),
+            P(413, "messages"));
+}
+
+TEST(OpenAiRequest, TokenIdPromptsAreCountedBeforeTheyAreRead) {
+  // 100 ids of which none is in the vocabulary: too many is the first problem.
+  std::string ids = "[299";
+  for (int i = 1; i < 100; ++i) ids += ", 300";
+  ids += "]";
+  EXPECT_EQ(message_of(R"({"prompt": )" + ids + "}"),
+            "the prompt has 100 tokens; the model's context is 64");
+  EXPECT_EQ(message_of(R"({"prompt": [)" + ids + "]}"),
+            "the prompt has 100 tokens; the model's context is 64");
 }
 
 }  // namespace

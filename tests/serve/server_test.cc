@@ -3,11 +3,13 @@
 // clients that hang up or dawdle, and 64 clients at once.
 #include <httplib.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -17,6 +19,7 @@
 #include "pagedattn/llama.h"
 #include "serve_cli.h"
 #include "socket_client.h"
+#include "support/sanitizers.h"
 
 namespace pagedattn::serve {
 namespace {
@@ -277,6 +280,29 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrors) {
   EXPECT_TRUE(server_->idle_and_empty());
 }
 
+// A body of brackets or a prompt longer than the context would make work and
+// memory many times the body's size; each is refused before that work.
+TEST_F(ServerTest, DeepNestingAndOverlongPromptsAreRefusedBeforeTheWork) {
+  auto c = server_->client();
+  auto deep = c.Post("/v1/completions", R"({"prompt": "a", "x": )" + std::string(60 << 10, '['),
+                     "application/json");
+  ASSERT_TRUE(deep);
+  EXPECT_EQ(deep->status, 400);
+  EXPECT_EQ(json::parse(deep->body)["error"]["message"],
+            "the request body nests JSON deeper than 64 levels");
+  // The tiny model's context is 4096 tokens, a token of the byte codec one byte.
+  auto long_prompt = c.Post("/v1/completions", json{{"prompt", std::string(60 << 10, 'a')}}.dump(),
+                            "application/json");
+  ASSERT_TRUE(long_prompt);
+  EXPECT_EQ(long_prompt->status, 413);
+  const json e = json::parse(long_prompt->body)["error"];
+  EXPECT_EQ(e["param"], "prompt");
+  EXPECT_EQ(e["code"], "context_length_exceeded");
+  EXPECT_EQ(e["message"],
+            "the prompt's text has 61440 bytes; the model's context of 4096 tokens holds at most "
+            "4095 bytes (1 per token)");
+}
+
 // httplib would read "-5" as 2^64 - 5 and 20 digits as 2^64 - 1, then wait a
 // read timeout (10 s here) for the body before its 413; and of two lengths it
 // trusts the first. Each is refused before the body, and the connection closed.
@@ -474,6 +500,53 @@ TEST(ServerLimits, TricklingBodiesEndAtTheBodyDeadline) {
   EXPECT_GE(cut - start, 2s) << "cut before the body deadline";
   EXPECT_LT(cut - start, 10s);
   EXPECT_TRUE(slow_client.closed_by_peer(5s));
+  EXPECT_TRUE(server.idle_and_empty());
+}
+
+// Resident memory of this process, which the server runs in, in MiB.
+double resident_mib() {
+  std::ifstream statm("/proc/self/statm");
+  long size_pages = 0, resident_pages = 0;
+  statm >> size_pages >> resident_pages;
+  return double(resident_pages) * double(sysconf(_SC_PAGESIZE)) / double(1 << 20);
+}
+
+// A request of about `bytes` that the server takes, whose DOM is many times
+// its size: arrays nested 48 deep (50 levels with the body's), side by side.
+std::string nested_padding_body(std::size_t bytes) {
+  const std::string nest = std::string(48, '[') + std::string(48, ']');
+  std::string body = R"({"prompt": "x", "max_tokens": 1, "padding": [)" + nest;
+  while (body.size() + nest.size() + 3 < bytes) body += "," + nest;
+  return body + "]}";
+}
+
+// Large bodies leave no memory behind: resident memory after many is what it
+// was after the first few. (glibc keeps each malloc arena at its peak, and
+// the HTTP threads take turns: each large request grew another arena.)
+TEST(ServerLimits, LargeBodiesDoNotGrowResidentMemory) {
+  if (test::kAddressSanitizer)
+    GTEST_SKIP() << "ASan's allocator holds freed memory in its quarantine by design";
+  ServerOptions o;
+  o.max_body_bytes = 512 << 10;
+  RunningServer server(o);
+  const std::string nested = nested_padding_body(o.max_body_bytes - 1024);
+  const std::string long_prompt =
+      json{{"prompt", std::string(o.max_body_bytes - 1024, 'a')}, {"max_tokens", 1}}.dump();
+  httplib::Client client = server.client(nullptr);
+  const auto send = [&](int count) {
+    for (int i = 0; i < count; ++i) {
+      const bool even = i % 2 == 0;
+      auto res = client.Post("/v1/completions", even ? nested : long_prompt, "application/json");
+      ASSERT_TRUE(res);
+      ASSERT_EQ(res->status, even ? 200 : 413) << res->body.substr(0, 200);
+    }
+  };
+  send(10);
+  const double after_first = resident_mib();
+  send(200);
+  const double after_all = resident_mib();
+  EXPECT_LE(after_all, after_first * 1.1 + 16)
+      << "MiB resident after 10 large requests: " << after_first << "; after 210: " << after_all;
   EXPECT_TRUE(server.idle_and_empty());
 }
 

@@ -2,9 +2,13 @@
 
 #include <httplib.h>
 #include <sys/socket.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <thread>
 
@@ -28,6 +32,40 @@ constexpr std::chrono::milliseconds kStreamPoll{100};
 // to emit, so nothing is written and the request runs on. This type is JSON
 // too, and httplib leaves it alone (as it does text/event-stream).
 constexpr const char* kUncompressedJson = "application/json; charset=utf-8";
+
+// glibc gives threads their own malloc arenas (several per core) and keeps
+// what each grew to: a large request parsed on one HTTP thread leaves its
+// arena large, and the next on another thread grows another, so resident
+// memory climbs to the arenas' count times a large request's peak. A few
+// shared arenas bound that product; the trim below hands the peak back.
+constexpr int kMallocArenas = 4;
+// Bodies at least this large make a DOM and a prompt many times their size:
+// once such a request is parsed, the memory it freed goes back to the system.
+constexpr std::size_t kReturnMemoryAfterBodyBytes = 256 << 10;
+
+// Hands the memory freed in every arena back to the system (free keeps it for
+// reuse; the pages of a large request's DOM would stay resident).
+void return_freed_memory() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
+// Returns the memory a large request's parsing freed when the handler ends,
+// however it ends.
+class ReturnMemoryAfterLargeBody {
+ public:
+  explicit ReturnMemoryAfterLargeBody(std::size_t body_bytes)
+      : large_(body_bytes >= kReturnMemoryAfterBodyBytes) {}
+  ~ReturnMemoryAfterLargeBody() {
+    if (large_) return_freed_memory();
+  }
+  ReturnMemoryAfterLargeBody(const ReturnMemoryAfterLargeBody&) = delete;
+  ReturnMemoryAfterLargeBody& operator=(const ReturnMemoryAfterLargeBody&) = delete;
+
+ private:
+  bool large_;
+};
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status();
@@ -83,6 +121,12 @@ void refuse_and_close(httplib::Response& res, const ApiError& e) {
 
 }  // namespace
 
+void limit_malloc_arenas() {
+#ifdef __GLIBC__
+  if (std::getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, kMallocArenas);
+#endif
+}
+
 bool secret_matches(std::string_view given, std::string_view secret) {
   // Every byte of `given` is compared, against the secret repeated as needed,
   // and the length difference is folded into the same accumulator.
@@ -112,6 +156,7 @@ HttpServer::HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, Se
           "serve: --body-timeout = ", options_.body_timeout_seconds, " must be >= 1");
   require(options_.max_queued_requests >= 1,
           "serve: --max-queued-requests = ", options_.max_queued_requests, " must be >= 1");
+  limit_malloc_arenas();
   worker_ =
       std::make_unique<EngineWorker>(std::move(engine), options_.max_queued_requests, metrics_);
   install_limits();
@@ -185,6 +230,7 @@ void HttpServer::install_limits() {
 void HttpServer::install_routes() {
   auto generate = [this](Endpoint endpoint) {
     return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
+      const ReturnMemoryAfterLargeBody return_memory(req.body.size());
       try {
         const auto start = Clock::now();
         GenerationRequest g =

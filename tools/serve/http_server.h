@@ -47,6 +47,14 @@ struct ServerOptions {
 // client cannot find the API key byte by byte by timing its 401s.
 bool secret_matches(std::string_view given, std::string_view secret);
 
+// Caps glibc's malloc arenas, which keep what they grew to (see
+// http_server.cc); an operator's MALLOC_ARENA_MAX is left to rule.
+// Process-wide, and too late once glibc has fixed its limit (when it first
+// needs more than a few arenas): the serve command calls it before loading
+// the model, whose threads may make arenas; HttpServer's constructor calls
+// it too.
+void limit_malloc_arenas();
+
 class HttpServer {
  public:
   HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options);

@@ -17,6 +17,9 @@ namespace {
 using nlohmann::json;
 
 constexpr std::size_t kMaxStopStrings = 16;
+// Containers nested in one another, at most. An OpenAI request needs a
+// handful; a body of brackets would build a DOM many times its size.
+constexpr int kMaxJsonDepth = 64;
 
 [[noreturn]] void bad_field(const std::string& field, const std::string& why) {
   throw ApiError(400, "'" + field + "' " + why, field);
@@ -80,6 +83,66 @@ bool boolean(const json& v, const std::string& name) {
   return v.get<bool>();
 }
 
+// The body as a DOM; 400 for one that is not JSON or nests deeper than
+// kMaxJsonDepth, found as the parser opens the container (before the
+// rest is built).
+json parse_body(std::string_view body) {
+  const json::parser_callback_t refuse_deep_nesting = [](int depth, json::parse_event_t event,
+                                                         json&) {
+    const bool opens =
+        event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+    // `depth` counts the containers around the one that opens.
+    if (opens && depth >= kMaxJsonDepth)
+      throw ApiError(400, "the request body nests JSON deeper than " +
+                              std::to_string(kMaxJsonDepth) + " levels");
+    return true;
+  };
+  json doc = json::parse(body, refuse_deep_nesting, false);
+  if (doc.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
+  return doc;
+}
+
+// Prompt tokens a request may have: the context less the first new token.
+std::int64_t max_prompt_tokens(const RequestLimits& limits) {
+  return limits.max_position - 1;
+}
+
+[[noreturn]] void prompt_exceeds_context(std::int64_t tokens, const std::string& field,
+                                         const RequestLimits& limits) {
+  throw ApiError(413,
+                 "the prompt has " + std::to_string(tokens) + " tokens; the model's context is " +
+                     std::to_string(limits.max_position),
+                 field, "context_length_exceeded");
+}
+
+// The prompt's text tokenized, or 413 when its length alone shows it cannot
+// fit the context (the codec refuses it before tokenizing).
+template <typename Encode>
+std::vector<std::int32_t> encode_prompt(const Encode& encode, const std::string& field,
+                                        const RequestLimits& limits) {
+  try {
+    return encode(max_prompt_tokens(limits));
+  } catch (const TextTooLong& e) {
+    const std::uint64_t most =
+        std::uint64_t(std::max<std::int64_t>(0, max_prompt_tokens(limits))) * e.max_token_bytes();
+    throw ApiError(413,
+                   "the prompt's text has " + std::to_string(e.text_bytes()) +
+                       " bytes; the model's context of " + std::to_string(limits.max_position) +
+                       " tokens holds at most " + std::to_string(most) + " bytes (" +
+                       std::to_string(e.max_token_bytes()) + " per token)",
+                   field, "context_length_exceeded");
+  }
+}
+
+std::vector<std::int32_t> encode_text(const json& text, const TextCodec& codec,
+                                      const RequestLimits& limits) {
+  return encode_prompt(
+      [&](std::int64_t max_tokens) {
+        return codec.encode(text.get_ref<const std::string&>(), max_tokens);
+      },
+      "prompt", limits);
+}
+
 std::vector<std::int32_t> token_ids(const json& v, const std::string& name, std::int32_t vocab) {
   std::vector<std::int32_t> ids;
   ids.reserve(v.size());
@@ -89,21 +152,29 @@ std::vector<std::int32_t> token_ids(const json& v, const std::string& name, std:
   return ids;
 }
 
+// Counted before they are checked and copied.
+std::vector<std::int32_t> prompt_token_ids(const json& v, const std::string& name,
+                                           const RequestLimits& limits) {
+  if (std::int64_t(v.size()) > max_prompt_tokens(limits))
+    prompt_exceeds_context(std::int64_t(v.size()), "prompt", limits);
+  return token_ids(v, name, limits.vocab_size);
+}
+
 // A string, an array of token ids, or a one-element array of either.
 std::vector<std::int32_t> completion_prompt(const json& body, const TextCodec& codec,
                                             const RequestLimits& limits) {
   const json* p = field(body, "prompt");
   if (p == nullptr) bad_field("prompt", "is required");
-  if (p->is_string()) return codec.encode(p->get_ref<const std::string&>());
+  if (p->is_string()) return encode_text(*p, codec, limits);
   if (!p->is_array()) bad_field("prompt", "must be a string or an array of token ids");
   if (p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
     const json& only = (*p)[0];
-    if (only.is_string()) return codec.encode(only.get_ref<const std::string&>());
-    return token_ids(only, "prompt[0]", limits.vocab_size);
+    if (only.is_string()) return encode_text(only, codec, limits);
+    return prompt_token_ids(only, "prompt[0]", limits);
   }
   if (!p->empty() && ((*p)[0].is_string() || (*p)[0].is_array()))
     bad_field("prompt", "holds several prompts; send one prompt per request");
-  return token_ids(*p, "prompt", limits.vocab_size);
+  return prompt_token_ids(*p, "prompt", limits);
 }
 
 // Content: a string, or an array of {"type": "text", "text": ...} parts.
@@ -138,7 +209,8 @@ std::string chat_error_message(std::string_view what) {
   return "messages: " + std::string(what);
 }
 
-std::vector<std::int32_t> chat_prompt(const json& body, const TextCodec& codec) {
+std::vector<std::int32_t> chat_prompt(const json& body, const TextCodec& codec,
+                                      const RequestLimits& limits) {
   const json* ms = field(body, "messages");
   if (ms == nullptr) bad_field("messages", "is required");
   if (!ms->is_array() || ms->empty()) bad_field("messages", "must be a non-empty array");
@@ -152,7 +224,9 @@ std::vector<std::int32_t> chat_prompt(const json& body, const TextCodec& codec) 
     messages.push_back({role->get<std::string>(), message_content(m, name)});
   }
   try {
-    return codec.encode_chat(messages);
+    return encode_prompt(
+        [&](std::int64_t max_tokens) { return codec.encode_chat(messages, max_tokens); },
+        "messages", limits);
   } catch (const InvalidArgument& e) {
     throw ApiError(400, chat_error_message(e.what()), "messages");
   }
@@ -246,11 +320,8 @@ void read_sampling(const json& body, const RequestLimits& limits, GenerationRequ
 void read_max_tokens(const json& body, Endpoint endpoint, const RequestLimits& limits,
                      GenerationRequest& r) {
   const std::int64_t prompt = std::ssize(r.prompt_ids);
-  if (prompt >= limits.max_position)
-    throw ApiError(413,
-                   "the prompt has " + std::to_string(prompt) + " tokens; the model's context is " +
-                       std::to_string(limits.max_position),
-                   endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
+  if (prompt > max_prompt_tokens(limits))
+    prompt_exceeds_context(prompt, endpoint == Endpoint::kChat ? "messages" : "prompt", limits);
   const char* name = "max_tokens";
   const json* v = field(body, name);
   if (v == nullptr && endpoint == Endpoint::kChat) {
@@ -285,8 +356,7 @@ void read_max_tokens(const json& body, Endpoint endpoint, const RequestLimits& l
 
 GenerationRequest parse_generation_request(std::string_view body, Endpoint endpoint,
                                            const TextCodec& codec, const RequestLimits& limits) {
-  const json doc = json::parse(body, nullptr, false);
-  if (doc.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
+  const json doc = parse_body(body);
   if (!doc.is_object()) throw ApiError(400, "the request body must be a JSON object");
   GenerationRequest r;
   r.endpoint = endpoint;
@@ -295,8 +365,8 @@ GenerationRequest parse_generation_request(std::string_view body, Endpoint endpo
     r.model = m->get<std::string>();
   }
   read_sampling(doc, limits, r);
-  r.prompt_ids =
-      endpoint == Endpoint::kChat ? chat_prompt(doc, codec) : completion_prompt(doc, codec, limits);
+  r.prompt_ids = endpoint == Endpoint::kChat ? chat_prompt(doc, codec, limits)
+                                             : completion_prompt(doc, codec, limits);
   if (r.prompt_ids.empty())
     bad_field(endpoint == Endpoint::kChat ? "messages" : "prompt", "must not be empty");
   read_max_tokens(doc, endpoint, limits, r);

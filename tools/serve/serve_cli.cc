@@ -221,6 +221,7 @@ int run_serve(int argc, char** argv) {
     return 0;
   }
   signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails, the process lives
+  limit_malloc_arenas();
   std::unique_ptr<HttpServer> server = make_server(o);
   if (server == nullptr) return 0;  // a tensor-parallel follower whose leader stopped
   server->bind();

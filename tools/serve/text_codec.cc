@@ -1,5 +1,7 @@
 #include "text_codec.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <optional>
 
 #include "pagedattn/errors.h"
@@ -7,7 +9,22 @@
 #include "pagedattn/tokenizer.h"
 
 namespace pagedattn::serve {
+
+TextTooLong::TextTooLong(std::size_t text_bytes, std::size_t max_token_bytes)
+    : std::length_error("the text has " + std::to_string(text_bytes) +
+                        " bytes, more than the tokens allowed can hold"),
+      text_bytes_(text_bytes),
+      max_token_bytes_(max_token_bytes) {}
+
 namespace {
+
+// TextTooLong for a text of `bytes` that needs more than `max_tokens` tokens
+// when none stands for more than `max_token_bytes` bytes (0: no such bound).
+void require_can_fit(std::size_t bytes, std::int64_t max_tokens, std::size_t max_token_bytes) {
+  if (max_token_bytes == 0) return;
+  const std::uint64_t most = std::uint64_t(std::max<std::int64_t>(0, max_tokens)) * max_token_bytes;
+  if (bytes > most) throw TextTooLong(bytes, max_token_bytes);
+}
 
 std::string byte_token_text(std::int32_t id) {
   if ((id >= 0x20 && id < 0x7f) || id == '\n' || id == '\t') return std::string(1, char(id));
@@ -29,17 +46,30 @@ class ByteCodec final : public TextCodec {
     require(vocab_size >= 256, "byte codec: vocab_size = ", vocab_size,
             " is below 256 (every byte must be a token)");
   }
-  std::vector<std::int32_t> encode(std::string_view text) const override {
+  // A token per byte.
+  std::vector<std::int32_t> encode(std::string_view text, std::int64_t max_tokens) const override {
+    require_can_fit(text.size(), max_tokens, 1);
     std::vector<std::int32_t> ids;
     ids.reserve(text.size());
     for (char c : text) ids.push_back(static_cast<unsigned char>(c));
     return ids;
   }
-  // "role: content\n" per message, then "assistant: ".
-  std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages) const override {
+  // "role: content\n" per message, then "assistant: ": measured before it is
+  // put together, as its text is as large as the messages.
+  std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages,
+                                        std::int64_t max_tokens) const override {
+    constexpr std::string_view kSeparator = ": ", kEnd = "\n", kPrompt = "assistant: ";
+    std::size_t bytes = kPrompt.size();
+    for (const ChatMessage& m : messages)
+      bytes += m.role.size() + kSeparator.size() + m.content.size() + kEnd.size();
+    require_can_fit(bytes, max_tokens, 1);
     std::string text;
-    for (const ChatMessage& m : messages) text += m.role + ": " + m.content + "\n";
-    return encode(text + "assistant: ");
+    text.reserve(bytes);
+    for (const ChatMessage& m : messages) {
+      text.append(m.role).append(kSeparator).append(m.content).append(kEnd);
+    }
+    text += kPrompt;
+    return encode(text, max_tokens);
   }
   std::unique_ptr<TextStream> decoder() const override { return std::make_unique<ByteStream>(); }
   std::vector<std::int32_t> stop_token_ids() const override {
@@ -61,10 +91,36 @@ class TokenizerStream final : public TextStream {
   StreamingDecoder decoder_;
 };
 
+// SentencePiece's fallback tokens of each byte: "<0x00>" ... "<0xFF>".
+bool has_every_byte_token(const Tokenizer& tokenizer) {
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    if (tokenizer.token_id(name) < 0) return false;
+  }
+  return true;
+}
+
+// The most bytes of text one token stands for: the longest token text, as no
+// token's text is shorter than the input bytes it covers (byte-level BPE
+// writes a byte as one or two bytes, SentencePiece a space as three and a
+// fallback byte as "<0xXX>"; special tokens are their text). 0 (no bound)
+// when a SentencePiece vocabulary has neither every byte's token nor an
+// unknown token: it drops bytes it has no token for, so a text of any
+// length may come to few tokens.
+std::size_t longest_token_bytes(const Tokenizer& tokenizer) {
+  const TokenizerVocab& vocab = tokenizer.vocab();
+  if (vocab.model != "gpt2" && vocab.unk_id < 0 && !has_every_byte_token(tokenizer)) return 0;
+  std::size_t longest = 1;
+  for (const std::string& text : vocab.tokens) longest = std::max(longest, text.size());
+  return longest;
+}
+
 class GgufCodec final : public TextCodec {
  public:
   GgufCodec(const GgufFile& file, bool parse_special_in_messages)
       : tokenizer_(read_tokenizer_vocab(file)),
+        max_token_bytes_(longest_token_bytes(tokenizer_)),
         parse_special_in_messages_(parse_special_in_messages) {
     try {
       chat_.emplace(read_chat_template(file, tokenizer_));
@@ -72,11 +128,20 @@ class GgufCodec final : public TextCodec {
       // No template, or a form we cannot render: completions still work.
     }
   }
-  std::vector<std::int32_t> encode(std::string_view text) const override {
+  std::vector<std::int32_t> encode(std::string_view text, std::int64_t max_tokens) const override {
+    require_can_fit(text.size(), max_tokens, max_token_bytes_);
     return tokenizer_.encode(text);
   }
-  std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages) const override {
+  // Measured on the rendered text, which may be shorter than the messages
+  // (templates trim content, Qwen3 drops past reasoning). Rendered twice:
+  // ChatTemplate::encode keeps the rule on which text may become control
+  // tokens, and a render costs no more than reading the body did.
+  std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages,
+                                        std::int64_t max_tokens) const override {
     require(chat_.has_value(), "messages: this model has no chat template");
+    std::size_t bytes = 0;
+    for (const ChatSegment& part : chat_->render_segments(messages, {})) bytes += part.text.size();
+    require_can_fit(bytes, max_tokens, max_token_bytes_);
     return chat_->encode(tokenizer_, messages, {}, parse_special_in_messages_);
   }
   std::unique_ptr<TextStream> decoder() const override {
@@ -96,6 +161,7 @@ class GgufCodec final : public TextCodec {
 
  private:
   Tokenizer tokenizer_;
+  std::size_t max_token_bytes_;  // 0: no bound
   std::optional<ChatTemplate> chat_;
   bool parse_special_in_messages_;
 };

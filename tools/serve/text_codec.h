@@ -7,8 +7,10 @@
 // (StreamingDecoder holds back split characters).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,15 +31,36 @@ class TextStream {
   virtual std::string flush() = 0;                // whatever was held back
 };
 
+// A text refused by its length alone: every token stands for at most
+// `max_token_bytes` bytes of it, so it needs more tokens than were allowed.
+class TextTooLong : public std::length_error {
+ public:
+  TextTooLong(std::size_t text_bytes, std::size_t max_token_bytes);
+  std::size_t text_bytes() const { return text_bytes_; }
+  std::size_t max_token_bytes() const { return max_token_bytes_; }
+
+ private:
+  std::size_t text_bytes_;
+  std::size_t max_token_bytes_;
+};
+
 class TextCodec {
  public:
   virtual ~TextCodec() = default;
-  virtual std::vector<std::int32_t> encode(std::string_view text) const = 0;
-  // The conversation rendered as a prompt that asks for the assistant's turn.
-  // Control-token text inside a message's role or content stays plain text
-  // unless the codec was made to trust messages. InvalidArgument for a role
-  // the model's template cannot express.
-  virtual std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages) const = 0;
+  // `max_tokens`: a text whose byte length shows that it needs more tokens
+  // than this is refused with TextTooLong before it is tokenized, so the
+  // tokenizer's work and memory stay within what a context can hold, however
+  // large the text. One that passes is tokenized whole and may still come
+  // out longer: the caller checks the count.
+  virtual std::vector<std::int32_t> encode(std::string_view text,
+                                           std::int64_t max_tokens) const = 0;
+  // The conversation rendered as a prompt that asks for the assistant's turn,
+  // its rendered text checked against `max_tokens` as in encode(). Control-
+  // token text inside a message's role or content stays plain text unless the
+  // codec was made to trust messages. InvalidArgument for a role the model's
+  // template cannot express.
+  virtual std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages,
+                                                std::int64_t max_tokens) const = 0;
   virtual std::unique_ptr<TextStream> decoder() const = 0;
   // Tokens that end a turn (EOS, end-of-turn controls); never shown as text.
   virtual std::vector<std::int32_t> stop_token_ids() const = 0;

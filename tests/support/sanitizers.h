@@ -1,0 +1,20 @@
+#pragma once
+
+namespace pagedattn::test {
+
+// Whether this build runs under AddressSanitizer (GCC defines
+// __SANITIZE_ADDRESS__, clang answers __has_feature): tests scale their work
+// down under it, and skip what its allocator changes by design.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+
+}  // namespace pagedattn::test
