@@ -82,6 +82,13 @@ class RunningServer {
   std::thread thread_;
 };
 
+// pagedattn_client_aborts_total as /metrics reports it now.
+double client_aborts(RunningServer& server) {
+  const std::string m = server.server().metrics_text();
+  const std::string name = "\npagedattn_client_aborts_total ";
+  return std::stod(m.substr(m.find(name) + name.size()));
+}
+
 ServerOptions keyed() {
   ServerOptions o;
   o.api_key = kKey;
@@ -568,12 +575,7 @@ TEST(ServerLimits, LongWholeResponsesKeepAliveAndAbortWhenTheClientLeaves) {
       << "1000 tokens came within one keep-alive: not the chunked path";
   EXPECT_EQ(json::parse(res->body)["usage"]["completion_tokens"], 1000) << res->body.substr(0, 200);
 
-  const auto aborts = [&server] {
-    const std::string m = server.server().metrics_text();
-    const std::string name = "\npagedattn_client_aborts_total ";
-    return std::stod(m.substr(m.find(name) + name.size()));
-  };
-  const double before = aborts();
+  const double before = client_aborts(server);
   SocketClient leaver(server.port());
   // 60000 tokens take many seconds even on a fast build; the client's
   // leaving is noticed within a few keep-alives.
@@ -584,7 +586,7 @@ TEST(ServerLimits, LongWholeResponsesKeepAliveAndAbortWhenTheClientLeaves) {
   EXPECT_GT(server.server().worker().in_flight(), 0);
   leaver.close();
   EXPECT_TRUE(server.idle_and_empty()) << "the request kept running after its client left";
-  EXPECT_EQ(aborts(), before + 1);
+  EXPECT_EQ(client_aborts(server), before + 1);
 }
 
 // The same for a client that accepts gzip (the openai client does): the
@@ -594,12 +596,7 @@ TEST(ServerLimits, LongWholeResponsesAreNotCompressedSoALeavingClientIsNoticed) 
   ServerOptions o;
   o.keep_alive_ms = 20;
   RunningServer server(o, 128, 65536);
-  const auto aborts = [&server] {
-    const std::string m = server.server().metrics_text();
-    const std::string name = "\npagedattn_client_aborts_total ";
-    return std::stod(m.substr(m.find(name) + name.size()));
-  };
-  const double before = aborts();
+  const double before = client_aborts(server);
   SocketClient leaver(server.port());
   std::string request = testing::http_post(
       "/v1/completions", R"({"prompt": "go", "max_tokens": 60000, "ignore_eos": true})");
@@ -613,7 +610,7 @@ TEST(ServerLimits, LongWholeResponsesAreNotCompressedSoALeavingClientIsNoticed) 
   EXPECT_GT(server.server().worker().in_flight(), 0);
   leaver.close();
   EXPECT_TRUE(server.idle_and_empty()) << "the request kept running after its client left";
-  EXPECT_EQ(aborts(), before + 1);
+  EXPECT_EQ(client_aborts(server), before + 1);
 }
 
 // The tiny model, except that a forward waits while the test holds it (for
