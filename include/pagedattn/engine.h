@@ -33,6 +33,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagedattn/kv_cache.h"
@@ -42,6 +43,23 @@ namespace pagedattn {
 
 using RequestId = std::int64_t;
 
+// Log-probabilities (natural log) of one token position under the model's
+// raw distribution: the log-softmax of its logits before bias, penalties,
+// temperature and truncation (vLLM's default "raw_logprobs").
+struct TokenLogprobs {
+  std::int32_t token = 0;  // the token that came (sampled, or the prompt's)
+  float logprob = 0.0f;    // of `token`
+  std::int32_t rank = 0;   // of `token`: 1 + the number of tokens with a larger logprob
+  // The `k` most likely tokens (SamplingParams::logprobs or prompt_logprobs),
+  // most likely first, the lower id first on ties: (token, logprob).
+  std::vector<std::pair<std::int32_t, float>> top{};
+};
+
+// How a request samples; vLLM's SamplingParams and their semantics.
+// Engine::add_request validates every field (InvalidArgument naming it).
+// Per step, each sample's logits go through: logit_bias, min_tokens (EOS and
+// stop_token_ids masked), repetition / frequency / presence penalties, then
+// greedy argmax (temperature 0) or temperature, min_p, top_k and top_p.
 struct SamplingParams {
   std::int32_t max_tokens = 16;         // new tokens per sample, >= 1
   float temperature = 0.0f;             // 0: greedy (argmax, lowest token id on ties)
@@ -54,20 +72,58 @@ struct SamplingParams {
   // Prefix caching: requests share cached pages only with requests of the
   // same salt (tenant isolation; 0 is the shared default).
   std::uint64_t cache_salt = 0;
+  // > 0; 1 = off. Tokens in the prompt or the sample's output so far: a
+  // positive logit is divided by it, a negative one multiplied (CTRL's rule).
+  float repetition_penalty = 1.0f;
+  // [-2, 2]: subtracted once from the logit of every token the sample has
+  // output so far (OpenAI's presence penalty).
+  float presence_penalty = 0.0f;
+  // [-2, 2]: subtracted from a token's logit once per time the sample has
+  // output it so far.
+  float frequency_penalty = 0.0f;
+  // [0, 1]: after temperature, tokens less likely than min_p x the most
+  // likely token's probability are dropped. 0 = off.
+  float min_p = 0.0f;
+  // [0, max_tokens]: EOS (unless ignore_eos) and stop_token_ids cannot be
+  // sampled before the sample has this many new tokens.
+  std::int32_t min_tokens = 0;
+  // (token, bias) added to the token's logit first; bias in [-100, 100],
+  // each token at most once.
+  std::vector<std::pair<std::int32_t, float>> logit_bias{};
+  // [0, 20]: report each new token's TokenLogprobs with this many most likely
+  // tokens (SampleOutput::logprobs). None: not reported.
+  std::optional<std::int32_t> logprobs{};
+  // [0, 20]: the same for prompt tokens 1.. (RequestOutput::prompt_logprobs).
+  // The request then computes its whole prompt: it takes no cached prefix.
+  std::optional<std::int32_t> prompt_logprobs{};
+  // Text that ends a sample where it appears in the output (never part of it
+  // unless include_stop_str_in_output). The engine works on tokens and does
+  // not read these: the layers that turn tokens into text apply them
+  // (Python's LLM, the server).
+  std::vector<std::string> stop{};
+  bool include_stop_str_in_output = false;
 };
+
+// InvalidArgument naming the field and its value for sampling parameters no
+// engine accepts (ranges above, logit_bias duplicates, empty stop strings).
+// Engine::add_request checks these too, and what depends on the model (token
+// ids against the vocabulary, lengths against the context).
+void check_sampling_params(const SamplingParams& params);
 
 // kError: the model's logits for the request held a NaN or an infinity (its
 // weights or activations are broken); RequestOutput.error says where. The
 // request ends there - no token is drawn from such a row - and its pages are
 // freed; other requests of the batch carry on.
 enum class FinishReason : std::uint8_t { kNone = 0, kLength, kStop, kAborted, kError };
-// "none", "length", "stop", "aborted", "error".
+// "none", "length", "stop", "abort", "error" (the OpenAI server's and vLLM's names).
 const char* finish_reason_name(FinishReason reason);
 
 struct SampleOutput {
   std::int32_t index = 0;                   // sample index in [0, n)
   std::vector<std::int32_t> new_token_ids;  // tokens produced this step
   FinishReason finish_reason = FinishReason::kNone;
+  // With SamplingParams::logprobs: one per new token, in order.
+  std::vector<TokenLogprobs> logprobs{};
 };
 
 // One request's progress in one step (only requests with news are reported).
@@ -79,6 +135,10 @@ struct RequestOutput {
   // names the request, the engine step, the output token and how many
   // logits were NaN and infinite.
   std::string error;
+  // With SamplingParams::prompt_logprobs: entry i is prompt token i + 1's
+  // (the first token has no context), all of them in the request's first
+  // output that carries tokens; empty in later outputs.
+  std::vector<TokenLogprobs> prompt_logprobs{};
 };
 
 struct EngineConfig {
@@ -173,10 +233,17 @@ struct ImportSlot {
 // decode engine continues from with exactly this config.
 KVCacheConfig engine_cache_config(const EngineConfig& config);
 // The engine's sampling of one token (logits [vocab]; `position` is the index
-// the new token will have), for a prefill instance's first token.
-// InvalidArgument counting the NaN and infinite logits when any is not finite.
+// the new token will have), for a prefill instance's first token: the same
+// processing as a step's (logit_bias, min_tokens, penalties, then the draw).
+// `prompt_token_ids` are the tokens before it (repetition_penalty counts
+// them; none: nothing to penalize), `eos_token_id` the one min_tokens masks
+// (-1: none). InvalidArgument for parameters check_sampling_params rejects,
+// token ids outside the logits, and (counting the NaN and infinite logits)
+// when a logit is not finite.
 std::int32_t sample_token(std::span<const float> logits, const SamplingParams& params,
-                          std::uint64_t seed, std::int32_t sample_index, std::int64_t position);
+                          std::uint64_t seed, std::int32_t sample_index, std::int64_t position,
+                          std::span<const std::int32_t> prompt_token_ids = {},
+                          std::int32_t eos_token_id = -1);
 // --- end of disaggregated prefill/decode ---------------------------------------
 
 class Engine {
@@ -204,9 +271,11 @@ class Engine {
   // --- disaggregated prefill/decode: importing a prefilled request ---------------
   // Reserves pages (PagedKVCache::reserve_incoming) for the prompt's K/V of a
   // request prefilled elsewhere. Validates like add_request (and n must be
-  // 1); nullopt when the pages or a sequence slot are not free now (retry
-  // after steps finish requests). The request is not scheduled until
-  // commit_import; cancel_import frees its pages.
+  // 1, with neither logprobs nor prompt_logprobs: the first token's and the
+  // prompt's logits stay on the prefill instance); nullopt when the pages or
+  // a sequence slot are not free now (retry after steps finish requests).
+  // The request is not scheduled until commit_import; cancel_import frees
+  // its pages.
   std::optional<ImportSlot> reserve_import(std::span<const std::int32_t> prompt_token_ids,
                                            const SamplingParams& params);
   // The K/V has landed: the request runs from here with `first_token` (the

@@ -64,7 +64,8 @@ class PrefillInstance {
       model.forward(batch, cache_, last ? std::span<float>(logits_) : std::span<float>());
       cache_.end_forward();
     }
-    return sample_token(logits_, params, *params.seed, 0, std::ssize(prompt));
+    return sample_token(logits_, params, *params.seed, 0, std::ssize(prompt), prompt,
+                        model.spec().eos_token_id);
   }
 
   EngineConfig config_;
@@ -85,6 +86,15 @@ void validate(const DisaggRequest& r, std::size_t index, const ModelSpec& spec) 
           spec.max_position);
   require(r.params.n == 1, "run_prefill: requests[", index, "].params.n = ", r.params.n,
           " must be 1 (parallel samples are not disaggregated)");
+  // The decode rank reports tokens only: the logits logprobs need stay here.
+  require(!r.params.logprobs && !r.params.prompt_logprobs, "run_prefill: requests[", index,
+          "].params: logprobs and prompt_logprobs are not supported in disaggregated "
+          "prefill/decode; leave them unset");
+  try {
+    check_sampling_params(r.params);  // sample_token's draw needs them valid
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(detail::concat("run_prefill: requests[", index, "].params: ", e.what()));
+  }
 }
 
 SamplingParams with_seed(SamplingParams p, const EngineConfig& config, std::int64_t index) {

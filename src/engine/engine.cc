@@ -3,11 +3,14 @@
 // sampler.cc, the model behind the Model interface.
 #include "pagedattn/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include "counter_random.h"
 #include "sampler.h"
@@ -41,7 +44,7 @@ const char* finish_reason_name(FinishReason reason) {
     case FinishReason::kStop:
       return "stop";
     case FinishReason::kAborted:
-      return "aborted";
+      return "abort";
     case FinishReason::kError:
       return "error";
   }
@@ -130,11 +133,22 @@ struct Engine::Impl {
   std::vector<RequestOutput> aborted;  // reported by the next step
   // Imported requests between reserve_import and commit/cancel_import.
   std::unordered_map<RequestId, std::unique_ptr<SequenceGroup>> imports;
-  // Buffers of one step.
+  // Positions [first, first + count) of a chunk whose logits give prompt
+  // logprobs: prompt positions 0 .. prompt_len - 2 not done before.
+  struct PromptRows {
+    std::int32_t first = 0, count = 0;
+  };
+  static PromptRows prompt_logprob_rows(const ScheduledChunk& c);
+
+  // Buffers of one step. Per chunk, logits come for its prompt_rows, then
+  // for its sampling row if it samples.
   std::vector<std::int32_t> token_ids, logit_rows;
+  std::vector<PromptRows> prompt_rows;  // [chunks]
   std::vector<float> logits;
 
-  void validate_request(std::span<const std::int32_t> prompt, const SamplingParams& p) const;
+  // InvalidArgument, opened by `caller`, for a request the engine cannot serve.
+  void validate_request(std::span<const std::int32_t> prompt, const SamplingParams& p,
+                        std::string_view caller) const;
   // A request's group with its first sequence; `id` is the next request id
   // (the caller holds intake_mutex while taking it).
   std::unique_ptr<SequenceGroup> new_group(std::span<const std::int32_t> prompt,
@@ -146,6 +160,14 @@ struct Engine::Impl {
   }
   void run_forward(const Schedule& s);
   void apply_samples(const Schedule& s, std::vector<RequestOutput>& outputs);
+  std::span<const float> logit_row(std::size_t row) const {
+    const std::size_t vocab = std::size_t(config.model->spec().vocab_size);
+    return {logits.data() + row * vocab, vocab};
+  }
+  // Appends chunk `c`'s prompt logprobs from its rows starting at logit row
+  // `first_row`; the row that is not finite, if one is (nothing appended from it).
+  std::optional<std::size_t> record_prompt_logprobs(const ScheduledChunk& c, PromptRows rows,
+                                                    std::size_t first_row);
   void append_token(SequenceGroup& g, std::int32_t seq, std::int32_t token, RequestOutput& out);
   // Samples chunk `c`'s sequence from `row` (the prompt's first sampling
   // draws every sample); false when the row is not finite and nothing was appended.
@@ -154,39 +176,29 @@ struct Engine::Impl {
   void fail_request(const ScheduledChunk& c, std::span<const float> row, RequestOutput& out);
 };
 
-void Engine::Impl::validate_request(std::span<const std::int32_t> prompt,
-                                    const SamplingParams& p) const {
+void Engine::Impl::validate_request(std::span<const std::int32_t> prompt, const SamplingParams& p,
+                                    std::string_view caller) const {
   const ModelSpec& m = config.model->spec();
-  require(!prompt.empty(), "Engine::add_request: prompt_token_ids is empty");
+  require(!prompt.empty(), caller, ": prompt_token_ids is empty");
   for (std::size_t i = 0; i < prompt.size(); ++i)
-    require(prompt[i] >= 0 && prompt[i] < m.vocab_size, "Engine::add_request: prompt_token_ids[", i,
+    require(prompt[i] >= 0 && prompt[i] < m.vocab_size, caller, ": prompt_token_ids[", i,
             "] = ", prompt[i], " is outside [0, vocab_size = ", m.vocab_size, ")");
-  for (std::size_t i = 0; i < p.stop_token_ids.size(); ++i)
-    require(p.stop_token_ids[i] >= 0 && p.stop_token_ids[i] < m.vocab_size,
-            "Engine::add_request: stop_token_ids[", i, "] = ", p.stop_token_ids[i],
-            " is outside [0, vocab_size = ", m.vocab_size, ")");
-  require(p.max_tokens >= 1, "Engine::add_request: max_tokens = ", p.max_tokens, " must be >= 1");
-  require(std::isfinite(p.temperature) && p.temperature >= 0.0f,
-          "Engine::add_request: temperature = ", p.temperature, " must be finite and >= 0");
-  require(p.top_k >= 0, "Engine::add_request: top_k = ", p.top_k, " must be >= 0 (0 = off)");
-  require(p.top_p > 0.0f && p.top_p <= 1.0f, "Engine::add_request: top_p = ", p.top_p,
-          " must be in (0, 1]");
-  require(p.n >= 1 && p.n <= engine::kMaxSamples && p.n <= config.max_num_seqs,
-          "Engine::add_request: n = ", p.n, " must be in [1, min(", engine::kMaxSamples,
-          ", max_num_seqs = ", config.max_num_seqs, ")]");
+  engine::check_sampling_params(p, caller);
+  engine::check_sampling_token_ids(p, m.vocab_size, caller);
+  require(p.n <= config.max_num_seqs, caller, ": n = ", p.n,
+          " must be <= max_num_seqs = ", config.max_num_seqs);
   const std::int64_t total = std::ssize(prompt) + p.max_tokens;
-  require(total <= m.max_position, "Engine::add_request: prompt (", prompt.size(),
-          ") + max_tokens (", p.max_tokens,
-          ") exceeds the model's max_position = ", m.max_position);
-  require(config.chunked_prefill || total <= config.max_num_batched_tokens,
-          "Engine::add_request: prompt + max_tokens = ", total,
+  require(total <= m.max_position, caller, ": prompt (", prompt.size(), ") + max_tokens (",
+          p.max_tokens, ") exceeds the model's max_position = ", m.max_position);
+  require(config.chunked_prefill || total <= config.max_num_batched_tokens, caller,
+          ": prompt + max_tokens = ", total,
           " exceeds max_num_batched_tokens = ", config.max_num_batched_tokens,
           " and chunked prefill is off (a preempted request is recomputed in one step)");
   // Alone, the request must fit: the prompt once, each sample's own tail.
   const std::int64_t ps = config.page_size;
   const std::int64_t need =
       pages_for(total, ps) + (p.n - 1) * (pages_for(total, ps) - std::ssize(prompt) / ps);
-  require(need <= cache.num_pages(), "Engine::add_request: the request needs up to ", need,
+  require(need <= cache.num_pages(), caller, ": the request needs up to ", need,
           " KV pages (prompt ", prompt.size(), ", max_tokens ", p.max_tokens, ", n ", p.n,
           "), the cache has ", cache.num_pages());
 }
@@ -211,7 +223,7 @@ Engine::~Engine() = default;
 
 RequestId Engine::add_request(std::span<const std::int32_t> prompt, const SamplingParams& params) {
   Impl& im = *impl_;
-  im.validate_request(prompt, params);
+  im.validate_request(prompt, params, "Engine::add_request");
   // Ids in the order requests are queued, so admission stays FCFS.
   const std::lock_guard intake(im.intake_mutex);
   im.incoming.push_back(im.new_group(prompt, params, im.next_id++));
@@ -227,13 +239,28 @@ void Engine::Impl::admit_incoming() {
   for (auto& g : batch) scheduler.add(std::move(g));
 }
 
-// Token ids of every chunk in plan order; logits for the chunks that sample.
+Engine::Impl::PromptRows Engine::Impl::prompt_logprob_rows(const ScheduledChunk& c) {
+  const SequenceGroup& g = *c.group;
+  if (!g.params.prompt_logprobs) return {};
+  const std::int32_t first = std::max(c.begin, g.prompt_logprobs_done);
+  const std::int32_t end = std::min(c.begin + c.length, g.prompt_len - 1);
+  return {first, std::max(0, end - first)};
+}
+
+// Token ids of every chunk in plan order; logits for the chunks that sample
+// and for the prompt positions whose logprobs a request asked for.
 void Engine::Impl::run_forward(const Schedule& s) {
   token_ids.clear();
   logit_rows.clear();
+  prompt_rows.clear();
   for (const ScheduledChunk& c : s.chunks) {
     const std::vector<std::int32_t>& t = c.group->seqs[c.seq].tokens;
+    const auto position_zero = static_cast<std::int32_t>(token_ids.size()) - c.begin;
     token_ids.insert(token_ids.end(), t.begin() + c.begin, t.begin() + c.begin + c.length);
+    const PromptRows rows = prompt_logprob_rows(c);
+    prompt_rows.push_back(rows);
+    for (std::int32_t p = rows.first; p < rows.first + rows.count; ++p)
+      logit_rows.push_back(position_zero + p);
     if (c.samples) logit_rows.push_back(static_cast<std::int32_t>(token_ids.size()) - 1);
   }
   logits.resize(logit_rows.size() * std::size_t(config.model->spec().vocab_size));
@@ -269,16 +296,22 @@ void Engine::Impl::append_token(SequenceGroup& g, std::int32_t seq, std::int32_t
 bool Engine::Impl::sample_chunk(const ScheduledChunk& c, std::span<const float> row,
                                 RequestOutput& out) {
   SequenceGroup& g = *c.group;
-  const std::int64_t position = std::ssize(g.seqs[std::size_t(c.seq)].tokens);
-  if (std::ssize(g.seqs) < g.params.n) {
-    // The prompt's first sampling: every sample draws from these logits;
-    // samples 1.. start as forks of the prompt (no copy of full pages).
-    std::vector<std::int32_t> tokens;
-    for (std::int32_t i = 0; i < g.params.n; ++i) {
-      const std::optional<std::int32_t> t = sampler.sample(row, g.params, g.seed, i, position);
+  // The prompt's first sampling: every sample draws from these logits;
+  // samples 1.. then start as forks of the prompt (no copy of full pages).
+  const bool first = std::ssize(g.seqs) < g.params.n;
+  std::vector<std::pair<std::int32_t, std::int32_t>> drawn;  // (sequence, token)
+  {
+    const Sequence& s = g.seqs[std::size_t(c.seq)];
+    const engine::SampleContext context{s.tokens, g.prompt_len, config.model->spec().eos_token_id};
+    const std::int64_t position = std::ssize(s.tokens);
+    for (std::int32_t i = first ? 0 : s.index; i < (first ? g.params.n : s.index + 1); ++i) {
+      const std::optional<std::int32_t> t =
+          sampler.sample(row, g.params, g.seed, i, position, context);
       if (!t) return false;
-      tokens.push_back(*t);
+      drawn.emplace_back(first ? i : c.seq, *t);
     }
+  }
+  if (first) {
     const std::vector<std::int32_t> prompt = g.seqs[0].tokens;
     for (std::int32_t i = 1; i < g.params.n; ++i) {
       Sequence child;
@@ -287,14 +320,31 @@ bool Engine::Impl::sample_chunk(const ScheduledChunk& c, std::span<const float> 
       child.tokens = prompt;
       g.seqs.push_back(std::move(child));
     }
-    for (std::int32_t i = 0; i < g.params.n; ++i) append_token(g, i, tokens[std::size_t(i)], out);
-    return true;
   }
-  const std::int32_t index = g.seqs[std::size_t(c.seq)].index;
-  const std::optional<std::int32_t> t = sampler.sample(row, g.params, g.seed, index, position);
-  if (!t) return false;
-  append_token(g, c.seq, *t, out);
+  std::optional<engine::RawLogprobs> raw;
+  if (g.params.logprobs) raw.emplace(row, *g.params.logprobs);
+  for (const auto& [seq, token] : drawn) {
+    append_token(g, seq, token, out);
+    if (raw) out.samples.back().logprobs.push_back(raw->of(token));
+  }
   return true;
+}
+
+std::optional<std::size_t> Engine::Impl::record_prompt_logprobs(const ScheduledChunk& c,
+                                                                PromptRows rows,
+                                                                std::size_t first_row) {
+  SequenceGroup& g = *c.group;
+  const std::vector<std::int32_t>& tokens = g.seqs[std::size_t(c.seq)].tokens;
+  for (std::int32_t i = 0; i < rows.count; ++i) {
+    const std::span<const float> row = logit_row(first_row + std::size_t(i));
+    const engine::NonFiniteCount non_finite = engine::count_non_finite(row);
+    if (non_finite.nan + non_finite.inf > 0) return first_row + std::size_t(i);
+    const std::int32_t position = rows.first + i;
+    const engine::RawLogprobs raw(row, *g.params.prompt_logprobs);
+    g.prompt_logprobs.push_back(raw.of(tokens[std::size_t(position) + 1]));
+    g.prompt_logprobs_done = position + 1;
+  }
+  return std::nullopt;
 }
 
 // Non-finite logits: a token drawn from them would be arbitrary (the
@@ -331,18 +381,38 @@ void Engine::Impl::fail_request(const ScheduledChunk& c, std::span<const float> 
 }
 
 void Engine::Impl::apply_samples(const Schedule& s, std::vector<RequestOutput>& outputs) {
-  const std::size_t vocab = std::size_t(config.model->spec().vocab_size);
   std::unordered_map<RequestId, std::size_t> slot;
+  auto output_of = [&](RequestId id) -> RequestOutput& {
+    const auto [it, fresh] = slot.try_emplace(id, outputs.size());
+    if (fresh) outputs.push_back({id, {}, false, {}, {}});
+    return outputs[it->second];
+  };
   std::size_t row = 0;
-  for (const ScheduledChunk& c : s.chunks) {
-    if (!c.samples) continue;
+  for (std::size_t k = 0; k < s.chunks.size(); ++k) {
+    const ScheduledChunk& c = s.chunks[k];
+    const std::size_t first_row = row;
+    row += std::size_t(prompt_rows[k].count) + (c.samples ? 1 : 0);
     SequenceGroup& g = *c.group;
-    const std::span<const float> l(logits.data() + row++ * vocab, vocab);
-    auto [it, fresh] = slot.try_emplace(g.id, outputs.size());
-    if (fresh) outputs.push_back({g.id, {}, false, {}});
-    RequestOutput& out = outputs[it->second];
-    if (!out.error.empty()) continue;  // failed on an earlier sample's row this step
-    if (!sample_chunk(c, l, out)) fail_request(c, l, out);
+    // Finished already: its request failed on an earlier row of this step.
+    if (first_row == row || g.seqs[std::size_t(c.seq)].finished()) continue;
+    if (const std::optional<std::size_t> bad =
+            record_prompt_logprobs(c, prompt_rows[k], first_row)) {
+      RequestOutput& out = output_of(g.id);
+      fail_request(c, logit_row(*bad), out);
+      out.finished = g.finished();
+      continue;
+    }
+    if (!c.samples) continue;
+    RequestOutput& out = output_of(g.id);
+    if (!sample_chunk(c, logit_row(row - 1), out)) fail_request(c, logit_row(row - 1), out);
+    if (g.params.prompt_logprobs && !g.prompt_logprobs_reported) {
+      require<InternalError>(g.prompt_logprobs_done == g.prompt_len - 1, "request ", g.id, ": ",
+                             g.prompt_logprobs_done, " prompt logprobs of ", g.prompt_len - 1,
+                             " at its first sampling");
+      out.prompt_logprobs = std::move(g.prompt_logprobs);
+      g.prompt_logprobs.clear();
+      g.prompt_logprobs_reported = true;
+    }
     out.finished = g.finished();
   }
 }
@@ -382,7 +452,7 @@ void Engine::abort(RequestId id) {
   im.admit_incoming();  // a request added a moment ago can be aborted too
   std::unique_ptr<SequenceGroup> g = im.scheduler.remove(id);
   require(g != nullptr, "Engine::abort: request id = ", id, " is not waiting or running");
-  RequestOutput out{id, {}, true, {}};
+  RequestOutput out{id, {}, true, {}, {}};
   for (std::int32_t i = 0; i < g->params.n; ++i) {
     const bool done = i < std::ssize(g->seqs) && g->seqs[std::size_t(i)].finished();
     if (!done) out.samples.push_back({i, {}, FinishReason::kAborted});
@@ -458,9 +528,17 @@ const PagedKVCache& Engine::cache() const {
 std::optional<ImportSlot> Engine::reserve_import(std::span<const std::int32_t> prompt,
                                                  const SamplingParams& params) {
   Impl& im = *impl_;
-  im.validate_request(prompt, params);
+  im.validate_request(prompt, params, "Engine::reserve_import");
   require(params.n == 1, "Engine::reserve_import: n = ", params.n,
           " must be 1 (parallel samples are not imported)");
+  // The prefill instance holds the logits these need.
+  require(!params.logprobs, "Engine::reserve_import: logprobs = ", params.logprobs.value_or(0),
+          " is not supported for imported requests (the first token's logits stay on the "
+          "prefill instance); leave it unset");
+  require(!params.prompt_logprobs,
+          "Engine::reserve_import: prompt_logprobs = ", params.prompt_logprobs.value_or(0),
+          " is not supported for imported requests (the prompt runs on the prefill "
+          "instance); leave it unset");
   const std::lock_guard lock(im.mutex);
   // Like admission: while others run, a watermark of pages stays free for
   // their decodes (an import preempted later would recompute its prompt).

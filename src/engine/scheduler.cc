@@ -15,6 +15,10 @@ std::int32_t reserved_seqs(const SequenceGroup& g) {
   return g.params.n - finished;
 }
 
+bool shares_cached_pages(const SequenceGroup& g) {
+  return !g.params.prompt_logprobs.has_value();
+}
+
 std::vector<SeqId> cached_seq_ids(const SequenceGroup& g) {
   std::vector<SeqId> ids;
   for (const Sequence& s : g.seqs)
@@ -197,9 +201,9 @@ void Scheduler::admit_waiting(StepState& st) {
     if (seqs + reserved_seqs(g) > config_.max_num_seqs) return;
     Sequence& lead = *g.lead();
     // The cached prefix is taken, not computed (it never covers every token).
-    const PrefixMatch hit = config_.prefix_caching
-                                ? cache_.match_prefix(lead.tokens, g.params.cache_salt)
-                                : PrefixMatch{};
+    const bool take_prefix = config_.prefix_caching && shares_cached_pages(g);
+    const PrefixMatch hit =
+        take_prefix ? cache_.match_prefix(lead.tokens, g.params.cache_salt) : PrefixMatch{};
     lead.num_computed = static_cast<std::int32_t>(hit.num_tokens);
     const std::int32_t total = lead.remaining();
     const std::int32_t want =
@@ -211,7 +215,7 @@ void Scheduler::admit_waiting(StepState& st) {
       lead.num_computed = 0;
       return;
     }
-    if (config_.prefix_caching)
+    if (take_prefix)
       cache_.add_sequence_with_prefix(lead.id, lead.tokens, g.params.cache_salt);
     else
       cache_.add_sequence(lead.id);
@@ -244,7 +248,7 @@ void Scheduler::complete(const Schedule& schedule) {
   for (const ScheduledChunk& c : schedule.chunks) {
     Sequence& s = c.group->seqs[c.seq];
     s.num_computed += c.length;
-    if (config_.prefix_caching) publish(s);
+    if (config_.prefix_caching && shares_cached_pages(*c.group)) publish(s);
   }
 }
 

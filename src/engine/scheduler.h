@@ -125,6 +125,12 @@ class Scheduler {
   std::int64_t num_swap_outs_ = 0, num_swap_ins_ = 0, swapped_tokens_ = 0;
 };
 
+// Prefix caching: whether a group takes cached pages at admission and
+// publishes its own. Not with prompt_logprobs: the request computes every
+// prompt position for its logits, and a sequence added without a prefix
+// would publish under the default salt instead of its own.
+bool shares_cached_pages(const SequenceGroup& g);
+
 // In-cache sequence ids of a group.
 std::vector<SeqId> cached_seq_ids(const SequenceGroup& g);
 

@@ -34,6 +34,13 @@ struct SequenceGroup {
   std::uint64_t seed = 0;
   std::int32_t prompt_len = 0;
   std::vector<Sequence> seqs;  // [1] until the first sampling, then [n]
+  // SamplingParams::prompt_logprobs: entry i for prompt token i + 1, from
+  // the logits at position i, gathered over the prefill chunks and moved
+  // into the first output that carries tokens. Positions below
+  // prompt_logprobs_done have theirs (a recompute does not add them again).
+  std::vector<TokenLogprobs> prompt_logprobs;
+  std::int32_t prompt_logprobs_done = 0;
+  bool prompt_logprobs_reported = false;
 
   bool finished() const {
     for (const Sequence& s : seqs)
