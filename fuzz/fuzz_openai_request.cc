@@ -9,6 +9,8 @@
 
 #include "api_error.h"
 #include "openai_request.h"
+#include "pagedattn/engine.h"
+#include "pagedattn/errors.h"
 #include "text_codec.h"
 
 namespace pagedattn::fuzz {
@@ -31,6 +33,14 @@ void check_accepted(const serve::GenerationRequest& r) {
   check(r.params.n >= 1 && r.params.n <= kLimits.max_n);
   check(r.params.temperature >= 0.0f && r.params.top_p > 0.0f && r.params.top_p <= 1.0f);
   check(r.params.top_k >= 0);
+  for (const auto& [id, bias] : r.params.logit_bias) check(id >= 0 && id < kLimits.vocab_size);
+  check(r.params.min_tokens <= r.params.max_tokens);
+  // The engine's own check of every field it takes (ranges, duplicates).
+  try {
+    check_sampling_params(r.params);
+  } catch (const InvalidArgument&) {
+    check(false);
+  }
 }
 
 }  // namespace

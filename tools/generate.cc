@@ -56,6 +56,10 @@ std::unique_ptr<CLI::App> generate_flags(GenerateOptions& o) {
       ->required()
       ->check(flags::non_empty());
   app->add_flag("--chat", o.chat, "wrap the prompt in the model's chat template");
+  app->add_flag("--parse-special,!--no-parse-special", o.parse_special,
+                "control-token text in the prompt (<|im_start|>, ...) becomes control tokens, as "
+                "in vLLM and llama.cpp; the --no- form keeps it plain text (default on; with "
+                "--chat the prompt is a message and stays plain text)");
   app->add_option("--system", o.system, "chat: a system message (default: the template's own)")
       ->type_name("TEXT");
   add_sampling_flags(*app, o);
@@ -88,7 +92,7 @@ std::vector<std::int32_t> stop_tokens(const Tokenizer& tokenizer) {
 
 std::vector<std::int32_t> prompt_tokens(const GenerateOptions& o, const GgufFile& file,
                                         const Tokenizer& tokenizer) {
-  if (!o.chat) return tokenizer.encode(o.prompt);
+  if (!o.chat) return tokenizer.encode(o.prompt, {.parse_special = o.parse_special});
   const ChatTemplate chat = read_chat_template(file, tokenizer);
   std::vector<ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});

@@ -15,6 +15,10 @@ struct GenerateOptions {
   std::string model;   // FILE.gguf (required)
   std::string prompt;  // required
   bool chat = false;   // wrap the prompt in the model's chat template
+  // Without --chat: control-token text in the prompt ("<|im_start|>")
+  // becomes control tokens (--no-parse-special: plain text). With --chat the
+  // prompt is a message, whose text stays plain (docs/serve.md, "Special tokens").
+  bool parse_special = true;
   std::string system;  // chat: a system message ("" = the template's default)
   std::int32_t max_tokens = 128;
   float temperature = 0.0f;  // 0: greedy

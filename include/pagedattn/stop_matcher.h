@@ -1,13 +1,14 @@
-// Stop strings over streamed text: text is fed chunk by chunk, and what may
-// be the start of a stop string is held back until it is known not to be,
-// so a stop string split across chunks is still found and never sent.
+// Stop strings over streamed text (SamplingParams::stop): text is fed chunk
+// by chunk, and what may be the start of a stop string is held back until it
+// is known not to be, so a stop string split across chunks is still found
+// and never sent. The server and Python's LLM both apply stops with it.
 #pragma once
 
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace pagedattn::serve {
+namespace pagedattn {
 
 class StopMatcher {
  public:
@@ -16,6 +17,7 @@ class StopMatcher {
   struct Result {
     std::string text;      // safe to send now
     bool stopped = false;  // a stop string matched: `text` ends before it
+    std::string matched;   // with `stopped`: the stop string found
   };
   // Feed the next chunk. After a stop, further calls return nothing.
   Result feed(std::string_view chunk);
@@ -29,4 +31,4 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
-}  // namespace pagedattn::serve
+}  // namespace pagedattn

@@ -80,6 +80,37 @@ def test_n_and_stop(client):
     assert sorted(c.index for c in several.choices) == [0, 1, 2]
 
 
+def test_logprobs_and_logit_bias(client):
+    # Greedy: each token is the most likely of its top_logprobs (the byte
+    # codec's token texts are ASCII, one per token).
+    whole = client.completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0,
+                                      logprobs=2, extra_body={"ignore_eos": True})
+    lp = whole.choices[0].logprobs
+    text_tokens = [t for t in lp.tokens if t != "<2>"]  # EOS (ignored) is listed but not text
+    assert "".join(text_tokens) == whole.choices[0].text and len(lp.tokens) == 4
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 2 and top[token] == logprob == max(top.values())
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i] if t != "<2>") for i in range(4)]
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0,
+        logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert "".join(item.token for item in content if item.token != "<2>") == \
+        chat.choices[0].message.content
+    for item in content:
+        assert bytes(item.bytes).decode() == item.token
+        assert [t.token for t in item.top_logprobs][0] == item.token and len(item.top_logprobs) == 2
+    plain = client.completions.create(model="tiny", prompt="Hello", max_tokens=2)
+    assert plain.choices[0].logprobs is None
+    # A bias of +100 on "A" (token 65 of the byte codec) forces it.
+    forced = client.completions.create(model="tiny", prompt="Hello", max_tokens=3, temperature=0,
+                                       logit_bias={"65": 100}, extra_body={"ignore_eos": True})
+    assert forced.choices[0].text == "AAA"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, frequency_penalty=3)
+    assert "frequency_penalty" in str(bad.value)
+
+
 def test_errors_are_openai_errors(client):
     with pytest.raises(openai.BadRequestError) as bad:
         client.completions.create(model="tiny", prompt="x", max_tokens=4, temperature=9)

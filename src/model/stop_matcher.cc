@@ -1,8 +1,9 @@
-#include "stop_matcher.h"
+#include "pagedattn/stop_matcher.h"
 
 #include <algorithm>
+#include <cstddef>
 
-namespace pagedattn::serve {
+namespace pagedattn {
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) {
   for (std::string& s : stops)
@@ -13,10 +14,12 @@ StopMatcher::Result StopMatcher::feed(std::string_view chunk) {
   if (stopped_) return {};
   pending_ += chunk;
   std::size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
-  if (first != std::string::npos) {
+  const std::string* found = nullptr;
+  for (const std::string& s : stops_)
+    if (const std::size_t at = pending_.find(s); at < first) first = at, found = &s;
+  if (found != nullptr) {
     stopped_ = true;
-    Result r{pending_.substr(0, first), true};
+    Result r{pending_.substr(0, first), true, *found};
     pending_.clear();
     return r;
   }
@@ -31,7 +34,7 @@ StopMatcher::Result StopMatcher::feed(std::string_view chunk) {
         break;
       }
   }
-  Result r{pending_.substr(0, pending_.size() - keep), false};
+  Result r{pending_.substr(0, pending_.size() - keep), false, {}};
   pending_.erase(0, pending_.size() - keep);
   return r;
 }
@@ -42,4 +45,4 @@ std::string StopMatcher::finish() {
   return stopped_ ? std::string() : rest;
 }
 
-}  // namespace pagedattn::serve
+}  // namespace pagedattn

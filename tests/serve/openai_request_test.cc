@@ -94,6 +94,104 @@ TEST(OpenAiRequest, BadFieldsAre400NamingTheField) {
             P(400, "messages[0].content"));
 }
 
+TEST(OpenAiRequest, ReadsPenaltiesAndVllmsSamplingFields) {
+  const GenerationRequest r = parse(
+      R"({"prompt": "ab", "max_tokens": 6, "presence_penalty": -1.5, "frequency_penalty": 2,
+          "repetition_penalty": 1.3, "min_p": 0.05, "min_tokens": 6,
+          "logit_bias": {"299": -100, "7": 2.5, "0": 100}, "include_stop_str_in_output": true})");
+  EXPECT_FLOAT_EQ(r.params.presence_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(r.params.frequency_penalty, 2.0f);
+  EXPECT_FLOAT_EQ(r.params.repetition_penalty, 1.3f);
+  EXPECT_FLOAT_EQ(r.params.min_p, 0.05f);
+  EXPECT_EQ(r.params.min_tokens, 6);
+  // By token id, whatever the order in the object.
+  EXPECT_EQ(r.params.logit_bias,
+            (std::vector<std::pair<std::int32_t, float>>{{0, 100.0f}, {7, 2.5f}, {299, -100.0f}}));
+  EXPECT_TRUE(r.params.include_stop_str_in_output);
+  // Absent: the engine's defaults (off).
+  const GenerationRequest plain = parse(R"({"prompt": "ab"})");
+  EXPECT_FLOAT_EQ(plain.params.presence_penalty, 0.0f);
+  EXPECT_FLOAT_EQ(plain.params.frequency_penalty, 0.0f);
+  EXPECT_FLOAT_EQ(plain.params.repetition_penalty, 1.0f);
+  EXPECT_FLOAT_EQ(plain.params.min_p, 0.0f);
+  EXPECT_EQ(plain.params.min_tokens, 0);
+  EXPECT_TRUE(plain.params.logit_bias.empty());
+  EXPECT_FALSE(plain.params.include_stop_str_in_output);
+  EXPECT_FALSE(plain.params.logprobs.has_value());
+  EXPECT_FALSE(plain.params.prompt_logprobs.has_value());
+  EXPECT_FALSE(plain.echo);
+}
+
+TEST(OpenAiRequest, LogprobsInEachEndpointsShape) {
+  // Completions: an integer, the alternatives per token.
+  EXPECT_EQ(parse(R"({"prompt": "a", "logprobs": 3})").params.logprobs, 3);
+  EXPECT_EQ(parse(R"({"prompt": "a", "logprobs": 0})").params.logprobs, 0);
+  // Chat: a boolean, with top_logprobs the alternatives.
+  const auto chat = [](const std::string& fields) {
+    return parse(
+               R"({"messages": [{"role": "user", "content": "q"}], "max_tokens": 2)" + fields + "}",
+               Endpoint::kChat)
+        .params.logprobs;
+  };
+  EXPECT_EQ(chat(R"(, "logprobs": true, "top_logprobs": 5)"), 5);
+  EXPECT_EQ(chat(R"(, "logprobs": true)"), 0);
+  EXPECT_FALSE(chat(R"(, "logprobs": false)").has_value());
+  EXPECT_FALSE(chat("").has_value());
+}
+
+TEST(OpenAiRequest, EchoStartsTheTextWithThePrompt) {
+  const GenerationRequest text = parse(R"({"prompt": "hi!", "echo": true, "logprobs": 2})");
+  EXPECT_TRUE(text.echo);
+  EXPECT_EQ(text.prompt_text, "hi!");
+  EXPECT_EQ(text.params.prompt_logprobs, 2);  // the prompt's logprobs lead the choice's
+  // Token ids: decoded as the codec decodes output.
+  const GenerationRequest ids = parse(R"({"prompt": [104, 105, 299], "echo": true})");
+  EXPECT_EQ(ids.prompt_text, "hi<299>");
+  EXPECT_FALSE(ids.params.prompt_logprobs.has_value());  // no logprobs asked for
+}
+
+TEST(OpenAiRequest, BadSamplingFieldsAre400NamingTheField) {
+  using P = std::pair<int, std::string>;
+  const auto completion = [](const std::string& fields) {
+    return error_of(R"({"prompt": "a", "max_tokens": 4, )" + fields + "}");
+  };
+  EXPECT_EQ(completion(R"("presence_penalty": 2.5)"), P(400, "presence_penalty"));
+  EXPECT_EQ(completion(R"("presence_penalty": "x")"), P(400, "presence_penalty"));
+  EXPECT_EQ(completion(R"("frequency_penalty": -2.01)"), P(400, "frequency_penalty"));
+  EXPECT_EQ(completion(R"("repetition_penalty": 0)"), P(400, "repetition_penalty"));
+  EXPECT_EQ(completion(R"("repetition_penalty": 1e-300)"), P(400, "repetition_penalty"));
+  EXPECT_EQ(completion(R"("repetition_penalty": 101)"), P(400, "repetition_penalty"));
+  EXPECT_EQ(completion(R"("min_p": 1.5)"), P(400, "min_p"));
+  EXPECT_EQ(completion(R"("min_p": -0.1)"), P(400, "min_p"));
+  EXPECT_EQ(completion(R"("min_tokens": -1)"), P(400, "min_tokens"));
+  EXPECT_EQ(completion(R"("min_tokens": 5)"), P(400, "min_tokens"));  // over max_tokens = 4
+  EXPECT_EQ(completion(R"("min_tokens": 4)"), P(0, "accepted"));
+  EXPECT_EQ(completion(R"("logit_bias": [1])"), P(400, "logit_bias"));
+  EXPECT_EQ(completion(R"("logit_bias": {"x": 1})"), P(400, "logit_bias"));
+  EXPECT_EQ(completion(R"("logit_bias": {"300": 1})"), P(400, "logit_bias"));
+  EXPECT_EQ(completion(R"("logit_bias": {"-1": 1})"), P(400, "logit_bias"));
+  EXPECT_EQ(completion(R"("logit_bias": {"7": 1, "007": 2})"), P(400, "logit_bias"));
+  EXPECT_EQ(completion(R"("logit_bias": {"7": 101})"), P(400, "logit_bias.7"));
+  EXPECT_EQ(completion(R"("logit_bias": {"7": "up"})"), P(400, "logit_bias.7"));
+  EXPECT_EQ(completion(R"("include_stop_str_in_output": 1)"), P(400, "include_stop_str_in_output"));
+  EXPECT_EQ(completion(R"("logprobs": 21)"), P(400, "logprobs"));
+  EXPECT_EQ(completion(R"("logprobs": -1)"), P(400, "logprobs"));
+  EXPECT_EQ(completion(R"("logprobs": true)"), P(400, "logprobs"));  // chat's form
+  EXPECT_EQ(completion(R"("echo": "yes")"), P(400, "echo"));
+  const auto chat = [](const std::string& fields) {
+    return error_of(
+        R"({"messages": [{"role": "user", "content": "q"}], "max_tokens": 2, )" + fields + "}",
+        Endpoint::kChat);
+  };
+  EXPECT_EQ(chat(R"("logprobs": 3)"), P(400, "logprobs"));  // completions' form
+  EXPECT_EQ(chat(R"("logprobs": true, "top_logprobs": 21)"), P(400, "top_logprobs"));
+  EXPECT_EQ(chat(R"("logprobs": true, "top_logprobs": 1.5)"), P(400, "top_logprobs"));
+  EXPECT_EQ(chat(R"("top_logprobs": 2)"), P(400, "top_logprobs"));  // without logprobs
+  EXPECT_EQ(chat(R"("logprobs": false, "top_logprobs": 2)"), P(400, "top_logprobs"));
+  EXPECT_EQ(chat(R"("echo": true)"), P(400, "echo"));
+  EXPECT_EQ(chat(R"("echo": false)"), P(0, "accepted"));
+}
+
 // The message an ApiError carries.
 std::string message_of(const std::string& body, Endpoint e = Endpoint::kCompletions) {
   try {
@@ -119,6 +217,19 @@ TEST(OpenAiRequest, MessagesNameTheFieldOnceAndTheValueAsSent) {
   EXPECT_EQ(message_of(R"({"messages": [{"role": "user", "content": [{"type": "image"}]}]})",
                        Endpoint::kChat),
             "'messages[0].content[0]' must be {\"type\": \"text\", \"text\": STRING}");
+  EXPECT_EQ(message_of(R"({"prompt": "a", "presence_penalty": 3})"),
+            "'presence_penalty' = 3 must be a number in [-2, 2]");
+  EXPECT_EQ(message_of(R"({"prompt": "a", "logit_bias": {"x": 1}})"),
+            "'logit_bias' key \"x\" must be a token id in [0, 299]");
+  EXPECT_EQ(message_of(R"({"prompt": "a", "logit_bias": {"5": -200}})"),
+            "'logit_bias.5' = -200 must be a number in [-100, 100]");
+  EXPECT_EQ(message_of(R"({"prompt": "a", "logit_bias": {"5": 1, "05": 1}})"),
+            "'logit_bias' gives token 5 more than once");
+  EXPECT_EQ(message_of(R"({"prompt": "a", "max_tokens": 3, "min_tokens": 4})"),
+            "'min_tokens' = 4 must be an integer in [0, max_tokens = 3]");
+  EXPECT_EQ(message_of(R"({"messages": [{"role": "user", "content": "q"}], "top_logprobs": 2})",
+                       Endpoint::kChat),
+            "'top_logprobs' needs 'logprobs' = true");
   // A long value is cut short: it is the client's.
   EXPECT_EQ(message_of(R"({"prompt": "a", "n": ")" + std::string(100, 'x') + R"("})"),
             "'n' = \"" + std::string(39, 'x') + "... must be an integer in [1, 4]");
@@ -136,6 +247,7 @@ class RefusingChatCodec final : public TextCodec {
     throw InvalidArgument(error_);
   }
   std::unique_ptr<TextStream> decoder() const override { return bytes_->decoder(); }
+  std::string token_text(std::int32_t id) const override { return bytes_->token_text(id); }
   std::vector<std::int32_t> stop_token_ids() const override { return {}; }
 
  private:

@@ -1,4 +1,4 @@
-#include "stop_matcher.h"
+#include "pagedattn/stop_matcher.h"
 
 #include <gtest/gtest.h>
 

@@ -22,6 +22,7 @@ void RequestChannel::push(const RequestOutput& out) {
     const std::lock_guard lock(mutex_);
     if (closed_) return;
     pending_.samples.insert(pending_.samples.end(), out.samples.begin(), out.samples.end());
+    if (!out.prompt_logprobs.empty()) pending_.prompt_logprobs = out.prompt_logprobs;
     if (!out.error.empty()) pending_.error = out.error;  // FinishReason::kError
     if (out.finished) pending_.finished = closed_ = true;
   }
@@ -32,7 +33,11 @@ void RequestChannel::close(FinishReason reason, std::int32_t n, std::string erro
   {
     const std::lock_guard lock(mutex_);
     if (closed_) return;
-    for (std::int32_t i = 0; i < n; ++i) pending_.samples.push_back({i, {}, reason});
+    for (std::int32_t i = 0; i < n; ++i) {
+      SampleOutput& out = pending_.samples.emplace_back();
+      out.index = i;
+      out.finish_reason = reason;
+    }
     pending_.finished = closed_ = true;
     pending_.error = std::move(error);
   }

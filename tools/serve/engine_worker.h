@@ -26,9 +26,10 @@ namespace pagedattn::serve {
 class RequestChannel {
  public:
   struct News {
-    std::vector<SampleOutput> samples;  // in the order the engine made them
-    bool finished = false;              // nothing more will come
-    std::string error;                  // the engine failed this request
+    std::vector<SampleOutput> samples;           // in the order the engine made them
+    std::vector<TokenLogprobs> prompt_logprobs;  // RequestOutput::prompt_logprobs, once
+    bool finished = false;                       // nothing more will come
+    std::string error;                           // the engine failed this request
   };
   void push(const RequestOutput& out);
   void close(FinishReason reason, std::int32_t n, std::string error = "");

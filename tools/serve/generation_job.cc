@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <ctime>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -42,6 +43,69 @@ double since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Characters (code points) in UTF-8 text: its bytes less continuation bytes.
+std::int64_t characters(std::string_view text) {
+  return std::count_if(text.begin(), text.end(),
+                       [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+json byte_values(const std::string& text) {
+  json bytes = json::array();
+  for (const char c : text) bytes.push_back(static_cast<unsigned char>(c));
+  return bytes;
+}
+
+// Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"},
+// each top_logprobs entry a {text: logprob} of the most likely tokens and
+// the token itself (the legacy API's shape).
+json completion_logprobs(const std::vector<LogprobEntry>& entries) {
+  json tokens = json::array(), logprobs = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const LogprobEntry& e : entries) {
+    tokens.push_back(e.token);
+    offsets.push_back(e.text_offset);
+    if (!e.logprob) {  // the prompt's first token
+      logprobs.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    logprobs.push_back(*e.logprob);
+    json top = json::object();
+    for (const auto& [text, logprob] : e.top)
+      if (!top.contains(text)) top[text] = logprob;  // tokens of the same text: the likelier
+    if (!top.contains(e.token)) top[e.token] = *e.logprob;
+    tops.push_back(std::move(top));
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(logprobs)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}.
+json chat_logprobs(const std::vector<LogprobEntry>& entries) {
+  json content = json::array();
+  for (const LogprobEntry& e : entries) {
+    json top = json::array();
+    for (const auto& [text, logprob] : e.top)
+      top.push_back({{"token", text}, {"logprob", logprob}, {"bytes", byte_values(text)}});
+    content.push_back({{"token", e.token},
+                       {"logprob", e.logprob.value_or(0.0f)},
+                       {"bytes", byte_values(e.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+// A choice's `logprobs`: null when not asked for, or in a stream's chunk
+// that carries no tokens.
+json logprobs_of(const GenerationRequest& request, const std::vector<LogprobEntry>& entries,
+                 bool streamed) {
+  if (!request.params.logprobs || (streamed && entries.empty())) return nullptr;
+  return request.endpoint == Endpoint::kChat ? chat_logprobs(entries)
+                                             : completion_logprobs(entries);
+}
+
 }  // namespace
 
 GenerationJob::GenerationJob(GenerationRequest request, EngineWorker::Ticket ticket,
@@ -49,6 +113,7 @@ GenerationJob::GenerationJob(GenerationRequest request, EngineWorker::Ticket tic
                              ServerMetrics& metrics)
     : request_(std::move(request)),
       ticket_(std::move(ticket)),
+      codec_(codec),
       model_name_(std::move(model_name)),
       id_(next_id(request_.endpoint)),
       created_(std::int64_t(std::time(nullptr))),
@@ -56,20 +121,60 @@ GenerationJob::GenerationJob(GenerationRequest request, EngineWorker::Ticket tic
       metrics_(metrics) {
   for (std::int32_t id : codec.stop_token_ids()) hidden_tokens_.insert(id);
   for (std::int32_t id : request_.params.stop_token_ids) hidden_tokens_.insert(id);
-  for (std::int32_t i = 0; i < request_.params.n; ++i)
-    samples_.emplace_back(codec.decoder(), StopMatcher(request_.stop));
+  for (std::int32_t i = 0; i < request_.params.n; ++i) {
+    Sample& s = samples_.emplace_back(codec.decoder(), StopMatcher(request_.stop));
+    if (request_.echo) {
+      s.text = request_.prompt_text;
+      s.characters = characters(request_.prompt_text);
+    }
+  }
+}
+
+LogprobEntry GenerationJob::logprob_entry(const TokenLogprobs& lp, std::int64_t text_offset) const {
+  LogprobEntry e{
+      .token = codec_.token_text(lp.token), .logprob = lp.logprob, .text_offset = text_offset};
+  e.top.reserve(lp.top.size());
+  for (const auto& [id, logprob] : lp.top) e.top.emplace_back(codec_.token_text(id), logprob);
+  return e;
+}
+
+// With echo and logprobs: the prompt's tokens lead every choice's logprobs,
+// the first without a logprob (it has no context).
+void GenerationJob::absorb_prompt_logprobs(const std::vector<TokenLogprobs>& prompt) {
+  if (!request_.echo || request_.prompt_ids.empty() ||
+      prompt.size() + 1 != request_.prompt_ids.size())
+    return;
+  std::vector<LogprobEntry> entries;
+  entries.push_back({.token = codec_.token_text(request_.prompt_ids[0])});
+  std::int64_t offset = characters(entries[0].token);
+  for (const TokenLogprobs& lp : prompt) {
+    entries.push_back(logprob_entry(lp, offset));
+    offset += characters(entries.back().token);
+  }
+  for (Sample& s : samples_) s.logprobs.insert(s.logprobs.begin(), entries.begin(), entries.end());
 }
 
 void GenerationJob::absorb_sample(const SampleOutput& out) {
   if (out.index < 0 || std::size_t(out.index) >= samples_.size()) return;
   Sample& s = samples_[std::size_t(out.index)];
   if (s.finish != nullptr) return;
-  for (std::int32_t id : out.new_token_ids) {
+  const bool with_logprobs = out.logprobs.size() == out.new_token_ids.size();
+  for (std::size_t i = 0; i < out.new_token_ids.size(); ++i) {
+    const std::int32_t id = out.new_token_ids[i];
     ++s.tokens;
+    if (with_logprobs) s.logprobs.push_back(logprob_entry(out.logprobs[i], s.characters));
     if (hidden_tokens_.contains(id)) continue;
-    const StopMatcher::Result r = s.matcher.feed(s.decoder->push(id));
+    const std::string piece = s.decoder->push(id);
+    s.characters += characters(piece);
+    // Stop strings count from min_tokens on, as in vLLM.
+    if (s.tokens < request_.params.min_tokens) {
+      s.text += piece;
+      continue;
+    }
+    const StopMatcher::Result r = s.matcher.feed(piece);
     s.text += r.text;
     if (r.stopped) {
+      if (request_.params.include_stop_str_in_output) s.text += r.matched;
       s.finish = "stop";
       return;
     }
@@ -77,10 +182,12 @@ void GenerationJob::absorb_sample(const SampleOutput& out) {
   if (out.finish_reason == FinishReason::kNone) return;
   const StopMatcher::Result r = s.matcher.feed(s.decoder->flush());
   s.text += r.text + (r.stopped ? std::string() : s.matcher.finish());
+  if (r.stopped && request_.params.include_stop_str_in_output) s.text += r.matched;
   s.finish = r.stopped ? "stop" : finish_name(out.finish_reason);
 }
 
 void GenerationJob::absorb(const RequestChannel::News& news) {
+  absorb_prompt_logprobs(news.prompt_logprobs);
   for (const SampleOutput& out : news.samples) absorb_sample(out);
   if (!news.error.empty()) error_ = news.error;
   if (news.finished) finished_ = true;
@@ -131,8 +238,9 @@ std::string GenerationJob::final_body() {
   json choices = json::array();
   for (std::size_t i = 0; i < samples_.size(); ++i) {
     Sample& s = samples_[i];
-    json c = {
-        {"index", i}, {"logprobs", nullptr}, {"finish_reason", s.finish ? s.finish : "abort"}};
+    json c = {{"index", i},
+              {"logprobs", logprobs_of(request_, s.logprobs, false)},
+              {"finish_reason", s.finish ? s.finish : "abort"}};
     if (chat)
       c["message"] = {{"role", "assistant"}, {"content", s.text}};
     else
@@ -151,7 +259,9 @@ std::string GenerationJob::final_body() {
 // One SSE event for sample `index`: its unsent text and, once done, its finish reason.
 std::string GenerationJob::chunk(std::size_t index, Sample& s) {
   const bool chat = request_.endpoint == Endpoint::kChat;
-  json c = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  json c = {{"index", index},
+            {"logprobs", logprobs_of(request_, s.logprobs, true)},
+            {"finish_reason", nullptr}};
   if (s.finish != nullptr) c["finish_reason"] = s.finish;
   if (chat) {
     json delta = json::object();
@@ -163,6 +273,7 @@ std::string GenerationJob::chunk(std::size_t index, Sample& s) {
     c["text"] = s.text;
   }
   s.text.clear();
+  s.logprobs.clear();
   const json event = {{"id", id_},
                       {"object", chat ? "chat.completion.chunk" : "text_completion"},
                       {"created", created_},
@@ -181,7 +292,8 @@ std::string GenerationJob::next_events(std::chrono::milliseconds timeout) {
   for (std::size_t i = 0; i < samples_.size(); ++i) {
     Sample& s = samples_[i];
     const bool newly_done = s.finish != nullptr && finished_before[i] == nullptr;
-    if (!s.text.empty() || newly_done || (request_.endpoint == Endpoint::kChat && !s.role_sent))
+    if (!s.text.empty() || !s.logprobs.empty() || newly_done ||
+        (request_.endpoint == Endpoint::kChat && !s.role_sent))
       events += chunk(i, s);
   }
   if (finished_) {

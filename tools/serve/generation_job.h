@@ -7,16 +7,26 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "engine_worker.h"
 #include "openai_request.h"
-#include "stop_matcher.h"
+#include "pagedattn/stop_matcher.h"
 #include "text_codec.h"
 
 namespace pagedattn::serve {
+
+// One token's logprobs as a response shows them, its texts decoded.
+struct LogprobEntry {
+  std::string token{};             // the token's bytes (TextCodec::token_text)
+  std::optional<float> logprob{};  // none: the prompt's first token (it has no context)
+  std::vector<std::pair<std::string, float>> top{};  // the most likely tokens, most likely first
+  std::int64_t text_offset = 0;  // characters of the choice's text before the token
+};
 
 class GenerationJob {
  public:
@@ -42,13 +52,17 @@ class GenerationJob {
         : decoder(std::move(d)), matcher(std::move(m)) {}
     std::unique_ptr<TextStream> decoder;
     StopMatcher matcher;
-    std::string text;  // non-streamed: everything; streamed: the unsent delta
+    std::string text;                    // non-streamed: everything; streamed: the unsent delta
+    std::vector<LogprobEntry> logprobs;  // non-streamed: every token's; streamed: the unsent
+    std::int64_t characters = 0;         // the text's so far: the next token's text_offset
     std::int64_t tokens = 0;
     const char* finish = nullptr;  // set once the sample is done
     bool role_sent = false;
   };
   void absorb(const RequestChannel::News& news);
   void absorb_sample(const SampleOutput& out);
+  void absorb_prompt_logprobs(const std::vector<TokenLogprobs>& prompt);
+  LogprobEntry logprob_entry(const TokenLogprobs& lp, std::int64_t text_offset) const;
   bool all_samples_done() const;
   std::string usage_json() const;
   std::string chunk(std::size_t index, Sample& s);
@@ -56,6 +70,7 @@ class GenerationJob {
 
   GenerationRequest request_;
   EngineWorker::Ticket ticket_;
+  const TextCodec& codec_;
   std::string model_name_;
   std::string id_;
   std::int64_t created_;

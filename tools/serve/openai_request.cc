@@ -4,7 +4,9 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +19,9 @@ namespace {
 using nlohmann::json;
 
 constexpr std::size_t kMaxStopStrings = 16;
+// Most likely alternatives a token's logprobs may list (vLLM's default
+// max_logprobs; OpenAI allows 5 for completions and 20 for chat).
+constexpr std::int64_t kMaxLogprobs = 20;
 // Containers nested in one another, at most. An OpenAI request needs a
 // handful; a body of brackets would build a DOM many times its size.
 constexpr int kMaxJsonDepth = 64;
@@ -317,6 +322,84 @@ void read_sampling(const json& body, const RequestLimits& limits, GenerationRequ
   r.stop = stop_strings(body);
 }
 
+// OpenAI's logit_bias: {"token id": bias in [-100, 100]}, sorted by token.
+std::vector<std::pair<std::int32_t, float>> logit_bias(const json& v, std::int32_t vocab) {
+  const std::string ids = "a token id in [0, " + std::to_string(vocab - 1) + "]";
+  if (!v.is_object()) bad_value("logit_bias", v, "must be an object mapping token ids to biases");
+  std::vector<std::pair<std::int32_t, float>> biases;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& key = it.key();
+    std::int64_t id = -1;
+    const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (error != std::errc() || end != key.data() + key.size() || id < 0 || id >= vocab)
+      bad_field("logit_bias", "key " + shown(json(key)) + " must be " + ids);
+    const std::string name = "logit_bias." + std::to_string(id);
+    biases.emplace_back(std::int32_t(id), float(number(it.value(), name, -100, 100)));
+  }
+  std::sort(biases.begin(), biases.end());
+  // "7" and "007" are one token.
+  for (std::size_t i = 1; i < biases.size(); ++i)
+    if (biases[i].first == biases[i - 1].first)
+      bad_field("logit_bias", "gives token " + std::to_string(biases[i].first) + " more than once");
+  return biases;
+}
+
+// Penalties and vLLM's extra sampling fields; min_tokens is checked against
+// max_tokens once that is known.
+void read_penalties(const json& body, const RequestLimits& limits, SamplingParams& p) {
+  if (const json* v = field(body, "presence_penalty"))
+    p.presence_penalty = float(number(*v, "presence_penalty", -2, 2));
+  if (const json* v = field(body, "frequency_penalty"))
+    p.frequency_penalty = float(number(*v, "frequency_penalty", -2, 2));
+  if (const json* v = field(body, "repetition_penalty")) {
+    p.repetition_penalty = float(number(*v, "repetition_penalty", 0, 100, true));
+    if (p.repetition_penalty <= 0.0f)  // below float's range
+      bad_value("repetition_penalty", *v, "must be a number in (0, 100]");
+  }
+  if (const json* v = field(body, "min_p")) p.min_p = float(number(*v, "min_p", 0, 1));
+  if (const json* v = field(body, "min_tokens"))
+    p.min_tokens =
+        std::int32_t(integer(*v, "min_tokens", 0, std::numeric_limits<std::int32_t>::max()));
+  if (const json* v = field(body, "logit_bias")) p.logit_bias = logit_bias(*v, limits.vocab_size);
+  if (const json* v = field(body, "include_stop_str_in_output"))
+    p.include_stop_str_in_output = boolean(*v, "include_stop_str_in_output");
+}
+
+// Completions: `logprobs` is the number of alternatives (and `echo` adds the
+// prompt's). Chat: `logprobs` is a boolean and `top_logprobs` the number.
+void read_logprobs(const json& body, Endpoint endpoint, GenerationRequest& r) {
+  SamplingParams& p = r.params;
+  if (endpoint == Endpoint::kCompletions) {
+    if (const json* v = field(body, "logprobs"))
+      p.logprobs = std::int32_t(integer(*v, "logprobs", 0, kMaxLogprobs));
+    if (const json* v = field(body, "echo")) r.echo = boolean(*v, "echo");
+    if (r.echo) p.prompt_logprobs = p.logprobs;
+    return;
+  }
+  const json* wanted = field(body, "logprobs");
+  const bool logprobs = wanted != nullptr && boolean(*wanted, "logprobs");
+  if (logprobs) p.logprobs = 0;
+  if (const json* v = field(body, "top_logprobs")) {
+    const std::int64_t top = integer(*v, "top_logprobs", 0, kMaxLogprobs);
+    if (!logprobs) bad_field("top_logprobs", "needs 'logprobs' = true");
+    p.logprobs = std::int32_t(top);
+  }
+  if (const json* v = field(body, "echo"); v != nullptr && boolean(*v, "echo"))
+    bad_field("echo", "is supported for completions only");
+}
+
+// With echo: the prompt as sent, or its token ids as text.
+std::string echoed_prompt(const json& body, const std::vector<std::int32_t>& ids,
+                          const TextCodec& codec) {
+  const json& p = body.at("prompt");
+  if (p.is_string()) return p.get<std::string>();
+  if (p.size() == 1 && p[0].is_string()) return p[0].get<std::string>();
+  const std::unique_ptr<TextStream> decoder = codec.decoder();
+  std::string text;
+  for (const std::int32_t id : ids) text += decoder->push(id);
+  return text + decoder->flush();
+}
+
 void read_max_tokens(const json& body, Endpoint endpoint, const RequestLimits& limits,
                      GenerationRequest& r) {
   const std::int64_t prompt = std::ssize(r.prompt_ids);
@@ -365,11 +448,18 @@ GenerationRequest parse_generation_request(std::string_view body, Endpoint endpo
     r.model = m->get<std::string>();
   }
   read_sampling(doc, limits, r);
+  read_penalties(doc, limits, r.params);
+  read_logprobs(doc, endpoint, r);
   r.prompt_ids = endpoint == Endpoint::kChat ? chat_prompt(doc, codec, limits)
                                              : completion_prompt(doc, codec, limits);
   if (r.prompt_ids.empty())
     bad_field(endpoint == Endpoint::kChat ? "messages" : "prompt", "must not be empty");
   read_max_tokens(doc, endpoint, limits, r);
+  if (r.params.min_tokens > r.params.max_tokens)
+    bad_value(
+        "min_tokens", doc.at("min_tokens"),
+        "must be an integer in [0, max_tokens = " + std::to_string(r.params.max_tokens) + "]");
+  if (r.echo) r.prompt_text = echoed_prompt(doc, r.prompt_ids, codec);
   return r;
 }
 

@@ -29,8 +29,15 @@ struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;
   std::vector<std::int32_t> prompt_ids;
+  // Logprobs: params.logprobs (completions' `logprobs`, chat's `top_logprobs`
+  // once `logprobs` is true), and with echo params.prompt_logprobs.
   SamplingParams params;
-  std::vector<std::string> stop;  // stop strings, never part of the output
+  // Stop strings, part of the output only with params.include_stop_str_in_output.
+  std::vector<std::string> stop;
+  // Completions' `echo`: each choice's text (and logprobs) starts with the
+  // prompt, `prompt_text`: the prompt as sent, or its token ids decoded.
+  bool echo = false;
+  std::string prompt_text;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a final usage chunk
 };

@@ -60,7 +60,12 @@ void add_engine_flags(CLI::App& app, ServeOptions& o) {
       ->check(number_in(0, 1 << 20));
   add_bf16_products_flag(app, o.bf16_products);
   add_tensor_parallel_flag(app, o.tensor_parallel);
-  app.add_flag("--parse-special-in-messages", o.parse_special_in_messages,
+  app.add_flag("--parse-special-in-prompts,!--no-parse-special-in-prompts",
+               o.special_tokens.parse_special_in_prompts,
+               "completions' text prompts: control-token text (<|im_start|>, ...) becomes control "
+               "tokens, as in vLLM; the --no- form keeps it plain text (default on; chat "
+               "messages follow --parse-special-in-messages)");
+  app.add_flag("--parse-special-in-messages", o.special_tokens.parse_special_in_messages,
                "chat messages' control-token text (<|im_end|>, ...) becomes control tokens; "
                "lets clients forge turns, so only for trusted clients (default off: message "
                "text is plain text)");
@@ -189,7 +194,7 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
   std::unique_ptr<TextCodec> codec;
   if (is_gguf(o.model)) {
     const GgufFile file = GgufFile::open(o.model);
-    codec = make_gguf_codec(file, o.parse_special_in_messages);
+    codec = make_gguf_codec(file, o.special_tokens);
     ec.model = tools::make_cli_model(o.tensor_parallel, o.model, [&](const TensorParallelShard& s) {
       return make_gguf_model(
           file, {.max_position = o.max_position, .shard = s, .check_tensors = o.check_tensors});

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "http_server.h"
+#include "text_codec.h"
 
 namespace pagedattn::serve {
 
@@ -18,8 +19,10 @@ struct ServeOptions {
   double host_kv_memory_mib = 0.0;   // 0: no host tier
   bool bf16_products = false;        // EngineConfig::bf16_products
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
-  // make_gguf_codec's switch (--parse-special-in-messages): trusted clients only.
-  bool parse_special_in_messages = false;
+  // make_gguf_codec's policy: completions' text prompts parse control-token
+  // text (--no-parse-special-in-prompts: not); chat messages do not unless
+  // --parse-special-in-messages (trusted clients only).
+  SpecialTokenPolicy special_tokens;
   bool check_tensors = false;  // GgufModelOptions::check_tensors (--check-tensors)
   bool help = false;
 };

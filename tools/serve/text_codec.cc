@@ -72,6 +72,7 @@ class ByteCodec final : public TextCodec {
     return encode(text, max_tokens);
   }
   std::unique_ptr<TextStream> decoder() const override { return std::make_unique<ByteStream>(); }
+  std::string token_text(std::int32_t id) const override { return byte_token_text(id); }
   std::vector<std::int32_t> stop_token_ids() const override {
     if (eos_ < 0) return {};
     return {eos_};
@@ -118,10 +119,10 @@ std::size_t longest_token_bytes(const Tokenizer& tokenizer) {
 
 class GgufCodec final : public TextCodec {
  public:
-  GgufCodec(const GgufFile& file, bool parse_special_in_messages)
+  GgufCodec(const GgufFile& file, SpecialTokenPolicy policy)
       : tokenizer_(read_tokenizer_vocab(file)),
         max_token_bytes_(longest_token_bytes(tokenizer_)),
-        parse_special_in_messages_(parse_special_in_messages) {
+        policy_(policy) {
     try {
       chat_.emplace(read_chat_template(file, tokenizer_));
     } catch (const Unsupported&) {
@@ -130,7 +131,7 @@ class GgufCodec final : public TextCodec {
   }
   std::vector<std::int32_t> encode(std::string_view text, std::int64_t max_tokens) const override {
     require_can_fit(text.size(), max_tokens, max_token_bytes_);
-    return tokenizer_.encode(text);
+    return tokenizer_.encode(text, {.parse_special = policy_.parse_special_in_prompts});
   }
   // Measured on the rendered text, which may be shorter than the messages
   // (templates trim content, Qwen3 drops past reasoning). Rendered twice:
@@ -142,10 +143,14 @@ class GgufCodec final : public TextCodec {
     std::size_t bytes = 0;
     for (const ChatSegment& part : chat_->render_segments(messages, {})) bytes += part.text.size();
     require_can_fit(bytes, max_tokens, max_token_bytes_);
-    return chat_->encode(tokenizer_, messages, {}, parse_special_in_messages_);
+    return chat_->encode(tokenizer_, messages, {}, policy_.parse_special_in_messages);
   }
   std::unique_ptr<TextStream> decoder() const override {
     return std::make_unique<TokenizerStream>(tokenizer_);
+  }
+  // InvalidArgument for an id outside the vocabulary (the engine makes none).
+  std::string token_text(std::int32_t id) const override {
+    return tokenizer_.token_to_piece(id, {.render_special = true});
   }
   // EOS and every end-of-turn control token the vocabulary has.
   std::vector<std::int32_t> stop_token_ids() const override {
@@ -163,7 +168,7 @@ class GgufCodec final : public TextCodec {
   Tokenizer tokenizer_;
   std::size_t max_token_bytes_;  // 0: no bound
   std::optional<ChatTemplate> chat_;
-  bool parse_special_in_messages_;
+  SpecialTokenPolicy policy_;
 };
 
 }  // namespace
@@ -172,8 +177,8 @@ std::unique_ptr<TextCodec> make_byte_codec(std::int32_t vocab_size, std::int32_t
   return std::make_unique<ByteCodec>(vocab_size, eos_token_id);
 }
 
-std::unique_ptr<TextCodec> make_gguf_codec(const GgufFile& file, bool parse_special_in_messages) {
-  return std::make_unique<GgufCodec>(file, parse_special_in_messages);
+std::unique_ptr<TextCodec> make_gguf_codec(const GgufFile& file, SpecialTokenPolicy policy) {
+  return std::make_unique<GgufCodec>(file, policy);
 }
 
 }  // namespace pagedattn::serve

@@ -51,7 +51,9 @@ class TextCodec {
   // than this is refused with TextTooLong before it is tokenized, so the
   // tokenizer's work and memory stay within what a context can hold, however
   // large the text. One that passes is tokenized whole and may still come
-  // out longer: the caller checks the count.
+  // out longer: the caller checks the count. Control-token text in `text`
+  // ("<|im_start|>") becomes control tokens unless the codec's
+  // SpecialTokenPolicy says otherwise.
   virtual std::vector<std::int32_t> encode(std::string_view text,
                                            std::int64_t max_tokens) const = 0;
   // The conversation rendered as a prompt that asks for the assistant's turn,
@@ -62,18 +64,28 @@ class TextCodec {
   virtual std::vector<std::int32_t> encode_chat(const std::vector<ChatMessage>& messages,
                                                 std::int64_t max_tokens) const = 0;
   virtual std::unique_ptr<TextStream> decoder() const = 0;
+  // The bytes one token stands for alone, control tokens as their text
+  // ("<|im_end|>"): what logprobs show for a token. A piece of a character
+  // split across tokens is its bytes, not valid UTF-8 on its own.
+  virtual std::string token_text(std::int32_t id) const = 0;
   // Tokens that end a turn (EOS, end-of-turn controls); never shown as text.
   virtual std::vector<std::int32_t> stop_token_ids() const = 0;
 };
 
 // Presets: the byte codec described above; InvalidArgument if vocab_size < 256.
 std::unique_ptr<TextCodec> make_byte_codec(std::int32_t vocab_size, std::int32_t eos_token_id);
+// Which text may become control tokens (docs/serve.md, "Special tokens").
+struct SpecialTokenPolicy {
+  // A raw text prompt (completions): control-token text becomes control
+  // tokens, as in vLLM, transformers and llama.cpp (--no-parse-special-in-prompts: plain text).
+  bool parse_special_in_prompts = true;
+  // Chat messages (--parse-special-in-messages): lets clients write raw turn
+  // markers, and so forge turns; only for trusted clients.
+  bool parse_special_in_messages = false;
+};
+
 // GGUF models: the file's tokenizer and chat template (no template: chat
 // requests are refused with InvalidArgument when they arrive).
-// `parse_special_in_messages` (--parse-special-in-messages): messages'
-// control-token text becomes control tokens, letting clients write raw turn
-// markers; only for trusted clients, since it lets them forge turns.
-std::unique_ptr<TextCodec> make_gguf_codec(const GgufFile& file,
-                                           bool parse_special_in_messages = false);
+std::unique_ptr<TextCodec> make_gguf_codec(const GgufFile& file, SpecialTokenPolicy policy = {});
 
 }  // namespace pagedattn::serve
