@@ -3,12 +3,15 @@
     ort_paged_attention     ONNX Runtime com.microsoft.PagedAttention
     ragged_paged_attention  torch_xla ragged_paged_attention
     paged_attention_decode  vLLM PagedAttention.forward_decode
+    paged_attention_prefix  vLLM PagedAttention.forward_prefix (prefill over a cached prefix)
     reshape_and_cache       vLLM cache write (in place)
     copy_blocks             vLLM block copies (in place)
     swap_blocks             vLLM block swap (in place)
     merge_states            merge two partial softmax states
 
 Each function's docstring gives the shapes; docs/ops.md the conventions.
+Arrays are NumPy arrays, buffer-protocol objects or DLPack producers (torch
+CPU tensors, bfloat16 included), used in place with their strides.
 """
 
 from ._core.ops import (
@@ -16,6 +19,7 @@ from ._core.ops import (
     merge_states,
     ort_paged_attention,
     paged_attention_decode,
+    paged_attention_prefix,
     ragged_paged_attention,
     reshape_and_cache,
     swap_blocks,
@@ -26,6 +30,7 @@ __all__ = [
     "merge_states",
     "ort_paged_attention",
     "paged_attention_decode",
+    "paged_attention_prefix",
     "ragged_paged_attention",
     "reshape_and_cache",
     "swap_blocks",

@@ -1,11 +1,68 @@
 #include "array_conversion.h"
 
+#include <algorithm>
+#include <cstddef>
+#include <initializer_list>
 #include <string_view>
 
 #include "pagedattn/errors.h"
 
 namespace pagedattn::python {
 namespace {
+
+// The DLPack ABI (dlpack.h 1.x), as producers fill it in. NumPy's own
+// from_dlpack refuses bfloat16 and float8 (kDLBfloat, kDLFloat8_*), so
+// capsules are read here.
+namespace dlpack {
+struct Device {
+  std::int32_t type;
+  std::int32_t id;
+};
+struct DataType {
+  std::uint8_t code;
+  std::uint8_t bits;
+  std::uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  std::int32_t ndim;
+  DataType dtype;
+  std::int64_t* shape;
+  std::int64_t* strides;  // elements; null: C-contiguous
+  std::uint64_t byte_offset;
+};
+struct Managed {
+  Tensor tensor;
+  void* manager_ctx;
+  void (*deleter)(Managed*);
+};
+struct Version {
+  std::uint32_t major, minor;
+};
+struct ManagedVersioned {
+  Version version;
+  void* manager_ctx;
+  void (*deleter)(ManagedVersioned*);
+  std::uint64_t flags;
+  Tensor tensor;
+};
+constexpr std::uint64_t kReadOnlyFlag = 1;
+enum Code : std::uint8_t {
+  kInt = 0,
+  kUInt = 1,
+  kFloat = 2,
+  kBfloat = 4,
+  kComplex = 5,
+  kBool = 6,
+  kFloat8E4M3FN = 10,
+  kFloat8E5M2 = 12,
+};
+// CPU memory: kDLCPU, kDLCUDAHost (pinned), kDLROCMHost.
+bool host_device(std::int32_t type) {
+  return type == 1 || type == 3 || type == 11;
+}
+}  // namespace dlpack
 
 py::module_ numpy() {
   return py::module_::import("numpy");
@@ -44,11 +101,150 @@ std::string dtype_str(const py::dtype& d) {
   return py::str(d).cast<std::string>();
 }
 
+// NumPy dtype metadata naming the library dtype of raw bits: arrays read
+// from DLPack bfloat16 / float8 data without ml_dtypes carry it, so they
+// need no dtype string and outputs made like them carry it on.
+constexpr const char* kDTypeTag = "pagedattn_dtype";
+
+py::object tagged_raw_dtype(DType dtype) {
+  py::dict metadata;
+  metadata[kDTypeTag] = std::string(dtype_name(dtype));
+  return numpy().attr("dtype")(raw_numpy_dtype(dtype), py::arg("metadata") = metadata);
+}
+
+std::optional<DType> tag_of(const py::dtype& d) {
+  const py::object metadata = py::getattr(d, "metadata", py::none());
+  if (metadata.is_none()) return std::nullopt;
+  const py::object tag = metadata.attr("get")(kDTypeTag);
+  if (tag.is_none()) return std::nullopt;
+  return parse_dtype(tag.cast<std::string>());
+}
+
+// The NumPy dtype of DLPack data: NumPy's own for integers, bool, floats
+// and complex; ml_dtypes' type for bfloat16 / float8 (tagged raw bits
+// without ml_dtypes). TypeError naming `name` for anything else.
+py::object dlpack_numpy_dtype(const dlpack::DataType& type, const char* name) {
+  const auto bits_in = [&](std::initializer_list<int> allowed) {
+    return std::find(allowed.begin(), allowed.end(), int{type.bits}) != allowed.end();
+  };
+  const char* kind = nullptr;
+  std::optional<DType> library;
+  switch (type.code) {
+    case dlpack::kInt:
+      kind = bits_in({8, 16, 32, 64}) ? "i" : nullptr;
+      break;
+    case dlpack::kUInt:
+      kind = bits_in({8, 16, 32, 64}) ? "u" : nullptr;
+      break;
+    case dlpack::kFloat:
+      kind = bits_in({16, 32, 64}) ? "f" : nullptr;
+      break;
+    case dlpack::kComplex:
+      kind = bits_in({64, 128}) ? "c" : nullptr;
+      break;
+    case dlpack::kBool:
+      kind = bits_in({8}) ? "b" : nullptr;
+      break;
+    case dlpack::kBfloat:
+      if (bits_in({16})) library = DType::kBF16;
+      break;
+    case dlpack::kFloat8E4M3FN:
+      if (bits_in({8})) library = DType::kFP8E4M3;
+      break;
+    case dlpack::kFloat8E5M2:
+      if (bits_in({8})) library = DType::kFP8E5M2;
+      break;
+    default:
+      break;
+  }
+  if (type.lanes != 1 || (kind == nullptr && !library))
+    throw py::type_error(detail::concat(
+        name, " has DLPack dtype (code ", int{type.code}, ", bits ", int{type.bits}, ", lanes ",
+        type.lanes, "), expected float32, float16, bfloat16, float8 or integer data"));
+  if (library) {
+    py::object ml = ml_dtype(*library);
+    return ml.is_none() ? tagged_raw_dtype(*library) : ml;
+  }
+  if (*kind == 'b') return numpy().attr("dtype")("bool");
+  return numpy().attr("dtype")(detail::concat(kind, type.bits / 8));
+}
+
+// Release a managed tensor once the array over its data is collected.
+void release_managed(void* managed) {
+  auto* m = static_cast<dlpack::Managed*>(managed);
+  if (m->deleter) m->deleter(m);
+}
+void release_managed_versioned(void* managed) {
+  auto* m = static_cast<dlpack::ManagedVersioned*>(managed);
+  if (m->deleter) m->deleter(m);
+}
+
+// A NumPy array over a DLPack producer's memory, without a copy: it owns
+// the producer's managed tensor (consumed from the capsule, as the protocol
+// wants) and keeps the producer's strides; read-only when the producer
+// says so.
+py::array from_dlpack(py::handle obj, const char* name) {
+  py::object capsule;
+  try {
+    capsule = obj.attr("__dlpack__")(py::arg("max_version") = py::make_tuple(1, 1));
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    capsule = obj.attr("__dlpack__")();  // a producer from before DLPack 1.0
+  }
+  PyObject* raw = capsule.ptr();
+  py::capsule owner;
+  const dlpack::Tensor* t = nullptr;
+  bool read_only = false;
+  if (PyCapsule_IsValid(raw, "dltensor_versioned")) {
+    auto* m =
+        static_cast<dlpack::ManagedVersioned*>(PyCapsule_GetPointer(raw, "dltensor_versioned"));
+    if (m->version.major != 1)  // not consumed: the capsule releases it
+      throw py::type_error(detail::concat(name, " is DLPack ", m->version.major, ".",
+                                          m->version.minor, ", expected version 1.x"));
+    PyCapsule_SetName(raw, "used_dltensor_versioned");
+    owner = py::capsule(m, release_managed_versioned);
+    t = &m->tensor;
+    read_only = (m->flags & dlpack::kReadOnlyFlag) != 0;
+  } else if (PyCapsule_IsValid(raw, "dltensor")) {
+    auto* m = static_cast<dlpack::Managed*>(PyCapsule_GetPointer(raw, "dltensor"));
+    PyCapsule_SetName(raw, "used_dltensor");
+    owner = py::capsule(m, release_managed);
+    t = &m->tensor;
+  } else {
+    throw py::type_error(detail::concat(name, ".__dlpack__() returned no DLPack capsule"));
+  }
+  if (!dlpack::host_device(t->device.type))
+    throw py::type_error(detail::concat(name, " is on DLPack device (", t->device.type, ", ",
+                                        t->device.id,
+                                        "), not in CPU memory: pagedattn runs on the CPU"));
+  const auto dtype = py::reinterpret_borrow<py::dtype>(dlpack_numpy_dtype(t->dtype, name));
+  const auto item = static_cast<py::ssize_t>(dtype.itemsize());
+  std::vector<py::ssize_t> shape(static_cast<std::size_t>(t->ndim));
+  std::vector<py::ssize_t> strides(shape.size());
+  py::ssize_t dense = item;
+  for (std::int32_t d = t->ndim - 1; d >= 0; --d) {
+    const auto a = static_cast<std::size_t>(d);
+    shape[a] = static_cast<py::ssize_t>(t->shape[d]);
+    strides[a] = t->strides ? static_cast<py::ssize_t>(t->strides[d]) * item : dense;
+    dense *= shape[a];
+  }
+  if (t->data == nullptr && dense != 0)
+    throw py::type_error(detail::concat(name, " is a DLPack tensor without data"));
+  void* data = t->data ? static_cast<std::byte*>(t->data) + t->byte_offset : nullptr;
+  py::array array(dtype, shape, strides, data, data ? py::handle(owner) : py::handle());
+  if (read_only) array.attr("setflags")(py::arg("write") = false);
+  return array;
+}
+
 }  // namespace
+
+std::optional<DType> dtype_tag(const py::array& array) {
+  return tag_of(array.dtype());
+}
 
 py::array as_array(py::handle obj, const char* name) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
-  if (py::hasattr(obj, "__dlpack__")) return numpy().attr("from_dlpack")(obj);
+  if (py::hasattr(obj, "__dlpack__")) return from_dlpack(obj, name);
   if (PyObject_CheckBuffer(obj.ptr())) return numpy().attr("asarray")(obj);
   throw py::type_error(detail::concat(name,
                                       " must be an array (NumPy, buffer protocol or DLPack), got ",
@@ -60,6 +256,12 @@ DType dtype_of(const py::array& array, const char* name,
   const py::dtype d = array.dtype();
   const std::string dname = d.attr("name").cast<std::string>();
   const char kind = d.kind();
+  if (const std::optional<DType> tagged = tag_of(d)) {
+    if (raw_dtype && parse_dtype(*raw_dtype) != *tagged)
+      throw py::type_error(detail::concat(name, " has dtype ", dtype_name(*tagged), " but dtype \"",
+                                          *raw_dtype, "\" was given"));
+    return *tagged;
+  }
   if (kind == 'V') {  // ml_dtypes types are NumPy user types named like ours
     for (DType t : {DType::kBF16, DType::kFP8E4M3, DType::kFP8E5M2}) {
       if (dname == dtype_name(t)) {
@@ -186,10 +388,13 @@ ops::IndexView index_arg(py::handle obj, const char* name, std::vector<py::array
 py::array new_array(const std::vector<py::ssize_t>& shape, DType dtype, const py::array& like) {
   py::object numpy_dtype = raw_numpy_dtype(dtype);
   if (dtype == DType::kBF16 || is_fp8(dtype)) {
-    // Keep the caller's convention: ml_dtypes in, ml_dtypes out.
+    // Keep the caller's convention: ml_dtypes in, ml_dtypes out; tagged
+    // raw bits (DLPack without ml_dtypes) in, tagged raw bits out.
     if (like.dtype().kind() == 'V') {
       py::object ml = ml_dtype(dtype);
       if (!ml.is_none()) numpy_dtype = ml;
+    } else if (tag_of(like.dtype())) {
+      numpy_dtype = tagged_raw_dtype(dtype);
     }
   }
   py::tuple dims(shape.size());

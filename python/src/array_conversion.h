@@ -1,7 +1,8 @@
 // Python arrays <-> the library's tensor views, without copies. Accepts NumPy
 // arrays, objects with the buffer protocol and DLPack producers
-// (`__dlpack__`); the returned views point into the caller's memory, which
-// the `Array` keeps alive. Shapes and contiguity are left to the C++ calls,
+// (`__dlpack__`: torch, JAX, ... CPU tensors, bfloat16 and float8 included);
+// the returned views point into the caller's memory, which the `Array`
+// keeps alive. Shapes, strides and contiguity are left to the C++ calls,
 // which check them and name the argument; only what a view cannot express
 // (an unknown dtype, rank > 4, a read-only array that is written) is refused
 // here.
@@ -23,14 +24,22 @@ namespace pagedattn::python {
 namespace py = pybind11;
 
 // A NumPy array over the caller's memory: `obj` as is when it is an
-// ndarray, else numpy.from_dlpack(obj) or numpy.asarray(obj) (buffer
-// protocol). TypeError naming `name` for anything else.
+// ndarray, else an array over its DLPack capsule (read here rather than by
+// numpy.from_dlpack, which refuses bfloat16 and float8: those become
+// ml_dtypes arrays, or raw bits tagged with their dtype, see dtype_tag) or
+// numpy.asarray(obj) (buffer protocol). The producer's strides are kept.
+// TypeError naming `name` for anything else, or for memory not on the CPU.
 py::array as_array(py::handle obj, const char* name);
 
+// The library dtype a raw-bits array read from DLPack without ml_dtypes is
+// tagged with (NumPy dtype metadata), if any.
+std::optional<DType> dtype_tag(const py::array& array);
+
 // The library dtype of `array`: float32, float16, the ml_dtypes types
-// bfloat16 / float8_e4m3fn / float8_e5m2, or raw uint16 / uint8 / int8 bits
-// read as `raw_dtype` ("bfloat16", "float8_e4m3fn", "float8_e5m2", "int8"),
-// which must then be given and match the item size. TypeError otherwise.
+// bfloat16 / float8_e4m3fn / float8_e5m2, tagged raw bits (dtype_tag), or
+// raw uint16 / uint8 / int8 bits read as `raw_dtype` ("bfloat16",
+// "float8_e4m3fn", "float8_e5m2", "int8"), which must then be given and
+// match the item size. TypeError otherwise.
 DType dtype_of(const py::array& array, const char* name,
                const std::optional<std::string>& raw_dtype = std::nullopt);
 
@@ -53,7 +62,7 @@ ops::IndexView index_arg(py::handle obj, const char* name, std::vector<py::array
 
 // A new C-contiguous array of `shape` in the library dtype `dtype`, as
 // float32 / float16, or ml_dtypes' type when `like` has one, else as the raw
-// bits (uint16 / uint8 / int8).
+// bits (uint16 / uint8 / int8), tagged when `like` is tagged.
 py::array new_array(const std::vector<py::ssize_t>& shape, DType dtype, const py::array& like);
 
 // The NumPy dtype that shows storage of `dtype`: float32 / float16 / int8,

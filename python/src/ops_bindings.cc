@@ -5,6 +5,8 @@
 // written in place.
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <climits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -53,6 +55,7 @@ std::optional<std::string> vllm_raw_cache_dtype(const std::string& kv_cache_dtyp
 // the storage type of their item size.
 std::optional<std::string> raw_dtype_by_size(py::handle obj, const char* name) {
   const py::array a = as_array(obj, name);
+  if (dtype_tag(a)) return std::nullopt;  // DLPack bfloat16 / float8: its own dtype
   const std::string dname = a.dtype().attr("name").cast<std::string>();
   if (dname == "uint16") return "bfloat16";
   if (dname == "uint8") return "float8_e4m3fn";
@@ -189,6 +192,47 @@ py::array paged_attention_decode(const ArrayLike& query, const ArrayLike& key_ca
   {
     py::gil_scoped_release release;
     ops::vllm::forward_decode(p);
+  }
+  return out;
+}
+
+// The longest query of `query_start_loc` (rank 1; a bad one is left to the
+// adapter, which names it): vLLM passes max_query_len separately.
+std::int32_t longest_query(const ops::IndexView& query_start_loc) {
+  std::int64_t longest = 0;
+  for (std::int64_t b = 0; query_start_loc.rank == 1 && b + 1 < query_start_loc.dim(0); ++b)
+    longest = std::max(longest, query_start_loc.at(b + 1) - query_start_loc.at(b));
+  return static_cast<std::int32_t>(std::min<std::int64_t>(longest, INT32_MAX));
+}
+
+py::array paged_attention_prefix(const ArrayLike& query, const ArrayLike& key_cache,
+                                 const ArrayLike& value_cache, const ArrayLike& block_tables,
+                                 const ArrayLike& query_start_loc, const ArrayLike& seq_lens,
+                                 const OptionalIndex& max_query_len, std::optional<float> scale,
+                                 const OptionalArrayLike& alibi_slopes,
+                                 const OptionalIndex& sliding_window,
+                                 const std::string& kv_cache_dtype, float k_scale, float v_scale,
+                                 const std::string& layout) {
+  constexpr const char* kCall = "paged_attention_prefix";
+  std::vector<py::array> keep;
+  ops::vllm::ForwardPrefixParams p;
+  p.query = tensor_arg(query, "query", keep);
+  const py::array query_array = keep.back();
+  p.kv = vllm_caches(key_cache, value_cache, kv_cache_dtype, k_scale, v_scale, layout, false, keep);
+  p.block_tables = index_arg(block_tables, "block_tables", keep, ops::IndexType::kInt32);
+  p.query_start_loc = index_arg(query_start_loc, "query_start_loc", keep, ops::IndexType::kInt32);
+  p.seq_lens = index_arg(seq_lens, "seq_lens", keep, ops::IndexType::kInt32);
+  p.max_query_len = max_query_len.is_none() ? longest_query(p.query_start_loc)
+                                            : int32_arg(max_query_len, kCall, "max_query_len");
+  p.scale = scale;
+  if (!alibi_slopes.is_none()) p.alibi_slopes = tensor_arg(alibi_slopes, "alibi_slopes", keep);
+  if (!sliding_window.is_none())
+    p.sliding_window = int32_arg(sliding_window, kCall, "sliding_window");
+  py::array out = output_like(p.query, query_array);
+  p.output = output_view(out, p.query.dtype);
+  {
+    py::gil_scoped_release release;
+    ops::vllm::forward_prefix(p);
   }
   return out;
 }
@@ -360,6 +404,25 @@ seq_lens [S] int32 (keys per sequence); alibi_slopes [Hq] float32 (bias
 slope * (j - p)). scale is used as given. kv_cache_dtype "auto" (the query's
 dtype), "fp8" / "fp8_e4m3" (e4m3fn) or "fp8_e5m2" with uint8 (or ml_dtypes)
 caches, value = stored * k_scale / v_scale.)doc");
+  ops_module.def("paged_attention_prefix", &paged_attention_prefix, arg("query"), arg("key_cache"),
+                 arg("value_cache"), arg("block_tables"), arg("query_start_loc"), arg("seq_lens"),
+                 py::kw_only(), arg("max_query_len") = py::none(), arg("scale") = py::none(),
+                 arg("alibi_slopes") = py::none(), arg("sliding_window") = py::none(),
+                 arg("kv_cache_dtype") = "auto", arg("k_scale") = 1.0f, arg("v_scale") = 1.0f,
+                 arg("layout") = "NHD",
+                 R"doc(vLLM PagedAttention.forward_prefix. Returns out [T, Hq, D] in query's dtype.
+
+Prefill with a cached prefix: sequence b's queries query[query_start_loc[b]:
+query_start_loc[b+1]] are its last positions of seq_lens[b] keys, causal.
+Every key, the new ones included, is read from the caches, so write the
+step's keys with reshape_and_cache first (as vLLM's backends do).
+query [T, Hq, D]; key_cache, value_cache as in paged_attention_decode
+(layout "NHD" or "HND"); block_tables [S, max_blocks] int32;
+query_start_loc [S+1] int32 offsets from 0 to T; seq_lens [S] int32 (keys per
+sequence, at least its query length). max_query_len: None is the longest
+query (else it must bound them); scale None: 1/sqrt(D); alibi_slopes [Hq]
+float32; sliding_window W >= 1: each query sees its last W keys;
+kv_cache_dtype, k_scale, v_scale as in paged_attention_decode.)doc");
   ops_module.def("reshape_and_cache", &reshape_and_cache, arg("key"), arg("value"),
                  arg("key_cache"), arg("value_cache"), arg("slot_mapping"), py::kw_only(),
                  arg("kv_cache_dtype") = "auto", arg("k_scale") = 1.0f, arg("v_scale") = 1.0f,

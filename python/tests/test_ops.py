@@ -164,6 +164,48 @@ class TestVllm:
                 np.testing.assert_allclose(out[s:s + 1], ref.attention(query[s:s + 1], k, v, 0.4,
                                                                        alibi_slopes=alibi), atol=ATOL)
 
+    @pytest.mark.parametrize("layout", ["NHD", "HND"])
+    @pytest.mark.parametrize("options", [{}, {"scale": 0.3, "sliding_window": 3},
+                                         {"alibi_slopes": np.array([0.5, -0.25, 0.1, 0.0],
+                                                                   np.float32)}])
+    def test_prefix_prefill_over_cached_keys(self, layout, options):
+        """vLLM forward_prefix: each sequence's queries are its last positions,
+        causal over every key of the caches (the new ones written first)."""
+        shape = (8, BS, HKV, D) if layout == "NHD" else (8, HKV, BS, D)
+        key_cache, value_cache = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        tables = np.array([[6, 1], [0, 5], [3, 7]], np.int32)
+        seq_lens = np.array([7, 5, 3], np.int32)
+        query_lens = [3, 5, 1]          # a prefix hit, a whole prompt, a decode row
+        slots = np.array([tables[s][p // BS] * BS + p % BS
+                          for s in range(3) for p in range(seq_lens[s])], np.int64)
+        key, value = randn(len(slots), HKV, D), randn(len(slots), HKV, D)
+        ops.reshape_and_cache(key, value, key_cache, value_cache, slots, layout=layout)
+        starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+        query = randn(int(starts[-1]), HQ, D)
+        out = ops.paged_attention_prefix(query, key_cache, value_cache, tables, starts, seq_lens,
+                                         layout=layout, **options)
+        assert out.shape == query.shape and out.dtype == np.float32
+        scale = options.get("scale", 1 / math.sqrt(D))
+        window = options.get("sliding_window")
+        slopes = options.get("alibi_slopes")
+        for s in range(3):
+            k = gather(key_cache, tables[s], seq_lens[s], layout)
+            v = gather(value_cache, tables[s], seq_lens[s], layout)
+            expected = ref.attention(query[starts[s]:starts[s + 1]], k, v, scale,
+                                     window_left=window - 1 if window else -1,
+                                     alibi_slopes=slopes)
+            np.testing.assert_allclose(out[starts[s]:starts[s + 1]], expected, atol=ATOL)
+
+    def test_prefix_refuses_bad_lengths_naming_them(self):
+        key_cache = value_cache = np.zeros((2, BS, HKV, D), np.float32)
+        tables, starts = np.array([[0, 1]], np.int32), np.array([0, 3], np.int32)
+        query = randn(3, HQ, D)
+        with pytest.raises(ValueError, match=r"seq_lens\[0\] = 2 is less than its query length 3"):
+            ops.paged_attention_prefix(query, key_cache, value_cache, tables, starts, [2])
+        with pytest.raises(ValueError, match="max_query_len"):
+            ops.paged_attention_prefix(query, key_cache, value_cache, tables, starts, [5],
+                                       max_query_len=2)
+
     def test_fp8_cache_quantises_on_write(self):
         key_cache = np.zeros((3, BS, HKV, D), np.uint8)
         value_cache = np.zeros((3, BS, HKV, D), np.uint8)

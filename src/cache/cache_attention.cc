@@ -3,10 +3,24 @@
 #include "kernels/rotated_copy.h"
 #include "kernels/validate.h"
 #include "kv_cache_state.h"
+#include "ops/op_checks.h"
 #include "pagedattn/kv_ops.h"
 
 namespace pagedattn {
 namespace {
+
+// Any token and head strides (head-major views, slices of a fused QKV row)
+// as long as no two elements share an address.
+void check_layout(const char* call, const char* name, const HeadTensor& x, std::int64_t tokens,
+                  std::int64_t heads, std::int64_t dim) {
+  ops::TensorView view;
+  view.data = x.data;
+  view.dtype = x.dtype;
+  view.rank = 3;
+  view.shape = {tokens, heads, dim, 0};
+  view.strides = {x.token_stride, x.head_stride, 1, 0};
+  ops::checks::check_rows_contiguous(call, name, view);
+}
 
 void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens, std::int32_t heads,
                      std::int32_t dim) {
@@ -14,9 +28,7 @@ void validate_tensor(const HeadTensor& x, const char* name, std::int32_t tokens,
           ".dtype = ", dtype_name(x.dtype), " must be float32, float16 or bfloat16");
   require(tokens == 0 || x.data != nullptr, "PagedKVCache::attention: ", name, ".data is null for ",
           tokens, " tokens");
-  require(x.head_stride >= dim && x.token_stride >= (heads - 1) * x.head_stride + dim,
-          "PagedKVCache::attention: ", name, " strides (token ", x.token_stride, ", head ",
-          x.head_stride, ") overlap rows of ", heads, " heads x ", dim);
+  check_layout("PagedKVCache::attention", name, x, tokens, heads, dim);
 }
 
 }  // namespace
@@ -90,9 +102,6 @@ void PagedKVCache::attention_with_fused_qkv(std::int32_t layer, const HeadTensor
   const KVCacheConfig& c = state_->config;
   require(c.v_head_dim == c.head_dim, "PagedKVCache::attention_with_fused_qkv: needs v_head_dim (",
           c.v_head_dim, ") == head_dim (", c.head_dim, ")");
-  require(qkv.token_stride >= std::int64_t{c.num_qo_heads + 2 * c.num_kv_heads} * qkv.head_stride,
-          "PagedKVCache::attention_with_fused_qkv: qkv.token_stride = ", qkv.token_stride,
-          " is shorter than (num_qo_heads + 2 num_kv_heads) x head_stride");
   const auto es = static_cast<std::int64_t>(dtype_size(qkv.dtype));
   auto at_head = [&](std::int64_t head) {
     HeadTensor t = qkv;
@@ -100,6 +109,10 @@ void PagedKVCache::attention_with_fused_qkv(std::int32_t layer, const HeadTensor
     return t;
   };
   const auto lock = state_->lock();
+  // The parts are heads of one tensor: it must not overlap itself as a whole.
+  check_layout("PagedKVCache::attention_with_fused_qkv", "qkv", qkv,
+               num_tokens >= 0 ? num_tokens : state_->plan.num_tokens(),
+               std::int64_t{c.num_qo_heads} + 2 * c.num_kv_heads, c.head_dim);
   state_->attend(layer, at_head(0), at_head(c.num_qo_heads),
                  at_head(c.num_qo_heads + c.num_kv_heads), out, options, lse, num_tokens, step);
 }

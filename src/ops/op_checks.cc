@@ -1,9 +1,14 @@
 #include "op_checks.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "pagedattn/errors.h"
 
@@ -82,14 +87,114 @@ void check_contiguous(const char* call, const char* name, const TensorView& t) {
             dense[static_cast<std::size_t>(d)]);
 }
 
+namespace {
+
+// Layouts with interleaved axes are checked element by element up to this
+// many rows (their start offsets are sorted); larger ones are refused.
+constexpr std::int64_t kMaxRowsCheckedExactly = std::int64_t{1} << 22;
+
+// Two rows (index tuples over every axis but the last, `row` elements each)
+// of `t` that share an element, as flat row numbers with the distance of
+// their starts; none when every row is apart.
+struct RowClash {
+  std::int64_t first_row = 0, second_row = 0, distance = 0;
+};
+std::optional<RowClash> clashing_rows(const TensorView& t, std::int64_t row) {
+  const std::int32_t outer = t.rank - 1;
+  std::vector<std::pair<std::int64_t, std::int64_t>> starts;  // (offset, flat row)
+  std::array<std::int64_t, kMaxTensorRank> index{};
+  std::int64_t offset = 0;
+  for (std::int64_t flat = 0;; ++flat) {
+    starts.emplace_back(offset, flat);
+    std::int32_t d = outer - 1;
+    for (; d >= 0; --d) {  // odometer over the outer axes, last fastest
+      const auto a = static_cast<std::size_t>(d);
+      offset += t.stride(d);
+      if (++index[a] < t.dim(d)) break;
+      offset -= t.stride(d) * t.dim(d);
+      index[a] = 0;
+    }
+    if (d < 0) break;
+  }
+  std::sort(starts.begin(), starts.end());
+  for (std::size_t i = 1; i < starts.size(); ++i)
+    if (starts[i].first - starts[i - 1].first < row)
+      return RowClash{starts[i - 1].second, starts[i].second,
+                      starts[i].first - starts[i - 1].first};
+  return std::nullopt;
+}
+
+// "[i, j, k]": flat row `flat` of t's outer axes, then `last` on the last axis.
+std::string element_string(const TensorView& t, std::int64_t flat, std::int64_t last) {
+  std::array<std::int64_t, kMaxTensorRank> index{};
+  index[static_cast<std::size_t>(t.rank - 1)] = last;
+  for (std::int32_t d = t.rank - 2; d >= 0; --d) {
+    index[static_cast<std::size_t>(d)] = flat % t.dim(d);
+    flat /= t.dim(d);
+  }
+  return shape_string(index, t.rank);
+}
+
+}  // namespace
+
 void check_rows_contiguous(const char* call, const char* name, const TensorView& t) {
   const std::int32_t last = t.rank - 1;
   require(t.rank >= 1 && (t.dim(last) <= 1 || t.stride(last) == 1), call, ": ", name,
           " must have a contiguous last axis: stride[", last, "] = ", t.rank ? t.stride(last) : 0);
-  for (std::int32_t d = last - 1; d >= 0; --d) {
-    const std::int64_t inner = t.stride(d + 1) * t.dim(d + 1);
-    require(t.dim(d) <= 1 || t.stride(d) >= inner, call, ": ", name, " stride[", d,
-            "] = ", t.stride(d), " overlaps the ", inner, " elements of axis ", d + 1);
+  for (std::int32_t d = 0; d < t.rank; ++d)
+    if (t.dim(d) == 0) return;  // no element, nothing to share
+  const std::string layout = detail::concat(" (shape ", shape_string(t.shape, t.rank), ", strides ",
+                                            shape_string(t.strides, t.rank), ")");
+  for (std::int32_t d = 0; d < last; ++d)
+    require(t.dim(d) <= 1 || t.stride(d) >= 0, call, ": ", name, " stride[", d, "] = ", t.stride(d),
+            " is negative", layout, "; only forward strides are supported");
+  // Any order of the axes is fine (head-major views, slices of fused
+  // tensors): sorted by stride, each axis must step past all the elements
+  // the smaller ones reach. Slicing, transposing and reshaping a dense
+  // tensor only make such layouts.
+  std::array<std::int32_t, kMaxTensorRank> axes{};
+  std::int32_t count = 0;
+  for (std::int32_t d = 0; d < last; ++d)
+    if (t.dim(d) > 1) axes[static_cast<std::size_t>(count++)] = d;
+  std::stable_sort(axes.begin(), axes.begin() + count,
+                   [&](std::int32_t a, std::int32_t b) { return t.stride(a) < t.stride(b); });
+  const std::int64_t row = t.dim(last);
+  std::int64_t extent = row, rows = 1, span = 0;
+  bool overflow = false;
+  for (std::int32_t i = 0; i < count; ++i) {
+    const std::int32_t d = axes[static_cast<std::size_t>(i)];
+    overflow = overflow || __builtin_mul_overflow(t.stride(d), t.dim(d) - 1, &span) ||
+               __builtin_add_overflow(extent, span, &extent) ||
+               __builtin_mul_overflow(rows, t.dim(d), &rows);
+  }
+  require(!overflow, call, ": ", name, layout, " spans more than 2^63 elements");
+  std::int64_t reach = row;
+  std::int32_t inner = last;
+  for (std::int32_t i = 0; i < count; ++i) {
+    const std::int32_t d = axes[static_cast<std::size_t>(i)];
+    if (t.stride(d) >= reach) {
+      reach += t.stride(d) * (t.dim(d) - 1);
+      inner = d;
+      continue;
+    }
+    const std::string clash =
+        detail::concat(call, ": ", name, " stride[", d, "] = ", t.stride(d), " overlaps the ",
+                       reach, " elements of axis ", inner, layout);
+    // A step shorter than a row: element s of one row is element 0 of the next.
+    std::array<std::int64_t, kMaxTensorRank> first{}, second{};
+    first[static_cast<std::size_t>(last)] = t.stride(d);
+    second[static_cast<std::size_t>(d)] = 1;
+    require(t.stride(d) >= row, clash, ": elements ", shape_string(first, t.rank), " and ",
+            shape_string(second, t.rank), " share an address");
+    // Interleaved axes may still keep every element apart: look.
+    require(rows <= kMaxRowsCheckedExactly, clash,
+            ": its axes interleave, which is checked element by element only up to ",
+            kMaxRowsCheckedExactly, " rows");
+    const std::optional<RowClash> found = clashing_rows(t, row);
+    require(!found, clash, ": elements ",
+            found ? element_string(t, found->first_row, found->distance) : "", " and ",
+            found ? element_string(t, found->second_row, 0) : "", " share an address");
+    return;
   }
 }
 
