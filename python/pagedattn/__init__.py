@@ -25,7 +25,15 @@ bfloat16 and float8 travel as uint16 / uint8 arrays with a dtype string, or
 as ml_dtypes arrays. See docs/python.md.
 """
 
-from ._core import (
+import os as _os
+
+# The library's OpenMP wait policy (docs/engine.md, "Threads"): passive unless
+# the user chose one, as the `pagedattn` CLI does. Spinning threads take the
+# cores from other processes and Python threads; libgomp reads the policy once,
+# when it loads with the extension below, so it is set first.
+_os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+from ._core import (  # noqa: E402 (after the wait policy)
     BatchPlan,
     ChatTemplate,
     EngineStats,
@@ -41,14 +49,17 @@ from ._core import (
     RequestOutput,
     SampleOutput,
     SamplingParams,
+    StopMatcher,
+    StopMatcherResult,
     StreamingDecoder,
+    TokenLogprobs,
     Tokenizer,
     UnsupportedError,
     __version__,
     gguf_dequantize,
 )
 from . import ops
-from .engine import LLM, CompletionOutput, Engine, GenerationError, GenerationOutput
+from .engine import LLM, CompletionOutput, Engine, GenerationError, GenerationOutput, Logprob
 
 __all__ = [
     "BatchPlan",
@@ -66,12 +77,16 @@ __all__ = [
     "KVCache",
     "LLM",
     "LayerStorage",
+    "Logprob",
     "Model",
     "OutOfPagesError",
     "RequestOutput",
     "SampleOutput",
     "SamplingParams",
+    "StopMatcher",
+    "StopMatcherResult",
     "StreamingDecoder",
+    "TokenLogprobs",
     "Tokenizer",
     "UnsupportedError",
     "ops",

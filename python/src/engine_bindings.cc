@@ -10,9 +10,11 @@
 #include <pybind11/stl.h>
 
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -145,54 +147,274 @@ class PyEngine {
 
 using ReleaseGil = py::call_guard<py::gil_scoped_release>;
 
+// vLLM spells "all tokens" top_k = -1 as well as 0; the engine takes 0.
+void normalize_vllm_spellings(SamplingParams& p) {
+  if (p.top_k == -1) p.top_k = 0;
+}
+
+using LogitBias = std::vector<std::pair<std::int32_t, float>>;
+using LogitBiasDict = std::map<std::int32_t, float>;
+
+// SamplingParams.stop: one string, a list of them, or None.
+struct StopHint {
+  static constexpr auto name = py::detail::const_name("str | collections.abc.Sequence[str] | None");
+};
+using StopArg = Typed<StopHint>;
+
+std::vector<std::string> stop_strings(const StopArg& stop) {
+  if (stop.is_none()) return {};
+  if (py::isinstance<py::str>(stop)) return {stop.cast<std::string>()};
+  if (py::isinstance<py::bytes>(stop) || !py::isinstance<py::sequence>(stop))
+    throw py::type_error("SamplingParams: stop must be a str, a list of str or None");
+  std::vector<std::string> strings;
+  for (const py::handle item : stop) {
+    if (!py::isinstance<py::str>(item))
+      throw py::type_error(detail::concat("SamplingParams: stop[", strings.size(),
+                                          "] must be a str, not ", Py_TYPE(item.ptr())->tp_name));
+    strings.push_back(item.cast<std::string>());
+  }
+  return strings;
+}
+
+// Python exposes logit_bias as vLLM and OpenAI write it, {token_id: bias}.
+// A dict cannot repeat a token, and the sorted list keeps == and pickling
+// independent of the order the dict was written in.
+LogitBias logit_bias_list(const LogitBiasDict& bias) {
+  return {bias.begin(), bias.end()};
+}
+LogitBiasDict logit_bias_dict(const LogitBias& bias) {
+  return {bias.begin(), bias.end()};
+}
+
+// A field's Python value: logit_bias as a dict, the others as they are.
+template <typename T>
+const T& python_value(const T& value) {
+  return value;
+}
+LogitBiasDict python_value(const LogitBias& value) {
+  return logit_bias_dict(value);
+}
+// The Python type a field is set from, and its conversion: logit_bias from
+// a dict or None, stop from a str, a list of str or None.
+template <typename T>
+struct FieldArg {
+  using type = T;
+  static T convert(T value) { return value; }
+};
+template <>
+struct FieldArg<LogitBias> {
+  using type = std::optional<LogitBiasDict>;
+  static LogitBias convert(const type& value) {
+    return value ? logit_bias_list(*value) : LogitBias{};
+  }
+};
+template <>
+struct FieldArg<std::vector<std::string>> {
+  using type = StopArg;
+  static std::vector<std::string> convert(const StopArg& value) { return stop_strings(value); }
+};
+
+// Every field of SamplingParams with its docstring, in declaration order:
+// visit(name, member pointer, doc). Equality, pickling, repr and the
+// properties all go through this one list.
+template <typename Visit>
+void for_each_sampling_field(Visit&& visit) {
+  using P = SamplingParams;
+  visit("max_tokens", &P::max_tokens, "New tokens per sample, >= 1.");
+  visit("temperature", &P::temperature, "0: greedy (argmax, lowest token id on ties).");
+  visit("top_k", &P::top_k, "0 (or -1, taken as 0): all tokens.");
+  visit("top_p", &P::top_p, "Nucleus sampling threshold in (0, 1].");
+  visit("n", &P::n, "Parallel samples sharing the prompt's pages, [1, 256].");
+  visit("seed", &P::seed, "Sampling seed; None derives one from the engine seed and request id.");
+  visit("stop_token_ids", &P::stop_token_ids, "Tokens that end a sample (kept in its token ids).");
+  visit("ignore_eos", &P::ignore_eos, "Keep sampling past EOS.");
+  visit("cache_salt", &P::cache_salt,
+        "Prefix caching: only requests with the same salt share cached pages.");
+  visit("repetition_penalty", &P::repetition_penalty,
+        "> 0, 1 = off: logits of tokens in the prompt or output so far are divided\n"
+        "by it when positive, multiplied when negative.");
+  visit("presence_penalty", &P::presence_penalty,
+        "[-2, 2]: subtracted once from the logit of every token already output.");
+  visit("frequency_penalty", &P::frequency_penalty,
+        "[-2, 2]: subtracted from a token's logit once per time it was output.");
+  visit("min_p", &P::min_p,
+        "[0, 1], 0 = off: tokens less likely than min_p x the most likely one's\n"
+        "probability are dropped (after temperature).");
+  visit("min_tokens", &P::min_tokens,
+        "[0, max_tokens]: EOS and stop_token_ids cannot end a sample before it has\n"
+        "this many new tokens.");
+  visit("logit_bias", &P::logit_bias,
+        "{token_id: bias in [-100, 100]} added to the logits first (a copy: assign a\n"
+        "new dict to change it).");
+  visit("logprobs", &P::logprobs,
+        "[0, 20] or None: report each new token's log-probability with this many most\n"
+        "likely tokens (SampleOutput.logprobs).");
+  visit("prompt_logprobs", &P::prompt_logprobs,
+        "[0, 20] or None: the same for prompt tokens 1.. (RequestOutput.prompt_logprobs);\n"
+        "the request then takes no cached prefix.");
+  visit("stop", &P::stop,
+        "Strings that end a sample where its text contains them (applied by LLM and\n"
+        "the server, which turn tokens into text; the engine does not read them).");
+  visit("include_stop_str_in_output", &P::include_stop_str_in_output,
+        "Keep the stop string that ended a sample at the end of its text.");
+}
+
+bool same_sampling_params(const SamplingParams& a, const SamplingParams& b) {
+  bool same = true;
+  for_each_sampling_field(
+      [&](const char*, auto member, const char*) { same = same && a.*member == b.*member; });
+  return same;
+}
+
+// {field name: Python value} of every field: the pickled state.
+py::dict sampling_state(const SamplingParams& p) {
+  py::dict state;
+  for_each_sampling_field([&](const char* name, auto member, const char*) {
+    state[name] = py::cast(python_value(p.*member));
+  });
+  return state;
+}
+
+SamplingParams sampling_from_state(const py::dict& state) {
+  SamplingParams p;
+  for_each_sampling_field([&](const char* name, auto member, const char*) {
+    using T = std::remove_cvref_t<decltype(p.*member)>;
+    if (state.contains(name))
+      p.*member = FieldArg<T>::convert(state[name].template cast<typename FieldArg<T>::type>());
+  });
+  check_sampling_params(p);
+  return p;
+}
+
+template <typename T>
+std::string field_repr(const T& value) {
+  const py::str text = py::repr(py::cast(python_value(value)));
+  return text.cast<std::string>();
+}
+// 0.9, not the float32 value's full expansion 0.8999999761581543.
+std::string field_repr(float value) {
+  return detail::concat(value);
+}
+
+// SamplingParams(field=value, ...) of the fields that differ from the defaults.
+std::string sampling_repr(const SamplingParams& p) {
+  const SamplingParams defaults;
+  std::string fields;
+  for_each_sampling_field([&](const char* name, auto member, const char*) {
+    if (p.*member == defaults.*member) return;
+    if (!fields.empty()) fields += ", ";
+    fields += detail::concat(name, "=", field_repr(p.*member));
+  });
+  return "SamplingParams(" + fields + ")";
+}
+
+std::string token_logprobs_repr(const TokenLogprobs& t) {
+  return detail::concat("TokenLogprobs(token=", t.token, ", logprob=", t.logprob, ", rank=", t.rank,
+                        ", top=", py::repr(py::cast(t.top)).cast<std::string>(), ")");
+}
+
+void register_sampling_params(py::module_& m) {
+  py::class_<SamplingParams> cls(
+      m, "SamplingParams",
+      "How a request samples: vLLM's SamplingParams (docs/python.md lists what differs).\n\n"
+      "Every field is a keyword argument; the values are checked when the object is\n"
+      "made and when a field is set (InvalidArgumentError naming the field). Per step\n"
+      "a sample's logits go through logit_bias, min_tokens, the repetition / frequency /\n"
+      "presence penalties, then greedy argmax (temperature 0) or temperature, min_p,\n"
+      "top_k and top_p. stop strings are applied by LLM and the server. Picklable,\n"
+      "copyable; == compares every field.");
+  cls.def(py::init([](std::int32_t max_tokens, float temperature, std::int32_t top_k, float top_p,
+                      std::int32_t n, std::optional<std::uint64_t> seed,
+                      std::optional<std::vector<std::int32_t>> stop_token_ids, bool ignore_eos,
+                      std::uint64_t cache_salt, float repetition_penalty, float presence_penalty,
+                      float frequency_penalty, float min_p, std::int32_t min_tokens,
+                      std::optional<LogitBiasDict> logit_bias, std::optional<std::int32_t> logprobs,
+                      std::optional<std::int32_t> prompt_logprobs, const StopArg& stop,
+                      bool include_stop_str_in_output) {
+            SamplingParams p;
+            p.max_tokens = max_tokens;
+            p.temperature = temperature;
+            p.top_k = top_k;
+            p.top_p = top_p;
+            p.n = n;
+            p.seed = seed;
+            p.stop_token_ids = stop_token_ids.value_or(std::vector<std::int32_t>{});
+            p.ignore_eos = ignore_eos;
+            p.cache_salt = cache_salt;
+            p.repetition_penalty = repetition_penalty;
+            p.presence_penalty = presence_penalty;
+            p.frequency_penalty = frequency_penalty;
+            p.min_p = min_p;
+            p.min_tokens = min_tokens;
+            if (logit_bias) p.logit_bias = logit_bias_list(*logit_bias);
+            p.logprobs = logprobs;
+            p.prompt_logprobs = prompt_logprobs;
+            p.stop = stop_strings(stop);
+            p.include_stop_str_in_output = include_stop_str_in_output;
+            normalize_vllm_spellings(p);
+            check_sampling_params(p);
+            return p;
+          }),
+          py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = 0.0f,
+          py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("n") = 1,
+          py::arg("seed") = py::none(), py::arg("stop_token_ids") = py::none(),
+          py::arg("ignore_eos") = false, py::arg("cache_salt") = 0,
+          py::arg("repetition_penalty") = 1.0f, py::arg("presence_penalty") = 0.0f,
+          py::arg("frequency_penalty") = 0.0f, py::arg("min_p") = 0.0f, py::arg("min_tokens") = 0,
+          py::arg("logit_bias") = py::none(), py::arg("logprobs") = py::none(),
+          py::arg("prompt_logprobs") = py::none(), py::arg("stop") = py::none(),
+          py::arg("include_stop_str_in_output") = false);
+  for_each_sampling_field([&](const char* name, auto member, const char* doc) {
+    using T = std::remove_cvref_t<decltype(SamplingParams{}.*member)>;
+    using Python = std::remove_cvref_t<decltype(python_value(std::declval<const T&>()))>;
+    cls.def_property(
+        name, [member](const SamplingParams& p) -> Python { return python_value(p.*member); },
+        [member](SamplingParams& p, const typename FieldArg<T>::type& value) {
+          SamplingParams changed = p;  // p stays as it was if the value is refused
+          changed.*member = FieldArg<T>::convert(value);
+          normalize_vllm_spellings(changed);
+          check_sampling_params(changed);
+          p = std::move(changed);
+        },
+        doc);
+  });
+  cls.def(py::pickle(&sampling_state, &sampling_from_state), py::arg("state"))
+      .def("__copy__", [](const SamplingParams& p) { return p; })
+      .def(
+          "__deepcopy__", [](const SamplingParams& p, const py::dict&) { return p; },
+          py::arg("memo"))
+      .def("__eq__", &same_sampling_params, py::is_operator(), py::arg("other"))
+      .def("__repr__", &sampling_repr);
+}
+
 void register_sampling(py::module_& m) {
-  py::class_<SamplingParams>(m, "SamplingParams",
-                             "How a request samples (vLLM's SamplingParams subset).\n\n"
-                             "max_tokens >= 1 new tokens per sample; temperature 0 is greedy\n"
-                             "(argmax, lowest id on ties); top_k 0 = all tokens; top_p in (0, 1];\n"
-                             "n parallel samples share the prompt's pages; seed None derives one\n"
-                             "from the engine seed and the request id; stop_token_ids end a\n"
-                             "sample (kept in its output); ignore_eos keeps going past EOS;\n"
-                             "cache_salt keeps tenants' cached prefixes apart.")
-      .def(py::init([](std::int32_t max_tokens, float temperature, std::int32_t top_k, float top_p,
-                       std::int32_t n, std::optional<std::uint64_t> seed,
-                       std::vector<std::int32_t> stop_token_ids, bool ignore_eos,
-                       std::uint64_t cache_salt) {
-             SamplingParams p{
-                 max_tokens, temperature, top_k, top_p, n, seed, std::move(stop_token_ids),
-                 ignore_eos};
-             p.cache_salt = cache_salt;
-             return p;
-           }),
-           py::kw_only(), py::arg("max_tokens") = 16, py::arg("temperature") = 0.0f,
-           py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("n") = 1,
-           py::arg("seed") = py::none(), py::arg("stop_token_ids") = std::vector<std::int32_t>{},
-           py::arg("ignore_eos") = false, py::arg("cache_salt") = 0)
-      .def_readwrite("max_tokens", &SamplingParams::max_tokens, "New tokens per sample, >= 1.")
-      .def_readwrite("temperature", &SamplingParams::temperature, "0: greedy.")
-      .def_readwrite("top_k", &SamplingParams::top_k, "0: all tokens.")
-      .def_readwrite("top_p", &SamplingParams::top_p, "Nucleus sampling threshold in (0, 1].")
-      .def_readwrite("n", &SamplingParams::n, "Parallel samples, [1, 256].")
-      .def_readwrite("seed", &SamplingParams::seed,
-                     "Sampling seed; None derives one from the engine seed and request id.")
-      .def_readwrite("stop_token_ids", &SamplingParams::stop_token_ids,
-                     "Tokens that end a sample (kept in its output).")
-      .def_readwrite("ignore_eos", &SamplingParams::ignore_eos, "Keep sampling past EOS.")
-      .def_readwrite("cache_salt", &SamplingParams::cache_salt,
-                     "Prefix caching: only requests with the same salt share cached pages.")
-      .def("__repr__", [](const SamplingParams& p) {
-        return detail::concat("SamplingParams(max_tokens=", p.max_tokens,
-                              ", temperature=", p.temperature, ", top_k=", p.top_k,
-                              ", top_p=", p.top_p, ", n=", p.n, ")");
-      });
+  register_sampling_params(m);
+
+  py::class_<TokenLogprobs>(
+      m, "TokenLogprobs",
+      "Log-probabilities (natural log) of one token position under the model's raw\n"
+      "distribution: the log-softmax of its logits before bias, penalties, temperature\n"
+      "and truncation (vLLM's default raw logprobs).")
+      .def_readonly("token", &TokenLogprobs::token,
+                    "The token that came (sampled, or the prompt's).")
+      .def_readonly("logprob", &TokenLogprobs::logprob, "Log-probability of token.")
+      .def_readonly("rank", &TokenLogprobs::rank,
+                    "1 + the number of tokens with a larger log-probability.")
+      .def_readonly("top", &TokenLogprobs::top,
+                    "The k most likely (token, logprob), most likely first, the lower id first\n"
+                    "on ties (k: SamplingParams.logprobs or prompt_logprobs).")
+      .def("__repr__", &token_logprobs_repr);
 
   py::class_<SampleOutput>(m, "SampleOutput", "One sample's news in one step.")
       .def_readonly("index", &SampleOutput::index, "Sample index in [0, n).")
       .def_readonly("new_token_ids", &SampleOutput::new_token_ids, "Tokens produced this step.")
       .def_property_readonly(
           "finish_reason", [](const SampleOutput& s) { return finish_reason(s.finish_reason); },
-          "None while running, else \"length\", \"stop\", \"aborted\" or \"error\" (the\n"
-          "model's logits were NaN or Inf: RequestOutput.error says where).");
+          "None while running, else \"length\", \"stop\", \"abort\" or \"error\" (the\n"
+          "model's logits were NaN or Inf: RequestOutput.error says where).")
+      .def_readonly("logprobs", &SampleOutput::logprobs,
+                    "With SamplingParams.logprobs: one TokenLogprobs per new token, in order;\n"
+                    "else empty.");
 
   py::class_<RequestOutput>(m, "RequestOutput", "One request's progress in one step.")
       .def_readonly("request_id", &RequestOutput::request_id, "The id add_request returned.")
@@ -205,7 +427,11 @@ void register_sampling(py::module_& m) {
             return o.error.empty() ? std::nullopt : std::optional<std::string>(o.error);
           },
           "None, or why the request ended with finish_reason \"error\" (non-finite\n"
-          "logits: the request, engine step, sample and how many were NaN / Inf).");
+          "logits: the request, engine step, sample and how many were NaN / Inf).")
+      .def_readonly("prompt_logprobs", &RequestOutput::prompt_logprobs,
+                    "With SamplingParams.prompt_logprobs: entry i is prompt token i + 1's\n"
+                    "TokenLogprobs (the first token has no context), all in the request's\n"
+                    "first output that carries tokens; empty in the others.");
 }
 
 void register_engine_class(py::module_& m) {
@@ -315,7 +541,7 @@ void register_engine_class(py::module_& m) {
       .def(
           "abort", [](PyEngine& e, RequestId id) { e.engine().abort(id); }, ReleaseGil(),
           py::arg("request_id"),
-          "Stops a request; the next step reports it with finish_reason \"aborted\".")
+          "Stops a request; the next step reports it with finish_reason \"abort\".")
       .def(
           "has_unfinished", [](PyEngine& e) { return e.engine().has_unfinished(); }, ReleaseGil(),
           "Whether some request is waiting or running.")

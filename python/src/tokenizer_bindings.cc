@@ -1,7 +1,8 @@
-// pagedattn.Tokenizer, StreamingDecoder and ChatTemplate over
-// include/pagedattn/tokenizer.h and chat_template.h. Text goes in as str
-// (UTF-8) or bytes; decoded text comes out as bytes, since token sequences
-// may split or hold invalid UTF-8 (use .decode("utf-8", "replace") to show).
+// pagedattn.Tokenizer, StreamingDecoder, StopMatcher and ChatTemplate over
+// include/pagedattn/tokenizer.h, stop_matcher.h and chat_template.h. Text
+// goes in as str (UTF-8) or bytes; decoded text comes out as bytes, since
+// token sequences may split or hold invalid UTF-8 (use
+// .decode("utf-8", "replace") to show).
 #include <pybind11/stl.h>
 
 #include <map>
@@ -11,6 +12,7 @@
 
 #include "bindings.h"
 #include "pagedattn/chat_template.h"
+#include "pagedattn/stop_matcher.h"
 #include "pagedattn/tokenizer.h"
 #include "type_hints.h"
 
@@ -156,6 +158,33 @@ void register_tokenizer(py::module_& m) {
       .def(
           "flush", [](StreamingDecoder& d) { return py::bytes(d.flush()); },
           "Returns what is held back (an incomplete UTF-8 tail) and empties the decoder.");
+
+  py::class_<StopMatcher::Result>(m, "StopMatcherResult", "What StopMatcher.feed releases.")
+      .def_property_readonly(
+          "text", [](const StopMatcher::Result& r) { return py::bytes(r.text); },
+          "Text safe to send now; with stopped, it ends before the stop string.")
+      .def_readonly("stopped", &StopMatcher::Result::stopped, "A stop string matched.")
+      .def_property_readonly(
+          "matched", [](const StopMatcher::Result& r) { return py::bytes(r.matched); },
+          "With stopped: the stop string found (b\"\" otherwise).");
+
+  py::class_<StopMatcher>(m, "StopMatcher",
+                          "Stop strings over streamed text (SamplingParams.stop), as the server\n"
+                          "and LLM apply them: text is fed chunk by chunk, and what may be the\n"
+                          "start of a stop string is held back until it is known not to be, so a\n"
+                          "stop string split across chunks is still found and never released.\n"
+                          "Where several match, the one that starts first wins.")
+      .def(py::init<std::vector<std::string>>(), py::arg("stops"),
+           "Matches `stops` (str or bytes; empty ones are ignored).")
+      .def(
+          "feed",
+          [](StopMatcher& matcher, const Text& chunk) { return matcher.feed(text_bytes(chunk)); },
+          py::arg("chunk"),
+          "Feeds the next chunk (str as UTF-8, or bytes); after a stop, returns nothing.")
+      .def(
+          "finish", [](StopMatcher& matcher) { return py::bytes(matcher.finish()); },
+          "The held-back tail when the stream ended without a stop (b\"\" after one).")
+      .def_property_readonly("stopped", &StopMatcher::stopped, "A stop string has matched.");
 
   py::class_<ChatTemplate>(m, "ChatTemplate",
                            "A model's chat template, recognised and rendered natively (ChatML, "

@@ -88,7 +88,7 @@ def test_abort_and_stats():
     engine.step()
     engine.abort(stop)
     result = collect(engine)
-    assert result[stop][0][1] == "aborted"
+    assert result[stop][0][1] == "abort"
     assert result[keep][0][1] == "length"
     stats = engine.stats()
     assert stats.steps >= 4 and stats.num_running_seqs == 0 and stats.pages_in_use == 0
@@ -147,7 +147,7 @@ def test_bad_requests_are_refused():
     with pytest.raises(ValueError):
         engine.add_request([10 ** 6], SamplingParams())
     with pytest.raises(ValueError):
-        engine.add_request(PROMPT, SamplingParams(max_tokens=0))
+        engine.add_request(PROMPT, SamplingParams(max_tokens=10 ** 6))  # past the context
     with pytest.raises(ValueError, match="tokenizer"):
         engine.add_request("text needs a tokenizer", SamplingParams())
     with pytest.raises(ValueError):
@@ -185,7 +185,7 @@ def test_llm_equals_the_cpp_cli_token_for_token(smollm, chat):
             "--max-tokens", "12", "--kv-memory-mib", "64"] + (["--chat"] if chat else [])
     run = subprocess.run(args, capture_output=True, text=True, check=True)
     if chat:
-        result = smollm.chat([{"role": "user", "content": prompt}], SamplingParams(max_tokens=12))
+        result, = smollm.chat([{"role": "user", "content": prompt}], SamplingParams(max_tokens=12))
     else:
         result = smollm.generate(prompt, SamplingParams(max_tokens=12))[0]
     completion = result.outputs[0]
