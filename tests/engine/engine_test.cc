@@ -12,6 +12,7 @@
 #include "engine/sequence_group.h"
 #include "pagedattn/llama.h"
 #include "support/engine_jobs.h"
+#include "support/small_llama.h"
 
 namespace pagedattn {
 namespace {
@@ -21,18 +22,7 @@ using test::Job;
 using test::Tokens;
 
 std::shared_ptr<Model> test_model() {
-  static std::shared_ptr<Model> model = [] {
-    LlamaConfig c = llama_preset("tiny");
-    c.hidden_size = 96;
-    c.intermediate_size = 160;
-    c.num_layers = 2;
-    c.num_qo_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 24;  // no kernel fast path: the generic one
-    c.vocab_size = 300;
-    return std::shared_ptr<Model>(make_llama_model(c));
-  }();
-  return model;
+  return test::small_llama();
 }
 
 EngineConfig config(std::int64_t kv_bytes = 8 << 20) {

@@ -10,6 +10,7 @@
 #include "pagedattn/engine.h"
 #include "pagedattn/llama.h"
 #include "support/engine_jobs.h"
+#include "support/small_llama.h"
 
 namespace pagedattn {
 namespace {
@@ -17,24 +18,13 @@ namespace prefix_caching_test {  // this file's own names in a unity batch
 
 using test::Job;
 using test::Tokens;
-constexpr std::int32_t kVocab = 300;
+constexpr std::int32_t kVocab = test::kSmallLlamaVocab;
 constexpr std::int32_t kPageSize = 8;
 // 2 (K, V) x 2 layers x 2 KV heads x 24 dims x 8 tokens x 2 bytes.
 constexpr std::int64_t kPageBytes = 2 * 2 * 2 * 24 * 8 * 2;
 
 std::shared_ptr<Model> test_model() {
-  static std::shared_ptr<Model> model = [] {
-    LlamaConfig c = llama_preset("tiny");
-    c.hidden_size = 96;
-    c.intermediate_size = 160;
-    c.num_layers = 2;
-    c.num_qo_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 24;
-    c.vocab_size = kVocab;
-    return std::shared_ptr<Model>(make_llama_model(c));
-  }();
-  return model;
+  return test::small_llama();
 }
 
 EngineConfig config(bool caching, std::int64_t pages = 1024, std::int64_t host_pages = 0) {

@@ -23,6 +23,7 @@
 #include "pagedattn/llama.h"
 #include "support/engine_jobs.h"
 #include "support/expect_error.h"
+#include "support/small_llama.h"
 
 namespace pagedattn {
 namespace {
@@ -336,9 +337,9 @@ std::vector<std::pair<SamplingParams, std::string>> bad_params() {
 }
 
 TEST(SamplingOptions, CheckSamplingParamsNamesEachField) {
-  for (const auto& [params, needle] : bad_params())
-    test::expect_throws<InvalidArgument>([&] { check_sampling_params(params); },
-                                         {"check_sampling_params: ", needle});
+  for (const auto& bad : bad_params())  // (clang 14 lambdas cannot capture bindings)
+    test::expect_throws<InvalidArgument>([&] { check_sampling_params(bad.first); },
+                                         {"check_sampling_params: ", bad.second});
   // The ends of every range are accepted.
   for (const SamplingParams& ok : std::vector<SamplingParams>{
            {.n = 256},
@@ -352,18 +353,7 @@ TEST(SamplingOptions, CheckSamplingParamsNamesEachField) {
 // --- through the engine -----------------------------------------------------------
 
 std::shared_ptr<Model> test_model() {
-  static std::shared_ptr<Model> model = [] {
-    LlamaConfig c = llama_preset("tiny");
-    c.hidden_size = 96;
-    c.intermediate_size = 160;
-    c.num_layers = 2;
-    c.num_qo_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 24;
-    c.vocab_size = 300;
-    return std::shared_ptr<Model>(make_llama_model(c));
-  }();
-  return model;
+  return test::small_llama();
 }
 
 EngineConfig config(std::int64_t kv_bytes = 8 << 20) {
@@ -649,9 +639,9 @@ TEST(SamplingOptions, APromptRowThatIsNotFiniteFailsOnlyItsRequest) {
 TEST(SamplingOptions, BadRequestsAreRejectedByNameAndLeaveTheEngineUnchanged) {
   Engine engine(config());
   const Tokens prompt = {1, 2, 3};
-  for (const auto& [params, needle] : bad_params())
-    test::expect_throws<InvalidArgument>([&] { engine.add_request(prompt, params); },
-                                         {"Engine::add_request: ", needle});
+  for (const auto& bad : bad_params())
+    test::expect_throws<InvalidArgument>([&] { engine.add_request(prompt, bad.first); },
+                                         {"Engine::add_request: ", bad.second});
   test::expect_throws<InvalidArgument>(
       [&] {
         engine.add_request(prompt, {.logit_bias = {{300, 1.0f}}});
