@@ -55,6 +55,10 @@ struct TokenLogprobs {
   std::vector<std::pair<std::int32_t, float>> top{};
 };
 
+// SamplingParams::logprobs and prompt_logprobs: at most this many top tokens
+// (vLLM's default max_logprobs; OpenAI's chat allows as many).
+inline constexpr std::int32_t kMaxLogprobs = 20;
+
 // How a request samples; vLLM's SamplingParams and their semantics.
 // Engine::add_request validates every field (InvalidArgument naming it).
 // Per step, each sample's logits go through: logit_bias, min_tokens (EOS and
@@ -90,10 +94,10 @@ struct SamplingParams {
   // (token, bias) added to the token's logit first; bias in [-100, 100],
   // each token at most once.
   std::vector<std::pair<std::int32_t, float>> logit_bias{};
-  // [0, 20]: report each new token's TokenLogprobs with this many most likely
+  // [0, kMaxLogprobs]: report each new token's TokenLogprobs with this many most likely
   // tokens (SampleOutput::logprobs). None: not reported.
   std::optional<std::int32_t> logprobs{};
-  // [0, 20]: the same for prompt tokens 1.. (RequestOutput::prompt_logprobs).
+  // [0, kMaxLogprobs]: the same for prompt tokens 1.. (RequestOutput::prompt_logprobs).
   // The request then computes its whole prompt: it takes no cached prefix.
   std::optional<std::int32_t> prompt_logprobs{};
   // Text that ends a sample where it appears in the output (never part of it

@@ -12,11 +12,14 @@ namespace pagedattn {
 
 class StopMatcher {
  public:
-  explicit StopMatcher(std::vector<std::string> stops);  // empty strings are ignored
+  // Empty strings are ignored. `keep_stop` (SamplingParams::
+  // include_stop_str_in_output): the text released at a stop ends with the
+  // stop string rather than before it.
+  explicit StopMatcher(std::vector<std::string> stops, bool keep_stop = false);
 
   struct Result {
     std::string text;      // safe to send now
-    bool stopped = false;  // a stop string matched: `text` ends before it
+    bool stopped = false;  // a stop string matched: `text` ends before it (or with it: keep_stop)
     std::string matched;   // with `stopped`: the stop string found
   };
   // Feed the next chunk. After a stop, further calls return nothing.
@@ -27,6 +30,7 @@ class StopMatcher {
 
  private:
   std::vector<std::string> stops_;
+  bool keep_stop_;
   std::string pending_;
   bool stopped_ = false;
 };

@@ -234,14 +234,14 @@ class _Sample:
     __slots__ = ("token_ids", "logprobs", "finish_reason", "stop_reason", "text", "decoder",
                  "matcher")
 
-    def __init__(self, tokenizer, stops: List[str]):
+    def __init__(self, tokenizer, stops: List[str], keep_stop: bool):
         self.token_ids: List[int] = []
         self.logprobs: List[TokenLogprobs] = []
         self.finish_reason: Optional[str] = None
         self.stop_reason: Union[int, str, None] = None
         self.text = b""
         self.decoder = None if tokenizer is None else StreamingDecoder(tokenizer, render_special=False)
-        self.matcher = None if tokenizer is None else StopMatcher(stops)
+        self.matcher = None if tokenizer is None else StopMatcher(stops, keep_stop)
 
     def absorb(self, output: SampleOutput, request: "_Request") -> None:
         if self.finish_reason is not None:
@@ -252,10 +252,10 @@ class _Sample:
             if i < len(logprobs):
                 self.logprobs.append(logprobs[i])
             if self.decoder is not None and token not in request.hidden_tokens:
-                if self._feed(self.decoder.push(token), request):
+                if self._feed(self.decoder.push(token)):
                     return
         if output.finish_reason is not None:
-            if self.decoder is not None and not self._feed(self.decoder.flush(), request):
+            if self.decoder is not None and not self._feed(self.decoder.flush()):
                 self.text += self.matcher.finish()
             if self.finish_reason is None:
                 self.finish_reason = output.finish_reason
@@ -263,14 +263,12 @@ class _Sample:
                 if output.finish_reason == "stop" and last in request.user_stop_token_ids:
                     self.stop_reason = last
 
-    def _feed(self, chunk: bytes, request: "_Request") -> bool:
+    def _feed(self, chunk: bytes) -> bool:
         """Adds decoded text; True (and the sample ends) when a stop string matched."""
         result = self.matcher.feed(chunk)
         self.text += result.text
         if not result.stopped:
             return False
-        if request.params.include_stop_str_in_output:
-            self.text += result.matched
         self.finish_reason = "stop"
         self.stop_reason = result.matched.decode("utf-8", errors="replace")
         return True
@@ -296,7 +294,8 @@ class _Request:
 
     def sample(self, index: int) -> _Sample:
         if index not in self.samples:
-            self.samples[index] = _Sample(self.tokenizer, list(self.params.stop))
+            self.samples[index] = _Sample(self.tokenizer, list(self.params.stop),
+                                          self.params.include_stop_str_in_output)
         return self.samples[index]
 
     def all_samples_ended(self) -> bool:

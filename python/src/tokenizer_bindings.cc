@@ -162,7 +162,8 @@ void register_tokenizer(py::module_& m) {
   py::class_<StopMatcher::Result>(m, "StopMatcherResult", "What StopMatcher.feed releases.")
       .def_property_readonly(
           "text", [](const StopMatcher::Result& r) { return py::bytes(r.text); },
-          "Text safe to send now; with stopped, it ends before the stop string.")
+          "Text safe to send now; with stopped, it ends before the stop string\n"
+          "(or with it, for a matcher made with keep_stop).")
       .def_readonly("stopped", &StopMatcher::Result::stopped, "A stop string matched.")
       .def_property_readonly(
           "matched", [](const StopMatcher::Result& r) { return py::bytes(r.matched); },
@@ -174,8 +175,11 @@ void register_tokenizer(py::module_& m) {
                           "start of a stop string is held back until it is known not to be, so a\n"
                           "stop string split across chunks is still found and never released.\n"
                           "Where several match, the one that starts first wins.")
-      .def(py::init<std::vector<std::string>>(), py::arg("stops"),
-           "Matches `stops` (str or bytes; empty ones are ignored).")
+      .def(py::init<std::vector<std::string>, bool>(), py::arg("stops"),
+           py::arg("keep_stop") = false,
+           "Matches `stops` (str or bytes; empty ones are ignored). keep_stop\n"
+           "(SamplingParams.include_stop_str_in_output): the text released at a stop\n"
+           "ends with the stop string.")
       .def(
           "feed",
           [](StopMatcher& matcher, const Text& chunk) { return matcher.feed(text_bytes(chunk)); },

@@ -18,9 +18,6 @@
 
 namespace pagedattn::engine {
 
-// SamplingParams::logprobs and prompt_logprobs: at most this many top tokens.
-inline constexpr std::int32_t kMaxLogprobs = 20;
-
 // check_sampling_params with `caller` ("Engine::add_request") opening each message.
 void check_sampling_params(const SamplingParams& params, std::string_view caller);
 // The token ids of `params` (stop_token_ids, logit_bias) against [0, vocab).

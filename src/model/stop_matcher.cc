@@ -5,7 +5,7 @@
 
 namespace pagedattn {
 
-StopMatcher::StopMatcher(std::vector<std::string> stops) {
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool keep_stop) : keep_stop_(keep_stop) {
   for (std::string& s : stops)
     if (!s.empty()) stops_.push_back(std::move(s));
 }
@@ -19,7 +19,7 @@ StopMatcher::Result StopMatcher::feed(std::string_view chunk) {
     if (const std::size_t at = pending_.find(s); at < first) first = at, found = &s;
   if (found != nullptr) {
     stopped_ = true;
-    Result r{pending_.substr(0, first), true, *found};
+    Result r{pending_.substr(0, keep_stop_ ? first + found->size() : first), true, *found};
     pending_.clear();
     return r;
   }

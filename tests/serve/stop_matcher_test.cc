@@ -45,6 +45,17 @@ TEST(StopMatcher, NoStopsPassesEverythingAndEmptyStopsAreIgnored) {
   EXPECT_EQ(run({""}, {"a", "b"}), std::make_pair(std::string("ab"), false));
 }
 
+TEST(StopMatcher, KeepStopEndsTheTextWithTheStopStringFound) {
+  StopMatcher m({"cd", "b"}, /*keep_stop=*/true);
+  const StopMatcher::Result r = m.feed("abcd tail");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text, "ab");
+  EXPECT_EQ(r.matched, "b");
+  StopMatcher split({"END"}, /*keep_stop=*/true);
+  EXPECT_EQ(split.feed("x E").text, "x ");
+  EXPECT_EQ(split.feed("ND y").text, "END");
+}
+
 TEST(StopMatcher, NothingAfterAStop) {
   StopMatcher m({"x"});
   EXPECT_TRUE(m.feed("axb").stopped);

@@ -122,7 +122,8 @@ GenerationJob::GenerationJob(GenerationRequest request, EngineWorker::Ticket tic
   for (std::int32_t id : codec.stop_token_ids()) hidden_tokens_.insert(id);
   for (std::int32_t id : request_.params.stop_token_ids) hidden_tokens_.insert(id);
   for (std::int32_t i = 0; i < request_.params.n; ++i) {
-    Sample& s = samples_.emplace_back(codec.decoder(), StopMatcher(request_.stop));
+    Sample& s = samples_.emplace_back(
+        codec.decoder(), StopMatcher(request_.stop, request_.params.include_stop_str_in_output));
     if (request_.echo) {
       s.text = request_.prompt_text;
       s.characters = characters(request_.prompt_text);
@@ -174,7 +175,6 @@ void GenerationJob::absorb_sample(const SampleOutput& out) {
     const StopMatcher::Result r = s.matcher.feed(piece);
     s.text += r.text;
     if (r.stopped) {
-      if (request_.params.include_stop_str_in_output) s.text += r.matched;
       s.finish = "stop";
       return;
     }
@@ -182,7 +182,6 @@ void GenerationJob::absorb_sample(const SampleOutput& out) {
   if (out.finish_reason == FinishReason::kNone) return;
   const StopMatcher::Result r = s.matcher.feed(s.decoder->flush());
   s.text += r.text + (r.stopped ? std::string() : s.matcher.finish());
-  if (r.stopped && request_.params.include_stop_str_in_output) s.text += r.matched;
   s.finish = r.stopped ? "stop" : finish_name(out.finish_reason);
 }
 

@@ -19,9 +19,6 @@ namespace {
 using nlohmann::json;
 
 constexpr std::size_t kMaxStopStrings = 16;
-// Most likely alternatives a token's logprobs may list (vLLM's default
-// max_logprobs; OpenAI allows 5 for completions and 20 for chat).
-constexpr std::int64_t kMaxLogprobs = 20;
 // Containers nested in one another, at most. An OpenAI request needs a
 // handful; a body of brackets would build a DOM many times its size.
 constexpr int kMaxJsonDepth = 64;
