@@ -56,7 +56,9 @@ HWY_INLINE hn::Vec<DF> DecodeChunk(const std::uint8_t* block, std::size_t c) {
       const hn::RebindToUnsigned<DF> du;
       std::uint32_t qh;
       std::memcpy(&qh, block + BlockTraits<F>::kHighBits, sizeof qh);
-      const auto bits = hn::Shr(hn::Set(du, qh), hn::Iota(du, static_cast<std::uint32_t>(first)));
+      // (The shift of qh by `first` is scalar: a vector Iota from a run-time
+      // start is built in memory and stalls the load that reads it.)
+      const auto bits = hn::Shr(hn::Set(du, qh >> first), hn::Iota(du, 0u));
       v = hn::Or(v, hn::BitCast(di, hn::ShiftLeft<4>(hn::And(bits, hn::Set(du, 1u)))));
     }
     if constexpr (F == WeightFormat::kQ4_0) {
@@ -69,37 +71,92 @@ HWY_INLINE hn::Vec<DF> DecodeChunk(const std::uint8_t* block, std::size_t c) {
   }
 }
 
-// y[r][o] for rows [row, row + R) and one weight row o.
-template <WeightFormat F, std::int32_t R>
-HWY_INLINE void DotRows(const QuantProductArgs& a, std::int32_t row, std::int32_t o) {
+// Lanes [c * N, c * N + N) of a Q8_0 block's quants, unscaled.
+HWY_INLINE hn::Vec<DF> Q8Quants(const std::uint8_t* block, std::size_t c) {
+  const DF df;
+  const hn::Rebind<std::int8_t, DF> d8;
+  const auto* q =
+      reinterpret_cast<const std::int8_t*>(block + BlockTraits<WeightFormat::kQ8_0>::kQuants);
+  return hn::ConvertTo(
+      df, hn::PromoteTo(hn::RebindToSigned<DF>(), hn::LoadU(d8, q + c * hn::Lanes(df))));
+}
+
+// y[r][o + c] for rows [row, row + R) and weight rows [o, o + C). Each
+// (row, weight row) pair has its own accumulator, summed in the same order
+// whatever R and C are, so the tile shape does not change any result. Several
+// weight rows per call give a single activation row independent chains of
+// multiply-adds instead of one chain bound by their latency. Q8_0 multiplies
+// its quants into x and scales each block's partial sum by d once (one
+// multiply fewer per vector); the others decode w = d * q (+ m) per vector.
+template <WeightFormat F, std::int32_t R, std::int32_t C>
+HWY_INLINE void DotTile(const QuantProductArgs& a, std::int32_t row, std::int32_t o) {
   const DF df;
   const std::size_t n = hn::Lanes(df), chunks = kQuantBlock / n;
-  const std::int64_t blocks = a.in / kQuantBlock;
-  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * blocks * BlockTraits<F>::kBytes;
-  hn::Vec<DF> acc[R];
-  for (std::int32_t r = 0; r < R; ++r) acc[r] = hn::Zero(df);
+  const std::int64_t blocks = a.in / kQuantBlock, row_bytes = blocks * BlockTraits<F>::kBytes;
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * row_bytes;
+  constexpr bool kScaleBlocks = F == WeightFormat::kQ8_0;
+  hn::Vec<DF> acc[R][C];
+  for (std::int32_t r = 0; r < R; ++r)
+    for (std::int32_t c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
   for (std::int64_t b = 0; b < blocks; ++b) {
-    const std::uint8_t* block = w + b * BlockTraits<F>::kBytes;
-    for (std::size_t c = 0; c < chunks; ++c) {
-      const auto weights = DecodeChunk<F>(block, c);
-      const std::size_t at = std::size_t(b) * kQuantBlock + c * n;
+    hn::Vec<DF> block_sum[R][C];
+    for (std::int32_t r = 0; r < R; ++r)
+      for (std::int32_t c = 0; c < C; ++c) block_sum[r][c] = hn::Zero(df);
+    auto& sum = kScaleBlocks ? block_sum : acc;
+    for (std::size_t chunk = 0; chunk < chunks; ++chunk) {
+      const std::size_t at = std::size_t(b) * kQuantBlock + chunk * n;
+      hn::Vec<DF> x[R];
       for (std::int32_t r = 0; r < R; ++r)
-        acc[r] = hn::MulAdd(weights, hn::LoadU(df, a.x + std::size_t(row + r) * a.in + at), acc[r]);
+        x[r] = hn::LoadU(df, a.x + std::size_t(row + r) * a.in + at);
+      for (std::int32_t c = 0; c < C; ++c) {
+        const std::uint8_t* block = w + c * row_bytes + b * BlockTraits<F>::kBytes;
+        const auto weights = kScaleBlocks ? Q8Quants(block, chunk) : DecodeChunk<F>(block, chunk);
+        for (std::int32_t r = 0; r < R; ++r) sum[r][c] = hn::MulAdd(weights, x[r], sum[r][c]);
+      }
     }
+    if constexpr (kScaleBlocks)
+      for (std::int32_t c = 0; c < C; ++c) {
+        const auto d = hn::Set(df, HalfAt(w + c * row_bytes + b * BlockTraits<F>::kBytes));
+        for (std::int32_t r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(d, block_sum[r][c], acc[r][c]);
+      }
   }
-  for (std::int32_t r = 0; r < R; ++r) {
-    float* y = a.y + std::size_t(row + r) * a.ldy + o;
-    const float sum = hn::GetLane(hn::SumOfLanes(df, acc[r]));
-    *y = a.accumulate ? *y + sum : sum;
+  for (std::int32_t r = 0; r < R; ++r)
+    for (std::int32_t c = 0; c < C; ++c) {
+      float* y = a.y + std::size_t(row + r) * a.ldy + o + c;
+      const float sum = hn::GetLane(hn::SumOfLanes(df, acc[r][c]));
+      *y = a.accumulate ? *y + sum : sum;
+    }
+}
+
+// The last rows % kRowTile rows against weight rows [o, o + C).
+template <WeightFormat F, std::int32_t C>
+HWY_INLINE void LeftoverRows(const QuantProductArgs& a, std::int32_t row, std::int32_t o) {
+  const std::int32_t left = a.rows - row;
+  if constexpr (F == WeightFormat::kQ8_0 && C > 2) {  // two sums per (row, weight row)
+    for (; row < a.rows; ++row) DotTile<F, 1, C>(a, row, o);
+  } else {
+    if (left >= 2) DotTile<F, 2, C>(a, row, o);
+    if (left % 2 == 1) DotTile<F, 1, C>(a, a.rows - 1, o);
   }
 }
 
+constexpr std::int32_t kColumnTile = 4;
+
+// Weight rows in groups of kColumnTile, so that a group's blocks stay in L1
+// while every row group of x passes over them.
 template <WeightFormat F>
 void ProductRange(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
-  for (std::int32_t o = out_begin; o < out_end; ++o) {
-    std::int32_t row = 0;
-    for (; row + kRowTile <= a.rows; row += kRowTile) DotRows<F, kRowTile>(a, row, o);
-    for (; row < a.rows; ++row) DotRows<F, 1>(a, row, o);
+  const std::int32_t full = a.rows - a.rows % kRowTile;
+  std::int32_t o = out_begin;
+  for (; o + kColumnTile <= out_end; o += kColumnTile) {
+    for (std::int32_t c = 0; c < kColumnTile; ++c)
+      for (std::int32_t row = 0; row < full; row += kRowTile)
+        DotTile<F, kRowTile, 1>(a, row, o + c);
+    LeftoverRows<F, kColumnTile>(a, full, o);
+  }
+  for (; o < out_end; ++o) {
+    for (std::int32_t row = 0; row < full; row += kRowTile) DotTile<F, kRowTile, 1>(a, row, o);
+    LeftoverRows<F, 1>(a, full, o);
   }
 }
 
@@ -601,6 +658,181 @@ void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
   }
 }
 
+// ------------------------------ 32-weight formats on 8 lanes (f32 x)
+//
+// Two blocks' 16 quant bytes fill 8 u32 lanes (lanes 0-3 block 2p, 4-7
+// block 2p + 1), and every field is taken in place as for the K-quants:
+// field f < 4 is the low nibble of byte f of each lane (weight 4l + f of
+// its block), f >= 4 the high nibble of byte f - 4 (weight 4l + f - 4 + 16),
+// x permuted and scaled to match (PermuteX32). Each row sums the products of
+// a pair in two partial sums (fields 0-3, 4-7), scales them by each lane's d
+// and adds each lane's offset (Q4_1 / Q5_1: m; Q4_0: -8 d; Q5_0: -16 d)
+// times its block's sum of x, which lane 4h alone carries (xsq). Pairs of
+// blocks: a row of an odd number of blocks takes DotTile instead.
+
+// xp[64 p + 8 f + 4 h + l] = x[32 (2 p + h) + 4 l + f % 4 + 16 (f / 4)] *
+// 2^(-8 (f % 4)); xsq[8 p + 4 h] = the sum of block 2p + h of x, the
+// other lanes 0.
+HWY_INLINE void PermuteX32(const float* x, std::int32_t in, float* xp, float* xsq) {
+  constexpr float kScale[4] = {1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f};
+  float sums[2];
+  for (std::int32_t p = 0; p < in / 64; ++p) {
+    const float* pair = x + std::size_t(p) * 64;
+    SumsOf32(pair, 64, sums);
+    for (std::int32_t f = 0; f < 8; ++f)
+      for (std::int32_t h = 0; h < 2; ++h)
+        for (std::int32_t l = 0; l < 4; ++l)
+          xp[64 * p + 8 * f + 4 * h + l] =
+              pair[32 * h + 4 * l + f % 4 + 16 * (f / 4)] * kScale[f % 4];
+    for (std::int32_t lane = 0; lane < 8; ++lane)
+      xsq[8 * p + lane] = lane % 4 == 0 ? sums[lane / 4] : 0.0f;
+  }
+}
+
+// Each lane's value for blocks A (lanes 0-3) and B (4-7).
+HWY_INLINE V8 PerBlock(float a, float b) {
+  const D8 df;
+  const hn::Half<D8> dh;
+  return hn::Combine(df, hn::Set(dh, b), hn::Set(dh, a));
+}
+
+// The fifth bits of two Q5 blocks as bit 4 of the byte their nibble is in:
+// lo's byte k of block A (lanes 0-3) / B (lanes 4-7) holds bit k of that
+// block's qh (weight k), hi's byte k bit 16 + k. Each byte picks its qh byte
+// (vpshufb) and tests its bit (llama.cpp's bytes_from_bits_32 does the same).
+HWY_INLINE void Q5FifthBits(std::uint32_t qh_a, std::uint32_t qh_b, V8U& lo, V8U& hi) {
+  const __m256i qh = _mm256_set_m128i(_mm_set1_epi32(static_cast<int>(qh_b)),
+                                      _mm_set1_epi32(static_cast<int>(qh_a)));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+  const __m256i bytes_lo = _mm256_set_epi64x(0x0101010101010101, 0, 0x0101010101010101, 0);
+  const __m256i bytes_hi = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                             0x0303030303030303, 0x0202020202020202);
+  const __m256i bit4 = _mm256_set1_epi8(0x10);
+  const auto fifth = [&](__m256i bytes) {
+    const __m256i picked = _mm256_and_si256(_mm256_shuffle_epi8(qh, bytes), bit);
+    return V8U{_mm256_and_si256(_mm256_cmpeq_epi8(picked, bit), bit4)};
+  };
+  lo = fifth(bytes_lo);
+  hi = fifth(bytes_hi);
+}
+
+template <int B, std::uint32_t kMask, std::int32_t R>
+HWY_INLINE void Step32(V8U lo, V8U hi, const float* const* xp, std::size_t at, V8* lo_sum,
+                       V8* hi_sum) {
+  const D8 df;
+  const V8 wlo = FieldInPlace<B, kMask>(lo), whi = FieldInPlace<B, kMask>(hi);
+  for (std::int32_t r = 0; r < R; ++r) {
+    lo_sum[r] = hn::MulAdd(wlo, hn::LoadU(df, xp[r] + at + 8 * B), lo_sum[r]);
+    hi_sum[r] = hn::MulAdd(whi, hn::LoadU(df, xp[r] + at + 32 + 8 * B), hi_sum[r]);
+  }
+}
+
+// One pair of blocks into acc[r] for R rows.
+template <WeightFormat F, std::int32_t R>
+HWY_INLINE void WidePair32(const std::uint8_t* a_block, const float* const* xp,
+                           const float* const* xsq, std::size_t p, V8* acc) {
+  const D8 df;
+  const D8U du;
+  const hn::Half<D8U> dh;
+  const hn::Repartition<std::uint8_t, decltype(dh)> d8;
+  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
+  const std::uint8_t* b_block = a_block + kBytes;
+  const auto quants = [&](const std::uint8_t* block) {
+    return hn::BitCast(dh, hn::LoadU(d8, block + BlockTraits<F>::kQuants));
+  };
+  V8U lo = hn::Combine(du, quants(b_block), quants(a_block));
+  V8U hi = hn::ShiftRight<4>(lo);
+  constexpr bool kFive = F == WeightFormat::kQ5_0 || F == WeightFormat::kQ5_1;
+  if constexpr (kFive) {
+    std::uint32_t qh_a, qh_b;
+    std::memcpy(&qh_a, a_block + BlockTraits<F>::kHighBits, sizeof qh_a);
+    std::memcpy(&qh_b, b_block + BlockTraits<F>::kHighBits, sizeof qh_b);
+    V8U fifth_lo, fifth_hi;
+    Q5FifthBits(qh_a, qh_b, fifth_lo, fifth_hi);
+    const auto nibbles = hn::Set(du, 0x0f0f0f0fu);
+    lo = hn::Or(hn::And(lo, nibbles), fifth_lo);
+    hi = hn::Or(hn::And(hi, nibbles), fifth_hi);
+  }
+  constexpr std::uint32_t kMask = kFive ? 0x1f : 0x0f;
+  V8 lo_sum[R], hi_sum[R];
+  for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
+  const std::size_t at = 64 * p;
+  Step32<0, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
+  Step32<1, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
+  Step32<2, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
+  Step32<3, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
+  const V8 d = PerBlock(HalfAt(a_block), HalfAt(b_block));
+  V8 offset;
+  if constexpr (F == WeightFormat::kQ4_1 || F == WeightFormat::kQ5_1)
+    offset = PerBlock(HalfAt(a_block + 2), HalfAt(b_block + 2));
+  else
+    offset = hn::Mul(d, hn::Set(df, F == WeightFormat::kQ4_0 ? -8.0f : -16.0f));
+  for (std::int32_t r = 0; r < R; ++r) {
+    acc[r] = hn::MulAdd(d, hn::Add(lo_sum[r], hi_sum[r]), acc[r]);
+    acc[r] = hn::MulAdd(offset, hn::LoadU(df, xsq[r] + 8 * p), acc[r]);
+  }
+}
+
+// y[r][o + c] for R rows and C weight rows; each (row, weight row) sums in
+// the same order whatever R and C are.
+template <WeightFormat F, std::int32_t R, std::int32_t C>
+HWY_INLINE void WideRows32(const QuantProductArgs& a, const float* xp_rows, const float* xsq_rows,
+                           std::int32_t row, std::int32_t o) {
+  const D8 df;
+  const std::int64_t pairs = a.in / 64, row_bytes = 2 * pairs * BlockTraits<F>::kBytes;
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + o * row_bytes;
+  const float* xp[R];
+  const float* xsq[R];
+  for (std::int32_t r = 0; r < R; ++r) {
+    xp[r] = xp_rows + std::size_t(row + r) * a.in;
+    xsq[r] = xsq_rows + std::size_t(row + r) * (a.in / 8);
+  }
+  V8 acc[C][R];
+  for (std::int32_t c = 0; c < C; ++c)
+    for (std::int32_t r = 0; r < R; ++r) acc[c][r] = hn::Zero(df);
+  for (std::int64_t p = 0; p < pairs; ++p)
+    for (std::int32_t c = 0; c < C; ++c)
+      WidePair32<F, R>(w + c * row_bytes + 2 * p * BlockTraits<F>::kBytes, xp, xsq, std::size_t(p),
+                       acc[c]);
+  for (std::int32_t c = 0; c < C; ++c) {
+    float sums[R];
+    for (std::int32_t r = 0; r < R; ++r) sums[r] = hn::GetLane(hn::SumOfLanes(df, acc[c][r]));
+    StoreSums<R>(a, row, o + c, sums);
+  }
+}
+
+template <WeightFormat F>
+void WideRange32(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+  thread_local std::vector<float> scratch;
+  const std::size_t per_row = std::size_t(a.in) + std::size_t(a.in / 8);
+  if (scratch.size() < kWideGroup * per_row) scratch.resize(kWideGroup * per_row);
+  for (std::int32_t first = 0; first < a.rows; first += kWideGroup) {
+    const std::int32_t rows = std::min(kWideGroup, a.rows - first);
+    float* xp = scratch.data();
+    float* xsq = xp + std::size_t(rows) * a.in;
+    for (std::int32_t r = 0; r < rows; ++r)
+      PermuteX32(a.x + std::size_t(first + r) * a.in, a.in, xp + std::size_t(r) * a.in,
+                 xsq + std::size_t(r) * (a.in / 8));
+    QuantProductArgs g = a;
+    g.rows = rows;
+    g.y = a.y + std::size_t(first) * a.ldy;
+    const std::int32_t full = rows - rows % kRowTile;
+    std::int32_t o = out_begin;
+    for (; o + 2 <= out_end; o += 2) {  // pairs of weight rows: two chains for a lone row
+      for (std::int32_t row = 0; row < full; row += kRowTile) {
+        WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o);
+        WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o + 1);
+      }
+      for (std::int32_t row = full; row < rows; ++row) WideRows32<F, 1, 2>(g, xp, xsq, row, o);
+    }
+    for (; o < out_end; ++o) {
+      for (std::int32_t row = 0; row < full; row += kRowTile)
+        WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o);
+      for (std::int32_t row = full; row < rows; ++row) WideRows32<F, 1, 1>(g, xp, xsq, row, o);
+    }
+  }
+}
+
 // ------------------------------ int8 activations (opt-in, QuantProductArgs::int8_x)
 //
 // x rounded to int8 per 32 values (scale dx); the quants multiply it on
@@ -928,6 +1160,8 @@ template <WeightFormat F>
 void ProductRange32(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
 #if PAGEDATTN_WIDE_K
   if (a.int8_x) return Int8Range32<F>(a, out_begin, out_end);
+  if constexpr (F != WeightFormat::kQ8_0)
+    if (a.in % 64 == 0) return WideRange32<F>(a, out_begin, out_end);
 #endif
   ProductRange<F>(a, out_begin, out_end);
 }
