@@ -1,5 +1,6 @@
-// Tensor parallelism over MPI: the shard's all-reduce, the startup check,
-// and the leader/follower step protocol (one broadcast message per step).
+// Tensor parallelism over MPI: the shard's all-reduce and all-gather, the
+// startup check, and the leader/follower step protocol (one broadcast
+// message per step).
 #include "pagedattn/distributed/tensor_parallel.h"
 
 #include <chrono>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <type_traits>
 #include <utility>
@@ -90,6 +92,20 @@ std::uint64_t fnv1a(std::span<const char> bytes) {
   return h;
 }
 
+// MPI_Allgather in place: `values` holds comm.size() blocks of equal length.
+void all_gather_blocks(const MpiComm& comm, std::span<float> values) {
+  const auto ranks = static_cast<std::size_t>(comm.size());
+  require<InvalidArgument>(values.size() % ranks == 0, "tensor parallelism: all_gather of ",
+                           values.size(), " floats, not a multiple of the ", ranks, " ranks");
+  const std::size_t block = values.size() / ranks;
+  require<InvalidArgument>(block <= static_cast<std::size_t>(std::numeric_limits<int>::max()),
+                           "tensor parallelism: all_gather blocks of ", block,
+                           " floats exceed MPI's int counts");
+  check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(),
+                          static_cast<int>(block), MPI_FLOAT, comm.handle()),
+            "MPI_Allgather");
+}
+
 }  // namespace
 
 TensorParallelShard mpi_shard(const MpiComm& comm, std::shared_ptr<CollectiveStats> stats) {
@@ -99,6 +115,17 @@ TensorParallelShard mpi_shard(const MpiComm& comm, std::shared_ptr<CollectiveSta
   shard.all_reduce_sum = [comm, stats](std::span<float> values) {
     const auto start = Clock::now();
     comm.all_reduce_sum(values);
+    if (stats) {
+      stats->seconds += seconds_since(start);
+      stats->floats += std::ssize(values);
+      ++stats->calls;
+    }
+  };
+  // The vocabulary-parallel LM head's logits; timed with the all-reduces
+  // (stats count every collective of the forward pass).
+  shard.all_gather = [comm, stats](std::span<float> values) {
+    const auto start = Clock::now();
+    all_gather_blocks(comm, values);
     if (stats) {
       stats->seconds += seconds_since(start);
       stats->floats += std::ssize(values);
@@ -219,6 +246,7 @@ void TensorParallelLeader::forward(const ForwardBatch& batch, PagedKVCache& cach
   w.put_vector(std::span<const SeqId>(plan.seq_ids));
   w.put_vector(std::span<const std::int64_t>(lengths));
   w.put_vector(batch.token_ids);
+  w.put_vector(batch.logit_rows);
   send(comm_, w, broadcast_seconds_);
   pending_ops_->clear();
   run_or_abort(comm_, "forward", [&] { shard_->forward(batch, cache, logits); });
@@ -238,16 +266,19 @@ void TensorParallelLeader::shutdown() {
 
 namespace {
 
-void replay_step(MessageReader& r, Model& shard, PagedKVCache& cache) {
+// `logits`: reused across steps.
+void replay_step(MessageReader& r, Model& shard, PagedKVCache& cache, std::vector<float>& logits) {
   const bool deterministic = r.get<std::uint8_t>() != 0;
   for (const SequenceOp& op : r.get_vector<SequenceOp>()) cache.apply(op);
   const std::vector<SeqId> seq_ids = r.get_vector<SeqId>();
   const std::vector<std::int64_t> lengths = r.get_vector<std::int64_t>();
   const std::vector<std::int32_t> token_ids = r.get_vector<std::int32_t>();
+  const std::vector<std::int32_t> logit_rows = r.get_vector<std::int32_t>();
   cache.begin_forward(seq_ids, lengths);
-  // No logit rows: rank 0 samples; the LM head is replicated, so the
-  // followers' logits would be the same numbers.
-  shard.forward({token_ids, {}, deterministic}, cache, {});
+  // Rank 0's logit rows: each rank multiplies its vocabulary rows of the
+  // LM head for them and takes part in gathering the logits (rank 0 samples).
+  logits.resize(logit_rows.size() * static_cast<std::size_t>(shard.spec().vocab_size));
+  shard.forward({token_ids, logit_rows, deterministic}, cache, logits);
   cache.end_forward();
 }
 
@@ -257,6 +288,7 @@ FollowerReport run_tensor_parallel_follower(const MpiComm& comm, Model& shard) {
   require(comm.rank() != 0, "run_tensor_parallel_follower: rank 0 leads");
   FollowerReport report;
   std::unique_ptr<PagedKVCache> cache;
+  std::vector<float> logits;
   for (bool running = true; running;) {
     std::vector<std::byte> bytes;
     comm.broadcast_vector(bytes, 0);
@@ -281,7 +313,7 @@ FollowerReport run_tensor_parallel_follower(const MpiComm& comm, Model& shard) {
       require<InternalError>(kind == Message::kStep && cache != nullptr,
                              "tensor parallelism: unexpected message ", static_cast<int>(kind),
                              " from rank 0");
-      replay_step(r, shard, *cache);
+      replay_step(r, shard, *cache, logits);
       ++report.steps;
     });
   }

@@ -115,8 +115,8 @@ class LlamaModel final : public Model {
   // `weights` hold this rank's shard (shard_llama_weights).
   LlamaModel(const LlamaConfig& c, LlamaWeights weights)
       : c_(c),
-        hq_(c.num_qo_heads / c.shard.size),
-        hkv_(c.num_kv_heads / c.shard.size),
+        hq_(engine::shard_qo_heads(c)),
+        hkv_(engine::shard_kv_heads(c)),
         inter_(c.intermediate_size / c.shard.size),
         w_(std::move(weights)) {
     validate_weights();
@@ -240,7 +240,7 @@ void LlamaModel::validate_weights() const {
   const std::int32_t h = c_.hidden_size, d = c_.head_dim, inter = inter_;
   const std::int32_t q_dim = hq_ * d, qkv_rows = q_dim + 2 * hkv_ * d;
   require_shape(w_.embedding, "the token embedding", -1, c_.vocab_size, h);
-  if (!c_.tie_embeddings) require_shape(w_.lm_head, "the LM head", -1, c_.vocab_size, h);
+  if (!c_.tie_embeddings) require_shape(w_.lm_head, "the LM head", -1, engine::lm_head_rows(c_), h);
   require_norm(w_.final_norm, "the final norm", -1, h);
   require(std::ssize(w_.layers) == c_.num_layers, "LlamaModel: ", w_.layers.size(),
           " layers of weights, the config has ", c_.num_layers);
@@ -418,8 +418,7 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   for (std::int32_t r = 0; r < rows; ++r)
     std::copy_n(x_.data() + std::size_t(b.logit_rows[r]) * h, h, h_.data() + std::size_t(r) * h);
   rms_norm(h_.data(), rows, w_.final_norm, rows_.data());
-  project(rows_.data(), rows, c_.tie_embeddings ? w_.embedding : w_.lm_head, logits.data(), false,
-          b.deterministic);
+  engine::project_lm_head(c_, w_, rows_.data(), rows, logits, b.deterministic, scratch_, partial_);
   if (c_.final_softcap > 0.0f)
     for (float& v : logits) v = c_.final_softcap * std::tanh(v / c_.final_softcap);
 }

@@ -2,7 +2,9 @@
 // synthetic draws or a GGUF file), and the factory that takes them.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "engine/stacked_matrix.h"
@@ -27,18 +29,46 @@ struct LlamaLayerWeights {
 };
 
 struct LlamaWeights {
-  WeightMatrix embedding;                 // [V][H]
-  WeightMatrix lm_head;                   // [V][H]; empty when tied to the embedding
+  WeightMatrix embedding;  // [V][H]
+  // [V][H]; empty when tied to the embedding. A vocab-parallel shard keeps
+  // rows vocab_slice(...) only (tied: reads those rows of the embedding).
+  WeightMatrix lm_head;
   std::vector<float> final_norm;          // [H]
   std::vector<LlamaLayerWeights> layers;  // [num_layers]
 };
 
-// InvalidArgument naming the field when the whole-model config cannot be
-// split `shard.size` ways (heads or intermediate size not divisible).
+// InvalidArgument naming the fields and the rank counts that work when the
+// whole-model config cannot be split `shard.size` ways.
 void validate_shard(const LlamaConfig& config);
+// This rank's query heads, and its KV heads: num_kv_heads / size, or 1 when
+// size > num_kv_heads (each KV head then replicated on size / num_kv_heads
+// ranks).
+std::int32_t shard_qo_heads(const LlamaConfig& config);
+std::int32_t shard_kv_heads(const LlamaConfig& config);
 // Keeps only config.shard's slice of every split matrix (whole-model
 // weights in, shard weights out; replicated tensors untouched).
 void shard_llama_weights(const LlamaConfig& config, LlamaWeights& weights);
+
+// Vocabulary-parallel LM head: with shard.size > 1 and shard.all_gather
+// set, rank r multiplies only the vocabulary rows vocab_slice(...) of the
+// LM head (or tied embedding) and the logits are all-gathered.
+bool vocab_parallel(const LlamaConfig& config);
+struct VocabSlice {
+  std::int32_t begin = 0, count = 0;  // rows [begin, begin + count); count may be 0
+};
+// Whole kColumnBlock-row blocks spread as evenly as blocks allow (the last
+// block cut at vocab_size): every logit then comes out of a block of the
+// same rows as in one process, so of the same products.
+VocabSlice vocab_slice(std::int32_t vocab_size, std::int32_t rank, std::int32_t size);
+// The LM head's rows this rank keeps: vocab_size, or its slice's count.
+std::int32_t lm_head_rows(const LlamaConfig& config);
+// logits[rows][vocab_size] = x[rows][hidden_size] head^T with the LM head
+// (or tied embedding) of `weights` (shard_llama_weights's output); under
+// vocab_parallel this rank's slice, then shard.all_gather, using `gathered`
+// as the buffer. Collective then: every rank calls it with the same rows.
+void project_lm_head(const LlamaConfig& config, const LlamaWeights& weights, const float* x,
+                     std::int32_t rows, std::span<float> logits, bool deterministic,
+                     LinearScratch& scratch, std::vector<float>& gathered);
 
 // InvalidArgument naming the tensor when a shape does not match the config.
 // `weights` are the whole model's; config.shard selects the slice kept.

@@ -1,13 +1,14 @@
 // Tensor parallelism over MPI ranks. Every rank holds one shard of the
 // model (TensorParallelShard: 1/N of the heads, of the KV cache and of the
-// attention and MLP weights); the shards' partial sums meet in MPI_Allreduce.
+// attention, MLP and LM head weights); the shards' partial sums meet in
+// MPI_Allreduce, their slices of the logits in MPI_Allgather.
 // Rank 0 runs the Engine (scheduler, sampling) on a TensorParallelLeader;
 // ranks 1.. run run_tensor_parallel_follower. Each step the leader
 // broadcasts what the followers need to build the same plan: the sequence
 // operations the scheduler made on its cache since the last step (add,
 // fork, remove - an abort is a remove), begin_forward's sequence ids and
-// lengths, the token ids and the deterministic flag. Then every rank runs
-// its shard's forward.
+// lengths, the token ids, the logit rows and the deterministic flag. Then
+// every rank runs its shard's forward.
 //
 //   dist::MpiComm world = dist::MpiComm::world();
 //   auto stats = std::make_shared<dist::CollectiveStats>();
@@ -39,15 +40,15 @@
 
 namespace pagedattn::dist {
 
-// Time spent inside all_reduce_sum, for benchmarks.
+// Time spent inside the shard's collectives (all_reduce_sum, all_gather), for benchmarks.
 struct CollectiveStats {
   std::int64_t calls = 0;
   std::int64_t floats = 0;  // summed element counts
   double seconds = 0.0;
 };
 
-// Rank comm.rank() of comm.size(), its all-reduce MPI_Allreduce over comm,
-// timed into `stats` when not null.
+// Rank comm.rank() of comm.size(), its all-reduce MPI_Allreduce and its
+// all-gather MPI_Allgather over comm, timed into `stats` when not null.
 TensorParallelShard mpi_shard(const MpiComm& comm, std::shared_ptr<CollectiveStats> stats = {});
 
 // Startup check, collective: every rank passes a description of what it
