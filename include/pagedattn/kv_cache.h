@@ -160,19 +160,49 @@ struct BatchPlan {
   TokenTreeMask tree_mask() const;
 };
 
-// One successful sequence operation made outside a step (add, remove,
-// fork, pop_n, enable_sliding_window), as a sequence observer sees it.
-// Plain data, so a log of them can be sent elsewhere and replayed on
-// another cache (PagedKVCache::apply): tensor parallelism keeps every
-// rank's cache in step with the scheduler's this way.
+// One successful call that changed the cache's pages or sequences, as a
+// sequence observer sees it: every sequence operation (add, remove, fork,
+// pop_n, enable_sliding_window), the prefix cache's (add_sequence_with_prefix,
+// set_sequence_tokens when it told new tokens, reset_prefix_cache), the
+// host tier's (swap_out, swap_in), the step boundaries (begin_forward of
+// either overload, end_forward, cancel_forward) and
+// commit_accepted_token_tree_nodes. Replaying a log of them in order with
+// PagedKVCache::apply on a cache of the same config (between a begin_forward
+// and its end_forward, the replica writes that step's K/V itself) rebuilds
+// the same sequences, pages, prefix index, host tier and counters: tensor
+// parallelism keeps every rank's cache in step with the scheduler's this
+// way. Page transfer (reserve_incoming, outgoing_pages) has no entry: it is
+// refused while an observer is set.
 struct SequenceOp {
-  enum class Kind : std::uint8_t { kAdd, kRemove, kFork, kPopN, kSlidingWindow };
+  enum class Kind : std::uint8_t {
+    kAdd,
+    kRemove,
+    kFork,
+    kPopN,
+    kSlidingWindow,
+    kAddWithPrefix,  // seq_id, token_ids (all offered), salt; count: tokens it took
+    kTellTokens,     // seq_id; token_ids: the tokens told past the first `count`
+    kResetPrefixCache,
+    kSwapOut,       // seq_ids
+    kSwapIn,        // seq_ids
+    kBeginForward,  // seq_ids, values (append lengths); count 1: tree_parents apply
+    kEndForward,
+    kCancelForward,
+    kCommitTree,  // seq_ids, values (leaf indices)
+  };
   Kind kind = Kind::kAdd;
   SeqId seq_id = 0;            // the sequence changed (kFork: the child)
   SeqId parent_id = 0;         // kFork
   std::int64_t count = 0;      // kFork: fork_pos (resolved, never -1); kPopN: n;
-                               // kSlidingWindow: window_size
+                               // kSlidingWindow: window_size; kAddWithPrefix: the
+                               // tokens it took from the cache; kTellTokens: tokens
+                               // told before; kBeginForward: 1 for a tree forward
   std::int64_t sink_size = 0;  // kSlidingWindow: attn_sink_size
+  std::uint64_t salt = 0;      // kAddWithPrefix: cache_salt
+  std::vector<std::int32_t> token_ids = {};
+  std::vector<SeqId> seq_ids = {};
+  std::vector<std::int64_t> values = {};
+  std::vector<std::int64_t> tree_parents = {};  // kBeginForward with count 1
 };
 using SequenceObserver = std::function<void(const SequenceOp&)>;
 // --- page transfer (disaggregated prefill/decode) ------------------------------
@@ -232,12 +262,14 @@ class PagedKVCache {
   // pages that fall out are released. Requires config.support_sliding_window,
   // 1 <= window_size and 0 <= attn_sink_size < window_size.
   void enable_sliding_window(SeqId seq_id, std::int64_t window_size, std::int64_t attn_sink_size);
-  // Runs the call `op` describes (validated like that call).
+  // Runs the call `op` describes (validated like that call); kTellTokens
+  // also checks that the sequence was told exactly op.count tokens before.
   void apply(const SequenceOp& op);
-  // Called after every successful sequence operation above, on the calling
+  // Called after every successful call SequenceOp lists, on the calling
   // thread while the cache's lock is held (so it must not call this cache).
-  // An empty function removes the observer. Unsupported with prefix caching
-  // or a host tier, whose hits, published tokens and swaps are not logged.
+  // An empty function removes the observer. While one is set, page transfer
+  // (reserve_incoming, outgoing_pages) is refused (Unsupported): its K/V
+  // bytes arrive from outside, which no log can replay.
   void set_sequence_observer(SequenceObserver observer);
 
   // --- prefix caching (config.enable_prefix_caching) ---------------------------

@@ -152,6 +152,48 @@ void PagedKVCache::apply(const SequenceOp& op) {
       return pop_n(op.seq_id, op.count);
     case SequenceOp::Kind::kSlidingWindow:
       return enable_sliding_window(op.seq_id, op.count, op.sink_size);
+    case SequenceOp::Kind::kAddWithPrefix: {
+      // The logged call's result (count) must be this cache's too.
+      const std::int64_t hit = match_prefix(op.token_ids, op.salt).num_tokens;
+      require(hit == op.count, "PagedKVCache::apply: op.count = ", op.count,
+              " prefix tokens taken by the logged add_sequence_with_prefix of seq_id = ", op.seq_id,
+              ", this cache would take ", hit, " (the caches have diverged)");
+      add_sequence_with_prefix(op.seq_id, op.token_ids, op.salt);
+      return;
+    }
+    case SequenceOp::Kind::kTellTokens: {
+      // set_sequence_tokens with the tokens told before and the logged new ones.
+      State& st = *state_;
+      const auto lock = st.lock();
+      const Sequence& s = st.find(op.seq_id, "apply", "op.seq_id");
+      require(op.count == std::ssize(s.tokens), "PagedKVCache::apply: op.count = ", op.count,
+              " tokens told before the logged set_sequence_tokens of seq_id = ", op.seq_id,
+              ", this cache was told ", s.tokens.size(), " (the caches have diverged)");
+      std::vector<std::int32_t> told = s.tokens;
+      told.insert(told.end(), op.token_ids.begin(), op.token_ids.end());
+      st.set_tokens(op.seq_id, told);
+      return;
+    }
+    case SequenceOp::Kind::kResetPrefixCache:
+      return reset_prefix_cache();
+    case SequenceOp::Kind::kSwapOut:
+      return swap_out(op.seq_ids);
+    case SequenceOp::Kind::kSwapIn:
+      return swap_in(op.seq_ids);
+    case SequenceOp::Kind::kBeginForward:
+      require(op.count == 0 || op.count == 1, "PagedKVCache::apply: op.count = ", op.count,
+              " of a kBeginForward must be 0 (no tree) or 1 (tree_parents apply)");
+      if (op.count == 1)
+        begin_forward(op.seq_ids, op.values, op.tree_parents);
+      else
+        begin_forward(op.seq_ids, op.values);
+      return;
+    case SequenceOp::Kind::kEndForward:
+      return end_forward();
+    case SequenceOp::Kind::kCancelForward:
+      return cancel_forward();
+    case SequenceOp::Kind::kCommitTree:
+      return commit_accepted_token_tree_nodes(op.seq_ids, op.values);
   }
   throw InvalidArgument(detail::concat("PagedKVCache::apply: op.kind = ", static_cast<int>(op.kind),
                                        " is not a SequenceOp::Kind"));
@@ -160,12 +202,14 @@ void PagedKVCache::apply(const SequenceOp& op) {
 void PagedKVCache::set_sequence_observer(SequenceObserver observer) {
   State& st = *state_;
   const auto lock = st.lock();
-  // The log has no record of prefix-cache hits, published tokens or swaps,
-  // so a replica replaying it would drift from this cache.
-  if (observer && (st.config.enable_prefix_caching || st.host))
-    throw Unsupported(
-        "PagedKVCache::set_sequence_observer: not available with prefix caching or a host tier "
-        "(their operations are not part of the sequence log)");
+  // Pins of outgoing pages hold pages the log cannot describe.
+  require<Unsupported>(!observer || st.outgoing.empty(),
+                       "PagedKVCache::set_sequence_observer: ", st.outgoing.size(),
+                       " outgoing page pins are not released (page transfer is not logged)");
+  for (const auto& [id, s] : st.seqs)
+    require<Unsupported>(!observer || !s.receiving,
+                         "PagedKVCache::set_sequence_observer: seq_id = ", id,
+                         " is receiving K/V (page transfer is not logged)");
   st.observer = std::move(observer);
 }
 
@@ -272,6 +316,7 @@ void PagedKVCache::State::begin(std::span<const SeqId> ids, std::span<const std:
   require_free_pages(validate_forward(ids, lens, "begin_forward"), "begin_forward");
   start_step(lens);
   build_plan(ids, lens, false, {});
+  notify_list(SequenceOp::Kind::kBeginForward, ids, lens);
 }
 
 void PagedKVCache::State::build_plan(std::span<const SeqId> ids, std::span<const std::int64_t> lens,
@@ -389,6 +434,7 @@ void PagedKVCache::end_forward(StepId step) {
   if (st.config.support_sliding_window)  // otherwise no sequence has a window
     for (SeqId id : st.plan.seq_ids) st.slide_window(st.seqs.find(id)->second);
   st.in_forward = false;
+  st.notify({.kind = SequenceOp::Kind::kEndForward});
 }
 
 void PagedKVCache::cancel_forward(StepId step) {
@@ -396,6 +442,7 @@ void PagedKVCache::cancel_forward(StepId step) {
   const auto lock = st.lock();
   st.require_step(step, "cancel_forward");
   st.undo_step();
+  st.notify({.kind = SequenceOp::Kind::kCancelForward});
 }
 
 void PagedKVCache::State::undo_step() {

@@ -174,12 +174,24 @@ std::int64_t PagedKVCache::add_sequence_with_prefix(SeqId seq_id,
   c.hit_tokens += m.num_tokens;
   c.device_hit_tokens += m.device_pages * st.page_size();
   c.host_hit_tokens += m.host_pages * st.page_size();
+  if (st.observer) {
+    SequenceOp op{.kind = SequenceOp::Kind::kAddWithPrefix,
+                  .seq_id = seq_id,
+                  .count = m.num_tokens,
+                  .salt = cache_salt};
+    op.token_ids.assign(token_ids.begin(), token_ids.end());
+    st.notify(op);
+  }
   return m.num_tokens;
 }
 
 void PagedKVCache::set_sequence_tokens(SeqId seq_id, std::span<const std::int32_t> token_ids) {
-  State& st = *state_;
-  const auto lock = st.lock();
+  const auto lock = state_->lock();
+  state_->set_tokens(seq_id, token_ids);
+}
+
+void PagedKVCache::State::set_tokens(SeqId seq_id, std::span<const std::int32_t> token_ids) {
+  State& st = *this;
   st.require_no_forward("set_sequence_tokens");
   Sequence& s = st.find(seq_id, "set_sequence_tokens", "seq_id");
   st.require_not_swapped(s, seq_id, "set_sequence_tokens");
@@ -197,9 +209,14 @@ void PagedKVCache::set_sequence_tokens(SeqId seq_id, std::span<const std::int32_
           " differs from the token id told before (",
           diff.first == s.tokens.end() ? 0 : *diff.first, ")");
   if (token_ids.size() <= s.tokens.size()) return;
-  s.tokens.insert(s.tokens.end(), token_ids.begin() + std::ptrdiff_t(s.tokens.size()),
-                  token_ids.end());
+  const auto told_before = std::ssize(s.tokens);
+  s.tokens.insert(s.tokens.end(), token_ids.begin() + told_before, token_ids.end());
   st.publish_told_pages(s);
+  if (st.observer) {  // only the new tokens: a replica was told the others
+    SequenceOp op{.kind = SequenceOp::Kind::kTellTokens, .seq_id = seq_id, .count = told_before};
+    op.token_ids.assign(token_ids.begin() + told_before, token_ids.end());
+    st.notify(op);
+  }
 }
 
 std::int64_t PagedKVCache::num_cached_pages() const {
@@ -220,11 +237,12 @@ void PagedKVCache::reset_prefix_cache() {
     st.index.erase(st.index.entry_at(Tier::kDevice, page));
     st.pool.uncache(page);
   }
-  if (!st.host) return;
-  for (std::int32_t page : st.host->pool.evictable_pages()) {
-    st.index.erase(st.index.entry_at(Tier::kHost, page));
-    st.host->pool.uncache(page);
-  }
+  if (st.host)
+    for (std::int32_t page : st.host->pool.evictable_pages()) {
+      st.index.erase(st.index.entry_at(Tier::kHost, page));
+      st.host->pool.uncache(page);
+    }
+  st.notify({.kind = SequenceOp::Kind::kResetPrefixCache});
 }
 
 }  // namespace pagedattn

@@ -80,6 +80,22 @@ struct PagedKVCache::State {
   void notify(const SequenceOp& op) const {
     if (observer) observer(op);
   }
+  // Notifies a call with the sequence ids and values given (only built
+  // when someone observes).
+  void notify_list(SequenceOp::Kind kind, std::span<const SeqId> ids,
+                   std::span<const std::int64_t> values) const {
+    if (!observer) return;
+    SequenceOp op{.kind = kind};
+    op.seq_ids.assign(ids.begin(), ids.end());
+    op.values.assign(values.begin(), values.end());
+    observer(op);
+  }
+  // Page transfer has no log entry (its bytes come from outside).
+  void require_unobserved(const char* call) const {
+    require<Unsupported>(!observer, "PagedKVCache::", call,
+                         ": not available while a sequence observer is set (tensor "
+                         "parallelism): the transferred K/V cannot be replayed on a replica");
+  }
   cache::PagePool pool;
   cache::PageStorage storage;
   std::unordered_map<SeqId, cache::Sequence> seqs;
@@ -173,6 +189,8 @@ struct PagedKVCache::State {
   void release_pages(const cache::Sequence& s);
   // Publishes the full told pages of `s` not yet linked.
   void publish_told_pages(cache::Sequence& s);
+  // set_sequence_tokens without the lock.
+  void set_tokens(SeqId seq_id, std::span<const std::int32_t> token_ids);
   // Serials of the cached pages a new sequence with these tokens would share.
   std::vector<std::uint64_t> match(std::span<const std::int32_t> tokens, std::uint64_t salt) const;
   PrefixMatch summarize(const std::vector<std::uint64_t>& hits) const;

@@ -79,6 +79,7 @@ void PagedKVCache::swap_out(std::span<const SeqId> seq_ids) {
   cache::copy_pages_between(st.storage, st.host->storage, pairs);
   remap_pages(st.seqs, seq_ids, to_host, st.pool, st.host->pool);
   st.stats.swapped_out_pages += std::ssize(pages);
+  st.notify_list(SequenceOp::Kind::kSwapOut, seq_ids, {});
 }
 
 void PagedKVCache::swap_in(std::span<const SeqId> seq_ids) {
@@ -98,6 +99,7 @@ void PagedKVCache::swap_in(std::span<const SeqId> seq_ids) {
   cache::copy_pages_between(st.host->storage, st.storage, pairs);
   remap_pages(st.seqs, seq_ids, to_device, st.host->pool, st.pool);
   st.stats.swapped_in_pages += std::ssize(pages);
+  st.notify_list(SequenceOp::Kind::kSwapIn, seq_ids, {});
 }
 
 bool PagedKVCache::is_swapped(SeqId seq_id) const {

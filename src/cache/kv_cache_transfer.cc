@@ -66,6 +66,7 @@ KVPageRuns PagedKVCache::reserve_incoming(SeqId seq_id, std::int64_t num_tokens)
   State& st = *state_;
   const auto lock = st.lock();
   st.require_no_forward("reserve_incoming");
+  st.require_unobserved("reserve_incoming");
   require(!st.seqs.contains(seq_id), "PagedKVCache::reserve_incoming: seq_id = ", seq_id,
           " already exists");
   require(num_tokens >= 1 && num_tokens <= kMaxInt32,
@@ -112,6 +113,7 @@ OutgoingKV PagedKVCache::outgoing_pages(SeqId seq_id) {
   State& st = *state_;
   const auto lock = st.lock();
   st.require_no_forward("outgoing_pages");
+  st.require_unobserved("outgoing_pages");
   const Sequence& s = st.find(seq_id, "outgoing_pages", "seq_id");
   st.require_not_receiving(s, seq_id, "outgoing_pages");
   st.require_not_swapped(s, seq_id, "outgoing_pages");

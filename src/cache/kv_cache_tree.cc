@@ -37,6 +37,13 @@ void PagedKVCache::State::begin_tree(std::span<const SeqId> ids, std::span<const
   require_free_pages(pages, "begin_forward");
   start_step(lens);
   build_plan(ids, lens, true, parents);
+  if (observer) {
+    SequenceOp op{.kind = SequenceOp::Kind::kBeginForward, .count = 1};
+    op.seq_ids.assign(ids.begin(), ids.end());
+    op.values.assign(lens.begin(), lens.end());
+    op.tree_parents.assign(parents.begin(), parents.end());
+    notify(op);
+  }
 }
 
 // Called after validate_forward: ids exist and are unique, sizes match.
@@ -121,6 +128,7 @@ void PagedKVCache::commit_accepted_token_tree_nodes(std::span<const SeqId> seq_i
   for (std::size_t i = 0; i < seq_ids.size(); ++i)
     st.commit_tree_path(st.seqs.find(seq_ids[i])->second,
                         static_cast<std::int32_t>(leaf_indices[i]));
+  st.notify_list(SequenceOp::Kind::kCommitTree, seq_ids, leaf_indices);
 }
 
 void PagedKVCache::State::commit_tree_path(Sequence& s, std::int32_t leaf) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -24,15 +25,23 @@ using Clock = std::chrono::steady_clock;
 
 enum class Message : std::int32_t { kAttach = 1, kStep = 2, kShutdown = 3 };
 
+// The step protocol's version, sent with kAttach: ranks of builds that
+// disagree about the messages' layout stop at once. 2: the full cache log
+// (prefix caching, host tier, token trees, step boundaries) and shape checks.
+constexpr std::int32_t kProtocolVersion = 2;
+
 // The leader cache's shape and sizing: followers build the same cache.
+// int64 fields only, so the struct has no padding (every byte sent is set).
 struct CacheShape {
-  std::int32_t num_layers = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
-  std::int32_t page_size = 0;
-  std::int32_t kv_dtype = 0;
+  std::int64_t num_layers = 0, num_qo_heads = 0, num_kv_heads = 0, head_dim = 0;
+  std::int64_t page_size = 0;
+  std::int64_t kv_dtype = 0;
   std::int64_t num_pages = 0;
-  std::int32_t fixed_kv_chunk = 0, min_kv_chunk = 0;
-  std::int32_t support_sliding_window = 0;
-  std::int32_t padding = 0;  // explicit, so every byte sent is initialized
+  std::int64_t fixed_kv_chunk = 0, min_kv_chunk = 0;
+  std::int64_t support_sliding_window = 0;
+  std::int64_t enable_prefix_caching = 0;
+  std::int64_t host_num_pages = 0;
+  std::int64_t bf16_products = 0, int8_products = 0, f16_products = 0;
 };
 
 // Runs f; on an exception prints it and ends every rank (another rank may
@@ -63,6 +72,11 @@ CacheShape shape_of(const KVCacheConfig& k) {
   s.fixed_kv_chunk = k.attention_plan.fixed_kv_chunk;
   s.min_kv_chunk = k.attention_plan.min_kv_chunk;
   s.support_sliding_window = k.support_sliding_window ? 1 : 0;
+  s.enable_prefix_caching = k.enable_prefix_caching ? 1 : 0;
+  s.host_num_pages = k.host_num_pages;
+  s.bf16_products = k.attention_plan.bf16_products ? 1 : 0;
+  s.int8_products = k.attention_plan.int8_products ? 1 : 0;
+  s.f16_products = k.attention_plan.f16_products ? 1 : 0;
   return s;
 }
 
@@ -77,13 +91,115 @@ KVCacheConfig follower_cache_config(const ModelSpec& spec, const CacheShape& lea
       mine.num_qo_heads, " query / ", mine.num_kv_heads, " KV heads of ", mine.head_dim,
       ", rank 0's has ", leader.num_layers, " x ", leader.num_qo_heads, " / ", leader.num_kv_heads,
       " of ", leader.head_dim);
-  k.page_size = leader.page_size;
+  k.page_size = static_cast<std::int32_t>(leader.page_size);
   k.num_pages = leader.num_pages;
   k.kv_dtype = static_cast<DType>(leader.kv_dtype);
-  k.attention_plan.fixed_kv_chunk = leader.fixed_kv_chunk;
-  k.attention_plan.min_kv_chunk = leader.min_kv_chunk;
+  k.attention_plan.fixed_kv_chunk = static_cast<std::int32_t>(leader.fixed_kv_chunk);
+  k.attention_plan.min_kv_chunk = static_cast<std::int32_t>(leader.min_kv_chunk);
   k.support_sliding_window = leader.support_sliding_window != 0;
+  // The same page counts in both tiers: replayed calls take the same pages.
+  k.enable_prefix_caching = leader.enable_prefix_caching != 0;
+  k.host_num_pages = leader.host_num_pages;
+  k.attention_plan.bf16_products = leader.bf16_products != 0;
+  k.attention_plan.int8_products = leader.int8_products != 0;
+  k.attention_plan.f16_products = leader.f16_products != 0;
   return k;
+}
+
+// --- the cache log on the wire ----------------------------------------------
+
+constexpr auto kLastOpKind = SequenceOp::Kind::kCommitTree;
+
+void put_op(MessageWriter& w, const SequenceOp& op) {
+  w.put(op.kind);
+  w.put(op.seq_id);
+  w.put(op.parent_id);
+  w.put(op.count);
+  w.put(op.sink_size);
+  w.put(op.salt);
+  w.put_vector(std::span<const std::int32_t>(op.token_ids));
+  w.put_vector(std::span<const SeqId>(op.seq_ids));
+  w.put_vector(std::span<const std::int64_t>(op.values));
+  w.put_vector(std::span<const std::int64_t>(op.tree_parents));
+}
+
+SequenceOp get_op(MessageReader& r) {
+  SequenceOp op;
+  op.kind = r.get<SequenceOp::Kind>();
+  require<InternalError>(op.kind <= kLastOpKind, "tensor parallelism: cache call kind ",
+                         static_cast<int>(op.kind), " from rank 0 is not one this build knows");
+  op.seq_id = r.get<SeqId>();
+  op.parent_id = r.get<SeqId>();
+  op.count = r.get<std::int64_t>();
+  op.sink_size = r.get<std::int64_t>();
+  op.salt = r.get<std::uint64_t>();
+  op.token_ids = r.get_vector<std::int32_t>();
+  op.seq_ids = r.get_vector<SeqId>();
+  op.values = r.get_vector<std::int64_t>();
+  op.tree_parents = r.get_vector<std::int64_t>();
+  return op;
+}
+
+void put_ops(MessageWriter& w, const std::vector<SequenceOp>& ops) {
+  w.put(static_cast<std::int64_t>(ops.size()));
+  for (const SequenceOp& op : ops) put_op(w, op);
+}
+
+// Replays the logged calls on `cache`; returns how many.
+std::int64_t replay_ops(MessageReader& r, PagedKVCache& cache) {
+  const auto n = r.get<std::int64_t>();
+  require<InternalError>(n >= 0, "tensor parallelism: ", n, " cache calls in a message");
+  for (std::int64_t i = 0; i < n; ++i) cache.apply(get_op(r));
+  return n;
+}
+
+// --- the cache's shape, compared after every replay ---------------------------
+
+// What the caches of all ranks must agree on (their K/V bytes differ: each
+// holds its own heads). Printed, so that a mismatch shows both sides.
+std::string describe_shape(const PagedKVCache& cache) {
+  const PrefixCacheStats st = cache.prefix_cache_stats();
+  std::string step = "no open step";
+  if (cache.in_forward()) {
+    // The plan's page tables, positions and tree arrays, hashed.
+    const BatchPlan& plan = cache.plan();
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    const auto mix = [&h](const auto& values) {
+      h = (h ^ values.size()) * 0x100000001b3ull;
+      for (const auto v : values) h = (h ^ static_cast<std::uint64_t>(v)) * 0x100000001b3ull;
+    };
+    mix(plan.seq_ids);
+    mix(plan.qo_indptr);
+    mix(plan.kv_indptr);
+    mix(plan.kv_indices);
+    mix(plan.kv_last_page_len);
+    mix(plan.kv_lens);
+    mix(plan.kv_sink_lens);
+    mix(plan.kv_gap_lens);
+    mix(plan.positions);
+    mix(plan.slot_mapping);
+    mix(plan.tree_begin);
+    mix(plan.tree_node_indptr);
+    mix(plan.tree_enter);
+    mix(plan.tree_exit);
+    mix(plan.tree_positions);
+    step =
+        detail::concat("step ", plan.step_id, " of ", plan.num_tokens(), " tokens, plan hash ", h);
+  }
+  return detail::concat(
+      step, "; ", cache.num_sequences(), " sequences of ", cache.total_sequence_length(),
+      " tokens, ", cache.num_free_pages(), " free pages (", cache.num_cached_pages(), " cached), ",
+      cache.num_free_host_pages(), " free host pages; prefix cache: ", st.queries, " queries, ",
+      st.hit_tokens, " hit tokens (", st.host_hit_tokens, " from the host tier), ", st.evictions,
+      " evictions (", st.demotions, " demoted), ", st.host_evictions, " host evictions; swapped ",
+      st.swapped_out_pages, " pages out, ", st.swapped_in_pages, " in");
+}
+
+void require_same_shape(const std::string& leader, const PagedKVCache& cache, const char* when) {
+  const std::string mine = describe_shape(cache);
+  require<InternalError>(mine == leader,
+                         "tensor parallelism: this rank's cache differs from rank 0's ", when,
+                         " (a replay diverged):\n  rank 0:    ", leader, "\n  this rank: ", mine);
 }
 
 std::uint64_t fnv1a(std::span<const char> bytes) {
@@ -219,32 +335,40 @@ void TensorParallelLeader::attach_cache(PagedKVCache& cache) {
   require<InvalidState>(cache_ == nullptr && !shut_down_,
                         "TensorParallelLeader::attach_cache: already attached (one engine per "
                         "leader) or shut down");
-  cache_ = &cache;
+  // The followers' caches start fresh: so must this one, for a replay to match.
+  require<InvalidState>(cache.empty() && cache.num_cached_pages() == 0 && !cache.in_forward(),
+                        "TensorParallelLeader::attach_cache: the cache holds ",
+                        cache.num_sequences(), " sequences and ", cache.num_cached_pages(),
+                        " cached pages", cache.in_forward() ? " in an open step" : "",
+                        "; attach a fresh cache");
   MessageWriter w;
   w.put(Message::kAttach);
+  w.put(kProtocolVersion);
   w.put(shape_of(cache.config()));
   send(comm_, w, broadcast_seconds_);
   // Called under the cache's lock by the thread changing the cache (the
-  // engine's, holding the engine's lock, like forward).
-  cache.set_sequence_observer([ops = pending_ops_](const SequenceOp& op) { ops->push_back(op); });
+  // engine's, holding the engine's lock, like forward). The token dies with
+  // the observer, that is with the cache.
+  auto alive = std::make_shared<int>(0);
+  cache_alive_ = alive;
+  cache.set_sequence_observer([ops = pending_ops_, alive](const SequenceOp& op) {
+    (void)alive;  // held, not used
+    ops->push_back(op);
+  });
+  cache_ = &cache;
 }
 
 void TensorParallelLeader::forward(const ForwardBatch& batch, PagedKVCache& cache,
                                    std::span<float> logits) {
   require<InvalidState>(&cache == cache_ && !shut_down_,
                         "TensorParallelLeader::forward: not the attached cache, or shut down");
-  const BatchPlan& plan = cache.plan();
-  require<Unsupported>(!plan.has_tree,
-                       "TensorParallelLeader::forward: token trees are not replicated");
-  std::vector<std::int64_t> lengths(plan.seq_ids.size());
-  for (std::size_t i = 0; i < lengths.size(); ++i)
-    lengths[i] = plan.qo_indptr[i + 1] - plan.qo_indptr[i];
+  require<InvalidState>(cache.in_forward(),
+                        "TensorParallelLeader::forward: no step is open (call begin_forward)");
   MessageWriter w;
   w.put(Message::kStep);
   w.put(static_cast<std::uint8_t>(batch.deterministic));
-  w.put_vector(std::span<const SequenceOp>(*pending_ops_));
-  w.put_vector(std::span<const SeqId>(plan.seq_ids));
-  w.put_vector(std::span<const std::int64_t>(lengths));
+  put_ops(w, *pending_ops_);
+  w.put_string(describe_shape(cache));
   w.put_vector(batch.token_ids);
   w.put_vector(batch.logit_rows);
   send(comm_, w, broadcast_seconds_);
@@ -259,27 +383,39 @@ void TensorParallelLeader::shutdown() {
   // releasing its model): its observer only holds the log.
   MessageWriter w;
   w.put(Message::kShutdown);
-  w.put_vector(std::span<const SequenceOp>(*pending_ops_));
+  put_ops(w, *pending_ops_);
   pending_ops_->clear();
+  const bool cache_exists = cache_ != nullptr && !cache_alive_.expired();
+  w.put(static_cast<std::uint8_t>(cache_exists));
+  if (cache_exists) w.put_string(describe_shape(*cache_));
   send(comm_, w, broadcast_seconds_);
 }
 
 namespace {
 
-// `logits`: reused across steps.
-void replay_step(MessageReader& r, Model& shard, PagedKVCache& cache, std::vector<float>& logits) {
+// `logits`: reused across steps. The logged calls end with this step's
+// begin_forward (its end_forward comes with the next message).
+void replay_step(MessageReader& r, Model& shard, PagedKVCache& cache, std::vector<float>& logits,
+                 FollowerReport& report) {
   const bool deterministic = r.get<std::uint8_t>() != 0;
-  for (const SequenceOp& op : r.get_vector<SequenceOp>()) cache.apply(op);
-  const std::vector<SeqId> seq_ids = r.get_vector<SeqId>();
-  const std::vector<std::int64_t> lengths = r.get_vector<std::int64_t>();
+  report.ops += replay_ops(r, cache);
+  require_same_shape(r.get_string(), cache, "before a forward");
   const std::vector<std::int32_t> token_ids = r.get_vector<std::int32_t>();
   const std::vector<std::int32_t> logit_rows = r.get_vector<std::int32_t>();
-  cache.begin_forward(seq_ids, lengths);
   // Rank 0's logit rows: each rank multiplies its vocabulary rows of the
   // LM head for them and takes part in gathering the logits (rank 0 samples).
   logits.resize(logit_rows.size() * static_cast<std::size_t>(shard.spec().vocab_size));
   shard.forward({token_ids, logit_rows, deterministic}, cache, logits);
-  cache.end_forward();
+}
+
+void replay_shutdown(MessageReader& r, PagedKVCache* cache, FollowerReport& report) {
+  if (cache == nullptr) return;  // rank 0 never attached a cache: nothing was logged
+  report.ops += replay_ops(r, *cache);
+  if (r.get<std::uint8_t>() != 0) {
+    require_same_shape(r.get_string(), *cache, "at shutdown");
+    report.checked_at_shutdown = true;
+  }
+  cache->check_invariants();
 }
 
 }  // namespace
@@ -297,28 +433,31 @@ FollowerReport run_tensor_parallel_follower(const MpiComm& comm, Model& shard) {
       const auto kind = r.get<Message>();
       if (kind == Message::kAttach) {
         require<InvalidState>(cache == nullptr, "tensor parallelism: rank 0 attached twice");
+        const auto version = r.get<std::int32_t>();
+        require<InvalidState>(version == kProtocolVersion,
+                              "tensor parallelism: rank 0 speaks step protocol version ", version,
+                              ", this rank ", kProtocolVersion,
+                              " (every rank must run the same pagedattn build)");
         cache = std::make_unique<PagedKVCache>(
             follower_cache_config(shard.spec(), r.get<CacheShape>()));
         return;
       }
       if (kind == Message::kShutdown) {
-        const std::vector<SequenceOp> ops = r.get_vector<SequenceOp>();
-        if (cache != nullptr) {
-          for (const SequenceOp& op : ops) cache->apply(op);
-          cache->check_invariants();
-        }
+        replay_shutdown(r, cache.get(), report);
         running = false;
         return;
       }
       require<InternalError>(kind == Message::kStep && cache != nullptr,
                              "tensor parallelism: unexpected message ", static_cast<int>(kind),
                              " from rank 0");
-      replay_step(r, shard, *cache, logits);
+      replay_step(r, shard, *cache, logits, report);
       ++report.steps;
     });
   }
   report.cache_empty = cache == nullptr || cache->empty();
   report.num_pages = cache == nullptr ? 0 : cache->num_pages();
+  report.num_host_pages = cache == nullptr ? 0 : cache->num_host_pages();
+  if (cache != nullptr) report.prefix_cache = cache->prefix_cache_stats();
   return report;
 }
 

@@ -4,11 +4,16 @@
 // MPI_Allreduce, their slices of the logits in MPI_Allgather.
 // Rank 0 runs the Engine (scheduler, sampling) on a TensorParallelLeader;
 // ranks 1.. run run_tensor_parallel_follower. Each step the leader
-// broadcasts what the followers need to build the same plan: the sequence
-// operations the scheduler made on its cache since the last step (add,
-// fork, remove - an abort is a remove), begin_forward's sequence ids and
-// lengths, the token ids, the logit rows and the deterministic flag. Then
-// every rank runs its shard's forward.
+// broadcasts what the followers need to build the same plan: every call
+// that changed its cache since the last step, as the cache's observer logged
+// it (SequenceOp: sequences added with or without a cached prefix, forked,
+// popped, windowed or removed - an abort is a remove -, tokens told to the
+// prefix cache, swaps to and from the host tier, token-tree commits, and
+// the step boundaries: begin_forward with its arguments and tree,
+// end_forward, cancel_forward), a check of the cache's shape after them, the
+// token ids, the logit rows and the deterministic flag. Followers replay the
+// calls on their own cache, compare its shape with rank 0's (an error ending
+// every rank when they differ), and every rank runs its shard's forward.
 //
 //   dist::MpiComm world = dist::MpiComm::world();
 //   auto stats = std::make_shared<dist::CollectiveStats>();
@@ -76,13 +81,15 @@ class TensorParallelLeader final : public Model {
   TensorParallelLeader& operator=(const TensorParallelLeader&) = delete;
 
   const ModelSpec& spec() const override { return shard_->spec(); }
-  // Sends the cache's page size, page count and dtype (the followers build
-  // identical caches) and logs its sequence operations from now on.
-  // InvalidState on a second call.
+  // Sends the cache's config (page size and count, dtype, planning, prefix
+  // caching, host tier: the followers build identical caches) and logs every
+  // call that changes it from now on. InvalidState on a second call, or for
+  // a cache that is not fresh (a sequence, a cached page or an open step).
   void attach_cache(PagedKVCache& cache) override;
   void forward(const ForwardBatch& batch, PagedKVCache& cache, std::span<float> logits) override;
   // Sends the operations logged since the last step (e.g. the removes of
-  // the last finished requests) and releases the followers. Idempotent.
+  // the last finished requests) and, while the cache still exists, its final
+  // shape for the followers to compare; then releases them. Idempotent.
   void shutdown();
   // Seconds spent broadcasting steps (the all-reduces are in CollectiveStats).
   double broadcast_seconds() const { return broadcast_seconds_; }
@@ -90,10 +97,13 @@ class TensorParallelLeader final : public Model {
  private:
   MpiComm comm_;
   std::unique_ptr<Model> shard_;
-  PagedKVCache* cache_ = nullptr;  // compared, never used after attach_cache
+  PagedKVCache* cache_ = nullptr;  // read only while cache_alive_ holds
   // The cache's observer appends here; shared, so either may outlive the other.
   std::shared_ptr<std::vector<SequenceOp>> pending_ops_ =
       std::make_shared<std::vector<SequenceOp>>();
+  // Expires when the cache (and with it its observer, which holds the
+  // token) is destroyed: an Engine destroys its cache before its model.
+  std::weak_ptr<const void> cache_alive_;
   bool shut_down_ = false;
   double broadcast_seconds_ = 0.0;
 };
@@ -101,12 +111,21 @@ class TensorParallelLeader final : public Model {
 // What a follower saw, for tests and logs.
 struct FollowerReport {
   std::int64_t steps = 0;
+  std::int64_t ops = 0;      // cache calls replayed
   bool cache_empty = false;  // no sequence and every page free at shutdown
   std::int64_t num_pages = 0;
+  std::int64_t num_host_pages = 0;
+  // This rank's cache at shutdown: its prefix-cache and swap counters, and
+  // whether its shape was compared with rank 0's then (rank 0's cache still
+  // existed when it shut down).
+  PrefixCacheStats prefix_cache;
+  bool checked_at_shutdown = false;
 };
 
 // Ranks other than 0: replays rank 0's steps on `shard` and a cache of its
 // own until the leader shuts down; checks the cache's invariants at the end.
+// A message of another protocol version, or a cache whose shape differs
+// from rank 0's after a replay, prints the difference and ends every rank.
 FollowerReport run_tensor_parallel_follower(const MpiComm& comm, Model& shard);
 
 }  // namespace pagedattn::dist
