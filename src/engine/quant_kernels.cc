@@ -622,40 +622,53 @@ HWY_INLINE void WideRowsQ6K(const QuantProductArgs& a, const float* xp_rows, std
   StoreSums<R>(a, row, o, sums);
 }
 
-// Rows in groups of at most kWideGroup: their permuted x (and sums of 32)
-// in per-thread scratch, then every output column for the group.
+// Rows in groups of at most kWideGroup: prepare(x, xp, extra) writes each
+// row's permuted x (in floats) and `extra` more floats into per-thread
+// scratch, then columns(g, xp, extras) multiplies the group (g: the group's
+// rows and y).
 constexpr std::int32_t kWideGroup = 8;
 
-template <WeightFormat F>
-void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+template <typename Prepare, typename Columns>
+HWY_INLINE void ForRowGroups(const QuantProductArgs& a, std::size_t extra, Prepare prepare,
+                             Columns columns) {
   thread_local std::vector<float> scratch;
-  const std::size_t per_row = std::size_t(a.in) + std::size_t(a.in / 32);
+  const std::size_t per_row = std::size_t(a.in) + extra;
   if (scratch.size() < kWideGroup * per_row) scratch.resize(kWideGroup * per_row);
   for (std::int32_t first = 0; first < a.rows; first += kWideGroup) {
     const std::int32_t rows = std::min(kWideGroup, a.rows - first);
     float* xp = scratch.data();
-    float* xsums = xp + std::size_t(rows) * a.in;
-    for (std::int32_t r = 0; r < rows; ++r) {
-      const float* x = a.x + std::size_t(first + r) * a.in;
-      PermuteX(x, a.in, F != WeightFormat::kQ6_K, xp + std::size_t(r) * a.in);
-      if constexpr (F != WeightFormat::kQ6_K)
-        SumsOf32(x, a.in, xsums + std::size_t(r) * (a.in / 32));
-    }
+    float* extras = xp + std::size_t(rows) * a.in;
+    for (std::int32_t r = 0; r < rows; ++r)
+      prepare(a.x + std::size_t(first + r) * a.in, xp + std::size_t(r) * a.in,
+              extras + std::size_t(r) * extra);
     QuantProductArgs g = a;
     g.rows = rows;
     g.y = a.y + std::size_t(first) * a.ldy;
+    columns(g, xp, extras);
+  }
+}
+
+template <WeightFormat F>
+void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+  constexpr bool kSums = F != WeightFormat::kQ6_K;  // Q4_K / Q5_K: sums of 32 for the mins
+  const auto prepare = [&](const float* x, float* xp, float* xsums) {
+    PermuteX(x, a.in, kSums, xp);
+    if constexpr (kSums) SumsOf32(x, a.in, xsums);
+  };
+  const auto columns = [&](const QuantProductArgs& g, const float* xp, const float* xsums) {
     for (std::int32_t o = out_begin; o < out_end; ++o) {
       std::int32_t row = 0;
       if constexpr (F == WeightFormat::kQ6_K) {
-        for (; row + kRowTile <= rows; row += kRowTile) WideRowsQ6K<kRowTile>(g, xp, row, o);
-        for (; row < rows; ++row) WideRowsQ6K<1>(g, xp, row, o);
+        for (; row + kRowTile <= g.rows; row += kRowTile) WideRowsQ6K<kRowTile>(g, xp, row, o);
+        for (; row < g.rows; ++row) WideRowsQ6K<1>(g, xp, row, o);
       } else {
-        for (; row + kRowTile <= rows; row += kRowTile)
+        for (; row + kRowTile <= g.rows; row += kRowTile)
           WideRowsK45<F, kRowTile>(g, xp, xsums, row, o);
-        for (; row < rows; ++row) WideRowsK45<F, 1>(g, xp, xsums, row, o);
+        for (; row < g.rows; ++row) WideRowsK45<F, 1>(g, xp, xsums, row, o);
       }
     }
-  }
+  };
+  ForRowGroups(a, kSums ? std::size_t(a.in / 32) : 0, prepare, columns);
 }
 
 // ------------------------------ 32-weight formats on 8 lanes (f32 x)
@@ -803,34 +816,24 @@ HWY_INLINE void WideRows32(const QuantProductArgs& a, const float* xp_rows, cons
 
 template <WeightFormat F>
 void WideRange32(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
-  thread_local std::vector<float> scratch;
-  const std::size_t per_row = std::size_t(a.in) + std::size_t(a.in / 8);
-  if (scratch.size() < kWideGroup * per_row) scratch.resize(kWideGroup * per_row);
-  for (std::int32_t first = 0; first < a.rows; first += kWideGroup) {
-    const std::int32_t rows = std::min(kWideGroup, a.rows - first);
-    float* xp = scratch.data();
-    float* xsq = xp + std::size_t(rows) * a.in;
-    for (std::int32_t r = 0; r < rows; ++r)
-      PermuteX32(a.x + std::size_t(first + r) * a.in, a.in, xp + std::size_t(r) * a.in,
-                 xsq + std::size_t(r) * (a.in / 8));
-    QuantProductArgs g = a;
-    g.rows = rows;
-    g.y = a.y + std::size_t(first) * a.ldy;
-    const std::int32_t full = rows - rows % kRowTile;
+  const auto prepare = [&](const float* x, float* xp, float* xsq) { PermuteX32(x, a.in, xp, xsq); };
+  const auto columns = [&](const QuantProductArgs& g, const float* xp, const float* xsq) {
+    const std::int32_t full = g.rows - g.rows % kRowTile;
     std::int32_t o = out_begin;
     for (; o + 2 <= out_end; o += 2) {  // pairs of weight rows: two chains for a lone row
       for (std::int32_t row = 0; row < full; row += kRowTile) {
         WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o);
         WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o + 1);
       }
-      for (std::int32_t row = full; row < rows; ++row) WideRows32<F, 1, 2>(g, xp, xsq, row, o);
+      for (std::int32_t row = full; row < g.rows; ++row) WideRows32<F, 1, 2>(g, xp, xsq, row, o);
     }
     for (; o < out_end; ++o) {
       for (std::int32_t row = 0; row < full; row += kRowTile)
         WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o);
-      for (std::int32_t row = full; row < rows; ++row) WideRows32<F, 1, 1>(g, xp, xsq, row, o);
+      for (std::int32_t row = full; row < g.rows; ++row) WideRows32<F, 1, 1>(g, xp, xsq, row, o);
     }
-  }
+  };
+  ForRowGroups(a, std::size_t(a.in / 8), prepare, columns);
 }
 
 // ------------------------------ int8 activations (opt-in, QuantProductArgs::int8_x)
