@@ -67,11 +67,13 @@ std::shared_ptr<Model> make_cli_model(std::int32_t tensor_parallel, const std::s
   std::unique_ptr<Model> shard;
   dist::run_on_every_rank(world, [&] { shard = make(dist::mpi_shard(world, g_stats)); });
   if (world.rank() != 0) {
-    // mpirun forwards Ctrl-C / SIGTERM to every rank: rank 0 decides when to
-    // stop (a server first finishes its requests, which needs the followers)
-    // and releases them; if rank 0 dies instead, mpirun kills them.
-    std::signal(SIGINT, SIG_IGN);
-    std::signal(SIGTERM, SIG_IGN);
+    // Rank 0 decides when to stop (a server first finishes its requests,
+    // which needs the followers) and releases them; if rank 0 dies instead,
+    // mpirun kills them. So followers ignore the stop signals: a terminal's
+    // Ctrl-C (one process group), and SIGUSR1, which mpirun forwards to every
+    // rank (`serve` stops gracefully on it; OpenMPI 4.1 does not forward
+    // SIGINT / SIGTERM but kills the ranks).
+    for (const int sig : {SIGINT, SIGTERM, SIGUSR1}) std::signal(sig, SIG_IGN);
     dist::run_tensor_parallel_follower(world, *shard);
     return nullptr;
   }

@@ -113,7 +113,7 @@ void add_http_flags(CLI::App& app, ServerOptions& s) {
       ->type_name("S")
       ->transform(integer_in(1, 3600));
   app.add_option("--shutdown-grace", s.shutdown_grace_seconds,
-                 "on SIGINT/SIGTERM, let requests finish this long")
+                 "on SIGINT/SIGTERM/SIGUSR1, let requests finish this long")
       ->type_name("S")
       ->transform(integer_in(0, 3600));
 }
@@ -129,11 +129,13 @@ std::unique_ptr<CLI::App> serve_flags(ServeOptions& o) {
   return app;
 }
 
-// SIGINT/SIGTERM: the handler only writes the signal number to a pipe (all
-// it may do); a watcher thread reads it and shuts the server down
-// gracefully, and listen() returns in main. (Blocking the signals instead
+// SIGINT/SIGTERM, and SIGUSR1 (which OpenMPI's mpirun forwards to the ranks,
+// where it turns SIGINT/SIGTERM into a kill): the handler only writes the
+// signal number to a pipe (all it may do); a watcher thread reads it and
+// shuts the server down gracefully, and listen() returns in main. (Blocking the signals instead
 // would miss threads that libraries start before main, such as BLAS's.)
 int g_signal_pipe[2] = {-1, -1};
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1};
 
 extern "C" void on_stop_signal(int sig) {
   const char byte = static_cast<char>(sig);
@@ -147,21 +149,21 @@ class SignalWatcher {
     struct sigaction action {};
     action.sa_handler = on_stop_signal;
     sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, nullptr);
-    sigaction(SIGTERM, &action, nullptr);
+    for (const int sig : kStopSignals) sigaction(sig, &action, nullptr);
     thread_ = std::thread([&server] {
       char sig = 0;
       while (read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
       }
       if (sig == 0) return;  // the pipe closed: the server stopped on its own
       std::fprintf(stderr, "pagedattn serve: %s: finishing in-flight requests, then exiting\n",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM");
+                   sig == SIGINT    ? "SIGINT"
+                   : sig == SIGTERM ? "SIGTERM"
+                                    : "SIGUSR1");
       server.shutdown();
     });
   }
   ~SignalWatcher() {
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
+    for (const int sig : kStopSignals) signal(sig, SIG_DFL);
     close(g_signal_pipe[1]);  // wakes the watcher if no signal came
     thread_.join();
     close(g_signal_pipe[0]);
