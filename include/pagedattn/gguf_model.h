@@ -12,6 +12,15 @@
 //    per global one, windowed layers on their own RoPE base, RoPE scaling on
 //    global layers only.
 //  * phi3: fused q|k|v (attn_qkv) and gate|up (ffn_up) weights.
+//  * qwen2moe (Qwen1.5-MoE, Qwen2-57B-A14B): qwen2 with a mixture of experts
+//    in every layer's MLP: a router (ffn_gate_inp), {arch}.expert_count
+//    gated MLPs stacked in 3-D tensors (ffn_gate_exps / ffn_up_exps /
+//    ffn_down_exps), {arch}.expert_used_count of them run per token with
+//    their softmax weights as they are, plus a shared gated MLP (ffn_*_shexp)
+//    scaled by sigmoid(x . ffn_gate_inp_shexp). qwen3moe (Qwen3-30B-A3B):
+//    qwen3 with the routed experts only, their top-k weights renormalised to
+//    sum 1 (llama.cpp's llm_build_qwen3moe; HF norm_topk_prob = true in
+//    those checkpoints, while qwen2moe's is false).
 //
 // RoPE layout -- which pagedattn RopeStyle to use:
 //  * llama: llama.cpp's converter (convert_hf_to_gguf.py, LlamaModel.permute)
@@ -36,7 +45,7 @@
 
 namespace pagedattn {
 
-enum class GgufArch { kLlama, kQwen2, kQwen3, kGemma2, kGemma3, kPhi3 };
+enum class GgufArch { kLlama, kQwen2, kQwen3, kGemma2, kGemma3, kPhi3, kQwen2Moe, kQwen3Moe };
 
 // The gated MLP's activation: silu(gate) * up, or gelu_tanh(gate) * up.
 enum class GgufActivation { kSilu, kGeluTanh };
@@ -84,9 +93,17 @@ struct GgufLayerTensors {
   std::string post_attention_norm;       // gemma2/3: [hidden]
   std::string ffn_norm;                  // [hidden]
   std::string ffn_gate;                  // [hidden, intermediate] (phi3: none)
-  std::string ffn_up;         // [hidden, intermediate] (phi3: [hidden, 2 intermediate], gate first)
-  std::string ffn_down;       // [intermediate, hidden]
-  std::string post_ffw_norm;  // gemma2/3: [hidden]
+  std::string ffn_up;    // [hidden, intermediate] (phi3: [hidden, 2 intermediate], gate first)
+  std::string ffn_down;  // [intermediate, hidden]
+  // Mixture of experts (qwen2moe, qwen3moe) instead of ffn_gate / ffn_up /
+  // ffn_down (those names then empty).
+  std::string ffn_gate_inp;                  // router: [hidden, experts]
+  std::string ffn_gate_exps, ffn_up_exps;    // [hidden, expert_ff, experts]
+  std::string ffn_down_exps;                 // [expert_ff, hidden, experts]
+  std::string ffn_gate_inp_shexp;            // qwen2moe shared expert gate: [hidden] or [hidden, 1]
+  std::string ffn_gate_shexp, ffn_up_shexp;  // qwen2moe: [hidden, shared_ff]
+  std::string ffn_down_shexp;                // qwen2moe: [shared_ff, hidden]
+  std::string post_ffw_norm;                 // gemma2/3: [hidden]
 };
 
 struct GgufModelConfig {
@@ -121,6 +138,16 @@ struct GgufModelConfig {
   bool tie_embeddings = false;     // no "output.weight": the LM head is token_embd
   std::int64_t bos_token_id = -1;  // -1 when absent
   std::int64_t eos_token_id = -1;
+  // Mixture of experts; num_experts 0: a dense model.
+  std::int64_t num_experts = 0;       // "{arch}.expert_count"
+  std::int64_t num_experts_used = 0;  // "{arch}.expert_used_count"
+  // "{arch}.expert_feed_forward_length", else intermediate_size /
+  // num_experts_used (llama.cpp's fallback).
+  std::int64_t expert_intermediate_size = 0;
+  // qwen2moe: "{arch}.expert_shared_feed_forward_length", else
+  // intermediate_size; 0 without a shared expert.
+  std::int64_t shared_expert_intermediate_size = 0;
+  bool normalize_expert_weights = false;  // qwen3moe: top-k weights renormalised
 
   std::string token_embedding = "token_embd.weight";  // [hidden, vocab]
   std::string output_norm = "output_norm.weight";     // [hidden]

@@ -59,6 +59,19 @@ struct LlamaConfig {
   float attention_scale = 0.0f;    // 0: 1 / sqrt(head_dim)
   float attention_softcap = 0.0f;  // > 0: scores s -> cap tanh(s / cap) (Gemma 2)
   float final_softcap = 0.0f;      // > 0: logits capped the same way (Gemma 2)
+  // Mixture of experts (GGUF qwen2moe, qwen3moe): with num_experts > 0 every
+  // layer's MLP is a router over num_experts gated MLPs of width
+  // expert_intermediate_size, of which each token runs num_experts_used
+  // (softmax over the router logits, the top num_experts_used weights,
+  // renormalised to sum 1 when normalize_expert_weights), plus with
+  // shared_expert_intermediate_size > 0 a shared gated MLP of that width
+  // scaled by sigmoid(x . gate) (qwen2moe). intermediate_size is then unused
+  // by the layers. Runs in one process only (shard.size 1).
+  std::int32_t num_experts = 0;
+  std::int32_t num_experts_used = 0;
+  std::int32_t expert_intermediate_size = 0;
+  std::int32_t shared_expert_intermediate_size = 0;
+  bool normalize_expert_weights = false;
   // Tensor parallelism: the slice this process computes (see
   // tensor_parallel_shard.h). Every field above describes the whole model;
   // the model's spec() reports this shard's head counts. num_kv_heads and
@@ -92,8 +105,8 @@ struct GgufModelOptions {
 };
 
 // Loads a GGUF decoder (architectures llama, qwen2, qwen3, gemma2, gemma3,
-// phi3, see gguf_model.h; weights F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
-// Q5_K, Q6_K). Quantised weights the in-place kernels read are kept as
+// phi3, qwen2moe, qwen3moe, see gguf_model.h; weights F32, F16, BF16, Q8_0,
+// Q4_0, Q4_1, Q4_K, Q5_K, Q6_K). Quantised weights the in-place kernels read are kept as
 // stored; the other types are dequantised to f32 at load. InvalidArgument /
 // Unsupported naming the file and the key or tensor for a file that cannot
 // be served.

@@ -27,6 +27,17 @@ convert_hf_to_gguf.py as of 2025/2026):
   * Phi3MiniModel: its own key list (rope.scaling.original_context_length,
     rope.dimension_count, sliding_window = 0 when config has none); fused
     attn_qkv and ffn_up = [gate; up] as HF stores them.
+  * Qwen2MoeModel (qwen2moe; Qwen3MoeModel, qwen3moe, inherits it): the base
+    (which adds expert_count from num_experts and expert_used_count from
+    num_experts_per_tok) + expert_feed_forward_length (moe_intermediate_size)
+    and, when set, expert_shared_feed_forward_length; transformers 5's fused
+    experts.gate_up_proj [E, 2I, H] split into ffn_gate_exps / ffn_up_exps
+    (first I rows gate), experts.down_proj [E, H, I] -> ffn_down_exps. No
+    norm_topk_prob key: llama.cpp's graph fixes it per architecture.
+    shared_expert_gate.weight [1, H] -> ffn_gate_inp_shexp written 1-D [H],
+    as converters that squeezed every tensor wrote it (the files on the hub;
+    the current converter keeps [1, H], which pagedattn also reads, but
+    transformers' GGUF loader expects 1-D).
 """
 from __future__ import annotations
 
@@ -180,6 +191,30 @@ FAMILIES = {f.name: f for f in [
     # The same within the original context (128 = the served context): the
     # short factors, attention factor 1.
     phi3_longrope("phi3-longrope-short", original=128),
+    # Qwen1.5-MoE-A2.7B style: qwen2 attention (q/k/v biases), 8 experts of
+    # width 128, top-2 weights as softmax gives them (norm_topk_prob false),
+    # a shared expert of width 384 behind a sigmoid gate; untied.
+    Family("qwen2moe", "qwen2moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig",
+           dict(COMMON, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, num_experts=8,
+                num_experts_per_tok=2, moe_intermediate_size=128,
+                shared_expert_intermediate_size=384, norm_topk_prob=False,
+                rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                tie_word_embeddings=False),
+           hf_reads_whole_config=False,
+           hf_gap="transformers' GGUF config mapping reads no expert_feed_forward_length / "
+                  "expert_shared_feed_forward_length for qwen2moe"),
+    # Qwen3-30B-A3B style: qwen3 attention (q/k norms, head_dim 128), 16
+    # experts of width 64, top-4 renormalised to sum 1 (norm_topk_prob true,
+    # as llama.cpp's qwen3moe graph assumes); tied.
+    Family("qwen3moe", "qwen3moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig",
+           dict(COMMON, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=128, num_experts=16,
+                num_experts_per_tok=4, moe_intermediate_size=64, norm_topk_prob=True,
+                rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                tie_word_embeddings=True),
+           hf_reads_whole_config=False,
+           hf_gap="transformers' GGUF config mapping reads no expert_feed_forward_length for qwen3moe"),
 ]}
 
 
@@ -196,13 +231,20 @@ def is_gemma(family: Family) -> bool:
     return family.arch in ("gemma2", "gemma3")
 
 
+def is_moe(family: Family) -> bool:
+    return family.arch in ("qwen2moe", "qwen3moe")
+
+
 def build_model(family: Family, seed: int = 0):
     """The float32 eager HF model with seeded random weights scaled so that
     activations and logits are O(1-10)."""
     config = make_config(family)
     cls = getattr(transformers, family.hf_class)
     torch.manual_seed(seed)
-    model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32)
+    # MoE: the experts' plain per-expert loop, which runs in float64 too
+    # (transformers' default grouped_mm takes float32/bf16/f16 only).
+    extra = dict(experts_implementation="eager") if is_moe(family) else {}
+    model = cls._from_config(config, attn_implementation="eager", dtype=torch.float32, **extra)
     gen = torch.Generator().manual_seed(seed + 1)
 
     def normal(shape, std):
@@ -226,6 +268,8 @@ def build_model(family: Family, seed: int = 0):
                 p.copy_(normal(p.shape, 3.0 / math.sqrt(hidden)))
             elif name.endswith(".bias"):
                 p.copy_(normal(p.shape, 0.5))
+            elif p.dim() == 3:  # fused experts [E, out, in]
+                p.copy_(normal(p.shape, 1.0 / math.sqrt(p.shape[2])))
             elif p.dim() == 2:
                 scale = 1.0
                 if any(s in name for s in ("q_proj", "k_proj", "qkv_proj")):
@@ -318,6 +362,17 @@ def gguf_tensors(family: Family, model) -> list[tuple[str, np.ndarray]]:
             continue
         data = t.detach().to(torch.float32).numpy().copy()
         stem, suffix = hf_name.rsplit(".", 1)
+        if stem.endswith("mlp.experts"):  # Qwen2MoeModel.modify_tensors
+            n_ff = data.shape[1] // 2
+            parts = ([("gate_proj", data[:, :n_ff]), ("up_proj", data[:, n_ff:])]
+                     if suffix == "gate_up_proj" else [(suffix, data)])
+            for part, array in parts:
+                name = name_map.get_name(f"{stem}.{part}")
+                assert name is not None, f"{family.name}: no GGUF name for {stem}.{part}"
+                out.append((f"{name}.weight", np.ascontiguousarray(array)))
+            continue
+        if stem.endswith("shared_expert_gate"):
+            data = data.reshape(-1)  # 1-D, see the module docstring
         if family.arch == "llama":
             if stem.endswith("q_proj"):
                 data = llama_permute(data, n_head, n_head)
@@ -348,7 +403,7 @@ def write_gguf(family: Family, model, path: str) -> None:
     full_rope = rope.get("full_attention", rope)
     head_dim = hp.get("head_dim")
 
-    if arch in ("llama", "qwen2", "qwen3", "gemma3"):  # TextModel.set_gguf_parameters
+    if arch in ("llama", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe"):  # TextModel.set_gguf_parameters
         w.add_block_count(config.num_hidden_layers)
         w.add_context_length(config.max_position_embeddings)
         w.add_embedding_length(config.hidden_size)
@@ -376,6 +431,12 @@ def write_gguf(family: Family, model, path: str) -> None:
         if head_dim is not None:
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
+    if is_moe(family):  # the base's expert counts, then Qwen2MoeModel.set_gguf_parameters
+        w.add_expert_count(config.num_experts)
+        w.add_expert_used_count(config.num_experts_per_tok)
+        w.add_expert_feed_forward_length(config.moe_intermediate_size)
+        if getattr(config, "shared_expert_intermediate_size", None) is not None:
+            w.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     if arch == "llama":  # LlamaModel.set_gguf_parameters
         w.add_vocab_size(config.vocab_size)
         w.add_rope_dimension_count(head_dim or config.hidden_size // config.num_attention_heads)

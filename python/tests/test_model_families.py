@@ -29,7 +29,7 @@ code was read class by class). Then:
 transformers 5.x classes: LlamaForCausalLM (llama, llama-f16, llama3,
 llama-linear), MistralForCausalLM, Qwen2ForCausalLM (qwen2, qwen2-yarn),
 Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (Gemma3TextConfig),
-Phi3ForCausalLM. Nothing is downloaded (HF_HUB_OFFLINE=1).
+Phi3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM. Nothing is downloaded (HF_HUB_OFFLINE=1).
 
 Conventions of the files (what pagedattn's loader must read), per family:
 
@@ -48,6 +48,8 @@ Conventions of the files (what pagedattn's loader must read), per family:
 | phi3 | phi3 | 2, 384, 4/4, 96 | attn_qkv [q; k; v] rows, ffn_up = [gate; up] (2*ffn rows), untied | rope.dimension_count=96, rope.scaling.original_context_length=2048 (written always, without a scaling type), attention.sliding_window=0 (no window) |
 | phi3-longrope | phi3 | 2, 384, 4/4, 96 | as phi3 + rope_factors_long.weight / rope_factors_short.weight F32 [48] | context 128, rope.scaling.original_context_length=16, rope.scaling.attn_factor=sqrt(1 + ln 8 / ln 16) (Phi3MiniModel); pagedattn serves 128 > 16: long factors, as HF for sequences past 16 |
 | phi3-longrope-short | phi3 | as phi3-longrope | same tensors | context = original = 128: short factors, attn_factor 1 |
+| qwen2moe | qwen2moe | 2, 256, 4/2, 64; 8 experts of width 128, top-2; shared expert 384 | as qwen2 (biases), untied; per layer ffn_gate_inp [256, 8] (router), ffn_gate_exps / ffn_up_exps [256, 128, 8], ffn_down_exps [128, 256, 8] (HF's fused gate_up_proj split), ffn_gate_shexp / ffn_up_shexp [256, 384], ffn_down_shexp [384, 256], ffn_gate_inp_shexp [256] (1-D) | expert_count=8, expert_used_count=2, expert_feed_forward_length=128, expert_shared_feed_forward_length=384; no norm_topk_prob key (qwen2moe: weights not renormalised) |
+| qwen3moe | qwen3moe | 2, 256, 4/2, 128; 16 experts of width 64, top-4 | as qwen3 (q/k norms), tied; router and expert tensors as qwen2moe, no shared expert | expert_count=16, expert_used_count=4, expert_feed_forward_length=64, key/value_length=128; qwen3moe: top-4 weights renormalised (HF norm_topk_prob=True) |
 
 (*) common: {arch}.block_count, context_length (2048 unless stated),
 embedding_length, feed_forward_length, attention.head_count,
@@ -171,6 +173,12 @@ def expected_keys(family):
         keys["gemma2.final_logit_softcapping"] = c["final_logit_softcapping"]
     if a == "gemma3":
         keys["gemma3.rope.freq_base_swa"] = rope["sliding_attention"]["rope_theta"]
+    if a in ("qwen2moe", "qwen3moe"):
+        keys[f"{a}.expert_count"] = c["num_experts"]
+        keys[f"{a}.expert_used_count"] = c["num_experts_per_tok"]
+        keys[f"{a}.expert_feed_forward_length"] = c["moe_intermediate_size"]
+        if "shared_expert_intermediate_size" in c:
+            keys[f"{a}.expert_shared_feed_forward_length"] = c["shared_expert_intermediate_size"]
     if a == "phi3":
         keys["phi3.rope.dimension_count"] = c["hidden_size"] // c["num_attention_heads"]
         keys["phi3.rope.scaling.original_context_length"] = c["original_max_position_embeddings"]
@@ -282,6 +290,10 @@ FEATURES = {
                ("no global scaling", dict(rope_parameters=dict(
                    full_attention=dict(rope_type="default", rope_theta=1000000.0),
                    sliding_attention=dict(rope_type="default", rope_theta=10000.0))))],
+    # pagedattn fixes these per architecture (as llama.cpp does): the other
+    # choice must show.
+    "qwen2moe": [("top-k weights renormalised", dict(norm_topk_prob=True))],
+    "qwen3moe": [("top-k weights not renormalised", dict(norm_topk_prob=False))],
 }
 
 

@@ -1,5 +1,5 @@
-// make_gguf_model: a GGUF decoder (llama, qwen2, qwen3, gemma2, gemma3, phi3)
-// as the built-in model.
+// make_gguf_model: a GGUF decoder (llama, qwen2, qwen3, gemma2, gemma3, phi3,
+// qwen2moe, qwen3moe) as the built-in model.
 // Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K tensors stay in their blocks (the
 // quantised kernels read them in place); F32 / F16 / BF16 are widened to f32
 // once, at load (exactly, by the GGUF reader).
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/llama_weights.h"
+#include "engine/moe.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/gguf_model.h"
@@ -82,6 +83,61 @@ std::vector<float> load_optional_vector(const GgufFile& file, const std::string&
   return name.empty() ? std::vector<float>{} : load_vector(file, name);
 }
 
+// The [out][in] matrices of a 3-D expert tensor (ggml dims {in, out,
+// experts}), one per expert: a quantised expert keeps its blocks (its bytes
+// are a contiguous slice of the tensor's), others are widened to f32.
+std::vector<WeightMatrix> load_experts(const GgufFile& file, const std::string& name) {
+  const GgufTensor& t = file.tensor(name);
+  require(t.dims.size() == 3, "gguf ", file.source_name(), ": tensor '", name, "' has ",
+          t.dims.size(), " dims, an expert tensor has 3");
+  const auto in = static_cast<std::int32_t>(t.dims[0]), out = static_cast<std::int32_t>(t.dims[1]);
+  const auto experts = static_cast<std::size_t>(t.dims[2]);
+  std::vector<WeightMatrix> matrices;
+  matrices.reserve(experts);
+  WeightFormat format{};
+  if (in_place_format(t.type, format)) {
+    const std::size_t bytes = std::size_t(out) * std::size_t(engine::weight_row_bytes(format, in));
+    for (std::size_t e = 0; e < experts; ++e)
+      matrices.push_back(WeightMatrix::rows(format, {t.data + e * bytes, bytes}, out, in));
+  } else {
+    const std::vector<float> values = file.dequantize(t);
+    const std::size_t count = std::size_t(out) * std::size_t(in);
+    for (std::size_t e = 0; e < experts; ++e)
+      matrices.push_back(WeightMatrix::f32({values.begin() + std::ptrdiff_t(e * count),
+                                            values.begin() + std::ptrdiff_t((e + 1) * count)},
+                                           out, in));
+  }
+  file.release_pages(t);
+  return matrices;
+}
+
+// One gated MLP from its gate, up and down tensors (each in its own format).
+engine::ExpertWeights load_expert(WeightMatrix gate, WeightMatrix up, WeightMatrix down) {
+  engine::ExpertWeights e;
+  e.gate_up = StackedMatrix(std::move(gate));
+  e.gate_up.append(std::move(up));
+  e.down = std::move(down);
+  return e;
+}
+
+// The layer's router, routed experts and (qwen2moe) shared expert and its gate.
+engine::MoeLayerWeights load_moe(const GgufFile& file, const GgufLayerTensors& t) {
+  engine::MoeLayerWeights moe;
+  moe.router = load_matrix(file, t.ffn_gate_inp);
+  std::vector<WeightMatrix> gate = load_experts(file, t.ffn_gate_exps);
+  std::vector<WeightMatrix> up = load_experts(file, t.ffn_up_exps);
+  std::vector<WeightMatrix> down = load_experts(file, t.ffn_down_exps);
+  for (std::size_t e = 0; e < gate.size(); ++e)
+    moe.experts.push_back(load_expert(std::move(gate[e]), std::move(up[e]), std::move(down[e])));
+  if (t.ffn_gate_shexp.empty()) return moe;
+  moe.shared = load_expert(load_matrix(file, t.ffn_gate_shexp), load_matrix(file, t.ffn_up_shexp),
+                           load_matrix(file, t.ffn_down_shexp));
+  std::vector<float> gate_row = load_vector(file, t.ffn_gate_inp_shexp);
+  const auto hidden = static_cast<std::int32_t>(gate_row.size());
+  moe.shared_gate = WeightMatrix::f32(std::move(gate_row), 1, hidden);
+  return moe;
+}
+
 // q, k and v rows stacked (each part kept in its own format), and their
 // biases when the file has them.
 void load_qkv(const GgufFile& file, const GgufLayerTensors& t, LlamaLayerWeights& l) {
@@ -142,6 +198,12 @@ LlamaConfig llama_config(const GgufModelConfig& g, const GgufModelOptions& optio
   c.attention_scale = g.attention_scale;
   c.attention_softcap = g.attention_softcap;
   c.final_softcap = g.final_softcap;
+  c.num_experts = narrow(g.num_experts, "expert_count");
+  c.num_experts_used = narrow(g.num_experts_used, "expert_used_count");
+  c.expert_intermediate_size = narrow(g.expert_intermediate_size, "expert_feed_forward_length");
+  c.shared_expert_intermediate_size =
+      narrow(g.shared_expert_intermediate_size, "expert_shared_feed_forward_length");
+  c.normalize_expert_weights = g.normalize_expert_weights;
   c.rms_norm_eps = g.rms_norm_eps;
   c.max_position =
       options.max_position > 0 ? options.max_position : narrow(g.context_length, "context_length");
@@ -229,6 +291,7 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
     config.rope_freq_factors = load_vector(file, g.rope_scaling.freq_factors_tensor);
   if (!g.rope_scaling.long_factors_tensor.empty()) apply_long_rope(file, g, config);
   engine::validate_shard(config);  // before reading any weight
+  engine::validate_moe_config(config);
   if (options.check_tensors) check_tensors_finite(file);
   LlamaWeights w;
   w.embedding = load_matrix(file, g.token_embedding);
@@ -243,8 +306,12 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
     l.o = load_matrix(file, t.attn_output);
     l.post_attn_norm = load_optional_vector(file, t.post_attention_norm);
     l.mlp_norm = load_vector(file, t.ffn_norm);
-    l.gate_up = load_gate_up(file, t);
-    l.down = load_matrix(file, t.ffn_down);
+    if (!t.ffn_gate_inp.empty()) {
+      l.moe = load_moe(file, t);
+    } else {
+      l.gate_up = load_gate_up(file, t);
+      l.down = load_matrix(file, t.ffn_down);
+    }
     l.post_mlp_norm = load_optional_vector(file, t.post_ffw_norm);
   }
   return engine::make_llama_model(config, std::move(w));

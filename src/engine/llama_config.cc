@@ -41,7 +41,13 @@ std::int64_t llama_parameter_count(const LlamaConfig& c) {
   const std::int64_t h = c.hidden_size, d = c.head_dim;
   const std::int64_t qkv = (std::int64_t{c.num_qo_heads} + 2 * c.num_kv_heads) * d * h;
   const std::int64_t o = h * c.num_qo_heads * d;
-  const std::int64_t mlp = 3 * h * c.intermediate_size;
+  const std::int64_t shared = c.shared_expert_intermediate_size > 0
+                                  ? 3 * h * c.shared_expert_intermediate_size + h  // + its gate
+                                  : 0;
+  const std::int64_t mlp =
+      c.num_experts > 0
+          ? c.num_experts * (3 * h * c.expert_intermediate_size + h) + shared  // experts + router
+          : 3 * h * c.intermediate_size;
   const std::int64_t layer = 2 * h + qkv + o + mlp;
   const std::int64_t embed = std::int64_t{c.vocab_size} * h * (c.tie_embeddings ? 1 : 2);
   return embed + c.num_layers * layer + h;

@@ -11,6 +11,7 @@
 #include "gemm.h"
 #include "kernels/rope_table.h"
 #include "llama_weights.h"
+#include "moe.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/llama.h"
 
@@ -93,6 +94,7 @@ void validate(const LlamaConfig& c) {
   rope.attention_factor = c.rope_attention_factor;
   rope.rotary_dim = rotary;
   apply_rope({nullptr, DType::kF32, rotary, rotary}, 0, 1, rotary, nullptr, rope);  // no tokens
+  engine::validate_moe_config(c);
 }
 
 // The RoPE of one kind of layer and its cos/sin rows.
@@ -118,6 +120,7 @@ class LlamaModel final : public Model {
         hq_(engine::shard_qo_heads(c)),
         hkv_(engine::shard_kv_heads(c)),
         inter_(c.intermediate_size / c.shard.size),
+        moe_(engine::moe_shape(c)),
         w_(std::move(weights)) {
     validate_weights();
     // The model rotates q and k itself (layers may differ in their RoPE), so
@@ -177,6 +180,7 @@ class LlamaModel final : public Model {
 
   LlamaConfig c_;
   std::int32_t hq_, hkv_, inter_;  // this shard's query heads, KV heads, MLP width
+  engine::MoeShape moe_;           // num_experts 0: dense MLPs
   ModelSpec spec_;
   LlamaWeights w_;
   LayerRope rope_[2];  // global layers, windowed layers
@@ -184,6 +188,7 @@ class LlamaModel final : public Model {
   std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, rows_, partial_;
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
   LinearScratch scratch_;
+  engine::MoeScratch moe_scratch_;
 };
 
 // Seeded synthetic weights (the draw order is part of the tests' contract).
@@ -207,8 +212,12 @@ LlamaWeights draw_weights(const LlamaConfig& c) {
     l.mlp_norm.assign(static_cast<std::size_t>(h), 1.0f);
     l.qkv = engine::StackedMatrix(draw(qkv_rows, h, init_bound(h)));
     l.o = draw(h, q_dim, init_bound(q_dim, residual));
-    l.gate_up = engine::StackedMatrix(draw(2 * inter, h, init_bound(h)));
-    l.down = draw(h, inter, init_bound(inter, residual));
+    if (c.num_experts > 0) {
+      l.moe = engine::draw_moe_weights(c, static_cast<std::int32_t>(&l - w.layers.data()));
+    } else {
+      l.gate_up = engine::StackedMatrix(draw(2 * inter, h, init_bound(h)));
+      l.down = draw(h, inter, init_bound(inter, residual));
+    }
     if (c.qk_norm) {
       l.q_norm.assign(static_cast<std::size_t>(d), 1.0f);
       l.k_norm.assign(static_cast<std::size_t>(d), 1.0f);
@@ -258,6 +267,11 @@ void LlamaModel::validate_weights() const {
             "LlamaModel: qkv_bias of layer ", layer, " has ", l.qkv_bias.size(),
             " values, the config needs ", qkv_rows);
     require_shape(l.o, "attn_output", layer, h, q_dim);
+    if (moe_.num_experts > 0) {
+      engine::validate_moe_weights(moe_, l.moe, layer);
+      continue;
+    }
+    require(l.moe.empty(), "LlamaModel: layer ", layer, " has experts, the config has none");
     require_shape(l.gate_up, "gate_up", layer, 2 * inter, h);
     require_shape(l.down, "down", layer, h, inter);
   }
@@ -362,6 +376,15 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
   const std::int32_t inter = inter_;
   const bool gelu = c_.activation == MlpActivation::kGeluTanh;
   rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
+  if (!w.moe.empty()) {  // one process (validate_moe_config): no all-reduce
+    partial_.resize(std::size_t(tokens) * std::size_t(c_.hidden_size));
+    engine::moe_forward(moe_, w.moe, h_.data(), tokens, partial_.data(), deterministic,
+                        moe_scratch_, scratch_);
+    if (!w.post_mlp_norm.empty())
+      rms_norm(partial_.data(), tokens, w.post_mlp_norm, partial_.data());
+    for (std::size_t i = 0; i < partial_.size(); ++i) x_[i] += partial_[i];
+    return;
+  }
   w.gate_up.project(h_.data(), tokens, gate_up_.data(), false, deterministic, scratch_);
   const std::int64_t n = std::int64_t{tokens} * inter;
 #pragma omp parallel for schedule(static) if (n > (1 << 16))

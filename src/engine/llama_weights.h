@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/moe.h"
 #include "engine/stacked_matrix.h"
 #include "engine/weight_matrix.h"
 #include "pagedattn/llama.h"
@@ -23,8 +24,9 @@ struct LlamaLayerWeights {
   WeightMatrix o;                     // [H][Hq D]
   std::vector<float> post_attn_norm;  // [H] (config.sandwich_norms)
   std::vector<float> mlp_norm;        // [H]
-  StackedMatrix gate_up;              // [2 I][H]: gate rows, then up rows
-  WeightMatrix down;                  // [H][I]
+  StackedMatrix gate_up;              // [2 I][H]: gate rows, then up rows (empty with experts)
+  WeightMatrix down;                  // [H][I] (empty with experts)
+  MoeLayerWeights moe;                // config.num_experts > 0: the experts instead
   std::vector<float> post_mlp_norm;   // [H] (config.sandwich_norms)
 };
 

@@ -1,6 +1,7 @@
 // read_model_config: Llama-family hyper-parameters and tensor names.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +53,15 @@ class ConfigReader {
                          "' has type ", info.name, ", which pagedattn cannot dequantise");
   }
 
+  // A vector of `length` stored 1-D or as a [1][length] PyTorch weight
+  // (ggml dims {length, 1}: current converters write qwen2moe's
+  // ffn_gate_inp_shexp so, older ones squeezed it).
+  void expect_row_tensor(const std::string& name, std::int64_t length) const {
+    const GgufTensor& t = file_.tensor(name);
+    expect_tensor(name, t.dims.size() == 2 ? std::vector<std::int64_t>{length, 1}
+                                           : std::vector<std::int64_t>{length});
+  }
+
  private:
   static std::string format(const std::vector<std::int64_t>& dims) {
     std::string s = "[";
@@ -67,6 +77,13 @@ std::int64_t optional_token_id(const GgufFile& file, std::string_view key) {
   return file.has(key) ? file.get_i64(key) : -1;
 }
 
+// Which mixture of experts an architecture's MLPs are.
+enum class MoeKind : std::uint8_t {
+  kNone,              // a dense gated MLP (ffn_gate / ffn_up / ffn_down)
+  kRouted,            // routed experts, top-k weights renormalised (qwen3moe)
+  kRoutedPlusShared,  // routed experts as weighted, plus a gated shared expert (qwen2moe)
+};
+
 // What differs between the architectures, beyond the keys they all share.
 struct ArchTraits {
   GgufArch arch;
@@ -79,6 +96,7 @@ struct ArchTraits {
   // Layers in a window/global period (the last of each is global); 0: every
   // layer windowed when the file has a window, 1: none windowed.
   std::int64_t window_period = 0;
+  MoeKind moe = MoeKind::kNone;
 };
 
 // llama.cpp's converter permutes llama's q/k rows (see gguf_model.h); the
@@ -90,6 +108,10 @@ constexpr ArchTraits kArchitectures[] = {
     {GgufArch::kGemma2, "gemma2", GgufRopeLayout::kNeox, false, false, true, true, 2},
     {GgufArch::kGemma3, "gemma3", GgufRopeLayout::kNeox, false, true, true, true, 6},
     {GgufArch::kPhi3, "phi3", GgufRopeLayout::kNeox, true},
+    {GgufArch::kQwen2Moe, "qwen2moe", GgufRopeLayout::kNeox, false, false, false, false, 0,
+     MoeKind::kRoutedPlusShared},
+    {GgufArch::kQwen3Moe, "qwen3moe", GgufRopeLayout::kNeox, false, true, false, false, 0,
+     MoeKind::kRouted},
 };
 
 const ArchTraits& arch_traits(const GgufFile& file, const std::string& name) {
@@ -97,7 +119,8 @@ const ArchTraits& arch_traits(const GgufFile& file, const std::string& name) {
     if (name == t.name) return t;
   throw Unsupported(
       detail::concat("gguf ", file.source_name(), ": general.architecture '", name,
-                     "' is not supported (llama, qwen2, qwen3, gemma2, gemma3, phi3)"));
+                     "' is not supported (llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, "
+                     "qwen3moe)"));
 }
 
 GgufLayerTensors layer_tensor_names(std::int64_t layer, const ArchTraits& a, bool with_qkv_bias) {
@@ -126,6 +149,19 @@ GgufLayerTensors layer_tensor_names(std::int64_t layer, const ArchTraits& a, boo
     t.post_ffw_norm = p + "post_ffw_norm.weight";
   }
   t.ffn_norm = p + "ffn_norm.weight";
+  if (a.moe != MoeKind::kNone) {
+    t.ffn_gate_inp = p + "ffn_gate_inp.weight";
+    t.ffn_gate_exps = p + "ffn_gate_exps.weight";
+    t.ffn_up_exps = p + "ffn_up_exps.weight";
+    t.ffn_down_exps = p + "ffn_down_exps.weight";
+    if (a.moe == MoeKind::kRoutedPlusShared) {
+      t.ffn_gate_inp_shexp = p + "ffn_gate_inp_shexp.weight";
+      t.ffn_gate_shexp = p + "ffn_gate_shexp.weight";
+      t.ffn_up_shexp = p + "ffn_up_shexp.weight";
+      t.ffn_down_shexp = p + "ffn_down_shexp.weight";
+    }
+    return t;
+  }
   if (!a.fused_qkv) t.ffn_gate = p + "ffn_gate.weight";
   t.ffn_up = p + "ffn_up.weight";
   t.ffn_down = p + "ffn_down.weight";
@@ -156,8 +192,18 @@ void check_tensors(const ConfigReader& r, const GgufModelConfig& c) {
     optional(t.post_attention_norm, {h});
     r.expect_tensor(t.ffn_norm, {h});
     optional(t.ffn_gate, {h, ff});
-    r.expect_tensor(t.ffn_up, {h, t.ffn_gate.empty() ? 2 * ff : ff});
-    r.expect_tensor(t.ffn_down, {ff, h});
+    optional(t.ffn_up, {h, t.ffn_gate.empty() ? 2 * ff : ff});
+    optional(t.ffn_down, {ff, h});
+    const std::int64_t experts = c.num_experts, expert_ff = c.expert_intermediate_size,
+                       shared_ff = c.shared_expert_intermediate_size;
+    optional(t.ffn_gate_inp, {h, experts});
+    optional(t.ffn_gate_exps, {h, expert_ff, experts});
+    optional(t.ffn_up_exps, {h, expert_ff, experts});
+    optional(t.ffn_down_exps, {expert_ff, h, experts});
+    if (!t.ffn_gate_inp_shexp.empty()) r.expect_row_tensor(t.ffn_gate_inp_shexp, h);
+    optional(t.ffn_gate_shexp, {h, shared_ff});
+    optional(t.ffn_up_shexp, {h, shared_ff});
+    optional(t.ffn_down_shexp, {shared_ff, h});
     optional(t.post_ffw_norm, {h});
   }
 }
@@ -261,6 +307,37 @@ std::vector<bool> windowed_layers(const GgufFile& file, const ConfigReader& r, c
 void read_gemma_settings(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
                          GgufModelConfig& c);
 
+// The experts' counts and widths (llama.cpp's fallbacks for the widths). A
+// dense architecture's file with experts (Mixtral is written as llama) is
+// refused by name rather than failing on a missing ffn_gate.
+void read_experts(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
+                  GgufModelConfig& c) {
+  if (a.moe == MoeKind::kNone) {
+    require<Unsupported>(
+        !file.has(r.key("expert_count")) || file.get_i64(r.key("expert_count")) == 0, "gguf ",
+        file.source_name(), ": ", r.key("expert_count"), " = ",
+        file.has(r.key("expert_count")) ? file.get_i64(r.key("expert_count")) : 0,
+        ": mixture-of-experts '", a.name,
+        "' files are not supported (experts run for qwen2moe and qwen3moe)");
+    return;
+  }
+  c.num_experts = r.positive("expert_count");
+  c.num_experts_used = r.positive("expert_used_count");
+  require(c.num_experts_used <= c.num_experts, "gguf ", file.source_name(), ": ",
+          r.key("expert_used_count"), " = ", c.num_experts_used, " exceeds ", r.key("expert_count"),
+          " = ", c.num_experts);
+  c.expert_intermediate_size =
+      r.positive_or("expert_feed_forward_length", c.intermediate_size / c.num_experts_used);
+  require(c.expert_intermediate_size >= 1, "gguf ", file.source_name(), ": no ",
+          r.key("expert_feed_forward_length"), " and ", r.key("feed_forward_length"), " = ",
+          c.intermediate_size, " / ", r.key("expert_used_count"), " = ", c.num_experts_used,
+          " is 0");
+  if (a.moe == MoeKind::kRoutedPlusShared)
+    c.shared_expert_intermediate_size =
+        r.positive_or("expert_shared_feed_forward_length", c.intermediate_size);
+  c.normalize_expert_weights = a.moe == MoeKind::kRouted;
+}
+
 // Per-layer windows, scales and caps of the attention.
 void read_attention_kinds(const GgufFile& file, const ConfigReader& r, const ArchTraits& a,
                           GgufModelConfig& c) {
@@ -331,6 +408,7 @@ GgufModelConfig read_model_config(const GgufFile& file) {
           file.source_name(), ": ", r.key("block_count"), " = ", c.num_layers, " exceeds the ",
           file.tensors().size(), " tensors in the file");
   read_attention_kinds(file, r, a, c);
+  read_experts(file, r, a, c);
 
   const GgufTensor& embedding = file.tensor(c.token_embedding);
   require(embedding.dims.size() == 2, "gguf ", file.source_name(), ": tensor '", c.token_embedding,

@@ -1,0 +1,287 @@
+#include "engine/moe.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "engine/counter_random.h"
+#include "pagedattn/errors.h"
+
+namespace pagedattn::engine {
+namespace {
+
+float silu(float g) {
+  return g / (1.0f + std::exp(-g));
+}
+
+// tanh-approximated GELU (as the dense MLP's).
+float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+// act[r][i] = act(gate_up[r][i]) * gate_up[r][width + i] for `rows` rows.
+void gated_activation(const float* gate_up, std::int32_t rows, std::int32_t width,
+                      MlpActivation activation, float* act) {
+  const bool gelu = activation == MlpActivation::kGeluTanh;
+  const std::int64_t n = std::int64_t{rows} * width;
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t r = i / width, j = i % width;
+    const float g = gate_up[std::size_t(r * 2 * width + j)];
+    const float u = gate_up[std::size_t(r * 2 * width + width + j)];
+    act[std::size_t(i)] = (gelu ? gelu_tanh(g) : silu(g)) * u;
+  }
+}
+
+void project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y, bool deterministic,
+             LinearScratch& scratch) {
+  linear({x, rows, w.in(), w.data(), w.out(), y, false, deterministic, w.format()}, scratch);
+}
+
+template <typename Matrix>  // WeightMatrix or StackedMatrix
+void require_shape(const Matrix& m, const std::string& name, std::int64_t layer, std::int32_t out,
+                   std::int32_t in) {
+  require(m.out() == out && m.in() == in, "LlamaModel: ", name, " of layer ", layer, " is ",
+          m.out(), " x ", m.in(), ", the config needs ", out, " x ", in);
+}
+
+void require_expert(const ExpertWeights& e, const std::string& name, std::int64_t layer,
+                    std::int32_t hidden, std::int32_t width) {
+  require_shape(e.gate_up, name + " gate_up", layer, 2 * width, hidden);
+  require_shape(e.down, name + " down", layer, hidden, width);
+}
+
+// Expert e's rows are [first_row[e], first_row[e + 1]) of the grouped
+// buffers, in token order; row_of_slot maps each (token, j) to its row.
+void group_by_expert(const MoeShape& s, std::int32_t tokens, MoeScratch& m) {
+  const std::int32_t k = s.num_experts_used, slots = tokens * k;
+  m.first_row.assign(std::size_t(s.num_experts) + 1, 0);
+  for (std::int32_t i = 0; i < slots; ++i) ++m.first_row[std::size_t(m.experts[i]) + 1];
+  for (std::int32_t e = 0; e < s.num_experts; ++e)
+    m.first_row[std::size_t(e) + 1] += m.first_row[std::size_t(e)];
+  std::vector<std::int32_t> next(m.first_row.begin(), m.first_row.end() - 1);
+  m.row_of_slot.resize(std::size_t(slots));
+  for (std::int32_t i = 0; i < slots; ++i)
+    m.row_of_slot[std::size_t(i)] = next[std::size_t(m.experts[i])]++;
+}
+
+// Below this many multiply-adds per expert (rows x 2 I x H) the experts run
+// side by side, one per thread: linear() keeps a product that small on one
+// thread (a decode step's one or two rows per expert), so the experts one
+// after another would use one core.
+constexpr std::int64_t kSideBySideWork = std::int64_t{1} << 22;
+
+// Expert e's MLP of its grouped rows: grouped_x -> gate_up -> act -> grouped_y.
+void run_expert(const MoeShape& s, const ExpertWeights& w, std::int32_t row, std::int32_t rows,
+                bool deterministic, MoeScratch& m, LinearScratch& ls) {
+  const std::size_t h = std::size_t(s.hidden), inter = std::size_t(s.expert_intermediate);
+  float* gate_up = m.gate_up.data() + std::size_t(row) * 2 * inter;
+  float* act = m.act.data() + std::size_t(row) * inter;
+  w.gate_up.project(m.grouped_x.data() + std::size_t(row) * h, rows, gate_up, false, deterministic,
+                    ls);
+  gated_activation(gate_up, rows, s.expert_intermediate, s.activation, act);
+  project(act, rows, w.down, m.grouped_y.data() + std::size_t(row) * h, deterministic, ls);
+}
+
+// grouped_y = each expert's MLP of its gathered rows of x. A row's result
+// does not depend on which thread runs its expert (linear()'s rows do not
+// depend on the thread count).
+void run_experts(const MoeShape& s, const MoeLayerWeights& w, const float* x, std::int32_t tokens,
+                 bool deterministic, MoeScratch& m, LinearScratch& ls) {
+  const std::size_t h = std::size_t(s.hidden), inter = std::size_t(s.expert_intermediate);
+  const std::int32_t k = s.num_experts_used, slots = tokens * k;
+  m.grouped_x.resize(std::size_t(slots) * h);
+  m.gate_up.resize(std::size_t(slots) * 2 * inter);
+  m.act.resize(std::size_t(slots) * inter);
+  m.grouped_y.resize(std::size_t(slots) * h);
+  for (std::int32_t i = 0; i < slots; ++i)
+    std::memcpy(m.grouped_x.data() + std::size_t(m.row_of_slot[std::size_t(i)]) * h,
+                x + std::size_t(i / k) * h, h * sizeof(float));
+  std::vector<std::int32_t> active;  // experts with rows
+  for (std::int32_t e = 0; e < s.num_experts; ++e)
+    if (m.first_row[std::size_t(e) + 1] > m.first_row[std::size_t(e)]) active.push_back(e);
+  const auto count = static_cast<std::int32_t>(active.size());
+  const std::int64_t work_per_expert = std::int64_t{slots} * 2 * std::int64_t(inter) *
+                                       std::int64_t(h) / std::max<std::int32_t>(count, 1);
+  const bool side_by_side =
+      count > 1 && omp_get_max_threads() > 1 && work_per_expert < kSideBySideWork;
+  if (side_by_side) m.thread_scratch.resize(std::size_t(omp_get_max_threads()));
+#pragma omp parallel for schedule(dynamic, 1) if (side_by_side)
+  for (std::int32_t i = 0; i < count; ++i) {
+    const std::int32_t e = active[std::size_t(i)], row = m.first_row[std::size_t(e)];
+    LinearScratch& scratch =
+        side_by_side ? m.thread_scratch[std::size_t(omp_get_thread_num())] : ls;
+    run_expert(s, w.experts[std::size_t(e)], row, m.first_row[std::size_t(e) + 1] - row,
+               deterministic, m, scratch);
+  }
+}
+
+// y[t] += sigmoid(x[t] . shared_gate) * shared(x[t]).
+void add_shared_expert(const MoeShape& s, const MoeLayerWeights& w, const float* x,
+                       std::int32_t tokens, float* y, bool deterministic, MoeScratch& m,
+                       LinearScratch& ls) {
+  const std::size_t h = std::size_t(s.hidden), inter = std::size_t(s.shared_intermediate);
+  m.shared_gate_up.resize(std::size_t(tokens) * 2 * inter);
+  m.shared_act.resize(std::size_t(tokens) * inter);
+  m.shared_y.resize(std::size_t(tokens) * h);
+  m.shared_logit.resize(std::size_t(tokens));
+  w.shared.gate_up.project(x, tokens, m.shared_gate_up.data(), false, deterministic, ls);
+  gated_activation(m.shared_gate_up.data(), tokens, s.shared_intermediate, s.activation,
+                   m.shared_act.data());
+  project(m.shared_act.data(), tokens, w.shared.down, m.shared_y.data(), deterministic, ls);
+  project(x, tokens, w.shared_gate, m.shared_logit.data(), deterministic, ls);
+  for (std::int32_t t = 0; t < tokens; ++t) {
+    const float gate = 1.0f / (1.0f + std::exp(-m.shared_logit[std::size_t(t)]));
+    const float* shared = m.shared_y.data() + std::size_t(t) * h;
+    float* out = y + std::size_t(t) * h;
+    for (std::size_t i = 0; i < h; ++i) out[i] += gate * shared[i];
+  }
+}
+
+}  // namespace
+
+MoeShape moe_shape(const LlamaConfig& c) {
+  return {c.hidden_size,
+          c.num_experts,
+          c.num_experts_used,
+          c.expert_intermediate_size,
+          c.shared_expert_intermediate_size,
+          c.normalize_expert_weights,
+          c.activation};
+}
+
+void validate_moe_config(const LlamaConfig& c) {
+  require(c.num_experts >= 0, "LlamaConfig.num_experts = ", c.num_experts, " must be >= 0");
+  if (c.num_experts == 0) {
+    require(c.num_experts_used == 0 && c.expert_intermediate_size == 0 &&
+                c.shared_expert_intermediate_size == 0,
+            "LlamaConfig.num_experts = 0 (a dense model) but num_experts_used = ",
+            c.num_experts_used, ", expert_intermediate_size = ", c.expert_intermediate_size,
+            ", shared_expert_intermediate_size = ", c.shared_expert_intermediate_size,
+            " (must all be 0)");
+    return;
+  }
+  require(c.num_experts_used >= 1 && c.num_experts_used <= c.num_experts,
+          "LlamaConfig.num_experts_used = ", c.num_experts_used,
+          " must be in [1, num_experts = ", c.num_experts, "]");
+  require(c.expert_intermediate_size >= 1,
+          "LlamaConfig.expert_intermediate_size = ", c.expert_intermediate_size, " must be >= 1");
+  require(c.shared_expert_intermediate_size >= 0,
+          "LlamaConfig.shared_expert_intermediate_size = ", c.shared_expert_intermediate_size,
+          " must be >= 0");
+  require(
+      c.shard.size == 1, "tensor parallelism: model '", c.name, "' is a mixture of ", c.num_experts,
+      " experts, which pagedattn runs in one process only (LlamaConfig.shard.size = ", c.shard.size,
+      " must be 1)");
+}
+
+void validate_moe_weights(const MoeShape& s, const MoeLayerWeights& w, std::int64_t layer) {
+  require(std::ssize(w.experts) == s.num_experts, "LlamaModel: layer ", layer, " has ",
+          w.experts.size(), " experts, the config has ", s.num_experts);
+  require_shape(w.router, "ffn_gate_inp (router)", layer, s.num_experts, s.hidden);
+  for (std::size_t e = 0; e < w.experts.size(); ++e)
+    require_expert(w.experts[e], "expert " + std::to_string(e), layer, s.hidden,
+                   s.expert_intermediate);
+  if (s.shared_intermediate == 0) {
+    require(w.shared.gate_up.out() == 0 && w.shared.down.empty() && w.shared_gate.empty(),
+            "LlamaModel: layer ", layer, " has a shared expert, the config has none");
+    return;
+  }
+  require_expert(w.shared, "shared expert", layer, s.hidden, s.shared_intermediate);
+  require_shape(w.shared_gate, "ffn_gate_inp_shexp (shared expert gate)", layer, 1, s.hidden);
+}
+
+MoeLayerWeights draw_moe_weights(const LlamaConfig& c, std::int32_t layer) {
+  const std::int32_t h = c.hidden_size;
+  const double residual = 1.0 / std::sqrt(2.0 * c.num_layers);
+  const std::uint64_t seed = splitmix64(c.weight_seed ^ 0x6d6f652d6c617965ull);  // "moe-laye"
+  std::uint64_t stream = std::uint64_t(layer) << 32;
+  auto draw = [&](std::int32_t out, std::int32_t in, double scale) {
+    const double bound = std::sqrt(3.0 / double(in)) * scale;
+    std::vector<float> v(std::size_t(out) * std::size_t(in));
+    const std::uint64_t s = stream++;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>((2.0 * counter_uniform(seed, s, i) - 1.0) * bound);
+    return WeightMatrix::f32(std::move(v), out, in);
+  };
+  auto expert = [&](std::int32_t width) {
+    ExpertWeights e;
+    e.gate_up = StackedMatrix(draw(2 * width, h, 1.0));
+    e.down = draw(h, width, residual);
+    return e;
+  };
+  MoeLayerWeights w;
+  w.router = draw(c.num_experts, h, 1.0);
+  for (std::int32_t e = 0; e < c.num_experts; ++e)
+    w.experts.push_back(expert(c.expert_intermediate_size));
+  if (c.shared_expert_intermediate_size > 0) {
+    w.shared = expert(c.shared_expert_intermediate_size);
+    w.shared_gate = draw(1, h, 1.0);
+  }
+  return w;
+}
+
+void route_tokens(const MoeShape& s, const float* logits, std::int32_t tokens,
+                  std::int32_t* experts, float* weights) {
+  const std::int32_t n = s.num_experts, k = s.num_experts_used;
+  std::vector<double> p(std::size_t(n), 0.0);
+  std::vector<std::int32_t> order(static_cast<std::size_t>(n));
+  for (std::int32_t t = 0; t < tokens; ++t) {
+    const float* row = logits + std::size_t(t) * n;
+    const float top = *std::max_element(row, row + n);
+    double sum = 0.0;
+    for (std::int32_t e = 0; e < n; ++e) sum += p[std::size_t(e)] = std::exp(double(row[e]) - top);
+    for (std::int32_t e = 0; e < n; ++e) order[std::size_t(e)] = e;
+    // Descending p; equal p: the lower index first (stable on the index order).
+    std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+      return p[std::size_t(a)] > p[std::size_t(b)];
+    });
+    double chosen = 0.0;
+    for (std::int32_t j = 0; j < k; ++j) chosen += p[std::size_t(order[std::size_t(j)])];
+    const double scale = s.normalize_weights ? 1.0 / chosen : 1.0 / sum;
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::int32_t e = order[std::size_t(j)];
+      experts[std::size_t(t) * k + j] = e;
+      weights[std::size_t(t) * k + j] = static_cast<float>(p[std::size_t(e)] * scale);
+    }
+  }
+}
+
+void moe_forward(const MoeShape& s, const MoeLayerWeights& w, const float* x, std::int32_t tokens,
+                 float* y, bool deterministic, MoeScratch& m, LinearScratch& ls) {
+  require(tokens >= 0, "moe_forward: tokens = ", tokens, " must be >= 0");
+  require(s.num_experts >= 1 && s.num_experts_used >= 1 && s.num_experts_used <= s.num_experts,
+          "moe_forward: num_experts_used = ", s.num_experts_used,
+          " must be in [1, num_experts = ", s.num_experts, "]");
+  validate_moe_weights(s, w, -1);
+  if (tokens == 0) return;
+  const std::size_t h = std::size_t(s.hidden);
+  const std::int32_t k = s.num_experts_used;
+  m.logits.resize(std::size_t(tokens) * s.num_experts);
+  project(x, tokens, w.router, m.logits.data(), deterministic, ls);
+  m.experts.resize(std::size_t(tokens) * k);
+  m.weights.resize(std::size_t(tokens) * k);
+  route_tokens(s, m.logits.data(), tokens, m.experts.data(), m.weights.data());
+  group_by_expert(s, tokens, m);
+  run_experts(s, w, x, tokens, deterministic, m, ls);
+  // Each token's experts summed in its top-k order (fixed per token).
+  for (std::int32_t t = 0; t < tokens; ++t) {
+    float* out = y + std::size_t(t) * h;
+    for (std::int32_t j = 0; j < k; ++j) {
+      const std::size_t slot = std::size_t(t) * k + j;
+      const float weight = m.weights[slot];
+      const float* expert = m.grouped_y.data() + std::size_t(m.row_of_slot[slot]) * h;
+      if (j == 0)
+        for (std::size_t i = 0; i < h; ++i) out[i] = weight * expert[i];
+      else
+        for (std::size_t i = 0; i < h; ++i) out[i] += weight * expert[i];
+    }
+  }
+  if (s.shared_intermediate > 0) add_shared_expert(s, w, x, tokens, y, deterministic, m, ls);
+}
+
+}  // namespace pagedattn::engine

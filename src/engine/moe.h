@@ -1,0 +1,95 @@
+// Mixture-of-experts MLP layers of the built-in model (GGUF qwen2moe,
+// qwen3moe): a router picks each token's top-k experts, every expert
+// multiplies the rows routed to it in one product, and each token's output
+// is the weighted sum of its experts' outputs (plus, for qwen2moe, a shared
+// expert scaled by a sigmoid gate).
+//
+// Routing, as Hugging Face's Qwen2MoeTopKRouter / Qwen3MoeTopKRouter and
+// llama.cpp's build_moe_ffn with softmax gating: p = softmax(x W_router^T);
+// the num_experts_used largest p, in descending order (equal p: the lower
+// expert index first); with normalize_expert_weights each divided by their
+// sum.
+//
+// Deterministic mode: a token's result does not depend on the batch. The
+// router and expert products go through linear(), whose deterministic rows
+// do not depend on the other rows of a call, and the experts' outputs are
+// summed per token in its top-k order, then the shared expert added.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/gemm.h"
+#include "engine/stacked_matrix.h"
+#include "engine/weight_matrix.h"
+#include "pagedattn/llama.h"
+
+namespace pagedattn::engine {
+
+// One gated MLP: down(act(gate x) * up x).
+struct ExpertWeights {
+  StackedMatrix gate_up;  // [2 I][H]: gate rows, then up rows
+  WeightMatrix down;      // [H][I]
+};
+
+// One layer's experts; empty() for a dense layer.
+struct MoeLayerWeights {
+  WeightMatrix router;                 // [num_experts][H]
+  std::vector<ExpertWeights> experts;  // [num_experts], width expert_intermediate_size
+  ExpertWeights shared;                // width shared_expert_intermediate_size, or empty
+  WeightMatrix shared_gate;            // [1][H]: sigmoid(x . row) scales the shared expert
+  bool empty() const { return experts.empty(); }
+};
+
+// A MoE layer's dimensions (from LlamaConfig, see its MoE fields).
+struct MoeShape {
+  std::int32_t hidden = 0;
+  std::int32_t num_experts = 0;
+  std::int32_t num_experts_used = 0;
+  std::int32_t expert_intermediate = 0;
+  std::int32_t shared_intermediate = 0;  // 0: no shared expert
+  bool normalize_weights = false;
+  MlpActivation activation = MlpActivation::kSilu;
+};
+MoeShape moe_shape(const LlamaConfig& config);
+
+// InvalidArgument naming the field when the config's MoE fields are
+// inconsistent, or when a MoE model is asked to run tensor-parallel (the
+// experts are not split: one process runs them all).
+void validate_moe_config(const LlamaConfig& config);
+// InvalidArgument naming the tensor and the layer when a shape does not
+// match `shape`.
+void validate_moe_weights(const MoeShape& shape, const MoeLayerWeights& weights,
+                          std::int64_t layer);
+
+// Seeded synthetic weights for `layer` (streams of their own: a dense
+// config's draws are unchanged), scaled like the dense model's MLP.
+MoeLayerWeights draw_moe_weights(const LlamaConfig& config, std::int32_t layer);
+
+// Each token's experts and weights, num_experts_used per token in top-k
+// order: experts[t k + j], weights[t k + j].
+void route_tokens(const MoeShape& shape, const float* router_logits, std::int32_t tokens,
+                  std::int32_t* experts, float* weights);
+
+// Buffers reused across calls.
+struct MoeScratch {
+  std::vector<float> logits, weights;   // [T][E], [T k]
+  std::vector<std::int32_t> experts;    // [T k]
+  std::vector<std::int32_t> first_row;  // [E + 1]: expert e's rows [first_row[e], first_row[e + 1])
+  std::vector<std::int32_t> row_of_slot;  // [T k]: the grouped row of token t's j-th expert
+  std::vector<float> grouped_x, gate_up, act,
+      grouped_y;  // [T k][H], [T k][2 I], [T k][I], [T k][H]
+  std::vector<float> shared_gate_up, shared_act, shared_y, shared_logit;
+  std::vector<LinearScratch> thread_scratch;  // experts run side by side: one per thread
+};
+
+// y[tokens][H] = the MoE MLP of x[tokens][H] (x already normed). The rows
+// routed to an expert are gathered and multiplied in one linear() per
+// matrix; experts with no rows are skipped, and small experts' products
+// run side by side on the OpenMP threads. InvalidArgument when the
+// weights do not match `shape` or tokens < 0.
+void moe_forward(const MoeShape& shape, const MoeLayerWeights& weights, const float* x,
+                 std::int32_t tokens, float* y, bool deterministic, MoeScratch& scratch,
+                 LinearScratch& linear_scratch);
+
+}  // namespace pagedattn::engine

@@ -1,0 +1,160 @@
+// qwen2moe / qwen3moe files the test writes: the expert keys are read, the
+// 3-D expert tensors load per expert (quantised ones sliced out of the
+// tensor's blocks) and give the logits of a copy whose tensors are all F32
+// (those sliced after dequantising), and refusals name the problem.
+// Hugging Face transformers checks the architectures themselves
+// (python/tests/test_model_families.py, families qwen2moe and qwen3moe).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model/gguf_writer.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/gguf.h"
+#include "pagedattn/gguf_model.h"
+#include "pagedattn/llama.h"
+#include "support/expect_error.h"
+
+namespace pagedattn {
+// A namespace of its own: the unity build merges this file with others.
+namespace moe_tests {
+namespace {
+
+using test::GgufTestTensor;
+using test::GgufWriter;
+
+constexpr std::uint64_t kHidden = 64, kExperts = 4, kExpertFf = 32, kSharedFf = 64;
+
+// tiny_model's attention and norms (its dense MLP tensors stay unread) plus
+// the experts: gate/up/down of different in-place types, a F32 router.
+GgufWriter moe_model(const std::string& arch, std::uint32_t used = 2) {
+  const bool qwen3 = arch == "qwen3moe";
+  GgufWriter w = test::tiny_model(arch, qwen3, !qwen3, {.hidden = kHidden});
+  w.kv_u32(arch + ".expert_count", kExperts).kv_u32(arch + ".expert_used_count", used);
+  w.kv_u32(arch + ".expert_feed_forward_length", kExpertFf);
+  if (!qwen3) w.kv_u32(arch + ".expert_shared_feed_forward_length", kSharedFf);
+  std::uint64_t seed = 1000;
+  for (std::uint32_t l = 0; l < 2; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    if (qwen3) {
+      w.tensor(p + "attn_q_norm.weight", GgufType::kF32, {kHidden / 4}, seed++);
+      w.tensor(p + "attn_k_norm.weight", GgufType::kF32, {kHidden / 4}, seed++);
+    }
+    w.tensor(p + "ffn_gate_inp.weight", GgufType::kF32, {kHidden, kExperts}, seed++);
+    w.tensor(p + "ffn_gate_exps.weight", GgufType::kQ4_0, {kHidden, kExpertFf, kExperts}, seed++);
+    w.tensor(p + "ffn_up_exps.weight", GgufType::kQ8_0, {kHidden, kExpertFf, kExperts}, seed++);
+    w.tensor(p + "ffn_down_exps.weight", GgufType::kQ4_1, {kExpertFf, kHidden, kExperts}, seed++);
+    if (qwen3) continue;
+    // Layer 0's gate 1-D (older converters), layer 1's [1][H] (current ones).
+    w.tensor(p + "ffn_gate_inp_shexp.weight", GgufType::kF32,
+             l == 0 ? std::vector<std::uint64_t>{kHidden} : std::vector<std::uint64_t>{kHidden, 1},
+             seed++);
+    w.tensor(p + "ffn_gate_shexp.weight", GgufType::kQ8_0, {kHidden, kSharedFf}, seed++);
+    w.tensor(p + "ffn_up_shexp.weight", GgufType::kF16, {kHidden, kSharedFf}, seed++);
+    w.tensor(p + "ffn_down_shexp.weight", GgufType::kQ4_0, {kSharedFf, kHidden}, seed++);
+  }
+  return w;
+}
+
+// The same file with every tensor as F32 (the dequantised values).
+std::vector<std::byte> as_f32(const GgufWriter& metadata_source, const GgufFile& file) {
+  GgufWriter w = metadata_source;
+  w.clear_tensors();
+  for (const GgufTensor& t : file.tensors()) {
+    const std::vector<float> values = file.dequantize(t);
+    std::vector<std::byte> data(values.size() * sizeof(float));
+    std::memcpy(data.data(), values.data(), data.size());
+    std::vector<std::uint64_t> dims(t.dims.begin(), t.dims.end());
+    w.tensor(GgufTestTensor{std::string(t.name), static_cast<std::uint32_t>(GgufType::kF32), dims,
+                            std::move(data), std::nullopt});
+  }
+  return w.build();
+}
+
+// Teacher-forced logits of `tokens` as one sequence (f32 K/V).
+std::vector<float> logits(Model& model, const std::vector<std::int32_t>& tokens) {
+  const ModelSpec& s = model.spec();
+  KVCacheConfig config = kv_cache_config(s);
+  config.page_size = 4;
+  config.num_pages = 8;
+  config.kv_dtype = DType::kF32;
+  PagedKVCache cache(config);
+  const SeqId seq = 0;
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  std::vector<std::int32_t> rows;
+  for (std::int32_t i = 0; i < n; ++i) rows.push_back(i);
+  std::vector<float> out(tokens.size() * std::size_t(s.vocab_size));
+  cache.add_sequence(seq);
+  cache.begin_forward({&seq, 1}, {&n, 1});
+  model.forward({tokens, rows, false}, cache, out);
+  cache.end_forward();
+  return out;
+}
+
+TEST(GgufMoe, ExpertKeysAreRead) {
+  for (const char* arch : {"qwen2moe", "qwen3moe"}) {
+    SCOPED_TRACE(arch);
+    const std::vector<std::byte> bytes = moe_model(arch).build();
+    const GgufModelConfig c = read_model_config(GgufFile::parse({bytes.data(), bytes.size()}));
+    const bool qwen3 = std::string(arch) == "qwen3moe";
+    EXPECT_EQ(c.arch, qwen3 ? GgufArch::kQwen3Moe : GgufArch::kQwen2Moe);
+    EXPECT_EQ(c.num_experts, 4);
+    EXPECT_EQ(c.num_experts_used, 2);
+    EXPECT_EQ(c.expert_intermediate_size, 32);
+    EXPECT_EQ(c.shared_expert_intermediate_size, qwen3 ? 0 : 64);
+    EXPECT_EQ(c.normalize_expert_weights, qwen3);
+    EXPECT_TRUE(c.layers[1].ffn_gate.empty() && c.layers[1].ffn_down.empty());
+    EXPECT_EQ(c.layers[1].ffn_down_exps, "blk.1.ffn_down_exps.weight");
+    EXPECT_EQ(c.layers[1].ffn_gate_shexp.empty(), qwen3);
+  }
+}
+
+TEST(GgufMoe, QuantisedExpertsGiveTheLogitsOfTheirF32Values) {
+  for (const char* arch : {"qwen2moe", "qwen3moe"}) {
+    SCOPED_TRACE(arch);
+    const GgufWriter w = moe_model(arch);
+    const std::vector<std::byte> bytes = w.build();
+    const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()}, "moe.gguf");
+    const std::vector<std::byte> f32_bytes = as_f32(w, file);
+    const GgufFile f32_file = GgufFile::parse({f32_bytes.data(), f32_bytes.size()}, "moe-f32.gguf");
+    const std::vector<std::int32_t> tokens = {1, 5, 3, 3, 9, 0, 7};
+    const std::vector<float> got = logits(*make_gguf_model(file), tokens);
+    const std::vector<float> want = logits(*make_gguf_model(f32_file), tokens);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(want[i])) << i;
+      ASSERT_NEAR(got[i], want[i], 1e-4 * (1.0 + std::abs(want[i]))) << "logit " << i;
+    }
+  }
+}
+
+TEST(GgufMoe, RefusalsNameTheProblem) {
+  // Mixtral's files say "llama" with experts: refused by name, not by a missing ffn_gate.
+  GgufWriter mixtral = test::tiny_model("llama", false, false);
+  mixtral.kv_u32("llama.expert_count", 8);
+  const std::vector<std::byte> m = mixtral.build();
+  test::expect_throws<Unsupported>(
+      [&] {
+        read_model_config(GgufFile::parse({m.data(), m.size()}, "mixtral.gguf"));
+      },
+      {"mixtral.gguf", "llama.expert_count = 8", "qwen2moe and qwen3moe"});
+  const std::vector<std::byte> t = moe_model("qwen3moe", 5).build();
+  test::expect_throws<InvalidArgument>(
+      [&] {
+        read_model_config(GgufFile::parse({t.data(), t.size()}, "moe.gguf"));
+      },
+      {"qwen3moe.expert_used_count = 5 exceeds qwen3moe.expert_count = 4"});
+  const std::vector<std::byte> bytes = moe_model("qwen2moe").build();
+  GgufModelOptions options;
+  options.shard = {1, 2, [](std::span<float>) {}};
+  test::expect_throws<InvalidArgument>(
+      [&] {
+        make_gguf_model(GgufFile::parse({bytes.data(), bytes.size()}), options);
+      },
+      {"model 'tiny' is a mixture of 4 experts", "one process only"});
+}
+
+}  // namespace
+}  // namespace moe_tests
+}  // namespace pagedattn
