@@ -191,6 +191,11 @@ void register_gguf(py::module_& m) {
             d["final_softcap"] = c.final_softcap;
             d["embedding_scale"] = c.embedding_scale;
             d["activation"] = c.activation == GgufActivation::kGeluTanh ? "gelu_tanh" : "silu";
+            d["num_experts"] = c.num_experts;  // 0: dense MLPs
+            d["num_experts_used"] = c.num_experts_used;
+            d["expert_intermediate_size"] = c.expert_intermediate_size;
+            d["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+            d["normalize_expert_weights"] = c.normalize_expert_weights;
             return d;
           },
           "The model hyperparameters pagedattn reads (arch, layers, heads, RoPE, ...) as a dict.");

@@ -210,6 +210,14 @@ def test_gguf_file_follows_the_converter(family, workdir):
         ours = 500000.0 ** (-np.arange(0, d, 2) / d) / factors
         hf_inv = model.model.rotary_emb.inv_freq.double().numpy()
         assert np.max(np.abs(ours / hf_inv - 1)) < 1e-6
+    if fam.arch in ("qwen2moe", "qwen3moe"):  # what pagedattn reads of the experts
+        config = core.GgufFile(path).model_config()
+        c = fam.config
+        assert config["num_experts"] == c["num_experts"]
+        assert config["num_experts_used"] == c["num_experts_per_tok"]
+        assert config["expert_intermediate_size"] == c["moe_intermediate_size"]
+        assert config["shared_expert_intermediate_size"] == c.get("shared_expert_intermediate_size", 0)
+        assert config["normalize_expert_weights"] == (fam.arch == "qwen3moe")
     want_tied = model.config.tie_word_embeddings
     assert ("output.weight" not in tensors) == want_tied
     for t in tensors.values():
