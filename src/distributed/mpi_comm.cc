@@ -1,7 +1,10 @@
 #include "pagedattn/distributed/mpi_comm.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "pagedattn/errors.h"
@@ -107,6 +110,29 @@ void MpiComm::all_reduce_sum(std::span<float> values) const {
 void MpiComm::broadcast(std::span<std::byte> bytes, int root) const {
   const int n = checked_count(bytes.size(), "MpiComm::broadcast");
   check_mpi(MPI_Bcast(bytes.data(), n, MPI_BYTE, root, comm_), "MPI_Bcast");
+}
+
+void MpiComm::broadcast_idle(std::span<std::byte> bytes, int root) const {
+  const int n = checked_count(bytes.size(), "MpiComm::broadcast_idle");
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ibcast(bytes.data(), n, MPI_BYTE, root, comm_, &request), "MPI_Ibcast");
+  if (rank() == root) {
+    check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), "MPI_Wait");
+    return;
+  }
+  // Busy polls first (a step that follows at once pays no sleep), then sleeps
+  // doubling from 20 us to 1 ms: an idle rank wakes about 1000 times a second.
+  constexpr int kBusyPolls = 2000;
+  constexpr auto kLongestSleep = std::chrono::microseconds(1000);
+  auto sleep = std::chrono::microseconds(20);
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done != 0) return;
+    if (polls < kBusyPolls) continue;
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kLongestSleep);
+  }
 }
 
 void MpiComm::send(std::span<const std::byte> bytes, int dest, int tag) const {

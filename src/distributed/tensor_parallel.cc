@@ -326,7 +326,7 @@ TensorParallelLeader::~TensorParallelLeader() {
 namespace {
 void send(const MpiComm& comm, MessageWriter& message, double& seconds) {
   const auto start = Clock::now();
-  comm.broadcast_vector(message.bytes(), 0);
+  comm.broadcast_vector(message.bytes(), 0, /*idle=*/true);
   seconds += seconds_since(start);
 }
 }  // namespace
@@ -427,7 +427,7 @@ FollowerReport run_tensor_parallel_follower(const MpiComm& comm, Model& shard) {
   std::vector<float> logits;
   for (bool running = true; running;) {
     std::vector<std::byte> bytes;
-    comm.broadcast_vector(bytes, 0);
+    comm.broadcast_vector(bytes, 0, /*idle=*/true);  // the server may be idle for hours
     run_or_abort(comm, "a tensor-parallel step", [&] {
       MessageReader r(bytes, "tensor parallelism: a step message from rank 0");
       const auto kind = r.get<Message>();

@@ -2,7 +2,10 @@
 // non-blocking point-to-point, and errors as typed exceptions.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <ctime>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "pagedattn/distributed/mpi_comm.h"
@@ -28,6 +31,30 @@ TEST(MpiComm, BroadcastVectorSendsSizeAndContents) {
   if (world.rank() == 0) v = {7, -3, 1ll << 40};
   world.broadcast_vector(v, 0);
   EXPECT_EQ(v, (std::vector<std::int64_t>{7, -3, 1ll << 40}));
+}
+
+// The idle wait of a follower: rank 0 broadcasts late (the others are past
+// their busy polls, sleeping), then at once; every rank gets the bytes, and
+// a waiting rank spends less CPU than the wall time it waited.
+TEST(MpiComm, IdleBroadcastDeliversLateAndPromptMessages) {
+  const auto world = MpiComm::world();
+  for (const int delay_ms : {200, 0}) {
+    std::vector<std::int32_t> v;
+    if (world.rank() == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      v = {delay_ms, 5, -6};
+    }
+    const std::clock_t cpu = std::clock();
+    const auto wall = std::chrono::steady_clock::now();
+    world.broadcast_vector(v, 0, /*idle=*/true);
+    EXPECT_EQ(v, (std::vector<std::int32_t>{delay_ms, 5, -6}));
+    if (world.rank() != 0 && delay_ms > 0) {
+      const double cpu_s = double(std::clock() - cpu) / CLOCKS_PER_SEC;
+      const double wall_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - wall).count();
+      EXPECT_LT(cpu_s, 0.5 * wall_s) << "a waiting rank should sleep, not spin";
+    }
+  }
 }
 
 TEST(MpiComm, NonBlockingRingDeliversEachNeighboursBytes) {

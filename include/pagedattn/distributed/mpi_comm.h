@@ -70,11 +70,22 @@ class MpiComm {
   void all_reduce_sum(std::span<float> values) const;
   // Copies root's bytes into every rank's `bytes` (same size on every rank).
   void broadcast(std::span<std::byte> bytes, int root) const;
-  // Broadcasts a vector whose size only the root knows (size first).
+  // As broadcast, for a wait of unknown length (a follower waiting for the
+  // next step of an idle server): the other ranks poll a non-blocking
+  // broadcast and sleep between polls, backing off to 1 ms, instead of MPI's
+  // busy wait, which holds a core at 100% for as long as nothing comes.
+  // Every rank must take this call (not broadcast) for the same message.
+  void broadcast_idle(std::span<std::byte> bytes, int root) const;
+  // Broadcasts a vector whose size only the root knows (size first; with
+  // `idle`, the size by broadcast_idle: every rank must pass the same).
   template <class T>
-  void broadcast_vector(std::vector<T>& values, int root) const {
+  void broadcast_vector(std::vector<T>& values, int root, bool idle = false) const {
     std::int64_t n = static_cast<std::int64_t>(values.size());
-    broadcast(std::as_writable_bytes(std::span(&n, 1)), root);
+    const auto size = std::as_writable_bytes(std::span(&n, 1));
+    if (idle)
+      broadcast_idle(size, root);
+    else
+      broadcast(size, root);
     values.resize(static_cast<std::size_t>(n));
     broadcast(std::as_writable_bytes(std::span(values)), root);
   }
