@@ -90,7 +90,7 @@ read -r cpus_a cpus_b < <(python3 -c 'import os
 cpus = sorted(os.sched_getaffinity(0)); half = len(cpus) // 2
 print(",".join(map(str, cpus[:half])) or "-", ",".join(map(str, cpus[half:])))')
 [ "$cpus_a" != - ] || skip "one CPU: two hosts need one each"
-work=$(mktemp -d /tmp/two_host_run.XXXXXX)
+work=$(mktemp -d -t two_host_run.XXXXXX)
 pids=()  # background jobs: each with its process tree
 descendants() { local child; for child in $(pgrep -P "$1"); do descendants "$child"; echo "$child"; done; }
 cleanup() {
