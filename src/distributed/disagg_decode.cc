@@ -59,14 +59,14 @@ class DecodeInstance {
     // Receives are posted before the ack, so the pages never wait in an
     // MPI buffer: they land in the reserved pages directly.
     const auto start = std::chrono::steady_clock::now();
-    std::vector<MpiRequest> receives =
+    KVTransfer receives =
         post_kv_receives(comm_, slot->pages, peer_, pages_tag(msg.index));
     comm_.send(AckMessage{}.encode(), peer_, kTagAck);
     receive(msg, *slot, receives, start, result);
     return true;
   }
 
-  void receive(const RequestMessage& msg, const ImportSlot& slot, std::vector<MpiRequest>& receives,
+  void receive(const RequestMessage& msg, const ImportSlot& slot, KVTransfer& receives,
                std::chrono::steady_clock::time_point start, DisaggResult& result) {
     TransferStatus status{};
     comm_.recv(std::as_writable_bytes(std::span(&status, 1)), peer_, kTagStatus);

@@ -124,7 +124,7 @@ void transfer(const MpiComm& comm, int peer, const RequestMessage& msg, const Ou
     return;
   }
   const auto start = std::chrono::steady_clock::now();
-  std::vector<MpiRequest> sends = post_kv_sends(comm, pinned.runs, peer, pages_tag(msg.index));
+  KVTransfer sends = post_kv_sends(comm, pinned.runs, peer, pages_tag(msg.index));
   wait_all(sends);
   stats.seconds += seconds_since(start);
   stats.bytes += pinned.runs.total_bytes();
