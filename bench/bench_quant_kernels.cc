@@ -121,6 +121,7 @@ void AddShapes(benchmark::internal::Benchmark* b, std::int64_t int8) {
   for (const std::int64_t rows : {1, 4}) b->Args({2048, 8192, rows, 0, int8});
   b->Args({2048, 8192, 1, 1, int8});
   b->Args({8192, 2048, 1, 1, int8});
+  b->Args({49152, 576, 1, 1, int8});  // SmolLM2's LM head: short rows, streamed
   b->Unit(benchmark::kMicrosecond);
 }
 void Shapes(benchmark::internal::Benchmark* b) {
