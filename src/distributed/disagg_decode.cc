@@ -59,8 +59,7 @@ class DecodeInstance {
     // Receives are posted before the ack, so the pages never wait in an
     // MPI buffer: they land in the reserved pages directly.
     const auto start = std::chrono::steady_clock::now();
-    KVTransfer receives =
-        post_kv_receives(comm_, slot->pages, peer_, pages_tag(msg.index));
+    KVTransfer receives = post_kv_receives(comm_, slot->pages, peer_, pages_tag(msg.index));
     comm_.send(AckMessage{}.encode(), peer_, kTagAck);
     receive(msg, *slot, receives, start, result);
     return true;
