@@ -7,8 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 
+#include "model/gguf_model_support.h"
 #include "model/gguf_writer.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
@@ -21,6 +21,7 @@ namespace pagedattn {
 namespace moe_tests {
 namespace {
 
+using test::as_f32;
 using test::GgufTestTensor;
 using test::GgufWriter;
 
@@ -57,41 +58,6 @@ GgufWriter moe_model(const std::string& arch, std::uint32_t used = 2) {
   return w;
 }
 
-// The same file with every tensor as F32 (the dequantised values).
-std::vector<std::byte> as_f32(const GgufWriter& metadata_source, const GgufFile& file) {
-  GgufWriter w = metadata_source;
-  w.clear_tensors();
-  for (const GgufTensor& t : file.tensors()) {
-    const std::vector<float> values = file.dequantize(t);
-    std::vector<std::byte> data(values.size() * sizeof(float));
-    std::memcpy(data.data(), values.data(), data.size());
-    std::vector<std::uint64_t> dims(t.dims.begin(), t.dims.end());
-    w.tensor(GgufTestTensor{std::string(t.name), static_cast<std::uint32_t>(GgufType::kF32), dims,
-                            std::move(data), std::nullopt});
-  }
-  return w.build();
-}
-
-// Teacher-forced logits of `tokens` as one sequence (f32 K/V).
-std::vector<float> logits(Model& model, const std::vector<std::int32_t>& tokens) {
-  const ModelSpec& s = model.spec();
-  KVCacheConfig config = kv_cache_config(s);
-  config.page_size = 4;
-  config.num_pages = 8;
-  config.kv_dtype = DType::kF32;
-  PagedKVCache cache(config);
-  const SeqId seq = 0;
-  const auto n = static_cast<std::int64_t>(tokens.size());
-  std::vector<std::int32_t> rows;
-  for (std::int32_t i = 0; i < n; ++i) rows.push_back(i);
-  std::vector<float> out(tokens.size() * std::size_t(s.vocab_size));
-  cache.add_sequence(seq);
-  cache.begin_forward({&seq, 1}, {&n, 1});
-  model.forward({tokens, rows, false}, cache, out);
-  cache.end_forward();
-  return out;
-}
-
 TEST(GgufMoe, ExpertKeysAreRead) {
   for (const char* arch : {"qwen2moe", "qwen3moe"}) {
     SCOPED_TRACE(arch);
@@ -119,8 +85,8 @@ TEST(GgufMoe, QuantisedExpertsGiveTheLogitsOfTheirF32Values) {
     const std::vector<std::byte> f32_bytes = as_f32(w, file);
     const GgufFile f32_file = GgufFile::parse({f32_bytes.data(), f32_bytes.size()}, "moe-f32.gguf");
     const std::vector<std::int32_t> tokens = {1, 5, 3, 3, 9, 0, 7};
-    const std::vector<float> got = logits(*make_gguf_model(file), tokens);
-    const std::vector<float> want = logits(*make_gguf_model(f32_file), tokens);
+    const std::vector<float> got = test::teacher_forced_logits(*make_gguf_model(file), tokens);
+    const std::vector<float> want = test::teacher_forced_logits(*make_gguf_model(f32_file), tokens);
     ASSERT_EQ(got.size(), want.size());
     for (std::size_t i = 0; i < got.size(); ++i) {
       ASSERT_TRUE(std::isfinite(want[i])) << i;

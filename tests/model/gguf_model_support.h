@@ -1,0 +1,23 @@
+// Helpers the GGUF model tests share: a file's F32 twin, and teacher-forced
+// logits of one sequence.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/gguf_writer.h"
+#include "pagedattn/gguf.h"
+#include "pagedattn/model.h"
+
+namespace pagedattn::test {
+
+// The file `metadata_source` wrote, with every tensor of `file` as F32 (its
+// dequantised values): the reference a quantised load must match.
+std::vector<std::byte> as_f32(const GgufWriter& metadata_source, const GgufFile& file);
+
+// Teacher-forced logits of `tokens` as one sequence on f32 K/V:
+// [tokens.size()][vocab_size].
+std::vector<float> teacher_forced_logits(Model& model, const std::vector<std::int32_t>& tokens);
+
+}  // namespace pagedattn::test
