@@ -35,6 +35,10 @@ stage() {  # stage NAME: ends the running stage (printing its time), starts NAME
   echo "== $1"
 }
 
+# Disk is what a fresh CI machine runs short of (the venv with torch is
+# ~5 GB, the two builds ~1 GB): say how much there is, for a failure's log.
+df -h . | tail -n 1 | awk '{print "disk: " $4 " free of " $2}'
+
 stage "dependencies, format check, test model, Python build tools"
 scripts/deps.sh
 scripts/format.sh --check

@@ -16,13 +16,27 @@ jobs=$(nproc)
 mode=${1:-all}
 
 python=${PYTHON:-python3}
-pip=(build/pyenv/bin/python -m pip --disable-pip-version-check -q)
+# No wheel cache: a fresh CI machine would keep a second copy of torch and its
+# CUDA packages (several GB) in ~/.cache/pip, and its disk can be small.
+pip=(build/pyenv/bin/python -m pip --disable-pip-version-check --no-cache-dir -q)
 
 env_build() {
   [ -x build/pyenv/bin/python ] || "$python" -m venv build/pyenv
   # pybind11-stubgen (with numpy and typing_extensions, whose names the stubs
   # use) generates the type stubs when the module is built (python/CMakeLists.txt).
   "${pip[@]}" install scikit-build-core 'pybind11>=3.0' 'pybind11-stubgen>=2.5' numpy typing_extensions
+}
+
+# install_without DIST EXCLUDED...: installs DIST and its requirements for
+# this interpreter, leaving out EXCLUDED (a requirement met by an installed
+# package still brings that package's own requirements: name it too).
+install_without() {
+  local dist=$1
+  shift
+  "${pip[@]}" install --no-deps "$dist"
+  local requirements
+  mapfile -t requirements < <(build/pyenv/bin/python scripts/requirements_of.py "$dist" --except "$@")
+  "${pip[@]}" install "${requirements[@]}"
 }
 
 env_test() {
@@ -34,7 +48,11 @@ env_test() {
   # transformers on the same file (torch's PyPI wheel, ~3 GB with its CUDA
   # packages; accelerate: transformers' GGUF loading needs it; jinja2: its
   # chat templates). Nothing is downloaded from a model hub at test time.
-  "${pip[@]}" install torch transformers accelerate jinja2
+  # Neither torch nor accelerate brings triton (~1 GB, needed only by
+  # torch.compile, which no test uses).
+  install_without torch triton
+  install_without accelerate torch
+  "${pip[@]}" install transformers jinja2
   # test_ort_parity.py compares with ONNX Runtime's own GroupQueryAttention; it
   # skips (saying why) where no onnxruntime wheel exists for this Python.
   "${pip[@]}" install onnx onnxruntime ||
