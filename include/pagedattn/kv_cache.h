@@ -61,6 +61,17 @@ enum class RopeMode : std::uint8_t {
   kInline = 2,  // K is stored raw and rotated inside attention at its cache position
 };
 
+// What a token stores per layer (TVM's AttnKind).
+enum class AttentionKind : std::uint8_t {
+  kMHA = 0,  // K and V rows per KV head (multi-head, grouped-query, multi-query)
+  // Multi-head latent attention (DeepSeek-V2/V3): one row per token,
+  // K = [latent (v_head_dim) | RoPE key (head_dim - v_head_dim)], and V is
+  // the latent itself, so nothing is stored for V. num_kv_heads must be 1;
+  // queries are absorbed into the latent space ([latent | rope] per head),
+  // outputs come back in it; attention() takes no v.
+  kMLA = 1,
+};
+
 // Named-field configuration; every field is validated by the constructor.
 struct KVCacheConfig {
   std::int32_t num_layers = 1;
@@ -68,7 +79,8 @@ struct KVCacheConfig {
   std::int32_t num_kv_heads = 1;  // must divide num_qo_heads
   std::int32_t head_dim = 128;    // K (and Q) head dim
   std::int32_t v_head_dim = 0;    // 0 means head_dim
-  std::int32_t page_size = 16;    // tokens per page, >= 1
+  AttentionKind attention_kind = AttentionKind::kMHA;
+  std::int32_t page_size = 16;  // tokens per page, >= 1
   // Give either num_pages, or (num_pages = 0) a byte budget for K+V storage
   // of all layers, from which the largest fitting page count is derived.
   std::int64_t num_pages = 0;
@@ -511,9 +523,11 @@ class PagedKVCache {
   // (its slot may still hold a previous owner's K/V).
   void debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t end, std::span<float> k_out,
                     std::span<float> v_out) const;
-  // Writes the same shapes (rounded to the storage dtype). Tokens in pages
-  // shared with another sequence are refused (InvalidArgument). Inside a
-  // step, the step's new tokens it writes count as written in every layer.
+  // (MLA: v_out gets the latent, the head of each K row.)
+  // Writes the same shapes (rounded to the storage dtype); MLA takes an empty
+  // v_in. Tokens in pages shared with another sequence are refused
+  // (InvalidArgument). Inside a step, the step's new tokens it writes count as
+  // written in every layer.
   void debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t end, std::span<const float> k_in,
                     std::span<const float> v_in);
 

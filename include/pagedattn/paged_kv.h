@@ -23,6 +23,12 @@ enum class KVLayout : std::uint8_t { kHND = 0, kNHD = 1 };
 
 // The K and V pages of one layer. Strides are in elements and 64-bit, so a
 // storage larger than 4 GiB is addressed correctly.
+//
+// Multi-head latent attention (MLA, DeepSeek-V2/V3) stores one row per token:
+// K = [latent | rope key] and V = the latent, the first v_head_dim elements
+// of that same row. Such a storage (v_in_k, see latent()) has V pointers and
+// strides equal to K's, and its dequantisation scales are K's: kernels read
+// V through them unchanged, writers (append, copies) skip V.
 struct PagedKVStorage {
   void* k_data = nullptr;  // [num_pages] K pages, `dtype` elements
   void* v_data = nullptr;  // [num_pages] V pages, `dtype` elements
@@ -42,6 +48,7 @@ struct PagedKVStorage {
   const float* v_head_scales = nullptr;  // fp8: [num_kv_heads]
   float* k_token_scales = nullptr;       // int8: [num_pages][num_kv_heads][page_size]
   float* v_token_scales = nullptr;       // int8: same shape
+  bool v_in_k = false;                   // MLA: V is the head of each K row, nothing stored for V
 
   // Index of (page, head, slot) in the int8 token-scale arrays.
   constexpr std::int64_t token_scale_index(std::int64_t page, std::int64_t head,
@@ -99,6 +106,27 @@ struct PagedKVStorage {
       s.v_token_stride = heads * v_head_dim;
     }
     return s;
+  }
+
+  // MLA storage: one [page_size][head_dim] row block per page (a single KV
+  // head, so HND and NHD give the same addresses), V = the first v_head_dim
+  // elements of each row (v_head_dim <= head_dim). Scales: set k_*, then
+  // share_k_scales_with_v().
+  static constexpr PagedKVStorage latent(void* kv, DType dtype, KVLayout layout,
+                                         std::int32_t page_size, std::int32_t head_dim,
+                                         std::int32_t v_head_dim, std::int64_t num_pages) {
+    PagedKVStorage s = dense(kv, kv, dtype, layout, page_size, 1, head_dim, v_head_dim, num_pages);
+    s.v_page_stride = s.k_page_stride;
+    s.v_head_stride = s.k_head_stride;
+    s.v_token_stride = s.k_token_stride;
+    s.v_in_k = true;
+    return s;
+  }
+  // After the scales of an MLA storage are set on K: V shares them.
+  constexpr void share_k_scales_with_v() {
+    v_scale = k_scale;
+    v_head_scales = k_head_scales;
+    v_token_scales = k_token_scales;
   }
 };
 

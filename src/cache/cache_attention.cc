@@ -61,7 +61,12 @@ void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const 
   const std::int32_t tokens = plan.num_tokens();
   validate_tensor(q, "q", tokens, c.num_qo_heads, c.head_dim);
   validate_tensor(k, "k", tokens, c.num_kv_heads, c.head_dim);
-  validate_tensor(v, "v", tokens, c.num_kv_heads, c.v_head_dim);
+  if (c.attention_kind == AttentionKind::kMLA)
+    require(v.data == nullptr,
+            "PagedKVCache::attention: v.data must be null for attention_kind = MLA (V is the "
+            "latent, the first v_head_dim elements of each k row)");
+  else
+    validate_tensor(v, "v", tokens, c.num_kv_heads, c.v_head_dim);
   validate_tensor(out, "out", tokens, c.num_qo_heads, c.v_head_dim);
   AttentionParams p;
   p.q = q;

@@ -43,6 +43,26 @@ void validate_rope(const KVCacheConfig& c) {
           " must be finite and > 0");
 }
 
+// MLA keeps one row per token: a single KV head whose leading v_head_dim
+// elements are V, its scales serving both. RoPE applies to the row's tail
+// only, which the model rotates before the append (no cache-level RoPE).
+void validate_mla(const KVCacheConfig& c) {
+  require(c.attention_kind == AttentionKind::kMHA || c.attention_kind == AttentionKind::kMLA,
+          "KVCacheConfig.attention_kind = ", static_cast<int>(c.attention_kind),
+          " is not an AttentionKind");
+  if (c.attention_kind != AttentionKind::kMLA) return;
+  require(c.num_kv_heads == 1, "KVCacheConfig.num_kv_heads = ", c.num_kv_heads,
+          " must be 1 for attention_kind = MLA (one latent row per token)");
+  require(c.v_head_dim <= c.head_dim, "KVCacheConfig.v_head_dim = ", c.v_head_dim,
+          " must be <= head_dim = ", c.head_dim, " for MLA (V is the head of each K row)");
+  require(c.rope_mode == RopeMode::kNone,
+          "KVCacheConfig.rope_mode = ", static_cast<int>(c.rope_mode),
+          " must be kNone for MLA (the model rotates the RoPE key before the append)");
+  require(c.v_head_scales.empty() && (c.v_scale == 1.0f || c.v_scale == c.k_scale),
+          "KVCacheConfig.v_scale = ", c.v_scale, " / v_head_scales (", c.v_head_scales.size(),
+          " entries): MLA stores no V; its scale is k_scale's");
+}
+
 // host_num_pages from host_memory_budget_bytes (both 0: no host tier).
 void resolve_host_tier(KVCacheConfig& c, std::int64_t page_bytes) {
   require(c.host_num_pages >= 0 && c.host_memory_budget_bytes >= 0,
@@ -77,6 +97,7 @@ KVCacheConfig resolve_config(const KVCacheConfig& in) {
   require(c.v_head_dim >= 0, "KVCacheConfig.v_head_dim = ", c.v_head_dim,
           " must be >= 0 (0 means head_dim)");
   if (c.v_head_dim == 0) c.v_head_dim = c.head_dim;
+  validate_mla(c);
   require_positive(c.page_size, "page_size");
   require(static_cast<int>(c.kv_dtype) <= static_cast<int>(DType::kINT8),
           "KVCacheConfig.kv_dtype = ", static_cast<int>(c.kv_dtype), " is not a KV storage dtype");

@@ -1,6 +1,7 @@
 // PagedKVCache debug K/V access: read and write a sequence's tokens in
 // logical order as floats (dequantised / quantised like the kernels do).
 #include <algorithm>
+#include <string_view>
 
 #include "kv_cache_state.h"
 #include "pagedattn/kv_ops.h"
@@ -11,15 +12,23 @@ using cache::Sequence;
 
 namespace {
 
-// Validates a debug_get_kv / debug_set_kv range and buffer sizes.
+// Validates a debug_get_kv / debug_set_kv range and buffer sizes. MLA writes
+// take no V (it is the head of each K row); reads give it.
 void validate_kv_range(const KVCacheConfig& c, const Sequence& s, SeqId id, std::int64_t start,
                        std::int64_t end, std::size_t k_size, std::size_t v_size, const char* call) {
+  const bool no_v =
+      c.attention_kind == AttentionKind::kMLA && call == std::string_view("debug_set_kv");
   require(start >= 0 && start <= end && end <= s.length, "PagedKVCache::", call, ": range [", start,
           ", ", end, ") is not inside [0, ", s.length, "] of seq_id = ", id);
   const std::int64_t rows = std::int64_t{c.num_layers} * (end - start) * c.num_kv_heads;
   require(std::int64_t(k_size) == rows * c.head_dim, "PagedKVCache::", call, ": k buffer has ",
           k_size,
           " floats, expected num_layers x tokens x num_kv_heads x head_dim = ", rows * c.head_dim);
+  if (no_v) {
+    require(v_size == 0, "PagedKVCache::", call, ": v buffer has ", v_size,
+            " floats; an MLA cache stores no V (give an empty one)");
+    return;
+  }
   require(std::int64_t(v_size) == rows * c.v_head_dim, "PagedKVCache::", call, ": v buffer has ",
           v_size, " floats, expected num_layers x tokens x num_kv_heads x v_head_dim = ",
           rows * c.v_head_dim);
@@ -123,8 +132,9 @@ void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t e
     AppendParams p;
     p.k = {const_cast<float*>(k_in.data()) + layer * k_layer, DType::kF32,
            std::int64_t{c.num_kv_heads} * c.head_dim, c.head_dim};
-    p.v = {const_cast<float*>(v_in.data()) + layer * v_layer, DType::kF32,
-           std::int64_t{c.num_kv_heads} * c.v_head_dim, c.v_head_dim};
+    if (c.attention_kind != AttentionKind::kMLA)
+      p.v = {const_cast<float*>(v_in.data()) + layer * v_layer, DType::kF32,
+             std::int64_t{c.num_kv_heads} * c.v_head_dim, c.v_head_dim};
     p.slot_mapping = slots.data();
     p.num_tokens = tokens;
     p.kv = st.storage.layer(layer);

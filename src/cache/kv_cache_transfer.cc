@@ -22,7 +22,8 @@ void append_run(std::vector<std::span<std::byte>>& runs, std::byte* data, std::i
 }
 
 // The canonical byte order of `pages` in one layer: K blocks, V blocks, then
-// (int8) K token scales and V token scales, each in logical page order.
+// (int8) K token scales and V token scales, each in logical page order. MLA
+// storage (V inside K) has no V blocks or V scales.
 std::vector<std::span<std::byte>> layer_runs(const PagedKVStorage& s,
                                              const std::vector<std::int32_t>& pages) {
   const auto elem = static_cast<std::int64_t>(dtype_size(s.dtype));
@@ -32,12 +33,13 @@ std::vector<std::span<std::byte>> layer_runs(const PagedKVStorage& s,
   for (std::int32_t p : pages)
     append_run(runs, k + s.k_offset(p, 0, 0) * elem, s.k_page_stride * elem);
   for (std::int32_t p : pages)
-    append_run(runs, v + s.v_offset(p, 0, 0) * elem, s.v_page_stride * elem);
+    if (!s.v_in_k) append_run(runs, v + s.v_offset(p, 0, 0) * elem, s.v_page_stride * elem);
   if (s.k_token_scales == nullptr) return runs;
   const std::int64_t scale_bytes = std::int64_t{s.num_kv_heads} * s.page_size * 4;
-  for (float* scales : {s.k_token_scales, s.v_token_scales})
+  float* const scale_arrays[] = {s.k_token_scales, s.v_token_scales};
+  for (std::size_t a = 0; a < (s.v_in_k ? 1u : 2u); ++a)
     for (std::int32_t p : pages)
-      append_run(runs, reinterpret_cast<std::byte*>(scales + s.token_scale_index(p, 0, 0)),
+      append_run(runs, reinterpret_cast<std::byte*>(scale_arrays[a] + s.token_scale_index(p, 0, 0)),
                  scale_bytes);
   return runs;
 }

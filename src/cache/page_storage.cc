@@ -14,12 +14,17 @@ std::int64_t k_bytes_per_page(const KVCacheConfig& c) {
   return std::int64_t{c.page_size} * c.num_kv_heads * c.head_dim *
          static_cast<std::int64_t>(dtype_size(c.kv_dtype));
 }
+bool has_v(const KVCacheConfig& c) {
+  return c.attention_kind != AttentionKind::kMLA;
+}
 std::int64_t v_bytes_per_page(const KVCacheConfig& c) {
+  if (!has_v(c)) return 0;
   return std::int64_t{c.page_size} * c.num_kv_heads * c.v_head_dim *
          static_cast<std::int64_t>(dtype_size(c.kv_dtype));
 }
 
-// int8 keeps a float scale per token and head beside each page, for K and V.
+// int8 keeps a float scale per token and head beside each page, for K and
+// V (MLA: for its one row).
 std::int64_t scale_bytes_per_page(const KVCacheConfig& c) {
   return c.kv_dtype == DType::kINT8 ? std::int64_t{c.page_size} * c.num_kv_heads * 4 : 0;
 }
@@ -27,7 +32,7 @@ std::int64_t scale_bytes_per_page(const KVCacheConfig& c) {
 }  // namespace
 
 std::int64_t PageStorage::layer_page_bytes(const KVCacheConfig& c) {
-  return k_bytes_per_page(c) + v_bytes_per_page(c) + 2 * scale_bytes_per_page(c);
+  return k_bytes_per_page(c) + v_bytes_per_page(c) + (has_v(c) ? 2 : 1) * scale_bytes_per_page(c);
 }
 
 std::int64_t PageStorage::page_bytes(const KVCacheConfig& c) {
@@ -55,21 +60,31 @@ PageStorage::~PageStorage() {
   if (base_ != nullptr) munmap(base_, static_cast<std::size_t>(total_bytes_));
 }
 
-// A layer's region: [K pages][V pages][K token scales][V token scales].
+// A layer's region: [K pages][V pages][K token scales][V token scales]
+// (MLA: [rows][row token scales]).
 PagedKVStorage PageStorage::layer(std::int32_t layer) const {
   std::byte* k = layer_base(layer);
   std::byte* v = k + k_page_bytes_ * config_.num_pages;
-  PagedKVStorage s = PagedKVStorage::dense(k, v, config_.kv_dtype, config_.layout,
-                                           config_.page_size, config_.num_kv_heads,
-                                           config_.head_dim, config_.v_head_dim, config_.num_pages);
-  s.k_scale = config_.k_scale;
-  s.v_scale = config_.v_scale;
-  s.k_head_scales = config_.k_head_scales.empty() ? nullptr : config_.k_head_scales.data();
-  s.v_head_scales = config_.v_head_scales.empty() ? nullptr : config_.v_head_scales.data();
+  std::byte* scales = v + v_page_bytes_ * config_.num_pages;
+  const KVCacheConfig& c = config_;
+  if (c.attention_kind == AttentionKind::kMLA) {
+    PagedKVStorage s = PagedKVStorage::latent(k, c.kv_dtype, c.layout, c.page_size, c.head_dim,
+                                              c.v_head_dim, c.num_pages);
+    s.k_scale = c.k_scale;
+    s.k_head_scales = c.k_head_scales.empty() ? nullptr : c.k_head_scales.data();
+    if (scale_page_bytes_ > 0) s.k_token_scales = reinterpret_cast<float*>(scales);
+    s.share_k_scales_with_v();
+    return s;
+  }
+  PagedKVStorage s = PagedKVStorage::dense(k, v, c.kv_dtype, c.layout, c.page_size, c.num_kv_heads,
+                                           c.head_dim, c.v_head_dim, c.num_pages);
+  s.k_scale = c.k_scale;
+  s.v_scale = c.v_scale;
+  s.k_head_scales = c.k_head_scales.empty() ? nullptr : c.k_head_scales.data();
+  s.v_head_scales = c.v_head_scales.empty() ? nullptr : c.v_head_scales.data();
   if (scale_page_bytes_ > 0) {
-    std::byte* scales = v + v_page_bytes_ * config_.num_pages;
     s.k_token_scales = reinterpret_cast<float*>(scales);
-    s.v_token_scales = reinterpret_cast<float*>(scales + scale_page_bytes_ * config_.num_pages);
+    s.v_token_scales = reinterpret_cast<float*>(scales + scale_page_bytes_ * c.num_pages);
   }
   return s;
 }
@@ -92,15 +107,17 @@ void PageStorage::copy_slots(std::int32_t src, std::int32_t src_slot, std::int32
     for (std::int32_t r = 0; r < runs; ++r) {
       std::memcpy(k + s.k_offset(dst, r, dst_slot) * elem, k + s.k_offset(src, r, src_slot) * elem,
                   k_run);
-      std::memcpy(v + s.v_offset(dst, r, dst_slot) * elem, v + s.v_offset(src, r, src_slot) * elem,
-                  v_run);
+      if (!s.v_in_k)
+        std::memcpy(v + s.v_offset(dst, r, dst_slot) * elem,
+                    v + s.v_offset(src, r, src_slot) * elem, v_run);
     }
     if (s.k_token_scales == nullptr) continue;
     for (std::int32_t h = 0; h < config_.num_kv_heads; ++h) {
       std::copy_n(s.k_token_scales + s.token_scale_index(src, h, src_slot), num_slots,
                   s.k_token_scales + s.token_scale_index(dst, h, dst_slot));
-      std::copy_n(s.v_token_scales + s.token_scale_index(src, h, src_slot), num_slots,
-                  s.v_token_scales + s.token_scale_index(dst, h, dst_slot));
+      if (!s.v_in_k)
+        std::copy_n(s.v_token_scales + s.token_scale_index(src, h, src_slot), num_slots,
+                    s.v_token_scales + s.token_scale_index(dst, h, dst_slot));
     }
   }
 }
@@ -116,12 +133,15 @@ void PageStorage::hash_slots(std::int32_t page, std::int32_t num_slots, Hasher& 
     for (std::int32_t head = 0; head < config_.num_kv_heads; ++head) {
       for (std::int32_t slot = 0; slot < num_slots; ++slot) {
         h.add_bytes(k + s.k_offset(page, head, slot) * static_cast<std::int64_t>(elem), k_row);
-        h.add_bytes(v + s.v_offset(page, head, slot) * static_cast<std::int64_t>(elem), v_row);
+        if (!s.v_in_k)
+          h.add_bytes(v + s.v_offset(page, head, slot) * static_cast<std::int64_t>(elem), v_row);
       }
       if (s.k_token_scales == nullptr) continue;
       const auto n = static_cast<std::size_t>(num_slots);
       h.add_span(std::span<const float>(s.k_token_scales + s.token_scale_index(page, head, 0), n));
-      h.add_span(std::span<const float>(s.v_token_scales + s.token_scale_index(page, head, 0), n));
+      if (!s.v_in_k)
+        h.add_span(
+            std::span<const float>(s.v_token_scales + s.token_scale_index(page, head, 0), n));
     }
   }
 }

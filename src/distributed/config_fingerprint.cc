@@ -32,6 +32,8 @@ Fields fingerprint(const EngineConfig& config) {
           {"page_size", s(kv.page_size)},
           {"kv_dtype", std::string(dtype_name(kv.kv_dtype))},
           {"kv layout", s(static_cast<int>(kv.layout))},
+          {"kv attention kind", s(static_cast<int>(kv.attention_kind))},
+          {"kv head dims", s(kv.head_dim) + "/" + s(kv.v_head_dim)},
           {"deterministic", s(config.deterministic)},
           {"seed", s(config.seed)}};
 }

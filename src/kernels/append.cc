@@ -14,9 +14,11 @@ void validate_append(const AppendParams& p) {
   const PagedKVStorage& kv = p.kv;
   require(p.num_tokens >= 0, "append_paged_kv: num_tokens = ", p.num_tokens, " must be >= 0");
   if (p.num_tokens == 0) return;
-  require(p.slot_mapping && p.k.data && p.v.data && kv.k_data && kv.v_data,
+  require(p.slot_mapping && p.k.data && (p.v.data || kv.v_in_k) && kv.k_data && kv.v_data,
           "append_paged_kv: slot_mapping, k, v and the storage must be non-null");
-  require(is_activation_dtype(p.k.dtype) && is_activation_dtype(p.v.dtype),
+  require(!kv.v_in_k || p.v.data == nullptr,
+          "append_paged_kv: v.data must be null for a storage whose V lies in K (MLA)");
+  require(is_activation_dtype(p.k.dtype) && (kv.v_in_k || is_activation_dtype(p.v.dtype)),
           "append_paged_kv: k.dtype = ", dtype_name(p.k.dtype),
           " and v.dtype = ", dtype_name(p.v.dtype), " must be float32, float16 or bfloat16");
   require(kv.dtype != DType::kINT8 || (kv.k_token_scales && kv.v_token_scales),
@@ -82,6 +84,7 @@ void append_paged_kv(const AppendParams& p) {
                 static_cast<std::byte*>(kv.k_data) + kv.k_offset(page, h, slot) * es, kv.dtype,
                 kv.k_head_scales ? kv.k_head_scales[h] : kv.k_scale,
                 kv.k_token_scales ? kv.k_token_scales + ti : nullptr);
+      if (kv.v_in_k) continue;
       write_row(v_src, p.v.dtype, kv.v_head_dim,
                 static_cast<std::byte*>(kv.v_data) + kv.v_offset(page, h, slot) * es, kv.dtype,
                 kv.v_head_scales ? kv.v_head_scales[h] : kv.v_scale,

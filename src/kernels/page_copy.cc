@@ -13,7 +13,7 @@ bool same_geometry(const PagedKVStorage& a, const PagedKVStorage& b) {
   return a.dtype == b.dtype && a.layout == b.layout && a.page_size == b.page_size &&
          a.num_kv_heads == b.num_kv_heads && a.head_dim == b.head_dim &&
          a.v_head_dim == b.v_head_dim && a.k_page_stride == b.k_page_stride &&
-         a.v_page_stride == b.v_page_stride;
+         a.v_page_stride == b.v_page_stride && a.v_in_k == b.v_in_k;
 }
 
 void validate_copy(const PagedKVStorage& src, const PagedKVStorage& dst,
@@ -59,6 +59,12 @@ void copy_pages(const PagedKVStorage& src, const PagedKVStorage& dst,
   for (const auto& [s, d] : pairs) {
     std::memcpy(static_cast<std::byte*>(dst.k_data) + dst.k_offset(d, 0, 0) * es,
                 static_cast<const std::byte*>(src.k_data) + src.k_offset(s, 0, 0) * es, k_bytes);
+    if (src.v_in_k) {  // MLA: the row is K and V; one scale per row
+      if (src.dtype == DType::kINT8)
+        std::copy_n(src.k_token_scales + src.token_scale_index(s, 0, 0), scales,
+                    dst.k_token_scales + dst.token_scale_index(d, 0, 0));
+      continue;
+    }
     std::memcpy(static_cast<std::byte*>(dst.v_data) + dst.v_offset(d, 0, 0) * es,
                 static_cast<const std::byte*>(src.v_data) + src.v_offset(s, 0, 0) * es, v_bytes);
     if (src.dtype != DType::kINT8) continue;

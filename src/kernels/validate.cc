@@ -101,6 +101,15 @@ void validate_attention_params(const AttentionParams& p, const char* call) {
   require(kv.num_kv_heads >= 1 && kv.head_dim >= 1 && kv.v_head_dim >= 1 && kv.page_size >= 1, call,
           ": kv num_kv_heads = ", kv.num_kv_heads, ", head_dim = ", kv.head_dim,
           ", v_head_dim = ", kv.v_head_dim, ", page_size = ", kv.page_size, " must all be >= 1");
+  require(!kv.v_in_k ||
+              (kv.v_data == kv.k_data && kv.v_head_dim <= kv.head_dim &&
+               kv.v_page_stride == kv.k_page_stride && kv.v_head_stride == kv.k_head_stride &&
+               kv.v_token_stride == kv.k_token_stride && kv.v_token_scales == kv.k_token_scales &&
+               kv.v_scale == kv.k_scale && kv.v_head_scales == kv.k_head_scales),
+          call,
+          ": a kv with v_in_k (MLA) needs V's pointers, strides and scales equal to K's and "
+          "v_head_dim = ",
+          kv.v_head_dim, " <= head_dim = ", kv.head_dim, " (PagedKVStorage::latent)");
   require(kv.dtype != DType::kINT8 || (kv.k_token_scales && kv.v_token_scales), call,
           ": int8 KV needs kv.k_token_scales and kv.v_token_scales");
   const bool fp8 = is_fp8(kv.dtype);

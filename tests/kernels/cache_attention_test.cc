@@ -20,6 +20,7 @@ struct CacheSetup {
   DType kv_dtype = DType::kF16;
   RopeMode rope_mode = RopeMode::kNone;
   std::int32_t page_size = 4;
+  bool mla = false;  // AttentionKind::kMLA: one [latent | rope] row per token, V = latent
 };
 
 KVCacheConfig make_config(const CacheSetup& s) {
@@ -37,6 +38,12 @@ KVCacheConfig make_config(const CacheSetup& s) {
   c.rope_mode = s.rope_mode;
   c.rope.theta = 10000.0f;
   c.rope.style = RopeStyle::kNeox;
+  if (s.mla) {
+    c.attention_kind = AttentionKind::kMLA;
+    c.num_kv_heads = 1;
+    c.v_head_dim = 24;
+    c.v_scale = c.k_scale;
+  }
   return c;
 }
 
@@ -65,11 +72,13 @@ class Scenario {
     for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
       std::vector<float> q = random(tokens * c.num_qo_heads * c.head_dim);
       std::vector<float> k = random(tokens * c.num_kv_heads * c.head_dim);
-      std::vector<float> v = random(tokens * c.num_kv_heads * c.head_dim);
-      std::vector<float> out(q.size(), -1.0f);
+      std::vector<float> v = random(tokens * c.num_kv_heads * c.v_head_dim);
+      std::vector<float> out(tokens * c.num_qo_heads * c.v_head_dim, -1.0f);
       const std::vector<float> q_copy = q, k_copy = k;
+      const bool mla = c.attention_kind == AttentionKind::kMLA;  // V is k's head: none given
       cache_.attention(layer, tensor(q, c.num_qo_heads), tensor(k, c.num_kv_heads),
-                       tensor(v, c.num_kv_heads), tensor(out, c.num_qo_heads));
+                       mla ? HeadTensor{} : tensor(v, c.num_kv_heads, c.v_head_dim),
+                       tensor(out, c.num_qo_heads, c.v_head_dim));
       EXPECT_EQ(q, q_copy) << "attention modified the caller's q";
       EXPECT_EQ(k, k_copy) << "attention modified the caller's k";
       check(plan, layer, q, out);
@@ -79,8 +88,8 @@ class Scenario {
   }
 
  private:
-  HeadTensor tensor(std::vector<float>& x, std::int32_t heads) {
-    const std::int32_t d = cache_.config().head_dim;
+  HeadTensor tensor(std::vector<float>& x, std::int32_t heads, std::int32_t d = 0) {
+    if (d == 0) d = cache_.config().head_dim;
     return {x.data(), DType::kF32, std::int64_t{heads} * d, d};
   }
   std::vector<float> random(std::size_t n) {
@@ -93,12 +102,13 @@ class Scenario {
   void check(const BatchPlan& plan, std::int32_t layer, const std::vector<float>& q,
              const std::vector<float>& out) {
     const KVCacheConfig& c = cache_.config();
-    const std::int32_t d = c.head_dim, group = c.num_qo_heads / c.num_kv_heads;
+    const std::int32_t d = c.head_dim, dv = c.v_head_dim, group = c.num_qo_heads / c.num_kv_heads;
     const double tol = is_quantized(c.kv_dtype) ? 2e-4 : 2e-5;
     for (std::int32_t b = 0; b < plan.batch_size(); ++b) {
       const std::int64_t kv_len = plan.kv_lens[b];
       const std::int64_t per_layer = kv_len * c.num_kv_heads * d;
-      std::vector<float> k(per_layer * c.num_layers), v(k.size());
+      const std::int64_t v_per_layer = kv_len * c.num_kv_heads * dv;
+      std::vector<float> k(per_layer * c.num_layers), v(v_per_layer * c.num_layers);
       cache_.debug_get_kv(plan.seq_ids[b], 0, kv_len, k, v);
       for (std::int32_t i = plan.qo_indptr[b]; i < plan.qo_indptr[b + 1]; ++i) {
         const std::int64_t pos =
@@ -121,15 +131,15 @@ class Scenario {
             m = std::max(m, logits.back());
           }
           double denom = 0;
-          std::vector<double> o(d, 0.0);
+          std::vector<double> o(dv, 0.0);
           for (std::int64_t j = 0; j <= pos; ++j) {
             const double w = std::exp(logits[j] - m);
             denom += w;
-            for (std::int32_t e = 0; e < d; ++e)
-              o[e] += w * v[layer * per_layer + (j * c.num_kv_heads + h / group) * d + e];
+            for (std::int32_t e = 0; e < dv; ++e)
+              o[e] += w * v[layer * v_per_layer + (j * c.num_kv_heads + h / group) * dv + e];
           }
-          for (std::int32_t e = 0; e < d; ++e)
-            ASSERT_NEAR(out[(std::int64_t{i} * c.num_qo_heads + h) * d + e], o[e] / denom, tol)
+          for (std::int32_t e = 0; e < dv; ++e)
+            ASSERT_NEAR(out[(std::int64_t{i} * c.num_qo_heads + h) * dv + e], o[e] / denom, tol)
                 << "layer " << layer << " seq " << plan.seq_ids[b] << " token " << i << " head "
                 << h << " dim " << e;
         }
@@ -169,7 +179,10 @@ INSTANTIATE_TEST_SUITE_P(ModesAndDtypes, CacheAttention,
                                            CacheSetup{DType::kF16, RopeMode::kInline, 16},
                                            CacheSetup{DType::kINT8, RopeMode::kNormal, 4},
                                            CacheSetup{DType::kFP8E4M3, RopeMode::kNone, 5},
-                                           CacheSetup{DType::kFP8E5M2, RopeMode::kInline, 4}));
+                                           CacheSetup{DType::kFP8E5M2, RopeMode::kInline, 4},
+                                           CacheSetup{DType::kBF16, RopeMode::kNone, 3, true},
+                                           CacheSetup{DType::kINT8, RopeMode::kNone, 4, true},
+                                           CacheSetup{DType::kFP8E4M3, RopeMode::kNone, 16, true}));
 
 TEST(CacheAttentionErrors, ValidatesBeforeTouchingTheCacheAndKeepsTheStepUsable) {
   PagedKVCache kv(make_config(CacheSetup{}));
@@ -231,6 +244,72 @@ TEST(CacheAttentionErrors, FusedQkvMatchesSeparateTensors) {
   b.attention(1, {q.data(), DType::kF32, hq * d, d}, {k.data(), DType::kF32, hkv * d, d},
               {v.data(), DType::kF32, hkv * d, d}, {out_b.data(), DType::kF32, hq * d, d});
   EXPECT_EQ(out_a, out_b);
+}
+
+}  // namespace
+}  // namespace pagedattn
+
+namespace pagedattn {
+namespace {
+
+// MLA stores one row per token: a page costs K's bytes only, and every
+// call that would store or take a separate V refuses, naming it.
+TEST(CacheAttentionErrors, MlaStoresNoVAndRefusesWhatWouldNeedOne) {
+  KVCacheConfig c = make_config(CacheSetup{DType::kBF16, RopeMode::kNone, 4, true});
+  KVCacheConfig mha = c;
+  mha.attention_kind = AttentionKind::kMHA;
+  PagedKVCache kv(c);
+  EXPECT_EQ(kv.bytes_per_page(), std::int64_t{c.num_layers} * c.page_size * c.head_dim * 2);
+  EXPECT_EQ(PagedKVCache(mha).bytes_per_page(),
+            std::int64_t{c.num_layers} * c.page_size * (c.head_dim + c.v_head_dim) * 2);
+  EXPECT_TRUE(kv.layer_storage(1).v_in_k);
+  EXPECT_EQ(kv.layer_storage(1).v_data, kv.layer_storage(1).k_data);
+
+  auto refuses = [](KVCacheConfig bad, const char* what) {
+    try {
+      PagedKVCache cache(bad);
+      ADD_FAILURE() << "accepted " << what;
+    } catch (const InvalidArgument& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(what));
+    }
+  };
+  KVCacheConfig bad = c;
+  bad.num_kv_heads = 2;
+  refuses(bad, "num_kv_heads = 2");
+  bad = c;
+  bad.v_head_dim = c.head_dim + 1;
+  refuses(bad, "v_head_dim = 33");
+  bad = c;
+  bad.rope_mode = RopeMode::kNormal;
+  refuses(bad, "rope_mode = 1");
+  bad = c;
+  bad.v_scale = 2.0f;
+  refuses(bad, "v_scale = 2");
+
+  kv.add_sequence(1);
+  const std::vector<SeqId> ids = {1};
+  const std::vector<std::int64_t> lens = {2};
+  kv.begin_forward(ids, lens);
+  const std::uint64_t before = kv.state_digest();
+  std::vector<float> q(2 * 8 * 32, 0.5f), k(2 * 32, 0.25f), v(2 * 24, 1.0f), out(2 * 8 * 24);
+  const HeadTensor tq{q.data(), DType::kF32, 8 * 32, 32}, tk{k.data(), DType::kF32, 32, 32},
+      tv{v.data(), DType::kF32, 24, 24}, to{out.data(), DType::kF32, 8 * 24, 24};
+  try {
+    kv.attention(0, tq, tk, tv, to);
+    ADD_FAILURE() << "accepted a v";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("v.data must be null"));
+  }
+  EXPECT_EQ(kv.state_digest(), before);
+  for (std::int32_t layer = 0; layer < c.num_layers; ++layer) kv.attention(layer, tq, tk, {}, to);
+  kv.end_forward();
+  // Every key is k's row, so every output is the latent: k's first 24 values.
+  for (float x : out) EXPECT_NEAR(x, 0.25f, 1e-6f);
+  std::vector<float> k_back(2 * 2 * 32), v_back(2 * 2 * 24);
+  kv.debug_get_kv(1, 0, 2, k_back, v_back);
+  for (float x : v_back) EXPECT_EQ(x, 0.25f);
+  EXPECT_THROW(kv.debug_set_kv(1, 0, 2, k_back, v_back), InvalidArgument);
+  kv.debug_set_kv(1, 0, 2, k_back, {});
 }
 
 }  // namespace

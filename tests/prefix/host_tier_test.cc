@@ -55,9 +55,12 @@ KVBuffers all_kv(const PagedKVCache& kv, SeqId id) {
 }
 
 TEST(HostTier, SwapRoundTripIsBitExactAndKeepsSharing) {
-  for (DType dtype : {DType::kF32, DType::kBF16, DType::kINT8}) {
-    SCOPED_TRACE(static_cast<int>(dtype));
-    KVCacheConfig c = prefix_config(4, 12, /*host_pages=*/8, dtype);
+  for (const auto& [dtype, kind] :
+       {std::pair{DType::kF32, AttentionKind::kMHA}, std::pair{DType::kBF16, AttentionKind::kMHA},
+        std::pair{DType::kINT8, AttentionKind::kMHA}, std::pair{DType::kBF16, AttentionKind::kMLA},
+        std::pair{DType::kINT8, AttentionKind::kMLA}}) {
+    SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ", kind " << int(kind));
+    KVCacheConfig c = prefix_config(4, 12, /*host_pages=*/8, dtype, kind);
     c.enable_prefix_caching = false;  // swapping works without caching too
     PagedKVCache kv(c);
     prefill(kv, 1, token_run(1, 10));

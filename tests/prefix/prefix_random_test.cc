@@ -46,6 +46,7 @@ struct RandomSetup {
   std::int64_t host_pages;
   DType dtype;
   cache::PageKeyFunction key_function;  // null: XXH3
+  AttentionKind kind = AttentionKind::kMHA;
 };
 
 void PrintTo(const RandomSetup& s, std::ostream* os) {
@@ -97,7 +98,7 @@ class PrefixFuzzer {
  private:
   static PagedKVCache make(const RandomSetup& s) {
     cache::set_page_key_function_for_testing(s.key_function);
-    PagedKVCache kv(prefix_config(s.page_size, s.pages, s.host_pages, s.dtype));
+    PagedKVCache kv(prefix_config(s.page_size, s.pages, s.host_pages, s.dtype, s.kind));
     cache::set_page_key_function_for_testing(nullptr);
     return kv;
   }
@@ -497,7 +498,9 @@ INSTANTIATE_TEST_SUITE_P(
                       RandomSetup{"ps2_xxh3_host", 2, 12, 6, kBF16, nullptr},
                       RandomSetup{"ps3_tokens_only_key_host", 3, 10, 4, kF32, &tokens_only_key},
                       RandomSetup{"ps4_colliding_key_host", 4, 10, 5, kF32, &constant_key},
-                      RandomSetup{"ps2_colliding_key", 2, 14, 0, kF16, &constant_key}),
+                      RandomSetup{"ps2_colliding_key", 2, 14, 0, kF16, &constant_key},
+                      RandomSetup{"ps3_xxh3_host_mla", 3, 10, 5, kBF16, nullptr,
+                                  AttentionKind::kMLA}),
     [](const ::testing::TestParamInfo<RandomSetup>& info) { return std::string(info.param.name); });
 
 }  // namespace prefix_random_test

@@ -7,11 +7,12 @@
 namespace pagedattn::test {
 
 KVCacheConfig prefix_config(std::int32_t page_size, std::int64_t num_pages, std::int64_t host_pages,
-                            DType dtype) {
+                            DType dtype, AttentionKind kind) {
   KVCacheConfig c;
   c.num_layers = 2;
   c.num_qo_heads = 4;
-  c.num_kv_heads = 2;
+  c.num_kv_heads = kind == AttentionKind::kMLA ? 1 : 2;
+  c.attention_kind = kind;
   c.head_dim = 4;
   c.v_head_dim = 3;
   c.page_size = page_size;

@@ -12,10 +12,11 @@
 
 namespace pagedattn::test {
 
-// A small config with prefix caching: 2 layers, GQA 4:2, head_dim 4,
-// v_head_dim 3, f32, HND.
+// A small config with prefix caching: 2 layers, GQA 4:2 (MLA: 4:1), head_dim
+// 4, v_head_dim 3, f32, HND.
 KVCacheConfig prefix_config(std::int32_t page_size, std::int64_t num_pages,
-                            std::int64_t host_pages = 0, DType dtype = DType::kF32);
+                            std::int64_t host_pages = 0, DType dtype = DType::kF32,
+                            AttentionKind kind = AttentionKind::kMHA);
 
 // uid of token j: a hash of (salt, tokens[0..j]).
 std::vector<std::uint64_t> prefix_uids(std::span<const std::int32_t> tokens,

@@ -55,6 +55,12 @@ KVCacheConfig with_prefix_caching(KVCacheConfig c) {
   return c;
 }
 
+// Multi-head latent attention: one row per token, V = its head.
+KVCacheConfig with_mla(KVCacheConfig c) {
+  c.attention_kind = AttentionKind::kMLA;
+  return c;
+}
+
 void PrintTo(const FuzzSetup& setup, std::ostream* os) {
   *os << setup.name;
 }
@@ -604,7 +610,16 @@ INSTANTIATE_TEST_SUITE_P(
         // Prefix caching on (no token ids told): everything behaves as without.
         FuzzSetup{"ps3_f32_hnd_window_prefix_caching",
                   with_prefix_caching(make_config(2, 4, 2, 4, 4, 3, 30, kF32, kHND, true)), 300, 40,
-                  10}),
+                  10},
+        // MLA rows (V inside K) through every operation, windows and prefix caching included.
+        FuzzSetup{"ps3_f16_nhd_mla_window",
+                  with_mla(make_config(2, 8, 1, 6, 4, 3, 40, kF16, kNHD, true)), 300, 40, 10},
+        FuzzSetup{"ps16_bf16_hnd_mla",
+                  with_mla(make_config(1, 4, 1, 8, 6, 16, 16, kBF16, kHND, false)), 300, 40, 40},
+        FuzzSetup{
+            "ps3_f32_hnd_window_prefix_caching_mla",
+            with_mla(with_prefix_caching(make_config(2, 4, 1, 6, 4, 3, 30, kF32, kHND, true))), 300,
+            40, 10}),
     [](const ::testing::TestParamInfo<FuzzSetup>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -6,7 +6,8 @@ namespace pagedattn::test {
 
 KVShape KVShape::of(const KVCacheConfig& c) {
   return KVShape{c.num_layers, c.num_kv_heads, c.head_dim,
-                 c.v_head_dim == 0 ? c.head_dim : c.v_head_dim};
+                 c.v_head_dim == 0 ? c.head_dim : c.v_head_dim,
+                 c.attention_kind == AttentionKind::kMLA};
 }
 
 std::size_t KVShape::k_floats(std::int64_t tokens) const {
@@ -44,6 +45,11 @@ float token_value(std::uint64_t uid, std::int32_t layer, std::int32_t head, std:
   return static_cast<float>(byte - 128) * 0.5f;
 }
 
+float v_value(const KVShape& shape, std::uint64_t uid, std::int32_t layer, std::int32_t head,
+              std::int32_t dim) {
+  return token_value(uid, layer, head, dim, !shape.v_in_k);
+}
+
 KVBuffers make_kv(const KVShape& s, std::span<const std::uint64_t> uids) {
   const auto n = static_cast<std::int64_t>(uids.size());
   KVBuffers b{std::vector<float>(s.k_floats(n)), std::vector<float>(s.v_floats(n))};
@@ -53,7 +59,7 @@ KVBuffers make_kv(const KVShape& s, std::span<const std::uint64_t> uids) {
         for (std::int32_t d = 0; d < s.head_dim; ++d)
           b.k[buffer_index(s, n, l, t, h, d, s.head_dim)] = token_value(uids[t], l, h, d, false);
         for (std::int32_t d = 0; d < s.v_head_dim; ++d)
-          b.v[buffer_index(s, n, l, t, h, d, s.v_head_dim)] = token_value(uids[t], l, h, d, true);
+          b.v[buffer_index(s, n, l, t, h, d, s.v_head_dim)] = v_value(s, uids[t], l, h, d);
       }
   return b;
 }
@@ -67,8 +73,10 @@ KVBuffers read_kv(const PagedKVCache& kv, SeqId id, std::int64_t start, std::int
 }
 
 void write_kv(PagedKVCache& kv, SeqId id, std::int64_t start, std::span<const std::uint64_t> uids) {
-  const KVBuffers b = make_kv(KVShape::of(kv.config()), uids);
-  kv.debug_set_kv(id, start, start + static_cast<std::int64_t>(uids.size()), b.k, b.v);
+  const KVShape shape = KVShape::of(kv.config());
+  const KVBuffers b = make_kv(shape, uids);
+  kv.debug_set_kv(id, start, start + static_cast<std::int64_t>(uids.size()), b.k,
+                  shape.v_in_k ? std::span<const float>() : std::span<const float>(b.v));
 }
 
 void end_metadata_step(PagedKVCache& kv) {
@@ -90,7 +98,7 @@ void write_kv_through_slots(const PagedKVCache& kv, const BatchPlan& plan, std::
         for (std::int32_t d = 0; d < c.head_dim; ++d)
           store_from_float(st.k_data, st.dtype, static_cast<std::size_t>(k0 + d),
                            token_value(uids[i], l, h, d, false));
-        for (std::int32_t d = 0; d < c.v_head_dim; ++d)
+        for (std::int32_t d = 0; d < c.v_head_dim && !st.v_in_k; ++d)
           store_from_float(st.v_data, st.dtype, static_cast<std::size_t>(v0 + d),
                            token_value(uids[i], l, h, d, true));
       }

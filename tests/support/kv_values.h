@@ -22,6 +22,7 @@ struct KVShape {
   std::int32_t num_kv_heads = 1;
   std::int32_t head_dim = 1;
   std::int32_t v_head_dim = 1;
+  bool v_in_k = false;  // MLA: V is the head of each K row, and written with it
 
   static KVShape of(const KVCacheConfig& resolved_config);
   std::size_t k_floats(std::int64_t tokens) const;
@@ -31,6 +32,9 @@ struct KVShape {
 // The value of element `dim` of head `head` of a token's K (or V) in `layer`.
 float token_value(std::uint64_t uid, std::int32_t layer, std::int32_t head, std::int32_t dim,
                   bool is_v);
+// V's value in a cache of this shape: K's for MLA, whose V is K's head.
+float v_value(const KVShape& shape, std::uint64_t uid, std::int32_t layer, std::int32_t head,
+              std::int32_t dim);
 
 // K and V of a run of tokens in debug buffer order:
 // [num_layers][tokens][num_kv_heads][head_dim or v_head_dim].

@@ -61,6 +61,10 @@ KVCacheConfig tree_config(const TreeSetup& s) {
   c.rope_mode = s.rope_mode;
   c.rope.theta = 10000.0f;
   c.rope.style = RopeStyle::kNeox;
+  if (s.mla) {  // v_head_dim = head_dim keeps the harness's shapes; V still lives in K
+    c.attention_kind = AttentionKind::kMLA;
+    c.num_kv_heads = 1;
+  }
   return c;
 }
 
@@ -110,8 +114,9 @@ void TreeHarness::run_layers(const BatchPlan& plan) {
     std::vector<float> q = random(std::size_t(tokens) * c.num_qo_heads * d);
     std::vector<float> k = random(std::size_t(tokens) * c.num_kv_heads * d);
     std::vector<float> v = random(k.size()), out(q.size(), -1.0f);
+    const bool mla = c.attention_kind == AttentionKind::kMLA;
     cache_.attention(layer, tensor(q, c.num_qo_heads), tensor(k, c.num_kv_heads),
-                     tensor(v, c.num_kv_heads), tensor(out, c.num_qo_heads));
+                     mla ? HeadTensor{} : tensor(v, c.num_kv_heads), tensor(out, c.num_qo_heads));
     for (std::int32_t b = 0; b < plan.batch_size(); ++b) check_sequence(plan, b, layer, q, out);
   }
   cache_.end_forward();

@@ -18,6 +18,7 @@ struct TreeSetup {
   DType kv_dtype = DType::kF16;
   RopeMode rope_mode = RopeMode::kNone;
   std::int32_t page_size = 16;
+  bool mla = false;  // AttentionKind::kMLA with one KV head and V = the whole K row
 };
 
 KVCacheConfig tree_config(const TreeSetup& setup);

@@ -79,7 +79,9 @@ INSTANTIATE_TEST_SUITE_P(ModesDtypesPages, TreeScenario,
                                            TreeSetup{DType::kF32, RopeMode::kNormal, 16},
                                            TreeSetup{DType::kBF16, RopeMode::kInline, 1},
                                            TreeSetup{DType::kINT8, RopeMode::kInline, 5},
-                                           TreeSetup{DType::kF16, RopeMode::kNormal, 3}));
+                                           TreeSetup{DType::kF16, RopeMode::kNormal, 3},
+                                           TreeSetup{DType::kBF16, RopeMode::kNone, 3, true},
+                                           TreeSetup{DType::kINT8, RopeMode::kNone, 16, true}));
 
 }  // namespace
 }  // namespace pagedattn::test

@@ -58,18 +58,23 @@ void fill_sequence(PagedKVCache& kv, SeqId id, std::int64_t tokens, std::uint64_
   kv.end_forward();
 }
 
-KVCacheConfig transfer_config(DType dtype, KVLayout layout) {
+KVCacheConfig transfer_config(DType dtype, KVLayout layout,
+                              AttentionKind kind = AttentionKind::kMHA) {
   KVCacheConfig c = small_config(8, 32);
   c.kv_dtype = dtype;
   c.layout = layout;
+  c.attention_kind = kind;
+  if (kind == AttentionKind::kMLA) c.num_kv_heads = 1;  // one latent row per token
   return c;
 }
 
-class KVTransferRoundTrip : public ::testing::TestWithParam<std::tuple<DType, KVLayout>> {};
+class KVTransferRoundTrip
+    : public ::testing::TestWithParam<std::tuple<DType, KVLayout, AttentionKind>> {};
 
 TEST_P(KVTransferRoundTrip, ReceiverHoldsTheSendersKVUnderItsOwnPages) {
-  const auto [dtype, layout] = GetParam();
-  PagedKVCache sender(transfer_config(dtype, layout)), receiver(transfer_config(dtype, layout));
+  const auto [dtype, layout, kind] = GetParam();
+  PagedKVCache sender(transfer_config(dtype, layout, kind)),
+      receiver(transfer_config(dtype, layout, kind));
   fill_sequence(sender, 1, 5, 100);  // occupies low pages: ids differ between sides
   fill_sequence(sender, 7, 37, 1000);
   fill_sequence(receiver, 3, 19, 5000);  // the receiver's pages are busy elsewhere too
@@ -100,10 +105,11 @@ TEST_P(KVTransferRoundTrip, ReceiverHoldsTheSendersKVUnderItsOwnPages) {
   receiver.check_invariants();
 }
 
-INSTANTIATE_TEST_SUITE_P(DTypesAndLayouts, KVTransferRoundTrip,
-                         ::testing::Combine(::testing::Values(DType::kF32, DType::kF16,
-                                                              DType::kBF16, DType::kINT8),
-                                            ::testing::Values(KVLayout::kHND, KVLayout::kNHD)));
+INSTANTIATE_TEST_SUITE_P(
+    DTypesLayoutsKinds, KVTransferRoundTrip,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kINT8),
+                       ::testing::Values(KVLayout::kHND, KVLayout::kNHD),
+                       ::testing::Values(AttentionKind::kMHA, AttentionKind::kMLA)));
 
 TEST(KVTransfer, NeighbouringPagesMergeIntoOneRunPerComponent) {
   PagedKVCache kv(transfer_config(DType::kINT8, KVLayout::kHND));
@@ -113,6 +119,14 @@ TEST(KVTransfer, NeighbouringPagesMergeIntoOneRunPerComponent) {
   std::int64_t bytes = 0;
   for (std::span<std::byte> run : in.layers[1]) bytes += std::ssize(run);
   EXPECT_EQ(bytes, in.layer_bytes);
+  EXPECT_EQ(in.total_bytes(), kv.bytes_per_page() * 5);
+  kv.cancel_incoming(1);
+}
+
+TEST(KVTransfer, MlaPagesAreOneRunOfRowsAndOneOfScales) {
+  PagedKVCache kv(transfer_config(DType::kINT8, KVLayout::kHND, AttentionKind::kMLA));
+  const KVPageRuns in = kv.reserve_incoming(1, 40);
+  ASSERT_EQ(in.layers[0].size(), 2u);  // the rows, their scales: no V anywhere
   EXPECT_EQ(in.total_bytes(), kv.bytes_per_page() * 5);
   kv.cancel_incoming(1);
 }
