@@ -65,7 +65,16 @@ struct Config {
   // leaves them: separates the cost of the indirection from that of pages
   // at random places.
   bool pages_in_order = false;
+  // Multi-head latent attention (kv_heads 1): each token's one row is K
+  // ([latent | rope], head_dim) and its first mla_latent elements are V;
+  // 0: separate K and V of head_dim each.
+  std::int32_t mla_latent = 0;
 
+  bool mla() const { return mla_latent > 0; }
+  std::int32_t v_head_dim() const { return mla() ? mla_latent : head_dim; }
+  // V rows stored apart from K (0 for MLA), and int8 scale arrays.
+  std::int32_t stored_v_dim() const { return mla() ? 0 : head_dim; }
+  std::int32_t scale_arrays() const { return mla() ? 1 : 2; }
   std::int32_t page_size() const { return contiguous ? kv_len : page; }
   // Whether the pool's page ids stay in order (contiguous sequences own one
   // page each: their order is shuffled like any other).
@@ -75,14 +84,17 @@ struct Config {
            std::to_string(head_dim) + "/b" + std::to_string(batch) + "/q" + std::to_string(q_len) +
            "/kv" + std::to_string(kv_len) +
            (contiguous ? "/contig" : "/paged" + std::to_string(page)) +
-           (keeps_page_order() ? "/in_order" : "");
+           (keeps_page_order() ? "/in_order" : "") +
+           (mla() ? "/mla" + std::to_string(mla_latent) : "");
   }
   // Queries and outputs: f16 with f16 KV, f32 with f32 KV, bf16 otherwise.
   DType act() const { return kv == DType::kF16 || kv == DType::kF32 ? kv : DType::kBF16; }
   std::int32_t pages_per_seq() const { return (kv_len + page_size() - 1) / page_size(); }
   std::size_t page_bytes() const {  // K + V (+ int8 token scales) of one page
-    std::size_t b = std::size_t(page_size()) * kv_heads * 2 * head_dim * pa::dtype_size(kv);
-    if (kv == DType::kINT8) b += std::size_t(page_size()) * kv_heads * 2 * sizeof(float);
+    std::size_t b =
+        std::size_t(page_size()) * kv_heads * (head_dim + stored_v_dim()) * pa::dtype_size(kv);
+    if (kv == DType::kINT8)
+      b += std::size_t(page_size()) * kv_heads * scale_arrays() * sizeof(float);
     return b;
   }
   // One page of K for every KV head: the contiguous run a decode reads at a
@@ -100,13 +112,13 @@ struct Config {
   }
   // K+V bytes one call reads (int8: with its per-token scales).
   double kv_bytes_per_call() const {
-    double per_token = double(kv_heads) * 2 * head_dim * double(pa::dtype_size(kv));
-    if (kv == DType::kINT8) per_token += double(kv_heads) * 2 * sizeof(float);
+    double per_token = double(kv_heads) * (head_dim + stored_v_dim()) * double(pa::dtype_size(kv));
+    if (kv == DType::kINT8) per_token += double(kv_heads) * scale_arrays() * sizeof(float);
     return double(batch) * kv_len * per_token;
   }
   // FLOPs of one call, causal (attention_flops).
   double flops_per_call() const {
-    return attention_flops(batch, qo_heads, head_dim, q_len, kv_len);
+    return attention_flops(batch, qo_heads, (head_dim + v_head_dim()) / 2.0, q_len, kv_len);
   }
 };
 
@@ -171,28 +183,28 @@ class Workload {
     const std::size_t es = pa::dtype_size(c_.kv);
     const std::size_t elems = std::size_t(num_pages_) * ps * c_.kv_heads * c_.head_dim;
     k_ = pb::HugeBuffer(elems * es);
-    v_ = pb::HugeBuffer(elems * es);
+    if (!c_.mla()) v_ = pb::HugeBuffer(elems * es);
     if (c_.kv == DType::kINT8) {
       const std::size_t slots = std::size_t(num_pages_) * ps * c_.kv_heads;
       k_scales_ = pb::HugeBuffer(slots * sizeof(float));
-      v_scales_ = pb::HugeBuffer(slots * sizeof(float));
+      if (!c_.mla()) v_scales_ = pb::HugeBuffer(slots * sizeof(float));
     }
     if (copy_from) {
       copy_kv_from(*copy_from);
     } else {
       const auto pattern = value_pattern(c_.kv, std::size_t{1} << 20, 7);
       fill_from_pattern(k_.data(), elems * es, pattern, 1);
-      fill_from_pattern(v_.data(), elems * es, pattern, 2);
+      if (!c_.mla()) fill_from_pattern(v_.data(), elems * es, pattern, 2);
       if (c_.kv == DType::kINT8) {
         const std::size_t slots = std::size_t(num_pages_) * ps * c_.kv_heads;
         fill_scales(reinterpret_cast<float*>(k_scales_.data()), slots);
-        fill_scales(reinterpret_cast<float*>(v_scales_.data()), slots);
+        if (!c_.mla()) fill_scales(reinterpret_cast<float*>(v_scales_.data()), slots);
       }
     }
     const std::size_t tokens = std::size_t(c_.batch) * c_.q_len;
     const std::size_t q_elems = tokens * c_.qo_heads * c_.head_dim;
     q_ = value_pattern(c_.act(), q_elems, 11);
-    o_.assign(q_elems * pa::dtype_size(c_.act()), 0);
+    o_.assign(tokens * c_.qo_heads * c_.v_head_dim() * pa::dtype_size(c_.act()), 0);
   }
 
   const Config& config() const { return c_; }
@@ -204,7 +216,7 @@ class Workload {
     const DType act = c_.act();
     const std::int64_t row = std::int64_t{c_.qo_heads} * c_.head_dim;
     p.q = {q_.data(), act, row, c_.head_dim};
-    p.o = {o_.data(), act, row, c_.head_dim};
+    p.o = {o_.data(), act, std::int64_t{c_.qo_heads} * c_.v_head_dim(), c_.v_head_dim()};
     p.num_qo_heads = c_.qo_heads;
     p.table.batch_size = c_.batch;
     p.table.page_size = c_.page_size();
@@ -219,6 +231,14 @@ class Workload {
   }
 
   pa::PagedKVStorage storage() const {
+    if (c_.mla()) {
+      auto s = pa::PagedKVStorage::latent(k_.data(), c_.kv, pa::KVLayout::kHND, c_.page_size(),
+                                          c_.head_dim, c_.mla_latent, num_pages_);
+      s.k_scale = kFp8Scale;
+      if (c_.kv == DType::kINT8) s.k_token_scales = reinterpret_cast<float*>(k_scales_.data());
+      s.share_k_scales_with_v();
+      return s;
+    }
     auto s =
         pa::PagedKVStorage::dense(k_.data(), v_.data(), c_.kv, pa::KVLayout::kHND, c_.page_size(),
                                   c_.kv_heads, c_.head_dim, c_.head_dim, num_pages_);
@@ -256,12 +276,15 @@ class Workload {
             const std::size_t n = std::size_t(run) * c_.head_dim * es;
             std::memcpy(to_bytes(to.k_data) + std::size_t(to.k_offset(dp, h, j % dps)) * es,
                         to_bytes(from.k_data) + std::size_t(from.k_offset(sp, h, j % sps)) * es, n);
-            std::memcpy(to_bytes(to.v_data) + std::size_t(to.v_offset(dp, h, j % dps)) * es,
-                        to_bytes(from.v_data) + std::size_t(from.v_offset(sp, h, j % sps)) * es, n);
+            if (!c_.mla())
+              std::memcpy(to_bytes(to.v_data) + std::size_t(to.v_offset(dp, h, j % dps)) * es,
+                          to_bytes(from.v_data) + std::size_t(from.v_offset(sp, h, j % sps)) * es,
+                          n);
             if (c_.kv == DType::kINT8)
               for (std::int32_t i = 0; i < run; ++i) {
                 to.k_token_scales[to.token_scale_index(dp, h, j % dps + i)] =
                     from.k_token_scales[from.token_scale_index(sp, h, j % sps + i)];
+                if (c_.mla()) continue;
                 to.v_token_scales[to.token_scale_index(dp, h, j % dps + i)] =
                     from.v_token_scales[from.token_scale_index(sp, h, j % sps + i)];
               }

@@ -34,7 +34,7 @@ namespace {
 
 namespace pb = pagedattn::bench;
 
-constexpr std::int32_t kMinHeadDim = 8, kMaxHeadDim = 256;
+constexpr std::int32_t kMinHeadDim = 8, kMaxHeadDim = 1024;
 
 struct Options {
   pb::Config shape;
@@ -163,6 +163,12 @@ void add_shape_flags(CLI::App& app, Flags& f) {
   app.add_option("--head-dim", c.head_dim, detail::concat(kMinHeadDim, "..", kMaxHeadDim))
       ->type_name("D")
       ->transform(integer_in(kMinHeadDim, kMaxHeadDim));
+  app.add_option("--mla", c.mla_latent,
+                 "multi-head latent attention: one row of --head-dim per token ([latent | rope "
+                 "key]), V = its first LATENT elements, one KV head (DeepSeek-V2/V3: --heads 16x1 "
+                 "--head-dim 576 --mla 512)")
+      ->type_name("LATENT")
+      ->transform(integer_in(1, kMaxHeadDim));
   app.add_option("--page-size", c.page, "tokens per page")
       ->type_name("P")
       ->transform(integer_in(1, 1 << 20));
@@ -249,6 +255,10 @@ Options options(const Flags& f, const CLI::App& app) {
       "bench-attention: --shims: --max-target and --disable-features would reach this "
       "program's kernel, not the shims'; set ",
       kMaxTargetVariable, " or ", kDisableFeaturesVariable, " in the environment instead");
+  require<InvalidArgument>(
+      !o.shape.mla() || (o.shape.kv_heads == 1 && o.shape.mla_latent <= o.shape.head_dim),
+      "bench-attention: --mla ", o.shape.mla_latent,
+      " needs --heads Qx1 and a latent <= --head-dim ", o.shape.head_dim);
   o.shape.q_len = f.q_len > 0 ? f.q_len : f.mode == "prefill" ? o.shape.kv_len : 1;
   require<InvalidArgument>(o.shape.q_len <= o.shape.kv_len, "bench-attention: --q-len ",
                            o.shape.q_len, " exceeds --kv-len ", o.shape.kv_len);
@@ -262,7 +272,7 @@ double relative_error_vs_reference(pb::Workload& w,
                                    const std::function<void(const AttentionParams&)>& run) {
   AttentionParams p = w.params(0);
   const std::size_t n =
-      std::size_t(w.config().batch) * w.config().q_len * p.num_qo_heads * w.config().head_dim;
+      std::size_t(w.config().batch) * w.config().q_len * p.num_qo_heads * w.config().v_head_dim();
   run(p);
   std::vector<float> fast(n), ref(n);
   for (std::size_t i = 0; i < n; ++i) fast[i] = load_as_float(p.o.data, p.o.dtype, i);
@@ -442,8 +452,10 @@ int run_bench_attention(int argc, char** argv) {
   for (const std::string& path : o.shims)
     shims.push_back(std::make_unique<pb::KernelShim>(path, plan_options));
   std::printf(
-      "shape: %s KV, heads %dx%d, head_dim %d, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
-      pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim, c.batch, c.q_len, c.kv_len,
+      "shape: %s KV, heads %dx%d, head_dim %d%s, batch %d, q_len %d, kv_len %d, %s, %d threads\n",
+      pb::short_name(c.kv).c_str(), c.qo_heads, c.kv_heads, c.head_dim,
+      c.mla() ? (" (MLA: V = the first " + std::to_string(c.mla_latent) + ")").c_str() : "",
+      c.batch, c.q_len, c.kv_len,
       c.contiguous
           ? "contiguous"
           : ("page " + std::to_string(c.page) + (c.keeps_page_order() ? " in order" : "")).c_str(),

@@ -4,6 +4,7 @@
     ragged_paged_attention  torch_xla ragged_paged_attention
     paged_attention_decode  vLLM PagedAttention.forward_decode
     paged_attention_prefix  vLLM PagedAttention.forward_prefix (prefill over a cached prefix)
+    mla_decode_kvcache      vLLM's CPU MLA decode (DeepSeek latent rows: [latent | rope key])
     reshape_and_cache       vLLM cache write (in place)
     copy_blocks             vLLM block copies (in place)
     swap_blocks             vLLM block swap (in place)
@@ -17,6 +18,7 @@ CPU tensors, bfloat16 included), used in place with their strides.
 from ._core.ops import (
     copy_blocks,
     merge_states,
+    mla_decode_kvcache,
     ort_paged_attention,
     paged_attention_decode,
     paged_attention_prefix,
@@ -28,6 +30,7 @@ from ._core.ops import (
 __all__ = [
     "copy_blocks",
     "merge_states",
+    "mla_decode_kvcache",
     "ort_paged_attention",
     "paged_attention_decode",
     "paged_attention_prefix",

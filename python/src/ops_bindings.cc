@@ -196,6 +196,33 @@ py::array paged_attention_decode(const ArrayLike& query, const ArrayLike& key_ca
   return out;
 }
 
+py::array mla_decode_kvcache(const ArrayLike& query, const ArrayLike& kv_cache,
+                             const ArrayLike& block_tables, const ArrayLike& seq_lens,
+                             const Index& v_head_dim, float scale,
+                             const std::string& kv_cache_dtype, float k_scale) {
+  constexpr const char* kCall = "mla_decode_kvcache";
+  std::vector<py::array> keep;
+  ops::vllm::MlaDecodeParams p;
+  p.query = tensor_arg(query, "query", keep);
+  const py::array query_array = keep.back();
+  p.kv_cache = tensor_arg(kv_cache, "kv_cache", keep, vllm_raw_cache_dtype(kv_cache_dtype));
+  p.kv_cache_dtype = kv_cache_dtype;  // a view of the caller's string, alive for the call
+  p.k_scale = k_scale;
+  p.block_tables = index_arg(block_tables, "block_tables", keep, ops::IndexType::kInt32);
+  p.seq_lens = index_arg(seq_lens, "seq_lens", keep, ops::IndexType::kInt32);
+  p.scale = scale;
+  const std::int32_t v_dim = int32_arg(v_head_dim, kCall, "v_head_dim");
+  require(p.query.rank == 3 && v_dim >= 1, kCall,
+          ": query must be [S, Hq, D] and v_head_dim = ", v_dim, " >= 1");
+  py::array out = new_array({p.query.dim(0), p.query.dim(1), v_dim}, p.query.dtype, query_array);
+  p.output = output_view(out, p.query.dtype);
+  {
+    py::gil_scoped_release release;
+    ops::vllm::mla_decode_kvcache(p);
+  }
+  return out;
+}
+
 // The longest query of `query_start_loc` (rank 1; a bad one is left to the
 // adapter, which names it): vLLM passes max_query_len separately.
 std::int32_t longest_query(const ops::IndexView& query_start_loc) {
@@ -404,6 +431,21 @@ seq_lens [S] int32 (keys per sequence); alibi_slopes [Hq] float32 (bias
 slope * (j - p)). scale is used as given. kv_cache_dtype "auto" (the query's
 dtype), "fp8" / "fp8_e4m3" (e4m3fn) or "fp8_e5m2" with uint8 (or ml_dtypes)
 caches, value = stored * k_scale / v_scale.)doc");
+  ops_module.def("mla_decode_kvcache", &mla_decode_kvcache, arg("query"), arg("kv_cache"),
+                 arg("block_tables"), arg("seq_lens"), py::kw_only(), arg("v_head_dim"),
+                 arg("scale"), arg("kv_cache_dtype") = "auto", arg("k_scale") = 1.0f,
+                 R"doc(Multi-head latent attention decode (DeepSeek-V2/V3; vLLM's CPU
+mla_decode_kvcache). Returns out [S, Hq, v_head_dim] in query's dtype: each
+head's output in the latent space (apply W_UV after).
+
+query [S, Hq, D]: absorbed queries [W_UK^T q_nope | q_pe] (one new token per
+sequence, already in the cache); kv_cache [num_blocks, block_size, D]: one
+row per token, [latent | rope key], whose first v_head_dim (= kv_lora_rank)
+elements are V; block_tables [S, max_blocks] int32; seq_lens [S] int32.
+scale is used as given (DeepSeek: 1/sqrt(qk_nope_head_dim +
+qk_rope_head_dim), times YaRN's mscale squared). kv_cache_dtype "auto" (the
+query's dtype), "fp8" / "fp8_e4m3" or "fp8_e5m2" with a uint8 (or ml_dtypes)
+cache, value = stored * k_scale.)doc");
   ops_module.def("paged_attention_prefix", &paged_attention_prefix, arg("query"), arg("key_cache"),
                  arg("value_cache"), arg("block_tables"), arg("query_start_loc"), arg("seq_lens"),
                  py::kw_only(), arg("max_query_len") = py::none(), arg("scale") = py::none(),

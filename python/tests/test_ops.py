@@ -253,6 +253,62 @@ def test_merge_states():
     np.testing.assert_allclose(s, es, atol=1e-6)
 
 
+class TestMla:
+    """mla_decode_kvcache against the UNABSORBED formula in float64: per-head
+    keys [W_UK c | k_pe] and values W_UV c materialised from the latent rows."""
+
+    H, LATENT, ROPE, NOPE, V = 6, 24, 8, 10, 12
+
+    def case(self, seq_lens=(5, 9, 1), dtype=np.float32):
+        D = self.LATENT + self.ROPE
+        blocks = 12
+        cache = randn(blocks, BS, D).astype(dtype)
+        table = rng.permutation(blocks)[: 3 * len(seq_lens)].reshape(len(seq_lens), 3).astype(np.int32)
+        w_uk = rng.standard_normal((self.H, self.NOPE, self.LATENT)) / math.sqrt(self.LATENT)
+        w_uv = rng.standard_normal((self.H, self.V, self.LATENT)) / math.sqrt(self.LATENT)
+        q_nope = rng.standard_normal((len(seq_lens), self.H, self.NOPE))
+        q_pe = rng.standard_normal((len(seq_lens), self.H, self.ROPE))
+        return cache, table, np.array(seq_lens, np.int32), w_uk, w_uv, q_nope, q_pe
+
+    def reference(self, cache, table, seq_lens, w_uk, w_uv, q_nope, q_pe, scale):
+        out = np.zeros((len(seq_lens), self.H, self.V))
+        for b, n in enumerate(seq_lens):
+            rows = cache.astype(np.float64)[table[b]].reshape(-1, cache.shape[-1])[:n]
+            c, k_pe = rows[:, : self.LATENT], rows[:, self.LATENT :]
+            for h in range(self.H):
+                keys = np.concatenate([c @ w_uk[h].T, k_pe], axis=1)
+                values = c @ w_uv[h].T
+                s = keys @ np.concatenate([q_nope[b, h], q_pe[b, h]]) * scale
+                p = np.exp(s - s.max())
+                out[b, h] = p @ values / p.sum()
+        return out
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float16])
+    def test_absorbed_decode_matches_unabsorbed_attention(self, dtype):
+        cache, table, seq_lens, w_uk, w_uv, q_nope, q_pe = self.case(dtype=dtype)
+        scale = 1 / math.sqrt(self.NOPE + self.ROPE)
+        absorbed = np.concatenate([np.einsum("bhn,hnl->bhl", q_nope, w_uk), q_pe], axis=2)
+        latent_out = ops.mla_decode_kvcache(absorbed.astype(dtype), cache, table, seq_lens,
+                                            v_head_dim=self.LATENT, scale=scale)
+        assert latent_out.shape == (3, self.H, self.LATENT) and latent_out.dtype == dtype
+        got = np.einsum("bhl,hvl->bhv", latent_out.astype(np.float64), w_uv)
+        want = self.reference(cache, table, seq_lens, w_uk, w_uv, q_nope, q_pe, scale)
+        tol = 2e-5 if dtype == np.float32 else 3e-3  # float16 queries and outputs round
+        np.testing.assert_allclose(got, want, atol=tol * np.abs(want).max())
+
+    def test_refusals_name_the_argument(self):
+        cache, table, seq_lens, *_ = self.case()
+        q = randn(3, self.H, self.LATENT + self.ROPE)
+        with pytest.raises(ValueError, match="v_head_dim"):
+            ops.mla_decode_kvcache(q, cache, table, seq_lens, v_head_dim=cache.shape[-1] + 1,
+                                   scale=0.1)
+        with pytest.raises(ValueError, match="query"):
+            ops.mla_decode_kvcache(q[:, :, :-1], cache, table, seq_lens, v_head_dim=8, scale=0.1)
+        with pytest.raises(ValueError, match="seq_lens"):
+            ops.mla_decode_kvcache(q, cache, table, np.array([5, 9, 99], np.int32), v_head_dim=8,
+                                   scale=0.1)
+
+
 def test_every_function_documents_shapes():
     for name in ops.__all__:
         doc = getattr(ops, name).__doc__

@@ -175,6 +175,52 @@ void forward_decode(const ForwardDecodeParams& p) {
   attend(p.query, p.output, storage_of(p.kv, cache), p.block_tables, options, scratch);
 }
 
+void mla_decode_kvcache(const MlaDecodeParams& p) {
+  constexpr const char* kCall = "vllm::mla_decode_kvcache";
+  OpScratch& scratch = thread_scratch();
+  check_rank(kCall, "query", p.query.rank, 3);
+  check_activation_dtype(kCall, "query", p.query);
+  check_rank(kCall, "kv_cache", p.kv_cache.rank, 3);
+  check_rows_contiguous(kCall, "kv_cache", p.kv_cache);
+  CacheShape cache;
+  cache.num_blocks = p.kv_cache.dim(0);
+  cache.block_size = checked_int32(kCall, "block_size", p.kv_cache.dim(1));
+  cache.head_dim = checked_int32(kCall, "kv_cache row width", p.kv_cache.dim(2));
+  cache.num_kv_heads = 1;
+  checked_int32(kCall, "num_blocks", cache.num_blocks);
+  require(cache.num_blocks >= 1 && cache.block_size >= 1 && cache.head_dim >= 1, kCall,
+          ": kv_cache extents must all be >= 1");
+  check_present(kCall, "kv_cache", p.kv_cache.data, 1);
+  const DType dtype = cache_dtype_of(kCall, p.kv_cache_dtype, p.query.dtype);
+  check_dtype(kCall, "kv_cache", p.kv_cache.dtype, dtype);
+  if (is_fp8(dtype)) check_positive(kCall, "k_scale", p.k_scale);
+  const std::int64_t seqs = p.query.dim(0), hq = p.query.dim(1);
+  check_heads_tensor(kCall, "query", p.query, seqs, hq, cache.head_dim, p.query.dtype);
+  check_rank(kCall, "output", p.output.rank, 3);
+  const std::int64_t v_dim = p.output.dim(2);
+  require(v_dim >= 1 && v_dim <= cache.head_dim, kCall,
+          ": output's last extent (v_head_dim) = ", v_dim, " must be in [1, ", cache.head_dim,
+          "], the cache rows' width");
+  check_heads_tensor(kCall, "output", p.output, seqs, hq, v_dim, p.query.dtype);
+  check_shape(kCall, "seq_lens", p.seq_lens, {seqs});
+  check_sequences(kCall, p.block_tables, p.seq_lens, cache, scratch.batch);
+  check_finite(kCall, "scale", p.scale);
+
+  PagedKVStorage kv =
+      PagedKVStorage::latent(p.kv_cache.data, dtype, KVLayout::kNHD, cache.block_size,
+                             cache.head_dim, static_cast<std::int32_t>(v_dim), cache.num_blocks);
+  kv.k_page_stride = kv.v_page_stride = p.kv_cache.stride(0);
+  kv.k_token_stride = kv.v_token_stride = p.kv_cache.stride(1);
+  kv.k_scale = p.k_scale;
+  kv.share_k_scales_with_v();
+  AttentionOptions options;
+  options.scale = p.scale;
+  scratch.batch.qo_indptr.resize(static_cast<std::size_t>(seqs) + 1);
+  for (std::int32_t b = 0; b <= static_cast<std::int32_t>(seqs); ++b)
+    scratch.batch.qo_indptr[static_cast<std::size_t>(b)] = b;
+  attend(p.query, p.output, kv, p.block_tables, options, scratch);
+}
+
 void forward_prefix(const ForwardPrefixParams& p) {
   constexpr const char* kCall = "vllm::forward_prefix";
   OpScratch& scratch = thread_scratch();

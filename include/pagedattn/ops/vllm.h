@@ -45,6 +45,25 @@ struct ForwardDecodeParams {
 };
 void forward_decode(const ForwardDecodeParams& params);
 
+// Multi-head latent attention decode (DeepSeek-V2/V3; vLLM's CPU
+// mla_decode_kvcache): S sequences, one new token each, already in the
+// cache. Each cache row is [latent | rope key] (D wide, one per token: no
+// KV heads); V is its first v_head_dim elements, the latent. Queries come
+// absorbed ([W_UK^T q_nope | q_pe] per head), outputs stay in the latent
+// space (apply W_UV after).
+struct MlaDecodeParams {
+  TensorView output;    // [S, Hq, v_head_dim], query's dtype
+  TensorView query;     // [S, Hq, D]
+  TensorView kv_cache;  // [num_blocks, block_size, D]; rows contiguous, other strides free
+  std::string_view kv_cache_dtype = "auto";  // "auto" (the query's dtype), "fp8", "fp8_e4m3",
+                                             // "fp8_e5m2"
+  float k_scale = 1.0f;                      // fp8: value = stored * k_scale
+  IndexView block_tables;                    // [S, max_blocks] int32
+  IndexView seq_lens;                        // [S] int32 keys per sequence (0 gives a zero row)
+  float scale = 0.0f;  // the logit scale, used as given (DeepSeek: 1/sqrt(nope + rope dims))
+};
+void mla_decode_kvcache(const MlaDecodeParams& params);
+
 // Prefill with a cached prefix: sequence b has query tokens
 // [query_start_loc[b], query_start_loc[b+1]) at the end of its seq_lens[b]
 // keys. All keys, the new ones included, are read from the caches, so
