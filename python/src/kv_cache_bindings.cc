@@ -247,7 +247,14 @@ class KVCache {
     const char* call = "KVCache.attention";
     const HeadTensor qt = head_tensor(call, "q", q, {tokens, c.num_qo_heads, c.head_dim}, keep);
     const HeadTensor kt = head_tensor(call, "k", k, {tokens, c.num_kv_heads, c.head_dim}, keep);
-    const HeadTensor vt = head_tensor(call, "v", v, {tokens, c.num_kv_heads, c.v_head_dim}, keep);
+    const bool mla = c.attention_kind == AttentionKind::kMLA;
+    if (mla != v.is_none())
+      throw InvalidArgument(mla ? "KVCache.attention: v must be None for attention_kind=\"mla\" "
+                                  "(V is the latent, the first v_head_dim elements of each k row)"
+                                : "KVCache.attention: v is required (attention_kind=\"mha\")");
+    const HeadTensor vt =
+        mla ? HeadTensor{}
+            : head_tensor(call, "v", v, {tokens, c.num_kv_heads, c.v_head_dim}, keep);
     const ConvertedOptions options(args, c.num_qo_heads);
     const Output out(c, tokens, qt.dtype, keep.front());
     py::array_t<float> lse = lse_array(args.return_lse, tokens);
@@ -304,18 +311,28 @@ class KVCache {
   }
 
   void set_kv(const Index& seq_id_arg, const Index& start_arg, const Index& end_arg,
-              const ArrayLike& k, const ArrayLike& v) {
+              const ArrayLike& k, const OptionalArrayLike& v) {
     const KVCacheConfig& c = config();
     constexpr const char* kCall = "KVCache.set_kv";
     const SeqId seq_id = int_arg(seq_id_arg, kCall, "seq_id");
     const std::int64_t start = int_arg(start_arg, kCall, "start"),
                        end = int_arg(end_arg, kCall, "end");
     const py::ssize_t count = checked_token_count(kCall, seq_id, start, end);
-    py::array ka = as_array(k, "k"), va = as_array(v, "v");
+    const bool mla = c.attention_kind == AttentionKind::kMLA;
+    if (mla != v.is_none())
+      throw InvalidArgument(mla ? "KVCache.set_kv: v must be None for attention_kind=\"mla\" (it "
+                                  "is the head of each k row)"
+                                : "KVCache.set_kv: v is required (attention_kind=\"mha\")");
+    py::array ka = as_array(k, "k");
     const float* kd = float_block("k", ka, {c.num_layers, count, c.num_kv_heads, c.head_dim});
-    const float* vd = float_block("v", va, {c.num_layers, count, c.num_kv_heads, c.v_head_dim});
     const std::span<const float> ks(kd, static_cast<std::size_t>(ka.size()));
-    const std::span<const float> vs(vd, static_cast<std::size_t>(va.size()));
+    py::array va;
+    std::span<const float> vs;
+    if (!mla) {
+      va = as_array(v, "v");
+      const float* vd = float_block("v", va, {c.num_layers, count, c.num_kv_heads, c.v_head_dim});
+      vs = {vd, static_cast<std::size_t>(va.size())};
+    }
     py::gil_scoped_release release;
     cache_.debug_set_kv(seq_id, start, end, ks, vs);
   }
@@ -421,8 +438,13 @@ std::unique_ptr<KVCache> make_cache(
     std::int64_t memory_budget_bytes, const Fp8Scale& k_scale, const Fp8Scale& v_scale,
     std::int32_t rotary_dim, bool rope_interleaved, const RopeScaling& rope_scaling,
     std::int32_t num_threads, std::int32_t fixed_kv_chunk, bool enable_prefix_caching,
-    std::int64_t host_num_pages, std::int64_t host_memory_budget_bytes) {
+    std::int64_t host_num_pages, std::int64_t host_memory_budget_bytes,
+    const std::string& attention_kind) {
   KVCacheConfig c;
+  if (attention_kind != "mha" && attention_kind != "mla")
+    throw InvalidArgument("KVCache: attention_kind = \"" + attention_kind +
+                          "\" must be \"mha\" or \"mla\"");
+  c.attention_kind = attention_kind == "mla" ? AttentionKind::kMLA : AttentionKind::kMHA;
   c.num_layers = num_layers;
   c.num_qo_heads = num_qo_heads;
   c.num_kv_heads = num_kv_heads;
@@ -487,6 +509,7 @@ py::typing::Dict<py::str, py::object> config_dict(KVCache& s) {
   d["enable_prefix_caching"] = c.enable_prefix_caching;
   d["host_num_pages"] = c.host_num_pages;
   d["host_memory_budget_bytes"] = c.host_memory_budget_bytes;
+  d["attention_kind"] = c.attention_kind == AttentionKind::kMLA ? "mla" : "mha";
   return d;
 }
 
@@ -630,7 +653,7 @@ KVCache(num_layers, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages=0
         memory_budget_bytes=0, k_scale=1.0, v_scale=1.0, rotary_dim=0,
         rope_interleaved=False, rope_scaling=None, num_threads=0,
         fixed_kv_chunk=0, enable_prefix_caching=False, host_num_pages=0,
-        host_memory_budget_bytes=0)
+        host_memory_budget_bytes=0, attention_kind="mha")
 
 dtype: storage type, "float32", "float16", "bfloat16", "float8_e4m3fn",
   "float8_e5m2" or "int8". layout: "HND" (page = [Hkv, page_size, D]) or
@@ -652,6 +675,10 @@ enable_prefix_caching: full pages of told token ids stay cached and are
   shared with later prompts (match_prefix, add_sequence_with_prefix,
   set_sequence_tokens). host_num_pages / host_memory_budget_bytes: a host
   tier for swap_out / swap_in and for cached pages evicted from the device.
+attention_kind: "mha" (K and V rows per KV head) or "mla" (multi-head
+  latent attention, DeepSeek-V2/V3: num_kv_heads 1, one [latent | rope key]
+  row of head_dim per token whose first v_head_dim elements are V; nothing
+  is stored for V; attention and set_kv take v=None; rope_mode "none").
 
 A step (the TVM protocol):
     cache.add_sequence(0)
@@ -705,7 +732,8 @@ void register_kv_cache(py::module_& m) {
           py::arg("rope_interleaved") = false, py::arg("rope_scaling") = py::none(),
           py::arg("num_threads") = 0, py::arg("fixed_kv_chunk") = 0,
           py::arg("enable_prefix_caching") = false, py::arg("host_num_pages") = 0,
-          py::arg("host_memory_budget_bytes") = 0, "Creates the cache (see the class doc).")
+          py::arg("host_memory_budget_bytes") = 0, py::arg("attention_kind") = "mha",
+          "Creates the cache (see the class doc).")
       .def(
           "add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, ReleaseGil(),
           py::arg("id"), "Adds an empty sequence `id` (InvalidArgumentError if it exists).")
@@ -768,24 +796,25 @@ void register_kv_cache(py::module_& m) {
       .def(
           "attention",
           [](KVCache& s, std::int32_t layer, const ArrayLike& q, const ArrayLike& k,
-             const ArrayLike& v, std::optional<float> sm_scale, bool causal,
+             const OptionalArrayLike& v, std::optional<float> sm_scale, bool causal,
              std::int32_t window_left, float softcap, OptionalArrayLike alibi_slopes,
              OptionalArrayLike sinks, bool return_lse, const OptionalPlan& step) {
             return s.attention(layer, q, k, v,
                                {sm_scale, causal, window_left, softcap, std::move(alibi_slopes),
                                 std::move(sinks), return_lse, step.value_or(nullptr)});
           },
-          py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("layer"), py::arg("q"), py::arg("k"), py::arg("v") = py::none(),
           py::arg("sm_scale") = py::none(), py::kw_only(), py::arg("causal") = true,
           py::arg("window_left") = -1, py::arg("softcap") = 0.0f,
           py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
           py::arg("return_lse") = false, py::arg("step") = py::none(),
-          "attention(layer, q, k, v, sm_scale=None, *, causal=True, window_left=-1,\n"
+          "attention(layer, q, k, v=None, sm_scale=None, *, causal=True, window_left=-1,\n"
           "          softcap=0.0, alibi_slopes=None, sinks=None, return_lse=False,\n"
           "          step=None) -> out, or (out, lse) with return_lse\n\n"
           "For `layer` of the current step: applies RoPE per rope_mode (to copies),\n"
           "appends k/v to the cache and attends over each sequence.\n"
-          "q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, Hq, Dv] (q's dtype).\n"
+          "q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, Hq, Dv] (q's dtype);\n"
+          "attention_kind=\"mla\": v None (V is each k row's first Dv elements).\n"
           "sm_scale None: 1/sqrt(D). causal False: every key of the sequence is\n"
           "visible; window_left W >= 0: a query at position p sees keys [p - W, p];\n"
           "softcap > 0: s = softcap * tanh(s / softcap); alibi_slopes [Hq]: s +=\n"
@@ -855,11 +884,12 @@ void register_kv_cache(py::module_& m) {
            "as float32 copies: k [num_layers, end-start, Hkv, D], v [num_layers,\n"
            "end-start, Hkv, Dv]. K is as stored (rotated with rope_mode=\"normal\").")
       .def("set_kv", &KVCache::set_kv, py::arg("seq_id"), py::arg("start"), py::arg("end"),
-           py::arg("k"), py::arg("v"),
-           "set_kv(seq_id, start, end, k, v)\n\n"
+           py::arg("k"), py::arg("v") = py::none(),
+           "set_kv(seq_id, start, end, k, v=None)\n\n"
            "Overwrites tokens [start, end) of a sequence: k [num_layers, end-start, Hkv, D],\n"
            "v [num_layers, end-start, Hkv, Dv], float32, C-contiguous, rounded to the\n"
-           "cache dtype. Tokens in pages shared with another sequence are refused.")
+           "cache dtype (attention_kind=\"mla\": v None). Tokens in pages shared with\n"
+           "another sequence are refused.")
       .def_property_readonly(
           "num_free_pages",
           py::cpp_function([](KVCache& s) { return s.cache().num_free_pages(); }, ReleaseGil()),

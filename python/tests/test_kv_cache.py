@@ -265,3 +265,47 @@ def test_token_tree_attention_and_commit():
     with pytest.raises(pagedattn.InvalidStateError):
         cache.commit_accepted_token_tree_nodes([0], [0])  # no open tree
     m.step([0], [1])  # decode at position 8 on the committed path
+
+
+def test_mla_cache_attends_with_the_latent_as_values():
+    """attention_kind="mla": one [latent | rope] row per token, V = its first
+    v_head_dim elements; prefill, decode, fork and swap-free steps against a
+    float64 reference that takes V from the stored rows."""
+    latent, width, heads = 12, 16, 6
+    cache = pagedattn.KVCache(2, heads, 1, width, 4, 32, dtype="bfloat16", v_head_dim=latent,
+                              attention_kind="mla")
+    assert cache.config["attention_kind"] == "mla"
+    rng = np.random.default_rng(5)
+    rows = {}
+    cache.add_sequence(0)
+    for n in (7, 1, 1):
+        cache.begin_forward([0], [n])
+        for layer in range(2):
+            q = rng.standard_normal((n, heads, width)).astype(np.float32)
+            k = rng.standard_normal((n, 1, width)).astype(np.float32)
+            out = cache.attention(layer, q, k)
+            assert out.shape == (n, heads, latent)
+            stored_rows = np.concatenate([rows.get(layer, np.zeros((0, 1, width))),
+                                          stored(k, "bfloat16")])
+            rows[layer] = stored_rows
+            keys = stored_rows
+            vals = stored_rows[:, :, :latent]
+            expect = ref.attention(q, keys, vals, 1 / math.sqrt(width))
+            np.testing.assert_allclose(out.astype(np.float64), expect, atol=TOL["bfloat16"],
+                                       rtol=0)
+        cache.end_forward()
+    k, v = cache.get_kv(0, 0, 9)
+    np.testing.assert_array_equal(v, k[..., :latent])
+    cache.fork_sequence(0, 1, 5)
+    cache.check_invariants()
+    with pytest.raises(ValueError, match="v must be None"):
+        cache.set_kv(1, 0, 2, k[:, :2], v[:, :2])
+    ones = np.ones((2, 1, 1, width), np.float32)
+    cache.set_kv(1, 4, 5, ones)  # the fork's own copy of the partial page
+    k1, v1 = cache.get_kv(1, 4, 5)
+    np.testing.assert_array_equal(k1, ones)
+    np.testing.assert_array_equal(v1, ones[..., :latent])
+    with pytest.raises(ValueError, match="attention_kind"):
+        pagedattn.KVCache(1, 2, 1, 8, 4, 8, attention_kind="latent")
+    with pytest.raises(ValueError, match="num_kv_heads = 2"):
+        pagedattn.KVCache(1, 2, 2, 8, 4, 8, attention_kind="mla")
