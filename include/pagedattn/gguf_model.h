@@ -21,6 +21,26 @@
 //    qwen3 with the routed experts only, their top-k weights renormalised to
 //    sum 1 (llama.cpp's llm_build_qwen3moe; HF norm_topk_prob = true in
 //    those checkpoints, while qwen2moe's is false).
+//  * deepseek2 (DeepSeek-V2, V2-Lite, V2.5, V3 and their GGUF kin): multi-head
+//    latent attention (MLA) and DeepSeek's mixture of experts. Per layer the
+//    query comes from attn_q, or with {arch}.attention.q_lora_rank > 0 from
+//    attn_q_b(rms_norm(attn_q_a(x))) (norm attn_q_a_norm); attn_kv_a_mqa
+//    gives the latent (kv_lora_rank, normed by attn_kv_a_norm) and one
+//    shared RoPE key part (rope.dimension_count wide). The per-head key and
+//    value up-projections come either as the old single attn_kv_b
+//    [kv_lora_rank, heads * (nope + v)] or as the split attn_k_b
+//    {nope, kv_lora_rank, heads} and attn_v_b {kv_lora_rank, v, heads} that
+//    llama.cpp's converter writes since its MLA change (with head_count_kv 1,
+//    key_length = kv_lora_rank + rope, value_length = kv_lora_rank and the
+//    per-head sizes in key_length_mla / value_length_mla). pagedattn runs the
+//    absorbed form: the cache holds one KV head of [latent | rope key] per
+//    token. The first leading_dense_block_count layers have a dense MLP; the
+//    others route over expert_count experts (gating 1 softmax, 2 sigmoid with
+//    the exp_probs_b selection bias), optionally within the best
+//    expert_group_used_count of expert_group_count groups, weights
+//    renormalised when expert_weights_norm and scaled by
+//    expert_weights_scale, plus expert_shared_count ungated shared experts
+//    (ffn_*_shexp). RoPE: interleaved pairs on the weights as stored.
 //
 // RoPE layout -- which pagedattn RopeStyle to use:
 //  * llama: llama.cpp's converter (convert_hf_to_gguf.py, LlamaModel.permute)
@@ -45,7 +65,20 @@
 
 namespace pagedattn {
 
-enum class GgufArch { kLlama, kQwen2, kQwen3, kGemma2, kGemma3, kPhi3, kQwen2Moe, kQwen3Moe };
+enum class GgufArch {
+  kLlama,
+  kQwen2,
+  kQwen3,
+  kGemma2,
+  kGemma3,
+  kPhi3,
+  kQwen2Moe,
+  kQwen3Moe,
+  kDeepseek2
+};
+
+// How a router's logits become expert scores ("{arch}.expert_gating_func").
+enum class GgufExpertGating { kSoftmax = 1, kSigmoid = 2 };
 
 // The gated MLP's activation: silu(gate) * up, or gelu_tanh(gate) * up.
 enum class GgufActivation { kSilu, kGeluTanh };
@@ -104,6 +137,17 @@ struct GgufLayerTensors {
   std::string ffn_gate_shexp, ffn_up_shexp;  // qwen2moe: [hidden, shared_ff]
   std::string ffn_down_shexp;                // qwen2moe: [shared_ff, hidden]
   std::string post_ffw_norm;                 // gemma2/3: [hidden]
+  // deepseek2 (multi-head latent attention; attn_q then [hidden, heads *
+  // (nope + rope)] when q_lora_rank is 0, attn_output [heads * v, hidden]).
+  std::string attn_q_a;        // [hidden, q_lora_rank]
+  std::string attn_q_a_norm;   // [q_lora_rank]
+  std::string attn_q_b;        // [q_lora_rank, heads * (nope + rope)]
+  std::string attn_kv_a_mqa;   // [hidden, kv_lora_rank + rope]
+  std::string attn_kv_a_norm;  // [kv_lora_rank]
+  std::string attn_kv_b;       // [kv_lora_rank, heads * (nope + v)], or empty
+  std::string attn_k_b;        // [nope, kv_lora_rank, heads] (split form), or empty
+  std::string attn_v_b;        // [kv_lora_rank, v, heads] (split form), or empty
+  std::string exp_probs_b;     // [experts]: sigmoid routing's selection bias, or empty
 };
 
 struct GgufModelConfig {
@@ -148,6 +192,23 @@ struct GgufModelConfig {
   // intermediate_size; 0 without a shared expert.
   std::int64_t shared_expert_intermediate_size = 0;
   bool normalize_expert_weights = false;  // qwen3moe: top-k weights renormalised
+  // deepseek2's routing (the qwen families: softmax, scale 1, no groups).
+  GgufExpertGating expert_gating = GgufExpertGating::kSoftmax;
+  float expert_weights_scale = 1.0f;      // "{arch}.expert_weights_scale"
+  std::int64_t expert_groups = 0;         // "{arch}.expert_group_count"; <= 1: no groups
+  std::int64_t expert_groups_used = 0;    // "{arch}.expert_group_used_count"
+  bool shared_expert_gated = false;       // qwen2moe: sigmoid(x . ffn_gate_inp_shexp)
+  std::int64_t leading_dense_layers = 0;  // "{arch}.leading_dense_block_count"
+
+  // Multi-head latent attention (deepseek2); kv_lora_rank 0: none. Then the
+  // cache's shape is num_kv_heads 1 and head_dim kv_lora_rank + rotary_dim
+  // (a latent row and the RoPE key), and attention_scale is
+  // mscale^2 / sqrt(qk_nope_head_dim + rotary_dim), mscale being
+  // 1 + rope.scaling.yarn_log_multiplier x ln(factor) under YaRN, else 1.
+  std::int64_t q_lora_rank = 0;  // 0: attn_q
+  std::int64_t kv_lora_rank = 0;
+  std::int64_t qk_nope_head_dim = 0;
+  std::int64_t v_head_dim = 0;  // per head, after attn_v_b / attn_kv_b
 
   std::string token_embedding = "token_embd.weight";  // [hidden, vocab]
   std::string output_norm = "output_norm.weight";     // [hidden]

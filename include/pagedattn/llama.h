@@ -24,6 +24,12 @@ class GgufFile;
 // The gated MLP's activation: act(gate) * up.
 enum class MlpActivation : std::uint8_t { kSilu = 0, kGeluTanh = 1 };
 
+// How a MoE router's logits become expert scores.
+enum class ExpertGating : std::uint8_t {
+  kSoftmax = 0,  // softmax over the experts (qwen2moe, qwen3moe, DeepSeek-V2)
+  kSigmoid = 1,  // sigmoid per expert, chosen by score + selection bias (DeepSeek-V3)
+};
+
 struct LlamaConfig {
   std::string name = "tiny";
   std::int32_t vocab_size = 1024;
@@ -72,6 +78,36 @@ struct LlamaConfig {
   std::int32_t expert_intermediate_size = 0;
   std::int32_t shared_expert_intermediate_size = 0;
   bool normalize_expert_weights = false;
+  // DeepSeek's routing (GGUF deepseek2). Scores are softmax or sigmoid of
+  // the router logits; the top num_experts_used by score (sigmoid: score +
+  // the layer's selection bias) are chosen, with expert_groups > 1 only
+  // among the experts of the expert_groups_used best groups (a group's
+  // score: its best expert's under softmax, its best two's sum under
+  // sigmoid); their scores, renormalised when normalize_expert_weights,
+  // times expert_weights_scale, weight them. The shared expert is scaled
+  // by sigmoid(x . gate) when shared_expert_gated (qwen2moe), else added as
+  // it is. The first leading_dense_layers layers have a dense MLP of width
+  // intermediate_size instead.
+  ExpertGating expert_gating = ExpertGating::kSoftmax;
+  float expert_weights_scale = 1.0f;
+  std::int32_t expert_groups = 0;
+  std::int32_t expert_groups_used = 0;
+  bool shared_expert_gated = true;
+  std::int32_t leading_dense_layers = 0;
+  // Multi-head latent attention (GGUF deepseek2) when kv_lora_rank > 0: each
+  // head's query is qk_nope_head_dim + rotary_dim wide (from the hidden
+  // state, or through a q_lora_rank bottleneck when q_lora_rank > 0); keys
+  // and values come from one shared latent of kv_lora_rank (RMS-normed) and
+  // one shared RoPE key of rotary_dim. The model runs the absorbed form:
+  // the cache holds one KV head (num_kv_heads must be 1) of head_dim =
+  // kv_lora_rank + rotary_dim per token, the value being its first
+  // kv_lora_rank elements; each head's output is up-projected to
+  // v_head_dim. attention_scale 0 then means 1 / sqrt(qk_nope_head_dim +
+  // rotary_dim). Weights come from a GGUF file only (no synthetic draw).
+  std::int32_t q_lora_rank = 0;
+  std::int32_t kv_lora_rank = 0;
+  std::int32_t qk_nope_head_dim = 0;
+  std::int32_t v_head_dim = 0;
   // Tensor parallelism: the slice this process computes (see
   // tensor_parallel_shard.h). Every field above describes the whole model;
   // the model's spec() reports this shard's head counts. num_kv_heads and
@@ -105,7 +141,7 @@ struct GgufModelOptions {
 };
 
 // Loads a GGUF decoder (architectures llama, qwen2, qwen3, gemma2, gemma3,
-// phi3, qwen2moe, qwen3moe, see gguf_model.h; weights F32, F16, BF16, Q8_0,
+// phi3, qwen2moe, qwen3moe, deepseek2, see gguf_model.h; weights F32, F16, BF16, Q8_0,
 // Q4_0, Q4_1, Q4_K, Q5_K, Q6_K). Quantised weights the in-place kernels read are kept as
 // stored; the other types are dequantised to f32 at load. InvalidArgument /
 // Unsupported naming the file and the key or tensor for a file that cannot

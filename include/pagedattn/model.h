@@ -29,6 +29,11 @@ struct ModelSpec {
   // tokens' pages (PagedKVCache::enable_sliding_window); the model then
   // takes its RoPE positions as plan().positions + num_dropped_tokens.
   std::int32_t sliding_window = 0;
+  // > 0: multi-head latent attention (DeepSeek): the single KV head's rows
+  // are [latent | RoPE key] (head_dim wide) and attention reads each row's
+  // first latent_dim elements as its value. kv_cache_config decides how the
+  // cache stores that.
+  std::int32_t latent_dim = 0;
 };
 
 // The cache shape a model needs (layers, heads, head dim, RoPE mode and

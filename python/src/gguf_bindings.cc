@@ -196,6 +196,17 @@ void register_gguf(py::module_& m) {
             d["expert_intermediate_size"] = c.expert_intermediate_size;
             d["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
             d["normalize_expert_weights"] = c.normalize_expert_weights;
+            d["expert_gating"] =
+                c.expert_gating == GgufExpertGating::kSigmoid ? "sigmoid" : "softmax";
+            d["expert_weights_scale"] = c.expert_weights_scale;
+            d["expert_groups"] = c.expert_groups;
+            d["expert_groups_used"] = c.expert_groups_used;
+            d["shared_expert_gated"] = c.shared_expert_gated;
+            d["leading_dense_layers"] = c.leading_dense_layers;
+            d["q_lora_rank"] = c.q_lora_rank;  // latent attention (deepseek2); 0 elsewhere
+            d["kv_lora_rank"] = c.kv_lora_rank;
+            d["qk_nope_head_dim"] = c.qk_nope_head_dim;
+            d["v_head_dim"] = c.v_head_dim;
             return d;
           },
           "The model hyperparameters pagedattn reads (arch, layers, heads, RoPE, ...) as a dict.");

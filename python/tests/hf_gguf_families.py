@@ -38,6 +38,25 @@ convert_hf_to_gguf.py as of 2025/2026):
     as converters that squeezed every tensor wrote it (the files on the hub;
     the current converter keeps [1, H], which pagedattn also reads, but
     transformers' GGUF loader expects 1-D).
+  * DeepseekV2Model (deepseek2; DeepseekV3ForCausalLM converts through it
+    too): hparams num_key_value_heads forced to 1 before the base (so
+    head_count_kv 1), the base's expert_count / expert_used_count /
+    expert_group_count (n_group) / expert_group_used_count (topk_group) /
+    expert_gating_func (scoring_func: softmax 1, sigmoid 2), then
+    leading_dense_block_count (first_k_dense_replace), vocab_size,
+    q_lora_rank (when not None), kv_lora_rank, key_length = kv_lora_rank +
+    qk_rope_head_dim, value_length = kv_lora_rank, key_length_mla =
+    qk_nope + qk_rope, value_length_mla = v_head_dim,
+    expert_feed_forward_length, expert_shared_count, expert_weights_scale
+    (routed_scaling_factor), expert_weights_norm (only when norm_topk_prob),
+    rope.dimension_count = qk_rope_head_dim, rope.scaling.yarn_log_multiplier
+    = 0.1 mscale_all_dim. Tensors: kv_b_proj [H (nope + v), kv_lora] viewed
+    [H, nope + v, kv_lora] and split: attn_k_b = the key rows transposed
+    [H, kv_lora, nope], attn_v_b = the value rows [H, v, kv_lora]; V3's
+    e_score_correction_bias -> exp_probs_b.bias. Families with
+    kv_b_split=False write the converter's form before its MLA change:
+    head_count_kv = the head count, key_length = nope + rope, value_length =
+    v_head_dim, no *_mla keys, and attn_kv_b as HF stores it.
 """
 from __future__ import annotations
 
@@ -68,6 +87,7 @@ class Family:
     # file alone (its config mapping reads the keys this family needs).
     hf_reads_whole_config: bool = True
     hf_gap: str = ""       # why not, when it does not
+    kv_b_split: bool = True  # deepseek2: attn_k_b + attn_v_b (else the old attn_kv_b)
 
 
 COMMON = dict(vocab_size=384, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
@@ -87,6 +107,20 @@ def phi3_longrope(name: str, original: int) -> Family:
              tie_word_embeddings=False, rms_norm_eps=1e-5),
         hf_reads_whole_config=False,
         hf_gap="transformers' GGUF config mapping reads no LongRoPE factors")
+
+
+NO_DEEPSEEK_GGUF = "transformers has no GGUF loader for deepseek2 (the test reads the file back itself)"
+
+
+def deepseek(name: str, hf_class: str, config_class: str, **config) -> Family:
+    """A DeepSeek family: hidden 256, 4 heads, nope 32 + rope 16, latent 64."""
+    base = dict(COMMON, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                num_key_value_heads=4, kv_lora_rank=64, qk_nope_head_dim=32,
+                qk_rope_head_dim=16, first_k_dense_replace=1, moe_intermediate_size=64,
+                tie_word_embeddings=False)
+    split = config.pop("kv_b_split", True)
+    return Family(name, "deepseek2", hf_class, config_class, dict(base, **config),
+                  hf_reads_whole_config=False, hf_gap=NO_DEEPSEEK_GGUF, kv_b_split=split)
 
 
 FAMILIES = {f.name: f for f in [
@@ -215,6 +249,40 @@ FAMILIES = {f.name: f for f in [
                 tie_word_embeddings=True),
            hf_reads_whole_config=False,
            hf_gap="transformers' GGUF config mapping reads no expert_feed_forward_length for qwen3moe"),
+    # DeepSeek-V2-Lite style: no q compression (one attn_q), 8 experts of
+    # width 64 (top-2 by softmax, weights as they are), 2 shared experts
+    # (one of width 128), layer 0 dense; the current converter's split
+    # attn_k_b / attn_v_b.
+    deepseek("deepseek-v2-lite", "DeepseekV2ForCausalLM", "DeepseekV2Config",
+             num_hidden_layers=2, q_lora_rank=None, v_head_dim=32, n_routed_experts=8,
+             num_experts_per_tok=2, n_shared_experts=2, topk_method="greedy", n_group=1,
+             topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False,
+             rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # DeepSeek-V2 style in the old single attn_kv_b form: q through a rank-96
+    # bottleneck, softmax routing limited to the best of 4 groups of 2 (a
+    # group's score: its best expert; both its experts then run), weights x 2, YaRN factor 4 from 32
+    # positions with mscale = mscale_all_dim = 0.707 (cos/sin unscaled,
+    # softmax scale x (1 + 0.0707 ln 4)^2).
+    deepseek("deepseek-v2-kvb", "DeepseekV2ForCausalLM", "DeepseekV2Config",
+             num_hidden_layers=2, q_lora_rank=96, v_head_dim=32, n_routed_experts=8,
+             num_experts_per_tok=2, n_shared_experts=1, topk_method="group_limited_greedy",
+             n_group=4, topk_group=1, routed_scaling_factor=2.0, norm_topk_prob=False,
+             max_position_embeddings=128, kv_b_split=False,
+             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                  original_max_position_embeddings=32, mscale=0.707,
+                                  mscale_all_dim=0.707, beta_fast=32.0, beta_slow=1.0)),
+    # DeepSeek-V3 style: q bottleneck 96, v_head_dim 48, 16 experts top-4 by
+    # sigmoid + e_score_correction_bias within the best 2 of 4 groups (a
+    # group's score: the sum of its best two), renormalised, x 2.5, one
+    # shared expert; YaRN factor 4 with mscale = mscale_all_dim = 1.
+    deepseek("deepseek-v3", "DeepseekV3ForCausalLM", "DeepseekV3Config",
+             num_hidden_layers=3, q_lora_rank=96, v_head_dim=48, n_routed_experts=16,
+             num_experts_per_tok=4, n_shared_experts=1, n_group=4, topk_group=2,
+             routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=128,
+             rope_interleave=True,
+             rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                  original_max_position_embeddings=32, mscale=1.0,
+                                  mscale_all_dim=1.0, beta_fast=32.0, beta_slow=1.0)),
 ]}
 
 
@@ -232,7 +300,7 @@ def is_gemma(family: Family) -> bool:
 
 
 def is_moe(family: Family) -> bool:
-    return family.arch in ("qwen2moe", "qwen3moe")
+    return family.arch in ("qwen2moe", "qwen3moe", "deepseek2")
 
 
 def build_model(family: Family, seed: int = 0):
@@ -280,6 +348,9 @@ def build_model(family: Family, seed: int = 0):
                 raise AssertionError(f"unexpected parameter {name} {tuple(p.shape)}")
             if family.f16 and p.dim() == 2:  # the file holds these as F16: round once here
                 p.copy_(p.to(torch.float16).to(torch.float32))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # V3: moves the choice, not the weights
+                b.copy_(normal(b.shape, 0.1))
     model.eval()
     return model
 
@@ -348,6 +419,23 @@ def byte_level_vocab(vocab_size: int):
     return tokens, types, merges
 
 
+def deepseek_tensor(family: Family, hf_name: str, data: np.ndarray, out: list) -> bool:
+    """DeepseekV2Model.modify_tensors' own cases; False: the generic mapping."""
+    layer = hf_name.split(".")[2] if hf_name.startswith("model.layers.") else None
+    if hf_name.endswith("mlp.gate.e_score_correction_bias"):
+        out.append((f"blk.{layer}.exp_probs_b.bias", data))
+        return True
+    if hf_name.endswith("self_attn.kv_b_proj.weight") and family.kv_b_split:
+        c = family.config
+        heads, nope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
+        kv_b = data.reshape(heads, nope + v, data.shape[-1])
+        out.append((f"blk.{layer}.attn_k_b.weight",
+                    np.ascontiguousarray(kv_b[:, :nope, :].transpose(0, 2, 1))))
+        out.append((f"blk.{layer}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, nope:, :])))
+        return True
+    return False
+
+
 def gguf_tensors(family: Family, model) -> list[tuple[str, np.ndarray]]:
     """(GGUF name, float32 array [out][in]) in the converter's conventions."""
     config = model.config
@@ -361,6 +449,8 @@ def gguf_tensors(family: Family, model) -> list[tuple[str, np.ndarray]]:
         if "rotary_emb" in hf_name:
             continue
         data = t.detach().to(torch.float32).numpy().copy()
+        if family.arch == "deepseek2" and deepseek_tensor(family, hf_name, data, out):
+            continue
         stem, suffix = hf_name.rsplit(".", 1)
         if stem.endswith("mlp.experts"):  # Qwen2MoeModel.modify_tensors
             n_ff = data.shape[1] // 2
@@ -390,6 +480,56 @@ def gguf_tensors(family: Family, model) -> list[tuple[str, np.ndarray]]:
             out.append((f"rope_factors_{which}.weight",
                         np.asarray(config.rope_parameters[f"{which}_factor"], dtype=np.float32)))
     return out
+
+
+def write_deepseek_keys(family: Family, config, w) -> None:
+    """TextModel.set_gguf_parameters with num_key_value_heads forced to 1,
+    then DeepseekV2Model.set_gguf_parameters (see the module docstring)."""
+    c = family.config
+    rope = config.rope_parameters
+    w.add_block_count(config.num_hidden_layers)
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(1 if family.kv_b_split else config.num_attention_heads)
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(config.rms_norm_eps)
+    w.add_expert_count(c["n_routed_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_group_count(c["n_group"])
+    w.add_expert_group_used_count(c["topk_group"])
+    sigmoid = family.hf_class == "DeepseekV3ForCausalLM"  # config.json scoring_func
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if sigmoid
+                             else gguf.ExpertGatingFuncType.SOFTMAX)
+    w.add_leading_dense_block_count(c["first_k_dense_replace"])
+    w.add_vocab_size(config.vocab_size)
+    if c["q_lora_rank"] is not None:
+        w.add_q_lora_rank(c["q_lora_rank"])
+    kv_lora, rope_dim, nope = c["kv_lora_rank"], c["qk_rope_head_dim"], c["qk_nope_head_dim"]
+    w.add_kv_lora_rank(kv_lora)
+    if family.kv_b_split:
+        w.add_key_length(kv_lora + rope_dim)
+        w.add_value_length(kv_lora)
+        w.add_key_length_mla(nope + rope_dim)
+        w.add_value_length_mla(c["v_head_dim"])
+    else:
+        w.add_key_length(nope + rope_dim)
+        w.add_value_length(c["v_head_dim"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_shared_count(c["n_shared_experts"])
+    w.add_expert_weights_scale(c["routed_scaling_factor"])
+    if c["norm_topk_prob"]:
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(rope_dim)
+    if rope.get("mscale_all_dim") is not None:
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
 def write_gguf(family: Family, model, path: str) -> None:
@@ -431,7 +571,7 @@ def write_gguf(family: Family, model, path: str) -> None:
         if head_dim is not None:
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
-    if is_moe(family):  # the base's expert counts, then Qwen2MoeModel.set_gguf_parameters
+    if arch in ("qwen2moe", "qwen3moe"):  # the base's expert counts, then Qwen2MoeModel's
         w.add_expert_count(config.num_experts)
         w.add_expert_used_count(config.num_experts_per_tok)
         w.add_expert_feed_forward_length(config.moe_intermediate_size)
@@ -462,6 +602,8 @@ def write_gguf(family: Family, model, path: str) -> None:
         if config.final_logit_softcapping:
             w.add_final_logit_softcapping(config.final_logit_softcapping)
         w.add_sliding_window(config.sliding_window)
+    elif arch == "deepseek2":
+        write_deepseek_keys(family, config, w)
     elif arch == "phi3":  # Phi3MiniModel.set_gguf_parameters
         partial = full_rope.get("partial_rotary_factor", 1.0)
         w.add_context_length(config.max_position_embeddings)

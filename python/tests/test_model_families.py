@@ -29,7 +29,10 @@ code was read class by class). Then:
 transformers 5.x classes: LlamaForCausalLM (llama, llama-f16, llama3,
 llama-linear), MistralForCausalLM, Qwen2ForCausalLM (qwen2, qwen2-yarn),
 Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (Gemma3TextConfig),
-Phi3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM. Nothing is downloaded (HF_HUB_OFFLINE=1).
+Phi3ForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM,
+DeepseekV3ForCausalLM. Nothing is downloaded (HF_HUB_OFFLINE=1). transformers
+has no GGUF loader for deepseek2: for those files step 1 reads the file back
+with gguf's reader and undoes the converter's transforms itself.
 
 Conventions of the files (what pagedattn's loader must read), per family:
 
@@ -50,6 +53,9 @@ Conventions of the files (what pagedattn's loader must read), per family:
 | phi3-longrope-short | phi3 | as phi3-longrope | same tensors | context = original = 128: short factors, attn_factor 1 |
 | qwen2moe | qwen2moe | 2, 256, 4/2, 64; 8 experts of width 128, top-2; shared expert 384 | as qwen2 (biases), untied; per layer ffn_gate_inp [256, 8] (router), ffn_gate_exps / ffn_up_exps [256, 128, 8], ffn_down_exps [128, 256, 8] (HF's fused gate_up_proj split), ffn_gate_shexp / ffn_up_shexp [256, 384], ffn_down_shexp [384, 256], ffn_gate_inp_shexp [256] (1-D) | expert_count=8, expert_used_count=2, expert_feed_forward_length=128, expert_shared_feed_forward_length=384; no norm_topk_prob key (qwen2moe: weights not renormalised) |
 | qwen3moe | qwen3moe | 2, 256, 4/2, 128; 16 experts of width 64, top-4 | as qwen3 (q/k norms), tied; router and expert tensors as qwen2moe, no shared expert | expert_count=16, expert_used_count=4, expert_feed_forward_length=64, key/value_length=128; qwen3moe: top-4 weights renormalised (HF norm_topk_prob=True) |
+| deepseek-v2-lite | deepseek2 | 2, 256, 4 heads; MLA latent 64, nope 32 + rope 16, v 32; layer 0 dense (512), layer 1: 8 experts of width 64, top-2, 2 shared | attn_q [256, 192] (no q_lora_rank), attn_kv_a_mqa [256, 80], attn_kv_a_norm [64], attn_k_b [32, 64, 4], attn_v_b [64, 32, 4] (kv_b split, keys transposed), attn_output [128, 256]; ffn_gate_inp, *_exps, *_shexp [256, 128]; untied | head_count_kv=1, kv_lora_rank=64, key_length=80, value_length=64, key_length_mla=48, value_length_mla=32, rope.dimension_count=16, leading_dense_block_count=1, expert_count=8, expert_used_count=2, expert_shared_count=2, expert_feed_forward_length=64, expert_weights_scale=1, expert_gating_func=1 (softmax), expert_group_count=1, expert_group_used_count=1 |
+| deepseek-v2-kvb | deepseek2 | as v2-lite, q_lora_rank 96 | attn_q_a [256, 96], attn_q_a_norm [96], attn_q_b [96, 192]; the OLD single attn_kv_b [64, 256] as HF stores it | head_count_kv=4, key_length=48, value_length=32 (no *_mla keys), q_lora_rank=96, expert_group_count=4, expert_group_used_count=1 (HF group_limited_greedy: the best group by its best expert), expert_weights_scale=2, rope.scaling.type=yarn factor 4 original 32, yarn_log_multiplier=0.0707 (mscale_all_dim 0.707); context 128 |
+| deepseek-v3 | deepseek2 | 3, 256, 4 heads; MLA latent 64, nope 32 + rope 16, v 48; layer 0 dense; 16 experts of width 64, top-4, 1 shared | as v2-kvb's q, split attn_k_b / attn_v_b; exp_probs_b.bias [16] (e_score_correction_bias) | expert_gating_func=2 (sigmoid), expert_group_count=4, expert_group_used_count=2 (groups by the sum of their best two), expert_weights_norm=true, expert_weights_scale=2.5, yarn factor 4 original 32, yarn_log_multiplier=0.1; context 128 |
 
 (*) common: {arch}.block_count, context_length (2048 unless stated),
 embedding_length, feed_forward_length, attention.head_count,
@@ -145,6 +151,8 @@ def expected_keys(family):
     fam = H.FAMILIES[family]
     c = fam.config
     a = fam.arch
+    if a == "deepseek2":
+        return expected_deepseek_keys(fam)
     keys = {f"{a}.block_count": c["num_hidden_layers"],
             f"{a}.embedding_length": c["hidden_size"],
             f"{a}.feed_forward_length": c["intermediate_size"],
@@ -186,6 +194,73 @@ def expected_keys(family):
     return keys
 
 
+def expected_deepseek_keys(fam):
+    c, a = fam.config, "deepseek2"
+    rope = c["rope_parameters"]
+    latent, nope, rope_dim = c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"]
+    keys = {f"{a}.block_count": c["num_hidden_layers"],
+            f"{a}.embedding_length": c["hidden_size"],
+            f"{a}.feed_forward_length": c["intermediate_size"],
+            f"{a}.attention.head_count": c["num_attention_heads"],
+            f"{a}.context_length": c["max_position_embeddings"],
+            f"{a}.rope.freq_base": rope["rope_theta"],
+            f"{a}.rope.dimension_count": rope_dim,
+            f"{a}.vocab_size": c["vocab_size"],
+            f"{a}.attention.kv_lora_rank": latent,
+            f"{a}.leading_dense_block_count": c["first_k_dense_replace"],
+            f"{a}.expert_count": c["n_routed_experts"],
+            f"{a}.expert_used_count": c["num_experts_per_tok"],
+            f"{a}.expert_shared_count": c["n_shared_experts"],
+            f"{a}.expert_feed_forward_length": c["moe_intermediate_size"],
+            f"{a}.expert_weights_scale": c["routed_scaling_factor"],
+            f"{a}.expert_group_count": c["n_group"],
+            f"{a}.expert_group_used_count": c["topk_group"],
+            f"{a}.expert_gating_func": 2 if fam.hf_class == "DeepseekV3ForCausalLM" else 1}
+    if fam.kv_b_split:
+        keys.update({f"{a}.attention.head_count_kv": 1,
+                     f"{a}.attention.key_length": latent + rope_dim,
+                     f"{a}.attention.value_length": latent,
+                     f"{a}.attention.key_length_mla": nope + rope_dim,
+                     f"{a}.attention.value_length_mla": c["v_head_dim"]})
+    else:
+        keys.update({f"{a}.attention.head_count_kv": c["num_attention_heads"],
+                     f"{a}.attention.key_length": nope + rope_dim,
+                     f"{a}.attention.value_length": c["v_head_dim"]})
+    if c["q_lora_rank"] is not None:
+        keys[f"{a}.attention.q_lora_rank"] = c["q_lora_rank"]
+    if c["norm_topk_prob"]:
+        keys[f"{a}.expert_weights_norm"] = True
+    if rope.get("rope_type") == "yarn":
+        keys[f"{a}.rope.scaling.type"] = "yarn"
+        keys[f"{a}.rope.scaling.factor"] = rope["factor"]
+        keys[f"{a}.rope.scaling.original_context_length"] = rope["original_max_position_embeddings"]
+        keys[f"{a}.rope.scaling.yarn_log_multiplier"] = 0.1 * rope["mscale_all_dim"]
+    return keys
+
+
+def check_deepseek_model_config(fam, path):
+    """What pagedattn reads of a deepseek2 file (core.GgufFile.model_config)."""
+    config = core.GgufFile(path).model_config()
+    c = fam.config
+    rope = c["rope_parameters"]
+    latent, nope, rope_dim = c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"]
+    assert config["num_kv_heads"] == 1 and config["head_dim"] == latent + rope_dim
+    assert config["rotary_dim"] == rope_dim and config["rope_layout"] == "interleaved"
+    assert config["kv_lora_rank"] == latent and config["qk_nope_head_dim"] == nope
+    assert config["q_lora_rank"] == (c["q_lora_rank"] or 0)
+    assert config["v_head_dim"] == c["v_head_dim"]
+    assert config["num_experts"] == c["n_routed_experts"]
+    assert config["shared_expert_intermediate_size"] == c["n_shared_experts"] * c["moe_intermediate_size"]
+    assert config["leading_dense_layers"] == c["first_k_dense_replace"]
+    assert config["expert_weights_scale"] == pytest.approx(c["routed_scaling_factor"])
+    assert config["normalize_expert_weights"] == bool(c["norm_topk_prob"])
+    # HF's scaling: qk_head_dim^-0.5, x yarn_get_mscale(factor, mscale_all_dim)^2 under YaRN
+    scale = (nope + rope_dim) ** -0.5
+    if rope.get("rope_type") == "yarn":
+        scale *= (0.1 * rope["mscale_all_dim"] * np.log(rope["factor"]) + 1.0) ** 2
+    assert config["attention_scale"] == pytest.approx(scale, rel=1e-6)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gguf_file_follows_the_converter(family, workdir):
     fam = H.FAMILIES[family]
@@ -218,27 +293,73 @@ def test_gguf_file_follows_the_converter(family, workdir):
         assert config["expert_intermediate_size"] == c["moe_intermediate_size"]
         assert config["shared_expert_intermediate_size"] == c.get("shared_expert_intermediate_size", 0)
         assert config["normalize_expert_weights"] == (fam.arch == "qwen3moe")
+    if fam.arch == "deepseek2":
+        check_deepseek_model_config(fam, path)
     want_tied = model.config.tie_word_embeddings
     assert ("output.weight" not in tensors) == want_tied
     for t in tensors.values():
         want = (gguf.GGMLQuantizationType.F16 if fam.f16 and len(t.shape) == 2
                 else gguf.GGMLQuantizationType.F32)
         assert t.tensor_type == want, t.name
-    # both loaders accept the tokenizer section and agree on it
+    # both loaders accept the tokenizer section and agree on it (transformers
+    # refuses deepseek2 files outright: there pagedattn's round trip only)
     ours = core.load_gguf_tokenizer(path)
-    theirs = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
-                                                        gguf_file=os.path.basename(path))
+    theirs = (None if fam.arch == "deepseek2" else
+              transformers.AutoTokenizer.from_pretrained(os.path.dirname(path),
+                                                         gguf_file=os.path.basename(path)))
     assert ours.vocab_size == fam.config["vocab_size"]
     for text in ["hello there", "The quick brown fox, 123!", "\u00fcn\u00efc\u00f6d\u00e9  spaces\n\tx"]:
         ids = list(ours.encode(text, add_special=False))
-        assert ids == theirs(text, add_special_tokens=False)["input_ids"], text
+        if theirs is not None:
+            assert ids == theirs(text, add_special_tokens=False)["input_ids"], text
         assert ours.decode(ids) == text.encode()
+
+
+def deepseek_state_dict_from_gguf(fam, path, model):
+    """The HF state dict rebuilt from a deepseek2 file by undoing the
+    converter's transforms (transformers has no GGUF loader for it)."""
+    _, tensors = gguf_fields(path)
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == "deepseek2")
+    name_map = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
+    c = fam.config
+    heads, nope, v = c["num_attention_heads"], c["qk_nope_head_dim"], c["v_head_dim"]
+
+    def array(name):  # numpy in PyTorch order (gguf's reader reverses ggml dims)
+        return torch.from_numpy(np.array(tensors[name].data, dtype=np.float32))
+
+    state = {}
+    for hf_name, want in model.state_dict().items():
+        if "rotary_emb" in hf_name:
+            continue
+        layer = hf_name.split(".")[2] if hf_name.startswith("model.layers.") else None
+        stem, suffix = hf_name.rsplit(".", 1)
+        if suffix == "e_score_correction_bias":
+            got = array(f"blk.{layer}.exp_probs_b.bias")
+        elif stem.endswith("kv_b_proj") and fam.kv_b_split:
+            k_b = array(f"blk.{layer}.attn_k_b.weight").transpose(1, 2)  # [H, nope, latent]
+            v_b = array(f"blk.{layer}.attn_v_b.weight")                  # [H, v, latent]
+            assert k_b.shape[1] == nope and v_b.shape[1] == v
+            got = torch.cat([k_b, v_b], dim=1).reshape(heads * (nope + v), -1)
+        elif stem.endswith("mlp.experts") and suffix == "gate_up_proj":
+            parts = [array(name_map.get_name(f"{stem}.{p}") + ".weight") for p in ("gate_proj", "up_proj")]
+            got = torch.cat(parts, dim=1)
+        elif stem.endswith("mlp.experts"):
+            got = array(name_map.get_name(f"{stem}.{suffix}") + ".weight")
+        else:
+            got = array(f"{name_map.get_name(stem)}.{suffix}")
+        state[hf_name] = got.reshape(want.shape)
+    return state
 
 
 def load_hf_from_gguf(family, directory):
     """transformers' own GGUF loader on the file: (model, whole_config_read)."""
     fam = H.FAMILIES[family]
     model, path = built(family, directory)
+    if fam.arch == "deepseek2":
+        hf = type(model)._from_config(model.config, attn_implementation="eager",
+                                      dtype=torch.float32, experts_implementation="eager")
+        hf.load_state_dict(deepseek_state_dict_from_gguf(fam, path, model))
+        return hf.eval()
     name = os.path.basename(path)
     kwargs = dict(gguf_file=name, dtype=torch.float32, attn_implementation="eager")
     if fam.hf_reads_whole_config:
@@ -302,6 +423,14 @@ FEATURES = {
     # choice must show.
     "qwen2moe": [("top-k weights renormalised", dict(norm_topk_prob=True))],
     "qwen3moe": [("top-k weights not renormalised", dict(norm_topk_prob=False))],
+    "deepseek-v2-kvb": [("no groups", dict(topk_method="greedy")),
+                        ("weights not scaled", dict(routed_scaling_factor=1.0)),
+                        ("no YaRN", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0)))],
+    "deepseek-v3": [("no selection bias", dict(_zero_selection_bias=True)),
+                    ("no groups", dict(n_group=1, topk_group=1)),
+                    ("top-k weights not renormalised", dict(norm_topk_prob=False)),
+                    ("weights not scaled", dict(routed_scaling_factor=1.0)),
+                    ("no YaRN", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0)))],
 }
 
 
@@ -312,9 +441,18 @@ def test_each_family_setting_matters(family, workdir):
     tokens = prompt_tokens(family)
     base = hf_logits(model, tokens)
     for label, override in FEATURES[family]:
+        override = dict(override)
+        zero_bias = override.pop("_zero_selection_bias", False)  # a weight, not a config field
         config = type(model.config)(**{**fam.config, **override})
-        variant = type(model)._from_config(config, attn_implementation="eager", dtype=torch.float32)
+        extra = dict(experts_implementation="eager") if H.is_moe(fam) else {}
+        variant = type(model)._from_config(config, attn_implementation="eager", dtype=torch.float32,
+                                           **extra)
         variant.load_state_dict(model.state_dict())
+        if zero_bias:
+            with torch.no_grad():
+                for name, b in variant.named_buffers():
+                    if name.endswith("e_score_correction_bias"):
+                        b.zero_()
         diff = np.max(np.abs(hf_logits(variant.eval(), tokens) - base))
         print(f"{family}, {label}: max |logit change| {diff:.2f}")
         assert diff > 10 * TOLERANCE["f16"], (family, label)

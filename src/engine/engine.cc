@@ -27,6 +27,12 @@ KVCacheConfig kv_cache_config(const ModelSpec& spec) {
   k.rope_mode = spec.rope_mode;
   k.rope = spec.rope;
   k.support_sliding_window = spec.sliding_window > 0;
+  // Multi-head latent attention: one [latent | RoPE key] row per token,
+  // whose first latent_dim elements are V (nothing stored for V).
+  if (spec.latent_dim > 0) {
+    k.v_head_dim = spec.latent_dim;
+    k.attention_kind = AttentionKind::kMLA;
+  }
   return k;
 }
 

@@ -1,5 +1,5 @@
 // make_gguf_model: a GGUF decoder (llama, qwen2, qwen3, gemma2, gemma3, phi3,
-// qwen2moe, qwen3moe) as the built-in model.
+// qwen2moe, qwen3moe, deepseek2) as the built-in model.
 // Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K tensors stay in their blocks (the
 // quantised kernels read them in place); F32 / F16 / BF16 are widened to f32
 // once, at load (exactly, by the GGUF reader).
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "engine/llama_weights.h"
+#include "engine/mla_attention.h"
 #include "engine/moe.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
@@ -120,7 +121,8 @@ engine::ExpertWeights load_expert(WeightMatrix gate, WeightMatrix up, WeightMatr
   return e;
 }
 
-// The layer's router, routed experts and (qwen2moe) shared expert and its gate.
+// The layer's router, routed experts, selection bias (deepseek2 sigmoid
+// gating) and shared expert with (qwen2moe) its gate.
 engine::MoeLayerWeights load_moe(const GgufFile& file, const GgufLayerTensors& t) {
   engine::MoeLayerWeights moe;
   moe.router = load_matrix(file, t.ffn_gate_inp);
@@ -129,13 +131,62 @@ engine::MoeLayerWeights load_moe(const GgufFile& file, const GgufLayerTensors& t
   std::vector<WeightMatrix> down = load_experts(file, t.ffn_down_exps);
   for (std::size_t e = 0; e < gate.size(); ++e)
     moe.experts.push_back(load_expert(std::move(gate[e]), std::move(up[e]), std::move(down[e])));
+  if (!t.exp_probs_b.empty()) moe.selection_bias = load_vector(file, t.exp_probs_b);
   if (t.ffn_gate_shexp.empty()) return moe;
   moe.shared = load_expert(load_matrix(file, t.ffn_gate_shexp), load_matrix(file, t.ffn_up_shexp),
                            load_matrix(file, t.ffn_down_shexp));
+  if (t.ffn_gate_inp_shexp.empty()) return moe;  // deepseek2: ungated
   std::vector<float> gate_row = load_vector(file, t.ffn_gate_inp_shexp);
   const auto hidden = static_cast<std::int32_t>(gate_row.size());
   moe.shared_gate = WeightMatrix::f32(std::move(gate_row), 1, hidden);
   return moe;
+}
+
+// The per-head key and value up-projections of MLA: the split attn_k_b
+// ({nope, latent, heads}: head h's [latent][nope] is W_UK_h^T as stored)
+// and attn_v_b ({latent, v, heads}: W_UV_h), or the old attn_kv_b
+// ({latent, heads (nope + v)}: head h's rows are W_UK_h, then W_UV_h),
+// whose key part is transposed here (dequantised to f32).
+void load_latent_up_projections(const GgufFile& file, const GgufModelConfig& g,
+                                const GgufLayerTensors& t, engine::MlaLayerWeights& mla) {
+  if (t.attn_kv_b.empty()) {
+    mla.k_absorb = load_experts(file, t.attn_k_b);
+    mla.v_up = load_experts(file, t.attn_v_b);
+    return;
+  }
+  const GgufTensor& kv_b = file.tensor(t.attn_kv_b);
+  const std::vector<float> w = file.dequantize(kv_b);
+  file.release_pages(kv_b);
+  const auto latent = static_cast<std::size_t>(g.kv_lora_rank),
+             nope = static_cast<std::size_t>(g.qk_nope_head_dim),
+             v = static_cast<std::size_t>(g.v_head_dim);
+  for (std::size_t h = 0; h < std::size_t(g.num_qo_heads); ++h) {
+    const float* head = w.data() + h * (nope + v) * latent;  // [nope + v][latent]
+    std::vector<float> k_t(latent * nope);
+    for (std::size_t i = 0; i < nope; ++i)
+      for (std::size_t j = 0; j < latent; ++j) k_t[j * nope + i] = head[i * latent + j];
+    mla.k_absorb.push_back(WeightMatrix::f32(std::move(k_t), static_cast<std::int32_t>(latent),
+                                             static_cast<std::int32_t>(nope)));
+    mla.v_up.push_back(WeightMatrix::f32({head + nope * latent, head + (nope + v) * latent},
+                                         static_cast<std::int32_t>(v),
+                                         static_cast<std::int32_t>(latent)));
+  }
+}
+
+engine::MlaLayerWeights load_latent_attention(const GgufFile& file, const GgufModelConfig& g,
+                                              const GgufLayerTensors& t) {
+  engine::MlaLayerWeights mla;
+  if (g.q_lora_rank > 0) {
+    mla.input = StackedMatrix(load_matrix(file, t.attn_q_a));
+    mla.q_a_norm = load_vector(file, t.attn_q_a_norm);
+    mla.q_b = load_matrix(file, t.attn_q_b);
+  } else {
+    mla.input = StackedMatrix(load_matrix(file, t.attn_q));
+  }
+  mla.input.append(load_matrix(file, t.attn_kv_a_mqa));
+  mla.kv_a_norm = load_vector(file, t.attn_kv_a_norm);
+  load_latent_up_projections(file, g, t, mla);
+  return mla;
 }
 
 // q, k and v rows stacked (each part kept in its own format), and their
@@ -204,6 +255,21 @@ LlamaConfig llama_config(const GgufModelConfig& g, const GgufModelOptions& optio
   c.shared_expert_intermediate_size =
       narrow(g.shared_expert_intermediate_size, "expert_shared_feed_forward_length");
   c.normalize_expert_weights = g.normalize_expert_weights;
+  c.expert_gating = g.expert_gating == GgufExpertGating::kSigmoid ? ExpertGating::kSigmoid
+                                                                  : ExpertGating::kSoftmax;
+  c.expert_weights_scale = g.expert_weights_scale;
+  c.expert_groups = narrow(g.expert_groups, "expert_group_count");
+  c.expert_groups_used = narrow(g.expert_groups_used, "expert_group_used_count");
+  c.shared_expert_gated = g.shared_expert_gated;
+  c.leading_dense_layers =
+      g.num_experts > 0 ? narrow(g.leading_dense_layers, "leading_dense_block_count") : 0;
+  c.q_lora_rank = narrow(g.q_lora_rank, "q_lora_rank");
+  c.kv_lora_rank = narrow(g.kv_lora_rank, "kv_lora_rank");
+  c.qk_nope_head_dim = narrow(g.qk_nope_head_dim, "qk_nope_head_dim");
+  c.v_head_dim = narrow(g.v_head_dim, "v_head_dim");
+  // deepseek2 folds YaRN's magnitude correction into attention_scale
+  // (mscale^2, read_model_config); cos and sin stay unscaled.
+  if (g.kv_lora_rank > 0 && c.rope_yarn.factor > 0.0f) c.rope_yarn.attention_factor = 1.0f;
   c.rms_norm_eps = g.rms_norm_eps;
   c.max_position =
       options.max_position > 0 ? options.max_position : narrow(g.context_length, "context_length");
@@ -290,7 +356,8 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
   if (!g.rope_scaling.freq_factors_tensor.empty())
     config.rope_freq_factors = load_vector(file, g.rope_scaling.freq_factors_tensor);
   if (!g.rope_scaling.long_factors_tensor.empty()) apply_long_rope(file, g, config);
-  engine::validate_shard(config);  // before reading any weight
+  engine::validate_mla_config(config);  // before reading any weight
+  engine::validate_shard(config);
   engine::validate_moe_config(config);
   if (options.check_tensors) check_tensors_finite(file);
   LlamaWeights w;
@@ -300,7 +367,10 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
   for (const GgufLayerTensors& t : g.layers) {
     LlamaLayerWeights& l = w.layers.emplace_back();
     l.attn_norm = load_vector(file, t.attn_norm);
-    load_qkv(file, t, l);
+    if (g.kv_lora_rank > 0)
+      l.mla = load_latent_attention(file, g, t);
+    else
+      load_qkv(file, t, l);
     l.q_norm = load_optional_vector(file, t.attn_q_norm);
     l.k_norm = load_optional_vector(file, t.attn_k_norm);
     l.o = load_matrix(file, t.attn_output);

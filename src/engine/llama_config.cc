@@ -37,20 +37,42 @@ LlamaConfig llama_preset(std::string_view name) {
       detail::concat("llama_preset: name = '", name, "' is not a preset (tiny, small, 1b)"));
 }
 
+namespace {
+
+// One layer's attention weights: q/k/v and output, or latent attention's
+// projections (the key/value up-projections counted as HF's kv_b_proj).
+std::int64_t attention_parameters(const LlamaConfig& c) {
+  const std::int64_t h = c.hidden_size, heads = c.num_qo_heads;
+  if (c.kv_lora_rank == 0) {
+    const std::int64_t d = c.head_dim;
+    return (heads + 2 * c.num_kv_heads) * d * h + h * heads * d;
+  }
+  const std::int64_t q = heads * (c.qk_nope_head_dim + c.rotary_dim), latent = c.kv_lora_rank;
+  const std::int64_t query =
+      c.q_lora_rank > 0 ? h * c.q_lora_rank + c.q_lora_rank + std::int64_t{c.q_lora_rank} * q
+                        : h * q;
+  return query + h * (latent + c.rotary_dim) + latent +
+         latent * heads * (c.qk_nope_head_dim + c.v_head_dim) + heads * c.v_head_dim * h;
+}
+
+}  // namespace
+
 std::int64_t llama_parameter_count(const LlamaConfig& c) {
-  const std::int64_t h = c.hidden_size, d = c.head_dim;
-  const std::int64_t qkv = (std::int64_t{c.num_qo_heads} + 2 * c.num_kv_heads) * d * h;
-  const std::int64_t o = h * c.num_qo_heads * d;
+  const std::int64_t h = c.hidden_size;
   const std::int64_t shared = c.shared_expert_intermediate_size > 0
-                                  ? 3 * h * c.shared_expert_intermediate_size + h  // + its gate
+                                  ? 3 * h * c.shared_expert_intermediate_size +
+                                        (c.shared_expert_gated ? h : 0)  // + its gate
                                   : 0;
-  const std::int64_t mlp =
+  const std::int64_t dense = 3 * h * c.intermediate_size;
+  const std::int64_t experts =
       c.num_experts > 0
           ? c.num_experts * (3 * h * c.expert_intermediate_size + h) + shared  // experts + router
-          : 3 * h * c.intermediate_size;
-  const std::int64_t layer = 2 * h + qkv + o + mlp;
+          : dense;
+  const std::int64_t layer = 2 * h + attention_parameters(c);
   const std::int64_t embed = std::int64_t{c.vocab_size} * h * (c.tie_embeddings ? 1 : 2);
-  return embed + c.num_layers * layer + h;
+  const std::int64_t dense_layers = c.num_experts > 0 ? c.leading_dense_layers : 0;
+  return embed + c.num_layers * layer + dense_layers * dense +
+         (c.num_layers - dense_layers) * experts + h;
 }
 
 }  // namespace pagedattn

@@ -11,6 +11,7 @@
 #include "gemm.h"
 #include "kernels/rope_table.h"
 #include "llama_weights.h"
+#include "mla_attention.h"
 #include "moe.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/llama.h"
@@ -95,6 +96,7 @@ void validate(const LlamaConfig& c) {
   rope.rotary_dim = rotary;
   apply_rope({nullptr, DType::kF32, rotary, rotary}, 0, 1, rotary, nullptr, rope);  // no tokens
   engine::validate_moe_config(c);
+  engine::validate_mla_config(c);
 }
 
 // The RoPE of one kind of layer and its cos/sin rows.
@@ -121,6 +123,7 @@ class LlamaModel final : public Model {
         hkv_(engine::shard_kv_heads(c)),
         inter_(c.intermediate_size / c.shard.size),
         moe_(engine::moe_shape(c)),
+        mla_(engine::mla_shape(c)),
         w_(std::move(weights)) {
     validate_weights();
     // The model rotates q and k itself (layers may differ in their RoPE), so
@@ -129,6 +132,7 @@ class LlamaModel final : public Model {
         std::string(c.name), c.num_layers,    hq_, hkv_, c.head_dim, c.vocab_size, c.max_position,
         c.eos_token_id,      RopeMode::kNone, {}};
     spec_.sliding_window = common_window(c);
+    spec_.latent_dim = c.kv_lora_rank;
     RopeConfig& global = rope_[0].config;
     global.style = c.rope_style;
     global.rotary_dim = c.rotary_dim;
@@ -160,6 +164,10 @@ class LlamaModel final : public Model {
   }
   void attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
                        PagedKVCache& cache);
+  // Multi-head latent attention (c_.kv_lora_rank > 0) on h_, added to x_.
+  void latent_attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
+                              PagedKVCache& cache);
+  std::int32_t rope_positions() const;  // 1 + the step's largest position
   // positions_: each new token's position in its whole sequence.
   void set_positions(const PagedKVCache& cache);
   // q/k norms and RoPE on the step's q and k heads in qkv_, in place.
@@ -181,6 +189,7 @@ class LlamaModel final : public Model {
   LlamaConfig c_;
   std::int32_t hq_, hkv_, inter_;  // this shard's query heads, KV heads, MLP width
   engine::MoeShape moe_;           // num_experts 0: dense MLPs
+  engine::MlaShape mla_;           // kv_lora_rank 0: no latent attention
   ModelSpec spec_;
   LlamaWeights w_;
   LayerRope rope_[2];  // global layers, windowed layers
@@ -189,6 +198,7 @@ class LlamaModel final : public Model {
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
   LinearScratch scratch_;
   engine::MoeScratch moe_scratch_;
+  engine::MlaScratch mla_scratch_;
 };
 
 // Seeded synthetic weights (the draw order is part of the tests' contract).
@@ -262,16 +272,23 @@ void LlamaModel::validate_weights() const {
     require_norm(l.k_norm, "k_norm", layer, d, c_.qk_norm);
     require_norm(l.post_attn_norm, "post_attn_norm", layer, h, c_.sandwich_norms);
     require_norm(l.post_mlp_norm, "post_mlp_norm", layer, h, c_.sandwich_norms);
-    require_shape(l.qkv, "qkv", layer, qkv_rows, h);
-    require(l.qkv_bias.empty() || std::ssize(l.qkv_bias) == qkv_rows,
-            "LlamaModel: qkv_bias of layer ", layer, " has ", l.qkv_bias.size(),
-            " values, the config needs ", qkv_rows);
-    require_shape(l.o, "attn_output", layer, h, q_dim);
-    if (moe_.num_experts > 0) {
+    if (c_.kv_lora_rank > 0) {
+      engine::validate_mla_weights(mla_, l.mla, layer);
+      require_shape(l.o, "attn_output", layer, h, hq_ * c_.v_head_dim);
+    } else {
+      require(l.mla.empty(), "LlamaModel: layer ", layer,
+              " has latent attention weights, the config has none");
+      require_shape(l.qkv, "qkv", layer, qkv_rows, h);
+      require(l.qkv_bias.empty() || std::ssize(l.qkv_bias) == qkv_rows,
+              "LlamaModel: qkv_bias of layer ", layer, " has ", l.qkv_bias.size(),
+              " values, the config needs ", qkv_rows);
+      require_shape(l.o, "attn_output", layer, h, q_dim);
+    }
+    if (moe_.num_experts > 0 && layer >= c_.leading_dense_layers) {
       engine::validate_moe_weights(moe_, l.moe, layer);
       continue;
     }
-    require(l.moe.empty(), "LlamaModel: layer ", layer, " has experts, the config has none");
+    require(l.moe.empty(), "LlamaModel: layer ", layer, " has experts, the config has none there");
     require_shape(l.gate_up, "gate_up", layer, 2 * inter, h);
     require_shape(l.down, "down", layer, h, inter);
   }
@@ -324,6 +341,12 @@ void LlamaModel::set_positions(const PagedKVCache& cache) {
   }
 }
 
+std::int32_t LlamaModel::rope_positions() const {
+  std::int32_t longest = 1;
+  for (std::int32_t p : positions_) longest = std::max(longest, p + 1);
+  return longest;
+}
+
 void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t d = c_.head_dim, q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
@@ -334,13 +357,26 @@ void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens) {
       rms_norm(row + q_dim, hkv_, w.k_norm, row + q_dim, d);
     }
   }
-  std::int32_t longest = 1;
-  for (std::int32_t p : positions_) longest = std::max(longest, p + 1);
   LayerRope& kind = rope_[window(layer) > 0 ? 1 : 0];
-  const RopeConfig& rope = kind.table.covering(kind.config, d, longest);
+  const RopeConfig& rope = kind.table.covering(kind.config, d, rope_positions());
   apply_rope({qkv_.data(), DType::kF32, qkv_dim, d}, tokens, hq_, d, positions_.data(), rope);
   apply_rope({qkv_.data() + q_dim, DType::kF32, qkv_dim, d}, tokens, hkv_, d, positions_.data(),
              rope);
+}
+
+void LlamaModel::latent_attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
+                                        PagedKVCache& cache) {
+  const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
+  LayerRope& kind = rope_[0];  // no windows: validate_mla_config
+  const RopeConfig& rope = kind.table.covering(kind.config, c_.rotary_dim, rope_positions());
+  AttentionOptions options;
+  options.scale = c_.attention_scale > 0.0f
+                      ? c_.attention_scale
+                      : 1.0f / std::sqrt(static_cast<float>(c_.qk_nope_head_dim + c_.rotary_dim));
+  attn_.resize(std::size_t(tokens) * std::size_t(hq_) * std::size_t(c_.v_head_dim));
+  engine::mla_attention(mla_, w.mla, h_.data(), tokens, layer, positions_.data(), rope, options,
+                        cache, attn_.data(), deterministic, mla_scratch_, scratch_);
+  add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic);
 }
 
 void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
@@ -349,6 +385,7 @@ void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool d
   const std::int32_t d = c_.head_dim;
   const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
   rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
+  if (c_.kv_lora_rank > 0) return latent_attention_block(layer, tokens, deterministic, cache);
   w.qkv.project(h_.data(), tokens, qkv_.data(), false, deterministic, scratch_);
   if (!w.qkv_bias.empty())
     for (std::int32_t t = 0; t < tokens; ++t)
@@ -423,8 +460,10 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   const std::size_t q_dim = std::size_t(hq_) * c_.head_dim;
   x_.resize(t * h);
   h_.resize(t * h);
-  qkv_.resize(t * (q_dim + 2 * std::size_t(hkv_) * c_.head_dim));
-  attn_.resize(t * q_dim);
+  if (c_.kv_lora_rank == 0) {  // latent attention sizes its own buffers
+    qkv_.resize(t * (q_dim + 2 * std::size_t(hkv_) * c_.head_dim));
+    attn_.resize(t * q_dim);
+  }
   gate_up_.resize(t * 2 * std::size_t(inter_));
   act_.resize(t * std::size_t(inter_));
   set_positions(cache);
@@ -450,6 +489,11 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
 
 std::unique_ptr<Model> make_llama_model(const LlamaConfig& config) {
   validate(config);
+  require(config.kv_lora_rank == 0 && config.leading_dense_layers == 0,
+          "make_llama_model: LlamaConfig.kv_lora_rank = ", config.kv_lora_rank,
+          " and leading_dense_layers = ", config.leading_dense_layers,
+          ": latent attention and leading dense layers have no synthetic weights (load a GGUF "
+          "deepseek2 file with make_gguf_model)");
   engine::validate_shard(config);
   return engine::make_llama_model(config, draw_weights(config));
 }

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "engine/mla_attention.h"
 #include "engine/moe.h"
 #include "engine/stacked_matrix.h"
 #include "engine/weight_matrix.h"
@@ -21,13 +22,14 @@ struct LlamaLayerWeights {
   std::vector<float> qkv_bias;        // [(Hq + 2 Hkv) D] (Qwen2), or empty
   std::vector<float> q_norm;          // [D] (config.qk_norm)
   std::vector<float> k_norm;          // [D] (config.qk_norm)
-  WeightMatrix o;                     // [H][Hq D]
+  MlaLayerWeights mla;                // config.kv_lora_rank > 0: instead of qkv (and its norms)
+  WeightMatrix o;                     // [H][Hq D] (latent attention: [H][Hq v_head_dim])
   std::vector<float> post_attn_norm;  // [H] (config.sandwich_norms)
   std::vector<float> mlp_norm;        // [H]
   StackedMatrix gate_up;              // [2 I][H]: gate rows, then up rows (empty with experts)
   WeightMatrix down;                  // [H][I] (empty with experts)
-  MoeLayerWeights moe;                // config.num_experts > 0: the experts instead
-  std::vector<float> post_mlp_norm;   // [H] (config.sandwich_norms)
+  MoeLayerWeights moe;  // config.num_experts > 0 (past leading_dense_layers): the experts instead
+  std::vector<float> post_mlp_norm;  // [H] (config.sandwich_norms)
 };
 
 struct LlamaWeights {

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <string>
 
 #include "engine/counter_random.h"
@@ -120,7 +122,8 @@ void run_experts(const MoeShape& s, const MoeLayerWeights& w, const float* x, st
   }
 }
 
-// y[t] += sigmoid(x[t] . shared_gate) * shared(x[t]).
+// y[t] += sigmoid(x[t] . shared_gate) * shared(x[t]) (without the gate
+// when !shared_gated).
 void add_shared_expert(const MoeShape& s, const MoeLayerWeights& w, const float* x,
                        std::int32_t tokens, float* y, bool deterministic, MoeScratch& m,
                        LinearScratch& ls) {
@@ -133,13 +136,32 @@ void add_shared_expert(const MoeShape& s, const MoeLayerWeights& w, const float*
   gated_activation(m.shared_gate_up.data(), tokens, s.shared_intermediate, s.activation,
                    m.shared_act.data());
   project(m.shared_act.data(), tokens, w.shared.down, m.shared_y.data(), deterministic, ls);
-  project(x, tokens, w.shared_gate, m.shared_logit.data(), deterministic, ls);
+  if (s.shared_gated) project(x, tokens, w.shared_gate, m.shared_logit.data(), deterministic, ls);
   for (std::int32_t t = 0; t < tokens; ++t) {
-    const float gate = 1.0f / (1.0f + std::exp(-m.shared_logit[std::size_t(t)]));
+    const float gate =
+        s.shared_gated ? 1.0f / (1.0f + std::exp(-m.shared_logit[std::size_t(t)])) : 1.0f;
     const float* shared = m.shared_y.data() + std::size_t(t) * h;
     float* out = y + std::size_t(t) * h;
     for (std::size_t i = 0; i < h; ++i) out[i] += gate * shared[i];
   }
+}
+
+// Groups (when expert_groups > 1) split the experts evenly, sigmoid groups
+// hold two experts at least (their score sums the best two), and the groups
+// used hold the experts used.
+void validate_expert_groups(const LlamaConfig& c) {
+  if (c.expert_groups <= 1) return;
+  const std::int32_t per_group = c.num_experts / c.expert_groups;
+  require(c.num_experts % c.expert_groups == 0 &&
+              (c.expert_gating == ExpertGating::kSoftmax || per_group >= 2),
+          "LlamaConfig.expert_groups = ", c.expert_groups,
+          " must divide num_experts = ", c.num_experts, " into groups of ",
+          c.expert_gating == ExpertGating::kSigmoid ? "two or more" : "one or more");
+  require(c.expert_groups_used >= 1 && c.expert_groups_used <= c.expert_groups &&
+              std::int64_t{c.expert_groups_used} * per_group >= c.num_experts_used,
+          "LlamaConfig.expert_groups_used = ", c.expert_groups_used, " must be in [1, ",
+          c.expert_groups, "] and hold num_experts_used = ", c.num_experts_used, " experts (",
+          per_group, " per group)");
 }
 
 }  // namespace
@@ -151,7 +173,12 @@ MoeShape moe_shape(const LlamaConfig& c) {
           c.expert_intermediate_size,
           c.shared_expert_intermediate_size,
           c.normalize_expert_weights,
-          c.activation};
+          c.activation,
+          c.expert_gating,
+          c.expert_weights_scale,
+          c.expert_groups,
+          c.expert_groups_used,
+          c.shared_expert_gated};
 }
 
 void validate_moe_config(const LlamaConfig& c) {
@@ -173,6 +200,12 @@ void validate_moe_config(const LlamaConfig& c) {
   require(c.shared_expert_intermediate_size >= 0,
           "LlamaConfig.shared_expert_intermediate_size = ", c.shared_expert_intermediate_size,
           " must be >= 0");
+  require(std::isfinite(c.expert_weights_scale) && c.expert_weights_scale > 0.0f,
+          "LlamaConfig.expert_weights_scale = ", c.expert_weights_scale, " must be finite and > 0");
+  require(c.leading_dense_layers >= 0 && c.leading_dense_layers <= c.num_layers,
+          "LlamaConfig.leading_dense_layers = ", c.leading_dense_layers,
+          " must be in [0, num_layers = ", c.num_layers, "]");
+  validate_expert_groups(c);
   require(
       c.shard.size == 1, "tensor parallelism: model '", c.name, "' is a mixture of ", c.num_experts,
       " experts, which pagedattn runs in one process only (LlamaConfig.shard.size = ", c.shard.size,
@@ -183,6 +216,9 @@ void validate_moe_weights(const MoeShape& s, const MoeLayerWeights& w, std::int6
   require(std::ssize(w.experts) == s.num_experts, "LlamaModel: layer ", layer, " has ",
           w.experts.size(), " experts, the config has ", s.num_experts);
   require_shape(w.router, "ffn_gate_inp (router)", layer, s.num_experts, s.hidden);
+  require(w.selection_bias.empty() || std::ssize(w.selection_bias) == s.num_experts,
+          "LlamaModel: exp_probs_b (selection bias) of layer ", layer, " has ",
+          w.selection_bias.size(), " values, the config has ", s.num_experts, " experts");
   for (std::size_t e = 0; e < w.experts.size(); ++e)
     require_expert(w.experts[e], "expert " + std::to_string(e), layer, s.hidden,
                    s.expert_intermediate);
@@ -192,7 +228,11 @@ void validate_moe_weights(const MoeShape& s, const MoeLayerWeights& w, std::int6
     return;
   }
   require_expert(w.shared, "shared expert", layer, s.hidden, s.shared_intermediate);
-  require_shape(w.shared_gate, "ffn_gate_inp_shexp (shared expert gate)", layer, 1, s.hidden);
+  if (s.shared_gated)
+    require_shape(w.shared_gate, "ffn_gate_inp_shexp (shared expert gate)", layer, 1, s.hidden);
+  else
+    require(w.shared_gate.empty(), "LlamaModel: layer ", layer,
+            " has a shared expert gate, the config's shared expert is ungated");
 }
 
 MoeLayerWeights draw_moe_weights(const LlamaConfig& c, std::int32_t layer) {
@@ -220,29 +260,72 @@ MoeLayerWeights draw_moe_weights(const LlamaConfig& c, std::int32_t layer) {
     w.experts.push_back(expert(c.expert_intermediate_size));
   if (c.shared_expert_intermediate_size > 0) {
     w.shared = expert(c.shared_expert_intermediate_size);
-    w.shared_gate = draw(1, h, 1.0);
+    if (c.shared_expert_gated) w.shared_gate = draw(1, h, 1.0);
   }
   return w;
 }
 
+namespace {
+
+// scores[e] of one token's router logits: softmax or sigmoid, in double.
+void expert_scores(const MoeShape& s, const float* row, std::vector<double>& scores) {
+  const std::int32_t n = s.num_experts;
+  if (s.gating == ExpertGating::kSigmoid) {
+    for (std::int32_t e = 0; e < n; ++e)
+      scores[std::size_t(e)] = 1.0 / (1.0 + std::exp(-double(row[e])));
+    return;
+  }
+  const float top = *std::max_element(row, row + n);
+  double sum = 0.0;
+  for (std::int32_t e = 0; e < n; ++e)
+    sum += scores[std::size_t(e)] = std::exp(double(row[e]) - top);
+  for (std::int32_t e = 0; e < n; ++e) scores[std::size_t(e)] /= sum;
+}
+
+// Sets choice[e] to -infinity for the experts outside the groups_used best
+// groups (ties: the lower group first).
+void keep_best_groups(const MoeShape& s, std::vector<double>& choice) {
+  const std::int32_t groups = s.groups, per_group = s.num_experts / groups;
+  std::vector<double> group_score(std::size_t(groups), 0.0);
+  for (std::int32_t g = 0; g < groups; ++g) {
+    const auto first = choice.begin() + std::ptrdiff_t(g) * per_group;
+    std::vector<double> members(first, first + per_group);
+    std::partial_sort(members.begin(), members.begin() + (per_group > 1 ? 2 : 1), members.end(),
+                      std::greater<>());
+    group_score[std::size_t(g)] =
+        s.gating == ExpertGating::kSigmoid ? members[0] + members[1] : members[0];
+  }
+  std::vector<std::int32_t> order(static_cast<std::size_t>(groups));
+  for (std::int32_t g = 0; g < groups; ++g) order[std::size_t(g)] = g;
+  std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
+    return group_score[std::size_t(a)] > group_score[std::size_t(b)];
+  });
+  for (std::int32_t j = s.groups_used; j < groups; ++j)
+    for (std::int32_t i = 0; i < per_group; ++i)
+      choice[std::size_t(order[std::size_t(j)] * per_group + i)] =
+          -std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
+
 void route_tokens(const MoeShape& s, const float* logits, std::int32_t tokens,
-                  std::int32_t* experts, float* weights) {
+                  std::int32_t* experts, float* weights, const float* selection_bias) {
   const std::int32_t n = s.num_experts, k = s.num_experts_used;
-  std::vector<double> p(std::size_t(n), 0.0);
+  std::vector<double> p(std::size_t(n), 0.0), choice(std::size_t(n), 0.0);
   std::vector<std::int32_t> order(static_cast<std::size_t>(n));
   for (std::int32_t t = 0; t < tokens; ++t) {
-    const float* row = logits + std::size_t(t) * n;
-    const float top = *std::max_element(row, row + n);
-    double sum = 0.0;
-    for (std::int32_t e = 0; e < n; ++e) sum += p[std::size_t(e)] = std::exp(double(row[e]) - top);
+    expert_scores(s, logits + std::size_t(t) * n, p);
+    for (std::int32_t e = 0; e < n; ++e)
+      choice[std::size_t(e)] = p[std::size_t(e)] + (selection_bias ? selection_bias[e] : 0.0);
+    if (s.groups > 1 && s.groups_used < s.groups) keep_best_groups(s, choice);
     for (std::int32_t e = 0; e < n; ++e) order[std::size_t(e)] = e;
-    // Descending p; equal p: the lower index first (stable on the index order).
+    // Descending choice; equal values: the lower index first (stable on the index order).
     std::stable_sort(order.begin(), order.end(), [&](std::int32_t a, std::int32_t b) {
-      return p[std::size_t(a)] > p[std::size_t(b)];
+      return choice[std::size_t(a)] > choice[std::size_t(b)];
     });
     double chosen = 0.0;
     for (std::int32_t j = 0; j < k; ++j) chosen += p[std::size_t(order[std::size_t(j)])];
-    const double scale = s.normalize_weights ? 1.0 / chosen : 1.0 / sum;
+    const double scale = (s.normalize_weights ? 1.0 / chosen : 1.0) * double(s.weights_scale);
     for (std::int32_t j = 0; j < k; ++j) {
       const std::int32_t e = order[std::size_t(j)];
       experts[std::size_t(t) * k + j] = e;
@@ -265,7 +348,8 @@ void moe_forward(const MoeShape& s, const MoeLayerWeights& w, const float* x, st
   project(x, tokens, w.router, m.logits.data(), deterministic, ls);
   m.experts.resize(std::size_t(tokens) * k);
   m.weights.resize(std::size_t(tokens) * k);
-  route_tokens(s, m.logits.data(), tokens, m.experts.data(), m.weights.data());
+  route_tokens(s, m.logits.data(), tokens, m.experts.data(), m.weights.data(),
+               w.selection_bias.empty() ? nullptr : w.selection_bias.data());
   group_by_expert(s, tokens, m);
   run_experts(s, w, x, tokens, deterministic, m, ls);
   // Each token's experts summed in its top-k order (fixed per token).

@@ -1,14 +1,20 @@
 // Mixture-of-experts MLP layers of the built-in model (GGUF qwen2moe,
-// qwen3moe): a router picks each token's top-k experts, every expert
-// multiplies the rows routed to it in one product, and each token's output
-// is the weighted sum of its experts' outputs (plus, for qwen2moe, a shared
-// expert scaled by a sigmoid gate).
+// qwen3moe, deepseek2): a router picks each token's top-k experts, every
+// expert multiplies the rows routed to it in one product, and each token's
+// output is the weighted sum of its experts' outputs (plus a shared expert:
+// qwen2moe's scaled by a sigmoid gate, DeepSeek's as it is).
 //
-// Routing, as Hugging Face's Qwen2MoeTopKRouter / Qwen3MoeTopKRouter and
-// llama.cpp's build_moe_ffn with softmax gating: p = softmax(x W_router^T);
-// the num_experts_used largest p, in descending order (equal p: the lower
-// expert index first); with normalize_expert_weights each divided by their
-// sum.
+// Routing, as Hugging Face's Qwen2MoeTopKRouter / Qwen3MoeTopKRouter /
+// DeepseekV2TopkRouter / DeepseekV3TopkRouter and llama.cpp's build_moe_ffn:
+// scores p = softmax(x W_router^T), or sigmoid of each logit; the choice
+// ranks p (sigmoid: p + the layer's selection bias, V3's
+// e_score_correction_bias); with groups, only experts of the groups_used
+// best groups compete (a group's score: its best choice value under
+// softmax, as DeepSeek-V2's group_limited_greedy; the sum of its best two
+// under sigmoid, as V3); the num_experts_used best, in descending order
+// (equal values: the lower expert index first), are weighted by their p,
+// divided by the chosen p's sum with normalize_weights, times
+// weights_scale.
 //
 // Deterministic mode: a token's result does not depend on the batch. The
 // router and expert products go through linear(), whose deterministic rows
@@ -38,6 +44,7 @@ struct MoeLayerWeights {
   std::vector<ExpertWeights> experts;  // [num_experts], width expert_intermediate_size
   ExpertWeights shared;                // width shared_expert_intermediate_size, or empty
   WeightMatrix shared_gate;            // [1][H]: sigmoid(x . row) scales the shared expert
+  std::vector<float> selection_bias;   // [num_experts] (sigmoid gating), or empty
   bool empty() const { return experts.empty(); }
 };
 
@@ -50,6 +57,11 @@ struct MoeShape {
   std::int32_t shared_intermediate = 0;  // 0: no shared expert
   bool normalize_weights = false;
   MlpActivation activation = MlpActivation::kSilu;
+  ExpertGating gating = ExpertGating::kSoftmax;
+  float weights_scale = 1.0f;
+  std::int32_t groups = 0;       // <= 1: no groups
+  std::int32_t groups_used = 0;  // groups whose experts compete (groups > 1)
+  bool shared_gated = true;      // shared expert x sigmoid(x . shared_gate)
 };
 MoeShape moe_shape(const LlamaConfig& config);
 
@@ -67,9 +79,10 @@ void validate_moe_weights(const MoeShape& shape, const MoeLayerWeights& weights,
 MoeLayerWeights draw_moe_weights(const LlamaConfig& config, std::int32_t layer);
 
 // Each token's experts and weights, num_experts_used per token in top-k
-// order: experts[t k + j], weights[t k + j].
+// order: experts[t k + j], weights[t k + j]. selection_bias: [num_experts]
+// added to the scores for the choice only, or null.
 void route_tokens(const MoeShape& shape, const float* router_logits, std::int32_t tokens,
-                  std::int32_t* experts, float* weights);
+                  std::int32_t* experts, float* weights, const float* selection_bias = nullptr);
 
 // Buffers reused across calls.
 struct MoeScratch {

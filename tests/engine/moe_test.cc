@@ -331,6 +331,141 @@ TEST(Moe, RoutingTiesPickTheLowerExpert) {
   EXPECT_FLOAT_EQ(weights[1], 0.5f);
 }
 
+// DeepSeek's routing restated by counting rather than sorting: an expert
+// competes when fewer than groups_used groups score above its group, and
+// is chosen when fewer than k competing experts rank above it. Tokens whose
+// group or expert ranks are within 1e-9 of a tie are left out.
+struct RoutingReference {
+  std::vector<double> weight;  // [num_experts]; 0 when not chosen
+  std::vector<double> choice;  // [num_experts] the ranking values
+  bool clear = true;
+};
+
+RoutingReference deepseek_routing(const MoeShape& s, const float* logits, const float* bias) {
+  const std::int32_t n = s.num_experts;
+  std::vector<double> p(static_cast<std::size_t>(n));
+  double sum = 0.0;
+  for (std::int32_t e = 0; e < n; ++e) {
+    p[std::size_t(e)] = s.gating == ExpertGating::kSigmoid
+                            ? 1.0 / (1.0 + std::exp(-double(logits[e])))
+                            : std::exp(double(logits[e]));
+    sum += p[std::size_t(e)];
+  }
+  RoutingReference r;
+  r.choice.resize(std::size_t(n));
+  for (std::int32_t e = 0; e < n; ++e) {
+    if (s.gating == ExpertGating::kSoftmax) p[std::size_t(e)] /= sum;
+    r.choice[std::size_t(e)] = p[std::size_t(e)] + (bias ? bias[e] : 0.0);
+  }
+  const std::int32_t groups = s.groups > 1 ? s.groups : 1, per_group = n / groups;
+  std::vector<double> group_score(static_cast<std::size_t>(groups));
+  for (std::int32_t g = 0; g < groups; ++g) {
+    double best = -1e300, second = -1e300;
+    for (std::int32_t i = 0; i < per_group; ++i) {
+      const double v = r.choice[std::size_t(g * per_group + i)];
+      if (v > best)
+        second = best, best = v;
+      else if (v > second)
+        second = v;
+    }
+    group_score[std::size_t(g)] = s.gating == ExpertGating::kSigmoid ? best + second : best;
+  }
+  const auto competes = [&](std::int32_t e) {
+    std::int32_t above = 0;
+    for (std::int32_t h = 0; h < groups; ++h) {
+      const double gap = group_score[std::size_t(h)] - group_score[std::size_t(e / per_group)];
+      if (h != e / per_group && std::abs(gap) < 1e-9) r.clear = false;
+      above += gap > 0.0;
+    }
+    return groups == 1 || above < s.groups_used;
+  };
+  std::vector<bool> competing(static_cast<std::size_t>(n));
+  for (std::int32_t e = 0; e < n; ++e) competing[std::size_t(e)] = competes(e);
+  r.weight.assign(std::size_t(n), 0.0);
+  double chosen_sum = 0.0;
+  for (std::int32_t e = 0; e < n; ++e) {
+    if (!competing[std::size_t(e)]) continue;
+    std::int32_t above = 0;
+    for (std::int32_t f = 0; f < n; ++f) {
+      if (!competing[std::size_t(f)] || f == e) continue;
+      const double gap = r.choice[std::size_t(f)] - r.choice[std::size_t(e)];
+      if (std::abs(gap) < 1e-9) r.clear = false;
+      above += gap > 0.0;
+    }
+    if (above < s.num_experts_used) {
+      r.weight[std::size_t(e)] = p[std::size_t(e)];
+      chosen_sum += p[std::size_t(e)];
+    }
+  }
+  for (double& w : r.weight) w *= (s.normalize_weights ? 1.0 / chosen_sum : 1.0) * s.weights_scale;
+  return r;
+}
+
+TEST(Moe, DeepSeekRoutingMatchesACountingReference) {
+  MoeShape v3{8, 16, 4, 8, 0, true, MlpActivation::kSilu};  // V3: sigmoid, bias, best 2 of 4 groups
+  v3.gating = ExpertGating::kSigmoid;
+  v3.weights_scale = 2.5f;
+  v3.groups = 4;
+  v3.groups_used = 2;
+  MoeShape v2 = v3;  // V2: softmax, best group by its best expert, scaled, not renormalised
+  v2.gating = ExpertGating::kSoftmax;
+  v2.normalize_weights = false;
+  v2.num_experts = 12;
+  v2.num_experts_used = 3;
+  v2.groups = 6;
+  v2.groups_used = 2;
+  v2.weights_scale = 16.0f;
+  MoeShape lite = v2;  // V2-Lite: no groups
+  lite.groups = lite.groups_used = 1;
+  lite.weights_scale = 1.0f;
+  MoeShape one_group = v3;  // sigmoid, groups off by groups_used == groups
+  one_group.groups_used = 4;
+  for (const MoeShape& s : {v3, v2, lite, one_group}) {
+    const std::int32_t tokens = 300, n = s.num_experts, k = s.num_experts_used;
+    const std::vector<float> logits = uniform(std::size_t(tokens) * n, 3.0, 7000 + n);
+    const std::vector<float> bias = uniform(std::size_t(n), 0.2, 7100 + n);
+    const float* b = s.gating == ExpertGating::kSigmoid ? bias.data() : nullptr;
+    std::vector<std::int32_t> experts(std::size_t(tokens) * k);
+    std::vector<float> weights(experts.size());
+    route_tokens(s, logits.data(), tokens, experts.data(), weights.data(), b);
+    std::int32_t checked = 0;
+    for (std::int32_t t = 0; t < tokens; ++t) {
+      const RoutingReference r = deepseek_routing(s, logits.data() + std::size_t(t) * n, b);
+      if (!r.clear) continue;
+      ++checked;
+      double previous = 1e300;
+      for (std::int32_t j = 0; j < k; ++j) {
+        const std::int32_t e = experts[std::size_t(t) * k + j];
+        ASSERT_GT(r.weight[std::size_t(e)], 0.0) << "token " << t << ": expert " << e;
+        EXPECT_NEAR(weights[std::size_t(t) * k + j], r.weight[std::size_t(e)],
+                    1e-6 * r.weight[std::size_t(e)])
+            << "token " << t << ", expert " << e;
+        EXPECT_LT(r.choice[std::size_t(e)], previous) << "token " << t << ": not in rank order";
+        previous = r.choice[std::size_t(e)];
+      }
+    }
+    EXPECT_GE(checked, tokens - 3);
+  }
+}
+
+// The V3 group rule matters: the experts of the best groups by their best
+// two win over a lone top expert elsewhere.
+TEST(Moe, SigmoidGroupsRankByTheirBestTwo) {
+  MoeShape s{4, 4, 1, 4, 0, false, MlpActivation::kSilu};
+  s.gating = ExpertGating::kSigmoid;
+  s.groups = 2;
+  s.groups_used = 1;
+  const float logits[] = {4.0f, -4.0f, 1.0f, 1.0f};  // group 0: one high; group 1: two medium
+  std::int32_t expert = -1;
+  float weight = 0.0f;
+  route_tokens(s, logits, 1, &expert, &weight);
+  EXPECT_EQ(expert, 2);
+  EXPECT_NEAR(weight, 1.0 / (1.0 + std::exp(-1.0)), 1e-6);
+  s.gating = ExpertGating::kSoftmax;  // V2: a group is as good as its best expert
+  route_tokens(s, logits, 1, &expert, &weight);
+  EXPECT_EQ(expert, 0);
+}
+
 TEST(Moe, ErrorsNameTheProblem) {
   const MoeShape s{16, 4, 2, 8, 0, false, MlpActivation::kSilu};
   MoeLayerWeights w = random_weights(s, 900);
@@ -352,6 +487,18 @@ TEST(Moe, ErrorsNameTheProblem) {
   test::expect_throws<InvalidArgument>([&] { validate_moe_config(c); },
                                        {"model 'tiny-moe' is a mixture of 4 experts"});
   c.shard.size = 1;
+  c.expert_groups = 3;
+  test::expect_throws<InvalidArgument>([&] { validate_moe_config(c); },
+                                       {"expert_groups = 3 must divide num_experts = 4"});
+  c.expert_groups = 2;
+  c.expert_groups_used = 3;
+  test::expect_throws<InvalidArgument>([&] { validate_moe_config(c); },
+                                       {"expert_groups_used = 3 must be in [1, 2]"});
+  c.expert_groups = c.expert_groups_used = 0;
+  c.expert_weights_scale = 0.0f;
+  test::expect_throws<InvalidArgument>([&] { validate_moe_config(c); },
+                                       {"expert_weights_scale = 0"});
+  c.expert_weights_scale = 1.0f;
   c.num_experts = 0;
   test::expect_throws<InvalidArgument>([&] { validate_moe_config(c); },
                                        {"num_experts = 0 (a dense model)"});

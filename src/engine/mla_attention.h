@@ -1,0 +1,81 @@
+// Multi-head latent attention (DeepSeek-V2/V3, GGUF deepseek2) in the
+// absorbed form the paged cache serves.
+//
+// Per token x (already RMS-normed), per head h:
+//   q_h = [q_nope_h (nope) | q_pe_h (rope)]       from q(x) or q_b(norm(q_a(x)))
+//   [c | k_pe] = kv_a(x);  c = rms_norm(c) (kv_lora_rank), k_pe: one RoPE key for all heads
+//   RoPE (interleaved pairs) on q_pe_h and k_pe
+// Hugging Face expands keys k_h = [W_UK_h c | k_pe] and values W_UV_h c per
+// head. Since q_nope_h . (W_UK_h c) = (W_UK_h^T q_nope_h) . c, the model
+// instead attends with the query [W_UK_h^T q_nope_h | q_pe_h] over cache
+// rows [c | k_pe] (one KV head of kv_lora_rank + rope, shared by every
+// query head), takes the value as the row's first kv_lora_rank elements (c
+// itself), and up-projects each head's latent output o_h with W_UV_h:
+// value_h = W_UV_h o_h (v_head_dim). The scores and outputs are those of
+// the expanded form; only the order of the sums differs.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/gemm.h"
+#include "engine/stacked_matrix.h"
+#include "engine/weight_matrix.h"
+#include "pagedattn/attention.h"
+#include "pagedattn/kv_cache.h"
+#include "pagedattn/llama.h"
+#include "pagedattn/rope.h"
+
+namespace pagedattn::engine {
+
+// One layer's MLA weights (the output projection is the layer's `o`).
+struct MlaLayerWeights {
+  // The projections of the normed hidden state, stacked: the query (q,
+  // [Hq (nope + rope)] rows, or with q_lora_rank > 0 q_a, [q_lora_rank]
+  // rows), then kv_a ([kv_lora_rank + rope] rows).
+  StackedMatrix input;
+  std::vector<float> q_a_norm;         // [q_lora_rank], or empty
+  WeightMatrix q_b;                    // [Hq (nope + rope)][q_lora_rank], or empty
+  std::vector<float> kv_a_norm;        // [kv_lora_rank]
+  std::vector<WeightMatrix> k_absorb;  // [Hq] of [kv_lora_rank][nope]: W_UK_h^T
+  std::vector<WeightMatrix> v_up;      // [Hq] of [v_head_dim][kv_lora_rank]: W_UV_h
+  bool empty() const { return k_absorb.empty(); }
+};
+
+// The dimensions of an MLA layer (from LlamaConfig, see its MLA fields).
+struct MlaShape {
+  std::int32_t hidden = 0, heads = 0, q_lora_rank = 0, kv_lora_rank = 0;
+  std::int32_t nope = 0, rope = 0, v_head_dim = 0;
+  float rms_norm_eps = 1e-6f;
+  std::int32_t query_width() const { return heads * (nope + rope); }
+  std::int32_t cache_head_dim() const { return kv_lora_rank + rope; }
+};
+MlaShape mla_shape(const LlamaConfig& config);
+
+// InvalidArgument naming the field when the config's MLA fields are
+// inconsistent (num_kv_heads must be 1, head_dim kv_lora_rank + rotary_dim)
+// or tensor parallelism is asked for (MLA runs in one process).
+void validate_mla_config(const LlamaConfig& config);
+// InvalidArgument naming the weight and the layer when a shape does not match.
+void validate_mla_weights(const MlaShape& shape, const MlaLayerWeights& weights,
+                          std::int64_t layer);
+
+// Buffers reused across calls.
+struct MlaScratch {
+  std::vector<float> input, q_a, q, query, rows, head_in, attention;
+};
+
+// values[tokens][heads * v_head_dim] = each head's up-projected attention
+// output for the normed hidden states x[tokens][hidden] of the cache's
+// current step; appends the step's [c | k_pe] rows to `layer` of the cache
+// (one KV head, head_dim kv_lora_rank + rope, v_head_dim kv_lora_rank).
+// positions[tokens]: RoPE positions; `rope` has a table covering them
+// (rotary_dim = shape.rope). InvalidArgument when the weights do not match
+// `shape` or tokens < 0 (before touching the cache).
+void mla_attention(const MlaShape& shape, const MlaLayerWeights& weights, const float* x,
+                   std::int32_t tokens, std::int32_t layer, const std::int32_t* positions,
+                   const RopeConfig& rope, const AttentionOptions& options, PagedKVCache& cache,
+                   float* values, bool deterministic, MlaScratch& scratch,
+                   LinearScratch& linear_scratch);
+
+}  // namespace pagedattn::engine

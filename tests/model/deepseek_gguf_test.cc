@@ -1,0 +1,405 @@
+// deepseek2 files the test writes: the MLA and routing keys are read in both
+// file forms, the old single attn_kv_b and the split attn_k_b / attn_v_b of
+// the same weights give the same logits, quantised weights (per-head slices
+// of 3-D tensors among them) give the logits of their F32 values, and
+// refusals name the key or tensor. Hugging Face transformers checks the
+// architecture itself (python/tests/test_model_families.py, the deepseek-*
+// families).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model/gguf_model_support.h"
+#include "model/gguf_writer.h"
+#include "pagedattn/errors.h"
+#include "pagedattn/gguf.h"
+#include "pagedattn/gguf_model.h"
+#include "pagedattn/llama.h"
+#include "support/expect_error.h"
+
+namespace pagedattn {
+// A namespace of its own: the unity build merges this file with others.
+namespace deepseek_tests {
+namespace {
+
+using test::GgufTestTensor;
+using test::GgufWriter;
+
+constexpr std::uint64_t kHidden = 64, kHeads = 4, kLatent = 32, kNope = 16, kRope = 8, kV = 16,
+                        kFf = 96, kExperts = 8, kExpertFf = 32, kVocab = 10;
+
+struct Form {
+  bool split = true;                  // attn_k_b + attn_v_b (else attn_kv_b)
+  std::uint32_t q_lora_rank = 0;      // 0: attn_q
+  bool sigmoid = false;               // V3 routing: sigmoid, exp_probs_b, groups, renormalised
+  bool quantised = true;              // Q8_0 / Q4_0 where the row lengths allow
+  bool layer1_up_projections = true;  // false: layer 1 has neither form
+  // Integer keys (suffixes after "deepseek2.") written with other values.
+  std::vector<std::pair<std::string, std::uint32_t>> overrides = {};
+};
+
+// kv_b [H (nope + v)][latent] as F32 values, shared by both forms of a file.
+std::vector<float> kv_b_values(std::uint32_t layer) {
+  std::vector<float> v(kHeads * (kNope + kV) * kLatent);
+  for (std::size_t i = 0; i < v.size(); ++i)  // a fixed scramble in [-0.5, 0.5)
+    v[i] = static_cast<float>(((i * 2654435761u + layer * 40503u) % 1000u) / 1000.0 - 0.5);
+  return v;
+}
+
+std::vector<std::byte> f32_bytes(const std::vector<float>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(float));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// The key/value up-projections of `layer` in the file's form.
+void add_up_projections(GgufWriter& w, const Form& f, std::uint32_t layer) {
+  const std::string p = "blk." + std::to_string(layer) + ".";
+  const std::vector<float> kv_b = kv_b_values(layer);
+  if (layer == 1 && !f.layer1_up_projections) return;
+  if (!f.split) {
+    w.tensor(GgufTestTensor{p + "attn_kv_b.weight",
+                            std::uint32_t(GgufType::kF32),
+                            {kLatent, kHeads * (kNope + kV)},
+                            f32_bytes(kv_b),
+                            {}});
+    return;
+  }
+  // The converter's split: k_b[h] = (key rows of head h)^T, v_b[h] = its value rows.
+  std::vector<float> k_b(kHeads * kLatent * kNope), v_b(kHeads * kV * kLatent);
+  for (std::size_t h = 0; h < kHeads; ++h) {
+    const float* head = kv_b.data() + h * (kNope + kV) * kLatent;
+    for (std::size_t i = 0; i < kNope; ++i)
+      for (std::size_t j = 0; j < kLatent; ++j)
+        k_b[(h * kLatent + j) * kNope + i] = head[i * kLatent + j];
+    std::copy_n(head + kNope * kLatent, kV * kLatent, v_b.data() + h * kV * kLatent);
+  }
+  w.tensor(GgufTestTensor{p + "attn_k_b.weight",
+                          std::uint32_t(GgufType::kF32),
+                          {kNope, kLatent, kHeads},
+                          f32_bytes(k_b),
+                          {}});
+  w.tensor(GgufTestTensor{p + "attn_v_b.weight",
+                          std::uint32_t(GgufType::kF32),
+                          {kLatent, kV, kHeads},
+                          f32_bytes(v_b),
+                          {}});
+}
+
+// Keys as llama.cpp's converter writes them for the form.
+void add_keys(GgufWriter& w, const Form& f) {
+  const auto u32 = [&](const std::string& suffix, std::uint64_t value) {
+    for (const auto& [key, override_value] : f.overrides)
+      if (key == suffix) value = override_value;
+    w.kv_u32("deepseek2." + suffix, static_cast<std::uint32_t>(value));
+  };
+  w.kv_string("general.architecture", "deepseek2").kv_string("general.name", "tiny-deepseek");
+  u32("block_count", 2);
+  u32("context_length", 256);
+  u32("embedding_length", kHidden);
+  u32("feed_forward_length", kFf);
+  u32("attention.head_count", kHeads);
+  u32("attention.head_count_kv", f.split ? 1 : kHeads);
+  w.kv_f32("deepseek2.rope.freq_base", 10000.0f);
+  w.kv_f32("deepseek2.attention.layer_norm_rms_epsilon", 1e-6f);
+  u32("attention.kv_lora_rank", kLatent);
+  u32("rope.dimension_count", kRope);
+  if (f.q_lora_rank > 0) u32("attention.q_lora_rank", f.q_lora_rank);
+  u32("attention.key_length", f.split ? kLatent + kRope : kNope + kRope);
+  u32("attention.value_length", f.split ? kLatent : kV);
+  if (f.split) {
+    u32("attention.key_length_mla", kNope + kRope);
+    u32("attention.value_length_mla", kV);
+  }
+  u32("leading_dense_block_count", 1);
+  u32("expert_count", kExperts);
+  u32("expert_used_count", 2);
+  u32("expert_feed_forward_length", kExpertFf);
+  u32("expert_shared_count", 1);
+  w.kv_f32("deepseek2.expert_weights_scale", 1.5f);
+  u32("expert_gating_func", f.sigmoid ? 2 : 1);
+  if (f.sigmoid) {
+    u32("expert_group_count", 4);
+    u32("expert_group_used_count", 2);
+    w.kv_bool("deepseek2.expert_weights_norm", true);
+  }
+}
+
+GgufWriter deepseek_model(const Form& f) {
+  GgufWriter w;
+  add_keys(w, f);
+  const GgufType q8 = f.quantised ? GgufType::kQ8_0 : GgufType::kF32;
+  const GgufType q4 = f.quantised ? GgufType::kQ4_0 : GgufType::kF32;
+  const std::uint64_t h = kHidden, q = kHeads * (kNope + kRope);
+  std::uint64_t seed = 1;
+  w.tensor("token_embd.weight", q8, {h, kVocab}, seed++);
+  w.tensor("output_norm.weight", GgufType::kF32, {h}, seed++);
+  w.tensor("output.weight", q4, {h, kVocab}, seed++);
+  for (std::uint32_t l = 0; l < 2; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    w.tensor(p + "attn_norm.weight", GgufType::kF32, {h}, seed++);
+    if (f.q_lora_rank > 0) {
+      w.tensor(p + "attn_q_a.weight", q8, {h, f.q_lora_rank}, seed++);
+      w.tensor(p + "attn_q_a_norm.weight", GgufType::kF32, {f.q_lora_rank}, seed++);
+      w.tensor(p + "attn_q_b.weight", q8, {f.q_lora_rank, q}, seed++);
+    } else {
+      w.tensor(p + "attn_q.weight", q4, {h, q}, seed++);
+    }
+    w.tensor(p + "attn_kv_a_mqa.weight", q8, {h, kLatent + kRope}, seed++);
+    w.tensor(p + "attn_kv_a_norm.weight", GgufType::kF32, {kLatent}, seed++);
+    add_up_projections(w, f, l);
+    w.tensor(p + "attn_output.weight", q8, {kHeads * kV, h}, seed++);
+    w.tensor(p + "ffn_norm.weight", GgufType::kF32, {h}, seed++);
+    if (l == 0) {  // leading dense layer
+      w.tensor(p + "ffn_gate.weight", GgufType::kF16, {h, kFf}, seed++);
+      w.tensor(p + "ffn_up.weight", q8, {h, kFf}, seed++);
+      w.tensor(p + "ffn_down.weight", q8, {kFf, h}, seed++);
+      continue;
+    }
+    w.tensor(p + "ffn_gate_inp.weight", GgufType::kF32, {h, kExperts}, seed++);
+    if (f.sigmoid) w.tensor(p + "exp_probs_b.bias", GgufType::kF32, {kExperts}, seed++);
+    w.tensor(p + "ffn_gate_exps.weight", q4, {h, kExpertFf, kExperts}, seed++);
+    w.tensor(p + "ffn_up_exps.weight", q8, {h, kExpertFf, kExperts}, seed++);
+    w.tensor(p + "ffn_down_exps.weight", q8, {kExpertFf, h, kExperts}, seed++);
+    w.tensor(p + "ffn_gate_shexp.weight", GgufType::kF16, {h, kExpertFf}, seed++);
+    w.tensor(p + "ffn_up_shexp.weight", q8, {h, kExpertFf}, seed++);
+    w.tensor(p + "ffn_down_shexp.weight", q8, {kExpertFf, h}, seed++);
+  }
+  return w;
+}
+
+GgufModelConfig config_of(const GgufWriter& w) {
+  const std::vector<std::byte> bytes = w.build();
+  return read_model_config(GgufFile::parse({bytes.data(), bytes.size()}, "deepseek.gguf"));
+}
+
+std::vector<float> logits_of(const GgufWriter& w, const std::vector<std::int32_t>& tokens) {
+  const std::vector<std::byte> bytes = w.build();
+  return test::teacher_forced_logits(
+      *make_gguf_model(GgufFile::parse({bytes.data(), bytes.size()}, "deepseek.gguf")), tokens);
+}
+
+const std::vector<std::int32_t> kTokens = {1, 5, 3, 3, 9, 0, 7, 2, 8};
+
+TEST(GgufDeepseek, LatentAttentionAndRoutingKeysAreRead) {
+  for (const bool split : {true, false}) {
+    SCOPED_TRACE(split ? "split form" : "attn_kv_b form");
+    const GgufModelConfig c = config_of(deepseek_model({split, 64, true}));
+    EXPECT_EQ(c.arch, GgufArch::kDeepseek2);
+    EXPECT_EQ(c.num_kv_heads, 1);
+    EXPECT_EQ(c.head_dim, kLatent + kRope);
+    EXPECT_EQ(c.rotary_dim, kRope);
+    EXPECT_EQ(c.kv_lora_rank, kLatent);
+    EXPECT_EQ(c.q_lora_rank, 64);
+    EXPECT_EQ(c.qk_nope_head_dim, kNope);
+    EXPECT_EQ(c.v_head_dim, kV);
+    EXPECT_EQ(c.rope_layout, GgufRopeLayout::kInterleaved);
+    EXPECT_FLOAT_EQ(c.attention_scale, 1.0f / std::sqrt(float(kNope + kRope)));
+    EXPECT_EQ(c.leading_dense_layers, 1);
+    EXPECT_EQ(c.shared_expert_intermediate_size, kExpertFf);
+    EXPECT_FALSE(c.shared_expert_gated);
+    EXPECT_EQ(c.expert_gating, GgufExpertGating::kSigmoid);
+    EXPECT_EQ(c.expert_groups, 4);
+    EXPECT_EQ(c.expert_groups_used, 2);
+    EXPECT_TRUE(c.normalize_expert_weights);
+    EXPECT_FLOAT_EQ(c.expert_weights_scale, 1.5f);
+    EXPECT_EQ(c.layers[0].ffn_down, "blk.0.ffn_down.weight");
+    EXPECT_TRUE(c.layers[0].ffn_gate_inp.empty());
+    EXPECT_EQ(c.layers[1].exp_probs_b, "blk.1.exp_probs_b.bias");
+    EXPECT_EQ(c.layers[1].attn_kv_b.empty(), split);
+    EXPECT_EQ(c.layers[1].attn_k_b.empty(), !split);
+  }
+}
+
+TEST(GgufDeepseek, YarnScalesTheSoftmaxByMscaleSquared) {
+  GgufWriter w = deepseek_model({});
+  w.kv_string("deepseek2.rope.scaling.type", "yarn").kv_f32("deepseek2.rope.scaling.factor", 40.0f);
+  w.kv_u32("deepseek2.rope.scaling.original_context_length", 4096);
+  w.kv_f32("deepseek2.rope.scaling.yarn_log_multiplier", 0.1f);
+  const double mscale = 1.0 + 0.1 * std::log(40.0);  // DeepSeek-V3's settings
+  EXPECT_NEAR(config_of(w).attention_scale, mscale * mscale / std::sqrt(double(kNope + kRope)),
+              1e-7);
+  w.kv_f32("deepseek2.rope.scaling.yarn_attn_factor", 0.5f);  // would scale cos and sin
+  test::expect_throws<Unsupported>([&] { config_of(w); },
+                                   {"deepseek2.rope.scaling.yarn_attn_factor = 0.5"});
+}
+
+TEST(GgufDeepseek, BothFormsOfTheSameWeightsGiveTheSameLogits) {
+  for (const std::uint32_t q_lora_rank : {0u, 64u}) {
+    SCOPED_TRACE(q_lora_rank);
+    const std::vector<float> split = logits_of(deepseek_model({true, q_lora_rank}), kTokens);
+    const std::vector<float> single = logits_of(deepseek_model({false, q_lora_rank}), kTokens);
+    ASSERT_EQ(split.size(), single.size());
+    for (std::size_t i = 0; i < split.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(split[i])) << i;
+      ASSERT_NEAR(split[i], single[i], 1e-5 * (1.0 + std::abs(split[i]))) << "logit " << i;
+    }
+  }
+}
+
+TEST(GgufDeepseek, QuantisedWeightsGiveTheLogitsOfTheirF32Values) {
+  for (const bool sigmoid : {false, true}) {
+    SCOPED_TRACE(sigmoid ? "sigmoid routing" : "softmax routing");
+    const GgufWriter w = deepseek_model({true, 64, sigmoid});
+    const std::vector<std::byte> bytes = w.build();
+    const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()}, "deepseek.gguf");
+    const std::vector<std::byte> f32 = test::as_f32(w, file);
+    const GgufFile f32_file = GgufFile::parse({f32.data(), f32.size()}, "deepseek-f32.gguf");
+    const std::vector<float> got = test::teacher_forced_logits(*make_gguf_model(file), kTokens);
+    const std::vector<float> want =
+        test::teacher_forced_logits(*make_gguf_model(f32_file), kTokens);
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-4 * (1.0 + std::abs(want[i]))) << "logit " << i;
+  }
+}
+
+// Two sequences in one cache, prefilled in chunks of different lengths and
+// then decoded a token per step side by side: every position's logits are
+// those of each sequence run alone in one step (the latent rows appended
+// step by step, across pages, attend as those written at once).
+TEST(GgufDeepseek, BatchedDecodeStepsGiveTheOneStepLogits) {
+  const GgufWriter w = deepseek_model({true, 64, true});
+  const std::vector<std::byte> bytes = w.build();
+  const auto model = make_gguf_model(GgufFile::parse({bytes.data(), bytes.size()}));
+  const std::vector<std::vector<std::int32_t>> seqs = {{1, 5, 3, 3, 9, 0, 7, 2, 8},
+                                                       {4, 4, 6, 1, 0, 2, 9}};
+  const std::int64_t vocab = model->spec().vocab_size;
+  KVCacheConfig config = kv_cache_config(model->spec());
+  config.page_size = 4;
+  config.num_pages = 16;
+  config.kv_dtype = DType::kF32;
+  PagedKVCache cache(config);
+  const std::vector<SeqId> ids = {0, 1};
+  for (SeqId id : ids) cache.add_sequence(id);
+  std::vector<std::size_t> done = {0, 0};
+  const std::vector<std::size_t> first_chunk = {3, 5};
+  while (done[0] < seqs[0].size() || done[1] < seqs[1].size()) {
+    std::vector<SeqId> step_ids;
+    std::vector<std::int64_t> lengths;
+    std::vector<std::int32_t> tokens, rows;
+    std::vector<std::pair<std::size_t, std::size_t>> row_of;  // (sequence, position)
+    for (std::size_t b = 0; b < 2; ++b) {
+      const std::size_t take =
+          std::min(seqs[b].size() - done[b], done[b] == 0 ? first_chunk[b] : 1);
+      if (take == 0) continue;
+      step_ids.push_back(ids[b]);
+      lengths.push_back(static_cast<std::int64_t>(take));
+      for (std::size_t i = 0; i < take; ++i) {
+        rows.push_back(static_cast<std::int32_t>(tokens.size()));
+        tokens.push_back(seqs[b][done[b] + i]);
+        row_of.emplace_back(b, done[b] + i);
+      }
+      done[b] += take;
+    }
+    std::vector<float> logits(rows.size() * std::size_t(vocab));
+    cache.begin_forward(step_ids, lengths);
+    model->forward({tokens, rows, true}, cache, logits);
+    cache.end_forward();
+    for (std::size_t r = 0; r < row_of.size(); ++r) {
+      const auto [b, position] = row_of[r];
+      const std::vector<std::int32_t> prefix(seqs[b].begin(),
+                                             seqs[b].begin() + std::ptrdiff_t(position) + 1);
+      const std::vector<float> want = test::teacher_forced_logits(*model, prefix);
+      for (std::int64_t v = 0; v < vocab; ++v) {
+        const float expected = want[position * std::size_t(vocab) + std::size_t(v)];
+        ASSERT_NEAR(logits[r * std::size_t(vocab) + std::size_t(v)], expected,
+                    1e-4 * (1.0 + std::abs(expected)))
+            << "sequence " << b << ", position " << position << ", logit " << v;
+      }
+    }
+  }
+}
+
+// llama_parameter_count of the test model's config: the file's element count.
+TEST(GgufDeepseek, ParameterCountIsTheFilesElementCount) {
+  const std::vector<std::byte> bytes = deepseek_model({true, 64}).build();
+  const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()});
+  std::int64_t elements = 0;
+  for (const GgufTensor& t : file.tensors()) elements += t.element_count();
+  LlamaConfig c;
+  c.vocab_size = kVocab;
+  c.hidden_size = kHidden;
+  c.intermediate_size = kFf;
+  c.num_layers = 2;
+  c.num_qo_heads = kHeads;
+  c.num_kv_heads = 1;
+  c.head_dim = kLatent + kRope;
+  c.rotary_dim = kRope;
+  c.tie_embeddings = false;
+  c.q_lora_rank = 64;
+  c.kv_lora_rank = kLatent;
+  c.qk_nope_head_dim = kNope;
+  c.v_head_dim = kV;
+  c.num_experts = kExperts;
+  c.num_experts_used = 2;
+  c.expert_intermediate_size = kExpertFf;
+  c.shared_expert_intermediate_size = kExpertFf;
+  c.shared_expert_gated = false;
+  c.leading_dense_layers = 1;
+  EXPECT_EQ(llama_parameter_count(c), elements);
+}
+
+TEST(GgufDeepseek, RefusalsNameTheProblem) {
+  Form no_up;
+  no_up.layer1_up_projections = false;
+  test::expect_throws<InvalidArgument>(
+      [&] { config_of(deepseek_model(no_up)); },
+      {"deepseek.gguf", "layer 1 has neither tensor 'attn_kv_b.weight' nor the split"});
+  const auto refused = [](std::vector<std::pair<std::string, std::uint32_t>> overrides,
+                          bool sigmoid) {
+    Form f;
+    f.sigmoid = sigmoid;
+    f.overrides = std::move(overrides);
+    return deepseek_model(f);
+  };
+  test::expect_throws<Unsupported>(
+      [&] {
+        config_of(refused({{"expert_gating_func", 3}}, false));
+      },
+      {"deepseek2.expert_gating_func = 3", "1 softmax, 2 sigmoid"});
+  test::expect_throws<Unsupported>(
+      [&] {
+        config_of(refused({{"attention.head_count_kv", 2}}, false));
+      },
+      {"deepseek2.attention.head_count_kv = 2"});
+  test::expect_throws<InvalidArgument>(
+      [&] {
+        config_of(refused({{"expert_group_count", 3}}, true));
+      },
+      {"deepseek2.expert_group_count = 3"});
+  test::expect_throws<InvalidArgument>(
+      [&] {
+        config_of(refused({{"attention.key_length", 99}}, false));
+      },
+      {"deepseek2.attention.key_length = 99, expected 40"});
+  test::expect_throws<InvalidArgument>(
+      [&] {
+        config_of(refused({{"rope.dimension_count", 24}}, false));
+      },
+      {"deepseek2.attention.key_length_mla = 24 must exceed deepseek2.rope.dimension_count = 24"});
+  const GgufWriter full = deepseek_model({});
+  const std::vector<std::byte> bytes = full.build();
+  GgufModelOptions options;
+  options.shard = {1, 2, [](std::span<float>) {}};
+  test::expect_throws<InvalidArgument>(
+      [&] {
+        make_gguf_model(GgufFile::parse({bytes.data(), bytes.size()}), options);
+      },
+      {"multi-head latent attention", "one process only"});
+  LlamaConfig synthetic;
+  synthetic.num_kv_heads = 1;
+  synthetic.kv_lora_rank = 48;
+  synthetic.qk_nope_head_dim = 16;
+  synthetic.v_head_dim = 16;
+  synthetic.rotary_dim = 16;
+  synthetic.head_dim = 64;
+  test::expect_throws<InvalidArgument>([&] { make_llama_model(synthetic); },
+                                       {"kv_lora_rank = 48", "no synthetic weights"});
+}
+
+}  // namespace
+}  // namespace deepseek_tests
+}  // namespace pagedattn
