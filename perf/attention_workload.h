@@ -69,11 +69,12 @@ struct Config {
   // ([latent | rope], head_dim) and its first mla_latent elements are V;
   // 0: separate K and V of head_dim each.
   std::int32_t mla_latent = 0;
+  std::int32_t v_dim = 0;  // V head dim of separate K and V (0: head_dim)
 
   bool mla() const { return mla_latent > 0; }
-  std::int32_t v_head_dim() const { return mla() ? mla_latent : head_dim; }
+  std::int32_t v_head_dim() const { return mla() ? mla_latent : v_dim > 0 ? v_dim : head_dim; }
   // V rows stored apart from K (0 for MLA), and int8 scale arrays.
-  std::int32_t stored_v_dim() const { return mla() ? 0 : head_dim; }
+  std::int32_t stored_v_dim() const { return mla() ? 0 : v_head_dim(); }
   std::int32_t scale_arrays() const { return mla() ? 1 : 2; }
   std::int32_t page_size() const { return contiguous ? kv_len : page; }
   // Whether the pool's page ids stay in order (contiguous sequences own one
@@ -85,7 +86,8 @@ struct Config {
            "/kv" + std::to_string(kv_len) +
            (contiguous ? "/contig" : "/paged" + std::to_string(page)) +
            (keeps_page_order() ? "/in_order" : "") +
-           (mla() ? "/mla" + std::to_string(mla_latent) : "");
+           (mla() ? "/mla" + std::to_string(mla_latent) : "") +
+           (v_dim > 0 && !mla() ? "/dv" + std::to_string(v_dim) : "");
   }
   // Queries and outputs: f16 with f16 KV, f32 with f32 KV, bf16 otherwise.
   DType act() const { return kv == DType::kF16 || kv == DType::kF32 ? kv : DType::kBF16; }
@@ -182,8 +184,9 @@ class Workload {
 
     const std::size_t es = pa::dtype_size(c_.kv);
     const std::size_t elems = std::size_t(num_pages_) * ps * c_.kv_heads * c_.head_dim;
+    const std::size_t v_elems = std::size_t(num_pages_) * ps * c_.kv_heads * c_.stored_v_dim();
     k_ = pb::HugeBuffer(elems * es);
-    if (!c_.mla()) v_ = pb::HugeBuffer(elems * es);
+    if (!c_.mla()) v_ = pb::HugeBuffer(v_elems * es);
     if (c_.kv == DType::kINT8) {
       const std::size_t slots = std::size_t(num_pages_) * ps * c_.kv_heads;
       k_scales_ = pb::HugeBuffer(slots * sizeof(float));
@@ -194,7 +197,7 @@ class Workload {
     } else {
       const auto pattern = value_pattern(c_.kv, std::size_t{1} << 20, 7);
       fill_from_pattern(k_.data(), elems * es, pattern, 1);
-      if (!c_.mla()) fill_from_pattern(v_.data(), elems * es, pattern, 2);
+      if (!c_.mla()) fill_from_pattern(v_.data(), v_elems * es, pattern, 2);
       if (c_.kv == DType::kINT8) {
         const std::size_t slots = std::size_t(num_pages_) * ps * c_.kv_heads;
         fill_scales(reinterpret_cast<float*>(k_scales_.data()), slots);
@@ -241,7 +244,7 @@ class Workload {
     }
     auto s =
         pa::PagedKVStorage::dense(k_.data(), v_.data(), c_.kv, pa::KVLayout::kHND, c_.page_size(),
-                                  c_.kv_heads, c_.head_dim, c_.head_dim, num_pages_);
+                                  c_.kv_heads, c_.head_dim, c_.v_head_dim(), num_pages_);
     s.k_scale = s.v_scale = kFp8Scale;
     if (c_.kv == DType::kINT8) {
       s.k_token_scales = reinterpret_cast<float*>(k_scales_.data());
@@ -279,7 +282,7 @@ class Workload {
             if (!c_.mla())
               std::memcpy(to_bytes(to.v_data) + std::size_t(to.v_offset(dp, h, j % dps)) * es,
                           to_bytes(from.v_data) + std::size_t(from.v_offset(sp, h, j % sps)) * es,
-                          n);
+                          std::size_t(run) * c_.v_head_dim() * es);
             if (c_.kv == DType::kINT8)
               for (std::int32_t i = 0; i < run; ++i) {
                 to.k_token_scales[to.token_scale_index(dp, h, j % dps + i)] =

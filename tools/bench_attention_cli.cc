@@ -163,6 +163,9 @@ void add_shape_flags(CLI::App& app, Flags& f) {
   app.add_option("--head-dim", c.head_dim, detail::concat(kMinHeadDim, "..", kMaxHeadDim))
       ->type_name("D")
       ->transform(integer_in(kMinHeadDim, kMaxHeadDim));
+  app.add_option("--v-head-dim", c.v_dim, "V head dim when it differs from --head-dim")
+      ->type_name("D")
+      ->transform(integer_in(kMinHeadDim, kMaxHeadDim));
   app.add_option("--mla", c.mla_latent,
                  "multi-head latent attention: one row of --head-dim per token ([latent | rope "
                  "key]), V = its first LATENT elements, one KV head (DeepSeek-V2/V3: --heads 16x1 "
@@ -259,6 +262,8 @@ Options options(const Flags& f, const CLI::App& app) {
       !o.shape.mla() || (o.shape.kv_heads == 1 && o.shape.mla_latent <= o.shape.head_dim),
       "bench-attention: --mla ", o.shape.mla_latent,
       " needs --heads Qx1 and a latent <= --head-dim ", o.shape.head_dim);
+  require<InvalidArgument>(!o.shape.mla() || o.shape.v_dim == 0,
+                           "bench-attention: --mla gives V's dim; leave out --v-head-dim");
   o.shape.q_len = f.q_len > 0 ? f.q_len : f.mode == "prefill" ? o.shape.kv_len : 1;
   require<InvalidArgument>(o.shape.q_len <= o.shape.kv_len, "bench-attention: --q-len ",
                            o.shape.q_len, " exceeds --kv-len ", o.shape.kv_len);
