@@ -255,6 +255,16 @@ void expect_matches(MlaCase& c, double rel_tol) {
     ASSERT_NEAR(lse[i], ref_lse[i], 1e-3 * (1.0 + std::abs(ref_lse[i]))) << "lse " << i;
 }
 
+// The case of `spec` stored as each of `dtypes`.
+void expect_matches_in_each(MlaSpec spec, const std::vector<DType>& dtypes) {
+  for (DType t : dtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    spec.kv_dtype = t;
+    MlaCase c(spec);
+    expect_matches(c, 2e-5);
+  }
+}
+
 TEST(MlaAttention, DeepSeekV2LiteDecodeAndPrefillMatchTheUnabsorbedFormula) {
   MlaSpec s;  // 16 heads, kv_lora_rank 512, rope 64, nope 128, v 128
   s.q_lens = {1, 1, 7, 1};
@@ -263,24 +273,14 @@ TEST(MlaAttention, DeepSeekV2LiteDecodeAndPrefillMatchTheUnabsorbedFormula) {
   const std::vector<DType> dtypes =
       test::kAddressSanitizer ? std::vector<DType>{DType::kBF16}
                               : std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16};
-  for (DType t : dtypes) {
-    SCOPED_TRACE(dtype_name(t));
-    s.kv_dtype = t;
-    MlaCase c(s);
-    expect_matches(c, 2e-5);
-  }
+  expect_matches_in_each(s, dtypes);
 }
 
 TEST(MlaAttention, QuantisedRowsMatchTheUnabsorbedFormulaOverWhatIsStored) {
   MlaSpec s;
   s.q_lens = {1, 3};
   s.kv_lens = {70, 19};
-  for (DType t : {DType::kINT8, DType::kFP8E4M3}) {
-    SCOPED_TRACE(dtype_name(t));
-    s.kv_dtype = t;
-    MlaCase c(s);
-    expect_matches(c, 2e-5);
-  }
+  expect_matches_in_each(s, {DType::kINT8, DType::kFP8E4M3});
 }
 
 TEST(MlaAttention, DeepSeekV3HeadsWithSplitKv) {
