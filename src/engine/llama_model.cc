@@ -7,6 +7,7 @@
 #include <limits>
 #include <string>
 
+#include "activation.h"
 #include "counter_random.h"
 #include "gemm.h"
 #include "kernels/rope_table.h"
@@ -401,17 +402,9 @@ void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool d
   add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic);
 }
 
-// tanh-approximated GELU (PyTorch's gelu(approximate="tanh"), Gemma's
-// hidden_activation).
-float gelu_tanh(float x) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-}
-
 void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t inter = inter_;
-  const bool gelu = c_.activation == MlpActivation::kGeluTanh;
   rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
   if (!w.moe.empty()) {  // one process (validate_moe_config): no all-reduce
     partial_.resize(std::size_t(tokens) * std::size_t(c_.hidden_size));
@@ -423,14 +416,7 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
     return;
   }
   w.gate_up.project(h_.data(), tokens, gate_up_.data(), false, deterministic, scratch_);
-  const std::int64_t n = std::int64_t{tokens} * inter;
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (std::int64_t i = 0; i < n; ++i) {  // act(gate) * up
-    const std::int64_t t = i / inter, j = i % inter;
-    const float g = gate_up_[std::size_t(t * 2 * inter + j)];
-    const float u = gate_up_[std::size_t(t * 2 * inter + inter + j)];
-    act_[std::size_t(i)] = (gelu ? gelu_tanh(g) : g / (1.0f + std::exp(-g))) * u;
-  }
+  engine::gated_activation(gate_up_.data(), tokens, inter, c_.activation, act_.data());
   add_row_parallel(act_.data(), tokens, w.down, w.post_mlp_norm, deterministic);
 }
 

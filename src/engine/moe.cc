@@ -9,35 +9,12 @@
 #include <limits>
 #include <string>
 
+#include "engine/activation.h"
 #include "engine/counter_random.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::engine {
 namespace {
-
-float silu(float g) {
-  return g / (1.0f + std::exp(-g));
-}
-
-// tanh-approximated GELU (as the dense MLP's).
-float gelu_tanh(float x) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
-}
-
-// act[r][i] = act(gate_up[r][i]) * gate_up[r][width + i] for `rows` rows.
-void gated_activation(const float* gate_up, std::int32_t rows, std::int32_t width,
-                      MlpActivation activation, float* act) {
-  const bool gelu = activation == MlpActivation::kGeluTanh;
-  const std::int64_t n = std::int64_t{rows} * width;
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t r = i / width, j = i % width;
-    const float g = gate_up[std::size_t(r * 2 * width + j)];
-    const float u = gate_up[std::size_t(r * 2 * width + width + j)];
-    act[std::size_t(i)] = (gelu ? gelu_tanh(g) : silu(g)) * u;
-  }
-}
 
 void project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y, bool deterministic,
              LinearScratch& scratch) {
