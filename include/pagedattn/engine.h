@@ -274,10 +274,10 @@ class Engine {
 
   // --- disaggregated prefill/decode: importing a prefilled request ---------------
   // Reserves pages (PagedKVCache::reserve_incoming) for the prompt's K/V of a
-  // request prefilled elsewhere. Validates like add_request (and n must be
-  // 1, with neither logprobs nor prompt_logprobs: the first token's and the
-  // prompt's logits stay on the prefill instance); nullopt when the pages or
-  // a sequence slot are not free now (retry after steps finish requests).
+  // request prefilled elsewhere. Validates like add_request (with neither
+  // logprobs nor prompt_logprobs: the first token's and the prompt's logits
+  // stay on the prefill instance); nullopt when the pages or n sequence
+  // slots are not free now (retry after steps finish requests).
   // The request is not scheduled until commit_import; cancel_import frees
   // its pages.
   std::optional<ImportSlot> reserve_import(std::span<const std::int32_t> prompt_token_ids,
@@ -287,7 +287,16 @@ class Engine {
   // steps decode it. Returns that token's finish reason: kStop or kLength
   // mean the request is already done (its pages are freed, nothing runs).
   // InvalidArgument for an unknown id or a token outside the vocabulary.
+  // InvalidArgument also for a request with n > 1 (commit_import_samples).
   FinishReason commit_import(RequestId id, std::int32_t first_token);
+  // As commit_import, for any n: first_tokens[i] is sample i's first token
+  // (the prefill instance's draw from the prompt's logits with sample index
+  // i); samples 1.. then start as forks of the imported prompt, as the
+  // engine's own samples do. Returns each sample's finish reason for its
+  // first token (none kNone: the request is already done). InvalidArgument
+  // unless there are n tokens, each inside the vocabulary.
+  std::vector<FinishReason> commit_import_samples(RequestId id,
+                                                  std::span<const std::int32_t> first_tokens);
   void cancel_import(RequestId id);
   std::int32_t num_pending_imports() const;
   // --- end of importing -----------------------------------------------------------

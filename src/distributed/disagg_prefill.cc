@@ -16,7 +16,7 @@ namespace pagedattn::dist {
 namespace {
 
 struct Prefilled {
-  std::int32_t first_token = 0;
+  std::vector<std::int32_t> first_tokens;  // one per sample (params.n)
   OutgoingKV pinned;
 };
 
@@ -27,13 +27,14 @@ class PrefillInstance {
 
   PagedKVCache& cache() { return cache_; }
 
-  // Computes the prompt's K/V as sequence `id` and its first token, then
-  // pins the pages and drops the sequence (the pin is all that holds them).
+  // Computes the prompt's K/V as sequence `id` and each sample's first
+  // token, then pins the pages and drops the sequence (the pin is all that
+  // holds them).
   Prefilled run(SeqId id, std::span<const std::int32_t> prompt, const SamplingParams& params) {
     cache_.add_sequence(id);
     try {
-      const std::int32_t first = forward_prompt(id, prompt, params);
-      Prefilled out{first, cache_.outgoing_pages(id)};
+      std::vector<std::int32_t> first = forward_prompt(id, prompt, params);
+      Prefilled out{std::move(first), cache_.outgoing_pages(id)};
       cache_.remove_sequence(id);
       return out;
     } catch (...) {
@@ -44,8 +45,8 @@ class PrefillInstance {
   }
 
  private:
-  std::int32_t forward_prompt(SeqId id, std::span<const std::int32_t> prompt,
-                              const SamplingParams& params) {
+  std::vector<std::int32_t> forward_prompt(SeqId id, std::span<const std::int32_t> prompt,
+                                           const SamplingParams& params) {
     Model& model = *config_.model;
     const auto vocab = static_cast<std::size_t>(model.spec().vocab_size);
     logits_.resize(vocab);
@@ -64,8 +65,13 @@ class PrefillInstance {
       model.forward(batch, cache_, last ? std::span<float>(logits_) : std::span<float>());
       cache_.end_forward();
     }
-    return sample_token(logits_, params, *params.seed, 0, std::ssize(prompt), prompt,
-                        model.spec().eos_token_id);
+    // Every sample draws from the prompt's logits, as the engine's first
+    // sampling of a request with n > 1 does.
+    std::vector<std::int32_t> first;
+    for (std::int32_t i = 0; i < params.n; ++i)
+      first.push_back(sample_token(logits_, params, *params.seed, i, std::ssize(prompt), prompt,
+                                   model.spec().eos_token_id));
+    return first;
   }
 
   EngineConfig config_;
@@ -85,7 +91,7 @@ void validate(const DisaggRequest& r, std::size_t index, const ModelSpec& spec) 
           "].prompt has ", r.prompt.size(), " tokens, the model's max_position is ",
           spec.max_position);
   require(r.params.n == 1, "run_prefill: requests[", index, "].params.n = ", r.params.n,
-          " must be 1 (parallel samples are not disaggregated)");
+          " must be 1 (generate's decode rank reports one sample)");
   // The decode rank reports tokens only: the logits logprobs need stay here.
   require(!r.params.logprobs && !r.params.prompt_logprobs, "run_prefill: requests[", index,
           "].params: logprobs and prompt_logprobs are not supported in disaggregated "
@@ -160,7 +166,7 @@ TransferStats run_prefill(const MpiComm& comm, int decode_rank, const EngineConf
     msg.prompt = requests[i].prompt;
     msg.params = with_seed(requests[i].params, config, msg.index);
     Prefilled p = prefill_or_report(prefill, comm, decode_rank, msg);
-    msg.first_token = p.first_token;
+    msg.first_tokens = p.first_tokens;
     try {
       transfer(comm, decode_rank, msg, p.pinned, hooks, stats);
     } catch (...) {
@@ -170,6 +176,67 @@ TransferStats run_prefill(const MpiComm& comm, int decode_rank, const EngineConf
     prefill.cache().release_outgoing(p.pinned.id);
   }
   comm.send(RequestMessage{}.encode(), decode_rank, kTagRequest);  // the end of requests
+  prefill.cache().check_invariants();
+  stats.pages_left = prefill.cache().num_pages() - prefill.cache().num_free_pages();
+  return stats;
+}
+
+// --- serve --disaggregate: a prefill rank of a server ---------------------------
+namespace {
+
+// Runs one prompt rank 0 sent and offers its pages until rank 0 takes them
+// (accepted: sent; rejected: the request was cancelled meanwhile). A prompt
+// the model fails on (pagedattn::Error, such as non-finite logits) is
+// reported to rank 0 as that request's error, and the rank serves on.
+void serve_one(PrefillInstance& prefill, const MpiComm& comm, int decode_rank,
+               const RequestMessage& job, TransferStats& stats) {
+  RequestMessage offer;
+  offer.index = job.index;
+  Prefilled p;
+  try {
+    p = prefill.run(job.index, job.prompt, job.params);
+  } catch (const Error& e) {
+    offer.error = e.what();
+    comm.send(offer.encode(), decode_rank, kTagRequest);
+    return;
+  }
+  try {
+    offer.first_tokens = p.first_tokens;
+    comm.send(offer.encode(), decode_rank, kTagRequest);
+    wait_for_message(comm, decode_rank, kTagAck);
+    const AckMessage ack = AckMessage::decode(comm.recv_any_size(decode_rank, kTagAck));
+    if (ack.ack == Ack::kAccepted) {
+      const auto start = std::chrono::steady_clock::now();
+      KVTransfer sends = post_kv_sends(comm, p.pinned.runs, decode_rank, pages_tag(job.index));
+      wait_all(sends);
+      stats.seconds += seconds_since(start);
+      stats.bytes += p.pinned.runs.total_bytes();
+      ++stats.transfers;
+    } else {
+      ++stats.cancelled;
+    }
+  } catch (...) {
+    prefill.cache().release_outgoing(p.pinned.id);
+    throw;
+  }
+  prefill.cache().release_outgoing(p.pinned.id);
+}
+
+}  // namespace
+
+TransferStats serve_prefill(const MpiComm& comm, int decode_rank, const EngineConfig& config) {
+  require(decode_rank >= 0 && decode_rank < comm.size() && decode_rank != comm.rank(),
+          "serve_prefill: decode_rank = ", decode_rank, " must be another rank of the ",
+          comm.size(), " (this is rank ", comm.rank(), ")");
+  require_same_config(comm, decode_rank, config);
+  PrefillInstance prefill(config);
+  TransferStats stats;
+  for (;;) {
+    wait_for_message(comm, decode_rank, kTagPrompt);
+    const RequestMessage job = RequestMessage::decode(comm.recv_any_size(decode_rank, kTagPrompt));
+    if (job.index == kEndOfRequests) break;
+    serve_one(prefill, comm, decode_rank, job, stats);
+  }
   prefill.cache().check_invariants();
   stats.pages_left = prefill.cache().num_pages() - prefill.cache().num_free_pages();
   return stats;

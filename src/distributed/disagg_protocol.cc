@@ -1,5 +1,9 @@
 #include "distributed/disagg_protocol.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 namespace pagedattn::dist {
 namespace {
 
@@ -37,7 +41,7 @@ std::optional<std::int32_t> get_optional_count(MessageReader& r) {
 std::vector<std::byte> RequestMessage::encode() const {
   MessageWriter w;
   w.put(index);
-  w.put(first_token);
+  w.put_vector(std::span<const std::int32_t>(first_tokens));
   w.put_vector(std::span<const std::int32_t>(prompt));
   w.put(params.max_tokens);
   w.put(params.temperature);
@@ -65,7 +69,7 @@ RequestMessage RequestMessage::decode(std::span<const std::byte> bytes) {
   MessageReader r(bytes, "disaggregated prefill/decode");
   RequestMessage m;
   m.index = r.get<std::int64_t>();
-  m.first_token = r.get<std::int32_t>();
+  m.first_tokens = r.get_vector<std::int32_t>();
   m.prompt = r.get_vector<std::int32_t>();
   m.params.max_tokens = r.get<std::int32_t>();
   m.params.temperature = r.get<float>();
@@ -101,6 +105,17 @@ AckMessage AckMessage::decode(std::span<const std::byte> bytes) {
   m.ack = r.get<Ack>();
   m.error = r.get_string();
   return m;
+}
+
+void wait_for_message(const MpiComm& comm, int source, int tag) {
+  constexpr int kBusyPolls = 200;
+  constexpr auto kLongestSleep = std::chrono::microseconds(1000);
+  auto sleep = std::chrono::microseconds(20);
+  for (int polls = 0; !comm.has_message(source, tag); ++polls) {
+    if (polls < kBusyPolls) continue;
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, kLongestSleep);
+  }
 }
 
 }  // namespace pagedattn::dist

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "distributed/byte_message.h"
+#include "pagedattn/distributed/mpi_comm.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 
@@ -21,6 +22,7 @@ inline constexpr int kTagConfig = 1;
 inline constexpr int kTagRequest = 2;
 inline constexpr int kTagAck = 3;
 inline constexpr int kTagStatus = 4;
+inline constexpr int kTagPrompt = 5;  // serve: decode -> prefill, a prompt to run
 inline constexpr int kTagPagesBase = 100;
 inline constexpr int kPageTagSpan = 30000;
 inline int pages_tag(std::int64_t index) {
@@ -34,10 +36,10 @@ inline constexpr std::int64_t kEndOfRequests = -1;
 inline constexpr std::int64_t kPrefillFailed = -2;
 struct RequestMessage {
   std::int64_t index = kEndOfRequests;
-  std::int32_t first_token = 0;
+  std::vector<std::int32_t> first_tokens;  // one per sample (params.n)
   std::vector<std::int32_t> prompt;
   SamplingParams params;  // seed always set
-  std::string error;      // kPrefillFailed: why
+  std::string error;      // kPrefillFailed (serve: this request failed): why
 
   std::vector<std::byte> encode() const;
   static RequestMessage decode(std::span<const std::byte> bytes);
@@ -53,5 +55,10 @@ struct AckMessage {
   std::vector<std::byte> encode() const;
   static AckMessage decode(std::span<const std::byte> bytes);
 };
+
+// Waits until a message from `source` with `tag` is there, sleeping between
+// polls (from 20 us up to 1 ms): an idle rank leaves its core to the others
+// instead of spinning in MPI_Probe.
+void wait_for_message(const MpiComm& comm, int source, int tag);
 
 }  // namespace pagedattn::dist

@@ -535,8 +535,6 @@ std::optional<ImportSlot> Engine::reserve_import(std::span<const std::int32_t> p
                                                  const SamplingParams& params) {
   Impl& im = *impl_;
   im.validate_request(prompt, params, "Engine::reserve_import");
-  require(params.n == 1, "Engine::reserve_import: n = ", params.n,
-          " must be 1 (parallel samples are not imported)");
   // The prefill instance holds the logits these need.
   require(!params.logprobs, "Engine::reserve_import: logprobs = ", params.logprobs.value_or(0),
           " is not supported for imported requests (the first token's logits stay on the "
@@ -548,10 +546,11 @@ std::optional<ImportSlot> Engine::reserve_import(std::span<const std::int32_t> p
   const std::lock_guard lock(im.mutex);
   // Like admission: while others run, a watermark of pages stays free for
   // their decodes (an import preempted later would recompute its prompt).
-  const std::int64_t seqs = im.scheduler.num_running_seqs() + std::ssize(im.imports);
+  std::int64_t seqs = im.scheduler.num_running_seqs();
+  for (const auto& [id, pending] : im.imports) seqs += pending->params.n;
   const std::int64_t watermark =
       seqs == 0 ? 0 : std::max<std::int64_t>(1, im.cache.num_pages() / 100);
-  if (seqs >= im.config.max_num_seqs ||
+  if (seqs + params.n > im.config.max_num_seqs ||
       pages_for(std::ssize(prompt), im.config.page_size) + watermark > im.cache.num_free_pages())
     return std::nullopt;
   std::unique_ptr<SequenceGroup> g;
@@ -565,29 +564,58 @@ std::optional<ImportSlot> Engine::reserve_import(std::span<const std::int32_t> p
 }
 
 FinishReason Engine::commit_import(RequestId id, std::int32_t first_token) {
+  {
+    const std::lock_guard lock(impl_->mutex);
+    const auto it = impl_->imports.find(id);
+    const std::int32_t n = it == impl_->imports.end() ? 1 : it->second->params.n;
+    require(n == 1, "Engine::commit_import: request id = ", id, " has n = ", n,
+            " samples; commit them with commit_import_samples");
+  }
+  return commit_import_samples(id, std::span(&first_token, 1)).front();
+}
+
+std::vector<FinishReason> Engine::commit_import_samples(
+    RequestId id, std::span<const std::int32_t> first_tokens) {
   Impl& im = *impl_;
   const std::lock_guard lock(im.mutex);
   const auto it = im.imports.find(id);
   require(it != im.imports.end(), "Engine::commit_import: request id = ", id,
           " has no reserved import");
+  const std::int32_t n = it->second->params.n;
+  require(std::ssize(first_tokens) == n, "Engine::commit_import_samples: first_tokens has ",
+          first_tokens.size(), " tokens; request id = ", id, " has n = ", n, " samples");
   const std::int32_t vocab = im.config.model->spec().vocab_size;
-  require(first_token >= 0 && first_token < vocab,
-          "Engine::commit_import: first_token = ", first_token,
-          " is outside [0, vocab_size = ", vocab, ")");
+  for (const std::int32_t token : first_tokens)
+    require(token >= 0 && token < vocab, "Engine::commit_import: first_token = ", token,
+            " is outside [0, vocab_size = ", vocab, ")");
   std::unique_ptr<SequenceGroup> g = std::move(it->second);
   im.imports.erase(it);
-  Sequence& s = g->seqs.front();
-  im.cache.commit_incoming(s.id);
-  s.in_cache = true;
-  s.num_computed = g->prompt_len;
-  RequestOutput reported;  // the caller has the first token already
-  im.append_token(*g, 0, first_token, reported);
-  if (s.finished()) {
-    im.cache.remove_sequence(s.id);
-    return s.finish;
+  const SeqId lead = g->seqs.front().id;
+  im.cache.commit_incoming(lead);
+  g->seqs.front().in_cache = true;
+  g->seqs.front().num_computed = g->prompt_len;
+  // Samples 1.. wait outside the cache until the scheduler forks the lead,
+  // as after the engine's own first sampling (Impl::sample_chunk).
+  const std::vector<std::int32_t> prompt = g->seqs.front().tokens;
+  for (std::int32_t i = 1; i < n; ++i) {
+    Sequence child;
+    child.id = g->id * engine::kMaxSamples + i;
+    child.index = i;
+    child.tokens = prompt;
+    g->seqs.push_back(std::move(child));
+  }
+  RequestOutput reported;  // the caller has the first tokens already
+  std::vector<FinishReason> finish;
+  for (std::int32_t i = 0; i < n; ++i) {
+    im.append_token(*g, i, first_tokens[std::size_t(i)], reported);
+    finish.push_back(g->seqs[std::size_t(i)].finish);
+  }
+  if (g->finished()) {
+    im.cache.remove_sequence(lead);
+    return finish;
   }
   im.scheduler.add_running(std::move(g));
-  return FinishReason::kNone;
+  return finish;
 }
 
 void Engine::cancel_import(RequestId id) {

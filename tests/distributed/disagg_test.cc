@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "failing_model.h"
 #include "pagedattn/distributed/disagg.h"
 #include "pagedattn/llama.h"
 #include "support/engine_jobs.h"
@@ -178,21 +179,7 @@ TEST(Disagg, MismatchedConfigurationsFailOnBothRanks) {
   }
 }
 
-// A model that fails on one prompt length (the prefill rank's model).
-class FailingModel : public Model {
- public:
-  FailingModel(std::shared_ptr<Model> inner, std::int64_t bad_len)
-      : inner_(std::move(inner)), bad_(bad_len) {}
-  const ModelSpec& spec() const override { return inner_->spec(); }
-  void forward(const ForwardBatch& batch, PagedKVCache& cache, std::span<float> logits) override {
-    require<InternalError>(std::ssize(batch.token_ids) != bad_, "injected model failure");
-    inner_->forward(batch, cache, logits);
-  }
-
- private:
-  std::shared_ptr<Model> inner_;
-  std::int64_t bad_;
-};
+using test::FailingModel;
 
 TEST(Disagg, APrefillFailureStopsBothRanksWithItsMessage) {
   const MpiComm world = MpiComm::world();

@@ -56,9 +56,10 @@ struct Prefilled {
   PagedKVCache cache;
   OutgoingKV pinned;
   std::int32_t first = 0;
+  std::vector<float> logits;  // the prompt's last row: every sample's first draw
 };
 Prefilled prefill(const EngineConfig& c, const Tokens& p, const SamplingParams& params) {
-  Prefilled out{PagedKVCache(engine_cache_config(c)), {}, 0};
+  Prefilled out{PagedKVCache(engine_cache_config(c)), {}, 0, {}};
   out.cache.add_sequence(1);
   const std::array<SeqId, 1> ids{1};
   const std::array<std::int64_t, 1> lens{std::ssize(p)};
@@ -69,6 +70,7 @@ Prefilled prefill(const EngineConfig& c, const Tokens& p, const SamplingParams& 
   out.cache.end_forward();
   out.first = sample_token(logits, params, params.seed.value_or(0), 0, std::ssize(p));
   out.pinned = out.cache.outgoing_pages(1);
+  out.logits = std::move(logits);
   return out;
 }
 
@@ -109,10 +111,47 @@ TEST(EngineImport, AnImportedPromptContinuesLikeALocalOne) {
   }
 }
 
+TEST(EngineImport, ParallelSamplesForkTheImportedPrompt) {
+  const EngineConfig c = config();
+  const Tokens p = prompt(29);  // a partial last page: each fork copies it
+  const SamplingParams params{
+      .max_tokens = 8, .temperature = 0.9f, .n = 3, .seed = 5, .ignore_eos = true};
+  const Prefilled pre = prefill(c, p, params);
+  Tokens first;
+  for (std::int32_t i = 0; i < params.n; ++i)
+    first.push_back(sample_token(pre.logits, params, *params.seed, i, std::ssize(p)));
+  Engine e(c);
+  const std::optional<ImportSlot> slot = e.reserve_import(p, params);
+  ASSERT_TRUE(slot.has_value());
+  copy_stream(pre.pinned.runs, slot->pages);
+  EXPECT_THROW(e.commit_import(slot->request_id, first[0]), InvalidArgument);  // n is 3
+  EXPECT_THROW(e.commit_import_samples(slot->request_id, std::span(first).first(2)),
+               InvalidArgument);
+  EXPECT_EQ(e.commit_import_samples(slot->request_id, first),
+            std::vector<FinishReason>(3, FinishReason::kNone));
+  std::vector<Tokens> imported(3), alone(3);
+  for (std::size_t i = 0; i < 3; ++i) imported[i] = {first[i]};
+  auto collect = [](Engine& engine, std::vector<Tokens>& out) {
+    while (engine.has_unfinished())
+      for (const RequestOutput& o : engine.step())
+        for (const SampleOutput& s : o.samples) {
+          Tokens& t = out[std::size_t(s.index)];
+          t.insert(t.end(), s.new_token_ids.begin(), s.new_token_ids.end());
+        }
+  };
+  collect(e, imported);
+  Engine reference(c);
+  reference.add_request(p, params);
+  collect(reference, alone);
+  EXPECT_EQ(imported, alone);
+  EXPECT_TRUE(e.cache().empty());
+  e.cache().check_invariants();
+}
+
 TEST(EngineImport, RefusalsAndCancelsLeaveNoPage) {
   Engine e(config(16));
   const Tokens p = prompt(60);  // 8 of the 16 pages
-  EXPECT_THROW(e.reserve_import(p, {.max_tokens = 4, .n = 2}), InvalidArgument);
+  EXPECT_THROW(e.reserve_import(p, {.max_tokens = 4, .n = 0}), InvalidArgument);
   EXPECT_THROW(e.reserve_import({}, {}), InvalidArgument);
   const std::optional<ImportSlot> a = e.reserve_import(p, {.max_tokens = 4});
   ASSERT_TRUE(a.has_value());

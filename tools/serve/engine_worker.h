@@ -43,16 +43,44 @@ class RequestChannel {
   bool closed_ = false;
 };
 
+// Prompts prefilled by other processes (serve --disaggregate, disagg_serve.h:
+// prefill ranks over MPI). The worker calls it on the engine thread only,
+// between steps; `poll` imports what was prefilled into the engine.
+class RemotePrefill {
+ public:
+  struct Arrival {
+    std::int64_t key = 0;
+    RequestId request_id = -1;               // the engine's request; -1: failed (error)
+    std::vector<std::int32_t> first_tokens;  // [n]: each sample's, drawn by the prefill side
+    std::vector<FinishReason> finish;        // [n]: kStop/kLength: done at its first token
+    std::string error;
+  };
+  virtual ~RemotePrefill() = default;
+  // Whether a request with `params` can be prefilled there; the engine
+  // itself runs the others (logprobs: the logits stay where they are made).
+  virtual bool takes(const SamplingParams& params) const = 0;
+  virtual void submit(std::int64_t key, std::span<const std::int32_t> prompt,
+                      const SamplingParams& params) = 0;
+  // The request must not arrive (nothing if it has).
+  virtual void cancel(std::int64_t key) = 0;
+  virtual std::vector<Arrival> poll(Engine& engine) = 0;
+  virtual bool busy() const = 0;  // requests submitted, not arrived nor cancelled
+  // Cancels what is left and releases the prefill side (the worker's last call).
+  virtual void close() = 0;
+};
+
 class EngineWorker {
  public:
   // `max_requests`: requests held at once (waiting + running); more get 429.
-  EngineWorker(EngineConfig config, std::int32_t max_requests, ServerMetrics& metrics);
+  // With `remote`, prompts it takes are prefilled there (RemotePrefill).
+  EngineWorker(EngineConfig config, std::int32_t max_requests, ServerMetrics& metrics,
+               std::unique_ptr<RemotePrefill> remote = nullptr);
   ~EngineWorker();  // aborts what is left and joins the engine thread
   EngineWorker(const EngineWorker&) = delete;
   EngineWorker& operator=(const EngineWorker&) = delete;
 
   struct Ticket {
-    RequestId id = -1;
+    RequestId id = -1;  // the engine's id; with a RemotePrefill, the worker's own
     std::shared_ptr<RequestChannel> channel;
   };
   // ApiError 429 when max_requests are held, 503 once draining; the engine's
@@ -82,12 +110,25 @@ class EngineWorker {
  private:
   struct Held {
     std::shared_ptr<RequestChannel> channel;
+    RequestId engine_id = -1;  // -1: still with the RemotePrefill
     std::chrono::steady_clock::time_point submitted, first_token, last_token;
     std::int64_t prompt_tokens = 0, generated = 0;
     std::vector<std::int64_t> per_sample;  // tokens per sample
   };
   void run();
+  // One exchange with the RemotePrefill (lock held on entry and exit).
+  void exchange_with_remote(std::unique_lock<std::mutex>& lock);
+  void deliver_arrivals_locked(std::vector<RemotePrefill::Arrival>& arrivals);
+  void close_remote(std::unique_lock<std::mutex>& lock);
+  bool remote_has_work_locked() const {
+    return remote_ != nullptr && !remote_failed_ &&
+           (!to_remote_.empty() || !remote_cancels_.empty() || remote_->busy());
+  }
   void on_output(const RequestOutput& out);
+  // Hands `out` (whose request_id is the ticket's) to held request `key`;
+  // returns the tokens it carried.
+  std::int64_t deliver_locked(RequestId key, const RequestOutput& out,
+                              std::chrono::steady_clock::time_point now);
   void finish_locked(RequestId id, Held& h);
   void fail_all(const std::string& message);
   void count_held_locked() { in_flight_ = std::ssize(held_); }
@@ -108,6 +149,20 @@ class EngineWorker {
   std::atomic<std::int64_t> in_flight_{0};  // held_.size(), for readers that must not wait
   mutable std::mutex snapshot_mutex_;       // held only to swap or copy the pointer
   std::shared_ptr<const Snapshot> snapshot_;
+  // serve --disaggregate: tickets carry the worker's keys; key_of_ maps
+  // engine ids back. Submissions and aborts for the RemotePrefill wait here
+  // for the engine thread (the only one that calls it).
+  struct RemoteJob {
+    RequestId key = -1;
+    std::vector<std::int32_t> prompt;
+    SamplingParams params;
+  };
+  std::unique_ptr<RemotePrefill> remote_;
+  RequestId next_key_ = 0;
+  std::unordered_map<RequestId, RequestId> key_of_;
+  std::vector<RemoteJob> to_remote_;
+  std::vector<RequestId> remote_cancels_;
+  bool remote_failed_ = false;  // MPI failed: later requests are prefilled here
   std::thread thread_;
 };
 

@@ -140,7 +140,8 @@ bool secret_matches(std::string_view given, std::string_view secret) {
   return differ == 0;
 }
 
-HttpServer::HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options)
+HttpServer::HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options,
+                       std::unique_ptr<RemotePrefill> remote)
     : options_(std::move(options)),
       codec_(std::move(codec)),
       http_(std::make_unique<GatedServer>(
@@ -157,8 +158,8 @@ HttpServer::HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, Se
   require(options_.max_queued_requests >= 1,
           "serve: --max-queued-requests = ", options_.max_queued_requests, " must be >= 1");
   limit_malloc_arenas();
-  worker_ =
-      std::make_unique<EngineWorker>(std::move(engine), options_.max_queued_requests, metrics_);
+  worker_ = std::make_unique<EngineWorker>(std::move(engine), options_.max_queued_requests,
+                                           metrics_, std::move(remote));
   install_limits();
   install_routes();
 }

@@ -57,7 +57,9 @@ void limit_malloc_arenas();
 
 class HttpServer {
  public:
-  HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options);
+  // `remote`: where prompts are prefilled (serve --disaggregate); null: here.
+  HttpServer(EngineConfig engine, std::unique_ptr<TextCodec> codec, ServerOptions options,
+             std::unique_ptr<RemotePrefill> remote = nullptr);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

@@ -17,6 +17,10 @@
 #include "pagedattn/llama.h"
 #include "tensor_parallel_cli.h"
 
+#ifdef PAGEDATTN_HAVE_MPI
+#include "disagg_serve.h"
+#endif
+
 namespace pagedattn::serve {
 namespace {
 
@@ -59,7 +63,13 @@ void add_engine_flags(CLI::App& app, ServeOptions& o) {
       ->type_name("M")
       ->check(number_in(0, 1 << 20));
   add_bf16_products_flag(app, o.bf16_products);
+  app.add_flag("--deterministic", o.deterministic,
+               "batch-independent results: a request's tokens do not depend on the requests "
+               "running beside it (slower kernels; default off)");
   add_tensor_parallel_flag(app, o.tensor_parallel);
+  app.add_flag("--disaggregate", o.disaggregate,
+               "under `mpirun -np N` (N >= 2): rank 0 serves and decodes, ranks 1..N-1 prefill "
+               "the prompts and send their KV pages to it (docs/disaggregation.md)");
   app.add_flag("--parse-special-in-prompts,!--no-parse-special-in-prompts",
                o.special_tokens.parse_special_in_prompts,
                "completions' text prompts: control-token text (<|im_start|>, ...) becomes control "
@@ -183,6 +193,9 @@ ServeOptions parse_serve_options(int argc, char** argv, int first) {
   o.help = tools::flags::parse(*app, argc, argv, first);
   if (app->count("--served-model-name") == 0)
     o.server.model_name = is_gguf(o.model) ? base_name(o.model) : o.model;
+  require(!o.disaggregate || o.tensor_parallel == 1,
+          "serve: --disaggregate and --tensor-parallel = ", o.tensor_parallel,
+          " cannot be combined (each rank of a disaggregated server holds the whole model)");
   return o;
 }
 
@@ -218,10 +231,26 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
   ec.enable_prefix_caching = o.enable_prefix_caching;
   ec.host_kv_memory_bytes = static_cast<std::int64_t>(o.host_kv_memory_mib * (1 << 20));
   ec.bf16_products = o.bf16_products;
-  return std::make_unique<HttpServer>(std::move(ec), std::move(codec), o.server);
+  ec.deterministic = o.deterministic;
+  std::unique_ptr<RemotePrefill> remote;
+  if (o.disaggregate) {
+#ifdef PAGEDATTN_HAVE_MPI
+    remote = start_disaggregated(ec);
+    if (remote == nullptr) return nullptr;  // a prefill rank whose server stopped
+#else
+    throw Unsupported(
+        "serve --disaggregate: this pagedattn was built without MPI (install libopenmpi-dev "
+        "openmpi-bin and configure with PAGEDATTN_WITH_MPI=ON)");
+#endif
+  }
+  return std::make_unique<HttpServer>(std::move(ec), std::move(codec), o.server, std::move(remote));
 }
 
 int run_serve(int argc, char** argv) {
+#ifdef PAGEDATTN_HAVE_MPI
+  // Before the flags: MPI_Init may rewrite argv. Finalized after the server.
+  const std::shared_ptr<void> mpi = start_mpi_if_disaggregated(&argc, &argv);
+#endif
   const ServeOptions o = parse_serve_options(argc, argv, 2);
   if (o.help) {
     std::fputs(serve_help().c_str(), stdout);
@@ -230,7 +259,7 @@ int run_serve(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);  // a client that left: the write fails, the process lives
   limit_malloc_arenas();
   std::unique_ptr<HttpServer> server = make_server(o);
-  if (server == nullptr) return 0;  // a tensor-parallel follower whose leader stopped
+  if (server == nullptr) return 0;  // a follower or prefill rank whose rank 0 stopped
   server->bind();
   {
     const SignalWatcher signals(*server);

@@ -18,7 +18,9 @@ struct ServeOptions {
   bool enable_prefix_caching = false;
   double host_kv_memory_mib = 0.0;   // 0: no host tier
   bool bf16_products = false;        // EngineConfig::bf16_products
+  bool deterministic = false;        // EngineConfig::deterministic
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
+  bool disaggregate = false;         // under mpirun: rank 0 decodes, the others prefill
   // make_gguf_codec's policy: completions' text prompts parse control-token
   // text (--no-parse-special-in-prompts: not); chat messages do not unless
   // --parse-special-in-messages (trusted clients only).

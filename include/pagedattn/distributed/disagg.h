@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -81,5 +82,67 @@ TransferStats run_prefill(const MpiComm& comm, int decode_rank, const EngineConf
                           std::span<const DisaggRequest> requests, const PrefillHooks& hooks = {});
 DecodeReport run_decode(const MpiComm& comm, int prefill_rank, const EngineConfig& config,
                         const DecodeHooks& hooks = {});
+
+// --- serve --disaggregate: a server's decode engine fed by prefill ranks ---------
+// Rank 0 runs the server and its Engine; every other rank runs serve_prefill.
+// Per request (tags in src/distributed/disagg_protocol.h):
+//   rank 0  -> prefill  the prompt and sampling params (seed set)
+//   prefill -> rank 0   an offer: each sample's first token, or the error
+//   rank 0  -> prefill  ack: accepted (pages reserved, receives posted) or
+//                       rejected (the request was cancelled meanwhile)
+//   prefill -> rank 0   the pages, one message for all layers
+// Rank 0 holds an offer while its cache has no room (the prefill rank waits,
+// pages pinned) and takes it after a step freed pages. `close` ends every
+// prefill rank's serve_prefill.
+
+// A request whose prefill finished: imported into the engine (request_id),
+// or failed (error).
+struct PrefillArrival {
+  std::int64_t key = 0;
+  RequestId request_id = -1;               // -1: not imported (error says why)
+  std::vector<std::int32_t> first_tokens;  // [n]: each sample's first token
+  std::vector<FinishReason> finish;        // [n]: kStop/kLength: done at its first token
+  std::string error;
+};
+
+// Rank 0's side. Every call but the constructor on the one thread that steps
+// the engine, between its steps; none waits for a prompt to be prefilled.
+class PrefillClient {
+ public:
+  // Collective with serve_prefill on every other rank: compares configs
+  // (InvalidArgument on every rank on a mismatch). Keeps a copy of `comm`.
+  PrefillClient(const MpiComm& comm, const EngineConfig& config);
+  ~PrefillClient();  // close()s if not closed (errors are swallowed)
+  PrefillClient(const PrefillClient&) = delete;
+  PrefillClient& operator=(const PrefillClient&) = delete;
+
+  // Queues a request under the caller's `key` (unique among those not yet
+  // arrived); with n > 1 the prefill rank draws every sample's first token
+  // and the engine forks the imported prompt (Engine::commit_import_samples).
+  // InvalidArgument for an empty prompt, a negative key, or logprobs /
+  // prompt_logprobs (the logits stay on the prefill rank).
+  void submit(std::int64_t key, std::span<const std::int32_t> prompt, const SamplingParams& params);
+  // The request will not arrive: dropped from the queue, or refused when its
+  // prefill rank offers it. Nothing for a key that arrived or is unknown.
+  void cancel(std::int64_t key);
+  // Sends queued prompts to idle prefill ranks, takes the offers that came
+  // (reserve_import on `engine`, the pages, commit_import) as far as the
+  // cache has room, and returns the requests that arrived or failed.
+  std::vector<PrefillArrival> poll(Engine& engine);
+  // Requests submitted that have not arrived nor been cancelled.
+  bool busy() const;
+  // Cancels every request left (waiting for the prompts being prefilled) and
+  // ends the prefill ranks' serve_prefill. Later calls do nothing.
+  void close();
+  TransferStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A prefill rank of a server: runs the prompts `decode_rank` sends until its
+// PrefillClient closes; returns what it moved (pages_left 0: no leak).
+TransferStats serve_prefill(const MpiComm& comm, int decode_rank, const EngineConfig& config);
 
 }  // namespace pagedattn::dist
