@@ -17,7 +17,7 @@ mode=${1:-all}
 
 python=${PYTHON:-python3}
 # No wheel cache: a fresh CI machine would keep a second copy of torch and its
-# CUDA packages (several GB) in ~/.cache/pip, and its disk can be small.
+# CUDA packages (several GB) in pip's wheel cache, and its disk can be small.
 pip=(build/pyenv/bin/python -m pip --disable-pip-version-check --no-cache-dir -q)
 
 env_build() {
