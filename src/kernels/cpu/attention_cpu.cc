@@ -884,13 +884,21 @@ void FinishRows(const Item& it, const RowMap& map, std::int32_t rows) {
 // transposed) rather than converted in registers for every group of 4 rows.
 constexpr std::int32_t kConvertRows = 8;
 
+// Up to this many decode rows (one query token, a row per query head) per KV
+// head score straight from the K rows: for them the outer products'
+// transposed copy of every block costs more than it saves (multi-head
+// latent attention's 16 heads over 576-wide rows, docs/benchmarks.md).
+constexpr std::int32_t kDecodeDotRows = 16;
+
 // Whether an item's blocks take the outer-product path: many rows share a
-// block (prefill). Keys to rotate need f32 scratch rows, and a
-// batch-invariant plan (a row's bits independent of its batch mates) keeps
-// every row on the decode path's summation order.
+// block (prefill, or decode with more than kDecodeDotRows heads per KV
+// head). Keys to rotate need f32 scratch rows, and a batch-invariant plan (a
+// row's bits independent of its batch mates) keeps every row on the decode
+// path's summation order.
 bool OuterProducts(const Item& it, std::int32_t rows_per_head) {
-  return rows_per_head > kConvertRows && it.p->options.key_rope == nullptr &&
-         !it.c->batch_invariant;
+  const bool decode = it.w->q_end - it.w->q_begin == 1;
+  return rows_per_head > (decode ? kDecodeDotRows : kConvertRows) &&
+         it.p->options.key_rope == nullptr && !it.c->batch_invariant;
 }
 
 // Whether bf16 dot products may run (the outer products of prefill, and
