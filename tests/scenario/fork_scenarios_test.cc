@@ -15,6 +15,8 @@ namespace {
 
 using Pages = std::vector<std::int32_t>;
 
+class ForkScenarios : public ScenarioTest {};
+
 // Fork tree (page_size 4, parent 0 holds 11 tokens = pages 0 1 2(3 used)):
 //
 //   0 (11) ─┬─ 1 @3  (ps-1)  copies page 0's first 3 slots
@@ -25,8 +27,8 @@ using Pages = std::vector<std::int32_t>;
 //           ├─ 6 @9  (2ps+1) shares pages 0 1, copies 1 slot of page 2
 //           ├─ 7 @-1 (end)   shares pages 0 1, copies 3 slots of page 2
 //           └─ 8 @0          empty
-TEST(ForkScenarios, ForksAroundPageBoundariesAndAtTheEnd) {
-  CacheDriver d(small_config(4, 32));
+TEST_P(ForkScenarios, ForksAroundPageBoundariesAndAtTheEnd) {
+  CacheDriver d(config(4, 32));
   d.add(0);
   d.step({0}, {11});
   ASSERT_EQ(d.kv().sequence_pages(0), (Pages{0, 1, 2}));
@@ -66,9 +68,9 @@ TEST(ForkScenarios, ForksAroundPageBoundariesAndAtTheEnd) {
 // Level k holds 3 + 3k tokens. Level 0's page is partial, so level 1 copies
 // it; level 1's full first page (tokens 0-3) is then shared by levels 1..10.
 // Level 3 fills its copy of page 2 (tokens 8-11), shared by levels 3..10.
-TEST(ForkScenarios, ForkChainOfDepthTen) {
+TEST_P(ForkScenarios, ForkChainOfDepthTen) {
   constexpr SeqId kDepth = 10;
-  CacheDriver d(small_config(4, 64));
+  CacheDriver d(config(4, 64));
   d.add(0);
   d.step({0}, {3});
   for (SeqId level = 1; level <= kDepth; ++level) {
@@ -113,9 +115,9 @@ TEST(ForkScenarios, ForkChainOfDepthTen) {
 // pop_n(P, 3) -> P holds 7 tokens in A B (B shared, 3 slots used)
 // append 2 to K -> B is shared: K copies it (copy-on-write), B drops to refcount 1
 // append 1 to P -> B is P's alone now: written in place
-TEST(ForkScenarios, PopIntoSharedPrefixThenAppendOnBothSides) {
+TEST_P(ForkScenarios, PopIntoSharedPrefixThenAppendOnBothSides) {
   constexpr SeqId P = 1, K = 2, Q = 3;
-  CacheDriver d(small_config(4, 16));
+  CacheDriver d(config(4, 16));
   d.add(P);
   d.step({P}, {10});
   d.fork(P, K);
@@ -160,9 +162,9 @@ TEST(ForkScenarios, PopIntoSharedPrefixThenAppendOnBothSides) {
 // Within the step P copies page 1 first; page 1 is then K's alone and K
 // writes it in place. So the step takes exactly one page, and must succeed
 // with the single free page (pages_needed is a dry run of begin_forward).
-TEST(ForkScenarios, TwoSequencesCopyOnWriteTheSamePageInOneStep) {
+TEST_P(ForkScenarios, TwoSequencesCopyOnWriteTheSamePageInOneStep) {
   constexpr SeqId P = 1, K = 2;
-  CacheDriver d(small_config(4, 3));
+  CacheDriver d(config(4, 3));
   d.add(P);
   d.step({P}, {8});
   d.fork(P, K);
@@ -186,8 +188,8 @@ TEST(ForkScenarios, TwoSequencesCopyOnWriteTheSamePageInOneStep) {
 //   P (8 tokens, pages 0 1) ── K = fork(P, -1) shares 0 1
 //   pop_n(K, 3) leaves K ending inside shared page 1; a step appending 0
 //   tokens to K and P changes nothing at all.
-TEST(ForkScenarios, ZeroLengthAppendDoesNotCopyASharedPage) {
-  CacheDriver d(small_config(4, 8));
+TEST_P(ForkScenarios, ZeroLengthAppendDoesNotCopyASharedPage) {
+  CacheDriver d(config(4, 8));
   d.add(1);
   d.step({1}, {8});
   d.fork(1, 2);
@@ -204,8 +206,8 @@ TEST(ForkScenarios, ZeroLengthAppendDoesNotCopyASharedPage) {
 //
 //   1 (9 tokens) ─┬─ 2 @-1
 //                 └─ 3 @4 ── 4 @-1
-TEST(ForkScenarios, RemovingTheParentKeepsSharedPagesAlive) {
-  CacheDriver d(small_config(4, 16));
+TEST_P(ForkScenarios, RemovingTheParentKeepsSharedPagesAlive) {
+  CacheDriver d(config(4, 16));
   d.add(1);
   d.step({1}, {9});
   d.fork(1, 2);
@@ -221,6 +223,9 @@ TEST(ForkScenarios, RemovingTheParentKeepsSharedPagesAlive) {
   d.remove(4);
   EXPECT_TRUE(d.kv().empty());
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, ForkScenarios,
+                         ::testing::Values(AttentionKind::kMHA, AttentionKind::kMLA), kind_name);
 
 }  // namespace
 }  // namespace pagedattn::test

@@ -16,10 +16,12 @@ namespace {
 
 using Pages = std::vector<std::int32_t>;
 
+class LifecycleScenarios : public ScenarioTest {};
+
 // No forks:  1  2  3 prefilled together; 4 joins later; 2 leaves.
 // Page size 16: lengths 7, 16 and 33 hold 1, 1 and 3 pages.
-TEST(LifecycleScenarios, PrefillThenMixedDecode) {
-  CacheDriver d(small_config(16, 32));
+TEST_P(LifecycleScenarios, PrefillThenMixedDecode) {
+  CacheDriver d(config(16, 32));
   d.add(1);
   d.add(2);
   d.add(3);
@@ -56,8 +58,8 @@ TEST(LifecycleScenarios, PrefillThenMixedDecode) {
 
 // No forks: 7 is removed and added again; the new 7 starts empty and never
 // sees the old tokens, whatever pages it gets.
-TEST(LifecycleScenarios, RemoveAndReAddTheSameId) {
-  CacheDriver d(small_config(4, 8));
+TEST_P(LifecycleScenarios, RemoveAndReAddTheSameId) {
+  CacheDriver d(config(4, 8));
   d.add(7);
   d.add(8);
   d.step({7, 8}, {10, 3});
@@ -83,8 +85,8 @@ TEST(LifecycleScenarios, RemoveAndReAddTheSameId) {
 
 // No forks: fill the pool, free some sequences, refill: the freed pages are
 // exactly the ones reused; removing everything returns every page.
-TEST(LifecycleScenarios, PagesAreRecycledAfterRemovals) {
-  CacheDriver d(small_config(4, 8));
+TEST_P(LifecycleScenarios, PagesAreRecycledAfterRemovals) {
+  CacheDriver d(config(4, 8));
   for (SeqId id = 1; id <= 4; ++id) d.add(id);
   d.step({1, 2, 3, 4}, {8, 8, 8, 8});
   EXPECT_EQ(d.kv().num_free_pages(), 0);
@@ -120,8 +122,8 @@ TEST(LifecycleScenarios, PagesAreRecycledAfterRemovals) {
 
 // No forks: a batch where the first sequences would fit but the last does
 // not is refused whole; nothing is half-applied.
-TEST(LifecycleScenarios, OutOfPagesBatchIsAllOrNothing) {
-  CacheDriver d(small_config(4, 6));
+TEST_P(LifecycleScenarios, OutOfPagesBatchIsAllOrNothing) {
+  CacheDriver d(config(4, 6));
   d.add(1);
   d.add(2);
   d.add(3);
@@ -140,6 +142,9 @@ TEST(LifecycleScenarios, OutOfPagesBatchIsAllOrNothing) {
   EXPECT_EQ(d.kv().num_free_pages(), 0);
   d.expect_matches();
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, LifecycleScenarios,
+                         ::testing::Values(AttentionKind::kMHA, AttentionKind::kMLA), kind_name);
 
 }  // namespace
 }  // namespace pagedattn::test

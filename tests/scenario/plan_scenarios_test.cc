@@ -14,6 +14,8 @@ namespace {
 using I32 = std::vector<std::int32_t>;
 using I64 = std::vector<std::int64_t>;
 
+class PlanScenarios : public ScenarioTest {};
+
 // No forks. Page size 4. Before the step:
 //   10: 6 tokens in pages 0 1 (page 1 holds 2)
 //   20: empty
@@ -21,8 +23,8 @@ using I64 = std::vector<std::int64_t>;
 //   40: empty
 // Step [30:+1, 10:+3, 20:+5, 40:+0] takes pages in batch order:
 //   30 -> page 3 (slot 4), 10 -> fills page 1 then page 4, 20 -> pages 5 6.
-TEST(PlanScenarios, MixedBatchCsrArraysAreExact) {
-  CacheDriver d(small_config(4, 16));
+TEST_P(PlanScenarios, MixedBatchCsrArraysAreExact) {
+  CacheDriver d(config(4, 16));
   for (SeqId id : {10, 20, 30, 40}) d.add(id);
   d.step({10}, {6});
   d.step({30}, {4});
@@ -62,8 +64,8 @@ TEST(PlanScenarios, MixedBatchCsrArraysAreExact) {
 //   then slides 3: gap covers slots 2-8, page 1 (slots 4-7) is released,
 //   gap = 4 + 3 - 4 = 3, pages 0 2 3.
 //   step +1 -> slot 9 of the list = page 3 offset 1.
-TEST(PlanScenarios, GapArraysOfAWindowedSequenceAreExact) {
-  CacheDriver d(small_config(4, 8, true));
+TEST_P(PlanScenarios, GapArraysOfAWindowedSequenceAreExact) {
+  CacheDriver d(config(4, 8, true));
   d.add(5);
   d.enable_window(5, 6, 2);
   d.step({5}, {10});
@@ -101,8 +103,8 @@ TEST(PlanScenarios, GapArraysOfAWindowedSequenceAreExact) {
 
 // No forks: a batch where only the middle sequence appends. Zero-length
 // entries appear in the plan with their current pages and no new tokens.
-TEST(PlanScenarios, ZeroLengthAppendsInABatch) {
-  CacheDriver d(small_config(4, 8));
+TEST_P(PlanScenarios, ZeroLengthAppendsInABatch) {
+  CacheDriver d(config(4, 8));
   for (SeqId id : {1, 2, 3}) d.add(id);
   d.step({1, 3}, {5, 2});  // 1: pages 0 1, 3: page 2
   const std::int64_t free_before = d.kv().num_free_pages();
@@ -126,8 +128,8 @@ TEST(PlanScenarios, ZeroLengthAppendsInABatch) {
 }
 
 // An empty batch is allowed and plans nothing.
-TEST(PlanScenarios, EmptyBatch) {
-  CacheDriver d(small_config(4, 4));
+TEST_P(PlanScenarios, EmptyBatch) {
+  CacheDriver d(config(4, 4));
   const BatchPlan plan = d.step({}, {});
   EXPECT_EQ(plan.batch_size(), 0);
   EXPECT_EQ(plan.num_tokens(), 0);
@@ -137,8 +139,8 @@ TEST(PlanScenarios, EmptyBatch) {
 
 // The plan is re-built by every begin_forward, and plan() returns it only
 // inside a step.
-TEST(PlanScenarios, PlanIsAvailableOnlyDuringTheStep) {
-  PagedKVCache kv(small_config(4, 4));
+TEST_P(PlanScenarios, PlanIsAvailableOnlyDuringTheStep) {
+  PagedKVCache kv(config(4, 4));
   kv.add_sequence(1);
   const std::vector<SeqId> ids = {1};
   const std::vector<std::int64_t> lens = {2};
@@ -155,6 +157,9 @@ TEST(PlanScenarios, PlanIsAvailableOnlyDuringTheStep) {
   EXPECT_EQ(next.qo_indptr, (I32{0, 1}));
   end_metadata_step(kv);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, PlanScenarios,
+                         ::testing::Values(AttentionKind::kMHA, AttentionKind::kMLA), kind_name);
 
 }  // namespace
 }  // namespace pagedattn::test

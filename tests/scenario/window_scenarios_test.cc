@@ -27,12 +27,14 @@ Uids retained_uids(std::uint64_t total, std::uint64_t window, std::uint64_t sink
   return kept;
 }
 
+class WindowScenarios : public ScenarioTest {};
+
 // One sequence, no forks: window 16, sink 4, page size 4; prefill 10 then
 // 200 decode steps in a pool of 6 pages. The sink page plus at most 4 pages
 // for the 12-13 recent tokens is all it may ever hold.
-TEST(WindowScenarios, TwoHundredDecodeStepsKeepSinksAndMostRecent) {
+TEST_P(WindowScenarios, TwoHundredDecodeStepsKeepSinksAndMostRecent) {
   constexpr std::int64_t kWindow = 16, kSink = 4;
-  CacheDriver d(small_config(4, 6, /*sliding_window=*/true));
+  CacheDriver d(config(4, 6, /*sliding_window=*/true));
   d.add(1);
   d.enable_window(1, kWindow, kSink);
   d.step({1}, {10});
@@ -59,8 +61,8 @@ TEST(WindowScenarios, TwoHundredDecodeStepsKeepSinksAndMostRecent) {
 // No forks: a 100-token sequence (page size 4, 25 pages) gets window 20,
 // sink 2. It is trimmed at once to tokens 1-2 and 83-100: page 0 (sinks)
 // plus the pages holding tokens 82..99 (0-based), i.e. old pages 20-24.
-TEST(WindowScenarios, EnablingOnALongSequenceTrimsImmediately) {
-  CacheDriver d(small_config(4, 32, true));
+TEST_P(WindowScenarios, EnablingOnALongSequenceTrimsImmediately) {
+  CacheDriver d(config(4, 32, true));
   d.add(1);
   d.step({1}, {100});
   const Pages before = d.kv().sequence_pages(1);
@@ -91,8 +93,8 @@ TEST(WindowScenarios, EnablingOnALongSequenceTrimsImmediately) {
 // No forks: window 8, sink 3, page size 4. Evictions forbid popping sinks;
 // popping back to exactly the sinks closes the gap, and appends continue
 // right after them.
-TEST(WindowScenarios, PopAfterEvictions) {
-  CacheDriver d(small_config(4, 16, true));
+TEST_P(WindowScenarios, PopAfterEvictions) {
+  CacheDriver d(config(4, 16, true));
   d.add(1);
   d.enable_window(1, 8, 3);
   d.step({1}, {5});
@@ -124,9 +126,9 @@ TEST(WindowScenarios, PopAfterEvictions) {
 //   wholly in C's gap, so C drops its reference (refcount 2 -> 1).
 //   C ── G = fork(C, 4): no window; keeps C's sinks and gap (tokens 1 2 9 10)
 //   C ── S = fork(C, 1): inside the sinks, a plain sequence (token 1)
-TEST(WindowScenarios, WindowOnAForkedChildReleasesOnlyItsReferences) {
+TEST_P(WindowScenarios, WindowOnAForkedChildReleasesOnlyItsReferences) {
   constexpr SeqId P = 1, C = 2;
-  CacheDriver d(small_config(4, 16, true));
+  CacheDriver d(config(4, 16, true));
   d.add(P);
   d.step({P}, {12});
   d.fork(P, C);
@@ -162,8 +164,8 @@ TEST(WindowScenarios, WindowOnAForkedChildReleasesOnlyItsReferences) {
 
 // Appends longer than the window in one step (sink 0, page size 3): during
 // the step all new keys are visible; afterwards only the window remains.
-TEST(WindowScenarios, AppendLongerThanTheWindowInOneStep) {
-  CacheDriver d(small_config(3, 12, true));
+TEST_P(WindowScenarios, AppendLongerThanTheWindowInOneStep) {
+  CacheDriver d(config(3, 12, true));
   d.add(1);
   d.enable_window(1, 5, 0);
   std::uint64_t total = 0;
@@ -179,8 +181,8 @@ TEST(WindowScenarios, AppendLongerThanTheWindowInOneStep) {
 }
 
 // Page size 1: every evicted token frees its page at once.
-TEST(WindowScenarios, PageSizeOneFreesEveryEvictedToken) {
-  CacheDriver d(small_config(1, 8, true));
+TEST_P(WindowScenarios, PageSizeOneFreesEveryEvictedToken) {
+  CacheDriver d(config(1, 8, true));
   d.add(1);
   d.enable_window(1, 4, 1);
   for (int step = 0; step < 30; ++step) {
@@ -191,6 +193,9 @@ TEST(WindowScenarios, PageSizeOneFreesEveryEvictedToken) {
   EXPECT_TRUE(check_tokens(d.kv(), 1, 0, retained_uids(30, 4, 1)).empty());
   d.expect_matches();
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, WindowScenarios,
+                         ::testing::Values(AttentionKind::kMHA, AttentionKind::kMLA), kind_name);
 
 }  // namespace
 }  // namespace pagedattn::test

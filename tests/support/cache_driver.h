@@ -3,7 +3,10 @@
 // refcounts, plan arrays) on top of the full model comparison.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "pagedattn/kv_cache.h"
@@ -14,6 +17,24 @@ namespace pagedattn::test {
 // A small config: 2 layers, GQA 4:2, head_dim 4, v_head_dim 3, f32, HND.
 KVCacheConfig small_config(std::int32_t page_size, std::int64_t num_pages,
                            bool sliding_window = false);
+
+// The scenario suites' configs: small_config, in each attention kind (MLA:
+// one KV head, its rows' head is V).
+class ScenarioTest : public ::testing::TestWithParam<AttentionKind> {
+ protected:
+  KVCacheConfig config(std::int32_t page_size, std::int64_t num_pages,
+                       bool sliding_window = false) const {
+    KVCacheConfig c = small_config(page_size, num_pages, sliding_window);
+    c.attention_kind = GetParam();
+    if (c.attention_kind == AttentionKind::kMLA) c.num_kv_heads = 1;
+    return c;
+  }
+};
+
+// "MHA" / "MLA", for the suites' parameter names.
+inline std::string kind_name(const ::testing::TestParamInfo<AttentionKind>& info) {
+  return info.param == AttentionKind::kMLA ? "MLA" : "MHA";
+}
 
 enum class WriteVia { kSlots, kDebugSet };
 
