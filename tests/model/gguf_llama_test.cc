@@ -36,45 +36,30 @@ GgufTestTensor f32_tensor(std::string name, const std::vector<float>& values) {
           std::nullopt};
 }
 
-void expect_same_logits_as_f32_copy(const GgufWriter& w) {
-  const std::vector<std::byte> bytes = w.build();
-  const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()}, "tiny.gguf");
-  const std::vector<std::byte> f32_bytes = as_f32(w, file);
-  const GgufFile f32_file = GgufFile::parse({f32_bytes.data(), f32_bytes.size()}, "tiny-f32.gguf");
-  const std::vector<std::int32_t> tokens = {1, 5, 3, 3, 9, 0, 7};
-  const std::vector<float> got = test::teacher_forced_logits(*make_gguf_model(file), tokens);
-  const std::vector<float> want = test::teacher_forced_logits(*make_gguf_model(f32_file), tokens);
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(want[i])) << i;
-    ASSERT_NEAR(got[i], want[i], 1e-4 * (1.0 + std::abs(want[i]))) << "logit " << i;
-  }
-}
-
 TEST(GgufLlama, InPlaceQuantisedWeightsGiveTheLogitsOfTheirF32Values) {
-  expect_same_logits_as_f32_copy(test::tiny_model("llama", true, false));
-  expect_same_logits_as_f32_copy(test::tiny_model("llama", false, false));
+  test::expect_same_logits_as_f32_copy(test::tiny_model("llama", true, false));
+  test::expect_same_logits_as_f32_copy(test::tiny_model("llama", false, false));
   TinyTypes all_in_place{.o = GgufType::kQ4_1, .gate = GgufType::kQ8_0};
-  expect_same_logits_as_f32_copy(test::tiny_model("llama", false, false, {}, all_in_place));
+  test::expect_same_logits_as_f32_copy(test::tiny_model("llama", false, false, {}, all_in_place));
 }
 
 TEST(GgufLlama, KQuantsAndFloatTypesLoad) {
   const TinyShape wide{.hidden = 256, .ff = 512};  // K-quant rows are 256-weight blocks
-  expect_same_logits_as_f32_copy(test::tiny_model("llama", false, false, wide,
-                                                  {.embedding = GgufType::kQ6_K,
-                                                   .output = GgufType::kQ5_K,
-                                                   .q = GgufType::kQ4_K,
-                                                   .k = GgufType::kQ4_K,
-                                                   .v = GgufType::kQ6_K,
-                                                   .o = GgufType::kF32,
-                                                   .gate = GgufType::kQ5_K,
-                                                   .up = GgufType::kBF16,
-                                                   .down = GgufType::kF16}));
+  test::expect_same_logits_as_f32_copy(test::tiny_model("llama", false, false, wide,
+                                                        {.embedding = GgufType::kQ6_K,
+                                                         .output = GgufType::kQ5_K,
+                                                         .q = GgufType::kQ4_K,
+                                                         .k = GgufType::kQ4_K,
+                                                         .v = GgufType::kQ6_K,
+                                                         .o = GgufType::kF32,
+                                                         .gate = GgufType::kQ5_K,
+                                                         .up = GgufType::kBF16,
+                                                         .down = GgufType::kF16}));
 }
 
 TEST(GgufLlama, Qwen2BiasesAreAdded) {
   const GgufWriter w = test::tiny_model("qwen2", false, true);
-  expect_same_logits_as_f32_copy(w);
+  test::expect_same_logits_as_f32_copy(w);
   const std::vector<std::byte> bytes = w.build();
   const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()});
   EXPECT_EQ(read_model_config(file).rope_layout, GgufRopeLayout::kNeox);
@@ -94,14 +79,14 @@ TEST(GgufLlama, EveryArchitectureLoads) {
     w.kv_f32(std::string(arch) + ".final_logit_softcapping", 3.0f);
     w.kv_string(std::string(arch) + ".rope.scaling.type", "linear");
     w.kv_f32(std::string(arch) + ".rope.scaling.factor", 2.0f);
-    expect_same_logits_as_f32_copy(w);
+    test::expect_same_logits_as_f32_copy(w);
   }
   GgufWriter llama3 = test::tiny_model("llama", true, false);
   llama3.tensor(f32_tensor("rope_freqs.weight", {1.0f, 1.0f, 1.5f, 2.0f, 4.0f, 8.0f, 8.0f, 8.0f}));
   GgufWriter yarn = test::tiny_model("qwen2", false, true);
   yarn.kv_string("qwen2.rope.scaling.type", "yarn").kv_f32("qwen2.rope.scaling.factor", 4.0f);
   yarn.kv_u32("qwen2.rope.scaling.original_context_length", 512);
-  for (const GgufWriter* w : {&llama3, &yarn}) expect_same_logits_as_f32_copy(*w);
+  for (const GgufWriter* w : {&llama3, &yarn}) test::expect_same_logits_as_f32_copy(*w);
 }
 
 TEST(GgufLlama, ErrorsNameTheFileAndTheProblem) {

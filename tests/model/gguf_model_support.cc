@@ -1,9 +1,13 @@
 #include "model/gguf_model_support.h"
 
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstring>
 #include <string>
 
 #include "pagedattn/kv_cache.h"
+#include "pagedattn/llama.h"
 
 namespace pagedattn::test {
 
@@ -38,6 +42,20 @@ std::vector<float> teacher_forced_logits(Model& model, const std::vector<std::in
   model.forward({tokens, rows, false}, cache, out);
   cache.end_forward();
   return out;
+}
+
+void expect_same_logits_as_f32_copy(const GgufWriter& w, const std::vector<std::int32_t>& tokens) {
+  const std::vector<std::byte> bytes = w.build();
+  const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()}, "model.gguf");
+  const std::vector<std::byte> f32_bytes = as_f32(w, file);
+  const GgufFile f32_file = GgufFile::parse({f32_bytes.data(), f32_bytes.size()}, "model-f32.gguf");
+  const std::vector<float> got = teacher_forced_logits(*make_gguf_model(file), tokens);
+  const std::vector<float> want = teacher_forced_logits(*make_gguf_model(f32_file), tokens);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(want[i])) << i;
+    ASSERT_NEAR(got[i], want[i], 1e-4 * (1.0 + std::abs(want[i]))) << "logit " << i;
+  }
 }
 
 }  // namespace pagedattn::test
