@@ -1,7 +1,6 @@
 // PagedKVCache debug K/V access: read and write a sequence's tokens in
 // logical order as floats (dequantised / quantised like the kernels do).
 #include <algorithm>
-#include <string_view>
 
 #include "kv_cache_state.h"
 #include "pagedattn/kv_ops.h"
@@ -12,12 +11,14 @@ using cache::Sequence;
 
 namespace {
 
+enum class KVAccess { kRead, kWrite };
+
 // Validates a debug_get_kv / debug_set_kv range and buffer sizes. MLA writes
 // take no V (it is the head of each K row); reads give it.
 void validate_kv_range(const KVCacheConfig& c, const Sequence& s, SeqId id, std::int64_t start,
-                       std::int64_t end, std::size_t k_size, std::size_t v_size, const char* call) {
-  const bool no_v =
-      c.attention_kind == AttentionKind::kMLA && call == std::string_view("debug_set_kv");
+                       std::int64_t end, std::size_t k_size, std::size_t v_size, KVAccess access) {
+  const char* call = access == KVAccess::kWrite ? "debug_set_kv" : "debug_get_kv";
+  const bool no_v = c.attention_kind == AttentionKind::kMLA && access == KVAccess::kWrite;
   require(start >= 0 && start <= end && end <= s.length, "PagedKVCache::", call, ": range [", start,
           ", ", end, ") is not inside [0, ", s.length, "] of seq_id = ", id);
   const std::int64_t rows = std::int64_t{c.num_layers} * (end - start) * c.num_kv_heads;
@@ -71,7 +72,7 @@ void PagedKVCache::debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t e
   const Sequence& s = st.find(seq_id, "debug_get_kv", "seq_id");
   st.require_not_swapped(s, seq_id, "debug_get_kv");
   st.require_not_receiving(s, seq_id, "debug_get_kv");
-  validate_kv_range(c, s, seq_id, start, end, k_out.size(), v_out.size(), "debug_get_kv");
+  validate_kv_range(c, s, seq_id, start, end, k_out.size(), v_out.size(), KVAccess::kRead);
   const std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
   // Tokens this step appends whose layer has not been written yet read as
   // zeros: their slots may still hold a previous owner's K/V.
@@ -112,7 +113,7 @@ void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t e
   const Sequence& s = st.find(seq_id, "debug_set_kv", "seq_id");
   st.require_not_swapped(s, seq_id, "debug_set_kv");
   st.require_not_receiving(s, seq_id, "debug_set_kv");
-  validate_kv_range(c, s, seq_id, start, end, k_in.size(), v_in.size(), "debug_set_kv");
+  validate_kv_range(c, s, seq_id, start, end, k_in.size(), v_in.size(), KVAccess::kWrite);
   for (std::int64_t t = start; t < end; ++t) {
     const std::int32_t page = s.pages[s.slot_of(t) / c.page_size];
     require(!st.pool.is_shared(page), "PagedKVCache::debug_set_kv: token ", t,
