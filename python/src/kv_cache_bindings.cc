@@ -247,14 +247,9 @@ class KVCache {
     const char* call = "KVCache.attention";
     const HeadTensor qt = head_tensor(call, "q", q, {tokens, c.num_qo_heads, c.head_dim}, keep);
     const HeadTensor kt = head_tensor(call, "k", k, {tokens, c.num_kv_heads, c.head_dim}, keep);
-    const bool mla = c.attention_kind == AttentionKind::kMLA;
-    if (mla != v.is_none())
-      throw InvalidArgument(mla ? "KVCache.attention: v must be None for attention_kind=\"mla\" "
-                                  "(V is the latent, the first v_head_dim elements of each k row)"
-                                : "KVCache.attention: v is required (attention_kind=\"mha\")");
     const HeadTensor vt =
-        mla ? HeadTensor{}
-            : head_tensor(call, "v", v, {tokens, c.num_kv_heads, c.v_head_dim}, keep);
+        takes_v(call, v) ? head_tensor(call, "v", v, {tokens, c.num_kv_heads, c.v_head_dim}, keep)
+                         : HeadTensor{};
     const ConvertedOptions options(args, c.num_qo_heads);
     const Output out(c, tokens, qt.dtype, keep.front());
     py::array_t<float> lse = lse_array(args.return_lse, tokens);
@@ -318,11 +313,7 @@ class KVCache {
     const std::int64_t start = int_arg(start_arg, kCall, "start"),
                        end = int_arg(end_arg, kCall, "end");
     const py::ssize_t count = checked_token_count(kCall, seq_id, start, end);
-    const bool mla = c.attention_kind == AttentionKind::kMLA;
-    if (mla != v.is_none())
-      throw InvalidArgument(mla ? "KVCache.set_kv: v must be None for attention_kind=\"mla\" (it "
-                                  "is the head of each k row)"
-                                : "KVCache.set_kv: v is required (attention_kind=\"mha\")");
+    const bool mla = !takes_v(kCall, v);
     py::array ka = as_array(k, "k");
     const float* kd = float_block("k", ka, {c.num_layers, count, c.num_kv_heads, c.head_dim});
     const std::span<const float> ks(kd, static_cast<std::size_t>(ka.size()));
@@ -338,6 +329,18 @@ class KVCache {
   }
 
  private:
+  // Whether `call` takes a v: not for attention_kind "mla", whose V is the
+  // head of each k row (v must be None), else always (v must be given).
+  bool takes_v(const char* call, py::handle v) const {
+    const bool mla = config().attention_kind == AttentionKind::kMLA;
+    if (mla != v.is_none())
+      throw InvalidArgument(detail::concat(
+          call, mla ? ": v must be None for attention_kind=\"mla\" (V is the latent, the first "
+                      "v_head_dim elements of each k row)"
+                    : ": v is required (attention_kind=\"mha\")"));
+    return !mla;
+  }
+
   // end - start for a range inside sequence seq_id, checked before any
   // arithmetic or allocation (a wild end must not overflow or allocate).
   py::ssize_t checked_token_count(const char* call, SeqId seq_id, std::int64_t start,
