@@ -58,45 +58,73 @@ bool worth_threads_quant(const LinearArgs& a) {
          worth_threads(a);
 }
 
-// Every row in one call per column block (the results of a row may depend on
-// the batch: BLAS picks its kernels by shape).
+std::int32_t threads_for(const LinearArgs& a) {
+  return worth_threads(a) ? omp_get_max_threads() : 1;
+}
+
+// f(block) for `cols` cut at the multiples of kColumnBlock: a block's
+// weights (f32, or dequantised) stay in L2 while BLAS passes every row over
+// them, and a task that starts on a block boundary makes the same BLAS calls
+// as one thread does (so one thread per process reproduces the calls of any
+// column range starting on a boundary: the vocabulary-parallel LM head).
+template <typename F>
+void for_each_block(IndexRange cols, F&& f) {
+  for (std::int32_t begin = cols.begin; begin < cols.end;) {
+    const std::int32_t end = std::min(cols.end, (begin / kColumnBlock + 1) * kColumnBlock);
+    f(IndexRange{begin, end});
+    begin = end;
+  }
+}
+
+// Each task BLAS calls on its rows and columns (a row's result may
+// depend on the split: BLAS picks its kernels by shape).
 void linear_fast(const LinearArgs& a) {
-  const std::int32_t blocks = column_blocks(a.out);
-#pragma omp parallel for schedule(static) if (blocks > 1 && worth_threads(a))
-  for (std::int32_t b = 0; b < blocks; ++b) {
-    const std::int32_t col = b * kColumnBlock, cols = std::min(kColumnBlock, a.out - col);
-    sgemm(a, a.x, a.rows, f32_weights(a) + std::size_t(col) * a.in, cols, a.y + col, ldy(a));
+  const WorkSplit s = split_work(a.rows, a.out, threads_for(a), true);
+  const std::int32_t tasks = s.tasks();
+#pragma omp parallel for schedule(static) num_threads(tasks) if (tasks > 1)
+  for (std::int32_t t = 0; t < tasks; ++t) {
+    const IndexRange cols = part_range(a.out, s.column_parts, t % s.column_parts, kColumnGranule);
+    const IndexRange rows = part_range(a.rows, s.row_parts, t / s.column_parts, kRowGranule);
+    if (rows.begin == rows.end) continue;
+    for_each_block(cols, [&](IndexRange block) {
+      sgemm(a, a.x + std::size_t(rows.begin) * a.in, rows.end - rows.begin,
+            f32_weights(a) + std::size_t(block.begin) * a.in, block.end - block.begin,
+            a.y + std::size_t(rows.begin) * ldy(a) + block.begin, ldy(a));
+    });
   }
 }
 
 // Quantised weights, few rows: the in-place kernels, one contiguous column
-// range per thread (each call quantises x once on the int8 path, and 576
-// columns split 288 / 288 rather than 3 / 2 blocks of 128). A row's result
-// does not depend on the range (quant_product), so the split is free.
+// range per thread (each call quantises x once on the int8 path). A row's
+// result does not depend on the range (quant_product), so the split is free.
 void linear_quant_direct(const LinearArgs& a, bool int8) {
   const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, int8};
-  const int threads =
-      column_blocks(a.out) > 1 && worth_threads_quant(a) ? omp_get_max_threads() : 1;
-  if (threads == 1) return quant_product(q, 0, a.out);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int t = 0; t < threads; ++t)
-    quant_product(q, static_cast<std::int32_t>(std::int64_t{a.out} * t / threads),
-                  static_cast<std::int32_t>(std::int64_t{a.out} * (t + 1) / threads));
+  const int threads = worth_threads_quant(a) ? omp_get_max_threads() : 1;
+  const std::int32_t tasks = split_work(a.rows, a.out, threads, false).tasks();
+  if (tasks == 1) return quant_product(q, 0, a.out);
+#pragma omp parallel for schedule(static) num_threads(tasks)
+  for (std::int32_t t = 0; t < tasks; ++t) {
+    const IndexRange cols = part_range(a.out, tasks, t, kColumnGranule);
+    if (cols.begin < cols.end) quant_product(q, cols.begin, cols.end);
+  }
 }
 
-// Quantised weights, many rows: each column block dequantised once into a
-// per-thread f32 block, then one BLAS call for every row.
+// Quantised weights, many rows: each thread's columns dequantised into its
+// f32 block, at most kColumnBlock of them at a time, and one BLAS call for
+// every row per block (the weights are read once; the rows stay whole so
+// that no two threads dequantise the same block).
 void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
-  const int threads = omp_get_max_threads();
-  s.weight_blocks.resize(std::size_t(threads));
-  for (auto& block : s.weight_blocks) block.resize(std::size_t(kColumnBlock) * a.in);
-  const std::int32_t blocks = column_blocks(a.out);
-#pragma omp parallel for schedule(static) num_threads(threads) if (blocks > 1 && worth_threads(a))
-  for (std::int32_t b = 0; b < blocks; ++b) {
-    const std::int32_t col = b * kColumnBlock, cols = std::min(kColumnBlock, a.out - col);
-    float* w = s.weight_blocks[std::size_t(omp_get_thread_num())].data();
-    dequantize_weight_rows(a.w, a.w_format, a.in, col, cols, w);
-    sgemm(a, a.x, a.rows, w, cols, a.y + col, ldy(a));
+  const std::int32_t tasks = split_work(a.rows, a.out, threads_for(a), false).tasks();
+  s.weight_blocks.resize(std::size_t(omp_get_max_threads()));
+#pragma omp parallel for schedule(static) num_threads(tasks) if (tasks > 1)
+  for (std::int32_t t = 0; t < tasks; ++t) {
+    std::vector<float>& w = s.weight_blocks[std::size_t(omp_get_thread_num())];
+    for_each_block(part_range(a.out, tasks, t, kColumnGranule), [&](IndexRange block) {
+      const std::int32_t count = block.end - block.begin;
+      w.resize(std::size_t(kColumnBlock) * a.in);
+      dequantize_weight_rows(a.w, a.w_format, a.in, block.begin, count, w.data());
+      sgemm(a, a.x, a.rows, w.data(), count, a.y + block.begin, ldy(a));
+    });
   }
 }
 
@@ -140,6 +168,26 @@ void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
 }
 
 }  // namespace
+
+WorkSplit split_work(std::int32_t rows, std::int32_t out, int threads, bool split_rows) {
+  WorkSplit s;
+  const std::int32_t granules = (out + kColumnGranule - 1) / kColumnGranule;
+  s.column_parts = std::clamp<std::int32_t>(std::min(threads, granules), 1, threads);
+  if (split_rows) {
+    const std::int32_t row_granules = (rows + kRowGranule - 1) / kRowGranule;
+    s.row_parts = std::clamp(std::min(threads / s.column_parts, row_granules), 1, threads);
+  }
+  return s;
+}
+
+IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
+                      std::int32_t granule) {
+  const std::int64_t units = (std::int64_t{count} + granule - 1) / granule;
+  const auto edge = [&](std::int32_t p) {
+    return static_cast<std::int32_t>(std::min<std::int64_t>(count, units * p / parts * granule));
+  };
+  return {edge(part), edge(part + 1)};
+}
 
 namespace {
 std::atomic<int> int8_default{-1};  // -1: not yet read from the environment

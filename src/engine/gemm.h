@@ -67,6 +67,34 @@ inline constexpr std::int32_t kInt8DirectRows = 8;
 bool int8_activations_default();
 void set_int8_activations_default(bool int8);
 
+// How the products outside deterministic mode share their output between
+// threads: column_parts contiguous column ranges, whole multiples of
+// kColumnGranule columns as even as those allow, times row_parts row ranges,
+// one task per thread. Fixed 128-column blocks would leave most of 16
+// threads idle on a 576- or 768-wide output (5 or 6 blocks) and split 576
+// columns 384 / 192 between two.
+struct WorkSplit {
+  std::int32_t column_parts = 1, row_parts = 1;
+  std::int32_t tasks() const { return column_parts * row_parts; }
+};
+inline constexpr std::int32_t kColumnGranule = 16;
+// Rows are split only when columns run out (fewer column granules than
+// threads) and only into ranges of at least this many rows.
+inline constexpr std::int32_t kRowGranule = 8;
+
+// The split of a rows x out product over at most `threads` tasks; rows stay
+// whole unless split_rows.
+WorkSplit split_work(std::int32_t rows, std::int32_t out, int threads, bool split_rows);
+
+// [begin, end) of part `part` of `parts` over `count` items, in whole
+// multiples of `granule` (the last part ends at count); empty when there are
+// fewer granules than parts.
+struct IndexRange {
+  std::int32_t begin = 0, end = 0;
+};
+IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
+                      std::int32_t granule);
+
 // Buffers reused across calls: the zero-padded last row block of x, one
 // output tile per thread and one dequantised weight block per thread.
 struct LinearScratch {

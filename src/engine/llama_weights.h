@@ -61,8 +61,9 @@ struct VocabSlice {
   std::int32_t begin = 0, count = 0;  // rows [begin, begin + count); count may be 0
 };
 // Whole kColumnBlock-row blocks spread as evenly as blocks allow (the last
-// block cut at vocab_size): every logit then comes out of a block of the
-// same rows as in one process, so of the same products.
+// block cut at vocab_size): in deterministic mode (and with one thread)
+// every logit then comes out of a block of the same rows as in one
+// process, so of the same products.
 VocabSlice vocab_slice(std::int32_t vocab_size, std::int32_t rank, std::int32_t size);
 // The LM head's rows this rank keeps: vocab_size, or its slice's count.
 std::int32_t lm_head_rows(const LlamaConfig& config);

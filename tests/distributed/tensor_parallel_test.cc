@@ -18,12 +18,14 @@
 // up to 2.0e-4 with logits of magnitude ~4 on 2, 4 and 8 ranks, i.e. ~5e-5
 // relative).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "engine/gemm.h"
@@ -283,11 +285,14 @@ std::vector<std::uint32_t> bits(const std::vector<float>& v) {
 
 // The LM head split by vocabulary rows and all-gathered against the whole
 // head's product on one rank (what the single-process model runs): equal
-// bit for bit. Formats: f32 (BLAS blocks of 128 columns, deterministic
-// tiles) and Q8_0 / Q4_K (in-place kernels up to 8 rows, dequantised blocks
-// through BLAS above); vocabularies that leave some ranks a short or an
-// empty slice; tied (rows read from the whole embedding) and untied (the
-// rank keeps its slice only).
+// bit for bit in deterministic mode (fixed tiles), on the in-place
+// quantised kernels (rows <= kQuantDirectRows: rows are independent) and
+// with one thread (the same 128-column BLAS calls); otherwise the threads
+// split the columns at other places than the slices do, and BLAS may round
+// a logit differently: equal up to f32 summation order. Formats: f32 and
+// Q8_0 / Q4_K (dequantised blocks through BLAS above 8 rows); vocabularies
+// that leave some ranks a short or an empty slice; tied (rows read from the
+// whole embedding) and untied (the rank keeps its slice only).
 TEST(TensorParallel, VocabParallelLmHeadEqualsTheSingleProcessProductBitForBit) {
   const auto world = MpiComm::world();
   using engine::WeightFormat;
@@ -324,10 +329,17 @@ TEST(TensorParallel, VocabParallelLmHeadEqualsTheSingleProcessProductBitForBit) 
                            scratch);
             std::vector<float> gathered;
             engine::project_lm_head(c, w, x, rows, got, deterministic, scratch, gathered);
-            EXPECT_EQ(bits(got), bits(expected))
-                << engine::weight_format_name(format) << ", vocab " << vocab
-                << (tied ? ", tied" : ", untied") << ", " << rows << " rows"
-                << (deterministic ? ", deterministic" : "");
+            const std::string what = ::testing::PrintToString(engine::weight_format_name(format)) +
+                                     ", vocab " + std::to_string(vocab) +
+                                     (tied ? ", tied, " : ", untied, ") + std::to_string(rows) +
+                                     " rows" + (deterministic ? ", deterministic" : "");
+            const bool in_place = format != WeightFormat::kF32 && rows <= engine::kQuantDirectRows;
+            if (deterministic || in_place || omp_get_max_threads() == 1) {
+              EXPECT_EQ(bits(got), bits(expected)) << what;
+            } else {
+              for (std::size_t i = 0; i < got.size(); ++i)
+                ASSERT_NEAR(got[i], expected[i], 1e-4) << what << ", logit " << i;
+            }
           }
       }
 }

@@ -137,6 +137,94 @@ TEST(Linear, LdyWritesAColumnRangeOfAWiderOutput) {
           }
 }
 
+// The split outside deterministic mode: every column and row in exactly one
+// task, column ranges in whole granules and as even as those allow, and
+// threads kept busy while the output has tiles for them.
+TEST(WorkSplit, CoversEveryColumnAndRowOnceAndKeepsThreadsBusy) {
+  for (const int threads : {1, 2, 3, 5, 8, 16, 24, 64})
+    for (const std::int32_t out : {1, 15, 16, 17, 192, 576, 700, 768, 49152})
+      for (const std::int32_t rows : {1, 7, 8, 9, 64, 512})
+        for (const bool split_rows : {false, true}) {
+          const WorkSplit s = split_work(rows, out, threads, split_rows);
+          SCOPED_TRACE(::testing::Message() << threads << " threads, " << rows << " x " << out
+                                            << ", split rows " << split_rows);
+          ASSERT_GE(s.column_parts, 1);
+          ASSERT_GE(s.row_parts, 1);
+          ASSERT_LE(s.tasks(), threads);
+          if (!split_rows) {
+            ASSERT_EQ(s.row_parts, 1);
+          }
+          std::int32_t next = 0, widest = 0, narrowest = out;
+          for (std::int32_t p = 0; p < s.column_parts; ++p) {
+            const IndexRange r = part_range(out, s.column_parts, p, kColumnGranule);
+            ASSERT_EQ(r.begin, next) << "part " << p;
+            ASSERT_LE(r.begin, r.end);
+            if (r.end < out) {
+              ASSERT_EQ(r.end % kColumnGranule, 0) << "part " << p;
+            }
+            if (p + 1 < s.column_parts) widest = std::max(widest, r.end - r.begin);
+            if (p + 1 < s.column_parts) narrowest = std::min(narrowest, r.end - r.begin);
+            next = r.end;
+          }
+          ASSERT_EQ(next, out);
+          if (s.column_parts > 2) {
+            ASSERT_LE(widest - narrowest, kColumnGranule);
+          }
+          next = 0;
+          for (std::int32_t p = 0; p < s.row_parts; ++p) {
+            const IndexRange r = part_range(rows, s.row_parts, p, kRowGranule);
+            ASSERT_EQ(r.begin, next) << "row part " << p;
+            next = r.end;
+          }
+          ASSERT_EQ(next, rows);
+          const std::int64_t tiles = std::int64_t{(out + kColumnGranule - 1) / kColumnGranule} *
+                                     (split_rows ? (rows + kRowGranule - 1) / kRowGranule : 1);
+          EXPECT_GT(2 * s.tasks(), std::min<std::int64_t>(threads, tiles));
+        }
+}
+
+// Outside deterministic mode too, a product is the same up to f32 rounding
+// whatever the thread count, for f32 weights (split by rows and columns)
+// and quantised ones (in place and dequantised, split by columns).
+TEST(Linear, MatchesADoubleReferenceOnAnyThreadCount) {
+  Product p;
+  std::vector<std::uint8_t> q8(std::size_t(kOut) * (kIn / 32) * 34);
+  for (std::size_t i = 0; i < q8.size(); ++i) q8[i] = static_cast<std::uint8_t>((i * 37) % 251);
+  for (std::size_t b = 0; b < q8.size(); b += 34) {  // f16 scale 2^-10
+    q8[b] = 0x00;
+    q8[b + 1] = 0x14;
+  }
+  std::vector<float> q8_values(std::size_t(kOut) * kIn);
+  dequantize_weight_rows(q8.data(), WeightFormat::kQ8_0, kIn, 0, kOut, q8_values.data());
+  const int saved = omp_get_max_threads();
+  for (const int threads : {1, 2, 3, 5, 16})
+    for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ8_0})
+      for (const std::int32_t rows : {1, 5, 37, 64})
+        for (const bool accumulate : {false, true}) {
+          omp_set_num_threads(threads);
+          const bool f32 = f == WeightFormat::kF32;
+          const float* w = f32 ? p.w.data() : q8_values.data();
+          std::vector<float> y(p.bias.begin(), p.bias.begin() + std::size_t(rows) * kOut);
+          LinearArgs args{p.x.data(), rows,
+                          kIn,        f32 ? static_cast<const void*>(p.w.data()) : q8.data(),
+                          kOut,       y.data(),
+                          accumulate, false,
+                          f};
+          args.activations = Activations::kF32;
+          linear(args, p.scratch);
+          for (std::int32_t r = 0; r < rows; ++r)
+            for (std::int32_t c = 0; c < kOut; ++c) {
+              double want = accumulate ? p.bias[std::size_t(r) * kOut + c] : 0.0;
+              for (std::int32_t i = 0; i < kIn; ++i)
+                want += double(p.x[std::size_t(r) * kIn + i]) * w[std::size_t(c) * kIn + i];
+              ASSERT_NEAR(y[std::size_t(r) * kOut + c], want, 1e-4)
+                  << threads << " threads, " << weight_format_name(f) << ", rows " << rows << ", r "
+                  << r << ", c " << c;
+            }
+        }
+  omp_set_num_threads(saved);
+}
+
 TEST(Linear, RefusesAnLdyShorterThanOut) {
   Product p;
   std::vector<float> y(std::size_t(kOut) * 2);
