@@ -233,10 +233,13 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
       linear_quant_direct(a, false);
     else
       linear_quant_blocked(a, scratch);
-  } else if (a.deterministic)
+  } else if (a.deterministic) {
     linear_deterministic(a, scratch);
-  else
+  } else if (a.rows <= kF32DirectRows && a.in % kQuantBlock == 0) {
+    linear_quant_direct(a, false);
+  } else {
     linear_fast(a);
+  }
 }
 
 }  // namespace pagedattn::engine

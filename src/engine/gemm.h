@@ -51,6 +51,11 @@ struct LinearArgs {
 // rows are independent; larger batches dequantise column blocks to f32 and
 // go through BLAS (the weights are then read once per block, not per row).
 inline constexpr std::int32_t kQuantDirectRows = 8;
+// F32 weights outside deterministic mode: batches of at most this many rows
+// (and rows of a multiple of 32 weights) run the in-place kernels too, which
+// read each weight once where BLAS would first copy it into its packed
+// layout (as much time as the product itself at a few rows).
+inline constexpr std::int32_t kF32DirectRows = 8;
 // Int8 activations: batches of at most this many rows run the in-place
 // kernels. Alone on a matrix in cache they beat dequantise + BLAS to a few
 // dozen rows, but in a whole serving run larger batches lost to BLAS

@@ -40,6 +40,8 @@ HWY_INLINE hn::Vec<DF> DecodeChunk(const std::uint8_t* block, std::size_t c) {
   const DF df;
   const hn::RebindToSigned<DF> di;
   const std::size_t n = hn::Lanes(df), first = c * n;
+  if constexpr (F == WeightFormat::kF32)
+    return hn::LoadU(df, reinterpret_cast<const float*>(block) + first);
   const std::uint8_t* q = block + BlockTraits<F>::kQuants;
   const auto d = hn::Set(df, HalfAt(block));
   if constexpr (F == WeightFormat::kQ8_0) {
@@ -1271,7 +1273,7 @@ void QuantProduct(const QuantProductArgs& a, std::int32_t out_begin, std::int32_
     case WeightFormat::kQ6_K:
       return ProductRangeK<WeightFormat::kQ6_K>(a, out_begin, out_end);
     case WeightFormat::kF32:
-      break;
+      return ProductRange<WeightFormat::kF32>(a, out_begin, out_end);
   }
 }
 

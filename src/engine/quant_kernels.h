@@ -63,6 +63,13 @@ constexpr std::int32_t weight_format_block(WeightFormat format) {
 // Block sizes and where the quants start in a block.
 template <WeightFormat F>
 struct BlockTraits;
+// f32 rows taken 32 weights at a time by the in-place kernels (linear()'s
+// small batches of f32 weights, rows of a multiple of 32).
+template <>
+struct BlockTraits<WeightFormat::kF32> {
+  static constexpr std::int64_t kBytes = 4 * 32;
+  static constexpr std::int64_t kQuants = 0;
+};
 template <>
 struct BlockTraits<WeightFormat::kQ8_0> {
   static constexpr std::int64_t kBytes = 2 + 32;
