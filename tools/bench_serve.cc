@@ -279,6 +279,7 @@ int run_bench_serve(int argc, char** argv) {
   ec.enable_prefix_caching = o.prefix_caching;
   ec.host_kv_memory_bytes = o.host_kv_memory_mib > 0 ? kv_memory_bytes(o.host_kv_memory_mib) : 0;
   ec.bf16_products = o.bf16_products;
+  ec.int8_activations = o.int8_activations;
   ec.seed = o.seed;
   Engine engine(ec);
   check_trace_fits(trace, engine);
@@ -287,9 +288,9 @@ int run_bench_serve(int argc, char** argv) {
               o.request_rate > 0 ? detail::concat("Poisson ", o.request_rate, " req/s").c_str()
                                  : "all at once",
               mib, static_cast<long long>(engine.cache().num_pages()), o.page_size);
-  std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s\n",
-              o.prefix_caching ? "on" : "off", o.host_kv_memory_mib,
-              o.bf16_products ? "on" : "off");
+  std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s; int8 activations %s\n",
+              o.prefix_caching ? "on" : "off", o.host_kv_memory_mib, o.bf16_products ? "on" : "off",
+              o.int8_activations ? "on" : "off");
   std::fflush(stdout);
 
   std::vector<RequestTiming> timing;
@@ -324,6 +325,7 @@ int run_bench_serve(int argc, char** argv) {
         {"prefix_caching", o.prefix_caching},
         {"host_kv_memory_mib", o.host_kv_memory_mib},
         {"bf16_products", o.bf16_products},
+        {"int8_activations", o.int8_activations},
         {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};
     write_json(json_file, o.json, serve_json(info, summary, contiguous, steps, timing));

@@ -241,4 +241,11 @@ void add_bf16_products_flag(CLI::App& app, bool& allowed) {
                "rounded to bf16; default off)");
 }
 
+void add_int8_activations_flag(CLI::App& app, bool& on) {
+  app.add_flag("--int8-activations", on,
+               "quantised weights take activations rounded to int8 per 32 values in batches of "
+               "up to 8 rows, as llama.cpp (faster decode; logits move, docs/models.md; default "
+               "off: f32)");
+}
+
 }  // namespace pagedattn::tools::flags

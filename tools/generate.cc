@@ -21,7 +21,8 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-using flags::add_tensor_parallel_flag, flags::integer_in, flags::number_in;
+using flags::add_int8_activations_flag, flags::add_tensor_parallel_flag, flags::integer_in,
+    flags::number_in;
 
 void add_sampling_flags(CLI::App& app, GenerateOptions& o) {
   app.add_option("--max-tokens", o.max_tokens, "new tokens at most")
@@ -67,6 +68,7 @@ std::unique_ptr<CLI::App> generate_flags(GenerateOptions& o) {
       ->type_name("M")
       ->check(number_in(1, 1 << 20));
   add_tensor_parallel_flag(*app, o.tensor_parallel);
+  add_int8_activations_flag(*app, o.int8_activations);
   app->add_flag("--check-tensors", o.check_tensors,
                 "refuse a model whose weights hold NaN or Inf, naming the tensor (one more pass "
                 "over the weights at load)");
@@ -134,6 +136,7 @@ int run_generate(int argc, char** argv) {
   });
   if (ec.model == nullptr) return 0;  // a follower rank: rank 0 did the I/O
   ec.kv_memory_bytes = static_cast<std::int64_t>(o.kv_memory_mib * (1 << 20));
+  ec.int8_activations = o.int8_activations;
   SamplingParams params;
   params.max_tokens = o.max_tokens;
   params.temperature = o.temperature;

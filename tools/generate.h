@@ -30,6 +30,7 @@ struct GenerateOptions {
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
   bool disaggregate = false;         // under mpirun -np 2: rank 0 prefills, rank 1 decodes
   bool check_tensors = false;        // scan the weights for NaN / Inf before generating
+  bool int8_activations = false;     // EngineConfig::int8_activations
   bool help = false;
 };
 

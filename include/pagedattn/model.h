@@ -48,6 +48,10 @@ struct ForwardBatch {
   // Results of a token must not depend on the other tokens of the batch
   // (fixed-size row blocks in every matrix product).
   bool deterministic = false;
+  // Products with quantised weights take activations rounded to int8 per 32
+  // values in batches of at most 8 rows (llama.cpp's Q8_0 activations; the
+  // error bound is in docs/models.md). Ignored in deterministic mode.
+  bool int8_activations = false;
 };
 
 class Model {

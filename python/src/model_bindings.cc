@@ -29,9 +29,10 @@ class GgufModel {
   // exact: deterministic mode, f32 activations in every product (the
   // accuracy tests' reference path); otherwise the serving path, whose
   // quantised products take int8 activations in batches of at most 8 rows
-  // when int8_activations_default() is on (src/engine/gemm.h).
+  // when int8_activations (ForwardBatch) or int8_activations_default()
+  // (src/engine/gemm.h) is on.
   py::array_t<float> logits(const std::vector<std::int32_t>& token_ids, const std::string& kv_dtype,
-                            bool exact) {
+                            bool exact, bool int8_activations) {
     require(!token_ids.empty(), "GgufModel.logits: token_ids is empty");
     const ModelSpec& s = spec();
     KVCacheConfig k = kv_cache_config(s);
@@ -50,7 +51,7 @@ class GgufModel {
     {
       py::gil_scoped_release release;
       const std::lock_guard lock(mutex_);  // the model keeps its activations between calls
-      model_->forward({token_ids, rows, exact}, cache,
+      model_->forward({token_ids, rows, exact, int8_activations}, cache,
                       {out.mutable_data(), std::size_t(n) * std::size_t(s.vocab_size)});
     }
     cache.end_forward();
@@ -77,11 +78,12 @@ void register_models(py::module_& m) {
       .def_property_readonly(
           "name", [](const GgufModel& g) { return g.spec().name; }, "The model's name.")
       .def("logits", &GgufModel::logits, py::arg("token_ids"), py::arg("kv_dtype") = "f32",
-           py::arg("exact") = true,
+           py::arg("exact") = true, py::arg("int8_activations") = false,
            "Teacher-forced logits [len(token_ids)][vocab_size] of one sequence. exact "
            "(default): deterministic mode, f32 activations in every product; False: the "
            "serving path (with PAGEDATTN_INT8_ACTIVATIONS=1 in the environment, quantised "
-           "weights take int8 activations in batches of at most 8 rows).");
+           "weights take int8 activations in batches of at most 8 rows; so does "
+           "int8_activations=True).");
 }
 
 }  // namespace pagedattn::python

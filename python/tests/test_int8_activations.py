@@ -85,3 +85,45 @@ def test_without_int8_activations_the_serving_path_keeps_f32_activations():
     for r in compare(model_path(), int8=False):
         assert r["top1"] == 1.0
         assert r["max"] < 1e-3
+
+
+def summarize(model, exact, int8_activations):
+    out = []
+    for tokens in SEQUENCES:
+        ref = model.logits(tokens).astype(np.float64)
+        got = model.logits(tokens, exact=exact, int8_activations=int8_activations).astype(np.float64)
+        diff = np.abs(got - ref)
+        out.append({"top1": float(np.mean(np.argmax(got, -1) == np.argmax(ref, -1))),
+                    "max": float(diff.max()), "mean": float(diff.mean()),
+                    "logits": float(np.abs(ref).max())})
+    return out
+
+
+@pytest.mark.skipif(os.environ.get("PAGEDATTN_INT8_ACTIVATIONS") == "1",
+                    reason="the process default is already int8")
+def test_the_per_model_switch_runs_the_same_int8_path_as_the_environment_variable():
+    # ForwardBatch.int8_activations (GgufModel.logits, EngineConfig through
+    # LLM and `generate --int8-activations`) against PAGEDATTN_INT8_ACTIVATIONS=1
+    # in a process of its own: the same figures to the bit, and the same text.
+    import pagedattn._core as core
+    path = model_path()
+    model = core.GgufModel(path)
+    assert summarize(model, exact=False, int8_activations=True) == compare(path, int8=True)
+    # Deterministic mode keeps f32 whatever is asked.
+    assert all(r["max"] == 0 for r in summarize(model, exact=True, int8_activations=True))
+
+    import pagedattn
+    from test_engine import cli_path
+    prompt = "The capital of France is"
+    args = [cli_path(), "generate", "--model", path, "--prompt", prompt, "--max-tokens", "24",
+            "--ignore-eos", "--kv-memory-mib", "64"]
+    plain_env = {k: v for k, v in os.environ.items() if k != "PAGEDATTN_INT8_ACTIVATIONS"}
+    by_flag = subprocess.run(args + ["--int8-activations"], capture_output=True, text=True,
+                             check=True, env=plain_env).stdout
+    by_env = subprocess.run(args, capture_output=True, text=True, check=True,
+                            env=dict(plain_env, PAGEDATTN_INT8_ACTIVATIONS="1")).stdout
+    assert by_flag == by_env
+    llm = pagedattn.LLM(path, kv_memory_bytes=64 << 20, deterministic=False,
+                        int8_activations=True)
+    result = llm.generate(prompt, pagedattn.SamplingParams(max_tokens=24, ignore_eos=True))[0]
+    assert result.outputs[0].text + "\n" == by_flag

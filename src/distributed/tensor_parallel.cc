@@ -367,6 +367,7 @@ void TensorParallelLeader::forward(const ForwardBatch& batch, PagedKVCache& cach
   MessageWriter w;
   w.put(Message::kStep);
   w.put(static_cast<std::uint8_t>(batch.deterministic));
+  w.put(static_cast<std::uint8_t>(batch.int8_activations));
   put_ops(w, *pending_ops_);
   w.put_string(describe_shape(cache));
   w.put_vector(batch.token_ids);
@@ -398,6 +399,7 @@ namespace {
 void replay_step(MessageReader& r, Model& shard, PagedKVCache& cache, std::vector<float>& logits,
                  FollowerReport& report) {
   const bool deterministic = r.get<std::uint8_t>() != 0;
+  const bool int8_activations = r.get<std::uint8_t>() != 0;
   report.ops += replay_ops(r, cache);
   require_same_shape(r.get_string(), cache, "before a forward");
   const std::vector<std::int32_t> token_ids = r.get_vector<std::int32_t>();
@@ -405,7 +407,7 @@ void replay_step(MessageReader& r, Model& shard, PagedKVCache& cache, std::vecto
   // Rank 0's logit rows: each rank multiplies its vocabulary rows of the
   // LM head for them and takes part in gathering the logits (rank 0 samples).
   logits.resize(logit_rows.size() * static_cast<std::size_t>(shard.spec().vocab_size));
-  shard.forward({token_ids, logit_rows, deterministic}, cache, logits);
+  shard.forward({token_ids, logit_rows, deterministic, int8_activations}, cache, logits);
 }
 
 void replay_shutdown(MessageReader& r, PagedKVCache* cache, FollowerReport& report) {

@@ -207,6 +207,29 @@ void set_int8_activations_default(bool int8) {
   int8_default.store(int8 ? 1 : 0, std::memory_order_relaxed);
 }
 
+namespace {
+thread_local Activations scoped_activations = Activations::kDefault;
+
+// kDefault's meaning on this thread: the innermost ScopedActivations, else
+// the process default.
+bool default_is_int8() {
+  if (scoped_activations != Activations::kDefault) return scoped_activations == Activations::kInt8;
+  return int8_activations_default();
+}
+}  // namespace
+
+Activations default_activations() {
+  return default_is_int8() ? Activations::kInt8 : Activations::kF32;
+}
+
+ScopedActivations::ScopedActivations(Activations activations) : previous_(scoped_activations) {
+  scoped_activations = activations;
+}
+
+ScopedActivations::~ScopedActivations() {
+  scoped_activations = previous_;
+}
+
 int blas_threads() {
   return openblas_get_num_threads ? openblas_get_num_threads() : 0;
 }
@@ -224,9 +247,9 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
           " is neither 0 (y's rows are out = ", a.out, " long) nor >= out");
   if (a.rows == 0) return;
   if (a.w_format != WeightFormat::kF32) {
-    const bool int8 = !a.deterministic &&
-                      (a.activations == Activations::kInt8 ||
-                       (a.activations == Activations::kDefault && int8_activations_default()));
+    const bool int8 =
+        !a.deterministic && (a.activations == Activations::kInt8 ||
+                             (a.activations == Activations::kDefault && default_is_int8()));
     if (int8 && a.rows <= kInt8DirectRows)
       linear_quant_direct(a, true);
     else if (a.deterministic || a.rows <= kQuantDirectRows)

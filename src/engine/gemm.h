@@ -72,6 +72,23 @@ inline constexpr std::int32_t kInt8DirectRows = 8;
 bool int8_activations_default();
 void set_int8_activations_default(bool int8);
 
+// What kDefault means on this thread now: kInt8 or kF32.
+Activations default_activations();
+
+// While it lives, linear() calls on this thread that leave activations at
+// kDefault take `activations` when that is not kDefault (a model's forward
+// pass: ForwardBatch::int8_activations); scopes nest.
+class ScopedActivations {
+ public:
+  explicit ScopedActivations(Activations activations);
+  ~ScopedActivations();
+  ScopedActivations(const ScopedActivations&) = delete;
+  ScopedActivations& operator=(const ScopedActivations&) = delete;
+
+ private:
+  Activations previous_;
+};
+
 // How the products outside deterministic mode share their output between
 // threads: column_parts contiguous column ranges, whole multiples of
 // kColumnGranule columns as even as those allow, times row_parts row ranges,

@@ -895,7 +895,32 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
       if (rows <= kQuantDirectRows) {
         EXPECT_EQ(run(Activations::kDefault, false), exact);
       }
+      // A scope (a forward pass's ForwardBatch::int8_activations) overrides
+      // the process default for kDefault on its thread, nests, and ends.
+      {
+        const ScopedActivations scope(Activations::kInt8);
+        EXPECT_EQ(default_activations(), Activations::kInt8);
+        if (rows <= kInt8DirectRows) {
+          EXPECT_EQ(run(Activations::kDefault, false), int8);
+          EXPECT_EQ(run(Activations::kF32, false), exact);  // an explicit choice wins
+        }
+        EXPECT_EQ(run(Activations::kDefault, true), exact);
+        {
+          const ScopedActivations inner(Activations::kF32);
+          EXPECT_EQ(default_activations(), Activations::kF32);
+          if (rows <= kQuantDirectRows) {
+            EXPECT_EQ(run(Activations::kDefault, false), exact);
+          }
+        }
+        EXPECT_EQ(default_activations(), Activations::kInt8);
+        {
+          const ScopedActivations unset(Activations::kDefault);  // the process default: f32
+          EXPECT_EQ(default_activations(), Activations::kF32);
+        }
+      }
+      EXPECT_EQ(default_activations(), Activations::kF32);
       set_int8_activations_default(true);
+      EXPECT_EQ(default_activations(), Activations::kInt8);
     }
   set_int8_activations_default(was);
 }
