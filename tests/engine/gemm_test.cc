@@ -27,10 +27,22 @@ std::vector<float> values(std::size_t count, std::uint64_t stream) {
   return v;
 }
 
+// kOut rows of kIn weights as Q8_0 blocks: fixed quants, f16 scale 2^-10.
+std::vector<std::uint8_t> q8_weights() {
+  std::vector<std::uint8_t> q8(std::size_t(kOut) * (kIn / 32) * 34);
+  for (std::size_t i = 0; i < q8.size(); ++i) q8[i] = static_cast<std::uint8_t>((i * 37) % 251);
+  for (std::size_t b = 0; b < q8.size(); b += 34) {
+    q8[b] = 0x00;
+    q8[b + 1] = 0x14;
+  }
+  return q8;
+}
+
 struct Product {
   std::vector<float> w = values(std::size_t(kOut) * kIn, 1);
   std::vector<float> x = values(std::size_t(64) * kIn, 2);  // row r: x[r]
   std::vector<float> bias = values(std::size_t(64) * kOut, 3);
+  std::vector<std::uint8_t> q8 = q8_weights();  // the same shape in Q8_0 blocks
   LinearScratch scratch;
 
   // Rows [first, first + rows) of x as one batch; y starts at bias when accumulating.
@@ -94,12 +106,7 @@ TEST(Linear, DeterministicRowsDoNotDependOnBatchPlaceOrThreads) {
 // stored), and leaves the other columns alone.
 TEST(Linear, LdyWritesAColumnRangeOfAWiderOutput) {
   Product p;
-  std::vector<std::uint8_t> q8(std::size_t(kOut) * (kIn / 32) * 34);
-  for (std::size_t i = 0; i < q8.size(); ++i) q8[i] = static_cast<std::uint8_t>((i * 37) % 251);
-  for (std::size_t b = 0; b < q8.size(); b += 34) {  // f16 scale 2^-10
-    q8[b] = 0x00;
-    q8[b + 1] = 0x14;
-  }
+  const std::vector<std::uint8_t>& q8 = p.q8;
   constexpr std::int32_t kLdy = kOut + 13, kOffset = 5;
   for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ8_0})
     for (const bool deterministic : {false, true})
@@ -188,12 +195,7 @@ TEST(WorkSplit, CoversEveryColumnAndRowOnceAndKeepsThreadsBusy) {
 // and quantised ones (in place and dequantised, split by columns).
 TEST(Linear, MatchesADoubleReferenceOnAnyThreadCount) {
   Product p;
-  std::vector<std::uint8_t> q8(std::size_t(kOut) * (kIn / 32) * 34);
-  for (std::size_t i = 0; i < q8.size(); ++i) q8[i] = static_cast<std::uint8_t>((i * 37) % 251);
-  for (std::size_t b = 0; b < q8.size(); b += 34) {  // f16 scale 2^-10
-    q8[b] = 0x00;
-    q8[b + 1] = 0x14;
-  }
+  const std::vector<std::uint8_t>& q8 = p.q8;
   std::vector<float> q8_values(std::size_t(kOut) * kIn);
   dequantize_weight_rows(q8.data(), WeightFormat::kQ8_0, kIn, 0, kOut, q8_values.data());
   const int saved = omp_get_max_threads();

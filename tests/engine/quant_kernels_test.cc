@@ -187,9 +187,12 @@ TEST(QuantKernels, RowBytesRefuseAPartialBlock) {
 
 constexpr WeightFormat kKFormats[] = {WeightFormat::kQ4_K, WeightFormat::kQ5_K,
                                       WeightFormat::kQ6_K};
+// Every format the in-place kernels take: f32 rows too (linear()'s small
+// batches of f32 weights).
 constexpr WeightFormat kAllFormats[] = {
-    WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kQ5_0,
-    WeightFormat::kQ5_1, WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K};
+    WeightFormat::kF32,  WeightFormat::kQ8_0, WeightFormat::kQ4_0,
+    WeightFormat::kQ4_1, WeightFormat::kQ5_0, WeightFormat::kQ5_1,
+    WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K};
 
 GgufType gguf_type(WeightFormat f) {
   switch (f) {
@@ -238,6 +241,14 @@ std::uint16_t random_scale(std::mt19937& rng, float normal_max) {
 std::vector<std::uint8_t> random_blocks(WeightFormat f, std::int32_t out, std::int32_t in,
                                         std::mt19937& rng, float normal_max) {
   std::vector<std::uint8_t> bytes(std::size_t(out * weight_row_bytes(f, in)));
+  if (f == WeightFormat::kF32) {  // values in [-1, 1]
+    pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+    for (std::size_t at = 0; at < bytes.size(); at += sizeof(float)) {
+      const float v = value(rng);
+      std::memcpy(&bytes[at], &v, sizeof v);
+    }
+    return bytes;
+  }
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& b : bytes) b = static_cast<std::uint8_t>(byte(rng));
   const std::int64_t block = weight_block_bytes(f);
@@ -305,6 +316,9 @@ RowTerms row_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
               ((low | high << 4) - 32);
       magnitude = std::abs(exact);
       t.scaled[std::size_t(i)] = exact;
+    } else if (f == WeightFormat::kF32) {
+      exact = t.w[std::size_t(i)];
+      magnitude = std::abs(exact);
     } else {
       exact = scalar_weight(f, row, i);
       magnitude = f == WeightFormat::kQ4_1 || f == WeightFormat::kQ5_1
@@ -402,63 +416,6 @@ TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
             }
         }
       }
-}
-
-// f32 weights on the in-place kernels (linear()'s small batches): within the
-// bound of an f32 sum of `in` products of a double reference, and a row's
-// result the same bits alone, in any batch and in any column range.
-TEST(QuantKernels, F32RowsInPlaceMatchADoubleReferenceAndTheirBatchOnEveryTarget) {
-  std::mt19937 rng(31);
-  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> blocks(1, 25), outs(1, 70), rows_of(1, 9);
-  TargetReset reset;
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
-    for (int trial = 0; trial < 6; ++trial) {
-      hwy::SetSupportedTargetsForTest(target);
-      SCOPED_TRACE(hwy::TargetName(target));
-      const std::int32_t in = 32 * blocks(rng), out = outs(rng), rows = rows_of(rng);
-      const std::int32_t ldy = out + (trial % 2 == 0 ? 0 : 3);
-      std::vector<float> w(std::size_t(out) * in), x(std::size_t(rows) * in);
-      std::vector<float> y0(std::size_t(rows) * ldy);
-      for (auto& v : w) v = value(rng);
-      for (auto& v : x) v = value(rng);
-      for (auto& v : y0) v = value(rng);
-      std::uniform_int_distribution<int> column(0, out);
-      std::int32_t begin = column(rng), end = column(rng);
-      if (begin > end) std::swap(begin, end);
-      const WeightFormat f32 = WeightFormat::kF32;
-      for (const bool accumulate : {false, true}) {
-        std::vector<float> y = y0;
-        quant_product({x.data(), rows, in, w.data(), f32, y.data(), ldy, accumulate}, begin, end);
-        for (std::int32_t r = 0; r < rows; ++r) {
-          for (std::int32_t o = 0; o < ldy; ++o) {
-            const std::size_t at = std::size_t(r) * ldy + o;
-            if (o < begin || o >= end) {
-              ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
-              continue;
-            }
-            double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
-            for (std::int32_t i = 0; i < in; ++i) {
-              const double p = double(w[std::size_t(o) * in + i]) * x[std::size_t(r) * in + i];
-              want += p;
-              a += std::abs(p);
-            }
-            ASSERT_LE(std::abs(y[at] - want), (in + 2) * 0x1p-24 * a)
-                << "in " << in << " out " << out << " rows " << rows << " r " << r << " o " << o;
-          }
-          std::vector<float> alone(std::size_t(ldy), -7.0f);
-          quant_product(
-              {x.data() + std::size_t(r) * in, 1, in, w.data(), f32, alone.data(), ldy, false},
-              begin, end);
-          std::vector<float> batch = y0;
-          quant_product({x.data(), rows, in, w.data(), f32, batch.data(), ldy, false}, begin, end);
-          ASSERT_EQ(0,
-                    std::memcmp(alone.data() + begin, batch.data() + std::size_t(r) * ldy + begin,
-                                std::size_t(end - begin) * sizeof(float)))
-              << "row " << r << " of " << rows;
-        }
-      }
-    }
 }
 
 // A row's result is the same bits whatever rows are around it, how many,
