@@ -119,9 +119,9 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
 #pragma omp parallel for schedule(static) num_threads(tasks) if (tasks > 1)
   for (std::int32_t t = 0; t < tasks; ++t) {
     std::vector<float>& w = s.weight_blocks[std::size_t(omp_get_thread_num())];
+    w.resize(std::size_t(kColumnBlock) * a.in);
     for_each_block(part_range(a.out, tasks, t, kColumnGranule), [&](IndexRange block) {
       const std::int32_t count = block.end - block.begin;
-      w.resize(std::size_t(kColumnBlock) * a.in);
       dequantize_weight_rows(a.w, a.w_format, a.in, block.begin, count, w.data());
       sgemm(a, a.x, a.rows, w.data(), count, a.y + block.begin, ldy(a));
     });
@@ -172,10 +172,10 @@ void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
 WorkSplit split_work(std::int32_t rows, std::int32_t out, int threads, bool split_rows) {
   WorkSplit s;
   const std::int32_t granules = (out + kColumnGranule - 1) / kColumnGranule;
-  s.column_parts = std::clamp<std::int32_t>(std::min(threads, granules), 1, threads);
+  s.column_parts = std::max(1, std::min(threads, granules));
   if (split_rows) {
     const std::int32_t row_granules = (rows + kRowGranule - 1) / kRowGranule;
-    s.row_parts = std::clamp(std::min(threads / s.column_parts, row_granules), 1, threads);
+    s.row_parts = std::max(1, std::min(threads / s.column_parts, row_granules));
   }
   return s;
 }
@@ -209,17 +209,12 @@ void set_int8_activations_default(bool int8) {
 
 namespace {
 thread_local Activations scoped_activations = Activations::kDefault;
-
-// kDefault's meaning on this thread: the innermost ScopedActivations, else
-// the process default.
-bool default_is_int8() {
-  if (scoped_activations != Activations::kDefault) return scoped_activations == Activations::kInt8;
-  return int8_activations_default();
-}
 }  // namespace
 
+// The innermost ScopedActivations on this thread, else the process default.
 Activations default_activations() {
-  return default_is_int8() ? Activations::kInt8 : Activations::kF32;
+  if (scoped_activations != Activations::kDefault) return scoped_activations;
+  return int8_activations_default() ? Activations::kInt8 : Activations::kF32;
 }
 
 ScopedActivations::ScopedActivations(Activations activations) : previous_(scoped_activations) {
@@ -247,9 +242,9 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
           " is neither 0 (y's rows are out = ", a.out, " long) nor >= out");
   if (a.rows == 0) return;
   if (a.w_format != WeightFormat::kF32) {
-    const bool int8 =
-        !a.deterministic && (a.activations == Activations::kInt8 ||
-                             (a.activations == Activations::kDefault && default_is_int8()));
+    const Activations chosen =
+        a.activations == Activations::kDefault ? default_activations() : a.activations;
+    const bool int8 = !a.deterministic && chosen == Activations::kInt8;
     if (int8 && a.rows <= kInt8DirectRows)
       linear_quant_direct(a, true);
     else if (a.deterministic || a.rows <= kQuantDirectRows)
