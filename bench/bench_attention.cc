@@ -9,6 +9,9 @@
 //                        K+V GB/s and % of the read-bandwidth probe
 //   BM_DecodePlanned     paged_attention with a plan made once (f16 grid)
 //   BM_DecodeRunnerVsPlanned  the two interleaved, and plan_attention alone
+//   BM_DecodeE4M3PageFlags  fp8 e4m3 decode with page_may_hold_nan (as a
+//                        PagedKVCache's storage has) against the same bytes
+//                        without it (a NaN-code scan per block), interleaved
 //   BM_DecodeQuantSpeedup  fp8 / int8 KV against bf16 KV, interleaved; int8
 //                        also with int8 products allowed (/int8_products),
 //                        fp8 with f16 products allowed (/f16_products) and
@@ -696,6 +699,19 @@ void register_all() {
                                           .f16_products = products == "f16_products"});
       });
     }
+
+  // fp8 e4m3 with the cache's page flags (page_may_hold_nan) against the
+  // same bytes without them, which the kernel scans for NaN codes per block.
+  for (std::int32_t batch : batches) {
+    const Config plain = decode(DType::kFP8E4M3, 32, batch, 16384);
+    Config flagged = plain;
+    flagged.page_flags = true;
+    const std::string name = decode_name("BM_DecodeE4M3PageFlags", plain) + "/vs:scan";
+    if (!fits(name, {plain, flagged})) continue;
+    add(name, [=](benchmark::State& s) {
+      run_pair(s, plain, flagged, true, "scan", "flags", "speedup", false, {});
+    });
+  }
 
   // The cost of planning every call, paired.
   for (std::int32_t batch : {1, 32}) {

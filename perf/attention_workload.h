@@ -70,6 +70,9 @@ struct Config {
   // 0: separate K and V of head_dim each.
   std::int32_t mla_latent = 0;
   std::int32_t v_dim = 0;  // V head dim of separate K and V (0: head_dim)
+  // fp8 e4m3: the storage carries page_may_hold_nan, as a PagedKVCache's
+  // does (all clear: value_pattern writes no NaN code).
+  bool page_flags = false;
 
   bool mla() const { return mla_latent > 0; }
   std::int32_t v_head_dim() const { return mla() ? mla_latent : v_dim > 0 ? v_dim : head_dim; }
@@ -87,7 +90,8 @@ struct Config {
            (contiguous ? "/contig" : "/paged" + std::to_string(page)) +
            (keeps_page_order() ? "/in_order" : "") +
            (mla() ? "/mla" + std::to_string(mla_latent) : "") +
-           (v_dim > 0 && !mla() ? "/dv" + std::to_string(v_dim) : "");
+           (v_dim > 0 && !mla() ? "/dv" + std::to_string(v_dim) : "") +
+           (page_flags ? "/page_flags" : "");
   }
   // Queries and outputs: f16 with f16 KV, f32 with f32 KV, bf16 otherwise.
   DType act() const { return kv == DType::kF16 || kv == DType::kF32 ? kv : DType::kBF16; }
@@ -204,6 +208,7 @@ class Workload {
         if (!c_.mla()) fill_scales(reinterpret_cast<float*>(v_scales_.data()), slots);
       }
     }
+    if (c_.page_flags) nan_flags_.assign(std::size_t(num_pages_), 0);
     const std::size_t tokens = std::size_t(c_.batch) * c_.q_len;
     const std::size_t q_elems = tokens * c_.qo_heads * c_.head_dim;
     q_ = value_pattern(c_.act(), q_elems, 11);
@@ -246,6 +251,7 @@ class Workload {
         pa::PagedKVStorage::dense(k_.data(), v_.data(), c_.kv, pa::KVLayout::kHND, c_.page_size(),
                                   c_.kv_heads, c_.head_dim, c_.v_head_dim(), num_pages_);
     s.k_scale = s.v_scale = kFp8Scale;
+    if (!nan_flags_.empty()) s.page_may_hold_nan = const_cast<std::uint8_t*>(nan_flags_.data());
     if (c_.kv == DType::kINT8) {
       s.k_token_scales = reinterpret_cast<float*>(k_scales_.data());
       s.v_token_scales = reinterpret_cast<float*>(v_scales_.data());
@@ -305,6 +311,7 @@ class Workload {
   std::vector<std::vector<std::int32_t>> kv_indices_;  // [copy]
   pb::HugeBuffer k_, v_, k_scales_, v_scales_;
   std::vector<unsigned char> q_, o_;
+  std::vector<std::uint8_t> nan_flags_;  // [num_pages_] with page_flags
 };
 
 }  // namespace pagedattn::bench

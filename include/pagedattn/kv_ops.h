@@ -27,6 +27,8 @@ struct AppendParams {
 // saturating at the format's max; int8 stores round(value / s) with
 // s = max|row| / 127 per token and head, written to kv.{k,v}_token_scales.
 // Slots must be unique (a duplicate would make the result order-dependent).
+// e4m3 storage with page_may_hold_nan: the pages written a NaN code get their
+// flag set.
 void append_paged_kv(const AppendParams& params);
 
 // --- page copy / swap -----------------------------------------------------------------
@@ -36,6 +38,8 @@ void append_paged_kv(const AppendParams& params);
 // and dtype; they may be the same storage (copy-on-write, vLLM copy_blocks)
 // or a device/host pair (vLLM swap_blocks). Destinations must be distinct
 // and, within one storage, no page may be both a source and a destination.
+// An e4m3 destination with page_may_hold_nan gets the source page's flag (or,
+// where the source keeps none, whether the page's bytes hold a NaN code).
 void copy_pages(const PagedKVStorage& src, const PagedKVStorage& dst,
                 std::span<const std::pair<std::int64_t, std::int64_t>> src_dst_pages);
 

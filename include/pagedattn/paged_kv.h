@@ -49,6 +49,14 @@ struct PagedKVStorage {
   float* k_token_scales = nullptr;       // int8: [num_pages][num_kv_heads][page_size]
   float* v_token_scales = nullptr;       // int8: same shape
   bool v_in_k = false;                   // MLA: V is the head of each K row, nothing stored for V
+  // fp8 e4m3 only (ignored otherwise), optional: [num_pages] nonzero where a
+  // written slot of the page may hold a NaN code (S.1111.111). With it,
+  // attention decodes the blocks whose pages are all zero without mapping
+  // NaN codes, instead of looking for them in every block it reads; null: it
+  // looks. append_paged_kv sets the flag of every page it writes a NaN code
+  // to. A writer that bypasses append_paged_kv must set it too, and a page
+  // that changes owner may be zeroed (PagedKVCache does both for its pages).
+  std::uint8_t* page_may_hold_nan = nullptr;
 
   // Index of (page, head, slot) in the int8 token-scale arrays.
   constexpr std::int64_t token_scale_index(std::int64_t page, std::int64_t head,

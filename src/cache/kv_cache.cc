@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "config.h"
+#include "kernels/nan_flags.h"
 #include "kv_cache_state.h"
 
 namespace pagedattn {
@@ -471,6 +472,12 @@ void PagedKVCache::mark_layer_appended(std::int32_t layer, StepId step) {
   require(layer >= 0 && layer < st.config.num_layers,
           "PagedKVCache::mark_layer_appended: layer = ", layer, " is outside [0, ",
           st.config.num_layers, ")");
+  // The caller wrote the rows past append_paged_kv: their e4m3 NaN codes are
+  // looked for once here, not by every later read.
+  const PagedKVStorage s = st.storage.layer(layer);
+  if (s.page_may_hold_nan)
+    for (std::int64_t slot : st.plan.slot_mapping)
+      if (slot >= 0) kernels::flag_e4m3_nan_slot(s, slot / s.page_size, slot % s.page_size);
   st.step.layer_appended[static_cast<std::size_t>(layer)] = 1;
 }
 

@@ -67,7 +67,11 @@ PagedKVStorage PagedKVCache::layer_storage(std::int32_t layer) const {
   require(layer >= 0 && layer < state_->config.num_layers,
           "PagedKVCache::layer_storage: layer = ", layer, " is outside [0, ",
           state_->config.num_layers, ")");
-  return state_->storage.layer(layer);
+  // Without the e4m3 NaN flags: a caller may write these pages with its own
+  // kernels and attend over them before mark_layer_appended updates them.
+  PagedKVStorage s = state_->storage.layer(layer);
+  s.page_may_hold_nan = nullptr;
+  return s;
 }
 
 std::vector<std::int32_t> PagedKVCache::sequence_pages(SeqId seq_id) const {

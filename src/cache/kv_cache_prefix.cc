@@ -13,7 +13,13 @@ using cache::Tier;
 // --- page supply ---------------------------------------------------------------
 
 std::int32_t PagedKVCache::State::take_page() {
-  if (pool.num_unused() > 0) return pool.take();
+  if (pool.num_unused() == 0) evict_oldest_cached_page();
+  const std::int32_t page = pool.take();
+  storage.clear_nan_flags(page);  // a new owner: none of its slots is written yet
+  return page;
+}
+
+void PagedKVCache::State::evict_oldest_cached_page() {
   const std::int32_t victim = pool.oldest_evictable();
   const std::uint64_t serial = index.entry_at(Tier::kDevice, victim);
   ++stats.evictions;
@@ -29,7 +35,6 @@ std::int32_t PagedKVCache::State::take_page() {
     index.erase(serial);
   }
   pool.uncache(victim);
-  return pool.take();
 }
 
 std::int32_t PagedKVCache::State::take_host_page() {

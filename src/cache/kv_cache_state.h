@@ -178,8 +178,10 @@ struct PagedKVCache::State {
   // --- page supply, prefix cache, host tier (kv_cache_prefix.cc) ------------
   // Takes a device page: an unused one, else the oldest evictable cached
   // page (demoted to the host tier when it has room, else dropped).
-  // Precondition: pool.num_free() > 0.
+  // Precondition: pool.num_free() > 0. Its e4m3 NaN flags start clear.
   std::int32_t take_page();
+  // Makes an unused device page out of the oldest evictable cached one.
+  void evict_oldest_cached_page();
   // Takes a host page likewise (the oldest cached host page is dropped).
   // Precondition: host && host->pool.num_free() > 0.
   std::int32_t take_host_page();

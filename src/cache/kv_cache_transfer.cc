@@ -92,6 +92,7 @@ void PagedKVCache::commit_incoming(SeqId seq_id) {
   const auto lock = st.lock();
   Sequence& s = st.find(seq_id, "commit_incoming", "seq_id");
   require_receiving(s, seq_id, "commit_incoming");
+  for (std::int32_t page : s.pages) st.storage.flag_nan_pages(page);  // bytes written by the caller
   s.receiving = false;
 }
 

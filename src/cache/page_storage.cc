@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/nan_flags.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::cache {
@@ -52,6 +53,9 @@ PageStorage::PageStorage(const KVCacheConfig& config)
     throw OutOfPages(detail::concat("PagedKVCache: could not map ", total_bytes_,
                                     " bytes of K/V storage (num_pages = ", config.num_pages, ")"));
   base_ = static_cast<std::byte*>(p);
+  if (config.kv_dtype == DType::kFP8E4M3)
+    nan_flags_ = std::make_unique<std::uint8_t[]>(
+        static_cast<std::size_t>(std::int64_t{config.num_layers} * config.num_pages));
   // Huge pages: attention streams whole pages, 4 KiB TLB entries would thrash.
   madvise(p, static_cast<std::size_t>(total_bytes_), MADV_HUGEPAGE);
 }
@@ -74,10 +78,12 @@ PagedKVStorage PageStorage::layer(std::int32_t layer) const {
     s.k_head_scales = c.k_head_scales.empty() ? nullptr : c.k_head_scales.data();
     if (scale_page_bytes_ > 0) s.k_token_scales = reinterpret_cast<float*>(scales);
     s.share_k_scales_with_v();
+    s.page_may_hold_nan = nan_flags(layer);
     return s;
   }
   PagedKVStorage s = PagedKVStorage::dense(k, v, c.kv_dtype, c.layout, c.page_size, c.num_kv_heads,
                                            c.head_dim, c.v_head_dim, c.num_pages);
+  s.page_may_hold_nan = nan_flags(layer);
   s.k_scale = c.k_scale;
   s.v_scale = c.v_scale;
   s.k_head_scales = c.k_head_scales.empty() ? nullptr : c.k_head_scales.data();
@@ -111,6 +117,7 @@ void PageStorage::copy_slots(std::int32_t src, std::int32_t src_slot, std::int32
         std::memcpy(v + s.v_offset(dst, r, dst_slot) * elem,
                     v + s.v_offset(src, r, src_slot) * elem, v_run);
     }
+    if (std::uint8_t* flags = s.page_may_hold_nan) flags[dst] |= flags[src];
     if (s.k_token_scales == nullptr) continue;
     for (std::int32_t h = 0; h < config_.num_kv_heads; ++h) {
       std::copy_n(s.k_token_scales + s.token_scale_index(src, h, src_slot), num_slots,
@@ -120,6 +127,16 @@ void PageStorage::copy_slots(std::int32_t src, std::int32_t src_slot, std::int32
                     s.v_token_scales + s.token_scale_index(dst, h, dst_slot));
     }
   }
+}
+
+void PageStorage::clear_nan_flags(std::int32_t page) {
+  for (std::int32_t layer = 0; nan_flags_ && layer < config_.num_layers; ++layer)
+    nan_flags(layer)[page] = 0;
+}
+
+void PageStorage::flag_nan_pages(std::int32_t page) {
+  for (std::int32_t layer = 0; nan_flags_ && layer < config_.num_layers; ++layer)
+    if (kernels::page_holds_e4m3_nan(this->layer(layer), page)) nan_flags(layer)[page] = 1;
 }
 
 void PageStorage::hash_slots(std::int32_t page, std::int32_t num_slots, Hasher& h) const {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "hasher.h"
 #include "pagedattn/kv_cache.h"
@@ -36,12 +37,22 @@ class PageStorage {
   // ranges must not overlap.
   void copy_slots(std::int32_t src, std::int32_t src_slot, std::int32_t dst, std::int32_t dst_slot,
                   std::int32_t num_slots);
+  // e4m3 NaN flags (PagedKVStorage::page_may_hold_nan, kept per layer and
+  // page): a page taken for a new owner starts clear in every layer
+  // (clear_nan_flags); bytes written past append_paged_kv and copy_pages get
+  // theirs from flag_nan_pages. No-ops for other dtypes.
+  void clear_nan_flags(std::int32_t page);
+  void flag_nan_pages(std::int32_t page);
   // Hashes the K/V (and int8 scales) of slots [0, num_slots) of `page` in
   // every layer.
   void hash_slots(std::int32_t page, std::int32_t num_slots, Hasher& h) const;
 
  private:
   std::byte* layer_base(std::int32_t layer) const { return base_ + layer * layer_bytes_; }
+  // A layer's row of nan_flags_ (null for other dtypes).
+  std::uint8_t* nan_flags(std::int32_t layer) const {
+    return nan_flags_ ? nan_flags_.get() + std::int64_t{layer} * config_.num_pages : nullptr;
+  }
 
   KVCacheConfig config_;
   std::int64_t k_page_bytes_ = 0;
@@ -50,6 +61,7 @@ class PageStorage {
   std::int64_t layer_bytes_ = 0;
   std::int64_t total_bytes_ = 0;
   std::byte* base_ = nullptr;
+  std::unique_ptr<std::uint8_t[]> nan_flags_;  // e4m3: [num_layers][num_pages]
 };
 
 }  // namespace pagedattn::cache

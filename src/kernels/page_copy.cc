@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/nan_flags.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_ops.h"
 
@@ -57,6 +58,10 @@ void copy_pages(const PagedKVStorage& src, const PagedKVStorage& dst,
   const auto v_bytes = static_cast<std::size_t>(src.v_page_stride * es);
   const std::size_t scales = static_cast<std::size_t>(src.num_kv_heads) * src.page_size;
   for (const auto& [s, d] : pairs) {
+    // The copy holds what the source page holds: its flag, or what its bytes say.
+    if (std::uint8_t* flag = kernels::nan_flag(dst, d))
+      *flag = src.page_may_hold_nan ? src.page_may_hold_nan[s]
+                                    : std::uint8_t{kernels::page_holds_e4m3_nan(src, s)};
     std::memcpy(static_cast<std::byte*>(dst.k_data) + dst.k_offset(d, 0, 0) * es,
                 static_cast<const std::byte*>(src.k_data) + src.k_offset(s, 0, 0) * es, k_bytes);
     if (src.v_in_k) {  // MLA: the row is K and V; one scale per row

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attention_case.h"
+#include "kernels/nan_flags.h"
 #include "pagedattn/cpu_features.h"
 
 namespace pagedattn::testing {
@@ -209,28 +210,45 @@ void* KVElement(const AttentionParams& p, bool value, std::int32_t seq, std::int
 // element of them), and the other rows the reference's values. NaN codes in K, in V, in both,
 // in the first, a middle and the last block of a sequence (the tail block),
 // on every target, GQA 1 and 4, head dims 128 and 80 (tails). With no code
-// placed, HasE4M3Nan must not see one: the rows all stay finite.
+// placed, HasE4M3Nan must not see one: the rows all stay finite. The same
+// with page_may_hold_nan flags (kernels::page_holds_e4m3_nan of each page,
+// as the writers set them), which the kernel then reads instead of the
+// bytes; and with every flag clear over a placed code (a writer that broke
+// the contract), which must decode without the NaN map (every row finite):
+// the proof that the flags, not the bytes, decided.
+enum class NanFlags { kNone, kSet, kClear };
+
 TEST(AttentionTargets, E4M3NanCodesGiveTheReferencesNaNsInDecode) {
   for_each_highway_target([&](std::int64_t target) {
     const std::string name = lower(hwy::TargetName(target));
     if (dispatched_target_name() != name) return;
-    for (std::uint32_t seed = 0; seed < 12; ++seed) {
+    for (std::uint32_t seed = 0; seed < 36; ++seed) {
+      const auto flags = static_cast<NanFlags>(seed / 12);
       CaseSpec spec = TwoSequenceDecode(DType::kFP8E4M3, seed % 2 ? 4 : 1, seed);
       spec.head_dim = seed % 3 ? 128 : 80;
       spec.page_size = seed % 4 ? 16 : 5;
       spec.per_head_fp8_scales = true;
       AttentionCase c(spec);
       AttentionParams ref = c.params(0);
-      const std::int32_t where = seed % 4;                   // 0: none; 1: K; 2: V; 3: both
-      const std::int32_t key = std::int32_t(seed / 4) * 48;  // block 0, 1 or 3 of sequence 0
+      const std::int32_t where = seed % 4;                        // 0: none; 1: K; 2: V; 3: both
+      const std::int32_t key = std::int32_t(seed % 12 / 4) * 48;  // block 0, 1 or 3 of seq 0
       if (where & 1) *static_cast<std::uint8_t*>(KVElement(ref, false, 0, key, 1, 7)) = 0x7F;
       if (where & 2) *static_cast<std::uint8_t*>(KVElement(ref, true, 0, key, 1, 7)) = 0xFF;
       paged_attention_reference(ref);
-      AttentionRunner(AttentionPlanOptions{.num_threads = 2}).run(c.params(1));
-      const int nan_rows =
-          ExpectTheReferencesNaNs(c, spec.head_dim, 1e-3, name + " seed " + std::to_string(seed));
+      AttentionParams p = c.params(1);
+      std::vector<std::uint8_t> page_flags(std::size_t(p.kv.num_pages), 0);
+      for (std::int64_t page = 0; flags == NanFlags::kSet && page < p.kv.num_pages; ++page)
+        page_flags[std::size_t(page)] = kernels::page_holds_e4m3_nan(p.kv, page);
+      if (flags != NanFlags::kNone) p.kv.page_may_hold_nan = page_flags.data();
+      AttentionRunner(AttentionPlanOptions{.num_threads = 2}).run(p);
+      const std::string what = name + " seed " + std::to_string(seed);
+      if (flags == NanFlags::kClear) {
+        for (float x : c.output(1)) ASSERT_TRUE(std::isfinite(x)) << what;
+        continue;
+      }
+      const int nan_rows = ExpectTheReferencesNaNs(c, spec.head_dim, 1e-3, what);
       if (::testing::Test::HasFailure()) return;
-      EXPECT_EQ(nan_rows == 0, where == 0) << name << " seed " << seed;
+      EXPECT_EQ(nan_rows == 0, where == 0) << what;
     }
   });
 }

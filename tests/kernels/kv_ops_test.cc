@@ -215,10 +215,31 @@ TEST(ConvertRow, Fp8ToBf16RefusesOtherTypesAndLengths) {
   for (std::uint32_t x : pairs) EXPECT_EQ(x, 0xdeadbeefu);
 }
 
+// The writers' check (page_may_hold_nan) takes rows of any length: a NaN code
+// at any position of the first n bytes is found, one just past them is not.
+TEST(ConvertRow, E4M3NanCheckTakesAnyLength) {
+  TargetReset reset;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    for (std::int64_t n = 0; n <= 80; ++n) {
+      std::vector<unsigned char> bytes(std::size_t(n) + 1, 0x7e);
+      bytes[std::size_t(n)] = 0xff;
+      ASSERT_FALSE(kernels::e4m3_has_nan(bytes.data(), n)) << "n = " << n;
+      for (std::int64_t at = 0; at < n; ++at) {
+        bytes[std::size_t(at)] = at % 2 ? 0x7f : 0xff;
+        ASSERT_TRUE(kernels::e4m3_has_nan(bytes.data(), n)) << "n = " << n << ", at " << at;
+        bytes[std::size_t(at)] = 0xfe;
+      }
+    }
+  }
+  const unsigned char byte = 0x7f;
+  EXPECT_THROW(kernels::e4m3_has_nan(&byte, -1), InvalidArgument);
+}
+
 TEST(ConvertRow, E4M3DecodeStepsRefuseALengthThatIsNotAMultipleOf8) {
   const std::vector<unsigned char> bytes(16, 0x38);
   std::vector<float> out(16, -1.0f);
-  EXPECT_THROW(kernels::e4m3_has_nan(bytes.data(), 9), InvalidArgument);
   EXPECT_THROW(kernels::e4m3_to_f32_nan_free(bytes.data(), out.data(), 9), InvalidArgument);
   EXPECT_THROW(kernels::e4m3_to_f32_nan_free(bytes.data(), out.data(), -8), InvalidArgument);
   for (float x : out) EXPECT_EQ(x, -1.0f);  // nothing written

@@ -156,6 +156,9 @@ struct BlockSlots {
   std::int64_t run_scale_index(std::int32_t i, std::int32_t head, std::int32_t page_size) const {
     return run_scale[i] + std::int64_t{head} * page_size;
   }
+  // e4m3 storage with page_may_hold_nan: whether a page of the block may hold
+  // a NaN code (kMaybe) or none can (kNone); kUnknown without the flags.
+  enum class Nan : std::uint8_t { kUnknown, kNone, kMaybe } nan = Nan::kUnknown;
   // Set when the block holds token-tree nodes: prefix keys get the interval
   // that contains every node (always visible) and their index as position.
   bool tree = false;
@@ -182,6 +185,7 @@ void LocateBlock(const Item& it, std::int32_t j0, std::int32_t count, BlockSlots
   bs.first = j0;
   bs.count = count;
   bs.tree = false;
+  bs.nan = BlockSlots::Nan::kUnknown;
   if (count == 0) return;
   const PagedKVStorage& kv = it.p->kv;
   KeyCursor cur{&it.p->table, it.w->batch};
@@ -202,6 +206,11 @@ void LocateBlock(const Item& it, std::int32_t j0, std::int32_t count, BlockSlots
       }
   }
   bs.run_first[bs.runs] = count;
+  if (kv.dtype == DType::kFP8E4M3 && kv.page_may_hold_nan) {
+    bool maybe = false;
+    for (std::int32_t jj = 0; jj < count; ++jj) maybe |= kv.page_may_hold_nan[bs.page[jj]] != 0;
+    bs.nan = maybe ? BlockSlots::Nan::kMaybe : BlockSlots::Nan::kNone;
+  }
   LocateTreeKeys(it.p->tree_mask, it.w->batch, bs);
 }
 
@@ -374,7 +383,9 @@ void TransposeKeys(const Item& it, const KeyBlock& kb) {
 // Whether the K or V rows of a gathered e4m3 block hold a NaN code: blocks
 // without one (all but poisoned data) convert in registers without the NaN
 // select (LoadConvert kNanFree), the instructions e4m3 decode is bound by.
+// The block's page flags when the storage keeps them, else its bytes.
 bool BlockHasE4M3Nan(const Item& it, const KeyBlock& kb) {
+  if (kb.slots->nan != BlockSlots::Nan::kUnknown) return kb.slots->nan == BlockSlots::Nan::kMaybe;
   return HasE4M3Nan(kb.k, kKB, std::size_t(it.c->head_dim)) ||
          HasE4M3Nan(kb.v, kKB, std::size_t(it.c->v_head_dim));
 }

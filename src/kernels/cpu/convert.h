@@ -13,11 +13,13 @@ namespace pagedattn::kernels {
 void convert_row(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n,
                  float multiplier);
 
-// The attention kernel's fp8 e4m3 decode steps (kernel code calls the
-// per-target inline HasE4M3Nan and LoadConvert directly), for the tests; n a
-// non-negative multiple of 8 (else InvalidArgument, dst untouched).
-// Whether any of the n bytes is a NaN code (S.1111.111).
+// Whether any of the n >= 0 bytes is an e4m3 NaN code (S.1111.111): the
+// attention kernel's check of a block (kernel code calls the per-target
+// inline HasE4M3Nan directly), and the writers' of a row (page_may_hold_nan).
 bool e4m3_has_nan(const void* src, std::int64_t n);
+// The attention kernel's fp8 e4m3 decode step (kernel code calls LoadConvert
+// directly), for the tests; n a non-negative multiple of 8 (else
+// InvalidArgument, dst untouched).
 // The bytes as f32 of value x 2^-8 (exact) without the NaN select: what the
 // decode loops compute for blocks in which e4m3_has_nan found no NaN code.
 void e4m3_to_f32_nan_free(const void* src, float* dst, std::int64_t n);
