@@ -693,44 +693,4 @@ bool wait_for_quiet(double limit_seconds, double max_other_cores) {
   return false;
 }
 
-CpuSample sample_cpu() {
-  CpuSample s;
-  s.wall_seconds = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-  {
-    std::ifstream f("/proc/stat");
-    std::string cpu;
-    std::int64_t user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0,
-                 steal = 0;
-    if (f >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal &&
-        cpu == "cpu") {
-      s.busy_ticks = user + nice + system + irq + softirq;
-      s.steal_ticks = steal;
-    }
-  }
-  {
-    // Fields 14 and 15 (utime, stime) follow the parenthesised command name.
-    std::ifstream f("/proc/self/stat");
-    std::string line;
-    std::getline(f, line);
-    const std::size_t close = line.rfind(')');
-    if (close != std::string::npos) {
-      std::istringstream rest(line.substr(close + 2));
-      std::string field;
-      std::int64_t utime = 0, stime = 0;
-      for (int i = 3; i <= 13; ++i) rest >> field;
-      if (rest >> utime >> stime) s.self_ticks = utime + stime;
-    }
-  }
-  return s;
-}
-
-double other_cores_between(const CpuSample& a, const CpuSample& b) {
-  const double wall = b.wall_seconds - a.wall_seconds;
-  const double hz = double(sysconf(_SC_CLK_TCK));
-  if (wall <= 0.0 || hz <= 0.0) return 0.0;
-  const double others = double((b.busy_ticks - a.busy_ticks) - (b.self_ticks - a.self_ticks)) +
-                        double(b.steal_ticks - a.steal_ticks);
-  return std::max(0.0, others / hz / wall);
-}
-
 }  // namespace pagedattn::bench

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/cpu_load.h"
 #include "pagedattn/cpu_features.h"
 #include "workload_rules.h"  // l3_cache_bytes
 
@@ -164,17 +165,10 @@ const FmaPeakResult& machine_fma_peak();
 // Contention from the rest of the machine (other processes, hypervisor
 // steal), from /proc/stat and /proc/self/stat: the benchmarks share the
 // machine, so each one reports how busy the others kept it meanwhile.
-struct CpuSample {
-  double wall_seconds = 0.0;     // steady clock
-  std::int64_t busy_ticks = 0;   // all CPUs: user + nice + system + irq + softirq
-  std::int64_t steal_ticks = 0;  // all CPUs: stolen by the hypervisor
-  std::int64_t self_ticks = 0;   // this process: utime + stime (all threads)
-};
-CpuSample sample_cpu();
-// Cores' worth of CPU that others (other processes + steal) used between two
-// samples, averaged over the wall time between them (0 = quiet machine; 1 =
-// one core fully taken). Resolution: one clock tick (10 ms) per interval.
-double other_cores_between(const CpuSample& a, const CpuSample& b);
+// (core/cpu_load.h: the machine's CPUs, all of them.)
+using core::CpuSample;
+using core::other_cores_between;
+using core::sample_cpu;
 // Waits (at most `limit_seconds`) for a one-second window in which others
 // use less than `max_other_cores`; returns whether one came.
 bool wait_for_quiet(double limit_seconds, double max_other_cores = 0.1);

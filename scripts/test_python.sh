@@ -75,4 +75,7 @@ esac
 
 # test_serve_openai.py runs the CLI of the Release build (scripts/test.sh builds it first).
 export PAGEDATTN_CLI=${PAGEDATTN_CLI:-$PWD/build/release/tools/pagedattn}
+# Tests share the cores with the servers and engines they start: threads that
+# spin while they wait would take the cores those need (docs/engine.md#threads).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 (cd python/tests && ../../build/pyenv/bin/python -m pytest -q -p no:cacheprovider .)

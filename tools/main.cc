@@ -4,10 +4,7 @@
 //   demo      a scripted tour of the paged KV-cache manager
 //   bench-attention  time the attention kernel on one shape (see --help)
 //   version   print the library version
-#include <unistd.h>
-
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -40,29 +37,10 @@ int usage(std::FILE* out) {
   return out == stdout ? 0 : 2;
 }
 
-// The library's OpenMP wait policy, for every command: passive (threads
-// sleep between parallel regions) unless the user chose one. Spinning
-// threads take the cores from each other and from other processes: on a
-// shared machine steps get several times slower, while alone passive
-// waiting costs one stream's decode a little (docs/engine.md, "Threads").
-// libgomp reads the policy only at start-up, hence the restart.
-void prefer_passive_openmp_wait(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
-  setenv("OMP_WAIT_POLICY", "passive", 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: run as we are
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* command = argc > 1 ? argv[1] : "bench-serve";
-  // Under mpirun (--tensor-parallel, --disaggregate) the launcher owns the
-  // process: no re-exec; pass `mpirun -x OMP_WAIT_POLICY=passive` instead.
-  const bool launched_by_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr ||
-                               std::getenv("PMI_SIZE") != nullptr ||
-                               std::getenv("PMIX_RANK") != nullptr;
-  if (!launched_by_mpi && !pagedattn::tools::wants_tensor_parallel(argc, argv))
-    prefer_passive_openmp_wait(argv);
   std::shared_ptr<void> mpi;  // finalizes MPI after the command's objects are gone
   try {
     mpi = pagedattn::tools::start_mpi_if_requested(&argc, &argv);

@@ -19,8 +19,7 @@ namespace pagedattn::tools {
 // (--tensor-parallel N, N > 1): returned handle finalizes MPI when
 // destroyed; null when not asked. Unsupported in a build without MPI.
 std::shared_ptr<void> start_mpi_if_requested(int* argc, char*** argv);
-// Whether argv asks for tensor parallelism (then `mpirun` runs the process:
-// the CLI does not re-exec itself).
+// Whether argv asks for tensor parallelism (then `mpirun` runs the process).
 bool wants_tensor_parallel(int argc, char** argv);
 
 // Builds this process's shard of the model (the whole model for size 1).

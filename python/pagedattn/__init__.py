@@ -25,15 +25,7 @@ bfloat16 and float8 travel as uint16 / uint8 arrays with a dtype string, or
 as ml_dtypes arrays. See docs/python.md.
 """
 
-import os as _os
-
-# The library's OpenMP wait policy (docs/engine.md, "Threads"): passive unless
-# the user chose one, as the `pagedattn` CLI does. Spinning threads take the
-# cores from other processes and Python threads; libgomp reads the policy once,
-# when it loads with the extension below, so it is set first.
-_os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-
-from ._core import (  # noqa: E402 (after the wait policy)
+from ._core import (
     BatchPlan,
     ChatTemplate,
     EngineStats,

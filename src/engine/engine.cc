@@ -15,6 +15,7 @@
 #include "counter_random.h"
 #include "sampler.h"
 #include "scheduler.h"
+#include "step_threads.h"
 
 namespace pagedattn {
 
@@ -132,6 +133,7 @@ struct Engine::Impl {
   mutable std::mutex mutex;
   engine::Scheduler scheduler;
   engine::Sampler sampler;
+  engine::StepThreads threads;  // this engine's steps' OpenMP threads
   StreamCallback callback;
   std::int64_t steps = 0;
   std::int32_t last_tokens = 0, last_decodes = 0;
@@ -434,6 +436,7 @@ std::vector<RequestOutput> Engine::step() {
   const Schedule s = im.scheduler.schedule();
   if (!s.empty()) {
     const double model_before = im.seconds_in_model;
+    im.threads.apply();
     im.run_forward(s);
     im.scheduler.observe_forward(s.num_tokens, im.seconds_in_model - model_before);
     im.scheduler.complete(s);

@@ -1,0 +1,48 @@
+#include "engine/step_threads.h"
+
+#include <omp.h>
+#include <strings.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+
+namespace pagedattn::engine {
+namespace {
+
+bool passive_wait() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  return policy != nullptr && strcasecmp(policy, "passive") == 0;
+}
+
+}  // namespace
+
+StepThreads::StepThreads()
+    : max_threads_(std::max(1, omp_get_max_threads())),
+      cpus_(core::allowed_cpus()),
+      adapt_(max_threads_ > 1 && !passive_wait()),
+      threads_(max_threads_),
+      last_(adapt_ ? core::sample_cpu(true) : core::CpuSample{}) {
+  adapt_ = adapt_ && last_.valid;  // without /proc, every thread
+}
+
+int StepThreads::for_share(int max_threads, int cpus, double other_cores) {
+  const double free_cores = double(cpus) - std::max(0.0, other_cores);
+  return std::clamp(static_cast<int>(std::lround(free_cores)), 1, std::max(1, max_threads));
+}
+
+int StepThreads::apply() {
+  const double now_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (adapt_ && now_seconds - last_.wall_seconds >= kInterval) {
+    const core::CpuSample now = core::sample_cpu(true);
+    threads_ = now.valid ? for_share(max_threads_, cpus_, core::other_cores_between(last_, now))
+                         : max_threads_;
+    last_ = now;
+  }
+  omp_set_num_threads(threads_);
+  return threads_;
+}
+
+}  // namespace pagedattn::engine

@@ -1,0 +1,38 @@
+// How many OpenMP threads the engine's steps use.
+#pragma once
+
+#include "core/cpu_load.h"
+
+namespace pagedattn::engine {
+
+// All of OpenMP's threads (its count when the engine was made) while the
+// process's CPUs are its own, fewer while other processes take some of them.
+// OpenMP threads spin for a while before they sleep (the runtime's default):
+// on a core the scheduler shares with another process, a thread that spins
+// waiting for one that is descheduled takes the time both need, and a step
+// slows to a fraction of what fewer threads give (docs/engine.md#threads).
+// Threads that sleep as they wait (OMP_WAIT_POLICY=passive) cost nothing
+// then, so under that policy every step keeps them all.
+class StepThreads {
+ public:
+  StepThreads();
+  // Before a step: at most every kInterval seconds measures what the other
+  // processes used of this process's CPUs since the last measure, and sets
+  // the thread count for the calling thread's parallel regions
+  // (omp_set_num_threads). Returns it.
+  int apply();
+
+  // The count for `other_cores` cores' worth of others' use of `cpus` CPUs:
+  // the cores they leave, rounded to nearest, in [1, max_threads].
+  static int for_share(int max_threads, int cpus, double other_cores);
+  static constexpr double kInterval = 0.1;
+
+ private:
+  int max_threads_;
+  int cpus_;
+  bool adapt_;
+  int threads_;
+  core::CpuSample last_;
+};
+
+}  // namespace pagedattn::engine

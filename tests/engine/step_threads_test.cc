@@ -1,0 +1,92 @@
+// The engine's step thread count (engine/step_threads.h): the cores other
+// processes leave, and the CPU-time sampler behind it.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/cpu_load.h"
+#include "engine/step_threads.h"
+
+namespace pagedattn::engine {
+namespace {
+
+TEST(StepThreads, TakesTheCoresOthersLeaveRoundedWithinOneAndTheMaximum) {
+  EXPECT_EQ(StepThreads::for_share(2, 2, 0.0), 2);
+  EXPECT_EQ(StepThreads::for_share(2, 2, 0.3), 2);   // a little background
+  EXPECT_EQ(StepThreads::for_share(2, 2, 0.67), 1);  // one busy process beside two spinners
+  EXPECT_EQ(StepThreads::for_share(2, 2, 1.0), 1);
+  EXPECT_EQ(StepThreads::for_share(2, 2, 1.9), 1);  // never below one
+  EXPECT_EQ(StepThreads::for_share(2, 2, 7.0), 1);
+  EXPECT_EQ(StepThreads::for_share(16, 16, 3.2), 13);
+  EXPECT_EQ(StepThreads::for_share(8, 16, 0.0), 8);  // OMP_NUM_THREADS below the CPUs
+  EXPECT_EQ(StepThreads::for_share(8, 16, 9.0), 7);
+  EXPECT_EQ(StepThreads::for_share(4, 4, -1.0), 4);  // a clock step backwards
+  EXPECT_EQ(StepThreads::for_share(0, 4, 0.0), 1);
+}
+
+TEST(StepThreads, SamplesThisProcesssCpusAndSeesNoOthersInNoTime) {
+  const core::CpuSample a = core::sample_cpu(true), b = core::sample_cpu(true);
+  ASSERT_TRUE(a.valid && b.valid);
+  EXPECT_GE(b.busy_ticks, a.busy_ticks);
+  EXPECT_GE(b.self_ticks, a.self_ticks);
+  EXPECT_GE(b.wall_seconds, a.wall_seconds);
+  EXPECT_EQ(core::other_cores_between(a, a), 0.0);
+  EXPECT_EQ(core::other_cores_between(core::CpuSample{}, b), 0.0);  // not valid: none
+  const core::CpuSample all = core::sample_cpu(false);
+  ASSERT_TRUE(all.valid);
+  EXPECT_GE(all.busy_ticks + all.steal_ticks, 0);
+  EXPECT_GE(core::allowed_cpus(), 1);
+}
+
+// Sets OMP_WAIT_POLICY for a scope (StepThreads reads it when made).
+class WaitPolicy {
+ public:
+  explicit WaitPolicy(const char* policy) {
+    if (const char* v = std::getenv("OMP_WAIT_POLICY")) {
+      saved_ = v;
+      had_ = true;
+    }
+    if (policy)
+      setenv("OMP_WAIT_POLICY", policy, 1);
+    else
+      unsetenv("OMP_WAIT_POLICY");
+  }
+  ~WaitPolicy() {
+    if (had_)
+      setenv("OMP_WAIT_POLICY", saved_.c_str(), 1);
+    else
+      unsetenv("OMP_WAIT_POLICY");
+  }
+  WaitPolicy(const WaitPolicy&) = delete;
+  WaitPolicy& operator=(const WaitPolicy&) = delete;
+
+ private:
+  std::string saved_;
+  bool had_ = false;
+};
+
+// apply() sets the count it returns for this thread's parallel regions: all
+// of them under passive waiting, a count in [1, all] otherwise.
+TEST(StepThreads, SetsTheCountForThisThreadsRegions) {
+  const int all = omp_get_max_threads();
+  {
+    const WaitPolicy passive("passive");
+    StepThreads t;
+    EXPECT_EQ(t.apply(), all);
+    EXPECT_EQ(omp_get_max_threads(), all);
+  }
+  {
+    const WaitPolicy runtime_default(nullptr);
+    StepThreads t;
+    const int n = t.apply();
+    EXPECT_GE(n, 1);
+    EXPECT_LE(n, all);
+    EXPECT_EQ(omp_get_max_threads(), n);
+  }
+  omp_set_num_threads(all);
+}
+
+}  // namespace
+}  // namespace pagedattn::engine
