@@ -84,6 +84,17 @@ HWY_INLINE hn::Vec<DF> Q8Quants(const std::uint8_t* block, std::size_t c) {
       df, hn::PromoteTo(hn::RebindToSigned<DF>(), hn::LoadU(d8, q + c * hn::Lanes(df))));
 }
 
+// How far ahead of the block being read every kernel prefetches its weights:
+// short rows (SmolLM2's are 396-1,260 bytes) read a few side by side, one
+// tile after another, are not a pattern the hardware prefetchers run far
+// enough ahead of (docs/benchmarks.md, "Weight prefetch").
+constexpr std::int64_t kPrefetchBytes = 8192;
+
+// The lines kPrefetchBytes past the `bytes` of a weight block being read.
+HWY_INLINE void PrefetchPast(const std::uint8_t* block, std::int64_t bytes) {
+  for (std::int64_t i = 0; i < bytes; i += 64) hwy::Prefetch(block + kPrefetchBytes + i);
+}
+
 // y[r][o + c] for rows [row, row + R) and weight rows [o, o + C). Each
 // (row, weight row) pair has its own accumulator, summed in the same order
 // whatever R and C are, so the tile shape does not change any result. Several
@@ -91,11 +102,6 @@ HWY_INLINE hn::Vec<DF> Q8Quants(const std::uint8_t* block, std::size_t c) {
 // multiply-adds instead of one chain bound by their latency. Q8_0 multiplies
 // its quants into x and scales each block's partial sum by d once (one
 // multiply fewer per vector); the others decode w = d * q (+ m) per vector.
-// How far ahead of the block being read the tile kernels prefetch: C short
-// rows (SmolLM2's are 612 bytes of Q8_0) read side by side are not a pattern
-// the hardware prefetchers follow.
-constexpr std::int64_t kPrefetchBytes = 1024;
-
 template <WeightFormat F, std::int32_t R, std::int32_t C>
 HWY_INLINE void DotTile(const QuantProductArgs& a, std::int32_t row, std::int32_t o) {
   const DF df;
@@ -118,7 +124,7 @@ HWY_INLINE void DotTile(const QuantProductArgs& a, std::int32_t row, std::int32_
         x[r] = hn::LoadU(df, a.x + std::size_t(row + r) * a.in + at);
       for (std::int32_t c = 0; c < C; ++c) {
         const std::uint8_t* block = w + c * row_bytes + b * BlockTraits<F>::kBytes;
-        if (chunk == 0) hwy::Prefetch(block + kPrefetchBytes);
+        if (chunk == 0) PrefetchPast(block, BlockTraits<F>::kBytes);
         const auto weights = kScaleBlocks ? Q8Quants(block, chunk) : DecodeChunk<F>(block, chunk);
         for (std::int32_t r = 0; r < R; ++r) sum[r][c] = hn::MulAdd(weights, x[r], sum[r][c]);
       }
@@ -303,6 +309,7 @@ HWY_INLINE void DotRowsK45(const QuantProductArgs& a, const float* xsums, std::i
   }
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = w + b * kBytes;
+    PrefetchPast(block, kBytes);
     const float d = HalfAt(block), dmin = HalfAt(block + 2);
     alignas(8) std::uint8_t sc[8], m[8];
     UnpackKScales(block + 4, sc, m);
@@ -382,6 +389,7 @@ HWY_INLINE void DotRowsQ6K(const QuantProductArgs& a, std::int32_t row, std::int
   }
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = w + b * kBytes;
+    PrefetchPast(block, kBytes);
     const float d = HalfAt(block + BlockTraits<WeightFormat::kQ6_K>::kScale);
     const std::size_t base = std::size_t(b) * kQuantKBlock;
     for (std::size_t h = 0; h < 2; ++h)
@@ -527,6 +535,7 @@ HWY_INLINE void WideRowsK45(const QuantProductArgs& a, const float* xp_rows, con
   }
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = w + b * kBytes;
+    PrefetchPast(block, kBytes);
     alignas(8) std::uint8_t sc[8], m[8];
     UnpackKScales(block + 4, sc, m);
     alignas(32) float scales[8];
@@ -611,6 +620,7 @@ HWY_INLINE void WideRowsQ6K(const QuantProductArgs& a, const float* xp_rows, std
   }
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = w + b * kBytes;
+    PrefetchPast(block, kBytes);
     const auto d = hn::Set(df, HalfAt(block + BlockTraits<WeightFormat::kQ6_K>::kScale));
     const auto* scales =
         reinterpret_cast<const std::int8_t*>(block + BlockTraits<WeightFormat::kQ6_K>::kScales);
@@ -813,9 +823,11 @@ HWY_INLINE void WideRows32(const QuantProductArgs& a, const float* xp_rows, cons
   for (std::int32_t c = 0; c < C; ++c)
     for (std::int32_t r = 0; r < R; ++r) acc[c][r] = hn::Zero(df);
   for (std::int64_t p = 0; p < pairs; ++p)
-    for (std::int32_t c = 0; c < C; ++c)
-      WidePair32<F, R>(w + c * row_bytes + 2 * p * BlockTraits<F>::kBytes, xp, xsq, std::size_t(p),
-                       acc[c]);
+    for (std::int32_t c = 0; c < C; ++c) {
+      const std::uint8_t* pair = w + c * row_bytes + 2 * p * BlockTraits<F>::kBytes;
+      PrefetchPast(pair, 2 * BlockTraits<F>::kBytes);
+      WidePair32<F, R>(pair, xp, xsq, std::size_t(p), acc[c]);
+    }
   for (std::int32_t c = 0; c < C; ++c) {
     float sums[R];
     for (std::int32_t r = 0; r < R; ++r) sums[r] = hn::GetLane(hn::SumOfLanes(df, acc[c][r]));
@@ -900,6 +912,7 @@ HWY_INLINE void Int8RowsK45(const QuantProductArgs& a, const Int8Rows& rows, std
   const auto nibbles = hn::Set(du, 0x0f0f0f0fu);
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = w + b * kBytes;
+    PrefetchPast(block, kBytes);
     alignas(8) std::uint8_t sc[8], m[8];
     UnpackKScales(block + 4, sc, m);
     const auto scales = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(D8I(), hn::LoadU(d8, sc))),
@@ -964,6 +977,7 @@ HWY_INLINE void Int8RowsQ6K(const QuantProductArgs& a, const Int8Rows& rows, std
   const auto nibbles = hn::Set(du, 0x0f0f0f0fu), bits45 = hn::Set(du, 0x30303030u);
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = w + b * kBytes;
+    PrefetchPast(block, kBytes);
     const auto d = hn::Set(df, HalfAt(block + BlockTraits<WeightFormat::kQ6_K>::kScale));
     const auto* sc =
         reinterpret_cast<const std::int8_t*>(block + BlockTraits<WeightFormat::kQ6_K>::kScales);
@@ -1127,6 +1141,7 @@ HWY_INLINE void Int8Rows32(const QuantProductArgs& a, const Int8Rows& rows, std:
   }
   std::int64_t b = 0;
   for (; b + 2 <= blocks; b += 2) {
+    PrefetchPast(w + b * kBytes, 2 * kBytes);
     Int8Block32<F, R, 0>(w + b * kBytes, b, x8, dx, xs, acc, macc);
     Int8Block32<F, R, 1>(w + (b + 1) * kBytes, b + 1, x8, dx, xs, acc, macc);
   }
