@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include "bench_serve_http.h"
 #include "bench_serve_options.h"
+#include "bench_serve_roofline.h"
 #include "contiguous_replay.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/llama.h"
@@ -156,6 +158,7 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace,
         std::this_thread::sleep_for(std::chrono::duration<double>(next_arrival - now()));
       continue;
     }
+    const double step_start = now();
     const std::vector<RequestOutput> outputs = engine.step();
     const double t = now();
     for (const RequestOutput& out : outputs) {
@@ -179,7 +182,8 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace,
     }
     const EngineStats st = engine.stats();
     steps.push_back({t, st.num_running_seqs, st.last_step_tokens, st.pages_in_use,
-                     st.token_states_stored, st.pages_if_unshared, produced});
+                     st.token_states_stored, st.pages_if_unshared, produced, t - step_start,
+                     st.last_step_decodes});
     bar.update(completed,
                detail::concat("running ", st.num_running_seqs, "  pages ",
                               st.pages_in_use * 100 / st.num_pages, "%  ",
@@ -310,6 +314,13 @@ int run_bench_serve(int argc, char** argv) {
     contiguous.push_back(replay_contiguous(trace, {policy, capacity, 2048, o.max_num_seqs}));
   print_report(stdout, summary, contiguous);
   print_tensor_parallel_times(st);
+  // After the run: the probes' seconds stay out of its clock, and they load
+  // the machine as the run did (all OpenMP threads).
+  std::optional<ProbeFigures> probes;
+  if (o.probes) probes = measure_probes(o.quick);
+  const nlohmann::ordered_json roofline =
+      roofline_json(model_cost(o.model, ec.model->spec()), steps, probes);
+  print_roofline(stdout, roofline);
   if (!o.json.empty()) {
     const RunInfo info = {
         {"model", o.model},
@@ -328,7 +339,9 @@ int run_bench_serve(int argc, char** argv) {
         {"int8_activations", o.int8_activations},
         {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};
-    write_json(json_file, o.json, serve_json(info, summary, contiguous, steps, timing));
+    nlohmann::ordered_json doc = serve_json(info, summary, contiguous, steps, timing);
+    doc["roofline"] = roofline;  // bench/scaling.sh's input
+    write_json(json_file, o.json, doc);
     std::printf("\n  wrote %s\n", o.json.c_str());
   }
   return 0;

@@ -91,6 +91,10 @@ void add_engine_flags(CLI::App& app, BenchServeOptions& o) {
   flags::add_bf16_products_flag(app, o.bf16_products);
   flags::add_int8_activations_flag(app, o.int8_activations);
   flags::add_tensor_parallel_flag(app, o.tensor_parallel);
+  app.add_flag("--probes", o.probes,
+               "also measure this machine's read bandwidth and FMA peak (a few seconds; "
+               "shorter with --quick) and report the decode step against those bounds "
+               "(bench/scaling.sh)");
 }
 
 void add_server_flags(CLI::App& app, BenchServeOptions& o) {

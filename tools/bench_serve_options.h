@@ -26,6 +26,7 @@ struct BenchServeOptions {
   std::int32_t turns = 4;              // --workload multi-turn
   std::int32_t tensor_parallel = 1;    // ranks sharing the model (under mpirun)
   bool quick = false;
+  bool probes = false;  // measure the machine probes for the roofline figures
   std::uint64_t seed = 1;
   std::string json;  // empty: no JSON file
   bool help = false;

@@ -25,6 +25,8 @@ struct StepSample {
   std::int64_t token_states_stored = 0;
   std::int64_t pages_if_unshared = 0;
   std::int64_t output_tokens = 0;  // produced so far
+  double step_s = 0.0;             // wall time of Engine::step alone (no arrivals, no sleeps)
+  std::int32_t decodes = 0;        // of batch_tokens, decode tokens (one per running sample)
 };
 
 struct ServeSummary {

@@ -158,7 +158,9 @@ nlohmann::ordered_json serve_json(const RunInfo& info, const ServeSummary& s,
       {"token_states_stored",
        column(steps, [](const StepSample& x) { return x.token_states_stored; })},
       {"pages_if_unshared", column(steps, [](const StepSample& x) { return x.pages_if_unshared; })},
-      {"output_tokens", column(steps, [](const StepSample& x) { return x.output_tokens; })}};
+      {"output_tokens", column(steps, [](const StepSample& x) { return x.output_tokens; })},
+      {"step_s", column(steps, [](const StepSample& x) { return x.step_s; })},
+      {"decode_tokens", column(steps, [](const StepSample& x) { return x.decodes; })}};
   doc["requests"] = {
       {"arrival_s", column(requests, [](const RequestTiming& r) { return r.arrival; })},
       {"first_token_s", column(requests, [](const RequestTiming& r) { return r.first_token; })},

@@ -1,6 +1,7 @@
 # ctest -P script: `pagedattn bench-serve --quick --json OUT` writes every
 # figure as a JSON number (not a string), flags as booleans, and an
-# unlimited request rate as null.
+# unlimited request rate as null; the roofline's probe figures are null
+# without --probes.
 #   cmake -DPAGEDATTN=path/to/pagedattn -DOUT=file.json -P check_bench_serve_json.cmake
 execute_process(COMMAND ${PAGEDATTN} bench-serve --quick --json ${OUT}
                 RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
@@ -47,4 +48,22 @@ foreach(section timeline requests)
     expect_type(NUMBER ${section} ${key} 0)
   endforeach()
 endforeach()
+# The roofline's model and decode-step figures; without --probes its bounds
+# are null (the probes run only when asked: they take seconds).
+foreach(key threads parameters weight_bytes expert_weight_bytes matmul_flops_per_token
+            kv_bytes_per_token attention_flops_per_context_token decode_steps decode_step_s
+            decode_tokens_per_step decode_context_tokens_per_step decode_step_bytes
+            decode_step_flops)
+  expect_type(NUMBER roofline ${key})
+endforeach()
+foreach(key read_gbps fma_gflops fma_isa probe_other_cores memory_bound_s compute_bound_s
+            roofline_fraction)
+  expect_type(NULL roofline ${key})
+endforeach()
+string(JSON steps GET "${doc}" roofline decode_steps)
+string(JSON weight_bytes GET "${doc}" roofline weight_bytes)
+if(steps LESS_EQUAL 0 OR weight_bytes LESS_EQUAL 0)
+  message(FATAL_ERROR "roofline: decode_steps = ${steps}, weight_bytes = ${weight_bytes}: "
+                      "expected both positive")
+endif()
 message(STATUS "bench-serve JSON: all figures are numbers")
