@@ -21,6 +21,7 @@ bool passive_wait() {
 StepThreads::StepThreads()
     : max_threads_(std::max(1, omp_get_max_threads())),
       cpus_(core::allowed_cpus()),
+      interval_(interval_for(cpus_)),
       adapt_(max_threads_ > 1 && !passive_wait()),
       threads_(max_threads_),
       last_(adapt_ ? core::sample_cpu(true) : core::CpuSample{}) {
@@ -32,10 +33,14 @@ int StepThreads::for_share(int max_threads, int cpus, double other_cores) {
   return std::clamp(static_cast<int>(std::lround(free_cores)), 1, std::max(1, max_threads));
 }
 
+double StepThreads::interval_for(int cpus) {
+  return std::max(0.1, 0.04 * std::max(1, cpus));
+}
+
 int StepThreads::apply() {
   const double now_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  if (adapt_ && now_seconds - last_.wall_seconds >= kInterval) {
+  if (adapt_ && now_seconds - last_.wall_seconds >= interval_) {
     const core::CpuSample now = core::sample_cpu(true);
     threads_ = now.valid ? for_share(max_threads_, cpus_, core::other_cores_between(last_, now))
                          : max_threads_;

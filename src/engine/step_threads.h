@@ -16,20 +16,25 @@ namespace pagedattn::engine {
 class StepThreads {
  public:
   StepThreads();
-  // Before a step: at most every kInterval seconds measures what the other
-  // processes used of this process's CPUs since the last measure, and sets
-  // the thread count for the calling thread's parallel regions
+  // Before a step: at most every interval_for(CPUs) seconds measures what
+  // the other processes used of this process's CPUs since the last measure,
+  // and sets the thread count for the calling thread's parallel regions
   // (omp_set_num_threads). Returns it.
   int apply();
 
   // The count for `other_cores` cores' worth of others' use of `cpus` CPUs:
   // the cores they leave, rounded to nearest, in [1, max_threads].
   static int for_share(int max_threads, int cpus, double other_cores);
-  static constexpr double kInterval = 0.1;
+  // Seconds between measures on `cpus` CPUs: 0.1 s, and 40 ms per CPU where
+  // that is longer. Each CPU's counters move in clock ticks (10 ms), so a
+  // measure can be a tick off per CPU: over cpus x 40 ms that is at most a
+  // quarter of a core, which the rounding in for_share absorbs.
+  static double interval_for(int cpus);
 
  private:
   int max_threads_;
   int cpus_;
+  double interval_;
   bool adapt_;
   int threads_;
   core::CpuSample last_;

@@ -26,6 +26,17 @@ TEST(StepThreads, TakesTheCoresOthersLeaveRoundedWithinOneAndTheMaximum) {
   EXPECT_EQ(StepThreads::for_share(0, 4, 0.0), 1);
 }
 
+// Measures far enough apart that a clock tick per CPU stays under a quarter
+// of a core.
+TEST(StepThreads, MeasuresLongerApartOnMoreCpus) {
+  EXPECT_DOUBLE_EQ(StepThreads::interval_for(1), 0.1);
+  EXPECT_DOUBLE_EQ(StepThreads::interval_for(2), 0.1);
+  EXPECT_DOUBLE_EQ(StepThreads::interval_for(16), 0.64);
+  EXPECT_DOUBLE_EQ(StepThreads::interval_for(64), 2.56);
+  for (int cpus = 1; cpus <= 256; ++cpus)
+    EXPECT_LE(cpus * 0.01 / StepThreads::interval_for(cpus), 0.25 + 1e-12) << cpus;
+}
+
 TEST(StepThreads, SamplesThisProcesssCpusAndSeesNoOthersInNoTime) {
   const core::CpuSample a = core::sample_cpu(true), b = core::sample_cpu(true);
   ASSERT_TRUE(a.valid && b.valid);
