@@ -1,10 +1,10 @@
 // append_paged_kv: new K/V rows into pages through a slot mapping.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <vector>
 
 #include "cpu/convert.h"
+#include "kernels/nan_flags.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_ops.h"
 
@@ -70,9 +70,6 @@ void append_paged_kv(const AppendParams& p) {
   const auto es = static_cast<std::int64_t>(dtype_size(kv.dtype));
   const auto ks = static_cast<std::int64_t>(dtype_size(p.k.dtype));
   const auto vs = static_cast<std::int64_t>(dtype_size(p.v.dtype));
-  // Tokens of one page may be written by different threads: the flag is set
-  // atomically, never cleared.
-  std::uint8_t* const nan_flags = kv.dtype == DType::kFP8E4M3 ? kv.page_may_hold_nan : nullptr;
 #pragma omp parallel for schedule(static) if (std::int64_t{p.num_tokens} * kv.num_kv_heads > 4096)
   for (std::int32_t t = 0; t < p.num_tokens; ++t) {
     const std::int64_t s = p.slot_mapping[t];
@@ -84,19 +81,17 @@ void append_paged_kv(const AppendParams& p) {
                           (t * p.k.token_stride + h * p.k.head_stride) * ks;
       const auto* v_src = static_cast<const std::byte*>(p.v.data) +
                           (t * p.v.token_stride + h * p.v.head_stride) * vs;
-      auto* k_dst = static_cast<std::byte*>(kv.k_data) + kv.k_offset(page, h, slot) * es;
-      auto* v_dst = static_cast<std::byte*>(kv.v_data) + kv.v_offset(page, h, slot) * es;
-      write_row(k_src, p.k.dtype, kv.head_dim, k_dst, kv.dtype,
+      write_row(k_src, p.k.dtype, kv.head_dim,
+                static_cast<std::byte*>(kv.k_data) + kv.k_offset(page, h, slot) * es, kv.dtype,
                 kv.k_head_scales ? kv.k_head_scales[h] : kv.k_scale,
                 kv.k_token_scales ? kv.k_token_scales + ti : nullptr);
-      if (!kv.v_in_k)
-        write_row(v_src, p.v.dtype, kv.v_head_dim, v_dst, kv.dtype,
-                  kv.v_head_scales ? kv.v_head_scales[h] : kv.v_scale,
-                  kv.v_token_scales ? kv.v_token_scales + ti : nullptr);
-      if (nan_flags && (kernels::e4m3_has_nan(k_dst, kv.head_dim) ||
-                        (!kv.v_in_k && kernels::e4m3_has_nan(v_dst, kv.v_head_dim))))
-        std::atomic_ref<std::uint8_t>(nan_flags[page]).store(1, std::memory_order_relaxed);
+      if (kv.v_in_k) continue;
+      write_row(v_src, p.v.dtype, kv.v_head_dim,
+                static_cast<std::byte*>(kv.v_data) + kv.v_offset(page, h, slot) * es, kv.dtype,
+                kv.v_head_scales ? kv.v_head_scales[h] : kv.v_scale,
+                kv.v_token_scales ? kv.v_token_scales + ti : nullptr);
     }
+    kernels::flag_e4m3_nan_slot(kv, page, slot);
   }
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/nan_flags.h"
 
+#include <atomic>
 #include <cstddef>
 
 #include "cpu/convert.h"
@@ -24,7 +25,8 @@ bool page_holds_e4m3_nan(const PagedKVStorage& s, std::int64_t page) {
 
 void flag_e4m3_nan_slot(const PagedKVStorage& s, std::int64_t page, std::int64_t slot) {
   std::uint8_t* flag = nan_flag(s, page);
-  if (flag && slot_holds_e4m3_nan(s, page, slot)) *flag = 1;
+  if (flag && slot_holds_e4m3_nan(s, page, slot))
+    std::atomic_ref<std::uint8_t>(*flag).store(1, std::memory_order_relaxed);
 }
 
 }  // namespace pagedattn::kernels

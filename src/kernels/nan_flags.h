@@ -20,7 +20,8 @@ bool slot_holds_e4m3_nan(const PagedKVStorage& s, std::int64_t page, std::int64_
 bool page_holds_e4m3_nan(const PagedKVStorage& s, std::int64_t page);
 
 // Sets the flag of `page` where the storage keeps one and the slot's rows
-// hold a NaN code.
+// hold a NaN code; atomically, as threads writing other slots of the page
+// (append_paged_kv) may set it too. Never clears it.
 void flag_e4m3_nan_slot(const PagedKVStorage& s, std::int64_t page, std::int64_t slot);
 
 }  // namespace pagedattn::kernels
