@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/weight_matrix.h"
 #include "machine_probes.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/gguf_model.h"
@@ -17,24 +18,6 @@ namespace {
 constexpr std::int64_t kF32Bytes = 4;
 constexpr std::int64_t kKvElementBytes = 2;  // bench-serve's cache is f16
 
-// The GGUF types the model keeps as stored (its quantised kernels read them
-// in place, engine/gguf_llama.cc); it widens every other type to f32.
-bool kept_as_stored(GgufType type) {
-  switch (type) {
-    case GgufType::kQ8_0:
-    case GgufType::kQ4_0:
-    case GgufType::kQ4_1:
-    case GgufType::kQ5_0:
-    case GgufType::kQ5_1:
-    case GgufType::kQ4_K:
-    case GgufType::kQ5_K:
-    case GgufType::kQ6_K:
-      return true;
-    default:
-      return false;
-  }
-}
-
 void add_gguf_weights(const std::string& path, ModelCost& c) {
   const GgufFile file = GgufFile::open(path);
   const GgufModelConfig config = read_model_config(file);
@@ -45,7 +28,8 @@ void add_gguf_weights(const std::string& path, ModelCost& c) {
   for (const GgufTensor& t : file.tensors()) {
     const std::int64_t n = t.element_count();
     c.parameters += n;
-    const std::int64_t bytes = kept_as_stored(t.type) ? t.nbytes : n * kF32Bytes;
+    // As the model keeps it (engine/weight_matrix.h): in place, or widened to f32.
+    const std::int64_t bytes = engine::in_place_format(t.type) ? t.nbytes : n * kF32Bytes;
     if (t.dims.size() < 2) {  // norms and biases: read whole, no products
       c.dense_weight_bytes += bytes;
     } else if (t.name == "token_embd.weight" && !tied) {

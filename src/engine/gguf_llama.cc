@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "engine/llama_weights.h"
@@ -26,37 +27,6 @@ using engine::StackedMatrix;
 using engine::WeightFormat;
 using engine::WeightMatrix;
 
-bool in_place_format(GgufType type, WeightFormat& format) {
-  switch (type) {
-    case GgufType::kQ8_0:
-      format = WeightFormat::kQ8_0;
-      return true;
-    case GgufType::kQ4_0:
-      format = WeightFormat::kQ4_0;
-      return true;
-    case GgufType::kQ4_1:
-      format = WeightFormat::kQ4_1;
-      return true;
-    case GgufType::kQ5_0:
-      format = WeightFormat::kQ5_0;
-      return true;
-    case GgufType::kQ5_1:
-      format = WeightFormat::kQ5_1;
-      return true;
-    case GgufType::kQ4_K:
-      format = WeightFormat::kQ4_K;
-      return true;
-    case GgufType::kQ5_K:
-      format = WeightFormat::kQ5_K;
-      return true;
-    case GgufType::kQ6_K:
-      format = WeightFormat::kQ6_K;
-      return true;
-    default:
-      return false;
-  }
-}
-
 // A [out][in] matrix (ggml dims {in, out}), copied out of the file (its
 // pages then leave the resident set: the load peaks near the model's size).
 WeightMatrix load_matrix(const GgufFile& file, const std::string& name) {
@@ -64,10 +34,9 @@ WeightMatrix load_matrix(const GgufFile& file, const std::string& name) {
   require(t.dims.size() == 2, "gguf ", file.source_name(), ": tensor '", name, "' has ",
           t.dims.size(), " dims, a weight matrix has 2");
   const auto in = static_cast<std::int32_t>(t.dims[0]), out = static_cast<std::int32_t>(t.dims[1]);
-  WeightFormat format{};
-  WeightMatrix m = in_place_format(t.type, format)
-                       ? WeightMatrix::rows(format, {t.data, std::size_t(t.nbytes)}, out, in)
-                       : WeightMatrix::f32(file.dequantize(t), out, in);
+  const std::optional<WeightFormat> format = engine::in_place_format(t.type);
+  WeightMatrix m = format ? WeightMatrix::rows(*format, {t.data, std::size_t(t.nbytes)}, out, in)
+                          : WeightMatrix::f32(file.dequantize(t), out, in);
   file.release_pages(t);
   return m;
 }
@@ -95,11 +64,10 @@ std::vector<WeightMatrix> load_experts(const GgufFile& file, const std::string& 
   const auto experts = static_cast<std::size_t>(t.dims[2]);
   std::vector<WeightMatrix> matrices;
   matrices.reserve(experts);
-  WeightFormat format{};
-  if (in_place_format(t.type, format)) {
-    const std::size_t bytes = std::size_t(out) * std::size_t(engine::weight_row_bytes(format, in));
+  if (const std::optional<WeightFormat> format = engine::in_place_format(t.type)) {
+    const std::size_t bytes = std::size_t(out) * std::size_t(engine::weight_row_bytes(*format, in));
     for (std::size_t e = 0; e < experts; ++e)
-      matrices.push_back(WeightMatrix::rows(format, {t.data + e * bytes, bytes}, out, in));
+      matrices.push_back(WeightMatrix::rows(*format, {t.data + e * bytes, bytes}, out, in));
   } else {
     const std::vector<float> values = file.dequantize(t);
     const std::size_t count = std::size_t(out) * std::size_t(in);

@@ -6,6 +6,29 @@
 
 namespace pagedattn::engine {
 
+std::optional<WeightFormat> in_place_format(GgufType type) {
+  switch (type) {
+    case GgufType::kQ8_0:
+      return WeightFormat::kQ8_0;
+    case GgufType::kQ4_0:
+      return WeightFormat::kQ4_0;
+    case GgufType::kQ4_1:
+      return WeightFormat::kQ4_1;
+    case GgufType::kQ5_0:
+      return WeightFormat::kQ5_0;
+    case GgufType::kQ5_1:
+      return WeightFormat::kQ5_1;
+    case GgufType::kQ4_K:
+      return WeightFormat::kQ4_K;
+    case GgufType::kQ5_K:
+      return WeightFormat::kQ5_K;
+    case GgufType::kQ6_K:
+      return WeightFormat::kQ6_K;
+    default:
+      return std::nullopt;
+  }
+}
+
 WeightMatrix WeightMatrix::f32(std::vector<float> values, std::int32_t out, std::int32_t in) {
   require(std::ssize(values) == std::int64_t{out} * in, "WeightMatrix::f32: ", values.size(),
           " values for a ", out, " x ", in, " matrix");

@@ -4,12 +4,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "engine/gemm.h"
+#include "pagedattn/gguf_types.h"
 
 namespace pagedattn::engine {
+
+// The block format the model keeps a GGUF tensor of `type` in, read in place
+// by the quantised kernels; nullopt for the types it widens to f32 at load.
+std::optional<WeightFormat> in_place_format(GgufType type);
 
 class WeightMatrix {
  public:
