@@ -2,16 +2,9 @@
 
 #include <unistd.h>
 
-#include <chrono>
+#include "core/seconds_since.h"
 
 namespace pagedattn::tools {
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 ProgressBar::ProgressBar(std::FILE* out, std::int64_t total)
     : out_(out), total_(total > 0 ? total : 1), tty_(isatty(fileno(out)) != 0) {}
@@ -26,7 +19,7 @@ void ProgressBar::update(std::int64_t done, const std::string& detail) {
     std::fflush(out_);
     return;
   }
-  const double t = now_s();
+  const double t = steady_seconds();
   if (done < total_ && t - last_draw_ < 0.1) return;
   last_draw_ = t;
   constexpr int kWidth = 30;

@@ -4,11 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include "core/seconds_since.h"
 
 namespace pagedattn::core {
 namespace {
@@ -59,8 +60,7 @@ bool read_self_stat(CpuSample& s) {
 
 CpuSample sample_cpu(bool allowed_cpus_only) {
   CpuSample s;
-  s.wall_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  s.wall_seconds = steady_seconds();
   cpu_set_t set;
   CPU_ZERO(&set);
   const bool masked = allowed_cpus_only && sched_getaffinity(0, sizeof set, &set) == 0;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/prefetch.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
 
@@ -92,7 +93,8 @@ constexpr std::int64_t kPrefetchBytes = 8192;
 
 // The lines kPrefetchBytes past the `bytes` of a weight block being read.
 HWY_INLINE void PrefetchPast(const std::uint8_t* block, std::int64_t bytes) {
-  for (std::int64_t i = 0; i < bytes; i += 64) hwy::Prefetch(block + kPrefetchBytes + i);
+  constexpr auto kLine = static_cast<std::int64_t>(kernels::kLineBytes);
+  for (std::int64_t i = 0; i < bytes; i += kLine) hwy::Prefetch(block + kPrefetchBytes + i);
 }
 
 // y[r][o + c] for rows [row, row + R) and weight rows [o, o + C). Each

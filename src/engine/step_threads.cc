@@ -4,9 +4,10 @@
 #include <strings.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdlib>
+
+#include "core/seconds_since.h"
 
 namespace pagedattn::engine {
 namespace {
@@ -38,9 +39,7 @@ double StepThreads::interval_for(int cpus) {
 }
 
 int StepThreads::apply() {
-  const double now_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  if (adapt_ && now_seconds - last_.wall_seconds >= interval_) {
+  if (adapt_ && steady_seconds() - last_.wall_seconds >= interval_) {
     const core::CpuSample now = core::sample_cpu(true);
     threads_ = now.valid ? for_share(max_threads_, cpus_, core::other_cores_between(last_, now))
                          : max_threads_;
