@@ -58,12 +58,6 @@ void add_preset_weights(const std::string& preset, ModelCost& c) {
   c.dense_weight_bytes = (c.matmul_params_per_token + norms) * kF32Bytes;  // presets are f32
 }
 
-std::string fmt(const char* format, double x) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, x);
-  return buf;
-}
-
 }  // namespace
 
 double ModelCost::expert_share(double tokens) const {
@@ -165,14 +159,13 @@ void print_roofline(std::FILE* out, const nlohmann::ordered_json& r) {
   if (r["roofline_fraction"].is_null()) return;
   const double memory_s = r["memory_bound_s"].get<double>();
   const double compute_s = r["compute_bound_s"].get<double>();
-  std::fprintf(out,
-               "  bounds: read %s MB / %s GB/s = %.3f ms; %s GFLOP / %s GFLOP/s = %.3f ms;\n"
-               "  the step is at %.1f%% of the roofline\n",
-               fmt("%.1f", r["decode_step_bytes"].get<double>() / 1e6).c_str(),
-               fmt("%.1f", r["read_gbps"].get<double>()).c_str(), 1e3 * memory_s,
-               fmt("%.2f", r["decode_step_flops"].get<double>() / 1e9).c_str(),
-               fmt("%.1f", r["fma_gflops"].get<double>()).c_str(), 1e3 * compute_s,
-               100.0 * r["roofline_fraction"].get<double>());
+  std::fprintf(
+      out,
+      "  bounds: read %.1f MB / %.1f GB/s = %.3f ms; %.2f GFLOP / %.1f GFLOP/s = %.3f ms;\n"
+      "  the step is at %.1f%% of the roofline\n",
+      r["decode_step_bytes"].get<double>() / 1e6, r["read_gbps"].get<double>(), 1e3 * memory_s,
+      r["decode_step_flops"].get<double>() / 1e9, r["fma_gflops"].get<double>(), 1e3 * compute_s,
+      100.0 * r["roofline_fraction"].get<double>());
 }
 
 }  // namespace pagedattn::tools
