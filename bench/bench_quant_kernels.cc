@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/dot_tiles.h"
 #include "engine/gemm.h"
 #include "engine/quant_kernels.h"
 #include "pagedattn/dtype.h"
@@ -132,15 +133,19 @@ void KShapes(benchmark::internal::Benchmark* b) {
   AddShapes(b, 1);
 }
 
-// Where the in-place int8 kernels stop beating dequantise + BLAS: a batch
-// through linear() with f32 activations (more than kQuantDirectRows rows:
-// the blocked path) against quant_product on int8 x. Args: out, in, rows,
-// path (0: linear() f32 x, 1: in place int8 x). One thread.
+// Batches of more than kQuantDirectRows rows, one thread, us per product.
+// Args: out, in, rows, path: 0 linear() on f32 x (dot_tiles up to
+// kDotTileRows rows, then dequantise + BLAS), 1 the in-place kernels on int8
+// x (kInt8DirectRows keeps them to 8 rows in linear()), 2 linear() with
+// bf16_batches (dot_tiles on bf16 where the CPU has AVX512-BF16; skipped
+// elsewhere).
 void BM_Batch(benchmark::State& state, WeightFormat f) {
   const auto out = static_cast<std::int32_t>(state.range(0));
   const auto in = static_cast<std::int32_t>(state.range(1));
   const auto rows = static_cast<std::int32_t>(state.range(2));
-  const bool int8 = state.range(3) != 0;
+  const auto path = state.range(3);
+  if (path == 2 && !pagedattn::engine::dot_tiles_bf16_available())
+    return state.SkipWithError("no AVX512-BF16 here");
   const auto w = random_matrices(f, out, in, 1);
   std::vector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
   std::mt19937 rng(2);
@@ -148,27 +153,33 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
   for (auto& v : x) v = value(rng);
   pagedattn::engine::use_single_threaded_blas();
   pagedattn::engine::LinearScratch scratch;
+  pagedattn::engine::LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), false, false, f};
+  args.bf16_batches = path == 2;
   for (auto _ : state) {
-    if (int8)
+    if (path == 1)
       pagedattn::engine::quant_product(
           {x.data(), rows, in, w.data(), f, y.data(), out, false, true}, 0, out);
     else
-      pagedattn::engine::linear({x.data(), rows, in, w.data(), out, y.data(), false, false, f},
-                                scratch);
+      pagedattn::engine::linear(args, scratch);
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
   state.counters["us/row"] =
       benchmark::Counter(double(rows) * 1e-6, benchmark::Counter::kIsIterationInvariantRate |
                                                   benchmark::Counter::kInvert);
-  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) +
-                 (int8 ? " in place int8 x" : " linear f32 x"));
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * out * in * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  static const char* const kPaths[] = {" linear f32 x", " in place int8 x", " linear bf16"};
+  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + kPaths[path]);
 }
 
 void BatchShapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"out", "in", "rows", "int8"});
+  b->ArgNames({"out", "in", "rows", "path"});
   for (const std::int64_t rows : {16, 32, 64, 128})
-    for (const std::int64_t int8 : {0, 1}) b->Args({576, 1536, rows, int8});
+    for (const std::int64_t path : {0, 1, 2}) {
+      b->Args({576, 1536, rows, path});  // SmolLM2's down projection
+      b->Args({1536, 576, rows, path});  // its gate and up projections
+    }
   b->Unit(benchmark::kMicrosecond);
 }
 

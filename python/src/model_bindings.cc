@@ -30,9 +30,10 @@ class GgufModel {
   // accuracy tests' reference path); otherwise the serving path, whose
   // quantised products take int8 activations in batches of at most 8 rows
   // when int8_activations (ForwardBatch) or int8_activations_default()
-  // (src/engine/gemm.h) is on.
+  // (src/engine/gemm.h) is on, and bf16 products in larger ones when
+  // bf16_products (ForwardBatch).
   py::array_t<float> logits(const std::vector<std::int32_t>& token_ids, const std::string& kv_dtype,
-                            bool exact, bool int8_activations) {
+                            bool exact, bool int8_activations, bool bf16_products) {
     require(!token_ids.empty(), "GgufModel.logits: token_ids is empty");
     const ModelSpec& s = spec();
     KVCacheConfig k = kv_cache_config(s);
@@ -51,7 +52,7 @@ class GgufModel {
     {
       py::gil_scoped_release release;
       const std::lock_guard lock(mutex_);  // the model keeps its activations between calls
-      model_->forward({token_ids, rows, exact, int8_activations}, cache,
+      model_->forward({token_ids, rows, exact, int8_activations, bf16_products}, cache,
                       {out.mutable_data(), std::size_t(n) * std::size_t(s.vocab_size)});
     }
     cache.end_forward();
@@ -79,11 +80,13 @@ void register_models(py::module_& m) {
           "name", [](const GgufModel& g) { return g.spec().name; }, "The model's name.")
       .def("logits", &GgufModel::logits, py::arg("token_ids"), py::arg("kv_dtype") = "f32",
            py::arg("exact") = true, py::arg("int8_activations") = false,
+           py::arg("bf16_products") = false,
            "Teacher-forced logits [len(token_ids)][vocab_size] of one sequence. exact "
            "(default): deterministic mode, f32 activations in every product; False: the "
            "serving path (with PAGEDATTN_INT8_ACTIVATIONS=1 in the environment, quantised "
            "weights take int8 activations in batches of at most 8 rows; so does "
-           "int8_activations=True).");
+           "int8_activations=True; bf16_products=True: batches of more than 8 rows on bf16 "
+           "dot products where the CPU has AVX512-BF16).");
 }
 
 }  // namespace pagedattn::python

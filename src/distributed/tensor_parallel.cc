@@ -368,6 +368,7 @@ void TensorParallelLeader::forward(const ForwardBatch& batch, PagedKVCache& cach
   w.put(Message::kStep);
   w.put(static_cast<std::uint8_t>(batch.deterministic));
   w.put(static_cast<std::uint8_t>(batch.int8_activations));
+  w.put(static_cast<std::uint8_t>(batch.bf16_products));
   put_ops(w, *pending_ops_);
   w.put_string(describe_shape(cache));
   w.put_vector(batch.token_ids);
@@ -400,6 +401,7 @@ void replay_step(MessageReader& r, Model& shard, PagedKVCache& cache, std::vecto
                  FollowerReport& report) {
   const bool deterministic = r.get<std::uint8_t>() != 0;
   const bool int8_activations = r.get<std::uint8_t>() != 0;
+  const bool bf16_products = r.get<std::uint8_t>() != 0;
   report.ops += replay_ops(r, cache);
   require_same_shape(r.get_string(), cache, "before a forward");
   const std::vector<std::int32_t> token_ids = r.get_vector<std::int32_t>();
@@ -407,7 +409,8 @@ void replay_step(MessageReader& r, Model& shard, PagedKVCache& cache, std::vecto
   // Rank 0's logit rows: each rank multiplies its vocabulary rows of the
   // LM head for them and takes part in gathering the logits (rank 0 samples).
   logits.resize(logit_rows.size() * static_cast<std::size_t>(shard.spec().vocab_size));
-  shard.forward({token_ids, logit_rows, deterministic, int8_activations}, cache, logits);
+  shard.forward({token_ids, logit_rows, deterministic, int8_activations, bf16_products}, cache,
+                logits);
 }
 
 void replay_shutdown(MessageReader& r, PagedKVCache* cache, FollowerReport& report) {

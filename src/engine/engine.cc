@@ -275,7 +275,8 @@ void Engine::Impl::run_forward(const Schedule& s) {
   cache.begin_forward(s.seq_ids, s.lengths);
   const auto start = std::chrono::steady_clock::now();
   try {
-    config.model->forward({token_ids, logit_rows, config.deterministic, config.int8_activations},
+    config.model->forward({token_ids, logit_rows, config.deterministic, config.int8_activations,
+                           config.bf16_products},
                           cache, logits);
     seconds_in_model +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

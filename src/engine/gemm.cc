@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "engine/dot_tiles.h"
 #include "pagedattn/errors.h"
 
 // OpenBLAS's own controls, weak so that another CBLAS still links (the
@@ -128,6 +129,29 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
   }
 }
 
+// Quantised weights, a few dozen rows (or any number in bf16): dot_tiles on
+// one contiguous column range per thread (a row's result does not depend on
+// the range).
+// dot_tiles splits at a quarter of kParallelWork: its threads need no BLAS
+// set-up, and a decode step's K and V projections (32 rows x 192 x 576)
+// fall just below kParallelWork, which left the other threads waiting
+// through them.
+constexpr std::int64_t kTileParallelWork = kParallelWork / 4;
+
+void linear_quant_tiled(const LinearArgs& a, LinearScratch& s, bool bf16) {
+  const DotTilesArgs d{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, bf16};
+  const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork;
+  const std::int32_t tasks =
+      split_work(a.rows, a.out, worth ? omp_get_max_threads() : 1, false).tasks();
+  s.weight_blocks.resize(std::size_t(omp_get_max_threads()));
+#pragma omp parallel for schedule(static) num_threads(tasks) if (tasks > 1)
+  for (std::int32_t t = 0; t < tasks; ++t) {
+    const IndexRange cols = part_range(a.out, tasks, t, kColumnGranule);
+    if (cols.begin < cols.end)
+      dot_tiles(d, cols.begin, cols.end, s.weight_blocks[std::size_t(omp_get_thread_num())]);
+  }
+}
+
 // One kRowBlock x cols tile: tile[c][r] = x[r] . w[c]. The rows are BLAS's
 // m dimension (its vector lanes) so a row's result does not depend on its
 // place in the block; the columns (n) sit at fixed places in fixed blocks.
@@ -209,6 +233,7 @@ void set_int8_activations_default(bool int8) {
 
 namespace {
 thread_local Activations scoped_activations = Activations::kDefault;
+thread_local bool scoped_bf16_batches = false;
 }  // namespace
 
 // The innermost ScopedActivations on this thread, else the process default.
@@ -217,12 +242,19 @@ Activations default_activations() {
   return int8_activations_default() ? Activations::kInt8 : Activations::kF32;
 }
 
-ScopedActivations::ScopedActivations(Activations activations) : previous_(scoped_activations) {
+bool default_bf16_batches() {
+  return scoped_bf16_batches;
+}
+
+ScopedActivations::ScopedActivations(Activations activations, bool bf16_batches)
+    : previous_(scoped_activations), previous_bf16_(scoped_bf16_batches) {
   scoped_activations = activations;
+  scoped_bf16_batches = bf16_batches;
 }
 
 ScopedActivations::~ScopedActivations() {
   scoped_activations = previous_;
+  scoped_bf16_batches = previous_bf16_;
 }
 
 int blas_threads() {
@@ -245,10 +277,13 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
     const Activations chosen =
         a.activations == Activations::kDefault ? default_activations() : a.activations;
     const bool int8 = !a.deterministic && chosen == Activations::kInt8;
+    const bool bf16 = (a.bf16_batches || default_bf16_batches()) && dot_tiles_bf16_available();
     if (int8 && a.rows <= kInt8DirectRows)
       linear_quant_direct(a, true);
     else if (a.deterministic || a.rows <= kQuantDirectRows)
       linear_quant_direct(a, false);
+    else if (bf16 || a.rows <= kDotTileRows)
+      linear_quant_tiled(a, scratch, bf16);
     else
       linear_quant_blocked(a, scratch);
   } else if (a.deterministic) {

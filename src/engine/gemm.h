@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/dot_tiles.h"
 #include "engine/quant_kernels.h"
 
 namespace pagedattn::engine {
@@ -44,6 +45,12 @@ struct LinearArgs {
   // Quantised weights, not deterministic: how x enters the product.
   // kDefault follows int8_activations_default().
   Activations activations = Activations::kDefault;
+  // Quantised weights, not deterministic, batches of more than
+  // kQuantDirectRows rows (and not taken by kInt8): x and the dequantised
+  // weights rounded to bf16 on AVX512-BF16 dot products (dot_tiles, any
+  // batch size) where dot_tiles_bf16_available(), else f32. Also on when
+  // the innermost ScopedActivations asks for it.
+  bool bf16_batches = false;
 };
 
 // Quantised weights: batches of at most this many rows (and every batch in
@@ -51,6 +58,10 @@ struct LinearArgs {
 // rows are independent; larger batches dequantise column blocks to f32 and
 // go through BLAS (the weights are then read once per block, not per row).
 inline constexpr std::int32_t kQuantDirectRows = 8;
+// Quantised weights, batches of more than kQuantDirectRows and at most
+// kDotTileRows (dot_tiles.h) rows outside deterministic mode: dot_tiles,
+// which dequantises a few columns at a time into L1 and reads x in place,
+// where BLAS would pack x again for every column block.
 // F32 weights outside deterministic mode: batches of at most this many rows
 // (and rows of a multiple of 32 weights) run the in-place kernels too, which
 // read each weight once where BLAS would first copy it into its packed
@@ -75,18 +86,24 @@ void set_int8_activations_default(bool int8);
 // What kDefault means on this thread now: kInt8 or kF32.
 Activations default_activations();
 
+// Whether the innermost ScopedActivations on this thread asks for bf16
+// batch products (LinearArgs::bf16_batches); false outside any.
+bool default_bf16_batches();
+
 // While it lives, linear() calls on this thread that leave activations at
-// kDefault take `activations` when that is not kDefault (a model's forward
-// pass: ForwardBatch::int8_activations); scopes nest.
+// kDefault take `activations` when that is not kDefault, and take bf16
+// batch products when bf16_batches (a model's forward pass:
+// ForwardBatch::int8_activations, ::bf16_products); scopes nest.
 class ScopedActivations {
  public:
-  explicit ScopedActivations(Activations activations);
+  explicit ScopedActivations(Activations activations, bool bf16_batches = false);
   ~ScopedActivations();
   ScopedActivations(const ScopedActivations&) = delete;
   ScopedActivations& operator=(const ScopedActivations&) = delete;
 
  private:
   Activations previous_;
+  bool previous_bf16_;
 };
 
 // How the products outside deterministic mode share their output between

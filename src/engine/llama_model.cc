@@ -441,8 +441,9 @@ void LlamaModel::project(const float* x, std::int32_t rows, const WeightMatrix& 
 void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<float> logits) {
   validate_batch(b, cache, logits);
   engine::use_single_threaded_blas();  // again: someone may have changed it since
-  const engine::ScopedActivations activations(b.int8_activations ? engine::Activations::kInt8
-                                                                 : engine::Activations::kDefault);
+  const engine::ScopedActivations activations(
+      b.int8_activations ? engine::Activations::kInt8 : engine::Activations::kDefault,
+      b.bf16_products);
   const auto tokens = static_cast<std::int32_t>(b.token_ids.size());
   const std::size_t h = std::size_t(c_.hidden_size), t = std::size_t(tokens);
   const std::size_t q_dim = std::size_t(hq_) * c_.head_dim;

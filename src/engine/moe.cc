@@ -91,9 +91,10 @@ void run_experts(const MoeShape& s, const MoeLayerWeights& w, const float* x, st
   if (side_by_side) m.thread_scratch.resize(std::size_t(omp_get_max_threads()));
   // The caller's choice of activations (ScopedActivations is per thread).
   const Activations activations = default_activations();
+  const bool bf16_batches = default_bf16_batches();
 #pragma omp parallel for schedule(dynamic, 1) if (side_by_side)
   for (std::int32_t i = 0; i < count; ++i) {
-    const ScopedActivations same_as_caller(activations);
+    const ScopedActivations same_as_caller(activations, bf16_batches);
     const std::int32_t e = active[std::size_t(i)], row = m.first_row[std::size_t(e)];
     LinearScratch& scratch =
         side_by_side ? m.thread_scratch[std::size_t(omp_get_thread_num())] : ls;

@@ -56,14 +56,14 @@ HWY_INLINE hn::Vec<DF> DecodeChunk(const std::uint8_t* block, std::size_t c) {
     auto v = hn::PromoteTo(di, hn::LoadU(d8, q + (high ? first - 16 : first)));
     v = high ? hn::ShiftRight<4>(v) : hn::And(v, hn::Set(di, 0x0f));
     if constexpr (F == WeightFormat::kQ5_0 || F == WeightFormat::kQ5_1) {
-      // Bit j of qh is the fifth bit of weight j.
-      const hn::RebindToUnsigned<DF> du;
+      // Bit j of qh is the fifth bit of weight j: lane i's is bit first + i,
+      // taken as a mask (a mask register on AVX-512).
       std::uint32_t qh;
       std::memcpy(&qh, block + BlockTraits<F>::kHighBits, sizeof qh);
-      // (The shift of qh by `first` is scalar: a vector Iota from a run-time
-      // start is built in memory and stalls the load that reads it.)
-      const auto bits = hn::Shr(hn::Set(du, qh >> first), hn::Iota(du, 0u));
-      v = hn::Or(v, hn::BitCast(di, hn::ShiftLeft<4>(hn::And(bits, hn::Set(du, 1u)))));
+      const std::uint64_t lane_bits = qh >> first;
+      std::uint8_t mask_bytes[sizeof lane_bits];
+      std::memcpy(mask_bytes, &lane_bits, sizeof lane_bits);
+      v = hn::Or(v, hn::IfThenElseZero(hn::LoadMaskBits(di, mask_bytes), hn::Set(di, 16)));
     }
     if constexpr (F == WeightFormat::kQ4_0) {
       return hn::Mul(hn::ConvertTo(df, hn::Sub(v, hn::Set(di, 8))), d);

@@ -12,8 +12,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "engine/dot_tiles.h"
 #include "engine/gemm.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
@@ -503,6 +505,208 @@ TEST(QuantKernels, LinearWithKQuantsMatchesADoubleReferenceAndHonoursLdy) {
               ASSERT_EQ(y[std::size_t(r) * ldy + o], y0[std::size_t(r) * ldy + o]);
         }
       }
+}
+
+// dot_tiles (linear()'s batches of 9-64 rows) against a double product of
+// the dequantised weights (dequantize_weight_rows, checked against the
+// reader above). Bound: each output is one f32 chain per lane over at most
+// `in` multiply-adds, a lane tree of at most 4 levels and the accumulation,
+// so |y - exact| <= (in + 6) u (sum |w x| + |y0|) to first order; the test
+// allows (in + 8) u. Row counts cover every tile height and its leftovers,
+// column ranges start and end inside the 4-column tiles and 8-column groups.
+TEST(DotTiles, RandomShapesMatchADoubleReferenceOnEveryTarget) {
+  std::mt19937 rng(31);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> super_blocks(1, 6), outs(1, 45), rows_of(1, 13);
+  TargetReset reset;
+  std::vector<float> scratch;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
+    for (const WeightFormat f : kAllFormats)
+      for (int trial = 0; trial < 4; ++trial) {
+        hwy::SetSupportedTargetsForTest(target);
+        SCOPED_TRACE(hwy::TargetName(target));
+        const std::int32_t in = weight_format_block(f) == kQuantKBlock
+                                    ? 256 * super_blocks(rng)
+                                    : 32 * (2 * super_blocks(rng) + trial % 2);
+        const std::int32_t out = outs(rng), rows = rows_of(rng);
+        const std::int32_t ldy = out + (trial % 2 == 0 ? 0 : 3);
+        const auto w = random_blocks(f, out, in, rng, 0.05f);
+        std::vector<float> wf(std::size_t(out) * in);
+        if (f == WeightFormat::kF32)
+          std::memcpy(wf.data(), w.data(), w.size());
+        else
+          dequantize_weight_rows(w.data(), f, in, 0, out, wf.data());
+        std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
+        for (auto& v : x) v = value(rng);
+        for (auto& v : y0) v = value(rng);
+        std::uniform_int_distribution<int> column(0, out);
+        std::int32_t begin = column(rng), end = column(rng);
+        if (begin > end) std::swap(begin, end);
+        for (const bool accumulate : {false, true}) {
+          std::vector<float> y = y0;
+          dot_tiles({x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate}, begin, end,
+                    scratch);
+          for (std::int32_t r = 0; r < rows; ++r)
+            for (std::int32_t o = 0; o < ldy; ++o) {
+              const std::size_t at = std::size_t(r) * ldy + o;
+              if (o < begin || o >= end) {  // untouched
+                ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
+                continue;
+              }
+              double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
+              for (std::int32_t i = 0; i < in; ++i) {
+                const double term =
+                    double(wf[std::size_t(o) * in + i]) * x[std::size_t(r) * in + i];
+                want += term;
+                a += std::abs(term);
+              }
+              ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a + 1e-30)
+                  << weight_format_name(f) << " in " << in << " out " << out << " rows " << rows
+                  << " columns [" << begin << ", " << end << ") accumulate " << accumulate << " r "
+                  << r << " o " << o << " got " << y[at] << " want " << want;
+            }
+        }
+      }
+}
+
+// A row's result is the same bits whatever rows are around it, how many,
+// and where the column range starts (a column's place in its tile and
+// group moves with the range's start).
+TEST(DotTiles, RowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) {
+  std::mt19937 rng(32);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  TargetReset reset;
+  std::vector<float> scratch;
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
+    for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ5_0, WeightFormat::kQ4_K}) {
+      hwy::SetSupportedTargetsForTest(target);
+      SCOPED_TRACE(hwy::TargetName(target));
+      const std::int32_t in = 512, out = 37, rows = 23;
+      const auto w = random_blocks(f, out, in, rng, 0.05f);
+      std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out);
+      for (auto& v : x) v = value(rng);
+      dot_tiles({x.data(), rows, in, w.data(), f, all.data(), out, false}, 0, out, scratch);
+      for (const auto& [first, count] : {std::pair{0, 1}, {5, 1}, {3, 7}, {1, 22}})
+        for (const auto& [begin, end] : {std::pair{0, out}, {5, 6}, {3, 30}, {36, 37}}) {
+          std::vector<float> part(std::size_t(count) * out, -7.0f);
+          dot_tiles(
+              {x.data() + std::size_t(first) * in, count, in, w.data(), f, part.data(), out, false},
+              begin, end, scratch);
+          for (std::int32_t r = 0; r < count; ++r)
+            ASSERT_EQ(0, std::memcmp(part.data() + std::size_t(r) * out + begin,
+                                     all.data() + std::size_t(first + r) * out + begin,
+                                     std::size_t(end - begin) * sizeof(float)))
+                << weight_format_name(f) << " row " << first + r << " of a batch of " << count
+                << " columns [" << begin << ", " << end << ")";
+        }
+    }
+}
+
+// The bf16 path (where this CPU has AVX512-BF16) against a double product
+// of x and the dequantised weights rounded to bf16 the same way (nearest
+// even): bf16 products are exact in f32, so only the f32 sums round, as on
+// the f32 path (same bound). Batches of more than kDotTileRows rows go in
+// passes; a row's bits do not depend on its batch or pass. The f32 path
+// gives other results on the same inputs (the rounding happened).
+TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
+  if (!dot_tiles_bf16_available()) GTEST_SKIP() << "no AVX512-BF16 on this CPU or target";
+  std::mt19937 rng(33);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  const auto bf16 = [](float v) { return double(bf16_bits_to_float(float_to_bf16_bits(v))); };
+  std::vector<float> scratch;
+  for (const WeightFormat f : kAllFormats)
+    for (const auto& [in, out, rows] :
+         {std::tuple{256, 13, 1}, {512, 37, 9}, {768, 21, 70}, {256, 8, 131}}) {
+      const auto w = random_blocks(f, out, in, rng, 0.05f);
+      std::vector<float> wf(std::size_t(out) * in);
+      if (f == WeightFormat::kF32)
+        std::memcpy(wf.data(), w.data(), w.size());
+      else
+        dequantize_weight_rows(w.data(), f, in, 0, out, wf.data());
+      std::vector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out),
+          f32(std::size_t(rows) * out);
+      for (auto& v : x) v = value(rng);
+      DotTilesArgs args{x.data(), rows, in, w.data(), f, y.data(), out, false, true};
+      dot_tiles(args, 0, out, scratch);
+      args.y = f32.data();
+      args.bf16 = false;
+      dot_tiles(args, 0, out, scratch);
+      bool differs = false;
+      for (std::int32_t r = 0; r < rows; ++r)
+        for (std::int32_t o = 0; o < out; ++o) {
+          double want = 0.0, a = 0.0;
+          for (std::int32_t i = 0; i < in; ++i) {
+            const double term =
+                bf16(wf[std::size_t(o) * in + i]) * bf16(x[std::size_t(r) * in + i]);
+            want += term;
+            a += std::abs(term);
+          }
+          const std::size_t at = std::size_t(r) * out + o;
+          ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a + 1e-30)
+              << weight_format_name(f) << " in " << in << " rows " << rows << " r " << r << " o "
+              << o << " got " << y[at] << " want " << want;
+          differs = differs || y[at] != f32[at];
+        }
+      EXPECT_TRUE(differs) << weight_format_name(f) << ": bf16 gave the f32 path's bits";
+      const std::int32_t last = rows - 1;  // alone, in a batch of one
+      std::vector<float> alone(static_cast<std::size_t>(out));
+      dot_tiles(
+          {x.data() + std::size_t(last) * in, 1, in, w.data(), f, alone.data(), out, false, true},
+          3, out, scratch);
+      ASSERT_EQ(0, std::memcmp(alone.data() + 3, y.data() + std::size_t(last) * out + 3,
+                               std::size_t(out - 3) * sizeof(float)))
+          << weight_format_name(f) << " rows " << rows;
+    }
+}
+
+// linear() sends batches of more than kQuantDirectRows rows to dot_tiles:
+// f32 up to kDotTileRows rows, bf16 at any size when asked (bf16_batches
+// or the scope); f32 weights and deterministic mode never take bf16.
+TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
+  std::mt19937 rng(34);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  const std::int32_t in = 512, out = 40;
+  const auto w = random_blocks(WeightFormat::kQ4_K, out, in, rng, 0.05f);
+  std::vector<float> scratch;
+  LinearScratch ls;
+  for (const std::int32_t rows : {9, 64, 100})
+    for (const bool bf16 : {false, true}) {
+      std::vector<float> x(std::size_t(rows) * in), tiles(std::size_t(rows) * out),
+          y(std::size_t(rows) * out), scoped(std::size_t(rows) * out);
+      for (auto& v : x) v = value(rng);
+      const bool tiled = bf16 ? dot_tiles_bf16_available() : rows <= kDotTileRows;
+      if (!tiled) continue;
+      dot_tiles({x.data(), rows, in, w.data(), WeightFormat::kQ4_K, tiles.data(), out, false, bf16},
+                0, out, scratch);
+      LinearArgs args{x.data(), rows,  in,    w.data(),           out,
+                      y.data(), false, false, WeightFormat::kQ4_K};
+      args.bf16_batches = bf16;
+      linear(args, ls);
+      EXPECT_EQ(0, std::memcmp(y.data(), tiles.data(), y.size() * sizeof(float)))
+          << rows << " rows, bf16 " << bf16;
+      {
+        const ScopedActivations scope(Activations::kDefault, bf16);
+        args.bf16_batches = false;
+        args.y = scoped.data();
+        linear(args, ls);
+      }
+      EXPECT_EQ(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)))
+          << rows << " rows, bf16 " << bf16 << " from the scope";
+      if (bf16) {  // deterministic mode keeps f32 (its own blocks)
+        args.deterministic = true;
+        linear(args, ls);
+        EXPECT_NE(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)));
+      }
+    }
+}
+
+TEST(DotTiles, RefusesAnInputThatIsNotWholeBlocks) {
+  std::vector<float> x(40), w(40), y(1), scratch;
+  for (const std::int32_t in : {0, 40, -32})
+    EXPECT_THROW(dot_tiles({x.data(), 1, in, w.data(), WeightFormat::kF32, y.data(), 1, false}, 0,
+                           1, scratch),
+                 InvalidArgument)
+        << in;
 }
 
 // Targets on which the opt-in int8-activation kernels run (x86 AVX2 and up);

@@ -1,0 +1,278 @@
+// dot_tiles (dot_tiles.h): R rows x 4 weight columns per tile, one f32
+// accumulator vector per (row, column) pair, so each step loads R + 4
+// vectors for 4R multiply-adds; R is as large as the vector registers
+// allow. The four columns of a row are summed across lanes together.
+#include "engine/dot_tiles.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/prefetch.h"
+#include "pagedattn/cpu_features.h"
+#include "pagedattn/errors.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "engine/dot_tiles.cc"
+#include <hwy/cache_control.h>
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+// Per target, after highway.h: PAGEDATTN_BF16_DOT_TARGET and _ATTR.
+#include "kernels/cpu/bf16_dot-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedattn::engine::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::CappedTag<float, 16>;
+using VF = hn::Vec<DF>;
+using D4 = hn::CappedTag<float, 4>;
+
+constexpr std::int32_t kTileColumns = 4;
+// Rows per tile: R * 4 accumulators + R rows of x + one weight vector fit
+// in 16 registers (x86 before AVX-512) for R = 3, in 32 for R = 4.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr std::int32_t kTileRows = 3;
+#else
+constexpr std::int32_t kTileRows = 4;
+#endif
+
+// out[c] (+)= the lane sum of the c-th of a, b, c, d for c < cols: the
+// same tree for each sum whatever its place.
+#if HWY_TARGET == HWY_SCALAR
+HWY_INLINE void StoreSums(VF a, VF b, VF c, VF d, std::int32_t cols, float* out,
+                          bool accumulate) {
+  const float sums[kTileColumns] = {hn::GetLane(a), hn::GetLane(b), hn::GetLane(c),
+                                    hn::GetLane(d)};
+  for (std::int32_t i = 0; i < cols; ++i) out[i] = accumulate ? out[i] + sums[i] : sums[i];
+}
+#else
+// The sum of v's 128-bit blocks, lane by lane (halving: the same tree for
+// every lane).
+template <class D>
+HWY_INLINE hn::Vec<D4> FoldBlocks(D d, hn::Vec<D> v) {
+  if constexpr (hn::MaxLanes(d) <= 4) {
+    return v;
+  } else {
+    const hn::Half<D> dh;
+    return FoldBlocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)));
+  }
+}
+
+HWY_INLINE void StoreSums(VF a, VF b, VF c, VF d, std::int32_t cols, float* out,
+                          bool accumulate) {
+  const DF df;
+  const D4 d4;
+  const hn::Repartition<std::uint64_t, DF> d64;
+  // Per block: [a0 + a2, b0 + b2, a1 + a3, b1 + b3], likewise c, d.
+  const VF ab = hn::Add(hn::InterleaveLower(df, a, b), hn::InterleaveUpper(df, a, b));
+  const VF cd = hn::Add(hn::InterleaveLower(df, c, d), hn::InterleaveUpper(df, c, d));
+  const auto ab64 = hn::BitCast(d64, ab), cd64 = hn::BitCast(d64, cd);
+  const VF abcd = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, ab64, cd64)),
+                          hn::BitCast(df, hn::InterleaveUpper(d64, ab64, cd64)));
+  auto sums = FoldBlocks(df, abcd);
+  if (cols == kTileColumns) {
+    if (accumulate) sums = hn::Add(hn::LoadU(d4, out), sums);
+    return hn::StoreU(sums, d4, out);
+  }
+  alignas(16) float lanes[kTileColumns];
+  hn::Store(sums, d4, lanes);
+  for (std::int32_t i = 0; i < cols; ++i) out[i] = accumulate ? out[i] + lanes[i] : lanes[i];
+}
+#endif
+
+// y[r][c] (+)= x[r] . w[c] for R rows of x and `cols` (1-4) weight rows;
+// w[c] for c >= cols repeat a valid row and are not stored.
+template <std::int32_t R>
+HWY_INLINE void Tile(const float* x, std::int32_t in, const float* const* w, std::int32_t cols,
+                     float* y, std::int32_t ldy, bool accumulate) {
+  const DF df;
+  const std::size_t n = hn::Lanes(df);
+  VF acc[R][kTileColumns];
+  for (std::int32_t r = 0; r < R; ++r)
+    for (std::int32_t c = 0; c < kTileColumns; ++c) acc[r][c] = hn::Zero(df);
+  for (std::size_t i = 0; i < std::size_t(in); i += n) {
+    VF xv[R];
+    for (std::int32_t r = 0; r < R; ++r) xv[r] = hn::LoadU(df, x + std::size_t(r) * in + i);
+    for (std::int32_t c = 0; c < kTileColumns; ++c) {
+      const VF wv = hn::LoadU(df, w[c] + i);
+      for (std::int32_t r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(wv, xv[r], acc[r][c]);
+    }
+  }
+  for (std::int32_t r = 0; r < R; ++r)
+    StoreSums(acc[r][0], acc[r][1], acc[r][2], acc[r][3], cols, y + std::size_t(r) * ldy,
+              accumulate);
+}
+
+// run(rows, r) for the tiles of R = rows::value rows starting at r that
+// cover `count` rows: kTileRows at a time, then the rest in one tile.
+template <class Run>
+HWY_INLINE void ForRowTiles(std::int32_t count, const Run& run) {
+  std::int32_t r = 0;
+  for (; r + kTileRows <= count; r += kTileRows)
+    run(std::integral_constant<std::int32_t, kTileRows>(), r);
+  switch (count - r) {
+    case 1:
+      return run(std::integral_constant<std::int32_t, 1>(), r);
+    case 2:
+      return run(std::integral_constant<std::int32_t, 2>(), r);
+    case 3:
+      if constexpr (kTileRows > 3) return run(std::integral_constant<std::int32_t, 3>(), r);
+      break;
+    default:
+      break;
+  }
+}
+
+// The weight rows of tile c0 of a group of `count` as pointers (rows past
+// the group's end repeat its last row) and how many are real.
+template <typename T>
+HWY_INLINE std::int32_t TileColumns(const T* group, std::size_t stride, std::int32_t count,
+                                    std::int32_t c0, const T** w) {
+  const std::int32_t cols = std::min(kTileColumns, count - c0);
+  for (std::int32_t c = 0; c < kTileColumns; ++c)
+    w[c] = group + std::size_t(c0 + std::min(c, cols - 1)) * stride;
+  return cols;
+}
+
+// Asks for the next group's quantised weights (from row o) while this
+// group's tiles compute: the groups are read in bursts between long runs of
+// arithmetic, which the hardware prefetchers do not run ahead of, so
+// without this each dequantisation waited on memory.
+HWY_INLINE void PrefetchGroup(const DotTilesArgs& a, std::int32_t o, std::int32_t out_end) {
+  if (a.format == WeightFormat::kF32 || o >= out_end) return;
+  const std::int64_t row_bytes = weight_row_bytes(a.format, a.in);
+  const auto* begin = static_cast<const std::uint8_t*>(a.w) + o * row_bytes;
+  const std::int64_t bytes = std::min(kDotTileGroup, out_end - o) * row_bytes;
+  constexpr auto kLine = static_cast<std::int64_t>(kernels::kLineBytes);
+  for (std::int64_t at = 0; at < bytes; at += kLine) hwy::Prefetch(begin + at);
+}
+
+// The group of `count` weight rows from row o, as f32 rows of a.in: the
+// weights themselves (f32) or dequantised into `buffer`.
+HWY_INLINE const float* GroupRows(const DotTilesArgs& a, std::int32_t o, std::int32_t count,
+                                  float* buffer) {
+  if (a.format == WeightFormat::kF32) return static_cast<const float*>(a.w) + std::size_t(o) * a.in;
+  dequantize_weight_rows(a.w, a.format, a.in, o, count, buffer);
+  return buffer;
+}
+
+void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
+                 std::vector<float>& scratch) {
+  if (a.format != WeightFormat::kF32) scratch.resize(std::size_t(kDotTileGroup) * a.in);
+  for (std::int32_t o = out_begin; o < out_end; o += kDotTileGroup) {
+    const std::int32_t count = std::min(kDotTileGroup, out_end - o);
+    const float* group = GroupRows(a, o, count, scratch.data());
+    PrefetchGroup(a, o + count, out_end);
+    for (std::int32_t c0 = 0; c0 < count; c0 += kTileColumns) {
+      const float* w[kTileColumns];
+      const std::int32_t cols = TileColumns(group, std::size_t(a.in), count, c0, w);
+      ForRowTiles(a.rows, [&](auto rows, std::int32_t r) {
+        Tile<decltype(rows)::value>(a.x + std::size_t(r) * a.in, a.in, w, cols,
+                                    a.y + std::size_t(r) * a.ldy + o + c0, a.ldy, a.accumulate);
+      });
+    }
+  }
+}
+
+#if PAGEDATTN_BF16_DOT_TARGET
+// ------------------------------------------------------------ bf16 products
+//
+// x and the dequantised weights rounded to bf16 (nearest even), multiplied
+// on vdpbf16ps: each f32 lane adds the products of a pair of bf16, 32
+// multiply-adds per instruction against an FMA's 16. Products are exact in
+// f32; sums are f32. Rows go 64 at a time (kDotTileRows), so that the bf16
+// rows being multiplied stay in L2 while a group's columns pass over them.
+
+// dst[i] = src[i] as bf16, rounded to nearest even; n: a multiple of 32.
+PAGEDATTN_BF16_ATTR void ToBf16(const float* src, std::size_t n, std::uint16_t* dst) {
+  for (std::size_t i = 0; i < n; i += 32) {
+    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+    _mm512_storeu_si512(dst + i, (__m512i)pair);
+  }
+}
+
+// As Tile on bf16 rows: one vdpbf16ps per 32 inputs of a (row, column) pair.
+template <std::int32_t R>
+PAGEDATTN_BF16_ATTR void TileBf16(const std::uint16_t* x, std::int32_t in,
+                                  const std::uint16_t* const* w, std::int32_t cols, float* y,
+                                  std::int32_t ldy, bool accumulate) {
+  __m512 acc[R][kTileColumns];
+  for (std::int32_t r = 0; r < R; ++r)
+    for (std::int32_t c = 0; c < kTileColumns; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (std::size_t i = 0; i < std::size_t(in); i += 32) {
+    __m512bh xv[R];
+    for (std::int32_t r = 0; r < R; ++r)
+      xv[r] = (__m512bh)_mm512_loadu_si512(x + std::size_t(r) * in + i);
+    for (std::int32_t c = 0; c < kTileColumns; ++c) {
+      const auto wv = (__m512bh)_mm512_loadu_si512(w[c] + i);
+      for (std::int32_t r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv, xv[r]);
+    }
+  }
+  for (std::int32_t r = 0; r < R; ++r)
+    StoreSums(VF{acc[r][0]}, VF{acc[r][1]}, VF{acc[r][2]}, VF{acc[r][3]}, cols,
+              y + std::size_t(r) * ldy, accumulate);
+}
+
+// scratch: the f32 group, then (as bf16) the group and 64 rows of x.
+void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
+                  std::vector<float>& scratch) {
+  const std::size_t in = std::size_t(a.in), group_floats = std::size_t(kDotTileGroup) * in;
+  scratch.resize(group_floats + group_floats / 2 + std::size_t(kDotTileRows) * in / 2);
+  auto* group16 = reinterpret_cast<std::uint16_t*>(scratch.data() + group_floats);
+  std::uint16_t* x16 = group16 + group_floats;
+  for (std::int32_t first = 0; first < a.rows; first += kDotTileRows) {
+    const std::int32_t rows = std::min(kDotTileRows, a.rows - first);
+    ToBf16(a.x + std::size_t(first) * in, std::size_t(rows) * in, x16);
+    float* y = a.y + std::size_t(first) * a.ldy;
+    for (std::int32_t o = out_begin; o < out_end; o += kDotTileGroup) {
+      const std::int32_t count = std::min(kDotTileGroup, out_end - o);
+      ToBf16(GroupRows(a, o, count, scratch.data()), std::size_t(count) * in, group16);
+      PrefetchGroup(a, o + count, out_end);
+      for (std::int32_t c0 = 0; c0 < count; c0 += kTileColumns) {
+        const std::uint16_t* w[kTileColumns];
+        const std::int32_t cols = TileColumns<std::uint16_t>(group16, in, count, c0, w);
+        ForRowTiles(rows, [&](auto tile_rows, std::int32_t r) {
+          TileBf16<decltype(tile_rows)::value>(x16 + std::size_t(r) * in, a.in, w, cols,
+                                               y + std::size_t(r) * a.ldy + o + c0, a.ldy,
+                                               a.accumulate);
+        });
+      }
+    }
+  }
+}
+#endif
+
+void DotTiles(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
+              std::vector<float>& scratch) {
+#if PAGEDATTN_BF16_DOT_TARGET
+  if (a.bf16) return DotTilesBf16(a, out_begin, out_end, scratch);
+#endif
+  DotTilesF32(a, out_begin, out_end, scratch);
+}
+
+}  // namespace pagedattn::engine::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace pagedattn::engine {
+HWY_EXPORT(DotTiles);
+
+bool dot_tiles_bf16_available() {
+  static const bool available = [] {
+    const CpuFeatures used = dispatched_features();
+    return used.avx512_bf16;
+  }();
+  return available;
+}
+
+void dot_tiles(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
+               std::vector<float>& scratch) {
+  require(args.in > 0 && args.in % kQuantBlock == 0, "dot_tiles: in = ", args.in,
+          " is not a positive multiple of ", kQuantBlock);
+  DotTilesArgs a = args;
+  a.bf16 = a.bf16 && dot_tiles_bf16_available();
+  HWY_DYNAMIC_DISPATCH(DotTiles)(a, out_begin, out_end, scratch);
+}
+
+}  // namespace pagedattn::engine
+#endif

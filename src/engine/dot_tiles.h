@@ -1,0 +1,56 @@
+// Register-tiled f32 products for batches of a few dozen rows: the kernel
+// under linear()'s mid-size batches of quantised weights (a decode step of
+// many sequences). Weights are dequantised a few columns at a time into a
+// buffer that stays in L1 and multiplied there by every row of x, read in
+// place: nothing is packed. Through BLAS each call packed x again for every
+// 128-column block and copied the dequantised block into BLAS's own layout,
+// about a third of such a step (docs/benchmarks.md, "Batched products").
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/quant_kernels.h"
+
+namespace pagedattn::engine {
+
+// Columns dequantised per group: a multiple of the tile's 4 columns.
+inline constexpr std::int32_t kDotTileGroup = 8;
+// Rows multiplied per pass over the weights: as f32 (linear() sends at most
+// this many) or bf16, they stay in L2 while a group's columns pass over
+// them. Beyond it BLAS's blocking wins on f32; bf16 takes the rows this
+// many at a time, dequantising each group once per pass.
+inline constexpr std::int32_t kDotTileRows = 64;
+
+struct DotTilesArgs {
+  const float* x = nullptr;  // [rows][in]
+  std::int32_t rows = 0;
+  std::int32_t in = 0;      // a multiple of kQuantBlock
+  const void* w = nullptr;  // [out] rows of `in` weights in `format`
+  WeightFormat format = WeightFormat::kF32;
+  float* y = nullptr;  // [rows][ldy]
+  std::int32_t ldy = 0;
+  bool accumulate = false;  // y += x w^T instead of y = x w^T
+  // Round x and the (dequantised) weights to bf16, nearest even, and
+  // multiply them on AVX512-BF16 dot products (twice an FMA's multiply-adds
+  // per instruction; products exact, sums f32), where
+  // dot_tiles_bf16_available(); f32 elsewhere.
+  bool bf16 = false;
+};
+
+// Whether dot_tiles honours DotTilesArgs::bf16 here: an AVX-512 target was
+// dispatched and the CPU has AVX512-BF16, not switched off
+// (dispatched_features(); fixed at the first call).
+bool dot_tiles_bf16_available();
+
+// y[r][o] (+)= sum_i x[r][i] w[o][i] for o in [out_begin, out_end) and
+// every row r, on one thread. Each output is one f32 multiply-add chain per
+// vector lane over i in order (bf16: pairs of products per lane), then a
+// fixed tree over the lanes: it does not
+// depend on the other rows, their count, the column range or the tile it
+// falls in (the tests check this). `scratch` holds the dequantised group.
+// InvalidArgument when `in` is not a positive multiple of kQuantBlock.
+void dot_tiles(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
+               std::vector<float>& scratch);
+
+}  // namespace pagedattn::engine
