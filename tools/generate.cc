@@ -21,8 +21,8 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-using flags::add_int8_activations_flag, flags::add_tensor_parallel_flag, flags::integer_in,
-    flags::number_in;
+using flags::add_bf16_products_flag, flags::add_int8_activations_flag,
+    flags::add_tensor_parallel_flag, flags::integer_in, flags::number_in;
 
 void add_sampling_flags(CLI::App& app, GenerateOptions& o) {
   app.add_option("--max-tokens", o.max_tokens, "new tokens at most")
@@ -69,6 +69,7 @@ std::unique_ptr<CLI::App> generate_flags(GenerateOptions& o) {
       ->check(number_in(1, 1 << 20));
   add_tensor_parallel_flag(*app, o.tensor_parallel);
   add_int8_activations_flag(*app, o.int8_activations);
+  add_bf16_products_flag(*app, o.bf16_products);
   app->add_flag("--check-tensors", o.check_tensors,
                 "refuse a model whose weights hold NaN or Inf, naming the tensor (one more pass "
                 "over the weights at load)");
@@ -137,6 +138,7 @@ int run_generate(int argc, char** argv) {
   if (ec.model == nullptr) return 0;  // a follower rank: rank 0 did the I/O
   ec.kv_memory_bytes = static_cast<std::int64_t>(o.kv_memory_mib * (1 << 20));
   ec.int8_activations = o.int8_activations;
+  ec.bf16_products = o.bf16_products;
   SamplingParams params;
   params.max_tokens = o.max_tokens;
   params.temperature = o.temperature;

@@ -31,6 +31,7 @@ struct GenerateOptions {
   bool disaggregate = false;         // under mpirun -np 2: rank 0 prefills, rank 1 decodes
   bool check_tensors = false;        // scan the weights for NaN / Inf before generating
   bool int8_activations = false;     // EngineConfig::int8_activations
+  bool bf16_products = false;        // EngineConfig::bf16_products
   bool help = false;
 };
 

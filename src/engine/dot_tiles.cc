@@ -39,10 +39,8 @@ constexpr std::int32_t kTileRows = 4;
 // out[c] (+)= the lane sum of the c-th of a, b, c, d for c < cols: the
 // same tree for each sum whatever its place.
 #if HWY_TARGET == HWY_SCALAR
-HWY_INLINE void StoreSums(VF a, VF b, VF c, VF d, std::int32_t cols, float* out,
-                          bool accumulate) {
-  const float sums[kTileColumns] = {hn::GetLane(a), hn::GetLane(b), hn::GetLane(c),
-                                    hn::GetLane(d)};
+HWY_INLINE void StoreSums(VF a, VF b, VF c, VF d, std::int32_t cols, float* out, bool accumulate) {
+  const float sums[kTileColumns] = {hn::GetLane(a), hn::GetLane(b), hn::GetLane(c), hn::GetLane(d)};
   for (std::int32_t i = 0; i < cols; ++i) out[i] = accumulate ? out[i] + sums[i] : sums[i];
 }
 #else
@@ -58,8 +56,7 @@ HWY_INLINE hn::Vec<D4> FoldBlocks(D d, hn::Vec<D> v) {
   }
 }
 
-HWY_INLINE void StoreSums(VF a, VF b, VF c, VF d, std::int32_t cols, float* out,
-                          bool accumulate) {
+HWY_INLINE void StoreSums(VF a, VF b, VF c, VF d, std::int32_t cols, float* out, bool accumulate) {
   const DF df;
   const D4 d4;
   const hn::Repartition<std::uint64_t, DF> d64;
@@ -159,17 +156,22 @@ HWY_INLINE const float* GroupRows(const DotTilesArgs& a, std::int32_t o, std::in
 void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                  std::vector<float>& scratch) {
   if (a.format != WeightFormat::kF32) scratch.resize(std::size_t(kDotTileGroup) * a.in);
-  for (std::int32_t o = out_begin; o < out_end; o += kDotTileGroup) {
-    const std::int32_t count = std::min(kDotTileGroup, out_end - o);
-    const float* group = GroupRows(a, o, count, scratch.data());
-    PrefetchGroup(a, o + count, out_end);
-    for (std::int32_t c0 = 0; c0 < count; c0 += kTileColumns) {
-      const float* w[kTileColumns];
-      const std::int32_t cols = TileColumns(group, std::size_t(a.in), count, c0, w);
-      ForRowTiles(a.rows, [&](auto rows, std::int32_t r) {
-        Tile<decltype(rows)::value>(a.x + std::size_t(r) * a.in, a.in, w, cols,
-                                    a.y + std::size_t(r) * a.ldy + o + c0, a.ldy, a.accumulate);
-      });
+  for (std::int32_t first = 0; first < a.rows; first += kDotTileRows) {
+    const std::int32_t pass = std::min(kDotTileRows, a.rows - first);
+    const float* x = a.x + std::size_t(first) * a.in;
+    float* y = a.y + std::size_t(first) * a.ldy;
+    for (std::int32_t o = out_begin; o < out_end; o += kDotTileGroup) {
+      const std::int32_t count = std::min(kDotTileGroup, out_end - o);
+      const float* group = GroupRows(a, o, count, scratch.data());
+      PrefetchGroup(a, o + count, out_end);
+      for (std::int32_t c0 = 0; c0 < count; c0 += kTileColumns) {
+        const float* w[kTileColumns];
+        const std::int32_t cols = TileColumns(group, std::size_t(a.in), count, c0, w);
+        ForRowTiles(pass, [&](auto rows, std::int32_t r) {
+          Tile<decltype(rows)::value>(x + std::size_t(r) * a.in, a.in, w, cols,
+                                      y + std::size_t(r) * a.ldy + o + c0, a.ldy, a.accumulate);
+        });
+      }
     }
   }
 }
@@ -180,13 +182,18 @@ void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out
 // x and the dequantised weights rounded to bf16 (nearest even), multiplied
 // on vdpbf16ps: each f32 lane adds the products of a pair of bf16, 32
 // multiply-adds per instruction against an FMA's 16. Products are exact in
-// f32; sums are f32. Rows go 64 at a time (kDotTileRows), so that the bf16
-// rows being multiplied stay in L2 while a group's columns pass over them.
+// f32; sums are f32. Rows go kBf16Pass at a time: the same bytes as
+// kDotTileRows f32 rows. Prefill chunks of 2,048 rows take this path too,
+// and dequantise each weight group once per pass: passes of 64 rows made
+// a 32-stream run (two such chunks, then 128 decode steps) 1.2x as long
+// (docs/benchmarks.md, "Batched products").
+constexpr std::int32_t kBf16Pass = 2 * kDotTileRows;
 
 // dst[i] = src[i] as bf16, rounded to nearest even; n: a multiple of 32.
 PAGEDATTN_BF16_ATTR void ToBf16(const float* src, std::size_t n, std::uint16_t* dst) {
   for (std::size_t i = 0; i < n; i += 32) {
-    const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
+    const __m512bh pair =
+        _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
     _mm512_storeu_si512(dst + i, (__m512i)pair);
   }
 }
@@ -217,11 +224,11 @@ PAGEDATTN_BF16_ATTR void TileBf16(const std::uint16_t* x, std::int32_t in,
 void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                   std::vector<float>& scratch) {
   const std::size_t in = std::size_t(a.in), group_floats = std::size_t(kDotTileGroup) * in;
-  scratch.resize(group_floats + group_floats / 2 + std::size_t(kDotTileRows) * in / 2);
+  scratch.resize(group_floats + group_floats / 2 + std::size_t(kBf16Pass) * in / 2);
   auto* group16 = reinterpret_cast<std::uint16_t*>(scratch.data() + group_floats);
   std::uint16_t* x16 = group16 + group_floats;
-  for (std::int32_t first = 0; first < a.rows; first += kDotTileRows) {
-    const std::int32_t rows = std::min(kDotTileRows, a.rows - first);
+  for (std::int32_t first = 0; first < a.rows; first += kBf16Pass) {
+    const std::int32_t rows = std::min(kBf16Pass, a.rows - first);
     ToBf16(a.x + std::size_t(first) * in, std::size_t(rows) * in, x16);
     float* y = a.y + std::size_t(first) * a.ldy;
     for (std::int32_t o = out_begin; o < out_end; o += kDotTileGroup) {

@@ -1,8 +1,9 @@
-// Register-tiled f32 products for batches of a few dozen rows: the kernel
-// under linear()'s mid-size batches of quantised weights (a decode step of
-// many sequences). Weights are dequantised a few columns at a time into a
-// buffer that stays in L1 and multiplied there by every row of x, read in
-// place: nothing is packed. Through BLAS each call packed x again for every
+// Register-tiled products for batches of rows against quantised (or f32)
+// weights: the kernel under linear()'s batches of 9-64 rows (a decode step
+// of many sequences) and, on bf16 (--bf16-products), of every batch of more
+// than 8. Weights are dequantised a few columns at a time into a buffer
+// that stays in L1 and multiplied there by every row of x, read in place:
+// nothing is packed. Through BLAS each call packed x again for every
 // 128-column block and copied the dequantised block into BLAS's own layout,
 // about a third of such a step (docs/benchmarks.md, "Batched products").
 #pragma once
@@ -16,10 +17,11 @@ namespace pagedattn::engine {
 
 // Columns dequantised per group: a multiple of the tile's 4 columns.
 inline constexpr std::int32_t kDotTileGroup = 8;
-// Rows multiplied per pass over the weights: as f32 (linear() sends at most
-// this many) or bf16, they stay in L2 while a group's columns pass over
-// them. Beyond it BLAS's blocking wins on f32; bf16 takes the rows this
-// many at a time, dequantising each group once per pass.
+// f32 rows multiplied per pass over the weights (twice as many on bf16):
+// they stay in L2 while a group's columns pass over them, and each group is
+// dequantised once per pass. linear() sends f32 batches of at most this
+// many rows; beyond it BLAS (which dequantises each block once) measured
+// the same.
 inline constexpr std::int32_t kDotTileRows = 64;
 
 struct DotTilesArgs {

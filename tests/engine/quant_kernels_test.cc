@@ -512,8 +512,9 @@ TEST(QuantKernels, LinearWithKQuantsMatchesADoubleReferenceAndHonoursLdy) {
 // reader above). Bound: each output is one f32 chain per lane over at most
 // `in` multiply-adds, a lane tree of at most 4 levels and the accumulation,
 // so |y - exact| <= (in + 6) u (sum |w x| + |y0|) to first order; the test
-// allows (in + 8) u. Row counts cover every tile height and its leftovers,
-// column ranges start and end inside the 4-column tiles and 8-column groups.
+// allows (in + 8) u. Row counts cover every tile height and its leftovers
+// and two passes, column ranges start and end inside the 4-column tiles and
+// 8-column groups.
 TEST(DotTiles, RandomShapesMatchADoubleReferenceOnEveryTarget) {
   std::mt19937 rng(31);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
@@ -528,7 +529,8 @@ TEST(DotTiles, RandomShapesMatchADoubleReferenceOnEveryTarget) {
         const std::int32_t in = weight_format_block(f) == kQuantKBlock
                                     ? 256 * super_blocks(rng)
                                     : 32 * (2 * super_blocks(rng) + trial % 2);
-        const std::int32_t out = outs(rng), rows = rows_of(rng);
+        // Trial 3: more rows than one pass over the weights (kDotTileRows).
+        const std::int32_t out = outs(rng), rows = trial == 3 ? kDotTileRows + 6 : rows_of(rng);
         const std::int32_t ldy = out + (trial % 2 == 0 ? 0 : 3);
         const auto w = random_blocks(f, out, in, rng, 0.05f);
         std::vector<float> wf(std::size_t(out) * in);
