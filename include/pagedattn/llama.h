@@ -72,7 +72,9 @@ struct LlamaConfig {
   // renormalised to sum 1 when normalize_expert_weights), plus with
   // shared_expert_intermediate_size > 0 a shared gated MLP of that width
   // scaled by sigmoid(x . gate) (qwen2moe). intermediate_size is then unused
-  // by the layers. Runs in one process only (shard.size 1).
+  // by the layers (but by deepseek2's leading dense layers). Under tensor
+  // parallelism every rank routes each token and holds a 1 / shard.size
+  // slice of every expert's intermediate features.
   std::int32_t num_experts = 0;
   std::int32_t num_experts_used = 0;
   std::int32_t expert_intermediate_size = 0;
@@ -110,8 +112,11 @@ struct LlamaConfig {
   std::int32_t v_head_dim = 0;
   // Tensor parallelism: the slice this process computes (see
   // tensor_parallel_shard.h). Every field above describes the whole model;
-  // the model's spec() reports this shard's head counts. num_kv_heads and
-  // intermediate_size must be multiples of shard.size.
+  // the model's spec() reports this shard's head counts. num_qo_heads, the
+  // intermediate sizes of the layers that have them (dense, expert,
+  // shared expert) must be multiples of shard.size, and num_kv_heads a
+  // multiple or divisor of it (latent attention's one KV head is on every
+  // rank).
   TensorParallelShard shard{};
 };
 

@@ -177,6 +177,10 @@ class LlamaModel final : public Model {
   // y[rows][w.out] (+)= x[rows][w.in] w^T
   void project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y, bool accumulate,
                bool deterministic);
+  // x_ += partial_ ([rows][hidden]: this rank's share) summed over the
+  // tensor-parallel ranks, RMS-normed by `post_norm` first when it is not
+  // empty.
+  void add_partial(std::int32_t rows, const std::vector<float>& post_norm);
   // x_ += x w^T summed over the tensor-parallel ranks (each holds a slice
   // of w's input columns and of x's features), RMS-normed by `post_norm`
   // first when it is not empty.
@@ -406,14 +410,11 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t inter = inter_;
   rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
-  if (!w.moe.empty()) {  // one process (validate_moe_config): no all-reduce
+  if (!w.moe.empty()) {  // each rank's slice of every expert's features
     partial_.resize(std::size_t(tokens) * std::size_t(c_.hidden_size));
     engine::moe_forward(moe_, w.moe, h_.data(), tokens, partial_.data(), deterministic,
                         moe_scratch_, scratch_);
-    if (!w.post_mlp_norm.empty())
-      rms_norm(partial_.data(), tokens, w.post_mlp_norm, partial_.data());
-    for (std::size_t i = 0; i < partial_.size(); ++i) x_[i] += partial_[i];
-    return;
+    return add_partial(tokens, w.post_mlp_norm);
   }
   w.gate_up.project(h_.data(), tokens, gate_up_.data(), false, deterministic, scratch_);
   engine::gated_activation(gate_up_.data(), tokens, inter, c_.activation, act_.data());
@@ -428,6 +429,10 @@ void LlamaModel::add_row_parallel(const float* x, std::int32_t rows, const Weigh
   }
   partial_.resize(std::size_t(rows) * std::size_t(c_.hidden_size));
   project(x, rows, w, partial_.data(), false, deterministic);
+  add_partial(rows, post_norm);
+}
+
+void LlamaModel::add_partial(std::int32_t rows, const std::vector<float>& post_norm) {
   if (c_.shard.size > 1) c_.shard.all_reduce_sum(partial_);
   if (!post_norm.empty()) rms_norm(partial_.data(), rows, post_norm, partial_.data());
   for (std::size_t i = 0; i < partial_.size(); ++i) x_[i] += partial_[i];

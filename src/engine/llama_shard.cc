@@ -2,9 +2,12 @@
 // split of Q/K/V and gate/up (this rank's heads and intermediate slice),
 // row split of the attention output and down projections (their matching
 // input columns). With more ranks than KV heads each rank keeps a copy of
-// the one KV head its query heads use. The LM head is split by vocabulary
-// rows when the shard can all-gather the logits; norms and the embedding
-// stay whole.
+// the one KV head its query heads use. Latent attention (MLA) keeps this
+// rank's query heads and their up-projections; the latent projection (the
+// one KV head) is on every rank. Mixture-of-experts layers split every
+// expert, shared one included, like a dense MLP; the router is on every
+// rank. The LM head is split by vocabulary rows when the shard can
+// all-gather the logits; norms and the embedding stay whole.
 #include <algorithm>
 #include <cstddef>
 #include <string>
@@ -64,8 +67,15 @@ std::string split_problems(const LlamaConfig& c, std::int32_t size) {
     add(detail::concat("a rank's num_qo_heads / size = ", c.num_qo_heads / size,
                        " query heads would not all use its KV heads (num_qo_heads = ",
                        c.num_qo_heads, ", num_kv_heads = ", c.num_kv_heads, ")"));
-  if (c.intermediate_size % size != 0)
+  const bool dense_layers = c.num_experts == 0 || c.leading_dense_layers > 0;
+  if (dense_layers && c.intermediate_size % size != 0)
     add(detail::concat("intermediate_size = ", c.intermediate_size,
+                       " is not divisible by the tensor-parallel size ", size));
+  if (c.expert_intermediate_size % size != 0)
+    add(detail::concat("expert_intermediate_size = ", c.expert_intermediate_size,
+                       " is not divisible by the tensor-parallel size ", size));
+  if (c.shared_expert_intermediate_size % size != 0)
+    add(detail::concat("shared_expert_intermediate_size = ", c.shared_expert_intermediate_size,
                        " is not divisible by the tensor-parallel size ", size));
   return problems;
 }
@@ -88,7 +98,7 @@ void validate_shard(const LlamaConfig& c) {
   require(static_cast<bool>(s.all_reduce_sum),
           "LlamaConfig.shard.all_reduce_sum is empty (required for size ", s.size, ")");
   require(c.num_qo_heads >= 1 && c.num_kv_heads >= 1 && c.num_qo_heads % c.num_kv_heads == 0 &&
-              c.intermediate_size >= 1,
+              (c.intermediate_size >= 1 || c.num_experts > 0),
           "tensor parallelism: model '", c.name, "' has num_qo_heads = ", c.num_qo_heads,
           ", num_kv_heads = ", c.num_kv_heads, ", intermediate_size = ", c.intermediate_size,
           " (need num_kv_heads >= 1 dividing num_qo_heads, intermediate_size >= 1)");
@@ -128,24 +138,66 @@ std::int32_t lm_head_rows(const LlamaConfig& c) {
                            : c.vocab_size;
 }
 
+namespace {
+
+// The gate/up rows and down columns of slice r of n of a gated MLP's
+// intermediate features (an empty MLP stays empty).
+void shard_mlp(StackedMatrix& gate_up, WeightMatrix& down, std::int32_t r, std::int32_t n,
+               const char* gate_up_name, const char* down_name) {
+  if (down.empty()) return;
+  const std::int32_t width = down.in(), inter = width / n;
+  gate_up = gate_up.gather_rows({{r * inter, inter}, {width + r * inter, inter}}, gate_up_name);
+  down = down.slice(0, down.out(), r * inter, inter, down_name);
+}
+
+// This rank's query heads of a latent-attention layer: their rows of the
+// query projection (q_b, or q within the stacked input) and their key /
+// value up-projections; q_a and the latent projection kv_a stay whole.
+void shard_latent_attention(const LlamaConfig& c, std::int32_t r, MlaLayerWeights& m) {
+  const std::int32_t heads = shard_qo_heads(c), head_q = c.qk_nope_head_dim + c.rotary_dim;
+  const std::int32_t q = heads * head_q;
+  if (c.q_lora_rank > 0) {
+    m.q_b = m.q_b.slice(r * q, q, 0, m.q_b.in(), "attn_q_b");
+  } else {
+    const std::int32_t q_all = c.num_qo_heads * head_q;
+    m.input = m.input.gather_rows({{r * q, q}, {q_all, c.kv_lora_rank + c.rotary_dim}},
+                                  "attn_q with attn_kv_a_mqa");
+  }
+  const auto mine = [&](std::vector<WeightMatrix>& per_head) {
+    per_head = std::vector<WeightMatrix>(per_head.begin() + std::ptrdiff_t(r) * heads,
+                                         per_head.begin() + std::ptrdiff_t(r + 1) * heads);
+  };
+  mine(m.k_absorb);
+  mine(m.v_up);
+}
+
+}  // namespace
+
 void shard_llama_weights(const LlamaConfig& c, LlamaWeights& w) {
   validate_shard(c);
   const std::int32_t n = c.shard.size, r = c.shard.rank;
   if (n == 1) return;
-  const std::int32_t d = c.head_dim, inter = c.intermediate_size / n;
+  const std::int32_t d = c.head_dim;
   const std::int32_t q = shard_qo_heads(c) * d, kv = shard_kv_heads(c) * d;
   const std::int32_t kv_begin = first_kv_head(c, r, n) * d;
   const std::int32_t q_all = c.num_qo_heads * d, kv_all = c.num_kv_heads * d;
   // Rows of the fused q|k|v matrix: this rank's q heads, k heads, v heads.
   const std::vector<RowRange> qkv = {
       {r * q, q}, {q_all + kv_begin, kv}, {q_all + kv_all + kv_begin, kv}};
+  // The attention output's input columns: this rank's heads' values.
+  const std::int32_t values = shard_qo_heads(c) * (c.kv_lora_rank > 0 ? c.v_head_dim : d);
   for (LlamaLayerWeights& l : w.layers) {
-    l.qkv = l.qkv.gather_rows(qkv, "attn_qkv");
-    if (!l.qkv_bias.empty()) l.qkv_bias = gather(l.qkv_bias, qkv);
-    l.o = l.o.slice(0, l.o.out(), r * q, q, "attn_output");
-    l.gate_up = l.gate_up.gather_rows(
-        {{r * inter, inter}, {c.intermediate_size + r * inter, inter}}, "ffn_gate_up");
-    l.down = l.down.slice(0, l.down.out(), r * inter, inter, "ffn_down");
+    if (c.kv_lora_rank > 0) {
+      shard_latent_attention(c, r, l.mla);
+    } else {
+      l.qkv = l.qkv.gather_rows(qkv, "attn_qkv");
+      if (!l.qkv_bias.empty()) l.qkv_bias = gather(l.qkv_bias, qkv);
+    }
+    l.o = l.o.slice(0, l.o.out(), r * values, values, "attn_output");
+    shard_mlp(l.gate_up, l.down, r, n, "ffn_gate_up", "ffn_down");
+    for (ExpertWeights& e : l.moe.experts)
+      shard_mlp(e.gate_up, e.down, r, n, "ffn_gate_up_exps", "ffn_down_exps");
+    shard_mlp(l.moe.shared.gate_up, l.moe.shared.down, r, n, "ffn_gate_up_shexp", "ffn_down_shexp");
   }
   if (!vocab_parallel(c) || c.tie_embeddings) return;  // a tied head reads the embedding's rows
   require(w.lm_head.out() == c.vocab_size, "LlamaModel: the LM head has ", w.lm_head.out(),

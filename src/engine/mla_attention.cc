@@ -94,7 +94,7 @@ void split_projections(const MlaShape& s, const MlaLayerWeights& w, std::int32_t
 MlaShape mla_shape(const LlamaConfig& c) {
   MlaShape s;
   s.hidden = c.hidden_size;
-  s.heads = c.num_qo_heads;
+  s.heads = c.num_qo_heads / c.shard.size;  // this tensor-parallel shard's heads
   s.q_lora_rank = c.q_lora_rank;
   s.kv_lora_rank = c.kv_lora_rank;
   s.nope = c.qk_nope_head_dim;
@@ -125,10 +125,6 @@ void validate_mla_config(const LlamaConfig& c) {
                       [](std::int32_t w) { return w == 0; }) &&
               !c.qk_norm,
           "LlamaConfig: latent attention has no sliding windows or q/k norms");
-  require(c.shard.size == 1, "tensor parallelism: model '", c.name,
-          "' uses multi-head latent attention, which pagedattn runs in one process only "
-          "(LlamaConfig.shard.size = ",
-          c.shard.size, " must be 1)");
 }
 
 void validate_mla_weights(const MlaShape& s, const MlaLayerWeights& w, std::int64_t layer) {

@@ -42,7 +42,8 @@ struct MlaLayerWeights {
   bool empty() const { return k_absorb.empty(); }
 };
 
-// The dimensions of an MLA layer (from LlamaConfig, see its MLA fields).
+// The dimensions of an MLA layer (from LlamaConfig, see its MLA fields;
+// heads: this tensor-parallel shard's).
 struct MlaShape {
   std::int32_t hidden = 0, heads = 0, q_lora_rank = 0, kv_lora_rank = 0;
   std::int32_t nope = 0, rope = 0, v_head_dim = 0;
@@ -53,8 +54,11 @@ struct MlaShape {
 MlaShape mla_shape(const LlamaConfig& config);
 
 // InvalidArgument naming the field when the config's MLA fields are
-// inconsistent (num_kv_heads must be 1, head_dim kv_lora_rank + rotary_dim)
-// or tensor parallelism is asked for (MLA runs in one process).
+// inconsistent (num_kv_heads must be 1, head_dim kv_lora_rank + rotary_dim).
+// Under tensor parallelism each rank attends with its query heads over the
+// whole latent rows, which every rank computes and caches (the one KV head
+// is replicated, as for grouped-query attention with more ranks than KV
+// heads).
 void validate_mla_config(const LlamaConfig& config);
 // InvalidArgument naming the weight and the layer when a shape does not match.
 void validate_mla_weights(const MlaShape& shape, const MlaLayerWeights& weights,

@@ -148,11 +148,13 @@ void validate_expert_groups(const LlamaConfig& c) {
 }  // namespace
 
 MoeShape moe_shape(const LlamaConfig& c) {
+  // A tensor-parallel shard holds a slice of every expert's intermediate
+  // features (shard_llama_weights).
   return {c.hidden_size,
           c.num_experts,
           c.num_experts_used,
-          c.expert_intermediate_size,
-          c.shared_expert_intermediate_size,
+          c.expert_intermediate_size / c.shard.size,
+          c.shared_expert_intermediate_size / c.shard.size,
           c.normalize_expert_weights,
           c.activation,
           c.expert_gating,
@@ -187,10 +189,6 @@ void validate_moe_config(const LlamaConfig& c) {
           "LlamaConfig.leading_dense_layers = ", c.leading_dense_layers,
           " must be in [0, num_layers = ", c.num_layers, "]");
   validate_expert_groups(c);
-  require(
-      c.shard.size == 1, "tensor parallelism: model '", c.name, "' is a mixture of ", c.num_experts,
-      " experts, which pagedattn runs in one process only (LlamaConfig.shard.size = ", c.shard.size,
-      " must be 1)");
 }
 
 void validate_moe_weights(const MoeShape& s, const MoeLayerWeights& w, std::int64_t layer) {

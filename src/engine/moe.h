@@ -48,7 +48,8 @@ struct MoeLayerWeights {
   bool empty() const { return experts.empty(); }
 };
 
-// A MoE layer's dimensions (from LlamaConfig, see its MoE fields).
+// A MoE layer's dimensions (from LlamaConfig, see its MoE fields; the
+// intermediate widths are this tensor-parallel shard's).
 struct MoeShape {
   std::int32_t hidden = 0;
   std::int32_t num_experts = 0;
@@ -66,8 +67,9 @@ struct MoeShape {
 MoeShape moe_shape(const LlamaConfig& config);
 
 // InvalidArgument naming the field when the config's MoE fields are
-// inconsistent, or when a MoE model is asked to run tensor-parallel (the
-// experts are not split: one process runs them all).
+// inconsistent. Under tensor parallelism every rank routes every token and
+// holds a slice of each expert's intermediate features (validate_shard
+// checks that the widths split).
 void validate_moe_config(const LlamaConfig& config);
 // InvalidArgument naming the tensor and the layer when a shape does not
 // match `shape`.

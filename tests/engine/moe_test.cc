@@ -10,13 +10,16 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "engine/counter_random.h"
+#include "engine/llama_weights.h"
 #include "engine/quant_kernels.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/llama.h"
 #include "support/expect_error.h"
+#include "support/in_memory_all_reduce.h"
 
 namespace pagedattn::engine {
 // A namespace of its own: the unity build merges this file with others.
@@ -319,6 +322,42 @@ TEST(Moe, SyntheticModelRowsDoNotDependOnTheBatch) {
             2 * (8 * (3 * 64 * 32 + 64) + 3 * 64 * 48 + 64 - 3 * 64 * c.intermediate_size));
 }
 
+// Two tensor-parallel shards of the synthetic MoE model on two threads
+// (their all_reduce_sum meets in memory), each with half of every expert's
+// features and of the shared expert's, give the whole model's logits.
+TEST(Moe, TwoTensorParallelShardsGiveTheWholeModelsLogits) {
+  LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 64;
+  c.num_layers = 2;
+  c.num_qo_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.num_experts = 8;
+  c.num_experts_used = 2;
+  c.expert_intermediate_size = 32;
+  c.shared_expert_intermediate_size = 48;
+  const std::vector<std::int32_t> a = {3, 9, 27, 17, 51}, b = {60, 2, 33};
+  const std::vector<float> expected = model_logits(*make_llama_model(c), {a, b});
+  test::InMemoryAllReduce reduce(2);
+  std::vector<float> got[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      LlamaConfig shard = c;
+      shard.shard = {r, 2, [&](std::span<float> v) { reduce(v); }};
+      got[r] = model_logits(*make_llama_model(shard), {a, b});
+    });
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(got[0], got[1]);
+  ASSERT_EQ(got[0].size(), expected.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    worst = std::max(
+        worst, std::abs(double(got[0][i]) - expected[i]) / (1.0 + std::abs(double(expected[i]))));
+  EXPECT_LE(worst, 2e-4);
+}
+
 TEST(Moe, RoutingTiesPickTheLowerExpert) {
   const MoeShape s{4, 5, 2, 4, 0, true, MlpActivation::kSilu};
   const float logits[] = {0.5f, 2.0f, 2.0f, 1.0f, 2.0f};
@@ -483,10 +522,16 @@ TEST(Moe, ErrorsNameTheProblem) {
   c.expert_intermediate_size = 8;
   test::expect_throws<InvalidArgument>([&] { validate_moe_config(c); }, {"num_experts_used = 5"});
   c.num_experts_used = 2;
-  c.shard.size = 2;
-  test::expect_throws<InvalidArgument>([&] { validate_moe_config(c); },
-                                       {"model 'tiny-moe' is a mixture of 4 experts"});
-  c.shard.size = 1;
+  c.num_qo_heads = 4;
+  c.num_kv_heads = 2;
+  c.shard = {0, 2, [](std::span<float>) {}};
+  c.expert_intermediate_size = 9;
+  test::expect_throws<InvalidArgument>(
+      [&] { validate_shard(c); },
+      {"model 'tiny-moe' cannot be split over 2 ranks",
+       "expert_intermediate_size = 9 is not divisible by the tensor-parallel size 2"});
+  c.expert_intermediate_size = 8;
+  c.shard = {};
   c.expert_groups = 3;
   test::expect_throws<InvalidArgument>([&] { validate_moe_config(c); },
                                        {"expert_groups = 3 must divide num_experts = 4"});

@@ -7,48 +7,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "engine/weight_matrix.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/llama.h"
+#include "support/in_memory_all_reduce.h"
 
 namespace pagedattn {
 namespace {
 
-// Sums spans from `size` threads: each call returns when all have arrived.
-class InMemoryAllReduce {
- public:
-  explicit InMemoryAllReduce(int size) : size_(size) {}
-  void operator()(std::span<float> values) {
-    std::unique_lock lock(mutex_);
-    const std::uint64_t round = round_;
-    if (arrived_ == 0)
-      sum_.assign(values.begin(), values.end());
-    else
-      for (std::size_t i = 0; i < values.size(); ++i) sum_[i] += values[i];
-    if (++arrived_ == size_) {
-      arrived_ = 0;
-      result_ = sum_;
-      ++round_;
-      done_.notify_all();
-    } else {
-      done_.wait(lock, [&] { return round_ != round; });
-    }
-    std::copy(result_.begin(), result_.end(), values.begin());
-  }
-
- private:
-  const int size_;
-  std::mutex mutex_;
-  std::condition_variable done_;
-  int arrived_ = 0;
-  std::uint64_t round_ = 0;
-  std::vector<float> sum_, result_;
-};
+using test::InMemoryAllReduce;
 
 // Prefill 9 tokens of sequence 0, then one decode; the last step's logits.
 std::vector<float> two_steps(Model& model) {

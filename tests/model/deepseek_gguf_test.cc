@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "model/gguf_model_support.h"
 #include "model/gguf_writer.h"
@@ -18,6 +19,7 @@
 #include "pagedattn/gguf_model.h"
 #include "pagedattn/llama.h"
 #include "support/expect_error.h"
+#include "support/in_memory_all_reduce.h"
 
 namespace pagedattn {
 // A namespace of its own: the unity build merges this file with others.
@@ -332,6 +334,46 @@ TEST(GgufDeepseek, ParameterCountIsTheFilesElementCount) {
   EXPECT_EQ(llama_parameter_count(c), elements);
 }
 
+// Two tensor-parallel shards on two threads (their all_reduce_sum meets in
+// memory) give the whole model's logits: each rank attends with its query
+// heads over the latent rows every rank computes and caches, and holds half
+// of every expert's features (the router on both). F32 weights: Q8_0
+// halves of the 32-feature experts would not be whole blocks.
+TEST(GgufDeepseek, TwoTensorParallelShardsGiveTheWholeModelsLogits) {
+  for (const bool sigmoid : {false, true})
+    for (const std::uint32_t q_lora_rank : {0u, 64u}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "sigmoid " << sigmoid << ", q_lora_rank " << q_lora_rank);
+      const std::vector<std::byte> bytes =
+          deepseek_model({true, q_lora_rank, sigmoid, /*quantised=*/false}).build();
+      const GgufFile file = GgufFile::parse({bytes.data(), bytes.size()});
+      const std::vector<float> expected =
+          test::teacher_forced_logits(*make_gguf_model(file), kTokens);
+      test::InMemoryAllReduce reduce(2);
+      std::vector<float> got[2];
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < 2; ++r)
+        ranks.emplace_back([&, r] {
+          GgufModelOptions options;
+          options.shard = {r, 2, [&](std::span<float> v) { reduce(v); }};
+          const auto shard = make_gguf_model(file, options);
+          EXPECT_EQ(shard->spec().num_qo_heads, int(kHeads) / 2);
+          EXPECT_EQ(shard->spec().num_kv_heads, 1);
+          got[r] = test::teacher_forced_logits(*shard, kTokens);
+        });
+      for (std::thread& t : ranks) t.join();
+      EXPECT_EQ(got[0], got[1]);  // the same residual stream and LM head on both
+      ASSERT_EQ(got[0].size(), expected.size());
+      double worst = 0.0, scale = 1.0;
+      for (std::size_t i = 0; i < expected.size(); ++i) {
+        worst = std::max(worst, std::abs(double(got[0][i]) - expected[i]));
+        scale = std::max(scale, 1.0 + std::abs(double(expected[i])));
+      }
+      EXPECT_LE(worst, 2e-4 * scale);
+      EXPECT_GT(worst, 0.0);  // the partial sums were added in another order
+    }
+}
+
 TEST(GgufDeepseek, RefusalsNameTheProblem) {
   Form no_up;
   no_up.layer1_up_projections = false;
@@ -373,12 +415,21 @@ TEST(GgufDeepseek, RefusalsNameTheProblem) {
   const GgufWriter full = deepseek_model({});
   const std::vector<std::byte> bytes = full.build();
   GgufModelOptions options;
+  options.shard = {1, 3, [](std::span<float>) {}};
+  test::expect_throws<InvalidArgument>(
+      [&] {
+        make_gguf_model(GgufFile::parse({bytes.data(), bytes.size()}), options);
+      },
+      {"cannot be split over 3 ranks", "num_qo_heads = 4", "expert_intermediate_size = 32",
+       "Tensor-parallel sizes that work for this model: 1, 2, 4"});
+  // Two ranks split each Q8_0 expert's 32 features into 16-column halves of
+  // ffn_down_exps: not whole blocks.
   options.shard = {1, 2, [](std::span<float>) {}};
   test::expect_throws<InvalidArgument>(
       [&] {
         make_gguf_model(GgufFile::parse({bytes.data(), bytes.size()}), options);
       },
-      {"multi-head latent attention", "one process only"});
+      {"ffn_down"});
   LlamaConfig synthetic;
   synthetic.num_kv_heads = 1;
   synthetic.kv_lora_rank = 48;
