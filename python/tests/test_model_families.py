@@ -540,6 +540,33 @@ def test_pagedattn_greedy_matches_transformers_generate(family, workdir):
         assert gap < 2 * TOLERANCE["f32"], (family, i, got, want, gap)
 
 
+@pytest.mark.parametrize("family", ["qwen2moe", "qwen3moe", "deepseek-v2-lite", "deepseek-v3"])
+def test_tensor_parallel_generate_prints_the_single_process_text(family, workdir):
+    # `generate --tensor-parallel 2` under mpirun: experts split by feature,
+    # latent attention by query head (docs/tensor_parallel.md); greedy text
+    # equal to one process's (the logits differ by summation order only;
+    # tests/model/deepseek_gguf_test.cc checks them).
+    import shutil
+    import subprocess
+    from test_engine import cli_path
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("no mpirun")
+    _, path = built(family, workdir)
+    args = [cli_path(), "generate", "--model", path, "--prompt", "the quick brown fox",
+            "--max-tokens", "16", "--ignore-eos", "--kv-memory-mib", "16"]
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    # Random weights print arbitrary bytes: compared as bytes.
+    one = subprocess.run(args, env=env, capture_output=True, timeout=120)
+    two = subprocess.run([mpirun, "--oversubscribe", "-np", "2"] + args + ["--tensor-parallel", "2"],
+                         env=env, capture_output=True, timeout=300)
+    assert one.returncode == 0, one.stderr.decode(errors="replace")
+    assert two.returncode == 0, two.stderr.decode(errors="replace")
+    assert one.stdout and two.stdout == one.stdout
+    assert b"tensor parallel 2" in two.stderr
+
+
 def test_unsupported_architecture_names_it(tmp_path):
     path = str(tmp_path / "falcon.gguf")
     H.write_unsupported_arch(path, "falcon")
