@@ -499,6 +499,21 @@ def test_pagedattn_logits_match_transformers(family, workdir):
         check_logits(f"{family}, {kv_dtype} K/V, {len(tokens)} positions", got, want, tolerance)
 
 
+@pytest.mark.parametrize("family", [f for f in FAMILIES if H.FAMILIES[f].arch == "deepseek2"])
+def test_deepseek_serving_path_expands_prefill_and_matches_transformers(family, workdir):
+    # exact=False: the serving path, where a prompt's latent attention runs
+    # expanded per head (mla_form: fewer multiply-adds than absorbed for a
+    # 64-token prompt); exact=True above runs absorbed (deterministic mode).
+    _, path = built(family, workdir)
+    m = pagedattn_model(path)
+    tokens = prompt_tokens(family)
+    want = hf_logits(reference64(family, workdir), tokens)
+    for kv_dtype, tolerance in TOLERANCE.items():
+        got = np.asarray(m.logits(tokens, kv_dtype=kv_dtype, exact=False), dtype=np.float64)
+        check_logits(f"{family} serving path, {kv_dtype} K/V, {len(tokens)} positions", got, want,
+                     tolerance)
+
+
 def banned_next(seq):
     """HF's no_repeat_ngram_size=2: no bigram occurs twice (random models with
     tied embeddings otherwise repeat one token forever, which checks little)."""

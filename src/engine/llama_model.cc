@@ -379,8 +379,9 @@ void LlamaModel::latent_attention_block(std::int32_t layer, std::int32_t tokens,
                       ? c_.attention_scale
                       : 1.0f / std::sqrt(static_cast<float>(c_.qk_nope_head_dim + c_.rotary_dim));
   attn_.resize(std::size_t(tokens) * std::size_t(hq_) * std::size_t(c_.v_head_dim));
-  engine::mla_attention(mla_, w.mla, h_.data(), tokens, layer, positions_.data(), rope, options,
-                        cache, attn_.data(), deterministic, mla_scratch_, scratch_);
+  engine::mla_attention(
+      mla_, w.mla, h_.data(), tokens, layer, positions_.data(), rope, options, cache, attn_.data(),
+      deterministic, engine::mla_form(mla_, cache.plan(), deterministic), mla_scratch_, scratch_);
   add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic);
 }
 

@@ -1,10 +1,15 @@
 #include "engine/mla_attention.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
+#include "kernels/cpu/convert.h"
 #include "pagedattn/errors.h"
+#include "pagedattn/kv_ops.h"
 
 namespace pagedattn::engine {
 namespace {
@@ -89,7 +94,173 @@ void split_projections(const MlaShape& s, const MlaLayerWeights& w, std::int32_t
   }
 }
 
+// ------------------------------------------------------------ expanded form
+
+// The step's [c | k_pe] rows (rope part rotated) into the cache's pages of
+// `layer`, as cache.attention would append them.
+void append_rows(const MlaShape& s, std::int32_t layer, PagedKVCache& cache, MlaScratch& m) {
+  const BatchPlan& plan = cache.plan();
+  const std::int32_t d = s.cache_head_dim();
+  const HeadTensor rows{m.rows.data(), DType::kF32, d, d};
+  const bool latent_layout = cache.config().attention_kind == AttentionKind::kMLA;
+  append_paged_kv({rows, latent_layout ? HeadTensor{} : rows, plan.slot_mapping.data(),
+                   plan.num_tokens(), cache.layer_storage(layer)});
+  cache.mark_layer_appended(layer);
+}
+
+// m.cached[keys][kv_lora_rank + rope] = sequence b's cached rows as f32,
+// and where the layout keeps V apart (a copy of each row's latent, rounded
+// on its own: int8 scales it by its own maximum) m.cached_v[keys][latent],
+// so that the values are expanded from what the absorbed form reads.
+void read_cached_rows(const PagedKVStorage& kv, const BatchPlan& plan, std::int32_t b,
+                      MlaScratch& m) {
+  const std::int32_t keys = plan.kv_lens[std::size_t(b)], ps = plan.page_size;
+  const auto d = static_cast<std::int64_t>(kv.head_dim);
+  const auto dv = static_cast<std::int64_t>(kv.v_head_dim);
+  const auto element = static_cast<std::int64_t>(dtype_size(kv.dtype));
+  const auto* k_bytes = static_cast<const std::byte*>(kv.k_data);
+  const auto* v_bytes = static_cast<const std::byte*>(kv.v_data);
+  m.cached.resize(std::size_t(keys) * std::size_t(d));
+  if (!kv.v_in_k) m.cached_v.resize(std::size_t(keys) * std::size_t(dv));
+  for (std::int32_t j = 0; j < keys; ++j) {
+    const std::int64_t page = plan.kv_indices[std::size_t(plan.kv_indptr[std::size_t(b)] + j / ps)];
+    const std::int32_t slot = j % ps;
+    kernels::convert_row(k_bytes + kv.k_offset(page, 0, slot) * element, kv.dtype,
+                         m.cached.data() + j * d, DType::kF32, d, kv.k_dequant(page, 0, slot));
+    if (!kv.v_in_k)
+      kernels::convert_row(v_bytes + kv.v_offset(page, 0, slot) * element, kv.dtype,
+                           m.cached_v.data() + j * dv, DType::kF32, dv,
+                           kv.v_dequant(page, 0, slot));
+  }
+}
+
+// m.k_up[h][kv_lora_rank][nope] = W_UK_h^T as f32, for every head.
+void key_up_projections(const MlaShape& s, const MlaLayerWeights& w, MlaScratch& m) {
+  const std::size_t per_head = std::size_t(s.kv_lora_rank) * std::size_t(s.nope);
+  m.k_up.resize(per_head * std::size_t(s.heads));
+  for (std::int32_t h = 0; h < s.heads; ++h) {
+    const WeightMatrix& k = w.k_absorb[std::size_t(h)];
+    float* dst = m.k_up.data() + per_head * std::size_t(h);
+    if (k.format() == WeightFormat::kF32)
+      std::copy_n(static_cast<const float*>(k.data()), per_head, dst);
+    else
+      dequantize_weight_rows(k.data(), k.format(), k.in(), 0, k.out(), dst);
+  }
+}
+
+// Below this many multiply-adds per head the key expansion runs on one thread.
+constexpr std::int64_t kParallelUp = std::int64_t{1} << 20;
+
+// A sequence's keys [W_UK_h c | k_pe] and values W_UV_h c for every head
+// from its cached rows (m.cached, and m.cached_v unless v_in_k), into its
+// pages of m.keys / m.values (token stride heads x dim).
+void expand_sequence(const MlaShape& s, const MlaLayerWeights& w, std::int32_t keys, bool v_in_k,
+                     float* k, float* v, MlaScratch& m, LinearScratch& ls) {
+  const std::int32_t d = s.cache_head_dim(), latent = s.kv_lora_rank, dk = s.nope + s.rope;
+  const std::int64_t k_stride = std::int64_t{s.heads} * dk;
+  const auto v_stride = static_cast<std::int32_t>(std::int64_t{s.heads} * s.v_head_dim);
+  m.latent.resize(std::size_t(keys) * std::size_t(latent));
+  gather_columns(m.cached.data(), keys, d, 0, latent, m.latent.data());
+  const float* value_latent = v_in_k ? m.latent.data() : m.cached_v.data();
+  for (std::int32_t h = 0; h < s.heads; ++h)
+    project_strided(value_latent, keys, w.v_up[std::size_t(h)], v + std::int64_t{h} * s.v_head_dim,
+                    v_stride, false, ls);
+  const std::size_t per_head = std::size_t(latent) * std::size_t(s.nope);
+  const bool parallel = std::int64_t{keys} * std::int64_t(per_head) >= kParallelUp;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (std::int32_t h = 0; h < s.heads; ++h)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, keys, s.nope, latent, 1.0f,
+                m.latent.data(), latent, m.k_up.data() + per_head * std::size_t(h), s.nope, 0.0f,
+                k + std::int64_t{h} * dk, static_cast<int>(k_stride));
+  for (std::int32_t t = 0; t < keys; ++t)
+    for (std::int32_t h = 0; h < s.heads; ++h)
+      std::copy_n(m.cached.data() + std::int64_t{t} * d + latent, s.rope,
+                  k + t * k_stride + std::int64_t{h} * dk + s.nope);
+}
+
+// Multi-head attention of the unabsorbed queries m.q (rope part rotated)
+// over every sequence's expanded keys and values; values[tokens][heads *
+// v_head_dim]. The step's rows are already in the cache.
+void expanded_attention(const MlaShape& s, const MlaLayerWeights& w, std::int32_t layer,
+                        const AttentionOptions& options, const PagedKVCache& cache, float* values,
+                        MlaScratch& m, LinearScratch& ls) {
+  const BatchPlan& plan = cache.plan();
+  const std::int32_t ps = plan.page_size, dk = s.nope + s.rope, dv = s.v_head_dim;
+  m.kv_indptr.assign(1, 0);
+  m.last_page_len.clear();
+  for (std::int32_t b = 0; b < plan.batch_size(); ++b) {
+    const std::int32_t keys = plan.kv_lens[std::size_t(b)], pages = (keys + ps - 1) / ps;
+    m.kv_indptr.push_back(m.kv_indptr.back() + pages);
+    m.last_page_len.push_back(keys - (pages > 0 ? (pages - 1) * ps : 0));
+  }
+  const std::int32_t total_pages = m.kv_indptr.back();
+  m.kv_indices.resize(std::size_t(total_pages));
+  std::iota(m.kv_indices.begin(), m.kv_indices.end(), 0);
+  const std::size_t page_slots = std::size_t(ps) * std::size_t(s.heads);
+  m.keys.resize(std::size_t(total_pages) * page_slots * std::size_t(dk));
+  m.values.resize(std::size_t(total_pages) * page_slots * std::size_t(dv));
+  key_up_projections(s, w, m);
+  const PagedKVStorage rows = cache.layer_storage(layer);
+  for (std::int32_t b = 0; b < plan.batch_size(); ++b) {
+    if (plan.kv_lens[std::size_t(b)] == 0) continue;
+    read_cached_rows(rows, plan, b, m);
+    const std::size_t first = std::size_t(m.kv_indptr[std::size_t(b)]) * page_slots;
+    expand_sequence(s, w, plan.kv_lens[std::size_t(b)], rows.v_in_k, m.keys.data() + first * dk,
+                    m.values.data() + first * dv, m, ls);
+  }
+  PagedKVStorage kv;
+  kv.k_data = m.keys.data();
+  kv.v_data = m.values.data();
+  kv.layout = KVLayout::kNHD;
+  kv.page_size = ps;
+  kv.num_kv_heads = s.heads;
+  kv.head_dim = dk;
+  kv.v_head_dim = dv;
+  kv.num_pages = total_pages;
+  kv.k_token_stride = std::int64_t{s.heads} * dk, kv.k_head_stride = dk;
+  kv.k_page_stride = kv.k_token_stride * ps;
+  kv.v_token_stride = std::int64_t{s.heads} * dv, kv.v_head_stride = dv;
+  kv.v_page_stride = kv.v_token_stride * ps;
+  PagedKVTable table;
+  table.batch_size = plan.batch_size();
+  table.page_size = ps;
+  table.qo_indptr = plan.qo_indptr.data();
+  table.kv_indptr = m.kv_indptr.data();
+  table.kv_indices = m.kv_indices.data();
+  table.kv_last_page_len = m.last_page_len.data();
+  table.kv_lens = plan.kv_lens.data();
+  AttentionParams p;
+  p.q = {m.q.data(), DType::kF32, std::int64_t{s.heads} * dk, dk};
+  p.o = {values, DType::kF32, std::int64_t{s.heads} * dv, dv};
+  p.num_qo_heads = s.heads;
+  p.table = table;
+  p.kv = kv;
+  p.options = options;
+  m.runner.run(p);
+  // A long prompt's expansion is not kept for the decode steps after it.
+  if (m.keys.size() + m.values.size() > (std::size_t(64) << 20) / sizeof(float)) {
+    m.keys = {};
+    m.values = {};
+  }
+}
+
 }  // namespace
+
+MlaForm mla_form(const MlaShape& s, const BatchPlan& plan, bool deterministic) {
+  if (deterministic || plan.has_tree || plan.has_gaps) return MlaForm::kAbsorbed;
+  const double heads = s.heads, up = double(s.kv_lora_rank) * (s.nope + s.v_head_dim);
+  double absorbed = 0.0, expanded = 0.0, bytes = 0.0;
+  for (std::int32_t b = 0; b < plan.batch_size(); ++b) {
+    const double q = plan.qo_indptr[std::size_t(b) + 1] - plan.qo_indptr[std::size_t(b)];
+    const double keys = plan.kv_lens[std::size_t(b)];
+    const double pairs = q * keys - q * (q - 1.0) / 2.0;  // causal
+    absorbed += heads * (pairs * (2.0 * s.kv_lora_rank + s.rope) + q * up);
+    expanded += heads * (pairs * (s.nope + s.rope + s.v_head_dim) + keys * up);
+    bytes += 4.0 * (keys + plan.page_size) * heads * (s.nope + s.rope + s.v_head_dim);
+  }
+  return expanded < absorbed && bytes <= double(kMlaExpandedBytes) ? MlaForm::kExpanded
+                                                                   : MlaForm::kAbsorbed;
+}
 
 MlaShape mla_shape(const LlamaConfig& c) {
   MlaShape s;
@@ -151,13 +322,21 @@ void validate_mla_weights(const MlaShape& s, const MlaLayerWeights& w, std::int6
 void mla_attention(const MlaShape& s, const MlaLayerWeights& w, const float* x, std::int32_t tokens,
                    std::int32_t layer, const std::int32_t* positions, const RopeConfig& rope,
                    const AttentionOptions& options, PagedKVCache& cache, float* values,
-                   bool deterministic, MlaScratch& m, LinearScratch& ls) {
+                   bool deterministic, MlaForm form, MlaScratch& m, LinearScratch& ls) {
   require(tokens >= 0, "mla_attention: tokens = ", tokens, " must be >= 0");
   validate_mla_weights(s, w, layer);
   const std::int32_t d = s.cache_head_dim(), latent = s.kv_lora_rank;
   m.input.resize(std::size_t(tokens) * std::size_t(w.input.out()));
   w.input.project(x, tokens, m.input.data(), false, deterministic, ls);
   split_projections(s, w, tokens, deterministic, m, ls);
+  if (form == MlaForm::kExpanded) {
+    const std::int32_t head_q = s.nope + s.rope;
+    apply_rope({m.q.data() + s.nope, DType::kF32, std::int64_t{s.heads} * head_q, head_q}, tokens,
+               s.heads, s.rope, positions, rope);
+    apply_rope({m.rows.data() + latent, DType::kF32, d, d}, tokens, 1, s.rope, positions, rope);
+    append_rows(s, layer, cache, m);
+    return expanded_attention(s, w, layer, options, cache, values, m, ls);
+  }
   absorbed_queries(s, w, tokens, deterministic, m, ls);
   // The RoPE parts sit after the latent in every query head and cache row.
   apply_rope({m.query.data() + latent, DType::kF32, std::int64_t{s.heads} * d, d}, tokens, s.heads,

@@ -13,6 +13,14 @@
 // itself), and up-projects each head's latent output o_h with W_UV_h:
 // value_h = W_UV_h o_h (v_head_dim). The scores and outputs are those of
 // the expanded form; only the order of the sums differs.
+//
+// A long prefill chunk instead expands (MlaForm::kExpanded): each sequence's
+// cached rows become per-head keys [W_UK_h c | k_pe] and values W_UV_h c,
+// and multi-head attention runs with the unabsorbed queries. Per key and
+// head that costs (nope + rope + v) multiply-adds where the absorbed form
+// costs 2 kv_lora_rank + rope (1,088 against 320 for DeepSeek's shapes),
+// plus the expansion of every key once per step (docs/benchmarks.md,
+// "Multi-head latent attention").
 #pragma once
 
 #include <cstdint>
@@ -64,9 +72,30 @@ void validate_mla_config(const LlamaConfig& config);
 void validate_mla_weights(const MlaShape& shape, const MlaLayerWeights& weights,
                           std::int64_t layer);
 
+// How a step's latent attention runs (see the top of this file).
+enum class MlaForm : std::uint8_t { kAbsorbed, kExpanded };
+
+// The expanded keys and values of one step may take at most this much
+// memory; longer contexts stay absorbed.
+inline constexpr std::int64_t kMlaExpandedBytes = std::int64_t{512} << 20;
+
+// The form with fewer multiply-adds for the open step of `plan` (causal
+// query-key pairs per sequence, the absorbed form's per-query projections
+// against the expansion of every key): kAbsorbed in deterministic mode (a
+// token's result must not depend on its batch), for token trees and
+// windows with dropped tokens, and beyond kMlaExpandedBytes.
+MlaForm mla_form(const MlaShape& shape, const BatchPlan& plan, bool deterministic);
+
 // Buffers reused across calls.
 struct MlaScratch {
   std::vector<float> input, q_a, q, query, rows, head_in, attention;
+  // The expanded form: one sequence's cached rows (and V's own copy of
+  // their latent where the layout keeps one), their latent part, the key
+  // up-projections as f32, and the step's per-head keys and values with
+  // their page table.
+  std::vector<float> cached, cached_v, latent, k_up, keys, values;
+  std::vector<std::int32_t> kv_indptr, kv_indices, last_page_len;
+  AttentionRunner runner;
 };
 
 // values[tokens][heads * v_head_dim] = each head's up-projected attention
@@ -74,12 +103,13 @@ struct MlaScratch {
 // current step; appends the step's [c | k_pe] rows to `layer` of the cache
 // (one KV head, head_dim kv_lora_rank + rope, v_head_dim kv_lora_rank).
 // positions[tokens]: RoPE positions; `rope` has a table covering them
-// (rotary_dim = shape.rope). InvalidArgument when the weights do not match
-// `shape` or tokens < 0 (before touching the cache).
+// (rotary_dim = shape.rope). `form`: mla_form's choice, or either one (the
+// tests run both). InvalidArgument when the weights do not match `shape`
+// or tokens < 0 (before touching the cache).
 void mla_attention(const MlaShape& shape, const MlaLayerWeights& weights, const float* x,
                    std::int32_t tokens, std::int32_t layer, const std::int32_t* positions,
                    const RopeConfig& rope, const AttentionOptions& options, PagedKVCache& cache,
-                   float* values, bool deterministic, MlaScratch& scratch,
+                   float* values, bool deterministic, MlaForm form, MlaScratch& scratch,
                    LinearScratch& linear_scratch);
 
 }  // namespace pagedattn::engine
