@@ -113,9 +113,9 @@ TEST(MlaForms, ExpandedGivesTheAbsorbedValues) {
     const MlaLayerWeights w = weights(s, rng);
     for (const DType dtype : {DType::kF32, DType::kBF16, DType::kINT8, DType::kFP8E4M3})
       for (const AttentionKind kind : {AttentionKind::kMLA, AttentionKind::kMHA}) {
-        SCOPED_TRACE(::testing::Message() << "q_lora_rank " << q_lora_rank << ", "
-                                          << dtype_name(dtype) << ", MLA layout "
-                                          << (kind == AttentionKind::kMLA));
+        SCOPED_TRACE(::testing::Message()
+                     << "q_lora_rank " << q_lora_rank << ", " << dtype_name(dtype)
+                     << ", MLA layout " << (kind == AttentionKind::kMLA));
         const auto absorbed = run(s, w, dtype, kind, steps, x, MlaForm::kAbsorbed);
         const auto expanded = run(s, w, dtype, kind, steps, x, MlaForm::kExpanded);
         for (std::size_t step = 0; step < steps.size(); ++step) {

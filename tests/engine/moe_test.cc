@@ -293,9 +293,8 @@ std::vector<float> model_logits(Model& model, const std::vector<std::vector<std:
   return logits;
 }
 
-// The synthetic MoE model (seeded expert weights, a shared expert) in
-// deterministic mode: a sequence's logits alone equal those in a batch.
-TEST(Moe, SyntheticModelRowsDoNotDependOnTheBatch) {
+// A synthetic MoE model: 2 layers of 8 experts (top 2) and a shared one.
+LlamaConfig synthetic_moe_config() {
   LlamaConfig c;
   c.vocab_size = 64;
   c.hidden_size = 64;
@@ -307,6 +306,13 @@ TEST(Moe, SyntheticModelRowsDoNotDependOnTheBatch) {
   c.num_experts_used = 2;
   c.expert_intermediate_size = 32;
   c.shared_expert_intermediate_size = 48;
+  return c;
+}
+
+// The synthetic MoE model (seeded expert weights, a shared expert) in
+// deterministic mode: a sequence's logits alone equal those in a batch.
+TEST(Moe, SyntheticModelRowsDoNotDependOnTheBatch) {
+  const LlamaConfig c = synthetic_moe_config();
   const auto model = make_llama_model(c);
   const std::vector<std::int32_t> a = {3, 9, 27, 17, 51}, b = {60, 2, 33};
   const std::vector<float> both = model_logits(*model, {a, b});
@@ -326,17 +332,7 @@ TEST(Moe, SyntheticModelRowsDoNotDependOnTheBatch) {
 // (their all_reduce_sum meets in memory), each with half of every expert's
 // features and of the shared expert's, give the whole model's logits.
 TEST(Moe, TwoTensorParallelShardsGiveTheWholeModelsLogits) {
-  LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 64;
-  c.num_layers = 2;
-  c.num_qo_heads = 4;
-  c.num_kv_heads = 2;
-  c.head_dim = 16;
-  c.num_experts = 8;
-  c.num_experts_used = 2;
-  c.expert_intermediate_size = 32;
-  c.shared_expert_intermediate_size = 48;
+  const LlamaConfig c = synthetic_moe_config();
   const std::vector<std::int32_t> a = {3, 9, 27, 17, 51}, b = {60, 2, 33};
   const std::vector<float> expected = model_logits(*make_llama_model(c), {a, b});
   test::InMemoryAllReduce reduce(2);

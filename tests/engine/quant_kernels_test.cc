@@ -372,9 +372,56 @@ TEST(QuantKernels, KQuantRowsDequantiseBitEqualToTheGgufReaderOnEveryTarget) {
 // (to first order), and the reference's weights are off the exact ones by
 // at most 2u of their terms; the test allows (k + 4) u (A + |y0|) where A is
 // the sum over i of magnitude_i |x_i|.
+// A product of `shape` as `run(args, begin, end)` computes it (random x, y
+// starting at random values, a random column range, both with and without
+// accumulate) against a double product of the reader's weights: outputs
+// outside the range untouched, the others within k u (A + |y0|) where A is
+// the sum over i of magnitude_i |x_i| (row_terms).
+struct ProductShape {
+  WeightFormat format;
+  std::int32_t in, out, rows, ldy;
+};
+
+template <typename Run>
+void expect_random_product(std::mt19937& rng, const ProductShape& shape, double k, Run run) {
+  const auto [f, in, out, rows, ldy] = shape;
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  const auto w = random_blocks(f, out, in, rng, 0.05f);
+  std::vector<RowTerms> terms;
+  for (std::int32_t o = 0; o < out; ++o)
+    terms.push_back(row_terms(f, w.data() + o * weight_row_bytes(f, in), in));
+  std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
+  for (auto& v : x) v = value(rng);
+  for (auto& v : y0) v = value(rng);
+  std::uniform_int_distribution<int> column(0, out);
+  std::int32_t begin = column(rng), end = column(rng);
+  if (begin > end) std::swap(begin, end);
+  for (const bool accumulate : {false, true}) {
+    std::vector<float> y = y0;
+    run(QuantProductArgs{x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate}, begin, end);
+    for (std::int32_t r = 0; r < rows; ++r)
+      for (std::int32_t o = 0; o < ldy; ++o) {
+        const std::size_t at = std::size_t(r) * ldy + o;
+        if (o < begin || o >= end) {  // untouched
+          ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
+          continue;
+        }
+        double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
+        for (std::int32_t i = 0; i < in; ++i) {
+          const double xi = x[std::size_t(r) * in + i];
+          want += double(terms[std::size_t(o)].w[std::size_t(i)]) * xi;
+          a += terms[std::size_t(o)].magnitude[std::size_t(i)] * std::abs(xi);
+        }
+        ASSERT_LE(std::abs(y[at] - want), k * 0x1p-24 * a + 1e-30)
+            << weight_format_name(f) << " in " << in << " out " << out << " rows " << rows
+            << " columns [" << begin << ", " << end << ") accumulate " << accumulate << " r " << r
+            << " o " << o << " got " << y[at] << " want " << want;
+      }
+  }
+}
+
 TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
   std::mt19937 rng(22);
-  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   std::uniform_int_distribution<int> super_blocks(1, 16), outs(1, 70), rows_of(1, 9);
   TargetReset reset;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
@@ -383,40 +430,11 @@ TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
         hwy::SetSupportedTargetsForTest(target);
         SCOPED_TRACE(hwy::TargetName(target));
         const std::int32_t in = 256 * super_blocks(rng), out = outs(rng), rows = rows_of(rng);
-        const std::int32_t ldy = out + (trial % 2 == 0 ? 0 : 5);
-        const auto w = random_blocks(f, out, in, rng, 0.05f);
-        std::vector<RowTerms> terms;
-        for (std::int32_t o = 0; o < out; ++o)
-          terms.push_back(row_terms(f, w.data() + o * weight_row_bytes(f, in), in));
-        std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
-        for (auto& v : x) v = value(rng);
-        for (auto& v : y0) v = value(rng);
-        std::uniform_int_distribution<int> column(0, out);
-        std::int32_t begin = column(rng), end = column(rng);
-        if (begin > end) std::swap(begin, end);
-        for (const bool accumulate : {false, true}) {
-          std::vector<float> y = y0;
-          quant_product({x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate}, begin, end);
-          const double k = (weight_format_block(f) == kQuantKBlock ? in / 32.0 + 48 : in + 8) + 4;
-          for (std::int32_t r = 0; r < rows; ++r)
-            for (std::int32_t o = 0; o < ldy; ++o) {
-              const std::size_t at = std::size_t(r) * ldy + o;
-              if (o < begin || o >= end) {  // untouched
-                ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
-                continue;
-              }
-              double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
-              for (std::int32_t i = 0; i < in; ++i) {
-                const double xi = x[std::size_t(r) * in + i];
-                want += double(terms[std::size_t(o)].w[std::size_t(i)]) * xi;
-                a += terms[std::size_t(o)].magnitude[std::size_t(i)] * std::abs(xi);
-              }
-              ASSERT_LE(std::abs(y[at] - want), k * 0x1p-24 * a + 1e-30)
-                  << weight_format_name(f) << " in " << in << " out " << out << " rows " << rows
-                  << " columns [" << begin << ", " << end << ") accumulate " << accumulate << " r "
-                  << r << " o " << o << " got " << y[at] << " want " << want;
-            }
-        }
+        const double k = (weight_format_block(f) == kQuantKBlock ? in / 32.0 + 48 : in + 8) + 4;
+        expect_random_product(rng, {f, in, out, rows, out + (trial % 2 == 0 ? 0 : 5)}, k,
+                              [](const QuantProductArgs& args, std::int32_t begin,
+                                 std::int32_t end) { quant_product(args, begin, end); });
+        if (HasFatalFailure()) return;
       }
 }
 
@@ -508,19 +526,21 @@ TEST(QuantKernels, LinearWithKQuantsMatchesADoubleReferenceAndHonoursLdy) {
 }
 
 // dot_tiles (linear()'s batches of 9-64 rows) against a double product of
-// the dequantised weights (dequantize_weight_rows, checked against the
-// reader above). Bound: each output is one f32 chain per lane over at most
+// the reader's weights (its dequantisation is bit-equal to the reader's,
+// checked above). Bound: each output is one f32 chain per lane over at most
 // `in` multiply-adds, a lane tree of at most 4 levels and the accumulation,
 // so |y - exact| <= (in + 6) u (sum |w x| + |y0|) to first order; the test
-// allows (in + 8) u. Row counts cover every tile height and its leftovers
-// and two passes, column ranges start and end inside the 4-column tiles and
-// 8-column groups.
+// allows (in + 8) u over the row terms' magnitudes (>= |w|). Row counts cover every tile height and
+// its leftovers and two passes, column ranges start and end inside the 4-column tiles and 8-column
+// groups.
 TEST(DotTiles, RandomShapesMatchADoubleReferenceOnEveryTarget) {
   std::mt19937 rng(31);
-  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   std::uniform_int_distribution<int> super_blocks(1, 6), outs(1, 45), rows_of(1, 13);
   TargetReset reset;
   std::vector<float> scratch;
+  const auto run = [&](const QuantProductArgs& a, std::int32_t begin, std::int32_t end) {
+    dot_tiles({a.x, a.rows, a.in, a.w, a.format, a.y, a.ldy, a.accumulate}, begin, end, scratch);
+  };
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
     for (const WeightFormat f : kAllFormats)
       for (int trial = 0; trial < 4; ++trial) {
@@ -531,43 +551,9 @@ TEST(DotTiles, RandomShapesMatchADoubleReferenceOnEveryTarget) {
                                     : 32 * (2 * super_blocks(rng) + trial % 2);
         // Trial 3: more rows than one pass over the weights (kDotTileRows).
         const std::int32_t out = outs(rng), rows = trial == 3 ? kDotTileRows + 6 : rows_of(rng);
-        const std::int32_t ldy = out + (trial % 2 == 0 ? 0 : 3);
-        const auto w = random_blocks(f, out, in, rng, 0.05f);
-        std::vector<float> wf(std::size_t(out) * in);
-        if (f == WeightFormat::kF32)
-          std::memcpy(wf.data(), w.data(), w.size());
-        else
-          dequantize_weight_rows(w.data(), f, in, 0, out, wf.data());
-        std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
-        for (auto& v : x) v = value(rng);
-        for (auto& v : y0) v = value(rng);
-        std::uniform_int_distribution<int> column(0, out);
-        std::int32_t begin = column(rng), end = column(rng);
-        if (begin > end) std::swap(begin, end);
-        for (const bool accumulate : {false, true}) {
-          std::vector<float> y = y0;
-          dot_tiles({x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate}, begin, end,
-                    scratch);
-          for (std::int32_t r = 0; r < rows; ++r)
-            for (std::int32_t o = 0; o < ldy; ++o) {
-              const std::size_t at = std::size_t(r) * ldy + o;
-              if (o < begin || o >= end) {  // untouched
-                ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
-                continue;
-              }
-              double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
-              for (std::int32_t i = 0; i < in; ++i) {
-                const double term =
-                    double(wf[std::size_t(o) * in + i]) * x[std::size_t(r) * in + i];
-                want += term;
-                a += std::abs(term);
-              }
-              ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a + 1e-30)
-                  << weight_format_name(f) << " in " << in << " out " << out << " rows " << rows
-                  << " columns [" << begin << ", " << end << ") accumulate " << accumulate << " r "
-                  << r << " o " << o << " got " << y[at] << " want " << want;
-            }
-        }
+        expect_random_product(rng, {f, in, out, rows, out + (trial % 2 == 0 ? 0 : 3)}, in + 8.0,
+                              run);
+        if (HasFatalFailure()) return;
       }
 }
 
