@@ -237,7 +237,7 @@ void add_tensor_parallel_flag(CLI::App& app, std::int32_t& ranks) {
 
 void add_bf16_products_flag(CLI::App& app, bool& allowed) {
   app.add_flag("--bf16-products", allowed,
-               "attention, and quantised-weight products of batches of more than 8 rows, on "
+               "attention, and weight products of batches of more than 8 rows, on "
                "bf16 dot products where the CPU has AVX512-BF16 (faster, inputs rounded to "
                "bf16; default off)");
 }

@@ -171,7 +171,7 @@ struct EngineConfig {
   // (AttentionPlanOptions::bf16_products: prefill, and decode over f16,
   // bf16 and fp8 KV): queries, softmax weights and f16 K/V rounded to bf16,
   // up to a few percent of a row's largest output, for about twice the
-  // multiply rate. Also the products with quantised weights of batches of
+  // multiply rate. Also the weight products of batches of
   // more than 8 rows (ForwardBatch::bf16_products: the activations and the
   // dequantised weights rounded to bf16). Off: exact f32 products.
   // Deterministic mode keeps f32.

@@ -52,10 +52,10 @@ struct ForwardBatch {
   // values in batches of at most 8 rows (llama.cpp's Q8_0 activations; the
   // error bound is in docs/models.md). Ignored in deterministic mode.
   bool int8_activations = false;
-  // Products with quantised weights in batches of more than 8 rows that
-  // int8_activations leaves alone round x and the weights to bf16 and run
-  // on AVX512-BF16 dot products where the CPU has them (f32 elsewhere; the
-  // error bound is in docs/models.md). Ignored in deterministic mode.
+  // Weight products in batches of more than 8 rows that int8_activations
+  // leaves alone round x and the weights to bf16 and run on AVX512-BF16 dot
+  // products where the CPU has them (f32 elsewhere; the error bound is in
+  // docs/models.md). Ignored in deterministic mode.
   bool bf16_products = false;
 };
 

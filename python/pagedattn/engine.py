@@ -78,7 +78,7 @@ class Engine:
     SamplingParams.cache_salt) take its K/V instead of computing it;
     host_kv_memory_bytes: a host-memory tier preempted requests are swapped
     to (0: preemption recomputes). docs/prefix_caching.md. bf16_products:
-    attention, and the quantised-weight products of batches of more than 8
+    attention, and the weight products of batches of more than 8
     rows, on bf16 dot products where the CPU has AVX512-BF16 (faster;
     queries, softmax weights, f16 K/V, activations and dequantised weights
     rounded to bf16; ignored in deterministic mode). int8_products: int8 KV decode on AVX512-VNNI dot

@@ -129,16 +129,16 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
   }
 }
 
-// Quantised weights, a few dozen rows (or any number in bf16): dot_tiles on
-// one contiguous column range per thread (a row's result does not depend on
-// the range).
+// Quantised weights, a few dozen rows, or any weights on bf16 products:
+// dot_tiles on one contiguous column range per thread (a row's result does
+// not depend on the range).
 // dot_tiles splits at a quarter of kParallelWork: its threads need no BLAS
 // set-up, and a decode step's K and V projections (32 rows x 192 x 576)
 // fall just below kParallelWork, which left the other threads waiting
 // through them.
 constexpr std::int64_t kTileParallelWork = kParallelWork / 4;
 
-void linear_quant_tiled(const LinearArgs& a, LinearScratch& s, bool bf16) {
+void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16) {
   const DotTilesArgs d{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, bf16};
   const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork;
   const std::int32_t tasks =
@@ -273,23 +273,26 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
   require(a.ldy == 0 || a.ldy >= a.out, "linear: ldy = ", a.ldy,
           " is neither 0 (y's rows are out = ", a.out, " long) nor >= out");
   if (a.rows == 0) return;
+  const bool bf16 = !a.deterministic && (a.bf16_batches || default_bf16_batches()) &&
+                    a.in % kQuantBlock == 0 && dot_tiles_bf16_available();
   if (a.w_format != WeightFormat::kF32) {
     const Activations chosen =
         a.activations == Activations::kDefault ? default_activations() : a.activations;
     const bool int8 = !a.deterministic && chosen == Activations::kInt8;
-    const bool bf16 = (a.bf16_batches || default_bf16_batches()) && dot_tiles_bf16_available();
     if (int8 && a.rows <= kInt8DirectRows)
       linear_quant_direct(a, true);
     else if (a.deterministic || a.rows <= kQuantDirectRows)
       linear_quant_direct(a, false);
     else if (bf16 || a.rows <= kDotTileRows)
-      linear_quant_tiled(a, scratch, bf16);
+      linear_tiled(a, scratch, bf16);
     else
       linear_quant_blocked(a, scratch);
   } else if (a.deterministic) {
     linear_deterministic(a, scratch);
   } else if (a.rows <= kF32DirectRows && a.in % kQuantBlock == 0) {
     linear_quant_direct(a, false);
+  } else if (bf16) {
+    linear_tiled(a, scratch, true);
   } else {
     linear_fast(a);
   }

@@ -45,11 +45,12 @@ struct LinearArgs {
   // Quantised weights, not deterministic: how x enters the product.
   // kDefault follows int8_activations_default().
   Activations activations = Activations::kDefault;
-  // Quantised weights, not deterministic, batches of more than
-  // kQuantDirectRows rows (and not taken by kInt8): x and the dequantised
-  // weights rounded to bf16 on AVX512-BF16 dot products (dot_tiles, any
-  // batch size) where dot_tiles_bf16_available(), else f32. Also on when
-  // the innermost ScopedActivations asks for it.
+  // Not deterministic, batches of more than kQuantDirectRows rows (and of
+  // more than kF32DirectRows for f32 weights; not those kInt8 takes), `in`
+  // a multiple of 32: x and the (dequantised) weights rounded to bf16 on
+  // AVX512-BF16 dot products (dot_tiles, any batch size) where
+  // dot_tiles_bf16_available(), else f32. Also on when the innermost
+  // ScopedActivations asks for it.
   bool bf16_batches = false;
 };
 

@@ -648,44 +648,47 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
 }
 
 // linear() sends batches of more than kQuantDirectRows rows to dot_tiles:
-// f32 up to kDotTileRows rows, bf16 at any size when asked (bf16_batches
-// or the scope); f32 weights and deterministic mode never take bf16.
+// quantised weights on f32 up to kDotTileRows rows, and any weights on
+// bf16 at any size when asked (bf16_batches or the scope); deterministic
+// mode never takes bf16.
 TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
   std::mt19937 rng(34);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   const std::int32_t in = 512, out = 40;
-  const auto w = random_blocks(WeightFormat::kQ4_K, out, in, rng, 0.05f);
   std::vector<float> scratch;
   LinearScratch ls;
-  for (const std::int32_t rows : {9, 64, 100})
-    for (const bool bf16 : {false, true}) {
-      std::vector<float> x(std::size_t(rows) * in), tiles(std::size_t(rows) * out),
-          y(std::size_t(rows) * out), scoped(std::size_t(rows) * out);
-      for (auto& v : x) v = value(rng);
-      const bool tiled = bf16 ? dot_tiles_bf16_available() : rows <= kDotTileRows;
-      if (!tiled) continue;
-      dot_tiles({x.data(), rows, in, w.data(), WeightFormat::kQ4_K, tiles.data(), out, false, bf16},
-                0, out, scratch);
-      LinearArgs args{x.data(), rows,  in,    w.data(),           out,
-                      y.data(), false, false, WeightFormat::kQ4_K};
-      args.bf16_batches = bf16;
-      linear(args, ls);
-      EXPECT_EQ(0, std::memcmp(y.data(), tiles.data(), y.size() * sizeof(float)))
-          << rows << " rows, bf16 " << bf16;
-      {
-        const ScopedActivations scope(Activations::kDefault, bf16);
-        args.bf16_batches = false;
-        args.y = scoped.data();
+  for (const WeightFormat f : {WeightFormat::kQ4_K, WeightFormat::kF32})
+    for (const std::int32_t rows : {9, 64, 100})
+      for (const bool bf16 : {false, true}) {
+        SCOPED_TRACE(weight_format_name(f));
+        const auto w = random_blocks(f, out, in, rng, 0.05f);
+        std::vector<float> x(std::size_t(rows) * in), tiles(std::size_t(rows) * out),
+            y(std::size_t(rows) * out), scoped(std::size_t(rows) * out);
+        for (auto& v : x) v = value(rng);
+        const bool tiled =
+            bf16 ? dot_tiles_bf16_available() : f != WeightFormat::kF32 && rows <= kDotTileRows;
+        if (!tiled) continue;
+        dot_tiles({x.data(), rows, in, w.data(), f, tiles.data(), out, false, bf16}, 0, out,
+                  scratch);
+        LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), false, false, f};
+        args.bf16_batches = bf16;
         linear(args, ls);
+        EXPECT_EQ(0, std::memcmp(y.data(), tiles.data(), y.size() * sizeof(float)))
+            << rows << " rows, bf16 " << bf16;
+        {
+          const ScopedActivations scope(Activations::kDefault, bf16);
+          args.bf16_batches = false;
+          args.y = scoped.data();
+          linear(args, ls);
+        }
+        EXPECT_EQ(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)))
+            << rows << " rows, bf16 " << bf16 << " from the scope";
+        if (bf16) {  // deterministic mode keeps f32 (its own blocks)
+          args.deterministic = true;
+          linear(args, ls);
+          EXPECT_NE(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)));
+        }
       }
-      EXPECT_EQ(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)))
-          << rows << " rows, bf16 " << bf16 << " from the scope";
-      if (bf16) {  // deterministic mode keeps f32 (its own blocks)
-        args.deterministic = true;
-        linear(args, ls);
-        EXPECT_NE(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)));
-      }
-    }
 }
 
 TEST(DotTiles, RefusesAnInputThatIsNotWholeBlocks) {
