@@ -13,7 +13,8 @@
 # tokens, ignore_eos) against pagedattn, then llama-server; then a table of
 # output tokens/s and TTFT p50/p99 with the ratios pagedattn / llama-server.
 # PAGEDATTN and PAGEDATTN_SERVE name the pagedattn binaries of the client and
-# the server (default: this tree's build/release/tools/pagedattn).
+# the server (default: this tree's build/release/tools/pagedattn);
+# PAGEDATTN_SERVE_FLAGS adds flags to `pagedattn serve` (e.g. --bf16-products).
 # RESULTS_DIR, when set, keeps each run's bench-serve table and --json there.
 # PAGEDATTN_CPU_LOCK, when set, names a file each concurrency level (both
 # servers) holds with `flock -x` (other jobs on the machine stay out of the
@@ -53,7 +54,7 @@ unlock() { if [ -n "${PAGEDATTN_CPU_LOCK:-}" ]; then flock -u 9; exec 9>&-; fi; 
 p_port=$(free_port)
 OMP_NUM_THREADS=$threads "$server" serve --model "$model" --host 127.0.0.1 --port "$p_port" \
   --max-num-seqs 32 --max-model-len 512 --max-batched-tokens 2048 \
-  --kv-memory-mib "${PAGEDATTN_KV_MIB:-360}" >"$work/pagedattn.log" 2>&1 &
+  --kv-memory-mib "${PAGEDATTN_KV_MIB:-360}" ${PAGEDATTN_SERVE_FLAGS:-} >"$work/pagedattn.log" 2>&1 &
 pids+=($!)
 l_port=$(free_port)
 "$llama_server" -m "$model" --host 127.0.0.1 --port "$l_port" -t "$threads" -tb "$threads" \
