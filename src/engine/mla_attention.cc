@@ -178,6 +178,40 @@ void expand_sequence(const MlaShape& s, const MlaLayerWeights& w, std::int32_t k
                   k + t * k_stride + std::int64_t{h} * dk + s.nope);
 }
 
+// m.keys / m.values as pages of `page_size` tokens x every head (NHD).
+PagedKVStorage expanded_storage(const MlaShape& s, std::int32_t page_size, std::int32_t pages,
+                                MlaScratch& m) {
+  const std::int32_t dk = s.nope + s.rope, dv = s.v_head_dim;
+  PagedKVStorage kv;
+  kv.k_data = m.keys.data();
+  kv.v_data = m.values.data();
+  kv.layout = KVLayout::kNHD;
+  kv.page_size = page_size;
+  kv.num_kv_heads = s.heads;
+  kv.head_dim = dk;
+  kv.v_head_dim = dv;
+  kv.num_pages = pages;
+  kv.k_token_stride = std::int64_t{s.heads} * dk, kv.k_head_stride = dk;
+  kv.k_page_stride = kv.k_token_stride * page_size;
+  kv.v_token_stride = std::int64_t{s.heads} * dv, kv.v_head_stride = dv;
+  kv.v_page_stride = kv.v_token_stride * page_size;
+  return kv;
+}
+
+// The step's queries against the expanded pages: the plan's query offsets
+// and key counts over m's page table.
+PagedKVTable expanded_table(const BatchPlan& plan, const MlaScratch& m) {
+  PagedKVTable table;
+  table.batch_size = plan.batch_size();
+  table.page_size = plan.page_size;
+  table.qo_indptr = plan.qo_indptr.data();
+  table.kv_indptr = m.kv_indptr.data();
+  table.kv_indices = m.kv_indices.data();
+  table.kv_last_page_len = m.last_page_len.data();
+  table.kv_lens = plan.kv_lens.data();
+  return table;
+}
+
 // Multi-head attention of the unabsorbed queries m.q (rope part rotated)
 // over every sequence's expanded keys and values; values[tokens][heads *
 // v_head_dim]. The step's rows are already in the cache.
@@ -208,33 +242,12 @@ void expanded_attention(const MlaShape& s, const MlaLayerWeights& w, std::int32_
     expand_sequence(s, w, plan.kv_lens[std::size_t(b)], rows.v_in_k, m.keys.data() + first * dk,
                     m.values.data() + first * dv, m, ls);
   }
-  PagedKVStorage kv;
-  kv.k_data = m.keys.data();
-  kv.v_data = m.values.data();
-  kv.layout = KVLayout::kNHD;
-  kv.page_size = ps;
-  kv.num_kv_heads = s.heads;
-  kv.head_dim = dk;
-  kv.v_head_dim = dv;
-  kv.num_pages = total_pages;
-  kv.k_token_stride = std::int64_t{s.heads} * dk, kv.k_head_stride = dk;
-  kv.k_page_stride = kv.k_token_stride * ps;
-  kv.v_token_stride = std::int64_t{s.heads} * dv, kv.v_head_stride = dv;
-  kv.v_page_stride = kv.v_token_stride * ps;
-  PagedKVTable table;
-  table.batch_size = plan.batch_size();
-  table.page_size = ps;
-  table.qo_indptr = plan.qo_indptr.data();
-  table.kv_indptr = m.kv_indptr.data();
-  table.kv_indices = m.kv_indices.data();
-  table.kv_last_page_len = m.last_page_len.data();
-  table.kv_lens = plan.kv_lens.data();
   AttentionParams p;
   p.q = {m.q.data(), DType::kF32, std::int64_t{s.heads} * dk, dk};
   p.o = {values, DType::kF32, std::int64_t{s.heads} * dv, dv};
   p.num_qo_heads = s.heads;
-  p.table = table;
-  p.kv = kv;
+  p.table = expanded_table(plan, m);
+  p.kv = expanded_storage(s, ps, total_pages, m);
   p.options = options;
   m.runner.run(p);
   // A long prompt's expansion is not kept for the decode steps after it.
