@@ -154,27 +154,46 @@ HWY_INLINE const float* GroupRows(const DotTilesArgs& a, std::int32_t o, std::in
   return buffer;
 }
 
-void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
-                 std::vector<float>& scratch) {
-  if (a.format != WeightFormat::kF32) scratch.resize(std::size_t(kDotTileGroup) * a.in);
-  for (std::int32_t first = 0; first < a.rows; first += kDotTileRows) {
-    const std::int32_t pass = std::min(kDotTileRows, a.rows - first);
-    const float* x = a.x + std::size_t(first) * a.in;
+// The loops both element types share: rows in passes of `pass_rows`
+// (pass(first, rows) returns the pass's x rows of T), weight rows in groups
+// of kDotTileGroup (group(o, count) returns them as T rows of a.in, and the
+// next group is prefetched meanwhile), each group in tiles of
+// kTileColumns weight rows by up to kTileRows x rows:
+// tile(R, x, w, cols, y) for the R rows at x and the tile's y.
+template <typename T, class Pass, class Group, class RunTile>
+HWY_INLINE void ForEachTile(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
+                            std::int32_t pass_rows, const Pass& pass, const Group& group,
+                            const RunTile& tile) {
+  const std::size_t in = std::size_t(a.in);
+  for (std::int32_t first = 0; first < a.rows; first += pass_rows) {
+    const std::int32_t rows = std::min(pass_rows, a.rows - first);
+    const T* x = pass(first, rows);
     float* y = a.y + std::size_t(first) * a.ldy;
     for (std::int32_t o = out_begin; o < out_end; o += kDotTileGroup) {
       const std::int32_t count = std::min(kDotTileGroup, out_end - o);
-      const float* group = GroupRows(a, o, count, scratch.data());
+      const T* rows_of_group = group(o, count);
       PrefetchGroup(a, o + count, out_end);
       for (std::int32_t c0 = 0; c0 < count; c0 += kTileColumns) {
-        const float* w[kTileColumns];
-        const std::int32_t cols = TileColumns(group, std::size_t(a.in), count, c0, w);
-        ForRowTiles(pass, [&](auto rows, std::int32_t r) {
-          Tile<decltype(rows)::value>(x + std::size_t(r) * a.in, a.in, w, cols,
-                                      y + std::size_t(r) * a.ldy + o + c0, a.ldy, a.accumulate);
+        const T* w[kTileColumns];
+        const std::int32_t cols = TileColumns(rows_of_group, in, count, c0, w);
+        ForRowTiles(rows, [&](auto tile_rows, std::int32_t r) {
+          tile(tile_rows, x + std::size_t(r) * in, w, cols, y + std::size_t(r) * a.ldy + o + c0);
         });
       }
     }
   }
+}
+
+void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
+                 std::vector<float>& scratch) {
+  if (a.format != WeightFormat::kF32) scratch.resize(std::size_t(kDotTileGroup) * a.in);
+  ForEachTile<float>(
+      a, out_begin, out_end, kDotTileRows,
+      [&](std::int32_t first, std::int32_t) { return a.x + std::size_t(first) * a.in; },
+      [&](std::int32_t o, std::int32_t count) { return GroupRows(a, o, count, scratch.data()); },
+      [&](auto rows, const float* x, const float* const* w, std::int32_t cols, float* y) {
+        Tile<decltype(rows)::value>(x, a.in, w, cols, y, a.ldy, a.accumulate);
+      });
 }
 
 #if PAGEDATTN_BF16_DOT_TARGET
@@ -263,32 +282,25 @@ PAGEDATTN_BF16_ATTR void TileBf16(const std::uint16_t* x, std::int32_t in,
               y + std::size_t(r) * ldy, accumulate);
 }
 
-// scratch: the f32 group, then (as bf16) the group and 64 rows of x.
+// scratch: the f32 group, then (as bf16) the group and kBf16Pass rows of x.
 void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                   std::vector<float>& scratch) {
   const std::size_t in = std::size_t(a.in), group_floats = std::size_t(kDotTileGroup) * in;
   scratch.resize(group_floats + group_floats / 2 + std::size_t(kBf16Pass) * in / 2);
   auto* group16 = reinterpret_cast<std::uint16_t*>(scratch.data() + group_floats);
   std::uint16_t* x16 = group16 + group_floats;
-  for (std::int32_t first = 0; first < a.rows; first += kBf16Pass) {
-    const std::int32_t rows = std::min(kBf16Pass, a.rows - first);
-    ToBf16(a.x + std::size_t(first) * in, std::size_t(rows) * in, x16);
-    float* y = a.y + std::size_t(first) * a.ldy;
-    for (std::int32_t o = out_begin; o < out_end; o += kDotTileGroup) {
-      const std::int32_t count = std::min(kDotTileGroup, out_end - o);
-      GroupToBf16(a, o, count, scratch.data(), group16);
-      PrefetchGroup(a, o + count, out_end);
-      for (std::int32_t c0 = 0; c0 < count; c0 += kTileColumns) {
-        const std::uint16_t* w[kTileColumns];
-        const std::int32_t cols = TileColumns<std::uint16_t>(group16, in, count, c0, w);
-        ForRowTiles(rows, [&](auto tile_rows, std::int32_t r) {
-          TileBf16<decltype(tile_rows)::value>(x16 + std::size_t(r) * in, a.in, w, cols,
-                                               y + std::size_t(r) * a.ldy + o + c0, a.ldy,
-                                               a.accumulate);
-        });
-      }
-    }
-  }
+  ForEachTile<std::uint16_t>(
+      a, out_begin, out_end, kBf16Pass,
+      [&](std::int32_t first, std::int32_t rows) {
+        ToBf16(a.x + std::size_t(first) * in, std::size_t(rows) * in, x16);
+        return static_cast<const std::uint16_t*>(x16);
+      },
+      [&](std::int32_t o, std::int32_t count) {
+        GroupToBf16(a, o, count, scratch.data(), group16);
+        return static_cast<const std::uint16_t*>(group16);
+      },
+      [&](auto rows, const std::uint16_t* x, const std::uint16_t* const* w, std::int32_t cols,
+          float* y) { TileBf16<decltype(rows)::value>(x, a.in, w, cols, y, a.ldy, a.accumulate); });
 }
 #endif
 

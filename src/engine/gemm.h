@@ -56,13 +56,12 @@ struct LinearArgs {
 
 // Quantised weights: batches of at most this many rows (and every batch in
 // deterministic mode) run the in-place kernels of quant_kernels.h, whose
-// rows are independent; larger batches dequantise column blocks to f32 and
-// go through BLAS (the weights are then read once per block, not per row).
+// rows are independent. Larger batches of at most kDotTileRows
+// (dot_tiles.h) rows run dot_tiles, which dequantises a few columns at a
+// time into L1 and reads x in place, where BLAS would pack x again for
+// every column block; larger ones dequantise column blocks to f32 and go
+// through BLAS (the weights are then read once per block, not per row).
 inline constexpr std::int32_t kQuantDirectRows = 8;
-// Quantised weights, batches of more than kQuantDirectRows and at most
-// kDotTileRows (dot_tiles.h) rows outside deterministic mode: dot_tiles,
-// which dequantises a few columns at a time into L1 and reads x in place,
-// where BLAS would pack x again for every column block.
 // F32 weights outside deterministic mode: batches of at most this many rows
 // (and rows of a multiple of 32 weights) run the in-place kernels too, which
 // read each weight once where BLAS would first copy it into its packed

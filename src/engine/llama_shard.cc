@@ -101,7 +101,8 @@ void validate_shard(const LlamaConfig& c) {
               (c.intermediate_size >= 1 || c.num_experts > 0),
           "tensor parallelism: model '", c.name, "' has num_qo_heads = ", c.num_qo_heads,
           ", num_kv_heads = ", c.num_kv_heads, ", intermediate_size = ", c.intermediate_size,
-          " (need num_kv_heads >= 1 dividing num_qo_heads, intermediate_size >= 1)");
+          " (need num_kv_heads >= 1 dividing num_qo_heads, intermediate_size >= 1 without "
+          "experts)");
   const std::string problems = split_problems(c, s.size);
   if (problems.empty()) return;
   throw InvalidArgument(detail::concat(

@@ -134,17 +134,21 @@ void read_cached_rows(const PagedKVStorage& kv, const BatchPlan& plan, std::int3
   }
 }
 
-// m.k_up[h][kv_lora_rank][nope] = W_UK_h^T as f32, for every head.
+// m.k_up_heads[h] = W_UK_h^T as f32 [kv_lora_rank][nope], for every head:
+// the weights themselves where they are f32, else dequantised into m.k_up.
 void key_up_projections(const MlaShape& s, const MlaLayerWeights& w, MlaScratch& m) {
   const std::size_t per_head = std::size_t(s.kv_lora_rank) * std::size_t(s.nope);
-  m.k_up.resize(per_head * std::size_t(s.heads));
+  m.k_up_heads.resize(std::size_t(s.heads));
   for (std::int32_t h = 0; h < s.heads; ++h) {
     const WeightMatrix& k = w.k_absorb[std::size_t(h)];
+    if (k.format() == WeightFormat::kF32) {
+      m.k_up_heads[std::size_t(h)] = static_cast<const float*>(k.data());
+      continue;
+    }
+    m.k_up.resize(per_head * std::size_t(s.heads));
     float* dst = m.k_up.data() + per_head * std::size_t(h);
-    if (k.format() == WeightFormat::kF32)
-      std::copy_n(static_cast<const float*>(k.data()), per_head, dst);
-    else
-      dequantize_weight_rows(k.data(), k.format(), k.in(), 0, k.out(), dst);
+    dequantize_weight_rows(k.data(), k.format(), k.in(), 0, k.out(), dst);
+    m.k_up_heads[std::size_t(h)] = dst;
   }
 }
 
@@ -170,7 +174,7 @@ void expand_sequence(const MlaShape& s, const MlaLayerWeights& w, std::int32_t k
 #pragma omp parallel for schedule(static) if (parallel)
   for (std::int32_t h = 0; h < s.heads; ++h)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, keys, s.nope, latent, 1.0f,
-                m.latent.data(), latent, m.k_up.data() + per_head * std::size_t(h), s.nope, 0.0f,
+                m.latent.data(), latent, m.k_up_heads[std::size_t(h)], s.nope, 0.0f,
                 k + std::int64_t{h} * dk, static_cast<int>(k_stride));
   for (std::int32_t t = 0; t < keys; ++t)
     for (std::int32_t h = 0; h < s.heads; ++h)

@@ -94,6 +94,7 @@ struct MlaScratch {
   // up-projections as f32, and the step's per-head keys and values with
   // their page table.
   std::vector<float> cached, cached_v, latent, k_up, keys, values;
+  std::vector<const float*> k_up_heads;  // [heads]: f32 weights or rows of k_up
   std::vector<std::int32_t> kv_indptr, kv_indices, last_page_len;
   AttentionRunner runner;
 };
