@@ -82,6 +82,15 @@ if [ -e build/release/src/libpagedattn_dist.a ]; then
     mpiexec -n 1 build/downstream_dist/downstream_dist_example
 fi
 
+# The CUDA backend (pagedattn::cuda), in the package whenever the tree built
+# it: planned on the host, so it runs without a GPU.
+if [ -e build/release/src/libpagedattn_cuda.a ]; then
+  cmake -S examples/downstream_cuda -B build/downstream_cuda -G Ninja \
+    -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+  cmake --build build/downstream_cuda
+  build/downstream_cuda/downstream_cuda_example
+fi
+
 stage "Python package: pip install . from the Release tree, pytest"
 wait "$python_deps" || { cat "$python_deps_log"; exit 1; }
 scripts/test_python.sh build/release

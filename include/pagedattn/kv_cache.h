@@ -61,6 +61,14 @@ enum class RopeMode : std::uint8_t {
   kInline = 2,  // K is stored raw and rotated inside attention at its cache position
 };
 
+// Where a cache's K/V pages live.
+enum class KVDevice : std::uint8_t {
+  kCpu = 0,   // host memory; the CPU kernels
+  kCuda = 1,  // an NVIDIA GPU's memory through a KVDeviceBackend (kv_device.h)
+};
+
+class KVDeviceBackend;
+
 // What a token stores per layer (TVM's AttnKind).
 enum class AttentionKind : std::uint8_t {
   kMHA = 0,  // K and V rows per KV head (multi-head, grouped-query, multi-query)
@@ -112,6 +120,10 @@ struct KVCacheConfig {
   // both 0 means no host tier.
   std::int64_t host_num_pages = 0;
   std::int64_t host_memory_budget_bytes = 0;
+  // Where the pages live. kCuda needs the constructor that takes a backend
+  // (pagedattn::cuda::kv_device_backend()), whose comment says what such a
+  // cache serves differently (docs/design.md, "Device storage (CUDA)").
+  KVDevice device = KVDevice::kCpu;
 };
 
 // What a new sequence would get from the prefix cache (match_prefix).
@@ -245,7 +257,32 @@ struct OutgoingKV {
 
 class PagedKVCache {
  public:
+  // config.device must be kCpu (Unsupported otherwise: a device cache needs
+  // the constructor below).
   explicit PagedKVCache(const KVCacheConfig& config);
+  // Device storage: the pages (one allocation for every layer, zeroed) come
+  // from `backend`, whose device() must be config.device, and every byte of
+  // K/V moves through it. Metadata, plans and the host tier stay in host
+  // memory (the host tier from backend->allocate_host). Differences from a
+  // kCpu cache:
+  //   - attention / attention_with_fused_qkv take device pointers (q, k, v,
+  //     out, lse, options.alibi_slopes and sinks); the step's table, slot
+  //     mapping and positions are uploaded once per step, the backend plans
+  //     once per step and options. RoPE (kNormal) rotates copies in the
+  //     inputs' dtype (the CPU cache rotates f32 copies). rope_mode kInline
+  //     is refused here (Unsupported). The work is enqueued on the
+  //     backend's stream (CUDA: the one kv_device_backend was given): out
+  //     and lse are written when the stream gets there.
+  //   - layer_storage gives device pointers (no e4m3 NaN flags: a device
+  //     cache keeps none; its kernels look for NaN codes themselves).
+  //   - debug_get_kv / debug_set_kv and state_digest copy the pages they
+  //     touch through host memory (slow: for tests and debugging).
+  //   - page transfer (reserve_incoming, outgoing_pages) is refused
+  //     (Unsupported): its byte views would be device memory, which needs
+  //     CUDA-aware MPI, not served.
+  // The backend may also refuse configs it cannot serve (Unsupported; the
+  // CUDA one: kv_dtype float32). Null backend: InvalidArgument.
+  PagedKVCache(const KVCacheConfig& config, std::shared_ptr<KVDeviceBackend> backend);
   ~PagedKVCache();
   PagedKVCache(PagedKVCache&&) noexcept;
   PagedKVCache& operator=(PagedKVCache&&) noexcept;

@@ -5,64 +5,11 @@
 #include <initializer_list>
 #include <string_view>
 
+#include "dlpack_abi.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::python {
 namespace {
-
-// The DLPack ABI (dlpack.h 1.x), as producers fill it in. NumPy's own
-// from_dlpack refuses bfloat16 and float8 (kDLBfloat, kDLFloat8_*), so
-// capsules are read here.
-namespace dlpack {
-struct Device {
-  std::int32_t type;
-  std::int32_t id;
-};
-struct DataType {
-  std::uint8_t code;
-  std::uint8_t bits;
-  std::uint16_t lanes;
-};
-struct Tensor {
-  void* data;
-  Device device;
-  std::int32_t ndim;
-  DataType dtype;
-  std::int64_t* shape;
-  std::int64_t* strides;  // elements; null: C-contiguous
-  std::uint64_t byte_offset;
-};
-struct Managed {
-  Tensor tensor;
-  void* manager_ctx;
-  void (*deleter)(Managed*);
-};
-struct Version {
-  std::uint32_t major, minor;
-};
-struct ManagedVersioned {
-  Version version;
-  void* manager_ctx;
-  void (*deleter)(ManagedVersioned*);
-  std::uint64_t flags;
-  Tensor tensor;
-};
-constexpr std::uint64_t kReadOnlyFlag = 1;
-enum Code : std::uint8_t {
-  kInt = 0,
-  kUInt = 1,
-  kFloat = 2,
-  kBfloat = 4,
-  kComplex = 5,
-  kBool = 6,
-  kFloat8E4M3FN = 10,
-  kFloat8E5M2 = 12,
-};
-// CPU memory: kDLCPU, kDLCUDAHost (pinned), kDLROCMHost.
-bool host_device(std::int32_t type) {
-  return type == 1 || type == 3 || type == 11;
-}
-}  // namespace dlpack
 
 py::module_ numpy() {
   return py::module_::import("numpy");

@@ -1,5 +1,6 @@
 // The parts of the extension module pagedattn._core, each registered by one
-// file: errors.cc, kv_cache_bindings.cc, ops_bindings.cc, tokenizer_bindings.cc.
+// file: errors.cc, kv_cache_bindings.cc, ops_bindings.cc, tokenizer_bindings.cc,
+// cuda_bindings.cc (builds with the CUDA backend only).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -24,5 +25,10 @@ void register_tokenizer(pybind11::module_& m);
 // Engine, SamplingParams, RequestOutput, Model (engine_bindings.cc); needs
 // register_tokenizer first.
 void register_engine(pybind11::module_& m);
+#if defined(PAGEDATTN_HAVE_CUDA)
+// pagedattn._core.cuda: the CUDA backend on CUDA tensors (cuda_bindings.cc);
+// needs register_errors first.
+void register_cuda(pybind11::module_& m);
+#endif
 
 }  // namespace pagedattn::python

@@ -16,4 +16,7 @@ PYBIND11_MODULE(_core, m) {
   pagedattn::python::register_gguf(m);
   pagedattn::python::register_tokenizer(m);
   pagedattn::python::register_engine(m);
+#if defined(PAGEDATTN_HAVE_CUDA)
+  pagedattn::python::register_cuda(m);
+#endif
 }

@@ -78,6 +78,11 @@ void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const 
   p.options = options;
   p.tree_mask = plan.tree_mask();
   kernels::validate_attention_params(p, "PagedKVCache::attention");
+  if (st.attention.device) {
+    st.attend_on_device(p, k, v);
+    st.step.layer_appended[static_cast<std::size_t>(layer)] = 1;
+    return;
+  }
 
   // Validated: from here on nothing can fail on the caller's input.
   cache::StepAttention& sa = st.attention;
@@ -99,6 +104,30 @@ void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const 
   const AttentionPlan& kernel_plan = sa.plan_for(p.table, shape, p.options, c.attention_plan);
   paged_attention(p, kernel_plan, sa.aligned_workspace(kernel_plan.workspace_bytes));
   st.step.layer_appended[static_cast<std::size_t>(layer)] = 1;
+}
+
+// `p` validated, with the plan's host table and the caller's device
+// pointers: plans (which may still refuse, changing nothing), rotates
+// copies of q and k, appends and attends, all through the backend.
+void PagedKVCache::State::attend_on_device(AttentionParams p, const HeadTensor& k,
+                                           const HeadTensor& v) {
+  const KVCacheConfig& c = config;
+  cache::DeviceStep& device = *attention.device;
+  const KVAttentionPlan& kernel_plan = device.plan_for(plan.step_id, p, c.attention_plan);
+  const cache::DeviceStep::Arrays& arrays = device.upload(plan);
+  const std::int32_t tokens = plan.num_tokens();
+  HeadTensor k_stored = k;
+  if (c.rope_mode == RopeMode::kNormal) {  // kInline: refused by the constructor
+    using Copy = cache::DeviceStep::Copy;
+    p.q = device.rotated_copy(Copy::kQ, p.q, tokens, c.num_qo_heads, c.head_dim, arrays.positions,
+                              c.rope);
+    k_stored = device.rotated_copy(Copy::kK, k, tokens, c.num_kv_heads, c.head_dim,
+                                   arrays.positions, c.rope);
+  }
+  device.backend().append({k_stored, v, arrays.slot_mapping, tokens, p.kv});
+  p.table = arrays.table;
+  p.tree_mask = arrays.tree;
+  device.backend().attention(p, kernel_plan, device.workspace(kernel_plan.workspace_bytes()));
 }
 
 void PagedKVCache::attention_with_fused_qkv(std::int32_t layer, const HeadTensor& qkv,

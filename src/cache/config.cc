@@ -108,6 +108,8 @@ KVCacheConfig resolve_config(const KVCacheConfig& in) {
           "KVCacheConfig.attention_plan: num_threads = ", ap.num_threads,
           ", fixed_kv_chunk = ", ap.fixed_kv_chunk, ", min_kv_chunk = ", ap.min_kv_chunk,
           " must be >= 0, >= 0 and >= 1");
+  require(c.device == KVDevice::kCpu || c.device == KVDevice::kCuda,
+          "KVCacheConfig.device = ", static_cast<int>(c.device), " is not a KVDevice");
   require(c.layout == KVLayout::kHND || c.layout == KVLayout::kNHD,
           "KVCacheConfig.layout = ", static_cast<int>(c.layout), " is not HND or NHD");
   require(c.num_pages >= 0, "KVCacheConfig.num_pages = ", c.num_pages, " must be >= 0");
@@ -141,6 +143,16 @@ KVCacheConfig resolve_config(const KVCacheConfig& in) {
           page_bytes, " bytes per page overflows 64 bits");
   resolve_host_tier(c, page_bytes);
   return c;
+}
+
+const char* device_name(KVDevice device) {
+  switch (device) {
+    case KVDevice::kCpu:
+      return "cpu";
+    case KVDevice::kCuda:
+      return "cuda";
+  }
+  return "unknown";
 }
 
 }  // namespace pagedattn::cache

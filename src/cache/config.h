@@ -8,4 +8,7 @@ namespace pagedattn::cache {
 // with v_head_dim and num_pages resolved.
 KVCacheConfig resolve_config(const KVCacheConfig& config);
 
+// "cpu", "cuda" (for messages).
+const char* device_name(KVDevice device);
+
 }  // namespace pagedattn::cache

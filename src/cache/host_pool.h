@@ -6,8 +6,7 @@
 #pragma once
 
 #include <cstdint>
-#include <span>
-#include <utility>
+#include <memory>
 
 #include "page_pool.h"
 #include "page_storage.h"
@@ -18,17 +17,16 @@ namespace pagedattn::cache {
 KVCacheConfig host_tier_config(const KVCacheConfig& device_config);
 
 struct HostTier {
-  explicit HostTier(const KVCacheConfig& device_config)
-      : pool(device_config.host_num_pages), storage(host_tier_config(device_config)) {}
+  // A device cache's tier (`backend` given) lives in the backend's host
+  // memory (pinned for CUDA) and moves pages through it.
+  explicit HostTier(const KVCacheConfig& device_config,
+                    std::shared_ptr<KVDeviceBackend> backend = nullptr)
+      : pool(device_config.host_num_pages),
+        storage(host_tier_config(device_config),
+                backend ? StorageKind::kHostPinned : StorageKind::kHost, backend) {}
 
   PagePool pool;
   PageStorage storage;
 };
-
-// Copies whole pages (every layer; pairs of (source page, destination page))
-// from one storage to another of the same page shape, with the kernels'
-// copy_pages (vLLM swap_blocks).
-void copy_pages_between(const PageStorage& src, const PageStorage& dst,
-                        std::span<const std::pair<std::int64_t, std::int64_t>> pairs);
 
 }  // namespace pagedattn::cache

@@ -13,8 +13,43 @@ namespace pagedattn {
 using cache::Sequence;
 using detail::concat;
 
+namespace {
+
+KVCacheConfig resolve_cpu_config(const KVCacheConfig& config) {
+  KVCacheConfig c = cache::resolve_config(config);
+  require<Unsupported>(c.device == KVDevice::kCpu, "PagedKVCache(config): KVCacheConfig.device = ",
+                       cache::device_name(c.device),
+                       " needs a backend for its pages: construct the cache with "
+                       "PagedKVCache(config, backend) (pagedattn::cuda::kv_device_backend() for "
+                       "CUDA)");
+  return c;
+}
+
+// Everything a device cache needs checked before the backend allocates.
+KVCacheConfig resolve_device_config(const KVCacheConfig& config, const KVDeviceBackend* backend) {
+  KVCacheConfig c = cache::resolve_config(config);
+  require(backend != nullptr, "PagedKVCache(config, backend): backend is null");
+  require(c.device != KVDevice::kCpu,
+          "PagedKVCache(config, backend): KVCacheConfig.device = cpu, but a backend serves device "
+          "caches only (construct a CPU cache with PagedKVCache(config))");
+  require(backend->device() == c.device,
+          "PagedKVCache(config, backend): KVCacheConfig.device = ", cache::device_name(c.device),
+          " but the backend serves ", cache::device_name(backend->device()));
+  require<Unsupported>(c.rope_mode != RopeMode::kInline,
+                       "PagedKVCache(config, backend): KVCacheConfig.rope_mode = kInline (keys "
+                       "rotated inside attention) is not served on a device cache; use kNormal "
+                       "(keys stored rotated)");
+  backend->check_config(c);
+  return c;
+}
+
+}  // namespace
+
 PagedKVCache::PagedKVCache(const KVCacheConfig& config)
-    : state_(std::make_unique<State>(cache::resolve_config(config))) {}
+    : state_(std::make_unique<State>(resolve_cpu_config(config), nullptr)) {}
+PagedKVCache::PagedKVCache(const KVCacheConfig& config, std::shared_ptr<KVDeviceBackend> backend)
+    : state_(std::make_unique<State>(resolve_device_config(config, backend.get()),
+                                     std::move(backend))) {}
 PagedKVCache::~PagedKVCache() = default;
 PagedKVCache::PagedKVCache(PagedKVCache&&) noexcept = default;
 PagedKVCache& PagedKVCache::operator=(PagedKVCache&&) noexcept = default;

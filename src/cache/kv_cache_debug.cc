@@ -1,6 +1,9 @@
 // PagedKVCache debug K/V access: read and write a sequence's tokens in
 // logical order as floats (dequantised / quantised like the kernels do).
 #include <algorithm>
+#include <memory>
+#include <unordered_map>
+#include <utility>
 
 #include "kv_cache_state.h"
 #include "pagedattn/kv_ops.h"
@@ -46,6 +49,35 @@ std::vector<std::int64_t> slots_of(const Sequence& s, std::int32_t ps, std::int6
   return slots;
 }
 
+// Host copies of some pages of a device cache (every layer), for the debug
+// calls: `slots` renumbered onto `storage`, whose page i holds device page
+// device_to_host[i].first.
+struct StagedPages {
+  std::vector<std::pair<std::int64_t, std::int64_t>> device_to_host;  // (device page, i)
+  std::vector<std::int64_t> slots;
+  std::unique_ptr<cache::PageStorage> storage;
+};
+
+StagedPages stage_pages(const cache::PageStorage& device, const KVCacheConfig& c,
+                        const std::vector<std::int64_t>& slots) {
+  StagedPages staged;
+  std::unordered_map<std::int64_t, std::int64_t> index;  // device page -> host page
+  for (std::int64_t slot : slots) {
+    const std::int64_t page = slot / c.page_size;
+    const auto [it, added] = index.emplace(page, std::ssize(staged.device_to_host));
+    if (added) staged.device_to_host.emplace_back(page, it->second);
+    staged.slots.push_back(it->second * c.page_size + slot % c.page_size);
+  }
+  KVCacheConfig host = c;
+  host.num_pages = std::max<std::int64_t>(1, std::ssize(staged.device_to_host));
+  host.memory_budget_bytes = 0;
+  host.host_num_pages = 0;
+  staged.storage = std::make_unique<cache::PageStorage>(host, cache::StorageKind::kHostStaging);
+  cache::copy_pages_between(device, *staged.storage, staged.device_to_host);
+  device.backend()->synchronize();
+  return staged;
+}
+
 // Tokens [first, end) of `s` that the current step appends to it (plan row
 // `b`), as [begin, end) token indices and the step row of `begin`.
 struct StepTokens {
@@ -73,7 +105,14 @@ void PagedKVCache::debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t e
   st.require_not_swapped(s, seq_id, "debug_get_kv");
   st.require_not_receiving(s, seq_id, "debug_get_kv");
   validate_kv_range(c, s, seq_id, start, end, k_out.size(), v_out.size(), KVAccess::kRead);
-  const std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
+  std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
+  // A device cache's pages are read from host copies of them.
+  StagedPages staged;
+  if (st.storage.on_device()) {
+    staged = stage_pages(st.storage, c, slots);
+    slots = staged.slots;
+  }
+  const cache::PageStorage& storage = staged.storage ? *staged.storage : st.storage;
   // Tokens this step appends whose layer has not been written yet read as
   // zeros: their slots may still hold a previous owner's K/V.
   StepTokens unwritten;
@@ -81,7 +120,7 @@ void PagedKVCache::debug_get_kv(SeqId seq_id, std::int64_t start, std::int64_t e
     unwritten = step_tokens_in(st.plan, b, s, start, end);
   std::size_t k_at = 0, v_at = 0;
   for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
-    const PagedKVStorage ls = st.storage.layer(layer);
+    const PagedKVStorage ls = storage.layer(layer);
     for (std::int64_t t = start; t < end; ++t)
       for (std::int32_t head = 0; head < c.num_kv_heads; ++head) {
         const std::int64_t slot = slots[std::size_t(t - start)];
@@ -124,8 +163,15 @@ void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t e
             ", shared with the prefix cache; writing it would "
             "change what later prompts match");
   }
-  // The append kernel writes (and quantises) exactly as a forward step does.
-  const std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
+  // The append kernel writes (and quantises) exactly as a forward step does;
+  // on a device cache into host copies of the pages, copied back whole.
+  std::vector<std::int64_t> slots = slots_of(s, c.page_size, start, end);
+  StagedPages staged;
+  if (st.storage.on_device()) {
+    staged = stage_pages(st.storage, c, slots);
+    slots = staged.slots;
+  }
+  const cache::PageStorage& storage = staged.storage ? *staged.storage : st.storage;
   const auto tokens = static_cast<std::int32_t>(end - start);
   const std::int64_t k_layer = std::int64_t{tokens} * c.num_kv_heads * c.head_dim;
   const std::int64_t v_layer = std::int64_t{tokens} * c.num_kv_heads * c.v_head_dim;
@@ -138,8 +184,15 @@ void PagedKVCache::debug_set_kv(SeqId seq_id, std::int64_t start, std::int64_t e
              std::int64_t{c.num_kv_heads} * c.v_head_dim, c.v_head_dim};
     p.slot_mapping = slots.data();
     p.num_tokens = tokens;
-    p.kv = st.storage.layer(layer);
+    p.kv = storage.layer(layer);
     append_paged_kv(p);
+  }
+  if (staged.storage) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> host_to_device;
+    for (const auto& [page, host_page] : staged.device_to_host)
+      host_to_device.emplace_back(host_page, page);
+    cache::copy_pages_between(*staged.storage, st.storage, host_to_device);
+    st.storage.backend()->synchronize();  // before the host copies go
   }
   // Every layer of these tokens now holds the caller's K/V.
   if (const std::int32_t b = st.plan_index(seq_id); b >= 0) {

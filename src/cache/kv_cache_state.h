@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "config.h"
 #include "host_pool.h"
 #include "page_pool.h"
 #include "page_storage.h"
@@ -63,12 +64,16 @@ struct StepRecord {
 };
 
 struct PagedKVCache::State {
-  explicit State(const KVCacheConfig& c)
+  // `c` resolved; `device_backend` null for a CPU cache.
+  State(const KVCacheConfig& c, std::shared_ptr<KVDeviceBackend> device_backend)
       : config(c),
+        backend(std::move(device_backend)),
         pool(c.num_pages),
-        storage(c),
+        storage(c, backend ? cache::StorageKind::kDevice : cache::StorageKind::kHost, backend),
         index(c.num_pages, c.host_num_pages),
-        host(c.host_num_pages > 0 ? std::make_unique<cache::HostTier>(c) : nullptr) {}
+        host(c.host_num_pages > 0 ? std::make_unique<cache::HostTier>(c, backend) : nullptr) {
+    if (backend) attention.device = std::make_unique<cache::DeviceStep>(backend);
+  }
 
   // Every public call holds this for its whole duration (the threading
   // contract in kv_cache.h). Implementation functions never lock.
@@ -76,7 +81,8 @@ struct PagedKVCache::State {
   std::unique_lock<std::mutex> lock() const { return std::unique_lock<std::mutex>(mutex); }
 
   KVCacheConfig config;
-  SequenceObserver observer;  // may be empty
+  std::shared_ptr<KVDeviceBackend> backend;  // device caches only
+  SequenceObserver observer;                 // may be empty
   void notify(const SequenceOp& op) const {
     if (observer) observer(op);
   }
@@ -136,6 +142,12 @@ struct PagedKVCache::State {
     require<InvalidState>(step_id == kAnyStep || step_id == plan.step_id, "PagedKVCache::", call,
                           ": step = ", step_id, " is not the open step (step_id ", plan.step_id,
                           "): another thread ended it and began another");
+  }
+  // Refuses calls a device cache does not serve.
+  void require_host_storage(const char* call, const char* why) const {
+    require<Unsupported>(backend == nullptr, "PagedKVCache::", call,
+                         ": not served on a device cache (KVCacheConfig.device = ",
+                         cache::device_name(config.device), "): ", why);
   }
   void require_no_forward(const char* call) const {
     require<InvalidState>(!in_forward, "PagedKVCache::", call,
@@ -240,6 +252,9 @@ struct PagedKVCache::State {
   void attend(std::int32_t layer, const HeadTensor& q, const HeadTensor& k, const HeadTensor& v,
               const HeadTensor& out, const AttentionOptions& options, float* lse,
               std::int64_t num_tokens, StepId step_id);
+  // attend's device path (cache_attention.cc): `p` validated, with the
+  // plan's host table.
+  void attend_on_device(AttentionParams p, const HeadTensor& k, const HeadTensor& v);
   // Returns the cache to its state before begin_forward.
   void undo_step();
   std::uint64_t digest() const;

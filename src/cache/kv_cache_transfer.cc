@@ -57,6 +57,11 @@ KVPageRuns runs_of(const KVCacheConfig& config, const cache::PageStorage& storag
   return r;
 }
 
+// Why a device cache refuses page transfer.
+constexpr const char* kDeviceTransfer =
+    "page transfer hands out byte views of the pages, device memory here, which needs "
+    "CUDA-aware MPI; not served";
+
 void require_receiving(const Sequence& s, SeqId id, const char* call) {
   require<InvalidState>(s.receiving, "PagedKVCache::", call, ": seq_id = ", id,
                         " is not receiving (reserve_incoming it first)");
@@ -67,6 +72,7 @@ void require_receiving(const Sequence& s, SeqId id, const char* call) {
 KVPageRuns PagedKVCache::reserve_incoming(SeqId seq_id, std::int64_t num_tokens) {
   State& st = *state_;
   const auto lock = st.lock();
+  st.require_host_storage("reserve_incoming", kDeviceTransfer);
   st.require_no_forward("reserve_incoming");
   st.require_unobserved("reserve_incoming");
   require(!st.seqs.contains(seq_id), "PagedKVCache::reserve_incoming: seq_id = ", seq_id,
@@ -115,6 +121,7 @@ bool PagedKVCache::is_receiving(SeqId seq_id) const {
 OutgoingKV PagedKVCache::outgoing_pages(SeqId seq_id) {
   State& st = *state_;
   const auto lock = st.lock();
+  st.require_host_storage("outgoing_pages", kDeviceTransfer);
   st.require_no_forward("outgoing_pages");
   st.require_unobserved("outgoing_pages");
   const Sequence& s = st.find(seq_id, "outgoing_pages", "seq_id");

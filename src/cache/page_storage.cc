@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "kernels/nan_flags.h"
 #include "pagedattn/errors.h"
+#include "pagedattn/kv_ops.h"
 
 namespace pagedattn::cache {
 namespace {
@@ -40,28 +43,77 @@ std::int64_t PageStorage::page_bytes(const KVCacheConfig& c) {
   return layer_page_bytes(c) * c.num_layers;
 }
 
-PageStorage::PageStorage(const KVCacheConfig& config)
+PageStorage::PageStorage(const KVCacheConfig& config, StorageKind kind,
+                         std::shared_ptr<KVDeviceBackend> backend)
     : config_(config),
+      kind_(kind),
+      backend_(std::move(backend)),
       k_page_bytes_(k_bytes_per_page(config)),
       v_page_bytes_(v_bytes_per_page(config)),
       scale_page_bytes_(scale_bytes_per_page(config)),
       layer_bytes_(layer_page_bytes(config) * config.num_pages),
       total_bytes_(layer_bytes_ * config.num_layers) {
-  void* p = mmap(nullptr, static_cast<std::size_t>(total_bytes_), PROT_READ | PROT_WRITE,
+  allocate();
+  if (kind == StorageKind::kHost && config.kv_dtype == DType::kFP8E4M3)
+    nan_flags_ = std::make_unique<std::uint8_t[]>(
+        static_cast<std::size_t>(std::int64_t{config.num_layers} * config.num_pages));
+}
+
+void PageStorage::allocate() {
+  const auto bytes = static_cast<std::size_t>(total_bytes_);
+  if (kind_ == StorageKind::kDevice) {
+    base_ = static_cast<std::byte*>(backend_->allocate_zeroed(bytes));
+    const std::vector<float>& k = config_.k_head_scales;
+    const std::vector<float>& v = config_.v_head_scales;
+    if (k.empty() && v.empty()) return;
+    std::vector<float> scales = k;  // [k_head_scales][v_head_scales], as the device reads them
+    scales.insert(scales.end(), v.begin(), v.end());
+    const std::size_t scale_bytes = scales.size() * sizeof(float);
+    try {
+      device_head_scales_ = static_cast<float*>(backend_->allocate_zeroed(scale_bytes));
+      backend_->from_host(device_head_scales_, scales.data(), scale_bytes);
+    } catch (...) {
+      if (device_head_scales_) backend_->release(device_head_scales_, scale_bytes);
+      backend_->release(base_, bytes);
+      throw;
+    }
+    return;
+  }
+  if (kind_ == StorageKind::kHostPinned) {
+    base_ = static_cast<std::byte*>(backend_->allocate_host(bytes));
+    return;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
     throw OutOfPages(detail::concat("PagedKVCache: could not map ", total_bytes_,
-                                    " bytes of K/V storage (num_pages = ", config.num_pages, ")"));
+                                    " bytes of K/V storage (num_pages = ", config_.num_pages, ")"));
   base_ = static_cast<std::byte*>(p);
-  if (config.kv_dtype == DType::kFP8E4M3)
-    nan_flags_ = std::make_unique<std::uint8_t[]>(
-        static_cast<std::size_t>(std::int64_t{config.num_layers} * config.num_pages));
   // Huge pages: attention streams whole pages, 4 KiB TLB entries would thrash.
-  madvise(p, static_cast<std::size_t>(total_bytes_), MADV_HUGEPAGE);
+  madvise(p, bytes, MADV_HUGEPAGE);
 }
 
 PageStorage::~PageStorage() {
-  if (base_ != nullptr) munmap(base_, static_cast<std::size_t>(total_bytes_));
+  if (base_ == nullptr) return;
+  const auto bytes = static_cast<std::size_t>(total_bytes_);
+  if (kind_ == StorageKind::kHost || kind_ == StorageKind::kHostStaging) {
+    munmap(base_, bytes);
+    return;
+  }
+  // Copies into or out of these bytes may still be queued.
+  try {
+    backend_->synchronize();
+  } catch (...) {  // a device fault: nothing left to wait for
+  }
+  if (kind_ == StorageKind::kHostPinned) {
+    backend_->release_host(base_, bytes);
+    return;
+  }
+  if (device_head_scales_)
+    backend_->release(
+        device_head_scales_,
+        (config_.k_head_scales.size() + config_.v_head_scales.size()) * sizeof(float));
+  backend_->release(base_, bytes);
 }
 
 // A layer's region: [K pages][V pages][K token scales][V token scales]
@@ -71,11 +123,18 @@ PagedKVStorage PageStorage::layer(std::int32_t layer) const {
   std::byte* v = k + k_page_bytes_ * config_.num_pages;
   std::byte* scales = v + v_page_bytes_ * config_.num_pages;
   const KVCacheConfig& c = config_;
+  // fp8 per-head scales: the config's (host), or their device copy.
+  const float* k_heads = c.k_head_scales.empty() ? nullptr : c.k_head_scales.data();
+  const float* v_heads = c.v_head_scales.empty() ? nullptr : c.v_head_scales.data();
+  if (device_head_scales_ != nullptr) {
+    k_heads = k_heads ? device_head_scales_ : nullptr;
+    v_heads = v_heads ? device_head_scales_ + c.k_head_scales.size() : nullptr;
+  }
   if (c.attention_kind == AttentionKind::kMLA) {
     PagedKVStorage s = PagedKVStorage::latent(k, c.kv_dtype, c.layout, c.page_size, c.head_dim,
                                               c.v_head_dim, c.num_pages);
     s.k_scale = c.k_scale;
-    s.k_head_scales = c.k_head_scales.empty() ? nullptr : c.k_head_scales.data();
+    s.k_head_scales = k_heads;
     if (scale_page_bytes_ > 0) s.k_token_scales = reinterpret_cast<float*>(scales);
     s.share_k_scales_with_v();
     s.page_may_hold_nan = nan_flags(layer);
@@ -86,8 +145,8 @@ PagedKVStorage PageStorage::layer(std::int32_t layer) const {
   s.page_may_hold_nan = nan_flags(layer);
   s.k_scale = c.k_scale;
   s.v_scale = c.v_scale;
-  s.k_head_scales = c.k_head_scales.empty() ? nullptr : c.k_head_scales.data();
-  s.v_head_scales = c.v_head_scales.empty() ? nullptr : c.v_head_scales.data();
+  s.k_head_scales = k_heads;
+  s.v_head_scales = v_heads;
   if (scale_page_bytes_ > 0) {
     s.k_token_scales = reinterpret_cast<float*>(scales);
     s.v_token_scales = reinterpret_cast<float*>(scales + scale_page_bytes_ * c.num_pages);
@@ -97,6 +156,8 @@ PagedKVStorage PageStorage::layer(std::int32_t layer) const {
 
 void PageStorage::copy_slots(std::int32_t src, std::int32_t src_slot, std::int32_t dst,
                              std::int32_t dst_slot, std::int32_t num_slots) {
+  if (kind_ == StorageKind::kDevice)
+    return copy_slots_on_device(src, src_slot, dst, dst_slot, num_slots);
   const auto elem = static_cast<std::int64_t>(dtype_size(config_.kv_dtype));
   // HND keeps each head's slots contiguous (one run per head); NHD keeps the
   // whole slot range of the page contiguous (one run).
@@ -129,6 +190,44 @@ void PageStorage::copy_slots(std::int32_t src, std::int32_t src_slot, std::int32
   }
 }
 
+// The same copies as strided device copies: per layer one for K, one for V
+// and one per int8 scale array, each over every head's run.
+void PageStorage::copy_slots_on_device(std::int32_t src, std::int32_t src_slot, std::int32_t dst,
+                                       std::int32_t dst_slot, std::int32_t num_slots) {
+  const auto elem = static_cast<std::int64_t>(dtype_size(config_.kv_dtype));
+  const bool hnd = config_.layout == KVLayout::kHND;
+  const auto rows = static_cast<std::size_t>(hnd ? config_.num_kv_heads : 1);
+  const std::int64_t heads_per_run = hnd ? 1 : config_.num_kv_heads;
+  // Copies `row_elems` elements of `size` bytes per run, runs `pitch` elements apart.
+  const auto copy_runs = [&](void* base, std::int64_t dst_at, std::int64_t src_at,
+                             std::int64_t row_elems, std::int64_t pitch, std::int64_t size,
+                             std::size_t num_rows) {
+    DeviceCopy c;
+    c.dst = static_cast<std::byte*>(base) + dst_at * size;
+    c.src = static_cast<const std::byte*>(base) + src_at * size;
+    c.row_bytes = static_cast<std::size_t>(row_elems * size);
+    c.rows = num_rows;
+    c.dst_pitch = c.src_pitch = static_cast<std::size_t>(pitch * size);
+    backend_->copy(c);
+  };
+  for (std::int32_t layer = 0; layer < config_.num_layers; ++layer) {
+    const PagedKVStorage s = this->layer(layer);
+    copy_runs(s.k_data, s.k_offset(dst, 0, dst_slot), s.k_offset(src, 0, src_slot),
+              num_slots * heads_per_run * config_.head_dim, s.k_head_stride, elem, rows);
+    if (!s.v_in_k)
+      copy_runs(s.v_data, s.v_offset(dst, 0, dst_slot), s.v_offset(src, 0, src_slot),
+                num_slots * heads_per_run * config_.v_head_dim, s.v_head_stride, elem, rows);
+    if (s.k_token_scales == nullptr) continue;
+    const auto heads = static_cast<std::size_t>(config_.num_kv_heads);
+    constexpr std::int64_t kFloat = sizeof(float);
+    copy_runs(s.k_token_scales, s.token_scale_index(dst, 0, dst_slot),
+              s.token_scale_index(src, 0, src_slot), num_slots, s.page_size, kFloat, heads);
+    if (!s.v_in_k)
+      copy_runs(s.v_token_scales, s.token_scale_index(dst, 0, dst_slot),
+                s.token_scale_index(src, 0, src_slot), num_slots, s.page_size, kFloat, heads);
+  }
+}
+
 void PageStorage::clear_nan_flags(std::int32_t page) {
   for (std::int32_t layer = 0; nan_flags_ && layer < config_.num_layers; ++layer)
     nan_flags(layer)[page] = 0;
@@ -139,28 +238,90 @@ void PageStorage::flag_nan_pages(std::int32_t page) {
     if (kernels::page_holds_e4m3_nan(this->layer(layer), page)) nan_flags(layer)[page] = 1;
 }
 
+namespace {
+
+// Hashes slots [0, num_slots) of one page of one layer of `s`: `k` and `v`
+// point at the page's K and V blocks, `k_scales` and `v_scales` at its int8
+// token scales (null without), all host memory.
+void hash_page(const PagedKVStorage& s, const std::byte* k, const std::byte* v,
+               const float* k_scales, const float* v_scales, std::int32_t num_slots, Hasher& h) {
+  const auto elem = static_cast<std::size_t>(dtype_size(s.dtype));
+  const auto k_row = static_cast<std::size_t>(s.head_dim) * elem;
+  const auto v_row = static_cast<std::size_t>(s.v_head_dim) * elem;
+  for (std::int32_t head = 0; head < s.num_kv_heads; ++head) {
+    for (std::int32_t slot = 0; slot < num_slots; ++slot) {
+      h.add_bytes(k + s.k_offset(0, head, slot) * static_cast<std::int64_t>(elem), k_row);
+      if (!s.v_in_k)
+        h.add_bytes(v + s.v_offset(0, head, slot) * static_cast<std::int64_t>(elem), v_row);
+    }
+    if (k_scales == nullptr) continue;
+    const auto n = static_cast<std::size_t>(num_slots);
+    h.add_span(std::span<const float>(k_scales + s.token_scale_index(0, head, 0), n));
+    if (!s.v_in_k)
+      h.add_span(std::span<const float>(v_scales + s.token_scale_index(0, head, 0), n));
+  }
+}
+
+}  // namespace
+
 void PageStorage::hash_slots(std::int32_t page, std::int32_t num_slots, Hasher& h) const {
-  const auto elem = static_cast<std::size_t>(dtype_size(config_.kv_dtype));
-  const auto k_row = static_cast<std::size_t>(config_.head_dim) * elem;
-  const auto v_row = static_cast<std::size_t>(config_.v_head_dim) * elem;
+  if (kind_ == StorageKind::kDevice) return hash_device_slots(page, num_slots, h);
+  if (kind_ == StorageKind::kHostPinned) backend_->synchronize();  // copies into it may be queued
+  const auto elem = static_cast<std::int64_t>(dtype_size(config_.kv_dtype));
   for (std::int32_t layer = 0; layer < config_.num_layers; ++layer) {
     const PagedKVStorage s = this->layer(layer);
-    const auto* k = static_cast<const std::byte*>(s.k_data);
-    const auto* v = static_cast<const std::byte*>(s.v_data);
-    for (std::int32_t head = 0; head < config_.num_kv_heads; ++head) {
-      for (std::int32_t slot = 0; slot < num_slots; ++slot) {
-        h.add_bytes(k + s.k_offset(page, head, slot) * static_cast<std::int64_t>(elem), k_row);
-        if (!s.v_in_k)
-          h.add_bytes(v + s.v_offset(page, head, slot) * static_cast<std::int64_t>(elem), v_row);
-      }
-      if (s.k_token_scales == nullptr) continue;
-      const auto n = static_cast<std::size_t>(num_slots);
-      h.add_span(std::span<const float>(s.k_token_scales + s.token_scale_index(page, head, 0), n));
-      if (!s.v_in_k)
-        h.add_span(
-            std::span<const float>(s.v_token_scales + s.token_scale_index(page, head, 0), n));
-    }
+    const auto* k = static_cast<const std::byte*>(s.k_data) + s.k_offset(page, 0, 0) * elem;
+    const auto* v = static_cast<const std::byte*>(s.v_data) + s.v_offset(page, 0, 0) * elem;
+    const float* k_scales =
+        s.k_token_scales ? s.k_token_scales + s.token_scale_index(page, 0, 0) : nullptr;
+    const float* v_scales =
+        s.v_token_scales ? s.v_token_scales + s.token_scale_index(page, 0, 0) : nullptr;
+    hash_page(s, k, v, k_scales, v_scales, num_slots, h);
   }
+}
+
+// The page's blocks of each layer copied to the host, then hashed as above.
+void PageStorage::hash_device_slots(std::int32_t page, std::int32_t num_slots, Hasher& h) const {
+  const auto elem = static_cast<std::int64_t>(dtype_size(config_.kv_dtype));
+  std::vector<std::byte> k(static_cast<std::size_t>(k_page_bytes_));
+  std::vector<std::byte> v(static_cast<std::size_t>(v_page_bytes_));
+  const std::size_t scale_floats = static_cast<std::size_t>(scale_page_bytes_) / sizeof(float);
+  std::vector<float> k_scales(scale_floats), v_scales(scale_floats);
+  for (std::int32_t layer = 0; layer < config_.num_layers; ++layer) {
+    const PagedKVStorage s = this->layer(layer);
+    backend_->to_host(k.data(),
+                      static_cast<const std::byte*>(s.k_data) + s.k_offset(page, 0, 0) * elem,
+                      k.size());
+    if (!s.v_in_k)
+      backend_->to_host(v.data(),
+                        static_cast<const std::byte*>(s.v_data) + s.v_offset(page, 0, 0) * elem,
+                        v.size());
+    if (s.k_token_scales != nullptr) {
+      const std::size_t bytes = scale_floats * sizeof(float);
+      backend_->to_host(k_scales.data(), s.k_token_scales + s.token_scale_index(page, 0, 0), bytes);
+      if (!s.v_in_k)
+        backend_->to_host(v_scales.data(), s.v_token_scales + s.token_scale_index(page, 0, 0),
+                          bytes);
+    }
+    hash_page(s, k.data(), v.data(), s.k_token_scales ? k_scales.data() : nullptr,
+              s.v_token_scales ? v_scales.data() : nullptr, num_slots, h);
+  }
+}
+
+void copy_pages_between(const PageStorage& src, const PageStorage& dst,
+                        std::span<const std::pair<std::int64_t, std::int64_t>> pairs) {
+  if (pairs.empty()) return;
+  if (!src.on_device() && !dst.on_device()) {
+    for (std::int32_t layer = 0; layer < src.num_layers(); ++layer)
+      copy_pages(src.layer(layer), dst.layer(layer), pairs);
+    return;
+  }
+  // A device cache's pages and its host tier (or a passing host copy).
+  KVDeviceBackend& backend = src.on_device() ? *src.backend() : *dst.backend();
+  const PageCopyDirection direction =
+      src.on_device() ? PageCopyDirection::kDeviceToHost : PageCopyDirection::kHostToDevice;
+  for (std::int32_t layer = 0; layer < src.num_layers(); ++layer)
+    backend.copy_pages(src.layer(layer), dst.layer(layer), pairs, direction);
 }
 
 }  // namespace pagedattn::cache

@@ -4,6 +4,7 @@
 #include "pagedattn/attention.h"
 #include "pagedattn/c_api.h"
 #include "pagedattn/cpu_features.h"
+#include "pagedattn/cuda.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
