@@ -6,8 +6,10 @@
 #     (kernels, ops, engine, model, SmolLM2 end to end, MPI, the docs' code;
 #     PAGEDATTN_BUILD_LOGIC_TESTS=OFF leaves out the bookkeeping and parsing
 #     suites, which the sanitizer build runs). ctest; the installed CMake
-#     package from a C++ and a C project, and from a C++ MPI one
-#     (pagedattn::dist, when MPI was found); the Python package installed by
+#     package from a C++ and a C project, from a C++ MPI one
+#     (pagedattn::dist, when MPI was found) and from a CUDA one
+#     (pagedattn::cuda, when nvcc was found: compiled for SM80 and SM90,
+#     its GPU tests skip without a GPU); the Python package installed by
 #     `pip install .` from this same build tree (scikit-build-core only re-runs
 #     its install), then pytest.
 #  2. sanitize (clang, warnings as errors, ASan + UBSan at -O1, libFuzzer

@@ -255,6 +255,17 @@ void check_slots(const char* call, const char* name, const IndexView& v, std::in
             "] = ", v.at(i), " is outside [0, ", num_slots, ") and not -1");
 }
 
+void check_unique_slots(const char* call, const char* name, std::span<const std::int64_t> slots) {
+  std::vector<std::int64_t> used;
+  used.reserve(slots.size());
+  for (std::int64_t s : slots)
+    if (s != -1) used.push_back(s);
+  std::sort(used.begin(), used.end());
+  const auto repeated = std::adjacent_find(used.begin(), used.end());
+  require(repeated == used.end(), call, ": ", name, ": slot ",
+          repeated == used.end() ? 0 : *repeated, " appears more than once");
+}
+
 void check_pairs(const char* call, const char* name, const IndexView& v, std::int64_t src_limit,
                  std::int64_t dst_limit) {
   for (std::int64_t i = 0; i < v.dim(0); ++i)

@@ -12,6 +12,13 @@
 
 namespace pagedattn::ops::checks {
 
+// How far an operator's validation goes. kMetadata: every rule that reads no
+// index value (ranks, extents, dtypes, strides, null pointers, scalars), for
+// callers whose index arrays are not readable yet (device memory: the CUDA
+// operators run it before their first CUDA call); kFull: every rule, in the
+// operator's one order, index values included (host memory).
+enum class Validation : std::uint8_t { kMetadata, kFull };
+
 // `data` is non-null whenever the tensor has elements.
 void check_present(const char* call, const char* name, const void* data, std::int64_t elements);
 
@@ -58,6 +65,10 @@ void check_page_table(const char* call, const char* name, const IndexView& table
 // Slots v[0..count): -1 (skip) or inside [0, num_slots).
 void check_slots(const char* call, const char* name, const IndexView& v, std::int64_t count,
                  std::int64_t num_slots);
+
+// Slots other than -1 appear at most once (append_paged_kv's rule, for
+// callers whose append kernel cannot check it).
+void check_unique_slots(const char* call, const char* name, std::span<const std::int64_t> slots);
 
 // Pairs v[n][2] (source, destination): sources in [0, src_limit),
 // destinations in [0, dst_limit).

@@ -13,11 +13,14 @@
 #include "op_support.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_ops.h"
+#include "vllm_translate.h"
 
 namespace pagedattn::ops::vllm {
-namespace {
+namespace internal {
 
 using namespace checks;
+
+namespace {
 
 struct CacheShape {
   std::int32_t block_size = 0, num_kv_heads = 0, head_dim = 0;
@@ -92,9 +95,9 @@ void check_heads_tensor(const char* call, const char* name, const TensorView& t,
   check_present(call, name, t.data, tokens);
 }
 
-// block_tables [S, max_blocks] and seq_lens [S]: fills batch.kv_lens.
+// block_tables [S, max_blocks] and seq_lens [S]: kFull fills batch.kv_lens.
 void check_sequences(const char* call, const IndexView& block_tables, const IndexView& seq_lens,
-                     const CacheShape& cache, RaggedBatch& batch) {
+                     const CacheShape& cache, Validation validation, RaggedBatch& batch) {
   check_rank(call, "seq_lens", seq_lens.rank, 1);
   check_rank(call, "block_tables", block_tables.rank, 2);
   const std::int32_t seqs = checked_int32(call, "num_seqs", seq_lens.dim(0));
@@ -107,6 +110,7 @@ void check_sequences(const char* call, const IndexView& block_tables, const Inde
   const std::int32_t capacity =
       checked_int32_product(call, "max_blocks * block_size", block_tables.dim(1), cache.block_size);
   checked_int32_product(call, "num_seqs * max_blocks", seqs, block_tables.dim(1));
+  if (validation == Validation::kMetadata) return;
   batch.kv_lens.resize(static_cast<std::size_t>(seqs));
   for (std::int32_t b = 0; b < seqs; ++b) {
     check_length(call, "seq_lens", b, seq_lens.at(b), capacity,
@@ -127,13 +131,22 @@ const float* checked_alibi(const char* call, const std::optional<TensorView>& sl
   return static_cast<const float*>(slopes->data);
 }
 
-// The attention both forwards share, after validation.
-void attend(const TensorView& query, const TensorView& output, const PagedKVStorage& kv,
-            const IndexView& block_tables, const AttentionOptions& options, OpScratch& scratch) {
-  scratch.batch.gather_pages(block_tables, kv.page_size);
-  run_attention(head_tensor(query, query.stride(0), query.stride(1)),
-                head_tensor(output, output.stride(0), output.stride(1)),
-                static_cast<std::int32_t>(query.dim(1)), kv, options, scratch);
+// query / output [tokens, Hq, D] over the caller's pointers.
+ForwardAttention forward_views(const TensorView& query, const TensorView& output,
+                               const PagedKVStorage& kv) {
+  ForwardAttention a;
+  a.q = head_tensor(query, query.stride(0), query.stride(1));
+  a.o = head_tensor(output, output.stride(0), output.stride(1));
+  a.num_qo_heads = static_cast<std::int32_t>(query.dim(1));
+  a.kv = kv;
+  return a;
+}
+
+// Queries 0 .. seqs - 1, one per sequence (decodes).
+void one_query_each(std::int64_t seqs, RaggedBatch& batch) {
+  batch.qo_indptr.resize(static_cast<std::size_t>(seqs) + 1);
+  for (std::int32_t b = 0; b <= static_cast<std::int32_t>(seqs); ++b)
+    batch.qo_indptr[static_cast<std::size_t>(b)] = b;
 }
 
 // query / output [tokens, Hq, D] against the caches (both forwards).
@@ -149,139 +162,6 @@ CacheShape check_query_and_caches(const char* call, const TensorView& query,
   check_heads_tensor(call, "output", output, tokens, hq, cache.head_dim, query.dtype);
   return cache;
 }
-
-}  // namespace
-
-void forward_decode(const ForwardDecodeParams& p) {
-  constexpr const char* kCall = "vllm::forward_decode";
-  OpScratch& scratch = thread_scratch();
-  const CacheShape cache = check_query_and_caches(kCall, p.query, p.output, p.kv);
-  require(p.num_kv_heads == cache.num_kv_heads, kCall, ": num_kv_heads = ", p.num_kv_heads,
-          " differs from the caches' ", cache.num_kv_heads);
-  const std::int64_t seqs = p.query.dim(0), hq = p.query.dim(1);
-  check_shape(kCall, "seq_lens", p.seq_lens, {seqs});
-  check_sequences(kCall, p.block_tables, p.seq_lens, cache, scratch.batch);
-  for (std::int32_t b = 0; b < static_cast<std::int32_t>(seqs); ++b)
-    check_length(kCall, "seq_lens", b, p.seq_lens.at(b), p.max_seq_len, "max_seq_len");
-  check_finite(kCall, "scale", p.scale);
-  AttentionOptions options;
-  options.scale = p.scale;
-  options.alibi_slopes = checked_alibi(kCall, p.alibi_slopes, hq);
-
-  scratch.batch.qo_indptr.resize(static_cast<std::size_t>(seqs) + 1);
-  for (std::int32_t b = 0; b <= static_cast<std::int32_t>(seqs); ++b)
-    scratch.batch.qo_indptr[static_cast<std::size_t>(b)] = b;
-  // seq_lens[b] = 0: the query sees no key and its row is zeros (semantics.md).
-  attend(p.query, p.output, storage_of(p.kv, cache), p.block_tables, options, scratch);
-}
-
-void mla_decode_kvcache(const MlaDecodeParams& p) {
-  constexpr const char* kCall = "vllm::mla_decode_kvcache";
-  OpScratch& scratch = thread_scratch();
-  check_rank(kCall, "query", p.query.rank, 3);
-  check_activation_dtype(kCall, "query", p.query);
-  check_rank(kCall, "kv_cache", p.kv_cache.rank, 3);
-  check_rows_contiguous(kCall, "kv_cache", p.kv_cache);
-  CacheShape cache;
-  cache.num_blocks = p.kv_cache.dim(0);
-  cache.block_size = checked_int32(kCall, "block_size", p.kv_cache.dim(1));
-  cache.head_dim = checked_int32(kCall, "kv_cache row width", p.kv_cache.dim(2));
-  cache.num_kv_heads = 1;
-  checked_int32(kCall, "num_blocks", cache.num_blocks);
-  require(cache.num_blocks >= 1 && cache.block_size >= 1 && cache.head_dim >= 1, kCall,
-          ": kv_cache extents must all be >= 1");
-  check_present(kCall, "kv_cache", p.kv_cache.data, 1);
-  const DType dtype = cache_dtype_of(kCall, p.kv_cache_dtype, p.query.dtype);
-  check_dtype(kCall, "kv_cache", p.kv_cache.dtype, dtype);
-  if (is_fp8(dtype)) check_positive(kCall, "k_scale", p.k_scale);
-  const std::int64_t seqs = p.query.dim(0), hq = p.query.dim(1);
-  check_heads_tensor(kCall, "query", p.query, seqs, hq, cache.head_dim, p.query.dtype);
-  check_rank(kCall, "output", p.output.rank, 3);
-  const std::int64_t v_dim = p.output.dim(2);
-  require(v_dim >= 1 && v_dim <= cache.head_dim, kCall,
-          ": output's last extent (v_head_dim) = ", v_dim, " must be in [1, ", cache.head_dim,
-          "], the cache rows' width");
-  check_heads_tensor(kCall, "output", p.output, seqs, hq, v_dim, p.query.dtype);
-  check_shape(kCall, "seq_lens", p.seq_lens, {seqs});
-  check_sequences(kCall, p.block_tables, p.seq_lens, cache, scratch.batch);
-  check_finite(kCall, "scale", p.scale);
-
-  PagedKVStorage kv =
-      PagedKVStorage::latent(p.kv_cache.data, dtype, KVLayout::kNHD, cache.block_size,
-                             cache.head_dim, static_cast<std::int32_t>(v_dim), cache.num_blocks);
-  kv.k_page_stride = kv.v_page_stride = p.kv_cache.stride(0);
-  kv.k_token_stride = kv.v_token_stride = p.kv_cache.stride(1);
-  kv.k_scale = p.k_scale;
-  kv.share_k_scales_with_v();
-  AttentionOptions options;
-  options.scale = p.scale;
-  scratch.batch.qo_indptr.resize(static_cast<std::size_t>(seqs) + 1);
-  for (std::int32_t b = 0; b <= static_cast<std::int32_t>(seqs); ++b)
-    scratch.batch.qo_indptr[static_cast<std::size_t>(b)] = b;
-  attend(p.query, p.output, kv, p.block_tables, options, scratch);
-}
-
-void forward_prefix(const ForwardPrefixParams& p) {
-  constexpr const char* kCall = "vllm::forward_prefix";
-  OpScratch& scratch = thread_scratch();
-  const CacheShape cache = check_query_and_caches(kCall, p.query, p.output, p.kv);
-  const std::int64_t tokens = p.query.dim(0), hq = p.query.dim(1);
-  check_sequences(kCall, p.block_tables, p.seq_lens, cache, scratch.batch);
-  const std::int64_t seqs = p.seq_lens.dim(0);
-  check_shape(kCall, "query_start_loc", p.query_start_loc, {seqs + 1});
-  check_index_type(kCall, "query_start_loc", p.query_start_loc, IndexType::kInt32);
-  check_present(kCall, "query_start_loc", p.query_start_loc.data, seqs + 1);
-  check_offsets(kCall, "query_start_loc", p.query_start_loc, seqs, tokens);
-  scratch.batch.qo_indptr.resize(static_cast<std::size_t>(seqs) + 1);
-  scratch.batch.qo_indptr[0] = 0;
-  for (std::int32_t b = 0; b < static_cast<std::int32_t>(seqs); ++b) {
-    const std::int64_t q_len = p.query_start_loc.at(b + 1) - p.query_start_loc.at(b);
-    check_length(kCall, "query length of sequence", b, q_len, p.max_query_len, "max_query_len");
-    require(q_len <= p.seq_lens.at(b), kCall, ": seq_lens[", b, "] = ", p.seq_lens.at(b),
-            " is less than its query length ", q_len);
-    scratch.batch.qo_indptr[static_cast<std::size_t>(b) + 1] =
-        static_cast<std::int32_t>(p.query_start_loc.at(b + 1));
-  }
-  AttentionOptions options;
-  if (p.scale) {
-    check_finite(kCall, "scale", *p.scale);
-    options.scale = *p.scale;
-  }
-  if (p.sliding_window) {
-    require(*p.sliding_window >= 1, kCall, ": sliding_window = ", *p.sliding_window,
-            " must be >= 1 (or absent)");
-    options.window_left = *p.sliding_window - 1;  // W keys: the query's own and W - 1 before
-  }
-  options.alibi_slopes = checked_alibi(kCall, p.alibi_slopes, hq);
-  attend(p.query, p.output, storage_of(p.kv, cache), p.block_tables, options, scratch);
-}
-
-void write_to_paged_cache(const WriteToPagedCacheParams& p) {
-  constexpr const char* kCall = "vllm::write_to_paged_cache";
-  check_rank(kCall, "key", p.key.rank, 3);
-  check_activation_dtype(kCall, "key", p.key);
-  const CacheShape cache = check_caches(kCall, p.kv, p.key.dtype);
-  const std::int64_t tokens = p.key.dim(0);
-  check_heads_tensor(kCall, "key", p.key, tokens, cache.num_kv_heads, cache.head_dim, p.key.dtype);
-  check_heads_tensor(kCall, "value", p.value, tokens, cache.num_kv_heads, cache.head_dim,
-                     p.key.dtype);
-  check_rank(kCall, "slot_mapping", p.slot_mapping.rank, 1);
-  check_index_type(kCall, "slot_mapping", p.slot_mapping, IndexType::kInt64);
-  const std::int64_t n = p.slot_mapping.dim(0);
-  require(n <= tokens, kCall, ": slot_mapping has ", n, " entries but key has ", tokens, " tokens");
-  check_present(kCall, "slot_mapping", p.slot_mapping.data, n);
-  check_slots(kCall, "slot_mapping", p.slot_mapping, n, cache.num_blocks * cache.block_size);
-
-  OpScratch& scratch = thread_scratch();
-  scratch.slots.resize(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i)
-    scratch.slots[static_cast<std::size_t>(i)] = p.slot_mapping.at(i);
-  append_paged_kv({head_tensor(p.key, p.key.stride(0), p.key.stride(1)),
-                   head_tensor(p.value, p.value.stride(0), p.value.stride(1)), scratch.slots.data(),
-                   static_cast<std::int32_t>(n), storage_of(p.kv, cache)});
-}
-
-namespace {
 
 // A block is one contiguous run: copying it whole needs a dense block.
 CacheShape check_block_tensor(const char* call, const std::string& name, const TensorView& t,
@@ -367,31 +247,104 @@ void check_mapping_disjoint(const char* call, const IndexView& mapping, bool sam
             d, " is both a source and a destination");
 }
 
-std::vector<std::pair<std::int64_t, std::int64_t>> block_pairs(const IndexView& mapping) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> pairs(
-      static_cast<std::size_t>(mapping.dim(0)));
-  for (std::int64_t i = 0; i < mapping.dim(0); ++i)
-    pairs[static_cast<std::size_t>(i)] = {mapping.at(i, 0), mapping.at(i, 1)};
-  return pairs;
-}
-
 std::string indexed(const char* name, std::size_t index) {
   return detail::concat(name, "[", index, "]");
 }
 
 }  // namespace
 
-void copy_blocks(const CopyBlocksParams& p) {
-  constexpr const char* kCall = "vllm::copy_blocks";
+ForwardAttention validate_decode(const char* call, const ForwardDecodeParams& p,
+                                 Validation validation, RaggedBatch& batch) {
+  const CacheShape cache = check_query_and_caches(call, p.query, p.output, p.kv);
+  require(p.num_kv_heads == cache.num_kv_heads, call, ": num_kv_heads = ", p.num_kv_heads,
+          " differs from the caches' ", cache.num_kv_heads);
+  const std::int64_t seqs = p.query.dim(0), hq = p.query.dim(1);
+  check_shape(call, "seq_lens", p.seq_lens, {seqs});
+  check_sequences(call, p.block_tables, p.seq_lens, cache, validation, batch);
+  if (validation == Validation::kFull)
+    for (std::int32_t b = 0; b < static_cast<std::int32_t>(seqs); ++b)
+      check_length(call, "seq_lens", b, p.seq_lens.at(b), p.max_seq_len, "max_seq_len");
+  check_finite(call, "scale", p.scale);
+  ForwardAttention a = forward_views(p.query, p.output, storage_of(p.kv, cache));
+  a.options.scale = p.scale;
+  a.options.alibi_slopes = checked_alibi(call, p.alibi_slopes, hq);
+  // seq_lens[b] = 0: the query sees no key and its row is zeros (semantics.md).
+  if (validation == Validation::kFull) one_query_each(seqs, batch);
+  return a;
+}
+
+ForwardAttention validate_prefix(const char* call, const ForwardPrefixParams& p,
+                                 Validation validation, RaggedBatch& batch) {
+  const CacheShape cache = check_query_and_caches(call, p.query, p.output, p.kv);
+  const std::int64_t tokens = p.query.dim(0), hq = p.query.dim(1);
+  check_sequences(call, p.block_tables, p.seq_lens, cache, validation, batch);
+  const std::int64_t seqs = p.seq_lens.dim(0);
+  check_shape(call, "query_start_loc", p.query_start_loc, {seqs + 1});
+  check_index_type(call, "query_start_loc", p.query_start_loc, IndexType::kInt32);
+  check_present(call, "query_start_loc", p.query_start_loc.data, seqs + 1);
+  if (validation == Validation::kFull) {
+    check_offsets(call, "query_start_loc", p.query_start_loc, seqs, tokens);
+    batch.qo_indptr.resize(static_cast<std::size_t>(seqs) + 1);
+    batch.qo_indptr[0] = 0;
+    for (std::int32_t b = 0; b < static_cast<std::int32_t>(seqs); ++b) {
+      const std::int64_t q_len = p.query_start_loc.at(b + 1) - p.query_start_loc.at(b);
+      check_length(call, "query length of sequence", b, q_len, p.max_query_len, "max_query_len");
+      require(q_len <= p.seq_lens.at(b), call, ": seq_lens[", b, "] = ", p.seq_lens.at(b),
+              " is less than its query length ", q_len);
+      batch.qo_indptr[static_cast<std::size_t>(b) + 1] =
+          static_cast<std::int32_t>(p.query_start_loc.at(b + 1));
+    }
+  }
+  ForwardAttention a = forward_views(p.query, p.output, storage_of(p.kv, cache));
+  if (p.scale) {
+    check_finite(call, "scale", *p.scale);
+    a.options.scale = *p.scale;
+  }
+  if (p.sliding_window) {
+    require(*p.sliding_window >= 1, call, ": sliding_window = ", *p.sliding_window,
+            " must be >= 1 (or absent)");
+    a.options.window_left = *p.sliding_window - 1;  // W keys: the query's own and W - 1 before
+  }
+  a.options.alibi_slopes = checked_alibi(call, p.alibi_slopes, hq);
+  return a;
+}
+
+AppendParams validate_write(const char* call, const WriteToPagedCacheParams& p,
+                            Validation validation, std::vector<std::int64_t>& slots) {
+  check_rank(call, "key", p.key.rank, 3);
+  check_activation_dtype(call, "key", p.key);
+  const CacheShape cache = check_caches(call, p.kv, p.key.dtype);
+  const std::int64_t tokens = p.key.dim(0);
+  check_heads_tensor(call, "key", p.key, tokens, cache.num_kv_heads, cache.head_dim, p.key.dtype);
+  check_heads_tensor(call, "value", p.value, tokens, cache.num_kv_heads, cache.head_dim,
+                     p.key.dtype);
+  check_rank(call, "slot_mapping", p.slot_mapping.rank, 1);
+  check_index_type(call, "slot_mapping", p.slot_mapping, IndexType::kInt64);
+  const std::int64_t n = p.slot_mapping.dim(0);
+  require(n <= tokens, call, ": slot_mapping has ", n, " entries but key has ", tokens, " tokens");
+  check_present(call, "slot_mapping", p.slot_mapping.data, n);
+  if (validation == Validation::kFull) {
+    check_slots(call, "slot_mapping", p.slot_mapping, n, cache.num_blocks * cache.block_size);
+    slots.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) slots[static_cast<std::size_t>(i)] = p.slot_mapping.at(i);
+  }
+  return {head_tensor(p.key, p.key.stride(0), p.key.stride(1)),
+          head_tensor(p.value, p.value.stride(0), p.value.stride(1)), nullptr,
+          static_cast<std::int32_t>(n), storage_of(p.kv, cache)};
+}
+
+std::vector<PagedKVStorage> validate_copy_blocks(const char* call, const CopyBlocksParams& p,
+                                                 Validation validation) {
   const std::size_t layers = p.key_caches.size();
-  require(p.value_caches.size() == layers, kCall, ": ", layers, " key caches but ",
+  require(p.value_caches.size() == layers, call, ": ", layers, " key caches but ",
           p.value_caches.size(), " value caches");
   for (const auto& [scales, name] :
        {std::pair{p.key_scales, "key_scales"}, std::pair{p.value_scales, "value_scales"}})
-    require(scales.empty() || scales.size() == layers, kCall, ": ", name, " has ", scales.size(),
+    require(scales.empty() || scales.size() == layers, call, ": ", name, " has ", scales.size(),
             " entries for ", layers, " layers (give none, or one per layer)");
-  check_mapping(kCall, p.block_mapping);
-  check_mapping_disjoint(kCall, p.block_mapping, /*same_cache=*/true);
+  check_mapping(call, p.block_mapping);
+  if (validation == Validation::kFull)
+    check_mapping_disjoint(call, p.block_mapping, /*same_cache=*/true);
   // Every layer is checked before the first block moves: a bad layer 3
   // must not leave layers 0..2 already copied.
   std::vector<PagedKVStorage> storages;
@@ -401,32 +354,134 @@ void copy_blocks(const CopyBlocksParams& p) {
           std::tuple{p.value_caches, p.value_scales, "value_caches", "value_scales"}}) {
       const TensorView& cache = caches[layer];
       const std::string name = indexed(cache_kind, layer);
-      const CacheShape s = check_block_tensor(kCall, name, cache, p.layout);
-      check_mapping_fits(kCall, p.block_mapping, s.num_blocks, name, s.num_blocks, name);
+      const CacheShape s = check_block_tensor(call, name, cache, p.layout);
+      if (validation == Validation::kFull)
+        check_mapping_fits(call, p.block_mapping, s.num_blocks, name, s.num_blocks, name);
       float* scales =
-          check_block_scales(kCall, indexed(scale_kind, layer),
+          check_block_scales(call, indexed(scale_kind, layer),
                              all_scales.empty() ? nullptr : &all_scales[layer], name, cache, s);
       storages.push_back(block_storage(cache, p.layout, s, scales));
     }
+  return storages;
+}
+
+SwapStorages validate_swap_blocks(const char* call, const SwapBlocksParams& p,
+                                  Validation validation) {
+  const CacheShape src = check_block_tensor(call, "src", p.src, p.layout);
+  const CacheShape dst = check_block_tensor(call, "dst", p.dst, p.layout);
+  check_shape(call, "dst", p.dst, {p.dst.dim(0), p.src.dim(1), p.src.dim(2), p.src.dim(3)});
+  check_dtype(call, "dst", p.dst.dtype, p.src.dtype);
+  check_mapping(call, p.block_mapping);
+  if (validation == Validation::kFull) {
+    check_mapping_fits(call, p.block_mapping, src.num_blocks, "src", dst.num_blocks, "dst");
+    check_mapping_disjoint(call, p.block_mapping, /*same_cache=*/p.src.data == p.dst.data);
+  }
+  float* src_scales = check_block_scales(
+      call, "src_scales", p.src_scales ? &*p.src_scales : nullptr, "src", p.src, src);
+  float* dst_scales = check_block_scales(
+      call, "dst_scales", p.dst_scales ? &*p.dst_scales : nullptr, "dst", p.dst, dst);
+  return {block_storage(p.src, p.layout, src, src_scales),
+          block_storage(p.dst, p.layout, dst, dst_scales)};
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> block_pairs(const IndexView& mapping) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> pairs(
+      static_cast<std::size_t>(mapping.dim(0)));
+  for (std::int64_t i = 0; i < mapping.dim(0); ++i)
+    pairs[static_cast<std::size_t>(i)] = {mapping.at(i, 0), mapping.at(i, 1)};
+  return pairs;
+}
+
+}  // namespace internal
+
+namespace {
+
+using namespace internal;
+
+// A validated forward over the CPU kernels.
+void attend(const ForwardAttention& a, const IndexView& block_tables, OpScratch& scratch) {
+  scratch.batch.gather_pages(block_tables, a.kv.page_size);
+  run_attention(a.q, a.o, a.num_qo_heads, a.kv, a.options, scratch);
+}
+
+}  // namespace
+
+void forward_decode(const ForwardDecodeParams& p) {
+  OpScratch& scratch = thread_scratch();
+  const ForwardAttention a =
+      validate_decode("vllm::forward_decode", p, Validation::kFull, scratch.batch);
+  attend(a, p.block_tables, scratch);
+}
+
+void mla_decode_kvcache(const MlaDecodeParams& p) {
+  constexpr const char* kCall = "vllm::mla_decode_kvcache";
+  OpScratch& scratch = thread_scratch();
+  check_rank(kCall, "query", p.query.rank, 3);
+  check_activation_dtype(kCall, "query", p.query);
+  check_rank(kCall, "kv_cache", p.kv_cache.rank, 3);
+  check_rows_contiguous(kCall, "kv_cache", p.kv_cache);
+  CacheShape cache;
+  cache.num_blocks = p.kv_cache.dim(0);
+  cache.block_size = checked_int32(kCall, "block_size", p.kv_cache.dim(1));
+  cache.head_dim = checked_int32(kCall, "kv_cache row width", p.kv_cache.dim(2));
+  cache.num_kv_heads = 1;
+  checked_int32(kCall, "num_blocks", cache.num_blocks);
+  require(cache.num_blocks >= 1 && cache.block_size >= 1 && cache.head_dim >= 1, kCall,
+          ": kv_cache extents must all be >= 1");
+  check_present(kCall, "kv_cache", p.kv_cache.data, 1);
+  const DType dtype = cache_dtype_of(kCall, p.kv_cache_dtype, p.query.dtype);
+  check_dtype(kCall, "kv_cache", p.kv_cache.dtype, dtype);
+  if (is_fp8(dtype)) check_positive(kCall, "k_scale", p.k_scale);
+  const std::int64_t seqs = p.query.dim(0), hq = p.query.dim(1);
+  check_heads_tensor(kCall, "query", p.query, seqs, hq, cache.head_dim, p.query.dtype);
+  check_rank(kCall, "output", p.output.rank, 3);
+  const std::int64_t v_dim = p.output.dim(2);
+  require(v_dim >= 1 && v_dim <= cache.head_dim, kCall,
+          ": output's last extent (v_head_dim) = ", v_dim, " must be in [1, ", cache.head_dim,
+          "], the cache rows' width");
+  check_heads_tensor(kCall, "output", p.output, seqs, hq, v_dim, p.query.dtype);
+  check_shape(kCall, "seq_lens", p.seq_lens, {seqs});
+  check_sequences(kCall, p.block_tables, p.seq_lens, cache, Validation::kFull, scratch.batch);
+  check_finite(kCall, "scale", p.scale);
+
+  PagedKVStorage kv =
+      PagedKVStorage::latent(p.kv_cache.data, dtype, KVLayout::kNHD, cache.block_size,
+                             cache.head_dim, static_cast<std::int32_t>(v_dim), cache.num_blocks);
+  kv.k_page_stride = kv.v_page_stride = p.kv_cache.stride(0);
+  kv.k_token_stride = kv.v_token_stride = p.kv_cache.stride(1);
+  kv.k_scale = p.k_scale;
+  kv.share_k_scales_with_v();
+  ForwardAttention a = forward_views(p.query, p.output, kv);
+  a.options.scale = p.scale;
+  one_query_each(seqs, scratch.batch);
+  attend(a, p.block_tables, scratch);
+}
+
+void forward_prefix(const ForwardPrefixParams& p) {
+  OpScratch& scratch = thread_scratch();
+  const ForwardAttention a =
+      validate_prefix("vllm::forward_prefix", p, Validation::kFull, scratch.batch);
+  attend(a, p.block_tables, scratch);
+}
+
+void write_to_paged_cache(const WriteToPagedCacheParams& p) {
+  OpScratch& scratch = thread_scratch();
+  AppendParams append =
+      validate_write("vllm::write_to_paged_cache", p, Validation::kFull, scratch.slots);
+  append.slot_mapping = scratch.slots.data();
+  append_paged_kv(append);
+}
+
+void copy_blocks(const CopyBlocksParams& p) {
+  const std::vector<PagedKVStorage> storages =
+      validate_copy_blocks("vllm::copy_blocks", p, Validation::kFull);
   const auto pairs = block_pairs(p.block_mapping);
   for (const PagedKVStorage& s : storages) copy_pages(s, s, pairs);
 }
 
 void swap_blocks(const SwapBlocksParams& p) {
-  constexpr const char* kCall = "vllm::swap_blocks";
-  const CacheShape src = check_block_tensor(kCall, "src", p.src, p.layout);
-  const CacheShape dst = check_block_tensor(kCall, "dst", p.dst, p.layout);
-  check_shape(kCall, "dst", p.dst, {p.dst.dim(0), p.src.dim(1), p.src.dim(2), p.src.dim(3)});
-  check_dtype(kCall, "dst", p.dst.dtype, p.src.dtype);
-  check_mapping(kCall, p.block_mapping);
-  check_mapping_fits(kCall, p.block_mapping, src.num_blocks, "src", dst.num_blocks, "dst");
-  check_mapping_disjoint(kCall, p.block_mapping, /*same_cache=*/p.src.data == p.dst.data);
-  float* src_scales = check_block_scales(
-      kCall, "src_scales", p.src_scales ? &*p.src_scales : nullptr, "src", p.src, src);
-  float* dst_scales = check_block_scales(
-      kCall, "dst_scales", p.dst_scales ? &*p.dst_scales : nullptr, "dst", p.dst, dst);
-  copy_pages(block_storage(p.src, p.layout, src, src_scales),
-             block_storage(p.dst, p.layout, dst, dst_scales), block_pairs(p.block_mapping));
+  const SwapStorages s = validate_swap_blocks("vllm::swap_blocks", p, Validation::kFull);
+  copy_pages(s.src, s.dst, block_pairs(p.block_mapping));
 }
 
 }  // namespace pagedattn::ops::vllm

@@ -5,6 +5,7 @@
 #include "pagedattn/c_api.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/cuda.h"
+#include "pagedattn/cuda_ops.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
