@@ -120,17 +120,6 @@ void run_both(AttentionCase& c, const CudaPlanOptions& options = {}) {
   device.download();
 }
 
-std::string describe(const CaseSpec& s) {
-  std::ostringstream os;
-  os << "seed " << s.seed << " heads (" << s.num_qo_heads << "," << s.num_kv_heads << ") dims ("
-     << s.head_dim << "," << s.v_head_dim << ") page " << s.page_size << " q/o/kv "
-     << dtype_name(s.q_dtype) << "/" << dtype_name(s.o_dtype) << "/" << dtype_name(s.kv_dtype)
-     << (s.layout == KVLayout::kHND ? " HND" : " NHD") << " causal " << s.options.causal
-     << " window " << s.options.window_left << " softcap " << s.options.softcap << " alibi "
-     << s.alibi << " sinks " << s.sinks << " batch " << s.kv_lens.size();
-  return os.str();
-}
-
 // The kernels' rounding: decode rows multiply in f32 (the output's rounding
 // and exp's few ulp); prefill rows multiply on tensor cores with queries and
 // softmax weights rounded to bf16 (bf16 K/V) or f16 (8 or 11 significant
@@ -191,12 +180,12 @@ TEST(CudaAttention, MatchesReferenceOnRandomMatrix) {
   PAGEDATTN_REQUIRE_GPU();
   for (std::uint32_t seed = 1; seed <= 120; ++seed) {
     const CaseSpec spec = random_spec(seed);
-    SCOPED_TRACE(describe(spec));
+    SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
     CudaPlanOptions options;
     options.min_kv_chunk = seed % 2 ? 32 : 256;  // split often
     run_both(c, options);
-    expect_rows_close(c, cuda_tolerance(spec), describe(spec));
+    expect_rows_close(c, cuda_tolerance(spec), describe_case(spec));
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -221,10 +210,10 @@ TEST(CudaAttention, EveryDtypeTripleMatchesReference) {
         spec.o_dtype = o;
         spec.kv_dtype = k;
         spec.per_head_fp8_scales = seed % 2 == 0;
-        SCOPED_TRACE(describe(spec));
+        SCOPED_TRACE(describe_case(spec));
         AttentionCase c(spec);
         run_both(c);
-        expect_rows_close(c, cuda_tolerance(spec), describe(spec));
+        expect_rows_close(c, cuda_tolerance(spec), describe_case(spec));
       }
 }
 
@@ -245,10 +234,10 @@ TEST(CudaAttention, LatentShapesMatchReference) {
       spec.page_size = 64;
       spec.q_dtype = spec.o_dtype = DType::kBF16;
       spec.kv_dtype = DType::kBF16;
-      SCOPED_TRACE(describe(spec));
+      SCOPED_TRACE(describe_case(spec));
       AttentionCase c(spec);
       run_both(c);
-      expect_rows_close(c, cuda_tolerance(spec), describe(spec));
+      expect_rows_close(c, cuda_tolerance(spec), describe_case(spec));
     }
 }
 
@@ -265,7 +254,7 @@ TEST(CudaAttention, PagedEqualsContiguous) {
     options.fixed_kv_chunk = 512;  // the same splits in both
     run_both(paged, options);
     run_both(contiguous, options);
-    EXPECT_EQ(paged.output(1), contiguous.output(1)) << describe(spec);
+    EXPECT_EQ(paged.output(1), contiguous.output(1)) << describe_case(spec);
   }
 }
 

@@ -365,18 +365,7 @@ CaseSpec decode_spec(std::uint32_t seed) {
 }
 
 std::string describe(const CaseSpec& s, std::int32_t kv_chunk) {
-  std::string batch;
-  for (std::size_t b = 0; b < s.kv_lens.size(); ++b)
-    batch += " " + std::to_string(s.q_lens[b]) + "/" + std::to_string(s.kv_lens[b]);
-  return "seed " + std::to_string(s.seed) + " heads " + std::to_string(s.num_qo_heads) + "/" +
-         std::to_string(s.num_kv_heads) + " dims " + std::to_string(s.head_dim) + "/" +
-         std::to_string(s.v_head_dim) + " kv " + std::string(dtype_name(s.kv_dtype)) + " q " +
-         std::string(dtype_name(s.q_dtype)) + " o " + std::string(dtype_name(s.o_dtype)) +
-         (s.layout == KVLayout::kHND ? " HND" : " NHD") + " page " + std::to_string(s.page_size) +
-         " causal " + std::to_string(s.options.causal) + " window " +
-         std::to_string(s.options.window_left) + " softcap " + std::to_string(s.options.softcap) +
-         " alibi " + std::to_string(s.alibi) + " sinks " + std::to_string(s.sinks) + " kv_chunk " +
-         std::to_string(kv_chunk) + " q/kv lens" + batch;
+  return describe_case(s) + " kv_chunk " + std::to_string(kv_chunk);
 }
 
 RowTolerance decode_tolerance(const CaseSpec& s) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <sstream>
 
 #include "attention_peak.h"
 #include "support/random_floats.h"
@@ -376,6 +377,20 @@ void for_each_highway_target(const std::function<void(std::int64_t)>& body) {
     hwy::SetSupportedTargetsForTest(target);
     body(target);
   }
+}
+
+std::string describe_case(const CaseSpec& s) {
+  std::ostringstream os;
+  os << "seed " << s.seed << " heads (" << s.num_qo_heads << "," << s.num_kv_heads << ") dims ("
+     << s.head_dim << "," << s.v_head_dim << ") page " << s.page_size << " q/o/kv "
+     << dtype_name(s.q_dtype) << "/" << dtype_name(s.o_dtype) << "/" << dtype_name(s.kv_dtype)
+     << (s.layout == KVLayout::kHND ? " HND" : " NHD") << " causal " << s.options.causal
+     << " window " << s.options.window_left << " softcap " << s.options.softcap << " scale "
+     << s.options.scale.value_or(0.0f) << " alibi " << s.alibi << " sinks " << s.sinks
+     << " key_rope " << s.key_rope << " q/kv lens";
+  for (std::size_t b = 0; b < s.kv_lens.size(); ++b)
+    os << " " << s.q_lens[b] << "/" << s.kv_lens[b];
+  return os.str();
 }
 
 }  // namespace pagedattn::testing

@@ -35,6 +35,9 @@ struct CaseSpec {
   std::uint32_t seed = 1;
 };
 
+// Every field of a spec on one line, for failure messages.
+std::string describe_case(const CaseSpec& spec);
+
 // Owns every buffer a paged_attention call needs.
 class AttentionCase {
  public:

@@ -15,18 +15,6 @@
 namespace pagedattn::testing {
 namespace {
 
-std::string describe(const CaseSpec& s) {
-  std::ostringstream os;
-  os << "seed " << s.seed << " heads (" << s.num_qo_heads << "," << s.num_kv_heads << ") dims ("
-     << s.head_dim << "," << s.v_head_dim << ") page " << s.page_size << " q/o/kv "
-     << dtype_name(s.q_dtype) << "/" << dtype_name(s.o_dtype) << "/" << dtype_name(s.kv_dtype)
-     << (s.layout == KVLayout::kHND ? " HND" : " NHD") << " causal " << s.options.causal
-     << " window " << s.options.window_left << " softcap " << s.options.softcap << " alibi "
-     << s.alibi << " sinks " << s.sinks << " key_rope " << s.key_rope << " batch "
-     << s.kv_lens.size();
-  return os.str();
-}
-
 // A random case from the matrix, kept small enough for ASan runs.
 CaseSpec random_spec(std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -82,13 +70,13 @@ TEST(AttentionKernel, MatchesReferenceOnRandomMatrix) {
   const std::uint32_t cases = test::kAddressSanitizer ? 64 : 160;
   for (std::uint32_t seed = 1; seed <= cases; ++seed) {
     const CaseSpec spec = random_spec(seed);
-    SCOPED_TRACE(describe(spec));
+    SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
     AttentionPlanOptions po;
     po.num_threads = 1 + seed % 3;
     po.min_kv_chunk = 32;  // split often
     run_both(c, po);
-    expect_close(c, describe(spec));
+    expect_close(c, describe_case(spec));
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -113,10 +101,10 @@ TEST(AttentionKernel, EveryDtypeTripleMatchesReference) {
         spec.o_dtype = o;
         spec.kv_dtype = k;
         spec.per_head_fp8_scales = seed % 2 == 0;
-        SCOPED_TRACE(describe(spec));
+        SCOPED_TRACE(describe_case(spec));
         AttentionCase c(spec);
         run_both(c, AttentionPlanOptions{2, 32, 16});
-        expect_close(c, describe(spec));
+        expect_close(c, describe_case(spec));
       }
 }
 
@@ -138,10 +126,10 @@ TEST(AttentionKernel, HeadDimsNotMultipleOf8StayInsideTheirRows) {
         spec.page_size = 4;
         spec.kv_dtype = k;
         spec.layout = layout;
-        SCOPED_TRACE(describe(spec));
+        SCOPED_TRACE(describe_case(spec));
         AttentionCase c(spec);
         run_both(c, AttentionPlanOptions{2, 0, 16});
-        expect_close(c, describe(spec));
+        expect_close(c, describe_case(spec));
       }
 }
 
@@ -149,7 +137,7 @@ TEST(AttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
   for_each_highway_target([](std::int64_t target) {
     for (std::uint32_t seed = 1000; seed < 1012; ++seed) {
       const CaseSpec spec = random_spec(seed);
-      SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + describe(spec));
+      SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + describe_case(spec));
       AttentionCase c(spec);
       run_both(c, AttentionPlanOptions{2, 0, 16});
       expect_close(c, hwy::TargetName(target));
@@ -180,7 +168,7 @@ TEST(AttentionKernel, PrefillTilesMatchReferenceOnEveryTarget) {
         spec.kv_dtype = k;
         spec.options.causal = seed % 2 == 0;
         spec.per_head_fp8_scales = seed % 3 == 0;
-        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + describe(spec));
+        SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + describe_case(spec));
         AttentionCase c(spec);
         run_both(c, AttentionPlanOptions{2, 0, 16});
         expect_close(c, hwy::TargetName(target));
@@ -191,7 +179,7 @@ TEST(AttentionKernel, PrefillTilesMatchReferenceOnEveryTarget) {
 TEST(AttentionKernel, PagedEqualsContiguousBitwise) {
   for (std::uint32_t seed = 2000; seed < 2030; ++seed) {
     const CaseSpec spec = random_spec(seed);
-    SCOPED_TRACE(describe(spec));
+    SCOPED_TRACE(describe_case(spec));
     AttentionCase paged(spec);
     AttentionCase flat = paged.contiguous();
     AttentionPlanOptions po{1, 0, 256};
@@ -207,7 +195,7 @@ TEST(AttentionKernel, PagedEqualsContiguousBitwise) {
 TEST(AttentionKernel, RepeatedRunsGiveTheSameBitsWhicheverThreadTakesAnItem) {
   for (std::uint32_t seed = 3000; seed < 3012; ++seed) {
     const CaseSpec spec = random_spec(seed);
-    SCOPED_TRACE(describe(spec));
+    SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
     AttentionPlanOptions po;
     po.num_threads = 3;

@@ -31,18 +31,6 @@ namespace attention_targets_test {  // this file's own names in a unity batch
 
 // --- cases -------------------------------------------------------------------------------
 
-std::string describe(const CaseSpec& s) {
-  std::ostringstream os;
-  os << "seed " << s.seed << " heads " << s.num_qo_heads << "x" << s.num_kv_heads << " dim "
-     << s.head_dim << " page " << s.page_size << " q/o/kv " << dtype_name(s.q_dtype) << "/"
-     << dtype_name(s.o_dtype) << "/" << dtype_name(s.kv_dtype) << " causal " << s.options.causal
-     << " scale " << s.options.scale.value_or(0.0f) << " q_lens";
-  for (std::int32_t q : s.q_lens) os << " " << q;
-  os << " kv_lens";
-  for (std::int32_t k : s.kv_lens) os << " " << k;
-  return os.str();
-}
-
 enum class Mode { kDecode, kChunkedPrefill, kPrefill };
 
 // A small random case of `mode` with KV dtype `kv`: a few sequences, key
@@ -116,7 +104,7 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
                                      static_cast<std::uint32_t>(mode) * 100 +
                                      static_cast<std::uint32_t>(kv) * 10 + k;
           const CaseSpec spec = random_case(mode, kv, seed);
-          const std::string what = name + " " + describe(spec);
+          const std::string what = name + " " + describe_case(spec);
           SCOPED_TRACE(what);
           AttentionCase c(spec);
           paged_attention_reference(c.params(0));
@@ -302,7 +290,7 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
       ++seed;
       const CaseSpec spec =
           DecodeGroupCase(kv, group, seed, dims[seed % 7], pages[seed % 4], 130, DType::kBF16);
-      const std::string what = describe(spec);
+      const std::string what = describe_case(spec);
       SCOPED_TRACE(what);
       AttentionCase c(spec);
       paged_attention_reference(c.params(0));
@@ -342,7 +330,7 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
         CaseSpec spec = DecodeGroupCase(kv, group, seed, dims[seed % 7], pages[seed % 4], 530,
                                         variant % 2 ? DType::kF32 : DType::kBF16);
         if (variant >= 2) spec.options.scale = 0.3f;
-        const std::string what = describe(spec);
+        const std::string what = describe_case(spec);
         SCOPED_TRACE(what);
         AttentionCase c(spec);
         paged_attention_reference(c.params(0));
@@ -504,7 +492,7 @@ TEST(AttentionInt8Dot, TakenOnVnniWithinTolerance) {
     spec.head_dim = shape.head_dim;
     spec.kv_dtype = DType::kINT8;
     spec.key_rope = shape.key_rope;
-    SCOPED_TRACE(describe(spec));
+    SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
     run_with_and_without_int8(c);
     const bool taken = shape.taken && has_int8_dot(used);
@@ -549,7 +537,7 @@ TEST(AttentionInt8Dot, TailsMatchReference) {
     spec.options.softcap = pick(0.0f, 0.0f, 30.0f);
     spec.alibi = pick(false, true);
     spec.sinks = pick(false, true);
-    SCOPED_TRACE(describe(spec));
+    SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
     paged_attention_reference(c.params(0));
     AttentionRunner(AttentionPlanOptions{.num_threads = 2, .int8_products = true}).run(c.params(1));
@@ -636,7 +624,7 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
       spec.sinks = seed % 3 == 1;
       spec.q_lens = {sh.q_len, sh.q_len};
       spec.kv_lens = {sh.kv_len, std::max(sh.q_len, sh.kv_len / 3)};
-      const std::string what = describe(spec);
+      const std::string what = describe_case(spec);
       SCOPED_TRACE(what);
       AttentionCase c(spec);
       paged_attention_reference(c.params(0));
