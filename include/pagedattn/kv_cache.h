@@ -231,9 +231,10 @@ struct SequenceOp {
 using SequenceObserver = std::function<void(const SequenceOp&)>;
 // --- page transfer (disaggregated prefill/decode) ------------------------------
 // The K/V bytes of a sequence's pages as contiguous byte runs of this cache's
-// storage, per layer, in one canonical order: the K blocks of its pages in
-// logical order, then the V blocks, then (int8) the K and then the V token
-// scales. Whole pages are listed (a partial last page too); runs of
+// storage, per layer, in one canonical order: the K pages of the sequence in
+// logical order, then its V pages (an int8 K page carries the page's K and
+// V token scales after its K block, so every page is two runs, K and V, one
+// under MLA). Whole pages are listed (a partial last page too); runs of
 // neighbouring pages are merged. Two caches with equal configs list byte
 // streams of equal length for the same token count, so a sender's stream
 // lands in a receiver's pages whatever their page ids (page ids are remapped:

@@ -46,9 +46,17 @@ struct PagedKVStorage {
   float k_scale = 1.0f, v_scale = 1.0f;  // fp8: one scale per tensor
   const float* k_head_scales = nullptr;  // fp8: [num_kv_heads] per-head scales (override)
   const float* v_head_scales = nullptr;  // fp8: [num_kv_heads]
-  float* k_token_scales = nullptr;       // int8: [num_pages][num_kv_heads][page_size]
+  float* k_token_scales = nullptr;       // int8: per page [num_kv_heads][page_size]
   float* v_token_scales = nullptr;       // int8: same shape
-  bool v_in_k = false;                   // MLA: V is the head of each K row, nothing stored for V
+  // int8: floats from one page's token scales to the next page's, K and V
+  // alike (see token_scale_index). 0 means num_kv_heads * page_size: dense
+  // [num_pages][num_kv_heads][page_size] arrays. PagedKVCache keeps a page's
+  // K and V scales right after its K block, inside the K page stride (a K
+  // page is [K block][K scales][V scales], so a page is two contiguous runs,
+  // K and V): there this is k_page_stride / 4 and both scale pointers point
+  // into k_data (see token_scales_in_k_pages).
+  std::int64_t token_scale_page_stride = 0;
+  bool v_in_k = false;  // MLA: V is the head of each K row, nothing stored for V
   // fp8 e4m3 only (ignored otherwise), optional: [num_pages] nonzero where a
   // written slot of the page may hold a NaN code (S.1111.111). With it,
   // attention decodes the blocks whose pages are all zero without mapping
@@ -58,10 +66,24 @@ struct PagedKVStorage {
   // that changes owner may be zeroed (PagedKVCache does both for its pages).
   std::uint8_t* page_may_hold_nan = nullptr;
 
-  // Index of (page, head, slot) in the int8 token-scale arrays.
+  // Floats between consecutive pages' token scales (token_scale_page_stride
+  // resolved: never 0).
+  constexpr std::int64_t token_scale_page_step() const {
+    return token_scale_page_stride != 0 ? token_scale_page_stride
+                                        : std::int64_t{num_kv_heads} * page_size;
+  }
+  // Index of (page, head, slot) in the int8 token-scale arrays: a page's
+  // scales are [num_kv_heads][page_size] contiguous floats.
   constexpr std::int64_t token_scale_index(std::int64_t page, std::int64_t head,
                                            std::int64_t slot) const {
-    return (page * num_kv_heads + head) * page_size + slot;
+    return page * token_scale_page_step() + head * page_size + slot;
+  }
+  // int8: whether each page's K and V token scales lie inside that page's
+  // k_page_stride bytes from k_offset(page, 0, 0), so a copy of whole K
+  // pages carries them (PagedKVCache's storage). False for other dtypes and
+  // for scales in arrays of their own.
+  bool token_scales_in_k_pages() const {
+    return token_scales_in_k_page(k_token_scales) && token_scales_in_k_page(v_token_scales);
   }
   // Dequantisation scale of K / V at (page, head, slot); 1 for float storage.
   constexpr float k_dequant(std::int64_t page, std::int64_t head, std::int64_t slot) const {
@@ -135,6 +157,19 @@ struct PagedKVStorage {
     v_scale = k_scale;
     v_head_scales = k_head_scales;
     v_token_scales = k_token_scales;
+  }
+
+ private:
+  // Whether page 0's [num_kv_heads][page_size] scales at `scales` lie in K
+  // page 0 (int8 elements are bytes), pages being token_scale_page_step()
+  // floats apart as K pages are.
+  bool token_scales_in_k_page(const float* scales) const {
+    if (dtype != DType::kINT8 || k_data == nullptr || scales == nullptr) return false;
+    const std::int64_t scale_bytes = std::int64_t{num_kv_heads} * page_size * 4;
+    const auto at = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(scales) -
+                                              reinterpret_cast<std::uintptr_t>(k_data));
+    return token_scale_page_step() * 4 == k_page_stride && at >= 0 &&
+           at + scale_bytes <= k_page_stride;
   }
 };
 

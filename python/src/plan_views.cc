@@ -96,7 +96,8 @@ constexpr const char* kStorageDoc =
 dtype float32 / float16 / int8 as such; bfloat16 and float8 as ml_dtypes
 arrays (raw uint16 / uint8 bits without ml_dtypes). Dequantised value =
 stored * scale: int8 has k_scales / v_scales [num_pages, Hkv, page_size]
-float32 (one per token and head); fp8 has k_scale / v_scale, or per-head
+float32 (one per token and head; strided views: a page's scales sit in its
+K page, after its K block); fp8 has k_scale / v_scale, or per-head
 k_head_scales / v_head_scales [Hkv] (copies). The arrays are writable views
 of the cache's memory and keep the cache alive. They bypass the cache's
 lock: do not write pages other sequences hold, and do not use them while
@@ -122,7 +123,7 @@ LayerStorage layer_storage_views(const PagedKVStorage& s, const py::object& owne
   const auto token_scales = [&](float* data) -> OptionalFloat32Array {
     if (s.dtype != DType::kINT8) return py::none();
     return storage_view(data, py::dtype::of<float>(), {pages, heads, slots},
-                        {heads * slots, slots, 1}, owner);
+                        {static_cast<py::ssize_t>(s.token_scale_page_step()), slots, 1}, owner);
   };
   return LayerStorage{
       .k = storage_view(s.k_data, dtype, shape(s.head_dim),

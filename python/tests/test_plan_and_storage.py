@@ -327,6 +327,8 @@ def test_int8_storage_has_per_token_scales():
     run_step(cache, np.random.default_rng(7), [0], [3])
     st = cache.layer_storage(1)
     assert st.k.dtype == np.int8 and st.k_scales.shape == (32, HKV, 4)
+    # A page's scales sit in its K page, after the K block: one page stride.
+    assert st.k_scales.strides == (st.k.strides[0], 4 * 4, 4) == st.v_scales.strides
     page = cache.sequence_pages(0)[0]
     k, _ = cache.get_kv(0, 0, 3)
     # Dequantised storage (stored * scale) is what get_kv reads.

@@ -21,9 +21,11 @@ void append_run(std::vector<std::span<std::byte>>& runs, std::byte* data, std::i
   runs.emplace_back(data, static_cast<std::size_t>(bytes));
 }
 
-// The canonical byte order of `pages` in one layer: K blocks, V blocks, then
-// (int8) K token scales and V token scales, each in logical page order. MLA
-// storage (V inside K) has no V blocks or V scales.
+// The canonical byte order of `pages` in one layer: K pages, then V pages,
+// each in logical order. An int8 K page holds the page's K and V token
+// scales after its K block (PageStorage::layer), so they travel with it: a
+// page is two runs whatever its dtype. MLA storage (V inside K) has no V
+// pages.
 std::vector<std::span<std::byte>> layer_runs(const PagedKVStorage& s,
                                              const std::vector<std::int32_t>& pages) {
   const auto elem = static_cast<std::int64_t>(dtype_size(s.dtype));
@@ -34,13 +36,6 @@ std::vector<std::span<std::byte>> layer_runs(const PagedKVStorage& s,
     append_run(runs, k + s.k_offset(p, 0, 0) * elem, s.k_page_stride * elem);
   for (std::int32_t p : pages)
     if (!s.v_in_k) append_run(runs, v + s.v_offset(p, 0, 0) * elem, s.v_page_stride * elem);
-  if (s.k_token_scales == nullptr) return runs;
-  const std::int64_t scale_bytes = std::int64_t{s.num_kv_heads} * s.page_size * 4;
-  float* const scale_arrays[] = {s.k_token_scales, s.v_token_scales};
-  for (std::size_t a = 0; a < (s.v_in_k ? 1u : 2u); ++a)
-    for (std::int32_t p : pages)
-      append_run(runs, reinterpret_cast<std::byte*>(scale_arrays[a] + s.token_scale_index(p, 0, 0)),
-                 scale_bytes);
   return runs;
 }
 

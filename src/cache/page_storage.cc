@@ -14,29 +14,49 @@
 namespace pagedattn::cache {
 namespace {
 
-std::int64_t k_bytes_per_page(const KVCacheConfig& c) {
-  return std::int64_t{c.page_size} * c.num_kv_heads * c.head_dim *
-         static_cast<std::int64_t>(dtype_size(c.kv_dtype));
-}
 bool has_v(const KVCacheConfig& c) {
   return c.attention_kind != AttentionKind::kMLA;
 }
-std::int64_t v_bytes_per_page(const KVCacheConfig& c) {
-  if (!has_v(c)) return 0;
-  return std::int64_t{c.page_size} * c.num_kv_heads * c.v_head_dim *
+
+std::int64_t round_up(std::int64_t bytes, std::int64_t to) {
+  return (bytes + to - 1) / to * to;
+}
+
+// int8 keeps a float scale per token and head for K and for V (MLA: for its
+// one row): one such block of each per page.
+std::int64_t scale_bytes_per_page(const KVCacheConfig& c) {
+  return c.kv_dtype == DType::kINT8 ? std::int64_t{c.page_size} * c.num_kv_heads * 4 : 0;
+}
+
+// Bytes of one page's block of `dim`-element rows (K or V).
+std::int64_t block_bytes(const KVCacheConfig& c, std::int32_t dim) {
+  return std::int64_t{c.page_size} * c.num_kv_heads * dim *
          static_cast<std::int64_t>(dtype_size(c.kv_dtype));
 }
 
-// int8 keeps a float scale per token and head beside each page, for K and
-// V (MLA: for its one row).
-std::int64_t scale_bytes_per_page(const KVCacheConfig& c) {
-  return c.kv_dtype == DType::kINT8 ? std::int64_t{c.page_size} * c.num_kv_heads * 4 : 0;
+// Where an int8 page's K token scales start inside its K page: after the K
+// block, 16-byte aligned. The V token scales follow them.
+std::int64_t k_scales_offset(const KVCacheConfig& c) {
+  return round_up(block_bytes(c, c.head_dim), 16);
+}
+
+// One page's K stride in bytes: the K block, then (int8) the page's K and V
+// token scales, rounded up to a 64-byte line so that a page never starts
+// less aligned than the block alone would (no padding where blocks and
+// scales fill whole lines, as with page_size 16).
+std::int64_t k_bytes_per_page(const KVCacheConfig& c) {
+  if (c.kv_dtype != DType::kINT8) return block_bytes(c, c.head_dim);
+  return round_up(k_scales_offset(c) + (has_v(c) ? 2 : 1) * scale_bytes_per_page(c), 64);
+}
+// One page's V stride in bytes: the V block (MLA: none).
+std::int64_t v_bytes_per_page(const KVCacheConfig& c) {
+  return has_v(c) ? block_bytes(c, c.v_head_dim) : 0;
 }
 
 }  // namespace
 
 std::int64_t PageStorage::layer_page_bytes(const KVCacheConfig& c) {
-  return k_bytes_per_page(c) + v_bytes_per_page(c) + (has_v(c) ? 2 : 1) * scale_bytes_per_page(c);
+  return k_bytes_per_page(c) + v_bytes_per_page(c);
 }
 
 std::int64_t PageStorage::page_bytes(const KVCacheConfig& c) {
@@ -116,12 +136,14 @@ PageStorage::~PageStorage() {
   backend_->release(base_, bytes);
 }
 
-// A layer's region: [K pages][V pages][K token scales][V token scales]
-// (MLA: [rows][row token scales]).
+// A layer's region: its K pages, then its V pages (MLA: rows only). An int8
+// K page is [K block][K token scales][V token scales][padding]: one K page
+// stride holds everything of the page but its V block, for any v_head_dim
+// (K and V share token_scale_page_stride), so a page moves as two
+// contiguous runs, K and V, as with float storage.
 PagedKVStorage PageStorage::layer(std::int32_t layer) const {
   std::byte* k = layer_base(layer);
   std::byte* v = k + k_page_bytes_ * config_.num_pages;
-  std::byte* scales = v + v_page_bytes_ * config_.num_pages;
   const KVCacheConfig& c = config_;
   // fp8 per-head scales: the config's (host), or their device copy.
   const float* k_heads = c.k_head_scales.empty() ? nullptr : c.k_head_scales.data();
@@ -130,12 +152,19 @@ PagedKVStorage PageStorage::layer(std::int32_t layer) const {
     k_heads = k_heads ? device_head_scales_ : nullptr;
     v_heads = v_heads ? device_head_scales_ + c.k_head_scales.size() : nullptr;
   }
+  // int8: elements are bytes, so the K page stride is k_page_bytes_.
+  auto* const k_scales = reinterpret_cast<float*>(k + k_scales_offset(c));
+  const std::int64_t scale_stride = k_page_bytes_ / static_cast<std::int64_t>(sizeof(float));
   if (c.attention_kind == AttentionKind::kMLA) {
     PagedKVStorage s = PagedKVStorage::latent(k, c.kv_dtype, c.layout, c.page_size, c.head_dim,
                                               c.v_head_dim, c.num_pages);
     s.k_scale = c.k_scale;
     s.k_head_scales = k_heads;
-    if (scale_page_bytes_ > 0) s.k_token_scales = reinterpret_cast<float*>(scales);
+    if (scale_page_bytes_ > 0) {
+      s.k_page_stride = s.v_page_stride = k_page_bytes_;
+      s.k_token_scales = k_scales;
+      s.token_scale_page_stride = scale_stride;
+    }
     s.share_k_scales_with_v();
     s.page_may_hold_nan = nan_flags(layer);
     return s;
@@ -148,8 +177,10 @@ PagedKVStorage PageStorage::layer(std::int32_t layer) const {
   s.k_head_scales = k_heads;
   s.v_head_scales = v_heads;
   if (scale_page_bytes_ > 0) {
-    s.k_token_scales = reinterpret_cast<float*>(scales);
-    s.v_token_scales = reinterpret_cast<float*>(scales + scale_page_bytes_ * c.num_pages);
+    s.k_page_stride = k_page_bytes_;
+    s.k_token_scales = k_scales;
+    s.v_token_scales = k_scales + scale_page_bytes_ / static_cast<std::int64_t>(sizeof(float));
+    s.token_scale_page_stride = scale_stride;
   }
   return s;
 }

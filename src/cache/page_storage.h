@@ -1,5 +1,6 @@
 // PageStorage owns the K/V bytes of every layer: per layer, num_pages K pages,
-// num_pages V pages, then (int8 only) their per-token-head scales. A CPU
+// then num_pages V pages; an int8 K page holds the page's per-token-head K
+// and V scales after its K block (layer() says how). A CPU
 // cache's memory comes from an anonymous mapping, so untouched pages cost
 // nothing and read as zero; a device cache's from its KVDeviceBackend (zeroed
 // too), and every byte moves through the backend. All offsets are 64-bit.
@@ -84,7 +85,7 @@ class PageStorage {
   std::shared_ptr<KVDeviceBackend> backend_;
   std::int64_t k_page_bytes_ = 0;
   std::int64_t v_page_bytes_ = 0;
-  std::int64_t scale_page_bytes_ = 0;  // int8 token scales of one page, K or V
+  std::int64_t scale_page_bytes_ = 0;  // int8 token scales of one page, K or V (in its K page)
   std::int64_t layer_bytes_ = 0;
   std::int64_t total_bytes_ = 0;
   std::byte* base_ = nullptr;

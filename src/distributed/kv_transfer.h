@@ -3,8 +3,9 @@
 // described by a derived datatype over the sequence's page runs
 // (PagedKVCache::outgoing_pages on the sender, reserve_incoming on the
 // receiver), so MPI reads the K/V blocks from the sender's page storage and
-// writes them into the receiver's. Runs shorter than a threshold (int8 token
-// scales of scattered pages: a few hundred bytes each) go through a staging
+// writes them into the receiver's. Runs shorter than a threshold (small
+// pages of scattered sequences; an int8 cache keeps its token scales inside
+// its K pages, so they add no runs of their own) go through a staging
 // buffer instead: the sender packs each stretch of consecutive short runs
 // with memcpy into one block, the receiver unpacks it after the message
 // completes. OpenMPI's datatype engine pays per block, so this keeps the

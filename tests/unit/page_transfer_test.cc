@@ -115,7 +115,7 @@ TEST(KVTransfer, NeighbouringPagesMergeIntoOneRunPerComponent) {
   PagedKVCache kv(transfer_config(DType::kINT8, KVLayout::kHND));
   const KVPageRuns in = kv.reserve_incoming(1, 40);  // pages 0..4 of a fresh pool
   ASSERT_EQ(in.layers.size(), 2u);
-  EXPECT_EQ(in.layers[0].size(), 4u);  // K, V, K scales, V scales
+  EXPECT_EQ(in.layers[0].size(), 2u);  // K pages (with their K and V scales), V pages
   std::int64_t bytes = 0;
   for (std::span<std::byte> run : in.layers[1]) bytes += std::ssize(run);
   EXPECT_EQ(bytes, in.layer_bytes);
@@ -123,12 +123,67 @@ TEST(KVTransfer, NeighbouringPagesMergeIntoOneRunPerComponent) {
   kv.cancel_incoming(1);
 }
 
-TEST(KVTransfer, MlaPagesAreOneRunOfRowsAndOneOfScales) {
+TEST(KVTransfer, MlaPagesAreOneRunOfRowsWithTheirScales) {
   PagedKVCache kv(transfer_config(DType::kINT8, KVLayout::kHND, AttentionKind::kMLA));
   const KVPageRuns in = kv.reserve_incoming(1, 40);
-  ASSERT_EQ(in.layers[0].size(), 2u);  // the rows, their scales: no V anywhere
+  ASSERT_EQ(in.layers[0].size(), 1u);  // rows and scales side by side: no V anywhere
   EXPECT_EQ(in.total_bytes(), kv.bytes_per_page() * 5);
   kv.cancel_incoming(1);
+}
+
+// An int8 page keeps its token scales inside its K page: a fragmented
+// sequence (no two pages neighbours) is two runs per page and layer, K and
+// V, as with f16 (it was four: K, V, K scales, V scales), one under MLA;
+// and it still arrives bit-identical in a receiver whose pages are in order.
+TEST(KVTransfer, FragmentedInt8PagesAreTwoRunsEachAsF16) {
+  for (const auto kind : {AttentionKind::kMHA, AttentionKind::kMLA})
+    for (const DType dtype : {DType::kF16, DType::kINT8}) {
+      SCOPED_TRACE(::testing::Message()
+                   << dtype_name(dtype) << (kind == AttentionKind::kMLA ? " MLA" : " MHA"));
+      const KVCacheConfig c = transfer_config(dtype, KVLayout::kNHD, kind);
+      PagedKVCache sender(c), receiver(c);
+      for (SeqId id = 1; id <= 32; ++id) fill_sequence(sender, id, 8, 100 * id);  // a page each
+      for (SeqId id = 2; id <= 32; id += 2) sender.remove_sequence(id);  // every other page free
+      fill_sequence(sender, 99, 8 * 15 + 3, 7);  // 16 pages, none a neighbour of another
+      const OutgoingKV out = sender.outgoing_pages(99);
+      ASSERT_EQ(out.runs.pages.size(), 16u);
+      const std::size_t per_page = kind == AttentionKind::kMLA ? 1 : 2;
+      for (const auto& layer : out.runs.layers) EXPECT_EQ(layer.size(), per_page * 16);
+      const KVPageRuns in = receiver.reserve_incoming(5, 8 * 15 + 3);  // pages 0..15: merged
+      for (const auto& layer : in.layers) EXPECT_EQ(layer.size(), per_page);
+      EXPECT_EQ(in.total_bytes(), receiver.bytes_per_page() * 16);
+      copy_runs(out.runs, in);
+      receiver.commit_incoming(5);
+      sender.release_outgoing(out.id);
+      const KVBuffers sent = read_kv(sender, 99, 0, 8 * 15 + 3);
+      const KVBuffers received = read_kv(receiver, 5, 0, 8 * 15 + 3);
+      EXPECT_EQ(sent.k, received.k);
+      EXPECT_EQ(sent.v, received.v);
+      receiver.check_invariants();
+    }
+}
+
+// PagedKVCache's int8 storage: each page's K and V token scales lie in its
+// K page, right after the K block, whatever v_head_dim.
+TEST(KVTransfer, Int8TokenScalesLieInTheKPages) {
+  for (const auto kind : {AttentionKind::kMHA, AttentionKind::kMLA}) {
+    PagedKVCache kv(transfer_config(DType::kINT8, KVLayout::kHND, kind));
+    const PagedKVStorage s = kv.layer_storage(1);
+    EXPECT_TRUE(s.token_scales_in_k_pages());
+    const std::int64_t scales = std::int64_t{s.num_kv_heads} * s.page_size;
+    EXPECT_EQ(s.token_scale_page_stride * 4, s.k_page_stride);
+    const auto* k = static_cast<const std::byte*>(s.k_data);
+    const std::int64_t k_block = std::int64_t{s.num_kv_heads} * s.page_size * s.head_dim;
+    EXPECT_EQ(reinterpret_cast<const std::byte*>(s.k_token_scales), k + k_block);
+    EXPECT_EQ(s.v_token_scales,
+              kind == AttentionKind::kMLA ? s.k_token_scales : s.k_token_scales + scales);
+    EXPECT_EQ(s.k_page_stride % 64, 0);
+    EXPECT_EQ(kv.bytes_per_page(),
+              kv.config().num_layers * (s.k_page_stride + (s.v_in_k ? 0 : s.v_page_stride)));
+  }
+  PagedKVCache f16(transfer_config(DType::kF16, KVLayout::kHND));
+  EXPECT_FALSE(f16.layer_storage(0).token_scales_in_k_pages());
+  EXPECT_EQ(f16.layer_storage(0).token_scale_page_stride, 0);
 }
 
 TEST(KVTransfer, CancelFreesEveryPageAndRestoresTheDigest) {

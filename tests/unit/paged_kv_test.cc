@@ -1,5 +1,6 @@
-// PagedKVStorage::dense strides and offsets (HND, NHD, 64-bit), and the
-// PagedKVTable key -> slot mapping with and without sink/gap arrays.
+// PagedKVStorage::dense strides and offsets (HND, NHD, 64-bit), int8
+// token-scale indexing with a page stride, and the PagedKVTable key -> slot
+// mapping with and without sink/gap arrays.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -51,6 +52,66 @@ static_assert(PagedKVStorage::dense(nullptr, nullptr, DType::kF32, KVLayout::kHN
                   .k_offset(0, 1, 2) == 1 * 32 + 2 * 8);
 static_assert(PagedKVStorage::dense(nullptr, nullptr, DType::kF32, KVLayout::kNHD, 4, 2, 8, 8, 1)
                   .k_offset(0, 1, 2) == 1 * 8 + 2 * 16);
+
+// int8 token scales: page p's [num_kv_heads][page_size] block starts
+// token_scale_page_stride floats after page p - 1's (0: dense arrays).
+TEST(PagedKVStorage, TokenScaleIndexHonoursThePageStride) {
+  PagedKVStorage s =
+      PagedKVStorage::dense(nullptr, nullptr, DType::kINT8, KVLayout::kHND, 16, 4, 64, 64, 10);
+  EXPECT_EQ(s.token_scale_page_stride, 0);
+  EXPECT_EQ(s.token_scale_page_step(), 4 * 16);
+  EXPECT_EQ(s.token_scale_index(3, 2, 5), 3 * 64 + 2 * 16 + 5);
+  s.token_scale_page_stride = 1152;  // 4,096-byte K block + K and V scales, in floats
+  EXPECT_EQ(s.token_scale_page_step(), 1152);
+  EXPECT_EQ(s.token_scale_index(0, 2, 5), 2 * 16 + 5);
+  EXPECT_EQ(s.token_scale_index(3, 2, 5), 3 * 1152 + 2 * 16 + 5);
+  EXPECT_EQ(s.token_scale_index(std::int64_t{1} << 32, 0, 0), std::int64_t{1152} << 32);
+  // k_dequant / v_dequant read through it.
+  std::vector<float> k(2 * 1152, 0.0f), v(2 * 1152, 0.0f);
+  k[1152 + 2 * 16 + 5] = 0.5f;
+  v[1152 + 3 * 16 + 15] = 0.25f;
+  s.k_token_scales = k.data();
+  s.v_token_scales = v.data();
+  EXPECT_EQ(s.k_dequant(1, 2, 5), 0.5f);
+  EXPECT_EQ(s.v_dequant(1, 3, 15), 0.25f);
+}
+
+static_assert([] {
+  PagedKVStorage s =
+      PagedKVStorage::dense(nullptr, nullptr, DType::kINT8, KVLayout::kNHD, 4, 2, 8, 8, 3);
+  s.token_scale_page_stride = 20;
+  return s.token_scale_index(2, 1, 3) == 2 * 20 + 1 * 4 + 3;
+}());
+
+// token_scales_in_k_pages: both scale blocks of a page inside its K page.
+TEST(PagedKVStorage, TokenScalesInKPagesNeedTheKPageStride) {
+  constexpr std::int32_t kPs = 16, kHeads = 2, kDim = 8, kPages = 3;
+  constexpr std::int64_t kBlock = kPs * kHeads * kDim, kScales = kPs * kHeads;  // bytes, floats
+  constexpr std::int64_t kStride = kBlock + 2 * kScales * 4;                    // bytes
+  std::vector<float> words(kPages * kStride / 4);
+  auto* k = reinterpret_cast<std::int8_t*>(words.data());
+  std::vector<std::int8_t> v(kPages * kBlock);
+  PagedKVStorage s = PagedKVStorage::dense(k, v.data(), DType::kINT8, KVLayout::kHND, kPs, kHeads,
+                                           kDim, kDim, kPages);
+  s.k_page_stride = kStride;
+  s.k_token_scales = words.data() + kBlock / 4;
+  s.v_token_scales = s.k_token_scales + kScales;
+  s.token_scale_page_stride = kStride / 4;
+  EXPECT_TRUE(s.token_scales_in_k_pages());
+  PagedKVStorage other = s;
+  other.token_scale_page_stride = 0;  // dense arrays: pages kScales floats apart
+  EXPECT_FALSE(other.token_scales_in_k_pages());
+  other = s;
+  other.v_token_scales = s.k_token_scales + 2 * kScales;  // past the K page
+  EXPECT_FALSE(other.token_scales_in_k_pages());
+  std::vector<float> separate(kPages * kScales);
+  other = s;
+  other.k_token_scales = separate.data();
+  EXPECT_FALSE(other.token_scales_in_k_pages());
+  other = s;
+  other.dtype = DType::kFP8E4M3;
+  EXPECT_FALSE(other.token_scales_in_k_pages());
+}
 
 // Every element (page, head, slot, dim) of a dense storage has a distinct
 // offset, and together they cover [0, pages * page_stride) exactly.

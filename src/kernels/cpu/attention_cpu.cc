@@ -235,8 +235,8 @@ void RowPointers(const Item& it, const BlockSlots& bs, std::int32_t h, const voi
 }
 
 // Row pointers of KV head h for the block. Its int8 token scales are only
-// prefetched here, a head-block before ReadScales reads them (they live in
-// their own arrays, a line per page and head: read now, each would wait on
+// prefetched here, a head-block before ReadScales reads them (they lie apart
+// from the rows, a line per page and head: read now, each would wait on
 // DRAM).
 template <DType kT>
 void GatherBlock(const Item& it, const BlockSlots& bs, std::int32_t h, KeyBlock& kb) {

@@ -506,6 +506,18 @@ void CUDART_CB mark_host_flags(void* data) {
     std::fill_n(update->flags + run.dst, run.count, std::uint8_t{1});
 }
 
+// Whether the copy of whole K pages already moves every int8 token scale:
+// both sides keep them inside their K pages, at the same place
+// (PagedKVCache's storage).
+bool token_scales_ride_with_k(const PagedKVStorage& src, const PagedKVStorage& dst) {
+  const auto at = [](const PagedKVStorage& s, const float* scales) {
+    return reinterpret_cast<std::uintptr_t>(scales) - reinterpret_cast<std::uintptr_t>(s.k_data);
+  };
+  return src.token_scales_in_k_pages() && dst.token_scales_in_k_pages() &&
+         at(src, src.k_token_scales) == at(dst, dst.k_token_scales) &&
+         at(src, src.v_token_scales) == at(dst, dst.v_token_scales);
+}
+
 // Enqueues the copies of one run: K, V, int8 token scales, NaN flags where
 // both sides keep them (else on the host-to-device side a conservative 1).
 void swap_run(const PagedKVStorage& src, const PagedKVStorage& dst, const PageRun& run,
@@ -523,15 +535,23 @@ void swap_run(const PagedKVStorage& src, const PagedKVStorage& dst, const PageRu
   if (!src.v_in_k)
     copy(dst.v_data, dst.v_offset(run.dst, 0, 0) * es, src.v_data, src.v_offset(run.src, 0, 0) * es,
          run.count * src.v_page_stride * es, "cudaMemcpyAsync of V pages");
-  if (src.dtype == DType::kINT8) {
-    const std::int64_t bytes =
-        run.count * src.num_kv_heads * src.page_size * static_cast<std::int64_t>(sizeof(float));
+  if (src.dtype == DType::kINT8 && !token_scales_ride_with_k(src, dst)) {
+    // One copy per run where both sides' scale arrays are dense, else one per page.
+    const std::int64_t per_page = std::int64_t{src.num_kv_heads} * src.page_size;
+    const bool dense =
+        src.token_scale_page_step() == per_page && dst.token_scale_page_step() == per_page;
+    const std::int64_t pages_per_copy = dense ? run.count : 1;
+    const std::int64_t bytes = pages_per_copy * per_page * static_cast<std::int64_t>(sizeof(float));
     const auto sf = static_cast<std::int64_t>(sizeof(float));
-    copy(dst.k_token_scales, dst.token_scale_index(run.dst, 0, 0) * sf, src.k_token_scales,
-         src.token_scale_index(run.src, 0, 0) * sf, bytes, "cudaMemcpyAsync of K token scales");
-    if (!src.v_in_k)
-      copy(dst.v_token_scales, dst.token_scale_index(run.dst, 0, 0) * sf, src.v_token_scales,
-           src.token_scale_index(run.src, 0, 0) * sf, bytes, "cudaMemcpyAsync of V token scales");
+    for (std::int64_t i = 0; i < run.count; i += pages_per_copy) {
+      copy(dst.k_token_scales, dst.token_scale_index(run.dst + i, 0, 0) * sf, src.k_token_scales,
+           src.token_scale_index(run.src + i, 0, 0) * sf, bytes,
+           "cudaMemcpyAsync of K token scales");
+      if (!src.v_in_k)
+        copy(dst.v_token_scales, dst.token_scale_index(run.dst + i, 0, 0) * sf, src.v_token_scales,
+             src.token_scale_index(run.src + i, 0, 0) * sf, bytes,
+             "cudaMemcpyAsync of V token scales");
+    }
   }
   if (!keeps_nan_flags(dst)) return;
   if (keeps_nan_flags(src)) {
