@@ -2,6 +2,9 @@
 // answers with an error, which device_count() turns into 0.
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+
 #include "pagedattn/cuda.h"
 #include "pagedattn/errors.h"
 
@@ -27,14 +30,12 @@ std::string no_device_reason() {
   return count == 0 ? "the CUDA runtime sees no device" : "";
 }
 
-DeviceInfo current_device_info() {
-  require<Unsupported>(device_count() > 0, "pagedattn::cuda: no CUDA device (", no_device_reason(),
-                       ")");
-  int device = 0;
+namespace {
+
+DeviceInfo read_device_info(int device) {
   cudaDeviceProp prop{};
   int shared_optin = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
           cudaSuccess)
     throw Error(ErrorCode::kInternal, std::string("pagedattn::cuda: reading the device's "
@@ -48,6 +49,25 @@ DeviceInfo current_device_info() {
   info.max_shared_bytes_per_block = static_cast<std::size_t>(shared_optin);
   info.global_bytes = prop.totalGlobalMem;
   return info;
+}
+
+}  // namespace
+
+// Read once per device: cudaGetDeviceProperties takes milliseconds, and the
+// planner asks on every plan that does not give the SM count itself.
+DeviceInfo current_device_info() {
+  require<Unsupported>(device_count() > 0, "pagedattn::cuda: no CUDA device (", no_device_reason(),
+                       ")");
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess)
+    throw Error(ErrorCode::kInternal, std::string("pagedattn::cuda: cudaGetDevice failed: ") +
+                                          cudaGetErrorString(cudaGetLastError()));
+  static std::mutex mutex;
+  static std::map<int, DeviceInfo> known;
+  const std::lock_guard lock(mutex);
+  auto it = known.find(device);
+  if (it == known.end()) it = known.emplace(device, read_device_info(device)).first;
+  return it->second;
 }
 
 }  // namespace pagedattn::cuda
