@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 
+#include "kernels/cuda/cuda_check.h"
 #include "pagedattn/cuda.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_device.h"
@@ -16,10 +17,9 @@
 namespace pagedattn::cuda {
 namespace {
 
+// This file's context for the backend's shared check (cuda_check.h).
 void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(ErrorCode::kInternal, std::string("pagedattn::cuda::kv_device_backend: ") + what +
-                                          " failed: " + cudaGetErrorString(status));
+  detail::check_cuda(status, "pagedattn::cuda::kv_device_backend", what);
 }
 
 // An allocation the device (or host) has no room for: OutOfPages, as a
@@ -27,13 +27,14 @@ void check_cuda(cudaError_t status, const char* what) {
 void check_allocation(cudaError_t status, const char* what, std::size_t bytes) {
   if (status == cudaErrorMemoryAllocation) {
     cudaGetLastError();  // not sticky: clear it so later calls start clean
-    throw OutOfPages(detail::concat("pagedattn::cuda::kv_device_backend: ", what, " of ", bytes,
-                                    " bytes failed: out of memory"));
+    throw OutOfPages(::pagedattn::detail::concat("pagedattn::cuda::kv_device_backend: ", what,
+                                                 " of ", bytes, " bytes failed: out of memory"));
   }
   if (status == cudaErrorNoDevice || status == cudaErrorInsufficientDriver) {
     cudaGetLastError();
-    throw Unsupported(detail::concat("pagedattn::cuda::kv_device_backend: ", what,
-                                     " failed: no CUDA device (", cudaGetErrorString(status), ")"));
+    throw Unsupported(::pagedattn::detail::concat("pagedattn::cuda::kv_device_backend: ", what,
+                                                  " failed: no CUDA device (",
+                                                  cudaGetErrorString(status), ")"));
   }
   check_cuda(status, what);
 }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.h"
 #include "ops/op_checks.h"
 #include "ops/op_support.h"
 #include "ops/ort_translate.h"
@@ -40,12 +41,7 @@ cudaStream_t as_cuda(Stream stream) {
   return static_cast<cudaStream_t>(stream);
 }
 
-void check_cuda(cudaError_t status, const char* call, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(
-        ErrorCode::kInternal,
-        ::pagedattn::detail::concat(call, ": ", what, " failed: ", cudaGetErrorString(status)));
-}
+using detail::check_cuda;
 
 // The attention kernels take no f32 K/V; refused before any CUDA call.
 void refuse_float32_kv(const char* call, const char* name, DType dtype) {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_args.h"
 #include "kernels/cuda/dtype.cuh"
 #include "pagedattn/errors.h"
@@ -847,10 +848,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// This file's context for the backend's shared check (cuda_check.h).
 void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(ErrorCode::kInternal,
-                std::string("decode attention: ") + what + ": " + cudaGetErrorString(status));
+  detail::check_cuda(status, "decode attention", what);
 }
 
 template <DType kKV>

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/cuda/cuda_check.h"
 #include "pagedattn/cuda.h"
 #include "pagedattn/errors.h"
 
@@ -24,10 +25,9 @@ namespace {
 
 // --- CUDA errors --------------------------------------------------------------------
 
+// This file's context for the backend's shared check (cuda_check.h).
 void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(ErrorCode::kInternal,
-                std::string("pagedattn::cuda: ") + what + " failed: " + cudaGetErrorString(status));
+  detail::check_cuda(status, "pagedattn::cuda", what);
 }
 
 // After a <<<>>> launch: a bad configuration shows up here.

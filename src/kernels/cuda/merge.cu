@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_args.h"
 #include "kernels/cuda/dtype.cuh"
 #include "pagedattn/cuda.h"
@@ -24,9 +25,9 @@ constexpr int kStatesThreads = 256;  // cuda_merge_states: one warp per row
 constexpr int kStatesMaxBlocks = 1 << 16;
 constexpr float kInf = __builtin_huge_valf();
 
+// This file's context for the backend's shared check (cuda_check.h).
 void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(ErrorCode::kInternal, std::string(what) + ": " + cudaGetErrorString(status));
+  detail::check_cuda(status, "merge attention", what);
 }
 
 // One CTA per (merge task, row): blockIdx.x = task * max_rows + row; CTAs
@@ -173,7 +174,7 @@ void cuda_merge_states(const float* v_a, const float* s_a, const float* v_b, con
   detail::
       merge_states_kernel<<<grid, detail::kStatesThreads, 0, static_cast<cudaStream_t>(stream)>>>(
           v_a, s_a, v_b, s_b, v_out, s_out, num_rows, dim);
-  detail::check_cuda(cudaGetLastError(), "cuda_merge_states: merge_states_kernel launch");
+  detail::check_cuda(cudaGetLastError(), "cuda_merge_states", "merge_states_kernel launch");
 }
 
 }  // namespace pagedattn::cuda

@@ -33,6 +33,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_args.h"
 #include "kernels/cuda/dtype.cuh"
 #include "pagedattn/errors.h"
@@ -779,10 +780,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // --- host side ---------------------------------------------------------------------
 
+// This file's context for the backend's shared check (cuda_check.h).
 void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(ErrorCode::kInternal,
-                std::string("launch_prefill: ") + what + ": " + cudaGetErrorString(status));
+  detail::check_cuda(status, "launch_prefill", what);
 }
 
 template <DType kKv, int kVTiles>

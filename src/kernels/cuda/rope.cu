@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/dtype.cuh"
 #include "pagedattn/cuda.h"
 #include "pagedattn/errors.h"
@@ -16,10 +17,9 @@
 namespace pagedattn::cuda {
 namespace {
 
+// This file's context for the backend's shared check (cuda_check.h).
 void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw Error(ErrorCode::kInternal,
-                std::string("pagedattn::cuda: ") + what + " failed: " + cudaGetErrorString(status));
+  detail::check_cuda(status, "pagedattn::cuda", what);
 }
 
 // Pairs whose frequencies travel with the launch (rotary_dim <= 512).
