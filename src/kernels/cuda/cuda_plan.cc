@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/device_args.h"
 #include "kernels/validate.h"
+#include "kernels/visible_keys.h"
 #include "pagedattn/cuda.h"
 #include "pagedattn/errors.h"
 
@@ -33,22 +34,6 @@ void refuse_unsupported(const AttentionParams& p) {
                        "CUDA; rotate keys when appending them (cuda_apply_rope)");
   require<Unsupported>(!p.tree_mask.active(),
                        "plan_cuda_attention: token-tree masks are not served on CUDA");
-}
-
-// Keys [begin, end) that any query of tokens [q_begin, q_end) of sequence b
-// may see (causal and window limits; the kernels mask per row inside).
-std::pair<std::int32_t, std::int32_t> visible_keys(const AttentionParams& p, std::int32_t b,
-                                                   std::int32_t q_begin, std::int32_t q_end) {
-  const PagedKVTable& t = p.table;
-  const std::int64_t kv_len = t.kv_lens[b];
-  const std::int64_t first_pos = kv_len - t.q_len(b) + q_begin;
-  const std::int64_t last_pos = kv_len - t.q_len(b) + q_end - 1;
-  std::int64_t end = p.options.causal ? std::min<std::int64_t>(kv_len, last_pos + 1) : kv_len;
-  std::int64_t begin =
-      p.options.window_left >= 0 ? std::max<std::int64_t>(0, first_pos - p.options.window_left) : 0;
-  end = std::max<std::int64_t>(end, 0);
-  begin = std::min(begin, end);
-  return {static_cast<std::int32_t>(begin), static_cast<std::int32_t>(end)};
 }
 
 std::int32_t rows_of(const CudaWorkItem& w) {
@@ -88,7 +73,8 @@ std::vector<Tile> make_tiles(const AttentionParams& p, std::int32_t group) {
           w.qo_head_end = std::min(h + heads, (kv_head + 1) * group);
           w.q_begin = q;
           w.q_end = std::min(q_len, q + tokens);
-          std::tie(w.kv_begin, w.kv_end) = visible_keys(p, b, w.q_begin, w.q_end);
+          std::tie(w.kv_begin, w.kv_end) =
+              kernels::visible_keys(p.table, p.options, b, w.q_begin, w.q_end);
           tiles.push_back({w, decode ? CudaKernel::kDecode : CudaKernel::kPrefill});
         }
   }
