@@ -116,16 +116,6 @@ py::object dlpack_numpy_dtype(const dlpack::DataType& type, const char* name) {
   return numpy().attr("dtype")(detail::concat(kind, type.bits / 8));
 }
 
-// Release a managed tensor once the array over its data is collected.
-void release_managed(void* managed) {
-  auto* m = static_cast<dlpack::Managed*>(managed);
-  if (m->deleter) m->deleter(m);
-}
-void release_managed_versioned(void* managed) {
-  auto* m = static_cast<dlpack::ManagedVersioned*>(managed);
-  if (m->deleter) m->deleter(m);
-}
-
 // A NumPy array over a DLPack producer's memory, without a copy: it owns
 // the producer's managed tensor (consumed from the capsule, as the protocol
 // wants) and keeps the producer's strides; read-only when the producer
@@ -138,28 +128,10 @@ py::array from_dlpack(py::handle obj, const char* name) {
     if (!e.matches(PyExc_TypeError)) throw;
     capsule = obj.attr("__dlpack__")();  // a producer from before DLPack 1.0
   }
-  PyObject* raw = capsule.ptr();
-  py::capsule owner;
-  const dlpack::Tensor* t = nullptr;
-  bool read_only = false;
-  if (PyCapsule_IsValid(raw, "dltensor_versioned")) {
-    auto* m =
-        static_cast<dlpack::ManagedVersioned*>(PyCapsule_GetPointer(raw, "dltensor_versioned"));
-    if (m->version.major != 1)  // not consumed: the capsule releases it
-      throw py::type_error(detail::concat(name, " is DLPack ", m->version.major, ".",
-                                          m->version.minor, ", expected version 1.x"));
-    PyCapsule_SetName(raw, "used_dltensor_versioned");
-    owner = py::capsule(m, release_managed_versioned);
-    t = &m->tensor;
-    read_only = (m->flags & dlpack::kReadOnlyFlag) != 0;
-  } else if (PyCapsule_IsValid(raw, "dltensor")) {
-    auto* m = static_cast<dlpack::Managed*>(PyCapsule_GetPointer(raw, "dltensor"));
-    PyCapsule_SetName(raw, "used_dltensor");
-    owner = py::capsule(m, release_managed);
-    t = &m->tensor;
-  } else {
-    throw py::type_error(detail::concat(name, ".__dlpack__() returned no DLPack capsule"));
-  }
+  const ConsumedDlpack consumed = consume_dlpack_capsule(capsule, name);
+  const auto* t = static_cast<const dlpack::Tensor*>(consumed.tensor);
+  const py::capsule& owner = consumed.owner;
+  const bool read_only = consumed.read_only;
   if (!dlpack::host_device(t->device.type))
     throw py::type_error(detail::concat(name, " is on DLPack device (", t->device.type, ", ",
                                         t->device.id,
@@ -183,7 +155,37 @@ py::array from_dlpack(py::handle obj, const char* name) {
   return array;
 }
 
+// Release a managed tensor once its owner capsule is collected.
+void release_managed(void* managed) {
+  auto* m = static_cast<dlpack::Managed*>(managed);
+  if (m->deleter) m->deleter(m);
+}
+void release_managed_versioned(void* managed) {
+  auto* m = static_cast<dlpack::ManagedVersioned*>(managed);
+  if (m->deleter) m->deleter(m);
+}
+
 }  // namespace
+
+ConsumedDlpack consume_dlpack_capsule(const py::object& capsule, const std::string& name) {
+  PyObject* raw = capsule.ptr();
+  if (PyCapsule_IsValid(raw, "dltensor_versioned")) {
+    auto* m =
+        static_cast<dlpack::ManagedVersioned*>(PyCapsule_GetPointer(raw, "dltensor_versioned"));
+    if (m->version.major != 1)  // not consumed: the capsule releases it
+      throw py::type_error(detail::concat(name, " is DLPack ", m->version.major, ".",
+                                          m->version.minor, ", expected version 1.x"));
+    PyCapsule_SetName(raw, "used_dltensor_versioned");
+    return {&m->tensor, (m->flags & dlpack::kReadOnlyFlag) != 0,
+            py::capsule(m, release_managed_versioned)};
+  }
+  if (PyCapsule_IsValid(raw, "dltensor")) {
+    auto* m = static_cast<dlpack::Managed*>(PyCapsule_GetPointer(raw, "dltensor"));
+    PyCapsule_SetName(raw, "used_dltensor");
+    return {&m->tensor, false, py::capsule(m, release_managed)};
+  }
+  throw py::type_error(detail::concat(name, ".__dlpack__() returned no DLPack capsule"));
+}
 
 std::optional<DType> dtype_tag(const py::array& array) {
   return tag_of(array.dtype());

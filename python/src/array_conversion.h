@@ -31,6 +31,17 @@ namespace py = pybind11;
 // TypeError naming `name` for anything else, or for memory not on the CPU.
 py::array as_array(py::handle obj, const char* name);
 
+// A DLPack capsule consumed as the protocol wants (renamed "used_..."): its
+// tensor, whether the producer marked it read-only, and a capsule that
+// releases the managed tensor when collected. TypeError naming `name` for
+// anything but a DLPack 1.x or pre-1.0 capsule.
+struct ConsumedDlpack {
+  const void* tensor = nullptr;  // a dlpack::Tensor (python/src/dlpack_abi.h)
+  bool read_only = false;
+  py::capsule owner;
+};
+ConsumedDlpack consume_dlpack_capsule(const py::object& capsule, const std::string& name);
+
 // The library dtype a raw-bits array read from DLPack without ml_dtypes is
 // tagged with (NumPy dtype metadata), if any.
 std::optional<DType> dtype_tag(const py::array& array);

@@ -203,15 +203,6 @@ std::string shape_string(const DeviceTensor& t) {
   return s + "]";
 }
 
-void release_managed(void* managed) {
-  auto* m = static_cast<dlpack::Managed*>(managed);
-  if (m->deleter) m->deleter(m);
-}
-void release_managed_versioned(void* managed) {
-  auto* m = static_cast<dlpack::ManagedVersioned*>(managed);
-  if (m->deleter) m->deleter(m);
-}
-
 // Reads the tensors of one call: each view stays valid while the reader
 // lives (it owns the consumed capsules, whose collection calls the
 // producers' deleters). Destroy it with the GIL held.
@@ -314,24 +305,9 @@ class TensorReader {
   // Consumes the capsule (renamed "used_...", as the protocol wants) and
   // keeps its managed tensor until the reader is destroyed.
   std::pair<const dlpack::Tensor*, bool> consume(const py::object& capsule, const char* name) {
-    PyObject* raw = capsule.ptr();
-    if (PyCapsule_IsValid(raw, "dltensor_versioned")) {
-      auto* m =
-          static_cast<dlpack::ManagedVersioned*>(PyCapsule_GetPointer(raw, "dltensor_versioned"));
-      if (m->version.major != 1)  // not consumed: the capsule releases it
-        throw py::type_error(concat(call_, ": ", name, " is DLPack ", m->version.major, ".",
-                                    m->version.minor, ", expected version 1.x"));
-      PyCapsule_SetName(raw, "used_dltensor_versioned");
-      owners_.emplace_back(m, release_managed_versioned);
-      return {&m->tensor, (m->flags & dlpack::kReadOnlyFlag) != 0};
-    }
-    if (PyCapsule_IsValid(raw, "dltensor")) {
-      auto* m = static_cast<dlpack::Managed*>(PyCapsule_GetPointer(raw, "dltensor"));
-      PyCapsule_SetName(raw, "used_dltensor");
-      owners_.emplace_back(m, release_managed);
-      return {&m->tensor, false};
-    }
-    throw py::type_error(concat(call_, ": ", name, ".__dlpack__() returned no DLPack capsule"));
+    ConsumedDlpack consumed = consume_dlpack_capsule(capsule, concat(call_, ": ", name));
+    owners_.push_back(std::move(consumed.owner));
+    return {static_cast<const dlpack::Tensor*>(consumed.tensor), consumed.read_only};
   }
 
   const char* call_;
