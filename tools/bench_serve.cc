@@ -283,6 +283,7 @@ int run_bench_serve(int argc, char** argv) {
   ec.enable_prefix_caching = o.prefix_caching;
   ec.host_kv_memory_bytes = o.host_kv_memory_mib > 0 ? kv_memory_bytes(o.host_kv_memory_mib) : 0;
   ec.bf16_products = o.bf16_products;
+  ec.exact_products = o.exact_products;
   ec.int8_activations = o.int8_activations;
   ec.seed = o.seed;
   Engine engine(ec);
@@ -336,6 +337,7 @@ int run_bench_serve(int argc, char** argv) {
         {"prefix_caching", o.prefix_caching},
         {"host_kv_memory_mib", o.host_kv_memory_mib},
         {"bf16_products", o.bf16_products},
+        {"exact_products", o.exact_products},
         {"int8_activations", o.int8_activations},
         {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};

@@ -242,6 +242,13 @@ void add_bf16_products_flag(CLI::App& app, bool& allowed) {
                "bf16; default off)");
 }
 
+void add_exact_products_flag(CLI::App& app, bool& exact) {
+  app.add_flag("--exact-products", exact,
+               "f32 attention products for fp8 KV too (default: fp8 KV attention on bf16 or f16 "
+               "products where they measure faster on this CPU; their rounding is below the "
+               "fp8 values' own)");
+}
+
 void add_int8_activations_flag(CLI::App& app, bool& on) {
   app.add_flag("--int8-activations", on,
                "quantised weights take activations rounded to int8 per 32 values in batches of "

@@ -70,6 +70,7 @@ std::unique_ptr<CLI::App> generate_flags(GenerateOptions& o) {
   add_tensor_parallel_flag(*app, o.tensor_parallel);
   add_int8_activations_flag(*app, o.int8_activations);
   add_bf16_products_flag(*app, o.bf16_products);
+  flags::add_exact_products_flag(*app, o.exact_products);
   app->add_flag("--check-tensors", o.check_tensors,
                 "refuse a model whose weights hold NaN or Inf, naming the tensor (one more pass "
                 "over the weights at load)");
@@ -139,6 +140,7 @@ int run_generate(int argc, char** argv) {
   ec.kv_memory_bytes = static_cast<std::int64_t>(o.kv_memory_mib * (1 << 20));
   ec.int8_activations = o.int8_activations;
   ec.bf16_products = o.bf16_products;
+  ec.exact_products = o.exact_products;
   SamplingParams params;
   params.max_tokens = o.max_tokens;
   params.temperature = o.temperature;

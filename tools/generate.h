@@ -32,6 +32,7 @@ struct GenerateOptions {
   bool check_tensors = false;        // scan the weights for NaN / Inf before generating
   bool int8_activations = false;     // EngineConfig::int8_activations
   bool bf16_products = false;        // EngineConfig::bf16_products
+  bool exact_products = false;       // EngineConfig::exact_products
   bool help = false;
 };
 

@@ -132,6 +132,20 @@ struct AttentionPlanOptions {
   // an infinity or NaN in K; so do work items whose queries are not
   // finite. Off: f32 products.
   bool f16_products = false;
+  // Decode and prefill over fp8 KV (e4m3, e5m2) may take the bf16 paths
+  // above without bf16_products, and e4m3 decode the f16 path without
+  // f16_products: the queries and softmax weights are then rounded to 8 or
+  // 11 significant bits, finer than the 3 or 2 of the K and V they meet, so
+  // the results stay within the fp8 cache's own error (tested against the
+  // unquantised K/V; docs/design.md, "Product paths"). false: f32 products
+  // for fp8 KV unless a flag above allows others.
+  bool fp8_fast_products = true;
+  // The fast paths allowed above run only for the KV dtypes, head dims and
+  // phases (decode rows, prefill tiles) where they measured faster than f32
+  // products on this CPU: the first call for a shape times both on a small
+  // batch, once per process. false: wherever the CPU has them (the tests
+  // and benchmarks of one path).
+  bool measured_products = true;
 };
 
 // One unit of work: query tokens [q_begin, q_end) of sequence `batch` (offsets
@@ -164,6 +178,9 @@ struct AttentionPlan {
   bool bf16_products = false;  // AttentionPlanOptions::bf16_products (never with batch_invariant)
   bool int8_products = false;  // AttentionPlanOptions::int8_products (never with batch_invariant)
   bool f16_products = false;   // AttentionPlanOptions::f16_products (never with batch_invariant)
+  bool fp8_fast_products = false;  // AttentionPlanOptions::fp8_fast_products (never with
+                                   // batch_invariant)
+  bool measured_products = true;   // AttentionPlanOptions::measured_products
   // Longest first; each thread takes the next item as it finishes its last,
   // so a thread slowed by another tenant takes fewer. A row's result does
   // not depend on which thread runs its item.

@@ -187,6 +187,11 @@ struct EngineConfig {
   // under 1% of a row's largest output. Off: exact f32 products.
   // Deterministic mode keeps f32.
   bool f16_products = false;
+  // f32 attention products for fp8 KV too. Off (the default), fp8 KV
+  // attention runs on the bf16 or f16 paths above where they measured faster
+  // on this CPU (AttentionPlanOptions::fp8_fast_products): their rounding is
+  // below the fp8 values' own. Deterministic mode keeps f32.
+  bool exact_products = false;
   // Model products with quantised weights (GGUF Q4_0 ... Q6_K) take the
   // activations rounded to int8 per 32 values, as llama.cpp does, in
   // batches of at most 8 rows (decode of a few sequences): integer dot

@@ -67,7 +67,7 @@ class Engine:
            deterministic=False, seed=0, max_position=0, tokenizer=None,
            enable_prefix_caching=False, host_kv_memory_bytes=0, bf16_products=False,
            int8_products=False, f16_products=False, int8_activations=False,
-           check_tensors=False, parse_special_tokens=True)
+           exact_products=False, check_tensors=False, parse_special_tokens=True)
 
     model: a pagedattn.Model, a path to a Llama-family .gguf file (its
     tokenizer comes with it) or a synthetic preset name ("tiny", "small",
@@ -86,6 +86,10 @@ class Engine:
     f16_products: fp8 e4m3 and float16 KV decode on AVX512-FP16
     multiply-adds where the CPU has them (queries and softmax weights rounded
     to f16, short f16 sums; under 1% of a row's largest output).
+    exact_products: f32 attention products for fp8 KV too; by default fp8
+    KV attention takes the bf16 or f16 products where they measure faster on
+    this CPU (their rounding is below the fp8 values' own; docs/design.md,
+    "Product paths"; ignored in deterministic mode, which keeps f32).
     int8_activations: a GGUF model's quantised weights take the activations
     rounded to int8 per 32 values in batches of up to 8 rows, as llama.cpp
     (faster decode; logits move: top-1 agreement ~0.9 with f32 on
@@ -116,7 +120,8 @@ class Engine:
                  tokenizer=None, enable_prefix_caching: bool = False,
                  host_kv_memory_bytes: int = 0, bf16_products: bool = False,
                  int8_products: bool = False, f16_products: bool = False,
-                 int8_activations: bool = False, check_tensors: bool = False,
+                 int8_activations: bool = False, exact_products: bool = False,
+                 check_tensors: bool = False,
                  parse_special_tokens: bool = True):
         self.model, own_tokenizer = _resolve_model(model, max_position, check_tensors)
         self.tokenizer = tokenizer if tokenizer is not None else own_tokenizer
@@ -128,7 +133,7 @@ class Engine:
             enable_prefix_caching=enable_prefix_caching,
             host_kv_memory_bytes=host_kv_memory_bytes, bf16_products=bf16_products,
             int8_products=int8_products, f16_products=f16_products,
-            int8_activations=int8_activations)
+            int8_activations=int8_activations, exact_products=exact_products)
 
     def encode(self, prompt: Prompt) -> List[int]:
         """Token ids of a prompt: a list of ids as given, text through the

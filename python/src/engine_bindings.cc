@@ -505,38 +505,39 @@ void register_engine_class(py::module_& m) {
           "End-of-text token (-1: none); a sample stops there unless ignore_eos.");
 
   py::class_<PyEngine>(m, "Engine", "The C++ engine; use pagedattn.Engine.")
-      .def(
-          py::init(
-              [](const ModelHandle& model, std::int64_t kv_memory_bytes, std::int32_t page_size,
-                 const std::string& kv_dtype, std::int32_t max_num_seqs,
-                 std::int32_t max_num_batched_tokens, bool chunked_prefill, bool deterministic,
-                 std::uint64_t seed, bool enable_prefix_caching, std::int64_t host_kv_memory_bytes,
-                 bool bf16_products, bool int8_products, bool f16_products, bool int8_activations) {
-                EngineConfig c;
-                c.model = model.model;
-                c.kv_memory_bytes = kv_memory_bytes;
-                c.page_size = page_size;
-                c.kv_dtype = parse_dtype(kv_dtype);
-                c.max_num_seqs = max_num_seqs;
-                c.max_num_batched_tokens = max_num_batched_tokens;
-                c.chunked_prefill = chunked_prefill;
-                c.deterministic = deterministic;
-                c.seed = seed;
-                c.enable_prefix_caching = enable_prefix_caching;
-                c.host_kv_memory_bytes = host_kv_memory_bytes;
-                c.bf16_products = bf16_products;
-                c.int8_products = int8_products;
-                c.f16_products = f16_products;
-                c.int8_activations = int8_activations;
-                return std::make_unique<PyEngine>(c);
-              }),
-          py::arg("model"), py::kw_only(), py::arg("kv_memory_bytes"), py::arg("page_size"),
-          py::arg("kv_dtype"), py::arg("max_num_seqs"), py::arg("max_num_batched_tokens"),
-          py::arg("chunked_prefill"), py::arg("deterministic"), py::arg("seed"),
-          py::arg("enable_prefix_caching") = false, py::arg("host_kv_memory_bytes") = 0,
-          py::arg("bf16_products") = false, py::arg("int8_products") = false,
-          py::arg("f16_products") = false, py::arg("int8_activations") = false,
-          "The engine over model (see pagedattn.Engine).")
+      .def(py::init([](const ModelHandle& model, std::int64_t kv_memory_bytes,
+                       std::int32_t page_size, const std::string& kv_dtype,
+                       std::int32_t max_num_seqs, std::int32_t max_num_batched_tokens,
+                       bool chunked_prefill, bool deterministic, std::uint64_t seed,
+                       bool enable_prefix_caching, std::int64_t host_kv_memory_bytes,
+                       bool bf16_products, bool int8_products, bool f16_products,
+                       bool int8_activations, bool exact_products) {
+             EngineConfig c;
+             c.model = model.model;
+             c.kv_memory_bytes = kv_memory_bytes;
+             c.page_size = page_size;
+             c.kv_dtype = parse_dtype(kv_dtype);
+             c.max_num_seqs = max_num_seqs;
+             c.max_num_batched_tokens = max_num_batched_tokens;
+             c.chunked_prefill = chunked_prefill;
+             c.deterministic = deterministic;
+             c.seed = seed;
+             c.enable_prefix_caching = enable_prefix_caching;
+             c.host_kv_memory_bytes = host_kv_memory_bytes;
+             c.bf16_products = bf16_products;
+             c.int8_products = int8_products;
+             c.f16_products = f16_products;
+             c.int8_activations = int8_activations;
+             c.exact_products = exact_products;
+             return std::make_unique<PyEngine>(c);
+           }),
+           py::arg("model"), py::kw_only(), py::arg("kv_memory_bytes"), py::arg("page_size"),
+           py::arg("kv_dtype"), py::arg("max_num_seqs"), py::arg("max_num_batched_tokens"),
+           py::arg("chunked_prefill"), py::arg("deterministic"), py::arg("seed"),
+           py::arg("enable_prefix_caching") = false, py::arg("host_kv_memory_bytes") = 0,
+           py::arg("bf16_products") = false, py::arg("int8_products") = false,
+           py::arg("f16_products") = false, py::arg("int8_activations") = false,
+           py::arg("exact_products") = false, "The engine over model (see pagedattn.Engine).")
       .def("add_request", &PyEngine::add_request, py::arg("prompt_token_ids"), py::arg("params"),
            "Queues a request; returns its id.")
       .def("step", &PyEngine::step,

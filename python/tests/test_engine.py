@@ -62,6 +62,13 @@ def test_reduced_precision_products_serve_a_request_to_the_end():
     rid = engine.add_request(PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
     tokens, reason = collect(engine)[rid][0]
     assert len(tokens) == 6 and reason == "length"
+    # fp8 KV: bf16 / f16 products where they measure faster (the default)
+    # and f32 products throughout (exact_products).
+    for exact in (False, True):
+        engine = tiny_engine(kv_dtype="float8_e4m3fn", exact_products=exact)
+        rid = engine.add_request(PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
+        tokens, reason = collect(engine)[rid][0]
+        assert len(tokens) == 6 and reason == "length"
 
 
 def test_llm_generate_equals_streaming_the_engine():

@@ -41,7 +41,7 @@ struct CacheShape {
   std::int64_t support_sliding_window = 0;
   std::int64_t enable_prefix_caching = 0;
   std::int64_t host_num_pages = 0;
-  std::int64_t bf16_products = 0, int8_products = 0, f16_products = 0;
+  std::int64_t bf16_products = 0, int8_products = 0, f16_products = 0, fp8_fast_products = 0;
 };
 
 // Runs f; on an exception prints it and ends every rank (another rank may
@@ -77,6 +77,7 @@ CacheShape shape_of(const KVCacheConfig& k) {
   s.bf16_products = k.attention_plan.bf16_products ? 1 : 0;
   s.int8_products = k.attention_plan.int8_products ? 1 : 0;
   s.f16_products = k.attention_plan.f16_products ? 1 : 0;
+  s.fp8_fast_products = k.attention_plan.fp8_fast_products ? 1 : 0;
   return s;
 }
 
@@ -103,6 +104,7 @@ KVCacheConfig follower_cache_config(const ModelSpec& spec, const CacheShape& lea
   k.attention_plan.bf16_products = leader.bf16_products != 0;
   k.attention_plan.int8_products = leader.int8_products != 0;
   k.attention_plan.f16_products = leader.f16_products != 0;
+  k.attention_plan.fp8_fast_products = leader.fp8_fast_products != 0;
   return k;
 }
 

@@ -72,7 +72,7 @@ TEST(AttentionKernel, MatchesReferenceOnRandomMatrix) {
     const CaseSpec spec = random_spec(seed);
     SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
-    AttentionPlanOptions po;
+    AttentionPlanOptions po{.fp8_fast_products = false, .measured_products = false};
     po.num_threads = 1 + seed % 3;
     po.min_kv_chunk = 32;  // split often
     run_both(c, po);
@@ -103,7 +103,7 @@ TEST(AttentionKernel, EveryDtypeTripleMatchesReference) {
         spec.per_head_fp8_scales = seed % 2 == 0;
         SCOPED_TRACE(describe_case(spec));
         AttentionCase c(spec);
-        run_both(c, AttentionPlanOptions{2, 32, 16});
+        run_both(c, AttentionPlanOptions{2, 32, 16, false, false, false, false, false});
         expect_close(c, describe_case(spec));
       }
 }
@@ -128,7 +128,7 @@ TEST(AttentionKernel, HeadDimsNotMultipleOf8StayInsideTheirRows) {
         spec.layout = layout;
         SCOPED_TRACE(describe_case(spec));
         AttentionCase c(spec);
-        run_both(c, AttentionPlanOptions{2, 0, 16});
+        run_both(c, AttentionPlanOptions{2, 0, 16, false, false, false, false, false});
         expect_close(c, describe_case(spec));
       }
 }
@@ -139,7 +139,7 @@ TEST(AttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
       const CaseSpec spec = random_spec(seed);
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + describe_case(spec));
       AttentionCase c(spec);
-      run_both(c, AttentionPlanOptions{2, 0, 16});
+      run_both(c, AttentionPlanOptions{2, 0, 16, false, false, false, false, false});
       expect_close(c, hwy::TargetName(target));
     }
   });
@@ -170,7 +170,7 @@ TEST(AttentionKernel, PrefillTilesMatchReferenceOnEveryTarget) {
         spec.per_head_fp8_scales = seed % 3 == 0;
         SCOPED_TRACE(std::string(hwy::TargetName(target)) + " " + describe_case(spec));
         AttentionCase c(spec);
-        run_both(c, AttentionPlanOptions{2, 0, 16});
+        run_both(c, AttentionPlanOptions{2, 0, 16, false, false, false, false, false});
         expect_close(c, hwy::TargetName(target));
       }
   });
@@ -182,7 +182,7 @@ TEST(AttentionKernel, PagedEqualsContiguousBitwise) {
     SCOPED_TRACE(describe_case(spec));
     AttentionCase paged(spec);
     AttentionCase flat = paged.contiguous();
-    AttentionPlanOptions po{1, 0, 256};
+    AttentionPlanOptions po{1, 0, 256, false, false, false, false, false};
     AttentionRunner(po).run(paged.params(1));
     AttentionRunner(po).run(flat.params(1));
     EXPECT_EQ(paged.output(1), flat.output(1));
@@ -197,7 +197,7 @@ TEST(AttentionKernel, RepeatedRunsGiveTheSameBitsWhicheverThreadTakesAnItem) {
     const CaseSpec spec = random_spec(seed);
     SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
-    AttentionPlanOptions po;
+    AttentionPlanOptions po{.fp8_fast_products = false, .measured_products = false};
     po.num_threads = 3;
     po.min_kv_chunk = 32;  // many items: splits and their merges
     AttentionRunner runner(po);
@@ -222,7 +222,7 @@ TEST(AttentionKernel, SplitKvMatchesUnsplit) {
   paged_attention_reference(c.params(0));  // once: every split must give it
   for (std::int32_t chunk : {0, 64, 100, 333, 5000}) {
     SCOPED_TRACE(chunk);
-    AttentionPlanOptions po{2, chunk, 256};
+    AttentionPlanOptions po{2, chunk, 256, false, false, false, false, false};
     AttentionRunner runner(po);
     runner.run(c.params(1));
     if (chunk > 0 && chunk < 2000) {
@@ -247,7 +247,7 @@ TEST(AttentionKernel, BatchInvariantRowKeepsItsBitsAloneOrInAChunk) {
     spec.head_dim = 128;
     spec.kv_dtype = kv;
     AttentionCase c(spec);
-    AttentionRunner runner(AttentionPlanOptions{2, 64, 256});
+    AttentionRunner runner(AttentionPlanOptions{2, 64, 256, false, false, false, false, false});
     runner.run(c.params(0));
     constexpr std::int32_t kLast = 11;
     const std::int32_t qo_indptr[2] = {0, 1};

@@ -72,8 +72,9 @@ TEST(AttentionPlan, OneLongDecodeIsSplitAcrossThreads) {
   Batch batch;
   batch.add(1, 32768);
   AttentionOptions opt;
-  const AttentionPlan plan = plan_attention(batch.table(), AttentionShape{8, 1, 128, 128}, opt,
-                                            AttentionPlanOptions{4, 0, 256});
+  const AttentionPlan plan =
+      plan_attention(batch.table(), AttentionShape{8, 1, 128, 128}, opt,
+                     AttentionPlanOptions{4, 0, 256, false, false, false, false, false});
   EXPECT_GE(plan.num_partials, 4);
   ASSERT_EQ(plan.merges.size(), 1u);
   const std::vector<std::int64_t> loads = thread_loads(plan);
@@ -85,7 +86,8 @@ TEST(AttentionPlan, ManyShortSequencesAreNotSplit) {
   Batch batch;
   for (int b = 0; b < 64; ++b) batch.add(1, 300 + b);
   const AttentionPlan plan =
-      plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
+      plan_attention(batch.table(), kShape, {},
+                     AttentionPlanOptions{2, 0, 256, false, false, false, false, false});
   EXPECT_EQ(plan.num_partials, 0);
   EXPECT_EQ(plan.items.size(), 64u);  // decode: one item per sequence, all KV heads
   for (const AttentionWorkItem& w : plan.items) EXPECT_EQ(w.kv_head_end - w.kv_head_begin, 8);
@@ -98,7 +100,8 @@ TEST(AttentionPlan, LoadIsBalancedForMixedBatches) {
   for (int b = 0; b < 7; ++b) batch.add(1, 1000);
   batch.add(200, 4000);
   const AttentionPlan plan =
-      plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
+      plan_attention(batch.table(), kShape, {},
+                     AttentionPlanOptions{2, 0, 256, false, false, false, false, false});
   const std::vector<std::int64_t> loads = thread_loads(plan);
   const std::int64_t a = loads[0], b = loads[1];
   EXPECT_LT(std::max(a, b), 1.15 * std::min(a, b)) << a << " vs " << b;
@@ -111,7 +114,8 @@ TEST(AttentionPlan, ItemsComeLongestFirst) {
   Batch batch;
   for (int b = 0; b < 40; ++b) batch.add(1, 100 + (b * 7919) % 3000);
   const AttentionPlan plan =
-      plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{2, 0, 256});
+      plan_attention(batch.table(), kShape, {},
+                     AttentionPlanOptions{2, 0, 256, false, false, false, false, false});
   ASSERT_EQ(plan.items.size(), 40u);
   for (std::size_t i = 1; i < plan.items.size(); ++i)
     EXPECT_GE(work(plan.items[i - 1]), work(plan.items[i])) << "item " << i;
@@ -143,8 +147,9 @@ TEST(AttentionPlan, WindowAndCausalLimitTheKeys) {
   batch.add(3, 1000);
   AttentionOptions opt;
   opt.window_left = 10;
-  const AttentionPlan plan = plan_attention(batch.table(), AttentionShape{4, 4, 64, 64}, opt,
-                                            AttentionPlanOptions{1, 0, 256});
+  const AttentionPlan plan =
+      plan_attention(batch.table(), AttentionShape{4, 4, 64, 64}, opt,
+                     AttentionPlanOptions{1, 0, 256, false, false, false, false, false});
   for (const AttentionWorkItem& w : plan.items) {
     EXPECT_EQ(w.kv_begin, 997 - 10);
     EXPECT_EQ(w.kv_end, 1000);
@@ -156,8 +161,9 @@ TEST(AttentionPlan, PrefillTilesQueriesAndCoversCausally) {
   batch.add(70, 70);
   batch.add(33, 100);
   batch.add(0, 5);
-  const AttentionPlan plan = plan_attention(batch.table(), AttentionShape{12, 2, 64, 64}, {},
-                                            AttentionPlanOptions{3, 0, 16});
+  const AttentionPlan plan =
+      plan_attention(batch.table(), AttentionShape{12, 2, 64, 64}, {},
+                     AttentionPlanOptions{3, 0, 16, false, false, false, false, false});
   for (const AttentionWorkItem& w : plan.items)
     EXPECT_LE((w.kv_head_end - w.kv_head_begin) * (w.q_end - w.q_begin) * 6, plan.max_rows);
   expect_exact_cover(batch, plan, true);
@@ -169,7 +175,8 @@ TEST(AttentionPlan, RejectsBadShapes) {
   batch.add(1, 10);
   EXPECT_THROW(plan_attention(batch.table(), AttentionShape{6, 4, 64, 64}, {}), InvalidArgument);
   EXPECT_THROW(plan_attention(batch.table(), AttentionShape{8, 8, 0, 64}, {}), InvalidArgument);
-  EXPECT_THROW(plan_attention(batch.table(), kShape, {}, AttentionPlanOptions{-1, 0, 256}),
+  EXPECT_THROW(plan_attention(batch.table(), kShape, {},
+                              AttentionPlanOptions{-1, 0, 256, false, false, false, false, false}),
                InvalidArgument);
 }
 

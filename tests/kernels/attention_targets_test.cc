@@ -121,7 +121,7 @@ TEST(AttentionTargets, EveryTargetMatchesReferenceOnRandomShapes) {
                                   Variant{0, true, false, false}, Variant{0, false, true, false},
                                   Variant{0, false, false, true}}) {
             AttentionRunner runner(
-                AttentionPlanOptions{2, v.fixed_chunk, 16, v.bf16, v.int8, v.f16});
+                AttentionPlanOptions{2, v.fixed_chunk, 16, v.bf16, v.int8, v.f16, false, false});
             runner.run(c.params(1));
             const AttentionPlan& plan = runner.last_plan();
             const DotProducts allowed{plan.bf16_products, plan.int8_products, plan.f16_products};
@@ -228,7 +228,9 @@ TEST(AttentionTargets, E4M3NanCodesGiveTheReferencesNaNsInDecode) {
       for (std::int64_t page = 0; flags == NanFlags::kSet && page < p.kv.num_pages; ++page)
         page_flags[std::size_t(page)] = kernels::page_holds_e4m3_nan(p.kv, page);
       if (flags != NanFlags::kNone) p.kv.page_may_hold_nan = page_flags.data();
-      AttentionRunner(AttentionPlanOptions{.num_threads = 2}).run(p);
+      AttentionRunner(AttentionPlanOptions{
+                          .num_threads = 2, .fp8_fast_products = false, .measured_products = false})
+          .run(p);
       const std::string what = name + " seed " + std::to_string(seed);
       if (flags == NanFlags::kClear) {
         for (float x : c.output(1)) ASSERT_TRUE(std::isfinite(x)) << what;
@@ -294,9 +296,15 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
       SCOPED_TRACE(what);
       AttentionCase c(spec);
       paged_attention_reference(c.params(0));
-      AttentionRunner(AttentionPlanOptions{.bf16_products = false}).run(c.params(1));
+      AttentionRunner(AttentionPlanOptions{.bf16_products = false,
+                                           .fp8_fast_products = false,
+                                           .measured_products = false})
+          .run(c.params(1));
       const std::vector<float> f32_path = c.output(1);
-      AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
+      AttentionRunner(AttentionPlanOptions{.bf16_products = true,
+                                           .fp8_fast_products = false,
+                                           .measured_products = false})
+          .run(c.params(1));
       expect_rows_close(c, tolerance_for(spec, used, {.bf16 = true}), what);
       EXPECT_NE(c.output(1), f32_path) << "bf16 products gave the f32 path's bits";
       if (::testing::Test::HasFailure()) return;
@@ -334,9 +342,15 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
         SCOPED_TRACE(what);
         AttentionCase c(spec);
         paged_attention_reference(c.params(0));
-        AttentionRunner(AttentionPlanOptions{.f16_products = false}).run(c.params(1));
+        AttentionRunner(AttentionPlanOptions{.f16_products = false,
+                                             .fp8_fast_products = false,
+                                             .measured_products = false})
+            .run(c.params(1));
         const std::vector<float> f32_path = c.output(1);
-        AttentionRunner(AttentionPlanOptions{.f16_products = true}).run(c.params(1));
+        AttentionRunner(AttentionPlanOptions{.f16_products = true,
+                                             .fp8_fast_products = false,
+                                             .measured_products = false})
+            .run(c.params(1));
         expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}), what);
         worst = std::max(worst, largest_row_error(c));
         const std::vector<float> got = c.output(1);
@@ -367,7 +381,11 @@ TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
     for (std::int32_t d = 0; d < spec.head_dim; ++d)
       *static_cast<std::uint16_t*>(KVElement(p, false, 0, 50, 1, d)) = float_to_f16_bits(60000.0f);
     paged_attention_reference(p);
-    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2,
+                                         .f16_products = true,
+                                         .fp8_fast_products = false,
+                                         .measured_products = false})
+        .run(c.params(1));
     expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}),
                       "K 60000 against queries of ones");
   }
@@ -382,7 +400,11 @@ TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
     *static_cast<std::uint16_t*>(KVElement(ref, poison.value, 0, 40, 1, 3)) =
         float_to_f16_bits(poison.x);
     paged_attention_reference(ref);
-    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2,
+                                         .f16_products = true,
+                                         .fp8_fast_products = false,
+                                         .measured_products = false})
+        .run(c.params(1));
     ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance,
                             std::string(poison.value ? "V " : "K ") + std::to_string(poison.x));
     if (::testing::Test::HasFailure()) return;
@@ -405,7 +427,11 @@ TEST(AttentionTargets, F16DecodeKeepsNaNBlocksAndNonFiniteQueriesOnF32) {
     *static_cast<std::uint8_t*>(KVElement(ref, seed % 2 == 0, 0, key, 1, 5)) =
         seed % 2 ? 0xFF : 0x7F;
     paged_attention_reference(ref);
-    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .f16_products = true}).run(c.params(1));
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2,
+                                         .f16_products = true,
+                                         .fp8_fast_products = false,
+                                         .measured_products = false})
+        .run(c.params(1));
     ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance, "seed " + std::to_string(seed));
     if (::testing::Test::HasFailure()) return;
   }
@@ -415,8 +441,14 @@ TEST(AttentionTargets, F16DecodeKeepsNaNBlocksAndNonFiniteQueriesOnF32) {
     AttentionCase c(spec);
     const_cast<float*>(static_cast<const float*>(c.params(0).q.data))[3] =
         bad;  // sequence 0, head 0
-    AttentionRunner(AttentionPlanOptions{.num_threads = 1}).run(c.params(0));
-    AttentionRunner(AttentionPlanOptions{.num_threads = 1, .f16_products = true}).run(c.params(1));
+    AttentionRunner(AttentionPlanOptions{
+                        .num_threads = 1, .fp8_fast_products = false, .measured_products = false})
+        .run(c.params(0));
+    AttentionRunner(AttentionPlanOptions{.num_threads = 1,
+                                         .f16_products = true,
+                                         .fp8_fast_products = false,
+                                         .measured_products = false})
+        .run(c.params(1));
     // Sequence 0's token (its item) keeps f32 products, sequence 1's not.
     const std::vector<float> off = c.output(0), on = c.output(1);
     const std::size_t token = std::size_t(spec.num_qo_heads) * std::size_t(spec.head_dim);
@@ -465,8 +497,14 @@ bool has_int8_dot(const CpuFeatures& used) {
 
 // The outputs of a case run with int8 products off (output 0) and on (1).
 void run_with_and_without_int8(AttentionCase& c) {
-  AttentionRunner(AttentionPlanOptions{.num_threads = 2}).run(c.params(0));
-  AttentionRunner(AttentionPlanOptions{.num_threads = 2, .int8_products = true}).run(c.params(1));
+  AttentionRunner(AttentionPlanOptions{
+                      .num_threads = 2, .fp8_fast_products = false, .measured_products = false})
+      .run(c.params(0));
+  AttentionRunner(AttentionPlanOptions{.num_threads = 2,
+                                       .int8_products = true,
+                                       .fp8_fast_products = false,
+                                       .measured_products = false})
+      .run(c.params(1));
 }
 
 // Int8 decode with int8 products allowed: on a VNNI machine the path is
@@ -540,7 +578,11 @@ TEST(AttentionInt8Dot, TailsMatchReference) {
     SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
     paged_attention_reference(c.params(0));
-    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .int8_products = true}).run(c.params(1));
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2,
+                                         .int8_products = true,
+                                         .fp8_fast_products = false,
+                                         .measured_products = false})
+        .run(c.params(1));
     expect_rows_close(c, tolerance_for(spec, used, {false, true}), "int8 products, tails");
     if (::testing::Test::HasFailure()) return;
   }
@@ -565,7 +607,10 @@ TEST(AttentionInt8Dot, NanTokenScalesGiveTheReferencesNaNs) {
         std::numeric_limits<float>::quiet_NaN();
     paged_attention_reference(ref);
     const bool products = seed % 4 >= 2;
-    AttentionRunner(AttentionPlanOptions{.num_threads = 2, .int8_products = products})
+    AttentionRunner(AttentionPlanOptions{.num_threads = 2,
+                                         .int8_products = products,
+                                         .fp8_fast_products = false,
+                                         .measured_products = false})
         .run(c.params(1));
     const double rel = products && has_int8_dot(used) ? int8_dot_row_tolerance(spec) + 1e-3 : 1e-3;
     const std::string what = "seed " + std::to_string(seed) + (seed % 2 ? " V" : " K") +
@@ -628,13 +673,17 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
       SCOPED_TRACE(what);
       AttentionCase c(spec);
       paged_attention_reference(c.params(0));
-      AttentionRunner amx(AttentionPlanOptions{.bf16_products = true});
+      AttentionRunner amx(AttentionPlanOptions{
+          .bf16_products = true, .fp8_fast_products = false, .measured_products = false});
       amx.run(c.params(1));
       expect_rows_close(c, tolerance_for(spec, used, {.bf16 = true}), what + " (AMX)");
       const std::vector<float> tiles = c.output(1);
       {
         const DisabledFeatures off("amx_bf16");
-        AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
+        AttentionRunner(AttentionPlanOptions{.bf16_products = true,
+                                             .fp8_fast_products = false,
+                                             .measured_products = false})
+            .run(c.params(1));
       }
       const std::vector<float> dot = c.output(1);
       const std::size_t dim = std::size_t(sh.v_head_dim);
@@ -672,11 +721,17 @@ CaseSpec bf16_gqa4_case(std::vector<std::int32_t> q_lens, std::vector<std::int32
 TEST(AttentionAmx, TakenOnlyWhereAvailable) {
   if (!dispatched_features().amx_bf16) GTEST_SKIP() << "no AMX-BF16 at the dispatched target";
   AttentionCase c(bf16_gqa4_case({64}, {200}));
-  AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(0));
+  AttentionRunner(AttentionPlanOptions{.bf16_products = true,
+                                       .fp8_fast_products = false,
+                                       .measured_products = false})
+      .run(c.params(0));
   {
     const DisabledFeatures off("amx_bf16");
     EXPECT_FALSE(dispatched_features().amx_bf16);
-    AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
+    AttentionRunner(AttentionPlanOptions{.bf16_products = true,
+                                         .fp8_fast_products = false,
+                                         .measured_products = false})
+        .run(c.params(1));
   }
   EXPECT_TRUE(dispatched_features().amx_bf16);
   EXPECT_NE(c.output(0), c.output(1)) << "AMX switched off gave the AMX path's bits";
@@ -688,8 +743,14 @@ TEST(AttentionAmx, TakenOnlyWhereAvailable) {
 TEST(AttentionAmx, DecodeKeepsF32Products) {
   if (!dispatched_features().amx_bf16) GTEST_SKIP() << "no AMX-BF16 at the dispatched target";
   AttentionCase c(bf16_gqa4_case({1, 1}, {300, 77}));
-  AttentionRunner(AttentionPlanOptions{.bf16_products = false}).run(c.params(0));
-  AttentionRunner(AttentionPlanOptions{.bf16_products = true}).run(c.params(1));
+  AttentionRunner(AttentionPlanOptions{.bf16_products = false,
+                                       .fp8_fast_products = false,
+                                       .measured_products = false})
+      .run(c.params(0));
+  AttentionRunner(AttentionPlanOptions{.bf16_products = true,
+                                       .fp8_fast_products = false,
+                                       .measured_products = false})
+      .run(c.params(1));
   EXPECT_EQ(c.output(0), c.output(1));
 }
 

@@ -38,6 +38,9 @@ KVCacheConfig make_config(const CacheSetup& s) {
   c.rope_mode = s.rope_mode;
   c.rope.theta = 10000.0f;
   c.rope.style = RopeStyle::kNeox;
+  // The f32 products, which `check` holds to a double reference over the
+  // stored K/V; fp8's default fast products have product_paths_test.cc.
+  c.attention_plan.fp8_fast_products = false;
   if (s.mla) {
     c.attention_kind = AttentionKind::kMLA;
     c.num_kv_heads = 1;

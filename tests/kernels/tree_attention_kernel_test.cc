@@ -116,7 +116,9 @@ TEST(TreeAttentionKernel, MatchesReferenceOnRandomForests) {
     const TreeCase t = random_tree_case(seed);
     SCOPED_TRACE(seed);
     AttentionCase c(t.spec);
-    run_with_trees(c, t.trees.mask(), AttentionPlanOptions{1 + std::int32_t(seed % 3), 0, 32});
+    run_with_trees(
+        c, t.trees.mask(),
+        AttentionPlanOptions{1 + std::int32_t(seed % 3), 0, 32, false, false, false, false, false});
     expect_close(c, "seed " + std::to_string(seed));
     if (::testing::Test::HasFailure()) return;
   }
@@ -128,7 +130,8 @@ TEST(TreeAttentionKernel, EveryCompiledHighwayTargetMatchesReference) {
       const TreeCase t = random_tree_case(seed);
       SCOPED_TRACE(std::string(hwy::TargetName(target)) + " seed " + std::to_string(seed));
       AttentionCase c(t.spec);
-      run_with_trees(c, t.trees.mask(), AttentionPlanOptions{2, 0, 16});
+      run_with_trees(c, t.trees.mask(),
+                     AttentionPlanOptions{2, 0, 16, false, false, false, false, false});
       expect_close(c, hwy::TargetName(target));
     }
   });
@@ -154,8 +157,9 @@ TEST(TreeAttentionKernel, ChainMaskEqualsCausalBitwise) {
   AttentionCase c(spec);
   AttentionParams masked = c.params(1);
   masked.tree_mask = chains.mask();
-  AttentionRunner(AttentionPlanOptions{2, 0, 64}).run(c.params(0));
-  AttentionRunner(AttentionPlanOptions{2, 0, 64}).run(masked);
+  AttentionRunner(AttentionPlanOptions{2, 0, 64, false, false, false, false, false})
+      .run(c.params(0));
+  AttentionRunner(AttentionPlanOptions{2, 0, 64, false, false, false, false, false}).run(masked);
   EXPECT_EQ(c.output(0), c.output(1));
 }
 

@@ -18,6 +18,7 @@ struct ServeOptions {
   bool enable_prefix_caching = false;
   double host_kv_memory_mib = 0.0;   // 0: no host tier
   bool bf16_products = false;        // EngineConfig::bf16_products
+  bool exact_products = false;       // EngineConfig::exact_products
   bool int8_activations = false;     // EngineConfig::int8_activations
   bool deterministic = false;        // EngineConfig::deterministic
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)

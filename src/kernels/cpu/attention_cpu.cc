@@ -912,10 +912,10 @@ bool OuterProducts(const Item& it, std::int32_t rows_per_head) {
          it.p->options.key_rope == nullptr && !it.c->batch_invariant;
 }
 
-// Whether bf16 dot products may run (the outer products of prefill, and
-// decode for kBf16DecodeType): when the plan allows them
-// (AttentionPlanOptions::bf16_products), on AVX-512 targets of CPUs with
-// AVX512-BF16, for KV stored in 16 bits or fewer (f32 KV keeps f32 products).
+// Whether the outer products (prefill tiles) run on bf16 dot products: where
+// the plan allows them and they pay (KernelContext::bf16_dot), on AVX-512
+// targets of CPUs with AVX512-BF16, for KV stored in 16 bits or fewer (f32
+// KV keeps f32 products).
 template <DType kT>
 bool Bf16Dot(const Item& it) {
 #if PAGEDATTN_BF16_DOT_TARGET
@@ -927,9 +927,9 @@ bool Bf16Dot(const Item& it) {
 }
 
 // KV types whose decode rows run on bf16 dot products (bf16_decode-inl.h)
-// when Bf16Dot allows them: those that convert to bf16 exactly, and f16
-// (rounded to bf16, as prefill does: b8 x 16k decode on Zen 4 took 22 ms
-// against 30 ms on the f32 path). int8 stays on f32 FMAs.
+// when Bf16Decode allows them (bf16_decode_kernel): those that convert to
+// bf16 exactly, and f16 (rounded to bf16, as prefill does). int8 stays on
+// f32 FMAs.
 template <DType kT>
 constexpr bool kBf16DecodeType = kT == DType::kBF16 || kT == DType::kF16 || is_fp8(kT);
 
@@ -950,13 +950,18 @@ bool F16Decode(const Item& it, std::int32_t rows_per_head) {
 }
 
 // Whether an item's blocks take the bf16 decode path: few rows per head (not
-// the outer products), no keys to rotate, and a CPU where it pays
-// (bf16_decode_pays).
+// the outer products), no keys to rotate, a kernel for the KV type, and the
+// plan allowing it where it pays (KernelContext::bf16_decode).
 template <DType kT>
 bool Bf16Decode(const Item& it, std::int32_t rows_per_head) {
-  return kBf16DecodeType<kT> && Bf16Dot<kT>(it) && it.c->bf16_decode &&
-         !F16Decode<kT>(it, rows_per_head) && it.p->options.key_rope == nullptr &&
-         !OuterProducts(it, rows_per_head);
+#if PAGEDATTN_BF16_DOT_TARGET
+  return kBf16DecodeType<kT> && it.c->bf16_decode && !F16Decode<kT>(it, rows_per_head) &&
+         it.p->options.key_rope == nullptr && !OuterProducts(it, rows_per_head);
+#else
+  (void)it;
+  (void)rows_per_head;
+  return false;
+#endif
 }
 
 #if PAGEDATTN_F16_DECODE_TARGET

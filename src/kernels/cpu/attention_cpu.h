@@ -33,17 +33,17 @@ struct KernelContext {
 
 KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan& plan);
 
-// Whether decode rows gain from vdpbf16ps over f32 FMAs on a CPU with the
-// features `used` (with AVX512-BF16): not on the cores that have AMX
-// (Intel's, Sapphire Rapids on), where vdpbf16ps issues at half the rate of
-// an FMA (probes: 173 against 366 GFLOP/s) and b8 x 16k bf16 decode took
-// 32 ms against 27 ms on f32 FMAs; on Zen 4 it doubles the FMA rate (22
-// against 30 ms). Their prefill runs on AMX tiles instead. The path's fp8
-// values are converted through VBMI byte tables (bf16_decode-inl.h), so it
-// also needs AVX512-VBMI, which every AVX512-BF16 CPU but Cooper Lake has
-// (there decode keeps f32 FMAs).
-constexpr bool bf16_decode_pays(const CpuFeatures& used) {
-  return used.avx512_bf16 && used.avx512_vbmi && !used.amx_bf16;
+// Whether the CPU and KV dtype have the bf16 decode kernel
+// (bf16_decode-inl.h): KV that converts to bf16 exactly (bf16, fp8) or is
+// rounded to it (f16), on AVX512-BF16; its fp8 values are converted through
+// VBMI byte tables, so it also needs AVX512-VBMI, which every AVX512-BF16
+// CPU but Cooper Lake has. Whether it pays is measured (product_paths.h):
+// it doubles the FMA rate of Zen 4, where b8 x 16k bf16 decode took 22
+// against 30 ms, and issues at half an FMA's rate on the cores that have
+// AMX (32 against 27 ms on Sapphire Rapids).
+constexpr bool bf16_decode_kernel(const CpuFeatures& used, DType kv) {
+  return used.avx512_bf16 && used.avx512_vbmi &&
+         (kv == DType::kBF16 || kv == DType::kF16 || is_fp8(kv));
 }
 
 // Head dims the f16 decode path (f16_decode-inl.h) takes: whole 32-lane
@@ -52,6 +52,10 @@ inline constexpr std::int32_t kF16DecodeMaxDim = 256;
 constexpr bool f16_decode_dims(std::int32_t head_dim, std::int32_t v_head_dim) {
   return head_dim > 0 && head_dim % 32 == 0 && head_dim <= kF16DecodeMaxDim && v_head_dim > 0 &&
          v_head_dim % 32 == 0;
+}
+// KV dtypes and head dims the f16 decode kernel takes (e4m3 and f16).
+constexpr bool f16_decode_kernel(DType kv, std::int32_t head_dim, std::int32_t v_head_dim) {
+  return (kv == DType::kFP8E4M3 || kv == DType::kF16) && f16_decode_dims(head_dim, v_head_dim);
 }
 
 // Head dims the AMX tile path takes: whole 32-dim tiles of bf16 queries (V

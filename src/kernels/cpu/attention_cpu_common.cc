@@ -2,6 +2,7 @@
 
 #include "attention_cpu.h"
 #include "convert.h"
+#include "kernels/cpu/product_paths.h"
 #include "kernels/softmax_state.h"
 #include "kernels/validate.h"
 #include "pagedattn/cpu_features.h"
@@ -18,14 +19,21 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
   c.scale = resolved_scale(p);
   c.batch_invariant = plan.batch_invariant;
   const CpuFeatures used = dispatched_features();
-  c.bf16_dot = plan.bf16_products && used.avx512_bf16;
+  const DType kv = p.kv.dtype;
+  const bool fp8_fast = plan.fp8_fast_products && is_fp8(kv);
+  const ProductShape shape{kv, p.kv.layout, c.head_dim, c.v_head_dim, c.group, p.kv.v_in_k};
+  auto pays = [&](ProductPath path) {
+    return !plan.measured_products || product_path_pays(shape, path);
+  };
+  const bool bf16_allowed =
+      (plan.bf16_products || fp8_fast) && used.avx512_bf16 && kv != DType::kF32;
+  c.bf16_dot = bf16_allowed && pays(ProductPath::kBf16Prefill);
   c.amx_bf16 = c.bf16_dot && used.amx_bf16 && amx_head_dims(c.head_dim);
-  c.bf16_decode = c.bf16_dot && bf16_decode_pays(used);
-  c.int8_dot =
-      plan.int8_products && used.avx512_vnni && c.head_dim % 64 == 0 && c.v_head_dim % 64 == 0;
-  c.f16_decode = plan.f16_products && used.avx512_fp16 &&
-                 (p.kv.dtype == DType::kFP8E4M3 || p.kv.dtype == DType::kF16) &&
-                 f16_decode_dims(c.head_dim, c.v_head_dim);
+  c.bf16_decode = bf16_allowed && bf16_decode_kernel(used, kv) && pays(ProductPath::kBf16Decode);
+  c.int8_dot = plan.int8_products && used.avx512_vnni && kv == DType::kINT8 &&
+               c.head_dim % 64 == 0 && c.v_head_dim % 64 == 0 && pays(ProductPath::kInt8Decode);
+  c.f16_decode = (plan.f16_products || (fp8_fast && kv == DType::kFP8E4M3)) && used.avx512_fp16 &&
+                 f16_decode_kernel(kv, c.head_dim, c.v_head_dim) && pays(ProductPath::kF16Decode);
   c.layout = scratch_layout(plan.max_rows, c.head_dim, c.v_head_dim);
   c.partial_slot_bytes = partial_slot_bytes(plan.max_rows, c.v_head_dim);
   c.partial_lse_offset = align_up(static_cast<std::size_t>(plan.max_rows) *

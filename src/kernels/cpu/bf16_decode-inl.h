@@ -50,7 +50,7 @@ namespace pagedattn::kernels::HWY_NAMESPACE {
 namespace bf16dec {
 
 // The path's functions may use AVX512-BF16 and AVX512-VBMI (the fp8 byte
-// tables): they run only where both are present (bf16_decode_pays, and
+// tables): they run only where both are present (bf16_decode_kernel, and
 // fp8_pairs_to_bf16_bits's check), so the compiler may use either anywhere.
 #define PAGEDATTN_BF16DEC_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,avx512vbmi")))
 
