@@ -42,11 +42,13 @@ struct Options {
   bool probe = true;
   bool probe_only = false;  // the probes alone, no kernel
   bool check = true;
-  bool hot = false;            // re-read one copy (K/V in cache when it fits) instead of rotating
-  bool bf16_products = false;  // AttentionPlanOptions::bf16_products
-  bool int8_products = false;  // AttentionPlanOptions::int8_products
-  bool f16_products = false;   // AttentionPlanOptions::f16_products
-  std::string max_target;      // --max-target: overrides PAGEDATTN_MAX_TARGET
+  bool hot = false;             // re-read one copy (K/V in cache when it fits) instead of rotating
+  bool bf16_products = false;   // AttentionPlanOptions::bf16_products
+  bool int8_products = false;   // AttentionPlanOptions::int8_products
+  bool f16_products = false;    // AttentionPlanOptions::f16_products
+  bool exact_products = false;  // !AttentionPlanOptions::fp8_fast_products
+  bool every_allowed_path = false;  // !AttentionPlanOptions::measured_products
+  std::string max_target;           // --max-target: overrides PAGEDATTN_MAX_TARGET
   std::optional<std::string>
       disable_features;  // --disable-features: overrides PAGEDATTN_DISABLE_FEATURES
   std::vector<std::string>
@@ -222,6 +224,12 @@ void add_kernel_flags(CLI::App& app, Flags& f) {
   app.add_flag("--f16-products", o.f16_products,
                "allow f16 multiply-adds in fp8 e4m3 decode where the CPU has AVX512-FP16 "
                "(queries and weights rounded to f16)");
+  app.add_flag("--exact-products", o.exact_products,
+               "f32 products for fp8 KV too (default: bf16 / f16 products where they measure "
+               "faster on this CPU)");
+  app.add_flag("--every-allowed-path", o.every_allowed_path,
+               "take every allowed product path the CPU has, without timing which pay "
+               "(default: only those a one-time timing found faster than f32 products)");
   app.add_flag("--hot", o.hot,
                "re-read the first copy every call: K/V stay in L2/L3 if they fit (the kernel's "
                "compute rate)");
@@ -437,16 +445,19 @@ int run_bench_attention(int argc, char** argv) {
     return 0;
   }
   const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;
+  const bool fp8_fast = !o.exact_products && (c.kv == DType::kFP8E4M3 || c.kv == DType::kFP8E5M2);
   const pb::PeakClass k = pb::attention_peak_class({.kv = c.kv,
                                                     .prefill = prefill,
-                                                    .bf16_products = o.bf16_products,
+                                                    .bf16_products = o.bf16_products || fp8_fast,
                                                     .int8_products = o.int8_products,
                                                     .f16_products = o.f16_products,
                                                     .head_dim = c.head_dim},
                                                    dispatched_features());
   const AttentionPlanOptions plan_options{.bf16_products = o.bf16_products,
                                           .int8_products = o.int8_products,
-                                          .f16_products = o.f16_products};
+                                          .f16_products = o.f16_products,
+                                          .fp8_fast_products = !o.exact_products,
+                                          .measured_products = !o.every_allowed_path};
   std::printf("compute class: %s (the kernel's inner products for %s KV %s at this target%s%s%s)\n",
               pb::peak_class_name(k), pb::short_name(c.kv).c_str(), prefill ? "prefill" : "decode",
               o.bf16_products ? ", bf16 products allowed" : "",

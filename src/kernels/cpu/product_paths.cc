@@ -121,7 +121,7 @@ class TimedBatch {
 
 AttentionPlanOptions timed_options(ProductPath path, bool fast) {
   AttentionPlanOptions o;
-  o.num_threads = 1;
+  o.num_threads = 0;  // the kernels' own: OpenMP's maximum
   o.fp8_fast_products = false;
   o.measured_products = false;  // the timed calls must not time again
   if (!fast) return o;

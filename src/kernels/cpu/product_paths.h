@@ -37,12 +37,12 @@ struct ProductShape {
 // Whether `path` ran at least kFasterMargin faster than f32 products over
 // the same small batch (decode: 4 sequences of 1,024 keys; prefill: 512
 // query rows per KV head over 512 keys), with K and V evicted from the
-// caches before each call, on one thread, both plans timed alternately, the
-// best of several calls each. The first call for a (shape, path) times it
-// (about 5-40 ms); later calls return the recorded answer. Thread-safe. The
-// caller checks that the CPU, the dispatched target and the KV dtype have
-// the path (a path the kernel would not take times like f32 products, and
-// its answer means nothing).
+// caches before each call, on the kernels' threads (OpenMP's maximum), both
+// plans timed alternately, the best of several calls each. The first call
+// for a (shape, path) times it (about 5-40 ms); later calls return the
+// recorded answer. Thread-safe. The caller checks that the CPU, the
+// dispatched target and the KV dtype have the path (a path the kernel
+// would not take times like f32 products, and its answer means nothing).
 bool product_path_pays(const ProductShape& shape, ProductPath path);
 
 // A fast path must take at most this fraction of the f32 path's time: the
