@@ -284,6 +284,7 @@ int run_bench_serve(int argc, char** argv) {
   ec.host_kv_memory_bytes = o.host_kv_memory_mib > 0 ? kv_memory_bytes(o.host_kv_memory_mib) : 0;
   ec.bf16_products = o.bf16_products;
   ec.exact_products = o.exact_products;
+  ec.pin_threads = o.pin_threads;
   ec.int8_activations = o.int8_activations;
   ec.seed = o.seed;
   Engine engine(ec);
@@ -338,6 +339,7 @@ int run_bench_serve(int argc, char** argv) {
         {"host_kv_memory_mib", o.host_kv_memory_mib},
         {"bf16_products", o.bf16_products},
         {"exact_products", o.exact_products},
+        {"pin_threads", o.pin_threads},
         {"int8_activations", o.int8_activations},
         {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};

@@ -21,6 +21,7 @@ struct BenchServeOptions {
   double host_kv_memory_mib = 0.0;     // host-memory tier for swapped-out pages; 0: none
   bool bf16_products = false;          // EngineConfig::bf16_products
   bool exact_products = false;         // EngineConfig::exact_products
+  bool pin_threads = false;            // EngineConfig::pin_threads
   bool int8_activations = false;       // EngineConfig::int8_activations
   std::int32_t shared_prefixes = 4;    // --workload shared-prefix
   std::int32_t shared_prefix_len = 0;  // 0: the preset's default

@@ -249,6 +249,12 @@ void add_exact_products_flag(CLI::App& app, bool& exact) {
                "fp8 values' own)");
 }
 
+void add_pin_threads_flag(CLI::App& app, bool& pin) {
+  app.add_flag("--pin-threads", pin,
+               "bind the OpenMP threads, one each, to the CPUs the process may run on (for a "
+               "machine or cpuset this process has to itself; default off)");
+}
+
 void add_int8_activations_flag(CLI::App& app, bool& on) {
   app.add_flag("--int8-activations", on,
                "quantised weights take activations rounded to int8 per 32 values in batches of "

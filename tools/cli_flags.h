@@ -52,6 +52,7 @@ std::string value_is(const std::string& value);
 void add_tensor_parallel_flag(CLI::App& app, std::int32_t& ranks);  // --tensor-parallel N
 void add_bf16_products_flag(CLI::App& app, bool& allowed);          // --bf16-products
 void add_exact_products_flag(CLI::App& app, bool& exact);           // --exact-products
+void add_pin_threads_flag(CLI::App& app, bool& pin);                // --pin-threads
 void add_int8_activations_flag(CLI::App& app, bool& on);            // --int8-activations
 
 }  // namespace pagedattn::tools::flags

@@ -33,6 +33,7 @@ struct GenerateOptions {
   bool int8_activations = false;     // EngineConfig::int8_activations
   bool bf16_products = false;        // EngineConfig::bf16_products
   bool exact_products = false;       // EngineConfig::exact_products
+  bool pin_threads = false;          // EngineConfig::pin_threads
   bool help = false;
 };
 

@@ -192,6 +192,14 @@ struct EngineConfig {
   // on this CPU (AttentionPlanOptions::fp8_fast_products): their rounding is
   // below the fp8 values' own. Deterministic mode keeps f32.
   bool exact_products = false;
+  // Bind the stepping thread's OpenMP threads, one each, to the CPUs the
+  // process may run on (thread i to the i-th CPU), at the first step: no
+  // migrations between a step's parallel regions, and each thread's share
+  // of a product stays on one core and its caches. For a machine (or a
+  // cpuset) this engine has to itself: a bound thread cannot move away
+  // from a core another process takes. Ignored where OpenMP has more
+  // threads than the process has CPUs.
+  bool pin_threads = false;
   // Model products with quantised weights (GGUF Q4_0 ... Q6_K) take the
   // activations rounded to int8 per 32 values, as llama.cpp does, in
   // batches of at most 8 rows (decode of a few sequences): integer dot

@@ -67,7 +67,8 @@ class Engine:
            deterministic=False, seed=0, max_position=0, tokenizer=None,
            enable_prefix_caching=False, host_kv_memory_bytes=0, bf16_products=False,
            int8_products=False, f16_products=False, int8_activations=False,
-           exact_products=False, check_tensors=False, parse_special_tokens=True)
+           exact_products=False, pin_threads=False, check_tensors=False,
+           parse_special_tokens=True)
 
     model: a pagedattn.Model, a path to a Llama-family .gguf file (its
     tokenizer comes with it) or a synthetic preset name ("tiny", "small",
@@ -90,6 +91,9 @@ class Engine:
     KV attention takes the bf16 or f16 products where they measure faster on
     this CPU (their rounding is below the fp8 values' own; docs/design.md,
     "Product paths"; ignored in deterministic mode, which keeps f32).
+    pin_threads: bind the OpenMP threads of the thread that calls step(),
+    one each, to the CPUs the process may run on, at the first step (for a
+    machine or cpuset the engine has to itself; docs/engine.md, "Threads").
     int8_activations: a GGUF model's quantised weights take the activations
     rounded to int8 per 32 values in batches of up to 8 rows, as llama.cpp
     (faster decode; logits move: top-1 agreement ~0.9 with f32 on
@@ -121,6 +125,7 @@ class Engine:
                  host_kv_memory_bytes: int = 0, bf16_products: bool = False,
                  int8_products: bool = False, f16_products: bool = False,
                  int8_activations: bool = False, exact_products: bool = False,
+                 pin_threads: bool = False,
                  check_tensors: bool = False,
                  parse_special_tokens: bool = True):
         self.model, own_tokenizer = _resolve_model(model, max_position, check_tensors)
@@ -133,7 +138,8 @@ class Engine:
             enable_prefix_caching=enable_prefix_caching,
             host_kv_memory_bytes=host_kv_memory_bytes, bf16_products=bf16_products,
             int8_products=int8_products, f16_products=f16_products,
-            int8_activations=int8_activations, exact_products=exact_products)
+            int8_activations=int8_activations, exact_products=exact_products,
+            pin_threads=pin_threads)
 
     def encode(self, prompt: Prompt) -> List[int]:
         """Token ids of a prompt: a list of ids as given, text through the

@@ -511,7 +511,7 @@ void register_engine_class(py::module_& m) {
                        bool chunked_prefill, bool deterministic, std::uint64_t seed,
                        bool enable_prefix_caching, std::int64_t host_kv_memory_bytes,
                        bool bf16_products, bool int8_products, bool f16_products,
-                       bool int8_activations, bool exact_products) {
+                       bool int8_activations, bool exact_products, bool pin_threads) {
              EngineConfig c;
              c.model = model.model;
              c.kv_memory_bytes = kv_memory_bytes;
@@ -529,6 +529,7 @@ void register_engine_class(py::module_& m) {
              c.f16_products = f16_products;
              c.int8_activations = int8_activations;
              c.exact_products = exact_products;
+             c.pin_threads = pin_threads;
              return std::make_unique<PyEngine>(c);
            }),
            py::arg("model"), py::kw_only(), py::arg("kv_memory_bytes"), py::arg("page_size"),
@@ -537,7 +538,8 @@ void register_engine_class(py::module_& m) {
            py::arg("enable_prefix_caching") = false, py::arg("host_kv_memory_bytes") = 0,
            py::arg("bf16_products") = false, py::arg("int8_products") = false,
            py::arg("f16_products") = false, py::arg("int8_activations") = false,
-           py::arg("exact_products") = false, "The engine over model (see pagedattn.Engine).")
+           py::arg("exact_products") = false, py::arg("pin_threads") = false,
+           "The engine over model (see pagedattn.Engine).")
       .def("add_request", &PyEngine::add_request, py::arg("prompt_token_ids"), py::arg("params"),
            "Queues a request; returns its id.")
       .def("step", &PyEngine::step,

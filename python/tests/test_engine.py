@@ -71,6 +71,24 @@ def test_reduced_precision_products_serve_a_request_to_the_end():
         assert len(tokens) == 6 and reason == "length"
 
 
+def test_pinned_threads_serve_a_request_to_the_end():
+    # Stepped from a thread of its own: binding reaches the OpenMP threads of
+    # the thread that steps, and the rest of the session keeps unbound ones.
+    result = {}
+
+    def serve():
+        engine = tiny_engine(pin_threads=True)
+        rid = engine.add_request(PROMPT, SamplingParams(max_tokens=6, ignore_eos=True))
+        result.update(collect(engine))
+        result["rid"] = rid
+
+    worker = threading.Thread(target=serve)
+    worker.start()
+    worker.join()
+    tokens, reason = result[result["rid"]][0]
+    assert len(tokens) == 6 and reason == "length"
+
+
 def test_llm_generate_equals_streaming_the_engine():
     greedy = SamplingParams(max_tokens=6)
     engine = tiny_engine(deterministic=True)

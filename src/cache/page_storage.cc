@@ -1,4 +1,5 @@
 #include "page_storage.h"
+#include "core/placement.h"
 
 #include <sys/mman.h>
 
@@ -111,6 +112,9 @@ void PageStorage::allocate() {
   base_ = static_cast<std::byte*>(p);
   // Huge pages: attention streams whole pages, 4 KiB TLB entries would thrash.
   madvise(p, bytes, MADV_HUGEPAGE);
+  // Any thread reads any sequence's pages: spread them over the NUMA nodes
+  // (core/placement.h), before the first touch places them.
+  if (core::spread_memory_over_nodes()) core::interleave_pages(p, bytes);
 }
 
 PageStorage::~PageStorage() {

@@ -8,7 +8,9 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "core/placement.h"
 #include "core/seconds_since.h"
 
 namespace pagedattn::core {
@@ -63,7 +65,9 @@ CpuSample sample_cpu(bool allowed_cpus_only) {
   s.wall_seconds = steady_seconds();
   cpu_set_t set;
   CPU_ZERO(&set);
-  const bool masked = allowed_cpus_only && sched_getaffinity(0, sizeof set, &set) == 0;
+  const std::vector<int> cpus = allowed_cpus_only ? process_cpus() : std::vector<int>{};
+  for (int cpu : cpus) CPU_SET(cpu, &set);
+  const bool masked = !cpus.empty();
   const bool stat = read_proc_stat(masked ? &set : nullptr, s);
   s.valid = read_self_stat(s) && stat;
   return s;
@@ -79,10 +83,7 @@ double other_cores_between(const CpuSample& a, const CpuSample& b) {
 }
 
 int allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
-  return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(process_cpus().size()));
 }
 
 }  // namespace pagedattn::core

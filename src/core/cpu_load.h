@@ -15,7 +15,7 @@ struct CpuSample {
   bool valid = false;            // both files were read
 };
 // Counters over every CPU of the machine, or (allowed_cpus_only) over the
-// CPUs this process may run on (sched_getaffinity): what other processes
+// CPUs this process may run on (process_cpus): what other processes
 // take from this one's CPUs, wherever else the machine is busy.
 CpuSample sample_cpu(bool allowed_cpus_only = false);
 // Cores' worth of CPU that others (other processes + steal) used between two

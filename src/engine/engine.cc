@@ -112,7 +112,8 @@ struct Engine::Impl {
         scheduler({config.max_num_seqs, config.max_num_batched_tokens, config.chunked_prefill,
                    std::max<std::int64_t>(1, cache.num_pages() / 100), config.enable_prefix_caching,
                    config.model->spec().sliding_window},
-                  cache) {
+                  cache),
+        threads(config.pin_threads) {
     // A swap's cost is a host copy: its rate is measured once (a few ms).
     if (cache.num_host_pages() > 0)
       scheduler.set_copy_seconds_per_byte(

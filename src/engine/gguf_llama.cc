@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "core/placement.h"
 #include "engine/llama_weights.h"
 #include "engine/mla_attention.h"
 #include "engine/moe.h"
@@ -319,6 +320,9 @@ std::unique_ptr<Model> make_gguf_model(const GgufFile& file, const GgufModelOpti
   require(options.max_position >= 0,
           "make_gguf_model: options.max_position = ", options.max_position,
           " must be >= 0 (0: the file's context length)");
+  // Weights converted or repacked here, and file pages read here, spread
+  // over the NUMA nodes (file pages already cached stay where they are).
+  const core::InterleaveNewPages spread(core::spread_memory_over_nodes());
   const GgufModelConfig g = read_model_config(file);
   LlamaConfig config = llama_config(g, options);
   if (!g.rope_scaling.freq_factors_tensor.empty())

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "activation.h"
+#include "core/placement.h"
 #include "counter_random.h"
 #include "gemm.h"
 #include "kernels/rope_table.h"
@@ -490,6 +491,7 @@ std::unique_ptr<Model> make_llama_model(const LlamaConfig& config) {
           ": latent attention and leading dense layers have no synthetic weights (load a GGUF "
           "deepseek2 file with make_gguf_model)");
   engine::validate_shard(config);
+  const core::InterleaveNewPages spread(core::spread_memory_over_nodes());  // the weights
   return engine::make_llama_model(config, draw_weights(config));
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/placement.h"
 #include "core/seconds_since.h"
 
 namespace pagedattn::engine {
@@ -19,12 +20,13 @@ bool passive_wait() {
 
 }  // namespace
 
-StepThreads::StepThreads()
+StepThreads::StepThreads(bool pin)
     : max_threads_(std::max(1, omp_get_max_threads())),
       cpus_(core::allowed_cpus()),
       interval_(interval_for(cpus_)),
       adapt_(max_threads_ > 1 && !passive_wait()),
       threads_(max_threads_),
+      pin_(pin),
       last_(adapt_ ? core::sample_cpu(true) : core::CpuSample{}) {
   adapt_ = adapt_ && last_.valid;  // without /proc, every thread
 }
@@ -39,6 +41,10 @@ double StepThreads::interval_for(int cpus) {
 }
 
 int StepThreads::apply() {
+  if (pin_) {
+    core::pin_openmp_threads();  // on the stepping thread: its OpenMP threads
+    pin_ = false;
+  }
   if (adapt_ && steady_seconds() - last_.wall_seconds >= interval_) {
     const core::CpuSample now = core::sample_cpu(true);
     threads_ = now.valid ? for_share(max_threads_, cpus_, core::other_cores_between(last_, now))

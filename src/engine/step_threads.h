@@ -15,7 +15,9 @@ namespace pagedattn::engine {
 // then, so under that policy every step keeps them all.
 class StepThreads {
  public:
-  StepThreads();
+  // pin: the first apply() binds the stepping thread's OpenMP threads to
+  // the process's CPUs, one each (core::pin_openmp_threads).
+  explicit StepThreads(bool pin = false);
   // Before a step: at most every interval_for(CPUs) seconds measures what
   // the other processes used of this process's CPUs since the last measure,
   // and sets the thread count for the calling thread's parallel regions
@@ -37,6 +39,7 @@ class StepThreads {
   double interval_;
   bool adapt_;
   int threads_;
+  bool pin_;
   core::CpuSample last_;
 };
 

@@ -2,9 +2,11 @@
 // processes leave, and the CPU-time sampler behind it.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <sched.h>
 
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "core/cpu_load.h"
 #include "engine/step_threads.h"
@@ -97,6 +99,31 @@ TEST(StepThreads, SetsTheCountForThisThreadsRegions) {
     EXPECT_EQ(omp_get_max_threads(), n);
   }
   omp_set_num_threads(all);
+}
+
+// StepThreads(true) binds at its first apply(), on the stepping thread (a
+// thread of its own here: the suite's other tests keep unbound threads),
+// and keeps measuring the process's CPUs, not the one left to it.
+TEST(StepThreads, PinsTheSteppingThreadsOpenMpThreadsAtTheFirstStep) {
+  const int cpus = core::allowed_cpus();
+  int before = -1, after = -1, measured = -1;
+  std::thread([&] {
+    omp_set_num_threads(1);
+    auto own_cpus = [] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      sched_getaffinity(0, sizeof set, &set);
+      return CPU_COUNT(&set);
+    };
+    StepThreads t(true);
+    before = own_cpus();
+    t.apply();
+    after = own_cpus();
+    measured = core::allowed_cpus();
+  }).join();
+  EXPECT_EQ(before, cpus);
+  EXPECT_EQ(after, 1);
+  EXPECT_EQ(measured, cpus);
 }
 
 }  // namespace

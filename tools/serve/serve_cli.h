@@ -19,6 +19,7 @@ struct ServeOptions {
   double host_kv_memory_mib = 0.0;   // 0: no host tier
   bool bf16_products = false;        // EngineConfig::bf16_products
   bool exact_products = false;       // EngineConfig::exact_products
+  bool pin_threads = false;          // EngineConfig::pin_threads
   bool int8_activations = false;     // EngineConfig::int8_activations
   bool deterministic = false;        // EngineConfig::deterministic
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)

@@ -1,0 +1,122 @@
+// NUMA placement of memory and the binding of OpenMP threads
+// (src/core/placement.h). A one-node machine runs the mechanisms (a
+// policy of one node is still a policy the kernel reports), not the
+// spreading's effect.
+#include "core/placement.h"
+
+#include <gtest/gtest.h>
+#include <linux/mempolicy.h>
+#include <omp.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace pagedattn::core {
+namespace {
+
+int thread_policy() {
+  int mode = -1;
+  if (syscall(SYS_get_mempolicy, &mode, nullptr, 0ul, nullptr, 0ul) != 0) return -1;
+  return mode;
+}
+
+// The /proc/self/numa_maps line of the mapping at `address`, or "".
+std::string numa_maps_line(const void* address) {
+  std::ifstream in("/proc/self/numa_maps");
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "%lx ",
+                static_cast<unsigned long>(reinterpret_cast<std::uintptr_t>(address)));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(hex, 0) == 0) return line;
+  return "";
+}
+
+TEST(Placement, ParsesLinuxIdLists) {
+  EXPECT_EQ(parse_id_list("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(parse_id_list("0"), (std::vector<int>{0}));
+  EXPECT_TRUE(parse_id_list("").empty());
+  EXPECT_TRUE(parse_id_list("3-1").empty());
+  EXPECT_TRUE(parse_id_list("0,x").empty());
+  EXPECT_TRUE(parse_id_list("-1").empty());
+  EXPECT_FALSE(memory_nodes().empty());
+}
+
+TEST(Placement, InterleavesAMappingsPagesBeforeTheyAreTouched) {
+  if (thread_policy() < 0) GTEST_SKIP() << "the kernel has no NUMA memory policies";
+  const std::size_t bytes = 8 << 20;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  EXPECT_TRUE(interleave_pages(p, bytes));
+  const std::string line = numa_maps_line(p);
+  if (!line.empty()) {
+    EXPECT_NE(line.find("interleave"), std::string::npos) << line;
+  }
+  EXPECT_FALSE(interleave_pages(nullptr, bytes));
+  munmap(p, bytes);
+}
+
+TEST(Placement, NewPagesAreInterleavedOnlyWhileTheGuardLives) {
+  if (thread_policy() < 0) GTEST_SKIP() << "the kernel has no NUMA memory policies";
+  ASSERT_EQ(thread_policy(), MPOL_DEFAULT);
+  {
+    const InterleaveNewPages off(false);
+    EXPECT_FALSE(off.active());
+    EXPECT_EQ(thread_policy(), MPOL_DEFAULT);
+  }
+  {
+    const InterleaveNewPages on(true);
+    EXPECT_TRUE(on.active());
+    EXPECT_EQ(thread_policy(), MPOL_INTERLEAVE);
+    // Under the default policy the engine spreads only over several nodes.
+    EXPECT_FALSE(spread_memory_over_nodes());  // not the default policy now
+  }
+  EXPECT_EQ(thread_policy(), MPOL_DEFAULT);
+  EXPECT_EQ(spread_memory_over_nodes(), memory_nodes().size() > 1);
+}
+
+// On a thread of its own: binding reaches that thread's OpenMP threads only,
+// and the rest of the suite keeps unbound ones.
+TEST(Placement, BindsEachOpenMpThreadToItsOwnCpu) {
+  const std::vector<int> cpus = process_cpus();
+  ASSERT_FALSE(cpus.empty());
+  std::vector<std::vector<int>> bound;
+  int pinned = -1, threads = 0;
+  std::thread([&] {
+    threads = std::min<int>(2, static_cast<int>(cpus.size()));
+    omp_set_num_threads(threads);
+    pinned = pin_openmp_threads();
+    bound.resize(static_cast<std::size_t>(threads));
+#pragma omp parallel num_threads(threads)
+    {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      sched_getaffinity(0, sizeof set, &set);
+      std::vector<int>& mine = bound[static_cast<std::size_t>(omp_get_thread_num())];
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+        if (CPU_ISSET(cpu, &set)) mine.push_back(cpu);
+    }
+  }).join();
+  ASSERT_EQ(pinned, threads);
+  std::set<int> distinct;
+  for (const std::vector<int>& mine : bound) {
+    ASSERT_EQ(mine.size(), 1u);
+    distinct.insert(mine[0]);
+  }
+  EXPECT_EQ(static_cast<int>(distinct.size()), threads);
+  // What the process was given, not the one CPU of a bound thread.
+  EXPECT_EQ(process_cpus(), cpus);
+}
+
+}  // namespace
+}  // namespace pagedattn::core
