@@ -79,8 +79,33 @@ void fill(const KVPageRuns& runs, std::byte value) {
 }
 
 struct Times {
-  std::vector<double> paged, datatype, plain, reserve, commit;
+  std::vector<double> paged, datatype, plain, reserve, commit, gather, memcpy;
 };
+
+// The same bytes copied out of the reserved pages' runs into one buffer (the
+// pack a non-contiguous send does, in either rank) and as one memcpy: what
+// the memory system makes of the runs, with no MPI in between. Each copy
+// starts with the caches full of other bytes (`evict`, 128 MiB written), as
+// neither source may have been left in cache by the transfers before.
+void copy_round(PagedKVCache& kv, std::int64_t tokens, const std::vector<std::byte>& plain,
+                std::vector<std::byte>& copy, std::vector<std::byte>& evict, Times& t) {
+  const SeqId id = (1 << 30) + 2;
+  const KVPageRuns runs = kv.reserve_incoming(id, tokens);
+  std::memset(evict.data(), 1, evict.size());
+  auto start = Clock::now();
+  std::byte* out = copy.data();
+  for (const auto& layer : runs.layers)
+    for (const std::span<std::byte> run : layer) {
+      std::memcpy(out, run.data(), run.size());
+      out += run.size();
+    }
+  t.gather.push_back(seconds_since(start));
+  kv.cancel_incoming(id);
+  std::memset(evict.data(), 2, evict.size());
+  start = Clock::now();
+  std::memcpy(copy.data(), plain.data(), plain.size());
+  t.memcpy.push_back(seconds_since(start));
+}
 
 // Every run of every layer, for one derived-datatype message (the sizes here
 // stay far below MPI's 2 GiB message limit).
@@ -160,22 +185,29 @@ void run_case(const MpiComm& comm, const Shape& shape, DType dtype, bool fragmen
   fill(warm, std::byte{0});
   kv.cancel_incoming(1 << 30);
   Times t, ignored;
+  std::vector<std::byte> copy(plain.size()), evict(std::size_t{128} << 20);
   receiver_round(comm, kv, tokens, stage_below, plain, ignored);  // warm-up round
-  for (int rep = 0; rep < reps; ++rep) receiver_round(comm, kv, tokens, stage_below, plain, t);
+  copy_round(kv, tokens, plain, copy, evict, ignored);
+  for (int rep = 0; rep < reps; ++rep) {
+    receiver_round(comm, kv, tokens, stage_below, plain, t);
+    copy_round(kv, tokens, plain, copy, evict, t);
+  }
   // Ratios are paired per round (the same moment's contiguous transfer), which
   // cancels most of a shared machine's drift.
-  std::vector<double> paged_ratio, datatype_ratio;
+  std::vector<double> paged_ratio, datatype_ratio, copy_ratio;
   for (std::size_t i = 0; i < t.plain.size(); ++i) {
     paged_ratio.push_back(t.plain[i] / t.paged[i]);
     datatype_ratio.push_back(t.plain[i] / t.datatype[i]);
+    copy_ratio.push_back(t.memcpy[i] / t.gather[i]);
   }
   const double paged = median(t.paged), contiguous = median(t.plain);
   std::printf(
-      "| %-9s | %-7s | %-10s | %7.1f | %6.2f | %6.2f | %5.0f%% | %5.0f%% | %7.1f | %7.2f | "
-      "%7.1f |\n",
+      "| %-9s | %-7s | %-10s | %7.1f | %6.2f | %6.2f | %5.0f%% | %5.0f%% | %5.0f%% | %7.1f | "
+      "%7.2f | %7.1f |\n",
       shape.name, std::string(dtype_name(dtype)).c_str(), fragmented ? "fragmented" : "in order",
       double(bytes) / (1 << 20), double(bytes) / paged * 1e-9, double(bytes) / contiguous * 1e-9,
-      100.0 * median(paged_ratio), 100.0 * median(datatype_ratio), median(t.reserve) * 1e6,
+      100.0 * median(paged_ratio), 100.0 * median(datatype_ratio), 100.0 * median(copy_ratio),
+      median(t.reserve) * 1e6,
       paged * 1e3, median(t.commit) * 1e6);
   std::fflush(stdout);
   comm.send({}, kSender, kTagDone);
@@ -214,12 +246,14 @@ int main(int argc, char** argv) {
         "KV transfer of a %lld-token sequence, medians of %d interleaved rounds "
         "(paged = pages into reserved pages, runs under %lld bytes staged; datatype = the same "
         "pages, none staged; contiguous = the same bytes as one message between "
-        "plain buffers; ratios: median of each round's ratio)\n\n",
+        "plain buffers; copy = a memcpy of the pages' runs into one buffer against one memcpy of "
+        "the same bytes, no MPI; ratios: median of each round's ratio)\n\n",
         static_cast<long long>(tokens), reps, static_cast<long long>(stage_below));
     std::printf(
         "| shape     | KV      | pages      | MiB     | paged GB/s | contiguous GB/s | "
-        "paged/contiguous | datatype/contiguous | reserve us | transfer ms | commit us |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        "paged/contiguous | datatype/contiguous | copy of runs/memcpy | reserve us | transfer ms "
+        "| commit us |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   const Shape shapes[] = {{"small", 12, 4, 64}, {"SmolLM2", 30, 3, 64}};
   try {
