@@ -207,8 +207,7 @@ void run_case(const MpiComm& comm, const Shape& shape, DType dtype, bool fragmen
       shape.name, std::string(dtype_name(dtype)).c_str(), fragmented ? "fragmented" : "in order",
       double(bytes) / (1 << 20), double(bytes) / paged * 1e-9, double(bytes) / contiguous * 1e-9,
       100.0 * median(paged_ratio), 100.0 * median(datatype_ratio), 100.0 * median(copy_ratio),
-      median(t.reserve) * 1e6,
-      paged * 1e3, median(t.commit) * 1e6);
+      median(t.reserve) * 1e6, paged * 1e3, median(t.commit) * 1e6);
   std::fflush(stdout);
   comm.send({}, kSender, kTagDone);
 }

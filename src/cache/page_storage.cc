@@ -115,6 +115,7 @@ void PageStorage::allocate() {
   // Any thread reads any sequence's pages: spread them over the NUMA nodes
   // (core/placement.h), before the first touch places them.
   if (core::spread_memory_over_nodes()) core::interleave_pages(p, bytes);
+  if (config_.prefault_pages && kind_ == StorageKind::kHost) core::touch_pages(p, bytes);
 }
 
 PageStorage::~PageStorage() {

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cstdint>
@@ -108,6 +109,20 @@ InterleaveNewPages::~InterleaveNewPages() {
 #if defined(__linux__)
   if (active_) syscall(SYS_set_mempolicy, MPOL_DEFAULT, nullptr, 0ul);
 #endif
+}
+
+void touch_pages(void* data, std::size_t bytes) {
+  if (data == nullptr || bytes == 0) return;
+  auto* base = static_cast<volatile unsigned char*>(data);
+  constexpr std::size_t kChunk = std::size_t{2} << 20;
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const auto chunks = static_cast<std::int64_t>((bytes + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < chunks; ++i) {
+    const std::size_t begin = static_cast<std::size_t>(i) * kChunk;
+    const std::size_t end = std::min(bytes, begin + kChunk);
+    for (std::size_t at = begin; at < end; at += page) base[at] = 0;
+  }
 }
 
 namespace {

@@ -58,6 +58,12 @@ class InterleaveNewPages {
 // not the one CPU left to a bound thread).
 std::vector<int> process_cpus();
 
+// Makes every page of [data, data + bytes) resident now (written once:
+// an anonymous mapping's pages stay zero), in 2 MiB chunks spread over
+// OpenMP's threads, so that the kernel zeroes them here rather than at
+// their first use.
+void touch_pages(void* data, std::size_t bytes);
+
 // Binds the calling thread's OpenMP threads, one each, to process_cpus():
 // thread i (the calling thread is 0) to the i-th CPU in ascending order
 // (Linux numbers a machine's cores before their SMT siblings, and a node's

@@ -4,6 +4,8 @@
 // spreading's effect.
 #include "core/placement.h"
 
+#include "pagedattn/kv_cache.h"
+
 #include <gtest/gtest.h>
 #include <linux/mempolicy.h>
 #include <omp.h>
@@ -64,6 +66,58 @@ TEST(Placement, InterleavesAMappingsPagesBeforeTheyAreTouched) {
   }
   EXPECT_FALSE(interleave_pages(nullptr, bytes));
   munmap(p, bytes);
+}
+
+// Pages of [p, p + bytes) that are resident (mincore).
+std::size_t resident_pages(const void* p, std::size_t bytes) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((bytes + page - 1) / page);
+  if (mincore(const_cast<void*>(p), bytes, in_core.data()) != 0) return 0;
+  return static_cast<std::size_t>(
+      std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return (c & 1) != 0; }));
+}
+
+TEST(Placement, TouchingPagesMakesEveryOneResident) {
+  const std::size_t bytes = (5 << 20) + 12345;  // chunks of 2 MiB and a tail
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  EXPECT_EQ(resident_pages(p, bytes), 0u);
+  touch_pages(p, bytes);
+  EXPECT_EQ(resident_pages(p, bytes), (bytes + page - 1) / page);
+  const auto* bytes_seen = static_cast<const unsigned char*>(p);
+  EXPECT_EQ(*std::max_element(bytes_seen, bytes_seen + bytes), 0);  // still zeros
+  munmap(p, bytes);
+  touch_pages(nullptr, bytes);  // nothing to touch
+}
+
+// A cache made with prefault_pages holds its whole pool resident before any
+// step; without, its pages wait for their first write.
+TEST(Placement, APrefaultedCachesPoolIsResidentFromTheStart) {
+  for (const bool prefault : {false, true}) {
+    KVCacheConfig c;
+    c.num_layers = 3;
+    c.num_qo_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 64;
+    c.page_size = 16;
+    c.num_pages = 512;
+    c.kv_dtype = DType::kF16;
+    c.prefault_pages = prefault;
+    const PagedKVCache cache(c);
+    for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
+      const PagedKVStorage s = cache.layer_storage(layer);
+      const std::size_t k_bytes = static_cast<std::size_t>(s.k_page_stride * s.num_pages) * 2;
+      const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+      const std::size_t all = k_bytes / page;  // whole pages inside the K region
+      const std::size_t resident = resident_pages(s.k_data, all * page);
+      if (prefault) {
+        EXPECT_EQ(resident, all) << "layer " << layer;
+      } else {
+        EXPECT_LT(resident, all) << "layer " << layer;
+      }
+    }
+  }
 }
 
 TEST(Placement, NewPagesAreInterleavedOnlyWhileTheGuardLives) {
