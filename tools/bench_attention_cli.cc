@@ -224,9 +224,7 @@ void add_kernel_flags(CLI::App& app, Flags& f) {
   app.add_flag("--f16-products", o.f16_products,
                "allow f16 multiply-adds in fp8 e4m3 decode where the CPU has AVX512-FP16 "
                "(queries and weights rounded to f16)");
-  app.add_flag("--exact-products", o.exact_products,
-               "f32 products for fp8 KV too (default: bf16 / f16 products where they measure "
-               "faster on this CPU)");
+  flags::add_exact_products_flag(app, o.exact_products);
   app.add_flag("--every-allowed-path", o.every_allowed_path,
                "take every allowed product path the CPU has, without timing which pay "
                "(default: only those a one-time timing found faster than f32 products)");
