@@ -285,15 +285,17 @@ int run_bench_serve(int argc, char** argv) {
   ec.bf16_products = o.bf16_products;
   ec.exact_products = o.exact_products;
   ec.pin_threads = o.pin_threads;
+  ec.kv_dtype = o.kv_dtype;
   ec.int8_activations = o.int8_activations;
   ec.seed = o.seed;
   Engine engine(ec);
   check_trace_fits(trace, engine);
-  std::printf("  workload %s: %zu requests, %s; KV cache %.1f MiB = %lld pages x %d tokens (f16)\n",
+  std::printf("  workload %s: %zu requests, %s; KV cache %.1f MiB = %lld pages x %d tokens (%s)\n",
               o.workload.c_str(), trace.size(),
               o.request_rate > 0 ? detail::concat("Poisson ", o.request_rate, " req/s").c_str()
                                  : "all at once",
-              mib, static_cast<long long>(engine.cache().num_pages()), o.page_size);
+              mib, static_cast<long long>(engine.cache().num_pages()), o.page_size,
+              std::string(dtype_name(o.kv_dtype)).c_str());
   std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s; int8 activations %s\n",
               o.prefix_caching ? "on" : "off", o.host_kv_memory_mib, o.bf16_products ? "on" : "off",
               o.int8_activations ? "on" : "off");
@@ -340,6 +342,7 @@ int run_bench_serve(int argc, char** argv) {
         {"bf16_products", o.bf16_products},
         {"exact_products", o.exact_products},
         {"pin_threads", o.pin_threads},
+        {"kv_cache_dtype", std::string(dtype_name(o.kv_dtype))},
         {"int8_activations", o.int8_activations},
         {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};

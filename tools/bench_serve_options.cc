@@ -91,6 +91,7 @@ void add_engine_flags(CLI::App& app, BenchServeOptions& o) {
   flags::add_bf16_products_flag(app, o.bf16_products);
   flags::add_exact_products_flag(app, o.exact_products);
   flags::add_pin_threads_flag(app, o.pin_threads);
+  flags::add_kv_cache_dtype_flag(app, o.kv_dtype);
   flags::add_int8_activations_flag(app, o.int8_activations);
   flags::add_tensor_parallel_flag(app, o.tensor_parallel);
   app.add_flag("--probes", o.probes,

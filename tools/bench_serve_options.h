@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include "pagedattn/dtype.h"
+
 namespace pagedattn::tools {
 
 struct BenchServeOptions {
@@ -22,6 +24,7 @@ struct BenchServeOptions {
   bool bf16_products = false;          // EngineConfig::bf16_products
   bool exact_products = false;         // EngineConfig::exact_products
   bool pin_threads = false;            // EngineConfig::pin_threads
+  DType kv_dtype = DType::kF16;        // EngineConfig::kv_dtype (--kv-cache-dtype)
   bool int8_activations = false;       // EngineConfig::int8_activations
   std::int32_t shared_prefixes = 4;    // --workload shared-prefix
   std::int32_t shared_prefix_len = 0;  // 0: the preset's default

@@ -255,6 +255,39 @@ void add_pin_threads_flag(CLI::App& app, bool& pin) {
                "machine or cpuset this process has to itself; default off)");
 }
 
+namespace {
+
+// --kv-cache-dtype's names: vLLM's "fp8" (e4m3) and the short names
+// bench-attention's --kv-dtype takes.
+struct KvDtypeName {
+  const char* name;
+  DType dtype;
+};
+constexpr KvDtypeName kKvCacheDtypes[] = {
+    {"f16", DType::kF16},     {"bf16", DType::kBF16},        {"f32", DType::kF32},
+    {"fp8", DType::kFP8E4M3}, {"fp8_e4m3", DType::kFP8E4M3}, {"fp8_e5m2", DType::kFP8E5M2},
+    {"int8", DType::kINT8},
+};
+
+}  // namespace
+
+void add_kv_cache_dtype_flag(CLI::App& app, DType& dtype) {
+  std::vector<std::string> names;
+  for (const KvDtypeName& n : kKvCacheDtypes) names.emplace_back(n.name);
+  app.add_option_function<std::string>(
+         "--kv-cache-dtype",
+         [&dtype](const std::string& name) {
+           for (const KvDtypeName& n : kKvCacheDtypes)
+             if (name == n.name) dtype = n.dtype;
+         },
+         "K/V storage: f16, bf16, f32, fp8 (= fp8_e4m3: half of f16's bytes per token, "
+         "attention on bf16 products where they measure faster, see --exact-products), "
+         "fp8_e5m2, int8 (per-token scales)")
+      ->type_name("T")
+      ->default_str("f16")
+      ->check(one_of(names));
+}
+
 void add_int8_activations_flag(CLI::App& app, bool& on) {
   app.add_flag("--int8-activations", on,
                "quantised weights take activations rounded to int8 per 32 values in batches of "

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "pagedattn/dtype.h"
+
 namespace pagedattn::tools::flags {
 
 // The parser of `pagedattn NAME`. A repeated flag's last value wins;
@@ -53,6 +55,7 @@ void add_tensor_parallel_flag(CLI::App& app, std::int32_t& ranks);  // --tensor-
 void add_bf16_products_flag(CLI::App& app, bool& allowed);          // --bf16-products
 void add_exact_products_flag(CLI::App& app, bool& exact);           // --exact-products
 void add_pin_threads_flag(CLI::App& app, bool& pin);                // --pin-threads
+void add_kv_cache_dtype_flag(CLI::App& app, DType& dtype);          // --kv-cache-dtype T
 void add_int8_activations_flag(CLI::App& app, bool& on);            // --int8-activations
 
 }  // namespace pagedattn::tools::flags

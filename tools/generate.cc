@@ -72,6 +72,7 @@ std::unique_ptr<CLI::App> generate_flags(GenerateOptions& o) {
   add_bf16_products_flag(*app, o.bf16_products);
   flags::add_exact_products_flag(*app, o.exact_products);
   flags::add_pin_threads_flag(*app, o.pin_threads);
+  flags::add_kv_cache_dtype_flag(*app, o.kv_dtype);
   app->add_flag("--check-tensors", o.check_tensors,
                 "refuse a model whose weights hold NaN or Inf, naming the tensor (one more pass "
                 "over the weights at load)");
@@ -143,6 +144,7 @@ int run_generate(int argc, char** argv) {
   ec.bf16_products = o.bf16_products;
   ec.exact_products = o.exact_products;
   ec.pin_threads = o.pin_threads;
+  ec.kv_dtype = o.kv_dtype;
   SamplingParams params;
   params.max_tokens = o.max_tokens;
   params.temperature = o.temperature;

@@ -34,6 +34,7 @@ struct GenerateOptions {
   bool bf16_products = false;        // EngineConfig::bf16_products
   bool exact_products = false;       // EngineConfig::exact_products
   bool pin_threads = false;          // EngineConfig::pin_threads
+  DType kv_dtype = DType::kF16;      // EngineConfig::kv_dtype (--kv-cache-dtype)
   bool help = false;
 };
 

@@ -56,6 +56,18 @@ TEST(CliFlags, ValuesReachTheFields) {
   EXPECT_EQ(o.turns, 3);
 }
 
+TEST(CliFlags, KvCacheDtypeTakesVllmsFp8AndTheShortNames) {
+  EXPECT_EQ(bench_serve({}).kv_dtype, DType::kF16);
+  EXPECT_EQ(bench_serve({"--kv-cache-dtype", "fp8"}).kv_dtype, DType::kFP8E4M3);
+  EXPECT_EQ(bench_serve({"--kv-cache-dtype", "fp8_e5m2"}).kv_dtype, DType::kFP8E5M2);
+  EXPECT_EQ(bench_serve({"--kv-cache-dtype=int8"}).kv_dtype, DType::kINT8);
+  EXPECT_EQ(bench_serve({"--kv-cache-dtype", "bf16", "--exact-products", "--pin-threads"}).kv_dtype,
+            DType::kBF16);
+  EXPECT_EQ(refusal({"--kv-cache-dtype", "float16"}),
+            "bench-serve: --kv-cache-dtype = 'float16' must be f16, bf16, f32, fp8, fp8_e4m3, "
+            "fp8_e5m2 or int8");
+}
+
 TEST(CliFlags, LastOfARepeatedFlagWins) {
   const BenchServeOptions o = bench_serve({"--page-size", "8", "--page-size", "64",
                                            "--prefix-caching", "on", "--prefix-caching", "off"});

@@ -66,6 +66,7 @@ void add_engine_flags(CLI::App& app, ServeOptions& o) {
   add_bf16_products_flag(app, o.bf16_products);
   tools::flags::add_exact_products_flag(app, o.exact_products);
   tools::flags::add_pin_threads_flag(app, o.pin_threads);
+  tools::flags::add_kv_cache_dtype_flag(app, o.kv_dtype);
   add_int8_activations_flag(app, o.int8_activations);
   app.add_flag("--deterministic", o.deterministic,
                "batch-independent results: a request's tokens do not depend on the requests "
@@ -237,6 +238,7 @@ std::unique_ptr<HttpServer> make_server(const ServeOptions& o) {
   ec.bf16_products = o.bf16_products;
   ec.exact_products = o.exact_products;
   ec.pin_threads = o.pin_threads;
+  ec.kv_dtype = o.kv_dtype;
   ec.int8_activations = o.int8_activations;
   ec.deterministic = o.deterministic;
   std::unique_ptr<RemotePrefill> remote;

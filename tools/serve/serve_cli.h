@@ -4,6 +4,7 @@
 #include <string>
 
 #include "http_server.h"
+#include "pagedattn/dtype.h"
 #include "text_codec.h"
 
 namespace pagedattn::serve {
@@ -20,6 +21,7 @@ struct ServeOptions {
   bool bf16_products = false;        // EngineConfig::bf16_products
   bool exact_products = false;       // EngineConfig::exact_products
   bool pin_threads = false;          // EngineConfig::pin_threads
+  DType kv_dtype = DType::kF16;      // EngineConfig::kv_dtype (--kv-cache-dtype)
   bool int8_activations = false;     // EngineConfig::int8_activations
   bool deterministic = false;        // EngineConfig::deterministic
   std::int32_t tensor_parallel = 1;  // ranks sharing the model (under mpirun)
