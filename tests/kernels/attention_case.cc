@@ -289,13 +289,6 @@ RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used, DotPro
   return {output_row_tolerance(spec.o_dtype) + dot, dot > 0.0 ? dot : kFp32LseTolerance};
 }
 
-namespace {
-
-// Row `row` of output 1 against output 0: the largest error and the largest
-// reference magnitude.
-struct RowError {
-  double err = 0.0, scale = 0.0;
-};
 RowError row_error(const std::vector<float>& want, const std::vector<float>& got, std::size_t row,
                    std::size_t dim) {
   RowError e;
@@ -306,6 +299,18 @@ RowError row_error(const std::vector<float>& want, const std::vector<float>& got
   return e;
 }
 
+double largest_row_error(const std::vector<float>& want, const std::vector<float>& got,
+                         std::size_t dim) {
+  double worst = 0.0;
+  for (std::size_t row = 0; row * dim < want.size(); ++row) {
+    const RowError e = row_error(want, got, row, dim);
+    if (e.scale > 0.0) worst = std::max(worst, e.err / e.scale);
+  }
+  return worst;
+}
+
+namespace {
+
 std::size_t output_dim(const CaseSpec& spec) {
   return static_cast<std::size_t>(spec.v_head_dim ? spec.v_head_dim : spec.head_dim);
 }
@@ -313,14 +318,7 @@ std::size_t output_dim(const CaseSpec& spec) {
 }  // namespace
 
 double largest_row_error(const AttentionCase& c) {
-  const std::vector<float> want = c.output(0), got = c.output(1);
-  const std::size_t dim = output_dim(c.spec());
-  double worst = 0.0;
-  for (std::size_t row = 0; row * dim < want.size(); ++row) {
-    const RowError e = row_error(want, got, row, dim);
-    if (e.scale > 0.0) worst = std::max(worst, e.err / e.scale);
-  }
-  return worst;
+  return largest_row_error(c.output(0), c.output(1), output_dim(c.spec()));
 }
 
 void expect_rows_close(const AttentionCase& c, const RowTolerance& tol, const std::string& what) {

@@ -155,8 +155,19 @@ RowTolerance tolerance_for(const CaseSpec& spec, const CpuFeatures& used, DotPro
 // Output 1 (kernel) against output 0 (reference), row by row, and their LSE.
 void expect_rows_close(const AttentionCase& c, const RowTolerance& tol, const std::string& what);
 
-// The largest error of output 1 against output 0 over the rows, each as a
-// fraction of its row's largest reference magnitude (rows of zeros skipped).
+// Row `row` of `got` against `want` (rows of `dim` values): its largest
+// |got - want| and its largest |want|.
+struct RowError {
+  double err = 0.0, scale = 0.0;
+};
+RowError row_error(const std::vector<float>& want, const std::vector<float>& got, std::size_t row,
+                   std::size_t dim);
+
+// The largest error of `got` against `want` over the rows, each as a
+// fraction of its row's largest |want| (rows of zeros skipped).
+double largest_row_error(const std::vector<float>& want, const std::vector<float>& got,
+                         std::size_t dim);
+// The same for output 1 (kernel) against output 0 (reference).
 double largest_row_error(const AttentionCase& c);
 
 // Output 1 (kernel) against output 0 (reference), and their LSE; failures

@@ -479,11 +479,7 @@ TEST(AttentionTargets, ToleranceRejectsWrongKeys) {
   const std::size_t dim = static_cast<std::size_t>(spec.head_dim);
   int rows_failing = 0;
   for (std::size_t row = 0; row * dim < want.size(); ++row) {
-    double err = 0.0, scale = 0.0;
-    for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
-      err = std::max(err, double(std::fabs(wrong[i] - want[i])));
-      scale = std::max(scale, double(std::fabs(want[i])));
-    }
+    const auto [err, scale] = row_error(want, wrong, row, dim);
     rows_failing += err > tol.row * scale + 1e-6;
   }
   EXPECT_EQ(rows_failing * dim, want.size()) << "the largest tolerance accepts unrelated outputs";

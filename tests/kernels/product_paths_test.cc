@@ -17,22 +17,6 @@ namespace pagedattn::testing {
 namespace {
 namespace product_paths_test {  // this file's own names in a unity batch
 
-// Largest |got - want| over a row as a fraction of the row's largest |want|,
-// the worst row; rows of `dim` values.
-double worst_row_error(const std::vector<float>& want, const std::vector<float>& got,
-                       std::size_t dim) {
-  double worst = 0.0;
-  for (std::size_t row = 0; row * dim < want.size(); ++row) {
-    double err = 0.0, scale = 0.0;
-    for (std::size_t i = row * dim; i < (row + 1) * dim; ++i) {
-      err = std::max(err, double(std::fabs(got[i] - want[i])));
-      scale = std::max(scale, double(std::fabs(want[i])));
-    }
-    if (scale > 0.0) worst = std::max(worst, err / scale);
-  }
-  return worst;
-}
-
 // How far the fast paths may move an fp8 case's outputs from its f32
 // products: the bf16 allowance (the f16 path's is smaller).
 constexpr double kFp8FastRoundingTolerance = kBf16DotRowTolerance;
@@ -74,9 +58,9 @@ TEST(ProductPaths, Fp8FastProductsStayWithinTheFp8CachesError) {
       AttentionRunner(AttentionPlanOptions{.fp8_fast_products = false}).run(c.params(0));
       AttentionRunner(AttentionPlanOptions{.measured_products = false}).run(c.params(1));
       const auto dim = static_cast<std::size_t>(spec.head_dim);
-      const double f32_error = worst_row_error(exact.output(0), c.output(0), dim);
-      const double fast_error = worst_row_error(exact.output(0), c.output(1), dim);
-      const double rounding = worst_row_error(c.output(0), c.output(1), dim);
+      const double f32_error = largest_row_error(exact.output(0), c.output(0), dim);
+      const double fast_error = largest_row_error(exact.output(0), c.output(1), dim);
+      const double rounding = largest_row_error(c.output(0), c.output(1), dim);
       EXPECT_LE(fast_error, 1.1 * f32_error) << "f32 products: " << f32_error;
       EXPECT_LE(rounding, kFp8FastRoundingTolerance);
       worst_ratio = std::max(worst_ratio, fast_error / f32_error);
