@@ -104,6 +104,16 @@ void PageStorage::allocate() {
     base_ = static_cast<std::byte*>(backend_->allocate_host(bytes));
     return;
   }
+  const bool prefault = config_.prefault_pages && kind_ == StorageKind::kHost;
+  // Touching a pool larger than the memory left would end the process (the
+  // OOM killer) instead of failing here with a reason.
+  const std::int64_t available = prefault ? core::available_memory_bytes() : -1;
+  if (available >= 0 && total_bytes_ > available)
+    throw OutOfPages(detail::concat("PagedKVCache: ", total_bytes_,
+                                    " bytes of K/V storage (num_pages = ", config_.num_pages,
+                                    ") are more than the ", available,
+                                    " bytes of memory available (MemAvailable); give the cache "
+                                    "a smaller budget"));
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
@@ -115,7 +125,7 @@ void PageStorage::allocate() {
   // Any thread reads any sequence's pages: spread them over the NUMA nodes
   // (core/placement.h), before the first touch places them.
   if (core::spread_memory_over_nodes()) core::interleave_pages(p, bytes);
-  if (config_.prefault_pages && kind_ == StorageKind::kHost) core::touch_pages(p, bytes);
+  if (prefault) core::touch_pages(p, bytes);
 }
 
 PageStorage::~PageStorage() {

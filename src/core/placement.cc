@@ -111,6 +111,19 @@ InterleaveNewPages::~InterleaveNewPages() {
 #endif
 }
 
+std::int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    const std::size_t at = line.find_first_not_of(' ', 13);
+    if (at == std::string::npos) return -1;
+    std::int64_t kib = -1;
+    const auto [end, error] = std::from_chars(line.data() + at, line.data() + line.size(), kib);
+    return error == std::errc{} && kib >= 0 ? kib * 1024 : -1;
+  }
+  return -1;
+}
+
 void touch_pages(void* data, std::size_t bytes) {
   if (data == nullptr || bytes == 0) return;
   auto* base = static_cast<volatile unsigned char*>(data);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -57,6 +58,10 @@ class InterleaveNewPages {
 // thread, the affinity that thread had before (what the process was given,
 // not the one CPU left to a bound thread).
 std::vector<int> process_cpus();
+
+// The memory the kernel estimates it can give without swapping
+// (/proc/meminfo MemAvailable), in bytes; -1 where it does not say.
+std::int64_t available_memory_bytes();
 
 // Makes every page of [data, data + bytes) resident now (written once:
 // an anonymous mapping's pages stay zero), in 2 MiB chunks spread over

@@ -4,6 +4,7 @@
 // spreading's effect.
 #include "core/placement.h"
 
+#include "pagedattn/errors.h"
 #include "pagedattn/kv_cache.h"
 
 #include <gtest/gtest.h>
@@ -117,6 +118,29 @@ TEST(Placement, APrefaultedCachesPoolIsResidentFromTheStart) {
         EXPECT_LT(resident, all) << "layer " << layer;
       }
     }
+  }
+}
+
+// A pool to touch that the machine cannot hold is refused with the reason,
+// before anything is mapped, instead of the OOM killer ending the process.
+TEST(Placement, APrefaultedPoolLargerThanTheMemoryLeftIsRefused) {
+  const std::int64_t available = available_memory_bytes();
+  if (available < 0) GTEST_SKIP() << "no MemAvailable in /proc/meminfo";
+  KVCacheConfig c;
+  c.num_layers = 4;
+  c.num_qo_heads = 8;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.page_size = 16;
+  c.kv_dtype = DType::kF16;
+  const std::int64_t page_bytes = std::int64_t{c.num_layers} * 2 * c.page_size * 8 * 128 * 2;
+  c.num_pages = 2 * available / page_bytes + 1;
+  c.prefault_pages = true;
+  try {
+    const PagedKVCache cache(c);
+    FAIL() << "a pool of twice the available memory was touched";
+  } catch (const OutOfPages& e) {
+    EXPECT_NE(std::string(e.what()).find("MemAvailable"), std::string::npos) << e.what();
   }
 }
 
