@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/attention_traits.h"
+#include "kernels/cpu/product_paths.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/cpu_features.h"
 
@@ -32,6 +33,21 @@ struct KernelContext {
 };
 
 KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan& plan);
+
+// The product paths a plan's calls over KV of shape `s` take (the fields
+// of KernelContext of the same names): what the plan allows, what the CPU,
+// the dispatched target and the kernels for the dtype and head dims have,
+// and, with plan.measured_products, what product_path_pays measured.
+struct ProductChoice {
+  bool bf16_dot = false, amx_bf16 = false, bf16_decode = false, int8_dot = false,
+       f16_decode = false;
+};
+ProductChoice choose_products(const ProductShape& s, const AttentionPlan& plan);
+
+// Makes the choice for attention over KV of shape `s` planned with
+// `options` now (the timing of product_path_pays, 5-40 ms a path on its
+// first call), so that a cache's first step does not pay it.
+void prepare_product_choice(const ProductShape& s, const AttentionPlanOptions& options);
 
 // Whether the CPU and KV dtype have the bf16 decode kernel
 // (bf16_decode-inl.h): KV that converts to bf16 exactly (bf16, fp8) or is

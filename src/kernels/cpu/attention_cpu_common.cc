@@ -9,6 +9,36 @@
 
 namespace pagedattn::kernels {
 
+ProductChoice choose_products(const ProductShape& s, const AttentionPlan& plan) {
+  const CpuFeatures used = dispatched_features();
+  const DType kv = s.kv_dtype;
+  const bool fp8_fast = plan.fp8_fast_products && is_fp8(kv);
+  auto pays = [&](ProductPath path) {
+    return !plan.measured_products || product_path_pays(s, path);
+  };
+  const bool bf16_allowed =
+      (plan.bf16_products || fp8_fast) && used.avx512_bf16 && kv != DType::kF32;
+  ProductChoice c;
+  c.bf16_dot = bf16_allowed && pays(ProductPath::kBf16Prefill);
+  c.amx_bf16 = c.bf16_dot && used.amx_bf16 && amx_head_dims(s.head_dim);
+  c.bf16_decode = bf16_allowed && bf16_decode_kernel(used, kv) && pays(ProductPath::kBf16Decode);
+  c.int8_dot = plan.int8_products && used.avx512_vnni && kv == DType::kINT8 &&
+               s.head_dim % 64 == 0 && s.v_head_dim % 64 == 0 && pays(ProductPath::kInt8Decode);
+  c.f16_decode = (plan.f16_products || (fp8_fast && kv == DType::kFP8E4M3)) && used.avx512_fp16 &&
+                 f16_decode_kernel(kv, s.head_dim, s.v_head_dim) && pays(ProductPath::kF16Decode);
+  return c;
+}
+
+void prepare_product_choice(const ProductShape& s, const AttentionPlanOptions& options) {
+  const std::int32_t zero = 0;  // an empty batch: the plan's product flags are what matter
+  PagedKVTable empty;
+  empty.page_size = 1;
+  empty.qo_indptr = &zero;
+  empty.kv_lens = &zero;
+  const AttentionShape shape{s.group, 1, s.head_dim, s.v_head_dim};
+  choose_products(s, plan_attention(empty, shape, {}, options));
+}
+
 KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan& plan) {
   KernelContext c;
   c.group = p.num_qo_heads / p.kv.num_kv_heads;
@@ -18,22 +48,13 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
   c.dv = padded_dim(c.v_head_dim);
   c.scale = resolved_scale(p);
   c.batch_invariant = plan.batch_invariant;
-  const CpuFeatures used = dispatched_features();
-  const DType kv = p.kv.dtype;
-  const bool fp8_fast = plan.fp8_fast_products && is_fp8(kv);
-  const ProductShape shape{kv, p.kv.layout, c.head_dim, c.v_head_dim, c.group, p.kv.v_in_k};
-  auto pays = [&](ProductPath path) {
-    return !plan.measured_products || product_path_pays(shape, path);
-  };
-  const bool bf16_allowed =
-      (plan.bf16_products || fp8_fast) && used.avx512_bf16 && kv != DType::kF32;
-  c.bf16_dot = bf16_allowed && pays(ProductPath::kBf16Prefill);
-  c.amx_bf16 = c.bf16_dot && used.amx_bf16 && amx_head_dims(c.head_dim);
-  c.bf16_decode = bf16_allowed && bf16_decode_kernel(used, kv) && pays(ProductPath::kBf16Decode);
-  c.int8_dot = plan.int8_products && used.avx512_vnni && kv == DType::kINT8 &&
-               c.head_dim % 64 == 0 && c.v_head_dim % 64 == 0 && pays(ProductPath::kInt8Decode);
-  c.f16_decode = (plan.f16_products || (fp8_fast && kv == DType::kFP8E4M3)) && used.avx512_fp16 &&
-                 f16_decode_kernel(kv, c.head_dim, c.v_head_dim) && pays(ProductPath::kF16Decode);
+  const ProductChoice products = choose_products(
+      {p.kv.dtype, p.kv.layout, c.head_dim, c.v_head_dim, c.group, p.kv.v_in_k}, plan);
+  c.bf16_dot = products.bf16_dot;
+  c.amx_bf16 = products.amx_bf16;
+  c.bf16_decode = products.bf16_decode;
+  c.int8_dot = products.int8_dot;
+  c.f16_decode = products.f16_decode;
   c.layout = scratch_layout(plan.max_rows, c.head_dim, c.v_head_dim);
   c.partial_slot_bytes = partial_slot_bytes(plan.max_rows, c.v_head_dim);
   c.partial_lse_offset = align_up(static_cast<std::size_t>(plan.max_rows) *
