@@ -1,5 +1,4 @@
 #include "page_storage.h"
-#include "core/placement.h"
 
 #include <sys/mman.h>
 
@@ -8,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/placement.h"
 #include "kernels/nan_flags.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_ops.h"

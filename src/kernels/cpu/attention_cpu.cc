@@ -931,12 +931,12 @@ bool Bf16Dot(const Item& it) {
 // bf16 exactly, and f16 (rounded to bf16, as prefill does). int8 stays on
 // f32 FMAs.
 template <DType kT>
-constexpr bool kBf16DecodeType = kT == DType::kBF16 || kT == DType::kF16 || is_fp8(kT);
+constexpr bool kBf16DecodeType = bf16_decode_type(kT);
 
 // KV types whose decode rows run on f16 multiply-adds (f16_decode-inl.h)
 // when F16Decode allows them.
 template <DType kT>
-constexpr bool kF16DecodeType = kT == DType::kFP8E4M3 || kT == DType::kF16;
+constexpr bool kF16DecodeType = f16_decode_type(kT);
 
 // Whether an item's decode blocks may take the f16 path: e4m3 or f16 KV,
 // few rows per head (not the outer products), no keys to rotate, and the

@@ -12,21 +12,23 @@
 
 namespace pagedattn::kernels {
 
-struct KernelContext {
+// Which product paths a call takes (choose_products): each where the plan
+// allows it, the CPU and dispatch have it, and (measured_products) it
+// measured faster than f32 products.
+struct ProductChoice {
+  bool bf16_dot = false;     // outer products (prefill tiles) on bf16 dot products
+  bool amx_bf16 = false;     // bf16_dot, on AMX tiles (head dims multiples of 32)
+  bool bf16_decode = false;  // decode rows on vdpbf16ps (bf16_decode_kernel)
+  bool int8_dot = false;     // int8 decode rows on vpdpbusd (head dims multiples of 64)
+  bool f16_decode = false;   // decode rows on AVX512-FP16 multiply-adds (f16_decode_kernel)
+};
+
+struct KernelContext : ProductChoice {
   std::int32_t group = 1;  // query heads per KV head
   std::int32_t head_dim = 0, v_head_dim = 0;
   std::int32_t dq = 0, dv = 0;   // padded dims (scratch row strides)
   float scale = 1.0f;            // folded into the queries
   bool batch_invariant = false;  // AttentionPlan::batch_invariant: no prefill-only paths
-  bool bf16_dot = false;         // the plan allows bf16 products, the CPU and dispatch have them
-  bool amx_bf16 = false;     // bf16_dot, and prefill products on AMX tiles (the CPU and dispatch
-                             // have them, the head dims are multiples of 32)
-  bool bf16_decode = false;  // bf16_dot, and decode rows on vdpbf16ps (bf16_decode_pays)
-  bool int8_dot = false;     // the plan allows int8 products, the CPU and dispatch have them,
-                             // and the head dims are multiples of 64
-  bool f16_decode = false;   // the plan allows f16 products, the CPU and dispatch have
-                             // AVX512-FP16, the KV is fp8 e4m3 or f16 and the head dims fit
-                             // (f16_decode_dims)
   ScratchLayout layout;
   std::size_t partial_slot_bytes = 0;
   std::size_t partial_lse_offset = 0;  // within a slot
@@ -34,14 +36,10 @@ struct KernelContext {
 
 KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan& plan);
 
-// The product paths a plan's calls over KV of shape `s` take (the fields
-// of KernelContext of the same names): what the plan allows, what the CPU,
-// the dispatched target and the kernels for the dtype and head dims have,
-// and, with plan.measured_products, what product_path_pays measured.
-struct ProductChoice {
-  bool bf16_dot = false, amx_bf16 = false, bf16_decode = false, int8_dot = false,
-       f16_decode = false;
-};
+// The product paths a plan's calls over KV of shape `s` take: what the
+// plan allows, what the CPU, the dispatched target and the kernels for the
+// dtype and head dims have, and, with plan.measured_products, what
+// product_path_pays measured.
 ProductChoice choose_products(const ProductShape& s, const AttentionPlan& plan);
 
 // Makes the choice for attention over KV of shape `s` planned with
@@ -57,9 +55,11 @@ void prepare_product_choice(const ProductShape& s, const AttentionPlanOptions& o
 // it doubles the FMA rate of Zen 4, where b8 x 16k bf16 decode took 22
 // against 30 ms, and issues at half an FMA's rate on the cores that have
 // AMX (32 against 27 ms on Sapphire Rapids).
+constexpr bool bf16_decode_type(DType kv) {
+  return kv == DType::kBF16 || kv == DType::kF16 || is_fp8(kv);
+}
 constexpr bool bf16_decode_kernel(const CpuFeatures& used, DType kv) {
-  return used.avx512_bf16 && used.avx512_vbmi &&
-         (kv == DType::kBF16 || kv == DType::kF16 || is_fp8(kv));
+  return used.avx512_bf16 && used.avx512_vbmi && bf16_decode_type(kv);
 }
 
 // Head dims the f16 decode path (f16_decode-inl.h) takes: whole 32-lane
@@ -70,8 +70,11 @@ constexpr bool f16_decode_dims(std::int32_t head_dim, std::int32_t v_head_dim) {
          v_head_dim % 32 == 0;
 }
 // KV dtypes and head dims the f16 decode kernel takes (e4m3 and f16).
+constexpr bool f16_decode_type(DType kv) {
+  return kv == DType::kFP8E4M3 || kv == DType::kF16;
+}
 constexpr bool f16_decode_kernel(DType kv, std::int32_t head_dim, std::int32_t v_head_dim) {
-  return (kv == DType::kFP8E4M3 || kv == DType::kF16) && f16_decode_dims(head_dim, v_head_dim);
+  return f16_decode_type(kv) && f16_decode_dims(head_dim, v_head_dim);
 }
 
 // Head dims the AMX tile path takes: whole 32-dim tiles of bf16 queries (V

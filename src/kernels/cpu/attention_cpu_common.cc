@@ -51,13 +51,8 @@ KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan&
   c.dv = padded_dim(c.v_head_dim);
   c.scale = resolved_scale(p);
   c.batch_invariant = plan.batch_invariant;
-  const ProductChoice products = choose_products(
+  static_cast<ProductChoice&>(c) = choose_products(
       {p.kv.dtype, p.kv.layout, c.head_dim, c.v_head_dim, c.group, p.kv.v_in_k}, plan);
-  c.bf16_dot = products.bf16_dot;
-  c.amx_bf16 = products.amx_bf16;
-  c.bf16_decode = products.bf16_decode;
-  c.int8_dot = products.int8_dot;
-  c.f16_decode = products.f16_decode;
   c.layout = scratch_layout(plan.max_rows, c.head_dim, c.v_head_dim);
   c.partial_slot_bytes = partial_slot_bytes(plan.max_rows, c.v_head_dim);
   c.partial_lse_offset = align_up(static_cast<std::size_t>(plan.max_rows) *
