@@ -92,8 +92,10 @@ inline PeakClass attention_peak_class(const AttentionCallKind& call, const CpuFe
   const bool avx512 = used.avx512f;
   const DType kv = call.kv;
   const bool bf16_kv = call.prefill ? kv != DType::kF32 : kernel_bf16_decode(kv);
-  // Decode keeps f32 FMAs on the CPUs with AMX, or without AVX512-VBMI
-  // (kernels::bf16_decode_pays).
+  // Decode keeps f32 FMAs without AVX512-VBMI (kernels::bf16_decode_kernel),
+  // and where bf16 products timed slower (kernels::choose_products), which
+  // this header-only mirror takes to be the CPUs with AMX; a CPU that times
+  // them slower elsewhere (Zen 5 over bf16 KV) gets this class wrongly.
   const bool bf16_dot_here =
       call.prefill || (!(kKernelUsesAmx && used.amx_bf16) && used.avx512_vbmi);
   if (avx512 && call.bf16_products && bf16_kv && kKernelUsesBf16Dot && used.avx512_bf16 &&

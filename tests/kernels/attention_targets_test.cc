@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attention_case.h"
+#include "kernels/cpu/product_paths.h"
 #include "kernels/nan_flags.h"
 #include "pagedattn/cpu_features.h"
 
@@ -273,8 +274,9 @@ CaseSpec DecodeGroupCase(DType kv, std::int32_t group, std::uint32_t seed, std::
 }
 
 // Decode over bf16, f16 and fp8 KV with bf16 products allowed runs on vdpbf16ps
-// where the CPU has AVX512-BF16 and VBMI and no AMX (bf16_decode_pays; on a
-// CPU with AMX the test switches AMX off to reach the path): within the dot-product
+// where the CPU has AVX512-BF16 and VBMI (bf16_decode_kernel; the test takes
+// the path without timing it, measured_products = false, and switches AMX
+// off, as it did when CPUs with AMX kept decode on f32): within the dot-product
 // tolerance of the reference, and not the f32 path's bits. GQA 1 to 8
 // (every row grouping of the micro-kernels), head dims with masked tails
 // of 8, 16 and 24 (40, 136; 80; 120), pages of 1 to 32, odd key counts,
@@ -638,7 +640,7 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
   };
   // Rows per KV head (q_len x group) from 9 to 128: one prefill tile, so
   // that no row of either run takes a decode path (with AMX switched off,
-  // decode rows would run on vdpbf16ps: bf16_decode_pays).
+  // decode rows would run on vdpbf16ps: bf16_decode_kernel).
   const Shape shapes[] = {{1, 64, 64, 9, 9, 16},      {4, 128, 128, 13, 77, 16},
                           {8, 128, 128, 15, 300, 5},  {2, 96, 96, 40, 40, 1},
                           {6, 256, 256, 11, 130, 32}, {4, 64, 128, 16, 97, 16},
@@ -733,21 +735,31 @@ TEST(AttentionAmx, TakenOnlyWhereAvailable) {
   EXPECT_NE(c.output(0), c.output(1)) << "AMX switched off gave the AMX path's bits";
 }
 
-// On a CPU with AMX, decode with bf16 products allowed keeps the f32 path
-// (vdpbf16ps issues at half the FMA rate there: bf16_decode_pays), so its
-// bits are the f32 path's; its prefill runs on the tiles.
-TEST(AttentionAmx, DecodeKeepsF32Products) {
+// On a CPU with AMX, vdpbf16ps issues at half the FMA rate, so decode with
+// bf16 products allowed is expected to time slower than f32 products and
+// keep the f32 path's bits (its prefill runs on the tiles); decode takes
+// vdpbf16ps only where the timing (product_path_pays) found it faster.
+TEST(AttentionAmx, DecodeTakesBf16ProductsOnlyWhereTheyMeasuredFaster) {
   if (!dispatched_features().amx_bf16) GTEST_SKIP() << "no AMX-BF16 at the dispatched target";
-  AttentionCase c(bf16_gqa4_case({1, 1}, {300, 77}));
+  const CaseSpec spec = bf16_gqa4_case({1, 1}, {300, 77});
+  AttentionCase c(spec);
   AttentionRunner(AttentionPlanOptions{.bf16_products = false,
                                        .fp8_fast_products = false,
                                        .measured_products = false})
       .run(c.params(0));
-  AttentionRunner(AttentionPlanOptions{.bf16_products = true,
-                                       .fp8_fast_products = false,
-                                       .measured_products = false})
+  AttentionRunner(AttentionPlanOptions{.bf16_products = true, .fp8_fast_products = false})
       .run(c.params(1));
-  EXPECT_EQ(c.output(0), c.output(1));
+  const kernels::ProductShape shape{spec.kv_dtype,
+                                    spec.layout,
+                                    spec.head_dim,
+                                    spec.head_dim,
+                                    spec.num_qo_heads / spec.num_kv_heads,
+                                    false};
+  if (kernels::product_path_pays(shape, kernels::ProductPath::kBf16Decode)) {
+    EXPECT_NE(c.output(0), c.output(1)) << "timed faster, yet decode kept f32 products";
+  } else {
+    EXPECT_EQ(c.output(0), c.output(1));
+  }
 }
 
 }  // namespace attention_targets_test
