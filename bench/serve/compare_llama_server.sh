@@ -4,11 +4,12 @@
 #   bench/serve/compare_llama_server.sh MODEL.gguf LLAMA_SERVER_BIN [threads] [rounds]
 # LLAMA_SERVER_BIN is llama-server, built outside this repository
 # (docs/benchmarks.md says how). Both servers get `threads` CPU threads
-# (default 2), 32 sequences at once, 512 tokens of context per sequence,
-# 2048 tokens per batch and the same KV room: 16384 tokens of f16 K/V
-# (llama-server -c 16384; pagedattn 360 MiB = 16384 tokens of SmolLM2-135M's
-# 30 layers x 3 KV heads x 64; set PAGEDATTN_KV_MIB for another model).
-# For each concurrency (1, 8, 32 streams) and round, bench-serve runs the same
+# (default 2), as many sequences at once as the most streams (STREAMS, default
+# "1 8 32"), 512 tokens of context per sequence, 2048 tokens per batch and the
+# same KV room: 512 tokens of f16 K/V per sequence (llama-server -c 16384 for
+# 32; pagedattn 360 MiB for 32 = 16384 tokens of SmolLM2-135M's 30 layers x 3
+# KV heads x 64; set PAGEDATTN_KV_MIB for another model).
+# For each concurrency (STREAMS) and round, bench-serve runs the same
 # trace (2 x streams requests, at least 4, of 128 prompt tokens and 128 output
 # tokens, ignore_eos) against pagedattn, then llama-server; then a table of
 # output tokens/s and TTFT p50/p99 with the ratios pagedattn / llama-server.
@@ -21,6 +22,8 @@
 # timings).
 set -euo pipefail
 model=$1 llama_server=$2 threads=${3:-2} rounds=${4:-1}
+read -r -a streams <<<"${STREAMS:-1 8 32}"
+seqs=$(printf '%s\n' "${streams[@]}" | sort -n | tail -1)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tool=${PAGEDATTN:-$root/build/release/tools/pagedattn}  # the client, bench-serve --url
 server=${PAGEDATTN_SERVE:-$tool}                           # the binary that runs `serve`
@@ -39,7 +42,8 @@ free_port() {
 }
 wait_healthy() {  # port name log
   for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
+    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+      "http://127.0.0.1:$1/health" 2>/dev/null && return 0
     sleep 0.5
   done
   echo "compare_llama_server: $2 did not come up; its log:" >&2
@@ -53,26 +57,27 @@ unlock() { if [ -n "${PAGEDATTN_CPU_LOCK:-}" ]; then flock -u 9; exec 9>&-; fi; 
 
 p_port=$(free_port)
 OMP_NUM_THREADS=$threads "$server" serve --model "$model" --host 127.0.0.1 --port "$p_port" \
-  --max-num-seqs 32 --max-model-len 512 --max-batched-tokens 2048 \
-  --kv-memory-mib "${PAGEDATTN_KV_MIB:-360}" ${PAGEDATTN_SERVE_FLAGS:-} >"$work/pagedattn.log" 2>&1 &
+  --max-num-seqs "$seqs" --max-model-len 512 --max-batched-tokens 2048 \
+  --kv-memory-mib "${PAGEDATTN_KV_MIB:-$((360 * seqs / 32))}" ${PAGEDATTN_SERVE_FLAGS:-} >"$work/pagedattn.log" 2>&1 &
 pids+=($!)
 l_port=$(free_port)
 "$llama_server" -m "$model" --host 127.0.0.1 --port "$l_port" -t "$threads" -tb "$threads" \
-  -np 32 -c $((512 * 32)) -b 2048 --cont-batching >"$work/llama.log" 2>&1 &
+  -np "$seqs" -c $((512 * seqs)) -b 2048 --cont-batching >"$work/llama.log" 2>&1 &
 pids+=($!)
 wait_healthy "$p_port" "pagedattn serve" "$work/pagedattn.log"
 wait_healthy "$l_port" llama-server "$work/llama.log"
 
-python3 - "$work" <<'PY'
+python3 - "$work" "${streams[@]}" <<'PY'
 import json, sys
 line = lambda p, o: json.dumps({"prompt_len": p, "output_len": o}) + "\n"
-for c in (1, 8, 32):
+for c in map(int, sys.argv[2:]):
     open(f"{sys.argv[1]}/c{c}.jsonl", "w").write(line(128, 128) * max(4, 2 * c))
 open(f"{sys.argv[1]}/warmup.jsonl", "w").write(line(16, 8))
 PY
 
 metrics() {  # file: pagedattn serve's counters
-  curl -sf "http://127.0.0.1:$p_port/metrics" >"$1" || : >"$1"
+  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+    "http://127.0.0.1:$p_port/metrics" >"$1" 2>/dev/null || : >"$1"
 }
 bench() {  # name port concurrency round
   [ "$1" = pagedattn ] && metrics "$work/metrics-c$3-r$4.before"
@@ -86,7 +91,7 @@ for port in "$p_port" "$l_port"; do
   "$tool" bench-serve --url "http://127.0.0.1:$port" --workload "$work/warmup.jsonl" >/dev/null 2>&1
 done
 for round in $(seq "$rounds"); do
-  for c in 1 8 32; do
+  for c in "${streams[@]}"; do
     echo "round $round, $c streams" >&2
     lock
     bench pagedattn "$p_port" "$c" "$round"
@@ -96,15 +101,16 @@ for round in $(seq "$rounds"); do
 done
 
 echo "# pagedattn serve vs llama-server: $(basename "$model"), $threads threads, 128 prompt + 128 output tokens"
-python3 - "$work" "$rounds" <<'PY'
+python3 - "$work" "$rounds" "${streams[@]}" <<'PY'
 import json, statistics, sys
 work, rounds = sys.argv[1], int(sys.argv[2])
+streams = [int(c) for c in sys.argv[3:]]
 def fig(name, c, key):
     return statistics.median(json.load(open(f"{work}/{name}-c{c}-r{r}.json"))["summary"][key]
                              for r in range(1, rounds + 1))
 print(f"{'streams':>7} | {'tok/s pagedattn':>15} {'llama':>8} {'ratio':>6} | "
       f"{'TTFT p50 ms':>11} {'llama':>8} {'ratio':>6} | {'TTFT p99 ms':>11} {'llama':>8} {'ratio':>6}")
-for c in (1, 8, 32):
+for c in streams:
     p, l = (fig(n, c, "output_tokens_per_s") for n in ("pagedattn", "llama"))
     row = f"{c:>7} | {p:>15.1f} {l:>8.1f} {p / l:>6.2f}"
     for key in ("ttft_p50_s", "ttft_p99_s"):
@@ -122,7 +128,7 @@ def counters(path):
             out[name] = float(value)
     return out
 print("\nHTTP + scheduling, share of pagedattn's step time (/metrics deltas, median of rounds):")
-for c in (1, 8, 32):
+for c in streams:
     shares = []
     for r in range(1, rounds + 1):
         a, b = (counters(f"{work}/metrics-c{c}-r{r}.{x}") for x in ("before", "after"))
