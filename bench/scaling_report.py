@@ -92,6 +92,8 @@ def load_rows(folder, counts):
             "weight_bytes": r["weight_bytes"],
             "matmul_flops_per_token": r["matmul_flops_per_token"],
             "shape": shape,
+            # Absent in the JSON of builds before the step profile.
+            "phases_ms": {k: 1e3 * v for k, v in r.get("decode_step_phases_s", {}).items()},
         })
     base = rows[0]["tokens_per_s"]
     for row in rows:
@@ -119,6 +121,25 @@ def print_table(rows, out):
               f"| {r['memory_ms']:.3f} | {r['fma_gflops']:.1f} | {r['compute_ms']:.3f} "
               f"| {100 * r['fraction']:.1f}% | {r['attention_gbps']:.2f} "
               f"| {100 * r['attention_share']:.1f}% |", file=out)
+
+
+def print_phases(rows, out):
+    """Where each count's decode step goes: a phase whose time stays as threads
+    are added is what stops the step from scaling."""
+    names = list(rows[0]["phases_ms"])
+    if not names:
+        return
+    print(file=out)
+    print("Where the decode step goes, ms (products, attention and the LM head of the "
+          "forward pass; the rest of it: norms, RoPE, activations, residuals; outside the "
+          "model: scheduling, planning, sampling):", file=out)
+    print(file=out)
+    print("| threads | step | " + " | ".join(n.replace("_", " ") for n in names) + " |",
+          file=out)
+    print("|---:|---:|" + "---:|" * len(names), file=out)
+    for r in rows:
+        print(f"| {r['threads']} | {r['step_ms']:.3f} | " +
+              " | ".join(f"{r['phases_ms'].get(n, 0.0):.3f}" for n in names) + " |", file=out)
 
 
 def check(rows, max_fraction):
@@ -193,6 +214,7 @@ def main():
     args = parser.parse_args()
     rows = load_rows(args.folder, args.threads)
     print_table(rows, sys.stdout)
+    print_phases(rows, sys.stdout)
     if args.plot:
         plot(rows, args.plot)
     if args.check is not None:

@@ -1,47 +1,51 @@
 #!/usr/bin/env bash
 # Issue 37's many-core figures in one command, for a machine lent for a few
 # minutes (a GPU machine's 16 host cores, docs/benchmarks.md "Scaling over
-# threads"): thread scaling of bench-serve and bench-attention, the `1b`
-# preset's decode step against its bounds, and pagedattn serve against
-# llama-server on SmolLM2.
+# threads"): thread scaling of bench-serve (with where each decode step's
+# time goes) and bench-attention, the `1b` preset's decode step against its
+# bounds, SmolLM2 at 16 threads under each wait and binding policy, and
+# pagedattn serve against llama-server on SmolLM2.
 #
 #   scripts/cpu_scaling_device.sh --bundle [DIR]
-#       Here, after a Release build: copies build/release/tools/pagedattn,
+#       Here, after a Release build: copies build/release/tools/pagedattn and
 #       the shared libraries it loads (xz-compressed; the device image lacks
-#       most), llama-server with its libraries from LLAMA_BUILD (default
-#       build/peers/llama-build-spr, a build with GGML_NATIVE=OFF for the
-#       device's CPU, docs/benchmarks.md says how) and SmolLM2 packed by
-#       bench/peers/gguf_tile.py into DIR (default build/cpu-bundle), under
-#       the 64 MiB a call carries. SMOLLM2 names the GGUF file (default: the
-#       test model, scripts/get_test_model.sh). Where build/gpu-bundle exists
-#       (`scripts/gpu_check.sh --bundle`), it goes along too.
+#       most), llama-server builds with their libraries (LLAMA_BINS, folders
+#       of llama-server and its lib*.so*, tried in order on the device until
+#       one serves: default build/peers/llama-bin-{spr,avx512,avx2}, see
+#       docs/benchmarks.md) and SmolLM2 packed by bench/peers/gguf_tile.py
+#       into DIR (default build/cpu-bundle), under the 64 MiB a call carries.
+#       SMOLLM2 names the GGUF file (default: the test model,
+#       scripts/get_test_model.sh). With GPU_CHECK=1, build/gpu-bundle
+#       (`scripts/gpu_check.sh --bundle`) goes along too.
 #   scripts/cpu_scaling_device.sh [DIR]
 #       There, from the repository root: unpacks DIR, runs everything, writes
 #       $OUT/results.tar.gz (each run's output) and $OUT/summary.md.
-#       SCALING_THREADS (default 1,2,4,8,16) and STREAMS (default "1 16 64")
-#       change the thread counts and the comparison's concurrency levels.
-#       Where DIR holds the GPU bundle, the CUDA check (scripts/gpu_check.sh)
-#       runs last, into $OUT/gpu, in what is left of DEADLINE seconds
-#       (default 570) since the start: one lease of a GPU machine serves both.
+#       SCALING_THREADS (default 2,4,8,16) and STREAMS (default "1 64") change
+#       the thread counts and the comparison's concurrency levels. Where DIR
+#       holds the GPU bundle, the CUDA check (scripts/gpu_check.sh) runs last,
+#       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
+#       the start: one lease of a GPU machine serves both.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--bundle" ]; then
   set -e
   bundle=${2:-build/cpu-bundle}
-  llama=${LLAMA_BUILD:-build/peers/llama-build-spr}
+  read -r -a llamas <<<"${LLAMA_BINS:-build/peers/llama-bin-spr build/peers/llama-bin-avx512 build/peers/llama-bin-avx2}"
   rm -rf "$bundle" && mkdir -p "$bundle"
   xz -T0 -6 -c build/release/tools/pagedattn >"$bundle/pagedattn.xz"
   # Everything but the C library, which the machine has (and must match its
   # kernel and loader).
-  ldd build/release/tools/pagedattn "$llama/bin/llama-server" | awk '/=> \// {print $3}' |
-    grep -v -E '/lib(c|m|dl|pthread|rt)\.so' | grep -v "$llama" | sort -u |
+  ldd build/release/tools/pagedattn "${llamas[0]}/llama-server" | awk '/=> \// {print $3}' |
+    grep -v -E '/lib(c|m|dl|pthread|rt)\.so' | grep -v "${llamas[0]}" | sort -u |
     xargs tar -chf - --transform 's,.*/,lib/,' 2>/dev/null | xz -T0 -6 >"$bundle/lib.tar.xz"
-  tar -chf - -C "$llama/bin" llama-server $(cd "$llama/bin" && ls lib*.so.0 libllama-server-impl.so 2>/dev/null) |
-    xz -T0 -6 >"$bundle/llama.tar.xz"
+  for dir in "${llamas[@]}"; do
+    tar -chf - -C "$dir" llama-server $(cd "$dir" && ls lib*.so.0 libllama-server-impl.so) |
+      xz -T0 -6 >"$bundle/$(basename "$dir").tar.xz"
+  done
   python3 bench/peers/gguf_tile.py pack "${SMOLLM2:-$(scripts/get_test_model.sh)}" \
-    "$bundle/smollm2.pack" --fraction "${SMOLLM2_FRACTION:-0.25}"
-  if [ -d build/gpu-bundle ]; then
+    "$bundle/smollm2.pack" --fraction "${SMOLLM2_FRACTION:-0.2}"
+  if [ "${GPU_CHECK:-0}" = 1 ]; then
     tar -cf - -C build gpu-bundle | xz -T0 -6 >"$bundle/gpu-bundle.tar.xz"
   fi
   du -sh "$bundle"
@@ -56,14 +60,14 @@ summary=$out/summary.md
 say() { echo "$@" | tee -a "$summary"; }
 : >"$summary"
 
-mkdir -p /tmp/cpu-bundle/lib /tmp/cpu-bundle/llama
+mkdir -p /tmp/cpu-bundle/lib
 tar -xJf "$bundle/lib.tar.xz" -C /tmp/cpu-bundle
-tar -xJf "$bundle/llama.tar.xz" -C /tmp/cpu-bundle/llama
 python3 bench/peers/gguf_tile.py unpack "$bundle/smollm2.pack" /tmp/cpu-bundle/smollm2.gguf
-export LD_LIBRARY_PATH=/tmp/cpu-bundle/lib:/tmp/cpu-bundle/llama
+export LD_LIBRARY_PATH=/tmp/cpu-bundle/lib
 bin=/tmp/cpu-bundle/pagedattn
 xz -dc "$bundle/pagedattn.xz" >"$bin"
-chmod +x "$bin" /tmp/cpu-bundle/llama/llama-server
+chmod +x "$bin"
+model=/tmp/cpu-bundle/smollm2.gguf
 
 say "# Many-core run, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 lscpu >"$results/lscpu.txt"
@@ -79,37 +83,90 @@ step() {  # title command...: one part, its time and its status
   echo "== $title" >&2
   "$@"
   say "- $title: exit $?, $((SECONDS - start)) s"
+  # What came back so far, should a later part run out of time.
+  tar -czf "$out/results.tar.gz" -C "$(dirname "$results")" results
 }
 
 run_scaling() {  # name limit flags...: bench/scaling.sh over the thread counts
   local name=$1 limit=$2
   shift 2
-  timeout "$limit" bench/scaling.sh --pagedattn "$bin" --threads "${SCALING_THREADS:-1,2,4,8,16}" \
+  timeout "$limit" bench/scaling.sh --pagedattn "$bin" --threads "${SCALING_THREADS:-2,4,8,16}" \
     --out "$results/$name" --plot "$results/$name.png" "$@" >"$results/$name.md"
+  local status=$?
+  cat "$results/$name.md" >>"$summary"
+  cp "$results/$name.png" "$out/" 2>/dev/null
+  return $status
 }
 run_1b() {
-  OMP_NUM_THREADS=16 timeout 90 "$bin" bench-serve --model 1b --workload alpaca-like --num-requests 16 \
-    --probes --json "$results/1b-16.json" >"$results/1b-16.txt" 2>&1
+  OMP_NUM_THREADS=16 timeout 60 "$bin" bench-serve --model 1b --workload alpaca-like \
+    --num-requests 16 --probes --json "$results/1b-16.json" >"$results/1b-16.txt" 2>&1
+  local status=$?
+  grep -E 'output tokens/s|decode steps|of which|bounds|roofline' "$results/1b-16.txt" >>"$summary"
+  return $status
+}
+# SmolLM2 at 16 threads: the default (spin, then sleep; threads adapt to
+# others' use), --pin-threads, and passive waiting (every thread, asleep
+# between regions).
+run_policies() {
+  local flags=(--model "$model" --workload alpaca-like --num-requests 64)
+  for policy in default pinned passive; do
+    case $policy in
+      default) OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" ;;
+      pinned) OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" --pin-threads ;;
+      passive) OMP_WAIT_POLICY=passive OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" ;;
+    esac >"$results/policy-$policy.txt" 2>&1
+    say "policy $policy: $(grep -E 'output tokens/s|decode steps|of which' "$results/policy-$policy.txt" | tr -s ' ' | tr '\n' ';')"
+  done
+}
+# The first llama-server build that starts and answers on this CPU.
+pick_llama() {
+  local archive dir port pid
+  for archive in "$bundle"/llama-bin-*.tar.xz; do
+    dir=/tmp/cpu-bundle/$(basename "$archive" .tar.xz)
+    mkdir -p "$dir" && tar -xJf "$archive" -C "$dir"
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    LD_LIBRARY_PATH=$dir:/tmp/cpu-bundle/lib "$dir/llama-server" -m "$model" --port "$port" -t 16 \
+      -c 2048 >"$results/$(basename "$dir").log" 2>&1 &
+    pid=$!
+    if python3 - "$port" <<'PY'; then
+import json, sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(60):
+    try:
+        urllib.request.urlopen(url + "/health", timeout=2)
+        break
+    except Exception:
+        time.sleep(0.5)
+body = json.dumps({"prompt": "Hello", "max_tokens": 4}).encode()
+req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+urllib.request.urlopen(req, timeout=30).read()
+PY
+      kill "$pid"; wait "$pid" 2>/dev/null
+      llama=$dir
+      say "- llama-server: $(basename "$dir") serves here"
+      return 0
+    fi
+    kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null
+    say "- llama-server: $(basename "$dir") does not serve here ($(tail -c 200 "$results/$(basename "$dir").log" | tr '\n' ' '))"
+  done
+  return 1
 }
 run_llama() {
-  PAGEDATTN="$bin" STREAMS="${STREAMS:-1 16 64}" RESULTS_DIR="$results/llama" \
-    timeout 150 bench/serve/compare_llama_server.sh /tmp/cpu-bundle/smollm2.gguf \
-    /tmp/cpu-bundle/llama/llama-server 16 2 >"$results/llama.md" 2>"$results/llama.log"
+  pick_llama || return 1
+  LD_LIBRARY_PATH=$llama:/tmp/cpu-bundle/lib PAGEDATTN="$bin" STREAMS="${STREAMS:-1 64}" \
+    RESULTS_DIR="$results/llama" timeout 120 bench/serve/compare_llama_server.sh "$model" \
+    "$llama/llama-server" 16 1 >"$results/llama.md" 2>"$results/llama.log"
+  local status=$?
+  cat "$results/llama.md" >>"$summary"
+  return $status
 }
-step "scaling, small preset (bench/scaling.sh)" run_scaling scaling 150
-step "scaling, SmolLM2 tiled (bench/scaling.sh)" run_scaling scaling-smollm2 150 \
-  --model /tmp/cpu-bundle/smollm2.gguf --workload alpaca-like --num-requests 64
+step "scaling, SmolLM2 tiled (bench/scaling.sh)" run_scaling scaling-smollm2 75 \
+  --model "$model" --workload alpaca-like --num-requests 64
+step "scaling, small preset (bench/scaling.sh)" run_scaling scaling 60
 step "1b preset, 16 threads (bench-serve --probes)" run_1b
+step "SmolLM2, 16 threads: default, --pin-threads, OMP_WAIT_POLICY=passive" run_policies
 step "serve against llama-server, 16 threads, SmolLM2 tiled" run_llama
 
-for f in scaling.md scaling-smollm2.md llama.md; do
-  say ""
-  cat "$results/$f" >>"$summary"
-done
-say ""
-grep -E 'output tokens/s|decode steps|bounds|roofline' "$results/1b-16.txt" >>"$summary"
-cp "$results/scaling.png" "$results/scaling-smollm2.png" "$out/" 2>/dev/null
-tar -czf "$out/results.tar.gz" -C "$(dirname "$results")" results
 if [ -f "$bundle/gpu-bundle.tar.xz" ]; then
   mkdir -p build && tar -xJf "$bundle/gpu-bundle.tar.xz" -C build
   left=$((${DEADLINE:-570} - SECONDS - 5))

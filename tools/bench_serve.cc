@@ -16,6 +16,7 @@
 #include "bench_serve_options.h"
 #include "bench_serve_roofline.h"
 #include "contiguous_replay.h"
+#include "engine/step_profile.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/llama.h"
 #include "progress_bar.h"
@@ -128,6 +129,8 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace,
   ProgressBar bar(stderr, std::ssize(trace));
   std::size_t first_unsent = 0;
   std::int64_t completed = 0, produced = 0;
+  engine::StepProfile profile;
+  const engine::StepProfileScope profiling(&profile);
   while (first_unsent < trace.size() || engine.has_unfinished()) {
     double next_arrival = kMaxArrivalSeconds;
     for (std::size_t i = first_unsent; i < trace.size(); ++i) {
@@ -158,6 +161,7 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace,
         std::this_thread::sleep_for(std::chrono::duration<double>(next_arrival - now()));
       continue;
     }
+    profile = {};
     const double step_start = now();
     const std::vector<RequestOutput> outputs = engine.step();
     const double t = now();
@@ -183,7 +187,7 @@ void serve(Engine& engine, const std::vector<TraceRequest>& trace,
     const EngineStats st = engine.stats();
     steps.push_back({t, st.num_running_seqs, st.last_step_tokens, st.pages_in_use,
                      st.token_states_stored, st.pages_if_unshared, produced, t - step_start,
-                     st.last_step_decodes});
+                     st.last_step_decodes, profile});
     bar.update(completed,
                detail::concat("running ", st.num_running_seqs, "  pages ",
                               st.pages_in_use * 100 / st.num_pages, "%  ",

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/step_profile.h"
 #include "engine/weight_matrix.h"
 #include "machine_probes.h"
 #include "pagedattn/gguf.h"
@@ -97,15 +98,38 @@ ProbeFigures measure_probes(bool quick) {
   return p;
 }
 
+namespace {
+
+// The mean decode step's phases, each a part of the step: the products,
+// attention and LM head of the forward pass, the rest of the forward pass
+// (norms, RoPE, activations, residuals, embedding rows) and the step outside
+// the model (scheduling, planning, sampling). All zero where nothing was
+// profiled (runs over HTTP).
+nlohmann::ordered_json phases_json(const engine::StepProfile& p, double step_s) {
+  using engine::StepPhase;
+  const double forward = p.of(StepPhase::kForward);
+  const double parts =
+      p.of(StepPhase::kProducts) + p.of(StepPhase::kAttention) + p.of(StepPhase::kLmHead);
+  return {{"products", p.of(StepPhase::kProducts)},
+          {"attention", p.of(StepPhase::kAttention)},
+          {"lm_head", p.of(StepPhase::kLmHead)},
+          {"model_other", std::max(0.0, forward - parts)},
+          {"outside_model", forward > 0 ? std::max(0.0, step_s - forward) : 0.0}};
+}
+
+}  // namespace
+
 nlohmann::ordered_json roofline_json(const ModelCost& cost, const std::vector<StepSample>& steps,
                                      const std::optional<ProbeFigures>& probes) {
   double seconds = 0.0, tokens = 0.0, context = 0.0, bytes = 0.0, flops = 0.0;
+  engine::StepProfile phases;
   std::int64_t n = 0;
   for (const StepSample& s : steps) {
     if (s.decodes <= 0 || s.decodes != s.batch_tokens) continue;  // prefill in the step
     const double t = s.batch_tokens, ctx = double(s.token_states_stored);
     ++n;
     seconds += s.step_s;
+    for (std::size_t p = 0; p < engine::kStepPhases; ++p) phases.seconds[p] += s.profile.seconds[p];
     tokens += t;
     context += ctx;
     bytes += double(cost.dense_weight_bytes) +
@@ -120,6 +144,7 @@ nlohmann::ordered_json roofline_json(const ModelCost& cost, const std::vector<St
   context /= count;
   bytes /= count;
   flops /= count;
+  for (double& p : phases.seconds) p /= count;
   nlohmann::ordered_json j = {
       {"threads", omp_get_max_threads()},
       {"parameters", cost.parameters},
@@ -133,7 +158,8 @@ nlohmann::ordered_json roofline_json(const ModelCost& cost, const std::vector<St
       {"decode_tokens_per_step", tokens},
       {"decode_context_tokens_per_step", context},
       {"decode_step_bytes", bytes},
-      {"decode_step_flops", flops}};
+      {"decode_step_flops", flops},
+      {"decode_step_phases_s", phases_json(phases, seconds)}};
   const bool bounded = probes && probes->read_gbps > 0 && probes->fma_gflops > 0 && n > 0;
   const double memory_s = bounded ? bytes / (probes->read_gbps * 1e9) : 0.0;
   const double compute_s = bounded ? flops / (probes->fma_gflops * 1e9) : 0.0;
@@ -156,6 +182,17 @@ void print_roofline(std::FILE* out, const nlohmann::ordered_json& r) {
                static_cast<long long>(r["decode_steps"].get<std::int64_t>()),
                r["threads"].get<int>(), 1e3 * step_s, r["decode_tokens_per_step"].get<double>(),
                r["decode_context_tokens_per_step"].get<double>());
+  const nlohmann::ordered_json& phases = r["decode_step_phases_s"];
+  if (phases["products"].get<double>() > 0) {
+    std::fprintf(out, "  of which");
+    const char* sep = "";
+    for (const auto& [name, s] : phases.items()) {
+      std::fprintf(out, "%s %s %.3f ms (%.0f%%)", sep, name.c_str(), 1e3 * s.get<double>(),
+                   step_s > 0 ? 100.0 * s.get<double>() / step_s : 0.0);
+      sep = ",";
+    }
+    std::fprintf(out, "\n");
+  }
   if (r["roofline_fraction"].is_null()) return;
   const double memory_s = r["memory_bound_s"].get<double>();
   const double compute_s = r["compute_bound_s"].get<double>();

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/step_profile.h"
+
 namespace pagedattn::tools {
 
 struct RequestTiming {
@@ -27,6 +29,7 @@ struct StepSample {
   std::int64_t output_tokens = 0;  // produced so far
   double step_s = 0.0;             // wall time of Engine::step alone (no arrivals, no sleeps)
   std::int32_t decodes = 0;        // of batch_tokens, decode tokens (one per running sample)
+  engine::StepProfile profile;     // the step's phases (in-process runs)
 };
 
 struct ServeSummary {

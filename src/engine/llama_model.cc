@@ -17,6 +17,7 @@
 #include "moe.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/llama.h"
+#include "step_profile.h"
 
 namespace pagedattn {
 namespace {
@@ -380,9 +381,13 @@ void LlamaModel::latent_attention_block(std::int32_t layer, std::int32_t tokens,
                       ? c_.attention_scale
                       : 1.0f / std::sqrt(static_cast<float>(c_.qk_nope_head_dim + c_.rotary_dim));
   attn_.resize(std::size_t(tokens) * std::size_t(hq_) * std::size_t(c_.v_head_dim));
-  engine::mla_attention(
-      mla_, w.mla, h_.data(), tokens, layer, positions_.data(), rope, options, cache, attn_.data(),
-      deterministic, engine::mla_form(mla_, cache.plan(), deterministic), mla_scratch_, scratch_);
+  {
+    const engine::PhaseTimer timer(engine::StepPhase::kAttention);
+    engine::mla_attention(mla_, w.mla, h_.data(), tokens, layer, positions_.data(), rope, options,
+                          cache, attn_.data(), deterministic,
+                          engine::mla_form(mla_, cache.plan(), deterministic), mla_scratch_,
+                          scratch_);
+  }
   add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic);
 }
 
@@ -393,7 +398,10 @@ void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool d
   const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
   rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
   if (c_.kv_lora_rank > 0) return latent_attention_block(layer, tokens, deterministic, cache);
-  w.qkv.project(h_.data(), tokens, qkv_.data(), false, deterministic, scratch_);
+  {
+    const engine::PhaseTimer timer(engine::StepPhase::kProducts);
+    w.qkv.project(h_.data(), tokens, qkv_.data(), false, deterministic, scratch_);
+  }
   if (!w.qkv_bias.empty())
     for (std::int32_t t = 0; t < tokens; ++t)
       for (std::int32_t i = 0; i < qkv_dim; ++i)
@@ -403,8 +411,11 @@ void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool d
   if (c_.attention_scale > 0.0f) options.scale = c_.attention_scale;
   options.window_left = window(layer) > 0 ? window(layer) - 1 : -1;
   options.softcap = c_.attention_softcap;
-  cache.attention_with_fused_qkv(layer, HeadTensor{qkv_.data(), DType::kF32, qkv_dim, d},
-                                 HeadTensor{attn_.data(), DType::kF32, q_dim, d}, options);
+  {
+    const engine::PhaseTimer timer(engine::StepPhase::kAttention);
+    cache.attention_with_fused_qkv(layer, HeadTensor{qkv_.data(), DType::kF32, qkv_dim, d},
+                                   HeadTensor{attn_.data(), DType::kF32, q_dim, d}, options);
+  }
   add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic);
 }
 
@@ -414,11 +425,15 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
   rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
   if (!w.moe.empty()) {  // each rank's slice of every expert's features
     partial_.resize(std::size_t(tokens) * std::size_t(c_.hidden_size));
+    const engine::PhaseTimer timer(engine::StepPhase::kProducts);
     engine::moe_forward(moe_, w.moe, h_.data(), tokens, partial_.data(), deterministic,
                         moe_scratch_, scratch_);
     return add_partial(tokens, w.post_mlp_norm);
   }
-  w.gate_up.project(h_.data(), tokens, gate_up_.data(), false, deterministic, scratch_);
+  {
+    const engine::PhaseTimer timer(engine::StepPhase::kProducts);
+    w.gate_up.project(h_.data(), tokens, gate_up_.data(), false, deterministic, scratch_);
+  }
   engine::gated_activation(gate_up_.data(), tokens, inter, c_.activation, act_.data());
   add_row_parallel(act_.data(), tokens, w.down, w.post_mlp_norm, deterministic);
 }
@@ -442,11 +457,13 @@ void LlamaModel::add_partial(std::int32_t rows, const std::vector<float>& post_n
 
 void LlamaModel::project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y,
                          bool accumulate, bool deterministic) {
+  const engine::PhaseTimer timer(engine::StepPhase::kProducts);
   linear({x, rows, w.in(), w.data(), w.out(), y, accumulate, deterministic, w.format()}, scratch_);
 }
 
 void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<float> logits) {
   validate_batch(b, cache, logits);
+  const engine::PhaseTimer timer(engine::StepPhase::kForward);
   engine::use_single_threaded_blas();  // again: someone may have changed it since
   const engine::ScopedActivations activations(
       b.int8_activations ? engine::Activations::kInt8 : engine::Activations::kDefault,
@@ -475,6 +492,7 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   rows_.resize(std::size_t(rows) * h);
   for (std::int32_t r = 0; r < rows; ++r)
     std::copy_n(x_.data() + std::size_t(b.logit_rows[r]) * h, h, h_.data() + std::size_t(r) * h);
+  const engine::PhaseTimer lm_head(engine::StepPhase::kLmHead);
   rms_norm(h_.data(), rows, w_.final_norm, rows_.data());
   engine::project_lm_head(c_, w_, rows_.data(), rows, logits, b.deterministic, scratch_, partial_);
   if (c_.final_softcap > 0.0f)

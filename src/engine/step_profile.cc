@@ -1,0 +1,44 @@
+#include "engine/step_profile.h"
+
+#include "core/seconds_since.h"
+
+namespace pagedattn::engine {
+namespace {
+thread_local StepProfile* active_profile = nullptr;
+}  // namespace
+
+const char* phase_name(StepPhase phase) {
+  switch (phase) {
+    case StepPhase::kForward:
+      return "forward";
+    case StepPhase::kProducts:
+      return "products";
+    case StepPhase::kAttention:
+      return "attention";
+    case StepPhase::kLmHead:
+      return "lm_head";
+    case StepPhase::kCount:
+      break;
+  }
+  return "unknown";
+}
+
+StepProfileScope::StepProfileScope(StepProfile* profile) : previous_(active_profile) {
+  active_profile = profile;
+}
+
+StepProfileScope::~StepProfileScope() {
+  active_profile = previous_;
+}
+
+PhaseTimer::PhaseTimer(StepPhase phase) : profile_(active_profile), phase_(phase) {
+  if (profile_ != nullptr) start_ = steady_seconds();
+}
+
+PhaseTimer::~PhaseTimer() {
+  if (profile_ == nullptr) return;
+  profile_->seconds[std::size_t(phase_)] += steady_seconds() - start_;
+  ++profile_->calls[std::size_t(phase_)];
+}
+
+}  // namespace pagedattn::engine

@@ -1,0 +1,59 @@
+// Where a model step's wall time goes, phase by phase, measured on the
+// thread that steps (bench-serve reports it beside the roofline, and
+// bench/scaling.sh at each thread count: the phase that stops scaling is the
+// one whose time stays). Off unless a StepProfileScope is alive on that
+// thread; a PhaseTimer then costs two clock reads.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace pagedattn::engine {
+
+enum class StepPhase : std::uint8_t {
+  kForward,    // the model's whole forward pass (the others are parts of it)
+  kProducts,   // the layers' weight products (expert layers included)
+  kAttention,  // paged attention (latent attention with its own projections)
+  kLmHead,     // the final norm's rows through the LM head
+  kCount
+};
+inline constexpr std::size_t kStepPhases = std::size_t(StepPhase::kCount);
+
+// The phase's name in reports and JSON: forward, products, attention, lm_head.
+const char* phase_name(StepPhase phase);
+
+struct StepProfile {
+  std::array<double, kStepPhases> seconds{};  // wall time in each phase
+  std::array<std::int64_t, kStepPhases> calls{};
+
+  double of(StepPhase phase) const { return seconds[std::size_t(phase)]; }
+};
+
+// Makes `profile` the calling thread's: PhaseTimers on this thread add to it
+// while the scope lives (the previous one, if any, comes back after).
+class StepProfileScope {
+ public:
+  explicit StepProfileScope(StepProfile* profile);
+  ~StepProfileScope();
+  StepProfileScope(const StepProfileScope&) = delete;
+  StepProfileScope& operator=(const StepProfileScope&) = delete;
+
+ private:
+  StepProfile* previous_;
+};
+
+// Adds the wall time of its life to the calling thread's profile, if any.
+class PhaseTimer {
+ public:
+  explicit PhaseTimer(StepPhase phase);
+  ~PhaseTimer();
+  PhaseTimer(const PhaseTimer&) = delete;
+  PhaseTimer& operator=(const PhaseTimer&) = delete;
+
+ private:
+  StepProfile* profile_;
+  StepPhase phase_;
+  double start_ = 0.0;
+};
+
+}  // namespace pagedattn::engine
