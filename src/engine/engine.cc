@@ -3,9 +3,12 @@
 // sampler.cc, the model behind the Model interface.
 #include "pagedattn/engine.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -143,8 +146,8 @@ struct Engine::Impl {
   // queries.
   mutable std::mutex mutex;
   engine::Scheduler scheduler;
-  engine::Sampler sampler;
-  engine::StepThreads threads;  // this engine's steps' OpenMP threads
+  std::vector<engine::Sampler> samplers;  // one per OpenMP thread that draws
+  engine::StepThreads threads;            // this engine's steps' OpenMP threads
   StreamCallback callback;
   std::int64_t steps = 0;
   std::int32_t last_tokens = 0, last_decodes = 0;
@@ -188,9 +191,21 @@ struct Engine::Impl {
   std::optional<std::size_t> record_prompt_logprobs(const ScheduledChunk& c, PromptRows rows,
                                                     std::size_t first_row);
   void append_token(SequenceGroup& g, std::int32_t seq, std::int32_t token, RequestOutput& out);
-  // Samples chunk `c`'s sequence from `row` (the prompt's first sampling
-  // draws every sample); false when the row is not finite and nothing was appended.
-  bool sample_chunk(const ScheduledChunk& c, std::span<const float> row, RequestOutput& out);
+  // (sequence, token) pairs a chunk draws.
+  using Draws = std::vector<std::pair<std::int32_t, std::int32_t>>;
+  static constexpr std::size_t kNoRow = ~std::size_t{0};
+  // The tokens chunk `c`'s sequence draws from `row` (the prompt's first
+  // sampling draws every sample); nullopt when the row is not finite. Reads
+  // the group and changes nothing, so the chunks of a step draw at once.
+  std::optional<Draws> draw_chunk(const ScheduledChunk& c, std::span<const float> row,
+                                  engine::Sampler& sampler) const;
+  // Every sampling chunk's draws (`rows[k]`: chunk k's logit row, or none),
+  // over the step's threads when the rows are many and long.
+  std::vector<std::optional<Draws>> draw_all(const Schedule& s,
+                                             const std::vector<std::size_t>& rows);
+  // Appends chunk `c`'s draws from `row` (forking the prompt's samples first).
+  void apply_draws(const ScheduledChunk& c, std::span<const float> row, const Draws& drawn,
+                   RequestOutput& out);
   // Ends every unfinished sample of chunk `c`'s request with kError (see engine.h).
   void fail_request(const ScheduledChunk& c, std::span<const float> row, RequestOutput& out);
 };
@@ -314,25 +329,60 @@ void Engine::Impl::append_token(SequenceGroup& g, std::int32_t seq, std::int32_t
   out.samples.push_back({s.index, {token}, s.finish});
 }
 
-bool Engine::Impl::sample_chunk(const ScheduledChunk& c, std::span<const float> row,
-                                RequestOutput& out) {
-  SequenceGroup& g = *c.group;
-  // The prompt's first sampling: every sample draws from these logits;
-  // samples 1.. then start as forks of the prompt (no copy of full pages).
+std::optional<Engine::Impl::Draws> Engine::Impl::draw_chunk(const ScheduledChunk& c,
+                                                            std::span<const float> row,
+                                                            engine::Sampler& sampler) const {
+  const SequenceGroup& g = *c.group;
   const bool first = std::ssize(g.seqs) < g.params.n;
-  std::vector<std::pair<std::int32_t, std::int32_t>> drawn;  // (sequence, token)
-  {
-    const Sequence& s = g.seqs[std::size_t(c.seq)];
-    const engine::SampleContext context{s.tokens, g.prompt_len, config.model->spec().eos_token_id};
-    const std::int64_t position = std::ssize(s.tokens);
-    for (std::int32_t i = first ? 0 : s.index; i < (first ? g.params.n : s.index + 1); ++i) {
-      const std::optional<std::int32_t> t =
-          sampler.sample(row, g.params, g.seed, i, position, context);
-      if (!t) return false;
-      drawn.emplace_back(first ? i : c.seq, *t);
+  const Sequence& s = g.seqs[std::size_t(c.seq)];
+  const engine::SampleContext context{s.tokens, g.prompt_len, config.model->spec().eos_token_id};
+  const std::int64_t position = std::ssize(s.tokens);
+  Draws drawn;
+  for (std::int32_t i = first ? 0 : s.index; i < (first ? g.params.n : s.index + 1); ++i) {
+    const std::optional<std::int32_t> t =
+        sampler.sample(row, g.params, g.seed, i, position, context);
+    if (!t) return std::nullopt;
+    drawn.emplace_back(first ? i : c.seq, *t);
+  }
+  return drawn;
+}
+
+std::vector<std::optional<Engine::Impl::Draws>> Engine::Impl::draw_all(
+    const Schedule& s, const std::vector<std::size_t>& rows) {
+  // A draw reads its row once or a few times: on a vocabulary of 2^15 and
+  // more, a handful of rows is worth the threads (each draw is
+  // counter-seeded, so the split does not change a token).
+  constexpr std::int64_t kParallelLogits = std::int64_t{1} << 17;
+  std::vector<std::int32_t> sampling;  // chunks with a row
+  for (std::size_t k = 0; k < s.chunks.size(); ++k)
+    if (rows[k] != kNoRow) sampling.push_back(static_cast<std::int32_t>(k));
+  const auto count = static_cast<std::int32_t>(sampling.size());
+  const bool parallel =
+      count > 1 && std::int64_t{count} * config.model->spec().vocab_size >= kParallelLogits;
+  samplers.resize(std::size_t(std::max(1, parallel ? omp_get_max_threads() : 1)));
+  std::vector<std::optional<Draws>> draws(s.chunks.size());
+  std::exception_ptr error;  // the first, rethrown here: none may leave the region
+#pragma omp parallel for schedule(dynamic) if (parallel)
+  for (std::int32_t i = 0; i < count; ++i) {
+    const std::size_t k = std::size_t(sampling[std::size_t(i)]);
+    try {
+      draws[k] =
+          draw_chunk(s.chunks[k], logit_row(rows[k]), samplers[std::size_t(omp_get_thread_num())]);
+    } catch (...) {
+#pragma omp critical(pagedattn_draw_error)
+      if (!error) error = std::current_exception();
     }
   }
-  if (first) {
+  if (error) std::rethrow_exception(error);
+  return draws;
+}
+
+void Engine::Impl::apply_draws(const ScheduledChunk& c, std::span<const float> row,
+                               const Draws& drawn, RequestOutput& out) {
+  SequenceGroup& g = *c.group;
+  // The prompt's first sampling: every sample drew from these logits;
+  // samples 1.. now start as forks of the prompt (no copy of full pages).
+  if (std::ssize(g.seqs) < g.params.n) {
     const std::vector<std::int32_t> prompt = g.seqs[0].tokens;
     for (std::int32_t i = 1; i < g.params.n; ++i) {
       Sequence child;
@@ -348,7 +398,6 @@ bool Engine::Impl::sample_chunk(const ScheduledChunk& c, std::span<const float> 
     append_token(g, seq, token, out);
     if (raw) out.samples.back().logprobs.push_back(raw->of(token));
   }
-  return true;
 }
 
 std::optional<std::size_t> Engine::Impl::record_prompt_logprobs(const ScheduledChunk& c,
@@ -408,11 +457,20 @@ void Engine::Impl::apply_samples(const Schedule& s, std::vector<RequestOutput>& 
     if (fresh) outputs.push_back({id, {}, false, {}, {}});
     return outputs[it->second];
   };
-  std::size_t row = 0;
+  // Each chunk's first logit row, and the row it samples from.
+  std::vector<std::size_t> first_rows(s.chunks.size()), sample_rows(s.chunks.size(), kNoRow);
+  for (std::size_t k = 0, row = 0; k < s.chunks.size(); ++k) {
+    first_rows[k] = row;
+    row += std::size_t(prompt_rows[k].count);
+    if (s.chunks[k].samples) sample_rows[k] = row++;
+  }
+  // Drawn before any state changes; a chunk whose request fails on an
+  // earlier row of the step drops its draws below.
+  const std::vector<std::optional<Draws>> draws = draw_all(s, sample_rows);
   for (std::size_t k = 0; k < s.chunks.size(); ++k) {
     const ScheduledChunk& c = s.chunks[k];
-    const std::size_t first_row = row;
-    row += std::size_t(prompt_rows[k].count) + (c.samples ? 1 : 0);
+    const std::size_t first_row = first_rows[k];
+    const std::size_t row = first_row + std::size_t(prompt_rows[k].count) + (c.samples ? 1 : 0);
     SequenceGroup& g = *c.group;
     // Finished already: its request failed on an earlier row of this step.
     if (first_row == row || g.seqs[std::size_t(c.seq)].finished()) continue;
@@ -425,7 +483,10 @@ void Engine::Impl::apply_samples(const Schedule& s, std::vector<RequestOutput>& 
     }
     if (!c.samples) continue;
     RequestOutput& out = output_of(g.id);
-    if (!sample_chunk(c, logit_row(row - 1), out)) fail_request(c, logit_row(row - 1), out);
+    if (draws[k])
+      apply_draws(c, logit_row(row - 1), *draws[k], out);
+    else
+      fail_request(c, logit_row(row - 1), out);
     if (g.params.prompt_logprobs && !g.prompt_logprobs_reported) {
       require<InternalError>(g.prompt_logprobs_done == g.prompt_len - 1, "request ", g.id, ": ",
                              g.prompt_logprobs_done, " prompt logprobs of ", g.prompt_len - 1,

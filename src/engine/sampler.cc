@@ -111,18 +111,40 @@ struct RowMax {
 };
 
 RowMax row_max(std::span<const float> logits) {
-  RowMax m;
-  float best = logits[0];
-  bool finite = std::isfinite(best);
-  for (std::int32_t t = 1; t < std::ssize(logits); ++t) {
-    const float v = logits[t];
-    finite &= std::isfinite(v);
-    if (v > best) {
-      best = v;
-      m.token = t;
-    }
+  // Lane-wise maxima and finiteness over blocks of kLanes (element-wise, so
+  // the compiler vectorises them), then the first token that holds the
+  // maximum: one pass at vector speed where a running argmax compares one
+  // logit per cycle, and the same token (the lowest id on ties).
+  constexpr std::size_t kLanes = 16;
+  const std::size_t n = logits.size(), blocks = n / kLanes * kLanes;
+  const float* x = logits.data();
+  float lane_max[kLanes];
+  bool lane_finite[kLanes];
+  for (std::size_t l = 0; l < kLanes; ++l) {
+    lane_max[l] = x[0];
+    lane_finite[l] = true;
   }
+  for (std::size_t i = 0; i < blocks; i += kLanes)
+    for (std::size_t l = 0; l < kLanes; ++l) {
+      const float v = x[i + l];
+      lane_max[l] = v > lane_max[l] ? v : lane_max[l];
+      lane_finite[l] &= std::isfinite(v);
+    }
+  float best = x[0];
+  bool finite = true;
+  for (std::size_t l = 0; l < kLanes; ++l) {
+    best = lane_max[l] > best ? lane_max[l] : best;
+    finite &= lane_finite[l];
+  }
+  for (std::size_t i = blocks; i < n; ++i) {
+    best = x[i] > best ? x[i] : best;
+    finite &= std::isfinite(x[i]);
+  }
+  RowMax m;
   m.finite = finite;
+  if (!finite) return m;  // the token means nothing then
+  m.token =
+      static_cast<std::int32_t>(std::find(logits.begin(), logits.end(), best) - logits.begin());
   return m;
 }
 

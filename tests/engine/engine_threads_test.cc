@@ -2,6 +2,7 @@
 // threads while one thread steps (an HTTP server's shape), and a model that
 // throws half way through a step.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <atomic>
 #include <map>
@@ -169,6 +170,66 @@ TEST(EngineThreads, AModelThatThrowsCancelsTheStep) {
   engine.cache().check_invariants();
   while (engine.has_unfinished()) engine.step();  // and it goes on
   EXPECT_TRUE(engine.cache().empty());
+}
+
+// The small model's logits in a row of kWideVocab, the tokens past its
+// vocabulary far below the rest (never drawn, but read by every draw): rows
+// long enough that a step's sampling rows are drawn over the threads.
+class WideVocabModel final : public Model {
+ public:
+  static constexpr std::int32_t kWideVocab = 20000;
+  explicit WideVocabModel(std::shared_ptr<Model> inner) : inner_(std::move(inner)) {
+    spec_ = inner_->spec();
+    spec_.vocab_size = kWideVocab;
+  }
+  const ModelSpec& spec() const override { return spec_; }
+  void forward(const ForwardBatch& batch, PagedKVCache& cache, std::span<float> logits) override {
+    const std::size_t inner_vocab = std::size_t(inner_->spec().vocab_size);
+    const std::size_t rows = batch.logit_rows.size();
+    std::vector<float> narrow(rows * inner_vocab);
+    inner_->forward(batch, cache, narrow);
+    for (std::size_t r = 0; r < rows; ++r) {
+      float* row = logits.data() + r * std::size_t(kWideVocab);
+      std::copy_n(narrow.data() + r * inner_vocab, inner_vocab, row);
+      std::fill(row + inner_vocab, row + kWideVocab, -1e30f);
+    }
+  }
+
+ private:
+  std::shared_ptr<Model> inner_;
+  ModelSpec spec_;
+};
+
+// Every sampled token (temperature, top-p, per-request seeds) is the same
+// whether a step's rows are drawn on one thread or over several: each draw
+// is seeded by its request, sample and position alone.
+TEST(EngineThreads, SampledTokensDoNotDependOnTheThreadsThatDrawThem) {
+  const auto model = std::make_shared<WideVocabModel>(small_model());
+  auto run = [&](int threads) {
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::map<RequestId, Tokens> out;
+    {
+      Engine engine(config(model));
+      for (std::int32_t job = 0; job < 8; ++job) {
+        SamplingParams p = params_of(job);
+        p.temperature = 0.9f;
+        p.top_p = 0.95f;
+        p.seed = 77 + job;
+        engine.add_request(prompt_of(job), p);
+      }
+      while (engine.has_unfinished())
+        for (const RequestOutput& r : engine.step())
+          for (const SampleOutput& s : r.samples)
+            out[r.request_id].insert(out[r.request_id].end(), s.new_token_ids.begin(),
+                                     s.new_token_ids.end());
+    }
+    omp_set_num_threads(before);
+    return out;
+  };
+  const auto one = run(1);
+  EXPECT_EQ(one.size(), 8u);
+  EXPECT_EQ(run(4), one);
 }
 
 }  // namespace engine_threads_test

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 
 namespace pagedattn::engine {
 namespace {
@@ -118,6 +119,29 @@ TEST(Sampler, NonFiniteLogitsGiveNoToken) {
   }
   EXPECT_EQ(describe_non_finite(std::vector<float>{nan, inf, -inf, 1.0f}),
             "1 NaN and 2 Inf of 4 logits");
+}
+
+// Greedy takes its maximum in lane blocks: against a plain first-maximum
+// scan on random rows of every length around the block (ties drawn from a
+// few values, signed zeros), and with one NaN or infinity at each place,
+// the tail included.
+TEST(Sampler, GreedyMatchesAFirstMaximumScanOnRandomRows) {
+  Sampler s;
+  std::mt19937 rng(7);
+  const float values[] = {-1.0f, -0.0f, 0.0f, 0.25f, 3.0f, -2.5f};
+  for (std::size_t n = 1; n <= 70; ++n)
+    for (int round = 0; round < 20; ++round) {
+      std::vector<float> logits(n);
+      for (float& v : logits) v = values[rng() % std::size(values)];
+      std::int32_t expected = 0;
+      for (std::size_t t = 1; t < n; ++t)
+        if (logits[t] > logits[std::size_t(expected)]) expected = static_cast<std::int32_t>(t);
+      ASSERT_EQ(s.sample(logits, {}, 1, 0, 0), expected) << n << " logits, round " << round;
+      const std::size_t bad = rng() % n;
+      logits[bad] = round % 2 ? std::numeric_limits<float>::quiet_NaN()
+                              : -std::numeric_limits<float>::infinity();
+      EXPECT_FALSE(s.sample(logits, {}, 1, 0, 0).has_value()) << n << " logits, bad at " << bad;
+    }
 }
 
 }  // namespace
