@@ -12,7 +12,7 @@
 #       most), llama-server builds with their libraries (LLAMA_BINS, folders
 #       of llama-server and its lib*.so*, tried in order on the device until
 #       one serves: default build/peers/llama-bin-{spr,avx512,avx2}, see
-#       docs/benchmarks.md) and SmolLM2 packed by bench/peers/gguf_tile.py
+#       bench/peers/README.md) and SmolLM2 packed by bench/peers/gguf_tile.py
 #       into DIR (default build/cpu-bundle), under the 64 MiB a call carries.
 #       SMOLLM2 names the GGUF file (default: the test model,
 #       scripts/get_test_model.sh). With GPU_CHECK=1, build/gpu-bundle
@@ -42,6 +42,7 @@ if [ "${1:-}" = "--bundle" ]; then
   for dir in "${llamas[@]}"; do
     tar -chf - -C "$dir" llama-server $(cd "$dir" && ls lib*.so.0 libllama-server-impl.so) |
       xz -T0 -6 >"$bundle/$(basename "$dir").tar.xz"
+    basename "$dir" >>"$bundle/llama-order.txt"  # the order to try them in
   done
   python3 bench/peers/gguf_tile.py pack "${SMOLLM2:-$(scripts/get_test_model.sh)}" \
     "$bundle/smollm2.pack" --fraction "${SMOLLM2_FRACTION:-0.2}"
@@ -120,9 +121,10 @@ run_policies() {
 }
 # The first llama-server build that starts and answers on this CPU.
 pick_llama() {
-  local archive dir port pid
-  for archive in "$bundle"/llama-bin-*.tar.xz; do
-    dir=/tmp/cpu-bundle/$(basename "$archive" .tar.xz)
+  local name archive dir port pid
+  for name in $(cat "$bundle/llama-order.txt"); do
+    archive=$bundle/$name.tar.xz
+    dir=/tmp/cpu-bundle/$name
     mkdir -p "$dir" && tar -xJf "$archive" -C "$dir"
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     LD_LIBRARY_PATH=$dir:/tmp/cpu-bundle/lib "$dir/llama-server" -m "$model" --port "$port" -t 16 \
