@@ -109,8 +109,11 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
     }
 
   // A batch this small runs on one thread unless told otherwise: waking a
-  // team costs more than it saves (much more on a loaded machine).
-  constexpr std::int64_t kSerialCost = std::int64_t{1} << 15;
+  // team costs more than it saves (much more on a loaded machine). The bar
+  // is a few thousand key-rows, so that a served step of a dozen short
+  // sequences (each call of it mostly per-item set-up) already splits
+  // (docs/engine.md, "Threads").
+  constexpr std::int64_t kSerialCost = std::int64_t{1} << 12;
   plan.num_threads = o.num_threads > 0     ? o.num_threads
                      : total < kSerialCost ? 1
                                            : std::max(1, omp_get_max_threads());
