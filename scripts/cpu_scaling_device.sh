@@ -55,20 +55,21 @@ fi
 
 bundle=${1:-build/cpu-bundle}
 out=${OUT:-build/cpu-scaling}
-results=$(mktemp -d)/results
+work=$(mktemp -d)  # the unpacked bundle and every run's output
+results=$work/results
 mkdir -p "$out" "$results"
 summary=$out/summary.md
 say() { echo "$@" | tee -a "$summary"; }
 : >"$summary"
 
-mkdir -p /tmp/cpu-bundle/lib
-tar -xJf "$bundle/lib.tar.xz" -C /tmp/cpu-bundle
-python3 bench/peers/gguf_tile.py unpack "$bundle/smollm2.pack" /tmp/cpu-bundle/smollm2.gguf
-export LD_LIBRARY_PATH=/tmp/cpu-bundle/lib
-bin=/tmp/cpu-bundle/pagedattn
+mkdir -p "$work/bundle/lib"
+tar -xJf "$bundle/lib.tar.xz" -C "$work/bundle"
+python3 bench/peers/gguf_tile.py unpack "$bundle/smollm2.pack" "$work/bundle/smollm2.gguf"
+export LD_LIBRARY_PATH="$work/bundle/lib"
+bin="$work/bundle/pagedattn"
 xz -dc "$bundle/pagedattn.xz" >"$bin"
 chmod +x "$bin"
-model=/tmp/cpu-bundle/smollm2.gguf
+model="$work/bundle/smollm2.gguf"
 
 say "# Many-core run, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 lscpu >"$results/lscpu.txt"
@@ -124,10 +125,10 @@ pick_llama() {
   local name archive dir port pid
   for name in $(cat "$bundle/llama-order.txt"); do
     archive=$bundle/$name.tar.xz
-    dir=/tmp/cpu-bundle/$name
+    dir=$work/bundle/$name
     mkdir -p "$dir" && tar -xJf "$archive" -C "$dir"
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    LD_LIBRARY_PATH=$dir:/tmp/cpu-bundle/lib "$dir/llama-server" -m "$model" --port "$port" -t 16 \
+    LD_LIBRARY_PATH=$dir:$work/bundle/lib "$dir/llama-server" -m "$model" --port "$port" -t 16 \
       -c 2048 >"$results/$(basename "$dir").log" 2>&1 &
     pid=$!
     if python3 - "$port" <<'PY'; then
@@ -155,7 +156,7 @@ PY
 }
 run_llama() {
   pick_llama || return 1
-  LD_LIBRARY_PATH=$llama:/tmp/cpu-bundle/lib PAGEDATTN="$bin" STREAMS="${STREAMS:-1 64}" \
+  LD_LIBRARY_PATH=$llama:$work/bundle/lib PAGEDATTN="$bin" STREAMS="${STREAMS:-1 64}" \
     RESULTS_DIR="$results/llama" timeout 120 bench/serve/compare_llama_server.sh "$model" \
     "$llama/llama-server" 16 1 >"$results/llama.md" 2>"$results/llama.log"
   local status=$?
