@@ -1,6 +1,7 @@
 #include "core/placement.h"
 
 #include <omp.h>
+#include "core/own_thread.h"
 
 #include <algorithm>
 #include <atomic>
@@ -130,12 +131,14 @@ void touch_pages(void* data, std::size_t bytes) {
   constexpr std::size_t kChunk = std::size_t{2} << 20;
   const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   const auto chunks = static_cast<std::int64_t>((bytes + kChunk - 1) / kChunk);
+  run_on_own_thread([&] {  // no team of the caller's outlives the touch
 #pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < chunks; ++i) {
-    const std::size_t begin = static_cast<std::size_t>(i) * kChunk;
-    const std::size_t end = std::min(bytes, begin + kChunk);
-    for (std::size_t at = begin; at < end; at += page) base[at] = 0;
-  }
+    for (std::int64_t i = 0; i < chunks; ++i) {
+      const std::size_t begin = static_cast<std::size_t>(i) * kChunk;
+      const std::size_t end = std::min(bytes, begin + kChunk);
+      for (std::size_t at = begin; at < end; at += page) base[at] = 0;
+    }
+  });
 }
 
 namespace {

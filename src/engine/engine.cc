@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/own_thread.h"
 #include "counter_random.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "sampler.h"
@@ -124,13 +125,16 @@ struct Engine::Impl {
       scheduler.set_copy_seconds_per_byte(
           engine::measure_host_copy_seconds_per_byte(kCopyProbeBytes));
     config.model->attach_cache(cache);
-    // The product paths attention takes are timed now, not in the first step.
+    // The product paths attention takes are timed now, not in the first
+    // step, on a thread of their own (the stepping thread may be another).
     const KVCacheConfig& k = cache.config();
     if (k.device == KVDevice::kCpu)
-      kernels::prepare_product_choice(
-          {k.kv_dtype, k.layout, k.head_dim, k.v_head_dim, k.num_qo_heads / k.num_kv_heads,
-           k.attention_kind == AttentionKind::kMLA},
-          k.attention_plan);
+      core::run_on_own_thread([&] {
+        kernels::prepare_product_choice(
+            {k.kv_dtype, k.layout, k.head_dim, k.v_head_dim, k.num_qo_heads / k.num_kv_heads,
+             k.attention_kind == AttentionKind::kMLA},
+            k.attention_plan);
+      });
   }
   static constexpr std::int64_t kCopyProbeBytes = 16 << 20;
 

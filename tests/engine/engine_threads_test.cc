@@ -5,6 +5,8 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -230,6 +232,36 @@ TEST(EngineThreads, SampledTokensDoNotDependOnTheThreadsThatDrawThem) {
   const auto one = run(1);
   EXPECT_EQ(one.size(), 8u);
   EXPECT_EQ(run(4), one);
+}
+
+// Threads of this process now (Linux: /proc/self/task).
+std::int64_t process_threads() {
+  std::int64_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task"))
+    ++n;
+  return n;
+}
+
+// A server makes its engine on one thread and steps it on another. Had the
+// constructor's parallel work (touching the K/V pool, timing the product
+// paths) run on the making thread, that thread would keep an idle OpenMP
+// team for good, and libgomp, managing more threads than CPUs, would cut
+// the stepping threads' spinning between regions (one stream through
+// `serve` ran at half speed). The maker gains no threads.
+TEST(EngineThreads, MakingAnEngineLeavesNoOpenMpTeamOnTheMakingThread) {
+  if (!std::filesystem::exists("/proc/self/task")) GTEST_SKIP() << "no /proc/self/task";
+  std::int64_t before = 0, after = 0;
+  std::thread maker([&] {
+    omp_set_num_threads(3);
+    before = process_threads();
+    EngineConfig c = config(small_model());
+    Engine engine(c);
+    // The helper thread's own team may take a moment to wind down.
+    for (int i = 0; i < 200 && (after = process_threads()) > before; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  maker.join();
+  EXPECT_EQ(after, before);
 }
 
 }  // namespace engine_threads_test
