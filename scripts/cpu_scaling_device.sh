@@ -75,6 +75,7 @@ say "# Many-core run, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse -
 lscpu >"$results/lscpu.txt"
 say '```'
 grep -E 'Model name|^CPU\(s\)|Thread|Core|Socket|NUMA node|L3|MHz' "$results/lscpu.txt" | tee -a "$summary"
+OPENBLAS_VERBOSE=2 "$bin" --help 2>&1 | grep -i core | tee -a "$summary"  # the kernels OpenBLAS chose
 grep -o -w -E 'amx_tile|amx_bf16|amx_int8|avx512_fp16|avx512_bf16|avx512_vnni' /proc/cpuinfo | sort -u | tr '\n' ' ' |
   tee -a "$summary"
 say '```'

@@ -16,6 +16,7 @@
 extern "C" {
 void openblas_set_num_threads(int num_threads) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
+char* openblas_get_corename(void) __attribute__((weak));
 }
 
 namespace pagedattn::engine {
@@ -259,6 +260,11 @@ ScopedActivations::~ScopedActivations() {
 
 int blas_threads() {
   return openblas_get_num_threads ? openblas_get_num_threads() : 0;
+}
+
+std::string blas_kernels() {
+  const char* name = openblas_get_corename ? openblas_get_corename() : nullptr;
+  return name != nullptr ? name : "";
 }
 
 void set_blas_threads(int threads) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/dot_tiles.h"
@@ -150,6 +151,11 @@ void use_single_threaded_blas();
 // with another BLAS); for tests that play a user who changed it.
 int blas_threads();
 void set_blas_threads(int threads);
+// The kernels OpenBLAS chose for this CPU when it loaded (its core name,
+// e.g. "Cooperlake"; OPENBLAS_CORETYPE overrides the choice), or "" with
+// another BLAS. Batches of more than kDotTileRows rows (prefill) run on
+// them: a build older than the CPU may fall back to far slower ones.
+std::string blas_kernels();
 
 // y (+)= x w^T. With ldy > out, y is a column range of a wider output (a
 // fused projection whose parts have different weight formats); the other
