@@ -184,13 +184,23 @@ HWY_INLINE void ForEachTile(const DotTilesArgs& a, std::int32_t out_begin, std::
   }
 }
 
+// The first cache-line boundary at or after p, in a buffer with 16 floats
+// to spare: a vector load from a dequantised group then never splits over
+// two lines (a split 512-bit load takes two of a core's load slots).
+HWY_INLINE float* AlignedLine(float* p) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  constexpr std::uintptr_t kLine = kernels::kLineBytes;
+  return reinterpret_cast<float*>((at + kLine - 1) / kLine * kLine);
+}
+
 void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                  std::vector<float>& scratch) {
-  if (a.format != WeightFormat::kF32) scratch.resize(std::size_t(kDotTileGroup) * a.in);
+  if (a.format != WeightFormat::kF32) scratch.resize(std::size_t(kDotTileGroup) * a.in + 16);
+  float* group = AlignedLine(scratch.data());
   ForEachTile<float>(
       a, out_begin, out_end, kDotTileRows,
       [&](std::int32_t first, std::int32_t) { return a.x + std::size_t(first) * a.in; },
-      [&](std::int32_t o, std::int32_t count) { return GroupRows(a, o, count, scratch.data()); },
+      [&](std::int32_t o, std::int32_t count) { return GroupRows(a, o, count, group); },
       [&](auto rows, const float* x, const float* const* w, std::int32_t cols, float* y) {
         Tile<decltype(rows)::value>(x, a.in, w, cols, y, a.ldy, a.accumulate);
       });
@@ -286,8 +296,9 @@ PAGEDATTN_BF16_ATTR void TileBf16(const std::uint16_t* x, std::int32_t in,
 void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                   std::vector<float>& scratch) {
   const std::size_t in = std::size_t(a.in), group_floats = std::size_t(kDotTileGroup) * in;
-  scratch.resize(group_floats + group_floats / 2 + std::size_t(kBf16Pass) * in / 2);
-  auto* group16 = reinterpret_cast<std::uint16_t*>(scratch.data() + group_floats);
+  scratch.resize(group_floats + group_floats / 2 + std::size_t(kBf16Pass) * in / 2 + 16);
+  float* group = AlignedLine(scratch.data());  // in: a multiple of 32, so all three are aligned
+  auto* group16 = reinterpret_cast<std::uint16_t*>(group + group_floats);
   std::uint16_t* x16 = group16 + group_floats;
   ForEachTile<std::uint16_t>(
       a, out_begin, out_end, kBf16Pass,
@@ -296,7 +307,7 @@ void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t ou
         return static_cast<const std::uint16_t*>(x16);
       },
       [&](std::int32_t o, std::int32_t count) {
-        GroupToBf16(a, o, count, scratch.data(), group16);
+        GroupToBf16(a, o, count, group, group16);
         return static_cast<const std::uint16_t*>(group16);
       },
       [&](auto rows, const std::uint16_t* x, const std::uint16_t* const* w, std::int32_t cols,

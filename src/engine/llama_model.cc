@@ -8,6 +8,7 @@
 #include <string>
 
 #include "activation.h"
+#include "core/cache_line_vector.h"
 #include "core/placement.h"
 #include "counter_random.h"
 #include "gemm.h"
@@ -201,7 +202,9 @@ class LlamaModel final : public Model {
   LlamaWeights w_;
   LayerRope rope_[2];  // global layers, windowed layers
   // Activations, reused across steps.
-  std::vector<float> x_, h_, qkv_, attn_, gate_up_, act_, rows_, partial_;
+  std::vector<float> x_, qkv_, gate_up_, partial_;
+  // The weight products' inputs, on cache lines (core/cache_line_vector.h).
+  core::CacheLineVector<float> h_, attn_, act_, rows_;
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
   LinearScratch scratch_;
   engine::MoeScratch moe_scratch_;
