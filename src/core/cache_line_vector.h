@@ -19,9 +19,9 @@ struct CacheLineAllocator {
   template <class U>
   explicit CacheLineAllocator(const CacheLineAllocator<U>&) {}
   T* allocate(std::size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{kCacheLineBytes}));
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{kCacheLineBytes}));
   }
-  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{kCacheLineBytes}); }
+  void deallocate(T* p, std::size_t) { ::operator delete (p, std::align_val_t{kCacheLineBytes}); }
   friend bool operator==(const CacheLineAllocator&, const CacheLineAllocator&) { return true; }
 };
 
