@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstddef>
 
+#include "core/row_parallel.h"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "engine/activation.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -58,7 +60,7 @@ void GatedRow(const float* HWY_RESTRICT gate, const float* HWY_RESTRICT up, std:
 void GatedActivation(const float* gate_up, std::int32_t rows, std::int32_t width, bool gelu,
                      float* act) {
   const std::int64_t elements = std::int64_t{rows} * width;
-#pragma omp parallel for schedule(static) if (elements > (1 << 16))
+#pragma omp parallel for schedule(static) if (elements >= core::kRowParallelElements)
   for (std::int32_t r = 0; r < rows; ++r) {
     const float* gate = gate_up + std::size_t(r) * 2 * std::size_t(width);
     float* out = act + std::size_t(r) * std::size_t(width);

@@ -10,6 +10,7 @@
 #include "activation.h"
 #include "core/cache_line_vector.h"
 #include "core/placement.h"
+#include "core/row_parallel.h"
 #include "counter_random.h"
 #include "gemm.h"
 #include "kernels/rope_table.h"
@@ -326,7 +327,8 @@ void LlamaModel::validate_batch(const ForwardBatch& b, const PagedKVCache& cache
 void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight,
                           float* out, std::int32_t width) const {
   const std::int32_t h = width > 0 ? width : c_.hidden_size;
-#pragma omp parallel for schedule(static) if (std::int64_t{tokens} * h > (1 << 16))
+#pragma omp parallel for schedule(static) if (std::int64_t{tokens} * h >= \
+                                              core::kRowParallelElements)
   for (std::int32_t t = 0; t < tokens; ++t) {
     const float* row = x + std::size_t(t) * h;
     float sum = 0.0f;

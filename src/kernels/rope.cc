@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/row_parallel.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/rope.h"
 
@@ -137,8 +138,8 @@ void apply_rope(HeadTensor x, std::int32_t num_tokens, std::int32_t num_heads,
   const std::int32_t r = c.rotary_dim == 0 ? head_dim : c.rotary_dim;
   const std::int32_t half = r / 2;
   constexpr std::int32_t kChunk = 64;  // pairs whose cos/sin sit on the stack at once
-#pragma omp parallel for schedule(static) if (std::int64_t{num_tokens} * num_heads * head_dim > \
-                                              (1 << 16))
+#pragma omp parallel for schedule(static) if (std::int64_t{num_tokens} * num_heads * head_dim >= \
+                                              core::kRowParallelElements)
   for (std::int32_t t = 0; t < num_tokens; ++t) {
     const std::int32_t pos = positions[t];
     for (std::int32_t i0 = 0; i0 < half; i0 += kChunk) {
