@@ -9,6 +9,7 @@
 
 #include "activation.h"
 #include "core/cache_line_vector.h"
+#include "core/own_thread.h"
 #include "core/placement.h"
 #include "core/row_parallel.h"
 #include "counter_random.h"
@@ -36,9 +37,17 @@ std::vector<float> uniform_weights(std::size_t count, float bound, std::uint64_t
                                    std::uint64_t stream) {
   std::vector<float> w(count);
   const auto n = static_cast<std::int64_t>(count);
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (std::int64_t i = 0; i < n; ++i)
-    w[i] = static_cast<float>((2.0 * engine::counter_uniform(seed, stream, i) - 1.0) * bound);
+  // Large ones on a thread of their own: the loading thread keeps no team.
+  const bool parallel = n > (1 << 16);
+  const auto draw = [&] {
+#pragma omp parallel for schedule(static) if (parallel)
+    for (std::int64_t i = 0; i < n; ++i)
+      w[i] = static_cast<float>((2.0 * engine::counter_uniform(seed, stream, i) - 1.0) * bound);
+  };
+  if (parallel)
+    core::run_on_own_thread(draw);
+  else
+    draw();
   return w;
 }
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/own_thread.h"
 #include "model/gguf_bytes.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf.h"
@@ -363,10 +364,19 @@ std::vector<float> GgufFile::dequantize(const GgufTensor& t) const {
   std::vector<float> out(static_cast<std::size_t>(t.element_count()));
   const std::int64_t rows = t.row_count();
   const std::int64_t row_bytes = gguf_row_bytes(t.type, t.row_length());
-  // Threads only for big tensors: a parallel region costs more than a small one.
-#pragma omp parallel for schedule(static) if (t.element_count() >= (std::int64_t{1} << 20))
-  for (std::int64_t r = 0; r < rows; ++r)
-    dequantize_row(t.type, t.data + r * row_bytes, out.data() + r * t.row_length(), t.row_length());
+  // Threads only for big tensors (a parallel region costs more than a small
+  // one), and on a thread of their own: the loading thread keeps no team.
+  const bool parallel = t.element_count() >= (std::int64_t{1} << 20);
+  const auto rows_to_f32 = [&] {
+#pragma omp parallel for schedule(static) if (parallel)
+    for (std::int64_t r = 0; r < rows; ++r)
+      dequantize_row(t.type, t.data + r * row_bytes, out.data() + r * t.row_length(),
+                     t.row_length());
+  };
+  if (parallel)
+    core::run_on_own_thread(rows_to_f32);
+  else
+    rows_to_f32();
   return out;
 }
 

@@ -243,30 +243,45 @@ std::int64_t process_threads() {
   return n;
 }
 
-// A server makes its engine on one thread and steps it on another. Had the
-// constructor's parallel work (touching the K/V pool, timing the product
-// paths) run on the making thread, that thread would keep an idle OpenMP
-// team for good, and libgomp, managing more threads than CPUs, would cut
-// the stepping threads' spinning between regions (one stream through
-// `serve` ran at half speed). The maker gains no threads.
-TEST(EngineThreads, MakingAnEngineLeavesNoOpenMpTeamOnTheMakingThread) {
-  if (!std::filesystem::exists("/proc/self/task")) GTEST_SKIP() << "no /proc/self/task";
-  // LLVM's runtime (the sanitizer build's) keeps one pool of workers for the
-  // whole process, which outlive the thread that started them by design.
-  if (dlsym(RTLD_DEFAULT, "kmp_get_blocktime") != nullptr)
-    GTEST_SKIP() << "LLVM's OpenMP runtime: teams per thread are libgomp's";
+// Threads the process gains while `make` runs on a fresh thread with 3
+// OpenMP threads, counted before that thread exits.
+template <class Make>
+std::int64_t threads_gained_by(const Make& make) {
   std::int64_t before = 0, after = 0;
   std::thread maker([&] {
     omp_set_num_threads(3);
     before = process_threads();
-    EngineConfig c = config(small_model());
-    Engine engine(c);
-    // The helper thread's own team may take a moment to wind down.
+    const auto made = make();
+    // A helper thread's own team may take a moment to wind down.
     for (int i = 0; i < 200 && (after = process_threads()) > before; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
   });
   maker.join();
-  EXPECT_EQ(after, before);
+  return after - before;
+}
+
+bool per_thread_teams() {
+  // LLVM's runtime (the sanitizer build's) keeps one pool of workers for the
+  // whole process, which outlive the thread that started them by design.
+  return dlsym(RTLD_DEFAULT, "kmp_get_blocktime") == nullptr;
+}
+
+// A server loads its model and makes its engine on one thread and steps it
+// on another. Had the loading or the constructor's parallel work (drawing
+// preset weights, touching the K/V pool, timing the product paths) run on
+// the making thread, that thread would keep an idle OpenMP team for good,
+// and libgomp, managing more threads than CPUs, would cut the stepping
+// threads' spinning between regions (one stream through `serve` ran at half
+// speed). The maker gains no threads.
+TEST(EngineThreads, MakingAModelAndEngineLeavesNoOpenMpTeamOnTheMakingThread) {
+  if (!std::filesystem::exists("/proc/self/task")) GTEST_SKIP() << "no /proc/self/task";
+  if (!per_thread_teams()) GTEST_SKIP() << "LLVM's OpenMP runtime: teams per thread are libgomp's";
+  EXPECT_EQ(threads_gained_by([] { return std::make_unique<Engine>(config(small_model())); }), 0);
+  LlamaConfig c = llama_preset("tiny");  // matrices above the parallel drawing size
+  c.hidden_size = 512;
+  c.intermediate_size = 1024;
+  c.num_layers = 1;
+  EXPECT_EQ(threads_gained_by([&] { return make_llama_model(c); }), 0);
 }
 
 }  // namespace engine_threads_test
