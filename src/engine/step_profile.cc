@@ -38,7 +38,6 @@ PhaseTimer::PhaseTimer(StepPhase phase) : profile_(active_profile), phase_(phase
 PhaseTimer::~PhaseTimer() {
   if (profile_ == nullptr) return;
   profile_->seconds[std::size_t(phase_)] += steady_seconds() - start_;
-  ++profile_->calls[std::size_t(phase_)];
 }
 
 }  // namespace pagedattn::engine

@@ -24,7 +24,6 @@ const char* phase_name(StepPhase phase);
 
 struct StepProfile {
   std::array<double, kStepPhases> seconds{};  // wall time in each phase
-  std::array<std::int64_t, kStepPhases> calls{};
 
   double of(StepPhase phase) const { return seconds[std::size_t(phase)]; }
 };
