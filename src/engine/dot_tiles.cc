@@ -184,19 +184,10 @@ HWY_INLINE void ForEachTile(const DotTilesArgs& a, std::int32_t out_begin, std::
   }
 }
 
-// The first cache-line boundary at or after p, in a buffer with 16 floats
-// to spare: a vector load from a dequantised group then never splits over
-// two lines (a split 512-bit load takes two of a core's load slots).
-HWY_INLINE float* AlignedLine(float* p) {
-  const auto at = reinterpret_cast<std::uintptr_t>(p);
-  constexpr std::uintptr_t kLine = kernels::kLineBytes;
-  return reinterpret_cast<float*>((at + kLine - 1) / kLine * kLine);
-}
-
 void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
-                 std::vector<float>& scratch) {
-  if (a.format != WeightFormat::kF32) scratch.resize(std::size_t(kDotTileGroup) * a.in + 16);
-  float* group = AlignedLine(scratch.data());
+                 core::CacheLineVector<float>& scratch) {
+  if (a.format != WeightFormat::kF32) scratch.resize(std::size_t(kDotTileGroup) * a.in);
+  float* group = scratch.data();
   ForEachTile<float>(
       a, out_begin, out_end, kDotTileRows,
       [&](std::int32_t first, std::int32_t) { return a.x + std::size_t(first) * a.in; },
@@ -294,10 +285,10 @@ PAGEDATTN_BF16_ATTR void TileBf16(const std::uint16_t* x, std::int32_t in,
 
 // scratch: the f32 group, then (as bf16) the group and kBf16Pass rows of x.
 void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
-                  std::vector<float>& scratch) {
+                  core::CacheLineVector<float>& scratch) {
   const std::size_t in = std::size_t(a.in), group_floats = std::size_t(kDotTileGroup) * in;
-  scratch.resize(group_floats + group_floats / 2 + std::size_t(kBf16Pass) * in / 2 + 16);
-  float* group = AlignedLine(scratch.data());  // in: a multiple of 32, so all three are aligned
+  scratch.resize(group_floats + group_floats / 2 + std::size_t(kBf16Pass) * in / 2);
+  float* group = scratch.data();  // in: a multiple of 32, so all three start on a line
   auto* group16 = reinterpret_cast<std::uint16_t*>(group + group_floats);
   std::uint16_t* x16 = group16 + group_floats;
   ForEachTile<std::uint16_t>(
@@ -316,7 +307,7 @@ void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t ou
 #endif
 
 void DotTiles(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
-              std::vector<float>& scratch) {
+              core::CacheLineVector<float>& scratch) {
 #if PAGEDATTN_BF16_DOT_TARGET
   if (a.bf16) return DotTilesBf16(a, out_begin, out_end, scratch);
 #endif
@@ -339,7 +330,7 @@ bool dot_tiles_bf16_available() {
 }
 
 void dot_tiles(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
-               std::vector<float>& scratch) {
+               core::CacheLineVector<float>& scratch) {
   require(args.in > 0 && args.in % kQuantBlock == 0, "dot_tiles: in = ", args.in,
           " is not a positive multiple of ", kQuantBlock);
   DotTilesArgs a = args;

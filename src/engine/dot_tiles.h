@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cache_line_vector.h"
 #include "engine/quant_kernels.h"
 
 namespace pagedattn::engine {
@@ -50,9 +51,10 @@ bool dot_tiles_bf16_available();
 // vector lane over i in order (bf16: pairs of products per lane), then a
 // fixed tree over the lanes: it does not
 // depend on the other rows, their count, the column range or the tile it
-// falls in (the tests check this). `scratch` holds the dequantised group.
+// falls in (the tests check this). `scratch` holds the dequantised group,
+// from a cache line on (no vector load from it splits over two lines).
 // InvalidArgument when `in` is not a positive multiple of kQuantBlock.
 void dot_tiles(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
-               std::vector<float>& scratch);
+               core::CacheLineVector<float>& scratch);
 
 }  // namespace pagedattn::engine

@@ -120,7 +120,7 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
   s.weight_blocks.resize(std::size_t(omp_get_max_threads()));
 #pragma omp parallel for schedule(static) num_threads(tasks) if (tasks > 1)
   for (std::int32_t t = 0; t < tasks; ++t) {
-    std::vector<float>& w = s.weight_blocks[std::size_t(omp_get_thread_num())];
+    core::CacheLineVector<float>& w = s.weight_blocks[std::size_t(omp_get_thread_num())];
     w.resize(std::size_t(kColumnBlock) * a.in);
     for_each_block(part_range(a.out, tasks, t, kColumnGranule), [&](IndexRange block) {
       const std::int32_t count = block.end - block.begin;

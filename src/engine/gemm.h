@@ -140,7 +140,7 @@ IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
 struct LinearScratch {
   std::vector<float> padded_x;
   std::vector<std::vector<float>> tiles;
-  std::vector<std::vector<float>> weight_blocks;
+  std::vector<core::CacheLineVector<float>> weight_blocks;  // dot_tiles' groups, BLAS's blocks
 };
 
 // Makes OpenBLAS run single-threaded (its own thread pool would fight the

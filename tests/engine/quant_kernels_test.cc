@@ -537,7 +537,7 @@ TEST(DotTiles, RandomShapesMatchADoubleReferenceOnEveryTarget) {
   std::mt19937 rng(31);
   std::uniform_int_distribution<int> super_blocks(1, 6), outs(1, 45), rows_of(1, 13);
   TargetReset reset;
-  std::vector<float> scratch;
+  core::CacheLineVector<float> scratch;
   const auto run = [&](const QuantProductArgs& a, std::int32_t begin, std::int32_t end) {
     dot_tiles({a.x, a.rows, a.in, a.w, a.format, a.y, a.ldy, a.accumulate}, begin, end, scratch);
   };
@@ -564,7 +564,7 @@ TEST(DotTiles, RowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) {
   std::mt19937 rng(32);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   TargetReset reset;
-  std::vector<float> scratch;
+  core::CacheLineVector<float> scratch;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
     for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ5_0, WeightFormat::kQ4_K}) {
       hwy::SetSupportedTargetsForTest(target);
@@ -601,7 +601,7 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
   std::mt19937 rng(33);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   const auto bf16 = [](float v) { return double(bf16_bits_to_float(float_to_bf16_bits(v))); };
-  std::vector<float> scratch;
+  core::CacheLineVector<float> scratch;
   for (const WeightFormat f : kAllFormats)
     for (const auto& [in, out, rows] :
          {std::tuple{256, 13, 1}, {512, 37, 9}, {768, 21, 70}, {256, 8, 131}}) {
@@ -655,7 +655,7 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
   std::mt19937 rng(34);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   const std::int32_t in = 512, out = 40;
-  std::vector<float> scratch;
+  core::CacheLineVector<float> scratch;
   LinearScratch ls;
   for (const WeightFormat f : {WeightFormat::kQ4_K, WeightFormat::kF32})
     for (const std::int32_t rows : {9, 64, 100})
@@ -692,7 +692,8 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
 }
 
 TEST(DotTiles, RefusesAnInputThatIsNotWholeBlocks) {
-  std::vector<float> x(40), w(40), y(1), scratch;
+  std::vector<float> x(40), w(40), y(1);
+  core::CacheLineVector<float> scratch;
   for (const std::int32_t in : {0, 40, -32})
     EXPECT_THROW(dot_tiles({x.data(), 1, in, w.data(), WeightFormat::kF32, y.data(), 1, false}, 0,
                            1, scratch),

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 
+#include "core/cache_line_vector.h"
 #include "pagedattn/dtype.h"
 
 namespace pagedattn::kernels {
@@ -23,7 +24,7 @@ namespace pagedattn::kernels {
 // left most calls in the kernels' unrolled loops out of line, and decode
 // ran far slower.
 
-inline constexpr std::size_t kLineBytes = 64;  // a cache line: the unit of every prefetch
+inline constexpr std::size_t kLineBytes = core::kCacheLineBytes;  // the unit of every prefetch
 
 // Prefetches the line at p into L2.
 HWY_INLINE void PrefetchToL2(const void* p) {
