@@ -22,4 +22,11 @@ void run_on_own_thread(const std::function<void()>& f) {
   if (error) std::rethrow_exception(error);
 }
 
+void run_on_own_thread_if(bool parallel, const std::function<void()>& f) {
+  if (parallel)
+    run_on_own_thread(f);
+  else
+    f();
+}
+
 }  // namespace pagedattn::core

@@ -16,4 +16,8 @@ namespace pagedattn::core {
 // its thread.
 void run_on_own_thread(const std::function<void()>& f);
 
+// f on a thread of its own when it opens a parallel region (`parallel`),
+// here otherwise: a loader's small pieces pay no thread.
+void run_on_own_thread_if(bool parallel, const std::function<void()>& f);
+
 }  // namespace pagedattn::core

@@ -1,7 +1,6 @@
 #include "core/placement.h"
 
 #include <omp.h>
-#include "core/own_thread.h"
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +17,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+
+#include "core/own_thread.h"
 
 namespace pagedattn::core {
 namespace {

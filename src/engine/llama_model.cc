@@ -39,15 +39,11 @@ std::vector<float> uniform_weights(std::size_t count, float bound, std::uint64_t
   const auto n = static_cast<std::int64_t>(count);
   // Large ones on a thread of their own: the loading thread keeps no team.
   const bool parallel = n > (1 << 16);
-  const auto draw = [&] {
+  core::run_on_own_thread_if(parallel, [&] {
 #pragma omp parallel for schedule(static) if (parallel)
     for (std::int64_t i = 0; i < n; ++i)
       w[i] = static_cast<float>((2.0 * engine::counter_uniform(seed, stream, i) - 1.0) * bound);
-  };
-  if (parallel)
-    core::run_on_own_thread(draw);
-  else
-    draw();
+  });
   return w;
 }
 

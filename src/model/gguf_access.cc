@@ -367,16 +367,12 @@ std::vector<float> GgufFile::dequantize(const GgufTensor& t) const {
   // Threads only for big tensors (a parallel region costs more than a small
   // one), and on a thread of their own: the loading thread keeps no team.
   const bool parallel = t.element_count() >= (std::int64_t{1} << 20);
-  const auto rows_to_f32 = [&] {
+  core::run_on_own_thread_if(parallel, [&] {
 #pragma omp parallel for schedule(static) if (parallel)
     for (std::int64_t r = 0; r < rows; ++r)
       dequantize_row(t.type, t.data + r * row_bytes, out.data() + r * t.row_length(),
                      t.row_length());
-  };
-  if (parallel)
-    core::run_on_own_thread(rows_to_f32);
-  else
-    rows_to_f32();
+  });
   return out;
 }
 
