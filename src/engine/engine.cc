@@ -197,16 +197,16 @@ struct Engine::Impl {
   void append_token(SequenceGroup& g, std::int32_t seq, std::int32_t token, RequestOutput& out);
   // (sequence, token) pairs a chunk draws.
   using Draws = std::vector<std::pair<std::int32_t, std::int32_t>>;
-  static constexpr std::size_t kNoRow = ~std::size_t{0};
   // The tokens chunk `c`'s sequence draws from `row` (the prompt's first
   // sampling draws every sample); nullopt when the row is not finite. Reads
   // the group and changes nothing, so the chunks of a step draw at once.
   std::optional<Draws> draw_chunk(const ScheduledChunk& c, std::span<const float> row,
                                   engine::Sampler& sampler) const;
-  // Every sampling chunk's draws (`rows[k]`: chunk k's logit row, or none),
-  // over the step's threads when the rows are many and long.
+  // Every sampling chunk's draws (`row_ends[k]`: one past chunk k's last
+  // logit row, the one it samples from), over the step's threads when the
+  // rows are many and long.
   std::vector<std::optional<Draws>> draw_all(const Schedule& s,
-                                             const std::vector<std::size_t>& rows);
+                                             const std::vector<std::size_t>& row_ends);
   // Appends chunk `c`'s draws from `row` (forking the prompt's samples first).
   void apply_draws(const ScheduledChunk& c, std::span<const float> row, const Draws& drawn,
                    RequestOutput& out);
@@ -352,26 +352,27 @@ std::optional<Engine::Impl::Draws> Engine::Impl::draw_chunk(const ScheduledChunk
 }
 
 std::vector<std::optional<Engine::Impl::Draws>> Engine::Impl::draw_all(
-    const Schedule& s, const std::vector<std::size_t>& rows) {
+    const Schedule& s, const std::vector<std::size_t>& row_ends) {
   // A draw reads its row once or a few times: on a vocabulary of 2^15 and
   // more, a handful of rows is worth the threads (each draw is
   // counter-seeded, so the split does not change a token).
   constexpr std::int64_t kParallelLogits = std::int64_t{1} << 17;
-  std::vector<std::int32_t> sampling;  // chunks with a row
+  std::vector<std::int32_t> sampling;  // chunks that sample
   for (std::size_t k = 0; k < s.chunks.size(); ++k)
-    if (rows[k] != kNoRow) sampling.push_back(static_cast<std::int32_t>(k));
+    if (s.chunks[k].samples) sampling.push_back(static_cast<std::int32_t>(k));
   const auto count = static_cast<std::int32_t>(sampling.size());
   const bool parallel =
       count > 1 && std::int64_t{count} * config.model->spec().vocab_size >= kParallelLogits;
-  samplers.resize(std::size_t(std::max(1, parallel ? omp_get_max_threads() : 1)));
+  // Grown, never shrunk: each keeps its vocabulary-long buffers between steps.
+  samplers.resize(std::max(samplers.size(), std::size_t(parallel ? omp_get_max_threads() : 1)));
   std::vector<std::optional<Draws>> draws(s.chunks.size());
   std::exception_ptr error;  // the first, rethrown here: none may leave the region
 #pragma omp parallel for schedule(dynamic) if (parallel)
   for (std::int32_t i = 0; i < count; ++i) {
     const std::size_t k = std::size_t(sampling[std::size_t(i)]);
     try {
-      draws[k] =
-          draw_chunk(s.chunks[k], logit_row(rows[k]), samplers[std::size_t(omp_get_thread_num())]);
+      draws[k] = draw_chunk(s.chunks[k], logit_row(row_ends[k] - 1),
+                            samplers[std::size_t(omp_get_thread_num())]);
     } catch (...) {
 #pragma omp critical(pagedattn_draw_error)
       if (!error) error = std::current_exception();
@@ -461,20 +462,20 @@ void Engine::Impl::apply_samples(const Schedule& s, std::vector<RequestOutput>& 
     if (fresh) outputs.push_back({id, {}, false, {}, {}});
     return outputs[it->second];
   };
-  // Each chunk's first logit row, and the row it samples from.
-  std::vector<std::size_t> first_rows(s.chunks.size()), sample_rows(s.chunks.size(), kNoRow);
+  // One past each chunk's last logit row: its prompt rows, then the row it
+  // samples from, if it samples.
+  std::vector<std::size_t> row_ends(s.chunks.size());
   for (std::size_t k = 0, row = 0; k < s.chunks.size(); ++k) {
-    first_rows[k] = row;
-    row += std::size_t(prompt_rows[k].count);
-    if (s.chunks[k].samples) sample_rows[k] = row++;
+    row += std::size_t(prompt_rows[k].count) + (s.chunks[k].samples ? 1 : 0);
+    row_ends[k] = row;
   }
   // Drawn before any state changes; a chunk whose request fails on an
   // earlier row of the step drops its draws below.
-  const std::vector<std::optional<Draws>> draws = draw_all(s, sample_rows);
+  const std::vector<std::optional<Draws>> draws = draw_all(s, row_ends);
   for (std::size_t k = 0; k < s.chunks.size(); ++k) {
     const ScheduledChunk& c = s.chunks[k];
-    const std::size_t first_row = first_rows[k];
-    const std::size_t row = first_row + std::size_t(prompt_rows[k].count) + (c.samples ? 1 : 0);
+    const std::size_t first_row = k == 0 ? 0 : row_ends[k - 1];
+    const std::size_t row = row_ends[k];
     SequenceGroup& g = *c.group;
     // Finished already: its request failed on an earlier row of this step.
     if (first_row == row || g.seqs[std::size_t(c.seq)].finished()) continue;
