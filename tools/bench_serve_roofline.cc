@@ -59,6 +59,23 @@ void add_preset_weights(const std::string& preset, ModelCost& c) {
   c.dense_weight_bytes = (c.matmul_params_per_token + norms) * kF32Bytes;  // presets are f32
 }
 
+// The mean decode step's phases, each a part of the step: the products,
+// attention and LM head of the forward pass, the rest of the forward pass
+// (norms, RoPE, activations, residuals, embedding rows) and the step outside
+// the model (scheduling, planning, sampling). All zero where nothing was
+// profiled (runs over HTTP).
+nlohmann::ordered_json phases_json(const engine::StepProfile& p, double step_s) {
+  using engine::StepPhase;
+  const double forward = p.of(StepPhase::kForward);
+  const double parts =
+      p.of(StepPhase::kProducts) + p.of(StepPhase::kAttention) + p.of(StepPhase::kLmHead);
+  return {{"products", p.of(StepPhase::kProducts)},
+          {"attention", p.of(StepPhase::kAttention)},
+          {"lm_head", p.of(StepPhase::kLmHead)},
+          {"model_other", std::max(0.0, forward - parts)},
+          {"outside_model", forward > 0 ? std::max(0.0, step_s - forward) : 0.0}};
+}
+
 }  // namespace
 
 double ModelCost::expert_share(double tokens) const {
@@ -97,27 +114,6 @@ ProbeFigures measure_probes(bool quick) {
   }
   return p;
 }
-
-namespace {
-
-// The mean decode step's phases, each a part of the step: the products,
-// attention and LM head of the forward pass, the rest of the forward pass
-// (norms, RoPE, activations, residuals, embedding rows) and the step outside
-// the model (scheduling, planning, sampling). All zero where nothing was
-// profiled (runs over HTTP).
-nlohmann::ordered_json phases_json(const engine::StepProfile& p, double step_s) {
-  using engine::StepPhase;
-  const double forward = p.of(StepPhase::kForward);
-  const double parts =
-      p.of(StepPhase::kProducts) + p.of(StepPhase::kAttention) + p.of(StepPhase::kLmHead);
-  return {{"products", p.of(StepPhase::kProducts)},
-          {"attention", p.of(StepPhase::kAttention)},
-          {"lm_head", p.of(StepPhase::kLmHead)},
-          {"model_other", std::max(0.0, forward - parts)},
-          {"outside_model", forward > 0 ? std::max(0.0, step_s - forward) : 0.0}};
-}
-
-}  // namespace
 
 nlohmann::ordered_json roofline_json(const ModelCost& cost, const std::vector<StepSample>& steps,
                                      const std::optional<ProbeFigures>& probes) {

@@ -7,22 +7,6 @@ namespace {
 thread_local StepProfile* active_profile = nullptr;
 }  // namespace
 
-const char* phase_name(StepPhase phase) {
-  switch (phase) {
-    case StepPhase::kForward:
-      return "forward";
-    case StepPhase::kProducts:
-      return "products";
-    case StepPhase::kAttention:
-      return "attention";
-    case StepPhase::kLmHead:
-      return "lm_head";
-    case StepPhase::kCount:
-      break;
-  }
-  return "unknown";
-}
-
 StepProfileScope::StepProfileScope(StepProfile* profile) : previous_(active_profile) {
   active_profile = profile;
 }

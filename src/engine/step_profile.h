@@ -19,9 +19,6 @@ enum class StepPhase : std::uint8_t {
 };
 inline constexpr std::size_t kStepPhases = std::size_t(StepPhase::kCount);
 
-// The phase's name in reports and JSON: forward, products, attention, lm_head.
-const char* phase_name(StepPhase phase);
-
 struct StepProfile {
   std::array<double, kStepPhases> seconds{};  // wall time in each phase
 
