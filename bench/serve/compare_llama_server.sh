@@ -40,10 +40,13 @@ trap cleanup EXIT
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
+http_get() {  # url: its body on stdout; fails unless the answer is 2xx within 5 s
+  python3 -c 'import sys, urllib.request
+sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1" 2>/dev/null
+}
 wait_healthy() {  # port name log
   for _ in $(seq 600); do
-    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
-      "http://127.0.0.1:$1/health" 2>/dev/null && return 0
+    http_get "http://127.0.0.1:$1/health" >/dev/null && return 0
     sleep 0.5
   done
   echo "compare_llama_server: $2 did not come up; its log:" >&2
@@ -76,8 +79,7 @@ open(f"{sys.argv[1]}/warmup.jsonl", "w").write(line(16, 8))
 PY
 
 metrics() {  # file: pagedattn serve's counters
-  python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
-    "http://127.0.0.1:$p_port/metrics" >"$1" 2>/dev/null || : >"$1"
+  http_get "http://127.0.0.1:$p_port/metrics" >"$1" || : >"$1"
 }
 bench() {  # name port concurrency round
   [ "$1" = pagedattn ] && metrics "$work/metrics-c$3-r$4.before"
