@@ -468,6 +468,24 @@ using DRow = hn::CappedTag<float, (kDim > 0 && kDim % 16 == 0) ? 16 : 8>;
 // Score accumulators a decode tile keeps: a tile of rows x keys fills them.
 constexpr int kTileAccs = kAccRegs;
 
+// Keys a score tile of `rows` rows takes: the most that fit kTileAccs
+// accumulators, a power of two (tiles cover the block). Rows that do not
+// divide kTileAccs (3, 6, 7: GQA groups of SmolLM2 and Qwen2.5) leave some
+// accumulators unused rather than split the group and read the keys twice.
+constexpr int TileKeys(int rows) {
+  int keys = 1;
+  while (2 * keys * rows <= kTileAccs) keys *= 2;
+  return keys;
+}
+
+// Row groups of the decode tiles, largest first: every group size up to 8
+// but 5 where the registers hold 16 accumulators (a group of a KV head's
+// query heads then reads each K and V vector once: GQA 3, 6 and 7 no longer
+// split into 2 + 1, 4 + 2 and 4 + 2 + 1), else 4, 2, 1. A row's results do
+// not depend on the group it falls in (every sum runs in the same order).
+using DecodeRowGroups =
+    std::conditional_t<kAccRegs >= 16, RowGroups<8, 7, 6, 4, 3, 2, 1>, RowGroups<4, 2, 1>>;
+
 // Sums each of kN vectors of D (kN a multiple of 8; 16 on AVX-512 rows).
 template <int kN, class D>
 HWY_INLINE void ReduceAll(const hn::Vec<D>* a, float* HWY_RESTRICT out) {
@@ -499,7 +517,11 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   const D df;
   constexpr std::size_t n = hn::MaxLanes(df);
   const KernelContext& c = *it.c;
-  hn::Vec<D> acc[kRows * kKeys];
+  // ReduceAll sums whole groups of 16 (or 8) vectors: the accumulators past
+  // the tile's stay zero.
+  constexpr int kReduceGroup = n == 16 ? 16 : 8;
+  constexpr int kAccs = (kRows * kKeys + kReduceGroup - 1) / kReduceGroup * kReduceGroup;
+  hn::Vec<D> acc[kAccs];
   for (auto& a : acc) a = hn::Zero(df);
   const float* q = it.sc.q + std::size_t(row0) * c.dq;
   const std::size_t dim = kDim > 0 ? std::size_t(kDim) : std::size_t(c.head_dim);
@@ -513,8 +535,8 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
       for (int e = 0; e < kKeys; ++e) acc[r * kKeys + e] = hn::MulAdd(qv, k[e], acc[r * kKeys + e]);
     }
   }
-  HWY_ALIGN float dots[kRows * kKeys];
-  ReduceAll<kRows * kKeys, D>(acc, dots);
+  HWY_ALIGN float dots[kAccs];
+  ReduceAll<kAccs, D>(acc, dots);
   // Each row's kKeys dots, times the keys' scales, in vectors of up to
   // kKeys lanes (a scalar loop here was 16 multiplies and stores a tile).
   const hn::CappedTag<float, kKeys> dk;
@@ -529,22 +551,25 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
   }
 }
 
-// Scores kRows rows against the whole block, kTileAccs / kRows keys a tile.
+// Scores kRows rows against the whole block, TileKeys(kRows) keys a tile.
+// noipa: with this loop inlined into its caller, GCC 12 at -O3 computed
+// wrong scores for the 7-row tile over scaled keys in f32 scratch rows (int8
+// and fp8 K/V with inline RoPE; DecodeRowKeepsItsBitsInAnyGqaGroup and the
+// random matrix found it; clang's build and GCC's with the loop kept apart
+// are exact). A call per group and block costs nothing measurable.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, bool kNanFree>
-HWY_INLINE void ScoreRows(const Item& it, const KeyBlock& kb, std::int32_t r) {
-  constexpr int kKeys = kTileAccs / kRows;
+__attribute__((noipa)) void ScoreRows(const Item& it, const KeyBlock& kb, std::int32_t r) {
+  constexpr int kKeys = TileKeys(kRows);
   static_assert(kKB % kKeys == 0, "tiles cover the block");
   for (std::int32_t jj = 0; jj < kKB; jj += kKeys)
     ScoreTile<kLoad, kScale, kPrefetch, kDim, kRows, kKeys, kNanFree>(it, kb, r, jj);
 }
 
-// Scores the next group of rows from r against the block, as many as the
-// largest tile takes (8 where the registers hold 16 accumulators, so a GQA-8
-// group converts each K vector once; else 4), 2 or 1; returns how many.
+// Scores the next group of rows from r against the block, the largest of
+// DecodeRowGroups that fits; returns how many.
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim, bool kNanFree>
 std::int32_t ScoreGroup(const Item& it, const KeyBlock& kb, std::int32_t r, std::int32_t row_end) {
-  using Groups = std::conditional_t<kAccRegs >= 16, RowGroups<8, 4, 2, 1>, RowGroups<4, 2, 1>>;
-  return Groups::VisitFirst(r, row_end, [&](auto rows, std::int32_t row) {
+  return DecodeRowGroups::VisitFirst(r, row_end, [&](auto rows, std::int32_t row) {
     ScoreRows<kLoad, kScale, kPrefetch, kDim, rows(), kNanFree>(it, kb, row);
   });
 }
@@ -757,6 +782,13 @@ void SoftmaxRows(const Item& it, const RowMap& map, const KeyBlock& kb, std::int
 
 // --- PV -----------------------------------------------------------------------------------
 
+// The largest divisor of n that is at most cap (n, cap >= 1).
+constexpr int LargestDivisorAtMost(int n, int cap) {
+  for (int d = std::min(n, cap); d > 1; --d)
+    if (n % d == 0) return d;
+  return 1;
+}
+
 // o[row0 .. row0 + kRows) += weights x V over the block, on vectors of D:
 // kRows x kVecs output vectors stay in registers over the block's keys (4 x 4
 // x 16 lanes on AVX-512), each weight broadcast straight from the scores
@@ -770,8 +802,10 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   const D df;
   constexpr std::size_t n = hn::MaxLanes(df);
   constexpr int kMaxVecs = kAccRegs / kRows > 0 ? kAccRegs / kRows : 1;
+  // A fixed head dim: passes of equal width over it (3 rows: 4 of the 5
+  // vectors that fit, not 5 and a tail of 8-lane passes).
   constexpr int kVecs =
-      kDim > 0 ? std::max(1, std::min<int>(kMaxVecs, kDim / int(n))) : std::min(kMaxVecs, 4);
+      kDim > 0 ? LargestDivisorAtMost(kDim / int(n), kMaxVecs) : std::min(kMaxVecs, 4);
   // Vectors start at multiples of n, so PrefetchLine sees every line start.
   static_assert(kLineBytes / dtype_size(kLoad) % n == 0, "a line holds whole vectors");
   const std::size_t stride = std::size_t(it.c->dv);
@@ -814,12 +848,12 @@ HWY_INLINE void AccumulateRows(const Item& it, const KeyBlock& kb, std::int32_t 
   }
 }
 
-// o[row] += weights x V for the next group of rows from r (8 if kMaxRows
-// allows, 4, 2 or 1); returns how many.
+// o[row] += weights x V for the next group of rows from r (DecodeRowGroups
+// if kMaxRows allows 8, else 4, 2 or 1); returns how many.
 template <class D, DType kLoad, bool kPrefetch, int kDim, int kMaxRows, bool kNanFree>
 std::int32_t AccumulateGroup(const Item& it, const KeyBlock& kb, std::int32_t r,
                              std::int32_t row_end) {
-  using Groups = std::conditional_t<kMaxRows >= 8, RowGroups<8, 4, 2, 1>, RowGroups<4, 2, 1>>;
+  using Groups = std::conditional_t<kMaxRows >= 8, DecodeRowGroups, RowGroups<4, 2, 1>>;
   return Groups::VisitFirst(r, row_end, [&](auto rows, std::int32_t row) {
     AccumulateRows<D, kLoad, kPrefetch, kDim, rows(), kNanFree>(it, kb, row);
   });
