@@ -24,6 +24,7 @@
 #include "attention_workload.h"
 #include "cli_flags.h"
 #include "kernel_shims.h"
+#include "kernels/cpu/attention_cpu.h"
 #include "machine_probes.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/cpu_features.h"
@@ -443,19 +444,25 @@ int run_bench_attention(int argc, char** argv) {
     return 0;
   }
   const bool prefill = c.q_len * (c.qo_heads / c.kv_heads) > 8;
-  const bool fp8_fast = !o.exact_products && (c.kv == DType::kFP8E4M3 || c.kv == DType::kFP8E5M2);
-  const pb::PeakClass k = pb::attention_peak_class({.kv = c.kv,
-                                                    .prefill = prefill,
-                                                    .bf16_products = o.bf16_products || fp8_fast,
-                                                    .int8_products = o.int8_products,
-                                                    .f16_products = o.f16_products,
-                                                    .head_dim = c.head_dim},
-                                                   dispatched_features());
   const AttentionPlanOptions plan_options{.bf16_products = o.bf16_products,
                                           .int8_products = o.int8_products,
                                           .f16_products = o.f16_products,
                                           .fp8_fast_products = !o.exact_products,
                                           .measured_products = !o.every_allowed_path};
+  const kernels::ProductChoice chosen = kernels::product_choice(
+      {.kv_dtype = c.kv,
+       .layout = KVLayout::kHND,  // the workload's pages (perf/attention_workload.h)
+       .head_dim = c.head_dim,
+       .v_head_dim = c.v_head_dim(),
+       .group = c.qo_heads / c.kv_heads,
+       .v_in_k = c.mla()},
+      plan_options);
+  const pb::PeakClass k = pb::attention_peak_class({.bf16_dot = chosen.bf16_dot,
+                                                    .amx_bf16 = chosen.amx_bf16,
+                                                    .bf16_decode = chosen.bf16_decode,
+                                                    .int8_dot = chosen.int8_dot,
+                                                    .f16_decode = chosen.f16_decode},
+                                                   prefill, dispatched_features());
   std::printf("compute class: %s (the kernel's inner products for %s KV %s at this target%s%s%s)\n",
               pb::peak_class_name(k), pb::short_name(c.kv).c_str(), prefill ? "prefill" : "decode",
               o.bf16_products ? ", bf16 products allowed" : "",

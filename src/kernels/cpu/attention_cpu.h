@@ -47,6 +47,12 @@ ProductChoice choose_products(const ProductShape& s, const AttentionPlan& plan);
 // first call), so that a cache's first step does not pay it.
 void prepare_product_choice(const ProductShape& s, const AttentionPlanOptions& options);
 
+// The paths calls over KV of shape `s` planned with `options` take (timing
+// them first where the plan measures and no call has): what a benchmark
+// names as the call's instruction class. None under
+// PAGEDATTN_FORCE_REFERENCE (every call on the scalar reference).
+ProductChoice product_choice(const ProductShape& s, const AttentionPlanOptions& options);
+
 // Whether the CPU and KV dtype have the bf16 decode kernel
 // (bf16_decode-inl.h): KV that converts to bf16 exactly (bf16, fp8) or is
 // rounded to it (f16), on AVX512-BF16; its fp8 values are converted through

@@ -30,16 +30,20 @@ ProductChoice choose_products(const ProductShape& s, const AttentionPlan& plan) 
 }
 
 void prepare_product_choice(const ProductShape& s, const AttentionPlanOptions& options) {
+  product_choice(s, options);
+}
+
+ProductChoice product_choice(const ProductShape& s, const AttentionPlanOptions& options) {
   // Every call runs the scalar reference then: no path to choose, and
   // timing the reference would take seconds.
-  if (force_reference_kernels()) return;
+  if (force_reference_kernels()) return {};
   const std::int32_t zero = 0;  // an empty batch: the plan's product flags are what matter
   PagedKVTable empty;
   empty.page_size = 1;
   empty.qo_indptr = &zero;
   empty.kv_lens = &zero;
   const AttentionShape shape{s.group, 1, s.head_dim, s.v_head_dim};
-  choose_products(s, plan_attention(empty, shape, {}, options));
+  return choose_products(s, plan_attention(empty, shape, {}, options));
 }
 
 KernelContext make_kernel_context(const AttentionParams& p, const AttentionPlan& plan) {
