@@ -552,13 +552,20 @@ HWY_INLINE void ScoreTile(const Item& it, const KeyBlock& kb, std::int32_t row0,
 }
 
 // Scores kRows rows against the whole block, TileKeys(kRows) keys a tile.
-// noipa: with this loop inlined into its caller, GCC 12 at -O3 computed
+// noipa (GCC): with this loop inlined into its caller, GCC 12 at -O3 computed
 // wrong scores for the 7-row tile over scaled keys in f32 scratch rows (int8
 // and fp8 K/V with inline RoPE; DecodeRowKeepsItsBitsInAnyGqaGroup and the
 // random matrix found it; clang's build and GCC's with the loop kept apart
 // are exact). A call per group and block costs nothing measurable.
+#ifndef PAGEDATTN_SCORE_ROWS_ATTR
+#if defined(__GNUC__) && !defined(__clang__)
+#define PAGEDATTN_SCORE_ROWS_ATTR __attribute__((noipa))
+#else
+#define PAGEDATTN_SCORE_ROWS_ATTR HWY_INLINE
+#endif
+#endif
 template <DType kLoad, bool kScale, bool kPrefetch, int kDim, int kRows, bool kNanFree>
-__attribute__((noipa)) void ScoreRows(const Item& it, const KeyBlock& kb, std::int32_t r) {
+PAGEDATTN_SCORE_ROWS_ATTR void ScoreRows(const Item& it, const KeyBlock& kb, std::int32_t r) {
   constexpr int kKeys = TileKeys(kRows);
   static_assert(kKB % kKeys == 0, "tiles cover the block");
   for (std::int32_t jj = 0; jj < kKB; jj += kKeys)
