@@ -272,8 +272,8 @@ TEST(AttentionKernel, BatchInvariantRowKeepsItsBitsAloneOrInAChunk) {
   }
 }
 
-// Decode over every GQA group size from 2 to 8 (the kernels' tiles of 3, 6
-// and 7 rows among them), with and without inline key RoPE (f32 scratch
+// Decode over every GQA group size from 2 to 8 (the kernels' tiles of 3, 5,
+// 6 and 7 rows among them), with and without inline key RoPE (f32 scratch
 // rows): each group against the double reference, and a row's bits the same
 // as its query head's run alone (one row per KV head, the same pages and key
 // chunks).

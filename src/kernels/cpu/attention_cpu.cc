@@ -470,8 +470,9 @@ constexpr int kTileAccs = kAccRegs;
 
 // Keys a score tile of `rows` rows takes: the most that fit kTileAccs
 // accumulators, a power of two (tiles cover the block). Rows that do not
-// divide kTileAccs (3, 6, 7: GQA groups of SmolLM2 and Qwen2.5) leave some
-// accumulators unused rather than split the group and read the keys twice.
+// divide kTileAccs (3, 5, 6, 7: GQA groups of SmolLM2, Llama 3.2 3B and
+// Qwen2.5) leave some accumulators unused rather than split the group and
+// read the keys twice.
 constexpr int TileKeys(int rows) {
   int keys = 1;
   while (2 * keys * rows <= kTileAccs) keys *= 2;
@@ -479,12 +480,13 @@ constexpr int TileKeys(int rows) {
 }
 
 // Row groups of the decode tiles, largest first: every group size up to 8
-// but 5 where the registers hold 16 accumulators (a group of a KV head's
-// query heads then reads each K and V vector once: GQA 3, 6 and 7 no longer
-// split into 2 + 1, 4 + 2 and 4 + 2 + 1), else 4, 2, 1. A row's results do
-// not depend on the group it falls in (every sum runs in the same order).
+// where the registers hold 16 accumulators (a group of a KV head's query
+// heads then reads each K and V vector once: GQA 3, 5, 6 and 7 no longer
+// split into 2 + 1, 4 + 1, 4 + 2 and 4 + 2 + 1), else 4, 2, 1. A row's
+// results do not depend on the group it falls in (every sum runs in the
+// same order).
 using DecodeRowGroups =
-    std::conditional_t<kAccRegs >= 16, RowGroups<8, 7, 6, 4, 3, 2, 1>, RowGroups<4, 2, 1>>;
+    std::conditional_t<kAccRegs >= 16, RowGroups<8, 7, 6, 5, 4, 3, 2, 1>, RowGroups<4, 2, 1>>;
 
 // Sums each of kN vectors of D (kN a multiple of 8; 16 on AVX-512 rows).
 template <int kN, class D>
