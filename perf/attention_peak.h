@@ -1,9 +1,9 @@
 // Which measured compute peak a run of the attention kernel is a fraction of:
 // the peak of the instruction class that its inner products (QK^T and PV)
 // execute, at the vector width it computes on. The class follows the product
-// paths the kernel chose for the call (kernels::choose_products: allowed by
+// paths the kernel chose for the call (kernels::product_choice: allowed by
 // the plan, present on the CPU and target, measured faster where the plan
-// asks), mirrored in ChosenPaths so this header needs no kernel header:
+// asks):
 //   * prefill tiles on AMX (tdpbf16ps) or on vdpbf16ps;
 //   * decode rows on AVX512-FP16 multiply-adds, vpdpbusd or vdpbf16ps;
 //   * otherwise fp32 FMAs at min(the target's width, kKernelMaxF32Lanes)
@@ -13,6 +13,7 @@
 // src/kernels/cpu for the tests that predict its paths, and must change with it.
 #pragma once
 
+#include "kernels/cpu/attention_cpu.h"
 #include "machine_probes.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/dtype.h"
@@ -56,20 +57,11 @@ inline constexpr bool attention_int8_dot_dims(int head_dim) {
   return head_dim > 0 && head_dim % 64 == 0;
 }
 
-// The product paths the kernel took for a call (kernels::ProductChoice).
-struct ChosenPaths {
-  bool bf16_dot = false;     // prefill tiles on vdpbf16ps
-  bool amx_bf16 = false;     // prefill tiles on AMX
-  bool bf16_decode = false;  // decode rows on vdpbf16ps
-  bool int8_dot = false;     // int8 decode rows on vpdpbusd
-  bool f16_decode = false;   // decode rows on AVX512-FP16 multiply-adds
-};
-
 // prefill: the call's rows per KV head take the outer-product tiles (more
 // than 8); else the decode rows. `used` as pagedattn::dispatched_features().
 // Decode takes the f16 path before the int8 and bf16 ones where the kernel
 // has several for the KV type (e4m3), as ProcessHeadBlock does.
-inline PeakClass attention_peak_class(const ChosenPaths& paths, bool prefill,
+inline PeakClass attention_peak_class(const kernels::ProductChoice& paths, bool prefill,
                                       const CpuFeatures& used) {
   if (prefill && paths.amx_bf16) return PeakClass::kBf16Amx;
   if (prefill && paths.bf16_dot) return PeakClass::kBf16DotZmm;

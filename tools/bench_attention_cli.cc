@@ -24,7 +24,6 @@
 #include "attention_workload.h"
 #include "cli_flags.h"
 #include "kernel_shims.h"
-#include "kernels/cpu/attention_cpu.h"
 #include "machine_probes.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/cpu_features.h"
@@ -457,12 +456,7 @@ int run_bench_attention(int argc, char** argv) {
        .group = c.qo_heads / c.kv_heads,
        .v_in_k = c.mla()},
       plan_options);
-  const pb::PeakClass k = pb::attention_peak_class({.bf16_dot = chosen.bf16_dot,
-                                                    .amx_bf16 = chosen.amx_bf16,
-                                                    .bf16_decode = chosen.bf16_decode,
-                                                    .int8_dot = chosen.int8_dot,
-                                                    .f16_decode = chosen.f16_decode},
-                                                   prefill, dispatched_features());
+  const pb::PeakClass k = pb::attention_peak_class(chosen, prefill, dispatched_features());
   std::printf("compute class: %s (the kernel's inner products for %s KV %s at this target%s%s%s)\n",
               pb::peak_class_name(k), pb::short_name(c.kv).c_str(), prefill ? "prefill" : "decode",
               o.bf16_products ? ", bf16 products allowed" : "",
