@@ -180,6 +180,10 @@ void BatchShapes(benchmark::internal::Benchmark* b) {
       b->Args({576, 1536, rows, path});  // SmolLM2's down projection
       b->Args({1536, 576, rows, path});  // its gate and up projections
     }
+  for (const std::int64_t path : {0, 2}) {  // a prefill chunk; the in-place kernels never take one
+    b->Args({576, 1536, 2048, path});
+    b->Args({1536, 576, 2048, path});
+  }
   b->Unit(benchmark::kMicrosecond);
 }
 

@@ -64,15 +64,14 @@ std::int32_t threads_for(const LinearArgs& a) {
   return worth_threads(a) ? omp_get_max_threads() : 1;
 }
 
-// f(block) for `cols` cut at the multiples of kColumnBlock: a block's
-// weights (f32, or dequantised) stay in L2 while BLAS passes every row over
-// them, and a task that starts on a block boundary makes the same BLAS calls
-// as one thread does (so one thread per process reproduces the calls of any
-// column range starting on a boundary: the vocabulary-parallel LM head).
+// f(block) for `cols` cut at the multiples of `width`: a task that starts on
+// a block boundary makes the same BLAS calls as one thread does (so one
+// thread per process reproduces the calls of any column range starting on a
+// multiple of kColumnBlock: the vocabulary-parallel LM head's f32 weights).
 template <typename F>
-void for_each_block(IndexRange cols, F&& f) {
+void for_each_block(IndexRange cols, std::int32_t width, F&& f) {
   for (std::int32_t begin = cols.begin; begin < cols.end;) {
-    const std::int32_t end = std::min(cols.end, (begin / kColumnBlock + 1) * kColumnBlock);
+    const std::int32_t end = std::min(cols.end, (begin / width + 1) * width);
     f(IndexRange{begin, end});
     begin = end;
   }
@@ -88,7 +87,7 @@ void linear_fast(const LinearArgs& a) {
     const IndexRange cols = part_range(a.out, s.column_parts, t % s.column_parts, kColumnGranule);
     const IndexRange rows = part_range(a.rows, s.row_parts, t / s.column_parts, kRowGranule);
     if (rows.begin == rows.end) continue;
-    for_each_block(cols, [&](IndexRange block) {
+    for_each_block(cols, kColumnBlock, [&](IndexRange block) {
       sgemm(a, a.x + std::size_t(rows.begin) * a.in, rows.end - rows.begin,
             f32_weights(a) + std::size_t(block.begin) * a.in, block.end - block.begin,
             a.y + std::size_t(rows.begin) * ldy(a) + block.begin, ldy(a));
@@ -111,18 +110,19 @@ void linear_quant_direct(const LinearArgs& a, bool int8) {
   }
 }
 
-// Quantised weights, many rows: each thread's columns dequantised into its
-// f32 block, at most kColumnBlock of them at a time, and one BLAS call for
-// every row per block (the weights are read once; the rows stay whole so
-// that no two threads dequantise the same block).
+// Quantised weights, many rows (prefill): each thread's columns dequantised
+// into its f32 block, blas_block_columns(in) of them at a time, and one BLAS
+// call for every row per block (the weights are read once; the rows stay
+// whole so that no two threads dequantise the same block).
 void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
   const std::int32_t tasks = split_work(a.rows, a.out, threads_for(a), false).tasks();
+  const std::int32_t width = blas_block_columns(a.in);
   s.weight_blocks.resize(std::size_t(omp_get_max_threads()));
 #pragma omp parallel for schedule(static) num_threads(tasks) if (tasks > 1)
   for (std::int32_t t = 0; t < tasks; ++t) {
     core::CacheLineVector<float>& w = s.weight_blocks[std::size_t(omp_get_thread_num())];
-    w.resize(std::size_t(kColumnBlock) * a.in);
-    for_each_block(part_range(a.out, tasks, t, kColumnGranule), [&](IndexRange block) {
+    w.resize(std::size_t(width) * a.in);
+    for_each_block(part_range(a.out, tasks, t, kColumnGranule), width, [&](IndexRange block) {
       const std::int32_t count = block.end - block.begin;
       dequantize_weight_rows(a.w, a.w_format, a.in, block.begin, count, w.data());
       sgemm(a, a.x, a.rows, w.data(), count, a.y + block.begin, ldy(a));
@@ -193,6 +193,12 @@ void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
 }
 
 }  // namespace
+
+std::int32_t blas_block_columns(std::int32_t in) {
+  const std::int64_t fit = kBlasBlockBytes / (std::int64_t{in} * std::int64_t{sizeof(float)});
+  return static_cast<std::int32_t>(
+      std::max<std::int64_t>(kColumnBlock, fit / kColumnGranule * kColumnGranule));
+}
 
 WorkSplit split_work(std::int32_t rows, std::int32_t out, int threads, bool split_rows) {
   WorkSplit s;

@@ -60,8 +60,9 @@ struct LinearArgs {
 // rows are independent. Larger batches of at most kDotTileRows
 // (dot_tiles.h) rows run dot_tiles, which dequantises a few columns at a
 // time into L1 and reads x in place, where BLAS would pack x again for
-// every column block; larger ones dequantise column blocks to f32 and go
-// through BLAS (the weights are then read once per block, not per row).
+// every column block; larger ones dequantise column blocks of
+// blas_block_columns(in) to f32 and go through BLAS (the weights are then
+// read once per block, not per row).
 inline constexpr std::int32_t kQuantDirectRows = 8;
 // F32 weights outside deterministic mode: batches of at most this many rows
 // (and rows of a multiple of 32 weights) run the in-place kernels too, which
@@ -121,6 +122,15 @@ inline constexpr std::int32_t kColumnGranule = 16;
 // Rows are split only when columns run out (fewer column granules than
 // threads) and only into ranges of at least this many rows.
 inline constexpr std::int32_t kRowGranule = 8;
+
+// A prefill product with quantised weights dequantises this many bytes of
+// f32 weights per BLAS call: BLAS packs all of x (a chunk's rows) again in
+// every call, so blocks wider than kColumnBlock pack it fewer times
+// (docs/benchmarks.md, "Prefill's weight blocks").
+inline constexpr std::int64_t kBlasBlockBytes = std::int64_t{4} << 20;
+// Columns per such call for `in` inputs: whole kColumnGranules, at least
+// kColumnBlock.
+std::int32_t blas_block_columns(std::int32_t in);
 
 // The split of a rows x out product over at most `threads` tasks; rows stay
 // whole unless split_rows.

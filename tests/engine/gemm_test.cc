@@ -12,6 +12,7 @@
 #include <string>
 
 #include "engine/counter_random.h"
+#include "engine/dot_tiles.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::engine {
@@ -229,6 +230,71 @@ TEST(Linear, MatchesADoubleReferenceOnAnyThreadCount) {
                     << ", rows " << rows << ", r " << r << ", c " << c;
               }
           }
+  omp_set_num_threads(saved);
+}
+
+TEST(Linear, BlasBlocksAreWholeGranulesWithinTheirBytes) {
+  for (const std::int32_t in : {32, 576, 1536, 4096, 8192, 32768, 1 << 20}) {
+    const std::int32_t width = blas_block_columns(in);
+    EXPECT_EQ(width % kColumnGranule, 0) << in;
+    EXPECT_GE(width, kColumnBlock) << in;
+    if (width > kColumnBlock) {
+      EXPECT_LE(std::int64_t{width} * in * 4, kBlasBlockBytes) << in;
+      EXPECT_GT(std::int64_t{width + kColumnGranule} * in * 4, kBlasBlockBytes) << in;
+    }
+  }
+}
+
+// Prefill's quantised products (more than kDotTileRows rows) dequantise
+// blas_block_columns(in) columns per BLAS call: a product wider than two
+// blocks, split over 1-3 threads whose ranges start and end inside blocks,
+// matches a double product of the dequantised weights and writes only its
+// columns of a wider y.
+TEST(Linear, PrefillBlocksMatchADoubleReferenceOnAnyThreadCount) {
+  constexpr std::int32_t in = 4096, rows = kDotTileRows + 9;
+  const std::int32_t out = 2 * blas_block_columns(in) + 40, ldy = out + 13;
+  ASSERT_GT(blas_block_columns(in), kColumnBlock);
+  std::vector<std::uint8_t> q8(std::size_t(out) * (in / 32) * 34);
+  for (std::size_t i = 0; i < q8.size(); ++i) q8[i] = static_cast<std::uint8_t>((i * 53) % 241);
+  for (std::size_t b = 0; b < q8.size(); b += 34) {
+    q8[b] = 0x00;
+    q8[b + 1] = 0x10;  // f16 2^-11
+  }
+  std::vector<float> w(std::size_t(out) * in);
+  dequantize_weight_rows(q8.data(), WeightFormat::kQ8_0, in, 0, out, w.data());
+  const std::vector<float> x = values(std::size_t(rows) * in, 4);
+  const std::vector<float> y0 = values(std::size_t(rows) * ldy, 5);
+  std::vector<double> exact(std::size_t(rows) * out);
+  for (std::int32_t r = 0; r < rows; ++r)
+    for (std::int32_t c = 0; c < out; ++c) {
+      double sum = 0.0;
+      for (std::int32_t i = 0; i < in; ++i)
+        sum += double(x[std::size_t(r) * in + i]) * w[std::size_t(c) * in + i];
+      exact[std::size_t(r) * out + c] = sum;
+    }
+  const int saved = omp_get_max_threads();
+  LinearScratch scratch;
+  for (const int threads : {1, 2, 3})
+    for (const bool accumulate : {false, true}) {
+      omp_set_num_threads(threads);
+      std::vector<float> y = y0;
+      LinearArgs args{x.data(), rows,       in,    q8.data(),          out,
+                      y.data(), accumulate, false, WeightFormat::kQ8_0};
+      args.ldy = ldy;
+      args.activations = Activations::kF32;
+      linear(args, scratch);
+      for (std::int32_t r = 0; r < rows; ++r)
+        for (std::int32_t c = 0; c < ldy; ++c) {
+          const std::size_t at = std::size_t(r) * ldy + c;
+          if (c >= out) {
+            ASSERT_EQ(y[at], y0[at]) << "column " << c << " is past out";
+            continue;
+          }
+          const double want = exact[std::size_t(r) * out + c] + (accumulate ? y0[at] : 0.0);
+          ASSERT_NEAR(y[at], want, 2e-4)
+              << threads << " threads, accumulate " << accumulate << ", r " << r << ", c " << c;
+        }
+    }
   omp_set_num_threads(saved);
 }
 
