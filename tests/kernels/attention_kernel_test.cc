@@ -274,60 +274,76 @@ TEST(AttentionKernel, BatchInvariantRowKeepsItsBitsAloneOrInAChunk) {
 
 // Decode over every GQA group size from 2 to 8 (the kernels' tiles of 3, 5,
 // 6 and 7 rows among them), with and without inline key RoPE (f32 scratch
-// rows): each group against the double reference, and a row's bits the same
-// as its query head's run alone (one row per KV head, the same pages and key
-// chunks).
+// rows), on f32 products and on bf16 ones where the CPU has them: each group
+// against the double reference, and a row's bits the same as its query
+// head's run alone (one row per KV head, the same pages and key chunks).
 TEST(AttentionKernel, DecodeRowKeepsItsBitsInAnyGqaGroup) {
   const DType kv_types[] = {DType::kF32,  DType::kF16,     DType::kBF16,
                             DType::kINT8, DType::kFP8E4M3, DType::kFP8E5M2};
-  for (std::int32_t group = 2; group <= 8; ++group)
-    for (std::int32_t head_dim : {64, 128, 40})
-      for (int key_rope : {0, 1})
-        for (DType kv : kv_types) {
-          CaseSpec spec;
-          spec.seed = std::uint32_t(group * 1000 + head_dim * 2 + key_rope);
-          spec.q_lens = {1, 1, 1};
-          spec.kv_lens = {1, 97, 300};
-          spec.num_kv_heads = 2;
-          spec.num_qo_heads = 2 * group;
-          spec.head_dim = head_dim;
-          spec.kv_dtype = kv;
-          spec.layout = group % 2 ? KVLayout::kNHD : KVLayout::kHND;
-          spec.key_rope = key_rope;
-          SCOPED_TRACE(describe_case(spec));
-          AttentionCase c(spec);
-          paged_attention_reference(c.params(0));
-          AttentionRunner runner(AttentionPlanOptions{.num_threads = 2,
-                                                      .fixed_kv_chunk = 64,
-                                                      .fp8_fast_products = false,
-                                                      .measured_products = false});
-          runner.run(c.params(1));
-          expect_close(c, describe_case(spec));
-          const std::vector<float> together = c.output(1);
-          const std::vector<float> together_lse = c.lse(1);
-          std::vector<float> lse_alone(std::size_t(c.num_tokens()) * 2);
-          for (std::int32_t i = 0; i < group; ++i) {
-            AttentionParams alone = c.params(0);  // query heads i and group + i
-            alone.num_qo_heads = 2;
-            for (HeadTensor* t : {&alone.q, &alone.o}) {
-              t->data = static_cast<std::byte*>(t->data) +
-                        i * t->head_stride * std::int64_t(dtype_size(t->dtype));
-              t->head_stride *= group;
+  const CpuFeatures used = dispatched_features();
+  for (const bool bf16 : {false, true})
+    for (std::int32_t group = 2; group <= 8; ++group)
+      for (std::int32_t head_dim : {64, 128, 40})
+        for (int key_rope : {0, 1})
+          for (DType kv : kv_types) {
+            const bool fp8 = kv == DType::kFP8E4M3 || kv == DType::kFP8E5M2;
+            // bf16 products: decode over 16-bit and fp8 K/V without inline RoPE.
+            if (bf16 && !(used.avx512_bf16 && used.avx512_vbmi &&
+                          (fp8 || kv == DType::kF16 || kv == DType::kBF16) && key_rope == 0))
+              continue;
+            CaseSpec spec;
+            spec.seed = std::uint32_t(group * 1000 + head_dim * 2 + key_rope);
+            spec.q_lens = {1, 1, 1};
+            spec.kv_lens = {1, 97, 300};
+            spec.num_kv_heads = 2;
+            spec.num_qo_heads = 2 * group;
+            spec.head_dim = head_dim;
+            spec.kv_dtype = kv;
+            spec.layout = group % 2 ? KVLayout::kNHD : KVLayout::kHND;
+            spec.key_rope = key_rope;
+            SCOPED_TRACE(describe_case(spec));
+            AttentionCase c(spec);
+            paged_attention_reference(c.params(0));
+            // Fixed chunks make the plan batch-invariant, which keeps f32
+            // products; the bf16 pass runs each call's keys whole on one thread.
+            AttentionRunner runner(AttentionPlanOptions{.num_threads = bf16 ? 1 : 2,
+                                                        .fixed_kv_chunk = bf16 ? 0 : 64,
+                                                        .bf16_products = bf16,
+                                                        .fp8_fast_products = false,
+                                                        .measured_products = false});
+            runner.run(c.params(1));
+            if (bf16)
+              expect_rows_close(c, tolerance_for(spec, used, {.bf16 = true}), describe_case(spec));
+            else
+              expect_close(c, describe_case(spec));
+            // On bf16 products only the key-pair tiles (fp8 K, f16 K below 8
+            // rows) share one order of sums with a lone row's tile.
+            if (bf16 && !(fp8 || (kv == DType::kF16 && group < 8))) continue;
+            const std::vector<float> together = c.output(1);
+            const std::vector<float> together_lse = c.lse(1);
+            std::vector<float> lse_alone(std::size_t(c.num_tokens()) * 2);
+            for (std::int32_t i = 0; i < group; ++i) {
+              AttentionParams alone = c.params(0);  // query heads i and group + i
+              alone.num_qo_heads = 2;
+              for (HeadTensor* t : {&alone.q, &alone.o}) {
+                t->data = static_cast<std::byte*>(t->data) +
+                          i * t->head_stride * std::int64_t(dtype_size(t->dtype));
+                t->head_stride *= group;
+              }
+              alone.lse = lse_alone.data();
+              runner.run(alone);
+              for (std::int32_t t = 0; t < c.num_tokens(); ++t)
+                for (std::int32_t h = 0; h < 2; ++h)
+                  ASSERT_EQ(std::bit_cast<std::uint32_t>(together_lse[(t * 2 + h) * group + i]),
+                            std::bit_cast<std::uint32_t>(lse_alone[t * 2 + h]))
+                      << "token " << t << ", query head " << h * group + i;
             }
-            alone.lse = lse_alone.data();
-            runner.run(alone);
-            for (std::int32_t t = 0; t < c.num_tokens(); ++t)
-              for (std::int32_t h = 0; h < 2; ++h)
-                ASSERT_EQ(std::bit_cast<std::uint32_t>(together_lse[(t * 2 + h) * group + i]),
-                          std::bit_cast<std::uint32_t>(lse_alone[t * 2 + h]))
-                    << "token " << t << ", query head " << h * group + i;
+            const std::vector<float> alone_rows = c.output(0);
+            for (std::size_t e = 0; e < together.size(); ++e)
+              ASSERT_EQ(std::bit_cast<std::uint32_t>(together[e]),
+                        std::bit_cast<std::uint32_t>(alone_rows[e]))
+                  << "element " << e;
           }
-          const std::vector<float> alone_rows = c.output(0);
-          for (std::size_t e = 0; e < together.size(); ++e)
-            ASSERT_EQ(std::bit_cast<std::uint32_t>(together[e]),
-                      std::bit_cast<std::uint32_t>(alone_rows[e]))
-                << "element " << e;
-        }
 }
 
 TEST(AttentionKernel, ForcedReferenceGivesReferenceBits) {

@@ -30,6 +30,8 @@
 
 #include <hwy/highway.h>
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -331,7 +333,7 @@ PAGEDATTN_BF16DEC_ATTR inline void PrepareQueries(std::uint16_t* q, std::int32_t
 }
 
 // The rows of a head that take row-pair or row-quad tiles: ScoreBlock
-// groups rows by 8, then 4, 2 and 1, so the first per_head rounded down to a
+// groups rows by 8 first (ScoreRowGroups), so the first per_head rounded down to a
 // multiple of kRowPairMinRows (of them, rows in groups of kRowQuadRows take
 // quads).
 template <DType kT>
@@ -450,22 +452,24 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR __m512 DotPair(__m512 acc, __m512bh q_lo, __m5
   return _mm512_dpbf16_ps(_mm512_dpbf16_ps(acc, q_lo, (__m512bh)k_lo), q_hi, (__m512bh)k_hi);
 }
 
-// Lanes of v as 16 / kLen rows of kLen scores: lanes [kLen i, kLen (i + 1))
-// to row i at `row` + i kKB. Whole stores of 16, 8 or 4 lanes: masked stores
-// of a row's part of a vector are slow on Zen 4 and showed in GQA 8 decode.
-template <int kLen>
+// Lanes of v as the first kRows of its 16 / kLen rows of kLen scores: lanes
+// [kLen i, kLen (i + 1)) to row i at `row` + i kKB. Whole stores of 16, 8 or
+// 4 lanes: masked stores of a row's part of a vector are slow on Zen 4 and
+// showed in GQA 8 decode.
+template <int kLen, int kRows = 16 / kLen>
 HWY_INLINE void StoreRowSegments(__m512 v, float* row) {
   static_assert(kLen == 4 || kLen == 8 || kLen == 16, "whole 128-bit blocks");
+  static_assert(kRows >= 1 && kRows <= 16 / kLen, "rows of this vector");
   if constexpr (kLen == 16) {
     _mm512_storeu_ps(row, v);
   } else if constexpr (kLen == 8) {
     _mm256_storeu_ps(row, _mm512_castps512_ps256(v));
-    _mm256_storeu_ps(row + kKB, _mm512_extractf32x8_ps(v, 1));
+    if constexpr (kRows > 1) _mm256_storeu_ps(row + kKB, _mm512_extractf32x8_ps(v, 1));
   } else {
     _mm_storeu_ps(row, _mm512_castps512_ps128(v));
-    _mm_storeu_ps(row + kKB, _mm512_extractf32x4_ps(v, 1));
-    _mm_storeu_ps(row + 2 * kKB, _mm512_extractf32x4_ps(v, 2));
-    _mm_storeu_ps(row + 3 * kKB, _mm512_extractf32x4_ps(v, 3));
+    if constexpr (kRows > 1) _mm_storeu_ps(row + kKB, _mm512_extractf32x4_ps(v, 1));
+    if constexpr (kRows > 2) _mm_storeu_ps(row + 2 * kKB, _mm512_extractf32x4_ps(v, 2));
+    if constexpr (kRows > 3) _mm_storeu_ps(row + 3 * kKB, _mm512_extractf32x4_ps(v, 3));
   }
 }
 
@@ -485,17 +489,25 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512i orde
   }
 }
 
-// Scores kRows rows x 2 kPairs keys from key jj (16 accumulators: row r,
-// keys jj + 2p, jj + 2p + 1 in accumulator r kPairs + p). Few rows keep
-// their query halves in registers and stream the key pairs; more rows keep
-// the pairs and stream the queries. `prefetch` (or null): rows of the same
-// length whose lines are fetched meanwhile (the next head's K rows).
+// The key pairs of a key-pair tile of kRows rows: as many as 16 accumulators
+// hold, in a power of two that divides kKB's keys (3 rows: 4 pairs, 12
+// accumulators; 5-7 rows: 2 pairs).
+template <int kRows>
+constexpr int kKeyPairsFor = static_cast<int>(std::bit_floor(unsigned(16 / kRows)));
+
+// Scores kRows rows x 2 kPairs keys from key jj (row r, keys jj + 2p, jj +
+// 2p + 1 in accumulator r kPairs + p; the rest of the 16 stay zero, so that
+// one reduction serves every tile and a row's sums take the same order in
+// any). Few rows keep their query halves in registers and stream the key
+// pairs; more rows keep the pairs and stream the queries. `prefetch` (or
+// null): rows of the same length whose lines are fetched meanwhile (the next
+// head's K rows).
 template <DType kT, int kDim, int kRows, int kPairs>
 HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::size_t dq,
                                                  const void* const* k, const void* const* prefetch,
                                                  std::size_t dim, std::int32_t jj, float* s,
                                                  const LutOf<kT>& lut) {
-  static_assert(kRows * kPairs == 16, "one reduction of 16 accumulators");
+  static_assert(kRows * kPairs <= 16, "one reduction of 16 accumulators");
   constexpr int kKeys = 2 * kPairs;
   __m512 acc[16];
   for (auto& a : acc) a = _mm512_setzero_ps();
@@ -535,8 +547,11 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreTile(const std::uint16_t* q, std::si
         StoreRowSegments<16>(sums[r * kKeys / 16 + h],
                              s + std::size_t(r) * kKB + std::size_t(jj + 16 * h));
   } else {
-    for (int h = 0; h < 2; ++h)
-      StoreRowSegments<kKeys>(sums[h], s + std::size_t(h * 16 / kKeys) * kKB + std::size_t(jj));
+    constexpr int kRowsPerSum = 16 / kKeys;
+    StoreRowSegments<kKeys, std::min(kRows, kRowsPerSum)>(sums[0], s + std::size_t(jj));
+    if constexpr (kRows > kRowsPerSum)
+      StoreRowSegments<kKeys, kRows - kRowsPerSum>(
+          sums[1], s + std::size_t(kRowsPerSum) * kKB + std::size_t(jj));
   }
 }
 
@@ -677,7 +692,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::si
                                                  const void* const* k, const void* const* prefetch,
                                                  std::size_t dim, float* s, const LutOf<kT>& lut) {
   if constexpr (kTileKind<kT, kRows> == TileKind::kKeyPairs) {
-    constexpr int kPairs = 16 / kRows;
+    constexpr int kPairs = kKeyPairsFor<kRows>;
     for (std::int32_t jj = 0; jj < kKB; jj += 2 * kPairs)
       ScoreTile<kT, kDim, kRows, kPairs>(q, dq, k, prefetch, dim, jj, s, lut);
   } else if constexpr (kTileKind<kT, kRows> == TileKind::kRowQuads) {
@@ -693,6 +708,13 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::si
   }
 }
 
+// The row groups of QK: key-pair tiles (f16 and fp8 K) take any group of
+// 1-8 rows, so a GQA group of 3, 5, 6 or 7 converts each key once; bf16 K's
+// tiles (single, row pairs, row quads) are built for 1, 2, 4 and 8 rows.
+template <DType kT>
+using ScoreRowGroups = std::conditional_t<kT == DType::kBF16, RowGroups<8, 4, 2, 1>,
+                                          RowGroups<8, 7, 6, 5, 4, 3, 2, 1>>;
+
 // Scores of `rows` (at most 8) bf16 query rows (stride dq elements) against
 // the kKB keys `k` (rows of `dim` kT elements) into s ([rows][kKB]), times
 // k_scale when given. The first group of rows prefetches `prefetch` (the
@@ -703,7 +725,7 @@ PAGEDATTN_BF16DEC_ATTR void ScoreBlock(const std::uint16_t* q, std::size_t dq, c
                                        const float* k_scale, float* s, std::int32_t rows) {
   const LutOf<kT> lut = LoadLut<kT, Fp8PairOrder::kKeys>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
-  RowGroups<8, 4, 2, 1>::VisitAll(0, rows, [&](auto group, std::int32_t r) PAGEDATTN_BF16DEC_ATTR {
+  ScoreRowGroups<kT>::VisitAll(0, rows, [&](auto group, std::int32_t r) PAGEDATTN_BF16DEC_ATTR {
     ScoreRows<kT, kDim, group()>(q + std::size_t(r) * dq, dq, k, r == 0 ? prefetch : nullptr, n,
                                  s + std::size_t(r) * kKB, lut);
   });
@@ -839,10 +861,11 @@ PAGEDATTN_BF16DEC_ATTR void AccumulateBlock(const float* s, const void* const* v
   const LutOf<kT> lut = LoadLut<kT, Fp8PairOrder::kValues>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
   const std::int32_t pairs = (count + 1) / 2;  // a lone last key pairs with a zero row
-  RowGroups<8, 4, 2, 1>::VisitAll(0, rows, [&](auto group, std::int32_t r) PAGEDATTN_BF16DEC_ATTR {
-    AccumulateRows<kT, group()>(s + std::size_t(r) * kKB, v, r == 0 ? prefetch : nullptr, pairs, n,
-                                o + std::size_t(r) * o_stride, o_stride, lut);
-  });
+  RowGroups<8, 7, 6, 5, 4, 3, 2, 1>::VisitAll(
+      0, rows, [&](auto group, std::int32_t r) PAGEDATTN_BF16DEC_ATTR {
+        AccumulateRows<kT, group()>(s + std::size_t(r) * kKB, v, r == 0 ? prefetch : nullptr, pairs,
+                                    n, o + std::size_t(r) * o_stride, o_stride, lut);
+      });
 }
 
 }  // namespace bf16dec
