@@ -274,23 +274,29 @@ TEST(AttentionKernel, BatchInvariantRowKeepsItsBitsAloneOrInAChunk) {
 
 // Decode over every GQA group size from 2 to 8 (the kernels' tiles of 3, 5,
 // 6 and 7 rows among them), with and without inline key RoPE (f32 scratch
-// rows), on f32 products and on bf16 ones where the CPU has them: each group
-// against the double reference, and a row's bits the same as its query
-// head's run alone (one row per KV head, the same pages and key chunks).
+// rows), on f32 products and on the bf16 and int8 ones where the CPU has
+// them: each group against the double reference, and a row's bits the same
+// as its query head's run alone (one row per KV head, the same pages and
+// key chunks).
 TEST(AttentionKernel, DecodeRowKeepsItsBitsInAnyGqaGroup) {
   const DType kv_types[] = {DType::kF32,  DType::kF16,     DType::kBF16,
                             DType::kINT8, DType::kFP8E4M3, DType::kFP8E5M2};
   const CpuFeatures used = dispatched_features();
-  for (const bool bf16 : {false, true})
+  for (const DotProducts dot :
+       {DotProducts{}, DotProducts{.bf16 = true}, DotProducts{.int8 = true}})
     for (std::int32_t group = 2; group <= 8; ++group)
       for (std::int32_t head_dim : {64, 128, 40})
         for (int key_rope : {0, 1})
           for (DType kv : kv_types) {
             const bool fp8 = kv == DType::kFP8E4M3 || kv == DType::kFP8E5M2;
-            // bf16 products: decode over 16-bit and fp8 K/V without inline RoPE.
-            if (bf16 && !(used.avx512_bf16 && used.avx512_vbmi &&
-                          (fp8 || kv == DType::kF16 || kv == DType::kBF16) && key_rope == 0))
+            // bf16 products: decode over 16-bit and fp8 K/V without inline
+            // RoPE; int8 products: over int8 K/V with head dims of 64s.
+            if (dot.bf16 && !(used.avx512_bf16 && used.avx512_vbmi &&
+                              (fp8 || kv == DType::kF16 || kv == DType::kBF16) && key_rope == 0))
               continue;
+            if (dot.int8 && !(used.avx512_vnni && kv == DType::kINT8 && head_dim % 64 == 0))
+              continue;
+            const bool f32 = !dot.bf16 && !dot.int8;
             CaseSpec spec;
             spec.seed = std::uint32_t(group * 1000 + head_dim * 2 + key_rope);
             spec.q_lens = {1, 1, 1};
@@ -305,20 +311,22 @@ TEST(AttentionKernel, DecodeRowKeepsItsBitsInAnyGqaGroup) {
             AttentionCase c(spec);
             paged_attention_reference(c.params(0));
             // Fixed chunks make the plan batch-invariant, which keeps f32
-            // products; the bf16 pass runs each call's keys whole on one thread.
-            AttentionRunner runner(AttentionPlanOptions{.num_threads = bf16 ? 1 : 2,
-                                                        .fixed_kv_chunk = bf16 ? 0 : 64,
-                                                        .bf16_products = bf16,
+            // products; the other passes run each call's keys whole on one
+            // thread.
+            AttentionRunner runner(AttentionPlanOptions{.num_threads = f32 ? 2 : 1,
+                                                        .fixed_kv_chunk = f32 ? 64 : 0,
+                                                        .bf16_products = dot.bf16,
+                                                        .int8_products = dot.int8,
                                                         .fp8_fast_products = false,
                                                         .measured_products = false});
             runner.run(c.params(1));
-            if (bf16)
-              expect_rows_close(c, tolerance_for(spec, used, {.bf16 = true}), describe_case(spec));
-            else
+            if (f32)
               expect_close(c, describe_case(spec));
+            else
+              expect_rows_close(c, tolerance_for(spec, used, dot), describe_case(spec));
             // On bf16 products only the key-pair tiles (fp8 K, f16 K below 8
             // rows) share one order of sums with a lone row's tile.
-            if (bf16 && !(fp8 || (kv == DType::kF16 && group < 8))) continue;
+            if (dot.bf16 && !(fp8 || (kv == DType::kF16 && group < 8))) continue;
             const std::vector<float> together = c.output(1);
             const std::vector<float> together_lse = c.lse(1);
             std::vector<float> lse_alone(std::size_t(c.num_tokens()) * 2);
