@@ -429,7 +429,14 @@ TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
       for (int trial = 0; trial < 4; ++trial) {
         hwy::SetSupportedTargetsForTest(target);
         SCOPED_TRACE(hwy::TargetName(target));
-        const std::int32_t in = 256 * super_blocks(rng), out = outs(rng), rows = rows_of(rng);
+        // 32-weight formats: trials 2 and 3 end on a pair of blocks after
+        // the wide kernels' whole quads of 128 weights.
+        const std::int32_t tail = weight_format_block(f) == kQuantKBlock ? 0
+                                                                         : (trial == 2   ? 64
+                                                                            : trial == 3 ? 192
+                                                                                         : 0);
+        const std::int32_t in = 256 * super_blocks(rng) + tail, out = outs(rng),
+                           rows = rows_of(rng);
         const double k = (weight_format_block(f) == kQuantKBlock ? in / 32.0 + 48 : in + 8) + 4;
         expect_random_product(rng, {f, in, out, rows, out + (trial % 2 == 0 ? 0 : 5)}, k,
                               [](const QuantProductArgs& args, std::int32_t begin,
@@ -441,14 +448,15 @@ TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
 // A row's result is the same bits whatever rows are around it, how many,
 // and which column range the call covers. The 32-weight formats also run
 // on an odd number of blocks (288 weights), which the paired 8-lane kernels
-// leave to the one-block ones.
+// leave to the one-block ones, and on 576 (SmolLM2's rows: whole quads of
+// 4 blocks, then a pair).
 TEST(QuantKernels, RowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) {
   std::mt19937 rng(23);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   TargetReset reset;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
     for (const WeightFormat f : kAllFormats)
-      for (const std::int32_t in : {512, 288}) {
+      for (const std::int32_t in : {512, 288, 576}) {
         if (in % weight_format_block(f) != 0) continue;
         hwy::SetSupportedTargetsForTest(target);
         SCOPED_TRACE(hwy::TargetName(target));
@@ -760,7 +768,14 @@ TEST(QuantKernels, Int8ActivationProductsMatchADoubleReferenceOnEveryTarget) {
       for (int trial = 0; trial < 4; ++trial) {
         hwy::SetSupportedTargetsForTest(target);
         SCOPED_TRACE(hwy::TargetName(target));
-        const std::int32_t in = 256 * super_blocks(rng), out = outs(rng), rows = rows_of(rng);
+        // 32-weight formats: trials 2 and 3 end on a pair of blocks after
+        // the wide kernels' whole quads of 128 weights.
+        const std::int32_t tail = weight_format_block(f) == kQuantKBlock ? 0
+                                                                         : (trial == 2   ? 64
+                                                                            : trial == 3 ? 192
+                                                                                         : 0);
+        const std::int32_t in = 256 * super_blocks(rng) + tail, out = outs(rng),
+                           rows = rows_of(rng);
         const std::int32_t ldy = out + trial;
         const auto w = random_blocks(f, out, in, rng, 0.05f);
         std::vector<RowTerms> terms;
