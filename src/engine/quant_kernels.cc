@@ -707,8 +707,8 @@ void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
 // Where the target has 16 f32 lanes, the 32-weight formats take four
 // blocks at a time (quads: lanes 4h .. 4h + 3 block 4q + h) and a row's
 // last pair, if its blocks are not whole quads, on 8 lanes: each
-// instruction then does twice the work (one row's products 1.3-1.4x on
-// Zen 5). Elsewhere pairs throughout.
+// instruction then does twice the work (docs/benchmarks.md, "One row on
+// 512-bit vectors"). Elsewhere pairs throughout.
 #undef PAGEDATTN_QUADS32
 #if HWY_TARGET <= HWY_AVX3
 #define PAGEDATTN_QUADS32 1
