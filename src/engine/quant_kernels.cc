@@ -467,6 +467,33 @@ HWY_INLINE V8 SignedSixBits(V8U fields) {
   return hn::ConvertTo(df, hn::ShiftRight<26>(hn::ShiftLeft<26 - 8 * B>(hn::BitCast(di, fields))));
 }
 
+// AVX-512 targets run the in-place kernels on 16 lanes where a layout
+// allows: each instruction then does twice an 8-lane one's work
+// (docs/benchmarks.md, "One row on 512-bit vectors").
+#undef PAGEDATTN_QUADS32
+#if HWY_TARGET <= HWY_AVX3
+#define PAGEDATTN_QUADS32 1
+#else
+#define PAGEDATTN_QUADS32 0
+#endif
+constexpr bool kQuads32 = PAGEDATTN_QUADS32;
+
+#if PAGEDATTN_QUADS32
+using D16 = hn::CappedTag<float, 16>;
+using V16 = hn::Vec<D16>;
+using D16U = hn::RebindToUnsigned<D16>;
+using V16U = hn::Vec<D16U>;
+
+// FieldInPlace on 16 lanes.
+template <int B, std::uint32_t kMask>
+HWY_INLINE V16 FieldInPlace16(V16U fields) {
+  const D16 df;
+  const D16U du;
+  const auto v = hn::And(fields, hn::Set(du, kMask << (8 * B)));
+  return hn::ConvertTo(df, hn::BitCast(hn::RebindToSigned<D16>(), v));
+}
+#endif
+
 // Q4_K / Q5_K sub-blocks 2I (lo) and 2I + 1 (hi): their quants in bits
 // [8B, 8B + 4) (Q4_K) or [8B, 8B + 5) (Q5_K, bit 2I / 2I + 1 of qh as bit 4)
 // of every lane, for FieldInPlace.
@@ -517,7 +544,65 @@ HWY_INLINE void WidePair(const std::uint8_t* block, const float* const* xp, std:
     acc[r] = hn::Add(acc[r], hn::MulAdd(scale_hi, hi_sum[r], hn::Mul(scale_lo, lo_sum[r])));
 }
 
-// Q4_K / Q5_K on 8 lanes: as DotRowsK45, x permuted (xp).
+#if PAGEDATTN_QUADS32
+// Q4_K / Q5_K on 16 lanes: sub-block pairs 2J and 2J + 1 side by side
+// (lanes 0-7 and 8-15), x permuted to match (PermuteXK16).
+template <std::int32_t R, int B, std::uint32_t kMask>
+HWY_INLINE void PairStep16(V16U lo, V16U hi, const float* const* xp, std::size_t at, V16* lo_sum,
+                           V16* hi_sum) {
+  const D16 df;
+  const V16 wlo = FieldInPlace16<B, kMask>(lo), whi = FieldInPlace16<B, kMask>(hi);
+  for (std::int32_t r = 0; r < R; ++r) {
+    lo_sum[r] = hn::MulAdd(wlo, hn::LoadU(df, xp[r] + at + 16 * B), lo_sum[r]);
+    hi_sum[r] = hn::MulAdd(whi, hn::LoadU(df, xp[r] + at + 64 + 16 * B), hi_sum[r]);
+  }
+}
+
+template <WeightFormat F, std::int32_t R, int J>
+HWY_INLINE void WidePairs16(const std::uint8_t* block, const float* const* xp, std::size_t base,
+                            const float* scales, V16* acc) {
+  const D16 df;
+  const D16U du;
+  const D8 df8;
+  V8U lo0, hi0, lo1, hi1;
+  KPairFields<F, 2 * J>(block, lo0, hi0);
+  KPairFields<F, 2 * J + 1>(block, lo1, hi1);
+  const V16U lo = hn::Combine(du, lo1, lo0), hi = hn::Combine(du, hi1, hi0);
+  V16 lo_sum[R], hi_sum[R];
+  for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
+  const std::size_t at = base + 128 * J;
+  constexpr std::uint32_t kMask = F == WeightFormat::kQ5_K ? 0x1f : 0x0f;
+  PairStep16<R, 0, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  PairStep16<R, 1, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  PairStep16<R, 2, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  PairStep16<R, 3, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  // Pair 2J + p takes sub-blocks 4J + 2p (lo) and 4J + 2p + 1 (hi).
+  const V16 scale_lo =
+      hn::Combine(df, hn::Set(df8, scales[4 * J + 2]), hn::Set(df8, scales[4 * J]));
+  const V16 scale_hi =
+      hn::Combine(df, hn::Set(df8, scales[4 * J + 3]), hn::Set(df8, scales[4 * J + 1]));
+  for (std::int32_t r = 0; r < R; ++r)
+    acc[r] = hn::Add(acc[r], hn::MulAdd(scale_hi, hi_sum[r], hn::Mul(scale_lo, lo_sum[r])));
+}
+
+// x for WidePairs16: xp[256 k + 128 J + 64 h + 16 B + 8 p + l] = x[256 k +
+// 32 (4 J + 2 p + h) + 4 l + B] * 2^(-8 B) (super-block k, sub-block pair
+// 2J + p, its lo (h = 0) or hi (h = 1) sub-block).
+HWY_INLINE void PermuteXK16(const float* x, std::int32_t in, float* xp) {
+  constexpr float kScale[4] = {1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f};
+  for (std::int32_t k = 0; k < in; k += kQuantKBlock)
+    for (std::int32_t j = 0; j < 2; ++j)
+      for (std::int32_t h = 0; h < 2; ++h)
+        for (std::int32_t b = 0; b < 4; ++b)
+          for (std::int32_t p = 0; p < 2; ++p)
+            for (std::int32_t l = 0; l < 8; ++l)
+              xp[k + 128 * j + 64 * h + 16 * b + 8 * p + l] =
+                  x[k + 32 * (4 * j + 2 * p + h) + 4 * l + b] * kScale[b];
+}
+#endif
+
+// Q4_K / Q5_K on 8 lanes (16 on AVX-512 targets): as DotRowsK45, x
+// permuted (xp).
 template <WeightFormat F, std::int32_t R>
 HWY_INLINE void WideRowsK45(const QuantProductArgs& a, const float* xp_rows, const float* xsums,
                             std::int32_t row, std::int32_t o) {
@@ -535,6 +620,10 @@ HWY_INLINE void WideRowsK45(const QuantProductArgs& a, const float* xp_rows, con
     xs[r] = xsums + std::size_t(row + r) * (a.in / 32);
     acc[r] = macc[r] = hn::Zero(df);
   }
+#if PAGEDATTN_QUADS32
+  V16 acc16[R];
+  for (std::int32_t r = 0; r < R; ++r) acc16[r] = hn::Zero(D16());
+#endif
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = w + b * kBytes;
     PrefetchPast(block, kBytes);
@@ -551,11 +640,20 @@ HWY_INLINE void WideRowsK45(const QuantProductArgs& a, const float* xp_rows, con
     for (std::int32_t r = 0; r < R; ++r)
       macc[r] = hn::MulAdd(mins, hn::LoadU(df, xs[r] + b * 8), macc[r]);
     const std::size_t base = std::size_t(b) * kQuantKBlock;
+#if PAGEDATTN_QUADS32
+    WidePairs16<F, R, 0>(block, xp, base, scales, acc16);
+    WidePairs16<F, R, 1>(block, xp, base, scales, acc16);
+#else
     WidePair<F, R, 0>(block, xp, base, scales, acc);
     WidePair<F, R, 1>(block, xp, base, scales, acc);
     WidePair<F, R, 2>(block, xp, base, scales, acc);
     WidePair<F, R, 3>(block, xp, base, scales, acc);
+#endif
   }
+#if PAGEDATTN_QUADS32
+  for (std::int32_t r = 0; r < R; ++r)
+    acc[r] = hn::Add(hn::LowerHalf(df, acc16[r]), hn::UpperHalf(df, acc16[r]));
+#endif
   float sums[R];
   for (std::int32_t r = 0; r < R; ++r)
     sums[r] = hn::GetLane(hn::SumOfLanes(df, acc[r])) - hn::GetLane(hn::SumOfLanes(df, macc[r]));
@@ -673,7 +771,14 @@ template <WeightFormat F>
 void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
   constexpr bool kSums = F != WeightFormat::kQ6_K;  // Q4_K / Q5_K: sums of 32 for the mins
   const auto prepare = [&](const float* x, float* xp, float* xsums) {
+#if PAGEDATTN_QUADS32
+    if constexpr (kSums)
+      PermuteXK16(x, a.in, xp);
+    else
+      PermuteX(x, a.in, kSums, xp);
+#else
     PermuteX(x, a.in, kSums, xp);
+#endif
     if constexpr (kSums) SumsOf32(x, a.in, xsums);
   };
   const auto columns = [&](const QuantProductArgs& g, const float* xp, const float* xsums) {
@@ -709,13 +814,6 @@ void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
 // last pair, if its blocks are not whole quads, on 8 lanes: each
 // instruction then does twice the work (docs/benchmarks.md, "One row on
 // 512-bit vectors"). Elsewhere pairs throughout.
-#undef PAGEDATTN_QUADS32
-#if HWY_TARGET <= HWY_AVX3
-#define PAGEDATTN_QUADS32 1
-#else
-#define PAGEDATTN_QUADS32 0
-#endif
-constexpr bool kQuads32 = PAGEDATTN_QUADS32;
 
 // The quads of a row of `in` weights (0 on 8-lane targets).
 constexpr std::int32_t Quads32(std::int32_t in) {
@@ -840,21 +938,7 @@ HWY_INLINE void WidePair32(const std::uint8_t* a_block, const float* const* xp,
 }
 
 #if PAGEDATTN_QUADS32
-// The 16-lane forms of FieldInPlace and PerBlock (lanes 4h .. 4h + 3:
-// block h of a quad).
-using D16 = hn::CappedTag<float, 16>;
-using V16 = hn::Vec<D16>;
-using D16U = hn::RebindToUnsigned<D16>;
-using V16U = hn::Vec<D16U>;
-
-template <int B, std::uint32_t kMask>
-HWY_INLINE V16 FieldInPlace16(V16U fields) {
-  const D16 df;
-  const D16U du;
-  const auto v = hn::And(fields, hn::Set(du, kMask << (8 * B)));
-  return hn::ConvertTo(df, hn::BitCast(hn::RebindToSigned<D16>(), v));
-}
-
+// PerBlock on 16 lanes (lanes 4h .. 4h + 3: block h of a quad).
 HWY_INLINE V16 PerBlock16(float a, float b, float c, float d) {
   return hn::Combine(D16(), PerBlock(c, d), PerBlock(a, b));
 }
