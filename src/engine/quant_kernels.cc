@@ -660,7 +660,8 @@ HWY_INLINE void WideRowsK45(const QuantProductArgs& a, const float* xp_rows, con
   StoreSums<R>(a, row, o, sums);
 }
 
-// Q6_K on 8 lanes: group g = P (a) and g = P + 2 (b) of half h. The fields
+// Q6_K on 8 lanes (16 on AVX-512 targets, below): group g = P (a) and g =
+// P + 2 (b) of half h. The fields
 // q | high bits << 4 are xor-ed with 32 per byte, so that each byte's low 6
 // bits are q - 32 in two's complement. Lanes 0-3 hold weights l < 16 of the
 // group and lanes 4-7 weights l >= 16: their scales differ, so the partial
@@ -676,18 +677,24 @@ HWY_INLINE void Q6Step(V8U fa, V8U fb, const float* const* xp, std::size_t at, V
   }
 }
 
-template <std::int32_t R, int P>
-HWY_INLINE void WideQ6(const std::uint8_t* block, std::size_t h, V8U qh, const float* const* xp,
-                       std::size_t at, V8 scale_a, V8 scale_b, V8* acc) {
-  const D8 df;
+// The fields of groups P (fa) and P + 2 (fb) of half h, for SignedSixBits.
+template <int P>
+HWY_INLINE void Q6Fields(const std::uint8_t* block, std::size_t h, V8U qh, V8U& fa, V8U& fb) {
   const D8U du;
   const auto ql = Load32(block + 64 * h + 32 * P);
   const auto nibbles = hn::Set(du, 0x0f0f0f0fu), bits45 = hn::Set(du, 0x30303030u);
   const auto flip = hn::Set(du, 0x20202020u);
-  const auto fa =
-      hn::Xor(hn::Or(hn::And(ql, nibbles), hn::And(ShiftBy<4 - 2 * P>(qh), bits45)), flip);
-  const auto fb = hn::Xor(
+  fa = hn::Xor(hn::Or(hn::And(ql, nibbles), hn::And(ShiftBy<4 - 2 * P>(qh), bits45)), flip);
+  fb = hn::Xor(
       hn::Or(hn::And(hn::ShiftRight<4>(ql), nibbles), hn::And(ShiftBy<-2 * P>(qh), bits45)), flip);
+}
+
+template <std::int32_t R, int P>
+HWY_INLINE void WideQ6(const std::uint8_t* block, std::size_t h, V8U qh, const float* const* xp,
+                       std::size_t at, V8 scale_a, V8 scale_b, V8* acc) {
+  const D8 df;
+  V8U fa, fb;
+  Q6Fields<P>(block, h, qh, fa, fb);
   V8 a_sum[R], b_sum[R];
   for (std::int32_t r = 0; r < R; ++r) a_sum[r] = b_sum[r] = hn::Zero(df);
   Q6Step<R, 0>(fa, fb, xp, at, a_sum, b_sum);
@@ -697,6 +704,62 @@ HWY_INLINE void WideQ6(const std::uint8_t* block, std::size_t h, V8U qh, const f
   for (std::int32_t r = 0; r < R; ++r)
     acc[r] = hn::Add(acc[r], hn::MulAdd(scale_b, b_sum[r], hn::Mul(scale_a, a_sum[r])));
 }
+
+#if PAGEDATTN_QUADS32
+// Q6_K on 16 lanes: groups P = 0 and 1 of half h side by side (lanes 0-7
+// and 8-15), x permuted to match (PermuteXQ6K16).
+template <int B>
+HWY_INLINE V16 SignedSixBits16(V16U fields) {
+  const D16 df;
+  const hn::RebindToSigned<D16> di;
+  return hn::ConvertTo(df, hn::ShiftRight<26>(hn::ShiftLeft<26 - 8 * B>(hn::BitCast(di, fields))));
+}
+
+template <std::int32_t R, int B>
+HWY_INLINE void Q6Step16(V16U fa, V16U fb, const float* const* xp, std::size_t at, V16* a_sum,
+                         V16* b_sum) {
+  const D16 df;
+  const V16 wa = SignedSixBits16<B>(fa), wb = SignedSixBits16<B>(fb);
+  for (std::int32_t r = 0; r < R; ++r) {
+    a_sum[r] = hn::MulAdd(wa, hn::LoadU(df, xp[r] + at + 16 * B), a_sum[r]);
+    b_sum[r] = hn::MulAdd(wb, hn::LoadU(df, xp[r] + at + 64 + 16 * B), b_sum[r]);
+  }
+}
+
+template <std::int32_t R>
+HWY_INLINE void WideQ6Half16(const std::uint8_t* block, std::size_t h, V8U qh,
+                             const float* const* xp, std::size_t at, V16 scale_a, V16 scale_b,
+                             V16* acc) {
+  const D16 df;
+  const D16U du;
+  V8U fa0, fb0, fa1, fb1;
+  Q6Fields<0>(block, h, qh, fa0, fb0);
+  Q6Fields<1>(block, h, qh, fa1, fb1);
+  const V16U fa = hn::Combine(du, fa1, fa0), fb = hn::Combine(du, fb1, fb0);
+  V16 a_sum[R], b_sum[R];
+  for (std::int32_t r = 0; r < R; ++r) a_sum[r] = b_sum[r] = hn::Zero(df);
+  Q6Step16<R, 0>(fa, fb, xp, at, a_sum, b_sum);
+  Q6Step16<R, 1>(fa, fb, xp, at, a_sum, b_sum);
+  Q6Step16<R, 2>(fa, fb, xp, at, a_sum, b_sum);
+  Q6Step16<R, 3>(fa, fb, xp, at, a_sum, b_sum);
+  for (std::int32_t r = 0; r < R; ++r)
+    acc[r] = hn::Add(acc[r], hn::MulAdd(scale_b, b_sum[r], hn::Mul(scale_a, a_sum[r])));
+}
+
+// x for WideQ6Half16: xp[256 k + 128 h + 64 e + 16 B + 8 P + l] = x[256 k +
+// 32 (4 h + P + 2 e) + 4 l + B] (super-block k, half h, group P (e = 0) or
+// P + 2 (e = 1) of the half).
+HWY_INLINE void PermuteXQ6K16(const float* x, std::int32_t in, float* xp) {
+  for (std::int32_t k = 0; k < in; k += kQuantKBlock)
+    for (std::int32_t h = 0; h < 2; ++h)
+      for (std::int32_t e = 0; e < 2; ++e)
+        for (std::int32_t b = 0; b < 4; ++b)
+          for (std::int32_t p = 0; p < 2; ++p)
+            for (std::int32_t l = 0; l < 8; ++l)
+              xp[k + 128 * h + 64 * e + 16 * b + 8 * p + l] =
+                  x[k + 32 * (4 * h + p + 2 * e) + 4 * l + b];
+}
+#endif
 
 template <std::int32_t R>
 HWY_INLINE void WideRowsQ6K(const QuantProductArgs& a, const float* xp_rows, std::int32_t row,
@@ -718,6 +781,10 @@ HWY_INLINE void WideRowsQ6K(const QuantProductArgs& a, const float* xp_rows, std
     xp[r] = xp_rows + std::size_t(row + r) * a.in;
     acc[r] = hn::Zero(df);
   }
+#if PAGEDATTN_QUADS32
+  V16 acc16[R];
+  for (std::int32_t r = 0; r < R; ++r) acc16[r] = hn::Zero(D16());
+#endif
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = w + b * kBytes;
     PrefetchPast(block, kBytes);
@@ -732,10 +799,20 @@ HWY_INLINE void WideRowsQ6K(const QuantProductArgs& a, const float* xp_rows, std
       const auto lanes = [&](int g) {
         return hn::TableLookupLanes(dsc, hn::SetTableIndices(df, kLanes[g]));
       };
+#if PAGEDATTN_QUADS32
+      const D16 d16;
+      WideQ6Half16<R>(block, h, qh, xp, at, hn::Combine(d16, lanes(1), lanes(0)),
+                      hn::Combine(d16, lanes(3), lanes(2)), acc16);
+#else
       WideQ6<R, 0>(block, h, qh, xp, at, lanes(0), lanes(2), acc);
       WideQ6<R, 1>(block, h, qh, xp, at + 32, lanes(1), lanes(3), acc);
+#endif
     }
   }
+#if PAGEDATTN_QUADS32
+  for (std::int32_t r = 0; r < R; ++r)
+    acc[r] = hn::Add(hn::LowerHalf(df, acc16[r]), hn::UpperHalf(df, acc16[r]));
+#endif
   float sums[R];
   for (std::int32_t r = 0; r < R; ++r) sums[r] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
   StoreSums<R>(a, row, o, sums);
@@ -775,7 +852,7 @@ void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
     if constexpr (kSums)
       PermuteXK16(x, a.in, xp);
     else
-      PermuteX(x, a.in, kSums, xp);
+      PermuteXQ6K16(x, a.in, xp);
 #else
     PermuteX(x, a.in, kSums, xp);
 #endif
