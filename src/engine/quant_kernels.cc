@@ -450,22 +450,50 @@ HWY_INLINE void PermuteX(const float* x, std::int32_t in, bool scaled, float* xp
       for (std::int32_t l = 0; l < 8; ++l) xp[k + 8 * b + l] = x[k + 4 * l + b] * kScale[scaled][b];
 }
 
-// The field `mask` << 8B of every lane, in place: field * 2^(8B) as f32.
-template <int B, std::uint32_t kMask>
-HWY_INLINE V8 FieldInPlace(V8U fields) {
-  const D8 df;
-  const D8U du;
+// The field `mask` << 8B of every u32 lane, in place: field * 2^(8B) as
+// f32 (on 8 or 16 lanes).
+template <int B, std::uint32_t kMask, class VU>
+HWY_INLINE auto FieldInPlace(VU fields) {
+  const hn::DFromV<VU> du;
+  const hn::RebindToSigned<decltype(du)> di;
   const auto v = hn::And(fields, hn::Set(du, kMask << (8 * B)));
-  return hn::ConvertTo(df, hn::BitCast(hn::RebindToSigned<D8>(), v));
+  return hn::ConvertTo(hn::RebindToFloat<decltype(du)>(), hn::BitCast(di, v));
 }
 
 // The 6-bit two's-complement field in bits [8B, 8B + 6) of every lane as f32.
-template <int B>
-HWY_INLINE V8 SignedSixBits(V8U fields) {
-  const D8 df;
-  const hn::RebindToSigned<D8> di;
-  return hn::ConvertTo(df, hn::ShiftRight<26>(hn::ShiftLeft<26 - 8 * B>(hn::BitCast(di, fields))));
+template <int B, class VU>
+HWY_INLINE auto SignedSixBits(VU fields) {
+  const hn::DFromV<VU> du;
+  const hn::RebindToSigned<decltype(du)> di;
+  return hn::ConvertTo(hn::RebindToFloat<decltype(du)>(),
+                       hn::ShiftRight<26>(hn::ShiftLeft<26 - 8 * B>(hn::BitCast(di, fields))));
 }
+
+// The four steps of a pair of field vectors lo and hi of N lanes: for B =
+// 0..3, lo_sum[r] += field(B, lo) x the N values of row r's permuted x at
+// at + N B, and hi_sum[r] += field(B, hi) x those at at + hi_at + N B.
+template <std::int32_t R, class VU, class V, class Field>
+HWY_INLINE void FieldSteps(VU lo, VU hi, const Field& field, const float* const* xp, std::size_t at,
+                           std::size_t hi_at, V* lo_sum, V* hi_sum) {
+  const hn::DFromV<V> df;
+  const std::size_t n = hn::Lanes(df);
+  const auto step = [&](auto b) {
+    const V wlo = field(b, lo), whi = field(b, hi);
+    for (std::int32_t r = 0; r < R; ++r) {
+      lo_sum[r] = hn::MulAdd(wlo, hn::LoadU(df, xp[r] + at + n * b), lo_sum[r]);
+      hi_sum[r] = hn::MulAdd(whi, hn::LoadU(df, xp[r] + at + hi_at + n * b), hi_sum[r]);
+    }
+  };
+  step(std::integral_constant<int, 0>());
+  step(std::integral_constant<int, 1>());
+  step(std::integral_constant<int, 2>());
+  step(std::integral_constant<int, 3>());
+}
+
+// FieldSteps' fields: quants of kMask bits in place, Q6_K's signed six bits.
+template <std::uint32_t kMask>
+constexpr auto kInPlace = [](auto b, auto fields) { return FieldInPlace<b(), kMask>(fields); };
+constexpr auto kSixBits = [](auto b, auto fields) { return SignedSixBits<b()>(fields); };
 
 // AVX-512 targets run the in-place kernels on 16 lanes where a layout
 // allows: each instruction then does twice an 8-lane one's work
@@ -484,14 +512,6 @@ using V16 = hn::Vec<D16>;
 using D16U = hn::RebindToUnsigned<D16>;
 using V16U = hn::Vec<D16U>;
 
-// FieldInPlace on 16 lanes.
-template <int B, std::uint32_t kMask>
-HWY_INLINE V16 FieldInPlace16(V16U fields) {
-  const D16 df;
-  const D16U du;
-  const auto v = hn::And(fields, hn::Set(du, kMask << (8 * B)));
-  return hn::ConvertTo(df, hn::BitCast(hn::RebindToSigned<D16>(), v));
-}
 #endif
 
 // Q4_K / Q5_K sub-blocks 2I (lo) and 2I + 1 (hi): their quants in bits
@@ -514,17 +534,6 @@ HWY_INLINE void KPairFields(const std::uint8_t* block, V8U& lo, V8U& hi) {
   }
 }
 
-template <std::int32_t R, int B, std::uint32_t kMask>
-HWY_INLINE void PairStep(V8U lo, V8U hi, const float* const* xp, std::size_t at, V8* lo_sum,
-                         V8* hi_sum) {
-  const D8 df;
-  const V8 wlo = FieldInPlace<B, kMask>(lo), whi = FieldInPlace<B, kMask>(hi);
-  for (std::int32_t r = 0; r < R; ++r) {
-    lo_sum[r] = hn::MulAdd(wlo, hn::LoadU(df, xp[r] + at + 8 * B), lo_sum[r]);
-    hi_sum[r] = hn::MulAdd(whi, hn::LoadU(df, xp[r] + at + 32 + 8 * B), hi_sum[r]);
-  }
-}
-
 template <WeightFormat F, std::int32_t R, int I>
 HWY_INLINE void WidePair(const std::uint8_t* block, const float* const* xp, std::size_t base,
                          const float* scales, V8* acc) {
@@ -535,10 +544,7 @@ HWY_INLINE void WidePair(const std::uint8_t* block, const float* const* xp, std:
   for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
   const std::size_t at = base + 64 * I;
   constexpr std::uint32_t kMask = F == WeightFormat::kQ5_K ? 0x1f : 0x0f;
-  PairStep<R, 0, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
-  PairStep<R, 1, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
-  PairStep<R, 2, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
-  PairStep<R, 3, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  FieldSteps<R>(lo, hi, kInPlace<kMask>, xp, at, 32, lo_sum, hi_sum);
   const auto scale_lo = hn::Set(df, scales[2 * I]), scale_hi = hn::Set(df, scales[2 * I + 1]);
   for (std::int32_t r = 0; r < R; ++r)
     acc[r] = hn::Add(acc[r], hn::MulAdd(scale_hi, hi_sum[r], hn::Mul(scale_lo, lo_sum[r])));
@@ -547,17 +553,6 @@ HWY_INLINE void WidePair(const std::uint8_t* block, const float* const* xp, std:
 #if PAGEDATTN_QUADS32
 // Q4_K / Q5_K on 16 lanes: sub-block pairs 2J and 2J + 1 side by side
 // (lanes 0-7 and 8-15), x permuted to match (PermuteXK16).
-template <std::int32_t R, int B, std::uint32_t kMask>
-HWY_INLINE void PairStep16(V16U lo, V16U hi, const float* const* xp, std::size_t at, V16* lo_sum,
-                           V16* hi_sum) {
-  const D16 df;
-  const V16 wlo = FieldInPlace16<B, kMask>(lo), whi = FieldInPlace16<B, kMask>(hi);
-  for (std::int32_t r = 0; r < R; ++r) {
-    lo_sum[r] = hn::MulAdd(wlo, hn::LoadU(df, xp[r] + at + 16 * B), lo_sum[r]);
-    hi_sum[r] = hn::MulAdd(whi, hn::LoadU(df, xp[r] + at + 64 + 16 * B), hi_sum[r]);
-  }
-}
-
 template <WeightFormat F, std::int32_t R, int J>
 HWY_INLINE void WidePairs16(const std::uint8_t* block, const float* const* xp, std::size_t base,
                             const float* scales, V16* acc) {
@@ -572,10 +567,7 @@ HWY_INLINE void WidePairs16(const std::uint8_t* block, const float* const* xp, s
   for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
   const std::size_t at = base + 128 * J;
   constexpr std::uint32_t kMask = F == WeightFormat::kQ5_K ? 0x1f : 0x0f;
-  PairStep16<R, 0, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
-  PairStep16<R, 1, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
-  PairStep16<R, 2, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
-  PairStep16<R, 3, kMask>(lo, hi, xp, at, lo_sum, hi_sum);
+  FieldSteps<R>(lo, hi, kInPlace<kMask>, xp, at, 64, lo_sum, hi_sum);
   // Pair 2J + p takes sub-blocks 4J + 2p (lo) and 4J + 2p + 1 (hi).
   const V16 scale_lo =
       hn::Combine(df, hn::Set(df8, scales[4 * J + 2]), hn::Set(df8, scales[4 * J]));
@@ -585,20 +577,6 @@ HWY_INLINE void WidePairs16(const std::uint8_t* block, const float* const* xp, s
     acc[r] = hn::Add(acc[r], hn::MulAdd(scale_hi, hi_sum[r], hn::Mul(scale_lo, lo_sum[r])));
 }
 
-// x for WidePairs16: xp[256 k + 128 J + 64 h + 16 B + 8 p + l] = x[256 k +
-// 32 (4 J + 2 p + h) + 4 l + B] * 2^(-8 B) (super-block k, sub-block pair
-// 2J + p, its lo (h = 0) or hi (h = 1) sub-block).
-HWY_INLINE void PermuteXK16(const float* x, std::int32_t in, float* xp) {
-  constexpr float kScale[4] = {1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f};
-  for (std::int32_t k = 0; k < in; k += kQuantKBlock)
-    for (std::int32_t j = 0; j < 2; ++j)
-      for (std::int32_t h = 0; h < 2; ++h)
-        for (std::int32_t b = 0; b < 4; ++b)
-          for (std::int32_t p = 0; p < 2; ++p)
-            for (std::int32_t l = 0; l < 8; ++l)
-              xp[k + 128 * j + 64 * h + 16 * b + 8 * p + l] =
-                  x[k + 32 * (4 * j + 2 * p + h) + 4 * l + b] * kScale[b];
-}
 #endif
 
 // Q4_K / Q5_K on 8 lanes (16 on AVX-512 targets): as DotRowsK45, x
@@ -666,17 +644,6 @@ HWY_INLINE void WideRowsK45(const QuantProductArgs& a, const float* xp_rows, con
 // bits are q - 32 in two's complement. Lanes 0-3 hold weights l < 16 of the
 // group and lanes 4-7 weights l >= 16: their scales differ, so the partial
 // sums are scaled per lane.
-template <std::int32_t R, int B>
-HWY_INLINE void Q6Step(V8U fa, V8U fb, const float* const* xp, std::size_t at, V8* a_sum,
-                       V8* b_sum) {
-  const D8 df;
-  const V8 wa = SignedSixBits<B>(fa), wb = SignedSixBits<B>(fb);
-  for (std::int32_t r = 0; r < R; ++r) {
-    a_sum[r] = hn::MulAdd(wa, hn::LoadU(df, xp[r] + at + 8 * B), a_sum[r]);
-    b_sum[r] = hn::MulAdd(wb, hn::LoadU(df, xp[r] + at + 64 + 8 * B), b_sum[r]);
-  }
-}
-
 // The fields of groups P (fa) and P + 2 (fb) of half h, for SignedSixBits.
 template <int P>
 HWY_INLINE void Q6Fields(const std::uint8_t* block, std::size_t h, V8U qh, V8U& fa, V8U& fb) {
@@ -697,35 +664,14 @@ HWY_INLINE void WideQ6(const std::uint8_t* block, std::size_t h, V8U qh, const f
   Q6Fields<P>(block, h, qh, fa, fb);
   V8 a_sum[R], b_sum[R];
   for (std::int32_t r = 0; r < R; ++r) a_sum[r] = b_sum[r] = hn::Zero(df);
-  Q6Step<R, 0>(fa, fb, xp, at, a_sum, b_sum);
-  Q6Step<R, 1>(fa, fb, xp, at, a_sum, b_sum);
-  Q6Step<R, 2>(fa, fb, xp, at, a_sum, b_sum);
-  Q6Step<R, 3>(fa, fb, xp, at, a_sum, b_sum);
+  FieldSteps<R>(fa, fb, kSixBits, xp, at, 64, a_sum, b_sum);
   for (std::int32_t r = 0; r < R; ++r)
     acc[r] = hn::Add(acc[r], hn::MulAdd(scale_b, b_sum[r], hn::Mul(scale_a, a_sum[r])));
 }
 
 #if PAGEDATTN_QUADS32
 // Q6_K on 16 lanes: groups P = 0 and 1 of half h side by side (lanes 0-7
-// and 8-15), x permuted to match (PermuteXQ6K16).
-template <int B>
-HWY_INLINE V16 SignedSixBits16(V16U fields) {
-  const D16 df;
-  const hn::RebindToSigned<D16> di;
-  return hn::ConvertTo(df, hn::ShiftRight<26>(hn::ShiftLeft<26 - 8 * B>(hn::BitCast(di, fields))));
-}
-
-template <std::int32_t R, int B>
-HWY_INLINE void Q6Step16(V16U fa, V16U fb, const float* const* xp, std::size_t at, V16* a_sum,
-                         V16* b_sum) {
-  const D16 df;
-  const V16 wa = SignedSixBits16<B>(fa), wb = SignedSixBits16<B>(fb);
-  for (std::int32_t r = 0; r < R; ++r) {
-    a_sum[r] = hn::MulAdd(wa, hn::LoadU(df, xp[r] + at + 16 * B), a_sum[r]);
-    b_sum[r] = hn::MulAdd(wb, hn::LoadU(df, xp[r] + at + 64 + 16 * B), b_sum[r]);
-  }
-}
-
+// and 8-15), x permuted to match (PermuteXK16).
 template <std::int32_t R>
 HWY_INLINE void WideQ6Half16(const std::uint8_t* block, std::size_t h, V8U qh,
                              const float* const* xp, std::size_t at, V16 scale_a, V16 scale_b,
@@ -738,26 +684,30 @@ HWY_INLINE void WideQ6Half16(const std::uint8_t* block, std::size_t h, V8U qh,
   const V16U fa = hn::Combine(du, fa1, fa0), fb = hn::Combine(du, fb1, fb0);
   V16 a_sum[R], b_sum[R];
   for (std::int32_t r = 0; r < R; ++r) a_sum[r] = b_sum[r] = hn::Zero(df);
-  Q6Step16<R, 0>(fa, fb, xp, at, a_sum, b_sum);
-  Q6Step16<R, 1>(fa, fb, xp, at, a_sum, b_sum);
-  Q6Step16<R, 2>(fa, fb, xp, at, a_sum, b_sum);
-  Q6Step16<R, 3>(fa, fb, xp, at, a_sum, b_sum);
+  FieldSteps<R>(fa, fb, kSixBits, xp, at, 64, a_sum, b_sum);
   for (std::int32_t r = 0; r < R; ++r)
     acc[r] = hn::Add(acc[r], hn::MulAdd(scale_b, b_sum[r], hn::Mul(scale_a, a_sum[r])));
 }
 
-// x for WideQ6Half16: xp[256 k + 128 h + 64 e + 16 B + 8 P + l] = x[256 k +
-// 32 (4 h + P + 2 e) + 4 l + B] (super-block k, half h, group P (e = 0) or
-// P + 2 (e = 1) of the half).
-HWY_INLINE void PermuteXQ6K16(const float* x, std::int32_t in, float* xp) {
+// x permuted for the 16-lane K-quant kernels: xp[256 k + 128 o + 64 m + 16
+// B + 8 p + l] = x[256 k + 32 g + 4 l + B] of super-block k, where g is
+// Q4_K / Q5_K's sub-block 4 o + 2 p + m (WidePairs16: pair 2o + p, its lo
+// (m = 0) or hi (m = 1) sub-block), scaled by 2^(-8 B), or Q6_K's group 4 o
+// + p + 2 m (WideQ6Half16: half o, group p (m = 0) or p + 2 (m = 1)).
+template <WeightFormat F>
+HWY_INLINE void PermuteXK16(const float* x, std::int32_t in, float* xp) {
+  constexpr bool kQ6 = F == WeightFormat::kQ6_K;
+  constexpr float kScale[4] = {1.0f, kQ6 ? 1.0f : 0x1p-8f, kQ6 ? 1.0f : 0x1p-16f,
+                               kQ6 ? 1.0f : 0x1p-24f};
   for (std::int32_t k = 0; k < in; k += kQuantKBlock)
-    for (std::int32_t h = 0; h < 2; ++h)
-      for (std::int32_t e = 0; e < 2; ++e)
+    for (std::int32_t o = 0; o < 2; ++o)
+      for (std::int32_t m = 0; m < 2; ++m)
         for (std::int32_t b = 0; b < 4; ++b)
-          for (std::int32_t p = 0; p < 2; ++p)
+          for (std::int32_t p = 0; p < 2; ++p) {
+            const std::int32_t g = kQ6 ? 4 * o + p + 2 * m : 4 * o + 2 * p + m;
             for (std::int32_t l = 0; l < 8; ++l)
-              xp[k + 128 * h + 64 * e + 16 * b + 8 * p + l] =
-                  x[k + 32 * (4 * h + p + 2 * e) + 4 * l + b];
+              xp[k + 128 * o + 64 * m + 16 * b + 8 * p + l] = x[k + 32 * g + 4 * l + b] * kScale[b];
+          }
 }
 #endif
 
@@ -849,10 +799,7 @@ void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
   constexpr bool kSums = F != WeightFormat::kQ6_K;  // Q4_K / Q5_K: sums of 32 for the mins
   const auto prepare = [&](const float* x, float* xp, float* xsums) {
 #if PAGEDATTN_QUADS32
-    if constexpr (kSums)
-      PermuteXK16(x, a.in, xp);
-    else
-      PermuteXQ6K16(x, a.in, xp);
+    PermuteXK16<F>(x, a.in, xp);
 #else
     PermuteX(x, a.in, kSums, xp);
 #endif
@@ -903,31 +850,22 @@ constexpr std::int32_t Quads32(std::int32_t in) {
 // x[32 (2 p + h) + 4 l + f % 4 + 16 (f / 4)] * 2^(-8 (f % 4)); xsq[8 p + 4
 // h] = the sum of block 2p + h. The other lanes of xsq 0.
 HWY_INLINE void PermuteX32(const float* x, std::int32_t in, float* xp, float* xsq) {
-  constexpr float kScale[4] = {1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f};
-  float sums[4];
+  // One group of `blocks` (2 or 4) blocks, 4 lanes each, from x, xp, xsq.
+  const auto group = [](const float* x, std::int32_t blocks, float* xp, float* xsq) {
+    constexpr float kScale[4] = {1.0f, 0x1p-8f, 0x1p-16f, 0x1p-24f};
+    const std::int32_t lanes = 4 * blocks;
+    float sums[4];
+    SumsOf32(x, 32 * blocks, sums);
+    for (std::int32_t f = 0; f < 8; ++f)
+      for (std::int32_t h = 0; h < blocks; ++h)
+        for (std::int32_t l = 0; l < 4; ++l)
+          xp[lanes * f + 4 * h + l] = x[32 * h + 4 * l + f % 4 + 16 * (f / 4)] * kScale[f % 4];
+    for (std::int32_t lane = 0; lane < lanes; ++lane)
+      xsq[lane] = lane % 4 == 0 ? sums[lane / 4] : 0.0f;
+  };
   const std::int32_t quads = Quads32(in);
-  for (std::int32_t q = 0; q < quads; ++q) {
-    const float* quad = x + std::size_t(q) * 128;
-    SumsOf32(quad, 128, sums);
-    for (std::int32_t f = 0; f < 8; ++f)
-      for (std::int32_t h = 0; h < 4; ++h)
-        for (std::int32_t l = 0; l < 4; ++l)
-          xp[128 * q + 16 * f + 4 * h + l] =
-              quad[32 * h + 4 * l + f % 4 + 16 * (f / 4)] * kScale[f % 4];
-    for (std::int32_t lane = 0; lane < 16; ++lane)
-      xsq[16 * q + lane] = lane % 4 == 0 ? sums[lane / 4] : 0.0f;
-  }
-  for (std::int32_t p = 2 * quads; p < in / 64; ++p) {
-    const float* pair = x + std::size_t(p) * 64;
-    SumsOf32(pair, 64, sums);
-    for (std::int32_t f = 0; f < 8; ++f)
-      for (std::int32_t h = 0; h < 2; ++h)
-        for (std::int32_t l = 0; l < 4; ++l)
-          xp[64 * p + 8 * f + 4 * h + l] =
-              pair[32 * h + 4 * l + f % 4 + 16 * (f / 4)] * kScale[f % 4];
-    for (std::int32_t lane = 0; lane < 8; ++lane)
-      xsq[8 * p + lane] = lane % 4 == 0 ? sums[lane / 4] : 0.0f;
-  }
+  for (std::int32_t q = 0; q < quads; ++q) group(x + 128 * q, 4, xp + 128 * q, xsq + 16 * q);
+  for (std::int32_t p = 2 * quads; p < in / 64; ++p) group(x + 64 * p, 2, xp + 64 * p, xsq + 8 * p);
 }
 
 // Each lane's value for blocks A (lanes 0-3) and B (4-7).
@@ -955,17 +893,6 @@ HWY_INLINE void Q5FifthBits(std::uint32_t qh_a, std::uint32_t qh_b, V8U& lo, V8U
   };
   lo = fifth(bytes_lo);
   hi = fifth(bytes_hi);
-}
-
-template <int B, std::uint32_t kMask, std::int32_t R>
-HWY_INLINE void Step32(V8U lo, V8U hi, const float* const* xp, std::size_t at, V8* lo_sum,
-                       V8* hi_sum) {
-  const D8 df;
-  const V8 wlo = FieldInPlace<B, kMask>(lo), whi = FieldInPlace<B, kMask>(hi);
-  for (std::int32_t r = 0; r < R; ++r) {
-    lo_sum[r] = hn::MulAdd(wlo, hn::LoadU(df, xp[r] + at + 8 * B), lo_sum[r]);
-    hi_sum[r] = hn::MulAdd(whi, hn::LoadU(df, xp[r] + at + 32 + 8 * B), hi_sum[r]);
-  }
 }
 
 // One pair of blocks into acc[r] for R rows.
@@ -998,10 +925,7 @@ HWY_INLINE void WidePair32(const std::uint8_t* a_block, const float* const* xp,
   V8 lo_sum[R], hi_sum[R];
   for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
   const std::size_t at = 64 * p;
-  Step32<0, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
-  Step32<1, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
-  Step32<2, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
-  Step32<3, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
+  FieldSteps<R>(lo, hi, kInPlace<kMask>, xp, at, 32, lo_sum, hi_sum);
   const V8 d = PerBlock(HalfAt(a_block), HalfAt(b_block));
   V8 offset;
   if constexpr (F == WeightFormat::kQ4_1 || F == WeightFormat::kQ5_1)
@@ -1018,17 +942,6 @@ HWY_INLINE void WidePair32(const std::uint8_t* a_block, const float* const* xp,
 // PerBlock on 16 lanes (lanes 4h .. 4h + 3: block h of a quad).
 HWY_INLINE V16 PerBlock16(float a, float b, float c, float d) {
   return hn::Combine(D16(), PerBlock(c, d), PerBlock(a, b));
-}
-
-template <int B, std::uint32_t kMask, std::int32_t R>
-HWY_INLINE void Step16(V16U lo, V16U hi, const float* const* xp, std::size_t at, V16* lo_sum,
-                       V16* hi_sum) {
-  const D16 df;
-  const V16 wlo = FieldInPlace16<B, kMask>(lo), whi = FieldInPlace16<B, kMask>(hi);
-  for (std::int32_t r = 0; r < R; ++r) {
-    lo_sum[r] = hn::MulAdd(wlo, hn::LoadU(df, xp[r] + at + 16 * B), lo_sum[r]);
-    hi_sum[r] = hn::MulAdd(whi, hn::LoadU(df, xp[r] + at + 64 + 16 * B), hi_sum[r]);
-  }
 }
 
 // One quad of blocks (4 consecutive, from `block`) into acc[r] for R rows:
@@ -1064,10 +977,7 @@ HWY_INLINE void WideQuad32(const std::uint8_t* block, const float* const* xp,
   V16 lo_sum[R], hi_sum[R];
   for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
   const std::size_t at = 128 * q;
-  Step16<0, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
-  Step16<1, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
-  Step16<2, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
-  Step16<3, kMask, R>(lo, hi, xp, at, lo_sum, hi_sum);
+  FieldSteps<R>(lo, hi, kInPlace<kMask>, xp, at, 64, lo_sum, hi_sum);
   const V16 d = PerBlock16(HalfAt(block), HalfAt(block + kBytes), HalfAt(block + 2 * kBytes),
                            HalfAt(block + 3 * kBytes));
   V16 offset;

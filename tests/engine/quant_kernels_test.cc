@@ -420,6 +420,15 @@ void expect_random_product(std::mt19937& rng, const ProductShape& shape, double 
   }
 }
 
+// A row length of `super_blocks` x 256 weights; for the 32-weight formats,
+// trials 2 and 3 add a pair of blocks after the 16-lane kernels' whole
+// quads of 128 weights.
+std::int32_t random_in(WeightFormat f, int trial, std::int32_t super_blocks) {
+  const bool k_quant = weight_format_block(f) == kQuantKBlock;
+  const std::int32_t tail = k_quant ? 0 : trial == 2 ? 64 : trial == 3 ? 192 : 0;
+  return 256 * super_blocks + tail;
+}
+
 TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
   std::mt19937 rng(22);
   std::uniform_int_distribution<int> super_blocks(1, 16), outs(1, 70), rows_of(1, 9);
@@ -429,13 +438,7 @@ TEST(QuantKernels, ProductsOfRandomShapesMatchADoubleReferenceOnEveryTarget) {
       for (int trial = 0; trial < 4; ++trial) {
         hwy::SetSupportedTargetsForTest(target);
         SCOPED_TRACE(hwy::TargetName(target));
-        // 32-weight formats: trials 2 and 3 end on a pair of blocks after
-        // the wide kernels' whole quads of 128 weights.
-        const std::int32_t tail = weight_format_block(f) == kQuantKBlock ? 0
-                                                                         : (trial == 2   ? 64
-                                                                            : trial == 3 ? 192
-                                                                                         : 0);
-        const std::int32_t in = 256 * super_blocks(rng) + tail, out = outs(rng),
+        const std::int32_t in = random_in(f, trial, super_blocks(rng)), out = outs(rng),
                            rows = rows_of(rng);
         const double k = (weight_format_block(f) == kQuantKBlock ? in / 32.0 + 48 : in + 8) + 4;
         expect_random_product(rng, {f, in, out, rows, out + (trial % 2 == 0 ? 0 : 5)}, k,
@@ -768,13 +771,7 @@ TEST(QuantKernels, Int8ActivationProductsMatchADoubleReferenceOnEveryTarget) {
       for (int trial = 0; trial < 4; ++trial) {
         hwy::SetSupportedTargetsForTest(target);
         SCOPED_TRACE(hwy::TargetName(target));
-        // 32-weight formats: trials 2 and 3 end on a pair of blocks after
-        // the wide kernels' whole quads of 128 weights.
-        const std::int32_t tail = weight_format_block(f) == kQuantKBlock ? 0
-                                                                         : (trial == 2   ? 64
-                                                                            : trial == 3 ? 192
-                                                                                         : 0);
-        const std::int32_t in = 256 * super_blocks(rng) + tail, out = outs(rng),
+        const std::int32_t in = random_in(f, trial, super_blocks(rng)), out = outs(rng),
                            rows = rows_of(rng);
         const std::int32_t ldy = out + trial;
         const auto w = random_blocks(f, out, in, rng, 0.05f);
