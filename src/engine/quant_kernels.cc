@@ -868,13 +868,6 @@ HWY_INLINE void PermuteX32(const float* x, std::int32_t in, float* xp, float* xs
   for (std::int32_t p = 2 * quads; p < in / 64; ++p) group(x + 64 * p, 2, xp + 64 * p, xsq + 8 * p);
 }
 
-// Each lane's value for blocks A (lanes 0-3) and B (4-7).
-HWY_INLINE V8 PerBlock(float a, float b) {
-  const D8 df;
-  const hn::Half<D8> dh;
-  return hn::Combine(df, hn::Set(dh, b), hn::Set(dh, a));
-}
-
 // The fifth bits of two Q5 blocks as bit 4 of the byte their nibble is in:
 // lo's byte k of block A (lanes 0-3) / B (lanes 4-7) holds bit k of that
 // block's qh (weight k), hi's byte k bit 16 + k. Each byte picks its qh byte
@@ -895,103 +888,96 @@ HWY_INLINE void Q5FifthBits(std::uint32_t qh_a, std::uint32_t qh_b, V8U& lo, V8U
   hi = fifth(bytes_hi);
 }
 
-// One pair of blocks into acc[r] for R rows.
-template <WeightFormat F, std::int32_t R>
-HWY_INLINE void WidePair32(const std::uint8_t* a_block, const float* const* xp,
-                           const float* const* xsq, std::size_t p, V8* acc) {
-  const D8 df;
-  const D8U du;
+// The block group of WideBlocks32: kBlocks (2, or 4 where the target has 16
+// lanes) consecutive blocks on 4 kBlocks f32 lanes, 4 per block.
+template <int kBlocks>
+using DBlocks = hn::CappedTag<float, 4 * kBlocks>;
+
+// Each lane's value of the half-precision field at byte `offset` of its
+// block (lanes 4h .. 4h + 3: block h, blocks block_bytes apart).
+template <int kBlocks>
+HWY_INLINE hn::Vec<DBlocks<kBlocks>> PerBlock(const std::uint8_t* block, std::int64_t block_bytes,
+                                              std::int64_t offset) {
+  const auto pair = [&](std::int32_t h) {  // blocks h, h + 1 on 8 lanes
+    const hn::Half<D8> dh;
+    return hn::Combine(D8(), hn::Set(dh, HalfAt(block + (h + 1) * block_bytes + offset)),
+                       hn::Set(dh, HalfAt(block + h * block_bytes + offset)));
+  };
+  if constexpr (kBlocks == 2) {
+    return pair(0);
+  } else {
+    return hn::Combine(DBlocks<kBlocks>(), pair(2), pair(0));
+  }
+}
+
+// kBlocks consecutive blocks from `block`, group g of the row's groups of
+// kBlocks, into acc[r] for R rows (the group's x at xp + 32 kBlocks g, its
+// sums at xsq + 4 kBlocks g).
+template <WeightFormat F, std::int32_t R, int kBlocks>
+HWY_INLINE void WideBlocks32(const std::uint8_t* block, const float* const* xp,
+                             const float* const* xsq, std::size_t g,
+                             hn::Vec<DBlocks<kBlocks>>* acc) {
+  const DBlocks<kBlocks> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const D8U du8;
   const hn::Half<D8U> dh;
   const hn::Repartition<std::uint8_t, decltype(dh)> d8;
   constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
-  const std::uint8_t* b_block = a_block + kBytes;
-  const auto quants = [&](const std::uint8_t* block) {
-    return hn::BitCast(dh, hn::LoadU(d8, block + BlockTraits<F>::kQuants));
+  // Blocks h, h + 1 of the group on 8 lanes: their quant bytes.
+  const auto quants = [&](std::int32_t h) {
+    const auto at = [&](std::int32_t i) {
+      return hn::BitCast(dh, hn::LoadU(d8, block + i * kBytes + BlockTraits<F>::kQuants));
+    };
+    return hn::Combine(du8, at(h + 1), at(h));
   };
-  V8U lo = hn::Combine(du, quants(b_block), quants(a_block));
-  V8U hi = hn::ShiftRight<4>(lo);
+  // The group's vector from the pairs' 8-lane ones.
+  const auto whole = [&](const auto& of_pair) {
+    if constexpr (kBlocks == 2) {
+      return of_pair(0);
+    } else {
+      return hn::Combine(du, of_pair(2), of_pair(0));
+    }
+  };
+  auto lo = whole(quants);
+  auto hi = hn::ShiftRight<4>(lo);
   constexpr bool kFive = F == WeightFormat::kQ5_0 || F == WeightFormat::kQ5_1;
   if constexpr (kFive) {
-    std::uint32_t qh_a, qh_b;
-    std::memcpy(&qh_a, a_block + BlockTraits<F>::kHighBits, sizeof qh_a);
-    std::memcpy(&qh_b, b_block + BlockTraits<F>::kHighBits, sizeof qh_b);
-    V8U fifth_lo, fifth_hi;
-    Q5FifthBits(qh_a, qh_b, fifth_lo, fifth_hi);
+    const auto qh = [&](std::int32_t h) {
+      std::uint32_t bits;
+      std::memcpy(&bits, block + h * kBytes + BlockTraits<F>::kHighBits, sizeof bits);
+      return bits;
+    };
+    V8U lo01, hi01;
+    Q5FifthBits(qh(0), qh(1), lo01, hi01);
+    decltype(lo) fifth_lo, fifth_hi;
+    if constexpr (kBlocks == 2) {
+      fifth_lo = lo01;
+      fifth_hi = hi01;
+    } else {
+      V8U lo23, hi23;
+      Q5FifthBits(qh(2), qh(3), lo23, hi23);
+      fifth_lo = hn::Combine(du, lo23, lo01);
+      fifth_hi = hn::Combine(du, hi23, hi01);
+    }
     const auto nibbles = hn::Set(du, 0x0f0f0f0fu);
     lo = hn::Or(hn::And(lo, nibbles), fifth_lo);
     hi = hn::Or(hn::And(hi, nibbles), fifth_hi);
   }
   constexpr std::uint32_t kMask = kFive ? 0x1f : 0x0f;
-  V8 lo_sum[R], hi_sum[R];
+  hn::Vec<DBlocks<kBlocks>> lo_sum[R], hi_sum[R];
   for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
-  const std::size_t at = 64 * p;
-  FieldSteps<R>(lo, hi, kInPlace<kMask>, xp, at, 32, lo_sum, hi_sum);
-  const V8 d = PerBlock(HalfAt(a_block), HalfAt(b_block));
-  V8 offset;
+  FieldSteps<R>(lo, hi, kInPlace<kMask>, xp, 32 * kBlocks * g, 16 * kBlocks, lo_sum, hi_sum);
+  const auto d = PerBlock<kBlocks>(block, kBytes, 0);
+  hn::Vec<DBlocks<kBlocks>> offset;
   if constexpr (F == WeightFormat::kQ4_1 || F == WeightFormat::kQ5_1)
-    offset = PerBlock(HalfAt(a_block + 2), HalfAt(b_block + 2));
+    offset = PerBlock<kBlocks>(block, kBytes, 2);
   else
     offset = hn::Mul(d, hn::Set(df, F == WeightFormat::kQ4_0 ? -8.0f : -16.0f));
   for (std::int32_t r = 0; r < R; ++r) {
     acc[r] = hn::MulAdd(d, hn::Add(lo_sum[r], hi_sum[r]), acc[r]);
-    acc[r] = hn::MulAdd(offset, hn::LoadU(df, xsq[r] + 8 * p), acc[r]);
+    acc[r] = hn::MulAdd(offset, hn::LoadU(df, xsq[r] + 4 * kBlocks * g), acc[r]);
   }
 }
-
-#if PAGEDATTN_QUADS32
-// PerBlock on 16 lanes (lanes 4h .. 4h + 3: block h of a quad).
-HWY_INLINE V16 PerBlock16(float a, float b, float c, float d) {
-  return hn::Combine(D16(), PerBlock(c, d), PerBlock(a, b));
-}
-
-// One quad of blocks (4 consecutive, from `block`) into acc[r] for R rows:
-// WidePair32 on twice the lanes.
-template <WeightFormat F, std::int32_t R>
-HWY_INLINE void WideQuad32(const std::uint8_t* block, const float* const* xp,
-                           const float* const* xsq, std::size_t q, V16* acc) {
-  const D16 df;
-  const D16U du;
-  const D8U du8;
-  const hn::Half<D8U> dh;
-  const hn::Repartition<std::uint8_t, decltype(dh)> d8;
-  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
-  const auto quants = [&](std::int32_t h) {
-    return hn::BitCast(dh, hn::LoadU(d8, block + h * kBytes + BlockTraits<F>::kQuants));
-  };
-  V16U lo = hn::Combine(du, hn::Combine(du8, quants(3), quants(2)),
-                        hn::Combine(du8, quants(1), quants(0)));
-  V16U hi = hn::ShiftRight<4>(lo);
-  constexpr bool kFive = F == WeightFormat::kQ5_0 || F == WeightFormat::kQ5_1;
-  if constexpr (kFive) {
-    std::uint32_t qh[4];
-    for (std::int32_t h = 0; h < 4; ++h)
-      std::memcpy(&qh[h], block + h * kBytes + BlockTraits<F>::kHighBits, sizeof qh[h]);
-    V8U lo01, hi01, lo23, hi23;
-    Q5FifthBits(qh[0], qh[1], lo01, hi01);
-    Q5FifthBits(qh[2], qh[3], lo23, hi23);
-    const auto nibbles = hn::Set(du, 0x0f0f0f0fu);
-    lo = hn::Or(hn::And(lo, nibbles), hn::Combine(du, lo23, lo01));
-    hi = hn::Or(hn::And(hi, nibbles), hn::Combine(du, hi23, hi01));
-  }
-  constexpr std::uint32_t kMask = kFive ? 0x1f : 0x0f;
-  V16 lo_sum[R], hi_sum[R];
-  for (std::int32_t r = 0; r < R; ++r) lo_sum[r] = hi_sum[r] = hn::Zero(df);
-  const std::size_t at = 128 * q;
-  FieldSteps<R>(lo, hi, kInPlace<kMask>, xp, at, 64, lo_sum, hi_sum);
-  const V16 d = PerBlock16(HalfAt(block), HalfAt(block + kBytes), HalfAt(block + 2 * kBytes),
-                           HalfAt(block + 3 * kBytes));
-  V16 offset;
-  if constexpr (F == WeightFormat::kQ4_1 || F == WeightFormat::kQ5_1)
-    offset = PerBlock16(HalfAt(block + 2), HalfAt(block + kBytes + 2),
-                        HalfAt(block + 2 * kBytes + 2), HalfAt(block + 3 * kBytes + 2));
-  else
-    offset = hn::Mul(d, hn::Set(df, F == WeightFormat::kQ4_0 ? -8.0f : -16.0f));
-  for (std::int32_t r = 0; r < R; ++r) {
-    acc[r] = hn::MulAdd(d, hn::Add(lo_sum[r], hi_sum[r]), acc[r]);
-    acc[r] = hn::MulAdd(offset, hn::LoadU(df, xsq[r] + 16 * q), acc[r]);
-  }
-}
-#endif  // PAGEDATTN_QUADS32
 
 // y[r][o + c] for R rows and C weight rows; each (row, weight row) sums in
 // the same order whatever R and C are.
@@ -1021,7 +1007,7 @@ HWY_INLINE void WideRows32(const QuantProductArgs& a, const float* xp_rows, cons
       for (std::int32_t c = 0; c < C; ++c) {
         const std::uint8_t* quad = w + c * row_bytes + 4 * q * BlockTraits<F>::kBytes;
         PrefetchPast(quad, 4 * BlockTraits<F>::kBytes);
-        WideQuad32<F, R>(quad, xp, xsq, std::size_t(q), acc16[c]);
+        WideBlocks32<F, R, 4>(quad, xp, xsq, std::size_t(q), acc16[c]);
       }
     for (std::int32_t c = 0; c < C; ++c)  // the quads' halves, then the pair
       for (std::int32_t r = 0; r < R; ++r)
@@ -1032,7 +1018,7 @@ HWY_INLINE void WideRows32(const QuantProductArgs& a, const float* xp_rows, cons
     for (std::int32_t c = 0; c < C; ++c) {
       const std::uint8_t* pair = w + c * row_bytes + 2 * p * BlockTraits<F>::kBytes;
       PrefetchPast(pair, 2 * BlockTraits<F>::kBytes);
-      WidePair32<F, R>(pair, xp, xsq, std::size_t(p), acc[c]);
+      WideBlocks32<F, R, 2>(pair, xp, xsq, std::size_t(p), acc[c]);
     }
   for (std::int32_t c = 0; c < C; ++c) {
     float sums[R];
