@@ -485,8 +485,7 @@ constexpr int TileKeys(int rows) {
 // split into 2 + 1, 4 + 1, 4 + 2 and 4 + 2 + 1), else 4, 2, 1. A row's
 // results do not depend on the group it falls in (every sum runs in the
 // same order).
-using DecodeRowGroups =
-    std::conditional_t<kAccRegs >= 16, RowGroups<8, 7, 6, 5, 4, 3, 2, 1>, RowGroups<4, 2, 1>>;
+using DecodeRowGroups = std::conditional_t<kAccRegs >= 16, EveryRowGroup, RowGroups<4, 2, 1>>;
 
 // Sums each of kN vectors of D (kN a multiple of 8; 16 on AVX-512 rows).
 template <int kN, class D>

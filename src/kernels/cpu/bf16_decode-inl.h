@@ -712,8 +712,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ScoreRows(const std::uint16_t* q, std::si
 // 1-8 rows, so a GQA group of 3, 5, 6 or 7 converts each key once; bf16 K's
 // tiles (single, row pairs, row quads) are built for 1, 2, 4 and 8 rows.
 template <DType kT>
-using ScoreRowGroups = std::conditional_t<kT == DType::kBF16, RowGroups<8, 4, 2, 1>,
-                                          RowGroups<8, 7, 6, 5, 4, 3, 2, 1>>;
+using ScoreRowGroups = std::conditional_t<kT == DType::kBF16, RowGroups<8, 4, 2, 1>, EveryRowGroup>;
 
 // Scores of `rows` (at most 8) bf16 query rows (stride dq elements) against
 // the kKB keys `k` (rows of `dim` kT elements) into s ([rows][kKB]), times
@@ -861,11 +860,10 @@ PAGEDATTN_BF16DEC_ATTR void AccumulateBlock(const float* s, const void* const* v
   const LutOf<kT> lut = LoadLut<kT, Fp8PairOrder::kValues>();
   const std::size_t n = kDim > 0 ? std::size_t(kDim) : dim;
   const std::int32_t pairs = (count + 1) / 2;  // a lone last key pairs with a zero row
-  RowGroups<8, 7, 6, 5, 4, 3, 2, 1>::VisitAll(
-      0, rows, [&](auto group, std::int32_t r) PAGEDATTN_BF16DEC_ATTR {
-        AccumulateRows<kT, group()>(s + std::size_t(r) * kKB, v, r == 0 ? prefetch : nullptr, pairs,
-                                    n, o + std::size_t(r) * o_stride, o_stride, lut);
-      });
+  EveryRowGroup::VisitAll(0, rows, [&](auto group, std::int32_t r) PAGEDATTN_BF16DEC_ATTR {
+    AccumulateRows<kT, group()>(s + std::size_t(r) * kKB, v, r == 0 ? prefetch : nullptr, pairs, n,
+                                o + std::size_t(r) * o_stride, o_stride, lut);
+  });
 }
 
 }  // namespace bf16dec

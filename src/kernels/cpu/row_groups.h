@@ -48,4 +48,8 @@ struct RowGroups {
   }
 };
 
+// Every group size from 8 rows down: the decode tiles that take a KV head's
+// whole GQA group (3, 5, 6 and 7 too) as one tile.
+using EveryRowGroup = RowGroups<8, 7, 6, 5, 4, 3, 2, 1>;
+
 }  // namespace pagedattn::kernels
