@@ -474,9 +474,7 @@ constexpr int kTileAccs = kAccRegs;
 // Qwen2.5) leave some accumulators unused rather than split the group and
 // read the keys twice.
 constexpr int TileKeys(int rows) {
-  int keys = 1;
-  while (2 * keys * rows <= kTileAccs) keys *= 2;
-  return keys;
+  return PowerOfTwoTileWidth(rows, kTileAccs);
 }
 
 // Row groups of the decode tiles, largest first: every group size up to 8

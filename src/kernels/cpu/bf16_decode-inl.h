@@ -31,7 +31,6 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -493,7 +492,7 @@ HWY_INLINE PAGEDATTN_BF16DEC_ATTR void ReducePairs(const __m512* a, __m512i orde
 // hold, in a power of two that divides kKB's keys (3 rows: 4 pairs, 12
 // accumulators; 5-7 rows: 2 pairs).
 template <int kRows>
-constexpr int kKeyPairsFor = static_cast<int>(std::bit_floor(unsigned(16 / kRows)));
+constexpr int kKeyPairsFor = PowerOfTwoTileWidth(kRows, 16);
 
 // Scores kRows rows x 2 kPairs keys from key jj (row r, keys jj + 2p, jj +
 // 2p + 1 in accumulator r kPairs + p; the rest of the 16 stay zero, so that

@@ -14,6 +14,7 @@
 
 #include <hwy/base.h>
 
+#include <bit>
 #include <cstdint>
 #include <type_traits>
 
@@ -47,6 +48,14 @@ struct RowGroups {
     while (row < row_end) row += VisitFirst(row, row_end, visit);
   }
 };
+
+// The width of a register tile of `rows` rows in `accumulators`
+// accumulators: the most columns (keys) that fit, a power of two so that
+// tiles cover a block of a power of two. Rows that do not divide the
+// accumulators leave some of them unused rather than split the group.
+constexpr int PowerOfTwoTileWidth(int rows, int accumulators) {
+  return static_cast<int>(std::bit_floor(static_cast<unsigned>(accumulators / rows)));
+}
 
 // Every group size from 8 rows down: the decode tiles that take a KV head's
 // whole GQA group (3, 5, 6 and 7 too) as one tile.
