@@ -28,20 +28,35 @@ using DF = hn::CappedTag<float, 16>;
 using VF = hn::Vec<DF>;
 using D4 = hn::CappedTag<float, 4>;
 
-constexpr std::int32_t kTileColumns = 4;
-// Rows per tile: R * 4 accumulators + R rows of x + one weight vector fit
-// in 16 registers (x86 before AVX-512) for R = 3, in 32 for R = 4.
+// A tile's shape: kRows rows of x by kColumns weight rows (a multiple of
+// 4: StoreSums sums four columns at a time).
+template <std::int32_t kRowsOf, std::int32_t kColumnsOf>
+struct TileShape {
+  static constexpr std::int32_t kRows = kRowsOf;
+  static constexpr std::int32_t kColumns = kColumnsOf;
+};
+// f32: R x C accumulators + R rows of x + one weight vector fit in the
+// vector registers: 16 on x86 before AVX-512 (3 x 4), 32 on AVX-512, where
+// 3 x 8 reads each x vector (from L2: a pass's rows do not fit in L1) for
+// 8 multiply-adds instead of 4 x 4's 4.
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
-constexpr std::int32_t kTileRows = 3;
+using F32Tile = TileShape<3, 4>;
+#elif HWY_ARCH_X86
+using F32Tile = TileShape<3, 8>;
 #else
-constexpr std::int32_t kTileRows = 4;
+using F32Tile = TileShape<4, 4>;
 #endif
+// A tile of more than 4 columns passes over its weight rows once per row
+// tile, so they have to stay in L1: it takes spans of inputs whose rows fit
+// in this many bytes (SmolLM2's 576 inputs in one, its 1,536 in two).
+constexpr std::size_t kSpanBytes = std::size_t{24} << 10;
+constexpr std::int32_t kSumColumns = 4;
 
 // out[c] (+)= the lane sum of the c-th of a, b, c, d for c < cols: the
 // same tree for each sum whatever its place.
 #if HWY_TARGET == HWY_SCALAR
 HWY_INLINE void StoreSums(VF a, VF b, VF c, VF d, std::int32_t cols, float* out, bool accumulate) {
-  const float sums[kTileColumns] = {hn::GetLane(a), hn::GetLane(b), hn::GetLane(c), hn::GetLane(d)};
+  const float sums[kSumColumns] = {hn::GetLane(a), hn::GetLane(b), hn::GetLane(c), hn::GetLane(d)};
   for (std::int32_t i = 0; i < cols; ++i) out[i] = accumulate ? out[i] + sums[i] : sums[i];
 }
 #else
@@ -68,66 +83,131 @@ HWY_INLINE void StoreSums(VF a, VF b, VF c, VF d, std::int32_t cols, float* out,
   const VF abcd = hn::Add(hn::BitCast(df, hn::InterleaveLower(d64, ab64, cd64)),
                           hn::BitCast(df, hn::InterleaveUpper(d64, ab64, cd64)));
   auto sums = FoldBlocks(df, abcd);
-  if (cols == kTileColumns) {
+  if (cols == kSumColumns) {
     if (accumulate) sums = hn::Add(hn::LoadU(d4, out), sums);
     return hn::StoreU(sums, d4, out);
   }
-  alignas(16) float lanes[kTileColumns];
+  alignas(16) float lanes[kSumColumns];
   hn::Store(sums, d4, lanes);
   for (std::int32_t i = 0; i < cols; ++i) out[i] = accumulate ? out[i] + lanes[i] : lanes[i];
 }
 #endif
 
-// y[r][c] (+)= x[r] . w[c] for R rows of x and `cols` (1-4) weight rows;
-// w[c] for c >= cols repeat a valid row and are not stored.
-template <std::int32_t R>
-HWY_INLINE void Tile(const float* x, std::int32_t in, const float* const* w, std::int32_t cols,
+// Keeps v (a raw vector) in a register: without this GCC folds the weight
+// vector's load into each of the tile's R multiply-adds, and a 3 x 8 tile
+// then issues 27 loads for 24 multiply-adds, more than the load ports take.
+template <class Raw>
+HWY_INLINE void KeepInRegister(Raw& v) {
+#if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && (defined(__GNUC__) || defined(__clang__))
+  asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
+// y[r][0..cols) (+)= the lane sums of acc[r][0..cols), four at a time.
+template <std::int32_t R, std::int32_t C, class V>
+HWY_INLINE void StoreTile(const V (&acc)[R][C], std::int32_t cols, float* y, std::int32_t ldy,
+                          bool accumulate) {
+  for (std::int32_t r = 0; r < R; ++r)
+    for (std::int32_t c = 0; c < cols; c += kSumColumns)
+      StoreSums(VF{acc[r][c]}, VF{acc[r][c + 1]}, VF{acc[r][c + 2]}, VF{acc[r][c + 3]},
+                std::min(kSumColumns, cols - c), y + std::size_t(r) * ldy + c, accumulate);
+}
+
+// The inputs [begin, end) of one pass of a tile. Where a group's rows do
+// not fit in L1 whole, each row tile passes over them in spans, its
+// accumulators kept between spans in `partial` (from its first row on, C
+// vectors a row): every lane's chain still runs over the inputs in order,
+// so a split changes no bits.
+struct Span {
+  std::size_t begin = 0, end = 0;
+  std::size_t in = 0;        // the whole row: the last span ends here
+  float* partial = nullptr;  // unused when one span is the whole row
+};
+constexpr std::size_t kPartialLanes = hn::MaxLanes(DF());
+
+// acc = v, for the f32 tiles' vectors and the bf16 tiles' raw ones.
+HWY_INLINE void SetAccumulator(VF& acc, VF v) {
+  acc = v;
+}
+template <class Raw>
+HWY_INLINE void SetAccumulator(Raw& acc, VF v) {
+  acc = v.raw;
+}
+
+// acc[r][c] = 0 at the row's start, else what the previous span left.
+template <std::int32_t R, std::int32_t C, class V>
+HWY_INLINE void ResumeTile(const Span& s, V (&acc)[R][C]) {
+  const DF df;
+  for (std::int32_t r = 0; r < R; ++r)
+    for (std::int32_t c = 0; c < C; ++c) {
+      const float* kept = s.partial + (std::size_t(r) * C + c) * kPartialLanes;
+      SetAccumulator(acc[r][c], s.begin == 0 ? hn::Zero(df) : hn::LoadU(df, kept));
+    }
+}
+
+// The row's sums stored (its last span), else acc kept for the next span.
+template <std::int32_t R, std::int32_t C, class V>
+HWY_INLINE void EndSpan(const Span& s, const V (&acc)[R][C], std::int32_t cols, float* y,
+                        std::int32_t ldy, bool accumulate) {
+  if (s.end == s.in) return StoreTile(acc, cols, y, ldy, accumulate);
+  const DF df;
+  for (std::int32_t r = 0; r < R; ++r)
+    for (std::int32_t c = 0; c < C; ++c)
+      hn::StoreU(VF{acc[r][c]}, df, s.partial + (std::size_t(r) * C + c) * kPartialLanes);
+}
+
+// y[r][c] (+)= x[r] . w[c] for R rows of x and `cols` (1-C) weight rows,
+// over the span's inputs; w[c] for c >= cols repeat a valid row and are not
+// stored.
+template <std::int32_t R, std::int32_t C>
+HWY_INLINE void Tile(const float* x, const float* const* w, const Span& s, std::int32_t cols,
                      float* y, std::int32_t ldy, bool accumulate) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
-  VF acc[R][kTileColumns];
-  for (std::int32_t r = 0; r < R; ++r)
-    for (std::int32_t c = 0; c < kTileColumns; ++c) acc[r][c] = hn::Zero(df);
-  for (std::size_t i = 0; i < std::size_t(in); i += n) {
+  VF acc[R][C];
+  ResumeTile(s, acc);
+  for (std::size_t i = s.begin; i < s.end; i += n) {
     VF xv[R];
-    for (std::int32_t r = 0; r < R; ++r) xv[r] = hn::LoadU(df, x + std::size_t(r) * in + i);
-    for (std::int32_t c = 0; c < kTileColumns; ++c) {
-      const VF wv = hn::LoadU(df, w[c] + i);
+    for (std::int32_t r = 0; r < R; ++r) xv[r] = hn::LoadU(df, x + std::size_t(r) * s.in + i);
+    for (std::int32_t c = 0; c < C; ++c) {
+      VF wv = hn::LoadU(df, w[c] + i);
+      if constexpr (C > kSumColumns) KeepInRegister(wv.raw);
       for (std::int32_t r = 0; r < R; ++r) acc[r][c] = hn::MulAdd(wv, xv[r], acc[r][c]);
     }
   }
-  for (std::int32_t r = 0; r < R; ++r)
-    StoreSums(acc[r][0], acc[r][1], acc[r][2], acc[r][3], cols, y + std::size_t(r) * ldy,
-              accumulate);
+  EndSpan(s, acc, cols, y, ldy, accumulate);
 }
 
 // run(rows, r) for the tiles of R = rows::value rows starting at r that
-// cover `count` rows: kTileRows at a time, then the rest in one tile.
-template <class Run>
+// cover `count` rows: kRows at a time, then the rest in one tile.
+template <std::int32_t kRows, class Run>
 HWY_INLINE void ForRowTiles(std::int32_t count, const Run& run) {
+  static_assert(kRows >= 2 && kRows <= 4);
   std::int32_t r = 0;
-  for (; r + kTileRows <= count; r += kTileRows)
-    run(std::integral_constant<std::int32_t, kTileRows>(), r);
+  for (; r + kRows <= count; r += kRows) run(std::integral_constant<std::int32_t, kRows>(), r);
   switch (count - r) {
     case 1:
       return run(std::integral_constant<std::int32_t, 1>(), r);
     case 2:
-      return run(std::integral_constant<std::int32_t, 2>(), r);
+      if constexpr (kRows > 2) return run(std::integral_constant<std::int32_t, 2>(), r);
+      break;
     case 3:
-      if constexpr (kTileRows > 3) return run(std::integral_constant<std::int32_t, 3>(), r);
+      if constexpr (kRows > 3) return run(std::integral_constant<std::int32_t, 3>(), r);
       break;
     default:
       break;
   }
 }
 
-// The weight rows of tile c0 of a group of `count` as pointers (rows past
-// the group's end repeat its last row) and how many are real.
-template <typename T>
+// The weight rows of tile c0 of a group of `count` as kColumns pointers
+// (rows past the group's end repeat its last row) and how many are real.
+template <std::int32_t kColumns, typename T>
 HWY_INLINE std::int32_t TileColumns(const T* group, std::size_t stride, std::int32_t count,
                                     std::int32_t c0, const T** w) {
-  const std::int32_t cols = std::min(kTileColumns, count - c0);
-  for (std::int32_t c = 0; c < kTileColumns; ++c)
+  const std::int32_t cols = std::min(kColumns, count - c0);
+  for (std::int32_t c = 0; c < kColumns; ++c)
     w[c] = group + std::size_t(c0 + std::min(c, cols - 1)) * stride;
   return cols;
 }
@@ -154,17 +234,37 @@ HWY_INLINE const float* GroupRows(const DotTilesArgs& a, std::int32_t o, std::in
   return buffer;
 }
 
+// The inputs a tile of Shape on T covers in one span (Span): all of them
+// for 4 columns, which the tiles of 4 x rows pass over in turn; else as
+// many as fit in kSpanBytes, a multiple of 32 (a vector of bf16).
+template <class Shape, typename T>
+std::size_t SpanLength(std::size_t in) {
+  if constexpr (Shape::kColumns <= kSumColumns) return in;
+  const std::size_t fit = kSpanBytes / (Shape::kColumns * sizeof(T)) / 32 * 32;
+  return std::min(in, std::max<std::size_t>(32, fit));
+}
+
+// Floats of `partial` a pass of `rows` needs (none when one span covers a
+// row).
+template <class Shape, typename T>
+std::size_t PartialFloats(std::size_t in, std::int32_t rows) {
+  if (SpanLength<Shape, T>(in) == in) return 0;
+  return std::size_t(rows) * Shape::kColumns * kPartialLanes;
+}
+
 // The loops both element types share: rows in passes of `pass_rows`
 // (pass(first, rows) returns the pass's x rows of T), weight rows in groups
 // of kDotTileGroup (group(o, count) returns them as T rows of a.in, and the
 // next group is prefetched meanwhile), each group in tiles of
-// kTileColumns weight rows by up to kTileRows x rows:
-// tile(R, x, w, cols, y) for the R rows at x and the tile's y.
-template <typename T, class Pass, class Group, class RunTile>
+// Shape::kColumns weight rows by up to Shape::kRows x rows, span by span:
+// tile(R, x, w, span, cols, y) for the R rows at x and the tile's y.
+// `partial`: PartialFloats(a.in, pass_rows) floats.
+template <class Shape, typename T, class Pass, class Group, class RunTile>
 HWY_INLINE void ForEachTile(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
-                            std::int32_t pass_rows, const Pass& pass, const Group& group,
-                            const RunTile& tile) {
-  const std::size_t in = std::size_t(a.in);
+                            std::int32_t pass_rows, float* partial, const Pass& pass,
+                            const Group& group, const RunTile& tile) {
+  static_assert(kDotTileGroup % Shape::kColumns == 0 && Shape::kColumns % kSumColumns == 0);
+  const std::size_t in = std::size_t(a.in), span = SpanLength<Shape, T>(in);
   for (std::int32_t first = 0; first < a.rows; first += pass_rows) {
     const std::int32_t rows = std::min(pass_rows, a.rows - first);
     const T* x = pass(first, rows);
@@ -173,27 +273,35 @@ HWY_INLINE void ForEachTile(const DotTilesArgs& a, std::int32_t out_begin, std::
       const std::int32_t count = std::min(kDotTileGroup, out_end - o);
       const T* rows_of_group = group(o, count);
       PrefetchGroup(a, o + count, out_end);
-      for (std::int32_t c0 = 0; c0 < count; c0 += kTileColumns) {
-        const T* w[kTileColumns];
-        const std::int32_t cols = TileColumns(rows_of_group, in, count, c0, w);
-        ForRowTiles(rows, [&](auto tile_rows, std::int32_t r) {
-          tile(tile_rows, x + std::size_t(r) * in, w, cols, y + std::size_t(r) * a.ldy + o + c0);
-        });
+      for (std::int32_t c0 = 0; c0 < count; c0 += Shape::kColumns) {
+        const T* w[Shape::kColumns];
+        const std::int32_t cols = TileColumns<Shape::kColumns>(rows_of_group, in, count, c0, w);
+        for (std::size_t begin = 0; begin < in; begin += span) {
+          ForRowTiles<Shape::kRows>(rows, [&](auto tile_rows, std::int32_t r) {
+            const Span s{begin, std::min(in, begin + span), in,
+                         partial + std::size_t(r) * Shape::kColumns * kPartialLanes};
+            tile(tile_rows, x + std::size_t(r) * in, w, s, cols,
+                 y + std::size_t(r) * a.ldy + o + c0);
+          });
+        }
       }
     }
   }
 }
 
+// scratch: the dequantised group, then the partial sums.
 void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                  core::CacheLineVector<float>& scratch) {
-  if (a.format != WeightFormat::kF32) scratch.resize(std::size_t(kDotTileGroup) * a.in);
+  const std::size_t group_floats = std::size_t(kDotTileGroup) * std::size_t(a.in);
+  scratch.resize(group_floats + PartialFloats<F32Tile, float>(a.in, kDotTileRows));
   float* group = scratch.data();
-  ForEachTile<float>(
-      a, out_begin, out_end, kDotTileRows,
+  ForEachTile<F32Tile, float>(
+      a, out_begin, out_end, kDotTileRows, group + group_floats,
       [&](std::int32_t first, std::int32_t) { return a.x + std::size_t(first) * a.in; },
       [&](std::int32_t o, std::int32_t count) { return GroupRows(a, o, count, group); },
-      [&](auto rows, const float* x, const float* const* w, std::int32_t cols, float* y) {
-        Tile<decltype(rows)::value>(x, a.in, w, cols, y, a.ldy, a.accumulate);
+      [&](auto rows, const float* x, const float* const* w, const Span& s, std::int32_t cols,
+          float* y) {
+        Tile<decltype(rows)::value, F32Tile::kColumns>(x, w, s, cols, y, a.ldy, a.accumulate);
       });
 }
 
@@ -209,6 +317,8 @@ void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out
 // a 32-stream run (two such chunks, then 128 decode steps) 1.2x as long
 // (docs/benchmarks.md, "Batched products").
 constexpr std::int32_t kBf16Pass = 2 * kDotTileRows;
+// 4 x 4: 3 x 8 tiles (as f32) measured the same on bf16 (Zen 5 VM).
+using Bf16Tile = TileShape<4, 4>;
 
 // dst[i] = src[i] as bf16, rounded to nearest even; n: a multiple of 32.
 PAGEDATTN_BF16_ATTR void ToBf16(const float* src, std::size_t n, std::uint16_t* dst) {
@@ -262,37 +372,39 @@ void GroupToBf16(const DotTilesArgs& a, std::int32_t o, std::int32_t count, floa
 }
 
 // As Tile on bf16 rows: one vdpbf16ps per 32 inputs of a (row, column) pair.
-template <std::int32_t R>
-PAGEDATTN_BF16_ATTR void TileBf16(const std::uint16_t* x, std::int32_t in,
-                                  const std::uint16_t* const* w, std::int32_t cols, float* y,
-                                  std::int32_t ldy, bool accumulate) {
-  __m512 acc[R][kTileColumns];
-  for (std::int32_t r = 0; r < R; ++r)
-    for (std::int32_t c = 0; c < kTileColumns; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (std::size_t i = 0; i < std::size_t(in); i += 32) {
+template <std::int32_t R, std::int32_t C>
+PAGEDATTN_BF16_ATTR void TileBf16(const std::uint16_t* x, const std::uint16_t* const* w,
+                                  const Span& s, std::int32_t cols, float* y, std::int32_t ldy,
+                                  bool accumulate) {
+  __m512 acc[R][C];
+  ResumeTile(s, acc);
+  for (std::size_t i = s.begin; i < s.end; i += 32) {
     __m512bh xv[R];
     for (std::int32_t r = 0; r < R; ++r)
-      xv[r] = (__m512bh)_mm512_loadu_si512(x + std::size_t(r) * in + i);
-    for (std::int32_t c = 0; c < kTileColumns; ++c) {
-      const auto wv = (__m512bh)_mm512_loadu_si512(w[c] + i);
+      xv[r] = (__m512bh)_mm512_loadu_si512(x + std::size_t(r) * s.in + i);
+    for (std::int32_t c = 0; c < C; ++c) {
+      auto wv = (__m512bh)_mm512_loadu_si512(w[c] + i);
+      if constexpr (C > kSumColumns) KeepInRegister(wv);
       for (std::int32_t r = 0; r < R; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv, xv[r]);
     }
   }
-  for (std::int32_t r = 0; r < R; ++r)
-    StoreSums(VF{acc[r][0]}, VF{acc[r][1]}, VF{acc[r][2]}, VF{acc[r][3]}, cols,
-              y + std::size_t(r) * ldy, accumulate);
+  EndSpan(s, acc, cols, y, ldy, accumulate);
 }
 
-// scratch: the f32 group, then (as bf16) the group and kBf16Pass rows of x.
+// scratch: the f32 group, then (as bf16) the group and kBf16Pass rows of x,
+// then the partial sums.
 void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                   core::CacheLineVector<float>& scratch) {
   const std::size_t in = std::size_t(a.in), group_floats = std::size_t(kDotTileGroup) * in;
-  scratch.resize(group_floats + group_floats / 2 + std::size_t(kBf16Pass) * in / 2);
-  float* group = scratch.data();  // in: a multiple of 32, so all three start on a line
+  const std::size_t x_floats = std::size_t(kBf16Pass) * in / 2;
+  scratch.resize(group_floats + group_floats / 2 + x_floats +
+                 PartialFloats<Bf16Tile, std::uint16_t>(in, kBf16Pass));
+  float* group = scratch.data();  // in: a multiple of 32, so all four start on a line
   auto* group16 = reinterpret_cast<std::uint16_t*>(group + group_floats);
   std::uint16_t* x16 = group16 + group_floats;
-  ForEachTile<std::uint16_t>(
-      a, out_begin, out_end, kBf16Pass,
+  float* partial = group + group_floats + group_floats / 2 + x_floats;
+  ForEachTile<Bf16Tile, std::uint16_t>(
+      a, out_begin, out_end, kBf16Pass, partial,
       [&](std::int32_t first, std::int32_t rows) {
         ToBf16(a.x + std::size_t(first) * in, std::size_t(rows) * in, x16);
         return static_cast<const std::uint16_t*>(x16);
@@ -301,8 +413,10 @@ void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t ou
         GroupToBf16(a, o, count, group, group16);
         return static_cast<const std::uint16_t*>(group16);
       },
-      [&](auto rows, const std::uint16_t* x, const std::uint16_t* const* w, std::int32_t cols,
-          float* y) { TileBf16<decltype(rows)::value>(x, a.in, w, cols, y, a.ldy, a.accumulate); });
+      [&](auto rows, const std::uint16_t* x, const std::uint16_t* const* w, const Span& s,
+          std::int32_t cols, float* y) {
+        TileBf16<decltype(rows)::value, Bf16Tile::kColumns>(x, w, s, cols, y, a.ldy, a.accumulate);
+      });
 }
 #endif
 

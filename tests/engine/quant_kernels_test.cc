@@ -542,8 +542,8 @@ TEST(QuantKernels, LinearWithKQuantsMatchesADoubleReferenceAndHonoursLdy) {
 // `in` multiply-adds, a lane tree of at most 4 levels and the accumulation,
 // so |y - exact| <= (in + 6) u (sum |w x| + |y0|) to first order; the test
 // allows (in + 8) u over the row terms' magnitudes (>= |w|). Row counts cover every tile height and
-// its leftovers and two passes, column ranges start and end inside the 4-column tiles and 8-column
-// groups.
+// its leftovers and two passes, column ranges start and end inside the 4- and 8-column tiles and
+// 8-column groups, and the K-quants' rows of more than 768 inputs go in spans.
 TEST(DotTiles, RandomShapesMatchADoubleReferenceOnEveryTarget) {
   std::mt19937 rng(31);
   std::uniform_int_distribution<int> super_blocks(1, 6), outs(1, 45), rows_of(1, 13);
@@ -570,35 +570,37 @@ TEST(DotTiles, RandomShapesMatchADoubleReferenceOnEveryTarget) {
 
 // A row's result is the same bits whatever rows are around it, how many,
 // and where the column range starts (a column's place in its tile and
-// group moves with the range's start).
+// group moves with the range's start). 1,280 inputs: the AVX-512 tiles of 8
+// columns take them in two spans (768 + 512), 512 in one.
 TEST(DotTiles, RowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) {
   std::mt19937 rng(32);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   TargetReset reset;
   core::CacheLineVector<float> scratch;
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
-    for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ5_0, WeightFormat::kQ4_K}) {
-      hwy::SetSupportedTargetsForTest(target);
-      SCOPED_TRACE(hwy::TargetName(target));
-      const std::int32_t in = 512, out = 37, rows = 23;
-      const auto w = random_blocks(f, out, in, rng, 0.05f);
-      std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out);
-      for (auto& v : x) v = value(rng);
-      dot_tiles({x.data(), rows, in, w.data(), f, all.data(), out, false}, 0, out, scratch);
-      for (const auto& [first, count] : {std::pair{0, 1}, {5, 1}, {3, 7}, {1, 22}})
-        for (const auto& [begin, end] : {std::pair{0, out}, {5, 6}, {3, 30}, {36, 37}}) {
-          std::vector<float> part(std::size_t(count) * out, -7.0f);
-          dot_tiles(
-              {x.data() + std::size_t(first) * in, count, in, w.data(), f, part.data(), out, false},
-              begin, end, scratch);
-          for (std::int32_t r = 0; r < count; ++r)
-            ASSERT_EQ(0, std::memcmp(part.data() + std::size_t(r) * out + begin,
-                                     all.data() + std::size_t(first + r) * out + begin,
-                                     std::size_t(end - begin) * sizeof(float)))
-                << weight_format_name(f) << " row " << first + r << " of a batch of " << count
-                << " columns [" << begin << ", " << end << ")";
-        }
-    }
+    for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ5_0, WeightFormat::kQ4_K})
+      for (const std::int32_t in : {512, 1280}) {
+        hwy::SetSupportedTargetsForTest(target);
+        SCOPED_TRACE(hwy::TargetName(target));
+        const std::int32_t out = 37, rows = 23;
+        const auto w = random_blocks(f, out, in, rng, 0.05f);
+        std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out);
+        for (auto& v : x) v = value(rng);
+        dot_tiles({x.data(), rows, in, w.data(), f, all.data(), out, false}, 0, out, scratch);
+        for (const auto& [first, count] : {std::pair{0, 1}, {5, 1}, {3, 7}, {1, 22}})
+          for (const auto& [begin, end] : {std::pair{0, out}, {5, 6}, {3, 30}, {36, 37}}) {
+            std::vector<float> part(std::size_t(count) * out, -7.0f);
+            dot_tiles({x.data() + std::size_t(first) * in, count, in, w.data(), f, part.data(), out,
+                       false},
+                      begin, end, scratch);
+            for (std::int32_t r = 0; r < count; ++r)
+              ASSERT_EQ(0, std::memcmp(part.data() + std::size_t(r) * out + begin,
+                                       all.data() + std::size_t(first + r) * out + begin,
+                                       std::size_t(end - begin) * sizeof(float)))
+                  << weight_format_name(f) << " in " << in << " row " << first + r
+                  << " of a batch of " << count << " columns [" << begin << ", " << end << ")";
+          }
+      }
 }
 
 // The bf16 path (where this CPU has AVX512-BF16) against a double product
