@@ -133,12 +133,13 @@ void KShapes(benchmark::internal::Benchmark* b) {
   AddShapes(b, 1);
 }
 
-// Batches of more than kQuantDirectRows rows, one thread, us per product.
-// Args: out, in, rows, path: 0 linear() on f32 x (dot_tiles up to
-// kDotTileRows rows, then dequantise + BLAS), 1 the in-place kernels on int8
-// x (kInt8DirectRows keeps them to 8 rows in linear()), 2 linear() with
-// bf16_batches (dot_tiles on bf16 where the CPU has AVX512-BF16; skipped
-// elsewhere).
+// Batches, one thread, us per product. Args: out, in, rows, path: 0
+// linear() on f32 x (dot_tiles up to kDotTileRows rows, then dequantise +
+// BLAS), 1 the in-place kernels on int8 x (kInt8DirectRows keeps them to 8
+// rows in linear()), 2 linear() with bf16_batches (dot_tiles on bf16 where
+// the CPU has AVX512-BF16; skipped elsewhere); 3 the in-place kernels and 4
+// dot_tiles, both on f32 x, for the few rows where linear() chooses between
+// them (quant_batch_in_place).
 void BM_Batch(benchmark::State& state, WeightFormat f) {
   const auto out = static_cast<std::int32_t>(state.range(0));
   const auto in = static_cast<std::int32_t>(state.range(1));
@@ -153,10 +154,17 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
   for (auto& v : x) v = value(rng);
   pagedattn::engine::use_single_threaded_blas();
   pagedattn::engine::LinearScratch scratch;
+  pagedattn::core::CacheLineVector<float> tiles;
   pagedattn::engine::LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), false, false, f};
   args.bf16_batches = path == 2;
   for (auto _ : state) {
-    if (path == 1)
+    if (path == 3)
+      pagedattn::engine::quant_product(
+          {x.data(), rows, in, w.data(), f, y.data(), out, false, false}, 0, out);
+    else if (path == 4)
+      pagedattn::engine::dot_tiles({x.data(), rows, in, w.data(), f, y.data(), out, false}, 0, out,
+                                   tiles);
+    else if (path == 1)
       pagedattn::engine::quant_product(
           {x.data(), rows, in, w.data(), f, y.data(), out, false, true}, 0, out);
     else
@@ -169,22 +177,32 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
                                                   benchmark::Counter::kInvert);
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * out * in * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
-  static const char* const kPaths[] = {" linear f32 x", " in place int8 x", " linear bf16"};
+  static const char* const kPaths[] = {" linear f32 x", " in place int8 x", " linear bf16",
+                                       " in place f32 x", " dot_tiles f32 x"};
   state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + kPaths[path]);
 }
 
-void BatchShapes(benchmark::internal::Benchmark* b) {
+// SmolLM2's down projection (576 x 1536) and, for the 32-weight formats
+// (the K-quants need whole 256-weight rows), its gate and up (1536 x 576).
+void AddBatchShapes(benchmark::internal::Benchmark* b, bool k_quant) {
   b->ArgNames({"out", "in", "rows", "path"});
+  const auto add = [&](std::int64_t rows, std::int64_t path) {
+    b->Args({576, 1536, rows, path});
+    if (!k_quant) b->Args({1536, 576, rows, path});
+  };
+  for (const std::int64_t rows : {2, 3, 4, 5, 6, 8})
+    for (const std::int64_t path : {3, 4}) add(rows, path);
   for (const std::int64_t rows : {16, 32, 64, 128})
-    for (const std::int64_t path : {0, 1, 2}) {
-      b->Args({576, 1536, rows, path});  // SmolLM2's down projection
-      b->Args({1536, 576, rows, path});  // its gate and up projections
-    }
-  for (const std::int64_t path : {0, 2}) {  // a prefill chunk; the in-place kernels never take one
-    b->Args({576, 1536, 2048, path});
-    b->Args({1536, 576, 2048, path});
-  }
+    for (const std::int64_t path : {0, 1, 2}) add(rows, path);
+  // A prefill chunk; the in-place kernels never take one.
+  for (const std::int64_t path : {0, 2}) add(2048, path);
   b->Unit(benchmark::kMicrosecond);
+}
+void BatchShapes(benchmark::internal::Benchmark* b) {
+  AddBatchShapes(b, false);
+}
+void KBatchShapes(benchmark::internal::Benchmark* b) {
+  AddBatchShapes(b, true);
 }
 
 BENCHMARK_CAPTURE(BM_QuantProduct, f32, WeightFormat::kF32)->Apply(Shapes);
@@ -198,7 +216,9 @@ BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q5_0, WeightFormat::kQ5_0)->Apply(BatchShapes);
-BENCHMARK_CAPTURE(BM_Batch, q6_k, WeightFormat::kQ6_K)->Apply(BatchShapes);
+BENCHMARK_CAPTURE(BM_Batch, q4_1, WeightFormat::kQ4_1)->Apply(BatchShapes);
+BENCHMARK_CAPTURE(BM_Batch, q4_k, WeightFormat::kQ4_K)->Apply(KBatchShapes);
+BENCHMARK_CAPTURE(BM_Batch, q6_k, WeightFormat::kQ6_K)->Apply(KBatchShapes);
 
 }  // namespace
 

@@ -286,14 +286,14 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
           " is neither 0 (y's rows are out = ", a.out, " long) nor >= out");
   if (a.rows == 0) return;
   const bool bf16 = !a.deterministic && (a.bf16_batches || default_bf16_batches()) &&
-                    a.in % kQuantBlock == 0 && dot_tiles_bf16_available();
+                    a.rows >= kBf16MinRows && a.in % kQuantBlock == 0 && dot_tiles_bf16_available();
   if (a.w_format != WeightFormat::kF32) {
     const Activations chosen =
         a.activations == Activations::kDefault ? default_activations() : a.activations;
     const bool int8 = !a.deterministic && chosen == Activations::kInt8;
     if (int8 && a.rows <= kInt8DirectRows)
       linear_quant_direct(a, true);
-    else if (a.deterministic || a.rows <= kQuantDirectRows)
+    else if (a.deterministic || quant_batch_in_place(a.rows))
       linear_quant_direct(a, false);
     else if (bf16 || a.rows <= kDotTileRows)
       linear_tiled(a, scratch, bf16);

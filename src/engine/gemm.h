@@ -46,24 +46,32 @@ struct LinearArgs {
   // Quantised weights, not deterministic: how x enters the product.
   // kDefault follows int8_activations_default().
   Activations activations = Activations::kDefault;
-  // Not deterministic, batches of more than kQuantDirectRows rows (and of
-  // more than kF32DirectRows for f32 weights; not those kInt8 takes), `in`
-  // a multiple of 32: x and the (dequantised) weights rounded to bf16 on
-  // AVX512-BF16 dot products (dot_tiles, any batch size) where
-  // dot_tiles_bf16_available(), else f32. Also on when the innermost
+  // Not deterministic, batches of at least kBf16MinRows rows (not those
+  // kInt8 takes), `in` a multiple of 32: x and the (dequantised) weights
+  // rounded to bf16 on AVX512-BF16 dot products (dot_tiles, any larger
+  // batch size) where dot_tiles_bf16_available(), else f32. Also on when the innermost
   // ScopedActivations asks for it.
   bool bf16_batches = false;
 };
 
-// Quantised weights: batches of at most this many rows (and every batch in
-// deterministic mode) run the in-place kernels of quant_kernels.h, whose
-// rows are independent. Larger batches of at most kDotTileRows
-// (dot_tiles.h) rows run dot_tiles, which dequantises a few columns at a
-// time into L1 and reads x in place, where BLAS would pack x again for
-// every column block; larger ones dequantise column blocks of
-// blas_block_columns(in) to f32 and go through BLAS (the weights are then
-// read once per block, not per row).
-inline constexpr std::int32_t kQuantDirectRows = 8;
+// Quantised weights: the batches (and every batch in deterministic mode)
+// that run the in-place kernels of quant_kernels.h, whose rows are
+// independent: 1, 2 or kQuantDirectRows rows. Those kernels decode each
+// weight vector once per tile of 4 rows and once more for each row left
+// over, so other batches run dot_tiles (dot_tiles.h), which dequantises a
+// few columns at a time into L1 once per kDotTileRows rows and reads x in
+// place, where BLAS would pack x again for every column block (measured:
+// docs/benchmarks.md, "Batched products"); batches of more than
+// kDotTileRows dequantise column blocks of blas_block_columns(in) to f32
+// and go through BLAS (the weights are then read once per block, not per
+// row).
+inline constexpr std::int32_t kQuantDirectRows = 4;
+constexpr bool quant_batch_in_place(std::int32_t rows) {
+  return rows <= 2 || rows == kQuantDirectRows;
+}
+// bf16_batches takes batches of at least this many rows: smaller ones are
+// bound by reading the weights more than by arithmetic.
+inline constexpr std::int32_t kBf16MinRows = 9;
 // F32 weights outside deterministic mode: batches of at most this many rows
 // (and rows of a multiple of 32 weights) run the in-place kernels too, which
 // read each weight once where BLAS would first copy it into its packed

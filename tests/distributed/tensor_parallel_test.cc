@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/dot_tiles.h"
 #include "engine/gemm.h"
 #include "engine/llama_weights.h"
 #include "pagedattn/distributed/tensor_parallel.h"
@@ -285,12 +286,13 @@ std::vector<std::uint32_t> bits(const std::vector<float>& v) {
 
 // The LM head split by vocabulary rows and all-gathered against the whole
 // head's product on one rank (what the single-process model runs): equal
-// bit for bit in deterministic mode (fixed tiles), on the in-place
-// quantised kernels (rows <= kQuantDirectRows: rows are independent) and
+// bit for bit in deterministic mode (fixed tiles), on quantised weights up
+// to kDotTileRows rows (the in-place kernels and dot_tiles: a column's
+// result does not depend on the range a call covers) and
 // with one thread (the same 128-column BLAS calls); otherwise the threads
 // split the columns at other places than the slices do, and BLAS may round
 // a logit differently: equal up to f32 summation order. Formats: f32 and
-// Q8_0 / Q4_K (dequantised blocks through BLAS above 8 rows); vocabularies
+// Q8_0 / Q4_K (dequantised blocks through BLAS above kDotTileRows rows); vocabularies
 // that leave some ranks a short or an empty slice; tied (rows read from the
 // whole embedding) and untied (the rank keeps its slice only).
 TEST(TensorParallel, VocabParallelLmHeadEqualsTheSingleProcessProductBitForBit) {
@@ -333,8 +335,8 @@ TEST(TensorParallel, VocabParallelLmHeadEqualsTheSingleProcessProductBitForBit) 
                                      ", vocab " + std::to_string(vocab) +
                                      (tied ? ", tied, " : ", untied, ") + std::to_string(rows) +
                                      " rows" + (deterministic ? ", deterministic" : "");
-            const bool in_place = format != WeightFormat::kF32 && rows <= engine::kQuantDirectRows;
-            if (deterministic || in_place || omp_get_max_threads() == 1) {
+            const bool range_free = format != WeightFormat::kF32 && rows <= engine::kDotTileRows;
+            if (deterministic || range_free || omp_get_max_threads() == 1) {
               EXPECT_EQ(bits(got), bits(expected)) << what;
             } else {
               for (std::size_t i = 0; i < got.size(); ++i)

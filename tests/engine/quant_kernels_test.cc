@@ -660,10 +660,12 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
     }
 }
 
-// linear() sends batches of more than kQuantDirectRows rows to dot_tiles:
-// quantised weights on f32 up to kDotTileRows rows, and any weights on
-// bf16 at any size when asked (bf16_batches or the scope); deterministic
-// mode never takes bf16.
+// linear() sends the batches the in-place kernels do not take (quantised:
+// not quant_batch_in_place, so 3 rows and more than 4; f32: more than
+// kF32DirectRows) to dot_tiles: quantised weights on f32 up to kDotTileRows
+// rows, and any weights on bf16 from kBf16MinRows rows when asked
+// (bf16_batches or the scope); deterministic mode never takes bf16. The
+// in-place batches give quant_product's bits, bf16 asked or not.
 TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
   std::mt19937 rng(34);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
@@ -671,17 +673,26 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
   core::CacheLineVector<float> scratch;
   LinearScratch ls;
   for (const WeightFormat f : {WeightFormat::kQ4_K, WeightFormat::kF32})
-    for (const std::int32_t rows : {9, 64, 100})
+    for (const std::int32_t rows : {1, 2, 3, 4, 5, 8, 9, 64, 100})
       for (const bool bf16 : {false, true}) {
-        SCOPED_TRACE(weight_format_name(f));
+        SCOPED_TRACE(std::string(weight_format_name(f)) + ", " + std::to_string(rows) + " rows");
         const auto w = random_blocks(f, out, in, rng, 0.05f);
         std::vector<float> x(std::size_t(rows) * in), tiles(std::size_t(rows) * out),
             y(std::size_t(rows) * out), scoped(std::size_t(rows) * out);
         for (auto& v : x) v = value(rng);
-        const bool tiled =
-            bf16 ? dot_tiles_bf16_available() : f != WeightFormat::kF32 && rows <= kDotTileRows;
+        const bool quantised = f != WeightFormat::kF32;
+        const bool in_place = quantised ? quant_batch_in_place(rows) : rows <= kF32DirectRows;
+        if (in_place && quantised) {  // bf16 or not: the in-place kernels' bits
+          LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), false, false, f};
+          args.bf16_batches = bf16;
+          linear(args, ls);
+          quant_product({x.data(), rows, in, w.data(), f, tiles.data(), out, false}, 0, out);
+          EXPECT_EQ(0, std::memcmp(y.data(), tiles.data(), y.size() * sizeof(float)));
+        }
+        const bool on_bf16 = bf16 && rows >= kBf16MinRows && dot_tiles_bf16_available();
+        const bool tiled = !in_place && (on_bf16 || (quantised && rows <= kDotTileRows));
         if (!tiled) continue;
-        dot_tiles({x.data(), rows, in, w.data(), f, tiles.data(), out, false, bf16}, 0, out,
+        dot_tiles({x.data(), rows, in, w.data(), f, tiles.data(), out, false, on_bf16}, 0, out,
                   scratch);
         LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), false, false, f};
         args.bf16_batches = bf16;
@@ -696,7 +707,7 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
         }
         EXPECT_EQ(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)))
             << rows << " rows, bf16 " << bf16 << " from the scope";
-        if (bf16) {  // deterministic mode keeps f32 (its own blocks)
+        if (on_bf16) {  // deterministic mode keeps f32 (its own blocks)
           args.deterministic = true;
           linear(args, ls);
           EXPECT_NE(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)));
@@ -1053,13 +1064,13 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
       } else {
         EXPECT_EQ(run(Activations::kDefault, false), run(Activations::kF32, false));
       }
-      if (rows <= kQuantDirectRows) {
+      if (quant_batch_in_place(rows)) {
         EXPECT_EQ(run(Activations::kF32, false), exact);
       }
       EXPECT_EQ(run(Activations::kDefault, true), exact);
       EXPECT_EQ(run(Activations::kInt8, true), exact);
       set_int8_activations_default(false);
-      if (rows <= kQuantDirectRows) {
+      if (quant_batch_in_place(rows)) {
         EXPECT_EQ(run(Activations::kDefault, false), exact);
       }
       // A scope (a forward pass's ForwardBatch::int8_activations) overrides
@@ -1075,7 +1086,7 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
         {
           const ScopedActivations inner(Activations::kF32);
           EXPECT_EQ(default_activations(), Activations::kF32);
-          if (rows <= kQuantDirectRows) {
+          if (quant_batch_in_place(rows)) {
             EXPECT_EQ(run(Activations::kDefault, false), exact);
           }
         }
