@@ -57,7 +57,7 @@ struct LinearArgs {
 // Quantised weights: the batches (and every batch in deterministic mode)
 // that run the in-place kernels of quant_kernels.h, whose rows are
 // independent: 1, 2 or kQuantDirectRows rows. Those kernels decode each
-// weight vector once per tile of 4 rows and once more for each row left
+// weight vector once per tile of 4 rows and again for the pair or row left
 // over, so other batches run dot_tiles (dot_tiles.h), which dequantises a
 // few columns at a time into L1 once per kDotTileRows rows and reads x in
 // place, where BLAS would pack x again for every column block (measured:

@@ -29,6 +29,22 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::CappedTag<float, 16>;
 constexpr std::int32_t kRowTile = 4;
 
+// f(R, row) for rows [0, count) in tiles of R = kRowTile rows, then a pair,
+// then one: each weight vector is decoded once per tile, so rows left over
+// from the tiles of 4 go in pairs rather than one by one. A row's sums do
+// not depend on its tile (each (row, weight row) pair has its own chain).
+template <class Visit>
+HWY_INLINE void ForRowTiles(std::int32_t count, const Visit& f) {
+  std::int32_t row = 0;
+  for (; row + kRowTile <= count; row += kRowTile)
+    f(std::integral_constant<std::int32_t, kRowTile>(), row);
+  if (row + 2 <= count) {
+    f(std::integral_constant<std::int32_t, 2>(), row);
+    row += 2;
+  }
+  if (row < count) f(std::integral_constant<std::int32_t, 1>(), row);
+}
+
 HWY_INLINE float HalfAt(const std::uint8_t* p) {
   std::uint16_t bits;
   std::memcpy(&bits, p, sizeof bits);
@@ -806,17 +822,13 @@ void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
     if constexpr (kSums) SumsOf32(x, a.in, xsums);
   };
   const auto columns = [&](const QuantProductArgs& g, const float* xp, const float* xsums) {
-    for (std::int32_t o = out_begin; o < out_end; ++o) {
-      std::int32_t row = 0;
-      if constexpr (F == WeightFormat::kQ6_K) {
-        for (; row + kRowTile <= g.rows; row += kRowTile) WideRowsQ6K<kRowTile>(g, xp, row, o);
-        for (; row < g.rows; ++row) WideRowsQ6K<1>(g, xp, row, o);
-      } else {
-        for (; row + kRowTile <= g.rows; row += kRowTile)
-          WideRowsK45<F, kRowTile>(g, xp, xsums, row, o);
-        for (; row < g.rows; ++row) WideRowsK45<F, 1>(g, xp, xsums, row, o);
-      }
-    }
+    for (std::int32_t o = out_begin; o < out_end; ++o)
+      ForRowTiles(g.rows, [&](auto rows, std::int32_t row) {
+        if constexpr (F == WeightFormat::kQ6_K)
+          WideRowsQ6K<rows()>(g, xp, row, o);
+        else
+          WideRowsK45<F, rows()>(g, xp, xsums, row, o);
+      });
   };
   ForRowGroups(a, kSums ? std::size_t(a.in / 32) : 0, prepare, columns);
 }
@@ -1031,20 +1043,20 @@ template <WeightFormat F>
 void WideRange32(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
   const auto prepare = [&](const float* x, float* xp, float* xsq) { PermuteX32(x, a.in, xp, xsq); };
   const auto columns = [&](const QuantProductArgs& g, const float* xp, const float* xsq) {
-    const std::int32_t full = g.rows - g.rows % kRowTile;
     std::int32_t o = out_begin;
-    for (; o + 2 <= out_end; o += 2) {  // pairs of weight rows: two chains for a lone row
-      for (std::int32_t row = 0; row < full; row += kRowTile) {
-        WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o);
-        WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o + 1);
-      }
-      for (std::int32_t row = full; row < g.rows; ++row) WideRows32<F, 1, 2>(g, xp, xsq, row, o);
-    }
-    for (; o < out_end; ++o) {
-      for (std::int32_t row = 0; row < full; row += kRowTile)
-        WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o);
-      for (std::int32_t row = full; row < g.rows; ++row) WideRows32<F, 1, 1>(g, xp, xsq, row, o);
-    }
+    for (; o + 2 <= out_end; o += 2)  // pairs of weight rows: more chains for fewer x rows
+      ForRowTiles(g.rows, [&](auto rows, std::int32_t row) {
+        if constexpr (rows() == kRowTile) {
+          WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o);
+          WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o + 1);
+        } else {
+          WideRows32<F, rows(), 2>(g, xp, xsq, row, o);
+        }
+      });
+    for (; o < out_end; ++o)
+      ForRowTiles(g.rows, [&](auto rows, std::int32_t row) {
+        WideRows32<F, rows(), 1>(g, xp, xsq, row, o);
+      });
   };
   ForRowGroups(a, std::size_t(a.in / 8), prepare, columns);
 }
@@ -1394,23 +1406,18 @@ void ProductRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32
     WideRangeK<F>(a, out_begin, out_end);
 #else
   if constexpr (F == WeightFormat::kQ6_K) {
-    for (std::int32_t o = out_begin; o < out_end; ++o) {
-      std::int32_t row = 0;
-      for (; row + kRowTile <= a.rows; row += kRowTile) DotRowsQ6K<kRowTile>(a, row, o);
-      for (; row < a.rows; ++row) DotRowsQ6K<1>(a, row, o);
-    }
+    for (std::int32_t o = out_begin; o < out_end; ++o)
+      ForRowTiles(a.rows, [&](auto rows, std::int32_t row) { DotRowsQ6K<rows()>(a, row, o); });
   } else {
     thread_local std::vector<float> xsums;
     const std::size_t per_row = std::size_t(a.in / 32);
     if (xsums.size() < std::size_t(a.rows) * per_row) xsums.resize(std::size_t(a.rows) * per_row);
     for (std::int32_t r = 0; r < a.rows; ++r)
       SumsOf32(a.x + std::size_t(r) * a.in, a.in, xsums.data() + std::size_t(r) * per_row);
-    for (std::int32_t o = out_begin; o < out_end; ++o) {
-      std::int32_t row = 0;
-      for (; row + kRowTile <= a.rows; row += kRowTile)
-        DotRowsK45<F, kRowTile>(a, xsums.data(), row, o);
-      for (; row < a.rows; ++row) DotRowsK45<F, 1>(a, xsums.data(), row, o);
-    }
+    for (std::int32_t o = out_begin; o < out_end; ++o)
+      ForRowTiles(a.rows, [&](auto rows, std::int32_t row) {
+        DotRowsK45<F, rows()>(a, xsums.data(), row, o);
+      });
   }
 #endif
 }
