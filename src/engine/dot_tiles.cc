@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/row_groups.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
@@ -28,23 +29,26 @@ using DF = hn::CappedTag<float, 16>;
 using VF = hn::Vec<DF>;
 using D4 = hn::CappedTag<float, 4>;
 
-// A tile's shape: kRows rows of x by kColumns weight rows (a multiple of
-// 4: StoreSums sums four columns at a time).
-template <std::int32_t kRowsOf, std::int32_t kColumnsOf>
+// A tile's shape: the row tiles (kernels::RowGroups: its largest size of x
+// rows at a time, then one tile for the rest) by kColumns weight rows (a
+// multiple of 4: StoreSums sums four columns at a time).
+template <class RowTiles, std::int32_t kColumnsOf>
 struct TileShape {
-  static constexpr std::int32_t kRows = kRowsOf;
+  using Rows = RowTiles;
   static constexpr std::int32_t kColumns = kColumnsOf;
 };
+using ThreeRows = kernels::RowGroups<3, 2, 1>;
+using FourRows = kernels::RowGroups<4, 3, 2, 1>;
 // f32: R x C accumulators + R rows of x + one weight vector fit in the
 // vector registers: 16 on x86 before AVX-512 (3 x 4), 32 on AVX-512, where
 // 3 x 8 reads each x vector (from L2: a pass's rows do not fit in L1) for
 // 8 multiply-adds instead of 4 x 4's 4.
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
-using F32Tile = TileShape<3, 4>;
+using F32Tile = TileShape<ThreeRows, 4>;
 #elif HWY_ARCH_X86
-using F32Tile = TileShape<3, 8>;
+using F32Tile = TileShape<ThreeRows, 8>;
 #else
-using F32Tile = TileShape<4, 4>;
+using F32Tile = TileShape<FourRows, 4>;
 #endif
 // A tile of more than 4 columns passes over its weight rows once per row
 // tile, so they have to stay in L1: it takes spans of inputs whose rows fit
@@ -180,27 +184,6 @@ HWY_INLINE void Tile(const float* x, const float* const* w, const Span& s, std::
   EndSpan(s, acc, cols, y, ldy, accumulate);
 }
 
-// run(rows, r) for the tiles of R = rows::value rows starting at r that
-// cover `count` rows: kRows at a time, then the rest in one tile.
-template <std::int32_t kRows, class Run>
-HWY_INLINE void ForRowTiles(std::int32_t count, const Run& run) {
-  static_assert(kRows >= 2 && kRows <= 4);
-  std::int32_t r = 0;
-  for (; r + kRows <= count; r += kRows) run(std::integral_constant<std::int32_t, kRows>(), r);
-  switch (count - r) {
-    case 1:
-      return run(std::integral_constant<std::int32_t, 1>(), r);
-    case 2:
-      if constexpr (kRows > 2) return run(std::integral_constant<std::int32_t, 2>(), r);
-      break;
-    case 3:
-      if constexpr (kRows > 3) return run(std::integral_constant<std::int32_t, 3>(), r);
-      break;
-    default:
-      break;
-  }
-}
-
 // The weight rows of tile c0 of a group of `count` as kColumns pointers
 // (rows past the group's end repeat its last row) and how many are real.
 template <std::int32_t kColumns, typename T>
@@ -256,7 +239,7 @@ std::size_t PartialFloats(std::size_t in, std::int32_t rows) {
 // (pass(first, rows) returns the pass's x rows of T), weight rows in groups
 // of kDotTileGroup (group(o, count) returns them as T rows of a.in, and the
 // next group is prefetched meanwhile), each group in tiles of
-// Shape::kColumns weight rows by up to Shape::kRows x rows, span by span:
+// Shape::kColumns weight rows by Shape::Rows' tiles of x rows, span by span:
 // tile(R, x, w, span, cols, y) for the R rows at x and the tile's y.
 // `partial`: PartialFloats(a.in, pass_rows) floats.
 template <class Shape, typename T, class Pass, class Group, class RunTile>
@@ -277,7 +260,7 @@ HWY_INLINE void ForEachTile(const DotTilesArgs& a, std::int32_t out_begin, std::
         const T* w[Shape::kColumns];
         const std::int32_t cols = TileColumns<Shape::kColumns>(rows_of_group, in, count, c0, w);
         for (std::size_t begin = 0; begin < in; begin += span) {
-          ForRowTiles<Shape::kRows>(rows, [&](auto tile_rows, std::int32_t r) {
+          Shape::Rows::VisitAll(0, rows, [&](auto tile_rows, std::int32_t r) {
             const Span s{begin, std::min(in, begin + span), in,
                          partial + std::size_t(r) * Shape::kColumns * kPartialLanes};
             tile(tile_rows, x + std::size_t(r) * in, w, s, cols,
@@ -289,10 +272,12 @@ HWY_INLINE void ForEachTile(const DotTilesArgs& a, std::int32_t out_begin, std::
   }
 }
 
-// scratch: the dequantised group, then the partial sums.
+// scratch: the dequantised group (f32 weights are read in place), then the
+// partial sums.
 void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                  core::CacheLineVector<float>& scratch) {
-  const std::size_t group_floats = std::size_t(kDotTileGroup) * std::size_t(a.in);
+  const std::size_t group_floats =
+      a.format == WeightFormat::kF32 ? 0 : std::size_t(kDotTileGroup) * std::size_t(a.in);
   scratch.resize(group_floats + PartialFloats<F32Tile, float>(a.in, kDotTileRows));
   float* group = scratch.data();
   ForEachTile<F32Tile, float>(
@@ -318,7 +303,7 @@ void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out
 // (docs/benchmarks.md, "Batched products").
 constexpr std::int32_t kBf16Pass = 2 * kDotTileRows;
 // 4 x 4: 3 x 8 tiles (as f32) measured the same on bf16 (Zen 5 VM).
-using Bf16Tile = TileShape<4, 4>;
+using Bf16Tile = TileShape<FourRows, 4>;
 
 // dst[i] = src[i] as bf16, rounded to nearest even; n: a multiple of 32.
 PAGEDATTN_BF16_ATTR void ToBf16(const float* src, std::size_t n, std::uint16_t* dst) {

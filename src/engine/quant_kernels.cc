@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cpu/prefetch.h"
+#include "kernels/cpu/row_groups.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
 
@@ -29,21 +30,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::CappedTag<float, 16>;
 constexpr std::int32_t kRowTile = 4;
 
-// f(R, row) for rows [0, count) in tiles of R = kRowTile rows, then a pair,
-// then one: each weight vector is decoded once per tile, so rows left over
-// from the tiles of 4 go in pairs rather than one by one. A row's sums do
-// not depend on its tile (each (row, weight row) pair has its own chain).
-template <class Visit>
-HWY_INLINE void ForRowTiles(std::int32_t count, const Visit& f) {
-  std::int32_t row = 0;
-  for (; row + kRowTile <= count; row += kRowTile)
-    f(std::integral_constant<std::int32_t, kRowTile>(), row);
-  if (row + 2 <= count) {
-    f(std::integral_constant<std::int32_t, 2>(), row);
-    row += 2;
-  }
-  if (row < count) f(std::integral_constant<std::int32_t, 1>(), row);
-}
+// The in-place kernels' row tiles: kRowTile rows, then a pair, then one.
+// Each weight vector is decoded once per tile, so rows left over from the
+// tiles of 4 go in pairs rather than one by one; a row's sums do not depend
+// on its tile (each (row, weight row) pair has its own chain).
+using InPlaceRowTiles = kernels::RowGroups<kRowTile, 2, 1>;
 
 HWY_INLINE float HalfAt(const std::uint8_t* p) {
   std::uint16_t bits;
@@ -823,7 +814,7 @@ void WideRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t 
   };
   const auto columns = [&](const QuantProductArgs& g, const float* xp, const float* xsums) {
     for (std::int32_t o = out_begin; o < out_end; ++o)
-      ForRowTiles(g.rows, [&](auto rows, std::int32_t row) {
+      InPlaceRowTiles::VisitAll(0, g.rows, [&](auto rows, std::int32_t row) {
         if constexpr (F == WeightFormat::kQ6_K)
           WideRowsQ6K<rows()>(g, xp, row, o);
         else
@@ -1045,7 +1036,7 @@ void WideRange32(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t
   const auto columns = [&](const QuantProductArgs& g, const float* xp, const float* xsq) {
     std::int32_t o = out_begin;
     for (; o + 2 <= out_end; o += 2)  // pairs of weight rows: more chains for fewer x rows
-      ForRowTiles(g.rows, [&](auto rows, std::int32_t row) {
+      InPlaceRowTiles::VisitAll(0, g.rows, [&](auto rows, std::int32_t row) {
         if constexpr (rows() == kRowTile) {
           WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o);
           WideRows32<F, kRowTile, 1>(g, xp, xsq, row, o + 1);
@@ -1054,7 +1045,7 @@ void WideRange32(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t
         }
       });
     for (; o < out_end; ++o)
-      ForRowTiles(g.rows, [&](auto rows, std::int32_t row) {
+      InPlaceRowTiles::VisitAll(0, g.rows, [&](auto rows, std::int32_t row) {
         WideRows32<F, rows(), 1>(g, xp, xsq, row, o);
       });
   };
@@ -1407,7 +1398,8 @@ void ProductRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32
 #else
   if constexpr (F == WeightFormat::kQ6_K) {
     for (std::int32_t o = out_begin; o < out_end; ++o)
-      ForRowTiles(a.rows, [&](auto rows, std::int32_t row) { DotRowsQ6K<rows()>(a, row, o); });
+      InPlaceRowTiles::VisitAll(
+          0, a.rows, [&](auto rows, std::int32_t row) { DotRowsQ6K<rows()>(a, row, o); });
   } else {
     thread_local std::vector<float> xsums;
     const std::size_t per_row = std::size_t(a.in / 32);
@@ -1415,7 +1407,7 @@ void ProductRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32
     for (std::int32_t r = 0; r < a.rows; ++r)
       SumsOf32(a.x + std::size_t(r) * a.in, a.in, xsums.data() + std::size_t(r) * per_row);
     for (std::int32_t o = out_begin; o < out_end; ++o)
-      ForRowTiles(a.rows, [&](auto rows, std::int32_t row) {
+      InPlaceRowTiles::VisitAll(0, a.rows, [&](auto rows, std::int32_t row) {
         DotRowsK45<F, rows()>(a, xsums.data(), row, o);
       });
   }

@@ -1,4 +1,4 @@
-// The row-group ladder of the tiled attention kernels.
+// The row-group ladder of the tiled kernels (attention; the engine's weight products).
 //
 // A kernel keeps a tile of query rows in registers and is instantiated per
 // row count; a block of rows is walked in groups of the sizes it was built
