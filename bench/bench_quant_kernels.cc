@@ -1,7 +1,8 @@
 // The in-place quantised-weight kernels (src/engine/quant_kernels.h) on one
 // thread: Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 and the K-quants Q4_K / Q5_K / Q6_K, next to
 // f32 weights through linear() (BLAS) on one thread, at the shapes of a decode step
-// (1 row) and of small batches (4, 8 rows).
+// (1 row) and of small batches (4, 8 rows). BM_LayerProducts alone runs on
+// the step's threads: a decode step's products, one region each or one for all.
 //
 //   ns/row: time per weight row (one output column), per call.
 //   bytes_per_second: weight bytes read per second.
@@ -29,6 +30,8 @@
 namespace {
 
 using pagedattn::engine::WeightFormat;
+
+int step_threads = 1;  // OMP_NUM_THREADS (all CPUs by default), for BM_LayerProducts
 
 constexpr std::size_t kColdBytes = std::size_t{256} << 20;
 
@@ -182,6 +185,69 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
   state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + kPaths[path]);
 }
 
+// A decode step's layer products on the step's threads (OMP_NUM_THREADS,
+// all CPUs by default): SmolLM2-135M's four products per layer (qkv 960 x
+// 576, o 576 x 576, gate_up 3072 x 576, down 576 x 1536) over 30 layers of
+// their own weights (66 MB of Q4_1, streamed as in a step). Args: rows,
+// regions: 0 one parallel region per product (linear(), as the model step
+// runs them), 1 one region for all 120 with a barrier after each product
+// (each thread the columns linear() would give it): what opening a region
+// per product costs against the barrier that any form needs.
+void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
+  const auto rows = static_cast<std::int32_t>(state.range(0));
+  const bool one_region = state.range(1) != 0;
+  struct Shape {
+    std::int32_t out, in;
+  };
+  constexpr Shape kShapes[] = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}};
+  constexpr int kLayers = 30;
+  std::vector<std::vector<std::uint8_t>> w;
+  std::int64_t bytes = 0;
+  for (int layer = 0; layer < kLayers; ++layer)
+    for (const Shape& s : kShapes) {
+      w.push_back(random_matrices(f, s.out, s.in, 1));
+      bytes += std::int64_t(w.back().size());
+    }
+  std::vector<float> x(std::size_t(rows) * 1536), y(std::size_t(rows) * 3072);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (auto& v : x) v = value(rng);
+  pagedattn::engine::LinearScratch scratch;
+  const auto product = [&](std::size_t m) -> pagedattn::engine::LinearArgs {
+    const Shape& s = kShapes[m % 4];
+    return {x.data(), rows, s.in, w[m].data(), s.out, y.data(), false, false, f};
+  };
+  omp_set_num_threads(step_threads);
+  for (auto _ : state) {
+    if (!one_region) {
+      for (std::size_t m = 0; m < w.size(); ++m) pagedattn::engine::linear(product(m), scratch);
+    } else {
+#pragma omp parallel
+      {
+        const int parts = omp_get_num_threads(), part = omp_get_thread_num();
+        for (std::size_t m = 0; m < w.size(); ++m) {
+          const pagedattn::engine::LinearArgs a = product(m);
+          const auto cols =
+              pagedattn::engine::part_range(a.out, parts, part, pagedattn::engine::kColumnGranule);
+          pagedattn::engine::quant_product({a.x, rows, a.in, a.w, f, a.y, a.out, false, false},
+                                           cols.begin, cols.end);
+#pragma omp barrier
+        }
+      }
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["threads"] = step_threads;
+  omp_set_num_threads(1);
+  state.SetBytesProcessed(std::int64_t(state.iterations()) * bytes);
+  state.counters["us/product"] =
+      benchmark::Counter(double(w.size()) * 1e-6, benchmark::Counter::kIsIterationInvariantRate |
+                                                      benchmark::Counter::kInvert);
+  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) +
+                 (one_region ? " one region" : " a region per product"));
+}
+
 // SmolLM2's down projection (576 x 1536) and, for the 32-weight formats
 // (the K-quants need whole 256-weight rows), its gate and up (1536 x 576).
 void AddBatchShapes(benchmark::internal::Benchmark* b, bool k_quant) {
@@ -214,6 +280,10 @@ BENCHMARK_CAPTURE(BM_QuantProduct, q5_1, WeightFormat::kQ5_1)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q4_k, WeightFormat::kQ4_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(KShapes);
+BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
+    ->ArgNames({"rows", "one_region"})
+    ->ArgsProduct({{1, 2, 4}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q5_0, WeightFormat::kQ5_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q4_1, WeightFormat::kQ4_1)->Apply(BatchShapes);
@@ -223,6 +293,7 @@ BENCHMARK_CAPTURE(BM_Batch, q6_k, WeightFormat::kQ6_K)->Apply(KBatchShapes);
 }  // namespace
 
 int main(int argc, char** argv) {
+  step_threads = omp_get_max_threads();
   omp_set_num_threads(1);  // f32 through linear(): one thread, like the quantised kernels
   benchmark::AddCustomContext("cpu", cpu_model());
   benchmark::Initialize(&argc, argv);
