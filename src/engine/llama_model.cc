@@ -11,7 +11,6 @@
 #include "core/cache_line_vector.h"
 #include "core/own_thread.h"
 #include "core/placement.h"
-#include "core/row_parallel.h"
 #include "counter_random.h"
 #include "gemm.h"
 #include "kernels/rope_table.h"
@@ -20,6 +19,7 @@
 #include "moe.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/llama.h"
+#include "rms_norm.h"
 #include "step_profile.h"
 
 namespace pagedattn {
@@ -331,16 +331,8 @@ void LlamaModel::validate_batch(const ForwardBatch& b, const PagedKVCache& cache
 
 void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight,
                           float* out, std::int32_t width) const {
-  const std::int32_t h = width > 0 ? width : c_.hidden_size;
-#pragma omp parallel for schedule(static) if (std::int64_t{tokens} * h >= \
-                                              core::kRowParallelElements)
-  for (std::int32_t t = 0; t < tokens; ++t) {
-    const float* row = x + std::size_t(t) * h;
-    float sum = 0.0f;
-    for (std::int32_t i = 0; i < h; ++i) sum += row[i] * row[i];
-    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(h) + c_.rms_norm_eps);
-    for (std::int32_t i = 0; i < h; ++i) out[std::size_t(t) * h + i] = row[i] * inv * weight[i];
-  }
+  engine::rms_norm_rows(x, tokens, width > 0 ? width : c_.hidden_size, weight.data(),
+                        c_.rms_norm_eps, out);
 }
 
 void LlamaModel::set_positions(const PagedKVCache& cache) {
@@ -376,8 +368,8 @@ void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens) {
   }
   LayerRope& kind = rope_[window(layer) > 0 ? 1 : 0];
   const RopeConfig& rope = kind.table.covering(kind.config, d, rope_positions());
-  apply_rope({qkv_.data(), DType::kF32, qkv_dim, d}, tokens, hq_, d, positions_.data(), rope);
-  apply_rope({qkv_.data() + q_dim, DType::kF32, qkv_dim, d}, tokens, hkv_, d, positions_.data(),
+  // The query heads and then the key heads, side by side in each row: one call.
+  apply_rope({qkv_.data(), DType::kF32, qkv_dim, d}, tokens, hq_ + hkv_, d, positions_.data(),
              rope);
 }
 

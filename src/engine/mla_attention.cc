@@ -7,21 +7,13 @@
 #include <numeric>
 #include <string>
 
+#include "engine/rms_norm.h"
 #include "kernels/cpu/convert.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_ops.h"
 
 namespace pagedattn::engine {
 namespace {
-
-// out[width] = row / rms(row) * weight.
-void rms_norm_row(const float* row, std::int32_t width, const std::vector<float>& weight, float eps,
-                  float* out) {
-  float sum = 0.0f;
-  for (std::int32_t i = 0; i < width; ++i) sum += row[i] * row[i];
-  const float inv = 1.0f / std::sqrt(sum / static_cast<float>(width) + eps);
-  for (std::int32_t i = 0; i < width; ++i) out[i] = row[i] * inv * weight[std::size_t(i)];
-}
 
 // y[rows][ldy] columns [0, w.out()) = x[rows][w.in()] w^T.
 void project_strided(const float* x, std::int32_t rows, const WeightMatrix& w, float* y,
@@ -79,8 +71,8 @@ void split_projections(const MlaShape& s, const MlaLayerWeights& w, std::int32_t
   if (s.q_lora_rank > 0) {
     m.q_a.resize(std::size_t(tokens) * std::size_t(s.q_lora_rank));
     for (std::int32_t t = 0; t < tokens; ++t)
-      rms_norm_row(m.input.data() + t * stride, s.q_lora_rank, w.q_a_norm, s.rms_norm_eps,
-                   m.q_a.data() + std::int64_t{t} * s.q_lora_rank);
+      rms_norm_rows(m.input.data() + t * stride, 1, s.q_lora_rank, w.q_a_norm.data(),
+                    s.rms_norm_eps, m.q_a.data() + std::int64_t{t} * s.q_lora_rank);
     project_strided(m.q_a.data(), tokens, w.q_b, m.q.data(), 0, deterministic, ls);
   } else {
     gather_columns(m.input.data(), tokens, stride, 0, s.query_width(), m.q.data());
@@ -89,7 +81,7 @@ void split_projections(const MlaShape& s, const MlaLayerWeights& w, std::int32_t
   for (std::int32_t t = 0; t < tokens; ++t) {
     const float* in = m.input.data() + t * stride + query_in;
     float* row = m.rows.data() + t * d;
-    rms_norm_row(in, s.kv_lora_rank, w.kv_a_norm, s.rms_norm_eps, row);
+    rms_norm_rows(in, 1, s.kv_lora_rank, w.kv_a_norm.data(), s.rms_norm_eps, row);
     std::copy_n(in + s.kv_lora_rank, s.rope, row + s.kv_lora_rank);
   }
 }

@@ -372,6 +372,47 @@ TEST(Rope, MatchesDoubleReferenceForStylesPartialDimsAndScaling) {
       }
 }
 
+// The model's call: a cos/sin table, and the query then the key heads of a
+// fused q|k|v row (token stride beyond the heads), pairs past one 64-pair
+// chunk, both styles, whole and partial rotary dims.
+TEST(Rope, TableOnStridedHeadsMatchesDoubleReference) {
+  const std::int32_t tokens = 3, heads = 5, dim = 192, stride = heads * dim + 2 * dim;
+  const std::vector<std::int32_t> pos = {0, 7, 99};
+  for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptJ})
+    for (std::int32_t rotary : {0, 160}) {
+      RopeConfig plain;
+      plain.style = style;
+      plain.rotary_dim = rotary;
+      const std::int32_t half = (rotary ? rotary : dim) / 2, rows = 100;
+      std::vector<float> cos_cache(std::size_t(rows) * half), sin_cache(cos_cache.size());
+      for (std::int32_t p = 0; p < rows; ++p)
+        for (std::int32_t i = 0; i < half; ++i)
+          rope_cos_sin(plain, 2 * half, p, i, cos_cache[std::size_t(p * half + i)],
+                       sin_cache[std::size_t(p * half + i)]);
+      RopeConfig cached = plain;
+      cached.cos_cache = cos_cache.data();
+      cached.sin_cache = sin_cache.data();
+      cached.cache_max_position = rows;
+      std::vector<float> x(std::size_t(tokens) * stride);
+      std::mt19937 rng(11);
+      pagedattn::test::NormalFloats normal;
+      for (float& e : x) e = normal(rng);
+      std::vector<float> heads_only(std::size_t(tokens) * heads * dim);
+      for (std::int32_t t = 0; t < tokens; ++t)
+        std::copy_n(x.begin() + t * stride, heads * dim, heads_only.begin() + t * heads * dim);
+      const std::vector<double> want = rope_reference(heads_only, tokens, heads, dim, pos, plain);
+      const std::vector<float> before = x;
+      apply_rope({x.data(), DType::kF32, stride, dim}, tokens, heads, dim, pos.data(), cached);
+      for (std::int32_t t = 0; t < tokens; ++t) {
+        for (std::int32_t i = 0; i < heads * dim; ++i)
+          ASSERT_NEAR(x[std::size_t(t * stride + i)], want[std::size_t(t * heads * dim + i)], 2e-6)
+              << "style " << int(style) << " rotary " << rotary << " token " << t << " at " << i;
+        for (std::int32_t i = heads * dim; i < stride; ++i)  // past the heads: untouched
+          ASSERT_EQ(x[std::size_t(t * stride + i)], before[std::size_t(t * stride + i)]);
+      }
+    }
+}
+
 TEST(Rope, Llama3ScalingHasThreeRegimes) {
   RopeConfig c;
   c.theta = 500000.0f;
