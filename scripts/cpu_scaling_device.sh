@@ -3,12 +3,13 @@
 # minutes (a GPU machine's 16 host cores, docs/benchmarks.md "Scaling over
 # threads"): thread scaling of bench-serve (with where each decode step's
 # time goes) and bench-attention, the `1b` preset's decode step against its
-# bounds, SmolLM2 at 16 threads under each wait and binding policy, and
-# pagedattn serve against llama-server on SmolLM2.
+# bounds, SmolLM2 at 16 threads under each wait and binding policy, a step's
+# products in a region each against one region, and pagedattn serve against
+# llama-server on SmolLM2.
 #
 #   scripts/cpu_scaling_device.sh --bundle [DIR]
-#       Here, after a Release build: copies build/release/tools/pagedattn and
-#       the shared libraries it loads (xz-compressed; the device image lacks
+#       Here, after a Release build: copies build/release/tools/pagedattn,
+#       build/release/bench/pagedattn_bench_quant and the shared libraries they load (xz-compressed; the device image lacks
 #       most), llama-server builds with their libraries (LLAMA_BINS, folders
 #       of llama-server and its lib*.so*, tried in order on the device until
 #       one serves: default build/peers/llama-bin-{spr,avx512,avx2}, see
@@ -34,9 +35,11 @@ if [ "${1:-}" = "--bundle" ]; then
   read -r -a llamas <<<"${LLAMA_BINS:-build/peers/llama-bin-spr build/peers/llama-bin-avx512 build/peers/llama-bin-avx2}"
   rm -rf "$bundle" && mkdir -p "$bundle"
   xz -T0 -6 -c build/release/tools/pagedattn >"$bundle/pagedattn.xz"
+  xz -T0 -6 -c build/release/bench/pagedattn_bench_quant >"$bundle/bench_quant.xz"
   # Everything but the C library, which the machine has (and must match its
   # kernel and loader).
-  ldd build/release/tools/pagedattn "${llamas[0]}/llama-server" | awk '/=> \// {print $3}' |
+  ldd build/release/tools/pagedattn build/release/bench/pagedattn_bench_quant \
+    "${llamas[0]}/llama-server" | awk '/=> \// {print $3}' |
     grep -v -E '/lib(c|m|dl|pthread|rt)\.so' | grep -v "${llamas[0]}" | sort -u |
     xargs tar -chf - --transform 's,.*/,lib/,' 2>/dev/null | xz -T0 -6 >"$bundle/lib.tar.xz"
   for dir in "${llamas[@]}"; do
@@ -69,6 +72,9 @@ export LD_LIBRARY_PATH="$work/bundle/lib"
 bin="$work/bundle/pagedattn"
 xz -dc "$bundle/pagedattn.xz" >"$bin"
 chmod +x "$bin"
+bench_quant="$work/bundle/pagedattn_bench_quant"
+xz -dc "$bundle/bench_quant.xz" >"$bench_quant"
+chmod +x "$bench_quant"
 model="$work/bundle/smollm2.gguf"
 
 say "# Many-core run, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
@@ -121,6 +127,18 @@ run_policies() {
     say "policy $policy: $(grep -E 'output tokens/s|decode steps|of which' "$results/policy-$policy.txt" | tr -s ' ' | tr '\n' ';')"
   done
 }
+# A decode step's 120 layer products (SmolLM2's shapes, Q4_1), a parallel
+# region per product against one region with a barrier after each
+# (BM_LayerProducts): whether fusing a layer's regions pays on this many cores.
+run_regions() {
+  local threads
+  for threads in 1 ${SCALING_THREADS//,/ }; do
+    OMP_NUM_THREADS=$threads timeout 40 "$bench_quant" --benchmark_filter=LayerProducts \
+      --benchmark_min_time=0.2 >"$results/regions-$threads.txt" 2>&1
+    say "regions, $threads threads: $(grep -o -E 'rows:[0-9]+/one_region:[01] +[0-9.]+ ms' \
+      "$results/regions-$threads.txt" | tr -s ' ' | tr '\n' ';')"
+  done
+}
 # The first llama-server build that starts and answers on this CPU.
 pick_llama() {
   local name archive dir port pid
@@ -169,6 +187,7 @@ step "scaling, SmolLM2 tiled (bench/scaling.sh)" run_scaling scaling-smollm2 75 
 step "scaling, small preset (bench/scaling.sh)" run_scaling scaling 60
 step "1b preset, 16 threads (bench-serve --probes)" run_1b
 step "SmolLM2, 16 threads: default, --pin-threads, OMP_WAIT_POLICY=passive" run_policies
+step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
 step "serve against llama-server, 16 threads, SmolLM2 tiled" run_llama
 
 if [ -f "$bundle/gpu-bundle.tar.xz" ]; then
