@@ -516,6 +516,7 @@ std::vector<RequestOutput> Engine::step() {
     const double model_before = im.seconds_in_model;
     im.threads.apply();
     im.run_forward(s);
+    im.threads.step_done();
     im.scheduler.observe_forward(s.num_tokens, im.seconds_in_model - model_before);
     im.scheduler.complete(s);
     im.apply_samples(s, outputs);

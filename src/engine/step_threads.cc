@@ -27,7 +27,8 @@ StepThreads::StepThreads(bool pin)
       adapt_(max_threads_ > 1 && !passive_wait()),
       threads_(max_threads_),
       pin_(pin),
-      last_(adapt_ ? core::sample_cpu(true) : core::CpuSample{}) {
+      last_(adapt_ ? core::sample_cpu(true) : core::CpuSample{}),
+      last_step_end_(steady_seconds()) {
   adapt_ = adapt_ && last_.valid;  // without /proc, every thread
 }
 
@@ -45,7 +46,11 @@ int StepThreads::apply() {
     core::pin_openmp_threads();  // on the stepping thread: its OpenMP threads
     pin_ = false;
   }
-  if (adapt_ && steady_seconds() - last_.wall_seconds >= interval_) {
+  const double now_seconds = steady_seconds();
+  if (adapt_ && now_seconds - last_step_end_ >= restarts_after_idle(interval_)) {
+    last_ = core::sample_cpu(true);  // a new measure from this step, with every thread
+    threads_ = max_threads_;
+  } else if (adapt_ && now_seconds - last_.wall_seconds >= interval_) {
     const core::CpuSample now = core::sample_cpu(true);
     threads_ = now.valid ? for_share(max_threads_, cpus_, core::other_cores_between(last_, now))
                          : max_threads_;
@@ -53,6 +58,10 @@ int StepThreads::apply() {
   }
   omp_set_num_threads(threads_);
   return threads_;
+}
+
+void StepThreads::step_done() {
+  last_step_end_ = steady_seconds();
 }
 
 }  // namespace pagedattn::engine

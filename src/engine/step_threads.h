@@ -21,8 +21,16 @@ class StepThreads {
   // Before a step: at most every interval_for(CPUs) seconds measures what
   // the other processes used of this process's CPUs since the last measure,
   // and sets the thread count for the calling thread's parallel regions
-  // (omp_set_num_threads). Returns it.
+  // (omp_set_num_threads). Returns it. After the engine sat idle for
+  // restarts_after_idle(interval) or longer, the measure restarts at this
+  // step, which gets every thread: what others did while the engine had
+  // nothing to do, or in an earlier burst of work (a client starting up,
+  // say), says little of the next one, and a count of one from it halved the
+  // first prefill of the next burst of requests. A neighbour still busy is
+  // found again one interval into the burst.
   int apply();
+  // After a step: when it ended, for apply()'s idle rule.
+  void step_done();
 
   // The count for `other_cores` cores' worth of others' use of `cpus` CPUs:
   // the cores they leave, rounded to nearest, in [1, max_threads].
@@ -32,6 +40,10 @@ class StepThreads {
   // measure can be a tick off per CPU: over cpus x 40 ms that is at most a
   // quarter of a core, which the rounding in for_share absorbs.
   static double interval_for(int cpus);
+  // The idle time after which a measure restarts: a quarter of the
+  // interval, the most of it that others' use while idle may fill without
+  // moving a 2-CPU count (others' half core is where it drops to one).
+  static double restarts_after_idle(double interval) { return 0.25 * interval; }
 
  private:
   int max_threads_;
@@ -41,6 +53,7 @@ class StepThreads {
   int threads_;
   bool pin_;
   core::CpuSample last_;
+  double last_step_end_;  // steady_seconds(); the engine's making counts as a step
 };
 
 }  // namespace pagedattn::engine

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 #include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -97,6 +100,40 @@ TEST(StepThreads, SetsTheCountForThisThreadsRegions) {
     EXPECT_GE(n, 1);
     EXPECT_LE(n, all);
     EXPECT_EQ(omp_get_max_threads(), n);
+  }
+  omp_set_num_threads(all);
+}
+
+// After the engine sat idle for restarts_after_idle(interval), the next step
+// gets every thread, whatever other processes did meanwhile (here a child
+// that spins through the idle time, which a measure over it would count as
+// a busy core); steps in a row keep a count in [1, all].
+TEST(StepThreads, AStepAfterIdleTakesEveryThread) {
+  const WaitPolicy runtime_default(nullptr);
+  const int all = omp_get_max_threads();
+  const double interval = StepThreads::interval_for(core::allowed_cpus());
+  EXPECT_DOUBLE_EQ(StepThreads::restarts_after_idle(0.1), 0.025);
+  StepThreads t;
+  for (int burst = 0; burst < 2; ++burst) {
+    t.apply();
+    t.step_done();
+    const auto idle = std::chrono::duration<double>(1.5 * interval);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {  // spins through the idle time, then leaves
+      const auto until = std::chrono::steady_clock::now() + idle;
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      _exit(0);
+    }
+    std::this_thread::sleep_for(idle);
+    waitpid(child, nullptr, 0);
+    EXPECT_EQ(t.apply(), all) << "burst " << burst;
+    t.step_done();
+    const int next = t.apply();  // no idle before it
+    EXPECT_GE(next, 1);
+    EXPECT_LE(next, all);
+    t.step_done();
   }
   omp_set_num_threads(all);
 }
