@@ -9,10 +9,11 @@
 #
 #   scripts/cpu_scaling_device.sh --bundle [DIR]
 #       Here, after a Release build: copies build/release/tools/pagedattn,
-#       build/release/bench/pagedattn_bench_quant and the shared libraries they load (xz-compressed; the device image lacks
-#       most), llama-server builds with their libraries (LLAMA_BINS, folders
-#       of llama-server and its lib*.so*, tried in order on the device until
-#       one serves: default build/peers/llama-bin-{spr,avx512,avx2}, see
+#       build/release/bench/pagedattn_bench_quant and the shared libraries
+#       they load (xz-compressed; the device image lacks most), llama-server
+#       builds with their libraries (LLAMA_BINS, folders of llama-server and
+#       its lib*.so*, tried in order on the device until one serves:
+#       default build/peers/llama-bin-{spr,avx512,avx2}, see
 #       bench/peers/README.md) and SmolLM2 packed by bench/peers/gguf_tile.py
 #       into DIR (default build/cpu-bundle), under the 64 MiB a call carries.
 #       SMOLLM2 names the GGUF file (default: the test model,

@@ -46,8 +46,9 @@ float SumOfSquares(const float* HWY_RESTRICT row, std::size_t width) {
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(even, odd)));
 }
 
-void NormRow(const float* HWY_RESTRICT row, std::size_t width, const float* HWY_RESTRICT weight,
-             float eps, float* out) {
+// row and out may be the same (not restrict).
+void NormRow(const float* row, std::size_t width, const float* HWY_RESTRICT weight, float eps,
+             float* out) {
   const float inv = 1.0f / std::sqrt(SumOfSquares(row, width) / static_cast<float>(width) + eps);
   const DF d;
   const std::size_t n = hn::Lanes(d);
