@@ -224,13 +224,17 @@ void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
     } else {
 #pragma omp parallel
       {
-        const int parts = omp_get_num_threads(), part = omp_get_thread_num();
+        const int threads = omp_get_num_threads(), part = omp_get_thread_num();
         for (std::size_t m = 0; m < w.size(); ++m) {
           const pagedattn::engine::LinearArgs a = product(m);
+          // linear()'s split of an in-place product (linear_quant_direct).
+          const std::int32_t parts =
+              pagedattn::engine::split_work(rows, a.out, threads, false).tasks();
           const auto cols =
               pagedattn::engine::part_range(a.out, parts, part, pagedattn::engine::kColumnGranule);
-          pagedattn::engine::quant_product({a.x, rows, a.in, a.w, f, a.y, a.out, false, false},
-                                           cols.begin, cols.end);
+          if (cols.begin < cols.end)
+            pagedattn::engine::quant_product({a.x, rows, a.in, a.w, f, a.y, a.out, false, false},
+                                             cols.begin, cols.end);
 #pragma omp barrier
         }
       }
