@@ -118,10 +118,20 @@ double rope_attention_factor(const RopeConfig& c) {
   return double(c.attention_factor) * yarn;
 }
 
+namespace {
+
+// Where position pos's row starts in a caller's cos/sin cache
+// ([max_position][R/2], RopeConfig::cos_cache).
+std::int64_t cache_row(std::int64_t pos, std::int32_t rotary_dim) {
+  return pos * (rotary_dim / 2);
+}
+
+}  // namespace
+
 void rope_cos_sin(const RopeConfig& c, std::int32_t rotary_dim, std::int64_t pos, std::int32_t t,
                   float& cos_out, float& sin_out) {
   if (c.cos_cache) {
-    const std::int64_t at = pos * (rotary_dim / 2) + t;
+    const std::int64_t at = cache_row(pos, rotary_dim) + t;
     cos_out = c.cos_cache[at];
     sin_out = c.sin_cache[at];
     return;
@@ -187,9 +197,9 @@ void apply_rope(HeadTensor x, std::int32_t num_tokens, std::int32_t num_heads,
       float cs_buffer[kChunk], sn_buffer[kChunk];
       const float* cs = cs_buffer;
       const float* sn = sn_buffer;
-      if (c.cos_cache) {  // the table's row of this position (rope_cos_sin's lookup)
-        cs = c.cos_cache + std::int64_t{pos} * half + i0;
-        sn = c.sin_cache + std::int64_t{pos} * half + i0;
+      if (c.cos_cache) {  // the cache's row of this position, in place
+        cs = c.cos_cache + cache_row(pos, r) + i0;
+        sn = c.sin_cache + cache_row(pos, r) + i0;
       } else {
         for (std::int32_t i = 0; i < n; ++i)
           rope_cos_sin(c, r, pos, i0 + i, cs_buffer[i], sn_buffer[i]);
