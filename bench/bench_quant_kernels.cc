@@ -191,8 +191,9 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
 // their own weights (66 MB of Q4_1, streamed as in a step). Args: rows,
 // regions: 0 one parallel region per product (linear(), as the model step
 // runs them), 1 one region for all 120 with a barrier after each product
-// (each thread the columns linear() would give it): what opening a region
-// per product costs against the barrier that any form needs.
+// (each thread the columns and the kernel linear() would give it: in place
+// up to a few rows, dot_tiles above): what opening a region per product
+// costs against the barrier that any form needs.
 void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
   const auto rows = static_cast<std::int32_t>(state.range(0));
   const bool one_region = state.range(1) != 0;
@@ -218,6 +219,7 @@ void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
     return {x.data(), rows, s.in, w[m].data(), s.out, y.data(), false, false, f};
   };
   omp_set_num_threads(step_threads);
+  scratch.weight_blocks.resize(std::size_t(step_threads));
   for (auto _ : state) {
     if (!one_region) {
       for (std::size_t m = 0; m < w.size(); ++m) pagedattn::engine::linear(product(m), scratch);
@@ -232,9 +234,14 @@ void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
               pagedattn::engine::split_work(rows, a.out, threads, false).tasks();
           const auto cols =
               pagedattn::engine::part_range(a.out, parts, part, pagedattn::engine::kColumnGranule);
-          if (cols.begin < cols.end)
+          if (cols.begin >= cols.end) {
+          } else if (pagedattn::engine::quant_batch_in_place(rows)) {
             pagedattn::engine::quant_product({a.x, rows, a.in, a.w, f, a.y, a.out, false, false},
                                              cols.begin, cols.end);
+          } else {  // linear_tiled's kernel
+            pagedattn::engine::dot_tiles({a.x, rows, a.in, a.w, f, a.y, a.out, false}, cols.begin,
+                                         cols.end, scratch.weight_blocks[std::size_t(part)]);
+          }
 #pragma omp barrier
         }
       }
@@ -286,7 +293,7 @@ BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
     ->ArgNames({"rows", "one_region"})
-    ->ArgsProduct({{1, 2, 4}, {0, 1}})
+    ->ArgsProduct({{1, 4, 16, 32}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q5_0, WeightFormat::kQ5_0)->Apply(BatchShapes);

@@ -26,7 +26,9 @@
 #       the thread counts and the comparison's concurrency levels. Where DIR
 #       holds the GPU bundle, the CUDA check (scripts/gpu_check.sh) runs last,
 #       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
-#       the start: one lease of a GPU machine serves both.
+#       the start: one lease of a GPU machine serves both. PARTS (default
+#       "scaling-smollm2 scaling-small 1b policies paths regions llama") runs
+#       only the parts it names.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -115,17 +117,31 @@ run_1b() {
   return $status
 }
 # SmolLM2 at 16 threads: the default (spin, then sleep; threads adapt to
-# others' use), --pin-threads, and passive waiting (every thread, asleep
-# between regions).
+# others' use), --pin-threads, passive waiting (every thread, asleep
+# between regions) and active waiting (every thread spinning between regions).
 run_policies() {
   local flags=(--model "$model" --workload alpaca-like --num-requests 64)
-  for policy in default pinned passive; do
+  for policy in default pinned passive active; do
     case $policy in
       default) OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" ;;
       pinned) OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" --pin-threads ;;
       passive) OMP_WAIT_POLICY=passive OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" ;;
+      active) OMP_WAIT_POLICY=active OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" ;;
     esac >"$results/policy-$policy.txt" 2>&1
     say "policy $policy: $(grep -E 'output tokens/s|decode steps|of which' "$results/policy-$policy.txt" | tr -s ' ' | tr '\n' ';')"
+  done
+}
+# SmolLM2 at 16 threads on each product path: the exact default, bf16
+# products for batches (--bf16-products), int8 activations for a few rows
+# (--int8-activations): which fast path pays on this CPU.
+run_paths() {
+  local flags=(--model "$model" --workload alpaca-like --num-requests 64) path
+  for path in exact --bf16-products --int8-activations; do
+    local extra=()
+    [ "$path" = exact ] || extra=("$path")
+    OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" "${extra[@]}" \
+      >"$results/path$path.txt" 2>&1
+    say "path $path: $(grep -E 'output tokens/s|decode steps|of which' "$results/path$path.txt" | tr -s ' ' | tr '\n' ';')"
   done
 }
 # A decode step's 120 layer products (SmolLM2's shapes, Q4_1), a parallel
@@ -133,7 +149,8 @@ run_policies() {
 # (BM_LayerProducts): whether fusing a layer's regions pays on this many cores.
 run_regions() {
   local threads
-  for threads in 1 ${SCALING_THREADS//,/ }; do
+  local list=${SCALING_THREADS:-2,4,8,16}
+  for threads in 1 ${list//,/ }; do
     OMP_NUM_THREADS=$threads timeout 40 "$bench_quant" --benchmark_filter=LayerProducts \
       --benchmark_min_time=0.2 >"$results/regions-$threads.txt" 2>&1
     say "regions, $threads threads: $(grep -o -E 'rows:[0-9]+/one_region:[01] +[0-9.]+ ms' \
@@ -183,13 +200,18 @@ run_llama() {
   cat "$results/llama.md" >>"$summary"
   return $status
 }
-step "scaling, SmolLM2 tiled (bench/scaling.sh)" run_scaling scaling-smollm2 75 \
-  --model "$model" --workload alpaca-like --num-requests 64
-step "scaling, small preset (bench/scaling.sh)" run_scaling scaling 60
-step "1b preset, 16 threads (bench-serve --probes)" run_1b
-step "SmolLM2, 16 threads: default, --pin-threads, OMP_WAIT_POLICY=passive" run_policies
-step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
-step "serve against llama-server, 16 threads, SmolLM2 tiled" run_llama
+# PARTS picks some parts by name (default: all, in this order).
+parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions llama} "
+part() { [[ $parts == *" $1 "* ]]; }
+part scaling-smollm2 && step "scaling, SmolLM2 tiled (bench/scaling.sh)" \
+  run_scaling scaling-smollm2 75 --model "$model" --workload alpaca-like --num-requests 64
+part scaling-small && step "scaling, small preset (bench/scaling.sh)" run_scaling scaling 60
+part 1b && step "1b preset, 16 threads (bench-serve --probes)" run_1b
+part policies && step "SmolLM2, 16 threads: default, --pin-threads, passive and active waiting" \
+  run_policies
+part paths && step "SmolLM2, 16 threads: exact, --bf16-products, --int8-activations" run_paths
+part regions && step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
+part llama && step "serve against llama-server, 16 threads, SmolLM2 tiled" run_llama
 
 if [ -f "$bundle/gpu-bundle.tar.xz" ]; then
   mkdir -p build && tar -xJf "$bundle/gpu-bundle.tar.xz" -C build

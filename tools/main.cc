@@ -4,15 +4,21 @@
 //   demo      a scripted tour of the paged KV-cache manager
 //   bench-attention  time the attention kernel on one shape (see --help)
 //   version   print the library version
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <string>
 
 #include "bench_attention_cli.h"
 #include "bench_serve.h"
 #include "cache_demo.h"
 #include "generate.h"
+#include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/version.h"
 #include "serve/serve_cli.h"
@@ -37,9 +43,25 @@ int usage(std::FILE* out) {
   return out == stdout ? 0 : 2;
 }
 
+// OpenBLAS picks its kernels by CPU model when the program loads, and a
+// build older than the CPU falls back to generic SSE3 ones, several times
+// slower on prefill. Start again with the kernels this CPU can run: the
+// variable is read at load time only.
+void reload_if_blas_fell_back(char** argv) {
+  const std::string core = pagedattn::blas_core_instead_of_fallback();
+  if (core.empty()) return;
+  setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  std::fprintf(stderr,
+               "pagedattn: OpenBLAS chose its generic kernels on this CPU and restarting with "
+               "OPENBLAS_CORETYPE=%s failed (%s): set it yourself for faster prefill\n",
+               core.c_str(), std::strerror(errno));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  reload_if_blas_fell_back(argv);
   const char* command = argc > 1 ? argv[1] : "bench-serve";
   std::shared_ptr<void> mpi;  // finalizes MPI after the command's objects are gone
   try {

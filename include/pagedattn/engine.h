@@ -335,4 +335,14 @@ class Engine {
   std::unique_ptr<Impl> impl_;
 };
 
+// The OPENBLAS_CORETYPE that OpenBLAS should load with on this CPU, where it
+// chose its generic x86-64 kernels ("Prescott": its build predates the CPU
+// model, as Debian 12's 0.3.21 on Emerald Rapids) although the CPU has
+// AVX-512 ("SkylakeX") or AVX2 with FMA ("Haswell"), and the user set no
+// OPENBLAS_CORETYPE; "" otherwise (also with another BLAS). Prefill's
+// products run on OpenBLAS, several times slower on the generic kernels.
+// OpenBLAS reads the variable only when it loads: a program acts on the
+// answer by starting again with it set (the `pagedattn` command does).
+std::string blas_core_instead_of_fallback();
+
 }  // namespace pagedattn

@@ -53,6 +53,29 @@ from ._core import (
 from . import ops
 from .engine import LLM, CompletionOutput, Engine, GenerationError, GenerationOutput, Logprob
 
+
+def _warn_if_blas_fell_back() -> None:
+    # OpenBLAS picks its kernels by CPU model when it loads, and a build older
+    # than the CPU falls back to generic SSE3 ones: prefill runs several times
+    # slower. It reads OPENBLAS_CORETYPE only then, so only a new process can
+    # take it (the `pagedattn` command restarts itself).
+    from ._core import _blas_core_instead_of_fallback
+
+    core = _blas_core_instead_of_fallback()
+    if core:
+        import warnings
+
+        warnings.warn(
+            "OpenBLAS chose its generic x86-64 kernels on this CPU (its build predates the "
+            f"CPU model), so prefill runs several times slower: set OPENBLAS_CORETYPE={core} "
+            "in the environment before starting Python",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+_warn_if_blas_fell_back()
+
 __all__ = [
     "BatchPlan",
     "ChatTemplate",

@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "engine/dot_tiles.h"
+#include "pagedattn/cpu_features.h"
+#include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 
 // OpenBLAS's own controls, weak so that another CBLAS still links (the
@@ -273,6 +275,13 @@ std::string blas_kernels() {
   return name != nullptr ? name : "";
 }
 
+std::string blas_core_for(const std::string& kernels, const char* user_choice, bool avx512,
+                          bool avx2_fma) {
+  if (user_choice != nullptr || kernels != "Prescott") return "";
+  if (avx512) return "SkylakeX";
+  return avx2_fma ? "Haswell" : "";
+}
+
 void set_blas_threads(int threads) {
   if (openblas_set_num_threads) openblas_set_num_threads(threads);
 }
@@ -311,3 +320,15 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
 }
 
 }  // namespace pagedattn::engine
+
+namespace pagedattn {
+
+std::string blas_core_instead_of_fallback() {
+  const CpuFeatures f = cpu_features();
+  // OpenBLAS's SkylakeX kernels use AVX512F, BW, DQ and VL.
+  return engine::blas_core_for(engine::blas_kernels(), std::getenv("OPENBLAS_CORETYPE"),
+                               f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl,
+                               f.avx2 && f.fma);
+}
+
+}  // namespace pagedattn

@@ -174,6 +174,11 @@ void set_blas_threads(int threads);
 // another BLAS. Batches of more than kDotTileRows rows (prefill) run on
 // them: a build older than the CPU may fall back to far slower ones.
 std::string blas_kernels();
+// pagedattn::blas_core_instead_of_fallback's decision on given facts (for
+// tests): `kernels` as blas_kernels() says, `user_choice` the
+// OPENBLAS_CORETYPE the user set (null when unset).
+std::string blas_core_for(const std::string& kernels, const char* user_choice, bool avx512,
+                          bool avx2_fma);
 
 // y (+)= x w^T. With ldy > out, y is a column range of a wider output (a
 // fused projection whose parts have different weight formats); the other

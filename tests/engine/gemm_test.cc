@@ -13,6 +13,7 @@
 
 #include "engine/counter_random.h"
 #include "engine/dot_tiles.h"
+#include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 
 namespace pagedattn::engine {
@@ -57,6 +58,24 @@ struct Product {
     return y;
   }
 };
+
+// OpenBLAS's generic kernels ("Prescott", what a build older than the CPU
+// model falls back to) are replaced by the widest ones the CPU runs, unless
+// the user chose with OPENBLAS_CORETYPE; any other choice is OpenBLAS's own.
+TEST(BlasCore, AFallbackToGenericKernelsAsksForTheCpusOwn) {
+  EXPECT_EQ(blas_core_for("Prescott", nullptr, true, true), "SkylakeX");
+  EXPECT_EQ(blas_core_for("Prescott", nullptr, false, true), "Haswell");
+  EXPECT_EQ(blas_core_for("Prescott", nullptr, false, false), "");
+  EXPECT_EQ(blas_core_for("Prescott", "Prescott", true, true), "");
+  EXPECT_EQ(blas_core_for("Prescott", "", true, true), "");
+  EXPECT_EQ(blas_core_for("Cooperlake", nullptr, true, true), "");
+  EXPECT_EQ(blas_core_for("Zen", nullptr, false, true), "");
+  EXPECT_EQ(blas_core_for("", nullptr, true, true), "");  // another BLAS
+  // This process: OpenBLAS's choice stands unless it is the fallback.
+  if (blas_kernels() != "Prescott") {
+    EXPECT_EQ(pagedattn::blas_core_instead_of_fallback(), "");
+  }
+}
 
 TEST(Linear, MatchesADoubleReference) {
   Product p;
