@@ -293,7 +293,7 @@ BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
     ->ArgNames({"rows", "one_region"})
-    ->ArgsProduct({{1, 4, 16, 32}, {0, 1}})
+    ->ArgsProduct({{1, 2, 4, 16, 32}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q5_0, WeightFormat::kQ5_0)->Apply(BatchShapes);
