@@ -282,6 +282,22 @@ void KBatchShapes(benchmark::internal::Benchmark* b) {
   AddBatchShapes(b, true);
 }
 
+// f32 weights (the presets; F16 / BF16 / F32 GGUF tensors, kept as f32) in
+// the batches between the in-place kernels' 8 rows and prefill: Llama 3.2
+// 1B's attention, fused gate|up and down shapes.
+void F32BatchShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"out", "in", "rows", "path"});
+  const auto add = [&](std::int64_t rows, std::int64_t path) {
+    b->Args({2048, 2048, rows, path});
+    b->Args({16384, 2048, rows, path});
+    b->Args({2048, 8192, rows, path});
+  };
+  for (const std::int64_t rows : {1, 2, 3, 4, 6, 8})
+    for (const std::int64_t path : {3, 4}) add(rows, path);
+  for (const std::int64_t rows : {9, 16, 32, 64})
+    for (const std::int64_t path : {0, 4}) add(rows, path);
+  b->Unit(benchmark::kMillisecond);
+}
 BENCHMARK_CAPTURE(BM_QuantProduct, f32, WeightFormat::kF32)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q8_0, WeightFormat::kQ8_0)->Apply(KShapes);
 BENCHMARK_CAPTURE(BM_QuantProduct, q4_0, WeightFormat::kQ4_0)->Apply(KShapes);
@@ -295,6 +311,7 @@ BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
     ->ArgNames({"rows", "one_region"})
     ->ArgsProduct({{1, 2, 4, 16, 32}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Batch, f32, WeightFormat::kF32)->Apply(F32BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q5_0, WeightFormat::kQ5_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q4_1, WeightFormat::kQ4_1)->Apply(BatchShapes);

@@ -312,8 +312,8 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
     linear_deterministic(a, scratch);
   } else if (a.rows <= kF32DirectRows && a.in % kQuantBlock == 0) {
     linear_quant_direct(a, false);
-  } else if (bf16) {
-    linear_tiled(a, scratch, true);
+  } else if (bf16 || (a.rows <= kF32TileRows && a.in % kQuantBlock == 0)) {
+    linear_tiled(a, scratch, bf16);
   } else {
     linear_fast(a);
   }

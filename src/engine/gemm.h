@@ -72,11 +72,17 @@ constexpr bool quant_batch_in_place(std::int32_t rows) {
 // bf16_batches takes batches of at least this many rows: smaller ones are
 // bound by reading the weights more than by arithmetic.
 inline constexpr std::int32_t kBf16MinRows = 9;
-// F32 weights outside deterministic mode: batches of at most this many rows
-// (and rows of a multiple of 32 weights) run the in-place kernels too, which
-// read each weight once where BLAS would first copy it into its packed
-// layout (as much time as the product itself at a few rows).
-inline constexpr std::int32_t kF32DirectRows = 8;
+// F32 weights outside deterministic mode (the presets; F16, BF16 and F32
+// GGUF tensors): one row (and rows of a multiple of 32 weights) runs the
+// in-place kernel, which reads each weight once where BLAS would first copy
+// it into its packed layout (as much time as the product itself at a few
+// rows); batches of up to kF32TileRows rows run dot_tiles, which reads them
+// in place too; larger ones BLAS. Measured on Llama 3.2 1B's shapes
+// (docs/benchmarks.md, "f32 weights in batches"): dot_tiles is 1.0-1.3x the
+// in-place kernel's speed at 2 rows and 1.7-2.1x at 6-8, 1.2-3.3x BLAS's
+// at 9-16 rows and 1.0-1.3x at 32, slower than BLAS at 64.
+inline constexpr std::int32_t kF32DirectRows = 1;
+inline constexpr std::int32_t kF32TileRows = 32;
 // Int8 activations: batches of at most this many rows run the in-place
 // kernels. Alone on a matrix in cache they beat dequantise + BLAS to a few
 // dozen rows, but in a whole serving run larger batches lost to BLAS

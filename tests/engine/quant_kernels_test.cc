@@ -663,7 +663,8 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
 // linear() sends the batches the in-place kernels do not take (quantised:
 // not quant_batch_in_place, so 3 rows and more than 4; f32: more than
 // kF32DirectRows) to dot_tiles: quantised weights on f32 up to kDotTileRows
-// rows, and any weights on bf16 from kBf16MinRows rows when asked
+// rows, f32 weights up to kF32TileRows, and any weights on bf16 from
+// kBf16MinRows rows when asked
 // (bf16_batches or the scope); deterministic mode never takes bf16. The
 // in-place batches give quant_product's bits, bf16 asked or not.
 TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
@@ -673,7 +674,7 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
   core::CacheLineVector<float> scratch;
   LinearScratch ls;
   for (const WeightFormat f : {WeightFormat::kQ4_K, WeightFormat::kF32})
-    for (const std::int32_t rows : {1, 2, 3, 4, 5, 8, 9, 64, 100})
+    for (const std::int32_t rows : {1, 2, 3, 4, 5, 8, 9, 32, 33, 64, 100})
       for (const bool bf16 : {false, true}) {
         SCOPED_TRACE(std::string(weight_format_name(f)) + ", " + std::to_string(rows) + " rows");
         const auto w = random_blocks(f, out, in, rng, 0.05f);
@@ -690,7 +691,8 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
           EXPECT_EQ(0, std::memcmp(y.data(), tiles.data(), y.size() * sizeof(float)));
         }
         const bool on_bf16 = bf16 && rows >= kBf16MinRows && dot_tiles_bf16_available();
-        const bool tiled = !in_place && (on_bf16 || (quantised && rows <= kDotTileRows));
+        const bool tiled =
+            !in_place && (on_bf16 || rows <= (quantised ? kDotTileRows : kF32TileRows));
         if (!tiled) continue;
         dot_tiles({x.data(), rows, in, w.data(), f, tiles.data(), out, false, on_bf16}, 0, out,
                   scratch);
