@@ -58,6 +58,14 @@ std::vector<std::uint8_t> random_matrices(WeightFormat f, std::int32_t out, std:
     }
     return w;
   }
+  if (f == WeightFormat::kF16) {
+    std::uniform_real_distribution<float> value(-0.05f, 0.05f);
+    for (std::size_t i = 0; i < w.size(); i += 2) {
+      const std::uint16_t v = pagedattn::float_to_f16_bits(value(rng));
+      std::memcpy(&w[i], &v, 2);
+    }
+    return w;
+  }
   const std::uint16_t scale = pagedattn::float_to_f16_bits(0.01f);
   const std::size_t block = std::size_t(pagedattn::engine::weight_block_bytes(f));
   for (std::size_t at = 0; at < w.size(); at += block) {
@@ -312,6 +320,7 @@ BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
     ->ArgsProduct({{1, 2, 4, 16, 32}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Batch, f32, WeightFormat::kF32)->Apply(F32BatchShapes);
+BENCHMARK_CAPTURE(BM_Batch, f16, WeightFormat::kF16)->Apply(F32BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q5_0, WeightFormat::kQ5_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q4_1, WeightFormat::kQ4_1)->Apply(BatchShapes);

@@ -30,7 +30,8 @@ void add_gguf_weights(const std::string& path, ModelCost& c) {
     const std::int64_t n = t.element_count();
     c.parameters += n;
     // As the model keeps it (engine/weight_matrix.h): in place, or widened to f32.
-    const std::int64_t bytes = engine::in_place_format(t.type) ? t.nbytes : n * kF32Bytes;
+    const bool in_place = t.dims.size() >= 2 && engine::in_place_format(t.type, t.dims[0]);
+    const std::int64_t bytes = in_place ? t.nbytes : n * kF32Bytes;
     if (t.dims.size() < 2) {  // norms and biases: read whole, no products
       c.dense_weight_bytes += bytes;
     } else if (t.name == "token_embd.weight" && !tied) {

@@ -72,8 +72,8 @@ constexpr bool quant_batch_in_place(std::int32_t rows) {
 // bf16_batches takes batches of at least this many rows: smaller ones are
 // bound by reading the weights more than by arithmetic.
 inline constexpr std::int32_t kBf16MinRows = 9;
-// F32 weights outside deterministic mode (the presets; F16, BF16 and F32
-// GGUF tensors): one row (and rows of a multiple of 32 weights) runs the
+// F32 weights outside deterministic mode (the presets, F32 GGUF tensors):
+// one row (and rows of a multiple of 32 weights) runs the
 // in-place kernel, which reads each weight once where BLAS would first copy
 // it into its packed layout (as much time as the product itself at a few
 // rows); batches of up to kF32TileRows rows run dot_tiles, which reads them

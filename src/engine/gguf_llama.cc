@@ -1,8 +1,10 @@
 // make_gguf_model: a GGUF decoder (llama, qwen2, qwen3, gemma2, gemma3, phi3,
 // qwen2moe, qwen3moe, deepseek2) as the built-in model.
 // Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K tensors stay in their blocks (the
-// quantised kernels read them in place); F32 / F16 / BF16 are widened to f32
-// once, at load (exactly, by the GGUF reader).
+// quantised kernels read them in place), F16 / BF16 matrices stay 16-bit (the
+// kernels widen them in registers, exactly); F32 tensors, norms and 16-bit
+// rows of other than whole 32-weight blocks are widened to f32 once, at load
+// (exactly, by the GGUF reader).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -35,7 +37,7 @@ WeightMatrix load_matrix(const GgufFile& file, const std::string& name) {
   require(t.dims.size() == 2, "gguf ", file.source_name(), ": tensor '", name, "' has ",
           t.dims.size(), " dims, a weight matrix has 2");
   const auto in = static_cast<std::int32_t>(t.dims[0]), out = static_cast<std::int32_t>(t.dims[1]);
-  const std::optional<WeightFormat> format = engine::in_place_format(t.type);
+  const std::optional<WeightFormat> format = engine::in_place_format(t.type, in);
   WeightMatrix m = format ? WeightMatrix::rows(*format, {t.data, std::size_t(t.nbytes)}, out, in)
                           : WeightMatrix::f32(file.dequantize(t), out, in);
   file.release_pages(t);
@@ -65,7 +67,7 @@ std::vector<WeightMatrix> load_experts(const GgufFile& file, const std::string& 
   const auto experts = static_cast<std::size_t>(t.dims[2]);
   std::vector<WeightMatrix> matrices;
   matrices.reserve(experts);
-  if (const std::optional<WeightFormat> format = engine::in_place_format(t.type)) {
+  if (const std::optional<WeightFormat> format = engine::in_place_format(t.type, in)) {
     const std::size_t bytes = std::size_t(out) * std::size_t(engine::weight_row_bytes(*format, in));
     for (std::size_t e = 0; e < experts; ++e)
       matrices.push_back(WeightMatrix::rows(*format, {t.data + e * bytes, bytes}, out, in));

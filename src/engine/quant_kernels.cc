@@ -48,8 +48,17 @@ HWY_INLINE hn::Vec<DF> DecodeChunk(const std::uint8_t* block, std::size_t c) {
   const DF df;
   const hn::RebindToSigned<DF> di;
   const std::size_t n = hn::Lanes(df), first = c * n;
-  if constexpr (F == WeightFormat::kF32)
+  if constexpr (F == WeightFormat::kF32) {
     return hn::LoadU(df, reinterpret_cast<const float*>(block) + first);
+  } else if constexpr (F == WeightFormat::kF16) {
+    const hn::Rebind<hwy::float16_t, DF> d16;
+    return hn::PromoteTo(df,
+                         hn::LoadU(d16, reinterpret_cast<const hwy::float16_t*>(block) + first));
+  } else if constexpr (F == WeightFormat::kBF16) {
+    const hn::Rebind<hwy::bfloat16_t, DF> d16;
+    return hn::PromoteTo(df,
+                         hn::LoadU(d16, reinterpret_cast<const hwy::bfloat16_t*>(block) + first));
+  }
   const std::uint8_t* q = block + BlockTraits<F>::kQuants;
   const auto d = hn::Set(df, HalfAt(block));
   if constexpr (F == WeightFormat::kQ8_0) {
@@ -1480,6 +1489,10 @@ void QuantProduct(const QuantProductArgs& a, std::int32_t out_begin, std::int32_
       return ProductRangeK<WeightFormat::kQ6_K>(a, out_begin, out_end);
     case WeightFormat::kF32:
       return ProductRange<WeightFormat::kF32>(a, out_begin, out_end);
+    case WeightFormat::kF16:  // no int8 kernels: f32 x whatever int8_x asks
+      return ProductRange<WeightFormat::kF16>(a, out_begin, out_end);
+    case WeightFormat::kBF16:
+      return ProductRange<WeightFormat::kBF16>(a, out_begin, out_end);
   }
 }
 
@@ -1516,6 +1529,10 @@ void DequantizeRows(const void* w, WeightFormat format, std::int32_t in, std::in
       return DequantizeK<WeightFormat::kQ5_K>(w, in, first_row, count, dst);
     case WeightFormat::kQ6_K:
       return DequantizeK<WeightFormat::kQ6_K>(w, in, first_row, count, dst);
+    case WeightFormat::kF16:
+      return DequantizeRange<WeightFormat::kF16>(w, in, first_row, count, dst);
+    case WeightFormat::kBF16:
+      return DequantizeRange<WeightFormat::kBF16>(w, in, first_row, count, dst);
     case WeightFormat::kF32:
       break;
   }
@@ -1550,6 +1567,10 @@ const char* weight_format_name(WeightFormat format) {
       return "q5_0";
     case WeightFormat::kQ5_1:
       return "q5_1";
+    case WeightFormat::kF16:
+      return "f16";
+    case WeightFormat::kBF16:
+      return "bf16";
   }
   return "?";
 }
@@ -1574,6 +1595,10 @@ std::int64_t weight_block_bytes(WeightFormat format) {
       return BlockTraits<WeightFormat::kQ5_0>::kBytes;
     case WeightFormat::kQ5_1:
       return BlockTraits<WeightFormat::kQ5_1>::kBytes;
+    case WeightFormat::kF16:
+      return BlockTraits<WeightFormat::kF16>::kBytes;
+    case WeightFormat::kBF16:
+      return BlockTraits<WeightFormat::kBF16>::kBytes;
   }
   return 0;
 }

@@ -34,7 +34,11 @@ enum class WeightFormat : std::uint8_t {
   kQ5_K,
   kQ6_K,
   kQ5_0,
-  kQ5_1
+  kQ5_1,
+  // 16-bit floats, widened in registers (exactly): a model's F16 / BF16
+  // tensors read at half the bytes of f32, in rows of whole 32-weight blocks.
+  kF16,
+  kBF16
 };
 
 inline constexpr std::int32_t kQuantBlock = 32;    // weights per block of Q8_0 / Q4_x / Q5_x
@@ -51,6 +55,8 @@ constexpr std::int32_t weight_format_block(WeightFormat format) {
     case WeightFormat::kQ4_1:
     case WeightFormat::kQ5_0:
     case WeightFormat::kQ5_1:
+    case WeightFormat::kF16:
+    case WeightFormat::kBF16:
       return kQuantBlock;
     case WeightFormat::kQ4_K:
     case WeightFormat::kQ5_K:
@@ -68,6 +74,16 @@ struct BlockTraits;
 template <>
 struct BlockTraits<WeightFormat::kF32> {
   static constexpr std::int64_t kBytes = 4 * 32;
+  static constexpr std::int64_t kQuants = 0;
+};
+template <>
+struct BlockTraits<WeightFormat::kF16> {
+  static constexpr std::int64_t kBytes = 2 * 32;
+  static constexpr std::int64_t kQuants = 0;
+};
+template <>
+struct BlockTraits<WeightFormat::kBF16> {
+  static constexpr std::int64_t kBytes = 2 * 32;
   static constexpr std::int64_t kQuants = 0;
 };
 template <>

@@ -6,8 +6,12 @@
 
 namespace pagedattn::engine {
 
-std::optional<WeightFormat> in_place_format(GgufType type) {
+std::optional<WeightFormat> in_place_format(GgufType type, std::int64_t in) {
   switch (type) {
+    case GgufType::kF16:
+      return in % kQuantBlock == 0 ? std::optional(WeightFormat::kF16) : std::nullopt;
+    case GgufType::kBF16:
+      return in % kQuantBlock == 0 ? std::optional(WeightFormat::kBF16) : std::nullopt;
     case GgufType::kQ8_0:
       return WeightFormat::kQ8_0;
     case GgufType::kQ4_0:

@@ -13,9 +13,12 @@
 
 namespace pagedattn::engine {
 
-// The block format the model keeps a GGUF tensor of `type` in, read in place
-// by the quantised kernels; nullopt for the types it widens to f32 at load.
-std::optional<WeightFormat> in_place_format(GgufType type);
+// The format the model keeps a GGUF matrix of `type` and rows of `in`
+// weights in, read in place by the kernels: the quantised types, and F16 /
+// BF16 rows of whole 32-weight blocks (widened in registers); nullopt for
+// the rest, which it widens to f32 at load (F32, and 16-bit rows of other
+// lengths).
+std::optional<WeightFormat> in_place_format(GgufType type, std::int64_t in);
 
 class WeightMatrix {
  public:

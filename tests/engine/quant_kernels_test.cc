@@ -17,6 +17,7 @@
 
 #include "engine/dot_tiles.h"
 #include "engine/gemm.h"
+#include "engine/weight_matrix.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf_types.h"
@@ -162,9 +163,23 @@ TEST(QuantKernels, DeterministicRowsDoNotDependOnTheirBatch) {
   }
 }
 
+// GGUF F16 / BF16 matrices stay 16-bit when their rows are whole 32-weight
+// blocks (the kernels' unit) and are widened to f32 otherwise; F32 always.
+TEST(QuantKernels, SixteenBitMatricesStayInPlaceInWholeBlocks) {
+  EXPECT_EQ(in_place_format(GgufType::kF16, 576), WeightFormat::kF16);
+  EXPECT_EQ(in_place_format(GgufType::kBF16, 64), WeightFormat::kBF16);
+  EXPECT_EQ(in_place_format(GgufType::kF16, 40), std::nullopt);
+  EXPECT_EQ(in_place_format(GgufType::kBF16, 7), std::nullopt);
+  EXPECT_EQ(in_place_format(GgufType::kF32, 64), std::nullopt);
+  EXPECT_EQ(in_place_format(GgufType::kQ4_K, 256), WeightFormat::kQ4_K);
+}
+
 TEST(QuantKernels, RowBytesRefuseAPartialBlock) {
   EXPECT_EQ(weight_row_bytes(WeightFormat::kQ4_1, 64), 40);
   EXPECT_EQ(weight_row_bytes(WeightFormat::kF32, 7), 28);
+  EXPECT_EQ(weight_row_bytes(WeightFormat::kF16, 576), 1152);
+  EXPECT_EQ(weight_row_bytes(WeightFormat::kBF16, 64), 128);
+  EXPECT_THROW(weight_row_bytes(WeightFormat::kF16, 40), InvalidArgument);
   EXPECT_THROW(weight_row_bytes(WeightFormat::kQ8_0, 40), InvalidArgument);
   EXPECT_EQ(weight_row_bytes(WeightFormat::kQ4_K, 512), 288);
   EXPECT_EQ(weight_row_bytes(WeightFormat::kQ5_K, 256), 176);
@@ -189,11 +204,11 @@ TEST(QuantKernels, RowBytesRefuseAPartialBlock) {
 
 constexpr WeightFormat kKFormats[] = {WeightFormat::kQ4_K, WeightFormat::kQ5_K,
                                       WeightFormat::kQ6_K};
-// Every format the in-place kernels take: f32 rows too (linear()'s small
-// batches of f32 weights).
+// Every format the in-place kernels take: f32 rows too (linear()'s single
+// rows of f32 weights) and the 16-bit floats.
 constexpr WeightFormat kAllFormats[] = {
-    WeightFormat::kF32,  WeightFormat::kQ8_0, WeightFormat::kQ4_0,
-    WeightFormat::kQ4_1, WeightFormat::kQ5_0, WeightFormat::kQ5_1,
+    WeightFormat::kF32,  WeightFormat::kF16,  WeightFormat::kBF16, WeightFormat::kQ8_0,
+    WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kQ5_0, WeightFormat::kQ5_1,
     WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K};
 
 GgufType gguf_type(WeightFormat f) {
@@ -214,6 +229,10 @@ GgufType gguf_type(WeightFormat f) {
       return GgufType::kQ5_K;
     case WeightFormat::kQ6_K:
       return GgufType::kQ6_K;
+    case WeightFormat::kF16:
+      return GgufType::kF16;
+    case WeightFormat::kBF16:
+      return GgufType::kBF16;
     case WeightFormat::kF32:
       break;
   }
@@ -248,6 +267,17 @@ std::vector<std::uint8_t> random_blocks(WeightFormat f, std::int32_t out, std::i
     for (std::size_t at = 0; at < bytes.size(); at += sizeof(float)) {
       const float v = value(rng);
       std::memcpy(&bytes[at], &v, sizeof v);
+    }
+    return bytes;
+  }
+  if (f == WeightFormat::kF16 || f == WeightFormat::kBF16) {  // values in [-1, 1], subnormals too
+    pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> tiny(0, 15);
+    for (std::size_t at = 0; at < bytes.size(); at += 2) {
+      const float v = tiny(rng) == 0 ? value(rng) * 1e-6f : value(rng);
+      const std::uint16_t bits =
+          f == WeightFormat::kF16 ? float_to_f16_bits(v) : float_to_bf16_bits(v);
+      std::memcpy(&bytes[at], &bits, 2);
     }
     return bytes;
   }
@@ -320,6 +350,11 @@ RowTerms row_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
       t.scaled[std::size_t(i)] = exact;
     } else if (f == WeightFormat::kF32) {
       exact = t.w[std::size_t(i)];
+      magnitude = std::abs(exact);
+    } else if (f == WeightFormat::kF16 || f == WeightFormat::kBF16) {  // widened exactly
+      std::uint16_t bits;
+      std::memcpy(&bits, row + 2 * std::size_t(i), 2);
+      exact = f == WeightFormat::kF16 ? f16_bits_to_float(bits) : bf16_bits_to_float(bits);
       magnitude = std::abs(exact);
     } else {
       exact = scalar_weight(f, row, i);
@@ -673,7 +708,7 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
   const std::int32_t in = 512, out = 40;
   core::CacheLineVector<float> scratch;
   LinearScratch ls;
-  for (const WeightFormat f : {WeightFormat::kQ4_K, WeightFormat::kF32})
+  for (const WeightFormat f : {WeightFormat::kQ4_K, WeightFormat::kF16, WeightFormat::kF32})
     for (const std::int32_t rows : {1, 2, 3, 4, 5, 8, 9, 32, 33, 64, 100})
       for (const bool bf16 : {false, true}) {
         SCOPED_TRACE(std::string(weight_format_name(f)) + ", " + std::to_string(rows) + " rows");
