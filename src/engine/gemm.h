@@ -77,10 +77,9 @@ inline constexpr std::int32_t kBf16MinRows = 9;
 // in-place kernel, which reads each weight once where BLAS would first copy
 // it into its packed layout (as much time as the product itself at a few
 // rows); batches of up to kF32TileRows rows run dot_tiles, which reads them
-// in place too; larger ones BLAS. Measured on Llama 3.2 1B's shapes
-// (docs/benchmarks.md, "f32 weights in batches"): dot_tiles is 1.0-1.3x the
-// in-place kernel's speed at 2 rows and 1.7-2.1x at 6-8, 1.2-3.3x BLAS's
-// at 9-16 rows and 1.0-1.3x at 32, slower than BLAS at 64.
+// in place too; larger ones BLAS. The limits are where dot_tiles stops
+// beating the others on Llama 3.2 1B's shapes (docs/benchmarks.md, "f32
+// weights in batches": BLAS wins again at 64 rows).
 inline constexpr std::int32_t kF32DirectRows = 1;
 inline constexpr std::int32_t kF32TileRows = 32;
 // Int8 activations: batches of at most this many rows run the in-place
