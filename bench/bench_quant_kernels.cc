@@ -290,10 +290,11 @@ void KBatchShapes(benchmark::internal::Benchmark* b) {
   AddBatchShapes(b, true);
 }
 
-// f32 weights (the presets; F16 / BF16 / F32 GGUF tensors, kept as f32) in
-// the batches between the in-place kernels' 8 rows and prefill: Llama 3.2
-// 1B's attention, fused gate|up and down shapes.
-void F32BatchShapes(benchmark::internal::Benchmark* b) {
+// Float weights (f32: the presets, F32 GGUF tensors; f16: F16 GGUF tensors)
+// in decode's batches: the in-place kernels (path 3) against dot_tiles (4)
+// at 1-8 rows, linear() (0) against dot_tiles at 9-64, on Llama 3.2 1B's
+// attention, fused gate|up and down shapes.
+void FloatBatchShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"out", "in", "rows", "path"});
   const auto add = [&](std::int64_t rows, std::int64_t path) {
     b->Args({2048, 2048, rows, path});
@@ -319,8 +320,8 @@ BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
     ->ArgNames({"rows", "one_region"})
     ->ArgsProduct({{1, 2, 4, 16, 32}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(BM_Batch, f32, WeightFormat::kF32)->Apply(F32BatchShapes);
-BENCHMARK_CAPTURE(BM_Batch, f16, WeightFormat::kF16)->Apply(F32BatchShapes);
+BENCHMARK_CAPTURE(BM_Batch, f32, WeightFormat::kF32)->Apply(FloatBatchShapes);
+BENCHMARK_CAPTURE(BM_Batch, f16, WeightFormat::kF16)->Apply(FloatBatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q5_0, WeightFormat::kQ5_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q4_1, WeightFormat::kQ4_1)->Apply(BatchShapes);

@@ -73,11 +73,11 @@ constexpr bool quant_batch_in_place(std::int32_t rows) {
 // bound by reading the weights more than by arithmetic.
 inline constexpr std::int32_t kBf16MinRows = 9;
 // F32 weights outside deterministic mode (the presets, F32 GGUF tensors):
-// one row (and rows of a multiple of 32 weights) runs the
-// in-place kernel, which reads each weight once where BLAS would first copy
-// it into its packed layout (as much time as the product itself at a few
-// rows); batches of up to kF32TileRows rows run dot_tiles, which reads them
-// in place too; larger ones BLAS. The limits are where dot_tiles stops
+// one row (of a multiple of 32 weights) runs the in-place kernel, which
+// reads each weight once where BLAS would first copy it into its packed
+// layout (as much time as the product itself at a few rows); batches of up
+// to kF32TileRows rows run dot_tiles, which reads them in place too; larger
+// ones BLAS. The limits are where dot_tiles stops
 // beating the others on Llama 3.2 1B's shapes (docs/benchmarks.md, "f32
 // weights in batches": BLAS wins again at 64 rows).
 inline constexpr std::int32_t kF32DirectRows = 1;

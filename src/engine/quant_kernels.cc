@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/prefetch.h"
@@ -50,14 +51,10 @@ HWY_INLINE hn::Vec<DF> DecodeChunk(const std::uint8_t* block, std::size_t c) {
   const std::size_t n = hn::Lanes(df), first = c * n;
   if constexpr (F == WeightFormat::kF32) {
     return hn::LoadU(df, reinterpret_cast<const float*>(block) + first);
-  } else if constexpr (F == WeightFormat::kF16) {
-    const hn::Rebind<hwy::float16_t, DF> d16;
-    return hn::PromoteTo(df,
-                         hn::LoadU(d16, reinterpret_cast<const hwy::float16_t*>(block) + first));
-  } else if constexpr (F == WeightFormat::kBF16) {
-    const hn::Rebind<hwy::bfloat16_t, DF> d16;
-    return hn::PromoteTo(df,
-                         hn::LoadU(d16, reinterpret_cast<const hwy::bfloat16_t*>(block) + first));
+  } else if constexpr (F == WeightFormat::kF16 || F == WeightFormat::kBF16) {
+    using T = std::conditional_t<F == WeightFormat::kF16, hwy::float16_t, hwy::bfloat16_t>;
+    const hn::Rebind<T, DF> d16;
+    return hn::PromoteTo(df, hn::LoadU(d16, reinterpret_cast<const T*>(block) + first));
   }
   const std::uint8_t* q = block + BlockTraits<F>::kQuants;
   const auto d = hn::Set(df, HalfAt(block));

@@ -76,16 +76,15 @@ struct BlockTraits<WeightFormat::kF32> {
   static constexpr std::int64_t kBytes = 4 * 32;
   static constexpr std::int64_t kQuants = 0;
 };
-template <>
-struct BlockTraits<WeightFormat::kF16> {
+// F16 / BF16 rows, 32 weights of 2 bytes at a time.
+struct SixteenBitBlockTraits {
   static constexpr std::int64_t kBytes = 2 * 32;
   static constexpr std::int64_t kQuants = 0;
 };
 template <>
-struct BlockTraits<WeightFormat::kBF16> {
-  static constexpr std::int64_t kBytes = 2 * 32;
-  static constexpr std::int64_t kQuants = 0;
-};
+struct BlockTraits<WeightFormat::kF16> : SixteenBitBlockTraits {};
+template <>
+struct BlockTraits<WeightFormat::kBF16> : SixteenBitBlockTraits {};
 template <>
 struct BlockTraits<WeightFormat::kQ8_0> {
   static constexpr std::int64_t kBytes = 2 + 32;
