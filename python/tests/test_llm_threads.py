@@ -56,6 +56,16 @@ def assert_clean(llm):
     assert llm.engine.stats().pages_in_use == 0
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt in the main thread, as in a terminal,
+    also where pytest started with SIGINT ignored (a shell starts a
+    background job so, and Python then installs no handler of its own)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def run_threads(target, n=THREADS):
     """Runs target(t) on n threads started together; {t: result or exception}."""
     results, barrier = {}, threading.Barrier(n)
@@ -141,7 +151,7 @@ def test_an_interrupt_mid_generation_leaves_nothing_behind(at_call):
     assert_clean(llm)
 
 
-def test_a_real_keyboard_interrupt_mid_generation_leaves_nothing_behind():
+def test_a_real_keyboard_interrupt_mid_generation_leaves_nothing_behind(ctrl_c_raises):
     """SIGINT as Ctrl-C sends it, landing in the main thread during a step."""
     llm = make_llm()
     long = SamplingParams(max_tokens=40, ignore_eos=True)
@@ -162,7 +172,7 @@ def test_a_real_keyboard_interrupt_mid_generation_leaves_nothing_behind():
     assert_clean(llm)
 
 
-def test_ctrl_c_while_another_thread_steps_leaves_the_other_call_exact():
+def test_ctrl_c_while_another_thread_steps_leaves_the_other_call_exact(ctrl_c_raises):
     """SIGINT reaches the main thread while its generate waits for a step of
     another thread's: only the main thread's call ends (its requests
     aborted); the other call loses nothing."""

@@ -299,7 +299,9 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
   if (a.w_format != WeightFormat::kF32) {
     const Activations chosen =
         a.activations == Activations::kDefault ? default_activations() : a.activations;
-    const bool int8 = !a.deterministic && chosen == Activations::kInt8;
+    // 16-bit weights have no int8 kernels: they keep the f32 routes.
+    const bool int8 =
+        !a.deterministic && chosen == Activations::kInt8 && has_int8_products(a.w_format);
     if (int8 && a.rows <= kInt8DirectRows)
       linear_quant_direct(a, true);
     else if (a.deterministic || quant_batch_in_place(a.rows))

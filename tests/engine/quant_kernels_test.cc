@@ -744,6 +744,12 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
         }
         EXPECT_EQ(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)))
             << rows << " rows, bf16 " << bf16 << " from the scope";
+        if (!has_int8_products(f) && !bf16) {  // int8 activations leave float weights alone
+          const ScopedActivations scope(Activations::kInt8, false);
+          linear(args, ls);
+          EXPECT_EQ(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)))
+              << rows << " rows with int8 activations";
+        }
         if (on_bf16) {  // deterministic mode keeps f32 (its own blocks)
           args.deterministic = true;
           linear(args, ls);
