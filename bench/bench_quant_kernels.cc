@@ -243,7 +243,7 @@ void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
           const auto cols =
               pagedattn::engine::part_range(a.out, parts, part, pagedattn::engine::kColumnGranule);
           if (cols.begin >= cols.end) {
-          } else if (pagedattn::engine::quant_batch_in_place(rows)) {
+          } else if (pagedattn::engine::quant_batch_in_place(rows, f)) {
             pagedattn::engine::quant_product({a.x, rows, a.in, a.w, f, a.y, a.out, false, false},
                                              cols.begin, cols.end);
           } else {  // linear_tiled's kernel
@@ -280,7 +280,8 @@ void AddBatchShapes(benchmark::internal::Benchmark* b, bool k_quant) {
   for (const std::int64_t rows : {16, 32, 64, 128})
     for (const std::int64_t path : {0, 1, 2}) add(rows, path);
   // A prefill chunk; the in-place kernels never take one.
-  for (const std::int64_t path : {0, 2}) add(2048, path);
+  for (const std::int64_t path : {0, 2, 4}) add(2048, path);
+  for (const std::int64_t rows : {64, 128}) add(rows, 4);
   b->Unit(benchmark::kMicrosecond);
 }
 void BatchShapes(benchmark::internal::Benchmark* b) {

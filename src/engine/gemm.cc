@@ -304,7 +304,7 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
         !a.deterministic && chosen == Activations::kInt8 && has_int8_products(a.w_format);
     if (int8 && a.rows <= kInt8DirectRows)
       linear_quant_direct(a, true);
-    else if (a.deterministic || quant_batch_in_place(a.rows))
+    else if (a.deterministic || quant_batch_in_place(a.rows, a.w_format))
       linear_quant_direct(a, false);
     else if (bf16 || a.rows <= kDotTileRows)
       linear_tiled(a, scratch, bf16);

@@ -54,19 +54,23 @@ struct LinearArgs {
   bool bf16_batches = false;
 };
 
-// Quantised weights: the batches (and every batch in deterministic mode)
-// that run the in-place kernels of quant_kernels.h, whose rows are
-// independent: 1, 2 or kQuantDirectRows rows. Those kernels decode each
-// weight vector once per tile of 4 rows and again for the pair or row left
-// over, so other batches run dot_tiles (dot_tiles.h), which dequantises a
-// few columns at a time into L1 once per kDotTileRows rows and reads x in
-// place, where BLAS would pack x again for every column block (measured:
-// docs/benchmarks.md, "Batched products"); batches of more than
-// kDotTileRows dequantise column blocks of blas_block_columns(in) to f32
-// and go through BLAS (the weights are then read once per block, not per
-// row).
+// Quantised and 16-bit weights: the batches (and every batch in
+// deterministic mode) that run the in-place kernels of quant_kernels.h,
+// whose rows are independent: 1, 2 or kQuantDirectRows rows. Those kernels
+// decode each weight vector once per tile of 4 rows and again for the pair
+// or row left over, so other batches run dot_tiles (dot_tiles.h), which
+// dequantises a few columns at a time into L1 once per kDotTileRows rows
+// and reads x in place, where BLAS would pack x again for every column
+// block (measured: docs/benchmarks.md, "Batched products"); batches of more
+// than kDotTileRows dequantise column blocks of blas_block_columns(in) to
+// f32 and go through BLAS (the weights are then read once per block, not
+// per row). F16 / BF16 widen in one instruction, so decoding them again for
+// a leftover row costs less than dot_tiles' pass through L1: their 3 rows
+// run in place too (docs/benchmarks.md, "A few rows: in place or tiled").
 inline constexpr std::int32_t kQuantDirectRows = 4;
-constexpr bool quant_batch_in_place(std::int32_t rows) {
+constexpr bool quant_batch_in_place(std::int32_t rows, WeightFormat format) {
+  if (format == WeightFormat::kF16 || format == WeightFormat::kBF16)
+    return rows <= kQuantDirectRows;
   return rows <= 2 || rows == kQuantDirectRows;
 }
 // bf16_batches takes batches of at least this many rows: smaller ones are

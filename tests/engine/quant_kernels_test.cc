@@ -696,7 +696,7 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
 }
 
 // linear() sends the batches the in-place kernels do not take (quantised:
-// not quant_batch_in_place, so 3 rows and more than 4; f32: more than
+// not quant_batch_in_place: 3 rows (not F16 / BF16) and more than 4; f32: more than
 // kF32DirectRows) to dot_tiles: quantised weights on f32 up to kDotTileRows
 // rows, f32 weights up to kF32TileRows, and any weights on bf16 from
 // kBf16MinRows rows when asked
@@ -717,7 +717,7 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
             y(std::size_t(rows) * out), scoped(std::size_t(rows) * out);
         for (auto& v : x) v = value(rng);
         const bool quantised = f != WeightFormat::kF32;
-        const bool in_place = quantised ? quant_batch_in_place(rows) : rows <= kF32DirectRows;
+        const bool in_place = quantised ? quant_batch_in_place(rows, f) : rows <= kF32DirectRows;
         if (in_place && quantised) {  // bf16 or not: the in-place kernels' bits
           LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), false, false, f};
           args.bf16_batches = bf16;
@@ -1107,13 +1107,13 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
       } else {
         EXPECT_EQ(run(Activations::kDefault, false), run(Activations::kF32, false));
       }
-      if (quant_batch_in_place(rows)) {
+      if (quant_batch_in_place(rows, f)) {
         EXPECT_EQ(run(Activations::kF32, false), exact);
       }
       EXPECT_EQ(run(Activations::kDefault, true), exact);
       EXPECT_EQ(run(Activations::kInt8, true), exact);
       set_int8_activations_default(false);
-      if (quant_batch_in_place(rows)) {
+      if (quant_batch_in_place(rows, f)) {
         EXPECT_EQ(run(Activations::kDefault, false), exact);
       }
       // A scope (a forward pass's ForwardBatch::int8_activations) overrides
@@ -1129,7 +1129,7 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
         {
           const ScopedActivations inner(Activations::kF32);
           EXPECT_EQ(default_activations(), Activations::kF32);
-          if (quant_batch_in_place(rows)) {
+          if (quant_batch_in_place(rows, f)) {
             EXPECT_EQ(run(Activations::kDefault, false), exact);
           }
         }
