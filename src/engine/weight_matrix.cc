@@ -69,7 +69,10 @@ WeightMatrix WeightMatrix::slice(std::int32_t row_begin, std::int32_t rows, std:
           "WeightMatrix::slice: rows [", row_begin, ", +", rows, ") and columns [", col_begin,
           ", +", cols, ") of ", what, " (", out_, " x ", in_, ") are out of range");
   const std::int32_t block = weight_format_block(format_);
-  require(col_begin % block == 0 && cols % block == 0, what, " is ", weight_format_name(format_),
+  const bool whole_blocks = col_begin % block == 0 && cols % block == 0;
+  if (!whole_blocks && (format_ == WeightFormat::kF16 || format_ == WeightFormat::kBF16))
+    return widened_slice(row_begin, rows, col_begin, cols);  // exact, as at load
+  require(whole_blocks, what, " is ", weight_format_name(format_),
           ": its tensor-parallel slice of columns [", col_begin, ", ", col_begin + cols,
           ") does not fall on ", block,
           "-weight block boundaries (choose a size that divides the dimension into whole blocks)");
@@ -83,6 +86,17 @@ WeightMatrix WeightMatrix::slice(std::int32_t row_begin, std::int32_t rows, std:
         bytes_.data() + std::size_t(row_begin + r) * std::size_t(row_bytes) + std::size_t(skip),
         std::size_t(keep));
   return WeightMatrix::rows(format_, bytes, rows, cols);
+}
+
+WeightMatrix WeightMatrix::widened_slice(std::int32_t row_begin, std::int32_t rows,
+                                         std::int32_t col_begin, std::int32_t cols) const {
+  std::vector<float> row(std::size_t(in_), 0.0f), values(std::size_t(rows) * std::size_t(cols));
+  for (std::int32_t r = 0; r < rows; ++r) {
+    row_to_f32(row_begin + r, row.data());
+    std::memcpy(values.data() + std::size_t(r) * std::size_t(cols), row.data() + col_begin,
+                std::size_t(cols) * sizeof(float));
+  }
+  return f32(std::move(values), rows, cols);
 }
 
 void WeightMatrix::row_to_f32(std::int32_t row, float* dst) const {

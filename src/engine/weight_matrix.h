@@ -39,15 +39,20 @@ class WeightMatrix {
   // Appends the rows of `other` (same format and in): fuses q/k/v or gate/up.
   void append_rows(const WeightMatrix& other);
   // Rows [row_begin, row_begin + rows) and input columns [col_begin,
-  // col_begin + cols) as a new matrix (a tensor-parallel shard). A block
-  // format's columns must start and end on weight_format_block(format())
-  // boundaries (32 or 256 weights): InvalidArgument naming `what` otherwise.
+  // col_begin + cols) as a new matrix (a tensor-parallel shard). A
+  // quantised format's columns must start and end on
+  // weight_format_block(format()) boundaries (32 or 256 weights):
+  // InvalidArgument naming `what` otherwise. F16 / BF16 columns off those
+  // boundaries come back widened to f32 (exactly, as such rows are at load).
   WeightMatrix slice(std::int32_t row_begin, std::int32_t rows, std::int32_t col_begin,
                      std::int32_t cols, const char* what) const;
   // dst[in] = row `row` as f32 (an embedding lookup).
   void row_to_f32(std::int32_t row, float* dst) const;
 
  private:
+  WeightMatrix widened_slice(std::int32_t row_begin, std::int32_t rows, std::int32_t col_begin,
+                             std::int32_t cols) const;
+
   WeightFormat format_ = WeightFormat::kF32;
   std::int32_t out_ = 0, in_ = 0;
   std::vector<std::byte> bytes_;

@@ -101,6 +101,37 @@ TEST(TensorParallelShard, QuantisedSlicesKeepWholeBlocks) {
   }
 }
 
+// F16 / BF16 slices stay 16-bit on 32-weight boundaries; off them they come
+// back as f32, the same values (a shard size that leaves a partial block).
+TEST(TensorParallelShard, SixteenBitSlicesOffBlocksAreWidened) {
+  using engine::WeightFormat;
+  using engine::WeightMatrix;
+  for (const WeightFormat f : {WeightFormat::kF16, WeightFormat::kBF16}) {
+    const std::int32_t out = 3, in = 96;
+    std::vector<std::byte> bytes(std::size_t(out * engine::weight_row_bytes(f, in)));
+    for (std::size_t i = 0; i < bytes.size(); i += 2) {  // finite values, any bits below
+      bytes[i] = std::byte((i * 37) % 251);
+      bytes[i + 1] = std::byte(0x3c ^ ((i / 2) % 3));
+    }
+    const WeightMatrix m = WeightMatrix::rows(f, bytes, out, in);
+    for (const auto& [begin, cols] : {std::pair{32, 64}, {16, 48}, {0, 40}, {40, 56}}) {
+      SCOPED_TRACE(std::string(engine::weight_format_name(f)) + " columns " +
+                   std::to_string(begin) + " +" + std::to_string(cols));
+      const WeightMatrix s = m.slice(1, 2, begin, cols, "w");
+      const bool whole_blocks = begin % 32 == 0 && cols % 32 == 0;
+      EXPECT_EQ(s.format(), whole_blocks ? f : WeightFormat::kF32);
+      EXPECT_EQ(s.out(), 2);
+      EXPECT_EQ(s.in(), cols);
+      std::vector<float> whole(in), part(static_cast<std::size_t>(cols));
+      for (std::int32_t r = 0; r < 2; ++r) {
+        m.row_to_f32(r + 1, whole.data());
+        s.row_to_f32(r, part.data());
+        EXPECT_TRUE(std::equal(part.begin(), part.end(), whole.begin() + begin));
+      }
+    }
+  }
+}
+
 // K-quant matrices split on 256-weight super-block boundaries only.
 TEST(TensorParallelShard, KQuantSlicesKeepWholeSuperBlocks) {
   using engine::WeightFormat;
