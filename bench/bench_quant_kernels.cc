@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "core/huge_page_vector.h"
 #include "engine/dot_tiles.h"
 #include "engine/gemm.h"
 #include "engine/quant_kernels.h"
@@ -78,8 +79,9 @@ std::vector<std::uint8_t> random_matrices(WeightFormat f, std::int32_t out, std:
   return w;
 }
 
-// Args: out, in, rows, cold (0 / 1), int8 (0 / 1: QuantProductArgs::int8_x;
-// x86 AVX2 and up).
+// Args: out, in, rows, cold (0 hot, 1 cold, 2 cold on huge pages: the
+// copies in a core::HugePageVector, as the model keeps its weights), int8
+// (0 / 1: QuantProductArgs::int8_x; x86 AVX2 and up).
 void BM_QuantProduct(benchmark::State& state, WeightFormat f) {
   const auto out = static_cast<std::int32_t>(state.range(0));
   const auto in = static_cast<std::int32_t>(state.range(1));
@@ -89,6 +91,10 @@ void BM_QuantProduct(benchmark::State& state, WeightFormat f) {
       std::size_t(out) * std::size_t(pagedattn::engine::weight_row_bytes(f, in));
   const std::size_t copies = cold ? (kColdBytes + bytes - 1) / bytes : 1;
   const auto w = random_matrices(f, out, in, copies);
+  const bool huge_pages = state.range(3) == 2;
+  pagedattn::core::HugePageVector<std::uint8_t> on_huge_pages;
+  if (huge_pages) on_huge_pages.assign(w.begin(), w.end());
+  const std::uint8_t* weights = huge_pages ? on_huge_pages.data() : w.data();
   std::vector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
@@ -97,7 +103,7 @@ void BM_QuantProduct(benchmark::State& state, WeightFormat f) {
   pagedattn::engine::LinearScratch scratch;
   std::size_t copy = 0;
   for (auto _ : state) {
-    const std::uint8_t* m = w.data() + copy * bytes;
+    const std::uint8_t* m = weights + copy * bytes;
     if (f == WeightFormat::kF32)
       pagedattn::engine::linear({x.data(), rows, in, m, out, y.data(), false, false, f}, scratch);
     else
@@ -112,7 +118,7 @@ void BM_QuantProduct(benchmark::State& state, WeightFormat f) {
       benchmark::Counter(double(out) * 1e-9, benchmark::Counter::kIsIterationInvariantRate |
                                                  benchmark::Counter::kInvert);
   state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + (cold ? " cold" : " hot") +
-                 (int8 ? " int8 x" : ""));
+                 (huge_pages ? " huge pages" : "") + (int8 ? " int8 x" : ""));
 }
 
 // One thread reading kColdBytes: the bound of the cold cases.
@@ -127,21 +133,28 @@ void BM_ReadBandwidth(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadBandwidth)->Unit(benchmark::kMillisecond);
 
-void AddShapes(benchmark::internal::Benchmark* b, std::int64_t int8) {
+// lm_head: SmolLM2's LM head, 576 inputs, which no K-quant row can hold.
+void AddShapes(benchmark::internal::Benchmark* b, std::int64_t int8, bool lm_head) {
   b->ArgNames({"out", "in", "rows", "cold", "int8"});
   for (const std::int64_t rows : {1, 4, 8}) b->Args({576, 1536, rows, 0, int8});
   for (const std::int64_t rows : {1, 4}) b->Args({2048, 8192, rows, 0, int8});
-  b->Args({2048, 8192, 1, 1, int8});
-  b->Args({8192, 2048, 1, 1, int8});
-  b->Args({49152, 576, 1, 1, int8});  // SmolLM2's LM head: short rows, streamed
+  for (const std::int64_t cold : {1, 2}) {
+    b->Args({2048, 8192, 1, cold, int8});
+    b->Args({8192, 2048, 1, cold, int8});
+    if (lm_head) b->Args({49152, 576, 1, cold, int8});  // short rows, streamed
+  }
   b->Unit(benchmark::kMicrosecond);
 }
 void Shapes(benchmark::internal::Benchmark* b) {
-  AddShapes(b, 0);
+  AddShapes(b, 0, true);
 }
-void KShapes(benchmark::internal::Benchmark* b) {
-  AddShapes(b, 0);
-  AddShapes(b, 1);
+void Int8Shapes(benchmark::internal::Benchmark* b) {
+  AddShapes(b, 0, true);
+  AddShapes(b, 1, true);
+}
+void KQuantShapes(benchmark::internal::Benchmark* b) {
+  AddShapes(b, 0, false);
+  AddShapes(b, 1, false);
 }
 
 // Batches, one thread, us per product. Args: out, in, rows, path: 0
@@ -309,14 +322,14 @@ void FloatBatchShapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond);
 }
 BENCHMARK_CAPTURE(BM_QuantProduct, f32, WeightFormat::kF32)->Apply(Shapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q8_0, WeightFormat::kQ8_0)->Apply(KShapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q4_0, WeightFormat::kQ4_0)->Apply(KShapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q4_1, WeightFormat::kQ4_1)->Apply(KShapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q5_0, WeightFormat::kQ5_0)->Apply(KShapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q5_1, WeightFormat::kQ5_1)->Apply(KShapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q4_k, WeightFormat::kQ4_K)->Apply(KShapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(KShapes);
-BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(KShapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q8_0, WeightFormat::kQ8_0)->Apply(Int8Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q4_0, WeightFormat::kQ4_0)->Apply(Int8Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q4_1, WeightFormat::kQ4_1)->Apply(Int8Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q5_0, WeightFormat::kQ5_0)->Apply(Int8Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q5_1, WeightFormat::kQ5_1)->Apply(Int8Shapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q4_k, WeightFormat::kQ4_K)->Apply(KQuantShapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q5_k, WeightFormat::kQ5_K)->Apply(KQuantShapes);
+BENCHMARK_CAPTURE(BM_QuantProduct, q6_k, WeightFormat::kQ6_K)->Apply(KQuantShapes);
 BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
     ->ArgNames({"rows", "one_region"})
     ->ArgsProduct({{1, 2, 4, 16, 32}, {0, 1}})

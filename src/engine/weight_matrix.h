@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "core/huge_page_vector.h"
 #include "engine/gemm.h"
 #include "pagedattn/gguf_types.h"
 
@@ -55,7 +56,7 @@ class WeightMatrix {
 
   WeightFormat format_ = WeightFormat::kF32;
   std::int32_t out_ = 0, in_ = 0;
-  std::vector<std::byte> bytes_;
+  core::HugePageVector<std::byte> bytes_;  // streamed every step: on huge pages
 };
 
 }  // namespace pagedattn::engine

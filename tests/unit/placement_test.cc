@@ -4,6 +4,8 @@
 // spreading's effect.
 #include "core/placement.h"
 
+#include "core/huge_page_vector.h"
+
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_cache.h"
 
@@ -194,6 +196,45 @@ TEST(Placement, BindsEachOpenMpThreadToItsOwnCpu) {
   EXPECT_EQ(static_cast<int>(distinct.size()), threads);
   // What the process was given, not the one CPU of a bound thread.
   EXPECT_EQ(process_cpus(), cpus);
+}
+
+// The VmFlags of the mapping in /proc/self/smaps that holds `p` ("" when
+// none does).
+std::string mapping_flags(const void* p) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  std::ifstream in("/proc/self/smaps");
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find('-') < 16) {
+      inside = begin <= at && at < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// Weights' vectors: from kHugePageBytes up, a mapping of their own on a
+// huge-page boundary advised MADV_HUGEPAGE (smaps' "hg" flag, set whatever
+// THP's mode, where the kernel has THP at all); smaller ones on a cache
+// line. Contents survive growth, which moves them to a new mapping.
+TEST(HugePageVector, LargeVectorsStartOnAHugePageAdvisedForHugePages) {
+  HugePageVector<std::byte> small(1000), large(3 * kHugePageBytes + 5);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small.data()) % kCacheLineBytes, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(large.data()) % kHugePageBytes, 0u);
+  for (std::size_t i = 0; i < large.size(); ++i) large[i] = std::byte(i % 251);
+  large.resize(5 * kHugePageBytes);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(large.data()) % kHugePageBytes, 0u);
+  for (std::size_t i = 0; i < 3 * kHugePageBytes + 5; i += 4093)
+    ASSERT_EQ(large[i], std::byte(i % 251)) << i;
+  if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good()) {
+    const std::string flags = mapping_flags(large.data());
+    EXPECT_NE(flags.find(" hg"), std::string::npos) << flags;
+  }
+  HugePageVector<float> copied(large.size() / 4, 1.5f);
+  copied = HugePageVector<float>(10, 2.0f);  // a large one freed, a small one in its place
+  EXPECT_EQ(copied.back(), 2.0f);
 }
 
 }  // namespace
