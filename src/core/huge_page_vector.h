@@ -17,9 +17,11 @@ namespace pagedattn::core {
 
 inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
 
-// A fresh anonymous mapping of at least `bytes` (a multiple of
-// kHugePageBytes), aligned to kHugePageBytes and advised MADV_HUGEPAGE
-// (std::bad_alloc when none can be mapped); free_huge_pages gives it back.
+// A fresh anonymous mapping of at least `bytes`, aligned to kHugePageBytes
+// and advised MADV_HUGEPAGE (std::bad_alloc when none can be mapped);
+// free_huge_pages(p, the same bytes) gives it back. It ends at the system
+// page after `bytes`: a last, partial huge page takes small pages, not a
+// whole 2 MiB.
 void* allocate_huge_pages(std::size_t bytes);
 void free_huge_pages(void* p, std::size_t bytes);
 
@@ -29,16 +31,13 @@ struct HugePageAllocator {
   HugePageAllocator() = default;
   template <class U>
   explicit HugePageAllocator(const HugePageAllocator<U>&) {}
-  static std::size_t mapped_bytes(std::size_t n) {
-    return (n * sizeof(T) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
-  }
   T* allocate(std::size_t n) {
     if (n * sizeof(T) < kHugePageBytes) return CacheLineAllocator<T>().allocate(n);
-    return static_cast<T*>(allocate_huge_pages(mapped_bytes(n)));
+    return static_cast<T*>(allocate_huge_pages(n * sizeof(T)));
   }
   void deallocate(T* p, std::size_t n) {
     if (n * sizeof(T) < kHugePageBytes) return CacheLineAllocator<T>().deallocate(p, n);
-    free_huge_pages(p, mapped_bytes(n));
+    free_huge_pages(p, n * sizeof(T));
   }
   friend bool operator==(const HugePageAllocator&, const HugePageAllocator&) { return true; }
 };
