@@ -69,8 +69,7 @@ struct LinearArgs {
 // run in place too (docs/benchmarks.md, "A few rows: in place or tiled").
 inline constexpr std::int32_t kQuantDirectRows = 4;
 constexpr bool quant_batch_in_place(std::int32_t rows, WeightFormat format) {
-  if (format == WeightFormat::kF16 || format == WeightFormat::kBF16)
-    return rows <= kQuantDirectRows;
+  if (is_sixteen_bit(format)) return rows <= kQuantDirectRows;
   return rows <= 2 || rows == kQuantDirectRows;
 }
 // bf16_batches takes batches of at least this many rows: smaller ones are

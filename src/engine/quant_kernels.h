@@ -66,12 +66,16 @@ constexpr std::int32_t weight_format_block(WeightFormat format) {
   return 1;
 }
 
+// F16 / BF16: floats, widened exactly, in the quantised formats' blocks.
+constexpr bool is_sixteen_bit(WeightFormat format) {
+  return format == WeightFormat::kF16 || format == WeightFormat::kBF16;
+}
+
 // Whether the in-place kernels have integer dot products for `format`
 // (QuantProductArgs::int8_x): the quantised formats. Float formats
 // ignore int8_x and multiply f32 x.
 constexpr bool has_int8_products(WeightFormat format) {
-  return format != WeightFormat::kF32 && format != WeightFormat::kF16 &&
-         format != WeightFormat::kBF16;
+  return format != WeightFormat::kF32 && !is_sixteen_bit(format);
 }
 
 // Block sizes and where the quants start in a block.

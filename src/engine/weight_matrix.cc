@@ -70,7 +70,7 @@ WeightMatrix WeightMatrix::slice(std::int32_t row_begin, std::int32_t rows, std:
           ", +", cols, ") of ", what, " (", out_, " x ", in_, ") are out of range");
   const std::int32_t block = weight_format_block(format_);
   const bool whole_blocks = col_begin % block == 0 && cols % block == 0;
-  if (!whole_blocks && (format_ == WeightFormat::kF16 || format_ == WeightFormat::kBF16))
+  if (!whole_blocks && is_sixteen_bit(format_))
     return widened_slice(row_begin, rows, col_begin, cols);  // exact, as at load
   require(whole_blocks, what, " is ", weight_format_name(format_),
           ": its tensor-parallel slice of columns [", col_begin, ", ", col_begin + cols,
