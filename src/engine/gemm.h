@@ -80,9 +80,9 @@ inline constexpr std::int32_t kBf16MinRows = 9;
 // reads each weight once where BLAS would first copy it into its packed
 // layout (as much time as the product itself at a few rows); batches of up
 // to kF32TileRows rows run dot_tiles, which reads them in place too; larger
-// ones BLAS. The limits are where dot_tiles stops
-// beating the others on Llama 3.2 1B's shapes (docs/benchmarks.md, "f32
-// weights in batches": BLAS wins again at 64 rows).
+// ones BLAS. The limits are where dot_tiles stops beating the others on
+// Llama 3.2 1B's shapes (docs/benchmarks.md, "f32 weights in batches":
+// BLAS wins again at 64 rows).
 inline constexpr std::int32_t kF32DirectRows = 1;
 inline constexpr std::int32_t kF32TileRows = 32;
 // Int8 activations: batches of at most this many rows run the in-place
