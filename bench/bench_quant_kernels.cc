@@ -163,7 +163,9 @@ void KQuantShapes(benchmark::internal::Benchmark* b) {
 // rows in linear()), 2 linear() with bf16_batches (dot_tiles on bf16 where
 // the CPU has AVX512-BF16; skipped elsewhere); 3 the in-place kernels and 4
 // dot_tiles, both on f32 x, for the few rows where linear() chooses between
-// them (quant_batch_in_place).
+// them (quant_batch_in_place); 5 linear() on int8 x (Activations::kInt8:
+// the in-place int8 kernels up to kInt8DirectRows, the int8 tiles above
+// where the CPU has AVX512-VNNI; skipped elsewhere).
 void BM_Batch(benchmark::State& state, WeightFormat f) {
   const auto out = static_cast<std::int32_t>(state.range(0));
   const auto in = static_cast<std::int32_t>(state.range(1));
@@ -171,6 +173,8 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
   const auto path = state.range(3);
   if (path == 2 && !pagedattn::engine::dot_tiles_bf16_available())
     return state.SkipWithError("no AVX512-BF16 here");
+  if (path == 5 && !pagedattn::engine::dot_tiles_int8_available())
+    return state.SkipWithError("no AVX512-VNNI here");
   const auto w = random_matrices(f, out, in, 1);
   std::vector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
   std::mt19937 rng(2);
@@ -181,6 +185,7 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
   pagedattn::core::CacheLineVector<float> tiles;
   pagedattn::engine::LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), false, false, f};
   args.bf16_batches = path == 2;
+  if (path == 5) args.activations = pagedattn::engine::Activations::kInt8;
   for (auto _ : state) {
     if (path == 3)
       pagedattn::engine::quant_product(
@@ -201,8 +206,8 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
                                                   benchmark::Counter::kInvert);
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * out * in * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
-  static const char* const kPaths[] = {" linear f32 x", " in place int8 x", " linear bf16",
-                                       " in place f32 x", " dot_tiles f32 x"};
+  static const char* const kPaths[] = {" linear f32 x",   " in place int8 x", " linear bf16",
+                                       " in place f32 x", " dot_tiles f32 x", " linear int8 x"};
   state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + kPaths[path]);
 }
 
@@ -291,9 +296,9 @@ void AddBatchShapes(benchmark::internal::Benchmark* b, bool k_quant) {
   for (const std::int64_t rows : {2, 3, 4, 5, 6, 8})
     for (const std::int64_t path : {3, 4}) add(rows, path);
   for (const std::int64_t rows : {16, 32, 64, 128})
-    for (const std::int64_t path : {0, 1, 2}) add(rows, path);
+    for (const std::int64_t path : {0, 1, 2, 5}) add(rows, path);
   // A prefill chunk; the in-place kernels never take one.
-  for (const std::int64_t path : {0, 2, 4}) add(2048, path);
+  for (const std::int64_t path : {0, 2, 4, 5}) add(2048, path);
   for (const std::int64_t rows : {64, 128}) add(rows, 4);
   b->Unit(benchmark::kMicrosecond);
 }

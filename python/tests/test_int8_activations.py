@@ -87,9 +87,9 @@ def test_without_int8_activations_the_serving_path_keeps_f32_activations():
         assert r["max"] < 1e-3
 
 
-def summarize(model, exact, int8_activations):
+def summarize(model, exact, int8_activations, sequences=SEQUENCES):
     out = []
-    for tokens in SEQUENCES:
+    for tokens in sequences:
         ref = model.logits(tokens).astype(np.float64)
         got = model.logits(tokens, exact=exact, int8_activations=int8_activations).astype(np.float64)
         diff = np.abs(got - ref)
@@ -127,3 +127,18 @@ def test_the_per_model_switch_runs_the_same_int8_path_as_the_environment_variabl
                         int8_activations=True)
     result = llm.generate(prompt, pagedattn.SamplingParams(max_tokens=24, ignore_eos=True))[0]
     assert result.outputs[0].text + "\n" == by_flag
+
+
+def test_whole_prompts_on_int8_tiles_stay_within_the_same_bound():
+    # 30 rows at once: more than kInt8DirectRows, so the products run on the
+    # int8 tiles (dot_tiles, AVX512-VNNI) where the CPU has them, else on
+    # f32 x (then the logits equal the exact ones up to f32 order).
+    import pagedattn._core as core
+    model = core.GgufModel(model_path())
+    results = summarize(model, exact=False, int8_activations=True, sequences=PROMPTS)
+    for tokens, r in zip(PROMPTS, results):
+        print(f"{len(tokens)} positions at once: top-1 agreement {r['top1']:.3f}, max |logit "
+              f"difference| {r['max']:.3f}, mean {r['mean']:.3f}")
+        assert r["max"] < MAX_DIFF
+        assert r["mean"] < MEAN_DIFF
+    assert np.mean([r["top1"] for r in results]) >= MIN_TOP1

@@ -432,6 +432,8 @@ void dot_tiles(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t ou
                core::CacheLineVector<float>& scratch) {
   require(args.in > 0 && args.in % kQuantBlock == 0, "dot_tiles: in = ", args.in,
           " is not a positive multiple of ", kQuantBlock);
+  if (args.int8 && has_int8_products(args.format) && dot_tiles_int8_available())
+    return dot_tiles_int8(args, out_begin, out_end, scratch);
   DotTilesArgs a = args;
   a.bf16 = a.bf16 && dot_tiles_bf16_available();
   HWY_DYNAMIC_DISPATCH(DotTiles)(a, out_begin, out_end, scratch);

@@ -39,22 +39,39 @@ struct DotTilesArgs {
   // per instruction; products exact, sums f32), where
   // dot_tiles_bf16_available(); f32 elsewhere.
   bool bf16 = false;
+  // Quantised weights (has_int8_products): round x to int8 per 32 values
+  // (quantize_activations_q8, as the in-place kernels' int8_x) and multiply
+  // the quants on AVX512-VNNI dot products (exact int32 sums per 32
+  // weights, Q6_K 16, each scaled by d (* sc) * dx; the mins of Q4_1 / Q5_1
+  // / Q4_K / Q5_K times exact sums of x), where dot_tiles_int8_available();
+  // ignored elsewhere and for float weights. Takes precedence over bf16.
+  bool int8 = false;
 };
 
 // Whether dot_tiles honours DotTilesArgs::bf16 here: an AVX-512 target was
 // dispatched and the CPU has AVX512-BF16, not switched off
 // (dispatched_features(); fixed at the first call).
 bool dot_tiles_bf16_available();
+// Whether dot_tiles honours DotTilesArgs::int8 here: an AVX-512 target was
+// dispatched and the CPU has AVX512-VNNI, not switched off (fixed at the
+// first call).
+bool dot_tiles_int8_available();
 
 // y[r][o] (+)= sum_i x[r][i] w[o][i] for o in [out_begin, out_end) and
 // every row r, on one thread. Each output is one f32 multiply-add chain per
 // vector lane over i in order (bf16: pairs of products per lane), then a
-// fixed tree over the lanes: it does not
+// fixed tree over the lanes (int8: per weight row one f32 multiply-add
+// chain over the blocks in order, in its own lane): it does not
 // depend on the other rows, their count, the column range or the tile it
 // falls in (the tests check this). `scratch` holds the dequantised group,
 // from a cache line on (no vector load from it splits over two lines).
 // InvalidArgument when `in` is not a positive multiple of kQuantBlock.
 void dot_tiles(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
                core::CacheLineVector<float>& scratch);
+
+// dot_tiles' int8 products (src/engine/dot_tiles_int8.cc), for dot_tiles
+// only: args.int8 where dot_tiles_int8_available().
+void dot_tiles_int8(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
+                    core::CacheLineVector<float>& scratch);
 
 }  // namespace pagedattn::engine

@@ -141,8 +141,8 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
 // through them.
 constexpr std::int64_t kTileParallelWork = kParallelWork / 4;
 
-void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16) {
-  const DotTilesArgs d{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, bf16};
+void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = false) {
+  const DotTilesArgs d{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, bf16, int8};
   const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork;
   const std::int32_t tasks =
       split_work(a.rows, a.out, worth ? omp_get_max_threads() : 1, false).tasks();
@@ -306,6 +306,8 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
       linear_quant_direct(a, true);
     else if (a.deterministic || quant_batch_in_place(a.rows, a.w_format))
       linear_quant_direct(a, false);
+    else if (int8 && dot_tiles_int8_available())
+      linear_tiled(a, scratch, false, true);
     else if (bf16 || a.rows <= kDotTileRows)
       linear_tiled(a, scratch, bf16);
     else

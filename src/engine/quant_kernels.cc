@@ -192,22 +192,6 @@ void ProductRange(const QuantProductArgs& a, std::int32_t out_begin, std::int32_
 
 // ---------------------------------------------------------------- K-quants
 
-// The 6-bit scales sc[8] and mins m[8] of a Q4_K / Q5_K super-block from
-// its 12 packed bytes: j < 4 in the low 6 bits of bytes j (scale) and j + 4
-// (min); j >= 4 in a nibble of byte j + 4 and the top 2 bits of bytes j - 4
-// (scale) and j (min).
-HWY_INLINE void UnpackKScales(const std::uint8_t* packed, std::uint8_t* sc, std::uint8_t* m) {
-  std::uint32_t u[3];
-  std::memcpy(u, packed, sizeof u);
-  constexpr std::uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-  const std::uint32_t words[4] = {u[0] & k6,                                        // sc[0..3]
-                                  (u[2] & k4) | (((u[0] >> 6) & k2) << 4),          // sc[4..7]
-                                  u[1] & k6,                                        // m[0..3]
-                                  ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4)};  // m[4..7]
-  std::memcpy(sc, words, 8);
-  std::memcpy(m, words + 2, 8);
-}
-
 // Quants of Q4_K / Q5_K sub-blocks 2i (lo) and 2i + 1 (hi), weights
 // [c * N, c * N + N) of each, as exact f32 integers (0..15 / 0..31).
 template <WeightFormat F>
@@ -327,7 +311,7 @@ HWY_INLINE void DotRowsK45(const QuantProductArgs& a, const float* xsums, std::i
     PrefetchPast(block, kBytes);
     const float d = HalfAt(block), dmin = HalfAt(block + 2);
     alignas(8) std::uint8_t sc[8], m[8];
-    UnpackKScales(block + 4, sc, m);
+    unpack_k_scales(block + 4, sc, m);
     // d * sc[j] (exact in f32) into memory, whence each is broadcast.
     alignas(32) float scales[8];
     const auto vd = hn::Set(dm, d), vdmin = hn::Set(dm, dmin);
@@ -619,7 +603,7 @@ HWY_INLINE void WideRowsK45(const QuantProductArgs& a, const float* xp_rows, con
     const std::uint8_t* block = w + b * kBytes;
     PrefetchPast(block, kBytes);
     alignas(8) std::uint8_t sc[8], m[8];
-    UnpackKScales(block + 4, sc, m);
+    unpack_k_scales(block + 4, sc, m);
     alignas(32) float scales[8];
     hn::Store(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, sc))),
                       hn::Set(df, HalfAt(block))),
@@ -1115,7 +1099,7 @@ HWY_INLINE void Int8RowsK45(const QuantProductArgs& a, const Int8Rows& rows, std
     const std::uint8_t* block = w + b * kBytes;
     PrefetchPast(block, kBytes);
     alignas(8) std::uint8_t sc[8], m[8];
-    UnpackKScales(block + 4, sc, m);
+    unpack_k_scales(block + 4, sc, m);
     const auto scales = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(D8I(), hn::LoadU(d8, sc))),
                                 hn::Set(df, HalfAt(block)));
     const auto mins = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(D8I(), hn::LoadU(d8, m))),
@@ -1451,7 +1435,7 @@ void DequantizeK(const void* weights, std::int32_t in, std::int32_t first_row, s
     } else {
       const float d = HalfAt(block), dmin = HalfAt(block + 2);
       alignas(8) std::uint8_t sc[8], m[8];
-      UnpackKScales(block + 4, sc, m);
+      unpack_k_scales(block + 4, sc, m);
       for (std::size_t i = 0; i < 4; ++i) {
         const auto scale_lo = hn::Set(df, d * sc[2 * i]), scale_hi = hn::Set(df, d * sc[2 * i + 1]);
         const auto min_lo = hn::Set(df, dmin * m[2 * i]), min_hi = hn::Set(df, dmin * m[2 * i + 1]);

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace pagedattn::engine {
 
@@ -142,6 +143,22 @@ struct BlockTraits<WeightFormat::kQ6_K> {
   static constexpr std::int64_t kScales = 192;
   static constexpr std::int64_t kScale = 208;  // f16 d
 };
+
+// The 6-bit scales sc[8] and mins m[8] of a Q4_K / Q5_K super-block from
+// its 12 packed bytes: j < 4 in the low 6 bits of bytes j (scale) and j + 4
+// (min); j >= 4 in a nibble of byte j + 4 and the top 2 bits of bytes j - 4
+// (scale) and j (min).
+inline void unpack_k_scales(const std::uint8_t* packed, std::uint8_t* sc, std::uint8_t* m) {
+  std::uint32_t u[3];
+  std::memcpy(u, packed, sizeof u);
+  constexpr std::uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+  const std::uint32_t words[4] = {u[0] & k6,                                        // sc[0..3]
+                                  (u[2] & k4) | (((u[0] >> 6) & k2) << 4),          // sc[4..7]
+                                  u[1] & k6,                                        // m[0..3]
+                                  ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4)};  // m[4..7]
+  std::memcpy(sc, words, 8);
+  std::memcpy(m, words + 2, 8);
+}
 
 const char* weight_format_name(WeightFormat format);
 // Bytes of one block (f32: of one weight).

@@ -1065,11 +1065,135 @@ TEST(QuantKernels, Int8RowsOf32WeightFormatsDoNotDependOnTheirBatchOrColumnRange
     }
 }
 
+// Every format with int8 products (has_int8_products).
+constexpr WeightFormat kInt8Formats[] = {
+    WeightFormat::kQ8_0, WeightFormat::kQ4_0, WeightFormat::kQ4_1, WeightFormat::kQ5_0,
+    WeightFormat::kQ5_1, WeightFormat::kQ4_K, WeightFormat::kQ5_K, WeightFormat::kQ6_K};
+
+// A weight as the int8 paths split it: `quant` multiplies x rounded to
+// int8, `min` the exact x (Q4_1 / Q5_1: m; Q4_K / Q5_K: -dmin m; else 0).
+struct Int8Terms {
+  std::vector<double> quant, min;
+};
+
+Int8Terms int8_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
+  Int8Terms t{std::vector<double>(std::size_t(in)), std::vector<double>(std::size_t(in))};
+  if (weight_format_block(f) == kQuantKBlock) {
+    const RowTerms k = row_terms(f, row, in);
+    t.quant = k.scaled;
+    for (std::int32_t i = 0; i < in; ++i) t.min[std::size_t(i)] = -k.offset[std::size_t(i)];
+    return t;
+  }
+  const bool with_min = f == WeightFormat::kQ4_1 || f == WeightFormat::kQ5_1;
+  for (std::int32_t i = 0; i < in; ++i) {
+    const double m = with_min ? half_at(row + i / 32 * weight_block_bytes(f) + 2) : 0.0;
+    t.quant[std::size_t(i)] = scalar_weight(f, row, i) - m;
+    t.min[std::size_t(i)] = m;
+  }
+  return t;
+}
+
+// The int8 tiles (AVX512-VNNI) against a double product of the block
+// definition's weights and x rounded as quantize_activations_q8 rounds it
+// (the mins times exact x). Per weight row and S inputs (32; Q6_K 16) the
+// integer sum is exact and converts exactly (< 2^24); times dx rounds once,
+// the scale d * sc once, the multiply-add into the row's total once per S
+// inputs (in / S adds in all), the mins' multiply-add once per 32 after a
+// sum of 32 x (5 adds), y0 last: k = in / 16 + 16 covers it. Shapes: rows
+// past a pass of 128, rows of whole 64-input vectors and of 32 over, ldy >
+// out, column ranges that start inside a group of 16, accumulate.
+TEST(DotTiles, Int8MatchesADoubleReferenceOfTheRoundedActivations) {
+  if (!dot_tiles_int8_available()) GTEST_SKIP() << "no AVX512-VNNI on this CPU or target";
+  std::mt19937 rng(35);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  core::CacheLineVector<float> scratch;
+  for (const WeightFormat f : kInt8Formats)
+    for (const auto& [in32, out, rows, begin] :
+         {std::tuple{96, 13, 9, 0}, {288, 37, 23, 5}, {512, 45, 70, 17}, {256, 16, 131, 3}}) {
+      const std::int32_t in = weight_format_block(f) == kQuantKBlock ? 256 * (in32 / 96 + 1) : in32;
+      const std::int32_t ldy = out + 3;
+      const auto w = random_blocks(f, out, in, rng, 0.05f);
+      std::vector<Int8Terms> terms;
+      for (std::int32_t o = 0; o < out; ++o)
+        terms.push_back(int8_terms(f, w.data() + o * weight_row_bytes(f, in), in));
+      std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
+      for (auto& v : x) v = value(rng) * (rows == 23 ? 1e-3f : 1.0f);
+      for (auto& v : y0) v = value(rng);
+      const std::vector<double> rounded = int8_rounded(x, rows, in);
+      for (const bool accumulate : {false, true}) {
+        std::vector<float> y = y0;
+        DotTilesArgs args{x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate};
+        args.int8 = true;
+        dot_tiles(args, begin, out, scratch);
+        for (std::int32_t r = 0; r < rows; ++r)
+          for (std::int32_t o = 0; o < ldy; ++o) {
+            const std::size_t at = std::size_t(r) * ldy + o;
+            if (o < begin || o >= out) {
+              ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
+              continue;
+            }
+            double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
+            for (std::int32_t i = 0; i < in; ++i) {
+              const std::size_t xi = std::size_t(r) * in + i;
+              const double q = terms[std::size_t(o)].quant[std::size_t(i)] * rounded[xi];
+              const double m = terms[std::size_t(o)].min[std::size_t(i)] * x[xi];
+              want += q + m;
+              a += std::abs(q) + std::abs(m);
+            }
+            ASSERT_LE(std::abs(y[at] - want), (in / 16.0 + 16) * 0x1p-24 * a + 1e-30)
+                << weight_format_name(f) << " in " << in << " rows " << rows << " r " << r << " o "
+                << o << " accumulate " << accumulate << " got " << y[at] << " want " << want;
+          }
+      }
+    }
+}
+
+// A row's int8 tile result is the same bits alone, in any batch (across the
+// passes of 128 rows too) and over any column range (a column's lane in its
+// group of 16 moves with the range's start); float weights ignore int8.
+TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchOrColumnRange) {
+  if (!dot_tiles_int8_available()) GTEST_SKIP() << "no AVX512-VNNI on this CPU or target";
+  std::mt19937 rng(36);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  core::CacheLineVector<float> scratch;
+  for (const WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ5_0, WeightFormat::kQ4_K,
+                               WeightFormat::kQ6_K, WeightFormat::kF16}) {
+    const std::int32_t in = 512, out = 37, rows = 140;
+    const auto w = random_blocks(f, out, in, rng, 0.05f);
+    std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out);
+    for (auto& v : x) v = value(rng);
+    DotTilesArgs args{x.data(), rows, in, w.data(), f, all.data(), out, false};
+    args.int8 = true;
+    dot_tiles(args, 0, out, scratch);
+    if (!has_int8_products(f)) {
+      std::vector<float> f32(all.size());
+      dot_tiles({x.data(), rows, in, w.data(), f, f32.data(), out, false}, 0, out, scratch);
+      EXPECT_EQ(all, f32) << weight_format_name(f);
+      continue;
+    }
+    for (const auto& [first, count] : {std::pair{0, 1}, {130, 1}, {3, 9}, {120, 20}})
+      for (const auto& [begin, end] : {std::pair{0, out}, {5, 6}, {3, 30}, {36, 37}}) {
+        std::vector<float> part(std::size_t(count) * out, -7.0f);
+        DotTilesArgs some{
+            x.data() + std::size_t(first) * in, count, in, w.data(), f, part.data(), out, false};
+        some.int8 = true;
+        dot_tiles(some, begin, end, scratch);
+        for (std::int32_t r = 0; r < count; ++r)
+          ASSERT_EQ(0, std::memcmp(part.data() + std::size_t(r) * out + begin,
+                                   all.data() + std::size_t(first + r) * out + begin,
+                                   std::size_t(end - begin) * sizeof(float)))
+              << weight_format_name(f) << " row " << first + r << " of a batch of " << count
+              << " columns [" << begin << ", " << end << ")";
+      }
+  }
+}
+
 // linear() on quantised weights: with the int8 default on (or kInt8), not
 // deterministic, batches of up to kInt8DirectRows run the int8 kernels, bit
 // for bit what quant_product with int8_x gives; Activations::kF32,
 // deterministic mode and the default off give the f32 kernels' bits; larger
-// batches are unchanged by the choice (dequantise + BLAS).
+// batches run the int8 tiles where the CPU has AVX512-VNNI, bit for bit
+// what dot_tiles with int8 gives, and are unchanged by the choice elsewhere.
 TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDeterministic) {
   std::mt19937 rng(32);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
@@ -1104,6 +1228,15 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
       if (rows <= kInt8DirectRows) {
         EXPECT_EQ(run(Activations::kDefault, false), int8);
         EXPECT_EQ(run(Activations::kInt8, false), int8);
+      } else if (dot_tiles_int8_available()) {  // the int8 tiles
+        std::vector<float> tiles(std::size_t(rows) * out);
+        core::CacheLineVector<float> scratch;
+        DotTilesArgs d{x.data(), rows, in, w.data(), f, tiles.data(), out, false};
+        d.int8 = true;
+        dot_tiles(d, 0, out, scratch);
+        EXPECT_EQ(run(Activations::kDefault, false), tiles);
+        EXPECT_EQ(run(Activations::kInt8, false), tiles);
+        EXPECT_NE(run(Activations::kF32, false), tiles);
       } else {
         EXPECT_EQ(run(Activations::kDefault, false), run(Activations::kF32, false));
       }
