@@ -290,8 +290,9 @@ void add_kv_cache_dtype_flag(CLI::App& app, DType& dtype) {
 
 void add_int8_activations_flag(CLI::App& app, bool& on) {
   app.add_flag("--int8-activations", on,
-               "quantised weights take activations rounded to int8 per 32 values in batches of "
-               "up to 8 rows, as llama.cpp (faster decode; logits move, docs/models.md; default "
+               "quantised weights take activations rounded to int8 per 32 values, as llama.cpp, "
+               "on integer dot products (batches of more than 8 rows where the CPU has "
+               "AVX512-VNNI; faster decode and prefill; logits move, docs/models.md; default "
                "off: f32)");
 }
 

@@ -49,11 +49,13 @@ struct ForwardBatch {
   // (fixed-size row blocks in every matrix product).
   bool deterministic = false;
   // Products with quantised weights take activations rounded to int8 per 32
-  // values in batches of at most 8 rows (llama.cpp's Q8_0 activations; the
-  // error bound is in docs/models.md). Ignored in deterministic mode.
+  // values (llama.cpp's Q8_0 activations; the error bound is in
+  // docs/models.md): batches of at most 8 rows on AVX2 and up, larger ones
+  // where the CPU has AVX512-VNNI. Ignored in deterministic mode.
   bool int8_activations = false;
   // Weight products in batches of more than 8 rows that int8_activations
-  // leaves alone round x and the weights to bf16 and run on AVX512-BF16 dot
+  // leaves alone (float weights; every batch where the CPU lacks
+  // AVX512-VNNI) round x and the weights to bf16 and run on AVX512-BF16 dot
   // products where the CPU has them (f32 elsewhere; the error bound is in
   // docs/models.md). Ignored in deterministic mode.
   bool bf16_products = false;

@@ -95,8 +95,9 @@ class Engine:
     one each, to the CPUs the process may run on, at the first step (for a
     machine or cpuset the engine has to itself; docs/engine.md, "Threads").
     int8_activations: a GGUF model's quantised weights take the activations
-    rounded to int8 per 32 values in batches of up to 8 rows, as llama.cpp
-    (faster decode; logits move: top-1 agreement ~0.9 with f32 on
+    rounded to int8 per 32 values, as llama.cpp, on integer dot products
+    (batches of more than 8 rows where the CPU has AVX512-VNNI; faster
+    decode and prefill; logits move: top-1 agreement ~0.9 with f32 on
     SmolLM2-135M, docs/models.md; ignored in deterministic mode).
     check_tensors: with a .gguf path, scan every weight for NaN / Inf before
     loading (one more pass over the weights) and raise InvalidArgumentError

@@ -24,10 +24,12 @@ inline constexpr std::int32_t kColumnBlock = 128;
 
 // How a product with quantised weights takes its activations.
 //   kF32: exact f32 x (up to f32 summation order).
-//   kInt8: x rounded to int8 per 32 values (quantize_activations_q8) on the
-//     in-place kernels' integer dot products (QuantProductArgs::int8_x),
-//     for batches of at most kInt8DirectRows rows; larger batches
-//     (prefill) dequantise and run BLAS on f32 x.
+//   kInt8: x rounded to int8 per 32 values (quantize_activations_q8) on
+//     integer dot products: the in-place kernels' (QuantProductArgs::int8_x)
+//     for batches of at most kInt8DirectRows rows, dot_tiles' on
+//     AVX512-VNNI (DotTilesArgs::int8) for larger ones where
+//     dot_tiles_int8_available(); elsewhere those run the f32 (or bf16)
+//     batch paths.
 //   kDefault: kInt8 when int8_activations_default() is true, else kF32.
 // Deterministic mode always runs kF32.
 enum class Activations : std::uint8_t { kDefault, kF32, kInt8 };
@@ -88,8 +90,9 @@ inline constexpr std::int32_t kF32TileRows = 32;
 // Int8 activations: batches of at most this many rows run the in-place
 // kernels. Alone on a matrix in cache they beat dequantise + BLAS to a few
 // dozen rows, but in a whole serving run larger batches lost to BLAS
-// (docs/models.md, int8 activations): so only the batches that run in place
-// anyway take int8.
+// (docs/models.md, int8 activations); larger batches take the int8 tiles
+// (outer products on AVX512-VNNI, no pass of reductions per block) or,
+// without VNNI, the f32 batch paths.
 inline constexpr std::int32_t kInt8DirectRows = 8;
 
 // kDefault's choice: false (f32 x) unless the environment variable
