@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "counter_random.h"
+#include "engine/sampler_kernels.h"
 #include "pagedattn/errors.h"
 #include "sequence_group.h"
 
@@ -103,73 +104,70 @@ bool before(const std::pair<Logit, std::int32_t>& a, const std::pair<Logit, std:
   return a.first != b.first ? a.first > b.first : a.second < b.second;
 }
 
-// The largest logit (the lowest token id on ties) and whether every logit
-// is finite, in one pass: the check costs no extra read of the row.
-struct RowMax {
-  std::int32_t token = 0;
-  bool finite = true;
-};
-
-RowMax row_max(std::span<const float> logits) {
-  // Lane-wise maxima and finiteness over blocks of kLanes (element-wise, so
-  // the compiler vectorises them), then the first token that holds the
-  // maximum: one pass at vector speed where a running argmax compares one
-  // logit per cycle, and the same token (the lowest id on ties).
-  constexpr std::size_t kLanes = 16;
-  const std::size_t n = logits.size(), blocks = n / kLanes * kLanes;
-  const float* x = logits.data();
-  float lane_max[kLanes];
-  bool lane_finite[kLanes];
-  for (std::size_t l = 0; l < kLanes; ++l) {
-    lane_max[l] = x[0];
-    lane_finite[l] = true;
-  }
-  for (std::size_t i = 0; i < blocks; i += kLanes)
-    for (std::size_t l = 0; l < kLanes; ++l) {
-      const float v = x[i + l];
-      lane_max[l] = v > lane_max[l] ? v : lane_max[l];
-      lane_finite[l] &= std::isfinite(v);
-    }
-  float best = x[0];
-  bool finite = true;
-  for (std::size_t l = 0; l < kLanes; ++l) {
-    best = lane_max[l] > best ? lane_max[l] : best;
-    finite &= lane_finite[l];
-  }
-  for (std::size_t i = blocks; i < n; ++i) {
-    best = x[i] > best ? x[i] : best;
-    finite &= std::isfinite(x[i]);
-  }
-  RowMax m;
-  m.finite = finite;
-  if (!finite) return m;  // the token means nothing then
-  m.token =
-      static_cast<std::int32_t>(std::find(logits.begin(), logits.end(), best) - logits.begin());
-  return m;
-}
-
+// The first maximum (the lowest token id on ties): lane-wise maxima over
+// blocks, then the first token that holds it.
 std::int32_t argmax(std::span<const double> row) {
-  return static_cast<std::int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  constexpr std::size_t kLanes = 8;
+  const std::size_t n = row.size(), blocks = n / kLanes * kLanes;
+  double lane_max[kLanes];
+  std::fill_n(lane_max, kLanes, row[0]);
+  for (std::size_t i = 0; i < blocks; i += kLanes)
+    for (std::size_t l = 0; l < kLanes; ++l)
+      lane_max[l] = row[i + l] > lane_max[l] ? row[i + l] : lane_max[l];
+  double best = *std::max_element(lane_max, lane_max + kLanes);
+  for (std::size_t i = blocks; i < n; ++i) best = row[i] > best ? row[i] : best;
+  return static_cast<std::int32_t>(std::find(row.begin(), row.end(), best) - row.begin());
 }
 
 // A token's softmax weight at the temperature, relative to the most likely
 // token's (1): min_p drops the tokens whose probability is below min_p x
-// the most likely one's.
+// the most likely one's. softmax_weights computes the same for a whole row.
 double relative_weight(double logit, double max, const SamplingParams& p) {
   const double w = std::exp((logit - max) / p.temperature);
   return w < p.min_p ? 0.0 : w;
 }
 
+// The sum of kPickBlock values in kSumChains independent chains (a single
+// chain waits on each add's latency), then the chains in order.
+constexpr std::size_t kPickBlock = 256, kSumChains = 8;
+double block_sum(const double* v) {
+  double part[kSumChains] = {};
+  for (std::size_t i = 0; i < kPickBlock; i += kSumChains)
+    for (std::size_t c = 0; c < kSumChains; ++c) part[c] += v[i + c];
+  double sum = 0.0;
+  for (const double p : part) sum += p;
+  return sum;
+}
+
 // The first index where the running sum of `probs` passes `target`; the
-// last positive one should rounding leave target beyond the sum.
+// last positive one should rounding leave target beyond the sum. Whole
+// blocks are skipped by their sums, then the block is walked value by value.
 std::size_t pick(std::span<const double> probs, double target) {
   double acc = 0.0;
-  std::size_t last_positive = 0;
-  for (std::size_t i = 0; i < probs.size(); ++i) {
-    if (probs[i] > 0.0) last_positive = i;
-    if (target < (acc += probs[i])) return i;
+  std::size_t i = 0;
+  for (; i + kPickBlock <= probs.size(); i += kPickBlock) {
+    const double block = block_sum(probs.data() + i);
+    if (target < acc + block) break;
+    acc += block;
   }
-  return last_positive;
+  for (; i < probs.size(); ++i)
+    if (target < (acc += probs[i])) return i;
+  for (std::size_t j = probs.size(); j-- > 0;)
+    if (probs[j] > 0.0) return j;
+  return 0;
+}
+
+// Candidates for top_k / top_p: tokens in bins of their distance below the
+// most likely one, s = (max - logit) / temperature, kBinsPerUnit bins per
+// unit of s up to kBinnedUnits (weights above e^-32 of the largest), then
+// one bin for the rest (and masked tokens). Bins follow the logit order, so
+// the tokens of the first b bins are the most likely ones, ties included.
+constexpr int kBinsPerUnit = 8, kBinnedUnits = 32;
+constexpr int kRestBin = kBinsPerUnit * kBinnedUnits;
+
+int distance_bin(double logit, double max, double inverse_t) {
+  const double s = (max - logit) * inverse_t;
+  return s < kBinnedUnits ? static_cast<int>(s * kBinsPerUnit) : kRestBin;
 }
 
 // Nucleus candidates are sorted this many at first, then twice as many each
@@ -286,38 +284,64 @@ std::int32_t Sampler::draw(const SamplingParams& params, double u) {
   const std::int32_t best = argmax(processed_);
   if (params.temperature == 0.0f) return best;
   const double max = processed_[std::size_t(best)];
+  weights_.resize(processed_.size());
+  const double sum =
+      softmax_weights(processed_, max, params.temperature, params.min_p, weights_.data());
   const std::size_t vocab = processed_.size();
   const bool top_k = params.top_k > 0 && static_cast<std::size_t>(params.top_k) < vocab;
-  if (top_k || params.top_p < 1.0f) return draw_truncated(params, max, u);
-  return draw_from_all(params, max, u);
+  if (top_k || params.top_p < 1.0f) return draw_truncated(params, max, sum, u);
+  // The whole vocabulary, in token order: no sorting.
+  return static_cast<std::int32_t>(pick(weights_, u * sum));
 }
 
-// The whole vocabulary, in token order: no sorting.
-std::int32_t Sampler::draw_from_all(const SamplingParams& params, double max, double u) {
-  probs_.resize(processed_.size());
-  double sum = 0.0;
-  for (std::size_t t = 0; t < processed_.size(); ++t)
-    sum += probs_[t] = relative_weight(processed_[t], max, params);
-  return static_cast<std::int32_t>(pick(probs_, u * sum));
+void Sampler::gather_candidates(const SamplingParams& params, double max, double sum) {
+  const std::size_t vocab = processed_.size();
+  const bool top_k = params.top_k > 0 && static_cast<std::size_t>(params.top_k) < vocab;
+  const double inverse_t = 1.0 / params.temperature;
+  std::int64_t count[kRestBin + 1] = {};
+  double mass[kRestBin + 1] = {};
+  for (std::size_t t = 0; t < vocab; ++t) {
+    const int bin = distance_bin(processed_[t], max, inverse_t);
+    ++count[bin];
+    mass[bin] += weights_[t];
+  }
+  // The first bins that hold the k most likely tokens (top_k), or a mass
+  // that reaches top_p of the row (top_p alone), and one bin more: the
+  // nucleus is summed again in another order below.
+  const double goal = top_k ? 0.0 : params.top_p * sum;
+  std::int64_t tokens = 0;
+  double so_far = 0.0;
+  int last = 0;
+  for (; last < kRestBin; ++last) {
+    tokens += count[last];
+    so_far += mass[last];
+    if (top_k ? tokens >= params.top_k : so_far >= goal) break;
+  }
+  last = std::min(last + 1, kRestBin);
+  candidates_.clear();
+  for (std::size_t t = 0; t < vocab; ++t)
+    if (distance_bin(processed_[t], max, inverse_t) <= last)
+      candidates_.emplace_back(processed_[t], static_cast<std::int32_t>(t));
 }
 
 // top_k, then the smallest most-likely-first prefix whose mass reaches
-// top_p (sorted only as far as that prefix reaches).
-std::int32_t Sampler::draw_truncated(const SamplingParams& params, double max, double u) {
-  const std::size_t vocab = processed_.size();
-  candidates_.resize(vocab);
-  for (std::size_t t = 0; t < vocab; ++t)
-    candidates_[t] = {processed_[t], static_cast<std::int32_t>(t)};
+// top_p (sorted only as far as that prefix reaches), among the candidates
+// (gather_candidates), which hold both. `sum`: the whole row's weights.
+std::int32_t Sampler::draw_truncated(const SamplingParams& params, double max, double sum,
+                                     double u) {
+  gather_candidates(params, max, sum);
   const auto first = candidates_.begin();
-  std::size_t keep = vocab;
-  if (params.top_k > 0 && static_cast<std::size_t>(params.top_k) < vocab) {
-    keep = static_cast<std::size_t>(params.top_k);  // the k most likely, in no particular order
+  std::size_t keep = candidates_.size();
+  if (params.top_k > 0 && static_cast<std::size_t>(params.top_k) < processed_.size()) {
+    keep = std::min(keep, static_cast<std::size_t>(params.top_k));  // the k most likely
     std::nth_element(first, first + keep, candidates_.end(), before<double>);
+    probs_.resize(keep);
+    sum = 0.0;
+    for (std::size_t i = 0; i < keep; ++i)
+      sum += probs_[i] = relative_weight(candidates_[i].first, max, params);
+  } else {
+    probs_.resize(keep);
   }
-  probs_.resize(keep);
-  double sum = 0.0;
-  for (std::size_t i = 0; i < keep; ++i)
-    sum += probs_[i] = relative_weight(candidates_[i].first, max, params);
   if (params.top_p < 1.0f) {
     const double goal = params.top_p * sum;
     double mass = 0.0;

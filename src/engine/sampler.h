@@ -70,10 +70,14 @@ class Sampler {
                const SampleContext& context);
   // A draw from processed_ with temperature, min_p, top_k and top_p; u in [0, 1).
   std::int32_t draw(const SamplingParams& params, double u);
-  std::int32_t draw_from_all(const SamplingParams& params, double max, double u);
-  std::int32_t draw_truncated(const SamplingParams& params, double max, double u);
+  // top_k / top_p; sum: of weights_.
+  std::int32_t draw_truncated(const SamplingParams& params, double max, double sum, double u);
+  // candidates_ = the most likely tokens, in token order, enough to hold the
+  // top_k tokens (ties included) or, without top_k, the top_p nucleus.
+  void gather_candidates(const SamplingParams& params, double max, double sum);
 
   std::vector<double> processed_;                            // [vocab]
+  std::vector<double> weights_;                              // [vocab]: softmax_weights
   std::vector<std::pair<double, std::int32_t>> candidates_;  // (logit, token)
   std::vector<double> probs_;
   std::vector<std::int32_t> sorted_tokens_;  // the penalties' token counts

@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 namespace pagedattn::engine {
 namespace {
@@ -91,6 +92,38 @@ TEST(Sampler, WideNucleusAndTopKFollowAFullSortReference) {
       EXPECT_NEAR(counts[t] / double(draws), expected[t], 0.0045) << "token " << t;
     }
     EXPECT_GT(support, top_k == 50 ? 49u : 64u);
+  }
+}
+
+// top_k and top_p first gather candidates by bins of their distance below
+// the most likely token (8 per unit of (max - logit) / temperature, up to
+// 32 units): the cut falls inside groups of tied logits (the lowest ids
+// kept), beyond the binned range, and at a temperature that puts every
+// logit but the first far apart. The draws follow the full-sort reference.
+TEST(Sampler, CandidateBinsKeepTiesAndFarTokens) {
+  std::vector<float> logits(1200, -60.0f);                       // far below: the last bin
+  for (std::size_t t = 0; t < 1200; t += 37) logits[t] = 2.0f;   // 33 tokens
+  for (std::size_t t = 5; t < 1200; t += 41) logits[t] = 1.99f;  // 30 just below
+  const int draws = 12000;
+  for (const auto& [temperature, top_k, top_p] : {std::tuple{1.0f, 40, 1.0f},  // inside 1.99
+                                                  {1.0f, 0, 0.7f},             // inside 1.99
+                                                  {1.0f, 100, 1.0f},           // into the far bin
+                                                  {0.001f, 45, 1.0f},    // 1.99 is 10 units below
+                                                  {40.0f, 0, 0.98f}}) {  // every bin counts
+    const SamplingParams params{.temperature = temperature, .top_k = top_k, .top_p = top_p};
+    const std::vector<double> expected = reference_distribution(logits, temperature, top_k, top_p);
+    Sampler s;
+    std::vector<int> counts(logits.size());
+    for (int i = 0; i < draws; ++i)
+      ++counts[std::size_t(s.sample(logits, params, 13, 0, i).value())];
+    for (std::size_t t = 0; t < logits.size(); ++t) {
+      if (expected[t] == 0.0) {
+        ASSERT_EQ(counts[t], 0) << "token " << t << " is outside the support, T " << temperature
+                                << " top_k " << top_k << " top_p " << top_p;
+      }
+      EXPECT_NEAR(counts[t] / double(draws), expected[t], 0.008)
+          << "token " << t << ", T " << temperature << " top_k " << top_k << " top_p " << top_p;
+    }
   }
 }
 

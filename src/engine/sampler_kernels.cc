@@ -1,0 +1,108 @@
+// softmax_weights and row_max with Highway: hwy/contrib/math's exponential
+// in double.
+#include "engine/sampler_kernels.h"
+
+#include <cmath>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "engine/sampler_kernels.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+// Per target, after highway.h (its own block: clang-format sorts within one).
+#include <hwy/contrib/math/math-inl.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace pagedattn::engine::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DD = hn::ScalableTag<double>;
+using VD = hn::Vec<DD>;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Below this exponent exp() is 0 in double (subnormals end near -745); -inf
+// (a masked token) and overflowing quotients are clamped first.
+constexpr double kLowest = -746.0;
+
+HWY_INLINE VD Weight(DD d, VD logit, VD max, VD inverse_t, VD min_p) {
+  const VD arg = hn::Mul(hn::Sub(logit, max), inverse_t);
+  const VD w = hn::Exp(d, hn::Max(arg, hn::Set(d, kLowest)));
+  return hn::IfThenZeroElse(hn::Or(hn::Lt(w, min_p), hn::Le(arg, hn::Set(d, kLowest))), w);
+}
+
+double SoftmaxWeights(const double* logits, std::size_t n, double max, double temperature,
+                      double min_p, double* weights) {
+  const DD d;
+  const std::size_t lanes = hn::Lanes(d);
+  const VD vmax = hn::Set(d, max), inverse_t = hn::Set(d, 1.0 / temperature);
+  const VD vmin_p = hn::Set(d, min_p);
+  VD sum = hn::Zero(d);
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const VD w = Weight(d, hn::LoadU(d, logits + i), vmax, inverse_t, vmin_p);
+    hn::StoreU(w, d, weights + i);
+    sum = hn::Add(sum, w);
+  }
+  double total = hn::GetLane(hn::SumOfLanes(d, sum));
+  if (i < n) {  // the tail through a padded copy (Highway 1.0 has no partial loads)
+    HWY_ALIGN double x[hn::MaxLanes(d)], w[hn::MaxLanes(d)];
+    for (std::size_t j = 0; j < lanes; ++j) x[j] = i + j < n ? logits[i + j] : -HUGE_VAL;
+    hn::Store(Weight(d, hn::Load(d, x), vmax, inverse_t, vmin_p), d, w);
+    for (std::size_t j = 0; i + j < n; ++j) total += weights[i + j] = w[j];
+  }
+  return total;
+}
+
+RowMax RowMaxOf(const float* x, std::size_t n) {
+  const DF d;
+  const std::size_t lanes = hn::Lanes(d);
+  // The tail as a padded copy that repeats the first logit (Highway 1.0 has
+  // no partial loads): it changes neither the maximum nor finiteness.
+  HWY_ALIGN float tail[hn::MaxLanes(d)];
+  const std::size_t whole = n / lanes * lanes;
+  for (std::size_t j = 0; j < lanes; ++j) tail[j] = whole + j < n ? x[whole + j] : x[0];
+  const auto at = [&](std::size_t i) {
+    return i < whole ? hn::LoadU(d, x + i) : hn::Load(d, tail);
+  };
+  VF max = hn::Set(d, x[0]);
+  auto finite = hn::IsFinite(max);
+  for (std::size_t i = 0; i < n; i += lanes) {
+    const VF v = at(i);
+    max = hn::Max(max, v);
+    finite = hn::And(finite, hn::IsFinite(v));
+  }
+  RowMax m;
+  m.finite = hn::AllTrue(d, finite);
+  if (!m.finite) return m;  // the token means nothing then
+  const VF best = hn::Set(d, hn::GetLane(hn::MaxOfLanes(d, max)));
+  for (std::size_t i = 0; i < n; i += lanes) {
+    const intptr_t first = hn::FindFirstTrue(d, hn::Eq(at(i), best));
+    if (first >= 0) {
+      m.token = static_cast<std::int32_t>(i + std::size_t(first));
+      break;
+    }
+  }
+  return m;
+}
+
+}  // namespace pagedattn::engine::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace pagedattn::engine {
+
+HWY_EXPORT(SoftmaxWeights);
+HWY_EXPORT(RowMaxOf);
+
+RowMax row_max(std::span<const float> logits) {
+  return HWY_DYNAMIC_DISPATCH(RowMaxOf)(logits.data(), logits.size());
+}
+
+double softmax_weights(std::span<const double> logits, double max, double temperature, double min_p,
+                       double* weights) {
+  return HWY_DYNAMIC_DISPATCH(SoftmaxWeights)(logits.data(), logits.size(), max, temperature, min_p,
+                                              weights);
+}
+
+}  // namespace pagedattn::engine
+#endif  // HWY_ONCE

@@ -1,0 +1,27 @@
+// The sampler's pass over a whole row, vectorised (Highway, dispatched once
+// per call): a vocabulary of 128K tokens took a scalar std::exp each.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace pagedattn::engine {
+
+// weights[t] = exp((logits[t] - max) / temperature), 0 where that is below
+// min_p (the min_p rule: relative to the most likely token's 1) or logits[t]
+// is -inf; returns their sum. temperature > 0, max >= every logit. Within a
+// few ulp of std::exp; the sum runs over vector lanes, then across them.
+double softmax_weights(std::span<const double> logits, double max, double temperature, double min_p,
+                       double* weights);
+
+// The largest logit's first index (the lowest token id on ties) and whether
+// every logit is finite (index 0 when not), in one pass for the maximum and
+// the check and a second that stops at the first token holding it.
+struct RowMax {
+  std::int32_t token = 0;
+  bool finite = true;
+};
+RowMax row_max(std::span<const float> logits);
+
+}  // namespace pagedattn::engine
