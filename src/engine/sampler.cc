@@ -165,11 +165,6 @@ std::size_t pick(std::span<const double> probs, double target) {
 constexpr int kBinsPerUnit = 8, kBinnedUnits = 32;
 constexpr int kRestBin = kBinsPerUnit * kBinnedUnits;
 
-int distance_bin(double logit, double max, double inverse_t) {
-  const double s = (max - logit) * inverse_t;
-  return s < kBinnedUnits ? static_cast<int>(s * kBinsPerUnit) : kRestBin;
-}
-
 // Nucleus candidates are sorted this many at first, then twice as many each
 // time the mass so far falls short.
 constexpr std::size_t kFirstNucleusChunk = 64;
@@ -298,12 +293,22 @@ void Sampler::gather_candidates(const SamplingParams& params, double max, double
   const std::size_t vocab = processed_.size();
   const bool top_k = params.top_k > 0 && static_cast<std::size_t>(params.top_k) < vocab;
   const double inverse_t = 1.0 / params.temperature;
-  std::int64_t count[kRestBin + 1] = {};
-  double mass[kRestBin + 1] = {};
+  bins_.resize(vocab);
+  distance_bins(processed_, max, inverse_t, kBinsPerUnit, kRestBin, bins_.data());
+  // kCopies histograms, token t in copy t % kCopies: neighbouring tokens
+  // mostly share a bin, and one copy would wait on each update of it.
+  constexpr std::size_t kCopies = 4;
+  std::int64_t counts[kCopies][kRestBin + 1] = {};
+  double masses[kCopies][kRestBin + 1] = {};
   for (std::size_t t = 0; t < vocab; ++t) {
-    const int bin = distance_bin(processed_[t], max, inverse_t);
-    ++count[bin];
-    mass[bin] += weights_[t];
+    ++counts[t % kCopies][bins_[t]];
+    masses[t % kCopies][bins_[t]] += weights_[t];
+  }
+  std::int64_t count[kRestBin + 1];
+  double mass[kRestBin + 1];
+  for (int b = 0; b <= kRestBin; ++b) {
+    count[b] = counts[0][b] + counts[1][b] + counts[2][b] + counts[3][b];
+    mass[b] = masses[0][b] + masses[1][b] + masses[2][b] + masses[3][b];
   }
   // The first bins that hold the k most likely tokens (top_k), or a mass
   // that reaches top_p of the row (top_p alone), and one bin more: the
@@ -320,8 +325,7 @@ void Sampler::gather_candidates(const SamplingParams& params, double max, double
   last = std::min(last + 1, kRestBin);
   candidates_.clear();
   for (std::size_t t = 0; t < vocab; ++t)
-    if (distance_bin(processed_[t], max, inverse_t) <= last)
-      candidates_.emplace_back(processed_[t], static_cast<std::int32_t>(t));
+    if (bins_[t] <= last) candidates_.emplace_back(processed_[t], static_cast<std::int32_t>(t));
 }
 
 // top_k, then the smallest most-likely-first prefix whose mass reaches

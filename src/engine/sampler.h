@@ -78,6 +78,7 @@ class Sampler {
 
   std::vector<double> processed_;                            // [vocab]
   std::vector<double> weights_;                              // [vocab]: softmax_weights
+  std::vector<std::int32_t> bins_;                           // [vocab]: distance_bins
   std::vector<std::pair<double, std::int32_t>> candidates_;  // (logit, token)
   std::vector<double> probs_;
   std::vector<std::int32_t> sorted_tokens_;  // the penalties' token counts

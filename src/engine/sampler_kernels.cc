@@ -2,6 +2,7 @@
 // in double.
 #include "engine/sampler_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
 #undef HWY_TARGET_INCLUDE
@@ -53,6 +54,23 @@ double SoftmaxWeights(const double* logits, std::size_t n, double max, double te
   return total;
 }
 
+void DistanceBins(const double* logits, std::size_t n, double max, double inverse_t, int per_unit,
+                  int rest, std::int32_t* bins) {
+  const DD d;
+  const hn::Rebind<std::int32_t, DD> di;
+  const std::size_t lanes = hn::Lanes(d);
+  const VD scale = hn::Set(d, inverse_t * per_unit), vmax = hn::Set(d, max);
+  const VD limit = hn::Set(d, double(rest));
+  const auto bins_of = [&](VD logit) {  // NaN-free: -inf gives +inf, capped at rest
+    return hn::DemoteTo(di, hn::Floor(hn::Min(hn::Mul(hn::Sub(vmax, logit), scale), limit)));
+  };
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(bins_of(hn::LoadU(d, logits + i)), di, bins + i);
+  for (; i < n; ++i)
+    bins[i] = static_cast<std::int32_t>(
+        std::floor(std::min((max - logits[i]) * inverse_t * per_unit, double(rest))));
+}
+
 RowMax RowMaxOf(const float* x, std::size_t n) {
   const DF d;
   const std::size_t lanes = hn::Lanes(d);
@@ -93,6 +111,13 @@ namespace pagedattn::engine {
 
 HWY_EXPORT(SoftmaxWeights);
 HWY_EXPORT(RowMaxOf);
+HWY_EXPORT(DistanceBins);
+
+void distance_bins(std::span<const double> logits, double max, double inverse_t, int per_unit,
+                   int rest, std::int32_t* bins) {
+  HWY_DYNAMIC_DISPATCH(DistanceBins)
+  (logits.data(), logits.size(), max, inverse_t, per_unit, rest, bins);
+}
 
 RowMax row_max(std::span<const float> logits) {
   return HWY_DYNAMIC_DISPATCH(RowMaxOf)(logits.data(), logits.size());

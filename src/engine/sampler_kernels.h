@@ -15,6 +15,13 @@ namespace pagedattn::engine {
 double softmax_weights(std::span<const double> logits, double max, double temperature, double min_p,
                        double* weights);
 
+// bins[t] = min(floor((max - logits[t]) * inverse_t * per_unit), rest):
+// how far below the most likely token each one is, in 1 / per_unit units of
+// logit / temperature; rest for the tokens at per_unit x rest / per_unit
+// units or more (and -inf).
+void distance_bins(std::span<const double> logits, double max, double inverse_t, int per_unit,
+                   int rest, std::int32_t* bins);
+
 // The largest logit's first index (the lowest token id on ties) and whether
 // every logit is finite (index 0 when not), in one pass for the maximum and
 // the check and a second that stops at the first token holding it.
