@@ -215,8 +215,12 @@ std::vector<HttpRequestResult> run_over_http(const ServerUrl& url, const BenchSe
                                              const std::string& model,
                                              const std::vector<TraceRequest>& trace) {
   std::vector<std::string> bodies;
+  // Seed 1 (the default) keeps the prompts of earlier runs; each other seed
+  // draws its own token ids, so that runs against a server that caches
+  // prompts (llama-server's cache_prompt) do not repeat one another's.
+  const std::size_t first_stream = std::size_t(o.seed - 1) << 32;
   for (std::size_t i = 0; i < trace.size(); ++i)
-    bodies.push_back(completion_body(trace[i], i, model, o.text_prompts).dump());
+    bodies.push_back(completion_body(trace[i], first_stream + i, model, o.text_prompts).dump());
   std::vector<HttpRequestResult> results(trace.size());
   std::atomic<std::size_t> next{0};
   std::atomic<std::int64_t> finished{0};

@@ -47,7 +47,9 @@ void add_workload_flags(CLI::App& app, BenchServeOptions& o) {
                  "multi-turn: turns per conversation; the requests are conversations x T")
       ->type_name("T")
       ->transform(integer_in(1, 1 << 16));
-  app.add_option("--seed", o.seed, "workload and sampling seed")
+  app.add_option("--seed", o.seed,
+                 "workload and sampling seed; with --url also the prompts' token ids (seed 1: "
+                 "those of the in-process run)")
       ->type_name("S")
       ->check(flags::any_uint64());
   app.add_option("--json", o.json,

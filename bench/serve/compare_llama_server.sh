@@ -11,7 +11,8 @@
 # KV heads x 64; set PAGEDATTN_KV_MIB for another model).
 # For each concurrency (STREAMS) and round, bench-serve runs the same
 # trace (2 x streams requests, at least 4, of 128 prompt tokens and 128 output
-# tokens, ignore_eos) against pagedattn, then llama-server; then a table of
+# tokens, ignore_eos; new random prompts per round and concurrency) against
+# pagedattn, then llama-server; then a table of
 # output tokens/s and TTFT p50/p99 with the ratios pagedattn / llama-server.
 # PAGEDATTN and PAGEDATTN_SERVE name the pagedattn binaries of the client and
 # the server (default: this tree's build/release/tools/pagedattn);
@@ -83,7 +84,11 @@ metrics() {  # file: pagedattn serve's counters
 }
 bench() {  # name port concurrency round
   [ "$1" = pagedattn ] && metrics "$work/metrics-c$3-r$4.before"
-  "$tool" bench-serve --url "http://127.0.0.1:$2" --concurrency "$3" \
+  # Prompts of their own per round and concurrency (the two servers get the
+  # same ones): llama-server keeps each slot's last prompt (cache_prompt, on
+  # by default) and would serve a repeated one from it, where pagedattn
+  # serve runs without prefix caching.
+  "$tool" bench-serve --url "http://127.0.0.1:$2" --concurrency "$3" --seed $((1000 * $4 + $3)) \
     --workload "$work/c$3.jsonl" --json "$work/$1-c$3-r$4.json" >"$work/$1-c$3-r$4.txt" 2>/dev/null ||
     { echo "compare_llama_server: bench-serve against $1 failed:" >&2; cat "$work/$1-c$3-r$4.txt" >&2; exit 1; }
   [ "$1" = pagedattn ] && metrics "$work/metrics-c$3-r$4.after"
