@@ -38,6 +38,7 @@ struct Behaviour {
 struct Seen {
   int prompt_len = 0;
   int max_tokens = 0;
+  std::vector<int> prompt;  // the token ids
 };
 
 class FakeOpenAiServer {
@@ -84,7 +85,8 @@ class FakeOpenAiServer {
     int number = 0;
     {
       std::lock_guard lock(mutex_);
-      seen_.push_back({int(body["prompt"].size()), body["max_tokens"].get<int>()});
+      seen_.push_back({int(body["prompt"].size()), body["max_tokens"].get<int>(),
+                       body["prompt"].get<std::vector<int>>()});
       number = int(seen_.size());
     }
     if (b_.fail_every > 0 && number % b_.fail_every == 0) {
@@ -217,6 +219,28 @@ TEST(BenchServeHttp, CountsWhatTheServerStreamed) {
   }
   EXPECT_LE(server.peak_in_flight(), 4);
   EXPECT_GE(server.peak_in_flight(), 2);  // the streams overlap
+}
+
+// --seed picks the prompts' token ids: the same seed sends the same prompts,
+// another seed none of them (a server that caches prompts, as llama-server
+// does, must not find the previous run's).
+TEST(BenchServeHttp, TheSeedPicksThePrompts) {
+  const std::string trace = write_trace("seeds.jsonl", 6);
+  const auto prompts = [&](const std::string& seed) {
+    FakeOpenAiServer server({.token_delay_ms = 0});
+    const CliRun run = run_cli(url_flags(server) + " --concurrency 1 --workload " + trace + seed);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    std::vector<std::vector<int>> out;
+    for (const Seen& s : server.seen()) out.push_back(s.prompt);
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const auto first = prompts(""), again = prompts(" --seed 1"), other = prompts(" --seed 2");
+  ASSERT_EQ(first.size(), 6u);
+  EXPECT_EQ(first, again);  // seed 1 is the default
+  ASSERT_EQ(other.size(), 6u);
+  for (const auto& p : other)
+    EXPECT_EQ(std::find(first.begin(), first.end(), p), first.end()) << "a seed-1 prompt again";
 }
 
 TEST(BenchServeHttp, WithoutUsageCountsChunksAndFlagsShortOutputs) {
