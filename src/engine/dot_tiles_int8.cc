@@ -22,7 +22,6 @@
 #include "engine/dot_tiles.h"
 #include "kernels/cpu/row_groups.h"
 #include "pagedattn/cpu_features.h"
-#include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
