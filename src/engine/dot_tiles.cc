@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/row_groups.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/dtype.h"
@@ -15,7 +14,6 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "engine/dot_tiles.cc"
-#include <hwy/cache_control.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -195,19 +193,6 @@ HWY_INLINE std::int32_t TileColumns(const T* group, std::size_t stride, std::int
   return cols;
 }
 
-// Asks for the next group's quantised weights (from row o) while this
-// group's tiles compute: the groups are read in bursts between long runs of
-// arithmetic, which the hardware prefetchers do not run ahead of, so
-// without this each dequantisation waited on memory.
-HWY_INLINE void PrefetchGroup(const DotTilesArgs& a, std::int32_t o, std::int32_t out_end) {
-  if (a.format == WeightFormat::kF32 || o >= out_end) return;
-  const std::int64_t row_bytes = weight_row_bytes(a.format, a.in);
-  const auto* begin = static_cast<const std::uint8_t*>(a.w) + o * row_bytes;
-  const std::int64_t bytes = std::min(kDotTileGroup, out_end - o) * row_bytes;
-  constexpr auto kLine = static_cast<std::int64_t>(kernels::kLineBytes);
-  for (std::int64_t at = 0; at < bytes; at += kLine) hwy::Prefetch(begin + at);
-}
-
 // The group of `count` weight rows from row o, as f32 rows of a.in: the
 // weights themselves (f32) or dequantised into `buffer`.
 HWY_INLINE const float* GroupRows(const DotTilesArgs& a, std::int32_t o, std::int32_t count,
@@ -255,7 +240,8 @@ HWY_INLINE void ForEachTile(const DotTilesArgs& a, std::int32_t out_begin, std::
     for (std::int32_t o = out_begin; o < out_end; o += kDotTileGroup) {
       const std::int32_t count = std::min(kDotTileGroup, out_end - o);
       const T* rows_of_group = group(o, count);
-      PrefetchGroup(a, o + count, out_end);
+      if (a.format != WeightFormat::kF32 && o + count < out_end)
+        prefetch_weight_rows(a, o + count, std::min(kDotTileGroup, out_end - o - count));
       for (std::int32_t c0 = 0; c0 < count; c0 += Shape::kColumns) {
         const T* w[Shape::kColumns];
         const std::int32_t cols = TileColumns<Shape::kColumns>(rows_of_group, in, count, c0, w);

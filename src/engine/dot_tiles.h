@@ -8,6 +8,8 @@
 // about a third of such a step (docs/benchmarks.md, "Batched products").
 #pragma once
 
+#include <hwy/cache_control.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -68,6 +70,18 @@ bool dot_tiles_int8_available();
 // InvalidArgument when `in` is not a positive multiple of kQuantBlock.
 void dot_tiles(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
                core::CacheLineVector<float>& scratch);
+
+// Asks for weight rows [first, first + count) of args.w while the tiles of
+// the rows before them compute: both tile kernels read a group of weight
+// rows in a burst between long runs of arithmetic, which the hardware
+// prefetchers do not run ahead of, so without this each group's unpacking
+// waited on memory.
+inline void prefetch_weight_rows(const DotTilesArgs& args, std::int32_t first, std::int32_t count) {
+  const std::int64_t row_bytes = weight_row_bytes(args.format, args.in);
+  const auto* begin = static_cast<const std::uint8_t*>(args.w) + first * row_bytes;
+  for (std::int64_t at = 0; at < count * row_bytes; at += std::int64_t{core::kCacheLineBytes})
+    hwy::Prefetch(begin + at);
+}
 
 // dot_tiles' int8 products (src/engine/dot_tiles_int8.cc), for dot_tiles
 // only: args.int8 where dot_tiles_int8_available().

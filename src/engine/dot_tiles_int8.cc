@@ -292,17 +292,6 @@ PAGEDATTN_VNNI void PackGroup(const DotTilesArgs& a, std::int32_t o, std::int32_
     Transpose16x16(g.rows + at, padded, g.quants + at * kGroupColumns);
 }
 
-// Asks for the quantised rows of the group from row o while the current
-// group's tiles compute: unpacking reads them in a burst, which otherwise
-// waited on memory (most of the packing's time in a decode step).
-PAGEDATTN_VNNI void PrefetchGroup(const DotTilesArgs& a, std::int32_t o, std::int32_t out_end) {
-  if (o >= out_end) return;
-  const std::int64_t row_bytes = weight_row_bytes(a.format, a.in);
-  const auto* begin = static_cast<const char*>(a.w) + o * row_bytes;
-  const std::int64_t bytes = std::min(kGroupColumns, out_end - o) * row_bytes;
-  for (std::int64_t at = 0; at < bytes; at += 64) _mm_prefetch(begin + at, _MM_HINT_T0);
-}
-
 // The sum of 32 int8 values: xor 0x80 makes them unsigned (+128 each),
 // vpsadbw adds each 8 of them.
 PAGEDATTN_VNNI inline std::int32_t SumOf32(const std::int8_t* x8) {
@@ -440,7 +429,8 @@ PAGEDATTN_VNNI void DotTilesInt8(const DotTilesArgs& a, std::int32_t out_begin,
     for (std::int32_t o = out_begin; o < out_end; o += kGroupColumns) {
       const std::int32_t count = std::min(kGroupColumns, out_end - o);
       PackGroup(a, o, count, g);
-      PrefetchGroup(a, o + count, out_end);
+      if (o + count < out_end)
+        prefetch_weight_rows(a, o + count, std::min(kGroupColumns, out_end - o - count));
       if (layout.sub == 16)
         GroupTimesPass<16, false>(a, p, rows, g, count, y + o);
       else if (layout.mins)
