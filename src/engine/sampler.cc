@@ -104,29 +104,6 @@ bool before(const std::pair<Logit, std::int32_t>& a, const std::pair<Logit, std:
   return a.first != b.first ? a.first > b.first : a.second < b.second;
 }
 
-// The first maximum (the lowest token id on ties): lane-wise maxima over
-// blocks, then the first token that holds it.
-std::int32_t argmax(std::span<const double> row) {
-  constexpr std::size_t kLanes = 8;
-  const std::size_t n = row.size(), blocks = n / kLanes * kLanes;
-  double lane_max[kLanes];
-  std::fill_n(lane_max, kLanes, row[0]);
-  for (std::size_t i = 0; i < blocks; i += kLanes)
-    for (std::size_t l = 0; l < kLanes; ++l)
-      lane_max[l] = row[i + l] > lane_max[l] ? row[i + l] : lane_max[l];
-  double best = *std::max_element(lane_max, lane_max + kLanes);
-  for (std::size_t i = blocks; i < n; ++i) best = row[i] > best ? row[i] : best;
-  return static_cast<std::int32_t>(std::find(row.begin(), row.end(), best) - row.begin());
-}
-
-// A token's softmax weight at the temperature, relative to the most likely
-// token's (1): min_p drops the tokens whose probability is below min_p x
-// the most likely one's. softmax_weights computes the same for a whole row.
-double relative_weight(double logit, double max, const SamplingParams& p) {
-  const double w = std::exp((logit - max) / p.temperature);
-  return w < p.min_p ? 0.0 : w;
-}
-
 // The sum of kPickBlock values in kSumChains independent chains (a single
 // chain waits on each add's latency), then the chains in order.
 constexpr std::size_t kPickBlock = 256, kSumChains = 8;
@@ -276,7 +253,7 @@ void Sampler::process(std::span<const float> logits, const SamplingParams& param
 }
 
 std::int32_t Sampler::draw(const SamplingParams& params, double u) {
-  const std::int32_t best = argmax(processed_);
+  const std::int32_t best = first_max(processed_);
   if (params.temperature == 0.0f) return best;
   const double max = processed_[std::size_t(best)];
   weights_.resize(processed_.size());
@@ -342,7 +319,7 @@ std::int32_t Sampler::draw_truncated(const SamplingParams& params, double max, d
     probs_.resize(keep);
     sum = 0.0;
     for (std::size_t i = 0; i < keep; ++i)
-      sum += probs_[i] = relative_weight(candidates_[i].first, max, params);
+      sum += probs_[i] = weights_[std::size_t(candidates_[i].second)];
   } else {
     probs_.resize(keep);
   }
@@ -358,7 +335,7 @@ std::int32_t Sampler::draw_truncated(const SamplingParams& params, double max, d
         sorted = end;
         chunk *= 2;
       }
-      mass += probs_[prefix] = relative_weight(candidates_[prefix].first, max, params);
+      mass += probs_[prefix] = weights_[std::size_t(candidates_[prefix].second)];
       ++prefix;
     }
     keep = prefix;

@@ -1,5 +1,5 @@
-// softmax_weights and row_max with Highway: hwy/contrib/math's exponential
-// in double.
+// The sampler's row passes with Highway; softmax_weights takes
+// hwy/contrib/math's exponential in double.
 #include "engine/sampler_kernels.h"
 
 #include <algorithm>
@@ -71,28 +71,30 @@ void DistanceBins(const double* logits, std::size_t n, double max, double invers
         std::floor(std::min((max - logits[i]) * inverse_t * per_unit, double(rest))));
 }
 
-RowMax RowMaxOf(const float* x, std::size_t n) {
-  const DF d;
+// The first index of the largest of x[0, n) (the lowest index on ties) and
+// whether every value passes `usable`; no index is sought where one fails.
+template <class D, class Usable>
+RowMax FirstMax(D d, const hn::TFromD<D>* x, std::size_t n, const Usable& usable) {
   const std::size_t lanes = hn::Lanes(d);
-  // The tail as a padded copy that repeats the first logit (Highway 1.0 has
-  // no partial loads): it changes neither the maximum nor finiteness.
-  HWY_ALIGN float tail[hn::MaxLanes(d)];
+  // The tail as a padded copy that repeats the first value (Highway 1.0 has
+  // no partial loads): it changes neither the maximum nor the check.
+  HWY_ALIGN hn::TFromD<D> tail[hn::MaxLanes(d)];
   const std::size_t whole = n / lanes * lanes;
   for (std::size_t j = 0; j < lanes; ++j) tail[j] = whole + j < n ? x[whole + j] : x[0];
   const auto at = [&](std::size_t i) {
     return i < whole ? hn::LoadU(d, x + i) : hn::Load(d, tail);
   };
-  VF max = hn::Set(d, x[0]);
-  auto finite = hn::IsFinite(max);
+  auto max = hn::Set(d, x[0]);
+  auto ok = usable(max);
   for (std::size_t i = 0; i < n; i += lanes) {
-    const VF v = at(i);
+    const auto v = at(i);
     max = hn::Max(max, v);
-    finite = hn::And(finite, hn::IsFinite(v));
+    ok = hn::And(ok, usable(v));
   }
   RowMax m;
-  m.finite = hn::AllTrue(d, finite);
+  m.finite = hn::AllTrue(d, ok);
   if (!m.finite) return m;  // the token means nothing then
-  const VF best = hn::Set(d, hn::GetLane(hn::MaxOfLanes(d, max)));
+  const auto best = hn::Set(d, hn::GetLane(hn::MaxOfLanes(d, max)));
   for (std::size_t i = 0; i < n; i += lanes) {
     const intptr_t first = hn::FindFirstTrue(d, hn::Eq(at(i), best));
     if (first >= 0) {
@@ -103,6 +105,14 @@ RowMax RowMaxOf(const float* x, std::size_t n) {
   return m;
 }
 
+RowMax RowMaxOf(const float* x, std::size_t n) {
+  return FirstMax(DF(), x, n, [](VF v) { return hn::IsFinite(v); });
+}
+
+std::int32_t FirstMaxOf(const double* x, std::size_t n) {
+  return FirstMax(DD(), x, n, [](VD v) { return hn::Not(hn::IsNaN(v)); }).token;
+}
+
 }  // namespace pagedattn::engine::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -111,6 +121,7 @@ namespace pagedattn::engine {
 
 HWY_EXPORT(SoftmaxWeights);
 HWY_EXPORT(RowMaxOf);
+HWY_EXPORT(FirstMaxOf);
 HWY_EXPORT(DistanceBins);
 
 void distance_bins(std::span<const double> logits, double max, double inverse_t, int per_unit,
@@ -121,6 +132,10 @@ void distance_bins(std::span<const double> logits, double max, double inverse_t,
 
 RowMax row_max(std::span<const float> logits) {
   return HWY_DYNAMIC_DISPATCH(RowMaxOf)(logits.data(), logits.size());
+}
+
+std::int32_t first_max(std::span<const double> row) {
+  return HWY_DYNAMIC_DISPATCH(FirstMaxOf)(row.data(), row.size());
 }
 
 double softmax_weights(std::span<const double> logits, double max, double temperature, double min_p,

@@ -31,4 +31,8 @@ struct RowMax {
 };
 RowMax row_max(std::span<const float> logits);
 
+// The first index of the row's largest value (the lowest token id on ties)
+// of a processed row (-inf where masked, never NaN), as row_max finds it.
+std::int32_t first_max(std::span<const double> row);
+
 }  // namespace pagedattn::engine
