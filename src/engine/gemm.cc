@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/team.h"
 #include "engine/dot_tiles.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/engine.h"
@@ -63,7 +64,16 @@ bool worth_threads_quant(const LinearArgs& a) {
 }
 
 std::int32_t threads_for(const LinearArgs& a) {
-  return worth_threads(a) ? omp_get_max_threads() : 1;
+  return worth_threads(a) ? core::available_threads() : 1;
+}
+
+// LinearScratch::weight_blocks, one per thread, sized before the threads
+// start: inside a team they share the vector, so size_for_team sized it.
+void size_thread_blocks(LinearScratch& s) {
+  if (!core::in_team()) s.weight_blocks.resize(std::size_t(omp_get_max_threads()));
+}
+core::CacheLineVector<float>& thread_block(LinearScratch& s) {
+  return s.weight_blocks[std::size_t(omp_get_thread_num())];
 }
 
 // f(block) for `cols` cut at the multiples of `width`: a task that starts on
@@ -83,18 +93,16 @@ void for_each_block(IndexRange cols, std::int32_t width, F&& f) {
 // depend on the split: BLAS picks its kernels by shape).
 void linear_fast(const LinearArgs& a) {
   const WorkSplit s = split_work(a.rows, a.out, threads_for(a), true);
-  const std::int32_t tasks = s.tasks();
-#pragma omp parallel for schedule(static) num_threads(tasks) if (tasks > 1)
-  for (std::int32_t t = 0; t < tasks; ++t) {
+  core::for_each_task(s.tasks(), [&](std::int32_t t) {
     const IndexRange cols = part_range(a.out, s.column_parts, t % s.column_parts, kColumnGranule);
     const IndexRange rows = part_range(a.rows, s.row_parts, t / s.column_parts, kRowGranule);
-    if (rows.begin == rows.end) continue;
+    if (rows.begin == rows.end) return;
     for_each_block(cols, kColumnBlock, [&](IndexRange block) {
       sgemm(a, a.x + std::size_t(rows.begin) * a.in, rows.end - rows.begin,
             f32_weights(a) + std::size_t(block.begin) * a.in, block.end - block.begin,
             a.y + std::size_t(rows.begin) * ldy(a) + block.begin, ldy(a));
     });
-  }
+  });
 }
 
 // Quantised weights, few rows: the in-place kernels, one contiguous column
@@ -102,14 +110,12 @@ void linear_fast(const LinearArgs& a) {
 // result does not depend on the range (quant_product), so the split is free.
 void linear_quant_direct(const LinearArgs& a, bool int8) {
   const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, int8};
-  const int threads = worth_threads_quant(a) ? omp_get_max_threads() : 1;
+  const int threads = worth_threads_quant(a) ? core::available_threads() : 1;
   const std::int32_t tasks = split_work(a.rows, a.out, threads, false).tasks();
-  if (tasks == 1) return quant_product(q, 0, a.out);
-#pragma omp parallel for schedule(static) num_threads(tasks)
-  for (std::int32_t t = 0; t < tasks; ++t) {
+  core::for_each_task(tasks, [&](std::int32_t t) {
     const IndexRange cols = part_range(a.out, tasks, t, kColumnGranule);
     if (cols.begin < cols.end) quant_product(q, cols.begin, cols.end);
-  }
+  });
 }
 
 // Quantised weights, many rows (prefill): each thread's columns dequantised
@@ -119,17 +125,16 @@ void linear_quant_direct(const LinearArgs& a, bool int8) {
 void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
   const std::int32_t tasks = split_work(a.rows, a.out, threads_for(a), false).tasks();
   const std::int32_t width = blas_block_columns(a.in);
-  s.weight_blocks.resize(std::size_t(omp_get_max_threads()));
-#pragma omp parallel for schedule(static) num_threads(tasks) if (tasks > 1)
-  for (std::int32_t t = 0; t < tasks; ++t) {
-    core::CacheLineVector<float>& w = s.weight_blocks[std::size_t(omp_get_thread_num())];
+  size_thread_blocks(s);
+  core::for_each_task(tasks, [&](std::int32_t t) {
+    core::CacheLineVector<float>& w = thread_block(s);
     w.resize(std::size_t(width) * a.in);
     for_each_block(part_range(a.out, tasks, t, kColumnGranule), width, [&](IndexRange block) {
       const std::int32_t count = block.end - block.begin;
       dequantize_weight_rows(a.w, a.w_format, a.in, block.begin, count, w.data());
       sgemm(a, a.x, a.rows, w.data(), count, a.y + block.begin, ldy(a));
     });
-  }
+  });
 }
 
 // Quantised weights, a few dozen rows, or any weights on bf16 products:
@@ -145,14 +150,12 @@ void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = 
   const DotTilesArgs d{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, bf16, int8};
   const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork;
   const std::int32_t tasks =
-      split_work(a.rows, a.out, worth ? omp_get_max_threads() : 1, false).tasks();
-  s.weight_blocks.resize(std::size_t(omp_get_max_threads()));
-#pragma omp parallel for schedule(static) num_threads(tasks) if (tasks > 1)
-  for (std::int32_t t = 0; t < tasks; ++t) {
+      split_work(a.rows, a.out, worth ? core::available_threads() : 1, false).tasks();
+  size_thread_blocks(s);
+  core::for_each_task(tasks, [&](std::int32_t t) {
     const IndexRange cols = part_range(a.out, tasks, t, kColumnGranule);
-    if (cols.begin < cols.end)
-      dot_tiles(d, cols.begin, cols.end, s.weight_blocks[std::size_t(omp_get_thread_num())]);
-  }
+    if (cols.begin < cols.end) dot_tiles(d, cols.begin, cols.end, thread_block(s));
+  });
 }
 
 // One kRowBlock x cols tile: tile[c][r] = x[r] . w[c]. The rows are BLAS's
@@ -286,6 +289,11 @@ void set_blas_threads(int threads) {
   if (openblas_set_num_threads) openblas_set_num_threads(threads);
 }
 
+void size_for_team(LinearScratch& scratch) {
+  scratch.weight_blocks.resize(
+      std::max(scratch.weight_blocks.size(), std::size_t(omp_get_max_threads())));
+}
+
 void use_single_threaded_blas() {
   if (blas_threads() > 1) set_blas_threads(1);
 }
@@ -312,8 +320,8 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
       linear_tiled(a, scratch, bf16);
     else
       linear_quant_blocked(a, scratch);
-  } else if (a.deterministic) {
-    linear_deterministic(a, scratch);
+  } else if (a.deterministic) {  // a team's one thread: the tiles' sums need no other
+    core::on_one_thread([&] { linear_deterministic(a, scratch); });
   } else if (a.rows <= kF32DirectRows && a.in % kQuantBlock == 0) {
     linear_quant_direct(a, false);
   } else if (bf16 || (a.rows <= kF32TileRows && a.in % kQuantBlock == 0)) {

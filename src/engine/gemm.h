@@ -172,6 +172,11 @@ struct LinearScratch {
   std::vector<core::CacheLineVector<float>> weight_blocks;  // dot_tiles' groups, BLAS's blocks
 };
 
+// Sizes `scratch` for linear() calls inside a team (core/team.h) of up to
+// omp_get_max_threads() threads: their threads share it and cannot resize
+// it. Call it before the team starts.
+void size_for_team(LinearScratch& scratch);
+
 // Makes OpenBLAS run single-threaded (its own thread pool would fight the
 // OpenMP threads that call it). Cheap; call it before a batch of linear()s.
 // A no-op with another BLAS.
@@ -194,6 +199,10 @@ std::string blas_core_for(const std::string& kernels, const char* user_choice, b
 // y (+)= x w^T. With ldy > out, y is a column range of a wider output (a
 // fused projection whose parts have different weight formats); the other
 // columns are not touched. InvalidArgument when ldy is neither 0 nor >= out.
+// Inside a team (core/team.h) every thread of it calls linear() with the
+// same arguments, each computes its share, and they meet at a barrier at
+// the end; size_for_team(scratch) first, and check ldy before: nothing may
+// throw inside a team.
 void linear(const LinearArgs& args, LinearScratch& scratch);
 
 }  // namespace pagedattn::engine

@@ -11,6 +11,7 @@
 #include "core/cache_line_vector.h"
 #include "core/own_thread.h"
 #include "core/placement.h"
+#include "core/team.h"
 #include "counter_random.h"
 #include "gemm.h"
 #include "kernels/rope_table.h"
@@ -172,14 +173,30 @@ class LlamaModel final : public Model {
   std::int32_t window(std::int32_t layer) const {
     return c_.layer_windows.empty() ? 0 : c_.layer_windows[std::size_t(layer)];
   }
-  void attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
-                       PagedKVCache& cache);
-  // Multi-head latent attention (c_.kv_lora_rank > 0) on h_, added to x_.
-  void latent_attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
-                              PagedKVCache& cache);
-  std::int32_t rope_positions() const;  // 1 + the step's largest position
-  // positions_: each new token's position in its whole sequence.
+  // A layer in three parts: start_layer and finish_layer run inside a team
+  // (core/team.h) when the step has one, attend between them with the
+  // attention kernels' own regions. The finish of one layer and the start of
+  // the next share a team.
+  //   start_layer: the attention norm of x_ into h_; without latent
+  //     attention, q, k and v projected into qkv_, their norms and RoPE.
+  //   attend: attention into attn_ (latent attention: projections included).
+  //   finish_layer: attn_'s output projection added to x_, then the MLP.
+  void start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic);
+  void attend(std::int32_t layer, std::int32_t tokens, bool deterministic, PagedKVCache& cache);
+  void finish_layer(std::int32_t layer, std::int32_t tokens, bool deterministic);
+  // Whether this step's layers run in teams: not in deterministic mode, and
+  // not with the parts that open regions of their own between the products
+  // (experts, latent attention) or talk to other ranks (tensor parallelism),
+  // and not when core::teams_enabled() is false.
+  bool layers_in_teams(bool deterministic) const;
+  // Multi-head latent attention (c_.kv_lora_rank > 0) on h_ into attn_.
+  void latent_attention(std::int32_t layer, std::int32_t tokens, bool deterministic,
+                        PagedKVCache& cache);
+  // positions_: each new token's position in its whole sequence, and the
+  // RoPE tables extended to cover them (outside any team: they grow).
   void set_positions(const PagedKVCache& cache);
+  // The RoPE of `layer`'s kind, its table covering the step's positions.
+  const RopeConfig& rope_for(std::int32_t layer);
   // q/k norms and RoPE on the step's q and k heads in qkv_, in place.
   void prepare_qk(std::int32_t layer, std::int32_t tokens);
   void mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic);
@@ -196,7 +213,7 @@ class LlamaModel final : public Model {
   void add_row_parallel(const float* x, std::int32_t rows, const WeightMatrix& w,
                         const std::vector<float>& post_norm, bool deterministic);
   // out[t] = x[t] / rms(x[t]) * weight, for `tokens` rows of `width`
-  // (default hidden_size).
+  // (default hidden_size); split over the team's threads inside one.
   void rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight, float* out,
                 std::int32_t width = 0) const;
 
@@ -212,6 +229,7 @@ class LlamaModel final : public Model {
   // The weight products' inputs, on cache lines (core/cache_line_vector.h).
   core::CacheLineVector<float> h_, attn_, act_, rows_;
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
+  std::int32_t rope_positions_ = 1;      // 1 + the step's largest position
   LinearScratch scratch_;
   engine::MoeScratch moe_scratch_;
   engine::MlaScratch mla_scratch_;
@@ -331,53 +349,61 @@ void LlamaModel::validate_batch(const ForwardBatch& b, const PagedKVCache& cache
 
 void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight,
                           float* out, std::int32_t width) const {
-  engine::rms_norm_rows(x, tokens, width > 0 ? width : c_.hidden_size, weight.data(),
-                        c_.rms_norm_eps, out);
+  const std::size_t w = std::size_t(width > 0 ? width : c_.hidden_size);
+  core::for_row_ranges(tokens, std::int64_t(w), [&](std::int32_t begin, std::int32_t end) {
+    engine::rms_norm_rows(x + begin * w, end - begin, std::int32_t(w), weight.data(),
+                          c_.rms_norm_eps, out + begin * w);
+  });
 }
 
 void LlamaModel::set_positions(const PagedKVCache& cache) {
   const BatchPlan& plan = cache.plan();
   positions_ = plan.positions;
-  if (!cache.config().support_sliding_window) return;  // no sequence dropped tokens
-  for (std::size_t b = 0; b < plan.seq_ids.size(); ++b) {
-    const std::int64_t dropped = cache.num_dropped_tokens(plan.seq_ids[b]);
-    for (std::int32_t t = plan.qo_indptr[b]; t < plan.qo_indptr[b + 1]; ++t) {
-      const std::int64_t position = positions_[std::size_t(t)] + dropped;
-      require(position <= std::numeric_limits<std::int32_t>::max(),
-              "LlamaModel::forward: sequence ", plan.seq_ids[b], " is past 2^31 tokens");
-      positions_[std::size_t(t)] = static_cast<std::int32_t>(position);
+  if (cache.config().support_sliding_window) {  // else no sequence dropped tokens
+    for (std::size_t b = 0; b < plan.seq_ids.size(); ++b) {
+      const std::int64_t dropped = cache.num_dropped_tokens(plan.seq_ids[b]);
+      for (std::int32_t t = plan.qo_indptr[b]; t < plan.qo_indptr[b + 1]; ++t) {
+        const std::int64_t position = positions_[std::size_t(t)] + dropped;
+        require(position <= std::numeric_limits<std::int32_t>::max(),
+                "LlamaModel::forward: sequence ", plan.seq_ids[b], " is past 2^31 tokens");
+        positions_[std::size_t(t)] = static_cast<std::int32_t>(position);
+      }
     }
   }
+  rope_positions_ = 1;
+  for (std::int32_t p : positions_) rope_positions_ = std::max(rope_positions_, p + 1);
+  // Latent attention rotates rotary_dim of each head (validate_mla_config).
+  const std::int32_t rotated = c_.kv_lora_rank > 0 ? c_.rotary_dim : c_.head_dim;
+  for (LayerRope& kind : rope_) kind.table.covering(kind.config, rotated, rope_positions_);
 }
 
-std::int32_t LlamaModel::rope_positions() const {
-  std::int32_t longest = 1;
-  for (std::int32_t p : positions_) longest = std::max(longest, p + 1);
-  return longest;
+const RopeConfig& LlamaModel::rope_for(std::int32_t layer) {
+  LayerRope& kind = rope_[window(layer) > 0 ? 1 : 0];
+  const std::int32_t rotated = c_.kv_lora_rank > 0 ? c_.rotary_dim : c_.head_dim;
+  return kind.table.covering(kind.config, rotated, rope_positions_);  // covered: no write
 }
 
 void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t d = c_.head_dim, q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
-  if (c_.qk_norm) {  // each head's row normed on its own: in place, row by row
-    for (std::int32_t t = 0; t < tokens; ++t) {
+  const RopeConfig& rope = rope_for(layer);
+  core::for_row_ranges(tokens, qkv_dim, [&](std::int32_t begin, std::int32_t end) {
+    float* rows = qkv_.data() + std::size_t(begin) * qkv_dim;
+    for (std::int32_t t = begin; c_.qk_norm && t < end; ++t) {  // each head's row on its own
       float* row = qkv_.data() + std::size_t(t) * qkv_dim;
-      rms_norm(row, hq_, w.q_norm, row, d);
-      rms_norm(row + q_dim, hkv_, w.k_norm, row + q_dim, d);
+      engine::rms_norm_rows(row, hq_, d, w.q_norm.data(), c_.rms_norm_eps, row);
+      engine::rms_norm_rows(row + q_dim, hkv_, d, w.k_norm.data(), c_.rms_norm_eps, row + q_dim);
     }
-  }
-  LayerRope& kind = rope_[window(layer) > 0 ? 1 : 0];
-  const RopeConfig& rope = kind.table.covering(kind.config, d, rope_positions());
-  // The query heads and then the key heads, side by side in each row: one call.
-  apply_rope({qkv_.data(), DType::kF32, qkv_dim, d}, tokens, hq_ + hkv_, d, positions_.data(),
-             rope);
+    // The query heads and then the key heads, side by side in each row: one call.
+    apply_rope({rows, DType::kF32, qkv_dim, d}, end - begin, hq_ + hkv_, d,
+               positions_.data() + begin, rope);
+  });
 }
 
-void LlamaModel::latent_attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
-                                        PagedKVCache& cache) {
+void LlamaModel::latent_attention(std::int32_t layer, std::int32_t tokens, bool deterministic,
+                                  PagedKVCache& cache) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
-  LayerRope& kind = rope_[0];  // no windows: validate_mla_config
-  const RopeConfig& rope = kind.table.covering(kind.config, c_.rotary_dim, rope_positions());
+  const RopeConfig& rope = rope_for(layer);  // no windows: validate_mla_config
   AttentionOptions options;
   options.scale = c_.attention_scale > 0.0f
                       ? c_.attention_scale
@@ -390,25 +416,37 @@ void LlamaModel::latent_attention_block(std::int32_t layer, std::int32_t tokens,
                           engine::mla_form(mla_, cache.plan(), deterministic), mla_scratch_,
                           scratch_);
   }
-  add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic);
 }
 
-void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool deterministic,
-                                 PagedKVCache& cache) {
+bool LlamaModel::layers_in_teams(bool deterministic) const {
+  return !deterministic && c_.shard.size == 1 && moe_.num_experts == 0 && c_.kv_lora_rank == 0 &&
+         core::teams_enabled();
+}
+
+void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t d = c_.head_dim;
   const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
   rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
-  if (c_.kv_lora_rank > 0) return latent_attention_block(layer, tokens, deterministic, cache);
+  if (c_.kv_lora_rank > 0) return;  // latent attention projects h_ itself
   {
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
     w.qkv.project(h_.data(), tokens, qkv_.data(), false, deterministic, scratch_);
   }
   if (!w.qkv_bias.empty())
-    for (std::int32_t t = 0; t < tokens; ++t)
-      for (std::int32_t i = 0; i < qkv_dim; ++i)
-        qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
+    core::for_row_ranges(tokens, qkv_dim, [&](std::int32_t begin, std::int32_t end) {
+      for (std::int32_t t = begin; t < end; ++t)
+        for (std::int32_t i = 0; i < qkv_dim; ++i)
+          qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
+    });
   prepare_qk(layer, tokens);
+}
+
+void LlamaModel::attend(std::int32_t layer, std::int32_t tokens, bool deterministic,
+                        PagedKVCache& cache) {
+  if (c_.kv_lora_rank > 0) return latent_attention(layer, tokens, deterministic, cache);
+  const std::int32_t d = c_.head_dim;
+  const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
   AttentionOptions options;
   if (c_.attention_scale > 0.0f) options.scale = c_.attention_scale;
   options.window_left = window(layer) > 0 ? window(layer) - 1 : -1;
@@ -418,7 +456,12 @@ void LlamaModel::attention_block(std::int32_t layer, std::int32_t tokens, bool d
     cache.attention_with_fused_qkv(layer, HeadTensor{qkv_.data(), DType::kF32, qkv_dim, d},
                                    HeadTensor{attn_.data(), DType::kF32, q_dim, d}, options);
   }
+}
+
+void LlamaModel::finish_layer(std::int32_t layer, std::int32_t tokens, bool deterministic) {
+  const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic);
+  mlp_block(layer, tokens, deterministic);
 }
 
 void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic) {
@@ -436,7 +479,10 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
     w.gate_up.project(h_.data(), tokens, gate_up_.data(), false, deterministic, scratch_);
   }
-  engine::gated_activation(gate_up_.data(), tokens, inter, c_.activation, act_.data());
+  core::for_row_ranges(tokens, inter, [&](std::int32_t begin, std::int32_t end) {
+    engine::gated_activation(gate_up_.data() + std::size_t(begin) * 2 * inter, end - begin, inter,
+                             c_.activation, act_.data() + std::size_t(begin) * inter);
+  });
   add_row_parallel(act_.data(), tokens, w.down, w.post_mlp_norm, deterministic);
 }
 
@@ -446,15 +492,17 @@ void LlamaModel::add_row_parallel(const float* x, std::int32_t rows, const Weigh
     project(x, rows, w, x_.data(), true, deterministic);
     return;
   }
-  partial_.resize(std::size_t(rows) * std::size_t(c_.hidden_size));
-  project(x, rows, w, partial_.data(), false, deterministic);
+  project(x, rows, w, partial_.data(), false, deterministic);  // forward() sized partial_
   add_partial(rows, post_norm);
 }
 
 void LlamaModel::add_partial(std::int32_t rows, const std::vector<float>& post_norm) {
-  if (c_.shard.size > 1) c_.shard.all_reduce_sum(partial_);
+  if (c_.shard.size > 1) c_.shard.all_reduce_sum(partial_);  // never in a team
   if (!post_norm.empty()) rms_norm(partial_.data(), rows, post_norm, partial_.data());
-  for (std::size_t i = 0; i < partial_.size(); ++i) x_[i] += partial_[i];
+  const std::size_t h = std::size_t(c_.hidden_size);
+  core::for_row_ranges(rows, std::int64_t(h), [&](std::int32_t begin, std::int32_t end) {
+    for (std::size_t i = begin * h; i < end * h; ++i) x_[i] += partial_[i];
+  });
 }
 
 void LlamaModel::project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y,
@@ -481,14 +529,34 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   }
   gate_up_.resize(t * 2 * std::size_t(inter_));
   act_.resize(t * std::size_t(inter_));
+  partial_.resize(t * h);
   set_positions(cache);
   for (std::size_t i = 0; i < t; ++i) w_.embedding.row_to_f32(b.token_ids[i], x_.data() + i * h);
   if (c_.embedding_scale != 1.0f)
     for (float& v : x_) v *= c_.embedding_scale;
+  // A team from each layer's attention to the next's: one region where
+  // each product, norm and RoPE would open one (core/team.h).
+  const bool teams = layers_in_teams(b.deterministic);
+  if (teams) engine::size_for_team(scratch_);
+  // The scope is thread-local: the team's other threads take this thread's
+  // choices, or linear() would route differently on each.
+  const engine::Activations chosen = engine::default_activations();
+  const bool bf16 = engine::default_bf16_batches();
+  const auto in_team = [&](auto&& part) {
+    core::run_in_team(teams, [&] {
+      const engine::ScopedActivations same(chosen, bf16);
+      part();
+    });
+  };
+  const bool det = b.deterministic;
   for (std::int32_t layer = 0; layer < c_.num_layers; ++layer) {
-    attention_block(layer, tokens, b.deterministic, cache);
-    mlp_block(layer, tokens, b.deterministic);
+    in_team([&] {
+      if (layer > 0) finish_layer(layer - 1, tokens, det);
+      start_layer(layer, tokens, det);
+    });
+    attend(layer, tokens, det, cache);
   }
+  in_team([&] { finish_layer(c_.num_layers - 1, tokens, det); });
   // Only the rows that sample go through the final norm and the LM head.
   const auto rows = static_cast<std::int32_t>(b.logit_rows.size());
   rows_.resize(std::size_t(rows) * h);

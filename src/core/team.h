@@ -1,0 +1,127 @@
+// A team: one OpenMP parallel region that runs several pieces of work in
+// turn, each split over the region's threads with a barrier after it, where
+// each piece would otherwise open a region of its own. Opening a region
+// costs several times a barrier once there are more than a few threads
+// (docs/benchmarks.md, "A region per product or one for the step"), and a
+// model layer's products, norms and RoPE are a dozen pieces.
+//
+// The pieces (for_each_task, for_row_ranges, on_one_thread) also run outside
+// a team, as they did before teams: for_each_task then opens a region of its
+// own, for_row_ranges hands all rows to the callee (which splits them
+// itself). Inside a team every thread must reach the same pieces in the same
+// order (they are OpenMP worksharing constructs), and nothing may throw out
+// of the region: check arguments before it.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/row_parallel.h"
+
+namespace pagedattn::core {
+
+namespace detail {
+inline thread_local bool in_team = false;
+}  // namespace detail
+
+// Whether the calling thread runs inside run_in_team (not merely inside some
+// OpenMP region: a caller's own region is not a team).
+inline bool in_team() {
+  return detail::in_team;
+}
+
+// The threads work may be split over here: the team's size inside a team,
+// the size of the next region outside one.
+inline int available_threads() {
+  return in_team() ? omp_get_num_threads() : omp_get_max_threads();
+}
+
+// Whether callers that may run their work in teams do (the model's layers):
+// true unless the environment variable PAGEDATTN_TEAMS is "0" when first
+// asked, or set_teams_enabled(false) was called. Off, each piece opens its
+// own region as before teams: for A/B runs, and for tests that compare the
+// two.
+inline std::atomic<int>& teams_setting() {
+  static std::atomic<int> setting{-1};  // -1: not yet read from the environment
+  return setting;
+}
+inline bool teams_enabled() {
+  int v = teams_setting().load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* teams = std::getenv("PAGEDATTN_TEAMS");
+    v = teams != nullptr && std::strcmp(teams, "0") == 0 ? 0 : 1;
+    teams_setting().store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+inline void set_teams_enabled(bool enabled) {
+  teams_setting().store(enabled ? 1 : 0, std::memory_order_relaxed);
+}
+
+// f() on every thread of a new region of omp_get_max_threads() threads, each
+// marked as in a team while it runs; without `team`, f() on the caller
+// alone, whose pieces then open their own regions.
+template <typename F>
+void run_in_team(bool team, F&& f) {
+  if (!team || in_team()) return f();
+#pragma omp parallel
+  {
+    detail::in_team = true;
+    f();
+    detail::in_team = false;
+  }
+}
+
+// body(task) for every task in [0, tasks). Inside a team: split over its
+// threads (task t on thread t when there are as many), a barrier after.
+// Outside one: in a region of `tasks` threads, or on the caller for one task.
+template <typename F>
+void for_each_task(std::int32_t tasks, F&& body) {
+  if (in_team()) {
+#pragma omp for schedule(static)
+    for (std::int32_t t = 0; t < tasks; ++t) body(t);
+    return;
+  }
+  if (tasks <= 1) {
+    for (std::int32_t t = 0; t < tasks; ++t) body(t);
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(tasks)
+  for (std::int32_t t = 0; t < tasks; ++t) body(t);
+}
+
+// f() on one thread of the team, the others waiting at its end; outside a
+// team, on the caller.
+template <typename F>
+void on_one_thread(F&& f) {
+  if (!in_team()) return f();
+#pragma omp single
+  f();
+}
+
+// f(begin, end) over the rows [0, rows) of row-wise element work (norms,
+// RoPE, activations) whose own functions split rows over a region from
+// kRowParallelElements elements. Inside a team: ranges of rows over its
+// threads from that many elements, else all of them on one thread (a
+// barrier after either); the callee's own region is then nested and runs on
+// its thread alone. Outside a team: f(0, rows), which splits them itself.
+template <typename F>
+void for_row_ranges(std::int32_t rows, std::int64_t row_elements, F&& f) {
+  if (!in_team()) return f(std::int32_t{0}, rows);
+  const bool split = std::int64_t{rows} * row_elements >= kRowParallelElements;
+  const std::int32_t parts = split ? std::min<std::int32_t>(rows, omp_get_num_threads()) : 1;
+#pragma omp for schedule(static)
+  for (std::int32_t p = 0; p < parts; ++p) {
+    const auto edge = [&](std::int32_t i) {
+      return static_cast<std::int32_t>(std::int64_t{rows} * i / parts);
+    };
+    f(edge(p), edge(p + 1));
+  }
+}
+
+}  // namespace pagedattn::core
