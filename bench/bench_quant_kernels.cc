@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/huge_page_vector.h"
+#include "core/team.h"
 #include "engine/dot_tiles.h"
 #include "engine/gemm.h"
 #include "engine/quant_kernels.h"
@@ -215,11 +216,10 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
 // all CPUs by default): SmolLM2-135M's four products per layer (qkv 960 x
 // 576, o 576 x 576, gate_up 3072 x 576, down 576 x 1536) over 30 layers of
 // their own weights (66 MB of Q4_1, streamed as in a step). Args: rows,
-// regions: 0 one parallel region per product (linear(), as the model step
-// runs them), 1 one region for all 120 with a barrier after each product
-// (each thread the columns and the kernel linear() would give it: in place
-// up to a few rows, dot_tiles above): what opening a region per product
-// costs against the barrier that any form needs.
+// one_region: 0 a parallel region per product (linear() outside a team), 1
+// the 120 in one team (core/team.h, as the model's layers run them: a
+// barrier after each product): what opening a region per product costs
+// against the barrier that any form needs.
 void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
   const auto rows = static_cast<std::int32_t>(state.range(0));
   const bool one_region = state.range(1) != 0;
@@ -245,33 +245,11 @@ void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
     return {x.data(), rows, s.in, w[m].data(), s.out, y.data(), false, false, f};
   };
   omp_set_num_threads(step_threads);
-  scratch.weight_blocks.resize(std::size_t(step_threads));
+  if (one_region) pagedattn::engine::size_for_team(scratch);
   for (auto _ : state) {
-    if (!one_region) {
+    pagedattn::core::run_in_team(one_region, [&] {
       for (std::size_t m = 0; m < w.size(); ++m) pagedattn::engine::linear(product(m), scratch);
-    } else {
-#pragma omp parallel
-      {
-        const int threads = omp_get_num_threads(), part = omp_get_thread_num();
-        for (std::size_t m = 0; m < w.size(); ++m) {
-          const pagedattn::engine::LinearArgs a = product(m);
-          // linear()'s split of an in-place product (linear_quant_direct).
-          const std::int32_t parts =
-              pagedattn::engine::split_work(rows, a.out, threads, false).tasks();
-          const auto cols =
-              pagedattn::engine::part_range(a.out, parts, part, pagedattn::engine::kColumnGranule);
-          if (cols.begin >= cols.end) {
-          } else if (pagedattn::engine::quant_batch_in_place(rows, f)) {
-            pagedattn::engine::quant_product({a.x, rows, a.in, a.w, f, a.y, a.out, false, false},
-                                             cols.begin, cols.end);
-          } else {  // linear_tiled's kernel
-            pagedattn::engine::dot_tiles({a.x, rows, a.in, a.w, f, a.y, a.out, false}, cols.begin,
-                                         cols.end, scratch.weight_blocks[std::size_t(part)]);
-          }
-#pragma omp barrier
-        }
-      }
-    }
+    });
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
   }
@@ -282,7 +260,7 @@ void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
       benchmark::Counter(double(w.size()) * 1e-6, benchmark::Counter::kIsIterationInvariantRate |
                                                       benchmark::Counter::kInvert);
   state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) +
-                 (one_region ? " one region" : " a region per product"));
+                 (one_region ? " one team" : " a region per product"));
 }
 
 // SmolLM2's down projection (576 x 1536) and, for the 32-weight formats
