@@ -4,8 +4,8 @@
 # threads"): thread scaling of bench-serve (with where each decode step's
 # time goes) and bench-attention, the `1b` preset's decode step against its
 # bounds, SmolLM2 at 16 threads under each wait and binding policy, a step's
-# products in a region each against one region, and pagedattn serve against
-# llama-server on SmolLM2.
+# products in a region each against one region, the layers in teams against
+# a region per piece, and pagedattn serve against llama-server on SmolLM2.
 #
 #   scripts/cpu_scaling_device.sh --bundle [DIR]
 #       Here, after a Release build: copies build/release/tools/pagedattn,
@@ -27,7 +27,7 @@
 #       holds the GPU bundle, the CUDA check (scripts/gpu_check.sh) runs last,
 #       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
 #       the start: one lease of a GPU machine serves both. PARTS (default
-#       "scaling-smollm2 scaling-small 1b policies paths regions llama") runs
+#       "scaling-smollm2 scaling-small 1b policies paths regions teams llama") runs
 #       only the parts it names.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -157,6 +157,19 @@ run_regions() {
       "$results/regions-$threads.txt" | tr -s ' ' | tr '\n' ';')"
   done
 }
+# SmolLM2 at 16 threads, its layers in teams (the default: a region from
+# each layer's attention to the next's) against a region per product, norm
+# and RoPE (PAGEDATTN_TEAMS=0), alternated twice.
+run_teams() {
+  local flags=(--model "$model" --workload alpaca-like --num-requests 64) round teams
+  for round in 1 2; do
+    for teams in 0 1; do
+      PAGEDATTN_TEAMS=$teams OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" \
+        >"$results/teams$teams-$round.txt" 2>&1
+      say "teams $teams, round $round: $(grep -E 'output tokens/s|decode steps|of which' "$results/teams$teams-$round.txt" | tr -s ' ' | tr '\n' ';')"
+    done
+  done
+}
 # The first llama-server build that starts and answers on this CPU.
 pick_llama() {
   local name archive dir port pid
@@ -201,7 +214,7 @@ run_llama() {
   return $status
 }
 # PARTS picks some parts by name (default: all, in this order).
-parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions llama} "
+parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams llama} "
 part() { [[ $parts == *" $1 "* ]]; }
 part scaling-smollm2 && step "scaling, SmolLM2 tiled (bench/scaling.sh)" \
   run_scaling scaling-smollm2 75 --model "$model" --workload alpaca-like --num-requests 64
@@ -211,6 +224,7 @@ part policies && step "SmolLM2, 16 threads: default, --pin-threads, passive and 
   run_policies
 part paths && step "SmolLM2, 16 threads: exact, --bf16-products, --int8-activations" run_paths
 part regions && step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
+part teams && step "SmolLM2, 16 threads: layers in teams or a region per piece" run_teams
 part llama && step "serve against llama-server, 16 threads, SmolLM2 tiled" run_llama
 
 if [ -f "$bundle/gpu-bundle.tar.xz" ]; then
