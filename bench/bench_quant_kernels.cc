@@ -166,7 +166,9 @@ void KQuantShapes(benchmark::internal::Benchmark* b) {
 // dot_tiles, both on f32 x, for the few rows where linear() chooses between
 // them (quant_batch_in_place); 5 linear() on int8 x (Activations::kInt8:
 // the in-place int8 kernels up to kInt8DirectRows, the int8 tiles above
-// where the CPU has AVX512-VNNI; skipped elsewhere).
+// where the CPU has AVX512-VNNI; skipped elsewhere), 6 the int8 tiles
+// themselves, for the few rows where linear() chooses between them and the
+// in-place int8 kernels (path 1).
 void BM_Batch(benchmark::State& state, WeightFormat f) {
   const auto out = static_cast<std::int32_t>(state.range(0));
   const auto in = static_cast<std::int32_t>(state.range(1));
@@ -174,7 +176,7 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
   const auto path = state.range(3);
   if (path == 2 && !pagedattn::engine::dot_tiles_bf16_available())
     return state.SkipWithError("no AVX512-BF16 here");
-  if (path == 5 && !pagedattn::engine::dot_tiles_int8_available())
+  if ((path == 5 || path == 6) && !pagedattn::engine::dot_tiles_int8_available())
     return state.SkipWithError("no AVX512-VNNI here");
   const auto w = random_matrices(f, out, in, 1);
   std::vector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
@@ -191,9 +193,9 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
     if (path == 3)
       pagedattn::engine::quant_product(
           {x.data(), rows, in, w.data(), f, y.data(), out, false, false}, 0, out);
-    else if (path == 4)
-      pagedattn::engine::dot_tiles({x.data(), rows, in, w.data(), f, y.data(), out, false}, 0, out,
-                                   tiles);
+    else if (path == 4 || path == 6)
+      pagedattn::engine::dot_tiles(
+          {x.data(), rows, in, w.data(), f, y.data(), out, false, false, path == 6}, 0, out, tiles);
     else if (path == 1)
       pagedattn::engine::quant_product(
           {x.data(), rows, in, w.data(), f, y.data(), out, false, true}, 0, out);
@@ -207,8 +209,9 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
                                                   benchmark::Counter::kInvert);
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * out * in * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
-  static const char* const kPaths[] = {" linear f32 x",   " in place int8 x", " linear bf16",
-                                       " in place f32 x", " dot_tiles f32 x", " linear int8 x"};
+  static const char* const kPaths[] = {" linear f32 x",    " in place int8 x", " linear bf16",
+                                       " in place f32 x",  " dot_tiles f32 x", " linear int8 x",
+                                       " dot_tiles int8 x"};
   state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + kPaths[path]);
 }
 
@@ -272,7 +275,7 @@ void AddBatchShapes(benchmark::internal::Benchmark* b, bool k_quant) {
     if (!k_quant) b->Args({1536, 576, rows, path});
   };
   for (const std::int64_t rows : {2, 3, 4, 5, 6, 8})
-    for (const std::int64_t path : {3, 4}) add(rows, path);
+    for (const std::int64_t path : {3, 4, 1, 6}) add(rows, path);
   for (const std::int64_t rows : {16, 32, 64, 128})
     for (const std::int64_t path : {0, 1, 2, 5}) add(rows, path);
   // A prefill chunk; the in-place kernels never take one.

@@ -310,12 +310,13 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
     // 16-bit weights have no int8 kernels: they keep the f32 routes.
     const bool int8 =
         !a.deterministic && chosen == Activations::kInt8 && has_int8_products(a.w_format);
-    if (int8 && a.rows <= kInt8DirectRows)
+    const bool tiles = dot_tiles_int8_available();
+    if (int8 && int8_in_place(a.rows, tiles))
       linear_quant_direct(a, true);
+    else if (int8 && tiles)
+      linear_tiled(a, scratch, false, true);
     else if (a.deterministic || quant_batch_in_place(a.rows, a.w_format))
       linear_quant_direct(a, false);
-    else if (int8 && dot_tiles_int8_available())
-      linear_tiled(a, scratch, false, true);
     else if (bf16 || a.rows <= kDotTileRows)
       linear_tiled(a, scratch, bf16);
     else

@@ -25,11 +25,11 @@ inline constexpr std::int32_t kColumnBlock = 128;
 // How a product with quantised weights takes its activations.
 //   kF32: exact f32 x (up to f32 summation order).
 //   kInt8: x rounded to int8 per 32 values (quantize_activations_q8) on
-//     integer dot products: the in-place kernels' (QuantProductArgs::int8_x)
-//     for batches of at most kInt8DirectRows rows, dot_tiles' on
-//     AVX512-VNNI (DotTilesArgs::int8) for larger ones where
-//     dot_tiles_int8_available(); elsewhere those run the f32 (or bf16)
-//     batch paths.
+//     integer dot products: dot_tiles' on AVX512-VNNI (DotTilesArgs::int8)
+//     from kInt8TileMinRows rows where dot_tiles_int8_available(); the
+//     in-place kernels' (QuantProductArgs::int8_x) below that or, without
+//     the tiles, up to kInt8DirectRows rows, larger batches then running
+//     the f32 (or bf16) batch paths (int8_in_place).
 //   kDefault: kInt8 when int8_activations_default() is true, else kF32.
 // Deterministic mode always runs kF32.
 enum class Activations : std::uint8_t { kDefault, kF32, kInt8 };
@@ -87,13 +87,25 @@ inline constexpr std::int32_t kBf16MinRows = 9;
 // BLAS wins again at 64 rows).
 inline constexpr std::int32_t kF32DirectRows = 1;
 inline constexpr std::int32_t kF32TileRows = 32;
-// Int8 activations: batches of at most this many rows run the in-place
-// kernels. Alone on a matrix in cache they beat dequantise + BLAS to a few
-// dozen rows, but in a whole serving run larger batches lost to BLAS
-// (docs/models.md, int8 activations); larger batches take the int8 tiles
-// (outer products on AVX512-VNNI, no pass of reductions per block) or,
-// without VNNI, the f32 batch paths.
+// Int8 activations without the int8 tiles: batches of at most this many
+// rows run the in-place kernels. Alone on a matrix in cache they beat
+// dequantise + BLAS to a few dozen rows, but in a whole serving run larger
+// batches lost to BLAS (docs/models.md, int8 activations); larger batches
+// take the f32 batch paths.
 inline constexpr std::int32_t kInt8DirectRows = 8;
+// With the int8 tiles (outer products on AVX512-VNNI, no pass of
+// reductions per block): the fewest rows they take, below which the
+// in-place int8 kernels run. In a decode step, weights streaming from
+// memory over every thread, 2 rows ran 1.2x faster in place, 3 and 5-8 rows
+// 1.15-1.6x faster on the tiles, 4 alike, on Q4_1 and Q4_K_M files alike
+// (docs/benchmarks.md, "Int8 tiles on AVX512-VNNI"); a matrix in cache on
+// one thread favours the tiles from 2 rows, except for the K-quants.
+inline constexpr std::int32_t kInt8TileMinRows = 3;
+// Whether an int8 batch of `rows` runs the in-place int8 kernels, given
+// whether the int8 tiles are there (dot_tiles_int8_available()).
+constexpr bool int8_in_place(std::int32_t rows, bool tiles) {
+  return rows < kInt8TileMinRows || (!tiles && rows <= kInt8DirectRows);
+}
 
 // kDefault's choice: false (f32 x) unless the environment variable
 // PAGEDATTN_INT8_ACTIVATIONS is "1" when first asked, or

@@ -1099,17 +1099,21 @@ Int8Terms int8_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
 // integer sum is exact and converts exactly (< 2^24); times dx rounds once,
 // the scale d * sc once, the multiply-add into the row's total once per S
 // inputs (in / S adds in all), the mins' multiply-add once per 32 after a
-// sum of 32 x (5 adds), y0 last: k = in / 16 + 16 covers it. Shapes: rows
-// past a pass of 128, rows of whole 64-input vectors and of 32 over, ldy >
-// out, column ranges that start inside a group of 16, accumulate.
+// sum of 32 x (5 adds), y0 last: k = in / 16 + 16 covers it. Shapes: 2 to
+// 131 rows (past a pass of 128), rows of whole 64-input vectors and of 32
+// over, ldy > out, column ranges that start inside a group of 16, accumulate.
 TEST(DotTiles, Int8MatchesADoubleReferenceOfTheRoundedActivations) {
   if (!dot_tiles_int8_available()) GTEST_SKIP() << "no AVX512-VNNI on this CPU or target";
   std::mt19937 rng(35);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   core::CacheLineVector<float> scratch;
   for (const WeightFormat f : kInt8Formats)
-    for (const auto& [in32, out, rows, begin] :
-         {std::tuple{96, 13, 9, 0}, {288, 37, 23, 5}, {512, 45, 70, 17}, {256, 16, 131, 3}}) {
+    for (const auto& [in32, out, rows, begin] : {std::tuple{96, 13, 9, 0},
+                                                 {288, 37, 23, 5},
+                                                 {512, 45, 70, 17},
+                                                 {256, 16, 131, 3},
+                                                 {160, 29, 2, 1},
+                                                 {64, 40, 5, 0}}) {
       const std::int32_t in = weight_format_block(f) == kQuantKBlock ? 256 * (in32 / 96 + 1) : in32;
       const std::int32_t ldy = out + 3;
       const auto w = random_blocks(f, out, in, rng, 0.05f);
@@ -1189,11 +1193,12 @@ TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchOrColumnRange) {
 }
 
 // linear() on quantised weights: with the int8 default on (or kInt8), not
-// deterministic, batches of up to kInt8DirectRows run the int8 kernels, bit
+// deterministic, the batches int8_in_place picks run the int8 kernels, bit
 // for bit what quant_product with int8_x gives; Activations::kF32,
-// deterministic mode and the default off give the f32 kernels' bits; larger
-// batches run the int8 tiles where the CPU has AVX512-VNNI, bit for bit
-// what dot_tiles with int8 gives, and are unchanged by the choice elsewhere.
+// deterministic mode and the default off give the f32 kernels' bits; the
+// others run the int8 tiles where the CPU has AVX512-VNNI (from
+// kInt8TileMinRows rows), bit for bit what dot_tiles with int8
+// gives, and are unchanged by the choice elsewhere.
 TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDeterministic) {
   std::mt19937 rng(32);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
@@ -1201,8 +1206,9 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
   set_int8_activations_default(true);
   for (const WeightFormat f :
        {WeightFormat::kQ8_0, WeightFormat::kQ5_0, WeightFormat::kQ4_K, WeightFormat::kQ6_K})
-    for (const std::int32_t rows : {1, 9, 32, 33}) {
+    for (const std::int32_t rows : {1, 2, 3, 4, 5, 9, 32, 33}) {
       const std::int32_t in = 512, out = 300;
+      const bool in_place = int8_in_place(rows, dot_tiles_int8_available());
       const auto w = f == WeightFormat::kQ4_K || f == WeightFormat::kQ6_K
                          ? random_blocks(f, out, in, rng, 0.05f)
                          : random_weights(f, out, in, rng);
@@ -1225,7 +1231,7 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
       };
       const auto int8 = product(true), exact = product(false);
       SCOPED_TRACE(std::string(weight_format_name(f)) + " rows " + std::to_string(rows));
-      if (rows <= kInt8DirectRows) {
+      if (in_place) {
         EXPECT_EQ(run(Activations::kDefault, false), int8);
         EXPECT_EQ(run(Activations::kInt8, false), int8);
       } else if (dot_tiles_int8_available()) {  // the int8 tiles
@@ -1254,9 +1260,11 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
       {
         const ScopedActivations scope(Activations::kInt8);
         EXPECT_EQ(default_activations(), Activations::kInt8);
-        if (rows <= kInt8DirectRows) {
+        if (in_place) {
           EXPECT_EQ(run(Activations::kDefault, false), int8);
-          EXPECT_EQ(run(Activations::kF32, false), exact);  // an explicit choice wins
+        }
+        if (quant_batch_in_place(rows, f)) {  // an explicit choice wins
+          EXPECT_EQ(run(Activations::kF32, false), exact);
         }
         EXPECT_EQ(run(Activations::kDefault, true), exact);
         {
