@@ -5,9 +5,9 @@ scripts/get_test_model.sh).
 GgufModel.logits(exact=True) (the default, what the accuracy tests use) runs
 deterministic mode: f32 activations in every product, whatever the
 environment. exact=False runs the serving path: with
-PAGEDATTN_INT8_ACTIVATIONS=1 a batch of at most 8 rows (kInt8DirectRows:
-each sequence here) multiplies the quantised weights by x rounded to int8
-per 32 values.
+PAGEDATTN_INT8_ACTIVATIONS=1 each sequence here (8 rows: the int8 tiles on
+AVX512-VNNI, else the in-place int8 kernels) multiplies the quantised
+weights by x rounded to int8 per 32 values.
 
 Rounding x moves each product by at most half an int8 step per value times
 |w| (the kernel tests check that bound); the 30 layers carry it into the
@@ -40,7 +40,7 @@ PROMPTS = [
 ]
 
 # Each prompt's positions [0, 8), [8, 16), [16, 24) as sequences of their
-# own: a batch of at most 8 rows (kInt8DirectRows) is what runs on int8 x.
+# own: batches of 8 rows, as a decode step of 8 sequences.
 SEQUENCES = [p[k:k + 8] for p in PROMPTS for k in (0, 8, 16)]
 
 CHILD = r"""
