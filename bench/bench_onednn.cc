@@ -11,7 +11,9 @@
 //           (bf16_batches: dot_tiles on AVX512-BF16 from 9 rows; below, f32
 //           products on the widened weights);
 //   path 3: oneDNN bf16 matmul (x converted to bf16 in each call, timed;
-//           weights bf16 in its layout; f32 output).
+//           weights bf16 in its layout; f32 output);
+//   path 4: oneDNN f32 matmul on the weights as they are, [out][in] rows (a
+//           block just dequantised, as prefill's quantised products make).
 // Shapes: SmolLM2-135M's gate|up (3072 x 576) and down (576 x 1536), Llama
 // 3.2 1B's fused gate|up (16384 x 2048) and down (2048 x 8192).
 #include <benchmark/benchmark.h>
@@ -61,12 +63,13 @@ std::vector<std::uint16_t> to_bf16(const std::vector<float>& v) {
 class OneDnnProduct {
  public:
   OneDnnProduct(std::int32_t rows, std::int32_t in, std::int32_t out, const std::vector<float>& w,
-                memory::data_type type, float* x, float* y)
+                memory::data_type type, float* x, float* y, bool packed = true)
       : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
     const memory::dims src_dims{rows, in}, w_dims{in, out}, dst_dims{rows, out};
     const memory::desc x_f32(src_dims, memory::data_type::f32, memory::format_tag::ab);
     const memory::desc x_typed(src_dims, type, memory::format_tag::ab);
-    const memory::desc w_any(w_dims, type, memory::format_tag::any);
+    const memory::desc w_any(w_dims, type,
+                             packed ? memory::format_tag::any : memory::format_tag::ba);
     const memory::desc y_f32(dst_dims, memory::data_type::f32, memory::format_tag::ab);
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x_typed, w_any, y_f32), engine_);
     matmul_ = dnnl::matmul(pd);
@@ -122,10 +125,10 @@ void BM_Product(benchmark::State& state) {
     args.bf16_batches = true;
   }
   std::unique_ptr<OneDnnProduct> onednn;
-  if (path == 1 || path == 3)
+  if (path == 1 || path == 3 || path == 4)
     onednn = std::make_unique<OneDnnProduct>(
-        rows, in, out, w, path == 1 ? memory::data_type::f32 : memory::data_type::bf16, x.data(),
-        y.data());
+        rows, in, out, w, path == 3 ? memory::data_type::bf16 : memory::data_type::f32, x.data(),
+        y.data(), path != 4);
   for (auto _ : state) {
     if (onednn)
       onednn->run();
@@ -152,7 +155,7 @@ void BM_Product(benchmark::State& state) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = omp_get_max_threads();
   static const char* const kPaths[] = {"linear f32", "oneDNN f32", "linear bf16 weights",
-                                       "oneDNN bf16"};
+                                       "oneDNN bf16", "oneDNN f32 row-major weights"};
   state.SetLabel(kPaths[path]);
 }
 
@@ -162,7 +165,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
   for (const auto& s : shapes)
     for (const std::int64_t rows : {1, 8, 32, 512, 2048}) {
       if (s[0] * s[1] >= (1 << 24) && rows > 512) continue;  // 1B's prefill at 512 rows is enough
-      for (const std::int64_t path : {0, 1, 2, 3}) b->Args({s[0], s[1], rows, path});
+      for (const std::int64_t path : {0, 1, 2, 3, 4}) b->Args({s[0], s[1], rows, path});
     }
   b->Unit(benchmark::kMicrosecond)->UseRealTime();  // the threads' wall time
 }
