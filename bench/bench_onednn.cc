@@ -13,7 +13,10 @@
 //   path 3: oneDNN bf16 matmul (x converted to bf16 in each call, timed;
 //           weights bf16 in its layout; f32 output);
 //   path 4: oneDNN f32 matmul on the weights as they are, [out][in] rows (a
-//           block just dequantised, as prefill's quantised products make).
+//           block just dequantised, as prefill's quantised products make);
+//   path 5: the same with the row count given at run time
+//           (DNNL_RUNTIME_DIM_VAL): one primitive for every count, as a
+//           step's changing batch would need.
 // Shapes: SmolLM2-135M's gate|up (3072 x 576) and down (576 x 1536), Llama
 // 3.2 1B's fused gate|up (16384 x 2048) and down (2048 x 8192).
 #include <benchmark/benchmark.h>
@@ -63,7 +66,8 @@ std::vector<std::uint16_t> to_bf16(const std::vector<float>& v) {
 class OneDnnProduct {
  public:
   OneDnnProduct(std::int32_t rows, std::int32_t in, std::int32_t out, const std::vector<float>& w,
-                memory::data_type type, float* x, float* y, bool packed = true)
+                memory::data_type type, float* x, float* y, bool packed = true,
+                bool runtime_rows = false)
       : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {
     const memory::dims src_dims{rows, in}, w_dims{in, out}, dst_dims{rows, out};
     const memory::desc x_f32(src_dims, memory::data_type::f32, memory::format_tag::ab);
@@ -71,7 +75,14 @@ class OneDnnProduct {
     const memory::desc w_any(w_dims, type,
                              packed ? memory::format_tag::any : memory::format_tag::ba);
     const memory::desc y_f32(dst_dims, memory::data_type::f32, memory::format_tag::ab);
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x_typed, w_any, y_f32), engine_);
+    // Rows given at run time: one primitive for every row count.
+    const memory::dim any_rows = DNNL_RUNTIME_DIM_VAL;
+    const memory::desc x_runtime({any_rows, in}, type, memory::dims{in, 1});
+    const memory::desc y_runtime({any_rows, out}, memory::data_type::f32, memory::dims{out, 1});
+    const dnnl::matmul::primitive_desc pd(runtime_rows
+                                              ? dnnl::matmul::desc(x_runtime, w_any, y_runtime)
+                                              : dnnl::matmul::desc(x_typed, w_any, y_f32),
+                                          engine_);
     matmul_ = dnnl::matmul(pd);
     // w[out][in] row-major is the in x out matrix in format "ba".
     const memory::desc w_user(w_dims, memory::data_type::f32, memory::format_tag::ba);
@@ -125,10 +136,10 @@ void BM_Product(benchmark::State& state) {
     args.bf16_batches = true;
   }
   std::unique_ptr<OneDnnProduct> onednn;
-  if (path == 1 || path == 3 || path == 4)
+  if (path == 1 || path == 3 || path == 4 || path == 5)
     onednn = std::make_unique<OneDnnProduct>(
         rows, in, out, w, path == 3 ? memory::data_type::bf16 : memory::data_type::f32, x.data(),
-        y.data(), path != 4);
+        y.data(), path < 4, path == 5);
   for (auto _ : state) {
     if (onednn)
       onednn->run();
@@ -154,8 +165,12 @@ void BM_Product(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2.0 * rows * out * in * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = omp_get_max_threads();
-  static const char* const kPaths[] = {"linear f32", "oneDNN f32", "linear bf16 weights",
-                                       "oneDNN bf16", "oneDNN f32 row-major weights"};
+  static const char* const kPaths[] = {"linear f32",
+                                       "oneDNN f32",
+                                       "linear bf16 weights",
+                                       "oneDNN bf16",
+                                       "oneDNN f32 row-major weights",
+                                       "oneDNN f32 row-major weights, rows at run time"};
   state.SetLabel(kPaths[path]);
 }
 
@@ -165,7 +180,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
   for (const auto& s : shapes)
     for (const std::int64_t rows : {1, 8, 32, 512, 2048}) {
       if (s[0] * s[1] >= (1 << 24) && rows > 512) continue;  // 1B's prefill at 512 rows is enough
-      for (const std::int64_t path : {0, 1, 2, 3, 4}) b->Args({s[0], s[1], rows, path});
+      for (const std::int64_t path : {0, 1, 2, 3, 4, 5}) b->Args({s[0], s[1], rows, path});
     }
   b->Unit(benchmark::kMicrosecond)->UseRealTime();  // the threads' wall time
 }
