@@ -94,6 +94,7 @@ def load_rows(folder, counts):
             "shape": shape,
             # Absent in the JSON of builds before the step profile.
             "phases_ms": {k: 1e3 * v for k, v in r.get("decode_step_phases_s", {}).items()},
+            "team_wait_ms": 1e3 * r.get("decode_step_team_wait_s", 0.0),
         })
     base = rows[0]["tokens_per_s"]
     for row in rows:
@@ -139,14 +140,16 @@ def print_phases(rows, out):
     print(file=out)
     print("Where the decode step goes, ms (products, attention and the LM head of the "
           "forward pass; the rest of it: norms, RoPE, activations, residuals; outside the "
-          "model: scheduling, planning, sampling):", file=out)
+          "model: scheduling, planning, sampling; within products and the rest: each layer "
+          "team thread's wait at the barriers after its pieces):", file=out)
     print(file=out)
-    print("| threads | step | " + " | ".join(n.replace("_", " ") for n in names) + " |",
-          file=out)
-    print("|---:|---:|" + "---:|" * len(names), file=out)
+    print("| threads | step | " + " | ".join(n.replace("_", " ") for n in names) +
+          " | waits in teams |", file=out)
+    print("|---:|---:|" + "---:|" * (len(names) + 1), file=out)
     for r in rows:
         print(f"| {r['threads']} | {r['step_ms']:.3f} | " +
-              " | ".join(f"{r['phases_ms'].get(n, 0.0):.3f}" for n in names) + " |", file=out)
+              " | ".join(f"{r['phases_ms'].get(n, 0.0):.3f}" for n in names) +
+              f" | {r.get('team_wait_ms', 0.0):.3f} |", file=out)
 
 
 def check(rows, max_fraction):

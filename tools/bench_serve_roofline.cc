@@ -156,7 +156,10 @@ nlohmann::ordered_json roofline_json(const ModelCost& cost, const std::vector<St
       {"decode_context_tokens_per_step", context},
       {"decode_step_bytes", bytes},
       {"decode_step_flops", flops},
-      {"decode_step_phases_s", phases_json(phases, seconds)}};
+      {"decode_step_phases_s", phases_json(phases, seconds)},
+      // Within the phases above: the layer teams' threads waiting at the
+      // barriers after each piece, mean over the threads (core/team.h).
+      {"decode_step_team_wait_s", phases.of(engine::StepPhase::kTeamWait)}};
   const bool bounded = probes && probes->read_gbps > 0 && probes->fma_gflops > 0 && n > 0;
   const double memory_s = bounded ? bytes / (probes->read_gbps * 1e9) : 0.0;
   const double compute_s = bounded ? flops / (probes->fma_gflops * 1e9) : 0.0;
@@ -189,6 +192,10 @@ void print_roofline(std::FILE* out, const nlohmann::ordered_json& r) {
       sep = ",";
     }
     std::fprintf(out, "\n");
+    const double wait_s = r["decode_step_team_wait_s"].get<double>();
+    if (wait_s > 0)
+      std::fprintf(out, "  layer teams: each thread waits %.3f ms (%.0f%%) at their barriers\n",
+                   1e3 * wait_s, step_s > 0 ? 100.0 * wait_s / step_s : 0.0);
   }
   if (r["roofline_fraction"].is_null()) return;
   const double memory_s = r["memory_bound_s"].get<double>();

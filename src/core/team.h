@@ -27,7 +27,39 @@ namespace pagedattn::core {
 
 namespace detail {
 inline thread_local bool in_team = false;
+// Inside a team whose caller asked for it (TeamWaitScope): the seconds this
+// thread has waited at the pieces' barriers.
+inline thread_local bool time_waits = false;
+inline thread_local double waited = 0.0;
+// On a caller's thread: where the teams it starts add their waits.
+inline thread_local double* wait_sink = nullptr;
 }  // namespace detail
+
+// While it lives, every team the calling thread starts adds to *sink the
+// time its threads waited at the barriers after its pieces, averaged over
+// the threads (seconds): what the team lost to uneven splits and to pieces
+// on one thread. Two clock reads per thread and piece; none without a scope.
+class TeamWaitScope {
+ public:
+  explicit TeamWaitScope(double* sink) : previous_(detail::wait_sink) { detail::wait_sink = sink; }
+  ~TeamWaitScope() { detail::wait_sink = previous_; }
+  TeamWaitScope(const TeamWaitScope&) = delete;
+  TeamWaitScope& operator=(const TeamWaitScope&) = delete;
+
+ private:
+  double* previous_;
+};
+
+// The barrier after a piece, inside a team: every thread waits for all.
+inline void team_barrier() {
+  if (!detail::time_waits) {
+#pragma omp barrier
+    return;
+  }
+  const double start = omp_get_wtime();
+#pragma omp barrier
+  detail::waited += omp_get_wtime() - start;
+}
 
 // Whether the calling thread runs inside run_in_team (not merely inside some
 // OpenMP region: a caller's own region is not a team).
@@ -69,11 +101,20 @@ inline void set_teams_enabled(bool enabled) {
 template <typename F>
 void run_in_team(bool team, F&& f) {
   if (!team || in_team()) return f();
+  double* const sink = detail::wait_sink;
 #pragma omp parallel
   {
     detail::in_team = true;
+    detail::time_waits = sink != nullptr;
+    detail::waited = 0.0;
     f();
+    if (sink != nullptr) {
+      const double mine = detail::waited / omp_get_num_threads();
+#pragma omp atomic
+      *sink += mine;
+    }
     detail::in_team = false;
+    detail::time_waits = false;
   }
 }
 
@@ -83,9 +124,9 @@ void run_in_team(bool team, F&& f) {
 template <typename F>
 void for_each_task(std::int32_t tasks, F&& body) {
   if (in_team()) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
     for (std::int32_t t = 0; t < tasks; ++t) body(t);
-    return;
+    return team_barrier();
   }
   if (tasks <= 1) {
     for (std::int32_t t = 0; t < tasks; ++t) body(t);
@@ -100,8 +141,9 @@ void for_each_task(std::int32_t tasks, F&& body) {
 template <typename F>
 void on_one_thread(F&& f) {
   if (!in_team()) return f();
-#pragma omp single
+#pragma omp single nowait
   f();
+  team_barrier();
 }
 
 // f(begin, end) over the rows [0, rows) of row-wise element work (norms,
@@ -115,13 +157,14 @@ void for_row_ranges(std::int32_t rows, std::int64_t row_elements, F&& f) {
   if (!in_team()) return f(std::int32_t{0}, rows);
   const bool split = std::int64_t{rows} * row_elements >= kRowParallelElements;
   const std::int32_t parts = split ? std::min<std::int32_t>(rows, omp_get_num_threads()) : 1;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
   for (std::int32_t p = 0; p < parts; ++p) {
     const auto edge = [&](std::int32_t i) {
       return static_cast<std::int32_t>(std::int64_t{rows} * i / parts);
     };
     f(edge(p), edge(p + 1));
   }
+  team_barrier();
 }
 
 }  // namespace pagedattn::core

@@ -538,6 +538,7 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   // each product, norm and RoPE would open one (core/team.h).
   const bool teams = layers_in_teams(b.deterministic);
   if (teams) engine::size_for_team(scratch_);
+  const core::TeamWaitScope waits(engine::profile_seconds(engine::StepPhase::kTeamWait));
   // The scope is thread-local: the team's other threads take this thread's
   // choices, or linear() would route differently on each.
   const engine::Activations chosen = engine::default_activations();

@@ -15,6 +15,10 @@ StepProfileScope::~StepProfileScope() {
   active_profile = previous_;
 }
 
+double* profile_seconds(StepPhase phase) {
+  return active_profile != nullptr ? &active_profile->seconds[std::size_t(phase)] : nullptr;
+}
+
 PhaseTimer::PhaseTimer(StepPhase phase) : profile_(active_profile), phase_(phase) {
   if (profile_ != nullptr) start_ = steady_seconds();
 }

@@ -15,6 +15,10 @@ enum class StepPhase : std::uint8_t {
   kProducts,   // the layers' weight products (expert layers included)
   kAttention,  // paged attention (latent attention with its own projections)
   kLmHead,     // the final norm's rows through the LM head
+  // Not a part of the step beside the others but within products and the
+  // rest of the forward pass: the layers' team threads' mean time waiting
+  // at the barriers after each piece (core/team.h, TeamWaitScope).
+  kTeamWait,
   kCount
 };
 inline constexpr std::size_t kStepPhases = std::size_t(StepPhase::kCount);
@@ -37,6 +41,10 @@ class StepProfileScope {
  private:
   StepProfile* previous_;
 };
+
+// Where the calling thread's profile keeps `phase`'s seconds, or null
+// without a profile (for times that are not one PhaseTimer's: kTeamWait).
+double* profile_seconds(StepPhase phase);
 
 // Adds the wall time of its life to the calling thread's profile, if any.
 class PhaseTimer {

@@ -1,6 +1,7 @@
 // core/team.h: inside a team each piece's tasks and rows run once, over the
-// team's threads, and every thread waits for the piece's end; outside one
-// the pieces run as a region of their own (or on the caller). linear()
+// team's threads, and every thread waits for the piece's end (timed inside a
+// TeamWaitScope); outside one the pieces run as a region of their own (or on
+// the caller). linear()
 // inside a team gives bitwise what it gives outside, on every route.
 #include "core/team.h"
 
@@ -8,7 +9,9 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "engine/counter_random.h"
@@ -76,6 +79,26 @@ TEST(Team, OutsideATeamPiecesRunOnTheCallerOrTheirOwnRegion) {
     EXPECT_FALSE(core::in_team());
   });
   EXPECT_EQ(runs, 1);
+}
+
+// A TeamWaitScope gets the mean over the team's threads of their waits at
+// the pieces' barriers: two of three threads wait out a 30 ms piece on the
+// third, so about 20 ms; teams outside the scope add nothing.
+TEST(Team, WaitsAtTheBarriersAreTimedInsideAScope) {
+  const Threads threads(3);
+  const auto slow_piece = [] {
+    core::on_one_thread([] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); });
+  };
+  double waited = 0.0;
+  {
+    const core::TeamWaitScope scope(&waited);
+    core::run_in_team(true, slow_piece);
+  }
+  EXPECT_GT(waited, 0.015);
+  EXPECT_LT(waited, 1.0);
+  const double before = waited;
+  core::run_in_team(true, slow_piece);
+  EXPECT_EQ(waited, before);
 }
 
 // linear() on every route (f32 weights 1 / 16 / 80 rows: in place, tiles,
