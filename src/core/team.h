@@ -16,11 +16,9 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
+#include "core/env_switch.h"
 #include "core/row_parallel.h"
 
 namespace pagedattn::core {
@@ -78,21 +76,15 @@ inline int available_threads() {
 // asked, or set_teams_enabled(false) was called. Off, each piece opens its
 // own region as before teams: for A/B runs, and for tests that compare the
 // two.
-inline std::atomic<int>& teams_setting() {
-  static std::atomic<int> setting{-1};  // -1: not yet read from the environment
+inline EnvSwitch& teams_switch() {
+  static EnvSwitch setting("PAGEDATTN_TEAMS", true);
   return setting;
 }
 inline bool teams_enabled() {
-  int v = teams_setting().load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* teams = std::getenv("PAGEDATTN_TEAMS");
-    v = teams != nullptr && std::strcmp(teams, "0") == 0 ? 0 : 1;
-    teams_setting().store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
+  return teams_switch().on();
 }
 inline void set_teams_enabled(bool enabled) {
-  teams_setting().store(enabled ? 1 : 0, std::memory_order_relaxed);
+  teams_switch().set(enabled);
 }
 
 // f() on every thread of a new region of omp_get_max_threads() threads, each

@@ -4,10 +4,10 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env_switch.h"
 #include "core/team.h"
 #include "engine/dot_tiles.h"
 #include "pagedattn/cpu_features.h"
@@ -70,7 +70,7 @@ std::int32_t threads_for(const LinearArgs& a) {
 // LinearScratch::weight_blocks, one per thread, sized before the threads
 // start: inside a team they share the vector, so size_for_team sized it.
 void size_thread_blocks(LinearScratch& s) {
-  if (!core::in_team()) s.weight_blocks.resize(std::size_t(omp_get_max_threads()));
+  if (!core::in_team()) size_for_team(s);
 }
 core::CacheLineVector<float>& thread_block(LinearScratch& s) {
   return s.weight_blocks[std::size_t(omp_get_thread_num())];
@@ -226,21 +226,15 @@ IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
 }
 
 namespace {
-std::atomic<int> int8_default{-1};  // -1: not yet read from the environment
+core::EnvSwitch int8_default("PAGEDATTN_INT8_ACTIVATIONS", false);
 }  // namespace
 
 bool int8_activations_default() {
-  int v = int8_default.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const char* int8 = std::getenv("PAGEDATTN_INT8_ACTIVATIONS");
-    v = int8 != nullptr && std::strcmp(int8, "1") == 0 ? 1 : 0;
-    int8_default.store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
+  return int8_default.on();
 }
 
 void set_int8_activations_default(bool int8) {
-  int8_default.store(int8 ? 1 : 0, std::memory_order_relaxed);
+  int8_default.set(int8);
 }
 
 namespace {
@@ -290,8 +284,7 @@ void set_blas_threads(int threads) {
 }
 
 void size_for_team(LinearScratch& scratch) {
-  scratch.weight_blocks.resize(
-      std::max(scratch.weight_blocks.size(), std::size_t(omp_get_max_threads())));
+  scratch.weight_blocks.resize(std::size_t(omp_get_max_threads()));
 }
 
 void use_single_threaded_blas() {

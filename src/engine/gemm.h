@@ -184,9 +184,10 @@ struct LinearScratch {
   std::vector<core::CacheLineVector<float>> weight_blocks;  // dot_tiles' groups, BLAS's blocks
 };
 
-// Sizes `scratch` for linear() calls inside a team (core/team.h) of up to
+// Sizes `scratch` for linear() calls inside a team (core/team.h) of
 // omp_get_max_threads() threads: their threads share it and cannot resize
-// it. Call it before the team starts.
+// it. Call it before the team starts (linear() outside a team sizes it
+// itself).
 void size_for_team(LinearScratch& scratch);
 
 // Makes OpenBLAS run single-threaded (its own thread pool would fight the

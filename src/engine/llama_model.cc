@@ -195,6 +195,9 @@ class LlamaModel final : public Model {
   // positions_: each new token's position in its whole sequence, and the
   // RoPE tables extended to cover them (outside any team: they grow).
   void set_positions(const PagedKVCache& cache);
+  // `kind`'s table covering the step's positions (grown when it does not:
+  // set_positions, before any team).
+  const RopeConfig& cover_step(LayerRope& kind);
   // The RoPE of `layer`'s kind, its table covering the step's positions.
   const RopeConfig& rope_for(std::int32_t layer);
   // q/k norms and RoPE on the step's q and k heads in qkv_, in place.
@@ -372,15 +375,17 @@ void LlamaModel::set_positions(const PagedKVCache& cache) {
   }
   rope_positions_ = 1;
   for (std::int32_t p : positions_) rope_positions_ = std::max(rope_positions_, p + 1);
+  for (LayerRope& kind : rope_) cover_step(kind);
+}
+
+const RopeConfig& LlamaModel::cover_step(LayerRope& kind) {
   // Latent attention rotates rotary_dim of each head (validate_mla_config).
   const std::int32_t rotated = c_.kv_lora_rank > 0 ? c_.rotary_dim : c_.head_dim;
-  for (LayerRope& kind : rope_) kind.table.covering(kind.config, rotated, rope_positions_);
+  return kind.table.covering(kind.config, rotated, rope_positions_);
 }
 
 const RopeConfig& LlamaModel::rope_for(std::int32_t layer) {
-  LayerRope& kind = rope_[window(layer) > 0 ? 1 : 0];
-  const std::int32_t rotated = c_.kv_lora_rank > 0 ? c_.rotary_dim : c_.head_dim;
-  return kind.table.covering(kind.config, rotated, rope_positions_);  // covered: no write
+  return cover_step(rope_[window(layer) > 0 ? 1 : 0]);  // set_positions covered it: no write
 }
 
 void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens) {
