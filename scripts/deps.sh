@@ -12,10 +12,12 @@ set -euo pipefail
 # (libFuzzer and the sanitizer runtimes) and llvm (llvm-symbolizer for
 # readable sanitizer stacks): the `sanitize` preset.
 # clang-format (14): scripts/format.sh, checked first by the test command.
+# libdnnl-dev (oneDNN): prefill's and large batches' f32 products
+# (src/engine/onednn_sgemm.h; -DPAGEDATTN_WITH_ONEDNN=OFF builds without it).
 packages=(g++ cmake ninja-build libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev python3-venv
           libopenblas-dev python3-pip libicu-dev nlohmann-json3-dev clang libomp-dev
           libclang-rt-14-dev llvm libcpp-httplib-dev pkg-config
-          libopenmpi-dev openmpi-bin libxxhash-dev libcli11-dev clang-format)
+          libopenmpi-dev openmpi-bin libxxhash-dev libcli11-dev clang-format libdnnl-dev)
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
   echo "deps: not a Debian system; make sure these are installed: ${packages[*]}" >&2

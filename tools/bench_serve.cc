@@ -17,6 +17,7 @@
 #include "bench_serve_roofline.h"
 #include "contiguous_replay.h"
 #include "engine/gemm.h"
+#include "engine/onednn_sgemm.h"
 #include "engine/step_profile.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/llama.h"
@@ -304,8 +305,10 @@ int run_bench_serve(int argc, char** argv) {
   std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s; int8 activations %s\n",
               o.prefix_caching ? "on" : "off", o.host_kv_memory_mib, o.bf16_products ? "on" : "off",
               o.int8_activations ? "on" : "off");
-  const std::string blas = engine::blas_kernels();
-  std::printf("  OpenBLAS kernels (prefill's products): %s\n",
+  const std::string blas = engine::blas_kernels(), onednn = engine::onednn_kernels();
+  std::printf("  prefill's products: %s; OpenBLAS kernels%s: %s\n",
+              onednn.empty() ? "OpenBLAS" : onednn.c_str(),
+              onednn.empty() ? "" : " (deterministic mode)",
               blas.empty() ? "not OpenBLAS" : blas.c_str());
   std::fflush(stdout);
 
@@ -350,6 +353,7 @@ int run_bench_serve(int argc, char** argv) {
         {"bf16_products", o.bf16_products},
         {"exact_products", o.exact_products},
         {"blas_kernels", blas},
+        {"onednn_kernels", onednn},
         {"pin_threads", o.pin_threads},
         {"kv_cache_dtype", std::string(dtype_name(o.kv_dtype))},
         {"int8_activations", o.int8_activations},

@@ -10,6 +10,7 @@
 #include "core/env_switch.h"
 #include "core/team.h"
 #include "engine/dot_tiles.h"
+#include "engine/onednn_sgemm.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
@@ -32,6 +33,7 @@ const float* f32_weights(const LinearArgs& a) {
 // y[rows][cols] (+)= x[rows][in] w[cols][in]^T with leading dimensions in / ldy.
 void sgemm(const LinearArgs& a, const float* x, std::int32_t rows, const float* w,
            std::int32_t cols, float* y, std::int32_t ldy) {
+  if (onednn_sgemm(x, rows, a.in, w, cols, y, ldy, a.accumulate)) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, a.in, 1.0f, x, a.in, w, a.in,
               a.accumulate ? 1.0f : 0.0f, y, ldy);
 }

@@ -13,6 +13,7 @@
 
 #include "engine/counter_random.h"
 #include "engine/dot_tiles.h"
+#include "engine/onednn_sgemm.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 
@@ -222,34 +223,38 @@ TEST(Linear, MatchesADoubleReferenceOnAnyThreadCount) {
   // (At most 3 threads: clang's OpenMP runtime keeps the descriptors of a
   // larger team past exit, which LeakSanitizer reports.) 16 columns: one
   // granule, so f32 batches above 8 rows split their rows instead.
-  for (const int threads : {1, 2, 3})
-    for (const std::int32_t out : {kOut, 16})
-      for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ8_0})
-        for (const std::int32_t rows : {1, 5, 37, 64})
-          for (const bool accumulate : {false, true}) {
-            omp_set_num_threads(threads);
-            const bool f32 = f == WeightFormat::kF32;
-            const float* w = f32 ? p.w.data() : q8_values.data();
-            std::vector<float> y(p.bias.begin(), p.bias.begin() + std::size_t(rows) * kOut);
-            LinearArgs args{p.x.data(), rows,
-                            kIn,        f32 ? static_cast<const void*>(p.w.data()) : q8.data(),
-                            out,        y.data(),
-                            accumulate, false,
-                            f};
-            args.ldy = kOut;
-            args.activations = Activations::kF32;
-            linear(args, p.scratch);
-            for (std::int32_t r = 0; r < rows; ++r)
-              for (std::int32_t c = 0; c < out; ++c) {
-                double want = accumulate ? p.bias[std::size_t(r) * kOut + c] : 0.0;
-                for (std::int32_t i = 0; i < kIn; ++i)
-                  want += double(p.x[std::size_t(r) * kIn + i]) * w[std::size_t(c) * kIn + i];
-                ASSERT_NEAR(y[std::size_t(r) * kOut + c], want, 1e-4)
-                    << threads << " threads, " << out << " columns, " << weight_format_name(f)
-                    << ", rows " << rows << ", r " << r << ", c " << c;
-              }
-          }
+  for (const bool onednn : {true, false})
+    for (const int threads : {1, 2, 3})
+      for (const std::int32_t out : {kOut, 16})
+        for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ8_0})
+          for (const std::int32_t rows : {1, 5, 37, 64})
+            for (const bool accumulate : {false, true}) {
+              omp_set_num_threads(threads);
+              set_onednn_products(onednn);
+              const bool f32 = f == WeightFormat::kF32;
+              const float* w = f32 ? p.w.data() : q8_values.data();
+              std::vector<float> y(p.bias.begin(), p.bias.begin() + std::size_t(rows) * kOut);
+              LinearArgs args{p.x.data(), rows,
+                              kIn,        f32 ? static_cast<const void*>(p.w.data()) : q8.data(),
+                              out,        y.data(),
+                              accumulate, false,
+                              f};
+              args.ldy = kOut;
+              args.activations = Activations::kF32;
+              linear(args, p.scratch);
+              for (std::int32_t r = 0; r < rows; ++r)
+                for (std::int32_t c = 0; c < out; ++c) {
+                  double want = accumulate ? p.bias[std::size_t(r) * kOut + c] : 0.0;
+                  for (std::int32_t i = 0; i < kIn; ++i)
+                    want += double(p.x[std::size_t(r) * kIn + i]) * w[std::size_t(c) * kIn + i];
+                  ASSERT_NEAR(y[std::size_t(r) * kOut + c], want, 1e-4)
+                      << "oneDNN " << onednn << ", " << threads << " threads, " << out
+                      << " columns, " << weight_format_name(f) << ", rows " << rows << ", r " << r
+                      << ", c " << c;
+                }
+            }
   omp_set_num_threads(saved);
+  set_onednn_products(true);
 }
 
 TEST(Linear, BlasBlocksAreWholeGranulesWithinTheirBytes) {
@@ -293,28 +298,108 @@ TEST(Linear, PrefillBlocksMatchADoubleReferenceOnAnyThreadCount) {
     }
   const int saved = omp_get_max_threads();
   LinearScratch scratch;
-  for (const int threads : {1, 2, 3})
-    for (const bool accumulate : {false, true}) {
-      omp_set_num_threads(threads);
-      std::vector<float> y = y0;
-      LinearArgs args{x.data(), rows,       in,    q8.data(),          out,
-                      y.data(), accumulate, false, WeightFormat::kQ8_0};
-      args.ldy = ldy;
-      args.activations = Activations::kF32;
-      linear(args, scratch);
-      for (std::int32_t r = 0; r < rows; ++r)
-        for (std::int32_t c = 0; c < ldy; ++c) {
-          const std::size_t at = std::size_t(r) * ldy + c;
-          if (c >= out) {
-            ASSERT_EQ(y[at], y0[at]) << "column " << c << " is past out";
-            continue;
+  for (const bool onednn : {true, false})
+    for (const int threads : {1, 2, 3})
+      for (const bool accumulate : {false, true}) {
+        omp_set_num_threads(threads);
+        set_onednn_products(onednn);
+        std::vector<float> y = y0;
+        LinearArgs args{x.data(), rows,       in,    q8.data(),          out,
+                        y.data(), accumulate, false, WeightFormat::kQ8_0};
+        args.ldy = ldy;
+        args.activations = Activations::kF32;
+        linear(args, scratch);
+        for (std::int32_t r = 0; r < rows; ++r)
+          for (std::int32_t c = 0; c < ldy; ++c) {
+            const std::size_t at = std::size_t(r) * ldy + c;
+            if (c >= out) {
+              ASSERT_EQ(y[at], y0[at]) << "column " << c << " is past out";
+              continue;
+            }
+            const double want = exact[std::size_t(r) * out + c] + (accumulate ? y0[at] : 0.0);
+            ASSERT_NEAR(y[at], want, 2e-4)
+                << "oneDNN " << onednn << ", " << threads << " threads, accumulate " << accumulate
+                << ", r " << r << ", c " << c;
           }
-          const double want = exact[std::size_t(r) * out + c] + (accumulate ? y0[at] : 0.0);
-          ASSERT_NEAR(y[at], want, 2e-4)
-              << threads << " threads, accumulate " << accumulate << ", r " << r << ", c " << c;
-        }
-    }
+      }
   omp_set_num_threads(saved);
+  set_onednn_products(true);
+}
+
+// One oneDNN product against a double reference: |error| within a few f32
+// roundings of the sum of |x w| terms, y's columns past cols untouched.
+void expect_onednn_product(std::int32_t rows, std::int32_t in, std::int32_t cols, std::int32_t ldy,
+                           bool accumulate, std::uint64_t seed) {
+  const std::vector<float> x = values(std::size_t(rows) * in, seed);
+  const std::vector<float> w = values(std::size_t(cols) * in, seed + 1);
+  const std::vector<float> y0 = values(std::size_t(rows) * ldy, seed + 2);
+  std::vector<float> y = y0;
+  ASSERT_TRUE(onednn_sgemm(x.data(), rows, in, w.data(), cols, y.data(), ldy, accumulate));
+  for (std::int32_t r = 0; r < rows; ++r)
+    for (std::int32_t c = 0; c < ldy; ++c) {
+      const std::size_t at = std::size_t(r) * ldy + c;
+      if (c >= cols) {
+        ASSERT_EQ(y[at], y0[at]) << "column " << c << " is past cols";
+        continue;
+      }
+      double want = accumulate ? y0[at] : 0.0, magnitude = std::abs(want);
+      for (std::int32_t i = 0; i < in; ++i) {
+        const double term = double(x[std::size_t(r) * in + i]) * w[std::size_t(c) * in + i];
+        want += term;
+        magnitude += std::abs(term);
+      }
+      ASSERT_LE(std::abs(y[at] - want), 1e-6 * (in + 2) * magnitude + 1e-30)
+          << rows << " x " << in << " x " << cols << ", ldy " << ldy << ", accumulate "
+          << accumulate << ", r " << r << ", c " << c;
+    }
+}
+
+// Shapes with odd tails in every dimension, more of them than a thread
+// keeps primitives for (so some are made again), on one thread and on each
+// thread of a parallel region at once; the caller's thread count is kept.
+TEST(OneDnn, ProductsMatchADoubleReferenceInsideAndOutsideRegions) {
+  if (!onednn_products()) GTEST_SKIP() << "this build has no oneDNN";
+  struct Case {
+    std::int32_t rows, in, cols, ldy;
+    bool accumulate;
+  };
+  std::vector<Case> cases;
+  for (const std::int32_t rows : {1, 7, 65, 130})
+    for (const std::int32_t in : {1, 33, 96, 577})
+      for (const std::int32_t cols : {1, 17, 129})
+        cases.push_back({rows, in, cols, cols + (rows % 2) * 3, (in + cols) % 2 == 0});
+  ASSERT_GT(cases.size(), kOneDnnShapesKept);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (int round = 0; round < 2; ++round)
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      const Case& c = cases[i];
+      expect_onednn_product(c.rows, c.in, c.cols, c.ldy, c.accumulate, 10 + i);
+      ASSERT_EQ(omp_get_max_threads(), 2);
+    }
+  bool all_ran = true;
+#pragma omp parallel num_threads(3) reduction(&& : all_ran)
+  for (std::size_t i = std::size_t(omp_get_thread_num()); i < cases.size(); i += 3) {
+    const Case& c = cases[i];
+    std::vector<float> x(std::size_t(c.rows) * c.in, 0.5f), w(std::size_t(c.cols) * c.in, 0.25f);
+    std::vector<float> y(std::size_t(c.rows) * c.ldy, 1.0f);
+    all_ran = all_ran &&
+              onednn_sgemm(x.data(), c.rows, c.in, w.data(), c.cols, y.data(), c.ldy, c.accumulate);
+    const float want = 0.125f * float(c.in) + (c.accumulate ? 1.0f : 0.0f);
+    for (std::int32_t r = 0; r < c.rows; ++r)
+      for (std::int32_t col = 0; col < c.cols; ++col)
+        all_ran = all_ran && y[std::size_t(r) * c.ldy + col] == want;
+  }
+  EXPECT_TRUE(all_ran) << "a thread's product was wrong or did not run";
+  omp_set_num_threads(saved);
+}
+
+TEST(OneDnn, SwitchedOffLeavesTheProductToTheCaller) {
+  std::vector<float> x(4, 1.0f), w(4, 1.0f), y(1, 7.0f);
+  set_onednn_products(false);
+  EXPECT_FALSE(onednn_sgemm(x.data(), 1, 4, w.data(), 1, y.data(), 1, false));
+  EXPECT_EQ(y[0], 7.0f);
+  set_onednn_products(true);
 }
 
 TEST(Linear, RefusesAnLdyShorterThanOut) {

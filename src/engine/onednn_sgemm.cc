@@ -1,0 +1,171 @@
+#include "onednn_sgemm.h"
+
+#include "core/env_switch.h"
+
+#if PAGEDATTN_HAS_ONEDNN
+#include <omp.h>
+
+#include <algorithm>
+#include <dnnl.hpp>
+#include <vector>
+
+#include "pagedattn/errors.h"
+#endif
+
+namespace pagedattn::engine {
+namespace {
+core::EnvSwitch onednn_switch("PAGEDATTN_ONEDNN", true);
+}  // namespace
+
+void set_onednn_products(bool on) {
+  onednn_switch.set(on);
+}
+
+#if PAGEDATTN_HAS_ONEDNN
+namespace {
+
+using dnnl::memory;
+
+struct MatmulShape {
+  std::int32_t rows, cols, in, ldy;
+  bool accumulate;
+  bool operator==(const MatmulShape&) const = default;
+};
+
+// One shape's matmul and its memory descriptions; the buffers are bound at
+// each call.
+struct Matmul {
+  MatmulShape shape;
+  memory::desc x, w, y;
+  dnnl::matmul matmul;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+Matmul make_matmul(const MatmulShape& s) {
+  Matmul p{s,
+           memory::desc({s.rows, s.in}, memory::data_type::f32, memory::dims{s.in, 1}),
+           // w[cols][in] row-major is the in x cols matrix with strides {1, in}.
+           memory::desc({s.in, s.cols}, memory::data_type::f32, memory::dims{1, s.in}),
+           memory::desc({s.rows, s.cols}, memory::data_type::f32, memory::dims{s.ldy, 1}),
+           {}};
+  dnnl::primitive_attr attr;
+  if (s.accumulate) {
+    dnnl::post_ops sum;
+    sum.append_sum(1.0f);
+    attr.set_post_ops(sum);
+  }
+  p.matmul = dnnl::matmul(
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(p.x, p.w, p.y), attr, cpu_engine()));
+  return p;
+}
+
+// The most recently used shapes first: a step's prefill rows change from
+// step to step, so the oldest shape goes.
+Matmul& matmul_for(const MatmulShape& s) {
+  thread_local std::vector<Matmul> kept;
+  auto it = std::find_if(kept.begin(), kept.end(), [&](const Matmul& p) { return p.shape == s; });
+  if (it == kept.end()) {
+    Matmul made = make_matmul(s);
+    if (kept.size() == kOneDnnShapesKept) kept.pop_back();
+    kept.insert(kept.begin(), std::move(made));
+  } else if (it != kept.begin()) {
+    std::rotate(kept.begin(), it, it + 1);
+  }
+  return kept.front();
+}
+
+// oneDNN threads a call by omp_get_max_threads() outside a parallel region:
+// the callers split the work themselves, so each call runs on its thread.
+class OneOmpThread {
+ public:
+  OneOmpThread() : previous_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneOmpThread() { omp_set_num_threads(previous_); }
+  OneOmpThread(const OneOmpThread&) = delete;
+  OneOmpThread& operator=(const OneOmpThread&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace
+
+bool onednn_products() {
+  return onednn_switch.on();
+}
+
+std::string onednn_kernels() {
+  if (!onednn_products()) return "";
+  const char* isa = "";
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41:
+      isa = "sse41";
+      break;
+    case dnnl::cpu_isa::avx:
+      isa = "avx";
+      break;
+    case dnnl::cpu_isa::avx2:
+      isa = "avx2";
+      break;
+    case dnnl::cpu_isa::avx2_vnni:
+      isa = "avx2_vnni";
+      break;
+    case dnnl::cpu_isa::avx512_core:
+      isa = "avx512_core";
+      break;
+    case dnnl::cpu_isa::avx512_core_vnni:
+      isa = "avx512_core_vnni";
+      break;
+    case dnnl::cpu_isa::avx512_core_bf16:
+      isa = "avx512_core_bf16";
+      break;
+    case dnnl::cpu_isa::avx512_core_amx:
+      isa = "avx512_core_amx";
+      break;
+    default:
+      isa = "other";
+      break;
+  }
+  const dnnl::version_t* v = dnnl::version();
+  return detail::concat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (", isa, ")");
+}
+
+bool onednn_sgemm(const float* x, std::int32_t rows, std::int32_t in, const float* w,
+                  std::int32_t cols, float* y, std::int32_t ldy, bool accumulate) noexcept {
+  if (!onednn_products()) return false;
+  OneOmpThread one;
+  try {
+    Matmul& p = matmul_for({rows, cols, in, ldy, accumulate});
+    thread_local dnnl::stream stream(cpu_engine());
+    dnnl::engine& engine = cpu_engine();
+    p.matmul.execute(stream, {{DNNL_ARG_SRC, memory(p.x, engine, const_cast<float*>(x))},
+                              {DNNL_ARG_WEIGHTS, memory(p.w, engine, const_cast<float*>(w))},
+                              {DNNL_ARG_DST, memory(p.y, engine, y)}});
+    stream.wait();
+    return true;
+  } catch (...) {  // no primitive for this shape here, or no memory for one
+    return false;
+  }
+}
+
+#else  // a build without oneDNN: every product stays on OpenBLAS
+
+bool onednn_products() {
+  return false;
+}
+
+std::string onednn_kernels() {
+  return "";
+}
+
+bool onednn_sgemm(const float*, std::int32_t, std::int32_t, const float*, std::int32_t, float*,
+                  std::int32_t, bool) noexcept {
+  return false;
+}
+
+#endif
+
+}  // namespace pagedattn::engine
