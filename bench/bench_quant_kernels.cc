@@ -278,7 +278,9 @@ void AddBatchShapes(benchmark::internal::Benchmark* b, bool k_quant) {
     for (const std::int64_t path : {3, 4, 1, 6}) add(rows, path);
   for (const std::int64_t rows : {16, 32, 64, 128})
     for (const std::int64_t path : {0, 1, 2, 5}) add(rows, path);
-  // A prefill chunk; the in-place kernels never take one.
+  // Prefill chunks; the in-place kernels never take one.
+  for (const std::int64_t rows : {256, 512})
+    for (const std::int64_t path : {0, 2}) add(rows, path);
   for (const std::int64_t path : {0, 2, 4, 5}) add(2048, path);
   for (const std::int64_t rows : {64, 128}) add(rows, 4);
   b->Unit(benchmark::kMicrosecond);

@@ -17,7 +17,7 @@
 #include "bench_serve_roofline.h"
 #include "contiguous_replay.h"
 #include "engine/gemm.h"
-#include "engine/onednn_sgemm.h"
+#include "engine/onednn_matmul.h"
 #include "engine/step_profile.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/llama.h"

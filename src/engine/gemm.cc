@@ -10,7 +10,8 @@
 #include "core/env_switch.h"
 #include "core/team.h"
 #include "engine/dot_tiles.h"
-#include "engine/onednn_sgemm.h"
+#include "engine/onednn_matmul.h"
+#include "kernels/cpu/convert.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
@@ -160,6 +161,72 @@ void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = 
   });
 }
 
+// Batches on bf16 products where oneDNN has bf16 kernels: x rounded to bf16
+// once (its rows split over the threads), then each thread's columns a
+// block at a time, one oneDNN bf16 matmul per block. A block oneDNN makes
+// no primitive for runs dot_tiles, on the same bf16 roundings.
+void round_x_to_bf16(const LinearArgs& a, std::int32_t tasks, LinearScratch& s) {
+  core::on_one_thread([&] { s.x_bf16.resize(std::size_t(a.rows) * a.in); });
+  core::for_each_task(tasks, [&](std::int32_t t) {
+    const IndexRange rows = part_range(a.rows, tasks, t, 1);
+    kernels::convert_row(a.x + std::size_t(rows.begin) * a.in, DType::kF32,
+                         s.x_bf16.data() + std::size_t(rows.begin) * a.in, DType::kBF16,
+                         std::int64_t(rows.end - rows.begin) * a.in, 1.0f);
+  });
+}
+
+// Weight rows (columns of y) [block.begin, block.end) as bf16 bits: BF16
+// weights in place; the others dequantised (f32: read) kBf16RoundRows rows
+// at a time into `f32` and rounded into `rounded`.
+constexpr std::int32_t kBf16RoundRows = 16;
+
+const std::uint16_t* bf16_weight_block(const LinearArgs& a, IndexRange block,
+                                       core::CacheLineVector<float>& f32,
+                                       core::CacheLineVector<std::uint16_t>& rounded) {
+  if (a.w_format == WeightFormat::kBF16)
+    return static_cast<const std::uint16_t*>(a.w) + std::size_t(block.begin) * a.in;
+  rounded.resize(std::size_t(block.end - block.begin) * a.in);
+  if (a.w_format != WeightFormat::kF32) f32.resize(std::size_t(kBf16RoundRows) * a.in);
+  for (std::int32_t row = block.begin; row < block.end; row += kBf16RoundRows) {
+    const std::int32_t n = std::min(kBf16RoundRows, block.end - row);
+    const float* values = f32_weights(a) + std::size_t(row) * a.in;
+    if (a.w_format != WeightFormat::kF32) {
+      dequantize_weight_rows(a.w, a.w_format, a.in, row, n, f32.data());
+      values = f32.data();
+    }
+    kernels::convert_row(values, DType::kF32,
+                         rounded.data() + std::size_t(row - block.begin) * a.in, DType::kBF16,
+                         std::int64_t(n) * a.in, 1.0f);
+  }
+  return rounded.data();
+}
+
+bool onednn_bf16_rows(std::int32_t rows) {
+  return rows >= kOneDnnBf16MinRows && onednn_bf16_products();
+}
+
+void linear_bf16_blocked(const LinearArgs& a, LinearScratch& s) {
+  const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork;
+  const std::int32_t tasks =
+      split_work(a.rows, a.out, worth ? core::available_threads() : 1, false).tasks();
+  const std::int32_t width = blas_block_columns(a.in);
+  const DotTilesArgs tiles{a.x, a.rows, a.in,         a.w,  a.w_format,
+                           a.y, ldy(a), a.accumulate, true, false};
+  size_thread_blocks(s);
+  round_x_to_bf16(a, tasks, s);
+  core::for_each_task(tasks, [&](std::int32_t t) {
+    core::CacheLineVector<float>& f32 = thread_block(s);
+    core::CacheLineVector<std::uint16_t>& rounded =
+        s.bf16_blocks[std::size_t(omp_get_thread_num())];
+    for_each_block(part_range(a.out, tasks, t, kColumnGranule), width, [&](IndexRange block) {
+      const std::uint16_t* w = bf16_weight_block(a, block, f32, rounded);
+      if (!onednn_bf16_gemm(s.x_bf16.data(), a.rows, a.in, w, block.end - block.begin,
+                            a.y + block.begin, ldy(a), a.accumulate))
+        dot_tiles(tiles, block.begin, block.end, f32);
+    });
+  });
+}
+
 // One kRowBlock x cols tile: tile[c][r] = x[r] . w[c]. The rows are BLAS's
 // m dimension (its vector lanes) so a row's result does not depend on its
 // place in the block; the columns (n) sit at fixed places in fixed blocks.
@@ -287,6 +354,7 @@ void set_blas_threads(int threads) {
 
 void size_for_team(LinearScratch& scratch) {
   scratch.weight_blocks.resize(std::size_t(omp_get_max_threads()));
+  scratch.bf16_blocks.resize(std::size_t(omp_get_max_threads()));
 }
 
 void use_single_threaded_blas() {
@@ -312,6 +380,8 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
       linear_tiled(a, scratch, false, true);
     else if (a.deterministic || quant_batch_in_place(a.rows, a.w_format))
       linear_quant_direct(a, false);
+    else if (bf16 && onednn_bf16_rows(a.rows))
+      linear_bf16_blocked(a, scratch);
     else if (bf16 || a.rows <= kDotTileRows)
       linear_tiled(a, scratch, bf16);
     else
@@ -320,6 +390,8 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
     core::on_one_thread([&] { linear_deterministic(a, scratch); });
   } else if (a.rows <= kF32DirectRows && a.in % kQuantBlock == 0) {
     linear_quant_direct(a, false);
+  } else if (bf16 && onednn_bf16_rows(a.rows)) {
+    linear_bf16_blocked(a, scratch);
   } else if (bf16 || (a.rows <= kF32TileRows && a.in % kQuantBlock == 0)) {
     linear_tiled(a, scratch, bf16);
   } else {

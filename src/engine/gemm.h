@@ -50,8 +50,9 @@ struct LinearArgs {
   Activations activations = Activations::kDefault;
   // Not deterministic, batches of at least kBf16MinRows rows (not those
   // kInt8 takes), `in` a multiple of 32: x and the (dequantised) weights
-  // rounded to bf16 on AVX512-BF16 dot products (dot_tiles, any larger
-  // batch size) where dot_tiles_bf16_available(), else f32. Also on when the innermost
+  // rounded to bf16 on AVX512-BF16 dot products where
+  // dot_tiles_bf16_available() (dot_tiles; oneDNN's bf16 matmul from
+  // kOneDnnBf16MinRows rows), else f32. Also on when the innermost
   // ScopedActivations asks for it.
   bool bf16_batches = false;
 };
@@ -77,6 +78,12 @@ constexpr bool quant_batch_in_place(std::int32_t rows, WeightFormat format) {
 // bf16_batches takes batches of at least this many rows: smaller ones are
 // bound by reading the weights more than by arithmetic.
 inline constexpr std::int32_t kBf16MinRows = 9;
+// ... and from this many rows (prefill chunks) on oneDNN's bf16 matmul where
+// onednn_bf16_products(), on AMX tiles where the CPU has them: below it the
+// weights' rounding into oneDNN's blocks costs more than its kernel saves
+// over dot_tiles' bf16 tiles on AVX512-BF16 (docs/benchmarks.md, "oneDNN's
+// matmul against the model's products").
+inline constexpr std::int32_t kOneDnnBf16MinRows = 512;
 // F32 weights outside deterministic mode (the presets, F32 GGUF tensors):
 // one row (of a multiple of 32 weights) runs the in-place kernel, which
 // reads each weight once where BLAS would first copy it into its packed
@@ -182,6 +189,9 @@ struct LinearScratch {
   std::vector<float> padded_x;
   std::vector<std::vector<float>> tiles;
   std::vector<core::CacheLineVector<float>> weight_blocks;  // dot_tiles' groups, BLAS's blocks
+  // oneDNN's bf16 products: x, and per thread a block of weights, as bf16 bits.
+  core::CacheLineVector<std::uint16_t> x_bf16;
+  std::vector<core::CacheLineVector<std::uint16_t>> bf16_blocks;
 };
 
 // Sizes `scratch` for linear() calls inside a team (core/team.h) of

@@ -13,7 +13,7 @@
 
 #include "engine/counter_random.h"
 #include "engine/dot_tiles.h"
-#include "engine/onednn_sgemm.h"
+#include "engine/onednn_matmul.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/errors.h"
 

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <hwy/targets.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +18,7 @@
 
 #include "engine/dot_tiles.h"
 #include "engine/gemm.h"
+#include "engine/onednn_matmul.h"
 #include "engine/weight_matrix.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
@@ -703,6 +705,7 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
 // (bf16_batches or the scope); deterministic mode never takes bf16. The
 // in-place batches give quant_product's bits, bf16 asked or not.
 TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
+  set_onednn_products(false);  // bf16 batches on oneDNN: the next test
   std::mt19937 rng(34);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   const std::int32_t in = 512, out = 40;
@@ -756,6 +759,83 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
           EXPECT_NE(0, std::memcmp(scoped.data(), tiles.data(), y.size() * sizeof(float)));
         }
       }
+  set_onednn_products(true);
+}
+
+// Where oneDNN has bf16 kernels, linear()'s bf16 batches of at least
+// kOneDnnBf16MinRows rows run its matmul (BF16 weights in place, others
+// dequantised and rounded per block) on 1-3 threads: against a double
+// product of the same bf16 roundings, the bound of the tiles above (only the
+// f32 sums round, in another order), columns past out untouched, and not
+// the tiles' bits (the route is taken); one row fewer gives the tiles' bits.
+TEST(DotTiles, Bf16BatchesOnOneDnnMatchADoubleReferenceOfTheRoundedInputs) {
+  if (!dot_tiles_bf16_available() || !onednn_bf16_products())
+    GTEST_SKIP() << "no AVX512-BF16 here, or no oneDNN in this build";
+  std::mt19937 rng(35);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  const auto bf16 = [](float v) { return double(bf16_bits_to_float(float_to_bf16_bits(v))); };
+  core::CacheLineVector<float> scratch;
+  LinearScratch ls;
+  const int saved = omp_get_max_threads();
+  std::int32_t trial = 0;
+  for (const WeightFormat f : kAllFormats)
+    for (const auto& [in, out, rows] : {std::tuple{512, 37, kOneDnnBf16MinRows},
+                                        {768, 21, kOneDnnBf16MinRows + 70},
+                                        {256, 100, kOneDnnBf16MinRows + 1},
+                                        {1024, 40, kOneDnnBf16MinRows + 9}}) {
+      const int threads = 1 + trial % 3;
+      const bool accumulate = trial % 2 == 1;
+      const std::int32_t ldy = out + 5 * (trial % 2);
+      ++trial;
+      const auto w = random_blocks(f, out, in, rng, 0.05f);
+      std::vector<float> wf(std::size_t(out) * in);
+      if (f == WeightFormat::kF32)
+        std::memcpy(wf.data(), w.data(), w.size());
+      else
+        dequantize_weight_rows(w.data(), f, in, 0, out, wf.data());
+      std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
+      for (auto& v : x) v = value(rng);
+      for (auto& v : y0) v = value(rng);
+      std::vector<float> y = y0, tiles = y0;
+      LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), accumulate, false, f};
+      args.ldy = ldy;
+      args.bf16_batches = true;
+      omp_set_num_threads(threads);
+      linear(args, ls);
+      dot_tiles({x.data(), rows, in, w.data(), f, tiles.data(), ldy, accumulate, true}, 0, out,
+                scratch);
+      bool differs = false;
+      for (std::int32_t r = 0; r < rows; ++r)
+        for (std::int32_t o = 0; o < ldy; ++o) {
+          const std::size_t at = std::size_t(r) * ldy + o;
+          if (o >= out) {
+            ASSERT_EQ(y[at], y0[at]) << "column " << o << " is past out";
+            continue;
+          }
+          double want = accumulate ? y0[at] : 0.0, a = std::abs(want);
+          for (std::int32_t i = 0; i < in; ++i) {
+            const double term =
+                bf16(wf[std::size_t(o) * in + i]) * bf16(x[std::size_t(r) * in + i]);
+            want += term;
+            a += std::abs(term);
+          }
+          ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a + 1e-30)
+              << weight_format_name(f) << " in " << in << " rows " << rows << " threads " << threads
+              << " r " << r << " o " << o;
+          differs = differs || y[at] != tiles[at];
+        }
+      EXPECT_TRUE(differs) << weight_format_name(f) << ": the tiles' bits, not oneDNN's";
+      args.rows = kOneDnnBf16MinRows - 1;
+      args.y = y.data();
+      y = y0;
+      tiles = y0;
+      linear(args, ls);
+      dot_tiles({x.data(), args.rows, in, w.data(), f, tiles.data(), ldy, accumulate, true}, 0, out,
+                scratch);
+      EXPECT_EQ(0, std::memcmp(y.data(), tiles.data(), y.size() * sizeof(float)))
+          << weight_format_name(f) << ": " << args.rows << " rows left the tiles";
+    }
+  omp_set_num_threads(saved);
 }
 
 TEST(DotTiles, RefusesAnInputThatIsNotWholeBlocks) {

@@ -1,4 +1,4 @@
-#include "onednn_sgemm.h"
+#include "onednn_matmul.h"
 
 #include "core/env_switch.h"
 
@@ -29,6 +29,7 @@ using dnnl::memory;
 struct MatmulShape {
   std::int32_t rows, cols, in, ldy;
   bool accumulate;
+  memory::data_type inputs;  // x's and w's: f32 or bf16
   bool operator==(const MatmulShape&) const = default;
 };
 
@@ -47,9 +48,9 @@ dnnl::engine& cpu_engine() {
 
 Matmul make_matmul(const MatmulShape& s) {
   Matmul p{s,
-           memory::desc({s.rows, s.in}, memory::data_type::f32, memory::dims{s.in, 1}),
+           memory::desc({s.rows, s.in}, s.inputs, memory::dims{s.in, 1}),
            // w[cols][in] row-major is the in x cols matrix with strides {1, in}.
-           memory::desc({s.in, s.cols}, memory::data_type::f32, memory::dims{1, s.in}),
+           memory::desc({s.in, s.cols}, s.inputs, memory::dims{1, s.in}),
            memory::desc({s.rows, s.cols}, memory::data_type::f32, memory::dims{s.ldy, 1}),
            {}};
   dnnl::primitive_attr attr;
@@ -133,22 +134,46 @@ std::string onednn_kernels() {
   return detail::concat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (", isa, ")");
 }
 
-bool onednn_sgemm(const float* x, std::int32_t rows, std::int32_t in, const float* w,
-                  std::int32_t cols, float* y, std::int32_t ldy, bool accumulate) noexcept {
+bool onednn_bf16_products() {
   if (!onednn_products()) return false;
+  static const bool bf16 = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return bf16;
+}
+
+namespace {
+
+bool run_matmul(const MatmulShape& shape, const void* x, const void* w, float* y) noexcept {
   OneOmpThread one;
   try {
-    Matmul& p = matmul_for({rows, cols, in, ldy, accumulate});
+    Matmul& p = matmul_for(shape);
     thread_local dnnl::stream stream(cpu_engine());
     dnnl::engine& engine = cpu_engine();
-    p.matmul.execute(stream, {{DNNL_ARG_SRC, memory(p.x, engine, const_cast<float*>(x))},
-                              {DNNL_ARG_WEIGHTS, memory(p.w, engine, const_cast<float*>(w))},
+    p.matmul.execute(stream, {{DNNL_ARG_SRC, memory(p.x, engine, const_cast<void*>(x))},
+                              {DNNL_ARG_WEIGHTS, memory(p.w, engine, const_cast<void*>(w))},
                               {DNNL_ARG_DST, memory(p.y, engine, y)}});
     stream.wait();
     return true;
   } catch (...) {  // no primitive for this shape here, or no memory for one
     return false;
   }
+}
+
+}  // namespace
+
+bool onednn_sgemm(const float* x, std::int32_t rows, std::int32_t in, const float* w,
+                  std::int32_t cols, float* y, std::int32_t ldy, bool accumulate) noexcept {
+  return onednn_products() &&
+         run_matmul({rows, cols, in, ldy, accumulate, memory::data_type::f32}, x, w, y);
+}
+
+bool onednn_bf16_gemm(const std::uint16_t* x, std::int32_t rows, std::int32_t in,
+                      const std::uint16_t* w, std::int32_t cols, float* y, std::int32_t ldy,
+                      bool accumulate) noexcept {
+  return onednn_bf16_products() &&
+         run_matmul({rows, cols, in, ldy, accumulate, memory::data_type::bf16}, x, w, y);
 }
 
 #else  // a build without oneDNN: every product stays on OpenBLAS
@@ -161,8 +186,17 @@ std::string onednn_kernels() {
   return "";
 }
 
+bool onednn_bf16_products() {
+  return false;
+}
+
 bool onednn_sgemm(const float*, std::int32_t, std::int32_t, const float*, std::int32_t, float*,
                   std::int32_t, bool) noexcept {
+  return false;
+}
+
+bool onednn_bf16_gemm(const std::uint16_t*, std::int32_t, std::int32_t, const std::uint16_t*,
+                      std::int32_t, float*, std::int32_t, bool) noexcept {
   return false;
 }
 
