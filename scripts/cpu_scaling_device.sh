@@ -5,7 +5,8 @@
 # time goes) and bench-attention, the `1b` preset's decode step against its
 # bounds, SmolLM2 at 16 threads under each wait and binding policy, a step's
 # products in a region each against one region, the layers in teams against
-# a region per piece, and pagedattn serve against llama-server on SmolLM2.
+# a region per piece, prefill's products on oneDNN against OpenBLAS and
+# dot_tiles, and pagedattn serve against llama-server on SmolLM2.
 #
 #   scripts/cpu_scaling_device.sh --bundle [DIR]
 #       Here, after a Release build: copies build/release/tools/pagedattn,
@@ -27,7 +28,7 @@
 #       holds the GPU bundle, the CUDA check (scripts/gpu_check.sh) runs last,
 #       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
 #       the start: one lease of a GPU machine serves both. PARTS (default
-#       "scaling-smollm2 scaling-small 1b policies paths regions teams llama") runs
+#       "scaling-smollm2 scaling-small 1b policies paths regions teams onednn llama") runs
 #       only the parts it names.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -170,6 +171,28 @@ run_teams() {
     done
   done
 }
+# Prefill's products on oneDNN (f32, and bf16 on AMX tiles where the CPU
+# has them) against OpenBLAS and dot_tiles (PAGEDATTN_ONEDNN=0), one thread
+# (BM_Batch, 16-2,048 rows), then SmolLM2's 2,000-token first token at 16
+# threads, exact and with --bf16-products: where kOneDnnBf16MinRows should
+# sit on this CPU.
+run_onednn() {
+  local onednn flags=(--model "$model" --workload "$results/prefill2k.jsonl") extra
+  python3 -c 'import json; print("".join(json.dumps({"prompt_len": 2000, "output_len": 1, "n": 1, "arrival": t}) + "\n" for t in (0, 2, 4)), end="")' \
+    >"$results/prefill2k.jsonl"
+  for onednn in 1 0; do
+    OMP_NUM_THREADS=1 PAGEDATTN_ONEDNN=$onednn timeout 60 "$bench_quant" --benchmark_min_time=0.1 \
+      --benchmark_filter='BM_Batch/(q4_k|q8_0)/.*/rows:(16|32|64|128|256|512|2048)/path:(0|2)' \
+      >"$results/onednn$onednn-batch.txt" 2>&1
+    say "BM_Batch, oneDNN $onednn: $(grep -o -E 'q[48]_[0k]/out:[0-9]+/in:[0-9]+/rows:[0-9]+/path:[02] +[0-9.]+ us' \
+      "$results/onednn$onednn-batch.txt" | tr -s ' ' | tr '\n' ';')"
+    for extra in "" --bf16-products; do
+      PAGEDATTN_ONEDNN=$onednn OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" $extra \
+        >"$results/onednn$onednn$extra.txt" 2>&1
+      say "first token, oneDNN $onednn ${extra:-exact}: $(grep -E "TTFT|prefill's" "$results/onednn$onednn$extra.txt" | tr -s ' ' | tr '\n' ';')"
+    done
+  done
+}
 # The first llama-server build that starts and answers on this CPU.
 pick_llama() {
   local name archive dir port pid
@@ -214,7 +237,7 @@ run_llama() {
   return $status
 }
 # PARTS picks some parts by name (default: all, in this order).
-parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams llama} "
+parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams onednn llama} "
 part() { [[ $parts == *" $1 "* ]]; }
 part scaling-smollm2 && step "scaling, SmolLM2 tiled (bench/scaling.sh)" \
   run_scaling scaling-smollm2 75 --model "$model" --workload alpaca-like --num-requests 64
@@ -225,6 +248,7 @@ part policies && step "SmolLM2, 16 threads: default, --pin-threads, passive and 
 part paths && step "SmolLM2, 16 threads: exact, --bf16-products, --int8-activations" run_paths
 part regions && step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
 part teams && step "SmolLM2, 16 threads: layers in teams or a region per piece" run_teams
+part onednn && step "prefill's products: oneDNN against OpenBLAS and dot_tiles" run_onednn
 part llama && step "serve against llama-server, 16 threads, SmolLM2 tiled" run_llama
 
 if [ -f "$bundle/gpu-bundle.tar.xz" ]; then
