@@ -14,7 +14,9 @@
 #       they load (xz-compressed; the device image lacks most), llama-server
 #       builds with their libraries (LLAMA_BINS, folders of llama-server and
 #       its lib*.so*, tried in order on the device until one serves:
-#       default build/peers/llama-bin-{spr,avx512,avx2}, see
+#       default build/peers/llama-bin-{avx512,avx2}: the Sapphire Rapids
+#       build never answered on the lent Xeon, and oneDNN's library leaves
+#       no room for it; see
 #       bench/peers/README.md) and SmolLM2 packed by bench/peers/gguf_tile.py
 #       into DIR (default build/cpu-bundle), under the 64 MiB a call carries.
 #       SMOLLM2 names the GGUF file (default: the test model,
@@ -36,7 +38,7 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--bundle" ]; then
   set -e
   bundle=${2:-build/cpu-bundle}
-  read -r -a llamas <<<"${LLAMA_BINS:-build/peers/llama-bin-spr build/peers/llama-bin-avx512 build/peers/llama-bin-avx2}"
+  read -r -a llamas <<<"${LLAMA_BINS:-build/peers/llama-bin-avx512 build/peers/llama-bin-avx2}"
   rm -rf "$bundle" && mkdir -p "$bundle"
   xz -T0 -6 -c build/release/tools/pagedattn >"$bundle/pagedattn.xz"
   xz -T0 -6 -c build/release/bench/pagedattn_bench_quant >"$bundle/bench_quant.xz"
@@ -57,6 +59,11 @@ if [ "${1:-}" = "--bundle" ]; then
     tar -cf - -C build gpu-bundle | xz -T0 -6 >"$bundle/gpu-bundle.tar.xz"
   fi
   du -sh "$bundle"
+  if [ "$(du -sb "$bundle" | cut -f1)" -gt $((64 << 20)) ]; then
+    echo "cpu_scaling_device: $bundle is over the 64 MiB a call carries (fewer LLAMA_BINS," \
+      "or a smaller SMOLLM2_FRACTION)" >&2
+    exit 1
+  fi
   exit 0
 fi
 
