@@ -640,6 +640,32 @@ TEST(DotTiles, RowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) {
       }
 }
 
+// The weights of random_blocks as f32 values, [out][in].
+std::vector<float> weight_values(const std::vector<std::uint8_t>& w, WeightFormat f,
+                                 std::int32_t out, std::int32_t in) {
+  std::vector<float> values(std::size_t(out) * in);
+  if (f == WeightFormat::kF32)
+    std::memcpy(values.data(), w.data(), w.size());
+  else
+    dequantize_weight_rows(w.data(), f, in, 0, out, values.data());
+  return values;
+}
+
+// Row r of x against weight row o, both rounded to bf16 (nearest even), in
+// double; *magnitude = the sum of the terms' |values|.
+double bf16_product(const std::vector<float>& x, const std::vector<float>& w, std::int32_t in,
+                    std::int32_t r, std::int32_t o, double* magnitude) {
+  const auto bf16 = [](float v) { return double(bf16_bits_to_float(float_to_bf16_bits(v))); };
+  double sum = 0.0;
+  *magnitude = 0.0;
+  for (std::int32_t i = 0; i < in; ++i) {
+    const double term = bf16(w[std::size_t(o) * in + i]) * bf16(x[std::size_t(r) * in + i]);
+    sum += term;
+    *magnitude += std::abs(term);
+  }
+  return sum;
+}
+
 // The bf16 path (where this CPU has AVX512-BF16) against a double product
 // of x and the dequantised weights rounded to bf16 the same way (nearest
 // even): bf16 products are exact in f32, so only the f32 sums round, as on
@@ -650,17 +676,12 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
   if (!dot_tiles_bf16_available()) GTEST_SKIP() << "no AVX512-BF16 on this CPU or target";
   std::mt19937 rng(33);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
-  const auto bf16 = [](float v) { return double(bf16_bits_to_float(float_to_bf16_bits(v))); };
   core::CacheLineVector<float> scratch;
   for (const WeightFormat f : kAllFormats)
     for (const auto& [in, out, rows] :
          {std::tuple{256, 13, 1}, {512, 37, 9}, {768, 21, 70}, {256, 8, 131}}) {
       const auto w = random_blocks(f, out, in, rng, 0.05f);
-      std::vector<float> wf(std::size_t(out) * in);
-      if (f == WeightFormat::kF32)
-        std::memcpy(wf.data(), w.data(), w.size());
-      else
-        dequantize_weight_rows(w.data(), f, in, 0, out, wf.data());
+      const std::vector<float> wf = weight_values(w, f, out, in);
       std::vector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out),
           f32(std::size_t(rows) * out);
       for (auto& v : x) v = value(rng);
@@ -672,13 +693,8 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
       bool differs = false;
       for (std::int32_t r = 0; r < rows; ++r)
         for (std::int32_t o = 0; o < out; ++o) {
-          double want = 0.0, a = 0.0;
-          for (std::int32_t i = 0; i < in; ++i) {
-            const double term =
-                bf16(wf[std::size_t(o) * in + i]) * bf16(x[std::size_t(r) * in + i]);
-            want += term;
-            a += std::abs(term);
-          }
+          double a = 0.0;
+          const double want = bf16_product(x, wf, in, r, o, &a);
           const std::size_t at = std::size_t(r) * out + o;
           ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a + 1e-30)
               << weight_format_name(f) << " in " << in << " rows " << rows << " r " << r << " o "
@@ -773,7 +789,6 @@ TEST(DotTiles, Bf16BatchesOnOneDnnMatchADoubleReferenceOfTheRoundedInputs) {
     GTEST_SKIP() << "no AVX512-BF16 here, or no oneDNN in this build";
   std::mt19937 rng(35);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
-  const auto bf16 = [](float v) { return double(bf16_bits_to_float(float_to_bf16_bits(v))); };
   core::CacheLineVector<float> scratch;
   LinearScratch ls;
   const int saved = omp_get_max_threads();
@@ -788,11 +803,7 @@ TEST(DotTiles, Bf16BatchesOnOneDnnMatchADoubleReferenceOfTheRoundedInputs) {
       const std::int32_t ldy = out + 5 * (trial % 2);
       ++trial;
       const auto w = random_blocks(f, out, in, rng, 0.05f);
-      std::vector<float> wf(std::size_t(out) * in);
-      if (f == WeightFormat::kF32)
-        std::memcpy(wf.data(), w.data(), w.size());
-      else
-        dequantize_weight_rows(w.data(), f, in, 0, out, wf.data());
+      const std::vector<float> wf = weight_values(w, f, out, in);
       std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
       for (auto& v : x) v = value(rng);
       for (auto& v : y0) v = value(rng);
@@ -812,13 +823,10 @@ TEST(DotTiles, Bf16BatchesOnOneDnnMatchADoubleReferenceOfTheRoundedInputs) {
             ASSERT_EQ(y[at], y0[at]) << "column " << o << " is past out";
             continue;
           }
-          double want = accumulate ? y0[at] : 0.0, a = std::abs(want);
-          for (std::int32_t i = 0; i < in; ++i) {
-            const double term =
-                bf16(wf[std::size_t(o) * in + i]) * bf16(x[std::size_t(r) * in + i]);
-            want += term;
-            a += std::abs(term);
-          }
+          double a = 0.0;
+          const double start = accumulate ? y0[at] : 0.0;
+          const double want = start + bf16_product(x, wf, in, r, o, &a);
+          a += std::abs(start);
           ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a + 1e-30)
               << weight_format_name(f) << " in " << in << " rows " << rows << " threads " << threads
               << " r " << r << " o " << o;
