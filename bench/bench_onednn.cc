@@ -4,7 +4,8 @@
 // y[rows][out] = x[rows][in] w[out][in]^T on the process's OpenMP threads
 // (oneDNN's CPU engine runs on the same libgomp), alternated in one run:
 //   path 0: linear() on f32 weights (in place at 1 row, dot_tiles to 32,
-//           OpenBLAS above: the presets and F32 GGUF tensors);
+//           above them oneDNN since linear() adopted it, OpenBLAS with
+//           PAGEDATTN_ONEDNN=0: the presets and F32 GGUF tensors);
 //   path 1: oneDNN f32 matmul, its weights reordered once into the layout it
 //           asks for (format_tag::any), as a load would;
 //   path 2: linear() on BF16 weights in place with bf16 products
