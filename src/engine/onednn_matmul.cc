@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <dnnl.hpp>
+#include <utility>
 #include <vector>
 
 #include "pagedattn/errors.h"
@@ -98,38 +99,24 @@ bool onednn_products() {
   return onednn_switch.on();
 }
 
+// oneDNN's names of the instruction sets it dispatches to.
+constexpr std::pair<dnnl::cpu_isa, const char*> kIsaNames[] = {
+    {dnnl::cpu_isa::sse41, "sse41"},
+    {dnnl::cpu_isa::avx, "avx"},
+    {dnnl::cpu_isa::avx2, "avx2"},
+    {dnnl::cpu_isa::avx2_vnni, "avx2_vnni"},
+    {dnnl::cpu_isa::avx512_core, "avx512_core"},
+    {dnnl::cpu_isa::avx512_core_vnni, "avx512_core_vnni"},
+    {dnnl::cpu_isa::avx512_core_bf16, "avx512_core_bf16"},
+    {dnnl::cpu_isa::avx512_core_amx, "avx512_core_amx"},
+};
+
 std::string onednn_kernels() {
   if (!onednn_products()) return "";
-  const char* isa = "";
-  switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::sse41:
-      isa = "sse41";
-      break;
-    case dnnl::cpu_isa::avx:
-      isa = "avx";
-      break;
-    case dnnl::cpu_isa::avx2:
-      isa = "avx2";
-      break;
-    case dnnl::cpu_isa::avx2_vnni:
-      isa = "avx2_vnni";
-      break;
-    case dnnl::cpu_isa::avx512_core:
-      isa = "avx512_core";
-      break;
-    case dnnl::cpu_isa::avx512_core_vnni:
-      isa = "avx512_core_vnni";
-      break;
-    case dnnl::cpu_isa::avx512_core_bf16:
-      isa = "avx512_core_bf16";
-      break;
-    case dnnl::cpu_isa::avx512_core_amx:
-      isa = "avx512_core_amx";
-      break;
-    default:
-      isa = "other";
-      break;
-  }
+  const dnnl::cpu_isa here = dnnl::get_effective_cpu_isa();
+  const char* isa = "other";
+  for (const auto& [value, name] : kIsaNames)
+    if (value == here) isa = name;
   const dnnl::version_t* v = dnnl::version();
   return detail::concat("oneDNN ", v->major, ".", v->minor, ".", v->patch, " (", isa, ")");
 }

@@ -396,10 +396,27 @@ TEST(OneDnn, ProductsMatchADoubleReferenceInsideAndOutsideRegions) {
 
 TEST(OneDnn, SwitchedOffLeavesTheProductToTheCaller) {
   std::vector<float> x(4, 1.0f), w(4, 1.0f), y(1, 7.0f);
+  const std::vector<std::uint16_t> x16(4, 0x3f80), w16(4, 0x3f80);  // bf16 ones
   set_onednn_products(false);
   EXPECT_FALSE(onednn_sgemm(x.data(), 1, 4, w.data(), 1, y.data(), 1, false));
+  EXPECT_FALSE(onednn_bf16_gemm(x16.data(), 1, 4, w16.data(), 1, y.data(), 1, false));
+  EXPECT_FALSE(onednn_bf16_products());
   EXPECT_EQ(y[0], 7.0f);
+  EXPECT_EQ(onednn_kernels(), "");
   set_onednn_products(true);
+}
+
+// bench-serve prints the version and the instructions oneDNN's kernels use.
+TEST(OneDnn, NamesItsVersionAndInstructions) {
+  if (!onednn_products()) GTEST_SKIP() << "this build has no oneDNN";
+  const std::string name = onednn_kernels();
+  EXPECT_EQ(name.rfind("oneDNN ", 0), 0u) << name;
+  EXPECT_NE(name.find(" ("), std::string::npos) << name;
+  EXPECT_EQ(name.back(), ')') << name;
+  if (onednn_bf16_products()) {
+    EXPECT_TRUE(name.find("bf16") != std::string::npos || name.find("amx") != std::string::npos)
+        << name;
+  }
 }
 
 TEST(Linear, RefusesAnLdyShorterThanOut) {
