@@ -35,7 +35,8 @@ struct MatmulShape {
 };
 
 // One shape's matmul and its memory descriptions; the buffers are bound at
-// each call.
+// each call. An empty matmul: oneDNN made no primitive for the shape, and
+// is not asked again while the shape is kept.
 struct Matmul {
   MatmulShape shape;
   memory::desc x, w, y;
@@ -71,7 +72,11 @@ Matmul& matmul_for(const MatmulShape& s) {
   thread_local std::vector<Matmul> kept;
   auto it = std::find_if(kept.begin(), kept.end(), [&](const Matmul& p) { return p.shape == s; });
   if (it == kept.end()) {
-    Matmul made = make_matmul(s);
+    Matmul made{s, {}, {}, {}, {}};
+    try {
+      made = make_matmul(s);
+    } catch (const dnnl::error&) {  // kept empty: the caller's kernel takes the shape
+    }
     if (kept.size() == kOneDnnShapesKept) kept.pop_back();
     kept.insert(kept.begin(), std::move(made));
   } else if (it != kept.begin()) {
@@ -136,6 +141,7 @@ bool run_matmul(const MatmulShape& shape, const void* x, const void* w, float* y
   OneOmpThread one;
   try {
     Matmul& p = matmul_for(shape);
+    if (!p.matmul) return false;
     thread_local dnnl::stream stream(cpu_engine());
     dnnl::engine& engine = cpu_engine();
     p.matmul.execute(stream, {{DNNL_ARG_SRC, memory(p.x, engine, const_cast<void*>(x))},
@@ -143,7 +149,7 @@ bool run_matmul(const MatmulShape& shape, const void* x, const void* w, float* y
                               {DNNL_ARG_DST, memory(p.y, engine, y)}});
     stream.wait();
     return true;
-  } catch (...) {  // no primitive for this shape here, or no memory for one
+  } catch (...) {  // no memory for the primitive or its scratch
     return false;
   }
 }

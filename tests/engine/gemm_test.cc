@@ -406,6 +406,19 @@ TEST(OneDnn, SwitchedOffLeavesTheProductToTheCaller) {
   set_onednn_products(true);
 }
 
+// A shape oneDNN makes no primitive for (here a negative column count) is
+// left to the caller, y untouched, call after call.
+TEST(OneDnn, AShapeWithoutAPrimitiveIsLeftToTheCaller) {
+  if (!onednn_products()) GTEST_SKIP() << "this build has no oneDNN";
+  std::vector<float> x(4, 1.0f), w(4, 1.0f), y(1, 7.0f);
+  for (int call = 0; call < 2; ++call) {
+    EXPECT_FALSE(onednn_sgemm(x.data(), 1, 4, w.data(), -1, y.data(), 1, false)) << call;
+    EXPECT_EQ(y[0], 7.0f) << call;
+  }
+  EXPECT_TRUE(onednn_sgemm(x.data(), 1, 4, w.data(), 1, y.data(), 1, false));
+  EXPECT_EQ(y[0], 4.0f);
+}
+
 // bench-serve prints the version and the instructions oneDNN's kernels use.
 TEST(OneDnn, NamesItsVersionAndInstructions) {
   if (!onednn_products()) GTEST_SKIP() << "this build has no oneDNN";
