@@ -274,7 +274,7 @@ void AddBatchShapes(benchmark::internal::Benchmark* b, bool k_quant) {
     b->Args({576, 1536, rows, path});
     if (!k_quant) b->Args({1536, 576, rows, path});
   };
-  for (const std::int64_t rows : {2, 3, 4, 5, 6, 8})
+  for (const std::int64_t rows : {1, 2, 3, 4, 5, 6, 8})
     for (const std::int64_t path : {3, 4, 1, 6}) add(rows, path);
   for (const std::int64_t rows : {16, 32, 64, 128})
     for (const std::int64_t path : {0, 1, 2, 5}) add(rows, path);

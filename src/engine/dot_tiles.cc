@@ -5,7 +5,9 @@
 #include "engine/dot_tiles.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 
 #include "kernels/cpu/row_groups.h"
 #include "pagedattn/cpu_features.h"
@@ -17,7 +19,9 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-// Per target, after highway.h: PAGEDATTN_BF16_DOT_TARGET and _ATTR.
+// Per target, after highway.h: PAGEDATTN_BF16_DOT_TARGET and _ATTR; the
+// weight decoders.
+#include "engine/weight_decode-inl.h"
 #include "kernels/cpu/bf16_dot-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -276,6 +280,85 @@ void DotTilesF32(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out
       });
 }
 
+// --------------------------------------------- few rows: weights in registers
+//
+// Batches of at most kRegisterRows rows (a decode step of a few sequences)
+// are too short to pay for a group's trip through L1: each tile decodes its
+// weight rows in registers instead, with the decoders that
+// dequantize_weight_rows stores through (UnitDecoder), and multiplies them
+// in the same order into the same per-lane chains, then StoreSums: the
+// group path's bits. f32 weights are read in place by both paths already.
+// Tiles: R rows x 4 columns (1-4 rows). 8 columns, which give one row twice
+// the independent chains, measured faster on a matrix in L2 but slower in a
+// decode step, where the weights stream from memory.
+constexpr std::int32_t kRegisterColumns = kSumColumns;
+using RegisterRowTiles = kernels::RowGroups<4, 3, 2, 1>;
+
+// The decoders of block `offset` of weight rows w[0 .. C), made once per
+// block (the K-quants unpack their scales).
+template <class Decoder, int... kColumn>
+HWY_INLINE std::array<Decoder, sizeof...(kColumn)> DecodersOf(
+    const std::uint8_t* const* w, std::int64_t offset, std::integer_sequence<int, kColumn...>) {
+  return {Decoder(w[kColumn] + offset)...};
+}
+
+// y[r][0..cols) (+)= x[r] . w[c] for R rows of x and C weight rows (w[c]
+// for c >= cols repeat a valid row and are not stored).
+template <WeightFormat F, std::int32_t R, std::int32_t C>
+HWY_INLINE void RegisterTile(const DotTilesArgs& a, const float* x, const std::uint8_t* const* w,
+                             std::int32_t cols, float* y) {
+  using Decoder = UnitDecoder<F>;
+  const DF df;
+  const std::size_t n = hn::Lanes(df), in = std::size_t(a.in);
+  constexpr std::int32_t kBlockWeights = weight_format_block(F);
+  VF acc[R][C];
+  for (std::int32_t r = 0; r < R; ++r)
+    for (std::int32_t c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
+  for (std::int64_t b = 0; b < a.in / kBlockWeights; ++b) {
+    const std::int64_t offset = b * BlockTraits<F>::kBytes;
+    for (std::int32_t c = 0; c < C; ++c) PrefetchPast(w[c] + offset, BlockTraits<F>::kBytes);
+    const auto decoders = DecodersOf<Decoder>(w, offset, std::make_integer_sequence<int, C>());
+    for (std::size_t u = 0; u < Decoder::kUnits; ++u) {
+      const std::size_t at = std::size_t(b) * kBlockWeights + u * Decoder::kUnitWeights;
+      // Unrolled whole, or acc[r][c] would live in memory.
+#pragma GCC unroll 8
+      for (std::int32_t c = 0; c < C; ++c) {
+        VF wv[ChunkSlots<Decoder::kUnitWeights>()];
+        decoders[c].Decode(u, wv);
+#pragma GCC unroll 16
+        for (std::size_t k = 0; k < Decoder::kUnitWeights / n; ++k)
+#pragma GCC unroll 4
+          for (std::int32_t r = 0; r < R; ++r)
+            acc[r][c] =
+                hn::MulAdd(wv[k], hn::LoadU(df, x + std::size_t(r) * in + at + k * n), acc[r][c]);
+      }
+    }
+  }
+  StoreTile(acc, cols, y, a.ldy, a.accumulate);
+}
+
+template <WeightFormat F>
+void RegisterTilesOf(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+  const std::int64_t row_bytes = weight_row_bytes(F, a.in);
+  const auto* weights = static_cast<const std::uint8_t*>(a.w);
+  RegisterRowTiles::VisitAll(0, a.rows, [&](auto rows, std::int32_t row) {
+    constexpr std::int32_t R = decltype(rows)::value, C = kRegisterColumns;
+    for (std::int32_t o = out_begin; o < out_end; o += C) {
+      const std::uint8_t* w[C];
+      const std::int32_t cols =
+          TileColumns<C>(weights + o * row_bytes, std::size_t(row_bytes), out_end - o, 0, w);
+      RegisterTile<F, R, C>(a, a.x + std::size_t(row) * a.in, w, cols,
+                            a.y + std::size_t(row) * a.ldy + o);
+    }
+  });
+}
+
+void RegisterTiles(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+  visit_weight_format(a.format, [&](auto f) {
+    if constexpr (f() != WeightFormat::kF32) RegisterTilesOf<f()>(a, out_begin, out_end);
+  });
+}
+
 #if PAGEDATTN_BF16_DOT_TARGET
 // ------------------------------------------------------------ bf16 products
 //
@@ -396,6 +479,8 @@ void DotTiles(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_en
 #if PAGEDATTN_BF16_DOT_TARGET
   if (a.bf16) return DotTilesBf16(a, out_begin, out_end, scratch);
 #endif
+  if (a.rows <= kRegisterRows && a.format != WeightFormat::kF32)
+    return RegisterTiles(a, out_begin, out_end);
   DotTilesF32(a, out_begin, out_end, scratch);
 }
 

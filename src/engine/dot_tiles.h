@@ -27,6 +27,10 @@ inline constexpr std::int32_t kDotTileGroup = 8;
 // the same.
 inline constexpr std::int32_t kDotTileRows = 64;
 
+// Batches of at most this many rows of quantised or 16-bit weights decode
+// them in registers instead of through L1 (same bits).
+inline constexpr std::int32_t kRegisterRows = 4;
+
 struct DotTilesArgs {
   const float* x = nullptr;  // [rows][in]
   std::int32_t rows = 0;

@@ -140,18 +140,20 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
   });
 }
 
-// Quantised weights, a few dozen rows, or any weights on bf16 products:
-// dot_tiles on one contiguous column range per thread (a row's result does
-// not depend on the range).
+// Quantised weights, a few dozen rows (every batch in deterministic mode),
+// or any weights on bf16 products: dot_tiles on one contiguous column range
+// per thread (a row's result does not depend on the range).
 // dot_tiles splits at a quarter of kParallelWork: its threads need no BLAS
 // set-up, and a decode step's K and V projections (32 rows x 192 x 576)
 // fall just below kParallelWork, which left the other threads waiting
-// through them.
+// through them. Quantised weights of a few hundred kilobytes split whatever
+// the rows, as in linear_quant_direct: one row is bound by reading them.
 constexpr std::int64_t kTileParallelWork = kParallelWork / 4;
 
 void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = false) {
   const DotTilesArgs d{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, bf16, int8};
-  const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork;
+  const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork ||
+                     (a.w_format != WeightFormat::kF32 && worth_threads_quant(a));
   const std::int32_t tasks =
       split_work(a.rows, a.out, worth ? core::available_threads() : 1, false).tasks();
   size_thread_blocks(s);
@@ -378,7 +380,9 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
       linear_quant_direct(a, true);
     else if (int8 && tiles)
       linear_tiled(a, scratch, false, true);
-    else if (a.deterministic || quant_batch_in_place(a.rows, a.w_format))
+    else if (a.deterministic)  // dot_tiles' bits do not depend on the batch at any size
+      linear_tiled(a, scratch, false);
+    else if (quant_batch_in_place(a.rows, a.w_format))
       linear_quant_direct(a, false);
     else if (bf16 && onednn_bf16_rows(a.rows))
       linear_bf16_blocked(a, scratch);

@@ -11,7 +11,8 @@
 
 namespace pagedattn::engine {
 
-// Deterministic mode tiles y into kRowBlock x kColumnBlock pieces, one
+// Deterministic mode with f32 weights (quantised and 16-bit weights: dot_tiles,
+// whose rows do not depend on the batch) tiles y into kRowBlock x kColumnBlock pieces, one
 // single-threaded BLAS call each, all of the same shape: row blocks start at
 // multiples of kRowBlock (the last one padded with zero rows), column blocks
 // at multiples of kColumnBlock of the weight's output dimension. Rows are
@@ -57,9 +58,12 @@ struct LinearArgs {
   bool bf16_batches = false;
 };
 
-// Quantised and 16-bit weights: the batches (and every batch in
-// deterministic mode) that run the in-place kernels of quant_kernels.h,
-// whose rows are independent: 1, 2 or kQuantDirectRows rows. Those kernels
+// Quantised and 16-bit weights: the batches that run the in-place kernels
+// of quant_kernels.h, whose rows are independent: 1, 2 or kQuantDirectRows
+// rows (outside deterministic mode, which runs dot_tiles at every size: its
+// bits do not depend on the batch either, and it reads the weights once per
+// kDotTileRows rows of a prefill chunk where the in-place kernels decode
+// them once per 4). Those kernels
 // decode each weight vector once per tile of 4 rows and again for the pair
 // or row left over, so other batches run dot_tiles (dot_tiles.h), which
 // dequantises a few columns at a time into L1 once per kDotTileRows rows

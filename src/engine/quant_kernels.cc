@@ -23,12 +23,11 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+// Per target, after highway.h: the weight decoders.
+#include "engine/weight_decode-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::engine::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-
-// At most 16 lanes: a block's 16 nibble bytes then fill one vector or more.
-using DF = hn::CappedTag<float, 16>;
 constexpr std::int32_t kRowTile = 4;
 
 // The in-place kernels' row tiles: kRowTile rows, then a pair, then one.
@@ -36,57 +35,6 @@ constexpr std::int32_t kRowTile = 4;
 // tiles of 4 go in pairs rather than one by one; a row's sums do not depend
 // on its tile (each (row, weight row) pair has its own chain).
 using InPlaceRowTiles = kernels::RowGroups<kRowTile, 2, 1>;
-
-HWY_INLINE float HalfAt(const std::uint8_t* p) {
-  std::uint16_t bits;
-  std::memcpy(&bits, p, sizeof bits);
-  return f16_bits_to_float(bits);
-}
-
-// Lanes [c * N, c * N + N) of a block, as f32 weights.
-template <WeightFormat F>
-HWY_INLINE hn::Vec<DF> DecodeChunk(const std::uint8_t* block, std::size_t c) {
-  const DF df;
-  const hn::RebindToSigned<DF> di;
-  const std::size_t n = hn::Lanes(df), first = c * n;
-  if constexpr (F == WeightFormat::kF32) {
-    return hn::LoadU(df, reinterpret_cast<const float*>(block) + first);
-  } else if constexpr (F == WeightFormat::kF16 || F == WeightFormat::kBF16) {
-    using T = std::conditional_t<F == WeightFormat::kF16, hwy::float16_t, hwy::bfloat16_t>;
-    const hn::Rebind<T, DF> d16;
-    return hn::PromoteTo(df, hn::LoadU(d16, reinterpret_cast<const T*>(block) + first));
-  }
-  const std::uint8_t* q = block + BlockTraits<F>::kQuants;
-  const auto d = hn::Set(df, HalfAt(block));
-  if constexpr (F == WeightFormat::kQ8_0) {
-    const hn::Rebind<std::int8_t, DF> d8;
-    const auto v =
-        hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const std::int8_t*>(q) + first));
-    return hn::Mul(hn::ConvertTo(df, v), d);
-  } else {
-    const hn::Rebind<std::uint8_t, DF> d8;
-    const bool high = first >= 16;
-    auto v = hn::PromoteTo(di, hn::LoadU(d8, q + (high ? first - 16 : first)));
-    v = high ? hn::ShiftRight<4>(v) : hn::And(v, hn::Set(di, 0x0f));
-    if constexpr (F == WeightFormat::kQ5_0 || F == WeightFormat::kQ5_1) {
-      // Bit j of qh is the fifth bit of weight j: lane i's is bit first + i,
-      // taken as a mask (a mask register on AVX-512).
-      std::uint32_t qh;
-      std::memcpy(&qh, block + BlockTraits<F>::kHighBits, sizeof qh);
-      const std::uint64_t lane_bits = qh >> first;
-      std::uint8_t mask_bytes[sizeof lane_bits];
-      std::memcpy(mask_bytes, &lane_bits, sizeof lane_bits);
-      v = hn::Or(v, hn::IfThenElseZero(hn::LoadMaskBits(di, mask_bytes), hn::Set(di, 16)));
-    }
-    if constexpr (F == WeightFormat::kQ4_0) {
-      return hn::Mul(hn::ConvertTo(df, hn::Sub(v, hn::Set(di, 8))), d);
-    } else if constexpr (F == WeightFormat::kQ5_0) {
-      return hn::Mul(hn::ConvertTo(df, hn::Sub(v, hn::Set(di, 16))), d);
-    } else {  // Q4_1, Q5_1
-      return hn::MulAdd(hn::ConvertTo(df, v), d, hn::Set(df, HalfAt(block + 2)));
-    }
-  }
-}
 
 // Lanes [c * N, c * N + N) of a Q8_0 block's quants, unscaled.
 HWY_INLINE hn::Vec<DF> Q8Quants(const std::uint8_t* block, std::size_t c) {
@@ -96,18 +44,6 @@ HWY_INLINE hn::Vec<DF> Q8Quants(const std::uint8_t* block, std::size_t c) {
       reinterpret_cast<const std::int8_t*>(block + BlockTraits<WeightFormat::kQ8_0>::kQuants);
   return hn::ConvertTo(
       df, hn::PromoteTo(hn::RebindToSigned<DF>(), hn::LoadU(d8, q + c * hn::Lanes(df))));
-}
-
-// How far ahead of the block being read every kernel prefetches its weights:
-// short rows (SmolLM2's are 396-1,260 bytes) read a few side by side, one
-// tile after another, are not a pattern the hardware prefetchers run far
-// enough ahead of (docs/benchmarks.md, "Weight prefetch").
-constexpr std::int64_t kPrefetchBytes = 8192;
-
-// The lines kPrefetchBytes past the `bytes` of a weight block being read.
-HWY_INLINE void PrefetchPast(const std::uint8_t* block, std::int64_t bytes) {
-  constexpr auto kLine = static_cast<std::int64_t>(kernels::kLineBytes);
-  for (std::int64_t i = 0; i < bytes; i += kLine) hwy::Prefetch(block + kPrefetchBytes + i);
 }
 
 // y[r][o + c] for rows [row, row + R) and weight rows [o, o + C). Each
@@ -191,53 +127,6 @@ void ProductRange(const QuantProductArgs& a, std::int32_t out_begin, std::int32_
 }
 
 // ---------------------------------------------------------------- K-quants
-
-// Quants of Q4_K / Q5_K sub-blocks 2i (lo) and 2i + 1 (hi), weights
-// [c * N, c * N + N) of each, as exact f32 integers (0..15 / 0..31).
-template <WeightFormat F>
-HWY_INLINE void DecodeKPair(const std::uint8_t* block, std::size_t i, std::size_t c,
-                            hn::Vec<DF>& lo, hn::Vec<DF>& hi) {
-  const DF df;
-  const hn::RebindToSigned<DF> di;
-  const hn::Rebind<std::uint8_t, DF> d8;
-  const std::size_t n = hn::Lanes(df);
-  const std::uint8_t* q = block + BlockTraits<F>::kQuants + 32 * i + c * n;
-  const auto v = hn::PromoteTo(di, hn::LoadU(d8, q));
-  auto low = hn::And(v, hn::Set(di, 0x0f));
-  auto high = hn::ShiftRight<4>(v);
-  if constexpr (F == WeightFormat::kQ5_K) {
-    // Bit j of qh[l] is bit 4 of weight l of sub-block j.
-    const auto h = hn::ShiftRightSame(
-        hn::PromoteTo(di, hn::LoadU(d8, block + BlockTraits<F>::kHighBits + c * n)),
-        static_cast<int>(2 * i));
-    const auto bit4 = hn::Set(di, 0x10);
-    low = hn::Or(low, hn::And(hn::ShiftLeft<4>(h), bit4));
-    high = hn::Or(high, hn::And(hn::ShiftLeft<3>(h), bit4));
-  }
-  lo = hn::ConvertTo(df, low);
-  hi = hn::ConvertTo(df, high);
-}
-
-// Q6_K: weight 128 h + 32 g + l (h < 2, g < 4, l < 32) is nibble g / 2 of
-// ql[64 h + 32 (g % 2) + l] with bits 2g, 2g + 1 of qh[32 h + l] above it,
-// minus 32. Group P (0, 1) decodes g = P (a, low nibbles) and g = P + 2 (b,
-// high nibbles) for l in [l0, l0 + N), as exact f32 integers (-32..31).
-template <int P>
-HWY_INLINE void DecodeQ6(const std::uint8_t* block, std::size_t h, std::size_t l0, hn::Vec<DF>& a,
-                         hn::Vec<DF>& b) {
-  const DF df;
-  const hn::RebindToSigned<DF> di;
-  const hn::Rebind<std::uint8_t, DF> d8;
-  const auto ql = hn::PromoteTo(di, hn::LoadU(d8, block + 64 * h + 32 * P + l0));
-  const auto qh = hn::PromoteTo(
-      di, hn::LoadU(d8, block + BlockTraits<WeightFormat::kQ6_K>::kHighBits + 32 * h + l0));
-  const auto bits45 = hn::Set(di, 0x30), offset = hn::Set(di, 32);
-  const auto high_a = P == 0 ? hn::ShiftLeft<4>(qh) : hn::ShiftLeft<2>(qh);
-  const auto high_b = P == 0 ? qh : hn::ShiftRight<2>(qh);
-  a = hn::ConvertTo(
-      df, hn::Sub(hn::Or(hn::And(ql, hn::Set(di, 0x0f)), hn::And(high_a, bits45)), offset));
-  b = hn::ConvertTo(df, hn::Sub(hn::Or(hn::ShiftRight<4>(ql), hn::And(high_b, bits45)), offset));
-}
 
 // quantize_activations_q8 (quant_kernels.h): max |x| per 32 values, the
 // scale max / 127, and x * (1 / scale) rounded to nearest even. Every step is
@@ -1404,119 +1293,46 @@ void ProductRangeK(const QuantProductArgs& a, std::int32_t out_begin, std::int32
 #endif
 }
 
+void QuantProduct(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
+  visit_weight_format(a.format, [&](auto format) {
+    constexpr WeightFormat F = format();
+    if constexpr (F == WeightFormat::kF32 || is_sixteen_bit(F))  // no int8 kernels: f32 x
+      ProductRange<F>(a, out_begin, out_end);
+    else if constexpr (weight_format_block(F) == kQuantKBlock)
+      ProductRangeK<F>(a, out_begin, out_end);
+    else
+      ProductRange32<F>(a, out_begin, out_end);
+  });
+}
+
 // Dequantisation, bit-equal to dequantize_row (src/model/gguf_types.cc):
-// the scale d * sc and the offset dmin * m are exact in f32, so is the
-// product of the scale and a quant (at most 11 + 6 + 5 or 11 + 7 + 5
-// significant bits), and only the subtraction of the offset rounds.
+// each block a unit at a time through UnitDecoder (weight_decode-inl.h).
 template <WeightFormat F>
-void DequantizeK(const void* weights, std::int32_t in, std::int32_t first_row, std::int32_t count,
-                 float* dst) {
+void DequantizeRange(const void* w, std::int32_t in, std::int32_t first_row, std::int32_t count,
+                     float* dst) {
+  using Decoder = UnitDecoder<F>;
   const DF df;
   const std::size_t n = hn::Lanes(df);
-  const std::int64_t blocks = std::int64_t{count} * (in / kQuantKBlock);
-  const auto* w = static_cast<const std::uint8_t*>(weights) +
-                  std::int64_t{first_row} * (in / kQuantKBlock) * BlockTraits<F>::kBytes;
-  for (std::int64_t b = 0; b < blocks; ++b, dst += kQuantKBlock) {
-    const std::uint8_t* block = w + b * BlockTraits<F>::kBytes;
-    if constexpr (F == WeightFormat::kQ6_K) {
-      const float d = HalfAt(block + BlockTraits<F>::kScale);
-      const auto* scales = reinterpret_cast<const std::int8_t*>(block + BlockTraits<F>::kScales);
-      for (std::size_t h = 0; h < 2; ++h)
-        for (std::size_t l = 0; l < 32; l += n) {
-          const std::size_t k = 8 * h + l / 16;
-          hn::Vec<DF> a, b;
-          DecodeQ6<0>(block, h, l, a, b);
-          hn::StoreU(hn::Mul(hn::Set(df, d * scales[k]), a), df, dst + 128 * h + l);
-          hn::StoreU(hn::Mul(hn::Set(df, d * scales[k + 4]), b), df, dst + 128 * h + 64 + l);
-          DecodeQ6<1>(block, h, l, a, b);
-          hn::StoreU(hn::Mul(hn::Set(df, d * scales[k + 2]), a), df, dst + 128 * h + 32 + l);
-          hn::StoreU(hn::Mul(hn::Set(df, d * scales[k + 6]), b), df, dst + 128 * h + 96 + l);
-        }
-    } else {
-      const float d = HalfAt(block), dmin = HalfAt(block + 2);
-      alignas(8) std::uint8_t sc[8], m[8];
-      unpack_k_scales(block + 4, sc, m);
-      for (std::size_t i = 0; i < 4; ++i) {
-        const auto scale_lo = hn::Set(df, d * sc[2 * i]), scale_hi = hn::Set(df, d * sc[2 * i + 1]);
-        const auto min_lo = hn::Set(df, dmin * m[2 * i]), min_hi = hn::Set(df, dmin * m[2 * i + 1]);
-        for (std::size_t c = 0; c < 32 / n; ++c) {
-          hn::Vec<DF> lo, hi;
-          DecodeKPair<F>(block, i, c, lo, hi);
-          hn::StoreU(hn::Sub(hn::Mul(scale_lo, lo), min_lo), df, dst + 64 * i + c * n);
-          hn::StoreU(hn::Sub(hn::Mul(scale_hi, hi), min_hi), df, dst + 64 * i + 32 + c * n);
-        }
-      }
+  constexpr std::int32_t kBlockWeights = weight_format_block(F);
+  const std::int64_t blocks = std::int64_t{count} * (in / kBlockWeights);
+  const auto* base = static_cast<const std::uint8_t*>(w) +
+                     std::int64_t{first_row} * (in / kBlockWeights) * BlockTraits<F>::kBytes;
+  for (std::int64_t b = 0; b < blocks; ++b, dst += kBlockWeights) {
+    const Decoder decoder(base + b * BlockTraits<F>::kBytes);
+    for (std::size_t u = 0; u < Decoder::kUnits; ++u) {
+      hn::Vec<DF> v[ChunkSlots<Decoder::kUnitWeights>()];
+      decoder.Decode(u, v);
+      for (std::size_t c = 0; c < Decoder::kUnitWeights / n; ++c)
+        hn::StoreU(v[c], df, dst + u * Decoder::kUnitWeights + c * n);
     }
   }
 }
 
-void QuantProduct(const QuantProductArgs& a, std::int32_t out_begin, std::int32_t out_end) {
-  switch (a.format) {
-    case WeightFormat::kQ8_0:
-      return ProductRange32<WeightFormat::kQ8_0>(a, out_begin, out_end);
-    case WeightFormat::kQ4_0:
-      return ProductRange32<WeightFormat::kQ4_0>(a, out_begin, out_end);
-    case WeightFormat::kQ4_1:
-      return ProductRange32<WeightFormat::kQ4_1>(a, out_begin, out_end);
-    case WeightFormat::kQ5_0:
-      return ProductRange32<WeightFormat::kQ5_0>(a, out_begin, out_end);
-    case WeightFormat::kQ5_1:
-      return ProductRange32<WeightFormat::kQ5_1>(a, out_begin, out_end);
-    case WeightFormat::kQ4_K:
-      return ProductRangeK<WeightFormat::kQ4_K>(a, out_begin, out_end);
-    case WeightFormat::kQ5_K:
-      return ProductRangeK<WeightFormat::kQ5_K>(a, out_begin, out_end);
-    case WeightFormat::kQ6_K:
-      return ProductRangeK<WeightFormat::kQ6_K>(a, out_begin, out_end);
-    case WeightFormat::kF32:
-      return ProductRange<WeightFormat::kF32>(a, out_begin, out_end);
-    case WeightFormat::kF16:  // no int8 kernels: f32 x whatever int8_x asks
-      return ProductRange<WeightFormat::kF16>(a, out_begin, out_end);
-    case WeightFormat::kBF16:
-      return ProductRange<WeightFormat::kBF16>(a, out_begin, out_end);
-  }
-}
-
-template <WeightFormat F>
-void DequantizeRange(const void* w, std::int32_t in, std::int32_t first_row, std::int32_t count,
-                     float* dst) {
-  const DF df;
-  const std::size_t n = hn::Lanes(df), chunks = kQuantBlock / n;
-  const std::int64_t blocks = in / kQuantBlock;
-  const auto* base =
-      static_cast<const std::uint8_t*>(w) + first_row * blocks * BlockTraits<F>::kBytes;
-  for (std::int64_t b = 0; b < std::int64_t{count} * blocks; ++b)
-    for (std::size_t c = 0; c < chunks; ++c)
-      hn::StoreU(DecodeChunk<F>(base + b * BlockTraits<F>::kBytes, c), df,
-                 dst + std::size_t(b) * kQuantBlock + c * n);
-}
-
 void DequantizeRows(const void* w, WeightFormat format, std::int32_t in, std::int32_t first_row,
                     std::int32_t count, float* dst) {
-  switch (format) {
-    case WeightFormat::kQ8_0:
-      return DequantizeRange<WeightFormat::kQ8_0>(w, in, first_row, count, dst);
-    case WeightFormat::kQ4_0:
-      return DequantizeRange<WeightFormat::kQ4_0>(w, in, first_row, count, dst);
-    case WeightFormat::kQ4_1:
-      return DequantizeRange<WeightFormat::kQ4_1>(w, in, first_row, count, dst);
-    case WeightFormat::kQ5_0:
-      return DequantizeRange<WeightFormat::kQ5_0>(w, in, first_row, count, dst);
-    case WeightFormat::kQ5_1:
-      return DequantizeRange<WeightFormat::kQ5_1>(w, in, first_row, count, dst);
-    case WeightFormat::kQ4_K:
-      return DequantizeK<WeightFormat::kQ4_K>(w, in, first_row, count, dst);
-    case WeightFormat::kQ5_K:
-      return DequantizeK<WeightFormat::kQ5_K>(w, in, first_row, count, dst);
-    case WeightFormat::kQ6_K:
-      return DequantizeK<WeightFormat::kQ6_K>(w, in, first_row, count, dst);
-    case WeightFormat::kF16:
-      return DequantizeRange<WeightFormat::kF16>(w, in, first_row, count, dst);
-    case WeightFormat::kBF16:
-      return DequantizeRange<WeightFormat::kBF16>(w, in, first_row, count, dst);
-    case WeightFormat::kF32:
-      break;
-  }
+  visit_weight_format(format, [&](auto f) {
+    if constexpr (f() != WeightFormat::kF32) DequantizeRange<f()>(w, in, first_row, count, dst);
+  });
 }
 
 }  // namespace pagedattn::engine::HWY_NAMESPACE
@@ -1557,31 +1373,10 @@ const char* weight_format_name(WeightFormat format) {
 }
 
 std::int64_t weight_block_bytes(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::kF32:
-      return 4;
-    case WeightFormat::kQ8_0:
-      return BlockTraits<WeightFormat::kQ8_0>::kBytes;
-    case WeightFormat::kQ4_0:
-      return BlockTraits<WeightFormat::kQ4_0>::kBytes;
-    case WeightFormat::kQ4_1:
-      return BlockTraits<WeightFormat::kQ4_1>::kBytes;
-    case WeightFormat::kQ4_K:
-      return BlockTraits<WeightFormat::kQ4_K>::kBytes;
-    case WeightFormat::kQ5_K:
-      return BlockTraits<WeightFormat::kQ5_K>::kBytes;
-    case WeightFormat::kQ6_K:
-      return BlockTraits<WeightFormat::kQ6_K>::kBytes;
-    case WeightFormat::kQ5_0:
-      return BlockTraits<WeightFormat::kQ5_0>::kBytes;
-    case WeightFormat::kQ5_1:
-      return BlockTraits<WeightFormat::kQ5_1>::kBytes;
-    case WeightFormat::kF16:
-      return BlockTraits<WeightFormat::kF16>::kBytes;
-    case WeightFormat::kBF16:
-      return BlockTraits<WeightFormat::kBF16>::kBytes;
-  }
-  return 0;
+  return visit_weight_format(format, [](auto f) -> std::int64_t {
+    if constexpr (f() == WeightFormat::kF32) return 4;
+    return BlockTraits<f()>::kBytes;
+  });
 }
 
 std::int64_t weight_row_bytes(WeightFormat format, std::int64_t in) {

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace pagedattn::engine {
 
@@ -77,6 +78,38 @@ constexpr bool is_sixteen_bit(WeightFormat format) {
 // ignore int8_x and multiply f32 x.
 constexpr bool has_int8_products(WeightFormat format) {
   return format != WeightFormat::kF32 && !is_sixteen_bit(format);
+}
+
+// visit(std::integral_constant<WeightFormat, F>{}) for F = format: the one
+// switch behind every per-format template instantiation.
+template <class Visit>
+decltype(auto) visit_weight_format(WeightFormat format, Visit&& visit) {
+  using enum WeightFormat;
+  switch (format) {
+    case kQ8_0:
+      return visit(std::integral_constant<WeightFormat, kQ8_0>{});
+    case kQ4_0:
+      return visit(std::integral_constant<WeightFormat, kQ4_0>{});
+    case kQ4_1:
+      return visit(std::integral_constant<WeightFormat, kQ4_1>{});
+    case kQ5_0:
+      return visit(std::integral_constant<WeightFormat, kQ5_0>{});
+    case kQ5_1:
+      return visit(std::integral_constant<WeightFormat, kQ5_1>{});
+    case kQ4_K:
+      return visit(std::integral_constant<WeightFormat, kQ4_K>{});
+    case kQ5_K:
+      return visit(std::integral_constant<WeightFormat, kQ5_K>{});
+    case kQ6_K:
+      return visit(std::integral_constant<WeightFormat, kQ6_K>{});
+    case kF16:
+      return visit(std::integral_constant<WeightFormat, kF16>{});
+    case kBF16:
+      return visit(std::integral_constant<WeightFormat, kBF16>{});
+    case kF32:
+      break;
+  }
+  return visit(std::integral_constant<WeightFormat, kF32>{});
 }
 
 // Block sizes and where the quants start in a block.

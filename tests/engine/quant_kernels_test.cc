@@ -608,14 +608,17 @@ TEST(DotTiles, RandomShapesMatchADoubleReferenceOnEveryTarget) {
 // A row's result is the same bits whatever rows are around it, how many,
 // and where the column range starts (a column's place in its tile and
 // group moves with the range's start). 1,280 inputs: the AVX-512 tiles of 8
-// columns take them in two spans (768 + 512), 512 in one.
+// columns take them in two spans (768 + 512), 512 in one. Batches of at
+// most kRegisterRows rows decode the weights in registers, larger ones in
+// groups through L1: every format's decoder gives the group's bits.
 TEST(DotTiles, RowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) {
   std::mt19937 rng(32);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   TargetReset reset;
   core::CacheLineVector<float> scratch;
+  static_assert(kRegisterRows >= 2 && kRegisterRows < 7);
   for (std::int64_t target : hwy::SupportedAndGeneratedTargets())
-    for (const WeightFormat f : {WeightFormat::kF32, WeightFormat::kQ5_0, WeightFormat::kQ4_K})
+    for (const WeightFormat f : kAllFormats)
       for (const std::int32_t in : {512, 1280}) {
         hwy::SetSupportedTargetsForTest(target);
         SCOPED_TRACE(hwy::TargetName(target));
@@ -624,7 +627,8 @@ TEST(DotTiles, RowsDoNotDependOnTheirBatchOrColumnRangeOnEveryTarget) {
         std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out);
         for (auto& v : x) v = value(rng);
         dot_tiles({x.data(), rows, in, w.data(), f, all.data(), out, false}, 0, out, scratch);
-        for (const auto& [first, count] : {std::pair{0, 1}, {5, 1}, {3, 7}, {1, 22}})
+        for (const auto& [first, count] :
+             {std::pair{0, 1}, {5, 1}, {2, 2}, {4, kRegisterRows}, {3, 7}, {1, 22}})
           for (const auto& [begin, end] : {std::pair{0, out}, {5, 6}, {3, 30}, {36, 37}}) {
             std::vector<float> part(std::size_t(count) * out, -7.0f);
             dot_tiles({x.data() + std::size_t(first) * in, count, in, w.data(), f, part.data(), out,
@@ -1282,8 +1286,9 @@ TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchOrColumnRange) {
 
 // linear() on quantised weights: with the int8 default on (or kInt8), not
 // deterministic, the batches int8_in_place picks run the int8 kernels, bit
-// for bit what quant_product with int8_x gives; Activations::kF32,
-// deterministic mode and the default off give the f32 kernels' bits; the
+// for bit what quant_product with int8_x gives; Activations::kF32 and the
+// default off give the f32 kernels' bits, deterministic mode dot_tiles' f32
+// bits; the
 // others run the int8 tiles where the CPU has AVX512-VNNI (from
 // kInt8TileMinRows rows), bit for bit what dot_tiles with int8
 // gives, and are unchanged by the choice elsewhere.
@@ -1318,6 +1323,11 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
         return y;
       };
       const auto int8 = product(true), exact = product(false);
+      // Deterministic mode: dot_tiles on f32 x at every batch size.
+      std::vector<float> deterministic(std::size_t(rows) * out);
+      core::CacheLineVector<float> tile_scratch;
+      dot_tiles({x.data(), rows, in, w.data(), f, deterministic.data(), out, false}, 0, out,
+                tile_scratch);
       SCOPED_TRACE(std::string(weight_format_name(f)) + " rows " + std::to_string(rows));
       if (in_place) {
         EXPECT_EQ(run(Activations::kDefault, false), int8);
@@ -1337,8 +1347,8 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
       if (quant_batch_in_place(rows, f)) {
         EXPECT_EQ(run(Activations::kF32, false), exact);
       }
-      EXPECT_EQ(run(Activations::kDefault, true), exact);
-      EXPECT_EQ(run(Activations::kInt8, true), exact);
+      EXPECT_EQ(run(Activations::kDefault, true), deterministic);
+      EXPECT_EQ(run(Activations::kInt8, true), deterministic);
       set_int8_activations_default(false);
       if (quant_batch_in_place(rows, f)) {
         EXPECT_EQ(run(Activations::kDefault, false), exact);
@@ -1354,7 +1364,7 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
         if (quant_batch_in_place(rows, f)) {  // an explicit choice wins
           EXPECT_EQ(run(Activations::kF32, false), exact);
         }
-        EXPECT_EQ(run(Activations::kDefault, true), exact);
+        EXPECT_EQ(run(Activations::kDefault, true), deterministic);
         {
           const ScopedActivations inner(Activations::kF32);
           EXPECT_EQ(default_activations(), Activations::kF32);
