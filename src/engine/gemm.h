@@ -59,25 +59,24 @@ struct LinearArgs {
 };
 
 // Quantised and 16-bit weights: the batches that run the in-place kernels
-// of quant_kernels.h, whose rows are independent: 1, 2 or kQuantDirectRows
-// rows (outside deterministic mode, which runs dot_tiles at every size: its
-// bits do not depend on the batch either, and it reads the weights once per
-// kDotTileRows rows of a prefill chunk where the in-place kernels decode
-// them once per 4). Those kernels
-// decode each weight vector once per tile of 4 rows and again for the pair
-// or row left over, so other batches run dot_tiles (dot_tiles.h), which
-// dequantises a few columns at a time into L1 once per kDotTileRows rows
-// and reads x in place, where BLAS would pack x again for every column
-// block (measured: docs/benchmarks.md, "Batched products"); batches of more
-// than kDotTileRows dequantise column blocks of blas_block_columns(in) to
-// f32 and go through BLAS (the weights are then read once per block, not
-// per row). F16 / BF16 widen in one instruction, so decoding them again for
-// a leftover row costs less than dot_tiles' pass through L1: their 3 rows
-// run in place too (docs/benchmarks.md, "A few rows: in place or tiled").
-inline constexpr std::int32_t kQuantDirectRows = 4;
+// of quant_kernels.h, whose rows are independent: one row (quantised) or up
+// to kSixteenBitDirectRows (F16 / BF16). Other batches run dot_tiles
+// (dot_tiles.h): up to kRegisterRows rows decode the weights in registers
+// into one chain per (row, column), as the in-place kernels do but without
+// their second decode of the rows left over from a tile of 4, and from 2
+// rows (quantised) or 3 (16-bit, which widen in one instruction) they
+// measured faster in a decode step (docs/benchmarks.md, "A few rows in
+// registers"); the in-place K-quant kernels, which multiply the integer
+// quants into x, stay faster at one row. Larger batches dequantise a few
+// columns at a time into L1 once per kDotTileRows rows and read x in place,
+// where BLAS would pack x again for every column block ("Batched
+// products"); batches of more than kDotTileRows dequantise column blocks of
+// blas_block_columns(in) to f32 and go through BLAS (the weights are then
+// read once per block, not per row). Deterministic mode runs dot_tiles at
+// every size: its bits do not depend on the batch either.
+inline constexpr std::int32_t kSixteenBitDirectRows = 2;
 constexpr bool quant_batch_in_place(std::int32_t rows, WeightFormat format) {
-  if (is_sixteen_bit(format)) return rows <= kQuantDirectRows;
-  return rows <= 2 || rows == kQuantDirectRows;
+  return rows <= (is_sixteen_bit(format) ? kSixteenBitDirectRows : 1);
 }
 // bf16_batches takes batches of at least this many rows: smaller ones are
 // bound by reading the weights more than by arithmetic.

@@ -718,7 +718,7 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
 }
 
 // linear() sends the batches the in-place kernels do not take (quantised:
-// not quant_batch_in_place: 3 rows (not F16 / BF16) and more than 4; f32: more than
+// not quant_batch_in_place: more than 1 row (F16 / BF16: more than 2); f32: more than
 // kF32DirectRows) to dot_tiles: quantised weights on f32 up to kDotTileRows
 // rows, f32 weights up to kF32TileRows, and any weights on bf16 from
 // kBf16MinRows rows when asked
