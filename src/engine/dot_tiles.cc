@@ -316,7 +316,8 @@ HWY_INLINE void RegisterTile(const DotTilesArgs& a, const float* x, const std::u
     for (std::int32_t c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
   for (std::int64_t b = 0; b < a.in / kBlockWeights; ++b) {
     const std::int64_t offset = b * BlockTraits<F>::kBytes;
-    for (std::int32_t c = 0; c < C; ++c) PrefetchPast(w[c] + offset, BlockTraits<F>::kBytes);
+    for (std::int32_t c = 0; c < C; ++c)
+      PrefetchPast<PrefetchLevel::kL2>(w[c] + offset, BlockTraits<F>::kBytes);
     const auto decoders = DecodersOf<Decoder>(w, offset, std::make_integer_sequence<int, C>());
     for (std::size_t u = 0; u < Decoder::kUnits; ++u) {
       const std::size_t at = std::size_t(b) * kBlockWeights + u * Decoder::kUnitWeights;

@@ -75,7 +75,7 @@ HWY_INLINE void DotTile(const QuantProductArgs& a, std::int32_t row, std::int32_
         x[r] = hn::LoadU(df, a.x + std::size_t(row + r) * a.in + at);
       for (std::int32_t c = 0; c < C; ++c) {
         const std::uint8_t* block = w + c * row_bytes + b * BlockTraits<F>::kBytes;
-        if (chunk == 0) PrefetchPast(block, BlockTraits<F>::kBytes);
+        if (chunk == 0) PrefetchPast<PrefetchLevel::kL2>(block, BlockTraits<F>::kBytes);
         const auto weights = kScaleBlocks ? Q8Quants(block, chunk) : DecodeChunk<F>(block, chunk);
         for (std::int32_t r = 0; r < R; ++r) sum[r][c] = hn::MulAdd(weights, x[r], sum[r][c]);
       }

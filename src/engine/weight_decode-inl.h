@@ -86,10 +86,25 @@ HWY_INLINE hn::Vec<DF> DecodeChunk(const std::uint8_t* block, std::size_t c) {
 // enough ahead of (docs/benchmarks.md, "Weight prefetch").
 constexpr std::int64_t kPrefetchBytes = 8192;
 
+// Where PrefetchPast brings the lines. Into L1 each prefetch holds one of
+// L1's few miss buffers until its line arrives from DRAM: the kernels that
+// do little arithmetic per byte (Q8_0, f32 and 16-bit rows in place,
+// dot_tiles' register tiles) then wait on the buffers, and ask for L2
+// instead; the kernels that decode
+// 4-6 bit quants measured slower with L2 and keep L1 (docs/benchmarks.md,
+// "Weight prefetch").
+enum class PrefetchLevel { kL1, kL2 };
+
 // The lines kPrefetchBytes past the `bytes` of a weight block being read.
+template <PrefetchLevel kLevel = PrefetchLevel::kL1>
 HWY_INLINE void PrefetchPast(const std::uint8_t* block, std::int64_t bytes) {
   constexpr auto kLine = static_cast<std::int64_t>(kernels::kLineBytes);
-  for (std::int64_t i = 0; i < bytes; i += kLine) hwy::Prefetch(block + kPrefetchBytes + i);
+  for (std::int64_t i = 0; i < bytes; i += kLine) {
+    if constexpr (kLevel == PrefetchLevel::kL2)
+      kernels::PrefetchToL2(block + kPrefetchBytes + i);
+    else
+      hwy::Prefetch(block + kPrefetchBytes + i);
+  }
 }
 
 // Quants of Q4_K / Q5_K sub-blocks 2i (lo) and 2i + 1 (hi), weights
