@@ -1,11 +1,13 @@
 // Register-tiled products for batches of rows against quantised (or f32)
-// weights: the kernel under linear()'s batches of 9-64 rows (a decode step
-// of many sequences) and, on bf16 (--bf16-products), of every batch of more
-// than 8. Weights are dequantised a few columns at a time into a buffer
-// that stays in L1 and multiplied there by every row of x, read in place:
-// nothing is packed. Through BLAS each call packed x again for every
-// 128-column block and copied the dequantised block into BLAS's own layout,
-// about a third of such a step (docs/benchmarks.md, "Batched products").
+// weights: the kernel under linear()'s batches of 2-64 rows (a decode step
+// of several sequences; 16-bit weights from 3 rows, f32 2-32), of every
+// quantised batch in deterministic mode and, on bf16 (--bf16-products), of
+// the batches of more than 8 below oneDNN's. Up to kRegisterRows rows
+// decode each tile's weights in registers; larger batches dequantise them a
+// few columns at a time into a buffer that stays in L1 and multiply them
+// there by every row of x, read in place: nothing is packed. Through BLAS each call packed x again
+// for every 128-column block and copied the dequantised block into BLAS's own layout, about a third
+// of such a step (docs/benchmarks.md, "Batched products").
 #pragma once
 
 #include <hwy/cache_control.h>
