@@ -179,8 +179,6 @@ HWY_INLINE void DotRowsK45(const QuantProductArgs& a, const float* xsums, std::i
                            std::int32_t o) {
   const DF df;
   const hn::CappedTag<float, 8> dm;  // the 8 mins of a super-block
-  const hn::Rebind<std::uint8_t, decltype(dm)> dm8;
-  const hn::RebindToSigned<decltype(dm)> dmi;
   const std::size_t n = hn::Lanes(df), chunks = 32 / n, nm = hn::Lanes(dm);
   const std::int64_t blocks = a.in / kQuantKBlock;
   constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
@@ -203,12 +201,9 @@ HWY_INLINE void DotRowsK45(const QuantProductArgs& a, const float* xsums, std::i
     unpack_k_scales(block + 4, sc, m);
     // d * sc[j] (exact in f32) into memory, whence each is broadcast.
     alignas(32) float scales[8];
-    const auto vd = hn::Set(dm, d), vdmin = hn::Set(dm, dmin);
     for (std::size_t k = 0; k < 8; k += nm) {
-      hn::Store(hn::Mul(hn::ConvertTo(dm, hn::PromoteTo(dmi, hn::LoadU(dm8, sc + k))), vd), dm,
-                scales + k);
-      const auto mins =
-          hn::Mul(hn::ConvertTo(dm, hn::PromoteTo(dmi, hn::LoadU(dm8, m + k))), vdmin);
+      hn::Store(ScaledIntegers(dm, sc + k, d), dm, scales + k);
+      const auto mins = ScaledIntegers(dm, m + k, dmin);
       for (std::int32_t r = 0; r < R; ++r)
         macc[r] = hn::MulAdd(mins, hn::LoadU(dm, xs[r] + b * 8 + k), macc[r]);
     }
@@ -494,13 +489,10 @@ HWY_INLINE void WideRowsK45(const QuantProductArgs& a, const float* xp_rows, con
     alignas(8) std::uint8_t sc[8], m[8];
     unpack_k_scales(block + 4, sc, m);
     alignas(32) float scales[8];
-    hn::Store(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, sc))),
-                      hn::Set(df, HalfAt(block))),
-              df, scales);
+    hn::Store(ScaledIntegers(df, sc, HalfAt(block)), df, scales);
     // Broadcast each scale from memory (a load) rather than by shuffles.
     asm volatile("" : : "r"(scales) : "memory");
-    const auto mins = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, m))),
-                              hn::Set(df, HalfAt(block + 2)));
+    const auto mins = ScaledIntegers(df, m, HalfAt(block + 2));
     for (std::int32_t r = 0; r < R; ++r)
       macc[r] = hn::MulAdd(mins, hn::LoadU(df, xs[r] + b * 8), macc[r]);
     const std::size_t base = std::size_t(b) * kQuantKBlock;
@@ -989,10 +981,8 @@ HWY_INLINE void Int8RowsK45(const QuantProductArgs& a, const Int8Rows& rows, std
     PrefetchPast(block, kBytes);
     alignas(8) std::uint8_t sc[8], m[8];
     unpack_k_scales(block + 4, sc, m);
-    const auto scales = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(D8I(), hn::LoadU(d8, sc))),
-                                hn::Set(df, HalfAt(block)));
-    const auto mins = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(D8I(), hn::LoadU(d8, m))),
-                              hn::Set(df, HalfAt(block + 2)));
+    const auto scales = ScaledIntegers(df, sc, HalfAt(block));
+    const auto mins = ScaledIntegers(df, m, HalfAt(block + 2));
     // d * sc[j] * dx of sub-block j, per row, broadcast from memory.
     alignas(32) float scale[R][8];
     for (std::int32_t r = 0; r < R; ++r) {

@@ -178,16 +178,21 @@ struct BlockDecoder {
   }
 };
 
-// out[j] = d * q[j] for j < kCount (8-bit integers q), as d * float(q[j])
-// rounds: vectors of at most kCount lanes.
+// d * q[j] for the lanes of df from the 8-bit integers at q (the K-quants'
+// scales and mins), as d * float(q[j]) rounds.
+template <class D, typename T>
+HWY_INLINE hn::Vec<D> ScaledIntegers(D df, const T* q, float d) {
+  const hn::Rebind<T, D> dq;
+  const hn::RebindToSigned<D> di;
+  return hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(dq, q))), hn::Set(df, d));
+}
+
+// out[j] = d * q[j] for j < kCount, in vectors of at most kCount lanes.
 template <std::size_t kCount, typename T>
 HWY_INLINE void ScaleAll(float d, const T* q, float* out) {
   const hn::CappedTag<float, kCount> df;
-  const hn::Rebind<T, decltype(df)> dq;
-  const hn::RebindToSigned<decltype(df)> di;
   for (std::size_t j = 0; j < kCount; j += hn::Lanes(df))
-    hn::StoreU(hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(dq, q + j))), hn::Set(df, d)),
-               df, out + j);
+    hn::StoreU(ScaledIntegers(df, q + j, d), df, out + j);
 }
 
 // Q4_K / Q5_K: unit i is sub-blocks 2i and 2i + 1, w = d sc q - dmin m.
