@@ -22,6 +22,7 @@
 #include "pagedattn/llama.h"
 #include "rms_norm.h"
 #include "step_profile.h"
+#include "team_attention.h"
 
 namespace pagedattn {
 namespace {
@@ -173,16 +174,25 @@ class LlamaModel final : public Model {
   std::int32_t window(std::int32_t layer) const {
     return c_.layer_windows.empty() ? 0 : c_.layer_windows[std::size_t(layer)];
   }
-  // A layer in three parts: start_layer and finish_layer run inside a team
-  // (core/team.h) when the step has one, attend between them with the
-  // attention kernels' own regions. The finish of one layer and the start of
-  // the next share a team.
+  // A layer in three parts. When the step has a team (core/team.h),
+  // start_layer and finish_layer run inside it, and so does attention where
+  // the cache allows (engine::TeamAttention): the step's layers then share
+  // one region; else attend runs between teams, with the attention kernels'
+  // own regions, and the finish of one layer and the start of the next
+  // share a team.
   //   start_layer: the attention norm of x_ into h_; without latent
-  //     attention, q, k and v projected into qkv_, their norms and RoPE.
+  //     attention, q, k and v projected into qkv_, their norms and RoPE;
+  //     with `in_team`, each token's K/V appended right after its RoPE.
   //   attend: attention into attn_ (latent attention: projections included).
   //   finish_layer: attn_'s output projection added to x_, then the MLP.
-  void start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic);
+  void start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic,
+                   const engine::TeamAttention* in_team = nullptr);
   void attend(std::int32_t layer, std::int32_t tokens, bool deterministic, PagedKVCache& cache);
+  // The attention options of `layer`: scale, window, softcap.
+  AttentionOptions attention_options(std::int32_t layer) const;
+  // The step's layers, each attending in the team with `team_attention_` or
+  // else through `cache` between teams (teams off: no team at all).
+  void run_layers(std::int32_t tokens, bool deterministic, bool teams, PagedKVCache& cache);
   void finish_layer(std::int32_t layer, std::int32_t tokens, bool deterministic);
   // Whether this step's layers run in teams: not in deterministic mode, and
   // not with the parts that open regions of their own between the products
@@ -200,8 +210,9 @@ class LlamaModel final : public Model {
   const RopeConfig& cover_step(LayerRope& kind);
   // The RoPE of `layer`'s kind, its table covering the step's positions.
   const RopeConfig& rope_for(std::int32_t layer);
-  // q/k norms and RoPE on the step's q and k heads in qkv_, in place.
-  void prepare_qk(std::int32_t layer, std::int32_t tokens);
+  // q/k norms and RoPE on the step's q and k heads in qkv_, in place; with
+  // `in_team`, each token's K/V then appended to its layer's pages.
+  void prepare_qk(std::int32_t layer, std::int32_t tokens, const engine::TeamAttention* in_team);
   void mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic);
   // y[rows][w.out] (+)= x[rows][w.in] w^T
   void project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y, bool accumulate,
@@ -236,6 +247,8 @@ class LlamaModel final : public Model {
   LinearScratch scratch_;
   engine::MoeScratch moe_scratch_;
   engine::MlaScratch mla_scratch_;
+  engine::TeamAttention team_attention_;
+  std::vector<AttentionOptions> layer_options_;  // [num_layers] attention_options()
 };
 
 // Seeded synthetic weights (the draw order is part of the tests' contract).
@@ -388,7 +401,8 @@ const RopeConfig& LlamaModel::rope_for(std::int32_t layer) {
   return cover_step(rope_[window(layer) > 0 ? 1 : 0]);  // set_positions covered it: no write
 }
 
-void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens) {
+void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens,
+                            const engine::TeamAttention* in_team) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t d = c_.head_dim, q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
   const RopeConfig& rope = rope_for(layer);
@@ -402,6 +416,7 @@ void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens) {
     // The query heads and then the key heads, side by side in each row: one call.
     apply_rope({rows, DType::kF32, qkv_dim, d}, end - begin, hq_ + hkv_, d,
                positions_.data() + begin, rope);
+    if (in_team != nullptr) in_team->append(layer, begin, end);
   });
 }
 
@@ -428,7 +443,8 @@ bool LlamaModel::layers_in_teams(bool deterministic) const {
          core::teams_enabled();
 }
 
-void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic) {
+void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic,
+                             const engine::TeamAttention* in_team) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t d = c_.head_dim;
   const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
@@ -444,7 +460,7 @@ void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deter
         for (std::int32_t i = 0; i < qkv_dim; ++i)
           qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
     });
-  prepare_qk(layer, tokens);
+  prepare_qk(layer, tokens, in_team);
 }
 
 void LlamaModel::attend(std::int32_t layer, std::int32_t tokens, bool deterministic,
@@ -452,15 +468,18 @@ void LlamaModel::attend(std::int32_t layer, std::int32_t tokens, bool determinis
   if (c_.kv_lora_rank > 0) return latent_attention(layer, tokens, deterministic, cache);
   const std::int32_t d = c_.head_dim;
   const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
+  const engine::PhaseTimer timer(engine::StepPhase::kAttention);
+  cache.attention_with_fused_qkv(layer, HeadTensor{qkv_.data(), DType::kF32, qkv_dim, d},
+                                 HeadTensor{attn_.data(), DType::kF32, q_dim, d},
+                                 attention_options(layer));
+}
+
+AttentionOptions LlamaModel::attention_options(std::int32_t layer) const {
   AttentionOptions options;
   if (c_.attention_scale > 0.0f) options.scale = c_.attention_scale;
   options.window_left = window(layer) > 0 ? window(layer) - 1 : -1;
   options.softcap = c_.attention_softcap;
-  {
-    const engine::PhaseTimer timer(engine::StepPhase::kAttention);
-    cache.attention_with_fused_qkv(layer, HeadTensor{qkv_.data(), DType::kF32, qkv_dim, d},
-                                   HeadTensor{attn_.data(), DType::kF32, q_dim, d}, options);
-  }
+  return options;
 }
 
 void LlamaModel::finish_layer(std::int32_t layer, std::int32_t tokens, bool deterministic) {
@@ -516,6 +535,54 @@ void LlamaModel::project(const float* x, std::int32_t rows, const WeightMatrix& 
   linear({x, rows, w.in(), w.data(), w.out(), y, accumulate, deterministic, w.format()}, scratch_);
 }
 
+void LlamaModel::run_layers(std::int32_t tokens, bool deterministic, bool teams,
+                            PagedKVCache& cache) {
+  // One region for the step's layers where each product, norm and RoPE
+  // would open one (core/team.h), attention included where the cache
+  // allows; else a team from each layer's attention to the next's.
+  const bool attention_in_team = teams && engine::TeamAttention::supports(cache);
+  if (attention_in_team) {
+    layer_options_.resize(std::size_t(c_.num_layers));
+    for (std::int32_t layer = 0; layer < c_.num_layers; ++layer)
+      layer_options_[std::size_t(layer)] = attention_options(layer);
+    team_attention_.prepare(cache, layer_options_, qkv_.data(), attn_.data(),
+                            omp_get_max_threads());
+  }
+  if (teams) engine::size_for_team(scratch_);
+  const core::TeamWaitScope waits(engine::profile_seconds(engine::StepPhase::kTeamWait));
+  // The scope is thread-local: the team's other threads take this thread's
+  // choices, or linear() would route differently on each.
+  const engine::Activations chosen = engine::default_activations();
+  const bool bf16 = engine::default_bf16_batches();
+  const auto in_team = [&](auto&& part) {
+    core::run_in_team(teams, [&] {
+      const engine::ScopedActivations same(chosen, bf16);
+      part();
+    });
+  };
+  const std::int32_t last = c_.num_layers - 1;
+  if (attention_in_team) {
+    in_team([&] {
+      for (std::int32_t layer = 0; layer <= last; ++layer) {
+        if (layer > 0) finish_layer(layer - 1, tokens, deterministic);
+        start_layer(layer, tokens, deterministic, &team_attention_);
+        const engine::PhaseTimer timer(engine::StepPhase::kAttention);
+        team_attention_.attend(layer);
+      }
+      finish_layer(last, tokens, deterministic);
+    });
+    return team_attention_.finish(cache);
+  }
+  for (std::int32_t layer = 0; layer <= last; ++layer) {
+    in_team([&] {
+      if (layer > 0) finish_layer(layer - 1, tokens, deterministic);
+      start_layer(layer, tokens, deterministic);
+    });
+    attend(layer, tokens, deterministic, cache);
+  }
+  in_team([&] { finish_layer(last, tokens, deterministic); });
+}
+
 void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<float> logits) {
   validate_batch(b, cache, logits);
   const engine::PhaseTimer timer(engine::StepPhase::kForward);
@@ -539,30 +606,7 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   for (std::size_t i = 0; i < t; ++i) w_.embedding.row_to_f32(b.token_ids[i], x_.data() + i * h);
   if (c_.embedding_scale != 1.0f)
     for (float& v : x_) v *= c_.embedding_scale;
-  // A team from each layer's attention to the next's: one region where
-  // each product, norm and RoPE would open one (core/team.h).
-  const bool teams = layers_in_teams(b.deterministic);
-  if (teams) engine::size_for_team(scratch_);
-  const core::TeamWaitScope waits(engine::profile_seconds(engine::StepPhase::kTeamWait));
-  // The scope is thread-local: the team's other threads take this thread's
-  // choices, or linear() would route differently on each.
-  const engine::Activations chosen = engine::default_activations();
-  const bool bf16 = engine::default_bf16_batches();
-  const auto in_team = [&](auto&& part) {
-    core::run_in_team(teams, [&] {
-      const engine::ScopedActivations same(chosen, bf16);
-      part();
-    });
-  };
-  const bool det = b.deterministic;
-  for (std::int32_t layer = 0; layer < c_.num_layers; ++layer) {
-    in_team([&] {
-      if (layer > 0) finish_layer(layer - 1, tokens, det);
-      start_layer(layer, tokens, det);
-    });
-    attend(layer, tokens, det, cache);
-  }
-  in_team([&] { finish_layer(c_.num_layers - 1, tokens, det); });
+  run_layers(tokens, b.deterministic, layers_in_teams(b.deterministic), cache);
   // Only the rows that sample go through the final norm and the LM head.
   const auto rows = static_cast<std::int32_t>(b.logit_rows.size());
   rows_.resize(std::size_t(rows) * h);

@@ -4,12 +4,13 @@
 #include <vector>
 
 #include "cpu/convert.h"
+#include "kernels/append_tokens.h"
 #include "kernels/nan_flags.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/kv_ops.h"
 
 namespace pagedattn {
-namespace {
+namespace kernels {
 
 void validate_append(const AppendParams& p) {
   const PagedKVStorage& kv = p.kv;
@@ -47,6 +48,10 @@ void validate_append(const AppendParams& p) {
           " appears more than once in slot_mapping");
 }
 
+}  // namespace kernels
+
+namespace {
+
 // Writes one head row: float storage converts, fp8 divides by its scale,
 // int8 derives and stores a per-row scale.
 void write_row(const void* src, DType src_dtype, std::int32_t dim, void* dst, DType dst_dtype,
@@ -65,13 +70,19 @@ void write_row(const void* src, DType src_dtype, std::int32_t dim, void* dst, DT
 }  // namespace
 
 void append_paged_kv(const AppendParams& p) {
-  validate_append(p);
+  kernels::validate_append(p);
+#pragma omp parallel for schedule(static) if (std::int64_t{p.num_tokens} * p.kv.num_kv_heads > 4096)
+  for (std::int32_t t = 0; t < p.num_tokens; ++t) kernels::append_tokens(p, t, t + 1);
+}
+
+namespace kernels {
+
+void append_tokens(const AppendParams& p, std::int32_t begin, std::int32_t end) {
   const PagedKVStorage& kv = p.kv;
   const auto es = static_cast<std::int64_t>(dtype_size(kv.dtype));
   const auto ks = static_cast<std::int64_t>(dtype_size(p.k.dtype));
   const auto vs = static_cast<std::int64_t>(dtype_size(p.v.dtype));
-#pragma omp parallel for schedule(static) if (std::int64_t{p.num_tokens} * kv.num_kv_heads > 4096)
-  for (std::int32_t t = 0; t < p.num_tokens; ++t) {
+  for (std::int32_t t = begin; t < end; ++t) {
     const std::int64_t s = p.slot_mapping[t];
     if (s < 0) continue;
     const std::int64_t page = s / kv.page_size, slot = s % kv.page_size;
@@ -91,8 +102,9 @@ void append_paged_kv(const AppendParams& p) {
                 kv.v_head_scales ? kv.v_head_scales[h] : kv.v_scale,
                 kv.v_token_scales ? kv.v_token_scales + ti : nullptr);
     }
-    kernels::flag_e4m3_nan_slot(kv, page, slot);
+    flag_e4m3_nan_slot(kv, page, slot);
   }
 }
 
+}  // namespace kernels
 }  // namespace pagedattn

@@ -1,9 +1,11 @@
-// The model's layers in teams (core/team.h: one OpenMP region from each
-// layer's attention to the next's, the products, norms and RoPE split over
-// its threads) give bitwise the logits of the same step with a region per
-// piece, for every product route a step can take: in place, tiles, int8
-// activations (the thread-local choice must reach every thread of a team),
-// bf16 products; with biases, q/k norms, sandwich norms and windows.
+// The model's layers in teams (core/team.h: one OpenMP region for the
+// step's layers, the products, norms, RoPE and attention split over its
+// threads; engine::TeamAttention) give bitwise the logits of the same step
+// with a region per piece and the cache's own attention, for every product
+// route a step can take: in place, tiles, int8 activations (the
+// thread-local choice must reach every thread of a team), bf16 products;
+// with biases, q/k norms, sandwich norms and windows, and attention split
+// over the threads by keys (a sequence of 600).
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -24,12 +26,13 @@ struct Flags {
 };
 
 // A prompt of 40 tokens (norms and RoPE split over the threads, products
-// above the int8 and bf16 thresholds), then decodes of 1, 3 and 4 rows
-// (with two more sequences): every step's logits, one after the other.
+// above the int8 and bf16 thresholds) and one of 600 (keys split between
+// threads), then decodes of 1, 3 and 4 rows (with two more sequences):
+// every step's logits, one after the other.
 std::vector<float> steps(Model& model, Flags flags) {
   KVCacheConfig config = kv_cache_config(model.spec());
   config.page_size = 16;
-  config.num_pages = 32;
+  config.num_pages = 64;
   config.kv_dtype = DType::kF32;  // random weights overflow f16
   PagedKVCache cache(config);
   const std::int32_t vocab = model.spec().vocab_size;
@@ -53,6 +56,7 @@ std::vector<float> steps(Model& model, Flags flags) {
   };
   for (SeqId s : {0, 1, 2, 3}) cache.add_sequence(s);
   step({0}, {40});
+  step({1}, {600});
   step({0}, {1});
   step({1, 2, 3}, {1, 1, 1});
   step({0, 1, 2, 3}, {1, 1, 1, 1});

@@ -26,6 +26,7 @@
 
 #include "attention_cpu.h"
 #include "convert.h"
+#include "core/team.h"
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/row_groups.h"
 #include "kernels/softmax_state.h"
@@ -1335,9 +1336,41 @@ Scratch ThreadScratch(std::byte* base, const KernelContext& c) {
           at(l.w_scale),  base + l.zero};
 }
 
+// The items, then the merges, on a team's threads (core/team.h): the
+// team's own worksharing, no region of its own. Each thread's scratch is its
+// slot of the workspace.
+void RunInTeam(const AttentionParams& p, const AttentionPlan& plan, std::byte* workspace,
+               const KernelContext& ctx, std::byte* partials) {
+  const auto scratch_of = [&](int thread) {
+    std::byte* base = workspace + plan.scratch_bytes_per_thread * std::size_t(thread);
+    std::memset(base + ctx.layout.zero, 0, ctx.layout.zero_bytes);
+    return ThreadScratch(base, ctx);
+  };
+  if (omp_get_num_threads() > plan.num_threads) {  // more threads than scratch slots
+    core::on_one_thread([&] {
+      const Scratch sc = scratch_of(0);
+      for (const AttentionWorkItem& item : plan.items)
+        ProcessItemAnyType({&p, &item, &ctx, sc, partials});
+      for (const AttentionMergeTask& m : plan.merges) merge_partials(p, ctx, m, partials);
+    });
+    return;
+  }
+  const Scratch sc = scratch_of(omp_get_thread_num());
+  // Items are ordered longest first: dynamic chunks of one even the threads out.
+#pragma omp for schedule(dynamic) nowait
+  for (std::size_t i = 0; i < plan.items.size(); ++i)
+    ProcessItemAnyType({&p, &plan.items[i], &ctx, sc, partials});
+  core::team_barrier();
+#pragma omp for schedule(dynamic) nowait
+  for (std::size_t m = 0; m < plan.merges.size(); ++m)
+    merge_partials(p, ctx, plan.merges[m], partials);
+  core::team_barrier();
+}
+
 void RunAttention(const AttentionParams& p, const AttentionPlan& plan, std::byte* workspace) {
   const KernelContext ctx = make_kernel_context(p, plan);
   std::byte* partials = workspace + plan.scratch_bytes_per_thread * std::size_t(plan.num_threads);
+  if (core::in_team()) return RunInTeam(p, plan, workspace, ctx, partials);
   // The next item to take: threads share it, so however fast each runs (or
   // however few threads OpenMP gives), all finish close together.
   std::atomic<std::size_t> next_item{0};

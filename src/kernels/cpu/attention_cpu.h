@@ -122,7 +122,10 @@ void write_output_row(const AttentionParams& p, std::int64_t token, std::int64_t
 void merge_partials(const AttentionParams& p, const KernelContext& c, const AttentionMergeTask& m,
                     std::byte* partials);
 
-// Highway-dispatched entry (attention_cpu.cc).
+// Highway-dispatched entry (attention_cpu.cc): the plan's items and merges
+// over a region of plan.num_threads threads. Inside a team (core/team.h)
+// every thread of the team calls it, and it runs as one of the team's
+// pieces, on the team's threads with a barrier after: no region of its own.
 void run_attention_cpu(const AttentionParams& params, const AttentionPlan& plan,
                        std::byte* workspace);
 

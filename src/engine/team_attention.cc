@@ -1,0 +1,92 @@
+#include "team_attention.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/append_tokens.h"
+#include "kernels/cpu/attention_cpu.h"
+#include "kernels/validate.h"
+#include "pagedattn/errors.h"
+
+namespace pagedattn::engine {
+
+bool TeamAttention::supports(const PagedKVCache& cache) {
+  const KVCacheConfig& c = cache.config();
+  return c.device == KVDevice::kCpu && c.rope_mode == RopeMode::kNone &&
+         c.attention_kind == AttentionKind::kMHA && c.v_head_dim == c.head_dim &&
+         c.head_dim % 8 == 0 && !force_reference_kernels();
+}
+
+void TeamAttention::prepare(PagedKVCache& cache, std::span<const AttentionOptions> options,
+                            const float* qkv, float* out, std::int32_t team_threads) {
+  constexpr const char* kCall = "TeamAttention::prepare";
+  const KVCacheConfig& c = cache.config();
+  require(supports(cache), kCall, ": the cache's attention cannot run in a team (supports())");
+  require(std::int64_t(options.size()) == c.num_layers, kCall, ": options has ", options.size(),
+          " layers, the cache ", c.num_layers);
+  require(team_threads >= 1, kCall, ": team_threads = ", team_threads, " must be >= 1");
+  const BatchPlan& step = cache.plan();  // InvalidState outside a step
+  const std::int32_t d = c.head_dim, hq = c.num_qo_heads, hkv = c.num_kv_heads;
+  const std::int64_t qkv_stride = std::int64_t{hq + 2 * hkv} * d;
+  const AttentionShape shape{hq, hkv, d, d};
+  AttentionPlanOptions plan_options = c.attention_plan;
+  plan_options.num_threads = team_threads;
+
+  std::vector<AttentionPlan> plans;
+  std::vector<std::pair<bool, std::int32_t>> planned;  // each plan's (causal, window_left)
+  std::vector<Layer> layers(options.size());
+  for (std::int32_t layer = 0; layer < c.num_layers; ++layer) {
+    const AttentionOptions& o = options[std::size_t(layer)];
+    require(o.key_rope == nullptr, kCall, ": options[", layer, "].key_rope must be null");
+    Layer& l = layers[std::size_t(layer)];
+    const PagedKVStorage kv = cache.layer_storage(layer);
+    AttentionParams& p = l.params;
+    p.q = {const_cast<float*>(qkv), DType::kF32, qkv_stride, d};
+    p.o = {out, DType::kF32, std::int64_t{hq} * d, d};
+    p.num_qo_heads = hq;
+    p.table = step.table();
+    p.kv = kv;
+    p.options = o;
+    p.tree_mask = step.tree_mask();
+    kernels::validate_attention_params(p, kCall);
+    const HeadTensor k{const_cast<float*>(qkv) + std::int64_t{hq} * d, DType::kF32, qkv_stride, d};
+    const HeadTensor v{const_cast<float*>(qkv) + std::int64_t{hq + hkv} * d, DType::kF32,
+                       qkv_stride, d};
+    l.append = {k, v, step.slot_mapping.data(), step.num_tokens(), kv};
+    kernels::validate_append(l.append);
+    // The step's layers differ only by window (and scale, softcap: not the plan's).
+    const std::pair<bool, std::int32_t> key{o.causal, o.window_left};
+    const auto same = std::find(planned.begin(), planned.end(), key);
+    l.plan = static_cast<std::int32_t>(same - planned.begin());
+    if (same == planned.end()) {
+      plans.push_back(plan_attention(p.table, shape, o, plan_options));
+      planned.push_back(key);
+    }
+  }
+  std::size_t bytes = 0;
+  for (const AttentionPlan& plan : plans) bytes = std::max(bytes, plan.workspace_bytes);
+  constexpr std::size_t kAlign = kernels::AttentionTraits::kAlign;
+  if (workspace_.size() < bytes + kAlign) workspace_.resize(bytes + kAlign);
+  const auto address = reinterpret_cast<std::uintptr_t>(workspace_.data());
+  aligned_ = workspace_.data() + (kAlign - address % kAlign) % kAlign;
+  layers_ = std::move(layers);
+  plans_ = std::move(plans);
+  step_ = step.step_id;
+}
+
+void TeamAttention::append(std::int32_t layer, std::int32_t begin, std::int32_t end) const {
+  kernels::append_tokens(layers_[std::size_t(layer)].append, begin, end);
+}
+
+void TeamAttention::attend(std::int32_t layer) {
+  const Layer& l = layers_[std::size_t(layer)];
+  kernels::run_attention_cpu(l.params, plans_[std::size_t(l.plan)], aligned_);
+}
+
+void TeamAttention::finish(PagedKVCache& cache) const {
+  for (std::int32_t layer = 0; layer < std::int32_t(layers_.size()); ++layer)
+    cache.mark_layer_appended(layer, step_);
+}
+
+}  // namespace pagedattn::engine
