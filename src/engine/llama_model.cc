@@ -191,8 +191,13 @@ class LlamaModel final : public Model {
   // The attention options of `layer`: scale, window, softcap.
   AttentionOptions attention_options(std::int32_t layer) const;
   // The step's layers, each attending in the team with `team_attention_` or
-  // else through `cache` between teams (teams off: no team at all).
-  void run_layers(std::int32_t tokens, bool deterministic, bool teams, PagedKVCache& cache);
+  // else through `cache` between teams (teams off: no team at all), then
+  // the logits, in the last team.
+  void run_layers(const ForwardBatch& b, bool teams, PagedKVCache& cache, std::span<float> logits);
+  // The final norm of the rows that sample (b.logit_rows of x_) and their
+  // logits through the LM head (and its softcap); split over the team's
+  // threads inside one.
+  void project_logits(const ForwardBatch& b, std::span<float> logits);
   void finish_layer(std::int32_t layer, std::int32_t tokens, bool deterministic);
   // Whether this step's layers run in teams: not in deterministic mode, and
   // not with the parts that open regions of their own between the products
@@ -535,8 +540,10 @@ void LlamaModel::project(const float* x, std::int32_t rows, const WeightMatrix& 
   linear({x, rows, w.in(), w.data(), w.out(), y, accumulate, deterministic, w.format()}, scratch_);
 }
 
-void LlamaModel::run_layers(std::int32_t tokens, bool deterministic, bool teams,
-                            PagedKVCache& cache) {
+void LlamaModel::run_layers(const ForwardBatch& b, bool teams, PagedKVCache& cache,
+                            std::span<float> logits) {
+  const auto tokens = static_cast<std::int32_t>(b.token_ids.size());
+  const bool deterministic = b.deterministic;
   // One region for the step's layers where each product, norm and RoPE
   // would open one (core/team.h), attention included where the cache
   // allows; else a team from each layer's attention to the next's.
@@ -570,6 +577,7 @@ void LlamaModel::run_layers(std::int32_t tokens, bool deterministic, bool teams,
         team_attention_.attend(layer);
       }
       finish_layer(last, tokens, deterministic);
+      project_logits(b, logits);
     });
     return team_attention_.finish(cache);
   }
@@ -580,7 +588,28 @@ void LlamaModel::run_layers(std::int32_t tokens, bool deterministic, bool teams,
     });
     attend(layer, tokens, deterministic, cache);
   }
-  in_team([&] { finish_layer(last, tokens, deterministic); });
+  in_team([&] {
+    finish_layer(last, tokens, deterministic);
+    project_logits(b, logits);
+  });
+}
+
+void LlamaModel::project_logits(const ForwardBatch& b, std::span<float> logits) {
+  const auto rows = static_cast<std::int32_t>(b.logit_rows.size());
+  const std::size_t h = std::size_t(c_.hidden_size), vocab = std::size_t(c_.vocab_size);
+  core::for_row_ranges(rows, std::int64_t(h), [&](std::int32_t begin, std::int32_t end) {
+    for (std::int32_t r = begin; r < end; ++r)
+      std::copy_n(x_.data() + std::size_t(b.logit_rows[std::size_t(r)]) * h, h,
+                  h_.data() + std::size_t(r) * h);
+  });
+  const engine::PhaseTimer lm_head(engine::StepPhase::kLmHead);
+  rms_norm(h_.data(), rows, w_.final_norm, rows_.data());
+  engine::project_lm_head(c_, w_, rows_.data(), rows, logits, b.deterministic, scratch_, partial_);
+  if (c_.final_softcap <= 0.0f) return;
+  core::for_row_ranges(rows, std::int64_t(vocab), [&](std::int32_t begin, std::int32_t end) {
+    for (std::size_t i = begin * vocab; i < end * vocab; ++i)
+      logits[i] = c_.final_softcap * std::tanh(logits[i] / c_.final_softcap);
+  });
 }
 
 void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<float> logits) {
@@ -606,17 +635,9 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   for (std::size_t i = 0; i < t; ++i) w_.embedding.row_to_f32(b.token_ids[i], x_.data() + i * h);
   if (c_.embedding_scale != 1.0f)
     for (float& v : x_) v *= c_.embedding_scale;
-  run_layers(tokens, b.deterministic, layers_in_teams(b.deterministic), cache);
   // Only the rows that sample go through the final norm and the LM head.
-  const auto rows = static_cast<std::int32_t>(b.logit_rows.size());
-  rows_.resize(std::size_t(rows) * h);
-  for (std::int32_t r = 0; r < rows; ++r)
-    std::copy_n(x_.data() + std::size_t(b.logit_rows[r]) * h, h, h_.data() + std::size_t(r) * h);
-  const engine::PhaseTimer lm_head(engine::StepPhase::kLmHead);
-  rms_norm(h_.data(), rows, w_.final_norm, rows_.data());
-  engine::project_lm_head(c_, w_, rows_.data(), rows, logits, b.deterministic, scratch_, partial_);
-  if (c_.final_softcap > 0.0f)
-    for (float& v : logits) v = c_.final_softcap * std::tanh(v / c_.final_softcap);
+  rows_.resize(b.logit_rows.size() * h);
+  run_layers(b, layers_in_teams(b.deterministic), cache, logits);
 }
 
 }  // namespace

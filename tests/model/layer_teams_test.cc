@@ -4,8 +4,9 @@
 // with a region per piece and the cache's own attention, for every product
 // route a step can take: in place, tiles, int8 activations (the
 // thread-local choice must reach every thread of a team), bf16 products;
-// with biases, q/k norms, sandwich norms and windows, and attention split
-// over the threads by keys (a sequence of 600).
+// with biases, q/k norms, sandwich norms, windows and softcaps, attention
+// split over the threads by keys (a sequence of 600), and the LM head in the
+// last team.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -111,6 +112,10 @@ TEST(LayerTeams, GiveBitwiseTheLogitsOfARegionPerPiece) {
     SCOPED_TRACE(arch);
     test::GgufWriter w = test::tiny_model(arch, false, false, wide, {});
     w.kv_u32(std::string(arch) + ".attention.sliding_window", 5);
+    if (std::string(arch) == "gemma2") {  // both softcaps: the last one in the team too
+      w.kv_f32("gemma2.attn_logit_softcapping", 50.0f);
+      w.kv_f32("gemma2.final_logit_softcapping", 3.0f);
+    }
     expect_teams_change_nothing(w);
   }
 }
