@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "core/env_switch.h"
 #include "core/team.h"
@@ -114,9 +115,9 @@ void linear_fast(const LinearArgs& a) {
 void linear_quant_direct(const LinearArgs& a, bool int8) {
   const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, int8};
   const int threads = worth_threads_quant(a) ? core::available_threads() : 1;
-  const std::int32_t tasks = split_work(a.rows, a.out, threads, false).tasks();
-  core::for_each_task(tasks, [&](std::int32_t t) {
-    const IndexRange cols = part_range(a.out, tasks, t, kColumnGranule);
+  const WorkSplit s = split_columns(a.out, threads);
+  core::for_each_task(s.tasks(), [&](std::int32_t t) {
+    const IndexRange cols = part_range(a.out, s.column_parts, t, s.column_granule);
     if (cols.begin < cols.end) quant_product(q, cols.begin, cols.end);
   });
 }
@@ -154,11 +155,10 @@ void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = 
   const DotTilesArgs d{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, bf16, int8};
   const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork ||
                      (a.w_format != WeightFormat::kF32 && worth_threads_quant(a));
-  const std::int32_t tasks =
-      split_work(a.rows, a.out, worth ? core::available_threads() : 1, false).tasks();
+  const WorkSplit split = split_columns(a.out, worth ? core::available_threads() : 1);
   size_thread_blocks(s);
-  core::for_each_task(tasks, [&](std::int32_t t) {
-    const IndexRange cols = part_range(a.out, tasks, t, kColumnGranule);
+  core::for_each_task(split.tasks(), [&](std::int32_t t) {
+    const IndexRange cols = part_range(a.out, split.column_parts, t, split.column_granule);
     if (cols.begin < cols.end) dot_tiles(d, cols.begin, cols.end, thread_block(s));
   });
 }
@@ -285,6 +285,23 @@ WorkSplit split_work(std::int32_t rows, std::int32_t out, int threads, bool spli
     s.row_parts = std::max(1, std::min(threads / s.column_parts, row_granules));
   }
   return s;
+}
+
+WorkSplit split_columns(std::int32_t out, int threads) {
+  WorkSplit best;
+  std::int64_t narrowest = std::numeric_limits<std::int64_t>::max();
+  for (const std::int32_t granule : {kColumnGranule, kColumnGranule / 2, kColumnGranule / 4}) {
+    const std::int64_t units = (std::int64_t{out} + granule - 1) / granule;
+    const auto parts = static_cast<std::int32_t>(
+        std::max<std::int64_t>(1, std::min<std::int64_t>(threads, units)));
+    const std::int64_t widest = (units + parts - 1) / parts * granule;
+    if (widest < narrowest) {
+      narrowest = widest;
+      best.column_parts = parts;
+      best.column_granule = granule;
+    }
+  }
+  return best;
 }
 
 IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,

@@ -157,6 +157,7 @@ class ScopedActivations {
 // columns 384 / 192 between two.
 struct WorkSplit {
   std::int32_t column_parts = 1, row_parts = 1;
+  std::int32_t column_granule = 16;  // kColumnGranule, or finer (split_columns)
   std::int32_t tasks() const { return column_parts * row_parts; }
 };
 inline constexpr std::int32_t kColumnGranule = 16;
@@ -176,6 +177,14 @@ std::int32_t blas_block_columns(std::int32_t in);
 // The split of a rows x out product over at most `threads` tasks; rows stay
 // whole unless split_rows.
 WorkSplit split_work(std::int32_t rows, std::int32_t out, int threads, bool split_rows);
+
+// The column split of the kernels that take any column range at the same
+// cost per column (the in-place kernels, dot_tiles): whole rows, and the
+// granule of 16, 8 or 4 columns that makes the widest part narrowest (the
+// larger on a tie), so that a small model's outputs keep many threads
+// even: 576 columns over 16 threads go 36 to each, where 16-column granules
+// give parts of 48 and 32 and the widest sets the product's time.
+WorkSplit split_columns(std::int32_t out, int threads);
 
 // [begin, end) of part `part` of `parts` over `count` items, in whole
 // multiples of `granule` (the last part ends at count); empty when there are

@@ -211,6 +211,50 @@ TEST(WorkSplit, CoversEveryColumnAndRowOnceAndKeepsThreadsBusy) {
         }
 }
 
+// The decode kernels' column split: every column in exactly one part, parts
+// in whole granules of 16, 8 or 4, no wider than whole 16-column granules
+// would make the widest, and even where finer granules allow.
+TEST(WorkSplit, ColumnsForTheDecodeKernelsAreAsEvenAsFinerGranulesAllow) {
+  for (const int threads : {1, 2, 3, 5, 8, 12, 16, 24, 64})
+    for (const std::int32_t out : {1, 4, 15, 16, 17, 48, 192, 576, 700, 960, 1536, 3072, 49152}) {
+      SCOPED_TRACE(::testing::Message() << threads << " threads, " << out << " columns");
+      const WorkSplit s = split_columns(out, threads);
+      const WorkSplit coarse = split_work(1, out, threads, false);
+      ASSERT_EQ(s.row_parts, 1);
+      ASSERT_GE(s.column_parts, 1);
+      ASSERT_LE(s.column_parts, threads);
+      ASSERT_TRUE(s.column_granule == 16 || s.column_granule == 8 || s.column_granule == 4);
+      const auto widest_of = [&](const WorkSplit& split) {
+        std::int32_t next = 0, widest = 0;
+        for (std::int32_t p = 0; p < split.column_parts; ++p) {
+          const IndexRange r = part_range(out, split.column_parts, p, split.column_granule);
+          EXPECT_EQ(r.begin, next) << "part " << p;
+          EXPECT_LE(r.begin, r.end);
+          if (r.end < out) {
+            EXPECT_EQ(r.end % split.column_granule, 0) << "part " << p;
+          }
+          widest = std::max(widest, r.end - r.begin);
+          next = r.end;
+        }
+        EXPECT_EQ(next, out);
+        return widest;
+      };
+      const std::int32_t widest = widest_of(s);
+      EXPECT_LE(widest, widest_of(coarse));
+      // Within one 4-column granule of an even split.
+      EXPECT_LE(widest, (out + s.column_parts - 1) / s.column_parts + 4);
+    }
+  // SmolLM2's attention output (576 columns) over 16 threads: 36 each.
+  const WorkSplit smol = split_columns(576, 16);
+  EXPECT_EQ(smol.column_parts, 16);
+  for (std::int32_t p = 0; p < 16; ++p) {
+    const IndexRange r = part_range(576, 16, p, smol.column_granule);
+    EXPECT_EQ(r.end - r.begin, 36);
+  }
+  // Two threads keep whole 16-column granules: 288 each.
+  EXPECT_EQ(split_columns(576, 2).column_granule, 16);
+}
+
 // Outside deterministic mode too, a product is the same up to f32 rounding
 // whatever the thread count, for f32 weights (split by rows and columns)
 // and quantised ones (in place and dequantised, split by columns).
