@@ -95,6 +95,8 @@ def load_rows(folder, counts):
             # Absent in the JSON of builds before the step profile.
             "phases_ms": {k: 1e3 * v for k, v in r.get("decode_step_phases_s", {}).items()},
             "team_wait_ms": 1e3 * r.get("decode_step_team_wait_s", 0.0),
+            "team_wait_phases_ms": {k: 1e3 * v for k, v in
+                                    r.get("decode_step_team_wait_phases_s", {}).items()},
         })
     base = rows[0]["tokens_per_s"]
     for row in rows:
@@ -140,16 +142,22 @@ def print_phases(rows, out):
     print(file=out)
     print("Where the decode step goes, ms (products, attention and the LM head of the "
           "forward pass; the rest of it: norms, RoPE, activations, residuals; outside the "
-          "model: scheduling, planning, sampling; within products and the rest: each layer "
-          "team thread's wait at the barriers after its pieces):", file=out)
+          "model: scheduling, planning, sampling; within the forward pass: each layer "
+          "team thread's wait at the barriers after its pieces, in all and by the phase of "
+          "the piece):", file=out)
     print(file=out)
+    # The waits by the phase of the piece they followed (builds before it: none).
+    waits = list(rows[0].get("team_wait_phases_ms", {}))
     print("| threads | step | " + " | ".join(n.replace("_", " ") for n in names) +
-          " | waits in teams |", file=out)
-    print("|---:|---:|" + "---:|" * (len(names) + 1), file=out)
+          " | waits in teams |" +
+          "".join(f" waits after {n.replace('_', ' ')} |" for n in waits), file=out)
+    print("|---:|---:|" + "---:|" * (len(names) + 1 + len(waits)), file=out)
     for r in rows:
         print(f"| {r['threads']} | {r['step_ms']:.3f} | " +
               " | ".join(f"{r['phases_ms'].get(n, 0.0):.3f}" for n in names) +
-              f" | {r.get('team_wait_ms', 0.0):.3f} |", file=out)
+              f" | {r.get('team_wait_ms', 0.0):.3f} |" +
+              "".join(f" {r['team_wait_phases_ms'].get(n, 0.0):.3f} |" for n in waits),
+              file=out)
 
 
 def check(rows, max_fraction):

@@ -77,6 +77,16 @@ nlohmann::ordered_json phases_json(const engine::StepProfile& p, double step_s) 
           {"outside_model", forward > 0 ? std::max(0.0, step_s - forward) : 0.0}};
 }
 
+// The teams' waits by phase, named as phases_json names the phases (the
+// rest of the forward pass: model_other).
+nlohmann::ordered_json team_waits_json(const engine::StepProfile& p) {
+  using engine::StepPhase;
+  return {{"products", p.team_wait_in(StepPhase::kProducts)},
+          {"attention", p.team_wait_in(StepPhase::kAttention)},
+          {"lm_head", p.team_wait_in(StepPhase::kLmHead)},
+          {"model_other", p.team_wait_in(StepPhase::kForward)}};
+}
+
 }  // namespace
 
 double ModelCost::expert_share(double tokens) const {
@@ -126,7 +136,10 @@ nlohmann::ordered_json roofline_json(const ModelCost& cost, const std::vector<St
     const double t = s.batch_tokens, ctx = double(s.token_states_stored);
     ++n;
     seconds += s.step_s;
-    for (std::size_t p = 0; p < engine::kStepPhases; ++p) phases.seconds[p] += s.profile.seconds[p];
+    for (std::size_t p = 0; p < engine::kStepPhases; ++p) {
+      phases.seconds[p] += s.profile.seconds[p];
+      phases.team_waits[p] += s.profile.team_waits[p];
+    }
     tokens += t;
     context += ctx;
     bytes += double(cost.dense_weight_bytes) +
@@ -142,6 +155,7 @@ nlohmann::ordered_json roofline_json(const ModelCost& cost, const std::vector<St
   bytes /= count;
   flops /= count;
   for (double& p : phases.seconds) p /= count;
+  for (double& p : phases.team_waits) p /= count;
   nlohmann::ordered_json j = {
       {"threads", omp_get_max_threads()},
       {"parameters", cost.parameters},
@@ -158,8 +172,10 @@ nlohmann::ordered_json roofline_json(const ModelCost& cost, const std::vector<St
       {"decode_step_flops", flops},
       {"decode_step_phases_s", phases_json(phases, seconds)},
       // Within the phases above: the layer teams' threads waiting at the
-      // barriers after each piece, mean over the threads (core/team.h).
-      {"decode_step_team_wait_s", phases.of(engine::StepPhase::kTeamWait)}};
+      // barriers after each piece, mean over the threads (core/team.h), in
+      // all and by the phase of the piece.
+      {"decode_step_team_wait_s", phases.team_wait()},
+      {"decode_step_team_wait_phases_s", team_waits_json(phases)}};
   const bool bounded = probes && probes->read_gbps > 0 && probes->fma_gflops > 0 && n > 0;
   const double memory_s = bounded ? bytes / (probes->read_gbps * 1e9) : 0.0;
   const double compute_s = bounded ? flops / (probes->fma_gflops * 1e9) : 0.0;
@@ -193,9 +209,16 @@ void print_roofline(std::FILE* out, const nlohmann::ordered_json& r) {
     }
     std::fprintf(out, "\n");
     const double wait_s = r["decode_step_team_wait_s"].get<double>();
-    if (wait_s > 0)
-      std::fprintf(out, "  layer teams: each thread waits %.3f ms (%.0f%%) at their barriers\n",
+    if (wait_s > 0) {
+      std::fprintf(out, "  layer teams: each thread waits %.3f ms (%.0f%%) at their barriers, after",
                    1e3 * wait_s, step_s > 0 ? 100.0 * wait_s / step_s : 0.0);
+      const char* sep = "";
+      for (const auto& [name, s] : r["decode_step_team_wait_phases_s"].items()) {
+        std::fprintf(out, "%s %s %.3f ms", sep, name.c_str(), 1e3 * s.get<double>());
+        sep = ",";
+      }
+      std::fprintf(out, "\n");
+    }
   }
   if (r["roofline_fraction"].is_null()) return;
   const double memory_s = r["memory_bound_s"].get<double>();

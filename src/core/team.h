@@ -23,20 +23,27 @@
 
 namespace pagedattn::core {
 
+// The kinds of piece a team's waits are told apart by (WaitKindScope): the
+// callers' own numbering, 0 for pieces of no kind (the model's step
+// phases: the rest of the forward pass, products, attention, LM head).
+inline constexpr int kWaitKinds = 4;
+
 namespace detail {
 inline thread_local bool in_team = false;
 // Inside a team whose caller asked for it (TeamWaitScope): the seconds this
-// thread has waited at the pieces' barriers.
+// thread has waited at the pieces' barriers, by the kind of piece.
 inline thread_local bool time_waits = false;
-inline thread_local double waited = 0.0;
+inline thread_local double waited[kWaitKinds] = {};
+inline thread_local int wait_kind = 0;
 // On a caller's thread: where the teams it starts add their waits.
 inline thread_local double* wait_sink = nullptr;
 }  // namespace detail
 
-// While it lives, every team the calling thread starts adds to *sink the
-// time its threads waited at the barriers after its pieces, averaged over
-// the threads (seconds): what the team lost to uneven splits and to pieces
-// on one thread. Two clock reads per thread and piece; none without a scope.
+// While it lives, every team the calling thread starts adds to sink[kind]
+// (kWaitKinds of them) the time its threads waited at the barriers after
+// its pieces of that kind, averaged over the threads (seconds): what the
+// team lost to uneven splits and to pieces on one thread. Two clock reads
+// per thread and piece; none without a scope.
 class TeamWaitScope {
  public:
   explicit TeamWaitScope(double* sink) : previous_(detail::wait_sink) { detail::wait_sink = sink; }
@@ -48,6 +55,20 @@ class TeamWaitScope {
   double* previous_;
 };
 
+// While it lives, the waits after the pieces the calling thread runs count
+// as `kind` (in [0, kWaitKinds)); the previous kind comes back after. Each
+// thread of a team sets its own: construct it where every thread passes.
+class WaitKindScope {
+ public:
+  explicit WaitKindScope(int kind) : previous_(detail::wait_kind) { detail::wait_kind = kind; }
+  ~WaitKindScope() { detail::wait_kind = previous_; }
+  WaitKindScope(const WaitKindScope&) = delete;
+  WaitKindScope& operator=(const WaitKindScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 // The barrier after a piece, inside a team: every thread waits for all.
 inline void team_barrier() {
   if (!detail::time_waits) {
@@ -56,7 +77,7 @@ inline void team_barrier() {
   }
   const double start = omp_get_wtime();
 #pragma omp barrier
-  detail::waited += omp_get_wtime() - start;
+  detail::waited[detail::wait_kind] += omp_get_wtime() - start;
 }
 
 // Whether the calling thread runs inside run_in_team (not merely inside some
@@ -98,12 +119,12 @@ void run_in_team(bool team, F&& f) {
   {
     detail::in_team = true;
     detail::time_waits = sink != nullptr;
-    detail::waited = 0.0;
+    for (double& w : detail::waited) w = 0.0;
     f();
-    if (sink != nullptr) {
-      const double mine = detail::waited / omp_get_num_threads();
+    for (int kind = 0; sink != nullptr && kind < kWaitKinds; ++kind) {
+      const double mine = detail::waited[kind] / omp_get_num_threads();
 #pragma omp atomic
-      *sink += mine;
+      sink[kind] += mine;
     }
     detail::in_team = false;
     detail::time_waits = false;

@@ -556,7 +556,7 @@ void LlamaModel::run_layers(const ForwardBatch& b, bool teams, PagedKVCache& cac
                             omp_get_max_threads());
   }
   if (teams) engine::size_for_team(scratch_);
-  const core::TeamWaitScope waits(engine::profile_seconds(engine::StepPhase::kTeamWait));
+  const core::TeamWaitScope waits(engine::profile_team_waits());
   // The scope is thread-local: the team's other threads take this thread's
   // choices, or linear() would route differently on each.
   const engine::Activations chosen = engine::default_activations();

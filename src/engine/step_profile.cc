@@ -15,11 +15,18 @@ StepProfileScope::~StepProfileScope() {
   active_profile = previous_;
 }
 
-double* profile_seconds(StepPhase phase) {
-  return active_profile != nullptr ? &active_profile->seconds[std::size_t(phase)] : nullptr;
+double StepProfile::team_wait() const {
+  double total = 0.0;
+  for (double w : team_waits) total += w;
+  return total;
 }
 
-PhaseTimer::PhaseTimer(StepPhase phase) : profile_(active_profile), phase_(phase) {
+double* profile_team_waits() {
+  return active_profile != nullptr ? active_profile->team_waits.data() : nullptr;
+}
+
+PhaseTimer::PhaseTimer(StepPhase phase)
+    : kind_(static_cast<int>(phase)), profile_(active_profile), phase_(phase) {
   if (profile_ != nullptr) start_ = steady_seconds();
 }
 

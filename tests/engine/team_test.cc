@@ -82,23 +82,33 @@ TEST(Team, OutsideATeamPiecesRunOnTheCallerOrTheirOwnRegion) {
 }
 
 // A TeamWaitScope gets the mean over the team's threads of their waits at
-// the pieces' barriers: two of three threads wait out a 30 ms piece on the
-// third, so about 20 ms; teams outside the scope add nothing.
+// the pieces' barriers, by the kind of piece: two of three threads wait out
+// a 30 ms piece on the third, so about 20 ms; teams outside the scope add
+// nothing.
 TEST(Team, WaitsAtTheBarriersAreTimedInsideAScope) {
   const Threads threads(3);
   const auto slow_piece = [] {
     core::on_one_thread([] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); });
   };
-  double waited = 0.0;
+  double waited[core::kWaitKinds] = {};
   {
-    const core::TeamWaitScope scope(&waited);
+    const core::TeamWaitScope scope(waited);
     core::run_in_team(true, slow_piece);
+    // The same piece counted as kind 2 (where every thread passes).
+    core::run_in_team(true, [&] {
+      const core::WaitKindScope kind(2);
+      slow_piece();
+    });
   }
-  EXPECT_GT(waited, 0.015);
-  EXPECT_LT(waited, 1.0);
-  const double before = waited;
+  for (const int kind : {0, 2}) {
+    EXPECT_GT(waited[kind], 0.015) << kind;
+    EXPECT_LT(waited[kind], 1.0) << kind;
+  }
+  EXPECT_EQ(waited[1], 0.0);
+  EXPECT_EQ(waited[3], 0.0);
+  const double before = waited[0];
   core::run_in_team(true, slow_piece);
-  EXPECT_EQ(waited, before);
+  EXPECT_EQ(waited[0], before);
 }
 
 // linear() on every route (f32 weights 1 / 16 / 80 rows: in place, tiles,
