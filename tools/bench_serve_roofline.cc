@@ -210,7 +210,8 @@ void print_roofline(std::FILE* out, const nlohmann::ordered_json& r) {
     std::fprintf(out, "\n");
     const double wait_s = r["decode_step_team_wait_s"].get<double>();
     if (wait_s > 0) {
-      std::fprintf(out, "  layer teams: each thread waits %.3f ms (%.0f%%) at their barriers, after",
+      std::fprintf(out,
+                   "  layer teams: each thread waits %.3f ms (%.0f%%) at their barriers, after",
                    1e3 * wait_s, step_s > 0 ? 100.0 * wait_s / step_s : 0.0);
       const char* sep = "";
       for (const auto& [name, s] : r["decode_step_team_wait_phases_s"].items()) {
