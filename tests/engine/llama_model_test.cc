@@ -11,6 +11,7 @@
 #include "engine/counter_random.h"
 #include "engine/gemm.h"
 #include "pagedattn/llama.h"
+#include "support/omp_threads.h"
 
 namespace pagedattn {
 namespace {
@@ -106,12 +107,7 @@ void expect_bitwise_equal(const std::vector<float>& got, const std::vector<float
   EXPECT_TRUE(finite);
 }
 
-// Restores OpenMP's thread count at the end of a test.
-struct OmpThreads {
-  int saved = omp_get_max_threads();
-  explicit OmpThreads(int threads) { omp_set_num_threads(threads); }
-  ~OmpThreads() { omp_set_num_threads(saved); }
-};
+using test::OmpThreads;
 
 TEST(LlamaModel, LogitsAreBitwiseIndependentOfBatchAndChunking) {
   expect_bitwise_equal(batched_logits(), solo_logits());

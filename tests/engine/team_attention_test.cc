@@ -17,15 +17,12 @@
 #include "core/team.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "pagedattn/errors.h"
+#include "support/omp_threads.h"
 
 namespace pagedattn {
 namespace {
 
-struct Threads {
-  int saved = omp_get_max_threads();
-  explicit Threads(int n) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(saved); }
-};
+using Threads = test::OmpThreads;
 
 constexpr std::int32_t kLayers = 3, kQoHeads = 6, kKvHeads = 2, kDim = 64;
 constexpr std::int32_t kQkvWidth = (kQoHeads + 2 * kKvHeads) * kDim;

@@ -16,15 +16,12 @@
 
 #include "engine/counter_random.h"
 #include "engine/gemm.h"
+#include "support/omp_threads.h"
 
 namespace pagedattn {
 namespace {
 
-struct Threads {
-  int saved = omp_get_max_threads();
-  explicit Threads(int n) { omp_set_num_threads(n); }
-  ~Threads() { omp_set_num_threads(saved); }
-};
+using Threads = test::OmpThreads;
 
 TEST(Team, PiecesRunEachTaskAndRowOnceAndWaitForTheirEnd) {
   const Threads threads(3);  // more than the machine may have is fine
