@@ -193,7 +193,7 @@ class LlamaModel final : public Model {
   // The step's layers, each attending in the team with `team_attention_` or
   // else through `cache` between teams (teams off: no team at all), then
   // the logits, in the last team.
-  void run_layers(const ForwardBatch& b, bool teams, PagedKVCache& cache, std::span<float> logits);
+  void run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache, std::span<float> logits);
   // The final norm of the rows that sample (b.logit_rows of x_) and their
   // logits through the LM head (and its softcap); split over the team's
   // threads inside one.
@@ -253,7 +253,6 @@ class LlamaModel final : public Model {
   engine::MoeScratch moe_scratch_;
   engine::MlaScratch mla_scratch_;
   engine::TeamAttention team_attention_;
-  std::vector<AttentionOptions> layer_options_;  // [num_layers] attention_options()
 };
 
 // Seeded synthetic weights (the draw order is part of the tests' contract).
@@ -540,8 +539,8 @@ void LlamaModel::project(const float* x, std::int32_t rows, const WeightMatrix& 
   linear({x, rows, w.in(), w.data(), w.out(), y, accumulate, deterministic, w.format()}, scratch_);
 }
 
-void LlamaModel::run_layers(const ForwardBatch& b, bool teams, PagedKVCache& cache,
-                            std::span<float> logits) {
+void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache,
+                          std::span<float> logits) {
   const auto tokens = static_cast<std::int32_t>(b.token_ids.size());
   const bool deterministic = b.deterministic;
   // One region for the step's layers where each product, norm and RoPE
@@ -549,11 +548,10 @@ void LlamaModel::run_layers(const ForwardBatch& b, bool teams, PagedKVCache& cac
   // allows; else a team from each layer's attention to the next's.
   const bool attention_in_team = teams && engine::TeamAttention::supports(cache);
   if (attention_in_team) {
-    layer_options_.resize(std::size_t(c_.num_layers));
+    std::vector<AttentionOptions> options(std::size_t(c_.num_layers));
     for (std::int32_t layer = 0; layer < c_.num_layers; ++layer)
-      layer_options_[std::size_t(layer)] = attention_options(layer);
-    team_attention_.prepare(cache, layer_options_, qkv_.data(), attn_.data(),
-                            omp_get_max_threads());
+      options[std::size_t(layer)] = attention_options(layer);
+    team_attention_.prepare(cache, options, qkv_.data(), attn_.data(), omp_get_max_threads());
   }
   if (teams) engine::size_for_team(scratch_);
   const core::TeamWaitScope waits(engine::profile_team_waits());
@@ -637,7 +635,7 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
     for (float& v : x_) v *= c_.embedding_scale;
   // Only the rows that sample go through the final norm and the LM head.
   rows_.resize(b.logit_rows.size() * h);
-  run_layers(b, layers_in_teams(b.deterministic), cache, logits);
+  run_step(b, layers_in_teams(b.deterministic), cache, logits);
 }
 
 }  // namespace
