@@ -5,9 +5,10 @@
 // the batches of more than 8 below oneDNN's. Up to kRegisterRows rows
 // decode each tile's weights in registers; larger batches dequantise them a
 // few columns at a time into a buffer that stays in L1 and multiply them
-// there by every row of x, read in place: nothing is packed. Through BLAS each call packed x again
-// for every 128-column block and copied the dequantised block into BLAS's own layout, about a third
-// of such a step (docs/benchmarks.md, "Batched products").
+// there by every row of x, read in place: nothing is packed. Through BLAS
+// each call packed x again for every 128-column block and copied the
+// dequantised block into BLAS's own layout, about a third of such a step
+// (docs/benchmarks.md, "Batched products").
 #pragma once
 
 #include <hwy/cache_control.h>

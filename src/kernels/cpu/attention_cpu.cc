@@ -1336,26 +1336,29 @@ Scratch ThreadScratch(std::byte* base, const KernelContext& c) {
           at(l.w_scale),  base + l.zero};
 }
 
+// Thread `thread`'s slot of the workspace, its zeroed part cleared.
+Scratch ZeroedScratch(std::byte* workspace, const AttentionPlan& plan, const KernelContext& ctx,
+                      int thread) {
+  std::byte* base = workspace + plan.scratch_bytes_per_thread * std::size_t(thread);
+  std::memset(base + ctx.layout.zero, 0, ctx.layout.zero_bytes);
+  return ThreadScratch(base, ctx);
+}
+
 // The items, then the merges, on a team's threads (core/team.h): the
 // team's own worksharing, no region of its own. Each thread's scratch is its
 // slot of the workspace.
 void RunInTeam(const AttentionParams& p, const AttentionPlan& plan, std::byte* workspace,
                const KernelContext& ctx, std::byte* partials) {
-  const auto scratch_of = [&](int thread) {
-    std::byte* base = workspace + plan.scratch_bytes_per_thread * std::size_t(thread);
-    std::memset(base + ctx.layout.zero, 0, ctx.layout.zero_bytes);
-    return ThreadScratch(base, ctx);
-  };
   if (omp_get_num_threads() > plan.num_threads) {  // more threads than scratch slots
     core::on_one_thread([&] {
-      const Scratch sc = scratch_of(0);
+      const Scratch sc = ZeroedScratch(workspace, plan, ctx, 0);
       for (const AttentionWorkItem& item : plan.items)
         ProcessItemAnyType({&p, &item, &ctx, sc, partials});
       for (const AttentionMergeTask& m : plan.merges) merge_partials(p, ctx, m, partials);
     });
     return;
   }
-  const Scratch sc = scratch_of(omp_get_thread_num());
+  const Scratch sc = ZeroedScratch(workspace, plan, ctx, omp_get_thread_num());
   // Items are ordered longest first: dynamic chunks of one even the threads out.
 #pragma omp for schedule(dynamic) nowait
   for (std::size_t i = 0; i < plan.items.size(); ++i)
@@ -1376,9 +1379,7 @@ void RunAttention(const AttentionParams& p, const AttentionPlan& plan, std::byte
   std::atomic<std::size_t> next_item{0};
 #pragma omp parallel num_threads(plan.num_threads)
   {
-    std::byte* base = workspace + plan.scratch_bytes_per_thread * std::size_t(omp_get_thread_num());
-    std::memset(base + ctx.layout.zero, 0, ctx.layout.zero_bytes);
-    const Scratch sc = ThreadScratch(base, ctx);
+    const Scratch sc = ZeroedScratch(workspace, plan, ctx, omp_get_thread_num());
     for (std::size_t i = next_item.fetch_add(1, std::memory_order_relaxed); i < plan.items.size();
          i = next_item.fetch_add(1, std::memory_order_relaxed))
       ProcessItemAnyType({&p, &plan.items[i], &ctx, sc, partials});
