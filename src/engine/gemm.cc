@@ -243,29 +243,34 @@ void linear_deterministic(const LinearArgs& a, LinearScratch& s) {
   const std::int32_t full_blocks = a.rows / kRows, tail = a.rows % kRows;
   const std::int32_t row_blocks = full_blocks + (tail > 0 ? 1 : 0);
   const std::int32_t col_blocks = column_blocks(a.out);
-  if (tail > 0) {  // the last block padded with zero rows
+  core::on_one_thread([&] {
+    if (tail == 0) return;  // the last block padded with zero rows
     s.padded_x.assign(std::size_t(kRows) * a.in, 0.0f);
     std::memcpy(s.padded_x.data(), a.x + std::size_t(full_blocks) * kRows * a.in,
                 std::size_t(tail) * a.in * sizeof(float));
-  }
-  const int threads = omp_get_max_threads();
-  s.tiles.resize(std::size_t(threads));
-  for (auto& tile : s.tiles) tile.resize(std::size_t(kRows) * kColumnBlock);
+  });
+  size_thread_blocks(s);
+  // Each tile's sums are fixed by its place alone, so any split of the tiles
+  // over threads (a team's or a region's) gives the same bits.
   const std::int32_t tiles = row_blocks * col_blocks;
-#pragma omp parallel for schedule(static) num_threads(threads) if (tiles > 1 && worth_threads(a))
-  for (std::int32_t t = 0; t < tiles; ++t) {
-    const std::int32_t block = t / col_blocks, col = t % col_blocks * kColumnBlock;
-    const std::int32_t row = block * kRows, rows = std::min(kRows, a.rows - row);
-    const std::int32_t cols = std::min(kColumnBlock, a.out - col);
-    const float* x = block < full_blocks ? a.x + std::size_t(row) * a.in : s.padded_x.data();
-    float* tile = s.tiles[std::size_t(omp_get_thread_num())].data();
-    sgemm_tile(a, x, f32_weights(a) + std::size_t(col) * a.in, cols, tile);
-    for (std::int32_t r = 0; r < rows; ++r) {
-      float* y = a.y + std::size_t(row + r) * ldy(a) + col;
-      for (std::int32_t c = 0; c < cols; ++c)
-        y[c] = (a.accumulate ? y[c] : 0.0f) + tile[std::size_t(c) * kRows + r];
+  const std::int32_t tasks = tiles > 1 ? std::min(tiles, threads_for(a)) : 1;
+  core::for_each_task(tasks, [&](std::int32_t task) {
+    core::CacheLineVector<float>& tile = thread_block(s);
+    tile.resize(std::size_t(kRows) * kColumnBlock);
+    const IndexRange mine = part_range(tiles, tasks, task, 1);
+    for (std::int32_t t = mine.begin; t < mine.end; ++t) {
+      const std::int32_t block = t / col_blocks, col = t % col_blocks * kColumnBlock;
+      const std::int32_t row = block * kRows, rows = std::min(kRows, a.rows - row);
+      const std::int32_t cols = std::min(kColumnBlock, a.out - col);
+      const float* x = block < full_blocks ? a.x + std::size_t(row) * a.in : s.padded_x.data();
+      sgemm_tile(a, x, f32_weights(a) + std::size_t(col) * a.in, cols, tile.data());
+      for (std::int32_t r = 0; r < rows; ++r) {
+        float* y = a.y + std::size_t(row + r) * ldy(a) + col;
+        for (std::int32_t c = 0; c < cols; ++c)
+          y[c] = (a.accumulate ? y[c] : 0.0f) + tile[std::size_t(c) * kRows + r];
+      }
     }
-  }
+  });
 }
 
 }  // namespace
@@ -407,8 +412,8 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
       linear_tiled(a, scratch, bf16);
     else
       linear_quant_blocked(a, scratch);
-  } else if (a.deterministic) {  // a team's one thread: the tiles' sums need no other
-    core::on_one_thread([&] { linear_deterministic(a, scratch); });
+  } else if (a.deterministic) {
+    linear_deterministic(a, scratch);
   } else if (a.rows <= kF32DirectRows && a.in % kQuantBlock == 0) {
     linear_quant_direct(a, false);
   } else if (bf16 && onednn_bf16_rows(a.rows)) {

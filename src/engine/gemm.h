@@ -195,11 +195,10 @@ struct IndexRange {
 IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
                       std::int32_t granule);
 
-// Buffers reused across calls: the zero-padded last row block of x, one
-// output tile per thread and one dequantised weight block per thread.
+// Buffers reused across calls: the zero-padded last row block of x, and per
+// thread a dequantised weight block (or deterministic mode's output tile).
 struct LinearScratch {
   std::vector<float> padded_x;
-  std::vector<std::vector<float>> tiles;
   std::vector<core::CacheLineVector<float>> weight_blocks;  // dot_tiles' groups, BLAS's blocks
   // oneDNN's bf16 products: x, and per thread a block of weights, as bf16 bits.
   core::CacheLineVector<std::uint16_t> x_bf16;

@@ -199,11 +199,12 @@ class LlamaModel final : public Model {
   // threads inside one.
   void project_logits(const ForwardBatch& b, std::span<float> logits);
   void finish_layer(std::int32_t layer, std::int32_t tokens, bool deterministic);
-  // Whether this step's layers run in teams: not in deterministic mode, and
-  // not with the parts that open regions of their own between the products
-  // (experts, latent attention) or talk to other ranks (tensor parallelism),
-  // and not when core::teams_enabled() is false.
-  bool layers_in_teams(bool deterministic) const;
+  // Whether this step's layers run in teams: not with the parts that open
+  // regions of their own between the products (experts, latent attention)
+  // or talk to other ranks (tensor parallelism), and not when
+  // core::teams_enabled() is false. Deterministic steps do: every piece's
+  // bits are fixed by its rows and columns, not by the split.
+  bool layers_in_teams() const;
   // Multi-head latent attention (c_.kv_lora_rank > 0) on h_ into attn_.
   void latent_attention(std::int32_t layer, std::int32_t tokens, bool deterministic,
                         PagedKVCache& cache);
@@ -442,8 +443,8 @@ void LlamaModel::latent_attention(std::int32_t layer, std::int32_t tokens, bool 
   }
 }
 
-bool LlamaModel::layers_in_teams(bool deterministic) const {
-  return !deterministic && c_.shard.size == 1 && moe_.num_experts == 0 && c_.kv_lora_rank == 0 &&
+bool LlamaModel::layers_in_teams() const {
+  return c_.shard.size == 1 && moe_.num_experts == 0 && c_.kv_lora_rank == 0 &&
          core::teams_enabled();
 }
 
@@ -635,7 +636,7 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
     for (float& v : x_) v *= c_.embedding_scale;
   // Only the rows that sample go through the final norm and the LM head.
   rows_.resize(b.logit_rows.size() * h);
-  run_step(b, layers_in_teams(b.deterministic), cache, logits);
+  run_step(b, layers_in_teams(), cache, logits);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // threads; engine::TeamAttention) give bitwise the logits of the same step
 // with a region per piece and the cache's own attention, for every product
 // route a step can take: in place, tiles, int8 activations (the
-// thread-local choice must reach every thread of a team), bf16 products;
+// thread-local choice must reach every thread of a team), bf16 products,
+// deterministic mode (its fixed tiles, f32 weights' BLAS tiles included,
+// and its fixed KV chunks);
 // with biases, q/k norms, sandwich norms, windows and softcaps, attention
 // split over the threads by keys (a sequence of 600), and the LM head in the
 // last team.
@@ -23,7 +25,7 @@ namespace pagedattn {
 namespace {
 
 struct Flags {
-  bool int8_activations = false, bf16_products = false;
+  bool int8_activations = false, bf16_products = false, deterministic = false;
 };
 
 // A prompt of 40 tokens (norms and RoPE split over the threads, products
@@ -35,6 +37,7 @@ std::vector<float> steps(Model& model, Flags flags) {
   config.page_size = 16;
   config.num_pages = 64;
   config.kv_dtype = DType::kF32;  // random weights overflow f16
+  if (flags.deterministic) config.attention_plan.fixed_kv_chunk = 256;  // as the engine's
   PagedKVCache cache(config);
   const std::int32_t vocab = model.spec().vocab_size;
   std::vector<float> all;
@@ -48,7 +51,7 @@ std::vector<float> steps(Model& model, Flags flags) {
     }
     std::vector<float> logits(rows.size() * std::size_t(vocab));
     cache.begin_forward(ids, lens);
-    ForwardBatch batch{tokens, rows, false};
+    ForwardBatch batch{tokens, rows, flags.deterministic};
     batch.int8_activations = flags.int8_activations;
     batch.bf16_products = flags.bf16_products;
     model.forward(batch, cache, logits);
@@ -78,9 +81,11 @@ void expect_teams_change_nothing(const test::GgufWriter& w) {
   const std::unique_ptr<Model> model = make_gguf_model(file);
   const Restore restore;
   omp_set_num_threads(3);  // more than the machine may have is fine
-  for (const Flags flags : {Flags{}, Flags{true, false}, Flags{false, true}}) {
+  for (const Flags flags :
+       {Flags{}, Flags{true, false}, Flags{false, true}, Flags{false, false, true}}) {
     SCOPED_TRACE(flags.int8_activations ? "int8 activations"
                  : flags.bf16_products  ? "bf16 products"
+                 : flags.deterministic  ? "deterministic"
                                         : "f32 x");
     core::set_teams_enabled(false);
     const std::vector<float> regions = steps(*model, flags);
@@ -108,6 +113,16 @@ TEST(LayerTeams, GiveBitwiseTheLogitsOfARegionPerPiece) {
                                                 .up = GgufType::kQ5_K,
                                                 .down = GgufType::kQ6_K}));
   expect_teams_change_nothing(test::tiny_model("qwen2", false, true, wide, {}));  // biases
+  // f32 weights: deterministic mode's BLAS tiles, split over the team.
+  expect_teams_change_nothing(test::tiny_model("llama", false, false, wide,
+                                               {.output = GgufType::kF32,
+                                                .q = GgufType::kF32,
+                                                .k = GgufType::kF32,
+                                                .v = GgufType::kF32,
+                                                .o = GgufType::kF32,
+                                                .gate = GgufType::kF32,
+                                                .up = GgufType::kF32,
+                                                .down = GgufType::kF32}));
   for (const char* arch : {"qwen3", "gemma2"}) {  // q/k norms; sandwich norms
     SCOPED_TRACE(arch);
     test::GgufWriter w = test::tiny_model(arch, false, false, wide, {});
