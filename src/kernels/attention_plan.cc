@@ -38,6 +38,28 @@ std::int32_t kv_splits(std::int64_t keys, std::int64_t tile_cost, std::int64_t t
   return static_cast<std::int32_t>(std::clamp<std::int64_t>(by_cost, 1, by_length));
 }
 
+// Fewer tiles than threads (a few sequences on many cores): each tile's KV
+// heads in up to ceil(threads / tiles) parts, which adds no merge, unlike
+// a split of the keys (which still follows where this leaves threads
+// idle). A row's result does not depend on the other heads of its item.
+std::vector<AttentionWorkItem> split_heads(std::vector<AttentionWorkItem> tiles,
+                                           std::int32_t threads) {
+  const auto count = static_cast<std::int32_t>(tiles.size());
+  const std::int32_t wanted = (threads + count - 1) / count;
+  std::vector<AttentionWorkItem> parts;
+  for (const AttentionWorkItem& tile : tiles) {
+    const std::int32_t heads = tile.kv_head_end - tile.kv_head_begin;
+    const std::int32_t n = std::min(wanted, heads);
+    for (std::int32_t i = 0; i < n; ++i) {
+      AttentionWorkItem part = tile;
+      part.kv_head_begin = tile.kv_head_begin + heads * i / n;
+      part.kv_head_end = tile.kv_head_begin + heads * (i + 1) / n;
+      parts.push_back(part);
+    }
+  }
+  return parts;
+}
+
 // Longest item first: threads take items in this order as each finishes its
 // last (the kernel's shared cursor), so a thread slowed by another tenant
 // (an SMT sibling on the same core, say) takes fewer items, not the same
@@ -117,6 +139,11 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   plan.num_threads = o.num_threads > 0     ? o.num_threads
                      : total < kSerialCost ? 1
                                            : std::max(1, omp_get_max_threads());
+  if (!tiles.empty() && std::int64_t(tiles.size()) < plan.num_threads) {
+    tiles = split_heads(std::move(tiles), plan.num_threads);
+    total = 0;
+    for (const AttentionWorkItem& w : tiles) total += item_cost(w, group);
+  }
 
   std::vector<AttentionWorkItem> items;
   plan.max_rows = 1;

@@ -354,6 +354,55 @@ TEST(AttentionKernel, DecodeRowKeepsItsBitsInAnyGqaGroup) {
           }
 }
 
+// A plan for more threads than the batch has sequences splits their KV
+// heads into items of their own: every row keeps the bits it has in an item
+// of all the heads, on every product path the CPU has, decode and a short
+// prefill.
+TEST(AttentionKernel, RowsKeepTheirBitsWhenTheirHeadsAreSplit) {
+  const DType kv_types[] = {DType::kF32,  DType::kF16,     DType::kBF16,
+                            DType::kINT8, DType::kFP8E4M3, DType::kFP8E5M2};
+  for (const DotProducts dot : {DotProducts{}, DotProducts{.bf16 = true}, DotProducts{.int8 = true},
+                                DotProducts{.f16 = true}})
+    for (std::int32_t group : {1, 3, 4, 8})
+      for (std::int32_t q_len : {1, 5})
+        for (DType kv : kv_types) {
+          CaseSpec spec;
+          spec.seed = std::uint32_t(group * 100 + q_len);
+          spec.q_lens = {q_len};
+          spec.kv_lens = {300};  // one key chunk: no split by keys
+          spec.num_kv_heads = 4;
+          spec.num_qo_heads = 4 * group;
+          spec.head_dim = 128;
+          spec.kv_dtype = kv;
+          spec.layout = group % 2 ? KVLayout::kNHD : KVLayout::kHND;
+          SCOPED_TRACE(describe_case(spec) + (dot.bf16 ? " bf16" : "") + (dot.int8 ? " int8" : "") +
+                       (dot.f16 ? " f16" : ""));
+          AttentionCase c(spec);
+          const auto runner = [&](std::int32_t threads) {
+            return AttentionRunner(AttentionPlanOptions{.num_threads = threads,
+                                                        .bf16_products = dot.bf16,
+                                                        .int8_products = dot.int8,
+                                                        .f16_products = dot.f16,
+                                                        .fp8_fast_products = true,
+                                                        .measured_products = false});
+          };
+          AttentionRunner whole = runner(1), split = runner(4);
+          whole.run(c.params(0));
+          split.run(c.params(1));
+          ASSERT_EQ(whole.last_plan().items.size(), 1u);
+          ASSERT_EQ(split.last_plan().items.size(), 4u);
+          ASSERT_EQ(split.last_plan().num_partials, 0);
+          const std::vector<float> a = c.output(0), b = c.output(1);
+          for (std::size_t e = 0; e < a.size(); ++e)
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(a[e]), std::bit_cast<std::uint32_t>(b[e]))
+                << "element " << e;
+          for (std::size_t r = 0; r < c.lse(0).size(); ++r)
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(c.lse(0)[r]),
+                      std::bit_cast<std::uint32_t>(c.lse(1)[r]))
+                << "row " << r;
+        }
+}
+
 TEST(AttentionKernel, ForcedReferenceGivesReferenceBits) {
   AttentionCase c(random_spec(7));
   paged_attention_reference(c.params(0));

@@ -94,6 +94,40 @@ TEST(AttentionPlan, ManyShortSequencesAreNotSplit) {
   expect_exact_cover(batch, plan, true);
 }
 
+// Fewer sequences than threads: their KV heads are split first, with no
+// merge; the keys only where threads would still idle.
+TEST(AttentionPlan, FewSequencesSplitTheirHeadsBeforeTheirKeys) {
+  Batch batch;
+  batch.add(1, 300);  // too short to split by keys (min_kv_chunk 256)
+  for (const std::int32_t threads : {2, 4, 8, 16}) {
+    SCOPED_TRACE(threads);
+    const AttentionPlan plan =
+        plan_attention(batch.table(), kShape, {},
+                       AttentionPlanOptions{threads, 0, 256, false, false, false, false, false});
+    EXPECT_EQ(plan.num_partials, 0);
+    EXPECT_EQ(plan.items.size(), std::size_t(std::min(threads, 8)));
+    if (threads <= 8) {  // one head per thread at most
+      for (const std::int64_t load : thread_loads(plan)) EXPECT_GT(load, 0) << "a thread idles";
+    }
+    expect_exact_cover(batch, plan, true);
+  }
+  Batch two;  // a long one and a short one, four threads: two parts each
+  two.add(1, 32768);
+  two.add(1, 100);
+  const AttentionPlan plan = plan_attention(
+      two.table(), kShape, {}, AttentionPlanOptions{4, 0, 256, false, false, false, false, false});
+  for (const AttentionWorkItem& w : plan.items) EXPECT_EQ(w.kv_head_end - w.kv_head_begin, 4);
+  EXPECT_GT(plan.num_partials, 0);  // the long one's keys are split too
+  expect_exact_cover(two, plan, true);
+  // One thread, or as many tiles as threads: heads stay whole.
+  for (const std::int32_t threads : {1, 2}) {
+    const AttentionPlan whole =
+        plan_attention(two.table(), kShape, {},
+                       AttentionPlanOptions{threads, 0, 256, false, false, false, false, false});
+    for (const AttentionWorkItem& w : whole.items) EXPECT_EQ(w.kv_head_end - w.kv_head_begin, 8);
+  }
+}
+
 TEST(AttentionPlan, LoadIsBalancedForMixedBatches) {
   Batch batch;
   batch.add(1, 16384);
