@@ -1,5 +1,6 @@
 // PagedKVCache::attention: RoPE per the cache's mode, append, attend - one
 // layer of the TVM protocol begin_forward / attention per layer / end_forward.
+#include "kernels/attention_traits.h"
 #include "kernels/rotated_copy.h"
 #include "kernels/validate.h"
 #include "kv_cache_state.h"
@@ -102,7 +103,8 @@ void PagedKVCache::State::attend(std::int32_t layer, const HeadTensor& q, const 
   append_paged_kv({k_stored, v, plan.slot_mapping.data(), tokens, p.kv});
   const AttentionShape shape{c.num_qo_heads, c.num_kv_heads, c.head_dim, c.v_head_dim};
   const AttentionPlan& kernel_plan = sa.plan_for(p.table, shape, p.options, c.attention_plan);
-  paged_attention(p, kernel_plan, sa.aligned_workspace(kernel_plan.workspace_bytes));
+  paged_attention(p, kernel_plan,
+                  kernels::aligned_workspace(sa.workspace, kernel_plan.workspace_bytes));
   st.step.layer_appended[static_cast<std::size_t>(layer)] = 1;
 }
 

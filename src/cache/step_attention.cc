@@ -18,14 +18,6 @@ const AttentionPlan& StepAttention::plan_for(const PagedKVTable& table, const At
   return plan;
 }
 
-std::span<std::byte> StepAttention::aligned_workspace(std::size_t bytes) {
-  constexpr std::size_t kAlign = 64;
-  if (workspace.size() < bytes + kAlign) workspace.resize(bytes + kAlign);
-  const auto addr = reinterpret_cast<std::uintptr_t>(workspace.data());
-  const std::size_t pad = (kAlign - addr % kAlign) % kAlign;
-  return {workspace.data() + pad, bytes};
-}
-
 }  // namespace pagedattn::cache
 
 namespace pagedattn::cache {

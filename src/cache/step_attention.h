@@ -93,7 +93,7 @@ struct StepAttention {
   bool plan_valid = false;
   bool plan_causal = true;
   std::int32_t plan_window_left = -1;
-  std::vector<std::byte> workspace;  // over-allocated by 64 for alignment
+  std::vector<std::byte> workspace;  // kernels::aligned_workspace's buffer
 
   std::vector<float> q_rotated;  // [num_tokens][num_qo_heads][head_dim]
   std::vector<float> k_rotated;  // [num_tokens][num_kv_heads][head_dim]
@@ -107,7 +107,6 @@ struct StepAttention {
   const AttentionPlan& plan_for(const PagedKVTable& table, const AttentionShape& shape,
                                 const AttentionOptions& options,
                                 const AttentionPlanOptions& plan_options);
-  std::span<std::byte> aligned_workspace(std::size_t bytes);
 };
 
 }  // namespace pagedattn::cache

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "kernels/append_tokens.h"
+#include "kernels/attention_traits.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/validate.h"
 #include "pagedattn/errors.h"
@@ -66,10 +67,7 @@ void TeamAttention::prepare(PagedKVCache& cache, std::span<const AttentionOption
   }
   std::size_t bytes = 0;
   for (const AttentionPlan& plan : plans) bytes = std::max(bytes, plan.workspace_bytes);
-  constexpr std::size_t kAlign = kernels::AttentionTraits::kAlign;
-  if (workspace_.size() < bytes + kAlign) workspace_.resize(bytes + kAlign);
-  const auto address = reinterpret_cast<std::uintptr_t>(workspace_.data());
-  aligned_ = workspace_.data() + (kAlign - address % kAlign) % kAlign;
+  aligned_ = kernels::aligned_workspace(workspace_, bytes).data();
   layers_ = std::move(layers);
   plans_ = std::move(plans);
   step_ = step.step_id;

@@ -61,7 +61,7 @@ class TeamAttention {
   };
   std::vector<Layer> layers_;
   std::vector<AttentionPlan> plans_;  // one per distinct window of the step
-  std::vector<std::byte> workspace_;  // for the largest plan, 64 bytes over for alignment
+  std::vector<std::byte> workspace_;  // for the largest plan (kernels::aligned_workspace)
   std::byte* aligned_ = nullptr;
   StepId step_ = kAnyStep;
 };

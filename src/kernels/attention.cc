@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "attention_traits.h"
 #include "cpu/attention_cpu.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/errors.h"
@@ -74,14 +75,7 @@ void AttentionRunner::run(const AttentionParams& params) {
   const AttentionShape shape{params.num_qo_heads, params.kv.num_kv_heads, params.kv.head_dim,
                              params.kv.v_head_dim};
   plan_ = plan_attention(params.table, shape, params.options, plan_options_);
-  const std::size_t need = plan_.workspace_bytes + kernels::AttentionTraits::kAlign;
-  if (storage_.size() < need) storage_.resize(need);
-  const auto base = reinterpret_cast<std::uintptr_t>(storage_.data());
-  const std::size_t pad =
-      (kernels::AttentionTraits::kAlign - base % kernels::AttentionTraits::kAlign) %
-      kernels::AttentionTraits::kAlign;
-  paged_attention(params, plan_,
-                  std::span<std::byte>(storage_.data() + pad, plan_.workspace_bytes));
+  paged_attention(params, plan_, kernels::aligned_workspace(storage_, plan_.workspace_bytes));
 }
 
 }  // namespace pagedattn

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 namespace pagedattn::kernels {
 
@@ -27,6 +29,18 @@ constexpr std::int32_t padded_dim(std::int32_t d) {
 
 constexpr std::size_t align_up(std::size_t bytes) {
   return (bytes + AttentionTraits::kAlign - 1) / AttentionTraits::kAlign * AttentionTraits::kAlign;
+}
+
+// The first `bytes` of `buffer` from an address aligned to kAlign, where a
+// plan's workspace must start; `buffer` grows (losing its contents) to hold
+// them.
+inline std::span<std::byte> aligned_workspace(std::vector<std::byte>& buffer, std::size_t bytes) {
+  if (buffer.size() < bytes + AttentionTraits::kAlign)
+    buffer.resize(bytes + AttentionTraits::kAlign);
+  const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
+  const std::size_t pad =
+      (AttentionTraits::kAlign - address % AttentionTraits::kAlign) % AttentionTraits::kAlign;
+  return {buffer.data() + pad, bytes};
 }
 
 // Byte offsets of one thread's float scratch arrays.
