@@ -165,16 +165,24 @@ run_regions() {
       "$results/regions-$threads.txt" | tr -s ' ' | tr '\n' ';')"
   done
 }
-# SmolLM2 at 16 threads, its layers in teams (the default: a region from
-# each layer's attention to the next's) against a region per product, norm
-# and RoPE (PAGEDATTN_TEAMS=0), alternated twice.
+# SmolLM2 at 16 threads, its layers in teams (the default: one region a
+# step, attention and the LM head included) against a region per product,
+# norm and RoPE and the cache's own attention (PAGEDATTN_TEAMS=0),
+# alternated twice; then once more in deterministic mode (Python LLM's
+# default), whose steps run in teams too.
 run_teams() {
-  local flags=(--model "$model" --workload alpaca-like --num-requests 64) round teams
-  for round in 1 2; do
-    for teams in 0 1; do
-      PAGEDATTN_TEAMS=$teams OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" \
-        >"$results/teams$teams-$round.txt" 2>&1
-      say "teams $teams, round $round: $(grep -E 'output tokens/s|decode steps|of which' "$results/teams$teams-$round.txt" | tr -s ' ' | tr '\n' ';')"
+  local flags=(--model "$model" --workload alpaca-like --num-requests 64) round teams mode
+  for mode in default deterministic; do
+    local extra=()
+    [ "$mode" = deterministic ] && extra=(--deterministic)
+    for round in 1 2; do
+      [ "$mode" = deterministic ] && [ "$round" = 2 ] && break
+      for teams in 0 1; do
+        local out="$results/teams$teams-$mode-$round.txt"
+        PAGEDATTN_TEAMS=$teams OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" \
+          "${extra[@]}" >"$out" 2>&1
+        say "teams $teams, $mode, round $round: $(grep -E 'output tokens/s|decode steps|of which' "$out" | tr -s ' ' | tr '\n' ';')"
+      done
     done
   done
 }
