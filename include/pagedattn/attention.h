@@ -152,9 +152,9 @@ struct AttentionPlanOptions {
 // within the sequence), all query heads of KV heads [kv_head_begin,
 // kv_head_end), against keys [kv_begin, kv_end). partial >= 0: write a
 // partial state to that slot. Decode items take every KV head of a sequence,
-// so each page's K and V are read as whole contiguous runs, unless the
-// batch has fewer (sequence, query tile) pairs than the plan has threads:
-// then the heads are split first (no merge), the keys after.
+// so each page's K and V are read as whole contiguous runs, except that in a
+// batch of fewer (sequence, query tile) pairs than the plan has threads, the
+// heads of a sequence too short to split by keys are split instead.
 struct AttentionWorkItem {
   std::int32_t batch = 0, kv_head_begin = 0, kv_head_end = 1;
   std::int32_t q_begin = 0, q_end = 0;

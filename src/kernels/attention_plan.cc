@@ -38,18 +38,28 @@ std::int32_t kv_splits(std::int64_t keys, std::int64_t tile_cost, std::int64_t t
   return static_cast<std::int32_t>(std::clamp<std::int64_t>(by_cost, 1, by_length));
 }
 
-// Fewer tiles than threads (a few sequences on many cores): each tile's KV
-// heads in up to ceil(threads / tiles) parts, which adds no merge, unlike
-// a split of the keys (which still follows where this leaves threads
-// idle). A row's result does not depend on the other heads of its item.
+// Whether a tile's keys are too few for kv_splits to split them (under two
+// chunks of min_kv_chunk, or one fixed chunk).
+bool keys_stay_whole(const AttentionWorkItem& w, const AttentionPlanOptions& o) {
+  const std::int32_t keys = w.kv_end - w.kv_begin;
+  return o.fixed_kv_chunk > 0 ? keys <= o.fixed_kv_chunk : keys < 2 * o.min_kv_chunk;
+}
+
+// Fewer tiles than threads (a few sequences on many cores): the KV heads of
+// each tile whose keys stay whole in up to ceil(threads / tiles) parts, so
+// that one short sequence's attention is not one thread's while the others
+// wait. A row's result does not depend on the other heads of its item. A
+// tile with more keys keeps its heads and is split by keys below: an item
+// of every head reads each page's K and V whole (half of each page read
+// per item measured slower on one long sequence: docs/design.md).
 std::vector<AttentionWorkItem> split_heads(std::vector<AttentionWorkItem> tiles,
-                                           std::int32_t threads) {
+                                           std::int32_t threads, const AttentionPlanOptions& o) {
   const auto count = static_cast<std::int32_t>(tiles.size());
   const std::int32_t wanted = (threads + count - 1) / count;
   std::vector<AttentionWorkItem> parts;
   for (const AttentionWorkItem& tile : tiles) {
     const std::int32_t heads = tile.kv_head_end - tile.kv_head_begin;
-    const std::int32_t n = std::min(wanted, heads);
+    const std::int32_t n = keys_stay_whole(tile, o) ? std::min(wanted, heads) : 1;
     for (std::int32_t i = 0; i < n; ++i) {
       AttentionWorkItem part = tile;
       part.kv_head_begin = tile.kv_head_begin + heads * i / n;
@@ -139,11 +149,8 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   plan.num_threads = o.num_threads > 0     ? o.num_threads
                      : total < kSerialCost ? 1
                                            : std::max(1, omp_get_max_threads());
-  if (!tiles.empty() && std::int64_t(tiles.size()) < plan.num_threads) {
-    tiles = split_heads(std::move(tiles), plan.num_threads);
-    total = 0;
-    for (const AttentionWorkItem& w : tiles) total += item_cost(w, group);
-  }
+  if (!tiles.empty() && std::int64_t(tiles.size()) < plan.num_threads)
+    tiles = split_heads(std::move(tiles), plan.num_threads, o);
 
   std::vector<AttentionWorkItem> items;
   plan.max_rows = 1;

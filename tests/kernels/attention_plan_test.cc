@@ -111,14 +111,26 @@ TEST(AttentionPlan, FewSequencesSplitTheirHeadsBeforeTheirKeys) {
     }
     expect_exact_cover(batch, plan, true);
   }
-  Batch two;  // a long one and a short one, four threads: two parts each
+  Batch two;  // four threads: the long one split by keys, the short one by heads
   two.add(1, 32768);
   two.add(1, 100);
   const AttentionPlan plan = plan_attention(
       two.table(), kShape, {}, AttentionPlanOptions{4, 0, 256, false, false, false, false, false});
-  for (const AttentionWorkItem& w : plan.items) EXPECT_EQ(w.kv_head_end - w.kv_head_begin, 4);
-  EXPECT_GT(plan.num_partials, 0);  // the long one's keys are split too
+  for (const AttentionWorkItem& w : plan.items)
+    EXPECT_EQ(w.kv_head_end - w.kv_head_begin, w.batch == 0 ? 8 : 4) << "sequence " << w.batch;
+  EXPECT_GT(plan.num_partials, 0);
   expect_exact_cover(two, plan, true);
+  // Fixed chunks (deterministic mode): a sequence within one chunk is split
+  // by heads, a longer one by its chunks.
+  Batch fixed;
+  fixed.add(1, 256);
+  fixed.add(1, 600);
+  const AttentionPlan chunked =
+      plan_attention(fixed.table(), kShape, {},
+                     AttentionPlanOptions{4, 256, 256, false, false, false, false, false});
+  for (const AttentionWorkItem& w : chunked.items)
+    EXPECT_EQ(w.kv_head_end - w.kv_head_begin, w.batch == 0 ? 4 : 8) << "sequence " << w.batch;
+  expect_exact_cover(fixed, chunked, true);
   // One thread, or as many tiles as threads: heads stay whole.
   for (const std::int32_t threads : {1, 2}) {
     const AttentionPlan whole =
