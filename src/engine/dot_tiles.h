@@ -11,13 +11,12 @@
 // (docs/benchmarks.md, "Batched products").
 #pragma once
 
-#include <hwy/cache_control.h>
-
 #include <cstdint>
 #include <vector>
 
 #include "core/cache_line_vector.h"
 #include "engine/quant_kernels.h"
+#include "kernels/cpu/prefetch.h"
 
 namespace pagedattn::engine {
 
@@ -82,12 +81,15 @@ void dot_tiles(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t ou
 // the rows before them compute: both tile kernels read a group of weight
 // rows in a burst between long runs of arithmetic, which the hardware
 // prefetchers do not run ahead of, so without this each group's unpacking
-// waited on memory.
+// waited on memory. Into L2, as every prefetch of the attention kernels
+// (kernels/cpu/prefetch.h): a burst of a group's lines into L1 held its few
+// miss buffers, and a few-row product streaming a large matrix (the LM
+// head) waited on them (docs/benchmarks.md, "Weight prefetch").
 inline void prefetch_weight_rows(const DotTilesArgs& args, std::int32_t first, std::int32_t count) {
   const std::int64_t row_bytes = weight_row_bytes(args.format, args.in);
   const auto* begin = static_cast<const std::uint8_t*>(args.w) + first * row_bytes;
   for (std::int64_t at = 0; at < count * row_bytes; at += std::int64_t{core::kCacheLineBytes})
-    hwy::Prefetch(begin + at);
+    kernels::PrefetchToL2(begin + at);
 }
 
 // dot_tiles' int8 products (src/engine/dot_tiles_int8.cc), for dot_tiles
