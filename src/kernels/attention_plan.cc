@@ -24,25 +24,28 @@ std::int64_t item_cost(const AttentionWorkItem& w, std::int32_t group) {
   return std::int64_t{w.kv_end - w.kv_begin} * (rows + 4 * heads) + 64;
 }
 
+// The most pieces kv_splits may cut `keys` into: exactly its fixed chunks,
+// or as many as hold min_kv_chunk keys each (at least one).
+std::int64_t most_kv_splits(std::int64_t keys, const AttentionPlanOptions& o) {
+  if (o.fixed_kv_chunk > 0) return (keys + o.fixed_kv_chunk - 1) / o.fixed_kv_chunk;
+  return std::max<std::int64_t>(1, keys / std::max(1, o.min_kv_chunk));
+}
+
 std::int32_t kv_splits(std::int64_t keys, std::int64_t tile_cost, std::int64_t total_cost,
                        std::int32_t threads, const AttentionPlanOptions& o) {
   if (keys == 0) return 1;
-  if (o.fixed_kv_chunk > 0)
-    return static_cast<std::int32_t>((keys + o.fixed_kv_chunk - 1) / o.fixed_kv_chunk);
+  if (o.fixed_kv_chunk > 0) return static_cast<std::int32_t>(most_kv_splits(keys, o));
   if (threads == 1) return 1;
   // Aim for items of at most half a thread's fair share, so that longest-first
   // assignment balances, but never chunks shorter than min_kv_chunk.
   const std::int64_t share = std::max<std::int64_t>(1, total_cost / (2 * threads));
   const std::int64_t by_cost = (tile_cost + share - 1) / share;
-  const std::int64_t by_length = std::max<std::int64_t>(1, keys / std::max(1, o.min_kv_chunk));
-  return static_cast<std::int32_t>(std::clamp<std::int64_t>(by_cost, 1, by_length));
+  return static_cast<std::int32_t>(std::clamp<std::int64_t>(by_cost, 1, most_kv_splits(keys, o)));
 }
 
-// Whether a tile's keys are too few for kv_splits to split them (under two
-// chunks of min_kv_chunk, or one fixed chunk).
+// Whether a tile's keys are too few for kv_splits to split them.
 bool keys_stay_whole(const AttentionWorkItem& w, const AttentionPlanOptions& o) {
-  const std::int32_t keys = w.kv_end - w.kv_begin;
-  return o.fixed_kv_chunk > 0 ? keys <= o.fixed_kv_chunk : keys < 2 * o.min_kv_chunk;
+  return most_kv_splits(w.kv_end - w.kv_begin, o) <= 1;
 }
 
 // Fewer tiles than threads (a few sequences on many cores): the KV heads of
