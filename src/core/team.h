@@ -86,10 +86,44 @@ inline bool in_team() {
   return detail::in_team;
 }
 
+namespace detail {
+inline thread_local bool solo = false;
+}  // namespace detail
+
+// While it lives, the calling thread runs the pieces it reaches alone: not
+// as a team's (in_team() is false), and with one thread to split them over
+// (available_threads() is 1). For a team's thread that takes a share of
+// work made of whole products (a mixture of experts' column ranges), which
+// the other threads do not reach. Scopes nest.
+class SoloScope {
+ public:
+  SoloScope() : team_(detail::in_team), solo_(detail::solo) {
+    detail::in_team = false;
+    detail::solo = true;
+  }
+  ~SoloScope() {
+    detail::in_team = team_;
+    detail::solo = solo_;
+  }
+  SoloScope(const SoloScope&) = delete;
+  SoloScope& operator=(const SoloScope&) = delete;
+
+ private:
+  bool team_, solo_;
+};
+
 // The threads work may be split over here: the team's size inside a team,
-// the size of the next region outside one.
+// one in a SoloScope, the size of the next region otherwise.
 inline int available_threads() {
+  if (detail::solo) return 1;
   return in_team() ? omp_get_num_threads() : omp_get_max_threads();
+}
+
+// Which of the per-thread buffers sized by the thread count (max threads)
+// the calling thread uses: its number in the team or region, 0 in a
+// SoloScope (whose caller hands it buffers of its own).
+inline int worker_index() {
+  return detail::solo ? 0 : omp_get_thread_num();
 }
 
 // Whether callers that may run their work in teams do (the model's layers):

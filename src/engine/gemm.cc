@@ -77,7 +77,7 @@ void size_thread_blocks(LinearScratch& s) {
   if (!core::in_team()) size_for_team(s);
 }
 core::CacheLineVector<float>& thread_block(LinearScratch& s) {
-  return s.weight_blocks[std::size_t(omp_get_thread_num())];
+  return s.weight_blocks[std::size_t(core::worker_index())];
 }
 
 // f(block) for `cols` cut at the multiples of `width`: a task that starts on
@@ -219,7 +219,7 @@ void linear_bf16_blocked(const LinearArgs& a, LinearScratch& s) {
   core::for_each_task(tasks, [&](std::int32_t t) {
     core::CacheLineVector<float>& f32 = thread_block(s);
     core::CacheLineVector<std::uint16_t>& rounded =
-        s.bf16_blocks[std::size_t(omp_get_thread_num())];
+        s.bf16_blocks[std::size_t(core::worker_index())];
     for_each_block(part_range(a.out, tasks, t, kColumnGranule), width, [&](IndexRange block) {
       const std::uint16_t* w = bf16_weight_block(a, block, f32, rounded);
       if (!onednn_bf16_gemm(s.x_bf16.data(), a.rows, a.in, w, block.end - block.begin,
@@ -316,6 +316,16 @@ IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
     return static_cast<std::int32_t>(std::min<std::int64_t>(count, units * p / parts * granule));
   };
   return {edge(part), edge(part + 1)};
+}
+
+LinearArgs column_range(const LinearArgs& a, IndexRange cols) {
+  LinearArgs part = a;
+  part.w = static_cast<const std::byte*>(a.w) +
+           std::size_t(cols.begin) * std::size_t(weight_row_bytes(a.w_format, a.in));
+  part.out = cols.end - cols.begin;
+  part.y = a.y + cols.begin;
+  part.ldy = ldy(a);
+  return part;
 }
 
 namespace {

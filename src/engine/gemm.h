@@ -195,6 +195,14 @@ struct IndexRange {
 IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
                       std::int32_t granule);
 
+// The product of columns [cols.begin, cols.end) of `a`'s output alone: its
+// weight rows there and y's columns there (the row stride kept), for one
+// thread's share of a product in a core::SoloScope. Deterministic mode gives
+// those columns the bits of the whole product when cols.begin is a multiple
+// of kColumnBlock (f32 weights' BLAS tiles start there; dot_tiles computes
+// a column alike in any range). cols within [0, a.out), not checked.
+LinearArgs column_range(const LinearArgs& a, IndexRange cols);
+
 // Buffers reused across calls: the zero-padded last row block of x, and per
 // thread a dequantised weight block (or deterministic mode's output tile).
 struct LinearScratch {

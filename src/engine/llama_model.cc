@@ -444,8 +444,7 @@ void LlamaModel::latent_attention(std::int32_t layer, std::int32_t tokens, bool 
 }
 
 bool LlamaModel::layers_in_teams() const {
-  return c_.shard.size == 1 && moe_.num_experts == 0 && c_.kv_lora_rank == 0 &&
-         core::teams_enabled();
+  return c_.shard.size == 1 && c_.kv_lora_rank == 0 && core::teams_enabled();
 }
 
 void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic,
@@ -498,7 +497,6 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
   const std::int32_t inter = inter_;
   rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
   if (!w.moe.empty()) {  // each rank's slice of every expert's features
-    partial_.resize(std::size_t(tokens) * std::size_t(c_.hidden_size));
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
     engine::moe_forward(moe_, w.moe, h_.data(), tokens, partial_.data(), deterministic,
                         moe_scratch_, scratch_);

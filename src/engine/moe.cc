@@ -1,14 +1,14 @@
 #include "engine/moe.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <span>
 #include <string>
 
+#include "core/team.h"
 #include "engine/activation.h"
 #include "engine/counter_random.h"
 #include "pagedattn/errors.h"
@@ -35,7 +35,8 @@ void require_expert(const ExpertWeights& e, const std::string& name, std::int64_
 }
 
 // Expert e's rows are [first_row[e], first_row[e + 1]) of the grouped
-// buffers, in token order; row_of_slot maps each (token, j) to its row.
+// buffers, in token order; row_of_slot maps each (token, j) to its row;
+// active lists the experts with rows.
 void group_by_expert(const MoeShape& s, std::int32_t tokens, MoeScratch& m) {
   const std::int32_t k = s.num_experts_used, slots = tokens * k;
   m.first_row.assign(std::size_t(s.num_experts) + 1, 0);
@@ -46,85 +47,217 @@ void group_by_expert(const MoeShape& s, std::int32_t tokens, MoeScratch& m) {
   m.row_of_slot.resize(std::size_t(slots));
   for (std::int32_t i = 0; i < slots; ++i)
     m.row_of_slot[std::size_t(i)] = next[std::size_t(m.experts[i])]++;
-}
-
-// Below this many multiply-adds per expert (rows x 2 I x H) the experts run
-// side by side, one per thread: linear() keeps a product that small on one
-// thread (a decode step's one or two rows per expert), so the experts one
-// after another would use one core.
-constexpr std::int64_t kSideBySideWork = std::int64_t{1} << 22;
-
-// Expert e's MLP of its grouped rows: grouped_x -> gate_up -> act -> grouped_y.
-void run_expert(const MoeShape& s, const ExpertWeights& w, std::int32_t row, std::int32_t rows,
-                bool deterministic, MoeScratch& m, LinearScratch& ls) {
-  const std::size_t h = std::size_t(s.hidden), inter = std::size_t(s.expert_intermediate);
-  float* gate_up = m.gate_up.data() + std::size_t(row) * 2 * inter;
-  float* act = m.act.data() + std::size_t(row) * inter;
-  w.gate_up.project(m.grouped_x.data() + std::size_t(row) * h, rows, gate_up, false, deterministic,
-                    ls);
-  gated_activation(gate_up, rows, s.expert_intermediate, s.activation, act);
-  project(act, rows, w.down, m.grouped_y.data() + std::size_t(row) * h, deterministic, ls);
-}
-
-// grouped_y = each expert's MLP of its gathered rows of x. A row's result
-// does not depend on which thread runs its expert (linear()'s rows do not
-// depend on the thread count).
-void run_experts(const MoeShape& s, const MoeLayerWeights& w, const float* x, std::int32_t tokens,
-                 bool deterministic, MoeScratch& m, LinearScratch& ls) {
-  const std::size_t h = std::size_t(s.hidden), inter = std::size_t(s.expert_intermediate);
-  const std::int32_t k = s.num_experts_used, slots = tokens * k;
-  m.grouped_x.resize(std::size_t(slots) * h);
-  m.gate_up.resize(std::size_t(slots) * 2 * inter);
-  m.act.resize(std::size_t(slots) * inter);
-  m.grouped_y.resize(std::size_t(slots) * h);
-  for (std::int32_t i = 0; i < slots; ++i)
-    std::memcpy(m.grouped_x.data() + std::size_t(m.row_of_slot[std::size_t(i)]) * h,
-                x + std::size_t(i / k) * h, h * sizeof(float));
-  std::vector<std::int32_t> active;  // experts with rows
+  m.active.clear();
   for (std::int32_t e = 0; e < s.num_experts; ++e)
-    if (m.first_row[std::size_t(e) + 1] > m.first_row[std::size_t(e)]) active.push_back(e);
-  const auto count = static_cast<std::int32_t>(active.size());
-  const std::int64_t work_per_expert = std::int64_t{slots} * 2 * std::int64_t(inter) *
-                                       std::int64_t(h) / std::max<std::int32_t>(count, 1);
-  const bool side_by_side =
-      count > 1 && omp_get_max_threads() > 1 && work_per_expert < kSideBySideWork;
-  if (side_by_side) m.thread_scratch.resize(std::size_t(omp_get_max_threads()));
-  // The caller's choice of activations (ScopedActivations is per thread).
-  const Activations activations = default_activations();
-  const bool bf16_batches = default_bf16_batches();
-#pragma omp parallel for schedule(dynamic, 1) if (side_by_side)
-  for (std::int32_t i = 0; i < count; ++i) {
-    const ScopedActivations same_as_caller(activations, bf16_batches);
-    const std::int32_t e = active[std::size_t(i)], row = m.first_row[std::size_t(e)];
-    LinearScratch& scratch =
-        side_by_side ? m.thread_scratch[std::size_t(omp_get_thread_num())] : ls;
-    run_expert(s, w.experts[std::size_t(e)], row, m.first_row[std::size_t(e) + 1] - row,
-               deterministic, m, scratch);
+    if (m.first_row[std::size_t(e) + 1] > m.first_row[std::size_t(e)]) m.active.push_back(e);
+}
+
+std::int32_t rows_of(const MoeScratch& m, std::int32_t expert) {
+  return m.first_row[std::size_t(expert) + 1] - m.first_row[std::size_t(expert)];
+}
+
+// edges = the first column of each unit of the matrix made of `parts`, then
+// its width: `granule` columns from each part's first column, each part's
+// last unit narrower.
+void unit_edges(std::span<const WeightMatrix> parts, std::int32_t granule,
+                std::vector<std::int32_t>& edges) {
+  edges.assign(1, 0);
+  std::int32_t first = 0;
+  for (const WeightMatrix& p : parts) {
+    for (std::int32_t c = granule; c < p.out(); c += granule) edges.push_back(first + c);
+    first += p.out();
+    edges.push_back(first);
   }
 }
 
+// split = the active experts' units of one matrix each (parts_of(e)) over
+// `threads`, as ExpertSplit describes.
+template <typename PartsOf>
+void split_experts(MoeScratch& m, std::int32_t threads, std::int32_t granule, PartsOf&& parts_of,
+                   ExpertSplit& split) {
+  std::int64_t total = 0;
+  for (const std::int32_t e : m.active) {
+    unit_edges(parts_of(e), granule, m.edges);
+    total += std::int64_t{rows_of(m, e)} * std::int64_t(m.edges.size() - 1);
+  }
+  split.pieces.clear();
+  split.first.assign(std::size_t(threads) + 1, 0);
+  std::int64_t done = 0;  // the cost of the units before
+  for (const std::int32_t e : m.active) {
+    unit_edges(parts_of(e), granule, m.edges);
+    for (std::size_t u = 0; u + 1 < m.edges.size(); ++u) {
+      const auto thread = static_cast<std::int32_t>(done * threads / total);
+      done += rows_of(m, e);
+      ExpertPiece* last = split.pieces.empty() ? nullptr : &split.pieces.back();
+      if (last != nullptr && last->thread == thread && last->expert == e)
+        last->columns.end = m.edges[u + 1];
+      else
+        split.pieces.push_back({thread, e, {m.edges[u], m.edges[u + 1]}});
+    }
+  }
+  for (const ExpertPiece& p : split.pieces) ++split.first[std::size_t(p.thread) + 1];
+  for (std::int32_t t = 0; t < threads; ++t)
+    split.first[std::size_t(t) + 1] += split.first[std::size_t(t)];
+}
+
+// Deterministic mode cuts at kColumnBlock: f32 weights' BLAS tiles start
+// there, so a column's bits do not depend on the split.
+std::int32_t column_granule(bool deterministic) {
+  return deterministic ? kColumnBlock : kColumnGranule;
+}
+
+// The routing, grouping and splits of a batch, on one thread of the team.
+void plan_experts(const MoeShape& s, const MoeLayerWeights& w, std::int32_t tokens,
+                  bool deterministic, std::int32_t threads, MoeScratch& m) {
+  group_by_expert(s, tokens, m);
+  const std::int32_t granule = column_granule(deterministic);
+  split_experts(
+      m, threads, granule,
+      [&](std::int32_t e) { return std::span(w.experts[std::size_t(e)].gate_up.parts()); },
+      m.gate_up_split);
+  split_experts(
+      m, threads, granule,
+      [&](std::int32_t e) { return std::span(&w.experts[std::size_t(e)].down, 1); }, m.down_split);
+}
+
+// f(piece, scratch) for each of this thread's pieces of `split`, alone on it
+// (core::SoloScope): its linear() calls do not split further.
+template <typename F>
+void run_pieces(const ExpertSplit& split, MoeScratch& m, F&& f) {
+  const auto threads = static_cast<std::int32_t>(split.first.size()) - 1;
+  core::for_each_task(threads, [&](std::int32_t t) {
+    const core::SoloScope solo;
+    for (std::int32_t i = split.first[std::size_t(t)]; i < split.first[std::size_t(t) + 1]; ++i)
+      f(split.pieces[std::size_t(i)], m.thread_scratch[std::size_t(t)]);
+  });
+}
+
+// grouped_y = each expert's MLP of its gathered rows of x, every thread
+// taking its pieces of all experts' gate|up columns, then of their down
+// columns. A column's result does not depend on the piece it is in, except
+// outside deterministic mode on the BLAS paths of large batches.
+void run_experts(const MoeShape& s, const MoeLayerWeights& w, const float* x, std::int32_t tokens,
+                 bool deterministic, MoeScratch& m) {
+  const std::size_t h = std::size_t(s.hidden), inter = std::size_t(s.expert_intermediate);
+  const std::int32_t k = s.num_experts_used, slots = tokens * k;
+  core::for_row_ranges(slots, std::int64_t(h), [&](std::int32_t begin, std::int32_t end) {
+    for (std::int32_t i = begin; i < end; ++i)
+      std::memcpy(m.grouped_x.data() + std::size_t(m.row_of_slot[std::size_t(i)]) * h,
+                  x + std::size_t(i / k) * h, h * sizeof(float));
+  });
+  run_pieces(m.gate_up_split, m, [&](const ExpertPiece& p, LinearScratch& ls) {
+    const std::int32_t row = m.first_row[std::size_t(p.expert)];
+    w.experts[std::size_t(p.expert)].gate_up.project_columns(
+        m.grouped_x.data() + std::size_t(row) * h, rows_of(m, p.expert),
+        m.gate_up.data() + std::size_t(row) * 2 * inter, p.columns, false, deterministic, ls);
+  });
+  core::for_row_ranges(slots, std::int64_t(inter), [&](std::int32_t begin, std::int32_t end) {
+    gated_activation(m.gate_up.data() + std::size_t(begin) * 2 * inter, end - begin,
+                     s.expert_intermediate, s.activation,
+                     m.act.data() + std::size_t(begin) * inter);
+  });
+  run_pieces(m.down_split, m, [&](const ExpertPiece& p, LinearScratch& ls) {
+    const std::int32_t row = m.first_row[std::size_t(p.expert)];
+    const WeightMatrix& down = w.experts[std::size_t(p.expert)].down;
+    const LinearArgs whole{m.act.data() + std::size_t(row) * inter,
+                           rows_of(m, p.expert),
+                           down.in(),
+                           down.data(),
+                           down.out(),
+                           m.grouped_y.data() + std::size_t(row) * h,
+                           false,
+                           deterministic,
+                           down.format()};
+    linear(column_range(whole, p.columns), ls);
+  });
+}
+
+// y[t] = each token's experts' outputs weighted, summed in its top-k order
+// (fixed per token).
+void combine_experts(const MoeShape& s, std::int32_t tokens, float* y, const MoeScratch& m) {
+  const std::size_t h = std::size_t(s.hidden);
+  const std::int32_t k = s.num_experts_used;
+  core::for_row_ranges(tokens, std::int64_t(h) * k, [&](std::int32_t begin, std::int32_t end) {
+    for (std::int32_t t = begin; t < end; ++t) {
+      float* out = y + std::size_t(t) * h;
+      for (std::int32_t j = 0; j < k; ++j) {
+        const std::size_t slot = std::size_t(t) * k + j;
+        const float weight = m.weights[slot];
+        const float* expert = m.grouped_y.data() + std::size_t(m.row_of_slot[slot]) * h;
+        if (j == 0)
+          for (std::size_t i = 0; i < h; ++i) out[i] = weight * expert[i];
+        else
+          for (std::size_t i = 0; i < h; ++i) out[i] += weight * expert[i];
+      }
+    }
+  });
+}
+
 // y[t] += sigmoid(x[t] . shared_gate) * shared(x[t]) (without the gate
-// when !shared_gated).
+// when !shared_gated), each product split over the team.
 void add_shared_expert(const MoeShape& s, const MoeLayerWeights& w, const float* x,
                        std::int32_t tokens, float* y, bool deterministic, MoeScratch& m,
                        LinearScratch& ls) {
   const std::size_t h = std::size_t(s.hidden), inter = std::size_t(s.shared_intermediate);
-  m.shared_gate_up.resize(std::size_t(tokens) * 2 * inter);
-  m.shared_act.resize(std::size_t(tokens) * inter);
-  m.shared_y.resize(std::size_t(tokens) * h);
-  m.shared_logit.resize(std::size_t(tokens));
   w.shared.gate_up.project(x, tokens, m.shared_gate_up.data(), false, deterministic, ls);
-  gated_activation(m.shared_gate_up.data(), tokens, s.shared_intermediate, s.activation,
-                   m.shared_act.data());
+  core::for_row_ranges(tokens, std::int64_t(inter), [&](std::int32_t begin, std::int32_t end) {
+    gated_activation(m.shared_gate_up.data() + std::size_t(begin) * 2 * inter, end - begin,
+                     s.shared_intermediate, s.activation,
+                     m.shared_act.data() + std::size_t(begin) * inter);
+  });
   project(m.shared_act.data(), tokens, w.shared.down, m.shared_y.data(), deterministic, ls);
   if (s.shared_gated) project(x, tokens, w.shared_gate, m.shared_logit.data(), deterministic, ls);
-  for (std::int32_t t = 0; t < tokens; ++t) {
-    const float gate =
-        s.shared_gated ? 1.0f / (1.0f + std::exp(-m.shared_logit[std::size_t(t)])) : 1.0f;
-    const float* shared = m.shared_y.data() + std::size_t(t) * h;
-    float* out = y + std::size_t(t) * h;
-    for (std::size_t i = 0; i < h; ++i) out[i] += gate * shared[i];
-  }
+  core::for_row_ranges(tokens, std::int64_t(h), [&](std::int32_t begin, std::int32_t end) {
+    for (std::int32_t t = begin; t < end; ++t) {
+      const float gate =
+          s.shared_gated ? 1.0f / (1.0f + std::exp(-m.shared_logit[std::size_t(t)])) : 1.0f;
+      const float* shared = m.shared_y.data() + std::size_t(t) * h;
+      float* out = y + std::size_t(t) * h;
+      for (std::size_t i = 0; i < h; ++i) out[i] += gate * shared[i];
+    }
+  });
+}
+
+// Every buffer of a batch of `tokens`, sized before the team's threads use
+// them.
+void size_buffers(const MoeShape& s, std::int32_t tokens, std::int32_t threads, MoeScratch& m) {
+  const std::size_t t = std::size_t(tokens), slots = t * std::size_t(s.num_experts_used);
+  const std::size_t h = std::size_t(s.hidden), inter = std::size_t(s.expert_intermediate),
+                    shared = std::size_t(s.shared_intermediate);
+  m.logits.resize(t * std::size_t(s.num_experts));
+  m.experts.resize(slots);
+  m.weights.resize(slots);
+  m.grouped_x.resize(slots * h);
+  m.gate_up.resize(slots * 2 * inter);
+  m.act.resize(slots * inter);
+  m.grouped_y.resize(slots * h);
+  m.shared_gate_up.resize(t * 2 * shared);
+  m.shared_act.resize(t * shared);
+  m.shared_y.resize(shared > 0 ? t * h : 0);
+  m.shared_logit.resize(t);
+  m.thread_scratch.resize(std::size_t(threads));
+}
+
+// moe_forward inside a team, the arguments checked.
+void moe_in_team(const MoeShape& s, const MoeLayerWeights& w, const float* x, std::int32_t tokens,
+                 float* y, bool deterministic, MoeScratch& m, LinearScratch& ls) {
+  if (tokens == 0) return;
+  const std::int32_t threads = core::available_threads();
+  core::on_one_thread([&] { size_buffers(s, tokens, threads, m); });
+  project(x, tokens, w.router, m.logits.data(), deterministic, ls);
+  const std::int32_t k = s.num_experts_used, experts = s.num_experts;
+  // Routing sorts each token's experts: weigh a token as a few passes over them.
+  core::for_row_ranges(tokens, std::int64_t{experts} * 8,
+                       [&](std::int32_t begin, std::int32_t end) {
+                         route_tokens(s, m.logits.data() + std::size_t(begin) * experts,
+                                      end - begin, m.experts.data() + std::size_t(begin) * k,
+                                      m.weights.data() + std::size_t(begin) * k,
+                                      w.selection_bias.empty() ? nullptr : w.selection_bias.data());
+                       });
+  core::on_one_thread([&] { plan_experts(s, w, tokens, deterministic, threads, m); });
+  run_experts(s, w, x, tokens, deterministic, m);
+  combine_experts(s, tokens, y, m);
+  if (s.shared_intermediate > 0) add_shared_expert(s, w, x, tokens, y, deterministic, m, ls);
 }
 
 // Groups (when expert_groups > 1) split the experts evenly, sigmoid groups
@@ -315,36 +448,22 @@ void route_tokens(const MoeShape& s, const float* logits, std::int32_t tokens,
 
 void moe_forward(const MoeShape& s, const MoeLayerWeights& w, const float* x, std::int32_t tokens,
                  float* y, bool deterministic, MoeScratch& m, LinearScratch& ls) {
+  if (core::in_team()) return moe_in_team(s, w, x, tokens, y, deterministic, m, ls);
   require(tokens >= 0, "moe_forward: tokens = ", tokens, " must be >= 0");
   require(s.num_experts >= 1 && s.num_experts_used >= 1 && s.num_experts_used <= s.num_experts,
           "moe_forward: num_experts_used = ", s.num_experts_used,
           " must be in [1, num_experts = ", s.num_experts, "]");
   validate_moe_weights(s, w, -1);
   if (tokens == 0) return;
-  const std::size_t h = std::size_t(s.hidden);
-  const std::int32_t k = s.num_experts_used;
-  m.logits.resize(std::size_t(tokens) * s.num_experts);
-  project(x, tokens, w.router, m.logits.data(), deterministic, ls);
-  m.experts.resize(std::size_t(tokens) * k);
-  m.weights.resize(std::size_t(tokens) * k);
-  route_tokens(s, m.logits.data(), tokens, m.experts.data(), m.weights.data(),
-               w.selection_bias.empty() ? nullptr : w.selection_bias.data());
-  group_by_expert(s, tokens, m);
-  run_experts(s, w, x, tokens, deterministic, m, ls);
-  // Each token's experts summed in its top-k order (fixed per token).
-  for (std::int32_t t = 0; t < tokens; ++t) {
-    float* out = y + std::size_t(t) * h;
-    for (std::int32_t j = 0; j < k; ++j) {
-      const std::size_t slot = std::size_t(t) * k + j;
-      const float weight = m.weights[slot];
-      const float* expert = m.grouped_y.data() + std::size_t(m.row_of_slot[slot]) * h;
-      if (j == 0)
-        for (std::size_t i = 0; i < h; ++i) out[i] = weight * expert[i];
-      else
-        for (std::size_t i = 0; i < h; ++i) out[i] += weight * expert[i];
-    }
-  }
-  if (s.shared_intermediate > 0) add_shared_expert(s, w, x, tokens, y, deterministic, m, ls);
+  size_for_team(ls);
+  // The team's threads take the caller's choice of activations
+  // (ScopedActivations is per thread).
+  const Activations activations = default_activations();
+  const bool bf16_batches = default_bf16_batches();
+  core::run_in_team(true, [&] {
+    const ScopedActivations same_as_caller(activations, bf16_batches);
+    moe_in_team(s, w, x, tokens, y, deterministic, m, ls);
+  });
 }
 
 }  // namespace pagedattn::engine

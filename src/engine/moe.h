@@ -86,6 +86,24 @@ MoeLayerWeights draw_moe_weights(const LlamaConfig& config, std::int32_t layer);
 void route_tokens(const MoeShape& shape, const float* router_logits, std::int32_t tokens,
                   std::int32_t* experts, float* weights, const float* selection_bias = nullptr);
 
+// One thread's share of the experts' products: columns of one expert's
+// matrix (its gate|up rows, or its down rows), with all of its rows.
+struct ExpertPiece {
+  std::int32_t thread = 0;
+  std::int32_t expert = 0;
+  IndexRange columns;
+};
+
+// The experts' products of one matrix split over a team's threads: each
+// matrix's columns cut into units (granule columns from each part's first
+// column), a unit costing the expert's rows, and thread t taking the units
+// that start in its 1 / threads of the total cost, merged into pieces.
+// pieces: by thread; first: [threads + 1] offsets into pieces.
+struct ExpertSplit {
+  std::vector<ExpertPiece> pieces;
+  std::vector<std::int32_t> first;
+};
+
 // Buffers reused across calls.
 struct MoeScratch {
   std::vector<float> logits, weights;   // [T][E], [T k]
@@ -95,14 +113,23 @@ struct MoeScratch {
   std::vector<float> grouped_x, gate_up, act,
       grouped_y;  // [T k][H], [T k][2 I], [T k][I], [T k][H]
   std::vector<float> shared_gate_up, shared_act, shared_y, shared_logit;
-  std::vector<LinearScratch> thread_scratch;  // experts run side by side: one per thread
+  std::vector<std::int32_t> active;           // the experts with rows, in order
+  ExpertSplit gate_up_split, down_split;      // the threads' shares of the experts
+  std::vector<std::int32_t> edges;            // one matrix's unit edges
+  std::vector<LinearScratch> thread_scratch;  // [threads]: each piece's linear()
 };
 
-// y[tokens][H] = the MoE MLP of x[tokens][H] (x already normed). The rows
-// routed to an expert are gathered and multiplied in one linear() per
-// matrix; experts with no rows are skipped, and small experts' products
-// run side by side on the OpenMP threads. InvalidArgument when the
-// weights do not match `shape` or tokens < 0.
+// y[tokens][H] = the MoE MLP of x[tokens][H] (x already normed), in one team
+// (core/team.h): the calling one, whose threads all call it with the same
+// arguments (the caller validated the weights before the team started),
+// else one of its own. The rows routed to an expert are gathered and
+// multiplied in one product per matrix, experts with no rows are skipped,
+// and every thread takes a share of all the experts' columns at once
+// (ExpertSplit): a decode step's few small experts keep every thread busy.
+// In deterministic mode units are kColumnBlock columns, so that a token's
+// result depends neither on the batch nor on the thread count.
+// InvalidArgument, outside a team, when the weights do not match `shape`
+// or tokens < 0.
 void moe_forward(const MoeShape& shape, const MoeLayerWeights& weights, const float* x,
                  std::int32_t tokens, float* y, bool deterministic, MoeScratch& scratch,
                  LinearScratch& linear_scratch);

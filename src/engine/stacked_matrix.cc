@@ -42,13 +42,23 @@ StackedMatrix StackedMatrix::gather_rows(const std::vector<RowRange>& ranges,
 
 void StackedMatrix::project(const float* x, std::int32_t rows, float* y, bool accumulate,
                             bool deterministic, LinearScratch& scratch) const {
-  std::int32_t column = 0;
+  project_columns(x, rows, y, {0, out_}, accumulate, deterministic, scratch);
+}
+
+void StackedMatrix::project_columns(const float* x, std::int32_t rows, float* y, IndexRange cols,
+                                    bool accumulate, bool deterministic,
+                                    LinearScratch& scratch) const {
+  std::int32_t first = 0;  // the part's first column
   for (const WeightMatrix& p : parts_) {
-    LinearArgs args{x,          rows,       p.in(),        p.data(),  p.out(),
-                    y + column, accumulate, deterministic, p.format()};
-    args.ldy = out_;
-    linear(args, scratch);
-    column += p.out();
+    const std::int32_t begin = std::max(cols.begin, first);
+    const std::int32_t end = std::min(cols.end, first + p.out());
+    if (begin < end) {
+      LinearArgs args{x,         rows,       p.in(),        p.data(),  p.out(),
+                      y + first, accumulate, deterministic, p.format()};
+      args.ldy = out_;
+      linear(column_range(args, {begin - first, end - first}), scratch);
+    }
+    first += p.out();
   }
 }
 

@@ -34,6 +34,12 @@ class StackedMatrix {
   // y[rows][out()] (+)= x[rows][in()] w^T, part by part into adjacent columns.
   void project(const float* x, std::int32_t rows, float* y, bool accumulate, bool deterministic,
                LinearScratch& scratch) const;
+  // The same for the columns `cols` of y alone (y still [rows][out()]), each
+  // part's share through column_range(): deterministic mode keeps the bits
+  // of project() where cols.begin is on a multiple of kColumnBlock from the
+  // first column of its part.
+  void project_columns(const float* x, std::int32_t rows, float* y, IndexRange cols,
+                       bool accumulate, bool deterministic, LinearScratch& scratch) const;
 
  private:
   std::vector<WeightMatrix> parts_;

@@ -5,6 +5,7 @@
 #include "engine/moe.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -155,6 +156,19 @@ void expect_matches_reference(const MoeShape& s, const MoeLayerWeights& w,
   EXPECT_GE(checked, tokens - 2);
 }
 
+// Sets the OpenMP thread count while it lives: every thread takes a share
+// of every expert's columns (ExpertSplit), so the split moves with it.
+class Threads {
+ public:
+  explicit Threads(int threads) : previous_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~Threads() { omp_set_num_threads(previous_); }
+  Threads(const Threads&) = delete;
+  Threads& operator=(const Threads&) = delete;
+
+ private:
+  int previous_;
+};
+
 TEST(Moe, MatchesADoubleReferenceOnRandomShapes) {
   const MoeShape shapes[] = {
       {64, 8, 2, 48, 0, false, MlpActivation::kSilu},   // qwen2moe-like routing, no shared
@@ -171,8 +185,12 @@ TEST(Moe, MatchesADoubleReferenceOnRandomShapes) {
     stream += 1000;
     for (const std::int32_t tokens : {1, 7, 37}) {
       const std::vector<float> x = uniform(std::size_t(tokens) * s.hidden, 1.5, stream++);
-      for (const bool deterministic : {false, true})
-        expect_matches_reference(s, w, x, deterministic);
+      for (const int threads : {1, 2, 5}) {  // 5: more threads than some batches' experts
+        SCOPED_TRACE(testing::Message() << tokens << " tokens, " << threads << " threads");
+        const Threads scope(threads);
+        for (const bool deterministic : {false, true})
+          expect_matches_reference(s, w, x, deterministic);
+      }
     }
   }
 }
@@ -244,13 +262,24 @@ TEST(Moe, QuantisedExpertsMatchTheirValues) {
   }
 }
 
+// ... nor on the thread count: experts wider than a column block (f32
+// weights: BLAS tiles) split over 1-5 threads give the same bits.
 TEST(Moe, DeterministicRowsDoNotDependOnTheBatch) {
-  const MoeShape s{64, 8, 2, 48, 80, true, MlpActivation::kSilu};
+  const MoeShape s{64, 8, 2, 300, 80, true, MlpActivation::kSilu};
   const MoeLayerWeights w = random_weights(s, 500);
   const std::int32_t tokens = 40;
   const std::vector<float> x = uniform(std::size_t(tokens) * s.hidden, 1.5, 501);
   MoeScratch scratch;
   const std::vector<float> whole = run(s, w, x, true, scratch);
+  for (const int threads : {1, 2, 3, 5}) {
+    const Threads scope(threads);
+    const std::vector<float> y = run(s, w, x, true, scratch);
+    ASSERT_EQ(std::memcmp(y.data(), whole.data(), y.size() * sizeof(float)), 0)
+        << threads << " threads";
+    const std::vector<float> one = run(s, w, {x.begin(), x.begin() + s.hidden}, true, scratch);
+    ASSERT_EQ(std::memcmp(one.data(), whole.data(), one.size() * sizeof(float)), 0)
+        << "token 0 alone on " << threads << " threads";
+  }
   const std::size_t h = std::size_t(s.hidden);
   for (std::int32_t t = 0; t < tokens; ++t) {  // alone
     const std::vector<float> row(x.begin() + std::ptrdiff_t(t * h),

@@ -11,6 +11,39 @@
 
 namespace pagedattn::test {
 
+GgufWriter moe_model(const std::string& arch, TinyExperts e) {
+  const bool qwen3 = arch == "qwen3moe";
+  GgufWriter w = tiny_model(arch, qwen3, !qwen3, {.hidden = std::uint32_t(e.hidden)});
+  w.kv_u32(arch + ".expert_count", std::uint32_t(e.experts))
+      .kv_u32(arch + ".expert_used_count", e.used);
+  w.kv_u32(arch + ".expert_feed_forward_length", std::uint32_t(e.expert_ff));
+  if (!qwen3) w.kv_u32(arch + ".expert_shared_feed_forward_length", std::uint32_t(e.shared_ff));
+  std::uint64_t seed = 1000;
+  for (std::uint32_t l = 0; l < 2; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    if (qwen3) {
+      w.tensor(p + "attn_q_norm.weight", GgufType::kF32, {e.hidden / 4}, seed++);
+      w.tensor(p + "attn_k_norm.weight", GgufType::kF32, {e.hidden / 4}, seed++);
+    }
+    w.tensor(p + "ffn_gate_inp.weight", GgufType::kF32, {e.hidden, e.experts}, seed++);
+    w.tensor(p + "ffn_gate_exps.weight", GgufType::kQ4_0, {e.hidden, e.expert_ff, e.experts},
+             seed++);
+    w.tensor(p + "ffn_up_exps.weight", GgufType::kQ8_0, {e.hidden, e.expert_ff, e.experts}, seed++);
+    w.tensor(p + "ffn_down_exps.weight", GgufType::kQ4_1, {e.expert_ff, e.hidden, e.experts},
+             seed++);
+    if (qwen3) continue;
+    // Layer 0's gate 1-D (older converters), layer 1's [1][H] (current ones).
+    w.tensor(
+        p + "ffn_gate_inp_shexp.weight", GgufType::kF32,
+        l == 0 ? std::vector<std::uint64_t>{e.hidden} : std::vector<std::uint64_t>{e.hidden, 1},
+        seed++);
+    w.tensor(p + "ffn_gate_shexp.weight", GgufType::kQ8_0, {e.hidden, e.shared_ff}, seed++);
+    w.tensor(p + "ffn_up_shexp.weight", GgufType::kF16, {e.hidden, e.shared_ff}, seed++);
+    w.tensor(p + "ffn_down_shexp.weight", GgufType::kQ4_0, {e.shared_ff, e.hidden}, seed++);
+  }
+  return w;
+}
+
 std::vector<std::byte> as_f32(const GgufWriter& metadata_source, const GgufFile& file) {
   GgufWriter w = metadata_source;
   w.clear_tensors();

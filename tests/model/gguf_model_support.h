@@ -1,9 +1,11 @@
-// Helpers the GGUF model tests share: a file's F32 twin, teacher-forced
-// logits of one sequence, and the comparison of the two.
+// Helpers the GGUF model tests share: a qwen2moe / qwen3moe file, a file's
+// F32 twin, teacher-forced logits of one sequence, and the comparison of
+// the two.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "model/gguf_writer.h"
@@ -11,6 +13,18 @@
 #include "pagedattn/model.h"
 
 namespace pagedattn::test {
+
+// The experts of moe_model's file.
+struct TinyExperts {
+  std::uint64_t hidden = 64, experts = 4, expert_ff = 32, shared_ff = 64;
+  std::uint32_t used = 2;
+};
+
+// A two-layer qwen2moe or qwen3moe file: tiny_model's attention and norms
+// (its dense MLP tensors stay unread; qwen3moe with q/k norms, qwen2moe
+// with biases and a gated shared expert) plus the experts, gate / up / down
+// of different in-place types (Q4_0, Q8_0, Q4_1) and a F32 router.
+GgufWriter moe_model(const std::string& arch, TinyExperts e = {});
 
 // The file `metadata_source` wrote, with every tensor of `file` as F32 (its
 // dequantised values): the reference a quantised load must match.

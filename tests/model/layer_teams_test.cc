@@ -5,10 +5,9 @@
 // route a step can take: in place, tiles, int8 activations (the
 // thread-local choice must reach every thread of a team), bf16 products,
 // deterministic mode (its fixed tiles, f32 weights' BLAS tiles included,
-// and its fixed KV chunks);
-// with biases, q/k norms, sandwich norms, windows and softcaps, attention
-// split over the threads by keys (a sequence of 600), and the LM head in the
-// last team.
+// and its fixed KV chunks); with biases, q/k norms, sandwich norms, windows
+// and softcaps, mixtures of experts, attention split over the threads by
+// keys (a sequence of 600), and the LM head in the last team.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -16,6 +15,7 @@
 #include <cstring>
 
 #include "core/team.h"
+#include "model/gguf_model_support.h"
 #include "model/gguf_writer.h"
 #include "pagedattn/gguf.h"
 #include "pagedattn/gguf_model.h"
@@ -123,6 +123,13 @@ TEST(LayerTeams, GiveBitwiseTheLogitsOfARegionPerPiece) {
                                                 .gate = GgufType::kF32,
                                                 .up = GgufType::kF32,
                                                 .down = GgufType::kF32}));
+  // Mixtures of experts: each expert's columns split over the team, a
+  // shared expert's products over all of it.
+  for (const char* arch : {"qwen2moe", "qwen3moe"}) {
+    SCOPED_TRACE(arch);
+    expect_teams_change_nothing(test::moe_model(
+        arch, {.hidden = 256, .experts = 8, .expert_ff = 128, .shared_ff = 192, .used = 3}));
+  }
   for (const char* arch : {"qwen3", "gemma2"}) {  // q/k norms; sandwich norms
     SCOPED_TRACE(arch);
     test::GgufWriter w = test::tiny_model(arch, false, false, wide, {});

@@ -25,38 +25,7 @@ using test::as_f32;
 using test::GgufTestTensor;
 using test::GgufWriter;
 
-constexpr std::uint64_t kHidden = 64, kExperts = 4, kExpertFf = 32, kSharedFf = 64;
-
-// tiny_model's attention and norms (its dense MLP tensors stay unread) plus
-// the experts: gate/up/down of different in-place types, a F32 router.
-GgufWriter moe_model(const std::string& arch, std::uint32_t used = 2) {
-  const bool qwen3 = arch == "qwen3moe";
-  GgufWriter w = test::tiny_model(arch, qwen3, !qwen3, {.hidden = kHidden});
-  w.kv_u32(arch + ".expert_count", kExperts).kv_u32(arch + ".expert_used_count", used);
-  w.kv_u32(arch + ".expert_feed_forward_length", kExpertFf);
-  if (!qwen3) w.kv_u32(arch + ".expert_shared_feed_forward_length", kSharedFf);
-  std::uint64_t seed = 1000;
-  for (std::uint32_t l = 0; l < 2; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    if (qwen3) {
-      w.tensor(p + "attn_q_norm.weight", GgufType::kF32, {kHidden / 4}, seed++);
-      w.tensor(p + "attn_k_norm.weight", GgufType::kF32, {kHidden / 4}, seed++);
-    }
-    w.tensor(p + "ffn_gate_inp.weight", GgufType::kF32, {kHidden, kExperts}, seed++);
-    w.tensor(p + "ffn_gate_exps.weight", GgufType::kQ4_0, {kHidden, kExpertFf, kExperts}, seed++);
-    w.tensor(p + "ffn_up_exps.weight", GgufType::kQ8_0, {kHidden, kExpertFf, kExperts}, seed++);
-    w.tensor(p + "ffn_down_exps.weight", GgufType::kQ4_1, {kExpertFf, kHidden, kExperts}, seed++);
-    if (qwen3) continue;
-    // Layer 0's gate 1-D (older converters), layer 1's [1][H] (current ones).
-    w.tensor(p + "ffn_gate_inp_shexp.weight", GgufType::kF32,
-             l == 0 ? std::vector<std::uint64_t>{kHidden} : std::vector<std::uint64_t>{kHidden, 1},
-             seed++);
-    w.tensor(p + "ffn_gate_shexp.weight", GgufType::kQ8_0, {kHidden, kSharedFf}, seed++);
-    w.tensor(p + "ffn_up_shexp.weight", GgufType::kF16, {kHidden, kSharedFf}, seed++);
-    w.tensor(p + "ffn_down_shexp.weight", GgufType::kQ4_0, {kSharedFf, kHidden}, seed++);
-  }
-  return w;
-}
+using test::moe_model;
 
 TEST(GgufMoe, ExpertKeysAreRead) {
   for (const char* arch : {"qwen2moe", "qwen3moe"}) {
@@ -93,7 +62,7 @@ TEST(GgufMoe, RefusalsNameTheProblem) {
         read_model_config(GgufFile::parse({m.data(), m.size()}, "mixtral.gguf"));
       },
       {"mixtral.gguf", "llama.expert_count = 8", "qwen2moe and qwen3moe"});
-  const std::vector<std::byte> t = moe_model("qwen3moe", 5).build();
+  const std::vector<std::byte> t = moe_model("qwen3moe", {.used = 5}).build();
   test::expect_throws<InvalidArgument>(
       [&] {
         read_model_config(GgufFile::parse({t.data(), t.size()}, "moe.gguf"));
