@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 
+#include "engine/product_split.h"
 #include "engine/rms_norm.h"
 #include "kernels/cpu/convert.h"
 #include "pagedattn/errors.h"
@@ -41,24 +42,60 @@ void require_mla_length(const std::vector<float>& v, const char* name, std::int6
           " weights, the config needs ", want);
 }
 
+// y[tokens][ldy] columns [h * y_width, + out) = head h's x (columns [h *
+// x_width, + in) of x[tokens][heads * x_width]) times weights(h)^T, for
+// every head: one product each, split over the threads all at once
+// (ProductSplit), a decode step's heads being one row each and too small
+// to split alone. Each thread gathers its heads' columns into its own
+// slice of m.head_in.
+template <typename Weights>
+void per_head_products(const MlaShape& s, std::int32_t tokens, const float* x, std::int32_t x_width,
+                       Weights&& weights, float* y, std::int32_t y_width, std::int32_t ldy,
+                       bool deterministic, MlaScratch& m) {
+  const std::int32_t threads = core::available_threads();
+  if (std::ssize(m.heads) != s.heads) {
+    m.heads.resize(std::size_t(s.heads));
+    std::iota(m.heads.begin(), m.heads.end(), 0);
+  }
+  const WeightMatrix& first = weights(0);
+  const std::size_t slice = std::size_t(tokens) * std::size_t(first.in());
+  if (tokens > 1) m.head_in.resize(slice * std::size_t(threads));
+  m.thread_scratch.resize(std::size_t(threads));
+  split_products(
+      m.heads, [&](std::int32_t) { return tokens; },
+      [&](std::int32_t h) { return std::span(&weights(h), 1); },
+      product_split_granule(deterministic), threads, m.heads_split);
+  const std::int64_t x_stride = std::int64_t{s.heads} * x_width;
+  run_pieces(m.heads_split, m.thread_scratch, [&](const ProductPiece& p, LinearScratch& ls) {
+    const WeightMatrix& w = weights(p.product);
+    const float* head_x = x + std::int64_t{p.product} * x_width;
+    if (tokens > 1) {  // one row is in place already
+      float* mine = m.head_in.data() + slice * std::size_t(p.thread);
+      gather_columns(x, tokens, x_stride, std::int64_t{p.product} * x_width, w.in(), mine);
+      head_x = mine;
+    }
+    const LinearArgs whole{
+        head_x, tokens,        w.in(),     w.data(), w.out(), y + std::int64_t{p.product} * y_width,
+        false,  deterministic, w.format(), ldy};
+    linear(column_range(whole, p.columns), ls);
+  });
+}
+
 // The step's query rows [tokens][heads][kv_lora_rank + rope]: each head's
 // absorbed nope part W_UK_h^T q_nope_h, then its RoPE part (unrotated).
 void absorbed_queries(const MlaShape& s, const MlaLayerWeights& w, std::int32_t tokens,
-                      bool deterministic, MlaScratch& m, LinearScratch& ls) {
+                      bool deterministic, MlaScratch& m) {
   const std::int32_t head_q = s.nope + s.rope, d = s.cache_head_dim();
   const std::int64_t q_stride = s.query_width(), query_stride = std::int64_t{s.heads} * d;
   m.query.resize(std::size_t(tokens) * std::size_t(query_stride));
-  m.head_in.resize(std::size_t(tokens) * std::size_t(std::max(s.nope, s.kv_lora_rank)));
-  for (std::int32_t h = 0; h < s.heads; ++h) {
-    gather_columns(m.q.data(), tokens, q_stride, std::int64_t{h} * head_q, s.nope,
-                   m.head_in.data());
-    project_strided(m.head_in.data(), tokens, w.k_absorb[std::size_t(h)],
-                    m.query.data() + std::int64_t{h} * d, static_cast<std::int32_t>(query_stride),
-                    deterministic, ls);
-    for (std::int32_t t = 0; t < tokens; ++t)
+  per_head_products(
+      s, tokens, m.q.data(), head_q,
+      [&](std::int32_t h) -> const WeightMatrix& { return w.k_absorb[std::size_t(h)]; },
+      m.query.data(), d, static_cast<std::int32_t>(query_stride), deterministic, m);
+  for (std::int32_t t = 0; t < tokens; ++t)
+    for (std::int32_t h = 0; h < s.heads; ++h)
       std::copy_n(m.q.data() + t * q_stride + std::int64_t{h} * head_q + s.nope, s.rope,
                   m.query.data() + t * query_stride + std::int64_t{h} * d + s.kv_lora_rank);
-  }
 }
 
 // m.q[tokens][query_width] and the cache rows m.rows[tokens][kv_lora_rank +
@@ -346,7 +383,7 @@ void mla_attention(const MlaShape& s, const MlaLayerWeights& w, const float* x, 
     append_rows(s, layer, cache, m);
     return expanded_attention(s, w, layer, options, cache, values, m, ls);
   }
-  absorbed_queries(s, w, tokens, deterministic, m, ls);
+  absorbed_queries(s, w, tokens, deterministic, m);
   // The RoPE parts sit after the latent in every query head and cache row.
   apply_rope({m.query.data() + latent, DType::kF32, std::int64_t{s.heads} * d, d}, tokens, s.heads,
              s.rope, positions, rope);
@@ -361,14 +398,10 @@ void mla_attention(const MlaShape& s, const MlaLayerWeights& w, const float* x, 
   cache.attention(layer, {m.query.data(), DType::kF32, std::int64_t{s.heads} * d, d}, rows, value,
                   {m.attention.data(), DType::kF32, std::int64_t{s.heads} * latent, latent},
                   options);
-  const std::int64_t values_stride = std::int64_t{s.heads} * s.v_head_dim;
-  for (std::int32_t h = 0; h < s.heads; ++h) {
-    gather_columns(m.attention.data(), tokens, std::int64_t{s.heads} * latent,
-                   std::int64_t{h} * latent, latent, m.head_in.data());
-    project_strided(m.head_in.data(), tokens, w.v_up[std::size_t(h)],
-                    values + std::int64_t{h} * s.v_head_dim,
-                    static_cast<std::int32_t>(values_stride), deterministic, ls);
-  }
+  per_head_products(
+      s, tokens, m.attention.data(), latent,
+      [&](std::int32_t h) -> const WeightMatrix& { return w.v_up[std::size_t(h)]; }, values,
+      s.v_head_dim, s.heads* s.v_head_dim, deterministic, m);
 }
 
 }  // namespace pagedattn::engine

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "engine/gemm.h"
+#include "engine/product_split.h"
 #include "engine/stacked_matrix.h"
 #include "engine/weight_matrix.h"
 #include "pagedattn/attention.h"
@@ -97,6 +98,11 @@ struct MlaScratch {
   std::vector<const float*> k_up_heads;  // [heads]: f32 weights or rows of k_up
   std::vector<std::int32_t> kv_indptr, kv_indices, last_page_len;
   AttentionRunner runner;
+  // The per-head products: the heads' ids, their split over the threads,
+  // and each thread's scratch (head_in: a slice of gathered columns each).
+  std::vector<std::int32_t> heads;
+  ProductSplit heads_split;
+  std::vector<LinearScratch> thread_scratch;
 };
 
 // values[tokens][heads * v_head_dim] = each head's up-projected attention

@@ -56,80 +56,19 @@ std::int32_t rows_of(const MoeScratch& m, std::int32_t expert) {
   return m.first_row[std::size_t(expert) + 1] - m.first_row[std::size_t(expert)];
 }
 
-// edges = the first column of each unit of the matrix made of `parts`, then
-// its width: `granule` columns from each part's first column, each part's
-// last unit narrower.
-void unit_edges(std::span<const WeightMatrix> parts, std::int32_t granule,
-                std::vector<std::int32_t>& edges) {
-  edges.assign(1, 0);
-  std::int32_t first = 0;
-  for (const WeightMatrix& p : parts) {
-    for (std::int32_t c = granule; c < p.out(); c += granule) edges.push_back(first + c);
-    first += p.out();
-    edges.push_back(first);
-  }
-}
-
-// split = the active experts' units of one matrix each (parts_of(e)) over
-// `threads`, as ExpertSplit describes.
-template <typename PartsOf>
-void split_experts(MoeScratch& m, std::int32_t threads, std::int32_t granule, PartsOf&& parts_of,
-                   ExpertSplit& split) {
-  std::int64_t total = 0;
-  for (const std::int32_t e : m.active) {
-    unit_edges(parts_of(e), granule, m.edges);
-    total += std::int64_t{rows_of(m, e)} * std::int64_t(m.edges.size() - 1);
-  }
-  split.pieces.clear();
-  split.first.assign(std::size_t(threads) + 1, 0);
-  std::int64_t done = 0;  // the cost of the units before
-  for (const std::int32_t e : m.active) {
-    unit_edges(parts_of(e), granule, m.edges);
-    for (std::size_t u = 0; u + 1 < m.edges.size(); ++u) {
-      const auto thread = static_cast<std::int32_t>(done * threads / total);
-      done += rows_of(m, e);
-      ExpertPiece* last = split.pieces.empty() ? nullptr : &split.pieces.back();
-      if (last != nullptr && last->thread == thread && last->expert == e)
-        last->columns.end = m.edges[u + 1];
-      else
-        split.pieces.push_back({thread, e, {m.edges[u], m.edges[u + 1]}});
-    }
-  }
-  for (const ExpertPiece& p : split.pieces) ++split.first[std::size_t(p.thread) + 1];
-  for (std::int32_t t = 0; t < threads; ++t)
-    split.first[std::size_t(t) + 1] += split.first[std::size_t(t)];
-}
-
-// Deterministic mode cuts at kColumnBlock: f32 weights' BLAS tiles start
-// there, so a column's bits do not depend on the split.
-std::int32_t column_granule(bool deterministic) {
-  return deterministic ? kColumnBlock : kColumnGranule;
-}
-
 // The routing, grouping and splits of a batch, on one thread of the team.
 void plan_experts(const MoeShape& s, const MoeLayerWeights& w, std::int32_t tokens,
                   bool deterministic, std::int32_t threads, MoeScratch& m) {
   group_by_expert(s, tokens, m);
-  const std::int32_t granule = column_granule(deterministic);
-  split_experts(
-      m, threads, granule,
-      [&](std::int32_t e) { return std::span(w.experts[std::size_t(e)].gate_up.parts()); },
-      m.gate_up_split);
-  split_experts(
-      m, threads, granule,
-      [&](std::int32_t e) { return std::span(&w.experts[std::size_t(e)].down, 1); }, m.down_split);
-}
-
-// f(piece, scratch) for each of this thread's pieces of `split`, alone on it
-// (core::SoloScope): its linear() calls do not split further.
-template <typename F>
-void run_pieces(const ExpertSplit& split, MoeScratch& m, F&& f) {
-  const auto threads = static_cast<std::int32_t>(split.first.size()) - 1;
-  core::for_each_task(threads, [&](std::int32_t t) {
-    const core::SoloScope solo;
-    for (std::int32_t i = split.first[std::size_t(t)]; i < split.first[std::size_t(t) + 1]; ++i)
-      f(split.pieces[std::size_t(i)], m.thread_scratch[std::size_t(t)]);
-  });
+  const std::int32_t granule = product_split_granule(deterministic);
+  const auto rows = [&](std::int32_t e) { return rows_of(m, e); };
+  split_products(
+      m.active, rows,
+      [&](std::int32_t e) { return std::span(w.experts[std::size_t(e)].gate_up.parts()); }, granule,
+      threads, m.gate_up_split);
+  split_products(
+      m.active, rows, [&](std::int32_t e) { return std::span(&w.experts[std::size_t(e)].down, 1); },
+      granule, threads, m.down_split);
 }
 
 // grouped_y = each expert's MLP of its gathered rows of x, every thread
@@ -145,10 +84,10 @@ void run_experts(const MoeShape& s, const MoeLayerWeights& w, const float* x, st
       std::memcpy(m.grouped_x.data() + std::size_t(m.row_of_slot[std::size_t(i)]) * h,
                   x + std::size_t(i / k) * h, h * sizeof(float));
   });
-  run_pieces(m.gate_up_split, m, [&](const ExpertPiece& p, LinearScratch& ls) {
-    const std::int32_t row = m.first_row[std::size_t(p.expert)];
-    w.experts[std::size_t(p.expert)].gate_up.project_columns(
-        m.grouped_x.data() + std::size_t(row) * h, rows_of(m, p.expert),
+  run_pieces(m.gate_up_split, m.thread_scratch, [&](const ProductPiece& p, LinearScratch& ls) {
+    const std::int32_t row = m.first_row[std::size_t(p.product)];
+    w.experts[std::size_t(p.product)].gate_up.project_columns(
+        m.grouped_x.data() + std::size_t(row) * h, rows_of(m, p.product),
         m.gate_up.data() + std::size_t(row) * 2 * inter, p.columns, false, deterministic, ls);
   });
   core::for_row_ranges(slots, std::int64_t(inter), [&](std::int32_t begin, std::int32_t end) {
@@ -156,11 +95,11 @@ void run_experts(const MoeShape& s, const MoeLayerWeights& w, const float* x, st
                      s.expert_intermediate, s.activation,
                      m.act.data() + std::size_t(begin) * inter);
   });
-  run_pieces(m.down_split, m, [&](const ExpertPiece& p, LinearScratch& ls) {
-    const std::int32_t row = m.first_row[std::size_t(p.expert)];
-    const WeightMatrix& down = w.experts[std::size_t(p.expert)].down;
+  run_pieces(m.down_split, m.thread_scratch, [&](const ProductPiece& p, LinearScratch& ls) {
+    const std::int32_t row = m.first_row[std::size_t(p.product)];
+    const WeightMatrix& down = w.experts[std::size_t(p.product)].down;
     const LinearArgs whole{m.act.data() + std::size_t(row) * inter,
-                           rows_of(m, p.expert),
+                           rows_of(m, p.product),
                            down.in(),
                            down.data(),
                            down.out(),

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/gemm.h"
+#include "engine/product_split.h"
 #include "engine/stacked_matrix.h"
 #include "engine/weight_matrix.h"
 #include "pagedattn/llama.h"
@@ -86,24 +87,6 @@ MoeLayerWeights draw_moe_weights(const LlamaConfig& config, std::int32_t layer);
 void route_tokens(const MoeShape& shape, const float* router_logits, std::int32_t tokens,
                   std::int32_t* experts, float* weights, const float* selection_bias = nullptr);
 
-// One thread's share of the experts' products: columns of one expert's
-// matrix (its gate|up rows, or its down rows), with all of its rows.
-struct ExpertPiece {
-  std::int32_t thread = 0;
-  std::int32_t expert = 0;
-  IndexRange columns;
-};
-
-// The experts' products of one matrix split over a team's threads: each
-// matrix's columns cut into units (granule columns from each part's first
-// column), a unit costing the expert's rows, and thread t taking the units
-// that start in its 1 / threads of the total cost, merged into pieces.
-// pieces: by thread; first: [threads + 1] offsets into pieces.
-struct ExpertSplit {
-  std::vector<ExpertPiece> pieces;
-  std::vector<std::int32_t> first;
-};
-
 // Buffers reused across calls.
 struct MoeScratch {
   std::vector<float> logits, weights;   // [T][E], [T k]
@@ -114,8 +97,7 @@ struct MoeScratch {
       grouped_y;  // [T k][H], [T k][2 I], [T k][I], [T k][H]
   std::vector<float> shared_gate_up, shared_act, shared_y, shared_logit;
   std::vector<std::int32_t> active;           // the experts with rows, in order
-  ExpertSplit gate_up_split, down_split;      // the threads' shares of the experts
-  std::vector<std::int32_t> edges;            // one matrix's unit edges
+  ProductSplit gate_up_split, down_split;     // the threads' shares of the experts
   std::vector<LinearScratch> thread_scratch;  // [threads]: each piece's linear()
 };
 
@@ -125,7 +107,7 @@ struct MoeScratch {
 // else one of its own. The rows routed to an expert are gathered and
 // multiplied in one product per matrix, experts with no rows are skipped,
 // and every thread takes a share of all the experts' columns at once
-// (ExpertSplit): a decode step's few small experts keep every thread busy.
+// (ProductSplit): a decode step's few small experts keep every thread busy.
 // In deterministic mode units are kColumnBlock columns, so that a token's
 // result depends neither on the batch nor on the thread count.
 // InvalidArgument, outside a team, when the weights do not match `shape`

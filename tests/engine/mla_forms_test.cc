@@ -2,8 +2,10 @@
 // expanded form (per-head keys and values from the cached rows, then
 // multi-head attention) gives the absorbed form's values on the same steps,
 // for every cache dtype and layout, over a prefill in two chunks of two
-// sequences and a decode step; mla_form picks the form by its cost.
+// sequences and a decode step; the absorbed form's values do not depend on
+// the thread count; mla_form picks the form by its cost.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -50,13 +52,13 @@ MlaLayerWeights weights(const MlaShape& s, std::mt19937& rng) {
   return w;
 }
 
-PagedKVCache latent_cache(DType dtype, AttentionKind kind) {
+PagedKVCache latent_cache(const MlaShape& s, DType dtype, AttentionKind kind) {
   KVCacheConfig k;
   k.num_layers = 1;
-  k.num_qo_heads = kHeads;
+  k.num_qo_heads = s.heads;
   k.num_kv_heads = 1;
-  k.head_dim = kLatent + kRope;
-  k.v_head_dim = kLatent;
+  k.head_dim = s.kv_lora_rank + s.rope;
+  k.v_head_dim = s.kv_lora_rank;
   k.attention_kind = kind;
   k.page_size = 16;
   k.num_pages = 32;
@@ -75,8 +77,9 @@ struct Step {
 // Every step's values [tokens][heads x v] in one form.
 std::vector<std::vector<float>> run(const MlaShape& s, const MlaLayerWeights& w, DType dtype,
                                     AttentionKind kind, const std::vector<Step>& steps,
-                                    const std::vector<float>& x, MlaForm form) {
-  PagedKVCache cache = latent_cache(dtype, kind);
+                                    const std::vector<float>& x, MlaForm form,
+                                    bool deterministic = false) {
+  PagedKVCache cache = latent_cache(s, dtype, kind);
   cache.add_sequence(0);
   cache.add_sequence(1);
   RopeConfig base;
@@ -93,9 +96,9 @@ std::vector<std::vector<float>> run(const MlaShape& s, const MlaLayerWeights& w,
   for (const Step& step : steps) {
     const BatchPlan& plan = cache.begin_forward(std::vector<SeqId>{0, 1}, step.lengths);
     const std::int32_t tokens = plan.num_tokens();
-    std::vector<float> values(std::size_t(tokens) * kHeads * kV);
-    mla_attention(s, w, x.data() + row * kHidden, tokens, 0, plan.positions.data(), rope, options,
-                  cache, values.data(), false, form, m, ls);
+    std::vector<float> values(std::size_t(tokens) * s.heads * s.v_head_dim);
+    mla_attention(s, w, x.data() + row * s.hidden, tokens, 0, plan.positions.data(), rope, options,
+                  cache, values.data(), deterministic, form, m, ls);
     cache.end_forward();
     row += std::size_t(tokens);
     out.push_back(std::move(values));
@@ -134,6 +137,46 @@ TEST(MlaForms, ExpandedGivesTheAbsorbedValues) {
         }
       }
   }
+}
+
+// The per-head products split over the threads (ProductSplit) give every
+// head's values whatever the thread count: bitwise in deterministic mode,
+// within f32 rounding otherwise (a prefill chunk's products go to BLAS,
+// whose sums depend on the columns a call takes). Three heads whose
+// up-projections are wider than a column block (160 and 144 columns), so
+// that some threads take part of a head.
+TEST(MlaForms, AbsorbedValuesDoNotDependOnTheThreadCount) {
+  const std::vector<Step> steps = {{{20, 7}}, {{18, 40}}, {{1, 1}}};
+  std::mt19937 rng(43);
+  std::normal_distribution<float> value(0.0f, 1.0f);
+  MlaShape s = shape(24);
+  s.heads = 3, s.kv_lora_rank = 160, s.v_head_dim = 144;
+  std::vector<float> x(std::size_t(20 + 7 + 18 + 40 + 2) * s.hidden);
+  for (float& v : x) v = value(rng);
+  const MlaLayerWeights w = weights(s, rng);
+  const int before = omp_get_max_threads();
+  for (const bool deterministic : {false, true}) {
+    omp_set_num_threads(1);
+    const auto one =
+        run(s, w, DType::kF32, AttentionKind::kMLA, steps, x, MlaForm::kAbsorbed, deterministic);
+    for (const int threads : {2, 3}) {  // more: see Linear.MatchesADoubleReferenceOnAnyThreadCount
+      SCOPED_TRACE(::testing::Message() << threads << " threads, deterministic " << deterministic);
+      omp_set_num_threads(threads);
+      const auto many =
+          run(s, w, DType::kF32, AttentionKind::kMLA, steps, x, MlaForm::kAbsorbed, deterministic);
+      for (std::size_t step = 0; step < steps.size(); ++step) {
+        ASSERT_EQ(many[step].size(), one[step].size());
+        double largest = 0.0, worst = 0.0;
+        for (std::size_t i = 0; i < one[step].size(); ++i) {
+          largest = std::max(largest, std::abs(double(one[step][i])));
+          worst = std::max(worst, std::abs(double(many[step][i]) - one[step][i]));
+        }
+        EXPECT_LE(worst, deterministic ? 0.0 : 1e-5 * largest) << "step " << step;
+        EXPECT_GT(largest, 0.1) << "step " << step;
+      }
+    }
+  }
+  omp_set_num_threads(before);
 }
 
 BatchPlan plan_of(std::vector<std::int32_t> q, std::vector<std::int32_t> keys) {

@@ -185,7 +185,10 @@ TEST(Moe, MatchesADoubleReferenceOnRandomShapes) {
     stream += 1000;
     for (const std::int32_t tokens : {1, 7, 37}) {
       const std::vector<float> x = uniform(std::size_t(tokens) * s.hidden, 1.5, stream++);
-      for (const int threads : {1, 2, 5}) {  // 5: more threads than some batches' experts
+      // 3: more threads than a top-1 or top-2 token's experts. (At most 3:
+      // clang's OpenMP runtime keeps the descriptors of a larger team past
+      // exit, which LeakSanitizer reports.)
+      for (const int threads : {1, 2, 3}) {
         SCOPED_TRACE(testing::Message() << tokens << " tokens, " << threads << " threads");
         const Threads scope(threads);
         for (const bool deterministic : {false, true})
@@ -263,7 +266,7 @@ TEST(Moe, QuantisedExpertsMatchTheirValues) {
 }
 
 // ... nor on the thread count: experts wider than a column block (f32
-// weights: BLAS tiles) split over 1-5 threads give the same bits.
+// weights: BLAS tiles) split over 1-3 threads give the same bits.
 TEST(Moe, DeterministicRowsDoNotDependOnTheBatch) {
   const MoeShape s{64, 8, 2, 300, 80, true, MlpActivation::kSilu};
   const MoeLayerWeights w = random_weights(s, 500);
@@ -271,7 +274,7 @@ TEST(Moe, DeterministicRowsDoNotDependOnTheBatch) {
   const std::vector<float> x = uniform(std::size_t(tokens) * s.hidden, 1.5, 501);
   MoeScratch scratch;
   const std::vector<float> whole = run(s, w, x, true, scratch);
-  for (const int threads : {1, 2, 3, 5}) {
+  for (const int threads : {1, 2, 3}) {
     const Threads scope(threads);
     const std::vector<float> y = run(s, w, x, true, scratch);
     ASSERT_EQ(std::memcmp(y.data(), whole.data(), y.size() * sizeof(float)), 0)
