@@ -9,7 +9,9 @@ qwen3moe: Qwen3-30B-A3B's layer shapes (hidden 2,048, 32 query and 4 KV
 heads of 128, 128 experts of 768, top 8; 48 layers there). deepseek2:
 DeepSeek-V2-Lite's (hidden 2,048, 16 heads of latent attention: latent
 512, nope 128, rope 64, v 128; 64 experts of 1,408, top 6, 2 shared; the
-first layer dense, 10,944 wide; 27 layers there), in the converter's
+first layer dense, 10,944 wide; 27 layers there) with the query through
+a rank-1,536 bottleneck as DeepSeek-V2 and V3 have it (llama.cpp takes
+only 27-layer files for the Lite's direct query), in the converter's
 split attn_k_b / attn_v_b form. The tokenizer (every tokenizer.* key)
 comes from TOKENIZER.gguf, the vocabulary size from its token list.
 Quantise the result with llama.cpp's llama-quantize (e.g. Q4_K_M) for the
@@ -90,13 +92,14 @@ def qwen3moe(writer, layers, normal):
 
 
 def deepseek2(writer, layers, normal, vocab):
-    h, heads, latent, nope, rope, v = HIDDEN, 16, 512, 128, 64, 128
+    h, heads, q_rank, latent, nope, rope, v = HIDDEN, 16, 1536, 512, 128, 64, 128
     experts, width, shared, dense = 64, 1408, 2, 10944
     writer.add_feed_forward_length(dense)
     writer.add_head_count(heads)
     writer.add_head_count_kv(1)
     writer.add_rope_freq_base(10000.0)
     writer.add_vocab_size(vocab)
+    writer.add_q_lora_rank(q_rank)
     writer.add_kv_lora_rank(latent)
     writer.add_key_length(latent + rope)
     writer.add_value_length(latent)
@@ -115,7 +118,9 @@ def deepseek2(writer, layers, normal, vocab):
     for layer in range(layers):
         p = f"blk.{layer}."
         writer.add_tensor(p + "attn_norm.weight", ones(h))
-        writer.add_tensor(p + "attn_q.weight", normal(heads * (nope + rope), h))
+        writer.add_tensor(p + "attn_q_a.weight", normal(q_rank, h))
+        writer.add_tensor(p + "attn_q_a_norm.weight", ones(q_rank))
+        writer.add_tensor(p + "attn_q_b.weight", normal(heads * (nope + rope), q_rank))
         writer.add_tensor(p + "attn_kv_a_mqa.weight", normal(latent + rope, h))
         writer.add_tensor(p + "attn_kv_a_norm.weight", ones(latent))
         writer.add_tensor(p + "attn_k_b.weight", normal(heads, latent, nope))
