@@ -14,23 +14,13 @@ import argparse
 
 import gguf
 import numpy as np
+from gguf_fields import copy_fields, write_out
 
 
 def copy_metadata(reader, writer):
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue  # the writer writes these itself
-        kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            if field.types[1] == gguf.GGUFValueType.STRING:
-                values = [bytes(field.parts[i]).decode("utf-8", "surrogateescape") for i in field.data]
-            else:
-                values = [field.parts[i].tolist()[0] for i in field.data]
-            writer.add_array(key, values)
-        elif kind == gguf.GGUFValueType.STRING:
-            writer.add_string(key, bytes(field.parts[field.data[0]]).decode("utf-8"))
-        else:
-            writer.add_key_value(key, field.parts[field.data[0]].tolist()[0], kind)
+    # The writer writes GGUF.* and general.architecture itself.
+    copy_fields(reader, writer,
+                lambda key: not key.startswith("GGUF.") and key != "general.architecture")
 
 
 def main():
@@ -54,10 +44,7 @@ def main():
             bits = values.view(np.uint32)
             rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
             writer.add_tensor(t.name, rounded, raw_dtype=gguf.GGMLQuantizationType.BF16)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
 
 
 if __name__ == "__main__":

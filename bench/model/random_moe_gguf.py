@@ -24,23 +24,12 @@ import argparse
 
 import gguf
 import numpy as np
+from gguf_fields import copy_fields, write_out
 
 
 def copy_tokenizer(reader, writer):
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        kind = field.types[0]
-        if kind == gguf.GGUFValueType.ARRAY:
-            if field.types[1] == gguf.GGUFValueType.STRING:
-                values = [bytes(field.parts[i]).decode("utf-8", "surrogateescape") for i in field.data]
-            else:
-                values = [field.parts[i].tolist()[0] for i in field.data]
-            writer.add_array(key, values)
-        elif kind == gguf.GGUFValueType.STRING:
-            writer.add_string(key, bytes(field.parts[field.data[0]]).decode("utf-8"))
-        else:
-            writer.add_key_value(key, field.parts[field.data[0]].tolist()[0], kind)
+    """Every tokenizer.* field; the vocabulary's size."""
+    copy_fields(reader, writer, lambda key: key.startswith("tokenizer."))
     return len(reader.fields["tokenizer.ggml.tokens"].data)
 
 
@@ -160,10 +149,7 @@ def main():
         qwen3moe(writer, a.layers, normal)
     else:
         deepseek2(writer, a.layers, normal, vocab)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
 
 
 if __name__ == "__main__":
