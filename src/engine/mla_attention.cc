@@ -398,10 +398,11 @@ void mla_attention(const MlaShape& s, const MlaLayerWeights& w, const float* x, 
   cache.attention(layer, {m.query.data(), DType::kF32, std::int64_t{s.heads} * d, d}, rows, value,
                   {m.attention.data(), DType::kF32, std::int64_t{s.heads} * latent, latent},
                   options);
+  const std::int32_t values_stride = s.heads * s.v_head_dim;
   per_head_products(
       s, tokens, m.attention.data(), latent,
       [&](std::int32_t h) -> const WeightMatrix& { return w.v_up[std::size_t(h)]; }, values,
-      s.v_head_dim, s.heads* s.v_head_dim, deterministic, m);
+      s.v_head_dim, values_stride, deterministic, m);
 }
 
 }  // namespace pagedattn::engine
