@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/dot_tiles.h"
@@ -148,6 +149,19 @@ class ScopedActivations {
   Activations previous_;
   bool previous_bf16_;
 };
+
+// `f` made to run with the calling thread's choice of activations on
+// whichever thread calls it: for work handed to other threads (a team, a
+// region), which would otherwise take their own thread's defaults, and so
+// route one product differently on each.
+template <typename F>
+auto with_callers_activations(F f) {
+  return [activations = default_activations(), bf16 = default_bf16_batches(),
+          f = std::move(f)](auto&&... args) {
+    const ScopedActivations same(activations, bf16);
+    return f(std::forward<decltype(args)>(args)...);
+  };
+}
 
 // How the products outside deterministic mode share their output between
 // threads: column_parts contiguous column ranges, whole multiples of

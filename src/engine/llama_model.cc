@@ -554,15 +554,8 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
   }
   if (teams) engine::size_for_team(scratch_);
   const core::TeamWaitScope waits(engine::profile_team_waits());
-  // The scope is thread-local: the team's other threads take this thread's
-  // choices, or linear() would route differently on each.
-  const engine::Activations chosen = engine::default_activations();
-  const bool bf16 = engine::default_bf16_batches();
   const auto in_team = [&](auto&& part) {
-    core::run_in_team(teams, [&] {
-      const engine::ScopedActivations same(chosen, bf16);
-      part();
-    });
+    core::run_in_team(teams, engine::with_callers_activations(part));
   };
   const std::int32_t last = c_.num_layers - 1;
   if (attention_in_team) {

@@ -395,14 +395,8 @@ void moe_forward(const MoeShape& s, const MoeLayerWeights& w, const float* x, st
   validate_moe_weights(s, w, -1);
   if (tokens == 0) return;
   size_for_team(ls);
-  // The team's threads take the caller's choice of activations
-  // (ScopedActivations is per thread).
-  const Activations activations = default_activations();
-  const bool bf16_batches = default_bf16_batches();
-  core::run_in_team(true, [&] {
-    const ScopedActivations same_as_caller(activations, bf16_batches);
-    moe_in_team(s, w, x, tokens, y, deterministic, m, ls);
-  });
+  core::run_in_team(true, with_callers_activations(
+                              [&] { moe_in_team(s, w, x, tokens, y, deterministic, m, ls); }));
 }
 
 }  // namespace pagedattn::engine

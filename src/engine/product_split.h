@@ -87,15 +87,16 @@ void split_products(std::span<const std::int32_t> products, RowsOf&& rows_of, Pa
 // f(piece, scratch[t]) for each piece of thread t of `split`, on the
 // threads of the calling team (or a region of split's thread count outside
 // one), each alone (core::SoloScope: its linear() calls do not split
-// further). scratch: [threads].
+// further) and on the caller's choice of activations. scratch: [threads].
 template <typename F>
 void run_pieces(const ProductSplit& split, std::vector<LinearScratch>& scratch, F&& f) {
   const auto threads = static_cast<std::int32_t>(split.first.size()) - 1;
-  core::for_each_task(threads, [&](std::int32_t t) {
-    const core::SoloScope solo;
-    for (std::int32_t i = split.first[std::size_t(t)]; i < split.first[std::size_t(t) + 1]; ++i)
-      f(split.pieces[std::size_t(i)], scratch[std::size_t(t)]);
-  });
+  core::for_each_task(threads, with_callers_activations([&](std::int32_t t) {
+                        const core::SoloScope solo;
+                        for (std::int32_t i = split.first[std::size_t(t)];
+                             i < split.first[std::size_t(t) + 1]; ++i)
+                          f(split.pieces[std::size_t(i)], scratch[std::size_t(t)]);
+                      }));
 }
 
 }  // namespace pagedattn::engine

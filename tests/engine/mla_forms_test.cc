@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "engine/mla_attention.h"
@@ -144,7 +145,9 @@ TEST(MlaForms, ExpandedGivesTheAbsorbedValues) {
 // within f32 rounding otherwise (a prefill chunk's products go to BLAS,
 // whose sums depend on the columns a call takes). Three heads whose
 // up-projections are wider than a column block (160 and 144 columns), so
-// that some threads take part of a head.
+// that some threads take part of a head. With bf16 batch products asked for
+// (ForwardBatch::bf16_products: a ScopedActivations on the calling thread)
+// every thread's pieces take them, where the CPU has them.
 TEST(MlaForms, AbsorbedValuesDoNotDependOnTheThreadCount) {
   const std::vector<Step> steps = {{{20, 7}}, {{18, 40}}, {{1, 1}}};
   std::mt19937 rng(43);
@@ -155,12 +158,15 @@ TEST(MlaForms, AbsorbedValuesDoNotDependOnTheThreadCount) {
   for (float& v : x) v = value(rng);
   const MlaLayerWeights w = weights(s, rng);
   const int before = omp_get_max_threads();
-  for (const bool deterministic : {false, true}) {
+  for (const auto& [deterministic, bf16] :
+       {std::pair{false, false}, {true, false}, {false, true}}) {
+    const ScopedActivations caller(Activations::kDefault, bf16);
     omp_set_num_threads(1);
     const auto one =
         run(s, w, DType::kF32, AttentionKind::kMLA, steps, x, MlaForm::kAbsorbed, deterministic);
     for (const int threads : {2, 3}) {  // more: see Linear.MatchesADoubleReferenceOnAnyThreadCount
-      SCOPED_TRACE(::testing::Message() << threads << " threads, deterministic " << deterministic);
+      SCOPED_TRACE(::testing::Message() << threads << " threads, deterministic " << deterministic
+                                        << ", bf16 products " << bf16);
       omp_set_num_threads(threads);
       const auto many =
           run(s, w, DType::kF32, AttentionKind::kMLA, steps, x, MlaForm::kAbsorbed, deterministic);
