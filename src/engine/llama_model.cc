@@ -199,11 +199,11 @@ class LlamaModel final : public Model {
   // threads inside one.
   void project_logits(const ForwardBatch& b, std::span<float> logits);
   void finish_layer(std::int32_t layer, std::int32_t tokens, bool deterministic);
-  // Whether this step's layers run in teams: not with the parts that open
-  // regions of their own between the products (experts, latent attention)
-  // or talk to other ranks (tensor parallelism), and not when
-  // core::teams_enabled() is false. Deterministic steps do: every piece's
-  // bits are fixed by its rows and columns, not by the split.
+  // Whether this step's layers run in teams: not when they talk to other
+  // ranks (tensor parallelism), and not when core::teams_enabled() is
+  // false. Deterministic steps do: every piece's bits are fixed by its rows
+  // and columns, not by the split. Latent attention runs between two teams
+  // (run_step).
   bool layers_in_teams() const;
   // Multi-head latent attention (c_.kv_lora_rank > 0) on h_ into attn_.
   void latent_attention(std::int32_t layer, std::int32_t tokens, bool deterministic,
@@ -444,7 +444,7 @@ void LlamaModel::latent_attention(std::int32_t layer, std::int32_t tokens, bool 
 }
 
 bool LlamaModel::layers_in_teams() const {
-  return c_.shard.size == 1 && c_.kv_lora_rank == 0 && core::teams_enabled();
+  return c_.shard.size == 1 && core::teams_enabled();
 }
 
 void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic,

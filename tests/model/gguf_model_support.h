@@ -1,11 +1,12 @@
-// Helpers the GGUF model tests share: a qwen2moe / qwen3moe file, a file's
-// F32 twin, teacher-forced logits of one sequence, and the comparison of
+// Helpers the GGUF model tests share: a qwen2moe / qwen3moe file, a
+// deepseek2 file, a file's F32 twin, teacher-forced logits of one sequence, and the comparison of
 // the two.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/gguf_writer.h"
@@ -25,6 +26,28 @@ struct TinyExperts {
 // with biases and a gated shared expert) plus the experts, gate / up / down
 // of different in-place types (Q4_0, Q8_0, Q4_1) and a F32 router.
 GgufWriter moe_model(const std::string& arch, TinyExperts e = {});
+
+// The dimensions of deepseek_model's files.
+namespace tiny_deepseek {
+inline constexpr std::uint64_t kHidden = 64, kHeads = 4, kLatent = 32, kNope = 16, kRope = 8,
+                               kV = 16, kFf = 96, kExperts = 8, kExpertFf = 32, kVocab = 10;
+}
+
+// What deepseek_model writes.
+struct DeepseekForm {
+  bool split = true;                  // attn_k_b + attn_v_b (else attn_kv_b)
+  std::uint32_t q_lora_rank = 0;      // 0: attn_q
+  bool sigmoid = false;               // V3 routing: sigmoid, exp_probs_b, groups, renormalised
+  bool quantised = true;              // Q8_0 / Q4_0 where the row lengths allow
+  bool layer1_up_projections = true;  // false: layer 1 has neither form
+  // Integer keys (suffixes after "deepseek2.") written with other values.
+  std::vector<std::pair<std::string, std::uint32_t>> overrides = {};
+};
+
+// A two-layer deepseek2 file (tiny_deepseek's shapes) with keys as
+// llama.cpp's converter writes them for the form: latent attention, a
+// leading dense layer, then 8 routed experts (2 used) and a shared one.
+GgufWriter deepseek_model(const DeepseekForm& form);
 
 // The file `metadata_source` wrote, with every tensor of `file` as F32 (its
 // dequantised values): the reference a quantised load must match.

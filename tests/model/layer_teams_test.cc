@@ -6,8 +6,9 @@
 // thread-local choice must reach every thread of a team), bf16 products,
 // deterministic mode (its fixed tiles, f32 weights' BLAS tiles included,
 // and its fixed KV chunks); with biases, q/k norms, sandwich norms, windows
-// and softcaps, mixtures of experts, attention split over the threads by
-// keys (a sequence of 600), and the LM head in the last team.
+// and softcaps, mixtures of experts, latent attention (DeepSeek), attention
+// split over the threads by keys (a sequence of 600), and the LM head in
+// the last team.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -129,6 +130,13 @@ TEST(LayerTeams, GiveBitwiseTheLogitsOfARegionPerPiece) {
     SCOPED_TRACE(arch);
     expect_teams_change_nothing(test::moe_model(
         arch, {.hidden = 256, .experts = 8, .expert_ff = 128, .shared_ff = 192, .used = 3}));
+  }
+  // Latent attention with a query bottleneck, a leading dense layer, then
+  // experts with a shared one: softmax routing and V3's grouped sigmoid.
+  for (const bool sigmoid : {false, true}) {
+    SCOPED_TRACE(sigmoid ? "deepseek2, sigmoid routing" : "deepseek2");
+    expect_teams_change_nothing(test::deepseek_model(
+        {.q_lora_rank = 64, .sigmoid = sigmoid, .overrides = {{"context_length", 1024}}}));
   }
   for (const char* arch : {"qwen3", "gemma2"}) {  // q/k norms; sandwich norms
     SCOPED_TRACE(arch);
