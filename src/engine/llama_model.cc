@@ -183,11 +183,17 @@ class LlamaModel final : public Model {
   //   start_layer: the attention norm of x_ into h_; without latent
   //     attention, q, k and v projected into qkv_, their norms and RoPE;
   //     with `in_team`, each token's K/V appended right after its RoPE.
-  //   attend: attention into attn_ (latent attention: projections included).
+  //   attend: attention into attn_ (latent attention: projections included);
+  //     attend_in_team inside the team with team_attention_.
   //   finish_layer: attn_'s output projection added to x_, then the MLP.
   void start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic,
                    const engine::TeamAttention* in_team = nullptr);
   void attend(std::int32_t layer, std::int32_t tokens, bool deterministic, PagedKVCache& cache);
+  void attend_in_team(std::int32_t layer, std::int32_t tokens, bool deterministic);
+  // Before the team: whether the step's attention runs in it (the cache
+  // allows, and latent attention takes its absorbed form), and if so
+  // team_attention_ prepared (and latent attention's buffers sized).
+  bool prepare_attention_in_team(bool teams, bool deterministic, PagedKVCache& cache);
   // The attention options of `layer`: scale, window, softcap.
   AttentionOptions attention_options(std::int32_t layer) const;
   // The step's layers, each attending in the team with `team_attention_` or
@@ -202,8 +208,7 @@ class LlamaModel final : public Model {
   // Whether this step's layers run in teams: not when they talk to other
   // ranks (tensor parallelism), and not when core::teams_enabled() is
   // false. Deterministic steps do: every piece's bits are fixed by its rows
-  // and columns, not by the split. Latent attention runs between two teams
-  // (run_step).
+  // and columns, not by the split.
   bool layers_in_teams() const;
   // Multi-head latent attention (c_.kv_lora_rank > 0) on h_ into attn_.
   void latent_attention(std::int32_t layer, std::int32_t tokens, bool deterministic,
@@ -429,18 +434,11 @@ void LlamaModel::latent_attention(std::int32_t layer, std::int32_t tokens, bool 
                                   PagedKVCache& cache) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const RopeConfig& rope = rope_for(layer);  // no windows: validate_mla_config
-  AttentionOptions options;
-  options.scale = c_.attention_scale > 0.0f
-                      ? c_.attention_scale
-                      : 1.0f / std::sqrt(static_cast<float>(c_.qk_nope_head_dim + c_.rotary_dim));
-  attn_.resize(std::size_t(tokens) * std::size_t(hq_) * std::size_t(c_.v_head_dim));
-  {
-    const engine::PhaseTimer timer(engine::StepPhase::kAttention);
-    engine::mla_attention(mla_, w.mla, h_.data(), tokens, layer, positions_.data(), rope, options,
-                          cache, attn_.data(), deterministic,
-                          engine::mla_form(mla_, cache.plan(), deterministic), mla_scratch_,
-                          scratch_);
-  }
+  const engine::PhaseTimer timer(engine::StepPhase::kAttention);
+  engine::mla_attention(mla_, w.mla, h_.data(), tokens, layer, positions_.data(), rope,
+                        attention_options(layer), cache, attn_.data(), deterministic,
+                        engine::mla_form(mla_, cache.plan(), deterministic), mla_scratch_,
+                        scratch_);
 }
 
 bool LlamaModel::layers_in_teams() const {
@@ -480,7 +478,10 @@ void LlamaModel::attend(std::int32_t layer, std::int32_t tokens, bool determinis
 
 AttentionOptions LlamaModel::attention_options(std::int32_t layer) const {
   AttentionOptions options;
-  if (c_.attention_scale > 0.0f) options.scale = c_.attention_scale;
+  if (c_.attention_scale > 0.0f)
+    options.scale = c_.attention_scale;
+  else if (c_.kv_lora_rank > 0)  // the cache's head dim is the latent's, the keys' nope + rope
+    options.scale = 1.0f / std::sqrt(static_cast<float>(c_.qk_nope_head_dim + c_.rotary_dim));
   options.window_left = window(layer) > 0 ? window(layer) - 1 : -1;
   options.softcap = c_.attention_softcap;
   return options;
@@ -538,6 +539,34 @@ void LlamaModel::project(const float* x, std::int32_t rows, const WeightMatrix& 
   linear({x, rows, w.in(), w.data(), w.out(), y, accumulate, deterministic, w.format()}, scratch_);
 }
 
+void LlamaModel::attend_in_team(std::int32_t layer, std::int32_t tokens, bool deterministic) {
+  const engine::PhaseTimer timer(engine::StepPhase::kAttention);
+  if (c_.kv_lora_rank == 0) return team_attention_.attend(layer);
+  engine::mla_attention_in_team(mla_, w_.layers[std::size_t(layer)].mla, h_.data(), tokens, layer,
+                                positions_.data(), rope_for(layer), team_attention_, attn_.data(),
+                                deterministic, mla_scratch_, scratch_);
+}
+
+bool LlamaModel::prepare_attention_in_team(bool teams, bool deterministic, PagedKVCache& cache) {
+  if (!teams || !engine::TeamAttention::supports(cache)) return false;
+  const std::int32_t threads = omp_get_max_threads();
+  engine::TeamAttention::Tensors tensors;
+  if (c_.kv_lora_rank > 0) {
+    if (engine::mla_form(mla_, cache.plan(), deterministic) != engine::MlaForm::kAbsorbed)
+      return false;
+    engine::size_step(mla_, cache.plan().num_tokens(), engine::MlaForm::kAbsorbed, threads,
+                      mla_scratch_);
+    tensors = engine::latent_team_tensors(mla_, cache.config(), mla_scratch_);
+  } else {
+    tensors = engine::TeamAttention::fused_qkv(cache.config(), qkv_.data(), attn_.data());
+  }
+  std::vector<AttentionOptions> options(std::size_t(c_.num_layers));
+  for (std::int32_t layer = 0; layer < c_.num_layers; ++layer)
+    options[std::size_t(layer)] = attention_options(layer);
+  team_attention_.prepare(cache, options, tensors, threads);
+  return true;
+}
+
 void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache,
                           std::span<float> logits) {
   const auto tokens = static_cast<std::int32_t>(b.token_ids.size());
@@ -545,13 +574,7 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
   // One region for the step's layers where each product, norm and RoPE
   // would open one (core/team.h), attention included where the cache
   // allows; else a team from each layer's attention to the next's.
-  const bool attention_in_team = teams && engine::TeamAttention::supports(cache);
-  if (attention_in_team) {
-    std::vector<AttentionOptions> options(std::size_t(c_.num_layers));
-    for (std::int32_t layer = 0; layer < c_.num_layers; ++layer)
-      options[std::size_t(layer)] = attention_options(layer);
-    team_attention_.prepare(cache, options, qkv_.data(), attn_.data(), omp_get_max_threads());
-  }
+  const bool attention_in_team = prepare_attention_in_team(teams, deterministic, cache);
   if (teams) engine::size_for_team(scratch_);
   const core::TeamWaitScope waits(engine::profile_team_waits());
   const auto in_team = [&](auto&& part) {
@@ -563,8 +586,7 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
       for (std::int32_t layer = 0; layer <= last; ++layer) {
         if (layer > 0) finish_layer(layer - 1, tokens, deterministic);
         start_layer(layer, tokens, deterministic, &team_attention_);
-        const engine::PhaseTimer timer(engine::StepPhase::kAttention);
-        team_attention_.attend(layer);
+        attend_in_team(layer, tokens, deterministic);
       }
       finish_layer(last, tokens, deterministic);
       project_logits(b, logits);
@@ -614,10 +636,10 @@ void LlamaModel::forward(const ForwardBatch& b, PagedKVCache& cache, std::span<f
   const std::size_t q_dim = std::size_t(hq_) * c_.head_dim;
   x_.resize(t * h);
   h_.resize(t * h);
-  if (c_.kv_lora_rank == 0) {  // latent attention sizes its own buffers
+  if (c_.kv_lora_rank == 0)  // latent attention has buffers of its own
     qkv_.resize(t * (q_dim + 2 * std::size_t(hkv_) * c_.head_dim));
-    attn_.resize(t * q_dim);
-  }
+  const std::int32_t value_dim = c_.kv_lora_rank > 0 ? c_.v_head_dim : c_.head_dim;
+  attn_.resize(t * std::size_t(hq_) * std::size_t(value_dim));
   gate_up_.resize(t * 2 * std::size_t(inter_));
   act_.resize(t * std::size_t(inter_));
   partial_.resize(t * h);

@@ -52,19 +52,14 @@ template <typename Weights>
 void per_head_products(const MlaShape& s, std::int32_t tokens, const float* x, std::int32_t x_width,
                        Weights&& weights, float* y, std::int32_t y_width, std::int32_t ldy,
                        bool deterministic, MlaScratch& m) {
-  const std::int32_t threads = core::available_threads();
-  if (std::ssize(m.heads) != s.heads) {
-    m.heads.resize(std::size_t(s.heads));
-    std::iota(m.heads.begin(), m.heads.end(), 0);
-  }
-  const WeightMatrix& first = weights(0);
-  const std::size_t slice = std::size_t(tokens) * std::size_t(first.in());
-  if (tokens > 1) m.head_in.resize(slice * std::size_t(threads));
-  m.thread_scratch.resize(std::size_t(threads));
-  split_products(
-      m.heads, [&](std::int32_t) { return tokens; },
-      [&](std::int32_t h) { return std::span(&weights(h), 1); },
-      product_split_granule(deterministic), threads, m.heads_split);
+  const std::int32_t threads = core::available_threads();  // size_step's
+  const std::size_t slice = std::size_t(tokens) * std::size_t(weights(0).in());
+  core::on_one_thread([&] {
+    split_products(
+        m.heads, [&](std::int32_t) { return tokens; },
+        [&](std::int32_t h) { return std::span(&weights(h), 1); },
+        product_split_granule(deterministic), threads, m.heads_split);
+  });
   const std::int64_t x_stride = std::int64_t{s.heads} * x_width;
   run_pieces(m.heads_split, m.thread_scratch, [&](const ProductPiece& p, LinearScratch& ls) {
     const WeightMatrix& w = weights(p.product);
@@ -81,46 +76,86 @@ void per_head_products(const MlaShape& s, std::int32_t tokens, const float* x, s
   });
 }
 
-// The step's query rows [tokens][heads][kv_lora_rank + rope]: each head's
-// absorbed nope part W_UK_h^T q_nope_h, then its RoPE part (unrotated).
+// The absorbed nope part W_UK_h^T q_nope_h of each head's query row in
+// m.query [tokens][heads][kv_lora_rank + rope].
 void absorbed_queries(const MlaShape& s, const MlaLayerWeights& w, std::int32_t tokens,
                       bool deterministic, MlaScratch& m) {
-  const std::int32_t head_q = s.nope + s.rope, d = s.cache_head_dim();
-  const std::int64_t q_stride = s.query_width(), query_stride = std::int64_t{s.heads} * d;
-  m.query.resize(std::size_t(tokens) * std::size_t(query_stride));
+  const std::int32_t d = s.cache_head_dim();
   per_head_products(
-      s, tokens, m.q.data(), head_q,
+      s, tokens, m.q.data(), s.nope + s.rope,
       [&](std::int32_t h) -> const WeightMatrix& { return w.k_absorb[std::size_t(h)]; },
-      m.query.data(), d, static_cast<std::int32_t>(query_stride), deterministic, m);
-  for (std::int32_t t = 0; t < tokens; ++t)
-    for (std::int32_t h = 0; h < s.heads; ++h)
-      std::copy_n(m.q.data() + t * q_stride + std::int64_t{h} * head_q + s.nope, s.rope,
-                  m.query.data() + t * query_stride + std::int64_t{h} * d + s.kv_lora_rank);
+      m.query.data(), d, s.heads* d, deterministic, m);
 }
 
 // m.q[tokens][query_width] and the cache rows m.rows[tokens][kv_lora_rank +
-// rope] = [rms_norm(c) | k_pe] (unrotated) from m.input.
-void split_projections(const MlaShape& s, const MlaLayerWeights& w, std::int32_t tokens,
-                       bool deterministic, MlaScratch& m, LinearScratch& ls) {
+// rope] = [rms_norm(c) | k_pe] (unrotated) from the normed hidden states x:
+// the input projection, each token's norms (and the query bottleneck's
+// product), split over the team's threads inside one.
+void project_inputs(const MlaShape& s, const MlaLayerWeights& w, const float* x,
+                    std::int32_t tokens, bool deterministic, MlaScratch& m, LinearScratch& ls) {
+  w.input.project(x, tokens, m.input.data(), false, deterministic, ls);
   const std::int32_t query_in = s.q_lora_rank > 0 ? s.q_lora_rank : s.query_width();
   const std::int64_t stride = query_in + s.kv_lora_rank + s.rope, d = s.cache_head_dim();
-  m.q.resize(std::size_t(tokens) * std::size_t(s.query_width()));
-  if (s.q_lora_rank > 0) {
-    m.q_a.resize(std::size_t(tokens) * std::size_t(s.q_lora_rank));
-    for (std::int32_t t = 0; t < tokens; ++t)
-      rms_norm_rows(m.input.data() + t * stride, 1, s.q_lora_rank, w.q_a_norm.data(),
-                    s.rms_norm_eps, m.q_a.data() + std::int64_t{t} * s.q_lora_rank);
+  core::for_row_ranges(tokens, stride, [&](std::int32_t begin, std::int32_t end) {
+    for (std::int32_t t = begin; t < end; ++t) {
+      const float* in = m.input.data() + t * stride;
+      if (s.q_lora_rank > 0)
+        rms_norm_rows(in, 1, s.q_lora_rank, w.q_a_norm.data(), s.rms_norm_eps,
+                      m.q_a.data() + std::int64_t{t} * s.q_lora_rank);
+      else
+        std::copy_n(in, s.query_width(), m.q.data() + std::int64_t{t} * s.query_width());
+      float* row = m.rows.data() + t * d;
+      rms_norm_rows(in + query_in, 1, s.kv_lora_rank, w.kv_a_norm.data(), s.rms_norm_eps, row);
+      std::copy_n(in + query_in + s.kv_lora_rank, s.rope, row + s.kv_lora_rank);
+    }
+  });
+  if (s.q_lora_rank > 0)
     project_strided(m.q_a.data(), tokens, w.q_b, m.q.data(), 0, deterministic, ls);
+}
+
+// Tokens [begin, end): the RoPE parts of the queries (m.q, and copied into
+// m.query after each head's latent for the absorbed form) and of the cache
+// rows rotated.
+void rotate_rope_parts(const MlaShape& s, MlaForm form, std::int32_t begin, std::int32_t end,
+                       const std::int32_t* positions, const RopeConfig& rope, MlaScratch& m) {
+  const std::int32_t head_q = s.nope + s.rope, d = s.cache_head_dim(), latent = s.kv_lora_rank;
+  const std::int64_t q_stride = s.query_width(), query_stride = std::int64_t{s.heads} * d;
+  const std::int32_t tokens = end - begin;
+  if (form == MlaForm::kExpanded) {
+    apply_rope({m.q.data() + begin * q_stride + s.nope, DType::kF32, q_stride, head_q}, tokens,
+               s.heads, s.rope, positions + begin, rope);
   } else {
-    gather_columns(m.input.data(), tokens, stride, 0, s.query_width(), m.q.data());
+    for (std::int32_t t = begin; t < end; ++t)
+      for (std::int32_t h = 0; h < s.heads; ++h)
+        std::copy_n(m.q.data() + t * q_stride + std::int64_t{h} * head_q + s.nope, s.rope,
+                    m.query.data() + t * query_stride + std::int64_t{h} * d + latent);
+    // The RoPE parts sit after the latent in every query head and cache row.
+    apply_rope({m.query.data() + begin * query_stride + latent, DType::kF32, query_stride, d},
+               tokens, s.heads, s.rope, positions + begin, rope);
   }
-  m.rows.resize(std::size_t(tokens) * std::size_t(d));
-  for (std::int32_t t = 0; t < tokens; ++t) {
-    const float* in = m.input.data() + t * stride + query_in;
-    float* row = m.rows.data() + t * d;
-    rms_norm_rows(in, 1, s.kv_lora_rank, w.kv_a_norm.data(), s.rms_norm_eps, row);
-    std::copy_n(in + s.kv_lora_rank, s.rope, row + s.kv_lora_rank);
-  }
+  apply_rope({m.rows.data() + std::int64_t{begin} * d + latent, DType::kF32, d, d}, tokens, 1,
+             s.rope, positions + begin, rope);
+}
+
+// The absorbed form over the step's projections: the queries' absorbed and
+// rotated parts, then per token range rows_done(begin, end) once its cache
+// rows are rotated, then attend() (into m.attention), then each head's
+// latent output up-projected into values.
+template <typename RowsDone, typename Attend>
+void absorbed_attention(const MlaShape& s, const MlaLayerWeights& w, std::int32_t tokens,
+                        const std::int32_t* positions, const RopeConfig& rope, float* values,
+                        bool deterministic, MlaScratch& m, RowsDone&& rows_done, Attend&& attend) {
+  absorbed_queries(s, w, tokens, deterministic, m);
+  core::for_row_ranges(tokens, std::int64_t{s.heads} * s.rope,
+                       [&](std::int32_t begin, std::int32_t end) {
+                         rotate_rope_parts(s, MlaForm::kAbsorbed, begin, end, positions, rope, m);
+                         rows_done(begin, end);
+                       });
+  attend();
+  per_head_products(
+      s, tokens, m.attention.data(), s.kv_lora_rank,
+      [&](std::int32_t h) -> const WeightMatrix& { return w.v_up[std::size_t(h)]; }, values,
+      s.v_head_dim, s.heads* s.v_head_dim, deterministic, m);
 }
 
 // ------------------------------------------------------------ expanded form
@@ -365,44 +400,69 @@ void validate_mla_weights(const MlaShape& s, const MlaLayerWeights& w, std::int6
   }
 }
 
+void size_step(const MlaShape& s, std::int32_t tokens, MlaForm form, std::int32_t threads,
+               MlaScratch& m) {
+  const auto t = std::size_t(tokens);
+  const std::int32_t query_in = s.q_lora_rank > 0 ? s.q_lora_rank : s.query_width();
+  m.input.resize(t * std::size_t(query_in + s.kv_lora_rank + s.rope));
+  m.q_a.resize(t * std::size_t(s.q_lora_rank));
+  m.q.resize(t * std::size_t(s.query_width()));
+  m.rows.resize(t * std::size_t(s.cache_head_dim()));
+  if (form == MlaForm::kExpanded) return;
+  m.query.resize(t * std::size_t(s.heads) * std::size_t(s.cache_head_dim()));
+  m.attention.resize(t * std::size_t(s.heads) * std::size_t(s.kv_lora_rank));
+  if (std::ssize(m.heads) != s.heads) {
+    m.heads.resize(std::size_t(s.heads));
+    std::iota(m.heads.begin(), m.heads.end(), 0);
+  }
+  // Each thread's gathered columns of one head: W_UK^T's nope or W_UV's latent.
+  if (tokens > 1)
+    m.head_in.resize(t * std::size_t(std::max(s.nope, s.kv_lora_rank)) * std::size_t(threads));
+  m.thread_scratch.resize(std::size_t(threads));
+}
+
+TeamAttention::Tensors latent_team_tensors(const MlaShape& s, const KVCacheConfig& cache,
+                                           MlaScratch& m) {
+  const std::int32_t d = s.cache_head_dim(), latent = s.kv_lora_rank;
+  const HeadTensor rows{m.rows.data(), DType::kF32, d, d};
+  // The value is the first kv_lora_rank elements of the same rows: an MLA
+  // cache layout reads it from K (and takes no v), a multi-query layout
+  // keeps its own copy.
+  const bool latent_layout = cache.attention_kind == AttentionKind::kMLA;
+  return {{m.query.data(), DType::kF32, std::int64_t{s.heads} * d, d},
+          rows,
+          latent_layout ? HeadTensor{} : rows,
+          {m.attention.data(), DType::kF32, std::int64_t{s.heads} * latent, latent}};
+}
+
+void mla_attention_in_team(const MlaShape& s, const MlaLayerWeights& w, const float* x,
+                           std::int32_t tokens, std::int32_t layer, const std::int32_t* positions,
+                           const RopeConfig& rope, TeamAttention& attention, float* values,
+                           bool deterministic, MlaScratch& m, LinearScratch& ls) {
+  project_inputs(s, w, x, tokens, deterministic, m, ls);
+  absorbed_attention(
+      s, w, tokens, positions, rope, values, deterministic, m,
+      [&](std::int32_t begin, std::int32_t end) { attention.append(layer, begin, end); },
+      [&] { attention.attend(layer); });
+}
+
 void mla_attention(const MlaShape& s, const MlaLayerWeights& w, const float* x, std::int32_t tokens,
                    std::int32_t layer, const std::int32_t* positions, const RopeConfig& rope,
                    const AttentionOptions& options, PagedKVCache& cache, float* values,
                    bool deterministic, MlaForm form, MlaScratch& m, LinearScratch& ls) {
   require(tokens >= 0, "mla_attention: tokens = ", tokens, " must be >= 0");
   validate_mla_weights(s, w, layer);
-  const std::int32_t d = s.cache_head_dim(), latent = s.kv_lora_rank;
-  m.input.resize(std::size_t(tokens) * std::size_t(w.input.out()));
-  w.input.project(x, tokens, m.input.data(), false, deterministic, ls);
-  split_projections(s, w, tokens, deterministic, m, ls);
+  size_step(s, tokens, form, core::available_threads(), m);
+  project_inputs(s, w, x, tokens, deterministic, m, ls);
   if (form == MlaForm::kExpanded) {
-    const std::int32_t head_q = s.nope + s.rope;
-    apply_rope({m.q.data() + s.nope, DType::kF32, std::int64_t{s.heads} * head_q, head_q}, tokens,
-               s.heads, s.rope, positions, rope);
-    apply_rope({m.rows.data() + latent, DType::kF32, d, d}, tokens, 1, s.rope, positions, rope);
+    rotate_rope_parts(s, form, 0, tokens, positions, rope, m);
     append_rows(s, layer, cache, m);
     return expanded_attention(s, w, layer, options, cache, values, m, ls);
   }
-  absorbed_queries(s, w, tokens, deterministic, m);
-  // The RoPE parts sit after the latent in every query head and cache row.
-  apply_rope({m.query.data() + latent, DType::kF32, std::int64_t{s.heads} * d, d}, tokens, s.heads,
-             s.rope, positions, rope);
-  apply_rope({m.rows.data() + latent, DType::kF32, d, d}, tokens, 1, s.rope, positions, rope);
-  // The value is the first kv_lora_rank elements of the same rows: an MLA
-  // cache layout reads it from K (and takes no v), a multi-query layout
-  // keeps its own copy.
-  const HeadTensor rows{m.rows.data(), DType::kF32, d, d};
-  const bool latent_layout = cache.config().attention_kind == AttentionKind::kMLA;
-  const HeadTensor value = latent_layout ? HeadTensor{} : rows;
-  m.attention.resize(std::size_t(tokens) * std::size_t(s.heads) * std::size_t(latent));
-  cache.attention(layer, {m.query.data(), DType::kF32, std::int64_t{s.heads} * d, d}, rows, value,
-                  {m.attention.data(), DType::kF32, std::int64_t{s.heads} * latent, latent},
-                  options);
-  const std::int32_t values_stride = s.heads * s.v_head_dim;
-  per_head_products(
-      s, tokens, m.attention.data(), latent,
-      [&](std::int32_t h) -> const WeightMatrix& { return w.v_up[std::size_t(h)]; }, values,
-      s.v_head_dim, values_stride, deterministic, m);
+  const TeamAttention::Tensors t = latent_team_tensors(s, cache.config(), m);
+  absorbed_attention(
+      s, w, tokens, positions, rope, values, deterministic, m, [](std::int32_t, std::int32_t) {},
+      [&] { cache.attention(layer, t.q, t.k, t.v, t.out, options); });
 }
 
 }  // namespace pagedattn::engine

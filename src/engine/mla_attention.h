@@ -29,6 +29,7 @@
 #include "engine/gemm.h"
 #include "engine/product_split.h"
 #include "engine/stacked_matrix.h"
+#include "engine/team_attention.h"
 #include "engine/weight_matrix.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/kv_cache.h"
@@ -112,11 +113,32 @@ struct MlaScratch {
 // positions[tokens]: RoPE positions; `rope` has a table covering them
 // (rotary_dim = shape.rope). `form`: mla_form's choice, or either one (the
 // tests run both). InvalidArgument when the weights do not match `shape`
-// or tokens < 0 (before touching the cache).
+// or tokens < 0 (before touching the cache). Outside a team: its products
+// open regions of their own, and the attention is the cache's call.
 void mla_attention(const MlaShape& shape, const MlaLayerWeights& weights, const float* x,
                    std::int32_t tokens, std::int32_t layer, const std::int32_t* positions,
                    const RopeConfig& rope, const AttentionOptions& options, PagedKVCache& cache,
                    float* values, bool deterministic, MlaForm form, MlaScratch& scratch,
                    LinearScratch& linear_scratch);
+
+// The absorbed form inside a model's layer team (core/team.h), where the
+// cache's attention call (which may throw, and opens regions of its own)
+// cannot run. Before the team: size_step for the step's tokens and the
+// team's size, then TeamAttention::prepare with latent_team_tensors. In
+// it, mla_attention_in_team does what mla_attention does for kAbsorbed,
+// every piece split over the team's threads: the projections, norms and
+// RoPE by rows, the per-head products by columns, the append by each
+// thread's rows, the attention through `attention`. The weights were
+// checked at load (validate_mla_weights): nothing here throws.
+void size_step(const MlaShape& shape, std::int32_t tokens, MlaForm form, std::int32_t threads,
+               MlaScratch& scratch);
+// The step's attention tensors over the scratch (q, the cache rows, V for
+// a multi-query layout, the latent outputs) for `cache`'s layout.
+TeamAttention::Tensors latent_team_tensors(const MlaShape& shape, const KVCacheConfig& cache,
+                                           MlaScratch& scratch);
+void mla_attention_in_team(const MlaShape& shape, const MlaLayerWeights& weights, const float* x,
+                           std::int32_t tokens, std::int32_t layer, const std::int32_t* positions,
+                           const RopeConfig& rope, TeamAttention& attention, float* values,
+                           bool deterministic, MlaScratch& scratch, LinearScratch& linear_scratch);
 
 }  // namespace pagedattn::engine

@@ -14,23 +14,33 @@ namespace pagedattn::engine {
 
 bool TeamAttention::supports(const PagedKVCache& cache) {
   const KVCacheConfig& c = cache.config();
-  return c.device == KVDevice::kCpu && c.rope_mode == RopeMode::kNone &&
-         c.attention_kind == AttentionKind::kMHA && c.v_head_dim == c.head_dim &&
-         c.head_dim % 8 == 0 && !force_reference_kernels();
+  return c.device == KVDevice::kCpu && c.rope_mode == RopeMode::kNone && c.head_dim % 8 == 0 &&
+         c.v_head_dim % 8 == 0 && !force_reference_kernels();
+}
+
+TeamAttention::Tensors TeamAttention::fused_qkv(const KVCacheConfig& c, float* qkv, float* out) {
+  const std::int32_t d = c.head_dim, hq = c.num_qo_heads, hkv = c.num_kv_heads;
+  const std::int64_t stride = std::int64_t{hq + 2 * hkv} * d;
+  return {{qkv, DType::kF32, stride, d},
+          {qkv == nullptr ? nullptr : qkv + std::int64_t{hq} * d, DType::kF32, stride, d},
+          {qkv == nullptr ? nullptr : qkv + std::int64_t{hq + hkv} * d, DType::kF32, stride, d},
+          {out, DType::kF32, std::int64_t{hq} * c.v_head_dim, c.v_head_dim}};
 }
 
 void TeamAttention::prepare(PagedKVCache& cache, std::span<const AttentionOptions> options,
-                            const float* qkv, float* out, std::int32_t team_threads) {
+                            const Tensors& t, std::int32_t team_threads) {
   constexpr const char* kCall = "TeamAttention::prepare";
   const KVCacheConfig& c = cache.config();
   require(supports(cache), kCall, ": the cache's attention cannot run in a team (supports())");
   require(std::int64_t(options.size()) == c.num_layers, kCall, ": options has ", options.size(),
           " layers, the cache ", c.num_layers);
   require(team_threads >= 1, kCall, ": team_threads = ", team_threads, " must be >= 1");
+  const bool latent = c.attention_kind == AttentionKind::kMLA;
+  require(!latent || t.v.data == nullptr, kCall,
+          ": tensors.v.data must be null for attention_kind = MLA (V is the latent, the first "
+          "v_head_dim elements of each k row)");
   const BatchPlan& step = cache.plan();  // InvalidState outside a step
-  const std::int32_t d = c.head_dim, hq = c.num_qo_heads, hkv = c.num_kv_heads;
-  const std::int64_t qkv_stride = std::int64_t{hq + 2 * hkv} * d;
-  const AttentionShape shape{hq, hkv, d, d};
+  const AttentionShape shape{c.num_qo_heads, c.num_kv_heads, c.head_dim, c.v_head_dim};
   AttentionPlanOptions plan_options = c.attention_plan;
   plan_options.num_threads = team_threads;
 
@@ -43,18 +53,15 @@ void TeamAttention::prepare(PagedKVCache& cache, std::span<const AttentionOption
     Layer& l = layers[std::size_t(layer)];
     const PagedKVStorage kv = cache.layer_storage(layer);
     AttentionParams& p = l.params;
-    p.q = {const_cast<float*>(qkv), DType::kF32, qkv_stride, d};
-    p.o = {out, DType::kF32, std::int64_t{hq} * d, d};
-    p.num_qo_heads = hq;
+    p.q = t.q;
+    p.o = t.out;
+    p.num_qo_heads = c.num_qo_heads;
     p.table = step.table();
     p.kv = kv;
     p.options = o;
     p.tree_mask = step.tree_mask();
     kernels::validate_attention_params(p, kCall);
-    const HeadTensor k{const_cast<float*>(qkv) + std::int64_t{hq} * d, DType::kF32, qkv_stride, d};
-    const HeadTensor v{const_cast<float*>(qkv) + std::int64_t{hq + hkv} * d, DType::kF32,
-                       qkv_stride, d};
-    l.append = {k, v, step.slot_mapping.data(), step.num_tokens(), kv};
+    l.append = {t.k, t.v, step.slot_mapping.data(), step.num_tokens(), kv};
     kernels::validate_append(l.append);
     // The step's layers differ only by window (and scale, softcap: not the plan's).
     const std::pair<bool, std::int32_t> key{o.causal, o.window_left};

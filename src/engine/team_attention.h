@@ -24,25 +24,38 @@ namespace pagedattn::engine {
 class TeamAttention {
  public:
   // Whether `cache`'s attention can run this way: pages in host memory, no
-  // RoPE applied by the cache, one K and one V row per KV head (not latent
-  // attention), head dims the vector kernels take, and the reference
-  // kernels not forced (PAGEDATTN_FORCE_REFERENCE).
+  // RoPE applied by the cache, head dims the vector kernels take (multiples
+  // of 8), and the reference kernels not forced
+  // (PAGEDATTN_FORCE_REFERENCE). Latent-attention layouts (kMLA) qualify.
   static bool supports(const PagedKVCache& cache);
+
+  // The step's tensors, the same for every layer (the layer's own values
+  // written there before its append and attend):
+  //   q   [num_tokens][num_qo_heads][head_dim]
+  //   k   [num_tokens][num_kv_heads][head_dim]
+  //   v   [num_tokens][num_kv_heads][v_head_dim]; none (null data) for a
+  //       kMLA cache, whose V is the first v_head_dim elements of K
+  //   out [num_tokens][num_qo_heads][v_head_dim]
+  struct Tensors {
+    HeadTensor q, k, v, out;
+  };
+  // The tensors of a fused projection's rows (attention_with_fused_qkv's):
+  //   qkv [num_tokens][num_qo_heads + 2 num_kv_heads][head_dim] (q, k, v heads)
+  //   out [num_tokens][num_qo_heads][head_dim]
+  static Tensors fused_qkv(const KVCacheConfig& config, float* qkv, float* out);
 
   // For the open step of `cache` (supports(cache)), its layers'
   // `options` [num_layers]: plans the step once per distinct window for a
   // team of `team_threads`, and checks each layer's append and attention as
   // the cache's call would (InvalidArgument / InvalidState, nothing
-  // changed). The tensors are those attention_with_fused_qkv takes:
-  //   qkv [num_tokens][num_qo_heads + 2 num_kv_heads][head_dim] (q, k, v heads)
-  //   out [num_tokens][num_qo_heads][head_dim]
-  // They must stay where they are until finish().
-  void prepare(PagedKVCache& cache, std::span<const AttentionOptions> options, const float* qkv,
-               float* out, std::int32_t team_threads);
+  // changed). The tensors must stay where they are until finish().
+  void prepare(PagedKVCache& cache, std::span<const AttentionOptions> options,
+               const Tensors& tensors, std::int32_t team_threads);
 
-  // Tokens [begin, end) of `layer`'s K/V (from qkv) into their pages, on
-  // the calling thread: inside the team, each thread its range of the rows
-  // it has just finished (RoPE), before the barrier that ends that piece.
+  // Tokens [begin, end) of `layer`'s K/V (from the tensors' k and v) into
+  // their pages, on the calling thread: inside the team, each thread its
+  // range of the rows it has just finished (RoPE), before the barrier that
+  // ends that piece.
   void append(std::int32_t layer, std::int32_t begin, std::int32_t end) const;
 
   // `layer`'s attention into out, on every thread of the team (a piece of
