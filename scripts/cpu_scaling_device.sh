@@ -21,11 +21,13 @@
 #       into DIR (default build/cpu-bundle), under the 64 MiB a call carries.
 #       SMOLLM2 names the GGUF file (default: the test model,
 #       scripts/get_test_model.sh). With GPU_CHECK=1, build/gpu-bundle
-#       (`scripts/gpu_check.sh --bundle`) goes along too. MOE names a
-#       mixture-of-experts GGUF file to carry packed as well (MOE_FRACTION,
-#       default 0.005, of its rows: build/peers/moe-Q4_K_M.gguf of
-#       bench/peers/README.md, Qwen3-30B-A3B's layer shapes, packs to about
-#       8 MiB; fewer LLAMA_BINS may then be needed).
+#       (`scripts/gpu_check.sh --bundle`) goes along too. MOE names
+#       mixture-of-experts GGUF files (separated by spaces) to carry packed
+#       as well (MOE_FRACTION, default 0.005, of their rows: the files of
+#       bench/peers/README.md, build/peers/moe-Q4_K_M.gguf at Qwen3-30B-A3B's
+#       layer shapes and build/peers/ds-Q4_K_M.gguf at DeepSeek-V2-Lite's
+#       with latent attention, pack to about 8 MiB each; fewer LLAMA_BINS
+#       may then be needed).
 #   scripts/cpu_scaling_device.sh [DIR]
 #       There, from the repository root: unpacks DIR, runs everything, writes
 #       $OUT/results.tar.gz (each run's output) and $OUT/summary.md.
@@ -35,8 +37,8 @@
 #       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
 #       the start: one lease of a GPU machine serves both. PARTS (default
 #       "scaling-smollm2 scaling-small 1b policies paths regions teams moe onednn llama")
-#       runs only the parts it names; `moe` runs where the bundle holds the
-#       MoE file.
+#       runs only the parts it names; `moe` runs where the bundle holds MoE
+#       files.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -60,9 +62,12 @@ if [ "${1:-}" = "--bundle" ]; then
   done
   python3 bench/peers/gguf_tile.py pack "${SMOLLM2:-$(scripts/get_test_model.sh)}" \
     "$bundle/smollm2.pack" --fraction "${SMOLLM2_FRACTION:-0.2}"
-  if [ -n "${MOE:-}" ]; then
-    python3 bench/peers/gguf_tile.py pack "$MOE" "$bundle/moe.pack" --fraction "${MOE_FRACTION:-0.005}"
-  fi
+  moe_index=0
+  for moe_file in ${MOE:-}; do
+    moe_index=$((moe_index + 1))
+    python3 bench/peers/gguf_tile.py pack "$moe_file" "$bundle/moe$moe_index.pack" \
+      --fraction "${MOE_FRACTION:-0.005}"
+  done
   if [ "${GPU_CHECK:-0}" = 1 ]; then
     tar -cf - -C build gpu-bundle | xz -T0 -6 >"$bundle/gpu-bundle.tar.xz"
   fi
@@ -87,11 +92,12 @@ say() { echo "$@" | tee -a "$summary"; }
 mkdir -p "$work/bundle/lib"
 tar -xJf "$bundle/lib.tar.xz" -C "$work/bundle"
 python3 bench/peers/gguf_tile.py unpack "$bundle/smollm2.pack" "$work/bundle/smollm2.gguf"
-moe_model=""
-if [ -f "$bundle/moe.pack" ]; then
-  moe_model="$work/bundle/moe.gguf"
-  python3 bench/peers/gguf_tile.py unpack "$bundle/moe.pack" "$moe_model"
-fi
+moe_models=()
+for moe_pack in "$bundle"/moe*.pack; do
+  [ -f "$moe_pack" ] || continue
+  moe_models+=("$work/bundle/$(basename "$moe_pack" .pack).gguf")
+  python3 bench/peers/gguf_tile.py unpack "$moe_pack" "${moe_models[-1]}"
+done
 export LD_LIBRARY_PATH="$work/bundle/lib"
 bin="$work/bundle/pagedattn"
 xz -dc "$bundle/pagedattn.xz" >"$bin"
@@ -199,25 +205,33 @@ run_teams() {
     done
   done
 }
-# The mixture-of-experts file: 1 and 32 streams of 128 + 128 tokens on 2
+# Each mixture-of-experts file: 1 and 32 streams of 128 + 128 tokens on 2
 # and 16 threads (every thread takes a share of all the experts' columns),
-# then the 32 streams at 16 threads in teams and with a region per piece.
+# then both at 16 threads in teams and with a region per piece (latent
+# attention's absorbed form runs in the team).
 run_moe() {
-  [ -n "$moe_model" ] || { say "moe: the bundle holds no MoE file (MOE=... at --bundle)"; return 0; }
-  local streams threads teams
+  [ ${#moe_models[@]} -gt 0 ] || { say "moe: the bundle holds no MoE file (MOE=... at --bundle)"; return 0; }
+  local model name streams threads teams
   for streams in 1 32; do
     python3 -c "import json, sys; n = int(sys.argv[1]); print(''.join(json.dumps({'prompt_len': 128, 'output_len': 128, 'n': 1}) + '\n' for _ in range(n)), end='')" \
       "$streams" >"$results/moe-s$streams.jsonl"
-    for threads in 2 16; do
-      OMP_NUM_THREADS=$threads timeout 60 "$bin" bench-serve --model "$moe_model" \
-        --workload "$results/moe-s$streams.jsonl" >"$results/moe-s$streams-t$threads.txt" 2>&1
-      say "moe, $streams streams, $threads threads: $(grep -E 'output tokens/s|decode steps|of which' "$results/moe-s$streams-t$threads.txt" | tr -s ' ' | tr '\n' ';')"
-    done
   done
-  for teams in 0 1; do
-    PAGEDATTN_TEAMS=$teams OMP_NUM_THREADS=16 timeout 60 "$bin" bench-serve --model "$moe_model" \
-      --workload "$results/moe-s32.jsonl" >"$results/moe-teams$teams.txt" 2>&1
-    say "moe, 32 streams, 16 threads, teams $teams: $(grep -E 'output tokens/s|decode steps|of which' "$results/moe-teams$teams.txt" | tr -s ' ' | tr '\n' ';')"
+  for model in "${moe_models[@]}"; do
+    name=$(basename "$model" .gguf)
+    for streams in 1 32; do
+      for threads in 2 16; do
+        OMP_NUM_THREADS=$threads timeout 60 "$bin" bench-serve --model "$model" \
+          --workload "$results/moe-s$streams.jsonl" >"$results/$name-s$streams-t$threads.txt" 2>&1
+        say "$name, $streams streams, $threads threads: $(grep -E 'output tokens/s|decode steps|of which' "$results/$name-s$streams-t$threads.txt" | tr -s ' ' | tr '\n' ';')"
+      done
+    done
+    for streams in 1 32; do
+      for teams in 0 1; do
+        PAGEDATTN_TEAMS=$teams OMP_NUM_THREADS=16 timeout 60 "$bin" bench-serve --model "$model" \
+          --workload "$results/moe-s$streams.jsonl" >"$results/$name-s$streams-teams$teams.txt" 2>&1
+        say "$name, $streams streams, 16 threads, teams $teams: $(grep -E 'output tokens/s|decode steps|of which' "$results/$name-s$streams-teams$teams.txt" | tr -s ' ' | tr '\n' ';')"
+      done
+    done
   done
 }
 # Prefill's products on oneDNN (f32, and bf16 on AMX tiles where the CPU
@@ -297,7 +311,7 @@ part policies && step "SmolLM2, 16 threads: default, --pin-threads, passive and 
 part paths && step "SmolLM2, 16 threads: exact, --bf16-products, --int8-activations" run_paths
 part regions && step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
 part teams && step "SmolLM2, 16 threads: layers in teams or a region per piece" run_teams
-part moe && step "MoE file (tiled): 2 and 16 threads, 1 and 32 streams; teams at 16" run_moe
+part moe && step "MoE files (tiled): 2 and 16 threads, 1 and 32 streams; teams at 16" run_moe
 part onednn && step "prefill's products: oneDNN against OpenBLAS and dot_tiles" run_onednn
 part llama && step "serve against llama-server, 16 threads, SmolLM2 tiled" run_llama
 
