@@ -80,11 +80,11 @@ void per_head_products(const MlaShape& s, std::int32_t tokens, const float* x, s
 // m.query [tokens][heads][kv_lora_rank + rope].
 void absorbed_queries(const MlaShape& s, const MlaLayerWeights& w, std::int32_t tokens,
                       bool deterministic, MlaScratch& m) {
-  const std::int32_t d = s.cache_head_dim();
+  const std::int32_t d = s.cache_head_dim(), query_stride = s.heads * d;
   per_head_products(
       s, tokens, m.q.data(), s.nope + s.rope,
       [&](std::int32_t h) -> const WeightMatrix& { return w.k_absorb[std::size_t(h)]; },
-      m.query.data(), d, s.heads* d, deterministic, m);
+      m.query.data(), d, query_stride, deterministic, m);
 }
 
 // m.q[tokens][query_width] and the cache rows m.rows[tokens][kv_lora_rank +
@@ -152,10 +152,11 @@ void absorbed_attention(const MlaShape& s, const MlaLayerWeights& w, std::int32_
                          rows_done(begin, end);
                        });
   attend();
+  const std::int32_t values_stride = s.heads * s.v_head_dim;
   per_head_products(
       s, tokens, m.attention.data(), s.kv_lora_rank,
       [&](std::int32_t h) -> const WeightMatrix& { return w.v_up[std::size_t(h)]; }, values,
-      s.v_head_dim, s.heads* s.v_head_dim, deterministic, m);
+      s.v_head_dim, values_stride, deterministic, m);
 }
 
 // ------------------------------------------------------------ expanded form
