@@ -87,6 +87,11 @@ results=$work/results
 mkdir -p "$out" "$results"
 summary=$out/summary.md
 say() { echo "$@" | tee -a "$summary"; }
+# say_run LABEL FILE: a bench-serve run's throughput, decode step and its
+# phases on one line of the summary.
+say_run() {
+  say "$1: $(grep -E 'output tokens/s|decode steps|of which' "$2" | tr -s ' ' | tr '\n' ';')"
+}
 : >"$summary"
 
 mkdir -p "$work/bundle/lib"
@@ -155,7 +160,7 @@ run_policies() {
       passive) OMP_WAIT_POLICY=passive OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" ;;
       active) OMP_WAIT_POLICY=active OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" ;;
     esac >"$results/policy-$policy.txt" 2>&1
-    say "policy $policy: $(grep -E 'output tokens/s|decode steps|of which' "$results/policy-$policy.txt" | tr -s ' ' | tr '\n' ';')"
+    say_run "policy $policy" "$results/policy-$policy.txt"
   done
 }
 # SmolLM2 at 16 threads on each product path: the exact default, bf16
@@ -168,7 +173,7 @@ run_paths() {
     [ "$path" = exact ] || extra=("$path")
     OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" "${extra[@]}" \
       >"$results/path$path.txt" 2>&1
-    say "path $path: $(grep -E 'output tokens/s|decode steps|of which' "$results/path$path.txt" | tr -s ' ' | tr '\n' ';')"
+    say_run "path $path" "$results/path$path.txt"
   done
 }
 # A decode step's 120 layer products (SmolLM2's shapes, Q4_1), a parallel
@@ -200,7 +205,7 @@ run_teams() {
         local out="$results/teams$teams-$mode-$round.txt"
         PAGEDATTN_TEAMS=$teams OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" \
           "${extra[@]}" >"$out" 2>&1
-        say "teams $teams, $mode, round $round: $(grep -E 'output tokens/s|decode steps|of which' "$out" | tr -s ' ' | tr '\n' ';')"
+        say_run "teams $teams, $mode, round $round" "$out"
       done
     done
   done
@@ -222,14 +227,14 @@ run_moe() {
       for threads in 2 16; do
         OMP_NUM_THREADS=$threads timeout 60 "$bin" bench-serve --model "$model" \
           --workload "$results/moe-s$streams.jsonl" >"$results/$name-s$streams-t$threads.txt" 2>&1
-        say "$name, $streams streams, $threads threads: $(grep -E 'output tokens/s|decode steps|of which' "$results/$name-s$streams-t$threads.txt" | tr -s ' ' | tr '\n' ';')"
+        say_run "$name, $streams streams, $threads threads" "$results/$name-s$streams-t$threads.txt"
       done
     done
     for streams in 1 32; do
       for teams in 0 1; do
         PAGEDATTN_TEAMS=$teams OMP_NUM_THREADS=16 timeout 60 "$bin" bench-serve --model "$model" \
           --workload "$results/moe-s$streams.jsonl" >"$results/$name-s$streams-teams$teams.txt" 2>&1
-        say "$name, $streams streams, 16 threads, teams $teams: $(grep -E 'output tokens/s|decode steps|of which' "$results/$name-s$streams-teams$teams.txt" | tr -s ' ' | tr '\n' ';')"
+        say_run "$name, $streams streams, 16 threads, teams $teams" "$results/$name-s$streams-teams$teams.txt"
       done
     done
   done

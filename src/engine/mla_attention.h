@@ -88,7 +88,8 @@ inline constexpr std::int64_t kMlaExpandedBytes = std::int64_t{512} << 20;
 // windows with dropped tokens, and beyond kMlaExpandedBytes.
 MlaForm mla_form(const MlaShape& shape, const BatchPlan& plan, bool deterministic);
 
-// Buffers reused across calls.
+// Buffers reused across calls; size_step sizes those of the projections
+// and of the absorbed form for a step.
 struct MlaScratch {
   std::vector<float> input, q_a, q, query, rows, head_in, attention;
   // The expanded form: one sequence's cached rows (and V's own copy of

@@ -2,8 +2,8 @@
 // the K/V the cache's own call writes (state_digest equal) and gives bitwise
 // its outputs where the two plan alike, for teams of 1-4 threads, windows,
 // prefill and decode rows, int8 and fp8 pages, and latent attention's
-// layout (one row per token, its latent the value); it refuses what the cache's
-// call would refuse, before any thread starts. The kernel inside a team
+// layout (one row per token, its latent the value); it refuses what the
+// cache's call would refuse, before any thread starts. The kernel inside a team
 // gives bitwise what it gives in its own region, also for a team larger
 // than its plan.
 #include "engine/team_attention.h"
@@ -24,10 +24,6 @@ namespace pagedattn {
 namespace {
 
 using Threads = test::OmpThreads;
-
-engine::TeamAttention::Tensors fused(const PagedKVCache& cache, float* qkv, float* out) {
-  return engine::TeamAttention::fused_qkv(cache.config(), qkv, out);
-}
 
 constexpr std::int32_t kLayers = 3, kQoHeads = 6, kKvHeads = 2, kDim = 64;
 constexpr std::int32_t kQkvWidth = (kQoHeads + 2 * kKvHeads) * kDim;
@@ -192,24 +188,24 @@ TEST(TeamAttention, RefusesBeforeAnyThreadStarts) {
     PagedKVCache cache(config(DType::kF16));
     cache.add_sequence(0);
     // No step open.
-    EXPECT_THROW(team.prepare(cache, options, fused(cache, qkv.data(), out.data()), 2),
+    EXPECT_THROW(team.prepare(cache, options, views(cache.config(), qkv.data(), out.data()), 2),
                  InvalidState);
     cache.begin_forward(std::vector<SeqId>{0}, std::vector<std::int64_t>{8});
     const std::uint64_t before = cache.state_digest();
-    EXPECT_THROW(
-        team.prepare(cache, std::span(options).first(2), fused(cache, qkv.data(), out.data()), 2),
-        InvalidArgument);
-    EXPECT_THROW(team.prepare(cache, options, fused(cache, qkv.data(), out.data()), 0),
+    EXPECT_THROW(team.prepare(cache, std::span(options).first(2),
+                              views(cache.config(), qkv.data(), out.data()), 2),
                  InvalidArgument);
-    EXPECT_THROW(team.prepare(cache, options, fused(cache, nullptr, out.data()), 2),
+    EXPECT_THROW(team.prepare(cache, options, views(cache.config(), qkv.data(), out.data()), 0),
+                 InvalidArgument);
+    EXPECT_THROW(team.prepare(cache, options, views(cache.config(), nullptr, out.data()), 2),
                  InvalidArgument);
     std::vector<AttentionOptions> bad = options;
     bad[2].window_left = -5;
-    EXPECT_THROW(team.prepare(cache, bad, fused(cache, qkv.data(), out.data()), 2),
+    EXPECT_THROW(team.prepare(cache, bad, views(cache.config(), qkv.data(), out.data()), 2),
                  InvalidArgument);
     EXPECT_EQ(cache.state_digest(), before);
     // Prepared but not finished: the step's K/V are not declared written.
-    team.prepare(cache, options, fused(cache, qkv.data(), out.data()), 2);
+    team.prepare(cache, options, views(cache.config(), qkv.data(), out.data()), 2);
     EXPECT_THROW(cache.end_forward(), InvalidState);
     team.finish(cache);
     cache.end_forward();
@@ -222,7 +218,7 @@ TEST(TeamAttention, RefusesBeforeAnyThreadStarts) {
   EXPECT_FALSE(engine::TeamAttention::supports(rotating));
   rotating.add_sequence(0);
   rotating.begin_forward(std::vector<SeqId>{0}, std::vector<std::int64_t>{8});
-  EXPECT_THROW(team.prepare(rotating, options, fused(rotating, qkv.data(), out.data()), 2),
+  EXPECT_THROW(team.prepare(rotating, options, views(rotating.config(), qkv.data(), out.data()), 2),
                InvalidArgument);
   EXPECT_TRUE(engine::TeamAttention::supports(PagedKVCache(latent_config(DType::kF16))));
   // A latent layout takes no V.

@@ -1,6 +1,6 @@
 // Helpers the GGUF model tests share: a qwen2moe / qwen3moe file, a
-// deepseek2 file, a file's F32 twin, teacher-forced logits of one sequence, and the comparison of
-// the two.
+// deepseek2 file, a file's F32 twin, teacher-forced logits of one
+// sequence, and the comparison of the two.
 #pragma once
 
 #include <cstddef>
