@@ -94,7 +94,9 @@ struct AttentionPlanOptions {
   std::int32_t fixed_kv_chunk = 0;  // > 0: split KV into chunks of exactly this many keys,
                                     // whatever the batch, and compute every query row
                                     // the same way (deterministic mode: batch_invariant)
-  std::int32_t min_kv_chunk = 256;  // smallest chunk the planner creates when it splits
+  std::int32_t min_kv_chunk = 256;  // smallest chunk the planner creates when it splits to
+                                    // balance; a plan of fewer tiles than threads may cut
+                                    // a tile into chunks down to min_kv_chunk / 4 keys
   // Prefill (more than 8 query rows per KV head) over KV of 16 bits or
   // fewer, and decode (at most 8 rows per KV head, no inline key RoPE) over
   // bf16, f16 and fp8 KV, may run on bf16 dot products where the CPU has

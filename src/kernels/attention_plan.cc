@@ -31,19 +31,37 @@ std::int64_t most_kv_splits(std::int64_t keys, const AttentionPlanOptions& o) {
   return std::max<std::int64_t>(1, keys / std::max(1, o.min_kv_chunk));
 }
 
+// A plan of fewer tiles than threads (one or a few sequences on many cores)
+// may cut a tile's keys into chunks this much shorter than min_kv_chunk, so
+// that every thread takes a part: an item's fixed cost (its queries loaded,
+// its partial written and merged, its first pages' latency) is the work of a
+// few dozen keys, small against the time the other threads would wait
+// (docs/design.md, "Plan, then run").
+constexpr std::int32_t kFewTilesChunkDivisor = 4;
+
+// How many parts `keys` of a tile costing tile_cost (of total_cost in the
+// plan) are cut into: enough that no part exceeds half a thread's fair share,
+// so that longest-first assignment balances, in chunks of at least
+// min_kv_chunk keys; and when the plan has fewer tiles than threads, at least
+// `parts_wanted` (each tile's share of the threads) in chunks of at least
+// min_kv_chunk / kFewTilesChunkDivisor.
 std::int32_t kv_splits(std::int64_t keys, std::int64_t tile_cost, std::int64_t total_cost,
-                       std::int32_t threads, const AttentionPlanOptions& o) {
+                       std::int32_t threads, std::int32_t parts_wanted,
+                       const AttentionPlanOptions& o) {
   if (keys == 0) return 1;
   if (o.fixed_kv_chunk > 0) return static_cast<std::int32_t>(most_kv_splits(keys, o));
   if (threads == 1) return 1;
-  // Aim for items of at most half a thread's fair share, so that longest-first
-  // assignment balances, but never chunks shorter than min_kv_chunk.
   const std::int64_t share = std::max<std::int64_t>(1, total_cost / (2 * threads));
   const std::int64_t by_cost = (tile_cost + share - 1) / share;
-  return static_cast<std::int32_t>(std::clamp<std::int64_t>(by_cost, 1, most_kv_splits(keys, o)));
+  const std::int64_t by_share = std::clamp<std::int64_t>(by_cost, 1, most_kv_splits(keys, o));
+  const std::int64_t short_chunk = std::max(1, o.min_kv_chunk / kFewTilesChunkDivisor);
+  const std::int64_t by_threads =
+      std::clamp<std::int64_t>(parts_wanted, 1, std::max<std::int64_t>(1, keys / short_chunk));
+  return static_cast<std::int32_t>(std::max(by_share, by_threads));
 }
 
-// Whether a tile's keys are too few for kv_splits to split them.
+// Whether a tile's keys are too few to cut into chunks of min_kv_chunk keys:
+// such a tile's heads are split first (split_heads).
 bool keys_stay_whole(const AttentionWorkItem& w, const AttentionPlanOptions& o) {
   return most_kv_splits(w.kv_end - w.kv_begin, o) <= 1;
 }
@@ -155,6 +173,11 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   if (!tiles.empty() && std::int64_t(tiles.size()) < plan.num_threads)
     tiles = split_heads(std::move(tiles), plan.num_threads, o);
 
+  // Each tile's share of the threads where there are fewer tiles than threads.
+  const auto num_tiles = static_cast<std::int32_t>(tiles.size());
+  const std::int32_t parts_wanted = num_tiles > 0 && num_tiles < plan.num_threads
+                                        ? (plan.num_threads + num_tiles - 1) / num_tiles
+                                        : 1;
   std::vector<AttentionWorkItem> items;
   plan.max_rows = 1;
   for (const AttentionWorkItem& tile_item : tiles) {
@@ -162,7 +185,7 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
                                                 (tile_item.q_end - tile_item.q_begin) * group);
     const std::int32_t keys = tile_item.kv_end - tile_item.kv_begin;
     const std::int32_t splits =
-        kv_splits(keys, item_cost(tile_item, group), total, plan.num_threads, o);
+        kv_splits(keys, item_cost(tile_item, group), total, plan.num_threads, parts_wanted, o);
     if (splits == 1) {
       items.push_back(tile_item);
       continue;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "pagedattn/attention.h"
 #include "pagedattn/errors.h"
@@ -98,17 +99,17 @@ TEST(AttentionPlan, ManyShortSequencesAreNotSplit) {
 // merge; the keys only where threads would still idle.
 TEST(AttentionPlan, FewSequencesSplitTheirHeadsBeforeTheirKeys) {
   Batch batch;
-  batch.add(1, 300);  // too short to split by keys (min_kv_chunk 256)
+  batch.add(1, 300);  // too short to cut into min_kv_chunk (256) chunks
   for (const std::int32_t threads : {2, 4, 8, 16}) {
     SCOPED_TRACE(threads);
     const AttentionPlan plan =
         plan_attention(batch.table(), kShape, {},
                        AttentionPlanOptions{threads, 0, 256, false, false, false, false, false});
-    EXPECT_EQ(plan.num_partials, 0);
-    EXPECT_EQ(plan.items.size(), std::size_t(std::min(threads, 8)));
-    if (threads <= 8) {  // one head per thread at most
-      for (const std::int64_t load : thread_loads(plan)) EXPECT_GT(load, 0) << "a thread idles";
-    }
+    // Up to 8 threads, one item per head range; 16 threads: each of the 8
+    // heads also cut in two by keys (chunks of at least 256 / 4 keys).
+    EXPECT_EQ(plan.num_partials, threads <= 8 ? 0 : 16);
+    EXPECT_EQ(plan.items.size(), std::size_t(threads));
+    for (const std::int64_t load : thread_loads(plan)) EXPECT_GT(load, 0) << "a thread idles";
     expect_exact_cover(batch, plan, true);
   }
   Batch two;  // four threads: the long one split by keys, the short one by heads
@@ -138,6 +139,39 @@ TEST(AttentionPlan, FewSequencesSplitTheirHeadsBeforeTheirKeys) {
                        AttentionPlanOptions{threads, 0, 256, false, false, false, false, false});
     for (const AttentionWorkItem& w : whole.items) EXPECT_EQ(w.kv_head_end - w.kv_head_begin, 8);
   }
+}
+
+// One KV head (latent attention, multi-query): nothing to split by heads, so
+// a short sequence is cut by keys into a part per thread, in chunks of at
+// least min_kv_chunk / 4 keys; a batch of as many tiles as threads is not.
+TEST(AttentionPlan, OneShortSequenceOfOneHeadGivesEveryThreadAPart) {
+  const AttentionShape latent{16, 1, 576, 512};
+  Batch one;
+  one.add(1, 384);
+  for (const auto& [threads, min_chunk, parts] :
+       {std::tuple{2, 256, 2}, {4, 256, 4}, {16, 256, 6}, {16, 1024, 1}, {16, 32, 16}}) {
+    SCOPED_TRACE(::testing::Message() << threads << " threads, min_kv_chunk " << min_chunk);
+    const AttentionPlan plan = plan_attention(
+        one.table(), latent, {},
+        AttentionPlanOptions{threads, 0, min_chunk, false, false, false, false, false});
+    EXPECT_EQ(plan.items.size(), std::size_t(parts));
+    EXPECT_EQ(plan.merges.size(), parts > 1 ? 1u : 0u);
+    for (const AttentionWorkItem& w : plan.items)
+      EXPECT_GE(w.kv_end - w.kv_begin, std::min(384, min_chunk / 4));
+    expect_exact_cover(one, plan, true);
+  }
+  Batch two;  // two sequences on two threads: one item each, as before
+  two.add(1, 400);
+  two.add(1, 400);
+  const AttentionPlan plan = plan_attention(
+      two.table(), latent, {}, AttentionPlanOptions{2, 0, 256, false, false, false, false, false});
+  EXPECT_EQ(plan.items.size(), 2u);
+  EXPECT_EQ(plan.num_partials, 0);
+  // Deterministic mode keeps its fixed chunks whatever the threads.
+  const AttentionPlan fixed =
+      plan_attention(one.table(), latent, {},
+                     AttentionPlanOptions{16, 256, 256, false, false, false, false, false});
+  EXPECT_EQ(fixed.items.size(), 2u);
 }
 
 TEST(AttentionPlan, LoadIsBalancedForMixedBatches) {
