@@ -1354,7 +1354,8 @@ void RunInTeam(const AttentionParams& p, const AttentionPlan& plan, std::byte* w
       const Scratch sc = ZeroedScratch(workspace, plan, ctx, 0);
       for (const AttentionWorkItem& item : plan.items)
         ProcessItemAnyType({&p, &item, &ctx, sc, partials});
-      for (const AttentionMergeTask& m : plan.merges) merge_partials(p, ctx, m, partials);
+      for (const AttentionMergeTask& m : plan.merges)
+        merge_partials(p, ctx, m, partials, 0, plan.max_rows);
     });
     return;
   }
@@ -1364,9 +1365,9 @@ void RunInTeam(const AttentionParams& p, const AttentionPlan& plan, std::byte* w
   for (std::size_t i = 0; i < plan.items.size(); ++i)
     ProcessItemAnyType({&p, &plan.items[i], &ctx, sc, partials});
   core::team_barrier();
+  const std::size_t merge_blocks = plan.merges.size() * merge_blocks_per_merge(plan);
 #pragma omp for schedule(dynamic) nowait
-  for (std::size_t m = 0; m < plan.merges.size(); ++m)
-    merge_partials(p, ctx, plan.merges[m], partials);
+  for (std::size_t b = 0; b < merge_blocks; ++b) merge_block(p, ctx, plan, partials, b);
   core::team_barrier();
 }
 
@@ -1384,9 +1385,9 @@ void RunAttention(const AttentionParams& p, const AttentionPlan& plan, std::byte
          i = next_item.fetch_add(1, std::memory_order_relaxed))
       ProcessItemAnyType({&p, &plan.items[i], &ctx, sc, partials});
 #pragma omp barrier
+    const std::size_t merge_blocks = plan.merges.size() * merge_blocks_per_merge(plan);
 #pragma omp for schedule(dynamic)
-    for (std::size_t m = 0; m < plan.merges.size(); ++m)
-      merge_partials(p, ctx, plan.merges[m], partials);
+    for (std::size_t b = 0; b < merge_blocks; ++b) merge_block(p, ctx, plan, partials, b);
   }
 }
 

@@ -118,9 +118,30 @@ inline RowMap row_map(const AttentionParams& p, const KernelContext& c, std::int
 void write_output_row(const AttentionParams& p, std::int64_t token, std::int64_t head, float* o,
                       float lse);
 
-// Merges a task's partial slots in order and writes its output rows.
+// Merges a task's partial slots in order and writes its output rows
+// [row_begin, min(row_end, its rows)): a row's result does not depend on the
+// range it is merged in.
 void merge_partials(const AttentionParams& p, const KernelContext& c, const AttentionMergeTask& m,
-                    std::byte* partials);
+                    std::byte* partials, std::int32_t row_begin, std::int32_t row_end);
+
+// Rows a merge covers at most per call of merge_partials inside a run: the
+// merges go out in blocks of this many rows, so that a tile of many heads
+// (latent attention's 16-128 per row) merges on every thread, not one.
+inline constexpr std::int32_t kMergeRowBlock = 16;
+
+// The merge blocks of a plan: block i is merge i / blocks_per_merge, rows
+// from (i % blocks_per_merge) * kMergeRowBlock (empty where a merge has
+// fewer rows than plan.max_rows).
+inline std::size_t merge_blocks_per_merge(const AttentionPlan& plan) {
+  return std::size_t((plan.max_rows + kMergeRowBlock - 1) / kMergeRowBlock);
+}
+inline void merge_block(const AttentionParams& p, const KernelContext& c, const AttentionPlan& plan,
+                        std::byte* partials, std::size_t block) {
+  const std::size_t per_merge = merge_blocks_per_merge(plan);
+  const auto row_begin = static_cast<std::int32_t>(block % per_merge) * kMergeRowBlock;
+  merge_partials(p, c, plan.merges[block / per_merge], partials, row_begin,
+                 row_begin + kMergeRowBlock);
+}
 
 // Highway-dispatched entry (attention_cpu.cc): the plan's items and merges
 // over a region of plan.num_threads threads. Inside a team (core/team.h)

@@ -77,7 +77,7 @@ void write_output_row(const AttentionParams& p, std::int64_t token, std::int64_t
 }
 
 void merge_partials(const AttentionParams& p, const KernelContext& c, const AttentionMergeTask& m,
-                    std::byte* partials) {
+                    std::byte* partials, std::int32_t row_begin, std::int32_t row_end) {
   const RowMap map = row_map(p, c, m.batch, m.kv_head_begin, m.q_begin, m.q_end);
   const std::int32_t rows = map.per_head * (m.kv_head_end - m.kv_head_begin);
   auto slot_o = [&](std::int32_t s, std::int32_t row) {
@@ -89,7 +89,7 @@ void merge_partials(const AttentionParams& p, const KernelContext& c, const Atte
     return reinterpret_cast<float*>(
         partials + std::size_t(m.first_partial + s) * c.partial_slot_bytes + c.partial_lse_offset);
   };
-  for (std::int32_t row = 0; row < rows; ++row) {
+  for (std::int32_t row = row_begin; row < std::min(rows, row_end); ++row) {
     float* o = slot_o(0, row);
     float lse = slot_lse(0)[row];
     for (std::int32_t s = 1; s < m.num_partials; ++s)
