@@ -36,7 +36,8 @@
 #       holds the GPU bundle, the CUDA check (scripts/gpu_check.sh) runs last,
 #       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
 #       the start: one lease of a GPU machine serves both. PARTS (default
-#       "scaling-smollm2 scaling-small 1b policies paths regions teams moe onednn llama")
+#       "scaling-smollm2 scaling-small 1b policies paths regions teams attention moe onednn
+#       llama")
 #       runs only the parts it names; `moe` runs where the bundle holds MoE
 #       files.
 set -uo pipefail
@@ -239,6 +240,24 @@ run_moe() {
     done
   done
 }
+# One short sequence's decode attention over 1-16 threads: latent attention
+# (DeepSeek-V2-Lite's 16 heads, V3's 128) and 32 x 8 heads of 128, whose one
+# tile plan_attention cuts into a part per thread (chunks down to 64 keys)
+# and whose merges go out in row blocks.
+run_attention() {
+  local shape t line list=${SCALING_THREADS:-2,4,8,16}
+  for shape in "--heads 16x1 --head-dim 576 --mla 512 --kv-dtype bf16 --kv-len 384" \
+    "--heads 128x1 --head-dim 576 --mla 512 --kv-dtype bf16 --kv-len 384" \
+    "--heads 32x8 --head-dim 128 --kv-dtype f16 --kv-len 1000"; do
+    line=""
+    for t in 1 ${list//,/ }; do
+      timeout 20 "$bin" bench-attention $shape --batch 1 --threads "$t" --no-probe \
+        --seconds 0.5 >"$results/attention-$t.txt" 2>&1
+      line="$line $t: $(grep -o -E 'median [0-9.]+ ms' "$results/attention-$t.txt");"
+    done
+    say "attention, $shape, batch 1:$line"
+  done
+}
 # Prefill's products on oneDNN (f32, and bf16 on AMX tiles where the CPU
 # has them) against OpenBLAS and dot_tiles (PAGEDATTN_ONEDNN=0), one thread
 # (BM_Batch, 16-2,048 rows), then SmolLM2's 2,000-token first token at 16
@@ -305,7 +324,7 @@ run_llama() {
   return $status
 }
 # PARTS picks some parts by name (default: all, in this order).
-parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams moe onednn llama} "
+parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams attention moe onednn llama} "
 part() { [[ $parts == *" $1 "* ]]; }
 part scaling-smollm2 && step "scaling, SmolLM2 tiled (bench/scaling.sh)" \
   run_scaling scaling-smollm2 75 --model "$model" --workload alpaca-like --num-requests 64
@@ -316,6 +335,8 @@ part policies && step "SmolLM2, 16 threads: default, --pin-threads, passive and 
 part paths && step "SmolLM2, 16 threads: exact, --bf16-products, --int8-activations" run_paths
 part regions && step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
 part teams && step "SmolLM2, 16 threads: layers in teams or a region per piece" run_teams
+part attention && step "one sequence's decode attention, 1-16 threads (bench-attention)" \
+  run_attention
 part moe && step "MoE files (tiled): 2 and 16 threads, 1 and 32 streams; teams at 16" run_moe
 part onednn && step "prefill's products: oneDNN against OpenBLAS and dot_tiles" run_onednn
 part llama && step "serve against llama-server, 16 threads, SmolLM2 tiled" run_llama
