@@ -555,7 +555,7 @@ bool LlamaModel::prepare_attention_in_team(bool teams, bool deterministic, Paged
     if (engine::mla_form(mla_, cache.plan(), deterministic) != engine::MlaForm::kAbsorbed)
       return false;
     engine::size_step(mla_, cache.plan().num_tokens(), engine::MlaForm::kAbsorbed, threads,
-                      mla_scratch_);
+                      deterministic, mla_scratch_);
     tensors = engine::latent_team_tensors(mla_, cache.config(), mla_scratch_);
   } else {
     tensors = engine::TeamAttention::fused_qkv(cache.config(), qkv_.data(), attn_.data());

@@ -45,23 +45,16 @@ void require_mla_length(const std::vector<float>& v, const char* name, std::int6
 // y[tokens][ldy] columns [h * y_width, + out) = head h's x (columns [h *
 // x_width, + in) of x[tokens][heads * x_width]) times weights(h)^T, for
 // every head: one product each, split over the threads all at once
-// (ProductSplit), a decode step's heads being one row each and too small
-// to split alone. Each thread gathers its heads' columns into its own
-// slice of m.head_in.
+// (`split`, made by size_step), a decode step's heads being one row each
+// and too small to split alone. Each thread gathers its heads' columns
+// into its own slice of m.head_in.
 template <typename Weights>
 void per_head_products(const MlaShape& s, std::int32_t tokens, const float* x, std::int32_t x_width,
-                       Weights&& weights, float* y, std::int32_t y_width, std::int32_t ldy,
-                       bool deterministic, MlaScratch& m) {
-  const std::int32_t threads = core::available_threads();  // size_step's
+                       Weights&& weights, const ProductSplit& split, float* y, std::int32_t y_width,
+                       std::int32_t ldy, bool deterministic, MlaScratch& m) {
   const std::size_t slice = std::size_t(tokens) * std::size_t(weights(0).in());
-  core::on_one_thread([&] {
-    split_products(
-        m.heads, [&](std::int32_t) { return tokens; },
-        [&](std::int32_t h) { return std::span(&weights(h), 1); },
-        product_split_granule(deterministic), threads, m.heads_split);
-  });
   const std::int64_t x_stride = std::int64_t{s.heads} * x_width;
-  run_pieces(m.heads_split, m.thread_scratch, [&](const ProductPiece& p, LinearScratch& ls) {
+  run_pieces(split, m.thread_scratch, [&](const ProductPiece& p, LinearScratch& ls) {
     const WeightMatrix& w = weights(p.product);
     const float* head_x = x + std::int64_t{p.product} * x_width;
     if (tokens > 1) {  // one row is in place already
@@ -84,7 +77,7 @@ void absorbed_queries(const MlaShape& s, const MlaLayerWeights& w, std::int32_t 
   per_head_products(
       s, tokens, m.q.data(), s.nope + s.rope,
       [&](std::int32_t h) -> const WeightMatrix& { return w.k_absorb[std::size_t(h)]; },
-      m.query.data(), d, query_stride, deterministic, m);
+      m.absorb_split, m.query.data(), d, query_stride, deterministic, m);
 }
 
 // m.q[tokens][query_width] and the cache rows m.rows[tokens][kv_lora_rank +
@@ -155,8 +148,8 @@ void absorbed_attention(const MlaShape& s, const MlaLayerWeights& w, std::int32_
   const std::int32_t values_stride = s.heads * s.v_head_dim;
   per_head_products(
       s, tokens, m.attention.data(), s.kv_lora_rank,
-      [&](std::int32_t h) -> const WeightMatrix& { return w.v_up[std::size_t(h)]; }, values,
-      s.v_head_dim, values_stride, deterministic, m);
+      [&](std::int32_t h) -> const WeightMatrix& { return w.v_up[std::size_t(h)]; }, m.values_split,
+      values, s.v_head_dim, values_stride, deterministic, m);
 }
 
 // ------------------------------------------------------------ expanded form
@@ -402,7 +395,7 @@ void validate_mla_weights(const MlaShape& s, const MlaLayerWeights& w, std::int6
 }
 
 void size_step(const MlaShape& s, std::int32_t tokens, MlaForm form, std::int32_t threads,
-               MlaScratch& m) {
+               bool deterministic, MlaScratch& m) {
   const auto t = std::size_t(tokens);
   const std::int32_t query_in = s.q_lora_rank > 0 ? s.q_lora_rank : s.query_width();
   m.input.resize(t * std::size_t(query_in + s.kv_lora_rank + s.rope));
@@ -416,6 +409,16 @@ void size_step(const MlaShape& s, std::int32_t tokens, MlaForm form, std::int32_
     m.heads.resize(std::size_t(s.heads));
     std::iota(m.heads.begin(), m.heads.end(), 0);
   }
+  // Every layer's heads have these shapes (validate_mla_weights): W_UK^T
+  // nope -> kv_lora_rank, W_UV kv_lora_rank -> v_head_dim.
+  const std::int32_t granule = product_split_granule(deterministic);
+  const auto rows_of = [&](std::int32_t) { return tokens; };
+  split_products(
+      m.heads, rows_of, [&](std::int32_t) { return std::span(&s.kv_lora_rank, 1); }, granule,
+      threads, m.absorb_split);
+  split_products(
+      m.heads, rows_of, [&](std::int32_t) { return std::span(&s.v_head_dim, 1); }, granule, threads,
+      m.values_split);
   // Each thread's gathered columns of one head: W_UK^T's nope or W_UV's latent.
   if (tokens > 1)
     m.head_in.resize(t * std::size_t(std::max(s.nope, s.kv_lora_rank)) * std::size_t(threads));
@@ -453,7 +456,7 @@ void mla_attention(const MlaShape& s, const MlaLayerWeights& w, const float* x, 
                    bool deterministic, MlaForm form, MlaScratch& m, LinearScratch& ls) {
   require(tokens >= 0, "mla_attention: tokens = ", tokens, " must be >= 0");
   validate_mla_weights(s, w, layer);
-  size_step(s, tokens, form, core::available_threads(), m);
+  size_step(s, tokens, form, core::available_threads(), deterministic, m);
   project_inputs(s, w, x, tokens, deterministic, m, ls);
   if (form == MlaForm::kExpanded) {
     rotate_rope_parts(s, form, 0, tokens, positions, rope, m);

@@ -100,10 +100,12 @@ struct MlaScratch {
   std::vector<const float*> k_up_heads;  // [heads]: f32 weights or rows of k_up
   std::vector<std::int32_t> kv_indptr, kv_indices, last_page_len;
   AttentionRunner runner;
-  // The per-head products: the heads' ids, their split over the threads,
-  // and each thread's scratch (head_in: a slice of gathered columns each).
+  // The per-head products: the heads' ids, their splits over the threads
+  // (W_UK^T's and W_UV's, the same for every layer: size_step makes them
+  // once a step), and each thread's scratch (head_in: a slice of gathered
+  // columns each).
   std::vector<std::int32_t> heads;
-  ProductSplit heads_split;
+  ProductSplit absorb_split, values_split;
   std::vector<LinearScratch> thread_scratch;
 };
 
@@ -132,7 +134,7 @@ void mla_attention(const MlaShape& shape, const MlaLayerWeights& weights, const 
 // thread's rows, the attention through `attention`. The weights were
 // checked at load (validate_mla_weights): nothing here throws.
 void size_step(const MlaShape& shape, std::int32_t tokens, MlaForm form, std::int32_t threads,
-               MlaScratch& scratch);
+               bool deterministic, MlaScratch& scratch);
 // The step's attention tensors over the scratch (q, the cache rows, V for
 // a multi-query layout, the latent outputs) for `cache`'s layout.
 TeamAttention::Tensors latent_team_tensors(const MlaShape& shape, const KVCacheConfig& cache,

@@ -38,21 +38,33 @@ constexpr std::int32_t product_split_granule(bool deterministic) {
   return deterministic ? kColumnBlock : kColumnGranule;
 }
 
+// A part's output columns: a matrix's, or a width alone (a split made
+// before the step's weights are at hand, from their shapes).
+inline std::int32_t part_width(const WeightMatrix& part) {
+  return part.out();
+}
+inline std::int32_t part_width(std::int32_t width) {
+  return width;
+}
+
 // edges = the first column of each unit of a matrix made of `parts`, then
 // its width.
-inline void unit_edges(std::span<const WeightMatrix> parts, std::int32_t granule,
-                       std::vector<std::int32_t>& edges) {
+template <typename Part>
+void unit_edges(std::span<const Part> parts, std::int32_t granule,
+                std::vector<std::int32_t>& edges) {
   edges.assign(1, 0);
   std::int32_t first = 0;
-  for (const WeightMatrix& p : parts) {
-    for (std::int32_t c = granule; c < p.out(); c += granule) edges.push_back(first + c);
-    first += p.out();
+  for (const Part& p : parts) {
+    const std::int32_t width = part_width(p);
+    for (std::int32_t c = granule; c < width; c += granule) edges.push_back(first + c);
+    first += width;
     edges.push_back(first);
   }
 }
 
 // split = the units of `products` (ids; rows_of(id) rows, parts_of(id) the
-// parts of its matrix, a std::span<const WeightMatrix>) over `threads`.
+// parts of its matrix, a std::span<const WeightMatrix> or of widths) over
+// `threads`.
 template <typename RowsOf, typename PartsOf>
 void split_products(std::span<const std::int32_t> products, RowsOf&& rows_of, PartsOf&& parts_of,
                     std::int32_t granule, std::int32_t threads, ProductSplit& split) {
