@@ -241,6 +241,14 @@ class LlamaModel final : public Model {
   // (default hidden_size); split over the team's threads inside one.
   void rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight, float* out,
                 std::int32_t width = 0) const;
+  // x_'s rows RMS-normed by `weight` for the product that follows, which
+  // reads them from the pointer returned. Rows too few for for_row_ranges to
+  // split (it would norm them on one thread while the rest of the team
+  // waits at its barrier) are normed by every thread of the team into its
+  // own copy (norm_copies_, sized by run_step), the same bits, and each
+  // thread's share of the product reads its copy: no barrier between the
+  // norm and the product. Else into h_, split as rms_norm does.
+  const float* norm_for_product(std::int32_t tokens, const std::vector<float>& weight);
 
   LlamaConfig c_;
   std::int32_t hq_, hkv_, inter_;  // this shard's query heads, KV heads, MLP width
@@ -253,6 +261,10 @@ class LlamaModel final : public Model {
   std::vector<float> x_, qkv_, gate_up_, partial_;
   // The weight products' inputs, on cache lines (core/cache_line_vector.h).
   core::CacheLineVector<float> h_, attn_, act_, rows_;
+  // [team threads][tokens][hidden]: norm_for_product's copies, when this
+  // step's rows are few enough (copy_norms_).
+  std::vector<core::CacheLineVector<float>> norm_copies_;
+  bool copy_norms_ = false;
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
   std::int32_t rope_positions_ = 1;      // 1 + the step's largest position
   LinearScratch scratch_;
@@ -382,6 +394,16 @@ void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector
   });
 }
 
+const float* LlamaModel::norm_for_product(std::int32_t tokens, const std::vector<float>& weight) {
+  if (!copy_norms_ || !core::in_team()) {
+    rms_norm(x_.data(), tokens, weight, h_.data());
+    return h_.data();
+  }
+  float* mine = norm_copies_[std::size_t(core::worker_index())].data();
+  engine::rms_norm_rows(x_.data(), tokens, c_.hidden_size, weight.data(), c_.rms_norm_eps, mine);
+  return mine;
+}
+
 void LlamaModel::set_positions(const PagedKVCache& cache) {
   const BatchPlan& plan = cache.plan();
   positions_ = plan.positions;
@@ -450,11 +472,12 @@ void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deter
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t d = c_.head_dim;
   const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
-  rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
-  if (c_.kv_lora_rank > 0) return;  // latent attention projects h_ itself
+  if (c_.kv_lora_rank > 0)  // latent attention projects h_ itself
+    return rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
+  const float* normed = norm_for_product(tokens, w.attn_norm);
   {
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
-    w.qkv.project(h_.data(), tokens, qkv_.data(), false, deterministic, scratch_);
+    w.qkv.project(normed, tokens, qkv_.data(), false, deterministic, scratch_);
   }
   if (!w.qkv_bias.empty())
     core::for_row_ranges(tokens, qkv_dim, [&](std::int32_t begin, std::int32_t end) {
@@ -496,16 +519,17 @@ void LlamaModel::finish_layer(std::int32_t layer, std::int32_t tokens, bool dete
 void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   const std::int32_t inter = inter_;
-  rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
   if (!w.moe.empty()) {  // each rank's slice of every expert's features
+    rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
     engine::moe_forward(moe_, w.moe, h_.data(), tokens, partial_.data(), deterministic,
                         moe_scratch_, scratch_);
     return add_partial(tokens, w.post_mlp_norm);
   }
+  const float* normed = norm_for_product(tokens, w.mlp_norm);
   {
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
-    w.gate_up.project(h_.data(), tokens, gate_up_.data(), false, deterministic, scratch_);
+    w.gate_up.project(normed, tokens, gate_up_.data(), false, deterministic, scratch_);
   }
   core::for_row_ranges(tokens, inter, [&](std::int32_t begin, std::int32_t end) {
     engine::gated_activation(gate_up_.data() + std::size_t(begin) * 2 * inter, end - begin, inter,
@@ -576,6 +600,12 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
   // allows; else a team from each layer's attention to the next's.
   const bool attention_in_team = prepare_attention_in_team(teams, deterministic, cache);
   if (teams) engine::size_for_team(scratch_);
+  const std::int64_t normed = std::int64_t{tokens} * c_.hidden_size;
+  copy_norms_ = teams && normed < core::kRowParallelElements;
+  if (copy_norms_) {
+    norm_copies_.resize(std::size_t(omp_get_max_threads()));
+    for (core::CacheLineVector<float>& copy : norm_copies_) copy.resize(std::size_t(normed));
+  }
   const core::TeamWaitScope waits(engine::profile_team_waits());
   const auto in_team = [&](auto&& part) {
     core::run_in_team(teams, engine::with_callers_activations(part));
