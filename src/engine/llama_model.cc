@@ -245,10 +245,15 @@ class LlamaModel final : public Model {
   // reads them from the pointer returned. Rows too few for for_row_ranges to
   // split (it would norm them on one thread while the rest of the team
   // waits at its barrier) are normed by every thread of the team into its
-  // own copy (norm_copies_, sized by run_step), the same bits, and each
+  // own copy (row_copies_, sized by run_step), the same bits, and each
   // thread's share of the product reads its copy: no barrier between the
   // norm and the product. Else into h_, split as rms_norm does.
   const float* norm_for_product(std::int32_t tokens, const std::vector<float>& weight);
+  // The MLP's gated activation of gate_up_ for the down product, the same
+  // way: on every thread into its own copy for a few rows, else into act_.
+  const float* activation_for_product(std::int32_t tokens);
+  // This thread's row copy, where the step's rows of `width` are few enough.
+  float* row_copy(std::int32_t tokens, std::int32_t width);
 
   LlamaConfig c_;
   std::int32_t hq_, hkv_, inter_;  // this shard's query heads, KV heads, MLP width
@@ -261,10 +266,11 @@ class LlamaModel final : public Model {
   std::vector<float> x_, qkv_, gate_up_, partial_;
   // The weight products' inputs, on cache lines (core/cache_line_vector.h).
   core::CacheLineVector<float> h_, attn_, act_, rows_;
-  // [team threads][tokens][hidden]: norm_for_product's copies, when this
-  // step's rows are few enough (copy_norms_).
-  std::vector<core::CacheLineVector<float>> norm_copies_;
-  bool copy_norms_ = false;
+  // [team threads][tokens][hidden or MLP width]: the copies of
+  // norm_for_product and activation_for_product, for rows of at most
+  // row_copy_elements_ elements (0: none this step).
+  std::vector<core::CacheLineVector<float>> row_copies_;
+  std::int64_t row_copy_elements_ = 0;
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
   std::int32_t rope_positions_ = 1;      // 1 + the step's largest position
   LinearScratch scratch_;
@@ -394,14 +400,32 @@ void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector
   });
 }
 
+float* LlamaModel::row_copy(std::int32_t tokens, std::int32_t width) {
+  const bool copy = core::in_team() && std::int64_t{tokens} * width <= row_copy_elements_;
+  return copy ? row_copies_[std::size_t(core::worker_index())].data() : nullptr;
+}
+
 const float* LlamaModel::norm_for_product(std::int32_t tokens, const std::vector<float>& weight) {
-  if (!copy_norms_ || !core::in_team()) {
+  float* mine = row_copy(tokens, c_.hidden_size);
+  if (mine == nullptr) {
     rms_norm(x_.data(), tokens, weight, h_.data());
     return h_.data();
   }
-  float* mine = norm_copies_[std::size_t(core::worker_index())].data();
   engine::rms_norm_rows(x_.data(), tokens, c_.hidden_size, weight.data(), c_.rms_norm_eps, mine);
   return mine;
+}
+
+const float* LlamaModel::activation_for_product(std::int32_t tokens) {
+  const std::int32_t inter = inter_;
+  if (float* mine = row_copy(tokens, inter)) {
+    engine::gated_activation(gate_up_.data(), tokens, inter, c_.activation, mine);
+    return mine;
+  }
+  core::for_row_ranges(tokens, inter, [&](std::int32_t begin, std::int32_t end) {
+    engine::gated_activation(gate_up_.data() + std::size_t(begin) * 2 * inter, end - begin, inter,
+                             c_.activation, act_.data() + std::size_t(begin) * inter);
+  });
+  return act_.data();
 }
 
 void LlamaModel::set_positions(const PagedKVCache& cache) {
@@ -518,7 +542,6 @@ void LlamaModel::finish_layer(std::int32_t layer, std::int32_t tokens, bool dete
 
 void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
-  const std::int32_t inter = inter_;
   if (!w.moe.empty()) {  // each rank's slice of every expert's features
     rms_norm(x_.data(), tokens, w.mlp_norm, h_.data());
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
@@ -531,11 +554,7 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
     w.gate_up.project(normed, tokens, gate_up_.data(), false, deterministic, scratch_);
   }
-  core::for_row_ranges(tokens, inter, [&](std::int32_t begin, std::int32_t end) {
-    engine::gated_activation(gate_up_.data() + std::size_t(begin) * 2 * inter, end - begin, inter,
-                             c_.activation, act_.data() + std::size_t(begin) * inter);
-  });
-  add_row_parallel(act_.data(), tokens, w.down, w.post_mlp_norm, deterministic);
+  add_row_parallel(activation_for_product(tokens), tokens, w.down, w.post_mlp_norm, deterministic);
 }
 
 void LlamaModel::add_row_parallel(const float* x, std::int32_t rows, const WeightMatrix& w,
@@ -600,11 +619,13 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
   // allows; else a team from each layer's attention to the next's.
   const bool attention_in_team = prepare_attention_in_team(teams, deterministic, cache);
   if (teams) engine::size_for_team(scratch_);
-  const std::int64_t normed = std::int64_t{tokens} * c_.hidden_size;
-  copy_norms_ = teams && normed < core::kRowParallelElements;
-  if (copy_norms_) {
-    norm_copies_.resize(std::size_t(omp_get_max_threads()));
-    for (core::CacheLineVector<float>& copy : norm_copies_) copy.resize(std::size_t(normed));
+  // Rows for_row_ranges would leave on one thread: below kRowParallelElements.
+  row_copy_elements_ = teams ? core::kRowParallelElements - 1 : 0;
+  if (teams) {
+    const std::int64_t widest = std::int64_t{tokens} * std::max(c_.hidden_size, inter_);
+    const std::int64_t copy = std::min(widest, row_copy_elements_);
+    row_copies_.resize(std::size_t(omp_get_max_threads()));
+    for (core::CacheLineVector<float>& row : row_copies_) row.resize(std::size_t(copy));
   }
   const core::TeamWaitScope waits(engine::profile_team_waits());
   const auto in_team = [&](auto&& part) {
