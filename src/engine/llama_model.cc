@@ -221,7 +221,7 @@ class LlamaModel final : public Model {
   const RopeConfig& cover_step(LayerRope& kind);
   // The RoPE of `layer`'s kind, its table covering the step's positions.
   const RopeConfig& rope_for(std::int32_t layer);
-  // q/k norms and RoPE on the step's q and k heads in qkv_, in place; with
+  // q/k/v biases, q/k norms and RoPE on the step's rows of qkv_, in place; with
   // `in_team`, each token's K/V then appended to its layer's pages.
   void prepare_qk(std::int32_t layer, std::int32_t tokens, const engine::TeamAttention* in_team);
   void mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic);
@@ -464,6 +464,9 @@ void LlamaModel::prepare_qk(std::int32_t layer, std::int32_t tokens,
   const RopeConfig& rope = rope_for(layer);
   core::for_row_ranges(tokens, qkv_dim, [&](std::int32_t begin, std::int32_t end) {
     float* rows = qkv_.data() + std::size_t(begin) * qkv_dim;
+    for (std::int32_t t = begin; !w.qkv_bias.empty() && t < end; ++t)
+      for (std::int32_t i = 0; i < qkv_dim; ++i)
+        qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
     for (std::int32_t t = begin; c_.qk_norm && t < end; ++t) {  // each head's row on its own
       float* row = qkv_.data() + std::size_t(t) * qkv_dim;
       engine::rms_norm_rows(row, hq_, d, w.q_norm.data(), c_.rms_norm_eps, row);
@@ -494,8 +497,6 @@ bool LlamaModel::layers_in_teams() const {
 void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deterministic,
                              const engine::TeamAttention* in_team) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
-  const std::int32_t d = c_.head_dim;
-  const std::int32_t q_dim = hq_ * d, qkv_dim = q_dim + 2 * hkv_ * d;
   if (c_.kv_lora_rank > 0)  // latent attention projects h_ itself
     return rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
   const float* normed = norm_for_product(tokens, w.attn_norm);
@@ -503,12 +504,6 @@ void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deter
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
     w.qkv.project(normed, tokens, qkv_.data(), false, deterministic, scratch_);
   }
-  if (!w.qkv_bias.empty())
-    core::for_row_ranges(tokens, qkv_dim, [&](std::int32_t begin, std::int32_t end) {
-      for (std::int32_t t = begin; t < end; ++t)
-        for (std::int32_t i = 0; i < qkv_dim; ++i)
-          qkv_[std::size_t(t) * qkv_dim + i] += w.qkv_bias[std::size_t(i)];
-    });
   prepare_qk(layer, tokens, in_team);
 }
 
@@ -569,9 +564,12 @@ void LlamaModel::add_row_parallel(const float* x, std::int32_t rows, const Weigh
 
 void LlamaModel::add_partial(std::int32_t rows, const std::vector<float>& post_norm) {
   if (c_.shard.size > 1) c_.shard.all_reduce_sum(partial_);  // never in a team
-  if (!post_norm.empty()) rms_norm(partial_.data(), rows, post_norm, partial_.data());
   const std::size_t h = std::size_t(c_.hidden_size);
   core::for_row_ranges(rows, std::int64_t(h), [&](std::int32_t begin, std::int32_t end) {
+    float* mine = partial_.data() + begin * h;
+    if (!post_norm.empty())  // rms_norm's split, in the same piece as the sum
+      engine::rms_norm_rows(mine, end - begin, c_.hidden_size, post_norm.data(), c_.rms_norm_eps,
+                            mine);
     for (std::size_t i = begin * h; i < end * h; ++i) x_[i] += partial_[i];
   });
 }
