@@ -1365,6 +1365,7 @@ void RunInTeam(const AttentionParams& p, const AttentionPlan& plan, std::byte* w
   for (std::size_t i = 0; i < plan.items.size(); ++i)
     ProcessItemAnyType({&p, &plan.items[i], &ctx, sc, partials});
   core::team_barrier();
+  if (plan.merges.empty()) return;  // every thread has the same plan: none waits below
   const std::size_t merge_blocks = plan.merges.size() * merge_blocks_per_merge(plan);
 #pragma omp for schedule(dynamic) nowait
   for (std::size_t b = 0; b < merge_blocks; ++b) merge_block(p, ctx, plan, partials, b);
@@ -1384,10 +1385,12 @@ void RunAttention(const AttentionParams& p, const AttentionPlan& plan, std::byte
     for (std::size_t i = next_item.fetch_add(1, std::memory_order_relaxed); i < plan.items.size();
          i = next_item.fetch_add(1, std::memory_order_relaxed))
       ProcessItemAnyType({&p, &plan.items[i], &ctx, sc, partials});
+    if (!plan.merges.empty()) {  // the same on every thread
 #pragma omp barrier
-    const std::size_t merge_blocks = plan.merges.size() * merge_blocks_per_merge(plan);
+      const std::size_t merge_blocks = plan.merges.size() * merge_blocks_per_merge(plan);
 #pragma omp for schedule(dynamic)
-    for (std::size_t b = 0; b < merge_blocks; ++b) merge_block(p, ctx, plan, partials, b);
+      for (std::size_t b = 0; b < merge_blocks; ++b) merge_block(p, ctx, plan, partials, b);
+    }
   }
 }
 
