@@ -658,13 +658,14 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
 void LlamaModel::project_logits(const ForwardBatch& b, std::span<float> logits) {
   const auto rows = static_cast<std::int32_t>(b.logit_rows.size());
   const std::size_t h = std::size_t(c_.hidden_size), vocab = std::size_t(c_.vocab_size);
+  const engine::PhaseTimer lm_head(engine::StepPhase::kLmHead);
+  // Each sampling row of x_ normed into rows_ (one piece: rms_norm's split).
   core::for_row_ranges(rows, std::int64_t(h), [&](std::int32_t begin, std::int32_t end) {
     for (std::int32_t r = begin; r < end; ++r)
-      std::copy_n(x_.data() + std::size_t(b.logit_rows[std::size_t(r)]) * h, h,
-                  h_.data() + std::size_t(r) * h);
+      engine::rms_norm_rows(x_.data() + std::size_t(b.logit_rows[std::size_t(r)]) * h, 1,
+                            c_.hidden_size, w_.final_norm.data(), c_.rms_norm_eps,
+                            rows_.data() + std::size_t(r) * h);
   });
-  const engine::PhaseTimer lm_head(engine::StepPhase::kLmHead);
-  rms_norm(h_.data(), rows, w_.final_norm, rows_.data());
   engine::project_lm_head(c_, w_, rows_.data(), rows, logits, b.deterministic, scratch_, partial_);
   if (c_.final_softcap <= 0.0f) return;
   core::for_row_ranges(rows, std::int64_t(vocab), [&](std::int32_t begin, std::int32_t end) {
