@@ -245,15 +245,16 @@ run_moe() {
 # tile plan_attention cuts into a part per thread (chunks down to 64 keys)
 # and whose merges go out in row blocks.
 run_attention() {
-  local shape t line list=${SCALING_THREADS:-2,4,8,16}
+  local shape t line index=0 list=${SCALING_THREADS:-2,4,8,16}
   for shape in "--heads 16x1 --head-dim 576 --mla 512 --kv-dtype bf16 --kv-len 384" \
     "--heads 128x1 --head-dim 576 --mla 512 --kv-dtype bf16 --kv-len 384" \
     "--heads 32x8 --head-dim 128 --kv-dtype f16 --kv-len 1000"; do
     line=""
+    index=$((index + 1))
     for t in 1 ${list//,/ }; do
       timeout 20 "$bin" bench-attention $shape --batch 1 --threads "$t" --no-probe \
-        --seconds 0.5 >"$results/attention-$t.txt" 2>&1
-      line="$line $t: $(grep -o -E 'median [0-9.]+ ms' "$results/attention-$t.txt");"
+        --seconds 0.5 >"$results/attention$index-$t.txt" 2>&1
+      line="$line $t: $(grep -o -E 'median [0-9.]+ ms' "$results/attention$index-$t.txt");"
     done
     say "attention, $shape, batch 1:$line"
   done

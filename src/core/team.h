@@ -193,6 +193,12 @@ void on_one_thread(F&& f) {
   team_barrier();
 }
 
+// Whether for_row_ranges splits `rows` of `row_elements` each over a team's
+// threads (else one thread takes them all).
+inline bool splits_rows(std::int32_t rows, std::int64_t row_elements) {
+  return std::int64_t{rows} * row_elements >= kRowParallelElements;
+}
+
 // f(begin, end) over the rows [0, rows) of row-wise element work (norms,
 // RoPE, activations) whose own functions split rows over a region from
 // kRowParallelElements elements. Inside a team: ranges of rows over its
@@ -202,8 +208,8 @@ void on_one_thread(F&& f) {
 template <typename F>
 void for_row_ranges(std::int32_t rows, std::int64_t row_elements, F&& f) {
   if (!in_team()) return f(std::int32_t{0}, rows);
-  const bool split = std::int64_t{rows} * row_elements >= kRowParallelElements;
-  const std::int32_t parts = split ? std::min<std::int32_t>(rows, omp_get_num_threads()) : 1;
+  const std::int32_t parts =
+      splits_rows(rows, row_elements) ? std::min<std::int32_t>(rows, omp_get_num_threads()) : 1;
 #pragma omp for schedule(static) nowait
   for (std::int32_t p = 0; p < parts; ++p) {
     const auto edge = [&](std::int32_t i) {

@@ -267,10 +267,10 @@ class LlamaModel final : public Model {
   // The weight products' inputs, on cache lines (core/cache_line_vector.h).
   core::CacheLineVector<float> h_, attn_, act_, rows_;
   // [team threads][tokens][hidden or MLP width]: the copies of
-  // norm_for_product and activation_for_product, for rows of at most
-  // row_copy_elements_ elements (0: none this step).
+  // norm_for_product and activation_for_product, for rows that
+  // core::for_row_ranges would not split; sized when the step has teams.
   std::vector<core::CacheLineVector<float>> row_copies_;
-  std::int64_t row_copy_elements_ = 0;
+  bool row_copies_sized_ = false;
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
   std::int32_t rope_positions_ = 1;      // 1 + the step's largest position
   LinearScratch scratch_;
@@ -401,7 +401,7 @@ void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector
 }
 
 float* LlamaModel::row_copy(std::int32_t tokens, std::int32_t width) {
-  const bool copy = core::in_team() && std::int64_t{tokens} * width <= row_copy_elements_;
+  const bool copy = row_copies_sized_ && core::in_team() && !core::splits_rows(tokens, width);
   return copy ? row_copies_[std::size_t(core::worker_index())].data() : nullptr;
 }
 
@@ -617,11 +617,11 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
   // allows; else a team from each layer's attention to the next's.
   const bool attention_in_team = prepare_attention_in_team(teams, deterministic, cache);
   if (teams) engine::size_for_team(scratch_);
-  // Rows for_row_ranges would leave on one thread: below kRowParallelElements.
-  row_copy_elements_ = teams ? core::kRowParallelElements - 1 : 0;
+  // Room for rows for_row_ranges would leave on one thread (splits_rows).
+  row_copies_sized_ = teams;
   if (teams) {
     const std::int64_t widest = std::int64_t{tokens} * std::max(c_.hidden_size, inter_);
-    const std::int64_t copy = std::min(widest, row_copy_elements_);
+    const std::int64_t copy = std::min(widest, core::kRowParallelElements);
     row_copies_.resize(std::size_t(omp_get_max_threads()));
     for (core::CacheLineVector<float>& row : row_copies_) row.resize(std::size_t(copy));
   }
