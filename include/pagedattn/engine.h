@@ -187,10 +187,15 @@ struct EngineConfig {
   // under 1% of a row's largest output. Off: exact f32 products.
   // Deterministic mode keeps f32.
   bool f16_products = false;
-  // f32 attention products for fp8 KV too. Off (the default), fp8 KV
-  // attention runs on the bf16 or f16 paths above where they measured faster
-  // on this CPU (AttentionPlanOptions::fp8_fast_products): their rounding is
-  // below the fp8 values' own. Deterministic mode keeps f32.
+  // f32 products in every step. Off (the default), two fast paths are taken
+  // where a one-time timing finds them faster on this CPU: fp8 KV attention
+  // on the bf16 or f16 paths above (AttentionPlanOptions::fp8_fast_products;
+  // their rounding is below the fp8 values' own), and int8 activations
+  // (see int8_activations) in the model products of steps that decode at
+  // least 8 sequences and compute no prompt token (compute-bound, where
+  // int8 dot products carry 4x an f32 FMA's multiply-adds). Prompts, and
+  // steps of fewer sequences, keep f32: a request served alone gets the
+  // exact path's tokens. Deterministic mode keeps f32.
   bool exact_products = false;
   // Bind the stepping thread's OpenMP threads, one each, to the CPUs the
   // process may run on (thread i to the i-th CPU), at the first step: no
@@ -202,12 +207,14 @@ struct EngineConfig {
   bool pin_threads = false;
   // Model products with quantised weights (GGUF Q4_0 ... Q6_K) take the
   // activations rounded to int8 per 32 values, as llama.cpp does, on
-  // integer dot products: batches of at most 8 rows (decode of a few
-  // sequences) on AVX2 and up, about 1.2-1.6x faster decode; larger ones
-  // (decode of many sequences, prefill) where the CPU has AVX512-VNNI,
-  // about 2.5x faster products than f32. Logits move (on SmolLM2-135M:
-  // top-1 agreement ~0.9 with f32, differences up to ~4; docs/models.md).
-  // Off: f32 activations. Deterministic mode keeps f32.
+  // integer dot products, in every step (prompts too): batches of at most
+  // 8 rows (decode of a few sequences) on AVX2 and up, about 1.2-1.6x
+  // faster decode; larger ones (decode of many sequences, prefill) where
+  // the CPU has AVX512-VNNI, about 2.5x faster products than f32. Logits
+  // move (on SmolLM2-135M: top-1 agreement ~0.9 with f32, differences up
+  // to ~4; docs/models.md). Off: f32 activations, except in the decode
+  // steps of many sequences that exact_products leaves to int8.
+  // Deterministic mode keeps f32.
   // (The environment variable PAGEDATTN_INT8_ACTIVATIONS=1 turns it on for
   // every model of the process.)
   bool int8_activations = false;

@@ -87,16 +87,19 @@ class Engine:
     f16_products: fp8 e4m3 and float16 KV decode on AVX512-FP16
     multiply-adds where the CPU has them (queries and softmax weights rounded
     to f16, short f16 sums; under 1% of a row's largest output).
-    exact_products: f32 attention products for fp8 KV too; by default fp8
-    KV attention takes the bf16 or f16 products where they measure faster on
-    this CPU (their rounding is below the fp8 values' own; docs/design.md,
-    "Product paths"; ignored in deterministic mode, which keeps f32).
+    exact_products: f32 products in every step. By default two fast paths
+    are taken where a one-time timing finds them faster on this CPU: fp8 KV
+    attention on bf16 or f16 products (their rounding is below the fp8
+    values' own; docs/design.md, "Product paths"), and int8 activations in
+    the model products of steps that decode at least 8 sequences and compute
+    no prompt token (see int8_activations; a request alone, and every
+    prompt, keeps f32; docs/models.md). Deterministic mode keeps f32.
     pin_threads: bind the OpenMP threads of the thread that calls step(),
     one each, to the CPUs the process may run on, at the first step (for a
     machine or cpuset the engine has to itself; docs/engine.md, "Threads").
     int8_activations: a GGUF model's quantised weights take the activations
-    rounded to int8 per 32 values, as llama.cpp, on integer dot products
-    (batches of more than 8 rows where the CPU has AVX512-VNNI; faster
+    rounded to int8 per 32 values, as llama.cpp, on integer dot products, in
+    every step, prompts too (batches of more than 8 rows where the CPU has AVX512-VNNI; faster
     decode and prefill; logits move: top-1 agreement ~0.9 with f32 on
     SmolLM2-135M, docs/models.md; ignored in deterministic mode).
     check_tensors: with a .gguf path, scan every weight for NaN / Inf before

@@ -142,3 +142,27 @@ def test_whole_prompts_on_int8_tiles_stay_within_the_same_bound():
         assert r["max"] < MAX_DIFF
         assert r["mean"] < MEAN_DIFF
     assert np.mean([r["top1"] for r in results]) >= MIN_TOP1
+
+
+def test_by_default_prompts_and_a_request_alone_keep_the_exact_path():
+    # The default (exact_products=False) takes int8 activations only in steps
+    # that decode at least 8 sequences and compute no prompt token
+    # (engine/step_activations.h; tests/engine/step_activations_test.cc
+    # checks each step's choice): a request alone gets exact_products' tokens
+    # and log-probabilities to the bit, and eight prompts batched their first
+    # token's.
+    import pagedattn
+    path = model_path()
+    params = pagedattn.SamplingParams(max_tokens=16, ignore_eos=True, logprobs=1)
+    first = pagedattn.SamplingParams(max_tokens=1, logprobs=1)
+    prompts = [p[:8 + k] for k, p in enumerate(PROMPTS * 4)]
+    alone, batched = [], []
+    for exact in (False, True):
+        llm = pagedattn.LLM(path, kv_memory_bytes=64 << 20, deterministic=False,
+                            exact_products=exact)
+        out = llm.generate("The capital of France is", params)[0].outputs[0]
+        alone.append((out.token_ids, out.cumulative_logprob))
+        batched.append([(r.outputs[0].token_ids, r.outputs[0].cumulative_logprob)
+                        for r in llm.generate(prompts, first, use_tqdm=False)])
+    assert alone[0] == alone[1]
+    assert batched[0] == batched[1]

@@ -20,6 +20,7 @@
 #include "kernels/cpu/attention_cpu.h"
 #include "sampler.h"
 #include "scheduler.h"
+#include "step_activations.h"
 #include "step_threads.h"
 
 namespace pagedattn {
@@ -125,6 +126,9 @@ struct Engine::Impl {
       scheduler.set_copy_seconds_per_byte(
           engine::measure_host_copy_seconds_per_byte(kCopyProbeBytes));
     config.model->attach_cache(cache);
+    // Timed now, not in the first step that could use it.
+    if (!config.int8_activations && !config.exact_products && !config.deterministic)
+      engine::int8_decode_timing();
     // The product paths attention takes are timed now, not in the first
     // step, on a thread of their own (the stepping thread may be another).
     const KVCacheConfig& k = cache.config();
@@ -305,8 +309,10 @@ void Engine::Impl::run_forward(const Schedule& s) {
   cache.begin_forward(s.seq_ids, s.lengths);
   const auto start = std::chrono::steady_clock::now();
   try {
-    config.model->forward({token_ids, logit_rows, config.deterministic, config.int8_activations,
-                           config.bf16_products},
+    const bool int8 = engine::step_takes_int8(
+        {config.int8_activations, config.exact_products || config.deterministic}, s.num_tokens,
+        s.num_decodes);
+    config.model->forward({token_ids, logit_rows, config.deterministic, int8, config.bf16_products},
                           cache, logits);
     seconds_in_model +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -145,12 +145,6 @@ const char* path_name(ProductPath path) {
   return "?";
 }
 
-// PAGEDATTN_LOG_PRODUCT_PATHS=1: every measurement to stderr.
-bool log_measurements() {
-  const char* v = std::getenv("PAGEDATTN_LOG_PRODUCT_PATHS");
-  return v != nullptr && v[0] != '\0' && std::string_view(v) != "0";
-}
-
 bool time_path(const ProductShape& shape, ProductPath path) {
   const TimedBatch batch(shape, path == ProductPath::kBf16Prefill);
   AttentionRunner f32(timed_options(path, false)), fast(timed_options(path, true));
@@ -169,7 +163,7 @@ bool time_path(const ProductShape& shape, ProductPath path) {
     best_fast = std::min(best_fast, seconds(fast));
   }
   const bool pays = best_fast < kFasterMargin * best_f32;
-  if (log_measurements())
+  if (log_product_measurements())
     std::fprintf(stderr,
                  "pagedattn: %s products for %s KV (head dims %d/%d, group %d): %.3f ms against "
                  "%.3f ms on f32 products: %s\n",
@@ -186,6 +180,11 @@ struct Measured {
 };
 
 }  // namespace
+
+bool log_product_measurements() {
+  const char* v = std::getenv("PAGEDATTN_LOG_PRODUCT_PATHS");
+  return v != nullptr && v[0] != '\0' && std::string_view(v) != "0";
+}
 
 bool product_path_pays(const ProductShape& shape, ProductPath path) {
   static std::mutex mutex;

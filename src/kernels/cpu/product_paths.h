@@ -50,4 +50,8 @@ bool product_path_pays(const ProductShape& shape, ProductPath path);
 // only as fast costs accuracy for nothing.
 inline constexpr double kFasterMargin = 0.95;
 
+// PAGEDATTN_LOG_PRODUCT_PATHS=1 (set, not "0"): every timing of a product
+// path, here and in the model's products, printed to stderr.
+bool log_product_measurements();
+
 }  // namespace pagedattn::kernels
