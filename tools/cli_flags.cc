@@ -244,9 +244,10 @@ void add_bf16_products_flag(CLI::App& app, bool& allowed) {
 
 void add_exact_products_flag(CLI::App& app, bool& exact) {
   app.add_flag("--exact-products", exact,
-               "f32 attention products for fp8 KV too (default: fp8 KV attention on bf16 or f16 "
-               "products where they measure faster on this CPU; their rounding is below the "
-               "fp8 values' own)");
+               "f32 products in every step (default: where they measure faster on this CPU, "
+               "fp8 KV attention on bf16 or f16 products, whose rounding is below the fp8 "
+               "values' own, and int8 activations in steps that decode 8 or more sequences "
+               "and compute no prompt token, see --int8-activations)");
 }
 
 void add_pin_threads_flag(CLI::App& app, bool& pin) {
@@ -291,9 +292,10 @@ void add_kv_cache_dtype_flag(CLI::App& app, DType& dtype) {
 void add_int8_activations_flag(CLI::App& app, bool& on) {
   app.add_flag("--int8-activations", on,
                "quantised weights take activations rounded to int8 per 32 values, as llama.cpp, "
-               "on integer dot products (batches of more than 8 rows where the CPU has "
-               "AVX512-VNNI; faster decode and prefill; logits move, docs/models.md; default "
-               "off: f32)");
+               "on integer dot products, in every step, prompts too (batches of more than 8 "
+               "rows where the CPU has AVX512-VNNI; faster decode and prefill; logits move, "
+               "docs/models.md; default: only in steps that decode 8 or more sequences and "
+               "compute no prompt token, see --exact-products)");
 }
 
 }  // namespace pagedattn::tools::flags
