@@ -91,7 +91,7 @@ say() { echo "$@" | tee -a "$summary"; }
 # say_run LABEL FILE: a bench-serve run's throughput, decode step and its
 # phases on one line of the summary.
 say_run() {
-  say "$1: $(grep -E 'output tokens/s|decode steps|of which' "$2" | tr -s ' ' | tr '\n' ';')"
+  say "$1: $(grep -E 'output tokens/s|decode steps|of which|pagedattn: int8' "$2" | tr -s ' ' | tr '\n' ';')"
 }
 : >"$summary"
 
@@ -164,14 +164,18 @@ run_policies() {
     say_run "policy $policy" "$results/policy-$policy.txt"
   done
 }
-# SmolLM2 at 16 threads on each product path: the exact default, bf16
-# products for batches (--bf16-products), int8 activations for a few rows
-# (--int8-activations): which fast path pays on this CPU.
+# SmolLM2 at 16 threads on each product path: the default (int8
+# activations in decode steps of 8 or more sequences where they time
+# faster, PAGEDATTN_LOG_PRODUCT_PATHS=1 printing the timing), f32 throughout
+# (--exact-products), bf16 products for batches (--bf16-products), int8
+# activations in every step (--int8-activations): which fast path pays on
+# this CPU.
 run_paths() {
   local flags=(--model "$model" --workload alpaca-like --num-requests 64) path
-  for path in exact --bf16-products --int8-activations; do
+  for path in default --exact-products --bf16-products --int8-activations; do
     local extra=()
-    [ "$path" = exact ] || extra=("$path")
+    [ "$path" = default ] || extra=("$path")
+    PAGEDATTN_LOG_PRODUCT_PATHS=1 \
     OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" "${extra[@]}" \
       >"$results/path$path.txt" 2>&1
     say_run "path $path" "$results/path$path.txt"
@@ -333,7 +337,8 @@ part scaling-small && step "scaling, small preset (bench/scaling.sh)" run_scalin
 part 1b && step "1b preset, 16 threads (bench-serve --probes)" run_1b
 part policies && step "SmolLM2, 16 threads: default, --pin-threads, passive and active waiting" \
   run_policies
-part paths && step "SmolLM2, 16 threads: exact, --bf16-products, --int8-activations" run_paths
+part paths && step "SmolLM2, 16 threads: default, --exact-products, --bf16-products, --int8-activations" \
+  run_paths
 part regions && step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
 part teams && step "SmolLM2, 16 threads: layers in teams or a region per piece" run_teams
 part attention && step "one sequence's decode attention, 1-16 threads (bench-attention)" \

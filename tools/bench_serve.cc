@@ -18,6 +18,7 @@
 #include "contiguous_replay.h"
 #include "engine/gemm.h"
 #include "engine/onednn_matmul.h"
+#include "engine/step_activations.h"
 #include "engine/step_profile.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/llama.h"
@@ -220,6 +221,31 @@ void add_cache_figures(ServeSummary& summary, const std::vector<TraceRequest>& t
 
 namespace {
 
+engine::ActivationPolicy activation_policy(const BenchServeOptions& o) {
+  return {o.int8_activations, o.exact_products || o.deterministic};
+}
+
+// Whether the engine's decode steps of many sequences take int8 activations.
+bool int8_decode_steps(const BenchServeOptions& o) {
+  return engine::step_takes_int8(activation_policy(o), engine::kInt8DecodeMinRows,
+                                 engine::kInt8DecodeMinRows);
+}
+
+// The run's int8 activations: in every step, none, or the default's choice
+// with the timing it rests on.
+std::string int8_activations_report(const BenchServeOptions& o) {
+  const engine::ActivationPolicy policy = activation_policy(o);
+  if (policy.int8_always) return "in every step";
+  if (policy.exact) return "off";
+  const engine::Int8DecodeTiming& t = engine::int8_decode_timing();
+  char text[160];
+  std::snprintf(text, sizeof text,
+                "%s decode steps of %d+ sequences (timed %.1f us against %.1f us on f32)",
+                t.pays ? "in" : "off, not taken for", engine::kInt8DecodeMinRows,
+                t.int8_seconds * 1e6, t.f32_seconds * 1e6);
+  return text;
+}
+
 // Communication of a tensor-parallel run against its model time.
 void print_tensor_parallel_times(const EngineStats& st) {
   const TensorParallelTimes tp = tensor_parallel_times();
@@ -304,7 +330,7 @@ int run_bench_serve(int argc, char** argv) {
               std::string(dtype_name(o.kv_dtype)).c_str());
   std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s; int8 activations %s\n",
               o.prefix_caching ? "on" : "off", o.host_kv_memory_mib, o.bf16_products ? "on" : "off",
-              o.int8_activations ? "on" : "off");
+              int8_activations_report(o).c_str());
   const std::string blas = engine::blas_kernels(), onednn = engine::onednn_kernels();
   std::printf("  prefill's products: %s; OpenBLAS kernels%s: %s\n",
               onednn.empty() ? "OpenBLAS" : onednn.c_str(),
@@ -357,6 +383,7 @@ int run_bench_serve(int argc, char** argv) {
         {"pin_threads", o.pin_threads},
         {"kv_cache_dtype", std::string(dtype_name(o.kv_dtype))},
         {"int8_activations", o.int8_activations},
+        {"int8_decode_steps", int8_decode_steps(o)},
         {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};
     nlohmann::ordered_json doc = serve_json(info, summary, contiguous, steps, timing);

@@ -194,8 +194,9 @@ struct EngineConfig {
   // (see int8_activations) in the model products of steps that decode at
   // least 8 sequences and compute no prompt token (compute-bound, where
   // int8 dot products carry 4x an f32 FMA's multiply-adds). Prompts, and
-  // steps of fewer sequences, keep f32: a request served alone gets the
-  // exact path's tokens. Deterministic mode keeps f32.
+  // steps of fewer sequences, keep f32: a request served alone (with
+  // fewer than 8 samples) gets the exact path's tokens. Deterministic mode keeps f32.
+  // (int8_activations, where also set, still takes int8 in every step.)
   bool exact_products = false;
   // Bind the stepping thread's OpenMP threads, one each, to the CPUs the
   // process may run on (thread i to the i-th CPU), at the first step: no

@@ -120,15 +120,14 @@ struct Engine::Impl {
                    std::max<std::int64_t>(1, cache.num_pages() / 100), config.enable_prefix_caching,
                    config.model->spec().sliding_window},
                   cache),
-        threads(config.pin_threads) {
+        threads(config.pin_threads),
+        activation_policy{config.int8_activations, config.exact_products || config.deterministic} {
     // A swap's cost is a host copy: its rate is measured once (a few ms).
     if (cache.num_host_pages() > 0)
       scheduler.set_copy_seconds_per_byte(
           engine::measure_host_copy_seconds_per_byte(kCopyProbeBytes));
     config.model->attach_cache(cache);
-    // Timed now, not in the first step that could use it.
-    if (!config.int8_activations && !config.exact_products && !config.deterministic)
-      engine::int8_decode_timing();
+    engine::prepare_step_activations(activation_policy);
     // The product paths attention takes are timed now, not in the first
     // step, on a thread of their own (the stepping thread may be another).
     const KVCacheConfig& k = cache.config();
@@ -154,8 +153,9 @@ struct Engine::Impl {
   // queries.
   mutable std::mutex mutex;
   engine::Scheduler scheduler;
-  std::vector<engine::Sampler> samplers;  // one per OpenMP thread that draws
-  engine::StepThreads threads;            // this engine's steps' OpenMP threads
+  std::vector<engine::Sampler> samplers;             // one per OpenMP thread that draws
+  engine::StepThreads threads;                       // this engine's steps' OpenMP threads
+  const engine::ActivationPolicy activation_policy;  // each step's int8 choice
   StreamCallback callback;
   std::int64_t steps = 0;
   std::int32_t last_tokens = 0, last_decodes = 0;
@@ -309,9 +309,7 @@ void Engine::Impl::run_forward(const Schedule& s) {
   cache.begin_forward(s.seq_ids, s.lengths);
   const auto start = std::chrono::steady_clock::now();
   try {
-    const bool int8 = engine::step_takes_int8(
-        {config.int8_activations, config.exact_products || config.deterministic}, s.num_tokens,
-        s.num_decodes);
+    const bool int8 = engine::step_takes_int8(activation_policy, s.num_tokens, s.num_decodes);
     config.model->forward({token_ids, logit_rows, config.deterministic, int8, config.bf16_products},
                           cache, logits);
     seconds_in_model +=

@@ -85,6 +85,10 @@ const Int8DecodeTiming& int8_decode_timing() {
   return timing;
 }
 
+void prepare_step_activations(const ActivationPolicy& policy) {
+  if (!policy.int8_always && !policy.exact) int8_decode_timing();
+}
+
 bool step_takes_int8(const ActivationPolicy& policy, std::int32_t tokens, std::int32_t decodes) {
   if (policy.int8_always) return true;
   if (policy.exact || tokens != decodes || decodes < kInt8DecodeMinRows) return false;

@@ -42,6 +42,10 @@ struct Int8DecodeTiming {
 // prints the figures), returns the recorded timing after. Thread-safe.
 const Int8DecodeTiming& int8_decode_timing();
 
+// Makes the timing now where `policy` leaves the choice to it (an engine
+// being made), so that no step pays for it.
+void prepare_step_activations(const ActivationPolicy& policy);
+
 // Whether a step of `tokens` tokens, `decodes` of which are a running
 // sequence's next token, takes int8 activations under `policy`:
 // int8_always, else (not exact) a decode-only step of at least
