@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "core/own_thread.h"
 #include "core/seconds_since.h"
+#include "core/team.h"
 #include "engine/gemm.h"
 #include "kernels/cpu/product_paths.h"
 #include "pagedattn/dtype.h"
@@ -34,9 +34,11 @@ std::vector<std::uint8_t> random_q4_k(std::int32_t out, std::int32_t in) {
 }
 
 Int8DecodeTiming time_int8_decode() {
-  // SmolLM2's down projection (576 x 1536, 0.5 MB of Q4_K: in L2), as a
-  // step runs it: split over the threads. Smaller matrices time the
-  // rounding of x to int8 more than the products.
+  // SmolLM2's down projection (576 x 1536, 0.5 MB of Q4_K: in L2) on one
+  // thread: each core's multiply rate on either path. (Split over many
+  // threads, each share of so small a matrix would time the rounding of x
+  // to int8, which every thread does for its columns, more than the
+  // products; a larger model's shares are larger.)
   constexpr std::int32_t kIn = 1536, kOut = 576, kCalls = 8, kRounds = 7;
   const std::vector<std::uint8_t> w = random_q4_k(kOut, kIn);
   std::vector<float> x(std::size_t(kInt8DecodeMinRows) * kIn);
@@ -45,6 +47,7 @@ Int8DecodeTiming time_int8_decode() {
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   for (float& v : x) v = value(rng);
   LinearScratch scratch;
+  const core::SoloScope one_thread;
   auto seconds = [&](Activations activations) {
     LinearArgs a{x.data(), kInt8DecodeMinRows, kIn, w.data(), kOut, y.data()};
     a.w_format = WeightFormat::kQ4_K;
@@ -74,14 +77,7 @@ Int8DecodeTiming time_int8_decode() {
 }  // namespace
 
 const Int8DecodeTiming& int8_decode_timing() {
-  // On a thread of its own, as the attention paths' timing: its parallel
-  // regions then leave no idle threads on the caller's (the stepping thread
-  // may be another).
-  static const Int8DecodeTiming timing = [] {
-    Int8DecodeTiming t;
-    core::run_on_own_thread([&] { t = time_int8_decode(); });
-    return t;
-  }();
+  static const Int8DecodeTiming timing = time_int8_decode();
   return timing;
 }
 

@@ -30,8 +30,8 @@ struct ActivationPolicy {
 
 // The one-time timing: linear() on a Q4_K matrix held in cache
 // (compute-bound, as a many-row decode step is), kInt8DecodeMinRows rows,
-// f32 against int8 activations on OpenMP's threads, alternated over
-// several rounds, the best call of each.
+// f32 against int8 activations on one thread (a core's multiply rate on
+// each path), alternated over several rounds, the best call of each.
 struct Int8DecodeTiming {
   double f32_seconds = 0.0;
   double int8_seconds = 0.0;
