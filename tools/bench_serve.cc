@@ -225,10 +225,11 @@ engine::ActivationPolicy activation_policy(const BenchServeOptions& o) {
   return {o.int8_activations, o.exact_products || o.deterministic};
 }
 
-// Whether the engine's decode steps of many sequences take int8 activations.
-bool int8_decode_steps(const BenchServeOptions& o) {
-  return engine::step_takes_int8(activation_policy(o), engine::kInt8DecodeMinRows,
-                                 engine::kInt8DecodeMinRows);
+// The fewest sequences whose decode steps take int8 activations (0: none).
+std::int32_t int8_decode_rows(const BenchServeOptions& o) {
+  const engine::ActivationPolicy policy = activation_policy(o);
+  if (policy.int8_always) return 1;
+  return policy.exact ? 0 : engine::int8_decode_timing().min_rows;
 }
 
 // The run's int8 activations: in every step, none, or the default's choice
@@ -238,12 +239,18 @@ std::string int8_activations_report(const BenchServeOptions& o) {
   if (policy.int8_always) return "in every step";
   if (policy.exact) return "off";
   const engine::Int8DecodeTiming& t = engine::int8_decode_timing();
-  char text[160];
-  std::snprintf(text, sizeof text,
-                "%s decode steps of %d+ sequences (timed %.1f us against %.1f us on f32)",
-                t.pays ? "in" : "off, not taken for", engine::kInt8DecodeMinRows,
-                t.int8_seconds * 1e6, t.f32_seconds * 1e6);
-  return text;
+  std::string text = t.min_rows > 0 ? detail::concat("in decode steps of ", t.min_rows,
+                                                     "+ sequences (timed, us on int8 / f32 x:")
+                                    : "off (not faster when timed, us on int8 / f32 x:";
+  for (const engine::Int8DecodeTiming::Point& p : t.points) {
+    if (p.rows == 0) break;
+    char point[64];
+    std::snprintf(point, sizeof point, "%s %d rows %.1f / %.1f",
+                  p.rows == t.points[0].rows ? "" : ",", p.rows, p.int8_seconds * 1e6,
+                  p.f32_seconds * 1e6);
+    text += point;
+  }
+  return text + ")";
 }
 
 // Communication of a tensor-parallel run against its model time.
@@ -383,7 +390,7 @@ int run_bench_serve(int argc, char** argv) {
         {"pin_threads", o.pin_threads},
         {"kv_cache_dtype", std::string(dtype_name(o.kv_dtype))},
         {"int8_activations", o.int8_activations},
-        {"int8_decode_steps", int8_decode_steps(o)},
+        {"int8_decode_rows", int8_decode_rows(o)},
         {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};
     nlohmann::ordered_json doc = serve_json(info, summary, contiguous, steps, timing);

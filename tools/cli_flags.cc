@@ -247,7 +247,7 @@ void add_exact_products_flag(CLI::App& app, bool& exact) {
                "f32 products in every step (default: where they measure faster on this CPU, "
                "fp8 KV attention on bf16 or f16 products, whose rounding is below the fp8 "
                "values' own, and int8 activations in steps that decode 8 or more sequences "
-               "and compute no prompt token, see --int8-activations)");
+               "(16 or 32 where timed so) and compute no prompt token, see --int8-activations)");
 }
 
 void add_pin_threads_flag(CLI::App& app, bool& pin) {

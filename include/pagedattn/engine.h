@@ -192,8 +192,9 @@ struct EngineConfig {
   // on the bf16 or f16 paths above (AttentionPlanOptions::fp8_fast_products;
   // their rounding is below the fp8 values' own), and int8 activations
   // (see int8_activations) in the model products of steps that decode at
-  // least 8 sequences and compute no prompt token (compute-bound, where
-  // int8 dot products carry 4x an f32 FMA's multiply-adds). Prompts, and
+  // least 8 sequences (16 or 32 where the timing finds int8 faster only
+  // there) and compute no prompt token (compute-bound, where int8 dot
+  // products carry 4x an f32 FMA's multiply-adds). Prompts, and
   // steps of fewer sequences, keep f32: a request served alone (with
   // fewer than 8 samples) gets the exact path's tokens. Deterministic mode keeps f32.
   // (int8_activations, where also set, still takes int8 in every step.)

@@ -91,8 +91,8 @@ class Engine:
     are taken where a one-time timing finds them faster on this CPU: fp8 KV
     attention on bf16 or f16 products (their rounding is below the fp8
     values' own; docs/design.md, "Product paths"), and int8 activations in
-    the model products of steps that decode at least 8 sequences and compute
-    no prompt token (see int8_activations; a request alone, and every
+    the model products of steps that decode at least 8 sequences (16 or 32
+    where the timing says so) and compute no prompt token (see int8_activations; a request alone, and every
     prompt, keeps f32; docs/models.md). Deterministic mode keeps f32.
     pin_threads: bind the OpenMP threads of the thread that calls step(),
     one each, to the CPUs the process may run on, at the first step (for a

@@ -17,6 +17,13 @@ namespace pagedattn::engine {
 
 namespace {
 
+// SmolLM2's down projection (576 x 1536, 0.5 MB of Q4_K: in L2), timed on
+// one thread: each core's multiply rate on either path. (Split over many
+// threads, each share of so small a matrix would time the rounding of x to
+// int8, which every thread does for its columns, more than the products; a
+// larger model's shares are larger.)
+constexpr std::int32_t kTimedOut = 576, kTimedIn = 1536;
+
 // Random Q4_K blocks with small scales: the kernels' cost does not depend
 // on the values.
 std::vector<std::uint8_t> random_q4_k(std::int32_t out, std::int32_t in) {
@@ -33,23 +40,16 @@ std::vector<std::uint8_t> random_q4_k(std::int32_t out, std::int32_t in) {
   return w;
 }
 
-Int8DecodeTiming time_int8_decode() {
-  // SmolLM2's down projection (576 x 1536, 0.5 MB of Q4_K: in L2) on one
-  // thread: each core's multiply rate on either path. (Split over many
-  // threads, each share of so small a matrix would time the rounding of x
-  // to int8, which every thread does for its columns, more than the
-  // products; a larger model's shares are larger.)
-  constexpr std::int32_t kIn = 1536, kOut = 576, kCalls = 8, kRounds = 7;
-  const std::vector<std::uint8_t> w = random_q4_k(kOut, kIn);
-  std::vector<float> x(std::size_t(kInt8DecodeMinRows) * kIn);
-  std::vector<float> y(std::size_t(kInt8DecodeMinRows) * kOut);
+// The best time of one call on each path at `rows` rows, alternated.
+Int8DecodeTiming::Point time_rows(const std::vector<std::uint8_t>& w, std::int32_t rows) {
+  constexpr std::int32_t kCalls = 4, kRounds = 5;
+  std::vector<float> x(std::size_t(rows) * kTimedIn), y(std::size_t(rows) * kTimedOut);
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
   for (float& v : x) v = value(rng);
   LinearScratch scratch;
-  const core::SoloScope one_thread;
   auto seconds = [&](Activations activations) {
-    LinearArgs a{x.data(), kInt8DecodeMinRows, kIn, w.data(), kOut, y.data()};
+    LinearArgs a{x.data(), rows, kTimedIn, w.data(), kTimedOut, y.data()};
     a.w_format = WeightFormat::kQ4_K;
     a.activations = activations;
     const double start = steady_seconds();
@@ -58,19 +58,34 @@ Int8DecodeTiming time_int8_decode() {
   };
   seconds(Activations::kF32);  // warm-up: caches, scratch
   seconds(Activations::kInt8);
-  Int8DecodeTiming t;
-  t.f32_seconds = t.int8_seconds = std::numeric_limits<double>::infinity();
+  Int8DecodeTiming::Point p{rows, std::numeric_limits<double>::infinity(),
+                            std::numeric_limits<double>::infinity()};
   for (int round = 0; round < kRounds; ++round) {
-    t.f32_seconds = std::min(t.f32_seconds, seconds(Activations::kF32));
-    t.int8_seconds = std::min(t.int8_seconds, seconds(Activations::kInt8));
+    p.f32_seconds = std::min(p.f32_seconds, seconds(Activations::kF32));
+    p.int8_seconds = std::min(p.int8_seconds, seconds(Activations::kInt8));
   }
-  t.pays = t.int8_seconds <= kInt8DecodeMargin * t.f32_seconds;
+  return p;
+}
+
+Int8DecodeTiming time_int8_decode() {
+  const std::vector<std::uint8_t> w = random_q4_k(kTimedOut, kTimedIn);
+  const core::SoloScope one_thread;
+  Int8DecodeTiming t;
+  for (std::size_t i = 0; i < kInt8DecodeRows.size(); ++i) {
+    t.points[i] = time_rows(w, kInt8DecodeRows[i]);
+    if (t.points[i].int8_seconds <= kInt8DecodeMargin * t.points[i].f32_seconds) {
+      t.min_rows = kInt8DecodeRows[i];
+      break;  // more rows only favour int8 further
+    }
+  }
   if (kernels::log_product_measurements())
-    std::fprintf(stderr,
-                 "pagedattn: int8 activations for decode steps of %d or more sequences: %.1f us "
-                 "against %.1f us on f32 activations (Q4_K 576 x 1536, %d rows): %s\n",
-                 kInt8DecodeMinRows, t.int8_seconds * 1e6, t.f32_seconds * 1e6, kInt8DecodeMinRows,
-                 t.pays ? "taken" : "not taken");
+    for (const Int8DecodeTiming::Point& p : t.points)
+      if (p.rows > 0)
+        std::fprintf(stderr,
+                     "pagedattn: int8 activations for decode steps of %d sequences: %.1f us "
+                     "against %.1f us on f32 (Q4_K 576 x 1536, one thread): %s\n",
+                     p.rows, p.int8_seconds * 1e6, p.f32_seconds * 1e6,
+                     p.rows == t.min_rows ? "taken from here on" : "not taken");
   return t;
 }
 
@@ -87,8 +102,9 @@ void prepare_step_activations(const ActivationPolicy& policy) {
 
 bool step_takes_int8(const ActivationPolicy& policy, std::int32_t tokens, std::int32_t decodes) {
   if (policy.int8_always) return true;
-  if (policy.exact || tokens != decodes || decodes < kInt8DecodeMinRows) return false;
-  return int8_decode_timing().pays;
+  if (policy.exact || tokens != decodes || decodes < kInt8DecodeRows.front()) return false;
+  const std::int32_t min_rows = int8_decode_timing().min_rows;
+  return min_rows > 0 && decodes >= min_rows;
 }
 
 }  // namespace pagedattn::engine

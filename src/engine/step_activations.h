@@ -3,19 +3,22 @@
 // step's shape and a timing made once per process.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace pagedattn::engine {
 
-// A step that decodes at least this many sequences and computes no prompt
-// token takes int8 activations by default. Its products multiply every
-// weight by that many rows, so f32 multiply-adds, not reading the weights,
-// bound them (on Zen 4's half-rate 512-bit FMAs from about 4 rows), and
-// int8 dot products carry 4x the multiply-adds per instruction. Fewer
-// sequences, and every prompt chunk, keep f32 activations: a request served
-// alone or beside a few others gets the exact path's tokens, the first
-// token of every request included (docs/models.md, "Int8 activations").
-inline constexpr std::int32_t kInt8DecodeMinRows = 8;
+// By default a step that computes no prompt token and decodes at least
+// Int8DecodeTiming::min_rows sequences takes int8 activations: its products
+// multiply every weight by that many rows, so multiply-adds, not reading
+// the weights, bound them, and int8 dot products carry 4x an f32 FMA's
+// multiply-adds per instruction. Fewer sequences, and every prompt chunk,
+// keep f32: a request served alone or beside a few others gets the exact
+// path's tokens, the first token of every request included (docs/models.md,
+// "Int8 activations"). The row counts timed, fewest first: never fewer than
+// 8 (on Zen 4 the f32 register tiles beat the int8 tiles at 4 rows, which
+// pack each weight group for so few).
+inline constexpr std::array<std::int32_t, 3> kInt8DecodeRows = {8, 16, 32};
 
 // The int8 path must take at most this fraction of the f32 path's time to
 // be taken by default: it moves logits far more than f32 summation order
@@ -29,16 +32,21 @@ struct ActivationPolicy {
 };
 
 // The one-time timing: linear() on a Q4_K matrix held in cache
-// (compute-bound, as a many-row decode step is), kInt8DecodeMinRows rows,
-// f32 against int8 activations on one thread (a core's multiply rate on
-// each path), alternated over several rounds, the best call of each.
+// (compute-bound, as a many-row decode step is) at each of kInt8DecodeRows
+// rows, f32 against int8 activations on one thread (a core's multiply rate
+// on each path), alternated over several rounds, the best call of each.
 struct Int8DecodeTiming {
-  double f32_seconds = 0.0;
-  double int8_seconds = 0.0;
-  bool pays = false;  // int8_seconds <= kInt8DecodeMargin * f32_seconds
+  struct Point {
+    std::int32_t rows = 0;
+    double f32_seconds = 0.0, int8_seconds = 0.0;
+  };
+  std::array<Point, kInt8DecodeRows.size()> points{};
+  // The fewest rows of kInt8DecodeRows at which int8_seconds <=
+  // kInt8DecodeMargin * f32_seconds; 0 where none (int8 never taken).
+  std::int32_t min_rows = 0;
 };
 
-// Times on the first call (a few ms; PAGEDATTN_LOG_PRODUCT_PATHS=1
+// Times on the first call (about 20 ms; PAGEDATTN_LOG_PRODUCT_PATHS=1
 // prints the figures), returns the recorded timing after. Thread-safe.
 const Int8DecodeTiming& int8_decode_timing();
 
@@ -49,7 +57,7 @@ void prepare_step_activations(const ActivationPolicy& policy);
 // Whether a step of `tokens` tokens, `decodes` of which are a running
 // sequence's next token, takes int8 activations under `policy`:
 // int8_always, else (not exact) a decode-only step of at least
-// kInt8DecodeMinRows sequences where int8_decode_timing().pays.
+// int8_decode_timing().min_rows (> 0) sequences.
 bool step_takes_int8(const ActivationPolicy& policy, std::int32_t tokens, std::int32_t decodes);
 
 }  // namespace pagedattn::engine

@@ -28,7 +28,7 @@ expect_type(NULL run request_rate)
 expect_type(BOOLEAN run deterministic)
 expect_type(BOOLEAN run chunked_prefill)
 expect_type(BOOLEAN run int8_activations)
-expect_type(BOOLEAN run int8_decode_steps)
+expect_type(NUMBER run int8_decode_rows)
 
 # Every summary figure, every contiguous-replay figure, the first sample of
 # every timeline and request column.

@@ -1,7 +1,8 @@
 // The engine's choice of activations per step (engine/step_activations.h):
-// int8 by default only in decode steps of at least kInt8DecodeMinRows
-// sequences where this CPU's one-time timing found it faster; never with
-// exact_products or in deterministic mode; always with int8_activations.
+// int8 by default only in decode steps of at least as many sequences as
+// this CPU's one-time timing found it faster at (min_rows, 8 or more);
+// never with exact_products or in deterministic mode; always with
+// int8_activations.
 #include "engine/step_activations.h"
 
 #include <gtest/gtest.h>
@@ -18,28 +19,39 @@ namespace step_activations_test {  // this file's own names in a unity batch
 
 using engine::ActivationPolicy;
 using engine::int8_decode_timing;
-using engine::kInt8DecodeMinRows;
+using engine::kInt8DecodeRows;
 using engine::step_takes_int8;
 
-TEST(StepActivations, TheTimingIsMadeOnceAndMeasuresBothPaths) {
-  const engine::Int8DecodeTiming& first = int8_decode_timing();
-  EXPECT_EQ(&first, &int8_decode_timing());
-  EXPECT_GT(first.f32_seconds, 0.0);
-  EXPECT_GT(first.int8_seconds, 0.0);
-  EXPECT_EQ(first.pays, first.int8_seconds <= engine::kInt8DecodeMargin * first.f32_seconds);
+TEST(StepActivations, TheTimingIsMadeOnceAndFindsTheFewestRowsWhereInt8Pays) {
+  const engine::Int8DecodeTiming& t = int8_decode_timing();
+  EXPECT_EQ(&t, &int8_decode_timing());
+  // Timed from the fewest rows up, stopping at the first that pays.
+  std::int32_t expected = 0;
+  for (std::size_t i = 0; i < kInt8DecodeRows.size() && expected == 0; ++i) {
+    const engine::Int8DecodeTiming::Point& p = t.points[i];
+    EXPECT_EQ(p.rows, kInt8DecodeRows[i]);
+    EXPECT_GT(p.f32_seconds, 0.0);
+    EXPECT_GT(p.int8_seconds, 0.0);
+    if (p.int8_seconds <= engine::kInt8DecodeMargin * p.f32_seconds) expected = p.rows;
+  }
+  EXPECT_EQ(t.min_rows, expected);
+}
+
+// Whether the default takes int8 in a decode-only step of `decodes`.
+bool default_takes(std::int32_t decodes) {
+  const std::int32_t min_rows = int8_decode_timing().min_rows;
+  return min_rows > 0 && decodes >= min_rows;
 }
 
 TEST(StepActivations, DefaultTakesInt8OnlyInDecodeStepsOfManySequences) {
-  const bool pays = int8_decode_timing().pays;
   const ActivationPolicy by_default{};
-  EXPECT_EQ(step_takes_int8(by_default, kInt8DecodeMinRows, kInt8DecodeMinRows), pays);
-  EXPECT_EQ(step_takes_int8(by_default, 256, 256), pays);
-  EXPECT_FALSE(step_takes_int8(by_default, kInt8DecodeMinRows - 1, kInt8DecodeMinRows - 1));
-  EXPECT_FALSE(step_takes_int8(by_default, 1, 1));
+  for (const std::int32_t decodes : {1, 4, 7, 8, 15, 16, 31, 32, 256})
+    EXPECT_EQ(step_takes_int8(by_default, decodes, decodes), default_takes(decodes)) << decodes;
+  EXPECT_FALSE(default_takes(kInt8DecodeRows.front() - 1));
   // A prompt token anywhere in the step keeps it f32, however many decode.
   EXPECT_FALSE(step_takes_int8(by_default, 33, 32));
   EXPECT_FALSE(step_takes_int8(by_default, 512, 0));
-  for (const std::int32_t decodes : {0, 1, kInt8DecodeMinRows, 64}) {
+  for (const std::int32_t decodes : {0, 1, 8, 64}) {
     EXPECT_FALSE(step_takes_int8({false, true}, decodes, decodes));
     EXPECT_FALSE(step_takes_int8({false, true}, decodes + 40, decodes));
     EXPECT_TRUE(step_takes_int8({true, false}, decodes + 40, decodes));
@@ -69,18 +81,18 @@ class ActivationRecorder final : public Model {
   std::shared_ptr<Model> model_;
 };
 
-// 12 greedy requests of 3-20 prompt tokens and 2-13 new tokens, all added
+// 20 greedy requests of 3-20 prompt tokens and 2-21 new tokens, all added
 // at once: one step computes every prompt (the token budget holds them),
-// then decode steps of 12 sequences, fewer as requests finish.
+// then decode steps of 20 sequences, fewer as requests finish.
 std::vector<ActivationRecorder::Step> run_steps(EngineConfig c) {
   auto recorder = std::make_shared<ActivationRecorder>(test::small_llama());
   c.model = recorder;
   c.kv_memory_bytes = 8 << 20;
   c.page_size = 8;
-  c.max_num_seqs = 16;
+  c.max_num_seqs = 32;
   c.max_num_batched_tokens = 512;
   Engine engine(c);
-  for (std::int32_t j = 0; j < 12; ++j) {
+  for (std::int32_t j = 0; j < 20; ++j) {
     SamplingParams p;
     p.max_tokens = 2 + j;
     p.ignore_eos = true;
@@ -95,15 +107,16 @@ TEST(StepActivations, TheEngineAsksForInt8OnlyInDecodeStepsOfManySequences) {
   ASSERT_GT(steps.size(), 3u);
   EXPECT_GT(steps.front().tokens, steps.front().sequences);  // the prompts, at once
   EXPECT_FALSE(steps.front().int8);
-  std::int32_t many = 0, few = 0;
+  std::int32_t int8_steps = 0, f32_steps = 0;
   for (const auto& s : steps) {
     if (s.tokens != s.sequences) continue;
-    const bool enough = s.sequences >= kInt8DecodeMinRows;
-    (enough ? many : few) += 1;
-    EXPECT_EQ(s.int8, enough && int8_decode_timing().pays) << s.sequences << " sequences decoding";
+    (s.int8 ? int8_steps : f32_steps) += 1;
+    EXPECT_EQ(s.int8, default_takes(s.sequences)) << s.sequences << " sequences decoding";
   }
-  EXPECT_GT(many, 0);
-  EXPECT_GT(few, 0);
+  EXPECT_GT(f32_steps, 0);  // the last steps decode fewer than 8
+  if (default_takes(20)) {
+    EXPECT_GT(int8_steps, 0);
+  }
 }
 
 TEST(StepActivations, ExactProductsAndDeterministicModeNeverAskAndTheFlagAlwaysDoes) {
