@@ -221,21 +221,9 @@ void add_cache_figures(ServeSummary& summary, const std::vector<TraceRequest>& t
 
 namespace {
 
-engine::ActivationPolicy activation_policy(const BenchServeOptions& o) {
-  return {o.int8_activations, o.exact_products || o.deterministic};
-}
-
-// The fewest sequences whose decode steps take int8 activations (0: none).
-std::int32_t int8_decode_rows(const BenchServeOptions& o) {
-  const engine::ActivationPolicy policy = activation_policy(o);
-  if (policy.int8_always) return 1;
-  return policy.exact ? 0 : engine::int8_decode_timing().min_rows;
-}
-
 // The run's int8 activations: in every step, none, or the default's choice
 // with the timing it rests on.
-std::string int8_activations_report(const BenchServeOptions& o) {
-  const engine::ActivationPolicy policy = activation_policy(o);
+std::string int8_activations_report(const engine::ActivationPolicy& policy) {
   if (policy.int8_always) return "in every step";
   if (policy.exact) return "off";
   const engine::Int8DecodeTiming& t = engine::int8_decode_timing();
@@ -337,7 +325,7 @@ int run_bench_serve(int argc, char** argv) {
               std::string(dtype_name(o.kv_dtype)).c_str());
   std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s; int8 activations %s\n",
               o.prefix_caching ? "on" : "off", o.host_kv_memory_mib, o.bf16_products ? "on" : "off",
-              int8_activations_report(o).c_str());
+              int8_activations_report(engine::activation_policy(ec)).c_str());
   const std::string blas = engine::blas_kernels(), onednn = engine::onednn_kernels();
   std::printf("  prefill's products: %s; OpenBLAS kernels%s: %s\n",
               onednn.empty() ? "OpenBLAS" : onednn.c_str(),
@@ -390,7 +378,7 @@ int run_bench_serve(int argc, char** argv) {
         {"pin_threads", o.pin_threads},
         {"kv_cache_dtype", std::string(dtype_name(o.kv_dtype))},
         {"int8_activations", o.int8_activations},
-        {"int8_decode_rows", int8_decode_rows(o)},
+        {"int8_decode_rows", engine::int8_decode_rows(engine::activation_policy(ec))},
         {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};
     nlohmann::ordered_json doc = serve_json(info, summary, contiguous, steps, timing);

@@ -121,7 +121,7 @@ struct Engine::Impl {
                    config.model->spec().sliding_window},
                   cache),
         threads(config.pin_threads),
-        activation_policy{config.int8_activations, config.exact_products || config.deterministic} {
+        activation_policy(engine::activation_policy(config)) {
     // A swap's cost is a host copy: its rate is measured once (a few ms).
     if (cache.num_host_pages() > 0)
       scheduler.set_copy_seconds_per_byte(

@@ -97,13 +97,18 @@ const Int8DecodeTiming& int8_decode_timing() {
 }
 
 void prepare_step_activations(const ActivationPolicy& policy) {
-  if (!policy.int8_always && !policy.exact) int8_decode_timing();
+  int8_decode_rows(policy);  // times where the choice rests on the timing
+}
+
+std::int32_t int8_decode_rows(const ActivationPolicy& policy) {
+  if (policy.int8_always) return 1;
+  return policy.exact ? 0 : int8_decode_timing().min_rows;
 }
 
 bool step_takes_int8(const ActivationPolicy& policy, std::int32_t tokens, std::int32_t decodes) {
   if (policy.int8_always) return true;
-  if (policy.exact || tokens != decodes || decodes < kInt8DecodeRows.front()) return false;
-  const std::int32_t min_rows = int8_decode_timing().min_rows;
+  if (tokens != decodes) return false;
+  const std::int32_t min_rows = int8_decode_rows(policy);
   return min_rows > 0 && decodes >= min_rows;
 }
 

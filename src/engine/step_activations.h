@@ -6,6 +6,8 @@
 #include <array>
 #include <cstdint>
 
+#include "pagedattn/engine.h"
+
 namespace pagedattn::engine {
 
 // By default a step that computes no prompt token and decodes at least
@@ -31,6 +33,11 @@ struct ActivationPolicy {
   bool exact = false;        // EngineConfig::exact_products or ::deterministic: never
 };
 
+// The policy of an engine made with `config`.
+inline ActivationPolicy activation_policy(const EngineConfig& config) {
+  return {config.int8_activations, config.exact_products || config.deterministic};
+}
+
 // The one-time timing: linear() on a Q4_K matrix held in cache
 // (compute-bound, as a many-row decode step is) at each of kInt8DecodeRows
 // rows, f32 against int8 activations on one thread (a core's multiply rate
@@ -54,10 +61,15 @@ const Int8DecodeTiming& int8_decode_timing();
 // being made), so that no step pays for it.
 void prepare_step_activations(const ActivationPolicy& policy);
 
+// The fewest sequences a decode-only step needs to take int8 activations
+// under `policy`: 1 with int8_always, 0 (never) when exact, else
+// int8_decode_timing().min_rows.
+std::int32_t int8_decode_rows(const ActivationPolicy& policy);
+
 // Whether a step of `tokens` tokens, `decodes` of which are a running
 // sequence's next token, takes int8 activations under `policy`:
-// int8_always, else (not exact) a decode-only step of at least
-// int8_decode_timing().min_rows (> 0) sequences.
+// int8_always, else a decode-only step of at least int8_decode_rows (> 0)
+// sequences.
 bool step_takes_int8(const ActivationPolicy& policy, std::int32_t tokens, std::int32_t decodes);
 
 }  // namespace pagedattn::engine
