@@ -46,7 +46,7 @@ struct Options {
   bool bf16_products = false;   // AttentionPlanOptions::bf16_products
   bool int8_products = false;   // AttentionPlanOptions::int8_products
   bool f16_products = false;    // AttentionPlanOptions::f16_products
-  bool exact_products = false;  // !AttentionPlanOptions::fp8_fast_products
+  bool exact_products = false;  // !fp8_fast_products, !fast_prefill_products
   bool every_allowed_path = false;  // !AttentionPlanOptions::measured_products
   std::string max_target;           // --max-target: overrides PAGEDATTN_MAX_TARGET
   std::optional<std::string>
@@ -447,6 +447,7 @@ int run_bench_attention(int argc, char** argv) {
                                           .int8_products = o.int8_products,
                                           .f16_products = o.f16_products,
                                           .fp8_fast_products = !o.exact_products,
+                                          .fast_prefill_products = !o.exact_products,
                                           .measured_products = !o.every_allowed_path};
   const kernels::ProductChoice chosen = kernels::product_choice(
       {.kv_dtype = c.kv,

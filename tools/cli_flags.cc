@@ -245,9 +245,11 @@ void add_bf16_products_flag(CLI::App& app, bool& allowed) {
 void add_exact_products_flag(CLI::App& app, bool& exact) {
   app.add_flag("--exact-products", exact,
                "f32 products in every step (default: where they measure faster on this CPU, "
-               "fp8 KV attention on bf16 or f16 products, whose rounding is below the fp8 "
-               "values' own, and int8 activations in steps that decode 8 or more sequences "
-               "(16 or 32 where timed so) and compute no prompt token, see --int8-activations)");
+               "prefill attention on bf16 products (queries, softmax weights and f16 K/V "
+               "rounded to bf16), fp8 KV attention on bf16 or f16 products, whose rounding is "
+               "below the fp8 values' own, and int8 activations in steps that decode 8 or more "
+               "sequences (16 or 32 where timed so) and compute no prompt token, see "
+               "--int8-activations)");
 }
 
 void add_pin_threads_flag(CLI::App& app, bool& pin) {

@@ -107,7 +107,8 @@ struct AttentionPlanOptions {
   // prefill with head dims that are multiples of 32 runs these products on
   // AMX tiles (several times the f32 prefill there), and decode keeps f32
   // products (vdpbf16ps is no faster than FMAs on those cores). Off: f32
-  // products throughout.
+  // products, except where fp8_fast_products or fast_prefill_products
+  // (below, both on by default) allow these paths.
   bool bf16_products = false;
   // Decode (at most 8 query rows per KV head) over int8 KV may run on int8
   // dot products (vpdpbusd) where the CPU has AVX512-VNNI and both head
@@ -142,12 +143,29 @@ struct AttentionPlanOptions {
   // unquantised K/V; docs/design.md, "Product paths"). false: f32 products
   // for fp8 KV unless a flag above allows others.
   bool fp8_fast_products = true;
+  // Prefill over f16, bf16 and int8 KV may take the bf16 prefill tiles
+  // above without bf16_products (as may decode rows of more than 16 query
+  // heads per KV head, which run on the same tiles; other decode rows keep
+  // f32 products unless bf16_products): queries, softmax weights and f16
+  // K/V are rounded to bf16 (8 significant bits; bf16 and int8 K/V convert
+  // exactly), products and sums stay f32. Each output element stays within
+  // (F - 1) sum_j p_j |v_j| of the exact attention over the stored K/V, F
+  // the factor of docs/design.md ("Product paths") built from 2^-8 per
+  // rounded input (a worst case, about 12% of sum_j p_j |v_j| at head dim
+  // 128 for f16 KV; measured errors stay near a tenth of it; tested against
+  // a double reference). Prefill is compute-bound, where vdpbf16ps carries
+  // twice an FMA's multiply-adds on Zen 4 and 5 and AMX far more. Like the
+  // other fast paths, taken only where measured faster (measured_products).
+  // false: f32 products for these KV dtypes unless bf16_products.
+  bool fast_prefill_products = true;
   // The fast paths allowed above run only for the KV dtypes, head dims and
   // phases (decode rows, prefill tiles) where they measured faster than f32
   // products on this CPU: the first call for a shape times both on a small
   // batch, once per process. false: wherever the CPU has them (the tests
   // and benchmarks of one path).
   bool measured_products = true;
+
+  friend bool operator==(const AttentionPlanOptions&, const AttentionPlanOptions&) = default;
 };
 
 // One unit of work: query tokens [q_begin, q_end) of sequence `batch` (offsets
@@ -182,9 +200,11 @@ struct AttentionPlan {
   bool bf16_products = false;  // AttentionPlanOptions::bf16_products (never with batch_invariant)
   bool int8_products = false;  // AttentionPlanOptions::int8_products (never with batch_invariant)
   bool f16_products = false;   // AttentionPlanOptions::f16_products (never with batch_invariant)
-  bool fp8_fast_products = false;  // AttentionPlanOptions::fp8_fast_products (never with
-                                   // batch_invariant)
-  bool measured_products = true;   // AttentionPlanOptions::measured_products
+  bool fp8_fast_products = false;      // AttentionPlanOptions::fp8_fast_products (never with
+                                       // batch_invariant)
+  bool fast_prefill_products = false;  // AttentionPlanOptions::fast_prefill_products (never
+                                       // with batch_invariant)
+  bool measured_products = true;       // AttentionPlanOptions::measured_products
   // Longest first; each thread takes the next item as it finishes its last,
   // so a thread slowed by another tenant takes fewer. A row's result does
   // not depend on which thread runs its item.

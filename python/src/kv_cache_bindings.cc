@@ -442,7 +442,7 @@ std::unique_ptr<KVCache> make_cache(
     std::int32_t rotary_dim, bool rope_interleaved, const RopeScaling& rope_scaling,
     std::int32_t num_threads, std::int32_t fixed_kv_chunk, bool enable_prefix_caching,
     std::int64_t host_num_pages, std::int64_t host_memory_budget_bytes,
-    const std::string& attention_kind) {
+    const std::string& attention_kind, bool exact_products) {
   KVCacheConfig c;
   if (attention_kind != "mha" && attention_kind != "mla")
     throw InvalidArgument("KVCache: attention_kind = \"" + attention_kind +
@@ -469,6 +469,8 @@ std::unique_ptr<KVCache> make_cache(
   c.support_sliding_window = support_sliding_window;
   c.attention_plan.num_threads = num_threads;
   c.attention_plan.fixed_kv_chunk = fixed_kv_chunk;
+  c.attention_plan.fp8_fast_products = !exact_products;
+  c.attention_plan.fast_prefill_products = !exact_products;
   c.enable_prefix_caching = enable_prefix_caching;
   c.host_num_pages = host_num_pages;
   c.host_memory_budget_bytes = host_memory_budget_bytes;
@@ -509,6 +511,8 @@ py::typing::Dict<py::str, py::object> config_dict(KVCache& s) {
   d["support_sliding_window"] = c.support_sliding_window;
   d["num_threads"] = c.attention_plan.num_threads;
   d["fixed_kv_chunk"] = c.attention_plan.fixed_kv_chunk;
+  d["exact_products"] =
+      !c.attention_plan.fp8_fast_products && !c.attention_plan.fast_prefill_products;
   d["enable_prefix_caching"] = c.enable_prefix_caching;
   d["host_num_pages"] = c.host_num_pages;
   d["host_memory_budget_bytes"] = c.host_memory_budget_bytes;
@@ -656,7 +660,7 @@ KVCache(num_layers, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages=0
         memory_budget_bytes=0, k_scale=1.0, v_scale=1.0, rotary_dim=0,
         rope_interleaved=False, rope_scaling=None, num_threads=0,
         fixed_kv_chunk=0, enable_prefix_caching=False, host_num_pages=0,
-        host_memory_budget_bytes=0, attention_kind="mha")
+        host_memory_budget_bytes=0, attention_kind="mha", exact_products=False)
 
 dtype: storage type, "float32", "float16", "bfloat16", "float8_e4m3fn",
   "float8_e5m2" or "int8". layout: "HND" (page = [Hkv, page_size, D]) or
@@ -673,7 +677,11 @@ dtype: storage type, "float32", "float16", "bfloat16", "float8_e4m3fn",
   "llama3", "factor", "low_freq_factor", "high_freq_factor",
   "original_max_position_embeddings"}. num_threads: attention threads (0:
   OpenMP's maximum); fixed_kv_chunk > 0 splits keys in chunks of exactly
-  that size, so a row's result does not depend on its batch (determinism).
+  that size, so a row's result does not depend on its batch (determinism;
+  f32 products). exact_products: f32 products in attention; by default
+  prefill (and fp8 K/V) take bf16 products where a one-time timing finds
+  them faster on this CPU (queries, softmax weights and float16 K/V
+  rounded to bf16; the error bound is in docs/design.md, "Product paths").
 enable_prefix_caching: full pages of told token ids stay cached and are
   shared with later prompts (match_prefix, add_sequence_with_prefix,
   set_sequence_tokens). host_num_pages / host_memory_budget_bytes: a host
@@ -736,7 +744,7 @@ void register_kv_cache(py::module_& m) {
           py::arg("num_threads") = 0, py::arg("fixed_kv_chunk") = 0,
           py::arg("enable_prefix_caching") = false, py::arg("host_num_pages") = 0,
           py::arg("host_memory_budget_bytes") = 0, py::arg("attention_kind") = "mha",
-          "Creates the cache (see the class doc).")
+          py::arg("exact_products") = false, "Creates the cache (see the class doc).")
       .def(
           "add_sequence", [](KVCache& s, SeqId id) { s.cache().add_sequence(id); }, ReleaseGil(),
           py::arg("id"), "Adds an empty sequence `id` (InvalidArgumentError if it exists).")

@@ -26,8 +26,9 @@ class GgufModel {
   const ModelSpec& spec() const { return model_->spec(); }
 
   // One sequence, teacher-forced: logits [n][vocab] of every position.
-  // exact: deterministic mode, f32 activations in every product (the
-  // accuracy tests' reference path); otherwise the serving path, whose
+  // exact: deterministic mode, f32 activations in every product and f32
+  // attention products (the accuracy tests' reference path); otherwise the
+  // serving path, whose attention takes the product paths' defaults and whose
   // quantised products take int8 activations in batches of at most 8 rows
   // when int8_activations (ForwardBatch) or int8_activations_default()
   // (src/engine/gemm.h) is on, and bf16 products in larger ones when
@@ -40,6 +41,10 @@ class GgufModel {
     k.page_size = 16;
     k.num_pages = (std::ssize(token_ids) + 15) / 16;
     k.kv_dtype = parse_dtype(kv_dtype);
+    // exact: f32 attention products too (the bf16 paths are the defaults of
+    // prefill and fp8 K/V elsewhere).
+    k.attention_plan.fp8_fast_products = !exact;
+    k.attention_plan.fast_prefill_products = !exact;
     PagedKVCache cache(k);
     const auto n = static_cast<std::int32_t>(token_ids.size());
     std::vector<std::int32_t> rows(token_ids.size());

@@ -32,8 +32,10 @@ def stored(x, dtype):
 class Model:
     """What the cache should hold: per sequence, K and V [layers, len, Hkv, D]."""
 
-    def __init__(self, cache, dtype, rope_mode="none", rope_theta=10000.0, rope_scale=1.0):
+    def __init__(self, cache, dtype, rope_mode="none", rope_theta=10000.0, rope_scale=1.0,
+                 tol=None):
         self.cache, self.dtype, self.rope_mode = cache, dtype, rope_mode
+        self.tol = TOL[dtype] if tol is None else tol
         self.theta, self.scale = rope_theta, rope_scale
         self.k, self.v, self.window = {}, {}, {}
         self.rng = np.random.default_rng(7)
@@ -95,7 +97,7 @@ class Model:
                     keys = ref.rope(keys, np.arange(keys.shape[0]), self.theta, self.scale)
                 expect = ref.attention(qs, keys, vals, 1 / math.sqrt(D))
                 np.testing.assert_allclose(out[offset:offset + n].astype(np.float64), expect,
-                                           atol=TOL[self.dtype], rtol=0)
+                                           atol=self.tol, rtol=0)
                 offset += n
         cache.end_forward()
         offset = 0
@@ -125,6 +127,8 @@ class Model:
 
 
 def make(dtype="float32", layout="HND", num_pages=64, **kw):
+    # f32 products unless a test asks otherwise: TOL is the f32 kernels'.
+    kw.setdefault("exact_products", True)
     return pagedattn.KVCache(LAYERS, HQ, HKV, D, PAGE, num_pages, dtype=dtype, layout=layout, **kw)
 
 
@@ -146,6 +150,26 @@ def test_prefill_decode_remove(dtype, layout):
     m.remove(0)
     m.remove(2)
     assert cache.empty() and cache.num_free_pages == 64
+
+
+# The bf16 allowance of tests/kernels/attention_case.h (3% of a row's largest
+# output) on outputs of magnitude up to about 2.
+BF16_PRODUCTS_TOL = 0.06
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_prefill_products_by_default_and_exact(dtype):
+    # By default prefill may take bf16 products (where the one-time timing
+    # finds them faster here); exact_products=True keeps f32 and the f32
+    # tolerance.
+    for exact in (False, True):
+        cache = make(dtype, exact_products=exact)
+        assert cache.config["exact_products"] == exact
+        m = Model(cache, dtype, tol=None if exact else BF16_PRODUCTS_TOL)
+        m.add(0)
+        m.add(1)
+        m.step([0, 1], [37, 12])   # prefill rows: 2 query heads per KV head x 37 and 12 tokens
+        m.step([0, 1], [1, 20])    # a decode beside a chunk
 
 
 def test_fork_positioned_and_pop_n():

@@ -299,6 +299,8 @@ def test_rope_and_fp8_options_reach_the_config():
     c = cache.config
     assert c["k_head_scales"] == [0.5, 2.0] and c["v_scale"] == 0.25
     assert c["rotary_dim"] == 4 and c["rope_interleaved"] and c["fixed_kv_chunk"] == 64
+    assert not c["exact_products"]
+    assert make_cache(exact_products=True).config["exact_products"]
     st = cache.layer_storage(0)
     assert st.k_head_scales.tolist() == [0.5, 2.0] and st.v_head_scales is None
     assert st.v_scale == 0.25 and st.k.itemsize == 1

@@ -41,7 +41,8 @@ struct CacheShape {
   std::int64_t support_sliding_window = 0;
   std::int64_t enable_prefix_caching = 0;
   std::int64_t host_num_pages = 0;
-  std::int64_t bf16_products = 0, int8_products = 0, f16_products = 0, fp8_fast_products = 0;
+  std::int64_t bf16_products = 0, int8_products = 0, f16_products = 0, fp8_fast_products = 0,
+               fast_prefill_products = 0;
   std::int64_t prefault_pages = 0;
 };
 
@@ -79,6 +80,7 @@ CacheShape shape_of(const KVCacheConfig& k) {
   s.int8_products = k.attention_plan.int8_products ? 1 : 0;
   s.f16_products = k.attention_plan.f16_products ? 1 : 0;
   s.fp8_fast_products = k.attention_plan.fp8_fast_products ? 1 : 0;
+  s.fast_prefill_products = k.attention_plan.fast_prefill_products ? 1 : 0;
   s.prefault_pages = k.prefault_pages ? 1 : 0;
   return s;
 }
@@ -107,6 +109,7 @@ KVCacheConfig follower_cache_config(const ModelSpec& spec, const CacheShape& lea
   k.attention_plan.int8_products = leader.int8_products != 0;
   k.attention_plan.f16_products = leader.f16_products != 0;
   k.attention_plan.fp8_fast_products = leader.fp8_fast_products != 0;
+  k.attention_plan.fast_prefill_products = leader.fast_prefill_products != 0;
   k.prefault_pages = leader.prefault_pages != 0;
   return k;
 }

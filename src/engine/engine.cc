@@ -100,6 +100,7 @@ KVCacheConfig engine_cache_config(const EngineConfig& c) {
   k.attention_plan.int8_products = c.int8_products;
   k.attention_plan.f16_products = c.f16_products;
   k.attention_plan.fp8_fast_products = !c.exact_products;
+  k.attention_plan.fast_prefill_products = !c.exact_products;
   k.prefault_pages = true;  // no step waits for the kernel to zero a page
   return k;
 }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "core/own_thread.h"
 #include "kernels/append_tokens.h"
 #include "kernels/attention_traits.h"
 #include "kernels/cpu/attention_cpu.h"
@@ -71,6 +72,17 @@ void TeamAttention::prepare(PagedKVCache& cache, std::span<const AttentionOption
       plans.push_back(plan_attention(p.table, shape, o, plan_options));
       planned.push_back(key);
     }
+  }
+  // The kernels choose their product paths when they first meet a shape,
+  // timing them in parallel regions of their own: not possible inside the
+  // team, so now, once per shape and options.
+  const kernels::ProductShape timed{
+      c.kv_dtype, c.layout, c.head_dim, c.v_head_dim, c.num_qo_heads / c.num_kv_heads, latent};
+  if (!timed_ || !(timed == timed_shape_) || !(plan_options == timed_options_)) {
+    core::run_on_own_thread([&] { kernels::prepare_product_choice(timed, plan_options); });
+    timed_shape_ = timed;
+    timed_options_ = plan_options;
+    timed_ = true;
   }
   std::size_t bytes = 0;
   for (const AttentionPlan& plan : plans) bytes = std::max(bytes, plan.workspace_bytes);

@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/cpu/product_paths.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/kv_cache.h"
 #include "pagedattn/kv_ops.h"
@@ -73,6 +74,11 @@ class TeamAttention {
     std::int32_t plan = 0;   // into plans_
   };
   std::vector<Layer> layers_;
+  // The KV shape and plan options whose product paths were last timed
+  // (kernels::prepare_product_choice, before the team: never inside it).
+  kernels::ProductShape timed_shape_{};
+  AttentionPlanOptions timed_options_{};
+  bool timed_ = false;
   std::vector<AttentionPlan> plans_;  // one per distinct window of the step
   std::vector<std::byte> workspace_;  // for the largest plan (kernels::aligned_workspace)
   std::byte* aligned_ = nullptr;

@@ -138,6 +138,7 @@ AttentionPlan plan_attention(const PagedKVTable& t, const AttentionShape& shape,
   plan.int8_products = o.int8_products && !plan.batch_invariant;
   plan.f16_products = o.f16_products && !plan.batch_invariant;
   plan.fp8_fast_products = o.fp8_fast_products && !plan.batch_invariant;
+  plan.fast_prefill_products = o.fast_prefill_products && !plan.batch_invariant;
   plan.measured_products = o.measured_products;
   const std::int32_t group = shape.num_qo_heads / shape.num_kv_heads;
   const std::int32_t tile = std::max(1, AttentionTraits::kTargetRows / group);

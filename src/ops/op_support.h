@@ -52,9 +52,11 @@ const float* as_float(const TensorView& t, std::int64_t count, std::vector<float
 // Reusable buffers of the calling thread.
 struct OpScratch {
   RaggedBatch batch;
-  // f32 products for fp8 caches too: callers of a peer's operator check it
-  // against the peer's own kernel (AttentionPlanOptions::fp8_fast_products).
-  AttentionRunner runner{AttentionPlanOptions{.fp8_fast_products = false}};
+  // f32 products for every cache dtype and phase: callers of a peer's
+  // operator check it against the peer's own kernel
+  // (AttentionPlanOptions::fp8_fast_products, ::fast_prefill_products).
+  AttentionRunner runner{
+      AttentionPlanOptions{.fp8_fast_products = false, .fast_prefill_products = false}};
   std::vector<std::int32_t> positions;
   std::vector<std::int64_t> slots;
   std::vector<float> q_rotated, k_rotated, cos, sin, sinks, alibi;

@@ -89,6 +89,9 @@ class Mirror {
     k.page_size = 16;
     k.num_pages = 64;
     k.enable_prefix_caching = prefix_caching;
+    // f32 attention products: the sharding's numbers, not those of a fast
+    // path whose rounding depends on how each side splits its keys.
+    k.attention_plan.fast_prefill_products = false;
     return k;
   }
   static std::vector<float> run(Model& model, PagedKVCache& cache, const std::vector<SeqId>& seqs,

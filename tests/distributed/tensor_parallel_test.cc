@@ -91,6 +91,9 @@ TEST(TensorParallel, LogitsMatchTheSingleProcessModel) {
     KVCacheConfig k = kv_cache_config(spec);
     k.page_size = 16;
     k.num_pages = 64;
+    // f32 attention products: the sharding's numbers, not those of a fast
+    // path whose rounding depends on how each side splits its keys.
+    k.attention_plan.fast_prefill_products = false;
     return k;
   };
   PagedKVCache tp_cache(cache_for(leader.spec())), single_cache(cache_for(single->spec()));

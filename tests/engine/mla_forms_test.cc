@@ -67,6 +67,7 @@ PagedKVCache latent_cache(const MlaShape& s, DType dtype, AttentionKind kind) {
   // The absorbed form on f32 products over fp8 too, as the expanded form
   // computes: the test compares the forms, not the product paths.
   k.attention_plan.fp8_fast_products = false;
+  k.attention_plan.fast_prefill_products = false;
   return PagedKVCache(k);
 }
 

@@ -73,7 +73,8 @@ TEST(AttentionKernel, MatchesReferenceOnRandomMatrix) {
     const CaseSpec spec = random_spec(seed);
     SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
-    AttentionPlanOptions po{.fp8_fast_products = false, .measured_products = false};
+    AttentionPlanOptions po{
+        .fp8_fast_products = false, .fast_prefill_products = false, .measured_products = false};
     po.num_threads = 1 + seed % 3;
     po.min_kv_chunk = 32;  // split often
     run_both(c, po);
@@ -198,7 +199,8 @@ TEST(AttentionKernel, RepeatedRunsGiveTheSameBitsWhicheverThreadTakesAnItem) {
     const CaseSpec spec = random_spec(seed);
     SCOPED_TRACE(describe_case(spec));
     AttentionCase c(spec);
-    AttentionPlanOptions po{.fp8_fast_products = false, .measured_products = false};
+    AttentionPlanOptions po{
+        .fp8_fast_products = false, .fast_prefill_products = false, .measured_products = false};
     po.num_threads = 3;
     po.min_kv_chunk = 32;  // many items: splits and their merges
     AttentionRunner runner(po);
@@ -318,6 +320,7 @@ TEST(AttentionKernel, DecodeRowKeepsItsBitsInAnyGqaGroup) {
                                                         .bf16_products = dot.bf16,
                                                         .int8_products = dot.int8,
                                                         .fp8_fast_products = false,
+                                                        .fast_prefill_products = false,
                                                         .measured_products = false});
             runner.run(c.params(1));
             if (f32)

@@ -229,8 +229,10 @@ TEST(AttentionTargets, E4M3NanCodesGiveTheReferencesNaNsInDecode) {
       for (std::int64_t page = 0; flags == NanFlags::kSet && page < p.kv.num_pages; ++page)
         page_flags[std::size_t(page)] = kernels::page_holds_e4m3_nan(p.kv, page);
       if (flags != NanFlags::kNone) p.kv.page_may_hold_nan = page_flags.data();
-      AttentionRunner(AttentionPlanOptions{
-                          .num_threads = 2, .fp8_fast_products = false, .measured_products = false})
+      AttentionRunner(AttentionPlanOptions{.num_threads = 2,
+                                           .fp8_fast_products = false,
+                                           .fast_prefill_products = false,
+                                           .measured_products = false})
           .run(p);
       const std::string what = name + " seed " + std::to_string(seed);
       if (flags == NanFlags::kClear) {
@@ -300,11 +302,13 @@ TEST(AttentionTargets, Bf16DecodeRunsOnDotProductsWithinTolerance) {
       paged_attention_reference(c.params(0));
       AttentionRunner(AttentionPlanOptions{.bf16_products = false,
                                            .fp8_fast_products = false,
+                                           .fast_prefill_products = false,
                                            .measured_products = false})
           .run(c.params(1));
       const std::vector<float> f32_path = c.output(1);
       AttentionRunner(AttentionPlanOptions{.bf16_products = true,
                                            .fp8_fast_products = false,
+                                           .fast_prefill_products = false,
                                            .measured_products = false})
           .run(c.params(1));
       expect_rows_close(c, tolerance_for(spec, used, {.bf16 = true}), what);
@@ -346,11 +350,13 @@ TEST(AttentionTargets, F16DecodeRunsOnF16ProductsWithinTolerance) {
         paged_attention_reference(c.params(0));
         AttentionRunner(AttentionPlanOptions{.f16_products = false,
                                              .fp8_fast_products = false,
+                                             .fast_prefill_products = false,
                                              .measured_products = false})
             .run(c.params(1));
         const std::vector<float> f32_path = c.output(1);
         AttentionRunner(AttentionPlanOptions{.f16_products = true,
                                              .fp8_fast_products = false,
+                                             .fast_prefill_products = false,
                                              .measured_products = false})
             .run(c.params(1));
         expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}), what);
@@ -386,6 +392,7 @@ TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
     AttentionRunner(AttentionPlanOptions{.num_threads = 2,
                                          .f16_products = true,
                                          .fp8_fast_products = false,
+                                         .fast_prefill_products = false,
                                          .measured_products = false})
         .run(c.params(1));
     expect_rows_close(c, tolerance_for(spec, used, {.f16 = true}),
@@ -405,6 +412,7 @@ TEST(AttentionTargets, F16DecodeKeepsF16BlocksPastItsBoundsOnF32) {
     AttentionRunner(AttentionPlanOptions{.num_threads = 2,
                                          .f16_products = true,
                                          .fp8_fast_products = false,
+                                         .fast_prefill_products = false,
                                          .measured_products = false})
         .run(c.params(1));
     ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance,
@@ -432,6 +440,7 @@ TEST(AttentionTargets, F16DecodeKeepsNaNBlocksAndNonFiniteQueriesOnF32) {
     AttentionRunner(AttentionPlanOptions{.num_threads = 2,
                                          .f16_products = true,
                                          .fp8_fast_products = false,
+                                         .fast_prefill_products = false,
                                          .measured_products = false})
         .run(c.params(1));
     ExpectTheReferencesNaNs(c, spec.head_dim, kF16DotRowTolerance, "seed " + std::to_string(seed));
@@ -443,12 +452,15 @@ TEST(AttentionTargets, F16DecodeKeepsNaNBlocksAndNonFiniteQueriesOnF32) {
     AttentionCase c(spec);
     const_cast<float*>(static_cast<const float*>(c.params(0).q.data))[3] =
         bad;  // sequence 0, head 0
-    AttentionRunner(AttentionPlanOptions{
-                        .num_threads = 1, .fp8_fast_products = false, .measured_products = false})
+    AttentionRunner(AttentionPlanOptions{.num_threads = 1,
+                                         .fp8_fast_products = false,
+                                         .fast_prefill_products = false,
+                                         .measured_products = false})
         .run(c.params(0));
     AttentionRunner(AttentionPlanOptions{.num_threads = 1,
                                          .f16_products = true,
                                          .fp8_fast_products = false,
+                                         .fast_prefill_products = false,
                                          .measured_products = false})
         .run(c.params(1));
     // Sequence 0's token (its item) keeps f32 products, sequence 1's not.
@@ -495,12 +507,15 @@ bool has_int8_dot(const CpuFeatures& used) {
 
 // The outputs of a case run with int8 products off (output 0) and on (1).
 void run_with_and_without_int8(AttentionCase& c) {
-  AttentionRunner(AttentionPlanOptions{
-                      .num_threads = 2, .fp8_fast_products = false, .measured_products = false})
+  AttentionRunner(AttentionPlanOptions{.num_threads = 2,
+                                       .fp8_fast_products = false,
+                                       .fast_prefill_products = false,
+                                       .measured_products = false})
       .run(c.params(0));
   AttentionRunner(AttentionPlanOptions{.num_threads = 2,
                                        .int8_products = true,
                                        .fp8_fast_products = false,
+                                       .fast_prefill_products = false,
                                        .measured_products = false})
       .run(c.params(1));
 }
@@ -579,6 +594,7 @@ TEST(AttentionInt8Dot, TailsMatchReference) {
     AttentionRunner(AttentionPlanOptions{.num_threads = 2,
                                          .int8_products = true,
                                          .fp8_fast_products = false,
+                                         .fast_prefill_products = false,
                                          .measured_products = false})
         .run(c.params(1));
     expect_rows_close(c, tolerance_for(spec, used, {false, true}), "int8 products, tails");
@@ -608,6 +624,7 @@ TEST(AttentionInt8Dot, NanTokenScalesGiveTheReferencesNaNs) {
     AttentionRunner(AttentionPlanOptions{.num_threads = 2,
                                          .int8_products = products,
                                          .fp8_fast_products = false,
+                                         .fast_prefill_products = false,
                                          .measured_products = false})
         .run(c.params(1));
     const double rel = products && has_int8_dot(used) ? int8_dot_row_tolerance(spec) + 1e-3 : 1e-3;
@@ -671,8 +688,10 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
       SCOPED_TRACE(what);
       AttentionCase c(spec);
       paged_attention_reference(c.params(0));
-      AttentionRunner amx(AttentionPlanOptions{
-          .bf16_products = true, .fp8_fast_products = false, .measured_products = false});
+      AttentionRunner amx(AttentionPlanOptions{.bf16_products = true,
+                                               .fp8_fast_products = false,
+                                               .fast_prefill_products = false,
+                                               .measured_products = false});
       amx.run(c.params(1));
       expect_rows_close(c, tolerance_for(spec, used, {.bf16 = true}), what + " (AMX)");
       const std::vector<float> tiles = c.output(1);
@@ -680,6 +699,7 @@ TEST(AttentionAmx, PrefillTilesMatchReferenceAndTheDotProductPath) {
         const DisabledFeatures off("amx_bf16");
         AttentionRunner(AttentionPlanOptions{.bf16_products = true,
                                              .fp8_fast_products = false,
+                                             .fast_prefill_products = false,
                                              .measured_products = false})
             .run(c.params(1));
       }
@@ -721,6 +741,7 @@ TEST(AttentionAmx, TakenOnlyWhereAvailable) {
   AttentionCase c(bf16_gqa4_case({64}, {200}));
   AttentionRunner(AttentionPlanOptions{.bf16_products = true,
                                        .fp8_fast_products = false,
+                                       .fast_prefill_products = false,
                                        .measured_products = false})
       .run(c.params(0));
   {
@@ -728,6 +749,7 @@ TEST(AttentionAmx, TakenOnlyWhereAvailable) {
     EXPECT_FALSE(dispatched_features().amx_bf16);
     AttentionRunner(AttentionPlanOptions{.bf16_products = true,
                                          .fp8_fast_products = false,
+                                         .fast_prefill_products = false,
                                          .measured_products = false})
         .run(c.params(1));
   }
@@ -745,9 +767,12 @@ TEST(AttentionAmx, DecodeTakesBf16ProductsOnlyWhereTheyMeasuredFaster) {
   AttentionCase c(spec);
   AttentionRunner(AttentionPlanOptions{.bf16_products = false,
                                        .fp8_fast_products = false,
+                                       .fast_prefill_products = false,
                                        .measured_products = false})
       .run(c.params(0));
-  AttentionRunner(AttentionPlanOptions{.bf16_products = true, .fp8_fast_products = false})
+  AttentionRunner(AttentionPlanOptions{.bf16_products = true,
+                                       .fp8_fast_products = false,
+                                       .fast_prefill_products = false})
       .run(c.params(1));
   const kernels::ProductShape shape{spec.kv_dtype,
                                     spec.layout,

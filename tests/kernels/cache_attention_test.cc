@@ -41,6 +41,7 @@ KVCacheConfig make_config(const CacheSetup& s) {
   // The f32 products, which `check` holds to a double reference over the
   // stored K/V; fp8's default fast products have product_paths_test.cc.
   c.attention_plan.fp8_fast_products = false;
+  c.attention_plan.fast_prefill_products = false;
   if (s.mla) {
     c.attention_kind = AttentionKind::kMLA;
     c.num_kv_heads = 1;

@@ -30,7 +30,8 @@ struct MlaSpec {
   std::int32_t page_size = 16;
   std::vector<std::int32_t> q_lens, kv_lens;
   DType kv_dtype = DType::kBF16;
-  AttentionPlanOptions plan{.fp8_fast_products = false, .measured_products = false};
+  AttentionPlanOptions plan{
+      .fp8_fast_products = false, .fast_prefill_products = false, .measured_products = false};
   std::uint32_t seed = 1;
 };
 

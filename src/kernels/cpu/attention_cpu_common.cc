@@ -16,12 +16,18 @@ ProductChoice choose_products(const ProductShape& s, const AttentionPlan& plan) 
   auto pays = [&](ProductPath path) {
     return !plan.measured_products || product_path_pays(s, path);
   };
-  const bool bf16_allowed =
-      (plan.bf16_products || fp8_fast) && used.avx512_bf16 && kv != DType::kF32;
+  const bool bf16_kv = used.avx512_bf16 && kv != DType::kF32;
+  // Prefill and decode are allowed apart: fast_prefill_products lets the
+  // compute-bound prefill round to bf16 for every such KV dtype, decode
+  // (bound by reading K/V) only where a flag asks or fp8 KV hides it.
+  const bool bf16_prefill_allowed =
+      bf16_kv && (plan.bf16_products || fp8_fast || plan.fast_prefill_products);
+  const bool bf16_decode_allowed = bf16_kv && (plan.bf16_products || fp8_fast);
   ProductChoice c;
-  c.bf16_dot = bf16_allowed && pays(ProductPath::kBf16Prefill);
+  c.bf16_dot = bf16_prefill_allowed && pays(ProductPath::kBf16Prefill);
   c.amx_bf16 = c.bf16_dot && used.amx_bf16 && amx_head_dims(s.head_dim);
-  c.bf16_decode = bf16_allowed && bf16_decode_kernel(used, kv) && pays(ProductPath::kBf16Decode);
+  c.bf16_decode =
+      bf16_decode_allowed && bf16_decode_kernel(used, kv) && pays(ProductPath::kBf16Decode);
   c.int8_dot = plan.int8_products && used.avx512_vnni && kv == DType::kINT8 &&
                s.head_dim % 64 == 0 && s.v_head_dim % 64 == 0 && pays(ProductPath::kInt8Decode);
   c.f16_decode = (plan.f16_products || (fp8_fast && kv == DType::kFP8E4M3)) && used.avx512_fp16 &&

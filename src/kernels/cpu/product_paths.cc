@@ -1,5 +1,7 @@
 #include "kernels/cpu/product_paths.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -123,6 +125,7 @@ AttentionPlanOptions timed_options(ProductPath path, bool fast) {
   AttentionPlanOptions o;
   o.num_threads = 0;  // the kernels' own: OpenMP's maximum
   o.fp8_fast_products = false;
+  o.fast_prefill_products = false;
   o.measured_products = false;  // the timed calls must not time again
   if (!fast) return o;
   o.bf16_products = path == ProductPath::kBf16Prefill || path == ProductPath::kBf16Decode;
@@ -194,6 +197,12 @@ bool product_path_pays(const ProductShape& shape, ProductPath path) {
     return m.shape == shape && m.path == path;
   });
   if (known != measured.end()) return known->pays;
+  // A timing opens parallel regions of its own; inside a team (whose other
+  // threads would wait on this lock, or on a barrier the timing never
+  // reaches) the call keeps f32 products and records nothing. Callers that
+  // run attention in a team time their shape before it
+  // (prepare_product_choice).
+  if (omp_in_parallel()) return false;
   const bool pays = time_path(shape, path);
   measured.push_back({shape, path, pays});
   return pays;

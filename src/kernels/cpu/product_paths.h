@@ -40,7 +40,9 @@ struct ProductShape {
 // caches before each call, on the kernels' threads (OpenMP's maximum), both
 // plans timed alternately, the best of several calls each. The first call
 // for a (shape, path) times it (about 5-40 ms); later calls return the
-// recorded answer. Thread-safe. The caller checks that the CPU, the
+// recorded answer. Thread-safe. Inside a parallel region an unrecorded
+// (shape, path) is not timed (its other threads would wait for it) and the
+// answer is false: run prepare_product_choice before a team. The caller checks that the CPU, the
 // dispatched target and the KV dtype have the path (a path the kernel
 // would not take times like f32 products, and its answer means nothing).
 bool product_path_pays(const ProductShape& shape, ProductPath path);
