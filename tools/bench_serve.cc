@@ -20,6 +20,7 @@
 #include "engine/onednn_matmul.h"
 #include "engine/step_activations.h"
 #include "engine/step_profile.h"
+#include "kernels/cpu/attention_cpu.h"
 #include "pagedattn/engine.h"
 #include "pagedattn/llama.h"
 #include "progress_bar.h"
@@ -241,6 +242,27 @@ std::string int8_activations_report(const engine::ActivationPolicy& policy) {
   return text + ")";
 }
 
+// The products attention takes over the engine's cache, by phase, as the
+// kernels chose them (timed once per process where allowed).
+struct AttentionProducts {
+  std::string prefill, decode;
+};
+
+AttentionProducts attention_products(const KVCacheConfig& k) {
+  if (k.device != KVDevice::kCpu) return {"device", "device"};
+  const kernels::ProductChoice c = kernels::product_choice(
+      {k.kv_dtype, k.layout, k.head_dim, k.v_head_dim, k.num_qo_heads / k.num_kv_heads,
+       k.attention_kind == AttentionKind::kMLA},
+      k.attention_plan);
+  return {c.amx_bf16   ? "bf16 (AMX)"
+          : c.bf16_dot ? "bf16"
+                       : "f32",
+          c.f16_decode    ? "f16"
+          : c.bf16_decode ? "bf16"
+          : c.int8_dot    ? "int8"
+                          : "f32"};
+}
+
 // Communication of a tensor-parallel run against its model time.
 void print_tensor_parallel_times(const EngineStats& st) {
   const TensorParallelTimes tp = tensor_parallel_times();
@@ -326,6 +348,9 @@ int run_bench_serve(int argc, char** argv) {
   std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s; int8 activations %s\n",
               o.prefix_caching ? "on" : "off", o.host_kv_memory_mib, o.bf16_products ? "on" : "off",
               int8_activations_report(engine::activation_policy(ec)).c_str());
+  const AttentionProducts attention = attention_products(engine.cache().config());
+  std::printf("  attention products (where timed faster on this CPU): prefill %s, decode %s\n",
+              attention.prefill.c_str(), attention.decode.c_str());
   const std::string blas = engine::blas_kernels(), onednn = engine::onednn_kernels();
   std::printf("  prefill's products: %s; OpenBLAS kernels%s: %s\n",
               onednn.empty() ? "OpenBLAS" : onednn.c_str(),
@@ -379,6 +404,8 @@ int run_bench_serve(int argc, char** argv) {
         {"kv_cache_dtype", std::string(dtype_name(o.kv_dtype))},
         {"int8_activations", o.int8_activations},
         {"int8_decode_rows", engine::int8_decode_rows(engine::activation_policy(ec))},
+        {"attention_prefill_products", attention.prefill},
+        {"attention_decode_products", attention.decode},
         {"tensor_parallel", o.tensor_parallel},
         {"seed", o.seed}};
     nlohmann::ordered_json doc = serve_json(info, summary, contiguous, steps, timing);

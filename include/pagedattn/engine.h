@@ -187,17 +187,22 @@ struct EngineConfig {
   // under 1% of a row's largest output. Off: exact f32 products.
   // Deterministic mode keeps f32.
   bool f16_products = false;
-  // f32 products in every step. Off (the default), two fast paths are taken
-  // where a one-time timing finds them faster on this CPU: fp8 KV attention
-  // on the bf16 or f16 paths above (AttentionPlanOptions::fp8_fast_products;
-  // their rounding is below the fp8 values' own), and int8 activations
-  // (see int8_activations) in the model products of steps that decode at
-  // least 8 sequences (16 or 32 where the timing finds int8 faster only
-  // there) and compute no prompt token (compute-bound, where int8 dot
-  // products carry 4x an f32 FMA's multiply-adds). Prompts, and
-  // steps of fewer sequences, keep f32: a request served alone (with
-  // fewer than 8 samples) gets the exact path's tokens. Deterministic mode keeps f32.
-  // (int8_activations, where also set, still takes int8 in every step.)
+  // f32 products in every step. Off (the default), three fast paths are
+  // taken where a one-time timing finds them faster on this CPU: prefill
+  // attention over f16, bf16 and int8 KV on bf16 products
+  // (AttentionPlanOptions::fast_prefill_products: queries, softmax weights
+  // and f16 K/V rounded to bf16; the bound is in docs/design.md, "Product
+  // paths"), fp8 KV attention on the bf16 or f16 paths above
+  // (AttentionPlanOptions::fp8_fast_products; their rounding is below the
+  // fp8 values' own), and int8 activations (see int8_activations) in the
+  // model products of steps that decode at least 8 sequences (16 or 32
+  // where the timing finds int8 faster only there) and compute no prompt
+  // token (compute-bound, where int8 dot products carry 4x an f32 FMA's
+  // multiply-adds). Prompts, and steps of fewer sequences, keep f32 weight
+  // products: a request served alone (with fewer than 8 samples) differs
+  // from the exact path only by its prompt's attention rounding.
+  // Deterministic mode keeps f32 everywhere. (int8_activations, where also
+  // set, still takes int8 in every step.)
   bool exact_products = false;
   // Bind the stepping thread's OpenMP threads, one each, to the CPUs the
   // process may run on (thread i to the i-th CPU), at the first step: no

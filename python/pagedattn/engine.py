@@ -87,13 +87,17 @@ class Engine:
     f16_products: fp8 e4m3 and float16 KV decode on AVX512-FP16
     multiply-adds where the CPU has them (queries and softmax weights rounded
     to f16, short f16 sums; under 1% of a row's largest output).
-    exact_products: f32 products in every step. By default two fast paths
-    are taken where a one-time timing finds them faster on this CPU: fp8 KV
-    attention on bf16 or f16 products (their rounding is below the fp8
-    values' own; docs/design.md, "Product paths"), and int8 activations in
-    the model products of steps that decode at least 8 sequences (16 or 32
-    where the timing says so) and compute no prompt token (see int8_activations; a request alone, and every
-    prompt, keeps f32; docs/models.md). Deterministic mode keeps f32.
+    exact_products: f32 products in every step. By default three fast paths
+    are taken where a one-time timing finds them faster on this CPU:
+    prefill attention over float16, bfloat16 and int8 K/V on bf16 products
+    (queries, softmax weights and float16 K/V rounded to bf16; decode keeps
+    f32), fp8 KV attention on bf16 or f16 products (their rounding is below
+    the fp8 values' own; docs/design.md, "Product paths" states both
+    bounds), and int8 activations in the model products of steps that
+    decode at least 8 sequences (16 or 32 where the timing says so) and
+    compute no prompt token (see int8_activations; a request alone, and
+    every prompt, keeps f32 weight products; docs/models.md). Deterministic
+    mode keeps f32.
     pin_threads: bind the OpenMP threads of the thread that calls step(),
     one each, to the CPUs the process may run on, at the first step (for a
     machine or cpuset the engine has to itself; docs/engine.md, "Threads").
