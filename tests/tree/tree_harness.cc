@@ -61,6 +61,9 @@ KVCacheConfig tree_config(const TreeSetup& s) {
   c.rope_mode = s.rope_mode;
   c.rope.theta = 10000.0f;
   c.rope.style = RopeStyle::kNeox;
+  // f32 products: the harness checks the tree masks at f32's tolerance
+  // (a tree's nodes are prefill rows, which by default may take bf16 tiles).
+  c.attention_plan.fast_prefill_products = false;
   if (s.mla) {  // v_head_dim = head_dim keeps the harness's shapes; V still lives in K
     c.attention_kind = AttentionKind::kMLA;
     c.num_kv_heads = 1;
