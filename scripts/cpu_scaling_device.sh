@@ -169,7 +169,7 @@ run_policies() {
 # faster, PAGEDATTN_LOG_PRODUCT_PATHS=1 printing the timing), f32 throughout
 # (--exact-products), bf16 products for batches (--bf16-products), int8
 # activations in every step (--int8-activations): which fast path pays on
-# this CPU.
+# this CPU; then prefill attention by default against --exact-products.
 run_paths() {
   local flags=(--model "$model" --workload alpaca-like --num-requests 64) path
   for path in default --exact-products --bf16-products --int8-activations; do
@@ -179,6 +179,21 @@ run_paths() {
     OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" "${extra[@]}" \
       >"$results/path$path.txt" 2>&1
     say_run "path $path" "$results/path$path.txt"
+  done
+  # Prefill attention by default (bf16 tiles, AMX where present, where timed
+  # faster) against f32 products, 512 queries over 4,096 keys of f16 K/V.
+  local hd line
+  for hd in 128 64; do
+    line=""
+    for path in default --exact-products; do
+      extra=()
+      [ "$path" = default ] || extra=("$path")
+      OMP_NUM_THREADS=16 timeout 30 "$bin" bench-attention --no-check --no-probe --mode prefill \
+        --kv-dtype f16 --head-dim "$hd" --kv-len 4096 --q-len 512 --seconds 1 "${extra[@]}" \
+        >"$results/prefill$hd$path.txt" 2>&1
+      line="$line $path: $(grep -o -E 'median [0-9.]+ ms' "$results/prefill$hd$path.txt");"
+    done
+    say "prefill attention, head dim $hd, 16 threads:$line"
   done
 }
 # A decode step's 120 layer products (SmolLM2's shapes, Q4_1), a parallel
@@ -337,7 +352,7 @@ part scaling-small && step "scaling, small preset (bench/scaling.sh)" run_scalin
 part 1b && step "1b preset, 16 threads (bench-serve --probes)" run_1b
 part policies && step "SmolLM2, 16 threads: default, --pin-threads, passive and active waiting" \
   run_policies
-part paths && step "SmolLM2, 16 threads: default, --exact-products, --bf16-products, --int8-activations" \
+part paths && step "SmolLM2, 16 threads: default, --exact-products, --bf16-products, --int8-activations; prefill attention" \
   run_paths
 part regions && step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
 part teams && step "SmolLM2, 16 threads: layers in teams or a region per piece" run_teams
