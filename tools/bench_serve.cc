@@ -250,10 +250,8 @@ struct AttentionProducts {
 
 AttentionProducts attention_products(const KVCacheConfig& k) {
   if (k.device != KVDevice::kCpu) return {"device", "device"};
-  const kernels::ProductChoice c = kernels::product_choice(
-      {k.kv_dtype, k.layout, k.head_dim, k.v_head_dim, k.num_qo_heads / k.num_kv_heads,
-       k.attention_kind == AttentionKind::kMLA},
-      k.attention_plan);
+  const kernels::ProductChoice c =
+      kernels::product_choice(kernels::product_shape(k), k.attention_plan);
   return {c.amx_bf16   ? "bf16 (AMX)"
           : c.bf16_dot ? "bf16"
                        : "f32",

@@ -133,12 +133,8 @@ struct Engine::Impl {
     // step, on a thread of their own (the stepping thread may be another).
     const KVCacheConfig& k = cache.config();
     if (k.device == KVDevice::kCpu)
-      core::run_on_own_thread([&] {
-        kernels::prepare_product_choice(
-            {k.kv_dtype, k.layout, k.head_dim, k.v_head_dim, k.num_qo_heads / k.num_kv_heads,
-             k.attention_kind == AttentionKind::kMLA},
-            k.attention_plan);
-      });
+      core::run_on_own_thread(
+          [&] { kernels::prepare_product_choice(kernels::product_shape(k), k.attention_plan); });
   }
   static constexpr std::int64_t kCopyProbeBytes = 16 << 20;
 

@@ -76,13 +76,10 @@ void TeamAttention::prepare(PagedKVCache& cache, std::span<const AttentionOption
   // The kernels choose their product paths when they first meet a shape,
   // timing them in parallel regions of their own: not possible inside the
   // team, so now, once per shape and options.
-  const kernels::ProductShape timed{
-      c.kv_dtype, c.layout, c.head_dim, c.v_head_dim, c.num_qo_heads / c.num_kv_heads, latent};
-  if (!timed_ || !(timed == timed_shape_) || !(plan_options == timed_options_)) {
-    core::run_on_own_thread([&] { kernels::prepare_product_choice(timed, plan_options); });
-    timed_shape_ = timed;
-    timed_options_ = plan_options;
-    timed_ = true;
+  const TimedPaths timed{kernels::product_shape(c), plan_options};
+  if (timed_ != timed) {
+    core::run_on_own_thread([&] { kernels::prepare_product_choice(timed.shape, timed.options); });
+    timed_ = timed;
   }
   std::size_t bytes = 0;
   for (const AttentionPlan& plan : plans) bytes = std::max(bytes, plan.workspace_bytes);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -76,9 +77,12 @@ class TeamAttention {
   std::vector<Layer> layers_;
   // The KV shape and plan options whose product paths were last timed
   // (kernels::prepare_product_choice, before the team: never inside it).
-  kernels::ProductShape timed_shape_{};
-  AttentionPlanOptions timed_options_{};
-  bool timed_ = false;
+  struct TimedPaths {
+    kernels::ProductShape shape;
+    AttentionPlanOptions options;
+    friend bool operator==(const TimedPaths&, const TimedPaths&) = default;
+  };
+  std::optional<TimedPaths> timed_;
   std::vector<AttentionPlan> plans_;  // one per distinct window of the step
   std::vector<std::byte> workspace_;  // for the largest plan (kernels::aligned_workspace)
   std::byte* aligned_ = nullptr;

@@ -9,6 +9,7 @@
 #include "kernels/cpu/product_paths.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/cpu_features.h"
+#include "pagedattn/kv_cache.h"
 
 namespace pagedattn::kernels {
 
@@ -46,6 +47,9 @@ ProductChoice choose_products(const ProductShape& s, const AttentionPlan& plan);
 // `options` now (the timing of product_path_pays, 5-40 ms a path on its
 // first call), so that a cache's first step does not pay it.
 void prepare_product_choice(const ProductShape& s, const AttentionPlanOptions& options);
+
+// The shape the product paths are timed for over a cache of `config`.
+ProductShape product_shape(const KVCacheConfig& config);
 
 // The paths calls over KV of shape `s` planned with `options` take (timing
 // them first where the plan measures and no call has): what a benchmark

@@ -35,6 +35,15 @@ ProductChoice choose_products(const ProductShape& s, const AttentionPlan& plan) 
   return c;
 }
 
+ProductShape product_shape(const KVCacheConfig& c) {
+  return {c.kv_dtype,
+          c.layout,
+          c.head_dim,
+          c.v_head_dim,
+          c.num_qo_heads / c.num_kv_heads,
+          c.attention_kind == AttentionKind::kMLA};
+}
+
 void prepare_product_choice(const ProductShape& s, const AttentionPlanOptions& options) {
   product_choice(s, options);
 }
