@@ -166,7 +166,7 @@ void KQuantShapes(benchmark::internal::Benchmark* b) {
 // dot_tiles, both on f32 x, for the few rows where linear() chooses between
 // them (quant_batch_in_place); 5 linear() on int8 x (Activations::kInt8:
 // the in-place int8 kernels up to kInt8DirectRows, the int8 tiles above
-// where the CPU has AVX512-VNNI; skipped elsewhere), 6 the int8 tiles
+// where the CPU has them, int8_tiles(); skipped elsewhere), 6 the int8 tiles
 // themselves, for the few rows where linear() chooses between them and the
 // in-place int8 kernels (path 1).
 void BM_Batch(benchmark::State& state, WeightFormat f) {
@@ -177,7 +177,7 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
   if (path == 2 && !pagedattn::engine::dot_tiles_bf16_available())
     return state.SkipWithError("no AVX512-BF16 here");
   if ((path == 5 || path == 6) && !pagedattn::engine::dot_tiles_int8_available())
-    return state.SkipWithError("no AVX512-VNNI here");
+    return state.SkipWithError("no int8 tiles here");
   const auto w = random_matrices(f, out, in, 1);
   // On cache lines, as the model's activations are (a vector's rows of
   // 2,048 floats would each start 16 bytes into a line).

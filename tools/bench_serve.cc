@@ -225,11 +225,13 @@ namespace {
 // The run's int8 activations: in every step, none, or the default's choice
 // with the timing it rests on.
 std::string int8_activations_report(const engine::ActivationPolicy& policy) {
-  if (policy.int8_always) return "in every step";
+  const std::string tiles = engine::int8_tiles_name(engine::int8_tiles());
+  if (policy.int8_always) return "in every step (int8 tiles: " + tiles + ")";
   if (policy.exact) return "off";
   const engine::Int8DecodeTiming& t = engine::int8_decode_timing();
   std::string text = t.min_rows > 0 ? detail::concat("in decode steps of ", t.min_rows,
-                                                     "+ sequences (timed, us on int8 / f32 x:")
+                                                     "+ sequences (int8 tiles: ", tiles,
+                                                     "; timed, us on int8 / f32 x:")
                                     : "off (not faster when timed, us on int8 / f32 x:";
   for (const engine::Int8DecodeTiming::Point& p : t.points) {
     if (p.rows == 0) break;
@@ -402,6 +404,7 @@ int run_bench_serve(int argc, char** argv) {
         {"kv_cache_dtype", std::string(dtype_name(o.kv_dtype))},
         {"int8_activations", o.int8_activations},
         {"int8_decode_rows", engine::int8_decode_rows(engine::activation_policy(ec))},
+        {"int8_tiles", engine::int8_tiles_name(engine::int8_tiles())},
         {"attention_prefill_products", attention.prefill},
         {"attention_decode_products", attention.decode},
         {"tensor_parallel", o.tensor_parallel},

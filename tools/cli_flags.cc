@@ -295,7 +295,8 @@ void add_int8_activations_flag(CLI::App& app, bool& on) {
   app.add_flag("--int8-activations", on,
                "quantised weights take activations rounded to int8 per 32 values, as llama.cpp, "
                "on integer dot products, in every step, prompts too (batches of more than 8 "
-               "rows where the CPU has AVX512-VNNI; faster decode and prefill; logits move, "
+               "rows on the int8 tiles: AVX512-VNNI, AVX-VNNI or AVX2; faster decode and "
+               "prefill; logits move, "
                "docs/models.md; default: only in steps that decode 8 or more sequences and "
                "compute no prompt token, see --exact-products)");
 }

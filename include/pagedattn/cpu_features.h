@@ -43,6 +43,10 @@ struct CpuFeatures {
   bool avx512dq = false;
   bool avx512vl = false;
   bool avx512_vnni = false;  // vpdpbusd: int8 x uint8 dot products into int32
+  // AVX-VNNI: vpdpbusd on 256-bit vectors with a VEX encoding, on CPUs
+  // without AVX-512 too (Intel's Alder Lake and later client cores, Sierra
+  // Forest).
+  bool avx_vnni = false;
   bool avx512_bf16 = false;  // vdpbf16ps: bf16 pair dot products into fp32
   // AMX tiles with bf16 tile products (tdpbf16ps: 16 x 16 fp32 += 16 x 32
   // bf16 times 32 x 16 bf16): cpuid's AMX-TILE and AMX-BF16, the tile state
@@ -60,9 +64,10 @@ struct CpuFeatures {
 CpuFeatures cpu_features();
 
 // The features the dispatched kernels may use: those the dispatched target
-// requires, plus avx512_vnni, avx512_bf16, amx_bf16, avx512_fp16 and avx512_vbmi when the target is
-// avx3 or better and the CPU has them (the kernels' dot-product paths run
-// only in their AVX-512 code and only when cpu_features() reports the
+// requires, plus avx_vnni when the target is avx2 or better and
+// avx512_vnni, avx512_bf16, amx_bf16, avx512_fp16 and avx512_vbmi when it is
+// avx3 or better, each where the CPU has it (the kernels' dot-product paths
+// run only in code of those widths and only when cpu_features() reports the
 // extension), less the extensions switched off (set_disabled_features).
 CpuFeatures dispatched_features();
 
@@ -71,11 +76,11 @@ inline constexpr const char* kDisableFeaturesVariable = "PAGEDATTN_DISABLE_FEATU
 
 // Switches off the kernels' use of optional extensions, so that one machine
 // runs and measures the paths without them: a comma- or space-separated list
-// of avx512_vnni, avx512_bf16, amx_bf16, avx512_fp16, avx512_vbmi (case-insensitive; "" switches
-// none off), replacing the previous list. PAGEDATTN_DISABLE_FEATURES gives the same list when the
-// library loads (an unknown name there makes every attention call throw InvalidArgument naming the
-// variable, as an unknown PAGEDATTN_MAX_TARGET does). Throws InvalidArgument for an unknown name,
-// leaving the list unchanged. Not to be called while kernels run.
+// of avx512_vnni, avx_vnni, avx512_bf16, amx_bf16, avx512_fp16, avx512_vbmi (case-insensitive; ""
+// switches none off), replacing the previous list. PAGEDATTN_DISABLE_FEATURES gives the same list
+// when the library loads (an unknown name there makes every attention call throw InvalidArgument
+// naming the variable, as an unknown PAGEDATTN_MAX_TARGET does). Throws InvalidArgument for an
+// unknown name, leaving the list unchanged. Not to be called while kernels run.
 void set_disabled_features(std::string_view names);
 
 // The extensions switched off now, as feature_names() writes them ("none").

@@ -216,8 +216,9 @@ struct EngineConfig {
   // activations rounded to int8 per 32 values, as llama.cpp does, on
   // integer dot products, in every step (prompts too): batches of at most
   // 8 rows (decode of a few sequences) on AVX2 and up, about 1.2-1.6x
-  // faster decode; larger ones (decode of many sequences, prefill) where
-  // the CPU has AVX512-VNNI, about 2.5x faster products than f32. Logits
+  // faster decode; larger ones (decode of many sequences, prefill) on the
+  // int8 tiles: about 2.5x faster products than f32 on AVX512-VNNI, 2x on
+  // AVX-VNNI, 1.5x on AVX2 (docs/benchmarks.md). Logits
   // move (on SmolLM2-135M: top-1 agreement ~0.9 with f32, differences up
   // to ~4; docs/models.md). Off: f32 activations, except in the decode
   // steps of many sequences that exact_products leaves to int8.

@@ -50,8 +50,8 @@ struct ForwardBatch {
   bool deterministic = false;
   // Products with quantised weights take activations rounded to int8 per 32
   // values (llama.cpp's Q8_0 activations; the error bound is in
-  // docs/models.md): batches of at most 8 rows on AVX2 and up, larger ones
-  // where the CPU has AVX512-VNNI. Ignored in deterministic mode.
+  // docs/models.md), on AVX2 and up (larger batches on the int8 tiles:
+  // AVX512-VNNI, AVX-VNNI or AVX2). Ignored in deterministic mode.
   bool int8_activations = false;
   // Weight products in batches of more than 8 rows that int8_activations
   // leaves alone (float weights; every batch where the CPU lacks

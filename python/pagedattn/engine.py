@@ -103,9 +103,10 @@ class Engine:
     machine or cpuset the engine has to itself; docs/engine.md, "Threads").
     int8_activations: a GGUF model's quantised weights take the activations
     rounded to int8 per 32 values, as llama.cpp, on integer dot products, in
-    every step, prompts too (batches of more than 8 rows where the CPU has AVX512-VNNI; faster
-    decode and prefill; logits move: top-1 agreement ~0.9 with f32 on
-    SmolLM2-135M, docs/models.md; ignored in deterministic mode).
+    every step, prompts too (batches of more than 8 rows on the int8 tiles:
+    AVX512-VNNI, AVX-VNNI or AVX2; faster decode and prefill; logits move:
+    top-1 agreement ~0.9 with f32 on SmolLM2-135M, docs/models.md; ignored in
+    deterministic mode).
     check_tensors: with a .gguf path, scan every weight for NaN / Inf before
     loading (one more pass over the weights) and raise InvalidArgumentError
     naming the tensor and its first bad element. parse_special_tokens: in

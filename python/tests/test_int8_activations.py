@@ -5,8 +5,8 @@ scripts/get_test_model.sh).
 GgufModel.logits(exact=True) (the default, what the accuracy tests use) runs
 deterministic mode: f32 activations in every product, whatever the
 environment. exact=False runs the serving path: with
-PAGEDATTN_INT8_ACTIVATIONS=1 each sequence here (8 rows: the int8 tiles on
-AVX512-VNNI, else the in-place int8 kernels) multiplies the quantised
+PAGEDATTN_INT8_ACTIVATIONS=1 each sequence here (8 rows: the int8 tiles,
+AVX512-VNNI, AVX-VNNI or AVX2) multiplies the quantised
 weights by x rounded to int8 per 32 values.
 
 Rounding x moves each product by at most half an int8 step per value times
@@ -131,8 +131,9 @@ def test_the_per_model_switch_runs_the_same_int8_path_as_the_environment_variabl
 
 def test_whole_prompts_on_int8_tiles_stay_within_the_same_bound():
     # 30 rows at once: more than kInt8DirectRows, so the products run on the
-    # int8 tiles (dot_tiles, AVX512-VNNI) where the CPU has them, else on
-    # f32 x (then the logits equal the exact ones up to f32 order).
+    # int8 tiles (dot_tiles: AVX512-VNNI, AVX-VNNI or AVX2) where the CPU
+    # has them, else on f32 x (then the logits equal the exact ones up to f32
+    # order).
     import pagedattn._core as core
     model = core.GgufModel(model_path())
     results = summarize(model, exact=False, int8_activations=True, sequences=PROMPTS)

@@ -142,7 +142,10 @@ CpuFeatures detect_cpu_features() {
   f.avx512_vbmi = f.avx512bw && (leaf7_ecx & (1u << 1));
   const unsigned leaf7_edx = d;
   f.avx512_fp16 = f.avx512bw && (leaf7_edx & (1u << 23));
-  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx512_bf16 = f.avx512f && (a & (1u << 5));
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+    f.avx_vnni = f.avx2 && (a & (1u << 4));
+    f.avx512_bf16 = f.avx512f && (a & (1u << 5));
+  }
   const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG + XTILEDATA
   f.amx_bf16 = f.avx512f && tile_state && (leaf7_edx & (1u << 24)) && (leaf7_edx & (1u << 22)) &&
                amx_permitted();
@@ -197,11 +200,10 @@ struct OptionalFeature {
   const char* name;
   bool CpuFeatures::*field;
 };
-constexpr OptionalFeature kOptionalFeatures[] = {{"avx512_vnni", &CpuFeatures::avx512_vnni},
-                                                 {"avx512_bf16", &CpuFeatures::avx512_bf16},
-                                                 {"amx_bf16", &CpuFeatures::amx_bf16},
-                                                 {"avx512_fp16", &CpuFeatures::avx512_fp16},
-                                                 {"avx512_vbmi", &CpuFeatures::avx512_vbmi}};
+constexpr OptionalFeature kOptionalFeatures[] = {
+    {"avx512_vnni", &CpuFeatures::avx512_vnni}, {"avx_vnni", &CpuFeatures::avx_vnni},
+    {"avx512_bf16", &CpuFeatures::avx512_bf16}, {"amx_bf16", &CpuFeatures::amx_bf16},
+    {"avx512_fp16", &CpuFeatures::avx512_fp16}, {"avx512_vbmi", &CpuFeatures::avx512_vbmi}};
 
 // Parses a comma- or space-separated list of kOptionalFeatures names into
 // `out`; returns "" or what is wrong, naming `what` and the value.
@@ -228,9 +230,9 @@ std::string parse_disabled(std::string_view what, std::string_view names, CpuFea
     if (hit == nullptr)
       return detail::concat(
           what, " = '", names, "' names '", name,
-          "', not an extension that can be switched off; expected avx512_vnni, avx512_bf16, "
-          "amx_bf16, avx512_fp16, avx512_vbmi (comma- or space-separated, case-insensitive), or "
-          "empty");
+          "', not an extension that can be switched off; expected avx512_vnni, avx_vnni, "
+          "avx512_bf16, amx_bf16, avx512_fp16, avx512_vbmi (comma- or space-separated, "
+          "case-insensitive), or empty");
     out.*(hit->field) = true;
     i = end;
   }
@@ -275,10 +277,13 @@ CpuFeatures dispatched_features() {
   const CpuFeatures cpu = cpu_features();
   const std::int64_t t = dispatched_target();
   if (t <= HWY_SSE4) out.sse4_2 = true;
-  if (t <= HWY_AVX2) out.avx2 = out.fma = out.f16c = true;
+  CapState& s = cap_state();
+  const std::lock_guard lock(s.mutex);
+  if (t <= HWY_AVX2) {
+    out.avx2 = out.fma = out.f16c = true;
+    out.avx_vnni = cpu.avx_vnni && !s.disabled.avx_vnni;
+  }
   if (t <= HWY_AVX3) {
-    CapState& s = cap_state();
-    const std::lock_guard lock(s.mutex);
     out.avx512f = out.avx512bw = out.avx512dq = out.avx512vl = true;
     out.avx512_vnni = cpu.avx512_vnni && !s.disabled.avx512_vnni;
     out.avx512_bf16 = cpu.avx512_bf16 && !s.disabled.avx512_bf16;
@@ -327,6 +332,7 @@ std::string feature_names(const CpuFeatures& f) {
   add(f.avx512dq, "avx512dq");
   add(f.avx512vl, "avx512vl");
   add(f.avx512_vnni, "avx512_vnni");
+  add(f.avx_vnni, "avx_vnni");
   add(f.avx512_bf16, "avx512_bf16");
   add(f.amx_bf16, "amx_bf16");
   add(f.avx512_fp16, "avx512_fp16");

@@ -49,9 +49,10 @@ struct DotTilesArgs {
   bool bf16 = false;
   // Quantised weights (has_int8_products): round x to int8 per 32 values
   // (quantize_activations_q8, as the in-place kernels' int8_x) and multiply
-  // the quants on AVX512-VNNI dot products (exact int32 sums per 32
-  // weights, Q6_K 16, each scaled by d (* sc) * dx; the mins of Q4_1 / Q5_1
-  // / Q4_K / Q5_K times exact sums of x), where dot_tiles_int8_available();
+  // the quants on integer dot products (int8_tiles(): AVX512-VNNI,
+  // AVX-VNNI or AVX2; exact int32 sums per 32 weights, Q6_K 16, each scaled
+  // by d (* sc) * dx; the mins of Q4_1 / Q5_1 / Q4_K / Q5_K times exact sums
+  // of x), where dot_tiles_int8_available();
   // ignored elsewhere and for float weights. Takes precedence over bf16.
   bool int8 = false;
 };
@@ -60,9 +61,23 @@ struct DotTilesArgs {
 // dispatched and the CPU has AVX512-BF16, not switched off
 // (dispatched_features(); fixed at the first call).
 bool dot_tiles_bf16_available();
-// Whether dot_tiles honours DotTilesArgs::int8 here: an AVX-512 target was
-// dispatched and the CPU has AVX512-VNNI, not switched off (fixed at the
-// first call).
+// The instructions of the int8 tiles (DotTilesArgs::int8), widest first:
+// 16 columns a tile on AVX512-VNNI; 8 on AVX-VNNI's vpdpbusd (VEX); 8 on
+// AVX2's vpmaddubsw + vpmaddwd (three instructions where VNNI takes one).
+// Every kind gives the same bits.
+enum class Int8Tiles : std::uint8_t { kNone, kAvx2, kAvxVnni, kAvx512Vnni };
+
+// The int8 tiles dot_tiles runs here: the widest the dispatched target and
+// the CPU allow, less the extensions switched off (dispatched_features():
+// avx512_vnni, avx_vnni); kNone off x86 or below AVX2. Fixed at the first
+// call.
+Int8Tiles int8_tiles();
+// Whether this CPU runs `kind` (whatever the dispatch cap): tests and
+// benchmarks run every kind the machine has.
+bool int8_tiles_runnable(Int8Tiles kind);
+// "avx512_vnni", "avx_vnni", "avx2" or "none".
+const char* int8_tiles_name(Int8Tiles kind);
+// Whether dot_tiles honours DotTilesArgs::int8 here: int8_tiles() != kNone.
 bool dot_tiles_int8_available();
 
 // y[r][o] (+)= sum_i x[r][i] w[o][i] for o in [out_begin, out_end) and
@@ -92,9 +107,12 @@ inline void prefetch_weight_rows(const DotTilesArgs& args, std::int32_t first, s
     kernels::PrefetchToL2(begin + at);
 }
 
-// dot_tiles' int8 products (src/engine/dot_tiles_int8.cc), for dot_tiles
-// only: args.int8 where dot_tiles_int8_available().
+// dot_tiles' int8 products on int8_tiles() (dot_tiles with args.int8 where
+// dot_tiles_int8_available()), or on a given kind the CPU runs
+// (int8_tiles_runnable; InvalidArgument otherwise).
 void dot_tiles_int8(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
                     core::CacheLineVector<float>& scratch);
+void dot_tiles_int8(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
+                    core::CacheLineVector<float>& scratch, Int8Tiles kind);
 
 }  // namespace pagedattn::engine

@@ -1,25 +1,15 @@
 // dot_tiles on int8 products (DotTilesArgs::int8, dot_tiles.h) on
-// AVX512-VNNI. Raw intrinsics in functions with their own target attribute
-// (Highway 1.0.3 has no u8 x s8 dot product), run only where
-// dot_tiles_int8_available().
+// AVX512-VNNI (Int8Tiles::kAvx512Vnni). Raw intrinsics in functions with
+// their own target attribute (Highway 1.0.3 has no u8 x s8 dot product), run
+// only where int8_tiles_runnable(Int8Tiles::kAvx512Vnni).
 //
-// Layouts, per group of kGroupColumns weight rows ("columns" of y):
-//   quants  [in / 4][16] dwords: dword t of column c holds the quants of
-//           inputs 4t .. 4t + 3 of weight row c as unsigned bytes, so one
-//           vpdpbusd multiplies them by a dword of a row of x broadcast to
-//           every lane (an outer product: 16 columns, no reduction);
-//   scales  [in / S][16] f32: S inputs per scale (32; Q6_K 16);
-//   mins    [in / 32][16] f32 (Q4_1, Q5_1, Q4_K, Q5_K): the term added per
-//           32 inputs times the exact f32 sum of x over them.
-// A weight is scale * (q - zero) (+ min): zero is 8 (Q4_0), 16 (Q5_0), 32
-// (Q6_K), 128 (Q8_0, whose signed quants are stored xor 0x80) or 0. Per
-// row of x and S inputs, the int32 lanes start at -zero * (the sum of x's
-// int8 values over them), which makes the integer sum that of (q - zero) *
-// x8, exactly.
+// The layouts and how each weight format enters the integer sums:
+// int8_tiles_common.h; here a group is 16 columns, one int32 lane each.
 #include <algorithm>
 #include <cstring>
 
 #include "engine/dot_tiles.h"
+#include "engine/int8_tiles_common.h"
 #include "kernels/cpu/row_groups.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/errors.h"
@@ -47,183 +37,21 @@ namespace {
 
 #define PAGEDATTN_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c")))
 
+using namespace int8_tile_parts;  // NOLINT(google-build-using-namespace): this unit's own types
+
 constexpr std::int32_t kGroupColumns = 16;  // one int32 lane per weight row
-// Rows of x quantised per pass: their int8 bytes stay in L2 while every
-// group of the call's columns passes over them; each group is packed once
-// per pass.
-constexpr std::int32_t kPassRows = 128;
 // Row tiles: R rows x 16 columns keep 2R accumulators (int32 sums of the
 // current S inputs, f32 totals) and three vectors of the group in the 32
 // registers.
 using Int8RowTiles = kernels::RowGroups<12, 8, 4, 2, 1>;
-
-struct Int8Layout {
-  std::int32_t sub = 32;  // inputs per scale (S)
-  std::int32_t zero = 0;  // subtracted from each quant
-  bool mins = false;      // a min per 32 inputs
-};
-
-constexpr Int8Layout layout_of(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kQ8_0:
-      return {32, 128, false};
-    case WeightFormat::kQ4_0:
-      return {32, 8, false};
-    case WeightFormat::kQ5_0:
-      return {32, 16, false};
-    case WeightFormat::kQ6_K:
-      return {16, 32, false};
-    case WeightFormat::kQ4_1:
-    case WeightFormat::kQ5_1:
-    case WeightFormat::kQ4_K:
-    case WeightFormat::kQ5_K:
-      return {32, 0, true};
-    default:
-      return {};
-  }
-}
-
-// F16C's conversion (exact): the portable one costs a branchy call per block.
-PAGEDATTN_VNNI inline float half_at(const std::uint8_t* p) {
-  std::uint16_t bits;
-  std::memcpy(&bits, p, sizeof bits);
-  return _cvtsh_ss(bits);
-}
-
-// Where one weight row's unpacked values go: q[in] bytes, and its scales
-// and mins at every kGroupColumns-th float (the group's transposed
-// layout).
-struct ColumnOut {
-  std::uint8_t* q;
-  float* scales;
-  float* mins;
-};
-
-// 16 bytes of nibbles as 32 quants: the low nibbles, then the high ones.
-PAGEDATTN_VNNI inline __m256i SplitNibbles(const std::uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i low4 = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
-}
-
-// q + 16 in the bytes whose bit of `bits` is set (the fifth bits).
-PAGEDATTN_VNNI inline __m256i AddFifthBits(std::uint32_t bits, __m256i q) {
-  return _mm256_mask_add_epi8(q, bits, q, _mm256_set1_epi8(16));
-}
-
-// The 32-weight formats (quant_kernels.h): block b's quants, scale and min.
-template <WeightFormat F>
-PAGEDATTN_VNNI void UnpackRow32(const std::uint8_t* row, std::int32_t in, const ColumnOut& out) {
-  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
-  for (std::int32_t b = 0; b < in / kQuantBlock; ++b) {
-    const std::uint8_t* block = row + b * kBytes;
-    std::uint8_t* q = out.q + std::size_t(b) * kQuantBlock;
-    out.scales[std::size_t(b) * kGroupColumns] = half_at(block);
-    __m256i v;
-    if constexpr (F == WeightFormat::kQ8_0) {
-      v = _mm256_xor_si256(
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + BlockTraits<F>::kQuants)),
-          _mm256_set1_epi8(static_cast<char>(0x80)));
-    } else {
-      v = SplitNibbles(block + BlockTraits<F>::kQuants);
-    }
-    if constexpr (F == WeightFormat::kQ5_0 || F == WeightFormat::kQ5_1) {
-      std::uint32_t qh;
-      std::memcpy(&qh, block + BlockTraits<F>::kHighBits, sizeof qh);
-      v = AddFifthBits(qh, v);
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), v);
-    if constexpr (F == WeightFormat::kQ4_1 || F == WeightFormat::kQ5_1)
-      out.mins[std::size_t(b) * kGroupColumns] = half_at(block + 2);
-  }
-}
-
-// Q4_K / Q5_K: sub-block j of 32 of each super-block, scale d * sc[j] and
-// min -dmin * m[j].
-template <WeightFormat F>
-PAGEDATTN_VNNI void UnpackRowK45(const std::uint8_t* row, std::int32_t in, const ColumnOut& out) {
-  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  for (std::int32_t k = 0; k < in / kQuantKBlock; ++k) {
-    const std::uint8_t* block = row + k * kBytes;
-    std::uint8_t sc[8], m[8];
-    unpack_k_scales(block + 4, sc, m);
-    const float d = half_at(block), dmin = half_at(block + 2);
-    for (std::int32_t j = 0; j < 8; ++j) {
-      out.scales[std::size_t(8 * k + j) * kGroupColumns] = d * float(sc[j]);
-      out.mins[std::size_t(8 * k + j) * kGroupColumns] = -dmin * float(m[j]);
-    }
-    std::uint8_t* q = out.q + std::size_t(k) * kQuantKBlock;
-    __m256i qh = _mm256_setzero_si256();
-    if constexpr (F == WeightFormat::kQ5_K)  // bit j of qh[l]: bit 4 of sub-block j's weight l
-      qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + BlockTraits<F>::kHighBits));
-    for (std::int32_t j = 0; j < 8; ++j) {  // sub-block j: nibble j % 2 of quant bytes 32 (j / 2)
-      const __m256i v = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(block + BlockTraits<F>::kQuants + 32 * (j / 2)));
-      __m256i sub = _mm256_and_si256(j % 2 == 0 ? v : _mm256_srli_epi16(v, 4), low4);
-      if constexpr (F == WeightFormat::kQ5_K)
-        sub = AddFifthBits(_mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << j))),
-                           sub);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * j), sub);
-    }
-  }
-}
-
-// Q6_K: half h, group g of 32: low 4 bits from ql, 2 high bits from qh;
-// scale d * sc[j] per 16 weights.
-PAGEDATTN_VNNI void UnpackRowQ6K(const std::uint8_t* row, std::int32_t in, const ColumnOut& out) {
-  using T = BlockTraits<WeightFormat::kQ6_K>;
-  const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
-  for (std::int32_t k = 0; k < in / kQuantKBlock; ++k) {
-    const std::uint8_t* block = row + k * T::kBytes;
-    const float d = half_at(block + T::kScale);
-    for (std::int32_t j = 0; j < 16; ++j)
-      out.scales[std::size_t(16 * k + j) * kGroupColumns] =
-          d * float(static_cast<std::int8_t>(block[T::kScales + j]));
-    std::uint8_t* q = out.q + std::size_t(k) * kQuantKBlock;
-    for (std::int32_t h = 0; h < 2; ++h) {
-      const __m256i qh =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kHighBits + 32 * h));
-      for (std::int32_t g = 0; g < 4; ++g) {
-        const __m256i ql =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h + 32 * (g % 2)));
-        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (g / 2)), low4);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), low2);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 128 * h + 32 * g),
-                            _mm256_or_si256(low, _mm256_slli_epi16(high, 4)));
-      }
-    }
-  }
-}
-
-PAGEDATTN_VNNI void UnpackRow(WeightFormat f, const std::uint8_t* row, std::int32_t in,
-                              const ColumnOut& out) {
-  switch (f) {
-    case WeightFormat::kQ8_0:
-      return UnpackRow32<WeightFormat::kQ8_0>(row, in, out);
-    case WeightFormat::kQ4_0:
-      return UnpackRow32<WeightFormat::kQ4_0>(row, in, out);
-    case WeightFormat::kQ4_1:
-      return UnpackRow32<WeightFormat::kQ4_1>(row, in, out);
-    case WeightFormat::kQ5_0:
-      return UnpackRow32<WeightFormat::kQ5_0>(row, in, out);
-    case WeightFormat::kQ5_1:
-      return UnpackRow32<WeightFormat::kQ5_1>(row, in, out);
-    case WeightFormat::kQ4_K:
-      return UnpackRowK45<WeightFormat::kQ4_K>(row, in, out);
-    case WeightFormat::kQ5_K:
-      return UnpackRowK45<WeightFormat::kQ5_K>(row, in, out);
-    case WeightFormat::kQ6_K:
-      return UnpackRowQ6K(row, in, out);
-    default:
-      return;
-  }
-}
+// vpdpbusd's sums do not saturate: Q8_0's quants go xor 0x80.
+constexpr bool kSaturating = false;
 
 // dst[t][c] = src[c][t] for 16 rows of 16 dwords (src rows `stride` bytes
 // apart, dst 64 bytes a row): unpacks of dwords and qwords within 128-bit
-// blocks, then two rounds of block shuffles.
-PAGEDATTN_VNNI void Transpose16x16(const std::uint8_t* src, std::size_t stride, std::uint8_t* dst) {
+// blocks, then two rounds of block shuffles. A 64-byte line of each row of
+// a group.
+PAGEDATTN_VNNI void TransposeLine(const std::uint8_t* src, std::size_t stride, std::uint8_t* dst) {
   __m512i r[16], t[16];
   for (int c = 0; c < 16; ++c) r[c] = _mm512_loadu_si512(src + std::size_t(c) * stride);
   for (int i = 0; i < 8; ++i) {  // block b of t[2i]: r[2i][4b], r[2i+1][4b], r[2i][4b+1], ...
@@ -245,89 +73,6 @@ PAGEDATTN_VNNI void Transpose16x16(const std::uint8_t* src, std::size_t stride, 
     _mm512_storeu_si512(dst + 64 * (8 + j), _mm512_shuffle_i32x4(even_lo, even_hi, 0xdd));
     _mm512_storeu_si512(dst + 64 * (4 + j), _mm512_shuffle_i32x4(odd_lo, odd_hi, 0x88));
     _mm512_storeu_si512(dst + 64 * (12 + j), _mm512_shuffle_i32x4(odd_lo, odd_hi, 0xdd));
-  }
-}
-
-// A pass of rows of x: int8 values, their scale per 32, the exact sum of x
-// per 32 (for the mins) and -zero x the sum of the int8 values per S.
-struct PassRows {
-  std::int8_t* x8;      // [rows][in]
-  float* dx;            // [rows][in / 32]
-  float* xsums;         // [rows][in / 32]
-  std::int32_t* zsums;  // [rows][in / S]
-};
-
-// A group of kGroupColumns weight rows in the layouts above. Columns past
-// the group's end are zero.
-struct Group {
-  std::uint8_t* quants;  // [padded in / 4][16] dwords
-  float* scales;         // [in / S][16]
-  float* mins;           // [in / 32][16]
-  std::uint8_t* rows;    // [16][padded in]: the unpacked rows before transposing
-};
-
-// The padded length of a row of quants: whole 64-byte vectors.
-std::size_t PaddedIn(std::int32_t in) {
-  return (std::size_t(in) + 63) / 64 * 64;
-}
-
-PAGEDATTN_VNNI void PackGroup(const DotTilesArgs& a, std::int32_t o, std::int32_t count,
-                              const Group& g) {
-  const Int8Layout layout = layout_of(a.format);
-  const std::size_t padded = PaddedIn(a.in);
-  const std::int64_t row_bytes = weight_row_bytes(a.format, a.in);
-  const auto* w = static_cast<const std::uint8_t*>(a.w);
-  if (count < kGroupColumns) {  // zero columns (and the padding) multiply to nothing
-    std::memset(g.rows, 0, kGroupColumns * padded);
-    std::memset(g.scales, 0, sizeof(float) * kGroupColumns * std::size_t(a.in / layout.sub));
-    std::memset(g.mins, 0, sizeof(float) * kGroupColumns * std::size_t(a.in / 32));
-  } else if (padded != std::size_t(a.in)) {
-    for (std::int32_t c = 0; c < kGroupColumns; ++c)
-      std::memset(g.rows + c * padded + a.in, 0, padded - std::size_t(a.in));
-  }
-  for (std::int32_t c = 0; c < count; ++c)
-    UnpackRow(a.format, w + (o + c) * row_bytes, a.in,
-              {g.rows + c * padded, g.scales + c, g.mins + c});
-  for (std::size_t at = 0; at < padded; at += 64)
-    Transpose16x16(g.rows + at, padded, g.quants + at * kGroupColumns);
-}
-
-// The sum of 32 int8 values: xor 0x80 makes them unsigned (+128 each),
-// vpsadbw adds each 8 of them.
-PAGEDATTN_VNNI inline std::int32_t SumOf32(const std::int8_t* x8) {
-  const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8)),
-                                     _mm256_set1_epi8(static_cast<char>(0x80)));
-  const __m256i sums = _mm256_sad_epu8(u, _mm256_setzero_si256());  // 4 x 64-bit
-  const __m128i pair =
-      _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-  return static_cast<std::int32_t>(_mm_cvtsi128_si64(pair) + _mm_extract_epi64(pair, 1)) - 32 * 128;
-}
-
-PAGEDATTN_VNNI void QuantizePass(const DotTilesArgs& a, std::int32_t first, std::int32_t rows,
-                                 const PassRows& p) {
-  const Int8Layout layout = layout_of(a.format);
-  const std::int32_t in = a.in, blocks = in / 32, subs = in / layout.sub;
-  for (std::int32_t r = 0; r < rows; ++r) {
-    const float* x = a.x + std::size_t(first + r) * in;
-    std::int8_t* x8 = p.x8 + std::size_t(r) * in;
-    quantize_activations_q8(x, in, x8, p.dx + std::size_t(r) * blocks);
-    if (layout.mins)
-      for (std::int32_t b = 0; b < blocks; ++b) {
-        __m512 s = _mm512_add_ps(_mm512_loadu_ps(x + 32 * b), _mm512_loadu_ps(x + 32 * b + 16));
-        p.xsums[std::size_t(r) * blocks + b] = _mm512_reduce_add_ps(s);
-      }
-    std::int32_t* zsums = p.zsums + std::size_t(r) * subs;
-    if (layout.zero == 0) {
-      std::fill_n(zsums, subs, 0);
-    } else if (layout.sub == 32) {
-      for (std::int32_t s = 0; s < subs; ++s) zsums[s] = -layout.zero * SumOf32(x8 + 32 * s);
-    } else {  // 16: the halves of each 32
-      for (std::int32_t s = 0; s < subs; ++s) {
-        std::int32_t sum = 0;
-        for (std::int32_t i = 0; i < 16; ++i) sum += x8[16 * s + i];
-        zsums[s] = -layout.zero * sum;
-      }
-    }
   }
 }
 
@@ -384,62 +129,21 @@ PAGEDATTN_VNNI void Tile(const PassRows& p, std::int32_t row, const Group& g, st
   }
 }
 
-template <std::int32_t kSub, bool kMins>
-PAGEDATTN_VNNI void GroupTimesPass(const DotTilesArgs& a, const PassRows& p, std::int32_t rows,
-                                   const Group& g, std::int32_t cols, float* y) {
+template <std::int32_t kSub, bool kMins, bool kSigned>
+PAGEDATTN_VNNI void GroupTimesPass(const DotTilesArgs& a, const Int8Layout&, const PassRows& p,
+                                   std::int32_t rows, const Group& g, std::int32_t cols, float* y) {
+  static_assert(!kSigned, "vpdpbusd takes Q8_0's quants xor 0x80");
   Int8RowTiles::VisitAll(0, rows, [&](auto tile, std::int32_t row) PAGEDATTN_VNNI {
     Tile<decltype(tile)::value, kSub, kMins>(p, row, g, a.in, cols, y + std::size_t(row) * a.ldy,
                                              a.ldy, a.accumulate);
   });
 }
 
-// Floats of scratch for `in`: the group (its quants twice: unpacked and
-// transposed; scales; mins), then a pass of rows.
-struct ScratchPlan {
-  std::size_t quants, scales, mins, x8, blocks, zsums, total;  // in floats
-  explicit ScratchPlan(std::int32_t in)
-      : quants(PaddedIn(in) * kGroupColumns / sizeof(float)),
-        scales(std::size_t(in)),  // at most in / 16 scales per column
-        mins(std::size_t(in) / 2),
-        x8(std::size_t(kPassRows) * in / sizeof(float)),
-        blocks(std::size_t(kPassRows) * in / 32),
-        zsums(std::size_t(kPassRows) * in / 16),
-        total(2 * quants + scales + mins + x8 + 2 * blocks + zsums) {}
-};
-
-PAGEDATTN_VNNI void DotTilesInt8(const DotTilesArgs& a, std::int32_t out_begin,
-                                 std::int32_t out_end, core::CacheLineVector<float>& scratch) {
-  const ScratchPlan plan(a.in);
-  scratch.resize(plan.total);
-  float* at = scratch.data();  // every part a whole number of 64-byte lines
-  const auto take = [&](std::size_t floats) {
-    float* part = at;
-    at += floats;
-    return part;
-  };
-  const Group g{reinterpret_cast<std::uint8_t*>(take(plan.quants)), take(plan.scales),
-                take(plan.mins), reinterpret_cast<std::uint8_t*>(take(plan.quants))};
-  const PassRows p{reinterpret_cast<std::int8_t*>(take(plan.x8)), take(plan.blocks),
-                   take(plan.blocks), reinterpret_cast<std::int32_t*>(take(plan.zsums))};
-  const Int8Layout layout = layout_of(a.format);
-  for (std::int32_t first = 0; first < a.rows; first += kPassRows) {
-    const std::int32_t rows = std::min(kPassRows, a.rows - first);
-    QuantizePass(a, first, rows, p);
-    float* y = a.y + std::size_t(first) * a.ldy;
-    for (std::int32_t o = out_begin; o < out_end; o += kGroupColumns) {
-      const std::int32_t count = std::min(kGroupColumns, out_end - o);
-      PackGroup(a, o, count, g);
-      if (o + count < out_end)
-        prefetch_weight_rows(a, o + count, std::min(kGroupColumns, out_end - o - count));
-      if (layout.sub == 16)
-        GroupTimesPass<16, false>(a, p, rows, g, count, y + o);
-      else if (layout.mins)
-        GroupTimesPass<32, true>(a, p, rows, g, count, y + o);
-      else
-        GroupTimesPass<32, false>(a, p, rows, g, count, y + o);
-    }
-  }
-}
+#define PAGEDATTN_INT8_TARGET PAGEDATTN_VNNI
+#define PAGEDATTN_INT8_MASKS 1
+#include "engine/int8_unpack-inl.h"
+#undef PAGEDATTN_INT8_TARGET
+#undef PAGEDATTN_INT8_MASKS
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -447,27 +151,76 @@ PAGEDATTN_VNNI void DotTilesInt8(const DotTilesArgs& a, std::int32_t out_begin,
 
 }  // namespace
 
-bool dot_tiles_int8_available() {
-  static const bool available = dispatched_features().avx512_vnni;
-  return available;
-}
-
-void dot_tiles_int8(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
-                    core::CacheLineVector<float>& scratch) {
+void dot_tiles_int8_avx512(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
+                           core::CacheLineVector<float>& scratch) {
   DotTilesInt8(a, out_begin, out_end, scratch);
 }
 
 #else
 
-bool dot_tiles_int8_available() {
-  return false;
-}
-
-void dot_tiles_int8(const DotTilesArgs&, std::int32_t, std::int32_t,
-                    core::CacheLineVector<float>&) {
+void dot_tiles_int8_avx512(const DotTilesArgs&, std::int32_t, std::int32_t,
+                           core::CacheLineVector<float>&) {
   throw InvalidArgument("dot_tiles_int8: no int8 tiles on this architecture");
 }
 
 #endif
+
+Int8Tiles int8_tiles() {
+  static const Int8Tiles kind = [] {
+    const CpuFeatures used = dispatched_features();
+    if (used.avx512_vnni && used.f16c) return Int8Tiles::kAvx512Vnni;
+    if (used.avx_vnni && used.avx2 && used.fma && used.f16c) return Int8Tiles::kAvxVnni;
+    if (used.avx2 && used.fma && used.f16c) return Int8Tiles::kAvx2;
+    return Int8Tiles::kNone;
+  }();
+  return kind;
+}
+
+bool int8_tiles_runnable(Int8Tiles kind) {
+  const CpuFeatures cpu = cpu_features();
+  const bool avx2 = PAGEDATTN_INT8_TILES && cpu.avx2 && cpu.fma && cpu.f16c;
+  switch (kind) {
+    case Int8Tiles::kNone:
+      return true;
+    case Int8Tiles::kAvx2:
+      return avx2;
+    case Int8Tiles::kAvxVnni:
+      return avx2 && cpu.avx_vnni;
+    case Int8Tiles::kAvx512Vnni:
+      return avx2 && cpu.avx512f && cpu.avx512bw && cpu.avx512dq && cpu.avx512vl && cpu.avx512_vnni;
+  }
+  return false;
+}
+
+const char* int8_tiles_name(Int8Tiles kind) {
+  switch (kind) {
+    case Int8Tiles::kAvx2:
+      return "avx2";
+    case Int8Tiles::kAvxVnni:
+      return "avx_vnni";
+    case Int8Tiles::kAvx512Vnni:
+      return "avx512_vnni";
+    case Int8Tiles::kNone:
+      break;
+  }
+  return "none";
+}
+
+bool dot_tiles_int8_available() {
+  return int8_tiles() != Int8Tiles::kNone;
+}
+
+void dot_tiles_int8(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
+                    core::CacheLineVector<float>& scratch, Int8Tiles kind) {
+  require(kind != Int8Tiles::kNone && int8_tiles_runnable(kind),
+          "dot_tiles_int8: kind = ", int8_tiles_name(kind), " does not run on this CPU");
+  if (kind == Int8Tiles::kAvx512Vnni) return dot_tiles_int8_avx512(a, out_begin, out_end, scratch);
+  dot_tiles_int8_256(a, out_begin, out_end, scratch, kind == Int8Tiles::kAvxVnni);
+}
+
+void dot_tiles_int8(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
+                    core::CacheLineVector<float>& scratch) {
+  dot_tiles_int8(a, out_begin, out_end, scratch, int8_tiles());
+}
 
 }  // namespace pagedattn::engine

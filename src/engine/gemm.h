@@ -27,8 +27,9 @@ inline constexpr std::int32_t kColumnBlock = 128;
 // How a product with quantised weights takes its activations.
 //   kF32: exact f32 x (up to f32 summation order).
 //   kInt8: x rounded to int8 per 32 values (quantize_activations_q8) on
-//     integer dot products: dot_tiles' on AVX512-VNNI (DotTilesArgs::int8)
-//     from kInt8TileMinRows rows where dot_tiles_int8_available(); the
+//     integer dot products: dot_tiles' int8 tiles (DotTilesArgs::int8;
+//     AVX512-VNNI, AVX-VNNI or AVX2, int8_tiles()) from kInt8TileMinRows
+//     rows where dot_tiles_int8_available(); the
 //     in-place kernels' (QuantProductArgs::int8_x) below that or, without
 //     the tiles, up to kInt8DirectRows rows, larger batches then running
 //     the f32 (or bf16) batch paths (int8_in_place).
@@ -104,13 +105,15 @@ inline constexpr std::int32_t kF32TileRows = 32;
 // batches lost to BLAS (docs/models.md, int8 activations); larger batches
 // take the f32 batch paths.
 inline constexpr std::int32_t kInt8DirectRows = 8;
-// With the int8 tiles (outer products on AVX512-VNNI, no pass of
-// reductions per block): the fewest rows they take, below which the
-// in-place int8 kernels run. In a decode step, weights streaming from
-// memory over every thread, 2 rows ran 1.2x faster in place, 3 and 5-8 rows
-// 1.15-1.6x faster on the tiles, 4 alike, on Q4_1 and Q4_K_M files alike
-// (docs/benchmarks.md, "Int8 tiles on AVX512-VNNI"); a matrix in cache on
-// one thread favours the tiles from 2 rows, except for the K-quants.
+// With the int8 tiles (outer products, no pass of reductions per block):
+// the fewest rows they take, below which the in-place int8 kernels run. In
+// a decode step on AVX512-VNNI, weights streaming from memory over every
+// thread, 2 rows ran 1.2x faster in place, 3 and 5-8 rows 1.15-1.6x faster
+// on the tiles, 4 alike, on Q4_1 and Q4_K_M files alike (docs/benchmarks.md,
+// "Int8 tiles on AVX512-VNNI"); a matrix in cache on one thread favours the
+// tiles from 2 rows, except for the K-quants. The 256-bit tiles (AVX-VNNI,
+// AVX2) beat the in-place int8 kernels from 3 rows too ("Int8 tiles on AVX2
+// and AVX-VNNI").
 inline constexpr std::int32_t kInt8TileMinRows = 3;
 // Whether an int8 batch of `rows` runs the in-place int8 kernels, given
 // whether the int8 tiles are there (dot_tiles_int8_available()).

@@ -29,6 +29,7 @@ expect_type(BOOLEAN run deterministic)
 expect_type(BOOLEAN run chunked_prefill)
 expect_type(BOOLEAN run int8_activations)
 expect_type(NUMBER run int8_decode_rows)
+expect_type(STRING run int8_tiles)
 expect_type(STRING run attention_prefill_products)
 expect_type(STRING run attention_decode_products)
 

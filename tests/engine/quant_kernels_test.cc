@@ -20,6 +20,7 @@
 #include "engine/gemm.h"
 #include "engine/onednn_matmul.h"
 #include "engine/weight_matrix.h"
+#include "pagedattn/cpu_features.h"
 #include "pagedattn/dtype.h"
 #include "pagedattn/errors.h"
 #include "pagedattn/gguf_types.h"
@@ -1185,7 +1186,15 @@ Int8Terms int8_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
   return t;
 }
 
-// The int8 tiles (AVX512-VNNI) against a double product of the block
+// The int8 tiles of every kind this CPU runs (AVX512-VNNI, AVX-VNNI, AVX2).
+std::vector<Int8Tiles> runnable_int8_tiles() {
+  std::vector<Int8Tiles> kinds;
+  for (const Int8Tiles kind : {Int8Tiles::kAvx512Vnni, Int8Tiles::kAvxVnni, Int8Tiles::kAvx2})
+    if (int8_tiles_runnable(kind)) kinds.push_back(kind);
+  return kinds;
+}
+
+// The int8 tiles of each kind against a double product of the block
 // definition's weights and x rounded as quantize_activations_q8 rounds it
 // (the mins times exact x). Per weight row and S inputs (32; Q6_K 16) the
 // integer sum is exact and converts exactly (< 2^24); times dx rounds once,
@@ -1195,92 +1204,200 @@ Int8Terms int8_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
 // 131 rows (past a pass of 128), rows of whole 64-input vectors and of 32
 // over, ldy > out, column ranges that start inside a group of 16, accumulate.
 TEST(DotTiles, Int8MatchesADoubleReferenceOfTheRoundedActivations) {
-  if (!dot_tiles_int8_available()) GTEST_SKIP() << "no AVX512-VNNI on this CPU or target";
+  if (runnable_int8_tiles().empty()) GTEST_SKIP() << "no int8 tiles on this CPU";
   std::mt19937 rng(35);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   core::CacheLineVector<float> scratch;
-  for (const WeightFormat f : kInt8Formats)
-    for (const auto& [in32, out, rows, begin] : {std::tuple{96, 13, 9, 0},
-                                                 {288, 37, 23, 5},
-                                                 {512, 45, 70, 17},
-                                                 {256, 16, 131, 3},
-                                                 {160, 29, 2, 1},
-                                                 {64, 40, 5, 0}}) {
-      const std::int32_t in = weight_format_block(f) == kQuantKBlock ? 256 * (in32 / 96 + 1) : in32;
-      const std::int32_t ldy = out + 3;
-      const auto w = random_blocks(f, out, in, rng, 0.05f);
-      std::vector<Int8Terms> terms;
-      for (std::int32_t o = 0; o < out; ++o)
-        terms.push_back(int8_terms(f, w.data() + o * weight_row_bytes(f, in), in));
-      std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
-      for (auto& v : x) v = value(rng) * (rows == 23 ? 1e-3f : 1.0f);
-      for (auto& v : y0) v = value(rng);
-      const std::vector<double> rounded = int8_rounded(x, rows, in);
-      for (const bool accumulate : {false, true}) {
-        std::vector<float> y = y0;
-        DotTilesArgs args{x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate};
-        args.int8 = true;
-        dot_tiles(args, begin, out, scratch);
-        for (std::int32_t r = 0; r < rows; ++r)
-          for (std::int32_t o = 0; o < ldy; ++o) {
-            const std::size_t at = std::size_t(r) * ldy + o;
-            if (o < begin || o >= out) {
-              ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
-              continue;
+  for (const Int8Tiles kind : runnable_int8_tiles())
+    for (const WeightFormat f : kInt8Formats)
+      for (const auto& [in32, out, rows, begin] : {std::tuple{96, 13, 9, 0},
+                                                   {288, 37, 23, 5},
+                                                   {512, 45, 70, 17},
+                                                   {256, 16, 131, 3},
+                                                   {160, 29, 2, 1},
+                                                   {64, 40, 5, 0}}) {
+        const std::int32_t in =
+            weight_format_block(f) == kQuantKBlock ? 256 * (in32 / 96 + 1) : in32;
+        const std::int32_t ldy = out + 3;
+        const auto w = random_blocks(f, out, in, rng, 0.05f);
+        std::vector<Int8Terms> terms;
+        for (std::int32_t o = 0; o < out; ++o)
+          terms.push_back(int8_terms(f, w.data() + o * weight_row_bytes(f, in), in));
+        std::vector<float> x(std::size_t(rows) * in), y0(std::size_t(rows) * ldy);
+        for (auto& v : x) v = value(rng) * (rows == 23 ? 1e-3f : 1.0f);
+        for (auto& v : y0) v = value(rng);
+        const std::vector<double> rounded = int8_rounded(x, rows, in);
+        for (const bool accumulate : {false, true}) {
+          std::vector<float> y = y0;
+          DotTilesArgs args{x.data(), rows, in, w.data(), f, y.data(), ldy, accumulate};
+          args.int8 = true;
+          dot_tiles_int8(args, begin, out, scratch, kind);
+          for (std::int32_t r = 0; r < rows; ++r)
+            for (std::int32_t o = 0; o < ldy; ++o) {
+              const std::size_t at = std::size_t(r) * ldy + o;
+              if (o < begin || o >= out) {
+                ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
+                continue;
+              }
+              double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
+              for (std::int32_t i = 0; i < in; ++i) {
+                const std::size_t xi = std::size_t(r) * in + i;
+                const double q = terms[std::size_t(o)].quant[std::size_t(i)] * rounded[xi];
+                const double m = terms[std::size_t(o)].min[std::size_t(i)] * x[xi];
+                want += q + m;
+                a += std::abs(q) + std::abs(m);
+              }
+              ASSERT_LE(std::abs(y[at] - want), (in / 16.0 + 16) * 0x1p-24 * a + 1e-30)
+                  << int8_tiles_name(kind) << " " << weight_format_name(f) << " in " << in
+                  << " rows " << rows << " r " << r << " o " << o << " accumulate " << accumulate
+                  << " got " << y[at] << " want " << want;
             }
-            double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
-            for (std::int32_t i = 0; i < in; ++i) {
-              const std::size_t xi = std::size_t(r) * in + i;
-              const double q = terms[std::size_t(o)].quant[std::size_t(i)] * rounded[xi];
-              const double m = terms[std::size_t(o)].min[std::size_t(i)] * x[xi];
-              want += q + m;
-              a += std::abs(q) + std::abs(m);
-            }
-            ASSERT_LE(std::abs(y[at] - want), (in / 16.0 + 16) * 0x1p-24 * a + 1e-30)
-                << weight_format_name(f) << " in " << in << " rows " << rows << " r " << r << " o "
-                << o << " accumulate " << accumulate << " got " << y[at] << " want " << want;
-          }
+        }
       }
-    }
 }
 
 // A row's int8 tile result is the same bits alone, in any batch (across the
-// passes of 128 rows too) and over any column range (a column's lane in its
-// group of 16 moves with the range's start); float weights ignore int8.
-TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchOrColumnRange) {
-  if (!dot_tiles_int8_available()) GTEST_SKIP() << "no AVX512-VNNI on this CPU or target";
+// passes of 128 rows too), over any column range (a column's lane in its
+// group of 16 or 8 moves with the range's start) and on every kind of tile
+// (AVX512-VNNI's, AVX-VNNI's and AVX2's run the same f32 operations on the
+// same exact integer sums); float weights ignore int8.
+TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchColumnRangeOrTileKind) {
+  const std::vector<Int8Tiles> kinds = runnable_int8_tiles();
+  if (kinds.empty()) GTEST_SKIP() << "no int8 tiles on this CPU";
   std::mt19937 rng(36);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   core::CacheLineVector<float> scratch;
   for (const WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kQ5_0, WeightFormat::kQ4_K,
-                               WeightFormat::kQ6_K, WeightFormat::kF16}) {
+                               WeightFormat::kQ4_1, WeightFormat::kQ6_K, WeightFormat::kF16}) {
     const std::int32_t in = 512, out = 37, rows = 140;
     const auto w = random_blocks(f, out, in, rng, 0.05f);
     std::vector<float> x(std::size_t(rows) * in), all(std::size_t(rows) * out);
     for (auto& v : x) v = value(rng);
     DotTilesArgs args{x.data(), rows, in, w.data(), f, all.data(), out, false};
     args.int8 = true;
-    dot_tiles(args, 0, out, scratch);
     if (!has_int8_products(f)) {
+      dot_tiles(args, 0, out, scratch);
       std::vector<float> f32(all.size());
       dot_tiles({x.data(), rows, in, w.data(), f, f32.data(), out, false}, 0, out, scratch);
       EXPECT_EQ(all, f32) << weight_format_name(f);
       continue;
     }
-    for (const auto& [first, count] : {std::pair{0, 1}, {130, 1}, {3, 9}, {120, 20}})
-      for (const auto& [begin, end] : {std::pair{0, out}, {5, 6}, {3, 30}, {36, 37}}) {
-        std::vector<float> part(std::size_t(count) * out, -7.0f);
-        DotTilesArgs some{
-            x.data() + std::size_t(first) * in, count, in, w.data(), f, part.data(), out, false};
-        some.int8 = true;
-        dot_tiles(some, begin, end, scratch);
-        for (std::int32_t r = 0; r < count; ++r)
-          ASSERT_EQ(0, std::memcmp(part.data() + std::size_t(r) * out + begin,
-                                   all.data() + std::size_t(first + r) * out + begin,
-                                   std::size_t(end - begin) * sizeof(float)))
-              << weight_format_name(f) << " row " << first + r << " of a batch of " << count
-              << " columns [" << begin << ", " << end << ")";
+    dot_tiles_int8(args, 0, out, scratch, kinds.front());
+    for (const Int8Tiles kind : kinds)
+      for (const auto& [first, count] : {std::pair{0, 1}, {130, 1}, {3, 9}, {120, 20}})
+        for (const auto& [begin, end] : {std::pair{0, out}, {5, 6}, {3, 30}, {36, 37}}) {
+          std::vector<float> part(std::size_t(count) * out, -7.0f);
+          DotTilesArgs some{
+              x.data() + std::size_t(first) * in, count, in, w.data(), f, part.data(), out, false};
+          some.int8 = true;
+          dot_tiles_int8(some, begin, end, scratch, kind);
+          for (std::int32_t r = 0; r < count; ++r)
+            ASSERT_EQ(0, std::memcmp(part.data() + std::size_t(r) * out + begin,
+                                     all.data() + std::size_t(first + r) * out + begin,
+                                     std::size_t(end - begin) * sizeof(float)))
+                << int8_tiles_name(kind) << " against " << int8_tiles_name(kinds.front()) << " "
+                << weight_format_name(f) << " row " << first + r << " of a batch of " << count
+                << " columns [" << begin << ", " << end << ")";
+        }
+  }
+}
+
+// The largest integer products each format can form: AVX2's vpmaddubsw adds
+// two u8 x s8 products into a saturating 16-bit sum, which Q8_0's quants xor
+// 0x80 (up to 255) times x's 127 would pass. Weights whose quants all sit at
+// their format's ends, times rows of x at +-127 with the weights' signs (so
+// that each pair's products add up), must still match the double reference
+// exactly up to the f32 roundings, on every kind.
+TEST(DotTiles, Int8TilesKeepTheLargestProductsExact) {
+  const std::vector<Int8Tiles> kinds = runnable_int8_tiles();
+  if (kinds.empty()) GTEST_SKIP() << "no int8 tiles on this CPU";
+  std::mt19937 rng(37);
+  core::CacheLineVector<float> scratch;
+  for (const WeightFormat f : kInt8Formats) {
+    const std::int32_t in = weight_format_block(f) == kQuantKBlock ? 512 : 128, out = 11, rows = 6;
+    auto w = random_blocks(f, out, in, rng, 0.05f);
+    // Each block's quants all at one end of their range.
+    std::bernoulli_distribution coin(0.5);
+    const std::int64_t block = weight_block_bytes(f);
+    for (std::size_t at = 0; at < w.size(); at += std::size_t(block)) {
+      std::uint8_t* b = w.data() + at;
+      const bool high = coin(rng);
+      switch (f) {
+        case WeightFormat::kQ8_0:  // int8 quants -128 or 127, runs of one sign
+          for (std::int32_t i = 0; i < 32; ++i) b[2 + i] = high ? 0x7f : 0x80;
+          break;
+        case WeightFormat::kQ6_K:  // ql and qh: every 6-bit quant 0 or 63
+          std::memset(b, high ? 0xff : 0x00, 192);
+          break;
+        case WeightFormat::kQ4_K:
+          std::memset(b + 16, high ? 0xff : 0x00, 128);
+          break;
+        case WeightFormat::kQ5_K:
+          std::memset(b + 16, high ? 0xff : 0x00, 160);
+          break;
+        default:  // the 32-weight formats: nibbles (and fifth bits) after d (and m)
+          std::memset(b + 2, high ? 0xff : 0x00, std::size_t(block - 2));
+          if (f == WeightFormat::kQ4_1 || f == WeightFormat::kQ5_1) {
+            const std::uint16_t m = float_to_f16_bits(0.01f);
+            std::memcpy(b + 2, &m, 2);
+          }
       }
+    }
+    std::vector<Int8Terms> terms;
+    for (std::int32_t o = 0; o < out; ++o)
+      terms.push_back(int8_terms(f, w.data() + o * weight_row_bytes(f, in), in));
+    // x = +-1 with the sign of weight row r % out's quant term: every
+    // product of a pair adds, and x8 = +-127.
+    std::vector<float> x(std::size_t(rows) * in);
+    for (std::int32_t r = 0; r < rows; ++r)
+      for (std::int32_t i = 0; i < in; ++i)
+        x[std::size_t(r) * in + i] =
+            terms[std::size_t(r % out)].quant[std::size_t(i)] < 0 ? -1.0f : 1.0f;
+    const std::vector<double> rounded = int8_rounded(x, rows, in);
+    for (const Int8Tiles kind : kinds) {
+      std::vector<float> y(std::size_t(rows) * out);
+      DotTilesArgs args{x.data(), rows, in, w.data(), f, y.data(), out, false};
+      args.int8 = true;
+      dot_tiles_int8(args, 0, out, scratch, kind);
+      for (std::int32_t r = 0; r < rows; ++r)
+        for (std::int32_t o = 0; o < out; ++o) {
+          double want = 0.0, a = 0.0;
+          for (std::int32_t i = 0; i < in; ++i) {
+            const std::size_t xi = std::size_t(r) * in + i;
+            const double q = terms[std::size_t(o)].quant[std::size_t(i)] * rounded[xi];
+            const double m = terms[std::size_t(o)].min[std::size_t(i)] * x[xi];
+            want += q + m;
+            a += std::abs(q) + std::abs(m);
+          }
+          const float got = y[std::size_t(r) * out + o];
+          ASSERT_LE(std::abs(got - want), (in / 16.0 + 16) * 0x1p-24 * a + 1e-30)
+              << int8_tiles_name(kind) << " " << weight_format_name(f) << " r " << r << " o " << o
+              << " got " << got << " want " << want;
+        }
+    }
+  }
+}
+
+// The dispatched kind is one this CPU runs; a kind it does not run, or
+// none, is refused naming it.
+TEST(DotTiles, Int8TilesRunOnlyWhereTheCpuHasThem) {
+  EXPECT_TRUE(int8_tiles_runnable(int8_tiles())) << int8_tiles_name(int8_tiles());
+  EXPECT_EQ(dot_tiles_int8_available(), int8_tiles() != Int8Tiles::kNone);
+  EXPECT_TRUE(int8_tiles() != Int8Tiles::kAvx512Vnni || dispatched_features().avx512_vnni);
+  std::vector<float> x(32, 1.0f), y(1);
+  const std::vector<std::uint8_t> w(std::size_t(weight_row_bytes(WeightFormat::kQ8_0, 32)));
+  DotTilesArgs args{x.data(), 1, 32, w.data(), WeightFormat::kQ8_0, y.data(), 1, false};
+  args.int8 = true;
+  core::CacheLineVector<float> scratch;
+  for (const Int8Tiles kind :
+       {Int8Tiles::kNone, Int8Tiles::kAvx2, Int8Tiles::kAvxVnni, Int8Tiles::kAvx512Vnni}) {
+    if (kind != Int8Tiles::kNone && int8_tiles_runnable(kind)) continue;
+    try {
+      dot_tiles_int8(args, 0, 1, scratch, kind);
+      ADD_FAILURE() << "dot_tiles_int8 ran on " << int8_tiles_name(kind);
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(int8_tiles_name(kind)), std::string::npos) << e.what();
+    }
   }
 }
 

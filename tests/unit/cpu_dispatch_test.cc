@@ -206,9 +206,12 @@ TEST(CpuDispatch, FeaturesFollowTheTarget) {
   EXPECT_TRUE(!used.avx512_fp16 || cpu.avx512_fp16);
   EXPECT_TRUE(!used.avx512_vbmi || cpu.avx512_vbmi);
   EXPECT_TRUE(!cpu.avx512_vbmi || cpu.avx512bw);
+  EXPECT_TRUE(!used.avx_vnni || cpu.avx_vnni);
+  EXPECT_TRUE(!cpu.avx_vnni || cpu.avx2);
   if (cpu_supports("avx2")) {
     set_max_target("avx2");
-    EXPECT_EQ(feature_names(dispatched_features()), "sse4_2 avx2 fma f16c");
+    EXPECT_EQ(feature_names(dispatched_features()),
+              cpu.avx_vnni ? "sse4_2 avx2 fma f16c avx_vnni" : "sse4_2 avx2 fma f16c");
   }
 }
 
@@ -236,6 +239,11 @@ TEST(CpuDispatch, DisabledFeaturesLeaveTheKernelsChoice) {
   EXPECT_EQ(disabled_features(), "avx512_vbmi");
   set_disabled_features("avx512_bf16");
   EXPECT_EQ(dispatched_features().avx512_vbmi, cpu.avx512_vbmi && used.avx512f);
+  set_disabled_features("avx_vnni");
+  EXPECT_FALSE(dispatched_features().avx_vnni);
+  EXPECT_EQ(disabled_features(), "avx_vnni");
+  set_disabled_features("avx512_bf16");
+  EXPECT_EQ(dispatched_features().avx_vnni, cpu.avx_vnni && used.avx2);
   try {
     set_disabled_features("amx_bf16,amx_int8");
     FAIL() << "set_disabled_features accepted amx_int8";
