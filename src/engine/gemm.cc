@@ -410,7 +410,7 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
     const bool tiles = dot_tiles_int8_available();
     if (int8 && int8_in_place(a.rows, tiles))
       linear_quant_direct(a, true);
-    else if (int8 && tiles)
+    else if (int8 && tiles && int8_tiles_take(a.rows, int8_tiles()))
       linear_tiled(a, scratch, false, true);
     else if (a.deterministic)  // dot_tiles' bits do not depend on the batch at any size
       linear_tiled(a, scratch, false);

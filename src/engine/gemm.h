@@ -115,6 +115,16 @@ inline constexpr std::int32_t kInt8DirectRows = 8;
 // AVX2) beat the in-place int8 kernels from 3 rows too ("Int8 tiles on AVX2
 // and AVX-VNNI").
 inline constexpr std::int32_t kInt8TileMinRows = 3;
+// The most rows the int8 tiles take on AVX2's vpmaddubsw (Int8Tiles::kAvx2,
+// three instructions where VNNI takes one): larger batches take the f32
+// batch paths, whose dequantise + oneDNN f32 matmul measured faster there
+// from about 128 rows (docs/benchmarks.md, "Int8 tiles on AVX2 and
+// AVX-VNNI"); the VNNI tiles take every batch.
+inline constexpr std::int32_t kInt8Avx2TileRows = kDotTileRows;
+constexpr bool int8_tiles_take(std::int32_t rows, Int8Tiles kind) {
+  return kind == Int8Tiles::kAvx512Vnni || kind == Int8Tiles::kAvxVnni ||
+         (kind == Int8Tiles::kAvx2 && rows <= kInt8Avx2TileRows);
+}
 // Whether an int8 batch of `rows` runs the in-place int8 kernels, given
 // whether the int8 tiles are there (dot_tiles_int8_available()).
 constexpr bool int8_in_place(std::int32_t rows, bool tiles) {

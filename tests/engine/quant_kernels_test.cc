@@ -1379,8 +1379,15 @@ TEST(DotTiles, Int8TilesKeepTheLargestProductsExact) {
 }
 
 // The dispatched kind is one this CPU runs; a kind it does not run, or
-// none, is refused naming it.
+// none, is refused naming it. linear() sends the VNNI tiles every batch,
+// AVX2's up to kInt8Avx2TileRows rows.
 TEST(DotTiles, Int8TilesRunOnlyWhereTheCpuHasThem) {
+  for (const std::int32_t rows : {3, 64, 65, 2048}) {
+    EXPECT_TRUE(int8_tiles_take(rows, Int8Tiles::kAvx512Vnni));
+    EXPECT_TRUE(int8_tiles_take(rows, Int8Tiles::kAvxVnni));
+    EXPECT_EQ(int8_tiles_take(rows, Int8Tiles::kAvx2), rows <= kInt8Avx2TileRows);
+    EXPECT_FALSE(int8_tiles_take(rows, Int8Tiles::kNone));
+  }
   EXPECT_TRUE(int8_tiles_runnable(int8_tiles())) << int8_tiles_name(int8_tiles());
   EXPECT_EQ(dot_tiles_int8_available(), int8_tiles() != Int8Tiles::kNone);
   EXPECT_TRUE(int8_tiles() != Int8Tiles::kAvx512Vnni || dispatched_features().avx512_vnni);
@@ -1416,9 +1423,10 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
   set_int8_activations_default(true);
   for (const WeightFormat f :
        {WeightFormat::kQ8_0, WeightFormat::kQ5_0, WeightFormat::kQ4_K, WeightFormat::kQ6_K})
-    for (const std::int32_t rows : {1, 2, 3, 4, 5, 9, 32, 33}) {
+    for (const std::int32_t rows : {1, 2, 3, 4, 5, 9, 32, 33, 96}) {
       const std::int32_t in = 512, out = 300;
       const bool in_place = int8_in_place(rows, dot_tiles_int8_available());
+      const bool tiles = dot_tiles_int8_available() && int8_tiles_take(rows, int8_tiles());
       const auto w = f == WeightFormat::kQ4_K || f == WeightFormat::kQ6_K
                          ? random_blocks(f, out, in, rng, 0.05f)
                          : random_weights(f, out, in, rng);
@@ -1449,7 +1457,7 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
       if (in_place) {
         EXPECT_EQ(run(Activations::kDefault, false), int8);
         EXPECT_EQ(run(Activations::kInt8, false), int8);
-      } else if (dot_tiles_int8_available()) {  // the int8 tiles
+      } else if (tiles) {  // the int8 tiles
         std::vector<float> tiles(std::size_t(rows) * out);
         core::CacheLineVector<float> scratch;
         DotTilesArgs d{x.data(), rows, in, w.data(), f, tiles.data(), out, false};
