@@ -268,6 +268,56 @@ void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
                  (one_region ? " one team" : " a region per product"));
 }
 
+// One thread's share of a product split over `threads` (out / threads
+// columns) on the int8 tiles, us per share: the thread rounding every row
+// of x itself (once 0: what each thread of the product did until x was
+// rounded once for all), or reading rows rounded once (once 1,
+// DotTilesArgs::x_rows) plus its 1 / threads of the rounding
+// (quantize_int8_rows), as a step's norm splits it. Args: out, in, rows,
+// threads, once. On 2 cores it times what one of 16 threads does.
+void BM_Int8ThreadShare(benchmark::State& state, WeightFormat f) {
+  if (!pagedattn::engine::dot_tiles_int8_available())
+    return state.SkipWithError("no int8 tiles here");
+  const auto out = static_cast<std::int32_t>(state.range(0));
+  const auto in = static_cast<std::int32_t>(state.range(1));
+  const auto rows = static_cast<std::int32_t>(state.range(2));
+  const auto threads = static_cast<std::int32_t>(state.range(3));
+  const bool once = state.range(4) != 0;
+  const auto w = random_matrices(f, out, in, 1);
+  pagedattn::core::CacheLineVector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (auto& v : x) v = value(rng);
+  pagedattn::engine::Int8Rows rounded;
+  rounded.resize(rows, in);
+  pagedattn::engine::quantize_int8_rows(x.data(), 0, rows, rounded);
+  pagedattn::core::CacheLineVector<float> tiles;
+  pagedattn::engine::DotTilesArgs args{x.data(), rows, in, w.data(), f, y.data(), out, false};
+  args.int8 = true;
+  if (once) args.x_rows = &rounded;
+  const std::int32_t share = out / threads / 4 * 4, my_rows = (rows + threads - 1) / threads;
+  for (auto _ : state) {
+    if (once) pagedattn::engine::quantize_int8_rows(x.data(), 0, std::min(my_rows, rows), rounded);
+    pagedattn::engine::dot_tiles(args, 0, share, tiles);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) +
+                 (once ? " x rounded once" : " x rounded by the thread"));
+}
+
+// SmolLM2's layer products at 32 and 64 rows: a 16th of their columns.
+void ThreadShareShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"out", "in", "rows", "threads", "once"});
+  for (const std::int64_t rows : {32, 64})
+    for (const std::int64_t once : {0, 1}) {
+      b->Args({960, 576, rows, 16, once});   // q, k, v
+      b->Args({3072, 576, rows, 16, once});  // gate, up
+      b->Args({576, 1536, rows, 16, once});  // down
+    }
+  b->Unit(benchmark::kMicrosecond);
+}
+
 // SmolLM2's down projection (576 x 1536) and, for the 32-weight formats
 // (the K-quants need whole 256-weight rows), its gate and up (1536 x 576).
 void AddBatchShapes(benchmark::internal::Benchmark* b, bool k_quant) {
@@ -327,6 +377,8 @@ BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
     ->ArgNames({"rows", "one_region"})
     ->ArgsProduct({{1, 2, 4, 16, 32}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Int8ThreadShare, q4_1, WeightFormat::kQ4_1)->Apply(ThreadShareShapes);
+BENCHMARK_CAPTURE(BM_Int8ThreadShare, q5_0, WeightFormat::kQ5_0)->Apply(ThreadShareShapes);
 BENCHMARK_CAPTURE(BM_Batch, f32, WeightFormat::kF32)->Apply(FloatBatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, f16, WeightFormat::kF16)->Apply(FloatBatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);

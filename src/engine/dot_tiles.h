@@ -33,6 +33,27 @@ inline constexpr std::int32_t kDotTileRows = 64;
 // them in registers instead of through L1 (same bits).
 inline constexpr std::int32_t kRegisterRows = 4;
 
+// Rows of x rounded to int8 once for all the threads of the products that
+// read them (DotTilesArgs::x_rows, LinearArgs::x_int8): what each thread of
+// the int8 tiles would otherwise round again for itself, every row of the
+// batch per thread. A step's norm rounds each row right after norming it,
+// on the thread that normed it.
+struct Int8Rows {
+  std::int32_t rows = 0, in = 0;
+  core::CacheLineVector<std::int8_t> x8;       // [rows][in]: quantize_activations_q8's
+  core::CacheLineVector<float> dx;             // [rows][in / 32]: its scales
+  core::CacheLineVector<float> xsums;          // [rows][in / 32]: exact f32 sums of x
+  core::CacheLineVector<std::int32_t> sums16;  // [rows][in / 16]: sums of x8
+  // Room for `rows` of `in` (a multiple of 32). Not inside a team.
+  void resize(std::int32_t rows, std::int32_t in);
+};
+
+// Rounds rows [begin, end) of x ([out.rows][out.in]) into `out`, as the
+// int8 tiles round them (the same bytes and sums). Threads may round
+// disjoint ranges of one Int8Rows at once. Only where
+// dot_tiles_int8_available(); InvalidArgument elsewhere.
+void quantize_int8_rows(const float* x, std::int32_t begin, std::int32_t end, Int8Rows& out);
+
 struct DotTilesArgs {
   const float* x = nullptr;  // [rows][in]
   std::int32_t rows = 0;
@@ -55,6 +76,10 @@ struct DotTilesArgs {
   // of x), where dot_tiles_int8_available();
   // ignored elsewhere and for float weights. Takes precedence over bf16.
   bool int8 = false;
+  // With int8: x's rows already rounded (quantize_int8_rows, at least
+  // `rows` of `in`), read instead of rounding them again; x itself is then
+  // not read.
+  const Int8Rows* x_rows = nullptr;
 };
 
 // Whether dot_tiles honours DotTilesArgs::bf16 here: an AVX-512 target was

@@ -84,28 +84,19 @@ template <std::int32_t R, std::int32_t kSub, bool kMins>
 PAGEDATTN_VNNI void Tile(const PassRows& p, std::int32_t row, const Group& g, std::int32_t in,
                          std::int32_t cols, float* y, std::int32_t ldy, bool accumulate) {
   constexpr std::int32_t kSteps = kSub / 4;
-  const std::int32_t subs = in / kSub, blocks = in / 32;
-  const std::int8_t* x8[R];
-  const float* dx[R];
-  const float* xsums[R];
-  const std::int32_t* zsums[R];
+  const std::int32_t subs = in / kSub;
+  const TileRows<R> rows(p, row, in, kSub);
   __m512 total[R];
-  for (std::int32_t r = 0; r < R; ++r) {
-    x8[r] = p.x8 + std::size_t(row + r) * in;
-    dx[r] = p.dx + std::size_t(row + r) * blocks;
-    xsums[r] = p.xsums + std::size_t(row + r) * blocks;
-    zsums[r] = p.zsums + std::size_t(row + r) * subs;
-    total[r] = _mm512_setzero_ps();
-  }
+  for (std::int32_t r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
   const auto* quants = reinterpret_cast<const __m512i*>(g.quants);
   for (std::int32_t s = 0; s < subs; ++s) {
     __m512i sum[R];
-    for (std::int32_t r = 0; r < R; ++r) sum[r] = _mm512_set1_epi32(zsums[r][s]);
+    for (std::int32_t r = 0; r < R; ++r) sum[r] = _mm512_set1_epi32(rows.zsums[r][s]);
     for (std::int32_t t = 0; t < kSteps; ++t) {
       const __m512i w = _mm512_load_si512(quants + s * kSteps + t);
       for (std::int32_t r = 0; r < R; ++r) {
         std::int32_t four;
-        std::memcpy(&four, x8[r] + s * kSub + 4 * t, sizeof four);
+        std::memcpy(&four, rows.x8[r] + s * kSub + 4 * t, sizeof four);
         sum[r] = _mm512_dpbusd_epi32(sum[r], w, _mm512_set1_epi32(four));
       }
     }
@@ -113,11 +104,12 @@ PAGEDATTN_VNNI void Tile(const PassRows& p, std::int32_t row, const Group& g, st
     const std::int32_t block = s * kSub / 32;
     for (std::int32_t r = 0; r < R; ++r)
       total[r] = _mm512_fmadd_ps(
-          _mm512_mul_ps(_mm512_cvtepi32_ps(sum[r]), _mm512_set1_ps(dx[r][block])), scale, total[r]);
+          _mm512_mul_ps(_mm512_cvtepi32_ps(sum[r]), _mm512_set1_ps(rows.dx[r][block])), scale,
+          total[r]);
     if constexpr (kMins) {
       const __m512 min = _mm512_load_ps(g.mins + std::size_t(s) * kGroupColumns);
       for (std::int32_t r = 0; r < R; ++r)
-        total[r] = _mm512_fmadd_ps(min, _mm512_set1_ps(xsums[r][s]), total[r]);
+        total[r] = _mm512_fmadd_ps(min, _mm512_set1_ps(rows.xsums[r][s]), total[r]);
     }
   }
   const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);

@@ -51,6 +51,18 @@ void dot_tiles_int8_256(const DotTilesArgs& a, std::int32_t out_begin, std::int3
   avx2::DotTilesInt8(a, out_begin, out_end, scratch);
 }
 
+// Every kind of tile rounds a row with the same operations (AVX2 ones):
+// this is each kind's QuantizeRow.
+void quantize_int8_rows(const float* x, std::int32_t begin, std::int32_t end, Int8Rows& out) {
+  require(dot_tiles_int8_available(), "quantize_int8_rows: no int8 tiles on this CPU");
+  const std::int32_t in = out.in, blocks = in / 32;
+  for (std::int32_t r = begin; r < end; ++r)
+    avx2::QuantizeRow(x + std::size_t(r) * in, in, true, out.x8.data() + std::size_t(r) * in,
+                      out.dx.data() + std::size_t(r) * blocks,
+                      out.xsums.data() + std::size_t(r) * blocks,
+                      out.sums16.data() + std::size_t(r) * (in / 16));
+}
+
 #else
 
 void dot_tiles_int8_256(const DotTilesArgs&, std::int32_t, std::int32_t,
@@ -58,6 +70,22 @@ void dot_tiles_int8_256(const DotTilesArgs&, std::int32_t, std::int32_t,
   throw InvalidArgument("dot_tiles_int8: no int8 tiles on this architecture");
 }
 
+void quantize_int8_rows(const float*, std::int32_t, std::int32_t, Int8Rows&) {
+  throw InvalidArgument("quantize_int8_rows: no int8 tiles on this architecture");
+}
+
 #endif
+
+void Int8Rows::resize(std::int32_t count, std::int32_t width) {
+  require(count >= 0 && width >= 0 && width % 32 == 0, "Int8Rows::resize: ", count, " rows of ",
+          width, " (a multiple of 32)");
+  rows = count;
+  in = width;
+  const auto n = std::size_t(count) * std::size_t(width);
+  x8.resize(n);
+  dx.resize(n / 32);
+  xsums.resize(n / 32);
+  sums16.resize(n / 16);
+}
 
 }  // namespace pagedattn::engine

@@ -152,7 +152,17 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
 constexpr std::int64_t kTileParallelWork = kParallelWork / 4;
 
 void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = false) {
-  const DotTilesArgs d{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, bf16, int8};
+  const DotTilesArgs d{a.x,
+                       a.rows,
+                       a.in,
+                       a.w,
+                       a.w_format,
+                       a.y,
+                       ldy(a),
+                       a.accumulate,
+                       bf16,
+                       int8,
+                       int8 ? a.x_int8 : nullptr};
   const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork ||
                      (a.w_format != WeightFormat::kF32 && worth_threads_quant(a));
   const WorkSplit split = split_columns(a.out, worth ? core::available_threads() : 1);
@@ -395,9 +405,21 @@ void use_single_threaded_blas() {
   if (blas_threads() > 1) set_blas_threads(1);
 }
 
+bool takes_int8_tiles(std::int32_t rows, WeightFormat format, bool deterministic,
+                      Activations activations) {
+  const Activations chosen =
+      activations == Activations::kDefault ? default_activations() : activations;
+  const bool tiles = dot_tiles_int8_available();
+  return !deterministic && chosen == Activations::kInt8 && has_int8_products(format) && tiles &&
+         !int8_in_place(rows, tiles) && int8_tiles_take(rows, int8_tiles());
+}
+
 void linear(const LinearArgs& a, LinearScratch& scratch) {
   require(a.ldy == 0 || a.ldy >= a.out, "linear: ldy = ", a.ldy,
           " is neither 0 (y's rows are out = ", a.out, " long) nor >= out");
+  require(a.x_int8 == nullptr || (a.x_int8->in == a.in && a.x_int8->rows >= a.rows),
+          "linear: x_int8 holds ", a.x_int8 ? a.x_int8->rows : 0, " rows of ",
+          a.x_int8 ? a.x_int8->in : 0, ", not ", a.rows, " of in = ", a.in);
   if (a.rows == 0) return;
   const bool bf16 = !a.deterministic && (a.bf16_batches || default_bf16_batches()) &&
                     a.rows >= kBf16MinRows && a.in % kQuantBlock == 0 && dot_tiles_bf16_available();
@@ -407,10 +429,9 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
     // 16-bit weights have no int8 kernels: they keep the f32 routes.
     const bool int8 =
         !a.deterministic && chosen == Activations::kInt8 && has_int8_products(a.w_format);
-    const bool tiles = dot_tiles_int8_available();
-    if (int8 && int8_in_place(a.rows, tiles))
+    if (int8 && int8_in_place(a.rows, dot_tiles_int8_available()))
       linear_quant_direct(a, true);
-    else if (int8 && tiles && int8_tiles_take(a.rows, int8_tiles()))
+    else if (takes_int8_tiles(a.rows, a.w_format, a.deterministic, a.activations))
       linear_tiled(a, scratch, false, true);
     else if (a.deterministic)  // dot_tiles' bits do not depend on the batch at any size
       linear_tiled(a, scratch, false);

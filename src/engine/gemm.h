@@ -58,6 +58,11 @@ struct LinearArgs {
   // kOneDnnBf16MinRows rows), else f32. Also on when the innermost
   // ScopedActivations asks for it.
   bool bf16_batches = false;
+  // Where the batch takes the int8 tiles (takes_int8_tiles): x's rows
+  // already rounded (quantize_int8_rows; at least `rows` of `in`), which
+  // every thread reads instead of rounding all of them for itself. Ignored
+  // on every other path.
+  const Int8Rows* x_int8 = nullptr;
 };
 
 // Quantised and 16-bit weights: the batches that run the in-place kernels
@@ -130,6 +135,12 @@ constexpr bool int8_tiles_take(std::int32_t rows, Int8Tiles kind) {
 constexpr bool int8_in_place(std::int32_t rows, bool tiles) {
   return rows < kInt8TileMinRows || (!tiles && rows <= kInt8DirectRows);
 }
+
+// Whether linear() runs a batch of `rows` against `format` weights on the
+// int8 tiles, on this thread now (ScopedActivations, the default): where a
+// caller may round x once for all threads (LinearArgs::x_int8).
+bool takes_int8_tiles(std::int32_t rows, WeightFormat format, bool deterministic,
+                      Activations activations = Activations::kDefault);
 
 // kDefault's choice: false (f32 x) unless the environment variable
 // PAGEDATTN_INT8_ACTIVATIONS is "1" when first asked, or

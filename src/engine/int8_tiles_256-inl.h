@@ -82,28 +82,19 @@ PAGEDATTN_INT8_TARGET void Tile(const PassRows& p, std::int32_t row, const Group
                                 bool accumulate) {
   constexpr std::int32_t kSteps = kSub / 4;
   static_assert(kSteps % kWiden == 0);
-  const std::int32_t subs = in / kSub, blocks = in / 32;
-  const std::int8_t* x8[R];
-  const float* dx[R];
-  const float* xsums[R];
-  const std::int32_t* zsums[R];
+  const std::int32_t subs = in / kSub;
+  const TileRows<R> rows(p, row, in, kSub);
   __m256 total[R];
-  for (std::int32_t r = 0; r < R; ++r) {
-    x8[r] = p.x8 + std::size_t(row + r) * in;
-    dx[r] = p.dx + std::size_t(row + r) * blocks;
-    xsums[r] = p.xsums + std::size_t(row + r) * blocks;
-    zsums[r] = p.zsums + std::size_t(row + r) * subs;
-    total[r] = _mm256_setzero_ps();
-  }
+  for (std::int32_t r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
   const auto* quants = reinterpret_cast<const __m256i*>(g.quants);
   const auto x_at = [&](std::int32_t r, std::int32_t s, std::int32_t t) PAGEDATTN_INT8_TARGET {
     std::int32_t four;
-    std::memcpy(&four, x8[r] + s * kSub + 4 * t, sizeof four);
+    std::memcpy(&four, rows.x8[r] + s * kSub + 4 * t, sizeof four);
     return _mm256_set1_epi32(four);
   };
   for (std::int32_t s = 0; s < subs; ++s) {
     __m256i sum[R];
-    for (std::int32_t r = 0; r < R; ++r) sum[r] = _mm256_set1_epi32(zsums[r][s]);
+    for (std::int32_t r = 0; r < R; ++r) sum[r] = _mm256_set1_epi32(rows.zsums[r][s]);
 #if PAGEDATTN_INT8_VNNI
     static_assert(!kSigned && kWiden == 1, "vpdpbusd takes Q8_0's quants xor 0x80");
     for (std::int32_t t = 0; t < kSteps; ++t) {
@@ -130,11 +121,12 @@ PAGEDATTN_INT8_TARGET void Tile(const PassRows& p, std::int32_t row, const Group
     const std::int32_t block = s * kSub / 32;
     for (std::int32_t r = 0; r < R; ++r)
       total[r] = _mm256_fmadd_ps(
-          _mm256_mul_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(dx[r][block])), scale, total[r]);
+          _mm256_mul_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_set1_ps(rows.dx[r][block])), scale,
+          total[r]);
     if constexpr (kMins) {
       const __m256 min = _mm256_load_ps(g.mins + std::size_t(s) * kGroupColumns);
       for (std::int32_t r = 0; r < R; ++r)
-        total[r] = _mm256_fmadd_ps(min, _mm256_set1_ps(xsums[r][s]), total[r]);
+        total[r] = _mm256_fmadd_ps(min, _mm256_set1_ps(rows.xsums[r][s]), total[r]);
     }
   }
   const __m256i mask =

@@ -65,12 +65,31 @@ constexpr Int8Layout layout_of(WeightFormat f, bool saturating = false) {
 inline constexpr std::int32_t kPassRows = 128;
 
 // A pass of rows of x: int8 values, their scale per 32, the exact sum of x
-// per 32 (for the mins) and -zero x the sum of the int8 values per S.
+// per 32 (for the mins) and -zero x the sum of the int8 values per S (from
+// their sums per 16).
 struct PassRows {
-  std::int8_t* x8;      // [rows][in]
-  float* dx;            // [rows][in / 32]
-  float* xsums;         // [rows][in / 32]
-  std::int32_t* zsums;  // [rows][in / S]
+  const std::int8_t* x8;  // [rows][in]
+  const float* dx;        // [rows][in / 32]
+  const float* xsums;     // [rows][in / 32]
+  std::int32_t* zsums;    // [rows][in / S]
+};
+
+// Where R rows of a pass from `row` start: what one register tile reads.
+template <std::int32_t R>
+struct TileRows {
+  const std::int8_t* x8[R];
+  const float* dx[R];
+  const float* xsums[R];
+  const std::int32_t* zsums[R];
+  TileRows(const PassRows& p, std::int32_t row, std::int32_t in, std::int32_t sub) {
+    const std::int32_t blocks = in / 32, subs = in / sub;
+    for (std::int32_t r = 0; r < R; ++r) {
+      x8[r] = p.x8 + std::size_t(row + r) * in;
+      dx[r] = p.dx + std::size_t(row + r) * blocks;
+      xsums[r] = p.xsums + std::size_t(row + r) * blocks;
+      zsums[r] = p.zsums + std::size_t(row + r) * subs;
+    }
+  }
 };
 
 // A group of weight rows in the layouts above. Columns past the group's end
@@ -102,20 +121,29 @@ inline std::size_t padded_in(std::int32_t in) {
 // Every part a whole number of 64-byte lines.
 struct ScratchPlan {
   static constexpr std::size_t lines(std::size_t floats) { return (floats + 15) / 16 * 16; }
-  std::size_t quants, scales, mins, x8, blocks, zsums, total;  // in floats
+  std::size_t quants, scales, mins, x8, blocks, sums, total;  // in floats
   ScratchPlan(std::int32_t in, std::int32_t columns)
       : quants(lines(padded_in(in) * std::size_t(columns) / sizeof(float))),
         scales(lines(std::size_t(in) * std::size_t(columns) / 16)),  // at most in / 16 a column
         mins(lines(std::size_t(in) * std::size_t(columns) / 32)),
         x8(lines(std::size_t(kPassRows) * in / sizeof(float))),
         blocks(lines(std::size_t(kPassRows) * in / 32)),
-        zsums(lines(std::size_t(kPassRows) * in / 16)),
-        total(2 * quants + scales + mins + x8 + 2 * blocks + zsums) {}
+        sums(lines(std::size_t(kPassRows) * in / 16)),
+        total(2 * quants + scales + mins + x8 + 2 * blocks + 2 * sums) {}
+};
+
+// A pass's own buffers, where the pass rounds its rows itself.
+struct PassBuffers {
+  std::int8_t* x8;       // [kPassRows][in]
+  float* dx;             // [kPassRows][in / 32]
+  float* xsums;          // [kPassRows][in / 32]
+  std::int32_t* sums16;  // [kPassRows][in / 16]
+  std::int32_t* zsums;   // [kPassRows][in / S]
 };
 
 // Carves `scratch` (at least plan.total floats from a cache line on) into a
-// group and a pass.
-inline void carve(const ScratchPlan& plan, float* scratch, Group& g, PassRows& p) {
+// group and a pass's buffers.
+inline void carve(const ScratchPlan& plan, float* scratch, Group& g, PassBuffers& b) {
   float* at = scratch;
   const auto take = [&](std::size_t floats) {
     float* part = at;
@@ -124,8 +152,9 @@ inline void carve(const ScratchPlan& plan, float* scratch, Group& g, PassRows& p
   };
   g = {reinterpret_cast<std::uint8_t*>(take(plan.quants)), take(plan.scales), take(plan.mins),
        reinterpret_cast<std::uint8_t*>(take(plan.quants))};
-  p = {reinterpret_cast<std::int8_t*>(take(plan.x8)), take(plan.blocks), take(plan.blocks),
-       reinterpret_cast<std::int32_t*>(take(plan.zsums))};
+  b = {reinterpret_cast<std::int8_t*>(take(plan.x8)), take(plan.blocks), take(plan.blocks),
+       reinterpret_cast<std::int32_t*>(take(plan.sums)),
+       reinterpret_cast<std::int32_t*>(take(plan.sums))};
 }
 
 }  // namespace pagedattn::engine::int8_tile_parts

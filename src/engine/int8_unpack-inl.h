@@ -157,15 +157,17 @@ PAGEDATTN_INT8_TARGET inline void UnpackRow(WeightFormat f, const std::uint8_t* 
   }
 }
 
-// The sum of 32 int8 values: xor 0x80 makes them unsigned (+128 each),
-// vpsadbw adds each 8 of them.
-PAGEDATTN_INT8_TARGET inline std::int32_t SumOf32(const std::int8_t* x8) {
+// The sums of x8[0..16) and x8[16..32): xor 0x80 makes the values
+// unsigned (+128 each), vpsadbw adds each 8 of them.
+PAGEDATTN_INT8_TARGET inline void SumsOf16(const std::int8_t* x8, std::int32_t* sums) {
   const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8)),
                                      _mm256_set1_epi8(static_cast<char>(0x80)));
-  const __m256i sums = _mm256_sad_epu8(u, _mm256_setzero_si256());  // 4 x 64-bit
-  const __m128i pair =
-      _mm_add_epi64(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-  return static_cast<std::int32_t>(_mm_cvtsi128_si64(pair) + _mm_extract_epi64(pair, 1)) - 32 * 128;
+  const __m256i eights = _mm256_sad_epu8(u, _mm256_setzero_si256());  // 4 x 64-bit
+  const __m128i low = _mm256_castsi256_si128(eights), high = _mm256_extracti128_si256(eights, 1);
+  sums[0] =
+      static_cast<std::int32_t>(_mm_cvtsi128_si64(low) + _mm_extract_epi64(low, 1)) - 16 * 128;
+  sums[1] =
+      static_cast<std::int32_t>(_mm_cvtsi128_si64(high) + _mm_extract_epi64(high, 1)) - 16 * 128;
 }
 
 // x[0] + ... + x[31] in one fixed order on every target and compiler:
@@ -179,33 +181,49 @@ PAGEDATTN_INT8_TARGET inline float SumOf32Floats(const float* x) {
   return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
 }
 
-// Rows [first, first + rows) of x into the pass `p`: int8 per 32 values,
-// their scales, the sums of x per 32 (for the mins) and -zero x the sums of
-// the int8 values per S.
-PAGEDATTN_INT8_TARGET inline void QuantizeRows(const DotTilesArgs& a, const Int8Layout& layout,
-                                               std::int32_t first, std::int32_t rows,
-                                               const PassRows& p) {
+// One row x[in] as the tiles take it: int8 per 32 values and their scales
+// (quantize_activations_q8), the exact f32 sums of x per 32 (for the mins;
+// only with `sums`) and the sums of the int8 values per 16.
+PAGEDATTN_INT8_TARGET inline void QuantizeRow(const float* x, std::int32_t in, bool sums,
+                                              std::int8_t* x8, float* dx, float* xsums,
+                                              std::int32_t* sums16) {
+  quantize_activations_q8(x, in, x8, dx);
+  for (std::int32_t b = 0; sums && b < in / 32; ++b) xsums[b] = SumOf32Floats(x + 32 * b);
+  for (std::int32_t b = 0; b < in / 32; ++b) SumsOf16(x8 + 32 * b, sums16 + 2 * b);
+}
+
+// -zero x the sums of a row's int8 values per S inputs, from their sums per 16.
+inline void ZeroSums(const Int8Layout& layout, const std::int32_t* sums16, std::int32_t in,
+                     std::int32_t* zsums) {
+  const std::int32_t per = layout.sub / 16;  // sums of 16 per S
+  for (std::int32_t s = 0; s < in / layout.sub; ++s) {
+    std::int32_t sum = 0;
+    for (std::int32_t k = 0; k < per; ++k) sum += sums16[per * s + k];
+    zsums[s] = -layout.zero * sum;
+  }
+}
+
+// The pass of rows [first, first + rows) of a's x: rounded here into `b`,
+// or read from a.x_rows where the caller rounded them already.
+PAGEDATTN_INT8_TARGET inline PassRows PassOf(const DotTilesArgs& a, const Int8Layout& layout,
+                                             std::int32_t first, std::int32_t rows,
+                                             const PassBuffers& b) {
   const std::int32_t in = a.in, blocks = in / 32, subs = in / layout.sub;
   for (std::int32_t r = 0; r < rows; ++r) {
-    const float* x = a.x + std::size_t(first + r) * in;
-    std::int8_t* x8 = p.x8 + std::size_t(r) * in;
-    quantize_activations_q8(x, in, x8, p.dx + std::size_t(r) * blocks);
-    if (layout.mins)
-      for (std::int32_t b = 0; b < blocks; ++b)
-        p.xsums[std::size_t(r) * blocks + b] = SumOf32Floats(x + 32 * b);
-    std::int32_t* zsums = p.zsums + std::size_t(r) * subs;
-    if (layout.zero == 0) {
-      std::fill_n(zsums, subs, 0);
-    } else if (layout.sub == 32) {
-      for (std::int32_t s = 0; s < subs; ++s) zsums[s] = -layout.zero * SumOf32(x8 + 32 * s);
-    } else {  // 16: the halves of each 32
-      for (std::int32_t s = 0; s < subs; ++s) {
-        std::int32_t sum = 0;
-        for (std::int32_t i = 0; i < 16; ++i) sum += x8[16 * s + i];
-        zsums[s] = -layout.zero * sum;
-      }
+    const std::int32_t* sums16 = b.sums16 + std::size_t(r) * (in / 16);
+    if (a.x_rows != nullptr) {
+      sums16 = a.x_rows->sums16.data() + std::size_t(first + r) * (in / 16);
+    } else {
+      QuantizeRow(a.x + std::size_t(first + r) * in, in, layout.mins, b.x8 + std::size_t(r) * in,
+                  b.dx + std::size_t(r) * blocks, b.xsums + std::size_t(r) * blocks,
+                  b.sums16 + std::size_t(r) * (in / 16));
     }
+    ZeroSums(layout, sums16, in, b.zsums + std::size_t(r) * subs);
   }
+  if (a.x_rows == nullptr) return {b.x8, b.dx, b.xsums, b.zsums};
+  const Int8Rows& x = *a.x_rows;
+  return {x.x8.data() + std::size_t(first) * in, x.dx.data() + std::size_t(first) * blocks,
+          x.xsums.data() + std::size_t(first) * blocks, b.zsums};
 }
 
 // Weight rows [o, o + count) of `a` into the group `g` of kGroupColumns
@@ -231,21 +249,21 @@ PAGEDATTN_INT8_TARGET inline void PackGroup(const DotTilesArgs& a, const Int8Lay
 }
 
 // dot_tiles_int8 on the unit's tiles (GroupTimesPass<S, mins, signed>, which
-// may pick a tile by the layout's quant bits too): x
-// quantised kPassRows rows at a time, each group of the column range packed
-// once per pass and multiplied by all of its rows.
+// may pick a tile by the layout's quant bits too): x quantised (or read
+// from a.x_rows) kPassRows rows at a time, each group of the column range
+// packed once per pass and multiplied by all of its rows.
 PAGEDATTN_INT8_TARGET inline void DotTilesInt8(const DotTilesArgs& a, std::int32_t out_begin,
                                                std::int32_t out_end,
                                                core::CacheLineVector<float>& scratch) {
   const ScratchPlan plan(a.in, kGroupColumns);
   scratch.resize(plan.total);
   Group g;
-  PassRows p;
-  carve(plan, scratch.data(), g, p);
+  PassBuffers buffers;
+  carve(plan, scratch.data(), g, buffers);
   const Int8Layout layout = layout_of(a.format, kSaturating);
   for (std::int32_t first = 0; first < a.rows; first += kPassRows) {
     const std::int32_t rows = std::min(kPassRows, a.rows - first);
-    QuantizeRows(a, layout, first, rows, p);
+    const PassRows p = PassOf(a, layout, first, rows, buffers);
     float* y = a.y + std::size_t(first) * a.ldy;
     for (std::int32_t o = out_begin; o < out_end; o += kGroupColumns) {
       const std::int32_t count = std::min(kGroupColumns, out_end - o);

@@ -225,9 +225,9 @@ class LlamaModel final : public Model {
   // `in_team`, each token's K/V then appended to its layer's pages.
   void prepare_qk(std::int32_t layer, std::int32_t tokens, const engine::TeamAttention* in_team);
   void mlp_block(std::int32_t layer, std::int32_t tokens, bool deterministic);
-  // y[rows][w.out] (+)= x[rows][w.in] w^T
+  // y[rows][w.out] (+)= x[rows][w.in] w^T (x_int8: LinearArgs::x_int8)
   void project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y, bool accumulate,
-               bool deterministic);
+               bool deterministic, const engine::Int8Rows* x_int8 = nullptr);
   // x_ += partial_ ([rows][hidden]: this rank's share) summed over the
   // tensor-parallel ranks, RMS-normed by `post_norm` first when it is not
   // empty.
@@ -236,22 +236,35 @@ class LlamaModel final : public Model {
   // of w's input columns and of x's features), RMS-normed by `post_norm`
   // first when it is not empty.
   void add_row_parallel(const float* x, std::int32_t rows, const WeightMatrix& w,
-                        const std::vector<float>& post_norm, bool deterministic);
+                        const std::vector<float>& post_norm, bool deterministic,
+                        const engine::Int8Rows* x_int8 = nullptr);
   // out[t] = x[t] / rms(x[t]) * weight, for `tokens` rows of `width`
   // (default hidden_size); split over the team's threads inside one.
   void rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight, float* out,
                 std::int32_t width = 0) const;
-  // x_'s rows RMS-normed by `weight` for the product that follows, which
-  // reads them from the pointer returned. Rows too few for for_row_ranges to
+  // A product's input rows, and the same rows rounded to int8 where the
+  // product takes the int8 tiles (else null).
+  struct ProductInput {
+    const float* x;
+    const engine::Int8Rows* int8 = nullptr;
+  };
+  // x_'s rows RMS-normed by `weight` for the product `next`, which reads
+  // them from the pointer returned. Rows too few for for_row_ranges to
   // split (it would norm them on one thread while the rest of the team
   // waits at its barrier) are normed by every thread of the team into its
   // own copy (row_copies_, sized by run_step), the same bits, and each
   // thread's share of the product reads its copy: no barrier between the
-  // norm and the product. Else into h_, split as rms_norm does.
-  const float* norm_for_product(std::int32_t tokens, const std::vector<float>& weight);
+  // norm and the product. Else into h_, split as rms_norm does, and where
+  // `next` takes the int8 tiles each row is rounded to int8 right after
+  // its norm, by the thread that normed it, into h_int8_: once, where every
+  // thread of the product would round every row for itself.
+  ProductInput norm_for_product(std::int32_t tokens, const std::vector<float>& weight,
+                                const StackedMatrix& next, bool deterministic);
   // The MLP's gated activation of gate_up_ for the down product, the same
-  // way: on every thread into its own copy for a few rows, else into act_.
-  const float* activation_for_product(std::int32_t tokens);
+  // way: on every thread into its own copy for a few rows, else into act_
+  // (rounded into act_int8_ where `down` takes the int8 tiles).
+  ProductInput activation_for_product(std::int32_t tokens, const WeightMatrix& down,
+                                      bool deterministic);
   // This thread's row copy, where the step's rows of `width` are few enough.
   float* row_copy(std::int32_t tokens, std::int32_t width);
 
@@ -271,6 +284,11 @@ class LlamaModel final : public Model {
   // core::for_row_ranges would not split; sized when the step has teams.
   std::vector<core::CacheLineVector<float>> row_copies_;
   bool row_copies_sized_ = false;
+  // h_ and act_ rounded to int8 for the products that take the int8 tiles
+  // (norm_for_product, activation_for_product); sized by run_step where
+  // this step's products may take them.
+  engine::Int8Rows h_int8_, act_int8_;
+  bool int8_rows_sized_ = false;
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
   std::int32_t rope_positions_ = 1;      // 1 + the step's largest position
   LinearScratch scratch_;
@@ -405,27 +423,41 @@ float* LlamaModel::row_copy(std::int32_t tokens, std::int32_t width) {
   return copy ? row_copies_[std::size_t(core::worker_index())].data() : nullptr;
 }
 
-const float* LlamaModel::norm_for_product(std::int32_t tokens, const std::vector<float>& weight) {
+LlamaModel::ProductInput LlamaModel::norm_for_product(std::int32_t tokens,
+                                                      const std::vector<float>& weight,
+                                                      const StackedMatrix& next,
+                                                      bool deterministic) {
   float* mine = row_copy(tokens, c_.hidden_size);
-  if (mine == nullptr) {
-    rms_norm(x_.data(), tokens, weight, h_.data());
-    return h_.data();
+  if (mine != nullptr) {
+    engine::rms_norm_rows(x_.data(), tokens, c_.hidden_size, weight.data(), c_.rms_norm_eps, mine);
+    return {mine};
   }
-  engine::rms_norm_rows(x_.data(), tokens, c_.hidden_size, weight.data(), c_.rms_norm_eps, mine);
-  return mine;
+  const bool round = int8_rows_sized_ && next.takes_int8_tiles(tokens, deterministic);
+  const std::size_t h = std::size_t(c_.hidden_size);
+  core::for_row_ranges(tokens, std::int64_t(h), [&](std::int32_t begin, std::int32_t end) {
+    engine::rms_norm_rows(x_.data() + begin * h, end - begin, c_.hidden_size, weight.data(),
+                          c_.rms_norm_eps, h_.data() + begin * h);
+    if (round) engine::quantize_int8_rows(h_.data(), begin, end, h_int8_);
+  });
+  return {h_.data(), round ? &h_int8_ : nullptr};
 }
 
-const float* LlamaModel::activation_for_product(std::int32_t tokens) {
+LlamaModel::ProductInput LlamaModel::activation_for_product(std::int32_t tokens,
+                                                            const WeightMatrix& down,
+                                                            bool deterministic) {
   const std::int32_t inter = inter_;
   if (float* mine = row_copy(tokens, inter)) {
     engine::gated_activation(gate_up_.data(), tokens, inter, c_.activation, mine);
-    return mine;
+    return {mine};
   }
+  const bool round =
+      int8_rows_sized_ && engine::takes_int8_tiles(tokens, down.format(), deterministic);
   core::for_row_ranges(tokens, inter, [&](std::int32_t begin, std::int32_t end) {
     engine::gated_activation(gate_up_.data() + std::size_t(begin) * 2 * inter, end - begin, inter,
                              c_.activation, act_.data() + std::size_t(begin) * inter);
+    if (round) engine::quantize_int8_rows(act_.data(), begin, end, act_int8_);
   });
-  return act_.data();
+  return {act_.data(), round ? &act_int8_ : nullptr};
 }
 
 void LlamaModel::set_positions(const PagedKVCache& cache) {
@@ -499,10 +531,10 @@ void LlamaModel::start_layer(std::int32_t layer, std::int32_t tokens, bool deter
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
   if (c_.kv_lora_rank > 0)  // latent attention projects h_ itself
     return rms_norm(x_.data(), tokens, w.attn_norm, h_.data());
-  const float* normed = norm_for_product(tokens, w.attn_norm);
+  const ProductInput normed = norm_for_product(tokens, w.attn_norm, w.qkv, deterministic);
   {
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
-    w.qkv.project(normed, tokens, qkv_.data(), false, deterministic, scratch_);
+    w.qkv.project(normed.x, tokens, qkv_.data(), false, deterministic, scratch_, normed.int8);
   }
   prepare_qk(layer, tokens, in_team);
 }
@@ -544,21 +576,24 @@ void LlamaModel::mlp_block(std::int32_t layer, std::int32_t tokens, bool determi
                         moe_scratch_, scratch_);
     return add_partial(tokens, w.post_mlp_norm);
   }
-  const float* normed = norm_for_product(tokens, w.mlp_norm);
+  const ProductInput normed = norm_for_product(tokens, w.mlp_norm, w.gate_up, deterministic);
   {
     const engine::PhaseTimer timer(engine::StepPhase::kProducts);
-    w.gate_up.project(normed, tokens, gate_up_.data(), false, deterministic, scratch_);
+    w.gate_up.project(normed.x, tokens, gate_up_.data(), false, deterministic, scratch_,
+                      normed.int8);
   }
-  add_row_parallel(activation_for_product(tokens), tokens, w.down, w.post_mlp_norm, deterministic);
+  const ProductInput act = activation_for_product(tokens, w.down, deterministic);
+  add_row_parallel(act.x, tokens, w.down, w.post_mlp_norm, deterministic, act.int8);
 }
 
 void LlamaModel::add_row_parallel(const float* x, std::int32_t rows, const WeightMatrix& w,
-                                  const std::vector<float>& post_norm, bool deterministic) {
+                                  const std::vector<float>& post_norm, bool deterministic,
+                                  const engine::Int8Rows* x_int8) {
   if (c_.shard.size == 1 && post_norm.empty()) {  // the whole sum here: accumulate in place
-    project(x, rows, w, x_.data(), true, deterministic);
+    project(x, rows, w, x_.data(), true, deterministic, x_int8);
     return;
   }
-  project(x, rows, w, partial_.data(), false, deterministic);  // forward() sized partial_
+  project(x, rows, w, partial_.data(), false, deterministic, x_int8);  // forward() sized partial_
   add_partial(rows, post_norm);
 }
 
@@ -575,9 +610,11 @@ void LlamaModel::add_partial(std::int32_t rows, const std::vector<float>& post_n
 }
 
 void LlamaModel::project(const float* x, std::int32_t rows, const WeightMatrix& w, float* y,
-                         bool accumulate, bool deterministic) {
+                         bool accumulate, bool deterministic, const engine::Int8Rows* x_int8) {
   const engine::PhaseTimer timer(engine::StepPhase::kProducts);
-  linear({x, rows, w.in(), w.data(), w.out(), y, accumulate, deterministic, w.format()}, scratch_);
+  LinearArgs args{x, rows, w.in(), w.data(), w.out(), y, accumulate, deterministic, w.format()};
+  args.x_int8 = x_int8;
+  linear(args, scratch_);
 }
 
 void LlamaModel::attend_in_team(std::int32_t layer, std::int32_t tokens, bool deterministic) {
@@ -624,6 +661,14 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
     const std::int64_t copy = std::min(widest, core::kRowParallelElements);
     row_copies_.resize(std::size_t(omp_get_max_threads()));
     for (core::CacheLineVector<float>& row : row_copies_) row.resize(std::size_t(copy));
+  }
+  // Room for the rows norm_for_product and activation_for_product round to
+  // int8 (they do where a product takes the int8 tiles).
+  int8_rows_sized_ = !deterministic && engine::dot_tiles_int8_available() &&
+                     c_.hidden_size % 32 == 0 && inter_ % 32 == 0;
+  if (int8_rows_sized_) {
+    h_int8_.resize(tokens, c_.hidden_size);
+    act_int8_.resize(tokens, inter_);
   }
   const core::TeamWaitScope waits(engine::profile_team_waits());
   const auto in_team = [&](auto&& part) {

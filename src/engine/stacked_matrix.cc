@@ -40,14 +40,21 @@ StackedMatrix StackedMatrix::gather_rows(const std::vector<RowRange>& ranges,
   return result;
 }
 
+bool StackedMatrix::takes_int8_tiles(std::int32_t rows, bool deterministic) const {
+  return std::any_of(parts_.begin(), parts_.end(), [&](const WeightMatrix& p) {
+    return engine::takes_int8_tiles(rows, p.format(), deterministic);
+  });
+}
+
 void StackedMatrix::project(const float* x, std::int32_t rows, float* y, bool accumulate,
-                            bool deterministic, LinearScratch& scratch) const {
-  project_columns(x, rows, y, {0, out_}, accumulate, deterministic, scratch);
+                            bool deterministic, LinearScratch& scratch,
+                            const Int8Rows* x_int8) const {
+  project_columns(x, rows, y, {0, out_}, accumulate, deterministic, scratch, x_int8);
 }
 
 void StackedMatrix::project_columns(const float* x, std::int32_t rows, float* y, IndexRange cols,
-                                    bool accumulate, bool deterministic,
-                                    LinearScratch& scratch) const {
+                                    bool accumulate, bool deterministic, LinearScratch& scratch,
+                                    const Int8Rows* x_int8) const {
   std::int32_t first = 0;  // the part's first column
   for (const WeightMatrix& p : parts_) {
     const std::int32_t begin = std::max(cols.begin, first);
@@ -56,6 +63,7 @@ void StackedMatrix::project_columns(const float* x, std::int32_t rows, float* y,
       LinearArgs args{x,         rows,       p.in(),        p.data(),  p.out(),
                       y + first, accumulate, deterministic, p.format()};
       args.ldy = out_;
+      args.x_int8 = x_int8;
       linear(column_range(args, {begin - first, end - first}), scratch);
     }
     first += p.out();

@@ -32,14 +32,20 @@ class StackedMatrix {
   StackedMatrix gather_rows(const std::vector<RowRange>& ranges, const char* what) const;
 
   // y[rows][out()] (+)= x[rows][in()] w^T, part by part into adjacent columns.
+  // x_int8: x's rows already rounded to int8, for the parts that take the
+  // int8 tiles (LinearArgs::x_int8).
   void project(const float* x, std::int32_t rows, float* y, bool accumulate, bool deterministic,
-               LinearScratch& scratch) const;
+               LinearScratch& scratch, const Int8Rows* x_int8 = nullptr) const;
   // The same for the columns `cols` of y alone (y still [rows][out()]), each
   // part's share through column_range(): deterministic mode keeps the bits
   // of project() where cols.begin is on a multiple of kColumnBlock from the
   // first column of its part.
   void project_columns(const float* x, std::int32_t rows, float* y, IndexRange cols,
-                       bool accumulate, bool deterministic, LinearScratch& scratch) const;
+                       bool accumulate, bool deterministic, LinearScratch& scratch,
+                       const Int8Rows* x_int8 = nullptr) const;
+  // Whether a part runs a batch of `rows` on the int8 tiles
+  // (takes_int8_tiles): where x rounded once is worth handing to project().
+  bool takes_int8_tiles(std::int32_t rows, bool deterministic) const;
 
  private:
   std::vector<WeightMatrix> parts_;

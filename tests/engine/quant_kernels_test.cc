@@ -1186,6 +1186,25 @@ Int8Terms int8_terms(WeightFormat f, const std::uint8_t* row, std::int32_t in) {
   return t;
 }
 
+// Row r of x times a weight row in double: the quant terms times x as
+// rounded to int8, the mins times x itself; and the sum of their
+// magnitudes, which the tiles' f32 rounding scales with.
+struct Int8Want {
+  double sum = 0.0, magnitude = 0.0;
+};
+Int8Want int8_want(const Int8Terms& terms, const std::vector<double>& rounded,
+                   const std::vector<float>& x, std::int32_t r, std::int32_t in) {
+  Int8Want want;
+  for (std::int32_t i = 0; i < in; ++i) {
+    const std::size_t xi = std::size_t(r) * in + i;
+    const double q = terms.quant[std::size_t(i)] * rounded[xi];
+    const double m = terms.min[std::size_t(i)] * x[xi];
+    want.sum += q + m;
+    want.magnitude += std::abs(q) + std::abs(m);
+  }
+  return want;
+}
+
 // The int8 tiles of every kind this CPU runs (AVX512-VNNI, AVX-VNNI, AVX2).
 std::vector<Int8Tiles> runnable_int8_tiles() {
   std::vector<Int8Tiles> kinds;
@@ -1239,14 +1258,9 @@ TEST(DotTiles, Int8MatchesADoubleReferenceOfTheRoundedActivations) {
                 ASSERT_EQ(std::memcmp(&y[at], &y0[at], sizeof(float)), 0) << r << ", " << o;
                 continue;
               }
-              double want = accumulate ? y0[at] : 0.0, a = accumulate ? std::abs(y0[at]) : 0.0;
-              for (std::int32_t i = 0; i < in; ++i) {
-                const std::size_t xi = std::size_t(r) * in + i;
-                const double q = terms[std::size_t(o)].quant[std::size_t(i)] * rounded[xi];
-                const double m = terms[std::size_t(o)].min[std::size_t(i)] * x[xi];
-                want += q + m;
-                a += std::abs(q) + std::abs(m);
-              }
+              const Int8Want ref = int8_want(terms[std::size_t(o)], rounded, x, r, in);
+              const double want = ref.sum + (accumulate ? y0[at] : 0.0);
+              const double a = ref.magnitude + (accumulate ? std::abs(y0[at]) : 0.0);
               ASSERT_LE(std::abs(y[at] - want), (in / 16.0 + 16) * 0x1p-24 * a + 1e-30)
                   << int8_tiles_name(kind) << " " << weight_format_name(f) << " in " << in
                   << " rows " << rows << " r " << r << " o " << o << " accumulate " << accumulate
@@ -1299,6 +1313,79 @@ TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchColumnRangeOrTileKind) {
                 << weight_format_name(f) << " row " << first + r << " of a batch of " << count
                 << " columns [" << begin << ", " << end << ")";
         }
+  }
+}
+
+// Rows rounded once (quantize_int8_rows, here in two ranges as two threads
+// of a team would round them) and handed to the tiles (DotTilesArgs::x_rows,
+// x itself not passed) give the bits of the tiles rounding x themselves, on
+// every kind; linear() takes them through LinearArgs::x_int8 on the int8
+// tiles, ignores them elsewhere, and refuses rows that do not cover x.
+TEST(DotTiles, Int8RowsRoundedOnceGiveTheSameBits) {
+  const std::vector<Int8Tiles> kinds = runnable_int8_tiles();
+  if (kinds.empty()) GTEST_SKIP() << "no int8 tiles on this CPU";
+  std::mt19937 rng(38);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  core::CacheLineVector<float> scratch;
+  for (const WeightFormat f : kInt8Formats) {
+    const std::int32_t in = 512, out = 29, rows = 133;
+    const auto w = random_blocks(f, out, in, rng, 0.05f);
+    std::vector<float> x(std::size_t(rows) * in);
+    for (auto& v : x) v = value(rng);
+    Int8Rows rounded;
+    rounded.resize(rows + 3, in);  // room for more rows than the product's
+    quantize_int8_rows(x.data(), 0, 70, rounded);
+    quantize_int8_rows(x.data(), 70, rows, rounded);
+    for (const Int8Tiles kind : kinds) {
+      std::vector<float> self(std::size_t(rows) * out), once(self.size());
+      DotTilesArgs args{x.data(), rows, in, w.data(), f, self.data(), out, false};
+      args.int8 = true;
+      dot_tiles_int8(args, 3, out, scratch, kind);
+      args.x = nullptr;
+      args.x_rows = &rounded;
+      args.y = once.data();
+      dot_tiles_int8(args, 3, out, scratch, kind);
+      ASSERT_EQ(self, once) << int8_tiles_name(kind) << " " << weight_format_name(f);
+    }
+    std::vector<float> plain(std::size_t(rows) * out), handed(plain.size());
+    LinearScratch linear_scratch;
+    LinearArgs args{x.data(), rows, in, w.data(), out, plain.data(), false, false, f};
+    for (const Activations activations : {Activations::kInt8, Activations::kF32}) {
+      args.activations = activations;
+      args.x_int8 = nullptr;
+      args.y = plain.data();
+      linear(args, linear_scratch);
+      args.x_int8 = &rounded;
+      args.y = handed.data();
+      linear(args, linear_scratch);
+      EXPECT_EQ(plain, handed) << weight_format_name(f);
+    }
+    EXPECT_EQ(takes_int8_tiles(rows, f, false, Activations::kInt8),
+              int8_tiles_take(rows, int8_tiles()));
+    EXPECT_FALSE(takes_int8_tiles(rows, f, true, Activations::kInt8));  // deterministic
+    EXPECT_FALSE(takes_int8_tiles(rows, f, false, Activations::kF32));
+    EXPECT_FALSE(takes_int8_tiles(2, f, false, Activations::kInt8));  // in place
+  }
+  EXPECT_FALSE(takes_int8_tiles(64, WeightFormat::kF16, false, Activations::kInt8));
+  // Rows that do not cover x's: refused, naming them.
+  std::vector<float> x(std::size_t(8) * 64, 0.5f), y(8 * 4);
+  const auto w = random_blocks(WeightFormat::kQ8_0, 4, 64, rng, 0.05f);
+  LinearScratch linear_scratch;
+  Int8Rows few;
+  few.resize(4, 64);
+  Int8Rows other;
+  other.resize(8, 32);
+  for (const Int8Rows* bad : {&few, &other}) {
+    LinearArgs args{x.data(), 8, 64, w.data(), 4, y.data(), false, false, WeightFormat::kQ8_0};
+    args.x_int8 = bad;
+    try {
+      linear(args, linear_scratch);
+      ADD_FAILURE() << "linear took " << bad->rows << " rows of " << bad->in;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("x_int8 holds " + std::to_string(bad->rows)),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
@@ -1361,18 +1448,11 @@ TEST(DotTiles, Int8TilesKeepTheLargestProductsExact) {
       dot_tiles_int8(args, 0, out, scratch, kind);
       for (std::int32_t r = 0; r < rows; ++r)
         for (std::int32_t o = 0; o < out; ++o) {
-          double want = 0.0, a = 0.0;
-          for (std::int32_t i = 0; i < in; ++i) {
-            const std::size_t xi = std::size_t(r) * in + i;
-            const double q = terms[std::size_t(o)].quant[std::size_t(i)] * rounded[xi];
-            const double m = terms[std::size_t(o)].min[std::size_t(i)] * x[xi];
-            want += q + m;
-            a += std::abs(q) + std::abs(m);
-          }
+          const Int8Want want = int8_want(terms[std::size_t(o)], rounded, x, r, in);
           const float got = y[std::size_t(r) * out + o];
-          ASSERT_LE(std::abs(got - want), (in / 16.0 + 16) * 0x1p-24 * a + 1e-30)
+          ASSERT_LE(std::abs(got - want.sum), (in / 16.0 + 16) * 0x1p-24 * want.magnitude + 1e-30)
               << int8_tiles_name(kind) << " " << weight_format_name(f) << " r " << r << " o " << o
-              << " got " << got << " want " << want;
+              << " got " << got << " want " << want.sum;
         }
     }
   }
