@@ -663,9 +663,10 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
     for (core::CacheLineVector<float>& row : row_copies_) row.resize(std::size_t(copy));
   }
   // Room for the rows norm_for_product and activation_for_product round to
-  // int8 (they do where a product takes the int8 tiles).
-  int8_rows_sized_ = !deterministic && engine::dot_tiles_int8_available() &&
-                     c_.hidden_size % 32 == 0 && inter_ % 32 == 0;
+  // int8, where this step's quantised products take the int8 tiles (not a
+  // prompt's by default: no room held for its rows).
+  int8_rows_sized_ = c_.hidden_size % 32 == 0 && inter_ % 32 == 0 &&
+                     engine::takes_int8_tiles(tokens, engine::WeightFormat::kQ8_0, deterministic);
   if (int8_rows_sized_) {
     h_int8_.resize(tokens, c_.hidden_size);
     act_int8_.resize(tokens, inter_);
