@@ -405,13 +405,24 @@ void use_single_threaded_blas() {
   if (blas_threads() > 1) set_blas_threads(1);
 }
 
-bool takes_int8_tiles(std::int32_t rows, WeightFormat format, bool deterministic,
-                      Activations activations) {
+namespace {
+
+// Whether a product takes int8 x at all: quantised weights (16-bit weights
+// have no int8 kernels: they keep the f32 routes), not deterministic, and
+// kInt8 asked for or the default on this thread.
+bool int8_chosen(WeightFormat format, bool deterministic, Activations activations) {
   const Activations chosen =
       activations == Activations::kDefault ? default_activations() : activations;
+  return !deterministic && chosen == Activations::kInt8 && has_int8_products(format);
+}
+
+}  // namespace
+
+bool takes_int8_tiles(std::int32_t rows, WeightFormat format, bool deterministic,
+                      Activations activations) {
   const bool tiles = dot_tiles_int8_available();
-  return !deterministic && chosen == Activations::kInt8 && has_int8_products(format) && tiles &&
-         !int8_in_place(rows, tiles) && int8_tiles_take(rows, int8_tiles());
+  return int8_chosen(format, deterministic, activations) && tiles && !int8_in_place(rows, tiles) &&
+         int8_tiles_take(rows, int8_tiles());
 }
 
 void linear(const LinearArgs& a, LinearScratch& scratch) {
@@ -424,12 +435,8 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
   const bool bf16 = !a.deterministic && (a.bf16_batches || default_bf16_batches()) &&
                     a.rows >= kBf16MinRows && a.in % kQuantBlock == 0 && dot_tiles_bf16_available();
   if (a.w_format != WeightFormat::kF32) {
-    const Activations chosen =
-        a.activations == Activations::kDefault ? default_activations() : a.activations;
-    // 16-bit weights have no int8 kernels: they keep the f32 routes.
-    const bool int8 =
-        !a.deterministic && chosen == Activations::kInt8 && has_int8_products(a.w_format);
-    if (int8 && int8_in_place(a.rows, dot_tiles_int8_available()))
+    if (int8_chosen(a.w_format, a.deterministic, a.activations) &&
+        int8_in_place(a.rows, dot_tiles_int8_available()))
       linear_quant_direct(a, true);
     else if (takes_int8_tiles(a.rows, a.w_format, a.deterministic, a.activations))
       linear_tiled(a, scratch, false, true);

@@ -239,9 +239,11 @@ class LlamaModel final : public Model {
                         const std::vector<float>& post_norm, bool deterministic,
                         const engine::Int8Rows* x_int8 = nullptr);
   // out[t] = x[t] / rms(x[t]) * weight, for `tokens` rows of `width`
-  // (default hidden_size); split over the team's threads inside one.
+  // (default hidden_size); split over the team's threads inside one. With
+  // `rounded` ([tokens][width]), each row is also rounded to int8 there,
+  // in the same piece (quantize_int8_rows).
   void rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight, float* out,
-                std::int32_t width = 0) const;
+                std::int32_t width = 0, engine::Int8Rows* rounded = nullptr) const;
   // A product's input rows, and the same rows rounded to int8 where the
   // product takes the int8 tiles (else null).
   struct ProductInput {
@@ -410,11 +412,12 @@ void LlamaModel::validate_batch(const ForwardBatch& b, const PagedKVCache& cache
 }
 
 void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight,
-                          float* out, std::int32_t width) const {
+                          float* out, std::int32_t width, engine::Int8Rows* rounded) const {
   const std::size_t w = std::size_t(width > 0 ? width : c_.hidden_size);
   core::for_row_ranges(tokens, std::int64_t(w), [&](std::int32_t begin, std::int32_t end) {
     engine::rms_norm_rows(x + begin * w, end - begin, std::int32_t(w), weight.data(),
                           c_.rms_norm_eps, out + begin * w);
+    if (rounded != nullptr) engine::quantize_int8_rows(out, begin, end, *rounded);
   });
 }
 
@@ -432,14 +435,10 @@ LlamaModel::ProductInput LlamaModel::norm_for_product(std::int32_t tokens,
     engine::rms_norm_rows(x_.data(), tokens, c_.hidden_size, weight.data(), c_.rms_norm_eps, mine);
     return {mine};
   }
-  const bool round = int8_rows_sized_ && next.takes_int8_tiles(tokens, deterministic);
-  const std::size_t h = std::size_t(c_.hidden_size);
-  core::for_row_ranges(tokens, std::int64_t(h), [&](std::int32_t begin, std::int32_t end) {
-    engine::rms_norm_rows(x_.data() + begin * h, end - begin, c_.hidden_size, weight.data(),
-                          c_.rms_norm_eps, h_.data() + begin * h);
-    if (round) engine::quantize_int8_rows(h_.data(), begin, end, h_int8_);
-  });
-  return {h_.data(), round ? &h_int8_ : nullptr};
+  engine::Int8Rows* rounded =
+      int8_rows_sized_ && next.takes_int8_tiles(tokens, deterministic) ? &h_int8_ : nullptr;
+  rms_norm(x_.data(), tokens, weight, h_.data(), 0, rounded);
+  return {h_.data(), rounded};
 }
 
 LlamaModel::ProductInput LlamaModel::activation_for_product(std::int32_t tokens,
