@@ -193,7 +193,8 @@ std::vector<std::byte> as_f32(const GgufWriter& metadata_source, const GgufFile&
   return w.build();
 }
 
-std::vector<float> teacher_forced_logits(Model& model, const std::vector<std::int32_t>& tokens) {
+std::vector<float> teacher_forced_logits(Model& model, const std::vector<std::int32_t>& tokens,
+                                         bool deterministic) {
   const ModelSpec& s = model.spec();
   KVCacheConfig config = kv_cache_config(s);
   config.page_size = 4;
@@ -207,7 +208,7 @@ std::vector<float> teacher_forced_logits(Model& model, const std::vector<std::in
   std::vector<float> out(tokens.size() * std::size_t(s.vocab_size));
   cache.add_sequence(seq);
   cache.begin_forward({&seq, 1}, {&n, 1});
-  model.forward({tokens, rows, false}, cache, out);
+  model.forward({tokens, rows, deterministic}, cache, out);
   cache.end_forward();
   return out;
 }

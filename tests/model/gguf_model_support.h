@@ -53,9 +53,10 @@ GgufWriter deepseek_model(const DeepseekForm& form);
 // dequantised values): the reference a quantised load must match.
 std::vector<std::byte> as_f32(const GgufWriter& metadata_source, const GgufFile& file);
 
-// Teacher-forced logits of `tokens` as one sequence on f32 K/V:
-// [tokens.size()][vocab_size].
-std::vector<float> teacher_forced_logits(Model& model, const std::vector<std::int32_t>& tokens);
+// Teacher-forced logits of `tokens` as one sequence on f32 K/V, in one step
+// (ForwardBatch::deterministic as given): [tokens.size()][vocab_size].
+std::vector<float> teacher_forced_logits(Model& model, const std::vector<std::int32_t>& tokens,
+                                         bool deterministic = false);
 
 // The file `w` writes, loaded with its weights as stored (quantised in
 // place), gives the teacher-forced logits of its F32 twin (as_f32) within
