@@ -312,6 +312,7 @@ void ThreadShareShapes(benchmark::internal::Benchmark* b) {
   for (const std::int64_t rows : {32, 64})
     for (const std::int64_t once : {0, 1}) {
       b->Args({960, 576, rows, 16, once});   // q, k, v
+      b->Args({576, 576, rows, 16, once});   // o
       b->Args({3072, 576, rows, 16, once});  // gate, up
       b->Args({576, 1536, rows, 16, once});  // down
     }

@@ -267,6 +267,13 @@ class LlamaModel final : public Model {
   // (rounded into act_int8_ where `down` takes the int8 tiles).
   ProductInput activation_for_product(std::int32_t tokens, const WeightMatrix& down,
                                       bool deterministic);
+  // attn_'s rows rounded to int8 into attn_int8_ for the output projection
+  // `o`, where it takes the int8 tiles and the rows split over the team:
+  // each thread rounds its range once (a barrier after, as for a norm),
+  // where every thread of the product would round every row for itself;
+  // else null (the product rounds them, or multiplies f32 rows).
+  const engine::Int8Rows* attention_for_product(std::int32_t tokens, const WeightMatrix& o,
+                                                bool deterministic);
   // This thread's row copy, where the step's rows of `width` are few enough.
   float* row_copy(std::int32_t tokens, std::int32_t width);
 
@@ -289,7 +296,7 @@ class LlamaModel final : public Model {
   // h_ and act_ rounded to int8 for the products that take the int8 tiles
   // (norm_for_product, activation_for_product); sized by run_step where
   // this step's products may take them.
-  engine::Int8Rows h_int8_, act_int8_;
+  engine::Int8Rows h_int8_, act_int8_, attn_int8_;
   bool int8_rows_sized_ = false;
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
   std::int32_t rope_positions_ = 1;      // 1 + the step's largest position
@@ -459,6 +466,20 @@ LlamaModel::ProductInput LlamaModel::activation_for_product(std::int32_t tokens,
   return {act_.data(), round ? &act_int8_ : nullptr};
 }
 
+const engine::Int8Rows* LlamaModel::attention_for_product(std::int32_t tokens,
+                                                          const WeightMatrix& o,
+                                                          bool deterministic) {
+  const std::int32_t width = o.in();
+  if (!int8_rows_sized_ || attn_int8_.in != width || attn_int8_.rows < tokens ||
+      !core::splits_rows(tokens, width) ||
+      !engine::takes_int8_tiles(tokens, o.format(), deterministic))
+    return nullptr;
+  core::for_row_ranges(tokens, width, [&](std::int32_t begin, std::int32_t end) {
+    engine::quantize_int8_rows(attn_.data(), begin, end, attn_int8_);
+  });
+  return &attn_int8_;
+}
+
 void LlamaModel::set_positions(const PagedKVCache& cache) {
   const BatchPlan& plan = cache.plan();
   positions_ = plan.positions;
@@ -562,7 +583,8 @@ AttentionOptions LlamaModel::attention_options(std::int32_t layer) const {
 
 void LlamaModel::finish_layer(std::int32_t layer, std::int32_t tokens, bool deterministic) {
   const LlamaLayerWeights& w = w_.layers[std::size_t(layer)];
-  add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic);
+  add_row_parallel(attn_.data(), tokens, w.o, w.post_attn_norm, deterministic,
+                   attention_for_product(tokens, w.o, deterministic));
   mlp_block(layer, tokens, deterministic);
 }
 
@@ -669,6 +691,8 @@ void LlamaModel::run_step(const ForwardBatch& b, bool teams, PagedKVCache& cache
   if (int8_rows_sized_) {
     h_int8_.resize(tokens, c_.hidden_size);
     act_int8_.resize(tokens, inter_);
+    const std::int32_t attention_width = w_.layers.front().o.in();  // attn_'s
+    if (attention_width % 32 == 0) attn_int8_.resize(tokens, attention_width);
   }
   const core::TeamWaitScope waits(engine::profile_team_waits());
   const auto in_team = [&](auto&& part) {
