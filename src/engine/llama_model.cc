@@ -293,9 +293,9 @@ class LlamaModel final : public Model {
   // core::for_row_ranges would not split; sized when the step has teams.
   std::vector<core::CacheLineVector<float>> row_copies_;
   bool row_copies_sized_ = false;
-  // h_ and act_ rounded to int8 for the products that take the int8 tiles
-  // (norm_for_product, activation_for_product); sized by run_step where
-  // this step's products may take them.
+  // h_, act_ and attn_ rounded to int8 for the products that take the int8
+  // tiles (norm_for_product, activation_for_product, attention_for_product);
+  // sized by run_step where this step's products may take them.
   engine::Int8Rows h_int8_, act_int8_, attn_int8_;
   bool int8_rows_sized_ = false;
   std::vector<std::int32_t> positions_;  // [tokens] RoPE positions of this step
@@ -470,8 +470,9 @@ const engine::Int8Rows* LlamaModel::attention_for_product(std::int32_t tokens,
                                                           const WeightMatrix& o,
                                                           bool deterministic) {
   const std::int32_t width = o.in();
-  if (!int8_rows_sized_ || attn_int8_.in != width || attn_int8_.rows < tokens ||
-      !core::splits_rows(tokens, width) ||
+  // run_step sized attn_int8_ for this step where int8_rows_sized_ and the
+  // width is a multiple of 32 (else it never was: in stays 0).
+  if (!int8_rows_sized_ || attn_int8_.in != width || !core::splits_rows(tokens, width) ||
       !engine::takes_int8_tiles(tokens, o.format(), deterministic))
     return nullptr;
   core::for_row_ranges(tokens, width, [&](std::int32_t begin, std::int32_t end) {
