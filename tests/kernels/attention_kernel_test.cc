@@ -9,8 +9,8 @@
 #include <random>
 
 #include "attention_case.h"
+#include "core/sanitizers.h"
 #include "pagedattn/errors.h"
-#include "support/sanitizers.h"
 
 namespace pagedattn::testing {
 namespace {
@@ -68,7 +68,7 @@ void run_both(AttentionCase& c, const AttentionPlanOptions& plan_options) {
 TEST(AttentionKernel, MatchesReferenceOnRandomMatrix) {
   // Under ASan the first 64 cases: there the matrix looks for memory errors,
   // which these shapes reach as well; the Release build runs all of them.
-  const std::uint32_t cases = test::kAddressSanitizer ? 64 : 160;
+  const std::uint32_t cases = core::kAddressSanitizer ? 64 : 160;
   for (std::uint32_t seed = 1; seed <= cases; ++seed) {
     const CaseSpec spec = random_spec(seed);
     SCOPED_TRACE(describe_case(spec));

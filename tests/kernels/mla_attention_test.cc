@@ -14,9 +14,9 @@
 #include <random>
 #include <vector>
 
+#include "core/sanitizers.h"
 #include "pagedattn/attention.h"
 #include "pagedattn/kv_ops.h"
-#include "support/sanitizers.h"
 
 namespace pagedattn {
 namespace {
@@ -272,7 +272,7 @@ TEST(MlaAttention, DeepSeekV2LiteDecodeAndPrefillMatchTheUnabsorbedFormula) {
   s.kv_lens = {1, 21, 33, 70};
   // The double reference materialises every head's keys: ASan runs one dtype.
   const std::vector<DType> dtypes =
-      test::kAddressSanitizer ? std::vector<DType>{DType::kBF16}
+      core::kAddressSanitizer ? std::vector<DType>{DType::kBF16}
                               : std::vector<DType>{DType::kF32, DType::kBF16, DType::kF16};
   expect_matches_in_each(s, dtypes);
 }
@@ -289,8 +289,8 @@ TEST(MlaAttention, DeepSeekV3HeadsWithSplitKv) {
   s.heads = 128;
   s.q_lens = {1, 1};
   s.kv_lens =
-      test::kAddressSanitizer ? std::vector<std::int32_t>{20, 3} : std::vector<std::int32_t>{80, 9};
-  s.plan.fixed_kv_chunk = test::kAddressSanitizer ? 8 : 16;  // partial states merged by LSE
+      core::kAddressSanitizer ? std::vector<std::int32_t>{20, 3} : std::vector<std::int32_t>{80, 9};
+  s.plan.fixed_kv_chunk = core::kAddressSanitizer ? 8 : 16;  // partial states merged by LSE
   MlaCase c(s);
   expect_matches(c, 2e-5);
 }

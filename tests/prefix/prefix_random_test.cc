@@ -22,10 +22,10 @@
 #include <sstream>
 
 #include "cache/prefix_index.h"
+#include "core/sanitizers.h"
 #include "prefix_support.h"
 #include "support/expect_error.h"
 #include "support/kv_values.h"
-#include "support/sanitizers.h"
 
 namespace pagedattn::test {
 namespace {
@@ -475,7 +475,7 @@ TEST_P(PrefixRandomTest, ContentAndAccountingHoldAfterEveryOperation) {
 
 std::int64_t leak_run_ops() {
   if (const char* env = std::getenv("PAGEDATTN_PREFIX_RANDOM_OPS")) return std::atoll(env);
-  return kAddressSanitizer ? 100'000 : 1'000'000;
+  return core::kAddressSanitizer ? 100'000 : 1'000'000;
 }
 
 // A million operations in episodes of 2,000, each drained to an empty cache

@@ -15,11 +15,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/sanitizers.h"
 #include "http_server.h"
 #include "pagedattn/llama.h"
 #include "serve_cli.h"
 #include "socket_client.h"
-#include "support/sanitizers.h"
 
 namespace pagedattn::serve {
 namespace {
@@ -531,7 +531,7 @@ std::string nested_padding_body(std::size_t bytes) {
 // was after the first few. (glibc keeps each malloc arena at its peak, and
 // the HTTP threads take turns: each large request grew another arena.)
 TEST(ServerLimits, LargeBodiesDoNotGrowResidentMemory) {
-  if (test::kAddressSanitizer)
+  if (core::kAddressSanitizer)
     GTEST_SKIP() << "ASan's allocator holds freed memory in its quarantine by design";
   ServerOptions o;
   o.max_body_bytes = 512 << 10;

@@ -17,6 +17,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "core/sanitizers.h"
 #include "core/seconds_since.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/prefetch.h"
@@ -25,17 +26,25 @@
 namespace pagedattn::kernels {
 namespace {
 
+// Under AddressSanitizer a timing measures the instrumentation, not the
+// kernels, and took seconds a shape: it runs once, on an eighth of the keys,
+// which still takes every line of the choice.
+constexpr std::int32_t kKeysDivisor = core::kAddressSanitizer ? 8 : 1;
+constexpr int kRounds = core::kAddressSanitizer ? 1 : 7;
+
 // The timed batch of one phase and its memory. Decode: 4 sequences of one
 // query over 1,024 keys; prefill: one sequence of 512 / group queries (at
 // least 16: 512 rows of a KV head whatever the group) over 512 keys
-// (causal, bottom-right). Two KV heads (one for MLA), page size 16, pages in order. K, V
-// and queries are uniform in [-1, 1) (int8: x 127, token scales 1 / 127).
+// (causal, bottom-right); both divided by kKeysDivisor. Two KV heads (one
+// for MLA), page size 16, pages in order. K, V and queries are uniform in
+// [-1, 1) (int8: x 127, token scales 1 / 127).
 class TimedBatch {
  public:
   TimedBatch(const ProductShape& s, bool prefill) {
     const std::int32_t batch = prefill ? 1 : 4;
-    const std::int32_t q_len = prefill ? std::max(16, 512 / s.group) : 1;
-    const std::int32_t kv_len = prefill ? 512 : 1024, pages_per_seq = kv_len / kPageSize;
+    const std::int32_t q_len = prefill ? std::max(16, 512 / kKeysDivisor / s.group) : 1;
+    const std::int32_t kv_len = (prefill ? 512 : 1024) / kKeysDivisor;
+    const std::int32_t pages_per_seq = kv_len / kPageSize;
     const std::int32_t kv_heads = s.v_in_k ? 1 : 2, qo_heads = kv_heads * s.group;
     const std::int64_t pages = std::int64_t{batch} * pages_per_seq;
     for (std::int32_t b = 0; b <= batch; ++b) {
@@ -157,10 +166,11 @@ bool time_path(const ProductShape& shape, ProductPath path) {
     runner.run(batch.params());
     return steady_seconds() - start;
   };
-  seconds(f32);  // warm-up: first touches, workspaces, caches
-  seconds(fast);
+  if (kRounds > 1) {  // warm-up: first touches, workspaces, caches
+    seconds(f32);
+    seconds(fast);
+  }
   double best_f32 = std::numeric_limits<double>::infinity(), best_fast = best_f32;
-  constexpr int kRounds = 7;
   for (int round = 0; round < kRounds; ++round) {
     best_f32 = std::min(best_f32, seconds(f32));
     best_fast = std::min(best_fast, seconds(fast));

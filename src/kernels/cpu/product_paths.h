@@ -36,9 +36,10 @@ struct ProductShape {
 
 // Whether `path` ran at least kFasterMargin faster than f32 products over
 // the same small batch (decode: 4 sequences of 1,024 keys; prefill: 512
-// query rows per KV head over 512 keys), with K and V evicted from the
-// caches before each call, on the kernels' threads (OpenMP's maximum), both
-// plans timed alternately, the best of several calls each. The first call
+// query rows per KV head over 512 keys; an eighth under AddressSanitizer),
+// with K and V evicted from the caches before each call, on the kernels'
+// threads (OpenMP's maximum), both plans timed alternately, the best of
+// several calls each. The first call
 // for a (shape, path) times it (about 5-40 ms); later calls return the
 // recorded answer. Thread-safe. Inside a parallel region an unrecorded
 // (shape, path) is not timed (its other threads would wait for it) and the

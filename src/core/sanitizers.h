@@ -1,10 +1,11 @@
 #pragma once
 
-namespace pagedattn::test {
+namespace pagedattn::core {
 
 // Whether this build runs under AddressSanitizer (GCC defines
 // __SANITIZE_ADDRESS__, clang answers __has_feature): tests scale their work
-// down under it, and skip what its allocator changes by design.
+// down under it, and skip what its allocator changes by design; timings
+// that choose a path measure its instrumentation, so they shrink too.
 #if defined(__SANITIZE_ADDRESS__)
 inline constexpr bool kAddressSanitizer = true;
 #elif defined(__has_feature)
@@ -17,4 +18,4 @@ inline constexpr bool kAddressSanitizer = false;
 inline constexpr bool kAddressSanitizer = false;
 #endif
 
-}  // namespace pagedattn::test
+}  // namespace pagedattn::core
