@@ -40,7 +40,8 @@ struct Options {
   pb::Config shape;
   double seconds = 2.0;  // timed calls run at least this long
   bool probe = true;
-  bool probe_only = false;  // the probes alone, no kernel
+  bool probe_only = false;     // the probes alone, no kernel
+  int interleaved_rounds = 0;  // --interleave-probe: kernel and paged read probe in turn
   bool check = true;
   bool hot = false;             // re-read one copy (K/V in cache when it fits) instead of rotating
   bool bf16_products = false;   // AttentionPlanOptions::bf16_products
@@ -211,6 +212,12 @@ void add_run_flags(CLI::App& app, Flags& f) {
                "run the probes alone (no kernel; the paged read probe takes its run length from "
                "the shape options)");
   app.add_flag("!--no-check", o.check, "skip the comparison with the scalar reference");
+  app.add_option("--interleave-probe", o.interleaved_rounds,
+                 "N rounds, each timing the kernel for --seconds / N, then 5 passes of the paged "
+                 "read probe: the kernel as a fraction of the probe in the same minutes, round "
+                 "by round (on a host whose bandwidth drifts)")
+      ->type_name("N")
+      ->transform(flags::integer_in(2, 100));
 }
 
 void add_kernel_flags(CLI::App& app, Flags& f) {
@@ -268,6 +275,9 @@ Options options(const Flags& f, const CLI::App& app) {
       !o.shape.mla() || (o.shape.kv_heads == 1 && o.shape.mla_latent <= o.shape.head_dim),
       "bench-attention: --mla ", o.shape.mla_latent,
       " needs --heads Qx1 and a latent <= --head-dim ", o.shape.head_dim);
+  require<InvalidArgument>(o.interleaved_rounds == 0 || (o.shims.empty() && !o.probe_only),
+                           "bench-attention: --interleave-probe times this build's kernel; leave "
+                           "out --shims and --probe-only");
   require<InvalidArgument>(!o.shape.mla() || o.shape.v_dim == 0,
                            "bench-attention: --mla gives V's dim; leave out --v-head-dim");
   o.shape.q_len = f.q_len > 0 ? f.q_len : f.mode == "prefill" ? o.shape.kv_len : 1;
@@ -397,6 +407,33 @@ void print_fractions(const pb::Config& c, const Timing& t, pb::PeakClass k) {
       100.0 * gflops(t.best) / peak.best_gflops);
 }
 
+// --interleave-probe: rounds of kernel calls, each followed by a few passes
+// of the paged read probe, so that each round's fraction compares the same
+// minutes of the host; the fractions' min / median / max.
+void print_interleaved(const Options& o, pb::Workload& w, const AttentionPlanOptions& plan) {
+  const pb::Config& c = o.shape;
+  constexpr int kProbePasses = 5;
+  std::vector<double> fractions;
+  for (int round = 1; round <= o.interleaved_rounds; ++round) {
+    const Timing t = time_calls(w, o.seconds / o.interleaved_rounds, o.hot, plan);
+    const double kernel_gbps = c.kv_bytes_per_call() / t.median / 1e9;
+    const pb::ReadBandwidthResult paged =
+        pb::measure_paged_read_bandwidth(c.k_page_bytes(), std::size_t{1} << 30, kProbePasses);
+    fractions.push_back(kernel_gbps / paged.median_gbps);
+    std::printf(
+        "round %d: K+V read %.2f GB/s (median of %d calls), paged read probe %.2f GB/s "
+        "(median of %d passes): %.1f%%\n",
+        round, kernel_gbps, t.calls, paged.median_gbps, kProbePasses, 100.0 * fractions.back());
+  }
+  std::sort(fractions.begin(), fractions.end());
+  const std::size_t n = fractions.size();
+  const double median = (fractions[(n - 1) / 2] + fractions[n / 2]) / 2.0;
+  std::printf(
+      "interleaved: K+V read as a fraction of the paged read probe, min %.1f%%, median "
+      "%.1f%%, max %.1f%% (%d rounds)\n",
+      100.0 * fractions.front(), 100.0 * median, 100.0 * fractions.back(), o.interleaved_rounds);
+}
+
 // --shims: each build's kernel checked against the reference, then all
 // timed in turn (pb::compare_shims).
 template <class Check>
@@ -496,6 +533,10 @@ int run_bench_attention(int argc, char** argv) {
       !check("", [&](const AttentionParams& p) { AttentionRunner(plan_options).run(p); }))
     return 3;
 
+  if (o.interleaved_rounds > 0) {
+    print_interleaved(o, w, plan_options);
+    return 0;
+  }
   const Timing t = time_calls(w, o.seconds, o.hot, plan_options);
   if (o.hot)
     std::printf("hot: every call re-reads copy 0 (%.1f MiB of K/V)\n",
