@@ -37,19 +37,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-struct Spread {
-  double min = 0.0, median = 0.0, max = 0.0, mean = 0.0;
-};
-
-Spread spread_of(std::vector<double> v) {
-  if (v.empty()) return {};
-  std::sort(v.begin(), v.end());
-  double sum = 0.0;
-  for (double x : v) sum += x;
-  const std::size_t n = v.size();
-  return {v.front(), n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.back(), sum / double(n)};
-}
-
 int resolve_threads(int threads) {
   return threads > 0 ? threads : std::max(1, omp_get_max_threads());
 }
@@ -472,19 +459,17 @@ double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t
 
 namespace {
 
-// `passes` timed passes of `pass` (after one untimed warm-up: TLB, threads,
-// clocks) over a fresh, touched buffer of `bytes`.
+// `passes` timed passes of `pass` over `buf` (touched), after one untimed
+// warm-up (TLB, threads, clocks).
 template <class Pass>
-ReadBandwidthResult measure_read_passes(std::size_t bytes, int passes, int threads,
-                                        const Pass& pass) {
+ReadBandwidthResult time_read_passes(const HugeBuffer& buf, int passes, int threads,
+                                     const Pass& pass) {
   ReadBandwidthResult r;
   r.threads = resolve_threads(threads);
   r.passes = std::max(1, passes);
   r.isa = cpu_has_avx2() ? "avx2" : "scalar";
-  HugeBuffer buf(bytes);
   const CpuSample s0 = sample_cpu();
-  r.bytes = bytes / kReadBlock * kReadBlock;
-  touch_parallel(buf.data(), buf.size());
+  r.bytes = buf.size() / kReadBlock * kReadBlock;
   pass(buf.data(), r.bytes, r.threads);
   std::vector<double> gbps;
   for (int i = 0; i < r.passes; ++i)
@@ -498,22 +483,46 @@ ReadBandwidthResult measure_read_passes(std::size_t bytes, int passes, int threa
   return r;
 }
 
-}  // namespace
-
-ReadBandwidthResult measure_read_bandwidth(std::size_t bytes, int passes, int threads) {
-  return measure_read_passes(bytes, passes, threads, [](const std::byte* p, std::size_t b, int t) {
-    return read_pass_seconds(p, b, t);
-  });
+HugeBuffer touched_buffer(std::size_t bytes) {
+  HugeBuffer buf(bytes);
+  touch_parallel(buf.data(), buf.size());
+  return buf;
 }
 
-ReadBandwidthResult measure_paged_read_bandwidth(std::size_t run_bytes, std::size_t bytes,
-                                                 int passes, int threads) {
-  ReadBandwidthResult r = measure_read_passes(
-      bytes, passes, threads, [run_bytes](const std::byte* p, std::size_t b, int t) {
+}  // namespace
+
+Spread spread_of(std::vector<double> values) {
+  if (values.empty()) return {};
+  std::sort(values.begin(), values.end());
+  double sum = 0.0;
+  for (double x : values) sum += x;
+  const std::size_t n = values.size();
+  const double median = n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+  return {values.front(), median, values.back(), sum / double(n)};
+}
+
+ReadBandwidthResult measure_read_bandwidth(std::size_t bytes, int passes, int threads) {
+  return time_read_passes(
+      touched_buffer(bytes), passes, threads,
+      [](const std::byte* p, std::size_t b, int t) { return read_pass_seconds(p, b, t); });
+}
+
+PagedReadProbe::PagedReadProbe(std::size_t run_bytes, std::size_t bytes, int threads)
+    : buf_(touched_buffer(bytes)), run_bytes_(run_bytes), threads_(threads) {}
+
+ReadBandwidthResult PagedReadProbe::measure(int passes) const {
+  const std::size_t run_bytes = run_bytes_;
+  ReadBandwidthResult r = time_read_passes(
+      buf_, passes, threads_, [run_bytes](const std::byte* p, std::size_t b, int t) {
         return read_runs_pass_seconds(p, b, run_bytes, t, RunPrefetch::kTwoRunsAhead);
       });
   r.run_bytes = std::max(kReadBlock, run_bytes / kReadBlock * kReadBlock);
   return r;
+}
+
+ReadBandwidthResult measure_paged_read_bandwidth(std::size_t run_bytes, std::size_t bytes,
+                                                 int passes, int threads) {
+  return PagedReadProbe(run_bytes, bytes, threads).measure(passes);
 }
 
 const char* peak_class_name(PeakClass c) {

@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/cpu_load.h"
 #include "pagedattn/cpu_features.h"
@@ -83,6 +84,12 @@ struct ComputePeakResult {
 };
 using FmaPeakResult = ComputePeakResult;
 
+// min / median / max / mean of `values` (all zero when there are none).
+struct Spread {
+  double min = 0.0, median = 0.0, max = 0.0, mean = 0.0;
+};
+Spread spread_of(std::vector<double> values);
+
 // A buffer of `bytes` from mmap, advised for transparent huge pages; not
 // touched (callers decide which threads touch it first). Throws std::bad_alloc.
 class HugeBuffer {
@@ -136,6 +143,21 @@ ReadBandwidthResult measure_read_bandwidth(std::size_t bytes = std::size_t{1} <<
 ReadBandwidthResult measure_paged_read_bandwidth(std::size_t run_bytes,
                                                  std::size_t bytes = std::size_t{1} << 30,
                                                  int passes = 30, int threads = 0);
+// The paged read probe over one buffer, allocated and touched once: a run
+// that interleaves probe passes with its own work (bench-attention
+// --interleave-probe) pays the set-up of a 1 GiB buffer once, not per round.
+class PagedReadProbe {
+ public:
+  explicit PagedReadProbe(std::size_t run_bytes, std::size_t bytes = std::size_t{1} << 30,
+                          int threads = 0);
+  // One untimed warm-up pass, then `passes` timed ones.
+  ReadBandwidthResult measure(int passes) const;
+
+ private:
+  HugeBuffer buf_;
+  std::size_t run_bytes_;
+  int threads_;
+};
 // One pass of the `c` probe: `iterations` loop trips per thread; seconds.
 double compute_pass_seconds(PeakClass c, std::int64_t iterations, int threads);
 // Operations (FLOP, or integer ops) one thread performs in that pass.

@@ -329,8 +329,8 @@ Timing time_calls(pb::Workload& w, double seconds, bool hot,
     runner.run(p);
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  std::sort(times.begin(), times.end());
-  return {times.front(), times[times.size() / 2], static_cast<int>(times.size())};
+  const pb::Spread spread = pb::spread_of(times);
+  return {spread.min, spread.median, static_cast<int>(times.size())};
 }
 
 // What runs: the dispatched target, where its cap came from, the ISA
@@ -413,25 +413,23 @@ void print_fractions(const pb::Config& c, const Timing& t, pb::PeakClass k) {
 void print_interleaved(const Options& o, pb::Workload& w, const AttentionPlanOptions& plan) {
   const pb::Config& c = o.shape;
   constexpr int kProbePasses = 5;
+  const pb::PagedReadProbe probe(c.k_page_bytes());
   std::vector<double> fractions;
   for (int round = 1; round <= o.interleaved_rounds; ++round) {
     const Timing t = time_calls(w, o.seconds / o.interleaved_rounds, o.hot, plan);
     const double kernel_gbps = c.kv_bytes_per_call() / t.median / 1e9;
-    const pb::ReadBandwidthResult paged =
-        pb::measure_paged_read_bandwidth(c.k_page_bytes(), std::size_t{1} << 30, kProbePasses);
+    const pb::ReadBandwidthResult paged = probe.measure(kProbePasses);
     fractions.push_back(kernel_gbps / paged.median_gbps);
     std::printf(
         "round %d: K+V read %.2f GB/s (median of %d calls), paged read probe %.2f GB/s "
         "(median of %d passes): %.1f%%\n",
         round, kernel_gbps, t.calls, paged.median_gbps, kProbePasses, 100.0 * fractions.back());
   }
-  std::sort(fractions.begin(), fractions.end());
-  const std::size_t n = fractions.size();
-  const double median = (fractions[(n - 1) / 2] + fractions[n / 2]) / 2.0;
+  const pb::Spread spread = pb::spread_of(fractions);
   std::printf(
       "interleaved: K+V read as a fraction of the paged read probe, min %.1f%%, median "
       "%.1f%%, max %.1f%% (%d rounds)\n",
-      100.0 * fractions.front(), 100.0 * median, 100.0 * fractions.back(), o.interleaved_rounds);
+      100.0 * spread.min, 100.0 * spread.median, 100.0 * spread.max, o.interleaved_rounds);
 }
 
 // --shims: each build's kernel checked against the reference, then all
