@@ -1297,13 +1297,22 @@ void ProcessItem(const Item& it) {
   FinishRows(it, map, rows);
 }
 
+// Head dims fixed at compile time pay on 256- and 512-bit vectors (unrolled
+// rows; 16 lanes on AVX-512). On 128-bit targets (SSE4, and the portable
+// fallback) a fixed dim would only unroll the same 4-lane loops, summing in
+// the same order: they run the generic dim alone, so the targets few CPUs
+// still run compile one kernel per K/V type instead of four.
+constexpr bool kFixedHeadDims = HWY_MAX_BYTES > 16;
+
 // Fast paths for the common head dims (K and V equal); others run generic.
 template <DType kT>
 void ProcessItemAnyDim(const Item& it) {
-  const std::int32_t d = it.c->head_dim == it.c->v_head_dim ? it.c->head_dim : 0;
-  if (d == 64) return ProcessItem<kT, 64>(it);
-  if (d == 128) return ProcessItem<kT, 128>(it);
-  if (d == 256) return ProcessItem<kT, 256>(it);
+  if constexpr (kFixedHeadDims) {
+    const std::int32_t d = it.c->head_dim == it.c->v_head_dim ? it.c->head_dim : 0;
+    if (d == 64) return ProcessItem<kT, 64>(it);
+    if (d == 128) return ProcessItem<kT, 128>(it);
+    if (d == 256) return ProcessItem<kT, 256>(it);
+  }
   ProcessItem<kT, 0>(it);
 }
 
