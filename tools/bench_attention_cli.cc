@@ -262,6 +262,10 @@ std::unique_ptr<CLI::App> bench_attention_flags(Flags& f) {
 Options options(const Flags& f, const CLI::App& app) {
   Options o = f.o;
   o.shape.kv = kv_dtype_named(f.kv_dtype);
+  // e4m3 K/V carry the page flags a PagedKVCache keeps (none set: the
+  // pattern holds no NaN code), so the kernels decide NaN handling from them
+  // as they do in serving, not from a scan of every block.
+  o.shape.page_flags = o.shape.kv == DType::kFP8E4M3;
   std::tie(o.shape.qo_heads, o.shape.kv_heads) = *heads_of(f.heads);
   if (!f.shims.empty()) o.shims = split_commas(f.shims);
   // Each shim holds its own copy of the library's dispatch settings, which

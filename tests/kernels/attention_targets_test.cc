@@ -207,42 +207,51 @@ void* KVElement(const AttentionParams& p, bool value, std::int32_t seq, std::int
 // the proof that the flags, not the bytes, decided.
 enum class NanFlags { kNone, kSet, kClear };
 
+// The cases above, run with `options` (on the dispatched target, named
+// `target`), compared with the reference within `tolerance`.
+void ExpectE4M3NanCodesGiveTheReferencesNaNs(const std::string& target,
+                                             const AttentionPlanOptions& options,
+                                             double tolerance) {
+  for (std::uint32_t seed = 0; seed < 36; ++seed) {
+    const auto flags = static_cast<NanFlags>(seed / 12);
+    CaseSpec spec = TwoSequenceDecode(DType::kFP8E4M3, seed % 2 ? 4 : 1, seed);
+    spec.head_dim = seed % 3 ? 128 : 80;
+    spec.page_size = seed % 4 ? 16 : 5;
+    spec.per_head_fp8_scales = true;
+    AttentionCase c(spec);
+    AttentionParams ref = c.params(0);
+    const std::int32_t where = seed % 4;                        // 0: none; 1: K; 2: V; 3: both
+    const std::int32_t key = std::int32_t(seed % 12 / 4) * 48;  // block 0, 1 or 3 of seq 0
+    if (where & 1) *static_cast<std::uint8_t*>(KVElement(ref, false, 0, key, 1, 7)) = 0x7F;
+    if (where & 2) *static_cast<std::uint8_t*>(KVElement(ref, true, 0, key, 1, 7)) = 0xFF;
+    paged_attention_reference(ref);
+    AttentionParams p = c.params(1);
+    std::vector<std::uint8_t> page_flags(std::size_t(p.kv.num_pages), 0);
+    for (std::int64_t page = 0; flags == NanFlags::kSet && page < p.kv.num_pages; ++page)
+      page_flags[std::size_t(page)] = kernels::page_holds_e4m3_nan(p.kv, page);
+    if (flags != NanFlags::kNone) p.kv.page_may_hold_nan = page_flags.data();
+    AttentionRunner(options).run(p);
+    const std::string what = target + " seed " + std::to_string(seed);
+    if (flags == NanFlags::kClear) {
+      for (float x : c.output(1)) ASSERT_TRUE(std::isfinite(x)) << what;
+      continue;
+    }
+    const int nan_rows = ExpectTheReferencesNaNs(c, spec.head_dim, tolerance, what);
+    if (::testing::Test::HasFailure()) return;
+    EXPECT_EQ(nan_rows == 0, where == 0) << what;
+  }
+}
+
 TEST(AttentionTargets, E4M3NanCodesGiveTheReferencesNaNsInDecode) {
   for_each_highway_target([&](std::int64_t target) {
     const std::string name = lower(hwy::TargetName(target));
     if (dispatched_target_name() != name) return;
-    for (std::uint32_t seed = 0; seed < 36; ++seed) {
-      const auto flags = static_cast<NanFlags>(seed / 12);
-      CaseSpec spec = TwoSequenceDecode(DType::kFP8E4M3, seed % 2 ? 4 : 1, seed);
-      spec.head_dim = seed % 3 ? 128 : 80;
-      spec.page_size = seed % 4 ? 16 : 5;
-      spec.per_head_fp8_scales = true;
-      AttentionCase c(spec);
-      AttentionParams ref = c.params(0);
-      const std::int32_t where = seed % 4;                        // 0: none; 1: K; 2: V; 3: both
-      const std::int32_t key = std::int32_t(seed % 12 / 4) * 48;  // block 0, 1 or 3 of seq 0
-      if (where & 1) *static_cast<std::uint8_t*>(KVElement(ref, false, 0, key, 1, 7)) = 0x7F;
-      if (where & 2) *static_cast<std::uint8_t*>(KVElement(ref, true, 0, key, 1, 7)) = 0xFF;
-      paged_attention_reference(ref);
-      AttentionParams p = c.params(1);
-      std::vector<std::uint8_t> page_flags(std::size_t(p.kv.num_pages), 0);
-      for (std::int64_t page = 0; flags == NanFlags::kSet && page < p.kv.num_pages; ++page)
-        page_flags[std::size_t(page)] = kernels::page_holds_e4m3_nan(p.kv, page);
-      if (flags != NanFlags::kNone) p.kv.page_may_hold_nan = page_flags.data();
-      AttentionRunner(AttentionPlanOptions{.num_threads = 2,
-                                           .fp8_fast_products = false,
-                                           .fast_prefill_products = false,
-                                           .measured_products = false})
-          .run(p);
-      const std::string what = name + " seed " + std::to_string(seed);
-      if (flags == NanFlags::kClear) {
-        for (float x : c.output(1)) ASSERT_TRUE(std::isfinite(x)) << what;
-        continue;
-      }
-      const int nan_rows = ExpectTheReferencesNaNs(c, spec.head_dim, 1e-3, what);
-      if (::testing::Test::HasFailure()) return;
-      EXPECT_EQ(nan_rows == 0, where == 0) << what;
-    }
+    ExpectE4M3NanCodesGiveTheReferencesNaNs(name,
+                                            AttentionPlanOptions{.num_threads = 2,
+                                                                 .fp8_fast_products = false,
+                                                                 .fast_prefill_products = false,
+                                                                 .measured_products = false},
+                                            1e-3);
   });
 }
 
@@ -471,6 +480,67 @@ TEST(AttentionTargets, F16DecodeKeepsNaNBlocksAndNonFiniteQueriesOnF32) {
         << "query element " << bad;
     EXPECT_NE(std::memcmp(off.data() + token, on.data() + token, token * sizeof(float)), 0)
         << "query element " << bad;
+  }
+}
+
+// The f16 path (e4m3 decode's fast products on AVX512-FP16) skips the probe
+// of a block's bytes when its pages' flags say no NaN code was written, and
+// probes them otherwise: the cases of E4M3NanCodesGiveTheReferencesNaNsInDecode
+// on f16 products, where a code under clear flags must decode finite.
+TEST(AttentionTargets, F16DecodeReadsTheE4M3PagesNanFlags) {
+  if (!has_f16_decode(dispatched_features()))
+    GTEST_SKIP() << "no AVX512-FP16 at the dispatched target";
+  ExpectE4M3NanCodesGiveTheReferencesNaNs(dispatched_target_name(),
+                                          AttentionPlanOptions{.num_threads = 2,
+                                                               .f16_products = true,
+                                                               .fp8_fast_products = false,
+                                                               .fast_prefill_products = false,
+                                                               .measured_products = false},
+                                          kF16DotRowTolerance);
+}
+
+// One block of keys (20) whose KV head 1 holds an e4m3 NaN code in K. With
+// its pages flagged, the f16 path's probe finds the code and the head keeps
+// f32 products: the f32 run's bits (NaN). With the flags clear (a writer
+// that broke the contract) the f16 path skips the probe and runs the head on
+// f16 products: finite, and not the f32 run's bits. Head 0 takes the f16
+// path either way.
+TEST(AttentionTargets, F16DecodeSkipsTheProbeOfE4M3PagesFlaggedFreeOfNan) {
+  if (!has_f16_decode(dispatched_features()))
+    GTEST_SKIP() << "no AVX512-FP16 at the dispatched target";
+  constexpr std::int32_t kGroup = 4, kDim = 128;
+  CaseSpec spec = TwoSequenceDecode(DType::kFP8E4M3, kGroup, 5);
+  spec.kv_lens = {20};
+  spec.q_lens = {1};
+  spec.head_dim = kDim;
+  spec.o_dtype = DType::kF32;
+  for (const NanFlags flags : {NanFlags::kSet, NanFlags::kClear}) {
+    AttentionCase c(spec);
+    AttentionParams f32 = c.params(0), f16 = c.params(1);
+    *static_cast<std::uint8_t*>(KVElement(f32, false, 0, 11, 1, 7)) = 0x7F;
+    std::vector<std::uint8_t> page_flags(std::size_t(f32.kv.num_pages), 0);
+    for (std::int64_t page = 0; flags == NanFlags::kSet && page < f32.kv.num_pages; ++page)
+      page_flags[std::size_t(page)] = kernels::page_holds_e4m3_nan(f32.kv, page);
+    f32.kv.page_may_hold_nan = f16.kv.page_may_hold_nan = page_flags.data();
+    AttentionPlanOptions options{.num_threads = 2,
+                                 .fp8_fast_products = false,
+                                 .fast_prefill_products = false,
+                                 .measured_products = false};
+    AttentionRunner(options).run(f32);
+    options.f16_products = true;
+    AttentionRunner(options).run(f16);
+    const std::vector<float> want = c.output(0), got = c.output(1);
+    const std::size_t head = std::size_t(kGroup) * kDim;  // a KV head's rows
+    ASSERT_EQ(got.size(), 2 * head);
+    EXPECT_NE(std::memcmp(want.data(), got.data(), head * sizeof(float)), 0) << "head 0";
+    const bool same = std::memcmp(want.data() + head, got.data() + head, head * sizeof(float)) == 0;
+    if (flags == NanFlags::kSet) {
+      EXPECT_TRUE(same) << "flagged: the probe must send head 1 to f32 products";
+      EXPECT_TRUE(std::isnan(got[head])) << "flagged: the code is a NaN";
+    } else {
+      EXPECT_FALSE(same) << "flags clear: head 1 must run on f16 products";
+      for (float x : got) ASSERT_TRUE(std::isfinite(x)) << "flags clear";
+    }
   }
 }
 

@@ -1019,10 +1019,13 @@ bool ProcessHeadBlockF16Decode(const Item& it, const RowMap& map, KeyBlock& kb, 
                                std::int32_t row_end, std::int64_t first_pos) {
   const KernelContext& c = *it.c;
   const std::int32_t rows = row_end - row0;
+  // e4m3 blocks on pages the writers flagged free of NaN codes: nothing for
+  // the probe of their bytes to find (f16 rows are probed for their bound).
+  const bool probe_rows = kT != DType::kFP8E4M3 || kb.slots->nan != BlockSlots::Nan::kNone;
   if (!f16dec::ScoreBlock<kT, kDim>(
           it.sc.qh + std::size_t(row0) * c.dq, std::size_t(c.dq), it.sc.qh_inv + row0, kb.k, kb.v,
           kb.k_next, std::size_t(c.head_dim), std::size_t(c.v_head_dim),
-          kScaled<kT> ? kb.k_scale : nullptr, it.sc.s + std::size_t(row0) * kKB, rows))
+          kScaled<kT> ? kb.k_scale : nullptr, it.sc.s + std::size_t(row0) * kKB, rows, probe_rows))
     return false;
   SoftmaxRows<false>(it, map, kb, row0, row_end, first_pos);
   f16dec::RoundWeights(it.sc.s, row0, row_end);

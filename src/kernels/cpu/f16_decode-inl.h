@@ -333,19 +333,23 @@ HWY_INLINE PAGEDATTN_F16_ATTR std::int32_t ScoreGroup(const std::uint16_t* q, st
 // Scores of `rows` (at most 8) f16 query rows (RoundQueries; stride dq)
 // against the kKB kT rows `k` of k_dim elements into s ([rows][kKB]), times
 // k_scale[key] (when given) x q_inv[row]. The first group of rows
-// prefetches `prefetch` (the next head's K rows) and probes the K and V rows
-// (`v`, v_dim elements; BlockProbe): returns false, scores unusable, when
-// the block holds what the path cannot take.
+// prefetches `prefetch` (the next head's K rows) and, with `probe_rows`,
+// probes the K and V rows (`v`, v_dim elements; BlockProbe): returns false,
+// scores unusable, when the block holds what the path cannot take. Without
+// `probe_rows` (e4m3 rows whose pages are known free of NaN codes) only the
+// scores are checked.
 template <DType kT, int kDim>
 PAGEDATTN_F16_ATTR bool ScoreBlock(const std::uint16_t* q, std::size_t dq, const float* q_inv,
                                    const void* const* k, const void* const* v,
                                    const void* const* prefetch, std::size_t k_dim,
                                    std::size_t v_dim, const float* k_scale, float* s,
-                                   std::int32_t rows) {
+                                   std::int32_t rows, bool probe_rows) {
   const BlockRows b{k, v, kDim > 0 ? std::size_t(kDim) : k_dim,
                     kDim > 0 ? std::size_t(kDim) : v_dim};
   BlockProbe<kT> probe;
-  std::int32_t r = ScoreGroup<kT, true>(q, dq, q_inv, b, prefetch, k_scale, s, 0, rows, probe);
+  std::int32_t r =
+      probe_rows ? ScoreGroup<kT, true>(q, dq, q_inv, b, prefetch, k_scale, s, 0, rows, probe)
+                 : ScoreGroup<kT, false>(q, dq, q_inv, b, prefetch, k_scale, s, 0, rows, probe);
   while (r < rows) r += ScoreGroup<kT, false>(q, dq, q_inv, b, nullptr, k_scale, s, r, rows, probe);
   return !probe.Found();
 }
