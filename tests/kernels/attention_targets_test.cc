@@ -207,6 +207,15 @@ void* KVElement(const AttentionParams& p, bool value, std::int32_t seq, std::int
 // the proof that the flags, not the bytes, decided.
 enum class NanFlags { kNone, kSet, kClear };
 
+// page_may_hold_nan for the pages of `kv`: as the writers set them
+// (kernels::page_holds_e4m3_nan of each page) for kSet, all clear otherwise.
+std::vector<std::uint8_t> PageNanFlags(const PagedKVStorage& kv, NanFlags flags) {
+  std::vector<std::uint8_t> page_flags(std::size_t(kv.num_pages), 0);
+  for (std::int64_t page = 0; flags == NanFlags::kSet && page < kv.num_pages; ++page)
+    page_flags[std::size_t(page)] = kernels::page_holds_e4m3_nan(kv, page);
+  return page_flags;
+}
+
 // The cases above, run with `options` (on the dispatched target, named
 // `target`), compared with the reference within `tolerance`.
 void ExpectE4M3NanCodesGiveTheReferencesNaNs(const std::string& target,
@@ -226,9 +235,7 @@ void ExpectE4M3NanCodesGiveTheReferencesNaNs(const std::string& target,
     if (where & 2) *static_cast<std::uint8_t*>(KVElement(ref, true, 0, key, 1, 7)) = 0xFF;
     paged_attention_reference(ref);
     AttentionParams p = c.params(1);
-    std::vector<std::uint8_t> page_flags(std::size_t(p.kv.num_pages), 0);
-    for (std::int64_t page = 0; flags == NanFlags::kSet && page < p.kv.num_pages; ++page)
-      page_flags[std::size_t(page)] = kernels::page_holds_e4m3_nan(p.kv, page);
+    std::vector<std::uint8_t> page_flags = PageNanFlags(p.kv, flags);
     if (flags != NanFlags::kNone) p.kv.page_may_hold_nan = page_flags.data();
     AttentionRunner(options).run(p);
     const std::string what = target + " seed " + std::to_string(seed);
@@ -518,9 +525,7 @@ TEST(AttentionTargets, F16DecodeSkipsTheProbeOfE4M3PagesFlaggedFreeOfNan) {
     AttentionCase c(spec);
     AttentionParams f32 = c.params(0), f16 = c.params(1);
     *static_cast<std::uint8_t*>(KVElement(f32, false, 0, 11, 1, 7)) = 0x7F;
-    std::vector<std::uint8_t> page_flags(std::size_t(f32.kv.num_pages), 0);
-    for (std::int64_t page = 0; flags == NanFlags::kSet && page < f32.kv.num_pages; ++page)
-      page_flags[std::size_t(page)] = kernels::page_holds_e4m3_nan(f32.kv, page);
+    std::vector<std::uint8_t> page_flags = PageNanFlags(f32.kv, flags);
     f32.kv.page_may_hold_nan = f16.kv.page_may_hold_nan = page_flags.data();
     AttentionPlanOptions options{.num_threads = 2,
                                  .fp8_fast_products = false,
