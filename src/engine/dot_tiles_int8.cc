@@ -76,6 +76,19 @@ PAGEDATTN_VNNI void TransposeLine(const std::uint8_t* src, std::size_t stride, s
   }
 }
 
+// The transposed dword row `t` of a line (one dword per column) of nibbles
+// split into the tiles' steps `low_step` (low nibbles) and `low_step + half`
+// (high nibbles) of the group's quants: at the width TransposeLine stored
+// it, so that its store forwards to this load.
+PAGEDATTN_VNNI void SplitStep(const std::uint8_t* t, std::uint8_t* quants, std::size_t low_step,
+                              std::size_t half) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  const __m512i v = _mm512_loadu_si512(t);
+  auto* low = reinterpret_cast<__m512i*>(quants) + low_step;
+  _mm512_storeu_si512(low, _mm512_and_si512(v, low4));
+  _mm512_storeu_si512(low + half, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
+}
+
 // y[r][0..cols) (+)= the R rows of the pass from `row` times the group's
 // columns. Per row and column: one int32 sum per S inputs (exact), then
 // total += (sum * dx) * scale (+ min * xsum per 32 inputs) in f32, in input

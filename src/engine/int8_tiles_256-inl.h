@@ -49,6 +49,18 @@ PAGEDATTN_INT8_TARGET inline void TransposeLine(const std::uint8_t* src, std::si
   }
 }
 
+// The transposed dword row `t` of a line (one dword per column) of nibbles
+// split into the tiles' steps `low_step` (low nibbles) and `low_step + half`
+// (high nibbles) of the group's quants.
+PAGEDATTN_INT8_TARGET inline void SplitStep(const std::uint8_t* t, std::uint8_t* quants,
+                                            std::size_t low_step, std::size_t half) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t));
+  auto* low = reinterpret_cast<__m256i*>(quants) + low_step;
+  _mm256_storeu_si256(low, _mm256_and_si256(v, low4));
+  _mm256_storeu_si256(low + half, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
+}
+
 // The four-byte dot products of w's unsigned quants and x's signed int8
 // values in each lane: VNNI adds them to the int32 `sum`; AVX2's
 // vpmaddubsw forms pair sums in 16 bits, which a tile adds up over kWiden

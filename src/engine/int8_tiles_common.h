@@ -101,15 +101,6 @@ struct Group {
   std::uint8_t* rows;    // [columns][padded in]: the unpacked rows before transposing
 };
 
-// Where one weight row's unpacked values go: q[in] bytes, and its scales
-// and mins at every `stride`-th float (the group's transposed layout).
-struct ColumnOut {
-  std::uint8_t* q;
-  float* scales;
-  float* mins;
-  std::int32_t stride;
-};
-
 // The padded length of a row of quants: whole 64-byte lines (the transposes
 // read a line of each row at a time).
 inline std::size_t padded_in(std::int32_t in) {

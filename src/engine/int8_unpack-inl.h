@@ -2,15 +2,10 @@
 // has the layouts), on 256-bit vectors: included by each tile width's
 // translation unit inside a namespace of its own, after defining
 //   PAGEDATTN_INT8_TARGET  the function attribute of that unit's target;
-//   PAGEDATTN_INT8_MASKS   1 where AVX-512BW's byte masks may be used.
+//   PAGEDATTN_INT8_MASKS   1 where AVX-512BW's byte masks may be used;
+// and the unit's TransposeLine (a 64-byte line of each column of a group,
+// transposed) and SplitStep (a transposed row of nibbles into two steps).
 // No include guard: a unit may include it once per namespace.
-
-// F16C's conversion (exact): the portable one costs a branchy call per block.
-PAGEDATTN_INT8_TARGET inline float half_at(const std::uint8_t* p) {
-  std::uint16_t bits;
-  std::memcpy(&bits, p, sizeof bits);
-  return _cvtsh_ss(bits);
-}
 
 // 16 bytes of nibbles as 32 quants: the low nibbles, then the high ones.
 PAGEDATTN_INT8_TARGET inline __m256i SplitNibbles(const std::uint8_t* qs) {
@@ -45,17 +40,27 @@ PAGEDATTN_INT8_TARGET inline __m256i AddFifthBitsOf(__m256i high, std::int32_t b
 #endif
 }
 
-// The 32-weight formats (quant_kernels.h): block b's quants, scale and min.
-// Q8_0's quants xor 0x80 (unsigned, zero 128), or as they are when `layout`
-// keeps them signed.
+// The 32-weight formats (quant_kernels.h) start each block with their f16
+// scale (and, Q4_1 / Q5_1, their f16 min): its first 4 bytes.
+PAGEDATTN_INT8_TARGET inline std::uint32_t HeaderOf(const std::uint8_t* block) {
+  std::uint32_t header;
+  std::memcpy(&header, block, sizeof header);
+  return header;
+}
+
+// The 32-weight formats: block b's quants, and its header (HeaderOf) at
+// headers[b * stride] for HeadersToScales, which converts a block's for all
+// columns at once. Q8_0's quants xor 0x80 (unsigned, zero 128), or as they
+// are when `layout` keeps them signed.
 template <WeightFormat F>
 PAGEDATTN_INT8_TARGET void UnpackRow32(const std::uint8_t* row, std::int32_t in,
-                                       const Int8Layout& layout, const ColumnOut& out) {
+                                       const Int8Layout& layout, std::uint8_t* quants,
+                                       std::uint32_t* headers, std::int32_t stride) {
   constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
-  for (std::int32_t b = 0; b < in / kQuantBlock; ++b) {
+  const std::int32_t blocks = in / kQuantBlock;
+  for (std::int32_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = row + b * kBytes;
-    std::uint8_t* q = out.q + std::size_t(b) * kQuantBlock;
-    out.scales[std::size_t(b) * out.stride] = half_at(block);
+    headers[std::size_t(b) * stride] = HeaderOf(block);
     __m256i v;
     if constexpr (F == WeightFormat::kQ8_0) {
       v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + BlockTraits<F>::kQuants));
@@ -68,55 +73,62 @@ PAGEDATTN_INT8_TARGET void UnpackRow32(const std::uint8_t* row, std::int32_t in,
       std::memcpy(&qh, block + BlockTraits<F>::kHighBits, sizeof qh);
       v = AddFifthBits(qh, v);
     }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), v);
-    if constexpr (F == WeightFormat::kQ4_1 || F == WeightFormat::kQ5_1)
-      out.mins[std::size_t(b) * out.stride] = half_at(block + 2);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(quants + std::size_t(b) * kQuantBlock), v);
   }
 }
 
-// Q4_K / Q5_K: sub-block j of 32 of each super-block, scale d * sc[j] and
-// min -dmin * m[j].
-template <WeightFormat F>
-PAGEDATTN_INT8_TARGET void UnpackRowK45(const std::uint8_t* row, std::int32_t in,
-                                        const ColumnOut& out) {
-  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
+// The f16 halves of 8 dwords (low halves: `high` false) as 8 floats.
+PAGEDATTN_INT8_TARGET inline __m256 HalvesOf(__m256i dwords, bool high) {
+  const __m256i pick =
+      high ? _mm256_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1, 2, 3, 6,
+                              7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)
+           : _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5,
+                              8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(dwords, pick), 0x08);
+  return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+}
+
+// The group's block headers (UnpackRow32's, [blocks][kGroupColumns] dwords
+// in g.scales) as its scales, and with `mins` its mins: in place, F16C's
+// exact conversion for every column of a block at once.
+PAGEDATTN_INT8_TARGET inline void HeadersToScales(const Group& g, std::int32_t blocks, bool mins) {
+  static_assert(kGroupColumns % 8 == 0);
+  for (std::size_t at = 0; at < std::size_t(blocks) * kGroupColumns; at += 8) {
+    const __m256i headers = _mm256_load_si256(reinterpret_cast<const __m256i*>(g.scales + at));
+    if (mins) _mm256_store_ps(g.mins + at, HalvesOf(headers, true));
+    _mm256_store_ps(g.scales + at, HalvesOf(headers, false));
+  }
+}
+
+// Q5_K's quants: sub-block j of 32 of each super-block (PackKScales has
+// its scales and mins).
+PAGEDATTN_INT8_TARGET inline void UnpackRowQ5K(const std::uint8_t* row, std::int32_t in,
+                                               std::uint8_t* quants) {
+  using T = BlockTraits<WeightFormat::kQ5_K>;
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   for (std::int32_t k = 0; k < in / kQuantKBlock; ++k) {
-    const std::uint8_t* block = row + k * kBytes;
-    std::uint8_t sc[8], m[8];
-    unpack_k_scales(block + 4, sc, m);
-    const float d = half_at(block), dmin = half_at(block + 2);
-    for (std::int32_t j = 0; j < 8; ++j) {
-      out.scales[std::size_t(8 * k + j) * out.stride] = d * float(sc[j]);
-      out.mins[std::size_t(8 * k + j) * out.stride] = -dmin * float(m[j]);
-    }
-    std::uint8_t* q = out.q + std::size_t(k) * kQuantKBlock;
-    __m256i qh = _mm256_setzero_si256();
-    if constexpr (F == WeightFormat::kQ5_K)  // bit j of qh[l]: bit 4 of sub-block j's weight l
-      qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + BlockTraits<F>::kHighBits));
+    const std::uint8_t* block = row + k * T::kBytes;
+    std::uint8_t* q = quants + std::size_t(k) * kQuantKBlock;
+    // bit j of qh[l]: bit 4 of sub-block j's weight l
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kHighBits));
     for (std::int32_t j = 0; j < 8; ++j) {  // sub-block j: nibble j % 2 of quant bytes 32 (j / 2)
-      const __m256i v = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(block + BlockTraits<F>::kQuants + 32 * (j / 2)));
-      __m256i sub = _mm256_and_si256(j % 2 == 0 ? v : _mm256_srli_epi16(v, 4), low4);
-      if constexpr (F == WeightFormat::kQ5_K) sub = AddFifthBitsOf(qh, j, sub);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * j), sub);
+      const __m256i v =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kQuants + 32 * (j / 2)));
+      const __m256i sub = _mm256_and_si256(j % 2 == 0 ? v : _mm256_srli_epi16(v, 4), low4);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * j), AddFifthBitsOf(qh, j, sub));
     }
   }
 }
 
-// Q6_K: half h, group g of 32: low 4 bits from ql, 2 high bits from qh;
-// scale d * sc[j] per 16 weights.
+// Q6_K's quants: half h, group g of 32: low 4 bits from ql, 2 high bits
+// from qh (PackQ6KScales has its scales).
 PAGEDATTN_INT8_TARGET inline void UnpackRowQ6K(const std::uint8_t* row, std::int32_t in,
-                                               const ColumnOut& out) {
+                                               std::uint8_t* quants) {
   using T = BlockTraits<WeightFormat::kQ6_K>;
   const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
   for (std::int32_t k = 0; k < in / kQuantKBlock; ++k) {
     const std::uint8_t* block = row + k * T::kBytes;
-    const float d = half_at(block + T::kScale);
-    for (std::int32_t j = 0; j < 16; ++j)
-      out.scales[std::size_t(16 * k + j) * out.stride] =
-          d * float(static_cast<std::int8_t>(block[T::kScales + j]));
-    std::uint8_t* q = out.q + std::size_t(k) * kQuantKBlock;
+    std::uint8_t* q = quants + std::size_t(k) * kQuantKBlock;
     for (std::int32_t h = 0; h < 2; ++h) {
       const __m256i qh =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kHighBits + 32 * h));
@@ -132,27 +144,99 @@ PAGEDATTN_INT8_TARGET inline void UnpackRowQ6K(const std::uint8_t* row, std::int
   }
 }
 
-PAGEDATTN_INT8_TARGET inline void UnpackRow(WeightFormat f, const std::uint8_t* row,
-                                            std::int32_t in, const Int8Layout& layout,
-                                            const ColumnOut& out) {
+// The K-quants' per-block fields of the group's columns, 8 columns (lanes)
+// at a time: the 32-bit word at byte `offset` of super-block k of column
+// c0 + l in lane l (0 past `count`); `bytes` 2 reads a 16-bit field.
+struct KBlockFields {
+  const std::uint8_t* w;  // the group's first weight row
+  std::size_t row_bytes, block_bytes;
+  std::int32_t count;
+  PAGEDATTN_INT8_TARGET __m256i at(std::int32_t c0, std::int32_t k, std::size_t offset,
+                                   std::size_t bytes = 4) const {
+    std::int32_t lanes[8];
+    for (std::int32_t l = 0; l < 8; ++l) {
+      lanes[l] = 0;
+      if (c0 + l < count)
+        std::memcpy(&lanes[l], w + std::size_t(c0 + l) * row_bytes + k * block_bytes + offset,
+                    bytes);
+    }
+    return _mm256_setr_epi32(lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6],
+                             lanes[7]);
+  }
+};
+
+// Q4_K / Q5_K: the scales d * sc[j] and mins -dmin * m[j] of every
+// super-block's sub-blocks j for the group's columns (the rest zero):
+// unpack_k_scales' words in vector lanes, then one rounding each, as a
+// column at a time took them.
+PAGEDATTN_INT8_TARGET inline void PackKScales(const KBlockFields& fields, std::int32_t blocks,
+                                              const Group& g) {
+  const __m256i k6 = _mm256_set1_epi32(0x3f3f3f3f), k4 = _mm256_set1_epi32(0x0f0f0f0f),
+                k2 = _mm256_set1_epi32(0x03030303), byte = _mm256_set1_epi32(0xff);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (std::int32_t c0 = 0; c0 < kGroupColumns; c0 += 8)
+    for (std::int32_t k = 0; k < blocks; ++k) {
+      const __m256i u[4] = {fields.at(c0, k, 0), fields.at(c0, k, 4), fields.at(c0, k, 8),
+                            fields.at(c0, k, 12)};  // d and dmin, 12 bytes of scales
+      const __m256 d = HalvesOf(u[0], false);
+      const __m256 minus_dmin = _mm256_xor_ps(HalvesOf(u[0], true), sign);
+      const auto two_high = [&](__m256i v) PAGEDATTN_INT8_TARGET {
+        return _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(v, 6), k2), 4);
+      };
+      const __m256i words[4] = {
+          _mm256_and_si256(u[1], k6),                                   // sc[0..3]
+          _mm256_or_si256(_mm256_and_si256(u[3], k4), two_high(u[1])),  // sc[4..7]
+          _mm256_and_si256(u[2], k6),                                   // m[0..3]
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u[3], 4), k4), two_high(u[2]))};
+      for (std::int32_t j = 0; j < 8; ++j) {
+        const std::size_t at = std::size_t(8 * k + j) * kGroupColumns + std::size_t(c0);
+        const auto value = [&](__m256i word) PAGEDATTN_INT8_TARGET {
+          return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(word, 8 * (j % 4)), byte));
+        };
+        _mm256_storeu_ps(g.scales + at, _mm256_mul_ps(d, value(words[j / 4])));
+        _mm256_storeu_ps(g.mins + at, _mm256_mul_ps(minus_dmin, value(words[2 + j / 4])));
+      }
+    }
+}
+
+// Q6_K: the scales d * sc[j] of every super-block's 16 sub-blocks for the
+// group's columns (the rest zero).
+PAGEDATTN_INT8_TARGET inline void PackQ6KScales(const KBlockFields& fields, std::int32_t blocks,
+                                                const Group& g) {
+  using T = BlockTraits<WeightFormat::kQ6_K>;
+  for (std::int32_t c0 = 0; c0 < kGroupColumns; c0 += 8)
+    for (std::int32_t k = 0; k < blocks; ++k) {
+      const __m256 d = HalvesOf(fields.at(c0, k, T::kScale, 2), false);
+      for (std::int32_t i = 0; i < 4; ++i) {
+        const __m256i four = fields.at(c0, k, T::kScales + 4 * std::size_t(i));  // int8 sc[4i ..]
+        for (std::int32_t b = 0; b < 4; ++b) {
+          const __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(four, 24 - 8 * b), 24);
+          _mm256_storeu_ps(g.scales + std::size_t(16 * k + 4 * i + b) * kGroupColumns + c0,
+                           _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
+        }
+      }
+    }
+}
+
+// Weight row `row` of the group's column c: its quants unpacked to `q`;
+// the 32-weight formats' block headers (for HeadersToScales) at the
+// column's lane of g.scales.
+PAGEDATTN_INT8_TARGET inline void UnpackColumn(WeightFormat f, const std::uint8_t* row,
+                                               std::int32_t in, const Int8Layout& layout,
+                                               std::uint8_t* q, const Group& g, std::int32_t c) {
+  auto* headers = reinterpret_cast<std::uint32_t*>(g.scales) + c;
   switch (f) {
     case WeightFormat::kQ8_0:
-      return UnpackRow32<WeightFormat::kQ8_0>(row, in, layout, out);
-    case WeightFormat::kQ4_0:
-      return UnpackRow32<WeightFormat::kQ4_0>(row, in, layout, out);
-    case WeightFormat::kQ4_1:
-      return UnpackRow32<WeightFormat::kQ4_1>(row, in, layout, out);
+      return UnpackRow32<WeightFormat::kQ8_0>(row, in, layout, q, headers, kGroupColumns);
     case WeightFormat::kQ5_0:
-      return UnpackRow32<WeightFormat::kQ5_0>(row, in, layout, out);
+      return UnpackRow32<WeightFormat::kQ5_0>(row, in, layout, q, headers, kGroupColumns);
     case WeightFormat::kQ5_1:
-      return UnpackRow32<WeightFormat::kQ5_1>(row, in, layout, out);
-    case WeightFormat::kQ4_K:
-      return UnpackRowK45<WeightFormat::kQ4_K>(row, in, out);
+      return UnpackRow32<WeightFormat::kQ5_1>(row, in, layout, q, headers, kGroupColumns);
     case WeightFormat::kQ5_K:
-      return UnpackRowK45<WeightFormat::kQ5_K>(row, in, out);
+      return UnpackRowQ5K(row, in, q);
     case WeightFormat::kQ6_K:
-      return UnpackRowQ6K(row, in, out);
-    default:
+      return UnpackRowQ6K(row, in, q);
+    default:  // Q4_0, Q4_1, Q4_K: PackQ4_0Group, PackQ4_1Group, PackQ4KGroup
       return;
   }
 }
@@ -226,24 +310,159 @@ PAGEDATTN_INT8_TARGET inline PassRows PassOf(const DotTilesArgs& a, const Int8La
           x.xsums.data() + std::size_t(first) * blocks, b.zsums};
 }
 
-// Weight rows [o, o + count) of `a` into the group `g` of kGroupColumns
-// (the unit's TransposeLine transposes a 64-byte line of each row).
+// The nibble formats skip unpacking each column on its own: their quant
+// bytes go through the unit's TransposeLine as stored (half the bytes of
+// unpacked quants), then SplitStep splits each transposed dword row into
+// two of the tiles' steps of 4 weights: a dword of Q4_0 / Q4_1 quants holds
+// weights 4k .. 4k + 3 of its block in its low nibbles and 16 + 4k .. in
+// its high ones (step k and k + 4); one of Q4_K's, 4k .. of sub-block 2j
+// and of sub-block 2j + 1 (steps 8 apart). Zero columns of a partial group
+// multiply to nothing.
+
+// Q4_1 straight from the weight rows: its blocks are 5 dwords (the f16
+// scale and min, then 4 of quants), so 64-byte lines of the rows transpose
+// the scales and mins too, to [block][column] for HeadersToScales. A
+// partial group, and the last part-line of every row, is copied into g.rows
+// first.
+PAGEDATTN_INT8_TARGET inline void PackQ4_1Group(const DotTilesArgs& a, const Int8Layout& layout,
+                                                std::int32_t o, std::int32_t count,
+                                                const Group& g) {
+  constexpr std::int32_t kBlockDwords = BlockTraits<WeightFormat::kQ4_1>::kBytes / 4;
+  constexpr std::size_t kRowBytes = 4 * kGroupColumns;  // a transposed dword row
+  const std::size_t row_bytes = std::size_t(weight_row_bytes(WeightFormat::kQ4_1, a.in));
+  const std::size_t direct = count == kGroupColumns ? row_bytes / 64 * 64 : 0;
+  const std::size_t copied = (row_bytes - direct + 63) / 64 * 64;  // g.rows' stride
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
+  if (copied != 0) {
+    std::memset(g.rows, 0, kGroupColumns * copied);
+    for (std::int32_t c = 0; c < count; ++c)
+      std::memcpy(g.rows + c * copied, w + c * row_bytes + direct, row_bytes - direct);
+  }
+  auto* headers = reinterpret_cast<std::uint32_t*>(g.scales);
+  alignas(64) std::uint8_t line[16 * kRowBytes];  // row t: dword t of the line of every column
+  std::int32_t block = 0, d = 0;                  // dword d of block `block`
+  for (std::size_t at = 0; at < row_bytes; at += 64) {
+    if (at < direct)
+      TransposeLine(w + at, row_bytes, line);
+    else
+      TransposeLine(g.rows + (at - direct), copied, line);
+    const std::size_t rows = std::min<std::size_t>(16, (row_bytes - at) / 4);
+    for (std::size_t t = 0; t < rows; ++t) {
+      if (d == 0)
+        std::memcpy(headers + std::size_t(block) * kGroupColumns, line + t * kRowBytes, kRowBytes);
+      else
+        SplitStep(line + t * kRowBytes, g.quants, std::size_t(block) * 8 + std::size_t(d - 1), 4);
+      if (++d == kBlockDwords) d = 0, ++block;
+    }
+  }
+  HeadersToScales(g, a.in / kQuantBlock, layout.mins);
+}
+
+// Q4_K: each super-block's 128 bytes of quants as two 64-byte lines, from
+// the weight rows where the group is whole, else from copies in g.rows;
+// its scales and mins unpacked per column.
+PAGEDATTN_INT8_TARGET inline void PackQ4KGroup(const DotTilesArgs& a, std::int32_t o,
+                                               std::int32_t count, const Group& g) {
+  using T = BlockTraits<WeightFormat::kQ4_K>;
+  constexpr std::size_t kRowBytes = 4 * kGroupColumns, kQuantBytes = kQuantKBlock / 2;
+  const std::int32_t blocks = a.in / kQuantKBlock;
+  const std::size_t row_bytes = std::size_t(weight_row_bytes(WeightFormat::kQ4_K, a.in));
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
+  const bool direct = count == kGroupColumns;
+  const std::size_t stride = direct ? row_bytes : std::size_t(blocks) * kQuantBytes;
+  if (!direct) {
+    std::memset(g.rows, 0, kGroupColumns * stride);
+    for (std::int32_t c = 0; c < count; ++c)
+      for (std::int32_t k = 0; k < blocks; ++k)
+        std::memcpy(g.rows + c * stride + k * kQuantBytes,
+                    w + c * row_bytes + k * T::kBytes + T::kQuants, kQuantBytes);
+  }
+  alignas(64) std::uint8_t line[16 * kRowBytes];
+  for (std::int32_t k = 0; k < blocks; ++k)
+    for (std::int32_t h = 0; h < 2; ++h) {
+      const std::uint8_t* src =
+          direct ? w + k * T::kBytes + T::kQuants + 64 * h : g.rows + k * kQuantBytes + 64 * h;
+      TransposeLine(src, stride, line);
+      for (std::int32_t t = 0; t < 16; ++t) {  // dword q = 16h + t: sub-block 2 (q / 8)
+        const std::int32_t q = 16 * h + t;
+        SplitStep(line + t * kRowBytes, g.quants, std::size_t(64 * k + q / 8 * 16 + q % 8), 8);
+      }
+    }
+  PackKScales({w, row_bytes, T::kBytes, count}, blocks, g);
+}
+
+// Q4_0: its blocks of 18 bytes leave the quants off dword bounds, so each
+// column's quant bytes are copied into g.rows first.
+PAGEDATTN_INT8_TARGET inline void PackQ4_0Group(const DotTilesArgs& a, std::int32_t o,
+                                                std::int32_t count, const Group& g) {
+  using T = BlockTraits<WeightFormat::kQ4_0>;
+  constexpr std::size_t kRowBytes = 4 * kGroupColumns;
+  const std::size_t stored = (std::size_t(a.in) / 2 + 63) / 64 * 64;  // g.rows' bytes a column
+  const std::int32_t blocks = a.in / kQuantBlock, dwords = a.in / 8;
+  const std::int64_t row_bytes = weight_row_bytes(WeightFormat::kQ4_0, a.in);
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
+  auto* headers = reinterpret_cast<std::uint32_t*>(g.scales);
+  if (count < kGroupColumns) {
+    std::memset(g.rows, 0, kGroupColumns * stored);
+    std::memset(headers, 0, sizeof(std::uint32_t) * kGroupColumns * std::size_t(blocks));
+  }
+  for (std::int32_t c = 0; c < count; ++c) {
+    const std::uint8_t* row = w + c * row_bytes;
+    std::uint8_t* quants = g.rows + c * stored;
+    for (std::int32_t b = 0; b < blocks; ++b) {
+      const std::uint8_t* block = row + b * T::kBytes;
+      std::memcpy(quants + std::size_t(b) * 16, block + T::kQuants, 16);
+      headers[std::size_t(b) * kGroupColumns + std::size_t(c)] = HeaderOf(block);
+    }
+  }
+  HeadersToScales(g, blocks, false);
+  alignas(64) std::uint8_t line[16 * kRowBytes];
+  for (std::size_t at = 0; at < stored; at += 64) {
+    TransposeLine(g.rows + at, stored, line);
+    const std::int32_t first = static_cast<std::int32_t>(at / 4);
+    for (std::int32_t t = 0; t < 16 && first + t < dwords; ++t)
+      SplitStep(line + t * kRowBytes, g.quants, std::size_t((first + t) / 4 * 8 + (first + t) % 4),
+                4);
+  }
+}
+
+// Weight rows [o, o + count) of `a` into the group `g` of kGroupColumns:
+// the nibble formats by their own, the others (Q8_0, Q5_0, Q5_1, Q5_K,
+// Q6_K) unpacked a column at a time into g.rows (a byte a weight), then
+// transposed a 64-byte line of every column at a time; the scales (and
+// mins) of all columns at once.
 PAGEDATTN_INT8_TARGET inline void PackGroup(const DotTilesArgs& a, const Int8Layout& layout,
                                             std::int32_t o, std::int32_t count, const Group& g) {
+  switch (a.format) {
+    case WeightFormat::kQ4_0:
+      return PackQ4_0Group(a, o, count, g);
+    case WeightFormat::kQ4_1:
+      return PackQ4_1Group(a, layout, o, count, g);
+    case WeightFormat::kQ4_K:
+      return PackQ4KGroup(a, o, count, g);
+    default:
+      break;
+  }
   const std::size_t padded = padded_in(a.in);
   const std::int64_t row_bytes = weight_row_bytes(a.format, a.in);
   const auto* w = static_cast<const std::uint8_t*>(a.w);
   if (count < kGroupColumns) {  // zero columns (and the padding) multiply to nothing
     std::memset(g.rows, 0, kGroupColumns * padded);
     std::memset(g.scales, 0, sizeof(float) * kGroupColumns * std::size_t(a.in / layout.sub));
-    std::memset(g.mins, 0, sizeof(float) * kGroupColumns * std::size_t(a.in / 32));
   } else if (padded != std::size_t(a.in)) {
     for (std::int32_t c = 0; c < kGroupColumns; ++c)
       std::memset(g.rows + c * padded + a.in, 0, padded - std::size_t(a.in));
   }
   for (std::int32_t c = 0; c < count; ++c)
-    UnpackRow(a.format, w + (o + c) * row_bytes, a.in, layout,
-              {g.rows + c * padded, g.scales + c, g.mins + c, kGroupColumns});
+    UnpackColumn(a.format, w + (o + c) * row_bytes, a.in, layout, g.rows + c * padded, g, c);
+  const KBlockFields fields{w + std::size_t(o) * row_bytes, std::size_t(row_bytes),
+                            std::size_t(weight_block_bytes(a.format)), count};
+  if (a.format == WeightFormat::kQ5_K)
+    PackKScales(fields, a.in / kQuantKBlock, g);
+  else if (a.format == WeightFormat::kQ6_K)
+    PackQ6KScales(fields, a.in / kQuantKBlock, g);
+  else
+    HeadersToScales(g, a.in / kQuantBlock, layout.mins);
   for (std::size_t at = 0; at < padded; at += 64)
     TransposeLine(g.rows + at, padded, g.quants + at * kGroupColumns);
 }
