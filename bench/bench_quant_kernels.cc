@@ -387,6 +387,7 @@ BENCHMARK_CAPTURE(BM_Batch, q5_0, WeightFormat::kQ5_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q4_0, WeightFormat::kQ4_0)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q4_1, WeightFormat::kQ4_1)->Apply(BatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q4_k, WeightFormat::kQ4_K)->Apply(KBatchShapes);
+BENCHMARK_CAPTURE(BM_Batch, q5_k, WeightFormat::kQ5_K)->Apply(KBatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q6_k, WeightFormat::kQ6_K)->Apply(KBatchShapes);
 
 }  // namespace

@@ -89,6 +89,24 @@ PAGEDATTN_VNNI void SplitStep(const std::uint8_t* t, std::uint8_t* quants, std::
   _mm512_storeu_si512(low + half, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
 }
 
+// One step of 5- or 6-bit quants (Q5_K, Q6_K) from transposed dword rows
+// (one dword per column): the low 4 bits from `ql` >> ql_shift, the high
+// bits (`high_bits` of each byte) from `qh` >> qh_shift, into the group's
+// quants' step `step`.
+PAGEDATTN_VNNI void MergeHighBitsStep(const std::uint8_t* ql, std::int32_t ql_shift,
+                                      const std::uint8_t* qh, std::int32_t qh_shift,
+                                      std::int32_t high_bits, std::uint8_t* quants,
+                                      std::size_t step) {
+  const __m512i low =
+      _mm512_and_si512(_mm512_srl_epi16(_mm512_loadu_si512(ql), _mm_cvtsi32_si128(ql_shift)),
+                       _mm512_set1_epi8(0x0f));
+  const __m512i high =
+      _mm512_and_si512(_mm512_srl_epi16(_mm512_loadu_si512(qh), _mm_cvtsi32_si128(qh_shift)),
+                       _mm512_set1_epi8(static_cast<char>(high_bits)));
+  _mm512_storeu_si512(reinterpret_cast<__m512i*>(quants) + step,
+                      _mm512_or_si512(low, _mm512_slli_epi16(high, 4)));
+}
+
 // y[r][0..cols) (+)= the R rows of the pass from `row` times the group's
 // columns. Per row and column: one int32 sum per S inputs (exact), then
 // total += (sum * dx) * scale (+ min * xsum per 32 inputs) in f32, in input

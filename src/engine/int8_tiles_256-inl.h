@@ -61,6 +61,26 @@ PAGEDATTN_INT8_TARGET inline void SplitStep(const std::uint8_t* t, std::uint8_t*
   _mm256_storeu_si256(low + half, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
 }
 
+// One step of 5- or 6-bit quants (Q5_K, Q6_K) from transposed dword rows
+// (one dword per column): the low 4 bits from `ql` >> ql_shift, the high
+// bits (`high_bits` of each byte) from `qh` >> qh_shift, into the group's
+// quants' step `step`.
+PAGEDATTN_INT8_TARGET inline void MergeHighBitsStep(const std::uint8_t* ql, std::int32_t ql_shift,
+                                                    const std::uint8_t* qh, std::int32_t qh_shift,
+                                                    std::int32_t high_bits, std::uint8_t* quants,
+                                                    std::size_t step) {
+  const __m256i low =
+      _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql)),
+                                        _mm_cvtsi32_si128(ql_shift)),
+                       _mm256_set1_epi8(0x0f));
+  const __m256i high =
+      _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh)),
+                                        _mm_cvtsi32_si128(qh_shift)),
+                       _mm256_set1_epi8(static_cast<char>(high_bits)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(quants) + step,
+                      _mm256_or_si256(low, _mm256_slli_epi16(high, 4)));
+}
+
 // The four-byte dot products of w's unsigned quants and x's signed int8
 // values in each lane: VNNI adds them to the int32 `sum`; AVX2's
 // vpmaddubsw forms pair sums in 16 bits, which a tile adds up over kWiden

@@ -4,7 +4,8 @@
 //   PAGEDATTN_INT8_TARGET  the function attribute of that unit's target;
 //   PAGEDATTN_INT8_MASKS   1 where AVX-512BW's byte masks may be used;
 // and the unit's TransposeLine (a 64-byte line of each column of a group,
-// transposed) and SplitStep (a transposed row of nibbles into two steps).
+// transposed), SplitStep (a transposed row of nibbles into two steps) and
+// MergeHighBitsStep (Q5_K's and Q6_K's 4 low and 1-2 high bits into a step).
 // No include guard: a unit may include it once per namespace.
 
 // 16 bytes of nibbles as 32 quants: the low nibbles, then the high ones.
@@ -25,17 +26,6 @@ PAGEDATTN_INT8_TARGET inline __m256i AddFifthBits(std::uint32_t bits, __m256i q)
       _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
   const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
   const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-  return _mm256_add_epi8(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-#endif
-}
-
-// q + 16 in the bytes of `high` whose bit `bit` is set (Q5_K's fifth bits).
-PAGEDATTN_INT8_TARGET inline __m256i AddFifthBitsOf(__m256i high, std::int32_t bit, __m256i q) {
-  const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << bit));
-#if PAGEDATTN_INT8_MASKS
-  return _mm256_mask_add_epi8(q, _mm256_test_epi8_mask(high, mask), q, _mm256_set1_epi8(16));
-#else
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(high, mask), mask);
   return _mm256_add_epi8(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
 #endif
 }
@@ -100,122 +90,67 @@ PAGEDATTN_INT8_TARGET inline void HeadersToScales(const Group& g, std::int32_t b
   }
 }
 
-// Q5_K's quants: sub-block j of 32 of each super-block (PackKScales has
-// its scales and mins).
-PAGEDATTN_INT8_TARGET inline void UnpackRowQ5K(const std::uint8_t* row, std::int32_t in,
-                                               std::uint8_t* quants) {
-  using T = BlockTraits<WeightFormat::kQ5_K>;
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  for (std::int32_t k = 0; k < in / kQuantKBlock; ++k) {
-    const std::uint8_t* block = row + k * T::kBytes;
-    std::uint8_t* q = quants + std::size_t(k) * kQuantKBlock;
-    // bit j of qh[l]: bit 4 of sub-block j's weight l
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kHighBits));
-    for (std::int32_t j = 0; j < 8; ++j) {  // sub-block j: nibble j % 2 of quant bytes 32 (j / 2)
-      const __m256i v =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kQuants + 32 * (j / 2)));
-      const __m256i sub = _mm256_and_si256(j % 2 == 0 ? v : _mm256_srli_epi16(v, 4), low4);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * j), AddFifthBitsOf(qh, j, sub));
-    }
-  }
+// A group's transposed dword row r of a 64-byte line (kGroupColumns
+// dwords), lanes c0 .. c0 + 7.
+PAGEDATTN_INT8_TARGET inline __m256i LineRow(const std::uint8_t* line, std::int32_t r,
+                                             std::int32_t c0) {
+  return _mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(line + (std::size_t(r) * kGroupColumns + c0) * 4));
 }
 
-// Q6_K's quants: half h, group g of 32: low 4 bits from ql, 2 high bits
-// from qh (PackQ6KScales has its scales).
-PAGEDATTN_INT8_TARGET inline void UnpackRowQ6K(const std::uint8_t* row, std::int32_t in,
-                                               std::uint8_t* quants) {
-  using T = BlockTraits<WeightFormat::kQ6_K>;
-  const __m256i low4 = _mm256_set1_epi8(0x0f), low2 = _mm256_set1_epi8(0x03);
-  for (std::int32_t k = 0; k < in / kQuantKBlock; ++k) {
-    const std::uint8_t* block = row + k * T::kBytes;
-    std::uint8_t* q = quants + std::size_t(k) * kQuantKBlock;
-    for (std::int32_t h = 0; h < 2; ++h) {
-      const __m256i qh =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T::kHighBits + 32 * h));
-      for (std::int32_t g = 0; g < 4; ++g) {
-        const __m256i ql =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h + 32 * (g % 2)));
-        const __m256i low = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (g / 2)), low4);
-        const __m256i high = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), low2);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 128 * h + 32 * g),
-                            _mm256_or_si256(low, _mm256_slli_epi16(high, 4)));
-      }
-    }
-  }
-}
-
-// The K-quants' per-block fields of the group's columns, 8 columns (lanes)
-// at a time: the 32-bit word at byte `offset` of super-block k of column
-// c0 + l in lane l (0 past `count`); `bytes` 2 reads a 16-bit field.
-struct KBlockFields {
-  const std::uint8_t* w;  // the group's first weight row
-  std::size_t row_bytes, block_bytes;
-  std::int32_t count;
-  PAGEDATTN_INT8_TARGET __m256i at(std::int32_t c0, std::int32_t k, std::size_t offset,
-                                   std::size_t bytes = 4) const {
-    std::int32_t lanes[8];
-    for (std::int32_t l = 0; l < 8; ++l) {
-      lanes[l] = 0;
-      if (c0 + l < count)
-        std::memcpy(&lanes[l], w + std::size_t(c0 + l) * row_bytes + k * block_bytes + offset,
-                    bytes);
-    }
-    return _mm256_setr_epi32(lanes[0], lanes[1], lanes[2], lanes[3], lanes[4], lanes[5], lanes[6],
-                             lanes[7]);
-  }
-};
-
-// Q4_K / Q5_K: the scales d * sc[j] and mins -dmin * m[j] of every
-// super-block's sub-blocks j for the group's columns (the rest zero):
-// unpack_k_scales' words in vector lanes, then one rounding each, as a
-// column at a time took them.
-PAGEDATTN_INT8_TARGET inline void PackKScales(const KBlockFields& fields, std::int32_t blocks,
+// Q4_K / Q5_K: the scales d * sc[j] and mins -dmin * m[j] of super-block
+// k's sub-blocks j for the group's columns (the rest zero), from its first
+// 64 bytes transposed (`head`: rows 0-3 hold d and dmin, then the 12 bytes
+// of 6-bit scales and mins): unpack_k_scales' words in vector lanes, then
+// one rounding each, as a column at a time took them.
+PAGEDATTN_INT8_TARGET inline void PackKScales(std::int32_t k, const std::uint8_t* head,
                                               const Group& g) {
   const __m256i k6 = _mm256_set1_epi32(0x3f3f3f3f), k4 = _mm256_set1_epi32(0x0f0f0f0f),
                 k2 = _mm256_set1_epi32(0x03030303), byte = _mm256_set1_epi32(0xff);
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (std::int32_t c0 = 0; c0 < kGroupColumns; c0 += 8)
-    for (std::int32_t k = 0; k < blocks; ++k) {
-      const __m256i u[4] = {fields.at(c0, k, 0), fields.at(c0, k, 4), fields.at(c0, k, 8),
-                            fields.at(c0, k, 12)};  // d and dmin, 12 bytes of scales
-      const __m256 d = HalvesOf(u[0], false);
-      const __m256 minus_dmin = _mm256_xor_ps(HalvesOf(u[0], true), sign);
-      const auto two_high = [&](__m256i v) PAGEDATTN_INT8_TARGET {
-        return _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(v, 6), k2), 4);
+  const auto two_high = [&](__m256i v) PAGEDATTN_INT8_TARGET {
+    return _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(v, 6), k2), 4);
+  };
+  for (std::int32_t c0 = 0; c0 < kGroupColumns; c0 += 8) {
+    const __m256i u[4] = {LineRow(head, 0, c0), LineRow(head, 1, c0), LineRow(head, 2, c0),
+                          LineRow(head, 3, c0)};
+    const __m256 d = HalvesOf(u[0], false);
+    const __m256 minus_dmin = _mm256_xor_ps(HalvesOf(u[0], true), sign);
+    const __m256i words[4] = {
+        _mm256_and_si256(u[1], k6),                                   // sc[0..3]
+        _mm256_or_si256(_mm256_and_si256(u[3], k4), two_high(u[1])),  // sc[4..7]
+        _mm256_and_si256(u[2], k6),                                   // m[0..3]
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u[3], 4), k4), two_high(u[2]))};
+    for (std::int32_t j = 0; j < 8; ++j) {
+      const std::size_t at = std::size_t(8 * k + j) * kGroupColumns + std::size_t(c0);
+      const auto value = [&](__m256i word) PAGEDATTN_INT8_TARGET {
+        return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(word, 8 * (j % 4)), byte));
       };
-      const __m256i words[4] = {
-          _mm256_and_si256(u[1], k6),                                   // sc[0..3]
-          _mm256_or_si256(_mm256_and_si256(u[3], k4), two_high(u[1])),  // sc[4..7]
-          _mm256_and_si256(u[2], k6),                                   // m[0..3]
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u[3], 4), k4), two_high(u[2]))};
-      for (std::int32_t j = 0; j < 8; ++j) {
-        const std::size_t at = std::size_t(8 * k + j) * kGroupColumns + std::size_t(c0);
-        const auto value = [&](__m256i word) PAGEDATTN_INT8_TARGET {
-          return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(word, 8 * (j % 4)), byte));
-        };
-        _mm256_storeu_ps(g.scales + at, _mm256_mul_ps(d, value(words[j / 4])));
-        _mm256_storeu_ps(g.mins + at, _mm256_mul_ps(minus_dmin, value(words[2 + j / 4])));
-      }
+      _mm256_storeu_ps(g.scales + at, _mm256_mul_ps(d, value(words[j / 4])));
+      _mm256_storeu_ps(g.mins + at, _mm256_mul_ps(minus_dmin, value(words[2 + j / 4])));
     }
+  }
 }
 
-// Q6_K: the scales d * sc[j] of every super-block's 16 sub-blocks for the
-// group's columns (the rest zero).
-PAGEDATTN_INT8_TARGET inline void PackQ6KScales(const KBlockFields& fields, std::int32_t blocks,
+// Q6_K: the scales d * sc[j] of super-block k's 16 sub-blocks for the
+// group's columns (the rest zero), from its last 64 bytes transposed
+// (`tail`, a row of kGroupColumns dwords each): rows 11-15 hold bytes 44-63,
+// the int8 sc[0..16) at 46-61 (two bytes off the dwords) and the f16 d at
+// 62-63.
+PAGEDATTN_INT8_TARGET inline void PackQ6KScales(std::int32_t k, const std::uint8_t* tail,
                                                 const Group& g) {
-  using T = BlockTraits<WeightFormat::kQ6_K>;
-  for (std::int32_t c0 = 0; c0 < kGroupColumns; c0 += 8)
-    for (std::int32_t k = 0; k < blocks; ++k) {
-      const __m256 d = HalvesOf(fields.at(c0, k, T::kScale, 2), false);
-      for (std::int32_t i = 0; i < 4; ++i) {
-        const __m256i four = fields.at(c0, k, T::kScales + 4 * std::size_t(i));  // int8 sc[4i ..]
-        for (std::int32_t b = 0; b < 4; ++b) {
-          const __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(four, 24 - 8 * b), 24);
-          _mm256_storeu_ps(g.scales + std::size_t(16 * k + 4 * i + b) * kGroupColumns + c0,
-                           _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
-        }
+  for (std::int32_t c0 = 0; c0 < kGroupColumns; c0 += 8) {
+    const __m256 d = HalvesOf(LineRow(tail, 15, c0), true);
+    for (std::int32_t i = 0; i < 4; ++i) {  // sc[4i .. 4i + 3]
+      const __m256i four = _mm256_or_si256(_mm256_srli_epi32(LineRow(tail, 11 + i, c0), 16),
+                                           _mm256_slli_epi32(LineRow(tail, 12 + i, c0), 16));
+      for (std::int32_t b = 0; b < 4; ++b) {
+        const __m256i sc = _mm256_srai_epi32(_mm256_slli_epi32(four, 24 - 8 * b), 24);
+        _mm256_storeu_ps(g.scales + std::size_t(16 * k + 4 * i + b) * kGroupColumns + c0,
+                         _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
       }
     }
+  }
 }
 
 // Weight row `row` of the group's column c: its quants unpacked to `q`;
@@ -232,11 +167,7 @@ PAGEDATTN_INT8_TARGET inline void UnpackColumn(WeightFormat f, const std::uint8_
       return UnpackRow32<WeightFormat::kQ5_0>(row, in, layout, q, headers, kGroupColumns);
     case WeightFormat::kQ5_1:
       return UnpackRow32<WeightFormat::kQ5_1>(row, in, layout, q, headers, kGroupColumns);
-    case WeightFormat::kQ5_K:
-      return UnpackRowQ5K(row, in, q);
-    case WeightFormat::kQ6_K:
-      return UnpackRowQ6K(row, in, q);
-    default:  // Q4_0, Q4_1, Q4_K: PackQ4_0Group, PackQ4_1Group, PackQ4KGroup
+    default:  // Q4_0, Q4_1, Q4_K, Q5_K, Q6_K: their Pack*Group
       return;
   }
 }
@@ -358,37 +289,116 @@ PAGEDATTN_INT8_TARGET inline void PackQ4_1Group(const DotTilesArgs& a, const Int
   HeadersToScales(g, a.in / kQuantBlock, layout.mins);
 }
 
-// Q4_K: each super-block's 128 bytes of quants as two 64-byte lines, from
-// the weight rows where the group is whole, else from copies in g.rows;
-// its scales and mins unpacked per column.
+// Where TransposeLine reads the bytes [offset, offset + length) of each
+// super-block of a group of K-quant weight rows: the rows themselves where
+// the group is whole, else copies in g.rows, super-block after super-block
+// (zero columns past `count`).
+struct KGroupBytes {
+  const std::uint8_t* w;  // the group's first weight row
+  std::size_t row_bytes;
+  const std::uint8_t* first;                // super-block 0's bytes of the first column
+  std::size_t column_stride, block_stride;  // to the next column's, super-block's
+  const std::uint8_t* block(std::int32_t k) const { return first + k * block_stride; }
+};
+
+template <WeightFormat F>
+PAGEDATTN_INT8_TARGET KGroupBytes KGroupBytesOf(const DotTilesArgs& a, std::int32_t o,
+                                                std::int32_t count, const Group& g,
+                                                std::size_t offset, std::size_t length) {
+  constexpr std::size_t kBlockBytes = BlockTraits<F>::kBytes;
+  const std::int32_t blocks = a.in / kQuantKBlock;
+  const std::size_t row_bytes = std::size_t(weight_row_bytes(F, a.in));
+  const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
+  if (count == kGroupColumns) return {w, row_bytes, w + offset, row_bytes, kBlockBytes};
+  const std::size_t stride = std::size_t(blocks) * length;
+  std::memset(g.rows, 0, kGroupColumns * stride);
+  for (std::int32_t c = 0; c < count; ++c)
+    for (std::int32_t k = 0; k < blocks; ++k)
+      std::memcpy(g.rows + c * stride + k * length, w + c * row_bytes + k * kBlockBytes + offset,
+                  length);
+  return {w, row_bytes, g.rows, stride, length};
+}
+
+// Q4_K: each super-block's 144 bytes as three 64-byte lines
+// (KGroupBytesOf) at 0, 64 and 80: dwords 0-3 (d, dmin, scales and mins),
+// then the 32 dwords of quants 4-15, 16-31 and (of the third) 32-35.
 PAGEDATTN_INT8_TARGET inline void PackQ4KGroup(const DotTilesArgs& a, std::int32_t o,
                                                std::int32_t count, const Group& g) {
   using T = BlockTraits<WeightFormat::kQ4_K>;
-  constexpr std::size_t kRowBytes = 4 * kGroupColumns, kQuantBytes = kQuantKBlock / 2;
+  constexpr std::size_t kRowBytes = 4 * kGroupColumns;
+  static_assert(T::kQuants == 16 && T::kBytes == 144);
   const std::int32_t blocks = a.in / kQuantKBlock;
-  const std::size_t row_bytes = std::size_t(weight_row_bytes(WeightFormat::kQ4_K, a.in));
-  const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
-  const bool direct = count == kGroupColumns;
-  const std::size_t stride = direct ? row_bytes : std::size_t(blocks) * kQuantBytes;
-  if (!direct) {
-    std::memset(g.rows, 0, kGroupColumns * stride);
-    for (std::int32_t c = 0; c < count; ++c)
-      for (std::int32_t k = 0; k < blocks; ++k)
-        std::memcpy(g.rows + c * stride + k * kQuantBytes,
-                    w + c * row_bytes + k * T::kBytes + T::kQuants, kQuantBytes);
-  }
-  alignas(64) std::uint8_t line[16 * kRowBytes];
-  for (std::int32_t k = 0; k < blocks; ++k)
-    for (std::int32_t h = 0; h < 2; ++h) {
-      const std::uint8_t* src =
-          direct ? w + k * T::kBytes + T::kQuants + 64 * h : g.rows + k * kQuantBytes + 64 * h;
-      TransposeLine(src, stride, line);
-      for (std::int32_t t = 0; t < 16; ++t) {  // dword q = 16h + t: sub-block 2 (q / 8)
-        const std::int32_t q = 16 * h + t;
-        SplitStep(line + t * kRowBytes, g.quants, std::size_t(64 * k + q / 8 * 16 + q % 8), 8);
-      }
+  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ4_K>(a, o, count, g, 0, T::kBytes);
+  alignas(64) std::uint8_t lines[3][16 * kRowBytes];
+  constexpr std::int32_t kLineAt[3] = {0, 64, 80};
+  for (std::int32_t k = 0; k < blocks; ++k) {
+    for (std::int32_t l = 0; l < 3; ++l)
+      TransposeLine(src.block(k) + kLineAt[l], src.column_stride, lines[l]);
+    PackKScales(k, lines[0], g);
+    for (std::int32_t q = 0; q < 32; ++q) {  // dword 4 + q of the block: sub-block 2 (q / 8)
+      const std::int32_t l = q < 12 ? 0 : q < 28 ? 1 : 2, r = 4 + q - kLineAt[l] / 4;
+      SplitStep(lines[l] + std::size_t(r) * kRowBytes, g.quants,
+                std::size_t(64 * k + q / 8 * 16 + q % 8), 8);
     }
-  PackKScales({w, row_bytes, T::kBytes, count}, blocks, g);
+  }
+}
+
+// Q5_K: each super-block's first 64 bytes (d, dmin, scales and mins, 32
+// bytes of fifth bits qh, the start of qs) and 128 of nibbles (qs) as three
+// 64-byte lines (KGroupBytesOf).
+// Sub-block j's weight l takes nibble j % 2 of qs[32 (j / 2) + l] and bit j
+// of qh[l]: its step (of 4 l) merges transposed dword 8 (j / 2) + l / 4 of
+// qs with dword l / 4 of qh.
+PAGEDATTN_INT8_TARGET inline void PackQ5KGroup(const DotTilesArgs& a, std::int32_t o,
+                                               std::int32_t count, const Group& g) {
+  using T = BlockTraits<WeightFormat::kQ5_K>;
+  constexpr std::size_t kRowBytes = 4 * kGroupColumns;
+  static_assert(T::kQuants == T::kHighBits + 32 && T::kBytes == T::kQuants + 128);
+  const std::int32_t blocks = a.in / kQuantKBlock;
+  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ5_K>(a, o, count, g, 0, T::kBytes);
+  // The first 64 bytes (rows 0-3: d, dmin, scales and mins; 4-11: qh), qs 0, qs 1
+  alignas(64) std::uint8_t lines[3][16 * kRowBytes];
+  for (std::int32_t k = 0; k < blocks; ++k) {
+    for (std::int32_t l = 0; l < 3; ++l)
+      TransposeLine(src.block(k) + (l == 0 ? 0 : T::kQuants + 64 * (l - 1)), src.column_stride,
+                    lines[l]);
+    PackKScales(k, lines[0], g);
+    for (std::int32_t j = 0; j < 8; ++j)
+      for (std::int32_t m = 0; m < 8; ++m) {     // l / 4
+        const std::int32_t q = 8 * (j / 2) + m;  // the dword of qs
+        MergeHighBitsStep(lines[1 + q / 16] + std::size_t(q % 16) * kRowBytes, 4 * (j % 2),
+                          lines[0] + std::size_t(4 + m) * kRowBytes, j, 0x01, g.quants,
+                          std::size_t(64 * k + 8 * j + m));
+      }
+  }
+}
+
+// Q6_K: each super-block's 128 bytes of low bits (ql) and 64 of high bits
+// (qh) as three 64-byte lines, its scales in a fourth (KGroupBytesOf).
+// Weight 128h + 32g + l (h < 2, g < 4,
+// l < 32) takes bits 4 (g / 2) of ql[64h + 32 (g % 2) + l] and bits 2g of
+// qh[32h + l]: its step (of 4 l) merges transposed dword 8 (g % 2) + l / 4
+// of ql line h with dword 8h + l / 4 of the qh line.
+PAGEDATTN_INT8_TARGET inline void PackQ6KGroup(const DotTilesArgs& a, std::int32_t o,
+                                               std::int32_t count, const Group& g) {
+  using T = BlockTraits<WeightFormat::kQ6_K>;
+  constexpr std::size_t kRowBytes = 4 * kGroupColumns;
+  const std::int32_t blocks = a.in / kQuantKBlock;
+  static_assert(T::kScales == T::kBytes - 18 && T::kScale == T::kBytes - 2);
+  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ6_K>(a, o, count, g, 0, T::kBytes);
+  alignas(64) std::uint8_t lines[4][16 * kRowBytes];  // ql 0, ql 1, qh, the last 64 bytes
+  for (std::int32_t k = 0; k < blocks; ++k) {
+    for (std::int32_t l = 0; l < 3; ++l)
+      TransposeLine(src.block(k) + 64 * l, src.column_stride, lines[l]);
+    TransposeLine(src.block(k) + T::kBytes - 64, src.column_stride, lines[3]);
+    PackQ6KScales(k, lines[3], g);
+    for (std::int32_t h = 0; h < 2; ++h)
+      for (std::int32_t gg = 0; gg < 4; ++gg)
+        for (std::int32_t m = 0; m < 8; ++m)  // l / 4
+          MergeHighBitsStep(lines[h] + std::size_t(8 * (gg % 2) + m) * kRowBytes, 4 * (gg / 2),
+                            lines[2] + std::size_t(8 * h + m) * kRowBytes, 2 * gg, 0x03, g.quants,
+                            std::size_t(64 * k + 32 * h + 8 * gg + m));
+  }
 }
 
 // Q4_0: its blocks of 18 bytes leave the quants off dword bounds, so each
@@ -427,8 +437,8 @@ PAGEDATTN_INT8_TARGET inline void PackQ4_0Group(const DotTilesArgs& a, std::int3
 }
 
 // Weight rows [o, o + count) of `a` into the group `g` of kGroupColumns:
-// the nibble formats by their own, the others (Q8_0, Q5_0, Q5_1, Q5_K,
-// Q6_K) unpacked a column at a time into g.rows (a byte a weight), then
+// the 4-bit formats, Q5_K and Q6_K by their own, the 32-weight others
+// (Q8_0, Q5_0, Q5_1) unpacked a column at a time into g.rows (a byte a weight), then
 // transposed a 64-byte line of every column at a time; the scales (and
 // mins) of all columns at once.
 PAGEDATTN_INT8_TARGET inline void PackGroup(const DotTilesArgs& a, const Int8Layout& layout,
@@ -440,6 +450,10 @@ PAGEDATTN_INT8_TARGET inline void PackGroup(const DotTilesArgs& a, const Int8Lay
       return PackQ4_1Group(a, layout, o, count, g);
     case WeightFormat::kQ4_K:
       return PackQ4KGroup(a, o, count, g);
+    case WeightFormat::kQ5_K:
+      return PackQ5KGroup(a, o, count, g);
+    case WeightFormat::kQ6_K:
+      return PackQ6KGroup(a, o, count, g);
     default:
       break;
   }
@@ -455,14 +469,7 @@ PAGEDATTN_INT8_TARGET inline void PackGroup(const DotTilesArgs& a, const Int8Lay
   }
   for (std::int32_t c = 0; c < count; ++c)
     UnpackColumn(a.format, w + (o + c) * row_bytes, a.in, layout, g.rows + c * padded, g, c);
-  const KBlockFields fields{w + std::size_t(o) * row_bytes, std::size_t(row_bytes),
-                            std::size_t(weight_block_bytes(a.format)), count};
-  if (a.format == WeightFormat::kQ5_K)
-    PackKScales(fields, a.in / kQuantKBlock, g);
-  else if (a.format == WeightFormat::kQ6_K)
-    PackQ6KScales(fields, a.in / kQuantKBlock, g);
-  else
-    HeadersToScales(g, a.in / kQuantBlock, layout.mins);
+  HeadersToScales(g, a.in / kQuantBlock, layout.mins);
   for (std::size_t at = 0; at < padded; at += 64)
     TransposeLine(g.rows + at, padded, g.quants + at * kGroupColumns);
 }
