@@ -241,14 +241,15 @@ PAGEDATTN_INT8_TARGET inline PassRows PassOf(const DotTilesArgs& a, const Int8La
           x.xsums.data() + std::size_t(first) * blocks, b.zsums};
 }
 
-// The nibble formats skip unpacking each column on its own: their quant
-// bytes go through the unit's TransposeLine as stored (half the bytes of
-// unpacked quants), then SplitStep splits each transposed dword row into
-// two of the tiles' steps of 4 weights: a dword of Q4_0 / Q4_1 quants holds
-// weights 4k .. 4k + 3 of its block in its low nibbles and 16 + 4k .. in
-// its high ones (step k and k + 4); one of Q4_K's, 4k .. of sub-block 2j
-// and of sub-block 2j + 1 (steps 8 apart). Zero columns of a partial group
-// multiply to nothing.
+// The 4-bit formats and the K-quants skip unpacking each column on its
+// own: their bits go through the unit's TransposeLine as stored, then
+// SplitStep splits each transposed dword of nibbles into two of the tiles'
+// steps of 4 weights (a dword of Q4_0 / Q4_1 quants holds weights 4k .. 4k
+// + 3 of its block in its low nibbles and 16 + 4k .. in its high ones, steps
+// k and k + 4; one of Q4_K's, 4k .. of sub-block 2j and of sub-block 2j + 1,
+// steps 8 apart), or MergeHighBitsStep merges a dword of low bits with one
+// of high bits (Q5_K, Q6_K). Zero columns of a partial group multiply to
+// nothing.
 
 // Q4_1 straight from the weight rows: its blocks are 5 dwords (the f16
 // scale and min, then 4 of quants), so 64-byte lines of the rows transpose
@@ -289,34 +290,25 @@ PAGEDATTN_INT8_TARGET inline void PackQ4_1Group(const DotTilesArgs& a, const Int
   HeadersToScales(g, a.in / kQuantBlock, layout.mins);
 }
 
-// Where TransposeLine reads the bytes [offset, offset + length) of each
-// super-block of a group of K-quant weight rows: the rows themselves where
-// the group is whole, else copies in g.rows, super-block after super-block
-// (zero columns past `count`).
+// Where TransposeLine reads the super-blocks of a group of K-quant weight
+// rows: the rows themselves where the group is whole, else whole copies in
+// g.rows (zero columns past `count`).
 struct KGroupBytes {
-  const std::uint8_t* w;  // the group's first weight row
-  std::size_t row_bytes;
-  const std::uint8_t* first;                // super-block 0's bytes of the first column
+  const std::uint8_t* first;                // super-block 0 of the first column
   std::size_t column_stride, block_stride;  // to the next column's, super-block's
   const std::uint8_t* block(std::int32_t k) const { return first + k * block_stride; }
 };
 
 template <WeightFormat F>
 PAGEDATTN_INT8_TARGET KGroupBytes KGroupBytesOf(const DotTilesArgs& a, std::int32_t o,
-                                                std::int32_t count, const Group& g,
-                                                std::size_t offset, std::size_t length) {
+                                                std::int32_t count, const Group& g) {
   constexpr std::size_t kBlockBytes = BlockTraits<F>::kBytes;
-  const std::int32_t blocks = a.in / kQuantKBlock;
   const std::size_t row_bytes = std::size_t(weight_row_bytes(F, a.in));
   const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
-  if (count == kGroupColumns) return {w, row_bytes, w + offset, row_bytes, kBlockBytes};
-  const std::size_t stride = std::size_t(blocks) * length;
-  std::memset(g.rows, 0, kGroupColumns * stride);
-  for (std::int32_t c = 0; c < count; ++c)
-    for (std::int32_t k = 0; k < blocks; ++k)
-      std::memcpy(g.rows + c * stride + k * length, w + c * row_bytes + k * kBlockBytes + offset,
-                  length);
-  return {w, row_bytes, g.rows, stride, length};
+  if (count == kGroupColumns) return {w, row_bytes, kBlockBytes};
+  std::memset(g.rows, 0, kGroupColumns * row_bytes);
+  std::memcpy(g.rows, w, std::size_t(count) * row_bytes);
+  return {g.rows, row_bytes, kBlockBytes};
 }
 
 // Q4_K: each super-block's 144 bytes as three 64-byte lines
@@ -328,7 +320,7 @@ PAGEDATTN_INT8_TARGET inline void PackQ4KGroup(const DotTilesArgs& a, std::int32
   constexpr std::size_t kRowBytes = 4 * kGroupColumns;
   static_assert(T::kQuants == 16 && T::kBytes == 144);
   const std::int32_t blocks = a.in / kQuantKBlock;
-  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ4_K>(a, o, count, g, 0, T::kBytes);
+  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ4_K>(a, o, count, g);
   alignas(64) std::uint8_t lines[3][16 * kRowBytes];
   constexpr std::int32_t kLineAt[3] = {0, 64, 80};
   for (std::int32_t k = 0; k < blocks; ++k) {
@@ -355,7 +347,7 @@ PAGEDATTN_INT8_TARGET inline void PackQ5KGroup(const DotTilesArgs& a, std::int32
   constexpr std::size_t kRowBytes = 4 * kGroupColumns;
   static_assert(T::kQuants == T::kHighBits + 32 && T::kBytes == T::kQuants + 128);
   const std::int32_t blocks = a.in / kQuantKBlock;
-  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ5_K>(a, o, count, g, 0, T::kBytes);
+  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ5_K>(a, o, count, g);
   // The first 64 bytes (rows 0-3: d, dmin, scales and mins; 4-11: qh), qs 0, qs 1
   alignas(64) std::uint8_t lines[3][16 * kRowBytes];
   for (std::int32_t k = 0; k < blocks; ++k) {
@@ -385,7 +377,7 @@ PAGEDATTN_INT8_TARGET inline void PackQ6KGroup(const DotTilesArgs& a, std::int32
   constexpr std::size_t kRowBytes = 4 * kGroupColumns;
   const std::int32_t blocks = a.in / kQuantKBlock;
   static_assert(T::kScales == T::kBytes - 18 && T::kScale == T::kBytes - 2);
-  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ6_K>(a, o, count, g, 0, T::kBytes);
+  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ6_K>(a, o, count, g);
   alignas(64) std::uint8_t lines[4][16 * kRowBytes];  // ql 0, ql 1, qh, the last 64 bytes
   for (std::int32_t k = 0; k < blocks; ++k) {
     for (std::int32_t l = 0; l < 3; ++l)
