@@ -30,27 +30,20 @@ PAGEDATTN_INT8_TARGET inline __m256i AddFifthBits(std::uint32_t bits, __m256i q)
 #endif
 }
 
-// The 32-weight formats (quant_kernels.h) start each block with their f16
-// scale (and, Q4_1 / Q5_1, their f16 min): its first 4 bytes.
-PAGEDATTN_INT8_TARGET inline std::uint32_t HeaderOf(const std::uint8_t* block) {
-  std::uint32_t header;
-  std::memcpy(&header, block, sizeof header);
-  return header;
-}
-
-// The 32-weight formats: block b's quants, and its header (HeaderOf) at
+// The 32-weight formats: block b's quants, and its header (its first 4
+// bytes: the f16 scale, and Q4_1 / Q5_1's f16 min) copied into
 // headers[b * stride] for HeadersToScales, which converts a block's for all
 // columns at once. Q8_0's quants xor 0x80 (unsigned, zero 128), or as they
 // are when `layout` keeps them signed.
 template <WeightFormat F>
 PAGEDATTN_INT8_TARGET void UnpackRow32(const std::uint8_t* row, std::int32_t in,
                                        const Int8Layout& layout, std::uint8_t* quants,
-                                       std::uint32_t* headers, std::int32_t stride) {
+                                       float* headers, std::int32_t stride) {
   constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
   const std::int32_t blocks = in / kQuantBlock;
   for (std::int32_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = row + b * kBytes;
-    headers[std::size_t(b) * stride] = HeaderOf(block);
+    std::memcpy(headers + std::size_t(b) * stride, block, 4);
     __m256i v;
     if constexpr (F == WeightFormat::kQ8_0) {
       v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + BlockTraits<F>::kQuants));
@@ -159,7 +152,7 @@ PAGEDATTN_INT8_TARGET inline void PackQ6KScales(std::int32_t k, const std::uint8
 PAGEDATTN_INT8_TARGET inline void UnpackColumn(WeightFormat f, const std::uint8_t* row,
                                                std::int32_t in, const Int8Layout& layout,
                                                std::uint8_t* q, const Group& g, std::int32_t c) {
-  auto* headers = reinterpret_cast<std::uint32_t*>(g.scales) + c;
+  float* headers = g.scales + c;
   switch (f) {
     case WeightFormat::kQ8_0:
       return UnpackRow32<WeightFormat::kQ8_0>(row, in, layout, q, headers, kGroupColumns);
@@ -270,7 +263,7 @@ PAGEDATTN_INT8_TARGET inline void PackQ4_1Group(const DotTilesArgs& a, const Int
     for (std::int32_t c = 0; c < count; ++c)
       std::memcpy(g.rows + c * copied, w + c * row_bytes + direct, row_bytes - direct);
   }
-  auto* headers = reinterpret_cast<std::uint32_t*>(g.scales);
+  float* headers = g.scales;
   alignas(64) std::uint8_t line[16 * kRowBytes];  // row t: dword t of the line of every column
   std::int32_t block = 0, d = 0;                  // dword d of block `block`
   for (std::size_t at = 0; at < row_bytes; at += 64) {
@@ -403,10 +396,10 @@ PAGEDATTN_INT8_TARGET inline void PackQ4_0Group(const DotTilesArgs& a, std::int3
   const std::int32_t blocks = a.in / kQuantBlock, dwords = a.in / 8;
   const std::int64_t row_bytes = weight_row_bytes(WeightFormat::kQ4_0, a.in);
   const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
-  auto* headers = reinterpret_cast<std::uint32_t*>(g.scales);
+  float* headers = g.scales;
   if (count < kGroupColumns) {
     std::memset(g.rows, 0, kGroupColumns * stored);
-    std::memset(headers, 0, sizeof(std::uint32_t) * kGroupColumns * std::size_t(blocks));
+    std::memset(headers, 0, sizeof(float) * kGroupColumns * std::size_t(blocks));
   }
   for (std::int32_t c = 0; c < count; ++c) {
     const std::uint8_t* row = w + c * row_bytes;
@@ -414,7 +407,7 @@ PAGEDATTN_INT8_TARGET inline void PackQ4_0Group(const DotTilesArgs& a, std::int3
     for (std::int32_t b = 0; b < blocks; ++b) {
       const std::uint8_t* block = row + b * T::kBytes;
       std::memcpy(quants + std::size_t(b) * 16, block + T::kQuants, 16);
-      headers[std::size_t(b) * kGroupColumns + std::size_t(c)] = HeaderOf(block);
+      std::memcpy(headers + std::size_t(b) * kGroupColumns + std::size_t(c), block, 4);
     }
   }
   HeadersToScales(g, blocks, false);
