@@ -30,20 +30,28 @@ PAGEDATTN_INT8_TARGET inline __m256i AddFifthBits(std::uint32_t bits, __m256i q)
 #endif
 }
 
-// The 32-weight formats: block b's quants, and its header (its first 4
-// bytes: the f16 scale, and Q4_1 / Q5_1's f16 min) copied into
-// headers[b * stride] for HeadersToScales, which converts a block's for all
-// columns at once. Q8_0's quants xor 0x80 (unsigned, zero 128), or as they
-// are when `layout` keeps them signed.
+// F16C's conversion (exact): the portable one costs a branchy call per block.
+PAGEDATTN_INT8_TARGET inline float half_at(const std::uint8_t* p) {
+  std::uint16_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+  return _cvtsh_ss(bits);
+}
+
+// Q8_0 / Q5_0 / Q5_1: block b's quants, its scale at scales[b * stride]
+// and (Q5_1) its min at mins[b * stride]. Q8_0's quants xor 0x80
+// (unsigned, zero 128), or as they are when `layout` keeps them signed.
+// (Converting the scales of a block's columns at once measured no faster
+// here: the quants' unpack and transpose dominate.)
 template <WeightFormat F>
 PAGEDATTN_INT8_TARGET void UnpackRow32(const std::uint8_t* row, std::int32_t in,
                                        const Int8Layout& layout, std::uint8_t* quants,
-                                       float* headers, std::int32_t stride) {
+                                       float* scales, float* mins, std::int32_t stride) {
   constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
   const std::int32_t blocks = in / kQuantBlock;
   for (std::int32_t b = 0; b < blocks; ++b) {
     const std::uint8_t* block = row + b * kBytes;
-    std::memcpy(headers + std::size_t(b) * stride, block, 4);
+    scales[std::size_t(b) * stride] = half_at(block);
+    if constexpr (F == WeightFormat::kQ5_1) mins[std::size_t(b) * stride] = half_at(block + 2);
     __m256i v;
     if constexpr (F == WeightFormat::kQ8_0) {
       v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + BlockTraits<F>::kQuants));
@@ -71,9 +79,9 @@ PAGEDATTN_INT8_TARGET inline __m256 HalvesOf(__m256i dwords, bool high) {
   return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
 }
 
-// The group's block headers (UnpackRow32's, [blocks][kGroupColumns] dwords
-// in g.scales) as its scales, and with `mins` its mins: in place, F16C's
-// exact conversion for every column of a block at once.
+// The group's block headers (each block's first 4 bytes: the f16 scale,
+// and Q4_1's f16 min; [blocks][kGroupColumns] dwords in g.scales) as its scales, and with `mins`
+// its mins: in place, F16C's exact conversion for every column of a block at once.
 PAGEDATTN_INT8_TARGET inline void HeadersToScales(const Group& g, std::int32_t blocks, bool mins) {
   static_assert(kGroupColumns % 8 == 0);
   for (std::size_t at = 0; at < std::size_t(blocks) * kGroupColumns; at += 8) {
@@ -146,21 +154,22 @@ PAGEDATTN_INT8_TARGET inline void PackQ6KScales(std::int32_t k, const std::uint8
   }
 }
 
-// Weight row `row` of the group's column c: its quants unpacked to `q`;
-// the 32-weight formats' block headers (for HeadersToScales) at the
-// column's lane of g.scales.
+// Weight row `row` of the group's column c (Q8_0, Q5_0, Q5_1): its quants
+// unpacked to `q`, its scales (and mins) at the column's lane of g.
 PAGEDATTN_INT8_TARGET inline void UnpackColumn(WeightFormat f, const std::uint8_t* row,
                                                std::int32_t in, const Int8Layout& layout,
                                                std::uint8_t* q, const Group& g, std::int32_t c) {
-  float* headers = g.scales + c;
   switch (f) {
     case WeightFormat::kQ8_0:
-      return UnpackRow32<WeightFormat::kQ8_0>(row, in, layout, q, headers, kGroupColumns);
+      return UnpackRow32<WeightFormat::kQ8_0>(row, in, layout, q, g.scales + c, g.mins + c,
+                                              kGroupColumns);
     case WeightFormat::kQ5_0:
-      return UnpackRow32<WeightFormat::kQ5_0>(row, in, layout, q, headers, kGroupColumns);
+      return UnpackRow32<WeightFormat::kQ5_0>(row, in, layout, q, g.scales + c, g.mins + c,
+                                              kGroupColumns);
     case WeightFormat::kQ5_1:
-      return UnpackRow32<WeightFormat::kQ5_1>(row, in, layout, q, headers, kGroupColumns);
-    default:  // Q4_0, Q4_1, Q4_K, Q5_K, Q6_K: their Pack*Group
+      return UnpackRow32<WeightFormat::kQ5_1>(row, in, layout, q, g.scales + c, g.mins + c,
+                                              kGroupColumns);
+    default:  // Q4_0, Q4_1 and the K-quants: their Pack*Group
       return;
   }
 }
@@ -410,7 +419,6 @@ PAGEDATTN_INT8_TARGET inline void PackQ4_0Group(const DotTilesArgs& a, std::int3
       std::memcpy(headers + std::size_t(b) * kGroupColumns + std::size_t(c), block, 4);
     }
   }
-  HeadersToScales(g, blocks, false);
   alignas(64) std::uint8_t line[16 * kRowBytes];
   for (std::size_t at = 0; at < stored; at += 64) {
     TransposeLine(g.rows + at, stored, line);
@@ -419,11 +427,14 @@ PAGEDATTN_INT8_TARGET inline void PackQ4_0Group(const DotTilesArgs& a, std::int3
       SplitStep(line + t * kRowBytes, g.quants, std::size_t((first + t) / 4 * 8 + (first + t) % 4),
                 4);
   }
+  // After the transposes: the last columns' header stores have long left
+  // the store buffer (a vector load of fresh scalar stores waits for them).
+  HeadersToScales(g, blocks, false);
 }
 
 // Weight rows [o, o + count) of `a` into the group `g` of kGroupColumns:
-// the 4-bit formats, Q5_K and Q6_K by their own, the 32-weight others
-// (Q8_0, Q5_0, Q5_1) unpacked a column at a time into g.rows (a byte a weight), then
+// the 4-bit formats and the K-quants by their own, Q8_0, Q5_0 and Q5_1
+// unpacked a column at a time into g.rows (a byte a weight), then
 // transposed a 64-byte line of every column at a time; the scales (and
 // mins) of all columns at once.
 PAGEDATTN_INT8_TARGET inline void PackGroup(const DotTilesArgs& a, const Int8Layout& layout,
@@ -448,13 +459,13 @@ PAGEDATTN_INT8_TARGET inline void PackGroup(const DotTilesArgs& a, const Int8Lay
   if (count < kGroupColumns) {  // zero columns (and the padding) multiply to nothing
     std::memset(g.rows, 0, kGroupColumns * padded);
     std::memset(g.scales, 0, sizeof(float) * kGroupColumns * std::size_t(a.in / layout.sub));
+    std::memset(g.mins, 0, sizeof(float) * kGroupColumns * std::size_t(a.in / 32));
   } else if (padded != std::size_t(a.in)) {
     for (std::int32_t c = 0; c < kGroupColumns; ++c)
       std::memset(g.rows + c * padded + a.in, 0, padded - std::size_t(a.in));
   }
   for (std::int32_t c = 0; c < count; ++c)
     UnpackColumn(a.format, w + (o + c) * row_bytes, a.in, layout, g.rows + c * padded, g, c);
-  HeadersToScales(g, a.in / kQuantBlock, layout.mins);
   for (std::size_t at = 0; at < padded; at += 64)
     TransposeLine(g.rows + at, padded, g.quants + at * kGroupColumns);
 }
