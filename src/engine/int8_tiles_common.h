@@ -98,7 +98,7 @@ struct Group {
   std::uint8_t* quants;  // [padded in / 4][columns] dwords
   float* scales;         // [in / S][columns]
   float* mins;           // [in / 32][columns]
-  std::uint8_t* rows;    // [columns][padded in]: the unpacked rows before transposing
+  std::uint8_t* rows;    // [columns][padded in]: unpacked (or stored, copied) rows to transpose
 };
 
 // The padded length of a row of quants: whole 64-byte lines (the transposes
