@@ -80,8 +80,9 @@ PAGEDATTN_INT8_TARGET inline __m256 HalvesOf(__m256i dwords, bool high) {
 }
 
 // The group's block headers (each block's first 4 bytes: the f16 scale,
-// and Q4_1's f16 min; [blocks][kGroupColumns] dwords in g.scales) as its scales, and with `mins`
-// its mins: in place, F16C's exact conversion for every column of a block at once.
+// and Q4_1's f16 min; [blocks][kGroupColumns] dwords in g.scales) as its
+// scales, and with `mins` its mins: in place, F16C's exact conversion for
+// every column of a block at once.
 PAGEDATTN_INT8_TARGET inline void HeadersToScales(const Group& g, std::int32_t blocks, bool mins) {
   static_assert(kGroupColumns % 8 == 0);
   for (std::size_t at = 0; at < std::size_t(blocks) * kGroupColumns; at += 8) {
@@ -308,8 +309,9 @@ PAGEDATTN_INT8_TARGET KGroupBytes KGroupBytesOf(const DotTilesArgs& a, std::int3
   const std::size_t row_bytes = std::size_t(weight_row_bytes(F, a.in));
   const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
   if (count == kGroupColumns) return {w, row_bytes, kBlockBytes};
-  std::memset(g.rows, 0, kGroupColumns * row_bytes);
   std::memcpy(g.rows, w, std::size_t(count) * row_bytes);
+  std::memset(g.rows + std::size_t(count) * row_bytes, 0,
+              std::size_t(kGroupColumns - count) * row_bytes);
   return {g.rows, row_bytes, kBlockBytes};
 }
 
@@ -339,10 +341,9 @@ PAGEDATTN_INT8_TARGET inline void PackQ4KGroup(const DotTilesArgs& a, std::int32
 
 // Q5_K: each super-block's first 64 bytes (d, dmin, scales and mins, 32
 // bytes of fifth bits qh, the start of qs) and 128 of nibbles (qs) as three
-// 64-byte lines (KGroupBytesOf).
-// Sub-block j's weight l takes nibble j % 2 of qs[32 (j / 2) + l] and bit j
-// of qh[l]: its step (of 4 l) merges transposed dword 8 (j / 2) + l / 4 of
-// qs with dword l / 4 of qh.
+// 64-byte lines (KGroupBytesOf). Sub-block j's weight l takes nibble j % 2
+// of qs[32 (j / 2) + l] and bit j of qh[l]: its step (of 4 l) merges
+// transposed dword 8 (j / 2) + l / 4 of qs with dword l / 4 of qh.
 PAGEDATTN_INT8_TARGET inline void PackQ5KGroup(const DotTilesArgs& a, std::int32_t o,
                                                std::int32_t count, const Group& g) {
   using T = BlockTraits<WeightFormat::kQ5_K>;
@@ -369,10 +370,10 @@ PAGEDATTN_INT8_TARGET inline void PackQ5KGroup(const DotTilesArgs& a, std::int32
 
 // Q6_K: each super-block's 128 bytes of low bits (ql) and 64 of high bits
 // (qh) as three 64-byte lines, its scales in a fourth (KGroupBytesOf).
-// Weight 128h + 32g + l (h < 2, g < 4,
-// l < 32) takes bits 4 (g / 2) of ql[64h + 32 (g % 2) + l] and bits 2g of
-// qh[32h + l]: its step (of 4 l) merges transposed dword 8 (g % 2) + l / 4
-// of ql line h with dword 8h + l / 4 of the qh line.
+// Weight 128h + 32g + l (h < 2, g < 4, l < 32) takes bits 4 (g / 2) of
+// ql[64h + 32 (g % 2) + l] and bits 2g of qh[32h + l]: its step (of 4 l)
+// merges transposed dword 8 (g % 2) + l / 4 of ql line h with dword
+// 8h + l / 4 of the qh line.
 PAGEDATTN_INT8_TARGET inline void PackQ6KGroup(const DotTilesArgs& a, std::int32_t o,
                                                std::int32_t count, const Group& g) {
   using T = BlockTraits<WeightFormat::kQ6_K>;
@@ -433,10 +434,10 @@ PAGEDATTN_INT8_TARGET inline void PackQ4_0Group(const DotTilesArgs& a, std::int3
 }
 
 // Weight rows [o, o + count) of `a` into the group `g` of kGroupColumns:
-// the 4-bit formats and the K-quants by their own, Q8_0, Q5_0 and Q5_1
-// unpacked a column at a time into g.rows (a byte a weight), then
-// transposed a 64-byte line of every column at a time; the scales (and
-// mins) of all columns at once.
+// the 4-bit formats and the K-quants by their own Pack*Group; Q8_0, Q5_0
+// and Q5_1 unpacked a column at a time into g.rows (a byte a weight, the
+// scales and mins into the column's lane), then transposed a 64-byte line
+// of every column at a time.
 PAGEDATTN_INT8_TARGET inline void PackGroup(const DotTilesArgs& a, const Int8Layout& layout,
                                             std::int32_t o, std::int32_t count, const Group& g) {
   switch (a.format) {
