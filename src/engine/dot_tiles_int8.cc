@@ -47,13 +47,13 @@ using Int8RowTiles = kernels::RowGroups<12, 8, 4, 2, 1>;
 // vpdpbusd's sums do not saturate: Q8_0's quants go xor 0x80.
 constexpr bool kSaturating = false;
 
-// dst[t][c] = src[c][t] for 16 rows of 16 dwords (src rows `stride` bytes
-// apart, dst 64 bytes a row): unpacks of dwords and qwords within 128-bit
-// blocks, then two rounds of block shuffles. A 64-byte line of each row of
-// a group.
-PAGEDATTN_VNNI void TransposeLine(const std::uint8_t* src, std::size_t stride, std::uint8_t* dst) {
+// dst[t][c] = dword t of src[c] + at for 16 rows of 16 dwords (dst 64
+// bytes a row): unpacks of dwords and qwords within 128-bit blocks, then
+// two rounds of block shuffles. A 64-byte line of each row of a group.
+PAGEDATTN_VNNI void TransposeLine(const std::uint8_t* const* src, std::size_t at,
+                                  std::uint8_t* dst) {
   __m512i r[16], t[16];
-  for (int c = 0; c < 16; ++c) r[c] = _mm512_loadu_si512(src + std::size_t(c) * stride);
+  for (int c = 0; c < 16; ++c) r[c] = _mm512_loadu_si512(src[c] + at);
   for (int i = 0; i < 8; ++i) {  // block b of t[2i]: r[2i][4b], r[2i+1][4b], r[2i][4b+1], ...
     t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
@@ -105,6 +105,58 @@ PAGEDATTN_VNNI void MergeHighBitsStep(const std::uint8_t* ql, std::int32_t ql_sh
                        _mm512_set1_epi8(static_cast<char>(high_bits)));
   _mm512_storeu_si512(reinterpret_cast<__m512i*>(quants) + step,
                       _mm512_or_si512(low, _mm512_slli_epi16(high, 4)));
+}
+
+// Bytes [x, x + 4) of each column's row, from rows transposed by
+// PackGroup32 ([dword][16 columns]). x is even (the 32-weight formats'
+// blocks of 18, 22 and 34 bytes alternate between dword and half-dword
+// starts): two dwords' halves where it is not a multiple of 4.
+PAGEDATTN_VNNI PAGEDATTN_INT8_INLINE __m512i DwordsAt(const std::uint8_t* t, std::size_t x) {
+  const auto* row = reinterpret_cast<const __m512i*>(t) + x / 4;
+  if (x % 4 == 0) return _mm512_loadu_si512(row);
+  return _mm512_or_si512(_mm512_srli_epi32(_mm512_loadu_si512(row), 16),
+                         _mm512_slli_epi32(_mm512_loadu_si512(row + 1), 16));
+}
+
+// Per dword, byte i: bit `first` + i of the dword `qh` (first a multiple
+// of 4): the byte that holds the four bits copied to each byte, then
+// tested against each byte's bit.
+PAGEDATTN_VNNI PAGEDATTN_INT8_INLINE __mmask64 FifthBitMask(__m512i qh, std::int32_t first) {
+  const int byte = first / 8, spread = 0x01010101;  // dword j of a 128-bit lane: byte 4j + byte
+  const __m512i copies =
+      _mm512_shuffle_epi8(qh, _mm512_set4_epi32((12 + byte) * spread, (8 + byte) * spread,
+                                                (4 + byte) * spread, byte * spread));
+  const auto bits = static_cast<int>((1u << (first % 8)) * 0x08040201u);  // byte i: 1 << i
+  return _mm512_test_epi8_mask(copies, _mm512_set1_epi32(bits));
+}
+
+// Steps `low_step` and `low_step + 4` of a 32-weight block from its k-th
+// dword of nibbles, at byte x of the transposed rows `t`: the low nibbles
+// (weights 4k .. 4k + 3) and the high ones (16 + 4k ..), each + 16 where
+// (`fifth`) its bit of `qh` is set.
+PAGEDATTN_VNNI PAGEDATTN_INT8_INLINE void NibbleSteps(const std::uint8_t* t, std::size_t x,
+                                                      bool fifth, __m512i qh, std::int32_t k,
+                                                      std::uint8_t* quants, std::size_t low_step) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f), sixteen = _mm512_set1_epi8(16);
+  const __m512i v = DwordsAt(t, x);
+  __m512i low = _mm512_and_si512(v, low4), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  if (fifth) {
+    low = _mm512_mask_add_epi8(low, FifthBitMask(qh, 4 * k), low, sixteen);
+    high = _mm512_mask_add_epi8(high, FifthBitMask(qh, 16 + 4 * k), high, sixteen);
+  }
+  auto* out = reinterpret_cast<__m512i*>(quants) + low_step;
+  _mm512_storeu_si512(out, low);
+  _mm512_storeu_si512(out + 4, high);
+}
+
+// Step `step` of Q8_0 quants from the dword at byte x of the transposed
+// rows `t`: xor 0x80 unless `signed_quants`.
+PAGEDATTN_VNNI PAGEDATTN_INT8_INLINE void ByteStep(const std::uint8_t* t, std::size_t x,
+                                                   bool signed_quants, std::uint8_t* quants,
+                                                   std::size_t step) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(signed_quants ? 0 : 0x80));
+  _mm512_storeu_si512(reinterpret_cast<__m512i*>(quants) + step,
+                      _mm512_xor_si512(DwordsAt(t, x), flip));
 }
 
 // y[r][0..cols) (+)= the R rows of the pass from `row` times the group's
@@ -163,10 +215,8 @@ PAGEDATTN_VNNI void GroupTimesPass(const DotTilesArgs& a, const Int8Layout&, con
 }
 
 #define PAGEDATTN_INT8_TARGET PAGEDATTN_VNNI
-#define PAGEDATTN_INT8_MASKS 1
 #include "engine/int8_unpack-inl.h"
 #undef PAGEDATTN_INT8_TARGET
-#undef PAGEDATTN_INT8_MASKS
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

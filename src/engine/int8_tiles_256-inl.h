@@ -20,17 +20,16 @@ using Int8RowTiles = kernels::RowGroups<6, 4, 2, 1>;
 using Int8RowTiles = kernels::RowGroups<4, 2, 1>;
 #endif
 
-// dst[t][c] = src[c][t] for 8 rows of 16 dwords (a 64-byte line of each
-// row of a group, rows `stride` bytes apart; dst 32 bytes a row): two 8 x 8
-// transposes, each unpacks of dwords and qwords within 128-bit halves, then
-// a swap of halves.
-PAGEDATTN_INT8_TARGET inline void TransposeLine(const std::uint8_t* src, std::size_t stride,
+// dst[t][c] = dword t of src[c] + at for 8 rows of 16 dwords (a 64-byte
+// line of each row of a group; dst 32 bytes a row): two 8 x 8 transposes,
+// each unpacks of dwords and qwords within 128-bit halves, then a swap of
+// halves.
+PAGEDATTN_INT8_TARGET inline void TransposeLine(const std::uint8_t* const* src, std::size_t at,
                                                 std::uint8_t* dst) {
   for (std::int32_t half = 0; half < 2; ++half) {
     __m256i r[8], t[8];
     for (std::int32_t c = 0; c < 8; ++c)
-      r[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + std::size_t(c) * stride) +
-                                half);
+      r[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src[c] + at) + half);
     for (std::int32_t i = 0; i < 4; ++i) {  // rows 2i, 2i + 1 interleaved
       t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
       t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
@@ -81,6 +80,58 @@ PAGEDATTN_INT8_TARGET inline void MergeHighBitsStep(const std::uint8_t* ql, std:
                       _mm256_or_si256(low, _mm256_slli_epi16(high, 4)));
 }
 
+// Bytes [x, x + 4) of each column's row, from rows transposed by
+// PackGroup32 ([dword][8 columns]). x is even (the 32-weight formats'
+// blocks of 18, 22 and 34 bytes alternate between dword and half-dword
+// starts): two dwords' halves where it is not a multiple of 4.
+PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE __m256i DwordsAt(const std::uint8_t* t, std::size_t x) {
+  const auto* row = reinterpret_cast<const __m256i*>(t) + x / 4;
+  if (x % 4 == 0) return _mm256_loadu_si256(row);
+  return _mm256_or_si256(_mm256_srli_epi32(_mm256_loadu_si256(row), 16),
+                         _mm256_slli_epi32(_mm256_loadu_si256(row + 1), 16));
+}
+// Per dword, byte i: 16 where bit `first` + i of the dword `qh` is set
+// (first a multiple of 4): the byte that holds the four bits copied to each
+// byte, then compared with each byte's bit.
+PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE __m256i FifthBits(__m256i qh, std::int32_t first) {
+  const int byte = first / 8, spread = 0x01010101;  // dword j of a 128-bit lane: byte 4j + byte
+  const __m256i copies = _mm256_shuffle_epi8(
+      qh, _mm256_setr_epi32(byte * spread, (4 + byte) * spread, (8 + byte) * spread,
+                            (12 + byte) * spread, byte * spread, (4 + byte) * spread,
+                            (8 + byte) * spread, (12 + byte) * spread));
+  const __m256i bits =
+      _mm256_set1_epi32(static_cast<int>((1u << (first % 8)) * 0x08040201u));  // byte i: 1 << i
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(copies, bits), bits),
+                          _mm256_set1_epi8(16));
+}
+// Steps `low_step` and `low_step + 4` of a 32-weight block from its k-th
+// dword of nibbles, at byte x of the transposed rows `t`: the low nibbles
+// (weights 4k .. 4k + 3) and the high ones (16 + 4k ..), each + 16 where
+// (`fifth`) its bit of `qh` is set.
+PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void NibbleSteps(const std::uint8_t* t, std::size_t x,
+                                                             bool fifth, __m256i qh, std::int32_t k,
+                                                             std::uint8_t* quants,
+                                                             std::size_t low_step) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i v = DwordsAt(t, x);
+  __m256i low = _mm256_and_si256(v, low4), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+  if (fifth) {
+    low = _mm256_or_si256(low, FifthBits(qh, 4 * k));
+    high = _mm256_or_si256(high, FifthBits(qh, 16 + 4 * k));
+  }
+  auto* out = reinterpret_cast<__m256i*>(quants) + low_step;
+  _mm256_storeu_si256(out, low);
+  _mm256_storeu_si256(out + 4, high);
+}
+// Step `step` of Q8_0 quants from the dword at byte x of the transposed
+// rows `t`: xor 0x80 unless `signed_quants`.
+PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void ByteStep(const std::uint8_t* t, std::size_t x,
+                                                          bool signed_quants, std::uint8_t* quants,
+                                                          std::size_t step) {
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(signed_quants ? 0 : 0x80));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(quants) + step,
+                      _mm256_xor_si256(DwordsAt(t, x), flip));
+}
 // The four-byte dot products of w's unsigned quants and x's signed int8
 // values in each lane: VNNI adds them to the int32 `sum`; AVX2's
 // vpmaddubsw forms pair sums in 16 bits, which a tile adds up over kWiden
@@ -200,6 +251,4 @@ PAGEDATTN_INT8_TARGET void GroupTimesPass(const DotTilesArgs& a, const Int8Layou
 #endif
 }
 
-#define PAGEDATTN_INT8_MASKS 0
 #include "engine/int8_unpack-inl.h"
-#undef PAGEDATTN_INT8_MASKS

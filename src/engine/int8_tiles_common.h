@@ -27,6 +27,10 @@
 #include "engine/dot_tiles.h"
 #include "engine/quant_kernels.h"
 
+// The units' packing steps, inlined into the loops that call them with
+// constants (of which they build their shuffle controls and masks).
+#define PAGEDATTN_INT8_INLINE inline __attribute__((always_inline))
+
 namespace pagedattn::engine::int8_tile_parts {
 
 struct Int8Layout {
@@ -93,34 +97,36 @@ struct TileRows {
 };
 
 // A group of weight rows in the layouts above. Columns past the group's end
-// are zero.
+// repeat its last one: their lanes are never stored.
 struct Group {
-  std::uint8_t* quants;  // [padded in / 4][columns] dwords
+  std::uint8_t* quants;  // [in / 4][columns] dwords
   float* scales;         // [in / S][columns]
   float* mins;           // [in / 32][columns]
-  std::uint8_t* rows;    // [columns][padded in]: unpacked (or stored, copied) rows to transpose
+  std::uint8_t* rows;    // [row dwords][columns]: the rows transposed (PackGroup32)
 };
 
-// The padded length of a row of quants: whole 64-byte lines (the transposes
-// read a line of each row at a time).
-inline std::size_t padded_in(std::int32_t in) {
-  return (std::size_t(in) + 63) / 64 * 64;
+// The most bytes a weight row of `in` inputs takes in whole 64-byte lines
+// (the transposes take a line of each row at a time): Q8_0's 34 per 32
+// inputs, the most of the formats with int8 tiles.
+inline std::size_t stored_row_lines_bytes(std::int32_t in) {
+  return (std::size_t(in) / 32 * 34 + 63) / 64 * 64;
 }
 
 // Floats of scratch for `in` inputs and groups of `columns`: the group (its
-// quants twice: unpacked and transposed; scales; mins), then a pass of rows.
-// Every part a whole number of 64-byte lines.
+// quants, scales and mins; its rows transposed), then a pass of rows. Every
+// part a whole number of 64-byte lines.
 struct ScratchPlan {
   static constexpr std::size_t lines(std::size_t floats) { return (floats + 15) / 16 * 16; }
-  std::size_t quants, scales, mins, x8, blocks, sums, total;  // in floats
+  std::size_t quants, scales, mins, rows, x8, blocks, sums, total;  // in floats
   ScratchPlan(std::int32_t in, std::int32_t columns)
-      : quants(lines(padded_in(in) * std::size_t(columns) / sizeof(float))),
+      : quants(lines(std::size_t(in) * std::size_t(columns) / sizeof(float))),
         scales(lines(std::size_t(in) * std::size_t(columns) / 16)),  // at most in / 16 a column
         mins(lines(std::size_t(in) * std::size_t(columns) / 32)),
+        rows(lines(stored_row_lines_bytes(in) * std::size_t(columns) / sizeof(float))),
         x8(lines(std::size_t(kPassRows) * in / sizeof(float))),
         blocks(lines(std::size_t(kPassRows) * in / 32)),
         sums(lines(std::size_t(kPassRows) * in / 16)),
-        total(2 * quants + scales + mins + x8 + 2 * blocks + 2 * sums) {}
+        total(quants + scales + mins + rows + x8 + 2 * blocks + 2 * sums) {}
 };
 
 // A pass's own buffers, where the pass rounds its rows itself.
@@ -142,7 +148,7 @@ inline void carve(const ScratchPlan& plan, float* scratch, Group& g, PassBuffers
     return part;
   };
   g = {reinterpret_cast<std::uint8_t*>(take(plan.quants)), take(plan.scales), take(plan.mins),
-       reinterpret_cast<std::uint8_t*>(take(plan.quants))};
+       reinterpret_cast<std::uint8_t*>(take(plan.rows))};
   b = {reinterpret_cast<std::int8_t*>(take(plan.x8)), take(plan.blocks), take(plan.blocks),
        reinterpret_cast<std::int32_t*>(take(plan.sums)),
        reinterpret_cast<std::int32_t*>(take(plan.sums))};

@@ -1,72 +1,15 @@
-// The int8 tiles' weight unpacking and row quantisation (int8_tiles_common.h
-// has the layouts), on 256-bit vectors: included by each tile width's
+// The int8 tiles' weight packing and row quantisation (int8_tiles_common.h
+// has the layouts), shared by the tile widths: included by each width's
 // translation unit inside a namespace of its own, after defining
-//   PAGEDATTN_INT8_TARGET  the function attribute of that unit's target;
-//   PAGEDATTN_INT8_MASKS   1 where AVX-512BW's byte masks may be used;
-// and the unit's TransposeLine (a 64-byte line of each column of a group,
-// transposed), SplitStep (a transposed row of nibbles into two steps) and
-// MergeHighBitsStep (Q5_K's and Q6_K's 4 low and 1-2 high bits into a step).
+// PAGEDATTN_INT8_TARGET (the function attribute of that unit's target) and
+// the unit's steps at its own width: TransposeLine (a 64-byte line of each
+// column of a group, transposed), DwordsAt (4 bytes of each column's row
+// from the transposed rows), SplitStep (a transposed row of nibbles into two
+// steps), NibbleSteps (the same, at any even byte, with Q5_0's and Q5_1's
+// fifth bits), ByteStep (Q8_0's quants) and MergeHighBitsStep (Q5_K's and
+// Q6_K's 4 low and 1-2 high bits into a step). What works a column at a time
+// (scales, mins) runs on 256-bit vectors here.
 // No include guard: a unit may include it once per namespace.
-
-// 16 bytes of nibbles as 32 quants: the low nibbles, then the high ones.
-PAGEDATTN_INT8_TARGET inline __m256i SplitNibbles(const std::uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i low4 = _mm_set1_epi8(0x0f);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
-}
-
-// q + 16 in the bytes whose bit of `bits` is set (the fifth bits).
-PAGEDATTN_INT8_TARGET inline __m256i AddFifthBits(std::uint32_t bits, __m256i q) {
-#if PAGEDATTN_INT8_MASKS
-  return _mm256_mask_add_epi8(q, bits, q, _mm256_set1_epi8(16));
-#else
-  // Byte i gets byte i / 8 of `bits`, then its bit i % 8.
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int>(bits)),
-      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-  return _mm256_add_epi8(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-#endif
-}
-
-// F16C's conversion (exact): the portable one costs a branchy call per block.
-PAGEDATTN_INT8_TARGET inline float half_at(const std::uint8_t* p) {
-  std::uint16_t bits;
-  std::memcpy(&bits, p, sizeof bits);
-  return _cvtsh_ss(bits);
-}
-
-// Q8_0 / Q5_0 / Q5_1: block b's quants, its scale at scales[b * stride]
-// and (Q5_1) its min at mins[b * stride]. Q8_0's quants xor 0x80
-// (unsigned, zero 128), or as they are when `layout` keeps them signed.
-// (Converting the scales of a block's columns at once measured no faster
-// here: the quants' unpack and transpose dominate.)
-template <WeightFormat F>
-PAGEDATTN_INT8_TARGET void UnpackRow32(const std::uint8_t* row, std::int32_t in,
-                                       const Int8Layout& layout, std::uint8_t* quants,
-                                       float* scales, float* mins, std::int32_t stride) {
-  constexpr std::int64_t kBytes = BlockTraits<F>::kBytes;
-  const std::int32_t blocks = in / kQuantBlock;
-  for (std::int32_t b = 0; b < blocks; ++b) {
-    const std::uint8_t* block = row + b * kBytes;
-    scales[std::size_t(b) * stride] = half_at(block);
-    if constexpr (F == WeightFormat::kQ5_1) mins[std::size_t(b) * stride] = half_at(block + 2);
-    __m256i v;
-    if constexpr (F == WeightFormat::kQ8_0) {
-      v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + BlockTraits<F>::kQuants));
-      if (!layout.signed_quants) v = _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80)));
-    } else {
-      v = SplitNibbles(block + BlockTraits<F>::kQuants);
-    }
-    if constexpr (F == WeightFormat::kQ5_0 || F == WeightFormat::kQ5_1) {
-      std::uint32_t qh;
-      std::memcpy(&qh, block + BlockTraits<F>::kHighBits, sizeof qh);
-      v = AddFifthBits(qh, v);
-    }
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(quants + std::size_t(b) * kQuantBlock), v);
-  }
-}
 
 // The f16 halves of 8 dwords (low halves: `high` false) as 8 floats.
 PAGEDATTN_INT8_TARGET inline __m256 HalvesOf(__m256i dwords, bool high) {
@@ -79,19 +22,6 @@ PAGEDATTN_INT8_TARGET inline __m256 HalvesOf(__m256i dwords, bool high) {
   return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
 }
 
-// The group's block headers (each block's first 4 bytes: the f16 scale,
-// and Q4_1's f16 min; [blocks][kGroupColumns] dwords in g.scales) as its
-// scales, and with `mins` its mins: in place, F16C's exact conversion for
-// every column of a block at once.
-PAGEDATTN_INT8_TARGET inline void HeadersToScales(const Group& g, std::int32_t blocks, bool mins) {
-  static_assert(kGroupColumns % 8 == 0);
-  for (std::size_t at = 0; at < std::size_t(blocks) * kGroupColumns; at += 8) {
-    const __m256i headers = _mm256_load_si256(reinterpret_cast<const __m256i*>(g.scales + at));
-    if (mins) _mm256_store_ps(g.mins + at, HalvesOf(headers, true));
-    _mm256_store_ps(g.scales + at, HalvesOf(headers, false));
-  }
-}
-
 // A group's transposed dword row r of a 64-byte line (kGroupColumns
 // dwords), lanes c0 .. c0 + 7.
 PAGEDATTN_INT8_TARGET inline __m256i LineRow(const std::uint8_t* line, std::int32_t r,
@@ -101,7 +31,7 @@ PAGEDATTN_INT8_TARGET inline __m256i LineRow(const std::uint8_t* line, std::int3
 }
 
 // Q4_K / Q5_K: the scales d * sc[j] and mins -dmin * m[j] of super-block
-// k's sub-blocks j for the group's columns (the rest zero), from its first
+// k's sub-blocks j for the group's columns, from its first
 // 64 bytes transposed (`head`: rows 0-3 hold d and dmin, then the 12 bytes
 // of 6-bit scales and mins): unpack_k_scales' words in vector lanes, then
 // one rounding each, as a column at a time took them.
@@ -135,7 +65,7 @@ PAGEDATTN_INT8_TARGET inline void PackKScales(std::int32_t k, const std::uint8_t
 }
 
 // Q6_K: the scales d * sc[j] of super-block k's 16 sub-blocks for the
-// group's columns (the rest zero), from its last 64 bytes transposed
+// group's columns, from its last 64 bytes transposed
 // (`tail`, a row of kGroupColumns dwords each): rows 11-15 hold bytes 44-63,
 // the int8 sc[0..16) at 46-61 (two bytes off the dwords) and the f16 d at
 // 62-63.
@@ -152,26 +82,6 @@ PAGEDATTN_INT8_TARGET inline void PackQ6KScales(std::int32_t k, const std::uint8
                          _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc)));
       }
     }
-  }
-}
-
-// Weight row `row` of the group's column c (Q8_0, Q5_0, Q5_1): its quants
-// unpacked to `q`, its scales (and mins) at the column's lane of g.
-PAGEDATTN_INT8_TARGET inline void UnpackColumn(WeightFormat f, const std::uint8_t* row,
-                                               std::int32_t in, const Int8Layout& layout,
-                                               std::uint8_t* q, const Group& g, std::int32_t c) {
-  switch (f) {
-    case WeightFormat::kQ8_0:
-      return UnpackRow32<WeightFormat::kQ8_0>(row, in, layout, q, g.scales + c, g.mins + c,
-                                              kGroupColumns);
-    case WeightFormat::kQ5_0:
-      return UnpackRow32<WeightFormat::kQ5_0>(row, in, layout, q, g.scales + c, g.mins + c,
-                                              kGroupColumns);
-    case WeightFormat::kQ5_1:
-      return UnpackRow32<WeightFormat::kQ5_1>(row, in, layout, q, g.scales + c, g.mins + c,
-                                              kGroupColumns);
-    default:  // Q4_0, Q4_1 and the K-quants: their Pack*Group
-      return;
   }
 }
 
@@ -244,79 +154,99 @@ PAGEDATTN_INT8_TARGET inline PassRows PassOf(const DotTilesArgs& a, const Int8La
           x.xsums.data() + std::size_t(first) * blocks, b.zsums};
 }
 
-// The 4-bit formats and the K-quants skip unpacking each column on its
-// own: their bits go through the unit's TransposeLine as stored, then
-// SplitStep splits each transposed dword of nibbles into two of the tiles'
-// steps of 4 weights (a dword of Q4_0 / Q4_1 quants holds weights 4k .. 4k
-// + 3 of its block in its low nibbles and 16 + 4k .. in its high ones, steps
-// k and k + 4; one of Q4_K's, 4k .. of sub-block 2j and of sub-block 2j + 1,
-// steps 8 apart), or MergeHighBitsStep merges a dword of low bits with one
-// of high bits (Q5_K, Q6_K). Zero columns of a partial group multiply to
-// nothing.
+// Every format's bits go through the unit's TransposeLine as stored (a
+// 64-byte line of each column of a group at a time), then into the tiles'
+// steps of 4 weights: a transposed dword of nibbles split into two steps (a
+// dword of Q4_0 / Q4_1 / Q5_0 / Q5_1 quants holds weights 4k .. 4k + 3 of
+// its block in its low nibbles and 16 + 4k .. in its high ones, steps k and
+// k + 4: NibbleSteps; one of Q4_K's, 4k .. of sub-block 2j and of sub-block
+// 2j + 1, steps 8 apart: SplitStep), a dword of low bits merged with one of
+// high bits (MergeHighBitsStep: Q5_K, Q6_K), or Q8_0's dword of quants as
+// it is (ByteStep).
 
-// Q4_1 straight from the weight rows: its blocks are 5 dwords (the f16
-// scale and min, then 4 of quants), so 64-byte lines of the rows transpose
-// the scales and mins too, to [block][column] for HeadersToScales. A
-// partial group, and the last part-line of every row, is copied into g.rows
-// first.
-PAGEDATTN_INT8_TARGET inline void PackQ4_1Group(const DotTilesArgs& a, const Int8Layout& layout,
-                                                std::int32_t o, std::int32_t count,
-                                                const Group& g) {
-  constexpr std::int32_t kBlockDwords = BlockTraits<WeightFormat::kQ4_1>::kBytes / 4;
-  constexpr std::size_t kRowBytes = 4 * kGroupColumns;  // a transposed dword row
-  const std::size_t row_bytes = std::size_t(weight_row_bytes(WeightFormat::kQ4_1, a.in));
-  const std::size_t direct = count == kGroupColumns ? row_bytes / 64 * 64 : 0;
-  const std::size_t copied = (row_bytes - direct + 63) / 64 * 64;  // g.rows' stride
-  const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
-  if (copied != 0) {
-    std::memset(g.rows, 0, kGroupColumns * copied);
-    for (std::int32_t c = 0; c < count; ++c)
-      std::memcpy(g.rows + c * copied, w + c * row_bytes + direct, row_bytes - direct);
+// A group's weight rows: column c's row, and past `count` the last one
+// again (lanes past `count` are never stored: what they hold does not
+// matter, only that it is read from within the weights).
+struct GroupRows {
+  const std::uint8_t* row[kGroupColumns];
+  std::size_t bytes;  // a row's
+  GroupRows(const DotTilesArgs& a, std::int32_t o, std::int32_t count)
+      : bytes(std::size_t(weight_row_bytes(a.format, a.in))) {
+    const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * bytes;
+    for (std::int32_t c = 0; c < kGroupColumns; ++c)
+      row[c] = w + std::size_t(std::min(c, count - 1)) * bytes;
   }
-  float* headers = g.scales;
-  alignas(64) std::uint8_t line[16 * kRowBytes];  // row t: dword t of the line of every column
-  std::int32_t block = 0, d = 0;                  // dword d of block `block`
-  for (std::size_t at = 0; at < row_bytes; at += 64) {
-    if (at < direct)
-      TransposeLine(w + at, row_bytes, line);
-    else
-      TransposeLine(g.rows + (at - direct), copied, line);
-    const std::size_t rows = std::min<std::size_t>(16, (row_bytes - at) / 4);
-    for (std::size_t t = 0; t < rows; ++t) {
-      if (d == 0)
-        std::memcpy(headers + std::size_t(block) * kGroupColumns, line + t * kRowBytes, kRowBytes);
-      else
-        SplitStep(line + t * kRowBytes, g.quants, std::size_t(block) * 8 + std::size_t(d - 1), 4);
-      if (++d == kBlockDwords) d = 0, ++block;
-    }
-  }
-  HeadersToScales(g, a.in / kQuantBlock, layout.mins);
-}
-
-// Where TransposeLine reads the super-blocks of a group of K-quant weight
-// rows: the rows themselves where the group is whole, else whole copies in
-// g.rows (zero columns past `count`).
-struct KGroupBytes {
-  const std::uint8_t* first;                // super-block 0 of the first column
-  std::size_t column_stride, block_stride;  // to the next column's, super-block's
-  const std::uint8_t* block(std::int32_t k) const { return first + k * block_stride; }
 };
 
+// The 64 bytes at `at` of each of the group's rows, transposed
+// (TransposeLine). A line that runs past the rows' end reads the last
+// row's tail from a zeroed copy; the rows before it run on into the next
+// row, bytes that no field of theirs takes.
+PAGEDATTN_INT8_TARGET inline void TransposeGroupLine(const GroupRows& rows, std::size_t at,
+                                                     std::uint8_t* dst) {
+  if (at + 64 <= rows.bytes) return TransposeLine(rows.row, at, dst);
+  const std::uint8_t* const last = rows.row[kGroupColumns - 1];
+  alignas(64) std::uint8_t tail[64] = {};
+  std::memcpy(tail, last + at, rows.bytes - at);
+  const std::uint8_t* src[kGroupColumns];
+  for (std::int32_t c = 0; c < kGroupColumns; ++c)
+    src[c] = rows.row[c] == last ? tail : rows.row[c] + at;
+  TransposeLine(src, 0, dst);
+}
+
+// Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: block b of the group from its rows
+// transposed (`t`: dword d of column c's row at t + (d * kGroupColumns + c)
+// * 4): its f16 scale (and min) to g.scales (g.mins), F16C's exact
+// conversion for 8 columns at once; its quants as steps of 4 weights
+// (ByteStep, NibbleSteps).
 template <WeightFormat F>
-PAGEDATTN_INT8_TARGET KGroupBytes KGroupBytesOf(const DotTilesArgs& a, std::int32_t o,
-                                                std::int32_t count, const Group& g) {
+PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void PackBlock32(const std::uint8_t* t, std::int32_t b,
+                                                             const Int8Layout& layout,
+                                                             const Group& g) {
+  using T = BlockTraits<F>;
+  constexpr bool kMins = F == WeightFormat::kQ4_1 || F == WeightFormat::kQ5_1;
+  constexpr bool kFifth = F == WeightFormat::kQ5_0 || F == WeightFormat::kQ5_1;
+  const std::size_t base = std::size_t(b) * T::kBytes, step = 8 * std::size_t(b);
+  for (std::int32_t c0 = 0; c0 < kGroupColumns; c0 += 8) {
+    // The scale: the low half of the dword at base, or the high half of the
+    // one before; the min (base a multiple of 4), the high half.
+    const __m256i header = LineRow(t, static_cast<std::int32_t>(base / 4), c0);
+    const std::size_t at = std::size_t(b) * kGroupColumns + std::size_t(c0);
+    _mm256_storeu_ps(g.scales + at, HalvesOf(header, base % 4 != 0));
+    if constexpr (kMins) _mm256_storeu_ps(g.mins + at, HalvesOf(header, true));
+  }
+  if constexpr (F == WeightFormat::kQ8_0) {
+    for (std::size_t k = 0; k < 8; ++k)
+      ByteStep(t, base + T::kQuants + 4 * k, layout.signed_quants, g.quants, step + k);
+  } else {
+    auto qh = DwordsAt(t, base);  // unused without fifth bits
+    if constexpr (kFifth) qh = DwordsAt(t, base + T::kHighBits);
+    for (std::int32_t k = 0; k < 4; ++k)
+      NibbleSteps(t, base + T::kQuants + 4 * std::size_t(k), kFifth, qh, k, g.quants,
+                  step + std::size_t(k));
+  }
+}
+
+// A group of a 32-weight format: each 64-byte line of its rows transposed
+// into g.rows (TransposeGroupLine), then the blocks that line completes
+// packed (PackBlock32) while it is still in L1.
+template <WeightFormat F>
+PAGEDATTN_INT8_TARGET void PackGroup32(const DotTilesArgs& a, const Int8Layout& layout,
+                                       std::int32_t o, std::int32_t count, const Group& g) {
   constexpr std::size_t kBlockBytes = BlockTraits<F>::kBytes;
-  const std::size_t row_bytes = std::size_t(weight_row_bytes(F, a.in));
-  const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
-  if (count == kGroupColumns) return {w, row_bytes, kBlockBytes};
-  std::memcpy(g.rows, w, std::size_t(count) * row_bytes);
-  std::memset(g.rows + std::size_t(count) * row_bytes, 0,
-              std::size_t(kGroupColumns - count) * row_bytes);
-  return {g.rows, row_bytes, kBlockBytes};
+  const GroupRows rows(a, o, count);
+  const std::int32_t blocks = a.in / kQuantBlock;
+  std::int32_t b = 0;
+  for (std::size_t at = 0; at < rows.bytes; at += 64) {
+    TransposeGroupLine(rows, at, g.rows + at * kGroupColumns);
+    for (const std::size_t end = at + 64; b < blocks && (std::size_t(b) + 1) * kBlockBytes <= end;
+         ++b)
+      PackBlock32<F>(g.rows, b, layout, g);
+  }
 }
 
 // Q4_K: each super-block's 144 bytes as three 64-byte lines
-// (KGroupBytesOf) at 0, 64 and 80: dwords 0-3 (d, dmin, scales and mins),
+// (GroupRows) at 0, 64 and 80: dwords 0-3 (d, dmin, scales and mins),
 // then the 32 dwords of quants 4-15, 16-31 and (of the third) 32-35.
 PAGEDATTN_INT8_TARGET inline void PackQ4KGroup(const DotTilesArgs& a, std::int32_t o,
                                                std::int32_t count, const Group& g) {
@@ -324,12 +254,12 @@ PAGEDATTN_INT8_TARGET inline void PackQ4KGroup(const DotTilesArgs& a, std::int32
   constexpr std::size_t kRowBytes = 4 * kGroupColumns;
   static_assert(T::kQuants == 16 && T::kBytes == 144);
   const std::int32_t blocks = a.in / kQuantKBlock;
-  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ4_K>(a, o, count, g);
+  const GroupRows src(a, o, count);
   alignas(64) std::uint8_t lines[3][16 * kRowBytes];
   constexpr std::int32_t kLineAt[3] = {0, 64, 80};
   for (std::int32_t k = 0; k < blocks; ++k) {
     for (std::int32_t l = 0; l < 3; ++l)
-      TransposeLine(src.block(k) + kLineAt[l], src.column_stride, lines[l]);
+      TransposeGroupLine(src, std::size_t(k) * T::kBytes + kLineAt[l], lines[l]);
     PackKScales(k, lines[0], g);
     for (std::int32_t q = 0; q < 32; ++q) {  // dword 4 + q of the block: sub-block 2 (q / 8)
       const std::int32_t l = q < 12 ? 0 : q < 28 ? 1 : 2, r = 4 + q - kLineAt[l] / 4;
@@ -341,7 +271,7 @@ PAGEDATTN_INT8_TARGET inline void PackQ4KGroup(const DotTilesArgs& a, std::int32
 
 // Q5_K: each super-block's first 64 bytes (d, dmin, scales and mins, 32
 // bytes of fifth bits qh, the start of qs) and 128 of nibbles (qs) as three
-// 64-byte lines (KGroupBytesOf). Sub-block j's weight l takes nibble j % 2
+// 64-byte lines (GroupRows). Sub-block j's weight l takes nibble j % 2
 // of qs[32 (j / 2) + l] and bit j of qh[l]: its step (of 4 l) merges
 // transposed dword 8 (j / 2) + l / 4 of qs with dword l / 4 of qh.
 PAGEDATTN_INT8_TARGET inline void PackQ5KGroup(const DotTilesArgs& a, std::int32_t o,
@@ -350,13 +280,13 @@ PAGEDATTN_INT8_TARGET inline void PackQ5KGroup(const DotTilesArgs& a, std::int32
   constexpr std::size_t kRowBytes = 4 * kGroupColumns;
   static_assert(T::kQuants == T::kHighBits + 32 && T::kBytes == T::kQuants + 128);
   const std::int32_t blocks = a.in / kQuantKBlock;
-  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ5_K>(a, o, count, g);
+  const GroupRows src(a, o, count);
   // The first 64 bytes (rows 0-3: d, dmin, scales and mins; 4-11: qh), qs 0, qs 1
   alignas(64) std::uint8_t lines[3][16 * kRowBytes];
   for (std::int32_t k = 0; k < blocks; ++k) {
     for (std::int32_t l = 0; l < 3; ++l)
-      TransposeLine(src.block(k) + (l == 0 ? 0 : T::kQuants + 64 * (l - 1)), src.column_stride,
-                    lines[l]);
+      TransposeGroupLine(src, std::size_t(k) * T::kBytes + (l == 0 ? 0 : T::kQuants + 64 * (l - 1)),
+                         lines[l]);
     PackKScales(k, lines[0], g);
     for (std::int32_t j = 0; j < 8; ++j)
       for (std::int32_t m = 0; m < 8; ++m) {     // l / 4
@@ -369,7 +299,7 @@ PAGEDATTN_INT8_TARGET inline void PackQ5KGroup(const DotTilesArgs& a, std::int32
 }
 
 // Q6_K: each super-block's 128 bytes of low bits (ql) and 64 of high bits
-// (qh) as three 64-byte lines, its scales in a fourth (KGroupBytesOf).
+// (qh) as three 64-byte lines, its scales in a fourth (GroupRows).
 // Weight 128h + 32g + l (h < 2, g < 4, l < 32) takes bits 4 (g / 2) of
 // ql[64h + 32 (g % 2) + l] and bits 2g of qh[32h + l]: its step (of 4 l)
 // merges transposed dword 8 (g % 2) + l / 4 of ql line h with dword
@@ -380,12 +310,12 @@ PAGEDATTN_INT8_TARGET inline void PackQ6KGroup(const DotTilesArgs& a, std::int32
   constexpr std::size_t kRowBytes = 4 * kGroupColumns;
   const std::int32_t blocks = a.in / kQuantKBlock;
   static_assert(T::kScales == T::kBytes - 18 && T::kScale == T::kBytes - 2);
-  const KGroupBytes src = KGroupBytesOf<WeightFormat::kQ6_K>(a, o, count, g);
+  const GroupRows src(a, o, count);
   alignas(64) std::uint8_t lines[4][16 * kRowBytes];  // ql 0, ql 1, qh, the last 64 bytes
   for (std::int32_t k = 0; k < blocks; ++k) {
     for (std::int32_t l = 0; l < 3; ++l)
-      TransposeLine(src.block(k) + 64 * l, src.column_stride, lines[l]);
-    TransposeLine(src.block(k) + T::kBytes - 64, src.column_stride, lines[3]);
+      TransposeGroupLine(src, std::size_t(k) * T::kBytes + 64 * l, lines[l]);
+    TransposeGroupLine(src, std::size_t(k) * T::kBytes + T::kBytes - 64, lines[3]);
     PackQ6KScales(k, lines[3], g);
     for (std::int32_t h = 0; h < 2; ++h)
       for (std::int32_t gg = 0; gg < 4; ++gg)
@@ -396,79 +326,32 @@ PAGEDATTN_INT8_TARGET inline void PackQ6KGroup(const DotTilesArgs& a, std::int32
   }
 }
 
-// Q4_0: its blocks of 18 bytes leave the quants off dword bounds, so each
-// column's quant bytes are copied into g.rows first.
-PAGEDATTN_INT8_TARGET inline void PackQ4_0Group(const DotTilesArgs& a, std::int32_t o,
-                                                std::int32_t count, const Group& g) {
-  using T = BlockTraits<WeightFormat::kQ4_0>;
-  constexpr std::size_t kRowBytes = 4 * kGroupColumns;
-  const std::size_t stored = (std::size_t(a.in) / 2 + 63) / 64 * 64;  // g.rows' bytes a column
-  const std::int32_t blocks = a.in / kQuantBlock, dwords = a.in / 8;
-  const std::int64_t row_bytes = weight_row_bytes(WeightFormat::kQ4_0, a.in);
-  const auto* w = static_cast<const std::uint8_t*>(a.w) + std::size_t(o) * row_bytes;
-  float* headers = g.scales;
-  if (count < kGroupColumns) {
-    std::memset(g.rows, 0, kGroupColumns * stored);
-    std::memset(headers, 0, sizeof(float) * kGroupColumns * std::size_t(blocks));
-  }
-  for (std::int32_t c = 0; c < count; ++c) {
-    const std::uint8_t* row = w + c * row_bytes;
-    std::uint8_t* quants = g.rows + c * stored;
-    for (std::int32_t b = 0; b < blocks; ++b) {
-      const std::uint8_t* block = row + b * T::kBytes;
-      std::memcpy(quants + std::size_t(b) * 16, block + T::kQuants, 16);
-      std::memcpy(headers + std::size_t(b) * kGroupColumns + std::size_t(c), block, 4);
-    }
-  }
-  alignas(64) std::uint8_t line[16 * kRowBytes];
-  for (std::size_t at = 0; at < stored; at += 64) {
-    TransposeLine(g.rows + at, stored, line);
-    const std::int32_t first = static_cast<std::int32_t>(at / 4);
-    for (std::int32_t t = 0; t < 16 && first + t < dwords; ++t)
-      SplitStep(line + t * kRowBytes, g.quants, std::size_t((first + t) / 4 * 8 + (first + t) % 4),
-                4);
-  }
-  // After the transposes: the last columns' header stores have long left
-  // the store buffer (a vector load of fresh scalar stores waits for them).
-  HeadersToScales(g, blocks, false);
-}
-
 // Weight rows [o, o + count) of `a` into the group `g` of kGroupColumns:
-// the 4-bit formats and the K-quants by their own Pack*Group; Q8_0, Q5_0
-// and Q5_1 unpacked a column at a time into g.rows (a byte a weight, the
-// scales and mins into the column's lane), then transposed a 64-byte line
-// of every column at a time.
+// the K-quants by their own Pack*Group, the 32-weight formats by
+// PackGroup32.
 PAGEDATTN_INT8_TARGET inline void PackGroup(const DotTilesArgs& a, const Int8Layout& layout,
                                             std::int32_t o, std::int32_t count, const Group& g) {
   switch (a.format) {
-    case WeightFormat::kQ4_0:
-      return PackQ4_0Group(a, o, count, g);
-    case WeightFormat::kQ4_1:
-      return PackQ4_1Group(a, layout, o, count, g);
     case WeightFormat::kQ4_K:
       return PackQ4KGroup(a, o, count, g);
     case WeightFormat::kQ5_K:
       return PackQ5KGroup(a, o, count, g);
     case WeightFormat::kQ6_K:
       return PackQ6KGroup(a, o, count, g);
+    case WeightFormat::kQ8_0:
+      return PackGroup32<WeightFormat::kQ8_0>(a, layout, o, count, g);
+    case WeightFormat::kQ4_0:
+      return PackGroup32<WeightFormat::kQ4_0>(a, layout, o, count, g);
+    case WeightFormat::kQ4_1:
+      return PackGroup32<WeightFormat::kQ4_1>(a, layout, o, count, g);
+    case WeightFormat::kQ5_0:
+      return PackGroup32<WeightFormat::kQ5_0>(a, layout, o, count, g);
+    case WeightFormat::kQ5_1:
+      return PackGroup32<WeightFormat::kQ5_1>(a, layout, o, count, g);
     default:
-      break;
+      throw InvalidArgument(std::string("dot_tiles_int8: no int8 tiles for ") +
+                            weight_format_name(a.format));
   }
-  const std::size_t padded = padded_in(a.in);
-  const std::int64_t row_bytes = weight_row_bytes(a.format, a.in);
-  const auto* w = static_cast<const std::uint8_t*>(a.w);
-  if (count < kGroupColumns) {  // zero columns (and the padding) multiply to nothing
-    std::memset(g.rows, 0, kGroupColumns * padded);
-    std::memset(g.scales, 0, sizeof(float) * kGroupColumns * std::size_t(a.in / layout.sub));
-    std::memset(g.mins, 0, sizeof(float) * kGroupColumns * std::size_t(a.in / 32));
-  } else if (padded != std::size_t(a.in)) {
-    for (std::int32_t c = 0; c < kGroupColumns; ++c)
-      std::memset(g.rows + c * padded + a.in, 0, padded - std::size_t(a.in));
-  }
-  for (std::int32_t c = 0; c < count; ++c)
-    UnpackColumn(a.format, w + (o + c) * row_bytes, a.in, layout, g.rows + c * padded, g, c);
-  for (std::size_t at = 0; at < padded; at += 64)
-    TransposeLine(g.rows + at, padded, g.quants + at * kGroupColumns);
 }
 
 // dot_tiles_int8 on the unit's tiles (GroupTimesPass<S, mins, signed>, which
