@@ -420,9 +420,9 @@ bool int8_chosen(WeightFormat format, bool deterministic, Activations activation
 
 bool takes_int8_tiles(std::int32_t rows, WeightFormat format, bool deterministic,
                       Activations activations) {
-  const bool tiles = dot_tiles_int8_available();
-  return int8_chosen(format, deterministic, activations) && tiles && !int8_in_place(rows, tiles) &&
-         int8_tiles_take(rows, int8_tiles());
+  const Int8Tiles kind = int8_tiles();
+  return int8_chosen(format, deterministic, activations) && kind != Int8Tiles::kNone &&
+         !int8_in_place(rows, format, kind) && int8_tiles_take(rows, kind);
 }
 
 void linear(const LinearArgs& a, LinearScratch& scratch) {
@@ -436,7 +436,7 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
                     a.rows >= kBf16MinRows && a.in % kQuantBlock == 0 && dot_tiles_bf16_available();
   if (a.w_format != WeightFormat::kF32) {
     if (int8_chosen(a.w_format, a.deterministic, a.activations) &&
-        int8_in_place(a.rows, dot_tiles_int8_available()))
+        int8_in_place(a.rows, a.w_format, int8_tiles()))
       linear_quant_direct(a, true);
     else if (takes_int8_tiles(a.rows, a.w_format, a.deterministic, a.activations))
       linear_tiled(a, scratch, false, true);

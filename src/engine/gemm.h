@@ -28,8 +28,8 @@ inline constexpr std::int32_t kColumnBlock = 128;
 //   kF32: exact f32 x (up to f32 summation order).
 //   kInt8: x rounded to int8 per 32 values (quantize_activations_q8) on
 //     integer dot products: dot_tiles' int8 tiles (DotTilesArgs::int8;
-//     AVX512-VNNI, AVX-VNNI or AVX2, int8_tiles()) from kInt8TileMinRows
-//     rows where dot_tiles_int8_available(); the
+//     AVX512-VNNI, AVX-VNNI or AVX2, int8_tiles()) from
+//     int8_tile_min_rows() rows where dot_tiles_int8_available(); the
 //     in-place kernels' (QuantProductArgs::int8_x) below that or, without
 //     the tiles, up to kInt8DirectRows rows, larger batches then running
 //     the f32 (or bf16) batch paths (int8_in_place).
@@ -110,19 +110,18 @@ inline constexpr std::int32_t kF32TileRows = 32;
 // batches lost to BLAS (docs/models.md, int8 activations); larger batches
 // take the f32 batch paths.
 inline constexpr std::int32_t kInt8DirectRows = 8;
-// With the int8 tiles (outer products, no pass of reductions per block):
-// the fewest rows they take, below which the in-place int8 kernels run. In
-// a decode step on AVX512-VNNI, weights streaming from memory over every
-// thread, 2 rows ran 1.2x faster in place, 3 and 5-8 rows 1.15-1.6x faster
-// on the tiles, 4 alike, on Q4_1 and Q4_K_M files alike (docs/benchmarks.md,
-// "Int8 tiles on AVX512-VNNI"); a matrix in cache on one thread favours the
-// tiles from 2 rows, except for the K-quants. The 256-bit tiles (AVX-VNNI,
-// AVX2) beat the in-place int8 kernels from 3 rows too ("Int8 tiles on AVX2
-// and AVX-VNNI"). Since the tiles pack Q4_1's stored nibbles, its 2-row
-// decode products run 1.48x faster on the tiles while a Q8_0 LM head runs
-// 0.84x ("Nibble weights packed as stored"): the threshold should follow
-// the format.
-inline constexpr std::int32_t kInt8TileMinRows = 3;
+// With the int8 tiles of `kind` (outer products, no pass of reductions per
+// block): the fewest rows of `format` weights they take, below which the
+// in-place int8 kernels run. In a decode step of 2 sequences (weights
+// streaming from memory over both threads, docs/benchmarks.md, "Two-row
+// int8 batches on the tiles"), the VNNI tiles (512- and 256-bit) ran
+// SmolLM2's Q4_1 and Q5_0 layers 1.3-1.65x faster than the in-place
+// kernels, its Q8_0 LM head 0.9x: Q8_0, whose in-place kernel does the
+// least per byte, starts at 3 rows, as do AVX2's tiles (three instructions
+// a dot product where VNNI takes one; not measured at 2 rows).
+constexpr std::int32_t int8_tile_min_rows(WeightFormat format, Int8Tiles kind) {
+  return format == WeightFormat::kQ8_0 || kind == Int8Tiles::kAvx2 ? 3 : 2;
+}
 // The most rows the int8 tiles take on AVX2's vpmaddubsw (Int8Tiles::kAvx2,
 // three instructions where VNNI takes one): larger batches take the f32
 // batch paths, whose dequantise + oneDNN f32 matmul measured faster there
@@ -133,10 +132,11 @@ constexpr bool int8_tiles_take(std::int32_t rows, Int8Tiles kind) {
   return kind == Int8Tiles::kAvx512Vnni || kind == Int8Tiles::kAvxVnni ||
          (kind == Int8Tiles::kAvx2 && rows <= kInt8Avx2TileRows);
 }
-// Whether an int8 batch of `rows` runs the in-place int8 kernels, given
-// whether the int8 tiles are there (dot_tiles_int8_available()).
-constexpr bool int8_in_place(std::int32_t rows, bool tiles) {
-  return rows < kInt8TileMinRows || (!tiles && rows <= kInt8DirectRows);
+// Whether an int8 batch of `rows` against `format` weights runs the
+// in-place int8 kernels, given the int8 tiles there are (int8_tiles()).
+constexpr bool int8_in_place(std::int32_t rows, WeightFormat format, Int8Tiles kind) {
+  return kind == Int8Tiles::kNone ? rows <= kInt8DirectRows
+                                  : rows < int8_tile_min_rows(format, kind);
 }
 
 // Whether linear() runs a batch of `rows` against `format` weights on the

@@ -1364,7 +1364,9 @@ TEST(DotTiles, Int8RowsRoundedOnceGiveTheSameBits) {
               int8_tiles_take(rows, int8_tiles()));
     EXPECT_FALSE(takes_int8_tiles(rows, f, true, Activations::kInt8));  // deterministic
     EXPECT_FALSE(takes_int8_tiles(rows, f, false, Activations::kF32));
-    EXPECT_FALSE(takes_int8_tiles(2, f, false, Activations::kInt8));  // in place
+    EXPECT_FALSE(takes_int8_tiles(1, f, false, Activations::kInt8));  // in place
+    EXPECT_EQ(takes_int8_tiles(2, f, false, Activations::kInt8),
+              int8_tiles() != Int8Tiles::kAvx2 && f != WeightFormat::kQ8_0);
   }
   EXPECT_FALSE(takes_int8_tiles(64, WeightFormat::kF16, false, Activations::kInt8));
   // Rows that do not cover x's: refused, naming them.
@@ -1493,9 +1495,10 @@ TEST(DotTiles, Int8TilesRunOnlyWhereTheCpuHasThem) {
 // for bit what quant_product with int8_x gives; Activations::kF32 and the
 // default off give the f32 kernels' bits, deterministic mode dot_tiles' f32
 // bits; the
-// others run the int8 tiles where the CPU has AVX512-VNNI (from
-// kInt8TileMinRows rows), bit for bit what dot_tiles with int8
-// gives, and are unchanged by the choice elsewhere.
+// others run the int8 tiles where the CPU has them (from
+// int8_tile_min_rows() rows: 2 on the VNNI tiles but for Q8_0), bit for bit
+// what dot_tiles with int8 gives, and are unchanged by the choice
+// elsewhere.
 TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDeterministic) {
   std::mt19937 rng(32);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
@@ -1505,7 +1508,7 @@ TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDetermini
        {WeightFormat::kQ8_0, WeightFormat::kQ5_0, WeightFormat::kQ4_K, WeightFormat::kQ6_K})
     for (const std::int32_t rows : {1, 2, 3, 4, 5, 9, 32, 33, 96}) {
       const std::int32_t in = 512, out = 300;
-      const bool in_place = int8_in_place(rows, dot_tiles_int8_available());
+      const bool in_place = int8_in_place(rows, f, int8_tiles());
       const bool tiles = dot_tiles_int8_available() && int8_tiles_take(rows, int8_tiles());
       const auto w = f == WeightFormat::kQ4_K || f == WeightFormat::kQ6_K
                          ? random_blocks(f, out, in, rng, 0.05f)
