@@ -107,15 +107,16 @@ PAGEDATTN_VNNI void MergeHighBitsStep(const std::uint8_t* ql, std::int32_t ql_sh
                       _mm512_or_si512(low, _mm512_slli_epi16(high, 4)));
 }
 
-// Bytes [x, x + 4) of each column's row, from rows transposed by
-// PackGroup32 ([dword][16 columns]). x is even (the 32-weight formats'
+// Bytes [x, x + 4) of each column's row, from the ring of rows
+// PackGroup32 transposes (ring_row). x is even (the 32-weight formats'
 // blocks of 18, 22 and 34 bytes alternate between dword and half-dword
 // starts): two dwords' halves where it is not a multiple of 4.
 PAGEDATTN_VNNI PAGEDATTN_INT8_INLINE __m512i DwordsAt(const std::uint8_t* t, std::size_t x) {
-  const auto* row = reinterpret_cast<const __m512i*>(t) + x / 4;
+  const auto* rows = reinterpret_cast<const __m512i*>(t);
+  const auto* row = rows + ring_row(x);
   if (x % 4 == 0) return _mm512_loadu_si512(row);
   return _mm512_or_si512(_mm512_srli_epi32(_mm512_loadu_si512(row), 16),
-                         _mm512_slli_epi32(_mm512_loadu_si512(row + 1), 16));
+                         _mm512_slli_epi32(_mm512_loadu_si512(rows + ring_row(x + 4)), 16));
 }
 
 // Per dword, byte i: bit `first` + i of the dword `qh` (first a multiple

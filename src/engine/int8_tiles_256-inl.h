@@ -80,15 +80,16 @@ PAGEDATTN_INT8_TARGET inline void MergeHighBitsStep(const std::uint8_t* ql, std:
                       _mm256_or_si256(low, _mm256_slli_epi16(high, 4)));
 }
 
-// Bytes [x, x + 4) of each column's row, from rows transposed by
-// PackGroup32 ([dword][8 columns]). x is even (the 32-weight formats'
+// Bytes [x, x + 4) of each column's row, from the ring of rows
+// PackGroup32 transposes (ring_row). x is even (the 32-weight formats'
 // blocks of 18, 22 and 34 bytes alternate between dword and half-dword
 // starts): two dwords' halves where it is not a multiple of 4.
 PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE __m256i DwordsAt(const std::uint8_t* t, std::size_t x) {
-  const auto* row = reinterpret_cast<const __m256i*>(t) + x / 4;
+  const auto* rows = reinterpret_cast<const __m256i*>(t);
+  const auto* row = rows + ring_row(x);
   if (x % 4 == 0) return _mm256_loadu_si256(row);
   return _mm256_or_si256(_mm256_srli_epi32(_mm256_loadu_si256(row), 16),
-                         _mm256_slli_epi32(_mm256_loadu_si256(row + 1), 16));
+                         _mm256_slli_epi32(_mm256_loadu_si256(rows + ring_row(x + 4)), 16));
 }
 // Per dword, byte i: 16 where bit `first` + i of the dword `qh` is set
 // (first a multiple of 4): the byte that holds the four bits copied to each

@@ -102,14 +102,16 @@ struct Group {
   std::uint8_t* quants;  // [in / 4][columns] dwords
   float* scales;         // [in / S][columns]
   float* mins;           // [in / 32][columns]
-  std::uint8_t* rows;    // [row dwords][columns]: the rows transposed (PackGroup32)
+  std::uint8_t* rows;    // [kRingRows][columns] dwords: the rows transposed (PackGroup32)
 };
 
-// The most bytes a weight row of `in` inputs takes in whole 64-byte lines
-// (the transposes take a line of each row at a time): Q8_0's 34 per 32
-// inputs, the most of the formats with int8 tiles.
-inline std::size_t stored_row_lines_bytes(std::int32_t in) {
-  return (std::size_t(in) / 32 * 34 + 63) / 64 * 64;
+// The transposed rows of a 32-weight format's group live in a ring of two
+// 64-byte lines' worth of dword rows (a block of at most 34 bytes spans
+// at most two lines, and is packed as soon as its last line is
+// transposed): dword x / 4 of the rows at ring row ring_row(x).
+inline constexpr std::size_t kRingRows = 32;
+constexpr std::size_t ring_row(std::size_t x) {
+  return x / 4 % kRingRows;
 }
 
 // Floats of scratch for `in` inputs and groups of `columns`: the group (its
@@ -122,7 +124,7 @@ struct ScratchPlan {
       : quants(lines(std::size_t(in) * std::size_t(columns) / sizeof(float))),
         scales(lines(std::size_t(in) * std::size_t(columns) / 16)),  // at most in / 16 a column
         mins(lines(std::size_t(in) * std::size_t(columns) / 32)),
-        rows(lines(stored_row_lines_bytes(in) * std::size_t(columns) / sizeof(float))),
+        rows(lines(kRingRows * 4 * std::size_t(columns) / sizeof(float))),
         x8(lines(std::size_t(kPassRows) * in / sizeof(float))),
         blocks(lines(std::size_t(kPassRows) * in / 32)),
         sums(lines(std::size_t(kPassRows) * in / 16)),

@@ -195,10 +195,10 @@ PAGEDATTN_INT8_TARGET inline void TransposeGroupLine(const GroupRows& rows, std:
 }
 
 // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: block b of the group from its rows
-// transposed (`t`: dword d of column c's row at t + (d * kGroupColumns + c)
-// * 4): its f16 scale (and min) to g.scales (g.mins), F16C's exact
-// conversion for 8 columns at once; its quants as steps of 4 weights
-// (ByteStep, NibbleSteps).
+// transposed (`t`: dword d of column c's row at t + (ring_row(4 d) *
+// kGroupColumns + c) * 4): its f16 scale (and min) to g.scales (g.mins),
+// F16C's exact conversion for 8 columns at once; its quants as steps of 4
+// weights (ByteStep, NibbleSteps).
 template <WeightFormat F>
 PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void PackBlock32(const std::uint8_t* t, std::int32_t b,
                                                              const Int8Layout& layout,
@@ -210,7 +210,7 @@ PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void PackBlock32(const std::uint8_t*
   for (std::int32_t c0 = 0; c0 < kGroupColumns; c0 += 8) {
     // The scale: the low half of the dword at base, or the high half of the
     // one before; the min (base a multiple of 4), the high half.
-    const __m256i header = LineRow(t, static_cast<std::int32_t>(base / 4), c0);
+    const __m256i header = LineRow(t, static_cast<std::int32_t>(ring_row(base)), c0);
     const std::size_t at = std::size_t(b) * kGroupColumns + std::size_t(c0);
     _mm256_storeu_ps(g.scales + at, HalvesOf(header, base % 4 != 0));
     if constexpr (kMins) _mm256_storeu_ps(g.mins + at, HalvesOf(header, true));
@@ -228,8 +228,9 @@ PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void PackBlock32(const std::uint8_t*
 }
 
 // A group of a 32-weight format: each 64-byte line of its rows transposed
-// into g.rows (TransposeGroupLine), then the blocks that line completes
-// packed (PackBlock32) while it is still in L1.
+// into g.rows' ring (TransposeGroupLine), then the blocks that line
+// completes packed (PackBlock32) while the line and the one before it are
+// there.
 template <WeightFormat F>
 PAGEDATTN_INT8_TARGET void PackGroup32(const DotTilesArgs& a, const Int8Layout& layout,
                                        std::int32_t o, std::int32_t count, const Group& g) {
@@ -238,7 +239,7 @@ PAGEDATTN_INT8_TARGET void PackGroup32(const DotTilesArgs& a, const Int8Layout& 
   const std::int32_t blocks = a.in / kQuantBlock;
   std::int32_t b = 0;
   for (std::size_t at = 0; at < rows.bytes; at += 64) {
-    TransposeGroupLine(rows, at, g.rows + at * kGroupColumns);
+    TransposeGroupLine(rows, at, g.rows + ring_row(at) * 4 * kGroupColumns);
     for (const std::size_t end = at + 64; b < blocks && (std::size_t(b) + 1) * kBlockBytes <= end;
          ++b)
       PackBlock32<F>(g.rows, b, layout, g);
