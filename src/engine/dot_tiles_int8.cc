@@ -76,19 +76,6 @@ PAGEDATTN_VNNI void TransposeLine(const std::uint8_t* const* src, std::size_t at
   }
 }
 
-// The transposed dword row `t` of a line (one dword per column) of nibbles
-// split into the tiles' steps `low_step` (low nibbles) and `low_step + half`
-// (high nibbles) of the group's quants: at the width TransposeLine stored
-// it, so that its store forwards to this load.
-PAGEDATTN_VNNI void SplitStep(const std::uint8_t* t, std::uint8_t* quants, std::size_t low_step,
-                              std::size_t half) {
-  const __m512i low4 = _mm512_set1_epi8(0x0f);
-  const __m512i v = _mm512_loadu_si512(t);
-  auto* low = reinterpret_cast<__m512i*>(quants) + low_step;
-  _mm512_storeu_si512(low, _mm512_and_si512(v, low4));
-  _mm512_storeu_si512(low + half, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4));
-}
-
 // One step of 5- or 6-bit quants (Q5_K, Q6_K) from transposed dword rows
 // (one dword per column): the low 4 bits from `ql` >> ql_shift, the high
 // bits (`high_bits` of each byte) from `qh` >> qh_shift, into the group's
@@ -131,23 +118,25 @@ PAGEDATTN_VNNI PAGEDATTN_INT8_INLINE __mmask64 FifthBitMask(__m512i qh, std::int
   return _mm512_test_epi8_mask(copies, _mm512_set1_epi32(bits));
 }
 
-// Steps `low_step` and `low_step + 4` of a 32-weight block from its k-th
-// dword of nibbles, at byte x of the transposed rows `t`: the low nibbles
-// (weights 4k .. 4k + 3) and the high ones (16 + 4k ..), each + 16 where
-// (`fifth`) its bit of `qh` is set.
+// The dword of nibbles at byte x of the transposed rows `t` (DwordsAt)
+// split into the tiles' steps `low_step` (low nibbles) and `low_step +
+// half` (high nibbles), each + 16 where `qh` (a Q5_0 / Q5_1 block's fifth
+// bits; null: none) has the weight's bit: bits 4k .. 4k + 3 for the low
+// nibbles, 16 + 4k .. for the high ones.
 PAGEDATTN_VNNI PAGEDATTN_INT8_INLINE void NibbleSteps(const std::uint8_t* t, std::size_t x,
-                                                      bool fifth, __m512i qh, std::int32_t k,
-                                                      std::uint8_t* quants, std::size_t low_step) {
+                                                      const __m512i* qh, std::int32_t k,
+                                                      std::uint8_t* quants, std::size_t low_step,
+                                                      std::size_t half) {
   const __m512i low4 = _mm512_set1_epi8(0x0f), sixteen = _mm512_set1_epi8(16);
   const __m512i v = DwordsAt(t, x);
   __m512i low = _mm512_and_si512(v, low4), high = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-  if (fifth) {
-    low = _mm512_mask_add_epi8(low, FifthBitMask(qh, 4 * k), low, sixteen);
-    high = _mm512_mask_add_epi8(high, FifthBitMask(qh, 16 + 4 * k), high, sixteen);
+  if (qh != nullptr) {
+    low = _mm512_mask_add_epi8(low, FifthBitMask(*qh, 4 * k), low, sixteen);
+    high = _mm512_mask_add_epi8(high, FifthBitMask(*qh, 16 + 4 * k), high, sixteen);
   }
   auto* out = reinterpret_cast<__m512i*>(quants) + low_step;
   _mm512_storeu_si512(out, low);
-  _mm512_storeu_si512(out + 4, high);
+  _mm512_storeu_si512(out + half, high);
 }
 
 // Step `step` of Q8_0 quants from the dword at byte x of the transposed

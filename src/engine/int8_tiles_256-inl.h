@@ -48,18 +48,6 @@ PAGEDATTN_INT8_TARGET inline void TransposeLine(const std::uint8_t* const* src, 
   }
 }
 
-// The transposed dword row `t` of a line (one dword per column) of nibbles
-// split into the tiles' steps `low_step` (low nibbles) and `low_step + half`
-// (high nibbles) of the group's quants.
-PAGEDATTN_INT8_TARGET inline void SplitStep(const std::uint8_t* t, std::uint8_t* quants,
-                                            std::size_t low_step, std::size_t half) {
-  const __m256i low4 = _mm256_set1_epi8(0x0f);
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t));
-  auto* low = reinterpret_cast<__m256i*>(quants) + low_step;
-  _mm256_storeu_si256(low, _mm256_and_si256(v, low4));
-  _mm256_storeu_si256(low + half, _mm256_and_si256(_mm256_srli_epi16(v, 4), low4));
-}
-
 // One step of 5- or 6-bit quants (Q5_K, Q6_K) from transposed dword rows
 // (one dword per column): the low 4 bits from `ql` >> ql_shift, the high
 // bits (`high_bits` of each byte) from `qh` >> qh_shift, into the group's
@@ -105,24 +93,26 @@ PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE __m256i FifthBits(__m256i qh, std::i
   return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(copies, bits), bits),
                           _mm256_set1_epi8(16));
 }
-// Steps `low_step` and `low_step + 4` of a 32-weight block from its k-th
-// dword of nibbles, at byte x of the transposed rows `t`: the low nibbles
-// (weights 4k .. 4k + 3) and the high ones (16 + 4k ..), each + 16 where
-// (`fifth`) its bit of `qh` is set.
+// The dword of nibbles at byte x of the transposed rows `t` (DwordsAt)
+// split into the tiles' steps `low_step` (low nibbles) and `low_step +
+// half` (high nibbles), each + 16 where `qh` (a Q5_0 / Q5_1 block's fifth
+// bits; null: none) has the weight's bit: bits 4k .. 4k + 3 for the low
+// nibbles, 16 + 4k .. for the high ones.
 PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void NibbleSteps(const std::uint8_t* t, std::size_t x,
-                                                             bool fifth, __m256i qh, std::int32_t k,
+                                                             const __m256i* qh, std::int32_t k,
                                                              std::uint8_t* quants,
-                                                             std::size_t low_step) {
+                                                             std::size_t low_step,
+                                                             std::size_t half) {
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   const __m256i v = DwordsAt(t, x);
   __m256i low = _mm256_and_si256(v, low4), high = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-  if (fifth) {
-    low = _mm256_or_si256(low, FifthBits(qh, 4 * k));
-    high = _mm256_or_si256(high, FifthBits(qh, 16 + 4 * k));
+  if (qh != nullptr) {
+    low = _mm256_or_si256(low, FifthBits(*qh, 4 * k));
+    high = _mm256_or_si256(high, FifthBits(*qh, 16 + 4 * k));
   }
   auto* out = reinterpret_cast<__m256i*>(quants) + low_step;
   _mm256_storeu_si256(out, low);
-  _mm256_storeu_si256(out + 4, high);
+  _mm256_storeu_si256(out + half, high);
 }
 // Step `step` of Q8_0 quants from the dword at byte x of the transposed
 // rows `t`: xor 0x80 unless `signed_quants`.

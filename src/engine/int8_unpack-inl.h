@@ -4,11 +4,11 @@
 // PAGEDATTN_INT8_TARGET (the function attribute of that unit's target) and
 // the unit's steps at its own width: TransposeLine (a 64-byte line of each
 // column of a group, transposed), DwordsAt (4 bytes of each column's row
-// from the transposed rows), SplitStep (a transposed row of nibbles into two
-// steps), NibbleSteps (the same, at any even byte, with Q5_0's and Q5_1's
-// fifth bits), ByteStep (Q8_0's quants) and MergeHighBitsStep (Q5_K's and
-// Q6_K's 4 low and 1-2 high bits into a step). What works a column at a time
-// (scales, mins) runs on 256-bit vectors here.
+// from the transposed rows), NibbleSteps (a transposed dword of nibbles into
+// two steps, with Q5_0's and Q5_1's fifth bits), ByteStep (Q8_0's quants)
+// and MergeHighBitsStep (Q5_K's and Q6_K's 4 low and 1-2 high bits into a
+// step). What works a column at a time (scales, mins) runs on 256-bit
+// vectors here.
 // No include guard: a unit may include it once per namespace.
 
 // The f16 halves of 8 dwords (low halves: `high` false) as 8 floats.
@@ -156,11 +156,11 @@ PAGEDATTN_INT8_TARGET inline PassRows PassOf(const DotTilesArgs& a, const Int8La
 
 // Every format's bits go through the unit's TransposeLine as stored (a
 // 64-byte line of each column of a group at a time), then into the tiles'
-// steps of 4 weights: a transposed dword of nibbles split into two steps (a
-// dword of Q4_0 / Q4_1 / Q5_0 / Q5_1 quants holds weights 4k .. 4k + 3 of
-// its block in its low nibbles and 16 + 4k .. in its high ones, steps k and
-// k + 4: NibbleSteps; one of Q4_K's, 4k .. of sub-block 2j and of sub-block
-// 2j + 1, steps 8 apart: SplitStep), a dword of low bits merged with one of
+// steps of 4 weights: a transposed dword of nibbles split into two steps
+// (NibbleSteps: a dword of Q4_0 / Q4_1 / Q5_0 / Q5_1 quants holds weights
+// 4k .. 4k + 3 of its block in its low nibbles and 16 + 4k .. in its high
+// ones, steps k and k + 4; one of Q4_K's, 4k .. of sub-block 2j and of
+// sub-block 2j + 1, steps 8 apart), a dword of low bits merged with one of
 // high bits (MergeHighBitsStep: Q5_K, Q6_K), or Q8_0's dword of quants as
 // it is (ByteStep).
 
@@ -222,8 +222,8 @@ PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void PackBlock32(const std::uint8_t*
     auto qh = DwordsAt(t, base);  // unused without fifth bits
     if constexpr (kFifth) qh = DwordsAt(t, base + T::kHighBits);
     for (std::int32_t k = 0; k < 4; ++k)
-      NibbleSteps(t, base + T::kQuants + 4 * std::size_t(k), kFifth, qh, k, g.quants,
-                  step + std::size_t(k));
+      NibbleSteps(t, base + T::kQuants + 4 * std::size_t(k), kFifth ? &qh : nullptr, k, g.quants,
+                  step + std::size_t(k), 4);
   }
 }
 
@@ -264,8 +264,8 @@ PAGEDATTN_INT8_TARGET inline void PackQ4KGroup(const DotTilesArgs& a, std::int32
     PackKScales(k, lines[0], g);
     for (std::int32_t q = 0; q < 32; ++q) {  // dword 4 + q of the block: sub-block 2 (q / 8)
       const std::int32_t l = q < 12 ? 0 : q < 28 ? 1 : 2, r = 4 + q - kLineAt[l] / 4;
-      SplitStep(lines[l] + std::size_t(r) * kRowBytes, g.quants,
-                std::size_t(64 * k + q / 8 * 16 + q % 8), 8);
+      NibbleSteps(lines[l], 4 * std::size_t(r), nullptr, 0, g.quants,
+                  std::size_t(64 * k + q / 8 * 16 + q % 8), 8);
     }
   }
 }
