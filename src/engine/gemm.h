@@ -114,13 +114,12 @@ inline constexpr std::int32_t kInt8DirectRows = 8;
 // block): the fewest rows of `format` weights they take, below which the
 // in-place int8 kernels run. In a decode step of 2 sequences (weights
 // streaming from memory over both threads, docs/benchmarks.md, "Two-row
-// int8 batches on the tiles"), the VNNI tiles (512- and 256-bit) ran
-// SmolLM2's Q4_1 and Q5_0 layers 1.3-1.65x faster than the in-place
-// kernels, its Q8_0 LM head 0.9x: Q8_0, whose in-place kernel does the
-// least per byte, starts at 3 rows, as do AVX2's tiles (three instructions
-// a dot product where VNNI takes one; not measured at 2 rows).
-constexpr std::int32_t int8_tile_min_rows(WeightFormat format, Int8Tiles kind) {
-  return format == WeightFormat::kQ8_0 || kind == Int8Tiles::kAvx2 ? 3 : 2;
+// int8 batches on the tiles"), the tiles ran SmolLM2's Q4_1 and Q5_0 layers
+// faster than the in-place kernels on every kind (VNNI 512- and 256-bit,
+// AVX2), its Q8_0 LM head slower: Q8_0, whose in-place kernel does the
+// least per byte, starts at 3 rows.
+constexpr std::int32_t int8_tile_min_rows(WeightFormat format, Int8Tiles /*kind*/) {
+  return format == WeightFormat::kQ8_0 ? 3 : 2;
 }
 // The most rows the int8 tiles take on AVX2's vpmaddubsw (Int8Tiles::kAvx2,
 // three instructions where VNNI takes one): larger batches take the f32

@@ -1365,8 +1365,7 @@ TEST(DotTiles, Int8RowsRoundedOnceGiveTheSameBits) {
     EXPECT_FALSE(takes_int8_tiles(rows, f, true, Activations::kInt8));  // deterministic
     EXPECT_FALSE(takes_int8_tiles(rows, f, false, Activations::kF32));
     EXPECT_FALSE(takes_int8_tiles(1, f, false, Activations::kInt8));  // in place
-    EXPECT_EQ(takes_int8_tiles(2, f, false, Activations::kInt8),
-              int8_tiles() != Int8Tiles::kAvx2 && f != WeightFormat::kQ8_0);
+    EXPECT_EQ(takes_int8_tiles(2, f, false, Activations::kInt8), f != WeightFormat::kQ8_0);
   }
   EXPECT_FALSE(takes_int8_tiles(64, WeightFormat::kF16, false, Activations::kInt8));
   // Rows that do not cover x's: refused, naming them.
@@ -1496,7 +1495,7 @@ TEST(DotTiles, Int8TilesRunOnlyWhereTheCpuHasThem) {
 // default off give the f32 kernels' bits, deterministic mode dot_tiles' f32
 // bits; the
 // others run the int8 tiles where the CPU has them (from
-// int8_tile_min_rows() rows: 2 on the VNNI tiles but for Q8_0), bit for bit
+// int8_tile_min_rows() rows: 2 but for Q8_0), bit for bit
 // what dot_tiles with int8 gives, and are unchanged by the choice
 // elsewhere.
 TEST(QuantKernels, LinearTakesInt8ActivationsByDefaultExceptWhenExactOrDeterministic) {
