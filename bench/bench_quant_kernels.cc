@@ -340,6 +340,8 @@ void AddBatchShapes(benchmark::internal::Benchmark* b, bool k_quant) {
 }
 void BatchShapes(benchmark::internal::Benchmark* b) {
   AddBatchShapes(b, false);
+  // SmolLM2's tied LM head (its Q8_0 embedding) at 32 rows: weights streamed.
+  for (const std::int64_t path : {0, 5}) b->Args({49152, 576, 32, path});
 }
 void KBatchShapes(benchmark::internal::Benchmark* b) {
   AddBatchShapes(b, true);
