@@ -821,21 +821,33 @@ HWY_INLINE void WideBlocks32(const std::uint8_t* block, const float* const* xp,
       std::memcpy(&bits, block + h * kBytes + BlockTraits<F>::kHighBits, sizeof bits);
       return bits;
     };
+    const auto nibbles = hn::Set(du, 0x0f0f0f0fu);
+    lo = hn::And(lo, nibbles);
+    hi = hn::And(hi, nibbles);
+#if HWY_TARGET <= HWY_AVX3
+    // Byte 16 h + k of lo (hi) is weight k (16 + k) of block h: the blocks'
+    // qh halves side by side are the byte masks that add the fifth bits, 16.
+    std::uint64_t mask_lo = 0, mask_hi = 0;
+    for (std::int32_t h = 0; h < kBlocks; ++h) {
+      mask_lo |= std::uint64_t{qh(h) & 0xffffu} << (16 * h);
+      mask_hi |= std::uint64_t{qh(h) >> 16} << (16 * h);
+    }
+    if constexpr (kBlocks == 2) {
+      const __m256i sixteen = _mm256_set1_epi8(16);
+      lo.raw = _mm256_mask_add_epi8(lo.raw, static_cast<__mmask32>(mask_lo), lo.raw, sixteen);
+      hi.raw = _mm256_mask_add_epi8(hi.raw, static_cast<__mmask32>(mask_hi), hi.raw, sixteen);
+    } else {
+      const __m512i sixteen = _mm512_set1_epi8(16);
+      lo.raw = _mm512_mask_add_epi8(lo.raw, mask_lo, lo.raw, sixteen);
+      hi.raw = _mm512_mask_add_epi8(hi.raw, mask_hi, hi.raw, sixteen);
+    }
+#else
     V8U lo01, hi01;
     Q5FifthBits(qh(0), qh(1), lo01, hi01);
-    decltype(lo) fifth_lo, fifth_hi;
-    if constexpr (kBlocks == 2) {
-      fifth_lo = lo01;
-      fifth_hi = hi01;
-    } else {
-      V8U lo23, hi23;
-      Q5FifthBits(qh(2), qh(3), lo23, hi23);
-      fifth_lo = hn::Combine(du, lo23, lo01);
-      fifth_hi = hn::Combine(du, hi23, hi01);
-    }
-    const auto nibbles = hn::Set(du, 0x0f0f0f0fu);
-    lo = hn::Or(hn::And(lo, nibbles), fifth_lo);
-    hi = hn::Or(hn::And(hi, nibbles), fifth_hi);
+    lo = hn::Or(lo, lo01);
+    hi = hn::Or(hi, hi01);
+    static_assert(kBlocks == 2, "quads of blocks only on AVX-512 targets");
+#endif
   }
   constexpr std::uint32_t kMask = kFive ? 0x1f : 0x0f;
   hn::Vec<DBlocks<kBlocks>> lo_sum[R], hi_sum[R];
