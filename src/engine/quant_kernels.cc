@@ -746,6 +746,7 @@ HWY_INLINE void PermuteX32(const float* x, std::int32_t in, float* xp, float* xs
 // lo's byte k of block A (lanes 0-3) / B (lanes 4-7) holds bit k of that
 // block's qh (weight k), hi's byte k bit 16 + k. Each byte picks its qh byte
 // (vpshufb) and tests its bit (llama.cpp's bytes_from_bits_32 does the same).
+// AVX2 targets; AVX-512 ones add the bits under byte masks (WideBlocks32).
 HWY_INLINE void Q5FifthBits(std::uint32_t qh_a, std::uint32_t qh_b, V8U& lo, V8U& hi) {
   const __m256i qh = _mm256_set_m128i(_mm_set1_epi32(static_cast<int>(qh_b)),
                                       _mm_set1_epi32(static_cast<int>(qh_a)));
