@@ -62,8 +62,17 @@ bool worth_threads(const LinearArgs& a) {
 // split them once they hold a few hundred kilobytes.
 constexpr std::int64_t kQuantParallelBytes = std::int64_t{1} << 17;
 
+// Inside a team the other threads wait at the product's barrier whether or
+// not they take a share, so there the kernels whose results do not depend
+// on the split (in place, dot_tiles) split every product: a Q4_K_M file's
+// Q6_K attn_v (192 x 576, 90 KB) ran on one thread while the rest waited.
+bool others_wait_anyway() {
+  return core::in_team();
+}
+
 bool worth_threads_quant(const LinearArgs& a) {
-  return std::int64_t{a.out} * weight_row_bytes(a.w_format, a.in) >= kQuantParallelBytes ||
+  return others_wait_anyway() ||
+         std::int64_t{a.out} * weight_row_bytes(a.w_format, a.in) >= kQuantParallelBytes ||
          worth_threads(a);
 }
 
@@ -163,7 +172,8 @@ void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = 
                        bf16,
                        int8,
                        int8 ? a.x_int8 : nullptr};
-  const bool worth = std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork ||
+  const bool worth = others_wait_anyway() ||
+                     std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork ||
                      (a.w_format != WeightFormat::kF32 && worth_threads_quant(a));
   const WorkSplit split = split_columns(a.out, worth ? core::available_threads() : 1);
   size_thread_blocks(s);
