@@ -5,7 +5,8 @@
 # time goes) and bench-attention, the `1b` preset's decode step against its
 # bounds, SmolLM2 at 16 threads under each wait and binding policy, a step's
 # products in a region each against one region, the layers in teams against
-# a region per piece, prefill's products on oneDNN against OpenBLAS and
+# a region per piece, products' column chunks shared between the threads or
+# not, prefill's products on oneDNN against OpenBLAS and
 # dot_tiles, and pagedattn serve against llama-server on SmolLM2.
 #
 #   scripts/cpu_scaling_device.sh --bundle [DIR]
@@ -36,8 +37,8 @@
 #       holds the GPU bundle, the CUDA check (scripts/gpu_check.sh) runs last,
 #       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
 #       the start: one lease of a GPU machine serves both. PARTS (default
-#       "scaling-smollm2 scaling-small 1b policies paths regions teams attention moe onednn
-#       llama")
+#       "scaling-smollm2 scaling-small 1b policies paths regions teams sharing attention moe
+#       onednn llama")
 #       runs only the parts it names; `moe` runs where the bundle holds MoE
 #       files.
 set -uo pipefail
@@ -91,7 +92,7 @@ say() { echo "$@" | tee -a "$summary"; }
 # say_run LABEL FILE: a bench-serve run's throughput, decode step and its
 # phases on one line of the summary.
 say_run() {
-  say "$1: $(grep -E 'output tokens/s|decode steps|of which|pagedattn: int8' "$2" | tr -s ' ' | tr '\n' ';')"
+  say "$1: $(grep -E 'output tokens/s|decode steps|of which|layer teams|pagedattn: int8' "$2" | tr -s ' ' | tr '\n' ';')"
 }
 : >"$summary"
 
@@ -230,6 +231,26 @@ run_teams() {
     done
   done
 }
+# At 16 threads, a decode product's threads taking the chunks of a slower
+# thread's columns (the default) against each keeping its own
+# (PAGEDATTN_SHARE_CHUNKS=0), alternated twice on SmolLM2 and once on the
+# `1b` preset: what the barriers' waits lose to the threads' unequal speed.
+run_sharing() {
+  local round share
+  for round in 1 2; do
+    for share in 0 1; do
+      local out="$results/share$share-$round.txt"
+      PAGEDATTN_SHARE_CHUNKS=$share OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
+        --model "$model" --workload alpaca-like --num-requests 64 >"$out" 2>&1
+      say_run "share chunks $share, SmolLM2, round $round" "$out"
+    done
+  done
+  for share in 0 1; do
+    PAGEDATTN_SHARE_CHUNKS=$share OMP_NUM_THREADS=16 timeout 60 "$bin" bench-serve --model 1b \
+      --workload alpaca-like --num-requests 16 >"$results/share$share-1b.txt" 2>&1
+    say_run "share chunks $share, 1b" "$results/share$share-1b.txt"
+  done
+}
 # Each mixture-of-experts file: 1 and 32 streams of 128 + 128 tokens on 2
 # and 16 threads (every thread takes a share of all the experts' columns),
 # then both at 16 threads in teams and with a region per piece (latent
@@ -344,7 +365,7 @@ run_llama() {
   return $status
 }
 # PARTS picks some parts by name (default: all, in this order).
-parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams attention moe onednn llama} "
+parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams sharing attention moe onednn llama} "
 part() { [[ $parts == *" $1 "* ]]; }
 part scaling-smollm2 && step "scaling, SmolLM2 tiled (bench/scaling.sh)" \
   run_scaling scaling-smollm2 75 --model "$model" --workload alpaca-like --num-requests 64
@@ -356,6 +377,7 @@ part paths && step "SmolLM2, 16 threads: default, --exact-products, --bf16-produ
   run_paths
 part regions && step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
 part teams && step "SmolLM2, 16 threads: layers in teams or a region per piece" run_teams
+part sharing && step "SmolLM2 and 1b, 16 threads: products' chunks shared or not" run_sharing
 part attention && step "one sequence's decode attention, 1-16 threads (bench-attention)" \
   run_attention
 part moe && step "MoE files (tiled): 2 and 16 threads, 1 and 32 streams; teams at 16" run_moe

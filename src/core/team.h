@@ -16,6 +16,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 
 #include "core/env_switch.h"
@@ -37,6 +39,17 @@ inline thread_local double waited[kWaitKinds] = {};
 inline thread_local int wait_kind = 0;
 // On a caller's thread: where the teams it starts add their waits.
 inline thread_local double* wait_sink = nullptr;
+
+// for_each_chunk_shared's cursors, one cache line each: a part's generation
+// (the team's count of such pieces, the same on every thread since they
+// reach the same pieces in order) in the high half, its next chunk in the
+// low half. A cursor of an older generation has not started this piece.
+inline constexpr int kSharedParts = 256;
+struct alignas(64) ChunkCursor {
+  std::atomic<std::uint64_t> value{0};
+};
+inline thread_local ChunkCursor* chunk_cursors = nullptr;  // the team's, null outside one
+inline thread_local std::uint32_t chunk_generation = 0;
 }  // namespace detail
 
 // While it lives, every team the calling thread starts adds to sink[kind]
@@ -142,6 +155,21 @@ inline void set_teams_enabled(bool enabled) {
   teams_switch().set(enabled);
 }
 
+// Whether for_each_chunk_shared lets threads take others' chunks: true
+// unless the environment variable PAGEDATTN_SHARE_CHUNKS is "0" when first
+// asked, or set_chunk_sharing(false) was called (for A/B runs; each part's
+// chunks then stay on its thread).
+inline EnvSwitch& chunk_sharing_switch() {
+  static EnvSwitch setting("PAGEDATTN_SHARE_CHUNKS", true);
+  return setting;
+}
+inline bool chunk_sharing_enabled() {
+  return chunk_sharing_switch().on();
+}
+inline void set_chunk_sharing(bool enabled) {
+  chunk_sharing_switch().set(enabled);
+}
+
 // f() on every thread of a new region of omp_get_max_threads() threads, each
 // marked as in a team while it runs; without `team`, f() on the caller
 // alone, whose pieces then open their own regions.
@@ -149,9 +177,12 @@ template <typename F>
 void run_in_team(bool team, F&& f) {
   if (!team || in_team()) return f();
   double* const sink = detail::wait_sink;
+  std::array<detail::ChunkCursor, detail::kSharedParts> cursors;
 #pragma omp parallel
   {
     detail::in_team = true;
+    detail::chunk_cursors = cursors.data();
+    detail::chunk_generation = 0;
     detail::time_waits = sink != nullptr;
     for (double& w : detail::waited) w = 0.0;
     f();
@@ -161,6 +192,7 @@ void run_in_team(bool team, F&& f) {
       sink[kind] += mine;
     }
     detail::in_team = false;
+    detail::chunk_cursors = nullptr;
     detail::time_waits = false;
   }
 }
@@ -181,6 +213,43 @@ void for_each_task(std::int32_t tasks, F&& body) {
   }
 #pragma omp parallel for schedule(static) num_threads(tasks)
   for (std::int32_t t = 0; t < tasks; ++t) body(t);
+}
+
+// body(part, chunk) for every chunk in [0, chunks) of every part in
+// [0, parts), a part's chunks in order. Inside a team: part p on thread
+// p % size as for_each_task, and a thread done with its own parts goes on
+// to the next chunks of the others' (from the part after its own), so that
+// a thread slowed by its core's other work (a VM's neighbours, the OS) or
+// by slower memory holds up the piece by a chunk rather than by its share;
+// a barrier after. For work whose results do not depend on the thread that
+// runs a chunk. Outside a team, or for more than kSharedParts parts: as
+// for_each_task, each part's chunks in order.
+template <typename F>
+void for_each_chunk_shared(std::int32_t parts, std::int32_t chunks, F&& body) {
+  const auto whole_part = [&](std::int32_t p) {
+    for (std::int32_t c = 0; c < chunks; ++c) body(p, c);
+  };
+  if (!in_team() || !chunk_sharing_enabled() || parts > detail::kSharedParts || chunks <= 1)
+    return for_each_task(parts, whole_part);
+  const std::uint64_t generation = ++detail::chunk_generation;
+  const auto claim = [&](std::int32_t p) -> std::int32_t {  // the part's next chunk, or -1
+    std::atomic<std::uint64_t>& cursor = detail::chunk_cursors[p].value;
+    std::uint64_t seen = cursor.load(std::memory_order_relaxed);
+    for (;;) {
+      const std::uint64_t next = (seen >> 32) == generation ? (seen & 0xffffffffu) : 0;
+      if (next >= std::uint64_t(chunks)) return -1;
+      if (cursor.compare_exchange_weak(seen, (generation << 32) | (next + 1),
+                                       std::memory_order_relaxed))
+        return static_cast<std::int32_t>(next);
+    }
+  };
+  const auto drain = [&](std::int32_t p) {
+    for (std::int32_t c = claim(p); c >= 0; c = claim(p)) body(p, c);
+  };
+  const std::int32_t size = omp_get_num_threads(), me = omp_get_thread_num();
+  for (std::int32_t p = me; p < parts; p += size) drain(p);
+  for (std::int32_t k = 1; k <= parts; ++k) drain((me + k) % parts);
+  team_barrier();
 }
 
 // f() on one thread of the team, the others waiting at its end; outside a

@@ -102,6 +102,10 @@ Int8Tiles int8_tiles();
 bool int8_tiles_runnable(Int8Tiles kind);
 // "avx512_vnni", "avx_vnni", "avx2" or "none".
 const char* int8_tiles_name(Int8Tiles kind);
+// The columns `kind`'s tiles take at a time (16 on AVX512-VNNI, 8 on the
+// 256-bit tiles, 1 for kNone): a range's last partial group costs a whole
+// one.
+std::int32_t int8_tile_group_columns(Int8Tiles kind);
 // Whether dot_tiles honours DotTilesArgs::int8 here: int8_tiles() != kNone.
 bool dot_tiles_int8_available();
 

@@ -269,6 +269,19 @@ const char* int8_tiles_name(Int8Tiles kind) {
   return "none";
 }
 
+std::int32_t int8_tile_group_columns(Int8Tiles kind) {
+  switch (kind) {
+    case Int8Tiles::kAvx512Vnni:
+      return 16;
+    case Int8Tiles::kAvx2:
+    case Int8Tiles::kAvxVnni:
+      return 8;
+    case Int8Tiles::kNone:
+      break;
+  }
+  return 1;
+}
+
 bool dot_tiles_int8_available() {
   return int8_tiles() != Int8Tiles::kNone;
 }

@@ -125,8 +125,9 @@ void linear_quant_direct(const LinearArgs& a, bool int8) {
   const QuantProductArgs q{a.x, a.rows, a.in, a.w, a.w_format, a.y, ldy(a), a.accumulate, int8};
   const int threads = worth_threads_quant(a) ? core::available_threads() : 1;
   const WorkSplit s = split_columns(a.out, threads);
-  core::for_each_task(s.tasks(), [&](std::int32_t t) {
-    const IndexRange cols = part_range(a.out, s.column_parts, t, s.column_granule);
+  core::for_each_chunk_shared(s.tasks(), kChunksPerPart, [&](std::int32_t t, std::int32_t c) {
+    const IndexRange part = part_range(a.out, s.column_parts, t, s.column_granule);
+    const IndexRange cols = chunk_range(part, kChunksPerPart, c, s.column_granule);
     if (cols.begin < cols.end) quant_product(q, cols.begin, cols.end);
   });
 }
@@ -176,9 +177,13 @@ void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = 
                      std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork ||
                      (a.w_format != WeightFormat::kF32 && worth_threads_quant(a));
   const WorkSplit split = split_columns(a.out, worth ? core::available_threads() : 1);
+  // Chunks in whole tile groups (the int8 tiles' 16 or 8 columns, 16 for the
+  // f32 and bf16 register tiles).
+  const std::int32_t group = int8 ? int8_tile_group_columns(int8_tiles()) : kColumnGranule;
   size_thread_blocks(s);
-  core::for_each_task(split.tasks(), [&](std::int32_t t) {
-    const IndexRange cols = part_range(a.out, split.column_parts, t, split.column_granule);
+  core::for_each_chunk_shared(split.tasks(), kChunksPerPart, [&](std::int32_t t, std::int32_t c) {
+    const IndexRange part = part_range(a.out, split.column_parts, t, split.column_granule);
+    const IndexRange cols = chunk_range(part, kChunksPerPart, c, group);
     if (cols.begin < cols.end) dot_tiles(d, cols.begin, cols.end, thread_block(s));
   });
 }
@@ -336,6 +341,17 @@ IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
     return static_cast<std::int32_t>(std::min<std::int64_t>(count, units * p / parts * granule));
   };
   return {edge(part), edge(part + 1)};
+}
+
+IndexRange chunk_range(IndexRange cols, std::int32_t chunks, std::int32_t chunk,
+                       std::int32_t granule) {
+  const std::int64_t n = cols.end - cols.begin;
+  const std::int64_t per = (n + chunks - 1) / chunks;
+  const std::int64_t width = (per + granule - 1) / granule * granule;
+  const auto edge = [&](std::int64_t c) {
+    return static_cast<std::int32_t>(cols.begin + std::min(n, c * width));
+  };
+  return {edge(chunk), edge(chunk + 1)};
 }
 
 LinearArgs column_range(const LinearArgs& a, IndexRange cols) {

@@ -235,6 +235,15 @@ struct IndexRange {
 IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
                       std::int32_t granule);
 
+// Chunk `chunk` of `chunks` of a thread's column range `cols`: widths in
+// whole multiples of `granule` from cols.begin (the kernel's column group,
+// so that the chunks make the groups one call would), the last ones shorter
+// or empty. A decode product's threads share their ranges' chunks
+// (core::for_each_chunk_shared, kChunksPerPart each).
+inline constexpr std::int32_t kChunksPerPart = 4;
+IndexRange chunk_range(IndexRange cols, std::int32_t chunks, std::int32_t chunk,
+                       std::int32_t granule);
+
 // The product of columns [cols.begin, cols.end) of `a`'s output alone: its
 // weight rows there and y's columns there (the row stride kept), for one
 // thread's share of a product in a core::SoloScope. Deterministic mode gives

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -108,6 +109,78 @@ TEST(Team, WaitsAtTheBarriersAreTimedInsideAScope) {
   EXPECT_EQ(waited[0], before);
 }
 
+// Each part's chunks run once and in order on whichever thread claims them;
+// a thread slowed in its own part has its later chunks taken by the others
+// (and, with sharing off, keeps them all), over several pieces of a team.
+TEST(Team, SharedChunksRunOnceAndASlowThreadsLaterChunksGoToOthers) {
+  const Threads threads(3);
+  constexpr std::int32_t kParts = 3, kChunks = 8, kPieces = 3;
+  for (const bool sharing : {true, false}) {
+    SCOPED_TRACE(sharing ? "sharing" : "sharing off");
+    core::set_chunk_sharing(sharing);
+    std::vector<std::atomic<int>> runs(std::size_t(kPieces) * kParts * kChunks);
+    std::vector<std::atomic<int>> ran_on(runs.size());
+    std::atomic<int> out_of_order{0};
+    core::run_in_team(true, [&] {
+      for (std::int32_t piece = 0; piece < kPieces; ++piece) {
+        std::int32_t last_chunk[kParts] = {-1, -1, -1};  // this thread's, per part
+        core::for_each_chunk_shared(kParts, kChunks, [&](std::int32_t part, std::int32_t chunk) {
+          const std::size_t at = (std::size_t(piece) * kParts + part) * kChunks + chunk;
+          ++runs[at];
+          ran_on[at] = omp_get_thread_num();
+          if (chunk <= last_chunk[part]) ++out_of_order;
+          last_chunk[part] = chunk;
+          if (part == 0 && omp_get_thread_num() == 0)  // thread 0 slow in its own part
+            std::this_thread::sleep_for(std::chrono::milliseconds(15));
+        });
+      }
+    });
+    EXPECT_EQ(out_of_order.load(), 0);
+    for (auto& r : runs) EXPECT_EQ(r.load(), 1);
+    for (std::int32_t piece = 0; piece < kPieces; ++piece) {
+      int part0_elsewhere = 0;
+      for (std::int32_t part = 0; part < kParts; ++part)
+        for (std::int32_t chunk = 0; chunk < kChunks; ++chunk) {
+          const int thread = ran_on[(std::size_t(piece) * kParts + part) * kChunks + chunk];
+          if (part == 0 && thread != 0) ++part0_elsewhere;
+          if (!sharing) {
+            EXPECT_EQ(thread, part) << piece << " " << part << " " << chunk;
+          }
+        }
+      if (sharing) {
+        EXPECT_GT(part0_elsewhere, 0) << piece;
+      }
+    }
+  }
+  core::set_chunk_sharing(true);
+  // Outside a team: every chunk, on the caller or a region.
+  std::atomic<int> outside{0};
+  core::for_each_chunk_shared(2, 5, [&](std::int32_t, std::int32_t) { ++outside; });
+  EXPECT_EQ(outside.load(), 10);
+}
+
+// A thread's column range in chunks: in order, covering it once, each
+// chunk a whole number of granules but the last.
+TEST(Team, ChunkRangesCoverAThreadsColumnsInWholeGranules) {
+  for (const std::int32_t granule : {1, 4, 16})
+    for (const engine::IndexRange cols :
+         {engine::IndexRange{0, 36}, engine::IndexRange{36, 72}, engine::IndexRange{100, 101},
+          engine::IndexRange{5, 5}, engine::IndexRange{64, 3136}})
+      for (const std::int32_t chunks : {1, 2, 4, 7}) {
+        std::int32_t at = cols.begin;
+        for (std::int32_t c = 0; c < chunks; ++c) {
+          const engine::IndexRange r = engine::chunk_range(cols, chunks, c, granule);
+          EXPECT_EQ(r.begin, at);
+          EXPECT_LE(r.begin, r.end);
+          if (r.end < cols.end) {
+            EXPECT_EQ((r.end - r.begin) % granule, 0);
+          }
+          at = r.end;
+        }
+        EXPECT_EQ(at, cols.end) << granule << " " << chunks;
+      }
+}
+
 // linear() on every route (f32 weights 1 / 16 / 80 rows: in place, tiles,
 // BLAS; Q8_0 1-4 rows in place, 16 tiles, 80 dequantised blocks; int8
 // activations 4 and 16 rows; bf16 batches; deterministic), accumulating
@@ -171,8 +244,14 @@ TEST(Team, LinearInsideATeamEqualsLinearOutside) {
     std::vector<float> inside(y0.begin(), y0.begin() + std::size_t(r.rows) * kLdy);
     a.y = inside.data();
     engine::size_for_team(scratch);
-    core::run_in_team(true, [&] { engine::linear(a, scratch); });
-    EXPECT_EQ(std::memcmp(inside.data(), outside.data(), inside.size() * sizeof(float)), 0);
+    for (const bool sharing : {true, false}) {  // threads taking others' chunks or not
+      core::set_chunk_sharing(sharing);
+      std::copy(y0.begin(), y0.begin() + std::ptrdiff_t(inside.size()), inside.begin());
+      core::run_in_team(true, [&] { engine::linear(a, scratch); });
+      EXPECT_EQ(std::memcmp(inside.data(), outside.data(), inside.size() * sizeof(float)), 0)
+          << sharing;
+    }
+    core::set_chunk_sharing(true);
   }
 }
 
