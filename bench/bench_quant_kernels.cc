@@ -1,8 +1,9 @@
 // The in-place quantised-weight kernels (src/engine/quant_kernels.h) on one
 // thread: Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 and the K-quants Q4_K / Q5_K / Q6_K, next to
 // f32 weights through linear() (BLAS) on one thread, at the shapes of a decode step
-// (1 row) and of small batches (4, 8 rows). BM_LayerProducts alone runs on
-// the step's threads: a decode step's products, one region each or one for all.
+// (1 row) and of small batches (4, 8 rows). BM_LayerProducts and
+// BM_TeamBarrier alone run on the step's threads: a decode step's products,
+// one region each or one for all; a team's barrier, its own or OpenMP's.
 //
 //   ns/row: time per weight row (one output column), per call.
 //   bytes_per_second: weight bytes read per second.
@@ -268,6 +269,32 @@ void BM_LayerProducts(benchmark::State& state, WeightFormat f) {
                  (one_region ? " one team" : " a region per product"));
 }
 
+// A team's barrier alone, us per piece: 300 pieces (about a SmolLM2 decode
+// step's) of one trivial task per thread in one team on the step's threads,
+// each a barrier after, with the team's own barrier (own 1,
+// core::detail::SpinBarrier) or OpenMP's (own 0).
+void BM_TeamBarrier(benchmark::State& state) {
+  const bool own = state.range(0) != 0;
+  constexpr int kPieces = 300;
+  std::vector<pagedattn::core::CacheLineVector<float>> slots{std::size_t(step_threads)};
+  for (auto& slot : slots) slot.resize(16);
+  omp_set_num_threads(step_threads);
+  pagedattn::core::set_team_barrier(own);
+  for (auto _ : state) {
+    pagedattn::core::run_in_team(true, [&] {
+      for (int piece = 0; piece < kPieces; ++piece)
+        pagedattn::core::for_each_task(step_threads,
+                                       [&](std::int32_t t) { slots[std::size_t(t)][0] += 1.0f; });
+    });
+  }
+  pagedattn::core::set_team_barrier(true);
+  omp_set_num_threads(1);
+  state.counters["threads"] = step_threads;
+  state.counters["us/piece"] = benchmark::Counter(
+      kPieces * 1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.SetLabel(own ? "own barrier" : "OpenMP's barrier");
+}
+
 // One thread's share of a product split over `threads` (out / threads
 // columns) on the int8 tiles, us per share: the thread rounding every row
 // of x itself (once 0: what each thread of the product did until x was
@@ -309,7 +336,8 @@ void BM_Int8ThreadShare(benchmark::State& state, WeightFormat f) {
 // SmolLM2's layer products at 32 and 64 rows: a 16th of their columns.
 void ThreadShareShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"out", "in", "rows", "threads", "once"});
-  for (const std::int64_t rows : {32, 64})
+  // 12 rows: the alpaca-like workload's mean decode step (64 requests).
+  for (const std::int64_t rows : {12, 32, 64})
     for (const std::int64_t once : {0, 1}) {
       b->Args({960, 576, rows, 16, once});   // q, k, v
       b->Args({576, 576, rows, 16, once});   // o
@@ -380,6 +408,7 @@ BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
     ->ArgNames({"rows", "one_region"})
     ->ArgsProduct({{1, 2, 4, 16, 32}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TeamBarrier)->ArgName("own")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Int8ThreadShare, q4_1, WeightFormat::kQ4_1)->Apply(ThreadShareShapes);
 BENCHMARK_CAPTURE(BM_Int8ThreadShare, q5_0, WeightFormat::kQ5_0)->Apply(ThreadShareShapes);
 BENCHMARK_CAPTURE(BM_Batch, f32, WeightFormat::kF32)->Apply(FloatBatchShapes);

@@ -6,7 +6,8 @@
 # bounds, SmolLM2 at 16 threads under each wait and binding policy, a step's
 # products in a region each against one region, the layers in teams against
 # a region per piece, products' column chunks shared between the threads or
-# not, prefill's products on oneDNN against OpenBLAS and
+# not, the team's own barrier or OpenMP's, prefill's products on oneDNN
+# against OpenBLAS and
 # dot_tiles, and pagedattn serve against llama-server on SmolLM2.
 #
 #   scripts/cpu_scaling_device.sh --bundle [DIR]
@@ -37,7 +38,7 @@
 #       holds the GPU bundle, the CUDA check (scripts/gpu_check.sh) runs last,
 #       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
 #       the start: one lease of a GPU machine serves both. PARTS (default
-#       "scaling-smollm2 scaling-small 1b policies paths regions teams sharing attention moe
+#       "scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention moe
 #       onednn llama")
 #       runs only the parts it names; `moe` runs where the bundle holds MoE
 #       files.
@@ -251,6 +252,29 @@ run_sharing() {
     say_run "share chunks $share, 1b" "$results/share$share-1b.txt"
   done
 }
+# At 2 to 16 threads, a team's own barrier (core/team.h, the default)
+# against OpenMP's (PAGEDATTN_TEAM_BARRIER=0): BM_TeamBarrier's us per
+# piece, then SmolLM2 at 16 threads, 64 requests and one stream, alternated
+# twice.
+run_barrier() {
+  local threads round own
+  for threads in 2 4 8 16; do
+    OMP_NUM_THREADS=$threads timeout 30 "$bench_quant" --benchmark_filter=BM_TeamBarrier \
+      --benchmark_min_time=0.3 2>/dev/null | grep -E '^BM_' >>"$summary"
+  done
+  python3 -c "import json; print(json.dumps({'prompt_len': 128, 'output_len': 128, 'n': 1}))" \
+    >"$results/one-stream.jsonl"
+  for round in 1 2; do
+    for own in 0 1; do
+      PAGEDATTN_TEAM_BARRIER=$own OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
+        --model "$model" --workload alpaca-like --num-requests 64 >"$results/barrier$own-$round.txt" 2>&1
+      say_run "own barrier $own, SmolLM2, 64 requests, round $round" "$results/barrier$own-$round.txt"
+      PAGEDATTN_TEAM_BARRIER=$own OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
+        --model "$model" --workload "$results/one-stream.jsonl" >"$results/barrier$own-one-$round.txt" 2>&1
+      say_run "own barrier $own, SmolLM2, one stream, round $round" "$results/barrier$own-one-$round.txt"
+    done
+  done
+}
 # Each mixture-of-experts file: 1 and 32 streams of 128 + 128 tokens on 2
 # and 16 threads (every thread takes a share of all the experts' columns),
 # then both at 16 threads in teams and with a region per piece (latent
@@ -365,7 +389,7 @@ run_llama() {
   return $status
 }
 # PARTS picks some parts by name (default: all, in this order).
-parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams sharing attention moe onednn llama} "
+parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention moe onednn llama} "
 part() { [[ $parts == *" $1 "* ]]; }
 part scaling-smollm2 && step "scaling, SmolLM2 tiled (bench/scaling.sh)" \
   run_scaling scaling-smollm2 75 --model "$model" --workload alpaca-like --num-requests 64
@@ -378,6 +402,8 @@ part paths && step "SmolLM2, 16 threads: default, --exact-products, --bf16-produ
 part regions && step "layer products: a region each or one for all (BM_LayerProducts)" run_regions
 part teams && step "SmolLM2, 16 threads: layers in teams or a region per piece" run_teams
 part sharing && step "SmolLM2 and 1b, 16 threads: products' chunks shared or not" run_sharing
+part barrier && step "the team's own barrier or OpenMP's: BM_TeamBarrier 2-16 threads, SmolLM2 at 16" \
+  run_barrier
 part attention && step "one sequence's decode attention, 1-16 threads (bench-attention)" \
   run_attention
 part moe && step "MoE files (tiled): 2 and 16 threads, 1 and 32 streams; teams at 16" run_moe

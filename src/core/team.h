@@ -14,12 +14,16 @@
 #pragma once
 
 #include <omp.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
+#include "core/cpu_load.h"
 #include "core/env_switch.h"
 #include "core/row_parallel.h"
 
@@ -50,6 +54,59 @@ struct alignas(64) ChunkCursor {
 };
 inline thread_local ChunkCursor* chunk_cursors = nullptr;  // the team's, null outside one
 inline thread_local std::uint32_t chunk_generation = 0;
+
+// The barrier after a team's pieces where the team has its own
+// (team_barrier_switch): a count of the threads yet to arrive and a
+// generation the last one moves on, each on a cache line of its own.
+// Waiters spin for up to spin_seconds, then sleep (std::atomic::wait); the
+// last thread wakes them only where one sleeps. libgomp's barrier makes a
+// futex call at every barrier, sleepers or not: a system call for the last
+// thread at each of a step's hundreds of pieces.
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(double spin_seconds) : spin_seconds_(spin_seconds) {}
+  // For a team of `threads`, before any of them arrives.
+  void reset(std::int32_t threads) {
+    size_ = threads;
+    remaining_.store(threads, std::memory_order_relaxed);
+  }
+  void arrive_and_wait() {
+    // Not moved on before this thread arrives: the generation it passed last.
+    const std::uint32_t seen = generation_.load(std::memory_order_relaxed);
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      remaining_.store(size_, std::memory_order_relaxed);  // before the release below
+      generation_.store(seen + 1, std::memory_order_seq_cst);
+      if (sleepers_.load(std::memory_order_seq_cst) > 0) generation_.notify_all();
+      return;
+    }
+    if (spun_until_released(seen)) return;
+    // seq_cst with the last thread's store and load: either it sees this
+    // sleeper, or this thread sees the new generation before it sleeps.
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    while (generation_.load(std::memory_order_seq_cst) == seen)
+      generation_.wait(seen, std::memory_order_seq_cst);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+ private:
+  bool spun_until_released(std::uint32_t seen) const {
+    const double until = spin_seconds_ > 0.0 ? omp_get_wtime() + spin_seconds_ : 0.0;
+    for (std::uint32_t spin = 1;; ++spin) {
+      if (generation_.load(std::memory_order_acquire) != seen) return true;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      if (spin % 64 == 0 && omp_get_wtime() >= until) return false;
+    }
+  }
+
+  alignas(64) std::atomic<std::int32_t> remaining_{0};
+  alignas(64) std::atomic<std::uint32_t> generation_{0};
+  std::atomic<std::int32_t> sleepers_{0};
+  double spin_seconds_;
+  std::int32_t size_ = 0;
+};
+inline thread_local SpinBarrier* spin_barrier = nullptr;  // the team's, where it has its own
 }  // namespace detail
 
 // While it lives, every team the calling thread starts adds to sink[kind]
@@ -82,14 +139,18 @@ class WaitKindScope {
   int previous_;
 };
 
+namespace detail {
+inline void wait_for_team() {
+  if (spin_barrier != nullptr) return spin_barrier->arrive_and_wait();
+#pragma omp barrier
+}
+}  // namespace detail
+
 // The barrier after a piece, inside a team: every thread waits for all.
 inline void team_barrier() {
-  if (!detail::time_waits) {
-#pragma omp barrier
-    return;
-  }
+  if (!detail::time_waits) return detail::wait_for_team();
   const double start = omp_get_wtime();
-#pragma omp barrier
+  detail::wait_for_team();
   detail::waited[detail::wait_kind] += omp_get_wtime() - start;
 }
 
@@ -170,6 +231,31 @@ inline void set_chunk_sharing(bool enabled) {
   chunk_sharing_switch().set(enabled);
 }
 
+// Whether teams wait at their pieces' barriers on their own
+// (detail::SpinBarrier) rather than OpenMP's: true unless the environment
+// variable PAGEDATTN_TEAM_BARRIER is "0" when first asked, or
+// set_team_barrier(false) was called (for A/B runs). Its waiters spin for
+// kBarrierSpinSeconds before they sleep, and sleep at once under
+// OMP_WAIT_POLICY=passive or where the team has more threads than the
+// process has CPUs (a spinning thread would take the core of the one it
+// waits for).
+inline EnvSwitch& team_barrier_switch() {
+  static EnvSwitch setting("PAGEDATTN_TEAM_BARRIER", true);
+  return setting;
+}
+inline void set_team_barrier(bool own) {
+  team_barrier_switch().set(own);
+}
+inline constexpr double kBarrierSpinSeconds = 1e-3;
+inline double barrier_spin_seconds(int threads) {
+  static const bool passive = [] {
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    return policy != nullptr && strcasecmp(policy, "passive") == 0;
+  }();
+  static const int cpus = allowed_cpus();
+  return passive || threads > cpus ? 0.0 : kBarrierSpinSeconds;
+}
+
 // f() on every thread of a new region of omp_get_max_threads() threads, each
 // marked as in a team while it runs; without `team`, f() on the caller
 // alone, whose pieces then open their own regions.
@@ -178,9 +264,16 @@ void run_in_team(bool team, F&& f) {
   if (!team || in_team()) return f();
   double* const sink = detail::wait_sink;
   std::array<detail::ChunkCursor, detail::kSharedParts> cursors;
+  const bool own_barrier = team_barrier_switch().on();
+  detail::SpinBarrier barrier(barrier_spin_seconds(omp_get_max_threads()));
 #pragma omp parallel
   {
+    if (own_barrier) {
+#pragma omp single
+      barrier.reset(omp_get_num_threads());  // the region's size; a barrier after
+    }
     detail::in_team = true;
+    detail::spin_barrier = own_barrier ? &barrier : nullptr;
     detail::chunk_cursors = cursors.data();
     detail::chunk_generation = 0;
     detail::time_waits = sink != nullptr;
@@ -192,6 +285,7 @@ void run_in_team(bool team, F&& f) {
       sink[kind] += mine;
     }
     detail::in_team = false;
+    detail::spin_barrier = nullptr;
     detail::chunk_cursors = nullptr;
     detail::time_waits = false;
   }
@@ -268,17 +362,11 @@ inline bool splits_rows(std::int32_t rows, std::int64_t row_elements) {
   return std::int64_t{rows} * row_elements >= kRowParallelElements;
 }
 
-// f(begin, end) over the rows [0, rows) of row-wise element work (norms,
-// RoPE, activations) whose own functions split rows over a region from
-// kRowParallelElements elements. Inside a team: ranges of rows over its
-// threads from that many elements, else all of them on one thread (a
-// barrier after either); the callee's own region is then nested and runs on
-// its thread alone. Outside a team: f(0, rows), which splits them itself.
+namespace detail {
+// f(begin, end) over `parts` even ranges of the rows [0, rows), a part per
+// team thread (static), a barrier after.
 template <typename F>
-void for_row_ranges(std::int32_t rows, std::int64_t row_elements, F&& f) {
-  if (!in_team()) return f(std::int32_t{0}, rows);
-  const std::int32_t parts =
-      splits_rows(rows, row_elements) ? std::min<std::int32_t>(rows, omp_get_num_threads()) : 1;
+void row_ranges_over(std::int32_t rows, std::int32_t parts, F& f) {
 #pragma omp for schedule(static) nowait
   for (std::int32_t p = 0; p < parts; ++p) {
     const auto edge = [&](std::int32_t i) {
@@ -288,5 +376,29 @@ void for_row_ranges(std::int32_t rows, std::int64_t row_elements, F&& f) {
   }
   team_barrier();
 }
+}  // namespace detail
 
+// f(begin, end) over the rows [0, rows) of row-wise element work (norms,
+// RoPE, activations) whose own functions split rows over a region from
+// kRowParallelElements elements. Inside a team: ranges of rows over its
+// threads from that many elements, else all of them on one thread (a
+// barrier after either); the callee's own region is then nested and runs on
+// its thread alone. Outside a team: f(0, rows), which splits them itself.
+template <typename F>
+void for_row_ranges(std::int32_t rows, std::int64_t row_elements, F&& f) {
+  if (!in_team()) return f(std::int32_t{0}, rows);
+  const bool split = splits_rows(rows, row_elements);
+  detail::row_ranges_over(rows, split ? std::min<std::int32_t>(rows, omp_get_num_threads()) : 1, f);
+}
+
+// As for_row_ranges, but inside a team the rows go to as many of its
+// threads as there are rows, however few their elements: for row work that
+// every thread's share of the next piece reads (rows rounded to int8 for
+// the int8 tiles), which one thread would otherwise do while the others
+// wait, or every thread would redo for each of its product's chunks.
+template <typename F>
+void for_row_ranges_split(std::int32_t rows, F&& f) {
+  if (!in_team()) return f(std::int32_t{0}, rows);
+  detail::row_ranges_over(rows, std::min<std::int32_t>(rows, omp_get_num_threads()), f);
+}
 }  // namespace pagedattn::core

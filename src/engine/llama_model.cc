@@ -251,27 +251,30 @@ class LlamaModel final : public Model {
     const engine::Int8Rows* int8 = nullptr;
   };
   // x_'s rows RMS-normed by `weight` for the product `next`, which reads
-  // them from the pointer returned. Rows too few for for_row_ranges to
-  // split (it would norm them on one thread while the rest of the team
-  // waits at its barrier) are normed by every thread of the team into its
-  // own copy (row_copies_, sized by run_step), the same bits, and each
-  // thread's share of the product reads its copy: no barrier between the
-  // norm and the product. Else into h_, split as rms_norm does, and where
-  // `next` takes the int8 tiles each row is rounded to int8 right after
-  // its norm, by the thread that normed it, into h_int8_: once, where every
-  // thread of the product would round every row for itself.
+  // them from the pointer returned. Where `next` takes the int8 tiles, each
+  // row is normed and rounded to int8 (into h_int8_) once, by one thread of
+  // the team, the rows split over as many threads as there are
+  // (for_row_ranges_split), a barrier after: else every thread of the
+  // product would round every row again for each chunk of its columns.
+  // Otherwise, rows too few for for_row_ranges to split (it would norm them
+  // on one thread while the rest of the team waits at its barrier) are
+  // normed by every thread of the team into its own copy (row_copies_,
+  // sized by run_step), the same bits, and each thread's share of the
+  // product reads its copy: no barrier between the norm and the product;
+  // more rows go to h_, split as rms_norm does.
   ProductInput norm_for_product(std::int32_t tokens, const std::vector<float>& weight,
                                 const StackedMatrix& next, bool deterministic);
   // The MLP's gated activation of gate_up_ for the down product, the same
-  // way: on every thread into its own copy for a few rows, else into act_
-  // (rounded into act_int8_ where `down` takes the int8 tiles).
+  // way: rounded into act_int8_ where `down` takes the int8 tiles (rows
+  // split over the team), else on every thread into its own copy for a few
+  // rows, or into act_.
   ProductInput activation_for_product(std::int32_t tokens, const WeightMatrix& down,
                                       bool deterministic);
   // attn_'s rows rounded to int8 into attn_int8_ for the output projection
-  // `o`, where it takes the int8 tiles and the rows split over the team:
-  // each thread rounds its range once (a barrier after, as for a norm),
-  // where every thread of the product would round every row for itself;
-  // else null (the product rounds them, or multiplies f32 rows).
+  // `o`, where it takes the int8 tiles: each thread rounds its range of rows
+  // once (for_row_ranges_split, a barrier after, as for a norm), where every
+  // thread of the product would round every row for each of its chunks;
+  // else null (the product multiplies f32 rows).
   const engine::Int8Rows* attention_for_product(std::int32_t tokens, const WeightMatrix& o,
                                                 bool deterministic);
   // This thread's row copy, where the step's rows of `width` are few enough.
@@ -421,11 +424,13 @@ void LlamaModel::validate_batch(const ForwardBatch& b, const PagedKVCache& cache
 void LlamaModel::rms_norm(const float* x, std::int32_t tokens, const std::vector<float>& weight,
                           float* out, std::int32_t width, engine::Int8Rows* rounded) const {
   const std::size_t w = std::size_t(width > 0 ? width : c_.hidden_size);
-  core::for_row_ranges(tokens, std::int64_t(w), [&](std::int32_t begin, std::int32_t end) {
+  const auto norm = [&](std::int32_t begin, std::int32_t end) {
     engine::rms_norm_rows(x + begin * w, end - begin, std::int32_t(w), weight.data(),
                           c_.rms_norm_eps, out + begin * w);
     if (rounded != nullptr) engine::quantize_int8_rows(out, begin, end, *rounded);
-  });
+  };
+  if (rounded != nullptr) return core::for_row_ranges_split(tokens, norm);
+  core::for_row_ranges(tokens, std::int64_t(w), norm);
 }
 
 float* LlamaModel::row_copy(std::int32_t tokens, std::int32_t width) {
@@ -437,13 +442,12 @@ LlamaModel::ProductInput LlamaModel::norm_for_product(std::int32_t tokens,
                                                       const std::vector<float>& weight,
                                                       const StackedMatrix& next,
                                                       bool deterministic) {
-  float* mine = row_copy(tokens, c_.hidden_size);
-  if (mine != nullptr) {
+  engine::Int8Rows* rounded =
+      int8_rows_sized_ && next.takes_int8_tiles(tokens, deterministic) ? &h_int8_ : nullptr;
+  if (float* mine = rounded == nullptr ? row_copy(tokens, c_.hidden_size) : nullptr) {
     engine::rms_norm_rows(x_.data(), tokens, c_.hidden_size, weight.data(), c_.rms_norm_eps, mine);
     return {mine};
   }
-  engine::Int8Rows* rounded =
-      int8_rows_sized_ && next.takes_int8_tiles(tokens, deterministic) ? &h_int8_ : nullptr;
   rms_norm(x_.data(), tokens, weight, h_.data(), 0, rounded);
   return {h_.data(), rounded};
 }
@@ -452,17 +456,21 @@ LlamaModel::ProductInput LlamaModel::activation_for_product(std::int32_t tokens,
                                                             const WeightMatrix& down,
                                                             bool deterministic) {
   const std::int32_t inter = inter_;
-  if (float* mine = row_copy(tokens, inter)) {
+  const bool round =
+      int8_rows_sized_ && engine::takes_int8_tiles(tokens, down.format(), deterministic);
+  if (float* mine = round ? nullptr : row_copy(tokens, inter)) {
     engine::gated_activation(gate_up_.data(), tokens, inter, c_.activation, mine);
     return {mine};
   }
-  const bool round =
-      int8_rows_sized_ && engine::takes_int8_tiles(tokens, down.format(), deterministic);
-  core::for_row_ranges(tokens, inter, [&](std::int32_t begin, std::int32_t end) {
+  const auto activate = [&](std::int32_t begin, std::int32_t end) {
     engine::gated_activation(gate_up_.data() + std::size_t(begin) * 2 * inter, end - begin, inter,
                              c_.activation, act_.data() + std::size_t(begin) * inter);
     if (round) engine::quantize_int8_rows(act_.data(), begin, end, act_int8_);
-  });
+  };
+  if (round)
+    core::for_row_ranges_split(tokens, activate);
+  else
+    core::for_row_ranges(tokens, inter, activate);
   return {act_.data(), round ? &act_int8_ : nullptr};
 }
 
@@ -472,10 +480,10 @@ const engine::Int8Rows* LlamaModel::attention_for_product(std::int32_t tokens,
   const std::int32_t width = o.in();
   // run_step sized attn_int8_ for this step where int8_rows_sized_ and the
   // width is a multiple of 32 (else it never was: in stays 0).
-  if (!int8_rows_sized_ || attn_int8_.in != width || !core::splits_rows(tokens, width) ||
+  if (!int8_rows_sized_ || attn_int8_.in != width ||
       !engine::takes_int8_tiles(tokens, o.format(), deterministic))
     return nullptr;
-  core::for_row_ranges(tokens, width, [&](std::int32_t begin, std::int32_t end) {
+  core::for_row_ranges_split(tokens, [&](std::int32_t begin, std::int32_t end) {
     engine::quantize_int8_rows(attn_.data(), begin, end, attn_int8_);
   });
   return &attn_int8_;

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -77,6 +78,80 @@ TEST(Team, OutsideATeamPiecesRunOnTheCallerOrTheirOwnRegion) {
     EXPECT_FALSE(core::in_team());
   });
   EXPECT_EQ(runs, 1);
+}
+
+// for_row_ranges_split gives rows too narrow for for_row_ranges to split a
+// thread each (as many ranges as rows, up to the team's size), each row once;
+// outside a team, all of them to the caller.
+TEST(Team, RowRangesSplitGoOverTheTeamHoweverNarrowTheRows) {
+  const Threads threads(3);
+  for (const std::int32_t rows : {0, 1, 2, 7}) {
+    std::vector<std::atomic<int>> runs(std::size_t(rows) + 1);
+    std::atomic<int> ranges{0};
+    core::run_in_team(true, [&] {
+      core::for_row_ranges_split(rows, [&](std::int32_t begin, std::int32_t end) {
+        ++ranges;
+        EXPECT_LT(begin, end);
+        for (std::int32_t r = begin; r < end; ++r) ++runs[std::size_t(r)];
+      });
+    });
+    EXPECT_EQ(ranges.load(), std::min(rows, 3)) << rows;
+    for (std::int32_t r = 0; r < rows; ++r) EXPECT_EQ(runs[std::size_t(r)].load(), 1) << r;
+  }
+  std::int32_t called = 0;
+  core::for_row_ranges_split(5, [&](std::int32_t begin, std::int32_t end) {
+    EXPECT_EQ(begin, 0);
+    EXPECT_EQ(end, 5);
+    ++called;
+  });
+  EXPECT_EQ(called, 1);
+}
+
+// Every thread's writes before a barrier are seen by every thread after it,
+// and none passes it early: plain (non-atomic) writes to a slot per thread,
+// read by all after each barrier, over many barriers; a thread now and then
+// late by more than the spin time, so that the others sleep and are woken.
+// With the team's own barrier (spinning, then sleeping), OpenMP's, and a
+// SpinBarrier that sleeps at once (OMP_WAIT_POLICY=passive).
+TEST(Team, BarriersOrderEveryThreadsWritesBeforeTheReads) {
+  constexpr int kThreads = 4, kRounds = 1200;
+  struct Rounds {
+    std::int32_t slot[2][kThreads] = {};
+    std::atomic<int> wrong{0};
+    // On each thread of a region of kThreads.
+    void run(const std::function<void()>& barrier) {
+      const int me = omp_get_thread_num(), size = omp_get_num_threads();
+      for (int round = 1; round <= kRounds; ++round) {
+        if (round % 400 == me + 1) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        slot[round % 2][me] = round;
+        barrier();
+        // The next round writes the other slots, this one's the round after:
+        // none may pass the next barrier before every thread read these.
+        for (int t = 0; t < size; ++t) wrong += slot[round % 2][t] != round ? 1 : 0;
+      }
+    }
+  };
+  const Threads threads(kThreads);
+  for (const bool own : {true, false}) {
+    core::set_team_barrier(own);
+    Rounds rounds;
+    std::atomic<int> size{0};
+    core::run_in_team(true, [&] {
+      size = omp_get_num_threads();
+      rounds.run([] { core::team_barrier(); });
+    });
+    core::set_team_barrier(true);
+    EXPECT_EQ(size.load(), kThreads);
+    EXPECT_EQ(rounds.wrong.load(), 0) << own;
+  }
+  for (const double spin : {0.0, core::kBarrierSpinSeconds}) {
+    core::detail::SpinBarrier barrier(spin);
+    barrier.reset(kThreads);
+    Rounds rounds;
+#pragma omp parallel num_threads(kThreads)
+    rounds.run([&] { barrier.arrive_and_wait(); });
+    EXPECT_EQ(rounds.wrong.load(), 0) << spin;
+  }
 }
 
 // A TeamWaitScope gets the mean over the team's threads of their waits at
