@@ -4,7 +4,8 @@
 # threads"): thread scaling of bench-serve (with where each decode step's
 # time goes) and bench-attention, the `1b` preset's decode step against its
 # bounds, SmolLM2 at 16 threads under each wait and binding policy, a step's
-# products in a region each against one region, the layers in teams against
+# products in a region each against one region, this build against an
+# earlier one (BASE_BIN), the layers in teams against
 # a region per piece, products' column chunks shared between the threads or
 # not, the team's own barrier or OpenMP's, prefill's products on oneDNN
 # against OpenBLAS and
@@ -22,7 +23,8 @@
 #       bench/peers/README.md) and SmolLM2 packed by bench/peers/gguf_tile.py
 #       into DIR (default build/cpu-bundle), under the 64 MiB a call carries.
 #       SMOLLM2 names the GGUF file (default: the test model,
-#       scripts/get_test_model.sh). With GPU_CHECK=1, build/gpu-bundle
+#       scripts/get_test_model.sh). BASE_BIN names an earlier build's
+#       pagedattn to carry as well, for the `ab` part. With GPU_CHECK=1, build/gpu-bundle
 #       (`scripts/gpu_check.sh --bundle`) goes along too. MOE names
 #       mixture-of-experts GGUF files (separated by spaces) to carry packed
 #       as well (MOE_FRACTION, default 0.005, of their rows: the files of
@@ -38,7 +40,7 @@
 #       holds the GPU bundle, the CUDA check (scripts/gpu_check.sh) runs last,
 #       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
 #       the start: one lease of a GPU machine serves both. PARTS (default
-#       "scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention moe
+#       "ab scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention moe
 #       onednn llama")
 #       runs only the parts it names; `moe` runs where the bundle holds MoE
 #       files.
@@ -52,6 +54,7 @@ if [ "${1:-}" = "--bundle" ]; then
   rm -rf "$bundle" && mkdir -p "$bundle"
   xz -T0 -6 -c build/release/tools/pagedattn >"$bundle/pagedattn.xz"
   xz -T0 -6 -c build/release/bench/pagedattn_bench_quant >"$bundle/bench_quant.xz"
+  if [ -n "${BASE_BIN:-}" ]; then xz -T0 -6 -c "$BASE_BIN" >"$bundle/pagedattn-base.xz"; fi
   # Everything but the C library, which the machine has (and must match its
   # kernel and loader).
   ldd build/release/tools/pagedattn build/release/bench/pagedattn_bench_quant \
@@ -110,6 +113,12 @@ export LD_LIBRARY_PATH="$work/bundle/lib"
 bin="$work/bundle/pagedattn"
 xz -dc "$bundle/pagedattn.xz" >"$bin"
 chmod +x "$bin"
+base_bin=""
+if [ -f "$bundle/pagedattn-base.xz" ]; then
+  base_bin="$work/bundle/pagedattn-base"
+  xz -dc "$bundle/pagedattn-base.xz" >"$base_bin"
+  chmod +x "$base_bin"
+fi
 bench_quant="$work/bundle/pagedattn_bench_quant"
 xz -dc "$bundle/bench_quant.xz" >"$bench_quant"
 chmod +x "$bench_quant"
@@ -275,6 +284,35 @@ run_barrier() {
     done
   done
 }
+# The bundle's pagedattn against an earlier build of it (BASE_BIN at
+# --bundle) at 16 threads, alternated twice: SmolLM2 at 64 requests, one
+# stream and 8 streams, and the `1b` preset at 16 requests.
+run_ab() {
+  [ -n "$base_bin" ] || { say "ab: the bundle holds no base binary (BASE_BIN=... at --bundle)"; return 0; }
+  local round side streams exe
+  for streams in 1 8; do
+    python3 -c "import json, sys; n = int(sys.argv[1]); print(''.join(json.dumps({'prompt_len': 128, 'output_len': 128, 'n': 1}) + '\n' for _ in range(n)), end='')" \
+      "$streams" >"$results/ab-s$streams.jsonl"
+  done
+  for round in 1 2; do
+    for side in base head; do
+      exe=$bin
+      [ "$side" = base ] && exe=$base_bin
+      OMP_NUM_THREADS=16 timeout 30 "$exe" bench-serve --model "$model" --workload alpaca-like \
+        --num-requests 64 >"$results/ab-$side-$round.txt" 2>&1
+      say_run "$side, SmolLM2, 64 requests, round $round" "$results/ab-$side-$round.txt"
+      for streams in 1 8; do
+        OMP_NUM_THREADS=16 timeout 30 "$exe" bench-serve --model "$model" \
+          --workload "$results/ab-s$streams.jsonl" >"$results/ab-$side-s$streams-$round.txt" 2>&1
+        say_run "$side, SmolLM2, $streams streams, round $round" "$results/ab-$side-s$streams-$round.txt"
+      done
+      [ "$round" = 1 ] || continue
+      OMP_NUM_THREADS=16 timeout 60 "$exe" bench-serve --model 1b --workload alpaca-like \
+        --num-requests 16 >"$results/ab-$side-1b.txt" 2>&1
+      say_run "$side, 1b" "$results/ab-$side-1b.txt"
+    done
+  done
+}
 # Each mixture-of-experts file: 1 and 32 streams of 128 + 128 tokens on 2
 # and 16 threads (every thread takes a share of all the experts' columns),
 # then both at 16 threads in teams and with a region per piece (latent
@@ -389,8 +427,9 @@ run_llama() {
   return $status
 }
 # PARTS picks some parts by name (default: all, in this order).
-parts=" ${PARTS:-scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention moe onednn llama} "
+parts=" ${PARTS:-ab scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention moe onednn llama} "
 part() { [[ $parts == *" $1 "* ]]; }
+part ab && step "this build against BASE_BIN's, 16 threads, SmolLM2 and 1b" run_ab
 part scaling-smollm2 && step "scaling, SmolLM2 tiled (bench/scaling.sh)" \
   run_scaling scaling-smollm2 75 --model "$model" --workload alpaca-like --num-requests 64
 part scaling-small && step "scaling, small preset (bench/scaling.sh)" run_scaling scaling 60
