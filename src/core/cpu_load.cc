@@ -1,6 +1,7 @@
 #include "core/cpu_load.h"
 
 #include <sched.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,6 +85,11 @@ double other_cores_between(const CpuSample& a, const CpuSample& b) {
 
 int allowed_cpus() {
   return std::max(1, static_cast<int>(process_cpus().size()));
+}
+
+bool openmp_waits_passively() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  return policy != nullptr && strcasecmp(policy, "passive") == 0;
 }
 
 }  // namespace pagedattn::core

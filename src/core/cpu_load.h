@@ -25,5 +25,9 @@ CpuSample sample_cpu(bool allowed_cpus_only = false);
 double other_cores_between(const CpuSample& a, const CpuSample& b);
 // The CPUs this process may run on (at least 1).
 int allowed_cpus();
+// Whether OpenMP's threads sleep as soon as they wait
+// (OMP_WAIT_POLICY=passive, any case): then a waiting thread takes no core
+// from the one it waits for.
+bool openmp_waits_passively();
 
 }  // namespace pagedattn::core

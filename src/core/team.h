@@ -14,14 +14,11 @@
 #pragma once
 
 #include <omp.h>
-#include <strings.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/cpu_load.h"
 #include "core/env_switch.h"
@@ -248,10 +245,7 @@ inline void set_team_barrier(bool own) {
 }
 inline constexpr double kBarrierSpinSeconds = 1e-3;
 inline double barrier_spin_seconds(int threads) {
-  static const bool passive = [] {
-    const char* policy = std::getenv("OMP_WAIT_POLICY");
-    return policy != nullptr && strcasecmp(policy, "passive") == 0;
-  }();
+  static const bool passive = openmp_waits_passively();
   static const int cpus = allowed_cpus();
   return passive || threads > cpus ? 0.0 : kBarrierSpinSeconds;
 }

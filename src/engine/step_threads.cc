@@ -1,30 +1,20 @@
 #include "engine/step_threads.h"
 
 #include <omp.h>
-#include <strings.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 
 #include "core/placement.h"
 #include "core/seconds_since.h"
 
 namespace pagedattn::engine {
-namespace {
-
-bool passive_wait() {
-  const char* policy = std::getenv("OMP_WAIT_POLICY");
-  return policy != nullptr && strcasecmp(policy, "passive") == 0;
-}
-
-}  // namespace
 
 StepThreads::StepThreads(bool pin)
     : max_threads_(std::max(1, omp_get_max_threads())),
       cpus_(core::allowed_cpus()),
       interval_(interval_for(cpus_)),
-      adapt_(max_threads_ > 1 && !passive_wait()),
+      adapt_(max_threads_ > 1 && !core::openmp_waits_passively()),
       threads_(max_threads_),
       pin_(pin),
       last_(adapt_ ? core::sample_cpu(true) : core::CpuSample{}),
