@@ -333,6 +333,86 @@ void BM_Int8ThreadShare(benchmark::State& state, WeightFormat f) {
                  (once ? " x rounded once" : " x rounded by the thread"));
 }
 
+// What the busiest of `threads` threads does in an int8 product on the
+// tiles, us, x rounded once (as a step's norm rounds it): the split into
+// column ranges of 4-column granules that linear() made until the tiles'
+// groups were split whole (cut 0: a 16th of 576 columns is 36, two groups
+// and a 4-column one that costs a whole group), or split_groups() (cut 1:
+// whole groups, the left-over groups' rows cut between threads). On one
+// core it times one thread's share of a many-core step. Args: out, in,
+// rows, threads, cut.
+void BM_Int8BusiestThread(benchmark::State& state, WeightFormat f) {
+  using pagedattn::engine::IndexRange;
+  if (!pagedattn::engine::dot_tiles_int8_available())
+    return state.SkipWithError("no int8 tiles here");
+  const auto out = static_cast<std::int32_t>(state.range(0));
+  const auto in = static_cast<std::int32_t>(state.range(1));
+  const auto rows = static_cast<std::int32_t>(state.range(2));
+  const auto threads = static_cast<std::int32_t>(state.range(3));
+  const bool cut = state.range(4) != 0;
+  const auto w = random_matrices(f, out, in, 1);
+  pagedattn::core::CacheLineVector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (auto& v : x) v = value(rng);
+  pagedattn::engine::Int8Rows rounded;
+  rounded.resize(rows, in);
+  pagedattn::engine::quantize_int8_rows(x.data(), 0, rows, rounded);
+  pagedattn::engine::DotTilesArgs args{nullptr, rows, in, w.data(), f, y.data(), out, false};
+  args.int8 = true;
+  args.x_rows = &rounded;
+  const std::int32_t group =
+      pagedattn::engine::int8_tile_group_columns(pagedattn::engine::int8_tiles());
+  // The busiest thread's pieces: (columns, first row, rows).
+  struct Piece {
+    IndexRange columns;
+    std::int32_t first, rows;
+  };
+  std::vector<Piece> busiest;
+  if (cut) {
+    const auto split = pagedattn::engine::split_groups(out, rows, threads, group);
+    busiest.push_back({split.columns(0), 0, rows});
+    const auto tail = split.tail(0);
+    if (!tail.empty())
+      busiest.push_back({tail.columns, tail.rows.begin, tail.rows.end - tail.rows.begin});
+  } else {  // the widest part, cut into chunks of whole groups from its start
+    const auto split = pagedattn::engine::split_columns(out, threads);
+    IndexRange widest;
+    for (std::int32_t t = 0; t < split.column_parts; ++t) {
+      const IndexRange p =
+          pagedattn::engine::part_range(out, split.column_parts, t, split.column_granule);
+      if ((p.end - p.begin + group - 1) / group > (widest.end - widest.begin + group - 1) / group)
+        widest = p;
+    }
+    busiest.push_back({widest, 0, rows});
+  }
+  pagedattn::core::CacheLineVector<float> tiles;
+  for (auto _ : state) {
+    for (const Piece& p : busiest) {
+      pagedattn::engine::DotTilesArgs part = args;
+      part.rows = p.rows;
+      part.x_rows_first = p.first;
+      part.y = y.data() + std::size_t(p.first) * out;
+      pagedattn::engine::dot_tiles(part, p.columns.begin, p.columns.end, tiles);
+    }
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) +
+                 (cut ? " whole groups, left-over rows cut" : " 4-column granules"));
+}
+
+// SmolLM2's o (576 x 576) and down (576 x 1536) products, whose 36 groups
+// of 16 columns leave 4 over at 8, 16 and 32 threads.
+void BusiestThreadShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"out", "in", "rows", "threads", "cut"});
+  for (const std::int64_t threads : {8, 16, 32})
+    for (const std::int64_t rows : {4, 12, 32})
+      for (const std::int64_t in : {576, 1536})
+        for (const std::int64_t cut : {0, 1}) b->Args({576, in, rows, threads, cut});
+  b->Unit(benchmark::kMicrosecond);
+}
+
 // SmolLM2's layer products at 32 and 64 rows: a 16th of their columns.
 void ThreadShareShapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"out", "in", "rows", "threads", "once"});
@@ -411,6 +491,8 @@ BENCHMARK_CAPTURE(BM_LayerProducts, q4_1, WeightFormat::kQ4_1)
 BENCHMARK(BM_TeamBarrier)->ArgName("own")->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Int8ThreadShare, q4_1, WeightFormat::kQ4_1)->Apply(ThreadShareShapes);
 BENCHMARK_CAPTURE(BM_Int8ThreadShare, q5_0, WeightFormat::kQ5_0)->Apply(ThreadShareShapes);
+BENCHMARK_CAPTURE(BM_Int8BusiestThread, q4_1, WeightFormat::kQ4_1)->Apply(BusiestThreadShapes);
+BENCHMARK_CAPTURE(BM_Int8BusiestThread, q5_0, WeightFormat::kQ5_0)->Apply(BusiestThreadShapes);
 BENCHMARK_CAPTURE(BM_Batch, f32, WeightFormat::kF32)->Apply(FloatBatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, f16, WeightFormat::kF16)->Apply(FloatBatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);

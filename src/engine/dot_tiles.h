@@ -80,6 +80,9 @@ struct DotTilesArgs {
   // `rows` of `in`), read instead of rounding them again; x itself is then
   // not read.
   const Int8Rows* x_rows = nullptr;
+  // The row of x_rows that is row 0 of these rows (a thread's range of a
+  // batch rounded once for all).
+  std::int32_t x_rows_first = 0;
 };
 
 // Whether dot_tiles honours DotTilesArgs::bf16 here: an AVX-512 target was

@@ -161,6 +161,18 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
 // the rows, as in linear_quant_direct: one row is bound by reading them.
 constexpr std::int64_t kTileParallelWork = kParallelWork / 4;
 
+// dot_tiles on rows [rows.begin, rows.end) of d alone.
+void dot_tiles_rows(const DotTilesArgs& d, GroupSplit::Piece piece,
+                    core::CacheLineVector<float>& scratch) {
+  DotTilesArgs part = d;
+  const auto first = std::size_t(piece.rows.begin);
+  if (part.x != nullptr) part.x += first * std::size_t(d.in);
+  part.y += first * std::size_t(d.ldy);
+  part.rows = piece.rows.end - piece.rows.begin;
+  part.x_rows_first += piece.rows.begin;
+  dot_tiles(part, piece.columns.begin, piece.columns.end, scratch);
+}
+
 void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = false) {
   const DotTilesArgs d{a.x,
                        a.rows,
@@ -176,14 +188,27 @@ void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = 
   const bool worth = others_wait_anyway() ||
                      std::int64_t{a.rows} * a.out * a.in >= kTileParallelWork ||
                      (a.w_format != WeightFormat::kF32 && worth_threads_quant(a));
-  const WorkSplit split = split_columns(a.out, worth ? core::available_threads() : 1);
-  // Chunks in whole tile groups (the int8 tiles' 16 or 8 columns, 16 for the
-  // f32 and bf16 register tiles).
-  const std::int32_t group = int8 ? int8_tile_group_columns(int8_tiles()) : kColumnGranule;
+  const int threads = worth ? core::available_threads() : 1;
   size_thread_blocks(s);
+  if (int8) {  // whole groups of the tiles' 16 or 8 columns, left-over rows cut
+    const GroupSplit split =
+        split_groups(a.out, a.rows, threads, int8_tile_group_columns(int8_tiles()));
+    core::for_each_chunk_shared(
+        split.threads, kChunksPerPart + 1, [&](std::int32_t t, std::int32_t c) {
+          const GroupSplit::Piece piece =
+              c < kChunksPerPart
+                  ? GroupSplit::Piece{chunk_range(split.columns(t), kChunksPerPart, c, split.group),
+                                      {0, a.rows}}
+                  : split.tail(t);
+          if (!piece.empty()) dot_tiles_rows(d, piece, thread_block(s));
+        });
+    return;
+  }
+  const WorkSplit split = split_columns(a.out, threads);
+  // Chunks in whole register tiles of 16 columns (f32 and bf16).
   core::for_each_chunk_shared(split.tasks(), kChunksPerPart, [&](std::int32_t t, std::int32_t c) {
     const IndexRange part = part_range(a.out, split.column_parts, t, split.column_granule);
-    const IndexRange cols = chunk_range(part, kChunksPerPart, c, group);
+    const IndexRange cols = chunk_range(part, kChunksPerPart, c, kColumnGranule);
     if (cols.begin < cols.end) dot_tiles(d, cols.begin, cols.end, thread_block(s));
   });
 }
@@ -341,6 +366,42 @@ IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
     return static_cast<std::int32_t>(std::min<std::int64_t>(count, units * p / parts * granule));
   };
   return {edge(part), edge(part + 1)};
+}
+
+GroupSplit split_groups(std::int32_t out, std::int32_t rows, std::int32_t threads,
+                        std::int32_t group) {
+  require(out >= 0 && rows >= 0 && threads >= 1 && group >= 1, "split_groups: out = ", out,
+          ", rows = ", rows, ", threads = ", threads, ", group = ", group, " out of range");
+  GroupSplit s{.out = out, .rows = rows, .threads = threads, .group = group};
+  s.groups = (out + group - 1) / group;
+  s.per_thread = s.groups / threads;
+  s.left = s.groups % threads;
+  s.rows_cut = s.left > 0 && 2 * s.left <= threads && rows >= 2;
+  return s;
+}
+
+IndexRange GroupSplit::columns(std::int32_t t) const {
+  const auto edge = [&](std::int64_t g) {
+    return static_cast<std::int32_t>(std::min<std::int64_t>(out, g * group));
+  };
+  return {edge(std::int64_t{t} * per_thread), edge(std::int64_t{t + 1} * per_thread)};
+}
+
+GroupSplit::Piece GroupSplit::tail(std::int32_t t) const {
+  const auto group_columns = [&](std::int32_t i) {
+    const std::int32_t first = (per_thread * threads + i) * group;
+    return IndexRange{first, std::min(out, first + group)};
+  };
+  if (!rows_cut) return t < left ? Piece{group_columns(t), {0, rows}} : Piece{};
+  // Left-over group i goes to threads [first(i), first(i + 1)).
+  const auto first = [&](std::int32_t i) {
+    return static_cast<std::int32_t>(std::int64_t{threads} * i / left);
+  };
+  std::int32_t i = 0;
+  while (first(i + 1) <= t) ++i;
+  const std::int64_t k = first(i + 1) - first(i), j = t - first(i);
+  return {group_columns(i),
+          {static_cast<std::int32_t>(rows * j / k), static_cast<std::int32_t>(rows * (j + 1) / k)}};
 }
 
 IndexRange chunk_range(IndexRange cols, std::int32_t chunks, std::int32_t chunk,

@@ -235,6 +235,35 @@ struct IndexRange {
 IndexRange part_range(std::int32_t count, std::int32_t parts, std::int32_t part,
                       std::int32_t granule);
 
+// The int8 tiles' split of a rows x out product over `threads`: whole
+// groups of `group` columns (the tiles' width: a range's partial group costs
+// a whole one, so a 16th of 576 columns, 36, cost three), per_thread =
+// groups / threads consecutive ones to each thread, and the `left` groups
+// over. Where they are at most half the threads (SmolLM2's 36 groups of 576
+// columns over 16 threads leave 4), each left-over group's rows are cut
+// between the floor(threads / left) or more threads that take it, so that
+// every thread does per_thread groups and a few rows of one more, not some
+// of them a whole group more while the rest wait; else the first `left`
+// threads take one whole group each. A column's result does not depend on
+// the rows beside it (dot_tiles), so the split changes no bits.
+struct GroupSplit {
+  struct Piece {
+    IndexRange columns, rows;
+    bool empty() const { return columns.begin == columns.end || rows.begin == rows.end; }
+  };
+  std::int32_t out = 0, rows = 0, threads = 1, group = 1;
+  std::int32_t groups = 0, per_thread = 0, left = 0;
+  bool rows_cut = false;  // the left-over groups' rows cut between threads
+  // Thread t's per_thread whole groups (the last may end at out).
+  IndexRange columns(std::int32_t t) const;
+  // Thread t's share of the left-over groups: one group, all of its rows or
+  // (rows_cut) a range of them; empty where t takes none.
+  Piece tail(std::int32_t t) const;
+};
+// InvalidArgument unless out, rows >= 0 and threads, group >= 1.
+GroupSplit split_groups(std::int32_t out, std::int32_t rows, std::int32_t threads,
+                        std::int32_t group);
+
 // Chunk `chunk` of `chunks` of a thread's column range `cols`: widths in
 // whole multiples of `granule` from cols.begin (the kernel's column group,
 // so that the chunks make the groups one call would), the last ones shorter

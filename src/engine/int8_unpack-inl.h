@@ -137,10 +137,11 @@ PAGEDATTN_INT8_TARGET inline PassRows PassOf(const DotTilesArgs& a, const Int8La
                                              std::int32_t first, std::int32_t rows,
                                              const PassBuffers& b) {
   const std::int32_t in = a.in, blocks = in / 32, subs = in / layout.sub;
+  const std::int32_t at = first + a.x_rows_first;  // the pass's first row in a.x_rows
   for (std::int32_t r = 0; r < rows; ++r) {
     const std::int32_t* sums16 = b.sums16 + std::size_t(r) * (in / 16);
     if (a.x_rows != nullptr) {
-      sums16 = a.x_rows->sums16.data() + std::size_t(first + r) * (in / 16);
+      sums16 = a.x_rows->sums16.data() + std::size_t(at + r) * (in / 16);
     } else {
       QuantizeRow(a.x + std::size_t(first + r) * in, in, layout.mins, b.x8 + std::size_t(r) * in,
                   b.dx + std::size_t(r) * blocks, b.xsums + std::size_t(r) * blocks,
@@ -150,8 +151,8 @@ PAGEDATTN_INT8_TARGET inline PassRows PassOf(const DotTilesArgs& a, const Int8La
   }
   if (a.x_rows == nullptr) return {b.x8, b.dx, b.xsums, b.zsums};
   const Int8Rows& x = *a.x_rows;
-  return {x.x8.data() + std::size_t(first) * in, x.dx.data() + std::size_t(first) * blocks,
-          x.xsums.data() + std::size_t(first) * blocks, b.zsums};
+  return {x.x8.data() + std::size_t(at) * in, x.dx.data() + std::size_t(at) * blocks,
+          x.xsums.data() + std::size_t(at) * blocks, b.zsums};
 }
 
 // Every format's bits go through the unit's TransposeLine as stored (a

@@ -1319,7 +1319,8 @@ TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchColumnRangeOrTileKind) {
 // Rows rounded once (quantize_int8_rows, here in two ranges as two threads
 // of a team would round them) and handed to the tiles (DotTilesArgs::x_rows,
 // x itself not passed) give the bits of the tiles rounding x themselves, on
-// every kind; linear() takes them through LinearArgs::x_int8 on the int8
+// every kind, and a range of them from its first row on (x_rows_first)
+// those rows' bits; linear() takes them through LinearArgs::x_int8 on the int8
 // tiles, ignores them elsewhere, and refuses rows that do not cover x.
 TEST(DotTiles, Int8RowsRoundedOnceGiveTheSameBits) {
   const std::vector<Int8Tiles> kinds = runnable_int8_tiles();
@@ -1346,6 +1347,16 @@ TEST(DotTiles, Int8RowsRoundedOnceGiveTheSameBits) {
       args.y = once.data();
       dot_tiles_int8(args, 3, out, scratch, kind);
       ASSERT_EQ(self, once) << int8_tiles_name(kind) << " " << weight_format_name(f);
+      // Rows [40, 90) alone, read from row 40 of the rounded rows on.
+      std::vector<float> range(std::size_t(50) * out);
+      args.rows = 50;
+      args.x_rows_first = 40;
+      args.y = range.data();
+      dot_tiles_int8(args, 3, out, scratch, kind);
+      for (std::int32_t r = 0; r < 50; ++r)
+        for (std::int32_t c = 3; c < out; ++c)
+          ASSERT_EQ(range[std::size_t(r) * out + c], self[std::size_t(40 + r) * out + c])
+              << int8_tiles_name(kind) << " " << weight_format_name(f) << " row " << 40 + r;
     }
     std::vector<float> plain(std::size_t(rows) * out), handed(plain.size());
     LinearScratch linear_scratch;

@@ -18,6 +18,7 @@
 
 #include "engine/counter_random.h"
 #include "engine/gemm.h"
+#include "pagedattn/errors.h"
 #include "support/omp_threads.h"
 
 namespace pagedattn {
@@ -254,6 +255,102 @@ TEST(Team, ChunkRangesCoverAThreadsColumnsInWholeGranules) {
         }
         EXPECT_EQ(at, cols.end) << granule << " " << chunks;
       }
+}
+
+// The int8 tiles' split: every (row, column) of the product exactly once,
+// each thread's columns whole groups, a left-over group's rows cut only
+// where the left-over groups are at most half the threads; then no thread
+// does more than per_thread groups and its share of one more group's rows.
+TEST(Team, GroupSplitCoversTheProductOnceAndCutsLeftOverRows) {
+  for (const std::int32_t group : {8, 16})
+    for (const std::int32_t out : {0, 1, 15, 16, 100, 192, 400, 576, 960, 3072})
+      for (const std::int32_t rows : {1, 2, 3, 12, 64})
+        for (const std::int32_t threads : {1, 2, 3, 5, 8, 12, 16, 32, 64}) {
+          SCOPED_TRACE(std::to_string(out) + " x " + std::to_string(rows) + ", " +
+                       std::to_string(threads) + " threads, groups of " + std::to_string(group));
+          const engine::GroupSplit s = engine::split_groups(out, rows, threads, group);
+          EXPECT_EQ(s.groups, (out + group - 1) / group);
+          EXPECT_EQ(s.rows_cut, s.left > 0 && 2 * s.left <= threads && rows >= 2);
+          std::vector<int> runs(std::size_t(out) * std::size_t(rows), 0);
+          const auto mark = [&](engine::IndexRange c, engine::IndexRange r) {
+            ASSERT_TRUE(0 <= c.begin && c.begin <= c.end && c.end <= out);
+            ASSERT_TRUE(0 <= r.begin && r.begin <= r.end && r.end <= rows);
+            for (std::int32_t i = r.begin; i < r.end; ++i)
+              for (std::int32_t j = c.begin; j < c.end; ++j) ++runs[std::size_t(i) * out + j];
+          };
+          // The most group-rows a thread may take: per_thread groups of every
+          // row, and one more group's rows shared by floor(threads / left).
+          const std::int32_t share = s.left == 0 ? 0
+                                     : s.rows_cut
+                                         ? (rows + threads / s.left - 1) / (threads / s.left)
+                                         : rows;
+          for (std::int32_t t = 0; t < threads; ++t) {
+            const engine::IndexRange c = s.columns(t);
+            EXPECT_EQ(c.begin % group, 0);
+            EXPECT_TRUE(c.end == out || c.end % group == 0);
+            mark(c, {0, rows});
+            const engine::GroupSplit::Piece tail = s.tail(t);
+            if (tail.empty()) continue;
+            EXPECT_EQ(tail.columns.begin % group, 0);
+            EXPECT_LE(tail.columns.end - tail.columns.begin, group);
+            EXPECT_GE(tail.columns.begin, s.per_thread * threads * group);
+            EXPECT_LE(tail.rows.end - tail.rows.begin, share);
+            mark(tail.columns, tail.rows);
+          }
+          EXPECT_TRUE(std::all_of(runs.begin(), runs.end(), [](int n) { return n == 1; }));
+        }
+  EXPECT_THROW(engine::split_groups(16, 1, 0, 16), InvalidArgument);
+  EXPECT_THROW(engine::split_groups(-1, 1, 2, 16), InvalidArgument);
+  EXPECT_THROW(engine::split_groups(16, 1, 2, 0), InvalidArgument);
+  // SmolLM2's 576 columns over 16 threads: 2 groups each, and 3 rows of 12
+  // of one more (a 16th of the columns, 36, cost three whole groups before).
+  const engine::GroupSplit smol = engine::split_groups(576, 12, 16, 16);
+  EXPECT_EQ(smol.per_thread, 2);
+  EXPECT_EQ(smol.left, 4);
+  for (std::int32_t t = 0; t < 16; ++t)
+    EXPECT_EQ(smol.tail(t).rows.end - smol.tail(t).rows.begin, 3) << t;
+}
+
+// Int8 products whose groups leave some over (SmolLM2's 576 columns over 16
+// or 8 threads; 400 over 3 and 5), in a team: bitwise as one dot_tiles call
+// over every column, with x rounded by each thread or once for all
+// (LinearArgs::x_int8, read from each cut's first row).
+TEST(Team, Int8ProductsWithLeftOverRowsCutEqualOneCall) {
+  if (!engine::dot_tiles_int8_available()) GTEST_SKIP() << "no int8 tiles on this CPU";
+  constexpr std::int32_t kIn = 256, kRows = 12;
+  std::vector<float> x(std::size_t(kRows) * kIn);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(2.0 * engine::counter_uniform(5, 1, i) - 1.0);
+  engine::Int8Rows rounded;
+  rounded.resize(kRows, kIn);
+  engine::quantize_int8_rows(x.data(), 0, kRows, rounded);
+  for (const std::int32_t out : {576, 400})
+    for (const int team : {16, 8, 5, 3}) {
+      SCOPED_TRACE(std::to_string(out) + " columns, " + std::to_string(team) + " threads");
+      std::vector<std::uint8_t> q8(std::size_t(out) * (kIn / 32) * 34);
+      for (std::size_t i = 0; i < q8.size(); ++i) q8[i] = static_cast<std::uint8_t>((i * 37) % 251);
+      for (std::size_t b = 0; b < q8.size(); b += 34) q8[b + 1] = 0x14;  // f16 scale near 2^-10
+      std::vector<float> one(std::size_t(kRows) * out), split(one.size());
+      core::CacheLineVector<float> tiles;
+      engine::DotTilesArgs d{x.data(),   kRows, kIn,  q8.data(), engine::WeightFormat::kQ8_0,
+                             one.data(), out,   false};
+      d.int8 = true;
+      engine::dot_tiles(d, 0, out, tiles);
+      const Threads threads(team);
+      engine::LinearArgs a{
+          x.data(), kRows, kIn, q8.data(), out, nullptr, false, false, engine::WeightFormat::kQ8_0};
+      a.activations = engine::Activations::kInt8;
+      a.y = split.data();
+      engine::LinearScratch scratch;
+      engine::size_for_team(scratch);
+      for (const engine::Int8Rows* once : {static_cast<engine::Int8Rows*>(nullptr), &rounded}) {
+        a.x_int8 = once;
+        std::fill(split.begin(), split.end(), 0.0f);
+        core::run_in_team(true, [&] { engine::linear(a, scratch); });
+        EXPECT_EQ(std::memcmp(split.data(), one.data(), one.size() * sizeof(float)), 0)
+            << (once ? "x rounded once" : "x rounded by each thread");
+      }
+    }
 }
 
 // linear() on every route (f32 weights 1 / 16 / 80 rows: in place, tiles,
