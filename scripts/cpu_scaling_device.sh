@@ -263,14 +263,19 @@ run_sharing() {
 }
 # At 2 to 16 threads, a team's own barrier (core/team.h, the default)
 # against OpenMP's (PAGEDATTN_TEAM_BARRIER=0): BM_TeamBarrier's us per
-# piece, then SmolLM2 at 16 threads, 64 requests and one stream, alternated
-# twice.
+# piece; the busiest of 16 threads in SmolLM2's o and down products, 4-column
+# granules against whole int8 groups with left-over rows cut
+# (BM_Int8BusiestThread, one core); then SmolLM2 at 16 threads, 64 requests
+# and one stream, alternated twice.
 run_barrier() {
   local threads round own
   for threads in 2 4 8 16; do
     OMP_NUM_THREADS=$threads timeout 30 "$bench_quant" --benchmark_filter=BM_TeamBarrier \
       --benchmark_min_time=0.3 2>/dev/null | grep -E '^BM_' >>"$summary"
   done
+  OMP_NUM_THREADS=1 timeout 30 "$bench_quant" --benchmark_min_time=0.1 \
+    --benchmark_filter='BM_Int8BusiestThread/q5_0/.*/rows:(12|32)/threads:16' 2>/dev/null |
+    grep -E '^BM_' >>"$summary"
   python3 -c "import json; print(json.dumps({'prompt_len': 128, 'output_len': 128, 'n': 1}))" \
     >"$results/one-stream.jsonl"
   for round in 1 2; do
@@ -345,20 +350,23 @@ run_moe() {
 # One short sequence's decode attention over 1-16 threads: latent attention
 # (DeepSeek-V2-Lite's 16 heads, V3's 128) and 32 x 8 heads of 128, whose one
 # tile plan_attention cuts into a part per thread (chunks down to 64 keys)
-# and whose merges go out in row blocks.
+# and whose merges go out in row blocks; then SmolLM2's alpaca-like decode
+# step (12 sequences of about 80 keys, 9 x 3 heads of 64), whose attention
+# in the model hardly shrinks from 4 to 16 threads: the kernel alone.
 run_attention() {
   local shape t line index=0 list=${SCALING_THREADS:-2,4,8,16}
-  for shape in "--heads 16x1 --head-dim 576 --mla 512 --kv-dtype bf16 --kv-len 384" \
-    "--heads 128x1 --head-dim 576 --mla 512 --kv-dtype bf16 --kv-len 384" \
-    "--heads 32x8 --head-dim 128 --kv-dtype f16 --kv-len 1000"; do
+  for shape in "--heads 16x1 --head-dim 576 --mla 512 --kv-dtype bf16 --kv-len 384 --batch 1" \
+    "--heads 128x1 --head-dim 576 --mla 512 --kv-dtype bf16 --kv-len 384 --batch 1" \
+    "--heads 32x8 --head-dim 128 --kv-dtype f16 --kv-len 1000 --batch 1" \
+    "--heads 9x3 --head-dim 64 --kv-dtype f16 --kv-len 80 --batch 12"; do
     line=""
     index=$((index + 1))
     for t in 1 ${list//,/ }; do
-      timeout 20 "$bin" bench-attention $shape --batch 1 --threads "$t" --no-probe \
+      timeout 20 "$bin" bench-attention $shape --threads "$t" --no-probe \
         --seconds 0.5 >"$results/attention$index-$t.txt" 2>&1
       line="$line $t: $(grep -o -E 'median [0-9.]+ ms' "$results/attention$index-$t.txt");"
     done
-    say "attention, $shape, batch 1:$line"
+    say "attention, $shape:$line"
   done
 }
 # Prefill's products on oneDNN (f32, and bf16 on AMX tiles where the CPU
@@ -443,7 +451,7 @@ part teams && step "SmolLM2, 16 threads: layers in teams or a region per piece" 
 part sharing && step "SmolLM2 and 1b, 16 threads: products' chunks shared or not" run_sharing
 part barrier && step "the team's own barrier or OpenMP's: BM_TeamBarrier 2-16 threads, SmolLM2 at 16" \
   run_barrier
-part attention && step "one sequence's decode attention, 1-16 threads (bench-attention)" \
+part attention && step "decode attention, one sequence and SmolLM2's step, 1-16 threads (bench-attention)" \
   run_attention
 part moe && step "MoE files (tiled): 2 and 16 threads, 1 and 32 streams; teams at 16" run_moe
 part onednn && step "prefill's products: oneDNN against OpenBLAS and dot_tiles" run_onednn
