@@ -295,6 +295,24 @@ void BM_TeamBarrier(benchmark::State& state) {
   state.SetLabel(own ? "own barrier" : "OpenMP's barrier");
 }
 
+// The operands of the int8 tile benchmarks below: random `f` weights
+// [out][in], x [rows][in] in [-1, 1), y, and x's rows rounded once.
+struct Int8Operands {
+  std::vector<std::uint8_t> w;
+  pagedattn::core::CacheLineVector<float> x, y;
+  pagedattn::engine::Int8Rows rounded;
+  Int8Operands(WeightFormat f, std::int32_t out, std::int32_t in, std::int32_t rows)
+      : w(random_matrices(f, out, in, 1)),
+        x(std::size_t(rows) * std::size_t(in)),
+        y(std::size_t(rows) * std::size_t(out)) {
+    std::mt19937 rng(2);
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (auto& v : x) v = value(rng);
+    rounded.resize(rows, in);
+    pagedattn::engine::quantize_int8_rows(x.data(), 0, rows, rounded);
+  }
+};
+
 // One thread's share of a product split over `threads` (out / threads
 // columns) on the int8 tiles, us per share: the thread rounding every row
 // of x itself (once 0: what each thread of the product did until x was
@@ -310,23 +328,17 @@ void BM_Int8ThreadShare(benchmark::State& state, WeightFormat f) {
   const auto rows = static_cast<std::int32_t>(state.range(2));
   const auto threads = static_cast<std::int32_t>(state.range(3));
   const bool once = state.range(4) != 0;
-  const auto w = random_matrices(f, out, in, 1);
-  pagedattn::core::CacheLineVector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
-  std::mt19937 rng(2);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  for (auto& v : x) v = value(rng);
-  pagedattn::engine::Int8Rows rounded;
-  rounded.resize(rows, in);
-  pagedattn::engine::quantize_int8_rows(x.data(), 0, rows, rounded);
+  Int8Operands o(f, out, in, rows);
   pagedattn::core::CacheLineVector<float> tiles;
-  pagedattn::engine::DotTilesArgs args{x.data(), rows, in, w.data(), f, y.data(), out, false};
+  pagedattn::engine::DotTilesArgs args{o.x.data(), rows, in, o.w.data(), f, o.y.data(), out, false};
   args.int8 = true;
-  if (once) args.x_rows = &rounded;
+  if (once) args.x_rows = &o.rounded;
   const std::int32_t share = out / threads / 4 * 4, my_rows = (rows + threads - 1) / threads;
   for (auto _ : state) {
-    if (once) pagedattn::engine::quantize_int8_rows(x.data(), 0, std::min(my_rows, rows), rounded);
+    if (once)
+      pagedattn::engine::quantize_int8_rows(o.x.data(), 0, std::min(my_rows, rows), o.rounded);
     pagedattn::engine::dot_tiles(args, 0, share, tiles);
-    benchmark::DoNotOptimize(y.data());
+    benchmark::DoNotOptimize(o.y.data());
     benchmark::ClobberMemory();
   }
   state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) +
@@ -350,17 +362,10 @@ void BM_Int8BusiestThread(benchmark::State& state, WeightFormat f) {
   const auto rows = static_cast<std::int32_t>(state.range(2));
   const auto threads = static_cast<std::int32_t>(state.range(3));
   const bool cut = state.range(4) != 0;
-  const auto w = random_matrices(f, out, in, 1);
-  pagedattn::core::CacheLineVector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
-  std::mt19937 rng(2);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  for (auto& v : x) v = value(rng);
-  pagedattn::engine::Int8Rows rounded;
-  rounded.resize(rows, in);
-  pagedattn::engine::quantize_int8_rows(x.data(), 0, rows, rounded);
-  pagedattn::engine::DotTilesArgs args{nullptr, rows, in, w.data(), f, y.data(), out, false};
+  Int8Operands o(f, out, in, rows);
+  pagedattn::engine::DotTilesArgs args{nullptr, rows, in, o.w.data(), f, o.y.data(), out, false};
   args.int8 = true;
-  args.x_rows = &rounded;
+  args.x_rows = &o.rounded;
   const std::int32_t group =
       pagedattn::engine::int8_tile_group_columns(pagedattn::engine::int8_tiles());
   // The busiest thread's pieces: (columns, first row, rows).
@@ -392,10 +397,10 @@ void BM_Int8BusiestThread(benchmark::State& state, WeightFormat f) {
       pagedattn::engine::DotTilesArgs part = args;
       part.rows = p.rows;
       part.x_rows_first = p.first;
-      part.y = y.data() + std::size_t(p.first) * out;
+      part.y = o.y.data() + std::size_t(p.first) * out;
       pagedattn::engine::dot_tiles(part, p.columns.begin, p.columns.end, tiles);
     }
-    benchmark::DoNotOptimize(y.data());
+    benchmark::DoNotOptimize(o.y.data());
     benchmark::ClobberMemory();
   }
   state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) +
