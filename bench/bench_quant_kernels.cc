@@ -295,14 +295,22 @@ void BM_TeamBarrier(benchmark::State& state) {
   state.SetLabel(own ? "own barrier" : "OpenMP's barrier");
 }
 
-// The operands of the int8 tile benchmarks below: random `f` weights
-// [out][in], x [rows][in] in [-1, 1), y, and x's rows rounded once.
+// The operands of the int8 tile benchmarks below, from their args (out,
+// in, rows, threads, a switch): random `f` weights [out][in], x [rows][in]
+// in [-1, 1), y, and x's rows rounded once.
 struct Int8Operands {
+  std::int32_t out, in, rows, threads;
+  bool on;  // the benchmark's switch
   std::vector<std::uint8_t> w;
   pagedattn::core::CacheLineVector<float> x, y;
   pagedattn::engine::Int8Rows rounded;
-  Int8Operands(WeightFormat f, std::int32_t out, std::int32_t in, std::int32_t rows)
-      : w(random_matrices(f, out, in, 1)),
+  Int8Operands(const benchmark::State& state, WeightFormat f)
+      : out(static_cast<std::int32_t>(state.range(0))),
+        in(static_cast<std::int32_t>(state.range(1))),
+        rows(static_cast<std::int32_t>(state.range(2))),
+        threads(static_cast<std::int32_t>(state.range(3))),
+        on(state.range(4) != 0),
+        w(random_matrices(f, out, in, 1)),
         x(std::size_t(rows) * std::size_t(in)),
         y(std::size_t(rows) * std::size_t(out)) {
     std::mt19937 rng(2);
@@ -323,12 +331,9 @@ struct Int8Operands {
 void BM_Int8ThreadShare(benchmark::State& state, WeightFormat f) {
   if (!pagedattn::engine::dot_tiles_int8_available())
     return state.SkipWithError("no int8 tiles here");
-  const auto out = static_cast<std::int32_t>(state.range(0));
-  const auto in = static_cast<std::int32_t>(state.range(1));
-  const auto rows = static_cast<std::int32_t>(state.range(2));
-  const auto threads = static_cast<std::int32_t>(state.range(3));
-  const bool once = state.range(4) != 0;
-  Int8Operands o(f, out, in, rows);
+  Int8Operands o(state, f);
+  const std::int32_t out = o.out, in = o.in, rows = o.rows, threads = o.threads;
+  const bool once = o.on;
   pagedattn::core::CacheLineVector<float> tiles;
   pagedattn::engine::DotTilesArgs args{o.x.data(), rows, in, o.w.data(), f, o.y.data(), out, false};
   args.int8 = true;
@@ -357,12 +362,9 @@ void BM_Int8BusiestThread(benchmark::State& state, WeightFormat f) {
   using pagedattn::engine::IndexRange;
   if (!pagedattn::engine::dot_tiles_int8_available())
     return state.SkipWithError("no int8 tiles here");
-  const auto out = static_cast<std::int32_t>(state.range(0));
-  const auto in = static_cast<std::int32_t>(state.range(1));
-  const auto rows = static_cast<std::int32_t>(state.range(2));
-  const auto threads = static_cast<std::int32_t>(state.range(3));
-  const bool cut = state.range(4) != 0;
-  Int8Operands o(f, out, in, rows);
+  Int8Operands o(state, f);
+  const std::int32_t out = o.out, in = o.in, rows = o.rows, threads = o.threads;
+  const bool cut = o.on;
   pagedattn::engine::DotTilesArgs args{nullptr, rows, in, o.w.data(), f, o.y.data(), out, false};
   args.int8 = true;
   args.x_rows = &o.rounded;
