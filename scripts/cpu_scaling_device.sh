@@ -372,8 +372,8 @@ run_attention() {
 # Prefill's products on oneDNN (f32, and bf16 on AMX tiles where the CPU
 # has them) against OpenBLAS and dot_tiles (PAGEDATTN_ONEDNN=0), one thread
 # (BM_Batch, 16-2,048 rows), then SmolLM2's 2,000-token first token at 16
-# threads, exact and with --bf16-products: where kOneDnnBf16MinRows should
-# sit on this CPU.
+# threads, exact and with --bf16-products (whose line carries the bf16
+# routes' timing on this CPU, Bf16Routes).
 run_onednn() {
   local onednn flags=(--model "$model" --workload "$results/prefill2k.jsonl") extra
   python3 -c 'import json; print("".join(json.dumps({"prompt_len": 2000, "output_len": 1, "n": 1, "arrival": t}) + "\n" for t in (0, 2, 4)), end="")' \
@@ -387,7 +387,7 @@ run_onednn() {
     for extra in "" --bf16-products; do
       PAGEDATTN_ONEDNN=$onednn OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve "${flags[@]}" $extra \
         >"$results/onednn$onednn$extra.txt" 2>&1
-      say "first token, oneDNN $onednn ${extra:-exact}: $(grep -E "TTFT|prefill's" "$results/onednn$onednn$extra.txt" | tr -s ' ' | tr '\n' ';')"
+      say "first token, oneDNN $onednn ${extra:-exact}: $(grep -E "TTFT|prefill's|bf16 products on" "$results/onednn$onednn$extra.txt" | tr -s ' ' | tr '\n' ';')"
     done
   done
 }

@@ -244,6 +244,23 @@ std::string int8_activations_report(const engine::ActivationPolicy& policy) {
   return text + ")";
 }
 
+// The run's bf16 products: off, or the weight products' routes by batch
+// rows with the timing they rest on.
+std::string bf16_products_report(const engine::ActivationPolicy& policy) {
+  if (!policy.bf16) return "off";
+  const engine::Bf16RouteTiming& t = engine::bf16_route_timing();
+  std::string text = "on (weight products timed, us on f32 / bf16 tiles / oneDNN bf16:";
+  for (std::size_t i = 0; i < t.points.size(); ++i) {
+    const engine::Bf16RouteTiming::Point& p = t.points[i];
+    char point[128];
+    std::snprintf(point, sizeof point, "%s %d rows %.1f / %.1f / %.1f -> %s", i == 0 ? "" : ",",
+                  p.rows, p.f32_seconds * 1e6, p.tiles_seconds * 1e6, p.onednn_seconds * 1e6,
+                  engine::bf16_route_name(t.routes.route[i]));
+    text += point;
+  }
+  return text + ")";
+}
+
 // The products attention takes over the engine's cache, by phase, as the
 // kernels chose them (timed once per process where allowed).
 struct AttentionProducts {
@@ -346,7 +363,8 @@ int run_bench_serve(int argc, char** argv) {
               mib, static_cast<long long>(engine.cache().num_pages()), o.page_size,
               std::string(dtype_name(o.kv_dtype)).c_str());
   std::printf("  prefix caching %s; host KV tier %.1f MiB; bf16 products %s; int8 activations %s\n",
-              o.prefix_caching ? "on" : "off", o.host_kv_memory_mib, o.bf16_products ? "on" : "off",
+              o.prefix_caching ? "on" : "off", o.host_kv_memory_mib,
+              bf16_products_report(engine::activation_policy(ec)).c_str(),
               int8_activations_report(engine::activation_policy(ec)).c_str());
   const AttentionProducts attention = attention_products(engine.cache().config());
   std::printf("  attention products (where timed faster on this CPU): prefill %s, decode %s\n",

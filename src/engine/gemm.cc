@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -251,10 +252,6 @@ const std::uint16_t* bf16_weight_block(const LinearArgs& a, IndexRange block,
                          std::int64_t(n) * a.in, 1.0f);
   }
   return rounded.data();
-}
-
-bool onednn_bf16_rows(std::int32_t rows) {
-  return rows >= kOneDnnBf16MinRows && onednn_bf16_products();
 }
 
 void linear_bf16_blocked(const LinearArgs& a, LinearScratch& s) {
@@ -512,15 +509,38 @@ bool takes_int8_tiles(std::int32_t rows, WeightFormat format, bool deterministic
          !int8_in_place(rows, format, kind) && int8_tiles_take(rows, kind);
 }
 
-void linear(const LinearArgs& a, LinearScratch& scratch) {
+namespace {
+
+// The routes linear() takes, 2 bits each (Bf16Route), set outside products.
+std::uint32_t pack_routes(const Bf16Routes& r) {
+  std::uint32_t bits = 0;
+  for (std::size_t i = 0; i < r.route.size(); ++i) bits |= std::uint32_t(r.route[i]) << (2 * i);
+  return bits;
+}
+std::atomic<std::uint32_t>& route_bits() {
+  static std::atomic<std::uint32_t> bits{pack_routes(fixed_bf16_routes())};
+  return bits;
+}
+
+// Whether a batch may take bf16 products (Bf16Route's conditions).
+bool may_take_bf16(const LinearArgs& a) {
+  return !a.deterministic && (a.bf16_batches || default_bf16_batches()) && a.rows >= kBf16MinRows &&
+         a.in % kQuantBlock == 0 && dot_tiles_bf16_available();
+}
+
+void check_linear_args(const LinearArgs& a) {
   require(a.ldy == 0 || a.ldy >= a.out, "linear: ldy = ", a.ldy,
           " is neither 0 (y's rows are out = ", a.out, " long) nor >= out");
   require(a.x_int8 == nullptr || (a.x_int8->in == a.in && a.x_int8->rows >= a.rows),
           "linear: x_int8 holds ", a.x_int8 ? a.x_int8->rows : 0, " rows of ",
           a.x_int8 ? a.x_int8->in : 0, ", not ", a.rows, " of in = ", a.in);
+}
+
+// linear() with the batch's bf16 route decided (kF32 where it may not take bf16).
+void linear_routed(const LinearArgs& a, LinearScratch& scratch, Bf16Route route) {
   if (a.rows == 0) return;
-  const bool bf16 = !a.deterministic && (a.bf16_batches || default_bf16_batches()) &&
-                    a.rows >= kBf16MinRows && a.in % kQuantBlock == 0 && dot_tiles_bf16_available();
+  const bool onednn = route == Bf16Route::kOneDnn && onednn_bf16_products();
+  const bool tiles = route != Bf16Route::kF32 && !onednn;  // bf16 on dot_tiles
   if (a.w_format != WeightFormat::kF32) {
     if (int8_chosen(a.w_format, a.deterministic, a.activations) &&
         int8_in_place(a.rows, a.w_format, int8_tiles()))
@@ -531,23 +551,73 @@ void linear(const LinearArgs& a, LinearScratch& scratch) {
       linear_tiled(a, scratch, false);
     else if (quant_batch_in_place(a.rows, a.w_format))
       linear_quant_direct(a, false);
-    else if (bf16 && onednn_bf16_rows(a.rows))
+    else if (onednn)
       linear_bf16_blocked(a, scratch);
-    else if (bf16 || a.rows <= kDotTileRows)
-      linear_tiled(a, scratch, bf16);
+    else if (tiles || a.rows <= kDotTileRows)
+      linear_tiled(a, scratch, tiles);
     else
       linear_quant_blocked(a, scratch);
   } else if (a.deterministic) {
     linear_deterministic(a, scratch);
   } else if (a.rows <= kF32DirectRows && a.in % kQuantBlock == 0) {
     linear_quant_direct(a, false);
-  } else if (bf16 && onednn_bf16_rows(a.rows)) {
+  } else if (onednn) {
     linear_bf16_blocked(a, scratch);
-  } else if (bf16 || (a.rows <= kF32TileRows && a.in % kQuantBlock == 0)) {
-    linear_tiled(a, scratch, bf16);
+  } else if (tiles || (a.rows <= kF32TileRows && a.in % kQuantBlock == 0)) {
+    linear_tiled(a, scratch, tiles);
   } else {
     linear_fast(a);
   }
+}
+
+}  // namespace
+
+const char* bf16_route_name(Bf16Route route) {
+  switch (route) {
+    case Bf16Route::kTiles:
+      return "bf16 tiles";
+    case Bf16Route::kOneDnn:
+      return "oneDNN bf16";
+    case Bf16Route::kF32:
+      break;
+  }
+  return "f32";
+}
+
+Bf16Routes fixed_bf16_routes() {
+  Bf16Routes r;
+  for (std::size_t i = 0; i < r.route.size(); ++i)
+    r.route[i] = kBf16RouteRows[i] >= kOneDnnBf16MinRows ? Bf16Route::kOneDnn : Bf16Route::kTiles;
+  return r;
+}
+
+Bf16Routes bf16_routes() {
+  const std::uint32_t bits = route_bits().load(std::memory_order_relaxed);
+  Bf16Routes r;
+  for (std::size_t i = 0; i < r.route.size(); ++i)
+    r.route[i] = static_cast<Bf16Route>((bits >> (2 * i)) & 3u);
+  return r;
+}
+
+void set_bf16_routes(const Bf16Routes& routes) {
+  route_bits().store(pack_routes(routes), std::memory_order_relaxed);
+}
+
+Bf16Route bf16_route(std::int32_t rows) {
+  const Bf16Routes r = bf16_routes();
+  std::size_t i = 0;
+  while (i + 1 < kBf16RouteRows.size() && rows >= kBf16RouteRows[i + 1]) ++i;
+  return r.route[i];
+}
+
+void linear(const LinearArgs& a, LinearScratch& scratch) {
+  check_linear_args(a);
+  linear_routed(a, scratch, may_take_bf16(a) ? bf16_route(a.rows) : Bf16Route::kF32);
+}
+
+void linear_on_bf16_route(const LinearArgs& a, LinearScratch& scratch, Bf16Route route) {
+  check_linear_args(a);
+  linear_routed(a, scratch, may_take_bf16(a) ? route : Bf16Route::kF32);
 }
 
 }  // namespace pagedattn::engine

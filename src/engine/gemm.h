@@ -2,6 +2,7 @@
 // calls on fixed-shape tiles, spread over OpenMP threads.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -89,11 +90,40 @@ constexpr bool quant_batch_in_place(std::int32_t rows, WeightFormat format) {
 // bound by reading the weights more than by arithmetic.
 inline constexpr std::int32_t kBf16MinRows = 9;
 // ... and from this many rows (prefill chunks) on oneDNN's bf16 matmul where
-// onednn_bf16_products(), on AMX tiles where the CPU has them: below it the
-// weights' rounding into oneDNN's blocks costs more than its kernel saves
-// over dot_tiles' bf16 tiles on AVX512-BF16 (docs/benchmarks.md, "oneDNN's
-// matmul against the model's products").
+// onednn_bf16_products(), on AMX tiles where the CPU has them, unless a
+// timing chose otherwise (Bf16Routes): on Zen 4 the weights' rounding into
+// oneDNN's blocks costs more below it than its kernel saves over dot_tiles'
+// bf16 tiles on AVX512-BF16 (docs/benchmarks.md, "oneDNN's matmul against
+// the model's products").
 inline constexpr std::int32_t kOneDnnBf16MinRows = 512;
+
+// The route of a batch that may take bf16 products (bf16_batches or the
+// scope, at least kBf16MinRows rows, `in` a multiple of 32,
+// dot_tiles_bf16_available()): the f32 route (bf16 not worth it there),
+// dot_tiles' bf16 tiles, or oneDNN's bf16 matmul (where
+// onednn_bf16_products(); else the tiles).
+enum class Bf16Route : std::uint8_t { kF32, kTiles, kOneDnn };
+const char* bf16_route_name(Bf16Route route);  // "f32", "bf16 tiles", "oneDNN bf16"
+// The routes by batch rows: route[i] from kBf16RouteRows[i] rows on, route[0]
+// below the first too. What takes the least time depends on the CPU (AMX's
+// tiles make oneDNN's matmul the fastest from a few dozen rows; on a Xeon
+// the bf16 tiles were slower than f32 at 16-256 rows), so an engine with
+// bf16 products times them once (bf16_route_timing, step_activations.h)
+// and sets them.
+inline constexpr std::array<std::int32_t, 4> kBf16RouteRows = {16, 64, 256, 512};
+struct Bf16Routes {
+  std::array<Bf16Route, kBf16RouteRows.size()> route{};
+  friend bool operator==(const Bf16Routes&, const Bf16Routes&) = default;
+};
+// The routes before any timing: the tiles below kOneDnnBf16MinRows,
+// oneDNN from it.
+Bf16Routes fixed_bf16_routes();
+// The routes linear() takes now, and their setter (an engine's timing,
+// tests; not while a product runs).
+Bf16Routes bf16_routes();
+void set_bf16_routes(const Bf16Routes& routes);
+// The route of a batch of `rows` rows under bf16_routes().
+Bf16Route bf16_route(std::int32_t rows);
 // F32 weights outside deterministic mode (the presets, F32 GGUF tensors):
 // one row (of a multiple of 32 weights) runs the in-place kernel, which
 // reads each weight once where BLAS would first copy it into its packed
@@ -324,5 +354,8 @@ std::string blas_core_for(const std::string& kernels, const char* user_choice, b
 // the end; size_for_team(scratch) first, and check ldy before: nothing may
 // throw inside a team.
 void linear(const LinearArgs& args, LinearScratch& scratch);
+// linear() with a batch that may take bf16 products sent down `route`
+// whatever bf16_routes() says (the routes' timing).
+void linear_on_bf16_route(const LinearArgs& args, LinearScratch& scratch, Bf16Route route);
 
 }  // namespace pagedattn::engine

@@ -9,7 +9,9 @@
 
 #include "core/seconds_since.h"
 #include "core/team.h"
+#include "engine/dot_tiles.h"
 #include "engine/gemm.h"
+#include "engine/onednn_matmul.h"
 #include "kernels/cpu/product_paths.h"
 #include "pagedattn/dtype.h"
 
@@ -89,7 +91,77 @@ Int8DecodeTiming time_int8_decode() {
   return t;
 }
 
+// The best time of one call on each bf16 route at `rows` rows, alternated
+// (larger batches fewer calls: the 512-row f32 route takes milliseconds).
+Bf16RouteTiming::Point time_bf16_rows(const std::vector<std::uint8_t>& w, std::int32_t rows) {
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  const int calls = rows >= 256 ? 1 : 3, rounds = rows >= 256 ? 2 : 4;
+  std::vector<float> x(std::size_t(rows) * kTimedIn), y(std::size_t(rows) * kTimedOut);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (float& v : x) v = value(rng);
+  LinearScratch scratch;
+  LinearArgs a{x.data(), rows, kTimedIn, w.data(), kTimedOut, y.data()};
+  a.w_format = WeightFormat::kQ4_K;
+  a.activations = Activations::kF32;
+  a.bf16_batches = true;
+  const auto seconds = [&](Bf16Route route) {
+    const double start = steady_seconds();
+    for (int call = 0; call < calls; ++call) linear_on_bf16_route(a, scratch, route);
+    return (steady_seconds() - start) / calls;
+  };
+  const bool onednn = onednn_bf16_products();
+  Bf16RouteTiming::Point p{rows, kNone, kNone, kNone};
+  for (int round = -1; round < rounds; ++round) {  // round -1 warms caches and primitives
+    const double f32 = seconds(Bf16Route::kF32), tiles = seconds(Bf16Route::kTiles);
+    const double mat = onednn ? seconds(Bf16Route::kOneDnn) : kNone;
+    if (round < 0) continue;
+    p.f32_seconds = std::min(p.f32_seconds, f32);
+    p.tiles_seconds = std::min(p.tiles_seconds, tiles);
+    p.onednn_seconds = std::min(p.onednn_seconds, mat);
+  }
+  return p;
+}
+
+Bf16RouteTiming time_bf16_routes() {
+  Bf16RouteTiming t;
+  for (std::size_t i = 0; i < t.points.size(); ++i) t.points[i].rows = kBf16RouteRows[i];
+  if (!dot_tiles_bf16_available()) return t;  // all f32, nothing to time
+  const std::vector<std::uint8_t> w = random_q4_k(kTimedOut, kTimedIn);
+  const core::SoloScope one_thread;
+  const Bf16Routes fixed = fixed_bf16_routes();
+  for (std::size_t i = 0; i < t.points.size(); ++i) {
+    t.points[i] = time_bf16_rows(w, kBf16RouteRows[i]);
+    t.routes.route[i] = fastest_bf16_route(t.points[i], fixed.route[i]);
+  }
+  if (kernels::log_product_measurements())
+    for (std::size_t i = 0; i < t.points.size(); ++i) {
+      const Bf16RouteTiming::Point& p = t.points[i];
+      std::fprintf(stderr,
+                   "pagedattn: bf16 products from %d rows: f32 %.1f us, bf16 tiles %.1f us, oneDNN "
+                   "bf16 %.1f us (Q4_K 576 x 1536, one thread): %s\n",
+                   p.rows, p.f32_seconds * 1e6, p.tiles_seconds * 1e6, p.onednn_seconds * 1e6,
+                   bf16_route_name(t.routes.route[i]));
+    }
+  return t;
+}
+
 }  // namespace
+
+Bf16Route fastest_bf16_route(const Bf16RouteTiming::Point& p, Bf16Route fixed) {
+  const bool fixed_onednn = fixed == Bf16Route::kOneDnn;
+  const double kept = fixed_onednn ? p.onednn_seconds : p.tiles_seconds;
+  const double other = fixed_onednn ? p.tiles_seconds : p.onednn_seconds;
+  const bool onednn = other <= kBf16Margin * kept ? !fixed_onednn : fixed_onednn;
+  const double bf16 = onednn ? p.onednn_seconds : p.tiles_seconds;
+  if (!(bf16 <= kBf16Margin * p.f32_seconds)) return Bf16Route::kF32;
+  return onednn ? Bf16Route::kOneDnn : Bf16Route::kTiles;
+}
+
+const Bf16RouteTiming& bf16_route_timing() {
+  static const Bf16RouteTiming timing = time_bf16_routes();
+  return timing;
+}
 
 const Int8DecodeTiming& int8_decode_timing() {
   static const Int8DecodeTiming timing = time_int8_decode();
@@ -98,6 +170,7 @@ const Int8DecodeTiming& int8_decode_timing() {
 
 void prepare_step_activations(const ActivationPolicy& policy) {
   int8_decode_rows(policy);  // times where the choice rests on the timing
+  if (policy.bf16) set_bf16_routes(bf16_route_timing().routes);
 }
 
 std::int32_t int8_decode_rows(const ActivationPolicy& policy) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 
+#include "engine/gemm.h"
 #include "pagedattn/engine.h"
 
 namespace pagedattn::engine {
@@ -31,11 +32,13 @@ inline constexpr double kInt8DecodeMargin = 0.8;
 struct ActivationPolicy {
   bool int8_always = false;  // EngineConfig::int8_activations: every step, prompts too
   bool exact = false;        // EngineConfig::exact_products or ::deterministic: never
+  bool bf16 = false;         // EngineConfig::bf16_products: batches may take bf16 (Bf16Route)
 };
 
 // The policy of an engine made with `config`.
 inline ActivationPolicy activation_policy(const EngineConfig& config) {
-  return {config.int8_activations, config.exact_products || config.deterministic};
+  const bool exact = config.exact_products || config.deterministic;
+  return {config.int8_activations, exact, config.bf16_products && !exact};
 }
 
 // The one-time timing: linear() on a Q4_K matrix held in cache
@@ -57,8 +60,36 @@ struct Int8DecodeTiming {
 // prints the figures), returns the recorded timing after. Thread-safe.
 const Int8DecodeTiming& int8_decode_timing();
 
-// Makes the timing now where `policy` leaves the choice to it (an engine
-// being made), so that no step pays for it.
+// The routes of batches that may take bf16 products (Bf16Routes, gemm.h),
+// timed once: linear() on the matrix above (Q4_K 576 x 1536, one thread) at
+// each of kBf16RouteRows rows on f32, on the bf16 tiles and on oneDNN's
+// bf16 matmul (where onednn_bf16_products()), alternated over rounds, the
+// best call of each. A point takes a bf16 route only where it takes at most
+// kBf16Margin of the f32 route's time (the user allowed the rounding, not a
+// slower product), and of the two bf16 routes, whose bits differ, the one
+// fixed_bf16_routes() names unless the other takes at most kBf16Margin of
+// its time: a near tie does not flip a run's bits from one process to the
+// next.
+inline constexpr double kBf16Margin = 0.9;
+struct Bf16RouteTiming {
+  struct Point {
+    std::int32_t rows = 0;
+    double f32_seconds = 0.0, tiles_seconds = 0.0, onednn_seconds = 0.0;  // infinity: not run
+  };
+  std::array<Point, kBf16RouteRows.size()> points{};
+  Bf16Routes routes;
+};
+// A point's route by the rule above, `fixed` its fixed_bf16_routes() route.
+Bf16Route fastest_bf16_route(const Bf16RouteTiming::Point& point, Bf16Route fixed);
+// Times on the first call (about 0.1 s on AVX512-BF16;
+// PAGEDATTN_LOG_PRODUCT_PATHS=1 prints the figures), returns the recorded
+// timing after; all f32 where !dot_tiles_bf16_available() (nothing run).
+// Thread-safe.
+const Bf16RouteTiming& bf16_route_timing();
+
+// Makes the timings now where `policy` leaves the choices to them (an engine
+// being made), so that no step pays for them, and sets the bf16 routes
+// (set_bf16_routes) where the policy allows bf16 products.
 void prepare_step_activations(const ActivationPolicy& policy);
 
 // The fewest sequences a decode-only step needs to take int8 activations

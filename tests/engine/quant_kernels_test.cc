@@ -727,6 +727,7 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
 // in-place batches give quant_product's bits, bf16 asked or not.
 TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
   set_onednn_products(false);  // bf16 batches on oneDNN: the next test
+  set_bf16_routes(fixed_bf16_routes());
   std::mt19937 rng(34);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   const std::int32_t in = 512, out = 40;
@@ -792,6 +793,7 @@ TEST(DotTiles, LinearRoutesBatchesToTheTiles) {
 TEST(DotTiles, Bf16BatchesOnOneDnnMatchADoubleReferenceOfTheRoundedInputs) {
   if (!dot_tiles_bf16_available() || !onednn_bf16_products())
     GTEST_SKIP() << "no AVX512-BF16 here, or no oneDNN in this build";
+  set_bf16_routes(fixed_bf16_routes());
   std::mt19937 rng(35);
   pagedattn::test::UniformFloats value(-1.0f, 1.0f);
   core::CacheLineVector<float> scratch;
@@ -849,6 +851,93 @@ TEST(DotTiles, Bf16BatchesOnOneDnnMatchADoubleReferenceOfTheRoundedInputs) {
           << weight_format_name(f) << ": " << args.rows << " rows left the tiles";
     }
   omp_set_num_threads(saved);
+}
+
+// Where a timing sends small batches to oneDNN's bf16 matmul (AMX CPUs),
+// 9-64 rows there stay within the tiles' bound of a double product of the
+// same roundings, with bits of their own.
+TEST(DotTiles, SmallBf16BatchesOnOneDnnMatchADoubleReferenceOfTheRoundedInputs) {
+  if (!dot_tiles_bf16_available() || !onednn_bf16_products())
+    GTEST_SKIP() << "no AVX512-BF16 here, or no oneDNN in this build";
+  const Bf16Routes saved = bf16_routes();
+  set_bf16_routes(
+      {{Bf16Route::kOneDnn, Bf16Route::kOneDnn, Bf16Route::kOneDnn, Bf16Route::kOneDnn}});
+  std::mt19937 rng(37);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  core::CacheLineVector<float> scratch;
+  LinearScratch ls;
+  for (const WeightFormat f : {WeightFormat::kQ4_K, WeightFormat::kQ8_0, WeightFormat::kF32})
+    for (const std::int32_t rows : {9, 16, 40, 64}) {
+      const std::int32_t in = 512, out = 29;
+      const auto w = random_blocks(f, out, in, rng, 0.05f);
+      const std::vector<float> wf = weight_values(w, f, out, in);
+      std::vector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out), tiles(y.size());
+      for (auto& v : x) v = value(rng);
+      LinearArgs args{x.data(), rows, in, w.data(), out, y.data(), false, false, f};
+      args.activations = Activations::kF32;
+      args.bf16_batches = true;
+      linear(args, ls);
+      dot_tiles({x.data(), rows, in, w.data(), f, tiles.data(), out, false, true}, 0, out, scratch);
+      bool differs = false;
+      for (std::int32_t r = 0; r < rows; ++r)
+        for (std::int32_t o = 0; o < out; ++o) {
+          double a = 0.0;
+          const double want = bf16_product(x, wf, in, r, o, &a);
+          const std::size_t at = std::size_t(r) * out + o;
+          ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a + 1e-30)
+              << weight_format_name(f) << " rows " << rows << " r " << r << " o " << o;
+          differs = differs || y[at] != tiles[at];
+        }
+      EXPECT_TRUE(differs) << weight_format_name(f) << " " << rows << ": the tiles' bits";
+    }
+  set_bf16_routes(saved);
+}
+
+// A batch that may take bf16 products goes down the route bf16_routes()
+// names for its rows (route[i] from kBf16RouteRows[i] rows on, route[0]
+// below): bitwise what linear_on_bf16_route gives on that route, f32's bits
+// (bf16 not asked) where the route is f32; deterministic mode, bf16 not
+// asked and batches under kBf16MinRows stay f32 whatever the routes.
+TEST(DotTiles, LinearTakesTheBf16RouteSetForTheRows) {
+  if (!dot_tiles_bf16_available()) GTEST_SKIP() << "no AVX512-BF16 here";
+  std::mt19937 rng(36);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  LinearScratch ls;
+  const Bf16Routes saved = bf16_routes();
+  using R = Bf16Route;
+  const Bf16Routes routes{{R::kOneDnn, R::kF32, R::kTiles, R::kOneDnn}};
+  set_bf16_routes(routes);
+  EXPECT_EQ(bf16_route(9), R::kOneDnn);
+  EXPECT_EQ(bf16_route(63), R::kOneDnn);
+  EXPECT_EQ(bf16_route(64), R::kF32);
+  EXPECT_EQ(bf16_route(300), R::kTiles);
+  EXPECT_EQ(bf16_route(4096), R::kOneDnn);
+  const std::int32_t in = 256, out = 24;
+  for (const WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kF32})
+    for (const std::int32_t rows : {8, 9, 40, 64, 100, 256, 520}) {
+      SCOPED_TRACE(std::string(weight_format_name(f)) + ", " + std::to_string(rows) + " rows");
+      const auto w = random_blocks(f, out, in, rng, 0.05f);
+      std::vector<float> x(std::size_t(rows) * in);
+      for (auto& v : x) v = value(rng);
+      std::vector<float> y(std::size_t(rows) * out), want(y.size());
+      LinearArgs a{x.data(), rows, in, w.data(), out, y.data(), false, false, f};
+      a.activations = Activations::kF32;
+      a.bf16_batches = true;
+      linear(a, ls);
+      const R route = rows >= kBf16MinRows ? bf16_route(rows) : R::kF32;
+      LinearArgs ref = a;
+      ref.y = want.data();
+      ref.bf16_batches = route != R::kF32;
+      linear_on_bf16_route(ref, ls, route);
+      EXPECT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)))
+          << bf16_route_name(route);
+      if (route == R::kTiles) {  // the tiles' own bits, not f32's
+        a.bf16_batches = false;
+        linear(a, ls);
+        EXPECT_NE(0, std::memcmp(y.data(), want.data(), y.size() * sizeof(float)));
+      }
+    }
+  set_bf16_routes(saved);
 }
 
 TEST(DotTiles, RefusesAnInputThatIsNotWholeBlocks) {

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <vector>
 
 #include "pagedattn/engine.h"
@@ -129,6 +130,59 @@ TEST(StepActivations, ExactProductsAndDeterministicModeNeverAskAndTheFlagAlwaysD
   EngineConfig always;
   always.int8_activations = true;
   for (const auto& s : run_steps(always)) EXPECT_TRUE(s.int8) << s.tokens << " tokens";
+}
+
+// bf16 products' routes: a bf16 route only where it beats f32 by the
+// margin; of the two bf16 routes the fixed one unless the other beats it by
+// the margin (a near tie keeps the fixed route); no oneDNN (infinite time)
+// never chosen.
+TEST(StepActivations, Bf16RoutesTakeTheFasterPathOnlyByAMargin) {
+  using engine::Bf16Route;
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  const auto route = [](double f32, double tiles, double onednn, Bf16Route fixed) {
+    return engine::fastest_bf16_route({16, f32, tiles, onednn}, fixed);
+  };
+  EXPECT_EQ(route(1.0, 0.5, 0.8, Bf16Route::kTiles), Bf16Route::kTiles);
+  EXPECT_EQ(route(1.0, 0.8, 0.5, Bf16Route::kTiles), Bf16Route::kOneDnn);
+  EXPECT_EQ(route(1.0, 0.8, 0.75, Bf16Route::kTiles), Bf16Route::kTiles);    // near tie: fixed
+  EXPECT_EQ(route(1.0, 0.75, 0.8, Bf16Route::kOneDnn), Bf16Route::kOneDnn);  // near tie: fixed
+  EXPECT_EQ(route(1.0, 0.5, 0.8, Bf16Route::kOneDnn), Bf16Route::kTiles);
+  EXPECT_EQ(route(1.0, 0.95, 0.97, Bf16Route::kTiles), Bf16Route::kF32);  // under the margin
+  EXPECT_EQ(route(1.0, 1.5, 2.0, Bf16Route::kOneDnn), Bf16Route::kF32);
+  EXPECT_EQ(route(1.0, 0.5, kNone, Bf16Route::kOneDnn), Bf16Route::kTiles);  // no oneDNN
+  EXPECT_EQ(route(1.0, 0.5, kNone, Bf16Route::kTiles), Bf16Route::kTiles);
+  EXPECT_EQ(route(1.0, kNone, kNone, Bf16Route::kTiles), Bf16Route::kF32);
+}
+
+// The timing, made once, holds a point per kBf16RouteRows with the route
+// the rule gives it; an engine with bf16 products sets those routes, and
+// linear() takes them.
+TEST(StepActivations, TheBf16TimingIsMadeOnceAndAnEngineWithBf16ProductsSetsItsRoutes) {
+  const engine::Bf16Routes before = engine::bf16_routes();
+  const engine::Bf16RouteTiming& t = engine::bf16_route_timing();
+  EXPECT_EQ(&t, &engine::bf16_route_timing());
+  const engine::Bf16Routes fixed = engine::fixed_bf16_routes();
+  for (std::size_t i = 0; i < t.points.size(); ++i) {
+    EXPECT_EQ(t.points[i].rows, engine::kBf16RouteRows[i]);
+    if (!engine::dot_tiles_bf16_available()) {
+      EXPECT_EQ(t.routes.route[i], engine::Bf16Route::kF32);
+      continue;
+    }
+    EXPECT_GT(t.points[i].f32_seconds, 0.0);
+    EXPECT_GT(t.points[i].tiles_seconds, 0.0);
+    EXPECT_EQ(t.routes.route[i], engine::fastest_bf16_route(t.points[i], fixed.route[i]));
+  }
+  engine::prepare_step_activations({});  // no bf16: the routes stay
+  EXPECT_EQ(engine::bf16_routes(), before);
+  engine::prepare_step_activations({false, false, true});
+  EXPECT_EQ(engine::bf16_routes(), t.routes);
+  engine::set_bf16_routes(before);
+  // The policy of an engine: bf16 only where its products are not exact.
+  EngineConfig c;
+  c.bf16_products = true;
+  EXPECT_TRUE(engine::activation_policy(c).bf16);
+  c.deterministic = true;
+  EXPECT_FALSE(engine::activation_policy(c).bf16);
 }
 
 }  // namespace step_activations_test
