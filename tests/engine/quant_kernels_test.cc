@@ -671,6 +671,27 @@ double bf16_product(const std::vector<float>& x, const std::vector<float>& w, st
   return sum;
 }
 
+// y [rows][out] against the double product of x and wf rounded to bf16,
+// within (in + 8) u sum |w x| (the first element past it fails, named by
+// `what`); whether y differs anywhere from `other`.
+bool within_bf16_bound(const std::vector<float>& x, const std::vector<float>& wf, std::int32_t in,
+                       std::int32_t rows, std::int32_t out, const std::vector<float>& y,
+                       const std::vector<float>& other, const std::string& what) {
+  bool differs = false;
+  for (std::int32_t r = 0; r < rows; ++r)
+    for (std::int32_t o = 0; o < out; ++o) {
+      double a = 0.0;
+      const double want = bf16_product(x, wf, in, r, o, &a);
+      const std::size_t at = std::size_t(r) * out + o;
+      if (!(std::abs(y[at] - want) <= (in + 8) * 0x1p-24 * a + 1e-30)) {
+        ADD_FAILURE() << what << " r " << r << " o " << o << " got " << y[at] << " want " << want;
+        return differs;
+      }
+      differs = differs || y[at] != other[at];
+    }
+  return differs;
+}
+
 // The bf16 path (where this CPU has AVX512-BF16) against a double product
 // of x and the dequantised weights rounded to bf16 the same way (nearest
 // even): bf16 products are exact in f32, so only the f32 sums round, as on
@@ -695,18 +716,10 @@ TEST(DotTiles, Bf16MatchesADoubleReferenceOfTheRoundedInputs) {
       args.y = f32.data();
       args.bf16 = false;
       dot_tiles(args, 0, out, scratch);
-      bool differs = false;
-      for (std::int32_t r = 0; r < rows; ++r)
-        for (std::int32_t o = 0; o < out; ++o) {
-          double a = 0.0;
-          const double want = bf16_product(x, wf, in, r, o, &a);
-          const std::size_t at = std::size_t(r) * out + o;
-          ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a + 1e-30)
-              << weight_format_name(f) << " in " << in << " rows " << rows << " r " << r << " o "
-              << o << " got " << y[at] << " want " << want;
-          differs = differs || y[at] != f32[at];
-        }
-      EXPECT_TRUE(differs) << weight_format_name(f) << ": bf16 gave the f32 path's bits";
+      const std::string what = std::string(weight_format_name(f)) + " in " + std::to_string(in) +
+                               " rows " + std::to_string(rows);
+      EXPECT_TRUE(within_bf16_bound(x, wf, in, rows, out, y, f32, what))
+          << what << ": bf16 gave the f32 path's bits";
       const std::int32_t last = rows - 1;  // alone, in a batch of one
       std::vector<float> alone(static_cast<std::size_t>(out));
       dot_tiles(
@@ -878,17 +891,9 @@ TEST(DotTiles, SmallBf16BatchesOnOneDnnMatchADoubleReferenceOfTheRoundedInputs) 
       args.bf16_batches = true;
       linear(args, ls);
       dot_tiles({x.data(), rows, in, w.data(), f, tiles.data(), out, false, true}, 0, out, scratch);
-      bool differs = false;
-      for (std::int32_t r = 0; r < rows; ++r)
-        for (std::int32_t o = 0; o < out; ++o) {
-          double a = 0.0;
-          const double want = bf16_product(x, wf, in, r, o, &a);
-          const std::size_t at = std::size_t(r) * out + o;
-          ASSERT_LE(std::abs(y[at] - want), (in + 8) * 0x1p-24 * a + 1e-30)
-              << weight_format_name(f) << " rows " << rows << " r " << r << " o " << o;
-          differs = differs || y[at] != tiles[at];
-        }
-      EXPECT_TRUE(differs) << weight_format_name(f) << " " << rows << ": the tiles' bits";
+      const std::string what = std::string(weight_format_name(f)) + " rows " + std::to_string(rows);
+      EXPECT_TRUE(within_bf16_bound(x, wf, in, rows, out, y, tiles, what))
+          << what << ": the tiles' bits";
     }
   set_bf16_routes(saved);
 }
