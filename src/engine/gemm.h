@@ -249,11 +249,13 @@ std::int32_t blas_block_columns(std::int32_t in);
 WorkSplit split_work(std::int32_t rows, std::int32_t out, int threads, bool split_rows);
 
 // The column split of the kernels that take any column range at the same
-// cost per column (the in-place kernels, dot_tiles): whole rows, and the
-// granule of 16, 8 or 4 columns that makes the widest part narrowest (the
-// larger on a tie), so that a small model's outputs keep many threads
-// even: 576 columns over 16 threads go 36 to each, where 16-column granules
-// give parts of 48 and 32 and the widest sets the product's time.
+// cost per column (the in-place kernels, dot_tiles' f32 and bf16 tiles; the
+// int8 tiles, whose partial group costs a whole one, take split_groups):
+// whole rows, and the granule of 16, 8 or 4 columns that makes the widest
+// part narrowest (the larger on a tie), so that a small model's outputs
+// keep many threads even: 576 columns over 16 threads go 36 to each, where
+// 16-column granules give parts of 48 and 32 and the widest sets the
+// product's time.
 WorkSplit split_columns(std::int32_t out, int threads);
 
 // [begin, end) of part `part` of `parts` over `count` items, in whole
