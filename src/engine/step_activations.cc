@@ -42,21 +42,40 @@ std::vector<std::uint8_t> random_q4_k(std::int32_t out, std::int32_t in) {
   return w;
 }
 
+// One product of the timings: x [rows][kTimedIn] in [-1, 1) times the Q4_K
+// matrix w, and the mean time of a call of a route of linear() on it.
+struct TimedProduct {
+  std::vector<float> x, y;
+  LinearArgs args;
+  LinearScratch scratch;
+  TimedProduct(const std::vector<std::uint8_t>& w, std::int32_t rows)
+      : x(std::size_t(rows) * kTimedIn), y(std::size_t(rows) * kTimedOut) {
+    std::mt19937 rng(2);
+    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+    for (float& v : x) v = value(rng);
+    args = {x.data(), rows, kTimedIn, w.data(), kTimedOut, y.data()};
+    args.w_format = WeightFormat::kQ4_K;
+  }
+  TimedProduct(const TimedProduct&) = delete;
+  TimedProduct& operator=(const TimedProduct&) = delete;
+  // run(args, scratch) `calls` times: the seconds of one call, on average.
+  template <typename Run>
+  double seconds(int calls, Run&& run) {
+    const double start = steady_seconds();
+    for (int call = 0; call < calls; ++call) run(args, scratch);
+    return (steady_seconds() - start) / calls;
+  }
+};
+
 // The best time of one call on each path at `rows` rows, alternated.
 Int8DecodeTiming::Point time_rows(const std::vector<std::uint8_t>& w, std::int32_t rows) {
   constexpr std::int32_t kCalls = 4, kRounds = 5;
-  std::vector<float> x(std::size_t(rows) * kTimedIn), y(std::size_t(rows) * kTimedOut);
-  std::mt19937 rng(2);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  for (float& v : x) v = value(rng);
-  LinearScratch scratch;
-  auto seconds = [&](Activations activations) {
-    LinearArgs a{x.data(), rows, kTimedIn, w.data(), kTimedOut, y.data()};
-    a.w_format = WeightFormat::kQ4_K;
-    a.activations = activations;
-    const double start = steady_seconds();
-    for (int call = 0; call < kCalls; ++call) linear(a, scratch);
-    return (steady_seconds() - start) / kCalls;
+  TimedProduct product(w, rows);
+  const auto seconds = [&](Activations activations) {
+    return product.seconds(kCalls, [&](LinearArgs a, LinearScratch& scratch) {
+      a.activations = activations;
+      linear(a, scratch);
+    });
   };
   seconds(Activations::kF32);  // warm-up: caches, scratch
   seconds(Activations::kInt8);
@@ -96,19 +115,13 @@ Int8DecodeTiming time_int8_decode() {
 Bf16RouteTiming::Point time_bf16_rows(const std::vector<std::uint8_t>& w, std::int32_t rows) {
   constexpr double kNone = std::numeric_limits<double>::infinity();
   const int calls = rows >= 256 ? 1 : 3, rounds = rows >= 256 ? 2 : 4;
-  std::vector<float> x(std::size_t(rows) * kTimedIn), y(std::size_t(rows) * kTimedOut);
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-  for (float& v : x) v = value(rng);
-  LinearScratch scratch;
-  LinearArgs a{x.data(), rows, kTimedIn, w.data(), kTimedOut, y.data()};
-  a.w_format = WeightFormat::kQ4_K;
-  a.activations = Activations::kF32;
-  a.bf16_batches = true;
+  TimedProduct product(w, rows);
+  product.args.activations = Activations::kF32;
+  product.args.bf16_batches = true;
   const auto seconds = [&](Bf16Route route) {
-    const double start = steady_seconds();
-    for (int call = 0; call < calls; ++call) linear_on_bf16_route(a, scratch, route);
-    return (steady_seconds() - start) / calls;
+    return product.seconds(calls, [&](const LinearArgs& a, LinearScratch& scratch) {
+      linear_on_bf16_route(a, scratch, route);
+    });
   };
   const bool onednn = onednn_bf16_products();
   Bf16RouteTiming::Point p{rows, kNone, kNone, kNone};
