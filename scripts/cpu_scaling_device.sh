@@ -93,6 +93,12 @@ results=$work/results
 mkdir -p "$out" "$results"
 summary=$out/summary.md
 say() { echo "$@" | tee -a "$summary"; }
+# streams_workload N FILE: a bench-serve trace of N requests of 128 + 128
+# tokens, all at once.
+streams_workload() {
+  python3 -c "import json, sys; n = int(sys.argv[1]); print(''.join(json.dumps({'prompt_len': 128, 'output_len': 128, 'n': 1}) + '\n' for _ in range(n)), end='')" \
+    "$1" >"$2"
+}
 # say_run LABEL FILE: a bench-serve run's throughput, decode step and its
 # phases on one line of the summary.
 say_run() {
@@ -276,8 +282,7 @@ run_barrier() {
   OMP_NUM_THREADS=1 timeout 30 "$bench_quant" --benchmark_min_time=0.1 \
     --benchmark_filter='BM_Int8BusiestThread/q5_0/.*/rows:(12|32)/threads:16' 2>/dev/null |
     grep -E '^BM_' >>"$summary"
-  python3 -c "import json; print(json.dumps({'prompt_len': 128, 'output_len': 128, 'n': 1}))" \
-    >"$results/one-stream.jsonl"
+  streams_workload 1 "$results/one-stream.jsonl"
   for round in 1 2; do
     for own in 0 1; do
       PAGEDATTN_TEAM_BARRIER=$own OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
@@ -296,8 +301,7 @@ run_ab() {
   [ -n "$base_bin" ] || { say "ab: the bundle holds no base binary (BASE_BIN=... at --bundle)"; return 0; }
   local round side streams exe
   for streams in 1 8; do
-    python3 -c "import json, sys; n = int(sys.argv[1]); print(''.join(json.dumps({'prompt_len': 128, 'output_len': 128, 'n': 1}) + '\n' for _ in range(n)), end='')" \
-      "$streams" >"$results/ab-s$streams.jsonl"
+    streams_workload "$streams" "$results/ab-s$streams.jsonl"
   done
   for round in 1 2; do
     for side in base head; do
@@ -326,8 +330,7 @@ run_moe() {
   [ ${#moe_models[@]} -gt 0 ] || { say "moe: the bundle holds no MoE file (MOE=... at --bundle)"; return 0; }
   local model name streams threads teams
   for streams in 1 32; do
-    python3 -c "import json, sys; n = int(sys.argv[1]); print(''.join(json.dumps({'prompt_len': 128, 'output_len': 128, 'n': 1}) + '\n' for _ in range(n)), end='')" \
-      "$streams" >"$results/moe-s$streams.jsonl"
+    streams_workload "$streams" "$results/moe-s$streams.jsonl"
   done
   for model in "${moe_models[@]}"; do
     name=$(basename "$model" .gguf)
