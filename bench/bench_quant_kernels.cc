@@ -409,6 +409,95 @@ void BM_Int8BusiestThread(benchmark::State& state, WeightFormat f) {
                  (cut ? " whole groups, left-over rows cut" : " 4-column granules"));
 }
 
+// What one thread of `threads` does in a SmolLM2 layer's four int8
+// products (q/k/v 960 x 576, o 576 x 576, gate/up 3,072 x 576, down 576 x
+// 1,536) as linear() splits and chunks them in a team (split_groups, then
+// kChunksPerPart chunks of whole groups and the left-over rows), us per
+// layer, x rounded once, the weights cold: each iteration the next of
+// enough copies of the layer to span kColdBytes. next 1: each chunk asks for
+// the first group of the thread's next chunk while its last group computes
+// (DotTilesArgs::next_first); 0: not. Args: rows, threads, next.
+void BM_Int8LayerShare(benchmark::State& state, WeightFormat f) {
+  using pagedattn::engine::IndexRange;
+  if (!pagedattn::engine::dot_tiles_int8_available())
+    return state.SkipWithError("no int8 tiles here");
+  const auto rows = static_cast<std::int32_t>(state.range(0));
+  const auto threads = static_cast<std::int32_t>(state.range(1));
+  const bool next = state.range(2) != 0;
+  struct Product {
+    std::int32_t out, in;
+    std::size_t bytes;  // one copy's
+    std::vector<std::uint8_t> w;
+  };
+  std::vector<Product> products = {
+      {960, 576, 0, {}}, {576, 576, 0, {}}, {3072, 576, 0, {}}, {576, 1536, 0, {}}};
+  std::size_t layer_bytes = 0;
+  for (Product& p : products) {
+    p.bytes = std::size_t(p.out) * std::size_t(pagedattn::engine::weight_row_bytes(f, p.in));
+    layer_bytes += p.bytes;
+  }
+  const std::size_t copies = (kColdBytes + layer_bytes - 1) / layer_bytes;
+  for (Product& p : products) p.w = random_matrices(f, p.out, p.in, copies);
+  pagedattn::core::CacheLineVector<float> x(std::size_t(rows) * 1536), y(std::size_t(rows) * 3072);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (auto& v : x) v = value(rng);
+  pagedattn::engine::Int8Rows rounded576, rounded1536;
+  rounded576.resize(rows, 576);
+  rounded1536.resize(rows, 1536);
+  pagedattn::engine::quantize_int8_rows(x.data(), 0, rows, rounded576);
+  pagedattn::engine::quantize_int8_rows(x.data(), 0, rows, rounded1536);
+  const std::int32_t group =
+      pagedattn::engine::int8_tile_group_columns(pagedattn::engine::int8_tiles());
+  pagedattn::core::CacheLineVector<float> tiles;
+  std::size_t copy = 0;
+  const auto pieces_of = [&](const Product& p) {
+    const auto split = pagedattn::engine::split_groups(p.out, rows, threads, group);
+    std::vector<pagedattn::engine::GroupSplit::Piece> pieces;
+    for (std::int32_t c = 0; c < pagedattn::engine::kChunksPerPart; ++c)
+      pieces.push_back({pagedattn::engine::chunk_range(
+                            split.columns(0), pagedattn::engine::kChunksPerPart, c, split.group),
+                        {0, rows}});
+    pieces.push_back(split.tail(0));
+    std::erase_if(pieces, [](const auto& piece) { return piece.empty(); });
+    return pieces;
+  };
+  for (auto _ : state) {
+    for (const Product& p : products) {
+      pagedattn::engine::DotTilesArgs args{nullptr, rows,     p.in,  p.w.data() + copy * p.bytes,
+                                           f,       y.data(), p.out, false};
+      args.int8 = true;
+      args.x_rows = p.in == 576 ? &rounded576 : &rounded1536;
+      const auto pieces = pieces_of(p);
+      for (std::size_t i = 0; i < pieces.size(); ++i) {
+        pagedattn::engine::DotTilesArgs part = args;
+        const auto& piece = pieces[i];
+        part.rows = piece.rows.end - piece.rows.begin;
+        part.x_rows_first = piece.rows.begin;
+        part.y = y.data() + std::size_t(piece.rows.begin) * p.out;
+        if (next && i + 1 < pieces.size()) {
+          part.next_first = pieces[i + 1].columns.begin;
+          part.next_count = pieces[i + 1].columns.end - pieces[i + 1].columns.begin;
+        }
+        pagedattn::engine::dot_tiles(part, piece.columns.begin, piece.columns.end, tiles);
+      }
+    }
+    copy = (copy + 1) % copies;
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) +
+                 (next ? " next chunk's first group asked for" : " not asked for"));
+}
+
+void LayerShareShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "threads", "next"});
+  for (const std::int64_t threads : {2, 16})
+    for (const std::int64_t rows : {12, 32})
+      for (const std::int64_t next : {0, 1}) b->Args({rows, threads, next});
+  b->Unit(benchmark::kMicrosecond);
+}
+
 // SmolLM2's o (576 x 576) and down (576 x 1536) products, whose 36 groups
 // of 16 columns leave 4 over at 8, 16 and 32 threads.
 void BusiestThreadShapes(benchmark::internal::Benchmark* b) {
@@ -499,6 +588,8 @@ BENCHMARK(BM_TeamBarrier)->ArgName("own")->Arg(0)->Arg(1)->Unit(benchmark::kMicr
 BENCHMARK_CAPTURE(BM_Int8ThreadShare, q4_1, WeightFormat::kQ4_1)->Apply(ThreadShareShapes);
 BENCHMARK_CAPTURE(BM_Int8ThreadShare, q5_0, WeightFormat::kQ5_0)->Apply(ThreadShareShapes);
 BENCHMARK_CAPTURE(BM_Int8BusiestThread, q4_1, WeightFormat::kQ4_1)->Apply(BusiestThreadShapes);
+BENCHMARK_CAPTURE(BM_Int8LayerShare, q4_1, WeightFormat::kQ4_1)->Apply(LayerShareShapes);
+BENCHMARK_CAPTURE(BM_Int8LayerShare, q5_0, WeightFormat::kQ5_0)->Apply(LayerShareShapes);
 BENCHMARK_CAPTURE(BM_Int8BusiestThread, q5_0, WeightFormat::kQ5_0)->Apply(BusiestThreadShapes);
 BENCHMARK_CAPTURE(BM_Batch, f32, WeightFormat::kF32)->Apply(FloatBatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, f16, WeightFormat::kF16)->Apply(FloatBatchShapes);

@@ -246,6 +246,8 @@ HWY_INLINE void ForEachTile(const DotTilesArgs& a, std::int32_t out_begin, std::
       const T* rows_of_group = group(o, count);
       if (a.format != WeightFormat::kF32 && o + count < out_end)
         prefetch_weight_rows(a, o + count, std::min(kDotTileGroup, out_end - o - count));
+      else if (a.format != WeightFormat::kF32 && first + rows == a.rows && a.next_count > 0)
+        prefetch_weight_rows(a, a.next_first, std::min(kDotTileGroup, a.next_count));
       for (std::int32_t c0 = 0; c0 < count; c0 += Shape::kColumns) {
         const T* w[Shape::kColumns];
         const std::int32_t cols = TileColumns<Shape::kColumns>(rows_of_group, in, count, c0, w);

@@ -83,6 +83,12 @@ struct DotTilesArgs {
   // The row of x_rows that is row 0 of these rows (a thread's range of a
   // batch rounded once for all).
   std::int32_t x_rows_first = 0;
+  // Weight rows [next_first, next_first + next_count) (at most a group's)
+  // asked for while the range's last group computes: the start of the
+  // range the calling thread runs next. A team's threads run a product in
+  // chunks of one or two groups on 16 cores, so without it each chunk's
+  // first group, and so nearly every group, waited on memory.
+  std::int32_t next_first = 0, next_count = 0;
 };
 
 // Whether dot_tiles honours DotTilesArgs::bf16 here: an AVX-512 target was

@@ -162,8 +162,19 @@ void linear_quant_blocked(const LinearArgs& a, LinearScratch& s) {
 // the rows, as in linear_quant_direct: one row is bound by reading them.
 constexpr std::int64_t kTileParallelWork = kParallelWork / 4;
 
-// dot_tiles on rows [rows.begin, rows.end) of d alone.
-void dot_tiles_rows(const DotTilesArgs& d, GroupSplit::Piece piece,
+// d's columns `cols`, with the first of `next` (the columns the thread
+// runs after them, if empty none) asked for while their last group computes
+// (DotTilesArgs::next_first).
+void dot_tiles_then(const DotTilesArgs& d, IndexRange cols, IndexRange next,
+                    core::CacheLineVector<float>& scratch) {
+  DotTilesArgs part = d;
+  part.next_first = next.begin;
+  part.next_count = next.end - next.begin;
+  dot_tiles(part, cols.begin, cols.end, scratch);
+}
+
+// dot_tiles on rows [rows.begin, rows.end) of d alone, then `next`.
+void dot_tiles_rows(const DotTilesArgs& d, GroupSplit::Piece piece, IndexRange next,
                     core::CacheLineVector<float>& scratch) {
   DotTilesArgs part = d;
   const auto first = std::size_t(piece.rows.begin);
@@ -171,7 +182,19 @@ void dot_tiles_rows(const DotTilesArgs& d, GroupSplit::Piece piece,
   part.y += first * std::size_t(d.ldy);
   part.rows = piece.rows.end - piece.rows.begin;
   part.x_rows_first += piece.rows.begin;
-  dot_tiles(part, piece.columns.begin, piece.columns.end, scratch);
+  dot_tiles_then(part, piece.columns, next, scratch);
+}
+
+// The columns of the first non-empty chunk after `chunk` of those
+// chunk_of(c) gives for c < chunks; empty if none. A thread runs its own
+// part's chunks in order, unless another took them first.
+template <typename ChunkOf>
+IndexRange next_chunk(std::int32_t chunk, std::int32_t chunks, const ChunkOf& chunk_of) {
+  for (std::int32_t c = chunk + 1; c < chunks; ++c) {
+    const IndexRange cols = chunk_of(c);
+    if (cols.begin < cols.end) return cols;
+  }
+  return {};
 }
 
 void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = false) {
@@ -194,14 +217,21 @@ void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = 
   if (int8) {  // whole groups of the tiles' 16 or 8 columns, left-over rows cut
     const GroupSplit split =
         split_groups(a.out, a.rows, threads, int8_tile_group_columns(int8_tiles()));
+    const auto piece_of = [&](std::int32_t t, std::int32_t c) {
+      return c < kChunksPerPart
+                 ? GroupSplit::Piece{chunk_range(split.columns(t), kChunksPerPart, c, split.group),
+                                     {0, a.rows}}
+                 : split.tail(t);
+    };
     core::for_each_chunk_shared(
         split.threads, kChunksPerPart + 1, [&](std::int32_t t, std::int32_t c) {
-          const GroupSplit::Piece piece =
-              c < kChunksPerPart
-                  ? GroupSplit::Piece{chunk_range(split.columns(t), kChunksPerPart, c, split.group),
-                                      {0, a.rows}}
-                  : split.tail(t);
-          if (!piece.empty()) dot_tiles_rows(d, piece, thread_block(s));
+          const GroupSplit::Piece piece = piece_of(t, c);
+          if (piece.empty()) return;
+          const IndexRange next = next_chunk(c, kChunksPerPart + 1, [&](std::int32_t n) {
+            const GroupSplit::Piece p = piece_of(t, n);
+            return p.empty() ? IndexRange{} : p.columns;
+          });
+          dot_tiles_rows(d, piece, next, thread_block(s));
         });
     return;
   }
@@ -209,8 +239,12 @@ void linear_tiled(const LinearArgs& a, LinearScratch& s, bool bf16, bool int8 = 
   // Chunks in whole register tiles of 16 columns (f32 and bf16).
   core::for_each_chunk_shared(split.tasks(), kChunksPerPart, [&](std::int32_t t, std::int32_t c) {
     const IndexRange part = part_range(a.out, split.column_parts, t, split.column_granule);
-    const IndexRange cols = chunk_range(part, kChunksPerPart, c, kColumnGranule);
-    if (cols.begin < cols.end) dot_tiles(d, cols.begin, cols.end, thread_block(s));
+    const auto chunk_of = [&](std::int32_t n) {
+      return chunk_range(part, kChunksPerPart, n, kColumnGranule);
+    };
+    const IndexRange cols = chunk_of(c);
+    if (cols.begin < cols.end)
+      dot_tiles_then(d, cols, next_chunk(c, kChunksPerPart, chunk_of), thread_block(s));
   });
 }
 

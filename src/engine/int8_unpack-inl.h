@@ -378,6 +378,8 @@ PAGEDATTN_INT8_TARGET inline void DotTilesInt8(const DotTilesArgs& a, std::int32
       PackGroup(a, layout, o, count, g);
       if (o + count < out_end)
         prefetch_weight_rows(a, o + count, std::min(kGroupColumns, out_end - o - count));
+      else if (first + rows == a.rows && a.next_count > 0)
+        prefetch_weight_rows(a, a.next_first, std::min(kGroupColumns, a.next_count));
       if (layout.sub == 16)
         GroupTimesPass<16, false, false>(a, layout, p, rows, g, count, y + o);
       else if (layout.mins)

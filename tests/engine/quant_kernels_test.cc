@@ -1416,6 +1416,38 @@ TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchColumnRangeOrTileKind) {
 // every kind, and a range of them from its first row on (x_rows_first)
 // those rows' bits; linear() takes them through LinearArgs::x_int8 on the int8
 // tiles, ignores them elsewhere, and refuses rows that do not cover x.
+// Asking for the weight rows of the caller's next chunk
+// (DotTilesArgs::next_first / next_count) only prefetches: the same bits on
+// the int8 tiles of every kind and on f32 x, at a few rows and over a pass.
+TEST(DotTiles, AskingForTheNextChunkLeavesTheBits) {
+  std::mt19937 rng(41);
+  pagedattn::test::UniformFloats value(-1.0f, 1.0f);
+  core::CacheLineVector<float> scratch;
+  const std::int32_t in = 512, out = 45;
+  for (const WeightFormat f : kInt8Formats) {
+    const auto w = random_blocks(f, out, in, rng, 0.05f);
+    for (const std::int32_t rows : {3, 12, 133}) {
+      std::vector<float> x(std::size_t(rows) * in);
+      for (auto& v : x) v = value(rng);
+      std::vector<float> plain(std::size_t(rows) * out), asked(plain.size());
+      for (const bool int8 : {false, true}) {
+        if (int8 && !dot_tiles_int8_available()) continue;
+        DotTilesArgs args{x.data(), rows, in, w.data(), f, plain.data(), out, false};
+        args.int8 = int8;
+        dot_tiles(args, 5, 37, scratch);
+        for (const auto& [first, count] : {std::pair{37, 8}, std::pair{0, 45}, std::pair{40, 5}}) {
+          args.y = asked.data();
+          args.next_first = first;
+          args.next_count = count;
+          dot_tiles(args, 5, 37, scratch);
+          ASSERT_EQ(plain, asked) << weight_format_name(f) << " rows " << rows << " int8 " << int8
+                                  << " next " << first << " + " << count;
+        }
+      }
+    }
+  }
+}
+
 TEST(DotTiles, Int8RowsRoundedOnceGiveTheSameBits) {
   const std::vector<Int8Tiles> kinds = runnable_int8_tiles();
   if (kinds.empty()) GTEST_SKIP() << "no int8 tiles on this CPU";
