@@ -52,7 +52,10 @@ std::vector<std::uint8_t> random_matrices(WeightFormat f, std::int32_t out, std:
       std::size_t(out) * std::size_t(pagedattn::engine::weight_row_bytes(f, in));
   std::vector<std::uint8_t> w(bytes * copies);
   std::mt19937 rng(1);
-  for (auto& b : w) b = static_cast<std::uint8_t>(rng());
+  for (std::size_t i = 0; i < w.size(); i += 4) {  // 32 random bits at a time
+    const std::uint32_t bits = rng();
+    std::memcpy(&w[i], &bits, std::min<std::size_t>(4, w.size() - i));
+  }
   if (f == WeightFormat::kF32) {
     std::uniform_real_distribution<float> value(-0.05f, 0.05f);
     for (std::size_t i = 0; i < w.size(); i += 4) {

@@ -271,8 +271,10 @@ run_sharing() {
 # against OpenMP's (PAGEDATTN_TEAM_BARRIER=0): BM_TeamBarrier's us per
 # piece; the busiest of 16 threads in SmolLM2's o and down products, 4-column
 # granules against whole int8 groups with left-over rows cut
-# (BM_Int8BusiestThread, one core); then SmolLM2 at 16 threads, 64 requests
-# and one stream, alternated twice.
+# (BM_Int8BusiestThread, one core); one of 16 threads' share of a SmolLM2
+# layer's int8 products with cold weights, with and without asking for the
+# next chunk's first group (BM_Int8LayerShare, one core); then SmolLM2 at
+# 16 threads, 64 requests and one stream, alternated twice.
 run_barrier() {
   local threads round own
   for threads in 2 4 8 16; do
@@ -282,6 +284,9 @@ run_barrier() {
   OMP_NUM_THREADS=1 timeout 30 "$bench_quant" --benchmark_min_time=0.1 \
     --benchmark_filter='BM_Int8BusiestThread/q5_0/.*/rows:(12|32)/threads:16' 2>/dev/null |
     grep -E '^BM_' >>"$summary"
+  OMP_NUM_THREADS=1 timeout 60 "$bench_quant" --benchmark_min_time=0.1 --benchmark_repetitions=3 \
+    --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
+    --benchmark_filter='BM_Int8LayerShare/q5_0/.*/threads:16' 2>/dev/null | grep -E '_median' >>"$summary"
   streams_workload 1 "$results/one-stream.jsonl"
   for round in 1 2; do
     for own in 0 1; do
