@@ -21,6 +21,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/huge_page_vector.h"
@@ -219,6 +220,54 @@ void BM_Batch(benchmark::State& state, WeightFormat f) {
                                        " in place f32 x",  " dot_tiles f32 x", " linear int8 x",
                                        " dot_tiles int8 x"};
   state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + kPaths[path]);
+}
+
+// The int8 tiles of one kind (Int8Tiles: 1 AVX2, 2 AVX-VNNI, 3
+// AVX512-VNNI, 4 AMX-INT8; skipped where the CPU does not run it), one
+// thread, weights in cache: the kinds' multiply rates against each other
+// in one run, at decode's and prefill's row counts. Args: out, in, rows,
+// kind. The x rows are rounded once beforehand, as a step's norm rounds
+// them (LinearArgs::x_int8).
+void BM_Int8TileKind(benchmark::State& state, WeightFormat f) {
+  const auto out = static_cast<std::int32_t>(state.range(0));
+  const auto in = static_cast<std::int32_t>(state.range(1));
+  const auto rows = static_cast<std::int32_t>(state.range(2));
+  const auto kind = static_cast<pagedattn::engine::Int8Tiles>(state.range(3));
+  if (!pagedattn::engine::int8_tiles_runnable(kind))
+    return state.SkipWithError("this CPU does not run these int8 tiles");
+  const auto w = random_matrices(f, out, in, 1);
+  pagedattn::core::CacheLineVector<float> x(std::size_t(rows) * in), y(std::size_t(rows) * out);
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (auto& v : x) v = value(rng);
+  pagedattn::engine::Int8Rows x8;
+  x8.resize(rows, in);
+  pagedattn::engine::quantize_int8_rows(x.data(), 0, rows, x8);
+  pagedattn::engine::DotTilesArgs args{x.data(), rows, in, w.data(), f, y.data(), out, false};
+  args.int8 = true;
+  args.x_rows = &x8;
+  pagedattn::core::CacheLineVector<float> scratch;
+  for (auto _ : state) {
+    pagedattn::engine::dot_tiles_int8(args, 0, out, scratch, kind);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GOP/s"] = benchmark::Counter(2.0 * rows * out * in * 1e-9,
+                                               benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(std::string(pagedattn::engine::weight_format_name(f)) + " " +
+                 pagedattn::engine::int8_tiles_name(kind));
+}
+// SmolLM2's down projection (576 x 1536) and Llama 3.2 1B's (2048 x 8192)
+// from a decode step's 2 rows to a prefill chunk's 512, on AVX512-VNNI and
+// AMX-INT8.
+void TileKindShapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"out", "in", "rows", "kind"});
+  for (const std::int64_t rows : {2, 4, 8, 12, 16, 32, 64, 128, 512})
+    for (const auto& [out, in] : {std::pair<std::int64_t, std::int64_t>{576, 1536}, {2048, 8192}})
+      for (const pagedattn::engine::Int8Tiles kind :
+           {pagedattn::engine::Int8Tiles::kAvx512Vnni, pagedattn::engine::Int8Tiles::kAmxInt8})
+        b->Args({out, in, rows, static_cast<std::int64_t>(kind)});
+  b->Unit(benchmark::kMicrosecond);
 }
 
 // A decode step's layer products on the step's threads (OMP_NUM_THREADS,
@@ -594,6 +643,11 @@ BENCHMARK_CAPTURE(BM_Int8BusiestThread, q4_1, WeightFormat::kQ4_1)->Apply(Busies
 BENCHMARK_CAPTURE(BM_Int8LayerShare, q4_1, WeightFormat::kQ4_1)->Apply(LayerShareShapes);
 BENCHMARK_CAPTURE(BM_Int8LayerShare, q5_0, WeightFormat::kQ5_0)->Apply(LayerShareShapes);
 BENCHMARK_CAPTURE(BM_Int8BusiestThread, q5_0, WeightFormat::kQ5_0)->Apply(BusiestThreadShapes);
+BENCHMARK_CAPTURE(BM_Int8TileKind, q4_1, WeightFormat::kQ4_1)->Apply(TileKindShapes);
+BENCHMARK_CAPTURE(BM_Int8TileKind, q5_0, WeightFormat::kQ5_0)->Apply(TileKindShapes);
+BENCHMARK_CAPTURE(BM_Int8TileKind, q8_0, WeightFormat::kQ8_0)->Apply(TileKindShapes);
+BENCHMARK_CAPTURE(BM_Int8TileKind, q4_k, WeightFormat::kQ4_K)->Apply(TileKindShapes);
+BENCHMARK_CAPTURE(BM_Int8TileKind, q6_k, WeightFormat::kQ6_K)->Apply(TileKindShapes);
 BENCHMARK_CAPTURE(BM_Batch, f32, WeightFormat::kF32)->Apply(FloatBatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, f16, WeightFormat::kF16)->Apply(FloatBatchShapes);
 BENCHMARK_CAPTURE(BM_Batch, q8_0, WeightFormat::kQ8_0)->Apply(BatchShapes);

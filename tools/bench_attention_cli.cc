@@ -199,10 +199,10 @@ void add_run_flags(CLI::App& app, Flags& f) {
       ->check(flags::non_empty());
   app.add_option_function<std::string>(
          "--disable-features", [&o](const std::string& list) { o.disable_features = list; },
-         detail::concat("switch the kernels' optional extensions in L off (as ",
-                        kDisableFeaturesVariable,
-                        " does): amx_bf16, avx512_bf16, avx512_vnni, avx_vnni, avx512_fp16, "
-                        "avx512_vbmi, comma-separated; \"\" for none"))
+         detail::concat(
+             "switch the kernels' optional extensions in L off (as ", kDisableFeaturesVariable,
+             " does): amx_bf16, amx_int8, avx512_bf16, avx512_vnni, avx_vnni, avx512_fp16, "
+             "avx512_vbmi, comma-separated; \"\" for none"))
       ->type_name("L");
   app.add_flag("!--no-probe", o.probe,
                "skip the bandwidth / compute-peak probes (read bandwidth sequential, and over "

@@ -53,6 +53,10 @@ struct CpuFeatures {
   // enabled by the OS (XCR0) and, on Linux, the process's permission to use
   // it (arch_prctl ARCH_REQ_XCOMP_PERM, requested when detecting).
   bool amx_bf16 = false;
+  // AMX tiles with int8 tile products (tdpbsud and kin: 16 x 16 int32 +=
+  // 16 x 64 int8 times 64 x 16 int8), under the same conditions as amx_bf16
+  // with cpuid's AMX-INT8 in place of AMX-BF16.
+  bool amx_int8 = false;
   bool avx512_fp16 =
       false;  // f16 arithmetic on 32 lanes (vfmadd...ph; Intel from Sapphire Rapids on)
   // vpermb / vpermi2b: byte permutes over 64 / 128 entries (Ice Lake, Zen 4 on;
@@ -65,7 +69,7 @@ CpuFeatures cpu_features();
 
 // The features the dispatched kernels may use: those the dispatched target
 // requires, plus avx_vnni when the target is avx2 or better and
-// avx512_vnni, avx512_bf16, amx_bf16, avx512_fp16 and avx512_vbmi when it is
+// avx512_vnni, avx512_bf16, amx_bf16, amx_int8, avx512_fp16 and avx512_vbmi when it is
 // avx3 or better, each where the CPU has it (the kernels' dot-product paths
 // run only in code of those widths and only when cpu_features() reports the
 // extension), less the extensions switched off (set_disabled_features).
@@ -76,11 +80,12 @@ inline constexpr const char* kDisableFeaturesVariable = "PAGEDATTN_DISABLE_FEATU
 
 // Switches off the kernels' use of optional extensions, so that one machine
 // runs and measures the paths without them: a comma- or space-separated list
-// of avx512_vnni, avx_vnni, avx512_bf16, amx_bf16, avx512_fp16, avx512_vbmi (case-insensitive; ""
-// switches none off), replacing the previous list. PAGEDATTN_DISABLE_FEATURES gives the same list
-// when the library loads (an unknown name there makes every attention call throw InvalidArgument
-// naming the variable, as an unknown PAGEDATTN_MAX_TARGET does). Throws InvalidArgument for an
-// unknown name, leaving the list unchanged. Not to be called while kernels run.
+// of avx512_vnni, avx_vnni, avx512_bf16, amx_bf16, amx_int8, avx512_fp16, avx512_vbmi
+// (case-insensitive; "" switches none off), replacing the previous list. PAGEDATTN_DISABLE_FEATURES
+// gives the same list when the library loads (an unknown name there makes every attention call
+// throw InvalidArgument naming the variable, as an unknown PAGEDATTN_MAX_TARGET does). Throws
+// InvalidArgument for an unknown name, leaving the list unchanged. Not to be called while kernels
+// run.
 void set_disabled_features(std::string_view names);
 
 // The extensions switched off now, as feature_names() writes them ("none").

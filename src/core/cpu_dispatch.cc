@@ -147,8 +147,12 @@ CpuFeatures detect_cpu_features() {
     f.avx512_bf16 = f.avx512f && (a & (1u << 5));
   }
   const bool tile_state = (xcr0 & 0x60000) == 0x60000;  // XTILECFG + XTILEDATA
-  f.amx_bf16 = f.avx512f && tile_state && (leaf7_edx & (1u << 24)) && (leaf7_edx & (1u << 22)) &&
-               amx_permitted();
+  const bool amx_tiles = f.avx512f && tile_state && (leaf7_edx & (1u << 24));  // AMX-TILE
+  const bool amx_bf16 = amx_tiles && (leaf7_edx & (1u << 22)),
+             amx_int8 = amx_tiles && (leaf7_edx & (1u << 25));
+  const bool permitted = (amx_bf16 || amx_int8) && amx_permitted();
+  f.amx_bf16 = amx_bf16 && permitted;
+  f.amx_int8 = amx_int8 && permitted;
   return f;
 }
 #else
@@ -203,7 +207,16 @@ struct OptionalFeature {
 constexpr OptionalFeature kOptionalFeatures[] = {
     {"avx512_vnni", &CpuFeatures::avx512_vnni}, {"avx_vnni", &CpuFeatures::avx_vnni},
     {"avx512_bf16", &CpuFeatures::avx512_bf16}, {"amx_bf16", &CpuFeatures::amx_bf16},
-    {"avx512_fp16", &CpuFeatures::avx512_fp16}, {"avx512_vbmi", &CpuFeatures::avx512_vbmi}};
+    {"amx_int8", &CpuFeatures::amx_int8},       {"avx512_fp16", &CpuFeatures::avx512_fp16},
+    {"avx512_vbmi", &CpuFeatures::avx512_vbmi}};
+
+// kOptionalFeatures' names, comma-separated.
+std::string optional_feature_list() {
+  std::string out;
+  for (const OptionalFeature& f : kOptionalFeatures)
+    out += (out.empty() ? "" : ", ") + std::string(f.name);
+  return out;
+}
 
 // Parses a comma- or space-separated list of kOptionalFeatures names into
 // `out`; returns "" or what is wrong, naming `what` and the value.
@@ -228,11 +241,10 @@ std::string parse_disabled(std::string_view what, std::string_view names, CpuFea
     for (const OptionalFeature& f : kOptionalFeatures)
       if (same(f.name)) hit = &f;
     if (hit == nullptr)
-      return detail::concat(
-          what, " = '", names, "' names '", name,
-          "', not an extension that can be switched off; expected avx512_vnni, avx_vnni, "
-          "avx512_bf16, amx_bf16, avx512_fp16, avx512_vbmi (comma- or space-separated, "
-          "case-insensitive), or empty");
+      return detail::concat(what, " = '", names, "' names '", name,
+                            "', not an extension that can be switched off; expected ",
+                            optional_feature_list(),
+                            " (comma- or space-separated, case-insensitive), or empty");
     out.*(hit->field) = true;
     i = end;
   }
@@ -288,6 +300,7 @@ CpuFeatures dispatched_features() {
     out.avx512_vnni = cpu.avx512_vnni && !s.disabled.avx512_vnni;
     out.avx512_bf16 = cpu.avx512_bf16 && !s.disabled.avx512_bf16;
     out.amx_bf16 = cpu.amx_bf16 && !s.disabled.amx_bf16;
+    out.amx_int8 = cpu.amx_int8 && !s.disabled.amx_int8;
     out.avx512_fp16 = cpu.avx512_fp16 && !s.disabled.avx512_fp16;
     out.avx512_vbmi = cpu.avx512_vbmi && !s.disabled.avx512_vbmi;
   }
@@ -335,6 +348,7 @@ std::string feature_names(const CpuFeatures& f) {
   add(f.avx_vnni, "avx_vnni");
   add(f.avx512_bf16, "avx512_bf16");
   add(f.amx_bf16, "amx_bf16");
+  add(f.amx_int8, "amx_int8");
   add(f.avx512_fp16, "avx512_fp16");
   add(f.avx512_vbmi, "avx512_vbmi");
   return out.empty() ? "none" : out;

@@ -96,22 +96,24 @@ struct DotTilesArgs {
 // (dispatched_features(); fixed at the first call).
 bool dot_tiles_bf16_available();
 // The instructions of the int8 tiles (DotTilesArgs::int8), widest first:
-// 16 columns a tile on AVX512-VNNI; 8 on AVX-VNNI's vpdpbusd (VEX); 8 on
-// AVX2's vpmaddubsw + vpmaddwd (three instructions where VNNI takes one).
-// Every kind gives the same bits.
-enum class Int8Tiles : std::uint8_t { kNone, kAvx2, kAvxVnni, kAvx512Vnni };
+// AMX-INT8 tiles (tdpbsud: the sums of 16 rows x 16 columns over a scale's
+// inputs in one instruction), 16 columns a tile, packed and scaled as on
+// AVX512-VNNI; 16 columns a tile on AVX512-VNNI; 8 on AVX-VNNI's vpdpbusd
+// (VEX); 8 on AVX2's vpmaddubsw + vpmaddwd (three instructions where VNNI
+// takes one). Every kind gives the same bits.
+enum class Int8Tiles : std::uint8_t { kNone, kAvx2, kAvxVnni, kAvx512Vnni, kAmxInt8 };
 
 // The int8 tiles dot_tiles runs here: the widest the dispatched target and
 // the CPU allow, less the extensions switched off (dispatched_features():
-// avx512_vnni, avx_vnni); kNone off x86 or below AVX2. Fixed at the first
-// call.
+// amx_int8, avx512_vnni, avx_vnni); kNone off x86 or below AVX2. Fixed at
+// the first call.
 Int8Tiles int8_tiles();
 // Whether this CPU runs `kind` (whatever the dispatch cap): tests and
 // benchmarks run every kind the machine has.
 bool int8_tiles_runnable(Int8Tiles kind);
-// "avx512_vnni", "avx_vnni", "avx2" or "none".
+// "amx_int8", "avx512_vnni", "avx_vnni", "avx2" or "none".
 const char* int8_tiles_name(Int8Tiles kind);
-// The columns `kind`'s tiles take at a time (16 on AVX512-VNNI, 8 on the
+// The columns `kind`'s tiles take at a time (16 on AVX512-VNNI and AMX, 8 on the
 // 256-bit tiles, 1 for kNone): a range's last partial group costs a whole
 // one.
 std::int32_t int8_tile_group_columns(Int8Tiles kind);
@@ -145,9 +147,21 @@ inline void prefetch_weight_rows(const DotTilesArgs& args, std::int32_t first, s
     kernels::PrefetchToL2(begin + at);
 }
 
+// Where int8_tiles() is AMX-INT8, the batches it takes; the others run the
+// AVX512-VNNI tiles (the same bits). An AMX tile's products and the store
+// of their sums cost about the same at 2 rows as at 16, and each scale's
+// inputs take one of them: below 12 rows, and on Q6_K's scales of 16
+// inputs at any row count, they measured slower than the VNNI tiles' dot
+// products (docs/benchmarks.md, "AMX-INT8 tiles").
+inline constexpr std::int32_t kAmxInt8MinRows = 12;
+constexpr bool amx_int8_takes(std::int32_t rows, WeightFormat format) {
+  return rows >= kAmxInt8MinRows && format != WeightFormat::kQ6_K;
+}
+
 // dot_tiles' int8 products on int8_tiles() (dot_tiles with args.int8 where
-// dot_tiles_int8_available()), or on a given kind the CPU runs
-// (int8_tiles_runnable; InvalidArgument otherwise).
+// dot_tiles_int8_available(); AVX512-VNNI in place of AMX where
+// !amx_int8_takes), or on a given kind the CPU runs (int8_tiles_runnable;
+// InvalidArgument otherwise).
 void dot_tiles_int8(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,
                     core::CacheLineVector<float>& scratch);
 void dot_tiles_int8(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,

@@ -1,11 +1,14 @@
 // dot_tiles on int8 products (DotTilesArgs::int8, dot_tiles.h) on
-// AVX512-VNNI (Int8Tiles::kAvx512Vnni). Raw intrinsics in functions with
-// their own target attribute (Highway 1.0.3 has no u8 x s8 dot product), run
-// only where int8_tiles_runnable(Int8Tiles::kAvx512Vnni).
+// AVX512-VNNI (Int8Tiles::kAvx512Vnni) and on AMX-INT8 tiles
+// (Int8Tiles::kAmxInt8, int8_tiles_amx-inl.h), which share the 512-bit
+// packing. Raw intrinsics in functions with their own target attribute
+// (Highway 1.0.3 has no u8 x s8 dot product), run only where
+// int8_tiles_runnable() says the kind runs.
 //
 // The layouts and how each weight format enters the integer sums:
 // int8_tiles_common.h; here a group is 16 columns, one int32 lane each.
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "engine/dot_tiles.h"
@@ -36,14 +39,12 @@ namespace {
 #endif
 
 #define PAGEDATTN_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c")))
+#define PAGEDATTN_AMX_INT8 \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,amx-tile,amx-int8")))
 
 using namespace int8_tile_parts;  // NOLINT(google-build-using-namespace): this unit's own types
 
 constexpr std::int32_t kGroupColumns = 16;  // one int32 lane per weight row
-// Row tiles: R rows x 16 columns keep 2R accumulators (int32 sums of the
-// current S inputs, f32 totals) and three vectors of the group in the 32
-// registers.
-using Int8RowTiles = kernels::RowGroups<12, 8, 4, 2, 1>;
 // vpdpbusd's sums do not saturate: Q8_0's quants go xor 0x80.
 constexpr bool kSaturating = false;
 
@@ -149,6 +150,13 @@ PAGEDATTN_VNNI PAGEDATTN_INT8_INLINE void ByteStep(const std::uint8_t* t, std::s
                       _mm512_xor_si512(DwordsAt(t, x), flip));
 }
 
+namespace vnni {
+
+using PassTiles = NoTileState;
+// Row tiles: R rows x 16 columns keep 2R accumulators (int32 sums of the
+// current S inputs, f32 totals) and three vectors of the group in the 32
+// registers.
+using Int8RowTiles = kernels::RowGroups<12, 8, 4, 2, 1>;
 // y[r][0..cols) (+)= the R rows of the pass from `row` times the group's
 // columns. Per row and column: one int32 sum per S inputs (exact), then
 // total += (sum * dx) * scale (+ min * xsum per 32 inputs) in f32, in input
@@ -208,6 +216,15 @@ PAGEDATTN_VNNI void GroupTimesPass(const DotTilesArgs& a, const Int8Layout&, con
 #include "engine/int8_unpack-inl.h"
 #undef PAGEDATTN_INT8_TARGET
 
+}  // namespace vnni
+
+namespace amx {
+#define PAGEDATTN_INT8_TARGET PAGEDATTN_AMX_INT8
+#include "engine/int8_tiles_amx-inl.h"
+#include "engine/int8_unpack-inl.h"
+#undef PAGEDATTN_INT8_TARGET
+}  // namespace amx
+
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -215,14 +232,15 @@ PAGEDATTN_VNNI void GroupTimesPass(const DotTilesArgs& a, const Int8Layout&, con
 }  // namespace
 
 void dot_tiles_int8_avx512(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
-                           core::CacheLineVector<float>& scratch) {
-  DotTilesInt8(a, out_begin, out_end, scratch);
+                           core::CacheLineVector<float>& scratch, bool amx) {
+  if (amx) return amx::DotTilesInt8(a, out_begin, out_end, scratch);
+  vnni::DotTilesInt8(a, out_begin, out_end, scratch);
 }
 
 #else
 
 void dot_tiles_int8_avx512(const DotTilesArgs&, std::int32_t, std::int32_t,
-                           core::CacheLineVector<float>&) {
+                           core::CacheLineVector<float>&, bool) {
   throw InvalidArgument("dot_tiles_int8: no int8 tiles on this architecture");
 }
 
@@ -231,6 +249,7 @@ void dot_tiles_int8_avx512(const DotTilesArgs&, std::int32_t, std::int32_t,
 Int8Tiles int8_tiles() {
   static const Int8Tiles kind = [] {
     const CpuFeatures used = dispatched_features();
+    if (used.avx512_vnni && used.f16c && used.amx_int8) return Int8Tiles::kAmxInt8;
     if (used.avx512_vnni && used.f16c) return Int8Tiles::kAvx512Vnni;
     if (used.avx_vnni && used.avx2 && used.fma && used.f16c) return Int8Tiles::kAvxVnni;
     if (used.avx2 && used.fma && used.f16c) return Int8Tiles::kAvx2;
@@ -251,6 +270,8 @@ bool int8_tiles_runnable(Int8Tiles kind) {
       return avx2 && cpu.avx_vnni;
     case Int8Tiles::kAvx512Vnni:
       return avx2 && cpu.avx512f && cpu.avx512bw && cpu.avx512dq && cpu.avx512vl && cpu.avx512_vnni;
+    case Int8Tiles::kAmxInt8:
+      return int8_tiles_runnable(Int8Tiles::kAvx512Vnni) && cpu.amx_int8;
   }
   return false;
 }
@@ -263,6 +284,8 @@ const char* int8_tiles_name(Int8Tiles kind) {
       return "avx_vnni";
     case Int8Tiles::kAvx512Vnni:
       return "avx512_vnni";
+    case Int8Tiles::kAmxInt8:
+      return "amx_int8";
     case Int8Tiles::kNone:
       break;
   }
@@ -272,6 +295,7 @@ const char* int8_tiles_name(Int8Tiles kind) {
 std::int32_t int8_tile_group_columns(Int8Tiles kind) {
   switch (kind) {
     case Int8Tiles::kAvx512Vnni:
+    case Int8Tiles::kAmxInt8:
       return 16;
     case Int8Tiles::kAvx2:
     case Int8Tiles::kAvxVnni:
@@ -290,13 +314,16 @@ void dot_tiles_int8(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t 
                     core::CacheLineVector<float>& scratch, Int8Tiles kind) {
   require(kind != Int8Tiles::kNone && int8_tiles_runnable(kind),
           "dot_tiles_int8: kind = ", int8_tiles_name(kind), " does not run on this CPU");
-  if (kind == Int8Tiles::kAvx512Vnni) return dot_tiles_int8_avx512(a, out_begin, out_end, scratch);
+  if (kind == Int8Tiles::kAvx512Vnni || kind == Int8Tiles::kAmxInt8)
+    return dot_tiles_int8_avx512(a, out_begin, out_end, scratch, kind == Int8Tiles::kAmxInt8);
   dot_tiles_int8_256(a, out_begin, out_end, scratch, kind == Int8Tiles::kAvxVnni);
 }
 
 void dot_tiles_int8(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                     core::CacheLineVector<float>& scratch) {
-  dot_tiles_int8(a, out_begin, out_end, scratch, int8_tiles());
+  const Int8Tiles kind = int8_tiles();
+  const bool vnni_instead = kind == Int8Tiles::kAmxInt8 && !amx_int8_takes(a.rows, a.format);
+  dot_tiles_int8(a, out_begin, out_end, scratch, vnni_instead ? Int8Tiles::kAvx512Vnni : kind);
 }
 
 }  // namespace pagedattn::engine

@@ -155,11 +155,11 @@ constexpr std::int32_t int8_tile_min_rows(WeightFormat format, Int8Tiles /*kind*
 // three instructions where VNNI takes one): larger batches take the f32
 // batch paths, whose dequantise + oneDNN f32 matmul measured faster there
 // from about 128 rows (docs/benchmarks.md, "Int8 tiles on AVX2 and
-// AVX-VNNI"); the VNNI tiles take every batch.
+// AVX-VNNI"); the VNNI and AMX tiles take every batch.
 inline constexpr std::int32_t kInt8Avx2TileRows = kDotTileRows;
 constexpr bool int8_tiles_take(std::int32_t rows, Int8Tiles kind) {
-  return kind == Int8Tiles::kAvx512Vnni || kind == Int8Tiles::kAvxVnni ||
-         (kind == Int8Tiles::kAvx2 && rows <= kInt8Avx2TileRows);
+  return kind == Int8Tiles::kAmxInt8 || kind == Int8Tiles::kAvx512Vnni ||
+         kind == Int8Tiles::kAvxVnni || (kind == Int8Tiles::kAvx2 && rows <= kInt8Avx2TileRows);
 }
 // Whether an int8 batch of `rows` against `format` weights runs the
 // in-place int8 kernels, given the int8 tiles there are (int8_tiles()).

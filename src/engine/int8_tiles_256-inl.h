@@ -10,6 +10,7 @@ constexpr std::int32_t kGroupColumns = 8;
 // Q8_0 keeps its signed quants where the pair sums saturate
 // (int8_tiles_common.h).
 constexpr bool kSaturating = !PAGEDATTN_INT8_VNNI;
+using PassTiles = NoTileState;
 // Row tiles: R rows x 8 columns keep 2R accumulators (int32 sums, f32
 // totals; AVX2 also 16-bit sums) in the 16 registers, beside a vector of
 // the group, the broadcast row and (AVX2) the 16-bit ones and the quants'

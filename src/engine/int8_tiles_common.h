@@ -131,6 +131,13 @@ struct ScratchPlan {
         total(quants + scales + mins + rows + x8 + 2 * blocks + 2 * sums) {}
 };
 
+// What a pass sets up for its groups' products (PassTiles, one per pass
+// of DotTilesInt8): nothing on the vector tiles; the AMX tiles load their
+// configuration (int8_tiles_amx-inl.h).
+struct NoTileState {
+  constexpr NoTileState(const Int8Layout& /*layout*/, std::int32_t /*rows*/) {}
+};
+
 // A pass's own buffers, where the pass rounds its rows itself.
 struct PassBuffers {
   std::int8_t* x8;       // [kPassRows][in]
@@ -161,10 +168,10 @@ inline void carve(const ScratchPlan& plan, float* scratch, Group& g, PassBuffers
 namespace pagedattn::engine {
 
 // dot_tiles' int8 products on each width, for dot_tiles_int8's dispatch:
-// AVX512-VNNI (dot_tiles_int8.cc); 256-bit vectors on AVX-VNNI (`vnni`) or
-// AVX2 (dot_tiles_int8_avx2.cc).
+// AVX512-VNNI, or AMX-INT8 tiles (`amx`), in dot_tiles_int8.cc; 256-bit
+// vectors on AVX-VNNI (`vnni`) or AVX2 (dot_tiles_int8_avx2.cc).
 void dot_tiles_int8_avx512(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
-                           core::CacheLineVector<float>& scratch);
+                           core::CacheLineVector<float>& scratch, bool amx);
 void dot_tiles_int8_256(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
                         core::CacheLineVector<float>& scratch, bool vnni);
 

@@ -372,6 +372,7 @@ PAGEDATTN_INT8_TARGET inline void DotTilesInt8(const DotTilesArgs& a, std::int32
   for (std::int32_t first = 0; first < a.rows; first += kPassRows) {
     const std::int32_t rows = std::min(kPassRows, a.rows - first);
     const PassRows p = PassOf(a, layout, first, rows, buffers);
+    [[maybe_unused]] const PassTiles tiles(layout, rows);
     float* y = a.y + std::size_t(first) * a.ldy;
     for (std::int32_t o = out_begin; o < out_end; o += kGroupColumns) {
       const std::int32_t count = std::min(kGroupColumns, out_end - o);

@@ -1299,10 +1299,12 @@ Int8Want int8_want(const Int8Terms& terms, const std::vector<double>& rounded,
   return want;
 }
 
-// The int8 tiles of every kind this CPU runs (AVX512-VNNI, AVX-VNNI, AVX2).
+// The int8 tiles of every kind this CPU runs (AMX-INT8, AVX512-VNNI,
+// AVX-VNNI, AVX2).
 std::vector<Int8Tiles> runnable_int8_tiles() {
   std::vector<Int8Tiles> kinds;
-  for (const Int8Tiles kind : {Int8Tiles::kAvx512Vnni, Int8Tiles::kAvxVnni, Int8Tiles::kAvx2})
+  for (const Int8Tiles kind :
+       {Int8Tiles::kAmxInt8, Int8Tiles::kAvx512Vnni, Int8Tiles::kAvxVnni, Int8Tiles::kAvx2})
     if (int8_tiles_runnable(kind)) kinds.push_back(kind);
   return kinds;
 }
@@ -1367,8 +1369,10 @@ TEST(DotTiles, Int8MatchesADoubleReferenceOfTheRoundedActivations) {
 // A row's int8 tile result is the same bits alone, in any batch (across the
 // passes of 128 rows too), over any column range (a column's lane in its
 // group of 16 or 8 moves with the range's start) and on every kind of tile
-// (AVX512-VNNI's, AVX-VNNI's and AVX2's run the same f32 operations on the
-// same exact integer sums); float weights ignore int8.
+// (AMX's, AVX512-VNNI's, AVX-VNNI's and AVX2's run the same f32 operations
+// on the same exact integer sums; AMX's tiles of 16 rows end with one that
+// overlaps the one before where the rows are not a multiple of 16); float
+// weights ignore int8.
 TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchColumnRangeOrTileKind) {
   const std::vector<Int8Tiles> kinds = runnable_int8_tiles();
   if (kinds.empty()) GTEST_SKIP() << "no int8 tiles on this CPU";
@@ -1392,7 +1396,8 @@ TEST(DotTiles, Int8RowsDoNotDependOnTheirBatchColumnRangeOrTileKind) {
     }
     dot_tiles_int8(args, 0, out, scratch, kinds.front());
     for (const Int8Tiles kind : kinds)
-      for (const auto& [first, count] : {std::pair{0, 1}, {130, 1}, {3, 9}, {120, 20}})
+      for (const auto& [first, count] :
+           {std::pair{0, 1}, {130, 1}, {3, 9}, {120, 20}, {97, 33}, {4, 16}})
         for (const auto& [begin, end] : {std::pair{0, out}, {5, 6}, {3, 30}, {36, 37}}) {
           std::vector<float> part(std::size_t(count) * out, -7.0f);
           DotTilesArgs some{
@@ -1601,6 +1606,7 @@ TEST(DotTiles, Int8TilesKeepTheLargestProductsExact) {
 // AVX2's up to kInt8Avx2TileRows rows.
 TEST(DotTiles, Int8TilesRunOnlyWhereTheCpuHasThem) {
   for (const std::int32_t rows : {3, 64, 65, 2048}) {
+    EXPECT_TRUE(int8_tiles_take(rows, Int8Tiles::kAmxInt8));
     EXPECT_TRUE(int8_tiles_take(rows, Int8Tiles::kAvx512Vnni));
     EXPECT_TRUE(int8_tiles_take(rows, Int8Tiles::kAvxVnni));
     EXPECT_EQ(int8_tiles_take(rows, Int8Tiles::kAvx2), rows <= kInt8Avx2TileRows);
@@ -1609,13 +1615,16 @@ TEST(DotTiles, Int8TilesRunOnlyWhereTheCpuHasThem) {
   EXPECT_TRUE(int8_tiles_runnable(int8_tiles())) << int8_tiles_name(int8_tiles());
   EXPECT_EQ(dot_tiles_int8_available(), int8_tiles() != Int8Tiles::kNone);
   EXPECT_TRUE(int8_tiles() != Int8Tiles::kAvx512Vnni || dispatched_features().avx512_vnni);
+  EXPECT_TRUE(int8_tiles() != Int8Tiles::kAmxInt8 || dispatched_features().amx_int8);
+  EXPECT_EQ(int8_tiles() == Int8Tiles::kAmxInt8,
+            dispatched_features().amx_int8 && dispatched_features().avx512_vnni);
   std::vector<float> x(32, 1.0f), y(1);
   const std::vector<std::uint8_t> w(std::size_t(weight_row_bytes(WeightFormat::kQ8_0, 32)));
   DotTilesArgs args{x.data(), 1, 32, w.data(), WeightFormat::kQ8_0, y.data(), 1, false};
   args.int8 = true;
   core::CacheLineVector<float> scratch;
-  for (const Int8Tiles kind :
-       {Int8Tiles::kNone, Int8Tiles::kAvx2, Int8Tiles::kAvxVnni, Int8Tiles::kAvx512Vnni}) {
+  for (const Int8Tiles kind : {Int8Tiles::kNone, Int8Tiles::kAvx2, Int8Tiles::kAvxVnni,
+                               Int8Tiles::kAvx512Vnni, Int8Tiles::kAmxInt8}) {
     if (kind != Int8Tiles::kNone && int8_tiles_runnable(kind)) continue;
     try {
       dot_tiles_int8(args, 0, 1, scratch, kind);

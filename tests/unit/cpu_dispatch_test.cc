@@ -239,33 +239,38 @@ TEST(CpuDispatch, DisabledFeaturesLeaveTheKernelsChoice) {
   EXPECT_EQ(disabled_features(), "avx512_vbmi");
   set_disabled_features("avx512_bf16");
   EXPECT_EQ(dispatched_features().avx512_vbmi, cpu.avx512_vbmi && used.avx512f);
+  set_disabled_features("amx_int8");
+  EXPECT_FALSE(dispatched_features().amx_int8);
+  EXPECT_EQ(dispatched_features().amx_bf16, cpu.amx_bf16 && used.avx512f);
+  EXPECT_EQ(disabled_features(), "amx_int8");
   set_disabled_features("avx_vnni");
   EXPECT_FALSE(dispatched_features().avx_vnni);
   EXPECT_EQ(disabled_features(), "avx_vnni");
   set_disabled_features("avx512_bf16");
   EXPECT_EQ(dispatched_features().avx_vnni, cpu.avx_vnni && used.avx2);
   try {
-    set_disabled_features("amx_bf16,amx_int8");
-    FAIL() << "set_disabled_features accepted amx_int8";
+    set_disabled_features("amx_bf16,amx_fp16");
+    FAIL() << "set_disabled_features accepted amx_fp16";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("names 'amx_int8'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("names 'amx_fp16'"), std::string::npos) << e.what();
   }
   EXPECT_EQ(disabled_features(), "avx512_bf16");  // unchanged by the failed call
   set_disabled_features("");
   EXPECT_EQ(disabled_features(), "none");
   EXPECT_EQ(dispatched_features().amx_bf16, cpu.amx_bf16 && used.avx512f);
+  EXPECT_EQ(dispatched_features().amx_int8, cpu.amx_int8 && used.avx512f);
 }
 
 TEST(CpuDispatch, UnknownDisabledFeatureInEnvironmentFailsAttentionCalls) {
   NoCapAfter reset;
-  setenv(kDisableFeaturesVariable, "amx_int8", 1);
+  setenv(kDisableFeaturesVariable, "amx_fp16", 1);
   EXPECT_THROW(apply_disabled_features_from_environment(), InvalidArgument);
   AttentionParams empty;
   try {
     AttentionRunner().run(empty);
-    FAIL() << "AttentionRunner::run ran under PAGEDATTN_DISABLE_FEATURES=amx_int8";
+    FAIL() << "AttentionRunner::run ran under PAGEDATTN_DISABLE_FEATURES=amx_fp16";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("PAGEDATTN_DISABLE_FEATURES = 'amx_int8'"),
+    EXPECT_NE(std::string(e.what()).find("PAGEDATTN_DISABLE_FEATURES = 'amx_fp16'"),
               std::string::npos)
         << e.what();
   }
