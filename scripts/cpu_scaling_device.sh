@@ -5,7 +5,8 @@
 # time goes) and bench-attention, the `1b` preset's decode step against its
 # bounds, SmolLM2 at 16 threads under each wait and binding policy, a step's
 # products in a region each against one region, this build against an
-# earlier one (BASE_BIN), the layers in teams against
+# earlier one (BASE_BIN), the int8 tiles on AMX-INT8 against AVX512-VNNI,
+# the layers in teams against
 # a region per piece, products' column chunks shared between the threads or
 # not, the team's own barrier or OpenMP's, prefill's products on oneDNN
 # against OpenBLAS and
@@ -40,8 +41,8 @@
 #       holds the GPU bundle, the CUDA check (scripts/gpu_check.sh) runs last,
 #       into $OUT/gpu, in what is left of DEADLINE seconds (default 570) since
 #       the start: one lease of a GPU machine serves both. PARTS (default
-#       "ab scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention moe
-#       onednn llama")
+#       "ab amx scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention
+#       moe onednn llama")
 #       runs only the parts it names; `moe` runs where the bundle holds MoE
 #       files.
 set -uo pipefail
@@ -299,6 +300,27 @@ run_barrier() {
     done
   done
 }
+# The int8 tiles on AMX-INT8 against AVX512-VNNI (where the CPU has AMX):
+# their products on one thread (BM_Int8TileKind, Q4_1 and Q5_0), then
+# SmolLM2 at 16 threads, 64 requests and 32 streams, with amx_int8 switched
+# off and on, alternated twice.
+run_amx() {
+  local round off
+  OMP_NUM_THREADS=1 timeout 60 "$bench_quant" --benchmark_min_time=0.1 \
+    --benchmark_filter='BM_Int8TileKind/(q4_1|q5_0)/.*/rows:(8|16|64)/' 2>/dev/null |
+    grep -E '^BM_' >>"$summary"
+  streams_workload 32 "$results/amx-s32.jsonl"
+  for round in 1 2; do
+    for off in amx_int8 ""; do
+      PAGEDATTN_DISABLE_FEATURES=$off OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
+        --model "$model" --workload alpaca-like --num-requests 64 >"$results/amx-${off:-on}-$round.txt" 2>&1
+      say_run "switched off: ${off:-none}, SmolLM2, 64 requests, round $round" "$results/amx-${off:-on}-$round.txt"
+      PAGEDATTN_DISABLE_FEATURES=$off OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
+        --model "$model" --workload "$results/amx-s32.jsonl" >"$results/amx-${off:-on}-s32-$round.txt" 2>&1
+      say_run "switched off: ${off:-none}, SmolLM2, 32 streams, round $round" "$results/amx-${off:-on}-s32-$round.txt"
+    done
+  done
+}
 # The bundle's pagedattn against an earlier build of it (BASE_BIN at
 # --bundle) at 16 threads, alternated twice: SmolLM2 at 64 requests, one
 # stream and 8 streams, and the `1b` preset at 16 requests.
@@ -443,9 +465,11 @@ run_llama() {
   return $status
 }
 # PARTS picks some parts by name (default: all, in this order).
-parts=" ${PARTS:-ab scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention moe onednn llama} "
+parts=" ${PARTS:-ab amx scaling-smollm2 scaling-small 1b policies paths regions teams sharing barrier attention moe onednn llama} "
 part() { [[ $parts == *" $1 "* ]]; }
 part ab && step "this build against BASE_BIN's, 16 threads, SmolLM2 and 1b" run_ab
+part amx && step "int8 tiles on AMX-INT8 or AVX512-VNNI: one thread's products, SmolLM2 at 16 threads" \
+  run_amx
 part scaling-smollm2 && step "scaling, SmolLM2 tiled (bench/scaling.sh)" \
   run_scaling scaling-smollm2 75 --model "$model" --workload alpaca-like --num-requests 64
 part scaling-small && step "scaling, small preset (bench/scaling.sh)" run_scaling scaling 60
