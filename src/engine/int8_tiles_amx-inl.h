@@ -84,17 +84,21 @@ PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void IssueSums(std::int32_t set, con
   constexpr int kRowBytes = 4 * kGroupColumns;
   const std::int8_t* x = x8 + std::size_t(s0) * kSub;
   const std::uint8_t* q = quants + std::size_t(s0) * kStep;
-#define PAGEDATTN_SUM_TILE(c, j, a, b)        \
-  _tile_loadd(a, x + (j) * kSub, in);         \
-  _tile_loadd(b, q + (j) * kStep, kRowBytes); \
-  _tile_zero(c);                              \
+#define PAGEDATTN_SUM_TILE(c, j, a, b)      \
+  _tile_loadd(a, x + (j)*kSub, in);         \
+  _tile_loadd(b, q + (j)*kStep, kRowBytes); \
+  _tile_zero(c);                            \
   _tile_dpbsud(c, a, b)
   if (set == 0) {
     PAGEDATTN_SUM_TILE(0, 0, 4, 6);
-    if (n > 1) { PAGEDATTN_SUM_TILE(1, 1, 5, 7); }
+    if (n > 1) {
+      PAGEDATTN_SUM_TILE(1, 1, 5, 7);
+    }
   } else {
     PAGEDATTN_SUM_TILE(2, 0, 4, 6);
-    if (n > 1) { PAGEDATTN_SUM_TILE(3, 1, 5, 7); }
+    if (n > 1) {
+      PAGEDATTN_SUM_TILE(3, 1, 5, 7);
+    }
   }
 #undef PAGEDATTN_SUM_TILE
 }
@@ -117,10 +121,12 @@ PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void StoreSums(std::int32_t set, std
 // sum of x8) * dx * scale, then min * the sum of x. The formats with mins
 // have no zero (int8_tiles_common.h): their zsums are 0, not added.
 template <std::int32_t kSub, bool kMins>
-PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void AddSums(
-    const PassRows& p, std::int32_t in, const Group& g, std::int32_t row, std::int32_t from,
-    std::int32_t m, std::int32_t s0, std::int32_t n, const std::int32_t (*sums)[kTileRows * 16],
-    float* totals) {
+PAGEDATTN_INT8_TARGET PAGEDATTN_INT8_INLINE void AddSums(const PassRows& p, std::int32_t in,
+                                                         const Group& g, std::int32_t row,
+                                                         std::int32_t from, std::int32_t m,
+                                                         std::int32_t s0, std::int32_t n,
+                                                         const std::int32_t (*sums)[kTileRows * 16],
+                                                         float* totals) {
   const std::int32_t blocks = in / 32, subs = in / kSub;
   for (std::int32_t r = from; r < m; ++r) {
     const std::size_t at = std::size_t(row + r);
