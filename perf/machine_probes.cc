@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/amx_tile_config.h"
+
 #include "pagedattn/errors.h"
 
 namespace pagedattn::bench {
@@ -269,22 +271,15 @@ __attribute__((target("avx512f,avx512bw"), noinline)) float f16_fma_zmm(std::int
 // AMX: 4 accumulator tiles (16 x 16 f32) += 16 x 32 bf16 A tiles x 32 x 16
 // B tiles, kChains x kStepsPerTrip tile products per trip like the other
 // probes. The permission is requested by cpu_features() (amx_bf16).
-struct alignas(64) AmxProbeConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  std::uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
+inline constexpr pagedattn::kernels::TileConfig kAmxProbeConfig =
+    pagedattn::kernels::uniform_tile_config(8, 16, 64);
 
 __attribute__((target("amx-tile,amx-bf16"), noinline)) float bf16_amx(std::int64_t iterations) {
   static_assert(kChains * kStepsPerTrip == 24, "6 rounds of 4 accumulator tiles per trip");
-  alignas(64) static constexpr AmxProbeConfig
-      cfg{};  // a constant: GCC drops stores only ldtilecfg reads
   alignas(64) static const std::uint16_t ones[16 * 32] =
       {};  // zero bf16: the speed does not depend on it
   alignas(64) float out[16 * 16];
-  _tile_loadconfig(&cfg);
+  pagedattn::kernels::use_tile_config(kAmxProbeConfig);
   _tile_loadd(0, ones, 64);
   _tile_loadd(1, ones, 64);
   _tile_loadd(2, ones, 64);

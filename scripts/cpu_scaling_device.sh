@@ -276,8 +276,26 @@ run_sharing() {
 # layer's int8 products with cold weights, with and without asking for the
 # next chunk's first group (BM_Int8LayerShare, one core); then SmolLM2 at
 # 16 threads, 64 requests and one stream, alternated twice.
+# alternate_settings NAME TRACE LABEL VAR VALUE...: SmolLM2 at 16 threads
+# with VAR set to each VALUE in turn, two rounds: 64 alpaca-like requests,
+# then the trace TRACE (LABEL in the summary).
+alternate_settings() {
+  local name=$1 trace=$2 label=$3 var=$4 round value out
+  shift 4
+  for round in 1 2; do
+    for value in "$@"; do
+      out="$results/$name-${value:-none}-$round"
+      env "$var=$value" OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve --model "$model" \
+        --workload alpaca-like --num-requests 64 >"$out.txt" 2>&1
+      say_run "$var=$value, SmolLM2, 64 requests, round $round" "$out.txt"
+      env "$var=$value" OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve --model "$model" \
+        --workload "$trace" >"$out-trace.txt" 2>&1
+      say_run "$var=$value, SmolLM2, $label, round $round" "$out-trace.txt"
+    done
+  done
+}
 run_barrier() {
-  local threads round own
+  local threads
   for threads in 2 4 8 16; do
     OMP_NUM_THREADS=$threads timeout 30 "$bench_quant" --benchmark_filter=BM_TeamBarrier \
       --benchmark_min_time=0.3 2>/dev/null | grep -E '^BM_' >>"$summary"
@@ -289,37 +307,18 @@ run_barrier() {
     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
     --benchmark_filter='BM_Int8LayerShare/q5_0/.*/threads:16' 2>/dev/null | grep -E '_median' >>"$summary"
   streams_workload 1 "$results/one-stream.jsonl"
-  for round in 1 2; do
-    for own in 0 1; do
-      PAGEDATTN_TEAM_BARRIER=$own OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
-        --model "$model" --workload alpaca-like --num-requests 64 >"$results/barrier$own-$round.txt" 2>&1
-      say_run "own barrier $own, SmolLM2, 64 requests, round $round" "$results/barrier$own-$round.txt"
-      PAGEDATTN_TEAM_BARRIER=$own OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
-        --model "$model" --workload "$results/one-stream.jsonl" >"$results/barrier$own-one-$round.txt" 2>&1
-      say_run "own barrier $own, SmolLM2, one stream, round $round" "$results/barrier$own-one-$round.txt"
-    done
-  done
+  alternate_settings barrier "$results/one-stream.jsonl" "one stream" PAGEDATTN_TEAM_BARRIER 0 1
 }
 # The int8 tiles on AMX-INT8 against AVX512-VNNI (where the CPU has AMX):
 # their products on one thread (BM_Int8TileKind, Q4_1 and Q5_0), then
 # SmolLM2 at 16 threads, 64 requests and 32 streams, with amx_int8 switched
 # off and on, alternated twice.
 run_amx() {
-  local round off
   OMP_NUM_THREADS=1 timeout 60 "$bench_quant" --benchmark_min_time=0.1 \
     --benchmark_filter='BM_Int8TileKind/(q4_1|q5_0)/.*/rows:(8|16|64)/' 2>/dev/null |
     grep -E '^BM_' >>"$summary"
   streams_workload 32 "$results/amx-s32.jsonl"
-  for round in 1 2; do
-    for off in amx_int8 ""; do
-      PAGEDATTN_DISABLE_FEATURES=$off OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
-        --model "$model" --workload alpaca-like --num-requests 64 >"$results/amx-${off:-on}-$round.txt" 2>&1
-      say_run "switched off: ${off:-none}, SmolLM2, 64 requests, round $round" "$results/amx-${off:-on}-$round.txt"
-      PAGEDATTN_DISABLE_FEATURES=$off OMP_NUM_THREADS=16 timeout 30 "$bin" bench-serve \
-        --model "$model" --workload "$results/amx-s32.jsonl" >"$results/amx-${off:-on}-s32-$round.txt" 2>&1
-      say_run "switched off: ${off:-none}, SmolLM2, 32 streams, round $round" "$results/amx-${off:-on}-s32-$round.txt"
-    done
-  done
+  alternate_settings amx "$results/amx-s32.jsonl" "32 streams" PAGEDATTN_DISABLE_FEATURES amx_int8 ""
 }
 # The bundle's pagedattn against an earlier build of it (BASE_BIN at
 # --bundle) at 16 threads, alternated twice: SmolLM2 at 64 requests, one

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/cpu/amx_tile_config.h"
 #include "kernels/cpu/row_groups.h"
 #include "pagedattn/cpu_features.h"
 #include "pagedattn/dtype.h"
@@ -23,6 +24,12 @@
 // weight decoders.
 #include "engine/weight_decode-inl.h"
 #include "kernels/cpu/bf16_dot-inl.h"
+
+#ifndef PAGEDATTN_DOT_AMX_ATTR
+// The bf16 kernels' target plus the tile instructions.
+#define PAGEDATTN_DOT_AMX_ATTR \
+  __attribute__((target(HWY_TARGET_STR ",avx512bf16,amx-tile,amx-bf16")))
+#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace pagedattn::engine::HWY_NAMESPACE {
@@ -475,11 +482,129 @@ void DotTilesBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t ou
         TileBf16<decltype(rows)::value, Bf16Tile::kColumns>(x, w, s, cols, y, a.ldy, a.accumulate);
       });
 }
+
+// --------------------------------------------------- bf16 on AMX tiles
+//
+// Where the CPU has AMX-BF16 (dot_tiles_amx_bf16()), the bf16 products run
+// on tiles, every batch: a group of kAmxRows weight rows rounded to bf16 is
+// an A tile per 32 inputs as the rows lie (16 rows x 32 bf16 at the row
+// stride `in`); x's rows, rounded once per pass, are laid out as B tiles
+// (per 32 inputs, 16 pairs x 16 rows of x: each 16 rows' 64 bytes
+// transposed as dwords); one tdpbf16ps adds the products of 16 weight rows
+// x 16 rows of x over 32 inputs into an f32 C tile, which sums all the
+// inputs before it is stored once, transposed back into y's rows.
+// Products of bf16 are exact in f32 and sums f32, as on vdpbf16ps (in
+// another order): the same bound. An output depends only on its row of x
+// and its weight row (its own row and column of C), not on the batch.
+constexpr std::int32_t kAmxRows = 16;         // of every tile: 16 rows x 64 bytes
+constexpr std::int32_t kAmxPass = 128;        // rows of x laid out at a time
+constexpr std::size_t kAmxBlockBytes = 1024;  // a B tile: 32 inputs x 16 rows
+constexpr kernels::TileConfig kAmxBf16Tiles = kernels::uniform_tile_config(8, kAmxRows, 64);
+
+#define PAGEDATTN_TRANSPOSE_TARGET PAGEDATTN_BF16_ATTR
+#include "engine/transpose_dwords-inl.h"
+#undef PAGEDATTN_TRANSPOSE_TARGET
+
+// x's rows [0, rows) (at most kAmxPass) rounded to bf16 into B tiles:
+// xb[t][i / 32] for row tile t (rows past the end zero). x16: room for
+// kAmxRows rows of bf16.
+PAGEDATTN_BF16_ATTR void RowsAsTiles(const float* x, std::int32_t rows, std::int32_t in,
+                                     std::uint16_t* x16, std::uint8_t* xb) {
+  const std::size_t blocks = std::size_t(in) / 32;
+  for (std::int32_t t = 0; t * kAmxRows < rows; ++t) {
+    const std::uint8_t* src[kAmxRows];
+    for (std::int32_t r = 0; r < kAmxRows; ++r) {
+      std::uint16_t* row = x16 + std::size_t(r) * in;
+      const std::int32_t at = t * kAmxRows + r;
+      if (at < rows)
+        ToBf16(x + std::size_t(at) * in, std::size_t(in), row);
+      else
+        std::memset(row, 0, std::size_t(in) * sizeof(std::uint16_t));
+      src[r] = reinterpret_cast<const std::uint8_t*>(row);
+    }
+    for (std::size_t b = 0; b < blocks; ++b)
+      TransposeLine(src, 64 * b, xb + (std::size_t(t) * blocks + b) * kAmxBlockBytes);
+  }
+}
+
+// y[r][0..cols) (+)= the pass's `rows` rows of x (xb) times the group's
+// weight rows (group16: kAmxRows bf16 rows of `in`), two row tiles at a
+// time sharing each A tile.
+PAGEDATTN_DOT_AMX_ATTR void GroupTimesRowsAmx(const std::uint16_t* group16, const std::uint8_t* xb,
+                                              std::int32_t in, std::int32_t rows, std::int32_t cols,
+                                              float* y, std::int32_t ldy, bool accumulate) {
+  const std::size_t blocks = std::size_t(in) / 32;
+  const long stride = long(in) * long(sizeof(std::uint16_t));
+  const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1u);
+  alignas(64) float sums[2][kAmxRows * kAmxRows], out[kAmxRows * kAmxRows];
+  for (std::int32_t t = 0; t * kAmxRows < rows; t += 2) {
+    const bool two = (t + 1) * kAmxRows < rows;
+    const std::uint8_t* b0 = xb + std::size_t(t) * blocks * kAmxBlockBytes;
+    const std::uint8_t* b1 = b0 + blocks * kAmxBlockBytes;
+    _tile_zero(0);
+    _tile_zero(1);
+    for (std::size_t b = 0; b < blocks; ++b) {
+      _tile_loadd(4, group16 + 32 * b, stride);
+      _tile_loadd(6, b0 + b * kAmxBlockBytes, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if (two) {
+        _tile_loadd(7, b1 + b * kAmxBlockBytes, 64);
+        _tile_dpbf16ps(1, 4, 7);
+      }
+    }
+    _tile_stored(0, sums[0], 64);
+    if (two) _tile_stored(1, sums[1], 64);
+    for (std::int32_t k = 0; k < (two ? 2 : 1); ++k) {
+      const std::uint8_t* src[kAmxRows];  // C's rows: the weight rows
+      for (std::int32_t w = 0; w < kAmxRows; ++w)
+        src[w] = reinterpret_cast<const std::uint8_t*>(sums[k] + std::size_t(w) * kAmxRows);
+      TransposeLine(src, 0, reinterpret_cast<std::uint8_t*>(out));
+      const std::int32_t first = (t + k) * kAmxRows, count = std::min(kAmxRows, rows - first);
+      for (std::int32_t r = 0; r < count; ++r) {
+        float* row = y + std::size_t(first + r) * ldy;
+        __m512 v = _mm512_load_ps(out + std::size_t(r) * kAmxRows);
+        if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, row), v);
+        _mm512_mask_storeu_ps(row, mask, v);
+      }
+    }
+  }
+}
+
+// scratch: the f32 group, then as bf16 the group, kAmxRows rows of x, and
+// a pass's rows as B tiles.
+void DotTilesAmxBf16(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
+                     core::CacheLineVector<float>& scratch) {
+  const std::size_t in = std::size_t(a.in), group_floats = std::size_t(kAmxRows) * in;
+  const std::size_t tiles = (std::size_t(std::min(a.rows, kAmxPass)) + kAmxRows - 1) / kAmxRows;
+  scratch.resize(group_floats + group_floats / 2 + group_floats / 2 +
+                 tiles * (in / 32) * kAmxBlockBytes / sizeof(float));
+  float* group = scratch.data();  // in: a multiple of 32, so all four start on a line
+  auto* group16 = reinterpret_cast<std::uint16_t*>(group + group_floats);
+  std::uint16_t* x16 = group16 + group_floats;
+  auto* xb = reinterpret_cast<std::uint8_t*>(x16 + group_floats);
+  for (std::int32_t first = 0; first < a.rows; first += kAmxPass) {
+    const std::int32_t rows = std::min(kAmxPass, a.rows - first);
+    RowsAsTiles(a.x + std::size_t(first) * in, rows, a.in, x16, xb);
+    kernels::use_tile_config(kAmxBf16Tiles);
+    for (std::int32_t o = out_begin; o < out_end; o += kAmxRows) {
+      const std::int32_t count = std::min(kAmxRows, out_end - o);
+      GroupToBf16(a, o, count, group, group16);
+      if (count < kAmxRows)
+        std::memset(group16 + std::size_t(count) * in, 0,
+                    std::size_t(kAmxRows - count) * in * sizeof(std::uint16_t));
+      if (o + count < out_end)
+        prefetch_weight_rows(a, o + count, std::min(kAmxRows, out_end - o - count));
+      GroupTimesRowsAmx(group16, xb, a.in, rows, count, a.y + std::size_t(first) * a.ldy + o, a.ldy,
+                        a.accumulate);
+    }
+  }
+}
 #endif
 
 void DotTiles(const DotTilesArgs& a, std::int32_t out_begin, std::int32_t out_end,
               core::CacheLineVector<float>& scratch) {
 #if PAGEDATTN_BF16_DOT_TARGET
+  if (a.bf16 && dot_tiles_amx_bf16()) return DotTilesAmxBf16(a, out_begin, out_end, scratch);
   if (a.bf16) return DotTilesBf16(a, out_begin, out_end, scratch);
 #endif
   if (a.rows <= kRegisterRows && a.format != WeightFormat::kF32)
@@ -500,6 +625,11 @@ bool dot_tiles_bf16_available() {
     return used.avx512_bf16;
   }();
   return available;
+}
+
+bool dot_tiles_amx_bf16() {
+  static const bool amx = dot_tiles_bf16_available() && dispatched_features().amx_bf16;
+  return amx;
 }
 
 void dot_tiles(const DotTilesArgs& args, std::int32_t out_begin, std::int32_t out_end,

@@ -65,8 +65,8 @@ struct DotTilesArgs {
   bool accumulate = false;  // y += x w^T instead of y = x w^T
   // Round x and the (dequantised) weights to bf16, nearest even, and
   // multiply them on AVX512-BF16 dot products (twice an FMA's multiply-adds
-  // per instruction; products exact, sums f32), where
-  // dot_tiles_bf16_available(); f32 elsewhere.
+  // per instruction; products exact, sums f32), or on AMX tiles where
+  // dot_tiles_amx_bf16(), where dot_tiles_bf16_available(); f32 elsewhere.
   bool bf16 = false;
   // Quantised weights (has_int8_products): round x to int8 per 32 values
   // (quantize_activations_q8, as the in-place kernels' int8_x) and multiply
@@ -95,6 +95,11 @@ struct DotTilesArgs {
 // dispatched and the CPU has AVX512-BF16, not switched off
 // (dispatched_features(); fixed at the first call).
 bool dot_tiles_bf16_available();
+// Whether those bf16 products run on AMX tiles (tdpbf16ps) here, where
+// dot_tiles_bf16_available() and the CPU has AMX-BF16, not switched off
+// (amx_bf16; fixed at the first call); else on vdpbf16ps. The two sum in
+// different orders: other bits, the same bound.
+bool dot_tiles_amx_bf16();
 // The instructions of the int8 tiles (DotTilesArgs::int8), widest first:
 // AMX-INT8 tiles (tdpbsud: the sums of 16 rows x 16 columns over a scale's
 // inputs in one instruction), 16 columns a tile, packed and scaled as on

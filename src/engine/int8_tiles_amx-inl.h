@@ -21,19 +21,9 @@
 inline constexpr std::int32_t kTileRows = 16;
 inline constexpr std::int32_t kSetTiles = 2;
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t bytes_per_row[16] = {};
-  std::uint8_t rows[16] = {};
-  friend bool operator==(const TileConfig&, const TileConfig&) = default;
-};
-static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
-
 // M = `rows` rows a tile (1-16) and S = `sub` inputs a scale (16 or 32).
-constexpr TileConfig TileConfigFor(std::int32_t rows, std::int32_t sub) {
-  TileConfig c;
+constexpr kernels::TileConfig TileConfigFor(std::int32_t rows, std::int32_t sub) {
+  kernels::TileConfig c;
   for (int t = 0; t < 8; ++t) {
     const bool a = t == 4 || t == 5, b = t >= 6;
     c.bytes_per_row[t] = static_cast<std::uint16_t>(a ? sub : 4 * kGroupColumns);
@@ -42,11 +32,9 @@ constexpr TileConfig TileConfigFor(std::int32_t rows, std::int32_t sub) {
   return c;
 }
 
-// [S == 16][M - 1]. A table of constants: ldtilecfg reads it from memory
-// (GCC 12's _tile_loadconfig names only the first 8 bytes as read, so the
-// stores that build a local configuration may be dropped).
+// [S == 16][M - 1]
 inline constexpr auto kTileConfigs = [] {
-  std::array<std::array<TileConfig, kTileRows>, 2> table{};
+  std::array<std::array<kernels::TileConfig, kTileRows>, 2> table{};
   for (std::int32_t m = 1; m <= kTileRows; ++m) {
     table[0][std::size_t(m - 1)] = TileConfigFor(m, 32);
     table[1][std::size_t(m - 1)] = TileConfigFor(m, 16);
@@ -54,20 +42,16 @@ inline constexpr auto kTileConfigs = [] {
   return table;
 }();
 
-// The tile configuration of a pass: loaded when the thread's tiles are not
-// configured so already (ldtilecfg takes about as long as a group's
-// products at a few rows; reading the configuration back, a tenth of it).
-// Left loaded after the pass: the next pass of a decode step has the same
-// rows and takes it as it is. Other code that uses the tiles on the thread
-// (the AMX-BF16 attention) configures them itself and releases them.
+// The tile configuration of a pass (kernels::use_tile_config: loaded where
+// the thread's tiles are not configured so already). Left loaded after the
+// pass: the next pass of a decode step has the same rows and takes it as it
+// is. Other code that uses the tiles on the thread (the AMX-BF16 attention,
+// dot_tiles' bf16 tiles) configures them itself.
 class PassTiles {
  public:
-  PAGEDATTN_INT8_TARGET PassTiles(const Int8Layout& layout, std::int32_t rows) {
-    const TileConfig& want =
-        kTileConfigs[layout.sub == 16 ? 1 : 0][std::size_t(std::min(rows, kTileRows) - 1)];
-    TileConfig now;
-    asm volatile("sttilecfg %0" : "=m"(now));
-    if (!(now == want)) asm volatile("ldtilecfg %0" : : "m"(want));
+  PassTiles(const Int8Layout& layout, std::int32_t rows) {
+    kernels::use_tile_config(
+        kTileConfigs[layout.sub == 16 ? 1 : 0][std::size_t(std::min(rows, kTileRows) - 1)]);
   }
 };
 

@@ -44,6 +44,7 @@
 #include <type_traits>
 
 #include "kernels/attention_traits.h"
+#include "kernels/cpu/amx_tile_config.h"
 #include "kernels/cpu/attention_cpu.h"
 #include "kernels/cpu/bf16_dot-inl.h"
 #include "kernels/cpu/online_softmax-inl.h"
@@ -66,24 +67,13 @@ static_assert(kDimsPerStep == kAmxHeadDimMultiple, "amx_head_dims admits whole q
 
 // Palette 1 with all 8 tiles at 16 rows x 64 bytes: tiles 0-1 hold A,
 // 2-3 B, 4-7 C.
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t bytes_per_row[16] = {kTileBytes, kTileBytes, kTileBytes, kTileBytes,
-                                     kTileBytes, kTileBytes, kTileBytes, kTileBytes};
-  std::uint8_t rows[16] = {kTileRows, kTileRows, kTileRows, kTileRows,
-                           kTileRows, kTileRows, kTileRows, kTileRows};
-};
-static_assert(sizeof(TileConfig) == 64, "ldtilecfg reads 64 bytes");
+inline constexpr TileConfig kTileConfig = uniform_tile_config(8, kTileRows, kTileBytes);
 
 // Loads the configuration on the calling thread; ReleaseTiles gives the
 // state back. Kernels configure at the start of each work item: other code
-// on the thread may have configured tiles its own way. (A constant: GCC 12
-// drops stores into a local that only ldtilecfg reads.)
+// on the thread may have configured tiles its own way.
 PAGEDATTN_AMX_ATTR inline void ConfigureTiles() {
-  alignas(64) static constexpr TileConfig kConfig{};
-  _tile_loadconfig(&kConfig);
+  use_tile_config(kTileConfig);
 }
 
 PAGEDATTN_AMX_ATTR inline void ReleaseTiles() {
