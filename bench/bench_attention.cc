@@ -530,19 +530,20 @@ void run_planning_cost(benchmark::State& state, const Config& c) {
   }
 }
 
-// Reads `bytes` once per iteration: split between the threads in order
-// (run_kib 0: the read probe), or as shuffled runs of run_kib KiB, what the
-// access pattern of a paged cache (one run per page and head) costs before
-// any arithmetic.
+// Reads `bytes` once per iteration (work.repeat times with work): split
+// between the threads in order (run_kib 0: the read probe), or as shuffled
+// runs of run_kib KiB, what the access pattern of a paged cache (one run per
+// page and head) costs before any arithmetic, or with `work` on what it reads.
 void run_read_probe(benchmark::State& state, std::size_t bytes, std::size_t run_kib,
-                    pb::RunPrefetch prefetch = pb::RunPrefetch::kNone) {
+                    pb::RunPrefetch prefetch = pb::RunPrefetch::kNone, pb::RunWork work = {}) {
   pb::HugeBuffer buf(bytes);
   pb::touch_parallel(buf.data(), buf.size());
   auto pass = [&] {
     return run_kib == 0
                ? pb::read_pass_seconds(buf.data(), bytes, 0)
-               : pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0, prefetch);
+               : pb::read_runs_pass_seconds(buf.data(), bytes, run_kib * 1024, 0, prefetch, work);
   };
+  const std::size_t bytes_read = bytes * std::size_t(std::max(1, work.repeat));
   pass();
   Timer t;
   double best = 0.0;
@@ -551,10 +552,10 @@ void run_read_probe(benchmark::State& state, std::size_t bytes, std::size_t run_
     const double s = pass();
     t.total += s;
     ++t.calls;
-    best = std::max(best, double(bytes) / s / 1e9);
+    best = std::max(best, double(bytes_read) / s / 1e9);
     state.SetIterationTime(s);
   }
-  const double gbps = double(bytes) * double(t.calls) / t.total / 1e9;
+  const double gbps = double(bytes_read) * double(t.calls) / t.total / 1e9;
   publish(state, {{"others_cores", pb::other_cores_between(s0, pb::sample_cpu())},
                   {"GBps", gbps},
                   {"best_pass_GBps", best},
@@ -637,6 +638,21 @@ void register_all() {
     add(name, [=](benchmark::State& s) { run_read_probe(s, 1024 * kMiB, kib); });
     add(name + "/prefetched", [=](benchmark::State& s) {
       run_read_probe(s, 1024 * kMiB, kib, pb::RunPrefetch::kTwoRunsAhead);
+    });
+  }
+  // The paged read probe with FMAs on what it reads, from memory and from
+  // cache (half of a 1 MiB L2 per thread, walked 512 times a pass): how much
+  // of the stream a loop keeps when its arithmetic runs at a given multiple
+  // of the stream's rate (docs/benchmarks.md, "What decode keeps of the
+  // stream").
+  for (int fmas : {0, 4, 8, 12, 16, 24}) {
+    const std::string name = "BM_ProbeReadRunsWithWork/fmas_per_line:" + std::to_string(fmas);
+    add(name + "/from:memory", [=](benchmark::State& s) {
+      run_read_probe(s, 1024 * kMiB, 32, pb::RunPrefetch::kTwoRunsAhead, {fmas, 1});
+    });
+    add(name + "/from:cache", [=](benchmark::State& s) {
+      const auto bytes = std::size_t(omp_get_max_threads()) * kMiB / 2;
+      run_read_probe(s, bytes, 32, pb::RunPrefetch::kTwoRunsAhead, {fmas, 512});
     });
   }
   add("BM_ProbeFmaPeak", [](benchmark::State& s) { run_fma_probe(s); });

@@ -52,11 +52,19 @@ std::atomic<std::uint64_t> g_sink{0};
 // the loads alone. kPrefetch: each 256 bytes read, the 4 lines of `next` at
 // the same offset are prefetched into L2 (prefetcht1, as the kernels do:
 // prefetch.h), so a run's lines are in flight while the run before it is read.
+// fma_rounds: each 256 bytes read also feed that many rounds of 8 FMAs (2 a
+// line) on 8 independent f32 chains, arithmetic a kernel would do on what it
+// reads (RunWork).
 template <bool kPrefetch>
-__attribute__((target("avx2"), always_inline)) inline std::uint64_t read_avx2_chains(
-    const std::byte* p, const std::byte* next, std::size_t bytes) {
+__attribute__((target("avx2,fma"), always_inline)) inline std::uint64_t read_avx2_chains(
+    const std::byte* p, const std::byte* next, std::size_t bytes, int fma_rounds) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
           a7 = a0;
+  __m256 w[8];
+  for (__m256& x : w) x = _mm256_setzero_ps();
+  // The touched bytes (0x5a each) read as f32 are about 1.5e16: times 2^-60
+  // the chains grow by normal numbers far from overflow.
+  const __m256 scale = _mm256_set1_ps(0x1p-60f);
   const std::byte* end = p + bytes / kReadBlock * kReadBlock;
   for (; p < end; p += kReadBlock) {
     if constexpr (kPrefetch) {
@@ -65,15 +73,22 @@ __attribute__((target("avx2"), always_inline)) inline std::uint64_t read_avx2_ch
       next += kReadBlock;
     }
     const auto* v = reinterpret_cast<const __m256i*>(p);
-    a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + 0));
-    a1 = _mm256_xor_si256(a1, _mm256_load_si256(v + 1));
-    a2 = _mm256_xor_si256(a2, _mm256_load_si256(v + 2));
-    a3 = _mm256_xor_si256(a3, _mm256_load_si256(v + 3));
-    a4 = _mm256_xor_si256(a4, _mm256_load_si256(v + 4));
-    a5 = _mm256_xor_si256(a5, _mm256_load_si256(v + 5));
-    a6 = _mm256_xor_si256(a6, _mm256_load_si256(v + 6));
-    a7 = _mm256_xor_si256(a7, _mm256_load_si256(v + 7));
+    const __m256i x[8] = {_mm256_load_si256(v + 0), _mm256_load_si256(v + 1),
+                          _mm256_load_si256(v + 2), _mm256_load_si256(v + 3),
+                          _mm256_load_si256(v + 4), _mm256_load_si256(v + 5),
+                          _mm256_load_si256(v + 6), _mm256_load_si256(v + 7)};
+    a0 = _mm256_xor_si256(a0, x[0]);
+    a1 = _mm256_xor_si256(a1, x[1]);
+    a2 = _mm256_xor_si256(a2, x[2]);
+    a3 = _mm256_xor_si256(a3, x[3]);
+    a4 = _mm256_xor_si256(a4, x[4]);
+    a5 = _mm256_xor_si256(a5, x[5]);
+    a6 = _mm256_xor_si256(a6, x[6]);
+    a7 = _mm256_xor_si256(a7, x[7]);
+    for (int r = 0; r < fma_rounds; ++r)
+      for (int i = 0; i < 8; ++i) w[i] = _mm256_fmadd_ps(_mm256_castsi256_ps(x[i]), scale, w[i]);
   }
+  for (int i = 0; i < 8; ++i) a0 = _mm256_xor_si256(a0, _mm256_castps_si256(w[i]));
   a0 = _mm256_xor_si256(_mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3)),
                         _mm256_xor_si256(_mm256_xor_si256(a4, a5), _mm256_xor_si256(a6, a7)));
   alignas(32) std::uint64_t lanes[4];
@@ -81,15 +96,14 @@ __attribute__((target("avx2"), always_inline)) inline std::uint64_t read_avx2_ch
   return lanes[0] ^ lanes[1] ^ lanes[2] ^ lanes[3];
 }
 
-__attribute__((target("avx2"), noinline)) std::uint64_t read_avx2(const std::byte* p,
-                                                                  std::size_t bytes) {
-  return read_avx2_chains<false>(p, nullptr, bytes);
+__attribute__((target("avx2,fma"), noinline)) std::uint64_t read_avx2(const std::byte* p,
+                                                                      std::size_t bytes) {
+  return read_avx2_chains<false>(p, nullptr, bytes, 0);
 }
 
-__attribute__((target("avx2"), noinline)) std::uint64_t read_avx2_prefetching(const std::byte* p,
-                                                                              const std::byte* next,
-                                                                              std::size_t bytes) {
-  return read_avx2_chains<true>(p, next, bytes);
+__attribute__((target("avx2,fma"), noinline)) std::uint64_t read_avx2_prefetching(
+    const std::byte* p, const std::byte* next, std::size_t bytes, int fma_rounds) {
+  return read_avx2_chains<true>(p, next, bytes, fma_rounds);
 }
 
 __attribute__((noinline)) std::uint64_t read_scalar(const std::byte* p, std::size_t bytes) {
@@ -401,7 +415,7 @@ void touch_parallel(std::byte* p, std::size_t bytes) {
 
 double read_pass_seconds(const std::byte* p, std::size_t bytes, int threads) {
   threads = resolve_threads(threads);
-  const bool avx2 = cpu_has_avx2();
+  const bool avx2 = cpu_has_avx2_fma();
   std::uint64_t sink = 0;
   const auto t0 = Clock::now();
 #pragma omp parallel num_threads(threads) reduction(^ : sink)
@@ -419,7 +433,7 @@ double read_pass_seconds(const std::byte* p, std::size_t bytes, int threads) {
 }
 
 double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes,
-                              int threads, RunPrefetch prefetch) {
+                              int threads, RunPrefetch prefetch, RunWork work) {
   threads = resolve_threads(threads);
   run_bytes = std::max(kReadBlock, run_bytes / kReadBlock * kReadBlock);
   const std::size_t runs = bytes / run_bytes;
@@ -427,8 +441,12 @@ double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t
   std::vector<std::uint32_t> order(runs);
   for (std::size_t i = 0; i < runs; ++i) order[i] = static_cast<std::uint32_t>(i);
   std::shuffle(order.begin(), order.end(), std::mt19937(2026));
-  const bool avx2 = cpu_has_avx2();
+  const bool avx2 = cpu_has_avx2_fma();
   const bool prefetching = prefetch == RunPrefetch::kTwoRunsAhead && avx2;
+  // Work without AVX2 + FMA: the loads alone (the FMA rounds need the
+  // prefetching loop, which they ride; without prefetches, `next` is the run).
+  const int fma_rounds = avx2 ? std::max(0, work.fmas_per_line / 2) : 0;
+  const int repeat = std::max(1, work.repeat);
   std::uint64_t sink = 0;
   const auto t0 = Clock::now();
 #pragma omp parallel num_threads(threads) reduction(^ : sink)
@@ -437,15 +455,17 @@ double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t
     // prefetches the run it reads two runs later (its last runs: their own).
     const std::size_t t = static_cast<std::size_t>(omp_get_thread_num());
     const std::size_t n = static_cast<std::size_t>(omp_get_num_threads());
-    for (std::size_t i = t; i < runs; i += n) {
-      const std::byte* run = p + std::size_t(order[i]) * run_bytes;
-      if (prefetching) {
-        const std::size_t ahead = i + 2 * n < runs ? i + 2 * n : i;
-        sink ^= read_avx2_prefetching(run, p + std::size_t(order[ahead]) * run_bytes, run_bytes);
-      } else {
-        sink ^= avx2 ? read_avx2(run, run_bytes) : read_scalar(run, run_bytes);
+    for (int rep = 0; rep < repeat; ++rep)
+      for (std::size_t i = t; i < runs; i += n) {
+        const std::byte* run = p + std::size_t(order[i]) * run_bytes;
+        if (prefetching || fma_rounds > 0) {
+          const std::size_t ahead = prefetching && i + 2 * n < runs ? i + 2 * n : i;
+          sink ^= read_avx2_prefetching(run, p + std::size_t(order[ahead]) * run_bytes, run_bytes,
+                                        fma_rounds);
+        } else {
+          sink ^= avx2 ? read_avx2(run, run_bytes) : read_scalar(run, run_bytes);
+        }
       }
-    }
   }
   const double s = seconds_since(t0);
   g_sink.fetch_xor(sink, std::memory_order_relaxed);
@@ -462,7 +482,7 @@ ReadBandwidthResult time_read_passes(const HugeBuffer& buf, int passes, int thre
   ReadBandwidthResult r;
   r.threads = resolve_threads(threads);
   r.passes = std::max(1, passes);
-  r.isa = cpu_has_avx2() ? "avx2" : "scalar";
+  r.isa = cpu_has_avx2_fma() ? "avx2" : "scalar";
   const CpuSample s0 = sample_cpu();
   r.bytes = buf.size() / kReadBlock * kReadBlock;
   pass(buf.data(), r.bytes, r.threads);

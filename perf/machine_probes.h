@@ -125,13 +125,27 @@ double read_pass_seconds(const std::byte* p, std::size_t bytes, int threads);
 // The prefetching loop is AVX2 code: a CPU without AVX2 reads by loads alone.
 enum class RunPrefetch { kNone, kTwoRunsAhead };
 
+// Arithmetic a read pass does on what it reads, as a decode kernel does:
+// fmas_per_line f32 FMAs (AVX2, 8 lanes, rounded down to an even count) per
+// 64-byte line, on independent chains; repeat: the runs are read that many
+// times in one pass (a buffer in cache, timed without a parallel region per
+// pass). A pass with work against the same pass from memory tells how much
+// of the stream a loop of that arithmetic keeps: the kernels' compute and
+// their reads overlap only in part (docs/benchmarks.md, "What decode keeps
+// of the stream").
+struct RunWork {
+  int fmas_per_line = 0;
+  int repeat = 1;
+};
+
 // One read pass over `bytes` at `p` as runs of `run_bytes` (a multiple of
 // 256) visited in a shuffled order, like the K/V of a paged cache (a 4 KiB
 // run: one f16 page of 16 tokens x 128 dims of one head; 32 KiB: that page
 // for 8 KV heads); the runs are dealt to the threads in turn. Returns its
-// wall time in seconds.
+// wall time in seconds (all `work.repeat` walks).
 double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t run_bytes,
-                              int threads, RunPrefetch prefetch = RunPrefetch::kNone);
+                              int threads, RunPrefetch prefetch = RunPrefetch::kNone,
+                              RunWork work = {});
 
 // Fresh measurements (allocate, touch, run `passes` passes, free).
 ReadBandwidthResult measure_read_bandwidth(std::size_t bytes = std::size_t{1} << 30,

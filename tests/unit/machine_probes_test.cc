@@ -44,4 +44,21 @@ TEST(MachineProbes, RunsPassReadsTheBufferWithAndWithoutPrefetches) {
       }
 }
 
+// With FMAs on what it reads (an odd count rounds down, a negative one is
+// none) and the runs walked more than once, the pass still stays inside the
+// buffer, with and without prefetches.
+TEST(MachineProbes, RunsPassWithWorkReadsTheBuffer) {
+  pb::HugeBuffer buf(2 * kMiB + 4096);
+  pb::touch_parallel(buf.data(), buf.size());
+  for (int threads : {1, 3})
+    for (pb::RunPrefetch prefetch : {pb::RunPrefetch::kNone, pb::RunPrefetch::kTwoRunsAhead})
+      for (pb::RunWork work : {pb::RunWork{4, 1}, pb::RunWork{3, 2}, pb::RunWork{-1, 0}}) {
+        SCOPED_TRACE(testing::Message() << threads << " threads, " << work.fmas_per_line
+                                        << " FMAs a line, " << work.repeat << " walks");
+        EXPECT_GT(
+            pb::read_runs_pass_seconds(buf.data(), buf.size(), 32768, threads, prefetch, work),
+            0.0);
+      }
+}
+
 }  // namespace
