@@ -381,7 +381,11 @@ run_moe() {
 # tile plan_attention cuts into a part per thread (chunks down to 64 keys)
 # and whose merges go out in row blocks; then SmolLM2's alpaca-like decode
 # step (12 sequences of about 80 keys, 9 x 3 heads of 64), whose attention
-# in the model hardly shrinks from 4 to 16 threads: the kernel alone.
+# in the model hardly shrinks from 4 to 16 threads: the kernel alone. Last,
+# issue 37's item 4 at 16 threads: long-context f16 decode against the paged
+# read probe in the same minutes, and the kernel's rate from cache (the
+# share of the stream it keeps follows from the two: docs/benchmarks.md,
+# "What decode keeps of the stream").
 run_attention() {
   local shape t line index=0 list=${SCALING_THREADS:-2,4,8,16}
   for shape in "--heads 16x1 --head-dim 576 --mla 512 --kv-dtype bf16 --kv-len 384 --batch 1" \
@@ -397,6 +401,12 @@ run_attention() {
     done
     say "attention, $shape:$line"
   done
+  timeout 60 "$bin" bench-attention --batch 16 --kv-len 4096 --threads 16 --seconds 4 \
+    --interleave-probe 4 --no-check >"$results/attention-stream.txt" 2>&1
+  timeout 30 "$bin" bench-attention --hot --batch 16 --kv-len 256 --threads 16 --seconds 2 \
+    --no-probe --no-check >"$results/attention-hot.txt" 2>&1
+  say "attention, f16 32x8 b16 x 4k, 16 threads: $(grep -o -E 'median [0-9.]+%' "$results/attention-stream.txt");" \
+    "from cache (b16 x 256): $(grep -o -E 'K\+V read: [0-9.]+ GB/s' "$results/attention-hot.txt")"
 }
 # Prefill's products on oneDNN (f32, and bf16 on AMX tiles where the CPU
 # has them) against OpenBLAS and dot_tiles (PAGEDATTN_ONEDNN=0), one thread
