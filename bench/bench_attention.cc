@@ -641,7 +641,7 @@ void register_all() {
     });
   }
   // The paged read probe with FMAs on what it reads, from memory and from
-  // cache (half of a 1 MiB L2 per thread, walked 512 times a pass): how much
+  // cache (512 KiB per thread, in L2, walked 512 times a pass): how much
   // of the stream a loop keeps when its arithmetic runs at a given multiple
   // of the stream's rate (docs/benchmarks.md, "What decode keeps of the
   // stream").
