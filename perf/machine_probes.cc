@@ -97,8 +97,9 @@ __attribute__((target("avx2,fma"), always_inline)) inline std::uint64_t read_avx
 }
 
 __attribute__((target("avx2,fma"), noinline)) std::uint64_t read_avx2(const std::byte* p,
-                                                                      std::size_t bytes) {
-  return read_avx2_chains<false>(p, nullptr, bytes, 0);
+                                                                      std::size_t bytes,
+                                                                      int fma_rounds = 0) {
+  return read_avx2_chains<false>(p, nullptr, bytes, fma_rounds);
 }
 
 __attribute__((target("avx2,fma"), noinline)) std::uint64_t read_avx2_prefetching(
@@ -443,8 +444,7 @@ double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t
   std::shuffle(order.begin(), order.end(), std::mt19937(2026));
   const bool avx2 = cpu_has_avx2_fma();
   const bool prefetching = prefetch == RunPrefetch::kTwoRunsAhead && avx2;
-  // Work without AVX2 + FMA: the loads alone (the FMA rounds need the
-  // prefetching loop, which they ride; without prefetches, `next` is the run).
+  // Work without AVX2 + FMA: the loads alone.
   const int fma_rounds = avx2 ? std::max(0, work.fmas_per_line / 2) : 0;
   const int repeat = std::max(1, work.repeat);
   std::uint64_t sink = 0;
@@ -458,12 +458,12 @@ double read_runs_pass_seconds(const std::byte* p, std::size_t bytes, std::size_t
     for (int rep = 0; rep < repeat; ++rep)
       for (std::size_t i = t; i < runs; i += n) {
         const std::byte* run = p + std::size_t(order[i]) * run_bytes;
-        if (prefetching || fma_rounds > 0) {
-          const std::size_t ahead = prefetching && i + 2 * n < runs ? i + 2 * n : i;
+        if (prefetching) {
+          const std::size_t ahead = i + 2 * n < runs ? i + 2 * n : i;
           sink ^= read_avx2_prefetching(run, p + std::size_t(order[ahead]) * run_bytes, run_bytes,
                                         fma_rounds);
         } else {
-          sink ^= avx2 ? read_avx2(run, run_bytes) : read_scalar(run, run_bytes);
+          sink ^= avx2 ? read_avx2(run, run_bytes, fma_rounds) : read_scalar(run, run_bytes);
         }
       }
   }
